@@ -1,0 +1,37 @@
+//! Engine events, so that embedders can observe background work and tests can wait for it
+//! instead of sleeping.
+
+use crate::error::Error;
+use crate::index::compaction::{CompactionJob, CompactionOutcome};
+
+/// Receives engine events. Every method has an empty default; implement what you need.
+///
+/// Methods are called on the thread doing the work, outside of the table's locks; they should
+/// return quickly.
+pub trait EventListener: Send + Sync + 'static {
+    /// A write was committed as transaction `tx` of `table`.
+    fn on_commit(&self, table: &str, tx: u64) {
+        let _ = (table, tx);
+    }
+
+    /// A compaction step starts.
+    fn on_compaction_begin(&self, table: &str, job: &CompactionJob) {
+        let _ = (table, job);
+    }
+
+    /// A compaction step was published.
+    fn on_compaction_end(&self, table: &str, outcome: &CompactionOutcome) {
+        let _ = (table, outcome);
+    }
+
+    /// A background compaction step failed; the table keeps its previous state.
+    fn on_compaction_error(&self, table: &str, error: &Error) {
+        let _ = (table, error);
+    }
+}
+
+/// A listener that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoopListener;
+
+impl EventListener for NoopListener {}

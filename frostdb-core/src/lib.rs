@@ -1,0 +1,86 @@
+//! The frostdb-rs storage engine.
+//!
+//! Data flows in this order through the modules:
+//!
+//! | module | what |
+//! |---|---|
+//! | `schema` | column definitions, dynamic columns (`labels.*`), sorting columns, the effective schema |
+//! | `write` | checking and normalising inserted batches |
+//! | `table` | commits (transaction ids, snapshot publication), compaction driving |
+//! | `index` | the LSM levels: L0 parts, sorted runs of granules with exact statistics, compaction |
+//! | `scan` | snapshots, projections, predicates, pruning, sorted merges |
+//!
+//! A table's state is an immutable version swapped atomically on each commit or compaction:
+//! a reader's snapshot is one pointer copy and sees every transaction up to its watermark,
+//! none after, and never half of one.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use arrow::array::{Int64Array, StringArray};
+//! use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+//! use arrow::record_batch::RecordBatch;
+//! use frostdb_core::{ColumnDef, Db, DbOptions, Encoding, ScanRequest, Schema, SortingColumn,
+//!     TableOptions, col};
+//!
+//! let db = Db::open_in_memory(DbOptions::default())?;
+//! let schema = Schema::builder("samples")
+//!     .column(ColumnDef::new("name", DataType::Utf8).encoding(Encoding::RleDictionary))
+//!     .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
+//!     .column(ColumnDef::new("timestamp", DataType::Int64))
+//!     .column(ColumnDef::new("value", DataType::Int64))
+//!     .sort_by(SortingColumn::asc("name"))
+//!     .sort_by(SortingColumn::asc("labels"))
+//!     .sort_by(SortingColumn::asc("timestamp"))
+//!     .build()?;
+//! let samples = db.table("samples", schema, TableOptions::default())?;
+//!
+//! let batch = RecordBatch::try_new(
+//!     Arc::new(ArrowSchema::new(vec![
+//!         Field::new("name", DataType::Utf8, false),
+//!         Field::new("labels.pod", DataType::Utf8, true),
+//!         Field::new("timestamp", DataType::Int64, false),
+//!         Field::new("value", DataType::Int64, false),
+//!     ])),
+//!     vec![
+//!         Arc::new(StringArray::from(vec!["cpu", "cpu", "cpu"])),
+//!         Arc::new(StringArray::from(vec!["api-1", "api-2", "db-1"])),
+//!         Arc::new(Int64Array::from(vec![1000, 1000, 2000])),
+//!         Arc::new(Int64Array::from(vec![10, 20, 30])),
+//!     ],
+//! )?;
+//! samples.insert(&batch)?;
+//!
+//! let api = samples.scan(
+//!     &ScanRequest::new()
+//!         .project(["labels.*", "value"])
+//!         .filter(col("labels.pod").regex_match("^api-"))
+//!         .sorted(true),
+//! )?;
+//! let rows: usize = api.iter().map(|b| b.num_rows()).sum();
+//! assert_eq!(rows, 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod db;
+mod error;
+mod events;
+mod index;
+mod options;
+mod scalar;
+mod scan;
+mod schema;
+mod table;
+mod write;
+
+pub use db::Db;
+pub use error::{Error, Result};
+pub use events::{EventListener, NoopListener};
+pub use index::chunk::ColumnStats;
+pub use index::compaction::{CompactionJob, CompactionOutcome};
+pub use options::{DbOptions, TableOptions};
+pub use scalar::Scalar;
+pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};
+pub use schema::{
+    ColumnDef, Compression, Encoding, Schema, SchemaBuilder, SortingColumn, TableSchema,
+};
+pub use table::{LevelStats, Table, TableStats};

@@ -1,0 +1,188 @@
+//! Options of databases and tables.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::events::{EventListener, NoopListener};
+
+/// Options of one table.
+///
+/// # Defaults
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `granule_rows` | 8192 | target rows of a granule (a sorted chunk of L1 and deeper) |
+/// | `l0_max_rows` | 65 536 | L0 is flushed into a sorted L1 run past this many rows ... |
+/// | `l0_max_parts` | 64 | ... or this many parts |
+/// | `level_fanout` | 4 | a level holding this many runs is merged into the next level |
+/// | `levels` | 2 | levels below L0 (L1, L2); the last one merges into itself |
+/// | `max_batch_rows` | 4 194 304 | larger inserts are rejected |
+/// | `max_batch_bytes` | 512 MiB | larger inserts (Arrow memory) are rejected |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableOptions {
+    pub(crate) granule_rows: usize,
+    pub(crate) l0_max_rows: usize,
+    pub(crate) l0_max_parts: usize,
+    pub(crate) level_fanout: usize,
+    pub(crate) levels: usize,
+    pub(crate) max_batch_rows: usize,
+    pub(crate) max_batch_bytes: usize,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        Self {
+            granule_rows: 8192,
+            l0_max_rows: 65_536,
+            l0_max_parts: 64,
+            level_fanout: 4,
+            levels: 2,
+            max_batch_rows: 4 << 20,
+            max_batch_bytes: 512 << 20,
+        }
+    }
+}
+
+impl TableOptions {
+    /// Sets the target rows of a granule.
+    pub fn granule_rows(mut self, rows: usize) -> Self {
+        self.granule_rows = rows;
+        self
+    }
+
+    /// Sets the L0 row count past which L0 is flushed.
+    pub fn l0_max_rows(mut self, rows: usize) -> Self {
+        self.l0_max_rows = rows;
+        self
+    }
+
+    /// Sets the L0 part count past which L0 is flushed.
+    pub fn l0_max_parts(mut self, parts: usize) -> Self {
+        self.l0_max_parts = parts;
+        self
+    }
+
+    /// Sets how many runs a level holds before it is merged into the next.
+    pub fn level_fanout(mut self, fanout: usize) -> Self {
+        self.level_fanout = fanout;
+        self
+    }
+
+    /// Sets the number of levels below L0.
+    pub fn levels(mut self, levels: usize) -> Self {
+        self.levels = levels;
+        self
+    }
+
+    /// Sets the largest accepted insert, in rows.
+    pub fn max_batch_rows(mut self, rows: usize) -> Self {
+        self.max_batch_rows = rows;
+        self
+    }
+
+    /// Sets the largest accepted insert, in bytes of Arrow memory.
+    pub fn max_batch_bytes(mut self, bytes: usize) -> Self {
+        self.max_batch_bytes = bytes;
+        self
+    }
+
+    /// Checks that the options can work together.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("granule_rows", self.granule_rows),
+            ("l0_max_rows", self.l0_max_rows),
+            ("l0_max_parts", self.l0_max_parts),
+            ("levels", self.levels),
+            ("max_batch_rows", self.max_batch_rows),
+            ("max_batch_bytes", self.max_batch_bytes),
+        ];
+        for (option, value) in positive {
+            if value == 0 {
+                return Err(Error::InvalidOption {
+                    option,
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.level_fanout < 2 {
+            return Err(Error::InvalidOption {
+                option: "level_fanout",
+                reason: format!(
+                    "{} would never reduce the number of runs",
+                    self.level_fanout
+                ),
+            });
+        }
+        if self.levels > 8 {
+            return Err(Error::InvalidOption {
+                option: "levels",
+                reason: format!("{} levels below L0; at most 8 are useful", self.levels),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Options of a database.
+///
+/// # Defaults
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `background_compaction` | true | a background thread compacts tables as their thresholds are passed; when false, call [`crate::Table::compact`] |
+/// | `listener` | none | receives commit and compaction events |
+#[derive(Clone)]
+pub struct DbOptions {
+    pub(crate) background_compaction: bool,
+    pub(crate) listener: Arc<dyn EventListener>,
+}
+
+impl fmt::Debug for DbOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbOptions")
+            .field("background_compaction", &self.background_compaction)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        Self {
+            background_compaction: true,
+            listener: Arc::new(NoopListener),
+        }
+    }
+}
+
+impl DbOptions {
+    /// Turns the background compaction thread on or off.
+    pub fn background_compaction(mut self, on: bool) -> Self {
+        self.background_compaction = on;
+        self
+    }
+
+    /// Sets the listener that receives engine events.
+    pub fn listener(mut self, listener: Arc<dyn EventListener>) -> Self {
+        self.listener = listener;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_option() {
+        assert!(TableOptions::default().validate().is_ok());
+        let err = TableOptions::default()
+            .granule_rows(0)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("granule_rows"));
+        let err = TableOptions::default()
+            .level_fanout(1)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("level_fanout"));
+    }
+}
