@@ -70,8 +70,11 @@ impl std::fmt::Debug for Db {
 struct DbInner {
     options: DbOptions,
     tables: RwLock<HashMap<String, Table>>,
-    worker: Option<(mpsc::Sender<WorkerMessage>, Mutex<Option<JoinHandle<()>>>)>,
+    worker: Option<Worker>,
 }
+
+/// The compaction thread and the channel that feeds it.
+type Worker = (mpsc::Sender<WorkerMessage>, Mutex<Option<JoinHandle<()>>>);
 
 impl Db {
     /// Opens a database that keeps everything in memory.

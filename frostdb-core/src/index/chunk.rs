@@ -139,11 +139,12 @@ pub(crate) fn compact_dictionary(array: &ArrayRef) -> Result<ArrayRef> {
     let mut used = vec![false; values.len()];
     let mut unused = values.len();
     for (i, key) in dict.keys().values().iter().enumerate() {
-        if dict.keys().is_valid(i) {
-            if let Some(slot) = usize::try_from(*key).ok().and_then(|k| used.get_mut(k)) {
-                unused -= usize::from(!*slot);
-                *slot = true;
-            }
+        if !dict.keys().is_valid(i) {
+            continue;
+        }
+        if let Some(slot) = usize::try_from(*key).ok().and_then(|k| used.get_mut(k)) {
+            unused -= usize::from(!*slot);
+            *slot = true;
         }
     }
     if unused == 0 && values.null_count() == 0 {

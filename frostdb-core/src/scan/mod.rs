@@ -340,10 +340,11 @@ fn with_columns<'a>(
 ) -> SchemaRef {
     let mut fields: Vec<FieldRef> = output.fields().iter().cloned().collect();
     for name in names {
-        if output.index_of(name).is_err() {
-            if let Some(i) = schema.index_of(name) {
-                fields.push(schema.arrow_schema().fields()[i].clone());
-            }
+        if output.index_of(name).is_ok() {
+            continue;
+        }
+        if let Some(i) = schema.index_of(name) {
+            fields.push(schema.arrow_schema().fields()[i].clone());
         }
     }
     Arc::new(ArrowSchema::new(fields))

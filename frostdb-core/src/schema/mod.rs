@@ -170,13 +170,13 @@ impl ColumnDef {
                 self.name, self.encoding, self.data_type
             )));
         }
-        if let Compression::Zstd { level } = self.compression {
-            if !(1..=22).contains(&level) {
-                return Err(Error::InvalidSchema(format!(
-                    "column {:?}: zstd level {level} is outside 1..=22",
-                    self.name
-                )));
-            }
+        if let Compression::Zstd { level } = self.compression
+            && !(1..=22).contains(&level)
+        {
+            return Err(Error::InvalidSchema(format!(
+                "column {:?}: zstd level {level} is outside 1..=22",
+                self.name
+            )));
         }
         if self.dynamic && !self.nullable {
             return Err(Error::InvalidSchema(format!(
