@@ -1,1 +1,252 @@
-//! placeholder
+//! Benchmarks of frostdb-rs and the deterministic, profile-shaped data they run on.
+//!
+//! The data model follows `shared/bench`'s fleet: a profile per series every 10 s, each a set
+//! of (stack, value) samples drawn from a skewed distribution over the series' stacks, with
+//! five profile-type columns, five labels, a 16-byte stack id and four integers per row.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
+
+/// The profile-shaped schema: profile type, labels, stack, time and value.
+pub fn profile_schema() -> Schema {
+    let dict = |name: &str| ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary);
+    let int = |name: &str| ColumnDef::new(name, DataType::Int64);
+    Schema::builder("samples")
+        .column(dict("name"))
+        .column(dict("sample_type"))
+        .column(dict("sample_unit"))
+        .column(dict("period_type"))
+        .column(dict("period_unit"))
+        .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
+        .column(ColumnDef::new(
+            "stacktrace_id",
+            DataType::FixedSizeBinary(16),
+        ))
+        .column(int("timestamp").encoding(Encoding::DeltaBinaryPacked))
+        .column(int("duration"))
+        .column(int("period"))
+        .column(int("value"))
+        .sort_by(SortingColumn::asc("name"))
+        .sort_by(SortingColumn::asc("sample_type"))
+        .sort_by(SortingColumn::asc("sample_unit"))
+        .sort_by(SortingColumn::asc("period_type"))
+        .sort_by(SortingColumn::asc("period_unit"))
+        .sort_by(SortingColumn::asc("labels"))
+        .sort_by(SortingColumn::asc("stacktrace_id"))
+        .sort_by(SortingColumn::asc("timestamp"))
+        .build()
+        .expect("the profile schema is valid")
+}
+
+/// SplitMix64: small, fast and deterministic; enough for synthetic data.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform float in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// An index in `0..n` skewed towards 0, as stack popularity is.
+    pub fn skewed(&mut self, n: usize) -> usize {
+        let u = self.next_f64();
+        ((u * u * u) * n as f64) as usize
+    }
+}
+
+/// One series: the labels of a process.
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// `namespace` label.
+    pub namespace: String,
+    /// `pod` label.
+    pub pod: String,
+    /// `container` label.
+    pub container: String,
+    /// `node` label.
+    pub node: String,
+    /// `job` label.
+    pub job: String,
+}
+
+/// A deterministic fleet of series producing profile batches.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// The series.
+    pub series: Vec<Series>,
+    stacks: usize,
+    rng: SplitMix,
+}
+
+/// The kind of profile to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `cpu:cpu:nanoseconds:cpu:nanoseconds`, values in multiples of 10 ms.
+    Cpu,
+    /// `memory:alloc_space:bytes:space:bytes`, values in multiples of 512 KiB.
+    Alloc,
+}
+
+impl Fleet {
+    /// `series` series over `stacks` distinct stacks, seeded with `seed`.
+    pub fn new(seed: u64, series: usize, stacks: usize) -> Self {
+        let containers = ["app", "mesh-proxy", "log-agent"];
+        let series = (0..series)
+            .map(|i| {
+                let pod = i / containers.len();
+                let app = pod % 7;
+                Series {
+                    namespace: format!("ns-{}", app % 3),
+                    pod: format!("app{app}-7d9f8b6c5d-{:05}", pod * 7919 % 100_000),
+                    container: containers[i % containers.len()].to_owned(),
+                    node: format!("node-{}", pod % 5),
+                    job: format!("ns-{}/app{app}", app % 3),
+                }
+            })
+            .collect();
+        Self {
+            series,
+            stacks: stacks.max(1),
+            rng: SplitMix::new(seed),
+        }
+    }
+
+    /// The 16-byte id of stack `index`.
+    pub fn stack_id(index: usize) -> [u8; 16] {
+        let mut rng = SplitMix::new(index as u64 ^ 0x5EED);
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
+        id[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
+        id
+    }
+
+    /// One profile of series `series` at `timestamp_ms`, with up to `samples` distinct
+    /// stacks.
+    pub fn profile(
+        &mut self,
+        series: usize,
+        timestamp_ms: i64,
+        samples: usize,
+        kind: Kind,
+    ) -> RecordBatch {
+        let s = &self.series[series % self.series.len()];
+        // Each series draws from its own rotation of the stack space.
+        let offset = series * 7_919;
+        let mut stacks: Vec<usize> = (0..samples)
+            .map(|_| (self.rng.skewed(self.stacks) + offset) % self.stacks)
+            .collect();
+        stacks.sort_unstable();
+        stacks.dedup();
+        let n = stacks.len();
+        let (name, sample_type, sample_unit, period_type, period_unit, period) = match kind {
+            Kind::Cpu => (
+                "cpu",
+                "cpu",
+                "nanoseconds",
+                "cpu",
+                "nanoseconds",
+                10_000_000,
+            ),
+            Kind::Alloc => ("memory", "alloc_space", "bytes", "space", "bytes", 524_288),
+        };
+        let values: Vec<i64> = (0..n)
+            .map(|_| (1 + self.rng.skewed(50) as i64) * period)
+            .collect();
+        let ids = FixedSizeBinaryArray::try_from_iter(stacks.iter().map(|&i| Self::stack_id(i)))
+            .expect("16-byte ids");
+        let text = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
+        let int = |v: i64| -> ArrayRef { Arc::new(Int64Array::from(vec![v; n])) };
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("name", text(name)),
+            ("sample_type", text(sample_type)),
+            ("sample_unit", text(sample_unit)),
+            ("period_type", text(period_type)),
+            ("period_unit", text(period_unit)),
+            ("labels.namespace", text(&s.namespace)),
+            ("labels.pod", text(&s.pod)),
+            ("labels.container", text(&s.container)),
+            ("labels.node", text(&s.node)),
+            ("labels.job", text(&s.job)),
+            ("stacktrace_id", Arc::new(ids)),
+            ("timestamp", int(timestamp_ms)),
+            ("duration", int(10_000_000_000)),
+            ("period", int(period)),
+            ("value", Arc::new(Int64Array::from(values))),
+        ];
+        let fields: Vec<Field> = columns
+            .iter()
+            .map(|(name, a)| Field::new(*name, a.data_type().clone(), name.starts_with("labels.")))
+            .collect();
+        RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            columns.into_iter().map(|(_, a)| a).collect(),
+        )
+        .expect("consistent columns")
+    }
+
+    /// Profiles of every series every 10 s for `steps` steps from `start_ms`, in arrival
+    /// order (time-major), alternating CPU and allocation profiles per series.
+    pub fn profiles(
+        &mut self,
+        start_ms: i64,
+        steps: usize,
+        samples: usize,
+    ) -> impl Iterator<Item = RecordBatch> + '_ {
+        let series = self.series.len();
+        (0..steps)
+            .flat_map(move |step| (0..series).map(move |s| (step, s)))
+            .map(move |(step, s)| {
+                let kind = if (step + s) % 4 == 3 {
+                    Kind::Alloc
+                } else {
+                    Kind::Cpu
+                };
+                let ts = start_ms + step as i64 * 10_000 + (s as i64 * 37) % 10_000;
+                self.profile(s, ts, samples, kind)
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fleet_is_deterministic_and_fits_the_schema() {
+        let a: Vec<RecordBatch> = Fleet::new(7, 6, 500).profiles(0, 3, 100).collect();
+        let b: Vec<RecordBatch> = Fleet::new(7, 6, 500).profiles(0, 3, 100).collect();
+        assert_eq!(a, b);
+        assert_eq!(a.len(), 18);
+        let db = frostdb_core::Db::open_in_memory(frostdb_core::DbOptions::default()).unwrap();
+        let table = db
+            .table(
+                "samples",
+                profile_schema(),
+                frostdb_core::TableOptions::default(),
+            )
+            .unwrap();
+        for batch in &a {
+            table.insert(batch).unwrap();
+        }
+        let rows: usize = a.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(table.stats().rows, rows);
+    }
+}

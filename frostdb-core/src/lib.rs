@@ -62,6 +62,7 @@
 //! ```
 
 mod db;
+mod dictionary;
 mod error;
 mod events;
 mod index;
@@ -84,3 +85,8 @@ pub use schema::{
     ColumnDef, Compression, Encoding, Schema, SchemaBuilder, SortingColumn, TableSchema,
 };
 pub use table::{LevelStats, Table, TableStats};
+
+/// The README's embedding example, compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;

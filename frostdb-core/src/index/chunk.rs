@@ -1,16 +1,11 @@
 //! A chunk: an immutable Arrow batch with exact per-column statistics. L0 parts and granules
 //! are chunks.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use arrow::array::{
-    Array, ArrayRef, AsArray, DictionaryArray, GenericByteArray, GenericByteBuilder, Int32Array,
-};
+use arrow::array::{Array, AsArray};
 use arrow::compute;
 use arrow::datatypes::{
-    ByteArrayType, DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    DataType, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type,
+    UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow::record_batch::RecordBatch;
 
@@ -129,75 +124,6 @@ fn float_min_max(values: impl Iterator<Item = Option<f64>>) -> (Option<Scalar>, 
     (min.map(Scalar::Float), max.map(Scalar::Float))
 }
 
-/// Drops dictionary values no key references and merges duplicate values, so a dictionary
-/// costs only what its chunk uses and its min/max are exact.
-pub(crate) fn compact_dictionary(array: &ArrayRef) -> Result<ArrayRef> {
-    let Some(dict) = array.as_dictionary_opt::<Int32Type>() else {
-        return Ok(array.clone());
-    };
-    let values = dict.values();
-    let mut used = vec![false; values.len()];
-    let mut unused = values.len();
-    for (i, key) in dict.keys().values().iter().enumerate() {
-        if !dict.keys().is_valid(i) {
-            continue;
-        }
-        if let Some(slot) = usize::try_from(*key).ok().and_then(|k| used.get_mut(k)) {
-            unused -= usize::from(!*slot);
-            *slot = true;
-        }
-    }
-    if unused == 0 && values.null_count() == 0 {
-        return Ok(array.clone());
-    }
-    let rebuilt = match values.data_type() {
-        DataType::Utf8 => rebuild(dict.keys(), values.as_string::<i32>())?,
-        DataType::Binary => rebuild(dict.keys(), values.as_binary::<i32>())?,
-        _ => return Ok(array.clone()),
-    };
-    Ok(Arc::new(rebuilt))
-}
-
-fn rebuild<T: ByteArrayType<Offset = i32>>(
-    keys: &Int32Array,
-    values: &GenericByteArray<T>,
-) -> Result<DictionaryArray<Int32Type>> {
-    let mut remap: Vec<Option<i32>> = vec![None; values.len()];
-    let mut seen: HashMap<&[u8], i32> = HashMap::new();
-    let mut builder = GenericByteBuilder::<T>::new();
-    let mut new_keys = Vec::with_capacity(keys.len());
-    for i in 0..keys.len() {
-        let key = keys
-            .is_valid(i)
-            .then(|| keys.value(i))
-            .and_then(|k| usize::try_from(k).ok())
-            .filter(|&k| k < values.len() && values.is_valid(k));
-        let Some(k) = key else {
-            new_keys.push(None);
-            continue;
-        };
-        let id = match remap[k] {
-            Some(id) => id,
-            None => {
-                let value = values.value(k);
-                let bytes: &[u8] = value.as_ref();
-                let next = i32::try_from(seen.len()).expect("fewer values than keys");
-                let id = *seen.entry(bytes).or_insert_with(|| {
-                    builder.append_value(value);
-                    next
-                });
-                remap[k] = Some(id);
-                id
-            }
-        };
-        new_keys.push(Some(id));
-    }
-    Ok(DictionaryArray::try_new(
-        Int32Array::from(new_keys),
-        Arc::new(builder.finish()),
-    )?)
-}
-
 /// An immutable batch with exact statistics for every column.
 #[derive(Debug)]
 pub(crate) struct Chunk {
@@ -212,7 +138,7 @@ impl Chunk {
         let columns = batch
             .columns()
             .iter()
-            .map(compact_dictionary)
+            .map(crate::dictionary::compact)
             .collect::<Result<Vec<_>>>()?;
         let batch = RecordBatch::try_new(batch.schema(), columns)?;
         let stats = batch
@@ -252,31 +178,32 @@ impl Chunk {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Int64Array, StringArray};
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, DictionaryArray, Int32Array, Int64Array, StringArray};
     use arrow::datatypes::{Field, Schema};
 
     use super::*;
 
     #[test]
-    fn dictionary_is_compacted_and_stats_exact() {
+    fn dictionary_stats_cover_used_values_only() {
         let values = StringArray::from(vec!["zz", "b", "a", "b", "unused"]);
         let keys = Int32Array::from(vec![Some(1), None, Some(3), Some(2)]);
         let dict: ArrayRef = Arc::new(DictionaryArray::try_new(keys, Arc::new(values)).unwrap());
-        let compacted = compact_dictionary(&dict).unwrap();
-        let d = compacted.as_dictionary::<Int32Type>();
-        assert_eq!(
-            d.values().len(),
-            2,
-            "unused and duplicate values are dropped"
-        );
-        let stats = ColumnStats::compute(compacted.as_ref());
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "d",
+            dict.data_type().clone(),
+            true,
+        )]));
+        let chunk = Chunk::new(RecordBatch::try_new(schema, vec![dict]).unwrap()).unwrap();
+        let stats = chunk.stats_of("d");
         assert_eq!(stats.min, Some(Scalar::from("a")));
-        assert_eq!(stats.max, Some(Scalar::from("b")));
+        assert_eq!(
+            stats.max,
+            Some(Scalar::from("b")),
+            "not the unused \"zz\" or \"unused\""
+        );
         assert_eq!(stats.null_count, 1);
-        for (i, want) in [Some("b"), None, Some("b"), Some("a")].iter().enumerate() {
-            let got = Scalar::from_array(compacted.as_ref(), i);
-            assert_eq!(got, want.map(Scalar::from).unwrap_or(Scalar::Null));
-        }
     }
 
     #[test]

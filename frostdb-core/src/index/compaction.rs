@@ -14,8 +14,8 @@ use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 
 use super::chunk::Chunk;
-use super::merge::{BatchStream, Merge, SortKey, sort_batch};
-use super::version::{Run, Version};
+use super::merge::{Input, Merge, SortKey};
+use super::version::{Part, Run, Version};
 use crate::error::Result;
 use crate::options::TableOptions;
 
@@ -23,14 +23,17 @@ use crate::options::TableOptions;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Choice {
     DoNothing,
-    /// Sort these L0 parts into one new L1 run.
-    Flush {
-        parts: Vec<u64>,
-    },
-    /// Merge these runs of `levels[level]` into one run appended to `levels[target]`.
+    /// Sort-merge these L0 parts and these runs (`(level index, run id)`, `levels[0]` being
+    /// L1) into one run appended to `levels[target]`.
     Merge {
+        parts: Vec<u64>,
+        runs: Vec<(usize, u64)>,
+        target: usize,
+    },
+    /// Move a run to a deeper level without rewriting it.
+    Move {
         level: usize,
-        runs: Vec<u64>,
+        run: u64,
         target: usize,
     },
 }
@@ -40,51 +43,69 @@ pub(crate) enum Choice {
 pub(crate) enum Mode {
     /// Only what the thresholds of the options ask for.
     Policy,
-    /// Everything into a single run of the last level.
+    /// Everything into a single run of the last level, in one pass.
     Full,
 }
 
 /// Decides the next compaction step for `v`.
 pub(crate) fn choose(v: &Version, options: &TableOptions, mode: Mode) -> Choice {
-    let flush = match mode {
-        Mode::Policy => v.l0.len() >= options.l0_max_parts || v.l0_rows() >= options.l0_max_rows,
-        Mode::Full => !v.l0.is_empty(),
-    };
-    if flush {
-        return Choice::Flush {
-            parts: v.l0.iter().map(|p| p.id).collect(),
-        };
-    }
     let last = v.levels.len() - 1;
-    for (level, runs) in v.levels.iter().enumerate() {
-        let due = match mode {
-            Mode::Policy => runs.len() >= options.level_fanout,
-            Mode::Full if level < last => !runs.is_empty(),
-            Mode::Full => runs.len() > 1,
-        };
-        if due {
-            return Choice::Merge {
-                level,
-                runs: runs.iter().map(|r| r.id).collect(),
-                target: (level + 1).min(last),
-            };
+    let all_parts = || v.l0.iter().map(|p| p.id).collect::<Vec<_>>();
+    let runs_of = |level: usize| v.levels[level].iter().map(move |r| (level, r.id));
+    match mode {
+        Mode::Policy => {
+            if v.l0.len() >= options.l0_max_parts || v.l0_rows() >= options.l0_max_rows {
+                return Choice::Merge {
+                    parts: all_parts(),
+                    runs: Vec::new(),
+                    target: 0,
+                };
+            }
+            for (level, runs) in v.levels.iter().enumerate() {
+                if runs.len() >= options.level_fanout {
+                    return Choice::Merge {
+                        parts: Vec::new(),
+                        runs: runs_of(level).collect(),
+                        target: (level + 1).min(last),
+                    };
+                }
+            }
+            Choice::DoNothing
+        }
+        Mode::Full => {
+            let runs: Vec<(usize, u64)> = (0..=last).flat_map(runs_of).collect();
+            match (v.l0.is_empty(), runs.as_slice()) {
+                (true, []) => Choice::DoNothing,
+                (true, [(level, _)]) if *level == last => Choice::DoNothing,
+                (true, [(level, run)]) => Choice::Move {
+                    level: *level,
+                    run: *run,
+                    target: last,
+                },
+                _ => Choice::Merge {
+                    parts: all_parts(),
+                    runs,
+                    target: last,
+                },
+            }
         }
     }
-    Choice::DoNothing
 }
 
 /// A public description of a compaction step, for listeners.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CompactionJob {
-    /// Level the inputs come from (0 = L0).
+    /// Shallowest level the inputs come from (0 = L0).
     pub from_level: usize,
     /// Level the output run goes to.
     pub to_level: usize,
-    /// Number of parts or runs merged.
+    /// Number of parts and runs merged (1 for a move).
     pub inputs: usize,
     /// Rows in the inputs.
     pub rows: usize,
+    /// Whether the step moved a run without rewriting it.
+    pub moved: bool,
 }
 
 /// What a finished compaction step produced.
@@ -105,45 +126,72 @@ pub struct CompactionOutcome {
 #[derive(Debug)]
 pub(crate) struct Output {
     remove_parts: HashSet<u64>,
-    remove_runs: (usize, HashSet<u64>),
+    remove_runs: HashSet<(usize, u64)>,
     add: (usize, Arc<Run>),
     pub(crate) outcome: CompactionOutcome,
+}
+
+/// The inputs a choice names, looked up in `v`.
+struct Inputs {
+    parts: Vec<Arc<Part>>,
+    runs: Vec<(usize, Arc<Run>)>,
+}
+
+impl Inputs {
+    fn resolve(v: &Version, parts: &[u64], runs: &[(usize, u64)]) -> Self {
+        let parts: HashSet<u64> = parts.iter().copied().collect();
+        let runs: HashSet<(usize, u64)> = runs.iter().copied().collect();
+        Self {
+            parts: v
+                .l0
+                .iter()
+                .filter(|p| parts.contains(&p.id))
+                .cloned()
+                .collect(),
+            runs: v
+                .levels
+                .iter()
+                .enumerate()
+                .flat_map(|(level, rs)| rs.iter().map(move |r| (level, r)))
+                .filter(|(level, r)| runs.contains(&(*level, r.id)))
+                .map(|(level, r)| (level, r.clone()))
+                .collect(),
+        }
+    }
+
+    fn job(&self, target: usize, moved: bool) -> CompactionJob {
+        let from_level = if self.parts.is_empty() {
+            self.runs.iter().map(|(l, _)| l + 1).min().unwrap_or(0)
+        } else {
+            0
+        };
+        CompactionJob {
+            from_level,
+            to_level: target + 1,
+            inputs: self.parts.len() + self.runs.len(),
+            rows: self.parts.iter().map(|p| p.chunk.rows()).sum::<usize>()
+                + self.runs.iter().map(|(_, r)| r.rows()).sum::<usize>(),
+            moved,
+        }
+    }
+
+    fn chunks(&self) -> impl Iterator<Item = &Arc<Chunk>> {
+        let parts = self.parts.iter().map(|p| &p.chunk);
+        parts.chain(self.runs.iter().flat_map(|(_, r)| &r.granules))
+    }
 }
 
 impl Choice {
     pub(crate) fn job(&self, v: &Version) -> Option<CompactionJob> {
         match self {
             Choice::DoNothing => None,
-            Choice::Flush { parts } => {
-                let ids: HashSet<_> = parts.iter().collect();
-                Some(CompactionJob {
-                    from_level: 0,
-                    to_level: 1,
-                    inputs: parts.len(),
-                    rows: v
-                        .l0
-                        .iter()
-                        .filter(|p| ids.contains(&p.id))
-                        .map(|p| p.chunk.rows())
-                        .sum(),
-                })
-            }
             Choice::Merge {
-                level,
+                parts,
                 runs,
                 target,
-            } => {
-                let ids: HashSet<_> = runs.iter().collect();
-                Some(CompactionJob {
-                    from_level: level + 1,
-                    to_level: target + 1,
-                    inputs: runs.len(),
-                    rows: v.levels[*level]
-                        .iter()
-                        .filter(|r| ids.contains(&r.id))
-                        .map(|r| r.rows())
-                        .sum(),
-                })
+            } => Some(Inputs::resolve(v, parts, runs).job(*target, false)),
+            Choice::Move { level, run, target } => {
+                Some(Inputs::resolve(v, &[], &[(*level, *run)]).job(*target, true))
             }
         }
     }
@@ -156,70 +204,71 @@ pub(crate) fn execute(
     options: &TableOptions,
     ids: &AtomicU64,
 ) -> Result<Option<Output>> {
-    let Some(job) = choice.job(v) else {
-        return Ok(None);
-    };
-    let key = SortKey::new(&v.schema);
-    let (inputs, names, bytes_before, max_tx, remove_parts, remove_runs, target) = match choice {
+    let (parts, runs, target) = match choice {
         Choice::DoNothing => return Ok(None),
-        Choice::Flush { parts } => {
-            let wanted: HashSet<u64> = parts.iter().copied().collect();
-            let parts: Vec<_> = v.l0.iter().filter(|p| wanted.contains(&p.id)).collect();
-            let mut inputs: Vec<BatchStream> = Vec::with_capacity(parts.len());
-            let mut names = HashSet::new();
-            for p in &parts {
-                names.extend(
-                    p.chunk
-                        .batch()
-                        .schema()
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().clone()),
-                );
-                let sorted = sort_batch(p.chunk.batch(), &key)?;
-                inputs.push(Box::new(std::iter::once(Ok(sorted))));
-            }
-            let bytes = parts.iter().map(|p| p.chunk.memory_size()).sum();
-            let max_tx = parts.iter().map(|p| p.tx).max().unwrap_or(0);
-            (inputs, names, bytes, max_tx, wanted, (0, HashSet::new()), 0)
+        Choice::Move { level, run, target } => {
+            let inputs = Inputs::resolve(v, &[], &[(*level, *run)]);
+            let Some((_, run)) = inputs.runs.first().cloned() else {
+                return Ok(None);
+            };
+            let bytes = run.memory_size();
+            return Ok(Some(Output {
+                remove_parts: HashSet::new(),
+                remove_runs: HashSet::from([(*level, run.id)]),
+                outcome: CompactionOutcome {
+                    job: inputs.job(*target, true),
+                    granules: run.granules.len(),
+                    bytes_before: bytes,
+                    bytes_after: bytes,
+                },
+                add: (*target, run),
+            }));
         }
         Choice::Merge {
-            level,
+            parts,
             runs,
             target,
-        } => {
-            let wanted: HashSet<u64> = runs.iter().copied().collect();
-            let runs: Vec<Arc<Run>> = v.levels[*level]
-                .iter()
-                .filter(|r| wanted.contains(&r.id))
-                .cloned()
-                .collect();
-            let mut names = HashSet::new();
-            for g in runs.iter().flat_map(|r| &r.granules) {
-                names.extend(g.batch().schema().fields().iter().map(|f| f.name().clone()));
-            }
-            let bytes = runs.iter().map(|r| r.memory_size()).sum();
-            let max_tx = runs.iter().map(|r| r.max_tx).max().unwrap_or(0);
-            let inputs: Vec<BatchStream> = runs
-                .into_iter()
-                .map(|run| -> BatchStream {
-                    let granules = run.granules.clone();
-                    Box::new(granules.into_iter().map(|g| Ok(g.batch().clone())))
-                })
-                .collect();
-            (
-                inputs,
-                names,
-                bytes,
-                max_tx,
-                HashSet::new(),
-                (*level, wanted),
-                *target,
-            )
-        }
+        } => (parts, runs, *target),
     };
-    let output = union_schema(&v.schema.arrow_schema().clone(), &names);
-    let merge = Merge::new(key, inputs, output, options.granule_rows, None)?;
+    let inputs = Inputs::resolve(v, parts, runs);
+    let names: HashSet<String> = inputs
+        .chunks()
+        .flat_map(|c| {
+            c.batch()
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let bytes_before = inputs.chunks().map(|c| c.memory_size()).sum();
+    let max_tx = inputs
+        .parts
+        .iter()
+        .map(|p| p.tx)
+        .chain(inputs.runs.iter().map(|(_, r)| r.max_tx))
+        .max()
+        .unwrap_or(0);
+    let mut merge_inputs: Vec<Input> = inputs
+        .parts
+        .iter()
+        .map(|p| Input::unsorted_batch(Ok(Some(p.chunk.batch().clone()))))
+        .collect();
+    merge_inputs.extend(inputs.runs.iter().map(|(_, run)| {
+        let granules = run.granules.clone();
+        Input::sorted(Box::new(
+            granules.into_iter().map(|g| Ok(g.batch().clone())),
+        ))
+    }));
+    let output = union_schema(v.schema.arrow_schema(), &names);
+    let merge = Merge::new(
+        SortKey::new(&v.schema),
+        merge_inputs,
+        output,
+        options.granule_rows,
+        None,
+    )?;
     let granules = merge
         .map(|batch| batch.and_then(|b| Chunk::new(drop_null_columns(b)?).map(Arc::new)))
         .collect::<Result<Vec<_>>>()?;
@@ -229,14 +278,14 @@ pub(crate) fn execute(
         granules,
     };
     let outcome = CompactionOutcome {
-        job,
+        job: inputs.job(target, false),
         granules: run.granules.len(),
         bytes_before,
         bytes_after: run.memory_size(),
     };
     Ok(Some(Output {
-        remove_parts,
-        remove_runs,
+        remove_parts: inputs.parts.iter().map(|p| p.id).collect(),
+        remove_runs: inputs.runs.iter().map(|(l, r)| (*l, r.id)).collect(),
         add: (target, Arc::new(run)),
         outcome,
     }))
@@ -284,9 +333,10 @@ pub(crate) fn apply(current: &Version, output: &Output) -> Version {
         )
     };
     let mut levels = (*current.levels).clone();
-    let (level, ids) = &output.remove_runs;
-    if !ids.is_empty() {
-        levels[*level].retain(|r| !ids.contains(&r.id));
+    if !output.remove_runs.is_empty() {
+        for (level, runs) in levels.iter_mut().enumerate() {
+            runs.retain(|r| !output.remove_runs.contains(&(level, r.id)));
+        }
     }
     let (target, run) = &output.add;
     levels[*target].push(run.clone());
@@ -295,5 +345,130 @@ pub(crate) fn apply(current: &Version, output: &Output) -> Version {
         schema: current.schema.clone(),
         l0,
         levels: Arc::new(levels),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field};
+
+    use super::*;
+    use crate::schema::{ColumnDef, Schema, SortingColumn, TableSchema};
+
+    fn chunk(values: &[i64]) -> Arc<Chunk> {
+        let schema = Arc::new(ArrowSchema::new(vec![Field::new(
+            "k",
+            DataType::Int64,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.to_vec()))])
+            .unwrap();
+        Arc::new(Chunk::new(batch).unwrap())
+    }
+
+    fn version(parts: usize, runs_per_level: &[usize]) -> Version {
+        let def = Schema::builder("t")
+            .column(ColumnDef::new("k", DataType::Int64))
+            .sort_by(SortingColumn::asc("k"))
+            .build()
+            .unwrap();
+        let mut v = Version::empty(
+            Arc::new(TableSchema::new(Arc::new(def))),
+            runs_per_level.len(),
+        );
+        let mut id = 0;
+        v.l0 = Arc::new(
+            (0..parts)
+                .map(|i| {
+                    id += 1;
+                    Arc::new(Part {
+                        id,
+                        tx: i as u64 + 1,
+                        chunk: chunk(&[3, 1, 2]),
+                    })
+                })
+                .collect(),
+        );
+        v.levels = Arc::new(
+            runs_per_level
+                .iter()
+                .map(|&n| {
+                    (0..n)
+                        .map(|_| {
+                            id += 1;
+                            Arc::new(Run {
+                                id,
+                                granules: vec![chunk(&[1, 2]), chunk(&[5])],
+                                max_tx: 0,
+                            })
+                        })
+                        .collect()
+                })
+                .collect(),
+        );
+        v
+    }
+
+    fn options() -> TableOptions {
+        TableOptions::default().l0_max_parts(3).level_fanout(2)
+    }
+
+    #[test]
+    fn policy_flushes_then_merges_level_by_level() {
+        let flush = choose(&version(3, &[0, 0]), &options(), Mode::Policy);
+        assert!(matches!(flush, Choice::Merge { ref parts, target: 0, .. } if parts.len() == 3));
+        assert_eq!(
+            choose(&version(2, &[1, 5]), &options(), Mode::Policy),
+            Choice::Merge {
+                parts: vec![],
+                runs: vec![(1, 4), (1, 5), (1, 6), (1, 7), (1, 8)],
+                target: 1,
+            }
+        );
+        let l1 = choose(&version(0, &[2, 0]), &options(), Mode::Policy);
+        assert!(matches!(l1, Choice::Merge { target: 1, ref runs, .. } if runs.len() == 2));
+        assert_eq!(
+            choose(&version(2, &[1, 1]), &options(), Mode::Policy),
+            Choice::DoNothing
+        );
+    }
+
+    #[test]
+    fn full_mode_merges_everything_once_or_moves_a_lone_run() {
+        let v = version(2, &[1, 1]);
+        let choice = choose(&v, &options(), Mode::Full);
+        assert!(
+            matches!(choice, Choice::Merge { ref parts, ref runs, target: 1 }
+            if parts.len() == 2 && runs.len() == 2)
+        );
+        let output = execute(&v, &choice, &options(), &AtomicU64::new(100))
+            .unwrap()
+            .unwrap();
+        let next = apply(&v, &output);
+        assert!(next.l0.is_empty() && next.levels[0].is_empty());
+        assert_eq!(next.levels[1].len(), 1);
+        assert_eq!(next.rows(), v.rows());
+        assert_eq!(choose(&next, &options(), Mode::Full), Choice::DoNothing);
+
+        let lone = version(0, &[1, 0]);
+        let moved = choose(&lone, &options(), Mode::Full);
+        assert_eq!(
+            moved,
+            Choice::Move {
+                level: 0,
+                run: 1,
+                target: 1
+            }
+        );
+        let output = execute(&lone, &moved, &options(), &AtomicU64::new(100))
+            .unwrap()
+            .unwrap();
+        assert!(output.outcome.job.moved);
+        let next = apply(&lone, &output);
+        assert!(
+            Arc::ptr_eq(&next.levels[1][0], &lone.levels[0][0]),
+            "moved, not rewritten"
+        );
     }
 }

@@ -3,16 +3,41 @@
 
 use std::cmp::Ordering;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, new_null_array};
-use arrow::compute::{interleave, take_record_batch};
+use arrow::array::{Array, ArrayRef, RecordBatch, new_null_array};
+use arrow::compute::interleave;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 
 use crate::error::Result;
 use crate::schema::TableSchema;
 
-/// A stream of sorted batches.
+/// A stream of batches.
 pub(crate) type BatchStream = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// One input of a [`Merge`]: a stream whose batches are each sorted (`sorted`) or not, in
+/// which case the merge sorts each batch's row order itself (without copying the batch).
+/// Either way the stream's batches must follow each other in order.
+pub(crate) struct Input {
+    pub(crate) stream: BatchStream,
+    pub(crate) sorted: bool,
+}
+
+impl Input {
+    pub(crate) fn sorted(stream: BatchStream) -> Self {
+        Self {
+            stream,
+            sorted: true,
+        }
+    }
+
+    /// A single batch in any order.
+    pub(crate) fn unsorted_batch(batch: Result<Option<RecordBatch>>) -> Self {
+        Self {
+            stream: Box::new(batch.transpose().into_iter()),
+            sorted: false,
+        }
+    }
+}
 
 /// The expanded sort key of a table schema: concrete column names with their sort options.
 /// Batches lacking a key column sort as if it were all null.
@@ -39,10 +64,6 @@ impl SortKey {
         Self { columns }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.columns.is_empty()
-    }
-
     /// Names of the key's columns.
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.columns.iter().map(|(n, _, _)| n.as_str())
@@ -67,21 +88,6 @@ impl SortKey {
     }
 }
 
-/// Sorts `batch` by `key` (ties keep their input order).
-pub(crate) fn sort_batch(batch: &RecordBatch, key: &SortKey) -> Result<RecordBatch> {
-    if key.is_empty() || batch.num_rows() < 2 {
-        return Ok(batch.clone());
-    }
-    let converter = key.converter()?;
-    let rows = key.rows(&converter, batch)?;
-    let mut indices: Vec<u32> = (0..batch.num_rows() as u32).collect();
-    indices.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
-    if indices.iter().enumerate().all(|(i, &v)| i == v as usize) {
-        return Ok(batch.clone());
-    }
-    Ok(take_record_batch(batch, &UInt32Array::from(indices))?)
-}
-
 /// `batch`'s columns rearranged onto `schema`: columns matched by name, absent ones null.
 pub(crate) fn align_columns(batch: &RecordBatch, schema: &SchemaRef) -> Vec<ArrayRef> {
     schema
@@ -104,11 +110,26 @@ pub(crate) fn align_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<Rec
 }
 
 struct Cursor {
-    stream: BatchStream,
+    input: Input,
     rows: Rows,
+    /// Row order of an unsorted batch; `None` when the batch is sorted.
+    order: Option<Vec<u32>>,
     pos: usize,
     slot: usize,
 }
+
+impl Cursor {
+    /// Index in the current batch of the cursor's current row.
+    fn row(&self) -> usize {
+        match &self.order {
+            Some(order) => order[self.pos] as usize,
+            None => self.pos,
+        }
+    }
+}
+
+/// A loaded batch: its key rows, its row order if it had to be sorted, its slot.
+type Loaded = (Rows, Option<Vec<u32>>, usize);
 
 /// A k-way merge of sorted streams into sorted batches of at most `batch_rows` rows, aligned
 /// onto `output` (which must hold every column of the inputs that the caller wants to keep).
@@ -120,7 +141,7 @@ pub(crate) struct Merge {
     output: SchemaRef,
     batch_rows: usize,
     remaining: usize,
-    pending: Vec<BatchStream>,
+    pending: Vec<Input>,
     cursors: Vec<Cursor>,
     heap: Vec<usize>,
     slots: Vec<Vec<ArrayRef>>,
@@ -138,7 +159,7 @@ impl std::fmt::Debug for Merge {
 impl Merge {
     pub(crate) fn new(
         key: SortKey,
-        inputs: Vec<BatchStream>,
+        inputs: Vec<Input>,
         output: SchemaRef,
         batch_rows: usize,
         limit: Option<usize>,
@@ -157,26 +178,32 @@ impl Merge {
         })
     }
 
-    /// Loads the next non-empty batch of `stream` into a new slot.
-    fn load(&mut self, stream: &mut BatchStream) -> Result<Option<(Rows, usize)>> {
-        for batch in stream.by_ref() {
+    /// Loads the next non-empty batch of `input` into a new slot.
+    fn load(&mut self, input: &mut Input) -> Result<Option<Loaded>> {
+        for batch in input.stream.by_ref() {
             let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
             let rows = self.key.rows(&self.converter, &batch)?;
+            let order = (!input.sorted).then(|| {
+                let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
+                order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+                order
+            });
             self.slots.push(align_columns(&batch, &self.output));
-            return Ok(Some((rows, self.slots.len() - 1)));
+            return Ok(Some((rows, order, self.slots.len() - 1)));
         }
         Ok(None)
     }
 
     fn start(&mut self) -> Result<()> {
-        for mut stream in std::mem::take(&mut self.pending) {
-            if let Some((rows, slot)) = self.load(&mut stream)? {
+        for mut input in std::mem::take(&mut self.pending) {
+            if let Some((rows, order, slot)) = self.load(&mut input)? {
                 self.cursors.push(Cursor {
-                    stream,
+                    input,
                     rows,
+                    order,
                     pos: 0,
                     slot,
                 });
@@ -191,7 +218,7 @@ impl Merge {
 
     fn less(&self, a: usize, b: usize) -> bool {
         let (ca, cb) = (&self.cursors[a], &self.cursors[b]);
-        match ca.rows.row(ca.pos).cmp(&cb.rows.row(cb.pos)) {
+        match ca.rows.row(ca.row()).cmp(&cb.rows.row(cb.row())) {
             Ordering::Less => true,
             Ordering::Greater => false,
             Ordering::Equal => a < b,
@@ -225,16 +252,19 @@ impl Merge {
         while indices.len() < target {
             let Some(&top) = self.heap.first() else { break };
             let cursor = &mut self.cursors[top];
-            indices.push((cursor.slot, cursor.pos));
+            indices.push((cursor.slot, cursor.row()));
             cursor.pos += 1;
             if cursor.pos == cursor.rows.num_rows() {
-                let mut stream =
-                    std::mem::replace(&mut self.cursors[top].stream, Box::new(std::iter::empty()));
-                match self.load(&mut stream)? {
-                    Some((rows, slot)) => {
+                let mut input = std::mem::replace(
+                    &mut self.cursors[top].input,
+                    Input::sorted(Box::new(std::iter::empty())),
+                );
+                match self.load(&mut input)? {
+                    Some((rows, order, slot)) => {
                         let cursor = &mut self.cursors[top];
-                        cursor.stream = stream;
+                        cursor.input = input;
                         cursor.rows = rows;
+                        cursor.order = order;
                         cursor.pos = 0;
                         cursor.slot = slot;
                     }
@@ -254,9 +284,12 @@ impl Merge {
         let columns = (0..self.output.fields().len())
             .map(|j| {
                 let arrays: Vec<&dyn Array> = self.slots.iter().map(|s| s[j].as_ref()).collect();
-                interleave(&arrays, &indices)
+                match crate::dictionary::gather(&arrays, &indices)? {
+                    Some(gathered) => Ok(gathered),
+                    None => Ok(interleave(&arrays, &indices)?),
+                }
             })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let batch = RecordBatch::try_new_with_options(
             self.output.clone(),
             columns,
@@ -315,8 +348,8 @@ mod tests {
         RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.to_vec()))]).unwrap()
     }
 
-    fn stream(batches: Vec<RecordBatch>) -> BatchStream {
-        Box::new(batches.into_iter().map(Ok))
+    fn stream(batches: Vec<RecordBatch>) -> Input {
+        Input::sorted(Box::new(batches.into_iter().map(Ok)))
     }
 
     #[test]
@@ -352,16 +385,30 @@ mod tests {
     }
 
     #[test]
-    fn sorts_a_batch() {
+    fn sorts_unsorted_inputs_while_merging() {
         let schema = table_schema();
-        let sorted = sort_batch(&batch(&[3, 1, 2]), &SortKey::new(&schema)).unwrap();
-        assert_eq!(
-            sorted
-                .column(0)
-                .as_primitive::<Int64Type>()
-                .values()
-                .to_vec(),
-            vec![1, 2, 3]
-        );
+        let inputs = vec![
+            Input::unsorted_batch(Ok(Some(batch(&[3, 1, 2])))),
+            stream(vec![batch(&[0, 5])]),
+            Input::unsorted_batch(Ok(Some(batch(&[9, 4])))),
+        ];
+        let merge = Merge::new(
+            SortKey::new(&schema),
+            inputs,
+            schema.arrow_schema().clone(),
+            100,
+            None,
+        )
+        .unwrap();
+        let values: Vec<i64> = merge
+            .flat_map(|b| {
+                b.unwrap()
+                    .column(0)
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(values, [0, 1, 2, 3, 4, 5, 9]);
     }
 }

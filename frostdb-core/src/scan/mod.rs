@@ -13,7 +13,7 @@ use arrow::datatypes::{FieldRef, Schema as ArrowSchema, SchemaRef};
 
 use crate::error::{Error, Result};
 use crate::index::chunk::Chunk;
-use crate::index::merge::{BatchStream, Merge, SortKey, align_batch, sort_batch};
+use crate::index::merge::{BatchStream, Input, Merge, SortKey, align_batch};
 use crate::index::version::Version;
 use crate::schema::{ColumnName, TableSchema, field_for};
 use bound::Bound;
@@ -174,24 +174,19 @@ impl Snapshot {
         let inner: BatchStream = if request.sorted {
             let key = SortKey::new(schema);
             let work = with_columns(&output, key.names(), schema);
-            let mut streams: Vec<BatchStream> = Vec::new();
-            for part in parts {
-                let (filter, work, key) = (filter.clone(), work.clone(), key.clone());
-                streams.push(Box::new(std::iter::once(()).filter_map(move |_| {
-                    read_chunk(&part, &filter, &work)
-                        .and_then(|b| b.map(|b| sort_batch(&b, &key)).transpose())
-                        .transpose()
-                })));
-            }
+            let mut inputs: Vec<Input> = parts
+                .iter()
+                .map(|part| Input::unsorted_batch(read_chunk(part, &filter, &work)))
+                .collect();
             for run in runs.into_iter().filter(|r| !r.is_empty()) {
                 let (filter, work) = (filter.clone(), work.clone());
-                streams
-                    .push(Box::new(run.into_iter().filter_map(move |g| {
-                        read_chunk(&g, &filter, &work).transpose()
-                    })));
+                inputs
+                    .push(Input::sorted(Box::new(run.into_iter().filter_map(
+                        move |g| read_chunk(&g, &filter, &work).transpose(),
+                    ))));
             }
             let batch_rows = request.batch_rows.unwrap_or(self.granule_rows);
-            let merge = Merge::new(key, streams, work, batch_rows, limit)?;
+            let merge = Merge::new(key, inputs, work, batch_rows, limit)?;
             let output = output.clone();
             Box::new(merge.map(move |b| b.and_then(|b| align_batch(&b, &output))))
         } else {

@@ -65,6 +65,10 @@ pub(crate) fn prepare(
             let storage = def.storage_type();
             if array.data_type() == &storage {
                 array.clone()
+            } else if matches!(storage, DataType::Dictionary(_, _))
+                && let Some(encoded) = crate::dictionary::encode(array)?
+            {
+                encoded
             } else {
                 cast(array, &storage)?
             }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every check of the project: formatting, lints, all tests (nextest), doc tests.
+# Installs what it needs first; safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n==> %s\n' "$*"; }
+
+log "installing what the checks need"
+# rustfmt and clippy come with the toolchain; add them where a minimal profile left them out.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install cargo-nextest --locked
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "tests (cargo nextest)"
+profile=default
+if [ "${CI:-}" = "true" ]; then profile=ci; fi
+cargo nextest run --workspace --locked --profile "$profile"
+
+log "doc tests"
+cargo test --workspace --doc --locked
+
+log "all checks passed"
