@@ -106,6 +106,10 @@ pub enum Error {
         reason: String,
     },
 
+    /// An invariant of the engine does not hold: a bug, reported instead of a panic.
+    #[error("internal error: {0}")]
+    Internal(String),
+
     /// The database has been closed.
     #[error("database is closed")]
     Closed,

@@ -262,13 +262,8 @@ pub(crate) fn execute(
         ))
     }));
     let output = union_schema(v.schema.arrow_schema(), &names);
-    let merge = Merge::new(
-        SortKey::new(&v.schema),
-        merge_inputs,
-        output,
-        options.granule_rows,
-        None,
-    )?;
+    let key = SortKey::new(&v.schema).with_ranks(inputs.chunks().map(|c| c.batch()));
+    let merge = Merge::new(key, merge_inputs, output, options.granule_rows, None)?;
     let granules = merge
         .map(|batch| batch.and_then(|b| Chunk::new(drop_null_columns(b)?).map(Arc::new)))
         .collect::<Result<Vec<_>>>()?;

@@ -2,9 +2,10 @@
 //! compaction and sorted scans use.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, new_null_array};
-use arrow::compute::interleave;
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, new_null_array};
+use arrow::compute::{SortOptions, interleave, take};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 
@@ -39,11 +40,24 @@ impl Input {
     }
 }
 
+/// One column of a sort key.
+#[derive(Debug, Clone)]
+struct KeyColumn {
+    name: String,
+    data_type: DataType,
+    options: SortOptions,
+    field: SortField,
+    /// For a dictionary column: every value it may hold, sorted. Rows then compare the value's
+    /// rank (4 bytes) instead of its bytes, which makes row conversion and comparison of
+    /// label-heavy keys several times cheaper.
+    ranks: Option<Arc<Vec<Vec<u8>>>>,
+}
+
 /// The expanded sort key of a table schema: concrete column names with their sort options.
 /// Batches lacking a key column sort as if it were all null.
 #[derive(Debug, Clone)]
 pub(crate) struct SortKey {
-    columns: Vec<(String, DataType, SortField)>,
+    columns: Vec<KeyColumn>,
 }
 
 impl SortKey {
@@ -54,24 +68,57 @@ impl SortKey {
             .into_iter()
             .map(|(i, options)| {
                 let field = arrow.field(i);
-                (
-                    field.name().clone(),
-                    field.data_type().clone(),
-                    SortField::new_with_options(field.data_type().clone(), options),
-                )
+                KeyColumn {
+                    name: field.name().clone(),
+                    data_type: field.data_type().clone(),
+                    options,
+                    field: SortField::new_with_options(field.data_type().clone(), options),
+                    ranks: None,
+                }
             })
             .collect();
         Self { columns }
     }
 
+    /// This key, comparing dictionary columns by rank among the values `batches` hold. Every
+    /// batch later given to the key must draw its dictionary values from these.
+    pub(crate) fn with_ranks<'a>(mut self, batches: impl Iterator<Item = &'a RecordBatch>) -> Self {
+        let dictionary_columns: Vec<usize> = (0..self.columns.len())
+            .filter(|&i| matches!(self.columns[i].data_type, DataType::Dictionary(_, _)))
+            .collect();
+        if dictionary_columns.is_empty() {
+            return self;
+        }
+        let mut values: Vec<Vec<Vec<u8>>> = vec![Vec::new(); self.columns.len()];
+        for batch in batches {
+            for &i in &dictionary_columns {
+                if let Some(dict) = batch
+                    .column_by_name(&self.columns[i].name)
+                    .and_then(|c| c.as_any_dictionary_opt())
+                {
+                    values[i].extend(dictionary_values(dict.values().as_ref()));
+                }
+            }
+        }
+        for i in dictionary_columns {
+            let mut v = std::mem::take(&mut values[i]);
+            v.sort_unstable();
+            v.dedup();
+            let column = &mut self.columns[i];
+            column.field = SortField::new_with_options(DataType::UInt32, column.options);
+            column.ranks = Some(Arc::new(v));
+        }
+        self
+    }
+
     /// Names of the key's columns.
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
-        self.columns.iter().map(|(n, _, _)| n.as_str())
+        self.columns.iter().map(|c| c.name.as_str())
     }
 
     fn converter(&self) -> Result<RowConverter> {
         Ok(RowConverter::new(
-            self.columns.iter().map(|(_, _, f)| f.clone()).collect(),
+            self.columns.iter().map(|c| c.field.clone()).collect(),
         )?)
     }
 
@@ -79,12 +126,73 @@ impl SortKey {
         let arrays: Vec<ArrayRef> = self
             .columns
             .iter()
-            .map(|(name, data_type, _)| match batch.column_by_name(name) {
-                Some(a) => a.clone(),
-                None => new_null_array(data_type, batch.num_rows()),
+            .map(|c| {
+                let column = batch.column_by_name(&c.name);
+                match (&c.ranks, column) {
+                    (None, Some(a)) => Ok(a.clone()),
+                    (None, None) => Ok(new_null_array(&c.data_type, batch.num_rows())),
+                    (Some(_), None) => Ok(new_null_array(&DataType::UInt32, batch.num_rows())),
+                    (Some(ranks), Some(a)) => rank_array(a.as_ref(), ranks),
+                }
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(converter.convert_columns(&arrays)?)
+    }
+}
+
+/// The byte values of a (string or binary) dictionary values array; nulls are skipped.
+fn dictionary_values(values: &dyn Array) -> Vec<Vec<u8>> {
+    match values.data_type() {
+        DataType::Utf8 => values
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .map(|v| v.as_bytes().to_vec())
+            .collect(),
+        DataType::Binary => values
+            .as_binary::<i32>()
+            .iter()
+            .flatten()
+            .map(<[u8]>::to_vec)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A dictionary column as the ranks of its values among `ranks`.
+fn rank_array(array: &dyn Array, ranks: &[Vec<u8>]) -> Result<ArrayRef> {
+    let dict = array.as_any_dictionary();
+    let values = dict.values();
+    let mut value_ranks: Vec<Option<u32>> = Vec::with_capacity(values.len());
+    let bytes = dictionary_values_with_nulls(values.as_ref());
+    for v in bytes {
+        value_ranks.push(match v {
+            None => None,
+            Some(v) => {
+                let rank = ranks
+                    .binary_search_by(|r| r.as_slice().cmp(v))
+                    .map_err(|_| {
+                        crate::error::Error::Internal(
+                            "a merged dictionary value is missing from the key's rank table".into(),
+                        )
+                    })?;
+                Some(rank as u32)
+            }
+        });
+    }
+    let value_ranks = UInt32Array::from(value_ranks);
+    Ok(take(&value_ranks, dict.keys(), None)?)
+}
+
+fn dictionary_values_with_nulls(values: &dyn Array) -> Vec<Option<&[u8]>> {
+    match values.data_type() {
+        DataType::Utf8 => values
+            .as_string::<i32>()
+            .iter()
+            .map(|v| v.map(str::as_bytes))
+            .collect(),
+        DataType::Binary => values.as_binary::<i32>().iter().collect(),
+        _ => vec![None; values.len()],
     }
 }
 
@@ -216,13 +324,53 @@ impl Merge {
         Ok(())
     }
 
-    fn less(&self, a: usize, b: usize) -> bool {
+    /// Whether cursor `a` at position `pos_a` sorts before cursor `b`'s current row (ties go
+    /// to the lower cursor index, which keeps the merge stable).
+    fn before(&self, a: usize, pos_a: usize, b: usize) -> bool {
         let (ca, cb) = (&self.cursors[a], &self.cursors[b]);
-        match ca.rows.row(ca.row()).cmp(&cb.rows.row(cb.row())) {
+        let row_a = ca.order.as_ref().map_or(pos_a, |o| o[pos_a] as usize);
+        match ca.rows.row(row_a).cmp(&cb.rows.row(cb.row())) {
             Ordering::Less => true,
             Ordering::Greater => false,
             Ordering::Equal => a < b,
         }
+    }
+
+    fn less(&self, a: usize, b: usize) -> bool {
+        self.before(a, self.cursors[a].pos, b)
+    }
+
+    /// One past the last position of the heap's top cursor that still sorts before every
+    /// other cursor, capped at `max` rows.
+    fn run_end(&self, top: usize, max: usize) -> usize {
+        let cursor = &self.cursors[top];
+        let len = cursor.rows.num_rows().min(cursor.pos + max);
+        let second = match (self.heap.get(1), self.heap.get(2)) {
+            (Some(&l), Some(&r)) => Some(if self.less(l, r) { l } else { r }),
+            (Some(&l), None) => Some(l),
+            _ => None,
+        };
+        let Some(second) = second else {
+            return len;
+        };
+        // The current row sorts first (it is the heap's top); gallop for the first that does
+        // not, then binary search the last step.
+        let (mut lo, mut step) = (cursor.pos + 1, 1);
+        while lo < len && self.before(top, lo, second) {
+            lo += step;
+            step *= 2;
+        }
+        let mut hi = lo.min(len);
+        let mut lo = lo.saturating_sub(step / 2).max(cursor.pos + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.before(top, mid, second) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
     }
 
     fn sift_down(&mut self, mut i: usize) {
@@ -251,9 +399,16 @@ impl Merge {
         let mut indices: Vec<(usize, usize)> = Vec::with_capacity(target);
         while indices.len() < target {
             let Some(&top) = self.heap.first() else { break };
+            // Emit the run of `top`'s rows that sort before every other cursor's current row:
+            // found by galloping, so inputs that do not interleave cost a few comparisons per
+            // run instead of a heap sift per row.
+            let end = self.run_end(top, target - indices.len());
             let cursor = &mut self.cursors[top];
-            indices.push((cursor.slot, cursor.row()));
-            cursor.pos += 1;
+            indices.extend((cursor.pos..end).map(|p| {
+                let row = cursor.order.as_ref().map_or(p, |o| o[p] as usize);
+                (cursor.slot, row)
+            }));
+            cursor.pos = end;
             if cursor.pos == cursor.rows.num_rows() {
                 let mut input = std::mem::replace(
                     &mut self.cursors[top].input,

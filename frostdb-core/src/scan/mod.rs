@@ -172,7 +172,8 @@ impl Snapshot {
 
         let limit = request.limit;
         let inner: BatchStream = if request.sorted {
-            let key = SortKey::new(schema);
+            let key = SortKey::new(schema)
+                .with_ranks(parts.iter().chain(runs.iter().flatten()).map(|c| c.batch()));
             let work = with_columns(&output, key.names(), schema);
             let mut inputs: Vec<Input> = parts
                 .iter()
