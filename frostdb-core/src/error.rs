@@ -106,6 +106,80 @@ pub enum Error {
         reason: String,
     },
 
+    /// A file system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, and on which path.
+        context: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An object store operation failed.
+    #[error("{context}: {source}")]
+    ObjectStore {
+        /// What was being done, and on which object.
+        context: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A Parquet file could not be written or read.
+    #[error("{context}: {source}")]
+    Parquet {
+        /// What was being done, and on which block.
+        context: String,
+        /// Parquet's error.
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+
+    /// A WAL segment holds a damaged record before its end: data would be lost silently if it
+    /// were skipped, so opening stops here.
+    #[error("WAL segment {segment} is corrupt at byte offset {offset}: {reason}")]
+    WalCorrupt {
+        /// Path of the segment.
+        segment: String,
+        /// Offset of the damaged record.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A persisted block is missing, truncated or not readable Parquet.
+    #[error("block {block} of table {table:?} ({path}) is unreadable: {reason}")]
+    BlockUnreadable {
+        /// Table name.
+        table: String,
+        /// Block id.
+        block: u64,
+        /// Object path.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The manifest could not be read or is inconsistent.
+    #[error("manifest {path}: {reason}")]
+    Manifest {
+        /// Where the manifest is.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A write could not be made durable (an fsync failed); the table refuses writes until
+    /// the database is reopened, since what reached the disk is unknown.
+    #[error("table {table:?} stopped accepting writes: {reason}")]
+    Poisoned {
+        /// Table name.
+        table: String,
+        /// The failure that stopped it.
+        reason: String,
+    },
+
     /// An invariant of the engine does not hold: a bug, reported instead of a panic.
     #[error("internal error: {0}")]
     Internal(String),

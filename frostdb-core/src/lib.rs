@@ -66,11 +66,13 @@ mod dictionary;
 mod error;
 mod events;
 mod index;
+mod io;
 mod options;
 mod scalar;
 mod scan;
 mod schema;
 mod table;
+mod wal;
 mod write;
 
 pub use db::Db;
@@ -78,7 +80,7 @@ pub use error::{Error, Result};
 pub use events::{EventListener, NoopListener};
 pub use index::chunk::ColumnStats;
 pub use index::compaction::{CompactionJob, CompactionOutcome};
-pub use options::{DbOptions, TableOptions};
+pub use options::{DbOptions, Durability, TableOptions};
 pub use scalar::Scalar;
 pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};
 pub use schema::{

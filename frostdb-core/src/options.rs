@@ -1,6 +1,7 @@
 //! Options of databases and tables.
 
 use std::fmt;
+
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -121,6 +122,22 @@ impl TableOptions {
         }
         Ok(())
     }
+}
+
+/// When a write counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every insert returns only after an fsync covering its WAL record. Concurrent writers
+    /// share fsyncs, so throughput grows with concurrency.
+    #[default]
+    Sync,
+    /// As `Sync`, but the writer that leads an fsync first waits `max_delay` so that more
+    /// writes join it: fewer fsyncs, more latency per insert.
+    GroupCommit {
+        /// How long a leader waits before syncing.
+        max_delay: std::time::Duration,
+    },
 }
 
 /// Options of a database.

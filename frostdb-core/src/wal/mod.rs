@@ -1,0 +1,411 @@
+//! The write-ahead log of one table: segmented files of checksummed records, appended before
+//! a write is acknowledged, replayed on open, deleted segment by segment once persisted.
+
+pub(crate) mod record;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::options::Durability;
+use record::{End, MAGIC, SegmentReader};
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let context = context.into();
+    move |source| Error::Io { context, source }
+}
+
+/// One segment file.
+#[derive(Debug, Clone)]
+struct Segment {
+    path: PathBuf,
+    /// Highest transaction the segment holds (0 when empty).
+    last_tx: u64,
+}
+
+struct Writer {
+    file: File,
+    current: Segment,
+    /// Length of the current segment's valid prefix.
+    current_len: u64,
+    closed: Vec<Segment>,
+    /// Bytes appended since the WAL was opened, across segments: the position ("LSN") that
+    /// `sync` makes durable.
+    written: u64,
+}
+
+/// A table's WAL.
+pub(crate) struct Wal {
+    dir: PathBuf,
+    durability: Durability,
+    segment_bytes: u64,
+    writer: Mutex<Writer>,
+    /// Serialises fsyncs; the leader syncs for everyone waiting.
+    sync_lock: Mutex<()>,
+    durable: AtomicU64,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal").field("dir", &self.dir).finish_non_exhaustive()
+    }
+}
+
+fn segment_path(dir: &Path, first_tx: u64) -> PathBuf {
+    dir.join(format!("{first_tx:020}.wal"))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(format!("syncing directory {}", dir.display())))
+}
+
+fn create_segment(dir: &Path, first_tx: u64) -> Result<(File, Segment)> {
+    let path = segment_path(dir, first_tx);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(format!("creating WAL segment {}", path.display())))?;
+    file.write_all(MAGIC)
+        .and_then(|_| file.sync_data())
+        .map_err(io_err(format!("writing WAL segment {}", path.display())))?;
+    sync_dir(dir)?;
+    Ok((file, Segment { path, last_tx: 0 }))
+}
+
+/// Segment files of `dir` in transaction order.
+fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut segments = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(segments),
+        Err(e) => return Err(io_err(format!("listing WAL directory {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(format!("listing WAL directory {}", dir.display())))?;
+        let name = entry.file_name();
+        let Some(first_tx) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".wal"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        segments.push((first_tx, entry.path()));
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+/// What replay found.
+#[derive(Debug, Default)]
+pub(crate) struct Replayed {
+    /// Records applied (after the persisted transaction).
+    pub(crate) records: usize,
+    /// Highest transaction seen.
+    pub(crate) last_tx: u64,
+}
+
+/// Replays the WAL in `dir`: calls `apply(tx, payload)` for every record with a transaction
+/// above `after`, in order, one record in memory at a time. A torn tail of the last segment
+/// is cut off with a warning; damage anywhere else is an error naming segment and offset.
+pub(crate) fn replay(
+    dir: &Path,
+    after: u64,
+    mut apply: impl FnMut(u64, Vec<u8>) -> Result<()>,
+) -> Result<(Replayed, Vec<(u64, u64, PathBuf)>)> {
+    let segments = list_segments(dir)?;
+    let mut replayed = Replayed::default();
+    let mut kept = Vec::new();
+    for (i, (first_tx, path)) in segments.iter().enumerate() {
+        let shown = path.display().to_string();
+        let file = File::open(path).map_err(io_err(format!("opening WAL segment {shown}")))?;
+        let len = file
+            .metadata()
+            .map_err(io_err(format!("reading WAL segment {shown}")))?
+            .len();
+        let mut reader = SegmentReader::new(shown.clone(), BufReader::new(file), len)?;
+        let mut last_tx = 0;
+        for record in reader.by_ref() {
+            let record = record?;
+            if record.tx <= replayed.last_tx {
+                return Err(Error::WalCorrupt {
+                    segment: shown,
+                    offset: record.offset,
+                    reason: format!(
+                        "transaction {} does not follow transaction {}",
+                        record.tx, replayed.last_tx
+                    ),
+                });
+            }
+            replayed.last_tx = record.tx;
+            last_tx = record.tx;
+            if record.tx > after {
+                apply(record.tx, record.payload)?;
+                replayed.records += 1;
+            }
+        }
+        if let Some(End::Torn { offset, reason }) = reader.end() {
+            if i + 1 != segments.len() {
+                return Err(Error::WalCorrupt {
+                    segment: shown,
+                    offset: *offset,
+                    reason: format!("{reason}, and later segments follow"),
+                });
+            }
+            tracing::warn!(
+                segment = %shown,
+                offset,
+                %reason,
+                "dropping the torn tail of the WAL (an unacknowledged write cut short by a crash)"
+            );
+            let file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io_err(format!("opening WAL segment {shown}")))?;
+            file.set_len((*offset).max(MAGIC.len() as u64))
+                .and_then(|_| file.sync_all())
+                .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
+        }
+        kept.push((*first_tx, last_tx, path.clone()));
+    }
+    Ok((replayed, kept))
+}
+
+impl Wal {
+    /// Opens the WAL in `dir` for appending, after [`replay`]: `existing` are the segments
+    /// replay kept, `next_tx` the first transaction to be written. Appends always go to a new
+    /// segment.
+    pub(crate) fn open(
+        dir: &Path,
+        durability: Durability,
+        segment_bytes: u64,
+        existing: Vec<(u64, u64, PathBuf)>,
+        next_tx: u64,
+    ) -> Result<Self> {
+        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let (file, current) = create_segment(dir, next_tx)?;
+        let closed = existing
+            .into_iter()
+            .filter(|(_, _, path)| *path != current.path)
+            .map(|(_, last_tx, path)| Segment { path, last_tx })
+            .collect();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            durability,
+            segment_bytes,
+            writer: Mutex::new(Writer {
+                file,
+                current,
+                current_len: MAGIC.len() as u64,
+                closed,
+                written: 0,
+            }),
+            sync_lock: Mutex::new(()),
+            durable: AtomicU64::new(0),
+        })
+    }
+
+    /// Appends a record for `tx` and returns the position `sync` must reach for it to be
+    /// durable. On failure nothing of the record remains in the log.
+    pub(crate) fn append(&self, tx: u64, payload: &[u8]) -> Result<u64> {
+        let frame = record::frame(tx, payload);
+        let mut w = self.writer.lock();
+        if w.current_len >= self.segment_bytes && w.current.last_tx > 0 {
+            self.rotate_locked(&mut w, tx)?;
+        }
+        let path = w.current.path.display().to_string();
+        if let Err(e) = w.file.write_all(&frame) {
+            // Cut off whatever part of the record reached the file, so that the next append
+            // does not follow garbage. (Shrinking needs no space.)
+            let valid = w.current_len;
+            let undo = w.file.set_len(valid).and_then(|_| {
+                use std::io::Seek;
+                w.file.seek(std::io::SeekFrom::Start(valid)).map(|_| ())
+            });
+            if let Err(undo) = undo {
+                tracing::error!(segment = %path, error = %undo, "cannot cut a failed WAL append");
+            }
+            return Err(io_err(format!("appending to WAL segment {path}"))(e));
+        }
+        w.current_len += frame.len() as u64;
+        w.current.last_tx = tx;
+        w.written += frame.len() as u64;
+        Ok(w.written)
+    }
+
+    /// Makes everything up to `position` durable (fsync), sharing one fsync between
+    /// concurrent writers; with group commit the syncing writer first waits up to the delay.
+    pub(crate) fn sync(&self, position: u64) -> Result<()> {
+        if self.durable.load(Ordering::Acquire) >= position {
+            return Ok(());
+        }
+        let _leader = self.sync_lock.lock();
+        if self.durable.load(Ordering::Acquire) >= position {
+            return Ok(());
+        }
+        if let Durability::GroupCommit { max_delay } = self.durability
+            && max_delay > Duration::ZERO
+        {
+            std::thread::sleep(max_delay);
+        }
+        let (file, target, path) = {
+            let w = self.writer.lock();
+            let file = w
+                .file
+                .try_clone()
+                .map_err(io_err(format!("syncing {}", w.current.path.display())))?;
+            (file, w.written, w.current.path.display().to_string())
+        };
+        file.sync_data()
+            .map_err(io_err(format!("syncing WAL segment {path}")))?;
+        self.durable.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn rotate_locked(&self, w: &mut Writer, next_tx: u64) -> Result<()> {
+        w.file
+            .sync_data()
+            .map_err(io_err(format!("syncing {}", w.current.path.display())))?;
+        // Everything written so far is durable now.
+        self.durable.fetch_max(w.written, Ordering::AcqRel);
+        let (file, segment) = create_segment(&self.dir, next_tx)?;
+        let old = std::mem::replace(&mut w.current, segment);
+        w.closed.push(old);
+        w.file = file;
+        w.current_len = MAGIC.len() as u64;
+        Ok(())
+    }
+
+    /// Starts a new segment for transactions from `next_tx` on, so that the current one can
+    /// be deleted once everything up to `next_tx - 1` is persisted.
+    pub(crate) fn rotate(&self, next_tx: u64) -> Result<()> {
+        let mut w = self.writer.lock();
+        if w.current.last_tx == 0 {
+            return Ok(());
+        }
+        self.rotate_locked(&mut w, next_tx)
+    }
+
+    /// Deletes the closed segments holding only transactions up to `tx`.
+    pub(crate) fn truncate_through(&self, tx: u64) -> Result<usize> {
+        let doomed: Vec<Segment> = {
+            let mut w = self.writer.lock();
+            let (doomed, kept) = w.closed.drain(..).partition(|s| s.last_tx <= tx);
+            w.closed = kept;
+            doomed
+        };
+        for s in &doomed {
+            match fs::remove_file(&s.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(format!("deleting {}", s.path.display()))(e)),
+            }
+        }
+        if !doomed.is_empty() {
+            sync_dir(&self.dir)?;
+        }
+        Ok(doomed.len())
+    }
+
+    /// Bytes held by the WAL's files.
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        let w = self.writer.lock();
+        let closed: u64 = w
+            .closed
+            .iter()
+            .filter_map(|s| fs::metadata(&s.path).ok())
+            .map(|m| m.len())
+            .sum();
+        closed + w.current_len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collect(dir: &Path, after: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+        let mut out = Vec::new();
+        replay(dir, after, |tx, payload| {
+            out.push((tx, payload));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn appends_rotates_replays_and_truncates() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
+        for tx in 1..=10u64 {
+            let at = wal.append(tx, &[tx as u8; 40]).unwrap();
+            wal.sync(at).unwrap();
+        }
+        // 40-byte payloads and a 64-byte segment limit: one record per segment after the first.
+        assert!(list_segments(dir.path()).unwrap().len() >= 5);
+        let all = collect(dir.path(), 0).unwrap();
+        assert_eq!(all.iter().map(|r| r.0).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+        assert_eq!(collect(dir.path(), 7).unwrap().len(), 3);
+
+        let removed = wal.truncate_through(6).unwrap();
+        assert!(removed >= 5);
+        let rest = collect(dir.path(), 0).unwrap();
+        assert_eq!(rest.first().map(|r| r.0), Some(7));
+        assert_eq!(rest.len(), 4);
+    }
+
+    #[test]
+    fn reopening_continues_in_a_new_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        wal.sync(wal.append(1, b"a").unwrap()).unwrap();
+        drop(wal);
+        let (replayed, kept) = replay(dir.path(), 0, |_, _| Ok(())).unwrap();
+        assert_eq!((replayed.records, replayed.last_tx), (1, 1));
+        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
+        wal.sync(wal.append(2, b"b").unwrap()).unwrap();
+        assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
+        wal.rotate(3).unwrap();
+        assert_eq!(wal.truncate_through(2).unwrap(), 2);
+        assert!(collect(dir.path(), 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_later_damage_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        for tx in 1..=3 {
+            wal.sync(wal.append(tx, b"payload").unwrap()).unwrap();
+        }
+        drop(wal);
+        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
+        let len = fs::metadata(&path).unwrap().len();
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(len - 3).unwrap();
+        assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
+        assert_eq!(fs::metadata(&path).unwrap().len(), len - 27, "tail cut at the torn record");
+
+        // A second segment after damage turns the damage into corruption.
+        let mut bytes = fs::read(&path).unwrap();
+        bytes.extend([1u8; 5]);
+        fs::write(&path, &bytes).unwrap();
+        let next = segment_path(dir.path(), 9);
+        let mut other = MAGIC.to_vec();
+        other.extend(record::frame(9, b"x"));
+        fs::write(&next, other).unwrap();
+        let err = collect(dir.path(), 0).unwrap_err();
+        assert!(
+            matches!(&err, Error::WalCorrupt { segment, .. } if segment.contains("00000000000000000001")),
+            "{err}"
+        );
+    }
+}
