@@ -1,20 +1,36 @@
-//! The database: a set of tables and the background worker that compacts them.
+//! The database: tables, their WALs, the manifest, the object store for persisted blocks,
+//! recovery on open, and the background workers that compact, persist and expire.
+//!
+//! On-disk layout of `Db::open(dir)`:
+//! - `dir/manifest.json`: tables and their persisted blocks (see `manifest`)
+//! - `dir/wal/<table>/<first tx>.wal`: WAL segments (see `wal::record`)
+//! - `dir/blocks/<table>/<block id>.parquet`: persisted blocks, unless another object
+//!   store is given ([`Db::open_with_store`])
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::index::compaction::Mode;
+use crate::io::Io;
+use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
-use crate::table::{Table, WorkerMessage};
+use crate::storage::Storage;
+use crate::table::{Durable, Table, TableConfig, TableInner, WorkerMessage, Workers};
+use crate::wal::{self, Wal};
 
-/// A database: named tables sharing one background compaction worker.
+/// A database: named tables sharing background workers and, on disk, a manifest, WALs and
+/// an object store of persisted blocks.
 ///
-/// Cheap to clone; the worker stops when the last clone is dropped. `Send + Sync`.
+/// Cheap to clone; the workers stop when the last clone is dropped. `Send + Sync`.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -24,14 +40,12 @@ use crate::table::{Table, WorkerMessage};
 /// use frostdb_core::{ColumnDef, Db, DbOptions, Encoding, Schema, ScanRequest, SortingColumn,
 ///     TableOptions, col};
 ///
-/// let db = Db::open_in_memory(DbOptions::default())?;
+/// let dir = tempfile::tempdir()?;
 /// let schema = Schema::builder("samples")
 ///     .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
 ///     .column(ColumnDef::new("value", DataType::Int64))
 ///     .sort_by(SortingColumn::asc("labels"))
 ///     .build()?;
-/// let table = db.table("samples", schema, TableOptions::default())?;
-///
 /// let batch = RecordBatch::try_new(
 ///     Arc::new(ArrowSchema::new(vec![
 ///         Field::new("labels.pod", DataType::Utf8, true),
@@ -42,13 +56,20 @@ use crate::table::{Table, WorkerMessage};
 ///         Arc::new(Int64Array::from(vec![1, 2])),
 ///     ],
 /// )?;
-/// let tx = table.insert(&batch)?;
+/// {
+///     let db = Db::open(dir.path(), DbOptions::default())?;
+///     let table = db.table("samples", schema.clone(), TableOptions::default())?;
+///     table.insert(&batch)?; // durable in the WAL when this returns
+/// }
+/// // Reopening replays the WAL.
+/// let db = Db::open(dir.path(), DbOptions::default())?;
+/// let table = db.table("samples", schema, TableOptions::default())?;
 /// let rows: usize = table
 ///     .scan(&ScanRequest::new().filter(col("labels.pod").eq("b")))?
 ///     .iter()
 ///     .map(|b| b.num_rows())
 ///     .sum();
-/// assert_eq!((tx, rows), (1, 1));
+/// assert_eq!(rows, 1);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
@@ -59,6 +80,7 @@ pub struct Db {
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Db")
+            .field("dir", &self.inner.disk.as_ref().map(|d| &d.dir))
             .field(
                 "tables",
                 &self.inner.tables.read().keys().collect::<Vec<_>>(),
@@ -67,28 +89,110 @@ impl std::fmt::Debug for Db {
     }
 }
 
+/// What an on-disk database has.
+struct Disk {
+    dir: PathBuf,
+    storage: Arc<Storage>,
+    manifest: Arc<ManifestFile>,
+}
+
 struct DbInner {
     options: DbOptions,
     tables: RwLock<HashMap<String, Table>>,
-    worker: Option<Worker>,
+    workers: Workers,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    disk: Option<Disk>,
 }
 
-/// The compaction thread and the channel that feeds it.
-type Worker = (mpsc::Sender<WorkerMessage>, Mutex<Option<JoinHandle<()>>>);
+fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
 
 impl Db {
-    /// Opens a database that keeps everything in memory.
+    /// Opens a database that keeps everything in memory: no WAL, no persistence.
     pub fn open_in_memory(options: DbOptions) -> Result<Self> {
-        let worker = if options.background_compaction {
+        Self::start(options, None)
+    }
+
+    /// Opens (or creates) the database in directory `dir`, with persisted blocks under
+    /// `dir/blocks`. Recovers every table: persisted blocks from the manifest, then the WAL
+    /// after the last persisted transaction.
+    pub fn open(dir: impl AsRef<Path>, options: DbOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        let blocks = dir.join("blocks");
+        std::fs::create_dir_all(&blocks)
+            .map_err(io_err(format!("creating {}", blocks.display())))?;
+        let store =
+            LocalFileSystem::new_with_prefix(&blocks).map_err(|source| Error::ObjectStore {
+                context: format!("opening {}", blocks.display()),
+                source,
+            })?;
+        Self::open_with_store(dir, Arc::new(store), "", options)
+    }
+
+    /// Opens (or creates) the database with its WAL and manifest in `dir` and its persisted
+    /// blocks in `store` under `prefix` (any `object_store`: local files, memory, S3, ...).
+    /// The manifest is mirrored to the store, so an empty `dir` reopens what the store has
+    /// persisted.
+    pub fn open_with_store(
+        dir: impl AsRef<Path>,
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        options: DbOptions,
+    ) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let io = Io::new()?;
+        let prefix = ObjectPath::from(prefix);
+        let manifest = Arc::new(ManifestFile::open(
+            &dir,
+            Some((store.clone(), prefix.clone(), io.clone())),
+        )?);
+        let storage = Arc::new(Storage::new(store, prefix, io));
+        tracing::info!(dir = %dir.display(), store = %storage.store(), prefix = %storage.prefix(), "opening database");
+        let db = Self::start(
+            options,
+            Some(Disk {
+                dir,
+                storage,
+                manifest,
+            }),
+        )?;
+        db.recover()?;
+        Ok(db)
+    }
+
+    fn start(options: DbOptions, disk: Option<Disk>) -> Result<Self> {
+        let mut handles = Vec::new();
+        let spawn = |name: &str,
+                     rx: mpsc::Receiver<WorkerMessage>,
+                     interval: Option<std::time::Duration>,
+                     handles: &mut Vec<JoinHandle<()>>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || worker(rx, interval))
+                .map(|h| handles.push(h))
+                .map_err(|e| Error::Io {
+                    context: format!("starting the {name} thread"),
+                    source: e,
+                })
+        };
+        let compaction = if options.background_compaction {
             let (tx, rx) = mpsc::channel();
-            let handle = std::thread::Builder::new()
-                .name("frostdb-compaction".into())
-                .spawn(move || compaction_worker(rx))
-                .map_err(|e| Error::InvalidOption {
-                    option: "background_compaction",
-                    reason: format!("cannot start the compaction thread: {e}"),
-                })?;
-            Some((tx, Mutex::new(Some(handle))))
+            spawn("frostdb-compaction", rx, None, &mut handles)?;
+            Some(tx)
+        } else {
+            None
+        };
+        let persistence = if disk.is_some() {
+            let (tx, rx) = mpsc::channel();
+            spawn(
+                "frostdb-persist",
+                rx,
+                Some(options.retention_interval),
+                &mut handles,
+            )?;
+            Some(tx)
         } else {
             None
         };
@@ -96,16 +200,101 @@ impl Db {
             inner: Arc::new(DbInner {
                 options,
                 tables: RwLock::new(HashMap::new()),
-                worker,
+                workers: Workers {
+                    compaction,
+                    persistence,
+                },
+                handles: Mutex::new(handles),
+                disk,
             }),
         })
     }
 
-    /// Opens the table `name`, creating it with `schema` and `options` if it does not exist.
-    /// An existing table must have the same schema.
+    /// Opens every table of the manifest, replaying its WAL.
+    fn recover(&self) -> Result<()> {
+        let Some(disk) = &self.inner.disk else {
+            return Ok(());
+        };
+        for (name, entry) in disk.manifest.snapshot().tables {
+            let started = std::time::Instant::now();
+            let table = self.open_table(&name, entry)?;
+            let stats = table.stats();
+            tracing::info!(
+                table = %name,
+                rows = stats.rows,
+                blocks = stats.blocks,
+                seconds = started.elapsed().as_secs_f64(),
+                "table recovered"
+            );
+            self.inner.tables.write().insert(name, table);
+        }
+        Ok(())
+    }
+
+    fn wal_dir(disk: &Disk, table: &str) -> PathBuf {
+        disk.dir.join("wal").join(table)
+    }
+
+    /// Builds a table from its manifest entry and replays its WAL. Replay persists blocks as
+    /// they fill up, so its memory stays within one block whatever the WAL's length.
+    fn open_table(&self, name: &str, entry: TableEntry) -> Result<Table> {
+        let disk = self.inner.disk.as_ref().expect("on-disk database");
+        let dir = Self::wal_dir(disk, name);
+        let persisted_tx = entry.persisted_tx;
+        let table = Table::new(TableConfig {
+            name: name.to_owned(),
+            schema: entry.schema,
+            options: entry.options,
+            listener: self.inner.options.listener.clone(),
+            workers: self.inner.workers.clone(),
+            durable: Some(Durable {
+                wal: std::sync::OnceLock::new(),
+                storage: disk.storage.clone(),
+                manifest: disk.manifest.clone(),
+            }),
+            blocks: entry.blocks,
+            persisted_tx,
+        })?;
+        // Replay applies records one at a time and persists blocks as they fill, so memory
+        // stays within one block whatever the WAL's length.
+        let (replayed, kept) = wal::replay(&dir, persisted_tx, |tx, payload| {
+            let batch = wal::record::decode_batch(&payload)?;
+            table.inner.apply_replayed(tx, batch)
+        })?;
+        if replayed.records > 0 {
+            tracing::info!(table = %name, records = replayed.records, last_tx = replayed.last_tx, "WAL replayed");
+        }
+        let next_tx = table.inner.next_tx().max(replayed.last_tx + 1);
+        let wal = Wal::open(
+            &dir,
+            self.inner.options.durability,
+            self.inner.options.wal_segment_bytes,
+            kept,
+            next_tx,
+        )?;
+        table.inner.attach_wal(wal)?;
+        Ok(table)
+    }
+
+    /// Opens the table `name`, creating it with `schema` and `options` if it does not exist
+    /// (on disk, the creation is durable before this returns). An existing table must have
+    /// the same schema; its stored options are kept.
     pub fn table(&self, name: &str, schema: Schema, options: TableOptions) -> Result<Table> {
         validate_static_name(name)?;
         options.validate()?;
+        if options.ttl.is_some() {
+            let time = schema.column(&options.time_column);
+            if !matches!(time, Some((_, c)) if *c.data_type() == arrow::datatypes::DataType::Int64 && !c.is_dynamic())
+            {
+                return Err(Error::InvalidOption {
+                    option: "time_column",
+                    reason: format!(
+                        "ttl needs an Int64 column of milliseconds, and {:?} is not one",
+                        options.time_column
+                    ),
+                });
+            }
+        }
         let mut tables = self.inner.tables.write();
         if let Some(table) = tables.get(name) {
             if **table.schema() != schema {
@@ -115,13 +304,32 @@ impl Db {
             }
             return Ok(table.clone());
         }
-        let table = Table::new(
-            name.to_owned(),
-            schema,
-            options,
-            self.inner.options.listener.clone(),
-            self.inner.worker.as_ref().map(|(tx, _)| tx.clone()),
-        );
+        let table = match &self.inner.disk {
+            None => Table::new(TableConfig {
+                name: name.to_owned(),
+                schema,
+                options,
+                listener: self.inner.options.listener.clone(),
+                workers: self.inner.workers.clone(),
+                durable: None,
+                blocks: Vec::new(),
+                persisted_tx: 0,
+            })?,
+            Some(disk) => {
+                let entry = TableEntry {
+                    schema,
+                    options,
+                    persisted_tx: 0,
+                    next_block_id: 1,
+                    blocks: Vec::new(),
+                };
+                disk.manifest.update(|m| {
+                    m.tables.insert(name.to_owned(), entry.clone());
+                    Ok(())
+                })?;
+                self.open_table(name, entry)?
+            }
+        };
         tables.insert(name.to_owned(), table.clone());
         tracing::info!(table = name, "table created");
         Ok(table)
@@ -138,32 +346,85 @@ impl Db {
         tables.sort_by(|a, b| a.name().cmp(b.name()));
         tables
     }
+
+    /// Persists the active data of every table (rotating the active blocks) and waits for
+    /// it: on return, nothing depends on the WAL. For a clean shutdown; nothing is lost
+    /// without it either.
+    pub fn flush(&self) -> Result<()> {
+        for table in self.tables() {
+            table.persist()?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for DbInner {
     fn drop(&mut self) {
-        if let Some((tx, handle)) = &self.worker {
+        for tx in [&self.workers.compaction, &self.workers.persistence]
+            .into_iter()
+            .flatten()
+        {
             let _ = tx.send(WorkerMessage::Shutdown);
-            if let Some(handle) = handle.lock().take() {
-                let _ = handle.join();
-            }
+        }
+        for handle in self.handles.lock().drain(..) {
+            let _ = handle.join();
         }
     }
 }
 
-fn compaction_worker(rx: mpsc::Receiver<WorkerMessage>) {
-    while let Ok(message) = rx.recv() {
-        let table = match message {
+/// A background worker: compacts or persists the tables it is told about; with an
+/// interval, also enforces retention on the tables it has seen.
+fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duration>) {
+    let mut seen: Vec<std::sync::Weak<TableInner>> = Vec::new();
+    let mut next_retention = interval.map(|i| std::time::Instant::now() + i);
+    loop {
+        let message = match next_retention {
+            None => rx.recv().ok(),
+            Some(at) => {
+                match rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now())) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        seen.retain(|t| t.strong_count() > 0);
+                        for table in seen.iter().filter_map(|t| t.upgrade()) {
+                            // Retry blocks whose persistence failed, then expire old ones.
+                            let _ = table.persist_frozen();
+                            if let Err(error) = table.enforce_retention(crate::table::now_ms()) {
+                                tracing::warn!(table = table.name(), %error, "retention failed");
+                            }
+                        }
+                        next_retention = interval.map(|i| std::time::Instant::now() + i);
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                }
+            }
+        };
+        let Some(message) = message else { return };
+        match message {
             WorkerMessage::Shutdown => return,
-            WorkerMessage::Compact(table) => table,
-        };
-        let Some(table) = table.upgrade() else {
-            continue;
-        };
-        table.clear_queued();
-        if let Err(error) = table.compact(Mode::Policy) {
-            tracing::warn!(table = table.name(), %error, "background compaction failed");
-            table.listener().on_compaction_error(table.name(), &error);
+            WorkerMessage::Compact(table) => {
+                let Some(table) = table.upgrade() else {
+                    continue;
+                };
+                table.clear_compaction_queued();
+                if let Err(error) = table.compact(Mode::Policy) {
+                    tracing::warn!(table = table.name(), %error, "background compaction failed");
+                    table.listener().on_compaction_error(table.name(), &error);
+                }
+            }
+            WorkerMessage::Register(weak) => {
+                if !seen.iter().any(|t| t.ptr_eq(&weak)) {
+                    seen.push(weak);
+                }
+            }
+            WorkerMessage::Persist(weak) => {
+                let Some(table) = weak.upgrade() else {
+                    continue;
+                };
+                table.clear_persistence_queued();
+                // Errors are reported by the table; the block stays in memory for a retry.
+                let _ = table.persist_frozen();
+            }
         }
     }
 }

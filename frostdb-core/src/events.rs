@@ -3,6 +3,7 @@
 
 use crate::error::Error;
 use crate::index::compaction::{CompactionJob, CompactionOutcome};
+use crate::manifest::BlockMeta;
 
 /// Receives engine events. Every method has an empty default; implement what you need.
 ///
@@ -27,6 +28,31 @@ pub trait EventListener: Send + Sync + 'static {
     /// A background compaction step failed; the table keeps its previous state.
     fn on_compaction_error(&self, table: &str, error: &Error) {
         let _ = (table, error);
+    }
+
+    /// The active block of `table` rotated: `rows` rows wait to be persisted.
+    fn on_rotate(&self, table: &str, rows: usize) {
+        let _ = (table, rows);
+    }
+
+    /// Persisting block `block` of `table` (`rows` rows) starts.
+    fn on_persist_begin(&self, table: &str, block: u64, rows: usize) {
+        let _ = (table, block, rows);
+    }
+
+    /// A block was persisted, recorded in the manifest, and its WAL prefix deleted.
+    fn on_persist_end(&self, table: &str, block: &BlockMeta) {
+        let _ = (table, block);
+    }
+
+    /// Persisting a block failed; it stays in memory (and in the WAL) and is retried.
+    fn on_persist_error(&self, table: &str, error: &Error) {
+        let _ = (table, error);
+    }
+
+    /// Retention deleted these blocks.
+    fn on_retention(&self, table: &str, deleted: &[BlockMeta]) {
+        let _ = (table, deleted);
     }
 }
 

@@ -19,7 +19,12 @@ use crate::events::{EventListener, NoopListener};
 /// | `levels` | 2 | levels below L0 (L1, L2); the last one merges into itself |
 /// | `max_batch_rows` | 4 194 304 | larger inserts are rejected |
 /// | `max_batch_bytes` | 512 MiB | larger inserts (Arrow memory) are rejected |
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// | `block_size` | 256 MiB | past this much Arrow memory the active block rotates and is persisted (on-disk databases) |
+/// | `row_group_rows` | 65 536 | rows per Parquet row group of a persisted block |
+/// | `ttl` | none | persisted blocks whose newest `time_column` value is older are deleted |
+/// | `time_column` | `timestamp` | an Int64 column of milliseconds since the Unix epoch, for `ttl` |
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct TableOptions {
     pub(crate) granule_rows: usize,
     pub(crate) l0_max_rows: usize,
@@ -28,6 +33,10 @@ pub struct TableOptions {
     pub(crate) levels: usize,
     pub(crate) max_batch_rows: usize,
     pub(crate) max_batch_bytes: usize,
+    pub(crate) block_size: usize,
+    pub(crate) row_group_rows: usize,
+    pub(crate) ttl: Option<std::time::Duration>,
+    pub(crate) time_column: String,
 }
 
 impl Default for TableOptions {
@@ -40,6 +49,10 @@ impl Default for TableOptions {
             levels: 2,
             max_batch_rows: 4 << 20,
             max_batch_bytes: 512 << 20,
+            block_size: 256 << 20,
+            row_group_rows: 65_536,
+            ttl: None,
+            time_column: "timestamp".to_owned(),
         }
     }
 }
@@ -87,6 +100,30 @@ impl TableOptions {
         self
     }
 
+    /// Sets the size (bytes of Arrow memory) past which the active block is persisted.
+    pub fn block_size(mut self, bytes: usize) -> Self {
+        self.block_size = bytes;
+        self
+    }
+
+    /// Sets the rows per row group of persisted blocks.
+    pub fn row_group_rows(mut self, rows: usize) -> Self {
+        self.row_group_rows = rows;
+        self
+    }
+
+    /// Deletes persisted blocks whose newest row is older than `ttl`.
+    pub fn ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Sets the column `ttl` reads time from (Int64, milliseconds since the Unix epoch).
+    pub fn time_column(mut self, column: impl Into<String>) -> Self {
+        self.time_column = column.into();
+        self
+    }
+
     /// Checks that the options can work together.
     pub fn validate(&self) -> Result<()> {
         let positive = [
@@ -96,6 +133,8 @@ impl TableOptions {
             ("levels", self.levels),
             ("max_batch_rows", self.max_batch_rows),
             ("max_batch_bytes", self.max_batch_bytes),
+            ("block_size", self.block_size),
+            ("row_group_rows", self.row_group_rows),
         ];
         for (option, value) in positive {
             if value == 0 {
@@ -146,17 +185,26 @@ pub enum Durability {
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `background_compaction` | true | a background thread compacts tables as their thresholds are passed; when false, call [`crate::Table::compact`] |
-/// | `listener` | none | receives commit and compaction events |
+/// | `listener` | none | receives commit, compaction and persistence events |
+/// | `durability` | `Sync` | when an insert is acknowledged (on-disk databases) |
+/// | `wal_segment_bytes` | 64 MiB | size past which the WAL starts a new segment |
+/// | `retention_interval` | 60 s | how often retention (table `ttl`) is enforced |
 #[derive(Clone)]
 pub struct DbOptions {
     pub(crate) background_compaction: bool,
     pub(crate) listener: Arc<dyn EventListener>,
+    pub(crate) durability: Durability,
+    pub(crate) wal_segment_bytes: u64,
+    pub(crate) retention_interval: std::time::Duration,
 }
 
 impl fmt::Debug for DbOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DbOptions")
             .field("background_compaction", &self.background_compaction)
+            .field("durability", &self.durability)
+            .field("wal_segment_bytes", &self.wal_segment_bytes)
+            .field("retention_interval", &self.retention_interval)
             .finish_non_exhaustive()
     }
 }
@@ -166,6 +214,9 @@ impl Default for DbOptions {
         Self {
             background_compaction: true,
             listener: Arc::new(NoopListener),
+            durability: Durability::default(),
+            wal_segment_bytes: 64 << 20,
+            retention_interval: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -174,6 +225,24 @@ impl DbOptions {
     /// Turns the background compaction thread on or off.
     pub fn background_compaction(mut self, on: bool) -> Self {
         self.background_compaction = on;
+        self
+    }
+
+    /// Sets when inserts are acknowledged.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets the WAL segment size.
+    pub fn wal_segment_bytes(mut self, bytes: u64) -> Self {
+        self.wal_segment_bytes = bytes.max(1);
+        self
+    }
+
+    /// Sets how often retention runs.
+    pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
+        self.retention_interval = every;
         self
     }
 

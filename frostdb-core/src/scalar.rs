@@ -15,7 +15,8 @@ use arrow::datatypes::{
 
 /// A single value. Integers are widened to `Int`/`UInt`, floats to `Float`; fixed-size binary
 /// values are `Binary`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "ScalarRepr", from = "ScalarRepr")]
 #[non_exhaustive]
 pub enum Scalar {
     /// SQL NULL.
@@ -155,6 +156,58 @@ impl Scalar {
             }
             // Only supported storage types reach here; anything else reads as unknown.
             _ => Scalar::Null,
+        }
+    }
+}
+
+/// The serialised form: floats by their bits (JSON has no NaN), bytes as hex.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ScalarRepr {
+    Null,
+    Boolean(bool),
+    Int(i64),
+    UInt(u64),
+    FloatBits(u64),
+    Utf8(String),
+    Hex(String),
+}
+
+impl From<Scalar> for ScalarRepr {
+    fn from(s: Scalar) -> Self {
+        match s {
+            Scalar::Null => ScalarRepr::Null,
+            Scalar::Boolean(b) => ScalarRepr::Boolean(b),
+            Scalar::Int(v) => ScalarRepr::Int(v),
+            Scalar::UInt(v) => ScalarRepr::UInt(v),
+            Scalar::Float(v) => ScalarRepr::FloatBits(v.to_bits()),
+            Scalar::Utf8(v) => ScalarRepr::Utf8(v),
+            Scalar::Binary(v) => ScalarRepr::Hex(v.iter().map(|b| format!("{b:02x}")).collect()),
+        }
+    }
+}
+
+impl From<ScalarRepr> for Scalar {
+    fn from(r: ScalarRepr) -> Self {
+        match r {
+            ScalarRepr::Null => Scalar::Null,
+            ScalarRepr::Boolean(b) => Scalar::Boolean(b),
+            ScalarRepr::Int(v) => Scalar::Int(v),
+            ScalarRepr::UInt(v) => Scalar::UInt(v),
+            ScalarRepr::FloatBits(v) => Scalar::Float(f64::from_bits(v)),
+            ScalarRepr::Utf8(v) => Scalar::Utf8(v),
+            // Written by us; a malformed digit pair reads as 0 rather than failing the open.
+            ScalarRepr::Hex(v) => Scalar::Binary(
+                v.as_bytes()
+                    .chunks(2)
+                    .map(|pair| {
+                        std::str::from_utf8(pair)
+                            .ok()
+                            .and_then(|p| u8::from_str_radix(p, 16).ok())
+                            .unwrap_or(0)
+                    })
+                    .collect(),
+            ),
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::scalar::Scalar;
 
 /// Exact statistics of one column of a chunk.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ColumnStats {
     /// Smallest non-null value; `None` when every value is null.
     pub min: Option<Scalar>,
@@ -31,6 +31,21 @@ impl ColumnStats {
             max: None,
             null_count: rows,
         }
+    }
+
+    /// Folds the statistics of another chunk of the same column into these.
+    pub(crate) fn merge(&mut self, other: &ColumnStats) {
+        self.null_count += other.null_count;
+        let pick = |a: &mut Option<Scalar>, b: &Option<Scalar>, want: std::cmp::Ordering| {
+            if let Some(b) = b
+                && a.as_ref()
+                    .is_none_or(|a| b.partial_cmp_same(a) == Some(want))
+            {
+                *a = Some(b.clone());
+            }
+        };
+        pick(&mut self.min, &other.min, std::cmp::Ordering::Less);
+        pick(&mut self.max, &other.max, std::cmp::Ordering::Greater);
     }
 
     /// Computes the statistics of `array`. Dictionary arrays must reference every value of
@@ -168,6 +183,11 @@ impl Chunk {
             Ok(i) => self.stats[i].clone(),
             Err(_) => ColumnStats::all_null(self.rows()),
         }
+    }
+
+    /// Statistics of column `i` of the batch.
+    pub(crate) fn column_stats(&self, i: usize) -> &ColumnStats {
+        &self.stats[i]
     }
 
     /// Bytes of Arrow memory held.

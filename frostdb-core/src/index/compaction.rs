@@ -335,12 +335,13 @@ pub(crate) fn apply(current: &Version, output: &Output) -> Version {
     }
     let (target, run) = &output.add;
     levels[*target].push(run.clone());
-    Version {
-        watermark: current.watermark,
-        schema: current.schema.clone(),
+    let mut next = Version {
         l0,
         levels: Arc::new(levels),
-    }
+        ..current.clone()
+    };
+    next.active_bytes = next.count_active_bytes();
+    next
 }
 
 #[cfg(test)]

@@ -111,6 +111,14 @@ impl SortKey {
         self
     }
 
+    /// The key's columns with (descending, nulls first).
+    pub(crate) fn columns_with_options(&self) -> Vec<(String, bool, bool)> {
+        self.columns
+            .iter()
+            .map(|c| (c.name.clone(), c.options.descending, c.options.nulls_first))
+            .collect()
+    }
+
     /// Names of the key's columns.
     pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.columns.iter().map(|c| c.name.as_str())

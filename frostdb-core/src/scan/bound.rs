@@ -171,6 +171,18 @@ impl Bound {
         matches!(self, Bound::Const(true))
     }
 
+    /// Names of the columns the predicate reads (with repeats).
+    pub(crate) fn columns(&self, out: &mut Vec<String>) {
+        match self {
+            Bound::Const(_) => {}
+            Bound::Compare { column, .. }
+            | Bound::InList { column, .. }
+            | Bound::IsNull { column, .. }
+            | Bound::Regex { column, .. } => out.push(column.clone()),
+            Bound::And(c) | Bound::Or(c) => c.iter().for_each(|c| c.columns(out)),
+        }
+    }
+
     /// Evaluates the predicate on every row of `batch`; null means unknown.
     pub(crate) fn evaluate(&self, batch: &RecordBatch) -> Result<BooleanArray> {
         let n = batch.num_rows();
@@ -262,26 +274,35 @@ impl Bound {
     }
 
     /// Whether any row of a chunk with these statistics may satisfy the predicate. `false`
-    /// is a proof that none does.
-    pub(crate) fn may_match(&self, stats: &dyn Fn(&str) -> ColumnStats, rows: usize) -> bool {
+    /// is a proof that none does. `stats` gives `None` for a column whose statistics are
+    /// unknown, which then prunes nothing.
+    pub(crate) fn may_match(
+        &self,
+        stats: &dyn Fn(&str) -> Option<ColumnStats>,
+        rows: usize,
+    ) -> bool {
         use std::cmp::Ordering::*;
         match self {
             Bound::Const(b) => *b,
             Bound::And(c) => c.iter().all(|c| c.may_match(stats, rows)),
             Bound::Or(c) => c.iter().any(|c| c.may_match(stats, rows)),
             Bound::IsNull { column, negated } => {
-                let s = stats(column);
+                let Some(s) = stats(column) else {
+                    return true;
+                };
                 if *negated {
                     s.null_count < rows
                 } else {
                     s.null_count > 0
                 }
             }
-            Bound::Regex { column, .. } => stats(column).min.is_some(),
+            Bound::Regex { column, .. } => stats(column).is_none_or(|s| s.min.is_some()),
             Bound::Compare {
                 column, op, value, ..
             } => {
-                let s = stats(column);
+                let Some(s) = stats(column) else {
+                    return true;
+                };
                 let (Some(min), Some(max)) = (&s.min, &s.max) else {
                     return false;
                 };
@@ -304,7 +325,9 @@ impl Bound {
                 values,
                 negated,
             } => {
-                let s = stats(column);
+                let Some(s) = stats(column) else {
+                    return true;
+                };
                 let (Some(min), Some(max)) = (&s.min, &s.max) else {
                     return false;
                 };

@@ -16,6 +16,7 @@ use crate::index::chunk::Chunk;
 use crate::index::merge::{BatchStream, Input, Merge, SortKey, align_batch};
 use crate::index::version::Version;
 use crate::schema::{ColumnName, TableSchema, field_for};
+use crate::storage::{BlockPlan, Storage};
 use bound::Bound;
 pub use predicate::{CmpOp, Col, Predicate, col};
 
@@ -49,6 +50,7 @@ pub struct ScanRequest {
     limit: Option<usize>,
     sorted: bool,
     batch_rows: Option<usize>,
+    strict: bool,
 }
 
 impl ScanRequest {
@@ -90,6 +92,14 @@ impl ScanRequest {
         self
     }
 
+    /// Fails the scan when a persisted block cannot be read. By default such a block is
+    /// skipped with a logged error (and counted in [`ScanMetrics::blocks_failed`]), so one
+    /// damaged object does not take down reads of everything else.
+    pub fn strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
     /// Sets the rows per output batch of a sorted scan (default: the table's granule size).
     pub fn batch_rows(mut self, rows: usize) -> Self {
         self.batch_rows = Some(rows);
@@ -101,11 +111,23 @@ impl ScanRequest {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ScanMetrics {
-    /// L0 parts and granules in the snapshot.
+    /// L0 parts and granules in memory (active and rotated blocks).
     pub chunks: usize,
     /// Of those, skipped by their statistics without reading a row.
     pub chunks_pruned: usize,
-    /// Rows in the chunks that were read.
+    /// Persisted blocks in the snapshot.
+    pub blocks: usize,
+    /// Of those, skipped by the manifest's statistics before any object was fetched.
+    pub blocks_pruned: usize,
+    /// Of those, unreadable and skipped (non-strict scans).
+    pub blocks_failed: usize,
+    /// Row groups of the blocks that were opened.
+    pub row_groups: usize,
+    /// Of those, skipped by row group or page statistics.
+    pub row_groups_pruned: usize,
+    /// Rows of read row groups skipped by page statistics.
+    pub rows_skipped_by_pages: usize,
+    /// Rows in the chunks, row groups and pages that were read.
     pub rows_read: usize,
 }
 
@@ -115,6 +137,8 @@ pub struct ScanMetrics {
 pub struct Snapshot {
     pub(crate) version: Arc<Version>,
     pub(crate) granule_rows: usize,
+    pub(crate) storage: Option<Arc<Storage>>,
+    pub(crate) table: String,
 }
 
 impl Snapshot {
@@ -146,7 +170,7 @@ impl Snapshot {
         let mut metrics = ScanMetrics::default();
         let mut keep = |chunk: &Arc<Chunk>| {
             metrics.chunks += 1;
-            let stats = |name: &str| chunk.stats_of(name);
+            let stats = |name: &str| Some(chunk.stats_of(name));
             if filter.may_match(&stats, chunk.rows()) {
                 metrics.rows_read += chunk.rows();
                 true
@@ -155,47 +179,54 @@ impl Snapshot {
                 false
             }
         };
-        let parts: Vec<Arc<Chunk>> = self
-            .version
-            .l0
-            .iter()
-            .map(|p| p.chunk.clone())
-            .filter(&mut keep)
+        let (parts, runs) = self.version.memory_chunks();
+        let parts: Vec<Arc<Chunk>> = parts.into_iter().filter(&mut keep).collect();
+        let runs: Vec<Vec<Arc<Chunk>>> = runs
+            .into_iter()
+            .map(|r| r.into_iter().filter(|g| keep(g)).collect())
             .collect();
-        let runs: Vec<Vec<Arc<Chunk>>> = self
-            .version
-            .levels
-            .iter()
-            .flatten()
-            .map(|r| r.granules.iter().filter(|g| keep(g)).cloned().collect())
+
+        let key = SortKey::new(schema);
+        let work = if request.sorted {
+            with_columns(&output, key.names(), schema)
+        } else {
+            output.clone()
+        };
+        let blocks = self.plan_blocks(&filter, &work, request.strict, &mut metrics)?;
+        let batch_rows = request.batch_rows.unwrap_or(self.granule_rows);
+        let block_streams: Vec<BatchStream> = blocks
+            .into_iter()
+            .map(|plan| self.read_block(plan, &filter, &work, batch_rows, request.strict))
             .collect();
 
         let limit = request.limit;
         let inner: BatchStream = if request.sorted {
-            let key = SortKey::new(schema)
-                .with_ranks(parts.iter().chain(runs.iter().flatten()).map(|c| c.batch()));
-            let work = with_columns(&output, key.names(), schema);
+            // Ranks need every dictionary value up front, which only in-memory data has.
+            let key = if block_streams.is_empty() {
+                key.with_ranks(parts.iter().chain(runs.iter().flatten()).map(|c| c.batch()))
+            } else {
+                key
+            };
             let mut inputs: Vec<Input> = parts
                 .iter()
-                .map(|part| Input::unsorted_batch(read_chunk(part, &filter, &work)))
+                .map(|part| Input::unsorted_batch(filter_batch(part.batch(), &filter, &work)))
                 .collect();
             for run in runs.into_iter().filter(|r| !r.is_empty()) {
                 let (filter, work) = (filter.clone(), work.clone());
-                inputs
-                    .push(Input::sorted(Box::new(run.into_iter().filter_map(
-                        move |g| read_chunk(&g, &filter, &work).transpose(),
-                    ))));
+                inputs.push(Input::sorted(Box::new(run.into_iter().filter_map(
+                    move |g| filter_batch(g.batch(), &filter, &work).transpose(),
+                ))));
             }
-            let batch_rows = request.batch_rows.unwrap_or(self.granule_rows);
+            inputs.extend(block_streams.into_iter().map(Input::sorted));
             let merge = Merge::new(key, inputs, work, batch_rows, limit)?;
             let output = output.clone();
             Box::new(merge.map(move |b| b.and_then(|b| align_batch(&b, &output))))
         } else {
-            let work = output.clone();
             let chunks = parts.into_iter().chain(runs.into_iter().flatten());
-            let batches = chunks.filter_map(move |c| read_chunk(&c, &filter, &work).transpose());
+            let memory =
+                chunks.filter_map(move |c| filter_batch(c.batch(), &filter, &work).transpose());
             Box::new(Limited {
-                inner: batches,
+                inner: memory.chain(block_streams.into_iter().flatten()),
                 remaining: limit.unwrap_or(usize::MAX),
             })
         };
@@ -206,19 +237,102 @@ impl Snapshot {
         })
     }
 
+    /// Prunes persisted blocks by the manifest's statistics, then plans the rest (row group
+    /// and page pruning from each footer).
+    fn plan_blocks(
+        &self,
+        filter: &Arc<Bound>,
+        work: &SchemaRef,
+        strict: bool,
+        metrics: &mut ScanMetrics,
+    ) -> Result<Vec<BlockPlan>> {
+        let Some(storage) = &self.storage else {
+            return Ok(Vec::new());
+        };
+        let mut columns: Vec<String> = work.fields().iter().map(|f| f.name().clone()).collect();
+        filter.columns(&mut columns);
+        columns.sort();
+        columns.dedup();
+        let mut plans = Vec::new();
+        for block in self.version.blocks.iter() {
+            metrics.blocks += 1;
+            let stats = |name: &str| Some(block.stats_of(name));
+            if !filter.may_match(&stats, block.rows as usize) {
+                metrics.blocks_pruned += 1;
+                continue;
+            }
+            let expected = self.schema().arrow_schema();
+            match storage.plan(&self.table, block.clone(), filter, &columns, expected) {
+                Ok((plan, m)) => {
+                    metrics.row_groups += m.row_groups;
+                    metrics.row_groups_pruned += m.row_groups_pruned;
+                    metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
+                    if let Some(plan) = plan {
+                        metrics.rows_read += plan.rows;
+                        plans.push(plan);
+                    }
+                }
+                Err(e) if strict => return Err(e),
+                Err(error) => {
+                    tracing::error!(%error, "skipping an unreadable block");
+                    metrics.blocks_failed += 1;
+                }
+            }
+        }
+        Ok(plans)
+    }
+
+    fn read_block(
+        &self,
+        plan: BlockPlan,
+        filter: &Arc<Bound>,
+        work: &SchemaRef,
+        batch_rows: usize,
+        strict: bool,
+    ) -> BatchStream {
+        let storage = self
+            .storage
+            .as_ref()
+            .expect("blocks are planned only with storage");
+        let (filter, work) = (filter.clone(), work.clone());
+        let mut failed = false;
+        Box::new(storage.read(plan, batch_rows).filter_map(move |batch| {
+            if failed {
+                return None;
+            }
+            match batch {
+                Ok(b) => filter_batch(&b, &filter, &work).transpose(),
+                Err(e) if strict => {
+                    failed = true;
+                    Some(Err(e))
+                }
+                Err(error) => {
+                    tracing::error!(%error, "stopping the read of an unreadable block");
+                    failed = true;
+                    None
+                }
+            }
+        }))
+    }
+
     /// Runs a scan and collects its batches.
     pub fn collect(&self, request: &ScanRequest) -> Result<Vec<RecordBatch>> {
         self.scan(request)?.collect()
     }
 }
 
-/// Filters one chunk and aligns it onto `schema`; `None` when no row is left.
-fn read_chunk(chunk: &Chunk, filter: &Bound, schema: &SchemaRef) -> Result<Option<RecordBatch>> {
-    let aligned = align_batch(chunk.batch(), schema)?;
+/// Filters a batch (holding every column the filter reads) and aligns it onto `schema`;
+/// `None` when no row is left.
+fn filter_batch(
+    source: &RecordBatch,
+    filter: &Bound,
+    schema: &SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    let aligned = align_batch(source, schema)?;
     let batch = if filter.is_true() {
         aligned
     } else {
-        let mask = filter.evaluate(chunk.batch())?;
+        let mask = filter.evaluate(source)?;
         if mask.true_count() == mask.len() && mask.null_count() == 0 {
             aligned
         } else {

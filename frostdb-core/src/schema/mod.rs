@@ -254,7 +254,8 @@ impl SortingColumn {
 /// assert_eq!(Schema::from_json(&json)?, schema);
 /// # Ok::<(), frostdb_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "SchemaRepr", try_from = "SchemaRepr")]
 pub struct Schema {
     name: String,
     columns: Vec<ColumnDef>,
@@ -382,14 +383,14 @@ impl Schema {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct SchemaRepr {
     name: String,
     columns: Vec<ColumnRepr>,
     sorting: Vec<SortingColumn>,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct ColumnRepr {
     name: String,
     #[serde(rename = "type")]
@@ -402,6 +403,12 @@ struct ColumnRepr {
     nullable: bool,
     #[serde(default)]
     dynamic: bool,
+}
+
+impl From<Schema> for SchemaRepr {
+    fn from(s: Schema) -> Self {
+        Self::from(&s)
+    }
 }
 
 impl From<&Schema> for SchemaRepr {

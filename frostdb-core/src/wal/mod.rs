@@ -52,7 +52,9 @@ pub(crate) struct Wal {
 
 impl std::fmt::Debug for Wal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wal").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Wal")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -87,7 +89,11 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(segments),
-        Err(e) => return Err(io_err(format!("listing WAL directory {}", dir.display()))(e)),
+        Err(e) => {
+            return Err(io_err(format!("listing WAL directory {}", dir.display()))(
+                e,
+            ));
+        }
     };
     for entry in entries {
         let entry = entry.map_err(io_err(format!("listing WAL directory {}", dir.display())))?;
@@ -271,6 +277,11 @@ impl Wal {
         Ok(())
     }
 
+    /// The position up to which everything is durable.
+    pub(crate) fn durable_position(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
     fn rotate_locked(&self, w: &mut Writer, next_tx: u64) -> Result<()> {
         w.file
             .sync_data()
@@ -353,7 +364,10 @@ mod tests {
         // 40-byte payloads and a 64-byte segment limit: one record per segment after the first.
         assert!(list_segments(dir.path()).unwrap().len() >= 5);
         let all = collect(dir.path(), 0).unwrap();
-        assert_eq!(all.iter().map(|r| r.0).collect::<Vec<_>>(), (1..=10).collect::<Vec<_>>());
+        assert_eq!(
+            all.iter().map(|r| r.0).collect::<Vec<_>>(),
+            (1..=10).collect::<Vec<_>>()
+        );
         assert_eq!(collect(dir.path(), 7).unwrap().len(), 3);
 
         let removed = wal.truncate_through(6).unwrap();
@@ -392,7 +406,11 @@ mod tests {
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.set_len(len - 3).unwrap();
         assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
-        assert_eq!(fs::metadata(&path).unwrap().len(), len - 27, "tail cut at the torn record");
+        assert_eq!(
+            fs::metadata(&path).unwrap().len(),
+            len - 27,
+            "tail cut at the torn record"
+        );
 
         // A second segment after damage turns the damage into corruption.
         let mut bytes = fs::read(&path).unwrap();

@@ -200,7 +200,12 @@ impl<R: Read> SegmentReader<R> {
 
     /// A bad record at `offset` (`seen` holds its bytes read so far): a torn tail when no
     /// valid record follows it, corruption otherwise.
-    fn damaged(&mut self, offset: u64, mut seen: Vec<u8>, reason: String) -> Result<Option<Record>> {
+    fn damaged(
+        &mut self,
+        offset: u64,
+        mut seen: Vec<u8>,
+        reason: String,
+    ) -> Result<Option<Record>> {
         self.input.read_to_end(&mut seen).map_err(|e| Error::Io {
             context: format!("reading WAL segment {}", self.path),
             source: e,
@@ -257,9 +262,12 @@ mod tests {
     }
 
     fn read(bytes: &[u8]) -> (Result<Vec<Record>>, Option<End>) {
-        let mut reader =
-            SegmentReader::new("seg".into(), Cursor::new(bytes.to_vec()), bytes.len() as u64)
-                .unwrap();
+        let mut reader = SegmentReader::new(
+            "seg".into(),
+            Cursor::new(bytes.to_vec()),
+            bytes.len() as u64,
+        )
+        .unwrap();
         let records: Result<Vec<_>> = reader.by_ref().collect();
         let end = reader.end().map(|e| match e {
             End::Clean => End::Clean,
@@ -303,7 +311,12 @@ mod tests {
     fn a_cut_last_record_is_a_torn_tail() {
         let bytes = segment(&[(1, b"one"), (2, b"two")]);
         let second = (MAGIC.len() + HEADER + 3) as u64;
-        for cut in [bytes.len() - 1, bytes.len() - 4, second as usize + 3, second as usize + 19] {
+        for cut in [
+            bytes.len() - 1,
+            bytes.len() - 4,
+            second as usize + 3,
+            second as usize + 19,
+        ] {
             let (records, end) = read(&bytes[..cut]);
             assert_eq!(records.unwrap().len(), 1, "cut at {cut}");
             assert!(matches!(end, Some(End::Torn { offset, .. }) if offset == second));
@@ -338,7 +351,11 @@ mod tests {
             damaged[at] ^= 0xff;
             let (records, _) = read(&damaged);
             match records.unwrap_err() {
-                Error::WalCorrupt { segment, offset, reason } => {
+                Error::WalCorrupt {
+                    segment,
+                    offset,
+                    reason,
+                } => {
                     assert_eq!((segment.as_str(), offset), ("seg", second as u64));
                     assert!(reason.contains(what), "{reason}");
                 }

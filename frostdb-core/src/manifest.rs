@@ -1,0 +1,278 @@
+//! The manifest: the one file that says which tables exist and which persisted blocks each
+//! has. Replaced atomically (write a temporary file, fsync, rename, fsync the directory) and
+//! mirrored to the object store, so a database can be reopened from its bucket alone.
+//!
+//! Format: JSON, `{"format": 1, "version": N, "tables": {name: {schema, options,
+//! persisted_tx, next_block_id, blocks: [BlockMeta]}}}`.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::index::chunk::ColumnStats;
+use crate::io::Io;
+use crate::options::TableOptions;
+use crate::schema::Schema;
+
+const FORMAT: u32 = 1;
+const FILE_NAME: &str = "manifest.json";
+
+/// A persisted block: one sorted Parquet object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct BlockMeta {
+    /// Block id, unique within its table.
+    pub id: u64,
+    /// Object path in the store.
+    pub path: String,
+    /// Object size in bytes.
+    pub size: u64,
+    /// Rows.
+    pub rows: u64,
+    /// Parquet row groups.
+    pub row_groups: u32,
+    /// Lowest transaction the block holds.
+    pub min_tx: u64,
+    /// Highest transaction the block holds.
+    pub max_tx: u64,
+    /// Exact statistics of every column the block has, by name (the time range and the sort
+    /// key's range among them).
+    pub columns: BTreeMap<String, ColumnStats>,
+}
+
+impl BlockMeta {
+    /// Statistics of `column`, all-null when the block lacks it.
+    pub fn stats_of(&self, column: &str) -> ColumnStats {
+        self.columns
+            .get(column)
+            .cloned()
+            .unwrap_or_else(|| ColumnStats::all_null(self.rows as usize))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TableEntry {
+    pub(crate) schema: Schema,
+    pub(crate) options: TableOptions,
+    /// Every transaction up to this one is in `blocks`.
+    pub(crate) persisted_tx: u64,
+    pub(crate) next_block_id: u64,
+    pub(crate) blocks: Vec<BlockMeta>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    format: u32,
+    version: u64,
+    pub(crate) tables: BTreeMap<String, TableEntry>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Self {
+            format: FORMAT,
+            version: 0,
+            tables: BTreeMap::new(),
+        }
+    }
+}
+
+/// Where the manifest lives and its current content.
+pub(crate) struct ManifestFile {
+    dir: PathBuf,
+    mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
+    current: Mutex<Manifest>,
+}
+
+impl std::fmt::Debug for ManifestFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManifestFile")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn parse(bytes: &[u8], path: &str) -> Result<Manifest> {
+    let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
+        path: path.to_owned(),
+        reason: format!("not a valid manifest: {e}"),
+    })?;
+    if manifest.format != FORMAT {
+        return Err(Error::Manifest {
+            path: path.to_owned(),
+            reason: format!(
+                "format {} is not {FORMAT}, the one this build reads",
+                manifest.format
+            ),
+        });
+    }
+    Ok(manifest)
+}
+
+impl ManifestFile {
+    /// Loads the manifest of the database in `dir`: the local file, or else the object
+    /// store's mirror under `prefix`, or else an empty one.
+    pub(crate) fn open(
+        dir: &Path,
+        mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
+    ) -> Result<Self> {
+        let local = dir.join(FILE_NAME);
+        let manifest = match fs::read(&local) {
+            Ok(bytes) => parse(&bytes, &local.display().to_string())?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &mirror {
+                Some((store, prefix, io)) => {
+                    let path = prefix.clone().join(FILE_NAME);
+                    let (store, get) = (store.clone(), path.clone());
+                    match io.run(async move { store.get(&get).await?.bytes().await })? {
+                        Ok(bytes) => {
+                            tracing::info!(object = %path, "manifest read from the object store");
+                            parse(&bytes, path.as_ref())?
+                        }
+                        Err(object_store::Error::NotFound { .. }) => Manifest::default(),
+                        Err(source) => {
+                            return Err(Error::ObjectStore {
+                                context: format!("reading manifest {path}"),
+                                source,
+                            });
+                        }
+                    }
+                }
+                None => Manifest::default(),
+            },
+            Err(source) => {
+                return Err(Error::Io {
+                    context: format!("reading manifest {}", local.display()),
+                    source,
+                });
+            }
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            mirror,
+            current: Mutex::new(manifest),
+        })
+    }
+
+    /// A copy of the current manifest.
+    pub(crate) fn snapshot(&self) -> Manifest {
+        self.current.lock().clone()
+    }
+
+    /// Applies `change` to a copy of the manifest and makes the copy durable; the in-memory
+    /// manifest changes only once it is.
+    pub(crate) fn update<R>(&self, change: impl FnOnce(&mut Manifest) -> Result<R>) -> Result<R> {
+        let mut current = self.current.lock();
+        let mut next = current.clone();
+        let result = change(&mut next)?;
+        next.version += 1;
+        let bytes = serde_json::to_vec_pretty(&next)?;
+        self.write_local(&bytes)?;
+        if let Some((store, prefix, io)) = &self.mirror {
+            let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
+            let payload = bytes.clone();
+            let shown = path.to_string();
+            match io.run(async move { store.put(&path, payload.into()).await }) {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(object = %shown, %error, "cannot mirror the manifest to the object store")
+                }
+                Err(error) => tracing::warn!(%error, "cannot mirror the manifest"),
+            }
+        }
+        *current = next;
+        Ok(result)
+    }
+
+    fn write_local(&self, bytes: &[u8]) -> Result<()> {
+        let path = self.dir.join(FILE_NAME);
+        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
+        let io = |what: &str| {
+            let context = format!("{what} {}", path.display());
+            move |source| Error::Io { context, source }
+        };
+        let mut file = File::create(&tmp).map_err(io("writing manifest"))?;
+        file.write_all(bytes)
+            .and_then(|_| file.sync_all())
+            .map_err(io("writing manifest"))?;
+        fs::rename(&tmp, &path).map_err(io("replacing manifest"))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing the directory of manifest"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::datatypes::DataType;
+
+    use super::*;
+    use crate::scalar::Scalar;
+    use crate::schema::ColumnDef;
+
+    #[test]
+    fn updates_are_durable_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = ManifestFile::open(dir.path(), None).unwrap();
+        assert!(file.snapshot().tables.is_empty());
+        let schema = Schema::builder("t")
+            .column(ColumnDef::new("v", DataType::Float64))
+            .build()
+            .unwrap();
+        file.update(|m| {
+            let mut columns = BTreeMap::new();
+            columns.insert(
+                "v".to_owned(),
+                ColumnStats {
+                    min: Some(Scalar::Float(f64::NAN)),
+                    max: Some(Scalar::Binary(vec![0, 255])),
+                    null_count: 1,
+                },
+            );
+            m.tables.insert(
+                "t".into(),
+                TableEntry {
+                    schema,
+                    options: TableOptions::default(),
+                    persisted_tx: 7,
+                    next_block_id: 2,
+                    blocks: vec![BlockMeta {
+                        id: 1,
+                        path: "t/1.parquet".into(),
+                        size: 10,
+                        rows: 3,
+                        row_groups: 1,
+                        min_tx: 1,
+                        max_tx: 7,
+                        columns,
+                    }],
+                },
+            );
+            Ok(())
+        })
+        .unwrap();
+        let again = ManifestFile::open(dir.path(), None).unwrap().snapshot();
+        let table = &again.tables["t"];
+        assert_eq!(table.persisted_tx, 7);
+        let stats = table.blocks[0].stats_of("v");
+        assert!(
+            matches!(stats.min, Some(Scalar::Float(f)) if f.is_nan()),
+            "NaN survives JSON"
+        );
+        assert_eq!(stats.max, Some(Scalar::Binary(vec![0, 255])));
+        assert_eq!(table.blocks[0].stats_of("absent").null_count, 3);
+        assert_eq!(again.version, 1);
+
+        fs::write(dir.path().join(FILE_NAME), b"{not json").unwrap();
+        let err = ManifestFile::open(dir.path(), None).unwrap_err();
+        assert!(err.to_string().contains("not a valid manifest"), "{err}");
+    }
+}

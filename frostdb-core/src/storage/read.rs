@@ -1,0 +1,422 @@
+//! Reading a block: its footer (cached, with page indexes), pruning of row groups by their
+//! statistics and of pages by the column index, and a stream of the projected columns of
+//! what is left.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
+use arrow::datatypes::SchemaRef;
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+
+use super::Storage;
+use crate::error::{Error, Result};
+use crate::index::chunk::ColumnStats;
+use crate::manifest::BlockMeta;
+use crate::scalar::Scalar;
+use crate::scan::bound::Bound;
+
+/// A block's object as Parquet's async reader wants it: ranged reads from the store, the
+/// footer read with its known size.
+#[derive(Debug, Clone)]
+struct BlockFile {
+    store: Arc<dyn object_store::ObjectStore>,
+    path: ObjectPath,
+    size: u64,
+}
+
+fn external(e: object_store::Error) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for BlockFile {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        use futures::{FutureExt, TryFutureExt};
+        use object_store::ObjectStoreExt;
+        self.store
+            .get_range(&self.path, range)
+            .map_err(external)
+            .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
+        use futures::FutureExt;
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>,
+    > {
+        use futures::FutureExt;
+        async move {
+            let size = self.size;
+            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// What pruning did inside blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BlockScanMetrics {
+    pub(crate) row_groups: usize,
+    pub(crate) row_groups_pruned: usize,
+    pub(crate) rows_skipped_by_pages: usize,
+}
+
+/// What to read of one block.
+#[derive(Debug)]
+pub(crate) struct BlockPlan {
+    pub(crate) table: String,
+    pub(crate) block: Arc<BlockMeta>,
+    metadata: ArrowReaderMetadata,
+    row_groups: Vec<usize>,
+    selection: Option<RowSelection>,
+    projection: Vec<usize>,
+    pub(crate) rows: usize,
+}
+
+fn unreadable(table: &str, block: &BlockMeta, reason: impl Into<String>) -> Error {
+    Error::BlockUnreadable {
+        table: table.to_owned(),
+        block: block.id,
+        path: block.path.clone(),
+        reason: reason.into(),
+    }
+}
+
+/// Statistics of one column over row groups or pages, as Arrow arrays.
+struct ColumnStatsArrays {
+    mins: ArrayRef,
+    maxes: ArrayRef,
+    nulls: UInt64Array,
+}
+
+impl ColumnStatsArrays {
+    /// Statistics of entry `i` covering `rows` rows; `None` when unknown.
+    fn get(&self, i: usize, rows: usize) -> Option<ColumnStats> {
+        if self.nulls.is_null(i) {
+            return None;
+        }
+        let null_count = self.nulls.value(i) as usize;
+        let scalar = |a: &ArrayRef| match Scalar::from_array(a.as_ref(), i) {
+            Scalar::Null => None,
+            s => Some(s),
+        };
+        let (min, max) = (scalar(&self.mins), scalar(&self.maxes));
+        // Missing bounds with non-null values: the writer kept no statistics; unknown.
+        if (min.is_none() || max.is_none()) && null_count < rows {
+            return None;
+        }
+        Some(ColumnStats {
+            min,
+            max,
+            null_count,
+        })
+    }
+}
+
+impl Storage {
+    /// The footer of `block`, read once and cached.
+    pub(crate) fn metadata(&self, table: &str, block: &BlockMeta) -> Result<ArrowReaderMetadata> {
+        if let Some(m) = self.metadata.lock().get(&block.path) {
+            return Ok(m.clone());
+        }
+        let mut reader = BlockFile {
+            store: self.store.clone(),
+            path: ObjectPath::from(block.path.as_str()),
+            size: block.size,
+        };
+        let loaded = self.io.run(async move {
+            let options = ArrowReaderOptions::new()
+                .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+            ArrowReaderMetadata::load_async(&mut reader, options).await
+        })?;
+        let metadata = loaded.map_err(|e| unreadable(table, block, e.to_string()))?;
+        let rows: i64 = metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|rg| rg.num_rows())
+            .sum();
+        if rows as u64 != block.rows {
+            return Err(unreadable(
+                table,
+                block,
+                format!("holds {rows} rows, the manifest says {}", block.rows),
+            ));
+        }
+        self.metadata
+            .lock()
+            .insert(block.path.clone(), metadata.clone());
+        Ok(metadata)
+    }
+
+    /// Plans the read of `columns` of `block` for rows that may satisfy `filter`; `None` when
+    /// statistics prove no row does.
+    pub(crate) fn plan(
+        &self,
+        table: &str,
+        block: Arc<BlockMeta>,
+        filter: &Bound,
+        columns: &[String],
+        expected: &SchemaRef,
+    ) -> Result<(Option<BlockPlan>, BlockScanMetrics)> {
+        let metadata = self.metadata(table, &block)?;
+        let file_schema = metadata.schema().clone();
+        let parquet = metadata.metadata().clone();
+        for field in file_schema.fields() {
+            if let Ok(want) = expected.field_with_name(field.name())
+                && want.data_type() != field.data_type()
+            {
+                return Err(unreadable(
+                    table,
+                    &block,
+                    format!(
+                        "column {:?} is {} in the file, the table has {}",
+                        field.name(),
+                        field.data_type(),
+                        want.data_type()
+                    ),
+                ));
+            }
+        }
+        let row_groups = parquet.row_groups();
+        let mut metrics = BlockScanMetrics {
+            row_groups: row_groups.len(),
+            ..Default::default()
+        };
+        let mut filter_columns = Vec::new();
+        filter.columns(&mut filter_columns);
+        filter_columns.sort();
+        filter_columns.dedup();
+        let converters: Vec<(String, Option<StatisticsConverter<'_>>)> = filter_columns
+            .iter()
+            .map(|c| {
+                let conv = file_schema.field_with_name(c).ok().and_then(|_| {
+                    StatisticsConverter::try_new(
+                        c,
+                        &file_schema,
+                        parquet.file_metadata().schema_descr(),
+                    )
+                    .ok()
+                });
+                (c.clone(), conv)
+            })
+            .collect();
+        let rg_stats: Vec<(String, Option<ColumnStatsArrays>)> = converters
+            .iter()
+            .map(|(c, conv)| {
+                let arrays = conv.as_ref().and_then(|conv| {
+                    Some(ColumnStatsArrays {
+                        mins: conv.row_group_mins(row_groups.iter()).ok()?,
+                        maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
+                        nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
+                    })
+                });
+                (c.clone(), arrays)
+            })
+            .collect();
+
+        let mut selected = Vec::new();
+        let mut selectors: Vec<RowSelector> = Vec::new();
+        let mut any_page_pruning = false;
+        for (i, rg) in row_groups.iter().enumerate() {
+            let rows = rg.num_rows() as usize;
+            let stats = |name: &str| -> Option<ColumnStats> {
+                match rg_stats.iter().find(|(c, _)| c == name) {
+                    Some((_, Some(arrays))) => arrays.get(i, rows),
+                    Some((_, None)) if file_schema.field_with_name(name).is_err() => {
+                        Some(ColumnStats::all_null(rows))
+                    }
+                    _ => None,
+                }
+            };
+            if !filter.may_match(&stats, rows) {
+                metrics.row_groups_pruned += 1;
+                continue;
+            }
+            let pages = page_selection(filter, i, rows, &converters, &parquet);
+            match pages {
+                Some(selection) if !selection.selects_any() => {
+                    metrics.row_groups_pruned += 1;
+                    continue;
+                }
+                Some(selection) => {
+                    any_page_pruning = true;
+                    metrics.rows_skipped_by_pages += rows - selection.row_count();
+                    selectors.extend(Vec::<RowSelector>::from(selection));
+                }
+                None => selectors.push(RowSelector::select(rows)),
+            }
+            selected.push(i);
+        }
+        if selected.is_empty() {
+            return Ok((None, metrics));
+        }
+        let projection = columns
+            .iter()
+            .filter_map(|c| file_schema.index_of(c).ok())
+            .collect();
+        let rows = selectors
+            .iter()
+            .filter(|s| !s.skip)
+            .map(|s| s.row_count)
+            .sum();
+        Ok((
+            Some(BlockPlan {
+                table: table.to_owned(),
+                block,
+                metadata,
+                row_groups: selected,
+                selection: any_page_pruning.then(|| RowSelection::from(selectors)),
+                projection,
+                rows,
+            }),
+            metrics,
+        ))
+    }
+
+    /// Streams the planned rows, `batch_rows` at a time. The read runs on the I/O runtime
+    /// and hands batches over through a channel of two, so a slow consumer holds back the
+    /// read instead of buffering the block.
+    pub(crate) fn read(
+        &self,
+        plan: BlockPlan,
+        batch_rows: usize,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
+        let (tx, rx) = mpsc::sync_channel::<Result<RecordBatch>>(2);
+        let store = self.store.clone();
+        self.io.spawn(async move {
+            let BlockPlan {
+                table,
+                block,
+                metadata,
+                row_groups,
+                selection,
+                projection,
+                ..
+            } = plan;
+            let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
+            let reader = BlockFile {
+                store,
+                path: ObjectPath::from(block.path.as_str()),
+                size: block.size,
+            };
+            let mask = ProjectionMask::roots(
+                metadata.metadata().file_metadata().schema_descr(),
+                projection,
+            );
+            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
+                .with_row_groups(row_groups)
+                .with_projection(mask)
+                .with_batch_size(batch_rows);
+            if let Some(selection) = selection {
+                builder = builder.with_row_selection(selection);
+            }
+            let mut stream = match builder.build() {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(fail(&e)));
+                    return;
+                }
+            };
+            while let Some(batch) = stream.next().await {
+                let stop = batch.is_err();
+                if tx.send(batch.map_err(|e| fail(&e))).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        rx.into_iter()
+    }
+}
+
+/// Rows of row group `rg` whose pages may satisfy `filter`, from the page index; `None` when
+/// the index cannot narrow it down.
+fn page_selection(
+    filter: &Bound,
+    rg: usize,
+    rows: usize,
+    converters: &[(String, Option<StatisticsConverter<'_>>)],
+    parquet: &parquet::file::metadata::ParquetMetaData,
+) -> Option<RowSelection> {
+    let all = || RowSelection::from(vec![RowSelector::select(rows)]);
+    match filter {
+        Bound::Const(true) => None,
+        Bound::Const(false) => Some(RowSelection::from(vec![RowSelector::skip(rows)])),
+        Bound::And(children) => children
+            .iter()
+            .filter_map(|c| page_selection(c, rg, rows, converters, parquet))
+            .reduce(|a, b| a.intersection(&b)),
+        Bound::Or(children) => {
+            let mut acc: Option<RowSelection> = None;
+            for c in children {
+                let s = page_selection(c, rg, rows, converters, parquet)?;
+                acc = Some(match acc {
+                    None => s,
+                    Some(a) => a.union(&s),
+                });
+            }
+            acc.or_else(|| Some(all()))
+        }
+        leaf => {
+            let mut columns = Vec::new();
+            leaf.columns(&mut columns);
+            let column = columns.first()?;
+            let (_, conv) = converters.iter().find(|(c, _)| c == column)?;
+            let conv = conv.as_ref()?;
+            let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
+            let groups = [rg];
+            let arrays = ColumnStatsArrays {
+                mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
+                maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
+                nulls: conv
+                    .data_page_null_counts(index, offsets, groups.iter())
+                    .ok()?,
+            };
+            let counts = conv
+                .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
+                .ok()??;
+            let selectors: Vec<RowSelector> = (0..counts.len())
+                .map(|p| {
+                    let page_rows = counts.value(p) as usize;
+                    let stats = |_: &str| arrays.get(p, page_rows);
+                    if leaf.may_match(&stats, page_rows) {
+                        RowSelector::select(page_rows)
+                    } else {
+                        RowSelector::skip(page_rows)
+                    }
+                })
+                .collect();
+            Some(RowSelection::from(selectors))
+        }
+    }
+}

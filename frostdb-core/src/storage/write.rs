@@ -1,0 +1,145 @@
+//! Writing a block: the merge of a rotated block's granules, streamed into Parquet.
+//!
+//! Memory: the merge holds one batch per input (slices of granules already in memory) and
+//! one output batch; the Parquet writer holds the encoded pages of the row group in
+//! progress and hands each finished row group to a buffered multipart upload of bounded
+//! size. Nothing grows with the block.
+
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use object_store::buffered::BufWriter;
+use object_store::path::Path as ObjectPath;
+use parquet::arrow::AsyncArrowWriter;
+use parquet::basic::{Compression as ParquetCompression, Encoding as ParquetEncoding, ZstdLevel};
+use parquet::file::metadata::SortingColumn as ParquetSortingColumn;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use super::Storage;
+use crate::error::{Error, Result};
+use crate::options::TableOptions;
+use crate::schema::{ColumnName, Compression, Encoding, Schema};
+
+/// Upload buffer: parts of this size go to the store as a multipart upload.
+const UPLOAD_PART: usize = 8 << 20;
+/// Parts in flight at once.
+const UPLOADS_IN_FLIGHT: usize = 2;
+
+/// What writing a block produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Written {
+    pub(crate) size: u64,
+    pub(crate) rows: u64,
+    pub(crate) row_groups: u32,
+}
+
+fn parquet_compression(c: Compression) -> Result<ParquetCompression> {
+    Ok(match c {
+        Compression::Uncompressed => ParquetCompression::UNCOMPRESSED,
+        Compression::Snappy => ParquetCompression::SNAPPY,
+        Compression::Lz4Raw => ParquetCompression::LZ4_RAW,
+        Compression::Zstd { level } => ParquetCompression::ZSTD(
+            ZstdLevel::try_new(level)
+                .map_err(|e| Error::InvalidSchema(format!("zstd level {level}: {e}")))?,
+        ),
+        Compression::ZstdDefault => ParquetCompression::ZSTD(ZstdLevel::default()),
+    })
+}
+
+/// Writer properties for a block of `schema` (the block's own columns), following the table
+/// definition's hints, with `sort_key` (column names, in order) recorded as sorting columns.
+pub(crate) fn properties(
+    definition: &Schema,
+    options: &TableOptions,
+    schema: &SchemaRef,
+    sort_key: &[(String, bool, bool)],
+) -> Result<WriterProperties> {
+    let mut builder = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(options.row_group_rows))
+        .set_data_page_row_count_limit(options.granule_rows)
+        .set_write_batch_size(options.granule_rows.min(8192))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_compression(ParquetCompression::ZSTD(ZstdLevel::default()));
+    for field in schema.fields() {
+        let name = ColumnName::resolve(definition, field.name())?;
+        let def = &definition.columns()[name.def];
+        let path = ColumnPath::new(vec![field.name().clone()]);
+        builder = builder
+            .set_column_compression(path.clone(), parquet_compression(def.compression_hint())?);
+        let dictionary = matches!(field.data_type(), DataType::Dictionary(_, _))
+            || def.encoding_hint() == Encoding::RleDictionary;
+        builder = builder.set_column_dictionary_enabled(path.clone(), dictionary);
+        let encoding = match def.encoding_hint() {
+            Encoding::DeltaBinaryPacked => Some(ParquetEncoding::DELTA_BINARY_PACKED),
+            Encoding::DeltaLengthByteArray => Some(ParquetEncoding::DELTA_LENGTH_BYTE_ARRAY),
+            Encoding::DeltaByteArray => Some(ParquetEncoding::DELTA_BYTE_ARRAY),
+            Encoding::Plain | Encoding::RleDictionary => None,
+        };
+        if let Some(encoding) = encoding {
+            builder = builder.set_column_encoding(path, encoding);
+        }
+    }
+    let sorting: Vec<ParquetSortingColumn> = sort_key
+        .iter()
+        .filter_map(|(name, descending, nulls_first)| {
+            let idx = schema.index_of(name).ok()?;
+            Some(ParquetSortingColumn {
+                column_idx: idx as i32,
+                descending: *descending,
+                nulls_first: *nulls_first,
+            })
+        })
+        .collect();
+    if !sorting.is_empty() {
+        builder = builder.set_sorting_columns(Some(sorting));
+    }
+    Ok(builder.build())
+}
+
+impl Storage {
+    /// Streams `batches` into a new Parquet object at `path`.
+    pub(crate) fn write_block(
+        &self,
+        path: ObjectPath,
+        schema: SchemaRef,
+        properties: WriterProperties,
+        batches: impl Iterator<Item = Result<RecordBatch>> + Send + 'static,
+    ) -> Result<Written> {
+        let store = self.store.clone();
+        let shown = path.to_string();
+        let parquet = move |e: parquet::errors::ParquetError| Error::Parquet {
+            context: format!("writing block {shown}"),
+            source: e,
+        };
+        let parquet = std::sync::Arc::new(parquet);
+        let shown2 = path.to_string();
+        self.io.run(async move {
+            let upload = BufWriter::with_capacity(store.clone(), path.clone(), UPLOAD_PART)
+                .with_max_concurrency(UPLOADS_IN_FLIGHT);
+            let mut writer = AsyncArrowWriter::try_new(upload, schema, Some(properties))
+                .map_err(|e| parquet(e))?;
+            let mut rows = 0u64;
+            for batch in batches {
+                let batch = batch?;
+                rows += batch.num_rows() as u64;
+                writer.write(&batch).await.map_err(|e| parquet(e))?;
+            }
+            let metadata = writer.close().await.map_err(|e| parquet(e))?;
+            let head = {
+                use object_store::ObjectStoreExt;
+                store
+                    .head(&path)
+                    .await
+                    .map_err(|source| Error::ObjectStore {
+                        context: format!("checking block {shown2} after upload"),
+                        source,
+                    })?
+            };
+            Ok(Written {
+                size: head.size,
+                rows,
+                row_groups: metadata.num_row_groups() as u32,
+            })
+        })?
+    }
+}
