@@ -325,11 +325,28 @@ impl Table {
         if self.inner.durable.is_none() {
             return Ok(Vec::new());
         }
-        {
+        let persisted_before = {
             let _commit = self.inner.commit.lock();
+            let before = self
+                .inner
+                .current
+                .read()
+                .blocks
+                .iter()
+                .map(|b| b.max_tx)
+                .max();
             self.inner.rotate_locked()?;
-        }
-        self.inner.persist_frozen()
+            before.unwrap_or(0)
+        };
+        // The background worker may be persisting the same blocks; this waits for it.
+        self.inner.persist_frozen()?;
+        let version = self.inner.current.read().clone();
+        Ok(version
+            .blocks
+            .iter()
+            .filter(|b| b.min_tx > persisted_before)
+            .map(|b| (**b).clone())
+            .collect())
     }
 
     /// Deletes persisted blocks wholly older than the table's `ttl` (relative to now).

@@ -111,6 +111,13 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(segments)
 }
 
+/// A segment that replay read and that stays until its transactions are persisted.
+#[derive(Debug, Clone)]
+pub(crate) struct KeptSegment {
+    last_tx: u64,
+    path: PathBuf,
+}
+
 /// What replay found.
 #[derive(Debug, Default)]
 pub(crate) struct Replayed {
@@ -127,11 +134,11 @@ pub(crate) fn replay(
     dir: &Path,
     after: u64,
     mut apply: impl FnMut(u64, Vec<u8>) -> Result<()>,
-) -> Result<(Replayed, Vec<(u64, u64, PathBuf)>)> {
+) -> Result<(Replayed, Vec<KeptSegment>)> {
     let segments = list_segments(dir)?;
     let mut replayed = Replayed::default();
     let mut kept = Vec::new();
-    for (i, (first_tx, path)) in segments.iter().enumerate() {
+    for (i, (_, path)) in segments.iter().enumerate() {
         let shown = path.display().to_string();
         let file = File::open(path).map_err(io_err(format!("opening WAL segment {shown}")))?;
         let len = file
@@ -181,7 +188,10 @@ pub(crate) fn replay(
                 .and_then(|_| file.sync_all())
                 .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
         }
-        kept.push((*first_tx, last_tx, path.clone()));
+        kept.push(KeptSegment {
+            last_tx,
+            path: path.clone(),
+        });
     }
     Ok((replayed, kept))
 }
@@ -194,15 +204,18 @@ impl Wal {
         dir: &Path,
         durability: Durability,
         segment_bytes: u64,
-        existing: Vec<(u64, u64, PathBuf)>,
+        existing: Vec<KeptSegment>,
         next_tx: u64,
     ) -> Result<Self> {
         fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
         let (file, current) = create_segment(dir, next_tx)?;
         let closed = existing
             .into_iter()
-            .filter(|(_, _, path)| *path != current.path)
-            .map(|(_, last_tx, path)| Segment { path, last_tx })
+            .filter(|k| k.path != current.path)
+            .map(|k| Segment {
+                path: k.path,
+                last_tx: k.last_tx,
+            })
             .collect();
         Ok(Self {
             dir: dir.to_path_buf(),

@@ -1,0 +1,397 @@
+//! Scenario tests of the on-disk database: WAL replay, block persistence and reads across
+//! memory and blocks, pruning, bad storage, retention.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::Int64Type;
+use common::*;
+use frostdb_core::{Db, DbOptions, Error, ScanRequest, Table, TableOptions, col};
+use object_store::memory::InMemory;
+
+fn options() -> DbOptions {
+    DbOptions::default().background_compaction(false)
+}
+
+fn small_blocks() -> TableOptions {
+    TableOptions::default()
+        .granule_rows(16)
+        .row_group_rows(64)
+        .l0_max_parts(8)
+}
+
+/// Batch `i`: 10 rows, pods `pod-(i*7+r)%50`, timestamps `i*10+r`, values `i*1000+r`.
+fn fill(table: &Table, from: usize, to: usize) {
+    for i in from..to {
+        let pods: Vec<String> = (0..10)
+            .map(|r| format!("pod-{:03}", (i * 7 + r) % 50))
+            .collect();
+        let pods: Vec<Option<&str>> = pods.iter().map(|p| Some(p.as_str())).collect();
+        let ts: Vec<i64> = (0..10).map(|r| (i * 10 + r) as i64).collect();
+        let values: Vec<i64> = (0..10).map(|r| (i * 1000 + r) as i64).collect();
+        table
+            .insert(&batch(vec![
+                ("name", str_n(if i % 2 == 0 { "cpu" } else { "mem" }, 10)),
+                ("labels.pod", strs(&pods)),
+                ("timestamp", ints(&ts)),
+                ("value", ints(&values)),
+            ]))
+            .unwrap();
+    }
+}
+
+fn values(batches: &[RecordBatch]) -> Vec<i64> {
+    let mut v: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            let i = b.schema().index_of("value").unwrap();
+            b.column(i).as_primitive::<Int64Type>().values().to_vec()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn expected(from: usize, to: usize) -> Vec<i64> {
+    let mut v: Vec<i64> = (from..to)
+        .flat_map(|i| (0..10).map(move |r| (i * 1000 + r) as i64))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_wal_brings_back_unpersisted_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let table = db
+            .table("samples", samples_schema(), small_blocks())
+            .unwrap();
+        fill(&table, 0, 20);
+        assert_eq!(table.stats().blocks, 0);
+    }
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .get_table("samples")
+        .expect("recovered from the manifest");
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 20)
+    );
+    // Transaction ids continue after the replayed ones.
+    assert_eq!(table.stats().watermark, 20);
+    fill(&table, 20, 21);
+    assert_eq!(table.stats().watermark, 21);
+}
+
+#[test]
+fn persisted_blocks_read_back_with_memory_as_one_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 30);
+    let sorted = ScanRequest::new().sorted(true);
+    let before = render(&table.scan(&sorted).unwrap());
+    let blocks = table.persist().unwrap();
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0].rows, 300);
+    assert_eq!(blocks[0].row_groups, 5, "300 rows in row groups of 64");
+    let stats = table.stats();
+    assert_eq!(
+        (stats.blocks, stats.block_rows, stats.frozen_blocks),
+        (1, 300, 0)
+    );
+    assert!(stats.levels.iter().all(|l| l.rows == 0), "memory freed");
+    assert_eq!(render(&table.scan(&sorted).unwrap()), before);
+
+    // New writes live in memory beside the block; one sorted snapshot covers both.
+    fill(&table, 30, 40);
+    let all = table.scan(&ScanRequest::new()).unwrap();
+    assert_eq!(values(&all), expected(0, 40));
+    let merged = table
+        .scan(&sorted.clone().project(["name", "labels.pod", "timestamp"]))
+        .unwrap();
+    let mut keys: Vec<(String, String, i64)> = Vec::new();
+    for b in &merged {
+        for i in 0..b.num_rows() {
+            let text = |c: usize| match frostdb_core::Scalar::from_array(b.column(c).as_ref(), i) {
+                frostdb_core::Scalar::Utf8(s) => s,
+                other => panic!("{other:?}"),
+            };
+            let ts = b.column(2).as_primitive::<Int64Type>().value(i);
+            keys.push((text(0), text(1), ts));
+        }
+    }
+    let mut sorted_keys = keys.clone();
+    sorted_keys.sort();
+    assert_eq!(keys.len(), 400);
+    assert!(keys == sorted_keys, "blocks and memory merge in sort order");
+
+    drop(table);
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 40)
+    );
+    assert_eq!(table.stats().blocks, 1);
+}
+
+#[test]
+fn blocks_row_groups_and_pages_are_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    for (from, to) in [(0, 50), (50, 100), (100, 150)] {
+        fill(&table, from, to);
+        table.persist().unwrap();
+    }
+    assert_eq!(table.stats().blocks, 3);
+    // Timestamps 600..620 are batches 60 and 61: one block, and within it few rows.
+    let filter = col("timestamp").gt_eq(600).and(col("timestamp").lt(620));
+    let scan = table
+        .snapshot()
+        .scan(&ScanRequest::new().filter(filter).project(["value"]))
+        .unwrap();
+    let m = scan.metrics();
+    let got = values(&scan.collect::<Result<Vec<_>, _>>().unwrap());
+    assert_eq!(got, expected(60, 62));
+    assert_eq!((m.blocks, m.blocks_pruned), (3, 2), "{m:?}");
+    assert!(
+        m.row_groups_pruned > 0 || m.rows_skipped_by_pages > 0,
+        "{m:?}"
+    );
+    assert!(
+        m.rows_read < 500,
+        "read {} of 500 rows of the block: {m:?}",
+        m.rows_read
+    );
+
+    // A label selective within a block's sort order: pages skip the rest.
+    let scan = table
+        .snapshot()
+        .scan(
+            &ScanRequest::new().filter(col("name").eq("cpu").and(col("labels.pod").eq("pod-007"))),
+        )
+        .unwrap();
+    let m = scan.metrics();
+    let rows: usize = scan.map(|b| b.unwrap().num_rows()).sum();
+    let want = (0..150)
+        .step_by(2)
+        .flat_map(|i| (0..10).map(move |r| (i * 7 + r) % 50))
+        .filter(|&p| p == 7)
+        .count();
+    assert_eq!(rows, want);
+    assert!(m.rows_read < 1500 / 4, "{m:?}");
+}
+
+#[test]
+fn rotation_persists_in_the_background_and_truncates_the_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let listener = Arc::new(Persisted(parking_lot::Mutex::new(tx)));
+    let db = Db::open(dir.path(), DbOptions::default().listener(listener)).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema(),
+            small_blocks().block_size(20_000),
+        )
+        .unwrap();
+    fill(&table, 0, 100);
+    let first = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("a block persisted in the background");
+    assert!(first.rows > 0);
+    db.flush().unwrap();
+    let stats = table.stats();
+    assert_eq!(stats.rows, 1000);
+    assert_eq!(stats.block_rows, 1000);
+    assert!(stats.blocks >= 2, "{stats:?}");
+    assert!(stats.wal_bytes < 1000, "WAL prefix deleted: {stats:?}");
+    let wal_files = std::fs::read_dir(dir.path().join("wal").join("samples"))
+        .unwrap()
+        .count();
+    assert_eq!(wal_files, 1, "only the current segment remains");
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 100)
+    );
+}
+
+struct Persisted(parking_lot::Mutex<std::sync::mpsc::Sender<frostdb_core::BlockMeta>>);
+
+impl frostdb_core::EventListener for Persisted {
+    fn on_persist_end(&self, _table: &str, block: &frostdb_core::BlockMeta) {
+        let _ = self.0.lock().send(block.clone());
+    }
+}
+
+#[test]
+fn any_object_store_holds_the_blocks_and_the_manifest_mirror() {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(InMemory::new());
+    let first = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open_with_store(first.path(), store.clone(), "db1", options()).unwrap();
+        let table = db
+            .table("samples", samples_schema(), small_blocks())
+            .unwrap();
+        fill(&table, 0, 10);
+        db.flush().unwrap();
+    }
+    // A fresh local directory: the manifest comes from the store.
+    let second = tempfile::tempdir().unwrap();
+    let db = Db::open_with_store(second.path(), store, "db1", options()).unwrap();
+    let table = db
+        .get_table("samples")
+        .expect("table from the mirrored manifest");
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 10)
+    );
+}
+
+#[test]
+fn retention_deletes_old_blocks_and_their_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let ttl = std::time::Duration::from_secs(3600);
+    let table = db
+        .table("samples", samples_schema(), small_blocks().ttl(ttl))
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let insert_at = |t: i64, value: i64| {
+        table
+            .insert(&batch(vec![
+                ("name", str_n("cpu", 1)),
+                ("timestamp", ints(&[t])),
+                ("value", ints(&[value])),
+            ]))
+            .unwrap();
+    };
+    insert_at(now - 3 * 3600 * 1000, 1);
+    table.persist().unwrap();
+    insert_at(now - 2 * 3600 * 1000, 2);
+    table.persist().unwrap();
+    insert_at(now - 60_000, 3);
+    table.persist().unwrap();
+    let blocks_dir = dir.path().join("blocks").join("samples");
+    let files = || std::fs::read_dir(&blocks_dir).unwrap().count();
+    assert_eq!(files(), 3);
+    let deleted = table.enforce_retention().unwrap();
+    assert_eq!(deleted.len(), 2);
+    assert_eq!(files(), 1, "space reclaimed");
+    assert_eq!(values(&table.scan(&ScanRequest::new()).unwrap()), [3]);
+    drop(table);
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        [3],
+        "and stays gone"
+    );
+}
+
+#[test]
+fn a_damaged_block_is_named_and_does_not_take_down_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 10);
+    let first = table.persist().unwrap().remove(0);
+    fill(&table, 10, 20);
+    let second = table.persist().unwrap().remove(0);
+    fill(&table, 20, 30);
+    let third = table.persist().unwrap().remove(0);
+    let path = |b: &frostdb_core::BlockMeta| dir.path().join("blocks").join(&b.path);
+    std::fs::remove_file(path(&first)).unwrap();
+    let len = std::fs::metadata(path(&second)).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path(&second))
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    std::fs::write(path(&third), b"not parquet at all, but the right length?").unwrap();
+    drop(table);
+    drop(db);
+
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    fill(&table, 30, 31);
+    let scan = table.snapshot().scan(&ScanRequest::new()).unwrap();
+    let m = scan.metrics();
+    assert_eq!(m.blocks_failed, 3, "{m:?}");
+    assert_eq!(
+        values(&scan.collect::<Result<Vec<_>, _>>().unwrap()),
+        expected(30, 31)
+    );
+
+    let err = table.scan(&ScanRequest::new().strict(true)).unwrap_err();
+    match err {
+        Error::BlockUnreadable {
+            table, block, path, ..
+        } => {
+            assert_eq!((table.as_str(), block), ("samples", first.id));
+            assert!(path.ends_with(".parquet"));
+        }
+        other => panic!("expected an unreadable block, got {other}"),
+    }
+}
+
+#[test]
+fn wal_corruption_before_the_end_stops_the_open_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let table = db
+            .table("samples", samples_schema(), small_blocks())
+            .unwrap();
+        fill(&table, 0, 5);
+    }
+    let wal_dir = dir.path().join("wal").join("samples");
+    let segment = std::fs::read_dir(&wal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| std::fs::metadata(p).unwrap().len() > 100)
+        .unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    std::fs::write(&segment, &bytes).unwrap();
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    match err {
+        Error::WalCorrupt {
+            segment: s, offset, ..
+        } => {
+            assert_eq!(s, segment.display().to_string());
+            assert!(offset > 0 && (offset as usize) < middle);
+        }
+        other => panic!("expected WAL corruption, got {other}"),
+    }
+
+    // A torn tail instead is cut with a warning, and every whole record comes back.
+    bytes[middle] ^= 0x55;
+    bytes.truncate(bytes.len() - 7);
+    std::fs::write(&segment, &bytes).unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 4)
+    );
+}
