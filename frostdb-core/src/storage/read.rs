@@ -3,7 +3,6 @@
 //! what is left.
 
 use std::sync::Arc;
-use std::sync::mpsc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::SchemaRef;
@@ -304,58 +303,91 @@ impl Storage {
         ))
     }
 
-    /// Streams the planned rows, `batch_rows` at a time. The read runs on the I/O runtime
-    /// and hands batches over through a channel of two, so a slow consumer holds back the
-    /// read instead of buffering the block.
+    /// Streams the planned rows, `batch_rows` at a time. The read starts when the first
+    /// batch is asked for, runs on the I/O runtime and hands batches over through a channel
+    /// of two, so a slow consumer holds back the read instead of buffering the block (and no
+    /// runtime thread ever blocks on it).
     pub(crate) fn read(
         &self,
         plan: BlockPlan,
         batch_rows: usize,
     ) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
-        let (tx, rx) = mpsc::sync_channel::<Result<RecordBatch>>(2);
-        let store = self.store.clone();
-        self.io.spawn(async move {
-            let BlockPlan {
-                table,
-                block,
-                metadata,
-                row_groups,
-                selection,
-                projection,
-                ..
-            } = plan;
-            let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
-            let reader = BlockFile {
-                store,
-                path: ObjectPath::from(block.path.as_str()),
-                size: block.size,
-            };
-            let mask = ProjectionMask::roots(
-                metadata.metadata().file_metadata().schema_descr(),
-                projection,
-            );
-            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
-                .with_row_groups(row_groups)
-                .with_projection(mask)
-                .with_batch_size(batch_rows);
-            if let Some(selection) = selection {
-                builder = builder.with_row_selection(selection);
-            }
-            let mut stream = match builder.build() {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = tx.send(Err(fail(&e)));
-                    return;
-                }
-            };
-            while let Some(batch) = stream.next().await {
-                let stop = batch.is_err();
-                if tx.send(batch.map_err(|e| fail(&e))).is_err() || stop {
-                    return;
-                }
-            }
-        });
-        rx.into_iter()
+        BlockStream {
+            start: Some((plan, batch_rows, self.store.clone(), self.io.clone())),
+            rx: None,
+        }
+    }
+}
+
+/// A block's batches, read on the I/O runtime; see [`Storage::read`].
+struct BlockStream {
+    start: Option<(
+        BlockPlan,
+        usize,
+        Arc<dyn object_store::ObjectStore>,
+        crate::io::Io,
+    )>,
+    rx: Option<tokio::sync::mpsc::Receiver<Result<RecordBatch>>>,
+}
+
+impl Iterator for BlockStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some((plan, batch_rows, store, io)) = self.start.take() {
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            io.spawn(read_block(plan, batch_rows, store, tx));
+            self.rx = Some(rx);
+        }
+        // Waits without a runtime of its own, so it may be called from any thread.
+        futures::executor::block_on(self.rx.as_mut()?.recv())
+    }
+}
+
+async fn read_block(
+    plan: BlockPlan,
+    batch_rows: usize,
+    store: Arc<dyn object_store::ObjectStore>,
+    tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) {
+    let BlockPlan {
+        table,
+        block,
+        metadata,
+        row_groups,
+        selection,
+        projection,
+        ..
+    } = plan;
+    let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
+    let reader = BlockFile {
+        store,
+        path: ObjectPath::from(block.path.as_str()),
+        size: block.size,
+    };
+    let mask = ProjectionMask::roots(
+        metadata.metadata().file_metadata().schema_descr(),
+        projection,
+    );
+    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
+        .with_row_groups(row_groups)
+        .with_projection(mask)
+        .with_batch_size(batch_rows);
+    if let Some(selection) = selection {
+        builder = builder.with_row_selection(selection);
+    }
+    let mut stream = match builder.build() {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Err(fail(&e))).await;
+            return;
+        }
+    };
+    while let Some(batch) = stream.next().await {
+        let stop = batch.is_err();
+        if tx.send(batch.map_err(|e| fail(&e))).await.is_err() || stop {
+            return;
+        }
     }
 }
 
