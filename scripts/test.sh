@@ -15,6 +15,14 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# moto's S3-compatible server, for the test that persists blocks to S3 for real.
+venv=target/test-venv
+if [ ! -x "$venv/bin/moto_server" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet 'moto[server]>=5,<6'
+fi
+export FROSTDB_MOTO="$PWD/$venv/bin/moto_server"
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
