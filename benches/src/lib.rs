@@ -13,7 +13,7 @@ use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
 /// The profile-shaped schema: profile type, labels, stack, time and value.
 pub fn profile_schema() -> Schema {
     let dict = |name: &str| ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary);
-    let int = |name: &str| ColumnDef::new(name, DataType::Int64);
+    let int = |name: &str| ColumnDef::new(name, DataType::Int64).encoding(Encoding::RleDictionary);
     Schema::builder("samples")
         .column(dict("name"))
         .column(dict("sample_type"))
@@ -35,8 +35,8 @@ pub fn profile_schema() -> Schema {
         .sort_by(SortingColumn::asc("period_type"))
         .sort_by(SortingColumn::asc("period_unit"))
         .sort_by(SortingColumn::asc("labels"))
-        .sort_by(SortingColumn::asc("stacktrace_id"))
         .sort_by(SortingColumn::asc("timestamp"))
+        .sort_by(SortingColumn::asc("stacktrace_id"))
         .build()
         .expect("the profile schema is valid")
 }
