@@ -107,10 +107,8 @@ fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
 fn ingest(args: &[String]) -> Result<(), BoxError> {
     let data = arg(args, "--data")?;
     let store = arg(args, "--store")?;
-    // A bulk load: group commit lets the WAL sync once for many batches.
-    let options = DbOptions::default().durability(Durability::GroupCommit {
-        max_delay: std::time::Duration::from_millis(2),
-    });
+    // One writer: an fsync per batch costs less than waiting for company.
+    let options = DbOptions::default().durability(Durability::Sync);
     let db = Db::open(&store, options)?;
     let profiles = db.table("profiles", profiles_schema()?, TableOptions::default())?;
     let stacks = db.table(

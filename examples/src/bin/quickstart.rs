@@ -1,8 +1,9 @@
-//! Builds a profile-shaped table, ingests a fleet's worth of profiles, and answers a
-//! profiler's first question: which pods burned the most CPU in the last minute, and on which
-//! stacks.
+//! Builds a profile-shaped table in an on-disk database, ingests a fleet's worth of
+//! profiles, persists them as Parquet, reopens the database and answers a profiler's first
+//! question: which pods burned the most CPU in the last minute, and on which stacks.
 //!
-//! Run: `cargo run --release -p frostdb-examples --bin quickstart`.
+//! Run: `cargo run --release -p frostdb-examples --bin quickstart [DIR]` (default DIR:
+//! `target/quickstart-db`, emptied first).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -11,14 +12,20 @@ use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use arrow::util::pretty::pretty_format_batches;
 use frostdb_benches::{Fleet, profile_schema};
-use frostdb_core::{Db, DbOptions, ScanRequest, TableOptions, col};
+use frostdb_core::{Db, DbOptions, Durability, ScanRequest, TableOptions, col};
 
 const SERIES: usize = 150;
 const STEPS: usize = 30;
 const START_MS: i64 = 1_700_000_000_000;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let db = Db::open_in_memory(DbOptions::default())?;
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "target/quickstart-db".to_owned());
+    let _ = std::fs::remove_dir_all(&dir);
+    // Every insert is fsynced before it returns (the default, `Durability::Sync`).
+    let options = || DbOptions::default().durability(Durability::Sync);
+    let db = Db::open(&dir, options())?;
     let samples = db.table("samples", profile_schema(), TableOptions::default())?;
 
     let started = Instant::now();
@@ -37,13 +44,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ingested {profiles} profiles of {SERIES} series, {rows} samples in {secs:.2} s ({:.0} samples/s)",
         rows as f64 / secs
     );
-    samples.compact_fully()?;
+    let started = Instant::now();
+    db.flush()?;
     let stats = samples.stats();
-    let bytes: usize = stats.levels.iter().map(|l| l.bytes).sum();
     println!(
-        "compacted into {} granules, {:.1} bytes of memory per sample",
-        stats.levels.iter().map(|l| l.chunks).sum::<usize>(),
-        bytes as f64 / stats.rows as f64
+        "persisted {} blocks in {:.2} s: {:.1} MB of Parquet, {:.2} bytes per sample on disk",
+        stats.blocks,
+        started.elapsed().as_secs_f64(),
+        stats.block_bytes as f64 / 1e6,
+        stats.block_bytes as f64 / stats.rows as f64
+    );
+    drop(samples);
+    drop(db);
+
+    let started = Instant::now();
+    let db = Db::open(&dir, options())?;
+    let samples = db.get_table("samples").ok_or("the table is gone")?;
+    println!(
+        "reopened {dir} in {:.0} ms: {} samples",
+        started.elapsed().as_secs_f64() * 1e3,
+        samples.stats().rows
     );
 
     // CPU per pod over the last minute.
@@ -79,10 +99,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut top: Vec<(String, i64)> = per_pod.into_iter().collect();
     top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     println!(
-        "\ntop pods by CPU in the last minute ({:.1} ms, {} of {} granules pruned):",
+        "\ntop pods by CPU in the last minute ({:.1} ms; {} of {} row groups pruned, {} rows read):",
         started.elapsed().as_secs_f64() * 1e3,
-        metrics.chunks_pruned,
-        metrics.chunks
+        metrics.row_groups_pruned,
+        metrics.row_groups,
+        metrics.rows_read
     );
     for (pod, nanos) in top.iter().take(5) {
         println!("  {pod:<32} {:>8.2} s", *nanos as f64 / 1e9);
