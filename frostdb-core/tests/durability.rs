@@ -395,3 +395,45 @@ fn wal_corruption_before_the_end_stops_the_open_with_its_location() {
         expected(0, 4)
     );
 }
+
+#[test]
+fn replaying_a_long_wal_persists_as_blocks_fill() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_blocks().block_size(usize::MAX / 2);
+    {
+        let db = Db::open(dir.path(), options_without_background()).unwrap();
+        let table = db.table("samples", samples_schema(), options).unwrap();
+        fill(&table, 0, 200);
+        assert_eq!(
+            table.stats().blocks,
+            0,
+            "nothing persisted before the crash"
+        );
+    }
+    // Reopen with a block size far below the WAL's content: replay must not hold it all.
+    let dir_path = dir.path().to_path_buf();
+    let manifest = dir_path.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let text = text.replace(
+        &format!("\"block_size\": {}", usize::MAX / 2),
+        "\"block_size\": 30000",
+    );
+    std::fs::write(&manifest, text).unwrap();
+    let db = Db::open(dir.path(), options_without_background()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    let stats = table.stats();
+    assert!(
+        stats.blocks >= 3,
+        "blocks persisted during replay: {stats:?}"
+    );
+    assert_eq!(stats.frozen_blocks, 0);
+    assert!(stats.levels.iter().map(|l| l.bytes).sum::<usize>() < 30_000 * 2);
+    assert_eq!(
+        values(&table.scan(&ScanRequest::new()).unwrap()),
+        expected(0, 200)
+    );
+}
+
+fn options_without_background() -> DbOptions {
+    DbOptions::default().background_compaction(false)
+}
