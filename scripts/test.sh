@@ -23,6 +23,24 @@ if [ ! -x "$venv/bin/moto_server" ]; then
 fi
 export FROSTDB_MOTO="$PWD/$venv/bin/moto_server"
 
+# shared/bench's tiny fleet, for the query cross-check: its generator runs from a copy (it
+# writes compiled protobufs beside itself), its data goes to target/bench-data.
+shared="${FROSTDB_SHARED:-$(cd .. && pwd)/shared}"
+[ -d "$shared/bench" ] || shared=/work/shared
+if [ -f "$shared/bench/gen_fleet.py" ]; then
+  if ! "$venv/bin/python" -c "import numpy, pyarrow, grpc_tools, google.protobuf" 2>/dev/null; then
+    "$venv/bin/pip" install --quiet -r "$shared/bench/requirements-core.txt"
+  fi
+  rm -rf target/bench-src && cp -r "$shared/bench" target/bench-src && chmod -R u+w target/bench-src
+  if [ ! -f target/bench-data/tiny/expected.json ]; then
+    "$venv/bin/python" target/bench-src/gen_fleet.py --scale tiny --data "$PWD/target/bench-data" >/dev/null
+  fi
+  export FROSTDB_BENCH_DATA="$PWD/target/bench-data/tiny"
+  export FROSTDB_SHARED="$shared"
+else
+  echo "shared/ not found (set FROSTDB_SHARED): tests that need its data will fail in CI"
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 

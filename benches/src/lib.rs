@@ -4,6 +4,8 @@
 //! of (stack, value) samples drawn from a skewed distribution over the series' stacks, with
 //! five profile-type columns, five labels, a 16-byte stack id and four integers per row.
 
+pub mod external;
+
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};

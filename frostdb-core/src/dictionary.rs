@@ -32,7 +32,7 @@ impl<T: ByteArrayType<Offset = i32>> Encoder<T> {
     fn with_capacity(rows: usize) -> Self {
         Self {
             index: HashMap::new(),
-            values: GenericByteBuilder::new(),
+            values: GenericByteBuilder::with_capacity(4, 64),
             keys: Vec::with_capacity(rows),
             valid: Vec::with_capacity(rows),
             nulls: 0,

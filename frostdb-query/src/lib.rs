@@ -1,9 +1,45 @@
 //! DataFusion planning over frostdb-rs tables.
 //!
-//! What comes here: a `TableProvider` for a frostdb table (projection, filter and limit
-//! pushdown, statistics from granules and block manifests, partitioned streaming scans), a
-//! `SessionContext` helper that registers every table of a `Db`, a Prometheus-style label
-//! selector parser, and the profile queries (merge, range, label names and values, profile
-//! types, profile timestamps) as DataFusion plans.
+//! - [`FrostTable`]: a `TableProvider` with projection, filter and limit pushdown (filters
+//!   the engine evaluates exactly are `Exact`), statistics from granules and the block
+//!   manifest, and partitioned streaming scans; [`FrostScanExec`] shows in `EXPLAIN` what was
+//!   pushed down and pruned.
+//! - [`session`] / [`register_db`]: a `SessionContext` that sees every table of a `Db`, a
+//!   fresh consistent snapshot per query.
+//! - [`Selector`]: Prometheus/Parca label selectors, turned into DataFusion filters.
+//! - [`profile`]: merge, range, label names and values, profile types, timestamps.
 //!
-//! Until then the crate only pins the DataFusion version the workspace builds with.
+//! ```
+//! # async fn demo() -> datafusion::error::Result<()> {
+//! use frostdb_core::{ColumnDef, Db, DbOptions, Schema, TableOptions};
+//! use arrow::datatypes::DataType;
+//!
+//! let db = Db::open_in_memory(DbOptions::default()).map_err(frostdb_query::to_datafusion)?;
+//! let schema = Schema::builder("samples")
+//!     .column(ColumnDef::dynamic("labels", DataType::Utf8))
+//!     .column(ColumnDef::new("value", DataType::Int64))
+//!     .build()
+//!     .map_err(frostdb_query::to_datafusion)?;
+//! db.table("samples", schema, TableOptions::default()).map_err(frostdb_query::to_datafusion)?;
+//! let ctx = frostdb_query::session(&db)?;
+//! let rows = ctx.sql("SELECT count(*) FROM samples").await?.collect().await?;
+//! assert_eq!(rows.len(), 1);
+//! # Ok(())
+//! # }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+
+mod exec;
+mod filter;
+pub mod profile;
+mod provider;
+mod selector;
+
+pub use exec::FrostScanExec;
+pub use provider::{FrostSchema, FrostTable, register_db, session};
+pub use selector::{MatchOp, Matcher, ProfileType, Selector, SelectorError};
+
+/// An engine error as a DataFusion error.
+pub fn to_datafusion(e: frostdb_core::Error) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::External(Box::new(e))
+}

@@ -150,11 +150,16 @@ pub(crate) struct Chunk {
 impl Chunk {
     /// Wraps `batch`, compacting its dictionaries and computing statistics.
     pub(crate) fn new(batch: RecordBatch) -> Result<Self> {
-        let columns = batch
+        let mut columns = batch
             .columns()
             .iter()
             .map(crate::dictionary::compact)
             .collect::<Result<Vec<_>>>()?;
+        // Builders over-allocate; a chunk lives long, so give the spare capacity back (shared
+        // buffers are left alone).
+        for c in &mut columns {
+            c.shrink_to_fit();
+        }
         let batch = RecordBatch::try_new(batch.schema(), columns)?;
         let stats = batch
             .columns()

@@ -12,7 +12,7 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::{FieldRef, Schema as ArrowSchema, SchemaRef};
 
 use crate::error::{Error, Result};
-use crate::index::chunk::Chunk;
+use crate::index::chunk::{Chunk, ColumnStats};
 use crate::index::merge::{BatchStream, Input, Merge, SortKey, align_batch};
 use crate::index::version::Version;
 use crate::schema::{ColumnName, TableSchema, field_for};
@@ -159,6 +159,85 @@ impl Snapshot {
 
     /// Starts a scan.
     pub fn scan(&self, request: &ScanRequest) -> Result<Scan> {
+        let planned = self.plan(request)?;
+        let metrics = planned.metrics;
+        let mut scan = self.assemble(planned)?;
+        scan.metrics = metrics;
+        Ok(scan)
+    }
+
+    /// Starts an unsorted scan split into up to `partitions` scans of similar size, to be
+    /// read in parallel; together they return what [`Snapshot::scan`] would (a limit applies
+    /// to each). A sorted scan is not split. Also returns what pruning did for the whole.
+    pub fn scan_partitions(
+        &self,
+        request: &ScanRequest,
+        partitions: usize,
+    ) -> Result<(Vec<Scan>, ScanMetrics)> {
+        let planned = self.plan(request)?;
+        let metrics = planned.metrics;
+        if request.sorted || partitions <= 1 {
+            return Ok((vec![self.assemble(planned)?], metrics));
+        }
+        // Units of work: L0 parts, granules, and block row group ranges; assigned largest
+        // first to the least loaded partition.
+        enum Unit {
+            Chunk(Arc<Chunk>),
+            Block(BlockPlan),
+        }
+        let mut units: Vec<(usize, Unit)> = Vec::new();
+        for c in planned.parts.iter().chain(planned.runs.iter().flatten()) {
+            units.push((c.rows(), Unit::Chunk(c.clone())));
+        }
+        for b in planned.blocks.iter().cloned() {
+            for piece in b.split(partitions) {
+                units.push((piece.rows(), Unit::Block(piece)));
+            }
+        }
+        units.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut load = vec![0usize; partitions];
+        let mut groups: Vec<(Vec<Arc<Chunk>>, Vec<BlockPlan>)> =
+            (0..partitions).map(|_| (Vec::new(), Vec::new())).collect();
+        for (rows, unit) in units {
+            let (i, _) = load
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, l)| **l)
+                .expect("at least one partition");
+            load[i] += rows;
+            match unit {
+                Unit::Chunk(c) => groups[i].0.push(c),
+                Unit::Block(b) => groups[i].1.push(b),
+            }
+        }
+        let scans = groups
+            .into_iter()
+            .filter(|(c, b)| !c.is_empty() || !b.is_empty())
+            .map(|(chunks, blocks)| {
+                self.assemble(Planned {
+                    parts: chunks,
+                    runs: Vec::new(),
+                    blocks,
+                    metrics: ScanMetrics::default(),
+                    ..planned.clone()
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let scans = if scans.is_empty() {
+            vec![self.assemble(Planned {
+                parts: Vec::new(),
+                runs: Vec::new(),
+                blocks: Vec::new(),
+                ..planned
+            })?]
+        } else {
+            scans
+        };
+        Ok((scans, metrics))
+    }
+
+    /// Resolves the request and prunes: what a scan will read.
+    fn plan(&self, request: &ScanRequest) -> Result<Planned> {
         let schema = self.schema();
         let output = resolve_projection(&request.projection, schema)?;
         let filter = match &request.filter {
@@ -193,14 +272,43 @@ impl Snapshot {
             output.clone()
         };
         let blocks = self.plan_blocks(&filter, &work, request.strict, &mut metrics)?;
-        let batch_rows = request.batch_rows.unwrap_or(self.granule_rows);
+        Ok(Planned {
+            output,
+            work,
+            filter,
+            key,
+            parts,
+            runs,
+            blocks,
+            metrics,
+            batch_rows: request.batch_rows.unwrap_or(self.granule_rows),
+            limit: request.limit,
+            sorted: request.sorted,
+            strict: request.strict,
+        })
+    }
+
+    /// Builds the stream of a planned scan.
+    fn assemble(&self, planned: Planned) -> Result<Scan> {
+        let Planned {
+            output,
+            work,
+            filter,
+            key,
+            parts,
+            runs,
+            blocks,
+            batch_rows,
+            limit,
+            sorted,
+            strict,
+            ..
+        } = planned;
         let block_streams: Vec<BatchStream> = blocks
             .into_iter()
-            .map(|plan| self.read_block(plan, &filter, &work, batch_rows, request.strict))
+            .map(|plan| self.read_block(plan, &filter, &work, batch_rows, strict))
             .collect();
-
-        let limit = request.limit;
-        let inner: BatchStream = if request.sorted {
+        let inner: BatchStream = if sorted {
             // Ranks need every dictionary value up front, which only in-memory data has.
             let key = if block_streams.is_empty() {
                 key.with_ranks(parts.iter().chain(runs.iter().flatten()).map(|c| c.batch()))
@@ -233,8 +341,26 @@ impl Snapshot {
         Ok(Scan {
             schema: output,
             inner,
-            metrics,
+            metrics: ScanMetrics::default(),
         })
+    }
+
+    /// Exact statistics of `column` over the whole snapshot (memory and blocks); `None` when
+    /// the snapshot has no rows.
+    pub fn column_stats(&self, column: &str) -> Option<ColumnStats> {
+        let (parts, runs) = self.version.memory_chunks();
+        let mut acc: Option<ColumnStats> = None;
+        let mut fold = |s: ColumnStats| match &mut acc {
+            Some(a) => a.merge(&s),
+            None => acc = Some(s),
+        };
+        for c in parts.iter().chain(runs.iter().flatten()) {
+            fold(c.stats_of(column));
+        }
+        for b in self.version.blocks.iter() {
+            fold(b.stats_of(column));
+        }
+        acc
     }
 
     /// Prunes persisted blocks by the manifest's statistics, then plans the rest (row group
@@ -268,7 +394,7 @@ impl Snapshot {
                     metrics.row_groups_pruned += m.row_groups_pruned;
                     metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
                     if let Some(plan) = plan {
-                        metrics.rows_read += plan.rows;
+                        metrics.rows_read += plan.rows();
                         plans.push(plan);
                     }
                 }
@@ -319,6 +445,23 @@ impl Snapshot {
     pub fn collect(&self, request: &ScanRequest) -> Result<Vec<RecordBatch>> {
         self.scan(request)?.collect()
     }
+}
+
+/// A resolved, pruned scan, not yet started.
+#[derive(Clone)]
+struct Planned {
+    output: SchemaRef,
+    work: SchemaRef,
+    filter: Arc<Bound>,
+    key: SortKey,
+    parts: Vec<Arc<Chunk>>,
+    runs: Vec<Vec<Arc<Chunk>>>,
+    blocks: Vec<BlockPlan>,
+    metrics: ScanMetrics,
+    batch_rows: usize,
+    limit: Option<usize>,
+    sorted: bool,
+    strict: bool,
 }
 
 /// Filters a batch (holding every column the filter reads) and aligns it onto `schema`;

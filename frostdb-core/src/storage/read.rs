@@ -90,16 +90,62 @@ pub(crate) struct BlockScanMetrics {
     pub(crate) rows_skipped_by_pages: usize,
 }
 
+/// One row group to read: its index, the rows its pages narrowed it to (`None`: all), and
+/// how many rows that is.
+#[derive(Debug, Clone)]
+struct RowGroupPlan {
+    index: usize,
+    pages: Option<Vec<RowSelector>>,
+    rows: usize,
+    total: usize,
+}
+
 /// What to read of one block.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct BlockPlan {
     pub(crate) table: String,
     pub(crate) block: Arc<BlockMeta>,
     metadata: ArrowReaderMetadata,
-    row_groups: Vec<usize>,
-    selection: Option<RowSelection>,
+    row_groups: Vec<RowGroupPlan>,
     projection: Vec<usize>,
-    pub(crate) rows: usize,
+}
+
+impl BlockPlan {
+    /// Rows the plan reads.
+    pub(crate) fn rows(&self) -> usize {
+        self.row_groups.iter().map(|r| r.rows).sum()
+    }
+
+    /// Splits the plan into up to `n` plans of whole row groups with similar row counts
+    /// (for parallel reads).
+    pub(crate) fn split(self, n: usize) -> Vec<BlockPlan> {
+        if n <= 1 || self.row_groups.len() <= 1 {
+            return vec![self];
+        }
+        let total = self.rows();
+        let per = total.div_ceil(n).max(1);
+        let mut out: Vec<BlockPlan> = Vec::new();
+        let mut current: Vec<RowGroupPlan> = Vec::new();
+        let mut rows = 0;
+        for rg in self.row_groups.iter().cloned() {
+            rows += rg.rows;
+            current.push(rg);
+            if rows >= per && out.len() + 1 < n {
+                out.push(BlockPlan {
+                    row_groups: std::mem::take(&mut current),
+                    ..self.clone()
+                });
+                rows = 0;
+            }
+        }
+        if !current.is_empty() {
+            out.push(BlockPlan {
+                row_groups: current,
+                ..self
+            });
+        }
+        out
+    }
 }
 
 fn unreadable(table: &str, block: &BlockMeta, reason: impl Into<String>) -> Error {
@@ -245,8 +291,6 @@ impl Storage {
             .collect();
 
         let mut selected = Vec::new();
-        let mut selectors: Vec<RowSelector> = Vec::new();
-        let mut any_page_pruning = false;
         for (i, rg) in row_groups.iter().enumerate() {
             let rows = rg.num_rows() as usize;
             let stats = |name: &str| -> Option<ColumnStats> {
@@ -263,19 +307,29 @@ impl Storage {
                 continue;
             }
             let pages = page_selection(filter, i, rows, &converters, &parquet);
-            match pages {
+            let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
                     metrics.row_groups_pruned += 1;
                     continue;
                 }
                 Some(selection) => {
-                    any_page_pruning = true;
-                    metrics.rows_skipped_by_pages += rows - selection.row_count();
-                    selectors.extend(Vec::<RowSelector>::from(selection));
+                    let kept = selection.row_count();
+                    metrics.rows_skipped_by_pages += rows - kept;
+                    RowGroupPlan {
+                        index: i,
+                        pages: Some(selection.into()),
+                        rows: kept,
+                        total: rows,
+                    }
                 }
-                None => selectors.push(RowSelector::select(rows)),
-            }
-            selected.push(i);
+                None => RowGroupPlan {
+                    index: i,
+                    pages: None,
+                    rows,
+                    total: rows,
+                },
+            };
+            selected.push(plan);
         }
         if selected.is_empty() {
             return Ok((None, metrics));
@@ -284,20 +338,13 @@ impl Storage {
             .iter()
             .filter_map(|c| file_schema.index_of(c).ok())
             .collect();
-        let rows = selectors
-            .iter()
-            .filter(|s| !s.skip)
-            .map(|s| s.row_count)
-            .sum();
         Ok((
             Some(BlockPlan {
                 table: table.to_owned(),
                 block,
                 metadata,
                 row_groups: selected,
-                selection: any_page_pruning.then(|| RowSelection::from(selectors)),
                 projection,
-                rows,
             }),
             metrics,
         ))
@@ -355,10 +402,19 @@ async fn read_block(
         block,
         metadata,
         row_groups,
-        selection,
         projection,
-        ..
     } = plan;
+    let selection = row_groups.iter().any(|r| r.pages.is_some()).then(|| {
+        let selectors: Vec<RowSelector> = row_groups
+            .iter()
+            .flat_map(|r| match &r.pages {
+                Some(pages) => pages.clone(),
+                None => vec![RowSelector::select(r.total)],
+            })
+            .collect();
+        RowSelection::from(selectors)
+    });
+    let row_groups: Vec<usize> = row_groups.iter().map(|r| r.index).collect();
     let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
     let reader = BlockFile {
         store,

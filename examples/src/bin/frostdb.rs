@@ -1,0 +1,350 @@
+//! `frostdb`: the command line of frostdb-rs. Store pprof files, list what is stored, merge
+//! and report (top, folded, pprof, flame graph JSON or SVG), run SQL.
+//!
+//! ```text
+//! frostdb ingest --data DIR --name NAME [--label k=v]... [--delta] PATH...
+//! frostdb types --data DIR
+//! frostdb query --data DIR SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
+//! frostdb sql --data DIR 'SELECT ...'
+//! ```
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_examples::time::parse_time;
+use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
+use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+
+#[derive(Parser)]
+#[command(
+    name = "frostdb",
+    version,
+    about = "A continuous-profiling database: store pprof, query flame graphs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Store pprof files (gzip or raw; directories are walked).
+    Ingest {
+        /// Database directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// Profile name: the first part of the profile types (process_cpu, memory, ...).
+        #[arg(long)]
+        name: String,
+        /// A series label for every sample, `key=value` (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Store cumulative types (allocs, contentions, delay) as deltas between the files of
+        /// a series, in the order given.
+        #[arg(long)]
+        delta: bool,
+        /// Files or directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// List the stored profile types.
+    Types {
+        /// Database directory.
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Merge what a selector selects and print a report.
+    Query {
+        /// Database directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// `name:sample_type:sample_unit:period_type:period_unit{label="value", ...}`
+        selector: String,
+        /// Start (RFC 3339, Unix ms, or `now-1h`); default: the beginning.
+        #[arg(long)]
+        from: Option<String>,
+        /// End, excluded (same forms); default: the end.
+        #[arg(long)]
+        to: Option<String>,
+        /// What to print.
+        #[arg(long, value_enum, default_value_t = Format::Top)]
+        format: Format,
+        /// Write to this file instead of standard output.
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+    },
+    /// Run SQL over the stored tables and print the result.
+    Sql {
+        /// Database directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The query.
+        query: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// The top table, as `go tool pprof -top` prints it.
+    Top,
+    /// Folded stacks, `root;caller;leaf value`.
+    Folded,
+    /// A gzipped pprof file.
+    Pprof,
+    /// The flame graph tree as JSON.
+    Json,
+    /// The flame graph as SVG.
+    FlamegraphSvg,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not key=value"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?} has an empty key"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+type BoxError = Box<dyn std::error::Error>;
+
+fn open(data: &Path) -> Result<ProfileStore, BoxError> {
+    let db = Db::open(data, DbOptions::default())
+        .map_err(|e| format!("cannot open the database in {}: {e}", data.display()))?;
+    Ok(ProfileStore::open(
+        db,
+        TableOptions::default(),
+        Limits::default(),
+    )?)
+}
+
+/// Files under `paths`, directories walked, in name order.
+fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, BoxError> {
+    let mut out = Vec::new();
+    let mut stack: Vec<PathBuf> = paths.iter().rev().cloned().collect();
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(&p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            entries.sort();
+            stack.extend(entries.into_iter().rev());
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+fn ingest(
+    data: &Path,
+    name: String,
+    labels: Vec<(String, String)>,
+    delta: bool,
+    paths: &[PathBuf],
+) -> Result<ExitCode, BoxError> {
+    let store = open(data)?;
+    let files = files(paths)?;
+    let options = IngestOptions {
+        name,
+        labels,
+        delta,
+        timestamp_ms: None,
+    };
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let (mut ok, mut samples, mut bytes) = (0usize, 0usize, 0usize);
+    let mut types = std::collections::BTreeSet::new();
+    let mut rejected: Vec<(PathBuf, String)> = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        let result = std::fs::read(file)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                bytes += b.len();
+                store.ingest(&b, &options).map_err(|e| e.to_string())
+            });
+        match result {
+            Ok(summary) => {
+                ok += 1;
+                samples += summary.rows;
+                types.extend(summary.profile_types);
+            }
+            Err(reason) => rejected.push((file.clone(), reason)),
+        }
+        if last_report.elapsed().as_secs() >= 1 {
+            last_report = Instant::now();
+            eprintln!("  {}/{} files, {samples} samples", i + 1, files.len());
+        }
+    }
+    store.db().flush()?;
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "stored {ok} of {} files: {samples} samples, {:.1} MB of pprof in {secs:.2} s ({:.0} samples/s)",
+        files.len(),
+        bytes as f64 / 1e6,
+        samples as f64 / secs.max(1e-9)
+    );
+    println!("profile types:");
+    for t in &types {
+        println!("  {t}");
+    }
+    if !rejected.is_empty() {
+        println!("rejected {} files:", rejected.len());
+        for (file, reason) in &rejected {
+            println!("  {}: {reason}", file.display());
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, BoxError> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn types(data: &Path) -> Result<ExitCode, BoxError> {
+    let store = open(data)?;
+    let ctx = store.session()?;
+    let batches = runtime()?.block_on(async {
+        use futures::TryStreamExt;
+        frostdb_query::profile::profile_types(&ctx, frostdb_pprof::schema::SAMPLES, TimeRange::ALL)
+            .await?
+            .try_collect::<Vec<_>>()
+            .await
+    })?;
+    for b in &batches {
+        for i in 0..b.num_rows() {
+            let parts: Vec<String> = (0..b.num_columns())
+                .map(|c| arrow::util::display::array_value_to_string(b.column(c), i))
+                .collect::<Result<_, _>>()?;
+            println!("{}", parts.join(":"));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn query(
+    data: &Path,
+    selector: &str,
+    from: Option<String>,
+    to: Option<String>,
+    format: Format,
+    output: Option<PathBuf>,
+) -> Result<ExitCode, BoxError> {
+    let selector = Selector::parse(selector)?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let range = TimeRange {
+        start_ms: from
+            .map(|t| parse_time(&t, now))
+            .transpose()?
+            .unwrap_or(i64::MIN),
+        end_ms: to
+            .map(|t| parse_time(&t, now))
+            .transpose()?
+            .unwrap_or(i64::MAX),
+    };
+    let store = open(data)?;
+    let ctx = store.session()?;
+    let merged = runtime()?.block_on(store.merge(&ctx, &selector, range))?;
+    if merged.samples.is_empty() {
+        eprintln!(
+            "nothing matches {selector:?} in that range",
+            selector = selector_text(&selector)
+        );
+    }
+    let symbols = store.symbols();
+    let bytes: Vec<u8> = match format {
+        Format::Top => TopTable::build(&merged, &symbols).render().into_bytes(),
+        Format::Folded => tree::folded(&merged, &symbols).into_bytes(),
+        Format::Pprof => pprof::encode_gzip(&pprof::to_profile(&merged, &symbols)?)?,
+        Format::Json => serde_json::to_vec_pretty(&tree::FlameGraph::build(&merged, &symbols))?,
+        Format::FlamegraphSvg => {
+            let graph = tree::FlameGraph::build(&merged, &symbols);
+            svg::render(&graph, &merged.profile_type.to_string()).into_bytes()
+        }
+    };
+    match output {
+        Some(path) => {
+            std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => std::io::stdout().write_all(&bytes)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn selector_text(s: &Selector) -> String {
+    let t = s
+        .profile_type
+        .as_ref()
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    let m: Vec<String> = s
+        .matchers
+        .iter()
+        .map(|m| {
+            format!(
+                "{}{}{:?}",
+                m.label,
+                match m.op {
+                    frostdb_query::MatchOp::Equal => "=",
+                    frostdb_query::MatchOp::NotEqual => "!=",
+                    frostdb_query::MatchOp::Regex => "=~",
+                    frostdb_query::MatchOp::NotRegex => "!~",
+                },
+                m.value
+            )
+        })
+        .collect();
+    format!("{t}{{{}}}", m.join(","))
+}
+
+fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
+    let db = Db::open(data, DbOptions::default())?;
+    let ctx = frostdb_query::session(&db)?;
+    let batches = runtime()?.block_on(async { ctx.sql(q).await?.collect().await })?;
+    println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Ingest {
+            data,
+            name,
+            labels,
+            delta,
+            paths,
+        } => ingest(&data, name, labels, delta, &paths),
+        Command::Types { data } => types(&data),
+        Command::Query {
+            data,
+            selector,
+            from,
+            to,
+            format,
+            output,
+        } => query(&data, &selector, from, to, format, output),
+        Command::Sql { data, query } => sql(&data, &query),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("frostdb: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

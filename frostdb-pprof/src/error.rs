@@ -1,0 +1,57 @@
+//! Errors of pprof decoding, storing and reporting.
+
+/// Result alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong with a profile.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The gzip stream is damaged or truncated.
+    #[error("bad gzip: {0}")]
+    Gzip(String),
+    /// The bytes are not a `perftools.profiles.Profile`.
+    #[error("not a pprof protobuf: {0}")]
+    Protobuf(String),
+    /// A field breaks the format's rules (an index out of range, a missing id, ...).
+    #[error("invalid pprof: {field}: {reason}")]
+    Invalid {
+        /// The field at fault.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The profile exceeds a configured limit.
+    #[error("{what} exceeds the limit of {limit}")]
+    TooLarge {
+        /// What is too large.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+    /// Two labels map to the same name with different values.
+    #[error("label {label:?} is given twice: {first} and {second}")]
+    LabelCollision {
+        /// The label name (sanitized).
+        label: String,
+        /// The first value or source.
+        first: String,
+        /// The second.
+        second: String,
+    },
+    /// A query or report was asked for something it cannot answer.
+    #[error("{0}")]
+    Query(String),
+    /// The stored symbol tables hold something they should not.
+    #[error("corrupt symbol table: {0}")]
+    Corrupt(String),
+    /// The storage engine failed.
+    #[error(transparent)]
+    Engine(#[from] frostdb_core::Error),
+    /// A query failed.
+    #[error(transparent)]
+    DataFusion(#[from] datafusion::error::DataFusionError),
+    /// An Arrow kernel failed.
+    #[error(transparent)]
+    Arrow(#[from] arrow::error::ArrowError),
+}

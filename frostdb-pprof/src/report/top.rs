@@ -1,0 +1,469 @@
+//! The top table, computed and printed as `go tool pprof -top` does: per function, flat
+//! (samples whose innermost frame it is) and cum (samples whose stack holds it, once each),
+//! sorted by flat, then name, then cum; values scaled as pprof scales them.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::store::Merged;
+use crate::symbols::Symbols;
+
+/// One row of the top table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TopRow {
+    /// Function (node) name, as pprof prints it.
+    pub name: String,
+    /// Value of samples whose innermost frame this is.
+    pub flat: i64,
+    /// Value of samples whose stack holds it.
+    pub cum: i64,
+    /// `(inline)` when every call into it was inlined, `(partial-inline)` when some were.
+    pub inline: Option<&'static str>,
+}
+
+/// The top table of a merged profile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TopTable {
+    /// Sample type (for the header).
+    pub sample_type: String,
+    /// Unit of the values.
+    pub unit: String,
+    /// The unit values are printed in (pprof picks one for the whole table).
+    pub output_unit: String,
+    /// Sum of all values.
+    pub total: i64,
+    /// Nodes left out for their small cum, and the cutoff.
+    pub dropped: (usize, i64),
+    /// Rows, in pprof's order.
+    pub rows: Vec<TopRow>,
+}
+
+#[derive(Default)]
+struct NodeAcc {
+    flat: i64,
+    cum: i64,
+}
+
+/// `go tool pprof`'s default `-nodefraction`.
+pub const NODE_FRACTION: f64 = 0.005;
+/// `go tool pprof`'s default `-edgefraction`.
+pub const EDGE_FRACTION: f64 = 0.001;
+
+impl TopTable {
+    /// Builds the table of `merged` with pprof's default node and edge fractions.
+    pub fn build(merged: &Merged, symbols: &Symbols) -> Self {
+        Self::build_with(merged, symbols, NODE_FRACTION, EDGE_FRACTION)
+    }
+
+    /// Builds the table, leaving out nodes whose cum is below `node_fraction` of the total
+    /// and ignoring call edges below `edge_fraction` for the inline labels (pprof's
+    /// `-nodefraction` and `-edgefraction`).
+    pub fn build_with(
+        merged: &Merged,
+        symbols: &Symbols,
+        node_fraction: f64,
+        edge_fraction: f64,
+    ) -> Self {
+        let mut nodes: HashMap<String, NodeAcc> = HashMap::new();
+        // (caller, callee) -> (weight, every call inlined)
+        let mut edges: HashMap<(String, String), (i64, bool)> = HashMap::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut seen_edges: HashSet<(String, String)> = HashSet::new();
+        let mut total = 0i64;
+        for (stack, value) in &merged.samples {
+            total += value;
+            seen.clear();
+            seen_edges.clear();
+            let frames = symbols.frames(stack);
+            let mut parent: Option<String> = None;
+            // Root to leaf, outermost to innermost within each location.
+            for frame in frames.iter().rev() {
+                let name = frame.printable_name();
+                if seen.insert(name.clone()) {
+                    nodes.entry(name.clone()).or_default().cum += value;
+                }
+                if let Some(p) = &parent
+                    && *p != name
+                    && seen_edges.insert((p.clone(), name.clone()))
+                {
+                    let e = edges.entry((p.clone(), name.clone())).or_insert((0, true));
+                    e.0 += value;
+                    e.1 &= frame.inlined;
+                }
+                parent = Some(name);
+            }
+            if let Some(leaf) = parent {
+                nodes.entry(leaf).or_default().flat += value;
+            }
+        }
+        let flat_total: i64 = nodes.values().map(|n| n.flat).sum();
+        let node_cutoff = (flat_total as f64 * node_fraction).abs() as i64;
+        let edge_cutoff = (flat_total as f64 * edge_fraction).abs() as i64;
+        let before = nodes.len();
+        nodes.retain(|_, n| n.cum.abs() >= node_cutoff);
+        let dropped = (before - nodes.len(), node_cutoff);
+        let mut labels: HashMap<&str, (bool, bool)> = HashMap::new();
+        for ((caller, callee), (weight, inline)) in &edges {
+            if weight.abs() < edge_cutoff
+                || !nodes.contains_key(caller)
+                || !nodes.contains_key(callee)
+            {
+                continue;
+            }
+            let l = labels.entry(callee.as_str()).or_default();
+            if *inline {
+                l.0 = true;
+            } else {
+                l.1 = true;
+            }
+        }
+        let mut rows: Vec<TopRow> = nodes
+            .iter()
+            .map(|(name, n)| TopRow {
+                name: name.clone(),
+                flat: n.flat,
+                cum: n.cum,
+                inline: match labels.get(name.as_str()) {
+                    Some((true, true)) => Some("(partial-inline)"),
+                    Some((true, false)) => Some("(inline)"),
+                    _ => None,
+                },
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.flat
+                .abs()
+                .cmp(&a.flat.abs())
+                .then_with(|| a.name.cmp(&b.name))
+                .then_with(|| b.cum.abs().cmp(&a.cum.abs()))
+        });
+        let unit = merged.profile_type.sample_unit.clone();
+        let output_unit = output_unit(&rows, total, &unit);
+        TopTable {
+            sample_type: merged.profile_type.sample_type.clone(),
+            unit,
+            output_unit,
+            total,
+            dropped,
+            rows,
+        }
+    }
+
+    /// A value as the table prints it.
+    pub fn format(&self, value: i64) -> String {
+        scaled_label_to(value, &self.unit, &self.output_unit)
+    }
+
+    /// The table as `go tool pprof -top` prints it.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let shown: i64 = self.rows.iter().map(|r| r.flat).sum();
+        let _ = writeln!(out, "Type: {}", self.sample_type);
+        let _ = writeln!(
+            out,
+            "Showing nodes accounting for {}, {} of {} total",
+            self.format(shown),
+            percentage(shown, self.total).trim(),
+            self.format(self.total)
+        );
+        if self.dropped.0 > 0 {
+            let _ = writeln!(
+                out,
+                "Dropped {} nodes (cum <= {})",
+                self.dropped.0,
+                self.format(self.dropped.1)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:>10} {:>5}% {:>5}% {:>10} {:>5}%",
+            "flat", "flat", "sum", "cum", "cum"
+        );
+        let mut sum = 0i64;
+        for r in &self.rows {
+            sum += r.flat;
+            let inline = r.inline.map(|i| format!(" {i}")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "{:>10} {} {} {:>10} {}  {}{}",
+                self.format(r.flat),
+                percentage(r.flat, self.total),
+                percentage(sum, self.total),
+                self.format(r.cum),
+                percentage(r.cum, self.total),
+                r.name,
+                inline
+            );
+        }
+        out
+    }
+}
+
+/// pprof's choice of one output unit for a table: the unit of the smallest non-zero node
+/// value, or of a hundred times it when the total needs a larger unit.
+fn output_unit(rows: &[TopRow], total: i64, unit: &str) -> String {
+    let mut min = 0i64;
+    for r in rows {
+        let v = if r.flat != 0 {
+            r.flat.abs()
+        } else {
+            r.cum.abs()
+        };
+        if v > 0 && (min == 0 || v < min) {
+            min = v;
+        }
+    }
+    let max = total;
+    if min == 0 {
+        min = max;
+    }
+    let (_, min_unit) = scale(min, unit);
+    let (_, max_unit) = scale(max, unit);
+    let mut chosen = min_unit;
+    if min_unit != max_unit && min.saturating_mul(100) < max {
+        chosen = scale(min.saturating_mul(100), unit).1;
+    }
+    if chosen.is_empty() {
+        unit.to_owned()
+    } else {
+        chosen.to_owned()
+    }
+}
+
+/// pprof's `ScaledLabel(value, unit, to)`: `value` in the unit `to`, two decimals, a
+/// trailing `.00` dropped.
+pub fn scaled_label_to(value: i64, unit: &str, to: &str) -> String {
+    let (v, u) = convert(value, unit, to);
+    let s = format!("{v:.2}");
+    let s = s.strip_suffix(".00").unwrap_or(&s).to_owned();
+    if s == "0" || s == "-0" {
+        return "0".to_owned();
+    }
+    format!("{s}{u}")
+}
+
+fn sniff(unit: &str) -> String {
+    let mut sniffed = unit.to_lowercase();
+    if sniffed.chars().count() > 2
+        && let Some(s) = sniffed.strip_suffix('s')
+    {
+        sniffed = s.to_owned();
+    }
+    sniffed
+}
+
+/// `value` in `unit` converted to the unit `to` (a unit name, or "minimum" for the best).
+fn convert(value: i64, unit: &str, to: &str) -> (f64, String) {
+    if to == "minimum" || to == "auto" {
+        let (v, u) = scale(value, unit);
+        return (v, u.to_owned());
+    }
+    if value < 0 {
+        let (v, u) = convert(value.saturating_neg(), unit, to);
+        return (-v, u);
+    }
+    let from = sniff(unit);
+    for units in [MEMORY, TIME] {
+        let Some(f) = units.iter().find(|u| u.aliases.contains(&from.as_str())) else {
+            continue;
+        };
+        let v = value as f64 * f.factor;
+        let target = sniff(to);
+        return match units
+            .iter()
+            .find(|u| u.aliases.contains(&target.as_str()) || u.name == to)
+        {
+            Some(t) => (v / t.factor, t.name.to_owned()),
+            None if std::ptr::eq(units, MEMORY) => (v, "B".to_owned()),
+            None => (v / 1e9, "s".to_owned()),
+        };
+    }
+    match to {
+        "count" | "sample" | "unit" => (value as f64, String::new()),
+        other if other == unit => (
+            value as f64,
+            if matches!(unit, "count" | "sample" | "unit") {
+                String::new()
+            } else {
+                other.to_owned()
+            },
+        ),
+        other => (value as f64, other.to_owned()),
+    }
+}
+
+/// pprof's percentage: `  100%`, `%5.2f%%` from 1%, `%5.2g%%` below.
+pub fn percentage(value: i64, total: i64) -> String {
+    let ratio = if total == 0 {
+        0.0
+    } else {
+        (value as f64 / total as f64).abs() * 100.0
+    };
+    if (99.95..=100.05).contains(&ratio) {
+        "  100%".to_owned()
+    } else if ratio >= 1.0 {
+        format!("{ratio:5.2}%")
+    } else {
+        format!("{:>5}%", go_g2(ratio))
+    }
+}
+
+/// Go's `%.2g`: two significant digits, exponent form below 1e-4, no trailing zeros.
+fn go_g2(v: f64) -> String {
+    if v == 0.0 {
+        return "0".to_owned();
+    }
+    let exp = v.abs().log10().floor() as i32;
+    // Round to two significant digits first; rounding can bump the exponent.
+    let scale = 10f64.powi(1 - exp);
+    let rounded = (v * scale).round() / scale;
+    let exp = if rounded == 0.0 {
+        exp
+    } else {
+        rounded.abs().log10().floor() as i32
+    };
+    if !(-4..2).contains(&exp) {
+        let mantissa = rounded / 10f64.powi(exp);
+        let m = format!("{mantissa:.1}");
+        let m = m.trim_end_matches('0').trim_end_matches('.');
+        return format!("{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+    }
+    let decimals = (1 - exp).max(0) as usize;
+    let s = format!("{rounded:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    } else {
+        s
+    }
+}
+
+struct Unit {
+    name: &'static str,
+    aliases: &'static [&'static str],
+    factor: f64,
+}
+
+const MEMORY: &[Unit] = &[
+    Unit {
+        name: "B",
+        aliases: &["b", "byte"],
+        factor: 1.0,
+    },
+    Unit {
+        name: "kB",
+        aliases: &["kb", "kbyte", "kilobyte"],
+        factor: 1024.0,
+    },
+    Unit {
+        name: "MB",
+        aliases: &["mb", "mbyte", "megabyte"],
+        factor: 1048576.0,
+    },
+    Unit {
+        name: "GB",
+        aliases: &["gb", "gbyte", "gigabyte"],
+        factor: 1073741824.0,
+    },
+    Unit {
+        name: "TB",
+        aliases: &["tb", "tbyte", "terabyte"],
+        factor: 1099511627776.0,
+    },
+    Unit {
+        name: "PB",
+        aliases: &["pb", "pbyte", "petabyte"],
+        factor: 1125899906842624.0,
+    },
+];
+
+const TIME: &[Unit] = &[
+    Unit {
+        name: "ns",
+        aliases: &["ns", "nanosecond"],
+        factor: 1.0,
+    },
+    Unit {
+        name: "us",
+        aliases: &["μs", "us", "microsecond"],
+        factor: 1e3,
+    },
+    Unit {
+        name: "ms",
+        aliases: &["ms", "millisecond"],
+        factor: 1e6,
+    },
+    Unit {
+        name: "s",
+        aliases: &["s", "sec", "second"],
+        factor: 1e9,
+    },
+    Unit {
+        name: "hrs",
+        aliases: &["hour", "hr"],
+        factor: 3.6e12,
+    },
+];
+
+/// pprof's `ScaledLabel(value, unit, "minimum")`: the largest unit the value reaches, two
+/// decimals, a trailing `.00` dropped.
+pub fn scaled_label(value: i64, unit: &str) -> String {
+    scaled_label_to(value, unit, "minimum")
+}
+
+fn scale(value: i64, unit: &str) -> (f64, &'static str) {
+    if value < 0 {
+        let (v, u) = scale(value.saturating_neg(), unit);
+        return (-v, u);
+    }
+    let sniffed = sniff(unit);
+    for units in [MEMORY, TIME] {
+        let Some(from) = units.iter().find(|u| u.aliases.contains(&sniffed.as_str())) else {
+            continue;
+        };
+        let v = value as f64 * from.factor;
+        let mut best: Option<&Unit> = None;
+        for u in units {
+            if best.is_none_or(|b| u.factor >= b.factor) && v / u.factor >= 1.0 {
+                best = Some(u);
+            }
+        }
+        return match best {
+            Some(u) => (v / u.factor, u.name),
+            // Below every unit: the default (B for memory, s for time).
+            None if std::ptr::eq(units, MEMORY) => (v, "B"),
+            None => (v / 1e9, "s"),
+        };
+    }
+    (value as f64, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_pprof() {
+        assert_eq!(scaled_label(10_000_000, "nanoseconds"), "10ms");
+        assert_eq!(scaled_label(1_500_000_000, "nanoseconds"), "1.50s");
+        assert_eq!(scaled_label(3_930_000_000, "nanoseconds"), "3.93s");
+        assert_eq!(scaled_label(524_288, "bytes"), "512kB");
+        assert_eq!(scaled_label(1_572_864, "bytes"), "1.50MB");
+        assert_eq!(scaled_label(1234, "count"), "1234");
+        assert_eq!(scaled_label(0, "nanoseconds"), "0");
+        assert_eq!(scaled_label(250, "microseconds"), "250us");
+        assert_eq!(
+            scaled_label_to(1_366_000_000, "nanoseconds", "ms"),
+            "1366ms"
+        );
+        assert_eq!(scaled_label_to(6_922_793, "bytes", "kB"), "6760.54kB");
+        assert_eq!(scaled_label_to(5, "count", "count"), "5");
+        assert_eq!(percentage(1, 1), "  100%");
+        assert_eq!(percentage(8973, 10000), "89.73%");
+        assert_eq!(percentage(5, 1000), "  0.5%");
+        assert_eq!(percentage(12, 10000), " 0.12%");
+        assert_eq!(percentage(1, 1_000_000), "0.0001%");
+        assert_eq!(percentage(1, 100_000_000), "1e-06%");
+    }
+}

@@ -1,0 +1,117 @@
+//! The tables profiles are stored in: one row per (sample, sample type) in `samples`, and
+//! the symbols those rows point to, each stored once under a content hash.
+//!
+//! | table | columns |
+//! |---|---|
+//! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
+//! | `stacktraces` | `stacktrace_id`, `location_ids` (16-byte ids, leaf first, concatenated) |
+//! | `locations` | `location_id`, `mapping_id`, `address`, `lines` (16-byte function id + 8-byte line, innermost first), `is_folded` |
+//! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
+//! | `mappings` | `mapping_id`, `memory_start`, `memory_limit`, `file_offset`, `filename`, `build_id`, `flags` |
+//!
+//! Ids are the first 16 bytes of the BLAKE3 hash of the content: collision-safe, equal for
+//! equal content whoever sends it, so re-sending a stack stores nothing new.
+
+use arrow::datatypes::DataType;
+use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
+
+/// Table of samples.
+pub const SAMPLES: &str = "samples";
+/// Table of stacks.
+pub const STACKTRACES: &str = "stacktraces";
+/// Table of locations.
+pub const LOCATIONS: &str = "locations";
+/// Table of functions.
+pub const FUNCTIONS: &str = "functions";
+/// Table of mappings.
+pub const MAPPINGS: &str = "mappings";
+
+const ID: DataType = DataType::FixedSizeBinary(16);
+
+fn dict(name: &str) -> ColumnDef {
+    ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary)
+}
+
+fn schema(
+    name: &str,
+    build: impl FnOnce(frostdb_core::SchemaBuilder) -> frostdb_core::SchemaBuilder,
+) -> Schema {
+    build(Schema::builder(name))
+        .build()
+        .expect("the profile schemas are valid")
+}
+
+/// The samples table: sorted by profile type, series, time, stack, so a series over a time
+/// range is a contiguous slice, and timestamps compress to runs.
+pub fn samples() -> Schema {
+    schema(SAMPLES, |b| {
+        b.column(dict("name"))
+            .column(dict("sample_type"))
+            .column(dict("sample_unit"))
+            .column(dict("period_type"))
+            .column(dict("period_unit"))
+            .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::RleDictionary))
+            .column(
+                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+            )
+            .column(ColumnDef::new("duration", DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new("period", DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new("value", DataType::Int64).encoding(Encoding::RleDictionary))
+            .sort_by(SortingColumn::asc("name"))
+            .sort_by(SortingColumn::asc("sample_type"))
+            .sort_by(SortingColumn::asc("sample_unit"))
+            .sort_by(SortingColumn::asc("period_type"))
+            .sort_by(SortingColumn::asc("period_unit"))
+            .sort_by(SortingColumn::asc("labels"))
+            .sort_by(SortingColumn::asc("timestamp"))
+            .sort_by(SortingColumn::asc("stacktrace_id"))
+    })
+}
+
+/// The stacks table.
+pub fn stacktraces() -> Schema {
+    schema(STACKTRACES, |b| {
+        b.column(ColumnDef::new("stacktrace_id", ID))
+            .column(ColumnDef::new("location_ids", DataType::Binary))
+            .sort_by(SortingColumn::asc("stacktrace_id"))
+    })
+}
+
+/// The locations table.
+pub fn locations() -> Schema {
+    schema(LOCATIONS, |b| {
+        b.column(ColumnDef::new("location_id", ID))
+            .column(ColumnDef::new("mapping_id", ID).nullable(true))
+            .column(ColumnDef::new("address", DataType::UInt64))
+            .column(ColumnDef::new("lines", DataType::Binary))
+            .column(ColumnDef::new("is_folded", DataType::Boolean))
+            .sort_by(SortingColumn::asc("location_id"))
+    })
+}
+
+/// The functions table.
+pub fn functions() -> Schema {
+    schema(FUNCTIONS, |b| {
+        b.column(ColumnDef::new("function_id", ID))
+            .column(ColumnDef::new("name", DataType::Utf8))
+            .column(ColumnDef::new("system_name", DataType::Utf8))
+            .column(dict("filename"))
+            .column(ColumnDef::new("start_line", DataType::Int64))
+            .sort_by(SortingColumn::asc("function_id"))
+    })
+}
+
+/// The mappings table.
+pub fn mappings() -> Schema {
+    schema(MAPPINGS, |b| {
+        b.column(ColumnDef::new("mapping_id", ID))
+            .column(ColumnDef::new("memory_start", DataType::UInt64))
+            .column(ColumnDef::new("memory_limit", DataType::UInt64))
+            .column(ColumnDef::new("file_offset", DataType::UInt64))
+            .column(dict("filename"))
+            .column(dict("build_id"))
+            .column(ColumnDef::new("flags", DataType::UInt8))
+            .sort_by(SortingColumn::asc("mapping_id"))
+    })
+}

@@ -1,0 +1,228 @@
+//! The execution plan of a frostdb table scan: partitions of an engine scan, each streamed
+//! from a blocking thread through a small channel.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use frostdb_core::{Scan, ScanMetrics, ScanRequest, Snapshot};
+use parking_lot::Mutex;
+
+/// Scans a snapshot of a frostdb table with the request the provider built from the query:
+/// projection, converted filters, limit. Pruning happens when the plan is made, so `EXPLAIN`
+/// shows what was pruned.
+pub struct FrostScanExec {
+    table: String,
+    snapshot: Snapshot,
+    request: ScanRequest,
+    schema: SchemaRef,
+    /// The planned partitions; a partition executed a second time is planned again.
+    scans: Mutex<Vec<Option<Scan>>>,
+    pruning: ScanMetrics,
+    pushed: Vec<String>,
+    limit: Option<usize>,
+    metrics: ExecutionPlanMetricsSet,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for FrostScanExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrostScanExec")
+            .field("table", &self.table)
+            .field("pruning", &self.pruning)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrostScanExec {
+    pub(crate) fn try_new(
+        table: String,
+        snapshot: Snapshot,
+        request: ScanRequest,
+        partitions: usize,
+        pushed: Vec<String>,
+        limit: Option<usize>,
+    ) -> Result<Self> {
+        let (scans, pruning) = snapshot
+            .scan_partitions(&request, partitions)
+            .map_err(crate::to_datafusion)?;
+        let schema = scans
+            .first()
+            .map(|s| s.schema().clone())
+            .ok_or_else(|| DataFusionError::Internal("a scan has no partition".into()))?;
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(scans.len()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            table,
+            snapshot,
+            request,
+            schema,
+            scans: Mutex::new(scans.into_iter().map(Some).collect()),
+            pruning,
+            pushed,
+            limit,
+            metrics: ExecutionPlanMetricsSet::new(),
+            properties: Arc::new(properties),
+        })
+    }
+
+    /// What pruning skipped when the plan was made.
+    pub fn pruning(&self) -> ScanMetrics {
+        self.pruning
+    }
+
+    /// The table scanned.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+impl DisplayAs for FrostScanExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.pruning;
+        let columns: Vec<&str> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
+                f,
+                "FrostScanExec: table={}, projection=[{}], filters=[{}], limit={:?}, partitions={}, \
+                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, rows to read {}",
+                self.table,
+                columns.join(", "),
+                self.pushed.join(", "),
+                self.limit,
+                self.properties.output_partitioning().partition_count(),
+                p.chunks_pruned,
+                p.chunks,
+                p.blocks_pruned,
+                p.blocks,
+                p.row_groups_pruned,
+                p.row_groups,
+                p.rows_skipped_by_pages,
+                p.rows_read,
+            ),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "table={}", self.table)?;
+                writeln!(f, "filters=[{}]", self.pushed.join(", "))?;
+                write!(
+                    f,
+                    "pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}",
+                    p.chunks_pruned,
+                    p.chunks,
+                    p.blocks_pruned,
+                    p.blocks,
+                    p.row_groups_pruned,
+                    p.row_groups
+                )
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for FrostScanExec {
+    fn name(&self) -> &str {
+        "FrostScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "FrostScanExec has no children".into(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let taken = self.scans.lock().get_mut(partition).and_then(Option::take);
+        let scan = match taken {
+            Some(scan) => scan,
+            None => {
+                let count = self.properties.output_partitioning().partition_count();
+                let (mut scans, _) = self
+                    .snapshot
+                    .scan_partitions(&self.request, count)
+                    .map_err(crate::to_datafusion)?;
+                if partition >= scans.len() {
+                    return Err(DataFusionError::Internal(format!(
+                        "partition {partition} of a scan with {} partitions",
+                        scans.len()
+                    )));
+                }
+                scans.swap_remove(partition)
+            }
+        };
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        // The engine's scan is synchronous (its block reads wait on the engine's own I/O
+        // runtime): run it on a blocking thread and hand batches over two at a time.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::task::spawn_blocking(move || {
+            for batch in scan {
+                let batch = batch.map_err(crate::to_datafusion);
+                if let Ok(b) = &batch {
+                    output_rows.add(b.num_rows());
+                }
+                if tx.blocking_send(batch).is_err() {
+                    return; // the consumer is gone: the query finished or was cancelled
+                }
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|batch| (batch, rx))
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

@@ -1,0 +1,239 @@
+//! The queries a profiler asks, as DataFusion plans over a samples table (columns `name`,
+//! `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`,
+//! `timestamp` in milliseconds, `value`). Each returns a stream of Arrow batches.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
+use datafusion::dataframe::DataFrame;
+use datafusion::error::Result;
+use datafusion::functions_aggregate::expr_fn::{count, sum};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::prelude::{SessionContext, ident, lit};
+
+use crate::selector::Selector;
+
+/// A half-open time range `[start_ms, end_ms)` in milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    /// First millisecond included.
+    pub start_ms: i64,
+    /// First millisecond excluded.
+    pub end_ms: i64,
+}
+
+impl TimeRange {
+    /// All of time.
+    pub const ALL: TimeRange = TimeRange {
+        start_ms: i64::MIN,
+        end_ms: i64::MAX,
+    };
+
+    fn to_expr(self) -> Expr {
+        let mut e = lit(true);
+        if self.start_ms != i64::MIN {
+            e = e.and(ident("timestamp").gt_eq(lit(self.start_ms)));
+        }
+        if self.end_ms != i64::MAX {
+            e = e.and(ident("timestamp").lt(lit(self.end_ms)));
+        }
+        e
+    }
+}
+
+/// Label names of a table, from its schema (`labels.pod` gives `pod`).
+fn label_columns(df: &DataFrame) -> Vec<String> {
+    df.schema()
+        .fields()
+        .iter()
+        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
+        .collect()
+}
+
+/// The rows of `table` that `selector` selects in `range`.
+async fn selected(
+    ctx: &SessionContext,
+    table: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<DataFrame> {
+    let df = ctx.table(table).await?;
+    let schema: ArrowSchema = df.schema().as_arrow().clone();
+    let mut filter = range.to_expr();
+    if let Some(s) = selector {
+        filter = filter.and(s.to_expr(&schema));
+    }
+    df.filter(filter)
+}
+
+/// Merge: the value summed per stack (`stacktrace_id`, `value`), for the rows `selector`
+/// selects in `range`; with `group_by` labels, per stack and per value of those labels
+/// (`stacktrace_id`, `labels.<l>`..., `value`), as Parca compares profiles along a label.
+pub async fn merge(
+    ctx: &SessionContext,
+    table: &str,
+    selector: &Selector,
+    range: TimeRange,
+    group_by: &[String],
+) -> Result<SendableRecordBatchStream> {
+    let df = selected(ctx, table, Some(selector), range).await?;
+    let present = label_columns(&df);
+    let mut keys = vec![ident("stacktrace_id")];
+    for label in group_by {
+        if present.contains(label) {
+            keys.push(ident(format!("labels.{label}")));
+        } else {
+            keys.push(
+                lit(datafusion::common::ScalarValue::Utf8(None)).alias(format!("labels.{label}")),
+            );
+        }
+    }
+    df.aggregate(keys, vec![sum(ident("value")).alias("value")])?
+        .execute_stream()
+        .await
+}
+
+/// Range: the value summed per series (its labels) and per `step_ms` bucket of time, for
+/// the metrics graph. Columns: `labels.*`, `timestamp` (the bucket's start), `value`;
+/// ordered by series, then time.
+pub async fn range(
+    ctx: &SessionContext,
+    table: &str,
+    selector: &Selector,
+    range: TimeRange,
+    step_ms: i64,
+) -> Result<SendableRecordBatchStream> {
+    let step = step_ms.max(1);
+    let df = selected(ctx, table, Some(selector), range).await?;
+    let labels = label_columns(&df);
+    let bucket = (ident("timestamp") - (ident("timestamp") % lit(step))).alias("timestamp");
+    let mut keys: Vec<Expr> = labels
+        .iter()
+        .map(|l| ident(format!("labels.{l}")))
+        .collect();
+    keys.push(bucket);
+    let mut order: Vec<_> = labels
+        .iter()
+        .map(|l| ident(format!("labels.{l}")).sort(true, true))
+        .collect();
+    order.push(ident("timestamp").sort(true, true));
+    df.aggregate(keys, vec![sum(ident("value")).alias("value")])?
+        .sort(order)?
+        .execute_stream()
+        .await
+}
+
+fn strings_stream(name: &str, values: Vec<String>) -> Result<SendableRecordBatchStream> {
+    let schema = Arc::new(ArrowSchema::new(vec![Field::new(
+        name,
+        DataType::Utf8,
+        false,
+    )]));
+    let column: ArrayRef = Arc::new(StringArray::from(values));
+    let batch = RecordBatch::try_new(schema.clone(), vec![column])?;
+    Ok(Box::pin(MemoryStream::try_new(vec![batch], schema, None)?))
+}
+
+/// Label names that have a value in some selected row (one column `name`, sorted).
+pub async fn label_names(
+    ctx: &SessionContext,
+    table: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<SendableRecordBatchStream> {
+    let df = selected(ctx, table, selector, range).await?;
+    let labels = label_columns(&df);
+    if labels.is_empty() {
+        return strings_stream("name", Vec::new());
+    }
+    let counts: Vec<Expr> = labels
+        .iter()
+        .map(|l| count(ident(format!("labels.{l}"))).alias(l.as_str()))
+        .collect();
+    let batches = df.aggregate(Vec::new(), counts)?.collect().await?;
+    let mut names: Vec<String> = labels
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            batches.iter().any(|b| {
+                b.column(*i)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .values()
+                    .iter()
+                    .any(|c| *c > 0)
+            })
+        })
+        .map(|(_, l)| l.clone())
+        .collect();
+    names.sort();
+    strings_stream("name", names)
+}
+
+/// The distinct values of label `name` in the selected rows (one column `value`, sorted).
+pub async fn label_values(
+    ctx: &SessionContext,
+    table: &str,
+    name: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<SendableRecordBatchStream> {
+    let df = selected(ctx, table, selector, range).await?;
+    if !label_columns(&df).iter().any(|l| l == name) {
+        return strings_stream("value", Vec::new());
+    }
+    let column = ident(format!("labels.{name}"));
+    df.filter(column.clone().is_not_null())?
+        .aggregate(vec![column.clone()], Vec::new())?
+        .select(vec![
+            datafusion::prelude::cast(column.clone(), DataType::Utf8).alias("value"),
+        ])?
+        .sort(vec![ident("value").sort(true, false)])?
+        .execute_stream()
+        .await
+}
+
+/// The profile types present in `range` (columns `name`, `sample_type`, `sample_unit`,
+/// `period_type`, `period_unit`, sorted).
+pub async fn profile_types(
+    ctx: &SessionContext,
+    table: &str,
+    range: TimeRange,
+) -> Result<SendableRecordBatchStream> {
+    let df = selected(ctx, table, None, range).await?;
+    let parts = [
+        "name",
+        "sample_type",
+        "sample_unit",
+        "period_type",
+        "period_unit",
+    ];
+    let keys: Vec<Expr> = parts.iter().map(|p| ident(*p)).collect();
+    let casts: Vec<Expr> = parts
+        .iter()
+        .map(|p| datafusion::prelude::cast(ident(*p), DataType::Utf8).alias(*p))
+        .collect();
+    df.aggregate(keys, Vec::new())?
+        .select(casts)?
+        .sort(parts.iter().map(|p| ident(*p).sort(true, false)).collect())?
+        .execute_stream()
+        .await
+}
+
+/// The timestamps of the profiles of the selected series, without reading sample values
+/// (conprof's listing path): one column `timestamp`, distinct, ascending.
+pub async fn timestamps(
+    ctx: &SessionContext,
+    table: &str,
+    selector: &Selector,
+    range: TimeRange,
+) -> Result<SendableRecordBatchStream> {
+    selected(ctx, table, Some(selector), range)
+        .await?
+        .aggregate(vec![ident("timestamp")], Vec::new())?
+        .sort(vec![ident("timestamp").sort(true, false)])?
+        .execute_stream()
+        .await
+}

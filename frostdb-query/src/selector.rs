@@ -1,0 +1,498 @@
+//! Label selectors, as Prometheus and Parca write them:
+//! `process_cpu:cpu:nanoseconds:cpu:nanoseconds{job="api", pod=~"a-.*", env!="dev"}`.
+//!
+//! Semantics are Prometheus's: a regex matches the whole value (it is anchored), and a label
+//! a series lacks has the empty value, so `env=""` selects series without `env` and
+//! `env!="dev"` selects them too.
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::arrow::datatypes::Schema as ArrowSchema;
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
+use datafusion::prelude::{ident, lit};
+
+/// The five parts of a profile type, Parca's `name:sample_type:sample_unit:period_type:period_unit`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProfileType {
+    /// Profile name (`process_cpu`, `memory`, ...).
+    pub name: String,
+    /// Sample type (`cpu`, `alloc_space`, ...).
+    pub sample_type: String,
+    /// Sample unit (`nanoseconds`, `bytes`, ...).
+    pub sample_unit: String,
+    /// Period type.
+    pub period_type: String,
+    /// Period unit.
+    pub period_unit: String,
+    /// Parca's optional sixth part, `delta`: the values are deltas of a cumulative profile.
+    pub delta: bool,
+}
+
+impl fmt::Display for ProfileType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}:{}{}",
+            self.name,
+            self.sample_type,
+            self.sample_unit,
+            self.period_type,
+            self.period_unit,
+            if self.delta { ":delta" } else { "" }
+        )
+    }
+}
+
+impl ProfileType {
+    /// The filter selecting this profile type's rows.
+    pub fn to_expr(&self) -> Expr {
+        ident("name")
+            .eq(lit(self.name.as_str()))
+            .and(ident("sample_type").eq(lit(self.sample_type.as_str())))
+            .and(ident("sample_unit").eq(lit(self.sample_unit.as_str())))
+            .and(ident("period_type").eq(lit(self.period_type.as_str())))
+            .and(ident("period_unit").eq(lit(self.period_unit.as_str())))
+    }
+}
+
+/// A label matcher's operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchOp {
+    /// `=`
+    Equal,
+    /// `!=`
+    NotEqual,
+    /// `=~`
+    Regex,
+    /// `!~`
+    NotRegex,
+}
+
+/// One `label op "value"`.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    /// Label name (`__name__` means the profile name).
+    pub label: String,
+    /// Operator.
+    pub op: MatchOp,
+    /// The value, or the regex for `=~` and `!~`.
+    pub value: String,
+    regex: Option<regex::Regex>,
+}
+
+impl PartialEq for Matcher {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.label, self.op, &self.value) == (&other.label, other.op, &other.value)
+    }
+}
+
+impl Matcher {
+    /// Whether the matcher accepts `value` (the empty string for an absent label).
+    pub fn matches(&self, value: &str) -> bool {
+        match (self.op, &self.regex) {
+            (MatchOp::Equal, _) => value == self.value,
+            (MatchOp::NotEqual, _) => value != self.value,
+            (MatchOp::Regex, Some(re)) => re.is_match(value),
+            (MatchOp::NotRegex, Some(re)) => !re.is_match(value),
+            (_, None) => false,
+        }
+    }
+
+    fn anchored(&self) -> String {
+        format!("^(?:{})$", self.value)
+    }
+
+    /// The filter for this matcher on a table of `schema`.
+    fn to_expr(&self, schema: &ArrowSchema) -> Expr {
+        let column = if self.label == "__name__" {
+            "name".to_owned()
+        } else {
+            format!("labels.{}", self.label)
+        };
+        let empty_matches = self.matches("");
+        if schema.field_with_name(&column).is_err() {
+            // No row has the label: every row has the empty value.
+            return lit(empty_matches);
+        }
+        let c = || ident(column.as_str());
+        let test = match self.op {
+            MatchOp::Equal => c().eq(lit(self.value.as_str())),
+            MatchOp::NotEqual => c().not_eq(lit(self.value.as_str())),
+            MatchOp::Regex => regex(c(), Operator::RegexMatch, self.anchored()),
+            MatchOp::NotRegex => regex(c(), Operator::RegexNotMatch, self.anchored()),
+        };
+        // Rows lacking the label (null) have the empty value.
+        if empty_matches {
+            c().is_null().or(test)
+        } else {
+            c().is_not_null().and(test)
+        }
+    }
+}
+
+fn regex(column: Expr, op: Operator, pattern: String) -> Expr {
+    Expr::BinaryExpr(BinaryExpr::new(
+        Box::new(column),
+        op,
+        Box::new(lit(pattern)),
+    ))
+}
+
+/// A parsed selector: an optional profile type and label matchers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selector {
+    /// The profile type prefix, if given.
+    pub profile_type: Option<ProfileType>,
+    /// The matchers, all of which must hold.
+    pub matchers: Vec<Matcher>,
+}
+
+/// Why a selector did not parse: the message and the 1-based column where it went wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad selector at column {column}: {message}\n  {input}\n  {caret:>width$}", caret = "^", width = column)]
+pub struct SelectorError {
+    /// 1-based column (in characters) of the problem.
+    pub column: usize,
+    /// What is wrong.
+    pub message: String,
+    /// The selector.
+    pub input: String,
+}
+
+struct Parser<'a> {
+    input: &'a str,
+    chars: Vec<char>,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn error<T>(&self, at: usize, message: impl Into<String>) -> Result<T, SelectorError> {
+        Err(SelectorError {
+            column: at + 1,
+            message: message.into(),
+            input: self.input.to_owned(),
+        })
+    }
+
+    fn peek(&self) -> Option<char> {
+        self.chars.get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while self.peek().is_some_and(char::is_whitespace) {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn profile_type(&mut self) -> Result<Option<ProfileType>, SelectorError> {
+        let start = self.pos;
+        while self.peek().is_some_and(|c| c != '{' && !c.is_whitespace()) {
+            self.pos += 1;
+        }
+        if self.pos == start {
+            return Ok(None);
+        }
+        let text: String = self.chars[start..self.pos].iter().collect();
+        let parts: Vec<&str> = text.split(':').collect();
+        let delta = match parts.len() {
+            5 => false,
+            6 if parts[5] == "delta" => true,
+            6 => {
+                let at = start + text.rfind(':').unwrap_or(0) + 1;
+                return self.error(
+                    at,
+                    format!(
+                        "the sixth part of a profile type can only be \"delta\", not {:?}",
+                        parts[5]
+                    ),
+                );
+            }
+            n => {
+                return self.error(
+                    start,
+                    format!(
+                        "a profile type has 5 parts name:sample_type:sample_unit:period_type:period_unit, {text:?} has {n}"
+                    ),
+                );
+            }
+        };
+        if let Some(i) = parts.iter().position(|p| p.is_empty()) {
+            let at = start
+                + parts[..i]
+                    .iter()
+                    .map(|p| p.chars().count() + 1)
+                    .sum::<usize>();
+            return self.error(at, "empty part in the profile type");
+        }
+        Ok(Some(ProfileType {
+            name: parts[0].to_owned(),
+            sample_type: parts[1].to_owned(),
+            sample_unit: parts[2].to_owned(),
+            period_type: parts[3].to_owned(),
+            period_unit: parts[4].to_owned(),
+            delta,
+        }))
+    }
+
+    fn label(&mut self) -> Result<String, SelectorError> {
+        let start = self.pos;
+        match self.peek() {
+            Some(c) if c.is_ascii_alphabetic() || c == '_' => self.pos += 1,
+            Some(c) => return self.error(start, format!("expected a label name, found {c:?}")),
+            None => return self.error(start, "expected a label name, found the end"),
+        }
+        while self
+            .peek()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            self.pos += 1;
+        }
+        Ok(self.chars[start..self.pos].iter().collect())
+    }
+
+    fn op(&mut self) -> Result<MatchOp, SelectorError> {
+        let at = self.pos;
+        let op = match (self.peek(), self.chars.get(self.pos + 1).copied()) {
+            (Some('='), Some('~')) => (MatchOp::Regex, 2),
+            (Some('!'), Some('=')) => (MatchOp::NotEqual, 2),
+            (Some('!'), Some('~')) => (MatchOp::NotRegex, 2),
+            (Some('='), _) => (MatchOp::Equal, 1),
+            (Some(c), _) => {
+                return self.error(at, format!("expected one of = != =~ !~, found {c:?}"));
+            }
+            (None, _) => return self.error(at, "expected one of = != =~ !~, found the end"),
+        };
+        self.pos += op.1;
+        Ok(op.0)
+    }
+
+    fn string(&mut self) -> Result<String, SelectorError> {
+        let start = self.pos;
+        let quote = match self.peek() {
+            Some(q @ ('"' | '\'' | '`')) => q,
+            Some(c) => return self.error(start, format!("expected a quoted value, found {c:?}")),
+            None => return self.error(start, "expected a quoted value, found the end"),
+        };
+        self.pos += 1;
+        let mut out = String::new();
+        loop {
+            let at = self.pos;
+            let Some(c) = self.peek() else {
+                return self.error(start, "unterminated string");
+            };
+            self.pos += 1;
+            if c == quote {
+                return Ok(out);
+            }
+            if c != '\\' || quote == '`' {
+                out.push(c);
+                continue;
+            }
+            let Some(e) = self.peek() else {
+                return self.error(at, "unterminated escape");
+            };
+            self.pos += 1;
+            match e {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                '\\' | '"' | '\'' => out.push(e),
+                'u' => {
+                    let hex: String = self
+                        .chars
+                        .get(self.pos..self.pos + 4)
+                        .unwrap_or_default()
+                        .iter()
+                        .collect();
+                    let c = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32);
+                    match c {
+                        Some(c) if hex.len() == 4 => {
+                            out.push(c);
+                            self.pos += 4;
+                        }
+                        _ => return self.error(at, "\\u needs four hex digits"),
+                    }
+                }
+                other => return self.error(at, format!("unknown escape \\{other}")),
+            }
+        }
+    }
+
+    fn matcher(&mut self) -> Result<Matcher, SelectorError> {
+        let label = self.label()?;
+        self.skip_ws();
+        let op = self.op()?;
+        self.skip_ws();
+        let value_at = self.pos;
+        let value = self.string()?;
+        let mut matcher = Matcher {
+            label,
+            op,
+            value,
+            regex: None,
+        };
+        if matches!(op, MatchOp::Regex | MatchOp::NotRegex) {
+            let compiled = regex::RegexBuilder::new(&matcher.anchored())
+                .size_limit(1 << 20)
+                .build();
+            match compiled {
+                Ok(re) => matcher.regex = Some(re),
+                Err(e) => return self.error(value_at, format!("bad regex: {e}")),
+            }
+        }
+        Ok(matcher)
+    }
+}
+
+impl Selector {
+    /// Parses a selector.
+    pub fn parse(input: &str) -> Result<Self, SelectorError> {
+        let mut p = Parser {
+            input,
+            chars: input.chars().collect(),
+            pos: 0,
+        };
+        p.skip_ws();
+        let profile_type = p.profile_type()?;
+        p.skip_ws();
+        let mut matchers = Vec::new();
+        if p.eat('{') {
+            loop {
+                p.skip_ws();
+                if p.eat('}') {
+                    break;
+                }
+                matchers.push(p.matcher()?);
+                p.skip_ws();
+                if p.eat(',') {
+                    continue;
+                }
+                if p.eat('}') {
+                    break;
+                }
+                let at = p.pos;
+                return match p.peek() {
+                    Some(c) => p.error(at, format!("expected ',' or '}}', found {c:?}")),
+                    None => p.error(at, "expected ',' or '}', found the end"),
+                };
+            }
+        } else if profile_type.is_none() {
+            let at = p.pos;
+            return p.error(at, "expected a profile type or '{'");
+        }
+        p.skip_ws();
+        if let Some(c) = p.peek() {
+            let at = p.pos;
+            return p.error(at, format!("unexpected {c:?} after the selector"));
+        }
+        Ok(Self {
+            profile_type,
+            matchers,
+        })
+    }
+
+    /// The filter selecting the rows of this selector, for a table of `schema`.
+    pub fn to_expr(&self, schema: &ArrowSchema) -> Expr {
+        let mut expr = self
+            .profile_type
+            .as_ref()
+            .map_or(lit(true), ProfileType::to_expr);
+        for m in &self.matchers {
+            expr = expr.and(m.to_expr(schema));
+        }
+        expr
+    }
+}
+
+impl FromStr for Selector {
+    type Err = SelectorError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field};
+
+    use super::*;
+
+    #[test]
+    fn parses_parca_selectors() {
+        let s = Selector::parse(
+            r#"process_cpu:cpu:nanoseconds:cpu:nanoseconds{job="api", pod=~"a-.*", env!="dev",zone!~'eu.*',}"#,
+        )
+        .unwrap();
+        let t = s.profile_type.as_ref().unwrap();
+        assert_eq!(t.to_string(), "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(s.matchers.len(), 4);
+        assert_eq!(s.matchers[1].op, MatchOp::Regex);
+        assert_eq!(s.matchers[3].value, "eu.*");
+        let only = Selector::parse(r#"{ job = "a\"b\u00e9" }"#).unwrap();
+        assert!(only.profile_type.is_none());
+        assert_eq!(only.matchers[0].value, "a\"bé");
+        assert!(
+            Selector::parse("memory:alloc_space:bytes:space:bytes:delta")
+                .unwrap()
+                .profile_type
+                .unwrap()
+                .delta
+        );
+        assert!(Selector::parse("{}").unwrap().matchers.is_empty());
+    }
+
+    #[test]
+    fn regexes_are_anchored_and_absent_labels_are_empty() {
+        let s = Selector::parse(r#"{pod=~"a-.*", env!="dev", x="", y!~".+"}"#).unwrap();
+        assert!(s.matchers[0].matches("a-1"));
+        assert!(!s.matchers[0].matches("xa-1"), "anchored at the start");
+        assert!(s.matchers[1].matches(""), "absent env is not dev");
+        assert!(s.matchers[2].matches(""));
+        assert!(s.matchers[3].matches(""));
+    }
+
+    #[test]
+    fn errors_point_at_the_column() {
+        let cases = [
+            ("{job=\"a\" pod=\"b\"}", 10, "expected ',' or '}'"),
+            ("{job~\"a\"}", 5, "expected one of"),
+            ("{9job=\"a\"}", 2, "label name"),
+            ("{job=\"a}", 6, "unterminated"),
+            ("{job=~\"(\"}", 7, "bad regex"),
+            ("cpu:cpu{}", 1, "5 parts"),
+            ("a:b:c:d:e:f{}", 11, "delta"),
+            ("a:b::d:e", 5, "empty part"),
+            ("{job=a}", 6, "quoted value"),
+            ("{job=\"a\"} x", 11, "unexpected"),
+        ];
+        for (input, column, needle) in cases {
+            let err = Selector::parse(input).unwrap_err();
+            assert_eq!(err.column, column, "{input}: {err}");
+            assert!(err.message.contains(needle), "{input}: {err}");
+        }
+    }
+
+    #[test]
+    fn absent_columns_become_constants() {
+        let schema = ArrowSchema::new(vec![Field::new("labels.job", DataType::Utf8, true)]);
+        let never = Selector::parse(r#"{missing="x"}"#)
+            .unwrap()
+            .to_expr(&schema);
+        assert_eq!(never, lit(true).and(lit(false)));
+        let always = Selector::parse(r#"{missing!="x"}"#)
+            .unwrap()
+            .to_expr(&schema);
+        assert_eq!(always, lit(true).and(lit(true)));
+    }
+}

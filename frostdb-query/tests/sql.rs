@@ -1,0 +1,268 @@
+//! SQL over frostdb tables: results checked against the rows the test inserted, pushdown
+//! and pruning checked in the plans.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use arrow::array::RecordBatch;
+use arrow::util::display::array_value_to_string;
+use common::*;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use frostdb_core::{Db, DbOptions, TableOptions};
+
+/// Rows of `batches` rendered as strings.
+fn rendered(batches: &[RecordBatch]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            out.push(
+                b.columns()
+                    .iter()
+                    .map(|c| array_value_to_string(c, i).unwrap())
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+async fn sql(ctx: &SessionContext, q: &str) -> Vec<Vec<String>> {
+    rendered(&ctx.sql(q).await.unwrap().collect().await.unwrap())
+}
+
+async fn plan(ctx: &SessionContext, q: &str) -> String {
+    let rows = sql(ctx, &format!("EXPLAIN {q}")).await;
+    rows.into_iter()
+        .map(|r| r.join(" "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn db_with(rows: &[Row]) -> Db {
+    let db = Db::open_in_memory(DbOptions::default().background_compaction(false)).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema(),
+            TableOptions::default().granule_rows(256),
+        )
+        .unwrap();
+    insert(&table, rows);
+    table.compact().unwrap();
+    db
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_sums_match_the_rows() {
+    let data = rows(6, 30, 10_000, 8);
+    let db = db_with(&data);
+    let ctx = frostdb_query::session(&db).unwrap();
+    let (from, to) = (START_MS + 50_000, START_MS + 200_000);
+    let got = sql(
+        &ctx,
+        &format!(
+            "SELECT \"labels.pod\", sum(value) FROM samples WHERE name = 'cpu' \
+             AND timestamp BETWEEN {from} AND {to} GROUP BY 1 ORDER BY 2 DESC, 1"
+        ),
+    )
+    .await;
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for r in data
+        .iter()
+        .filter(|r| r.name == "cpu" && (from..=to).contains(&r.timestamp))
+    {
+        *want.entry(r.pod.clone()).or_default() += r.value;
+    }
+    let mut want: Vec<(String, i64)> = want.into_iter().collect();
+    want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let want: Vec<Vec<String>> = want
+        .into_iter()
+        .map(|(p, v)| vec![p, v.to_string()])
+        .collect();
+    assert_eq!(got, want);
+
+    let count = sql(&ctx, "SELECT count(*) FROM samples").await;
+    assert_eq!(count, vec![vec![data.len().to_string()]]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_the_engine_evaluates_are_pushed_down_exactly() {
+    let db = db_with(&rows(4, 10, 10_000, 4));
+    let ctx = frostdb_query::session(&db).unwrap();
+    for q in [
+        "SELECT value FROM samples WHERE name = 'cpu' AND \"labels.pod\" = 'p1'",
+        "SELECT value FROM samples WHERE \"labels.pod\" IN ('p1', 'p2') OR \"labels.env\" IS NULL",
+        "SELECT value FROM samples WHERE \"labels.pod\" ~ '^p[12]$' AND NOT (timestamp < 5)",
+        "SELECT value FROM samples WHERE \"labels.job\" LIKE 'a%' AND stacktrace_id <> 7",
+    ] {
+        let p = plan(&ctx, q).await;
+        assert!(p.contains("FrostScanExec"), "{p}");
+        assert!(
+            !p.contains("FilterExec"),
+            "no filter left for DataFusion:\n{p}"
+        );
+    }
+    // A function is DataFusion's to evaluate.
+    let p = plan(
+        &ctx,
+        "SELECT value FROM samples WHERE length(\"labels.pod\") > 1",
+    )
+    .await;
+    assert!(p.contains("FilterExec"), "{p}");
+    // Exact pushdown gives the same answers as DataFusion's own evaluation would.
+    let pushed = sql(
+        &ctx,
+        "SELECT count(*) FROM samples WHERE \"labels.pod\" ~ '^p[12]$'",
+    )
+    .await;
+    let own = sql(
+        &ctx,
+        "SELECT count(*) FROM samples WHERE regexp_like(\"labels.pod\", '^p[12]$')",
+    )
+    .await;
+    assert_eq!(pushed, own);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_columns_are_columns() {
+    let db = db_with(&rows(3, 2, 10_000, 2));
+    let ctx = frostdb_query::session(&db).unwrap();
+    let df = ctx.sql("SELECT * FROM samples").await.unwrap();
+    let names: Vec<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    for l in ["labels.env", "labels.job", "labels.pod"] {
+        assert!(names.contains(&l.to_owned()), "{names:?}");
+    }
+    let envs = sql(
+        &ctx,
+        "SELECT DISTINCT \"labels.pod\" FROM samples WHERE \"labels.env\" = 'prod' ORDER BY 1",
+    )
+    .await;
+    assert_eq!(envs, vec![vec!["p0".to_owned()]]);
+    let err = ctx
+        .sql("SELECT \"labels.nope\" FROM samples")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("labels.nope"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_scans_return_the_same_rows() {
+    let data = rows(8, 20, 10_000, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        DbOptions::default().background_compaction(false),
+    )
+    .unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema(),
+            TableOptions::default()
+                .granule_rows(128)
+                .row_group_rows(256),
+        )
+        .unwrap();
+    insert(&table, &data[..data.len() / 2]);
+    table.persist().unwrap();
+    insert(&table, &data[data.len() / 2..]);
+    let q =
+        "SELECT \"labels.pod\", stacktrace_id, sum(value) FROM samples GROUP BY 1, 2 ORDER BY 1, 2";
+    let mut results = Vec::new();
+    for partitions in [1, 2, 4] {
+        let ctx = SessionContext::new_with_config(
+            SessionConfig::new().with_target_partitions(partitions),
+        );
+        frostdb_query::register_db(&ctx, &db).unwrap();
+        let p = plan(&ctx, q).await;
+        assert!(p.contains(&format!("partitions={partitions}")), "{p}");
+        results.push(sql(&ctx, q).await);
+    }
+    assert!(!results[0].is_empty());
+    assert_eq!(results[0], results[1]);
+    assert_eq!(results[0], results[2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_merge_over_a_day_reads_a_small_fraction_of_the_row_groups() {
+    // A day of 10 s profiles of 8 series, persisted in blocks.
+    let data = rows(8, 8640, 10_000, 2);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        DbOptions::default().background_compaction(false),
+    )
+    .unwrap();
+    let options = TableOptions::default()
+        .granule_rows(2048)
+        .row_group_rows(8192)
+        .block_size(2 << 20);
+    let table = db.table("samples", samples_schema(), options).unwrap();
+    insert_bulk(&table, &data, 8192);
+    db.flush().unwrap();
+    let stats = table.stats();
+    assert!(stats.blocks >= 2, "{stats:?}");
+
+    let ctx = frostdb_query::session(&db).unwrap();
+    let (from, to) = (
+        START_MS + 12 * 3600 * 1000,
+        START_MS + 12 * 3600 * 1000 + 15 * 60 * 1000,
+    );
+    let q = format!(
+        "SELECT stacktrace_id, sum(value) FROM samples WHERE name = 'cpu' AND \"labels.pod\" = 'p5' \
+         AND timestamp >= {from} AND timestamp < {to} GROUP BY 1"
+    );
+    let explain = plan(&ctx, &q).await;
+    let pruned = |label: &str| -> (usize, usize) {
+        let at = explain
+            .find(label)
+            .unwrap_or_else(|| panic!("{label} in {explain}"));
+        let rest = &explain[at + label.len()..];
+        let mut it = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<usize>().unwrap());
+        (it.next().unwrap(), it.next().unwrap())
+    };
+    let (rg_pruned, rg_opened) = pruned("row_groups ");
+    let all_row_groups: u32 = table.blocks().iter().map(|b| b.row_groups).sum();
+    assert!(all_row_groups >= 20, "{all_row_groups} row groups");
+    let read = rg_opened - rg_pruned;
+    assert!(
+        read as u32 * 10 <= all_row_groups,
+        "read {read} of {all_row_groups} row groups:\n{explain}"
+    );
+    let at = explain.find("rows to read ").unwrap();
+    let rows_read: usize = explain[at + 13..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        rows_read * 20 <= data.len(),
+        "read {rows_read} of {} rows",
+        data.len()
+    );
+
+    let got = sql(&ctx, &q).await;
+    let mut want: BTreeMap<u64, i64> = BTreeMap::new();
+    for r in data
+        .iter()
+        .filter(|r| r.name == "cpu" && r.pod == "p5" && (from..to).contains(&r.timestamp))
+    {
+        *want.entry(r.stack).or_default() += r.value;
+    }
+    let mut got: Vec<(u64, i64)> = got
+        .iter()
+        .map(|r| (r[0].parse().unwrap(), r[1].parse().unwrap()))
+        .collect();
+    got.sort();
+    assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+}
