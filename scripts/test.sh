@@ -15,6 +15,16 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
+# Go's pprof, to check our pprof output against (Debian's golang-go).
+if ! command -v go >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go >/dev/null
+  else
+    echo "go is missing and this is not root: tests comparing with go tool pprof will skip"
+  fi
+fi
+
 # moto's S3-compatible server, for the test that persists blocks to S3 for real.
 venv=target/test-venv
 if [ ! -x "$venv/bin/moto_server" ]; then

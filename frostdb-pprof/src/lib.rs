@@ -30,6 +30,8 @@
 
 mod decode;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod normalize;
 pub mod report;
 pub mod schema;

@@ -91,6 +91,9 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A sample's string labels, sorted by name.
+type SampleLabels = Vec<(String, String)>;
+
 /// The rows and symbols of one profile.
 pub(crate) struct Normalized {
     pub(crate) samples: Option<RecordBatch>,
@@ -122,14 +125,14 @@ pub(crate) fn normalize(
             continue;
         }
         let key = sanitize_label(k);
-        if let Some(old) = series.insert(key.clone(), v.clone()) {
-            if old != *v {
-                return Err(Error::LabelCollision {
-                    label: key,
-                    first: old,
-                    second: v.clone(),
-                });
-            }
+        if let Some(old) = series.insert(key.clone(), v.clone())
+            && old != *v
+        {
+            return Err(Error::LabelCollision {
+                label: key,
+                first: old,
+                second: v.clone(),
+            });
         }
     }
 
@@ -223,7 +226,7 @@ pub(crate) fn normalize(
     // Samples: merged by (stack, sample labels), per sample type.
     let mut stack_cache: HashMap<Vec<u64>, Id> = HashMap::new();
     let mut seen_new_stacks: BTreeSet<Id> = BTreeSet::new();
-    let mut merged: BTreeMap<(Id, Vec<(String, String)>), Vec<i64>> = BTreeMap::new();
+    let mut merged: BTreeMap<(Id, SampleLabels), Vec<i64>> = BTreeMap::new();
     let types = p.sample_type.len();
     for sample in &p.sample {
         let stack = match stack_cache.get(&sample.location_id) {
@@ -247,14 +250,14 @@ pub(crate) fn normalize(
             }
             let (raw, value) = (s(l.key), s(l.str));
             let key = sanitize_label(raw);
-            if let Some(other) = raw_keys.insert(key.clone(), raw.to_owned()) {
-                if other != raw {
-                    return Err(Error::LabelCollision {
-                        label: key,
-                        first: format!("pprof label {other:?}"),
-                        second: format!("pprof label {raw:?}"),
-                    });
-                }
+            if let Some(other) = raw_keys.insert(key.clone(), raw.to_owned())
+                && other != raw
+            {
+                return Err(Error::LabelCollision {
+                    label: key,
+                    first: format!("pprof label {other:?}"),
+                    second: format!("pprof label {raw:?}"),
+                });
             }
             if let Some(v) = series.get(&key) {
                 if v != value {
@@ -286,11 +289,11 @@ pub(crate) fn normalize(
     let series_key = format!("{}\u{0}{:?}", options.name, series);
 
     // Rows: (type index, stack, sample labels, value).
-    let mut rows: Vec<(usize, Id, &Vec<(String, String)>, i64)> = Vec::new();
+    let mut rows: Vec<(usize, Id, &SampleLabels, i64)> = Vec::new();
     let mut profile_types = Vec::new();
     for (t, vt) in p.sample_type.iter().enumerate() {
         let sample_type = or(s(vt.r#type), "samples");
-        let mut values: Vec<(Id, &Vec<(String, String)>, i64)> = merged
+        let mut values: Vec<(Id, &SampleLabels, i64)> = merged
             .iter()
             .map(|((stack, labels), v)| (*stack, labels, v[t]))
             .collect();

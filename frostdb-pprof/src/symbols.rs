@@ -258,7 +258,7 @@ fn string_at(a: &ArrayRef, i: usize) -> String {
 }
 
 fn chunks16(bytes: &[u8]) -> Result<Vec<Id>> {
-    if bytes.len() % 16 != 0 {
+    if !bytes.len().is_multiple_of(16) {
         return Err(Error::Corrupt(
             "a packed id list is not a multiple of 16 bytes".into(),
         ));
@@ -294,7 +294,7 @@ impl Symbols {
             let folded = column(&b, "is_folded")?.as_boolean();
             for i in 0..b.num_rows() {
                 let raw = lines.value(i);
-                if raw.len() % 24 != 0 {
+                if !raw.len().is_multiple_of(24) {
                     return Err(Error::Corrupt(
                         "packed lines are not 24-byte entries".into(),
                     ));

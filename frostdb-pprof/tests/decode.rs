@@ -72,7 +72,8 @@ fn malformed_profiles_get_errors_naming_the_problem() {
         Err(Error::Protobuf(_))
     ));
 
-    let cases: Vec<(Box<dyn Fn(&mut Profile)>, &str)> = vec![
+    type Breakage = Box<dyn Fn(&mut Profile)>;
+    let cases: Vec<(Breakage, &str)> = vec![
         (Box::new(|p| p.sample_type[0].unit = 99), "sample_type.unit"),
         (
             Box::new(|p| p.sample[0].location_id = vec![7]),

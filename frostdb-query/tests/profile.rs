@@ -60,7 +60,8 @@ async fn merge_sums_stacks_of_the_selected_series() {
         start_ms: START_MS + 30_000,
         end_ms: START_MS + 150_000,
     };
-    let cases: Vec<(&str, Box<dyn Fn(&Row) -> bool>)> = vec![
+    type Select = Box<dyn Fn(&Row) -> bool>;
+    let cases: Vec<(&str, Select)> = vec![
         ("{job=\"api\"}", Box::new(|r: &Row| r.job == "api")),
         (
             "{pod=~\"p[12]\"}",

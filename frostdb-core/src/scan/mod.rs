@@ -194,7 +194,7 @@ impl Snapshot {
                 units.push((piece.rows(), Unit::Block(piece)));
             }
         }
-        units.sort_by(|a, b| b.0.cmp(&a.0));
+        units.sort_by_key(|u| std::cmp::Reverse(u.0));
         let mut load = vec![0usize; partitions];
         let mut groups: Vec<(Vec<Arc<Chunk>>, Vec<BlockPlan>)> =
             (0..partitions).map(|_| (Vec::new(), Vec::new())).collect();

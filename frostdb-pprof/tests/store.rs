@@ -1,0 +1,160 @@
+//! Storing profiles: one profile type per sample type, labels from the series and pprof,
+//! deltas of cumulative profiles, symbols and samples surviving a reopen.
+
+mod common;
+
+use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_pprof::report::{pprof, top::TopTable};
+use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, decode};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+
+fn file(name: &str) -> Vec<u8> {
+    std::fs::read(common::shared().join("testdata/pprof").join(name)).unwrap()
+}
+
+fn options(name: &str, labels: &[(&str, &str)]) -> IngestOptions {
+    IngestOptions {
+        name: name.into(),
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_heap_profile_is_four_profile_types_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let heap = file("goapp__go119-heap.pb.gz");
+    let before = {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+        let summary = store
+            .ingest(&heap, &options("memory", &[("job", "goapp")]))
+            .unwrap();
+        assert_eq!(
+            summary.profile_types,
+            [
+                "memory:alloc_objects:count:space:bytes",
+                "memory:alloc_space:bytes:space:bytes",
+                "memory:inuse_objects:count:space:bytes",
+                "memory:inuse_space:bytes:space:bytes",
+            ]
+        );
+        let ctx = store.session().unwrap();
+        let selector =
+            Selector::parse("memory:inuse_space:bytes:space:bytes{job=\"goapp\"}").unwrap();
+        let merged = store.merge(&ctx, &selector, TimeRange::ALL).await.unwrap();
+        store.db().flush().unwrap(); // half persisted...
+        store
+            .ingest(&heap, &options("memory", &[("job", "other")]))
+            .unwrap(); // ...half in the WAL
+        TopTable::build(&merged, &store.symbols()).render()
+    };
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+    let ctx = store.session().unwrap();
+    let selector = Selector::parse("memory:inuse_space:bytes:space:bytes{job=\"goapp\"}").unwrap();
+    let merged = store.merge(&ctx, &selector, TimeRange::ALL).await.unwrap();
+    assert_eq!(TopTable::build(&merged, &store.symbols()).render(), before);
+    // Both series, one from blocks and one from the WAL, merge to twice the profile.
+    let all = Selector::parse("memory:inuse_space:bytes:space:bytes").unwrap();
+    let both = store.merge(&ctx, &all, TimeRange::ALL).await.unwrap();
+    assert_eq!(both.total(), 2 * merged.total());
+    // Nothing in the store is unresolvable.
+    pprof::to_profile(&both, &store.symbols()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cumulative_profiles_become_deltas() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+    let series = [
+        "parca__go-heap-series-1644509272337470000.pb.gz",
+        "parca__go-heap-series-1644509275338070000.pb.gz",
+        "parca__go-heap-series-1644509278338696000.pb.gz",
+        "parca__go-heap-series-1644509281339135000.pb.gz",
+        "parca__go-heap-series-1644509284338649000.pb.gz",
+    ];
+    let mut opts = options("memory", &[("instance", "a")]);
+    opts.delta = true;
+    let mut totals = Vec::new();
+    for name in series {
+        let bytes = file(name);
+        let p = decode(&bytes, &Limits::default()).unwrap();
+        let alloc_space = p
+            .sample_type
+            .iter()
+            .position(|t| p.string_table[t.r#type as usize] == "alloc_space")
+            .unwrap();
+        totals.push(p.sample.iter().map(|s| s.value[alloc_space]).sum::<i64>());
+        store.ingest(&bytes, &opts).unwrap();
+    }
+    let ctx = store.session().unwrap();
+    let alloc = Selector::parse("memory:alloc_space:bytes:space:bytes{instance=\"a\"}").unwrap();
+    let merged = store.merge(&ctx, &alloc, TimeRange::ALL).await.unwrap();
+    // The first profile is the baseline; the deltas add up to the growth since (no resets
+    // in this series: counters only grow).
+    assert!(totals.windows(2).all(|w| w[1] >= w[0]), "{totals:?}");
+    assert_eq!(merged.total(), totals[4] - totals[0]);
+    // In-use memory is a gauge: every profile is kept as it is.
+    let inuse = Selector::parse("memory:inuse_space:bytes:space:bytes{instance=\"a\"}").unwrap();
+    let timestamps = frostdb_query::profile::timestamps(&ctx, "samples", &inuse, TimeRange::ALL)
+        .await
+        .unwrap();
+    let n: usize = futures::TryStreamExt::try_collect::<Vec<_>>(timestamps)
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(n, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pprof_labels_become_labels_and_collisions_are_errors() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    store
+        .ingest(&cpu, &options("process_cpu", &[("job", "goapp")]))
+        .unwrap();
+    let ctx = store.session().unwrap();
+    let values =
+        frostdb_query::profile::label_values(&ctx, "samples", "team", None, TimeRange::ALL)
+            .await
+            .unwrap();
+    let teams: Vec<String> = futures::TryStreamExt::try_collect::<Vec<_>>(values)
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            (0..b.num_rows())
+                .map(|i| arrow::util::display::array_value_to_string(b.column(0), i).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        !teams.is_empty(),
+        "pprof.Do labels are stored as labels.team"
+    );
+
+    let before = store.samples().stats().rows;
+    let err = store
+        .ingest(
+            &cpu,
+            &options("process_cpu", &[("team", "not-in-the-profile")]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::LabelCollision { ref label, .. } if label == "team"),
+        "{err}"
+    );
+    assert_eq!(
+        store.samples().stats().rows,
+        before,
+        "nothing stored from the rejected profile"
+    );
+}
