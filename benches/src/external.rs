@@ -53,11 +53,13 @@ pub fn profiles_schema() -> Result<Schema, BoxError> {
         .build()?)
 }
 
-/// Stacks: id and frames, leaf first, joined by newlines.
+/// Stacks: id, frames (leaf first, joined by newlines), and the leaf function on its own,
+/// as a profile store keeps the function of each location apart from the whole stack.
 pub fn stacktraces_schema() -> Result<Schema, BoxError> {
     Ok(Schema::builder("stacktraces")
         .column(ColumnDef::new("stacktrace_id", DataType::UInt64))
         .column(ColumnDef::new("frames", DataType::Utf8))
+        .column(ColumnDef::new("leaf", DataType::Utf8).encoding(Encoding::RleDictionary))
         .sort_by(SortingColumn::asc("stacktrace_id"))
         .build()?)
 }
@@ -72,7 +74,7 @@ fn parquet_batches(
     Ok(reader.map(|b| b.map_err(BoxError::from)))
 }
 
-/// `frames` (a list of strings) joined by newlines.
+/// `frames` (a list of strings) joined by newlines, and the leaf (the first frame).
 fn join_frames(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
     let ids = batch
         .column_by_name("stacktrace_id")
@@ -92,12 +94,17 @@ fn join_frames(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
             })
         })
         .collect();
+    let leaf: StringArray = joined
+        .iter()
+        .map(|f| f.map(|f| f.split('\n').next().unwrap_or("").to_owned()))
+        .collect();
     Ok(RecordBatch::try_new(
         Arc::new(ArrowSchema::new(vec![
             Field::new("stacktrace_id", DataType::UInt64, false),
             Field::new("frames", DataType::Utf8, true),
+            Field::new("leaf", DataType::Utf8, true),
         ])),
-        vec![ids, Arc::new(joined) as ArrayRef],
+        vec![ids, Arc::new(joined) as ArrayRef, Arc::new(leaf) as ArrayRef],
     )?)
 }
 
@@ -153,8 +160,8 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The six queries of shared/bench, in DataFusion SQL over our tables. Stacks keep their
-/// frames as one string, leaf first, so the leaf is its first line.
+/// The six queries of shared/bench, in DataFusion SQL over our tables (Q5 reads the leaf
+/// function of each stack from its own column).
 pub fn sql_queries(q: &serde_json::Value) -> Result<Vec<(String, String)>, BoxError> {
     let text = |k: &str| -> Result<String, BoxError> {
         q.get(k)
@@ -208,7 +215,7 @@ pub fn sql_queries(q: &serde_json::Value) -> Result<Vec<(String, String)>, BoxEr
         (
             "Q5".into(),
             format!(
-                "SELECT split_part(s.frames, chr(10), 1) AS fn, CAST(sum(a.v) AS BIGINT) AS total \
+                "SELECT CAST(s.leaf AS VARCHAR) AS fn, CAST(sum(a.v) AS BIGINT) AS total \
              FROM (SELECT stacktrace_id AS sid, sum(value) AS v FROM profiles WHERE name = 'cpu' \
              GROUP BY stacktrace_id) AS a JOIN stacktraces AS s ON a.sid = s.stacktrace_id \
              GROUP BY 1 ORDER BY total DESC, fn ASC LIMIT {top}"
@@ -310,4 +317,209 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped pprof,
+/// labels beside it as a scraper attaches them) is decoded, normalized and stored by
+/// `frostdb_pprof`, on two threads.
+pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
+    use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
+    let data = arg(args, "--data")?;
+    let store_dir = arg(args, "--store")?;
+    let index = std::fs::read_to_string(data.join("pprof/index.tsv"))
+        .map_err(|e| format!("{}: {e} (generate with gen_fleet.py --pprof)", data.join("pprof/index.tsv").display()))?;
+    let mut jobs: Vec<(PathBuf, i64, String, Vec<(String, String)>)> = Vec::new();
+    for line in index.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let [file, ts, labels] = cols[..] else {
+            return Err(format!("bad index line {line:?}").into());
+        };
+        let mut name = String::new();
+        let mut pairs = Vec::new();
+        for kv in labels.split(',') {
+            let (k, v) = kv.split_once('=').ok_or_else(|| format!("bad label {kv:?}"))?;
+            if k == "__name__" {
+                name = v.to_owned();
+            } else {
+                pairs.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        jobs.push((data.join("pprof").join(file), ts.parse()?, name, pairs));
+    }
+    let db = Db::open(&store_dir, DbOptions::default().durability(Durability::Sync))?;
+    let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (samples, bytes) = (
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    );
+    std::thread::scope(|s| -> Result<(), BoxError> {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((file, ts, name, labels)) = jobs.get(i) else {
+                            return Ok(());
+                        };
+                        let b = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+                        bytes.fetch_add(b.len(), std::sync::atomic::Ordering::Relaxed);
+                        let options = IngestOptions {
+                            name: name.clone(),
+                            labels: labels.clone(),
+                            delta: false,
+                            timestamp_ms: Some(*ts),
+                        };
+                        let summary = store
+                            .ingest(&b, &options)
+                            .map_err(|e| format!("{}: {e}", file.display()))?;
+                        samples.fetch_add(summary.rows, std::sync::atomic::Ordering::Relaxed);
+                        if i % 10_000 == 0 {
+                            eprintln!("  {i}/{} files", jobs.len());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| "an ingest thread panicked")??;
+        }
+        Ok(())
+    })?;
+    let ingest_s = started.elapsed().as_secs_f64();
+    store.db().flush()?;
+    let load_s = started.elapsed().as_secs_f64();
+    let rows = samples.load(std::sync::atomic::Ordering::Relaxed);
+    let mb = bytes.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6;
+    let stats = store.samples().stats();
+    eprintln!(
+        "{} files, {mb:.1} MB of pprof, {rows} sample rows in {ingest_s:.1} s ({:.0} rows/s, {:.1} MB/s), persisted by {load_s:.1} s; samples on disk {:.2} bytes/row",
+        jobs.len(),
+        rows as f64 / ingest_s,
+        mb / ingest_s,
+        stats.block_bytes as f64 / rows as f64
+    );
+    println!("{}", serde_json::json!({"rows": rows, "load_s": load_s}));
+    Ok(())
+}
+
+/// The bench's id of a stack: the first 8 bytes, little-endian, of BLAKE2b-64 of its frames
+/// (leaf first) joined by newlines.
+fn bench_stack_id(frames: &[String]) -> u64 {
+    use blake2::Digest;
+    let mut h = blake2::Blake2b::<blake2::digest::consts::U8>::new();
+    h.update(frames.join("\n").as_bytes());
+    u64::from_le_bytes(h.finalize().into())
+}
+
+/// `query --pprof`: the six queries over what `ingest --pprof` stored, stacks resolved
+/// through the symbol tables (the bench's stack ids and leaf functions come from frames).
+pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
+    use std::collections::HashMap;
+
+    use arrow::array::{Int64Array, UInt64Array};
+    use frostdb_pprof::{Limits, ProfileStore};
+    let store_dir = arg(args, "--store")?;
+    let queries: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(arg(args, "--queries")?)?)?;
+    let runs: usize = args
+        .iter()
+        .position(|a| a == "--runs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let out = arg(args, "--out")?;
+    std::fs::create_dir_all(&out)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let db = Db::open(&store_dir, DbOptions::default())?;
+    let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
+    let ctx = store.session()?;
+    let symbols = store.symbols();
+    let mut ids: HashMap<frostdb_pprof::Id, (u64, String)> = HashMap::new();
+    let mut resolve = |id: &[u8]| -> Result<(u64, String), BoxError> {
+        let id: frostdb_pprof::Id = id.try_into()?;
+        if let Some(v) = ids.get(&id) {
+            return Ok(v.clone());
+        }
+        let frames: Vec<String> = symbols.frames(&id).iter().map(|f| f.display_name()).collect();
+        let v = (bench_stack_id(&frames), frames.first().cloned().unwrap_or_default());
+        ids.insert(id, v.clone());
+        Ok(v)
+    };
+    let mut timings = serde_json::Map::new();
+    for (id, sql) in sql_queries(&queries)? {
+        let cpu = "name = 'cpu' AND sample_type = 'cpu'";
+        let sql = sql
+            .replace("FROM profiles", "FROM samples")
+            .replace("name = 'cpu'", cpu);
+        let top: usize = queries["top_n"].as_u64().unwrap_or(20) as usize;
+        let mut times = Vec::new();
+        let mut result: Vec<RecordBatch> = Vec::new();
+        for _ in 0..runs.max(1) {
+            let started = Instant::now();
+            result = match id.as_str() {
+                "Q5" => {
+                    let per_stack = format!(
+                        "SELECT stacktrace_id, sum(value) FROM samples WHERE {cpu} GROUP BY stacktrace_id"
+                    );
+                    let batches = runtime.block_on(async { ctx.sql(&per_stack).await?.collect().await })?;
+                    let mut leaves: HashMap<String, i64> = HashMap::new();
+                    for b in &batches {
+                        let sid = b.column(0).as_fixed_size_binary();
+                        let v = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
+                        for i in 0..b.num_rows() {
+                            *leaves.entry(resolve(sid.value(i))?.1).or_default() += v.value(i);
+                        }
+                    }
+                    let mut leaves: Vec<(String, i64)> = leaves.into_iter().collect();
+                    leaves.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                    leaves.truncate(top);
+                    let (names, totals): (Vec<String>, Vec<i64>) = leaves.into_iter().unzip();
+                    vec![RecordBatch::try_new(
+                        Arc::new(ArrowSchema::new(vec![
+                            Field::new("fn", DataType::Utf8, false),
+                            Field::new("total", DataType::Int64, false),
+                        ])),
+                        vec![Arc::new(StringArray::from(names)), Arc::new(Int64Array::from(totals))],
+                    )?]
+                }
+                _ => {
+                    let batches = runtime.block_on(async { ctx.sql(&sql).await?.collect().await })?;
+                    // Stack ids leave as the bench's ids.
+                    let mut out = Vec::new();
+                    for b in batches {
+                        match b.schema().index_of("stacktrace_id") {
+                            Ok(c) => {
+                                let sid = b.column(c).as_fixed_size_binary();
+                                let mapped: Vec<u64> = (0..b.num_rows())
+                                    .map(|i| resolve(sid.value(i)).map(|v| v.0))
+                                    .collect::<Result<_, _>>()?;
+                                let mut columns = b.columns().to_vec();
+                                columns[c] = Arc::new(UInt64Array::from(mapped));
+                                let mut fields: Vec<Field> =
+                                    b.schema().fields().iter().map(|f| (**f).clone()).collect();
+                                fields[c] = Field::new("stacktrace_id", DataType::UInt64, false);
+                                out.push(RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?);
+                            }
+                            Err(_) => out.push(b),
+                        }
+                    }
+                    out
+                }
+            };
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        let schema = result.first().map(|b| b.schema()).ok_or_else(|| format!("{id} returned no batch"))?;
+        let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
+        for b in &result {
+            writer.write(b)?;
+        }
+        writer.close()?;
+        eprintln!("{id}: median {:.1} ms", median(&mut times.clone()));
+        timings.insert(id, serde_json::json!(times));
+    }
+    std::fs::write(out.join("timings.json"), serde_json::Value::Object(timings).to_string())?;
+    Ok(())
 }

@@ -106,7 +106,7 @@ pub(crate) fn normalize(
     p: &Profile,
     options: &IngestOptions,
     known: &Symbols,
-    deltas: &mut Deltas,
+    mut deltas: Option<&mut Deltas>,
 ) -> Result<Normalized> {
     let strings = &p.string_table;
     let s = |i: i64| strings.get(i as usize).map_or("", String::as_str);
@@ -297,7 +297,9 @@ pub(crate) fn normalize(
             .iter()
             .map(|((stack, labels), v)| (*stack, labels, v[t]))
             .collect();
-        if options.delta && is_cumulative(&sample_type) {
+        if let Some(deltas) = deltas.as_deref_mut()
+            && is_cumulative(&sample_type)
+        {
             let key = format!("{series_key}\u{0}{sample_type}\u{0}{}", s(vt.unit));
             let current: HashMap<(Id, String), i64> = values
                 .iter()

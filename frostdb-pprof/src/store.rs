@@ -129,9 +129,12 @@ impl ProfileStore {
         options: &IngestOptions,
     ) -> Result<IngestSummary> {
         let known = self.symbols();
-        let normalized = {
+        // Only deltas need the previous profiles; other ingests run in parallel.
+        let normalized = if options.delta {
             let mut deltas = self.deltas.lock();
-            normalize(profile, options, &known, &mut deltas)?
+            normalize(profile, options, &known, Some(&mut deltas))?
+        } else {
+            normalize(profile, options, &known, None)?
         };
         let new = &normalized.symbols;
         if !new.is_empty() {
