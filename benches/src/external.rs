@@ -104,7 +104,11 @@ fn join_frames(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
             Field::new("frames", DataType::Utf8, true),
             Field::new("leaf", DataType::Utf8, true),
         ])),
-        vec![ids, Arc::new(joined) as ArrayRef, Arc::new(leaf) as ArrayRef],
+        vec![
+            ids,
+            Arc::new(joined) as ArrayRef,
+            Arc::new(leaf) as ArrayRef,
+        ],
     )?)
 }
 
@@ -326,9 +330,15 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
     let data = arg(args, "--data")?;
     let store_dir = arg(args, "--store")?;
-    let index = std::fs::read_to_string(data.join("pprof/index.tsv"))
-        .map_err(|e| format!("{}: {e} (generate with gen_fleet.py --pprof)", data.join("pprof/index.tsv").display()))?;
-    let mut jobs: Vec<(PathBuf, i64, String, Vec<(String, String)>)> = Vec::new();
+    let index = std::fs::read_to_string(data.join("pprof/index.tsv")).map_err(|e| {
+        format!(
+            "{}: {e} (generate with gen_fleet.py --pprof)",
+            data.join("pprof/index.tsv").display()
+        )
+    })?;
+    /// One pprof file to ingest: path, timestamp, profile name, labels.
+    type Job = (PathBuf, i64, String, Vec<(String, String)>);
+    let mut jobs: Vec<Job> = Vec::new();
     for line in index.lines().skip(1) {
         let cols: Vec<&str> = line.split('\t').collect();
         let [file, ts, labels] = cols[..] else {
@@ -337,7 +347,9 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
         let mut name = String::new();
         let mut pairs = Vec::new();
         for kv in labels.split(',') {
-            let (k, v) = kv.split_once('=').ok_or_else(|| format!("bad label {kv:?}"))?;
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("bad label {kv:?}"))?;
             if k == "__name__" {
                 name = v.to_owned();
             } else {
@@ -346,7 +358,10 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
         }
         jobs.push((data.join("pprof").join(file), ts.parse()?, name, pairs));
     }
-    let db = Db::open(&store_dir, DbOptions::default().durability(Durability::Sync))?;
+    let db = Db::open(
+        &store_dir,
+        DbOptions::default().durability(Durability::Sync),
+    )?;
     let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
     let started = Instant::now();
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -363,7 +378,8 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
                         let Some((file, ts, name, labels)) = jobs.get(i) else {
                             return Ok(());
                         };
-                        let b = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+                        let b =
+                            std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
                         bytes.fetch_add(b.len(), std::sync::atomic::Ordering::Relaxed);
                         let options = IngestOptions {
                             name: name.clone(),
@@ -375,7 +391,7 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
                             .ingest(&b, &options)
                             .map_err(|e| format!("{}: {e}", file.display()))?;
                         samples.fetch_add(summary.rows, std::sync::atomic::Ordering::Relaxed);
-                        if i % 10_000 == 0 {
+                        if i.is_multiple_of(10_000) {
                             eprintln!("  {i}/{} files", jobs.len());
                         }
                     }
@@ -431,7 +447,9 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
         .unwrap_or(5);
     let out = arg(args, "--out")?;
     std::fs::create_dir_all(&out)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let db = Db::open(&store_dir, DbOptions::default())?;
     let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
     let ctx = store.session()?;
@@ -442,8 +460,15 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
         if let Some(v) = ids.get(&id) {
             return Ok(v.clone());
         }
-        let frames: Vec<String> = symbols.frames(&id).iter().map(|f| f.display_name()).collect();
-        let v = (bench_stack_id(&frames), frames.first().cloned().unwrap_or_default());
+        let frames: Vec<String> = symbols
+            .frames(&id)
+            .iter()
+            .map(|f| f.display_name())
+            .collect();
+        let v = (
+            bench_stack_id(&frames),
+            frames.first().cloned().unwrap_or_default(),
+        );
         ids.insert(id, v.clone());
         Ok(v)
     };
@@ -463,7 +488,8 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
                     let per_stack = format!(
                         "SELECT stacktrace_id, sum(value) FROM samples WHERE {cpu} GROUP BY stacktrace_id"
                     );
-                    let batches = runtime.block_on(async { ctx.sql(&per_stack).await?.collect().await })?;
+                    let batches =
+                        runtime.block_on(async { ctx.sql(&per_stack).await?.collect().await })?;
                     let mut leaves: HashMap<String, i64> = HashMap::new();
                     for b in &batches {
                         let sid = b.column(0).as_fixed_size_binary();
@@ -481,11 +507,15 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
                             Field::new("fn", DataType::Utf8, false),
                             Field::new("total", DataType::Int64, false),
                         ])),
-                        vec![Arc::new(StringArray::from(names)), Arc::new(Int64Array::from(totals))],
+                        vec![
+                            Arc::new(StringArray::from(names)),
+                            Arc::new(Int64Array::from(totals)),
+                        ],
                     )?]
                 }
                 _ => {
-                    let batches = runtime.block_on(async { ctx.sql(&sql).await?.collect().await })?;
+                    let batches =
+                        runtime.block_on(async { ctx.sql(&sql).await?.collect().await })?;
                     // Stack ids leave as the bench's ids.
                     let mut out = Vec::new();
                     for b in batches {
@@ -500,7 +530,10 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
                                 let mut fields: Vec<Field> =
                                     b.schema().fields().iter().map(|f| (**f).clone()).collect();
                                 fields[c] = Field::new("stacktrace_id", DataType::UInt64, false);
-                                out.push(RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?);
+                                out.push(RecordBatch::try_new(
+                                    Arc::new(ArrowSchema::new(fields)),
+                                    columns,
+                                )?);
                             }
                             Err(_) => out.push(b),
                         }
@@ -510,7 +543,10 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
             };
             times.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        let schema = result.first().map(|b| b.schema()).ok_or_else(|| format!("{id} returned no batch"))?;
+        let schema = result
+            .first()
+            .map(|b| b.schema())
+            .ok_or_else(|| format!("{id} returned no batch"))?;
         let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
         let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
         for b in &result {
@@ -520,6 +556,9 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
         eprintln!("{id}: median {:.1} ms", median(&mut times.clone()));
         timings.insert(id, serde_json::json!(times));
     }
-    std::fs::write(out.join("timings.json"), serde_json::Value::Object(timings).to_string())?;
+    std::fs::write(
+        out.join("timings.json"),
+        serde_json::Value::Object(timings).to_string(),
+    )?;
     Ok(())
 }

@@ -1,4 +1,7 @@
-//! Shared pieces of the frostdb-rs programs: time parsing for the command line and the server.
+//! Shared pieces of the frostdb-rs programs: time parsing for the command line and the server,
+//! and the server itself ([`server`]).
+
+pub mod server;
 
 pub mod time {
     //! Times as users write them.

@@ -15,7 +15,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::decode::{Limits, decode};
 use crate::error::{Error, Result};
-use crate::normalize::{Deltas, IngestOptions, IngestSummary, normalize};
+use crate::normalize::{Deltas, IngestOptions, IngestSummary, Normalized, normalize};
 use crate::proto::Profile;
 use crate::schema;
 use crate::symbols::{Id, Symbols};
@@ -136,6 +136,26 @@ impl ProfileStore {
         } else {
             normalize(profile, options, &known, None)?
         };
+        self.store(normalized)
+    }
+
+    /// Stores `profile` with its cumulative sample types (allocations, contentions, delay)
+    /// as the difference from `previous`, the same process's profile taken earlier, as
+    /// Pyroscope's `/ingest` does with a `prev_profile`. Other types are stored as they are.
+    pub fn ingest_with_previous(
+        &self,
+        profile: &Profile,
+        previous: &Profile,
+        options: &IngestOptions,
+    ) -> Result<IngestSummary> {
+        let known = self.symbols();
+        let mut deltas = Deltas::default();
+        normalize(previous, options, &known, Some(&mut deltas))?;
+        let normalized = normalize(profile, options, &known, Some(&mut deltas))?;
+        self.store(normalized)
+    }
+
+    fn store(&self, normalized: Normalized) -> Result<IngestSummary> {
         let new = &normalized.symbols;
         if !new.is_empty() {
             if !new.mappings.is_empty() {

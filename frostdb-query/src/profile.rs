@@ -237,3 +237,31 @@ pub async fn timestamps(
         .execute_stream()
         .await
 }
+
+/// The series the selector selects in `range`: each distinct profile type and label set
+/// (columns `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`),
+/// sorted.
+pub async fn series(
+    ctx: &SessionContext,
+    table: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<SendableRecordBatchStream> {
+    let df = selected(ctx, table, selector, range).await?;
+    let mut columns: Vec<String> = [
+        "name",
+        "sample_type",
+        "sample_unit",
+        "period_type",
+        "period_unit",
+    ]
+    .map(String::from)
+    .to_vec();
+    columns.extend(label_columns(&df).iter().map(|l| format!("labels.{l}")));
+    let keys: Vec<Expr> = columns.iter().map(ident).collect();
+    let order = columns.iter().map(|c| ident(c).sort(true, true)).collect();
+    df.aggregate(keys, Vec::new())?
+        .sort(order)?
+        .execute_stream()
+        .await
+}

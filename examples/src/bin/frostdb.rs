@@ -6,6 +6,7 @@
 //! frostdb types --data DIR
 //! frostdb query --data DIR SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
 //! frostdb sql --data DIR 'SELECT ...'
+//! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN]
 //! ```
 
 use std::io::Write;
@@ -78,6 +79,21 @@ enum Command {
         /// Write to this file instead of standard output.
         #[arg(short = 'o', long)]
         output: Option<PathBuf>,
+    },
+    /// Run the continuous-profiling server: push, scrape, query API and web page.
+    Serve {
+        /// Database directory (default: the config's, else `frostdb-data`).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Address to listen on (default: the config's, else 127.0.0.1:7070).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// TOML configuration: limits, bearer token, scrape targets.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Require `Authorization: Bearer TOKEN` (default: the config's, else none).
+        #[arg(long, env = "FROSTDB_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
     /// Run SQL over the stored tables and print the result.
     Sql {
@@ -319,6 +335,41 @@ fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn serve(
+    data: Option<PathBuf>,
+    listen: Option<std::net::SocketAddr>,
+    config: Option<PathBuf>,
+    token: Option<String>,
+) -> Result<ExitCode, BoxError> {
+    use frostdb_examples::server;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FROSTDB_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let mut config = match config {
+        Some(path) => server::Config::load(&path)?,
+        None => server::Config::default(),
+    };
+    if let Some(data) = data {
+        config.data = data;
+    }
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    if token.is_some() {
+        config.token = token;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(server::serve(config))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -339,6 +390,12 @@ fn main() -> ExitCode {
             output,
         } => query(&data, &selector, from, to, format, output),
         Command::Sql { data, query } => sql(&data, &query),
+        Command::Serve {
+            data,
+            listen,
+            config,
+            token,
+        } => serve(data, listen, config, token),
     };
     match result {
         Ok(code) => code,

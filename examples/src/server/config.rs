@@ -1,0 +1,252 @@
+//! The server's configuration: command-line flags over an optional TOML file.
+//!
+//! ```toml
+//! listen = "127.0.0.1:7070"
+//! data = "frostdb-data"
+//! token = "secret"                 # optional: require `Authorization: Bearer secret`
+//!
+//! [limits]
+//! max_body_bytes = 16777216        # request body, as sent (compressed)
+//! max_decompressed_bytes = 134217728
+//! max_series_per_tenant = 10000
+//! request_timeout_secs = 60
+//!
+//! [[scrape]]
+//! job = "goapp"
+//! targets = ["127.0.0.1:6060"]
+//! interval = "15s"
+//! profiles = ["cpu", "heap", "allocs", "goroutine", "mutex", "block"]
+//! labels = { env = "dev" }
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything `frostdb serve` needs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where to listen (loopback unless told otherwise).
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The data directory: one database per tenant under `tenants/`.
+    #[serde(default = "default_data")]
+    pub data: PathBuf,
+    /// When set, every request but the web page's assets needs `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Request and tenant limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Targets to scrape.
+    #[serde(default)]
+    pub scrape: Vec<ScrapeConfig>,
+}
+
+/// Limits that keep one client from hurting the others.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request body accepted, as sent (413 beyond).
+    pub max_body_bytes: usize,
+    /// Largest body or profile after decompression (413 beyond).
+    pub max_decompressed_bytes: usize,
+    /// Largest number of distinct series (profile type and labels) a tenant may hold (429
+    /// beyond; series already known keep being accepted).
+    pub max_series_per_tenant: usize,
+    /// A request taking longer is answered 408 and dropped.
+    pub request_timeout_secs: u64,
+    /// Number of tenants that may exist (a guard against header spraying).
+    pub max_tenants: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 16 << 20,
+            max_decompressed_bytes: 128 << 20,
+            max_series_per_tenant: 10_000,
+            request_timeout_secs: 60,
+            max_tenants: 1_000,
+        }
+    }
+}
+
+/// One scrape job, as in Prometheus and Parca.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeConfig {
+    /// The `job` label.
+    pub job: String,
+    /// `host:port` of each target (the `instance` label).
+    pub targets: Vec<String>,
+    /// How often to scrape, e.g. `15s`.
+    #[serde(default = "default_interval", with = "duration")]
+    pub interval: Duration,
+    /// Which profiles to pull: `cpu`, `heap`, `allocs`, `goroutine`, `mutex`, `block`.
+    #[serde(default = "default_profiles")]
+    pub profiles: Vec<String>,
+    /// `http` or `https`... only `http` is built in.
+    #[serde(default = "default_scheme")]
+    pub scheme: String,
+    /// The tenant to store into.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// Labels added to every profile of these targets.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7070))
+}
+
+fn default_data() -> PathBuf {
+    PathBuf::from("frostdb-data")
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(15)
+}
+
+fn default_profiles() -> Vec<String> {
+    ["cpu", "heap", "allocs", "goroutine", "mutex", "block"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn default_scheme() -> String {
+    "http".into()
+}
+
+/// The tenant requests without `X-Scope-OrgID` belong to (Pyroscope's name for it).
+pub const DEFAULT_TENANT: &str = "anonymous";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.into()
+}
+
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        let ms = crate::time::parse_duration_ms(&s).map_err(serde::de::Error::custom)?;
+        if ms <= 0 {
+            return Err(serde::de::Error::custom(format!(
+                "{s:?}: the interval must be positive"
+            )));
+        }
+        Ok(Duration::from_millis(ms as u64))
+    }
+}
+
+/// The profiles a Go program serves under `/debug/pprof/`.
+pub const KNOWN_PROFILES: [&str; 6] = ["cpu", "heap", "allocs", "goroutine", "mutex", "block"];
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            data: default_data(),
+            token: None,
+            limits: Limits::default(),
+            scrape: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let config: Config =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        config
+            .validate()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        for job in &self.scrape {
+            if job.job.is_empty() {
+                return Err("a scrape job has an empty `job` name".into());
+            }
+            if job.scheme != "http" {
+                return Err(format!(
+                    "scrape job {:?}: scheme {:?} is not supported (only http)",
+                    job.job, job.scheme
+                ));
+            }
+            for p in &job.profiles {
+                if !KNOWN_PROFILES.contains(&p.as_str()) {
+                    return Err(format!(
+                        "scrape job {:?}: unknown profile {p:?} (one of {})",
+                        job.job,
+                        KNOWN_PROFILES.join(", ")
+                    ));
+                }
+            }
+            crate::server::tenants::validate_tenant(&job.tenant)
+                .map_err(|e| format!("scrape job {:?}: {e}", job.job))?;
+        }
+        if self.token.as_deref() == Some("") {
+            return Err("`token` is empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config() {
+        let c: Config = toml::from_str(
+            r#"
+            listen = "0.0.0.0:9000"
+            data = "/tmp/x"
+            [limits]
+            max_series_per_tenant = 5
+            [[scrape]]
+            job = "go"
+            targets = ["127.0.0.1:6060"]
+            interval = "2s"
+            profiles = ["cpu", "heap"]
+            labels = { env = "dev" }
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.limits.max_series_per_tenant, 5);
+        assert_eq!(c.limits.max_body_bytes, Limits::default().max_body_bytes);
+        assert_eq!(c.scrape[0].interval, Duration::from_secs(2));
+        assert_eq!(c.scrape[0].labels["env"], "dev");
+        assert_eq!(c.scrape[0].tenant, DEFAULT_TENANT);
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_do() {
+        let bad = |s: &str| {
+            toml::from_str::<Config>(s)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate())
+                .unwrap_err()
+        };
+        assert!(bad("listen = 'nowhere'").contains("listen"));
+        assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nprofiles=['cpux']").contains("cpux"));
+        assert!(bad("[[scrape]]\njob='a'\ntargets=[]\ninterval='0s'").contains("positive"));
+        assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nscheme='https'").contains("https"));
+        assert!(bad("colour = 1").contains("colour"));
+    }
+}

@@ -1,0 +1,135 @@
+//! Errors as HTTP answers: 4xx with a message saying what was wrong with the request, 5xx
+//! only for faults of the server (logged).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error answer. The body is JSON `{"error": msg, "code": c, "message": msg}`: `error`
+/// for people and scripts, `code`/`message` as Connect clients (the Pyroscope SDKs) read.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The status.
+    pub status: StatusCode,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with `status`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 413: the request or what it decompresses to is too large.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+    }
+
+    /// 415: a format this server does not read.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message)
+    }
+
+    /// 429: a limit of the tenant is reached.
+    pub fn limited(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, message)
+    }
+
+    /// 500: the server failed.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// Prefixes the message with where the error happened.
+    pub fn context(mut self, what: impl std::fmt::Display) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
+    fn connect_code(&self) -> &'static str {
+        match self.status {
+            StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => "invalid_argument",
+            StatusCode::UNAUTHORIZED => "unauthenticated",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "resource_exhausted",
+            StatusCode::REQUEST_TIMEOUT => "deadline_exceeded",
+            _ => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = self.status.as_u16(), "{}", self.message);
+        } else {
+            tracing::debug!(status = self.status.as_u16(), "{}", self.message);
+        }
+        let body = serde_json::json!({
+            "error": self.message,
+            "code": self.connect_code(),
+            "message": self.message,
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<frostdb_pprof::Error> for ApiError {
+    fn from(e: frostdb_pprof::Error) -> Self {
+        use frostdb_pprof::Error as E;
+        match &e {
+            E::Gzip(_) | E::Protobuf(_) | E::Invalid { .. } | E::LabelCollision { .. } => {
+                Self::bad_request(e.to_string())
+            }
+            E::TooLarge { .. } => Self::too_large(e.to_string()),
+            E::Query(_) => Self::bad_request(e.to_string()),
+            E::DataFusion(d) => Self::from_datafusion(d),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<datafusion::error::DataFusionError> for ApiError {
+    fn from(e: datafusion::error::DataFusionError) -> Self {
+        Self::from_datafusion(&e)
+    }
+}
+
+impl From<frostdb_query::SelectorError> for ApiError {
+    fn from(e: frostdb_query::SelectorError) -> Self {
+        Self::bad_request(e.to_string())
+    }
+}
+
+impl ApiError {
+    /// Errors of planning (bad SQL, unknown columns, wrong types) are the client's; errors
+    /// of execution are the server's.
+    fn from_datafusion(e: &datafusion::error::DataFusionError) -> Self {
+        use datafusion::error::DataFusionError as D;
+        match e.find_root() {
+            D::SQL(..) | D::Plan(_) | D::SchemaError(..) | D::NotImplemented(_) => {
+                Self::bad_request(e.to_string())
+            }
+            D::ResourcesExhausted(_) => Self::limited(e.to_string()),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+}
+
+/// Result alias of handlers.
+pub type ApiResult<T> = Result<T, ApiError>;

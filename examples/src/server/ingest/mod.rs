@@ -1,0 +1,123 @@
+//! What clients push: each protocol turns its request into [`Incoming`] pprof profiles,
+//! and [`store`] admits and stores them.
+
+pub mod folded;
+pub mod legacy;
+pub mod otlp;
+pub mod push;
+
+use axum::Router;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use frostdb_pprof::IngestSummary;
+use frostdb_pprof::proto::Profile;
+
+use super::Shared;
+use super::error::{ApiError, ApiResult};
+
+/// The ingest routes.
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/push.v1.PusherService/Push", post(push::handle))
+        .route("/ingest", post(legacy::handle))
+        .route("/pyroscope/ingest", post(legacy::handle))
+        .route("/v1development/profiles", post(otlp::handle))
+}
+
+/// One profile to store.
+#[derive(Debug)]
+pub struct Incoming {
+    /// The profile.
+    pub profile: Profile,
+    /// The same process's earlier profile: cumulative types are stored as the difference.
+    pub previous: Option<Profile>,
+    /// Profile name (`process_cpu`, `memory`, ...).
+    pub name: String,
+    /// Series labels.
+    pub labels: Vec<(String, String)>,
+    /// Store cumulative types as deltas between consecutive profiles of the series.
+    pub delta: bool,
+    /// When the profile was taken, if the request says (else the profile's `time_nanos`).
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Admits the series against the tenant's limit, then stores the profile off the async
+/// threads. Returns once the samples are durable.
+pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResult<IngestSummary> {
+    let tenant = state.tenants.for_write(tenant).await?;
+    let mut labels: Vec<(String, String)> = incoming
+        .labels
+        .into_iter()
+        .filter(|(k, v)| !v.is_empty() && !k.starts_with("__"))
+        .map(|(k, v)| (frostdb_pprof::sanitize_label(&k), v))
+        .collect();
+    labels.sort();
+    if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::bad_request(format!(
+            "label {:?} is given twice (after making label names column-safe)",
+            w[0].0
+        )));
+    }
+    if incoming.name.is_empty() {
+        return Err(ApiError::bad_request("the profile has no name"));
+    }
+    tenant.admit(&incoming.name, &labels)?;
+    let options = frostdb_pprof::IngestOptions {
+        name: incoming.name,
+        labels,
+        delta: incoming.delta,
+        timestamp_ms: incoming.timestamp_ms,
+    };
+    let (profile, previous) = (incoming.profile, incoming.previous);
+    tokio::task::spawn_blocking(move || {
+        let limits = tenant.store.limits();
+        frostdb_pprof::validate(&profile, limits)?;
+        match previous {
+            Some(previous) => {
+                frostdb_pprof::validate(&previous, limits)
+                    .map_err(|e| ApiError::from(e).context("prev_profile"))?;
+                Ok(tenant
+                    .store
+                    .ingest_with_previous(&profile, &previous, &options)?)
+            }
+            None => Ok(tenant.store.ingest_profile(&profile, &options)?),
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("ingest task failed: {e}")))?
+}
+
+/// The body, decompressed when `Content-Encoding: gzip`, within the decompressed limit.
+pub fn body_bytes(state: &Shared, headers: &HeaderMap, body: &[u8]) -> ApiResult<Vec<u8>> {
+    let encoding = headers
+        .get(axum::http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
+    match encoding.as_str() {
+        "identity" | "" => Ok(body.to_vec()),
+        "gzip" | "x-gzip" => {
+            let limit = state.config.limits.max_decompressed_bytes;
+            Ok(frostdb_pprof::inflate(body, limit)
+                .map_err(|e| ApiError::from(e).context("Content-Encoding: gzip body"))?
+                .into_owned())
+        }
+        other => Err(ApiError::unsupported(format!(
+            "Content-Encoding {other:?} is not supported (use gzip or none)"
+        ))),
+    }
+}
+
+/// The content type without parameters, lower case.
+pub fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}

@@ -1,0 +1,172 @@
+//! `frostdb serve`: a continuous-profiling server in one binary.
+//!
+//! Data flows left to right through the folders: [`ingest`] (Pyroscope push, legacy
+//! `/ingest`, OTLP) and [`scrape`] (pulling `/debug/pprof/*`) turn what arrives into pprof
+//! profiles and store them in the caller's [`tenants`] database; [`query`] answers the API
+//! and [`web`] serves the page that calls it.
+
+pub mod config;
+pub mod error;
+pub mod ingest;
+pub mod query;
+pub mod scrape;
+pub mod tenants;
+pub mod web;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use tower_http::timeout::TimeoutLayer;
+
+pub use config::Config;
+use error::ApiError;
+use tenants::{Tenants, validate_tenant};
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    /// The configuration the server started with.
+    pub config: Config,
+    /// The tenants' databases.
+    pub tenants: Tenants,
+    /// The scrape loops' state, for `/api/v1/targets`.
+    pub targets: scrape::Targets,
+}
+
+/// The shared state handlers get.
+pub type Shared = Arc<AppState>;
+
+/// The tenant a request acts for: `X-Scope-OrgID`, or [`config::DEFAULT_TENANT`].
+#[derive(Debug, Clone)]
+pub struct TenantId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for TenantId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get("x-scope-orgid") else {
+            return Ok(Self(config::DEFAULT_TENANT.into()));
+        };
+        let id = value
+            .to_str()
+            .map_err(|_| ApiError::bad_request("X-Scope-OrgID is not ASCII text"))?
+            .trim();
+        validate_tenant(id).map_err(ApiError::bad_request)?;
+        Ok(Self(id.to_owned()))
+    }
+}
+
+/// The whole HTTP interface.
+pub fn router(state: Shared) -> Router {
+    let limits = &state.config.limits;
+    let api = Router::new()
+        .merge(ingest::routes())
+        .merge(query::routes())
+        .merge(scrape::routes())
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(limits.request_timeout_secs),
+        ));
+    Router::new()
+        .merge(api)
+        .merge(web::routes())
+        .with_state(state)
+}
+
+/// Checks the bearer token when one is configured.
+async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    if let Some(token) = &state.config.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given.map(str::trim) != Some(token.as_str()) {
+            return axum::response::IntoResponse::into_response(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "a bearer token is required (Authorization: Bearer <token>)",
+            ));
+        }
+    }
+    next.run(request).await
+}
+
+/// Runs the server until SIGTERM or Ctrl-C, then flushes every tenant.
+pub async fn serve(config: Config) -> Result<(), String> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data)
+        .map_err(|e| format!("cannot create {}: {e}", config.data.display()))?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    let state = Arc::new(AppState {
+        tenants: Tenants::new(config.data.clone(), config.limits.clone()),
+        targets: scrape::Targets::default(),
+        config,
+    });
+    // Tenants with data are opened now, so their WALs replay before the first request.
+    for id in state.tenants.on_disk() {
+        state
+            .tenants
+            .for_read(&id)
+            .await
+            .map_err(|e| format!("tenant {id:?}: {e}"))?;
+    }
+    if !address.ip().is_loopback() && state.config.token.is_none() {
+        tracing::warn!(%address, "listening beyond loopback without a bearer token");
+    }
+    tracing::info!(
+        %address,
+        data = %state.config.data.display(),
+        tenants = state.tenants.open_now().len(),
+        "frostdb server listening on http://{address}/"
+    );
+    let scrapers = scrape::start(state.clone());
+    let app = router(state.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| format!("server error: {e}"))?;
+    for s in scrapers {
+        s.abort();
+    }
+    tracing::info!("shutting down: flushing tenants");
+    let flushing = state.clone();
+    tokio::task::spawn_blocking(move || flushing.tenants.flush_all())
+        .await
+        .map_err(|e| format!("flush failed: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await
+            }
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("received Ctrl-C"),
+        _ = term => tracing::info!("received SIGTERM"),
+    }
+}

@@ -1,0 +1,569 @@
+//! The query API under `/api/v1/`: JSON unless a `format` asks otherwise.
+//!
+//! | route | answers |
+//! |---|---|
+//! | `GET profile_types` | the stored profile type ids |
+//! | `GET labels?selector=` | label names |
+//! | `GET label/{name}/values?selector=` | a label's values |
+//! | `GET series?selector=` | each profile type and label set once |
+//! | `GET timestamps?selector=` | the profile timestamps of the selected series |
+//! | `GET query?selector=&format=flamegraph\|top\|folded\|pprof\|svg` | the merged profile |
+//! | `GET query_range?selector=&step=` | the value per series per step |
+//! | `GET diff?base=&compare=` | two merges as one tree |
+//! | `GET/POST sql?q=` | rows of a read-only SQL query |
+//!
+//! Every route takes `from` and `to` (RFC 3339, Unix ms, `now-1h`; default: all of time);
+//! `diff` also `base_from`/`base_to`/`compare_from`/`compare_to`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, RecordBatch};
+use arrow::util::display::array_value_to_string;
+use axum::Json;
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::prelude::SessionContext;
+use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
+use frostdb_pprof::schema::SAMPLES;
+use frostdb_query::Selector;
+use frostdb_query::profile::{self, TimeRange};
+use futures::TryStreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, ApiResult};
+use super::tenants::Tenant;
+use super::{Shared, TenantId};
+
+/// Rows a SQL answer may hold; more are cut off and the answer says so.
+pub const MAX_SQL_ROWS: usize = 100_000;
+
+/// The query routes.
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/api/v1/profile_types", get(profile_types))
+        .route("/api/v1/labels", get(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/series", get(series))
+        .route("/api/v1/timestamps", get(timestamps))
+        .route("/api/v1/query", get(query))
+        .route("/api/v1/query_range", get(query_range))
+        .route("/api/v1/diff", get(diff))
+        .route("/api/v1/sql", get(sql_get).post(sql_post))
+}
+
+/// The parameters the routes share.
+#[derive(Debug, Default, Deserialize)]
+pub struct Params {
+    /// A label selector with an optional profile type prefix.
+    #[serde(default, alias = "query")]
+    pub selector: Option<String>,
+    /// Start of the range.
+    pub from: Option<String>,
+    /// End of the range (excluded).
+    pub to: Option<String>,
+    /// Output format of `query`.
+    pub format: Option<String>,
+    /// Step of `query_range` (`15s`, `1m`, or milliseconds).
+    pub step: Option<String>,
+    /// Top table: leave out nodes below this fraction of the total (default pprof's 0.005).
+    pub node_fraction: Option<f64>,
+    /// Diff: the base selector.
+    pub base: Option<String>,
+    /// Diff: the compared selector.
+    pub compare: Option<String>,
+    /// Diff: base range start.
+    pub base_from: Option<String>,
+    /// Diff: base range end.
+    pub base_to: Option<String>,
+    /// Diff: compared range start.
+    pub compare_from: Option<String>,
+    /// Diff: compared range end.
+    pub compare_to: Option<String>,
+    /// SQL text.
+    pub q: Option<String>,
+}
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+fn time(value: Option<&String>, what: &str, default: i64) -> ApiResult<i64> {
+    match value.map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => Ok(default),
+        Some(s) => crate::time::parse_time(s, now_ms())
+            .map_err(|e| ApiError::bad_request(format!("{what}: {e}"))),
+    }
+}
+
+fn range_of(from: Option<&String>, to: Option<&String>, prefix: &str) -> ApiResult<TimeRange> {
+    let start_ms = time(from, &format!("{prefix}from"), i64::MIN)?;
+    let end_ms = time(to, &format!("{prefix}to"), i64::MAX)?;
+    if start_ms >= end_ms {
+        return Err(ApiError::bad_request(format!(
+            "{prefix}from ({start_ms}) must be before {prefix}to ({end_ms})"
+        )));
+    }
+    Ok(TimeRange { start_ms, end_ms })
+}
+
+impl Params {
+    fn range(&self) -> ApiResult<TimeRange> {
+        range_of(self.from.as_ref(), self.to.as_ref(), "")
+    }
+
+    fn selector(&self) -> ApiResult<Option<Selector>> {
+        match self
+            .selector
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            None => Ok(None),
+            Some(s) => Ok(Some(
+                Selector::parse(s).map_err(|e| ApiError::from(e).context("selector"))?,
+            )),
+        }
+    }
+
+    fn typed_selector(&self) -> ApiResult<Selector> {
+        let s = self.selector()?.ok_or_else(|| {
+            ApiError::bad_request(
+                "the parameter \"selector\" is required, e.g. process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"api\"}",
+            )
+        })?;
+        if s.profile_type.is_none() {
+            return Err(ApiError::bad_request(
+                "the selector needs a profile type (name:sample_type:sample_unit:period_type:period_unit{...}); see /api/v1/profile_types",
+            ));
+        }
+        Ok(s)
+    }
+}
+
+/// The tenant and a fresh session over its tables, or `None` when it stored nothing yet.
+async fn open(state: &Shared, tenant: &str) -> ApiResult<Option<(Arc<Tenant>, SessionContext)>> {
+    match state.tenants.for_read(tenant).await? {
+        None => Ok(None),
+        Some(t) => {
+            let ctx = t.store.session()?;
+            Ok(Some((t, ctx)))
+        }
+    }
+}
+
+async fn collect(
+    stream: datafusion::error::Result<SendableRecordBatchStream>,
+) -> ApiResult<Vec<RecordBatch>> {
+    Ok(stream?.try_collect().await?)
+}
+
+/// The values of a batch column as strings (`None` for null).
+fn strings(batch: &RecordBatch, column: usize) -> ApiResult<Vec<Option<String>>> {
+    let c = batch.column(column);
+    (0..batch.num_rows())
+        .map(|i| {
+            if c.is_null(i) {
+                Ok(None)
+            } else {
+                array_value_to_string(c, i)
+                    .map(Some)
+                    .map_err(|e| ApiError::internal(e.to_string()))
+            }
+        })
+        .collect()
+}
+
+/// A batch's rows as strings (`None` for null), row by row.
+fn rows(batch: &RecordBatch) -> ApiResult<Vec<Vec<Option<String>>>> {
+    let columns: Vec<Vec<Option<String>>> = (0..batch.num_columns())
+        .map(|c| strings(batch, c))
+        .collect::<ApiResult<_>>()?;
+    Ok((0..batch.num_rows())
+        .map(|i| columns.iter().map(|c| c[i].clone()).collect())
+        .collect())
+}
+
+fn first_column(batches: &[RecordBatch]) -> ApiResult<Vec<String>> {
+    let mut out = Vec::new();
+    for b in batches {
+        out.extend(strings(b, 0)?.into_iter().flatten());
+    }
+    Ok(out)
+}
+
+async fn profile_types(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let range = p.range()?;
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!([])));
+    };
+    let batches = collect(profile::profile_types(&ctx, SAMPLES, range).await).await?;
+    let mut types = Vec::new();
+    for b in &batches {
+        for row in rows(b)? {
+            let part = |c: usize| row[c].clone().unwrap_or_default();
+            let id = (0..5).map(part).collect::<Vec<_>>().join(":");
+            types.push(json!({
+                "id": id,
+                "name": part(0),
+                "sample_type": part(1),
+                "sample_unit": part(2),
+                "period_type": part(3),
+                "period_unit": part(4),
+            }));
+        }
+    }
+    Ok(Json(Value::Array(types)))
+}
+
+async fn labels(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let (range, selector) = (p.range()?, p.selector()?);
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!([])));
+    };
+    let batches =
+        collect(profile::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await?;
+    Ok(Json(json!(first_column(&batches)?)))
+}
+
+async fn label_values(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Path(name): Path<String>,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let (range, selector) = (p.range()?, p.selector()?);
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!([])));
+    };
+    let batches =
+        collect(profile::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await)
+            .await?;
+    Ok(Json(json!(first_column(&batches)?)))
+}
+
+async fn series(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let (range, selector) = (p.range()?, p.selector()?);
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!([])));
+    };
+    let batches = collect(profile::series(&ctx, SAMPLES, selector.as_ref(), range).await).await?;
+    let mut out = Vec::new();
+    for b in &batches {
+        let schema = b.schema();
+        for row in rows(b)? {
+            let mut labels = BTreeMap::new();
+            let mut parts = Vec::new();
+            for (field, v) in schema.fields().iter().zip(row) {
+                match field.name().strip_prefix("labels.") {
+                    Some(l) => {
+                        if let Some(v) = v {
+                            labels.insert(l.to_owned(), v);
+                        }
+                    }
+                    None => parts.push(v.unwrap_or_default()),
+                }
+            }
+            out.push(json!({"profile_type": parts.join(":"), "labels": labels}));
+        }
+    }
+    Ok(Json(Value::Array(out)))
+}
+
+async fn timestamps(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let (range, selector) = (p.range()?, p.typed_selector()?);
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!([])));
+    };
+    let batches = collect(profile::timestamps(&ctx, SAMPLES, &selector, range).await).await?;
+    let mut out: Vec<i64> = Vec::new();
+    for b in &batches {
+        out.extend(
+            strings(b, 0)?
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.parse::<i64>().ok()),
+        );
+    }
+    Ok(Json(json!(out)))
+}
+
+async fn query(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Response> {
+    let (range, selector) = (p.range()?, p.typed_selector()?);
+    let format = p.format.as_deref().unwrap_or("flamegraph");
+    if !matches!(
+        format,
+        "flamegraph" | "json" | "top" | "folded" | "pprof" | "svg"
+    ) {
+        return Err(ApiError::bad_request(format!(
+            "format {format:?} (flamegraph, top, folded, pprof, svg)"
+        )));
+    }
+    let (merged, symbols) = match open(&state, &tenant).await? {
+        Some((t, ctx)) => (
+            t.store.merge(&ctx, &selector, range).await?,
+            t.store.symbols(),
+        ),
+        None => (
+            frostdb_pprof::Merged {
+                profile_type: selector.profile_type.clone().expect("typed"),
+                period: 0,
+                samples: Vec::new(),
+            },
+            Default::default(),
+        ),
+    };
+    Ok(match format {
+        "top" => {
+            let fraction = p
+                .node_fraction
+                .unwrap_or(frostdb_pprof::report::top::NODE_FRACTION);
+            if !(0.0..=1.0).contains(&fraction) {
+                return Err(ApiError::bad_request("node_fraction must be within 0..1"));
+            }
+            let table = TopTable::build_with(
+                &merged,
+                &symbols,
+                fraction,
+                frostdb_pprof::report::top::EDGE_FRACTION,
+            );
+            Json(table).into_response()
+        }
+        "folded" => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            tree::folded(&merged, &symbols),
+        )
+            .into_response(),
+        "pprof" => {
+            let bytes = pprof::encode_gzip(&pprof::to_profile(&merged, &symbols)?)?;
+            (
+                [
+                    (header::CONTENT_TYPE, "application/octet-stream"),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        "attachment; filename=\"profile.pb.gz\"",
+                    ),
+                ],
+                bytes,
+            )
+                .into_response()
+        }
+        "svg" => {
+            let graph = tree::FlameGraph::build(&merged, &symbols);
+            (
+                [(header::CONTENT_TYPE, "image/svg+xml")],
+                svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
+            )
+                .into_response()
+        }
+        _ => Json(tree::FlameGraph::build(&merged, &symbols)).into_response(),
+    })
+}
+
+/// Parses a step: a duration (`15s`, `1m`) or milliseconds.
+fn step_ms(step: Option<&str>, range: TimeRange) -> ApiResult<i64> {
+    match step.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) => {
+            let ms = match s.parse::<i64>() {
+                Ok(ms) => ms,
+                Err(_) => crate::time::parse_duration_ms(s)
+                    .map_err(|e| ApiError::bad_request(format!("step: {e}")))?,
+            };
+            if ms <= 0 {
+                return Err(ApiError::bad_request("step must be positive"));
+            }
+            Ok(ms)
+        }
+        // About 200 points over a bounded range, 15 s otherwise.
+        None if range.start_ms != i64::MIN && range.end_ms != i64::MAX => {
+            Ok(((range.end_ms - range.start_ms) / 200).max(1_000))
+        }
+        None => Ok(15_000),
+    }
+}
+
+async fn query_range(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let (range, selector) = (p.range()?, p.typed_selector()?);
+    let step = step_ms(p.step.as_deref(), range)?;
+    let Some((_, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(json!({"step_ms": step, "series": []})));
+    };
+    let batches = collect(profile::range(&ctx, SAMPLES, &selector, range, step).await).await?;
+    // One series per label set, points in time order (the plan sorts by labels, then time).
+    type Points = Vec<(i64, i64)>;
+    let mut series: Vec<(BTreeMap<String, String>, Points)> = Vec::new();
+    for b in &batches {
+        let schema = b.schema();
+        let ts = schema
+            .index_of("timestamp")
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let value = schema
+            .index_of("value")
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        for row in rows(b)? {
+            let mut labels = BTreeMap::new();
+            for (f, v) in schema.fields().iter().zip(&row) {
+                if let (Some(l), Some(v)) = (f.name().strip_prefix("labels."), v) {
+                    labels.insert(l.to_owned(), v.clone());
+                }
+            }
+            let parse = |c: usize| row[c].as_deref().and_then(|s| s.parse::<i64>().ok());
+            let point = (
+                parse(ts).unwrap_or_default(),
+                parse(value).unwrap_or_default(),
+            );
+            match series.last_mut() {
+                Some((l, points)) if *l == labels => points.push(point),
+                _ => series.push((labels, vec![point])),
+            }
+        }
+    }
+    let series: Vec<Value> = series
+        .into_iter()
+        .map(|(labels, points)| json!({"labels": labels, "points": points}))
+        .collect();
+    Ok(Json(json!({
+        "profile_type": selector.profile_type.as_ref().map(|t| t.to_string()),
+        "step_ms": step,
+        "series": series,
+    })))
+}
+
+async fn diff(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let parse = |s: Option<&String>, what: &str| -> ApiResult<Selector> {
+        let s = s
+            .or(p.selector.as_ref())
+            .ok_or_else(|| ApiError::bad_request(format!("{what}: a selector is required")))?;
+        let sel = Selector::parse(s).map_err(|e| ApiError::from(e).context(what))?;
+        if sel.profile_type.is_none() {
+            return Err(ApiError::bad_request(format!(
+                "{what}: the selector needs a profile type"
+            )));
+        }
+        Ok(sel)
+    };
+    let base = parse(p.base.as_ref(), "base")?;
+    let compare = parse(p.compare.as_ref(), "compare")?;
+    if base.profile_type != compare.profile_type {
+        return Err(ApiError::bad_request(format!(
+            "base and compare must have the same profile type ({} vs {})",
+            base.profile_type.as_ref().expect("typed"),
+            compare.profile_type.as_ref().expect("typed")
+        )));
+    }
+    let base_range = range_of(
+        p.base_from.as_ref().or(p.from.as_ref()),
+        p.base_to.as_ref().or(p.to.as_ref()),
+        "base_",
+    )?;
+    let compare_range = range_of(
+        p.compare_from.as_ref().or(p.from.as_ref()),
+        p.compare_to.as_ref().or(p.to.as_ref()),
+        "compare_",
+    )?;
+    let Some((t, ctx)) = open(&state, &tenant).await? else {
+        return Ok(Json(
+            json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
+        ));
+    };
+    let b = t.store.merge(&ctx, &base, base_range).await?;
+    let c = t.store.merge(&ctx, &compare, compare_range).await?;
+    Ok(Json(json!(tree::diff(&b, &c, &t.store.symbols()))))
+}
+
+async fn sql_get(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
+) -> ApiResult<Json<Value>> {
+    let q =
+        p.q.ok_or_else(|| ApiError::bad_request("the parameter \"q\" (SQL text) is required"))?;
+    sql(&state, &tenant, &q).await
+}
+
+async fn sql_post(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    body: String,
+) -> ApiResult<Json<Value>> {
+    sql(&state, &tenant, &body).await
+}
+
+/// Runs read-only SQL; rows as JSON objects, at most [`MAX_SQL_ROWS`].
+async fn sql(state: &Shared, tenant: &str, q: &str) -> ApiResult<Json<Value>> {
+    if q.trim().is_empty() {
+        return Err(ApiError::bad_request("empty SQL"));
+    }
+    let Some((_, ctx)) = open(state, tenant).await? else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            format!("tenant {tenant:?} has no data yet"),
+        ));
+    };
+    let options = datafusion::execution::context::SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
+    let df = ctx.sql_with_options(q, options).await?;
+    let mut stream = df.execute_stream().await?;
+    let mut batches = Vec::new();
+    let mut rows = 0;
+    let mut truncated = false;
+    while let Some(batch) = stream.try_next().await? {
+        if rows + batch.num_rows() > MAX_SQL_ROWS {
+            batches.push(batch.slice(0, MAX_SQL_ROWS - rows));
+            truncated = true;
+            break;
+        }
+        rows += batch.num_rows();
+        batches.push(batch);
+    }
+    let mut writer = arrow::json::ArrayWriter::new(Vec::new());
+    let refs: Vec<&RecordBatch> = batches.iter().collect();
+    writer
+        .write_batches(&refs)
+        .map_err(|e| ApiError::internal(format!("rows to JSON: {e}")))?;
+    writer
+        .finish()
+        .map_err(|e| ApiError::internal(format!("rows to JSON: {e}")))?;
+    let bytes = writer.into_inner();
+    let rows: Value = if bytes.is_empty() {
+        json!([])
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))?
+    };
+    Ok(Json(json!({"rows": rows, "truncated": truncated})))
+}

@@ -1,0 +1,247 @@
+//! Pulling profiles: one loop per target and profile, every interval, from a Go program's
+//! `/debug/pprof/*`. Each profile is labelled with `job`, `instance` and the configured
+//! labels; cumulative types (allocations, contentions, delay) are stored as deltas between
+//! consecutive scrapes. A target that is down keeps being retried; its last error is shown
+//! by `GET /api/v1/targets`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use super::Shared;
+use super::config::ScrapeConfig;
+use super::error::ApiResult;
+use super::ingest::{Incoming, store};
+
+/// The state of one scraped profile of one target.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TargetStatus {
+    /// Job name.
+    pub job: String,
+    /// `host:port`.
+    pub instance: String,
+    /// Profile (`cpu`, `heap`, ...).
+    pub profile: String,
+    /// The URL scraped.
+    pub url: String,
+    /// `up` after a successful scrape, `down` after a failed one, `unknown` before the first.
+    pub health: &'static str,
+    /// Unix ms of the last scrape's start.
+    pub last_scrape_ms: Option<i64>,
+    /// How long it took.
+    pub last_duration_ms: Option<u64>,
+    /// The last error, if the last scrape failed.
+    pub last_error: Option<String>,
+    /// Successful scrapes.
+    pub scrapes: u64,
+    /// Failed scrapes.
+    pub failures: u64,
+    /// Samples stored by the last scrape.
+    pub last_samples: usize,
+}
+
+/// Every scrape loop's state, for the targets endpoint.
+#[derive(Debug, Default)]
+pub struct Targets(Mutex<BTreeMap<String, TargetStatus>>);
+
+impl Targets {
+    fn update(&self, key: &str, f: impl FnOnce(&mut TargetStatus)) {
+        if let Some(s) = self.0.lock().get_mut(key) {
+            f(s);
+        }
+    }
+
+    /// A copy of every target's state.
+    pub fn snapshot(&self) -> Vec<TargetStatus> {
+        self.0.lock().values().cloned().collect()
+    }
+}
+
+/// The targets route.
+pub fn routes() -> Router<Shared> {
+    Router::new().route("/api/v1/targets", get(targets))
+}
+
+async fn targets(State(state): State<Shared>) -> ApiResult<Json<Vec<TargetStatus>>> {
+    Ok(Json(state.targets.snapshot()))
+}
+
+/// The profile name a Go endpoint's profile is stored under.
+pub fn profile_name(profile: &str) -> &str {
+    match profile {
+        "cpu" => "process_cpu",
+        "heap" => "memory",
+        "goroutine" => "goroutines",
+        other => other,
+    }
+}
+
+fn path(profile: &str, interval: Duration) -> String {
+    match profile {
+        // A CPU profile covers the interval (less a second, so scrapes do not overlap).
+        "cpu" => format!(
+            "/debug/pprof/profile?seconds={}",
+            interval.as_secs().saturating_sub(1).clamp(1, 60)
+        ),
+        other => format!("/debug/pprof/{other}"),
+    }
+}
+
+/// Starts every configured scrape loop.
+pub fn start(state: Shared) -> Vec<JoinHandle<()>> {
+    let mut handles = Vec::new();
+    for config in &state.config.scrape {
+        for target in &config.targets {
+            for profile in &config.profiles {
+                let url = format!(
+                    "{}://{}{}",
+                    config.scheme,
+                    target,
+                    path(profile, config.interval)
+                );
+                let key = format!("{}/{}/{}", config.job, target, profile);
+                state.targets.0.lock().insert(
+                    key.clone(),
+                    TargetStatus {
+                        job: config.job.clone(),
+                        instance: target.clone(),
+                        profile: profile.clone(),
+                        url: url.clone(),
+                        health: "unknown",
+                        ..TargetStatus::default()
+                    },
+                );
+                tracing::info!(job = %config.job, %url, interval = ?config.interval, "scraping");
+                handles.push(tokio::spawn(run(
+                    state.clone(),
+                    config.clone(),
+                    target.clone(),
+                    profile.clone(),
+                    url,
+                    key,
+                )));
+            }
+        }
+    }
+    handles
+}
+
+async fn run(
+    state: Shared,
+    config: ScrapeConfig,
+    target: String,
+    profile: String,
+    url: String,
+    key: String,
+) {
+    let timeout = config.interval + Duration::from_secs(if profile == "cpu" { 70 } else { 10 });
+    let client = match reqwest::Client::builder().timeout(timeout).build() {
+        Ok(c) => c,
+        Err(e) => {
+            state
+                .targets
+                .update(&key, |s| s.last_error = Some(format!("HTTP client: {e}")));
+            return;
+        }
+    };
+    let mut labels: Vec<(String, String)> = config
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.push(("job".into(), config.job.clone()));
+    labels.push(("instance".into(), target.clone()));
+    if !config.labels.contains_key("service_name") {
+        labels.push(("service_name".into(), config.job.clone()));
+    }
+    let mut ticks = tokio::time::interval(config.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let started = Instant::now();
+        let started_ms = jiff::Timestamp::now().as_millisecond();
+        let result = scrape_once(
+            &state, &config, &client, &url, &profile, &labels, started_ms,
+        )
+        .await;
+        let elapsed = started.elapsed().as_millis() as u64;
+        state.targets.update(&key, |s| {
+            s.last_scrape_ms = Some(started_ms);
+            s.last_duration_ms = Some(elapsed);
+            match &result {
+                Ok(samples) => {
+                    s.health = "up";
+                    s.last_error = None;
+                    s.scrapes += 1;
+                    s.last_samples = *samples;
+                }
+                Err(e) => {
+                    s.health = "down";
+                    s.last_error = Some(e.clone());
+                    s.failures += 1;
+                }
+            }
+        });
+        match result {
+            Ok(samples) => tracing::debug!(%url, samples, elapsed_ms = elapsed, "scraped"),
+            Err(e) => tracing::warn!(%url, "scrape failed: {e}"),
+        }
+    }
+}
+
+async fn scrape_once(
+    state: &Shared,
+    config: &ScrapeConfig,
+    client: &reqwest::Client,
+    url: &str,
+    profile: &str,
+    labels: &[(String, String)],
+    started_ms: i64,
+) -> Result<usize, String> {
+    let mut response = client.get(url).send().await.map_err(|e| format!("{e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
+    }
+    let limit = state.config.limits.max_body_bytes;
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the body: {e}"))?
+    {
+        if body.len() + chunk.len() > limit {
+            return Err(format!("the profile is larger than {limit} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let tenant = state
+        .tenants
+        .for_write(&config.tenant)
+        .await
+        .map_err(|e| e.to_string())?;
+    let decoded =
+        frostdb_pprof::decode(&body, tenant.store.limits()).map_err(|e| format!("pprof: {e}"))?;
+    let summary = store(
+        state,
+        &config.tenant,
+        Incoming {
+            profile: decoded,
+            previous: None,
+            name: profile_name(profile).to_owned(),
+            labels: labels.to_vec(),
+            delta: true,
+            timestamp_ms: Some(started_ms),
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(summary.rows)
+}

@@ -1,0 +1,244 @@
+//! Tenants: each `X-Scope-OrgID` gets its own database directory, so no query can ever
+//! read another tenant's rows, and its own series limit.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_pprof::ProfileStore;
+use parking_lot::Mutex;
+use tokio::sync::OnceCell;
+
+use super::config::Limits;
+use super::error::{ApiError, ApiResult};
+
+/// A tenant's store and accounting.
+#[derive(Debug)]
+pub struct Tenant {
+    /// The tenant id.
+    pub id: String,
+    /// Its profiles.
+    pub store: ProfileStore,
+    series: Mutex<HashSet<u64>>,
+    max_series: usize,
+}
+
+impl Tenant {
+    /// Admits a series (profile name and series labels): known series always pass; a new
+    /// one passes while the tenant is under its limit.
+    pub fn admit(&self, name: &str, labels: &[(String, String)]) -> ApiResult<()> {
+        let mut sorted: Vec<&(String, String)> = labels.iter().collect();
+        sorted.sort();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut h);
+        sorted.hash(&mut h);
+        let key = h.finish();
+        let mut series = self.series.lock();
+        if series.contains(&key) {
+            return Ok(());
+        }
+        if series.len() >= self.max_series {
+            return Err(ApiError::limited(format!(
+                "tenant {:?} has reached its limit of {} series; series {name}{{{}}} is new",
+                self.id,
+                self.max_series,
+                sorted
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v:?}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
+        series.insert(key);
+        Ok(())
+    }
+
+    /// Number of series admitted since start-up.
+    pub fn series_count(&self) -> usize {
+        self.series.lock().len()
+    }
+}
+
+/// Checks a tenant id: 1 to 150 characters of `[A-Za-z0-9_.-]`, not `.` or `..` (it names
+/// a directory).
+pub fn validate_tenant(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 150 {
+        return Err(format!("tenant id {id:?} must have 1 to 150 characters"));
+    }
+    if id == "." || id == ".." {
+        return Err(format!("tenant id {id:?} is not allowed"));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(format!(
+            "tenant id {id:?} has {c:?}; allowed are letters, digits, '_', '.' and '-'"
+        ));
+    }
+    Ok(())
+}
+
+/// The tenants, opened on first use.
+#[derive(Debug)]
+pub struct Tenants {
+    root: PathBuf,
+    limits: Limits,
+    tenants: Mutex<HashMap<String, Arc<OnceCell<Arc<Tenant>>>>>,
+}
+
+impl Tenants {
+    /// Tenants under `data/tenants/`.
+    pub fn new(data: PathBuf, limits: Limits) -> Self {
+        Self {
+            root: data.join("tenants"),
+            limits,
+            tenants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// The ids of the tenants that have data on disk.
+    pub fn on_disk(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(&self.root)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_dir())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|id| validate_tenant(id).is_ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
+    /// The tenant for writing: opened, and created when new.
+    pub async fn for_write(&self, id: &str) -> ApiResult<Arc<Tenant>> {
+        self.open(id, true)
+            .await
+            .map(|t| t.expect("created when absent"))
+    }
+
+    /// The tenant for reading: `None` when it has never stored anything.
+    pub async fn for_read(&self, id: &str) -> ApiResult<Option<Arc<Tenant>>> {
+        self.open(id, false).await
+    }
+
+    /// The tenants open now.
+    pub fn open_now(&self) -> Vec<Arc<Tenant>> {
+        self.tenants
+            .lock()
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .collect()
+    }
+
+    async fn open(&self, id: &str, create: bool) -> ApiResult<Option<Arc<Tenant>>> {
+        validate_tenant(id).map_err(ApiError::bad_request)?;
+        let dir = self.dir(id);
+        let cell = {
+            let mut tenants = self.tenants.lock();
+            match tenants.get(id) {
+                Some(cell) => cell.clone(),
+                None => {
+                    if !create && !dir.exists() {
+                        return Ok(None);
+                    }
+                    if tenants.len() >= self.limits.max_tenants {
+                        return Err(ApiError::limited(format!(
+                            "the server holds its limit of {} tenants",
+                            self.limits.max_tenants
+                        )));
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    tenants.insert(id.to_owned(), cell.clone());
+                    cell
+                }
+            }
+        };
+        let tenant = cell
+            .get_or_try_init(|| async {
+                let id = id.to_owned();
+                let max_series = self.limits.max_series_per_tenant;
+                let max_decompressed = self.limits.max_decompressed_bytes;
+                tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
+                    std::fs::create_dir_all(&dir).map_err(|e| {
+                        ApiError::internal(format!("cannot create {}: {e}", dir.display()))
+                    })?;
+                    let db = Db::open(&dir, DbOptions::default()).map_err(|e| {
+                        ApiError::internal(format!(
+                            "cannot open the database of tenant {id:?} in {}: {e}",
+                            dir.display()
+                        ))
+                    })?;
+                    let limits = frostdb_pprof::Limits {
+                        max_decompressed_bytes: max_decompressed,
+                        ..frostdb_pprof::Limits::default()
+                    };
+                    let store = ProfileStore::open(db, TableOptions::default(), limits)?;
+                    tracing::info!(tenant = %id, dir = %dir.display(), "opened tenant");
+                    Ok(Arc::new(Tenant {
+                        id,
+                        store,
+                        series: Mutex::new(HashSet::new()),
+                        max_series,
+                    }))
+                })
+                .await
+                .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
+            })
+            .await?;
+        Ok(Some(tenant.clone()))
+    }
+
+    /// Flushes every open tenant (on shutdown).
+    pub fn flush_all(&self) {
+        for tenant in self.open_now() {
+            if let Err(e) = tenant.store.db().flush() {
+                tracing::error!(tenant = %tenant.id, "flush failed: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_ids_name_safe_directories() {
+        assert!(validate_tenant("team-a_1.prod").is_ok());
+        for bad in ["", ".", "..", "a/b", "a\\b", "ä", &"x".repeat(151)] {
+            assert!(validate_tenant(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn series_beyond_the_limit_are_refused_known_ones_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            max_series_per_tenant: 2,
+            ..Limits::default()
+        };
+        let tenants = Tenants::new(dir.path().to_owned(), limits);
+        assert!(tenants.for_read("t").await.unwrap().is_none());
+        let t = tenants.for_write("t").await.unwrap();
+        let l = |v: &str| vec![("pod".to_owned(), v.to_owned())];
+        t.admit("cpu", &l("a")).unwrap();
+        t.admit("cpu", &l("b")).unwrap();
+        let e = t.admit("cpu", &l("c")).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(e.message.contains("limit of 2 series"), "{}", e.message);
+        t.admit("cpu", &l("a")).unwrap();
+        assert_eq!(t.series_count(), 2);
+        assert_eq!(tenants.on_disk(), vec!["t".to_owned()]);
+        assert!(tenants.for_read("t").await.unwrap().is_some());
+    }
+}

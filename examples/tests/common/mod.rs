@@ -1,0 +1,154 @@
+//! A `frostdb serve` child process for tests, and access to shared/.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// The shared/ folder beside the repository (or `FROSTDB_SHARED`).
+pub(crate) fn shared() -> PathBuf {
+    if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
+        return PathBuf::from(dir);
+    }
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if beside.exists() {
+        return beside;
+    }
+    PathBuf::from("/work/shared")
+}
+
+/// A file of shared/testdata.
+pub(crate) fn testdata(path: &str) -> Vec<u8> {
+    let p = shared().join("testdata").join(path);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Whether a tool runs; in CI its absence is a failure (scripts/test.sh installs it).
+pub(crate) fn have(program: &str, arg: &str) -> bool {
+    let ok = Command::new(program)
+        .arg(arg)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have {program} (scripts/test.sh installs it)"
+        );
+        eprintln!("SKIPPED: {program} is not installed");
+    }
+    ok
+}
+
+/// A running server on a free loopback port.
+pub(crate) struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub(crate) url: String,
+    /// Its data directory.
+    pub(crate) data: PathBuf,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Starts `frostdb serve` on `data`, with `config` (TOML) when given.
+    pub(crate) fn start(data: &Path, config: Option<&str>) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_frostdb"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .env("FROSTDB_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(config) = config {
+            let path = data.with_extension("toml");
+            std::fs::write(&path, config).unwrap();
+            cmd.arg("--config").arg(&path);
+        }
+        let mut child = cmd.spawn().expect("spawn frostdb serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    let addr: String = rest.chars().take_while(|c| *c != '/').collect();
+                    let _ = tx.send(addr);
+                }
+                eprintln!("[server] {line}");
+                sink.lock().unwrap().push(line);
+            }
+        });
+        // A deadline for a server that never comes up, not a synchronisation sleep.
+        let addr = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server did not log its address:\n{}",
+                    log.lock().unwrap().join("\n")
+                )
+            });
+        Self {
+            child,
+            url: format!("http://{addr}"),
+            data: data.to_owned(),
+            log,
+        }
+    }
+
+    /// What the server logged so far.
+    pub(crate) fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns whether it exited with success.
+    pub(crate) fn terminate(mut self) -> bool {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        self.child.wait().expect("wait").success()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A GET returning (status, body).
+pub(crate) async fn get(url: &str, tenant: Option<&str>) -> (u16, String) {
+    let mut req = reqwest::Client::new().get(url);
+    if let Some(t) = tenant {
+        req = req.header("X-Scope-OrgID", t);
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// A GET that must succeed, as JSON.
+pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Value {
+    let (status, body) = get(url, tenant).await;
+    assert_eq!(status, 200, "GET {url}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {url}: {e}: {body}"))
+}
+
+/// Percent-encodes a query parameter value.
+pub(crate) fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,771 @@
+//! `frostdb serve` end to end over HTTP: each push protocol, the query API, tenants, limits,
+//! restarts. Each test runs its own server on a free loopback port.
+
+mod common;
+
+use std::io::Write;
+
+use common::{Server, enc, get, get_json, testdata};
+use frostdb_examples::server::ingest::otlp::proto as otlp;
+use frostdb_examples::server::ingest::push::proto as push;
+use prost::Message;
+use serde_json::Value;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const GO_CPU: &str = "pprof/pyroscope__go-cpu.pb.gz";
+
+/// The sum of a sample type's values in a pprof file.
+fn total(file: &str, sample_type: &str) -> i64 {
+    let p = frostdb_pprof::decode(&testdata(file), &frostdb_pprof::Limits::default()).unwrap();
+    let i = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == sample_type)
+        .unwrap();
+    p.sample.iter().map(|s| s.value[i]).sum()
+}
+
+fn push_request(name: &str, labels: &[(&str, &str)], profile: Vec<u8>) -> push::PushRequest {
+    let mut l = vec![push::LabelPair {
+        name: "__name__".into(),
+        value: name.into(),
+    }];
+    l.extend(labels.iter().map(|(k, v)| push::LabelPair {
+        name: (*k).into(),
+        value: (*v).into(),
+    }));
+    push::PushRequest {
+        series: vec![push::RawProfileSeries {
+            labels: l,
+            samples: vec![push::RawSample {
+                raw_profile: profile,
+                id: String::new(),
+            }],
+        }],
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+async fn post(
+    url: &str,
+    tenant: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> (u16, String) {
+    let mut req = reqwest::Client::new().post(url).body(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    if let Some(t) = tenant {
+        req = req.header("X-Scope-OrgID", t);
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn push_proto(s: &Server, tenant: Option<&str>, req: &push::PushRequest) -> (u16, String) {
+    post(
+        &format!("{}/push.v1.PusherService/Push", s.url),
+        tenant,
+        &[("content-type", "application/proto")],
+        req.encode_to_vec(),
+    )
+    .await
+}
+
+async fn top_total(s: &Server, tenant: Option<&str>, selector: &str) -> i64 {
+    let top = get_json(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc(selector)
+        ),
+        tenant,
+    )
+    .await;
+    top["total"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn push_in_every_encoding_then_query_every_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let raw = testdata(GO_CPU);
+    let want = total(GO_CPU, "cpu");
+
+    // Binary protobuf, gzipped pprof inside.
+    let (status, body) = push_proto(
+        &s,
+        None,
+        &push_request("process_cpu", &[("service_name", "a")], raw.clone()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Binary protobuf, the whole body gzipped.
+    let req = push_request("process_cpu", &[("service_name", "b")], raw.clone());
+    let (status, body) = post(
+        &format!("{}/push.v1.PusherService/Push", s.url),
+        None,
+        &[
+            ("content-type", "application/proto"),
+            ("content-encoding", "gzip"),
+        ],
+        gzip(&req.encode_to_vec()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Proto JSON with a base64 rawProfile.
+    use base64::Engine;
+    let json = serde_json::json!({"series": [{
+        "labels": [{"name": "__name__", "value": "process_cpu"}, {"name": "service_name", "value": "c"}],
+        "samples": [{"rawProfile": base64::engine::general_purpose::STANDARD.encode(&raw), "ID": "x"}],
+    }]});
+    let (status, body) = post(
+        &format!("{}/push.v1.PusherService/Push", s.url),
+        None,
+        &[("content-type", "application/json")],
+        json.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "{}"));
+
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
+    assert!(
+        types.as_array().unwrap().iter().any(|t| t["id"] == CPU),
+        "{types}"
+    );
+    let values = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+    assert_eq!(values, serde_json::json!(["a", "b", "c"]));
+    let names = get_json(&format!("{}/api/v1/labels", s.url), None).await;
+    assert!(
+        names
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("service_name")),
+        "{names}"
+    );
+    let series = get_json(
+        &format!(
+            "{}/api/v1/series?selector={}",
+            s.url,
+            enc(&format!("{CPU}{{}}"))
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(series.as_array().unwrap().len(), 3, "{series}");
+
+    for svc in ["a", "b", "c"] {
+        assert_eq!(
+            top_total(&s, None, &format!("{CPU}{{service_name=\"{svc}\"}}")).await,
+            want
+        );
+    }
+    assert_eq!(top_total(&s, None, &format!("{CPU}{{}}")).await, 3 * want);
+    // Regex and negative matchers.
+    assert_eq!(
+        top_total(&s, None, &format!("{CPU}{{service_name=~\"a|b\"}}")).await,
+        2 * want
+    );
+    assert_eq!(
+        top_total(&s, None, &format!("{CPU}{{service_name!=\"a\"}}")).await,
+        2 * want
+    );
+
+    // Flame graph tree: the root's total, and children sum to at most it.
+    let sel = enc(&format!("{CPU}{{service_name=\"a\"}}"));
+    let flame = get_json(&format!("{}/api/v1/query?selector={sel}", s.url), None).await;
+    assert_eq!(flame["root"]["total"].as_i64().unwrap(), want);
+    let children: i64 = flame["root"]["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["total"].as_i64().unwrap())
+        .sum();
+    assert!(children <= want && children > 0);
+    // Folded: the values add up.
+    let (status, folded) = get(
+        &format!("{}/api/v1/query?format=folded&selector={sel}", s.url),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let sum: i64 = folded
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<i64>().unwrap())
+        .sum();
+    assert_eq!(sum, want);
+    // pprof: decodes, same total.
+    let bytes = reqwest::get(format!(
+        "{}/api/v1/query?format=pprof&selector={sel}",
+        s.url
+    ))
+    .await
+    .unwrap()
+    .bytes()
+    .await
+    .unwrap();
+    let p = frostdb_pprof::decode(&bytes, &frostdb_pprof::Limits::default()).unwrap();
+    assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), want);
+    // SVG.
+    let (status, svg) = get(
+        &format!("{}/api/v1/query?format=svg&selector={sel}", s.url),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        svg.starts_with("<?xml") || svg.starts_with("<svg"),
+        "{}",
+        &svg[..100.min(svg.len())]
+    );
+    // Range: one series per service, values adding up to the total.
+    let range = get_json(
+        &format!(
+            "{}/api/v1/query_range?step=1h&selector={}",
+            s.url,
+            enc(&format!("{CPU}{{}}"))
+        ),
+        None,
+    )
+    .await;
+    let series = range["series"].as_array().unwrap();
+    assert_eq!(series.len(), 3, "{range}");
+    let sum: i64 = series
+        .iter()
+        .flat_map(|s| s["points"].as_array().unwrap())
+        .map(|p| p[1].as_i64().unwrap())
+        .sum();
+    assert_eq!(sum, 3 * want);
+    // Timestamps of the series.
+    let ts = get_json(&format!("{}/api/v1/timestamps?selector={sel}", s.url), None).await;
+    assert_eq!(ts.as_array().unwrap().len(), 1);
+    // Diff of two services: same profile, so base equals compare everywhere.
+    let diff = get_json(
+        &format!(
+            "{}/api/v1/diff?base={}&compare={}",
+            s.url,
+            enc(&format!("{CPU}{{service_name=\"a\"}}")),
+            enc(&format!("{CPU}{{service_name=~\"b|c\"}}"))
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(diff["base"].as_i64().unwrap(), want);
+    assert_eq!(diff["compare"].as_i64().unwrap(), 2 * want);
+    // SQL.
+    let rows = get_json(
+        &format!("{}/api/v1/sql?q={}", s.url, enc("SELECT \"labels.service_name\" AS s, sum(value) AS v FROM samples WHERE sample_type = 'cpu' GROUP BY 1 ORDER BY 1")),
+        None,
+    )
+    .await;
+    assert_eq!(rows["rows"].as_array().unwrap().len(), 3, "{rows}");
+    assert_eq!(rows["rows"][0]["v"].as_i64().unwrap(), want);
+
+    // `go tool pprof` reads the pprof URL.
+    if common::have("go", "version") {
+        let out = std::process::Command::new("go")
+            .args(["tool", "pprof", "-top"])
+            .arg(format!(
+                "{}/api/v1/query?format=pprof&selector={sel}",
+                s.url
+            ))
+            .env("HOME", dir.path())
+            .env("PPROF_TMPDIR", dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("flat%"), "{stdout}");
+    }
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_4xx_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[limits]\nmax_body_bytes = 200000\nmax_decompressed_bytes = 1000000\nmax_series_per_tenant = 2\n";
+    let s = Server::start(&dir.path().join("data"), Some(config));
+    let raw = testdata(GO_CPU);
+    let url = format!("{}/push.v1.PusherService/Push", s.url);
+    let proto = [("content-type", "application/proto")];
+
+    // Garbage protobuf.
+    let (status, body) = post(&url, None, &proto, b"\xff\xff\xff garbage".to_vec()).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("PushRequest"), "{body}");
+    // A garbage pprof inside a good request names the sample.
+    let (status, body) = push_proto(
+        &s,
+        None,
+        &push_request("process_cpu", &[], b"nope".to_vec()),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("series[0].samples[0]"), "{body}");
+    // Truncated gzip.
+    let (status, body) = push_proto(
+        &s,
+        None,
+        &push_request("process_cpu", &[], raw[..raw.len() / 2].to_vec()),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // No profile name.
+    let mut req = push_request("process_cpu", &[], raw.clone());
+    req.series[0].labels.remove(0);
+    let (status, body) = push_proto(&s, None, &req).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("__name__"), "{body}");
+    // A body over the limit.
+    let (status, _) = post(&url, None, &proto, vec![0u8; 300_000]).await;
+    assert_eq!(status, 413);
+    // A decompression bomb: 50 MB of zeros in a small gzip body.
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&vec![0u8; 50_000_000]).unwrap();
+    let bomb = e.finish().unwrap();
+    assert!(bomb.len() < 200_000);
+    let (status, body) = post(
+        &url,
+        None,
+        &[
+            ("content-type", "application/proto"),
+            ("content-encoding", "gzip"),
+        ],
+        bomb,
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    // Unknown content types and encodings.
+    let (status, _) = post(&url, None, &[("content-type", "text/csv")], vec![]).await;
+    assert_eq!(status, 415);
+    let (status, _) = post(
+        &url,
+        None,
+        &[
+            ("content-type", "application/proto"),
+            ("content-encoding", "br"),
+        ],
+        vec![],
+    )
+    .await;
+    assert_eq!(status, 415);
+    // Bad tenant ids.
+    let (status, body) = push_proto(
+        &s,
+        Some("../etc"),
+        &push_request("process_cpu", &[], raw.clone()),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Series limit: two series pass, a third is refused, known ones still pass.
+    for svc in ["a", "b"] {
+        let (status, body) = push_proto(
+            &s,
+            None,
+            &push_request("process_cpu", &[("service_name", svc)], raw.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, body) = push_proto(
+        &s,
+        None,
+        &push_request("process_cpu", &[("service_name", "c")], raw.clone()),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("limit of 2 series"), "{body}");
+    let (status, _) = push_proto(
+        &s,
+        None,
+        &push_request("process_cpu", &[("service_name", "a")], raw.clone()),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    // Query errors: a bad selector points at the column, no profile type, bad times, SQL.
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?selector={}",
+            s.url,
+            enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{a=~}")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("column"), "{body}");
+    let (status, body) = get(
+        &format!("{}/api/v1/query?selector={}", s.url, enc("{a=\"b\"}")),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("profile type"), "{body}");
+    let (status, _) = get(
+        &format!(
+            "{}/api/v1/query?selector={}&from=yesterday",
+            s.url,
+            enc(CPU)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = get(
+        &format!("{}/api/v1/query?selector={}&format=gif", s.url, enc(CPU)),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, body) = get(
+        &format!("{}/api/v1/sql?q={}", s.url, enc("SELECT nope FROM samples")),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/sql?q={}",
+            s.url,
+            enc("CREATE TABLE t AS SELECT 1")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Nothing stored was lost on the way: the two series are intact.
+    assert_eq!(
+        top_total(&s, None, &format!("{CPU}{{}}")).await,
+        3 * total(GO_CPU, "cpu")
+    );
+}
+
+#[tokio::test]
+async fn tenants_never_see_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let raw = testdata(GO_CPU);
+    assert_eq!(
+        push_proto(
+            &s,
+            Some("team-a"),
+            &push_request("process_cpu", &[("service_name", "secret-a")], raw.clone())
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        push_proto(
+            &s,
+            Some("team-b"),
+            &push_request("process_cpu", &[("service_name", "b")], raw.clone())
+        )
+        .await
+        .0,
+        200
+    );
+    let values = |t: &'static str| {
+        let url = format!("{}/api/v1/label/service_name/values", s.url);
+        async move { get_json(&url, Some(t)).await }
+    };
+    assert_eq!(values("team-a").await, serde_json::json!(["secret-a"]));
+    assert_eq!(values("team-b").await, serde_json::json!(["b"]));
+    assert_eq!(values("team-c").await, serde_json::json!([]));
+    // Default tenant: nothing.
+    assert_eq!(
+        get_json(&format!("{}/api/v1/profile_types", s.url), None).await,
+        serde_json::json!([])
+    );
+    // A selector naming the other tenant's label finds nothing.
+    assert_eq!(
+        top_total(
+            &s,
+            Some("team-b"),
+            &format!("{CPU}{{service_name=\"secret-a\"}}")
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        top_total(&s, Some("team-a"), &format!("{CPU}{{}}")).await,
+        total(GO_CPU, "cpu")
+    );
+    // SQL runs on the caller's tables only.
+    let rows = get_json(
+        &format!(
+            "{}/api/v1/sql?q={}",
+            s.url,
+            enc("SELECT DISTINCT \"labels.service_name\" AS s FROM samples")
+        ),
+        Some("team-b"),
+    )
+    .await;
+    assert_eq!(rows["rows"], serde_json::json!([{"s": "b"}]));
+    let (status, _) = get(
+        &format!("{}/api/v1/sql?q={}", s.url, enc("SELECT 1")),
+        Some("team-c"),
+    )
+    .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn bearer_token_guards_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), Some("token = \"s3cret\"\n"));
+    let url = format!("{}/api/v1/profile_types", s.url);
+    let (status, body) = get(&url, None).await;
+    assert_eq!(status, 401, "{body}");
+    let r = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // The page itself loads (it asks for the token when the API refuses).
+    assert_eq!(get(&format!("{}/", s.url), None).await.0, 200);
+}
+
+#[tokio::test]
+async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let ingest = |q: &str| format!("{}/ingest?{q}", s.url);
+    // Folded at 100 Hz: each sample is 10 ms of CPU; from in seconds.
+    let (status, body) = post(
+        &ingest(&format!(
+            "name={}&from=1763805600&until=1763805610&sampleRate=100&spyName=pyspy",
+            enc("shop.cpu{env=prod}")
+        )),
+        None,
+        &[("content-type", "text/plain")],
+        b"main;work;hash 3\nmain;work 2\nmain;work;hash 1\n".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let sel = enc(&format!(
+        "{CPU}{{service_name=\"shop\",env=\"prod\",pyroscope_spy=\"pyspy\"}}"
+    ));
+    let (_, folded) = get(
+        &format!("{}/api/v1/query?format=folded&selector={sel}", s.url),
+        None,
+    )
+    .await;
+    let mut lines: Vec<&str> = folded.lines().collect();
+    lines.sort();
+    assert_eq!(lines, ["main;work 20000000", "main;work;hash 40000000"]);
+    let ts = get_json(&format!("{}/api/v1/timestamps?selector={sel}", s.url), None).await;
+    assert_eq!(ts, serde_json::json!([1_763_805_600_000i64]));
+    // Lines: one sample per line; from in nanoseconds.
+    let (status, _) = post(
+        &ingest("name=lines.cpu&format=lines&from=1763805600000000000"),
+        None,
+        &[],
+        b"a;b\na;b\na\n".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        top_total(&s, None, &format!("{CPU}{{service_name=\"lines\"}}")).await,
+        30_000_000
+    );
+    // pprof body (format=pprof), gzipped pprof as clients send it.
+    let (status, body) = post(
+        &ingest("name=gocpu.cpu&format=pprof"),
+        None,
+        &[("content-type", "binary/octet-stream")],
+        testdata(GO_CPU),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        top_total(&s, None, &format!("{CPU}{{service_name=\"gocpu\"}}")).await,
+        total(GO_CPU, "cpu")
+    );
+    // Multipart with prev_profile: the same heap twice gives zero allocations, the in-use
+    // types as they are.
+    let heap = testdata("pprof/goapp__go119-heap.pb.gz");
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "profile",
+            reqwest::multipart::Part::bytes(heap.clone()).file_name("profile.pprof"),
+        )
+        .part(
+            "prev_profile",
+            reqwest::multipart::Part::bytes(heap.clone()).file_name("profile.pprof"),
+        )
+        .part(
+            "sample_type_config",
+            reqwest::multipart::Part::bytes(br#"{"alloc_space":{"units":"bytes"}}"#.to_vec()),
+        );
+    let r = reqwest::Client::new()
+        .post(ingest("name=goheap{}&from=1763805600"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(
+        top_total(
+            &s,
+            None,
+            "memory:alloc_space:bytes:space:bytes{service_name=\"goheap\"}"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        top_total(
+            &s,
+            None,
+            "memory:inuse_space:bytes:space:bytes{service_name=\"goheap\"}"
+        )
+        .await,
+        total("pprof/goapp__go119-heap.pb.gz", "inuse_space")
+    );
+    // What is not supported says so.
+    let (status, _) = post(&ingest("name=x&format=jfr"), None, &[], vec![1, 2, 3]).await;
+    assert_eq!(status, 415);
+    let (status, body) = post(&ingest("name=x"), None, &[], b"a;b notanumber\n".to_vec()).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("line 1"), "{body}");
+    let (status, _) = post(&ingest("from=1"), None, &[], b"a 1\n".to_vec()).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn otlp_export_of_the_ebpf_profiler_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let bytes = testdata("otlp/pyroscope__otel-ebpf-profile.ExportProfilesServiceRequest.pb");
+    let (status, body) = post(
+        &format!("{}/v1development/profiles", s.url),
+        None,
+        &[("content-type", "application/x-protobuf")],
+        bytes.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let types: Vec<String> = get_json(&format!("{}/api/v1/profile_types", s.url), None)
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(types.contains(&CPU.to_owned()), "{types:?}");
+    assert!(
+        types
+            .iter()
+            .any(|t| t.starts_with("off_cpu:off_cpu:nanoseconds")),
+        "{types:?}"
+    );
+    // The CPU total is the sample count times the 50 ms period.
+    let request = otlp::ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
+    let dict = request.dictionary.as_ref().unwrap();
+    let mut want = 0i64;
+    for p in request
+        .resource_profiles
+        .iter()
+        .flat_map(|r| &r.scope_profiles)
+        .flat_map(|s| &s.profiles)
+    {
+        let t = p.sample_type.as_ref().unwrap();
+        if dict.string_table[t.type_strindex as usize] == "samples" {
+            for s in &p.samples {
+                let n: i64 = if s.values.is_empty() {
+                    s.timestamps_unix_nano.len() as i64
+                } else {
+                    s.values.iter().sum()
+                };
+                want += n * p.period;
+            }
+        }
+    }
+    assert!(want > 0);
+    assert_eq!(top_total(&s, None, &format!("{CPU}{{}}")).await, want);
+    let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+    assert!(!services.as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn sigterm_flushes_and_a_restart_has_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let s = Server::start(&data, None);
+    let raw = testdata(GO_CPU);
+    for svc in ["a", "b"] {
+        assert_eq!(
+            push_proto(
+                &s,
+                Some("t1"),
+                &push_request("process_cpu", &[("service_name", svc)], raw.clone())
+            )
+            .await
+            .0,
+            200
+        );
+    }
+    assert!(s.terminate(), "the server must exit cleanly on SIGTERM");
+    let s = Server::start(&data, None);
+    assert!(s.log().contains("opened tenant"), "{}", s.log());
+    assert_eq!(
+        top_total(&s, Some("t1"), &format!("{CPU}{{}}")).await,
+        2 * total(GO_CPU, "cpu")
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_client_does_not_stall_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // Half a request: headers promise a body that never comes.
+    let mut stalled = std::net::TcpStream::connect(&addr).unwrap();
+    stalled
+        .write_all(
+            b"POST /ingest?name=x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nmain 1",
+        )
+        .unwrap();
+    // Others are served meanwhile.
+    for _ in 0..5 {
+        assert_eq!(
+            get(&format!("{}/api/v1/profile_types", s.url), None)
+                .await
+                .0,
+            200
+        );
+        let (status, _) = push_proto(
+            &s,
+            None,
+            &push_request("process_cpu", &[], testdata(GO_CPU)),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    drop(stalled);
+}
