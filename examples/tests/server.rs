@@ -769,3 +769,275 @@ async fn a_stalled_client_does_not_stall_others() {
     }
     drop(stalled);
 }
+
+/// A free loopback port (bound, then released for the child to take).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts shared/tools/goapp (built with Debian's Go) on `addr`; returns its pid.
+fn start_goapp(addr: &str, out: &std::path::Path) -> u32 {
+    let run = common::shared().join("tools/goapp/run.sh");
+    let output = std::process::Command::new("bash")
+        .arg(&run)
+        .env("GOAPP_ADDR", addr)
+        .env("GOAPP_DURATION", "3m")
+        .env("GOAPP_OUT", out)
+        .env("HOME", out)
+        .env("GOCACHE", out.join("gocache"))
+        .output()
+        .expect("run.sh");
+    assert!(
+        output.status.success(),
+        "goapp: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+struct Kill(u32);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg(self.0.to_string())
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn scrapes_every_go_profile_and_reports_targets_that_are_down() {
+    if !common::have("go", "version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let goapp = format!("127.0.0.1:{}", free_port());
+    let _goapp = Kill(start_goapp(&goapp, &dir.path().join("goapp")));
+    let down = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        r#"
+[[scrape]]
+job = "goapp"
+targets = ["{goapp}"]
+interval = "2s"
+labels = {{ env = "test" }}
+
+[[scrape]]
+job = "gone"
+targets = ["{down}"]
+interval = "1s"
+profiles = ["heap"]
+"#
+    );
+    let s = Server::start(&dir.path().join("data"), Some(&config));
+    // Wait (bounded) until every goapp profile was scraped three times.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let targets = loop {
+        let t = get_json(&format!("{}/api/v1/targets", s.url), None).await;
+        let list = t.as_array().unwrap().clone();
+        let ready = list
+            .iter()
+            .filter(|t| t["job"] == "goapp")
+            .all(|t| t["scrapes"].as_u64().unwrap() >= 3);
+        if ready {
+            break list;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "scrapes did not happen: {t}\n{}",
+            s.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    assert_eq!(targets.len(), 7, "{targets:?}");
+    for t in &targets {
+        if t["job"] == "goapp" {
+            assert_eq!(t["health"], "up", "{t}");
+        } else {
+            assert_eq!(t["health"], "down", "{t}");
+            assert!(t["last_error"].as_str().unwrap().len() > 3, "{t}");
+            assert!(t["failures"].as_u64().unwrap() >= 1);
+        }
+    }
+    let types: Vec<String> = get_json(&format!("{}/api/v1/profile_types", s.url), None)
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+    for want in [
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        "process_cpu:samples:count:cpu:nanoseconds",
+        "memory:alloc_space:bytes:space:bytes",
+        "memory:inuse_space:bytes:space:bytes",
+        "allocs:alloc_objects:count:space:bytes",
+        "goroutines:goroutine:count:goroutine:count",
+        "mutex:contentions:count:contentions:count",
+        "mutex:delay:nanoseconds:contentions:count",
+        "block:contentions:count:contentions:count",
+        "block:delay:nanoseconds:contentions:count",
+    ] {
+        assert!(types.contains(&want.to_owned()), "{want} missing from {types:?}");
+    }
+    let instance = get_json(&format!("{}/api/v1/label/instance/values", s.url), None).await;
+    assert_eq!(instance, serde_json::json!([goapp]));
+    let env = get_json(&format!("{}/api/v1/label/env/values", s.url), None).await;
+    assert_eq!(env, serde_json::json!(["test"]));
+    // The goroutine profile shows the program's own functions.
+    let (_, folded) = get(
+        &format!(
+            "{}/api/v1/query?format=folded&selector={}",
+            s.url,
+            enc("goroutines:goroutine:count:goroutine:count{job=\"goapp\"}")
+        ),
+        None,
+    )
+    .await;
+    assert!(folded.contains("main."), "{folded}");
+    // Allocations are cumulative in Go: stored as deltas, the stored total of every scrape
+    // is at most what the program has allocated by now (stored whole, it would be about
+    // scrapes × that).
+    let stored = top_total(&s, None, "allocs:alloc_space:bytes:space:bytes{job=\"goapp\"}").await;
+    let now = reqwest::get(format!("http://{goapp}/debug/pprof/allocs"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let p = frostdb_pprof::decode(&now, &frostdb_pprof::Limits::default()).unwrap();
+    let i = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == "alloc_space")
+        .unwrap();
+    let cumulative: i64 = p.sample.iter().map(|s| s.value[i]).sum();
+    assert!(stored > 0, "no allocations stored");
+    assert!(
+        stored <= cumulative,
+        "stored {stored} > cumulative {cumulative}: not deltas"
+    );
+}
+
+/// The Python of target/test-venv (scripts/test.sh installs pyroscope-io and Playwright).
+fn venv_python(module: &str) -> Option<std::path::PathBuf> {
+    let venv = std::env::var("FROSTDB_TEST_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv"));
+    let python = venv.join("bin/python");
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have {module} in {} (scripts/test.sh installs it)",
+            venv.display()
+        );
+        eprintln!("SKIPPED: {module} is not installed in {}", venv.display());
+        return None;
+    }
+    Some(python)
+}
+
+fn e2e_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e").join(name)
+}
+
+#[tokio::test]
+async fn the_pyroscope_python_client_pushes_a_real_program() {
+    let Some(python) = venv_python("pyroscope") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let out = tokio::process::Command::new(&python)
+        .arg(e2e_script("pyroscope_client.py"))
+        .args([s.url.as_str(), "py-tenant", "4"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tenant = Some("py-tenant");
+    let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), tenant).await;
+    assert_eq!(services, serde_json::json!(["frostdb-e2e-python"]), "{}", s.log());
+    let env = get_json(&format!("{}/api/v1/label/env/values", s.url), tenant).await;
+    assert_eq!(env, serde_json::json!(["e2e"]));
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), tenant).await;
+    let cpu = types
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .find(|t| t.starts_with("process_cpu:"))
+        .unwrap_or_else(|| panic!("no process_cpu type in {types}"));
+    let selector = format!("{cpu}{{service_name=\"frostdb-e2e-python\",env=\"e2e\"}}");
+    let flame = get_json(
+        &format!("{}/api/v1/query?selector={}", s.url, enc(&selector)),
+        tenant,
+    )
+    .await;
+    let text = flame.to_string();
+    for f in ["frostdb_e2e_busy_loop", "frostdb_e2e_hash"] {
+        assert!(text.contains(f), "{f} is not in the flame graph: {text}");
+    }
+    assert!(flame["root"]["total"].as_i64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn the_web_page_shows_the_flame_graph_in_chromium() {
+    let Some(python) = venv_python("playwright") else {
+        return;
+    };
+    if !common::have("chromium", "--version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    for (app, file) in [
+        ("goapp", "pprof/goapp__go119-cpu-2s.pb.gz"),
+        ("other", GO_CPU),
+    ] {
+        let (status, body) = post(
+            &format!("{}/ingest?name={app}.cpu{}&format=pprof", s.url, enc("{env=demo}")),
+            None,
+            &[],
+            testdata(file),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
+    let out = tokio::process::Command::new(&python)
+        .arg(e2e_script("web.py"))
+        .arg(&s.url)
+        .arg("main.fib")
+        .arg(&shots)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(shots.join("flamegraph.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
+    eprintln!("screenshots in {}", shots.display());
+}

@@ -1,7 +1,7 @@
 //! Stacks, locations, functions and mappings, deduplicated by content hash: in memory for
 //! resolving merged stacks into frames, and in their tables for durability.
 
-use std::collections::HashMap;
+use imbl::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -73,7 +73,8 @@ pub struct Location {
     pub is_folded: bool,
 }
 
-/// All symbols, by id.
+/// All symbols, by id. The maps are persistent (structurally shared): a clone is O(1), and
+/// extending a clone copies only the paths it changes.
 #[derive(Debug, Default, Clone)]
 pub struct Symbols {
     /// Stacks: location ids, leaf first.

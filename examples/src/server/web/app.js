@@ -202,6 +202,7 @@ function drawGraph(result, unit) {
       graphPoints.push({ x, y, t, v, labels: s.labels });
     });
     ctx.stroke();
+    view.points = graphPoints.map((p) => ({ x: p.x, y: p.y, t: p.t }));
     for (const p of graphPoints.filter((p) => p.labels === s.labels)) { ctx.beginPath(); ctx.arc(p.x, p.y, 2.5, 0, 7); ctx.fill(); }
     if (i < 12) {
       const span = document.createElement("span");
@@ -298,6 +299,7 @@ function drawFlame() {
       view.names.push(r.node.name);
     }
   }
+  view.frames = rects.filter((r) => r.w * w >= 1).map((r) => ({ name: r.node.name, cx: (r.x + r.w / 2) * w, cy: r.depth * ROW + ROW / 2 }));
   const unit = state.flame.unit || "";
   $("flame-info").textContent = search ? `${matched} matching frames` : path.length ? `zoomed into ${path[path.length - 1].name}` : "";
   view.total = view.mode === "diff" ? state.flame.compare : root.total;
