@@ -15,13 +15,17 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi
 
-# Go's pprof, to check our pprof output against (Debian's golang-go).
-if ! command -v go >/dev/null 2>&1; then
+# Debian packages: Go (go tool pprof to check our pprof against, and the scrape target in
+# shared/tools/goapp) and Chromium (the web page's end-to-end test).
+missing=()
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
   else
-    echo "go is missing and this is not root: tests comparing with go tool pprof will skip"
+    echo "missing ${missing[*]} and this is not root: the tests that need them will skip"
   fi
 fi
 
@@ -32,6 +36,12 @@ if [ ! -x "$venv/bin/moto_server" ]; then
   "$venv/bin/pip" install --quiet 'moto[server]>=5,<6'
 fi
 export FROSTDB_MOTO="$PWD/$venv/bin/moto_server"
+# The real Pyroscope Python client (1.x pushes with the Connect API) and Playwright (drives
+# Debian's Chromium; no browser download).
+if ! "$venv/bin/python" -c "import pyroscope, playwright" 2>/dev/null; then
+  "$venv/bin/pip" install --quiet 'pyroscope-io>=1.4,<2' 'playwright>=1.40,<2'
+fi
+export FROSTDB_TEST_VENV="$PWD/$venv"
 
 # shared/bench's tiny fleet, for the query cross-check: its generator runs from a copy (it
 # writes compiled protobufs beside itself), its data goes to target/bench-data.

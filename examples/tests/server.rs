@@ -887,7 +887,10 @@ profiles = ["heap"]
         "block:contentions:count:contentions:count",
         "block:delay:nanoseconds:contentions:count",
     ] {
-        assert!(types.contains(&want.to_owned()), "{want} missing from {types:?}");
+        assert!(
+            types.contains(&want.to_owned()),
+            "{want} missing from {types:?}"
+        );
     }
     let instance = get_json(&format!("{}/api/v1/label/instance/values", s.url), None).await;
     assert_eq!(instance, serde_json::json!([goapp]));
@@ -907,7 +910,12 @@ profiles = ["heap"]
     // Allocations are cumulative in Go: stored as deltas, the stored total of every scrape
     // is at most what the program has allocated by now (stored whole, it would be about
     // scrapes × that).
-    let stored = top_total(&s, None, "allocs:alloc_space:bytes:space:bytes{job=\"goapp\"}").await;
+    let stored = top_total(
+        &s,
+        None,
+        "allocs:alloc_space:bytes:space:bytes{job=\"goapp\"}",
+    )
+    .await;
     let now = reqwest::get(format!("http://{goapp}/debug/pprof/allocs"))
         .await
         .unwrap()
@@ -932,7 +940,9 @@ profiles = ["heap"]
 fn venv_python(module: &str) -> Option<std::path::PathBuf> {
     let venv = std::env::var("FROSTDB_TEST_VENV")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv"));
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv")
+        });
     let python = venv.join("bin/python");
     let ok = std::process::Command::new(&python)
         .args(["-c", &format!("import {module}")])
@@ -951,7 +961,9 @@ fn venv_python(module: &str) -> Option<std::path::PathBuf> {
 }
 
 fn e2e_script(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e").join(name)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/e2e")
+        .join(name)
 }
 
 #[tokio::test]
@@ -974,8 +986,17 @@ async fn the_pyroscope_python_client_pushes_a_real_program() {
         String::from_utf8_lossy(&out.stderr)
     );
     let tenant = Some("py-tenant");
-    let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), tenant).await;
-    assert_eq!(services, serde_json::json!(["frostdb-e2e-python"]), "{}", s.log());
+    let services = get_json(
+        &format!("{}/api/v1/label/service_name/values", s.url),
+        tenant,
+    )
+    .await;
+    assert_eq!(
+        services,
+        serde_json::json!(["frostdb-e2e-python"]),
+        "{}",
+        s.log()
+    );
     let env = get_json(&format!("{}/api/v1/label/env/values", s.url), tenant).await;
     assert_eq!(env, serde_json::json!(["e2e"]));
     let types = get_json(&format!("{}/api/v1/profile_types", s.url), tenant).await;
@@ -1014,7 +1035,11 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
         ("other", GO_CPU),
     ] {
         let (status, body) = post(
-            &format!("{}/ingest?name={app}.cpu{}&format=pprof", s.url, enc("{env=demo}")),
+            &format!(
+                "{}/ingest?name={app}.cpu{}&format=pprof",
+                s.url,
+                enc("{env=demo}")
+            ),
             None,
             &[],
             testdata(file),

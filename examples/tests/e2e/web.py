@@ -36,6 +36,7 @@ def main() -> None:
         assert "matching" in info and not info.startswith("0 "), info
 
         # Hover shows self and total; click zooms.
+        page.fill("#search", "")
         frame = page.evaluate(
             f"window.frostdbView.frames.find(f => f.name.includes({expected!r}))"
         )
@@ -47,7 +48,6 @@ def main() -> None:
         page.mouse.click(x, y)
         info = page.text_content("#flame-info")
         assert "zoomed into" in info and expected in info, info
-        page.fill("#search", "")
         page.screenshot(path=os.path.join(shots, "zoomed.png"), full_page=True)
         page.click("#reset-zoom")
 
