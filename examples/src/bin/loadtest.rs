@@ -1,0 +1,388 @@
+//! `frostdb-loadtest`: pushes a shared/bench fleet's pprof files to a running `frostdb serve`
+//! from several concurrent clients (Pyroscope's Push API) while other clients query, then
+//! checks that every accepted profile is queryable: the number of stored profiles and each
+//! profile type's value total match what was pushed. Bounded by `--max-files` and
+//! `--max-seconds`. Prints one JSON line of figures; exits non-zero on any mismatch.
+//!
+//! ```text
+//! frostdb-loadtest --url http://127.0.0.1:7070 --data shared/bench/data/small [--clients 8]
+//!     [--queriers 2] [--max-files 20000] [--max-seconds 120] [--tenant load]
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use frostdb_examples::server::ingest::push::proto as push;
+use parking_lot::Mutex;
+use prost::Message;
+
+#[derive(Parser)]
+#[command(
+    name = "frostdb-loadtest",
+    about = "Push a fleet's pprof files while querying; verify"
+)]
+struct Args {
+    /// The server.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    url: String,
+    /// A shared/bench fleet directory with `pprof/index.tsv` (gen_fleet.py --pprof).
+    #[arg(long)]
+    data: PathBuf,
+    /// Concurrent pushing clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Concurrent querying clients.
+    #[arg(long, default_value_t = 2)]
+    queriers: usize,
+    /// Push at most this many files.
+    #[arg(long, default_value_t = 20_000)]
+    max_files: usize,
+    /// Stop pushing after this long.
+    #[arg(long, default_value_t = 120)]
+    max_seconds: u64,
+    /// Tenant (X-Scope-OrgID).
+    #[arg(long, default_value = "loadtest")]
+    tenant: String,
+}
+
+struct Job {
+    file: PathBuf,
+    name: String,
+    labels: Vec<(String, String)>,
+}
+
+fn jobs(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
+    let index_path = data.join("pprof/index.tsv");
+    let index = std::fs::read_to_string(&index_path).map_err(|e| {
+        format!(
+            "{}: {e} (generate with gen_fleet.py --pprof)",
+            index_path.display()
+        )
+    })?;
+    let mut out = Vec::new();
+    for line in index.lines().skip(1).take(max) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let [file, _ts, labels] = cols[..] else {
+            return Err(format!("bad index line {line:?}"));
+        };
+        let mut name = String::new();
+        let mut pairs = Vec::new();
+        for kv in labels.split(',') {
+            let (k, v) = kv.split_once('=').ok_or(format!("bad label {kv:?}"))?;
+            if k == "__name__" {
+                name = v.to_owned();
+            } else {
+                pairs.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        out.push(Job {
+            file: data.join("pprof").join(file),
+            name,
+            labels: pairs,
+        });
+    }
+    Ok(out)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Per profile type id: the value total of the pushed files.
+type Totals = BTreeMap<String, i64>;
+
+fn add_totals(totals: &mut Totals, name: &str, bytes: &[u8]) -> Result<(), String> {
+    let p = frostdb_pprof::decode(bytes, &frostdb_pprof::Limits::default())
+        .map_err(|e| e.to_string())?;
+    let s = |i: i64| p.string_table[i as usize].as_str();
+    let (pt, pu) = p
+        .period_type
+        .as_ref()
+        .map(|t| (s(t.r#type), s(t.unit)))
+        .unwrap_or(("", ""));
+    for (i, t) in p.sample_type.iter().enumerate() {
+        let id = format!("{name}:{}:{}:{pt}:{pu}", s(t.r#type), s(t.unit));
+        *totals.entry(id).or_default() += p.sample.iter().map(|x| x.value[i]).sum::<i64>();
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> Result<bool, String> {
+    let jobs = Arc::new(jobs(&args.data, args.max_files)?);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let push_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let query_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let totals = Arc::new(Mutex::new(Totals::new()));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let bytes = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(Mutex::new(Vec::<String>::new()));
+    let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
+    let started = Instant::now();
+    let url = format!("{}/push.v1.PusherService/Push", args.url);
+
+    let mut pushers = Vec::new();
+    for _ in 0..args.clients {
+        let (jobs, next, client, url, tenant) = (
+            jobs.clone(),
+            next.clone(),
+            client.clone(),
+            url.clone(),
+            args.tenant.clone(),
+        );
+        let (push_latency, totals, accepted, bytes, rejected) = (
+            push_latency.clone(),
+            totals.clone(),
+            accepted.clone(),
+            bytes.clone(),
+            rejected.clone(),
+        );
+        pushers.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(job) = jobs.get(i) else { break };
+                let raw = match tokio::fs::read(&job.file).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        rejected.lock().push(format!("{}: {e}", job.file.display()));
+                        continue;
+                    }
+                };
+                let mut labels = vec![push::LabelPair {
+                    name: "__name__".into(),
+                    value: job.name.clone(),
+                }];
+                labels.extend(job.labels.iter().map(|(k, v)| push::LabelPair {
+                    name: k.clone(),
+                    value: v.clone(),
+                }));
+                let request = push::PushRequest {
+                    series: vec![push::RawProfileSeries {
+                        labels,
+                        samples: vec![push::RawSample {
+                            raw_profile: raw.clone(),
+                            id: String::new(),
+                        }],
+                    }],
+                };
+                let t = Instant::now();
+                let response = client
+                    .post(&url)
+                    .header("content-type", "application/proto")
+                    .header("x-scope-orgid", &tenant)
+                    .body(request.encode_to_vec())
+                    .send()
+                    .await;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                match response {
+                    Ok(r) if r.status().is_success() => {
+                        push_latency.lock().push(ms);
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                        bytes.fetch_add(raw.len(), Ordering::Relaxed);
+                        if let Err(e) = add_totals(&mut totals.lock(), &job.name, &raw) {
+                            rejected.lock().push(format!("{}: {e}", job.file.display()));
+                        }
+                    }
+                    Ok(r) => {
+                        let status = r.status();
+                        let body = r.text().await.unwrap_or_default();
+                        rejected
+                            .lock()
+                            .push(format!("{}: {status} {body}", job.file.display()));
+                    }
+                    Err(e) => rejected.lock().push(format!("{}: {e}", job.file.display())),
+                }
+            }
+        }));
+    }
+    let mut queriers = Vec::new();
+    for q in 0..args.queriers {
+        let (client, base, tenant, done, query_latency) = (
+            client.clone(),
+            args.url.clone(),
+            args.tenant.clone(),
+            done.clone(),
+            query_latency.clone(),
+        );
+        queriers.push(tokio::spawn(async move {
+            let mut n = 0usize;
+            while !done.load(Ordering::Relaxed) {
+                let path = match (n + q) % 3 {
+                    0 => "/api/v1/query?format=top&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7B%7D",
+                    1 => "/api/v1/query_range?step=1m&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7Bnamespace%3D%22batch%22%7D",
+                    _ => "/api/v1/label/pod/values",
+                };
+                let t = Instant::now();
+                let ok = client
+                    .get(format!("{base}{path}"))
+                    .header("x-scope-orgid", &tenant)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ok {
+                    query_latency.lock().push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                n += 1;
+            }
+        }));
+    }
+    let mut last = Instant::now();
+    for p in pushers {
+        while !p.is_finished() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if last.elapsed() >= Duration::from_secs(5) {
+                last = Instant::now();
+                eprintln!(
+                    "  {} pushed, {} rejected, {:.0} s",
+                    accepted.load(Ordering::Relaxed),
+                    rejected.lock().len(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+        p.await.map_err(|e| e.to_string())?;
+    }
+    let push_secs = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    for q in queriers {
+        q.await.map_err(|e| e.to_string())?;
+    }
+
+    // Verify: every accepted profile is stored and the totals match.
+    let get = |path: String| {
+        let client = client.clone();
+        let url = format!("{}{path}", args.url);
+        let tenant = args.tenant.clone();
+        async move {
+            let r = client
+                .get(&url)
+                .header("x-scope-orgid", tenant)
+                .send()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            let status = r.status();
+            let text = r.text().await.map_err(|e| e.to_string())?;
+            if !status.is_success() {
+                return Err(format!("{url}: {status} {text}"));
+            }
+            serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("{url}: {e}"))
+        }
+    };
+    let enc = |s: &str| -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    };
+    let mut ok = true;
+    let totals = totals.lock().clone();
+    let mut mismatches = Vec::new();
+    for (id, want) in &totals {
+        let top = get(format!(
+            "/api/v1/query?format=top&node_fraction=0&selector={}",
+            enc(&format!("{id}{{}}"))
+        ))
+        .await?;
+        let got = top["total"].as_i64().unwrap_or(-1);
+        if got != *want {
+            ok = false;
+            mismatches.push(format!("{id}: pushed {want}, stored {got}"));
+        }
+    }
+    let names: BTreeSet<String> = get("/api/v1/labels".into())
+        .await?
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let columns: Vec<String> = names.iter().map(|n| format!("\"labels.{n}\"")).collect();
+    let sql = format!(
+        "SELECT count(*) AS n FROM (SELECT DISTINCT name, {} timestamp FROM samples)",
+        columns.iter().map(|c| format!("{c},")).collect::<String>()
+    );
+    let profiles = get(format!("/api/v1/sql?q={}", enc(&sql))).await?["rows"][0]["n"]
+        .as_i64()
+        .unwrap_or(-1);
+    let accepted = accepted.load(Ordering::Relaxed);
+    if profiles != accepted as i64 {
+        ok = false;
+        mismatches.push(format!(
+            "accepted {accepted} profiles, {profiles} are stored"
+        ));
+    }
+    let rejected = rejected.lock().clone();
+    if !rejected.is_empty() {
+        ok = false;
+    }
+    let mut pl = push_latency.lock().clone();
+    let mut ql = query_latency.lock().clone();
+    pl.sort_by(f64::total_cmp);
+    ql.sort_by(f64::total_cmp);
+    let figures = serde_json::json!({
+        "files_pushed": accepted,
+        "rejected": rejected.len(),
+        "clients": args.clients,
+        "queriers": args.queriers,
+        "push_seconds": push_secs,
+        "profiles_per_s": accepted as f64 / push_secs,
+        "mb_per_s": bytes.load(Ordering::Relaxed) as f64 / 1e6 / push_secs,
+        "push_p50_ms": percentile(&pl, 0.5),
+        "push_p99_ms": percentile(&pl, 0.99),
+        "queries": ql.len(),
+        "query_p50_ms": percentile(&ql, 0.5),
+        "query_p99_ms": percentile(&ql, 0.99),
+        "profiles_stored": profiles,
+        "profile_types_checked": totals.len(),
+        "totals_match": mismatches.is_empty(),
+    });
+    println!("{figures}");
+    for m in &mismatches {
+        eprintln!("MISMATCH {m}");
+    }
+    for r in rejected.iter().take(20) {
+        eprintln!("REJECTED {r}");
+    }
+    Ok(ok)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("frostdb-loadtest: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("frostdb-loadtest: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
