@@ -52,8 +52,8 @@ if [ -f "$shared/bench/gen_fleet.py" ]; then
     "$venv/bin/pip" install --quiet -r "$shared/bench/requirements-core.txt"
   fi
   rm -rf target/bench-src && cp -r "$shared/bench" target/bench-src && chmod -R u+w target/bench-src
-  if [ ! -f target/bench-data/tiny/expected.json ]; then
-    "$venv/bin/python" target/bench-src/gen_fleet.py --scale tiny --data "$PWD/target/bench-data" >/dev/null
+  if [ ! -f target/bench-data/tiny/pprof/index.tsv ]; then
+    "$venv/bin/python" target/bench-src/gen_fleet.py --scale tiny --pprof --data "$PWD/target/bench-data" >/dev/null
   fi
   export FROSTDB_BENCH_DATA="$PWD/target/bench-data/tiny"
   export FROSTDB_SHARED="$shared"

@@ -1066,3 +1066,38 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
     eprintln!("screenshots in {}", shots.display());
 }
+
+#[tokio::test]
+async fn a_load_of_concurrent_pushes_and_queries_loses_nothing() {
+    let fleet = std::env::var("FROSTDB_BENCH_DATA")
+        .ok()
+        .map(std::path::PathBuf::from);
+    let Some(fleet) = fleet.filter(|d| d.join("pprof/index.tsv").exists()) else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must run the load test: scripts/test.sh generates the tiny fleet's pprof files"
+        );
+        eprintln!("SKIPPED: FROSTDB_BENCH_DATA has no pprof/index.tsv");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_frostdb-loadtest"))
+        .args(["--url", &s.url, "--clients", "4", "--queriers", "1"])
+        .args(["--max-files", "300", "--max-seconds", "120", "--data"])
+        .arg(&fleet)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(figures["files_pushed"], 300, "{figures}");
+    assert_eq!(figures["profiles_stored"], 300, "{figures}");
+    assert_eq!(figures["totals_match"], true, "{figures}");
+    assert!(figures["profile_types_checked"].as_u64().unwrap() >= 2);
+}
