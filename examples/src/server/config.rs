@@ -90,7 +90,7 @@ pub struct ScrapeConfig {
     /// Which profiles to pull: `cpu`, `heap`, `allocs`, `goroutine`, `mutex`, `block`.
     #[serde(default = "default_profiles")]
     pub profiles: Vec<String>,
-    /// `http` or `https`... only `http` is built in.
+    /// `http`, the only scheme built in (no TLS stack, to keep the build lean).
     #[serde(default = "default_scheme")]
     pub scheme: String,
     /// The tenant to store into.

@@ -378,11 +378,23 @@ mod tests {
     use super::*;
 
     const EXPORT: &str =
-        "../../shared/testdata/otlp/pyroscope__otel-ebpf-profile.ExportProfilesServiceRequest.pb";
+        "testdata/otlp/pyroscope__otel-ebpf-profile.ExportProfilesServiceRequest.pb";
+
+    /// shared/ (`FROSTDB_SHARED`, else beside the repository, else /work/shared).
+    fn shared() -> std::path::PathBuf {
+        if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
+            return dir.into();
+        }
+        let beside = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+        if beside.exists() {
+            return beside;
+        }
+        "/work/shared".into()
+    }
 
     #[test]
     fn the_ebpf_profiler_export_converts_to_valid_pprof() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(EXPORT);
+        let path = shared().join(EXPORT);
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let request = proto::ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
         let profiles = convert(&request, 1_000_000).unwrap();
