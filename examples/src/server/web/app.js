@@ -439,6 +439,13 @@ async function run() {
   state.step = result.step_ms;
   drawGraph(result, unitOf(sel));
   await loadProfile();
+  if (!(result.series || []).length && $("range").value !== "all") {
+    // Profiles keep the time they were taken: old files pushed now are not in the last hour.
+    const ts = await api("/api/v1/timestamps", { selector: sel });
+    if (ts.length) {
+      status(`No samples in this range; the newest profile of this selector is from ${fmtTime(ts[ts.length - 1])}. Pick "All time" to see everything.`);
+    }
+  }
 }
 $("query-form").addEventListener("submit", (e) => { e.preventDefault(); run().catch(fail); });
 $("diff-form").addEventListener("submit", (e) => { e.preventDefault(); run().catch(fail); });
