@@ -1101,3 +1101,21 @@ async fn a_load_of_concurrent_pushes_and_queries_loses_nothing() {
     assert_eq!(figures["totals_match"], true, "{figures}");
     assert!(figures["profile_types_checked"].as_u64().unwrap() >= 2);
 }
+
+#[tokio::test]
+async fn refused_requests_are_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let (status, _) = get(
+        &format!("{}/api/v1/query?selector=nope{{", s.url),
+        Some("t9"),
+    )
+    .await;
+    assert_eq!(status, 400);
+    // The log line is written before the response is sent.
+    let log = s.log_until(|l| l.contains("request refused"));
+    assert!(
+        log.contains("/api/v1/query") && log.contains("t9") && log.contains("400"),
+        "{log}"
+    );
+}

@@ -78,7 +78,33 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(api)
         .merge(web::routes())
+        .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// Logs every request: failures at info (server faults at warn), the rest at debug
+/// (`FROSTDB_LOG=debug` shows them).
+async fn log_request(request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let tenant = request
+        .headers()
+        .get("x-scope-orgid")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(config::DEFAULT_TENANT)
+        .to_owned();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    if status >= 500 {
+        tracing::warn!(%method, %path, %tenant, status, ms, "request failed");
+    } else if status >= 400 {
+        tracing::info!(%method, %path, %tenant, status, ms, "request refused");
+    } else {
+        tracing::debug!(%method, %path, %tenant, status, ms, "request");
+    }
+    response
 }
 
 /// Checks the bearer token when one is configured.

@@ -102,6 +102,23 @@ impl Server {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Waits (bounded) for a log line matching `pred`: the server writes it while handling
+    /// a request the test already has the answer to, but the line travels through a pipe.
+    pub(crate) fn log_until(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = self.log();
+            if log.lines().any(&pred) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no such log line:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGTERM and waits for the exit; returns whether it exited with success.
     pub(crate) fn terminate(mut self) -> bool {
         let pid = self.child.id().to_string();
