@@ -212,8 +212,8 @@ pub fn sql_queries(q: &serde_json::Value) -> Result<Vec<(String, String)>, BoxEr
         (
             "Q4".into(),
             format!(
-                "SELECT DISTINCT CAST(\"labels.pod\" AS VARCHAR) AS pod FROM profiles \
-             WHERE \"labels.namespace\" = '{ns}'"
+                "SELECT CAST(pod AS VARCHAR) AS pod FROM (SELECT DISTINCT \"labels.pod\" AS pod \
+             FROM profiles WHERE \"labels.namespace\" = '{ns}')"
             ),
         ),
         (
