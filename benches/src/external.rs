@@ -294,17 +294,7 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
             scans.insert(id.clone(), scan_report(&plan));
             result = batches;
         }
-        let schema = result
-            .first()
-            .map(|b| b.schema())
-            .ok_or_else(|| format!("{id} returned no batch"))?;
-        let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
-        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
-        for b in &result {
-            writer.write(b)?;
-        }
-        writer.close()?;
-        eprintln!("{id}: median {:.1} ms", median(&mut times.clone()));
+        write_result(&out, &id, &result, &times)?;
         timings.insert(id, serde_json::json!(times));
     }
     std::fs::write(
@@ -318,27 +308,56 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Writes a query's result to `out/<id>.parquet` (the peer harness checksums it) and prints
+/// its median time.
+fn write_result(
+    out: &std::path::Path,
+    id: &str,
+    result: &[RecordBatch],
+    times: &[f64],
+) -> Result<(), BoxError> {
+    let schema = result
+        .first()
+        .map(|b| b.schema())
+        .ok_or_else(|| format!("{id} returned no batch"))?;
+    let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
+    for b in result {
+        writer.write(b)?;
+    }
+    writer.close()?;
+    eprintln!("{id}: median {:.1} ms", median(&mut times.to_vec()));
+    Ok(())
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped pprof,
-/// labels beside it as a scraper attaches them) is decoded, normalized and stored by
-/// `frostdb_pprof`, on two threads.
-pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
-    use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
-    let data = arg(args, "--data")?;
-    let store_dir = arg(args, "--store")?;
-    let index = std::fs::read_to_string(data.join("pprof/index.tsv")).map_err(|e| {
+/// One generated pprof file: where it is, its timestamp, profile name (`__name__`) and labels.
+#[derive(Debug, Clone)]
+pub struct PprofFile {
+    /// Path of the gzipped pprof.
+    pub path: PathBuf,
+    /// Timestamp (ms) the generator gave it.
+    pub timestamp_ms: i64,
+    /// Profile name.
+    pub name: String,
+    /// Series labels.
+    pub labels: Vec<(String, String)>,
+}
+
+/// The files of a fleet's `pprof/index.tsv` (`gen_fleet.py --pprof`), in index order.
+pub fn pprof_index(data: &std::path::Path) -> Result<Vec<PprofFile>, BoxError> {
+    let path = data.join("pprof/index.tsv");
+    let index = std::fs::read_to_string(&path).map_err(|e| {
         format!(
             "{}: {e} (generate with gen_fleet.py --pprof)",
-            data.join("pprof/index.tsv").display()
+            path.display()
         )
     })?;
-    /// One pprof file to ingest: path, timestamp, profile name, labels.
-    type Job = (PathBuf, i64, String, Vec<(String, String)>);
-    let mut jobs: Vec<Job> = Vec::new();
+    let mut files = Vec::new();
     for line in index.lines().skip(1) {
         let cols: Vec<&str> = line.split('\t').collect();
         let [file, ts, labels] = cols[..] else {
@@ -356,8 +375,24 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
                 pairs.push((k.to_owned(), v.to_owned()));
             }
         }
-        jobs.push((data.join("pprof").join(file), ts.parse()?, name, pairs));
+        files.push(PprofFile {
+            path: data.join("pprof").join(file),
+            timestamp_ms: ts.parse()?,
+            name,
+            labels: pairs,
+        });
     }
+    Ok(files)
+}
+
+/// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped pprof,
+/// labels beside it as a scraper attaches them) is decoded, normalized and stored by
+/// `frostdb_pprof`, on two threads.
+pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
+    use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
+    let data = arg(args, "--data")?;
+    let store_dir = arg(args, "--store")?;
+    let jobs = pprof_index(&data)?;
     let db = Db::open(
         &store_dir,
         DbOptions::default().durability(Durability::Sync),
@@ -375,7 +410,13 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
                 s.spawn(|| -> Result<(), String> {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some((file, ts, name, labels)) = jobs.get(i) else {
+                        let Some(PprofFile {
+                            path: file,
+                            timestamp_ms: ts,
+                            name,
+                            labels,
+                        }) = jobs.get(i)
+                        else {
                             return Ok(());
                         };
                         let b =
@@ -543,17 +584,7 @@ pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
             };
             times.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        let schema = result
-            .first()
-            .map(|b| b.schema())
-            .ok_or_else(|| format!("{id} returned no batch"))?;
-        let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
-        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
-        for b in &result {
-            writer.write(b)?;
-        }
-        writer.close()?;
-        eprintln!("{id}: median {:.1} ms", median(&mut times.clone()));
+        write_result(&out, &id, &result, &times)?;
         timings.insert(id, serde_json::json!(times));
     }
     std::fs::write(

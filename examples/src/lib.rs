@@ -3,8 +3,26 @@
 
 pub mod server;
 
+/// Percent-encodes a URL query parameter value (everything but unreserved characters).
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 pub mod time {
     //! Times as users write them.
+
+    /// Milliseconds since the Unix epoch, now.
+    pub fn now_ms() -> i64 {
+        jiff::Timestamp::now().as_millisecond()
+    }
 
     /// Milliseconds since the Unix epoch from RFC 3339 (`2026-11-22T10:00:00Z`), Unix
     /// milliseconds (`1763805600000`), `now`, or `now-<n><unit>` / `now+<n><unit>` with units

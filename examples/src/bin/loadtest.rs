@@ -50,45 +50,6 @@ struct Args {
     tenant: String,
 }
 
-struct Job {
-    file: PathBuf,
-    name: String,
-    labels: Vec<(String, String)>,
-}
-
-fn jobs(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
-    let index_path = data.join("pprof/index.tsv");
-    let index = std::fs::read_to_string(&index_path).map_err(|e| {
-        format!(
-            "{}: {e} (generate with gen_fleet.py --pprof)",
-            index_path.display()
-        )
-    })?;
-    let mut out = Vec::new();
-    for line in index.lines().skip(1).take(max) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [file, _ts, labels] = cols[..] else {
-            return Err(format!("bad index line {line:?}"));
-        };
-        let mut name = String::new();
-        let mut pairs = Vec::new();
-        for kv in labels.split(',') {
-            let (k, v) = kv.split_once('=').ok_or(format!("bad label {kv:?}"))?;
-            if k == "__name__" {
-                name = v.to_owned();
-            } else {
-                pairs.push((k.to_owned(), v.to_owned()));
-            }
-        }
-        out.push(Job {
-            file: data.join("pprof").join(file),
-            name,
-            labels: pairs,
-        });
-    }
-    Ok(out)
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -116,7 +77,10 @@ fn add_totals(totals: &mut Totals, name: &str, bytes: &[u8]) -> Result<(), Strin
 }
 
 async fn run(args: Args) -> Result<bool, String> {
-    let jobs = Arc::new(jobs(&args.data, args.max_files)?);
+    let mut files =
+        frostdb_benches::external::pprof_index(&args.data).map_err(|e| e.to_string())?;
+    files.truncate(args.max_files);
+    let jobs = Arc::new(files);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -153,10 +117,10 @@ async fn run(args: Args) -> Result<bool, String> {
             while Instant::now() < deadline {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                let raw = match tokio::fs::read(&job.file).await {
+                let raw = match tokio::fs::read(&job.path).await {
                     Ok(b) => b,
                     Err(e) => {
-                        rejected.lock().push(format!("{}: {e}", job.file.display()));
+                        rejected.lock().push(format!("{}: {e}", job.path.display()));
                         continue;
                     }
                 };
@@ -192,7 +156,7 @@ async fn run(args: Args) -> Result<bool, String> {
                         accepted.fetch_add(1, Ordering::Relaxed);
                         bytes.fetch_add(raw.len(), Ordering::Relaxed);
                         if let Err(e) = add_totals(&mut totals.lock(), &job.name, &raw) {
-                            rejected.lock().push(format!("{}: {e}", job.file.display()));
+                            rejected.lock().push(format!("{}: {e}", job.path.display()));
                         }
                     }
                     Ok(r) => {
@@ -200,9 +164,9 @@ async fn run(args: Args) -> Result<bool, String> {
                         let body = r.text().await.unwrap_or_default();
                         rejected
                             .lock()
-                            .push(format!("{}: {status} {body}", job.file.display()));
+                            .push(format!("{}: {status} {body}", job.path.display()));
                     }
-                    Err(e) => rejected.lock().push(format!("{}: {e}", job.file.display())),
+                    Err(e) => rejected.lock().push(format!("{}: {e}", job.path.display())),
                 }
             }
         }));
@@ -280,24 +244,13 @@ async fn run(args: Args) -> Result<bool, String> {
             serde_json::from_str::<serde_json::Value>(&text).map_err(|e| format!("{url}: {e}"))
         }
     };
-    let enc = |s: &str| -> String {
-        s.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect()
-    };
     let mut ok = true;
     let totals = totals.lock().clone();
     let mut mismatches = Vec::new();
     for (id, want) in &totals {
         let top = get(format!(
             "/api/v1/query?format=top&node_fraction=0&selector={}",
-            enc(&format!("{id}{{}}"))
+            frostdb_examples::url_encode(&format!("{id}{{}}"))
         ))
         .await?;
         let got = top["total"].as_i64().unwrap_or(-1);
@@ -320,7 +273,11 @@ async fn run(args: Args) -> Result<bool, String> {
         "SELECT count(*) AS n FROM (SELECT DISTINCT name, {} timestamp FROM samples)",
         columns.iter().map(|c| format!("{c},")).collect::<String>()
     );
-    let profiles = get(format!("/api/v1/sql?q={}", enc(&sql))).await?["rows"][0]["n"]
+    let profiles = get(format!(
+        "/api/v1/sql?q={}",
+        frostdb_examples::url_encode(&sql)
+    ))
+    .await?["rows"][0]["n"]
         .as_i64()
         .unwrap_or(-1);
     let accepted = accepted.load(Ordering::Relaxed);

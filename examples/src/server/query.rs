@@ -89,14 +89,10 @@ pub struct Params {
     pub q: Option<String>,
 }
 
-fn now_ms() -> i64 {
-    jiff::Timestamp::now().as_millisecond()
-}
-
 fn time(value: Option<&String>, what: &str, default: i64) -> ApiResult<i64> {
     match value.map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => Ok(default),
-        Some(s) => crate::time::parse_time(s, now_ms())
+        Some(s) => crate::time::parse_time(s, crate::time::now_ms())
             .map_err(|e| ApiError::bad_request(format!("{what}: {e}"))),
     }
 }

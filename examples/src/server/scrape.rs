@@ -166,7 +166,7 @@ async fn run(
     loop {
         ticks.tick().await;
         let started = Instant::now();
-        let started_ms = jiff::Timestamp::now().as_millisecond();
+        let started_ms = crate::time::now_ms();
         let result = scrape_once(
             &state, &config, &client, &url, &profile, &labels, started_ms,
         )
@@ -222,13 +222,8 @@ async fn scrape_once(
         }
         body.extend_from_slice(&chunk);
     }
-    let tenant = state
-        .tenants
-        .for_write(&config.tenant)
-        .await
-        .map_err(|e| e.to_string())?;
-    let decoded =
-        frostdb_pprof::decode(&body, tenant.store.limits()).map_err(|e| format!("pprof: {e}"))?;
+    let decoded = frostdb_pprof::decode(&body, &state.tenants.pprof_limits())
+        .map_err(|e| format!("pprof: {e}"))?;
     let summary = store(
         state,
         &config.tenant,

@@ -99,6 +99,15 @@ impl Tenants {
         }
     }
 
+    /// The pprof decoding limits of every tenant's store (from the server's limits), known
+    /// without opening a tenant.
+    pub fn pprof_limits(&self) -> frostdb_pprof::Limits {
+        frostdb_pprof::Limits {
+            max_decompressed_bytes: self.limits.max_decompressed_bytes,
+            ..frostdb_pprof::Limits::default()
+        }
+    }
+
     fn dir(&self, id: &str) -> PathBuf {
         self.root.join(id)
     }
@@ -167,7 +176,7 @@ impl Tenants {
             .get_or_try_init(|| async {
                 let id = id.to_owned();
                 let max_series = self.limits.max_series_per_tenant;
-                let max_decompressed = self.limits.max_decompressed_bytes;
+                let limits = self.pprof_limits();
                 tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
                     std::fs::create_dir_all(&dir).map_err(|e| {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
@@ -178,10 +187,6 @@ impl Tenants {
                             dir.display()
                         ))
                     })?;
-                    let limits = frostdb_pprof::Limits {
-                        max_decompressed_bytes: max_decompressed,
-                        ..frostdb_pprof::Limits::default()
-                    };
                     let store = ProfileStore::open(db, TableOptions::default(), limits)?;
                     tracing::info!(tenant = %id, dir = %dir.display(), "opened tenant");
                     Ok(Arc::new(Tenant {

@@ -158,14 +158,4 @@ pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Val
 }
 
 /// Percent-encodes a query parameter value.
-pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+pub(crate) use frostdb_examples::url_encode as enc;

@@ -23,11 +23,11 @@ pub async fn handle(
     Query(params): Query<HashMap<String, String>>,
     request: Request,
 ) -> ApiResult<StatusCode> {
-    let meta = Meta::parse(&params, now_ms())?;
+    let meta = Meta::parse(&params, crate::time::now_ms())?;
     let headers = request.headers().clone();
     let kind = content_type(&headers);
     let format = params.get("format").map(|f| f.to_ascii_lowercase());
-    let limits = *state.tenants.for_write(&tenant).await?.store.limits();
+    let limits = state.tenants.pprof_limits();
     let mut incoming = match (format.as_deref(), kind.as_str()) {
         (Some(f @ ("trie" | "tree" | "jfr" | "speedscope")), _) => {
             return Err(ApiError::unsupported(format!(
@@ -404,10 +404,6 @@ fn parse_time(s: &str) -> Result<i64, String> {
             .checked_mul(1_000)
             .ok_or_else(|| format!("{s:?} is out of range"))?,
     })
-}
-
-fn now_ms() -> i64 {
-    jiff::Timestamp::now().as_millisecond()
 }
 
 #[cfg(test)]

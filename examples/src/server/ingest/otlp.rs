@@ -47,13 +47,7 @@ pub async fn handle(
     let body = body_bytes(&state, &headers, &body)?;
     let request = proto::ExportProfilesServiceRequest::decode(body.as_slice())
         .map_err(|e| ApiError::bad_request(format!("ExportProfilesServiceRequest: {e}")))?;
-    let max_samples = state
-        .tenants
-        .for_write(&tenant)
-        .await?
-        .store
-        .limits()
-        .max_samples;
+    let max_samples = state.tenants.pprof_limits().max_samples;
     let incoming = convert(&request, max_samples).map_err(ApiError::bad_request)?;
     let profiles = incoming.len();
     for i in incoming {

@@ -105,7 +105,7 @@ pub async fn handle(
     let kind = content_type(&headers);
     let body = body_bytes(&state, &headers, &body)?;
     let request = parse(&kind, &body)?;
-    let limits = *state.tenants.for_write(&tenant).await?.store.limits();
+    let limits = state.tenants.pprof_limits();
     let mut profiles = 0;
     for (i, series) in request.series.into_iter().enumerate() {
         let mut name = None;
