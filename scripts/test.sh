@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
 
 log "installing what the checks need"
+# What the build needs (clang and libbpf-dev for the eBPF sampler).
+./scripts/setup.sh
 # rustfmt and clippy come with the toolchain; add them where a minimal profile left them out.
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy

@@ -1,0 +1,351 @@
+//! The kernel half, seen from user space: loads the BPF object built from
+//! `src/bpf/sampler.bpf.c`, attaches it to a CPU-clock perf event on every online CPU, and
+//! drains its double-buffered counts.
+//!
+//! The swap: the program reads `active` once per sample and writes only to that buffer.
+//! [`Probe::drain`] flips `active`, then waits for one RCU grace period
+//! (`membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`); perf-event BPF programs run
+//! inside RCU read-side sections, so once it returns no program can still be writing the old
+//! buffer, which is then read and cleared at leisure. A sample is in exactly one drain.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, StackTraceMap};
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::{Ebpf, include_bytes_aligned};
+
+use crate::config::{Config, Target};
+use crate::error::{Error, Result};
+
+static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
+
+// Keep in step with src/bpf/sampler.bpf.c.
+const FILTER_ALL: u32 = 0;
+const FILTER_PIDS: u32 = 1;
+const FILTER_CGROUP: u32 = 2;
+const T_SAMPLED: u32 = 0;
+const T_DROPPED: u32 = 2;
+const T_IDLE: u32 = 4;
+const T_NO_USER_STACK: u32 = 5;
+const T_NO_KERNEL_STACK: u32 = 6;
+
+/// `struct key_t` of the BPF program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    pid: u32,
+    user_stack_id: i32,
+    kernel_stack_id: i32,
+    comm: [u8; 16],
+}
+
+/// `struct settings_t` of the BPF program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    filter: u32,
+    cgroup_level: u32,
+    cgroup_id: u64,
+}
+
+// SAFETY: both are `repr(C)` structs of plain integers with no padding (4+4+4+16 and
+// 4+4+8 bytes), so every bit pattern is a valid value, as `Pod` requires.
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for Key {}
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for Settings {}
+
+/// One (process, thread name, user stack, kernel stack) and how often it was sampled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RawSample {
+    pub(crate) pid: u32,
+    /// The sampled thread's name, as the kernel had it at the sample.
+    pub(crate) comm: String,
+    /// Return addresses, leaf first; empty when the user stack could not be read.
+    pub(crate) user: Vec<u64>,
+    /// Kernel addresses, leaf first; empty when the sample interrupted user mode.
+    pub(crate) kernel: Vec<u64>,
+    pub(crate) count: u64,
+}
+
+/// What one drain read, besides the samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainCounts {
+    /// Samples kept (the sum of the counts read).
+    pub sampled: u64,
+    /// Samples lost because the kernel's count map was full.
+    pub dropped: u64,
+    /// The kernel's own count of samples recorded in the buffer minus `sampled`: nonzero
+    /// only if a program wrote to the buffer after the swap (never, with the RCU wait).
+    pub unaccounted: i64,
+}
+
+/// Totals since the probe was attached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelTotals {
+    /// Samples of the idle task, not recorded.
+    pub idle: u64,
+    /// Samples whose user stack could not be read (kernel threads have none).
+    pub no_user_stack: u64,
+    /// Samples in kernel mode whose kernel stack could not be read.
+    pub no_kernel_stack: u64,
+}
+
+/// The loaded, attached BPF program and its maps. Dropping it detaches everything.
+pub(crate) struct Probe {
+    ebpf: Ebpf,
+    buffers: [Buffer; 2],
+    active: Array<MapData, u32>,
+    totals: PerCpuArray<MapData, u64>,
+    /// The buffer the program writes now.
+    current: u32,
+    cpus: usize,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probe")
+            .field("current", &self.current)
+            .field("cpus", &self.cpus)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Buffer {
+    counts: BpfHashMap<MapData, Key, u64>,
+    stacks: StackTraceMap<MapData>,
+}
+
+impl Probe {
+    /// Loads the program, configures its filter and attaches it to every online CPU.
+    pub(crate) fn attach(config: &Config) -> Result<Self> {
+        crate::procfs::check_permitted()?;
+        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| Error::bpf("loading the BPF object", e))?;
+        let settings = settings(config)?;
+        {
+            let map = ebpf
+                .map_mut("settings")
+                .ok_or(Error::MissingMap("settings"))?;
+            let mut array: Array<&mut MapData, Settings> =
+                Array::try_from(map).map_err(|e| Error::bpf("opening map settings", e))?;
+            array
+                .set(0, settings, 0)
+                .map_err(|e| Error::bpf("writing the filter", e))?;
+        }
+        if let Target::Pids(list) = &config.target {
+            let map = ebpf.map_mut("pids").ok_or(Error::MissingMap("pids"))?;
+            let mut pids: BpfHashMap<&mut MapData, u32, u8> =
+                BpfHashMap::try_from(map).map_err(|e| Error::bpf("opening map pids", e))?;
+            for pid in list {
+                pids.insert(pid, 1, 0)
+                    .map_err(|e| Error::bpf(format!("adding pid {pid} to the filter"), e))?;
+            }
+        }
+        let active = Array::try_from(take(&mut ebpf, "active")?)
+            .map_err(|e| Error::bpf("opening map active", e))?;
+        let totals = PerCpuArray::try_from(take(&mut ebpf, "totals")?)
+            .map_err(|e| Error::bpf("opening map totals", e))?;
+        let buffers = [buffer(&mut ebpf, 0)?, buffer(&mut ebpf, 1)?];
+
+        let program: &mut PerfEvent = ebpf
+            .program_mut("sample")
+            .ok_or(Error::MissingMap("sample (program)"))?
+            .try_into()
+            .map_err(|e| Error::bpf("the sample program", e))?;
+        program
+            .load()
+            .map_err(|e| Error::bpf("loading the sample program into the kernel", e))?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| Error::Io(format!("reading {what}"), e))?;
+        // CPU-clock periods are nanoseconds of CPU time: a fixed period samples at exactly
+        // the asked frequency, where the frequency mode would let the kernel adjust it.
+        let period = 1_000_000_000 / config.frequency_hz;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period),
+                    false,
+                )
+                .map_err(|e| Error::bpf(format!("attaching to the CPU clock of cpu {cpu}"), e))?;
+        }
+        tracing::info!(
+            cpus = cpus.len(),
+            frequency_hz = config.frequency_hz,
+            "eBPF sampler attached"
+        );
+        Ok(Self {
+            ebpf,
+            buffers,
+            active,
+            totals,
+            current: 0,
+            cpus: cpus.len(),
+        })
+    }
+
+    /// How many CPUs the program is attached to.
+    pub(crate) fn cpus(&self) -> usize {
+        self.cpus
+    }
+
+    /// Swaps buffers and returns everything the program recorded since the last drain.
+    pub(crate) fn drain(&mut self) -> Result<(Vec<RawSample>, DrainCounts)> {
+        let old = self.current;
+        let new = 1 - old;
+        self.active
+            .set(0, new, 0)
+            .map_err(|e| Error::bpf("swapping buffers", e))?;
+        self.current = new;
+        wait_for_programs();
+
+        let buffer = &mut self.buffers[old as usize];
+        let mut keys = Vec::new();
+        for entry in buffer.counts.iter() {
+            let (key, count) = entry.map_err(|e| Error::bpf("reading counts", e))?;
+            keys.push((key, count));
+        }
+        let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+        let mut frames = |id: i32| -> Vec<u64> {
+            if id < 0 {
+                return Vec::new();
+            }
+            stacks
+                .entry(id)
+                .or_insert_with(|| match buffer.stacks.get(&(id as u32), 0) {
+                    Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
+                    // A stack id whose slot a later stack reused (BPF_F_REUSE_STACKID): the
+                    // sample still counts, without frames.
+                    Err(_) => Vec::new(),
+                })
+                .clone()
+        };
+        let mut samples = Vec::with_capacity(keys.len());
+        let mut sampled = 0;
+        for (key, count) in &keys {
+            sampled += count;
+            samples.push(RawSample {
+                pid: key.pid,
+                comm: comm(&key.comm),
+                user: frames(key.user_stack_id),
+                kernel: frames(key.kernel_stack_id),
+                count: *count,
+            });
+        }
+        // Clear: every count key, every stack (including ones only dropped samples made).
+        for (key, _) in &keys {
+            let _ = buffer.counts.remove(key);
+        }
+        let ids: Vec<u32> = buffer.stacks.stack_ids().filter_map(|r| r.ok()).collect();
+        for id in ids {
+            let _ = buffer.stacks.remove(&id);
+        }
+        let kept = self.take_total(T_SAMPLED + old)?;
+        let dropped = self.take_total(T_DROPPED + old)?;
+        let unaccounted = kept as i64 - sampled as i64;
+        if unaccounted != 0 {
+            // Only possible if the swap were not quiescent; worth a loud log.
+            tracing::warn!(kept, sampled, "eBPF buffer counts disagree");
+        }
+        Ok((
+            samples,
+            DrainCounts {
+                sampled,
+                dropped,
+                unaccounted,
+            },
+        ))
+    }
+
+    /// Totals since attach.
+    pub(crate) fn totals(&self) -> Result<KernelTotals> {
+        Ok(KernelTotals {
+            idle: self.read_total(T_IDLE)?,
+            no_user_stack: self.read_total(T_NO_USER_STACK)?,
+            no_kernel_stack: self.read_total(T_NO_KERNEL_STACK)?,
+        })
+    }
+
+    fn read_total(&self, index: u32) -> Result<u64> {
+        let values = self
+            .totals
+            .get(&index, 0)
+            .map_err(|e| Error::bpf("reading totals", e))?;
+        Ok(values.iter().sum())
+    }
+
+    /// Reads a per-buffer total and zeroes it; only for the buffer no program writes.
+    fn take_total(&mut self, index: u32) -> Result<u64> {
+        let total = self.read_total(index)?;
+        let zeros = PerCpuValues::try_from(vec![0u64; self.totals_width()?])
+            .map_err(|e| Error::Io("sizing per-CPU values".into(), e))?;
+        self.totals
+            .set(index, zeros, 0)
+            .map_err(|e| Error::bpf("clearing totals", e))?;
+        Ok(total)
+    }
+
+    fn totals_width(&self) -> Result<usize> {
+        aya::util::nr_cpus().map_err(|(what, e)| Error::Io(format!("reading {what}"), e))
+    }
+
+    /// Detaches the program from every CPU.
+    pub(crate) fn detach(self) {
+        drop(self.ebpf);
+    }
+}
+
+fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name).ok_or(Error::MissingMap(name))
+}
+
+fn buffer(ebpf: &mut Ebpf, index: usize) -> Result<Buffer> {
+    let counts = BpfHashMap::try_from(take(ebpf, ["counts0", "counts1"][index])?)
+        .map_err(|e| Error::bpf("opening a count map", e))?;
+    let stacks = StackTraceMap::try_from(take(ebpf, ["stacks0", "stacks1"][index])?)
+        .map_err(|e| Error::bpf("opening a stack map", e))?;
+    Ok(Buffer { counts, stacks })
+}
+
+fn settings(config: &Config) -> Result<Settings> {
+    Ok(match &config.target {
+        Target::All => Settings {
+            filter: FILTER_ALL,
+            cgroup_level: 0,
+            cgroup_id: 0,
+        },
+        Target::Pids(_) => Settings {
+            filter: FILTER_PIDS,
+            cgroup_level: 0,
+            cgroup_id: 0,
+        },
+        Target::Cgroup(path) => {
+            let (id, level) = crate::procfs::cgroup_id(path)?;
+            Settings {
+                filter: FILTER_CGROUP,
+                cgroup_level: level,
+                cgroup_id: id,
+            }
+        }
+    })
+}
+
+/// Waits until no BPF program can still be running with the buffer index it read before
+/// the swap: one RCU grace period.
+fn wait_for_programs() {
+    use rustix::thread::{MembarrierCommand, membarrier};
+    if let Err(e) = membarrier(MembarrierCommand::Global) {
+        // nohz_full kernels refuse MEMBARRIER_CMD_GLOBAL. A program runs for microseconds
+        // inside one timer interrupt, so a few milliseconds cover it with a wide margin.
+        tracing::debug!("membarrier unavailable ({e}); waiting 5 ms instead");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn comm(raw: &[u8; 16]) -> String {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}

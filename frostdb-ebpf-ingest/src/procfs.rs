@@ -1,0 +1,173 @@
+//! What /proc and /sys say about processes, cgroups and this process's privileges.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Checks this process may load BPF programs and open system-wide perf events: root, or
+/// CAP_BPF and CAP_PERFMON (CAP_SYS_ADMIN stands in for both). The error says what is
+/// missing, so callers (and tests) can report why they skip.
+pub fn check_permitted() -> Result<()> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| Error::Io("reading /proc/self/status".into(), e))?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| Error::NotPermitted("/proc/self/status has no CapEff line".into()))?;
+    let has = |cap: u32| eff & (1 << cap) != 0;
+    let admin = has(CAP_SYS_ADMIN); // stands in for both
+    if admin || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    Err(Error::NotPermitted(format!(
+        "loading BPF programs needs CAP_BPF and CAP_PERFMON (or root); this process has \
+         CapEff={eff:#x}"
+    )))
+}
+
+/// The cgroup (v2) id of `path` and its depth below the cgroup2 mount, as
+/// `bpf_get_current_ancestor_cgroup_id` counts them.
+pub(crate) fn cgroup_id(path: &Path) -> Result<(u64, u32)> {
+    let mount = cgroup2_mount()?;
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| Error::Config(format!("cgroup {}: {e}", path.display())))?;
+    let relative = canonical.strip_prefix(&mount).map_err(|_| {
+        Error::Config(format!(
+            "{} is not below the cgroup2 mount {}",
+            path.display(),
+            mount.display()
+        ))
+    })?;
+    let meta = std::fs::metadata(&canonical)
+        .map_err(|e| Error::Config(format!("cgroup {}: {e}", path.display())))?;
+    if !meta.is_dir() {
+        return Err(Error::Config(format!(
+            "{} is not a cgroup directory",
+            path.display()
+        )));
+    }
+    let level = relative.components().count() as u32;
+    Ok((meta.ino(), level))
+}
+
+fn cgroup2_mount() -> Result<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")
+        .map_err(|e| Error::Io("reading /proc/self/mounts".into(), e))?;
+    mounts
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "cgroup2").then(|| PathBuf::from(dir))
+        })
+        .ok_or_else(|| Error::Config("no cgroup2 file system is mounted".into()))
+}
+
+/// What a process is, for its labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The process's name (`/proc/<pid>/comm`), or the sampled thread's when it is gone.
+    pub comm: String,
+    /// The executable's path (`/proc/<pid>/exe`), empty when unknown.
+    pub exe: String,
+    /// The cgroup v2 path (`/proc/<pid>/cgroup`), empty when unknown.
+    pub cgroup: String,
+    /// A container id (64 hex digits) found in the cgroup path, as Docker, containerd and
+    /// CRI-O name their scopes.
+    pub container_id: Option<String>,
+    /// Whether the process shares this process's mount namespace (its paths are ours).
+    pub same_mount_ns: bool,
+}
+
+impl ProcessInfo {
+    /// Reads what /proc says of `pid`; fields it cannot read stay empty.
+    pub fn read(pid: u32, fallback_comm: &str) -> Self {
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        let comm = std::fs::read_to_string(proc.join("comm"))
+            .map(|s| s.trim_end().to_owned())
+            .unwrap_or_else(|_| fallback_comm.to_owned());
+        let exe = std::fs::read_link(proc.join("exe"))
+            .map(|p| {
+                p.to_string_lossy()
+                    .trim_end_matches(" (deleted)")
+                    .to_owned()
+            })
+            .unwrap_or_default();
+        let cgroup = std::fs::read_to_string(proc.join("cgroup"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+            })
+            .unwrap_or_default();
+        let container_id = container_id(&cgroup);
+        let ns = |p: &Path| std::fs::read_link(p.join("ns/mnt")).ok();
+        let same_mount_ns = match (ns(&proc), ns(Path::new("/proc/self"))) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        };
+        Self {
+            comm,
+            exe,
+            cgroup,
+            container_id,
+            same_mount_ns,
+        }
+    }
+}
+
+/// The last run of exactly 64 hex digits in a cgroup path.
+pub(crate) fn container_id(cgroup: &str) -> Option<String> {
+    cgroup
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .rev()
+        .find(|part| part.len() == 64)
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids_from_cgroup_paths() {
+        let id = "3f4e2b1c9d8a7f6e5d4c3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e";
+        assert_eq!(
+            container_id(&format!("/system.slice/docker-{id}.scope")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id(&format!("/kubepods/burstable/pod1234/{id}")).as_deref(),
+            Some(id)
+        );
+        assert_eq!(
+            container_id("/user.slice/user-0.slice/session-1.scope"),
+            None
+        );
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let me = ProcessInfo::read(std::process::id(), "fallback");
+        assert!(!me.comm.is_empty() && me.comm != "fallback");
+        assert!(
+            me.exe.ends_with(
+                &*std::env::current_exe()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+            )
+        );
+        assert!(me.same_mount_ns);
+        let gone = ProcessInfo::read(u32::MAX - 1, "fallback");
+        assert_eq!((gone.comm.as_str(), gone.exe.as_str()), ("fallback", ""));
+    }
+}

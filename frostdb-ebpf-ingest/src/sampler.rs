@@ -1,0 +1,344 @@
+//! The sampler: a thread that drains the probe every interval, symbolizes, and hands one
+//! profile per process to a [`Sink`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use frostdb_pprof::proto;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::probe::{KernelTotals, Probe, RawSample};
+use crate::procfs::ProcessInfo;
+use crate::profile::ProfileBuilder;
+use crate::symbolize::{SymbolizeStats, Symbolizer};
+
+/// A boxed error a sink returns.
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where the profiles of each interval go.
+pub trait Sink: Send + 'static {
+    /// Takes one interval's profiles. An error is logged and counted; sampling goes on.
+    fn write(&mut self, interval: Interval) -> Result<(), SinkError>;
+}
+
+impl<F> Sink for F
+where
+    F: FnMut(Interval) -> Result<(), SinkError> + Send + 'static,
+{
+    fn write(&mut self, interval: Interval) -> Result<(), SinkError> {
+        self(interval)
+    }
+}
+
+/// Sends each interval down a channel, for embedders that consume profiles elsewhere.
+impl Sink for mpsc::Sender<Interval> {
+    fn write(&mut self, interval: Interval) -> Result<(), SinkError> {
+        self.send(interval)
+            .map_err(|_| "the receiver of the sampler's profiles is gone".into())
+    }
+}
+
+/// One process's samples over one interval.
+#[derive(Debug, Clone)]
+pub struct ProcessProfile {
+    /// Host pid.
+    pub pid: u32,
+    /// What the process is: name, executable, cgroup, container.
+    pub info: ProcessInfo,
+    /// Samples in `profile`.
+    pub samples: u64,
+    /// The profile: sample types `samples/count` and `cpu/nanoseconds`, kernel frames
+    /// below (leaf-side of) user frames.
+    pub profile: proto::Profile,
+}
+
+impl ProcessProfile {
+    /// The series labels: `pid`, `comm`, `exe`, and `cgroup`/`container_id` where known.
+    pub fn labels(&self) -> Vec<(String, String)> {
+        let mut labels = vec![
+            ("pid".to_owned(), self.pid.to_string()),
+            ("comm".to_owned(), self.info.comm.clone()),
+        ];
+        if !self.info.exe.is_empty() {
+            labels.push(("exe".to_owned(), self.info.exe.clone()));
+        }
+        if !self.info.cgroup.is_empty() {
+            labels.push(("cgroup".to_owned(), self.info.cgroup.clone()));
+        }
+        if let Some(id) = &self.info.container_id {
+            labels.push(("container_id".to_owned(), id.clone()));
+        }
+        labels
+    }
+}
+
+/// The profiles of one interval and what it took to make them.
+#[derive(Debug, Clone)]
+pub struct Interval {
+    /// Start, ms since the epoch.
+    pub start_ms: i64,
+    /// Length, ms.
+    pub duration_ms: i64,
+    /// One profile per process with samples.
+    pub profiles: Vec<ProcessProfile>,
+    /// Samples recorded (the sum over `profiles`).
+    pub samples: u64,
+    /// Samples lost because the kernel's count map was full.
+    pub dropped: u64,
+    /// Time spent symbolizing this interval.
+    pub symbolize: Duration,
+    /// Unique addresses this interval looked up, and how many of those the caches answered.
+    pub addresses: (u64, u64),
+}
+
+/// Totals over the sampler's life, returned by [`Sampler::stop`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Intervals emitted (including the last, partial one).
+    pub intervals: u64,
+    /// Samples recorded.
+    pub samples: u64,
+    /// Samples lost because a count map was full.
+    pub dropped: u64,
+    /// Intervals a sink refused.
+    pub sink_errors: u64,
+    /// Sum of [`DrainCounts::unaccounted`](crate::DrainCounts): 0 when the double buffer
+    /// neither lost nor double-counted a sample.
+    pub unaccounted: i64,
+    /// What the kernel side counted.
+    pub kernel: KernelTotals,
+    /// Symbolization totals.
+    pub symbolize: SymbolizeStats,
+    /// CPUs sampled.
+    pub cpus: usize,
+}
+
+/// A running sampler. [`Sampler::stop`] (or dropping it) emits the last partial interval
+/// and detaches the BPF program from every CPU.
+#[derive(Debug)]
+pub struct Sampler {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<Result<Stats>>>,
+}
+
+impl Sampler {
+    /// Loads and attaches the BPF program, then samples on a thread of its own. Returns once
+    /// sampling runs, or the reason it cannot ([`Error::NotPermitted`] without privileges).
+    pub fn start(config: Config, sink: impl Sink) -> Result<Self> {
+        config.validate()?;
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("frostdb-ebpf".into())
+            .spawn(move || {
+                let probe = match Probe::attach(&config) {
+                    Ok(p) => {
+                        let _ = ready_tx.send(Ok(()));
+                        p
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return Ok(Stats::default());
+                    }
+                };
+                run(config, probe, sink, stop_rx)
+            })
+            .map_err(|e| Error::Io("spawning the sampler thread".into(), e))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => Err(Error::Thread(join_error(thread))),
+        }
+    }
+
+    /// Emits the last partial interval, detaches, and returns the totals.
+    pub fn stop(mut self) -> Result<Stats> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<Stats> {
+        drop(self.stop.take());
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|p| Error::Thread(panic_text(&p)))?,
+            None => Ok(Stats::default()),
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::error!("eBPF sampler: {e}");
+        }
+    }
+}
+
+fn join_error(thread: JoinHandle<Result<Stats>>) -> String {
+    match thread.join() {
+        Ok(Ok(_)) => "it ended before attaching".into(),
+        Ok(Err(e)) => e.to_string(),
+        Err(p) => panic_text(&p),
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "panic".into())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn run(
+    config: Config,
+    mut probe: Probe,
+    mut sink: impl Sink,
+    stop: mpsc::Receiver<()>,
+) -> Result<Stats> {
+    let mut symbolizer = Symbolizer::new();
+    let mut stats = Stats {
+        cpus: probe.cpus(),
+        ..Stats::default()
+    };
+    let mut start_ms = now_ms();
+    let mut next = Instant::now() + config.interval;
+    loop {
+        let last = match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
+        };
+        let end_ms = now_ms();
+        let (raw, counts) = probe.drain()?;
+        let before = symbolizer.stats;
+        let profiles = build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms);
+        let after = symbolizer.stats;
+        let interval = Interval {
+            start_ms,
+            duration_ms: end_ms - start_ms,
+            samples: counts.sampled,
+            dropped: counts.dropped,
+            symbolize: after.elapsed - before.elapsed,
+            addresses: (
+                after.addresses - before.addresses,
+                after.cache_hits - before.cache_hits,
+            ),
+            profiles,
+        };
+        stats.intervals += 1;
+        stats.samples += interval.samples;
+        stats.dropped += interval.dropped;
+        stats.unaccounted += counts.unaccounted;
+        tracing::debug!(
+            processes = interval.profiles.len(),
+            samples = interval.samples,
+            dropped = interval.dropped,
+            symbolize_ms = interval.symbolize.as_secs_f64() * 1e3,
+            addresses = interval.addresses.0,
+            cached = interval.addresses.1,
+            "eBPF interval"
+        );
+        if interval.dropped > 0 {
+            tracing::warn!(
+                dropped = interval.dropped,
+                "eBPF count map full: samples lost"
+            );
+        }
+        if let Err(e) = sink.write(interval) {
+            stats.sink_errors += 1;
+            tracing::warn!("eBPF sampler: the sink refused an interval: {e}");
+        }
+        start_ms = end_ms;
+        next += config.interval;
+        if last {
+            break;
+        }
+    }
+    stats.kernel = probe.totals()?;
+    stats.symbolize = symbolizer.stats;
+    probe.detach();
+    tracing::info!(
+        intervals = stats.intervals,
+        samples = stats.samples,
+        "eBPF sampler detached"
+    );
+    Ok(stats)
+}
+
+/// Groups the raw samples by process, symbolizes them, and builds a profile per process.
+fn build(
+    config: &Config,
+    symbolizer: &mut Symbolizer,
+    raw: Vec<RawSample>,
+    start_ms: i64,
+    duration_ms: i64,
+) -> Vec<ProcessProfile> {
+    let mut by_pid: BTreeMap<u32, Vec<RawSample>> = BTreeMap::new();
+    for s in raw {
+        by_pid.entry(s.pid).or_default().push(s);
+    }
+    // Kernel addresses: one lookup for all processes.
+    let kernel: Vec<u64> = by_pid
+        .values()
+        .flatten()
+        .flat_map(|s| s.kernel.iter().copied())
+        .collect::<HashSet<u64>>()
+        .into_iter()
+        .collect();
+    let kernel: HashMap<u64, _> = kernel
+        .iter()
+        .copied()
+        .zip(symbolizer.kernel(&kernel))
+        .collect();
+    let period = config.period_ns() as i64;
+    let mut out = Vec::with_capacity(by_pid.len());
+    for (pid, samples) in by_pid {
+        let info = ProcessInfo::read(pid, &samples[0].comm);
+        let user: Vec<u64> = samples
+            .iter()
+            .flat_map(|s| s.user.iter().copied())
+            .collect::<HashSet<u64>>()
+            .into_iter()
+            .collect();
+        let user: HashMap<u64, _> = user
+            .iter()
+            .copied()
+            .zip(symbolizer.user(pid, &info, &user))
+            .collect();
+        let mut builder =
+            ProfileBuilder::new(start_ms * 1_000_000, duration_ms * 1_000_000, period);
+        let mut total = 0;
+        for s in &samples {
+            let mut ids = Vec::with_capacity(s.kernel.len() + s.user.len());
+            for a in &s.kernel {
+                ids.push(builder.location(&kernel[a]));
+            }
+            for a in &s.user {
+                ids.push(builder.location(&user[a]));
+            }
+            builder.sample(ids, s.count);
+            total += s.count;
+        }
+        out.push(ProcessProfile {
+            pid,
+            info,
+            samples: total,
+            profile: builder.finish(),
+        });
+    }
+    out
+}

@@ -1,0 +1,380 @@
+//! Addresses to function names, in user space.
+//!
+//! User addresses go through blazesym in two steps: normalization (the process's
+//! `/proc/<pid>/maps` turns an address into a file offset in a module with a build id) and
+//! symbolization of that file offset in the module's ELF symbols and DWARF. Results are
+//! cached by (build id, file offset), so a library every process maps (libc) is symbolized
+//! once, not once per process, and a steady workload costs only cache lookups. Kernel
+//! addresses are symbolized from /proc/kallsyms and cached by address.
+//!
+//! What cannot be symbolized is kept, not dropped: the location keeps its module (path,
+//! build id) and file offset, so it can be symbolized later where the debug info is.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blazesym::normalize::{Normalizer, UserMeta};
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blazesym};
+use blazesym::{MaybeDefault, Pid};
+
+use crate::procfs::ProcessInfo;
+
+/// Past this many cached addresses the caches start again (bounded memory).
+const CACHE_LIMIT: usize = 1 << 20;
+
+/// A file a location's address belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Module {
+    /// Path as the process maps it, or `[kernel.kallsyms]`, or `[unknown]`.
+    pub(crate) path: String,
+    /// GNU build id, hex; empty when unknown.
+    pub(crate) build_id: String,
+}
+
+/// One frame of a symbolized address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Line {
+    pub(crate) function: Arc<str>,
+    pub(crate) file: Arc<str>,
+    pub(crate) line: u32,
+}
+
+/// An address resolved as far as possible.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    pub(crate) module: Arc<Module>,
+    /// File offset in `module` for user code; the address itself for kernel and unknown.
+    pub(crate) address: u64,
+    /// Innermost (inlined) first; empty when the address could not be symbolized.
+    pub(crate) lines: Arc<[Line]>,
+}
+
+/// What symbolization cost and found, summed over the sampler's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SymbolizeStats {
+    /// Addresses looked up (unique per process per interval).
+    pub addresses: u64,
+    /// Of those, answered from the caches.
+    pub cache_hits: u64,
+    /// Addresses left without a function name.
+    pub unsymbolized: u64,
+    /// Time spent, including reading /proc/<pid>/maps and ELF files.
+    pub elapsed: Duration,
+}
+
+pub(crate) struct Symbolizer {
+    normalizer: Normalizer,
+    blazesym: Blazesym,
+    user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
+    kernel: HashMap<u64, Arc<[Line]>>,
+    modules: HashMap<Module, Arc<Module>>,
+    kernel_module: Arc<Module>,
+    unknown: Arc<Module>,
+    pub(crate) stats: SymbolizeStats,
+}
+
+impl std::fmt::Debug for Symbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Symbolizer")
+            .field("user_cached", &self.user.len())
+            .field("kernel_cached", &self.kernel.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Symbolizer {
+    pub(crate) fn new() -> Self {
+        Self {
+            normalizer: Normalizer::builder()
+                .enable_build_ids(true)
+                .enable_build_id_caching(true)
+                .build(),
+            blazesym: Blazesym::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
+                .build(),
+            user: HashMap::new(),
+            kernel: HashMap::new(),
+            modules: HashMap::new(),
+            kernel_module: Arc::new(Module {
+                path: "[kernel.kallsyms]".into(),
+                build_id: kernel_build_id().unwrap_or_default(),
+            }),
+            unknown: Arc::new(Module {
+                path: "[unknown]".into(),
+                build_id: String::new(),
+            }),
+            stats: SymbolizeStats::default(),
+        }
+    }
+
+    /// Resolves the user addresses of one process (`addresses` unique).
+    pub(crate) fn user(
+        &mut self,
+        pid: u32,
+        info: &ProcessInfo,
+        addresses: &[u64],
+    ) -> Vec<Resolved> {
+        let started = Instant::now();
+        self.trim();
+        self.stats.addresses += addresses.len() as u64;
+        let unknown = |s: &Self, a: u64| Resolved {
+            module: s.unknown.clone(),
+            address: a,
+            lines: Arc::from([]),
+        };
+        let normalized = match self
+            .normalizer
+            .normalize_user_addrs(Pid::from(pid), addresses)
+        {
+            Ok(n) => n,
+            Err(e) => {
+                // The process exited before its interval ended: its maps are gone.
+                tracing::debug!(pid, "cannot normalize addresses: {e}");
+                self.stats.unsymbolized += addresses.len() as u64;
+                self.stats.elapsed += started.elapsed();
+                return addresses.iter().map(|&a| unknown(self, a)).collect();
+            }
+        };
+        // Module per meta entry; None for addresses outside any file.
+        let mut modules = std::mem::take(&mut self.modules);
+        let metas: Vec<Option<(Arc<Module>, PathBuf)>> = normalized
+            .meta
+            .iter()
+            .map(|meta| match meta {
+                UserMeta::Elf(elf) => {
+                    let module = Module {
+                        path: elf.path.to_string_lossy().into_owned(),
+                        build_id: elf.build_id.as_deref().map(hex).unwrap_or_default(),
+                    };
+                    let open = if info.same_mount_ns {
+                        elf.path.clone()
+                    } else {
+                        PathBuf::from(format!("/proc/{pid}/root"))
+                            .join(elf.path.strip_prefix("/").unwrap_or(&elf.path))
+                    };
+                    Some((intern(&mut modules, module), open))
+                }
+                _ => None,
+            })
+            .collect();
+        self.modules = modules;
+        let mut out: Vec<Option<Resolved>> = vec![None; addresses.len()];
+        // Misses, grouped by the file to open.
+        let mut misses: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
+        for (i, &(offset, meta)) in normalized.outputs.iter().enumerate() {
+            match &metas[meta] {
+                Some((module, _)) => match self.user.get(&(module.clone(), offset)) {
+                    Some(lines) => {
+                        self.stats.cache_hits += 1;
+                        out[i] = Some(Resolved {
+                            module: module.clone(),
+                            address: offset,
+                            lines: lines.clone(),
+                        });
+                    }
+                    None => misses.entry(meta).or_default().push((i, offset)),
+                },
+                None => out[i] = Some(unknown(self, addresses[i])),
+            }
+        }
+        for (meta, wanted) in misses {
+            let (module, open) = metas[meta].clone().expect("misses only for ELF metas");
+            let offsets: Vec<u64> = wanted.iter().map(|&(_, o)| o).collect();
+            let results = self
+                .blazesym
+                .symbolize(&Source::Elf(Elf::new(open)), Input::FileOffset(&offsets))
+                .unwrap_or_else(|e| {
+                    tracing::debug!(pid, module = %module.path, "cannot symbolize: {e}");
+                    Vec::new()
+                });
+            for (k, &(i, offset)) in wanted.iter().enumerate() {
+                let lines = match results.get(k) {
+                    Some(Symbolized::Sym(sym)) => lines_of(sym),
+                    _ => Arc::from([]),
+                };
+                self.user.insert((module.clone(), offset), lines.clone());
+                out[i] = Some(Resolved {
+                    module: module.clone(),
+                    address: offset,
+                    lines,
+                });
+            }
+        }
+        let out: Vec<Resolved> = out
+            .into_iter()
+            .zip(addresses)
+            .map(|(r, &a)| r.unwrap_or_else(|| unknown(self, a)))
+            .collect();
+        self.stats.unsymbolized += out.iter().filter(|r| r.lines.is_empty()).count() as u64;
+        self.stats.elapsed += started.elapsed();
+        out
+    }
+
+    /// Resolves kernel addresses (`addresses` unique) from /proc/kallsyms.
+    pub(crate) fn kernel(&mut self, addresses: &[u64]) -> Vec<Resolved> {
+        let started = Instant::now();
+        self.trim();
+        self.stats.addresses += addresses.len() as u64;
+        let misses: Vec<u64> = addresses
+            .iter()
+            .copied()
+            .filter(|a| !self.kernel.contains_key(a))
+            .collect();
+        self.stats.cache_hits += (addresses.len() - misses.len()) as u64;
+        if !misses.is_empty() {
+            let source = Source::Kernel(Kernel {
+                kallsyms: MaybeDefault::Default,
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Kernel::default()
+            });
+            let results = self
+                .blazesym
+                .symbolize(&source, Input::AbsAddr(&misses))
+                .unwrap_or_else(|e| {
+                    tracing::debug!("cannot symbolize kernel addresses: {e}");
+                    Vec::new()
+                });
+            for (k, &a) in misses.iter().enumerate() {
+                let lines = match results.get(k) {
+                    Some(Symbolized::Sym(sym)) => lines_of(sym),
+                    _ => Arc::from([]),
+                };
+                self.kernel.insert(a, lines);
+            }
+        }
+        let out: Vec<Resolved> = addresses
+            .iter()
+            .map(|&a| Resolved {
+                module: self.kernel_module.clone(),
+                address: a,
+                lines: self.kernel[&a].clone(),
+            })
+            .collect();
+        self.stats.unsymbolized += out.iter().filter(|r| r.lines.is_empty()).count() as u64;
+        self.stats.elapsed += started.elapsed();
+        out
+    }
+
+    fn trim(&mut self) {
+        if self.user.len() + self.kernel.len() > CACHE_LIMIT {
+            self.user.clear();
+            self.kernel.clear();
+            self.modules.clear();
+        }
+    }
+}
+
+fn intern(modules: &mut HashMap<Module, Arc<Module>>, module: Module) -> Arc<Module> {
+    modules
+        .entry(module)
+        .or_insert_with_key(|m| Arc::new(m.clone()))
+        .clone()
+}
+
+/// The frames blazesym found, innermost first (blazesym lists inlined calls outermost first).
+fn lines_of(sym: &Sym<'_>) -> Arc<[Line]> {
+    let file = |ci: Option<&blazesym::symbolize::CodeInfo<'_>>| -> (Arc<str>, u32) {
+        match ci {
+            Some(ci) => (
+                Arc::from(ci.to_path().to_string_lossy().as_ref()),
+                ci.line.unwrap_or(0),
+            ),
+            None => (Arc::from(""), 0),
+        }
+    };
+    let mut lines = Vec::with_capacity(1 + sym.inlined.len());
+    for inlined in sym.inlined.iter().rev() {
+        let (f, l) = file(inlined.code_info.as_ref());
+        lines.push(Line {
+            function: Arc::from(inlined.name.as_ref()),
+            file: f,
+            line: l,
+        });
+    }
+    let (f, l) = file(sym.code_info.as_deref());
+    lines.push(Line {
+        function: Arc::from(sym.name.as_ref()),
+        file: f,
+        line: l,
+    });
+    lines.into()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The running kernel's GNU build id, from the ELF notes in /sys/kernel/notes.
+fn kernel_build_id() -> Option<String> {
+    let notes = std::fs::read("/sys/kernel/notes").ok()?;
+    let mut at = 0;
+    let word = |i: usize| -> Option<usize> {
+        Some(u32::from_ne_bytes(notes.get(i..i + 4)?.try_into().ok()?) as usize)
+    };
+    while at + 12 <= notes.len() {
+        let (namesz, descsz, kind) = (word(at)?, word(at + 4)?, word(at + 8)?);
+        let name_at = at + 12;
+        let desc_at = name_at + namesz.next_multiple_of(4);
+        if kind == 3 && notes.get(name_at..name_at + namesz)? == b"GNU\0" {
+            return Some(hex(notes.get(desc_at..desc_at + descsz)?));
+        }
+        at = desc_at + descsz.next_multiple_of(4);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn a_function_with_a_known_name() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    #[test]
+    fn symbolizes_this_process() {
+        let mut s = Symbolizer::new();
+        let me = ProcessInfo::read(std::process::id(), "");
+        let address = a_function_with_a_known_name as *const () as u64;
+        let unmapped = 8u64; // page zero is never mapped
+        let out = s.user(std::process::id(), &me, &[address, unmapped]);
+        let names: Vec<&str> = out[0].lines.iter().map(|l| &*l.function).collect();
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("a_function_with_a_known_name")),
+            "{names:?}"
+        );
+        assert!(
+            out[0].module.path.ends_with(
+                &*std::env::current_exe()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+            )
+        );
+        assert!(
+            !out[0].module.build_id.is_empty(),
+            "rustc links with a build id"
+        );
+        // Kept, with no name, rather than dropped.
+        assert_eq!(
+            (out[1].module.path.as_str(), out[1].address),
+            ("[unknown]", unmapped)
+        );
+        assert!(out[1].lines.is_empty());
+        // Again: from the cache.
+        let hits = s.stats.cache_hits;
+        let again = s.user(std::process::id(), &me, &[address]);
+        assert_eq!(s.stats.cache_hits, hits + 1);
+        assert_eq!(again[0].lines, out[0].lines);
+    }
+}
