@@ -1119,3 +1119,57 @@ async fn refused_requests_are_logged() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
+    if let Err(why) = frostdb_ebpf_ingest::check_permitted() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A program that spins in known functions, built with frame pointers.
+    let spin = dir.path().join("spin");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../frostdb-ebpf-ingest/tests/spin.c");
+    let status = std::process::Command::new("cc")
+        .args(["-O0", "-fno-omit-frame-pointer", "-o"])
+        .arg(&spin)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let child = std::process::Command::new(&spin)
+        .arg("user")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _spin = Kill(child.id());
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[ebpf]\nfrequency_hz = 99\ninterval = \"1s\"\n"),
+    );
+    s.log_until(|l| l.contains("eBPF interval stored") && !l.contains("processes=0"));
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
+    assert!(
+        types.to_string().contains("ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        "{types}"
+    );
+    let comms = get_json(&format!("{}/api/v1/label/comm/values", s.url), None).await;
+    assert!(comms.to_string().contains("\"spin\""), "{comms}");
+    let selector = format!(
+        "ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds{{comm=\"spin\",pid=\"{}\"}}",
+        child.id()
+    );
+    let (status, top) = get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            common::enc(&selector)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{top}");
+    assert!(top.contains("frostdb_spin_user"), "{top}");
+    assert!(s.terminate(), "the server stops cleanly");
+}

@@ -6,7 +6,7 @@
 //! frostdb types --data DIR
 //! frostdb query --data DIR SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
 //! frostdb sql --data DIR 'SELECT ...'
-//! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN]
+//! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN] [--ebpf]
 //! ```
 
 use std::io::Write;
@@ -94,6 +94,13 @@ enum Command {
         /// Require `Authorization: Bearer TOKEN` (default: the config's, else none).
         #[arg(long, env = "FROSTDB_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// Profile every process on this host with eBPF (needs root, or CAP_BPF and
+        /// CAP_PERFMON) into the store, as profile type `ebpf_cpu`.
+        #[arg(long)]
+        ebpf: bool,
+        /// eBPF samples per second per CPU (default: the config's, else 19).
+        #[arg(long, requires = "ebpf")]
+        ebpf_frequency: Option<u64>,
     },
     /// Run SQL over the stored tables and print the result.
     Sql {
@@ -340,6 +347,8 @@ fn serve(
     listen: Option<std::net::SocketAddr>,
     config: Option<PathBuf>,
     token: Option<String>,
+    ebpf: bool,
+    ebpf_frequency: Option<u64>,
 ) -> Result<ExitCode, BoxError> {
     use frostdb_examples::server;
     tracing_subscriber::fmt()
@@ -362,6 +371,12 @@ fn serve(
     }
     if token.is_some() {
         config.token = token;
+    }
+    if ebpf {
+        let e = config.ebpf.get_or_insert_with(Default::default);
+        if let Some(hz) = ebpf_frequency {
+            e.frequency_hz = hz;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -395,7 +410,9 @@ fn main() -> ExitCode {
             listen,
             config,
             token,
-        } => serve(data, listen, config, token),
+            ebpf,
+            ebpf_frequency,
+        } => serve(data, listen, config, token, ebpf, ebpf_frequency),
     };
     match result {
         Ok(code) => code,

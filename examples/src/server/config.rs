@@ -45,6 +45,50 @@ pub struct Config {
     /// Targets to scrape.
     #[serde(default)]
     pub scrape: Vec<ScrapeConfig>,
+    /// Whole-host eBPF sampling (`--ebpf`); off when absent.
+    #[serde(default)]
+    pub ebpf: Option<EbpfConfig>,
+}
+
+/// The eBPF sampler's settings: `[ebpf]` in the TOML, or `--ebpf` for the defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EbpfConfig {
+    /// Samples per second per CPU.
+    #[serde(default = "default_ebpf_frequency")]
+    pub frequency_hz: u64,
+    /// How often each process's profile is stored, e.g. `10s`.
+    #[serde(default = "default_ebpf_interval", with = "duration")]
+    pub interval: Duration,
+    /// Only these processes (host pids); all when empty.
+    #[serde(default)]
+    pub pids: Vec<u32>,
+    /// Only processes in this cgroup (v2) directory or below.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
+    /// The tenant to store into.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+}
+
+impl Default for EbpfConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: default_ebpf_frequency(),
+            interval: default_ebpf_interval(),
+            pids: Vec::new(),
+            cgroup: None,
+            tenant: default_tenant(),
+        }
+    }
+}
+
+fn default_ebpf_frequency() -> u64 {
+    19
+}
+
+fn default_ebpf_interval() -> Duration {
+    Duration::from_secs(10)
 }
 
 /// Limits that keep one client from hurting the others.
@@ -158,6 +202,7 @@ impl Default for Config {
             token: None,
             limits: Limits::default(),
             scrape: Vec::new(),
+            ebpf: None,
         }
     }
 }
@@ -198,6 +243,16 @@ impl Config {
             crate::server::tenants::validate_tenant(&job.tenant)
                 .map_err(|e| format!("scrape job {:?}: {e}", job.job))?;
         }
+        if let Some(ebpf) = &self.ebpf {
+            if !ebpf.pids.is_empty() && ebpf.cgroup.is_some() {
+                return Err("[ebpf]: give `pids` or `cgroup`, not both".into());
+            }
+            crate::server::tenants::validate_tenant(&ebpf.tenant)
+                .map_err(|e| format!("[ebpf]: {e}"))?;
+            crate::server::ebpf::sampler_config(ebpf)
+                .validate()
+                .map_err(|e| format!("[ebpf]: {e}"))?;
+        }
         if self.token.as_deref() == Some("") {
             return Err("`token` is empty".into());
         }
@@ -223,6 +278,9 @@ mod tests {
             interval = "2s"
             profiles = ["cpu", "heap"]
             labels = { env = "dev" }
+            [ebpf]
+            frequency_hz = 99
+            interval = "2s"
             "#,
         )
         .unwrap();
@@ -233,6 +291,9 @@ mod tests {
         assert_eq!(c.scrape[0].interval, Duration::from_secs(2));
         assert_eq!(c.scrape[0].labels["env"], "dev");
         assert_eq!(c.scrape[0].tenant, DEFAULT_TENANT);
+        let ebpf = c.ebpf.unwrap();
+        assert_eq!((ebpf.frequency_hz, ebpf.interval), (99, Duration::from_secs(2)));
+        assert_eq!(ebpf.tenant, DEFAULT_TENANT);
     }
 
     #[test]
@@ -248,5 +309,7 @@ mod tests {
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\ninterval='0s'").contains("positive"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nscheme='https'").contains("https"));
         assert!(bad("colour = 1").contains("colour"));
+        assert!(bad("[ebpf]\nfrequency_hz = 0").contains("frequency_hz"));
+        assert!(bad("[ebpf]\npids = [1]\ncgroup = '/sys/fs/cgroup'").contains("not both"));
     }
 }

@@ -2,10 +2,12 @@
 //!
 //! Data flows left to right through the folders: [`ingest`] (Pyroscope push, legacy
 //! `/ingest`, OTLP) and [`scrape`] (pulling `/debug/pprof/*`) turn what arrives into pprof
-//! profiles and store them in the caller's [`tenants`] database; [`query`] answers the API
-//! and [`web`] serves the page that calls it.
+//! profiles and store them in the caller's [`tenants`] database, as does [`ebpf`] (sampling
+//! every process on this host); [`query`] answers the API and [`web`] serves the page that
+//! calls it.
 
 pub mod config;
+pub mod ebpf;
 pub mod error;
 pub mod ingest;
 pub mod query;
@@ -159,6 +161,10 @@ pub async fn serve(config: Config) -> Result<(), String> {
         "frostdb server listening on http://{address}/"
     );
     let scrapers = scrape::start(state.clone());
+    let sampler = match &state.config.ebpf {
+        Some(ebpf) => Some(ebpf::start(state.clone(), ebpf)?),
+        None => None,
+    };
     let app = router(state.clone());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
@@ -166,6 +172,13 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("server error: {e}"))?;
     for s in scrapers {
         s.abort();
+    }
+    if let Some(sampler) = sampler {
+        // Stores the last partial interval, then detaches from every CPU.
+        tokio::task::spawn_blocking(move || sampler.stop())
+            .await
+            .map_err(|e| format!("eBPF sampler: {e}"))?
+            .map_err(|e| format!("eBPF sampler: {e}"))?;
     }
     tracing::info!("shutting down: flushing tenants");
     let flushing = state.clone();
