@@ -1151,7 +1151,9 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     s.log_until(|l| l.contains("eBPF interval stored") && !l.contains("processes=0"));
     let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
     assert!(
-        types.to_string().contains("ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds"),
+        types
+            .to_string()
+            .contains("ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds"),
         "{types}"
     );
     let comms = get_json(&format!("{}/api/v1/label/comm/values", s.url), None).await;

@@ -91,6 +91,12 @@ pub struct KernelTotals {
     pub no_user_stack: u64,
     /// Samples in kernel mode whose kernel stack could not be read.
     pub no_kernel_stack: u64,
+    /// Runs of the BPF program and the time they took, as the kernel accounts them: zero
+    /// unless BPF run-time statistics are on (`kernel.bpf_stats_enabled`, or
+    /// `aya::sys::enable_stats`).
+    pub bpf_runs: u64,
+    /// See `bpf_runs`.
+    pub bpf_run_time: Duration,
 }
 
 /// The loaded, attached BPF program and its maps. Dropping it detaches everything.
@@ -262,10 +268,21 @@ impl Probe {
 
     /// Totals since attach.
     pub(crate) fn totals(&self) -> Result<KernelTotals> {
+        let program: &PerfEvent = self
+            .ebpf
+            .program("sample")
+            .ok_or(Error::MissingMap("sample (program)"))?
+            .try_into()
+            .map_err(|e| Error::bpf("the sample program", e))?;
+        let info = program
+            .info()
+            .map_err(|e| Error::bpf("reading the program's statistics", e))?;
         Ok(KernelTotals {
             idle: self.read_total(T_IDLE)?,
             no_user_stack: self.read_total(T_NO_USER_STACK)?,
             no_kernel_stack: self.read_total(T_NO_KERNEL_STACK)?,
+            bpf_runs: info.run_count(),
+            bpf_run_time: info.run_time(),
         })
     }
 

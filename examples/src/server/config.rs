@@ -292,7 +292,10 @@ mod tests {
         assert_eq!(c.scrape[0].labels["env"], "dev");
         assert_eq!(c.scrape[0].tenant, DEFAULT_TENANT);
         let ebpf = c.ebpf.unwrap();
-        assert_eq!((ebpf.frequency_hz, ebpf.interval), (99, Duration::from_secs(2)));
+        assert_eq!(
+            (ebpf.frequency_hz, ebpf.interval),
+            (99, Duration::from_secs(2))
+        );
         assert_eq!(ebpf.tenant, DEFAULT_TENANT);
     }
 

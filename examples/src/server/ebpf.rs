@@ -3,9 +3,9 @@
 
 use frostdb_ebpf_ingest::{Config, Interval, Sampler, Target};
 
+use super::Shared;
 use super::config::EbpfConfig;
 use super::ingest::{Incoming, store};
-use super::Shared;
 
 /// The sampler's configuration from the server's.
 pub fn sampler_config(c: &EbpfConfig) -> Config {

@@ -1,0 +1,122 @@
+//! What the sampler costs: CPU seconds per wall second of the sampling process (drains,
+//! symbolization, profile building) and of the BPF program (the kernel's own run-time
+//! accounting), sampling every process while two programs keep both CPUs busy, at 19 and
+//! 99 Hz; and symbolization time per interval.
+//!
+//! `cargo bench -p frostdb-ebpf-ingest --bench overhead` (root). `FROSTDB_EBPF_BENCH_SECS`
+//! sets the seconds per frequency (default 60), `FROSTDB_EBPF_BENCH_HZ` the frequencies
+//! (default `19,99`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use frostdb_ebpf_ingest::{Config, Interval, Sampler, Target, check_permitted};
+
+/// CPU time of this whole process, all threads, exited ones included.
+fn cpu_of_self() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+struct Kill(Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return; // cargo bench --list, nextest probing
+    }
+    if let Err(e) = check_permitted() {
+        println!("skipped: {e}");
+        return;
+    }
+    let secs: u64 = std::env::var("FROSTDB_EBPF_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let rates: Vec<u64> = std::env::var("FROSTDB_EBPF_BENCH_HZ")
+        .unwrap_or_else(|_| "19,99".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .expect("BPF run-time statistics (kernel 5.8+)");
+    let dir = tempfile::tempdir().unwrap();
+    let spin = dir.path().join("spin");
+    let ok = Command::new("cc")
+        .args(["-O0", "-fno-omit-frame-pointer", "-o"])
+        .arg(&spin)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/spin.c"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cc failed");
+    let busy: Vec<Kill> = (0..2)
+        .map(|_| {
+            let mut c = Command::new(&spin)
+                .arg("mixed")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            Kill(c)
+        })
+        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "sampling all processes, 2 busy programs on {cpus} CPUs, {secs} s per rate, 10 s intervals"
+    );
+    println!(
+        "{:>6} {:>9} {:>14} {:>14} {:>10} {:>14} {:>14}",
+        "Hz", "samples", "sampler CPU/s", "BPF CPU/s", "ns/sample", "symb. 1st ms", "symb. med ms"
+    );
+    for hz in rates {
+        let (tx, rx) = mpsc::channel::<Interval>();
+        let config = Config {
+            frequency_hz: hz,
+            target: Target::All,
+            ..Config::default()
+        };
+        let cpu0 = cpu_of_self();
+        let wall0 = Instant::now();
+        let sampler = Sampler::start(config, tx).expect("sampler starts");
+        let intervals: Vec<Interval> = rx.iter().take((secs / 10).max(1) as usize).collect();
+        let stats = sampler.stop().unwrap();
+        let wall = wall0.elapsed().as_secs_f64();
+        let cpu = (cpu_of_self() - cpu0).as_secs_f64();
+        let bpf = stats.kernel.bpf_run_time.as_secs_f64();
+        let symbolize: Vec<Duration> = intervals.iter().map(|i| i.symbolize).collect();
+        println!(
+            "{hz:>6} {:>9} {:>13.5}s {:>13.5}s {:>10.0} {:>14.1} {:>14.1}",
+            stats.samples,
+            cpu / wall,
+            bpf / wall,
+            bpf * 1e9 / stats.kernel.bpf_runs.max(1) as f64,
+            symbolize.first().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            median(symbolize[1..].to_vec()).as_secs_f64() * 1e3,
+        );
+        println!(
+            "       ({:.3}% + {:.3}% of {cpus} CPUs; {} BPF runs incl. idle, {} addresses looked up, {:.0}% from cache)",
+            100.0 * cpu / wall / cpus as f64,
+            100.0 * bpf / wall / cpus as f64,
+            stats.kernel.bpf_runs,
+            stats.symbolize.addresses,
+            100.0 * stats.symbolize.cache_hits as f64 / stats.symbolize.addresses.max(1) as f64,
+        );
+    }
+    drop(busy);
+}
