@@ -805,6 +805,15 @@ fn start_goapp(addr: &str, out: &std::path::Path) -> u32 {
         .unwrap()
 }
 
+/// A child process killed and reaped on drop.
+struct Reap(std::process::Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Kill(u32);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -1138,12 +1147,13 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
         .status()
         .unwrap();
     assert!(status.success());
-    let child = std::process::Command::new(&spin)
-        .arg("user")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let _spin = Kill(child.id());
+    let spin = Reap(
+        std::process::Command::new(&spin)
+            .arg("user")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let s = Server::start(
         &dir.path().join("data"),
         Some("[ebpf]\nfrequency_hz = 99\ninterval = \"1s\"\n"),
@@ -1160,7 +1170,7 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     assert!(comms.to_string().contains("\"spin\""), "{comms}");
     let selector = format!(
         "ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds{{comm=\"spin\",pid=\"{}\"}}",
-        child.id()
+        spin.0.id()
     );
     let (status, top) = get(
         &format!(

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues, StackTraceMap};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, include_bytes_aligned};
@@ -30,14 +30,19 @@ const T_DROPPED: u32 = 2;
 const T_IDLE: u32 = 4;
 const T_NO_USER_STACK: u32 = 5;
 const T_NO_KERNEL_STACK: u32 = 6;
+const T_STACKS_FULL: u32 = 7;
+const STACK_DEPTH: usize = 127;
 
 /// `struct key_t` of the BPF program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     pid: u32,
-    user_stack_id: i32,
-    kernel_stack_id: i32,
+    pad: u32,
+    /// Hash of the user stack; 0 when there is none.
+    user_stack: u64,
+    /// Hash of the kernel stack; 0 when there is none.
+    kernel_stack: u64,
     comm: [u8; 16],
 }
 
@@ -50,8 +55,8 @@ struct Settings {
     cgroup_id: u64,
 }
 
-// SAFETY: both are `repr(C)` structs of plain integers with no padding (4+4+4+16 and
-// 4+4+8 bytes), so every bit pattern is a valid value, as `Pod` requires.
+// SAFETY: both are `repr(C)` structs of plain integers with no implicit padding
+// (4+4+8+8+16 and 4+4+8 bytes), so every bit pattern is a valid value, as `Pod` requires.
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for Key {}
 #[allow(unsafe_code)]
@@ -91,6 +96,8 @@ pub struct KernelTotals {
     pub no_user_stack: u64,
     /// Samples in kernel mode whose kernel stack could not be read.
     pub no_kernel_stack: u64,
+    /// Stacks not kept because a stack map was full (their samples still count).
+    pub stacks_full: u64,
     /// Runs of the BPF program and the time they took, as the kernel accounts them: zero
     /// unless BPF run-time statistics are on (`kernel.bpf_stats_enabled`, or
     /// `aya::sys::enable_stats`).
@@ -121,7 +128,7 @@ impl std::fmt::Debug for Probe {
 
 struct Buffer {
     counts: BpfHashMap<MapData, Key, u64>,
-    stacks: StackTraceMap<MapData>,
+    stacks: BpfHashMap<MapData, u64, [u64; STACK_DEPTH]>,
 }
 
 impl Probe {
@@ -214,21 +221,14 @@ impl Probe {
             let (key, count) = entry.map_err(|e| Error::bpf("reading counts", e))?;
             keys.push((key, count));
         }
-        let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
-        let mut frames = |id: i32| -> Vec<u64> {
-            if id < 0 {
-                return Vec::new();
-            }
-            stacks
-                .entry(id)
-                .or_insert_with(|| match buffer.stacks.get(&(id as u32), 0) {
-                    Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
-                    // A stack id whose slot a later stack reused (BPF_F_REUSE_STACKID): the
-                    // sample still counts, without frames.
-                    Err(_) => Vec::new(),
-                })
-                .clone()
-        };
+        let mut stacks: HashMap<u64, Vec<u64>> = HashMap::new();
+        for entry in buffer.stacks.iter() {
+            let (hash, ips) = entry.map_err(|e| Error::bpf("reading stacks", e))?;
+            // The helper zeroes the slots past the stack's depth.
+            let depth = ips.iter().position(|&ip| ip == 0).unwrap_or(ips.len());
+            stacks.insert(hash, ips[..depth].to_vec());
+        }
+        let frames = |hash: u64| stacks.get(&hash).cloned().unwrap_or_default();
         let mut samples = Vec::with_capacity(keys.len());
         let mut sampled = 0;
         for (key, count) in &keys {
@@ -236,18 +236,17 @@ impl Probe {
             samples.push(RawSample {
                 pid: key.pid,
                 comm: comm(&key.comm),
-                user: frames(key.user_stack_id),
-                kernel: frames(key.kernel_stack_id),
+                user: frames(key.user_stack),
+                kernel: frames(key.kernel_stack),
                 count: *count,
             });
         }
-        // Clear: every count key, every stack (including ones only dropped samples made).
+        // Clear both maps of this buffer for its next turn.
         for (key, _) in &keys {
             let _ = buffer.counts.remove(key);
         }
-        let ids: Vec<u32> = buffer.stacks.stack_ids().filter_map(|r| r.ok()).collect();
-        for id in ids {
-            let _ = buffer.stacks.remove(&id);
+        for hash in stacks.keys() {
+            let _ = buffer.stacks.remove(hash);
         }
         let kept = self.take_total(T_SAMPLED + old)?;
         let dropped = self.take_total(T_DROPPED + old)?;
@@ -281,6 +280,7 @@ impl Probe {
             idle: self.read_total(T_IDLE)?,
             no_user_stack: self.read_total(T_NO_USER_STACK)?,
             no_kernel_stack: self.read_total(T_NO_KERNEL_STACK)?,
+            stacks_full: self.read_total(T_STACKS_FULL)?,
             bpf_runs: info.run_count(),
             bpf_run_time: info.run_time(),
         })
@@ -322,7 +322,7 @@ fn take(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map> {
 fn buffer(ebpf: &mut Ebpf, index: usize) -> Result<Buffer> {
     let counts = BpfHashMap::try_from(take(ebpf, ["counts0", "counts1"][index])?)
         .map_err(|e| Error::bpf("opening a count map", e))?;
-    let stacks = StackTraceMap::try_from(take(ebpf, ["stacks0", "stacks1"][index])?)
+    let stacks = BpfHashMap::try_from(take(ebpf, ["stacks0", "stacks1"][index])?)
         .map_err(|e| Error::bpf("opening a stack map", e))?;
     Ok(Buffer { counts, stacks })
 }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::probe::{KernelTotals, Probe, RawSample};
 use crate::procfs::ProcessInfo;
 use crate::profile::ProfileBuilder;
-use crate::symbolize::{SymbolizeStats, Symbolizer};
+use crate::symbolize::{Resolved, SymbolizeStats, Symbolizer};
 
 /// A boxed error a sink returns.
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
@@ -305,6 +305,7 @@ fn build(
         .zip(symbolizer.kernel(&kernel))
         .collect();
     let period = config.period_ns() as i64;
+    let no_stack = Resolved::placeholder("[stack not readable]");
     let mut out = Vec::with_capacity(by_pid.len());
     for (pid, samples) in by_pid {
         let info = ProcessInfo::read(pid, &samples[0].comm);
@@ -329,6 +330,9 @@ fn build(
             }
             for a in &s.user {
                 ids.push(builder.location(&user[a]));
+            }
+            if ids.is_empty() {
+                ids.push(builder.location(&no_stack));
             }
             builder.sample(ids, s.count);
             total += s.count;

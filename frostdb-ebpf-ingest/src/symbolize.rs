@@ -52,6 +52,24 @@ pub(crate) struct Resolved {
     pub(crate) lines: Arc<[Line]>,
 }
 
+impl Resolved {
+    /// A frame standing for a stack that could not be read, so its samples still count.
+    pub(crate) fn placeholder(name: &str) -> Self {
+        Resolved {
+            module: Arc::new(Module {
+                path: "[unknown]".into(),
+                build_id: String::new(),
+            }),
+            address: 0,
+            lines: Arc::from([Line {
+                function: Arc::from(name),
+                file: Arc::from(""),
+                line: 0,
+            }]),
+        }
+    }
+}
+
 /// What symbolization cost and found, summed over the sampler's life.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SymbolizeStats {

@@ -262,6 +262,11 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
         "a sample was lost or counted twice at a swap"
     );
     assert_eq!(stats.dropped, 0);
+    // Both programs always have a user stack, and the stack maps never filled.
+    assert_eq!(
+        (stats.kernel.no_user_stack, stats.kernel.stacks_full),
+        (0, 0)
+    );
     assert_eq!(stats.intervals as usize, intervals.len());
     let read: u64 = intervals.iter().map(|i| i.samples).sum();
     assert_eq!(read, stats.samples);
@@ -320,4 +325,39 @@ fn a_bad_configuration_is_an_error_not_a_panic() {
         .unwrap_err();
         assert!(err.to_string().contains("/nonexistent/cgroup"), "{err}");
     }
+}
+
+#[test]
+fn without_privileges_starting_is_a_clear_error_not_a_panic() {
+    let root = check_permitted().is_ok();
+    if std::env::var_os("FROSTDB_EBPF_UNPRIVILEGED").is_some() || !root {
+        // An unprivileged process: the sampler says what is missing.
+        let err = Sampler::start(Config::default(), |_: Interval| Ok(())).unwrap_err();
+        assert!(matches!(err, Error::NotPermitted(_)), "{err}");
+        assert!(err.to_string().contains("CAP_BPF"), "{err}");
+        return;
+    }
+    // As root: run this very test again as nobody, with no capabilities.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "without_privileges_starting_is_a_clear_error_not_a_panic",
+            "--nocapture",
+        ])
+        .env("FROSTDB_EBPF_UNPRIVILEGED", "1")
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -20,16 +20,27 @@
 #define FILTER_CGROUP 2
 
 #define T_SAMPLED 0 // + buffer: samples kept in that buffer
-#define T_DROPPED 2 // + buffer: samples lost because that buffer's map was full
+#define T_DROPPED 2 // + buffer: samples lost because that buffer's count map was full
 #define T_IDLE 4 // samples of the idle task (pid 0), not recorded
 #define T_NO_USER_STACK 5 // user stack could not be read (kernel threads have none)
 #define T_NO_KERNEL_STACK 6 // in kernel mode, yet no kernel stack
+#define T_STACKS_FULL 7 // a stack was not kept: that buffer's stack map was full
 #define T_LEN 8
+
+// Stacks are keyed by a 64-bit hash of their content, not kept in a STACK_TRACE map: that
+// map's ids are bucket indexes, so two stacks landing in one bucket either lose the second
+// (-EEXIST) or, with BPF_F_REUSE_STACKID, silently give the first one's samples the second's
+// frames. With a few thousand distinct stacks per interval that is a percent or more of
+// them. Here a stack is lost only when the map is full, and then it is counted.
+struct stack_t {
+	__u64 ips[STACK_DEPTH];
+};
 
 struct key_t {
 	__u32 pid;
-	__s32 user_stack_id;
-	__s32 kernel_stack_id;
+	__u32 pad;
+	__u64 user_stack; // hash; 0 = none
+	__u64 kernel_stack; // hash; 0 = none
 	char comm[16];
 };
 
@@ -76,11 +87,19 @@ struct {
 	} name SEC(".maps")
 #define STACKS(name)                                                                       \
 	struct {                                                                           \
-		__uint(type, BPF_MAP_TYPE_STACK_TRACE);                                    \
+		__uint(type, BPF_MAP_TYPE_HASH);                                           \
 		__uint(max_entries, MAX_STACKS);                                           \
-		__uint(key_size, sizeof(__u32));                                           \
-		__uint(value_size, STACK_DEPTH * sizeof(__u64));                           \
+		__type(key, __u64);                                                        \
+		__type(value, struct stack_t);                                             \
 	} name SEC(".maps")
+
+// Scratch space for reading a stack (too big for the BPF stack).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct stack_t);
+} scratch SEC(".maps");
 
 COUNTS(counts0);
 COUNTS(counts1);
@@ -94,20 +113,52 @@ static __always_inline void bump(__u32 index)
 		*v += 1; // per-CPU: no other writer
 }
 
+// Reads the stack `flags` asks for into scratch, stores it in `stacks` under the hash of
+// its content, and returns the hash (0: no stack).
+static __always_inline __u64 stack(struct bpf_perf_event_data *ctx, void *stacks,
+				   __u64 flags)
+{
+	__u32 zero = 0;
+	struct stack_t *st = bpf_map_lookup_elem(&scratch, &zero);
+	if (!st)
+		return 0;
+	long bytes = bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags);
+	if (bytes <= 0)
+		return 0;
+	__u32 n = bytes / sizeof(__u64);
+	// FNV-1a over the frames; the tail past n is zeroed by the helper.
+	__u64 h = 0xcbf29ce484222325ULL;
+	for (__u32 i = 0; i < STACK_DEPTH; i++) {
+		if (i >= n)
+			break;
+		h = (h ^ st->ips[i]) * 0x100000001b3ULL;
+	}
+	if (h == 0)
+		h = 1;
+	if (!bpf_map_lookup_elem(stacks, &h)) {
+		long err = bpf_map_update_elem(stacks, &h, st, BPF_NOEXIST);
+		if (err && err != -17 /* EEXIST: another CPU stored it first */) {
+			bump(T_STACKS_FULL);
+			return 0;
+		}
+	}
+	return h;
+}
+
 static __always_inline void record(struct bpf_perf_event_data *ctx, void *counts, void *stacks,
 				   __u32 buffer, __u32 pid)
 {
-	struct key_t key = { .pid = pid, .kernel_stack_id = -1 };
+	struct key_t key = { .pid = pid };
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
-	// A sample that interrupted user mode has no kernel frames (the helper answers
+	// A sample that interrupted user mode has no kernel frames (the helper would answer
 	// -EFAULT): only ask for a kernel stack when the CPU was in ring 0.
 	if ((ctx->regs.cs & 3) == 0) {
-		key.kernel_stack_id = bpf_get_stackid(ctx, stacks, BPF_F_REUSE_STACKID);
-		if (key.kernel_stack_id < 0)
+		key.kernel_stack = stack(ctx, stacks, 0);
+		if (!key.kernel_stack)
 			bump(T_NO_KERNEL_STACK);
 	}
-	key.user_stack_id = bpf_get_stackid(ctx, stacks, BPF_F_USER_STACK | BPF_F_REUSE_STACKID);
-	if (key.user_stack_id < 0)
+	key.user_stack = stack(ctx, stacks, BPF_F_USER_STACK);
+	if (!key.user_stack)
 		bump(T_NO_USER_STACK);
 
 	__u64 *count = bpf_map_lookup_elem(counts, &key);
