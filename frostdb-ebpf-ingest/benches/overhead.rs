@@ -94,7 +94,17 @@ fn main() {
         let cpu0 = cpu_of_self();
         let wall0 = Instant::now();
         let sampler = Sampler::start(config, tx).expect("sampler starts");
-        let intervals: Vec<Interval> = rx.iter().take((secs / 10).max(1) as usize).collect();
+        let start_cpu = (cpu_of_self() - cpu0).as_secs_f64();
+        let mut intervals: Vec<Interval> = Vec::new();
+        // Steady state: from the first interval (caches warm) to the last.
+        let (mut cpu1, mut wall1) = (Duration::ZERO, Instant::now());
+        for interval in rx.iter().take((secs / 10).max(2) as usize) {
+            if intervals.is_empty() {
+                (cpu1, wall1) = (cpu_of_self(), Instant::now());
+            }
+            intervals.push(interval);
+        }
+        let steady = (cpu_of_self() - cpu1).as_secs_f64() / wall1.elapsed().as_secs_f64();
         let stats = sampler.stop().unwrap();
         let wall = wall0.elapsed().as_secs_f64();
         let cpu = (cpu_of_self() - cpu0).as_secs_f64();
@@ -108,6 +118,11 @@ fn main() {
             bpf * 1e9 / stats.kernel.bpf_runs.max(1) as f64,
             symbolize.first().map_or(0.0, |d| d.as_secs_f64() * 1e3),
             median(symbolize[1..].to_vec()).as_secs_f64() * 1e3,
+        );
+        println!(
+            "       (steady state {steady:.5} CPU s/s after the first interval; start-up \
+             (load, verify, attach) {:.0} ms CPU)",
+            start_cpu * 1e3
         );
         println!(
             "       ({:.3}% + {:.3}% of {cpus} CPUs; {} BPF runs incl. idle, {} addresses looked up, {:.0}% from cache)",

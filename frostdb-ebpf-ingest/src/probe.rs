@@ -224,11 +224,23 @@ impl Probe {
         let mut stacks: HashMap<u64, Vec<u64>> = HashMap::new();
         for entry in buffer.stacks.iter() {
             let (hash, ips) = entry.map_err(|e| Error::bpf("reading stacks", e))?;
-            // The helper zeroes the slots past the stack's depth.
-            let depth = ips.iter().position(|&ip| ip == 0).unwrap_or(ips.len());
+            // The helper zeroes the slots past the stack's depth. An address in page zero is
+            // where a frame-pointer walk went astray (code compiled without frame pointers
+            // used the register): it and what follows are garbage, not frames.
+            let depth = ips.iter().position(|&ip| ip < 4096).unwrap_or(ips.len());
             stacks.insert(hash, ips[..depth].to_vec());
         }
-        let frames = |hash: u64| stacks.get(&hash).cloned().unwrap_or_default();
+        // Every frame but the leaf is a return address: the instruction after the call.
+        // Symbolize the call itself (address - 1), or the frame takes the inlined functions
+        // and line of whatever follows the call, and a call ending a function lands in the
+        // next one.
+        let frames = |hash: u64| -> Vec<u64> {
+            let mut ips = stacks.get(&hash).cloned().unwrap_or_default();
+            for ip in ips.iter_mut().skip(1) {
+                *ip -= 1;
+            }
+            ips
+        };
         let mut samples = Vec::with_capacity(keys.len());
         let mut sampled = 0;
         for (key, count) in &keys {
