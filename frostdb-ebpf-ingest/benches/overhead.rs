@@ -4,8 +4,8 @@
 //! 99 Hz; and symbolization time per interval.
 //!
 //! `cargo bench -p frostdb-ebpf-ingest --bench overhead` (root). `FROSTDB_EBPF_BENCH_SECS`
-//! sets the seconds per frequency (default 60), `FROSTDB_EBPF_BENCH_HZ` the frequencies
-//! (default `19,99`).
+//! sets the seconds per frequency (default 120), `FROSTDB_EBPF_BENCH_HZ` the frequencies
+//! (default `19,99`), `FROSTDB_EBPF_BENCH_VERBOSE` prints every interval.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -19,6 +19,9 @@ fn cpu_of_self() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
+
+/// Intervals before the steady state.
+const WARM_UP: usize = 3;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -44,7 +47,7 @@ fn main() {
     let secs: u64 = std::env::var("FROSTDB_EBPF_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(120);
     let rates: Vec<u64> = std::env::var("FROSTDB_EBPF_BENCH_HZ")
         .unwrap_or_else(|_| "19,99".into())
         .split(',')
@@ -82,7 +85,7 @@ fn main() {
     );
     println!(
         "{:>6} {:>9} {:>14} {:>14} {:>10} {:>14} {:>14}",
-        "Hz", "samples", "sampler CPU/s", "BPF CPU/s", "ns/sample", "symb. 1st ms", "symb. med ms"
+        "Hz", "samples", "sampler CPU/s", "BPF CPU/s", "ns/sample", "symb. 1st ms", "steady med ms"
     );
     for hz in rates {
         let (tx, rx) = mpsc::channel::<Interval>();
@@ -96,13 +99,14 @@ fn main() {
         let sampler = Sampler::start(config, tx).expect("sampler starts");
         let start_cpu = (cpu_of_self() - cpu0).as_secs_f64();
         let mut intervals: Vec<Interval> = Vec::new();
-        // Steady state: from the first interval (caches warm) to the last.
+        // Steady state: after three intervals. The first symbolizes what runs; the next
+        // two symbolize the sampler's own work of the one before (its binary's DWARF).
         let (mut cpu1, mut wall1) = (Duration::ZERO, Instant::now());
-        for interval in rx.iter().take((secs / 10).max(2) as usize) {
-            if intervals.is_empty() {
+        for interval in rx.iter().take((secs / 10).max(4) as usize) {
+            intervals.push(interval);
+            if intervals.len() == WARM_UP {
                 (cpu1, wall1) = (cpu_of_self(), Instant::now());
             }
-            intervals.push(interval);
         }
         let steady = (cpu_of_self() - cpu1).as_secs_f64() / wall1.elapsed().as_secs_f64();
         let stats = sampler.stop().unwrap();
@@ -117,12 +121,38 @@ fn main() {
             bpf / wall,
             bpf * 1e9 / stats.kernel.bpf_runs.max(1) as f64,
             symbolize.first().map_or(0.0, |d| d.as_secs_f64() * 1e3),
-            median(symbolize[1..].to_vec()).as_secs_f64() * 1e3,
+            median(symbolize[WARM_UP.min(symbolize.len())..].to_vec()).as_secs_f64() * 1e3,
         );
+        if std::env::var_os("FROSTDB_EBPF_BENCH_VERBOSE").is_some() {
+            for i in &intervals {
+                println!(
+                    "       interval: {} samples, {} processes, symbolize {:.1} ms, build {:.1} ms, drain {:.1} ms, {} addresses ({} cached)",
+                    i.samples,
+                    i.profiles.len(),
+                    i.symbolize.as_secs_f64() * 1e3,
+                    i.build.as_secs_f64() * 1e3,
+                    i.drain.as_secs_f64() * 1e3,
+                    i.addresses.0,
+                    i.addresses.1
+                );
+            }
+        }
+        let mean = |f: fn(&Interval) -> Duration| {
+            intervals[WARM_UP..]
+                .iter()
+                .map(f)
+                .sum::<Duration>()
+                .as_secs_f64()
+                * 1e3
+                / (intervals.len() - WARM_UP).max(1) as f64
+        };
         println!(
-            "       (steady state {steady:.5} CPU s/s after the first interval; start-up \
-             (load, verify, attach) {:.0} ms CPU)",
-            start_cpu * 1e3
+            "       (steady state {steady:.5} CPU s/s after {WARM_UP} intervals; start-up \
+             (load, verify, attach) {:.0} ms CPU; per steady interval: drain {:.1} ms wall, \
+             build {:.1} ms)",
+            start_cpu * 1e3,
+            mean(|i| i.drain),
+            mean(|i| i.build),
         );
         println!(
             "       ({:.3}% + {:.3}% of {cpus} CPUs; {} BPF runs incl. idle, {} addresses looked up, {:.0}% from cache)",

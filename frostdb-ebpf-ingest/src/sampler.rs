@@ -90,6 +90,11 @@ pub struct Interval {
     pub dropped: u64,
     /// Time spent symbolizing this interval.
     pub symbolize: Duration,
+    /// Time the swap, read and clear of the kernel's buffers took (wall, including the
+    /// RCU grace period, which sleeps).
+    pub drain: Duration,
+    /// Time spent turning the samples into profiles, symbolization included.
+    pub build: Duration,
     /// Unique addresses this interval looked up, and how many of those the caches answered.
     pub addresses: (u64, u64),
 }
@@ -223,9 +228,13 @@ fn run(
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
         };
         let end_ms = now_ms();
+        let drain_started = Instant::now();
         let (raw, counts) = probe.drain()?;
+        let drained = drain_started.elapsed();
         let before = symbolizer.stats;
+        let build_started = Instant::now();
         let profiles = build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms);
+        let built = build_started.elapsed();
         let after = symbolizer.stats;
         let interval = Interval {
             start_ms,
@@ -233,6 +242,8 @@ fn run(
             samples: counts.sampled,
             dropped: counts.dropped,
             symbolize: after.elapsed - before.elapsed,
+            drain: drained,
+            build: built,
             addresses: (
                 after.addresses - before.addresses,
                 after.cache_hits - before.cache_hits,
