@@ -303,13 +303,7 @@ fn build(
         by_pid.entry(s.pid).or_default().push(s);
     }
     // Kernel addresses: one lookup for all processes.
-    let kernel: Vec<u64> = by_pid
-        .values()
-        .flatten()
-        .flat_map(|s| s.kernel.iter().copied())
-        .collect::<HashSet<u64>>()
-        .into_iter()
-        .collect();
+    let kernel = unique(by_pid.values().flatten().flat_map(|s| &s.kernel));
     let kernel: HashMap<u64, _> = kernel
         .iter()
         .copied()
@@ -320,12 +314,7 @@ fn build(
     let mut out = Vec::with_capacity(by_pid.len());
     for (pid, samples) in by_pid {
         let info = ProcessInfo::read(pid, &samples[0].comm);
-        let user: Vec<u64> = samples
-            .iter()
-            .flat_map(|s| s.user.iter().copied())
-            .collect::<HashSet<u64>>()
-            .into_iter()
-            .collect();
+        let user = unique(samples.iter().flat_map(|s| &s.user));
         let user: HashMap<u64, _> = user
             .iter()
             .copied()
@@ -356,4 +345,10 @@ fn build(
         });
     }
     out
+}
+
+/// The distinct addresses, each once.
+fn unique<'a>(addresses: impl Iterator<Item = &'a u64>) -> Vec<u64> {
+    let set: HashSet<u64> = addresses.copied().collect();
+    set.into_iter().collect()
 }
