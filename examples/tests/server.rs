@@ -1139,7 +1139,7 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     // A program that spins in known functions, built with frame pointers.
     let spin = dir.path().join("spin");
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../frostdb-ebpf-ingest/tests/spin.c");
+        .join("../frostdb-ebpf-ingest/tests/spin/spin.c");
     let status = std::process::Command::new("cc")
         .args(["-O0", "-fno-omit-frame-pointer", "-o"])
         .arg(&spin)

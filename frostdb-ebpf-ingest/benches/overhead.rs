@@ -7,12 +7,13 @@
 //! sets the seconds per frequency (default 120), `FROSTDB_EBPF_BENCH_HZ` the frequencies
 //! (default `19,99`), `FROSTDB_EBPF_BENCH_VERBOSE` prints every interval.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use frostdb_ebpf_ingest::{Config, Interval, Sampler, Target, check_permitted};
+
+#[path = "../tests/spin/mod.rs"]
+mod spin;
 
 /// CPU time of this whole process, all threads, exited ones included.
 fn cpu_of_self() -> Duration {
@@ -26,14 +27,6 @@ const WARM_UP: usize = 3;
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
-}
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn main() {
@@ -56,29 +49,11 @@ fn main() {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .expect("BPF run-time statistics (kernel 5.8+)");
     let dir = tempfile::tempdir().unwrap();
-    let spin = dir.path().join("spin");
-    let ok = Command::new("cc")
-        .args(["-O0", "-fno-omit-frame-pointer", "-o"])
-        .arg(&spin)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/spin.c"))
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "cc failed");
-    let busy: Vec<Kill> = (0..2)
-        .map(|_| {
-            let mut c = Command::new(&spin)
-                .arg("mixed")
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let mut line = String::new();
-            BufReader::new(c.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            Kill(c)
-        })
-        .collect();
+    let binary = spin::build_spin(dir.path());
+    let busy = [
+        spin::Spin::start(&binary, "mixed"),
+        spin::Spin::start(&binary, "mixed"),
+    ];
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "sampling all processes, 2 busy programs on {cpus} CPUs, {secs} s per rate, 10 s intervals"

@@ -40,5 +40,5 @@ pub use error::{Error, Result};
 pub use probe::{DrainCounts, KernelTotals};
 pub use procfs::{ProcessInfo, check_permitted};
 pub use sampler::{Interval, ProcessProfile, Sampler, Sink, SinkError, Stats};
-pub use sink::StoreSink;
+pub use sink::{PROFILE_NAME, StoreSink};
 pub use symbolize::SymbolizeStats;

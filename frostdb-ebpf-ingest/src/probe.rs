@@ -174,7 +174,7 @@ impl Probe {
             .map_err(|(what, e)| Error::Io(format!("reading {what}"), e))?;
         // CPU-clock periods are nanoseconds of CPU time: a fixed period samples at exactly
         // the asked frequency, where the frequency mode would let the kernel adjust it.
-        let period = 1_000_000_000 / config.frequency_hz;
+        let period = config.period_ns();
         for &cpu in &cpus {
             program
                 .attach(
@@ -228,19 +228,17 @@ impl Probe {
             // where a frame-pointer walk went astray (code compiled without frame pointers
             // used the register): it and what follows are garbage, not frames.
             let depth = ips.iter().position(|&ip| ip < 4096).unwrap_or(ips.len());
-            stacks.insert(hash, ips[..depth].to_vec());
-        }
-        // Every frame but the leaf is a return address: the instruction after the call.
-        // Symbolize the call itself (address - 1), or the frame takes the inlined functions
-        // and line of whatever follows the call, and a call ending a function lands in the
-        // next one.
-        let frames = |hash: u64| -> Vec<u64> {
-            let mut ips = stacks.get(&hash).cloned().unwrap_or_default();
-            for ip in ips.iter_mut().skip(1) {
+            let mut frames = ips[..depth].to_vec();
+            // Every frame but the leaf is a return address: the instruction after the call.
+            // Symbolize the call itself (address - 1), or the frame takes the inlined
+            // functions and line of whatever follows the call, and a call ending a function
+            // lands in the next one.
+            for ip in frames.iter_mut().skip(1) {
                 *ip -= 1;
             }
-            ips
-        };
+            stacks.insert(hash, frames);
+        }
+        let frames = |hash: u64| stacks.get(&hash).cloned().unwrap_or_default();
         let mut samples = Vec::with_capacity(keys.len());
         let mut sampled = 0;
         for (key, count) in &keys {

@@ -6,6 +6,9 @@ use frostdb_pprof::{IngestOptions, ProfileStore};
 
 use crate::sampler::{Interval, Sink, SinkError};
 
+/// The profile name eBPF profiles are stored under by default.
+pub const PROFILE_NAME: &str = "ebpf_cpu";
+
 /// Writes every process profile through the pprof normalizer into a [`ProfileStore`], as
 /// profile `name` (default `ebpf_cpu`, so its types read
 /// `ebpf_cpu:samples:count:cpu:nanoseconds` and `ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds`),
@@ -22,7 +25,7 @@ impl StoreSink {
     pub fn new(store: Arc<ProfileStore>) -> Self {
         Self {
             store,
-            name: "ebpf_cpu".into(),
+            name: PROFILE_NAME.into(),
             labels: Vec::new(),
         }
     }

@@ -34,6 +34,16 @@ pub(crate) struct Module {
     pub(crate) build_id: String,
 }
 
+impl Module {
+    /// Where addresses outside any file go.
+    fn unknown() -> Self {
+        Module {
+            path: "[unknown]".into(),
+            build_id: String::new(),
+        }
+    }
+}
+
 /// One frame of a symbolized address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Line {
@@ -56,10 +66,7 @@ impl Resolved {
     /// A frame standing for a stack that could not be read, so its samples still count.
     pub(crate) fn placeholder(name: &str) -> Self {
         Resolved {
-            module: Arc::new(Module {
-                path: "[unknown]".into(),
-                build_id: String::new(),
-            }),
+            module: Arc::new(Module::unknown()),
             address: 0,
             lines: Arc::from([Line {
                 function: Arc::from(name),
@@ -122,10 +129,7 @@ impl Symbolizer {
                 path: "[kernel.kallsyms]".into(),
                 build_id: kernel_build_id().unwrap_or_default(),
             }),
-            unknown: Arc::new(Module {
-                path: "[unknown]".into(),
-                build_id: String::new(),
-            }),
+            unknown: Arc::new(Module::unknown()),
             stats: SymbolizeStats::default(),
         }
     }
@@ -159,28 +163,24 @@ impl Symbolizer {
             }
         };
         // Module per meta entry; None for addresses outside any file.
-        let mut modules = std::mem::take(&mut self.modules);
-        let metas: Vec<Option<(Arc<Module>, PathBuf)>> = normalized
-            .meta
-            .iter()
-            .map(|meta| match meta {
-                UserMeta::Elf(elf) => {
-                    let module = Module {
-                        path: elf.path.to_string_lossy().into_owned(),
-                        build_id: elf.build_id.as_deref().map(hex).unwrap_or_default(),
-                    };
-                    let open = if info.same_mount_ns {
-                        elf.path.clone()
-                    } else {
-                        PathBuf::from(format!("/proc/{pid}/root"))
-                            .join(elf.path.strip_prefix("/").unwrap_or(&elf.path))
-                    };
-                    Some((intern(&mut modules, module), open))
-                }
-                _ => None,
-            })
-            .collect();
-        self.modules = modules;
+        let mut metas: Vec<Option<(Arc<Module>, PathBuf)>> = Vec::new();
+        for meta in &normalized.meta {
+            let UserMeta::Elf(elf) = meta else {
+                metas.push(None);
+                continue;
+            };
+            let module = Module {
+                path: elf.path.to_string_lossy().into_owned(),
+                build_id: elf.build_id.as_deref().map(hex).unwrap_or_default(),
+            };
+            let open = if info.same_mount_ns {
+                elf.path.clone()
+            } else {
+                PathBuf::from(format!("/proc/{pid}/root"))
+                    .join(elf.path.strip_prefix("/").unwrap_or(&elf.path))
+            };
+            metas.push(Some((intern(&mut self.modules, module), open)));
+        }
         let mut out: Vec<Option<Resolved>> = vec![None; addresses.len()];
         // Misses, grouped by the file to open.
         let mut misses: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();

@@ -1,9 +1,7 @@
 //! The sampler for real: BPF loaded into this kernel, sampling a C program that spins in
 //! known functions. Needs root (CI runs as root); elsewhere each test prints why it skips.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
@@ -16,65 +14,18 @@ use frostdb_pprof::{Limits, ProfileStore, proto};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
-/// Why this test cannot run here, if it cannot.
-fn skip() -> Option<String> {
+mod spin;
+
+use spin::{Spin, build_spin};
+
+/// Whether this process may load BPF programs; prints why not when it may not.
+fn permitted() -> bool {
     match check_permitted() {
-        Ok(()) => None,
-        Err(e) => Some(e.to_string()),
-    }
-}
-
-/// Builds tests/spin.c with frame pointers into a temporary directory.
-fn build_spin(dir: &tempfile::TempDir) -> PathBuf {
-    let out = dir.path().join("spin");
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/spin.c");
-    let status = Command::new("cc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&out)
-        .arg(&source)
-        .status()
-        .expect("cc runs (the Rust toolchain links with it)");
-    assert!(status.success(), "cc failed on {}", source.display());
-    out
-}
-
-/// A running spin program, killed on drop.
-struct Spin(Child);
-
-impl Spin {
-    fn start(binary: &PathBuf, mode: &str) -> Self {
-        let mut child = Command::new(binary)
-            .arg(mode)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spin starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
-        Self(child)
-    }
-
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// CPU time used so far (user + system), from /proc/<pid>/stat.
-    fn cpu_seconds(&self) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
-        // Fields after the parenthesised comm; utime and stime are the 14th and 15th.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-        ticks as f64 / 100.0 // USER_HZ
-    }
-}
-
-impl Drop for Spin {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            false
+        }
     }
 }
 
@@ -103,12 +54,11 @@ fn frames(p: &proto::Profile, s: &proto::Sample) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
-    if let Some(why) = skip() {
-        eprintln!("SKIPPED: {why}");
+    if !permitted() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let spin = Spin::start(&build_spin(&dir), "mixed");
+    let spin = Spin::start(&build_spin(dir.path()), "mixed");
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
     let store =
         Arc::new(ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap());
@@ -227,12 +177,11 @@ fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
 
 #[test]
 fn every_sample_is_counted_once_across_buffer_swaps() {
-    if let Some(why) = skip() {
-        eprintln!("SKIPPED: {why}");
+    if !permitted() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let binary = build_spin(&dir);
+    let binary = build_spin(dir.path());
     let spins = [Spin::start(&binary, "user"), Spin::start(&binary, "user")];
     let frequency = 199;
     let (tx, rx) = mpsc::channel::<Interval>();
@@ -314,7 +263,7 @@ fn a_bad_configuration_is_an_error_not_a_panic() {
     )
     .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
-    if skip().is_none() {
+    if check_permitted().is_ok() {
         let err = Sampler::start(
             Config {
                 target: Target::Cgroup("/nonexistent/cgroup".into()),

@@ -37,7 +37,7 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
             let incoming = Incoming {
                 profile: p.profile.clone(),
                 previous: None,
-                name: "ebpf_cpu".into(),
+                name: frostdb_ebpf_ingest::PROFILE_NAME.into(),
                 labels,
                 delta: false,
                 timestamp_ms: Some(interval.start_ms),
