@@ -108,9 +108,11 @@ impl ProcessInfo {
             })
             .unwrap_or_default();
         let container_id = container_id(&cgroup);
-        let ns = |p: &Path| std::fs::read_link(p.join("ns/mnt")).ok();
-        let same_mount_ns = match (ns(&proc), ns(Path::new("/proc/self"))) {
-            (Some(a), Some(b)) => a == b,
+        // This process's own mount namespace does not change: read it once.
+        static OURS: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+        let ours = OURS.get_or_init(|| std::fs::read_link("/proc/self/ns/mnt").ok());
+        let same_mount_ns = match (std::fs::read_link(proc.join("ns/mnt")).ok(), ours) {
+            (Some(a), Some(b)) => a == *b,
             _ => false,
         };
         Self {
