@@ -63,6 +63,17 @@ else
   echo "shared/ not found (set FROSTDB_SHARED): tests that need its data will fail in CI"
 fi
 
+# A one-shot CI build gains nothing from incremental state (about 1 GB of it), and the
+# test binaries that link DataFusion are ~250 MB each unoptimised: say up front how much disk
+# the build has, since a linker that runs out of it dies of SIGBUS rather than saying so.
+if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
+mkdir -p target
+avail_kb=$(df -Pk target | awk 'NR == 2 { print $4 }')
+echo "disk free for target/: $((avail_kb / 1024 / 1024)) GiB (a clean build and test run needs about 7 GiB)"
+if [ "$avail_kb" -lt $((8 * 1024 * 1024)) ]; then
+  echo "warning: under 8 GiB free; the link steps may fail with a bus error (lld maps its output)"
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
