@@ -69,7 +69,7 @@ fi
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
 mkdir -p target
 avail_kb=$(df -Pk target | awk 'NR == 2 { print $4 }')
-echo "disk free for target/: $((avail_kb / 1024 / 1024)) GiB (a clean build and test run needs about 7 GiB)"
+echo "disk free for target/: $((avail_kb / 1024 / 1024)) GiB (a clean build and test run needs about 6 GiB)"
 if [ "$avail_kb" -lt $((8 * 1024 * 1024)) ]; then
   echo "warning: under 8 GiB free; the link steps may fail with a bus error (lld maps its output)"
 fi

@@ -19,10 +19,7 @@ pub fn url_encode(s: &str) -> String {
 pub mod time {
     //! Times as users write them.
 
-    /// Milliseconds since the Unix epoch, now.
-    pub fn now_ms() -> i64 {
-        jiff::Timestamp::now().as_millisecond()
-    }
+    pub use frostdb_core::now_ms;
 
     /// Milliseconds since the Unix epoch from RFC 3339 (`2026-11-22T10:00:00Z`), Unix
     /// milliseconds (`1763805600000`), `now`, or `now-<n><unit>` / `now+<n><unit>` with units

@@ -388,7 +388,7 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duratio
                         for table in seen.iter().filter_map(|t| t.upgrade()) {
                             // Retry blocks whose persistence failed, then expire old ones.
                             let _ = table.persist_frozen();
-                            if let Err(error) = table.enforce_retention(crate::table::now_ms()) {
+                            if let Err(error) = table.enforce_retention(crate::now_ms()) {
                                 tracing::warn!(table = table.name(), %error, "retention failed");
                             }
                         }

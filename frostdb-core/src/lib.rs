@@ -91,6 +91,14 @@ pub use schema::{
 };
 pub use table::{LevelStats, Table, TableStats};
 
+/// Milliseconds since the Unix epoch, now: the clock of timestamps, retention and ingest
+/// (0 if the system clock is before 1970).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// The README's embedding example, compiled and run as a doc test.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

@@ -352,7 +352,7 @@ impl Table {
     /// Deletes persisted blocks wholly older than the table's `ttl` (relative to now).
     /// Returns the deleted blocks.
     pub fn enforce_retention(&self) -> Result<Vec<BlockMeta>> {
-        self.inner.enforce_retention(now_ms())
+        self.inner.enforce_retention(crate::now_ms())
     }
 
     /// The persisted blocks.
@@ -393,12 +393,6 @@ impl Table {
                 .map_or(0, |w| w.disk_bytes()),
         }
     }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl TableInner {

@@ -114,7 +114,10 @@ pub(crate) struct Probe {
     totals: PerCpuArray<MapData, u64>,
     /// The buffer the program writes now.
     current: u32,
+    /// Online CPUs, attached to.
     cpus: usize,
+    /// Possible CPUs: the width of a per-CPU value.
+    possible_cpus: usize,
 }
 
 impl std::fmt::Debug for Probe {
@@ -172,6 +175,8 @@ impl Probe {
             .map_err(|e| Error::bpf("loading the sample program into the kernel", e))?;
         let cpus = aya::util::online_cpus()
             .map_err(|(what, e)| Error::Io(format!("reading {what}"), e))?;
+        let possible_cpus =
+            aya::util::nr_cpus().map_err(|(what, e)| Error::Io(format!("reading {what}"), e))?;
         // CPU-clock periods are nanoseconds of CPU time: a fixed period samples at exactly
         // the asked frequency, where the frequency mode would let the kernel adjust it.
         let period = config.period_ns();
@@ -197,6 +202,7 @@ impl Probe {
             totals,
             current: 0,
             cpus: cpus.len(),
+            possible_cpus,
         })
     }
 
@@ -307,16 +313,12 @@ impl Probe {
     /// Reads a per-buffer total and zeroes it; only for the buffer no program writes.
     fn take_total(&mut self, index: u32) -> Result<u64> {
         let total = self.read_total(index)?;
-        let zeros = PerCpuValues::try_from(vec![0u64; self.totals_width()?])
+        let zeros = PerCpuValues::try_from(vec![0u64; self.possible_cpus])
             .map_err(|e| Error::Io("sizing per-CPU values".into(), e))?;
         self.totals
             .set(index, zeros, 0)
             .map_err(|e| Error::bpf("clearing totals", e))?;
         Ok(total)
-    }
-
-    fn totals_width(&self) -> Result<usize> {
-        aya::util::nr_cpus().map_err(|(what, e)| Error::Io(format!("reading {what}"), e))
     }
 
     /// Detaches the program from every CPU.

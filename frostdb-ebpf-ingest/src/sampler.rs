@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use frostdb_core::now_ms;
 use frostdb_pprof::proto;
 
 use crate::config::Config;
@@ -200,13 +201,6 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
         .unwrap_or_else(|| "panic".into())
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn run(

@@ -78,17 +78,11 @@ fn timestamp_ms(time_nanos: i64) -> i64 {
     const YEAR_2000_NS: i64 = 946_684_800_000_000_000;
     const YEAR_2000_US: i64 = YEAR_2000_NS / 1000;
     match time_nanos {
-        t if t <= 0 => now_ms(),
+        t if t <= 0 => frostdb_core::now_ms(),
         t if t >= YEAR_2000_NS => t / 1_000_000,
         t if t >= YEAR_2000_US => t / 1000,
         t => t / 1_000_000,
     }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A sample's string labels, sorted by name.

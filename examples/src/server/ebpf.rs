@@ -31,11 +31,12 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
     let node = hostname();
     let sink = move |interval: Interval| -> Result<(), frostdb_ebpf_ingest::SinkError> {
         let (mut rows, mut failed) = (0, Vec::new());
-        for p in &interval.profiles {
+        let processes = interval.profiles.len();
+        for p in interval.profiles {
             let mut labels = p.labels();
             labels.push(("node".into(), node.clone()));
             let incoming = Incoming {
-                profile: p.profile.clone(),
+                profile: p.profile,
                 previous: None,
                 name: frostdb_ebpf_ingest::PROFILE_NAME.into(),
                 labels,
@@ -48,7 +49,7 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
             }
         }
         tracing::info!(
-            processes = interval.profiles.len(),
+            processes,
             samples = interval.samples,
             rows,
             symbolize_ms = format!("{:.1}", interval.symbolize.as_secs_f64() * 1e3),
