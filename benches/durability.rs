@@ -158,7 +158,7 @@ fn recovery_child(rows_wanted: usize) {
             step += 1;
         }
     }
-    let wal_bytes: u64 = std::fs::read_dir(dir.path().join("wal").join("samples"))
+    let wal_bytes: u64 = std::fs::read_dir(dir.path().join("wal"))
         .map(|d| {
             d.filter_map(|e| e.ok()?.metadata().ok())
                 .map(|m| m.len())

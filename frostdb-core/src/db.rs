@@ -3,7 +3,7 @@
 //!
 //! On-disk layout of `Db::open(dir)`:
 //! - `dir/manifest.json`: tables and their persisted blocks (see `manifest`)
-//! - `dir/wal/<table>/<first tx>.wal`: WAL segments (see `wal::record`)
+//! - `dir/wal/<first tx>.wal`: WAL segments, one log for every table (see `wal::record`)
 //! - `dir/blocks/<table>/<block id>.parquet`: persisted blocks, unless another object
 //!   store is given ([`Db::open_with_store`])
 
@@ -17,6 +17,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use parking_lot::{Mutex, RwLock};
 
+use crate::commit::{CommitLog, Transaction};
 use crate::error::{Error, Result};
 use crate::index::compaction::Mode;
 use crate::io::Io;
@@ -98,6 +99,7 @@ struct Disk {
 
 struct DbInner {
     options: DbOptions,
+    log: Arc<CommitLog>,
     tables: RwLock<HashMap<String, Table>>,
     workers: Workers,
     handles: Mutex<Vec<JoinHandle<()>>>,
@@ -196,9 +198,11 @@ impl Db {
         } else {
             None
         };
+        let log = CommitLog::new(disk.is_some(), options.max_wal_bytes, persistence.clone());
         Ok(Self {
             inner: Arc::new(DbInner {
                 options,
+                log,
                 tables: RwLock::new(HashMap::new()),
                 workers: Workers {
                     compaction,
@@ -210,61 +214,51 @@ impl Db {
         })
     }
 
-    /// Opens every table of the manifest, replaying its WAL.
+    /// Opens every table of the manifest, then replays the WAL into them: each write of a
+    /// record goes to its table unless that table has persisted it already. Replay persists
+    /// blocks as they fill, so its memory stays within a block per table whatever the WAL's
+    /// length.
     fn recover(&self) -> Result<()> {
         let Some(disk) = &self.inner.disk else {
             return Ok(());
         };
+        let started = std::time::Instant::now();
+        let mut persisted: HashMap<String, u64> = HashMap::new();
         for (name, entry) in disk.manifest.snapshot().tables {
-            let started = std::time::Instant::now();
-            let table = self.open_table(&name, entry)?;
-            let stats = table.stats();
-            tracing::info!(
-                table = %name,
-                rows = stats.rows,
-                blocks = stats.blocks,
-                seconds = started.elapsed().as_secs_f64(),
-                "table recovered"
-            );
+            persisted.insert(name.clone(), entry.persisted_tx);
+            let table = self.table_from_entry(&name, entry)?;
             self.inner.tables.write().insert(name, table);
         }
-        Ok(())
-    }
-
-    fn wal_dir(disk: &Disk, table: &str) -> PathBuf {
-        disk.dir.join("wal").join(table)
-    }
-
-    /// Builds a table from its manifest entry and replays its WAL. Replay persists blocks as
-    /// they fill up, so its memory stays within one block whatever the WAL's length.
-    fn open_table(&self, name: &str, entry: TableEntry) -> Result<Table> {
-        let disk = self.inner.disk.as_ref().expect("on-disk database");
-        let dir = Self::wal_dir(disk, name);
-        let persisted_tx = entry.persisted_tx;
-        let table = Table::new(TableConfig {
-            name: name.to_owned(),
-            schema: entry.schema,
-            options: entry.options,
-            listener: self.inner.options.listener.clone(),
-            workers: self.inner.workers.clone(),
-            durable: Some(Durable {
-                wal: std::sync::OnceLock::new(),
-                storage: disk.storage.clone(),
-                manifest: disk.manifest.clone(),
-            }),
-            blocks: entry.blocks,
-            persisted_tx,
+        let dir = Self::wal_dir(disk);
+        let tables = self.inner.tables.read().clone();
+        let log = &self.inner.log;
+        let mut applied = 0usize;
+        let (replayed, kept) = wal::replay(&dir, 0, |tx, payload, (segment, offset)| {
+            let corrupt = |reason: String| Error::WalCorrupt {
+                segment: segment.to_owned(),
+                offset,
+                reason: format!("transaction {tx}: {reason}"),
+            };
+            let entries = wal::record::decode_entries(&payload).map_err(corrupt)?;
+            for (name, batch) in entries {
+                let table = tables.get(&name).ok_or_else(|| {
+                    corrupt(format!(
+                        "it writes to table {name:?}, which the manifest does not have"
+                    ))
+                })?;
+                if tx > persisted.get(&name).copied().unwrap_or(0) {
+                    table.inner.apply_replayed(tx, batch)?;
+                    applied += 1;
+                }
+            }
+            log.replayed(tx);
+            Ok(())
         })?;
-        // Replay applies records one at a time and persists blocks as they fill, so memory
-        // stays within one block whatever the WAL's length.
-        let (replayed, kept) = wal::replay(&dir, persisted_tx, |tx, payload| {
-            let batch = wal::record::decode_batch(&payload)?;
-            table.inner.apply_replayed(tx, batch)
-        })?;
-        if replayed.records > 0 {
-            tracing::info!(table = %name, records = replayed.records, last_tx = replayed.last_tx, "WAL replayed");
-        }
-        let next_tx = table.inner.next_tx().max(replayed.last_tx + 1);
+        let newest_persisted = persisted.values().copied().max().unwrap_or(0);
+        let next_tx = log
+            .next_tx()
+            .max(replayed.last_tx + 1)
+            .max(newest_persisted + 1);
         let wal = Wal::open(
             &dir,
             self.inner.options.durability,
@@ -272,8 +266,52 @@ impl Db {
             kept,
             next_tx,
         )?;
-        table.inner.attach_wal(wal)?;
-        Ok(table)
+        log.attach(wal, next_tx);
+        log.truncate()?;
+        for table in tables.values() {
+            table.inner.watch();
+            let stats = table.stats();
+            tracing::info!(table = %table.name(), rows = stats.rows, blocks = stats.blocks, "table recovered");
+        }
+        if replayed.records > 0 {
+            tracing::info!(
+                records = replayed.records,
+                writes = applied,
+                last_tx = replayed.last_tx,
+                seconds = started.elapsed().as_secs_f64(),
+                "WAL replayed"
+            );
+        }
+        Ok(())
+    }
+
+    fn wal_dir(disk: &Disk) -> PathBuf {
+        disk.dir.join("wal")
+    }
+
+    /// Builds a table from its manifest entry (its blocks); the WAL is replayed afterwards.
+    fn table_from_entry(&self, name: &str, entry: TableEntry) -> Result<Table> {
+        let disk = self.inner.disk.as_ref().ok_or(Error::Closed)?;
+        Table::new(TableConfig {
+            name: name.to_owned(),
+            schema: entry.schema,
+            options: entry.options,
+            listener: self.inner.options.listener.clone(),
+            workers: self.inner.workers.clone(),
+            log: self.inner.log.clone(),
+            durable: Some(Durable {
+                storage: disk.storage.clone(),
+                manifest: disk.manifest.clone(),
+            }),
+            blocks: entry.blocks,
+            persisted_tx: entry.persisted_tx,
+        })
+    }
+
+    /// Starts a transaction: writes to several tables of this database that become durable
+    /// and visible together (see [`Transaction`]).
+    pub fn transaction(&self) -> Transaction {
+        Transaction::new(self.inner.log.clone())
     }
 
     /// Opens the table `name`, creating it with `schema` and `options` if it does not exist
@@ -283,17 +321,7 @@ impl Db {
         validate_static_name(name)?;
         options.validate()?;
         if options.ttl.is_some() {
-            let time = schema.column(&options.time_column);
-            if !matches!(time, Some((_, c)) if *c.data_type() == arrow::datatypes::DataType::Int64 && !c.is_dynamic())
-            {
-                return Err(Error::InvalidOption {
-                    option: "time_column",
-                    reason: format!(
-                        "ttl needs an Int64 column of milliseconds, and {:?} is not one",
-                        options.time_column
-                    ),
-                });
-            }
+            crate::table::check_time_column(&schema, &options.time_column)?;
         }
         let mut tables = self.inner.tables.write();
         if let Some(table) = tables.get(name) {
@@ -311,6 +339,7 @@ impl Db {
                 options,
                 listener: self.inner.options.listener.clone(),
                 workers: self.inner.workers.clone(),
+                log: self.inner.log.clone(),
                 durable: None,
                 blocks: Vec::new(),
                 persisted_tx: 0,
@@ -327,7 +356,9 @@ impl Db {
                     m.tables.insert(name.to_owned(), entry.clone());
                     Ok(())
                 })?;
-                self.open_table(name, entry)?
+                let table = self.table_from_entry(name, entry)?;
+                table.inner.watch();
+                table
             }
         };
         tables.insert(name.to_owned(), table.clone());
@@ -356,6 +387,22 @@ impl Db {
         }
         Ok(())
     }
+
+    /// Registers `task` to run on the database's maintenance thread after each retention
+    /// pass (every `retention_interval`), for as long as the task is alive (the database
+    /// holds it weakly). On-disk databases only: an in-memory one has no retention.
+    pub fn add_maintenance(&self, task: std::sync::Weak<dyn Maintenance>) {
+        if let Some(worker) = &self.inner.workers.persistence {
+            let _ = worker.send(WorkerMessage::Maintenance(task));
+        }
+    }
+}
+
+/// Work an embedder runs alongside the database's own retention, on its maintenance thread
+/// (e.g. deleting what no retained row refers to any more).
+pub trait Maintenance: Send + Sync {
+    /// Runs one pass; `now_ms` is the time retention used.
+    fn run(&self, now_ms: i64);
 }
 
 impl Drop for DbInner {
@@ -376,6 +423,7 @@ impl Drop for DbInner {
 /// interval, also enforces retention on the tables it has seen.
 fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duration>) {
     let mut seen: Vec<std::sync::Weak<TableInner>> = Vec::new();
+    let mut tasks: Vec<std::sync::Weak<dyn Maintenance>> = Vec::new();
     let mut next_retention = interval.map(|i| std::time::Instant::now() + i);
     loop {
         let message = match next_retention {
@@ -385,12 +433,17 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duratio
                     Ok(m) => Some(m),
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         seen.retain(|t| t.strong_count() > 0);
+                        let now = crate::now_ms();
                         for table in seen.iter().filter_map(|t| t.upgrade()) {
                             // Retry blocks whose persistence failed, then expire old ones.
                             let _ = table.persist_frozen();
-                            if let Err(error) = table.enforce_retention(crate::now_ms()) {
+                            if let Err(error) = table.enforce_retention(now) {
                                 tracing::warn!(table = table.name(), %error, "retention failed");
                             }
+                        }
+                        tasks.retain(|t| t.strong_count() > 0);
+                        for task in tasks.iter().filter_map(|t| t.upgrade()) {
+                            task.run(now);
                         }
                         next_retention = interval.map(|i| std::time::Instant::now() + i);
                         continue;
@@ -424,6 +477,12 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duratio
                 table.clear_persistence_queued();
                 // Errors are reported by the table; the block stays in memory for a retry.
                 let _ = table.persist_frozen();
+            }
+            WorkerMessage::Maintenance(task) => tasks.push(task),
+            WorkerMessage::RelieveWal(log) => {
+                if let Some(log) = log.upgrade() {
+                    log.relieve();
+                }
             }
         }
     }

@@ -170,12 +170,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// A write could not be made durable (an fsync failed); the table refuses writes until
-    /// the database is reopened, since what reached the disk is unknown.
-    #[error("table {table:?} stopped accepting writes: {reason}")]
+    /// A write could not be made durable (an fsync of the WAL failed); the database refuses
+    /// writes until it is reopened, since what reached the disk is unknown.
+    #[error("the database stopped accepting writes: {reason}")]
     Poisoned {
-        /// Table name.
-        table: String,
         /// The failure that stopped it.
         reason: String,
     },

@@ -61,6 +61,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod commit;
 mod db;
 mod dictionary;
 mod error;
@@ -77,7 +78,8 @@ mod table;
 mod wal;
 mod write;
 
-pub use db::Db;
+pub use commit::Transaction;
+pub use db::{Db, Maintenance};
 pub use error::{Error, Result};
 pub use events::{EventListener, NoopListener};
 pub use index::chunk::ColumnStats;

@@ -2,7 +2,7 @@
 //! has. Replaced atomically (write a temporary file, fsync, rename, fsync the directory) and
 //! mirrored to the object store, so a database can be reopened from its bucket alone.
 //!
-//! Format: JSON, `{"format": 1, "version": N, "tables": {name: {schema, options,
+//! Format: JSON, `{"format": 2, "version": N, "tables": {name: {schema, options,
 //! persisted_tx, next_block_id, blocks: [BlockMeta]}}}`.
 
 use std::collections::BTreeMap;
@@ -22,7 +22,8 @@ use crate::io::Io;
 use crate::options::TableOptions;
 use crate::schema::Schema;
 
-const FORMAT: u32 = 1;
+/// 2: one WAL for the database (`wal/<tx>.wal`, multi-table records); 1 had one per table.
+const FORMAT: u32 = 2;
 const FILE_NAME: &str = "manifest.json";
 
 /// A persisted block: one sorted Parquet object.
@@ -106,10 +107,16 @@ fn parse(bytes: &[u8], path: &str) -> Result<Manifest> {
         reason: format!("not a valid manifest: {e}"),
     })?;
     if manifest.format != FORMAT {
+        let hint = if manifest.format < FORMAT {
+            " (a database written by an older build: open it with that build, run a flush, and \
+             export what you need; this build does not convert it)"
+        } else {
+            " (a database written by a newer build)"
+        };
         return Err(Error::Manifest {
             path: path.to_owned(),
             reason: format!(
-                "format {} is not {FORMAT}, the one this build reads",
+                "format {} is not {FORMAT}, the one this build reads{hint}",
                 manifest.format
             ),
         });

@@ -188,6 +188,7 @@ pub enum Durability {
 /// | `listener` | none | receives commit, compaction and persistence events |
 /// | `durability` | `Sync` | when an insert is acknowledged (on-disk databases) |
 /// | `wal_segment_bytes` | 64 MiB | size past which the WAL starts a new segment |
+/// | `max_wal_bytes` | 1 GiB | past this much WAL, the table holding its oldest write is persisted (a table written rarely must not keep the whole log alive) |
 /// | `retention_interval` | 60 s | how often retention (table `ttl`) is enforced |
 #[derive(Clone)]
 pub struct DbOptions {
@@ -195,6 +196,7 @@ pub struct DbOptions {
     pub(crate) listener: Arc<dyn EventListener>,
     pub(crate) durability: Durability,
     pub(crate) wal_segment_bytes: u64,
+    pub(crate) max_wal_bytes: u64,
     pub(crate) retention_interval: std::time::Duration,
 }
 
@@ -204,6 +206,7 @@ impl fmt::Debug for DbOptions {
             .field("background_compaction", &self.background_compaction)
             .field("durability", &self.durability)
             .field("wal_segment_bytes", &self.wal_segment_bytes)
+            .field("max_wal_bytes", &self.max_wal_bytes)
             .field("retention_interval", &self.retention_interval)
             .finish_non_exhaustive()
     }
@@ -216,6 +219,7 @@ impl Default for DbOptions {
             listener: Arc::new(NoopListener),
             durability: Durability::default(),
             wal_segment_bytes: 64 << 20,
+            max_wal_bytes: 1 << 30,
             retention_interval: std::time::Duration::from_secs(60),
         }
     }
@@ -237,6 +241,12 @@ impl DbOptions {
     /// Sets the WAL segment size.
     pub fn wal_segment_bytes(mut self, bytes: u64) -> Self {
         self.wal_segment_bytes = bytes.max(1);
+        self
+    }
+
+    /// Sets the WAL size past which the table holding its oldest write is persisted.
+    pub fn max_wal_bytes(mut self, bytes: u64) -> Self {
+        self.max_wal_bytes = bytes.max(1);
         self
     }
 

@@ -1,6 +1,7 @@
 //! Kill -9 during ingest and during persistence: every acknowledged write must come back
 //! exactly once, no write may come back partly, and no write that never reached the WAL may
-//! appear.
+//! appear. Each write is one transaction over two tables that rotate and persist at different
+//! times (`samples`, and one row per write in `ids`): after recovery both hold it or neither.
 //!
 //! The test re-runs its own binary as a child (`crash_child`) that writes from two threads and
 //! reports each write before (`TRY`) and after (`ACK`) `insert`, and each persistence step.
@@ -65,22 +66,37 @@ fn crash_child() {
     let table = db
         .table("samples", samples_schema(), table_options())
         .unwrap();
+    let ids = db
+        .table(
+            "ids",
+            samples_schema(),
+            table_options().block_size(20 << 10),
+        )
+        .unwrap();
     say("READY");
     std::thread::scope(|s| {
         for writer in 0..2i64 {
-            let table = table.clone();
+            let (table, ids, db) = (table.clone(), ids.clone(), db.clone());
             s.spawn(move || {
                 for seq in 0..1_000_000i64 {
                     let id = round * 1_000_000_000 + writer * 1_000_000 + seq;
                     let n = rows_of(id);
-                    let batch = batch(vec![
+                    let rows = batch(vec![
                         ("name", str_n("cpu", n)),
                         ("labels.writer", str_n(&format!("w{writer}"), n)),
                         ("timestamp", ints(&vec![seq; n])),
                         ("value", ints(&vec![id; n])),
                     ]);
+                    let one = batch(vec![
+                        ("name", str_n("id", 1)),
+                        ("timestamp", ints(&[seq])),
+                        ("value", ints(&[id])),
+                    ]);
                     say(&format!("TRY {id}"));
-                    table.insert(&batch).unwrap();
+                    let mut tx = db.transaction();
+                    tx.insert(&ids, &one).unwrap();
+                    tx.insert(&table, &rows).unwrap();
+                    tx.commit().unwrap();
                     say(&format!("ACK {id}"));
                 }
             });
@@ -88,10 +104,9 @@ fn crash_child() {
     });
 }
 
-/// Rows per write id found in the database at `dir`.
-fn contents(dir: &std::path::Path) -> HashMap<i64, usize> {
-    let db = Db::open(dir, DbOptions::default()).unwrap();
-    let Some(table) = db.get_table("samples") else {
+/// Rows per write id found in table `name` of `db`.
+fn rows_per_id(db: &Db, name: &str) -> HashMap<i64, usize> {
+    let Some(table) = db.get_table(name) else {
         return HashMap::new();
     };
     let batches: Vec<RecordBatch> = table
@@ -102,6 +117,28 @@ fn contents(dir: &std::path::Path) -> HashMap<i64, usize> {
         for id in b.column(0).as_primitive::<Int64Type>().values() {
             *found.entry(*id).or_insert(0) += 1;
         }
+    }
+    found
+}
+
+/// Rows per write id found in the database at `dir`, after checking that every write is in
+/// both tables or in neither.
+fn contents(dir: &std::path::Path, round: i64) -> HashMap<i64, usize> {
+    let db = Db::open(dir, DbOptions::default()).unwrap();
+    let found = rows_per_id(&db, "samples");
+    let ids = rows_per_id(&db, "ids");
+    for (id, n) in &ids {
+        assert_eq!(*n, 1, "round {round}: write {id} is in `ids` {n} times");
+        assert!(
+            found.contains_key(id),
+            "round {round}: write {id} is in `ids` but not in `samples`: half a transaction"
+        );
+    }
+    for id in found.keys() {
+        assert!(
+            ids.contains_key(id),
+            "round {round}: write {id} is in `samples` but not in `ids`: half a transaction"
+        );
     }
     found
 }
@@ -200,7 +237,7 @@ fn kill_9_loses_no_acknowledged_write() {
             "round {round}: the child ended before it was killed"
         );
 
-        let found = contents(dir.path());
+        let found = contents(dir.path(), round);
         for (id, rows) in &acked {
             assert_eq!(
                 found.get(id),

@@ -217,9 +217,7 @@ fn rotation_persists_in_the_background_and_truncates_the_wal() {
     assert_eq!(stats.block_rows, 1000);
     assert!(stats.blocks >= 2, "{stats:?}");
     assert!(stats.wal_bytes < 1000, "WAL prefix deleted: {stats:?}");
-    let wal_files = std::fs::read_dir(dir.path().join("wal").join("samples"))
-        .unwrap()
-        .count();
+    let wal_files = std::fs::read_dir(dir.path().join("wal")).unwrap().count();
     assert_eq!(wal_files, 1, "only the current segment remains");
     assert_eq!(
         values(&table.scan(&ScanRequest::new()).unwrap()),
@@ -363,7 +361,7 @@ fn wal_corruption_before_the_end_stops_the_open_with_its_location() {
             .unwrap();
         fill(&table, 0, 5);
     }
-    let wal_dir = dir.path().join("wal").join("samples");
+    let wal_dir = dir.path().join("wal");
     let segment = std::fs::read_dir(&wal_dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -436,4 +434,197 @@ fn replaying_a_long_wal_persists_as_blocks_fill() {
 
 fn options_without_background() -> DbOptions {
     DbOptions::default().background_compaction(false)
+}
+
+/// One row: `name`, timestamp and value `value`.
+fn one(name: &str, value: i64) -> RecordBatch {
+    batch(vec![
+        ("name", str_n(name, 1)),
+        ("timestamp", ints(&[value])),
+        ("value", ints(&[value])),
+    ])
+}
+
+#[test]
+fn a_transaction_over_tables_is_replayed_whole_into_each() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let a = db.table("a", samples_schema(), small_blocks()).unwrap();
+        let b = db.table("b", samples_schema(), small_blocks()).unwrap();
+        for i in 0..20i64 {
+            let mut tx = db.transaction();
+            tx.insert(
+                &a,
+                &batch(vec![
+                    ("name", str_n("x", 2)),
+                    ("timestamp", ints(&[i, i])),
+                    ("value", ints(&[i, i])),
+                ]),
+            )
+            .unwrap();
+            tx.insert(&b, &one("y", i)).unwrap();
+            let id = tx.commit().unwrap();
+            assert_eq!(a.stats().watermark, id);
+            assert_eq!(b.stats().watermark, id);
+        }
+        // Only `a` persists: `b`'s writes must still come back from the WAL.
+        a.persist().unwrap();
+    }
+    let db = Db::open(dir.path(), options()).unwrap();
+    let a = db.get_table("a").unwrap();
+    let b = db.get_table("b").unwrap();
+    let all = ScanRequest::new().strict(true);
+    let mut want: Vec<i64> = (0..20).flat_map(|i| [i, i]).collect();
+    want.sort();
+    assert_eq!(values(&a.scan(&all).unwrap()), want);
+    assert_eq!(values(&b.scan(&all).unwrap()), (0..20).collect::<Vec<_>>());
+
+    // A batch that does not fit is refused at insert; the transaction still commits the rest.
+    let mut tx = db.transaction();
+    let bad = batch(vec![("name", ints(&[1]))]);
+    assert!(matches!(
+        tx.insert(&a, &bad),
+        Err(Error::TypeMismatch { .. })
+    ));
+    tx.insert(&b, &one("y", 99)).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(count(&b.scan(&all).unwrap()), 21);
+    // A table of another database is refused.
+    let other = Db::open_in_memory(options()).unwrap();
+    let foreign = other.table("a", samples_schema(), small_blocks()).unwrap();
+    let err = db.transaction().insert(&foreign, &one("y", 1)).unwrap_err();
+    assert!(err.to_string().contains("another database"), "{err}");
+}
+
+#[test]
+fn a_rarely_written_table_does_not_keep_the_wal_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let limit = 64 << 10;
+    struct Persisted(std::sync::Mutex<std::sync::mpsc::Sender<String>>);
+    impl frostdb_core::EventListener for Persisted {
+        fn on_persist_end(&self, table: &str, _: &frostdb_core::BlockMeta) {
+            let _ = self.0.lock().unwrap().send(table.to_owned());
+        }
+    }
+    let (sender, persisted) = std::sync::mpsc::channel();
+    let db = Db::open(
+        dir.path(),
+        options()
+            .wal_segment_bytes(8 << 10)
+            .max_wal_bytes(limit)
+            .listener(Arc::new(Persisted(std::sync::Mutex::new(sender)))),
+    )
+    .unwrap();
+    let busy = db
+        .table(
+            "busy",
+            samples_schema(),
+            small_blocks().block_size(32 << 10),
+        )
+        .unwrap();
+    let quiet = db.table("quiet", samples_schema(), small_blocks()).unwrap();
+    quiet.insert(&one("q", 7)).unwrap();
+    fill(&busy, 0, 600);
+    // The persistence worker relieves the WAL in the background: wait for the quiet table's
+    // block, which nothing but the WAL limit would ever write.
+    loop {
+        let table = persisted
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the quiet table was never persisted");
+        if table == "quiet" {
+            break;
+        }
+    }
+    assert_eq!(quiet.stats().blocks, 1);
+    busy.persist().unwrap();
+    let wal = busy.stats().wal_bytes;
+    assert!(wal < limit, "WAL of {wal} bytes, limit {limit}");
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let quiet = db.get_table("quiet").unwrap();
+    assert_eq!(values(&quiet.scan(&ScanRequest::new()).unwrap()), vec![7]);
+}
+
+#[test]
+fn the_ttl_can_change_and_is_kept_across_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let day = std::time::Duration::from_secs(86_400);
+    {
+        let db = Db::open(dir.path(), options()).unwrap();
+        let t = db
+            .table("samples", samples_schema(), small_blocks())
+            .unwrap();
+        assert_eq!(t.ttl(), None);
+        t.set_ttl(Some(day)).unwrap();
+        assert_eq!(t.ttl(), Some(day));
+    }
+    let db = Db::open(dir.path(), options()).unwrap();
+    let t = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    assert_eq!(t.ttl(), Some(day), "kept in the manifest");
+    let no_time = db
+        .table(
+            "plain",
+            frostdb_core::Schema::builder("plain")
+                .column(frostdb_core::ColumnDef::new(
+                    "value",
+                    arrow::datatypes::DataType::Int64,
+                ))
+                .build()
+                .unwrap(),
+            TableOptions::default(),
+        )
+        .unwrap();
+    let err = no_time.set_ttl(Some(day)).unwrap_err();
+    assert!(err.to_string().contains("time_column"), "{err}");
+}
+
+#[test]
+fn blocks_can_be_deleted_by_what_their_statistics_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let t = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&t, 0, 10);
+    t.persist().unwrap();
+    fill(&t, 10, 20);
+    t.persist().unwrap();
+    assert_eq!(t.stats().blocks, 2);
+    let deleted = t
+        .delete_blocks(|b| {
+            matches!(b.stats_of("timestamp").max, Some(frostdb_core::Scalar::Int(max)) if max < 100)
+        })
+        .unwrap();
+    assert_eq!(deleted.len(), 1);
+    assert_eq!(
+        values(&t.scan(&ScanRequest::new()).unwrap()),
+        expected(10, 20)
+    );
+    drop(t);
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let t = db.get_table("samples").unwrap();
+    assert_eq!(
+        values(&t.scan(&ScanRequest::new().strict(true)).unwrap()),
+        expected(10, 20)
+    );
+}
+
+#[test]
+fn a_manifest_of_another_format_is_refused_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("manifest.json"),
+        r#"{"format": 1, "version": 3, "tables": {}}"#,
+    )
+    .unwrap();
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("format 1") && text.contains("older build"),
+        "{text}"
+    );
 }

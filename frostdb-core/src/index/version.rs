@@ -40,7 +40,10 @@ impl Run {
 pub(crate) struct Frozen {
     pub(crate) l0: Arc<Vec<Arc<Part>>>,
     pub(crate) levels: Arc<Vec<Vec<Arc<Run>>>>,
-    /// Highest transaction it holds; everything up to it is in it or persisted before it.
+    /// Lowest transaction it holds.
+    pub(crate) min_tx: u64,
+    /// Highest transaction it holds; everything of this table up to it is in it or
+    /// persisted before it.
     pub(crate) max_tx: u64,
 }
 
@@ -73,6 +76,8 @@ pub(crate) struct Version {
     pub(crate) levels: Arc<Vec<Vec<Arc<Run>>>>,
     /// Arrow memory of the active block.
     pub(crate) active_bytes: usize,
+    /// Lowest transaction in the active block (`None`: nothing written since it started).
+    pub(crate) active_min_tx: Option<u64>,
     /// Counts rotations: work computed on one active block must not land in the next.
     pub(crate) generation: u64,
     /// Rotated blocks being persisted, oldest first.
@@ -89,6 +94,7 @@ impl Version {
             l0: Arc::new(Vec::new()),
             levels: Arc::new(vec![Vec::new(); levels]),
             active_bytes: 0,
+            active_min_tx: None,
             generation: 0,
             frozen: Arc::new(Vec::new()),
             blocks: Arc::new(Vec::new()),

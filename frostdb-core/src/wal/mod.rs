@@ -1,5 +1,6 @@
-//! The write-ahead log of one table: segmented files of checksummed records, appended before
-//! a write is acknowledged, replayed on open, deleted segment by segment once persisted.
+//! The write-ahead log of a database: segmented files of checksummed records (one per
+//! transaction, whatever tables it writes), appended before a write is acknowledged, replayed
+//! on open, deleted segment by segment once every table has persisted what they hold.
 
 pub(crate) mod record;
 
@@ -26,6 +27,8 @@ struct Segment {
     path: PathBuf,
     /// Highest transaction the segment holds (0 when empty).
     last_tx: u64,
+    /// Its size (of closed segments).
+    bytes: u64,
 }
 
 struct Writer {
@@ -39,7 +42,7 @@ struct Writer {
     written: u64,
 }
 
-/// A table's WAL.
+/// A database's WAL.
 pub(crate) struct Wal {
     dir: PathBuf,
     durability: Durability,
@@ -48,6 +51,10 @@ pub(crate) struct Wal {
     /// Serialises fsyncs; the leader syncs for everyone waiting.
     sync_lock: Mutex<()>,
     durable: AtomicU64,
+    /// Set by the first failed fsync: after it, what reached the disk is unknown (a later
+    /// fsync may report success for pages the kernel already dropped), so nothing more is
+    /// ever reported durable.
+    poisoned: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Wal {
@@ -80,7 +87,14 @@ fn create_segment(dir: &Path, first_tx: u64) -> Result<(File, Segment)> {
         .and_then(|_| file.sync_data())
         .map_err(io_err(format!("writing WAL segment {}", path.display())))?;
     sync_dir(dir)?;
-    Ok((file, Segment { path, last_tx: 0 }))
+    Ok((
+        file,
+        Segment {
+            path,
+            last_tx: 0,
+            bytes: 0,
+        },
+    ))
 }
 
 /// Segment files of `dir` in transaction order.
@@ -116,6 +130,7 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
 pub(crate) struct KeptSegment {
     last_tx: u64,
     path: PathBuf,
+    bytes: u64,
 }
 
 /// What replay found.
@@ -127,13 +142,13 @@ pub(crate) struct Replayed {
     pub(crate) last_tx: u64,
 }
 
-/// Replays the WAL in `dir`: calls `apply(tx, payload)` for every record with a transaction
-/// above `after`, in order, one record in memory at a time. A torn tail of the last segment
+/// Replays the WAL in `dir`: calls `apply(tx, payload, (segment, offset))` for every record
+/// with a transaction above `after`, in order, one record in memory at a time. A torn tail of the last segment
 /// is cut off with a warning; damage anywhere else is an error naming segment and offset.
 pub(crate) fn replay(
     dir: &Path,
     after: u64,
-    mut apply: impl FnMut(u64, Vec<u8>) -> Result<()>,
+    mut apply: impl FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()>,
 ) -> Result<(Replayed, Vec<KeptSegment>)> {
     let segments = list_segments(dir)?;
     let mut replayed = Replayed::default();
@@ -162,7 +177,7 @@ pub(crate) fn replay(
             replayed.last_tx = record.tx;
             last_tx = record.tx;
             if record.tx > after {
-                apply(record.tx, record.payload)?;
+                apply(record.tx, record.payload, (&shown, record.offset))?;
                 replayed.records += 1;
             }
         }
@@ -191,6 +206,7 @@ pub(crate) fn replay(
         kept.push(KeptSegment {
             last_tx,
             path: path.clone(),
+            bytes: fs::metadata(path).map_or(len, |m| m.len()),
         });
     }
     Ok((replayed, kept))
@@ -215,6 +231,7 @@ impl Wal {
             .map(|k| Segment {
                 path: k.path,
                 last_tx: k.last_tx,
+                bytes: k.bytes,
             })
             .collect();
         Ok(Self {
@@ -230,12 +247,26 @@ impl Wal {
             }),
             sync_lock: Mutex::new(()),
             durable: AtomicU64::new(0),
+            poisoned: Mutex::new(None),
         })
+    }
+
+    /// Why the WAL refuses writes, if it does.
+    pub(crate) fn poisoned(&self) -> Option<String> {
+        self.poisoned.lock().clone()
+    }
+
+    fn check_poisoned(&self) -> Result<()> {
+        match self.poisoned() {
+            Some(reason) => Err(Error::Poisoned { reason }),
+            None => Ok(()),
+        }
     }
 
     /// Appends a record for `tx` and returns the position `sync` must reach for it to be
     /// durable. On failure nothing of the record remains in the log.
     pub(crate) fn append(&self, tx: u64, payload: &[u8]) -> Result<u64> {
+        self.check_poisoned()?;
         let frame = record::frame(tx, payload);
         let mut w = self.writer.lock();
         if w.current_len >= self.segment_bytes && w.current.last_tx > 0 {
@@ -271,6 +302,7 @@ impl Wal {
         if self.durable.load(Ordering::Acquire) >= position {
             return Ok(());
         }
+        self.check_poisoned()?;
         if let Durability::GroupCommit { max_delay } = self.durability
             && max_delay > Duration::ZERO
         {
@@ -284,8 +316,12 @@ impl Wal {
                 .map_err(io_err(format!("syncing {}", w.current.path.display())))?;
             (file, w.written, w.current.path.display().to_string())
         };
-        file.sync_data()
-            .map_err(io_err(format!("syncing WAL segment {path}")))?;
+        if let Err(e) = file.sync_data() {
+            let error = io_err(format!("syncing WAL segment {path}"))(e);
+            tracing::error!(%error, "WAL sync failed; the database stops accepting writes");
+            *self.poisoned.lock() = Some(error.to_string());
+            return Err(error);
+        }
         self.durable.fetch_max(target, Ordering::AcqRel);
         Ok(())
     }
@@ -296,27 +332,31 @@ impl Wal {
     }
 
     fn rotate_locked(&self, w: &mut Writer, next_tx: u64) -> Result<()> {
-        w.file
-            .sync_data()
-            .map_err(io_err(format!("syncing {}", w.current.path.display())))?;
+        if let Err(e) = w.file.sync_data() {
+            let error = io_err(format!("syncing {}", w.current.path.display()))(e);
+            *self.poisoned.lock() = Some(error.to_string());
+            return Err(error);
+        }
         // Everything written so far is durable now.
         self.durable.fetch_max(w.written, Ordering::AcqRel);
         let (file, segment) = create_segment(&self.dir, next_tx)?;
-        let old = std::mem::replace(&mut w.current, segment);
+        let mut old = std::mem::replace(&mut w.current, segment);
+        old.bytes = w.current_len;
         w.closed.push(old);
         w.file = file;
         w.current_len = MAGIC.len() as u64;
         Ok(())
     }
 
-    /// Starts a new segment for transactions from `next_tx` on, so that the current one can
-    /// be deleted once everything up to `next_tx - 1` is persisted.
-    pub(crate) fn rotate(&self, next_tx: u64) -> Result<()> {
+    /// Starts a new segment for the transactions appended from now on, so that the current
+    /// one can be deleted once everything in it is persisted.
+    pub(crate) fn rotate(&self) -> Result<()> {
         let mut w = self.writer.lock();
         if w.current.last_tx == 0 {
             return Ok(());
         }
-        self.rotate_locked(&mut w, next_tx)
+        let next = w.current.last_tx + 1;
+        self.rotate_locked(&mut w, next)
     }
 
     /// Deletes the closed segments holding only transactions up to `tx`.
@@ -340,6 +380,12 @@ impl Wal {
         Ok(doomed.len())
     }
 
+    /// Bytes of the WAL's segments, as written (no file system calls).
+    pub(crate) fn total_bytes(&self) -> u64 {
+        let w = self.writer.lock();
+        w.closed.iter().map(|s| s.bytes).sum::<u64>() + w.current_len
+    }
+
     /// Bytes held by the WAL's files.
     pub(crate) fn disk_bytes(&self) -> u64 {
         let w = self.writer.lock();
@@ -359,7 +405,7 @@ mod tests {
 
     fn collect(dir: &Path, after: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
-        replay(dir, after, |tx, payload| {
+        replay(dir, after, |tx, payload, _| {
             out.push((tx, payload));
             Ok(())
         })?;
@@ -396,12 +442,12 @@ mod tests {
         let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         wal.sync(wal.append(1, b"a").unwrap()).unwrap();
         drop(wal);
-        let (replayed, kept) = replay(dir.path(), 0, |_, _| Ok(())).unwrap();
+        let (replayed, kept) = replay(dir.path(), 0, |_, _, _| Ok(())).unwrap();
         assert_eq!((replayed.records, replayed.last_tx), (1, 1));
         let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
         wal.sync(wal.append(2, b"b").unwrap()).unwrap();
         assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
-        wal.rotate(3).unwrap();
+        wal.rotate().unwrap();
         assert_eq!(wal.truncate_through(2).unwrap(), 2);
         assert!(collect(dir.path(), 0).unwrap().is_empty());
     }

@@ -1,6 +1,7 @@
 //! The WAL's on-disk format.
 //!
-//! A segment file starts with the 8-byte magic `FDBWAL\0\x01`, then holds records:
+//! A segment file starts with the 8-byte magic `FDBWAL\0\x02`, then holds records, one per
+//! transaction:
 //!
 //! | bytes | field |
 //! |---|---|
@@ -8,7 +9,13 @@
 //! | 8 | transaction id, u64 little-endian |
 //! | 4 | CRC-32C of the 12 bytes above, u32 little-endian |
 //! | 4 | CRC-32C of the payload, u32 little-endian |
-//! | n | payload: the transaction's batch (normalised) as an Arrow IPC stream, zstd-compressed buffers |
+//! | n | payload |
+//!
+//! The payload is one byte of flags (bit 0: the rest is one zstd frame), then the
+//! transaction's writes: a u16 count, and for each a u16 table-name length, the name (UTF-8),
+//! a u32 length and the table's batch (normalised) as an Arrow IPC stream. Payloads over
+//! [`COMPRESS_ABOVE`] bytes are compressed; small ones, the common case of one profile, are
+//! cheaper to write plain.
 //!
 //! The header has its own checksum so that a damaged length is never trusted. A damaged
 //! record is a *torn tail* (a crash during an unacknowledged write; dropped with a warning)
@@ -19,34 +26,106 @@
 
 use std::io::{Cursor, Read};
 
-use arrow::ipc::CompressionType;
 use arrow::ipc::reader::StreamReader;
-use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 
 use crate::error::{Error, Result};
 
-pub(crate) const MAGIC: &[u8; 8] = b"FDBWAL\0\x01";
+pub(crate) const MAGIC: &[u8; 8] = b"FDBWAL\0\x02";
+/// Payloads larger than this are zstd-compressed.
+pub(crate) const COMPRESS_ABOVE: usize = 16 << 10;
+const FLAG_ZSTD: u8 = 1;
 pub(crate) const HEADER: usize = 20;
 /// Largest payload accepted when reading; a larger length field means a damaged record.
 pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 
-/// Serialises `batch` as a record payload.
+/// Serialises `batch` as an Arrow IPC stream.
 pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let options = IpcWriteOptions::default().try_with_compression(Some(CompressionType::ZSTD))?;
-    let mut writer = StreamWriter::try_new_with_options(Vec::new(), batch.schema_ref(), options)?;
+    let mut writer = StreamWriter::try_new(Vec::new(), batch.schema_ref())?;
     writer.write(batch)?;
     writer.finish()?;
     Ok(writer.into_inner()?)
 }
 
-/// Reads a payload written by [`encode_batch`].
+/// Reads a stream written by [`encode_batch`].
 pub(crate) fn decode_batch(payload: &[u8]) -> Result<RecordBatch> {
     let mut reader = StreamReader::try_new(Cursor::new(payload), None)?;
     let batch = reader
         .next()
         .ok_or_else(|| Error::Internal("WAL record holds no batch".into()))??;
     Ok(batch)
+}
+
+/// Serialises a transaction's writes, `(table, batch)`, as a record payload.
+pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>> {
+    let mut body = Vec::with_capacity(256);
+    let count = u16::try_from(entries.len())
+        .map_err(|_| Error::Internal("a transaction writes more than 65535 batches".into()))?;
+    body.extend_from_slice(&count.to_le_bytes());
+    for (table, batch) in entries {
+        let name = table.as_bytes();
+        body.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        body.extend_from_slice(name);
+        let ipc = encode_batch(batch)?;
+        let len = u32::try_from(ipc.len())
+            .map_err(|_| Error::Internal("a batch of over 4 GiB in one write".into()))?;
+        body.extend_from_slice(&len.to_le_bytes());
+        body.extend_from_slice(&ipc);
+    }
+    if body.len() > COMPRESS_ABOVE {
+        let mut out = vec![FLAG_ZSTD];
+        zstd::stream::copy_encode(body.as_slice(), &mut out, 1).map_err(|e| Error::Io {
+            context: "compressing a WAL record".into(),
+            source: e,
+        })?;
+        return Ok(out);
+    }
+    let mut out = Vec::with_capacity(body.len() + 1);
+    out.push(0);
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Reads a payload written by [`encode_entries`]: `(table, batch)` per write, or why it
+/// cannot be read.
+pub(crate) fn decode_entries(
+    payload: &[u8],
+) -> std::result::Result<Vec<(String, RecordBatch)>, String> {
+    let (&flags, rest) = payload.split_first().ok_or("empty payload")?;
+    let inflated;
+    let body: &[u8] = if flags & FLAG_ZSTD != 0 {
+        inflated = zstd::stream::decode_all(rest).map_err(|e| format!("zstd: {e}"))?;
+        &inflated
+    } else {
+        rest
+    };
+    let mut cursor = body;
+    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
+        if cursor.len() < n {
+            return Err(format!("payload ends {} bytes early", n - cursor.len()));
+        }
+        let (head, tail) = cursor.split_at(n);
+        cursor = tail;
+        Ok(head)
+    };
+    let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+    let count = le16(take(2)?);
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let n = le16(take(2)?) as usize;
+        let name = std::str::from_utf8(take(n)?)
+            .map_err(|_| "a table name is not UTF-8".to_owned())?
+            .to_owned();
+        let len = take(4)?;
+        let n = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let batch = decode_batch(take(n)?).map_err(|e| format!("table {name:?}: {e}"))?;
+        out.push((name, batch));
+    }
+    if !cursor.is_empty() {
+        return Err(format!("{} bytes after the last write", cursor.len()));
+    }
+    Ok(out)
 }
 
 /// A whole record, header included, ready to append.
@@ -295,6 +374,22 @@ mod tests {
         .unwrap();
         let payload = encode_batch(&batch).unwrap();
         assert_eq!(decode_batch(&payload).unwrap(), batch);
+        // A transaction's writes, small (plain) and large (compressed).
+        let big = arrow::compute::concat_batches(&batch.schema(), vec![&batch; 5000]).unwrap();
+        for other in [&batch, &big] {
+            let payload = encode_entries(&[("a", &batch), ("table_b", other)]).unwrap();
+            assert_eq!(
+                payload[0],
+                u8::from(other.num_rows() > 2),
+                "compressed flag"
+            );
+            let back = decode_entries(&payload).unwrap();
+            assert_eq!(back.len(), 2);
+            assert_eq!((back[0].0.as_str(), &back[0].1), ("a", &batch));
+            assert_eq!((back[1].0.as_str(), &back[1].1), ("table_b", other));
+        }
+        let err = decode_entries(&[0, 1]).unwrap_err();
+        assert!(err.contains("early"), "{err}");
     }
 
     #[test]

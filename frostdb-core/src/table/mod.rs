@@ -1,0 +1,441 @@
+//! Tables: the handle ([`Table`]), and what happens to a table's data after the database's
+//! commit log has made a write durable.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | the handle: insert, snapshots, statistics |
+//! | `publish.rs` | durable writes into the active block's L0, rotation, replay |
+//! | `compact.rs` | compaction steps (the pure `choose`/`execute`/`apply` live in `index`) |
+//! | `persist.rs` | rotated blocks streamed into Parquet, recorded in the manifest |
+//! | `retention.rs` | expiry by time, and deletion of blocks a caller names |
+
+mod compact;
+mod persist;
+mod publish;
+mod retention;
+
+pub(crate) use retention::check_time_column;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak, mpsc};
+
+use arrow::record_batch::RecordBatch;
+use parking_lot::{Mutex, RwLock};
+
+use crate::commit::{self, CommitLog};
+use crate::error::Result;
+use crate::events::EventListener;
+use crate::index::compaction::{self, Choice, Mode};
+use crate::index::version::Version;
+use crate::manifest::{BlockMeta, ManifestFile};
+use crate::options::TableOptions;
+use crate::scan::{ScanRequest, Snapshot};
+use crate::schema::{ColumnName, Schema, TableSchema};
+use crate::storage::Storage;
+
+/// Messages to the background workers.
+pub(crate) enum WorkerMessage {
+    Compact(Weak<TableInner>),
+    Persist(Weak<TableInner>),
+    /// A table to watch: retention, and retries of failed persistence.
+    Register(Weak<TableInner>),
+    /// An embedder's task to run after each retention pass.
+    Maintenance(Weak<dyn crate::db::Maintenance>),
+    /// The WAL outgrew its limit: persist the table holding its oldest segment.
+    RelieveWal(Weak<CommitLog>),
+    Shutdown,
+}
+
+/// Senders to the background workers.
+#[derive(Clone)]
+pub(crate) struct Workers {
+    pub(crate) compaction: Option<mpsc::Sender<WorkerMessage>>,
+    pub(crate) persistence: Option<mpsc::Sender<WorkerMessage>>,
+}
+
+/// A table: takes Arrow batches, serves consistent snapshots. Cheap to clone; all clones are
+/// the same table. `Send + Sync`: insert and scan from as many threads as you like.
+#[derive(Clone)]
+pub struct Table {
+    pub(crate) inner: Arc<TableInner>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("name", &self.inner.name)
+            .field("watermark", &self.inner.current.read().watermark)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an on-disk table persists to.
+pub(crate) struct Durable {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) manifest: Arc<ManifestFile>,
+}
+
+/// Everything a table is made of.
+pub(crate) struct TableConfig {
+    pub(crate) name: String,
+    pub(crate) schema: Schema,
+    pub(crate) options: TableOptions,
+    pub(crate) listener: Arc<dyn EventListener>,
+    pub(crate) workers: Workers,
+    pub(crate) log: Arc<CommitLog>,
+    pub(crate) durable: Option<Durable>,
+    pub(crate) blocks: Vec<BlockMeta>,
+    pub(crate) persisted_tx: u64,
+}
+
+pub(crate) struct TableInner {
+    name: String,
+    schema: Arc<Schema>,
+    options: TableOptions,
+    /// The retention period; changeable while the table is open.
+    ttl: RwLock<Option<std::time::Duration>>,
+    /// Serialises version swaps: publication, compaction, rotation, persistence, retention.
+    swap: Mutex<()>,
+    current: RwLock<Arc<Version>>,
+    /// One compaction at a time per table.
+    compaction: Mutex<()>,
+    /// One persistence at a time per table.
+    persistence: Mutex<()>,
+    ids: AtomicU64,
+    listener: Arc<dyn EventListener>,
+    workers: Workers,
+    compaction_queued: AtomicBool,
+    persistence_queued: AtomicBool,
+    log: Arc<CommitLog>,
+    durable: Option<Durable>,
+    /// This table itself, for messages to the background workers.
+    this: Weak<TableInner>,
+}
+
+/// Sizes of a table's levels and blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TableStats {
+    /// Highest committed transaction that wrote to the table.
+    pub watermark: u64,
+    /// Rows in the table, everywhere.
+    pub rows: usize,
+    /// The active block: L0 first, then L1 and deeper.
+    pub levels: Vec<LevelStats>,
+    /// Rotated blocks waiting in memory to be persisted.
+    pub frozen_blocks: usize,
+    /// Rows in those.
+    pub frozen_rows: usize,
+    /// Persisted blocks.
+    pub blocks: usize,
+    /// Rows in those.
+    pub block_rows: usize,
+    /// Bytes of those in the object store.
+    pub block_bytes: u64,
+    /// Arrow memory of the active and rotated blocks.
+    pub memory_bytes: usize,
+    /// Bytes of the database's WAL on disk (shared by its tables).
+    pub wal_bytes: u64,
+}
+
+/// Size of one level.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LevelStats {
+    /// Parts (L0) or granules (deeper levels).
+    pub chunks: usize,
+    /// Sorted runs (0 for L0).
+    pub runs: usize,
+    /// Rows.
+    pub rows: usize,
+    /// Bytes of Arrow memory.
+    pub bytes: usize,
+}
+
+/// Resolved names of the columns of a normalised batch.
+pub(crate) fn column_names(schema: &Schema, batch: &RecordBatch) -> Result<Vec<ColumnName>> {
+    batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| ColumnName::resolve(schema, f.name()))
+        .collect()
+}
+
+impl Table {
+    pub(crate) fn new(config: TableConfig) -> Result<Self> {
+        let TableConfig {
+            name,
+            schema,
+            options,
+            listener,
+            workers,
+            log,
+            durable,
+            blocks,
+            persisted_tx,
+        } = config;
+        let schema = Arc::new(schema);
+        let mut table_schema = TableSchema::new(schema.clone());
+        for block in &blocks {
+            let names = block
+                .columns
+                .keys()
+                .map(|c| ColumnName::resolve(&schema, c))
+                .collect::<Result<Vec<_>>>()?;
+            if let Some(grown) = table_schema.grown(&names) {
+                table_schema = grown;
+            }
+        }
+        let mut version = Version::empty(Arc::new(table_schema), options.levels);
+        version.watermark = persisted_tx;
+        version.blocks = Arc::new(blocks.into_iter().map(Arc::new).collect());
+        let ttl = options.ttl;
+        let table = Self {
+            inner: Arc::new_cyclic(|this| TableInner {
+                this: this.clone(),
+                name,
+                schema,
+                options,
+                ttl: RwLock::new(ttl),
+                swap: Mutex::new(()),
+                current: RwLock::new(Arc::new(version)),
+                compaction: Mutex::new(()),
+                persistence: Mutex::new(()),
+                ids: AtomicU64::new(1),
+                listener,
+                workers,
+                compaction_queued: AtomicBool::new(false),
+                persistence_queued: AtomicBool::new(false),
+                log,
+                durable,
+            }),
+        };
+        table.inner.log.register(&table.inner);
+        Ok(table)
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The table's schema definition.
+    pub fn schema(&self) -> &Arc<Schema> {
+        &self.inner.schema
+    }
+
+    /// The table's options.
+    pub fn options(&self) -> &TableOptions {
+        &self.inner.options
+    }
+
+    /// Inserts `batch` as one transaction and returns its id once it is durable (on an
+    /// on-disk database: its WAL record is fsynced). The rows are visible to every snapshot
+    /// taken after this returns, all together; none of them is visible before. To write to
+    /// several tables at once, use [`crate::Db::transaction`].
+    ///
+    /// An empty batch changes nothing and returns the latest transaction id. A batch that
+    /// does not fit the schema or the table's limits is rejected with a typed error and
+    /// changes nothing; so is a write the WAL cannot take (a full disk), and the table stays
+    /// usable.
+    pub fn insert(&self, batch: &RecordBatch) -> Result<u64> {
+        let Some(entry) = commit::entry(self, batch)? else {
+            return Ok(self.inner.current.read().watermark);
+        };
+        let tx = self.inner.log.commit(vec![entry])?;
+        self.inner.committed(tx);
+        Ok(tx)
+    }
+
+    /// A snapshot of the table at its current watermark.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            version: self.inner.current.read().clone(),
+            granule_rows: self.inner.options.granule_rows,
+            storage: self.inner.durable.as_ref().map(|d| d.storage.clone()),
+            table: self.inner.name.clone(),
+        }
+    }
+
+    /// Scans a fresh snapshot and collects the batches.
+    pub fn scan(&self, request: &ScanRequest) -> Result<Vec<RecordBatch>> {
+        self.snapshot().collect(request)
+    }
+
+    /// Runs the compaction steps the table's thresholds call for, now, on this thread.
+    /// Returns the number of steps.
+    pub fn compact(&self) -> Result<usize> {
+        self.inner.compact(Mode::Policy)
+    }
+
+    /// Compacts the active block into one sorted run of the last level. Returns the number
+    /// of steps.
+    pub fn compact_fully(&self) -> Result<usize> {
+        self.inner.compact(Mode::Full)
+    }
+
+    /// Rotates the active block now (if it holds anything) and persists every rotated block,
+    /// on this thread. Returns the blocks persisted. An in-memory table has nothing to do.
+    pub fn persist(&self) -> Result<Vec<BlockMeta>> {
+        if self.inner.durable.is_none() {
+            return Ok(Vec::new());
+        }
+        let persisted_before = {
+            let _swap = self.inner.swap.lock();
+            let before = self
+                .inner
+                .current
+                .read()
+                .blocks
+                .iter()
+                .map(|b| b.max_tx)
+                .max();
+            self.inner.rotate_locked();
+            before.unwrap_or(0)
+        };
+        // The background worker may be persisting the same blocks; this waits for it.
+        self.inner.persist_frozen()?;
+        let version = self.inner.current.read().clone();
+        Ok(version
+            .blocks
+            .iter()
+            .filter(|b| b.min_tx > persisted_before)
+            .map(|b| (**b).clone())
+            .collect())
+    }
+
+    /// Deletes persisted blocks wholly older than the table's `ttl` (relative to now).
+    /// Returns the deleted blocks.
+    pub fn enforce_retention(&self) -> Result<Vec<BlockMeta>> {
+        self.inner.enforce_retention(crate::now_ms())
+    }
+
+    /// The retention period: persisted blocks whose newest row is older are deleted.
+    pub fn ttl(&self) -> Option<std::time::Duration> {
+        *self.inner.ttl.read()
+    }
+
+    /// Changes the retention period (`None`: keep everything), durably: the table keeps it
+    /// across reopens. Takes effect at the next retention pass.
+    pub fn set_ttl(&self, ttl: Option<std::time::Duration>) -> Result<()> {
+        self.inner.set_ttl(ttl)
+    }
+
+    /// Deletes the persisted blocks for which `doomed` returns true: they leave the manifest
+    /// and every later snapshot at once, and their objects are deleted. Rows still in memory
+    /// are not affected. Returns the deleted blocks.
+    pub fn delete_blocks(&self, doomed: impl Fn(&BlockMeta) -> bool) -> Result<Vec<BlockMeta>> {
+        self.inner.delete_blocks(&doomed, "deleted on request")
+    }
+
+    /// The persisted blocks.
+    pub fn blocks(&self) -> Vec<BlockMeta> {
+        let v = self.inner.current.read().clone();
+        v.blocks.iter().map(|b| (**b).clone()).collect()
+    }
+
+    /// Sizes of the table's levels and blocks.
+    pub fn stats(&self) -> TableStats {
+        let v = self.inner.current.read().clone();
+        let mut levels = vec![LevelStats {
+            chunks: v.l0.len(),
+            runs: 0,
+            rows: v.l0_rows(),
+            bytes: v.l0.iter().map(|p| p.chunk.memory_size()).sum(),
+        }];
+        levels.extend(v.levels.iter().map(|runs| LevelStats {
+            chunks: runs.iter().map(|r| r.granules.len()).sum(),
+            runs: runs.len(),
+            rows: runs.iter().map(|r| r.rows()).sum(),
+            bytes: runs.iter().map(|r| r.memory_size()).sum(),
+        }));
+        let (parts, runs) = v.memory_chunks();
+        TableStats {
+            watermark: v.watermark,
+            rows: v.rows(),
+            levels,
+            frozen_blocks: v.frozen.len(),
+            frozen_rows: v.frozen.iter().map(|f| f.rows()).sum(),
+            blocks: v.blocks.len(),
+            block_rows: v.blocks.iter().map(|b| b.rows as usize).sum(),
+            block_bytes: v.blocks.iter().map(|b| b.size).sum(),
+            memory_bytes: parts
+                .iter()
+                .chain(runs.iter().flatten())
+                .map(|c| c.memory_size())
+                .sum(),
+            wal_bytes: self.inner.log.wal().map_or(0, |w| w.disk_bytes()),
+        }
+    }
+}
+
+impl TableInner {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    pub(crate) fn options(&self) -> &TableOptions {
+        &self.options
+    }
+
+    pub(crate) fn log(&self) -> &Arc<CommitLog> {
+        &self.log
+    }
+
+    pub(crate) fn listener(&self) -> &Arc<dyn EventListener> {
+        &self.listener
+    }
+
+    pub(crate) fn clear_compaction_queued(&self) {
+        self.compaction_queued.store(false, Ordering::Release);
+    }
+
+    pub(crate) fn clear_persistence_queued(&self) {
+        self.persistence_queued.store(false, Ordering::Release);
+    }
+
+    /// After transaction `tx` wrote to this table: events and compaction.
+    pub(crate) fn committed(&self, tx: u64) {
+        self.listener.on_commit(&self.name, tx);
+        self.maybe_schedule_compaction();
+    }
+
+    fn maybe_schedule_compaction(&self) {
+        let Some(worker) = &self.workers.compaction else {
+            return;
+        };
+        let version = self.current.read().clone();
+        let due = compaction::choose(&version, &self.options, Mode::Policy);
+        if due != Choice::DoNothing && !self.compaction_queued.swap(true, Ordering::AcqRel) {
+            // A closed worker means the database is shutting down; nothing to schedule.
+            let _ = worker.send(WorkerMessage::Compact(self.this.clone()));
+        }
+    }
+
+    /// The oldest transaction whose rows this table holds only in memory (and the WAL).
+    pub(crate) fn oldest_unpersisted_tx(&self) -> Option<u64> {
+        let v = self.current.read().clone();
+        v.frozen.first().map(|f| f.min_tx).or(v.active_min_tx)
+    }
+
+    /// Rotates the active block and persists every rotated one.
+    pub(crate) fn rotate_and_persist(&self) -> Result<()> {
+        {
+            let _swap = self.swap.lock();
+            self.rotate_locked();
+        }
+        self.persist_frozen().map(|_| ())
+    }
+
+    /// Registers the table with the persistence worker (retention, retries).
+    pub(crate) fn watch(&self) {
+        if let Some(worker) = &self.workers.persistence {
+            let _ = worker.send(WorkerMessage::Register(self.this.clone()));
+        }
+    }
+}

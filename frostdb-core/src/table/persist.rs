@@ -1,0 +1,175 @@
+//! Persistence: a rotated block streamed into one sorted Parquet object (bounded memory),
+//! recorded in the manifest, then dropped from memory; the WAL segments it no longer needs
+//! are deleted.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
+
+use super::{Durable, TableInner};
+use crate::error::{Error, Result};
+use crate::index::chunk::ColumnStats;
+use crate::index::merge::{Input, Merge, SortKey};
+use crate::index::version::{Frozen, Version};
+use crate::manifest::BlockMeta;
+
+impl TableInner {
+    /// Persists every frozen block, oldest first. Returns the blocks written.
+    pub(crate) fn persist_frozen(&self) -> Result<Vec<BlockMeta>> {
+        let Some(durable) = &self.durable else {
+            return Ok(Vec::new());
+        };
+        let _one_at_a_time = self.persistence.lock();
+        let mut written = Vec::new();
+        loop {
+            let version = self.current.read().clone();
+            let Some(frozen) = version.frozen.first().cloned() else {
+                break;
+            };
+            match self.persist_one(durable, &version, &frozen) {
+                Ok(meta) => written.push(meta),
+                Err(e) => {
+                    tracing::error!(table = %self.name, error = %e, "persisting a block failed; it stays in memory and in the WAL");
+                    self.listener.on_persist_error(&self.name, &e);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    fn persist_one(
+        &self,
+        durable: &Durable,
+        version: &Version,
+        frozen: &Arc<Frozen>,
+    ) -> Result<BlockMeta> {
+        let entry = durable
+            .manifest
+            .snapshot()
+            .tables
+            .get(&self.name)
+            .cloned()
+            .ok_or_else(|| {
+                Error::Internal(format!("table {:?} is not in the manifest", self.name))
+            })?;
+        let block_id = entry.next_block_id;
+        let rows = frozen.rows();
+        self.listener.on_persist_begin(&self.name, block_id, rows);
+        let started = std::time::Instant::now();
+
+        // The block's columns: those some chunk has, in schema order, with exact stats.
+        let mut stats: std::collections::BTreeMap<String, ColumnStats> = Default::default();
+        for chunk in frozen.chunks() {
+            for (i, field) in chunk.batch().schema().fields().iter().enumerate() {
+                let s = chunk.column_stats(i);
+                stats
+                    .entry(field.name().clone())
+                    .and_modify(|acc| acc.merge(s))
+                    .or_insert_with(|| s.clone());
+            }
+        }
+        for (name, s) in stats.iter_mut() {
+            // Rows of chunks lacking the column are nulls of it.
+            let present: usize = frozen
+                .chunks()
+                .filter(|c| c.batch().schema().index_of(name).is_ok())
+                .map(|c| c.rows())
+                .sum();
+            s.null_count += rows - present;
+        }
+        let fields: Vec<_> = version
+            .schema
+            .arrow_schema()
+            .fields()
+            .iter()
+            .filter(|f| stats.contains_key(f.name()))
+            .cloned()
+            .collect();
+        let schema: SchemaRef = Arc::new(ArrowSchema::new(fields));
+        let key = SortKey::new(&version.schema).with_ranks(frozen.chunks().map(|c| c.batch()));
+        let sort_key: Vec<(String, bool, bool)> = key.columns_with_options();
+        let mut inputs: Vec<Input> = frozen
+            .l0
+            .iter()
+            .map(|p| Input::unsorted_batch(Ok(Some(p.chunk.batch().clone()))))
+            .collect();
+        inputs.extend(frozen.levels.iter().flatten().map(|run| {
+            let granules = run.granules.clone();
+            Input::sorted(Box::new(
+                granules.into_iter().map(|g| Ok(g.batch().clone())),
+            ))
+        }));
+        let merge = Merge::new(key, inputs, schema.clone(), self.options.granule_rows, None)?;
+        let properties =
+            crate::storage::properties(&self.schema, &self.options, &schema, &sort_key)?;
+        let path = durable.storage.block_path(&self.name, block_id);
+        let written = durable
+            .storage
+            .write_block(path.clone(), schema, properties, merge)?;
+        if written.rows as usize != rows {
+            return Err(Error::Internal(format!(
+                "block {block_id} got {} rows, expected {rows}",
+                written.rows
+            )));
+        }
+        let meta = BlockMeta {
+            id: block_id,
+            path: path.to_string(),
+            size: written.size,
+            rows: written.rows,
+            row_groups: written.row_groups,
+            min_tx: entry.persisted_tx + 1,
+            max_tx: frozen.max_tx,
+            columns: stats,
+        };
+        durable.manifest.update(|m| {
+            let t = m
+                .tables
+                .get_mut(&self.name)
+                .ok_or_else(|| Error::Internal("table vanished from the manifest".into()))?;
+            t.blocks.push(meta.clone());
+            t.persisted_tx = frozen.max_tx;
+            t.next_block_id = block_id + 1;
+            Ok(())
+        })?;
+        {
+            let _swap = self.swap.lock();
+            let current = self.current.read().clone();
+            let frozen_left: Vec<_> = current
+                .frozen
+                .iter()
+                .filter(|f| !Arc::ptr_eq(f, frozen))
+                .cloned()
+                .collect();
+            let mut blocks = (*current.blocks).clone();
+            blocks.push(Arc::new(meta.clone()));
+            *self.current.write() = Arc::new(Version {
+                frozen: Arc::new(frozen_left),
+                blocks: Arc::new(blocks),
+                ..(*current).clone()
+            });
+        }
+        // The WAL segments that only held persisted writes can go.
+        let segments = match self.log.truncate() {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(table = %self.name, %error, "deleting persisted WAL segments failed; they are retried after the next block");
+                0
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(
+            table = %self.name,
+            block = block_id,
+            rows,
+            bytes = written.size,
+            row_groups = written.row_groups,
+            wal_segments_deleted = segments,
+            seconds = secs,
+            "block persisted"
+        );
+        self.listener.on_persist_end(&self.name, &meta);
+        Ok(meta)
+    }
+}

@@ -1,0 +1,116 @@
+//! Durable writes into the active block: one version swap per publication, rotation when the
+//! active block is full, and the same path for records replayed at open.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::record_batch::RecordBatch;
+
+use super::{TableInner, WorkerMessage, column_names};
+use crate::commit::Entry;
+use crate::error::Result;
+use crate::index::chunk::Chunk;
+use crate::index::version::{Frozen, Part, Version};
+
+impl TableInner {
+    /// Publishes durable writes `(tx, entry)`, in transaction order, as one new version.
+    pub(crate) fn apply(&self, entries: Vec<(u64, Entry)>) {
+        let Some(&(last, _)) = entries.last() else {
+            return;
+        };
+        let _swap = self.swap.lock();
+        let current = self.current.read().clone();
+        let mut schema = current.schema.clone();
+        let mut l0 = Vec::with_capacity(current.l0.len() + entries.len());
+        l0.extend(current.l0.iter().cloned());
+        let mut bytes = current.active_bytes;
+        let first = entries.first().map(|(tx, _)| *tx);
+        for (tx, entry) in entries {
+            if let Some(grown) = schema.grown(&entry.columns) {
+                schema = Arc::new(grown);
+            }
+            bytes += entry.chunk.memory_size();
+            let id = self.ids.fetch_add(1, Ordering::Relaxed);
+            l0.push(Arc::new(Part {
+                id,
+                tx,
+                chunk: entry.chunk,
+            }));
+        }
+        *self.current.write() = Arc::new(Version {
+            watermark: last.max(current.watermark),
+            schema,
+            l0: Arc::new(l0),
+            active_bytes: bytes,
+            active_min_tx: current.active_min_tx.or(first),
+            ..(*current).clone()
+        });
+        if bytes >= self.options.block_size {
+            self.rotate_locked();
+        }
+    }
+
+    /// Moves the active block into the frozen blocks (caller holds the swap lock) and asks
+    /// for it to be persisted. In-memory tables never rotate.
+    pub(crate) fn rotate_locked(&self) {
+        if self.durable.is_none() {
+            return;
+        }
+        let current = self.current.read().clone();
+        let Some(min_tx) = current.active_min_tx else {
+            return; // nothing written since the last rotation
+        };
+        let frozen = Frozen {
+            l0: current.l0.clone(),
+            levels: current.levels.clone(),
+            min_tx,
+            max_tx: current.watermark,
+        };
+        let rows = frozen.rows();
+        let mut all = (*current.frozen).clone();
+        all.push(Arc::new(frozen));
+        *self.current.write() = Arc::new(Version {
+            l0: Arc::new(Vec::new()),
+            levels: Arc::new(vec![Vec::new(); self.options.levels]),
+            active_bytes: 0,
+            active_min_tx: None,
+            generation: current.generation + 1,
+            frozen: Arc::new(all),
+            ..(*current).clone()
+        });
+        // Later transactions go to a new segment, so that the segments holding this block's
+        // transactions can be deleted once it (and every other table's data in them) is
+        // persisted. During recovery there is no WAL yet.
+        if let Some(wal) = self.log.wal()
+            && let Err(error) = wal.rotate()
+        {
+            tracing::warn!(table = %self.name, %error, "starting a new WAL segment failed; the current one grows on");
+        }
+        tracing::info!(table = %self.name, rows, "active block rotated");
+        self.listener.on_rotate(&self.name, rows);
+        if let Some(worker) = &self.workers.persistence
+            && !self.persistence_queued.swap(true, Ordering::AcqRel)
+        {
+            let _ = worker.send(WorkerMessage::Persist(self.this.clone()));
+        }
+    }
+
+    /// Applies a write replayed from the WAL at open. Persists blocks as they fill, so that
+    /// replay's memory stays within one block whatever the WAL's length.
+    pub(crate) fn apply_replayed(&self, tx: u64, batch: RecordBatch) -> Result<()> {
+        let columns = column_names(&self.schema, &batch)?;
+        let chunk = Arc::new(Chunk::new(batch)?);
+        self.apply(vec![(
+            tx,
+            Entry {
+                table: self.this.upgrade().ok_or(crate::Error::Closed)?,
+                chunk,
+                columns,
+            },
+        )]);
+        if !self.current.read().frozen.is_empty() {
+            self.persist_frozen()?;
+        }
+        Ok(())
+    }
+}
