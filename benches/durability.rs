@@ -13,7 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use frostdb_benches::{Fleet, profile_schema};
+use frostdb_benches::{Fleet, samples_schema};
 use frostdb_core::{Db, DbOptions, TableOptions};
 
 const CHILD: &str = "FROSTDB_BENCH_CHILD";
@@ -89,7 +89,7 @@ fn persist_child(mib: usize) {
     .expect("open");
     let options = TableOptions::default().block_size(usize::MAX / 2);
     let table = db
-        .table("samples", profile_schema(), options)
+        .table("samples", samples_schema(), options)
         .expect("table");
     let mut fleet = Fleet::new(7, 600, 120_000);
     let target = mib << 20;
@@ -145,7 +145,7 @@ fn recovery_child(rows_wanted: usize) {
         )
         .expect("open");
         let table = db
-            .table("samples", profile_schema(), options.clone())
+            .table("samples", samples_schema(), options.clone())
             .expect("table");
         let mut fleet = Fleet::new(11, 150, 30_000);
         let mut step = 0;

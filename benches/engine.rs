@@ -6,7 +6,7 @@
 use arrow::array::AsArray;
 use arrow::datatypes::Int64Type;
 use criterion::{BatchSize, Criterion, Throughput, criterion_group};
-use frostdb_benches::{Fleet, profile_schema};
+use frostdb_benches::{Fleet, samples_schema};
 use frostdb_core::{Db, DbOptions, ScanRequest, Table, TableOptions, col};
 
 const SERIES: usize = 150;
@@ -27,7 +27,7 @@ fn table(background: bool, options: TableOptions) -> (Db, Table) {
     let db = Db::open_in_memory(DbOptions::default().background_compaction(background))
         .expect("in-memory db");
     let table = db
-        .table("samples", profile_schema(), options)
+        .table("samples", samples_schema(), options)
         .expect("table");
     (db, table)
 }

@@ -1,116 +1,42 @@
-//! The `frostdb-bench` commands: frostdb-rs as an external engine of `shared/bench` (see its README).
+//! The `frostdb-bench` commands: frostdb-rs as an external engine of `shared/bench` (see its
+//! README), measured on the product's own layout: `frostdb_pprof`'s samples and symbol
+//! tables, loaded through [`ProfileStore`] and queried with the functions the server calls.
 //!
 //! ```text
-//! frostdb-bench ingest --data DATA_DIR --store STORE_DIR
-//!     loads DATA_DIR/profiles/*.parquet and stacktraces.parquet into a database at
-//!     STORE_DIR, persists everything, prints {"rows": N, "load_s": seconds}
+//! frostdb-bench ingest --data DATA_DIR --store STORE_DIR [--threads N]
+//!     builds one profile per (type, series, timestamp) from DATA_DIR/profiles/*.parquet
+//!     (frames from stacktraces.parquet, one location per function, as pprof ingest stores
+//!     them) and stores each through ProfileStore; prints {"rows": N, "load_s": seconds}
+//! frostdb-bench ingest --pprof --data DATA_DIR --store STORE_DIR [--threads N]
+//!     first gunzips and decodes every file of DATA_DIR/pprof/index.tsv on all cores (the
+//!     raw rate), then ingests them through ProfileStore::ingest; prints both rates
 //! frostdb-bench query --data DATA_DIR --store STORE_DIR --queries Q.json --runs N --out OUT
-//!     runs Q1..Q6 N times each through DataFusion on the store, writes OUT/timings.json
-//!     ({"Q1": [ms, ...], ...}), OUT/Qn.parquet (the results) and OUT/scan.json (what each
-//!     query's scans read and pruned)
+//!     Q1..Q6 through ProfileStore::merge / range / label_values and the top table; writes
+//!     OUT/timings.json ({"Q1": [ms, ...], ...}) and OUT/Qn.parquet (the results, stack ids
+//!     mapped to the bench's ids outside the timed region)
 //! ```
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
-use frostdb_core::{
-    ColumnDef, Db, DbOptions, Durability, Encoding, Schema, SortingColumn, TableOptions,
-};
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema as ArrowSchema, UInt64Type};
+use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use frostdb_pprof::report::top::TopTable;
+use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 /// Errors of the bench commands.
-pub type BoxError = Box<dyn std::error::Error>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The bench fleet's rows: profile type, labels, stack, time, value.
-pub fn profiles_schema() -> Result<Schema, BoxError> {
-    let dict = |name: &str| ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary);
-    // Dictionary pages for integers that repeat (stack ids across profiles of a series,
-    // values, constant periods); measured 35% smaller than plain on the small fleet.
-    let int = |name: &str| ColumnDef::new(name, DataType::Int64).encoding(Encoding::RleDictionary);
-    Ok(Schema::builder("profiles")
-        .column(dict("name"))
-        .column(dict("sample_type"))
-        .column(dict("sample_unit"))
-        .column(dict("period_type"))
-        .column(dict("period_unit"))
-        .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
-        .column(ColumnDef::new("stacktrace_id", DataType::UInt64).encoding(Encoding::RleDictionary))
-        .column(int("timestamp").encoding(Encoding::DeltaBinaryPacked))
-        .column(int("duration"))
-        .column(int("period"))
-        .column(int("value"))
-        .sort_by(SortingColumn::asc("name"))
-        .sort_by(SortingColumn::asc("sample_type"))
-        .sort_by(SortingColumn::asc("sample_unit"))
-        .sort_by(SortingColumn::asc("period_type"))
-        .sort_by(SortingColumn::asc("period_unit"))
-        .sort_by(SortingColumn::asc("labels"))
-        .sort_by(SortingColumn::asc("timestamp"))
-        .sort_by(SortingColumn::asc("stacktrace_id"))
-        .build()?)
-}
-
-/// Stacks: id, frames (leaf first, joined by newlines), and the leaf function on its own,
-/// as a profile store keeps the function of each location apart from the whole stack.
-pub fn stacktraces_schema() -> Result<Schema, BoxError> {
-    Ok(Schema::builder("stacktraces")
-        .column(ColumnDef::new("stacktrace_id", DataType::UInt64))
-        .column(ColumnDef::new("frames", DataType::Utf8))
-        .column(ColumnDef::new("leaf", DataType::Utf8).encoding(Encoding::RleDictionary))
-        .sort_by(SortingColumn::asc("stacktrace_id"))
-        .build()?)
-}
-
-fn parquet_batches(
-    path: &Path,
-) -> Result<impl Iterator<Item = Result<RecordBatch, BoxError>>, BoxError> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)?
-        .with_batch_size(64 * 1024)
-        .build()?;
-    Ok(reader.map(|b| b.map_err(BoxError::from)))
-}
-
-/// `frames` (a list of strings) joined by newlines, and the leaf (the first frame).
-fn join_frames(batch: &RecordBatch) -> Result<RecordBatch, BoxError> {
-    let ids = batch
-        .column_by_name("stacktrace_id")
-        .ok_or("no stacktrace_id")?
-        .clone();
-    let frames = batch.column_by_name("frames").ok_or("no frames")?;
-    let list = frames.as_list_opt::<i32>().ok_or("frames is not a list")?;
-    let joined: StringArray = (0..list.len())
-        .map(|i| {
-            list.is_valid(i).then(|| {
-                let v = list.value(i);
-                let s = v.as_string::<i32>();
-                s.iter()
-                    .map(|f| f.unwrap_or(""))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-        })
-        .collect();
-    let leaf: StringArray = joined
-        .iter()
-        .map(|f| f.map(|f| f.split('\n').next().unwrap_or("").to_owned()))
-        .collect();
-    Ok(RecordBatch::try_new(
-        Arc::new(ArrowSchema::new(vec![
-            Field::new("stacktrace_id", DataType::UInt64, false),
-            Field::new("frames", DataType::Utf8, true),
-            Field::new("leaf", DataType::Utf8, true),
-        ])),
-        vec![
-            ids,
-            Arc::new(joined) as ArrayRef,
-            Arc::new(leaf) as ArrayRef,
-        ],
-    )?)
-}
+/// The profile type the bench's queries read.
+pub const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
     args.iter()
@@ -120,219 +46,85 @@ fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
         .ok_or_else(|| format!("missing {name}").into())
 }
 
-/// `ingest --data D --store S`.
-pub fn ingest(args: &[String]) -> Result<(), BoxError> {
-    let data = arg(args, "--data")?;
-    let store = arg(args, "--store")?;
-    // One writer: an fsync per batch costs less than waiting for company.
-    let options = DbOptions::default().durability(Durability::Sync);
-    let db = Db::open(&store, options)?;
-    let profiles = db.table("profiles", profiles_schema()?, TableOptions::default())?;
-    let stacks = db.table(
-        "stacktraces",
-        stacktraces_schema()?,
-        TableOptions::default(),
-    )?;
-    let started = Instant::now();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("profiles"))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .collect();
-    files.sort();
-    let mut rows = 0usize;
-    for file in &files {
-        for batch in parquet_batches(file)? {
-            let batch = batch?;
-            rows += batch.num_rows();
-            profiles.insert(&batch)?;
-        }
-        eprintln!("ingested {} ({rows} rows so far)", file.display());
+fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} needs a number").into()),
     }
-    for batch in parquet_batches(&data.join("stacktraces.parquet"))? {
-        stacks.insert(&join_frames(&batch?)?)?;
-    }
-    db.flush()?;
-    let load_s = started.elapsed().as_secs_f64();
-    let stats = profiles.stats();
-    eprintln!(
-        "persisted {} blocks, {} bytes of Parquet for {rows} rows ({:.2} bytes per row)",
-        stats.blocks,
-        stats.block_bytes,
-        stats.block_bytes as f64 / rows as f64
-    );
-    println!("{}", serde_json::json!({"rows": rows, "load_s": load_s}));
-    Ok(())
 }
 
-/// The six queries of shared/bench, in DataFusion SQL over our tables (Q5 reads the leaf
-/// function of each stack from its own column).
-pub fn sql_queries(q: &serde_json::Value) -> Result<Vec<(String, String)>, BoxError> {
-    let text = |k: &str| -> Result<String, BoxError> {
-        q.get(k)
-            .and_then(|v| v.as_str())
-            .map(str::to_owned)
-            .ok_or_else(|| format!("queries.json lacks {k}").into())
-    };
-    let int = |k: &str| -> Result<i64, BoxError> {
-        q.get(k)
-            .and_then(|v| v.as_i64())
-            .ok_or_else(|| format!("queries.json lacks {k}").into())
-    };
-    let (pod, ns) = (text("pod")?, text("namespace")?);
-    let (w0, w1, b, top) = (
-        int("window_start_ms")?,
-        int("window_end_ms")?,
-        int("bucket_ms")?,
-        int("top_n")?,
-    );
-    Ok(vec![
-        (
-            "Q1".into(),
-            format!(
-                "SELECT stacktrace_id, CAST(sum(value) AS BIGINT) AS total FROM profiles \
-             WHERE name = 'cpu' AND \"labels.pod\" = '{pod}' AND timestamp >= {w0} AND timestamp < {w1} \
-             GROUP BY stacktrace_id"
-            ),
-        ),
-        (
-            "Q2".into(),
-            format!(
-                "SELECT stacktrace_id, CAST(sum(value) AS BIGINT) AS total FROM profiles \
-             WHERE name = 'cpu' AND \"labels.namespace\" = '{ns}' GROUP BY stacktrace_id"
-            ),
-        ),
-        (
-            "Q3".into(),
-            format!(
-                "SELECT CAST(\"labels.pod\" AS VARCHAR) AS pod, timestamp - (timestamp % {b}) AS bucket, \
-             CAST(sum(value) AS BIGINT) AS total FROM profiles \
-             WHERE name = 'cpu' AND \"labels.namespace\" = '{ns}' GROUP BY 1, 2"
-            ),
-        ),
-        (
-            "Q4".into(),
-            format!(
-                "SELECT CAST(pod AS VARCHAR) AS pod FROM (SELECT DISTINCT \"labels.pod\" AS pod \
-             FROM profiles WHERE \"labels.namespace\" = '{ns}')"
-            ),
-        ),
-        (
-            "Q5".into(),
-            format!(
-                "SELECT CAST(s.leaf AS VARCHAR) AS fn, CAST(sum(a.v) AS BIGINT) AS total \
-             FROM (SELECT stacktrace_id AS sid, sum(value) AS v FROM profiles WHERE name = 'cpu' \
-             GROUP BY stacktrace_id) AS a JOIN stacktraces AS s ON a.sid = s.stacktrace_id \
-             GROUP BY 1 ORDER BY total DESC, fn ASC LIMIT {top}"
-            ),
-        ),
-        (
-            "Q6".into(),
-            "SELECT stacktrace_id, CAST(sum(value) AS BIGINT) AS total FROM profiles \
-             WHERE name = 'cpu' GROUP BY stacktrace_id"
-                .into(),
-        ),
-    ])
+/// Concurrent ingests: enough that group commit fills each fsync (a few ms here) while
+/// decoding keeps every core busy.
+const DEFAULT_THREADS: usize = 64;
+
+fn open_store(dir: &Path) -> Result<ProfileStore, BoxError> {
+    let db = Db::open(dir, DbOptions::default())?;
+    Ok(ProfileStore::open(db, StoreOptions::default())?)
 }
 
-/// What the frostdb scans of a physical plan pruned and read.
-fn scan_report(
-    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-) -> serde_json::Value {
-    let mut out = Vec::new();
-    let mut stack = vec![plan.clone()];
-    while let Some(p) = stack.pop() {
-        if let Some(scan) =
-            (p.as_ref() as &dyn std::any::Any).downcast_ref::<frostdb_query::FrostScanExec>()
-        {
-            let m = scan.pruning();
-            out.push(serde_json::json!({
-                "table": scan.table(),
-                "granules": m.chunks, "granules_pruned": m.chunks_pruned,
-                "blocks": m.blocks, "blocks_pruned": m.blocks_pruned,
-                "row_groups": m.row_groups, "row_groups_pruned": m.row_groups_pruned,
-                "rows_skipped_by_pages": m.rows_skipped_by_pages, "rows_read": m.rows_read,
-            }));
-        }
-        stack.extend(p.children().into_iter().cloned());
-    }
-    serde_json::Value::Array(out)
-}
-
-/// `query --data D --store S --queries Q --runs N --out O`.
-pub fn query(args: &[String]) -> Result<(), BoxError> {
-    let store = arg(args, "--store")?;
-    let queries: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(arg(args, "--queries")?)?)?;
-    let runs: usize = args
-        .iter()
-        .position(|a| a == "--runs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let out = arg(args, "--out")?;
-    std::fs::create_dir_all(&out)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let db = Db::open(&store, DbOptions::default())?;
-    let ctx = frostdb_query::session(&db)?;
-    let mut timings = serde_json::Map::new();
-    let mut scans = serde_json::Map::new();
-    for (id, sql) in sql_queries(&queries)? {
-        let mut times = Vec::new();
-        let mut result = Vec::new();
-        for _ in 0..runs.max(1) {
-            let started = Instant::now();
-            let (batches, plan) = runtime.block_on(async {
-                let df = ctx.sql(&sql).await?;
-                let plan = df.clone().create_physical_plan().await?;
-                let batches =
-                    datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await?;
-                Ok::<_, datafusion::error::DataFusionError>((batches, plan))
-            })?;
-            times.push(started.elapsed().as_secs_f64() * 1e3);
-            scans.insert(id.clone(), scan_report(&plan));
-            result = batches;
-        }
-        write_result(&out, &id, &result, &times)?;
-        timings.insert(id, serde_json::json!(times));
-    }
-    std::fs::write(
-        out.join("timings.json"),
-        serde_json::Value::Object(timings).to_string(),
-    )?;
-    std::fs::write(
-        out.join("scan.json"),
-        serde_json::Value::Object(scans).to_string(),
-    )?;
-    Ok(())
-}
-
-/// Writes a query's result to `out/<id>.parquet` (the peer harness checksums it) and prints
-/// its median time.
-fn write_result(
-    out: &std::path::Path,
-    id: &str,
-    result: &[RecordBatch],
-    times: &[f64],
+/// Runs `work(i)` for every `i` in `0..n` on `threads` threads, printing progress.
+fn parallel(
+    n: usize,
+    threads: usize,
+    what: &str,
+    work: impl Fn(usize) -> Result<(), BoxError> + Sync,
 ) -> Result<(), BoxError> {
-    let schema = result
-        .first()
-        .map(|b| b.schema())
-        .ok_or_else(|| format!("{id} returned no batch"))?;
-    let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
-    let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema, None)?;
-    for b in result {
-        writer.write(b)?;
-    }
-    writer.close()?;
-    eprintln!("{id}: median {:.1} ms", median(&mut times.to_vec()));
-    Ok(())
+    let next = AtomicUsize::new(0);
+    let step = (n / 10).max(1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<(), BoxError> {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return Ok(());
+                        }
+                        work(i)?;
+                        if (i + 1).is_multiple_of(step) {
+                            eprintln!("  {what}: {}/{n}", i + 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().map_err(|_| BoxError::from("a thread panicked"))?)
+    })
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+fn report_layout(store: &ProfileStore, samples: usize, started: Instant) -> Result<(), BoxError> {
+    let ingest_s = started.elapsed().as_secs_f64();
+    store.db().flush()?;
+    let load_s = started.elapsed().as_secs_f64();
+    let bytes = |name: &str| {
+        store
+            .db()
+            .get_table(name)
+            .map_or(0, |t| t.stats().block_bytes)
+    };
+    let sample_bytes = bytes("samples");
+    let symbol_bytes: u64 = ["stacktraces", "locations", "functions", "mappings"]
+        .iter()
+        .map(|t| bytes(t))
+        .sum();
+    let stacks = store
+        .db()
+        .get_table("stacktraces")
+        .map_or(0, |t| t.stats().rows);
+    eprintln!(
+        "{samples} sample rows stored in {ingest_s:.1} s, persisted by {load_s:.1} s; on disk: \
+         samples {:.2} bytes/row, symbols {:.1} MB for {stacks} stacks ({:.1} bytes/stack)",
+        sample_bytes as f64 / samples.max(1) as f64,
+        symbol_bytes as f64 / 1e6,
+        symbol_bytes as f64 / stacks.max(1) as f64,
+    );
+    println!("{}", serde_json::json!({"rows": samples, "load_s": load_s}));
+    Ok(())
 }
 
 /// One generated pprof file: where it is, its timestamp, profile name (`__name__`) and labels.
@@ -349,7 +141,7 @@ pub struct PprofFile {
 }
 
 /// The files of a fleet's `pprof/index.tsv` (`gen_fleet.py --pprof`), in index order.
-pub fn pprof_index(data: &std::path::Path) -> Result<Vec<PprofFile>, BoxError> {
+pub fn pprof_index(data: &Path) -> Result<Vec<PprofFile>, BoxError> {
     let path = data.join("pprof/index.tsv");
     let index = std::fs::read_to_string(&path).map_err(|e| {
         format!(
@@ -385,211 +177,570 @@ pub fn pprof_index(data: &std::path::Path) -> Result<Vec<PprofFile>, BoxError> {
     Ok(files)
 }
 
-/// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped pprof,
-/// labels beside it as a scraper attaches them) is decoded, normalized and stored by
-/// `frostdb_pprof`, on two threads.
+/// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped
+/// pprof, labels beside it as a scraper attaches them) is read, decoded, normalized and
+/// stored by [`ProfileStore::ingest`], each acknowledged only when durable. Before that the
+/// same files are only read, gunzipped and protobuf-decoded on all cores: the raw rate any
+/// pprof consumer pays, printed beside ours.
 pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
-    use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
+    use prost::Message;
     let data = arg(args, "--data")?;
-    let store_dir = arg(args, "--store")?;
+    let store = open_store(&arg(args, "--store")?)?;
+    let threads = number(args, "--threads", DEFAULT_THREADS)?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let jobs = pprof_index(&data)?;
-    let db = Db::open(
-        &store_dir,
-        DbOptions::default().durability(Durability::Sync),
-    )?;
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
+    let read = |f: &PprofFile| {
+        std::fs::read(&f.path).map_err(|e| BoxError::from(format!("{}: {e}", f.path.display())))
+    };
+
     let started = Instant::now();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let (samples, bytes) = (
-        std::sync::atomic::AtomicUsize::new(0),
-        std::sync::atomic::AtomicUsize::new(0),
+    let bytes = AtomicUsize::new(0);
+    parallel(jobs.len(), cores, "raw decode", |i| {
+        let b = read(&jobs[i])?;
+        bytes.fetch_add(b.len(), Ordering::Relaxed);
+        let raw = frostdb_pprof::inflate(&b, store.limits().max_decompressed_bytes)?;
+        Profile::decode(raw.as_ref())?;
+        Ok(())
+    })?;
+    let raw_s = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let samples = AtomicUsize::new(0);
+    parallel(jobs.len(), threads, "ingest", |i| {
+        let f = &jobs[i];
+        let options = IngestOptions {
+            name: f.name.clone(),
+            labels: f.labels.clone(),
+            delta: false,
+            timestamp_ms: Some(f.timestamp_ms),
+        };
+        let summary = store
+            .ingest(&read(f)?, &options)
+            .map_err(|e| format!("{}: {e}", f.path.display()))?;
+        samples.fetch_add(summary.rows, Ordering::Relaxed);
+        Ok(())
+    })?;
+    let ingest_s = started.elapsed().as_secs_f64();
+    let n = jobs.len() as f64;
+    eprintln!(
+        "{} files, {:.1} MB: raw read+gunzip+decode {:.0} profiles/s ({raw_s:.1} s, {cores} threads); \
+         ingest {:.0} profiles/s ({ingest_s:.1} s, {threads} threads), {:.2}x the raw time",
+        jobs.len(),
+        bytes.load(Ordering::Relaxed) as f64 / 1e6,
+        n / raw_s,
+        n / ingest_s,
+        ingest_s / raw_s,
     );
+    report_layout(&store, samples.load(Ordering::Relaxed), started)
+}
+
+/// Reads every batch of a Parquet file.
+fn parquet_batches(path: &Path) -> Result<Vec<RecordBatch>, BoxError> {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(ParquetRecordBatchReaderBuilder::try_new(file)?
+        .with_batch_size(64 * 1024)
+        .build()?
+        .collect::<Result<_, _>>()?)
+}
+
+/// The fleet's stacks: frames (leaf first) per stack id.
+fn fleet_stacks(data: &Path) -> Result<HashMap<u64, Vec<Arc<str>>>, BoxError> {
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    let mut stacks = HashMap::new();
+    for batch in parquet_batches(&data.join("stacktraces.parquet"))? {
+        let ids = column(&batch, "stacktrace_id")?
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or("stacktrace_id is not uint64")?;
+        let frames = column(&batch, "frames")?
+            .as_list_opt::<i32>()
+            .ok_or("frames is not a list")?;
+        for i in 0..batch.num_rows() {
+            let list = frames.value(i);
+            let list = list
+                .as_string_opt::<i32>()
+                .ok_or("frames are not strings")?;
+            let frames = list
+                .iter()
+                .map(|f| {
+                    let f = f.unwrap_or("");
+                    names
+                        .entry(f.to_owned())
+                        .or_insert_with(|| Arc::from(f))
+                        .clone()
+                })
+                .collect();
+            stacks.insert(ids.value(i), frames);
+        }
+    }
+    Ok(stacks)
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array, BoxError> {
+    batch
+        .column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| format!("no column {name}").into())
+}
+
+/// A profile being built from fleet rows: one location and one function per distinct frame
+/// name, as the generator's pprof files have them (minus the mapping: the rows have none).
+#[derive(Default)]
+struct ProfileBuilder {
+    profile: Profile,
+    strings: HashMap<Arc<str>, i64>,
+    functions: HashMap<Arc<str>, u64>,
+}
+
+impl ProfileBuilder {
+    fn new(types: [&str; 4], timestamp_ms: i64, duration: i64, period: i64) -> Self {
+        let mut b = Self::default();
+        b.string("");
+        let [t, u, pt, pu] = types.map(|s| b.string(s));
+        b.profile.sample_type = vec![ValueType { r#type: t, unit: u }];
+        b.profile.period_type = Some(ValueType {
+            r#type: pt,
+            unit: pu,
+        });
+        b.profile.period = period;
+        b.profile.time_nanos = timestamp_ms * 1_000_000;
+        b.profile.duration_nanos = duration;
+        b
+    }
+
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_owned());
+        self.strings.insert(Arc::from(s), i);
+        i
+    }
+
+    fn location(&mut self, name: &Arc<str>) -> u64 {
+        if let Some(&id) = self.functions.get(name) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let s = self.string(name);
+        self.profile.function.push(Function {
+            id,
+            name: s,
+            system_name: s,
+            ..Function::default()
+        });
+        self.profile.location.push(Location {
+            id,
+            line: vec![Line {
+                function_id: id,
+                ..Line::default()
+            }],
+            ..Location::default()
+        });
+        self.functions.insert(name.clone(), id);
+        id
+    }
+
+    fn sample(&mut self, frames: &[Arc<str>], value: i64) {
+        let location_id = frames.iter().map(|f| self.location(f)).collect();
+        self.profile.sample.push(Sample {
+            location_id,
+            value: vec![value],
+            label: Vec::new(),
+        });
+    }
+}
+
+/// One profile's worth of fleet rows: its name, series labels and the built profile.
+type FleetProfile = (String, Vec<(String, String)>, i64, ProfileBuilder);
+
+/// Groups a batch's rows into profiles (rows of a profile are contiguous in the fleet's files;
+/// a profile split across batches is stored as two, which sums the same).
+fn fleet_profiles(
+    batch: &RecordBatch,
+    stacks: &HashMap<u64, Vec<Arc<str>>>,
+) -> Result<Vec<FleetProfile>, BoxError> {
+    let strings = |name: &str| -> Result<&StringArray, BoxError> {
+        column(batch, name)?
+            .as_string_opt::<i32>()
+            .ok_or_else(|| format!("{name} is not a string column").into())
+    };
+    let ints = |name: &str| -> Result<&Int64Array, BoxError> {
+        column(batch, name)?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| format!("{name} is not int64").into())
+    };
+    let types = ["sample_type", "sample_unit", "period_type", "period_unit"]
+        .map(&strings)
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let name = strings("name")?;
+    let label_columns: Vec<(String, &StringArray)> = batch
+        .schema()
+        .fields()
+        .iter()
+        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
+        .map(|l| Ok((l.clone(), strings(&format!("labels.{l}"))?)))
+        .collect::<Result<_, BoxError>>()?;
+    let ids = column(batch, "stacktrace_id")?
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or("stacktrace_id is not uint64")?;
+    let (ts, duration, period, value) = (
+        ints("timestamp")?,
+        ints("duration")?,
+        ints("period")?,
+        ints("value")?,
+    );
+    let same_profile = |a: usize, b: usize| {
+        ts.value(a) == ts.value(b)
+            && name.value(a) == name.value(b)
+            && types.iter().all(|t| t.value(a) == t.value(b))
+            && label_columns.iter().all(|(_, c)| c.value(a) == c.value(b))
+    };
+    let mut out: Vec<FleetProfile> = Vec::new();
+    let mut start = 0;
+    for i in 0..batch.num_rows() {
+        if i == start || !same_profile(start, i) {
+            start = i;
+            let labels = label_columns
+                .iter()
+                .filter(|(_, c)| c.is_valid(i))
+                .map(|(l, c)| (l.clone(), c.value(i).to_owned()))
+                .collect();
+            let builder = ProfileBuilder::new(
+                [0, 1, 2, 3].map(|t| types[t].value(i)),
+                ts.value(i),
+                duration.value(i),
+                period.value(i),
+            );
+            out.push((name.value(i).to_owned(), labels, ts.value(i), builder));
+        }
+        let frames = stacks
+            .get(&ids.value(i))
+            .ok_or_else(|| format!("stack {} is not in stacktraces.parquet", ids.value(i)))?;
+        let current = &mut out.last_mut().expect("pushed above").3;
+        current.sample(frames, value.value(i));
+    }
+    Ok(out)
+}
+
+/// `ingest`: the fleet's Parquet rows, grouped back into the profiles they came from (one
+/// per type, series and timestamp, frames from `stacktraces.parquet`), each validated and
+/// stored through [`ProfileStore::ingest_profile`] as pprof ingest stores a decoded file. One
+/// thread reads and groups rows; `--threads` store the profiles.
+pub fn ingest(args: &[String]) -> Result<(), BoxError> {
+    let data = arg(args, "--data")?;
+    let store = open_store(&arg(args, "--store")?)?;
+    let threads = number(args, "--threads", DEFAULT_THREADS)?.max(1);
+    let stacks = fleet_stacks(&data)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("profiles"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    let started = Instant::now();
+    let (samples, profiles) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let limits = *store.limits();
+    let (send, receive) = std::sync::mpsc::sync_channel::<FleetProfile>(threads * 4);
+    let receive = std::sync::Mutex::new(receive);
     std::thread::scope(|s| -> Result<(), BoxError> {
-        let workers: Vec<_> = (0..2)
+        let workers: Vec<_> = (0..threads)
             .map(|_| {
-                s.spawn(|| -> Result<(), String> {
+                s.spawn(|| -> Result<(), BoxError> {
                     loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(PprofFile {
-                            path: file,
-                            timestamp_ms: ts,
+                        let next = receive.lock().map_err(|_| "poisoned")?.recv();
+                        let Ok((name, labels, ts, builder)) = next else {
+                            return Ok(()); // the reader is done
+                        };
+                        let profile = frostdb_pprof::validate(builder.profile, &limits)?;
+                        let options = IngestOptions {
                             name,
                             labels,
-                        }) = jobs.get(i)
-                        else {
-                            return Ok(());
-                        };
-                        let b =
-                            std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-                        bytes.fetch_add(b.len(), std::sync::atomic::Ordering::Relaxed);
-                        let options = IngestOptions {
-                            name: name.clone(),
-                            labels: labels.clone(),
                             delta: false,
-                            timestamp_ms: Some(*ts),
+                            timestamp_ms: Some(ts),
                         };
-                        let summary = store
-                            .ingest(&b, &options)
-                            .map_err(|e| format!("{}: {e}", file.display()))?;
-                        samples.fetch_add(summary.rows, std::sync::atomic::Ordering::Relaxed);
-                        if i.is_multiple_of(10_000) {
-                            eprintln!("  {i}/{} files", jobs.len());
-                        }
+                        let summary = store.ingest_profile(&profile, &options)?;
+                        samples.fetch_add(summary.rows, Ordering::Relaxed);
+                        profiles.fetch_add(1, Ordering::Relaxed);
                     }
                 })
             })
             .collect();
+        let read = (|| -> Result<(), BoxError> {
+            for file in &files {
+                for batch in parquet_batches(file)? {
+                    for profile in fleet_profiles(&batch, &stacks)? {
+                        // Fails only when every worker has stopped on an error.
+                        if send.send(profile).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                let n = profiles.load(Ordering::Relaxed);
+                eprintln!(
+                    "  read {}: {n} profiles stored so far ({:.0} profiles/s)",
+                    file.display(),
+                    n as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+            Ok(())
+        })();
+        drop(send);
         for w in workers {
-            w.join().map_err(|_| "an ingest thread panicked")??;
+            w.join()
+                .map_err(|_| BoxError::from("an ingest thread panicked"))??;
         }
-        Ok(())
+        read
     })?;
-    let ingest_s = started.elapsed().as_secs_f64();
-    store.db().flush()?;
-    let load_s = started.elapsed().as_secs_f64();
-    let rows = samples.load(std::sync::atomic::Ordering::Relaxed);
-    let mb = bytes.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6;
-    let stats = store.samples().stats();
+    let n = profiles.load(Ordering::Relaxed) as f64;
     eprintln!(
-        "{} files, {mb:.1} MB of pprof, {rows} sample rows in {ingest_s:.1} s ({:.0} rows/s, {:.1} MB/s), persisted by {load_s:.1} s; samples on disk {:.2} bytes/row",
-        jobs.len(),
-        rows as f64 / ingest_s,
-        mb / ingest_s,
-        stats.block_bytes as f64 / rows as f64
+        "{n} profiles built from Parquet rows and stored at {:.0} profiles/s",
+        n / started.elapsed().as_secs_f64()
     );
-    println!("{}", serde_json::json!({"rows": rows, "load_s": load_s}));
-    Ok(())
+    report_layout(&store, samples.load(Ordering::Relaxed), started)
 }
 
 /// The bench's id of a stack: the first 8 bytes, little-endian, of BLAKE2b-64 of its frames
 /// (leaf first) joined by newlines.
-fn bench_stack_id(frames: &[String]) -> u64 {
+pub fn bench_stack_id(frames: &[&str]) -> u64 {
     use blake2::Digest;
     let mut h = blake2::Blake2b::<blake2::digest::consts::U8>::new();
     h.update(frames.join("\n").as_bytes());
     u64::from_le_bytes(h.finalize().into())
 }
 
-/// `query --pprof`: the six queries over what `ingest --pprof` stored, stacks resolved
-/// through the symbol tables (the bench's stack ids and leaf functions come from frames).
-pub fn query_pprof(args: &[String]) -> Result<(), BoxError> {
-    use std::collections::HashMap;
+/// A merged profile as the bench's rows: value per bench stack id (stacks with equal frames
+/// but different mappings or partitions summed under one id), in id order.
+pub fn by_bench_id(merged: &Merged) -> Vec<(u64, i64)> {
+    let mut totals: HashMap<u64, i64> = HashMap::new();
+    let mut names = Vec::new();
+    for (stack, value) in &merged.samples {
+        names.clear();
+        merged
+            .symbols
+            .for_each_frame(*stack, |f| names.push(f.display_name()));
+        let frames: Vec<&str> = names.iter().map(|n| n.as_ref()).collect();
+        *totals.entry(bench_stack_id(&frames)).or_default() += value;
+    }
+    let mut rows: Vec<(u64, i64)> = totals.into_iter().collect();
+    rows.sort_unstable();
+    rows
+}
 
-    use arrow::array::{Int64Array, UInt64Array};
-    use frostdb_pprof::{Limits, ProfileStore};
-    let store_dir = arg(args, "--store")?;
+/// What a query returned, before its rows are shaped for the bench.
+enum Answer {
+    Merged(Merged),
+    Series(Vec<frostdb_query::profile::native::Series>),
+    Values(Vec<String>),
+    Top(Vec<(String, i64)>),
+}
+
+fn batch(fields: Vec<(&str, DataType)>, columns: Vec<Arc<dyn Array>>) -> RecordBatch {
+    let schema = ArrowSchema::new(
+        fields
+            .into_iter()
+            .map(|(n, t)| Field::new(n, t, false))
+            .collect::<Vec<_>>(),
+    );
+    RecordBatch::try_new(Arc::new(schema), columns).expect("columns match their fields")
+}
+
+impl Answer {
+    /// The result rows with the columns of the bench's reference SQL.
+    fn rows(&self) -> RecordBatch {
+        match self {
+            Answer::Merged(m) => {
+                let (ids, totals): (Vec<u64>, Vec<i64>) = by_bench_id(m).into_iter().unzip();
+                batch(
+                    vec![
+                        ("stacktrace_id", DataType::UInt64),
+                        ("total", DataType::Int64),
+                    ],
+                    vec![
+                        Arc::new(UInt64Array::from(ids)),
+                        Arc::new(Int64Array::from(totals)),
+                    ],
+                )
+            }
+            Answer::Series(series) => {
+                let (mut pods, mut buckets, mut totals) = (Vec::new(), Vec::new(), Vec::new());
+                for s in series {
+                    let pod = s
+                        .labels
+                        .iter()
+                        .find(|(k, _)| k == "pod")
+                        .map_or("", |(_, v)| v.as_str());
+                    for &(t, v) in &s.points {
+                        pods.push(pod.to_owned());
+                        buckets.push(t);
+                        totals.push(v);
+                    }
+                }
+                batch(
+                    vec![
+                        ("pod", DataType::Utf8),
+                        ("bucket", DataType::Int64),
+                        ("total", DataType::Int64),
+                    ],
+                    vec![
+                        Arc::new(StringArray::from(pods)),
+                        Arc::new(Int64Array::from(buckets)),
+                        Arc::new(Int64Array::from(totals)),
+                    ],
+                )
+            }
+            Answer::Values(values) => batch(
+                vec![("pod", DataType::Utf8)],
+                vec![Arc::new(StringArray::from(values.clone()))],
+            ),
+            Answer::Top(rows) => {
+                let (names, totals): (Vec<String>, Vec<i64>) = rows.iter().cloned().unzip();
+                batch(
+                    vec![("fn", DataType::Utf8), ("total", DataType::Int64)],
+                    vec![
+                        Arc::new(StringArray::from(names)),
+                        Arc::new(Int64Array::from(totals)),
+                    ],
+                )
+            }
+        }
+    }
+}
+
+/// The six queries of shared/bench as profile queries: (id, the query).
+type Query<'a> = (&'static str, Box<dyn Fn() -> Result<Answer, BoxError> + 'a>);
+
+fn profile_queries<'a>(
+    store: &'a ProfileStore,
+    q: &serde_json::Value,
+) -> Result<Vec<Query<'a>>, BoxError> {
+    let text = |k: &str| -> Result<String, BoxError> {
+        q.get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| format!("queries.json lacks {k}").into())
+    };
+    let int = |k: &str| -> Result<i64, BoxError> {
+        q.get(k)
+            .and_then(|v| v.as_i64())
+            .ok_or_else(|| format!("queries.json lacks {k}").into())
+    };
+    let (pod, ns) = (text("pod")?, text("namespace")?);
+    let window = TimeRange {
+        start_ms: int("window_start_ms")?,
+        end_ms: int("window_end_ms")?,
+    };
+    let (bucket, top) = (int("bucket_ms")?, int("top_n")? as usize);
+    let by_pod = Selector::parse(&format!("{CPU}{{pod=\"{pod}\"}}"))?;
+    let by_ns = Selector::parse(&format!("{CPU}{{namespace=\"{ns}\"}}"))?;
+    let ns_any_type = Selector::parse(&format!("{{namespace=\"{ns}\"}}"))?;
+    let cpu = Selector::parse(&format!("{CPU}{{}}"))?;
+    let group = vec!["pod".to_owned()];
+    Ok(vec![
+        (
+            "Q1",
+            Box::new(move || Ok(Answer::Merged(store.merge(&by_pod, window)?))),
+        ),
+        (
+            "Q2",
+            Box::new({
+                let by_ns = by_ns.clone();
+                move || Ok(Answer::Merged(store.merge(&by_ns, TimeRange::ALL)?))
+            }),
+        ),
+        (
+            "Q3",
+            Box::new(move || {
+                Ok(Answer::Series(store.range(
+                    &by_ns,
+                    TimeRange::ALL,
+                    bucket,
+                    Some(&group),
+                )?))
+            }),
+        ),
+        (
+            "Q4",
+            Box::new(move || {
+                Ok(Answer::Values(store.label_values(
+                    "pod",
+                    Some(&ns_any_type),
+                    TimeRange::ALL,
+                )?))
+            }),
+        ),
+        (
+            "Q5",
+            Box::new({
+                let cpu = cpu.clone();
+                move || {
+                    let merged = store.merge(&cpu, TimeRange::ALL)?;
+                    let table = TopTable::build_with(&merged, 0.0, 0.0);
+                    Ok(Answer::Top(
+                        table
+                            .rows
+                            .into_iter()
+                            .take(top)
+                            .map(|r| (r.name, r.flat))
+                            .collect(),
+                    ))
+                }
+            }),
+        ),
+        (
+            "Q6",
+            Box::new(move || Ok(Answer::Merged(store.merge(&cpu, TimeRange::ALL)?))),
+        ),
+    ])
+}
+
+/// `query --store S --queries Q --runs N --out O` (`--data` is accepted and unused).
+pub fn query(args: &[String]) -> Result<(), BoxError> {
+    let dir = arg(args, "--store")?;
+    if !dir.join("manifest.json").exists() && !dir.join("wal").exists() {
+        return Err(format!("{}: no database here (run ingest first)", dir.display()).into());
+    }
     let queries: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(arg(args, "--queries")?)?)?;
-    let runs: usize = args
-        .iter()
-        .position(|a| a == "--runs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let runs = number(args, "--runs", 5)?.max(1);
     let out = arg(args, "--out")?;
     std::fs::create_dir_all(&out)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let db = Db::open(&store_dir, DbOptions::default())?;
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default())?;
-    let ctx = store.session()?;
-    let symbols = store.symbols();
-    let mut ids: HashMap<frostdb_pprof::Id, (u64, String)> = HashMap::new();
-    let mut resolve = |id: &[u8]| -> Result<(u64, String), BoxError> {
-        let id: frostdb_pprof::Id = id.try_into()?;
-        if let Some(v) = ids.get(&id) {
-            return Ok(v.clone());
-        }
-        let frames: Vec<String> = symbols
-            .frames(&id)
-            .iter()
-            .map(|f| f.display_name())
-            .collect();
-        let v = (
-            bench_stack_id(&frames),
-            frames.first().cloned().unwrap_or_default(),
-        );
-        ids.insert(id, v.clone());
-        Ok(v)
-    };
+    let opened = Instant::now();
+    let store = open_store(&dir)?;
+    eprintln!("opened in {:.1} ms", opened.elapsed().as_secs_f64() * 1e3);
     let mut timings = serde_json::Map::new();
-    for (id, sql) in sql_queries(&queries)? {
-        let cpu = "name = 'cpu' AND sample_type = 'cpu'";
-        let sql = sql
-            .replace("FROM profiles", "FROM samples")
-            .replace("name = 'cpu'", cpu);
-        let top: usize = queries["top_n"].as_u64().unwrap_or(20) as usize;
+    for (id, run) in profile_queries(&store, &queries)? {
         let mut times = Vec::new();
-        let mut result: Vec<RecordBatch> = Vec::new();
-        for _ in 0..runs.max(1) {
+        let mut answer = None;
+        for _ in 0..runs {
             let started = Instant::now();
-            result = match id.as_str() {
-                "Q5" => {
-                    let per_stack = format!(
-                        "SELECT stacktrace_id, sum(value) FROM samples WHERE {cpu} GROUP BY stacktrace_id"
-                    );
-                    let batches =
-                        runtime.block_on(async { ctx.sql(&per_stack).await?.collect().await })?;
-                    let mut leaves: HashMap<String, i64> = HashMap::new();
-                    for b in &batches {
-                        let sid = b.column(0).as_fixed_size_binary();
-                        let v = b.column(1).as_primitive::<arrow::datatypes::Int64Type>();
-                        for i in 0..b.num_rows() {
-                            *leaves.entry(resolve(sid.value(i))?.1).or_default() += v.value(i);
-                        }
-                    }
-                    let mut leaves: Vec<(String, i64)> = leaves.into_iter().collect();
-                    leaves.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                    leaves.truncate(top);
-                    let (names, totals): (Vec<String>, Vec<i64>) = leaves.into_iter().unzip();
-                    vec![RecordBatch::try_new(
-                        Arc::new(ArrowSchema::new(vec![
-                            Field::new("fn", DataType::Utf8, false),
-                            Field::new("total", DataType::Int64, false),
-                        ])),
-                        vec![
-                            Arc::new(StringArray::from(names)),
-                            Arc::new(Int64Array::from(totals)),
-                        ],
-                    )?]
-                }
-                _ => {
-                    let batches =
-                        runtime.block_on(async { ctx.sql(&sql).await?.collect().await })?;
-                    // Stack ids leave as the bench's ids.
-                    let mut out = Vec::new();
-                    for b in batches {
-                        match b.schema().index_of("stacktrace_id") {
-                            Ok(c) => {
-                                let sid = b.column(c).as_fixed_size_binary();
-                                let mapped: Vec<u64> = (0..b.num_rows())
-                                    .map(|i| resolve(sid.value(i)).map(|v| v.0))
-                                    .collect::<Result<_, _>>()?;
-                                let mut columns = b.columns().to_vec();
-                                columns[c] = Arc::new(UInt64Array::from(mapped));
-                                let mut fields: Vec<Field> =
-                                    b.schema().fields().iter().map(|f| (**f).clone()).collect();
-                                fields[c] = Field::new("stacktrace_id", DataType::UInt64, false);
-                                out.push(RecordBatch::try_new(
-                                    Arc::new(ArrowSchema::new(fields)),
-                                    columns,
-                                )?);
-                            }
-                            Err(_) => out.push(b),
-                        }
-                    }
-                    out
-                }
-            };
+            answer = Some(run()?);
             times.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        write_result(&out, &id, &result, &times)?;
-        timings.insert(id, serde_json::json!(times));
+        let rows = answer.expect("runs >= 1").rows();
+        write_result(&out, id, &rows, &times)?;
+        timings.insert(id.to_owned(), serde_json::json!(times));
     }
     std::fs::write(
         out.join("timings.json"),
         serde_json::Value::Object(timings).to_string(),
     )?;
+    Ok(())
+}
+
+/// Writes a query's result to `out/<id>.parquet` (the peer harness checksums it) and prints
+/// its median time.
+fn write_result(out: &Path, id: &str, rows: &RecordBatch, times: &[f64]) -> Result<(), BoxError> {
+    let file = std::fs::File::create(out.join(format!("{id}.parquet")))?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, rows.schema(), None)?;
+    writer.write(rows)?;
+    writer.close()?;
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    eprintln!(
+        "{id}: median {:.1} ms, {} rows",
+        sorted[sorted.len() / 2],
+        rows.num_rows()
+    );
     Ok(())
 }

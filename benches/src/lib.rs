@@ -1,46 +1,21 @@
 //! Benchmarks of frostdb-rs and the deterministic, profile-shaped data they run on.
 //!
 //! The data model follows `shared/bench`'s fleet: a profile per series every 10 s, each a set
-//! of (stack, value) samples drawn from a skewed distribution over the series' stacks, with
-//! five profile-type columns, five labels, a 16-byte stack id and four integers per row.
+//! of (stack, value) samples drawn from a skewed distribution over the series' stacks, in the
+//! product's samples table (`frostdb_pprof::schema::samples`): five profile-type columns, five
+//! labels, a stack id and four integers per row.
 
 pub mod external;
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
-use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
+use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt64Array};
+use arrow::datatypes::{Field, Schema as ArrowSchema};
+use frostdb_core::Schema;
 
-/// The profile-shaped schema: profile type, labels, stack, time and value.
-pub fn profile_schema() -> Schema {
-    let dict = |name: &str| ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary);
-    let int = |name: &str| ColumnDef::new(name, DataType::Int64).encoding(Encoding::RleDictionary);
-    Schema::builder("samples")
-        .column(dict("name"))
-        .column(dict("sample_type"))
-        .column(dict("sample_unit"))
-        .column(dict("period_type"))
-        .column(dict("period_unit"))
-        .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
-        .column(ColumnDef::new(
-            "stacktrace_id",
-            DataType::FixedSizeBinary(16),
-        ))
-        .column(int("timestamp").encoding(Encoding::DeltaBinaryPacked))
-        .column(int("duration"))
-        .column(int("period"))
-        .column(int("value"))
-        .sort_by(SortingColumn::asc("name"))
-        .sort_by(SortingColumn::asc("sample_type"))
-        .sort_by(SortingColumn::asc("sample_unit"))
-        .sort_by(SortingColumn::asc("period_type"))
-        .sort_by(SortingColumn::asc("period_unit"))
-        .sort_by(SortingColumn::asc("labels"))
-        .sort_by(SortingColumn::asc("timestamp"))
-        .sort_by(SortingColumn::asc("stacktrace_id"))
-        .build()
-        .expect("the profile schema is valid")
+/// The product's samples table (one definition, in `frostdb_pprof::schema`).
+pub fn samples_schema() -> Schema {
+    frostdb_pprof::schema::samples()
 }
 
 /// SplitMix64: small, fast and deterministic; enough for synthetic data.
@@ -131,13 +106,9 @@ impl Fleet {
         }
     }
 
-    /// The 16-byte id of stack `index`.
-    pub fn stack_id(index: usize) -> [u8; 16] {
-        let mut rng = SplitMix::new(index as u64 ^ 0x5EED);
-        let mut id = [0u8; 16];
-        id[..8].copy_from_slice(&rng.next_u64().to_le_bytes());
-        id[8..].copy_from_slice(&rng.next_u64().to_le_bytes());
-        id
+    /// The id of stack `index`, as the profile store numbers stacks (partition 1).
+    pub fn stack_id(index: usize) -> u64 {
+        frostdb_pprof::symbols::symbol_id(1, index as u32)
     }
 
     /// One profile of series `series` at `timestamp_ms`, with up to `samples` distinct
@@ -172,8 +143,7 @@ impl Fleet {
         let values: Vec<i64> = (0..n)
             .map(|_| (1 + self.rng.skewed(50) as i64) * period)
             .collect();
-        let ids = FixedSizeBinaryArray::try_from_iter(stacks.iter().map(|&i| Self::stack_id(i)))
-            .expect("16-byte ids");
+        let ids = UInt64Array::from_iter_values(stacks.iter().map(|&i| Self::stack_id(i)));
         let text = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
         let int = |v: i64| -> ArrayRef { Arc::new(Int64Array::from(vec![v; n])) };
         let columns: Vec<(&str, ArrayRef)> = vec![
@@ -241,7 +211,7 @@ mod tests {
         let table = db
             .table(
                 "samples",
-                profile_schema(),
+                samples_schema(),
                 frostdb_core::TableOptions::default(),
             )
             .unwrap();

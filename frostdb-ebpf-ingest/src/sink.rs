@@ -46,7 +46,7 @@ impl StoreSink {
 impl Sink for StoreSink {
     fn write(&mut self, interval: Interval) -> Result<(), SinkError> {
         let mut failed = Vec::new();
-        for p in &interval.profiles {
+        for p in interval.profiles {
             let mut labels = p.labels();
             labels.extend(self.labels.iter().cloned());
             let options = IngestOptions {
@@ -55,8 +55,11 @@ impl Sink for StoreSink {
                 delta: false,
                 timestamp_ms: Some(interval.start_ms),
             };
-            if let Err(e) = self.store.ingest_profile(&p.profile, &options) {
-                failed.push(format!("pid {}: {e}", p.pid));
+            let pid = p.pid;
+            let stored = frostdb_pprof::validate(p.profile, self.store.limits())
+                .and_then(|profile| self.store.ingest_profile(&profile, &options));
+            if let Err(e) = stored {
+                failed.push(format!("pid {pid}: {e}"));
             }
         }
         if failed.is_empty() {

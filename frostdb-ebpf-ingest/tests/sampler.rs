@@ -5,12 +5,12 @@ use std::process::Command;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_core::{Db, DbOptions};
 use frostdb_ebpf_ingest::{
     Config, Error, Interval, ProcessProfile, Sampler, Sink, StoreSink, Target, check_permitted,
 };
 use frostdb_pprof::report::top::TopTable;
-use frostdb_pprof::{Limits, ProfileStore, proto};
+use frostdb_pprof::{ProfileStore, StoreOptions, proto};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
@@ -60,8 +60,7 @@ fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
     let dir = tempfile::tempdir().unwrap();
     let spin = Spin::start(&build_spin(dir.path()), "mixed");
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
-    let store =
-        Arc::new(ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap());
+    let store = Arc::new(ProfileStore::open(db, StoreOptions::default()).unwrap());
     // Tee: every interval is stored through the pprof normalizer and kept for inspection.
     let (tx, rx) = mpsc::channel::<Interval>();
     let mut stored = StoreSink::new(store.clone()).label("node", "test");
@@ -154,24 +153,14 @@ fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
     );
 
     // The store has them too, as profile type ebpf_cpu with the process's labels.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let selector = Selector::parse(&format!(
         "ebpf_cpu:samples:count:cpu:nanoseconds{{comm=\"spin\",pid=\"{}\",node=\"test\"}}",
         spin.pid()
     ))
     .unwrap();
-    let merged = runtime
-        .block_on(async {
-            let ctx = store.session()?;
-            store.merge(&ctx, &selector, TimeRange::ALL).await
-        })
-        .unwrap();
+    let merged = store.merge(&selector, TimeRange::ALL).unwrap();
     assert_eq!(merged.total() as u64, total);
-    let top = TopTable::build(&merged, &store.symbols()).render();
+    let top = TopTable::build(&merged).render();
     assert!(top.contains("frostdb_spin_user"), "{top}");
 }
 

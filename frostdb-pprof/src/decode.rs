@@ -64,8 +64,10 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
         }
         return Ok(std::borrow::Cow::Borrowed(bytes));
     }
-    let mut out = Vec::new();
-    let mut decoder = flate2::read::MultiGzDecoder::new(bytes).take(limit as u64 + 1);
+    // pprof compresses about 4:1; one allocation is usually enough.
+    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(limit));
+    let mut decoder =
+        flate2::read::MultiGzDecoder::new(bytes).take((limit as u64).saturating_add(1));
     decoder
         .read_to_end(&mut out)
         .map_err(|e| Error::Gzip(e.to_string()))?;
@@ -78,13 +80,31 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
     Ok(std::borrow::Cow::Owned(out))
 }
 
+/// A profile whose every reference has been checked (by [`validate`] or [`decode`]): the
+/// only kind the store takes, so nothing downstream indexes out of range.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidProfile(Profile);
+
+impl ValidProfile {
+    /// The profile.
+    pub fn into_inner(self) -> Profile {
+        self.0
+    }
+}
+
+impl std::ops::Deref for ValidProfile {
+    type Target = Profile;
+
+    fn deref(&self) -> &Profile {
+        &self.0
+    }
+}
+
 /// Decodes and validates a profile (gzip or raw).
-pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Profile> {
+pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
     let raw = inflate(bytes, limits.max_decompressed_bytes)?;
-    let mut profile = Profile::decode(raw.as_ref()).map_err(|e| Error::Protobuf(e.to_string()))?;
-    repair(&mut profile);
-    validate(&profile, limits)?;
-    Ok(profile)
+    let profile = Profile::decode(raw.as_ref()).map_err(|e| Error::Protobuf(e.to_string()))?;
+    validate(profile, limits)
 }
 
 /// Fixes known writer bugs that lose no information: .NET profiles whose functions all have
@@ -98,8 +118,15 @@ fn repair(p: &mut Profile) {
 }
 
 /// Checks every reference of `p`: string indices in range, ids that exist and are unique,
-/// one value per sample type, and the limits.
-pub fn validate(p: &Profile, limits: &Limits) -> Result<()> {
+/// one value per sample type, and the limits. Known writer bugs that lose nothing are
+/// repaired first.
+pub fn validate(mut p: Profile, limits: &Limits) -> Result<ValidProfile> {
+    repair(&mut p);
+    check(&p, limits)?;
+    Ok(ValidProfile(p))
+}
+
+fn check(p: &Profile, limits: &Limits) -> Result<()> {
     let strings = p.string_table.len();
     if strings == 0 || !p.string_table[0].is_empty() {
         return Err(invalid("string_table", "must start with the empty string"));

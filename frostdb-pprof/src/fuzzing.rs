@@ -1,9 +1,9 @@
 //! The bodies of the fuzz targets (`fuzz/`), shared with the test that replays their corpora,
 //! so the same code runs under libFuzzer and in CI.
 
-use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_core::{Db, DbOptions};
 
-use crate::{IngestOptions, Limits, ProfileStore, decode};
+use crate::{IngestOptions, Limits, ProfileStore, StoreOptions, decode};
 
 /// Small limits, so that inputs cannot make a run slow or big.
 pub fn limits() -> Limits {
@@ -27,7 +27,12 @@ pub fn normalize_target(data: &[u8]) {
     let Ok(db) = Db::open_in_memory(DbOptions::default().background_compaction(false)) else {
         return;
     };
-    let Ok(store) = ProfileStore::open(db, TableOptions::default(), limits()) else {
+    let options = StoreOptions {
+        limits: limits(),
+        query_threads: 1,
+        ..StoreOptions::default()
+    };
+    let Ok(store) = ProfileStore::open(db, options) else {
         return;
     };
     let options = IngestOptions {
@@ -36,18 +41,20 @@ pub fn normalize_target(data: &[u8]) {
         delta: true,
         timestamp_ms: Some(1),
     };
-    if store.ingest(data, &options).is_ok() {
-        let symbols = store.symbols();
-        let rows = store
-            .samples()
-            .scan(&frostdb_core::ScanRequest::new().project(["stacktrace_id"]))
-            .expect("stored rows read back");
-        for b in rows {
-            let ids = arrow::array::AsArray::as_fixed_size_binary(b.column(0));
-            for id in ids.iter().flatten() {
-                let id: crate::Id = id.try_into().expect("16-byte ids");
+    if let Ok(summary) = store.ingest(data, &options) {
+        for t in &summary.profile_types {
+            let selector = frostdb_query::Selector::parse(&format!("{t}{{}}"))
+                .expect("a stored profile type is a selector");
+            let merged = store
+                .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+                .expect("stored rows merge");
+            for (stack, _) in &merged.samples {
                 assert!(
-                    symbols.stacks.contains_key(&id),
+                    merged.symbols.depth(*stack) > 0 || merged.symbols.frames(*stack).is_empty(),
+                    "a stored sample's stack resolves"
+                );
+                assert!(
+                    merged.symbols.has_stack(*stack),
                     "a stored sample's stack resolves"
                 );
             }

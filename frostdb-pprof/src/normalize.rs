@@ -1,14 +1,26 @@
-//! A decoded profile turned into sample rows and deduplicated symbols.
+//! A validated profile turned into sample rows, in three steps:
+//!
+//! 1. [`prepare`] (no lock): series and sample labels checked and sanitized, samples with the
+//!    same stack and labels merged, deltas of cumulative types taken;
+//! 2. [`Prepared::intern`] (the symbol writer held): the stacks that have a value, and the
+//!    locations, functions, mappings and strings they use, looked up in the current symbol
+//!    partition (cheap hashes over what the profile holds, compared exactly) and added when
+//!    new; each pprof string, function, location and mapping is looked up once per profile;
+//! 3. [`Prepared::samples`]: the rows as one Arrow batch, dictionary-encoded already.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash, Hasher as _};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{Field, Schema as ArrowSchema};
+use arrow::array::{
+    ArrayRef, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray, UInt64Array,
+};
+use arrow::datatypes::{Field, Int32Type, Schema as ArrowSchema};
 
+use crate::decode::ValidProfile;
 use crate::error::{Error, Result};
 use crate::proto::Profile;
-use crate::symbols::{Function, Id, Location, Mapping, NewSymbols, Symbols, hash_id};
+use crate::symbols::{FunctionRow, LineRow, MappingRow, Writer, symbol_id};
 
 /// How to store one profile.
 #[derive(Debug, Clone, Default)]
@@ -33,7 +45,7 @@ pub struct IngestSummary {
     pub rows: usize,
     /// Profile types written (`name:type:unit:period_type:period_unit`).
     pub profile_types: Vec<String>,
-    /// New stacks stored.
+    /// Stacks new to the current symbol partition.
     pub new_stacks: usize,
     /// Timestamp of the profile (ms).
     pub timestamp_ms: i64,
@@ -66,10 +78,21 @@ pub fn is_cumulative(sample_type: &str) -> bool {
     )
 }
 
+/// A stack's content fingerprint (with its sample labels), for deltas: independent of the
+/// profile's own ids and of symbol partitions.
+type Fingerprint = u128;
+
 /// The previous values of the cumulative series seen, for deltas.
 #[derive(Debug, Default)]
 pub(crate) struct Deltas {
-    previous: HashMap<String, HashMap<(Id, String), i64>>,
+    previous: HashMap<String, HashMap<Fingerprint, i64>>,
+}
+
+impl Deltas {
+    /// Keeps the states a stored profile left.
+    pub(crate) fn apply(&mut self, states: Vec<(String, HashMap<Fingerprint, i64>)>) {
+        self.previous.extend(states);
+    }
 }
 
 /// A profile's timestamp in ms: `time_nanos`, repaired when a writer put microseconds in
@@ -85,33 +108,72 @@ fn timestamp_ms(time_nanos: i64) -> i64 {
     }
 }
 
-/// A sample's string labels, sorted by name.
-type SampleLabels = Vec<(String, String)>;
-
-/// The rows and symbols of one profile.
-pub(crate) struct Normalized {
-    pub(crate) samples: Option<RecordBatch>,
-    pub(crate) symbols: NewSymbols,
-    pub(crate) summary: IngestSummary,
+/// Positions of a profile's messages by id: ids are usually 1..=n in order (then the
+/// position is the id minus one); otherwise a map.
+struct Positions {
+    len: usize,
+    sparse: Option<HashMap<u64, usize>>,
 }
 
-/// Normalizes `p` (validated) against the symbols already known.
-pub(crate) fn normalize(
-    p: &Profile,
-    options: &IngestOptions,
-    known: &Symbols,
-    mut deltas: Option<&mut Deltas>,
-) -> Result<Normalized> {
-    let strings = &p.string_table;
-    let s = |i: i64| strings.get(i as usize).map_or("", String::as_str);
-    let or = |v: &str, fallback: &str| {
-        if v.is_empty() {
-            fallback.to_owned()
-        } else {
-            v.to_owned()
+impl Positions {
+    fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> Self {
+        let len = ids.len();
+        let dense = ids.clone().enumerate().all(|(i, id)| id == i as u64 + 1);
+        Self {
+            len,
+            sparse: (!dense).then(|| ids.enumerate().map(|(i, id)| (id, i)).collect()),
         }
-    };
+    }
 
+    fn get(&self, id: u64) -> Option<usize> {
+        match &self.sparse {
+            None => id
+                .checked_sub(1)
+                .map(|i| i as usize)
+                .filter(|i| *i < self.len),
+            Some(map) => map.get(&id).copied(),
+        }
+    }
+}
+
+/// Distinct (stack, sample labels) of a profile.
+struct Group {
+    /// A pprof sample with this stack.
+    sample: usize,
+    /// Index into the label sets.
+    labels: u32,
+}
+
+/// A profile ready to be interned: what no lock is needed for.
+pub(crate) struct Prepared<'p> {
+    profile: &'p Profile,
+    name: String,
+    series: BTreeMap<String, String>,
+    /// Sample label sets; 0 is the empty one.
+    label_sets: Vec<Vec<(String, String)>>,
+    groups: Vec<Group>,
+    /// `(type, group, value)`, values non-zero, deltas taken.
+    rows: Vec<(u16, u32, i64)>,
+    /// Deltas' states to keep once the profile is stored.
+    pub(crate) delta_states: Vec<(String, HashMap<Fingerprint, i64>)>,
+    timestamp: i64,
+}
+
+fn text(p: &Profile, i: i64) -> &str {
+    p.string_table.get(i as usize).map_or("", String::as_str)
+}
+
+fn or<'a>(v: &'a str, fallback: &'a str) -> &'a str {
+    if v.is_empty() { fallback } else { v }
+}
+
+/// Step 1: labels, merged samples, deltas.
+pub(crate) fn prepare<'p>(
+    profile: &'p ValidProfile,
+    options: &IngestOptions,
+    deltas: Option<&Deltas>,
+) -> Result<Prepared<'p>> {
+    let p: &Profile = profile;
     // Series labels, sanitized; empty values mean "absent", as in Prometheus.
     let mut series: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in &options.labels {
@@ -130,145 +192,38 @@ pub(crate) fn normalize(
         }
     }
 
-    // Symbols, by pprof id, with their content ids.
-    let mut new = NewSymbols::default();
-    let mut new_ids: std::collections::HashSet<Id> = std::collections::HashSet::new();
-    let mut mapping_ids: HashMap<u64, Id> = HashMap::new();
-    for m in &p.mapping {
-        let mapping = Mapping {
-            memory_start: m.memory_start,
-            memory_limit: m.memory_limit,
-            file_offset: m.file_offset,
-            filename: s(m.filename).to_owned(),
-            build_id: s(m.build_id).to_owned(),
-            flags: u8::from(m.has_functions)
-                | (u8::from(m.has_filenames) << 1)
-                | (u8::from(m.has_line_numbers) << 2)
-                | (u8::from(m.has_inline_frames) << 3),
-        };
-        let id = hash_id(
-            b'm',
-            &[
-                &mapping.memory_start.to_le_bytes(),
-                &mapping.memory_limit.to_le_bytes(),
-                &mapping.file_offset.to_le_bytes(),
-                mapping.filename.as_bytes(),
-                mapping.build_id.as_bytes(),
-                &[mapping.flags],
-            ],
-        );
-        if !known.mappings.contains_key(&id) && new_ids.insert(id) {
-            new.mappings.push((id, mapping));
-        }
-        mapping_ids.insert(m.id, id);
-    }
-    let mut function_ids: HashMap<u64, Id> = HashMap::new();
-    for f in &p.function {
-        let function = Function {
-            name: s(f.name).to_owned(),
-            system_name: s(f.system_name).to_owned(),
-            filename: s(f.filename).to_owned(),
-            start_line: f.start_line,
-        };
-        let id = hash_id(
-            b'f',
-            &[
-                function.name.as_bytes(),
-                function.system_name.as_bytes(),
-                function.filename.as_bytes(),
-                &function.start_line.to_le_bytes(),
-            ],
-        );
-        if !known.functions.contains_key(&id) && new_ids.insert(id) {
-            new.functions.push((id, function));
-        }
-        function_ids.insert(f.id, id);
-    }
-    let mut location_ids: HashMap<u64, Id> = HashMap::new();
-    for l in &p.location {
-        let mapping = mapping_ids.get(&l.mapping_id).copied();
-        let lines: Vec<(Id, i64)> = l
-            .line
-            .iter()
-            .map(|line| (function_ids[&line.function_id], line.line))
-            .collect();
-        let mut parts: Vec<Vec<u8>> = vec![
-            mapping.map_or(vec![0; 16], |m| m.to_vec()),
-            l.address.to_le_bytes().to_vec(),
-            vec![u8::from(l.is_folded)],
-        ];
-        for (f, line) in &lines {
-            parts.push(f.to_vec());
-            parts.push(line.to_le_bytes().to_vec());
-        }
-        let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        let id = hash_id(b'l', &refs);
-        if !known.locations.contains_key(&id) && new_ids.insert(id) {
-            new.locations.push((
-                id,
-                Location {
-                    mapping,
-                    address: l.address,
-                    lines,
-                    is_folded: l.is_folded,
-                },
-            ));
-        }
-        location_ids.insert(l.id, id);
-    }
-
-    // Samples: merged by (stack, sample labels), per sample type.
-    let mut stack_cache: HashMap<Vec<u64>, Id> = HashMap::new();
-    let mut seen_new_stacks: BTreeSet<Id> = BTreeSet::new();
-    let mut merged: BTreeMap<(Id, SampleLabels), Vec<i64>> = BTreeMap::new();
+    // Samples merged by (stack, sample labels).
+    let mut label_sets: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    let mut label_index: HashMap<Vec<(String, String)>, u32> = HashMap::new();
+    let mut group_index: HashMap<(&[u64], u32), u32> = HashMap::with_capacity(p.sample.len());
+    let mut groups: Vec<Group> = Vec::with_capacity(p.sample.len());
     let types = p.sample_type.len();
-    for sample in &p.sample {
-        let stack = match stack_cache.get(&sample.location_id) {
-            Some(id) => *id,
-            None => {
-                let locs: Vec<Id> = sample.location_id.iter().map(|l| location_ids[l]).collect();
-                let refs: Vec<&[u8]> = locs.iter().map(|l| l.as_slice()).collect();
-                let id = hash_id(b's', &refs);
-                if !known.stacks.contains_key(&id) && seen_new_stacks.insert(id) {
-                    new.stacks.push((id, Arc::from(locs)));
-                }
-                stack_cache.insert(sample.location_id.clone(), id);
-                id
+    let mut values: Vec<i64> = Vec::with_capacity(p.sample.len() * types);
+    for (i, sample) in p.sample.iter().enumerate() {
+        let labels = if sample.label.iter().all(|l| l.str == 0) {
+            0 // numeric labels are not kept
+        } else {
+            let set = sample_labels(p, sample, &series)?;
+            if set.is_empty() {
+                0
+            } else if let Some(&i) = label_index.get(&set) {
+                i
+            } else {
+                let i = label_sets.len() as u32;
+                label_index.insert(set.clone(), i);
+                label_sets.push(set);
+                i
             }
         };
-        let mut labels: BTreeMap<String, String> = BTreeMap::new();
-        let mut raw_keys: BTreeMap<String, String> = BTreeMap::new();
-        for l in &sample.label {
-            if l.str == 0 {
-                continue; // numeric labels are not kept
-            }
-            let (raw, value) = (s(l.key), s(l.str));
-            let key = sanitize_label(raw);
-            if let Some(other) = raw_keys.insert(key.clone(), raw.to_owned())
-                && other != raw
-            {
-                return Err(Error::LabelCollision {
-                    label: key,
-                    first: format!("pprof label {other:?}"),
-                    second: format!("pprof label {raw:?}"),
-                });
-            }
-            if let Some(v) = series.get(&key) {
-                if v != value {
-                    return Err(Error::LabelCollision {
-                        label: key,
-                        first: format!("series label value {v:?}"),
-                        second: format!("pprof label value {value:?}"),
-                    });
-                }
-                continue;
-            }
-            labels.insert(key, value.to_owned());
-        }
-        let entry = merged
-            .entry((stack, labels.into_iter().collect()))
-            .or_insert_with(|| vec![0; types]);
-        for (acc, v) in entry.iter_mut().zip(&sample.value) {
+        let g = *group_index
+            .entry((sample.location_id.as_slice(), labels))
+            .or_insert_with(|| {
+                groups.push(Group { sample: i, labels });
+                values.extend(std::iter::repeat_n(0, types));
+                (groups.len() - 1) as u32
+            });
+        let row = &mut values[g as usize * types..(g as usize + 1) * types];
+        for (acc, v) in row.iter_mut().zip(&sample.value) {
             *acc = acc.saturating_add(*v);
         }
     }
@@ -276,150 +231,353 @@ pub(crate) fn normalize(
     let timestamp = options
         .timestamp_ms
         .unwrap_or_else(|| timestamp_ms(p.time_nanos));
-    let (period_type, period_unit) = p
-        .period_type
-        .as_ref()
-        .map_or(("", ""), |t| (s(t.r#type), s(t.unit)));
-    let series_key = format!("{}\u{0}{:?}", options.name, series);
+    let mut prepared = Prepared {
+        profile: p,
+        name: options.name.clone(),
+        series,
+        label_sets,
+        groups,
+        rows: Vec::new(),
+        delta_states: Vec::new(),
+        timestamp,
+    };
 
-    // Rows: (type index, stack, sample labels, value).
-    let mut rows: Vec<(usize, Id, &SampleLabels, i64)> = Vec::new();
-    let mut profile_types = Vec::new();
-    for (t, vt) in p.sample_type.iter().enumerate() {
-        let sample_type = or(s(vt.r#type), "samples");
-        let mut values: Vec<(Id, &SampleLabels, i64)> = merged
+    // Deltas of cumulative types; the first profile of a series is their baseline.
+    let cumulative = |t: usize| is_cumulative(or(text(p, p.sample_type[t].r#type), "samples"));
+    let fingerprints: Option<Vec<Fingerprint>> =
+        (options.delta && (0..types).any(cumulative)).then(|| prepared.fingerprints());
+    for t in 0..types {
+        let column = prepared
+            .groups
             .iter()
-            .map(|((stack, labels), v)| (*stack, labels, v[t]))
-            .collect();
-        if let Some(deltas) = deltas.as_deref_mut()
-            && is_cumulative(&sample_type)
-        {
-            let key = format!("{series_key}\u{0}{sample_type}\u{0}{}", s(vt.unit));
-            let current: HashMap<(Id, String), i64> = values
-                .iter()
-                .map(|(stack, labels, v)| ((*stack, format!("{labels:?}")), *v))
-                .collect();
-            let previous = deltas.previous.insert(key, current);
-            let Some(previous) = previous else {
-                continue; // the baseline
-            };
-            for (stack, labels, v) in values.iter_mut() {
-                let before = previous
-                    .get(&(*stack, format!("{labels:?}")))
-                    .copied()
-                    .unwrap_or(0);
-                // A counter that went down was reset (the process restarted).
-                *v = if *v >= before { *v - before } else { *v };
+            .enumerate()
+            .map(|(g, _)| (g as u32, values[g * types + t]));
+        match (&fingerprints, cumulative(t)) {
+            (Some(fps), true) => {
+                let vt = &p.sample_type[t];
+                let key = format!(
+                    "{}\u{0}{:?}\u{0}{}\u{0}{}",
+                    options.name,
+                    prepared.series,
+                    text(p, vt.r#type),
+                    text(p, vt.unit)
+                );
+                let current: HashMap<Fingerprint, i64> =
+                    column.clone().map(|(g, v)| (fps[g as usize], v)).collect();
+                let previous = deltas.and_then(|d| d.previous.get(&key));
+                if let Some(previous) = previous {
+                    for (g, v) in column {
+                        let before = previous.get(&fps[g as usize]).copied().unwrap_or(0);
+                        // A counter that went down was reset (the process restarted).
+                        let delta = if v >= before { v - before } else { v };
+                        if delta != 0 {
+                            prepared.rows.push((t as u16, g, delta));
+                        }
+                    }
+                }
+                prepared.delta_states.push((key, current));
             }
-        }
-        let mut any = false;
-        for (stack, labels, v) in values {
-            if v != 0 {
-                rows.push((t, stack, labels, v));
-                any = true;
-            }
-        }
-        if any {
-            profile_types.push(format!(
-                "{}:{}:{}:{}:{}",
-                options.name,
-                sample_type,
-                or(s(vt.unit), "count"),
-                or(period_type, "unknown"),
-                or(period_unit, "unknown")
-            ));
+            _ => prepared.rows.extend(
+                column
+                    .filter(|(_, v)| *v != 0)
+                    .map(|(g, v)| (t as u16, g, v)),
+            ),
         }
     }
+    Ok(prepared)
+}
 
-    let samples = if rows.is_empty() {
-        None
-    } else {
-        let n = rows.len();
-        let type_column = |f: &dyn Fn(usize) -> String| -> ArrayRef {
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| f(r.0))))
-        };
-        let sample_types = &p.sample_type;
-        let mut columns: Vec<(String, ArrayRef)> = vec![
-            (
-                "name".into(),
-                Arc::new(StringArray::from(vec![options.name.as_str(); n])),
-            ),
-            (
-                "sample_type".into(),
-                type_column(&|t| or(s(sample_types[t].r#type), "samples")),
-            ),
-            (
-                "sample_unit".into(),
-                type_column(&|t| or(s(sample_types[t].unit), "count")),
-            ),
-            (
-                "period_type".into(),
-                Arc::new(StringArray::from(vec![or(period_type, "unknown"); n])),
-            ),
-            (
-                "period_unit".into(),
-                Arc::new(StringArray::from(vec![or(period_unit, "unknown"); n])),
-            ),
-        ];
-        for (k, v) in &series {
-            columns.push((
-                format!("labels.{k}"),
-                Arc::new(StringArray::from(vec![v.as_str(); n])),
-            ));
+/// A sample's string labels, sanitized and sorted, without those equal to a series label.
+fn sample_labels(
+    p: &Profile,
+    sample: &crate::proto::Sample,
+    series: &BTreeMap<String, String>,
+) -> Result<Vec<(String, String)>> {
+    let mut labels: BTreeMap<String, (String, &str)> = BTreeMap::new();
+    for l in &sample.label {
+        if l.str == 0 {
+            continue;
         }
-        let sample_keys: BTreeSet<&String> = rows
+        let (raw, value) = (text(p, l.key), text(p, l.str));
+        let key = sanitize_label(raw);
+        if let Some(v) = series.get(&key) {
+            if v != value {
+                return Err(Error::LabelCollision {
+                    label: key,
+                    first: format!("series label value {v:?}"),
+                    second: format!("pprof label value {value:?}"),
+                });
+            }
+            continue;
+        }
+        if let Some((_, other)) = labels.insert(key.clone(), (value.to_owned(), raw))
+            && other != raw
+        {
+            return Err(Error::LabelCollision {
+                label: key,
+                first: format!("pprof label {other:?}"),
+                second: format!("pprof label {raw:?}"),
+            });
+        }
+    }
+    Ok(labels.into_iter().map(|(k, (v, _))| (k, v)).collect())
+}
+
+impl Prepared<'_> {
+    /// Whether the profile stores nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Content fingerprints of the groups: their stacks' functions, lines, addresses and
+    /// binaries, and their labels.
+    fn fingerprints(&self) -> Vec<Fingerprint> {
+        let p = self.profile;
+        let locations = Positions::new(p.location.iter().map(|l| l.id));
+        let functions = Positions::new(p.function.iter().map(|f| f.id));
+        let mappings = Positions::new(p.mapping.iter().map(|m| m.id));
+        let seeds = [
+            foldhash::fast::FixedState::with_seed(1),
+            foldhash::fast::FixedState::with_seed(2),
+        ];
+        self.groups
             .iter()
-            .flat_map(|r| r.2.iter().map(|(k, _)| k))
-            .collect();
-        for key in sample_keys {
-            let values: StringArray = rows
+            .map(|g| {
+                let halves = seeds.clone().map(|seed| {
+                    let mut h = seed.build_hasher();
+                    for id in &p.sample[g.sample].location_id {
+                        let Some(l) = locations.get(*id).and_then(|i| p.location.get(i)) else {
+                            continue;
+                        };
+                        l.address.hash(&mut h);
+                        if let Some(m) = mappings.get(l.mapping_id).and_then(|i| p.mapping.get(i)) {
+                            text(p, m.filename).hash(&mut h);
+                            text(p, m.build_id).hash(&mut h);
+                        }
+                        for line in &l.line {
+                            line.line.hash(&mut h);
+                            if let Some(f) = functions
+                                .get(line.function_id)
+                                .and_then(|i| p.function.get(i))
+                            {
+                                text(p, f.name).hash(&mut h);
+                                text(p, f.filename).hash(&mut h);
+                            }
+                        }
+                        h.write_u8(0xff);
+                    }
+                    self.label_sets[g.labels as usize].hash(&mut h);
+                    h.finish()
+                });
+                (u128::from(halves[0]) << 64) | u128::from(halves[1])
+            })
+            .collect()
+    }
+
+    /// Step 2: the stack of every group that has a row, interned into the writer's
+    /// partition (`u32::MAX` for groups without rows).
+    pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Vec<u32>> {
+        let p = self.profile;
+        let locations = Positions::new(p.location.iter().map(|l| l.id));
+        let functions = Positions::new(p.function.iter().map(|f| f.id));
+        let mappings = Positions::new(p.mapping.iter().map(|m| m.id));
+        const NONE: u32 = u32::MAX;
+        let mut strings = vec![NONE; p.string_table.len()];
+        let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<u32> {
+            let slot = strings
+                .get_mut(i as usize)
+                .ok_or_else(|| Error::Corrupt("a string index out of range".into()))?;
+            if *slot == NONE {
+                *slot = writer.string(text(p, i))?;
+            }
+            Ok(*slot)
+        };
+        let mut mapping_ix = vec![NONE; p.mapping.len()];
+        let mut function_ix = vec![NONE; p.function.len()];
+        let mut location_ix = vec![NONE; p.location.len()];
+        let mut lines: Vec<LineRow> = Vec::new();
+        let mut stack: Vec<u32> = Vec::new();
+        let mut out = vec![NONE; self.groups.len()];
+        let dangling = |what: &str, id: u64| {
+            Error::Corrupt(format!(
+                "a validated profile refers to {what} {id}, which it lacks"
+            ))
+        };
+        for &(_, g, _) in &self.rows {
+            if out[g as usize] != NONE {
+                continue;
+            }
+            stack.clear();
+            for &id in &p.sample[self.groups[g as usize].sample].location_id {
+                let li = locations.get(id).ok_or_else(|| dangling("location", id))?;
+                if location_ix[li] == NONE {
+                    let l = &p.location[li];
+                    let mapping = if l.mapping_id == 0 {
+                        0
+                    } else {
+                        let mi = mappings
+                            .get(l.mapping_id)
+                            .ok_or_else(|| dangling("mapping", l.mapping_id))?;
+                        if mapping_ix[mi] == NONE {
+                            let m = &p.mapping[mi];
+                            let row = MappingRow {
+                                memory_start: m.memory_start,
+                                memory_limit: m.memory_limit,
+                                file_offset: m.file_offset,
+                                filename: string(writer, m.filename)?,
+                                build_id: string(writer, m.build_id)?,
+                                flags: u8::from(m.has_functions)
+                                    | (u8::from(m.has_filenames) << 1)
+                                    | (u8::from(m.has_line_numbers) << 2)
+                                    | (u8::from(m.has_inline_frames) << 3),
+                            };
+                            mapping_ix[mi] = writer.mapping(row)?;
+                        }
+                        mapping_ix[mi] + 1
+                    };
+                    lines.clear();
+                    for line in &l.line {
+                        let fi = functions
+                            .get(line.function_id)
+                            .ok_or_else(|| dangling("function", line.function_id))?;
+                        if function_ix[fi] == NONE {
+                            let f = &p.function[fi];
+                            let row = FunctionRow {
+                                name: string(writer, f.name)?,
+                                system_name: string(writer, f.system_name)?,
+                                filename: string(writer, f.filename)?,
+                                start_line: f.start_line,
+                            };
+                            function_ix[fi] = writer.function(row)?;
+                        }
+                        lines.push((function_ix[fi], line.line));
+                    }
+                    location_ix[li] = writer.location(mapping, l.address, l.is_folded, &lines)?;
+                }
+                stack.push(location_ix[li]);
+            }
+            out[g as usize] = writer.stack(&stack)?;
+        }
+        Ok(out)
+    }
+
+    /// Step 3: the sample rows, with the stacks interned into `partition`.
+    pub(crate) fn samples(
+        &self,
+        partition: u32,
+        stacks: &[u32],
+    ) -> Result<(RecordBatch, IngestSummary)> {
+        let p = self.profile;
+        let n = self.rows.len();
+        let single = |v: &str| -> ArrayRef {
+            Arc::new(DictionaryArray::<Int32Type>::new(
+                Int32Array::from(vec![0; n]),
+                Arc::new(StringArray::from(vec![v])),
+            ))
+        };
+        // The types that have rows, in order, as dictionary values.
+        let mut used: Vec<u16> = self.rows.iter().map(|r| r.0).collect();
+        used.sort_unstable();
+        used.dedup();
+        let keys = Int32Array::from_iter_values(
+            self.rows
                 .iter()
-                .map(|r| r.2.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str()))
+                .map(|r| used.binary_search(&r.0).unwrap_or(0) as i32),
+        );
+        let per_type = |f: &dyn Fn(u16) -> String| -> ArrayRef {
+            Arc::new(DictionaryArray::<Int32Type>::new(
+                keys.clone(),
+                Arc::new(StringArray::from_iter_values(used.iter().map(|t| f(*t)))),
+            ))
+        };
+        let sample_type =
+            |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples").to_owned();
+        let sample_unit = |t: u16| or(text(p, p.sample_type[t as usize].unit), "count").to_owned();
+        let (period_type, period_unit) = p
+            .period_type
+            .as_ref()
+            .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
+        let (period_type, period_unit) = (or(period_type, "unknown"), or(period_unit, "unknown"));
+        let mut columns: Vec<(String, ArrayRef)> = vec![
+            ("name".into(), single(&self.name)),
+            ("sample_type".into(), per_type(&sample_type)),
+            ("sample_unit".into(), per_type(&sample_unit)),
+            ("period_type".into(), single(period_type)),
+            ("period_unit".into(), single(period_unit)),
+        ];
+        for (k, v) in &self.series {
+            columns.push((format!("labels.{k}"), single(v)));
+        }
+        // Sample labels: one column per key any row has, null where a row lacks it.
+        let mut keys_used: Vec<&str> = self
+            .rows
+            .iter()
+            .flat_map(|r| {
+                self.label_sets[self.groups[r.1 as usize].labels as usize]
+                    .iter()
+                    .map(|(k, _)| k.as_str())
+            })
+            .collect();
+        keys_used.sort_unstable();
+        keys_used.dedup();
+        for key in keys_used {
+            let values: StringArray = self
+                .rows
+                .iter()
+                .map(|r| {
+                    self.label_sets[self.groups[r.1 as usize].labels as usize]
+                        .iter()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| v.as_str())
+                })
                 .collect();
             columns.push((format!("labels.{key}"), Arc::new(values)));
         }
-        columns.push((
-            "stacktrace_id".into(),
-            Arc::new(FixedSizeBinaryArray::try_from_iter(
-                rows.iter().map(|r| r.1),
-            )?),
-        ));
-        columns.push((
-            "timestamp".into(),
-            Arc::new(Int64Array::from(vec![timestamp; n])),
-        ));
-        columns.push((
-            "duration".into(),
-            Arc::new(Int64Array::from(vec![p.duration_nanos; n])),
-        ));
-        columns.push((
-            "period".into(),
-            Arc::new(Int64Array::from(vec![p.period; n])),
-        ));
+        let ids = UInt64Array::from_iter_values(
+            self.rows
+                .iter()
+                .map(|r| symbol_id(partition, stacks[r.1 as usize])),
+        );
+        columns.push(("stacktrace_id".into(), Arc::new(ids)));
+        let constant = |v: i64| -> ArrayRef { Arc::new(Int64Array::from_value(v, n)) };
+        columns.push(("timestamp".into(), constant(self.timestamp)));
+        columns.push(("duration".into(), constant(p.duration_nanos)));
+        columns.push(("period".into(), constant(p.period)));
         columns.push((
             "value".into(),
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.3))),
+            Arc::new(Int64Array::from_iter_values(self.rows.iter().map(|r| r.2))),
         ));
         let fields: Vec<Field> = columns
             .iter()
             .map(|(name, a)| Field::new(name, a.data_type().clone(), true))
             .collect();
-        Some(RecordBatch::try_new(
+        let batch = RecordBatch::try_new(
             Arc::new(ArrowSchema::new(fields)),
             columns.into_iter().map(|(_, a)| a).collect(),
-        )?)
-    };
-    let summary = IngestSummary {
-        rows: samples.as_ref().map_or(0, |b| b.num_rows()),
-        profile_types,
-        new_stacks: new.stacks.len(),
-        timestamp_ms: timestamp,
-    };
-    Ok(Normalized {
-        samples,
-        symbols: new,
-        summary,
-    })
+        )?;
+        let summary = IngestSummary {
+            rows: n,
+            profile_types: used
+                .iter()
+                .map(|&t| {
+                    format!(
+                        "{}:{}:{}:{period_type}:{period_unit}",
+                        self.name,
+                        sample_type(t),
+                        sample_unit(t)
+                    )
+                })
+                .collect(),
+            new_stacks: 0,
+            timestamp_ms: self.timestamp,
+        };
+        Ok((batch, summary))
+    }
+
+    /// The profile's timestamp (ms).
+    pub(crate) fn timestamp(&self) -> i64 {
+        self.timestamp
+    }
 }
 
 #[cfg(test)]
@@ -441,5 +599,16 @@ mod tests {
         assert_eq!(timestamp_ms(ns), 1_644_509_272_337);
         assert_eq!(timestamp_ms(ns / 1000), 1_644_509_272_337, "microseconds");
         assert!(timestamp_ms(0) > 1_700_000_000_000, "now");
+    }
+
+    #[test]
+    fn positions_handle_dense_and_sparse_ids() {
+        let dense = Positions::new([1u64, 2, 3].into_iter());
+        assert_eq!(
+            (dense.get(2), dense.get(0), dense.get(4)),
+            (Some(1), None, None)
+        );
+        let sparse = Positions::new([7u64, 3, 100].into_iter());
+        assert_eq!((sparse.get(100), sparse.get(1)), (Some(2), None));
     }
 }

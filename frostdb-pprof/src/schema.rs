@@ -1,16 +1,19 @@
 //! The tables profiles are stored in: one row per (sample, sample type) in `samples`, and
-//! the symbols those rows point to, each stored once under a content hash.
+//! the symbols those rows point to. These are the only definitions of the profile layout:
+//! the server, the CLI and the benchmarks all use them.
 //!
 //! | table | columns |
 //! |---|---|
 //! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
-//! | `stacktraces` | `stacktrace_id`, `location_ids` (16-byte ids, leaf first, concatenated) |
-//! | `locations` | `location_id`, `mapping_id`, `address`, `lines` (16-byte function id + 8-byte line, innermost first), `is_folded` |
+//! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
+//! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
 //! | `mappings` | `mapping_id`, `memory_start`, `memory_limit`, `file_offset`, `filename`, `build_id`, `flags` |
 //!
-//! Ids are the first 16 bytes of the BLAKE3 hash of the content: collision-safe, equal for
-//! equal content whoever sends it, so re-sending a stack stores nothing new.
+//! Symbol ids are u64: a symbol partition in the high 32 bits, the symbol's index within it
+//! in the low 32 (see [`crate::symbols`]). Within a partition every stack, location, function
+//! and mapping is stored once; a partition closes past a size or an age, and is deleted when
+//! no retained sample refers to it.
 
 use arrow::datatypes::DataType;
 use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
@@ -26,7 +29,7 @@ pub const FUNCTIONS: &str = "functions";
 /// Table of mappings.
 pub const MAPPINGS: &str = "mappings";
 
-const ID: DataType = DataType::FixedSizeBinary(16);
+const ID: DataType = DataType::UInt64;
 
 fn dict(name: &str) -> ColumnDef {
     ColumnDef::new(name, DataType::Utf8).encoding(Encoding::RleDictionary)
@@ -42,7 +45,8 @@ fn schema(
 }
 
 /// The samples table: sorted by profile type, series, time, stack, so a series over a time
-/// range is a contiguous slice, and timestamps compress to runs.
+/// range is a contiguous slice, and timestamps compress to runs. `stacktrace_id` is the
+/// stack's symbol id.
 pub fn samples() -> Schema {
     schema(SAMPLES, |b| {
         b.column(dict("name"))
@@ -72,7 +76,7 @@ pub fn samples() -> Schema {
 /// The stacks table.
 pub fn stacktraces() -> Schema {
     schema(STACKTRACES, |b| {
-        b.column(ColumnDef::new("stacktrace_id", ID))
+        b.column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::DeltaBinaryPacked))
             .column(ColumnDef::new("location_ids", DataType::Binary))
             .sort_by(SortingColumn::asc("stacktrace_id"))
     })
@@ -81,7 +85,7 @@ pub fn stacktraces() -> Schema {
 /// The locations table.
 pub fn locations() -> Schema {
     schema(LOCATIONS, |b| {
-        b.column(ColumnDef::new("location_id", ID))
+        b.column(ColumnDef::new("location_id", ID).encoding(Encoding::DeltaBinaryPacked))
             .column(ColumnDef::new("mapping_id", ID).nullable(true))
             .column(ColumnDef::new("address", DataType::UInt64))
             .column(ColumnDef::new("lines", DataType::Binary))
@@ -93,7 +97,7 @@ pub fn locations() -> Schema {
 /// The functions table.
 pub fn functions() -> Schema {
     schema(FUNCTIONS, |b| {
-        b.column(ColumnDef::new("function_id", ID))
+        b.column(ColumnDef::new("function_id", ID).encoding(Encoding::DeltaBinaryPacked))
             .column(ColumnDef::new("name", DataType::Utf8))
             .column(ColumnDef::new("system_name", DataType::Utf8))
             .column(dict("filename"))
@@ -105,7 +109,7 @@ pub fn functions() -> Schema {
 /// The mappings table.
 pub fn mappings() -> Schema {
     schema(MAPPINGS, |b| {
-        b.column(ColumnDef::new("mapping_id", ID))
+        b.column(ColumnDef::new("mapping_id", ID).encoding(Encoding::DeltaBinaryPacked))
             .column(ColumnDef::new("memory_start", DataType::UInt64))
             .column(ColumnDef::new("memory_limit", DataType::UInt64))
             .column(ColumnDef::new("file_offset", DataType::UInt64))

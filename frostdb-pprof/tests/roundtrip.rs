@@ -6,9 +6,9 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::{pprof, top::TopTable, tree};
-use frostdb_pprof::{IngestOptions, Limits, ProfileStore, decode};
+use frostdb_pprof::{IngestOptions, Limits, ProfileStore, StoreOptions, decode};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
@@ -21,8 +21,7 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
     }
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
-    let ctx = store.session().unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
     let mut compared = 0;
     let mut failures = Vec::new();
     for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
@@ -33,7 +32,7 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
             // pprof refuses a few writers' bugs we repair on decode (.NET's function ids
             // of 0): compare against the repaired profile.
             original = dir.path().join(format!("{name}.repaired.pb"));
-            std::fs::write(&original, prost::Message::encode_to_vec(&profile)).unwrap();
+            std::fs::write(&original, prost::Message::encode_to_vec(&*profile)).unwrap();
         }
         let profile_name = format!("f{i}");
         let summary = store
@@ -60,9 +59,9 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
                 continue; // every value of this type is zero
             };
             let selector = Selector::parse(profile_type).unwrap();
-            let merged = store.merge(&ctx, &selector, TimeRange::ALL).await.unwrap();
+            let merged = store.merge(&selector, TimeRange::ALL).unwrap();
             let exported = dir.path().join(format!("{name}.{index}.merged.pb.gz"));
-            let profile = pprof::to_profile(&merged, &store.symbols()).unwrap();
+            let profile = pprof::to_profile(&merged).unwrap();
             std::fs::write(&exported, pprof::encode_gzip(&profile).unwrap()).unwrap();
 
             let want: Rows = common::pprof_top(&original, index).into_iter().collect();
@@ -75,7 +74,7 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
                 ));
                 continue;
             }
-            let table = TopTable::build_with(&merged, &store.symbols(), 0.0, 0.0);
+            let table = TopTable::build_with(&merged, 0.0, 0.0);
             let ours: Rows = table
                 .rows
                 .iter()
@@ -98,9 +97,9 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
                 continue;
             }
             // The flame graph and folded stacks add up to the same total.
-            let graph = tree::FlameGraph::build(&merged, &store.symbols());
+            let graph = tree::FlameGraph::build(&merged);
             assert_eq!(graph.root.total, merged.total(), "{name}");
-            let folded_total: i64 = tree::folded(&merged, &store.symbols())
+            let folded_total: i64 = tree::folded(&merged)
                 .lines()
                 .map(|l| l.rsplit(' ').next().unwrap().parse::<i64>().unwrap())
                 .sum();

@@ -3,9 +3,9 @@
 
 mod common;
 
-use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::{pprof, top::TopTable};
-use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, decode};
+use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, StoreOptions, decode};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
@@ -30,7 +30,7 @@ async fn a_go_heap_profile_is_four_profile_types_and_survives_a_reopen() {
     let heap = file("goapp__go119-heap.pb.gz");
     let before = {
         let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-        let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
         let summary = store
             .ingest(&heap, &options("memory", &[("job", "goapp")]))
             .unwrap();
@@ -43,34 +43,32 @@ async fn a_go_heap_profile_is_four_profile_types_and_survives_a_reopen() {
                 "memory:inuse_space:bytes:space:bytes",
             ]
         );
-        let ctx = store.session().unwrap();
         let selector =
             Selector::parse("memory:inuse_space:bytes:space:bytes{job=\"goapp\"}").unwrap();
-        let merged = store.merge(&ctx, &selector, TimeRange::ALL).await.unwrap();
+        let merged = store.merge(&selector, TimeRange::ALL).unwrap();
         store.db().flush().unwrap(); // half persisted...
         store
             .ingest(&heap, &options("memory", &[("job", "other")]))
             .unwrap(); // ...half in the WAL
-        TopTable::build(&merged, &store.symbols()).render()
+        TopTable::build(&merged).render()
     };
     let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
-    let ctx = store.session().unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
     let selector = Selector::parse("memory:inuse_space:bytes:space:bytes{job=\"goapp\"}").unwrap();
-    let merged = store.merge(&ctx, &selector, TimeRange::ALL).await.unwrap();
-    assert_eq!(TopTable::build(&merged, &store.symbols()).render(), before);
+    let merged = store.merge(&selector, TimeRange::ALL).unwrap();
+    assert_eq!(TopTable::build(&merged).render(), before);
     // Both series, one from blocks and one from the WAL, merge to twice the profile.
     let all = Selector::parse("memory:inuse_space:bytes:space:bytes").unwrap();
-    let both = store.merge(&ctx, &all, TimeRange::ALL).await.unwrap();
+    let both = store.merge(&all, TimeRange::ALL).unwrap();
     assert_eq!(both.total(), 2 * merged.total());
     // Nothing in the store is unresolvable.
-    pprof::to_profile(&both, &store.symbols()).unwrap();
+    pprof::to_profile(&both).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cumulative_profiles_become_deltas() {
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
     let series = [
         "parca__go-heap-series-1644509272337470000.pb.gz",
         "parca__go-heap-series-1644509275338070000.pb.gz",
@@ -94,7 +92,7 @@ async fn cumulative_profiles_become_deltas() {
     }
     let ctx = store.session().unwrap();
     let alloc = Selector::parse("memory:alloc_space:bytes:space:bytes{instance=\"a\"}").unwrap();
-    let merged = store.merge(&ctx, &alloc, TimeRange::ALL).await.unwrap();
+    let merged = store.merge(&alloc, TimeRange::ALL).unwrap();
     // The first profile is the baseline; the deltas add up to the growth since (no resets
     // in this series: counters only grow).
     assert!(totals.windows(2).all(|w| w[1] >= w[0]), "{totals:?}");
@@ -116,7 +114,7 @@ async fn cumulative_profiles_become_deltas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pprof_labels_become_labels_and_collisions_are_errors() {
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
-    let store = ProfileStore::open(db, TableOptions::default(), Limits::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
     let cpu = file("goapp__go119-cpu-2s.pb.gz");
     store
         .ingest(&cpu, &options("process_cpu", &[("job", "goapp")]))

@@ -45,6 +45,17 @@ impl fmt::Display for ProfileType {
 }
 
 impl ProfileType {
+    /// The engine predicate selecting this profile type's rows.
+    pub fn to_predicate(&self) -> frostdb_core::Predicate {
+        use frostdb_core::col;
+        col("name")
+            .eq(self.name.as_str())
+            .and(col("sample_type").eq(self.sample_type.as_str()))
+            .and(col("sample_unit").eq(self.sample_unit.as_str()))
+            .and(col("period_type").eq(self.period_type.as_str()))
+            .and(col("period_unit").eq(self.period_unit.as_str()))
+    }
+
     /// The filter selecting this profile type's rows.
     pub fn to_expr(&self) -> Expr {
         ident("name")
@@ -101,6 +112,34 @@ impl Matcher {
 
     fn anchored(&self) -> String {
         format!("^(?:{})$", self.value)
+    }
+
+    /// The engine predicate of this matcher on a table that has the columns `has` says.
+    fn to_predicate(&self, has: &dyn Fn(&str) -> bool) -> frostdb_core::Predicate {
+        use frostdb_core::{Predicate, col};
+        let column = if self.label == "__name__" {
+            "name".to_owned()
+        } else {
+            format!("labels.{}", self.label)
+        };
+        let empty_matches = self.matches("");
+        if !has(&column) {
+            // No row has the label: every row has the empty value.
+            return Predicate::Const(empty_matches);
+        }
+        let c = || col(column.as_str());
+        let test = match self.op {
+            MatchOp::Equal => c().eq(self.value.as_str()),
+            MatchOp::NotEqual => c().not_eq(self.value.as_str()),
+            MatchOp::Regex => c().regex_match(self.anchored()),
+            MatchOp::NotRegex => c().regex_not_match(self.anchored()),
+        };
+        // Rows lacking the label (null) have the empty value.
+        if empty_matches {
+            c().is_null().or(test)
+        } else {
+            c().is_not_null().and(test)
+        }
     }
 
     /// The filter for this matcher on a table of `schema`.
@@ -399,6 +438,19 @@ impl Selector {
             profile_type,
             matchers,
         })
+    }
+
+    /// The engine predicate selecting the rows of this selector, for a table that has the
+    /// columns `has` says (a label no row has reads as empty).
+    pub fn to_predicate(&self, has: &dyn Fn(&str) -> bool) -> frostdb_core::Predicate {
+        let mut p = self.profile_type.as_ref().map_or(
+            frostdb_core::Predicate::Const(true),
+            ProfileType::to_predicate,
+        );
+        for m in &self.matchers {
+            p = p.and(m.to_predicate(has));
+        }
+        p
     }
 
     /// The filter selecting the rows of this selector, for a table of `schema`.

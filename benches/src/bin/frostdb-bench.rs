@@ -1,18 +1,17 @@
 //! `frostdb-bench`: frostdb-rs as an external engine of `shared/bench` (see
 //! `frostdb_benches::external`).
 
-use frostdb_benches::external::{BoxError, ingest, ingest_pprof, query, query_pprof};
+use frostdb_benches::external::{BoxError, ingest, ingest_pprof, query};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result: Result<(), BoxError> = match args.first().map(String::as_str) {
-        // `--pprof`: ingest the fleet's pprof files (the realistic path) instead of its
-        // Parquet rows, and query what that stored.
+        // `--pprof`: ingest the fleet's pprof files (the realistic path) instead of
+        // profiles rebuilt from its Parquet rows; both land in the same tables.
         Some("ingest") if args.iter().any(|a| a == "--pprof") => ingest_pprof(&args),
-        Some("query") if args.iter().any(|a| a == "--pprof") => query_pprof(&args),
         Some("ingest") => ingest(&args),
         Some("query") => query(&args),
-        _ => Err("usage: frostdb-bench ingest|query --data DIR --store DIR [--queries Q --runs N --out DIR]".into()),
+        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR --store DIR [--threads N] | query --store DIR --queries Q --runs N --out DIR".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");

@@ -15,10 +15,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_core::{Db, DbOptions};
 use frostdb_examples::time::parse_time;
 use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
-use frostdb_pprof::{IngestOptions, Limits, ProfileStore};
+use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
@@ -141,11 +141,20 @@ type BoxError = Box<dyn std::error::Error>;
 fn open(data: &Path) -> Result<ProfileStore, BoxError> {
     let db = Db::open(data, DbOptions::default())
         .map_err(|e| format!("cannot open the database in {}: {e}", data.display()))?;
-    Ok(ProfileStore::open(
-        db,
-        TableOptions::default(),
-        Limits::default(),
-    )?)
+    Ok(ProfileStore::open(db, StoreOptions::default())?)
+}
+
+/// For commands that only read: a missing database is an error, not a new empty one.
+fn existing(data: &Path) -> Result<&Path, BoxError> {
+    if data.join("manifest.json").is_file() {
+        Ok(data)
+    } else {
+        Err(format!(
+            "no database in {} (check --data, or ingest something first)",
+            data.display()
+        )
+        .into())
+    }
 }
 
 /// Files under `paths`, directories walked, in name order.
@@ -237,7 +246,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, BoxError> {
 }
 
 fn types(data: &Path) -> Result<ExitCode, BoxError> {
-    let store = open(data)?;
+    let store = open(existing(data)?)?;
     let ctx = store.session()?;
     let batches = runtime()?.block_on(async {
         use futures::TryStreamExt;
@@ -279,23 +288,21 @@ fn query(
             .transpose()?
             .unwrap_or(i64::MAX),
     };
-    let store = open(data)?;
-    let ctx = store.session()?;
-    let merged = runtime()?.block_on(store.merge(&ctx, &selector, range))?;
+    let store = open(existing(data)?)?;
+    let merged = store.merge(&selector, range)?;
     if merged.samples.is_empty() {
         eprintln!(
             "nothing matches {selector:?} in that range",
             selector = selector_text(&selector)
         );
     }
-    let symbols = store.symbols();
     let bytes: Vec<u8> = match format {
-        Format::Top => TopTable::build(&merged, &symbols).render().into_bytes(),
-        Format::Folded => tree::folded(&merged, &symbols).into_bytes(),
-        Format::Pprof => pprof::encode_gzip(&pprof::to_profile(&merged, &symbols)?)?,
-        Format::Json => serde_json::to_vec_pretty(&tree::FlameGraph::build(&merged, &symbols))?,
+        Format::Top => TopTable::build(&merged).render().into_bytes(),
+        Format::Folded => tree::folded(&merged).into_bytes(),
+        Format::Pprof => pprof::encode_gzip(&pprof::to_profile(&merged)?)?,
+        Format::Json => serde_json::to_vec_pretty(&tree::FlameGraph::build(&merged))?,
         Format::FlamegraphSvg => {
-            let graph = tree::FlameGraph::build(&merged, &symbols);
+            let graph = tree::FlameGraph::build(&merged);
             svg::render(&graph, &merged.profile_type.to_string()).into_bytes()
         }
     };
@@ -335,7 +342,7 @@ fn selector_text(s: &Selector) -> String {
 }
 
 fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
-    let db = Db::open(data, DbOptions::default())?;
+    let db = Db::open(existing(data)?, DbOptions::default())?;
     let ctx = frostdb_query::session(&db)?;
     let batches = runtime()?.block_on(async { ctx.sql(q).await?.collect().await })?;
     println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);

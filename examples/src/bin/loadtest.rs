@@ -60,7 +60,55 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Per profile type id: the value total of the pushed files.
 type Totals = BTreeMap<String, i64>;
 
-fn add_totals(totals: &mut Totals, name: &str, bytes: &[u8]) -> Result<(), String> {
+/// One file to push: where it is, its series, and its value total per profile type
+/// (computed before the run, so the load generator spends its CPU on pushing).
+struct Job {
+    path: PathBuf,
+    name: String,
+    labels: Vec<(String, String)>,
+    totals: Vec<(String, i64)>,
+}
+
+/// The files of `DATA/pprof/index.tsv` (shared/bench's `gen_fleet.py --pprof`): file,
+/// timestamp, labels (`__name__=cpu,namespace=...`).
+fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
+    let path = data.join("pprof/index.tsv");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!(
+            "{}: {e} (generate the fleet with gen_fleet.py --pprof)",
+            path.display()
+        )
+    })?;
+    let mut jobs = Vec::new();
+    for line in text.lines().skip(1).take(max) {
+        let mut cols = line.split('\t');
+        let (Some(file), Some(_ts), Some(labels)) = (cols.next(), cols.next(), cols.next()) else {
+            return Err(format!("{}: bad line {line:?}", path.display()));
+        };
+        let mut name = String::new();
+        let mut pairs = Vec::new();
+        for kv in labels.split(',') {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{}: bad label {kv:?}", path.display()))?;
+            if k == "__name__" {
+                name = v.to_owned();
+            } else {
+                pairs.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        jobs.push(Job {
+            path: data.join("pprof").join(file),
+            name,
+            labels: pairs,
+            totals: Vec::new(),
+        });
+    }
+    Ok(jobs)
+}
+
+/// A file's value total per profile type id.
+fn totals_of(name: &str, bytes: &[u8]) -> Result<Vec<(String, i64)>, String> {
     let p = frostdb_pprof::decode(bytes, &frostdb_pprof::Limits::default())
         .map_err(|e| e.to_string())?;
     let s = |i: i64| p.string_table[i as usize].as_str();
@@ -69,18 +117,51 @@ fn add_totals(totals: &mut Totals, name: &str, bytes: &[u8]) -> Result<(), Strin
         .as_ref()
         .map(|t| (s(t.r#type), s(t.unit)))
         .unwrap_or(("", ""));
-    for (i, t) in p.sample_type.iter().enumerate() {
-        let id = format!("{name}:{}:{}:{pt}:{pu}", s(t.r#type), s(t.unit));
-        *totals.entry(id).or_default() += p.sample.iter().map(|x| x.value[i]).sum::<i64>();
-    }
-    Ok(())
+    Ok(p.sample_type
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let id = format!("{name}:{}:{}:{pt}:{pu}", s(t.r#type), s(t.unit));
+            (id, p.sample.iter().map(|x| x.value[i]).sum::<i64>())
+        })
+        .collect())
+}
+
+/// Fills in every job's totals, on all cores.
+fn precompute(jobs: &mut [Job]) -> Result<(), String> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let chunk = jobs.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = jobs
+            .chunks_mut(chunk)
+            .map(|part| {
+                s.spawn(move || -> Result<(), String> {
+                    for job in part {
+                        let bytes = std::fs::read(&job.path)
+                            .map_err(|e| format!("{}: {e}", job.path.display()))?;
+                        job.totals = totals_of(&job.name, &bytes)
+                            .map_err(|e| format!("{}: {e}", job.path.display()))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().map_err(|_| "a thread panicked".to_owned())?)
+    })
 }
 
 async fn run(args: Args) -> Result<bool, String> {
-    let mut files =
-        frostdb_benches::external::pprof_index(&args.data).map_err(|e| e.to_string())?;
-    files.truncate(args.max_files);
-    let jobs = Arc::new(files);
+    let mut jobs = index(&args.data, args.max_files)?;
+    let t = Instant::now();
+    precompute(&mut jobs)?;
+    eprintln!(
+        "expected totals of {} files computed in {:.1} s",
+        jobs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let jobs = Arc::new(jobs);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()
@@ -136,17 +217,19 @@ async fn run(args: Args) -> Result<bool, String> {
                     series: vec![push::RawProfileSeries {
                         labels,
                         samples: vec![push::RawSample {
-                            raw_profile: raw.clone(),
+                            raw_profile: raw,
                             id: String::new(),
                         }],
                     }],
                 };
+                let body = request.encode_to_vec();
+                let size = request.series[0].samples[0].raw_profile.len();
                 let t = Instant::now();
                 let response = client
                     .post(&url)
                     .header("content-type", "application/proto")
                     .header("x-scope-orgid", &tenant)
-                    .body(request.encode_to_vec())
+                    .body(body)
                     .send()
                     .await;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
@@ -154,9 +237,10 @@ async fn run(args: Args) -> Result<bool, String> {
                     Ok(r) if r.status().is_success() => {
                         push_latency.lock().push(ms);
                         accepted.fetch_add(1, Ordering::Relaxed);
-                        bytes.fetch_add(raw.len(), Ordering::Relaxed);
-                        if let Err(e) = add_totals(&mut totals.lock(), &job.name, &raw) {
-                            rejected.lock().push(format!("{}: {e}", job.path.display()));
+                        bytes.fetch_add(size, Ordering::Relaxed);
+                        let mut totals = totals.lock();
+                        for (id, v) in &job.totals {
+                            *totals.entry(id.clone()).or_default() += v;
                         }
                     }
                     Ok(r) => {

@@ -35,8 +35,15 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
         for p in interval.profiles {
             let mut labels = p.labels();
             labels.push(("node".into(), node.clone()));
+            let profile = match frostdb_pprof::validate(p.profile, &state.tenants.pprof_limits()) {
+                Ok(profile) => profile,
+                Err(e) => {
+                    failed.push(format!("pid {} ({}): {e}", p.pid, p.info.comm));
+                    continue;
+                }
+            };
             let incoming = Incoming {
-                profile: p.profile,
+                profile,
                 previous: None,
                 name: frostdb_ebpf_ingest::PROFILE_NAME.into(),
                 labels,

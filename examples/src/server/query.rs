@@ -153,6 +153,17 @@ async fn open(state: &Shared, tenant: &str) -> ApiResult<Option<(Arc<Tenant>, Se
     }
 }
 
+/// Merges off the async threads (a merge reads with its own threads).
+async fn merge(
+    t: Arc<Tenant>,
+    selector: Selector,
+    range: TimeRange,
+) -> ApiResult<frostdb_pprof::Merged> {
+    tokio::task::spawn_blocking(move || Ok(t.store.merge(&selector, range)?))
+        .await
+        .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
+}
+
 async fn collect(
     stream: datafusion::error::Result<SendableRecordBatchStream>,
 ) -> ApiResult<Vec<RecordBatch>> {
@@ -320,19 +331,9 @@ async fn query(
             "format {format:?} (flamegraph, top, folded, pprof, svg)"
         )));
     }
-    let (merged, symbols) = match open(&state, &tenant).await? {
-        Some((t, ctx)) => (
-            t.store.merge(&ctx, &selector, range).await?,
-            t.store.symbols(),
-        ),
-        None => (
-            frostdb_pprof::Merged {
-                profile_type: selector.profile_type.clone().expect("typed"),
-                period: 0,
-                samples: Vec::new(),
-            },
-            Default::default(),
-        ),
+    let merged = match state.tenants.for_read(&tenant).await? {
+        Some(t) => merge(t, selector, range).await?,
+        None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
     };
     Ok(match format {
         "top" => {
@@ -342,21 +343,17 @@ async fn query(
             if !(0.0..=1.0).contains(&fraction) {
                 return Err(ApiError::bad_request("node_fraction must be within 0..1"));
             }
-            let table = TopTable::build_with(
-                &merged,
-                &symbols,
-                fraction,
-                frostdb_pprof::report::top::EDGE_FRACTION,
-            );
+            let table =
+                TopTable::build_with(&merged, fraction, frostdb_pprof::report::top::EDGE_FRACTION);
             Json(table).into_response()
         }
         "folded" => (
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            tree::folded(&merged, &symbols),
+            tree::folded(&merged),
         )
             .into_response(),
         "pprof" => {
-            let bytes = pprof::encode_gzip(&pprof::to_profile(&merged, &symbols)?)?;
+            let bytes = pprof::encode_gzip(&pprof::to_profile(&merged)?)?;
             (
                 [
                     (header::CONTENT_TYPE, "application/octet-stream"),
@@ -370,14 +367,14 @@ async fn query(
                 .into_response()
         }
         "svg" => {
-            let graph = tree::FlameGraph::build(&merged, &symbols);
+            let graph = tree::FlameGraph::build(&merged);
             (
                 [(header::CONTENT_TYPE, "image/svg+xml")],
                 svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
             )
                 .into_response()
         }
-        _ => Json(tree::FlameGraph::build(&merged, &symbols)).into_response(),
+        _ => Json(tree::FlameGraph::build(&merged)).into_response(),
     })
 }
 
@@ -490,14 +487,14 @@ async fn diff(
         p.compare_to.as_ref().or(p.to.as_ref()),
         "compare_",
     )?;
-    let Some((t, ctx)) = open(&state, &tenant).await? else {
+    let Some(t) = state.tenants.for_read(&tenant).await? else {
         return Ok(Json(
             json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
         ));
     };
-    let b = t.store.merge(&ctx, &base, base_range).await?;
-    let c = t.store.merge(&ctx, &compare, compare_range).await?;
-    Ok(Json(json!(tree::diff(&b, &c, &t.store.symbols()))))
+    let b = merge(t.clone(), base, base_range).await?;
+    let c = merge(t, compare, compare_range).await?;
+    Ok(Json(json!(tree::diff(&b, &c))))
 }
 
 async fn sql_get(

@@ -6,8 +6,8 @@ use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use frostdb_core::{Db, DbOptions, TableOptions};
-use frostdb_pprof::ProfileStore;
+use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::{ProfileStore, StoreOptions};
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 
@@ -187,7 +187,11 @@ impl Tenants {
                             dir.display()
                         ))
                     })?;
-                    let store = ProfileStore::open(db, TableOptions::default(), limits)?;
+                    let options = StoreOptions {
+                        limits,
+                        ..StoreOptions::default()
+                    };
+                    let store = ProfileStore::open(db, options)?;
                     tracing::info!(tenant = %id, dir = %dir.display(), "opened tenant");
                     Ok(Arc::new(Tenant {
                         id,

@@ -8,7 +8,6 @@ use prost::Message;
 use crate::error::{Error, Result};
 use crate::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::store::Merged;
-use crate::symbols::{Id, Symbols};
 
 struct Strings {
     table: Vec<String>,
@@ -34,9 +33,12 @@ impl Strings {
     }
 }
 
+/// A location by content: mapping, address, folded, and (function, line) per line.
+type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
+
 /// The pprof profile of `merged`: one sample type, one sample per stack, the locations,
-/// functions and mappings those stacks use.
-pub fn to_profile(merged: &Merged, symbols: &Symbols) -> Result<Profile> {
+/// functions and mappings those stacks use (each once, whatever partitions they came from).
+pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut strings = Strings::new();
     let t = &merged.profile_type;
     let mut p = Profile {
@@ -51,88 +53,102 @@ pub fn to_profile(merged: &Merged, symbols: &Symbols) -> Result<Profile> {
         period: merged.period,
         ..Default::default()
     };
-    let mut mapping_ids: HashMap<Id, u64> = HashMap::new();
-    let mut function_ids: HashMap<Id, u64> = HashMap::new();
-    let mut location_ids: HashMap<Id, u64> = HashMap::new();
+    let mut mapping_ids: HashMap<crate::symbols::Mapping<'_>, u64> = HashMap::new();
+    let mut function_ids: HashMap<crate::symbols::Function<'_>, u64> = HashMap::new();
+    let mut location_ids: HashMap<u64, u64> = HashMap::new();
+    let mut location_content: HashMap<LocationContent, u64> = HashMap::new();
+    let mut frames = Vec::new();
     for (stack, value) in &merged.samples {
-        let locations = symbols
-            .stacks
-            .get(stack)
-            .ok_or_else(|| Error::Corrupt(format!("stack {} has no symbols", hex(stack))))?;
+        frames.clear();
+        merged.symbols.for_each_frame(*stack, |f| frames.push(f));
+        if !merged.symbols.has_stack(*stack) {
+            return Err(Error::Corrupt(format!(
+                "stack {}:{} has no symbols",
+                stack.partition(),
+                stack.index()
+            )));
+        }
         let mut sample = Sample {
             value: vec![*value],
             ..Default::default()
         };
-        for lid in locations.iter() {
-            if let Some(id) = location_ids.get(lid) {
+        // Frames of one location are consecutive (innermost first).
+        let mut i = 0;
+        while i < frames.len() {
+            let location = frames[i].location_id();
+            let mut j = i;
+            while j < frames.len() && frames[j].location_id() == location {
+                j += 1;
+            }
+            let of_location = &frames[i..j];
+            i = j;
+            if let Some(id) = location_ids.get(&location) {
                 sample.location_id.push(*id);
                 continue;
             }
-            let loc = symbols
-                .locations
-                .get(lid)
-                .ok_or_else(|| Error::Corrupt(format!("location {} is unknown", hex(lid))))?;
-            let mapping_id = match &loc.mapping {
+            let first = of_location[0];
+            let mapping_id = match first.mapping() {
                 None => 0,
-                Some(m) => match mapping_ids.get(m) {
-                    Some(id) => *id,
-                    None => {
-                        let mapping = symbols.mappings.get(m).ok_or_else(|| {
-                            Error::Corrupt(format!("mapping {} is unknown", hex(m)))
-                        })?;
-                        let id = p.mapping.len() as u64 + 1;
-                        p.mapping.push(Mapping {
-                            id,
-                            memory_start: mapping.memory_start,
-                            memory_limit: mapping.memory_limit,
-                            file_offset: mapping.file_offset,
-                            filename: strings.get(&mapping.filename),
-                            build_id: strings.get(&mapping.build_id),
-                            has_functions: mapping.flags & 1 != 0,
-                            has_filenames: mapping.flags & 2 != 0,
-                            has_line_numbers: mapping.flags & 4 != 0,
-                            has_inline_frames: mapping.flags & 8 != 0,
-                        });
-                        mapping_ids.insert(*m, id);
-                        id
-                    }
-                },
+                Some((_, m)) => *mapping_ids.entry(m).or_insert_with(|| {
+                    let id = p.mapping.len() as u64 + 1;
+                    p.mapping.push(Mapping {
+                        id,
+                        memory_start: m.memory_start,
+                        memory_limit: m.memory_limit,
+                        file_offset: m.file_offset,
+                        filename: strings.get(m.filename),
+                        build_id: strings.get(m.build_id),
+                        has_functions: m.flags & 1 != 0,
+                        has_filenames: m.flags & 2 != 0,
+                        has_line_numbers: m.flags & 4 != 0,
+                        has_inline_frames: m.flags & 8 != 0,
+                    });
+                    id
+                }),
             };
-            let mut lines = Vec::with_capacity(loc.lines.len());
-            for (fid, line) in &loc.lines {
-                let function_id = match function_ids.get(fid) {
-                    Some(id) => *id,
-                    None => {
-                        let f = symbols.functions.get(fid).ok_or_else(|| {
-                            Error::Corrupt(format!("function {} is unknown", hex(fid)))
-                        })?;
-                        let id = p.function.len() as u64 + 1;
-                        p.function.push(Function {
-                            id,
-                            name: strings.get(&f.name),
-                            system_name: strings.get(&f.system_name),
-                            filename: strings.get(&f.filename),
-                            start_line: f.start_line,
-                        });
-                        function_ids.insert(*fid, id);
-                        id
-                    }
+            let mut lines = Vec::with_capacity(of_location.len());
+            for frame in of_location {
+                let Some(f) = frame.function() else {
+                    continue;
                 };
-                lines.push(Line {
-                    function_id,
-                    line: *line,
-                    column: 0,
+                let function_id = *function_ids.entry(f).or_insert_with(|| {
+                    let id = p.function.len() as u64 + 1;
+                    p.function.push(Function {
+                        id,
+                        name: strings.get(f.name),
+                        system_name: strings.get(f.system_name),
+                        filename: strings.get(f.filename),
+                        start_line: f.start_line,
+                    });
+                    id
                 });
+                lines.push((function_id, frame.line()));
             }
-            let id = p.location.len() as u64 + 1;
-            p.location.push(Location {
-                id,
-                mapping_id,
-                address: loc.address,
-                line: lines,
-                is_folded: loc.is_folded,
-            });
-            location_ids.insert(*lid, id);
+            let key = (mapping_id, first.address(), first.is_folded(), lines);
+            let id = match location_content.get(&key) {
+                Some(id) => *id,
+                None => {
+                    let id = p.location.len() as u64 + 1;
+                    p.location.push(Location {
+                        id,
+                        mapping_id,
+                        address: first.address(),
+                        line: key
+                            .3
+                            .iter()
+                            .map(|(function_id, line)| Line {
+                                function_id: *function_id,
+                                line: *line,
+                                column: 0,
+                            })
+                            .collect(),
+                        is_folded: first.is_folded(),
+                    });
+                    location_content.insert(key, id);
+                    id
+                }
+            };
+            location_ids.insert(location, id);
             sample.location_id.push(id);
         }
         p.sample.push(sample);
@@ -148,8 +164,4 @@ pub fn encode_gzip(profile: &Profile) -> Result<Vec<u8>> {
     gz.write_all(&raw)
         .and_then(|_| gz.finish())
         .map_err(|e| Error::Gzip(e.to_string()))
-}
-
-fn hex(id: &Id) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
 }

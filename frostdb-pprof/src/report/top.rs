@@ -2,13 +2,13 @@
 //! (samples whose innermost frame it is) and cum (samples whose stack holds it, once each),
 //! sorted by flat, then name, then cum; values scaled as pprof scales them.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::store::Merged;
-use crate::symbols::Symbols;
 
 /// One row of the top table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,31 +53,28 @@ pub const EDGE_FRACTION: f64 = 0.001;
 
 impl TopTable {
     /// Builds the table of `merged` with pprof's default node and edge fractions.
-    pub fn build(merged: &Merged, symbols: &Symbols) -> Self {
-        Self::build_with(merged, symbols, NODE_FRACTION, EDGE_FRACTION)
+    pub fn build(merged: &Merged) -> Self {
+        Self::build_with(merged, NODE_FRACTION, EDGE_FRACTION)
     }
 
     /// Builds the table, leaving out nodes whose cum is below `node_fraction` of the total
     /// and ignoring call edges below `edge_fraction` for the inline labels (pprof's
     /// `-nodefraction` and `-edgefraction`).
-    pub fn build_with(
-        merged: &Merged,
-        symbols: &Symbols,
-        node_fraction: f64,
-        edge_fraction: f64,
-    ) -> Self {
-        let mut nodes: HashMap<String, NodeAcc> = HashMap::new();
+    pub fn build_with(merged: &Merged, node_fraction: f64, edge_fraction: f64) -> Self {
+        let mut nodes: HashMap<Cow<'_, str>, NodeAcc> = HashMap::new();
         // (caller, callee) -> (weight, every call inlined)
-        let mut edges: HashMap<(String, String), (i64, bool)> = HashMap::new();
-        let mut seen: HashSet<String> = HashSet::new();
-        let mut seen_edges: HashSet<(String, String)> = HashSet::new();
+        let mut edges: HashMap<(Cow<'_, str>, Cow<'_, str>), (i64, bool)> = HashMap::new();
+        let mut seen: HashSet<Cow<'_, str>> = HashSet::new();
+        let mut seen_edges: HashSet<(Cow<'_, str>, Cow<'_, str>)> = HashSet::new();
         let mut total = 0i64;
+        let mut frames = Vec::new();
         for (stack, value) in &merged.samples {
             total += value;
             seen.clear();
             seen_edges.clear();
-            let frames = symbols.frames(stack);
-            let mut parent: Option<String> = None;
+            frames.clear();
+            merged.symbols.for_each_frame(*stack, |f| frames.push(f));
+            let mut parent: Option<Cow<'_, str>> = None;
             // Root to leaf, outermost to innermost within each location.
             for frame in frames.iter().rev() {
                 let name = frame.printable_name();
@@ -90,7 +87,7 @@ impl TopTable {
                 {
                     let e = edges.entry((p.clone(), name.clone())).or_insert((0, true));
                     e.0 += value;
-                    e.1 &= frame.inlined;
+                    e.1 &= frame.inlined();
                 }
                 parent = Some(name);
             }
@@ -112,7 +109,7 @@ impl TopTable {
             {
                 continue;
             }
-            let l = labels.entry(callee.as_str()).or_default();
+            let l = labels.entry(callee.as_ref()).or_default();
             if *inline {
                 l.0 = true;
             } else {
@@ -122,10 +119,10 @@ impl TopTable {
         let mut rows: Vec<TopRow> = nodes
             .iter()
             .map(|(name, n)| TopRow {
-                name: name.clone(),
+                name: name.to_string(),
                 flat: n.flat,
                 cum: n.cum,
-                inline: match labels.get(name.as_str()) {
+                inline: match labels.get(name.as_ref()) {
                     Some((true, true)) => Some("(partial-inline)"),
                     Some((true, false)) => Some("(inline)"),
                     _ => None,

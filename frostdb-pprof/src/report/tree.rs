@@ -1,5 +1,6 @@
 //! Flame graphs (a call tree with self and total per node), folded stacks, and diffs.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::store::Merged;
-use crate::symbols::{Id, Symbols};
+use crate::symbols::{StackId, Symbols};
 
 /// A node of a flame graph: a function called along one path from the root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -42,24 +43,24 @@ pub struct FlameGraph {
 }
 
 #[derive(Default)]
-struct Building {
-    filename: String,
+struct Building<'a> {
+    filename: &'a str,
     self_value: i64,
     total: i64,
-    children: BTreeMap<String, Building>,
+    children: BTreeMap<Cow<'a, str>, Building<'a>>,
 }
 
-impl Building {
+impl Building<'_> {
     fn finish(self, name: String) -> Node {
         let mut children: Vec<Node> = self
             .children
             .into_iter()
-            .map(|(n, b)| b.finish(n))
+            .map(|(n, b)| b.finish(n.into_owned()))
             .collect();
         children.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name.cmp(&b.name)));
         Node {
             name,
-            filename: self.filename,
+            filename: self.filename.to_owned(),
             self_value: self.self_value,
             total: self.total,
             children,
@@ -67,25 +68,23 @@ impl Building {
     }
 }
 
-/// Root-first frame names of `stack`.
-fn path(symbols: &Symbols, stack: &Id) -> Vec<(String, String)> {
-    symbols
-        .frames(stack)
-        .iter()
-        .rev()
-        .map(|f| (f.display_name(), f.filename().to_owned()))
-        .collect()
+/// Root-first frames of `stack`: display name and file.
+fn path<'a>(symbols: &'a Symbols, stack: StackId, out: &mut Vec<(Cow<'a, str>, &'a str)>) {
+    out.clear();
+    symbols.for_each_frame(stack, |f| out.push((f.display_name(), f.filename())));
+    out.reverse();
 }
 
 impl FlameGraph {
     /// Builds the flame graph of `merged`.
-    pub fn build(merged: &Merged, symbols: &Symbols) -> Self {
+    pub fn build(merged: &Merged) -> Self {
         let mut root = Building::default();
+        let mut frames = Vec::new();
         for (stack, value) in &merged.samples {
             root.total += value;
             let mut node = &mut root;
-            let frames = path(symbols, stack);
-            for (name, file) in frames {
+            path(&merged.symbols, *stack, &mut frames);
+            for (name, file) in frames.drain(..) {
                 node = node.children.entry(name).or_default();
                 if node.filename.is_empty() {
                     node.filename = file;
@@ -143,11 +142,13 @@ impl FlameGraph {
 }
 
 /// Folded stacks, one line per distinct stack: `root;caller;leaf value`, sorted.
-pub fn folded(merged: &Merged, symbols: &Symbols) -> String {
+pub fn folded(merged: &Merged) -> String {
     let mut lines: BTreeMap<String, i64> = BTreeMap::new();
+    let mut frames = Vec::new();
     for (stack, value) in &merged.samples {
-        let names: Vec<String> = path(symbols, stack)
-            .into_iter()
+        path(&merged.symbols, *stack, &mut frames);
+        let names: Vec<String> = frames
+            .drain(..)
             .map(|(n, _)| n.replace([';', '\n'], "_"))
             .collect();
         *lines.entry(names.join(";")).or_default() += value;
@@ -178,18 +179,18 @@ pub struct DiffNode {
 }
 
 #[derive(Default)]
-struct DiffBuilding {
+struct DiffBuilding<'a> {
     base: i64,
     compare: i64,
     base_self: i64,
     compare_self: i64,
-    children: BTreeMap<String, DiffBuilding>,
+    children: BTreeMap<Cow<'a, str>, DiffBuilding<'a>>,
 }
 
-impl DiffBuilding {
-    fn add(&mut self, frames: Vec<(String, String)>, value: i64, compare: bool) {
+impl<'a> DiffBuilding<'a> {
+    fn add(&mut self, frames: &mut Vec<(Cow<'a, str>, &'a str)>, value: i64, compare: bool) {
         let mut node = self;
-        let bump = |n: &mut DiffBuilding| {
+        let bump = |n: &mut DiffBuilding<'_>| {
             if compare {
                 n.compare += value;
             } else {
@@ -197,7 +198,7 @@ impl DiffBuilding {
             }
         };
         bump(node);
-        for (name, _) in frames {
+        for (name, _) in frames.drain(..) {
             node = node.children.entry(name).or_default();
             bump(node);
         }
@@ -212,7 +213,7 @@ impl DiffBuilding {
         let mut children: Vec<DiffNode> = self
             .children
             .into_iter()
-            .map(|(n, b)| b.finish(n))
+            .map(|(n, b)| b.finish(n.into_owned()))
             .collect();
         children.sort_by(|a, b| {
             (b.compare - b.base)
@@ -232,13 +233,16 @@ impl DiffBuilding {
 }
 
 /// The diff of two merged profiles (of the same type): one tree with both values per node.
-pub fn diff(base: &Merged, compare: &Merged, symbols: &Symbols) -> DiffNode {
+pub fn diff(base: &Merged, compare: &Merged) -> DiffNode {
     let mut root = DiffBuilding::default();
+    let mut frames = Vec::new();
     for (stack, value) in &base.samples {
-        root.add(path(symbols, stack), *value, false);
+        path(&base.symbols, *stack, &mut frames);
+        root.add(&mut frames, *value, false);
     }
     for (stack, value) in &compare.samples {
-        root.add(path(symbols, stack), *value, true);
+        path(&compare.symbols, *stack, &mut frames);
+        root.add(&mut frames, *value, true);
     }
     root.finish("total".to_owned())
 }

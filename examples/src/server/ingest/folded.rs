@@ -164,7 +164,7 @@ mod tests {
             100,
         )
         .unwrap();
-        frostdb_pprof::validate(&p, &frostdb_pprof::Limits::default()).unwrap();
+        frostdb_pprof::validate(p.clone(), &frostdb_pprof::Limits::default()).unwrap();
         assert_eq!(p.sample.len(), 2);
         let name = |id: u64| {
             let f = &p.function[p.location[id as usize - 1].line[0].function_id as usize - 1];

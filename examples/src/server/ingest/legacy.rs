@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use frostdb_pprof::ValidProfile;
 use frostdb_pprof::proto::Profile;
 
 use super::folded::{self, Units};
@@ -59,6 +60,8 @@ pub async fn handle(
             let units = meta.folded_units()?;
             let profile = folded::to_profile(text, lines, &units.1, limits.max_samples)
                 .map_err(|e| ApiError::bad_request(format!("folded body: {e}")))?;
+            let profile = frostdb_pprof::validate(profile, &limits)
+                .map_err(|e| ApiError::from(e).context("folded body"))?;
             meta.incoming(units.0, profile, None)
         }
         (Some(other), _) => {
@@ -300,7 +303,7 @@ impl Meta {
     }
 
     /// A pprof body: the profile name from the application's suffix, else from its types.
-    fn pprof(&self, profile: Profile, previous: Option<Profile>) -> Incoming {
+    fn pprof(&self, profile: ValidProfile, previous: Option<ValidProfile>) -> Incoming {
         let name = match self.kind.as_deref() {
             Some("cpu" | "itimer") => "process_cpu".to_owned(),
             Some(k) if k.starts_with("alloc") || k.starts_with("inuse") => "memory".to_owned(),
@@ -312,7 +315,12 @@ impl Meta {
         self.incoming(name, profile, previous)
     }
 
-    fn incoming(&self, name: String, profile: Profile, previous: Option<Profile>) -> Incoming {
+    fn incoming(
+        &self,
+        name: String,
+        profile: ValidProfile,
+        previous: Option<ValidProfile>,
+    ) -> Incoming {
         Incoming {
             profile,
             previous,

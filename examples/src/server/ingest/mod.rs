@@ -9,8 +9,7 @@ pub mod push;
 use axum::Router;
 use axum::http::HeaderMap;
 use axum::routing::post;
-use frostdb_pprof::IngestSummary;
-use frostdb_pprof::proto::Profile;
+use frostdb_pprof::{IngestSummary, ValidProfile};
 
 use super::Shared;
 use super::error::{ApiError, ApiResult};
@@ -27,10 +26,10 @@ pub fn routes() -> Router<Shared> {
 /// One profile to store.
 #[derive(Debug)]
 pub struct Incoming {
-    /// The profile.
-    pub profile: Profile,
+    /// The profile, checked against the limits.
+    pub profile: ValidProfile,
     /// The same process's earlier profile: cumulative types are stored as the difference.
-    pub previous: Option<Profile>,
+    pub previous: Option<ValidProfile>,
     /// Profile name (`process_cpu`, `memory`, ...).
     pub name: String,
     /// Series labels.
@@ -69,19 +68,11 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
         timestamp_ms: incoming.timestamp_ms,
     };
     let (profile, previous) = (incoming.profile, incoming.previous);
-    tokio::task::spawn_blocking(move || {
-        let limits = tenant.store.limits();
-        frostdb_pprof::validate(&profile, limits)?;
-        match previous {
-            Some(previous) => {
-                frostdb_pprof::validate(&previous, limits)
-                    .map_err(|e| ApiError::from(e).context("prev_profile"))?;
-                Ok(tenant
-                    .store
-                    .ingest_with_previous(&profile, &previous, &options)?)
-            }
-            None => Ok(tenant.store.ingest_profile(&profile, &options)?),
-        }
+    tokio::task::spawn_blocking(move || match previous {
+        Some(previous) => Ok(tenant
+            .store
+            .ingest_with_previous(&profile, &previous, &options)?),
+        None => Ok(tenant.store.ingest_profile(&profile, &options)?),
     })
     .await
     .map_err(|e| ApiError::internal(format!("ingest task failed: {e}")))?

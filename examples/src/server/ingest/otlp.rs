@@ -47,8 +47,8 @@ pub async fn handle(
     let body = body_bytes(&state, &headers, &body)?;
     let request = proto::ExportProfilesServiceRequest::decode(body.as_slice())
         .map_err(|e| ApiError::bad_request(format!("ExportProfilesServiceRequest: {e}")))?;
-    let max_samples = state.tenants.pprof_limits().max_samples;
-    let incoming = convert(&request, max_samples).map_err(ApiError::bad_request)?;
+    let incoming =
+        convert(&request, &state.tenants.pprof_limits()).map_err(ApiError::bad_request)?;
     let profiles = incoming.len();
     for i in incoming {
         store(&state, &tenant, i).await?;
@@ -64,7 +64,7 @@ pub async fn handle(
 /// Every profile of the request as a pprof profile with its series labels.
 pub fn convert(
     request: &proto::ExportProfilesServiceRequest,
-    max_samples: usize,
+    limits: &frostdb_pprof::Limits,
 ) -> Result<Vec<Incoming>, String> {
     let empty = proto::ProfilesDictionary::default();
     let dict = request.dictionary.as_ref().unwrap_or(&empty);
@@ -104,8 +104,11 @@ pub fn convert(
             for (p, profile) in sp.profiles.iter().enumerate() {
                 let at = format!("resource_profiles[{r}].scope_profiles[{s}].profiles[{p}]");
                 total_samples += profile.samples.len();
-                if total_samples > max_samples {
-                    return Err(format!("more than {max_samples} samples in one request"));
+                if total_samples > limits.max_samples {
+                    return Err(format!(
+                        "more than {} samples in one request",
+                        limits.max_samples
+                    ));
                 }
                 let mut series = labels.clone();
                 for &a in &profile.attribute_indices {
@@ -115,6 +118,8 @@ pub fn convert(
                 }
                 let (name, pprof) =
                     to_pprof(dict, profile, &string).map_err(|e| format!("{at}: {e}"))?;
+                let pprof =
+                    frostdb_pprof::validate(pprof, limits).map_err(|e| format!("{at}: {e}"))?;
                 out.push(Incoming {
                     profile: pprof,
                     previous: None,
@@ -391,11 +396,9 @@ mod tests {
         let path = shared().join(EXPORT);
         let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let request = proto::ExportProfilesServiceRequest::decode(bytes.as_slice()).unwrap();
-        let profiles = convert(&request, 1_000_000).unwrap();
+        let profiles = convert(&request, &frostdb_pprof::Limits::default()).unwrap();
         assert_eq!(profiles.len(), 82);
-        let limits = frostdb_pprof::Limits::default();
         for p in &profiles {
-            frostdb_pprof::validate(&p.profile, &limits).unwrap();
             assert!(
                 p.labels
                     .iter()
@@ -450,7 +453,15 @@ mod tests {
             }],
             ..Default::default()
         });
-        let e = convert(&request, 100).err().unwrap();
+        let e = convert(
+            &request,
+            &frostdb_pprof::Limits {
+                max_samples: 100,
+                ..Default::default()
+            },
+        )
+        .err()
+        .unwrap();
         assert!(e.contains("stack index 7"), "{e}");
     }
 }

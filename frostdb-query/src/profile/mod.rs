@@ -16,6 +16,8 @@ use datafusion::prelude::{SessionContext, ident, lit};
 
 use crate::selector::Selector;
 
+pub mod native;
+
 /// A half-open time range `[start_ms, end_ms)` in milliseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeRange {

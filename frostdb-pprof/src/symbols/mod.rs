@@ -1,0 +1,475 @@
+//! Symbols: stacks, locations, functions and mappings, stored in partitions.
+//!
+//! A partition holds the symbols first seen during one stretch of ingest (until it reaches
+//! [`SymbolOptions::partition_bytes`] or [`SymbolOptions::partition_age`]), each once, numbered
+//! densely from 0. A symbol's id is `partition << 32 | index`: samples refer to stacks by it,
+//! so a merge sums values into one dense array per partition instead of hashing keys, and a
+//! partition nothing retained refers to any more is deleted whole (symbols expire with their
+//! samples, as Pyroscope's symdb partitions do).
+//!
+//! Memory stays bounded: the current partition (which the writer indexes) is at most
+//! `partition_bytes`; older partitions are read from the symbol tables when a merge needs
+//! them, into a cache of at most [`SymbolOptions::cache_bytes`]. Opening reads no symbols.
+
+mod partition;
+mod tables;
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::{Error, Result};
+use partition::LocationRow;
+pub use partition::Partition;
+pub(crate) use partition::{FunctionRow, LineRow, MappingRow, Writer};
+pub(crate) use tables::SymbolTables;
+
+/// The id of a symbol: its partition in the high 32 bits, its index in the low 32.
+pub fn symbol_id(partition: u32, index: u32) -> u64 {
+    (u64::from(partition) << 32) | u64::from(index)
+}
+
+/// The partition and index of a symbol id.
+pub fn split_id(id: u64) -> (u32, u32) {
+    ((id >> 32) as u32, id as u32)
+}
+
+/// A stored stack: `partition << 32 | index` (see [`symbol_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u64);
+
+impl StackId {
+    /// The stack's partition.
+    pub fn partition(self) -> u32 {
+        split_id(self.0).0
+    }
+
+    /// Its index in the partition.
+    pub fn index(self) -> u32 {
+        split_id(self.0).1
+    }
+}
+
+/// How symbols are partitioned and cached.
+///
+/// # Defaults
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `partition_bytes` | 64 MiB | the current partition closes past this much memory |
+/// | `partition_age` | 1 h | ... or after this long: symbols expire a partition at a time |
+/// | `cache_bytes` | 256 MiB | closed partitions kept in memory for merges, least recently used evicted |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymbolOptions {
+    /// Memory past which the current partition closes.
+    pub partition_bytes: usize,
+    /// Age past which the current partition closes.
+    pub partition_age: Duration,
+    /// Memory for closed partitions read back for merges.
+    pub cache_bytes: usize,
+}
+
+impl Default for SymbolOptions {
+    fn default() -> Self {
+        Self {
+            partition_bytes: 64 << 20,
+            partition_age: Duration::from_secs(3600),
+            cache_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Closed partitions in memory, most recently used first.
+#[derive(Default)]
+struct Cache {
+    entries: VecDeque<Arc<Partition>>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn get(&mut self, id: u32) -> Option<Arc<Partition>> {
+        let i = self.entries.iter().position(|p| p.id() == id)?;
+        let p = self.entries.remove(i)?;
+        self.entries.push_front(p.clone());
+        Some(p)
+    }
+
+    fn insert(&mut self, p: Arc<Partition>, limit: usize) {
+        if self.entries.iter().any(|e| e.id() == p.id()) {
+            return;
+        }
+        self.bytes += p.bytes();
+        self.entries.push_front(p);
+        while self.bytes > limit && self.entries.len() > 1 {
+            if let Some(old) = self.entries.pop_back() {
+                self.bytes -= old.bytes();
+            }
+        }
+    }
+}
+
+/// The symbols of a store: the current partition, a cache of closed ones, the tables.
+pub(crate) struct SymbolStore {
+    tables: SymbolTables,
+    options: SymbolOptions,
+    current: RwLock<(Arc<Partition>, Instant)>,
+    cache: Mutex<Cache>,
+    /// One load from the tables at a time (two merges needing the same partition read it once).
+    loading: Mutex<()>,
+}
+
+impl std::fmt::Debug for SymbolStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymbolStore")
+            .field("current", &self.current.read().0)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SymbolStore {
+    /// Symbols in `tables`; the current partition is a new one, after every stored one.
+    pub(crate) fn open(tables: SymbolTables, options: SymbolOptions, newest: u32) -> Self {
+        let id = newest.saturating_add(1);
+        tracing::debug!(partition = id, "symbol partition started");
+        Self {
+            tables,
+            options,
+            current: RwLock::new((Arc::new(Partition::new(id)), Instant::now())),
+            cache: Mutex::new(Cache::default()),
+            loading: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn tables(&self) -> &SymbolTables {
+        &self.tables
+    }
+
+    /// The partition taking new symbols, after closing it if it is full or old.
+    pub(crate) fn current(&self) -> Arc<Partition> {
+        let (p, since) = {
+            let c = self.current.read();
+            (c.0.clone(), c.1)
+        };
+        if p.bytes() >= self.options.partition_bytes
+            || since.elapsed() >= self.options.partition_age
+        {
+            self.rotate(p.id());
+            return self.current.read().0.clone();
+        }
+        p
+    }
+
+    /// Closes partition `id` if it is still the current one, and starts the next.
+    pub(crate) fn rotate(&self, id: u32) {
+        let old = {
+            let mut c = self.current.write();
+            if c.0.id() != id {
+                return;
+            }
+            let next = Arc::new(Partition::new(id.saturating_add(1)));
+            std::mem::replace(&mut *c, (next, Instant::now())).0
+        };
+        // Waits for a writer still interning into it.
+        old.close();
+        tracing::info!(
+            partition = id,
+            bytes = old.bytes(),
+            stacks = old.counts().stacks,
+            "symbol partition closed"
+        );
+        self.cache.lock().insert(old, self.options.cache_bytes);
+    }
+
+    /// Partition `id`: the current one, a cached one, or one read from the tables.
+    pub(crate) fn partition(&self, id: u32) -> Result<Arc<Partition>> {
+        {
+            let c = self.current.read();
+            if c.0.id() == id {
+                return Ok(c.0.clone());
+            }
+        }
+        if let Some(p) = self.cache.lock().get(id) {
+            return Ok(p);
+        }
+        let _one_at_a_time = self.loading.lock();
+        if let Some(p) = self.cache.lock().get(id) {
+            return Ok(p);
+        }
+        let started = Instant::now();
+        let p = Arc::new(self.tables.load(id)?);
+        tracing::debug!(
+            partition = id,
+            bytes = p.bytes(),
+            stacks = p.counts().stacks,
+            seconds = started.elapsed().as_secs_f64(),
+            "symbol partition read"
+        );
+        self.cache
+            .lock()
+            .insert(p.clone(), self.options.cache_bytes);
+        Ok(p)
+    }
+
+    /// The symbols of the partitions `ids`.
+    pub(crate) fn view(&self, ids: impl IntoIterator<Item = u32>) -> Result<Symbols> {
+        let mut partitions = BTreeMap::new();
+        for id in ids {
+            if let std::collections::btree_map::Entry::Vacant(e) = partitions.entry(id) {
+                e.insert(self.partition(id)?);
+            }
+        }
+        Ok(Symbols { partitions })
+    }
+
+    /// Bytes of symbols held in memory: the current partition and the cache.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.current.read().0.bytes() + self.cache.lock().bytes
+    }
+
+    /// Drops cached partitions below `id` (their tables' rows were deleted).
+    pub(crate) fn forget_below(&self, id: u32) {
+        let mut cache = self.cache.lock();
+        let mut kept = VecDeque::new();
+        let mut bytes = 0;
+        for p in cache.entries.drain(..) {
+            if p.id() >= id {
+                bytes += p.bytes();
+                kept.push_back(p);
+            }
+        }
+        cache.entries = kept;
+        cache.bytes = bytes;
+    }
+}
+
+/// Resolved symbols: the partitions a result refers to, kept alive as long as it is.
+#[derive(Debug, Clone, Default)]
+pub struct Symbols {
+    partitions: BTreeMap<u32, Arc<Partition>>,
+}
+
+impl Symbols {
+    fn partition(&self, id: u32) -> Option<&Partition> {
+        self.partitions.get(&id).map(|p| &**p)
+    }
+
+    /// The frames of a stack, leaf first, inlined frames expanded (innermost first); empty
+    /// when the stack is unknown.
+    pub fn frames(&self, stack: StackId) -> Vec<Frame<'_>> {
+        let mut out = Vec::new();
+        self.for_each_frame(stack, |f| out.push(f));
+        out
+    }
+
+    /// Calls `f` with each frame of `stack`, leaf first, without collecting them.
+    pub fn for_each_frame<'a>(&'a self, stack: StackId, mut f: impl FnMut(Frame<'a>)) {
+        let Some(p) = self.partition(stack.partition()) else {
+            return;
+        };
+        let Some(locations) = p.stack(stack.index()) else {
+            return;
+        };
+        for &l in locations {
+            let Some(location) = p.location(l) else {
+                continue;
+            };
+            let frame = |line: Option<&LineRow>, inlined: bool| Frame {
+                partition: p,
+                location_index: l,
+                location,
+                function: line.and_then(|(fi, _)| p.function(*fi).map(|f| (*fi, f))),
+                line: line.map_or(0, |(_, n)| *n),
+                inlined,
+            };
+            if location.lines.is_empty() {
+                f(frame(None, false));
+            }
+            let last = location.lines.len().saturating_sub(1);
+            for (i, line) in location.lines.iter().enumerate() {
+                f(frame(Some(line), i != last));
+            }
+        }
+    }
+
+    /// Whether `stack` is known.
+    pub fn has_stack(&self, stack: StackId) -> bool {
+        self.partition(stack.partition())
+            .is_some_and(|p| p.stack(stack.index()).is_some())
+    }
+
+    /// Number of locations of `stack` (0 when unknown).
+    pub fn depth(&self, stack: StackId) -> usize {
+        self.partition(stack.partition())
+            .and_then(|p| p.stack(stack.index()))
+            .map_or(0, <[u32]>::len)
+    }
+}
+
+/// A mapping: an executable or library mapped into a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mapping<'a> {
+    /// Start address.
+    pub memory_start: u64,
+    /// End address.
+    pub memory_limit: u64,
+    /// Offset in the file.
+    pub file_offset: u64,
+    /// Path of the file.
+    pub filename: &'a str,
+    /// Build id (hex), for symbolizing later.
+    pub build_id: &'a str,
+    /// has_functions, has_filenames, has_line_numbers, has_inline_frames (bits 0..3).
+    pub flags: u8,
+}
+
+/// A function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Function<'a> {
+    /// Function name.
+    pub name: &'a str,
+    /// System (mangled) name.
+    pub system_name: &'a str,
+    /// Source file.
+    pub filename: &'a str,
+    /// First line of the function.
+    pub start_line: i64,
+}
+
+/// One frame of a resolved stack.
+#[derive(Clone, Copy)]
+pub struct Frame<'a> {
+    partition: &'a Partition,
+    location_index: u32,
+    location: &'a LocationRow,
+    function: Option<(u32, &'a FunctionRow)>,
+    line: i64,
+    inlined: bool,
+}
+
+impl std::fmt::Debug for Frame<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frame")
+            .field("name", &self.display_name())
+            .field("line", &self.line)
+            .field("inlined", &self.inlined)
+            .finish()
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// The location's id (partition and index): equal for equal locations of one partition.
+    pub fn location_id(&self) -> u64 {
+        symbol_id(self.partition.id(), self.location_index)
+    }
+
+    /// The function's id, when symbolized.
+    pub fn function_id(&self) -> Option<u64> {
+        self.function
+            .map(|(i, _)| symbol_id(self.partition.id(), i))
+    }
+
+    /// The address (kept for symbolizing later).
+    pub fn address(&self) -> u64 {
+        self.location.address
+    }
+
+    /// Whether the location's frames were folded.
+    pub fn is_folded(&self) -> bool {
+        self.location.is_folded
+    }
+
+    /// The line.
+    pub fn line(&self) -> i64 {
+        self.line
+    }
+
+    /// Whether this frame was inlined into the next (outer) frame of the same location.
+    pub fn inlined(&self) -> bool {
+        self.inlined
+    }
+
+    /// The mapping's id and the mapping, if any.
+    pub fn mapping(&self) -> Option<(u64, Mapping<'a>)> {
+        let i = self.location.mapping.checked_sub(1)?;
+        let m = self.partition.mapping(i)?;
+        let p = self.partition;
+        Some((
+            symbol_id(p.id(), i),
+            Mapping {
+                memory_start: m.memory_start,
+                memory_limit: m.memory_limit,
+                file_offset: m.file_offset,
+                filename: p.string(m.filename),
+                build_id: p.string(m.build_id),
+                flags: m.flags,
+            },
+        ))
+    }
+
+    /// The function, when symbolized.
+    pub fn function(&self) -> Option<Function<'a>> {
+        let p = self.partition;
+        self.function.map(|(_, f)| Function {
+            name: p.string(f.name),
+            system_name: p.string(f.system_name),
+            filename: p.string(f.filename),
+            start_line: f.start_line,
+        })
+    }
+
+    fn function_name(&self) -> Option<&'a str> {
+        let (_, f) = self.function?;
+        let name = self.partition.string(f.name);
+        (!name.is_empty()).then_some(name)
+    }
+
+    /// The name pprof gives this frame's node at function granularity: the function name;
+    /// else `[binary]` after the mapped file; else `<unknown>`.
+    pub fn printable_name(&self) -> Cow<'a, str> {
+        if let Some(name) = self.function_name() {
+            return Cow::Borrowed(name);
+        }
+        match self.mapping() {
+            Some((_, m)) if !m.filename.is_empty() => {
+                let base = m.filename.rsplit('/').next().unwrap_or(m.filename);
+                Cow::Owned(format!("[{base}]"))
+            }
+            _ => Cow::Borrowed("<unknown>"),
+        }
+    }
+
+    /// The name a flame graph shows: the function name, or the address in its binary
+    /// (`0x4a5b3c [app]`) when unsymbolized, so it can be symbolized later.
+    pub fn display_name(&self) -> Cow<'a, str> {
+        if let Some(name) = self.function_name() {
+            return Cow::Borrowed(name);
+        }
+        Cow::Owned(match self.mapping() {
+            Some((_, m)) if !m.filename.is_empty() => {
+                let base = m.filename.rsplit('/').next().unwrap_or(m.filename);
+                format!("{:#x} [{base}]", self.location.address)
+            }
+            _ => format!("{:#x}", self.location.address),
+        })
+    }
+
+    /// The source file, when known.
+    pub fn filename(&self) -> &'a str {
+        self.function
+            .map_or("", |(_, f)| self.partition.string(f.filename))
+    }
+}
+
+/// Checks that rows of partition `partition` come in index order without gaps.
+pub(crate) fn expect_index(table: &str, id: u64, partition: u32, next: usize) -> Result<()> {
+    let (p, i) = split_id(id);
+    if p != partition || i as usize != next {
+        return Err(Error::Corrupt(format!(
+            "symbol partition {partition} of table {table:?}: expected row {next}, found {p}:{i}"
+        )));
+    }
+    Ok(())
+}

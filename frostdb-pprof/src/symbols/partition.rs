@@ -1,0 +1,371 @@
+//! A symbol partition: the stacks, locations, functions, mappings and strings written during
+//! one stretch of ingest, each stored once and numbered densely from 0 within the partition.
+//!
+//! The current partition takes new symbols: its indexes (hash tables of indices, hashed and
+//! compared against the stored rows, so nothing is kept twice) answer "do I have this one
+//! already?" for the writer. Rows live in append-only vectors whose elements never move, so
+//! readers resolve indices without any lock while the writer appends. A closed partition has
+//! no indexes; one loaded from the symbol tables is built the same way.
+
+use std::hash::{BuildHasher, Hash};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+/// A function, its strings as indices into the partition's strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct FunctionRow {
+    pub(crate) name: u32,
+    pub(crate) system_name: u32,
+    pub(crate) filename: u32,
+    pub(crate) start_line: i64,
+}
+
+/// A mapping, its strings as indices into the partition's strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct MappingRow {
+    pub(crate) memory_start: u64,
+    pub(crate) memory_limit: u64,
+    pub(crate) file_offset: u64,
+    pub(crate) filename: u32,
+    pub(crate) build_id: u32,
+    /// has_functions, has_filenames, has_line_numbers, has_inline_frames (bits 0..3).
+    pub(crate) flags: u8,
+}
+
+/// One line of a location: a function index and a line number.
+pub(crate) type LineRow = (u32, i64);
+
+/// A location: `mapping` is the mapping's index plus one (0: none).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct LocationRow {
+    pub(crate) mapping: u32,
+    pub(crate) address: u64,
+    pub(crate) is_folded: bool,
+    /// Innermost (inlined) first.
+    pub(crate) lines: Box<[LineRow]>,
+}
+
+/// How many rows of each kind a partition holds: also the position of the next new row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) strings: usize,
+    pub(crate) mappings: usize,
+    pub(crate) functions: usize,
+    pub(crate) locations: usize,
+    pub(crate) stacks: usize,
+}
+
+type Hasher = foldhash::fast::FixedState;
+
+/// The writer's side of the current partition.
+pub(crate) struct Indexes {
+    hasher: Hasher,
+    strings: HashTable<u32>,
+    mappings: HashTable<u32>,
+    functions: HashTable<u32>,
+    locations: HashTable<u32>,
+    stacks: HashTable<u32>,
+}
+
+impl Default for Indexes {
+    fn default() -> Self {
+        Self {
+            hasher: Hasher::with_seed(0x5eed_f00d),
+            strings: HashTable::new(),
+            mappings: HashTable::new(),
+            functions: HashTable::new(),
+            locations: HashTable::new(),
+            stacks: HashTable::new(),
+        }
+    }
+}
+
+/// A symbol partition.
+pub struct Partition {
+    id: u32,
+    strings: boxcar::Vec<Box<str>>,
+    mappings: boxcar::Vec<MappingRow>,
+    functions: boxcar::Vec<FunctionRow>,
+    locations: boxcar::Vec<LocationRow>,
+    stacks: boxcar::Vec<Box<[u32]>>,
+    /// Approximate heap bytes held.
+    bytes: AtomicUsize,
+    /// `Some` while the partition takes new symbols.
+    writer: Mutex<Option<Indexes>>,
+}
+
+impl std::fmt::Debug for Partition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Partition")
+            .field("id", &self.id)
+            .field("counts", &self.counts())
+            .field("bytes", &self.bytes())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes a row of each kind costs beyond its own heap data (vector slot, index slot).
+const SLOT: usize = 24;
+
+fn index_of(i: usize) -> Result<u32> {
+    u32::try_from(i).map_err(|_| Error::TooLarge {
+        what: "symbols in one partition",
+        limit: u32::MAX as usize,
+    })
+}
+
+impl Partition {
+    /// An empty partition taking new symbols.
+    pub(crate) fn new(id: u32) -> Self {
+        Self {
+            id,
+            strings: boxcar::Vec::new(),
+            mappings: boxcar::Vec::new(),
+            functions: boxcar::Vec::new(),
+            locations: boxcar::Vec::new(),
+            stacks: boxcar::Vec::new(),
+            bytes: AtomicUsize::new(0),
+            writer: Mutex::new(Some(Indexes::default())),
+        }
+    }
+
+    /// An empty partition that takes no new symbols (for loading a stored one).
+    pub(crate) fn closed(id: u32) -> Self {
+        let p = Self::new(id);
+        *p.writer.lock() = None;
+        p
+    }
+
+    /// The partition's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Approximate heap bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn counts(&self) -> Counts {
+        Counts {
+            strings: self.strings.count(),
+            mappings: self.mappings.count(),
+            functions: self.functions.count(),
+            locations: self.locations.count(),
+            stacks: self.stacks.count(),
+        }
+    }
+
+    /// Stops taking new symbols, dropping the indexes.
+    pub(crate) fn close(&self) {
+        if let Some(indexes) = self.writer.lock().take() {
+            let slots = indexes.strings.len()
+                + indexes.mappings.len()
+                + indexes.functions.len()
+                + indexes.locations.len()
+                + indexes.stacks.len();
+            self.bytes.fetch_sub(slots * 8, Ordering::Relaxed);
+        }
+    }
+
+    /// Locks the writer's side; `None` when the partition is closed.
+    pub(crate) fn writer(&self) -> Option<Writer<'_>> {
+        let guard = self.writer.lock();
+        guard.is_some().then_some(Writer {
+            partition: self,
+            indexes: guard,
+        })
+    }
+
+    pub(crate) fn string(&self, i: u32) -> &str {
+        self.strings.get(i as usize).map_or("", |s| s)
+    }
+
+    pub(crate) fn mapping(&self, i: u32) -> Option<&MappingRow> {
+        self.mappings.get(i as usize)
+    }
+
+    pub(crate) fn function(&self, i: u32) -> Option<&FunctionRow> {
+        self.functions.get(i as usize)
+    }
+
+    pub(crate) fn location(&self, i: u32) -> Option<&LocationRow> {
+        self.locations.get(i as usize)
+    }
+
+    pub(crate) fn stack(&self, i: u32) -> Option<&[u32]> {
+        self.stacks.get(i as usize).map(|s| &**s)
+    }
+
+    fn grow(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    // Appends used while loading a stored partition (no indexes): rows must come in index
+    // order, which the caller checks.
+
+    pub(crate) fn push_string(&self, s: &str) -> u32 {
+        self.grow(s.len() + SLOT);
+        self.strings.push(s.into()) as u32
+    }
+
+    pub(crate) fn push_mapping(&self, m: MappingRow) {
+        self.grow(std::mem::size_of::<MappingRow>() + SLOT);
+        self.mappings.push(m);
+    }
+
+    pub(crate) fn push_function(&self, f: FunctionRow) {
+        self.grow(std::mem::size_of::<FunctionRow>() + SLOT);
+        self.functions.push(f);
+    }
+
+    pub(crate) fn push_location(&self, l: LocationRow) {
+        self.grow(std::mem::size_of::<LocationRow>() + l.lines.len() * 16 + SLOT);
+        self.locations.push(l);
+    }
+
+    pub(crate) fn push_stack(&self, s: Box<[u32]>) {
+        self.grow(s.len() * 4 + SLOT);
+        self.stacks.push(s);
+    }
+}
+
+/// The writer of the current partition: interns symbols, appending the new ones. Holding it
+/// excludes other writers (not readers).
+pub(crate) struct Writer<'a> {
+    partition: &'a Partition,
+    indexes: parking_lot::MutexGuard<'a, Option<Indexes>>,
+}
+
+impl Writer<'_> {
+    fn indexes(&mut self) -> &mut Indexes {
+        self.indexes
+            .as_mut()
+            .expect("a writer exists only for an open partition")
+    }
+
+    /// The index of `s`, added if new.
+    pub(crate) fn string(&mut self, s: &str) -> Result<u32> {
+        let p = self.partition;
+        let ix = self.indexes();
+        let hash = ix.hasher.hash_one(s);
+        if let Some(&i) = ix.strings.find(hash, |&i| p.string(i) == s) {
+            return Ok(i);
+        }
+        let i = index_of(p.strings.count())?;
+        p.push_string(s);
+        let hasher = ix.hasher.clone();
+        ix.strings
+            .insert_unique(hash, i, |&j| hasher.hash_one(p.string(j)));
+        p.grow(8);
+        Ok(i)
+    }
+
+    pub(crate) fn mapping(&mut self, m: MappingRow) -> Result<u32> {
+        let p = self.partition;
+        let hasher = self.indexes().hasher.clone();
+        intern(
+            &mut self.indexes().mappings,
+            &hasher,
+            &m,
+            |i| p.mapping(i),
+            || {
+                p.push_mapping(m);
+                p.mappings.count()
+            },
+        )
+    }
+
+    pub(crate) fn function(&mut self, f: FunctionRow) -> Result<u32> {
+        let p = self.partition;
+        let hasher = self.indexes().hasher.clone();
+        intern(
+            &mut self.indexes().functions,
+            &hasher,
+            &f,
+            |i| p.function(i),
+            || {
+                p.push_function(f);
+                p.functions.count()
+            },
+        )
+    }
+
+    /// The index of the location `(mapping, address, is_folded, lines)`, added if new.
+    pub(crate) fn location(
+        &mut self,
+        mapping: u32,
+        address: u64,
+        is_folded: bool,
+        lines: &[LineRow],
+    ) -> Result<u32> {
+        let p = self.partition;
+        let hasher = self.indexes().hasher.clone();
+        let hash = hasher.hash_one((mapping, address, is_folded, lines));
+        let eq = |i: &u32| {
+            p.location(*i).is_some_and(|l| {
+                l.mapping == mapping
+                    && l.address == address
+                    && l.is_folded == is_folded
+                    && *l.lines == *lines
+            })
+        };
+        let table = &mut self.indexes().locations;
+        if let Some(&i) = table.find(hash, eq) {
+            return Ok(i);
+        }
+        let i = index_of(p.locations.count())?;
+        p.push_location(LocationRow {
+            mapping,
+            address,
+            is_folded,
+            lines: lines.into(),
+        });
+        table.insert_unique(hash, i, |&j| {
+            let l = p.location(j).expect("indexed rows exist");
+            hasher.hash_one((l.mapping, l.address, l.is_folded, &*l.lines))
+        });
+        p.grow(8);
+        Ok(i)
+    }
+
+    /// The index of the stack of locations `locations` (leaf first), added if new.
+    pub(crate) fn stack(&mut self, locations: &[u32]) -> Result<u32> {
+        let p = self.partition;
+        let hasher = self.indexes().hasher.clone();
+        let hash = hasher.hash_one(locations);
+        let table = &mut self.indexes().stacks;
+        if let Some(&i) = table.find(hash, |&i| p.stack(i) == Some(locations)) {
+            return Ok(i);
+        }
+        let i = index_of(p.stacks.count())?;
+        p.push_stack(locations.into());
+        table.insert_unique(hash, i, |&j| {
+            hasher.hash_one(p.stack(j).unwrap_or_default())
+        });
+        p.grow(8);
+        Ok(i)
+    }
+}
+
+/// Finds `row` in `table` (indices compared through `get`) or adds it with `push`.
+fn intern<'r, R: Hash + PartialEq + 'r>(
+    table: &mut HashTable<u32>,
+    hasher: &Hasher,
+    row: &R,
+    get: impl Fn(u32) -> Option<&'r R>,
+    push: impl FnOnce() -> usize,
+) -> Result<u32> {
+    let hash = hasher.hash_one(row);
+    if let Some(&i) = table.find(hash, |&i| get(i) == Some(row)) {
+        return Ok(i);
+    }
+    let count = push();
+    let i = index_of(count - 1)?;
+    table.insert_unique(hash, i, |&j| get(j).map_or(0, |r| hasher.hash_one(r)));
+    Ok(i)
+}

@@ -1,0 +1,411 @@
+//! The fixed profile queries straight on the engine's scans, without planning: the merge
+//! sums values per stack while it reads, into one dense array per symbol partition (stack
+//! ids are `partition << 32 | index`, indices dense from 0), so no key is ever hashed, and
+//! it yields the total and the period in the same pass. The DataFusion plans in the parent
+//! module give the same answers (the tests check one against the other).
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, UInt64Type};
+use frostdb_core::{Error, Result, ScanMetrics, ScanRequest, Snapshot, col};
+
+use super::TimeRange;
+use crate::selector::Selector;
+
+/// What a merge read: the value per stack, and the totals of the same rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackTotals {
+    /// `(stack id, summed value)`, ids ascending, zero sums left out.
+    pub stacks: Vec<(u64, i64)>,
+    /// The sum of every value.
+    pub total: i64,
+    /// The largest sampling period among the rows.
+    pub period: i64,
+    /// Rows that contributed.
+    pub rows: usize,
+    /// What the scan read and pruned.
+    pub metrics: ScanMetrics,
+}
+
+/// The predicate of `selector` over `range` on `snapshot`'s columns.
+pub fn predicate(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+) -> frostdb_core::Predicate {
+    let schema = snapshot.schema();
+    let mut p = selector.to_predicate(&|c| schema.index_of(c).is_some());
+    if range.start_ms != i64::MIN {
+        p = p.and(col("timestamp").gt_eq(range.start_ms));
+    }
+    if range.end_ms != i64::MAX {
+        p = p.and(col("timestamp").lt(range.end_ms));
+    }
+    p
+}
+
+/// Indices past this are not a partition's (whose size is bounded): corrupt data, refused
+/// rather than allocated for.
+const MAX_INDEX: usize = 1 << 27;
+
+/// Sums per partition, one dense array each.
+#[derive(Default)]
+struct Dense {
+    partitions: Vec<(u32, Vec<i64>)>,
+    last: usize,
+    total: i64,
+    period: i64,
+    rows: usize,
+}
+
+impl Dense {
+    #[inline]
+    fn slot(&mut self, partition: u32) -> &mut Vec<i64> {
+        if self
+            .partitions
+            .get(self.last)
+            .is_none_or(|p| p.0 != partition)
+        {
+            self.last = match self.partitions.iter().position(|p| p.0 == partition) {
+                Some(i) => i,
+                None => {
+                    self.partitions.push((partition, Vec::new()));
+                    self.partitions.len() - 1
+                }
+            };
+        }
+        &mut self.partitions[self.last].1
+    }
+
+    fn add_batch(&mut self, b: &RecordBatch) -> Result<()> {
+        let column = |name: &str| {
+            b.column_by_name(name)
+                .ok_or_else(|| Error::Internal(format!("a merge scan returned no column {name:?}")))
+        };
+        let ids = column("stacktrace_id")?
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or_else(|| Error::Internal("stacktrace_id is not UInt64".into()))?;
+        let values = column("value")?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Internal("value is not Int64".into()))?;
+        let periods = column("period")?
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Internal("period is not Int64".into()))?;
+        if let Some(max) = arrow::compute::max(periods) {
+            self.period = self.period.max(max);
+        }
+        let nulls = ids.null_count() + values.null_count();
+        for i in 0..b.num_rows() {
+            if nulls > 0 && (ids.is_null(i) || values.is_null(i)) {
+                continue;
+            }
+            let (id, v) = (ids.value(i), values.value(i));
+            let index = id as u32 as usize;
+            if index >= MAX_INDEX {
+                return Err(Error::Internal(format!(
+                    "stack id {id:#x} has an index beyond any symbol partition's"
+                )));
+            }
+            let slot = self.slot((id >> 32) as u32);
+            if index >= slot.len() {
+                slot.resize((index + 1).max(slot.len() * 2).min(index + (1 << 20)), 0);
+            }
+            slot[index] += v;
+            self.total += v;
+            self.rows += 1;
+        }
+        Ok(())
+    }
+
+    fn merge(mut self, other: Dense) -> Dense {
+        for (p, values) in other.partitions {
+            let slot = self.slot(p);
+            if slot.len() < values.len() {
+                slot.resize(values.len(), 0);
+            }
+            for (a, b) in slot.iter_mut().zip(values) {
+                *a += b;
+            }
+        }
+        self.total += other.total;
+        self.period = self.period.max(other.period);
+        self.rows += other.rows;
+        self
+    }
+}
+
+/// Merge: the value summed per stack for the rows `selector` selects in `range`, read by up
+/// to `threads` threads.
+pub fn merge_stacks(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    threads: usize,
+) -> Result<StackTotals> {
+    let request = ScanRequest::new()
+        .project(["stacktrace_id", "value", "period"])
+        .filter(predicate(snapshot, selector, range))
+        .strict(true);
+    if snapshot.schema().index_of("stacktrace_id").is_none() {
+        return Ok(StackTotals::default());
+    }
+    let (scans, metrics) = snapshot.scan_partitions(&request, threads.max(1))?;
+    let parts: Vec<Result<Dense>> = std::thread::scope(|s| {
+        let handles: Vec<_> = scans
+            .into_iter()
+            .map(|scan| {
+                s.spawn(move || {
+                    let mut dense = Dense::default();
+                    for batch in scan {
+                        dense.add_batch(&batch?)?;
+                    }
+                    Ok(dense)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Internal("a merge thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut dense = Dense::default();
+    for part in parts {
+        dense = dense.merge(part?);
+    }
+    let mut stacks = Vec::new();
+    dense.partitions.sort_by_key(|p| p.0);
+    for (p, values) in &dense.partitions {
+        stacks.extend(
+            values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| **v != 0)
+                .map(|(i, v)| ((u64::from(*p) << 32) | i as u64, *v)),
+        );
+    }
+    Ok(StackTotals {
+        stacks,
+        total: dense.total,
+        period: dense.period,
+        rows: dense.rows,
+        metrics,
+    })
+}
+
+/// One series of a range query: its labels (those grouped by) and a value per time bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Series {
+    /// Label names and values, in name order; labels a series lacks are left out.
+    pub labels: Vec<(String, String)>,
+    /// `(bucket start ms, summed value)`, in time order.
+    pub points: Vec<(i64, i64)>,
+}
+
+/// A string column as the engine returns it: dictionary-encoded (memory and most blocks) or
+/// plain.
+enum Strings<'a> {
+    Dict(
+        &'a [i32],
+        &'a arrow::array::StringArray,
+        &'a arrow::array::Int32Array,
+    ),
+    Plain(&'a arrow::array::StringArray),
+}
+
+impl<'a> Strings<'a> {
+    fn of(array: &'a dyn Array) -> Result<Self> {
+        if let Some(d) = array.as_dictionary_opt::<arrow::datatypes::Int32Type>() {
+            let values = d.values().as_string_opt::<i32>().ok_or_else(|| {
+                Error::Internal("a label dictionary does not hold strings".into())
+            })?;
+            return Ok(Strings::Dict(d.keys().values(), values, d.keys()));
+        }
+        array
+            .as_string_opt::<i32>()
+            .map(Strings::Plain)
+            .ok_or_else(|| Error::Internal(format!("a label column is {}", array.data_type())))
+    }
+
+    /// A key equal for equal values within the batch (`None`: null).
+    #[inline]
+    fn key(&self, i: usize) -> Option<usize> {
+        match self {
+            Strings::Dict(keys, _, array) => array.is_valid(i).then(|| keys[i] as usize),
+            Strings::Plain(a) => a.is_valid(i).then_some(i),
+        }
+    }
+
+    fn value(&self, key: usize) -> &'a str {
+        match self {
+            Strings::Dict(_, values, _) => values.value(key),
+            Strings::Plain(a) => a.value(key),
+        }
+    }
+}
+
+/// Label names of the snapshot's schema (`labels.pod` gives `pod`), sorted.
+fn label_names_of(snapshot: &Snapshot) -> Vec<String> {
+    let mut names: Vec<String> = snapshot
+        .schema()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Range: the value summed per series and per `step_ms` bucket of time (buckets start at
+/// multiples of the step), for the rows `selector` selects in `range`. With `group_by`,
+/// series are the distinct values of those labels; without, every label set is a series.
+pub fn range(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    step_ms: i64,
+    group_by: Option<&[String]>,
+) -> Result<Vec<Series>> {
+    let step = step_ms.max(1);
+    let present = label_names_of(snapshot);
+    let labels: Vec<String> = match group_by {
+        Some(g) => g.iter().filter(|l| present.contains(l)).cloned().collect(),
+        None => present,
+    };
+    let mut columns: Vec<String> = labels.iter().map(|l| format!("labels.{l}")).collect();
+    columns.extend(["timestamp".to_owned(), "value".to_owned()]);
+    let request = ScanRequest::new()
+        .project(columns)
+        .filter(predicate(snapshot, selector, range))
+        .strict(true);
+    let mut groups: std::collections::HashMap<Vec<Option<String>>, u32> = Default::default();
+    let mut group_labels: Vec<Vec<Option<String>>> = Vec::new();
+    let mut sums: std::collections::HashMap<(u32, i64), i64> = Default::default();
+    let n = labels.len();
+    for batch in snapshot.scan(&request)? {
+        let batch = batch?;
+        let strings: Vec<Strings<'_>> = (0..n)
+            .map(|i| Strings::of(batch.column(i).as_ref()))
+            .collect::<Result<_>>()?;
+        let ts = batch
+            .column(n)
+            .as_primitive_opt::<arrow::datatypes::Int64Type>()
+            .ok_or_else(|| Error::Internal("timestamp is not Int64".into()))?;
+        let values = batch
+            .column(n + 1)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Internal("value is not Int64".into()))?;
+        let mut last_keys: Vec<Option<usize>> = vec![None; n];
+        let mut group = u32::MAX;
+        // Rows come sorted by series and time: runs share a (group, bucket).
+        let mut run: Option<((u32, i64), i64)> = None;
+        for i in 0..batch.num_rows() {
+            if values.is_null(i) || ts.is_null(i) {
+                continue;
+            }
+            let mut changed = group == u32::MAX;
+            for (k, s) in strings.iter().enumerate() {
+                let key = s.key(i);
+                if key != last_keys[k] {
+                    last_keys[k] = key;
+                    changed = true;
+                }
+            }
+            if changed {
+                let tuple: Vec<Option<String>> = strings
+                    .iter()
+                    .zip(&last_keys)
+                    .map(|(s, k)| k.map(|k| s.value(k).to_owned()))
+                    .collect();
+                group = match groups.get(&tuple) {
+                    Some(g) => *g,
+                    None => {
+                        let g = group_labels.len() as u32;
+                        groups.insert(tuple.clone(), g);
+                        group_labels.push(tuple);
+                        g
+                    }
+                };
+            }
+            let t = ts.value(i);
+            let bucket = t - t.rem_euclid(step);
+            let key = (group, bucket);
+            match &mut run {
+                Some((k, v)) if *k == key => *v += values.value(i),
+                _ => {
+                    if let Some((k, v)) = run.take() {
+                        *sums.entry(k).or_default() += v;
+                    }
+                    run = Some((key, values.value(i)));
+                }
+            }
+        }
+        if let Some((k, v)) = run {
+            *sums.entry(k).or_default() += v;
+        }
+    }
+    let mut series: Vec<Series> = group_labels
+        .iter()
+        .map(|values| Series {
+            labels: labels
+                .iter()
+                .zip(values)
+                .filter_map(|(l, v)| v.as_ref().map(|v| (l.clone(), v.clone())))
+                .collect(),
+            points: Vec::new(),
+        })
+        .collect();
+    for ((g, bucket), v) in sums {
+        series[g as usize].points.push((bucket, v));
+    }
+    for s in &mut series {
+        s.points.sort_unstable();
+    }
+    series.retain(|s| !s.points.is_empty());
+    series.sort_by(|a, b| a.labels.cmp(&b.labels));
+    Ok(series)
+}
+
+/// The distinct values of label `name` in the rows `selector` (if any) selects in `range`,
+/// sorted.
+pub fn label_values(
+    snapshot: &Snapshot,
+    name: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<Vec<String>> {
+    let column = format!("labels.{name}");
+    if snapshot.schema().index_of(&column).is_none() {
+        return Ok(Vec::new());
+    }
+    let everything = Selector {
+        profile_type: None,
+        matchers: Vec::new(),
+    };
+    let filter = predicate(snapshot, selector.unwrap_or(&everything), range)
+        .and(col(column.as_str()).is_not_null());
+    let request = ScanRequest::new()
+        .project([column.as_str()])
+        .filter(filter)
+        .strict(true);
+    let mut out: std::collections::BTreeSet<String> = Default::default();
+    for batch in snapshot.scan(&request)? {
+        let batch = batch?;
+        let strings = Strings::of(batch.column(0).as_ref())?;
+        let mut last = None;
+        for i in 0..batch.num_rows() {
+            let key = strings.key(i);
+            if key.is_some() && key != last {
+                last = key;
+                if let Some(k) = key
+                    && !out.contains(strings.value(k))
+                {
+                    out.insert(strings.value(k).to_owned());
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
