@@ -6,6 +6,7 @@
 //! labels, a stack id and four integers per row.
 
 pub mod external;
+pub mod scale;
 
 use std::sync::Arc;
 

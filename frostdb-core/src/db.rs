@@ -388,6 +388,11 @@ impl Db {
         Ok(())
     }
 
+    /// What the write-ahead log did since open (none for an in-memory database).
+    pub fn wal_stats(&self) -> Option<crate::wal::WalStats> {
+        self.inner.log.wal().map(|w| w.stats())
+    }
+
     /// Registers `task` to run on the database's maintenance thread after each retention
     /// pass (every `retention_interval`), for as long as the task is alive (the database
     /// holds it weakly). On-disk databases only: an in-memory one has no retention.

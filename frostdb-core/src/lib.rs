@@ -92,6 +92,7 @@ pub use schema::{
     ColumnDef, Compression, Encoding, Schema, SchemaBuilder, SortingColumn, TableSchema,
 };
 pub use table::{LevelStats, Table, TableStats};
+pub use wal::WalStats;
 
 /// Milliseconds since the Unix epoch, now: the clock of timestamps, retention and ingest
 /// (0 if the system clock is before 1970).

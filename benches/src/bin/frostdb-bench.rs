@@ -10,8 +10,9 @@ fn main() {
         // profiles rebuilt from its Parquet rows; both land in the same tables.
         Some("ingest") if args.iter().any(|a| a == "--pprof") => ingest_pprof(&args),
         Some("ingest") => ingest(&args),
+        Some("symbols") => frostdb_benches::scale::symbols(&args),
         Some("query") => query(&args),
-        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR --store DIR [--threads N] | query --store DIR --queries Q --runs N --out DIR".into()),
+        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR --store DIR [--threads N] | query --store DIR --queries Q --runs N --out DIR | symbols --store DIR --stacks N [--reopen]".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");

@@ -6,7 +6,7 @@
 //! frostdb types --data DIR
 //! frostdb query --data DIR SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
 //! frostdb sql --data DIR 'SELECT ...'
-//! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN] [--ebpf]
+//! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN] [--ebpf] [--retention 30d]
 //! ```
 
 use std::io::Write;
@@ -101,6 +101,10 @@ enum Command {
         /// eBPF samples per second per CPU (default: the config's, else 19).
         #[arg(long, requires = "ebpf")]
         ebpf_frequency: Option<u64>,
+        /// Keep samples this long, e.g. `30d` (default: the config's `retention`, else for
+        /// ever); tenants with their own `[tenants.<id>] retention` keep theirs.
+        #[arg(long, value_parser = parse_retention)]
+        retention: Option<std::time::Duration>,
     },
     /// Run SQL over the stored tables and print the result.
     Sql {
@@ -349,13 +353,20 @@ fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn parse_retention(s: &str) -> Result<std::time::Duration, String> {
+    match frostdb_examples::time::parse_duration_ms(s)? {
+        ms if ms > 0 => Ok(std::time::Duration::from_millis(ms as u64)),
+        _ => Err(format!("{s:?}: retention must be positive")),
+    }
+}
+
 fn serve(
     data: Option<PathBuf>,
     listen: Option<std::net::SocketAddr>,
     config: Option<PathBuf>,
     token: Option<String>,
-    ebpf: bool,
-    ebpf_frequency: Option<u64>,
+    (ebpf, ebpf_frequency): (bool, Option<u64>),
+    retention: Option<std::time::Duration>,
 ) -> Result<ExitCode, BoxError> {
     use frostdb_examples::server;
     tracing_subscriber::fmt()
@@ -378,6 +389,9 @@ fn serve(
     }
     if token.is_some() {
         config.token = token;
+    }
+    if retention.is_some() {
+        config.retention = retention;
     }
     if ebpf {
         let e = config.ebpf.get_or_insert_with(Default::default);
@@ -419,7 +433,15 @@ fn main() -> ExitCode {
             token,
             ebpf,
             ebpf_frequency,
-        } => serve(data, listen, config, token, ebpf, ebpf_frequency),
+            retention,
+        } => serve(
+            data,
+            listen,
+            config,
+            token,
+            (ebpf, ebpf_frequency),
+            retention,
+        ),
     };
     match result {
         Ok(code) => code,

@@ -4,6 +4,11 @@
 //! listen = "127.0.0.1:7070"
 //! data = "frostdb-data"
 //! token = "secret"                 # optional: require `Authorization: Bearer secret`
+//! retention = "30d"                # optional: samples older than this are deleted (with
+//!                                  # the symbols only they used); absent: kept for ever
+//!
+//! [tenants.team-a]
+//! retention = "7d"                 # a tenant's own retention
 //!
 //! [limits]
 //! max_body_bytes = 16777216        # request body, as sent (compressed)
@@ -48,6 +53,35 @@ pub struct Config {
     /// Whole-host eBPF sampling (`--ebpf`); off when absent.
     #[serde(default)]
     pub ebpf: Option<EbpfConfig>,
+    /// How long every tenant's samples are kept (`None`: for ever).
+    #[serde(default, with = "optional_duration")]
+    pub retention: Option<Duration>,
+    /// Settings of single tenants, by tenant id.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+}
+
+/// One tenant's settings: `[tenants.<id>]` in the TOML.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// How long this tenant's samples are kept, instead of the server's `retention`.
+    #[serde(default, with = "optional_duration")]
+    pub retention: Option<Duration>,
+}
+
+impl Config {
+    /// The retention of every tenant: the server's, and the tenants' own.
+    pub fn retention(&self) -> crate::server::tenants::Retention {
+        crate::server::tenants::Retention {
+            default: self.retention,
+            tenants: self
+                .tenants
+                .iter()
+                .filter_map(|(id, t)| Some((id.clone(), t.retention?)))
+                .collect(),
+        }
+    }
 }
 
 /// The eBPF sampler's settings: `[ebpf]` in the TOML, or `--ebpf` for the defaults.
@@ -191,6 +225,18 @@ mod duration {
     }
 }
 
+mod optional_duration {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::duration::deserialize(d).map(Some)
+    }
+}
+
 /// The profiles a Go program serves under `/debug/pprof/`.
 pub const KNOWN_PROFILES: [&str; 6] = ["cpu", "heap", "allocs", "goroutine", "mutex", "block"];
 
@@ -203,6 +249,8 @@ impl Default for Config {
             limits: Limits::default(),
             scrape: Vec::new(),
             ebpf: None,
+            retention: None,
+            tenants: BTreeMap::new(),
         }
     }
 }
@@ -253,6 +301,9 @@ impl Config {
                 .validate()
                 .map_err(|e| format!("[ebpf]: {e}"))?;
         }
+        for id in self.tenants.keys() {
+            crate::server::tenants::validate_tenant(id).map_err(|e| format!("[tenants]: {e}"))?;
+        }
         if self.token.as_deref() == Some("") {
             return Err("`token` is empty".into());
         }
@@ -278,6 +329,9 @@ mod tests {
             interval = "2s"
             profiles = ["cpu", "heap"]
             labels = { env = "dev" }
+            retention = "30d"
+            [tenants.team-a]
+            retention = "7d"
             [ebpf]
             frequency_hz = 99
             interval = "2s"
@@ -291,12 +345,16 @@ mod tests {
         assert_eq!(c.scrape[0].interval, Duration::from_secs(2));
         assert_eq!(c.scrape[0].labels["env"], "dev");
         assert_eq!(c.scrape[0].tenant, DEFAULT_TENANT);
-        let ebpf = c.ebpf.unwrap();
+        let ebpf = c.ebpf.clone().unwrap();
         assert_eq!(
             (ebpf.frequency_hz, ebpf.interval),
             (99, Duration::from_secs(2))
         );
         assert_eq!(ebpf.tenant, DEFAULT_TENANT);
+        let days = |n: u64| Some(Duration::from_secs(n * 86_400));
+        assert_eq!(c.retention().of("team-a"), days(7));
+        assert_eq!(c.retention().of("anyone-else"), days(30));
+        assert_eq!(Config::default().retention().of("x"), None);
     }
 
     #[test]
@@ -314,5 +372,8 @@ mod tests {
         assert!(bad("colour = 1").contains("colour"));
         assert!(bad("[ebpf]\nfrequency_hz = 0").contains("frequency_hz"));
         assert!(bad("[ebpf]\npids = [1]\ncgroup = '/sys/fs/cgroup'").contains("not both"));
+        assert!(bad("retention = '0d'").contains("positive"));
+        assert!(bad("retention = 'a week'").contains("retention"));
+        assert!(bad("[tenants.'a/b']\nretention = '1d'").contains("a/b"));
     }
 }

@@ -139,7 +139,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
     let state = Arc::new(AppState {
-        tenants: Tenants::new(config.data.clone(), config.limits.clone()),
+        tenants: Tenants::new(
+            config.data.clone(),
+            config.limits.clone(),
+            config.retention(),
+        ),
         targets: scrape::Targets::default(),
         config,
     });

@@ -81,20 +81,38 @@ pub fn validate_tenant(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How long tenants keep their samples: a default and per-tenant settings (`None`: for ever).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Every tenant's, unless it has its own.
+    pub default: Option<std::time::Duration>,
+    /// Tenants with their own.
+    pub tenants: std::collections::BTreeMap<String, std::time::Duration>,
+}
+
+impl Retention {
+    /// The retention of tenant `id`.
+    pub fn of(&self, id: &str) -> Option<std::time::Duration> {
+        self.tenants.get(id).copied().or(self.default)
+    }
+}
+
 /// The tenants, opened on first use.
 #[derive(Debug)]
 pub struct Tenants {
     root: PathBuf,
     limits: Limits,
+    retention: Retention,
     tenants: Mutex<HashMap<String, Arc<OnceCell<Arc<Tenant>>>>>,
 }
 
 impl Tenants {
-    /// Tenants under `data/tenants/`.
-    pub fn new(data: PathBuf, limits: Limits) -> Self {
+    /// Tenants under `data/tenants/`, each keeping its samples as long as `retention` says.
+    pub fn new(data: PathBuf, limits: Limits, retention: Retention) -> Self {
         Self {
             root: data.join("tenants"),
             limits,
+            retention,
             tenants: Mutex::new(HashMap::new()),
         }
     }
@@ -177,6 +195,7 @@ impl Tenants {
                 let id = id.to_owned();
                 let max_series = self.limits.max_series_per_tenant;
                 let limits = self.pprof_limits();
+                let retention = self.retention.of(&id);
                 tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
                     std::fs::create_dir_all(&dir).map_err(|e| {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
@@ -189,10 +208,14 @@ impl Tenants {
                     })?;
                     let options = StoreOptions {
                         limits,
+                        retention,
                         ..StoreOptions::default()
                     };
                     let store = ProfileStore::open(db, options)?;
-                    tracing::info!(tenant = %id, dir = %dir.display(), "opened tenant");
+                    let kept = retention.map_or("for ever".to_owned(), |d| {
+                        format!("{} days", d.as_secs_f64() / 86_400.0)
+                    });
+                    tracing::info!(tenant = %id, dir = %dir.display(), retention = %kept, "opened tenant");
                     Ok(Arc::new(Tenant {
                         id,
                         store,
@@ -236,7 +259,7 @@ mod tests {
             max_series_per_tenant: 2,
             ..Limits::default()
         };
-        let tenants = Tenants::new(dir.path().to_owned(), limits);
+        let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default());
         assert!(tenants.for_read("t").await.unwrap().is_none());
         let t = tenants.for_write("t").await.unwrap();
         let l = |v: &str| vec![("pod".to_owned(), v.to_owned())];

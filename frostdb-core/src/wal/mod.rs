@@ -55,6 +55,22 @@ pub(crate) struct Wal {
     /// fsync may report success for pages the kernel already dropped), so nothing more is
     /// ever reported durable.
     poisoned: Mutex<Option<String>>,
+    /// Records appended and fsyncs done since open (for [`WalStats`]).
+    records: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// What the write-ahead log did since the database opened: with concurrent writers, one
+/// fsync covers many records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WalStats {
+    /// Records (transactions) appended.
+    pub records: u64,
+    /// fsyncs of the log (each made one or more records durable).
+    pub syncs: u64,
+    /// Bytes appended.
+    pub bytes: u64,
 }
 
 impl std::fmt::Debug for Wal {
@@ -248,6 +264,8 @@ impl Wal {
             sync_lock: Mutex::new(()),
             durable: AtomicU64::new(0),
             poisoned: Mutex::new(None),
+            records: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
         })
     }
 
@@ -289,6 +307,7 @@ impl Wal {
         w.current_len += frame.len() as u64;
         w.current.last_tx = tx;
         w.written += frame.len() as u64;
+        self.records.fetch_add(1, Ordering::Relaxed);
         Ok(w.written)
     }
 
@@ -323,7 +342,17 @@ impl Wal {
             return Err(error);
         }
         self.durable.fetch_max(target, Ordering::AcqRel);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Records, fsyncs and bytes since open.
+    pub(crate) fn stats(&self) -> WalStats {
+        WalStats {
+            records: self.records.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            bytes: self.writer.lock().written,
+        }
     }
 
     /// The position up to which everything is durable.

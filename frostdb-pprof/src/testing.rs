@@ -1,0 +1,85 @@
+//! Synthetic profiles for tests and benchmarks: as many distinct stacks as asked for,
+//! deterministic, cheap to build.
+
+use crate::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
+
+/// Functions the synthetic stacks are made of.
+pub const FUNCTIONS: u64 = 64;
+
+/// A CPU profile (`cpu/nanoseconds`, period 10 ms) whose samples are the distinct stacks
+/// numbered `first..first + count`: stack `x` is `depth` frames spelling `x` in base
+/// [`FUNCTIONS`] under a `main` root, so different numbers are different stacks while
+/// `depth` digits suffice. Stack `x` has value `(1 + x % 7) * 10_000_000`.
+pub fn profile(first: u64, count: usize, depth: usize) -> Profile {
+    let mut strings = vec![
+        String::new(),
+        "cpu".to_owned(),
+        "nanoseconds".to_owned(),
+        "/usr/bin/synthetic".to_owned(),
+        "main".to_owned(),
+    ];
+    let name_of = |i: u64| strings.len() as i64 + i as i64;
+    let function: Vec<Function> = (0..=FUNCTIONS)
+        .map(|i| Function {
+            id: i + 1,
+            name: if i == FUNCTIONS { 4 } else { name_of(i) },
+            ..Function::default()
+        })
+        .collect();
+    strings.extend((0..FUNCTIONS).map(|i| format!("synthetic/pkg{}.(*T).f{i}", i % 8)));
+    let location: Vec<Location> = (0..=FUNCTIONS)
+        .map(|i| Location {
+            id: i + 1,
+            mapping_id: 1,
+            address: 0x1000 + 0x10 * i,
+            line: vec![Line {
+                function_id: i + 1,
+                line: i as i64 + 1,
+                column: 0,
+            }],
+            is_folded: false,
+        })
+        .collect();
+    let sample = (first..first + count as u64)
+        .map(|x| {
+            let mut location_id = Vec::with_capacity(depth + 1);
+            let mut rest = x;
+            for _ in 0..depth {
+                location_id.push(rest % FUNCTIONS + 1);
+                rest /= FUNCTIONS;
+            }
+            location_id.push(FUNCTIONS + 1); // main, the root
+            Sample {
+                location_id,
+                value: vec![(1 + (x % 7) as i64) * 10_000_000],
+                label: Vec::new(),
+            }
+        })
+        .collect();
+    Profile {
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        sample,
+        mapping: vec![Mapping {
+            id: 1,
+            memory_start: 0x1000,
+            memory_limit: 0x10_0000,
+            filename: 3,
+            has_functions: true,
+            ..Mapping::default()
+        }],
+        location,
+        function,
+        string_table: strings,
+        duration_nanos: 10_000_000_000,
+        period_type: Some(ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        ..Profile::default()
+    }
+}
+
+/// The total [`profile`] gives its stacks `first..first + count`.
+pub fn total(first: u64, count: usize) -> i64 {
+    (first..first + count as u64)
+        .map(|x| (1 + (x % 7) as i64) * 10_000_000)
+        .sum()
+}

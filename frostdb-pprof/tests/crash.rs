@@ -1,0 +1,195 @@
+//! Kill -9 while profiles are ingested: after recovery every acknowledged profile is there
+//! with its exact total, no profile is there in part, and no stored sample refers to a stack
+//! the symbol tables lack (a merge of everything resolves every stack).
+//!
+//! The test re-runs its own binary as a child (`crash_child`) that ingests synthetic profiles
+//! from four threads (each with new stacks, half shared with a neighbour, symbol partitions
+//! closing every few dozen profiles) and reports each before (`TRY`) and after (`ACK`)
+//! `ingest_profile`. The parent kills it with SIGKILL after a number of acknowledgements
+//! chosen per round, reopens the store and checks it. Rounds: 6, or `FROSTDB_CRASH_ROUNDS`.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use frostdb_core::{Db, DbOptions, TableOptions};
+use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+
+const CHILD_DIR: &str = "FROSTDB_PPROF_CRASH_DIR";
+const CHILD_ROUND: &str = "FROSTDB_PPROF_CRASH_ROUND";
+const STACKS: usize = 40;
+
+fn store_options() -> StoreOptions {
+    StoreOptions {
+        symbols: SymbolOptions {
+            partition_bytes: 96 << 10,
+            ..SymbolOptions::default()
+        },
+        // Small blocks: samples persist every few hundred profiles.
+        samples: TableOptions::default()
+            .granule_rows(256)
+            .row_group_rows(1024)
+            .block_size(64 << 10),
+        ..StoreOptions::default()
+    }
+}
+
+/// The stacks of profile `id`: half its own, half its predecessor's.
+fn first_stack(id: i64) -> u64 {
+    (id as u64) * (STACKS as u64 / 2)
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// The child: ingests until killed.
+#[test]
+fn crash_child() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return; // Only meaningful when started by `kill_9_loses_no_acknowledged_profile`.
+    };
+    let round: i64 = std::env::var(CHILD_ROUND).unwrap().parse().unwrap();
+    let db = Db::open(&dir, DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, store_options()).unwrap();
+    say("READY");
+    std::thread::scope(|s| {
+        for writer in 0..4i64 {
+            let store = &store;
+            s.spawn(move || {
+                for seq in 0..1_000_000i64 {
+                    let id = round * 10_000_000 + writer * 1_000_000 + seq;
+                    let profile =
+                        validate(testing::profile(first_stack(id), STACKS, 4), store.limits())
+                            .unwrap();
+                    let options = IngestOptions {
+                        name: "cpu".into(),
+                        labels: vec![("id".into(), id.to_string())],
+                        delta: false,
+                        timestamp_ms: Some(seq),
+                    };
+                    say(&format!("TRY {id}"));
+                    store.ingest_profile(&profile, &options).unwrap();
+                    say(&format!("ACK {id}"));
+                }
+            });
+        }
+    });
+}
+
+/// Total per profile id stored at `dir`, after checking that every sample's stack resolves.
+fn contents(dir: &std::path::Path, round: i64) -> HashMap<i64, i64> {
+    let store = ProfileStore::open(
+        Db::open(dir, DbOptions::default()).unwrap(),
+        store_options(),
+    )
+    .unwrap();
+    let all = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let merged = store
+        .merge(&all, TimeRange::ALL)
+        .unwrap_or_else(|e| panic!("round {round}: merging everything failed: {e}"));
+    for (stack, _) in &merged.samples {
+        assert_eq!(merged.symbols.depth(*stack), 5, "round {round}: {stack:?}");
+    }
+    let series = store
+        .range(&all, TimeRange::ALL, i64::MAX / 4, Some(&["id".to_owned()]))
+        .unwrap();
+    let totals: HashMap<i64, i64> = series
+        .iter()
+        .map(|s| {
+            let id = s.labels[0].1.parse().unwrap();
+            (id, s.points.iter().map(|(_, v)| v).sum())
+        })
+        .collect();
+    assert_eq!(
+        totals.values().sum::<i64>(),
+        merged.total(),
+        "round {round}"
+    );
+    totals
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_profile() {
+    let rounds: i64 = std::env::var("FROSTDB_CRASH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut acked: HashSet<i64> = HashSet::new();
+    let mut tried: HashSet<i64> = HashSet::new();
+    let mut seed: u64 = 0x5eed;
+    for round in 1..=rounds {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let kill_after = 1 + ((seed >> 33) % 300) as usize;
+        let mut child = Command::new(&exe)
+            .args([
+                "crash_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .env(CHILD_ROUND, round.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut acks = 0;
+        let mut killed = false;
+        // Lines the child wrote before it died are still read after the kill.
+        for line in stdout.lines() {
+            let line = line.unwrap();
+            let mut words = line.split_whitespace();
+            match (
+                words.next(),
+                words.next().and_then(|w| w.parse::<i64>().ok()),
+            ) {
+                (Some("TRY"), Some(id)) => {
+                    tried.insert(id);
+                }
+                (Some("ACK"), Some(id)) => {
+                    acked.insert(id);
+                    acks += 1;
+                    if acks == kill_after && !killed {
+                        child.kill().unwrap();
+                        killed = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(killed, "round {round}: the child ended by itself: {status}");
+
+        let found = contents(dir.path(), round);
+        for id in &acked {
+            let total = found.get(id).copied();
+            assert_eq!(
+                total,
+                Some(testing::total(first_stack(*id), STACKS)),
+                "round {round}: acknowledged profile {id} is missing or partial"
+            );
+        }
+        for (id, total) in &found {
+            assert!(tried.contains(id), "round {round}: profile {id} never sent");
+            assert_eq!(
+                *total,
+                testing::total(first_stack(*id), STACKS),
+                "round {round}: profile {id} is there in part"
+            );
+        }
+        // Writes in flight at the kill may or may not have survived; from now on, whatever
+        // survived is expected.
+        acked.extend(found.keys());
+    }
+}

@@ -1,0 +1,154 @@
+//! Symbols at scale: partitions that close, a bounded cache in front of the stored symbol
+//! tables read back lazily, and symbols that expire with the samples that use them.
+
+use std::time::Duration;
+
+use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::report::top::TopTable;
+use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+
+const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+fn ingest(store: &ProfileStore, first: u64, count: usize, timestamp_ms: i64) {
+    let profile = validate(testing::profile(first, count, 5), store.limits()).unwrap();
+    let options = IngestOptions {
+        name: "cpu".into(),
+        labels: vec![("pod".into(), format!("pod-{}", first % 3))],
+        delta: false,
+        timestamp_ms: Some(timestamp_ms),
+    };
+    let summary = store.ingest_profile(&profile, &options).unwrap();
+    assert_eq!(summary.rows, count);
+}
+
+fn all() -> Selector {
+    Selector::parse(&format!("{CPU}{{}}")).unwrap()
+}
+
+fn rows(store: &ProfileStore, table: &str) -> usize {
+    store.db().get_table(table).unwrap().stats().rows
+}
+
+#[test]
+fn closed_partitions_are_read_back_lazily_into_a_bounded_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        symbols: SymbolOptions {
+            cache_bytes: 256 << 10,
+            ..SymbolOptions::default()
+        },
+        ..StoreOptions::default()
+    };
+    let open = || {
+        ProfileStore::open(
+            Db::open(dir.path(), DbOptions::default()).unwrap(),
+            options.clone(),
+        )
+        .unwrap()
+    };
+    // Ten partitions of 2,000 distinct stacks each.
+    let store = open();
+    for p in 0..10u64 {
+        ingest(&store, p * 2_000, 2_000, 1_000 + p as i64);
+        store.rotate_symbols();
+    }
+    store.db().flush().unwrap();
+    drop(store);
+
+    let store = open();
+    assert_eq!(
+        store.symbol_memory_bytes(),
+        0,
+        "symbols were loaded at open"
+    );
+    // One merge resolves stacks of every partition: all are read back, the totals are exact
+    // and every stack has its frames.
+    let merged = store.merge(&all(), TimeRange::ALL).unwrap();
+    assert_eq!(merged.samples.len(), 20_000);
+    assert_eq!(merged.total(), testing::total(0, 20_000));
+    for (stack, _) in &merged.samples {
+        assert_eq!(merged.symbols.depth(*stack), 6);
+    }
+    let top = TopTable::build_with(&merged, 0.0, 0.0);
+    assert_eq!(top.total, merged.total());
+    assert!(top.rows.iter().any(|r| r.name == "main"));
+    drop((top, merged));
+    // Afterwards the cache holds no more than its bound (plus the one partition it always
+    // keeps), far less than all ten.
+    let memory = store.symbol_memory_bytes();
+    let one_partition = {
+        let merged = store
+            .merge(
+                &all(),
+                TimeRange {
+                    start_ms: 1_000,
+                    end_ms: 1_001,
+                },
+            )
+            .unwrap();
+        assert_eq!(merged.total(), testing::total(0, 2_000));
+        store.symbol_memory_bytes().min(memory)
+    };
+    assert!(
+        memory <= (256 << 10) + one_partition,
+        "{memory} bytes of symbols cached, bound 256 KiB"
+    );
+}
+
+#[test]
+fn symbols_expire_with_the_samples_that_use_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions {
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let now = frostdb_core::now_ms();
+    let old = now - 10 * 24 * 3600 * 1000;
+    // Old profiles, in their own symbol partition and blocks.
+    for i in 0..4u64 {
+        ingest(&store, i * 1_000, 1_000, old + i as i64);
+    }
+    store.rotate_symbols();
+    store.db().flush().unwrap();
+    // Recent profiles sharing half of those stacks (stored again in the new partition).
+    for i in 0..2u64 {
+        ingest(&store, 2_000 + i * 1_000, 1_000, now - 1_000 + i as i64);
+    }
+    store.db().flush().unwrap();
+    let (samples_before, stacks_before) = (rows(&store, "samples"), rows(&store, "stacktraces"));
+    assert_eq!(samples_before, 6_000);
+    assert_eq!(stacks_before, 6_000);
+
+    let expired = store.samples().enforce_retention().unwrap();
+    assert!(!expired.is_empty(), "no sample block expired");
+    let deleted = store.expire_symbols().unwrap();
+    assert!(deleted > 0, "no symbol block deleted");
+    assert_eq!(rows(&store, "samples"), 2_000);
+    assert_eq!(rows(&store, "stacktraces"), 2_000);
+    for table in ["locations", "functions", "mappings"] {
+        let t = store.db().get_table(table).unwrap();
+        assert!(t.stats().rows > 0, "{table} lost the symbols still in use");
+    }
+
+    // What is retained still merges in full, after a reopen too.
+    let check = |store: &ProfileStore| {
+        let merged = store.merge(&all(), TimeRange::ALL).unwrap();
+        assert_eq!(merged.samples.len(), 2_000);
+        assert_eq!(merged.total(), testing::total(2_000, 2_000));
+    };
+    check(&store);
+    drop(store);
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    check(&store);
+    assert_eq!(rows(&store, "stacktraces"), 2_000);
+}
