@@ -8,7 +8,7 @@
 //!    new; each pprof string, function, location and mapping is looked up once per profile;
 //! 3. [`Prepared::samples`]: the rows as one Arrow batch, dictionary-encoded already.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher as _};
 use std::sync::Arc;
 
@@ -21,6 +21,10 @@ use crate::decode::ValidProfile;
 use crate::error::{Error, Result};
 use crate::proto::Profile;
 use crate::symbols::{FunctionRow, LineRow, MappingRow, Writer, symbol_id};
+
+/// Maps keyed by what a profile holds: foldhash, not SipHash (no untrusted key can cost more
+/// than the profile's own size, which the limits bound).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// How to store one profile.
 #[derive(Debug, Clone, Default)]
@@ -194,8 +198,9 @@ pub(crate) fn prepare<'p>(
 
     // Samples merged by (stack, sample labels).
     let mut label_sets: Vec<Vec<(String, String)>> = vec![Vec::new()];
-    let mut label_index: HashMap<Vec<(String, String)>, u32> = HashMap::new();
-    let mut group_index: HashMap<(&[u64], u32), u32> = HashMap::with_capacity(p.sample.len());
+    let mut label_index: HashMap<Vec<(String, String)>, u32> = HashMap::default();
+    let mut group_index: HashMap<(&[u64], u32), u32> =
+        HashMap::with_capacity_and_hasher(p.sample.len(), Default::default());
     let mut groups: Vec<Group> = Vec::with_capacity(p.sample.len());
     let types = p.sample_type.len();
     let mut values: Vec<i64> = Vec::with_capacity(p.sample.len() * types);

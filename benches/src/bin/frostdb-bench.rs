@@ -3,6 +3,9 @@
 
 use frostdb_benches::external::{BoxError, ingest, ingest_pprof, query};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result: Result<(), BoxError> = match args.first().map(String::as_str) {

@@ -406,6 +406,9 @@ fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {

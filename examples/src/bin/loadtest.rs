@@ -406,6 +406,9 @@ async fn run(args: Args) -> Result<bool, String> {
     Ok(ok)
 }
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
