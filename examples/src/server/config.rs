@@ -321,6 +321,7 @@ mod tests {
             r#"
             listen = "0.0.0.0:9000"
             data = "/tmp/x"
+            retention = "30d"
             [limits]
             max_series_per_tenant = 5
             [[scrape]]
@@ -329,7 +330,6 @@ mod tests {
             interval = "2s"
             profiles = ["cpu", "heap"]
             labels = { env = "dev" }
-            retention = "30d"
             [tenants.team-a]
             retention = "7d"
             [ebpf]
