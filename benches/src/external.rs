@@ -226,6 +226,15 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     })?;
     let ingest_s = started.elapsed().as_secs_f64();
     let n = jobs.len() as f64;
+    if let Some(wal) = store.db().wal_stats() {
+        eprintln!(
+            "{} profiles committed in {} WAL records ({:.1} profiles each), {} fsyncs",
+            jobs.len(),
+            wal.records,
+            n / wal.records.max(1) as f64,
+            wal.syncs
+        );
+    }
     eprintln!(
         "{} files, {:.1} MB: raw read+gunzip+decode {:.0} profiles/s ({raw_s:.1} s, {cores} threads); \
          ingest {:.0} profiles/s ({ingest_s:.1} s, {threads} threads), {:.2}x the raw time",

@@ -467,6 +467,7 @@ impl Transaction {
             log: self.log,
             appended,
             tables,
+            notified: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
@@ -477,6 +478,8 @@ pub struct Submitted {
     log: Arc<CommitLog>,
     appended: Option<(u64, u64)>,
     tables: Vec<Arc<TableInner>>,
+    /// Whether the tables were told of the commit (once).
+    notified: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Submitted {
@@ -488,14 +491,20 @@ impl std::fmt::Debug for Submitted {
 }
 
 impl Submitted {
-    /// Waits until the transaction is durable and visible; returns its id.
-    pub fn wait(self) -> Result<u64> {
+    /// Waits until the transaction is durable and visible; returns its id. Several threads
+    /// may wait for one transaction (a group commit shares it): each returns once it is.
+    pub fn wait(&self) -> Result<u64> {
         let tx = match self.appended {
             Some((tx, position)) => self.log.finish(tx, position)?,
             None => return self.log.commit(Vec::new()),
         };
-        for t in &self.tables {
-            t.committed(tx);
+        if !self
+            .notified
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            for t in &self.tables {
+                t.committed(tx);
+            }
         }
         Ok(tx)
     }

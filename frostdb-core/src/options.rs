@@ -15,7 +15,7 @@ use crate::events::{EventListener, NoopListener};
 /// | `granule_rows` | 8192 | target rows of a granule (a sorted chunk of L1 and deeper) |
 /// | `l0_max_rows` | 65 536 | L0 is flushed into a sorted L1 run past this many rows ... |
 /// | `l0_max_parts` | 64 | ... or this many parts |
-/// | `level_fanout` | 4 | a level holding this many runs is merged into the next level |
+/// | `level_fanout` | 4 | a level holding this many runs is merged into the next level; in the last level, this many runs of one size class (rows within a factor of `level_fanout`) are merged into one |
 /// | `levels` | 2 | levels below L0 (L1, L2); the last one merges into itself |
 /// | `max_batch_rows` | 4 194 304 | larger inserts are rejected |
 /// | `max_batch_bytes` | 512 MiB | larger inserts (Arrow memory) are rejected |

@@ -45,6 +45,9 @@ pub enum Error {
     /// The stored symbol tables hold something they should not.
     #[error("corrupt symbol table: {0}")]
     Corrupt(String),
+    /// Committing the group of profiles this one was stored with failed.
+    #[error("storing a group of profiles failed: {0}")]
+    Group(std::sync::Arc<Error>),
     /// The storage engine failed.
     #[error(transparent)]
     Engine(#[from] frostdb_core::Error),

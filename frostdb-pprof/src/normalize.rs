@@ -13,7 +13,7 @@ use std::hash::{BuildHasher, Hash, Hasher as _};
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray, UInt64Array,
+    Array, ArrayBuilder, ArrayRef, Int64Array, RecordBatch, StringDictionaryBuilder, UInt64Array,
 };
 use arrow::datatypes::{Field, Int32Type, Schema as ArrowSchema};
 
@@ -466,101 +466,74 @@ impl Prepared<'_> {
         Ok(out)
     }
 
-    /// Step 3: the sample rows, with the stacks interned into `partition`.
-    pub(crate) fn samples(
+    /// Step 3: the sample rows, with the stacks interned into `partition`, appended to
+    /// `out` (which may hold other profiles' rows).
+    pub(crate) fn append_samples(
         &self,
         partition: u32,
         stacks: &[u32],
-    ) -> Result<(RecordBatch, IngestSummary)> {
+        out: &mut SampleRows,
+    ) -> Result<IngestSummary> {
         let p = self.profile;
         let n = self.rows.len();
-        let single = |v: &str| -> ArrayRef {
-            Arc::new(DictionaryArray::<Int32Type>::new(
-                Int32Array::from(vec![0; n]),
-                Arc::new(StringArray::from(vec![v])),
-            ))
-        };
-        // The types that have rows, in order, as dictionary values.
-        let mut used: Vec<u16> = self.rows.iter().map(|r| r.0).collect();
-        used.sort_unstable();
-        used.dedup();
-        let keys = Int32Array::from_iter_values(
-            self.rows
-                .iter()
-                .map(|r| used.binary_search(&r.0).unwrap_or(0) as i32),
-        );
-        let per_type = |f: &dyn Fn(u16) -> String| -> ArrayRef {
-            Arc::new(DictionaryArray::<Int32Type>::new(
-                keys.clone(),
-                Arc::new(StringArray::from_iter_values(used.iter().map(|t| f(*t)))),
-            ))
-        };
-        let sample_type =
-            |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples").to_owned();
-        let sample_unit = |t: u16| or(text(p, p.sample_type[t as usize].unit), "count").to_owned();
+        let start = out.len;
+        let text_of = |i: i64| text(p, i);
+        let sample_type = |t: u16| or(text_of(p.sample_type[t as usize].r#type), "samples");
+        let sample_unit = |t: u16| or(text_of(p.sample_type[t as usize].unit), "count");
         let (period_type, period_unit) = p
             .period_type
             .as_ref()
-            .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
+            .map_or(("", ""), |t| (text_of(t.r#type), text_of(t.unit)));
         let (period_type, period_unit) = (or(period_type, "unknown"), or(period_unit, "unknown"));
-        let mut columns: Vec<(String, ArrayRef)> = vec![
-            ("name".into(), single(&self.name)),
-            ("sample_type".into(), per_type(&sample_type)),
-            ("sample_unit".into(), per_type(&sample_unit)),
-            ("period_type".into(), single(period_type)),
-            ("period_unit".into(), single(period_unit)),
-        ];
+
+        out.constant("name", &self.name, start, n)?;
+        out.constant("period_type", period_type, start, n)?;
+        out.constant("period_unit", period_unit, start, n)?;
         for (k, v) in &self.series {
-            columns.push((format!("labels.{k}"), single(v)));
+            out.constant(&format!("labels.{k}"), v, start, n)?;
+        }
+        // Types change rarely from row to row (rows are grouped by type): runs.
+        let mut used: Vec<u16> = Vec::new();
+        for run in self.rows.chunk_by(|a, b| a.0 == b.0) {
+            let t = run[0].0;
+            out.constant(
+                "sample_type",
+                sample_type(t),
+                out.column_len("sample_type", start),
+                run.len(),
+            )?;
+            out.constant(
+                "sample_unit",
+                sample_unit(t),
+                out.column_len("sample_unit", start),
+                run.len(),
+            )?;
+            if !used.contains(&t) {
+                used.push(t);
+            }
         }
         // Sample labels: one column per key any row has, null where a row lacks it.
-        let mut keys_used: Vec<&str> = self
-            .rows
-            .iter()
-            .flat_map(|r| {
-                self.label_sets[self.groups[r.1 as usize].labels as usize]
-                    .iter()
-                    .map(|(k, _)| k.as_str())
-            })
-            .collect();
-        keys_used.sort_unstable();
-        keys_used.dedup();
-        for key in keys_used {
-            let values: StringArray = self
-                .rows
-                .iter()
-                .map(|r| {
-                    self.label_sets[self.groups[r.1 as usize].labels as usize]
-                        .iter()
-                        .find(|(k, _)| k == key)
-                        .map(|(_, v)| v.as_str())
-                })
-                .collect();
-            columns.push((format!("labels.{key}"), Arc::new(values)));
+        if self.label_sets.len() > 1 {
+            for (i, r) in self.rows.iter().enumerate() {
+                for (k, v) in &self.label_sets[self.groups[r.1 as usize].labels as usize] {
+                    out.constant(&format!("labels.{k}"), v, start + i, 1)?;
+                }
+            }
         }
-        let ids = UInt64Array::from_iter_values(
+        out.stacktrace_id.extend(
             self.rows
                 .iter()
                 .map(|r| symbol_id(partition, stacks[r.1 as usize])),
         );
-        columns.push(("stacktrace_id".into(), Arc::new(ids)));
-        let constant = |v: i64| -> ArrayRef { Arc::new(Int64Array::from_value(v, n)) };
-        columns.push(("timestamp".into(), constant(self.timestamp)));
-        columns.push(("duration".into(), constant(p.duration_nanos)));
-        columns.push(("period".into(), constant(p.period)));
-        columns.push((
-            "value".into(),
-            Arc::new(Int64Array::from_iter_values(self.rows.iter().map(|r| r.2))),
-        ));
-        let fields: Vec<Field> = columns
-            .iter()
-            .map(|(name, a)| Field::new(name, a.data_type().clone(), true))
-            .collect();
-        let batch = RecordBatch::try_new(
-            Arc::new(ArrowSchema::new(fields)),
-            columns.into_iter().map(|(_, a)| a).collect(),
-        )?;
-        let summary = IngestSummary {
+        out.value.extend(self.rows.iter().map(|r| r.2));
+        out.timestamp.extend(std::iter::repeat_n(self.timestamp, n));
+        out.duration
+            .extend(std::iter::repeat_n(p.duration_nanos, n));
+        out.period.extend(std::iter::repeat_n(p.period, n));
+        out.len += n;
+        out.profiles += 1;
+        used.sort_unstable();
+        Ok(IngestSummary {
             rows: n,
             profile_types: used
                 .iter()
@@ -575,13 +548,110 @@ impl Prepared<'_> {
                 .collect(),
             new_stacks: 0,
             timestamp_ms: self.timestamp,
-        };
-        Ok((batch, summary))
+        })
     }
 
     /// The profile's timestamp (ms).
     pub(crate) fn timestamp(&self) -> i64 {
         self.timestamp
+    }
+}
+
+/// Sample rows of one or more profiles, built into one batch of the samples table: string
+/// columns dictionary-encoded as they are appended, a column a profile lacks null in its
+/// rows.
+#[derive(Default)]
+pub(crate) struct SampleRows {
+    len: usize,
+    profiles: usize,
+    strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
+    stacktrace_id: Vec<u64>,
+    timestamp: Vec<i64>,
+    duration: Vec<i64>,
+    period: Vec<i64>,
+    value: Vec<i64>,
+}
+
+impl std::fmt::Debug for SampleRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampleRows")
+            .field("rows", &self.len)
+            .field("profiles", &self.profiles)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SampleRows {
+    /// Rows held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Profiles whose rows are held.
+    pub(crate) fn profiles(&self) -> usize {
+        self.profiles
+    }
+
+    /// Where the next value of column `name` goes, at least `at_least` (a new profile's
+    /// first row).
+    fn column_len(&self, name: &str, at_least: usize) -> usize {
+        self.strings
+            .get(name)
+            .map_or(at_least, |b| b.len().max(at_least))
+    }
+
+    /// Sets column `name` to `value` in rows `at..at + n`, nulls before them where unset.
+    fn constant(&mut self, name: &str, value: &str, at: usize, n: usize) -> Result<()> {
+        let b = match self.strings.get_mut(name) {
+            Some(b) => b,
+            None => self.strings.entry(name.to_owned()).or_default(),
+        };
+        if b.len() < at {
+            b.append_nulls(at - b.len());
+        }
+        b.append_n(value, n)?;
+        Ok(())
+    }
+
+    /// The rows as one batch.
+    pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
+        let len = self.len;
+        let mut fields = Vec::with_capacity(self.strings.len() + 5);
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.strings.len() + 5);
+        for (name, b) in &mut self.strings {
+            if b.len() < len {
+                b.append_nulls(len - b.len());
+            }
+            let array = b.finish();
+            fields.push(Field::new(name, array.data_type().clone(), true));
+            columns.push(Arc::new(array));
+        }
+        let int64 =
+            |v: &mut Vec<i64>| -> ArrayRef { Arc::new(Int64Array::from(std::mem::take(v))) };
+        fields.push(Field::new(
+            "stacktrace_id",
+            arrow::datatypes::DataType::UInt64,
+            false,
+        ));
+        columns.push(Arc::new(UInt64Array::from(std::mem::take(
+            &mut self.stacktrace_id,
+        ))));
+        for (name, v) in [
+            ("timestamp", &mut self.timestamp),
+            ("duration", &mut self.duration),
+            ("period", &mut self.period),
+            ("value", &mut self.value),
+        ] {
+            fields.push(Field::new(name, arrow::datatypes::DataType::Int64, false));
+            columns.push(int64(v));
+        }
+        self.len = 0;
+        self.profiles = 0;
+        self.strings.clear();
+        Ok(RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            columns,
+        )?)
     }
 }
 

@@ -7,21 +7,24 @@
 //! and add symbols and append their record; the fsync is waited for outside it, so
 //! concurrent ingests share fsyncs and a lone one waits for nobody.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
-use frostdb_core::{Db, Maintenance, Scalar, Table, TableOptions};
+use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions};
 use frostdb_query::profile::TimeRange;
 use frostdb_query::profile::native::{StackTotals, merge_stacks};
 use frostdb_query::{ProfileType, Selector};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use crate::decode::{Limits, ValidProfile, decode};
 use crate::error::{Error, Result};
-use crate::normalize::{Deltas, IngestOptions, IngestSummary, prepare};
+use crate::normalize::{Deltas, IngestOptions, IngestSummary, SampleRows, prepare};
 use crate::schema;
-use crate::symbols::{StackId, SymbolOptions, SymbolStore, SymbolTables, Symbols, split_id};
+use crate::symbols::{
+    Counts, Partition, StackId, SymbolOptions, SymbolStore, SymbolTables, Symbols, split_id,
+};
 
 /// How a [`ProfileStore`] stores and keeps profiles.
 ///
@@ -144,6 +147,106 @@ impl Maintenance for SymbolExpiry {
     }
 }
 
+/// Most sample rows a group of profiles commits in one transaction.
+const MAX_GROUP_ROWS: usize = 64 * 1024;
+
+/// Where a group of profiles stands.
+enum SlotState {
+    /// Profiles are joining it, or it waits for its turn.
+    Waiting,
+    /// The leader handed over: the member that sees this commits the next groups.
+    Lead,
+    /// In the WAL (not yet known durable), or failed.
+    Done(std::result::Result<Arc<Submitted>, Arc<Error>>),
+}
+
+/// What the members of a group wait on.
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+impl Slot {
+    fn finish(&self, result: std::result::Result<Arc<Submitted>, Arc<Error>>) {
+        *self.state.lock() = SlotState::Done(result);
+        self.ready.notify_all();
+    }
+
+    fn hand_lead(&self) {
+        *self.state.lock() = SlotState::Lead;
+        self.ready.notify_one();
+    }
+}
+
+/// Profiles' sample rows committed as one transaction, with the symbols their partition
+/// gained since the partition's previous group.
+struct Group {
+    partition: Arc<Partition>,
+    /// The partition's symbols from here (to `to`) are written with the group.
+    from: Counts,
+    to: Counts,
+    rows: SampleRows,
+    slot: Arc<Slot>,
+    /// Why a profile's rows could not be appended whole, if one could not.
+    broken: Option<String>,
+}
+
+impl Group {
+    fn new(partition: Arc<Partition>, from: Counts) -> Self {
+        Self {
+            partition,
+            from,
+            to: from,
+            rows: SampleRows::default(),
+            slot: Arc::new(Slot {
+                state: Mutex::new(SlotState::Waiting),
+                ready: Condvar::new(),
+            }),
+            broken: None,
+        }
+    }
+}
+
+/// The groups of a store.
+#[derive(Default)]
+struct Pipeline {
+    /// The group profiles join.
+    open: Option<Group>,
+    /// Groups closed to new profiles, in commit order.
+    sealed: VecDeque<Group>,
+    /// Per partition (newest few), the symbols up to which a group writes them.
+    cuts: Vec<(u32, Counts)>,
+    /// Whether a member is committing groups (or the lead is being handed to one).
+    leading: bool,
+    /// Partitions a group of failed to commit: nothing more of them commits.
+    failed: Vec<u32>,
+}
+
+impl Pipeline {
+    /// Closes the open group to new profiles: it writes its partition's symbols up to now.
+    /// Symbols being added meanwhile may be included; a profile using them joins later.
+    fn seal(&mut self) {
+        if let Some(mut group) = self.open.take() {
+            group.to = group.partition.counts();
+            let id = group.partition.id();
+            self.cuts.retain(|(p, _)| *p != id);
+            self.cuts.push((id, group.to));
+            if self.cuts.len() > 4 {
+                self.cuts.remove(0);
+            }
+            self.sealed.push_back(group);
+        }
+    }
+
+    /// Where the next group of partition `id` starts writing its symbols.
+    fn cut(&self, id: u32) -> Counts {
+        self.cuts
+            .iter()
+            .find(|(p, _)| *p == id)
+            .map_or_else(Counts::default, |(_, c)| *c)
+    }
+}
+
 /// A database of profiles: the samples table and the symbol tables.
 pub struct ProfileStore {
     db: Db,
@@ -151,6 +254,7 @@ pub struct ProfileStore {
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
     deltas: Mutex<Deltas>,
+    pipeline: Mutex<Pipeline>,
     options: StoreOptions,
 }
 
@@ -221,6 +325,7 @@ impl ProfileStore {
             symbols,
             expiry,
             deltas: Mutex::new(Deltas::default()),
+            pipeline: Mutex::new(Pipeline::default()),
             options,
         })
     }
@@ -292,6 +397,12 @@ impl ProfileStore {
         self.store(&prepare(profile, &options, Some(&baseline))?)
     }
 
+    /// Stores a prepared profile. Profiles stored concurrently are committed together: each
+    /// interns its symbols and appends its rows to the open group under the partition's
+    /// writer; one of them (the leader) commits groups one at a time, in order, each as one
+    /// transaction holding the symbols its partition gained since the previous group and the
+    /// group's samples, while the others wait. Everyone then waits for the fsync that covers
+    /// its group. A lone profile is a group of one, committed at once.
     fn store(&self, prepared: &crate::normalize::Prepared<'_>) -> Result<IngestSummary> {
         if prepared.is_empty() {
             return Ok(IngestSummary {
@@ -299,39 +410,152 @@ impl ProfileStore {
                 ..IngestSummary::default()
             });
         }
-        loop {
+        let (slot, summary, lead) = loop {
             let partition = self.symbols.current();
             let Some(mut writer) = partition.writer() else {
                 continue; // closed by a rotation meanwhile: take the next one
             };
-            let before = partition.counts();
-            let submitted = (|| {
-                let stacks = prepared.intern(&mut writer)?;
-                let after = partition.counts();
-                let (samples, mut summary) = prepared.samples(partition.id(), &stacks)?;
-                summary.new_stacks = after.stacks - before.stacks;
-                let mut tx = self.db.transaction();
-                for (table, batch) in self.symbols.tables().batches(&partition, before, after)? {
-                    tx.insert(table, &batch)?;
-                }
-                tx.insert(&self.samples, &samples)?;
-                Ok::<_, Error>((tx.submit()?, summary))
-            })();
-            drop(writer);
-            return match submitted {
-                Ok((commit, summary)) => {
-                    commit.wait()?;
-                    Ok(summary)
-                }
-                Err(e) => {
-                    // Symbols added for a transaction that never reached the WAL are in
-                    // memory only; a new partition makes sure no later profile uses them.
-                    if partition.counts() != before {
-                        self.symbols.rotate(partition.id());
+            let before = partition.counts().stacks;
+            // Symbols added by a profile that fails here are written with the next group of
+            // their partition (nothing refers to them), or never.
+            let stacks = prepared.intern(&mut writer)?;
+            let new_stacks = partition.counts().stacks - before;
+            let mut pipeline = self.pipeline.lock();
+            if pipeline.failed.contains(&partition.id()) {
+                return Err(Error::Corrupt(format!(
+                    "symbol partition {} could not be written; retry",
+                    partition.id()
+                )));
+            }
+            if pipeline
+                .open
+                .as_ref()
+                .is_some_and(|g| g.partition.id() != partition.id())
+            {
+                pipeline.seal();
+            }
+            if pipeline.open.is_none() {
+                let from = pipeline.cut(partition.id());
+                pipeline.open = Some(Group::new(partition.clone(), from));
+            }
+            let group = pipeline.open.as_mut().expect("opened above");
+            let mut summary =
+                match prepared.append_samples(partition.id(), &stacks, &mut group.rows) {
+                    Ok(summary) => summary,
+                    Err(e) => {
+                        // The group's rows are no longer whole: it fails as a whole.
+                        group.broken = Some(e.to_string());
+                        Err(e)?
                     }
-                    Err(e)
+                };
+            summary.new_stacks = new_stacks;
+            let slot = group.slot.clone();
+            if group.rows.len() >= MAX_GROUP_ROWS {
+                pipeline.seal();
+            }
+            let lead = !std::mem::replace(&mut pipeline.leading, true);
+            break (slot, summary, lead);
+        };
+        if lead {
+            self.lead(&slot);
+        }
+        let submitted = self.await_group(&slot)?;
+        submitted.wait()?;
+        Ok(summary)
+    }
+
+    /// Waits for `slot`'s group to be in the WAL, committing groups when handed the lead.
+    fn await_group(&self, slot: &Arc<Slot>) -> Result<Arc<Submitted>> {
+        let mut state = slot.state.lock();
+        loop {
+            match &*state {
+                SlotState::Done(Ok(submitted)) => return Ok(submitted.clone()),
+                SlotState::Done(Err(e)) => return Err(Error::Group(e.clone())),
+                SlotState::Lead => {
+                    *state = SlotState::Waiting;
+                    drop(state);
+                    self.lead(slot);
+                    state = slot.state.lock();
+                }
+                SlotState::Waiting => slot.ready.wait(&mut state),
+            }
+        }
+    }
+
+    /// Commits groups in order until `mine` is committed, then hands the lead to a member
+    /// of the next group (or gives it up when there is none).
+    fn lead(&self, mine: &Arc<Slot>) {
+        loop {
+            let group = {
+                let mut pipeline = self.pipeline.lock();
+                if pipeline.sealed.is_empty() {
+                    pipeline.seal();
+                }
+                match pipeline.sealed.pop_front() {
+                    Some(group) => group,
+                    None => {
+                        pipeline.leading = false;
+                        return;
+                    }
                 }
             };
+            let is_mine = Arc::ptr_eq(&group.slot, mine);
+            let slot = group.slot.clone();
+            let result = self.commit_group(group);
+            slot.finish(result);
+            if is_mine {
+                let mut pipeline = self.pipeline.lock();
+                match pipeline.sealed.front().or(pipeline.open.as_ref()) {
+                    Some(next) => next.slot.hand_lead(),
+                    None => pipeline.leading = false,
+                }
+                return;
+            }
+        }
+    }
+
+    /// Submits one group: its partition's new symbols and its samples, one transaction.
+    fn commit_group(&self, mut group: Group) -> std::result::Result<Arc<Submitted>, Arc<Error>> {
+        let id = group.partition.id();
+        if self.pipeline.lock().failed.contains(&id) {
+            return Err(Arc::new(Error::Corrupt(format!(
+                "symbol partition {id} could not be written; retry"
+            ))));
+        }
+        let submitted = (|| {
+            if let Some(reason) = group.broken.take() {
+                return Err(Error::Corrupt(format!(
+                    "a profile of the group failed: {reason}"
+                )));
+            }
+            tracing::trace!(
+                partition = id,
+                profiles = group.rows.profiles(),
+                rows = group.rows.len(),
+                "committing a group of profiles"
+            );
+            let samples = group.rows.finish()?;
+            let mut tx = self.db.transaction();
+            for (table, batch) in
+                self.symbols
+                    .tables()
+                    .batches(&group.partition, group.from, group.to)?
+            {
+                tx.insert(table, &batch)?;
+            }
+            tx.insert(&self.samples, &samples)?;
+            Ok::<_, Error>(tx.submit()?)
+        })();
+        match submitted {
+            Ok(submitted) => Ok(Arc::new(submitted)),
+            Err(e) => {
+                // Its symbols may be used by later profiles, whose groups must not commit
+                // without them: the partition takes no more, and nothing more of it commits.
+                tracing::warn!(partition = id, error = %e, "a group of profiles failed to commit");
+                self.pipeline.lock().failed.push(id);
+                self.symbols.rotate(id);
+                Err(Arc::new(e))
+            }
         }
     }
 
@@ -423,5 +647,71 @@ impl ProfileStore {
     pub fn rotate_symbols(&self) {
         let id = self.symbols.current().id();
         self.symbols.rotate(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use frostdb_core::DbOptions;
+
+    use super::*;
+    use crate::decode::validate;
+    use crate::testing::{profile, total};
+
+    #[test]
+    fn profiles_stored_while_a_group_commits_share_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        let before = store.db().wal_stats().unwrap().records;
+        // A leader is busy committing: profiles join the open group and wait for it.
+        store.pipeline.lock().leading = true;
+        const N: u64 = 6;
+        std::thread::scope(|s| {
+            let store = &store;
+            let workers: Vec<_> = (0..N)
+                .map(|i| {
+                    s.spawn(move || {
+                        let p = validate(profile(i * 10, 10, 3), &Limits::default()).unwrap();
+                        let options = IngestOptions {
+                            name: "process_cpu".into(),
+                            labels: vec![("pod".into(), format!("pod-{i}"))],
+                            timestamp_ms: Some(1_700_000_000_000 + i as i64),
+                            ..IngestOptions::default()
+                        };
+                        store.ingest_profile(&p, &options)
+                    })
+                })
+                .collect();
+            let slot = loop {
+                if let Some(group) = &store.pipeline.lock().open
+                    && group.rows.profiles() == N as usize
+                {
+                    break group.slot.clone();
+                }
+                std::thread::yield_now();
+            };
+            assert_eq!(store.db().wal_stats().unwrap().records, before);
+            store.lead(&slot);
+            for w in workers {
+                assert_eq!(w.join().unwrap().unwrap().rows, 10);
+            }
+        });
+        assert_eq!(
+            store.db().wal_stats().unwrap().records - before,
+            1,
+            "the group is one transaction"
+        );
+        assert!(!store.pipeline.lock().leading, "the lead was given up");
+        let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+        let merged = store
+            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(merged.total(), total(0, N as usize * 10));
+        // Each profile's series label went with its own rows.
+        let pods = store
+            .label_values("pod", None, frostdb_query::profile::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(pods.len(), N as usize);
     }
 }
