@@ -152,3 +152,28 @@ fn ingest_types_query_and_sql() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("goapp"), "{t}");
 }
+
+#[test]
+fn a_database_another_process_holds_is_refused_not_written_behind_its_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let profile = shared().join("testdata/pprof/goapp__go119-cpu-2s.pb.gz");
+    let ingest = || frostdb(&["ingest", "--data", s(&data), "--name", "cpu", s(&profile)]);
+    assert!(ingest().status.success());
+
+    // This test process holds the database, as a running server holds its tenants'.
+    let holder = frostdb_core::Db::open(&data, frostdb_core::DbOptions::default()).unwrap();
+    let pid = format!("process {}", std::process::id());
+    for out in [ingest(), frostdb(&["types", "--data", s(&data)])] {
+        let t = text(&out);
+        assert!(!out.status.success(), "refused:\n{t}");
+        assert!(
+            t.contains("in use by") && t.contains(&pid),
+            "names the holder:\n{t}"
+        );
+        assert!(!t.contains("stored 1 of 1"), "no success reported:\n{t}");
+    }
+    drop(holder);
+    let out = frostdb(&["types", "--data", s(&data)]);
+    assert!(out.status.success(), "{}", text(&out));
+}

@@ -68,6 +68,8 @@ pub(crate) struct CommitLog {
     relieving: std::sync::atomic::AtomicBool,
     /// This log, for messages to the worker.
     this: Weak<CommitLog>,
+    /// The database directory's lock (on-disk databases), held while anything can write.
+    _lock: Option<crate::lock::DirLock>,
 }
 
 impl std::fmt::Debug for CommitLog {
@@ -85,6 +87,7 @@ impl CommitLog {
         durable: bool,
         max_wal_bytes: u64,
         persistence: Option<std::sync::mpsc::Sender<WorkerMessage>>,
+        lock: Option<crate::lock::DirLock>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|this| Self {
             wal: std::sync::OnceLock::new(),
@@ -100,6 +103,7 @@ impl CommitLog {
             persistence: Mutex::new(persistence),
             relieving: std::sync::atomic::AtomicBool::new(false),
             this: this.clone(),
+            _lock: lock,
         })
     }
 

@@ -21,6 +21,7 @@ use crate::commit::{CommitLog, Transaction};
 use crate::error::{Error, Result};
 use crate::index::compaction::Mode;
 use crate::io::Io;
+use crate::lock::DirLock;
 use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
@@ -113,7 +114,7 @@ fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
 impl Db {
     /// Opens a database that keeps everything in memory: no WAL, no persistence.
     pub fn open_in_memory(options: DbOptions) -> Result<Self> {
-        Self::start(options, None)
+        Self::start(options, None, None)
     }
 
     /// Opens (or creates) the database in directory `dir`, with persisted blocks under
@@ -144,6 +145,8 @@ impl Db {
     ) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        // Before reading anything: another owner may be writing it.
+        let lock = DirLock::acquire(&dir)?;
         let io = Io::new()?;
         let prefix = ObjectPath::from(prefix);
         let manifest = Arc::new(ManifestFile::open(
@@ -159,12 +162,13 @@ impl Db {
                 storage,
                 manifest,
             }),
+            Some(lock),
         )?;
         db.recover()?;
         Ok(db)
     }
 
-    fn start(options: DbOptions, disk: Option<Disk>) -> Result<Self> {
+    fn start(options: DbOptions, disk: Option<Disk>, lock: Option<DirLock>) -> Result<Self> {
         let mut handles = Vec::new();
         let spawn = |name: &str,
                      rx: mpsc::Receiver<WorkerMessage>,
@@ -198,7 +202,12 @@ impl Db {
         } else {
             None
         };
-        let log = CommitLog::new(disk.is_some(), options.max_wal_bytes, persistence.clone());
+        let log = CommitLog::new(
+            disk.is_some(),
+            options.max_wal_bytes,
+            persistence.clone(),
+            lock,
+        );
         Ok(Self {
             inner: Arc::new(DbInner {
                 options,

@@ -178,6 +178,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// Another process (or another open in this one) owns the database directory.
+    #[error(
+        "database {} is in use by {holder}: one process at a time may open it (stop the \
+         other, or query it through the server that holds it)",
+        dir.display()
+    )]
+    Locked {
+        /// The database directory.
+        dir: std::path::PathBuf,
+        /// Who holds it (`process <pid>`).
+        holder: String,
+    },
     /// An invariant of the engine does not hold: a bug, reported instead of a panic.
     #[error("internal error: {0}")]
     Internal(String),

@@ -540,7 +540,8 @@ fn a_rarely_written_table_does_not_keep_the_wal_alive() {
     busy.persist().unwrap();
     let wal = busy.stats().wal_bytes;
     assert!(wal < limit, "WAL of {wal} bytes, limit {limit}");
-    drop(db);
+    // Its tables can still write: the database stays locked until they are gone too.
+    drop((db, busy, quiet));
     let db = Db::open(dir.path(), options()).unwrap();
     let quiet = db.get_table("quiet").unwrap();
     assert_eq!(values(&quiet.scan(&ScanRequest::new()).unwrap()), vec![7]);
@@ -676,4 +677,33 @@ fn concurrent_writers_share_fsyncs_and_a_lone_writer_syncs_at_once() {
         .scan(&ScanRequest::new().filter(col("name").eq("together")))
         .unwrap();
     assert_eq!(count(&rows), 400);
+}
+
+#[test]
+fn one_owner_at_a_time_and_a_table_keeps_the_database_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 3);
+
+    let second = Db::open(dir.path(), options()).unwrap_err();
+    assert!(matches!(second, Error::Locked { .. }), "{second}");
+    assert!(
+        second
+            .to_string()
+            .contains(&format!("process {}", std::process::id())),
+        "{second}"
+    );
+    // The table can still commit through the WAL: the lock stays with it.
+    drop(db);
+    fill(&table, 3, 4);
+    assert!(matches!(
+        Db::open(dir.path(), options()),
+        Err(Error::Locked { .. })
+    ));
+    drop(table);
+    let db = Db::open(dir.path(), options()).unwrap();
+    assert_eq!(db.get_table("samples").unwrap().stats().rows, 40);
 }

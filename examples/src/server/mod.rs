@@ -132,6 +132,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
     config.validate()?;
     std::fs::create_dir_all(&config.data)
         .map_err(|e| format!("cannot create {}: {e}", config.data.display()))?;
+    // One server per data directory (each tenant's database is locked too, when opened).
+    let _lock = frostdb_core::DirLock::acquire(&config.data).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
