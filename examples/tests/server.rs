@@ -1185,3 +1185,35 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     assert!(top.contains("frostdb_spin_user"), "{top}");
     assert!(s.terminate(), "the server stops cleanly");
 }
+
+#[tokio::test]
+async fn a_tenant_database_another_process_holds_is_a_503_then_works_once_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let s = Server::start(&data, None);
+    // This test process holds the tenant's database before the server opens it.
+    let holder = frostdb_core::Db::open(
+        data.join("tenants/team-x"),
+        frostdb_core::DbOptions::default(),
+    )
+    .unwrap();
+    let req = push_request("process_cpu", &[("service_name", "x")], testdata(GO_CPU));
+    let (status, body) = push_proto(&s, Some("team-x"), &req).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&format!("in use by process {}", std::process::id())),
+        "names the holder: {body}"
+    );
+    drop(holder);
+    let (status, body) = push_proto(&s, Some("team-x"), &req).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        top_total(
+            &s,
+            Some("team-x"),
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}"
+        )
+        .await,
+        total(GO_CPU, "cpu")
+    );
+}

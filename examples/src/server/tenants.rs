@@ -201,10 +201,18 @@ impl Tenants {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
                     })?;
                     let db = Db::open(&dir, DbOptions::default()).map_err(|e| {
-                        ApiError::internal(format!(
+                        let message = format!(
                             "cannot open the database of tenant {id:?} in {}: {e}",
                             dir.display()
-                        ))
+                        );
+                        match e {
+                            // Another process holds it for now: the client may retry.
+                            frostdb_core::Error::Locked { .. } => ApiError::new(
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                message,
+                            ),
+                            _ => ApiError::internal(message),
+                        }
                     })?;
                     let options = StoreOptions {
                         limits,
