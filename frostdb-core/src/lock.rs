@@ -5,7 +5,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -16,7 +16,6 @@ pub const LOCK_FILE: &str = "LOCK";
 #[derive(Debug)]
 pub struct DirLock {
     _file: File,
-    path: PathBuf,
 }
 
 impl DirLock {
@@ -57,12 +56,7 @@ impl DirLock {
         file.set_len(0).map_err(io("writing"))?;
         file.seek(SeekFrom::Start(0)).map_err(io("writing"))?;
         write!(file, "{}", std::process::id()).map_err(io("writing"))?;
-        Ok(Self { _file: file, path })
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Self { _file: file })
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayBuilder, ArrayRef, Int64Array, RecordBatch, StringDictionaryBuilder, UInt64Array,
 };
-use arrow::datatypes::{Field, Int32Type, Schema as ArrowSchema};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 
 use crate::decode::ValidProfile;
 use crate::error::{Error, Result};
@@ -476,14 +476,13 @@ impl Prepared<'_> {
     ) -> Result<IngestSummary> {
         let p = self.profile;
         let n = self.rows.len();
-        let start = out.len;
-        let text_of = |i: i64| text(p, i);
-        let sample_type = |t: u16| or(text_of(p.sample_type[t as usize].r#type), "samples");
-        let sample_unit = |t: u16| or(text_of(p.sample_type[t as usize].unit), "count");
+        let start = out.len();
+        let sample_type = |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples");
+        let sample_unit = |t: u16| or(text(p, p.sample_type[t as usize].unit), "count");
         let (period_type, period_unit) = p
             .period_type
             .as_ref()
-            .map_or(("", ""), |t| (text_of(t.r#type), text_of(t.unit)));
+            .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
         let (period_type, period_unit) = (or(period_type, "unknown"), or(period_unit, "unknown"));
 
         out.constant("name", &self.name, start, n)?;
@@ -492,31 +491,27 @@ impl Prepared<'_> {
         for (k, v) in &self.series {
             out.constant(&format!("labels.{k}"), v, start, n)?;
         }
-        // Types change rarely from row to row (rows are grouped by type): runs.
+        // Rows come type by type, in type order (see `prepare`): one run per type used.
         let mut used: Vec<u16> = Vec::new();
+        let mut at = start;
         for run in self.rows.chunk_by(|a, b| a.0 == b.0) {
             let t = run[0].0;
-            out.constant(
-                "sample_type",
-                sample_type(t),
-                out.column_len("sample_type", start),
-                run.len(),
-            )?;
-            out.constant(
-                "sample_unit",
-                sample_unit(t),
-                out.column_len("sample_unit", start),
-                run.len(),
-            )?;
-            if !used.contains(&t) {
-                used.push(t);
-            }
+            out.constant("sample_type", sample_type(t), at, run.len())?;
+            out.constant("sample_unit", sample_unit(t), at, run.len())?;
+            used.push(t);
+            at += run.len();
         }
         // Sample labels: one column per key any row has, null where a row lacks it.
         if self.label_sets.len() > 1 {
+            let columns: Vec<Vec<String>> = self
+                .label_sets
+                .iter()
+                .map(|set| set.iter().map(|(k, _)| format!("labels.{k}")).collect())
+                .collect();
             for (i, r) in self.rows.iter().enumerate() {
-                for (k, v) in &self.label_sets[self.groups[r.1 as usize].labels as usize] {
-                    out.constant(&format!("labels.{k}"), v, start + i, 1)?;
+                let set = self.groups[r.1 as usize].labels as usize;
+                for (column, (_, v)) in columns[set].iter().zip(&self.label_sets[set]) {
+                    out.constant(column, v, start + i, 1)?;
                 }
             }
         }
@@ -530,9 +525,7 @@ impl Prepared<'_> {
         out.duration
             .extend(std::iter::repeat_n(p.duration_nanos, n));
         out.period.extend(std::iter::repeat_n(p.period, n));
-        out.len += n;
         out.profiles += 1;
-        used.sort_unstable();
         Ok(IngestSummary {
             rows: n,
             profile_types: used
@@ -562,7 +555,6 @@ impl Prepared<'_> {
 /// rows.
 #[derive(Default)]
 pub(crate) struct SampleRows {
-    len: usize,
     profiles: usize,
     strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
     stacktrace_id: Vec<u64>,
@@ -575,7 +567,7 @@ pub(crate) struct SampleRows {
 impl std::fmt::Debug for SampleRows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SampleRows")
-            .field("rows", &self.len)
+            .field("rows", &self.len())
             .field("profiles", &self.profiles)
             .finish_non_exhaustive()
     }
@@ -584,20 +576,12 @@ impl std::fmt::Debug for SampleRows {
 impl SampleRows {
     /// Rows held.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.value.len()
     }
 
     /// Profiles whose rows are held.
     pub(crate) fn profiles(&self) -> usize {
         self.profiles
-    }
-
-    /// Where the next value of column `name` goes, at least `at_least` (a new profile's
-    /// first row).
-    fn column_len(&self, name: &str, at_least: usize) -> usize {
-        self.strings
-            .get(name)
-            .map_or(at_least, |b| b.len().max(at_least))
     }
 
     /// Sets column `name` to `value` in rows `at..at + n`, nulls before them where unset.
@@ -614,11 +598,11 @@ impl SampleRows {
     }
 
     /// The rows as one batch.
-    pub(crate) fn finish(&mut self) -> Result<RecordBatch> {
-        let len = self.len;
+    pub(crate) fn finish(self) -> Result<RecordBatch> {
+        let len = self.len();
         let mut fields = Vec::with_capacity(self.strings.len() + 5);
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.strings.len() + 5);
-        for (name, b) in &mut self.strings {
+        for (name, mut b) in self.strings {
             if b.len() < len {
                 b.append_nulls(len - b.len());
             }
@@ -626,28 +610,17 @@ impl SampleRows {
             fields.push(Field::new(name, array.data_type().clone(), true));
             columns.push(Arc::new(array));
         }
-        let int64 =
-            |v: &mut Vec<i64>| -> ArrayRef { Arc::new(Int64Array::from(std::mem::take(v))) };
-        fields.push(Field::new(
-            "stacktrace_id",
-            arrow::datatypes::DataType::UInt64,
-            false,
-        ));
-        columns.push(Arc::new(UInt64Array::from(std::mem::take(
-            &mut self.stacktrace_id,
-        ))));
+        fields.push(Field::new("stacktrace_id", DataType::UInt64, false));
+        columns.push(Arc::new(UInt64Array::from(self.stacktrace_id)));
         for (name, v) in [
-            ("timestamp", &mut self.timestamp),
-            ("duration", &mut self.duration),
-            ("period", &mut self.period),
-            ("value", &mut self.value),
+            ("timestamp", self.timestamp),
+            ("duration", self.duration),
+            ("period", self.period),
+            ("value", self.value),
         ] {
-            fields.push(Field::new(name, arrow::datatypes::DataType::Int64, false));
-            columns.push(int64(v));
+            fields.push(Field::new(name, DataType::Int64, false));
+            columns.push(Arc::new(Int64Array::from(v)));
         }
-        self.len = 0;
-        self.profiles = 0;
-        self.strings.clear();
         Ok(RecordBatch::try_new(
             Arc::new(ArrowSchema::new(fields)),
             columns,

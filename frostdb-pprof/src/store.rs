@@ -445,7 +445,7 @@ impl ProfileStore {
                     Err(e) => {
                         // The group's rows are no longer whole: it fails as a whole.
                         group.broken = Some(e.to_string());
-                        Err(e)?
+                        return Err(e);
                     }
                 };
             summary.new_stacks = new_stacks;
