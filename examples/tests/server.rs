@@ -1217,3 +1217,50 @@ async fn a_tenant_database_another_process_holds_is_a_503_then_works_once_releas
         total(GO_CPU, "cpu")
     );
 }
+
+#[tokio::test]
+async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let s = Server::start(&data, None);
+    let req = push_request("process_cpu", &[("service_name", "a")], testdata(GO_CPU));
+    assert_eq!(push_proto(&s, Some("t1"), &req).await.0, 200);
+    assert!(s.terminate(), "SIGTERM persists the tenant's blocks");
+    let samples = data.join("tenants/t1/blocks/samples");
+    let blocks: Vec<_> = std::fs::read_dir(&samples)
+        .unwrap_or_else(|e| panic!("{}: {e}", samples.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    std::fs::write(&blocks[0], b"not a parquet file").unwrap();
+    let name = blocks[0].file_name().unwrap().to_str().unwrap().to_owned();
+
+    let s = Server::start(&data, None);
+    let selector = enc(&format!("{CPU}{{}}"));
+    for route in [
+        format!("query?format=top&selector={selector}"),
+        "sql?q=SELECT%20count(*)%20FROM%20samples".to_owned(),
+        "labels".to_owned(),
+    ] {
+        let (status, body) = get(&format!("{}/api/v1/{route}", s.url), Some("t1")).await;
+        assert_eq!(status, 500, "{route}: {body}");
+        assert!(body.contains(&name), "{route}: names the block: {body}");
+
+        let url =
+            format!("{}/api/v1/{route}&lenient=true", s.url).replacen("labels&", "labels?", 1);
+        let r = reqwest::Client::new()
+            .get(&url)
+            .header("X-Scope-OrgID", "t1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{url}");
+        let failed = r.headers().get("x-frostdb-blocks-failed").cloned();
+        assert_eq!(
+            failed.as_ref().and_then(|v| v.to_str().ok()),
+            Some("1"),
+            "{url}: the partial answer says so"
+        );
+    }
+}

@@ -109,9 +109,7 @@ fn rows_per_id(db: &Db, name: &str) -> HashMap<i64, usize> {
     let Some(table) = db.get_table(name) else {
         return HashMap::new();
     };
-    let batches: Vec<RecordBatch> = table
-        .scan(&ScanRequest::new().project(["value"]).strict(true))
-        .unwrap();
+    let batches: Vec<RecordBatch> = table.scan(&ScanRequest::new().project(["value"])).unwrap();
     let mut found = HashMap::new();
     for b in &batches {
         for id in b.column(0).as_primitive::<Int64Type>().values() {

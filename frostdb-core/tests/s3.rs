@@ -139,14 +139,10 @@ fn blocks_persist_to_s3_and_reopen_from_the_bucket() {
     let table = db
         .get_table("samples")
         .expect("table from the bucket's manifest");
-    let all = table.scan(&ScanRequest::new().strict(true)).unwrap();
+    let all = table.scan(&ScanRequest::new()).unwrap();
     assert_eq!(count(&all), 500);
     let pod = table
-        .scan(
-            &ScanRequest::new()
-                .filter(col("labels.pod").eq("pod-3"))
-                .strict(true),
-        )
+        .scan(&ScanRequest::new().filter(col("labels.pod").eq("pod-3")))
         .unwrap();
     assert_eq!(count(&pod), 100);
 }

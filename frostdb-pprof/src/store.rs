@@ -76,6 +76,9 @@ pub struct Merged {
     pub symbols: Symbols,
     /// Sample rows read.
     pub rows: usize,
+    /// Blocks a lenient merge skipped because they could not be read (the profile lacks
+    /// their samples); always 0 for a strict merge, which fails instead.
+    pub blocks_failed: usize,
 }
 
 impl Merged {
@@ -92,6 +95,7 @@ impl Merged {
             samples: Vec::new(),
             symbols: Symbols::default(),
             rows: 0,
+            blocks_failed: 0,
         }
     }
 }
@@ -560,13 +564,37 @@ impl ProfileStore {
     }
 
     /// A session seeing this database's tables (SQL, and the DataFusion profile queries).
+    /// Its queries fail when they cannot read a block they need.
     pub fn session(&self) -> Result<SessionContext> {
         Ok(frostdb_query::session(&self.db)?)
     }
 
+    /// A session whose scans skip blocks they cannot read, counting them in the returned
+    /// [`frostdb_query::BlocksFailed`]: answers may be partial, and the count says so.
+    pub fn lenient_session(&self) -> Result<(SessionContext, frostdb_query::BlocksFailed)> {
+        Ok(frostdb_query::lenient_session(&self.db)?)
+    }
+
     /// Merges what `selector` selects in `range` into one profile. The selector must name a
-    /// profile type: values of different types do not add up.
+    /// profile type: values of different types do not add up. A sample block that cannot be
+    /// read fails the merge with an error naming it.
     pub fn merge(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, false)
+    }
+
+    /// [`ProfileStore::merge`], skipping sample blocks that cannot be read and counting them
+    /// in [`Merged::blocks_failed`]. Symbols are always read strictly: a stack that cannot be
+    /// resolved is an error, never a frame left out.
+    pub fn merge_lenient(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, true)
+    }
+
+    fn merge_reading(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+    ) -> Result<Merged> {
         let profile_type = selector.profile_type.clone().ok_or_else(|| {
             Error::Query(
                 "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
@@ -576,12 +604,14 @@ impl ProfileStore {
             stacks,
             period,
             rows,
+            metrics,
             ..
         } = merge_stacks(
             &self.samples.snapshot(),
             selector,
             range,
             self.options.query_threads,
+            lenient,
         )?;
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
@@ -601,6 +631,7 @@ impl ProfileStore {
             samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
             symbols,
             rows,
+            blocks_failed: metrics.blocks_failed,
         })
     }
 

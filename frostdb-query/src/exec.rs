@@ -19,6 +19,8 @@ use datafusion::physical_plan::{
 use frostdb_core::{Scan, ScanMetrics, ScanRequest, Snapshot};
 use parking_lot::Mutex;
 
+use crate::provider::BlocksFailed;
+
 /// Scans a snapshot of a frostdb table with the request the provider built from the query:
 /// projection, converted filters, limit. Pruning happens when the plan is made, so `EXPLAIN`
 /// shows what was pruned.
@@ -32,6 +34,8 @@ pub struct FrostScanExec {
     pruning: ScanMetrics,
     pushed: Vec<String>,
     limit: Option<usize>,
+    /// Where a lenient scan counts the blocks it skipped (`None`: strict).
+    lenient: Option<BlocksFailed>,
     metrics: ExecutionPlanMetricsSet,
     properties: Arc<PlanProperties>,
 }
@@ -53,6 +57,7 @@ impl FrostScanExec {
         partitions: usize,
         pushed: Vec<String>,
         limit: Option<usize>,
+        lenient: Option<BlocksFailed>,
     ) -> Result<Self> {
         let (scans, pruning) = snapshot
             .scan_partitions(&request, partitions)
@@ -67,6 +72,14 @@ impl FrostScanExec {
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
+        let metrics = ExecutionPlanMetricsSet::new();
+        if let Some(failed) = &lenient {
+            // Blocks skipped at planning; those whose read fails are added as they stop.
+            failed.add(pruning.blocks_failed);
+            MetricBuilder::new(&metrics)
+                .global_counter("blocks_failed")
+                .add(pruning.blocks_failed);
+        }
         Ok(Self {
             table,
             snapshot,
@@ -76,7 +89,8 @@ impl FrostScanExec {
             pruning,
             pushed,
             limit,
-            metrics: ExecutionPlanMetricsSet::new(),
+            lenient,
+            metrics,
             properties: Arc::new(properties),
         })
     }
@@ -105,7 +119,7 @@ impl DisplayAs for FrostScanExec {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
                 "FrostScanExec: table={}, projection=[{}], filters=[{}], limit={:?}, partitions={}, \
-                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, rows to read {}",
+                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, rows to read {}{}",
                 self.table,
                 columns.join(", "),
                 self.pushed.join(", "),
@@ -119,6 +133,10 @@ impl DisplayAs for FrostScanExec {
                 p.row_groups,
                 p.rows_skipped_by_pages,
                 p.rows_read,
+                match self.lenient {
+                    Some(_) => format!(", lenient: blocks failed {}", p.blocks_failed),
+                    None => String::new(),
+                },
             ),
             DisplayFormatType::TreeRender => {
                 writeln!(f, "table={}", self.table)?;
@@ -199,11 +217,16 @@ impl ExecutionPlan for FrostScanExec {
             }
         };
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
+        let failures = self.lenient.clone().map(|failed| {
+            let metric = MetricBuilder::new(&self.metrics).global_counter("blocks_failed");
+            (failed, metric)
+        });
         // The engine's scan is synchronous (its block reads wait on the engine's own I/O
         // runtime): run it on a blocking thread and hand batches over two at a time.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::task::spawn_blocking(move || {
-            for batch in scan {
+            let mut scan = scan;
+            for batch in scan.by_ref() {
                 let batch = batch.map_err(crate::to_datafusion);
                 if let Ok(b) = &batch {
                     output_rows.add(b.num_rows());
@@ -211,6 +234,12 @@ impl ExecutionPlan for FrostScanExec {
                 if tx.blocking_send(batch).is_err() {
                     return; // the consumer is gone: the query finished or was cancelled
                 }
+            }
+            // A partition's scan counts only the blocks whose read failed midway.
+            if let Some((failed, metric)) = failures {
+                let midway = scan.metrics().blocks_failed;
+                failed.add(midway);
+                metric.add(midway);
             }
         });
         let stream = futures::stream::unfold(rx, |mut rx| async move {

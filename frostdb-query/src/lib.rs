@@ -5,7 +5,8 @@
 //!   manifest, and partitioned streaming scans; [`FrostScanExec`] shows in `EXPLAIN` what was
 //!   pushed down and pruned.
 //! - [`session`] / [`register_db`]: a `SessionContext` that sees every table of a `Db`, a
-//!   fresh consistent snapshot per query.
+//!   fresh consistent snapshot per query; strict (a block that cannot be read fails the
+//!   query) unless made with [`lenient_session`].
 //! - [`Selector`]: Prometheus/Parca label selectors, turned into DataFusion filters.
 //! - [`profile`]: merge, range, label names and values, profile types, timestamps.
 //!
@@ -36,7 +37,7 @@ mod provider;
 mod selector;
 
 pub use exec::FrostScanExec;
-pub use provider::{FrostSchema, FrostTable, register_db, session};
+pub use provider::{BlocksFailed, FrostSchema, FrostTable, lenient_session, register_db, session};
 pub use selector::{MatchOp, Matcher, ProfileType, Selector, SelectorError};
 
 /// An engine error as a DataFusion error.

@@ -17,9 +17,14 @@
 //! A [`FrostTable`] reads one snapshot: the one taken when it was made. The schema provider
 //! of [`register_db`] makes a fresh one each time a query names a table, so each query sees
 //! the table as of its planning, consistently (statistics included).
+//!
+//! Scans are strict: a block that cannot be read fails the query with an error naming it.
+//! [`lenient_session`] (or [`FrostTable::lenient`]) skips such blocks instead and counts
+//! them in a [`BlocksFailed`] the caller reports, and in `EXPLAIN` / `EXPLAIN ANALYZE`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::datatypes::{DataType, SchemaRef};
 use async_trait::async_trait;
@@ -37,6 +42,22 @@ use parking_lot::RwLock;
 use crate::exec::FrostScanExec;
 use crate::filter::to_predicate;
 
+/// The persisted blocks lenient scans skipped because they could not be read: what a
+/// partial answer lacks. Shared by every scan of a lenient session.
+#[derive(Debug, Clone, Default)]
+pub struct BlocksFailed(Arc<AtomicUsize>);
+
+impl BlocksFailed {
+    /// Blocks skipped so far (a query's count is complete once its stream has ended).
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add(&self, blocks: usize) {
+        self.0.fetch_add(blocks, Ordering::Relaxed);
+    }
+}
+
 /// A frostdb table, as of one snapshot, for DataFusion.
 #[derive(Debug)]
 pub struct FrostTable {
@@ -44,10 +65,11 @@ pub struct FrostTable {
     snapshot: Snapshot,
     schema: SchemaRef,
     statistics: Statistics,
+    lenient: Option<BlocksFailed>,
 }
 
 impl FrostTable {
-    /// The table as of now.
+    /// The table as of now; a scan that cannot read a block fails.
     pub fn new(table: Table) -> Self {
         let snapshot = table.snapshot();
         let schema = snapshot.schema().arrow_schema().clone();
@@ -57,6 +79,15 @@ impl FrostTable {
             snapshot,
             schema,
             statistics,
+            lenient: None,
+        }
+    }
+
+    /// The table as of now; scans skip blocks they cannot read and count them in `failed`.
+    pub fn lenient(table: Table, failed: BlocksFailed) -> Self {
+        Self {
+            lenient: Some(failed),
+            ..Self::new(table)
         }
     }
 }
@@ -133,7 +164,7 @@ impl TableProvider for FrostTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let mut request = ScanRequest::new();
+        let mut request = ScanRequest::new().lenient(self.lenient.is_some());
         if let Some(indices) = projection {
             let names: Vec<String> = indices
                 .iter()
@@ -159,6 +190,7 @@ impl TableProvider for FrostTable {
             partitions,
             pushed,
             limit,
+            self.lenient.clone(),
         )?;
         Ok(Arc::new(exec))
     }
@@ -187,14 +219,24 @@ impl TableProvider for FrostTable {
 pub struct FrostSchema {
     db: Db,
     others: RwLock<HashMap<String, Arc<dyn TableProvider>>>,
+    lenient: Option<BlocksFailed>,
 }
 
 impl FrostSchema {
-    /// The tables of `db`.
+    /// The tables of `db`, scanned strictly.
     pub fn new(db: Db) -> Self {
         Self {
             db,
             others: RwLock::new(HashMap::new()),
+            lenient: None,
+        }
+    }
+
+    /// The tables of `db`, scanned leniently (see [`FrostTable::lenient`]).
+    pub fn lenient(db: Db, failed: BlocksFailed) -> Self {
+        Self {
+            lenient: Some(failed),
+            ..Self::new(db)
         }
     }
 }
@@ -218,10 +260,12 @@ impl SchemaProvider for FrostSchema {
         if let Some(t) = self.others.read().get(name) {
             return Ok(Some(t.clone()));
         }
-        Ok(self
-            .db
-            .get_table(name)
-            .map(|t| Arc::new(FrostTable::new(t)) as Arc<dyn TableProvider>))
+        Ok(self.db.get_table(name).map(|t| {
+            Arc::new(match &self.lenient {
+                Some(failed) => FrostTable::lenient(t, failed.clone()),
+                None => FrostTable::new(t),
+            }) as Arc<dyn TableProvider>
+        }))
     }
 
     fn register_table(
@@ -248,16 +292,30 @@ impl SchemaProvider for FrostSchema {
 
 /// Makes every table of `db` visible to `ctx` under its name (the default schema).
 pub fn register_db(ctx: &SessionContext, db: &Db) -> Result<()> {
+    register_schema(ctx, FrostSchema::new(db.clone()))
+}
+
+fn register_schema(ctx: &SessionContext, schema: FrostSchema) -> Result<()> {
     let catalog = ctx
         .catalog("datafusion")
         .ok_or_else(|| DataFusionError::Internal("the default catalog is missing".into()))?;
-    catalog.register_schema("public", Arc::new(FrostSchema::new(db.clone())))?;
+    catalog.register_schema("public", Arc::new(schema))?;
     Ok(())
 }
 
-/// A session that sees every table of `db`, using all cores.
+/// A session that sees every table of `db`, using all cores. A query that cannot read a
+/// block it needs fails.
 pub fn session(db: &Db) -> Result<SessionContext> {
     let ctx = SessionContext::new();
     register_db(&ctx, db)?;
     Ok(ctx)
+}
+
+/// A session like [`session`] whose scans skip blocks they cannot read, counted in the
+/// returned [`BlocksFailed`]: answers may be partial, and the count says when they are.
+pub fn lenient_session(db: &Db) -> Result<(SessionContext, BlocksFailed)> {
+    let ctx = SessionContext::new();
+    let failed = BlocksFailed::default();
+    register_schema(&ctx, FrostSchema::lenient(db.clone(), failed.clone()))?;
+    Ok((ctx, failed))
 }

@@ -266,3 +266,69 @@ async fn a_short_merge_over_a_day_reads_a_small_fraction_of_the_row_groups() {
     got.sort();
     assert_eq!(got, want.into_iter().collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_that_cannot_be_read_fails_the_query_unless_the_session_is_lenient() {
+    let data = rows(4, 60, 10_000, 4);
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(
+        dir.path(),
+        DbOptions::default().background_compaction(false),
+    )
+    .unwrap();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    let third = data.len() / 3;
+    let mut blocks = Vec::new();
+    for part in [&data[..third], &data[third..2 * third], &data[2 * third..]] {
+        insert(&table, part);
+        blocks.push(table.persist().unwrap().remove(0));
+    }
+    let path = |b: &frostdb_core::BlockMeta| dir.path().join("blocks").join(&b.path);
+    // The first block loses its footer (unreadable at planning); the second keeps its
+    // footer and page index but the pages of its `value` column are overwritten (the read
+    // fails midway).
+    let len = std::fs::metadata(path(&blocks[0])).unwrap().len();
+    std::fs::write(path(&blocks[0]), vec![7u8; len as usize / 2]).unwrap();
+    let mut bytes = std::fs::read(path(&blocks[1])).unwrap();
+    let footer = parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes::Bytes::from(bytes.clone()))
+        .unwrap();
+    let row_group = footer.row_group(0);
+    let value = (0..row_group.num_columns())
+        .map(|i| row_group.column(i))
+        .find(|c| c.column_path().string() == "value")
+        .unwrap();
+    let (start, len) = value.byte_range();
+    bytes[start as usize..(start + len) as usize].fill(0xEE);
+    std::fs::write(path(&blocks[1]), bytes).unwrap();
+    let q = "SELECT count(*), sum(value) FROM samples";
+
+    let strict = frostdb_query::session(&db).unwrap();
+    let err = strict.sql(q).await.unwrap().collect().await.unwrap_err();
+    assert!(
+        err.to_string().contains(&blocks[0].path),
+        "the error names the block: {err}"
+    );
+
+    let (lenient, failed) = frostdb_query::lenient_session(&db).unwrap();
+    let got = sql(&lenient, q).await;
+    let left = &data[2 * third..];
+    let want = vec![vec![
+        left.len().to_string(),
+        left.iter().map(|r| r.value).sum::<i64>().to_string(),
+    ]];
+    assert_eq!(got, want, "the answer holds the readable block only");
+    assert_eq!(failed.get(), 2, "and says two blocks are missing");
+
+    let (lenient, _) = frostdb_query::lenient_session(&db).unwrap();
+    let explain = plan(&lenient, q).await;
+    assert!(
+        explain.contains("lenient: blocks failed 1"),
+        "one block fails at planning: {explain}"
+    );
+    let analyzed = sql(&lenient, &format!("EXPLAIN ANALYZE {q}")).await;
+    let analyzed: String = analyzed.into_iter().map(|r| r.join(" ")).collect();
+    assert!(analyzed.contains("blocks_failed=2"), "{analyzed}");
+}

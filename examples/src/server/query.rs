@@ -14,6 +14,11 @@
 //!
 //! Every route takes `from` and `to` (RFC 3339, Unix ms, `now-1h`; default: all of time);
 //! `diff` also `base_from`/`base_to`/`compare_from`/`compare_to`.
+//!
+//! A query that cannot read a block it needs fails (500, naming the block). With
+//! `lenient=true` it skips such blocks instead and the answer carries the header
+//! `X-Frostdb-Blocks-Failed: <n>` (and `blocks_failed` in the SQL answer): a partial answer
+//! always says it is partial.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,8 +35,8 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
 use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
 use frostdb_pprof::schema::SAMPLES;
-use frostdb_query::Selector;
 use frostdb_query::profile::{self, TimeRange};
+use frostdb_query::{BlocksFailed, Selector};
 use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -42,6 +47,9 @@ use super::{Shared, TenantId};
 
 /// Rows a SQL answer may hold; more are cut off and the answer says so.
 pub const MAX_SQL_ROWS: usize = 100_000;
+
+/// The header of a lenient answer: how many blocks it could not read.
+pub const BLOCKS_FAILED_HEADER: &str = "x-frostdb-blocks-failed";
 
 /// The query routes.
 pub fn routes() -> Router<Shared> {
@@ -87,6 +95,21 @@ pub struct Params {
     pub compare_to: Option<String>,
     /// SQL text.
     pub q: Option<String>,
+    /// Skip blocks that cannot be read (counted in [`BLOCKS_FAILED_HEADER`]) instead of
+    /// failing.
+    #[serde(default)]
+    pub lenient: bool,
+}
+
+/// `body`, with the count of skipped blocks when the query was lenient.
+fn answer(body: impl IntoResponse, blocks_failed: Option<usize>) -> Response {
+    let mut response = body.into_response();
+    if let Some(n) = blocks_failed {
+        response
+            .headers_mut()
+            .insert(BLOCKS_FAILED_HEADER, header::HeaderValue::from(n));
+    }
+    response
 }
 
 fn time(value: Option<&String>, what: &str, default: i64) -> ApiResult<i64> {
@@ -142,14 +165,34 @@ impl Params {
     }
 }
 
-/// The tenant and a fresh session over its tables, or `None` when it stored nothing yet.
-async fn open(state: &Shared, tenant: &str) -> ApiResult<Option<(Arc<Tenant>, SessionContext)>> {
+/// A session over a tenant's tables: strict, or lenient with its count of skipped blocks.
+struct Reading {
+    ctx: SessionContext,
+    failed: Option<BlocksFailed>,
+}
+
+impl Reading {
+    /// What the header reports once the query has run (`None`: strict).
+    fn blocks_failed(&self) -> Option<usize> {
+        self.failed.as_ref().map(BlocksFailed::get)
+    }
+}
+
+/// A fresh session over the tenant's tables, or `None` when it stored nothing yet.
+async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<Reading>> {
     match state.tenants.for_read(tenant).await? {
         None => Ok(None),
-        Some(t) => {
-            let ctx = t.store.session()?;
-            Ok(Some((t, ctx)))
+        Some(t) if lenient => {
+            let (ctx, failed) = t.store.lenient_session()?;
+            Ok(Some(Reading {
+                ctx,
+                failed: Some(failed),
+            }))
         }
+        Some(t) => Ok(Some(Reading {
+            ctx: t.store.session()?,
+            failed: None,
+        })),
     }
 }
 
@@ -158,10 +201,17 @@ async fn merge(
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,
+    lenient: bool,
 ) -> ApiResult<frostdb_pprof::Merged> {
-    tokio::task::spawn_blocking(move || Ok(t.store.merge(&selector, range)?))
-        .await
-        .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
+    tokio::task::spawn_blocking(move || {
+        Ok(if lenient {
+            t.store.merge_lenient(&selector, range)?
+        } else {
+            t.store.merge(&selector, range)?
+        })
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
 }
 
 async fn collect(
@@ -208,12 +258,12 @@ async fn profile_types(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let range = p.range()?;
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!([])));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
-    let batches = collect(profile::profile_types(&ctx, SAMPLES, range).await).await?;
+    let batches = collect(profile::profile_types(&r.ctx, SAMPLES, range).await).await?;
     let mut types = Vec::new();
     for b in &batches {
         for row in rows(b)? {
@@ -229,21 +279,24 @@ async fn profile_types(
             }));
         }
     }
-    Ok(Json(Value::Array(types)))
+    Ok(answer(Json(Value::Array(types)), r.blocks_failed()))
 }
 
 async fn labels(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!([])));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
     let batches =
-        collect(profile::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await?;
-    Ok(Json(json!(first_column(&batches)?)))
+        collect(profile::label_names(&r.ctx, SAMPLES, selector.as_ref(), range).await).await?;
+    Ok(answer(
+        Json(json!(first_column(&batches)?)),
+        r.blocks_failed(),
+    ))
 }
 
 async fn label_values(
@@ -251,27 +304,30 @@ async fn label_values(
     TenantId(tenant): TenantId,
     Path(name): Path<String>,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!([])));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
     let batches =
-        collect(profile::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await)
+        collect(profile::label_values(&r.ctx, SAMPLES, &name, selector.as_ref(), range).await)
             .await?;
-    Ok(Json(json!(first_column(&batches)?)))
+    Ok(answer(
+        Json(json!(first_column(&batches)?)),
+        r.blocks_failed(),
+    ))
 }
 
 async fn series(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!([])));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
-    let batches = collect(profile::series(&ctx, SAMPLES, selector.as_ref(), range).await).await?;
+    let batches = collect(profile::series(&r.ctx, SAMPLES, selector.as_ref(), range).await).await?;
     let mut out = Vec::new();
     for b in &batches {
         let schema = b.schema();
@@ -291,19 +347,19 @@ async fn series(
             out.push(json!({"profile_type": parts.join(":"), "labels": labels}));
         }
     }
-    Ok(Json(Value::Array(out)))
+    Ok(answer(Json(Value::Array(out)), r.blocks_failed()))
 }
 
 async fn timestamps(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.typed_selector()?);
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!([])));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
-    let batches = collect(profile::timestamps(&ctx, SAMPLES, &selector, range).await).await?;
+    let batches = collect(profile::timestamps(&r.ctx, SAMPLES, &selector, range).await).await?;
     let mut out: Vec<i64> = Vec::new();
     for b in &batches {
         out.extend(
@@ -313,7 +369,7 @@ async fn timestamps(
                 .filter_map(|s| s.parse::<i64>().ok()),
         );
     }
-    Ok(Json(json!(out)))
+    Ok(answer(Json(json!(out)), r.blocks_failed()))
 }
 
 async fn query(
@@ -332,50 +388,57 @@ async fn query(
         )));
     }
     let merged = match state.tenants.for_read(&tenant).await? {
-        Some(t) => merge(t, selector, range).await?,
+        Some(t) => merge(t, selector, range, p.lenient).await?,
         None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
     };
-    Ok(match format {
-        "top" => {
-            let fraction = p
-                .node_fraction
-                .unwrap_or(frostdb_pprof::report::top::NODE_FRACTION);
-            if !(0.0..=1.0).contains(&fraction) {
-                return Err(ApiError::bad_request("node_fraction must be within 0..1"));
+    let failed = p.lenient.then_some(merged.blocks_failed);
+    Ok(answer(
+        match format {
+            "top" => {
+                let fraction = p
+                    .node_fraction
+                    .unwrap_or(frostdb_pprof::report::top::NODE_FRACTION);
+                if !(0.0..=1.0).contains(&fraction) {
+                    return Err(ApiError::bad_request("node_fraction must be within 0..1"));
+                }
+                let table = TopTable::build_with(
+                    &merged,
+                    fraction,
+                    frostdb_pprof::report::top::EDGE_FRACTION,
+                );
+                Json(table).into_response()
             }
-            let table =
-                TopTable::build_with(&merged, fraction, frostdb_pprof::report::top::EDGE_FRACTION);
-            Json(table).into_response()
-        }
-        "folded" => (
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            tree::folded(&merged),
-        )
-            .into_response(),
-        "pprof" => {
-            let bytes = pprof::encode_gzip(&pprof::to_profile(&merged)?)?;
-            (
-                [
-                    (header::CONTENT_TYPE, "application/octet-stream"),
-                    (
-                        header::CONTENT_DISPOSITION,
-                        "attachment; filename=\"profile.pb.gz\"",
-                    ),
-                ],
-                bytes,
+            "folded" => (
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                tree::folded(&merged),
             )
-                .into_response()
-        }
-        "svg" => {
-            let graph = tree::FlameGraph::build(&merged);
-            (
-                [(header::CONTENT_TYPE, "image/svg+xml")],
-                svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
-            )
-                .into_response()
-        }
-        _ => Json(tree::FlameGraph::build(&merged)).into_response(),
-    })
+                .into_response(),
+            "pprof" => {
+                let bytes = pprof::encode_gzip(&pprof::to_profile(&merged)?)?;
+                (
+                    [
+                        (header::CONTENT_TYPE, "application/octet-stream"),
+                        (
+                            header::CONTENT_DISPOSITION,
+                            "attachment; filename=\"profile.pb.gz\"",
+                        ),
+                    ],
+                    bytes,
+                )
+                    .into_response()
+            }
+            "svg" => {
+                let graph = tree::FlameGraph::build(&merged);
+                (
+                    [(header::CONTENT_TYPE, "image/svg+xml")],
+                    svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
+                )
+                    .into_response()
+            }
+            _ => Json(tree::FlameGraph::build(&merged)).into_response(),
+        },
+        failed,
+    ))
 }
 
 /// Parses a step: a duration (`15s`, `1m`) or milliseconds.
@@ -404,13 +467,16 @@ async fn query_range(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.typed_selector()?);
     let step = step_ms(p.step.as_deref(), range)?;
-    let Some((_, ctx)) = open(&state, &tenant).await? else {
-        return Ok(Json(json!({"step_ms": step, "series": []})));
+    let Some(r) = open(&state, &tenant, p.lenient).await? else {
+        return Ok(answer(
+            Json(json!({"step_ms": step, "series": []})),
+            p.lenient.then_some(0),
+        ));
     };
-    let batches = collect(profile::range(&ctx, SAMPLES, &selector, range, step).await).await?;
+    let batches = collect(profile::range(&r.ctx, SAMPLES, &selector, range, step).await).await?;
     // One series per label set, points in time order (the plan sorts by labels, then time).
     type Points = Vec<(i64, i64)>;
     let mut series: Vec<(BTreeMap<String, String>, Points)> = Vec::new();
@@ -444,18 +510,19 @@ async fn query_range(
         .into_iter()
         .map(|(labels, points)| json!({"labels": labels, "points": points}))
         .collect();
-    Ok(Json(json!({
+    let body = json!({
         "profile_type": selector.profile_type.as_ref().map(|t| t.to_string()),
         "step_ms": step,
         "series": series,
-    })))
+    });
+    Ok(answer(Json(body), r.blocks_failed()))
 }
 
 async fn diff(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let parse = |s: Option<&String>, what: &str| -> ApiResult<Selector> {
         let s = s
             .or(p.selector.as_ref())
@@ -488,39 +555,44 @@ async fn diff(
         "compare_",
     )?;
     let Some(t) = state.tenants.for_read(&tenant).await? else {
-        return Ok(Json(
-            json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
+        return Ok(answer(
+            Json(
+                json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
+            ),
+            p.lenient.then_some(0),
         ));
     };
-    let b = merge(t.clone(), base, base_range).await?;
-    let c = merge(t, compare, compare_range).await?;
-    Ok(Json(json!(tree::diff(&b, &c))))
+    let b = merge(t.clone(), base, base_range, p.lenient).await?;
+    let c = merge(t, compare, compare_range, p.lenient).await?;
+    let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
+    Ok(answer(Json(json!(tree::diff(&b, &c))), failed))
 }
 
 async fn sql_get(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     let q =
         p.q.ok_or_else(|| ApiError::bad_request("the parameter \"q\" (SQL text) is required"))?;
-    sql(&state, &tenant, &q).await
+    sql(&state, &tenant, &q, p.lenient).await
 }
 
 async fn sql_post(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    Query(p): Query<Params>,
     body: String,
-) -> ApiResult<Json<Value>> {
-    sql(&state, &tenant, &body).await
+) -> ApiResult<Response> {
+    sql(&state, &tenant, &body, p.lenient).await
 }
 
 /// Runs read-only SQL; rows as JSON objects, at most [`MAX_SQL_ROWS`].
-async fn sql(state: &Shared, tenant: &str, q: &str) -> ApiResult<Json<Value>> {
+async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<Response> {
     if q.trim().is_empty() {
         return Err(ApiError::bad_request("empty SQL"));
     }
-    let Some((_, ctx)) = open(state, tenant).await? else {
+    let Some(r) = open(state, tenant, lenient).await? else {
         return Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             format!("tenant {tenant:?} has no data yet"),
@@ -530,7 +602,7 @@ async fn sql(state: &Shared, tenant: &str, q: &str) -> ApiResult<Json<Value>> {
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
-    let df = ctx.sql_with_options(q, options).await?;
+    let df = r.ctx.sql_with_options(q, options).await?;
     let mut stream = df.execute_stream().await?;
     let mut batches = Vec::new();
     let mut rows = 0;
@@ -558,5 +630,10 @@ async fn sql(state: &Shared, tenant: &str, q: &str) -> ApiResult<Json<Value>> {
     } else {
         serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))?
     };
-    Ok(Json(json!({"rows": rows, "truncated": truncated})))
+    // A stream cut off early has not read every block: its count is a lower bound.
+    let mut body = json!({"rows": rows, "truncated": truncated});
+    if let Some(n) = r.blocks_failed() {
+        body["blocks_failed"] = json!(n);
+    }
+    Ok(answer(Json(body), r.blocks_failed()))
 }

@@ -6,6 +6,7 @@ pub(crate) mod predicate;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::{Array, RecordBatch};
 use arrow::compute::filter_record_batch;
@@ -50,7 +51,7 @@ pub struct ScanRequest {
     limit: Option<usize>,
     sorted: bool,
     batch_rows: Option<usize>,
-    strict: bool,
+    lenient: bool,
 }
 
 impl ScanRequest {
@@ -92,11 +93,12 @@ impl ScanRequest {
         self
     }
 
-    /// Fails the scan when a persisted block cannot be read. By default such a block is
-    /// skipped with a logged error (and counted in [`ScanMetrics::blocks_failed`]), so one
-    /// damaged object does not take down reads of everything else.
-    pub fn strict(mut self, strict: bool) -> Self {
-        self.strict = strict;
+    /// Skips a persisted block that cannot be read (or whose read fails midway) instead of
+    /// failing the scan: the answer is then partial, and says so in
+    /// [`ScanMetrics::blocks_failed`] and a logged error. Off by default: a scan that cannot
+    /// read a block it needs fails with an error naming the block and the reason.
+    pub fn lenient(mut self, lenient: bool) -> Self {
+        self.lenient = lenient;
         self
     }
 
@@ -119,7 +121,9 @@ pub struct ScanMetrics {
     pub blocks: usize,
     /// Of those, skipped by the manifest's statistics before any object was fetched.
     pub blocks_pruned: usize,
-    /// Of those, unreadable and skipped (non-strict scans).
+    /// Of those, unreadable and skipped, wholly or from the failure on (lenient scans only:
+    /// a scan is otherwise an error). Counts failures at planning, and at reading once the
+    /// scan has been read to its end.
     pub blocks_failed: usize,
     /// Row groups of the blocks that were opened.
     pub row_groups: usize,
@@ -271,7 +275,7 @@ impl Snapshot {
         } else {
             output.clone()
         };
-        let blocks = self.plan_blocks(&filter, &work, request.strict, &mut metrics)?;
+        let blocks = self.plan_blocks(&filter, &work, request.lenient, &mut metrics)?;
         Ok(Planned {
             output,
             work,
@@ -284,7 +288,7 @@ impl Snapshot {
             batch_rows: request.batch_rows.unwrap_or(self.granule_rows),
             limit: request.limit,
             sorted: request.sorted,
-            strict: request.strict,
+            lenient: request.lenient,
         })
     }
 
@@ -301,12 +305,16 @@ impl Snapshot {
             batch_rows,
             limit,
             sorted,
-            strict,
+            lenient,
             ..
         } = planned;
+        let failed = Arc::new(AtomicUsize::new(0));
         let block_streams: Vec<BatchStream> = blocks
             .into_iter()
-            .map(|plan| self.read_block(plan, &filter, &work, batch_rows, strict))
+            .map(|plan| {
+                let failed = lenient.then(|| failed.clone());
+                self.read_block(plan, &filter, &work, batch_rows, failed)
+            })
             .collect();
         let inner: BatchStream = if sorted {
             // Ranks need every dictionary value up front, which only in-memory data has.
@@ -342,6 +350,7 @@ impl Snapshot {
             schema: output,
             inner,
             metrics: ScanMetrics::default(),
+            failed,
         })
     }
 
@@ -369,7 +378,7 @@ impl Snapshot {
         &self,
         filter: &Arc<Bound>,
         work: &SchemaRef,
-        strict: bool,
+        lenient: bool,
         metrics: &mut ScanMetrics,
     ) -> Result<Vec<BlockPlan>> {
         let Some(storage) = &self.storage else {
@@ -398,11 +407,11 @@ impl Snapshot {
                         plans.push(plan);
                     }
                 }
-                Err(e) if strict => return Err(e),
-                Err(error) => {
-                    tracing::error!(%error, "skipping an unreadable block");
+                Err(error) if lenient => {
+                    tracing::error!(%error, "lenient scan: skipping an unreadable block");
                     metrics.blocks_failed += 1;
                 }
+                Err(e) => return Err(e),
             }
         }
         Ok(plans)
@@ -414,7 +423,7 @@ impl Snapshot {
         filter: &Arc<Bound>,
         work: &SchemaRef,
         batch_rows: usize,
-        strict: bool,
+        lenient: Option<Arc<AtomicUsize>>,
     ) -> BatchStream {
         let storage = self
             .storage
@@ -428,14 +437,16 @@ impl Snapshot {
             }
             match batch {
                 Ok(b) => filter_batch(&b, &filter, &work).transpose(),
-                Err(e) if strict => {
-                    failed = true;
-                    Some(Err(e))
-                }
                 Err(error) => {
-                    tracing::error!(%error, "stopping the read of an unreadable block");
                     failed = true;
-                    None
+                    match &lenient {
+                        Some(count) => {
+                            tracing::error!(%error, "lenient scan: stopping the read of a block");
+                            count.fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                        None => Some(Err(error)),
+                    }
                 }
             }
         }))
@@ -461,7 +472,7 @@ struct Planned {
     batch_rows: usize,
     limit: Option<usize>,
     sorted: bool,
-    strict: bool,
+    lenient: bool,
 }
 
 /// Filters a batch (holding every column the filter reads) and aligns it onto `schema`;
@@ -513,6 +524,8 @@ pub struct Scan {
     schema: SchemaRef,
     inner: BatchStream,
     metrics: ScanMetrics,
+    /// Blocks a lenient scan stopped reading midway.
+    failed: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Scan {
@@ -530,9 +543,12 @@ impl Scan {
         &self.schema
     }
 
-    /// What the scan reads and skips.
+    /// What the scan reads and skips; blocks whose read failed midway are counted once the
+    /// scan has reached them (all of them once it has been read to its end).
     pub fn metrics(&self) -> ScanMetrics {
-        self.metrics
+        let mut m = self.metrics;
+        m.blocks_failed += self.failed.load(Ordering::Relaxed);
+        m
     }
 }
 

@@ -199,8 +199,7 @@ impl SymbolTables {
                         .gt_eq(symbol_id(id, 0))
                         .and(col(column).lt(symbol_id(id.saturating_add(1), 0))),
                 )
-                .sorted(true)
-                .strict(true);
+                .sorted(true);
             Ok(table.scan(&request)?)
         };
         let column = |b: &RecordBatch, name: &str| -> Result<ArrayRef> {

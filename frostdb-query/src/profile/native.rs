@@ -134,31 +134,33 @@ impl Dense {
 }
 
 /// Merge: the value summed per stack for the rows `selector` selects in `range`, read by up
-/// to `threads` threads.
+/// to `threads` threads. A block that cannot be read fails the merge unless `lenient`, which
+/// skips it and counts it in the metrics' `blocks_failed`.
 pub fn merge_stacks(
     snapshot: &Snapshot,
     selector: &Selector,
     range: TimeRange,
     threads: usize,
+    lenient: bool,
 ) -> Result<StackTotals> {
     let request = ScanRequest::new()
         .project(["stacktrace_id", "value", "period"])
         .filter(predicate(snapshot, selector, range))
-        .strict(true);
+        .lenient(lenient);
     if snapshot.schema().index_of("stacktrace_id").is_none() {
         return Ok(StackTotals::default());
     }
-    let (scans, metrics) = snapshot.scan_partitions(&request, threads.max(1))?;
-    let parts: Vec<Result<Dense>> = std::thread::scope(|s| {
+    let (scans, mut metrics) = snapshot.scan_partitions(&request, threads.max(1))?;
+    let parts: Vec<Result<(Dense, usize)>> = std::thread::scope(|s| {
         let handles: Vec<_> = scans
             .into_iter()
-            .map(|scan| {
+            .map(|mut scan| {
                 s.spawn(move || {
                     let mut dense = Dense::default();
-                    for batch in scan {
+                    for batch in scan.by_ref() {
                         dense.add_batch(&batch?)?;
                     }
-                    Ok(dense)
+                    Ok((dense, scan.metrics().blocks_failed))
                 })
             })
             .collect();
@@ -172,7 +174,9 @@ pub fn merge_stacks(
     });
     let mut dense = Dense::default();
     for part in parts {
-        dense = dense.merge(part?);
+        let (part, failed_midway) = part?;
+        dense = dense.merge(part);
+        metrics.blocks_failed += failed_midway;
     }
     let mut stacks = Vec::new();
     dense.partitions.sort_by_key(|p| p.0);
@@ -278,8 +282,7 @@ pub fn range(
     columns.extend(["timestamp".to_owned(), "value".to_owned()]);
     let request = ScanRequest::new()
         .project(columns)
-        .filter(predicate(snapshot, selector, range))
-        .strict(true);
+        .filter(predicate(snapshot, selector, range));
     let mut groups: std::collections::HashMap<Vec<Option<String>>, u32> = Default::default();
     let mut group_labels: Vec<Vec<Option<String>>> = Vec::new();
     let mut sums: std::collections::HashMap<(u32, i64), i64> = Default::default();
@@ -386,10 +389,7 @@ pub fn label_values(
     };
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range)
         .and(col(column.as_str()).is_not_null());
-    let request = ScanRequest::new()
-        .project([column.as_str()])
-        .filter(filter)
-        .strict(true);
+    let request = ScanRequest::new().project([column.as_str()]).filter(filter);
     let mut out: std::collections::BTreeSet<String> = Default::default();
     for batch in snapshot.scan(&request)? {
         let batch = batch?;
