@@ -447,6 +447,34 @@ async fn bad_requests_get_clear_4xx_errors() {
     )
     .await;
     assert_eq!(status, 400, "{body}");
+    // The SQL route reads only: no COPY, external tables, settings or file table functions.
+    for q in [
+        "COPY samples TO '/tmp/frostdb-leak.parquet'",
+        "CREATE EXTERNAL TABLE x STORED AS CSV LOCATION '/etc/passwd'",
+        "SET datafusion.execution.batch_size = 1",
+        "SELECT * FROM read_parquet('/etc/passwd')",
+        "SELECT * FROM '/etc/passwd'",
+    ] {
+        let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+        assert_eq!(status, 400, "{q}: {body}");
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(error["error"].is_string(), "{q}: {body}");
+    }
+    assert!(!std::path::Path::new("/tmp/frostdb-leak.parquet").exists());
+
+    // Unknown routes and methods get the JSON error body too.
+    let (status, body) = get(&format!("{}/api/v1/nope", s.url), None).await;
+    assert_eq!(status, 404, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        error["error"].as_str().unwrap().contains("/api/v1/nope"),
+        "{body}"
+    );
+    assert_eq!(error["code"], "not_found");
+    let (status, body) = post(&format!("{}/api/v1/labels", s.url), None, &[], vec![]).await;
+    assert_eq!(status, 405, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(error["error"].as_str().unwrap().contains("POST"), "{body}");
 
     // Nothing stored was lost on the way: the two series are intact.
     assert_eq!(

@@ -6,6 +6,41 @@ use arrow::error::ArrowError;
 /// Result alias used throughout the engine.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Whose fault an error is, and what a caller can do about it: what a server maps to a
+/// status code (400, 413, 404, 409, 503, 500) and a client to "fix the request", "retry" or
+/// "call someone".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The caller's input is wrong (a bad name, type, predicate, option or profile): fix it.
+    InvalidInput,
+    /// The input is well-formed but over a configured limit.
+    LimitExceeded,
+    /// What was asked for does not exist.
+    NotFound,
+    /// The request conflicts with what is stored (a table reopened with another schema).
+    Conflict,
+    /// The database cannot serve now (held by another process, closed, or refusing writes
+    /// after a failed fsync): retry later or elsewhere.
+    Unavailable,
+    /// Stored data is damaged (a block, the WAL, the manifest): nothing the caller can fix.
+    Corrupt,
+    /// The file system or object store failed.
+    Io,
+    /// A bug: an invariant of the engine does not hold.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Whether the caller is at fault (a 4xx), not the server.
+    pub fn is_client_error(self) -> bool {
+        matches!(
+            self,
+            Self::InvalidInput | Self::LimitExceeded | Self::NotFound | Self::Conflict
+        )
+    }
+}
+
 /// Everything that can go wrong in the storage engine.
 ///
 /// Variants are structured so callers can act on them; the `Display` text names the table,
@@ -205,4 +240,31 @@ pub enum Error {
     /// A schema could not be (de)serialised.
     #[error("schema serialisation: {0}")]
     Serde(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Whose fault this is (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
+        match self {
+            Self::InvalidSchema(_)
+            | Self::InvalidColumnName { .. }
+            | Self::UnknownColumn { .. }
+            | Self::TypeMismatch { .. }
+            | Self::NullViolation { .. }
+            | Self::DuplicateColumn { .. }
+            | Self::InvalidPredicate { .. }
+            | Self::InvalidOption { .. } => K::InvalidInput,
+            Self::BatchTooLarge { .. } => K::LimitExceeded,
+            Self::SchemaMismatch { .. } => K::Conflict,
+            Self::Locked { .. } | Self::Closed | Self::Poisoned { .. } => K::Unavailable,
+            Self::Io { .. } | Self::ObjectStore { .. } => K::Io,
+            Self::Parquet { .. }
+            | Self::WalCorrupt { .. }
+            | Self::BlockUnreadable { .. }
+            | Self::Manifest { .. }
+            | Self::Serde(_) => K::Corrupt,
+            Self::Internal(_) | Self::Arrow(_) => K::Internal,
+        }
+    }
 }

@@ -81,7 +81,7 @@ mod write;
 
 pub use commit::{Submitted, Transaction};
 pub use db::{Db, Maintenance};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 pub use events::{EventListener, NoopListener};
 pub use index::chunk::ColumnStats;
 pub use index::compaction::{CompactionJob, CompactionOutcome};

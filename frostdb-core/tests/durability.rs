@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use common::*;
-use frostdb_core::{Db, DbOptions, Error, ScanRequest, Table, TableOptions, col};
+use frostdb_core::{Db, DbOptions, Error, ErrorKind, ScanRequest, Table, TableOptions, col};
 use object_store::memory::InMemory;
 
 fn options() -> DbOptions {
@@ -344,6 +344,7 @@ fn a_damaged_block_fails_the_scan_by_name_unless_the_scan_is_lenient() {
 
     // By default (strict) the scan is an error naming the first block it cannot read.
     let err = table.scan(&ScanRequest::new()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
     match err {
         Error::BlockUnreadable {
             table, block, path, ..
@@ -694,6 +695,7 @@ fn one_owner_at_a_time_and_a_table_keeps_the_database_locked() {
 
     let second = Db::open(dir.path(), options()).unwrap_err();
     assert!(matches!(second, Error::Locked { .. }), "{second}");
+    assert_eq!(second.kind(), ErrorKind::Unavailable, "a retryable refusal");
     assert!(
         second
             .to_string()

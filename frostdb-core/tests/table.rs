@@ -347,13 +347,16 @@ fn reopening_a_table_checks_the_schema() {
         .column(frostdb_core::ColumnDef::new("x", DataType::Int64))
         .build()
         .unwrap();
-    assert!(matches!(
-        db.table("samples", other, TableOptions::default()),
-        Err(Error::SchemaMismatch { .. })
-    ));
-    assert!(
+    let mismatch = db
+        .table("samples", other, TableOptions::default())
+        .unwrap_err();
+    assert!(matches!(mismatch, Error::SchemaMismatch { .. }));
+    assert_eq!(mismatch.kind(), frostdb_core::ErrorKind::Conflict);
+    assert_eq!(
         db.table("bad.name", samples_schema(), TableOptions::default())
-            .is_err()
+            .unwrap_err()
+            .kind(),
+        frostdb_core::ErrorKind::InvalidInput
     );
     assert_eq!(db.tables().len(), 1);
 }

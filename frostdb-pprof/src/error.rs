@@ -45,6 +45,10 @@ pub enum Error {
     /// The stored symbol tables hold something they should not.
     #[error("corrupt symbol table: {0}")]
     Corrupt(String),
+    /// The profile could not be stored now, through no fault of its own (the symbol
+    /// partition or group it was stored with failed): storing it again can succeed.
+    #[error("cannot store the profile now: {0}; retry")]
+    Unavailable(String),
     /// Committing the group of profiles this one was stored with failed.
     #[error("storing a group of profiles failed: {0}")]
     Group(std::sync::Arc<Error>),
@@ -57,4 +61,36 @@ pub enum Error {
     /// An Arrow kernel failed.
     #[error(transparent)]
     Arrow(#[from] arrow::error::ArrowError),
+}
+
+impl Error {
+    /// Whose fault this is: a bad or oversized profile is the sender's, a damaged symbol
+    /// table or an engine failure is the server's (see [`frostdb_core::ErrorKind`]).
+    pub fn kind(&self) -> frostdb_core::ErrorKind {
+        use frostdb_core::ErrorKind as K;
+        match self {
+            Self::Gzip(_)
+            | Self::Protobuf(_)
+            | Self::Invalid { .. }
+            | Self::LabelCollision { .. }
+            | Self::Query(_) => K::InvalidInput,
+            Self::TooLarge { .. } => K::LimitExceeded,
+            Self::Corrupt(_) => K::Corrupt,
+            Self::Unavailable(_) => K::Unavailable,
+            Self::Group(e) => e.kind(),
+            Self::Engine(e) => e.kind(),
+            Self::DataFusion(e) => frostdb_query::datafusion_kind(e),
+            Self::Arrow(_) => K::Internal,
+        }
+    }
+}
+
+impl From<frostdb_query::Error> for Error {
+    fn from(e: frostdb_query::Error) -> Self {
+        match e {
+            frostdb_query::Error::Engine(e) => Self::Engine(e),
+            frostdb_query::Error::DataFusion(e) => Self::DataFusion(e),
+            other => Self::Query(other.to_string()),
+        }
+    }
 }

@@ -426,8 +426,8 @@ impl ProfileStore {
             let new_stacks = partition.counts().stacks - before;
             let mut pipeline = self.pipeline.lock();
             if pipeline.failed.contains(&partition.id()) {
-                return Err(Error::Corrupt(format!(
-                    "symbol partition {} could not be written; retry",
+                return Err(Error::Unavailable(format!(
+                    "symbol partition {} could not be written",
                     partition.id()
                 )));
             }
@@ -522,14 +522,14 @@ impl ProfileStore {
     fn commit_group(&self, mut group: Group) -> std::result::Result<Arc<Submitted>, Arc<Error>> {
         let id = group.partition.id();
         if self.pipeline.lock().failed.contains(&id) {
-            return Err(Arc::new(Error::Corrupt(format!(
-                "symbol partition {id} could not be written; retry"
+            return Err(Arc::new(Error::Unavailable(format!(
+                "symbol partition {id} could not be written"
             ))));
         }
         let submitted = (|| {
             if let Some(reason) = group.broken.take() {
-                return Err(Error::Corrupt(format!(
-                    "a profile of the group failed: {reason}"
+                return Err(Error::Unavailable(format!(
+                    "a profile stored in the same group failed: {reason}"
                 )));
             }
             tracing::trace!(

@@ -30,12 +30,14 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```
 
+mod error;
 mod exec;
 mod filter;
 pub mod profile;
 mod provider;
 mod selector;
 
+pub use error::{Error, Result, datafusion_kind};
 pub use exec::FrostScanExec;
 pub use provider::{BlocksFailed, FrostSchema, FrostTable, lenient_session, register_db, session};
 pub use selector::{MatchOp, Matcher, ProfileType, Selector, SelectorError};

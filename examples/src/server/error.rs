@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use frostdb_core::ErrorKind;
 
 /// An error answer. The body is JSON `{"error": msg, "code": c, "message": msg}`: `error`
 /// for people and scripts, `code`/`message` as Connect clients (the Pyroscope SDKs) read.
@@ -55,13 +56,31 @@ impl ApiError {
         self
     }
 
+    /// An error of `kind` (the engine's, the query layer's or the profile layer's):
+    /// invalid input 400, over a limit 413, not found 404, conflict 409, unavailable 503
+    /// (retry), corrupt data, I/O and bugs 500.
+    pub fn of_kind(kind: ErrorKind, message: impl Into<String>) -> Self {
+        let status = match kind {
+            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::LimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Self::new(status, message)
+    }
+
     fn connect_code(&self) -> &'static str {
         match self.status {
             StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => "invalid_argument",
             StatusCode::UNAUTHORIZED => "unauthenticated",
             StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "unimplemented",
+            StatusCode::CONFLICT => "already_exists",
             StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "resource_exhausted",
             StatusCode::REQUEST_TIMEOUT => "deadline_exceeded",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             _ => "internal",
         }
     }
@@ -91,43 +110,31 @@ impl IntoResponse for ApiError {
 
 impl From<frostdb_pprof::Error> for ApiError {
     fn from(e: frostdb_pprof::Error) -> Self {
-        use frostdb_pprof::Error as E;
-        match &e {
-            E::Gzip(_) | E::Protobuf(_) | E::Invalid { .. } | E::LabelCollision { .. } => {
-                Self::bad_request(e.to_string())
-            }
-            E::TooLarge { .. } => Self::too_large(e.to_string()),
-            E::Query(_) => Self::bad_request(e.to_string()),
-            E::DataFusion(d) => Self::from_datafusion(d),
-            _ => Self::internal(e.to_string()),
-        }
+        Self::of_kind(e.kind(), e.to_string())
+    }
+}
+
+impl From<frostdb_core::Error> for ApiError {
+    fn from(e: frostdb_core::Error) -> Self {
+        Self::of_kind(e.kind(), e.to_string())
+    }
+}
+
+impl From<frostdb_query::Error> for ApiError {
+    fn from(e: frostdb_query::Error) -> Self {
+        Self::of_kind(e.kind(), e.to_string())
     }
 }
 
 impl From<datafusion::error::DataFusionError> for ApiError {
     fn from(e: datafusion::error::DataFusionError) -> Self {
-        Self::from_datafusion(&e)
+        Self::of_kind(frostdb_query::datafusion_kind(&e), e.to_string())
     }
 }
 
 impl From<frostdb_query::SelectorError> for ApiError {
     fn from(e: frostdb_query::SelectorError) -> Self {
         Self::bad_request(e.to_string())
-    }
-}
-
-impl ApiError {
-    /// Errors of planning (bad SQL, unknown columns, wrong types) are the client's; errors
-    /// of execution are the server's.
-    fn from_datafusion(e: &datafusion::error::DataFusionError) -> Self {
-        use datafusion::error::DataFusionError as D;
-        match e.find_root() {
-            D::SQL(..) | D::Plan(_) | D::SchemaError(..) | D::NotImplemented(_) => {
-                Self::bad_request(e.to_string())
-            }
-            D::ResourcesExhausted(_) => Self::limited(e.to_string()),
-            _ => Self::internal(e.to_string()),
-        }
     }
 }
 

@@ -80,8 +80,26 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(api)
         .merge(web::routes())
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// 404 with the JSON error body, naming what was asked for.
+async fn no_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {method} {}", uri.path()),
+    )
+}
+
+/// 405 with the JSON error body.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 /// Logs every request: failures at info (server faults at warn), the rest at debug

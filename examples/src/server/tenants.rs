@@ -200,19 +200,13 @@ impl Tenants {
                     std::fs::create_dir_all(&dir).map_err(|e| {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
                     })?;
+                    // Held by another process (unavailable, 503: the client may retry),
+                    // damaged (500), ...: the kind of the engine's error says which.
                     let db = Db::open(&dir, DbOptions::default()).map_err(|e| {
-                        let message = format!(
-                            "cannot open the database of tenant {id:?} in {}: {e}",
+                        ApiError::from(e).context(format_args!(
+                            "cannot open the database of tenant {id:?} in {}",
                             dir.display()
-                        );
-                        match e {
-                            // Another process holds it for now: the client may retry.
-                            frostdb_core::Error::Locked { .. } => ApiError::new(
-                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                                message,
-                            ),
-                            _ => ApiError::internal(message),
-                        }
+                        ))
                     })?;
                     let options = StoreOptions {
                         limits,

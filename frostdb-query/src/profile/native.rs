@@ -6,7 +6,9 @@
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt64Type};
-use frostdb_core::{Error, Result, ScanMetrics, ScanRequest, Snapshot, col};
+use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
+
+use crate::Result;
 
 use super::TimeRange;
 use crate::selector::Selector;
@@ -76,7 +78,7 @@ impl Dense {
         &mut self.partitions[self.last].1
     }
 
-    fn add_batch(&mut self, b: &RecordBatch) -> Result<()> {
+    fn add_batch(&mut self, b: &RecordBatch) -> frostdb_core::Result<()> {
         let column = |name: &str| {
             b.column_by_name(name)
                 .ok_or_else(|| Error::Internal(format!("a merge scan returned no column {name:?}")))
@@ -167,8 +169,9 @@ pub fn merge_stacks(
         handles
             .into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Internal("a merge thread panicked".into())))
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Internal("a merge thread panicked".into()).into())
+                })
             })
             .collect()
     });
@@ -219,7 +222,7 @@ enum Strings<'a> {
 }
 
 impl<'a> Strings<'a> {
-    fn of(array: &'a dyn Array) -> Result<Self> {
+    fn of(array: &'a dyn Array) -> frostdb_core::Result<Self> {
         if let Some(d) = array.as_dictionary_opt::<arrow::datatypes::Int32Type>() {
             let values = d.values().as_string_opt::<i32>().ok_or_else(|| {
                 Error::Internal("a label dictionary does not hold strings".into())
@@ -291,7 +294,7 @@ pub fn range(
         let batch = batch?;
         let strings: Vec<Strings<'_>> = (0..n)
             .map(|i| Strings::of(batch.column(i).as_ref()))
-            .collect::<Result<_>>()?;
+            .collect::<frostdb_core::Result<_>>()?;
         let ts = batch
             .column(n)
             .as_primitive_opt::<arrow::datatypes::Int64Type>()

@@ -1,0 +1,54 @@
+//! The query layer's error type.
+
+use datafusion::error::DataFusionError;
+use frostdb_core::ErrorKind;
+
+use crate::selector::SelectorError;
+
+/// Result alias of the query layer.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong answering a query.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The selector does not parse.
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    /// The engine failed (a block it cannot read, an I/O error, ...).
+    #[error(transparent)]
+    Engine(#[from] frostdb_core::Error),
+    /// Planning or execution failed.
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+}
+
+impl Error {
+    /// Whose fault this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Selector(_) => ErrorKind::InvalidInput,
+            Self::Engine(e) => e.kind(),
+            Self::DataFusion(e) => datafusion_kind(e),
+        }
+    }
+}
+
+/// Whose fault a DataFusion error is: an engine error inside it keeps its kind; errors of
+/// parsing and planning (bad SQL, unknown columns, wrong types) are the caller's; a memory
+/// or resource limit is a limit; the rest is the server's.
+pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
+    use DataFusionError as D;
+    match e.find_root() {
+        D::External(inner) => match inner.downcast_ref::<frostdb_core::Error>() {
+            Some(engine) => engine.kind(),
+            None => ErrorKind::Internal,
+        },
+        D::SQL(..) | D::Plan(_) | D::SchemaError(..) | D::NotImplemented(_) => {
+            ErrorKind::InvalidInput
+        }
+        D::ResourcesExhausted(_) => ErrorKind::LimitExceeded,
+        D::IoError(_) | D::ObjectStore(_) => ErrorKind::Io,
+        _ => ErrorKind::Internal,
+    }
+}
