@@ -301,6 +301,18 @@ impl Db {
     /// Builds a table from its manifest entry (its blocks); the WAL is replayed afterwards.
     fn table_from_entry(&self, name: &str, entry: TableEntry) -> Result<Table> {
         let disk = self.inner.disk.as_ref().ok_or(Error::Closed)?;
+        // Objects the manifest does not list: written before a crash kept them out of it,
+        // or retired before their deletion ran. Nothing reads them; they only take space.
+        let keep: std::collections::HashSet<&str> =
+            entry.blocks.iter().map(|b| b.path.as_str()).collect();
+        let orphans = disk.storage.delete_orphans(name, &keep)?;
+        if !orphans.is_empty() {
+            tracing::info!(
+                table = name,
+                orphans = orphans.len(),
+                "deleted orphaned block objects"
+            );
+        }
         Table::new(TableConfig {
             name: name.to_owned(),
             schema: entry.schema,

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use super::chunk::Chunk;
-use crate::manifest::BlockMeta;
 use crate::schema::TableSchema;
+use crate::storage::Block;
 
 /// An L0 part: one inserted batch, as it came (columns normalised, rows unsorted).
 #[derive(Debug)]
@@ -83,7 +83,7 @@ pub(crate) struct Version {
     /// Rotated blocks being persisted, oldest first.
     pub(crate) frozen: Arc<Vec<Arc<Frozen>>>,
     /// Persisted blocks, oldest first.
-    pub(crate) blocks: Arc<Vec<Arc<BlockMeta>>>,
+    pub(crate) blocks: Arc<Vec<Arc<Block>>>,
 }
 
 impl Version {

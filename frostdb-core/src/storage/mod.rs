@@ -11,7 +11,7 @@ mod read;
 mod write;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use crate::io::Io;
+use crate::manifest::BlockMeta;
 
 pub(crate) use read::BlockPlan;
 pub(crate) use write::properties;
@@ -30,6 +31,59 @@ pub(crate) struct Storage {
     io: Io,
     /// Parquet footers (with page indexes) of blocks read so far, by object path.
     metadata: Mutex<HashMap<String, ArrowReaderMetadata>>,
+    /// Objects of retired blocks no version or scan holds any more, to be deleted by the
+    /// next [`Storage::reap`].
+    doomed: Mutex<Vec<String>>,
+}
+
+/// A persisted block as versions, snapshots and scans hold it. Retiring it (retention, a
+/// caller's deletion) takes it out of the manifest and the current version at once, but its
+/// object is deleted only when the last holder lets go: a snapshot taken before keeps
+/// reading it (reference counting, as fjall's lsm-tree deletes a segment on its last `Arc`
+/// drop). Dropping only queues the object for [`Storage::reap`], so no I/O happens in
+/// `drop`, whatever thread it runs on; a queued object a crash leaves behind is an orphan,
+/// removed at the next open.
+#[derive(Debug)]
+pub(crate) struct Block {
+    meta: BlockMeta,
+    retired: OnceLock<Arc<Storage>>,
+}
+
+impl Block {
+    pub(crate) fn new(meta: BlockMeta) -> Self {
+        Self {
+            meta,
+            retired: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn meta(&self) -> &BlockMeta {
+        &self.meta
+    }
+
+    /// Marks the block's object for deletion once nothing holds the block.
+    pub(crate) fn retire(&self, storage: &Arc<Storage>) {
+        let _ = self.retired.set(storage.clone());
+    }
+}
+
+impl std::ops::Deref for Block {
+    type Target = BlockMeta;
+
+    fn deref(&self) -> &BlockMeta {
+        &self.meta
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(storage) = self.retired.get() {
+            storage
+                .doomed
+                .lock()
+                .push(std::mem::take(&mut self.meta.path));
+        }
+    }
 }
 
 impl std::fmt::Debug for Storage {
@@ -48,7 +102,61 @@ impl Storage {
             prefix,
             io,
             metadata: Mutex::new(HashMap::new()),
+            doomed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Deletes the objects of retired blocks nothing holds any more; returns how many. One
+    /// that fails stays queued for the next call.
+    pub(crate) fn reap(&self) -> usize {
+        let doomed = std::mem::take(&mut *self.doomed.lock());
+        let mut deleted = 0;
+        for path in doomed {
+            match self.delete(&path) {
+                Ok(()) => deleted += 1,
+                Err(error) => {
+                    tracing::warn!(%error, "deleting a retired block failed; retried later");
+                    self.doomed.lock().push(path);
+                }
+            }
+        }
+        deleted
+    }
+
+    /// Objects of retired blocks waiting for [`Storage::reap`].
+    pub(crate) fn doomed(&self) -> usize {
+        self.doomed.lock().len()
+    }
+
+    /// Deletes the objects under `table`'s prefix that `keep` does not list: blocks written
+    /// before a crash kept them out of the manifest, or retired before their deletion ran.
+    /// Runs at open, before anything can read or write the table's blocks.
+    pub(crate) fn delete_orphans(
+        &self,
+        table: &str,
+        keep: &std::collections::HashSet<&str>,
+    ) -> crate::Result<Vec<String>> {
+        let (store, prefix) = (self.store.clone(), self.prefix.clone().join(table));
+        let listed = self.io.run(async move {
+            use futures::TryStreamExt;
+            store
+                .list(Some(&prefix))
+                .map_ok(|m| m.location.to_string())
+                .try_collect::<Vec<_>>()
+                .await
+        })?;
+        let listed = listed.map_err(|source| crate::Error::ObjectStore {
+            context: format!("listing the blocks of table {table:?}"),
+            source,
+        })?;
+        let orphans: Vec<String> = listed
+            .into_iter()
+            .filter(|p| p.ends_with(".parquet") && !keep.contains(p.as_str()))
+            .collect();
+        for path in &orphans {
+            self.delete(path)?;
+        }
+        Ok(orphans)
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {

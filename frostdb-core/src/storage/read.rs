@@ -104,7 +104,7 @@ struct RowGroupPlan {
 #[derive(Debug, Clone)]
 pub(crate) struct BlockPlan {
     pub(crate) table: String,
-    pub(crate) block: Arc<BlockMeta>,
+    pub(crate) block: Arc<super::Block>,
     metadata: ArrowReaderMetadata,
     row_groups: Vec<RowGroupPlan>,
     projection: Vec<usize>,
@@ -229,7 +229,7 @@ impl Storage {
     pub(crate) fn plan(
         &self,
         table: &str,
-        block: Arc<BlockMeta>,
+        block: Arc<super::Block>,
         filter: &Bound,
         columns: &[String],
         expected: &SchemaRef,

@@ -189,7 +189,12 @@ impl Table {
         }
         let mut version = Version::empty(Arc::new(table_schema), options.levels);
         version.watermark = persisted_tx;
-        version.blocks = Arc::new(blocks.into_iter().map(Arc::new).collect());
+        version.blocks = Arc::new(
+            blocks
+                .into_iter()
+                .map(|b| Arc::new(crate::storage::Block::new(b)))
+                .collect(),
+        );
         let ttl = options.ttl;
         let table = Self {
             inner: Arc::new_cyclic(|this| TableInner {

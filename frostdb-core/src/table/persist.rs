@@ -12,6 +12,7 @@ use crate::index::chunk::ColumnStats;
 use crate::index::merge::{Input, Merge, SortKey};
 use crate::index::version::{Frozen, Version};
 use crate::manifest::BlockMeta;
+use crate::storage::Block;
 
 impl TableInner {
     /// Persists every frozen block, oldest first. Returns the blocks written.
@@ -143,7 +144,7 @@ impl TableInner {
                 .cloned()
                 .collect();
             let mut blocks = (*current.blocks).clone();
-            blocks.push(Arc::new(meta.clone()));
+            blocks.push(Arc::new(Block::new(meta.clone())));
             *self.current.write() = Arc::new(Version {
                 frozen: Arc::new(frozen_left),
                 blocks: Arc::new(blocks),

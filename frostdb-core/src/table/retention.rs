@@ -24,6 +24,10 @@ pub(crate) fn check_time_column(schema: &crate::schema::Schema, column: &str) ->
 impl TableInner {
     /// Deletes blocks whose newest row is older than the ttl, relative to `now_ms`.
     pub(crate) fn enforce_retention(&self, now_ms: i64) -> Result<Vec<BlockMeta>> {
+        if let Some(durable) = &self.durable {
+            // Retired blocks the snapshots of earlier passes held, and failed deletions.
+            durable.storage.reap();
+        }
         let Some(ttl) = *self.ttl.read() else {
             return Ok(Vec::new());
         };
@@ -49,12 +53,13 @@ impl TableInner {
         let Some(durable) = &self.durable else {
             return Ok(Vec::new());
         };
-        let version = self.current.read().clone();
-        let expired: Vec<BlockMeta> = version
+        let expired: Vec<BlockMeta> = self
+            .current
+            .read()
             .blocks
             .iter()
             .filter(|b| doomed(b))
-            .map(|b| (**b).clone())
+            .map(|b| b.meta().clone())
             .collect();
         if expired.is_empty() {
             return Ok(expired);
@@ -69,19 +74,21 @@ impl TableInner {
         {
             let _swap = self.swap.lock();
             let current = self.current.read().clone();
-            let blocks: Vec<_> = current
-                .blocks
-                .iter()
-                .filter(|b| !ids.contains(&b.id))
-                .cloned()
-                .collect();
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                current.blocks.iter().partition(|b| ids.contains(&b.id));
             *self.current.write() = Arc::new(Version {
-                blocks: Arc::new(blocks),
+                blocks: Arc::new(kept.into_iter().cloned().collect()),
                 ..(*current).clone()
             });
+            // Their objects go once no snapshot or scan holds them (now, when none does).
+            for b in gone {
+                b.retire(&durable.storage);
+            }
         }
-        for b in &expired {
-            durable.storage.delete(&b.path)?;
+        let deleted = durable.storage.reap();
+        let waiting = durable.storage.doomed();
+        if waiting > 0 {
+            tracing::debug!(table = %self.name, deleted, waiting, "retired blocks still read by snapshots");
         }
         let (rows, bytes): (u64, u64) = expired
             .iter()
