@@ -29,6 +29,19 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// Storing the profile would create more series than the store may hold; nothing of it
+    /// was stored.
+    #[error(
+        "the limit of {limit} series is reached: the profile would add {new} new series, e.g. {example}"
+    )]
+    SeriesLimit {
+        /// The limit.
+        limit: usize,
+        /// Series the profile would add.
+        new: usize,
+        /// One of them.
+        example: String,
+    },
     /// Two labels map to the same name with different values.
     #[error("label {label:?} is given twice: {first} and {second}")]
     LabelCollision {
@@ -74,7 +87,7 @@ impl Error {
             | Self::Invalid { .. }
             | Self::LabelCollision { .. }
             | Self::Query(_) => K::InvalidInput,
-            Self::TooLarge { .. } => K::LimitExceeded,
+            Self::TooLarge { .. } | Self::SeriesLimit { .. } => K::LimitExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,
             Self::Group(e) => e.kind(),

@@ -329,6 +329,37 @@ fn sample_labels(
 }
 
 impl Prepared<'_> {
+    /// The series the profile's rows belong to, each as a hash of its profile name and
+    /// every label (request and pprof sample labels alike) and its text: what a series
+    /// limit counts.
+    pub(crate) fn series(&self) -> Vec<(u64, String)> {
+        use std::hash::{Hash, Hasher};
+        let mut used = vec![false; self.label_sets.len()];
+        for &(_, g, _) in &self.rows {
+            used[self.groups[g as usize].labels as usize] = true;
+        }
+        let mut out = Vec::new();
+        for (set, _) in self.label_sets.iter().zip(&used).filter(|(_, u)| **u) {
+            let mut labels: Vec<(&str, &str)> = self
+                .series
+                .iter()
+                .chain(set.iter().map(|(k, v)| (k, v)))
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            labels.sort_unstable();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            self.name.hash(&mut h);
+            labels.hash(&mut h);
+            let text = labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v:?}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            out.push((h.finish(), format!("{}{{{text}}}", self.name)));
+        }
+        out
+    }
+
     /// Whether the profile stores nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()

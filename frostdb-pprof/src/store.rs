@@ -48,6 +48,9 @@ pub struct StoreOptions {
     pub retention: Option<Duration>,
     /// Threads a merge reads with.
     pub query_threads: usize,
+    /// Series the store admits (profile name and every label, pprof sample labels
+    /// included) since it was opened; a profile that would add more is refused whole.
+    pub max_series: usize,
 }
 
 impl Default for StoreOptions {
@@ -58,6 +61,7 @@ impl Default for StoreOptions {
             samples: TableOptions::default(),
             retention: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            max_series: usize::MAX,
         }
     }
 }
@@ -259,6 +263,8 @@ pub struct ProfileStore {
     expiry: Arc<SymbolExpiry>,
     deltas: Mutex<Deltas>,
     pipeline: Mutex<Pipeline>,
+    /// Series admitted since open (hashes), against [`StoreOptions::max_series`].
+    series: Mutex<std::collections::HashSet<u64>>,
     options: StoreOptions,
 }
 
@@ -330,6 +336,7 @@ impl ProfileStore {
             expiry,
             deltas: Mutex::new(Deltas::default()),
             pipeline: Mutex::new(Pipeline::default()),
+            series: Mutex::new(Default::default()),
             options,
         })
     }
@@ -414,6 +421,7 @@ impl ProfileStore {
                 ..IngestSummary::default()
             });
         }
+        self.admit(prepared)?;
         let (slot, summary, lead) = loop {
             let partition = self.symbols.current();
             let Some(mut writer) = partition.writer() else {
@@ -561,6 +569,37 @@ impl ProfileStore {
                 Err(Arc::new(e))
             }
         }
+    }
+
+    /// Admits the profile's series, all or none: known ones always pass, new ones while the
+    /// store is under [`StoreOptions::max_series`].
+    fn admit(&self, prepared: &crate::normalize::Prepared<'_>) -> Result<()> {
+        let limit = self.options.max_series;
+        if limit == usize::MAX {
+            return Ok(());
+        }
+        let mut known = self.series.lock();
+        let mut new: Vec<(u64, String)> = prepared
+            .series()
+            .into_iter()
+            .filter(|(h, _)| !known.contains(h))
+            .collect();
+        new.sort_unstable_by_key(|s| s.0);
+        new.dedup_by_key(|s| s.0);
+        if known.len() + new.len() > limit {
+            return Err(Error::SeriesLimit {
+                limit,
+                new: new.len(),
+                example: new.swap_remove(0).1,
+            });
+        }
+        known.extend(new.into_iter().map(|s| s.0));
+        Ok(())
+    }
+
+    /// Series admitted since the store was opened.
+    pub fn series_count(&self) -> usize {
+        self.series.lock().len()
     }
 
     /// A session seeing this database's tables (SQL, and the DataFusion profile queries).

@@ -156,3 +156,71 @@ async fn pprof_labels_become_labels_and_collisions_are_errors() {
         "nothing stored from the rejected profile"
     );
 }
+
+/// The distinct label sets stored, by the series query.
+async fn stored_series(store: &ProfileStore) -> usize {
+    use futures::TryStreamExt;
+    let ctx = store.session().unwrap();
+    let batches: Vec<_> = frostdb_query::profile::series(&ctx, "samples", None, TimeRange::ALL)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    batches.iter().map(|b| b.num_rows()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pprof_sample_labels_count_against_the_series_limit() {
+    // A Go CPU profile whose samples carry pprof labels (foo, function, profile_id): one
+    // request creates several series. Learn how many from an unlimited store.
+    let labelled = file("pyroscope__go-cpu-labels.pb.gz");
+    let request = options("process_cpu", &[("service_name", "api")]);
+    let unlimited = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    unlimited.ingest(&labelled, &request).unwrap();
+    let series = stored_series(&unlimited).await;
+    // Two sample types of one profile are two profile types, each with every label set.
+    assert!(series >= 4, "{series} series");
+    let label_sets = series / 2;
+
+    let limited = |max_series| {
+        ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions {
+                max_series,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    // One short: refused whole, nothing stored.
+    let store = limited(label_sets - 1);
+    let err = store.ingest(&labelled, &request).unwrap_err();
+    assert!(matches!(err, Error::SeriesLimit { .. }), "{err}");
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded);
+    assert!(
+        err.to_string()
+            .contains(&format!("would add {label_sets} new series")),
+        "{err}"
+    );
+    assert_eq!(
+        store.samples().snapshot().rows(),
+        0,
+        "nothing of it is stored"
+    );
+    // Exactly enough: stored; the same series again pass; a new service does not fit.
+    let store = limited(label_sets);
+    store.ingest(&labelled, &request).unwrap();
+    assert_eq!(store.series_count(), label_sets);
+    store.ingest(&labelled, &request).unwrap();
+    let other = options("process_cpu", &[("service_name", "web")]);
+    assert!(matches!(
+        store.ingest(&labelled, &other),
+        Err(Error::SeriesLimit { .. })
+    ));
+    assert_eq!(stored_series(&store).await, series);
+}

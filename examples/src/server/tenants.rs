@@ -1,8 +1,7 @@
 //! Tenants: each `X-Scope-OrgID` gets its own database directory, so no query can ever
 //! read another tenant's rows, and its own series limit.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -20,45 +19,9 @@ pub struct Tenant {
     /// The tenant id.
     pub id: String,
     /// Its profiles.
+    /// Its profiles; the store holds the tenant to its series limit, counting every label
+    /// a series has (request and pprof sample labels alike).
     pub store: ProfileStore,
-    series: Mutex<HashSet<u64>>,
-    max_series: usize,
-}
-
-impl Tenant {
-    /// Admits a series (profile name and series labels): known series always pass; a new
-    /// one passes while the tenant is under its limit.
-    pub fn admit(&self, name: &str, labels: &[(String, String)]) -> ApiResult<()> {
-        let mut sorted: Vec<&(String, String)> = labels.iter().collect();
-        sorted.sort();
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        name.hash(&mut h);
-        sorted.hash(&mut h);
-        let key = h.finish();
-        let mut series = self.series.lock();
-        if series.contains(&key) {
-            return Ok(());
-        }
-        if series.len() >= self.max_series {
-            return Err(ApiError::limited(format!(
-                "tenant {:?} has reached its limit of {} series; series {name}{{{}}} is new",
-                self.id,
-                self.max_series,
-                sorted
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v:?}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            )));
-        }
-        series.insert(key);
-        Ok(())
-    }
-
-    /// Number of series admitted since start-up.
-    pub fn series_count(&self) -> usize {
-        self.series.lock().len()
-    }
 }
 
 /// Checks a tenant id: 1 to 150 characters of `[A-Za-z0-9_.-]`, not `.` or `..` (it names
@@ -211,6 +174,7 @@ impl Tenants {
                     let options = StoreOptions {
                         limits,
                         retention,
+                        max_series,
                         ..StoreOptions::default()
                     };
                     let store = ProfileStore::open(db, options)?;
@@ -218,12 +182,7 @@ impl Tenants {
                         format!("{} days", d.as_secs_f64() / 86_400.0)
                     });
                     tracing::info!(tenant = %id, dir = %dir.display(), retention = %kept, "opened tenant");
-                    Ok(Arc::new(Tenant {
-                        id,
-                        store,
-                        series: Mutex::new(HashSet::new()),
-                        max_series,
-                    }))
+                    Ok(Arc::new(Tenant { id, store }))
                 })
                 .await
                 .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
@@ -255,7 +214,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn series_beyond_the_limit_are_refused_known_ones_pass() {
+    async fn a_tenant_is_created_on_write_with_the_series_limit() {
         let dir = tempfile::tempdir().unwrap();
         let limits = Limits {
             max_series_per_tenant: 2,
@@ -263,15 +222,10 @@ mod tests {
         };
         let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default());
         assert!(tenants.for_read("t").await.unwrap().is_none());
+        assert!(tenants.on_disk().is_empty(), "a read creates nothing");
         let t = tenants.for_write("t").await.unwrap();
-        let l = |v: &str| vec![("pod".to_owned(), v.to_owned())];
-        t.admit("cpu", &l("a")).unwrap();
-        t.admit("cpu", &l("b")).unwrap();
-        let e = t.admit("cpu", &l("c")).unwrap_err();
-        assert_eq!(e.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
-        assert!(e.message.contains("limit of 2 series"), "{}", e.message);
-        t.admit("cpu", &l("a")).unwrap();
-        assert_eq!(t.series_count(), 2);
+        // The store counts series (pprof sample labels included; see frostdb-pprof's tests).
+        assert_eq!(t.store.options().max_series, 2);
         assert_eq!(tenants.on_disk(), vec!["t".to_owned()]);
         assert!(tenants.for_read("t").await.unwrap().is_some());
     }

@@ -60,7 +60,6 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
     if incoming.name.is_empty() {
         return Err(ApiError::bad_request("the profile has no name"));
     }
-    tenant.admit(&incoming.name, &labels)?;
     let options = frostdb_pprof::IngestOptions {
         name: incoming.name,
         labels,
