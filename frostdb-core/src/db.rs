@@ -9,25 +9,23 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::commit::{CommitLog, Transaction};
 use crate::error::{Error, Result};
-use crate::index::compaction::Mode;
-use crate::io::Io;
 use crate::lock::DirLock;
 use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
 use crate::storage::Storage;
-use crate::table::{Durable, Table, TableConfig, TableInner, WorkerMessage, Workers};
+use crate::table::{Durable, Table, TableConfig, WorkerMessage, Workers};
 use crate::wal::{self, Wal};
+use crate::workers::WorkerPool;
 
 /// A database: named tables sharing background workers and, on disk, a manifest, WALs and
 /// an object store of persisted blocks.
@@ -103,7 +101,8 @@ struct DbInner {
     log: Arc<CommitLog>,
     tables: RwLock<HashMap<String, Table>>,
     workers: Workers,
-    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Keeps the pool running while the database lives (its only holder, unless shared).
+    _pool: WorkerPool,
     disk: Option<Disk>,
 }
 
@@ -114,7 +113,16 @@ fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
 impl Db {
     /// Opens a database that keeps everything in memory: no WAL, no persistence.
     pub fn open_in_memory(options: DbOptions) -> Result<Self> {
-        Self::start(options, None, None)
+        let pool = Self::pool(&options)?;
+        Self::start(options, pool, None, None)
+    }
+
+    /// The pool the options name, or a database's own.
+    fn pool(options: &DbOptions) -> Result<WorkerPool> {
+        match &options.workers {
+            Some(pool) => Ok(pool.clone()),
+            None => WorkerPool::new(1),
+        }
     }
 
     /// Opens (or creates) the database in directory `dir`, with persisted blocks under
@@ -147,7 +155,8 @@ impl Db {
         std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
         // Before reading anything: another owner may be writing it.
         let lock = DirLock::acquire(&dir)?;
-        let io = Io::new()?;
+        let pool = Self::pool(&options)?;
+        let io = pool.io()?;
         let prefix = ObjectPath::from(prefix);
         let manifest = Arc::new(ManifestFile::open(
             &dir,
@@ -157,6 +166,7 @@ impl Db {
         tracing::info!(dir = %dir.display(), store = %storage.store(), prefix = %storage.prefix(), "opening database");
         let db = Self::start(
             options,
+            pool,
             Some(Disk {
                 dir,
                 storage,
@@ -168,40 +178,18 @@ impl Db {
         Ok(db)
     }
 
-    fn start(options: DbOptions, disk: Option<Disk>, lock: Option<DirLock>) -> Result<Self> {
-        let mut handles = Vec::new();
-        let spawn = |name: &str,
-                     rx: mpsc::Receiver<WorkerMessage>,
-                     interval: Option<std::time::Duration>,
-                     handles: &mut Vec<JoinHandle<()>>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || worker(rx, interval))
-                .map(|h| handles.push(h))
-                .map_err(|e| Error::Io {
-                    context: format!("starting the {name} thread"),
-                    source: e,
-                })
-        };
-        let compaction = if options.background_compaction {
-            let (tx, rx) = mpsc::channel();
-            spawn("frostdb-compaction", rx, None, &mut handles)?;
-            Some(tx)
-        } else {
-            None
-        };
-        let persistence = if disk.is_some() {
-            let (tx, rx) = mpsc::channel();
-            spawn(
-                "frostdb-persist",
-                rx,
-                Some(options.retention_interval),
-                &mut handles,
-            )?;
-            Some(tx)
-        } else {
-            None
-        };
+    fn start(
+        options: DbOptions,
+        pool: WorkerPool,
+        disk: Option<Disk>,
+        lock: Option<DirLock>,
+    ) -> Result<Self> {
+        let workers = pool.assign(
+            options.background_compaction,
+            disk.is_some(),
+            options.retention_interval,
+        );
+        let persistence = workers.persistence.clone();
         let log = CommitLog::new(
             disk.is_some(),
             options.max_wal_bytes,
@@ -213,11 +201,8 @@ impl Db {
                 options,
                 log,
                 tables: RwLock::new(HashMap::new()),
-                workers: Workers {
-                    compaction,
-                    persistence,
-                },
-                handles: Mutex::new(handles),
+                workers,
+                _pool: pool,
                 disk,
             }),
         })
@@ -419,7 +404,10 @@ impl Db {
     /// holds it weakly). On-disk databases only: an in-memory one has no retention.
     pub fn add_maintenance(&self, task: std::sync::Weak<dyn Maintenance>) {
         if let Some(worker) = &self.inner.workers.persistence {
-            let _ = worker.send(WorkerMessage::Maintenance(task));
+            let _ = worker.send(WorkerMessage::Maintenance(
+                task,
+                self.inner.workers.retention_interval,
+            ));
         }
     }
 }
@@ -429,87 +417,4 @@ impl Db {
 pub trait Maintenance: Send + Sync {
     /// Runs one pass; `now_ms` is the time retention used.
     fn run(&self, now_ms: i64);
-}
-
-impl Drop for DbInner {
-    fn drop(&mut self) {
-        for tx in [&self.workers.compaction, &self.workers.persistence]
-            .into_iter()
-            .flatten()
-        {
-            let _ = tx.send(WorkerMessage::Shutdown);
-        }
-        for handle in self.handles.lock().drain(..) {
-            let _ = handle.join();
-        }
-    }
-}
-
-/// A background worker: compacts or persists the tables it is told about; with an
-/// interval, also enforces retention on the tables it has seen.
-fn worker(rx: mpsc::Receiver<WorkerMessage>, interval: Option<std::time::Duration>) {
-    let mut seen: Vec<std::sync::Weak<TableInner>> = Vec::new();
-    let mut tasks: Vec<std::sync::Weak<dyn Maintenance>> = Vec::new();
-    let mut next_retention = interval.map(|i| std::time::Instant::now() + i);
-    loop {
-        let message = match next_retention {
-            None => rx.recv().ok(),
-            Some(at) => {
-                match rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now())) {
-                    Ok(m) => Some(m),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        seen.retain(|t| t.strong_count() > 0);
-                        let now = crate::now_ms();
-                        for table in seen.iter().filter_map(|t| t.upgrade()) {
-                            // Retry blocks whose persistence failed, then expire old ones.
-                            let _ = table.persist_frozen();
-                            if let Err(error) = table.enforce_retention(now) {
-                                tracing::warn!(table = table.name(), %error, "retention failed");
-                            }
-                        }
-                        tasks.retain(|t| t.strong_count() > 0);
-                        for task in tasks.iter().filter_map(|t| t.upgrade()) {
-                            task.run(now);
-                        }
-                        next_retention = interval.map(|i| std::time::Instant::now() + i);
-                        continue;
-                    }
-                    Err(mpsc::RecvTimeoutError::Disconnected) => None,
-                }
-            }
-        };
-        let Some(message) = message else { return };
-        match message {
-            WorkerMessage::Shutdown => return,
-            WorkerMessage::Compact(table) => {
-                let Some(table) = table.upgrade() else {
-                    continue;
-                };
-                table.clear_compaction_queued();
-                if let Err(error) = table.compact(Mode::Policy) {
-                    tracing::warn!(table = table.name(), %error, "background compaction failed");
-                    table.listener().on_compaction_error(table.name(), &error);
-                }
-            }
-            WorkerMessage::Register(weak) => {
-                if !seen.iter().any(|t| t.ptr_eq(&weak)) {
-                    seen.push(weak);
-                }
-            }
-            WorkerMessage::Persist(weak) => {
-                let Some(table) = weak.upgrade() else {
-                    continue;
-                };
-                table.clear_persistence_queued();
-                // Errors are reported by the table; the block stays in memory for a retry.
-                let _ = table.persist_frozen();
-            }
-            WorkerMessage::Maintenance(task) => tasks.push(task),
-            WorkerMessage::RelieveWal(log) => {
-                if let Some(log) = log.upgrade() {
-                    log.relieve();
-                }
-            }
-        }
-    }
 }

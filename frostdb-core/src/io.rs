@@ -32,9 +32,17 @@ impl Drop for RuntimeGuard {
 }
 
 impl Io {
+    /// Worker threads of the runtime.
+    const WORKERS: usize = 2;
+    /// Threads for blocking calls (local file I/O of `object_store`), at most.
+    const BLOCKING: usize = 4;
+    /// Threads of the runtime, at most.
+    pub(crate) const THREADS: usize = Self::WORKERS + Self::BLOCKING;
+
     pub(crate) fn new() -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(Self::WORKERS)
+            .max_blocking_threads(Self::BLOCKING)
             .thread_name("frostdb-io")
             .enable_all()
             .build()

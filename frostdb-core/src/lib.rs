@@ -77,6 +77,7 @@ mod schema;
 mod storage;
 mod table;
 mod wal;
+mod workers;
 mod write;
 
 pub use commit::{Submitted, Transaction};
@@ -95,6 +96,7 @@ pub use schema::{
 };
 pub use table::{LevelStats, Table, TableStats};
 pub use wal::WalStats;
+pub use workers::WorkerPool;
 
 /// Milliseconds since the Unix epoch, now: the clock of timestamps, retention and ingest
 /// (0 if the system clock is before 1970).

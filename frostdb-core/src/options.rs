@@ -190,6 +190,7 @@ pub enum Durability {
 /// | `wal_segment_bytes` | 64 MiB | size past which the WAL starts a new segment |
 /// | `max_wal_bytes` | 1 GiB | past this much WAL, the table holding its oldest write is persisted (a table written rarely must not keep the whole log alive) |
 /// | `retention_interval` | 60 s | how often retention (table `ttl`) is enforced |
+/// | `workers` | its own | the [`crate::WorkerPool`] running background work, shared by the databases given it |
 #[derive(Clone)]
 pub struct DbOptions {
     pub(crate) background_compaction: bool,
@@ -198,6 +199,7 @@ pub struct DbOptions {
     pub(crate) wal_segment_bytes: u64,
     pub(crate) max_wal_bytes: u64,
     pub(crate) retention_interval: std::time::Duration,
+    pub(crate) workers: Option<crate::workers::WorkerPool>,
 }
 
 impl fmt::Debug for DbOptions {
@@ -208,6 +210,7 @@ impl fmt::Debug for DbOptions {
             .field("wal_segment_bytes", &self.wal_segment_bytes)
             .field("max_wal_bytes", &self.max_wal_bytes)
             .field("retention_interval", &self.retention_interval)
+            .field("workers", &self.workers)
             .finish_non_exhaustive()
     }
 }
@@ -221,6 +224,7 @@ impl Default for DbOptions {
             wal_segment_bytes: 64 << 20,
             max_wal_bytes: 1 << 30,
             retention_interval: std::time::Duration::from_secs(60),
+            workers: None,
         }
     }
 }
@@ -253,6 +257,14 @@ impl DbOptions {
     /// Sets how often retention runs.
     pub fn retention_interval(mut self, every: std::time::Duration) -> Self {
         self.retention_interval = every;
+        self
+    }
+
+    /// Runs the database's background work (compaction, persistence, retention, object
+    /// storage I/O) on `pool`, shared with the other databases given it. Without one, the
+    /// database starts its own: a compaction and a persistence thread and an I/O runtime.
+    pub fn workers(mut self, pool: crate::workers::WorkerPool) -> Self {
+        self.workers = Some(pool);
         self
     }
 

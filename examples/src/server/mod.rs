@@ -158,11 +158,20 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let address = listener
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
+    // Background work of every tenant: half the cores compact, as many persist.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let workers = frostdb_core::WorkerPool::new((cores / 2).max(1))
+        .map_err(|e| format!("cannot start the worker threads: {e}"))?;
+    tracing::info!(
+        threads = workers.threads(),
+        "worker pool shared by every tenant"
+    );
     let state = Arc::new(AppState {
         tenants: Tenants::new(
             config.data.clone(),
             config.limits.clone(),
             config.retention(),
+            workers,
         ),
         targets: scrape::Targets::default(),
         config,

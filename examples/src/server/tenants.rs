@@ -66,16 +66,26 @@ pub struct Tenants {
     root: PathBuf,
     limits: Limits,
     retention: Retention,
+    /// The threads every tenant's database shares (compaction, persistence, I/O): a
+    /// server's threads do not grow with its tenants.
+    workers: frostdb_core::WorkerPool,
     tenants: Mutex<HashMap<String, Arc<OnceCell<Arc<Tenant>>>>>,
 }
 
 impl Tenants {
-    /// Tenants under `data/tenants/`, each keeping its samples as long as `retention` says.
-    pub fn new(data: PathBuf, limits: Limits, retention: Retention) -> Self {
+    /// Tenants under `data/tenants/`, each keeping its samples as long as `retention` says,
+    /// their databases' background work on `workers`.
+    pub fn new(
+        data: PathBuf,
+        limits: Limits,
+        retention: Retention,
+        workers: frostdb_core::WorkerPool,
+    ) -> Self {
         Self {
             root: data.join("tenants"),
             limits,
             retention,
+            workers,
             tenants: Mutex::new(HashMap::new()),
         }
     }
@@ -159,13 +169,14 @@ impl Tenants {
                 let max_series = self.limits.max_series_per_tenant;
                 let limits = self.pprof_limits();
                 let retention = self.retention.of(&id);
+                let db_options = DbOptions::default().workers(self.workers.clone());
                 tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
                     std::fs::create_dir_all(&dir).map_err(|e| {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
                     })?;
                     // Held by another process (unavailable, 503: the client may retry),
                     // damaged (500), ...: the kind of the engine's error says which.
-                    let db = Db::open(&dir, DbOptions::default()).map_err(|e| {
+                    let db = Db::open(&dir, db_options).map_err(|e| {
                         ApiError::from(e).context(format_args!(
                             "cannot open the database of tenant {id:?} in {}",
                             dir.display()
@@ -220,7 +231,8 @@ mod tests {
             max_series_per_tenant: 2,
             ..Limits::default()
         };
-        let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default());
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default(), pool);
         assert!(tenants.for_read("t").await.unwrap().is_none());
         assert!(tenants.on_disk().is_empty(), "a read creates nothing");
         let t = tenants.for_write("t").await.unwrap();

@@ -37,10 +37,10 @@ use crate::storage::Storage;
 pub(crate) enum WorkerMessage {
     Compact(Weak<TableInner>),
     Persist(Weak<TableInner>),
-    /// A table to watch: retention, and retries of failed persistence.
-    Register(Weak<TableInner>),
-    /// An embedder's task to run after each retention pass.
-    Maintenance(Weak<dyn crate::db::Maintenance>),
+    /// A table to watch every interval: retention, and retries of failed persistence.
+    Register(Weak<TableInner>, std::time::Duration),
+    /// An embedder's task to run every interval (after retention).
+    Maintenance(Weak<dyn crate::db::Maintenance>, std::time::Duration),
     /// The WAL outgrew its limit: persist the table holding its oldest segment.
     RelieveWal(Weak<CommitLog>),
     Shutdown,
@@ -51,6 +51,8 @@ pub(crate) enum WorkerMessage {
 pub(crate) struct Workers {
     pub(crate) compaction: Option<mpsc::Sender<WorkerMessage>>,
     pub(crate) persistence: Option<mpsc::Sender<WorkerMessage>>,
+    /// How often the persistence thread enforces retention on the database's tables.
+    pub(crate) retention_interval: std::time::Duration,
 }
 
 /// A table: takes Arrow batches, serves consistent snapshots. Cheap to clone; all clones are
@@ -440,7 +442,10 @@ impl TableInner {
     /// Registers the table with the persistence worker (retention, retries).
     pub(crate) fn watch(&self) {
         if let Some(worker) = &self.workers.persistence {
-            let _ = worker.send(WorkerMessage::Register(self.this.clone()));
+            let _ = worker.send(WorkerMessage::Register(
+                self.this.clone(),
+                self.workers.retention_interval,
+            ));
         }
     }
 }

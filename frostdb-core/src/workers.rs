@@ -1,0 +1,246 @@
+//! The background workers: threads that compact and persist tables and enforce retention,
+//! and the I/O runtime object storage runs on. A [`WorkerPool`] is shared by every
+//! database given it (a server with thousands of tenant databases keeps a fixed number of
+//! threads); a database given none makes its own small one.
+//!
+//! Each database is assigned one compaction and one persistence thread of the pool (round
+//! robin), so the work of one database stays in order while databases spread over the
+//! threads. A thread holds tables and tasks weakly: a dropped database's work is skipped.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::db::Maintenance;
+use crate::error::{Error, Result};
+use crate::index::compaction::Mode;
+use crate::io::Io;
+use crate::table::{TableInner, WorkerMessage, Workers};
+
+/// Threads for the background work of databases, and their I/O runtime. Cheap to clone;
+/// the threads stop when the last clone (and every database using it) is dropped.
+///
+/// ```
+/// use frostdb_core::{Db, DbOptions, WorkerPool};
+/// let pool = WorkerPool::new(2).unwrap();
+/// let a = Db::open_in_memory(DbOptions::default().workers(pool.clone())).unwrap();
+/// let b = Db::open_in_memory(DbOptions::default().workers(pool.clone())).unwrap();
+/// # drop((a, b));
+/// ```
+#[derive(Clone)]
+pub struct WorkerPool {
+    inner: Arc<PoolInner>,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("threads", &self.inner.threads())
+            .finish_non_exhaustive()
+    }
+}
+
+struct PoolInner {
+    /// Started by the first database that stores blocks.
+    io: std::sync::OnceLock<Io>,
+    compaction: Vec<mpsc::Sender<WorkerMessage>>,
+    persistence: Vec<mpsc::Sender<WorkerMessage>>,
+    next: AtomicUsize,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl PoolInner {
+    fn threads(&self) -> usize {
+        let io = if self.io.get().is_some() {
+            Io::THREADS
+        } else {
+            0
+        };
+        self.compaction.len() + self.persistence.len() + io
+    }
+}
+
+impl WorkerPool {
+    /// A pool of `threads` compaction threads, as many persistence (and retention) threads,
+    /// and an I/O runtime of [`WorkerPool::IO_THREADS`] threads (started when a database
+    /// of the pool first stores blocks).
+    pub fn new(threads: usize) -> Result<Self> {
+        let threads = threads.max(1);
+        let mut handles = Vec::new();
+        let mut spawn = |name: String| -> Result<mpsc::Sender<WorkerMessage>> {
+            let (tx, rx) = mpsc::channel();
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || worker(rx))
+                .map_err(|e| Error::Io {
+                    context: format!("starting the {name} thread"),
+                    source: e,
+                })?;
+            handles.push(handle);
+            Ok(tx)
+        };
+        let compaction = (0..threads)
+            .map(|i| spawn(format!("frostdb-compact-{i}")))
+            .collect::<Result<Vec<_>>>()?;
+        let persistence = (0..threads)
+            .map(|i| spawn(format!("frostdb-persist-{i}")))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            inner: Arc::new(PoolInner {
+                io: std::sync::OnceLock::new(),
+                compaction,
+                persistence,
+                next: AtomicUsize::new(0),
+                handles: Mutex::new(handles),
+            }),
+        })
+    }
+
+    /// Threads of the I/O runtime of a pool, at most (workers and blocking file I/O).
+    pub const IO_THREADS: usize = Io::THREADS;
+
+    /// Threads the pool runs (compaction, persistence and, once started, I/O).
+    pub fn threads(&self) -> usize {
+        self.inner.threads()
+    }
+
+    pub(crate) fn io(&self) -> Result<Io> {
+        if let Some(io) = self.inner.io.get() {
+            return Ok(io.clone());
+        }
+        let io = Io::new()?;
+        Ok(self.inner.io.get_or_init(|| io).clone())
+    }
+
+    /// The threads one database's work goes to: the next compaction and persistence
+    /// thread, round robin.
+    pub(crate) fn assign(
+        &self,
+        compaction: bool,
+        persistence: bool,
+        retention_interval: Duration,
+    ) -> Workers {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let pick = |senders: &[mpsc::Sender<WorkerMessage>]| senders[i % senders.len()].clone();
+        Workers {
+            compaction: compaction.then(|| pick(&self.inner.compaction)),
+            persistence: persistence.then(|| pick(&self.inner.persistence)),
+            retention_interval,
+        }
+    }
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        for tx in self.compaction.iter().chain(&self.persistence) {
+            let _ = tx.send(WorkerMessage::Shutdown);
+        }
+        let me = std::thread::current().id();
+        for handle in self.handles.lock().drain(..) {
+            // The last holder may be a task on one of the threads: it ends on its own.
+            if handle.thread().id() != me {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+/// Something a persistence thread runs every interval.
+struct Periodic<T: ?Sized> {
+    what: Weak<T>,
+    every: Duration,
+    next: Instant,
+}
+
+impl<T: ?Sized> Periodic<T> {
+    fn new(what: Weak<T>, every: Duration) -> Self {
+        Self {
+            what,
+            every,
+            next: Instant::now() + every,
+        }
+    }
+
+    /// The entry's target when it is due (and schedules the next run).
+    fn due(&mut self, now: Instant) -> Option<Arc<T>> {
+        if self.next > now {
+            return None;
+        }
+        self.next = now + self.every;
+        self.what.upgrade()
+    }
+}
+
+/// A background thread: compacts or persists the tables it is told about, and enforces
+/// retention on (and runs the maintenance tasks of) the databases assigned to it, each at
+/// its own interval.
+fn worker(rx: mpsc::Receiver<WorkerMessage>) {
+    let mut tables: Vec<Periodic<TableInner>> = Vec::new();
+    let mut tasks: Vec<Periodic<dyn Maintenance>> = Vec::new();
+    loop {
+        let next = tables
+            .iter()
+            .map(|t| t.next)
+            .chain(tasks.iter().map(|t| t.next))
+            .min();
+        let message = match next {
+            None => rx.recv().ok(),
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let (now, now_ms) = (Instant::now(), crate::now_ms());
+                    tables.retain(|t| t.what.strong_count() > 0);
+                    for table in tables.iter_mut().filter_map(|t| t.due(now)) {
+                        // Retry blocks whose persistence failed, then expire old ones.
+                        let _ = table.persist_frozen();
+                        if let Err(error) = table.enforce_retention(now_ms) {
+                            tracing::warn!(table = table.name(), %error, "retention failed");
+                        }
+                    }
+                    tasks.retain(|t| t.what.strong_count() > 0);
+                    for task in tasks.iter_mut().filter_map(|t| t.due(now)) {
+                        task.run(now_ms);
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            },
+        };
+        let Some(message) = message else { return };
+        match message {
+            WorkerMessage::Shutdown => return,
+            WorkerMessage::Compact(table) => {
+                let Some(table) = table.upgrade() else {
+                    continue;
+                };
+                table.clear_compaction_queued();
+                if let Err(error) = table.compact(Mode::Policy) {
+                    tracing::warn!(table = table.name(), %error, "background compaction failed");
+                    table.listener().on_compaction_error(table.name(), &error);
+                }
+            }
+            WorkerMessage::Register(weak, every) => {
+                if !tables.iter().any(|t| t.what.ptr_eq(&weak)) {
+                    tables.push(Periodic::new(weak, every));
+                }
+            }
+            WorkerMessage::Persist(weak) => {
+                let Some(table) = weak.upgrade() else {
+                    continue;
+                };
+                table.clear_persistence_queued();
+                // Errors are reported by the table; the block stays in memory for a retry.
+                let _ = table.persist_frozen();
+            }
+            WorkerMessage::Maintenance(task, every) => tasks.push(Periodic::new(task, every)),
+            WorkerMessage::RelieveWal(log) => {
+                if let Some(log) = log.upgrade() {
+                    log.relieve();
+                }
+            }
+        }
+    }
+}
