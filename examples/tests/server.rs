@@ -6,8 +6,8 @@ mod common;
 use std::io::Write;
 
 use common::{Server, enc, get, get_json, testdata};
-use frostdb_examples::server::ingest::otlp::proto as otlp;
 use frostdb_examples::server::ingest::push::proto as push;
+use frostdb_pprof::convert::otlp::proto as otlp;
 use prost::Message;
 use serde_json::Value;
 

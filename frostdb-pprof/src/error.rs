@@ -21,6 +21,17 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A profile in another format (folded stacks, OTLP) could not be converted to pprof.
+    #[error("invalid {format}: {at}: {reason}")]
+    Convert {
+        /// The format: `folded`, `lines`, `OTLP`.
+        format: &'static str,
+        /// Where: the line (`line 3`) or the field path
+        /// (`resource_profiles[0].scope_profiles[0].profiles[2].samples[5].stack_index`).
+        at: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// The profile exceeds a configured limit.
     #[error("{what} exceeds the limit of {limit}")]
     TooLarge {
@@ -85,6 +96,7 @@ impl Error {
             Self::Gzip(_)
             | Self::Protobuf(_)
             | Self::Invalid { .. }
+            | Self::Convert { .. }
             | Self::LabelCollision { .. }
             | Self::Query(_) => K::InvalidInput,
             Self::TooLarge { .. } | Self::SeriesLimit { .. } => K::LimitExceeded,

@@ -4,7 +4,8 @@
 //! within [`Limits`]; [`ProfileStore::ingest`] normalizes it into sample rows (one profile
 //! type per sample type, `labels.*` from the series and the pprof string labels) and stores
 //! stacks, locations, functions and mappings once each under a content hash, all through the
-//! engine (WAL, blocks, recovery).
+//! engine (WAL, blocks, recovery). Profiles in other formats (folded stacks, OTLP) are
+//! converted to pprof first by [`convert`].
 //!
 //! Out: [`ProfileStore::merge`] sums a selector's stacks over a time range; [`report`]
 //! turns that into a pprof file for `go tool pprof`, a flame graph, the top table as pprof
@@ -31,6 +32,7 @@
 //! # }
 //! ```
 
+pub mod convert;
 mod decode;
 mod error;
 #[doc(hidden)]

@@ -10,9 +10,9 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use frostdb_pprof::ValidProfile;
+use frostdb_pprof::convert::folded::{self, Units};
 use frostdb_pprof::proto::Profile;
 
-use super::folded::{self, Units};
 use super::{Incoming, body_bytes, content_type, store};
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::{Shared, TenantId};
@@ -59,7 +59,7 @@ pub async fn handle(
             let lines = format.as_deref() == Some("lines");
             let units = meta.folded_units()?;
             let profile = folded::to_profile(text, lines, &units.1, limits.max_samples)
-                .map_err(|e| ApiError::bad_request(format!("folded body: {e}")))?;
+                .map_err(|e| ApiError::from(e).context("folded body"))?;
             let profile = frostdb_pprof::validate(profile, &limits)
                 .map_err(|e| ApiError::from(e).context("folded body"))?;
             meta.incoming(units.0, profile, None)

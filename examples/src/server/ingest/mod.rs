@@ -1,7 +1,6 @@
 //! What clients push: each protocol turns its request into [`Incoming`] pprof profiles,
 //! and [`store`] admits and stores them.
 
-pub mod folded;
 pub mod legacy;
 pub mod otlp;
 pub mod push;

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use crate::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use crate::{Error, Result};
 
 /// What the values of a folded profile measure.
 #[derive(Debug, Clone)]
@@ -19,13 +20,17 @@ pub struct Units {
 }
 
 /// Builds a profile from folded text; `lines` reads one stack per line without counts.
-/// `max_samples` bounds the lines read.
-pub fn to_profile(
-    text: &str,
-    lines: bool,
-    units: &Units,
-    max_samples: usize,
-) -> Result<Profile, String> {
+/// `max_samples` bounds the distinct stacks.
+///
+/// A bad line is [`Error::Convert`] naming it (`line 3`); more than `max_samples` distinct
+/// stacks is [`Error::TooLarge`].
+pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) -> Result<Profile> {
+    let format = if lines { "lines" } else { "folded" };
+    let bad = |n: usize, reason: String| Error::Convert {
+        format,
+        at: format!("line {}", n + 1),
+        reason,
+    };
     let mut b = Builder::default();
     b.string("");
     let sample_type = ValueType {
@@ -47,30 +52,32 @@ pub fn to_profile(
         } else {
             let (stack, count) = line
                 .rsplit_once(' ')
-                .ok_or_else(|| format!("line {}: expected `frame;frame;... <count>`", n + 1))?;
+                .ok_or_else(|| bad(n, "expected `frame;frame;... <count>`".into()))?;
             let count: i64 = count.trim().parse().map_err(|_| {
-                format!(
-                    "line {}: the count {:?} is not a whole number",
-                    n + 1,
-                    count.trim()
+                bad(
+                    n,
+                    format!("the count {:?} is not a whole number", count.trim()),
                 )
             })?;
             if count < 0 {
-                return Err(format!("line {}: negative count {count}", n + 1));
+                return Err(bad(n, format!("negative count {count}")));
             }
             (stack, count)
         };
         let frames: Vec<&str> = stack.split(';').filter(|f| !f.is_empty()).collect();
         if frames.is_empty() {
-            return Err(format!("line {}: no frames", n + 1));
+            return Err(bad(n, "no frames".into()));
         }
         // pprof lists the leaf first.
         let ids: Vec<u64> = frames.iter().rev().map(|f| b.location(f)).collect();
         let value = count
             .checked_mul(units.scale)
-            .ok_or_else(|| format!("line {}: the count {count} overflows", n + 1))?;
+            .ok_or_else(|| bad(n, format!("the count {count} overflows")))?;
         if !stacks.contains_key(&ids) && stacks.len() >= max_samples {
-            return Err(format!("more than {max_samples} distinct stacks"));
+            return Err(Error::TooLarge {
+                what: "number of distinct stacks",
+                limit: max_samples,
+            });
         }
         let total = stacks.entry(ids).or_default();
         *total = total.saturating_add(value);
@@ -164,7 +171,7 @@ mod tests {
             100,
         )
         .unwrap();
-        frostdb_pprof::validate(p.clone(), &frostdb_pprof::Limits::default()).unwrap();
+        crate::validate(p.clone(), &crate::Limits::default()).unwrap();
         assert_eq!(p.sample.len(), 2);
         let name = |id: u64| {
             let f = &p.function[p.location[id as usize - 1].line[0].function_id as usize - 1];
@@ -182,8 +189,35 @@ mod tests {
         let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(total, 30_000_000);
         let e = to_profile("a;b 1\na;b x\n", false, &cpu(), 100).unwrap_err();
-        assert!(e.contains("line 2"), "{e}");
+        assert!(e.to_string().contains("line 2"), "{e}");
         let e = to_profile("a 1\nb 1\nc 1\n", false, &cpu(), 2).unwrap_err();
-        assert!(e.contains("more than 2"), "{e}");
+        assert!(
+            matches!(e, Error::TooLarge { limit: 2, .. }),
+            "{e}: {:?}",
+            e.kind()
+        );
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded);
+    }
+
+    #[test]
+    fn a_bad_line_is_a_convert_error_naming_the_line() {
+        let e = to_profile("a;b 1\n\nmain;work\n", false, &cpu(), 100).unwrap_err();
+        match &e {
+            Error::Convert { format, at, reason } => {
+                assert_eq!(*format, "folded");
+                assert_eq!(at, "line 3");
+                assert!(reason.contains("frame;frame"), "{reason}");
+            }
+            other => panic!("not Convert: {other:?}"),
+        }
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::InvalidInput);
+        assert_eq!(
+            e.to_string(),
+            "invalid folded: line 3: expected `frame;frame;... <count>`"
+        );
+        let e = to_profile("a;b 1\nx -4\n", false, &cpu(), 100).unwrap_err();
+        assert_eq!(e.to_string(), "invalid folded: line 2: negative count -4");
+        let e = to_profile("a;b\n;;\n", true, &cpu(), 100).unwrap_err();
+        assert_eq!(e.to_string(), "invalid lines: line 2: no frames");
     }
 }
