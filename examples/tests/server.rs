@@ -6,8 +6,8 @@ mod common;
 use std::io::Write;
 
 use common::{Server, enc, get, get_json, testdata};
-use frostdb_examples::server::ingest::push::proto as push;
 use frostdb_pprof::convert::otlp::proto as otlp;
+use frostdb_pprof::convert::push::proto as push;
 use prost::Message;
 use serde_json::Value;
 
@@ -343,10 +343,14 @@ async fn bad_requests_get_clear_4xx_errors() {
             ("content-type", "application/proto"),
             ("content-encoding", "gzip"),
         ],
-        bomb,
+        bomb.clone(),
     )
     .await;
     assert_eq!(status, 413, "{body}");
+    // The same bomb as a sample's pprof: over the limit too, and the sample is named.
+    let (status, body) = push_proto(&s, None, &push_request("process_cpu", &[], bomb)).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("series[0].samples[0]"), "{body}");
     // Unknown content types and encodings.
     let (status, _) = post(&url, None, &[("content-type", "text/csv")], vec![]).await;
     assert_eq!(status, 415);

@@ -21,16 +21,28 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A profile in another format (folded stacks, OTLP) could not be converted to pprof.
+    /// A profile in another format (folded stacks, OTLP, a Pyroscope push request) could not
+    /// be converted to pprof.
     #[error("invalid {format}: {at}: {reason}")]
     Convert {
-        /// The format: `folded`, `lines`, `OTLP`.
+        /// The format: `folded`, `lines`, `OTLP`, `push`.
         format: &'static str,
         /// Where: the line (`line 3`) or the field path
         /// (`resource_profiles[0].scope_profiles[0].profiles[2].samples[5].stack_index`).
         at: String,
         /// What is wrong.
         reason: String,
+    },
+    /// An error of one part of a request (a sample of a push request, a profile of an OTLP
+    /// export), with where it happened; its kind is the inner error's, so a decompression
+    /// bomb inside a request is still over a limit, a bad pprof still invalid input.
+    #[error("{at}: {error}")]
+    At {
+        /// Where: `series[0].samples[1] (process_cpu)`,
+        /// `resource_profiles[0].scope_profiles[0].profiles[2]`.
+        at: String,
+        /// What went wrong there. Shown in this error's message, so not its `source()`.
+        error: Box<Error>,
     },
     /// The profile exceeds a configured limit.
     #[error("{what} exceeds the limit of {limit}")]
@@ -102,10 +114,29 @@ impl Error {
             Self::TooLarge { .. } | Self::SeriesLimit { .. } => K::LimitExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,
+            Self::At { error, .. } => error.kind(),
             Self::Group(e) => e.kind(),
             Self::Engine(e) => e.kind(),
             Self::DataFusion(e) => frostdb_query::datafusion_kind(e),
             Self::Arrow(_) => K::Internal,
+        }
+    }
+}
+
+impl Error {
+    /// `self` with where it happened (see [`Error::At`]).
+    pub fn at(self, at: impl Into<String>) -> Self {
+        Self::At {
+            at: at.into(),
+            error: Box::new(self),
+        }
+    }
+
+    /// The error without the context [`Error::At`] adds: what actually went wrong.
+    pub fn innermost(&self) -> &Self {
+        match self {
+            Self::At { error, .. } => error.innermost(),
+            other => other,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! type per sample type, `labels.*` from the series and the pprof string labels) and stores
 //! stacks, locations, functions and mappings once each under a content hash, all through the
 //! engine (WAL, blocks, recovery). Profiles in other formats (folded stacks, OTLP) are
-//! converted to pprof first by [`convert`].
+//! converted to pprof first by [`convert`], which also reads Pyroscope's push requests.
 //!
 //! Out: [`ProfileStore::merge`] sums a selector's stacks over a time range; [`report`]
 //! turns that into a pprof file for `go tool pprof`, a flame graph, the top table as pprof

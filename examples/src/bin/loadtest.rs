@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use frostdb_examples::server::ingest::push::proto as push;
+use frostdb_pprof::convert::push::proto as push;
 use parking_lot::Mutex;
 use prost::Message;
 

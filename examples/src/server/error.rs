@@ -110,7 +110,8 @@ impl IntoResponse for ApiError {
 
 impl From<frostdb_pprof::Error> for ApiError {
     fn from(e: frostdb_pprof::Error) -> Self {
-        match e {
+        // The kind is the innermost error's, whatever context `Error::At` adds.
+        match e.innermost() {
             // A quota of the tenant rather than a request too large: 429.
             frostdb_pprof::Error::SeriesLimit { .. } => Self::limited(e.to_string()),
             _ => Self::of_kind(e.kind(), e.to_string()),

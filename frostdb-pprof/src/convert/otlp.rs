@@ -9,7 +9,9 @@
 //! A reference out of range is [`Error::Convert`] naming the field that holds it
 //! (`resource_profiles[0].scope_profiles[0].profiles[2].samples[5].stack_index`,
 //! `dictionary.location_table[9].lines[0].function_index`, ...); more samples in the
-//! request than [`Limits::max_samples`] is [`Error::TooLarge`].
+//! request than [`Limits::max_samples`] is [`Error::TooLarge`]. A converted profile that
+//! fails the pprof checks is [`Error::At`] naming the profile, of the check's kind (a
+//! profile over [`Limits`] stays [`Error::TooLarge`] within).
 
 use std::collections::HashMap;
 
@@ -125,8 +127,7 @@ pub fn convert(
                     }
                 }
                 let (name, pprof) = to_pprof(dict, profile, &at)?;
-                let pprof = crate::validate(pprof, limits)
-                    .map_err(|e| invalid(at.clone(), e.to_string()))?;
+                let pprof = crate::validate(pprof, limits).map_err(|e| e.at(at))?;
                 out.push(Converted {
                     profile: pprof,
                     name,
@@ -556,6 +557,31 @@ mod tests {
             e.to_string(),
             "invalid OTLP: dictionary.stack_table[0].location_indices[1]: \
              negative location index -3"
+        );
+    }
+
+    #[test]
+    fn a_profile_over_the_limits_names_the_profile_and_stays_over_the_limit() {
+        let limits = Limits {
+            max_stack_depth: 0,
+            ..Default::default()
+        };
+        let e = convert(&one_sample(), &limits).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
+        assert!(
+            matches!(
+                e.innermost(),
+                Error::TooLarge {
+                    what: "stack depth",
+                    limit: 0
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "resource_profiles[0].scope_profiles[0].profiles[1]: \
+             stack depth exceeds the limit of 0"
         );
     }
 
