@@ -66,6 +66,8 @@ mod db;
 mod dictionary;
 mod error;
 mod events;
+#[doc(hidden)]
+pub mod fuzzing;
 mod index;
 mod io;
 mod lock;

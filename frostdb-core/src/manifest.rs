@@ -101,7 +101,7 @@ impl std::fmt::Debug for ManifestFile {
     }
 }
 
-fn parse(bytes: &[u8], path: &str) -> Result<Manifest> {
+pub(crate) fn parse(bytes: &[u8], path: &str) -> Result<Manifest> {
     let manifest: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::Manifest {
         path: path.to_owned(),
         reason: format!("not a valid manifest: {e}"),

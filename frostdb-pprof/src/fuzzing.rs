@@ -61,3 +61,65 @@ pub fn normalize_target(data: &[u8]) {
         }
     }
 }
+
+/// Folded stacks (and "lines") of arbitrary text converted to pprof: what converts must
+/// validate, and carry every counted sample.
+pub fn folded_target(data: &[u8]) {
+    use crate::convert::folded::{Units, to_profile};
+    let text = String::from_utf8_lossy(data);
+    let units = Units {
+        sample: ("cpu".into(), "nanoseconds".into()),
+        period: ("cpu".into(), "nanoseconds".into()),
+        period_value: 10_000_000,
+        scale: 10_000_000,
+    };
+    for lines in [false, true] {
+        if let Ok(profile) = to_profile(&text, lines, &units, 10_000) {
+            crate::validate(profile, &limits()).expect("a converted folded profile is valid");
+        }
+    }
+}
+
+/// An OTLP `ExportProfilesServiceRequest` of arbitrary bytes converted to pprof.
+pub fn otlp_target(data: &[u8]) {
+    use prost::Message;
+    if let Ok(request) = crate::convert::otlp::proto::ExportProfilesServiceRequest::decode(data) {
+        let _ = crate::convert::otlp::convert(&request, &limits());
+    }
+}
+
+/// A Pyroscope push request of arbitrary bytes, as protobuf and as JSON, converted to pprof.
+pub fn push_target(data: &[u8]) {
+    use crate::convert::push::{Encoding, convert, parse};
+    for encoding in [Encoding::Protobuf, Encoding::Json] {
+        if let Ok(request) = parse(encoding, data) {
+            let _ = convert(&request, &limits());
+        }
+    }
+}
+
+/// A label selector of arbitrary text: parsed, and when it parses, its predicate bound on
+/// the samples table (regexes compiled, types checked).
+pub fn selector_target(data: &[u8]) {
+    static SAMPLES: std::sync::OnceLock<frostdb_core::Table> = std::sync::OnceLock::new();
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(selector) = frostdb_query::Selector::parse(text) else {
+        return;
+    };
+    let table = SAMPLES.get_or_init(|| {
+        let db = Db::open_in_memory(DbOptions::default().background_compaction(false))
+            .expect("an in-memory database opens");
+        db.table(
+            crate::schema::SAMPLES,
+            crate::schema::samples(),
+            frostdb_core::TableOptions::default(),
+        )
+        .expect("the samples table is created")
+    });
+    let snapshot = table.snapshot();
+    let schema = snapshot.schema();
+    let predicate = selector.to_predicate(&|c| schema.index_of(c).is_some());
+    let _ = snapshot.scan(&frostdb_core::ScanRequest::new().filter(predicate));
+}
