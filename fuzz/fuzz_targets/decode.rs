@@ -1,6 +1,7 @@
-//! pprof decoding on arbitrary bytes (gzip or raw protobuf).
-#![no_main]
+//! AFL++ target: pprof decoding (gzip or raw protobuf, strict validation, limits).
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    frostdb_pprof::fuzzing::decode_target(data);
-});
+fn main() {
+    afl::fuzz!(|data: &[u8]| {
+        frostdb_pprof::fuzzing::decode_target(data);
+    });
+}

@@ -1,6 +1,7 @@
-//! Decoding, normalizing and storing arbitrary bytes, then reading back what was stored.
-#![no_main]
+//! AFL++ target: decoding, normalizing and storing a pprof profile in memory, then reading back every stored stack.
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    frostdb_pprof::fuzzing::normalize_target(data);
-});
+fn main() {
+    afl::fuzz!(|data: &[u8]| {
+        frostdb_pprof::fuzzing::normalize_target(data);
+    });
+}

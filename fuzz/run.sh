@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# AFL++ (cargo-afl, stable toolchain) on every fuzz target.
+#   ./run.sh [seconds per target] [targets...]     default: 60 s each, every target
+# Seeds come from shared/testdata (and what earlier runs kept in corpus/<target>); findings
+# land in out/<target>/default/{crashes,hangs}, which every `cargo nextest run` replays
+# (frostdb-core and frostdb-pprof's fuzz_corpus tests). Prints executions per target.
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded otlp push selector wal manifest)
+shared="${FROSTDB_SHARED:-$(cd ../.. && pwd)/shared}"
+[ -d "$shared/testdata" ] || shared=/work/shared
+
+command -v cargo-afl >/dev/null 2>&1 || cargo install cargo-afl --locked
+cargo afl config --build >/dev/null 2>&1 || true   # AFL++ for this rustc (once)
+cargo afl build --release $(printf -- '--bin %s ' "${targets[@]}")
+
+seed() {
+  local target=$1 dir=corpus/$1
+  mkdir -p "$dir"
+  [ -n "$(ls -A "$dir")" ] && return
+  case $target in
+    decode|normalize|push) cp "$shared"/testdata/pprof/*.pb* "$dir"/ ;;
+    folded) cp "$shared"/testdata/folded/*.txt "$dir"/ ;;
+    otlp) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
+    selector) printf '%s' 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api",pod=~"api-.*"}' > "$dir"/1
+              printf '%s' '{namespace!="kube-system",env!~"dev|test"}' > "$dir"/2 ;;
+    wal) printf '\x00\x01\x00\x07\x00samples' > "$dir"/1 ;;
+    manifest) printf '%s' '{"format":2,"tables":{}}' > "$dir"/1 ;;
+  esac
+  # AFL++ wants small seeds: keep those under 1 MiB.
+  find "$dir" -size +1M -delete
+}
+
+export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1
+mkdir -p out
+printf '%-10s %14s %10s %8s %6s\n' target executions execs/s crashes hangs
+for t in "${targets[@]}"; do
+  seed "$t"
+  cargo afl fuzz -V "$seconds" -i corpus/"$t" -o out/"$t" target/release/"$t" >out-"$t".log 2>&1 || {
+    echo "$t: afl-fuzz failed, see fuzz/out-$t.log"; tail -5 out-"$t".log; exit 1; }
+  stats=out/$t/default/fuzzer_stats
+  get() { awk -F': *' -v k="$1" '$1 ~ "^"k" *$" {print $2}' "$stats"; }
+  printf '%-10s %14s %10s %8s %6s\n' "$t" "$(get execs_done)" "$(get execs_per_sec)" "$(get saved_crashes)" "$(get saved_hangs)"
+  if [ "$(get saved_crashes)" != 0 ] || [ "$(get saved_hangs)" != 0 ]; then
+    echo "$t found inputs: fuzz/out/$t/default/{crashes,hangs}"; found=1
+  fi
+done
+[ -z "${found:-}" ]
