@@ -41,6 +41,7 @@ mod normalize;
 pub mod report;
 pub mod schema;
 mod store;
+mod string_table;
 pub mod symbols;
 #[doc(hidden)]
 pub mod testing;

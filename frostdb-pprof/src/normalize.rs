@@ -329,35 +329,47 @@ fn sample_labels(
 }
 
 impl Prepared<'_> {
-    /// The series the profile's rows belong to, each as a hash of its profile name and
-    /// every label (request and pprof sample labels alike) and its text: what a series
-    /// limit counts.
-    pub(crate) fn series(&self) -> Vec<(u64, String)> {
+    /// The series the profile's rows belong to: a hash of the profile name and every label
+    /// (request and pprof sample labels alike) per sample label set used, with that set's
+    /// index (see [`Prepared::series_text`]). What a series limit counts.
+    pub(crate) fn series(&self) -> Vec<(u64, usize)> {
         use std::hash::{Hash, Hasher};
         let mut used = vec![false; self.label_sets.len()];
         for &(_, g, _) in &self.rows {
             used[self.groups[g as usize].labels as usize] = true;
         }
-        let mut out = Vec::new();
-        for (set, _) in self.label_sets.iter().zip(&used).filter(|(_, u)| **u) {
-            let mut labels: Vec<(&str, &str)> = self
-                .series
-                .iter()
-                .chain(set.iter().map(|(k, v)| (k, v)))
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
-            labels.sort_unstable();
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            self.name.hash(&mut h);
-            labels.hash(&mut h);
-            let text = labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v:?}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            out.push((h.finish(), format!("{}{{{text}}}", self.name)));
-        }
-        out
+        (0..self.label_sets.len())
+            .filter(|&set| used[set])
+            .map(|set| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                self.name.hash(&mut h);
+                self.labels_of(set).hash(&mut h);
+                (h.finish(), set)
+            })
+            .collect()
+    }
+
+    /// Series label set `set` as text, `name{k="v",...}`.
+    pub(crate) fn series_text(&self, set: usize) -> String {
+        let text = self
+            .labels_of(set)
+            .iter()
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        format!("{}{{{text}}}", self.name)
+    }
+
+    /// Every label of a series: the request's and sample label set `set`'s, sorted.
+    fn labels_of(&self, set: usize) -> Vec<(&str, &str)> {
+        let mut labels: Vec<(&str, &str)> = self
+            .series
+            .iter()
+            .chain(self.label_sets[set].iter().map(|(k, v)| (k, v)))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        labels.sort_unstable();
+        labels
     }
 
     /// Whether the profile stores nothing.

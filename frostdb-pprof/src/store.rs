@@ -579,7 +579,7 @@ impl ProfileStore {
             return Ok(());
         }
         let mut known = self.series.lock();
-        let mut new: Vec<(u64, String)> = prepared
+        let mut new: Vec<(u64, usize)> = prepared
             .series()
             .into_iter()
             .filter(|(h, _)| !known.contains(h))
@@ -590,7 +590,7 @@ impl ProfileStore {
             return Err(Error::SeriesLimit {
                 limit,
                 new: new.len(),
-                example: new.swap_remove(0).1,
+                example: prepared.series_text(new[0].1),
             });
         }
         known.extend(new.into_iter().map(|s| s.0));

@@ -83,3 +83,16 @@ pub fn total(first: u64, count: usize) -> i64 {
         .map(|x| (1 + (x % 7) as i64) * 10_000_000)
         .sum()
 }
+
+/// The project's shared/ directory of real profiles (`FROSTDB_SHARED`, else beside the
+/// repository, else /work/shared).
+pub fn shared_dir() -> std::path::PathBuf {
+    if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
+        return dir.into();
+    }
+    let beside = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if beside.exists() {
+        return beside;
+    }
+    "/work/shared".into()
+}

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use crate::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use crate::string_table::StringTable;
 use crate::{Error, Result};
 
 /// What the values of a folded profile measure.
@@ -31,15 +32,19 @@ pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) ->
         at: format!("line {}", n + 1),
         reason,
     };
-    let mut b = Builder::default();
-    b.string("");
+    let mut b = Builder {
+        strings: StringTable::new(),
+        functions: Vec::new(),
+        locations: Vec::new(),
+        location_ids: HashMap::new(),
+    };
     let sample_type = ValueType {
-        r#type: b.string(&units.sample.0),
-        unit: b.string(&units.sample.1),
+        r#type: b.strings.get(&units.sample.0),
+        unit: b.strings.get(&units.sample.1),
     };
     let period_type = ValueType {
-        r#type: b.string(&units.period.0),
-        unit: b.string(&units.period.1),
+        r#type: b.strings.get(&units.period.0),
+        unit: b.strings.get(&units.period.1),
     };
     let mut stacks: HashMap<Vec<u64>, i64> = HashMap::new();
     for (n, line) in text.lines().enumerate() {
@@ -96,39 +101,27 @@ pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) ->
             .collect(),
         location: b.locations,
         function: b.functions,
-        string_table: b.strings,
+        string_table: b.strings.into_table(),
         period_type: Some(period_type),
         period: units.period_value,
         ..Profile::default()
     })
 }
 
-#[derive(Default)]
 struct Builder {
-    strings: Vec<String>,
-    string_ids: HashMap<String, i64>,
+    strings: StringTable,
     functions: Vec<Function>,
     locations: Vec<Location>,
     location_ids: HashMap<String, u64>,
 }
 
 impl Builder {
-    fn string(&mut self, s: &str) -> i64 {
-        if let Some(&id) = self.string_ids.get(s) {
-            return id;
-        }
-        let id = self.strings.len() as i64;
-        self.strings.push(s.to_owned());
-        self.string_ids.insert(s.to_owned(), id);
-        id
-    }
-
     /// A location with one line in a function named `frame`.
     fn location(&mut self, frame: &str) -> u64 {
         if let Some(&id) = self.location_ids.get(frame) {
             return id;
         }
-        let name = self.string(frame);
+        let name = self.strings.get(frame);
         let id = self.locations.len() as u64 + 1;
         self.functions.push(Function {
             id,

@@ -277,20 +277,8 @@ mod tests {
 
     const GO_CPU: &str = "testdata/pprof/pyroscope__go-cpu.pb.gz";
 
-    /// shared/ (`FROSTDB_SHARED`, else beside the repository, else /work/shared).
-    fn shared() -> std::path::PathBuf {
-        if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
-            return dir.into();
-        }
-        let beside = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-        if beside.exists() {
-            return beside;
-        }
-        "/work/shared".into()
-    }
-
     fn go_cpu() -> Vec<u8> {
-        let path = shared().join(GO_CPU);
+        let path = crate::testing::shared_dir().join(GO_CPU);
         std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 

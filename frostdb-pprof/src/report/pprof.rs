@@ -8,30 +8,7 @@ use prost::Message;
 use crate::error::{Error, Result};
 use crate::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::store::Merged;
-
-struct Strings {
-    table: Vec<String>,
-    index: HashMap<String, i64>,
-}
-
-impl Strings {
-    fn new() -> Self {
-        Self {
-            table: vec![String::new()],
-            index: HashMap::from([(String::new(), 0)]),
-        }
-    }
-
-    fn get(&mut self, s: &str) -> i64 {
-        if let Some(i) = self.index.get(s) {
-            return *i;
-        }
-        let i = self.table.len() as i64;
-        self.table.push(s.to_owned());
-        self.index.insert(s.to_owned(), i);
-        i
-    }
-}
+use crate::string_table::StringTable;
 
 /// A location by content: mapping, address, folded, and (function, line) per line.
 type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
@@ -39,7 +16,7 @@ type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
 /// The pprof profile of `merged`: one sample type, one sample per stack, the locations,
 /// functions and mappings those stacks use (each once, whatever partitions they came from).
 pub fn to_profile(merged: &Merged) -> Result<Profile> {
-    let mut strings = Strings::new();
+    let mut strings = StringTable::new();
     let t = &merged.profile_type;
     let mut p = Profile {
         sample_type: vec![ValueType {
@@ -153,7 +130,7 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
         }
         p.sample.push(sample);
     }
-    p.string_table = strings.table;
+    p.string_table = strings.into_table();
     Ok(p)
 }
 

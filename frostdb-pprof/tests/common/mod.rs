@@ -6,14 +6,7 @@ use std::process::Command;
 
 /// The shared/ folder beside the repository (or `FROSTDB_SHARED`).
 pub(crate) fn shared() -> PathBuf {
-    if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
-        return PathBuf::from(dir);
-    }
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if beside.exists() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
+    frostdb_pprof::testing::shared_dir()
 }
 
 /// Every file of shared/testdata/pprof, by name.
