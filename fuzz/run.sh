@@ -30,6 +30,7 @@ seed() {
     wal) printf '\x00\x01\x00\x07\x00samples' > "$dir"/1 ;;
     manifest) printf '%s' '{"format":2,"tables":{}}' > "$dir"/1 ;;
   esac
+  [ -d regressions/"$target" ] && cp regressions/"$target"/* "$dir"/
   # AFL++ wants small seeds: keep those under 1 MiB.
   find "$dir" -size +1M -delete
 }

@@ -92,12 +92,13 @@ pub fn variants(bytes: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-/// What AFL++ left for `target` under `fuzz/`: its seed corpus and the crashes and hangs
-/// it found (`fuzz/out/<target>/default/{crashes,hangs}`), so a found input is replayed by
-/// every test run until fixed.
+/// The inputs kept for `target` under `fuzz/`: fixed findings (`fuzz/regressions/<target>`,
+/// committed), AFL++'s corpus and what it found (`fuzz/out/<target>/default/{crashes,hangs}`),
+/// so a found input is replayed by every test run.
 pub fn found_inputs(fuzz_dir: &std::path::Path, target: &str) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     for dir in [
+        fuzz_dir.join("regressions").join(target),
         fuzz_dir.join("corpus").join(target),
         fuzz_dir.join("out").join(target).join("default/crashes"),
         fuzz_dir.join("out").join(target).join("default/hangs"),

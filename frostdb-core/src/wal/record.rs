@@ -24,9 +24,10 @@
 //!
 //! A segment is named after the first transaction it may hold: `<tx:020>.wal`.
 
-use std::io::{Cursor, Read};
+use std::io::Read;
 
-use arrow::ipc::reader::StreamReader;
+use arrow::buffer::Buffer;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 
@@ -39,6 +40,9 @@ const FLAG_ZSTD: u8 = 1;
 pub(crate) const HEADER: usize = 20;
 /// Largest payload accepted when reading; a larger length field means a damaged record.
 pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
+/// Largest transaction body, before compression: larger writes are refused, and a payload
+/// that inflates past it is damaged.
+pub(crate) const MAX_BODY: usize = 1 << 30;
 
 /// Serialises `batch` as an Arrow IPC stream.
 pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
@@ -48,12 +52,19 @@ pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
     Ok(writer.into_inner()?)
 }
 
-/// Reads a stream written by [`encode_batch`].
-pub(crate) fn decode_batch(payload: &[u8]) -> Result<RecordBatch> {
-    let mut reader = StreamReader::try_new(Cursor::new(payload), None)?;
-    let batch = reader
-        .next()
-        .ok_or_else(|| Error::Internal("WAL record holds no batch".into()))??;
+/// Reads a stream written by [`encode_batch`]. Push-based: lengths declared inside the
+/// bytes are never allocated ahead of the bytes themselves (`StreamReader` resizes a buffer to
+/// a declared metadata length, so four damaged bytes could cost gigabytes of zeroing).
+pub(crate) fn decode_batch(mut payload: Buffer) -> Result<RecordBatch> {
+    let mut decoder = StreamDecoder::new();
+    let batch = decoder
+        .decode(&mut payload)?
+        .ok_or_else(|| Error::Internal("WAL record holds no whole batch".into()))?;
+    if !payload.is_empty() {
+        // An end-of-stream marker is all that may follow the batch.
+        decoder.decode(&mut payload)?;
+    }
+    decoder.finish()?;
     Ok(batch)
 }
 
@@ -72,6 +83,15 @@ pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>
             .map_err(|_| Error::Internal("a batch of over 4 GiB in one write".into()))?;
         body.extend_from_slice(&len.to_le_bytes());
         body.extend_from_slice(&ipc);
+    }
+    if body.len() > MAX_BODY {
+        let tables: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
+        return Err(Error::BatchTooLarge {
+            table: tables.join(", "),
+            what: "bytes in one WAL record",
+            got: body.len(),
+            limit: MAX_BODY,
+        });
     }
     if body.len() > COMPRESS_ABOVE {
         let mut out = vec![FLAG_ZSTD];
@@ -94,27 +114,27 @@ pub(crate) fn decode_entries(
 ) -> std::result::Result<Vec<(String, RecordBatch)>, String> {
     let (&flags, rest) = payload.split_first().ok_or("empty payload")?;
     let inflated;
-    let body: &[u8] = if flags & FLAG_ZSTD != 0 {
-        inflated = zstd::stream::decode_all(rest).map_err(|e| format!("zstd: {e}"))?;
-        &inflated
+    let body: Buffer = if flags & FLAG_ZSTD != 0 {
+        inflated = inflate(rest, MAX_BODY)?;
+        Buffer::from_vec(inflated)
     } else {
-        rest
+        Buffer::from(rest)
     };
-    let mut cursor = body;
-    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
-        if cursor.len() < n {
-            return Err(format!("payload ends {} bytes early", n - cursor.len()));
+    let mut at = 0;
+    let mut take = |n: usize| -> std::result::Result<Buffer, String> {
+        let left = body.len() - at;
+        if left < n {
+            return Err(format!("payload ends {} bytes early", n - left));
         }
-        let (head, tail) = cursor.split_at(n);
-        cursor = tail;
-        Ok(head)
+        at += n;
+        Ok(body.slice_with_length(at - n, n))
     };
     let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
-    let count = le16(take(2)?);
+    let count = le16(&take(2)?);
     let mut out = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let n = le16(take(2)?) as usize;
-        let name = std::str::from_utf8(take(n)?)
+        let n = le16(&take(2)?) as usize;
+        let name = std::str::from_utf8(&take(n)?)
             .map_err(|_| "a table name is not UTF-8".to_owned())?
             .to_owned();
         let len = take(4)?;
@@ -122,8 +142,23 @@ pub(crate) fn decode_entries(
         let batch = decode_batch(take(n)?).map_err(|e| format!("table {name:?}: {e}"))?;
         out.push((name, batch));
     }
-    if !cursor.is_empty() {
-        return Err(format!("{} bytes after the last write", cursor.len()));
+    if at < body.len() {
+        return Err(format!("{} bytes after the last write", body.len() - at));
+    }
+    Ok(out)
+}
+
+/// Inflates a compressed payload, refusing one that inflates past [`MAX_BODY`] (a few
+/// damaged bytes can declare gigabytes).
+fn inflate(compressed: &[u8], limit: usize) -> std::result::Result<Vec<u8>, String> {
+    let decoder = zstd::stream::Decoder::new(compressed).map_err(|e| format!("zstd: {e}"))?;
+    let mut out = Vec::new();
+    decoder
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("zstd: {e}"))?;
+    if out.len() > limit {
+        return Err(format!("inflates past the {limit}-byte record limit"));
     }
     Ok(out)
 }
@@ -330,6 +365,8 @@ mod tests {
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
 
+    use std::io::Cursor;
+
     use super::*;
 
     fn segment(records: &[(u64, &[u8])]) -> Vec<u8> {
@@ -373,7 +410,7 @@ mod tests {
         )
         .unwrap();
         let payload = encode_batch(&batch).unwrap();
-        assert_eq!(decode_batch(&payload).unwrap(), batch);
+        assert_eq!(decode_batch(Buffer::from_vec(payload)).unwrap(), batch);
         // A transaction's writes, small (plain) and large (compressed).
         let big = arrow::compute::concat_batches(&batch.schema(), vec![&batch; 5000]).unwrap();
         for other in [&batch, &big] {
@@ -390,6 +427,27 @@ mod tests {
         }
         let err = decode_entries(&[0, 1]).unwrap_err();
         assert!(err.contains("early"), "{err}");
+    }
+
+    /// Lengths declared inside a payload cost what the payload holds, not what it claims: an
+    /// IPC message claiming 2 GiB of metadata and a zstd frame inflating to gigabytes are
+    /// refused at once (both took seconds and gigabytes before; found by AFL++).
+    #[test]
+    fn declared_lengths_are_not_trusted() {
+        let mut payload = vec![0u8, 1, 0, 1, 0, b't', 12, 0, 0, 0];
+        payload.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]);
+        payload.extend_from_slice(&[1, 2, 3, 4]);
+        let err = decode_entries(&payload).unwrap_err();
+        assert!(err.contains("table \"t\""), "{err}");
+
+        let limit = 1 << 20;
+        let zeros = std::io::repeat(0).take(limit as u64 + 1);
+        let mut bomb = Vec::new();
+        zstd::stream::copy_encode(zeros, &mut bomb, 1).unwrap();
+        assert!(bomb.len() < 1 << 10, "a small frame: {} bytes", bomb.len());
+        let err = inflate(&bomb, limit).unwrap_err();
+        assert!(err.contains("record limit"), "{err}");
+        assert_eq!(inflate(&bomb[..], limit + 1).unwrap().len(), limit + 1);
     }
 
     #[test]
