@@ -69,7 +69,7 @@ pub(crate) struct CommitLog {
     /// This log, for messages to the worker.
     this: Weak<CommitLog>,
     /// The database directory's lock (on-disk databases), held while anything can write.
-    _lock: Option<crate::lock::DirLock>,
+    _lock: Option<Box<dyn Send + Sync>>,
 }
 
 impl std::fmt::Debug for CommitLog {
@@ -87,7 +87,7 @@ impl CommitLog {
         durable: bool,
         max_wal_bytes: u64,
         persistence: Option<std::sync::mpsc::Sender<WorkerMessage>>,
-        lock: Option<crate::lock::DirLock>,
+        lock: Option<Box<dyn Send + Sync>>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|this| Self {
             wal: std::sync::OnceLock::new(),
@@ -193,7 +193,11 @@ impl CommitLog {
     pub(crate) fn finish(&self, tx: u64, position: u64) -> Result<u64> {
         if self.durable {
             let wal = self.wal_or_err()?;
-            wal.sync(position)?;
+            if let Err(error) = wal.sync(position) {
+                // A failed sync poisons the WAL: see below.
+                self.state.lock().pending.clear();
+                return Err(error);
+            }
             if wal.total_bytes() > self.max_wal_bytes
                 && !self
                     .relieving
@@ -209,7 +213,13 @@ impl CommitLog {
         } else {
             // Only a failed sync leaves a durable-looking write unpublished.
             match self.wal.get().and_then(Wal::poisoned) {
-                Some(reason) => Err(Error::Poisoned { reason }),
+                Some(reason) => {
+                    // Nothing appended now will ever be published in this process: let the
+                    // pending writes go (they hold their tables, which hold this log, so
+                    // keeping them would keep the database, its lock included, alive).
+                    self.state.lock().pending.clear();
+                    Err(Error::Poisoned { reason })
+                }
                 None => Err(Error::Internal(format!(
                     "transaction {tx} was not published"
                 ))),

@@ -18,7 +18,6 @@ use parking_lot::RwLock;
 
 use crate::commit::{CommitLog, Transaction};
 use crate::error::{Error, Result};
-use crate::lock::DirLock;
 use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
@@ -152,13 +151,16 @@ impl Db {
         options: DbOptions,
     ) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let fs = options.file_system.clone();
+        fs.create_dir_all(&dir)
+            .map_err(io_err(format!("creating {}", dir.display())))?;
         // Before reading anything: another owner may be writing it.
-        let lock = DirLock::acquire(&dir)?;
+        let lock = fs.lock(&dir)?;
         let pool = Self::pool(&options)?;
         let io = pool.io()?;
         let prefix = ObjectPath::from(prefix);
         let manifest = Arc::new(ManifestFile::open(
+            fs,
             &dir,
             Some((store.clone(), prefix.clone(), io.clone())),
         )?);
@@ -182,7 +184,7 @@ impl Db {
         options: DbOptions,
         pool: WorkerPool,
         disk: Option<Disk>,
-        lock: Option<DirLock>,
+        lock: Option<Box<dyn Send + Sync>>,
     ) -> Result<Self> {
         let workers = pool.assign(
             options.background_compaction,
@@ -227,7 +229,8 @@ impl Db {
         let tables = self.inner.tables.read().clone();
         let log = &self.inner.log;
         let mut applied = 0usize;
-        let (replayed, kept) = wal::replay(&dir, 0, |tx, payload, (segment, offset)| {
+        let fs = self.inner.options.file_system.clone();
+        let (replayed, kept) = wal::replay(&*fs, &dir, 0, |tx, payload, (segment, offset)| {
             let corrupt = |reason: String| Error::WalCorrupt {
                 segment: segment.to_owned(),
                 offset,
@@ -254,6 +257,7 @@ impl Db {
             .max(replayed.last_tx + 1)
             .max(newest_persisted + 1);
         let wal = Wal::open(
+            fs,
             &dir,
             self.inner.options.durability,
             self.inner.options.wal_segment_bytes,

@@ -66,6 +66,7 @@ mod db;
 mod dictionary;
 mod error;
 mod events;
+pub mod fs;
 #[doc(hidden)]
 pub mod fuzzing;
 mod index;

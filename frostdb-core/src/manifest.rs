@@ -6,8 +6,6 @@
 //! persisted_tx, next_block_id, blocks: [BlockMeta]}}}`.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -17,6 +15,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::fs::FileSystem;
 use crate::index::chunk::ColumnStats;
 use crate::io::Io;
 use crate::options::TableOptions;
@@ -88,6 +87,7 @@ impl Default for Manifest {
 
 /// Where the manifest lives and its current content.
 pub(crate) struct ManifestFile {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
     current: Mutex<Manifest>,
@@ -128,11 +128,12 @@ impl ManifestFile {
     /// Loads the manifest of the database in `dir`: the local file, or else the object
     /// store's mirror under `prefix`, or else an empty one.
     pub(crate) fn open(
+        fs: Arc<dyn FileSystem>,
         dir: &Path,
         mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
     ) -> Result<Self> {
         let local = dir.join(FILE_NAME);
-        let manifest = match fs::read(&local) {
+        let manifest = match fs.read(&local) {
             Ok(bytes) => parse(&bytes, &local.display().to_string())?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &mirror {
                 Some((store, prefix, io)) => {
@@ -162,6 +163,7 @@ impl ManifestFile {
             }
         };
         Ok(Self {
+            fs,
             dir: dir.to_path_buf(),
             mirror,
             current: Mutex::new(manifest),
@@ -180,7 +182,7 @@ impl ManifestFile {
         let mut next = current.clone();
         let result = change(&mut next)?;
         next.version += 1;
-        let bytes = serde_json::to_vec_pretty(&next)?;
+        let bytes = serde_json::to_vec(&next)?;
         self.write_local(&bytes)?;
         if let Some((store, prefix, io)) = &self.mirror {
             let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
@@ -205,13 +207,16 @@ impl ManifestFile {
             let context = format!("{what} {}", path.display());
             move |source| Error::Io { context, source }
         };
-        let mut file = File::create(&tmp).map_err(io("writing manifest"))?;
+        let file = self.fs.create(&tmp).map_err(io("writing manifest"))?;
         file.write_all(bytes)
-            .and_then(|_| file.sync_all())
+            .and_then(|_| file.sync_data())
             .map_err(io("writing manifest"))?;
-        fs::rename(&tmp, &path).map_err(io("replacing manifest"))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
+        drop(file);
+        self.fs
+            .rename(&tmp, &path)
+            .map_err(io("replacing manifest"))?;
+        self.fs
+            .sync_dir(&self.dir)
             .map_err(io("syncing the directory of manifest"))?;
         Ok(())
     }
@@ -228,7 +233,7 @@ mod tests {
     #[test]
     fn updates_are_durable_and_reload() {
         let dir = tempfile::tempdir().unwrap();
-        let file = ManifestFile::open(dir.path(), None).unwrap();
+        let file = ManifestFile::open(Arc::new(crate::fs::OsFs), dir.path(), None).unwrap();
         assert!(file.snapshot().tables.is_empty());
         let schema = Schema::builder("t")
             .column(ColumnDef::new("v", DataType::Float64))
@@ -266,7 +271,9 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        let again = ManifestFile::open(dir.path(), None).unwrap().snapshot();
+        let again = ManifestFile::open(Arc::new(crate::fs::OsFs), dir.path(), None)
+            .unwrap()
+            .snapshot();
         let table = &again.tables["t"];
         assert_eq!(table.persisted_tx, 7);
         let stats = table.blocks[0].stats_of("v");
@@ -278,8 +285,8 @@ mod tests {
         assert_eq!(table.blocks[0].stats_of("absent").null_count, 3);
         assert_eq!(again.version, 1);
 
-        fs::write(dir.path().join(FILE_NAME), b"{not json").unwrap();
-        let err = ManifestFile::open(dir.path(), None).unwrap_err();
+        std::fs::write(dir.path().join(FILE_NAME), b"{not json").unwrap();
+        let err = ManifestFile::open(Arc::new(crate::fs::OsFs), dir.path(), None).unwrap_err();
         assert!(err.to_string().contains("not a valid manifest"), "{err}");
     }
 }

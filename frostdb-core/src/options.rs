@@ -191,6 +191,7 @@ pub enum Durability {
 /// | `max_wal_bytes` | 1 GiB | past this much WAL, the table holding its oldest write is persisted (a table written rarely must not keep the whole log alive) |
 /// | `retention_interval` | 60 s | how often retention (table `ttl`) is enforced |
 /// | `workers` | its own | the [`crate::WorkerPool`] running background work, shared by the databases given it |
+/// | `file_system` | [`crate::fs::OsFs`] | the local file layer under the WAL, the manifest and the lock |
 #[derive(Clone)]
 pub struct DbOptions {
     pub(crate) background_compaction: bool,
@@ -200,6 +201,7 @@ pub struct DbOptions {
     pub(crate) max_wal_bytes: u64,
     pub(crate) retention_interval: std::time::Duration,
     pub(crate) workers: Option<crate::workers::WorkerPool>,
+    pub(crate) file_system: Arc<dyn crate::fs::FileSystem>,
 }
 
 impl fmt::Debug for DbOptions {
@@ -211,6 +213,7 @@ impl fmt::Debug for DbOptions {
             .field("max_wal_bytes", &self.max_wal_bytes)
             .field("retention_interval", &self.retention_interval)
             .field("workers", &self.workers)
+            .field("file_system", &self.file_system)
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +228,7 @@ impl Default for DbOptions {
             max_wal_bytes: 1 << 30,
             retention_interval: std::time::Duration::from_secs(60),
             workers: None,
+            file_system: Arc::new(crate::fs::OsFs),
         }
     }
 }
@@ -265,6 +269,13 @@ impl DbOptions {
     /// database starts its own: a compaction and a persistence thread and an I/O runtime.
     pub fn workers(mut self, pool: crate::workers::WorkerPool) -> Self {
         self.workers = Some(pool);
+        self
+    }
+
+    /// Puts the WAL, the manifest and the directory lock on `fs` rather than the operating
+    /// system's files (persisted blocks go to the object store either way).
+    pub fn file_system(mut self, fs: Arc<dyn crate::fs::FileSystem>) -> Self {
+        self.file_system = fs;
         self
     }
 

@@ -25,12 +25,14 @@ const CHILD_DIR: &str = "FROSTDB_CRASH_CHILD_DIR";
 const CHILD_ROUND: &str = "FROSTDB_CRASH_CHILD_ROUND";
 
 fn table_options() -> TableOptions {
-    // Small blocks: the child rotates and persists every few hundred writes.
+    // Small blocks: the child rotates and persists every few dozen writes (a write of a few
+    // rows takes a few KiB of Arrow memory). Smaller blocks make the manifest, rewritten on
+    // every persistence, grow by thousands of blocks over the rounds.
     TableOptions::default()
         .granule_rows(32)
         .row_group_rows(128)
         .l0_max_parts(16)
-        .block_size(48 << 10)
+        .block_size(192 << 10)
 }
 
 fn rows_of(id: i64) -> usize {

@@ -4,15 +4,15 @@
 
 pub(crate) mod record;
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::fs::{FileSystem, WritableFile};
 use crate::options::Durability;
 use record::{End, MAGIC, SegmentReader};
 
@@ -32,7 +32,7 @@ struct Segment {
 }
 
 struct Writer {
-    file: File,
+    file: Arc<dyn WritableFile>,
     current: Segment,
     /// Length of the current segment's valid prefix.
     current_len: u64,
@@ -44,6 +44,7 @@ struct Writer {
 
 /// A database's WAL.
 pub(crate) struct Wal {
+    fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     durability: Durability,
     segment_bytes: u64,
@@ -85,26 +86,26 @@ fn segment_path(dir: &Path, first_tx: u64) -> PathBuf {
     dir.join(format!("{first_tx:020}.wal"))
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
+fn sync_dir(fs: &dyn FileSystem, dir: &Path) -> Result<()> {
+    fs.sync_dir(dir)
         .map_err(io_err(format!("syncing directory {}", dir.display())))
 }
 
-fn create_segment(dir: &Path, first_tx: u64) -> Result<(File, Segment)> {
+fn create_segment(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    first_tx: u64,
+) -> Result<(Arc<dyn WritableFile>, Segment)> {
     let path = segment_path(dir, first_tx);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)
+    let file = fs
+        .create(&path)
         .map_err(io_err(format!("creating WAL segment {}", path.display())))?;
     file.write_all(MAGIC)
         .and_then(|_| file.sync_data())
         .map_err(io_err(format!("writing WAL segment {}", path.display())))?;
-    sync_dir(dir)?;
+    sync_dir(fs, dir)?;
     Ok((
-        file,
+        Arc::from(file),
         Segment {
             path,
             last_tx: 0,
@@ -114,9 +115,9 @@ fn create_segment(dir: &Path, first_tx: u64) -> Result<(File, Segment)> {
 }
 
 /// Segment files of `dir` in transaction order.
-fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+fn list_segments(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut segments = Vec::new();
-    let entries = match fs::read_dir(dir) {
+    let names = match fs.list(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(segments),
         Err(e) => {
@@ -125,17 +126,14 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
             ));
         }
     };
-    for entry in entries {
-        let entry = entry.map_err(io_err(format!("listing WAL directory {}", dir.display())))?;
-        let name = entry.file_name();
+    for name in names {
         let Some(first_tx) = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".wal"))
+            .strip_suffix(".wal")
             .and_then(|n| n.parse::<u64>().ok())
         else {
             continue;
         };
-        segments.push((first_tx, entry.path()));
+        segments.push((first_tx, dir.join(name)));
     }
     segments.sort();
     Ok(segments)
@@ -162,21 +160,20 @@ pub(crate) struct Replayed {
 /// with a transaction above `after`, in order, one record in memory at a time. A torn tail of the last segment
 /// is cut off with a warning; damage anywhere else is an error naming segment and offset.
 pub(crate) fn replay(
+    fs: &dyn FileSystem,
     dir: &Path,
     after: u64,
     mut apply: impl FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()>,
 ) -> Result<(Replayed, Vec<KeptSegment>)> {
-    let segments = list_segments(dir)?;
+    let segments = list_segments(fs, dir)?;
     let mut replayed = Replayed::default();
     let mut kept = Vec::new();
     for (i, (_, path)) in segments.iter().enumerate() {
         let shown = path.display().to_string();
-        let file = File::open(path).map_err(io_err(format!("opening WAL segment {shown}")))?;
-        let len = file
-            .metadata()
-            .map_err(io_err(format!("reading WAL segment {shown}")))?
-            .len();
-        let mut reader = SegmentReader::new(shown.clone(), BufReader::new(file), len)?;
+        let (file, len) = fs
+            .open_read(path)
+            .map_err(io_err(format!("opening WAL segment {shown}")))?;
+        let mut reader = SegmentReader::new(shown.clone(), file, len)?;
         let mut last_tx = 0;
         for record in reader.by_ref() {
             let record = record?;
@@ -211,18 +208,20 @@ pub(crate) fn replay(
                 %reason,
                 "dropping the torn tail of the WAL (an unacknowledged write cut short by a crash)"
             );
-            let file = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io_err(format!("opening WAL segment {shown}")))?;
-            file.set_len((*offset).max(MAGIC.len() as u64))
-                .and_then(|_| file.sync_all())
+            fs.truncate(path, (*offset).max(MAGIC.len() as u64))
                 .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
+        } else {
+            // What replay read may never have been synced (a write whose fsync failed, or
+            // a process killed before it synced): the records now get published, so make
+            // them durable first. Otherwise a power loss after this open could tear a segment
+            // that later segments follow, and the database would not open again.
+            fs.sync_file(path)
+                .map_err(io_err(format!("syncing WAL segment {shown}")))?;
         }
         kept.push(KeptSegment {
             last_tx,
             path: path.clone(),
-            bytes: fs::metadata(path).map_or(len, |m| m.len()),
+            bytes: fs.len(path).unwrap_or(len),
         });
     }
     Ok((replayed, kept))
@@ -233,14 +232,16 @@ impl Wal {
     /// replay kept, `next_tx` the first transaction to be written. Appends always go to a new
     /// segment.
     pub(crate) fn open(
+        fs: Arc<dyn FileSystem>,
         dir: &Path,
         durability: Durability,
         segment_bytes: u64,
         existing: Vec<KeptSegment>,
         next_tx: u64,
     ) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
-        let (file, current) = create_segment(dir, next_tx)?;
+        fs.create_dir_all(dir)
+            .map_err(io_err(format!("creating {}", dir.display())))?;
+        let (file, current) = create_segment(&*fs, dir, next_tx)?;
         let closed = existing
             .into_iter()
             .filter(|k| k.path != current.path)
@@ -251,6 +252,7 @@ impl Wal {
             })
             .collect();
         Ok(Self {
+            fs,
             dir: dir.to_path_buf(),
             durability,
             segment_bytes,
@@ -294,11 +296,7 @@ impl Wal {
         if let Err(e) = w.file.write_all(&frame) {
             // Cut off whatever part of the record reached the file, so that the next append
             // does not follow garbage. (Shrinking needs no space.)
-            let valid = w.current_len;
-            let undo = w.file.set_len(valid).and_then(|_| {
-                use std::io::Seek;
-                w.file.seek(std::io::SeekFrom::Start(valid)).map(|_| ())
-            });
+            let undo = w.file.set_len(w.current_len);
             if let Err(undo) = undo {
                 tracing::error!(segment = %path, error = %undo, "cannot cut a failed WAL append");
             }
@@ -329,10 +327,7 @@ impl Wal {
         }
         let (file, target, path) = {
             let w = self.writer.lock();
-            let file = w
-                .file
-                .try_clone()
-                .map_err(io_err(format!("syncing {}", w.current.path.display())))?;
+            let file = w.file.clone();
             (file, w.written, w.current.path.display().to_string())
         };
         if let Err(e) = file.sync_data() {
@@ -368,7 +363,7 @@ impl Wal {
         }
         // Everything written so far is durable now.
         self.durable.fetch_max(w.written, Ordering::AcqRel);
-        let (file, segment) = create_segment(&self.dir, next_tx)?;
+        let (file, segment) = create_segment(&*self.fs, &self.dir, next_tx)?;
         let mut old = std::mem::replace(&mut w.current, segment);
         old.bytes = w.current_len;
         w.closed.push(old);
@@ -397,14 +392,14 @@ impl Wal {
             doomed
         };
         for s in &doomed {
-            match fs::remove_file(&s.path) {
+            match self.fs.remove(&s.path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err(format!("deleting {}", s.path.display()))(e)),
             }
         }
         if !doomed.is_empty() {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.fs, &self.dir)?;
         }
         Ok(doomed.len())
     }
@@ -421,8 +416,7 @@ impl Wal {
         let closed: u64 = w
             .closed
             .iter()
-            .filter_map(|s| fs::metadata(&s.path).ok())
-            .map(|m| m.len())
+            .filter_map(|s| self.fs.len(&s.path).ok())
             .sum();
         closed + w.current_len
     }
@@ -430,11 +424,18 @@ impl Wal {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::{self, OpenOptions};
+
     use super::*;
+    use crate::fs::OsFs;
+
+    fn os() -> Arc<dyn FileSystem> {
+        Arc::new(OsFs)
+    }
 
     fn collect(dir: &Path, after: u64) -> Result<Vec<(u64, Vec<u8>)>> {
         let mut out = Vec::new();
-        replay(dir, after, |tx, payload, _| {
+        replay(&OsFs, dir, after, |tx, payload, _| {
             out.push((tx, payload));
             Ok(())
         })?;
@@ -444,13 +445,13 @@ mod tests {
     #[test]
     fn appends_rotates_replays_and_truncates() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
+        let wal = Wal::open(os(), dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
         for tx in 1..=10u64 {
             let at = wal.append(tx, &[tx as u8; 40]).unwrap();
             wal.sync(at).unwrap();
         }
         // 40-byte payloads and a 64-byte segment limit: one record per segment after the first.
-        assert!(list_segments(dir.path()).unwrap().len() >= 5);
+        assert!(list_segments(&OsFs, dir.path()).unwrap().len() >= 5);
         let all = collect(dir.path(), 0).unwrap();
         assert_eq!(
             all.iter().map(|r| r.0).collect::<Vec<_>>(),
@@ -468,12 +469,12 @@ mod tests {
     #[test]
     fn reopening_continues_in_a_new_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         wal.sync(wal.append(1, b"a").unwrap()).unwrap();
         drop(wal);
-        let (replayed, kept) = replay(dir.path(), 0, |_, _, _| Ok(())).unwrap();
+        let (replayed, kept) = replay(&OsFs, dir.path(), 0, |_, _, _| Ok(())).unwrap();
         assert_eq!((replayed.records, replayed.last_tx), (1, 1));
-        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
+        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
         wal.sync(wal.append(2, b"b").unwrap()).unwrap();
         assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
         wal.rotate().unwrap();
@@ -484,12 +485,12 @@ mod tests {
     #[test]
     fn a_torn_tail_is_cut_and_later_damage_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         for tx in 1..=3 {
             wal.sync(wal.append(tx, b"payload").unwrap()).unwrap();
         }
         drop(wal);
-        let (_, path) = list_segments(dir.path()).unwrap().pop().unwrap();
+        let (_, path) = list_segments(&OsFs, dir.path()).unwrap().pop().unwrap();
         let len = fs::metadata(&path).unwrap().len();
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.set_len(len - 3).unwrap();

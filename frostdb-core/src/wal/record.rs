@@ -56,16 +56,31 @@ pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
 /// bytes are never allocated ahead of the bytes themselves (`StreamReader` resizes a buffer to
 /// a declared metadata length, so four damaged bytes could cost gigabytes of zeroing).
 pub(crate) fn decode_batch(mut payload: Buffer) -> Result<RecordBatch> {
-    let mut decoder = StreamDecoder::new();
-    let batch = decoder
-        .decode(&mut payload)?
-        .ok_or_else(|| Error::Internal("WAL record holds no whole batch".into()))?;
-    if !payload.is_empty() {
-        // An end-of-stream marker is all that may follow the batch.
-        decoder.decode(&mut payload)?;
-    }
-    decoder.finish()?;
-    Ok(batch)
+    // arrow-ipc 59 panics, rather than erroring, on some malformed schema messages
+    // (apache/arrow-rs#10575 and #10437, fixed for arrow 60 by #10647). A record that passes
+    // its checksum was written by us, so only crafted bytes get here; they get an error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let mut decoder = StreamDecoder::new();
+        let batch = decoder
+            .decode(&mut payload)?
+            .ok_or_else(|| Error::Internal("WAL record holds no whole batch".into()))?;
+        if !payload.is_empty() {
+            // An end-of-stream marker is all that may follow the batch.
+            decoder.decode(&mut payload)?;
+        }
+        decoder.finish()?;
+        Ok(batch)
+    }))
+    .unwrap_or_else(|panic| {
+        let reason = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(Error::Internal(format!(
+            "malformed Arrow IPC stream (the decoder panicked: {reason})"
+        )))
+    })
 }
 
 /// Serialises a transaction's writes, `(table, batch)`, as a record payload.
@@ -139,7 +154,10 @@ pub(crate) fn decode_entries(
             .to_owned();
         let len = take(4)?;
         let n = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        let batch = decode_batch(take(n)?).map_err(|e| format!("table {name:?}: {e}"))?;
+        // A copy of its own bytes: the batch's arrays point into them, and a table keeping
+        // the batch must not keep the other tables' writes of the record alive.
+        let batch = decode_batch(Buffer::from(take(n)?.as_slice()))
+            .map_err(|e| format!("table {name:?}: {e}"))?;
         out.push((name, batch));
     }
     if at < body.len() {

@@ -1,6 +1,8 @@
 //! Helpers shared by the scenario tests.
 #![allow(dead_code)]
 
+pub(crate) mod faults;
+
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
