@@ -1300,3 +1300,52 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
         );
     }
 }
+
+/// A profiler labelling every request's samples with its span (as `pyroscope-otel` does)
+/// makes no series per span: a tenant limited to 2 series takes 30 spans in 2 pushes, a
+/// query of some spans answers their share, and label values do not list span ids.
+#[tokio::test]
+async fn span_ids_are_not_series_and_a_query_selects_spans() {
+    use frostdb_pprof::testing;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nmax_series_per_tenant = 2\n"),
+    );
+    let (samples, spans) = (90usize, 30usize);
+    let mut profile = testing::profile(0, samples, 3);
+    testing::label_spans(&mut profile, spans);
+    for pod in ["a", "b"] {
+        let req = push_request(
+            "process_cpu",
+            &[("service_name", "api"), ("pod", pod)],
+            profile.encode_to_vec(),
+        );
+        let (status, body) = push_proto(&s, None, &req).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let selector = format!("{CPU}{{service_name=\"api\"}}");
+    assert_eq!(
+        top_total(&s, None, &selector).await,
+        2 * testing::total(0, samples)
+    );
+    let top = get_json(
+        &format!(
+            "{}/api/v1/query?format=top&span_id=s4,s25&selector={}",
+            s.url,
+            enc(&selector)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(
+        top["total"].as_i64().unwrap(),
+        2 * testing::span_total(0, samples, spans, &[4, 25])
+    );
+    let (status, values) = get(&format!("{}/api/v1/label/span_id/values", s.url), None).await;
+    assert_eq!(status, 200, "{values}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&values).unwrap(),
+        serde_json::json!([])
+    );
+}

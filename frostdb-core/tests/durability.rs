@@ -496,10 +496,9 @@ fn replaying_a_long_wal_persists_as_blocks_fill() {
     let dir_path = dir.path().to_path_buf();
     let manifest = dir_path.join("manifest.json");
     let text = std::fs::read_to_string(&manifest).unwrap();
-    let text = text.replace(
-        &format!("\"block_size\": {}", usize::MAX / 2),
-        "\"block_size\": 30000",
-    );
+    let big = format!("\"block_size\":{}", usize::MAX / 2);
+    assert!(text.contains(&big), "the manifest records the block size");
+    let text = text.replace(&big, "\"block_size\":30000");
     std::fs::write(&manifest, text).unwrap();
     let db = Db::open(dir.path(), options_without_background()).unwrap();
     let table = db.get_table("samples").unwrap();

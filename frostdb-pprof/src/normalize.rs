@@ -158,6 +158,10 @@ pub(crate) struct Prepared<'p> {
     groups: Vec<Group>,
     /// `(type, group, value)`, values non-zero, deltas taken.
     rows: Vec<(u16, u32, i64)>,
+    /// Distinct (group, label set with span labels) of samples labelled with a span.
+    span_groups: Vec<(u32, u32)>,
+    /// `(type, span group, value)`, values non-zero, of types that are not cumulative.
+    span_rows: Vec<(u16, u32, i64)>,
     /// Deltas' states to keep once the profile is stored.
     pub(crate) delta_states: Vec<(String, HashMap<Fingerprint, i64>)>,
     timestamp: i64,
@@ -204,20 +208,35 @@ pub(crate) fn prepare<'p>(
     let mut groups: Vec<Group> = Vec::with_capacity(p.sample.len());
     let types = p.sample_type.len();
     let mut values: Vec<i64> = Vec::with_capacity(p.sample.len() * types);
+    let mut span_index: HashMap<(u32, u32), u32> = HashMap::default();
+    let mut span_groups: Vec<(u32, u32)> = Vec::new();
+    let mut span_values: Vec<i64> = Vec::new();
+    let mut intern = |set: Vec<(String, String)>| -> u32 {
+        if set.is_empty() {
+            0
+        } else if let Some(&i) = label_index.get(&set) {
+            i
+        } else {
+            let i = label_sets.len() as u32;
+            label_index.insert(set.clone(), i);
+            label_sets.push(set);
+            i
+        }
+    };
     for (i, sample) in p.sample.iter().enumerate() {
-        let labels = if sample.label.iter().all(|l| l.str == 0) {
-            0 // numeric labels are not kept
+        let (labels, with_span) = if sample.label.iter().all(|l| l.str == 0) {
+            (0, None) // numeric labels are not kept
         } else {
             let set = sample_labels(p, sample, &series)?;
-            if set.is_empty() {
-                0
-            } else if let Some(&i) = label_index.get(&set) {
-                i
+            if set.iter().any(|(k, _)| is_span_label(k)) {
+                let series_only = set
+                    .iter()
+                    .filter(|(k, _)| !is_span_label(k))
+                    .cloned()
+                    .collect();
+                (intern(series_only), Some(intern(set)))
             } else {
-                let i = label_sets.len() as u32;
-                label_index.insert(set.clone(), i);
-                label_sets.push(set);
-                i
+                (intern(set), None)
             }
         };
         let g = *group_index
@@ -231,6 +250,17 @@ pub(crate) fn prepare<'p>(
         for (acc, v) in row.iter_mut().zip(&sample.value) {
             *acc = acc.saturating_add(*v);
         }
+        if let Some(full) = with_span {
+            let sg = *span_index.entry((g, full)).or_insert_with(|| {
+                span_groups.push((g, full));
+                span_values.extend(std::iter::repeat_n(0, types));
+                (span_groups.len() - 1) as u32
+            });
+            let row = &mut span_values[sg as usize * types..(sg as usize + 1) * types];
+            for (acc, v) in row.iter_mut().zip(&sample.value) {
+                *acc = acc.saturating_add(*v);
+            }
+        }
     }
 
     let timestamp = options
@@ -243,6 +273,8 @@ pub(crate) fn prepare<'p>(
         label_sets,
         groups,
         rows: Vec::new(),
+        span_groups,
+        span_rows: Vec::new(),
         delta_states: Vec::new(),
         timestamp,
     };
@@ -252,6 +284,15 @@ pub(crate) fn prepare<'p>(
     let fingerprints: Option<Vec<Fingerprint>> =
         (options.delta && (0..types).any(cumulative)).then(|| prepared.fingerprints());
     for t in 0..types {
+        // Span rows: values as sampled, of the types that are not cumulative (a span's
+        // share of a cumulative counter has no meaning).
+        if !cumulative(t) {
+            prepared.span_rows.extend(
+                (0..prepared.span_groups.len())
+                    .map(|sg| (t as u16, sg as u32, span_values[sg * types + t]))
+                    .filter(|r| r.2 != 0),
+            );
+        }
         let column = prepared
             .groups
             .iter()
@@ -290,6 +331,11 @@ pub(crate) fn prepare<'p>(
         }
     }
     Ok(prepared)
+}
+
+/// Whether a (sanitized) sample label names a span or trace rather than a series.
+fn is_span_label(key: &str) -> bool {
+    crate::schema::SPAN_LABELS.contains(&key)
 }
 
 /// A sample's string labels, sanitized and sorted, without those equal to a series label.
@@ -517,8 +563,40 @@ impl Prepared<'_> {
         stacks: &[u32],
         out: &mut SampleRows,
     ) -> Result<IngestSummary> {
+        let rows = self.rows.iter().map(|&(t, g, v)| {
+            let group = &self.groups[g as usize];
+            (t, group.labels as usize, stacks[g as usize], v)
+        });
+        self.append(partition, rows, out)
+    }
+
+    /// The rows of samples labelled with a span (see [`crate::schema::SPANS`]), appended
+    /// to `out` as [`Prepared::append_samples`] does.
+    pub(crate) fn append_spans(
+        &self,
+        partition: u32,
+        stacks: &[u32],
+        out: &mut SampleRows,
+    ) -> Result<()> {
+        if self.span_rows.is_empty() {
+            return Ok(());
+        }
+        let rows = self.span_rows.iter().map(|&(t, sg, v)| {
+            let (g, labels) = self.span_groups[sg as usize];
+            (t, labels as usize, stacks[g as usize], v)
+        });
+        self.append(partition, rows, out).map(|_| ())
+    }
+
+    /// Appends rows `(type, label set, stack, value)`, type by type.
+    fn append(
+        &self,
+        partition: u32,
+        rows: impl ExactSizeIterator<Item = (u16, usize, u32, i64)> + Clone,
+        out: &mut SampleRows,
+    ) -> Result<IngestSummary> {
         let p = self.profile;
-        let n = self.rows.len();
+        let n = rows.len();
         let start = out.len();
         let sample_type = |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples");
         let sample_unit = |t: u16| or(text(p, p.sample_type[t as usize].unit), "count");
@@ -537,8 +615,9 @@ impl Prepared<'_> {
         // Rows come type by type, in type order (see `prepare`): one run per type used.
         let mut used: Vec<u16> = Vec::new();
         let mut at = start;
-        for run in self.rows.chunk_by(|a, b| a.0 == b.0) {
-            let t = run[0].0;
+        let types: Vec<u16> = rows.clone().map(|r| r.0).collect();
+        for run in types.chunk_by(|a, b| a == b) {
+            let t = run[0];
             out.constant("sample_type", sample_type(t), at, run.len())?;
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
             used.push(t);
@@ -551,19 +630,15 @@ impl Prepared<'_> {
                 .iter()
                 .map(|set| set.iter().map(|(k, _)| format!("labels.{k}")).collect())
                 .collect();
-            for (i, r) in self.rows.iter().enumerate() {
-                let set = self.groups[r.1 as usize].labels as usize;
+            for (i, (_, set, _, _)) in rows.clone().enumerate() {
                 for (column, (_, v)) in columns[set].iter().zip(&self.label_sets[set]) {
                     out.constant(column, v, start + i, 1)?;
                 }
             }
         }
-        out.stacktrace_id.extend(
-            self.rows
-                .iter()
-                .map(|r| symbol_id(partition, stacks[r.1 as usize])),
-        );
-        out.value.extend(self.rows.iter().map(|r| r.2));
+        out.stacktrace_id
+            .extend(rows.clone().map(|r| symbol_id(partition, r.2)));
+        out.value.extend(rows.map(|r| r.3));
         out.timestamp.extend(std::iter::repeat_n(self.timestamp, n));
         out.duration
             .extend(std::iter::repeat_n(p.duration_nanos, n));

@@ -5,6 +5,7 @@
 //! | table | columns |
 //! |---|---|
 //! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
+//! | `spans` | the columns of `samples`; rows of samples labelled with a span or trace id ([`SPAN_LABELS`]) |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
 //! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
@@ -14,12 +15,23 @@
 //! in the low 32 (see [`crate::symbols`]). Within a partition every stack, location, function
 //! and mapping is stored once; a partition closes past a size or an age, and is deleted when
 //! no retained sample refers to it.
+//!
+//! Span and trace ids are not series labels: a profiler labelling each request's samples
+//! with its span (as `pyroscope-otel` does) would otherwise make a series per request. The
+//! `samples` rows leave them out (samples differing only by span add up); the same samples
+//! are also written, with their span labels, to `spans`, which
+//! [`ProfileStore::merge_spans`](crate::ProfileStore::merge_spans) reads, as Pyroscope's
+//! span profiles do. Label names and values (the `samples` table) do not list them.
 
 use arrow::datatypes::DataType;
 use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
 
 /// Table of samples.
 pub const SAMPLES: &str = "samples";
+/// Table of samples by span (see the module docs).
+pub const SPANS: &str = "spans";
+/// Sample labels that identify a span or trace rather than a series.
+pub const SPAN_LABELS: [&str; 2] = ["span_id", "trace_id"];
 /// Table of stacks.
 pub const STACKTRACES: &str = "stacktraces";
 /// Table of locations.
@@ -48,7 +60,17 @@ fn schema(
 /// range is a contiguous slice, and timestamps compress to runs. `stacktrace_id` is the
 /// stack's symbol id.
 pub fn samples() -> Schema {
-    schema(SAMPLES, |b| {
+    sample_schema(SAMPLES)
+}
+
+/// The spans table: the samples table's columns, sorted the same way (a span's labels are
+/// `labels.span_id` and `labels.trace_id`).
+pub fn spans() -> Schema {
+    sample_schema(SPANS)
+}
+
+fn sample_schema(name: &str) -> Schema {
+    schema(name, |b| {
         b.column(dict("name"))
             .column(dict("sample_type"))
             .column(dict("sample_unit"))

@@ -106,20 +106,22 @@ impl Merged {
 
 /// Deletes symbol partitions no retained sample refers to (run after retention).
 struct SymbolExpiry {
-    samples: Table,
+    /// The tables whose rows refer to stacks: samples and spans.
+    samples: [Table; 2],
     symbols: Arc<SymbolStore>,
 }
 
 impl SymbolExpiry {
     fn run_once(&self) -> Result<usize> {
         let current = self.symbols.current().id();
-        let oldest_used = match self.samples.snapshot().column_stats("stacktrace_id") {
-            Some(stats) => match stats.min {
-                Some(Scalar::UInt(min)) => split_id(min).0.min(current),
-                _ => current,
-            },
-            None => current,
-        };
+        let oldest_used = self
+            .samples
+            .iter()
+            .filter_map(|t| match t.snapshot().column_stats("stacktrace_id")?.min {
+                Some(Scalar::UInt(min)) => Some(split_id(min).0),
+                _ => None,
+            })
+            .fold(current, u32::min);
         let tables = self.symbols.tables();
         let mut deleted = 0;
         for (table, column) in [
@@ -194,6 +196,8 @@ struct Group {
     from: Counts,
     to: Counts,
     rows: SampleRows,
+    /// Rows of the samples labelled with a span (the `spans` table).
+    spans: SampleRows,
     slot: Arc<Slot>,
     /// Why a profile's rows could not be appended whole, if one could not.
     broken: Option<String>,
@@ -206,6 +210,7 @@ impl Group {
             from,
             to: from,
             rows: SampleRows::default(),
+            spans: SampleRows::default(),
             slot: Arc::new(Slot {
                 state: Mutex::new(SlotState::Waiting),
                 ready: Condvar::new(),
@@ -259,6 +264,7 @@ impl Pipeline {
 pub struct ProfileStore {
     db: Db,
     samples: Table,
+    spans: Table,
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
     deltas: Mutex<Deltas>,
@@ -307,23 +313,26 @@ impl ProfileStore {
         )?;
         let samples = db.table(schema::SAMPLES, schema::samples(), options.samples.clone())?;
         samples.set_ttl(options.retention)?;
+        let spans = db.table(schema::SPANS, schema::spans(), options.samples.clone())?;
+        spans.set_ttl(options.retention)?;
         let tables = SymbolTables {
             stacktraces,
             locations,
             functions,
             mappings,
         };
-        let newest_used = match samples.snapshot().column_stats("stacktrace_id") {
-            Some(stats) => match stats.max {
-                Some(Scalar::UInt(max)) => split_id(max).0,
-                _ => 0,
-            },
-            None => 0,
-        };
+        let newest_used = [&samples, &spans]
+            .iter()
+            .filter_map(|t| match t.snapshot().column_stats("stacktrace_id")?.max {
+                Some(Scalar::UInt(max)) => Some(split_id(max).0),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         let newest = tables.newest_partition().max(newest_used);
         let symbols = Arc::new(SymbolStore::open(tables, options.symbols, newest));
         let expiry = Arc::new(SymbolExpiry {
-            samples: samples.clone(),
+            samples: [samples.clone(), spans.clone()],
             symbols: symbols.clone(),
         });
         let task: Arc<dyn Maintenance> = expiry.clone();
@@ -332,6 +341,7 @@ impl ProfileStore {
         Ok(Self {
             db,
             samples,
+            spans,
             symbols,
             expiry,
             deltas: Mutex::new(Deltas::default()),
@@ -451,15 +461,20 @@ impl ProfileStore {
                 pipeline.open = Some(Group::new(partition.clone(), from));
             }
             let group = pipeline.open.as_mut().expect("opened above");
-            let mut summary =
-                match prepared.append_samples(partition.id(), &stacks, &mut group.rows) {
-                    Ok(summary) => summary,
-                    Err(e) => {
-                        // The group's rows are no longer whole: it fails as a whole.
-                        group.broken = Some(e.to_string());
-                        return Err(e);
-                    }
-                };
+            let appended = prepared
+                .append_samples(partition.id(), &stacks, &mut group.rows)
+                .and_then(|summary| {
+                    prepared.append_spans(partition.id(), &stacks, &mut group.spans)?;
+                    Ok(summary)
+                });
+            let mut summary = match appended {
+                Ok(summary) => summary,
+                Err(e) => {
+                    // The group's rows are no longer whole: it fails as a whole.
+                    group.broken = Some(e.to_string());
+                    return Err(e);
+                }
+            };
             summary.new_stacks = new_stacks;
             let slot = group.slot.clone();
             if group.rows.len() >= MAX_GROUP_ROWS {
@@ -556,6 +571,9 @@ impl ProfileStore {
                 tx.insert(table, &batch)?;
             }
             tx.insert(&self.samples, &samples)?;
+            if group.spans.len() > 0 {
+                tx.insert(&self.spans, &group.spans.finish()?)?;
+            }
             Ok::<_, Error>(tx.submit()?)
         })();
         match submitted {
@@ -628,8 +646,35 @@ impl ProfileStore {
         self.merge_reading(selector, range, true)
     }
 
+    /// Merges what `selector` selects in `range` among the samples labelled with one of
+    /// `span_ids` (the `span_id` sample label; see [`schema::SPANS`]), as Pyroscope's span
+    /// profiles do. Samples of cumulative types (allocations so far) have no span rows.
+    pub fn merge_spans(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        span_ids: &[&str],
+    ) -> Result<Merged> {
+        let mut selector = selector.clone();
+        selector.matchers.push(
+            frostdb_query::Matcher::any_of("span_id", span_ids)
+                .map_err(|e| Error::Query(format!("span ids: {e}")))?,
+        );
+        self.merge_table(&self.spans, &selector, range, false)
+    }
+
     fn merge_reading(
         &self,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+    ) -> Result<Merged> {
+        self.merge_table(&self.samples, selector, range, lenient)
+    }
+
+    fn merge_table(
+        &self,
+        table: &Table,
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
@@ -646,7 +691,7 @@ impl ProfileStore {
             metrics,
             ..
         } = merge_stacks(
-            &self.samples.snapshot(),
+            &table.snapshot(),
             selector,
             range,
             self.options.query_threads,

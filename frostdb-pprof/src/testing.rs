@@ -77,6 +77,44 @@ pub fn profile(first: u64, count: usize, depth: usize) -> Profile {
     }
 }
 
+/// Labels sample `i` of `profile` with span `s{i % spans}` and trace `t0` (`span_id` and
+/// `trace_id`, as `pyroscope-otel` labels a request's samples).
+pub fn label_spans(profile: &mut Profile, spans: usize) {
+    let mut string = |s: String| {
+        profile.string_table.push(s);
+        profile.string_table.len() as i64 - 1
+    };
+    let (span_key, trace_key, trace) = (
+        string("span_id".into()),
+        string("trace_id".into()),
+        string("t0".into()),
+    );
+    let span: Vec<i64> = (0..spans).map(|s| string(format!("s{s}"))).collect();
+    for (i, sample) in profile.sample.iter_mut().enumerate() {
+        sample.label = vec![
+            crate::proto::Label {
+                key: span_key,
+                str: span[i % spans],
+                ..Default::default()
+            },
+            crate::proto::Label {
+                key: trace_key,
+                str: trace,
+                ..Default::default()
+            },
+        ];
+    }
+}
+
+/// The total of [`profile`]`(first, count, _)`'s samples that [`label_spans`]`(_, spans)`
+/// puts in the spans `ids`.
+pub fn span_total(first: u64, count: usize, spans: usize, ids: &[usize]) -> i64 {
+    (0..count)
+        .filter(|i| ids.contains(&(i % spans)))
+        .map(|i| (1 + ((first + i as u64) % 7) as i64) * 10_000_000)
+        .sum()
+}
+
 /// The total [`profile`] gives its stacks `first..first + count`.
 pub fn total(first: u64, count: usize) -> i64 {
     (first..first + count as u64)

@@ -224,3 +224,60 @@ async fn pprof_sample_labels_count_against_the_series_limit() {
     ));
     assert_eq!(stored_series(&store).await, series);
 }
+
+/// Span ids are not series labels: a span per request does not make a series per request
+/// (a store limited to one series takes 20 spans), the merge adds every span up, and the
+/// spans are still there to select, before and after a reopen; label values do not list them.
+#[test]
+fn span_and_trace_ids_are_kept_per_sample_not_as_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let options = StoreOptions {
+            max_series: 1,
+            ..StoreOptions::default()
+        };
+        ProfileStore::open(db, options).unwrap()
+    };
+    use frostdb_pprof::testing;
+    use prost::Message;
+    let (samples, spans) = (200usize, 20usize);
+    let mut profile = testing::profile(0, samples, 3);
+    testing::label_spans(&mut profile, spans);
+    let selector =
+        Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"api\"}")
+            .unwrap();
+    let check = |store: &ProfileStore| {
+        let all = store.merge(&selector, TimeRange::ALL).unwrap();
+        assert_eq!(all.total(), testing::total(0, samples));
+        let some = store
+            .merge_spans(&selector, TimeRange::ALL, &["s3", "s17"])
+            .unwrap();
+        assert_eq!(
+            some.total(),
+            testing::span_total(0, samples, spans, &[3, 17])
+        );
+        let none = store
+            .merge_spans(&selector, TimeRange::ALL, &["s99"])
+            .unwrap();
+        assert_eq!(none.total(), 0);
+        for label in ["span_id", "trace_id"] {
+            let values = store.label_values(label, None, TimeRange::ALL).unwrap();
+            assert!(values.is_empty(), "{label}: {values:?}");
+        }
+    };
+    {
+        let store = open();
+        store
+            .ingest(
+                &profile.encode_to_vec(),
+                &options("process_cpu", &[("service_name", "api")]),
+            )
+            .unwrap();
+        assert_eq!(store.series_count(), 1);
+        // Every span adds up in the series' samples: one row per stack, not per span.
+        assert_eq!(store.samples().snapshot().rows(), samples);
+        check(&store);
+    }
+    check(&open());
+}

@@ -99,6 +99,28 @@ impl PartialEq for Matcher {
 }
 
 impl Matcher {
+    /// A matcher accepting exactly `values` for `label` (`label=~"v1|v2|..."`, each value
+    /// escaped), or an error when they make too large a regex.
+    pub fn any_of(label: &str, values: &[&str]) -> Result<Self, String> {
+        let value = values
+            .iter()
+            .map(|v| regex::escape(v))
+            .collect::<Vec<_>>()
+            .join("|");
+        let mut matcher = Self {
+            label: label.to_owned(),
+            op: MatchOp::Regex,
+            value,
+            regex: None,
+        };
+        let compiled = regex::RegexBuilder::new(&matcher.anchored())
+            .size_limit(16 << 20)
+            .build()
+            .map_err(|e| format!("{} values of {label}: {e}", values.len()))?;
+        matcher.regex = Some(compiled);
+        Ok(matcher)
+    }
+
     /// Whether the matcher accepts `value` (the empty string for an absent label).
     pub fn matches(&self, value: &str) -> bool {
         match (self.op, &self.regex) {

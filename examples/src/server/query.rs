@@ -99,6 +99,8 @@ pub struct Params {
     /// failing.
     #[serde(default)]
     pub lenient: bool,
+    /// `query`: only the samples of these spans (comma-separated `span_id` values).
+    pub span_id: Option<String>,
 }
 
 /// `body`, with the count of skipped blocks when the query was lenient.
@@ -388,7 +390,21 @@ async fn query(
         )));
     }
     let merged = match state.tenants.for_read(&tenant).await? {
-        Some(t) => merge(t, selector, range, p.lenient).await?,
+        Some(t) => match p.span_id.as_deref() {
+            Some(ids) => {
+                if p.lenient {
+                    return Err(ApiError::bad_request("span_id queries are strict"));
+                }
+                let ids: Vec<String> = ids.split(',').map(|s| s.trim().to_owned()).collect();
+                tokio::task::spawn_blocking(move || {
+                    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                    Ok::<_, ApiError>(t.store.merge_spans(&selector, range, &ids)?)
+                })
+                .await
+                .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))??
+            }
+            None => merge(t, selector, range, p.lenient).await?,
+        },
         None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
     };
     let failed = p.lenient.then_some(merged.blocks_failed);
