@@ -31,8 +31,11 @@ seed() {
     manifest) printf '%s' '{"format":2,"tables":{}}' > "$dir"/1 ;;
   esac
   [ -d regressions/"$target" ] && cp regressions/"$target"/* "$dir"/
-  # AFL++ wants small seeds: keep those under 1 MiB.
-  find "$dir" -size +1M -delete
+  # AFL++ wants small seeds (executions per second fall with their size): keep those under
+  # 16 KiB, or the smallest when none is.
+  local smallest
+  smallest=$(ls -S "$dir" | tail -1)
+  find "$dir" -size +16k ! -name "$smallest" -delete
 }
 
 export AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_NO_UI=1

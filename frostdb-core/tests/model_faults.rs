@@ -9,7 +9,8 @@
 //! - a write seen absent after a recovery, or deleted with its block, never comes back;
 //! - a query either errors (only while the object store is failing) or answers exactly.
 //!
-//! Cases: `PROPTEST_CASES` (default 300; the long run in the README uses 10,000).
+//! Cases: `PROPTEST_CASES` (default 300; the long run in the README uses 10,000, through
+//! `cargo test`, which has no per-test timeout).
 
 mod common;
 
