@@ -7,7 +7,7 @@ use arrow::error::ArrowError;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Whose fault an error is, and what a caller can do about it: what a server maps to a
-/// status code (400, 413, 404, 409, 503, 500) and a client to "fix the request", "retry" or
+/// status code (400, 413, 429, 404, 409, 503, 500) and a client to "fix the request", "retry" or
 /// "call someone".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -16,6 +16,9 @@ pub enum ErrorKind {
     InvalidInput,
     /// The input is well-formed but over a configured limit.
     LimitExceeded,
+    /// The input is fine, but a quota of the caller (a tenant's series limit) is used up:
+    /// more of its kind are refused until the quota is raised or freed.
+    QuotaExceeded,
     /// What was asked for does not exist.
     NotFound,
     /// The request conflicts with what is stored (a table reopened with another schema).
@@ -36,7 +39,11 @@ impl ErrorKind {
     pub fn is_client_error(self) -> bool {
         matches!(
             self,
-            Self::InvalidInput | Self::LimitExceeded | Self::NotFound | Self::Conflict
+            Self::InvalidInput
+                | Self::LimitExceeded
+                | Self::QuotaExceeded
+                | Self::NotFound
+                | Self::Conflict
         )
     }
 }

@@ -111,7 +111,8 @@ impl Error {
             | Self::Convert { .. }
             | Self::LabelCollision { .. }
             | Self::Query(_) => K::InvalidInput,
-            Self::TooLarge { .. } | Self::SeriesLimit { .. } => K::LimitExceeded,
+            Self::TooLarge { .. } => K::LimitExceeded,
+            Self::SeriesLimit { .. } => K::QuotaExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,
             Self::At { error, .. } => error.kind(),

@@ -201,7 +201,7 @@ async fn pprof_sample_labels_count_against_the_series_limit() {
     let store = limited(label_sets - 1);
     let err = store.ingest(&labelled, &request).unwrap_err();
     assert!(matches!(err, Error::SeriesLimit { .. }), "{err}");
-    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded);
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::QuotaExceeded);
     assert!(
         err.to_string()
             .contains(&format!("would add {label_sets} new series")),

@@ -57,12 +57,14 @@ impl ApiError {
     }
 
     /// An error of `kind` (the engine's, the query layer's or the profile layer's):
-    /// invalid input 400, over a limit 413, not found 404, conflict 409, unavailable 503
-    /// (retry), corrupt data, I/O and bugs 500.
+    /// invalid input 400, over a limit 413, over a quota 429, not found 404, conflict 409,
+    /// unavailable 503
+    /// (retry); corrupt data, I/O and bugs 500.
     pub fn of_kind(kind: ErrorKind, message: impl Into<String>) -> Self {
         let status = match kind {
             ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
             ErrorKind::LimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -111,11 +113,7 @@ impl IntoResponse for ApiError {
 impl From<frostdb_pprof::Error> for ApiError {
     fn from(e: frostdb_pprof::Error) -> Self {
         // The kind is the innermost error's, whatever context `Error::At` adds.
-        match e.innermost() {
-            // A quota of the tenant rather than a request too large: 429.
-            frostdb_pprof::Error::SeriesLimit { .. } => Self::limited(e.to_string()),
-            _ => Self::of_kind(e.kind(), e.to_string()),
-        }
+        Self::of_kind(e.kind(), e.to_string())
     }
 }
 
