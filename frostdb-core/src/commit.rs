@@ -194,9 +194,7 @@ impl CommitLog {
         if self.durable {
             let wal = self.wal_or_err()?;
             if let Err(error) = wal.sync(position) {
-                // A failed sync poisons the WAL: see below.
-                self.state.lock().pending.clear();
-                return Err(error);
+                return Err(self.abandon_pending(error));
             }
             if wal.total_bytes() > self.max_wal_bytes
                 && !self
@@ -213,18 +211,20 @@ impl CommitLog {
         } else {
             // Only a failed sync leaves a durable-looking write unpublished.
             match self.wal.get().and_then(Wal::poisoned) {
-                Some(reason) => {
-                    // Nothing appended now will ever be published in this process: let the
-                    // pending writes go (they hold their tables, which hold this log, so
-                    // keeping them would keep the database, its lock included, alive).
-                    self.state.lock().pending.clear();
-                    Err(Error::Poisoned { reason })
-                }
+                Some(reason) => Err(self.abandon_pending(Error::Poisoned { reason })),
                 None => Err(Error::Internal(format!(
                     "transaction {tx} was not published"
                 ))),
             }
         }
+    }
+
+    /// After a failed sync (the WAL is poisoned), nothing appended will ever be published in
+    /// this process: the pending writes go, and `error` is returned. They hold their tables,
+    /// which hold this log: kept, they would keep the database, its lock included, alive.
+    fn abandon_pending(&self, error: Error) -> Error {
+        self.state.lock().pending.clear();
+        error
     }
 
     fn wal_or_err(&self) -> Result<&Wal> {

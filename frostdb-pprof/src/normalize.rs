@@ -246,20 +246,14 @@ pub(crate) fn prepare<'p>(
                 values.extend(std::iter::repeat_n(0, types));
                 (groups.len() - 1) as u32
             });
-        let row = &mut values[g as usize * types..(g as usize + 1) * types];
-        for (acc, v) in row.iter_mut().zip(&sample.value) {
-            *acc = acc.saturating_add(*v);
-        }
+        add(&mut values, g, types, &sample.value);
         if let Some(full) = with_span {
             let sg = *span_index.entry((g, full)).or_insert_with(|| {
                 span_groups.push((g, full));
                 span_values.extend(std::iter::repeat_n(0, types));
                 (span_groups.len() - 1) as u32
             });
-            let row = &mut span_values[sg as usize * types..(sg as usize + 1) * types];
-            for (acc, v) in row.iter_mut().zip(&sample.value) {
-                *acc = acc.saturating_add(*v);
-            }
+            add(&mut span_values, sg, types, &sample.value);
         }
     }
 
@@ -331,6 +325,14 @@ pub(crate) fn prepare<'p>(
         }
     }
     Ok(prepared)
+}
+
+/// Adds a sample's `values` (one per type) to row `row` of `table` (`types` per row).
+fn add(table: &mut [i64], row: u32, types: usize, values: &[i64]) {
+    let row = &mut table[row as usize * types..(row as usize + 1) * types];
+    for (acc, v) in row.iter_mut().zip(values) {
+        *acc = acc.saturating_add(*v);
+    }
 }
 
 /// Whether a (sanitized) sample label names a span or trace rather than a series.
@@ -563,11 +565,9 @@ impl Prepared<'_> {
         stacks: &[u32],
         out: &mut SampleRows,
     ) -> Result<IngestSummary> {
-        let rows = self.rows.iter().map(|&(t, g, v)| {
-            let group = &self.groups[g as usize];
-            (t, group.labels as usize, stacks[g as usize], v)
-        });
-        self.append(partition, rows, out)
+        self.append(partition, &self.rows, out, |g| {
+            (self.groups[g as usize].labels as usize, stacks[g as usize])
+        })
     }
 
     /// The rows of samples labelled with a span (see [`crate::schema::SPANS`]), appended
@@ -581,19 +581,21 @@ impl Prepared<'_> {
         if self.span_rows.is_empty() {
             return Ok(());
         }
-        let rows = self.span_rows.iter().map(|&(t, sg, v)| {
+        self.append(partition, &self.span_rows, out, |sg| {
             let (g, labels) = self.span_groups[sg as usize];
-            (t, labels as usize, stacks[g as usize], v)
-        });
-        self.append(partition, rows, out).map(|_| ())
+            (labels as usize, stacks[g as usize])
+        })
+        .map(|_| ())
     }
 
-    /// Appends rows `(type, label set, stack, value)`, type by type.
+    /// Appends `rows` (`(type, group, value)`, type by type); `group` gives a row group's
+    /// label set and interned stack.
     fn append(
         &self,
         partition: u32,
-        rows: impl ExactSizeIterator<Item = (u16, usize, u32, i64)> + Clone,
+        rows: &[(u16, u32, i64)],
         out: &mut SampleRows,
+        group: impl Fn(u32) -> (usize, u32),
     ) -> Result<IngestSummary> {
         let p = self.profile;
         let n = rows.len();
@@ -615,9 +617,8 @@ impl Prepared<'_> {
         // Rows come type by type, in type order (see `prepare`): one run per type used.
         let mut used: Vec<u16> = Vec::new();
         let mut at = start;
-        let types: Vec<u16> = rows.clone().map(|r| r.0).collect();
-        for run in types.chunk_by(|a, b| a == b) {
-            let t = run[0];
+        for run in rows.chunk_by(|a, b| a.0 == b.0) {
+            let t = run[0].0;
             out.constant("sample_type", sample_type(t), at, run.len())?;
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
             used.push(t);
@@ -630,15 +631,16 @@ impl Prepared<'_> {
                 .iter()
                 .map(|set| set.iter().map(|(k, _)| format!("labels.{k}")).collect())
                 .collect();
-            for (i, (_, set, _, _)) in rows.clone().enumerate() {
+            for (i, r) in rows.iter().enumerate() {
+                let set = group(r.1).0;
                 for (column, (_, v)) in columns[set].iter().zip(&self.label_sets[set]) {
                     out.constant(column, v, start + i, 1)?;
                 }
             }
         }
         out.stacktrace_id
-            .extend(rows.clone().map(|r| symbol_id(partition, r.2)));
-        out.value.extend(rows.map(|r| r.3));
+            .extend(rows.iter().map(|r| symbol_id(partition, group(r.1).1)));
+        out.value.extend(rows.iter().map(|r| r.2));
         out.timestamp.extend(std::iter::repeat_n(self.timestamp, n));
         out.duration
             .extend(std::iter::repeat_n(p.duration_nanos, n));

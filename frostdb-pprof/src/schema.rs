@@ -19,9 +19,10 @@
 //! Span and trace ids are not series labels: a profiler labelling each request's samples
 //! with its span (as `pyroscope-otel` does) would otherwise make a series per request. The
 //! `samples` rows leave them out (samples differing only by span add up); the same samples
-//! are also written, with their span labels, to `spans`, which
-//! [`ProfileStore::merge_spans`](crate::ProfileStore::merge_spans) reads, as Pyroscope's
-//! span profiles do. Label names and values (the `samples` table) do not list them.
+//! are also written, with their span labels, to `spans`, which a merge whose selector
+//! matches on a span label reads ([`ProfileStore::merge`](crate::ProfileStore::merge),
+//! [`ProfileStore::merge_spans`](crate::ProfileStore::merge_spans)), as Pyroscope's span
+//! profiles do. Label names and values (the `samples` table) do not list them.
 
 use arrow::datatypes::DataType;
 use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};

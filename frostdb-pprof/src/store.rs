@@ -107,21 +107,31 @@ impl Merged {
 /// Deletes symbol partitions no retained sample refers to (run after retention).
 struct SymbolExpiry {
     /// The tables whose rows refer to stacks: samples and spans.
-    samples: [Table; 2],
+    stack_users: [Table; 2],
     symbols: Arc<SymbolStore>,
+}
+
+/// The oldest and newest symbol partitions the rows of `tables` refer to (`None`: no rows).
+fn partitions_used(tables: &[Table]) -> Option<(u32, u32)> {
+    tables
+        .iter()
+        .filter_map(|t| {
+            let stats = t.snapshot().column_stats("stacktrace_id")?;
+            match (stats.min, stats.max) {
+                (Some(Scalar::UInt(min)), Some(Scalar::UInt(max))) => {
+                    Some((split_id(min).0, split_id(max).0))
+                }
+                _ => None,
+            }
+        })
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
 }
 
 impl SymbolExpiry {
     fn run_once(&self) -> Result<usize> {
         let current = self.symbols.current().id();
-        let oldest_used = self
-            .samples
-            .iter()
-            .filter_map(|t| match t.snapshot().column_stats("stacktrace_id")?.min {
-                Some(Scalar::UInt(min)) => Some(split_id(min).0),
-                _ => None,
-            })
-            .fold(current, u32::min);
+        let oldest_used =
+            partitions_used(&self.stack_users).map_or(current, |(oldest, _)| oldest.min(current));
         let tables = self.symbols.tables();
         let mut deleted = 0;
         for (table, column) in [
@@ -321,18 +331,12 @@ impl ProfileStore {
             functions,
             mappings,
         };
-        let newest_used = [&samples, &spans]
-            .iter()
-            .filter_map(|t| match t.snapshot().column_stats("stacktrace_id")?.max {
-                Some(Scalar::UInt(max)) => Some(split_id(max).0),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        let stack_users = [samples.clone(), spans.clone()];
+        let newest_used = partitions_used(&stack_users).map_or(0, |(_, newest)| newest);
         let newest = tables.newest_partition().max(newest_used);
         let symbols = Arc::new(SymbolStore::open(tables, options.symbols, newest));
         let expiry = Arc::new(SymbolExpiry {
-            samples: [samples.clone(), spans.clone()],
+            stack_users,
             symbols: symbols.clone(),
         });
         let task: Arc<dyn Maintenance> = expiry.clone();
@@ -633,8 +637,9 @@ impl ProfileStore {
     }
 
     /// Merges what `selector` selects in `range` into one profile. The selector must name a
-    /// profile type: values of different types do not add up. A sample block that cannot be
-    /// read fails the merge with an error naming it.
+    /// profile type: values of different types do not add up. A selector matching on
+    /// `span_id` or `trace_id` selects among the samples labelled with spans. A sample block
+    /// that cannot be read fails the merge with an error naming it.
     pub fn merge(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
         self.merge_reading(selector, range, false)
     }
@@ -647,8 +652,7 @@ impl ProfileStore {
     }
 
     /// Merges what `selector` selects in `range` among the samples labelled with one of
-    /// `span_ids` (the `span_id` sample label; see [`schema::SPANS`]), as Pyroscope's span
-    /// profiles do. Samples of cumulative types (allocations so far) have no span rows.
+    /// `span_ids`: [`ProfileStore::merge`] with a `span_id` matcher.
     pub fn merge_spans(
         &self,
         selector: &Selector,
@@ -660,25 +664,22 @@ impl ProfileStore {
             frostdb_query::Matcher::any_of("span_id", span_ids)
                 .map_err(|e| Error::Query(format!("span ids: {e}")))?,
         );
-        self.merge_table(&self.spans, &selector, range, false)
+        self.merge(&selector, range)
     }
 
+    /// Merges from the samples table, or from the spans table when the selector matches on
+    /// a span label ([`schema::SPAN_LABELS`]): the samples table does not keep them.
     fn merge_reading(
         &self,
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
     ) -> Result<Merged> {
-        self.merge_table(&self.samples, selector, range, lenient)
-    }
-
-    fn merge_table(
-        &self,
-        table: &Table,
-        selector: &Selector,
-        range: TimeRange,
-        lenient: bool,
-    ) -> Result<Merged> {
+        let by_span = selector
+            .matchers
+            .iter()
+            .any(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
+        let table = if by_span { &self.spans } else { &self.samples };
         let profile_type = selector.profile_type.clone().ok_or_else(|| {
             Error::Query(
                 "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),

@@ -58,8 +58,7 @@ impl ApiError {
 
     /// An error of `kind` (the engine's, the query layer's or the profile layer's):
     /// invalid input 400, over a limit 413, over a quota 429, not found 404, conflict 409,
-    /// unavailable 503
-    /// (retry); corrupt data, I/O and bugs 500.
+    /// unavailable 503 (retry); corrupt data, I/O and bugs 500.
     pub fn of_kind(kind: ErrorKind, message: impl Into<String>) -> Self {
         let status = match kind {
             ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,

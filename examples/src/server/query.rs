@@ -379,7 +379,14 @@ async fn query(
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
-    let (range, selector) = (p.range()?, p.typed_selector()?);
+    let (range, mut selector) = (p.range()?, p.typed_selector()?);
+    if let Some(ids) = p.span_id.as_deref() {
+        let ids: Vec<&str> = ids.split(',').map(str::trim).collect();
+        selector.matchers.push(
+            frostdb_query::Matcher::any_of("span_id", &ids)
+                .map_err(|e| ApiError::bad_request(format!("span_id: {e}")))?,
+        );
+    }
     let format = p.format.as_deref().unwrap_or("flamegraph");
     if !matches!(
         format,
@@ -390,21 +397,7 @@ async fn query(
         )));
     }
     let merged = match state.tenants.for_read(&tenant).await? {
-        Some(t) => match p.span_id.as_deref() {
-            Some(ids) => {
-                if p.lenient {
-                    return Err(ApiError::bad_request("span_id queries are strict"));
-                }
-                let ids: Vec<String> = ids.split(',').map(|s| s.trim().to_owned()).collect();
-                tokio::task::spawn_blocking(move || {
-                    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-                    Ok::<_, ApiError>(t.store.merge_spans(&selector, range, &ids)?)
-                })
-                .await
-                .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))??
-            }
-            None => merge(t, selector, range, p.lenient).await?,
-        },
+        Some(t) => merge(t, selector, range, p.lenient).await?,
         None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
     };
     let failed = p.lenient.then_some(merged.blocks_failed);

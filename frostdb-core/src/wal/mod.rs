@@ -194,6 +194,7 @@ pub(crate) fn replay(
                 replayed.records += 1;
             }
         }
+        let mut bytes = len;
         if let Some(End::Torn { offset, reason }) = reader.end() {
             if i + 1 != segments.len() {
                 return Err(Error::WalCorrupt {
@@ -208,7 +209,8 @@ pub(crate) fn replay(
                 %reason,
                 "dropping the torn tail of the WAL (an unacknowledged write cut short by a crash)"
             );
-            fs.truncate(path, (*offset).max(MAGIC.len() as u64))
+            bytes = (*offset).max(MAGIC.len() as u64);
+            fs.truncate(path, bytes)
                 .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
         } else {
             // What replay read may never have been synced (a write whose fsync failed, or
@@ -221,7 +223,7 @@ pub(crate) fn replay(
         kept.push(KeptSegment {
             last_tx,
             path: path.clone(),
-            bytes: fs.len(path).unwrap_or(len),
+            bytes,
         });
     }
     Ok((replayed, kept))

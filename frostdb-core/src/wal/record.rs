@@ -55,7 +55,11 @@ pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
 /// Reads a stream written by [`encode_batch`]. Push-based: lengths declared inside the
 /// bytes are never allocated ahead of the bytes themselves (`StreamReader` resizes a buffer to
 /// a declared metadata length, so four damaged bytes could cost gigabytes of zeroing).
-pub(crate) fn decode_batch(mut payload: Buffer) -> Result<RecordBatch> {
+///
+/// The batch gets a copy of its own bytes (its arrays point into them): a table keeping the
+/// batch must not keep the rest of the record alive.
+pub(crate) fn decode_batch(bytes: &[u8]) -> Result<RecordBatch> {
+    let mut payload = Buffer::from(bytes);
     // arrow-ipc 59 panics, rather than erroring, on some malformed schema messages
     // (apache/arrow-rs#10575 and #10437, fixed for arrow 60 by #10647). A record that passes
     // its checksum was written by us, so only crafted bytes get here; they get an error.
@@ -129,39 +133,36 @@ pub(crate) fn decode_entries(
 ) -> std::result::Result<Vec<(String, RecordBatch)>, String> {
     let (&flags, rest) = payload.split_first().ok_or("empty payload")?;
     let inflated;
-    let body: Buffer = if flags & FLAG_ZSTD != 0 {
+    let body: &[u8] = if flags & FLAG_ZSTD != 0 {
         inflated = inflate(rest, MAX_BODY)?;
-        Buffer::from_vec(inflated)
+        &inflated
     } else {
-        Buffer::from(rest)
+        rest
     };
-    let mut at = 0;
-    let mut take = |n: usize| -> std::result::Result<Buffer, String> {
-        let left = body.len() - at;
-        if left < n {
-            return Err(format!("payload ends {} bytes early", n - left));
+    let mut cursor = body;
+    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
+        if cursor.len() < n {
+            return Err(format!("payload ends {} bytes early", n - cursor.len()));
         }
-        at += n;
-        Ok(body.slice_with_length(at - n, n))
+        let (head, tail) = cursor.split_at(n);
+        cursor = tail;
+        Ok(head)
     };
     let le16 = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
-    let count = le16(&take(2)?);
+    let count = le16(take(2)?);
     let mut out = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let n = le16(&take(2)?) as usize;
-        let name = std::str::from_utf8(&take(n)?)
+        let n = le16(take(2)?) as usize;
+        let name = std::str::from_utf8(take(n)?)
             .map_err(|_| "a table name is not UTF-8".to_owned())?
             .to_owned();
         let len = take(4)?;
         let n = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        // A copy of its own bytes: the batch's arrays point into them, and a table keeping
-        // the batch must not keep the other tables' writes of the record alive.
-        let batch = decode_batch(Buffer::from(take(n)?.as_slice()))
-            .map_err(|e| format!("table {name:?}: {e}"))?;
+        let batch = decode_batch(take(n)?).map_err(|e| format!("table {name:?}: {e}"))?;
         out.push((name, batch));
     }
-    if at < body.len() {
-        return Err(format!("{} bytes after the last write", body.len() - at));
+    if !cursor.is_empty() {
+        return Err(format!("{} bytes after the last write", cursor.len()));
     }
     Ok(out)
 }
@@ -428,7 +429,7 @@ mod tests {
         )
         .unwrap();
         let payload = encode_batch(&batch).unwrap();
-        assert_eq!(decode_batch(Buffer::from_vec(payload)).unwrap(), batch);
+        assert_eq!(decode_batch(&payload).unwrap(), batch);
         // A transaction's writes, small (plain) and large (compressed).
         let big = arrow::compute::concat_batches(&batch.schema(), vec![&batch; 5000]).unwrap();
         for other in [&batch, &big] {

@@ -390,15 +390,6 @@ impl FaultStore {
         }
         Ok(value)
     }
-
-    /// Paths of every stored object.
-    pub(crate) async fn paths(&self) -> Vec<String> {
-        self.inner
-            .list(None)
-            .filter_map(|m| async move { m.ok().map(|m| m.location.to_string()) })
-            .collect()
-            .await
-    }
 }
 
 #[derive(Debug)]
