@@ -1,7 +1,6 @@
 //! Decoding pprof: gzip or raw protobuf, bounded in memory, then checked field by field so
 //! that everything downstream can index without checking again.
 
-use std::collections::HashSet;
 use std::io::Read;
 
 use prost::Message;
@@ -83,12 +82,16 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
 /// A profile whose every reference has been checked (by [`validate`] or [`decode`]): the
 /// only kind the store takes, so nothing downstream indexes out of range.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ValidProfile(Profile);
+pub struct ValidProfile {
+    profile: Profile,
+    /// Where each mapping, function and location id is, found while checking them.
+    pub(crate) ids: Ids,
+}
 
 impl ValidProfile {
     /// The profile.
     pub fn into_inner(self) -> Profile {
-        self.0
+        self.profile
     }
 }
 
@@ -96,8 +99,59 @@ impl std::ops::Deref for ValidProfile {
     type Target = Profile;
 
     fn deref(&self) -> &Profile {
-        &self.0
+        &self.profile
     }
+}
+
+/// Positions of a profile's messages by id: ids are usually 1..=n in order (then the
+/// position is the id minus one, and no map is built); otherwise a map.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Positions {
+    len: usize,
+    sparse: Option<std::collections::HashMap<u64, usize, foldhash::fast::RandomState>>,
+}
+
+impl Positions {
+    /// The positions of `ids`, or the first id that is zero or repeated.
+    fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> std::result::Result<Self, u64> {
+        let len = ids.len();
+        if ids.clone().enumerate().all(|(i, id)| id == i as u64 + 1) {
+            return Ok(Self { len, sparse: None });
+        }
+        let mut map = std::collections::HashMap::with_capacity_and_hasher(len, Default::default());
+        for (i, id) in ids.enumerate() {
+            if id == 0 || map.insert(id, i).is_some() {
+                return Err(id);
+            }
+        }
+        Ok(Self {
+            len,
+            sparse: Some(map),
+        })
+    }
+
+    /// The position of `id`.
+    pub(crate) fn get(&self, id: u64) -> Option<usize> {
+        match &self.sparse {
+            None => id
+                .checked_sub(1)
+                .map(|i| i as usize)
+                .filter(|i| *i < self.len),
+            Some(map) => map.get(&id).copied(),
+        }
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.get(id).is_some()
+    }
+}
+
+/// The positions of a profile's mappings, functions and locations by id.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Ids {
+    pub(crate) mappings: Positions,
+    pub(crate) functions: Positions,
+    pub(crate) locations: Positions,
 }
 
 /// Decodes and validates a profile (gzip or raw).
@@ -122,11 +176,11 @@ fn repair(p: &mut Profile) {
 /// repaired first.
 pub fn validate(mut p: Profile, limits: &Limits) -> Result<ValidProfile> {
     repair(&mut p);
-    check(&p, limits)?;
-    Ok(ValidProfile(p))
+    let ids = check(&p, limits)?;
+    Ok(ValidProfile { profile: p, ids })
 }
 
-fn check(p: &Profile, limits: &Limits) -> Result<()> {
+fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
     let strings = p.string_table.len();
     if strings == 0 || !p.string_table[0].is_empty() {
         return Err(invalid("string_table", "must start with the empty string"));
@@ -178,38 +232,25 @@ fn check(p: &Profile, limits: &Limits) -> Result<()> {
         });
     }
 
-    let mut mappings = HashSet::with_capacity(p.mapping.len());
+    let repeated =
+        |field: &'static str| move |id: u64| invalid(field, format!("id {id} is zero or repeated"));
+    let mappings =
+        Positions::new(p.mapping.iter().map(|m| m.id)).map_err(repeated("mapping.id"))?;
     for m in &p.mapping {
-        if m.id == 0 || !mappings.insert(m.id) {
-            return Err(invalid(
-                "mapping.id",
-                format!("id {} is zero or repeated", m.id),
-            ));
-        }
         string("mapping.filename", m.filename)?;
         string("mapping.build_id", m.build_id)?;
     }
-    let mut functions = HashSet::with_capacity(p.function.len());
+    let functions =
+        Positions::new(p.function.iter().map(|f| f.id)).map_err(repeated("function.id"))?;
     for f in &p.function {
-        if f.id == 0 || !functions.insert(f.id) {
-            return Err(invalid(
-                "function.id",
-                format!("id {} is zero or repeated", f.id),
-            ));
-        }
         string("function.name", f.name)?;
         string("function.system_name", f.system_name)?;
         string("function.filename", f.filename)?;
     }
-    let mut locations = HashSet::with_capacity(p.location.len());
+    let locations =
+        Positions::new(p.location.iter().map(|l| l.id)).map_err(repeated("location.id"))?;
     for l in &p.location {
-        if l.id == 0 || !locations.insert(l.id) {
-            return Err(invalid(
-                "location.id",
-                format!("id {} is zero or repeated", l.id),
-            ));
-        }
-        if l.mapping_id != 0 && !mappings.contains(&l.mapping_id) {
+        if l.mapping_id != 0 && !mappings.contains(l.mapping_id) {
             return Err(invalid(
                 "location.mapping_id",
                 format!(
@@ -219,7 +260,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<()> {
             ));
         }
         for line in &l.line {
-            if !functions.contains(&line.function_id) {
+            if !functions.contains(line.function_id) {
                 return Err(invalid(
                     "line.function_id",
                     format!(
@@ -247,7 +288,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<()> {
                 limit: limits.max_stack_depth,
             });
         }
-        for id in &s.location_id {
+        for &id in &s.location_id {
             if !locations.contains(id) {
                 return Err(invalid(
                     "sample.location_id",
@@ -261,5 +302,9 @@ fn check(p: &Profile, limits: &Limits) -> Result<()> {
             string("label.num_unit", l.num_unit)?;
         }
     }
-    Ok(())
+    Ok(Ids {
+        mappings,
+        functions,
+        locations,
+    })
 }

@@ -112,34 +112,6 @@ fn timestamp_ms(time_nanos: i64) -> i64 {
     }
 }
 
-/// Positions of a profile's messages by id: ids are usually 1..=n in order (then the
-/// position is the id minus one); otherwise a map.
-struct Positions {
-    len: usize,
-    sparse: Option<HashMap<u64, usize>>,
-}
-
-impl Positions {
-    fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> Self {
-        let len = ids.len();
-        let dense = ids.clone().enumerate().all(|(i, id)| id == i as u64 + 1);
-        Self {
-            len,
-            sparse: (!dense).then(|| ids.enumerate().map(|(i, id)| (id, i)).collect()),
-        }
-    }
-
-    fn get(&self, id: u64) -> Option<usize> {
-        match &self.sparse {
-            None => id
-                .checked_sub(1)
-                .map(|i| i as usize)
-                .filter(|i| *i < self.len),
-            Some(map) => map.get(&id).copied(),
-        }
-    }
-}
-
 /// Distinct (stack, sample labels) of a profile.
 struct Group {
     /// A pprof sample with this stack.
@@ -150,7 +122,7 @@ struct Group {
 
 /// A profile ready to be interned: what no lock is needed for.
 pub(crate) struct Prepared<'p> {
-    profile: &'p Profile,
+    profile: &'p ValidProfile,
     name: String,
     series: BTreeMap<String, String>,
     /// Sample label sets; 0 is the empty one.
@@ -261,7 +233,7 @@ pub(crate) fn prepare<'p>(
         .timestamp_ms
         .unwrap_or_else(|| timestamp_ms(p.time_nanos));
     let mut prepared = Prepared {
-        profile: p,
+        profile,
         name: options.name.clone(),
         series,
         label_sets,
@@ -429,9 +401,11 @@ impl Prepared<'_> {
     /// binaries, and their labels.
     fn fingerprints(&self) -> Vec<Fingerprint> {
         let p = self.profile;
-        let locations = Positions::new(p.location.iter().map(|l| l.id));
-        let functions = Positions::new(p.function.iter().map(|f| f.id));
-        let mappings = Positions::new(p.mapping.iter().map(|m| m.id));
+        let crate::decode::Ids {
+            locations,
+            functions,
+            mappings,
+        } = &self.profile.ids;
         let seeds = [
             foldhash::fast::FixedState::with_seed(1),
             foldhash::fast::FixedState::with_seed(2),
@@ -474,9 +448,11 @@ impl Prepared<'_> {
     /// partition (`u32::MAX` for groups without rows).
     pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Vec<u32>> {
         let p = self.profile;
-        let locations = Positions::new(p.location.iter().map(|l| l.id));
-        let functions = Positions::new(p.function.iter().map(|f| f.id));
-        let mappings = Positions::new(p.mapping.iter().map(|m| m.id));
+        let crate::decode::Ids {
+            locations,
+            functions,
+            mappings,
+        } = &self.profile.ids;
         const NONE: u32 = u32::MAX;
         let mut strings = vec![NONE; p.string_table.len()];
         let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<u32> {
@@ -767,16 +743,5 @@ mod tests {
         assert_eq!(timestamp_ms(ns), 1_644_509_272_337);
         assert_eq!(timestamp_ms(ns / 1000), 1_644_509_272_337, "microseconds");
         assert!(timestamp_ms(0) > 1_700_000_000_000, "now");
-    }
-
-    #[test]
-    fn positions_handle_dense_and_sparse_ids() {
-        let dense = Positions::new([1u64, 2, 3].into_iter());
-        assert_eq!(
-            (dense.get(2), dense.get(0), dense.get(4)),
-            (Some(1), None, None)
-        );
-        let sparse = Positions::new([7u64, 3, 100].into_iter());
-        assert_eq!((sparse.get(100), sparse.get(1)), (Some(2), None));
     }
 }

@@ -243,6 +243,9 @@ struct Pipeline {
     leading: bool,
     /// Partitions a group of failed to commit: nothing more of them commits.
     failed: Vec<u32>,
+    /// The group committed last, until it is durable: the leader lets the open group
+    /// gather profiles while its fsync runs, rather than committing groups of one.
+    in_flight: Option<Arc<Submitted>>,
 }
 
 impl Pipeline {
@@ -517,6 +520,13 @@ impl ProfileStore {
     /// of the next group (or gives it up when there is none).
     fn lead(&self, mine: &Arc<Slot>) {
         loop {
+            // While the group before is being made durable, profiles keep joining the open
+            // group: the next fsync then covers all of them. Alone, nothing is in flight.
+            let in_flight = self.pipeline.lock().in_flight.take();
+            if let Some(previous) = in_flight {
+                // Its members see its error; the next commit fails on its own if the WAL did.
+                let _ = previous.wait();
+            }
             let group = {
                 let mut pipeline = self.pipeline.lock();
                 if pipeline.sealed.is_empty() {
@@ -533,6 +543,9 @@ impl ProfileStore {
             let is_mine = Arc::ptr_eq(&group.slot, mine);
             let slot = group.slot.clone();
             let result = self.commit_group(group);
+            if let Ok(submitted) = &result {
+                self.pipeline.lock().in_flight = Some(submitted.clone());
+            }
             slot.finish(result);
             if is_mine {
                 let mut pipeline = self.pipeline.lock();
@@ -591,6 +604,17 @@ impl ProfileStore {
                 Err(Arc::new(e))
             }
         }
+    }
+
+    /// Profiles in the open group: stored, waiting for their group to be committed (for
+    /// tests of group commit).
+    #[doc(hidden)]
+    pub fn profiles_awaiting_commit(&self) -> usize {
+        self.pipeline
+            .lock()
+            .open
+            .as_ref()
+            .map_or(0, |g| g.rows.profiles())
     }
 
     /// Admits the profile's series, all or none: known ones always pass, new ones while the
