@@ -445,8 +445,9 @@ impl Prepared<'_> {
     }
 
     /// Step 2: the stack of every group that has a row, interned into the writer's
-    /// partition (`u32::MAX` for groups without rows).
-    pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Vec<u32>> {
+    /// partition (`u32::MAX` for groups without rows); `None` when the profile has symbols
+    /// the partition lacks and the writer only looks up.
+    pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Option<Vec<u32>>> {
         let p = self.profile;
         let crate::decode::Ids {
             locations,
@@ -455,15 +456,27 @@ impl Prepared<'_> {
         } = &self.profile.ids;
         const NONE: u32 = u32::MAX;
         let mut strings = vec![NONE; p.string_table.len()];
-        let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<u32> {
+        let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<Option<u32>> {
             let slot = strings
                 .get_mut(i as usize)
                 .ok_or_else(|| Error::Corrupt("a string index out of range".into()))?;
             if *slot == NONE {
-                *slot = writer.string(text(p, i))?;
+                match writer.string(text(p, i))? {
+                    Some(id) => *slot = id,
+                    None => return Ok(None),
+                }
             }
-            Ok(*slot)
+            Ok(Some(*slot))
         };
+        // A symbol the writer lacks and may not add: the profile needs an exclusive writer.
+        macro_rules! known {
+            ($lookup:expr) => {
+                match $lookup? {
+                    Some(id) => id,
+                    None => return Ok(None),
+                }
+            };
+        }
         let mut mapping_ix = vec![NONE; p.mapping.len()];
         let mut function_ix = vec![NONE; p.function.len()];
         let mut location_ix = vec![NONE; p.location.len()];
@@ -496,14 +509,14 @@ impl Prepared<'_> {
                                 memory_start: m.memory_start,
                                 memory_limit: m.memory_limit,
                                 file_offset: m.file_offset,
-                                filename: string(writer, m.filename)?,
-                                build_id: string(writer, m.build_id)?,
+                                filename: known!(string(writer, m.filename)),
+                                build_id: known!(string(writer, m.build_id)),
                                 flags: u8::from(m.has_functions)
                                     | (u8::from(m.has_filenames) << 1)
                                     | (u8::from(m.has_line_numbers) << 2)
                                     | (u8::from(m.has_inline_frames) << 3),
                             };
-                            mapping_ix[mi] = writer.mapping(row)?;
+                            mapping_ix[mi] = known!(writer.mapping(row));
                         }
                         mapping_ix[mi] + 1
                     };
@@ -515,22 +528,23 @@ impl Prepared<'_> {
                         if function_ix[fi] == NONE {
                             let f = &p.function[fi];
                             let row = FunctionRow {
-                                name: string(writer, f.name)?,
-                                system_name: string(writer, f.system_name)?,
-                                filename: string(writer, f.filename)?,
+                                name: known!(string(writer, f.name)),
+                                system_name: known!(string(writer, f.system_name)),
+                                filename: known!(string(writer, f.filename)),
                                 start_line: f.start_line,
                             };
-                            function_ix[fi] = writer.function(row)?;
+                            function_ix[fi] = known!(writer.function(row));
                         }
                         lines.push((function_ix[fi], line.line));
                     }
-                    location_ix[li] = writer.location(mapping, l.address, l.is_folded, &lines)?;
+                    location_ix[li] =
+                        known!(writer.location(mapping, l.address, l.is_folded, &lines));
                 }
                 stack.push(location_ix[li]);
             }
-            out[g as usize] = writer.stack(&stack)?;
+            out[g as usize] = known!(writer.stack(&stack));
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Step 3: the sample rows, with the stacks interned into `partition`, appended to

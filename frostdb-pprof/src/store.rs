@@ -441,14 +441,29 @@ impl ProfileStore {
         self.admit(prepared)?;
         let (slot, summary, lead) = loop {
             let partition = self.symbols.current();
-            let Some(mut writer) = partition.writer() else {
+            // A profile whose symbols the partition has (the usual case) only looks them
+            // up, alongside others; one with new symbols interns them alone. Either keeps
+            // the partition open until the profile has joined a group.
+            let Some(mut writer) = partition.lookup() else {
                 continue; // closed by a rotation meanwhile: take the next one
             };
-            let before = partition.counts().stacks;
-            // Symbols added by a profile that fails here are written with the next group of
-            // their partition (nothing refers to them), or never.
-            let stacks = prepared.intern(&mut writer)?;
-            let new_stacks = partition.counts().stacks - before;
+            let (stacks, new_stacks) = match prepared.intern(&mut writer)? {
+                Some(stacks) => (stacks, 0),
+                None => {
+                    drop(writer);
+                    let Some(exclusive) = partition.writer() else {
+                        continue;
+                    };
+                    writer = exclusive;
+                    let before = partition.counts().stacks;
+                    // Symbols added by a profile that fails here are written with the next
+                    // group of their partition (nothing refers to them), or never.
+                    let stacks = prepared.intern(&mut writer)?.ok_or_else(|| {
+                        Error::Corrupt("an exclusive symbol writer added nothing".into())
+                    })?;
+                    (stacks, partition.counts().stacks - before)
+                }
+            };
             let mut pipeline = self.pipeline.lock();
             if pipeline.failed.contains(&partition.id()) {
                 return Err(Error::Unavailable(format!(

@@ -11,7 +11,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
-use parking_lot::Mutex;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result};
 
@@ -94,8 +94,9 @@ pub struct Partition {
     stacks: boxcar::Vec<Box<[u32]>>,
     /// Approximate heap bytes held.
     bytes: AtomicUsize,
-    /// `Some` while the partition takes new symbols.
-    writer: Mutex<Option<Indexes>>,
+    /// `Some` while the partition takes new symbols: shared by profiles that only look up
+    /// symbols it has, exclusive to one that adds symbols.
+    writer: RwLock<Option<Indexes>>,
 }
 
 impl std::fmt::Debug for Partition {
@@ -129,14 +130,14 @@ impl Partition {
             locations: boxcar::Vec::new(),
             stacks: boxcar::Vec::new(),
             bytes: AtomicUsize::new(0),
-            writer: Mutex::new(Some(Indexes::default())),
+            writer: RwLock::new(Some(Indexes::default())),
         }
     }
 
     /// An empty partition that takes no new symbols (for loading a stored one).
     pub(crate) fn closed(id: u32) -> Self {
         let p = Self::new(id);
-        *p.writer.lock() = None;
+        *p.writer.write() = None;
         p
     }
 
@@ -162,7 +163,7 @@ impl Partition {
 
     /// Stops taking new symbols, dropping the indexes.
     pub(crate) fn close(&self) {
-        if let Some(indexes) = self.writer.lock().take() {
+        if let Some(indexes) = self.writer.write().take() {
             let slots = indexes.strings.len()
                 + indexes.mappings.len()
                 + indexes.functions.len()
@@ -172,12 +173,24 @@ impl Partition {
         }
     }
 
-    /// Locks the writer's side; `None` when the partition is closed.
+    /// The writer's side, exclusively: adds what it does not find. `None` when the
+    /// partition is closed.
     pub(crate) fn writer(&self) -> Option<Writer<'_>> {
-        let guard = self.writer.lock();
+        let guard = self.writer.write();
         guard.is_some().then_some(Writer {
             partition: self,
-            indexes: guard,
+            indexes: Guard::Exclusive(guard),
+        })
+    }
+
+    /// The writer's side, shared with other lookups: finds symbols, adds none (each lookup
+    /// answers `None` for a symbol the partition lacks). `None` when the partition is
+    /// closed. Holding it keeps the partition open, as a writer does.
+    pub(crate) fn lookup(&self) -> Option<Writer<'_>> {
+        let guard = self.writer.read();
+        guard.is_some().then_some(Writer {
+            partition: self,
+            indexes: Guard::Shared(guard),
         })
     }
 
@@ -234,43 +247,60 @@ impl Partition {
     }
 }
 
-/// The writer of the current partition: interns symbols, appending the new ones. Holding it
-/// excludes other writers (not readers).
+enum Guard<'a> {
+    Shared(RwLockReadGuard<'a, Option<Indexes>>),
+    Exclusive(RwLockWriteGuard<'a, Option<Indexes>>),
+}
+
+/// The writer of the current partition: interns symbols, appending the new ones when it
+/// holds the indexes exclusively ([`Partition::writer`]), only finding them when it shares
+/// them ([`Partition::lookup`]). Each method answers `None` for a symbol it may not add.
 pub(crate) struct Writer<'a> {
     partition: &'a Partition,
-    indexes: parking_lot::MutexGuard<'a, Option<Indexes>>,
+    indexes: Guard<'a>,
 }
 
 impl Writer<'_> {
-    fn indexes(&mut self) -> &mut Indexes {
-        self.indexes
-            .as_mut()
-            .expect("a writer exists only for an open partition")
+    fn indexes(&self) -> &Indexes {
+        let indexes = match &self.indexes {
+            Guard::Shared(g) => g.as_ref(),
+            Guard::Exclusive(g) => g.as_ref(),
+        };
+        indexes.expect("a writer exists only for an open partition")
+    }
+
+    /// The indexes, when this writer may add to them.
+    fn exclusive(&mut self) -> Option<&mut Indexes> {
+        match &mut self.indexes {
+            Guard::Shared(_) => None,
+            Guard::Exclusive(g) => g.as_mut(),
+        }
     }
 
     /// The index of `s`, added if new.
-    pub(crate) fn string(&mut self, s: &str) -> Result<u32> {
+    pub(crate) fn string(&mut self, s: &str) -> Result<Option<u32>> {
         let p = self.partition;
-        let ix = self.indexes();
-        let hash = ix.hasher.hash_one(s);
-        if let Some(&i) = ix.strings.find(hash, |&i| p.string(i) == s) {
-            return Ok(i);
+        let hasher = self.indexes().hasher.clone();
+        let hash = hasher.hash_one(s);
+        if let Some(&i) = self.indexes().strings.find(hash, |&i| p.string(i) == s) {
+            return Ok(Some(i));
         }
+        let Some(ix) = self.exclusive() else {
+            return Ok(None);
+        };
         let i = index_of(p.strings.count())?;
         p.push_string(s);
-        let hasher = ix.hasher.clone();
         ix.strings
             .insert_unique(hash, i, |&j| hasher.hash_one(p.string(j)));
         p.grow(8);
-        Ok(i)
+        Ok(Some(i))
     }
 
-    pub(crate) fn mapping(&mut self, m: MappingRow) -> Result<u32> {
+    pub(crate) fn mapping(&mut self, m: MappingRow) -> Result<Option<u32>> {
         let p = self.partition;
-        let hasher = self.indexes().hasher.clone();
         intern(
-            &mut self.indexes().mappings,
-            &hasher,
+            self,
+            RowTable::Mappings,
             &m,
             |i| p.mapping(i),
             || {
@@ -280,12 +310,11 @@ impl Writer<'_> {
         )
     }
 
-    pub(crate) fn function(&mut self, f: FunctionRow) -> Result<u32> {
+    pub(crate) fn function(&mut self, f: FunctionRow) -> Result<Option<u32>> {
         let p = self.partition;
-        let hasher = self.indexes().hasher.clone();
         intern(
-            &mut self.indexes().functions,
-            &hasher,
+            self,
+            RowTable::Functions,
             &f,
             |i| p.function(i),
             || {
@@ -302,7 +331,7 @@ impl Writer<'_> {
         address: u64,
         is_folded: bool,
         lines: &[LineRow],
-    ) -> Result<u32> {
+    ) -> Result<Option<u32>> {
         let p = self.partition;
         let hasher = self.indexes().hasher.clone();
         let hash = hasher.hash_one((mapping, address, is_folded, lines));
@@ -314,10 +343,12 @@ impl Writer<'_> {
                     && *l.lines == *lines
             })
         };
-        let table = &mut self.indexes().locations;
-        if let Some(&i) = table.find(hash, eq) {
-            return Ok(i);
+        if let Some(&i) = self.indexes().locations.find(hash, eq) {
+            return Ok(Some(i));
         }
+        let Some(ix) = self.exclusive() else {
+            return Ok(None);
+        };
         let i = index_of(p.locations.count())?;
         p.push_location(LocationRow {
             mapping,
@@ -325,47 +356,80 @@ impl Writer<'_> {
             is_folded,
             lines: lines.into(),
         });
-        table.insert_unique(hash, i, |&j| {
+        ix.locations.insert_unique(hash, i, |&j| {
             let l = p.location(j).expect("indexed rows exist");
             hasher.hash_one((l.mapping, l.address, l.is_folded, &*l.lines))
         });
         p.grow(8);
-        Ok(i)
+        Ok(Some(i))
     }
 
     /// The index of the stack of locations `locations` (leaf first), added if new.
-    pub(crate) fn stack(&mut self, locations: &[u32]) -> Result<u32> {
+    pub(crate) fn stack(&mut self, locations: &[u32]) -> Result<Option<u32>> {
         let p = self.partition;
         let hasher = self.indexes().hasher.clone();
         let hash = hasher.hash_one(locations);
-        let table = &mut self.indexes().stacks;
-        if let Some(&i) = table.find(hash, |&i| p.stack(i) == Some(locations)) {
-            return Ok(i);
+        let found = self
+            .indexes()
+            .stacks
+            .find(hash, |&i| p.stack(i) == Some(locations));
+        if let Some(&i) = found {
+            return Ok(Some(i));
         }
+        let Some(ix) = self.exclusive() else {
+            return Ok(None);
+        };
         let i = index_of(p.stacks.count())?;
         p.push_stack(locations.into());
-        table.insert_unique(hash, i, |&j| {
+        ix.stacks.insert_unique(hash, i, |&j| {
             hasher.hash_one(p.stack(j).unwrap_or_default())
         });
         p.grow(8);
-        Ok(i)
+        Ok(Some(i))
     }
 }
 
-/// Finds `row` in `table` (indices compared through `get`) or adds it with `push`.
+/// The tables of rows without strings of their own.
+#[derive(Clone, Copy)]
+enum RowTable {
+    Mappings,
+    Functions,
+}
+
+impl Indexes {
+    fn rows(&mut self, t: RowTable) -> &mut HashTable<u32> {
+        match t {
+            RowTable::Mappings => &mut self.mappings,
+            RowTable::Functions => &mut self.functions,
+        }
+    }
+}
+
+/// Finds `row` in table `t` (indices compared through `get`), or adds it with `push` when
+/// `writer` may.
 fn intern<'r, R: Hash + PartialEq + 'r>(
-    table: &mut HashTable<u32>,
-    hasher: &Hasher,
+    writer: &mut Writer<'_>,
+    t: RowTable,
     row: &R,
     get: impl Fn(u32) -> Option<&'r R>,
     push: impl FnOnce() -> usize,
-) -> Result<u32> {
+) -> Result<Option<u32>> {
+    let ix = writer.indexes();
+    let hasher = ix.hasher.clone();
     let hash = hasher.hash_one(row);
+    let table = match t {
+        RowTable::Mappings => &ix.mappings,
+        RowTable::Functions => &ix.functions,
+    };
     if let Some(&i) = table.find(hash, |&i| get(i) == Some(row)) {
-        return Ok(i);
+        return Ok(Some(i));
     }
+    let Some(ix) = writer.exclusive() else {
+        return Ok(None);
+    };
     let count = push();
     let i = index_of(count - 1)?;
-    table.insert_unique(hash, i, |&j| get(j).map_or(0, |r| hasher.hash_one(r)));
-    Ok(i)
+    ix.rows(t)
+        .insert_unique(hash, i, |&j| get(j).map_or(0, |r| hasher.hash_one(r)));
+    Ok(Some(i))
 }
