@@ -1,6 +1,6 @@
 //! A merged profile written back as pprof, for `go tool pprof` and every tool that reads it.
 
-use std::collections::HashMap;
+use super::HashMap;
 use std::io::Write;
 
 use prost::Message;
@@ -30,10 +30,10 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
         period: merged.period,
         ..Default::default()
     };
-    let mut mapping_ids: HashMap<crate::symbols::Mapping<'_>, u64> = HashMap::new();
-    let mut function_ids: HashMap<crate::symbols::Function<'_>, u64> = HashMap::new();
-    let mut location_ids: HashMap<u64, u64> = HashMap::new();
-    let mut location_content: HashMap<LocationContent, u64> = HashMap::new();
+    let mut mapping_ids: HashMap<crate::symbols::Mapping<'_>, u64> = HashMap::default();
+    let mut function_ids: HashMap<crate::symbols::Function<'_>, u64> = HashMap::default();
+    let mut location_ids: HashMap<u64, u64> = HashMap::default();
+    let mut location_content: HashMap<LocationContent, u64> = HashMap::default();
     let mut frames = Vec::new();
     for (stack, value) in &merged.samples {
         frames.clear();

@@ -2,8 +2,8 @@
 //! (samples whose innermost frame it is) and cum (samples whose stack holds it, once each),
 //! sorted by flat, then name, then cum; values scaled as pprof scales them.
 
+use super::{HashMap, HashSet};
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -61,47 +61,71 @@ impl TopTable {
     /// and ignoring call edges below `edge_fraction` for the inline labels (pprof's
     /// `-nodefraction` and `-edgefraction`).
     pub fn build_with(merged: &Merged, node_fraction: f64, edge_fraction: f64) -> Self {
-        let mut nodes: HashMap<Cow<'_, str>, NodeAcc> = HashMap::new();
+        // Nodes are numbered as first met; a frame finds its node through its function (or,
+        // unsymbolized, its location) without hashing its name again.
+        let mut node_of: HashMap<(bool, u64), u32> = HashMap::default();
+        let mut by_name: HashMap<Cow<'_, str>, u32> = HashMap::default();
+        let mut names: Vec<Cow<'_, str>> = Vec::new();
+        let mut acc: Vec<NodeAcc> = Vec::new();
+        // The last stack (numbered from 1) that counted each node's cum.
+        let mut counted: Vec<usize> = Vec::new();
         // (caller, callee) -> (weight, every call inlined)
-        let mut edges: HashMap<(Cow<'_, str>, Cow<'_, str>), (i64, bool)> = HashMap::new();
-        let mut seen: HashSet<Cow<'_, str>> = HashSet::new();
-        let mut seen_edges: HashSet<(Cow<'_, str>, Cow<'_, str>)> = HashSet::new();
+        let mut edge_acc: HashMap<(u32, u32), (i64, bool)> = HashMap::default();
+        let mut seen_edges: HashSet<(u32, u32)> = HashSet::default();
         let mut total = 0i64;
         let mut frames = Vec::new();
-        for (stack, value) in &merged.samples {
+        for (n, (stack, value)) in merged.samples.iter().enumerate() {
             total += value;
-            seen.clear();
             seen_edges.clear();
             frames.clear();
             merged.symbols.for_each_frame(*stack, |f| frames.push(f));
-            let mut parent: Option<Cow<'_, str>> = None;
+            let mut parent: Option<u32> = None;
             // Root to leaf, outermost to innermost within each location.
             for frame in frames.iter().rev() {
-                let name = frame.printable_name();
-                if seen.insert(name.clone()) {
-                    nodes.entry(name.clone()).or_default().cum += value;
+                let key = match frame.function_name() {
+                    Some(_) => (true, frame.function_id().unwrap_or_default()),
+                    None => (false, frame.location_id()),
+                };
+                let node = *node_of.entry(key).or_insert_with(|| {
+                    *by_name
+                        .entry(frame.printable_name())
+                        .or_insert_with_key(|name| {
+                            names.push(name.clone());
+                            acc.push(NodeAcc::default());
+                            counted.push(0);
+                            names.len() as u32 - 1
+                        })
+                });
+                if counted[node as usize] != n + 1 {
+                    counted[node as usize] = n + 1;
+                    acc[node as usize].cum += value;
                 }
-                if let Some(p) = &parent
-                    && *p != name
-                    && seen_edges.insert((p.clone(), name.clone()))
+                if let Some(p) = parent
+                    && p != node
+                    && seen_edges.insert((p, node))
                 {
-                    let e = edges.entry((p.clone(), name.clone())).or_insert((0, true));
+                    let e = edge_acc.entry((p, node)).or_insert((0, true));
                     e.0 += value;
                     e.1 &= frame.inlined();
                 }
-                parent = Some(name);
+                parent = Some(node);
             }
             if let Some(leaf) = parent {
-                nodes.entry(leaf).or_default().flat += value;
+                acc[leaf as usize].flat += value;
             }
         }
+        let mut nodes: HashMap<Cow<'_, str>, NodeAcc> = names.iter().cloned().zip(acc).collect();
+        let edges: HashMap<(Cow<'_, str>, Cow<'_, str>), (i64, bool)> = edge_acc
+            .into_iter()
+            .map(|((a, b), e)| ((names[a as usize].clone(), names[b as usize].clone()), e))
+            .collect();
         let flat_total: i64 = nodes.values().map(|n| n.flat).sum();
         let node_cutoff = (flat_total as f64 * node_fraction).abs() as i64;
         let edge_cutoff = (flat_total as f64 * edge_fraction).abs() as i64;
         let before = nodes.len();
         nodes.retain(|_, n| n.cum.abs() >= node_cutoff);
         let dropped = (before - nodes.len(), node_cutoff);
-        let mut labels: HashMap<&str, (bool, bool)> = HashMap::new();
+        let mut labels: HashMap<&str, (bool, bool)> = HashMap::default();
         for ((caller, callee), (weight, inline)) in &edges {
             if weight.abs() < edge_cutoff
                 || !nodes.contains_key(caller)

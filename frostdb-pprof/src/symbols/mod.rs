@@ -420,7 +420,8 @@ impl<'a> Frame<'a> {
         })
     }
 
-    fn function_name(&self) -> Option<&'a str> {
+    /// The function's name, when symbolized with a non-empty one.
+    pub(crate) fn function_name(&self) -> Option<&'a str> {
         let (_, f) = self.function?;
         let name = self.partition.string(f.name);
         (!name.is_empty()).then_some(name)
