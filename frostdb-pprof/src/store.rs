@@ -426,11 +426,13 @@ impl ProfileStore {
     }
 
     /// Stores a prepared profile. Profiles stored concurrently are committed together: each
-    /// interns its symbols and appends its rows to the open group under the partition's
-    /// writer; one of them (the leader) commits groups one at a time, in order, each as one
-    /// transaction holding the symbols its partition gained since the previous group and the
-    /// group's samples, while the others wait. Everyone then waits for the fsync that covers
-    /// its group. A lone profile is a group of one, committed at once.
+    /// interns its symbols (looking them up under a shared lock, or adding new ones alone)
+    /// and appends its rows to the open group; one of them (the leader) commits groups one
+    /// at a time, in order, each as one transaction (one WAL record) holding the symbols its
+    /// partition gained since the previous group and the group's samples, while the others
+    /// wait. The leader seals the open group only once the group before it is durable, so
+    /// everything stored during an fsync shares the next one. Everyone then waits for the
+    /// fsync that covers its group. A lone profile is a group of one, committed at once.
     fn store(&self, prepared: &crate::normalize::Prepared<'_>) -> Result<IngestSummary> {
         if prepared.is_empty() {
             return Ok(IngestSummary {
