@@ -82,9 +82,9 @@ impl TopTable {
             let mut parent: Option<u32> = None;
             // Root to leaf, outermost to innermost within each location.
             for frame in frames.iter().rev() {
-                let key = match frame.function_name() {
-                    Some(_) => (true, frame.function_id().unwrap_or_default()),
-                    None => (false, frame.location_id()),
+                let key = match (frame.function_name(), frame.function_id()) {
+                    (Some(_), Some(function)) => (true, function),
+                    _ => (false, frame.location_id()),
                 };
                 let node = *node_of.entry(key).or_insert_with(|| {
                     *by_name
@@ -114,41 +114,37 @@ impl TopTable {
                 acc[leaf as usize].flat += value;
             }
         }
-        let mut nodes: HashMap<Cow<'_, str>, NodeAcc> = names.iter().cloned().zip(acc).collect();
-        let edges: HashMap<(Cow<'_, str>, Cow<'_, str>), (i64, bool)> = edge_acc
-            .into_iter()
-            .map(|((a, b), e)| ((names[a as usize].clone(), names[b as usize].clone()), e))
-            .collect();
-        let flat_total: i64 = nodes.values().map(|n| n.flat).sum();
+        let flat_total: i64 = acc.iter().map(|n| n.flat).sum();
         let node_cutoff = (flat_total as f64 * node_fraction).abs() as i64;
         let edge_cutoff = (flat_total as f64 * edge_fraction).abs() as i64;
-        let before = nodes.len();
-        nodes.retain(|_, n| n.cum.abs() >= node_cutoff);
-        let dropped = (before - nodes.len(), node_cutoff);
-        let mut labels: HashMap<&str, (bool, bool)> = HashMap::default();
-        for ((caller, callee), (weight, inline)) in &edges {
-            if weight.abs() < edge_cutoff
-                || !nodes.contains_key(caller)
-                || !nodes.contains_key(callee)
-            {
+        let kept: Vec<bool> = acc.iter().map(|n| n.cum.abs() >= node_cutoff).collect();
+        let dropped = (kept.iter().filter(|k| !**k).count(), node_cutoff);
+        // Per node: (some call into it inlined, some not).
+        let mut labels = vec![(false, false); names.len()];
+        for (&(caller, callee), &(weight, inline)) in &edge_acc {
+            if weight.abs() < edge_cutoff || !kept[caller as usize] || !kept[callee as usize] {
                 continue;
             }
-            let l = labels.entry(callee.as_ref()).or_default();
-            if *inline {
+            let l = &mut labels[callee as usize];
+            if inline {
                 l.0 = true;
             } else {
                 l.1 = true;
             }
         }
-        let mut rows: Vec<TopRow> = nodes
+        let mut rows: Vec<TopRow> = names
             .iter()
-            .map(|(name, n)| TopRow {
+            .zip(&acc)
+            .zip(labels)
+            .zip(kept)
+            .filter(|(_, kept)| *kept)
+            .map(|(((name, n), label), _)| TopRow {
                 name: name.to_string(),
                 flat: n.flat,
                 cum: n.cum,
-                inline: match labels.get(name.as_ref()) {
-                    Some((true, true)) => Some("(partial-inline)"),
-                    Some((true, false)) => Some("(inline)"),
+                inline: match label {
+                    (true, true) => Some("(partial-inline)"),
+                    (true, false) => Some("(inline)"),
                     _ => None,
                 },
             })

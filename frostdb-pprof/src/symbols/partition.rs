@@ -277,50 +277,70 @@ impl Writer<'_> {
         }
     }
 
-    /// The index of `s`, added if new.
-    pub(crate) fn string(&mut self, s: &str) -> Result<Option<u32>> {
-        let p = self.partition;
-        let hasher = self.indexes().hasher.clone();
-        let hash = hasher.hash_one(s);
-        if let Some(&i) = self.indexes().strings.find(hash, |&i| p.string(i) == s) {
+    /// The index of the row hashing to `hash` that `eq` accepts in table `t`; else, when
+    /// this writer may add, the index `push` gives the new row (`next`, the table's row
+    /// count), indexed with `rehash` hashing stored rows as the table grows.
+    fn find_or_add(
+        &mut self,
+        t: Table,
+        hash: u64,
+        eq: impl Fn(u32) -> bool,
+        next: usize,
+        push: impl FnOnce(),
+        rehash: impl Fn(u32) -> u64,
+    ) -> Result<Option<u32>> {
+        if let Some(&i) = self.indexes().table(t).find(hash, |&i| eq(i)) {
             return Ok(Some(i));
         }
         let Some(ix) = self.exclusive() else {
             return Ok(None);
         };
-        let i = index_of(p.strings.count())?;
-        p.push_string(s);
-        ix.strings
-            .insert_unique(hash, i, |&j| hasher.hash_one(p.string(j)));
-        p.grow(8);
+        let i = index_of(next)?;
+        push();
+        ix.table_mut(t).insert_unique(hash, i, |&j| rehash(j));
+        self.partition.grow(8);
         Ok(Some(i))
+    }
+
+    /// The index of `s`, added if new.
+    pub(crate) fn string(&mut self, s: &str) -> Result<Option<u32>> {
+        let p = self.partition;
+        let hasher = self.indexes().hasher.clone();
+        self.find_or_add(
+            Table::Strings,
+            hasher.hash_one(s),
+            |i| p.string(i) == s,
+            p.strings.count(),
+            || {
+                p.push_string(s);
+            },
+            |j| hasher.hash_one(p.string(j)),
+        )
     }
 
     pub(crate) fn mapping(&mut self, m: MappingRow) -> Result<Option<u32>> {
         let p = self.partition;
-        intern(
-            self,
-            RowTable::Mappings,
-            &m,
-            |i| p.mapping(i),
-            || {
-                p.push_mapping(m);
-                p.mappings.count()
-            },
+        let hasher = self.indexes().hasher.clone();
+        self.find_or_add(
+            Table::Mappings,
+            hasher.hash_one(m),
+            |i| p.mapping(i) == Some(&m),
+            p.mappings.count(),
+            || p.push_mapping(m),
+            |j| p.mapping(j).map_or(0, |r| hasher.hash_one(r)),
         )
     }
 
     pub(crate) fn function(&mut self, f: FunctionRow) -> Result<Option<u32>> {
         let p = self.partition;
-        intern(
-            self,
-            RowTable::Functions,
-            &f,
-            |i| p.function(i),
-            || {
-                p.push_function(f);
-                p.functions.count()
-            },
+        let hasher = self.indexes().hasher.clone();
+        self.find_or_add(
+            Table::Functions,
+            hasher.hash_one(f),
+            |i| p.function(i) == Some(&f),
+            p.functions.count(),
+            || p.push_function(f),
+            |j| p.function(j).map_or(0, |r| hasher.hash_one(r)),
         )
     }
 
@@ -334,102 +354,77 @@ impl Writer<'_> {
     ) -> Result<Option<u32>> {
         let p = self.partition;
         let hasher = self.indexes().hasher.clone();
-        let hash = hasher.hash_one((mapping, address, is_folded, lines));
-        let eq = |i: &u32| {
-            p.location(*i).is_some_and(|l| {
-                l.mapping == mapping
-                    && l.address == address
-                    && l.is_folded == is_folded
-                    && *l.lines == *lines
-            })
-        };
-        if let Some(&i) = self.indexes().locations.find(hash, eq) {
-            return Ok(Some(i));
-        }
-        let Some(ix) = self.exclusive() else {
-            return Ok(None);
-        };
-        let i = index_of(p.locations.count())?;
-        p.push_location(LocationRow {
-            mapping,
-            address,
-            is_folded,
-            lines: lines.into(),
-        });
-        ix.locations.insert_unique(hash, i, |&j| {
-            let l = p.location(j).expect("indexed rows exist");
-            hasher.hash_one((l.mapping, l.address, l.is_folded, &*l.lines))
-        });
-        p.grow(8);
-        Ok(Some(i))
+        self.find_or_add(
+            Table::Locations,
+            hasher.hash_one((mapping, address, is_folded, lines)),
+            |i| {
+                p.location(i).is_some_and(|l| {
+                    l.mapping == mapping
+                        && l.address == address
+                        && l.is_folded == is_folded
+                        && *l.lines == *lines
+                })
+            },
+            p.locations.count(),
+            || {
+                p.push_location(LocationRow {
+                    mapping,
+                    address,
+                    is_folded,
+                    lines: lines.into(),
+                })
+            },
+            |j| {
+                p.location(j).map_or(0, |l| {
+                    hasher.hash_one((l.mapping, l.address, l.is_folded, &*l.lines))
+                })
+            },
+        )
     }
 
     /// The index of the stack of locations `locations` (leaf first), added if new.
     pub(crate) fn stack(&mut self, locations: &[u32]) -> Result<Option<u32>> {
         let p = self.partition;
         let hasher = self.indexes().hasher.clone();
-        let hash = hasher.hash_one(locations);
-        let found = self
-            .indexes()
-            .stacks
-            .find(hash, |&i| p.stack(i) == Some(locations));
-        if let Some(&i) = found {
-            return Ok(Some(i));
-        }
-        let Some(ix) = self.exclusive() else {
-            return Ok(None);
-        };
-        let i = index_of(p.stacks.count())?;
-        p.push_stack(locations.into());
-        ix.stacks.insert_unique(hash, i, |&j| {
-            hasher.hash_one(p.stack(j).unwrap_or_default())
-        });
-        p.grow(8);
-        Ok(Some(i))
+        self.find_or_add(
+            Table::Stacks,
+            hasher.hash_one(locations),
+            |i| p.stack(i) == Some(locations),
+            p.stacks.count(),
+            || p.push_stack(locations.into()),
+            |j| hasher.hash_one(p.stack(j).unwrap_or_default()),
+        )
     }
 }
 
-/// The tables of rows without strings of their own.
+/// The writer's indexes, one per kind of row.
 #[derive(Clone, Copy)]
-enum RowTable {
+enum Table {
+    Strings,
     Mappings,
     Functions,
+    Locations,
+    Stacks,
 }
 
 impl Indexes {
-    fn rows(&mut self, t: RowTable) -> &mut HashTable<u32> {
+    fn table(&self, t: Table) -> &HashTable<u32> {
         match t {
-            RowTable::Mappings => &mut self.mappings,
-            RowTable::Functions => &mut self.functions,
+            Table::Strings => &self.strings,
+            Table::Mappings => &self.mappings,
+            Table::Functions => &self.functions,
+            Table::Locations => &self.locations,
+            Table::Stacks => &self.stacks,
         }
     }
-}
 
-/// Finds `row` in table `t` (indices compared through `get`), or adds it with `push` when
-/// `writer` may.
-fn intern<'r, R: Hash + PartialEq + 'r>(
-    writer: &mut Writer<'_>,
-    t: RowTable,
-    row: &R,
-    get: impl Fn(u32) -> Option<&'r R>,
-    push: impl FnOnce() -> usize,
-) -> Result<Option<u32>> {
-    let ix = writer.indexes();
-    let hasher = ix.hasher.clone();
-    let hash = hasher.hash_one(row);
-    let table = match t {
-        RowTable::Mappings => &ix.mappings,
-        RowTable::Functions => &ix.functions,
-    };
-    if let Some(&i) = table.find(hash, |&i| get(i) == Some(row)) {
-        return Ok(Some(i));
+    fn table_mut(&mut self, t: Table) -> &mut HashTable<u32> {
+        match t {
+            Table::Strings => &mut self.strings,
+            Table::Mappings => &mut self.mappings,
+            Table::Functions => &mut self.functions,
+            Table::Locations => &mut self.locations,
+            Table::Stacks => &mut self.stacks,
+        }
     }
-    let Some(ix) = writer.exclusive() else {
-        return Ok(None);
-    };
-    let count = push();
-    let i = index_of(count - 1)?;
-    ix.rows(t)
-        .insert_unique(hash, i, |&j| get(j).map_or(0, |r| hasher.hash_one(r)));
-    Ok(Some(i))
 }
