@@ -515,10 +515,15 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
 
 /// The bench's id of a stack: the first 8 bytes, little-endian, of BLAKE2b-64 of its frames
 /// (leaf first) joined by newlines.
-pub fn bench_stack_id(frames: &[&str]) -> u64 {
+pub fn bench_stack_id<'a>(leaf_first: impl IntoIterator<Item = &'a str>) -> u64 {
     use blake2::Digest;
     let mut h = blake2::Blake2b::<blake2::digest::consts::U8>::new();
-    h.update(frames.join("\n").as_bytes());
+    for (i, name) in leaf_first.into_iter().enumerate() {
+        if i > 0 {
+            h.update(b"\n");
+        }
+        h.update(name.as_bytes());
+    }
     u64::from_le_bytes(h.finalize().into())
 }
 
@@ -526,15 +531,11 @@ pub fn bench_stack_id(frames: &[&str]) -> u64 {
 /// but different mappings or partitions summed under one id), in id order.
 pub fn by_bench_id(merged: &Merged) -> Vec<(u64, i64)> {
     let mut totals: HashMap<u64, i64> = HashMap::new();
-    let mut names = Vec::new();
-    for (stack, value) in &merged.samples {
-        names.clear();
-        merged
-            .symbols
-            .for_each_frame(*stack, |f| names.push(f.display_name()));
-        let frames: Vec<&str> = names.iter().map(|n| n.as_ref()).collect();
-        *totals.entry(bench_stack_id(&frames)).or_default() += value;
-    }
+    frostdb_pprof::report::tree::each_named_stack(merged, |root_first, value| {
+        *totals
+            .entry(bench_stack_id(root_first.iter().rev().copied()))
+            .or_default() += value;
+    });
     let mut rows: Vec<(u64, i64)> = totals.into_iter().collect();
     rows.sort_unstable();
     rows

@@ -191,6 +191,26 @@ async fn push_in_every_encoding_then_query_every_way() {
         .map(|c| c["total"].as_i64().unwrap())
         .sum();
     assert!(children <= want && children > 0);
+    // `max_nodes=1`: one named node, the rest summed into `other`, the total unchanged.
+    let small = get_json(
+        &format!("{}/api/v1/query?selector={sel}&max_nodes=1", s.url),
+        None,
+    )
+    .await;
+    assert_eq!(small["root"]["total"].as_i64().unwrap(), want);
+    fn count(node: &serde_json::Value, name: Option<&str>) -> usize {
+        let here = usize::from(name.is_none_or(|n| node["name"] == n));
+        let below = node["children"]
+            .as_array()
+            .map_or(0, |c| c.iter().map(|c| count(c, name)).sum());
+        here + below
+    }
+    let others = count(&small["root"], Some("other"));
+    assert_eq!(count(&small["root"], None) - 1 - others, 1, "{small}");
+    assert!(
+        others >= 1 && small["truncated"].as_u64().unwrap() > 0,
+        "{small}"
+    );
     // Folded: the values add up.
     let (status, folded) = get(
         &format!("{}/api/v1/query?format=folded&selector={sel}", s.url),

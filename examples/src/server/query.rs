@@ -101,6 +101,9 @@ pub struct Params {
     pub lenient: bool,
     /// `query`: only the samples of these spans (comma-separated `span_id` values).
     pub span_id: Option<String>,
+    /// Flame graphs (`flamegraph`, `svg`): the most nodes shown, the rest summed into
+    /// `other` per parent (default 8,192, as Pyroscope).
+    pub max_nodes: Option<usize>,
 }
 
 /// `body`, with the count of skipped blocks when the query was lenient.
@@ -401,6 +404,7 @@ async fn query(
         None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
     };
     let failed = p.lenient.then_some(merged.blocks_failed);
+    let max_nodes = p.max_nodes.unwrap_or(tree::DEFAULT_MAX_NODES);
     Ok(answer(
         match format {
             "top" => {
@@ -437,14 +441,14 @@ async fn query(
                     .into_response()
             }
             "svg" => {
-                let graph = tree::FlameGraph::build(&merged);
+                let graph = tree::FlameGraph::build_truncated(&merged, max_nodes);
                 (
                     [(header::CONTENT_TYPE, "image/svg+xml")],
                     svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
                 )
                     .into_response()
             }
-            _ => Json(tree::FlameGraph::build(&merged)).into_response(),
+            _ => Json(tree::FlameGraph::build_truncated(&merged, max_nodes)).into_response(),
         },
         failed,
     ))

@@ -2,7 +2,7 @@
 //! (samples whose innermost frame it is) and cum (samples whose stack holds it, once each),
 //! sorted by flat, then name, then cum; values scaled as pprof scales them.
 
-use super::{HashMap, HashSet};
+use super::{HashMap, Walker};
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
@@ -60,76 +60,113 @@ impl TopTable {
     /// Builds the table, leaving out nodes whose cum is below `node_fraction` of the total
     /// and ignoring call edges below `edge_fraction` for the inline labels (pprof's
     /// `-nodefraction` and `-edgefraction`).
-    pub fn build_with(merged: &Merged, node_fraction: f64, edge_fraction: f64) -> Self {
+    pub fn build_with<'m>(merged: &'m Merged, node_fraction: f64, edge_fraction: f64) -> Self {
         // Nodes are numbered as first met; a frame finds its node through its function (or,
-        // unsymbolized, its location) without hashing its name again.
+        // unsymbolized, its location), and each location's frames are resolved once.
         let mut node_of: HashMap<(bool, u64), u32> = HashMap::default();
-        let mut by_name: HashMap<Cow<'_, str>, u32> = HashMap::default();
-        let mut names: Vec<Cow<'_, str>> = Vec::new();
+        let mut by_name: HashMap<Cow<'m, str>, u32> = HashMap::default();
+        let mut names: Vec<Cow<'m, str>> = Vec::new();
         let mut acc: Vec<NodeAcc> = Vec::new();
         // The last stack (numbered from 1) that counted each node's cum.
         let mut counted: Vec<usize> = Vec::new();
-        // (caller, callee) -> (weight, every call inlined)
-        let mut edge_acc: HashMap<(u32, u32), (i64, bool)> = HashMap::default();
-        let mut seen_edges: HashSet<(u32, u32)> = HashSet::default();
+        // Nodes some frame of which was inlined into its caller.
+        let mut inlined_somewhere: Vec<bool> = Vec::new();
         let mut total = 0i64;
+        let mut walker = Walker::new(&merged.symbols);
+        let mut node = |frame: crate::symbols::Frame<'m>| {
+            let key = match (frame.function_name(), frame.function_id()) {
+                (Some(_), Some(function)) => (true, function),
+                _ => (false, frame.location_id()),
+            };
+            let node = *node_of.entry(key).or_insert_with(|| {
+                *by_name
+                    .entry(frame.printable_name())
+                    .or_insert_with_key(|name| {
+                        names.push(name.clone());
+                        names.len() as u32 - 1
+                    })
+            });
+            if frame.inlined() {
+                if inlined_somewhere.len() <= node as usize {
+                    inlined_somewhere.resize(node as usize + 1, false);
+                }
+                inlined_somewhere[node as usize] = true;
+            }
+            (node, frame.inlined())
+        };
         let mut frames = Vec::new();
         for (n, (stack, value)) in merged.samples.iter().enumerate() {
+            let stamp = n + 1;
             total += value;
-            seen_edges.clear();
-            frames.clear();
-            merged.symbols.for_each_frame(*stack, |f| frames.push(f));
-            let mut parent: Option<u32> = None;
-            // Root to leaf, outermost to innermost within each location.
-            for frame in frames.iter().rev() {
-                let key = match (frame.function_name(), frame.function_id()) {
-                    (Some(_), Some(function)) => (true, function),
-                    _ => (false, frame.location_id()),
-                };
-                let node = *node_of.entry(key).or_insert_with(|| {
-                    *by_name
-                        .entry(frame.printable_name())
-                        .or_insert_with_key(|name| {
-                            names.push(name.clone());
-                            acc.push(NodeAcc::default());
-                            counted.push(0);
-                            names.len() as u32 - 1
-                        })
-                });
-                if counted[node as usize] != n + 1 {
-                    counted[node as usize] = n + 1;
-                    acc[node as usize].cum += value;
+            walker.root_first(*stack, &mut node, &mut frames);
+            for &(node, _) in &frames {
+                let i = node as usize;
+                if i >= acc.len() {
+                    acc.resize_with(i + 1, NodeAcc::default);
+                    counted.resize(i + 1, 0);
                 }
-                if let Some(p) = parent
-                    && p != node
-                    && seen_edges.insert((p, node))
-                {
-                    let e = edge_acc.entry((p, node)).or_insert((0, true));
-                    e.0 += value;
-                    e.1 &= frame.inlined();
+                if counted[i] != stamp {
+                    counted[i] = stamp;
+                    acc[i].cum += value;
                 }
-                parent = Some(node);
             }
-            if let Some(leaf) = parent {
+            if let Some(&(leaf, _)) = frames.last() {
                 acc[leaf as usize].flat += value;
             }
         }
+        acc.resize_with(names.len(), NodeAcc::default);
+        inlined_somewhere.resize(names.len(), false);
         let flat_total: i64 = acc.iter().map(|n| n.flat).sum();
         let node_cutoff = (flat_total as f64 * node_fraction).abs() as i64;
         let edge_cutoff = (flat_total as f64 * edge_fraction).abs() as i64;
         let kept: Vec<bool> = acc.iter().map(|n| n.cum.abs() >= node_cutoff).collect();
         let dropped = (kept.iter().filter(|k| !**k).count(), node_cutoff);
-        // Per node: (some call into it inlined, some not).
+
+        // Inline labels: a node is `(inline)` when every (heavy enough, kept) call into it
+        // was inlined, `(partial-inline)` when some were. A node never inlined gets no label
+        // whatever its calls, so only calls into nodes inlined somewhere are weighed: a
+        // second pass over the stacks (their locations already resolved), usually skipped.
         let mut labels = vec![(false, false); names.len()];
-        for (&(caller, callee), &(weight, inline)) in &edge_acc {
-            if weight.abs() < edge_cutoff || !kept[caller as usize] || !kept[callee as usize] {
-                continue;
+        if inlined_somewhere.iter().any(|i| *i) {
+            // (caller, callee) -> edge; per edge: (weight, every call inlined), and the last
+            // stack that counted its weight.
+            let mut edge_of: HashMap<(u32, u32), u32> = HashMap::default();
+            let mut edges: Vec<(i64, bool, usize)> = Vec::new();
+            // Every location was resolved by the first pass.
+            const UNSEEN: (u32, bool) = (u32::MAX, false);
+            for (n, (stack, value)) in merged.samples.iter().enumerate() {
+                walker.root_first(*stack, &mut |_| UNSEEN, &mut frames);
+                for pair in frames.windows(2) {
+                    let ((caller, _), (callee, inlined)) = (pair[0], pair[1]);
+                    if caller == callee
+                        || caller == UNSEEN.0
+                        || !inlined_somewhere.get(callee as usize).is_some_and(|i| *i)
+                    {
+                        continue;
+                    }
+                    let e = *edge_of.entry((caller, callee)).or_insert_with(|| {
+                        edges.push((0, true, 0));
+                        edges.len() as u32 - 1
+                    });
+                    let e = &mut edges[e as usize];
+                    if e.2 != n + 1 {
+                        e.2 = n + 1;
+                        e.0 += value;
+                        e.1 &= inlined;
+                    }
+                }
             }
-            let l = &mut labels[callee as usize];
-            if inline {
-                l.0 = true;
-            } else {
-                l.1 = true;
+            for (&(caller, callee), &e) in &edge_of {
+                let (weight, inline, _) = edges[e as usize];
+                if weight.abs() < edge_cutoff || !kept[caller as usize] || !kept[callee as usize] {
+                    continue;
+                }
+                let l = &mut labels[callee as usize];
+                if inline {
+                    l.0 = true;
+                } else {
+                    l.1 = true;
+                }
             }
         }
         let mut rows: Vec<TopRow> = names

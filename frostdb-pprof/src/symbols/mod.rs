@@ -266,32 +266,17 @@ impl Symbols {
 
     /// Calls `f` with each frame of `stack`, leaf first, without collecting them.
     pub fn for_each_frame<'a>(&'a self, stack: StackId, mut f: impl FnMut(Frame<'a>)) {
-        let Some(p) = self.partition(stack.partition()) else {
-            return;
-        };
-        let Some(locations) = p.stack(stack.index()) else {
-            return;
-        };
-        for &l in locations {
-            let Some(location) = p.location(l) else {
-                continue;
-            };
-            let frame = |line: Option<&LineRow>, inlined: bool| Frame {
-                partition: p,
-                location_index: l,
-                location,
-                function: line.and_then(|(fi, _)| p.function(*fi).map(|f| (*fi, f))),
-                line: line.map_or(0, |(_, n)| *n),
-                inlined,
-            };
-            if location.lines.is_empty() {
-                f(frame(None, false));
-            }
-            let last = location.lines.len().saturating_sub(1);
-            for (i, line) in location.lines.iter().enumerate() {
-                f(frame(Some(line), i != last));
+        if let Some((p, locations)) = self.locations(stack) {
+            for &l in locations {
+                location_frames(p, l, &mut f);
             }
         }
+    }
+
+    /// The partition of `stack` and its location indices, leaf first.
+    pub(crate) fn locations(&self, stack: StackId) -> Option<(&Partition, &[u32])> {
+        let p = self.partition(stack.partition())?;
+        Some((p, p.stack(stack.index())?))
     }
 
     /// Whether `stack` is known.
@@ -305,6 +290,29 @@ impl Symbols {
         self.partition(stack.partition())
             .and_then(|p| p.stack(stack.index()))
             .map_or(0, <[u32]>::len)
+    }
+}
+
+/// Calls `f` with the frames of location `l` of `p`, innermost (inlined) first; one frame
+/// without a function when the location has no lines; none when `l` is not stored.
+pub(crate) fn location_frames<'a>(p: &'a Partition, l: u32, f: &mut impl FnMut(Frame<'a>)) {
+    let Some(location) = p.location(l) else {
+        return;
+    };
+    let frame = |line: Option<&LineRow>, inlined: bool| Frame {
+        partition: p,
+        location_index: l,
+        location,
+        function: line.and_then(|(fi, _)| p.function(*fi).map(|f| (*fi, f))),
+        line: line.map_or(0, |(_, n)| *n),
+        inlined,
+    };
+    if location.lines.is_empty() {
+        f(frame(None, false));
+    }
+    let last = location.lines.len().saturating_sub(1);
+    for (i, line) in location.lines.iter().enumerate() {
+        f(frame(Some(line), i != last));
     }
 }
 
