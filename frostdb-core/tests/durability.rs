@@ -194,6 +194,67 @@ fn blocks_row_groups_and_pages_are_pruned() {
 }
 
 #[test]
+fn filters_that_statistics_prove_are_not_evaluated() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    for (from, to) in [(0, 50), (50, 100), (100, 150)] {
+        fill(&table, from, to);
+        table.persist().unwrap();
+    }
+    let scan = |filter: frostdb_core::Predicate| {
+        let scan = table
+            .snapshot()
+            .scan(&ScanRequest::new().filter(filter).project(["value"]))
+            .unwrap();
+        let m = scan.metrics();
+        (values(&scan.collect::<Result<Vec<_>, _>>().unwrap()), m)
+    };
+    // Every row of the last block holds: proven, and the answer unchanged.
+    let (got, m) = scan(col("timestamp").gt_eq(1000));
+    assert_eq!(got, expected(100, 150));
+    assert_eq!(m.blocks_pruned, 2, "{m:?}");
+    assert_eq!(
+        m.row_groups_proven,
+        m.row_groups - m.row_groups_pruned,
+        "{m:?}"
+    );
+    // Every row of every block: all three proven.
+    let (got, m) = scan(col("timestamp").gt_eq(0).and(col("name").not_eq("nope")));
+    assert_eq!(got, expected(0, 150));
+    assert_eq!(
+        (m.row_groups_proven, m.row_groups_pruned),
+        (m.row_groups, 0),
+        "{m:?}"
+    );
+    // Rows on both sides of the bound in one block: filtered, as ever.
+    let (got, m) = scan(col("timestamp").gt_eq(655));
+    let mut want = expected(66, 150);
+    want.extend((5..10).map(|r| 65_000 + r));
+    want.sort();
+    assert_eq!(got, want);
+    let read = m.row_groups - m.row_groups_pruned;
+    assert!(
+        m.row_groups_proven >= 8 && m.row_groups_proven < read,
+        "{m:?}"
+    );
+    // Row groups of one name are proven, the one where the names meet is filtered.
+    let (got, m) = scan(col("name").eq("cpu"));
+    let read = m.row_groups - m.row_groups_pruned;
+    assert!(
+        m.row_groups_proven > 0 && m.row_groups_proven < read,
+        "{m:?}"
+    );
+    let want: Vec<i64> = expected(0, 150)
+        .into_iter()
+        .filter(|v| (v / 1000) % 2 == 0)
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
 fn rotation_persists_in_the_background_and_truncates_the_wal() {
     let dir = tempfile::tempdir().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

@@ -273,6 +273,83 @@ impl Bound {
         })
     }
 
+    /// Whether every row of a chunk with these statistics satisfies the predicate: `true` is
+    /// a proof (the rows need no evaluation, nor their filter columns reading). `stats` must
+    /// give only exact bounds, and `None` where it has none; that proves nothing.
+    pub(crate) fn must_match(
+        &self,
+        stats: &dyn Fn(&str) -> Option<ColumnStats>,
+        rows: usize,
+    ) -> bool {
+        use std::cmp::Ordering::*;
+        // A comparison holds for no null, so only columns without nulls prove anything.
+        let bounds = |column: &str| {
+            stats(column)
+                .filter(|s| s.null_count == 0)
+                .and_then(|s| Some((s.min?, s.max?)))
+        };
+        match self {
+            Bound::Const(b) => *b,
+            Bound::And(c) => c.iter().all(|c| c.must_match(stats, rows)),
+            Bound::Or(c) => c.iter().any(|c| c.must_match(stats, rows)),
+            Bound::IsNull { column, negated } => stats(column).is_some_and(|s| {
+                if *negated {
+                    s.null_count == 0
+                } else {
+                    s.null_count == rows
+                }
+            }),
+            Bound::Regex {
+                column,
+                regex,
+                negated,
+            } => match bounds(column) {
+                Some((Scalar::Utf8(min), Scalar::Utf8(max))) if min == max => {
+                    regex.is_match(&min) != *negated
+                }
+                _ => false,
+            },
+            Bound::Compare {
+                column, op, value, ..
+            } => {
+                let Some((min, max)) = bounds(column) else {
+                    return false;
+                };
+                let (Some(vmin), Some(vmax)) =
+                    (value.partial_cmp_same(&min), value.partial_cmp_same(&max))
+                else {
+                    return false;
+                };
+                match op {
+                    CmpOp::Eq => vmin == Equal && vmax == Equal,
+                    CmpOp::NotEq => vmin == Less || vmax == Greater,
+                    CmpOp::Lt => vmax == Greater,
+                    CmpOp::LtEq => vmax != Less,
+                    CmpOp::Gt => vmin == Less,
+                    CmpOp::GtEq => vmin != Greater,
+                }
+            }
+            Bound::InList {
+                column,
+                values,
+                negated,
+            } => {
+                let Some((min, max)) = bounds(column) else {
+                    return false;
+                };
+                if *negated {
+                    // Every listed value lies outside the chunk's range.
+                    values.iter().all(|(v, _)| {
+                        v.partial_cmp_same(&min) == Some(Less)
+                            || v.partial_cmp_same(&max) == Some(Greater)
+                    })
+                } else {
+                    min == max && values.iter().any(|(v, _)| *v == min)
+                }
+            }
+        }
+    }
+
     /// Whether any row of a chunk with these statistics may satisfy the predicate. `false`
     /// is a proof that none does. `stats` gives `None` for a column whose statistics are
     /// unknown, which then prunes nothing.

@@ -133,6 +133,9 @@ pub struct ScanMetrics {
     pub rows_skipped_by_pages: usize,
     /// Rows in the chunks, row groups and pages that were read.
     pub rows_read: usize,
+    /// Of the row groups read, those whose statistics prove every row satisfies the filter:
+    /// read without the columns only the filter needs, and not filtered.
+    pub row_groups_proven: usize,
 }
 
 /// A consistent, immutable view of a table: every transaction up to [`Snapshot::watermark`]
@@ -384,10 +387,7 @@ impl Snapshot {
         let Some(storage) = &self.storage else {
             return Ok(Vec::new());
         };
-        let mut columns: Vec<String> = work.fields().iter().map(|f| f.name().clone()).collect();
-        filter.columns(&mut columns);
-        columns.sort();
-        columns.dedup();
+        let columns: Vec<String> = work.fields().iter().map(|f| f.name().clone()).collect();
         let mut plans = Vec::new();
         for block in self.version.blocks.iter() {
             metrics.blocks += 1;
@@ -402,7 +402,8 @@ impl Snapshot {
                     metrics.row_groups += m.row_groups;
                     metrics.row_groups_pruned += m.row_groups_pruned;
                     metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
-                    if let Some(plan) = plan {
+                    metrics.row_groups_proven += m.row_groups_proven;
+                    for plan in plan {
                         metrics.rows_read += plan.rows();
                         plans.push(plan);
                     }
@@ -429,7 +430,13 @@ impl Snapshot {
             .storage
             .as_ref()
             .expect("blocks are planned only with storage");
-        let (filter, work) = (filter.clone(), work.clone());
+        // Rows statistics prove to satisfy the filter are not filtered again.
+        let filter = if plan.proven {
+            Arc::new(Bound::Const(true))
+        } else {
+            filter.clone()
+        };
+        let work = work.clone();
         let mut failed = false;
         Box::new(storage.read(plan, batch_rows).filter_map(move |batch| {
             if failed {

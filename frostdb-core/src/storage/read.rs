@@ -87,6 +87,7 @@ impl AsyncFileReader for BlockFile {
 pub(crate) struct BlockScanMetrics {
     pub(crate) row_groups: usize,
     pub(crate) row_groups_pruned: usize,
+    pub(crate) row_groups_proven: usize,
     pub(crate) rows_skipped_by_pages: usize,
 }
 
@@ -98,6 +99,8 @@ struct RowGroupPlan {
     pages: Option<Vec<RowSelector>>,
     rows: usize,
     total: usize,
+    /// Statistics prove every row satisfies the filter.
+    proven: bool,
 }
 
 /// What to read of one block.
@@ -108,6 +111,9 @@ pub(crate) struct BlockPlan {
     metadata: ArrowReaderMetadata,
     row_groups: Vec<RowGroupPlan>,
     projection: Vec<usize>,
+    /// Statistics prove every planned row satisfies the filter (read without the columns
+    /// only the filter needs).
+    pub(crate) proven: bool,
 }
 
 impl BlockPlan {
@@ -162,6 +168,8 @@ struct ColumnStatsArrays {
     mins: ArrayRef,
     maxes: ArrayRef,
     nulls: UInt64Array,
+    /// Whether both bounds are exact (not truncated), per entry.
+    exact: Vec<bool>,
 }
 
 impl ColumnStatsArrays {
@@ -185,6 +193,15 @@ impl ColumnStatsArrays {
             max,
             null_count,
         })
+    }
+
+    /// [`Self::get`], only when the bounds are exact: what a proof may rest on.
+    fn exact(&self, i: usize, rows: usize) -> Option<ColumnStats> {
+        self.exact
+            .get(i)
+            .copied()
+            .unwrap_or(false)
+            .then(|| self.get(i, rows))?
     }
 }
 
@@ -224,8 +241,10 @@ impl Storage {
         Ok(metadata)
     }
 
-    /// Plans the read of `columns` of `block` for rows that may satisfy `filter`; `None` when
-    /// statistics prove no row does.
+    /// Plans the read of `columns` of `block` (and the columns `filter` reads, where
+    /// statistics do not prove every row satisfies it) for rows that may satisfy `filter`:
+    /// one plan per run of row groups that are proven or not; none when statistics prove no
+    /// row does.
     pub(crate) fn plan(
         &self,
         table: &str,
@@ -233,7 +252,7 @@ impl Storage {
         filter: &Bound,
         columns: &[String],
         expected: &SchemaRef,
-    ) -> Result<(Option<BlockPlan>, BlockScanMetrics)> {
+    ) -> Result<(Vec<BlockPlan>, BlockScanMetrics)> {
         let metadata = self.metadata(table, &block)?;
         let file_schema = metadata.schema().clone();
         let parquet = metadata.metadata().clone();
@@ -280,10 +299,20 @@ impl Storage {
             .iter()
             .map(|(c, conv)| {
                 let arrays = conv.as_ref().and_then(|conv| {
+                    let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
+                    let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
                     Some(ColumnStatsArrays {
                         mins: conv.row_group_mins(row_groups.iter()).ok()?,
                         maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
                         nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
+                        exact: (0..row_groups.len())
+                            .map(|i| {
+                                min_exact.is_valid(i)
+                                    && min_exact.value(i)
+                                    && max_exact.is_valid(i)
+                                    && max_exact.value(i)
+                            })
+                            .collect(),
                     })
                 });
                 (c.clone(), arrays)
@@ -306,6 +335,16 @@ impl Storage {
                 metrics.row_groups_pruned += 1;
                 continue;
             }
+            let exact = |name: &str| -> Option<ColumnStats> {
+                match rg_stats.iter().find(|(c, _)| c == name) {
+                    Some((_, Some(arrays))) => arrays.exact(i, rows),
+                    Some((_, None)) if file_schema.field_with_name(name).is_err() => {
+                        Some(ColumnStats::all_null(rows))
+                    }
+                    _ => None,
+                }
+            };
+            let proven = filter.must_match(&exact, rows);
             let pages = page_selection(filter, i, rows, &converters, &parquet);
             let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
@@ -320,6 +359,7 @@ impl Storage {
                         pages: Some(selection.into()),
                         rows: kept,
                         total: rows,
+                        proven,
                     }
                 }
                 None => RowGroupPlan {
@@ -327,27 +367,38 @@ impl Storage {
                     pages: None,
                     rows,
                     total: rows,
+                    proven,
                 },
             };
+            metrics.row_groups_proven += usize::from(proven);
             selected.push(plan);
         }
-        if selected.is_empty() {
-            return Ok((None, metrics));
+        // Runs of row groups the filter is proven for are read without the columns only the
+        // filter needs, and not filtered: one plan per run.
+        let projection = |proven: bool| -> Vec<usize> {
+            columns
+                .iter()
+                .chain((!proven).then_some(&filter_columns).into_iter().flatten())
+                .filter_map(|c| file_schema.index_of(c).ok())
+                .collect::<std::collections::BTreeSet<usize>>()
+                .into_iter()
+                .collect()
+        };
+        let mut plans: Vec<BlockPlan> = Vec::new();
+        for rg in selected {
+            match plans.last_mut() {
+                Some(plan) if plan.proven == rg.proven => plan.row_groups.push(rg),
+                _ => plans.push(BlockPlan {
+                    table: table.to_owned(),
+                    block: block.clone(),
+                    metadata: metadata.clone(),
+                    projection: projection(rg.proven),
+                    proven: rg.proven,
+                    row_groups: vec![rg],
+                }),
+            }
         }
-        let projection = columns
-            .iter()
-            .filter_map(|c| file_schema.index_of(c).ok())
-            .collect();
-        Ok((
-            Some(BlockPlan {
-                table: table.to_owned(),
-                block,
-                metadata,
-                row_groups: selected,
-                projection,
-            }),
-            metrics,
-        ))
+        Ok((plans, metrics))
     }
 
     /// Streams the planned rows, `batch_rows` at a time. The read starts when the first
@@ -403,6 +454,7 @@ async fn read_block(
         metadata,
         row_groups,
         projection,
+        ..
     } = plan;
     let selection = row_groups.iter().any(|r| r.pages.is_some()).then(|| {
         let selectors: Vec<RowSelector> = row_groups
@@ -489,6 +541,8 @@ fn page_selection(
                 nulls: conv
                     .data_page_null_counts(index, offsets, groups.iter())
                     .ok()?,
+                // Page bounds only prune here; no proof rests on them.
+                exact: Vec::new(),
             };
             let counts = conv
                 .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
