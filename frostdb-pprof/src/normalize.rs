@@ -20,6 +20,7 @@ use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 use crate::decode::ValidProfile;
 use crate::error::{Error, Result};
 use crate::proto::Profile;
+use crate::schema::SERIES_BUCKET_MS;
 use crate::symbols::{FunctionRow, LineRow, MappingRow, Writer, symbol_id};
 
 /// Maps keyed by what a profile holds: foldhash, not SipHash (no untrusted key can cost more
@@ -607,10 +608,27 @@ impl Prepared<'_> {
         // Rows come type by type, in type order (see `prepare`): one run per type used.
         let mut used: Vec<u16> = Vec::new();
         let mut at = start;
+        let hour = self.timestamp.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS;
+        let mut sets: Vec<usize> = Vec::new();
         for run in rows.chunk_by(|a, b| a.0 == b.0) {
             let t = run[0].0;
             out.constant("sample_type", sample_type(t), at, run.len())?;
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
+            // The series index: a row per distinct label set of the run, keyed by what
+            // makes its index row.
+            sets.clear();
+            for (i, r) in run.iter().enumerate() {
+                let set = group(r.1).0;
+                if !sets.contains(&set) {
+                    sets.push(set);
+                    let key = SERIES_KEYS.hash_one((
+                        (&self.name, sample_type(t), sample_unit(t)),
+                        (period_type, period_unit, &self.series),
+                        (&self.label_sets[set], hour),
+                    ));
+                    out.series.push((key, (at + i) as u32));
+                }
+            }
             used.push(t);
             at += run.len();
         }
@@ -660,12 +678,18 @@ impl Prepared<'_> {
     }
 }
 
+/// Hashes the series index's keys: fixed, so equal rows of different groups have equal keys.
+static SERIES_KEYS: foldhash::fast::FixedState = foldhash::fast::FixedState::with_seed(0x5e71e5);
+
 /// Sample rows of one or more profiles, built into one batch of the samples table: string
 /// columns dictionary-encoded as they are appended, a column a profile lacks null in its
 /// rows.
 #[derive(Default)]
 pub(crate) struct SampleRows {
     profiles: usize,
+    /// Rows that stand for a series index row: `(key, row)`, the key a hash of the index
+    /// row's contents.
+    pub(crate) series: Vec<(u64, u32)>,
     strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
     stacktrace_id: Vec<u64>,
     timestamp: Vec<i64>,
@@ -736,6 +760,36 @@ impl SampleRows {
             columns,
         )?)
     }
+}
+
+/// Rows `rows` of a samples batch as series index rows: the profile type and label columns,
+/// and the start of the hour of their timestamp.
+pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
+    let indices = arrow::array::UInt32Array::from(rows.to_vec());
+    let schema = samples.schema();
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in schema.fields().iter().zip(samples.columns()) {
+        let name = field.name().as_str();
+        if matches!(name, "stacktrace_id" | "duration" | "period" | "value") {
+            continue;
+        }
+        let mut taken = arrow::compute::take(column, &indices, None)?;
+        if name == "timestamp" {
+            let hours: Int64Array = taken
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| Error::Corrupt("sample timestamps are not Int64".into()))?
+                .unary(|t| t.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS);
+            taken = Arc::new(hours);
+        }
+        fields.push(field.as_ref().clone());
+        columns.push(taken);
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn};
 pub const SAMPLES: &str = "samples";
 /// Table of samples by span (see the module docs).
 pub const SPANS: &str = "spans";
+/// The series index: one row per series, profile type and hour with samples.
+pub const SERIES: &str = "series";
+/// The series index's time granularity: rows are per hour.
+pub const SERIES_BUCKET_MS: i64 = 3_600_000;
 /// Sample labels that identify a span or trace rather than a series.
 pub const SPAN_LABELS: [&str; 2] = ["span_id", "trace_id"];
 /// Table of stacks.
@@ -93,6 +97,30 @@ fn sample_schema(name: &str) -> Schema {
             .sort_by(SortingColumn::asc("labels"))
             .sort_by(SortingColumn::asc("timestamp"))
             .sort_by(SortingColumn::asc("stacktrace_id"))
+    })
+}
+
+/// The series index: the samples table's profile type and label columns, and `timestamp`,
+/// the start of an hour in which the series has samples of that type. Label names and
+/// values are answered from it without reading a sample row.
+pub fn series() -> Schema {
+    schema(SERIES, |b| {
+        b.column(dict("name"))
+            .column(dict("sample_type"))
+            .column(dict("sample_unit"))
+            .column(dict("period_type"))
+            .column(dict("period_unit"))
+            .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
+            .column(
+                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+            )
+            .sort_by(SortingColumn::asc("name"))
+            .sort_by(SortingColumn::asc("sample_type"))
+            .sort_by(SortingColumn::asc("sample_unit"))
+            .sort_by(SortingColumn::asc("period_type"))
+            .sort_by(SortingColumn::asc("period_unit"))
+            .sort_by(SortingColumn::asc("labels"))
+            .sort_by(SortingColumn::asc("timestamp"))
     })
 }
 

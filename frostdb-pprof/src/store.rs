@@ -278,6 +278,11 @@ pub struct ProfileStore {
     db: Db,
     samples: Table,
     spans: Table,
+    /// The series index ([`schema::series`]), committed with the samples it indexes.
+    series_index: Table,
+    /// Series index rows committed since open (key -> hour), so each is written once; hours
+    /// long past are forgotten.
+    indexed: Mutex<SeriesSeen>,
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
     deltas: Mutex<Deltas>,
@@ -300,6 +305,128 @@ impl std::fmt::Debug for ProfileStore {
 /// leave memory) steadily.
 fn symbol_table_options() -> TableOptions {
     TableOptions::default().block_size(32 << 20)
+}
+
+/// Series index rows to write, and their keys and hours.
+type IndexRows = (arrow::array::RecordBatch, Vec<(u64, i64)>);
+
+/// Series index rows written since open: key -> hour.
+#[derive(Default)]
+struct SeriesSeen {
+    keys: std::collections::HashMap<u64, i64, foldhash::fast::RandomState>,
+    newest_hour: i64,
+}
+
+/// Hours of series index keys kept behind the newest: later profiles of older hours write
+/// their index rows again (which queries read as one).
+const SERIES_SEEN_HOURS: i64 = 3;
+
+impl SeriesSeen {
+    /// The index rows of a group's samples (`keys`: key and sample row) not written yet, and
+    /// their keys and hours; `None` when all were.
+    fn new_rows(
+        &self,
+        samples: &arrow::array::RecordBatch,
+        keys: Vec<(u64, u32)>,
+    ) -> Result<Option<IndexRows>> {
+        let timestamps = samples
+            .column_by_name("timestamp")
+            .and_then(|c| c.as_any().downcast_ref::<arrow::array::Int64Array>())
+            .ok_or_else(|| Error::Corrupt("sample rows without timestamps".into()))?;
+        let mut new: Vec<(u64, i64)> = Vec::new();
+        let mut rows: Vec<u32> = Vec::new();
+        for (key, row) in keys {
+            let hour = timestamps
+                .value(row as usize)
+                .div_euclid(schema::SERIES_BUCKET_MS);
+            if !self.keys.contains_key(&key) && !new.iter().any(|(k, _)| *k == key) {
+                new.push((key, hour));
+                rows.push(row);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((crate::normalize::series_rows(samples, &rows)?, new)))
+    }
+
+    /// Records keys whose rows were committed.
+    fn committed(&mut self, keys: Vec<(u64, i64)>) {
+        let newest = keys.iter().map(|(_, h)| *h).max().unwrap_or(i64::MIN);
+        if newest > self.newest_hour {
+            self.newest_hour = newest;
+            let oldest = newest - SERIES_SEEN_HOURS;
+            self.keys.retain(|_, hour| *hour >= oldest);
+        }
+        self.keys.extend(keys);
+    }
+}
+
+/// Builds the series index of a store written before it had one, from its sample rows.
+fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Result<()> {
+    use arrow::row::{RowConverter, SortField};
+    let started = std::time::Instant::now();
+    let snapshot = samples.snapshot();
+    let columns: Vec<String> = snapshot
+        .schema()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|n| {
+            !matches!(
+                n.as_str(),
+                "stacktrace_id" | "duration" | "period" | "value"
+            )
+        })
+        .collect();
+    let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
+    let (mut read, mut written) = (0usize, 0usize);
+    for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
+        let batch = batch?;
+        read += batch.num_rows();
+        let all: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        let rows = crate::normalize::series_rows(&batch, &all)?;
+        let fields: Vec<SortField> = rows
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        let converter = RowConverter::new(fields)?;
+        let keys = converter.convert_columns(rows.columns())?;
+        let names: String = rows
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| format!("{}\u{0}", f.name()))
+            .collect();
+        let mut first: Vec<u32> = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let mut k = names.as_bytes().to_vec();
+            k.extend_from_slice(key.as_ref());
+            if seen.insert(k) {
+                first.push(i as u32);
+            }
+        }
+        if !first.is_empty() {
+            let new = arrow::compute::take_record_batch(
+                &rows,
+                &arrow::array::UInt32Array::from(first.clone()),
+            )?;
+            let mut tx = db.transaction();
+            tx.insert(index, &new)?;
+            tx.submit()?.wait()?;
+            written += first.len();
+        }
+    }
+    tracing::info!(
+        sample_rows = read,
+        index_rows = written,
+        seconds = started.elapsed().as_secs_f64(),
+        "built the series index of a store written without one"
+    );
+    Ok(())
 }
 
 impl ProfileStore {
@@ -328,6 +455,11 @@ impl ProfileStore {
         samples.set_ttl(options.retention)?;
         let spans = db.table(schema::SPANS, schema::spans(), options.samples.clone())?;
         spans.set_ttl(options.retention)?;
+        let series_index = db.table(schema::SERIES, schema::series(), TableOptions::default())?;
+        series_index.set_ttl(options.retention)?;
+        if series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
+            build_series_index(&db, &samples, &series_index)?;
+        }
         let tables = SymbolTables {
             stacktraces,
             locations,
@@ -349,6 +481,8 @@ impl ProfileStore {
             db,
             samples,
             spans,
+            series_index,
+            indexed: Mutex::new(SeriesSeen::default()),
             symbols,
             expiry,
             deltas: Mutex::new(Deltas::default()),
@@ -595,7 +729,9 @@ impl ProfileStore {
                 rows = group.rows.len(),
                 "committing a group of profiles"
             );
+            let keys = std::mem::take(&mut group.rows.series);
             let samples = group.rows.finish()?;
+            let index = self.indexed.lock().new_rows(&samples, keys)?;
             let mut tx = self.db.transaction();
             for (table, batch) in
                 self.symbols
@@ -608,7 +744,14 @@ impl ProfileStore {
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }
-            Ok::<_, Error>(tx.submit()?)
+            if let Some((rows, _)) = &index {
+                tx.insert(&self.series_index, rows)?;
+            }
+            let submitted = tx.submit()?;
+            if let Some((_, keys)) = index {
+                self.indexed.lock().committed(keys);
+            }
+            Ok::<_, Error>(submitted)
         })();
         match submitted {
             Ok(submitted) => Ok(Arc::new(submitted)),
@@ -779,19 +922,48 @@ impl ProfileStore {
         )?)
     }
 
-    /// The values label `name` has in what `selector` (if any) selects in `range`, sorted.
+    /// The values label `name` has in what `selector` (if any) selects in `range`, sorted:
+    /// read from the series index (no sample row is read), at its granularity of an hour,
+    /// as Prometheus and Pyroscope answer from the index of each block a range touches.
+    /// Span labels are not series labels: they are not listed.
     pub fn label_values(
         &self,
         name: &str,
         selector: Option<&Selector>,
         range: TimeRange,
     ) -> Result<Vec<String>> {
+        let (snapshot, range) = self.label_source(range);
         Ok(frostdb_query::profile::native::label_values(
-            &self.samples.snapshot(),
-            name,
-            selector,
-            range,
+            &snapshot, name, selector, range,
         )?)
+    }
+
+    /// The names of the labels of what `selector` (if any) selects in `range`, sorted: from
+    /// the series index, as [`ProfileStore::label_values`].
+    pub fn label_names(
+        &self,
+        selector: Option<&Selector>,
+        range: TimeRange,
+    ) -> Result<Vec<String>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_query::profile::native::label_names(
+            &snapshot, selector, range,
+        )?)
+    }
+
+    /// The series index, and `range` widened to the whole hours its rows stand for.
+    fn label_source(&self, range: TimeRange) -> (frostdb_core::Snapshot, TimeRange) {
+        let start_ms = match range.start_ms {
+            i64::MIN => i64::MIN,
+            t => t.div_euclid(schema::SERIES_BUCKET_MS) * schema::SERIES_BUCKET_MS,
+        };
+        (
+            self.series_index.snapshot(),
+            TimeRange {
+                start_ms,
+                end_ms: range.end_ms,
+            },
+        )
     }
 
     /// Deletes the symbols no retained sample refers to any more, now (the database does it

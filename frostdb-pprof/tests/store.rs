@@ -281,3 +281,104 @@ fn span_and_trace_ids_are_kept_per_sample_not_as_series() {
     }
     check(&open());
 }
+
+/// Label names and values as a scan of the sample rows finds them.
+fn from_samples(
+    store: &ProfileStore,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> (Vec<String>, Vec<String>) {
+    use frostdb_query::profile::native;
+    let snapshot = store.samples().snapshot();
+    (
+        native::label_names(&snapshot, selector, range).unwrap(),
+        native::label_values(&snapshot, "pod", selector, range).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_names_and_values_come_from_the_series_index() {
+    const HOUR: i64 = 3_600_000;
+    let h0 = 1_717_372_800_000; // a whole hour
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    let heap = file("goapp__go119-heap.pb.gz");
+    let check = |store: &ProfileStore, what: &str| {
+        let selectors = [
+            None,
+            Some(Selector::parse("{ns=\"n1\"}").unwrap()),
+            Some(Selector::parse("{pod=~\"p[12]\", zone!=\"\"}").unwrap()),
+            Some(Selector::parse("memory:inuse_space:bytes:space:bytes{}").unwrap()),
+        ];
+        let ranges = [
+            TimeRange::ALL,
+            TimeRange {
+                start_ms: h0,
+                end_ms: h0 + HOUR,
+            },
+            TimeRange {
+                start_ms: h0 + HOUR,
+                end_ms: h0 + 3 * HOUR,
+            },
+            TimeRange {
+                start_ms: h0 + 2 * HOUR,
+                end_ms: i64::MAX,
+            },
+            TimeRange {
+                start_ms: h0 + 9 * HOUR,
+                end_ms: i64::MAX,
+            },
+        ];
+        let mut answered = 0;
+        for selector in &selectors {
+            for range in ranges {
+                let want = from_samples(store, selector.as_ref(), range);
+                let got = (
+                    store.label_names(selector.as_ref(), range).unwrap(),
+                    store.label_values("pod", selector.as_ref(), range).unwrap(),
+                );
+                assert_eq!(got, want, "{what}: {selector:?} over {range:?}");
+                answered += usize::from(!got.1.is_empty());
+            }
+        }
+        assert!(answered > 10, "{what}: only {answered} non-empty answers");
+    };
+    let index_rows = {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        // Nine scrapes 20 minutes apart: three hours; pods, namespaces and a zone on some.
+        for i in 0..9i64 {
+            let (pod, ns) = (format!("p{}", i % 4), format!("n{}", i % 3));
+            let mut labels = vec![("pod", pod.as_str()), ("ns", ns.as_str())];
+            if i % 4 == 1 {
+                labels.push(("zone", "z1"));
+            }
+            for (name, bytes) in [("cpu", &cpu), ("memory", &heap)] {
+                let mut o = options(name, &labels);
+                o.timestamp_ms = Some(h0 + i * 20 * 60_000);
+                store.ingest(bytes, &o).unwrap();
+            }
+        }
+        check(&store, "as written");
+        let index = store.db().get_table("series").unwrap();
+        let (index_rows, sample_rows) =
+            (index.snapshot().rows(), store.samples().snapshot().rows());
+        // One row per series (sample labels included), profile type and hour, not per
+        // sample.
+        assert!(
+            index_rows * 20 < sample_rows,
+            "{index_rows} of {sample_rows}"
+        );
+        // A store written before the index: its rows persisted, then deleted.
+        store.db().flush().unwrap();
+        assert!(!index.delete_blocks(|_| true).unwrap().is_empty());
+        assert_eq!(index.snapshot().rows(), 0);
+        index_rows
+    };
+    // Opening it builds the index from the sample rows: the same rows, each once.
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let rebuilt = store.db().get_table("series").unwrap().snapshot().rows();
+    assert_eq!(rebuilt, index_rows);
+    check(&store, "rebuilt");
+}

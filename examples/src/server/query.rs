@@ -287,12 +287,36 @@ async fn profile_types(
     Ok(answer(Json(Value::Array(types)), r.blocks_failed()))
 }
 
+/// Label names or values from the tenant's series index, reading no sample row (a lenient
+/// request, which counts unreadable blocks, scans the samples instead).
+async fn from_series_index(
+    state: &Shared,
+    tenant: &str,
+    read: impl FnOnce(&frostdb_pprof::ProfileStore) -> frostdb_pprof::Result<Vec<String>>
+    + Send
+    + 'static,
+) -> ApiResult<Response> {
+    let Some(t) = state.tenants.for_read(tenant).await? else {
+        return Ok(Json(json!([])).into_response());
+    };
+    let values = tokio::task::spawn_blocking(move || read(&t.store))
+        .await
+        .map_err(|e| ApiError::internal(format!("label task failed: {e}")))??;
+    Ok(Json(json!(values)).into_response())
+}
+
 async fn labels(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
+    if !p.lenient {
+        return from_series_index(&state, &tenant, move |store| {
+            store.label_names(selector.as_ref(), range)
+        })
+        .await;
+    }
     let Some(r) = open(&state, &tenant, p.lenient).await? else {
         return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
@@ -311,6 +335,12 @@ async fn label_values(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
+    if !p.lenient {
+        return from_series_index(&state, &tenant, move |store| {
+            store.label_values(&name, selector.as_ref(), range)
+        })
+        .await;
+    }
     let Some(r) = open(&state, &tenant, p.lenient).await? else {
         return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };

@@ -374,6 +374,44 @@ pub fn range(
     Ok(series)
 }
 
+/// The names of the labels the rows `selector` (if any) selects in `range` have, sorted.
+pub fn label_names(
+    snapshot: &Snapshot,
+    selector: Option<&Selector>,
+    range: TimeRange,
+) -> Result<Vec<String>> {
+    let names = label_names_of(snapshot);
+    if names.is_empty() {
+        return Ok(names);
+    }
+    let everything = Selector {
+        profile_type: None,
+        matchers: Vec::new(),
+    };
+    let filter = predicate(snapshot, selector.unwrap_or(&everything), range);
+    let columns: Vec<String> = names.iter().map(|n| format!("labels.{n}")).collect();
+    let request = ScanRequest::new().project(columns.iter()).filter(filter);
+    let mut present = vec![false; names.len()];
+    for batch in snapshot.scan(&request)? {
+        let batch = batch?;
+        for (i, column) in columns.iter().enumerate() {
+            if !present[i]
+                && let Some(c) = batch.column_by_name(column)
+            {
+                present[i] = c.null_count() < c.len();
+            }
+        }
+        if present.iter().all(|p| *p) {
+            break;
+        }
+    }
+    Ok(names
+        .into_iter()
+        .zip(present)
+        .filter_map(|(n, p)| p.then_some(n))
+        .collect())
+}
+
 /// The distinct values of label `name` in the rows `selector` (if any) selects in `range`,
 /// sorted.
 pub fn label_values(
