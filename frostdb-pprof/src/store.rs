@@ -48,6 +48,10 @@ pub struct StoreOptions {
     pub retention: Option<Duration>,
     /// Threads a merge reads with.
     pub query_threads: usize,
+    /// Memory the store's queries may hold at once, merges and SQL together (`None`: no
+    /// limit). Over it a SQL operator spills where it can; otherwise the query fails with a
+    /// "resources exhausted" error naming the limit.
+    pub query_memory: Option<usize>,
     /// Series the store admits (profile name and every label, pprof sample labels
     /// included) since it was opened; a profile that would add more is refused whole.
     pub max_series: usize,
@@ -60,6 +64,7 @@ impl Default for StoreOptions {
             symbols: SymbolOptions::default(),
             samples: TableOptions::default(),
             retention: None,
+            query_memory: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
         }
@@ -283,6 +288,8 @@ pub struct ProfileStore {
     /// Series index rows committed since open (key -> hour), so each is written once; hours
     /// long past are forgotten.
     indexed: Mutex<SeriesSeen>,
+    /// The pool every query of the store reserves memory from.
+    memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
     deltas: Mutex<Deltas>,
@@ -483,6 +490,7 @@ impl ProfileStore {
             spans,
             series_index,
             indexed: Mutex::new(SeriesSeen::default()),
+            memory: frostdb_query::memory_pool(options.query_memory),
             symbols,
             expiry,
             deltas: Mutex::new(Deltas::default()),
@@ -811,13 +819,16 @@ impl ProfileStore {
     /// A session seeing this database's tables (SQL, and the DataFusion profile queries).
     /// Its queries fail when they cannot read a block they need.
     pub fn session(&self) -> Result<SessionContext> {
-        Ok(frostdb_query::session(&self.db)?)
+        Ok(frostdb_query::session_with(&self.db, self.memory.clone())?)
     }
 
     /// A session whose scans skip blocks they cannot read, counting them in the returned
     /// [`frostdb_query::BlocksFailed`]: answers may be partial, and the count says so.
     pub fn lenient_session(&self) -> Result<(SessionContext, frostdb_query::BlocksFailed)> {
-        Ok(frostdb_query::lenient_session(&self.db)?)
+        Ok(frostdb_query::lenient_session_with(
+            &self.db,
+            self.memory.clone(),
+        )?)
     }
 
     /// Merges what `selector` selects in `range` into one profile. The selector must name a
@@ -881,6 +892,7 @@ impl ProfileStore {
             range,
             self.options.query_threads,
             lenient,
+            &self.memory,
         )?;
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();

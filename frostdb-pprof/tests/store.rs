@@ -382,3 +382,54 @@ async fn label_names_and_values_come_from_the_series_index() {
     assert_eq!(rebuilt, index_rows);
     check(&store, "rebuilt");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_over_the_memory_limit_fail_naming_it() {
+    let open = |limit: Option<usize>| {
+        let db = Db::open_in_memory(DbOptions::default()).unwrap();
+        let store = ProfileStore::open(
+            db,
+            StoreOptions {
+                query_memory: limit,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        store
+            .ingest(
+                &file("goapp__go119-cpu-2s.pb.gz"),
+                &options("cpu", &[("job", "a")]),
+            )
+            .unwrap();
+        store
+    };
+    let cpu = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let unlimited = open(None).merge(&cpu, TimeRange::ALL).unwrap();
+    assert!(unlimited.total() > 0);
+
+    // 256 bytes: the sums of the merge (8 bytes per stack of the partition) do not fit.
+    let store = open(Some(256));
+    let err = store.merge(&cpu, TimeRange::ALL).unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    assert!(
+        err.to_string().contains("query memory limit of 256 bytes"),
+        "{err}"
+    );
+    // What was reserved is given back: a merge that selects nothing still answers.
+    let none = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"b\"}").unwrap();
+    assert_eq!(store.merge(&none, TimeRange::ALL).unwrap().total(), 0);
+    // SQL shares the pool: an aggregation over it fails the same way.
+    let ctx = store.session().unwrap();
+    let sql = "SELECT stacktrace_id, sum(value) FROM samples GROUP BY stacktrace_id";
+    let err = match ctx.sql(sql).await.unwrap().collect().await {
+        Ok(batches) => panic!("{} batches under a 256-byte limit", batches.len()),
+        Err(e) => e,
+    };
+    assert!(
+        err.to_string().contains("query memory limit of 256 bytes"),
+        "{err}"
+    );
+    // A limit the merge fits in answers as without one.
+    let roomy = open(Some(64 << 20)).merge(&cpu, TimeRange::ALL).unwrap();
+    assert_eq!(roomy.samples, unlimited.samples);
+}

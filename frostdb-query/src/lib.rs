@@ -33,13 +33,18 @@
 mod error;
 mod exec;
 mod filter;
+mod memory;
 pub mod profile;
 mod provider;
 mod selector;
 
 pub use error::{Error, Result, datafusion_kind};
 pub use exec::FrostScanExec;
-pub use provider::{BlocksFailed, FrostSchema, FrostTable, lenient_session, register_db, session};
+pub use memory::memory_pool;
+pub use provider::{
+    BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
+    session, session_with,
+};
 pub use selector::{MatchOp, Matcher, ProfileType, Selector, SelectorError};
 
 /// An engine error as a DataFusion error.

@@ -33,9 +33,11 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use frostdb_core::{Db, Scalar, ScanRequest, Snapshot, Table};
 use parking_lot::RwLock;
 
@@ -306,15 +308,39 @@ fn register_schema(ctx: &SessionContext, schema: FrostSchema) -> Result<()> {
 /// A session that sees every table of `db`, using all cores. A query that cannot read a
 /// block it needs fails.
 pub fn session(db: &Db) -> Result<SessionContext> {
-    let ctx = SessionContext::new();
+    session_with(db, crate::memory_pool(None))
+}
+
+/// [`session`] whose operators reserve memory from `pool` ([`crate::memory_pool`]): over its
+/// limit a query spills where it can and otherwise fails with "resources exhausted".
+pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
+    let ctx = context(pool)?;
     register_db(&ctx, db)?;
     Ok(ctx)
+}
+
+fn context(pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(pool)
+        .build_arc()?;
+    Ok(SessionContext::new_with_config_rt(
+        SessionConfig::new(),
+        runtime,
+    ))
 }
 
 /// A session like [`session`] whose scans skip blocks they cannot read, counted in the
 /// returned [`BlocksFailed`]: answers may be partial, and the count says when they are.
 pub fn lenient_session(db: &Db) -> Result<(SessionContext, BlocksFailed)> {
-    let ctx = SessionContext::new();
+    lenient_session_with(db, crate::memory_pool(None))
+}
+
+/// [`lenient_session`] reserving memory from `pool`, as [`session_with`].
+pub fn lenient_session_with(
+    db: &Db,
+    pool: Arc<dyn MemoryPool>,
+) -> Result<(SessionContext, BlocksFailed)> {
+    let ctx = context(pool)?;
     let failed = BlocksFailed::default();
     register_schema(&ctx, FrostSchema::lenient(db.clone(), failed.clone()))?;
     Ok((ctx, failed))

@@ -15,6 +15,7 @@
 //! max_decompressed_bytes = 134217728
 //! max_series_per_tenant = 10000
 //! request_timeout_secs = 60
+//! max_query_memory_bytes = 1073741824   # per tenant, merges and SQL together
 //!
 //! [[scrape]]
 //! job = "goapp"
@@ -140,6 +141,9 @@ pub struct Limits {
     pub request_timeout_secs: u64,
     /// Number of tenants that may exist (a guard against header spraying).
     pub max_tenants: usize,
+    /// Memory a tenant's queries may hold at once (merges and SQL together); a query over
+    /// it fails with "resources exhausted" naming the limit.
+    pub max_query_memory_bytes: usize,
 }
 
 impl Default for Limits {
@@ -150,6 +154,7 @@ impl Default for Limits {
             max_series_per_tenant: 10_000,
             request_timeout_secs: 60,
             max_tenants: 1_000,
+            max_query_memory_bytes: 1 << 30,
         }
     }
 }

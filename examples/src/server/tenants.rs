@@ -167,6 +167,7 @@ impl Tenants {
             .get_or_try_init(|| async {
                 let id = id.to_owned();
                 let max_series = self.limits.max_series_per_tenant;
+                let query_memory = Some(self.limits.max_query_memory_bytes);
                 let limits = self.pprof_limits();
                 let retention = self.retention.of(&id);
                 let db_options = DbOptions::default().workers(self.workers.clone());
@@ -186,6 +187,7 @@ impl Tenants {
                         limits,
                         retention,
                         max_series,
+                        query_memory,
                         ..StoreOptions::default()
                     };
                     let store = ProfileStore::open(db, options)?;

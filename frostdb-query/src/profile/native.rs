@@ -4,8 +4,11 @@
 //! it yields the total and the period in the same pass. The DataFusion plans in the parent
 //! module give the same answers (the tests check one against the other).
 
+use std::sync::Arc;
+
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt64Type};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
 
 use crate::Result;
@@ -49,17 +52,39 @@ pub fn predicate(
 /// rather than allocated for.
 const MAX_INDEX: usize = 1 << 27;
 
-/// Sums per partition, one dense array each.
-#[derive(Default)]
+/// Sums per partition, one dense array each, their memory reserved from the query pool.
 struct Dense {
     partitions: Vec<(u32, Vec<i64>)>,
     last: usize,
     total: i64,
     period: i64,
     rows: usize,
+    reservation: MemoryReservation,
 }
 
 impl Dense {
+    fn new(pool: &Arc<dyn MemoryPool>) -> Self {
+        Self {
+            partitions: Vec::new(),
+            last: 0,
+            total: 0,
+            period: 0,
+            rows: 0,
+            reservation: MemoryConsumer::new("profile merge").register(pool),
+        }
+    }
+
+    /// Grows partition slot `at` to `len` sums, reserving the memory first.
+    fn grow(&mut self, at: usize, len: usize) -> Result<()> {
+        let slot = &mut self.partitions[at].1;
+        if len > slot.len() {
+            self.reservation
+                .try_grow((len - slot.len()) * std::mem::size_of::<i64>())?;
+            slot.resize(len, 0);
+        }
+        Ok(())
+    }
+
     #[inline]
     fn slot(&mut self, partition: u32) -> &mut Vec<i64> {
         if self
@@ -78,7 +103,7 @@ impl Dense {
         &mut self.partitions[self.last].1
     }
 
-    fn add_batch(&mut self, b: &RecordBatch) -> frostdb_core::Result<()> {
+    fn add_batch(&mut self, b: &RecordBatch) -> Result<()> {
         let column = |name: &str| {
             b.column_by_name(name)
                 .ok_or_else(|| Error::Internal(format!("a merge scan returned no column {name:?}")))
@@ -105,45 +130,54 @@ impl Dense {
             if index >= MAX_INDEX {
                 return Err(Error::Internal(format!(
                     "stack id {id:#x} has an index beyond any symbol partition's"
-                )));
+                ))
+                .into());
             }
-            let slot = self.slot((id >> 32) as u32);
-            if index >= slot.len() {
-                slot.resize((index + 1).max(slot.len() * 2).min(index + (1 << 20)), 0);
+            let len = self.slot((id >> 32) as u32).len();
+            if index >= len {
+                let at = self.last;
+                self.grow(at, (index + 1).max(len * 2).min(index + (1 << 20)))?;
             }
-            slot[index] += v;
+            self.partitions[self.last].1[index] += v;
             self.total += v;
             self.rows += 1;
         }
         Ok(())
     }
 
-    fn merge(mut self, other: Dense) -> Dense {
-        for (p, values) in other.partitions {
-            let slot = self.slot(p);
-            if slot.len() < values.len() {
-                slot.resize(values.len(), 0);
-            }
-            for (a, b) in slot.iter_mut().zip(values) {
+    fn merge(mut self, other: Dense) -> Result<Dense> {
+        if self.partitions.is_empty() && self.rows == 0 {
+            return Ok(Dense {
+                period: self.period.max(other.period),
+                ..other
+            });
+        }
+        for (p, values) in &other.partitions {
+            self.slot(*p);
+            let at = self.last;
+            self.grow(at, values.len())?;
+            for (a, b) in self.partitions[at].1.iter_mut().zip(values) {
                 *a += b;
             }
         }
         self.total += other.total;
         self.period = self.period.max(other.period);
         self.rows += other.rows;
-        self
+        Ok(self)
     }
 }
 
 /// Merge: the value summed per stack for the rows `selector` selects in `range`, read by up
-/// to `threads` threads. A block that cannot be read fails the merge unless `lenient`, which
-/// skips it and counts it in the metrics' `blocks_failed`.
+/// to `threads` threads, its sums' memory reserved from `pool` (over its limit, the merge
+/// fails with "resources exhausted"). A block that cannot be read fails the merge unless
+/// `lenient`, which skips it and counts it in the metrics' `blocks_failed`.
 pub fn merge_stacks(
     snapshot: &Snapshot,
     selector: &Selector,
     range: TimeRange,
     threads: usize,
     lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
 ) -> Result<StackTotals> {
     let request = ScanRequest::new()
         .project(["stacktrace_id", "value", "period"])
@@ -158,7 +192,7 @@ pub fn merge_stacks(
             .into_iter()
             .map(|mut scan| {
                 s.spawn(move || {
-                    let mut dense = Dense::default();
+                    let mut dense = Dense::new(pool);
                     for batch in scan.by_ref() {
                         dense.add_batch(&batch?)?;
                     }
@@ -175,10 +209,10 @@ pub fn merge_stacks(
             })
             .collect()
     });
-    let mut dense = Dense::default();
+    let mut dense = Dense::new(pool);
     for part in parts {
         let (part, failed_midway) = part?;
-        dense = dense.merge(part);
+        dense = dense.merge(part)?;
         metrics.blocks_failed += failed_midway;
     }
     let mut stacks = Vec::new();
