@@ -963,6 +963,15 @@ impl ProfileStore {
         )?)
     }
 
+    /// The profile types stored in `range`, sorted: from the series index, as
+    /// [`ProfileStore::label_values`].
+    pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_query::ProfileType>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_query::profile::native::profile_types(
+            &snapshot, range,
+        )?)
+    }
+
     /// The series index, and `range` widened to the whole hours its rows stand for.
     fn label_source(&self, range: TimeRange) -> (frostdb_core::Snapshot, TimeRange) {
         let start_ms = match range.start_ms {

@@ -330,6 +330,16 @@ async fn label_names_and_values_come_from_the_series_index() {
             },
         ];
         let mut answered = 0;
+        for range in ranges {
+            let want =
+                frostdb_query::profile::native::profile_types(&store.samples().snapshot(), range)
+                    .unwrap();
+            assert_eq!(
+                store.profile_types(range).unwrap(),
+                want,
+                "{what}: {range:?}"
+            );
+        }
         for selector in &selectors {
             for range in ranges {
                 let want = from_samples(store, selector.as_ref(), range);

@@ -265,6 +265,28 @@ async fn profile_types(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let range = p.range()?;
+    if !p.lenient {
+        let Some(t) = state.tenants.for_read(&tenant).await? else {
+            return Ok(Json(json!([])).into_response());
+        };
+        let types = tokio::task::spawn_blocking(move || t.store.profile_types(range))
+            .await
+            .map_err(|e| ApiError::internal(format!("profile types task failed: {e}")))??;
+        let types: Vec<Value> = types
+            .into_iter()
+            .map(|t| {
+                json!({
+                    "id": t.to_string(),
+                    "name": t.name,
+                    "sample_type": t.sample_type,
+                    "sample_unit": t.sample_unit,
+                    "period_type": t.period_type,
+                    "period_unit": t.period_unit,
+                })
+            })
+            .collect();
+        return Ok(Json(Value::Array(types)).into_response());
+    }
     let Some(r) = open(&state, &tenant, p.lenient).await? else {
         return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };

@@ -14,7 +14,7 @@ use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
 use crate::Result;
 
 use super::TimeRange;
-use crate::selector::Selector;
+use crate::selector::{ProfileType, Selector};
 
 /// What a merge read: the value per stack, and the totals of the same rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -406,6 +406,61 @@ pub fn range(
     series.retain(|s| !s.points.is_empty());
     series.sort_by(|a, b| a.labels.cmp(&b.labels));
     Ok(series)
+}
+
+/// The profile types of the rows in `range`, sorted.
+pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<ProfileType>> {
+    const PARTS: [&str; 5] = [
+        "name",
+        "sample_type",
+        "sample_unit",
+        "period_type",
+        "period_unit",
+    ];
+    if PARTS
+        .iter()
+        .any(|p| snapshot.schema().index_of(p).is_none())
+    {
+        return Ok(Vec::new());
+    }
+    let everything = Selector {
+        profile_type: None,
+        matchers: Vec::new(),
+    };
+    let request = ScanRequest::new()
+        .project(PARTS)
+        .filter(predicate(snapshot, &everything, range));
+    let mut out: std::collections::BTreeSet<[String; 5]> = Default::default();
+    for batch in snapshot.scan(&request)? {
+        let batch = batch?;
+        let columns = (0..PARTS.len())
+            .map(|c| Strings::of(batch.column(c).as_ref()))
+            .collect::<frostdb_core::Result<Vec<_>>>()?;
+        let mut last: Option<[Option<usize>; 5]> = None;
+        for i in 0..batch.num_rows() {
+            let keys: [Option<usize>; 5] = std::array::from_fn(|c| columns[c].key(i));
+            if last == Some(keys) || keys.iter().any(Option::is_none) {
+                continue;
+            }
+            last = Some(keys);
+            out.insert(std::array::from_fn(|c| {
+                columns[c].value(keys[c].expect("checked")).to_owned()
+            }));
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(
+            |[name, sample_type, sample_unit, period_type, period_unit]| ProfileType {
+                name,
+                sample_type,
+                sample_unit,
+                period_type,
+                period_unit,
+                delta: false,
+            },
+        )
+        .collect())
 }
 
 /// The names of the labels the rows `selector` (if any) selects in `range` have, sorted.
