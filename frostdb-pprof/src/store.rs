@@ -463,7 +463,13 @@ impl ProfileStore {
         let spans = db.table(schema::SPANS, schema::spans(), options.samples.clone())?;
         spans.set_ttl(options.retention)?;
         let series_index = db.table(schema::SERIES, schema::series(), TableOptions::default())?;
-        series_index.set_ttl(options.retention)?;
+        // An index row stands for an hour from its timestamp: kept an hour longer than the
+        // samples, so no sample outlives the row that indexes it.
+        series_index.set_ttl(
+            options
+                .retention
+                .map(|r| r + Duration::from_millis(schema::SERIES_BUCKET_MS as u64)),
+        )?;
         if series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_series_index(&db, &samples, &series_index)?;
         }
@@ -748,12 +754,14 @@ impl ProfileStore {
             {
                 tx.insert(table, &batch)?;
             }
+            // The index before the samples: a snapshot of the samples taken before one of
+            // the index (see `merge_reading`) finds every series it holds in the index.
+            if let Some((rows, _)) = &index {
+                tx.insert(&self.series_index, rows)?;
+            }
             tx.insert(&self.samples, &samples)?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
-            }
-            if let Some((rows, _)) = &index {
-                tx.insert(&self.series_index, rows)?;
             }
             let submitted = tx.submit()?;
             if let Some((_, keys)) = index {
@@ -880,6 +888,14 @@ impl ProfileStore {
                 "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
             )
         })?;
+        // The samples first: the series index is written before them in each transaction,
+        // so its later snapshot holds every series of this one.
+        let snapshot = table.snapshot();
+        let narrow = if by_span || selector.matchers.is_empty() {
+            None
+        } else {
+            self.narrowing(&snapshot, selector, range)?
+        };
         let StackTotals {
             stacks,
             period,
@@ -887,12 +903,13 @@ impl ProfileStore {
             metrics,
             ..
         } = merge_stacks(
-            &table.snapshot(),
+            &snapshot,
             selector,
             range,
             self.options.query_threads,
             lenient,
             &self.memory,
+            narrow,
         )?;
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
@@ -970,6 +987,42 @@ impl ProfileStore {
         Ok(frostdb_query::profile::native::profile_types(
             &snapshot, range,
         )?)
+    }
+
+    /// A predicate that holds for every sample `selector` selects in `range` and that
+    /// statistics prune by: the full label sets of the few series it selects (label matchers
+    /// alone, a pod say, fall on a column late in the sort order, which row group bounds
+    /// hardly narrow; the whole label set starts at the first). `None` when it selects many.
+    fn narrowing(
+        &self,
+        samples: &frostdb_core::Snapshot,
+        selector: &Selector,
+        range: TimeRange,
+    ) -> Result<Option<frostdb_core::Predicate>> {
+        const MAX_SERIES: usize = 64;
+        let (index, hours) = self.label_source(range);
+        let Some(sets) =
+            frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
+        else {
+            return Ok(None);
+        };
+        if sets.iter().any(Vec::is_empty) {
+            return Ok(None); // a series without labels: nothing to narrow by
+        }
+        // A set with a column the samples lack has no samples.
+        let known = |set: &Vec<(String, String)>| {
+            set.iter()
+                .all(|(c, _)| samples.schema().index_of(c).is_some())
+        };
+        Ok(sets
+            .into_iter()
+            .filter(known)
+            .filter_map(|set| {
+                set.into_iter()
+                    .map(|(column, value)| frostdb_core::col(column).eq(value))
+                    .reduce(frostdb_core::Predicate::and)
+            })
+            .reduce(frostdb_core::Predicate::or))
     }
 
     /// The series index, and `range` widened to the whole hours its rows stand for.

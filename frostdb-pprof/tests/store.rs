@@ -329,6 +329,36 @@ async fn label_names_and_values_come_from_the_series_index() {
                 end_ms: i64::MAX,
             },
         ];
+        // Merges narrowed by the series index answer as a plain scan of the samples.
+        let cpu = "cpu:cpu:nanoseconds:cpu:nanoseconds";
+        let pool = frostdb_query::memory_pool(None);
+        let mut merged = 0;
+        for matchers in [
+            "{pod=\"p1\"}",
+            "{pod=~\"p[12]\", zone!=\"\"}",
+            "{zone=\"\"}",
+            "{ns!=\"n0\", pod=~\"p.*\"}",
+            "{pod=\"nope\"}",
+        ] {
+            let selector = Selector::parse(&format!("{cpu}{matchers}")).unwrap();
+            for range in ranges {
+                let got = store.merge(&selector, range).unwrap();
+                let want = frostdb_query::profile::native::merge_stacks(
+                    &store.samples().snapshot(),
+                    &selector,
+                    range,
+                    1,
+                    false,
+                    &pool,
+                    None,
+                )
+                .unwrap();
+                let got: Vec<(u64, i64)> = got.samples.iter().map(|(s, v)| (s.0, *v)).collect();
+                assert_eq!(got, want.stacks, "{what}: {selector:?} over {range:?}");
+                merged += usize::from(!got.is_empty());
+            }
+        }
+        assert!(merged > 10, "{what}: only {merged} non-empty merges");
         let mut answered = 0;
         for range in ranges {
             let want =

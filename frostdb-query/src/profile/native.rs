@@ -170,7 +170,9 @@ impl Dense {
 /// Merge: the value summed per stack for the rows `selector` selects in `range`, read by up
 /// to `threads` threads, its sums' memory reserved from `pool` (over its limit, the merge
 /// fails with "resources exhausted"). A block that cannot be read fails the merge unless
-/// `lenient`, which skips it and counts it in the metrics' `blocks_failed`.
+/// `lenient`, which skips it and counts it in the metrics' `blocks_failed`. `narrow`, when
+/// given, is a predicate every selected row satisfies that statistics can prune by (the
+/// full label sets of the selected series, say).
 pub fn merge_stacks(
     snapshot: &Snapshot,
     selector: &Selector,
@@ -178,10 +180,15 @@ pub fn merge_stacks(
     threads: usize,
     lenient: bool,
     pool: &Arc<dyn MemoryPool>,
+    narrow: Option<frostdb_core::Predicate>,
 ) -> Result<StackTotals> {
+    let mut filter = predicate(snapshot, selector, range);
+    if let Some(narrow) = narrow {
+        filter = filter.and(narrow);
+    }
     let request = ScanRequest::new()
         .project(["stacktrace_id", "value", "period"])
-        .filter(predicate(snapshot, selector, range))
+        .filter(filter)
         .lenient(lenient);
     if snapshot.schema().index_of("stacktrace_id").is_none() {
         return Ok(StackTotals::default());
@@ -406,6 +413,54 @@ pub fn range(
     series.retain(|s| !s.points.is_empty());
     series.sort_by(|a, b| a.labels.cmp(&b.labels));
     Ok(series)
+}
+
+/// A series' labels: `(column, value)` pairs.
+pub type LabelSet = Vec<(String, String)>;
+
+/// The label sets of the series `selector` selects in `range` of a series index: each as
+/// `(column, value)` pairs; `None` when there are more than `limit`.
+pub fn series_of(
+    index: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    limit: usize,
+) -> Result<Option<Vec<LabelSet>>> {
+    let columns: Vec<String> = label_names_of(index)
+        .into_iter()
+        .map(|n| format!("labels.{n}"))
+        .collect();
+    let request = ScanRequest::new()
+        .project(columns.iter())
+        .filter(predicate(index, selector, range));
+    let mut out: std::collections::BTreeSet<LabelSet> = Default::default();
+    for batch in index.scan(&request)? {
+        let batch = batch?;
+        let strings = columns
+            .iter()
+            .map(|c| {
+                batch
+                    .column_by_name(c)
+                    .map(|a| Strings::of(a.as_ref()))
+                    .transpose()
+            })
+            .collect::<frostdb_core::Result<Vec<_>>>()?;
+        for i in 0..batch.num_rows() {
+            let set: Vec<(String, String)> = columns
+                .iter()
+                .zip(&strings)
+                .filter_map(|(c, s)| {
+                    let s = s.as_ref()?;
+                    Some((c.clone(), s.value(s.key(i)?).to_owned()))
+                })
+                .collect();
+            out.insert(set);
+            if out.len() > limit {
+                return Ok(None);
+            }
+        }
+    }
+    Ok(Some(out.into_iter().collect()))
 }
 
 /// The profile types of the rows in `range`, sorted.
