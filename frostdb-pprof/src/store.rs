@@ -990,7 +990,7 @@ impl ProfileStore {
     }
 
     /// A predicate that holds for every sample `selector` selects in `range` and that
-    /// statistics prune by: the full label sets of the few series it selects (label matchers
+    /// statistics prune by: the full label sets of the few (up to 4) series it selects (label matchers
     /// alone, a pod say, fall on a column late in the sort order, which row group bounds
     /// hardly narrow; the whole label set starts at the first). `None` when it selects many.
     fn narrowing(
@@ -999,7 +999,9 @@ impl ProfileStore {
         selector: &Selector,
         range: TimeRange,
     ) -> Result<Option<frostdb_core::Predicate>> {
-        const MAX_SERIES: usize = 64;
+        // Each set is a conjunction the rows of unpruned row groups are checked against:
+        // worth it only for a few.
+        const MAX_SERIES: usize = 4;
         let (index, hours) = self.label_source(range);
         let Some(sets) =
             frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
