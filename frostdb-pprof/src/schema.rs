@@ -74,54 +74,73 @@ pub fn spans() -> Schema {
     sample_schema(SPANS)
 }
 
-fn sample_schema(name: &str) -> Schema {
+/// The columns that name a series of a profile type (profile type, labels), then `rest`,
+/// sorted by them and then by `order`.
+fn series_schema(
+    name: &str,
+    rest: impl FnOnce(frostdb_core::SchemaBuilder) -> frostdb_core::SchemaBuilder,
+    order: &[&str],
+) -> Schema {
     schema(name, |b| {
-        b.column(dict("name"))
-            .column(dict("sample_type"))
-            .column(dict("sample_unit"))
-            .column(dict("period_type"))
-            .column(dict("period_unit"))
-            .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::RleDictionary))
-            .column(
-                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
-            )
-            .column(ColumnDef::new("duration", DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new("period", DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new("value", DataType::Int64).encoding(Encoding::RleDictionary))
-            .sort_by(SortingColumn::asc("name"))
-            .sort_by(SortingColumn::asc("sample_type"))
-            .sort_by(SortingColumn::asc("sample_unit"))
-            .sort_by(SortingColumn::asc("period_type"))
-            .sort_by(SortingColumn::asc("period_unit"))
-            .sort_by(SortingColumn::asc("labels"))
-            .sort_by(SortingColumn::asc("timestamp"))
-            .sort_by(SortingColumn::asc("stacktrace_id"))
+        let mut b = rest(
+            b.column(dict("name"))
+                .column(dict("sample_type"))
+                .column(dict("sample_unit"))
+                .column(dict("period_type"))
+                .column(dict("period_unit"))
+                .column(
+                    ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary),
+                ),
+        );
+        for column in [
+            "name",
+            "sample_type",
+            "sample_unit",
+            "period_type",
+            "period_unit",
+            "labels",
+        ]
+        .iter()
+        .chain(order)
+        {
+            b = b.sort_by(SortingColumn::asc(*column));
+        }
+        b
     })
+}
+
+fn sample_schema(name: &str) -> Schema {
+    series_schema(
+        name,
+        |b| {
+            b.column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::RleDictionary))
+                .column(
+                    ColumnDef::new("timestamp", DataType::Int64)
+                        .encoding(Encoding::DeltaBinaryPacked),
+                )
+                .column(
+                    ColumnDef::new("duration", DataType::Int64).encoding(Encoding::RleDictionary),
+                )
+                .column(ColumnDef::new("period", DataType::Int64).encoding(Encoding::RleDictionary))
+                .column(ColumnDef::new("value", DataType::Int64).encoding(Encoding::RleDictionary))
+        },
+        &["timestamp", "stacktrace_id"],
+    )
 }
 
 /// The series index: the samples table's profile type and label columns, and `timestamp`,
 /// the start of an hour in which the series has samples of that type. Label names and
 /// values are answered from it without reading a sample row.
 pub fn series() -> Schema {
-    schema(SERIES, |b| {
-        b.column(dict("name"))
-            .column(dict("sample_type"))
-            .column(dict("sample_unit"))
-            .column(dict("period_type"))
-            .column(dict("period_unit"))
-            .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
-            .column(
+    series_schema(
+        SERIES,
+        |b| {
+            b.column(
                 ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
             )
-            .sort_by(SortingColumn::asc("name"))
-            .sort_by(SortingColumn::asc("sample_type"))
-            .sort_by(SortingColumn::asc("sample_unit"))
-            .sort_by(SortingColumn::asc("period_type"))
-            .sort_by(SortingColumn::asc("period_unit"))
-            .sort_by(SortingColumn::asc("labels"))
-            .sort_by(SortingColumn::asc("timestamp"))
-    })
+        },
+        &["timestamp"],
+    )
 }
 
 /// The stacks table.

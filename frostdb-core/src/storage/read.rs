@@ -322,8 +322,11 @@ impl Storage {
         let mut selected = Vec::new();
         for (i, rg) in row_groups.iter().enumerate() {
             let rows = rg.num_rows() as usize;
-            let stats = |name: &str| -> Option<ColumnStats> {
+            // Statistics of a column in this row group (`exact`: only bounds not truncated);
+            // a column the file lacks is all null.
+            let of = |name: &str, exact: bool| -> Option<ColumnStats> {
                 match rg_stats.iter().find(|(c, _)| c == name) {
+                    Some((_, Some(arrays))) if exact => arrays.exact(i, rows),
                     Some((_, Some(arrays))) => arrays.get(i, rows),
                     Some((_, None)) if file_schema.field_with_name(name).is_err() => {
                         Some(ColumnStats::all_null(rows))
@@ -331,19 +334,12 @@ impl Storage {
                     _ => None,
                 }
             };
+            let stats = |name: &str| of(name, false);
             if !filter.may_match(&stats, rows) {
                 metrics.row_groups_pruned += 1;
                 continue;
             }
-            let exact = |name: &str| -> Option<ColumnStats> {
-                match rg_stats.iter().find(|(c, _)| c == name) {
-                    Some((_, Some(arrays))) => arrays.exact(i, rows),
-                    Some((_, None)) if file_schema.field_with_name(name).is_err() => {
-                        Some(ColumnStats::all_null(rows))
-                    }
-                    _ => None,
-                }
-            };
+            let exact = |name: &str| of(name, true);
             let proven = filter.must_match(&exact, rows);
             let pages = page_selection(filter, i, rows, &converters, &parquet);
             let plan = match pages {
