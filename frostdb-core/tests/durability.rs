@@ -143,8 +143,8 @@ fn persisted_blocks_read_back_with_memory_as_one_snapshot() {
     assert_eq!(table.stats().blocks, 1);
 }
 
-#[test]
-fn blocks_row_groups_and_pages_are_pruned() {
+/// Batches 0..150 in three persisted blocks of 50 (the database's directory kept with it).
+fn three_blocks() -> (tempfile::TempDir, Db, Table) {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
     let table = db
@@ -154,6 +154,12 @@ fn blocks_row_groups_and_pages_are_pruned() {
         fill(&table, from, to);
         table.persist().unwrap();
     }
+    (dir, db, table)
+}
+
+#[test]
+fn blocks_row_groups_and_pages_are_pruned() {
+    let (_dir, _db, table) = three_blocks();
     assert_eq!(table.stats().blocks, 3);
     // Timestamps 600..620 are batches 60 and 61: one block, and within it few rows.
     let filter = col("timestamp").gt_eq(600).and(col("timestamp").lt(620));
@@ -195,15 +201,7 @@ fn blocks_row_groups_and_pages_are_pruned() {
 
 #[test]
 fn filters_that_statistics_prove_are_not_evaluated() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let table = db
-        .table("samples", samples_schema(), small_blocks())
-        .unwrap();
-    for (from, to) in [(0, 50), (50, 100), (100, 150)] {
-        fill(&table, from, to);
-        table.persist().unwrap();
-    }
+    let (_dir, _db, table) = three_blocks();
     let scan = |filter: frostdb_core::Predicate| {
         let scan = table
             .snapshot()

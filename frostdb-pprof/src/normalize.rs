@@ -556,7 +556,7 @@ impl Prepared<'_> {
         stacks: &[u32],
         out: &mut SampleRows,
     ) -> Result<IngestSummary> {
-        self.append(partition, &self.rows, out, |g| {
+        self.append(partition, &self.rows, out, true, |g| {
             (self.groups[g as usize].labels as usize, stacks[g as usize])
         })
     }
@@ -572,7 +572,7 @@ impl Prepared<'_> {
         if self.span_rows.is_empty() {
             return Ok(());
         }
-        self.append(partition, &self.span_rows, out, |sg| {
+        self.append(partition, &self.span_rows, out, false, |sg| {
             let (g, labels) = self.span_groups[sg as usize];
             (labels as usize, stacks[g as usize])
         })
@@ -580,12 +580,14 @@ impl Prepared<'_> {
     }
 
     /// Appends `rows` (`(type, group, value)`, type by type); `group` gives a row group's
-    /// label set and interned stack.
+    /// label set and interned stack. With `index`, the rows that stand for series index rows
+    /// are noted in `out.series`.
     fn append(
         &self,
         partition: u32,
         rows: &[(u16, u32, i64)],
         out: &mut SampleRows,
+        index: bool,
         group: impl Fn(u32) -> (usize, u32),
     ) -> Result<IngestSummary> {
         let p = self.profile;
@@ -616,17 +618,19 @@ impl Prepared<'_> {
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
             // The series index: a row per distinct label set of the run, keyed by what
             // makes its index row.
-            sets.clear();
-            for (i, r) in run.iter().enumerate() {
-                let set = group(r.1).0;
-                if !sets.contains(&set) {
-                    sets.push(set);
-                    let key = SERIES_KEYS.hash_one((
-                        (&self.name, sample_type(t), sample_unit(t)),
-                        (period_type, period_unit, &self.series),
-                        (&self.label_sets[set], hour),
-                    ));
-                    out.series.push((key, (at + i) as u32));
+            if index {
+                sets.clear();
+                for (i, r) in run.iter().enumerate() {
+                    let set = group(r.1).0;
+                    if !sets.contains(&set) {
+                        sets.push(set);
+                        let key = SERIES_KEYS.hash_one((
+                            (&self.name, sample_type(t), sample_unit(t)),
+                            (period_type, period_unit, &self.series),
+                            (&self.label_sets[set], hour),
+                        ));
+                        out.series.push((key, (at + i) as u32));
+                    }
                 }
             }
             used.push(t);
@@ -771,7 +775,7 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
     let mut columns: Vec<ArrayRef> = Vec::new();
     for (field, column) in schema.fields().iter().zip(samples.columns()) {
         let name = field.name().as_str();
-        if matches!(name, "stacktrace_id" | "duration" | "period" | "value") {
+        if !crate::schema::is_series_column(name) {
             continue;
         }
         let mut taken = arrow::compute::take(column, &indices, None)?;

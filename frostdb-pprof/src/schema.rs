@@ -35,6 +35,12 @@ pub const SPANS: &str = "spans";
 pub const SERIES: &str = "series";
 /// The series index's time granularity: rows are per hour.
 pub const SERIES_BUCKET_MS: i64 = 3_600_000;
+
+/// Whether a samples column is one of the series index's (the profile type, labels and
+/// timestamp), not one of a sample's own.
+pub(crate) fn is_series_column(name: &str) -> bool {
+    !matches!(name, "stacktrace_id" | "duration" | "period" | "value")
+}
 /// Sample labels that identify a span or trace rather than a series.
 pub const SPAN_LABELS: [&str; 2] = ["span_id", "trace_id"];
 /// Table of stacks.

@@ -371,7 +371,7 @@ impl SeriesSeen {
 
 /// Builds the series index of a store written before it had one, from its sample rows.
 fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Result<()> {
-    use arrow::row::{RowConverter, SortField};
+    use arrow::row::{OwnedRow, RowConverter, SortField};
     let started = std::time::Instant::now();
     let snapshot = samples.snapshot();
     let columns: Vec<String> = snapshot
@@ -380,42 +380,33 @@ fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Result<()> {
         .fields()
         .iter()
         .map(|f| f.name().clone())
-        .filter(|n| {
-            !matches!(
-                n.as_str(),
-                "stacktrace_id" | "duration" | "period" | "value"
-            )
-        })
+        .filter(|n| schema::is_series_column(n))
         .collect();
-    let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
+    // Rows seen, per set of columns (a batch's rows compare only with rows of its columns).
+    let mut seen: std::collections::HashMap<Vec<String>, std::collections::HashSet<OwnedRow>> =
+        Default::default();
     let (mut read, mut written) = (0usize, 0usize);
     for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
         let batch = batch?;
         read += batch.num_rows();
         let all: Vec<u32> = (0..batch.num_rows() as u32).collect();
         let rows = crate::normalize::series_rows(&batch, &all)?;
-        let fields: Vec<SortField> = rows
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect();
-        let converter = RowConverter::new(fields)?;
+        let schema = rows.schema();
+        let converter = RowConverter::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )?;
         let keys = converter.convert_columns(rows.columns())?;
-        let names: String = rows
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| format!("{}\u{0}", f.name()))
+        let seen = seen
+            .entry(schema.fields().iter().map(|f| f.name().clone()).collect())
+            .or_default();
+        let first: Vec<u32> = (0..keys.num_rows())
+            .filter(|&i| seen.insert(keys.row(i).owned()))
+            .map(|i| i as u32)
             .collect();
-        let mut first: Vec<u32> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            let mut k = names.as_bytes().to_vec();
-            k.extend_from_slice(key.as_ref());
-            if seen.insert(k) {
-                first.push(i as u32);
-            }
-        }
         if !first.is_empty() {
             let new = arrow::compute::take_record_batch(
                 &rows,
@@ -989,19 +980,19 @@ impl ProfileStore {
         )?)
     }
 
-    /// A predicate that holds for every sample `selector` selects in `range` and that
-    /// statistics prune by: the full label sets of the few (up to 4) series it selects (label matchers
-    /// alone, a pod say, fall on a column late in the sort order, which row group bounds
-    /// hardly narrow; the whole label set starts at the first). `None` when it selects many.
+    /// A predicate that holds for every sample `selector` selects in `range`, for the merge's
+    /// scan to prune by: the full label sets of the series it selects (label matchers alone,
+    /// a pod say, fall on a column late in the sort order, which row group bounds hardly
+    /// narrow; the whole label set starts at the first). `None` when it selects many.
     fn narrowing(
         &self,
         samples: &frostdb_core::Snapshot,
         selector: &Selector,
         range: TimeRange,
     ) -> Result<Option<frostdb_core::Predicate>> {
-        // Each set is a conjunction the rows of unpruned row groups are checked against:
-        // worth it only for a few.
-        const MAX_SERIES: usize = 4;
+        // Only checked against statistics, never against rows: a few dozen sets cost
+        // nothing per row.
+        const MAX_SERIES: usize = 64;
         let (index, hours) = self.label_source(range);
         let Some(sets) =
             frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?

@@ -200,8 +200,9 @@ fn regex(column: Expr, op: Operator, pattern: String) -> Expr {
     ))
 }
 
-/// A parsed selector: an optional profile type and label matchers.
-#[derive(Debug, Clone, PartialEq)]
+/// A parsed selector: an optional profile type and label matchers. The default selects
+/// everything.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Selector {
     /// The profile type prefix, if given.
     pub profile_type: Option<ProfileType>,

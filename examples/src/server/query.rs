@@ -259,6 +259,18 @@ fn first_column(batches: &[RecordBatch]) -> ApiResult<Vec<String>> {
     Ok(out)
 }
 
+/// A profile type as the API lists it.
+fn profile_type_json(t: &frostdb_query::ProfileType) -> Value {
+    json!({
+        "id": t.to_string(),
+        "name": t.name,
+        "sample_type": t.sample_type,
+        "sample_unit": t.sample_unit,
+        "period_type": t.period_type,
+        "period_unit": t.period_unit,
+    })
+}
+
 async fn profile_types(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
@@ -266,26 +278,11 @@ async fn profile_types(
 ) -> ApiResult<Response> {
     let range = p.range()?;
     if !p.lenient {
-        let Some(t) = state.tenants.for_read(&tenant).await? else {
-            return Ok(Json(json!([])).into_response());
-        };
-        let types = tokio::task::spawn_blocking(move || t.store.profile_types(range))
-            .await
-            .map_err(|e| ApiError::internal(format!("profile types task failed: {e}")))??;
-        let types: Vec<Value> = types
-            .into_iter()
-            .map(|t| {
-                json!({
-                    "id": t.to_string(),
-                    "name": t.name,
-                    "sample_type": t.sample_type,
-                    "sample_unit": t.sample_unit,
-                    "period_type": t.period_type,
-                    "period_unit": t.period_unit,
-                })
-            })
-            .collect();
-        return Ok(Json(Value::Array(types)).into_response());
+        return from_series_index(&state, &tenant, move |store| {
+            let types = store.profile_types(range)?;
+            Ok(types.iter().map(profile_type_json).collect::<Vec<_>>())
+        })
+        .await;
     }
     let Some(r) = open(&state, &tenant, p.lenient).await? else {
         return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
@@ -295,35 +292,33 @@ async fn profile_types(
     for b in &batches {
         for row in rows(b)? {
             let part = |c: usize| row[c].clone().unwrap_or_default();
-            let id = (0..5).map(part).collect::<Vec<_>>().join(":");
-            types.push(json!({
-                "id": id,
-                "name": part(0),
-                "sample_type": part(1),
-                "sample_unit": part(2),
-                "period_type": part(3),
-                "period_unit": part(4),
+            types.push(profile_type_json(&frostdb_query::ProfileType {
+                name: part(0),
+                sample_type: part(1),
+                sample_unit: part(2),
+                period_type: part(3),
+                period_unit: part(4),
+                delta: false,
             }));
         }
     }
     Ok(answer(Json(Value::Array(types)), r.blocks_failed()))
 }
 
-/// Label names or values from the tenant's series index, reading no sample row (a lenient
-/// request, which counts unreadable blocks, scans the samples instead).
-async fn from_series_index(
+/// Label names, label values or profile types from the tenant's series index, reading no
+/// sample row (a lenient request, which counts unreadable blocks, scans the samples
+/// instead); an empty list for a tenant that does not exist.
+async fn from_series_index<T: serde::Serialize + Send + 'static>(
     state: &Shared,
     tenant: &str,
-    read: impl FnOnce(&frostdb_pprof::ProfileStore) -> frostdb_pprof::Result<Vec<String>>
-    + Send
-    + 'static,
+    read: impl FnOnce(&frostdb_pprof::ProfileStore) -> frostdb_pprof::Result<Vec<T>> + Send + 'static,
 ) -> ApiResult<Response> {
     let Some(t) = state.tenants.for_read(tenant).await? else {
         return Ok(Json(json!([])).into_response());
     };
     let values = tokio::task::spawn_blocking(move || read(&t.store))
         .await
-        .map_err(|e| ApiError::internal(format!("label task failed: {e}")))??;
+        .map_err(|e| ApiError::internal(format!("series index task failed: {e}")))??;
     Ok(Json(json!(values)).into_response())
 }
 

@@ -48,6 +48,7 @@ pub enum Projection {
 pub struct ScanRequest {
     projection: Projection,
     filter: Option<Predicate>,
+    prune: Option<Predicate>,
     limit: Option<usize>,
     sorted: bool,
     batch_rows: Option<usize>,
@@ -75,6 +76,18 @@ impl ScanRequest {
     /// Returns only rows for which `predicate` is true (ANDed with any earlier filter).
     pub fn filter(mut self, predicate: Predicate) -> Self {
         self.filter = Some(match self.filter.take() {
+            Some(p) => p.and(predicate),
+            None => predicate,
+        });
+        self
+    }
+
+    /// Skips chunks, blocks, row groups and pages whose statistics show no row satisfies
+    /// `predicate` (ANDed with any earlier one), which must hold for every row the filter
+    /// selects: it is never evaluated on rows, so it narrows what is read at no cost per
+    /// row (the full label sets of the series a selector selects, say).
+    pub fn prune(mut self, predicate: Predicate) -> Self {
+        self.prune = Some(match self.prune.take() {
             Some(p) => p.and(predicate),
             None => predicate,
         });
@@ -251,13 +264,18 @@ impl Snapshot {
             Some(p) => bound::bind(p, schema)?,
             None => Bound::Const(true),
         };
+        // What statistics are checked against: the filter and what else its rows satisfy.
+        let prune = match &request.prune {
+            Some(p) => Bound::And(vec![filter.clone(), bound::bind(p, schema)?]),
+            None => filter.clone(),
+        };
         let filter = Arc::new(filter);
 
         let mut metrics = ScanMetrics::default();
         let mut keep = |chunk: &Arc<Chunk>| {
             metrics.chunks += 1;
             let stats = |name: &str| Some(chunk.stats_of(name));
-            if filter.may_match(&stats, chunk.rows()) {
+            if prune.may_match(&stats, chunk.rows()) {
                 metrics.rows_read += chunk.rows();
                 true
             } else {
@@ -278,7 +296,7 @@ impl Snapshot {
         } else {
             output.clone()
         };
-        let blocks = self.plan_blocks(&filter, &work, request.lenient, &mut metrics)?;
+        let blocks = self.plan_blocks(&filter, &prune, &work, request.lenient, &mut metrics)?;
         Ok(Planned {
             output,
             work,
@@ -379,7 +397,8 @@ impl Snapshot {
     /// and page pruning from each footer).
     fn plan_blocks(
         &self,
-        filter: &Arc<Bound>,
+        filter: &Bound,
+        prune: &Bound,
         work: &SchemaRef,
         lenient: bool,
         metrics: &mut ScanMetrics,
@@ -392,12 +411,19 @@ impl Snapshot {
         for block in self.version.blocks.iter() {
             metrics.blocks += 1;
             let stats = |name: &str| Some(block.stats_of(name));
-            if !filter.may_match(&stats, block.rows as usize) {
+            if !prune.may_match(&stats, block.rows as usize) {
                 metrics.blocks_pruned += 1;
                 continue;
             }
             let expected = self.schema().arrow_schema();
-            match storage.plan(&self.table, block.clone(), filter, &columns, expected) {
+            match storage.plan(
+                &self.table,
+                block.clone(),
+                filter,
+                prune,
+                &columns,
+                expected,
+            ) {
                 Ok((plan, m)) => {
                     metrics.row_groups += m.row_groups;
                     metrics.row_groups_pruned += m.row_groups_pruned;

@@ -99,8 +99,6 @@ struct RowGroupPlan {
     pages: Option<Vec<RowSelector>>,
     rows: usize,
     total: usize,
-    /// Statistics prove every row satisfies the filter.
-    proven: bool,
 }
 
 /// What to read of one block.
@@ -242,14 +240,16 @@ impl Storage {
     }
 
     /// Plans the read of `columns` of `block` (and the columns `filter` reads, where
-    /// statistics do not prove every row satisfies it) for rows that may satisfy `filter`:
-    /// one plan per run of row groups that are proven or not; none when statistics prove no
-    /// row does.
+    /// statistics do not prove every row satisfies it) for rows that may satisfy `filter`
+    /// and `prune` (`filter` and what else the selected rows satisfy, only ever checked
+    /// against statistics): one plan per run of row groups that are proven or not; none when
+    /// statistics prove no row does.
     pub(crate) fn plan(
         &self,
         table: &str,
         block: Arc<super::Block>,
         filter: &Bound,
+        prune: &Bound,
         columns: &[String],
         expected: &SchemaRef,
     ) -> Result<(Vec<BlockPlan>, BlockScanMetrics)> {
@@ -281,7 +281,11 @@ impl Storage {
         filter.columns(&mut filter_columns);
         filter_columns.sort();
         filter_columns.dedup();
-        let converters: Vec<(String, Option<StatisticsConverter<'_>>)> = filter_columns
+        let mut stats_columns = filter_columns.clone();
+        prune.columns(&mut stats_columns);
+        stats_columns.sort();
+        stats_columns.dedup();
+        let converters: Vec<(String, Option<StatisticsConverter<'_>>)> = stats_columns
             .iter()
             .map(|c| {
                 let conv = file_schema.field_with_name(c).ok().and_then(|_| {
@@ -334,14 +338,12 @@ impl Storage {
                     _ => None,
                 }
             };
-            let stats = |name: &str| of(name, false);
-            if !filter.may_match(&stats, rows) {
+            if !prune.may_match(&|name: &str| of(name, false), rows) {
                 metrics.row_groups_pruned += 1;
                 continue;
             }
-            let exact = |name: &str| of(name, true);
-            let proven = filter.must_match(&exact, rows);
-            let pages = page_selection(filter, i, rows, &converters, &parquet);
+            let proven = filter.must_match(&|name: &str| of(name, true), rows);
+            let pages = page_selection(prune, i, rows, &converters, &parquet);
             let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
                     metrics.row_groups_pruned += 1;
@@ -355,7 +357,6 @@ impl Storage {
                         pages: Some(selection.into()),
                         rows: kept,
                         total: rows,
-                        proven,
                     }
                 }
                 None => RowGroupPlan {
@@ -363,11 +364,10 @@ impl Storage {
                     pages: None,
                     rows,
                     total: rows,
-                    proven,
                 },
             };
             metrics.row_groups_proven += usize::from(proven);
-            selected.push(plan);
+            selected.push((proven, plan));
         }
         // Runs of row groups the filter is proven for are read without the columns only the
         // filter needs, and not filtered: one plan per run.
@@ -381,15 +381,15 @@ impl Storage {
                 .collect()
         };
         let mut plans: Vec<BlockPlan> = Vec::new();
-        for rg in selected {
+        for (proven, rg) in selected {
             match plans.last_mut() {
-                Some(plan) if plan.proven == rg.proven => plan.row_groups.push(rg),
+                Some(plan) if plan.proven == proven => plan.row_groups.push(rg),
                 _ => plans.push(BlockPlan {
                     table: table.to_owned(),
                     block: block.clone(),
                     metadata: metadata.clone(),
-                    projection: projection(rg.proven),
-                    proven: rg.proven,
+                    projection: projection(proven),
+                    proven,
                     row_groups: vec![rg],
                 }),
             }

@@ -85,8 +85,10 @@ impl Dense {
         Ok(())
     }
 
+    /// The position of `partition`'s sums, added if new (the last one used is checked
+    /// first: rows come in runs of one partition).
     #[inline]
-    fn slot(&mut self, partition: u32) -> &mut Vec<i64> {
+    fn at(&mut self, partition: u32) -> usize {
         if self
             .partitions
             .get(self.last)
@@ -100,7 +102,7 @@ impl Dense {
                 }
             };
         }
-        &mut self.partitions[self.last].1
+        self.last
     }
 
     fn add_batch(&mut self, b: &RecordBatch) -> Result<()> {
@@ -133,12 +135,12 @@ impl Dense {
                 ))
                 .into());
             }
-            let len = self.slot((id >> 32) as u32).len();
+            let at = self.at((id >> 32) as u32);
+            let len = self.partitions[at].1.len();
             if index >= len {
-                let at = self.last;
                 self.grow(at, (index + 1).max(len * 2).min(index + (1 << 20)))?;
             }
-            self.partitions[self.last].1[index] += v;
+            self.partitions[at].1[index] += v;
             self.total += v;
             self.rows += 1;
         }
@@ -153,8 +155,7 @@ impl Dense {
             });
         }
         for (p, values) in &other.partitions {
-            self.slot(*p);
-            let at = self.last;
+            let at = self.at(*p);
             self.grow(at, values.len())?;
             for (a, b) in self.partitions[at].1.iter_mut().zip(values) {
                 *a += b;
@@ -171,8 +172,8 @@ impl Dense {
 /// to `threads` threads, its sums' memory reserved from `pool` (over its limit, the merge
 /// fails with "resources exhausted"). A block that cannot be read fails the merge unless
 /// `lenient`, which skips it and counts it in the metrics' `blocks_failed`. `narrow`, when
-/// given, is a predicate every selected row satisfies that statistics can prune by (the
-/// full label sets of the selected series, say).
+/// given, is a predicate every selected row satisfies, only checked against statistics
+/// ([`ScanRequest::prune`]): the full label sets of the selected series, say.
 pub fn merge_stacks(
     snapshot: &Snapshot,
     selector: &Selector,
@@ -182,14 +183,13 @@ pub fn merge_stacks(
     pool: &Arc<dyn MemoryPool>,
     narrow: Option<frostdb_core::Predicate>,
 ) -> Result<StackTotals> {
-    let mut filter = predicate(snapshot, selector, range);
-    if let Some(narrow) = narrow {
-        filter = filter.and(narrow);
-    }
-    let request = ScanRequest::new()
+    let mut request = ScanRequest::new()
         .project(["stacktrace_id", "value", "period"])
-        .filter(filter)
+        .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
+    if let Some(narrow) = narrow {
+        request = request.prune(narrow);
+    }
     if snapshot.schema().index_of("stacktrace_id").is_none() {
         return Ok(StackTotals::default());
     }
@@ -478,13 +478,10 @@ pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<Profil
     {
         return Ok(Vec::new());
     }
-    let everything = Selector {
-        profile_type: None,
-        matchers: Vec::new(),
-    };
-    let request = ScanRequest::new()
-        .project(PARTS)
-        .filter(predicate(snapshot, &everything, range));
+    let request =
+        ScanRequest::new()
+            .project(PARTS)
+            .filter(predicate(snapshot, &Selector::default(), range));
     let mut out: std::collections::BTreeSet<[String; 5]> = Default::default();
     for batch in snapshot.scan(&request)? {
         let batch = batch?;
@@ -528,10 +525,7 @@ pub fn label_names(
     if names.is_empty() {
         return Ok(names);
     }
-    let everything = Selector {
-        profile_type: None,
-        matchers: Vec::new(),
-    };
+    let everything = Selector::default();
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range);
     let columns: Vec<String> = names.iter().map(|n| format!("labels.{n}")).collect();
     let request = ScanRequest::new().project(columns.iter()).filter(filter);
@@ -568,10 +562,7 @@ pub fn label_values(
     if snapshot.schema().index_of(&column).is_none() {
         return Ok(Vec::new());
     }
-    let everything = Selector {
-        profile_type: None,
-        matchers: Vec::new(),
-    };
+    let everything = Selector::default();
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range)
         .and(col(column.as_str()).is_not_null());
     let request = ScanRequest::new().project([column.as_str()]).filter(filter);
