@@ -708,7 +708,8 @@ fn profile_queries<'a>(
     ])
 }
 
-/// `query --store S --queries Q --runs N --out O` (`--data` is accepted and unused).
+/// `query --store S --queries Q --runs N --out O [--only Q2,Q6]` (`--data` is accepted and
+/// unused); `--only` runs the named queries alone, to profile one.
 pub fn query(args: &[String]) -> Result<(), BoxError> {
     let dir = arg(args, "--store")?;
     if !dir.join("manifest.json").exists() && !dir.join("wal").exists() {
@@ -722,8 +723,20 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
     let opened = Instant::now();
     let store = open_store(&dir)?;
     eprintln!("opened in {:.1} ms", opened.elapsed().as_secs_f64() * 1e3);
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| {
+            args.get(i + 1)
+                .map(|v| v.split(',').map(str::to_owned).collect())
+                .ok_or("--only needs query ids, e.g. Q2,Q6")
+        })
+        .transpose()?;
     let mut timings = serde_json::Map::new();
     for (id, run) in profile_queries(&store, &queries)? {
+        if only.as_ref().is_some_and(|o| !o.iter().any(|q| q == id)) {
+            continue;
+        }
         let mut times = Vec::new();
         let mut answer = None;
         for _ in 0..runs {

@@ -250,6 +250,15 @@ fn filters_that_statistics_prove_are_not_evaluated() {
         .filter(|v| (v / 1000) % 2 == 0)
         .collect();
     assert_eq!(got, want);
+    // A conjunct proven where the other is not: row groups of the last two blocks hold
+    // timestamps >= 500 throughout, so only the name is evaluated there.
+    let (got, m) = scan(col("timestamp").gt_eq(500).and(col("name").eq("cpu")));
+    assert!(m.row_groups_partly_proven > 0, "{m:?}");
+    let want: Vec<i64> = expected(50, 150)
+        .into_iter()
+        .filter(|v| (v / 1000) % 2 == 0)
+        .collect();
+    assert_eq!(got, want);
 }
 
 #[test]

@@ -990,9 +990,11 @@ impl ProfileStore {
         selector: &Selector,
         range: TimeRange,
     ) -> Result<Option<frostdb_core::Predicate>> {
-        // Only checked against statistics, never against rows: a few dozen sets cost
-        // nothing per row.
+        // Only checked against statistics (of blocks, row groups and pages), never against
+        // rows; past EXACT_SETS, bounds per column keep the cost per page flat.
         const MAX_SERIES: usize = 64;
+        // Up to this many, the label sets themselves; past it, each column's values.
+        const EXACT_SETS: usize = 4;
         let (index, hours) = self.label_source(range);
         let Some(sets) =
             frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
@@ -1003,19 +1005,38 @@ impl ProfileStore {
             return Ok(None); // a series without labels: nothing to narrow by
         }
         // A set with a column the samples lack has no samples.
-        let known = |set: &Vec<(String, String)>| {
+        let known = |set: &frostdb_query::profile::native::LabelSet| {
             set.iter()
                 .all(|(c, _)| samples.schema().index_of(c).is_some())
         };
-        Ok(sets
+        let sets: Vec<frostdb_query::profile::native::LabelSet> =
+            sets.into_iter().filter(known).collect();
+        if sets.len() <= EXACT_SETS {
+            return Ok(sets
+                .into_iter()
+                .filter_map(|set| {
+                    set.into_iter()
+                        .map(|(column, value)| frostdb_core::col(column).eq(value))
+                        .reduce(frostdb_core::Predicate::and)
+                })
+                .reduce(frostdb_core::Predicate::or));
+        }
+        // Many sets: each column's values, a looser bound at a cost that does not grow
+        // with the sets. A column some set lacks (null there) bounds nothing.
+        let mut columns: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+            Default::default();
+        for set in &sets {
+            for (column, value) in set {
+                columns.entry(column).or_default().insert(value);
+            }
+        }
+        Ok(columns
             .into_iter()
-            .filter(known)
-            .filter_map(|set| {
-                set.into_iter()
-                    .map(|(column, value)| frostdb_core::col(column).eq(value))
-                    .reduce(frostdb_core::Predicate::and)
+            .filter(|(column, _)| sets.iter().all(|s| s.iter().any(|(c, _)| c == column)))
+            .map(|(column, values)| {
+                frostdb_core::col(column).in_list(values.into_iter().map(str::to_owned))
             })
-            .reduce(frostdb_core::Predicate::or))
+            .reduce(frostdb_core::Predicate::and))
     }
 
     /// The series index, and `range` widened to the whole hours its rows stand for.

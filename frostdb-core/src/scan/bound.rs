@@ -223,6 +223,14 @@ impl Bound {
                     // Evaluate once per distinct value, then map the keys onto the results.
                     Some(dict) => {
                         let per_value = self.evaluate_values(dict.values())?;
+                        // Every value decides the same way (one namespace in the batch):
+                        // no key needs mapping.
+                        if dict.keys().null_count() == 0 && per_value.null_count() == 0 {
+                            let hits = per_value.true_count();
+                            if hits == per_value.len() || hits == 0 {
+                                return Ok(BooleanArray::from(vec![hits > 0; n]));
+                            }
+                        }
                         let mapped = take(&per_value, dict.keys(), None)?;
                         mapped.as_boolean().clone()
                     }
@@ -345,6 +353,42 @@ impl Bound {
                     })
                 } else {
                     min == max && values.iter().any(|(v, _)| *v == min)
+                }
+            }
+        }
+    }
+
+    /// The predicate less the conjuncts statistics prove (as [`Bound::must_match`], `stats`
+    /// giving only exact bounds): what rows of a chunk with these statistics still need
+    /// evaluated against; `Const(true)` when the whole predicate is proven. Pushes, per
+    /// conjunct visited, whether it was proven: a signature equal for chunks whose residuals
+    /// are equal.
+    pub(crate) fn residual(
+        &self,
+        stats: &dyn Fn(&str) -> Option<ColumnStats>,
+        rows: usize,
+        proven: &mut Vec<bool>,
+    ) -> Bound {
+        match self {
+            Bound::And(children) => {
+                let mut rest: Vec<Bound> = children
+                    .iter()
+                    .map(|c| c.residual(stats, rows, proven))
+                    .filter(|c| !c.is_true())
+                    .collect();
+                match rest.len() {
+                    0 => Bound::Const(true),
+                    1 => rest.pop().expect("one left"),
+                    _ => Bound::And(rest),
+                }
+            }
+            leaf => {
+                let holds = leaf.must_match(stats, rows);
+                proven.push(holds);
+                if holds {
+                    Bound::Const(true)
+                } else {
+                    leaf.clone()
                 }
             }
         }

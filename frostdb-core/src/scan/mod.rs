@@ -149,6 +149,10 @@ pub struct ScanMetrics {
     /// Of the row groups read, those whose statistics prove every row satisfies the filter:
     /// read without the columns only the filter needs, and not filtered.
     pub row_groups_proven: usize,
+    /// Of the row groups read, those whose statistics prove some of the filter's conjuncts
+    /// but not all: read without the columns only the proven ones need, and filtered by
+    /// the rest.
+    pub row_groups_partly_proven: usize,
 }
 
 /// A consistent, immutable view of a table: every transaction up to [`Snapshot::watermark`]
@@ -334,7 +338,7 @@ impl Snapshot {
             .into_iter()
             .map(|plan| {
                 let failed = lenient.then(|| failed.clone());
-                self.read_block(plan, &filter, &work, batch_rows, failed)
+                self.read_block(plan, &work, batch_rows, failed)
             })
             .collect();
         let inner: BatchStream = if sorted {
@@ -429,6 +433,7 @@ impl Snapshot {
                     metrics.row_groups_pruned += m.row_groups_pruned;
                     metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
                     metrics.row_groups_proven += m.row_groups_proven;
+                    metrics.row_groups_partly_proven += m.row_groups_partly_proven;
                     for plan in plan {
                         metrics.rows_read += plan.rows();
                         plans.push(plan);
@@ -447,7 +452,6 @@ impl Snapshot {
     fn read_block(
         &self,
         plan: BlockPlan,
-        filter: &Arc<Bound>,
         work: &SchemaRef,
         batch_rows: usize,
         lenient: Option<Arc<AtomicUsize>>,
@@ -456,12 +460,8 @@ impl Snapshot {
             .storage
             .as_ref()
             .expect("blocks are planned only with storage");
-        // Rows statistics prove to satisfy the filter are not filtered again.
-        let filter = if plan.proven {
-            Arc::new(Bound::Const(true))
-        } else {
-            filter.clone()
-        };
+        // Filtered by what statistics do not prove of the plan's row groups.
+        let filter = plan.filter.clone();
         let work = work.clone();
         let mut failed = false;
         Box::new(storage.read(plan, batch_rows).filter_map(move |batch| {

@@ -88,6 +88,7 @@ pub(crate) struct BlockScanMetrics {
     pub(crate) row_groups: usize,
     pub(crate) row_groups_pruned: usize,
     pub(crate) row_groups_proven: usize,
+    pub(crate) row_groups_partly_proven: usize,
     pub(crate) rows_skipped_by_pages: usize,
 }
 
@@ -109,9 +110,9 @@ pub(crate) struct BlockPlan {
     metadata: ArrowReaderMetadata,
     row_groups: Vec<RowGroupPlan>,
     projection: Vec<usize>,
-    /// Statistics prove every planned row satisfies the filter (read without the columns
-    /// only the filter needs).
-    pub(crate) proven: bool,
+    /// What the planned rows are still filtered by: the scan's filter less the conjuncts
+    /// their row groups' statistics prove (read without the columns only those need).
+    pub(crate) filter: Arc<Bound>,
 }
 
 impl BlockPlan {
@@ -277,11 +278,8 @@ impl Storage {
             row_groups: row_groups.len(),
             ..Default::default()
         };
-        let mut filter_columns = Vec::new();
-        filter.columns(&mut filter_columns);
-        filter_columns.sort();
-        filter_columns.dedup();
-        let mut stats_columns = filter_columns.clone();
+        let mut stats_columns = Vec::new();
+        filter.columns(&mut stats_columns);
         prune.columns(&mut stats_columns);
         stats_columns.sort();
         stats_columns.dedup();
@@ -342,8 +340,13 @@ impl Storage {
                 metrics.row_groups_pruned += 1;
                 continue;
             }
-            let proven = filter.must_match(&|name: &str| of(name, true), rows);
-            let pages = page_selection(prune, i, rows, &converters, &parquet);
+            let mut proof = Vec::new();
+            let residual = filter.residual(&|name: &str| of(name, true), rows, &mut proof);
+            let pages = page_selection(
+                prune,
+                rows,
+                &mut PageStatsCache::new(i, &converters, &parquet),
+            );
             let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
                     metrics.row_groups_pruned += 1;
@@ -366,35 +369,44 @@ impl Storage {
                     total: rows,
                 },
             };
-            metrics.row_groups_proven += usize::from(proven);
-            selected.push((proven, plan));
+            if residual.is_true() {
+                metrics.row_groups_proven += 1;
+            } else if proof.contains(&true) {
+                metrics.row_groups_partly_proven += 1;
+            }
+            selected.push((proof, residual, plan));
         }
-        // Runs of row groups the filter is proven for are read without the columns only the
-        // filter needs, and not filtered: one plan per run.
-        let projection = |proven: bool| -> Vec<usize> {
+        // Runs of row groups with the same conjuncts proven share a plan: read without the
+        // columns only the proven conjuncts need, and filtered by the rest.
+        let projection = |residual: &Bound| -> Vec<usize> {
+            let mut needed = Vec::new();
+            residual.columns(&mut needed);
             columns
                 .iter()
-                .chain((!proven).then_some(&filter_columns).into_iter().flatten())
+                .chain(&needed)
                 .filter_map(|c| file_schema.index_of(c).ok())
                 .collect::<std::collections::BTreeSet<usize>>()
                 .into_iter()
                 .collect()
         };
-        let mut plans: Vec<BlockPlan> = Vec::new();
-        for (proven, rg) in selected {
+        let mut plans: Vec<(Vec<bool>, BlockPlan)> = Vec::new();
+        for (proof, residual, rg) in selected {
             match plans.last_mut() {
-                Some(plan) if plan.proven == proven => plan.row_groups.push(rg),
-                _ => plans.push(BlockPlan {
-                    table: table.to_owned(),
-                    block: block.clone(),
-                    metadata: metadata.clone(),
-                    projection: projection(proven),
-                    proven,
-                    row_groups: vec![rg],
-                }),
+                Some((last, plan)) if *last == proof => plan.row_groups.push(rg),
+                _ => plans.push((
+                    proof,
+                    BlockPlan {
+                        table: table.to_owned(),
+                        block: block.clone(),
+                        metadata: metadata.clone(),
+                        projection: projection(&residual),
+                        filter: Arc::new(residual),
+                        row_groups: vec![rg],
+                    },
+                )),
             }
         }
-        Ok((plans, metrics))
+        Ok((plans.into_iter().map(|(_, plan)| plan).collect(), metrics))
     }
 
     /// Streams the planned rows, `batch_rows` at a time. The read starts when the first
@@ -495,14 +507,79 @@ async fn read_block(
     }
 }
 
-/// Rows of row group `rg` whose pages may satisfy `filter`, from the page index; `None` when
-/// the index cannot narrow it down.
+/// A column's pages in one row group: the rows of each and its statistics (`None`:
+/// unknown).
+type PageStats = Vec<(usize, Option<ColumnStats>)>;
+
+/// Page statistics of one row group, converted once per column however many leaves of a
+/// predicate read them (a narrowing by whole label sets names each column many times).
+struct PageStatsCache<'a> {
+    rg: usize,
+    converters: &'a [(String, Option<StatisticsConverter<'a>>)],
+    parquet: &'a parquet::file::metadata::ParquetMetaData,
+    columns: Vec<(&'a str, Option<PageStats>)>,
+}
+
+impl<'a> PageStatsCache<'a> {
+    fn new(
+        rg: usize,
+        converters: &'a [(String, Option<StatisticsConverter<'a>>)],
+        parquet: &'a parquet::file::metadata::ParquetMetaData,
+    ) -> Self {
+        Self {
+            rg,
+            converters,
+            parquet,
+            columns: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, column: &str) -> Option<&PageStats> {
+        let at = match self.columns.iter().position(|(c, _)| *c == column) {
+            Some(at) => at,
+            None => {
+                let (name, conv) = self.converters.iter().find(|(c, _)| c == column)?;
+                let stats = conv.as_ref().and_then(|conv| self.convert(conv));
+                self.columns.push((name.as_str(), stats));
+                self.columns.len() - 1
+            }
+        };
+        self.columns[at].1.as_ref()
+    }
+
+    fn convert(&self, conv: &StatisticsConverter<'_>) -> Option<PageStats> {
+        let parquet = self.parquet;
+        let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
+        let groups = [self.rg];
+        let arrays = ColumnStatsArrays {
+            mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
+            maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
+            nulls: conv
+                .data_page_null_counts(index, offsets, groups.iter())
+                .ok()?,
+            // Page bounds only prune here; no proof rests on them.
+            exact: Vec::new(),
+        };
+        let counts = conv
+            .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
+            .ok()??;
+        Some(
+            counts
+                .values()
+                .iter()
+                .enumerate()
+                .map(|(p, rows)| (*rows as usize, arrays.get(p, *rows as usize)))
+                .collect(),
+        )
+    }
+}
+
+/// Rows of the cache's row group whose pages may satisfy `filter`, from the page index;
+/// `None` when the index cannot narrow it down.
 fn page_selection(
     filter: &Bound,
-    rg: usize,
     rows: usize,
-    converters: &[(String, Option<StatisticsConverter<'_>>)],
-    parquet: &parquet::file::metadata::ParquetMetaData,
+    pages: &mut PageStatsCache<'_>,
 ) -> Option<RowSelection> {
     let all = || RowSelection::from(vec![RowSelector::select(rows)]);
     match filter {
@@ -510,12 +587,12 @@ fn page_selection(
         Bound::Const(false) => Some(RowSelection::from(vec![RowSelector::skip(rows)])),
         Bound::And(children) => children
             .iter()
-            .filter_map(|c| page_selection(c, rg, rows, converters, parquet))
+            .filter_map(|c| page_selection(c, rows, pages))
             .reduce(|a, b| a.intersection(&b)),
         Bound::Or(children) => {
             let mut acc: Option<RowSelection> = None;
             for c in children {
-                let s = page_selection(c, rg, rows, converters, parquet)?;
+                let s = page_selection(c, rows, pages)?;
                 acc = Some(match acc {
                     None => s,
                     Some(a) => a.union(&s),
@@ -526,27 +603,11 @@ fn page_selection(
         leaf => {
             let mut columns = Vec::new();
             leaf.columns(&mut columns);
-            let column = columns.first()?;
-            let (_, conv) = converters.iter().find(|(c, _)| c == column)?;
-            let conv = conv.as_ref()?;
-            let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
-            let groups = [rg];
-            let arrays = ColumnStatsArrays {
-                mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
-                maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
-                nulls: conv
-                    .data_page_null_counts(index, offsets, groups.iter())
-                    .ok()?,
-                // Page bounds only prune here; no proof rests on them.
-                exact: Vec::new(),
-            };
-            let counts = conv
-                .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
-                .ok()??;
-            let selectors: Vec<RowSelector> = (0..counts.len())
-                .map(|p| {
-                    let page_rows = counts.value(p) as usize;
-                    let stats = |_: &str| arrays.get(p, page_rows);
+            let selectors: Vec<RowSelector> = pages
+                .get(columns.first()?)?
+                .iter()
+                .map(|(page_rows, stats)| {
+                    let (page_rows, stats) = (*page_rows, |_: &str| stats.clone());
                     if leaf.may_match(&stats, page_rows) {
                         RowSelector::select(page_rows)
                     } else {
