@@ -262,6 +262,66 @@ fn filters_that_statistics_prove_are_not_evaluated() {
 }
 
 #[test]
+fn columns_of_one_value_are_filled_in_from_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    // A value of 10 for cpu rows and 20 for mem rows: one value per row group but where
+    // the names meet.
+    for i in 0..40 {
+        let (name, value) = if i % 2 == 0 { ("cpu", 10) } else { ("mem", 20) };
+        let ts: Vec<i64> = (0..10).map(|r| i * 10 + r).collect();
+        table
+            .insert(&batch(vec![
+                ("name", str_n(name, 10)),
+                ("timestamp", ints(&ts)),
+                ("value", ints(&[value; 10])),
+            ]))
+            .unwrap();
+    }
+    table.persist().unwrap();
+    let scan = |filter: Option<frostdb_core::Predicate>| {
+        let mut request = ScanRequest::new().project(["name", "value"]);
+        if let Some(f) = filter {
+            request = request.filter(f);
+        }
+        let scan = table.snapshot().scan(&request).unwrap();
+        let m = scan.metrics();
+        let mut rows: Vec<(String, i64)> = Vec::new();
+        for b in scan {
+            let b = b.unwrap();
+            let names =
+                arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8).unwrap();
+            let values = b.column(1).as_primitive::<Int64Type>();
+            for i in 0..b.num_rows() {
+                rows.push((
+                    names.as_string::<i32>().value(i).to_owned(),
+                    values.value(i),
+                ));
+            }
+        }
+        (rows, m)
+    };
+    let (rows, m) = scan(None);
+    assert_eq!(rows.len(), 400);
+    assert!(
+        rows.iter()
+            .all(|(n, v)| *v == if n == "cpu" { 10 } else { 20 })
+    );
+    let read = m.row_groups - m.row_groups_pruned;
+    assert!(
+        m.columns_from_statistics > 0 && m.columns_from_statistics < read,
+        "{m:?}"
+    );
+    // Filtered on the filled-in column: the same rows as by name.
+    let (rows, _) = scan(Some(col("value").eq(20i64)));
+    assert_eq!(rows.len(), 200);
+    assert!(rows.iter().all(|(n, _)| n == "mem"));
+}
+
+#[test]
 fn rotation_persists_in_the_background_and_truncates_the_wal() {
     let dir = tempfile::tempdir().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();

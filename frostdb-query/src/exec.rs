@@ -119,7 +119,7 @@ impl DisplayAs for FrostScanExec {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
                 "FrostScanExec: table={}, projection=[{}], filters=[{}], limit={:?}, partitions={}, \
-                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, row groups proven {} (partly {}), rows to read {}{}",
+                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, row groups proven {} (partly {}), columns from statistics {}, rows to read {}{}",
                 self.table,
                 columns.join(", "),
                 self.pushed.join(", "),
@@ -134,6 +134,7 @@ impl DisplayAs for FrostScanExec {
                 p.rows_skipped_by_pages,
                 p.row_groups_proven,
                 p.row_groups_partly_proven,
+                p.columns_from_statistics,
                 p.rows_read,
                 match self.lenient {
                     Some(_) => format!(", lenient: blocks failed {}", p.blocks_failed),

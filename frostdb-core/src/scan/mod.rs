@@ -153,6 +153,9 @@ pub struct ScanMetrics {
     /// but not all: read without the columns only the proven ones need, and filtered by
     /// the rest.
     pub row_groups_partly_proven: usize,
+    /// Columns of read row groups filled in from exact statistics that show one value
+    /// (counted per row group) rather than decoded.
+    pub columns_from_statistics: usize,
 }
 
 /// A consistent, immutable view of a table: every transaction up to [`Snapshot::watermark`]
@@ -434,6 +437,7 @@ impl Snapshot {
                     metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
                     metrics.row_groups_proven += m.row_groups_proven;
                     metrics.row_groups_partly_proven += m.row_groups_partly_proven;
+                    metrics.columns_from_statistics += m.columns_from_statistics;
                     for plan in plan {
                         metrics.rows_read += plan.rows();
                         plans.push(plan);

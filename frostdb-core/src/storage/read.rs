@@ -89,6 +89,7 @@ pub(crate) struct BlockScanMetrics {
     pub(crate) row_groups_pruned: usize,
     pub(crate) row_groups_proven: usize,
     pub(crate) row_groups_partly_proven: usize,
+    pub(crate) columns_from_statistics: usize,
     pub(crate) rows_skipped_by_pages: usize,
 }
 
@@ -113,6 +114,9 @@ pub(crate) struct BlockPlan {
     /// What the planned rows are still filtered by: the scan's filter less the conjuncts
     /// their row groups' statistics prove (read without the columns only those need).
     pub(crate) filter: Arc<Bound>,
+    /// Columns whose exact statistics show one value in every planned row group (a sampling
+    /// period, say): not decoded, but filled in.
+    constants: Vec<(String, Scalar)>,
 }
 
 impl BlockPlan {
@@ -278,7 +282,16 @@ impl Storage {
             row_groups: row_groups.len(),
             ..Default::default()
         };
-        let mut stats_columns = Vec::new();
+        // Read columns that may hold one value per row group: primitive ones.
+        let candidates: Vec<&String> = columns
+            .iter()
+            .filter(|c| {
+                file_schema
+                    .field_with_name(c)
+                    .is_ok_and(|f| f.data_type().is_primitive())
+            })
+            .collect();
+        let mut stats_columns: Vec<String> = candidates.iter().map(|c| (*c).clone()).collect();
         filter.columns(&mut stats_columns);
         prune.columns(&mut stats_columns);
         stats_columns.sort();
@@ -342,6 +355,17 @@ impl Storage {
             }
             let mut proof = Vec::new();
             let residual = filter.residual(&|name: &str| of(name, true), rows, &mut proof);
+            let constants: Vec<(String, Scalar)> = candidates
+                .iter()
+                .filter_map(|c| match of(c, true)? {
+                    ColumnStats {
+                        min: Some(min),
+                        max: Some(max),
+                        null_count: 0,
+                    } if min == max => Some(((*c).clone(), min)),
+                    _ => None,
+                })
+                .collect();
             let pages = page_selection(
                 prune,
                 rows,
@@ -374,39 +398,59 @@ impl Storage {
             } else if proof.contains(&true) {
                 metrics.row_groups_partly_proven += 1;
             }
-            selected.push((proof, residual, plan));
+            selected.push(((proof, constants), residual, plan));
         }
         // Runs of row groups with the same conjuncts proven share a plan: read without the
         // columns only the proven conjuncts need, and filtered by the rest.
-        let projection = |residual: &Bound| -> Vec<usize> {
+        // Constant columns are filled in rather than read, but one column is always read: a
+        // read of none would yield no rows.
+        let projection = |residual: &Bound, constants: &mut Vec<(String, Scalar)>| {
             let mut needed = Vec::new();
             residual.columns(&mut needed);
-            columns
-                .iter()
-                .chain(&needed)
-                .filter_map(|c| file_schema.index_of(c).ok())
-                .collect::<std::collections::BTreeSet<usize>>()
-                .into_iter()
-                .collect()
+            let read = |constants: &[(String, Scalar)]| -> Vec<usize> {
+                columns
+                    .iter()
+                    .filter(|c| !constants.iter().any(|(k, _)| k == *c))
+                    .chain(&needed)
+                    .filter_map(|c| file_schema.index_of(c).ok())
+                    .collect::<std::collections::BTreeSet<usize>>()
+                    .into_iter()
+                    .collect()
+            };
+            let mut projection = read(constants);
+            if projection.is_empty() && !constants.is_empty() {
+                constants.remove(0);
+                projection = read(constants);
+            }
+            projection
         };
-        let mut plans: Vec<(Vec<bool>, BlockPlan)> = Vec::new();
-        for (proof, residual, rg) in selected {
+        let mut plans: Vec<(_, BlockPlan)> = Vec::new();
+        for (key, residual, rg) in selected {
             match plans.last_mut() {
-                Some((last, plan)) if *last == proof => plan.row_groups.push(rg),
-                _ => plans.push((
-                    proof,
-                    BlockPlan {
-                        table: table.to_owned(),
-                        block: block.clone(),
-                        metadata: metadata.clone(),
-                        projection: projection(&residual),
-                        filter: Arc::new(residual),
-                        row_groups: vec![rg],
-                    },
-                )),
+                Some((last, plan)) if *last == key => plan.row_groups.push(rg),
+                _ => {
+                    let mut constants = key.1.clone();
+                    plans.push((
+                        key,
+                        BlockPlan {
+                            table: table.to_owned(),
+                            block: block.clone(),
+                            metadata: metadata.clone(),
+                            projection: projection(&residual, &mut constants),
+                            filter: Arc::new(residual),
+                            constants,
+                            row_groups: vec![rg],
+                        },
+                    ))
+                }
             }
         }
-        Ok((plans.into_iter().map(|(_, plan)| plan).collect(), metrics))
+        let plans: Vec<BlockPlan> = plans.into_iter().map(|(_, plan)| plan).collect();
+        metrics.columns_from_statistics = plans
+            .iter()
+            .map(|p| p.constants.len() * p.row_groups.len())
+            .sum();
+        Ok((plans, metrics))
     }
 
     /// Streams the planned rows, `batch_rows` at a time. The read starts when the first
@@ -462,6 +506,7 @@ async fn read_block(
         metadata,
         row_groups,
         projection,
+        constants,
         ..
     } = plan;
     let selection = row_groups.iter().any(|r| r.pages.is_some()).then(|| {
@@ -480,6 +525,13 @@ async fn read_block(
         store,
         path: ObjectPath::from(block.path.as_str()),
         size: block.size,
+    };
+    let mut fill = match Constants::new(constants, metadata.schema(), batch_rows) {
+        Ok(fill) => fill,
+        Err(e) => {
+            let _ = tx.send(Err(fail(&e))).await;
+            return;
+        }
     };
     let mask = ProjectionMask::roots(
         metadata.metadata().file_metadata().schema_descr(),
@@ -500,10 +552,69 @@ async fn read_block(
         }
     };
     while let Some(batch) = stream.next().await {
+        let batch = batch
+            .map_err(|e| fail(&e))
+            .and_then(|b| fill.add(b).map_err(|e| fail(&e)));
         let stop = batch.is_err();
-        if tx.send(batch.map_err(|e| fail(&e))).await.is_err() || stop {
+        if tx.send(batch).await.is_err() || stop {
             return;
         }
+    }
+}
+
+/// The constant columns of a plan, as arrays long enough for any batch of its read.
+struct Constants {
+    fields: Vec<arrow::datatypes::FieldRef>,
+    arrays: Vec<ArrayRef>,
+}
+
+impl Constants {
+    fn new(
+        constants: Vec<(String, Scalar)>,
+        file: &SchemaRef,
+        rows: usize,
+    ) -> std::result::Result<Self, arrow::error::ArrowError> {
+        let mut fields = Vec::new();
+        let mut arrays = Vec::new();
+        let zeros = arrow::array::UInt32Array::from(vec![0u32; rows]);
+        for (name, value) in constants {
+            let field = file.field_with_name(&name)?;
+            let one = value.to_array(field.data_type());
+            arrays.push(arrow::compute::take(one.as_ref(), &zeros, None)?);
+            fields.push(Arc::new(field.clone()));
+        }
+        Ok(Self { fields, arrays })
+    }
+
+    /// `batch` with the constant columns appended.
+    fn add(
+        &mut self,
+        batch: RecordBatch,
+    ) -> std::result::Result<RecordBatch, arrow::error::ArrowError> {
+        if self.fields.is_empty() {
+            return Ok(batch);
+        }
+        let n = batch.num_rows();
+        let schema = batch.schema();
+        let fields: Vec<arrow::datatypes::FieldRef> = schema
+            .fields()
+            .iter()
+            .cloned()
+            .chain(self.fields.iter().cloned())
+            .collect();
+        let mut columns = batch.columns().to_vec();
+        for array in &mut self.arrays {
+            if array.len() < n {
+                let zeros = arrow::array::UInt32Array::from(vec![0u32; n]);
+                *array = arrow::compute::take(array.as_ref(), &zeros, None)?;
+            }
+            columns.push(array.slice(0, n));
+        }
+        RecordBatch::try_new_with_options(
+            Arc::new(arrow::datatypes::Schema::new(fields)),
+            columns,
+            &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(n)),
+        )
     }
 }
 

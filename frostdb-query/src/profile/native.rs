@@ -122,28 +122,56 @@ impl Dense {
         if let Some(max) = arrow::compute::max(periods) {
             self.period = self.period.max(max);
         }
-        let nulls = ids.null_count() + values.null_count();
-        for i in 0..b.num_rows() {
-            if nulls > 0 && (ids.is_null(i) || values.is_null(i)) {
-                continue;
+        if ids.null_count() + values.null_count() > 0 {
+            // Rare (no writer stores them): the valid rows, one at a time.
+            for i in 0..b.num_rows() {
+                if ids.is_valid(i) && values.is_valid(i) {
+                    self.add_run(&ids.values()[i..=i], &values.values()[i..=i])?;
+                }
             }
-            let (id, v) = (ids.value(i), values.value(i));
-            let index = id as u32 as usize;
-            if index >= MAX_INDEX {
-                return Err(Error::Internal(format!(
-                    "stack id {id:#x} has an index beyond any symbol partition's"
-                ))
-                .into());
-            }
-            let at = self.at((id >> 32) as u32);
-            let len = self.partitions[at].1.len();
-            if index >= len {
-                self.grow(at, (index + 1).max(len * 2).min(index + (1 << 20)))?;
-            }
-            self.partitions[at].1[index] += v;
-            self.total += v;
-            self.rows += 1;
+            return Ok(());
         }
+        let (ids, values) = (ids.values(), values.values());
+        // Rows come in runs of one partition: each run is checked and grown for once, then
+        // summed without a branch but the bounds check.
+        let mut start = 0;
+        while start < ids.len() {
+            let partition = ids[start] >> 32;
+            let end = start
+                + ids[start..]
+                    .iter()
+                    .position(|id| id >> 32 != partition)
+                    .unwrap_or(ids.len() - start);
+            self.add_run(&ids[start..end], &values[start..end])?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Adds rows whose stack ids share one partition.
+    fn add_run(&mut self, ids: &[u64], values: &[i64]) -> Result<()> {
+        let Some(first) = ids.first() else {
+            return Ok(());
+        };
+        let highest = ids.iter().map(|id| *id as u32).max().unwrap_or(0) as usize;
+        if highest >= MAX_INDEX {
+            return Err(Error::Internal(format!(
+                "stack id {:#x} has an index beyond any symbol partition's",
+                (first >> 32 << 32) | highest as u64
+            ))
+            .into());
+        }
+        let at = self.at((first >> 32) as u32);
+        let len = self.partitions[at].1.len();
+        if highest >= len {
+            self.grow(at, (highest + 1).max(len * 2).min(highest + (1 << 20)))?;
+        }
+        let sums = &mut self.partitions[at].1;
+        for (id, v) in ids.iter().zip(values) {
+            sums[*id as u32 as usize] += v;
+        }
+        self.total += values.iter().sum::<i64>();
+        self.rows += ids.len();
         Ok(())
     }
 
