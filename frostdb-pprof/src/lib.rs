@@ -39,6 +39,7 @@ mod error;
 pub mod fuzzing;
 mod normalize;
 pub mod report;
+pub mod rollup;
 pub mod schema;
 mod store;
 mod string_table;
@@ -55,5 +56,6 @@ pub mod proto {
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
+pub use rollup::{RollupOptions, RollupSummary};
 pub use store::{Merged, ProfileStore, StoreOptions};
 pub use symbols::{Frame, Function, Mapping, StackId, SymbolOptions, Symbols};

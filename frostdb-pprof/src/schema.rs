@@ -6,6 +6,8 @@
 //! |---|---|
 //! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
 //! | `spans` | the columns of `samples`; rows of samples labelled with a span or trace id ([`SPAN_LABELS`]) |
+//! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value ([`crate::rollup`]) |
+//! | `rollup_buckets` | `level`, `timestamp`: the hours and days rolled up |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
 //! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
@@ -35,6 +37,15 @@ pub const SPANS: &str = "spans";
 pub const SERIES: &str = "series";
 /// The series index's time granularity: rows are per hour.
 pub const SERIES_BUCKET_MS: i64 = 3_600_000;
+
+/// Hourly rollups: per series and hour, the summed value per stack (the samples' columns,
+/// `timestamp` the start of the hour). See [`crate::rollup`].
+pub const ROLLUPS_HOURLY: &str = "rollups_1h";
+/// Daily rollups: per series and day (UTC), the summed value per stack.
+pub const ROLLUPS_DAILY: &str = "rollups_1d";
+/// Which hours and days the rollups hold: a row per `(level, timestamp)` rolled up, committed
+/// with that bucket's rollup rows.
+pub const ROLLUP_BUCKETS: &str = "rollup_buckets";
 
 /// Whether a samples column is one of the series index's (the profile type, labels and
 /// timestamp), not one of a sample's own.
@@ -132,6 +143,22 @@ fn sample_schema(name: &str) -> Schema {
         },
         &["timestamp", "stacktrace_id"],
     )
+}
+
+/// A rollup table ([`ROLLUPS_HOURLY`], [`ROLLUPS_DAILY`]): the samples table's columns and
+/// order; a row sums a stack's values of one series over a bucket, `timestamp` its start.
+pub fn rollups(name: &str) -> Schema {
+    sample_schema(name)
+}
+
+/// The buckets the rollups hold ([`ROLLUP_BUCKETS`]): `level` (`1h`, `1d`) and `timestamp`.
+pub fn rollup_buckets() -> Schema {
+    schema(ROLLUP_BUCKETS, |b| {
+        b.column(dict("level"))
+            .column(ColumnDef::new("timestamp", DataType::Int64))
+            .sort_by(SortingColumn::asc("level"))
+            .sort_by(SortingColumn::asc("timestamp"))
+    })
 }
 
 /// The series index: the samples table's profile type and label columns, and `timestamp`,

@@ -21,6 +21,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::decode::{Limits, ValidProfile, decode};
 use crate::error::{Error, Result};
 use crate::normalize::{Deltas, IngestOptions, IngestSummary, SampleRows, prepare};
+use crate::rollup::{RollupOptions, RollupSummary, Rollups};
 use crate::schema;
 use crate::symbols::{
     Counts, Partition, StackId, SymbolOptions, SymbolStore, SymbolTables, Symbols, split_id,
@@ -36,6 +37,7 @@ use crate::symbols::{
 /// | `samples` | [`TableOptions::default`] | the samples table (block size, granules, ...) |
 /// | `retention` | none | samples older than this are deleted, then the symbols only they used |
 /// | `query_threads` | the machine's cores | threads a merge reads with |
+/// | `rollups` | [`RollupOptions::default`] | hourly and daily rollups merges read |
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Decoding limits.
@@ -55,6 +57,8 @@ pub struct StoreOptions {
     /// Series the store admits (profile name and every label, pprof sample labels
     /// included) since it was opened; a profile that would add more is refused whole.
     pub max_series: usize,
+    /// Hourly and daily rollups ([`crate::rollup`]).
+    pub rollups: RollupOptions,
 }
 
 impl Default for StoreOptions {
@@ -67,6 +71,7 @@ impl Default for StoreOptions {
             query_memory: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
+            rollups: RollupOptions::default(),
         }
     }
 }
@@ -85,6 +90,9 @@ pub struct Merged {
     pub symbols: Symbols,
     /// Sample rows read.
     pub rows: usize,
+    /// Of `rows`, those read from rollups (each the sum of a stack's rows of one series
+    /// over an hour or a day).
+    pub rollup_rows: usize,
     /// Blocks a lenient merge skipped because they could not be read (the profile lacks
     /// their samples); always 0 for a strict merge, which fails instead.
     pub blocks_failed: usize,
@@ -104,6 +112,7 @@ impl Merged {
             samples: Vec::new(),
             symbols: Symbols::default(),
             rows: 0,
+            rollup_rows: 0,
             blocks_failed: 0,
         }
     }
@@ -170,6 +179,13 @@ impl Maintenance for SymbolExpiry {
             tracing::warn!(%error, "expiring symbols failed; retried at the next pass");
         }
     }
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Most sample rows a group of profiles commits in one transaction.
@@ -292,6 +308,7 @@ pub struct ProfileStore {
     memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
+    rollups: Arc<Rollups>,
     deltas: Mutex<Deltas>,
     pipeline: Mutex<Pipeline>,
     /// Series admitted since open (hashes), against [`StoreOptions::max_series`].
@@ -481,6 +498,17 @@ impl ProfileStore {
         let task: Arc<dyn Maintenance> = expiry.clone();
         db.add_maintenance(Arc::downgrade(&task) as Weak<dyn Maintenance>);
         drop(task);
+        let rollups = Arc::new(Rollups::open(
+            &db,
+            &samples,
+            &series_index,
+            &options.samples,
+            options.retention,
+            options.rollups.clone(),
+        )?);
+        let task: Arc<dyn Maintenance> = rollups.clone();
+        db.add_maintenance(Arc::downgrade(&task) as Weak<dyn Maintenance>);
+        drop(task);
         Ok(Self {
             db,
             samples,
@@ -490,6 +518,7 @@ impl ProfileStore {
             memory: frostdb_query::memory_pool(options.query_memory),
             symbols,
             expiry,
+            rollups,
             deltas: Mutex::new(Deltas::default()),
             pipeline: Mutex::new(Pipeline::default()),
             series: Mutex::new(Default::default()),
@@ -754,14 +783,15 @@ impl ProfileStore {
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }
-            let submitted = tx.submit()?;
+            // Rows of hours already rolled up are added to their rollups, in this transaction.
+            let submitted = self.rollups.submit(tx, &samples)?;
             if let Some((_, keys)) = index {
                 self.indexed.lock().committed(keys);
             }
             Ok::<_, Error>(submitted)
         })();
         match submitted {
-            Ok(submitted) => Ok(Arc::new(submitted)),
+            Ok(submitted) => Ok(submitted),
             Err(e) => {
                 // Its symbols may be used by later profiles, whose groups must not commit
                 // without them: the partition takes no more, and nothing more of it commits.
@@ -834,15 +864,37 @@ impl ProfileStore {
     /// profile type: values of different types do not add up. A selector matching on
     /// `span_id` or `trace_id` selects among the samples labelled with spans. A sample block
     /// that cannot be read fails the merge with an error naming it.
+    ///
+    /// The whole days and hours of `range` that are rolled up are read from their rollups,
+    /// the rest from raw samples: the same answer, from fewer rows ([`crate::rollup`];
+    /// [`Merged::rollup_rows`] says how many came from rollups).
     pub fn merge(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
-        self.merge_reading(selector, range, false)
+        self.merge_reading(selector, range, false, true)
+    }
+
+    /// [`ProfileStore::merge`] from raw samples only, never from rollups: the answer rollups
+    /// are checked against.
+    pub fn merge_raw(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, false, false)
+    }
+
+    /// Rolls up, now, every closed hour and day not rolled up yet (the database's
+    /// maintenance pass does it every retention interval).
+    pub fn roll_up(&self) -> Result<RollupSummary> {
+        self.roll_up_at(now_ms())
+    }
+
+    /// [`ProfileStore::roll_up`] as if the time were `now_ms` (hours that ended
+    /// [`RollupOptions::delay`] before it are closed).
+    pub fn roll_up_at(&self, now_ms: i64) -> Result<RollupSummary> {
+        self.rollups.run_pass(now_ms)
     }
 
     /// [`ProfileStore::merge`], skipping sample blocks that cannot be read and counting them
     /// in [`Merged::blocks_failed`]. Symbols are always read strictly: a stack that cannot be
     /// resolved is an error, never a frame left out.
     pub fn merge_lenient(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
-        self.merge_reading(selector, range, true)
+        self.merge_reading(selector, range, true, true)
     }
 
     /// Merges what `selector` selects in `range` among the samples labelled with one of
@@ -868,6 +920,7 @@ impl ProfileStore {
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
+        rollups: bool,
     ) -> Result<Merged> {
         let by_span = selector
             .matchers
@@ -882,26 +935,45 @@ impl ProfileStore {
         // The samples first: the series index is written before them in each transaction,
         // so its later snapshot holds every series of this one.
         let snapshot = table.snapshot();
+        // Rollups (before the index too: a series they hold is in it) of the whole hours and
+        // days of the range; raw samples for the rest.
+        let pieces = if by_span || !rollups || !self.rollups.enabled() {
+            vec![crate::rollup::Piece {
+                rollup: None,
+                range,
+            }]
+        } else {
+            self.rollups.plan(range, now_ms())
+        };
         let narrow = if by_span || selector.matchers.is_empty() {
             None
         } else {
             self.narrowing(&snapshot, selector, range)?
         };
+        let mut totals = StackTotals::default();
+        let mut rollup_rows = 0;
+        for piece in pieces {
+            let part = merge_stacks(
+                piece.rollup.as_ref().unwrap_or(&snapshot),
+                selector,
+                piece.range,
+                self.options.query_threads,
+                lenient,
+                &self.memory,
+                narrow.clone(),
+            )?;
+            if piece.rollup.is_some() {
+                rollup_rows += part.rows;
+            }
+            totals = totals.add(part);
+        }
         let StackTotals {
             stacks,
             period,
             rows,
             metrics,
             ..
-        } = merge_stacks(
-            &snapshot,
-            selector,
-            range,
-            self.options.query_threads,
-            lenient,
-            &self.memory,
-            narrow,
-        )?;
+        } = totals;
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
         let symbols = self.symbols.view(partitions)?;
@@ -920,6 +992,7 @@ impl ProfileStore {
             samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
             symbols,
             rows,
+            rollup_rows,
             blocks_failed: metrics.blocks_failed,
         })
     }

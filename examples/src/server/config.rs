@@ -6,6 +6,8 @@
 //! token = "secret"                 # optional: require `Authorization: Bearer secret`
 //! retention = "30d"                # optional: samples older than this are deleted (with
 //!                                  # the symbols only they used); absent: kept for ever
+//! rollup_retention = "90d"         # optional: hourly and daily rollups (what long-range
+//!                                  # merges read) kept this long; absent: as long as samples
 //!
 //! [tenants.team-a]
 //! retention = "7d"                 # a tenant's own retention
@@ -57,6 +59,10 @@ pub struct Config {
     /// How long every tenant's samples are kept (`None`: for ever).
     #[serde(default, with = "optional_duration")]
     pub retention: Option<Duration>,
+    /// How long every tenant's hourly and daily rollups are kept (`None`: as long as its
+    /// samples). Longer than `retention`, merges over older ranges still answer from them.
+    #[serde(default, with = "optional_duration")]
+    pub rollup_retention: Option<Duration>,
     /// Settings of single tenants, by tenant id.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
@@ -81,6 +87,7 @@ impl Config {
                 .iter()
                 .filter_map(|(id, t)| Some((id.clone(), t.retention?)))
                 .collect(),
+            rollups: self.rollup_retention,
         }
     }
 }
@@ -255,6 +262,7 @@ impl Default for Config {
             scrape: Vec::new(),
             ebpf: None,
             retention: None,
+            rollup_retention: None,
             tenants: BTreeMap::new(),
         }
     }
@@ -327,6 +335,7 @@ mod tests {
             listen = "0.0.0.0:9000"
             data = "/tmp/x"
             retention = "30d"
+            rollup_retention = "90d"
             [limits]
             max_series_per_tenant = 5
             [[scrape]]
@@ -360,6 +369,7 @@ mod tests {
         assert_eq!(c.retention().of("team-a"), days(7));
         assert_eq!(c.retention().of("anyone-else"), days(30));
         assert_eq!(Config::default().retention().of("x"), None);
+        assert_eq!(c.retention().rollups, days(90));
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Retention {
     pub default: Option<std::time::Duration>,
     /// Tenants with their own.
     pub tenants: std::collections::BTreeMap<String, std::time::Duration>,
+    /// How long every tenant keeps its hourly and daily rollups (`None`: as long as its
+    /// samples).
+    pub rollups: Option<std::time::Duration>,
 }
 
 impl Retention {
@@ -170,6 +173,7 @@ impl Tenants {
                 let query_memory = Some(self.limits.max_query_memory_bytes);
                 let limits = self.pprof_limits();
                 let retention = self.retention.of(&id);
+                let rollup_retention = self.retention.rollups;
                 let db_options = DbOptions::default().workers(self.workers.clone());
                 tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
                     std::fs::create_dir_all(&dir).map_err(|e| {
@@ -188,6 +192,11 @@ impl Tenants {
                         retention,
                         max_series,
                         query_memory,
+                        rollups: frostdb_pprof::RollupOptions {
+                            hourly_retention: rollup_retention,
+                            daily_retention: rollup_retention,
+                            ..frostdb_pprof::RollupOptions::default()
+                        },
                         ..StoreOptions::default()
                     };
                     let store = ProfileStore::open(db, options)?;

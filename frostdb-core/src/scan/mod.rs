@@ -158,6 +158,24 @@ pub struct ScanMetrics {
     pub columns_from_statistics: usize,
 }
 
+impl std::ops::AddAssign for ScanMetrics {
+    /// Adds the counts of another scan (a query made of several).
+    fn add_assign(&mut self, o: Self) {
+        self.chunks += o.chunks;
+        self.chunks_pruned += o.chunks_pruned;
+        self.blocks += o.blocks;
+        self.blocks_pruned += o.blocks_pruned;
+        self.blocks_failed += o.blocks_failed;
+        self.row_groups += o.row_groups;
+        self.row_groups_pruned += o.row_groups_pruned;
+        self.rows_skipped_by_pages += o.rows_skipped_by_pages;
+        self.rows_read += o.rows_read;
+        self.row_groups_proven += o.row_groups_proven;
+        self.row_groups_partly_proven += o.row_groups_partly_proven;
+        self.columns_from_statistics += o.columns_from_statistics;
+    }
+}
+
 /// A consistent, immutable view of a table: every transaction up to [`Snapshot::watermark`]
 /// and none after.
 #[derive(Debug, Clone)]

@@ -31,6 +31,43 @@ pub struct StackTotals {
     pub metrics: ScanMetrics,
 }
 
+impl StackTotals {
+    /// The totals of both reads (of disjoint rows: two time ranges, say), stacks summed.
+    pub fn add(self, other: StackTotals) -> StackTotals {
+        let mut stacks = Vec::with_capacity(self.stacks.len().max(other.stacks.len()));
+        let (mut a, mut b) = (
+            self.stacks.into_iter().peekable(),
+            other.stacks.into_iter().peekable(),
+        );
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x.0 == y.0 => {
+                    let (id, v) = (x.0, x.1.wrapping_add(y.1));
+                    a.next();
+                    b.next();
+                    (id, v)
+                }
+                (Some(x), Some(y)) if x.0 < y.0 => a.next().expect("peeked"),
+                (Some(_), Some(_)) | (None, Some(_)) => b.next().expect("peeked"),
+                (Some(_), None) => a.next().expect("peeked"),
+                (None, None) => break,
+            };
+            if next.1 != 0 {
+                stacks.push(next);
+            }
+        }
+        let mut metrics = self.metrics;
+        metrics += other.metrics;
+        StackTotals {
+            stacks,
+            total: self.total.wrapping_add(other.total),
+            period: self.period.max(other.period),
+            rows: self.rows + other.rows,
+            metrics,
+        }
+    }
+}
+
 /// The predicate of `selector` over `range` on `snapshot`'s columns.
 pub fn predicate(
     snapshot: &Snapshot,
