@@ -441,7 +441,7 @@ impl Rollups {
 }
 
 /// `(rollup, range)` pieces from intervals.
-fn pieces(rollup: Option<Snapshot>, intervals: Vec<(i64, i64)>) -> Vec<Piece> {
+fn pieces(rollup: Option<Snapshot>, intervals: Vec<Interval>) -> Vec<Piece> {
     intervals
         .into_iter()
         .map(|(start_ms, end_ms)| Piece {
@@ -451,15 +451,18 @@ fn pieces(rollup: Option<Snapshot>, intervals: Vec<(i64, i64)>) -> Vec<Piece> {
         .collect()
 }
 
+/// `[start, end)` in milliseconds.
+type Interval = (i64, i64);
+
 /// Splits `gaps` into the runs of `buckets` (of `len`, from `usable_from`) wholly inside them,
 /// and what is left.
 fn split(
-    gaps: &[(i64, i64)],
+    gaps: &[Interval],
     buckets: &BTreeSet<i64>,
     len: i64,
     usable_from: i64,
-) -> (Vec<(i64, i64)>, Vec<(i64, i64)>) {
-    let (mut used, mut rest) = (Vec::<(i64, i64)>::new(), Vec::new());
+) -> (Vec<Interval>, Vec<Interval>) {
+    let (mut used, mut rest) = (Vec::<Interval>::new(), Vec::new());
     for &(start, end) in gaps {
         let mut at = start;
         for &b in buckets.range(start.max(usable_from)..) {
@@ -598,11 +601,10 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
                 _ => {
                     let row = rows.row(i);
                     let next = series_ids.len() as u32;
-                    let id = *series_ids.entry(row.as_ref().into()).or_insert_with(|| {
+                    *series_ids.entry(row.as_ref().into()).or_insert_with(|| {
                         series_rows.push(row);
                         next
-                    });
-                    id
+                    })
                 }
             };
             current = Some((i, id));

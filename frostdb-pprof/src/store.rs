@@ -965,7 +965,7 @@ impl ProfileStore {
             if piece.rollup.is_some() {
                 rollup_rows += part.rows;
             }
-            totals = totals.add(part);
+            totals = totals + part;
         }
         let StackTotals {
             stacks,

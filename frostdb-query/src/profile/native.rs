@@ -31,9 +31,11 @@ pub struct StackTotals {
     pub metrics: ScanMetrics,
 }
 
-impl StackTotals {
+impl std::ops::Add for StackTotals {
+    type Output = StackTotals;
+
     /// The totals of both reads (of disjoint rows: two time ranges, say), stacks summed.
-    pub fn add(self, other: StackTotals) -> StackTotals {
+    fn add(self, other: StackTotals) -> StackTotals {
         let mut stacks = Vec::with_capacity(self.stacks.len().max(other.stacks.len()));
         let (mut a, mut b) = (
             self.stacks.into_iter().peekable(),
