@@ -796,6 +796,71 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
     )?)
 }
 
+/// The [`crate::schema::totals`] rows of sample rows: one per series and timestamp (a
+/// profile's rows of one type and label set), its `value` their sum, its other columns its
+/// first row's.
+pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
+    use arrow::row::{RowConverter, SortField};
+    let schema = samples.schema();
+    let keys: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .zip(samples.columns())
+        .filter(|(f, _)| crate::schema::is_series_column(f.name()))
+        .map(|(_, c)| c.clone())
+        .collect();
+    let values = samples
+        .column_by_name("value")
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
+    let converter = RowConverter::new(
+        keys.iter()
+            .map(|c| SortField::new(c.data_type().clone()))
+            .collect(),
+    )?;
+    let rows = converter.convert_columns(&keys)?;
+    // Rows of one label set come in runs (interleaved where samples carry pprof labels):
+    // the previous row is checked before the map.
+    let mut groups: HashMap<&[u8], u32> = HashMap::default();
+    let (mut firsts, mut sums) = (Vec::<u32>::new(), Vec::<Option<i64>>::new());
+    let mut previous: Option<(usize, u32)> = None;
+    for i in 0..samples.num_rows() {
+        let g = match previous {
+            Some((p, g)) if rows.row(p) == rows.row(i) => g,
+            _ => *groups.entry(rows.row(i).data()).or_insert_with(|| {
+                firsts.push(i as u32);
+                sums.push(None);
+                (firsts.len() - 1) as u32
+            }),
+        };
+        previous = Some((i, g));
+        if values.is_valid(i) {
+            let sum = &mut sums[g as usize];
+            *sum = Some(sum.unwrap_or(0).wrapping_add(values.value(i)));
+        }
+    }
+    let firsts = arrow::array::UInt32Array::from(firsts);
+    let sums = Int64Array::from(sums);
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in schema.fields().iter().zip(samples.columns()) {
+        let name = field.name().as_str();
+        if name == "stacktrace_id" {
+            continue;
+        }
+        fields.push(field.as_ref().clone().with_nullable(true));
+        columns.push(if name == "value" {
+            Arc::new(sums.clone())
+        } else {
+            arrow::compute::take(column, &firsts, None)?
+        });
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
 //! | `spans` | the columns of `samples`; rows of samples labelled with a span or trace id ([`SPAN_LABELS`]) |
+//! | `totals` | the series columns of `samples`, `timestamp`, `duration`, `period`, `value`: per profile, type and label set, the sum of its samples (what range queries read) |
 //! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value ([`crate::rollup`]) |
 //! | `rollup_buckets` | `level`, `timestamp`: the hours and days rolled up |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
@@ -38,6 +39,10 @@ pub const SERIES: &str = "series";
 /// The series index's time granularity: rows are per hour.
 pub const SERIES_BUCKET_MS: i64 = 3_600_000;
 
+/// Profile totals: per profile, sample type and label set, the sum of its samples' values,
+/// which series over time (range queries) read instead of every sample row, as Pyroscope's
+/// per-profile `TotalValue` does.
+pub const TOTALS: &str = "totals";
 /// Hourly rollups: per series and hour, the summed value per stack (the samples' columns,
 /// `timestamp` the start of the hour). See [`crate::rollup`].
 pub const ROLLUPS_HOURLY: &str = "rollups_1h";
@@ -142,6 +147,23 @@ fn sample_schema(name: &str) -> Schema {
                 .column(ColumnDef::new("value", DataType::Int64).encoding(Encoding::RleDictionary))
         },
         &["timestamp", "stacktrace_id"],
+    )
+}
+
+/// The totals table ([`TOTALS`]): the series columns, `timestamp`, `duration`, `period` and
+/// `value`, the sum of the values of a profile's samples of one type and label set.
+pub fn totals() -> Schema {
+    series_schema(
+        TOTALS,
+        |b| {
+            b.column(
+                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+            )
+            .column(ColumnDef::new("duration", DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new("period", DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new("value", DataType::Int64))
+        },
+        &["timestamp"],
     )
 }
 

@@ -301,6 +301,9 @@ pub struct ProfileStore {
     spans: Table,
     /// The series index ([`schema::series`]), committed with the samples it indexes.
     series_index: Table,
+    /// Per profile, type and label set, the sum of its samples ([`schema::totals`]),
+    /// committed with them: what range queries read.
+    totals: Table,
     /// Series index rows committed since open (key -> hour), so each is written once; hours
     /// long past are forgotten.
     indexed: Mutex<SeriesSeen>,
@@ -384,6 +387,38 @@ impl SeriesSeen {
         }
         self.keys.extend(keys);
     }
+}
+
+/// Builds the totals of a store written before it had them, from its sample rows.
+fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<()> {
+    let started = std::time::Instant::now();
+    let (mut read, mut written) = (0usize, 0usize);
+    let snapshot = samples.snapshot();
+    let columns: Vec<String> = snapshot
+        .schema()
+        .arrow_schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .filter(|n| n != "stacktrace_id")
+        .collect();
+    // One transaction: a crash midway leaves no totals, and the next open builds them whole.
+    let mut tx = db.transaction();
+    for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
+        let batch = batch?;
+        read += batch.num_rows();
+        let rows = crate::normalize::totals_rows(&batch)?;
+        written += rows.num_rows();
+        tx.insert(totals, &rows)?;
+    }
+    tx.commit()?;
+    tracing::info!(
+        sample_rows = read,
+        total_rows = written,
+        seconds = started.elapsed().as_secs_f64(),
+        "built the profile totals of a store written without them"
+    );
+    Ok(())
 }
 
 /// Builds the series index of a store written before it had one, from its sample rows.
@@ -481,6 +516,11 @@ impl ProfileStore {
         if series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_series_index(&db, &samples, &series_index)?;
         }
+        let totals = db.table(schema::TOTALS, schema::totals(), options.samples.clone())?;
+        totals.set_ttl(options.retention)?;
+        if totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
+            build_totals(&db, &samples, &totals)?;
+        }
         let tables = SymbolTables {
             stacktraces,
             locations,
@@ -514,6 +554,7 @@ impl ProfileStore {
             samples,
             spans,
             series_index,
+            totals,
             indexed: Mutex::new(SeriesSeen::default()),
             memory: frostdb_query::memory_pool(options.query_memory),
             symbols,
@@ -780,6 +821,7 @@ impl ProfileStore {
                 tx.insert(&self.series_index, rows)?;
             }
             tx.insert(&self.samples, &samples)?;
+            tx.insert(&self.totals, &crate::normalize::totals_rows(&samples)?)?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }
@@ -1006,8 +1048,9 @@ impl ProfileStore {
         step_ms: i64,
         group_by: Option<&[String]>,
     ) -> Result<Vec<frostdb_query::profile::native::Series>> {
+        // Profile totals: a row per profile rather than per sample.
         Ok(frostdb_query::profile::native::range(
-            &self.samples.snapshot(),
+            &self.totals.snapshot(),
             selector,
             range,
             step_ms,

@@ -473,3 +473,92 @@ async fn queries_over_the_memory_limit_fail_naming_it() {
     let roomy = open(Some(64 << 20)).merge(&cpu, TimeRange::ALL).unwrap();
     assert_eq!(roomy.samples, unlimited.samples);
 }
+
+/// Range queries read the profile totals (a row per profile, type and label set) and answer
+/// as the sample rows do, pprof sample labels included; a store whose totals are gone
+/// rebuilds them from its samples when opened.
+#[test]
+fn ranges_read_profile_totals_and_answer_as_samples_do() {
+    use frostdb_query::profile::native::range;
+    let dir = tempfile::tempdir().unwrap();
+    let selectors = [
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}",
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds{pod=\"p1\"}",
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds{handler=\"h0\"}",
+    ];
+    let ranges = [
+        TimeRange::ALL,
+        TimeRange {
+            start_ms: 1_700_000_030_000,
+            end_ms: 1_700_000_090_000,
+        },
+    ];
+    let check = |store: &ProfileStore| {
+        let mut points = 0;
+        for s in selectors {
+            let selector = Selector::parse(s).unwrap();
+            for r in ranges {
+                for (step, group_by) in [
+                    (10_000, None),
+                    (60_000, Some(vec!["handler".to_owned()])),
+                    (1_000_000, Some(vec![])),
+                ] {
+                    let totals = store
+                        .range(&selector, r, step, group_by.as_deref())
+                        .unwrap();
+                    let samples = range(
+                        &store.samples().snapshot(),
+                        &selector,
+                        r,
+                        step,
+                        group_by.as_deref(),
+                    )
+                    .unwrap();
+                    assert_eq!(totals, samples, "{s} {r:?} step {step} by {group_by:?}");
+                    points += totals.iter().map(|s| s.points.len()).sum::<usize>();
+                }
+            }
+        }
+        assert!(points > 0);
+    };
+    {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        for i in 0..12u64 {
+            let mut p = frostdb_pprof::testing::profile(i * 5, 20, 3);
+            // Half the samples under handler h0, half under h1: two label sets a profile.
+            let key = p.string_table.len() as i64;
+            p.string_table
+                .extend(["handler".to_owned(), "h0".to_owned(), "h1".to_owned()]);
+            for (j, sample) in p.sample.iter_mut().enumerate() {
+                sample.label = vec![frostdb_pprof::proto::Label {
+                    key,
+                    str: key + 1 + (j % 2) as i64,
+                    ..Default::default()
+                }];
+            }
+            let profile = frostdb_pprof::validate(p, &Limits::default()).unwrap();
+            let options = IngestOptions {
+                name: "process_cpu".into(),
+                labels: vec![("pod".into(), format!("p{}", i % 3))],
+                timestamp_ms: Some(1_700_000_000_000 + i as i64 * 10_000),
+                ..Default::default()
+            };
+            store.ingest_profile(&profile, &options).unwrap();
+        }
+        check(&store);
+        let totals = store.db().get_table("totals").unwrap();
+        // A row per profile and handler, not per sample.
+        assert_eq!(totals.snapshot().rows(), 24);
+        store.db().flush().unwrap();
+        assert!(!totals.delete_blocks(|_| true).unwrap().is_empty());
+        assert_eq!(totals.snapshot().rows(), 0);
+    }
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    assert_eq!(
+        store.db().get_table("totals").unwrap().snapshot().rows(),
+        24
+    );
+    check(&store);
+}

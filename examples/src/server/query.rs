@@ -34,7 +34,7 @@ use axum::routing::get;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
 use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
-use frostdb_pprof::schema::SAMPLES;
+use frostdb_pprof::schema::{SAMPLES, TOTALS};
 use frostdb_query::profile::{self, TimeRange};
 use frostdb_query::{BlocksFailed, Selector};
 use futures::TryStreamExt;
@@ -411,7 +411,7 @@ async fn timestamps(
     let Some(r) = open(&state, &tenant, p.lenient).await? else {
         return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
     };
-    let batches = collect(profile::timestamps(&r.ctx, SAMPLES, &selector, range).await).await?;
+    let batches = collect(profile::timestamps(&r.ctx, TOTALS, &selector, range).await).await?;
     let mut out: Vec<i64> = Vec::new();
     for b in &batches {
         out.extend(
@@ -536,7 +536,7 @@ async fn query_range(
             p.lenient.then_some(0),
         ));
     };
-    let batches = collect(profile::range(&r.ctx, SAMPLES, &selector, range, step).await).await?;
+    let batches = collect(profile::range(&r.ctx, TOTALS, &selector, range, step).await).await?;
     // One series per label set, points in time order (the plan sorts by labels, then time).
     type Points = Vec<(i64, i64)>;
     let mut series: Vec<(BTreeMap<String, String>, Points)> = Vec::new();
