@@ -723,8 +723,9 @@ fn profile_queries<'a>(
     ])
 }
 
-/// `query --store S --queries Q --runs N --out O [--only Q2,Q6]` (`--data` is accepted and
-/// unused); `--only` runs the named queries alone, to profile one.
+/// `query --store S --queries Q --runs N --out O [--only Q2,Q6] [--explain]` (`--data` is
+/// accepted and unused); `--only` runs the named queries alone, to profile one; `--explain`
+/// prints what each merge read and skipped.
 pub fn query(args: &[String]) -> Result<(), BoxError> {
     let dir = arg(args, "--store")?;
     if !dir.join("manifest.json").exists() && !dir.join("wal").exists() {
@@ -747,6 +748,7 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
                 .ok_or("--only needs query ids, e.g. Q2,Q6")
         })
         .transpose()?;
+    let explain = args.iter().any(|a| a == "--explain");
     let mut timings = serde_json::Map::new();
     for (id, run) in profile_queries(&store, &queries)? {
         if only.as_ref().is_some_and(|o| !o.iter().any(|q| q == id)) {
@@ -759,7 +761,11 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
             answer = Some(run()?);
             times.push(started.elapsed().as_secs_f64() * 1e3);
         }
-        let rows = answer.expect("runs >= 1").rows();
+        let answer = answer.expect("runs >= 1");
+        if explain && let Answer::Merged(m) = &answer {
+            eprintln!("{id}: {} rows, {:?}", m.rows, m.metrics);
+        }
+        let rows = answer.rows();
         write_result(&out, id, &rows, &times)?;
         timings.insert(id.to_owned(), serde_json::json!(times));
     }

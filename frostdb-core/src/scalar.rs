@@ -151,8 +151,15 @@ impl Scalar {
             }
             T::Dictionary(_, _) => {
                 let dict = array.as_any_dictionary();
-                let key = dict.normalized_keys()[index];
-                Scalar::from_array(dict.values().as_ref(), key)
+                let key = match Scalar::from_array(dict.keys(), index) {
+                    Scalar::Int(k) => usize::try_from(k).ok(),
+                    Scalar::UInt(k) => usize::try_from(k).ok(),
+                    _ => None,
+                };
+                match key.filter(|k| *k < dict.values().len()) {
+                    Some(key) => Scalar::from_array(dict.values().as_ref(), key),
+                    None => Scalar::Null,
+                }
             }
             // Only supported storage types reach here; anything else reads as unknown.
             _ => Scalar::Null,

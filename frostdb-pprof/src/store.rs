@@ -96,6 +96,9 @@ pub struct Merged {
     /// Blocks a lenient merge skipped because they could not be read (the profile lacks
     /// their samples); always 0 for a strict merge, which fails instead.
     pub blocks_failed: usize,
+    /// What the merge's scans read and skipped (blocks, row groups, pages, rows), summed
+    /// over its raw and rollup pieces: the merge's `EXPLAIN ANALYZE`.
+    pub metrics: frostdb_core::ScanMetrics,
 }
 
 impl Merged {
@@ -114,6 +117,7 @@ impl Merged {
             rows: 0,
             rollup_rows: 0,
             blocks_failed: 0,
+            metrics: frostdb_core::ScanMetrics::default(),
         }
     }
 }
@@ -1036,6 +1040,7 @@ impl ProfileStore {
             rows,
             rollup_rows,
             blocks_failed: metrics.blocks_failed,
+            metrics,
         })
     }
 

@@ -119,7 +119,7 @@ impl DisplayAs for FrostScanExec {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
                 "FrostScanExec: table={}, projection=[{}], filters=[{}], limit={:?}, partitions={}, \
-                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{}, rows skipped by pages {}, row groups proven {} (partly {}), columns from statistics {}, rows to read {}{}",
+                 pruned: granules {}/{}, blocks {}/{}, row_groups {}/{} ({} by key ranges), rows skipped by pages {}, row groups proven {} (partly {}), columns from statistics {}, rows to read {}{}",
                 self.table,
                 columns.join(", "),
                 self.pushed.join(", "),
@@ -131,6 +131,7 @@ impl DisplayAs for FrostScanExec {
                 p.blocks,
                 p.row_groups_pruned,
                 p.row_groups,
+                p.row_groups_pruned_by_keys,
                 p.rows_skipped_by_pages,
                 p.row_groups_proven,
                 p.row_groups_partly_proven,

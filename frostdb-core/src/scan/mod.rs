@@ -140,8 +140,13 @@ pub struct ScanMetrics {
     pub blocks_failed: usize,
     /// Row groups of the blocks that were opened.
     pub row_groups: usize,
-    /// Of those, skipped by row group or page statistics.
+    /// Of those, skipped by row group or page statistics or by their key ranges.
     pub row_groups_pruned: usize,
+    /// Of `row_groups_pruned`, those whose columns' statistics admitted the filter but whose
+    /// range of sort keys (first and last row, in the block's footer) cannot hold a row
+    /// satisfying it: a series whose labels each fall within a row group's bounds without
+    /// the series being in it.
+    pub row_groups_pruned_by_keys: usize,
     /// Rows of read row groups skipped by page statistics.
     pub rows_skipped_by_pages: usize,
     /// Rows in the chunks, row groups and pages that were read.
@@ -172,6 +177,7 @@ impl std::ops::AddAssign for ScanMetrics {
         self.rows_read += o.rows_read;
         self.row_groups_proven += o.row_groups_proven;
         self.row_groups_partly_proven += o.row_groups_partly_proven;
+        self.row_groups_pruned_by_keys += o.row_groups_pruned_by_keys;
         self.columns_from_statistics += o.columns_from_statistics;
     }
 }
@@ -455,6 +461,7 @@ impl Snapshot {
                     metrics.rows_skipped_by_pages += m.rows_skipped_by_pages;
                     metrics.row_groups_proven += m.row_groups_proven;
                     metrics.row_groups_partly_proven += m.row_groups_partly_proven;
+                    metrics.row_groups_pruned_by_keys += m.row_groups_pruned_by_keys;
                     metrics.columns_from_statistics += m.columns_from_statistics;
                     for plan in plan {
                         metrics.rows_read += plan.rows();

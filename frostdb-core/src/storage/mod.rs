@@ -7,6 +7,7 @@
 //! statistics (column index), so a selective predicate reads a few pages; dictionary encoding
 //! for dictionary-hinted columns, delta encodings and codecs as the schema hints.
 
+mod keys;
 mod read;
 mod write;
 
@@ -16,7 +17,6 @@ use std::sync::{Arc, OnceLock};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 use parking_lot::Mutex;
-use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
 use crate::io::Io;
 use crate::manifest::BlockMeta;
@@ -30,7 +30,7 @@ pub(crate) struct Storage {
     prefix: ObjectPath,
     io: Io,
     /// Parquet footers (with page indexes) of blocks read so far, by object path.
-    metadata: Mutex<HashMap<String, ArrowReaderMetadata>>,
+    metadata: Mutex<HashMap<String, read::Footer>>,
     /// Objects of retired blocks no version or scan holds any more, to be deleted by the
     /// next [`Storage::reap`].
     doomed: Mutex<Vec<String>>,

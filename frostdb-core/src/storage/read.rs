@@ -16,6 +16,7 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 
 use super::Storage;
+use super::keys::RowGroupKeys;
 use crate::error::{Error, Result};
 use crate::index::chunk::ColumnStats;
 use crate::manifest::BlockMeta;
@@ -82,6 +83,14 @@ impl AsyncFileReader for BlockFile {
     }
 }
 
+/// A block's footer as cached: Parquet's metadata with page indexes, and the row groups'
+/// key ranges when the block has them.
+#[derive(Debug, Clone)]
+pub(crate) struct Footer {
+    arrow: ArrowReaderMetadata,
+    keys: Option<Arc<RowGroupKeys>>,
+}
+
 /// What pruning did inside blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct BlockScanMetrics {
@@ -89,6 +98,7 @@ pub(crate) struct BlockScanMetrics {
     pub(crate) row_groups_pruned: usize,
     pub(crate) row_groups_proven: usize,
     pub(crate) row_groups_partly_proven: usize,
+    pub(crate) row_groups_pruned_by_keys: usize,
     pub(crate) columns_from_statistics: usize,
     pub(crate) rows_skipped_by_pages: usize,
 }
@@ -210,7 +220,7 @@ impl ColumnStatsArrays {
 
 impl Storage {
     /// The footer of `block`, read once and cached.
-    pub(crate) fn metadata(&self, table: &str, block: &BlockMeta) -> Result<ArrowReaderMetadata> {
+    pub(crate) fn metadata(&self, table: &str, block: &BlockMeta) -> Result<Footer> {
         if let Some(m) = self.metadata.lock().get(&block.path) {
             return Ok(m.clone());
         }
@@ -238,10 +248,20 @@ impl Storage {
                 format!("holds {rows} rows, the manifest says {}", block.rows),
             ));
         }
+        let parquet = metadata.metadata();
+        let keys = RowGroupKeys::from_footer(
+            parquet.file_metadata().key_value_metadata(),
+            parquet.num_row_groups(),
+        )
+        .map(Arc::new);
+        let footer = Footer {
+            arrow: metadata,
+            keys,
+        };
         self.metadata
             .lock()
-            .insert(block.path.clone(), metadata.clone());
-        Ok(metadata)
+            .insert(block.path.clone(), footer.clone());
+        Ok(footer)
     }
 
     /// Plans the read of `columns` of `block` (and the columns `filter` reads, where
@@ -258,7 +278,14 @@ impl Storage {
         columns: &[String],
         expected: &SchemaRef,
     ) -> Result<(Vec<BlockPlan>, BlockScanMetrics)> {
-        let metadata = self.metadata(table, &block)?;
+        let Footer {
+            arrow: metadata,
+            keys,
+        } = self.metadata(table, &block)?;
+        // Key ranges are checked where the prune bound fixes a prefix of the sort key.
+        let key_check = keys
+            .as_ref()
+            .and_then(|k| Some((k, k.checker(prune)?)));
         let file_schema = metadata.schema().clone();
         let parquet = metadata.metadata().clone();
         for field in file_schema.fields() {
@@ -351,6 +378,13 @@ impl Storage {
             };
             if !prune.may_match(&|name: &str| of(name, false), rows) {
                 metrics.row_groups_pruned += 1;
+                continue;
+            }
+            if let Some((keys, check)) = &key_check
+                && keys.excludes(check, i)
+            {
+                metrics.row_groups_pruned += 1;
+                metrics.row_groups_pruned_by_keys += 1;
                 continue;
             }
             let mut proof = Vec::new();

@@ -11,11 +11,12 @@ use object_store::buffered::BufWriter;
 use object_store::path::Path as ObjectPath;
 use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression as ParquetCompression, Encoding as ParquetEncoding, ZstdLevel};
-use parquet::file::metadata::SortingColumn as ParquetSortingColumn;
+use parquet::file::metadata::{KeyValue, SortingColumn as ParquetSortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use super::Storage;
+use super::keys::{FOOTER_KEY, KeyColumn, Recorder};
 use crate::error::{Error, Result};
 use crate::options::TableOptions;
 use crate::schema::{ColumnName, Compression, Encoding, Schema};
@@ -116,13 +117,41 @@ impl Storage {
         self.io.run(async move {
             let upload = BufWriter::with_capacity(store.clone(), path.clone(), UPLOAD_PART)
                 .with_max_concurrency(UPLOADS_IN_FLIGHT);
+            let key: Vec<KeyColumn> = properties
+                .sorting_columns()
+                .into_iter()
+                .flatten()
+                .map(|c| KeyColumn {
+                    name: schema.field(c.column_idx as usize).name().clone(),
+                    descending: c.descending,
+                    nulls_first: c.nulls_first,
+                })
+                .collect();
+            let mut keys = Recorder::new(key);
             let mut writer = AsyncArrowWriter::try_new(upload, schema, Some(properties))
                 .map_err(|e| parquet(e))?;
             let mut rows = 0u64;
+            let cut = |w: &AsyncArrowWriter<_>| -> Vec<u64> {
+                w.flushed_row_groups()
+                    .iter()
+                    .map(|rg| rg.num_rows() as u64)
+                    .collect()
+            };
             for batch in batches {
                 let batch = batch?;
                 rows += batch.num_rows() as u64;
+                keys.batch(&batch);
                 writer.write(&batch).await.map_err(|e| parquet(e))?;
+                keys.flushed(cut(&writer).into_iter());
+            }
+            // The last row group is cut at close: it runs from the rows after the last cut.
+            let written: u64 = cut(&writer).iter().sum();
+            let mut cuts = cut(&writer);
+            if rows > written {
+                cuts.push(rows - written);
+            }
+            if let Some(ranges) = keys.finish(cuts.into_iter()) {
+                writer.append_key_value_metadata(KeyValue::new(FOOTER_KEY.to_owned(), ranges));
             }
             let metadata = writer.close().await.map_err(|e| parquet(e))?;
             let head = {

@@ -1,0 +1,463 @@
+//! Row group key ranges: the sort key of each row group's first and last row, written in a
+//! block's footer (`frostdb.row_group_keys`), so a scan for a few exact series skips the row
+//! groups whose key range cannot hold them.
+//!
+//! Column statistics bound each column alone. Rows sorted by (profile type, labels, time)
+//! spread a late key column (a pod, after namespace and node) over its whole range in
+//! almost every row group, so `pod = p` prunes little; the range of whole keys, compared
+//! lexicographically, places a series exactly: the sparse primary index of ClickHouse's
+//! MergeTree, at row group granularity.
+
+use std::cmp::Ordering;
+
+use arrow::array::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::scalar::Scalar;
+use crate::scan::CmpOp;
+use crate::scan::bound::Bound;
+
+/// The footer key the ranges are stored under.
+pub(crate) const FOOTER_KEY: &str = "frostdb.row_group_keys";
+
+/// Alternatives (of the disjunctive form of a predicate) past which no range is checked.
+const MAX_ALTERNATIVES: usize = 64;
+
+/// A sort key column: its name, descending, nulls first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct KeyColumn {
+    pub(crate) name: String,
+    pub(crate) descending: bool,
+    pub(crate) nulls_first: bool,
+}
+
+impl KeyColumn {
+    /// Orders two values of this column as the sort does; `None` when they do not compare.
+    fn cmp(&self, a: &Scalar, b: &Scalar) -> Option<Ordering> {
+        let o = match (a, b) {
+            (Scalar::Null, Scalar::Null) => Ordering::Equal,
+            (Scalar::Null, _) if self.nulls_first => Ordering::Less,
+            (Scalar::Null, _) => Ordering::Greater,
+            (_, Scalar::Null) if self.nulls_first => Ordering::Greater,
+            (_, Scalar::Null) => Ordering::Less,
+            // Nulls aside, the sort's order is ascending or its reverse.
+            (a, b) => {
+                let o = a.partial_cmp_same(b)?;
+                return Some(if self.descending { o.reverse() } else { o });
+            }
+        };
+        Some(o)
+    }
+}
+
+/// The key ranges of a block's row groups.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RowGroupKeys {
+    pub(crate) columns: Vec<KeyColumn>,
+    /// Per row group, the keys of its first and last rows.
+    pub(crate) ranges: Vec<(Vec<Scalar>, Vec<Scalar>)>,
+}
+
+impl RowGroupKeys {
+    /// Reads the ranges from a footer's key-value metadata; `None` when absent or not
+    /// understood (a block written before them: nothing is skipped by them).
+    pub(crate) fn from_footer(
+        kv: Option<&Vec<parquet::file::metadata::KeyValue>>,
+        row_groups: usize,
+    ) -> Option<Self> {
+        let text = kv?.iter().find(|kv| kv.key == FOOTER_KEY)?.value.as_ref()?;
+        let keys: RowGroupKeys = serde_json::from_str(text).ok()?;
+        let width = keys.columns.len();
+        (keys.ranges.len() == row_groups
+            && keys
+                .ranges
+                .iter()
+                .all(|(a, b)| a.len() == width && b.len() == width))
+        .then_some(keys)
+    }
+
+    /// The constraints of `bound` these ranges can check, or `None` when there are too many
+    /// alternatives or none constrains the key's first column (nothing would be skipped).
+    pub(crate) fn checker(&self, bound: &Bound) -> Option<KeyCheck> {
+        let alternatives = alternatives(bound)?;
+        let first = &self.columns.first()?.name;
+        let useful = alternatives.is_empty()
+            || alternatives
+                .iter()
+                .all(|alt| alt.iter().any(|c| c.column() == first.as_str()));
+        useful.then_some(KeyCheck { alternatives })
+    }
+
+    /// Whether no row of row group `i` can satisfy the predicate `check` was made from.
+    pub(crate) fn excludes(&self, check: &KeyCheck, i: usize) -> bool {
+        let Some((first, last)) = self.ranges.get(i) else {
+            return false;
+        };
+        check
+            .alternatives
+            .iter()
+            .all(|alt| self.excluded(alt, first, last))
+    }
+
+    /// Whether no row between `first` and `last` satisfies every constraint of `alt`.
+    fn excluded(&self, alt: &[Constraint], first: &[Scalar], last: &[Scalar]) -> bool {
+        // The longest prefix of the key that `alt` fixes to one value each.
+        let mut prefix: Vec<&Scalar> = Vec::new();
+        for column in &self.columns {
+            match alt.iter().find_map(|c| c.equal(&column.name)) {
+                Some(v) => prefix.push(v),
+                None => break,
+            }
+        }
+        let k = prefix.len();
+        // Lexicographic comparison of the prefix with a row's first k key values.
+        let compare = |row: &[Scalar]| -> Option<Ordering> {
+            for ((column, v), r) in self.columns.iter().zip(&prefix).zip(row) {
+                match column.cmp(v, r)? {
+                    Ordering::Equal => continue,
+                    o => return Some(o),
+                }
+            }
+            Some(Ordering::Equal)
+        };
+        let (Some(to_first), Some(to_last)) = (compare(first), compare(last)) else {
+            return false;
+        };
+        if k > 0 && (to_first == Ordering::Less || to_last == Ordering::Greater) {
+            return true;
+        }
+        // Rows sharing the prefix run from the first row's value of the next column (when
+        // the first row has the prefix) to the last row's (when the last has it).
+        let Some(next) = self.columns.get(k).filter(|c| !c.descending) else {
+            return false;
+        };
+        let bounds = |row: &[Scalar], op_holds: &dyn Fn(CmpOp, Ordering) -> bool| {
+            let value = &row[k];
+            if matches!(value, Scalar::Null) {
+                return false;
+            }
+            alt.iter().any(|c| match c {
+                Constraint::Compare(column, op, v) if column == &next.name => next
+                    .cmp(value, v)
+                    .is_some_and(|o| op_holds(*op, o)),
+                _ => false,
+            })
+        };
+        // The first row with the prefix already lies past an upper bound...
+        (to_first == Ordering::Equal
+            && bounds(first, &|op, o| match op {
+                CmpOp::Lt => o != Ordering::Less,
+                CmpOp::LtEq => o == Ordering::Greater,
+                _ => false,
+            }))
+            // ...or the last row with it still lies before a lower bound.
+            || (to_last == Ordering::Equal
+                && bounds(last, &|op, o| match op {
+                    CmpOp::Gt => o != Ordering::Greater,
+                    CmpOp::GtEq => o == Ordering::Less,
+                    _ => false,
+                }))
+    }
+}
+
+/// A predicate in disjunctive form, as far as key ranges can check it.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyCheck {
+    /// Rows may satisfy the predicate only if they satisfy every constraint of one of these
+    /// (none: no row does).
+    alternatives: Vec<Vec<Constraint>>,
+}
+
+/// One constraint a key range is checked against.
+#[derive(Debug, Clone)]
+enum Constraint {
+    /// The column compares so with the value (ascending order; `Eq` fixes it).
+    Compare(String, CmpOp, Scalar),
+    /// The column is null.
+    Null(String),
+}
+
+impl Constraint {
+    fn column(&self) -> &str {
+        match self {
+            Constraint::Compare(c, ..) | Constraint::Null(c) => c,
+        }
+    }
+
+    /// The one value this constraint fixes `column` to.
+    fn equal(&self, column: &str) -> Option<&Scalar> {
+        match self {
+            Constraint::Compare(c, CmpOp::Eq, v) if c == column => Some(v),
+            Constraint::Null(c) if c == column => Some(&Scalar::Null),
+            _ => None,
+        }
+    }
+}
+
+/// `bound` as alternatives of conjunctions of constraints, leaving out what cannot be
+/// checked (which only loosens them); `None` past [`MAX_ALTERNATIVES`].
+fn alternatives(bound: &Bound) -> Option<Vec<Vec<Constraint>>> {
+    let one = |c: Constraint| Some(vec![vec![c]]);
+    match bound {
+        Bound::Const(true) => Some(vec![Vec::new()]),
+        Bound::Const(false) => Some(Vec::new()),
+        Bound::Compare {
+            column, op, value, ..
+        } if *op != CmpOp::NotEq && !matches!(value, Scalar::Null) => {
+            one(Constraint::Compare(column.clone(), *op, value.clone()))
+        }
+        Bound::IsNull {
+            column,
+            negated: false,
+        } => one(Constraint::Null(column.clone())),
+        Bound::InList {
+            column,
+            values,
+            negated: false,
+        } if values.len() <= MAX_ALTERNATIVES => Some(
+            values
+                .iter()
+                .map(|(v, _)| vec![Constraint::Compare(column.clone(), CmpOp::Eq, v.clone())])
+                .collect(),
+        ),
+        Bound::Or(children) => {
+            let mut out = Vec::new();
+            for child in children {
+                out.extend(alternatives(child)?);
+                if out.len() > MAX_ALTERNATIVES {
+                    return None;
+                }
+            }
+            Some(out)
+        }
+        Bound::And(children) => {
+            let mut out: Vec<Vec<Constraint>> = vec![Vec::new()];
+            for child in children {
+                let child = alternatives(child)?;
+                if out.len() * child.len() > MAX_ALTERNATIVES {
+                    return None;
+                }
+                out = out
+                    .iter()
+                    .flat_map(|a| {
+                        child.iter().map(move |b| {
+                            let mut both = a.clone();
+                            both.extend(b.iter().cloned());
+                            both
+                        })
+                    })
+                    .collect();
+            }
+            Some(out)
+        }
+        _ => Some(vec![Vec::new()]),
+    }
+}
+
+/// Records the key ranges of row groups as a block is written: batches in sort order go
+/// through [`Recorder::batch`] before the writer takes them, and [`Recorder::flushed`]
+/// learns where the writer cut row groups.
+pub(crate) struct Recorder {
+    columns: Vec<KeyColumn>,
+    /// Rows given so far.
+    rows: u64,
+    /// Row counts of the row groups cut so far.
+    cut: Vec<u64>,
+    ranges: Vec<(Vec<Scalar>, Vec<Scalar>)>,
+    /// The current batch: rows before it and the batch itself.
+    batch: Option<(u64, RecordBatch)>,
+    /// The first row's key of the row group in progress.
+    open: Option<Vec<Scalar>>,
+    /// The key of the last row given.
+    last: Option<Vec<Scalar>>,
+}
+
+impl Recorder {
+    pub(crate) fn new(columns: Vec<KeyColumn>) -> Self {
+        Self {
+            columns,
+            rows: 0,
+            cut: Vec::new(),
+            ranges: Vec::new(),
+            batch: None,
+            open: None,
+            last: None,
+        }
+    }
+
+    fn key(&self, batch: &RecordBatch, row: usize) -> Vec<Scalar> {
+        self.columns
+            .iter()
+            .map(|c| match batch.column_by_name(&c.name) {
+                Some(a) => Scalar::from_array(a.as_ref(), row),
+                None => Scalar::Null,
+            })
+            .collect()
+    }
+
+    /// A batch about to be written.
+    pub(crate) fn batch(&mut self, batch: &RecordBatch) {
+        if batch.num_rows() == 0 {
+            return;
+        }
+        if self.open.is_none() {
+            self.open = Some(self.key(batch, 0));
+        }
+        self.last = Some(self.key(batch, batch.num_rows() - 1));
+        self.batch = Some((self.rows, batch.clone()));
+        self.rows += batch.num_rows() as u64;
+    }
+
+    /// The row counts of every row group the writer has cut so far (after a write).
+    pub(crate) fn flushed(&mut self, row_groups: impl Iterator<Item = u64>) {
+        let counts: Vec<u64> = row_groups.skip(self.cut.len()).collect();
+        for rows in counts {
+            let start: u64 = self.cut.iter().sum();
+            let end = start + rows;
+            self.cut.push(rows);
+            let Some((offset, batch)) = &self.batch else {
+                continue;
+            };
+            let in_batch = |row: u64| -> Option<usize> {
+                (row >= *offset && row < offset + batch.num_rows() as u64)
+                    .then(|| (row - offset) as usize)
+            };
+            let last = match in_batch(end - 1) {
+                Some(i) => self.key(batch, i),
+                None => self.last.clone().unwrap_or_default(),
+            };
+            let first = self.open.take().unwrap_or_default();
+            self.ranges.push((first, last));
+            self.open = in_batch(end).map(|i| self.key(batch, i));
+        }
+    }
+
+    /// The ranges, once the writer cut its last row group; `None` if what was recorded does
+    /// not add up to the row groups written (nothing is then stored, nothing skipped).
+    pub(crate) fn finish(mut self, row_groups: impl Iterator<Item = u64>) -> Option<String> {
+        self.flushed(row_groups);
+        let width = self.columns.len();
+        let whole = self.cut.iter().sum::<u64>() == self.rows
+            && self
+                .ranges
+                .iter()
+                .all(|(a, b)| a.len() == width && b.len() == width);
+        if !whole || self.columns.is_empty() {
+            return None;
+        }
+        serde_json::to_string(&RowGroupKeys {
+            columns: self.columns,
+            ranges: self.ranges,
+        })
+        .ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scan::bound::bind;
+    use crate::scan::col;
+
+    fn keys() -> RowGroupKeys {
+        let column = |name: &str| KeyColumn {
+            name: name.into(),
+            descending: false,
+            nulls_first: false,
+        };
+        let s = |v: &str| Scalar::Utf8(v.into());
+        RowGroupKeys {
+            columns: vec![column("ns"), column("pod"), column("ts")],
+            ranges: vec![
+                // ns a, pods a..z: then ns b up to pod c at 50.
+                (
+                    vec![s("a"), s("a"), Scalar::Int(0)],
+                    vec![s("b"), s("c"), Scalar::Int(50)],
+                ),
+                // ns b: pod c from 60 to pod m.
+                (
+                    vec![s("b"), s("c"), Scalar::Int(60)],
+                    vec![s("b"), s("m"), Scalar::Int(10)],
+                ),
+            ],
+        }
+    }
+
+    fn schema() -> crate::schema::TableSchema {
+        use crate::schema::{ColumnDef, Schema, SortingColumn};
+        use arrow::datatypes::DataType;
+        let definition = Schema::builder("t")
+            .column(ColumnDef::new("ns", DataType::Utf8))
+            .column(ColumnDef::new("pod", DataType::Utf8))
+            .column(ColumnDef::new("ts", DataType::Int64))
+            .sort_by(SortingColumn::asc("ns"))
+            .build()
+            .unwrap();
+        crate::schema::TableSchema::new(std::sync::Arc::new(definition))
+    }
+
+    fn excluded(p: crate::Predicate) -> Vec<bool> {
+        let keys = keys();
+        let bound = bind(&p, &schema()).unwrap();
+        match keys.checker(&bound) {
+            Some(check) => (0..2).map(|i| keys.excludes(&check, i)).collect(),
+            None => vec![false, false],
+        }
+    }
+
+    #[test]
+    fn key_ranges_place_exact_keys_and_time_bounds() {
+        // b/c lies in both: its rows up to 50 in the first, from 60 in the second.
+        assert_eq!(
+            excluded(col("ns").eq("b").and(col("pod").eq("c"))),
+            [false, false]
+        );
+        assert_eq!(
+            excluded(
+                col("ns")
+                    .eq("b")
+                    .and(col("pod").eq("c"))
+                    .and(col("ts").gt_eq(55i64))
+            ),
+            [true, false]
+        );
+        assert_eq!(
+            excluded(
+                col("ns")
+                    .eq("b")
+                    .and(col("pod").eq("c"))
+                    .and(col("ts").lt(60i64))
+            ),
+            [false, true]
+        );
+        // b/d is only in the second; b/a only in the first; a/x only in the first.
+        assert_eq!(
+            excluded(col("ns").eq("b").and(col("pod").eq("d"))),
+            [true, false]
+        );
+        assert_eq!(
+            excluded(col("pod").eq("a").and(col("ns").eq("b"))),
+            [false, true]
+        );
+        assert_eq!(
+            excluded(col("ns").eq("a").and(col("pod").eq("x"))),
+            [false, true]
+        );
+        // Past the last key; an alternative in each; a pod alone fixes no prefix.
+        assert_eq!(excluded(col("ns").eq("c")), [true, true]);
+        assert_eq!(
+            excluded(
+                col("ns")
+                    .eq("a")
+                    .or(col("ns").eq("b").and(col("pod").eq("z")))
+            ),
+            [false, true]
+        );
+        assert_eq!(excluded(col("pod").eq("zz")), [false, false]);
+        assert_eq!(
+            excluded(col("ns").in_list(["a", "c"])),
+            [false, true],
+            "an IN list is one alternative per value"
+        );
+    }
+}
