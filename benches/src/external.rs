@@ -558,7 +558,7 @@ pub fn by_bench_id(merged: &Merged) -> Vec<(u64, i64)> {
 
 /// What a query returned, before its rows are shaped for the bench.
 enum Answer {
-    Merged(Merged),
+    Merged(Box<Merged>),
     Series(Vec<frostdb_query::profile::native::Series>),
     Values(Vec<String>),
     Top(Vec<(String, i64)>),
@@ -668,13 +668,17 @@ fn profile_queries<'a>(
     Ok(vec![
         (
             "Q1",
-            Box::new(move || Ok(Answer::Merged(store.merge(&by_pod, window)?))),
+            Box::new(move || Ok(Answer::Merged(Box::new(store.merge(&by_pod, window)?)))),
         ),
         (
             "Q2",
             Box::new({
                 let by_ns = by_ns.clone();
-                move || Ok(Answer::Merged(store.merge(&by_ns, TimeRange::ALL)?))
+                move || {
+                    Ok(Answer::Merged(Box::new(
+                        store.merge(&by_ns, TimeRange::ALL)?,
+                    )))
+                }
             }),
         ),
         (
@@ -718,7 +722,7 @@ fn profile_queries<'a>(
         ),
         (
             "Q6",
-            Box::new(move || Ok(Answer::Merged(store.merge(&cpu, TimeRange::ALL)?))),
+            Box::new(move || Ok(Answer::Merged(Box::new(store.merge(&cpu, TimeRange::ALL)?)))),
         ),
     ])
 }

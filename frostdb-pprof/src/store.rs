@@ -1092,6 +1092,35 @@ impl ProfileStore {
         )?)
     }
 
+    /// Each profile type and label set `selector` selects in `range`, sorted: from the series
+    /// index (no sample row is read), as [`ProfileStore::label_values`]; with `only`, just the
+    /// labels named.
+    pub fn series(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        only: Option<&[String]>,
+    ) -> Result<Vec<frostdb_query::profile::native::SeriesLabels>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_query::profile::native::series_labels(
+            &snapshot, selector, range, only,
+        )?)
+    }
+
+    /// The times of the oldest and newest stored profiles (Unix ms), `None` when none is
+    /// stored: read from the statistics of the profile totals, no row is read.
+    pub fn time_span(&self) -> Result<Option<(i64, i64)>> {
+        let Some(stats) = self.totals.snapshot().column_stats("timestamp") else {
+            return Ok(None);
+        };
+        Ok(match (stats.min, stats.max) {
+            (Some(frostdb_core::Scalar::Int(min)), Some(frostdb_core::Scalar::Int(max))) => {
+                Some((min, max))
+            }
+            _ => None,
+        })
+    }
+
     /// The profile types stored in `range`, sorted: from the series index, as
     /// [`ProfileStore::label_values`].
     pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_query::ProfileType>> {

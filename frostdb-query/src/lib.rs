@@ -45,7 +45,7 @@ pub use provider::{
     BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
     session, session_with,
 };
-pub use selector::{MatchOp, Matcher, ProfileType, Selector, SelectorError};
+pub use selector::{MatchOp, Matcher, PROFILE_TYPE_LABEL, ProfileType, Selector, SelectorError};
 
 /// An engine error as a DataFusion error.
 pub fn to_datafusion(e: frostdb_core::Error) -> datafusion::error::DataFusionError {

@@ -80,6 +80,17 @@ pub enum MatchOp {
     NotRegex,
 }
 
+impl fmt::Display for MatchOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MatchOp::Equal => "=",
+            MatchOp::NotEqual => "!=",
+            MatchOp::Regex => "=~",
+            MatchOp::NotRegex => "!~",
+        })
+    }
+}
+
 /// One `label op "value"`.
 #[derive(Debug, Clone)]
 pub struct Matcher {
@@ -416,7 +427,65 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// The label Pyroscope's clients name a profile type with in matchers
+/// (`{__profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds", service_name="api"}`).
+pub const PROFILE_TYPE_LABEL: &str = "__profile_type__";
+
 impl Selector {
+    /// A selector from the parts Pyroscope's query API sends: a profile type id (empty for
+    /// none) and a label selector (`{service_name="api"}`, empty for all). A
+    /// `__profile_type__="…"` matcher names the profile type too.
+    pub fn from_parts(profile_type: &str, label_selector: &str) -> Result<Self, SelectorError> {
+        let labels = match label_selector.trim() {
+            "" => "{}",
+            l => l,
+        };
+        let mut selector = Selector::parse(&format!("{}{labels}", profile_type.trim()))?;
+        selector.lift_profile_type()?;
+        Ok(selector)
+    }
+
+    /// Moves equality matchers on [`PROFILE_TYPE_LABEL`] into the profile type: an error when
+    /// they name another type than the selector's, or when such a matcher is not `=`.
+    pub fn lift_profile_type(&mut self) -> Result<(), SelectorError> {
+        let error = |m: &Matcher, message: String| SelectorError {
+            column: 1,
+            message,
+            input: format!("{}{}{:?}", m.label, m.op, m.value),
+        };
+        let mut kept = Vec::with_capacity(self.matchers.len());
+        for m in std::mem::take(&mut self.matchers) {
+            if m.label != PROFILE_TYPE_LABEL {
+                kept.push(m);
+                continue;
+            }
+            if m.op != MatchOp::Equal {
+                let e = error(
+                    &m,
+                    format!("{PROFILE_TYPE_LABEL} takes only =, to name one profile type"),
+                );
+                kept.push(m);
+                self.matchers = kept;
+                return Err(e);
+            }
+            let parsed = Selector::parse(&m.value)
+                .ok()
+                .and_then(|s| s.profile_type)
+                .ok_or_else(|| error(&m, format!("{:?} is no profile type", m.value)))?;
+            match &self.profile_type {
+                Some(t) if *t != parsed => {
+                    return Err(error(
+                        &m,
+                        format!("{parsed} contradicts the profile type {t}"),
+                    ));
+                }
+                _ => self.profile_type = Some(parsed),
+            }
+        }
+        self.matchers = kept;
+        Ok(())
+    }
+
     /// Parses a selector.
     pub fn parse(input: &str) -> Result<Self, SelectorError> {
         let mut p = Parser {
@@ -502,6 +571,38 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
 
     use super::*;
+
+    #[test]
+    fn pyroscope_parts_and_profile_type_matchers_make_one_selector() {
+        let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+        let s = Selector::from_parts(cpu, r#"{service_name="api"}"#).unwrap();
+        assert_eq!(s.profile_type.as_ref().unwrap().to_string(), cpu);
+        assert_eq!(s.matchers.len(), 1);
+        assert_eq!(Selector::from_parts(cpu, "").unwrap().matchers, []);
+        assert_eq!(Selector::from_parts("", "").unwrap(), Selector::default());
+        // The matcher form names the type and leaves the other matchers.
+        let s = Selector::from_parts("", &format!(r#"{{__profile_type__="{cpu}", pod=~"a.*"}}"#))
+            .unwrap();
+        assert_eq!(s.profile_type.as_ref().unwrap().to_string(), cpu);
+        assert_eq!(s.matchers.len(), 1);
+        assert_eq!(s.matchers[0].label, "pod");
+        let same = Selector::from_parts(cpu, &format!(r#"{{__profile_type__="{cpu}"}}"#)).unwrap();
+        assert_eq!(same.matchers, []);
+        let errors = [
+            (
+                cpu,
+                r#"{__profile_type__="memory:alloc_space:bytes:space:bytes"}"#,
+                "contradicts",
+            ),
+            ("", r#"{__profile_type__=~"process.*"}"#, "takes only ="),
+            ("", r#"{__profile_type__="cpu"}"#, "no profile type"),
+            (cpu, r#"{service_name="api""#, "expected"),
+        ];
+        for (t, l, what) in errors {
+            let e = Selector::from_parts(t, l).unwrap_err();
+            assert!(e.message.contains(what), "{t}{l}: {e}");
+        }
+    }
 
     #[test]
     fn parses_parca_selectors() {

@@ -77,7 +77,7 @@ impl ApiError {
             StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => "invalid_argument",
             StatusCode::UNAUTHORIZED => "unauthenticated",
             StatusCode::NOT_FOUND => "not_found",
-            StatusCode::METHOD_NOT_ALLOWED => "unimplemented",
+            StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED => "unimplemented",
             StatusCode::CONFLICT => "already_exists",
             StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "resource_exhausted",
             StatusCode::REQUEST_TIMEOUT => "deadline_exceeded",

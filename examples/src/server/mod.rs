@@ -10,6 +10,7 @@ pub mod config;
 pub mod ebpf;
 pub mod error;
 pub mod ingest;
+pub mod querier;
 pub mod query;
 pub mod scrape;
 pub mod tenants;
@@ -70,6 +71,7 @@ pub fn router(state: Shared) -> Router {
     let api = Router::new()
         .merge(ingest::routes())
         .merge(query::routes())
+        .merge(querier::routes())
         .merge(scrape::routes())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))

@@ -158,4 +158,5 @@ pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Val
 }
 
 /// Percent-encodes a query parameter value.
+#[allow(unused_imports)]
 pub(crate) use frostdb_examples::url_encode as enc;

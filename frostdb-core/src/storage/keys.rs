@@ -137,9 +137,9 @@ impl RowGroupKeys {
                 return false;
             }
             alt.iter().any(|c| match c {
-                Constraint::Compare(column, op, v) if column == &next.name => next
-                    .cmp(value, v)
-                    .is_some_and(|o| op_holds(*op, o)),
+                Constraint::Compare(column, op, v) if column == &next.name => {
+                    next.cmp(value, v).is_some_and(|o| op_holds(*op, o))
+                }
                 _ => false,
             })
         };

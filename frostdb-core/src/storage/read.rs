@@ -283,9 +283,7 @@ impl Storage {
             keys,
         } = self.metadata(table, &block)?;
         // Key ranges are checked where the prune bound fixes a prefix of the sort key.
-        let key_check = keys
-            .as_ref()
-            .and_then(|k| Some((k, k.checker(prune)?)));
+        let key_check = keys.as_ref().and_then(|k| Some((k, k.checker(prune)?)));
         let file_schema = metadata.schema().clone();
         let parquet = metadata.metadata().clone();
         for field in file_schema.fields() {

@@ -6,6 +6,7 @@
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 pub mod pprof;
+pub mod pyroscope;
 pub mod svg;
 pub mod top;
 pub mod tree;

@@ -316,6 +316,8 @@ pub struct Series {
     pub labels: Vec<(String, String)>,
     /// `(bucket start ms, summed value)`, in time order.
     pub points: Vec<(i64, i64)>,
+    /// Per point, the rows summed into it (of the totals table: the profiles), for averages.
+    pub rows: Vec<u64>,
 }
 
 /// A string column as the engine returns it: dictionary-encoded (memory and most blocks) or
@@ -396,7 +398,7 @@ pub fn range(
         .filter(predicate(snapshot, selector, range));
     let mut groups: std::collections::HashMap<Vec<Option<String>>, u32> = Default::default();
     let mut group_labels: Vec<Vec<Option<String>>> = Vec::new();
-    let mut sums: std::collections::HashMap<(u32, i64), i64> = Default::default();
+    let mut sums: std::collections::HashMap<(u32, i64), (i64, u64)> = Default::default();
     let n = labels.len();
     for batch in snapshot.scan(&request)? {
         let batch = batch?;
@@ -414,7 +416,7 @@ pub fn range(
         let mut last_keys: Vec<Option<usize>> = vec![None; n];
         let mut group = u32::MAX;
         // Rows come sorted by series and time: runs share a (group, bucket).
-        let mut run: Option<((u32, i64), i64)> = None;
+        let mut run: Option<((u32, i64), i64, u64)> = None;
         for i in 0..batch.num_rows() {
             if values.is_null(i) || ts.is_null(i) {
                 continue;
@@ -447,17 +449,24 @@ pub fn range(
             let bucket = t - t.rem_euclid(step);
             let key = (group, bucket);
             match &mut run {
-                Some((k, v)) if *k == key => *v += values.value(i),
+                Some((k, v, n)) if *k == key => {
+                    *v += values.value(i);
+                    *n += 1;
+                }
                 _ => {
-                    if let Some((k, v)) = run.take() {
-                        *sums.entry(k).or_default() += v;
+                    if let Some((k, v, n)) = run.take() {
+                        let sum = sums.entry(k).or_default();
+                        sum.0 += v;
+                        sum.1 += n;
                     }
-                    run = Some((key, values.value(i)));
+                    run = Some((key, values.value(i), 1));
                 }
             }
         }
-        if let Some((k, v)) = run {
-            *sums.entry(k).or_default() += v;
+        if let Some((k, v, n)) = run {
+            let sum = sums.entry(k).or_default();
+            sum.0 += v;
+            sum.1 += n;
         }
     }
     let mut series: Vec<Series> = group_labels
@@ -469,13 +478,17 @@ pub fn range(
                 .filter_map(|(l, v)| v.as_ref().map(|v| (l.clone(), v.clone())))
                 .collect(),
             points: Vec::new(),
+            rows: Vec::new(),
         })
         .collect();
-    for ((g, bucket), v) in sums {
-        series[g as usize].points.push((bucket, v));
+    let mut points: Vec<Vec<(i64, i64, u64)>> = vec![Vec::new(); series.len()];
+    for ((g, bucket), (v, n)) in sums {
+        points[g as usize].push((bucket, v, n));
     }
-    for s in &mut series {
-        s.points.sort_unstable();
+    for (s, mut points) in series.iter_mut().zip(points) {
+        points.sort_unstable();
+        s.points = points.iter().map(|&(t, v, _)| (t, v)).collect();
+        s.rows = points.iter().map(|&(.., n)| n).collect();
     }
     series.retain(|s| !s.points.is_empty());
     series.sort_by(|a, b| a.labels.cmp(&b.labels));
@@ -528,6 +541,83 @@ pub fn series_of(
         }
     }
     Ok(Some(out.into_iter().collect()))
+}
+
+/// One series as listed: its profile type and labels (`(name, value)`, `labels.` left off,
+/// in name order).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SeriesLabels {
+    /// The profile type.
+    pub profile_type: ProfileType,
+    /// The labels.
+    pub labels: LabelSet,
+}
+
+/// Each distinct profile type and label set `selector` selects in `range`, sorted: with
+/// `only`, the labels left are those named (and series equal in them are one).
+pub fn series_labels(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    only: Option<&[String]>,
+) -> Result<Vec<SeriesLabels>> {
+    const PARTS: [&str; 5] = [
+        "name",
+        "sample_type",
+        "sample_unit",
+        "period_type",
+        "period_unit",
+    ];
+    if PARTS
+        .iter()
+        .any(|p| snapshot.schema().index_of(p).is_none())
+    {
+        return Ok(Vec::new());
+    }
+    let labels: Vec<String> = label_names_of(snapshot)
+        .into_iter()
+        .filter(|l| only.is_none_or(|o| o.contains(l)))
+        .collect();
+    let mut columns: Vec<String> = PARTS.iter().map(|p| (*p).to_owned()).collect();
+    columns.extend(labels.iter().map(|l| format!("labels.{l}")));
+    let request = ScanRequest::new()
+        .project(columns.iter())
+        .filter(predicate(snapshot, selector, range));
+    let mut out: std::collections::BTreeSet<SeriesLabels> = Default::default();
+    for batch in snapshot.scan(&request)? {
+        let batch = batch?;
+        let strings = (0..columns.len())
+            .map(|c| Strings::of(batch.column(c).as_ref()))
+            .collect::<frostdb_core::Result<Vec<_>>>()?;
+        let mut last: Option<Vec<Option<usize>>> = None;
+        for i in 0..batch.num_rows() {
+            let keys: Vec<Option<usize>> = strings.iter().map(|s| s.key(i)).collect();
+            if last.as_ref() == Some(&keys) || keys[..PARTS.len()].iter().any(Option::is_none) {
+                continue;
+            }
+            let part = |c: usize| strings[c].value(keys[c].expect("checked")).to_owned();
+            out.insert(SeriesLabels {
+                profile_type: ProfileType {
+                    name: part(0),
+                    sample_type: part(1),
+                    sample_unit: part(2),
+                    period_type: part(3),
+                    period_unit: part(4),
+                    delta: false,
+                },
+                labels: labels
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(l, name)| {
+                        let c = PARTS.len() + l;
+                        keys[c].map(|k| (name.clone(), strings[c].value(k).to_owned()))
+                    })
+                    .collect(),
+            });
+            last = Some(keys);
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 /// The profile types of the rows in `range`, sorted.

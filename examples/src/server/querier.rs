@@ -1,0 +1,687 @@
+//! Grafana Pyroscope's query API, so Grafana's Pyroscope data source, the Profiles Drilldown
+//! app and `profilecli` read from frostdb-rs unchanged.
+//!
+//! `POST /querier.v1.QuerierService/<Method>` and `POST /settings.v1.SettingsService/<Method>`
+//! over Connect unary: the body is the request message as binary protobuf
+//! (`application/proto`) or proto3 JSON (`application/json`: int64 as strings, lowerCamel or
+//! original field names), the answer is the response message in the same encoding, and an
+//! error is Connect's JSON `{"code", "message"}` with the matching HTTP status. The messages
+//! are `frostdb_pprof::api`'s; the answers are the library's results
+//! ([`frostdb_pprof::report::pyroscope`] for flame graphs), which this module only maps.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use frostdb_pprof::api::google::v1 as google;
+use frostdb_pprof::api::querier::v1 as querier;
+use frostdb_pprof::api::settings::v1 as settings;
+use frostdb_pprof::api::types::v1 as types;
+use frostdb_pprof::report::pyroscope::{Levels, tree_bytes};
+use frostdb_pprof::report::tree::{self, FlameGraph};
+use frostdb_query::profile::TimeRange;
+use frostdb_query::{Matcher, Selector};
+
+use super::error::{ApiError, ApiResult};
+use super::tenants::Tenant;
+use super::{Shared, TenantId};
+
+/// The most nodes a flame graph may ask for (Pyroscope's cap).
+pub const MAX_NODES_CAP: i64 = 1 << 20;
+
+/// The routes of the query and settings services.
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/querier.v1.QuerierService/{method}", post(querier_call))
+        .route("/settings.v1.SettingsService/{method}", post(settings_call))
+}
+
+/// The encoding of a Connect unary request and its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// `application/proto`: binary protobuf.
+    Proto,
+    /// `application/json`: proto3 JSON.
+    Json,
+}
+
+impl Codec {
+    /// The codec a request's `Content-Type` names.
+    pub fn of(headers: &HeaderMap) -> ApiResult<Self> {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match content_type.as_str() {
+            "application/proto" | "application/protobuf" | "application/x-protobuf" => {
+                Ok(Codec::Proto)
+            }
+            "application/json" | "" => Ok(Codec::Json),
+            other => Err(ApiError::unsupported(format!(
+                "content type {other:?}: Connect unary takes application/proto or application/json"
+            ))),
+        }
+    }
+
+    /// Decodes a request message.
+    pub fn decode<M>(self, body: &[u8]) -> ApiResult<M>
+    where
+        M: prost::Message + Default + serde::de::DeserializeOwned,
+    {
+        let name = std::any::type_name::<M>().rsplit("::").next().unwrap_or("");
+        match self {
+            Codec::Proto => M::decode(body)
+                .map_err(|e| ApiError::bad_request(format!("{name} (binary protobuf): {e}"))),
+            Codec::Json if body.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
+            Codec::Json => serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("{name} (proto3 JSON): {e}"))),
+        }
+    }
+
+    /// Encodes an answer.
+    pub fn encode<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
+        match self {
+            Codec::Proto => (
+                [(header::CONTENT_TYPE, "application/proto")],
+                message.encode_to_vec(),
+            )
+                .into_response(),
+            Codec::Json => match serde_json::to_vec(message) {
+                Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                Err(e) => ApiError::internal(format!("answer to JSON: {e}")).into_response(),
+            },
+        }
+    }
+}
+
+/// A request body as sent: inflated when `Content-Encoding: gzip`, within the body limit.
+fn body_of(headers: &HeaderMap, body: Bytes, limit: usize) -> ApiResult<Vec<u8>> {
+    match headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+    {
+        None | Some("identity") | Some("") => Ok(body.to_vec()),
+        Some("gzip") => {
+            use std::io::Read;
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .take(limit as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(|e| ApiError::bad_request(format!("gzip body: {e}")))?;
+            if out.len() > limit {
+                return Err(ApiError::too_large(format!(
+                    "the gzip body inflates past {limit} bytes"
+                )));
+            }
+            Ok(out)
+        }
+        Some(other) => Err(ApiError::unsupported(format!(
+            "content encoding {other:?} (gzip or identity)"
+        ))),
+    }
+}
+
+async fn querier_call(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let codec = Codec::of(&headers)?;
+    let body = body_of(&headers, body, state.config.limits.max_body_bytes)?;
+    let q = Querier {
+        state,
+        tenant: tenant.clone(),
+        utf8_names: allows_utf8_names(&headers),
+    };
+    macro_rules! unary {
+        ($method:ident) => {{
+            let request = codec.decode(&body)?;
+            Ok(codec.encode(&q.$method(request).await?))
+        }};
+    }
+    match method.as_str() {
+        "ProfileTypes" => unary!(profile_types),
+        "LabelNames" => unary!(label_names),
+        "LabelValues" => unary!(label_values),
+        "Series" => unary!(series),
+        "SelectMergeStacktraces" => unary!(select_merge_stacktraces),
+        "SelectMergeSpanProfile" => unary!(select_merge_span_profile),
+        "SelectMergeProfile" => unary!(select_merge_profile),
+        "SelectSeries" => unary!(select_series),
+        "Diff" => unary!(diff),
+        "GetProfileStats" => unary!(get_profile_stats),
+        "AnalyzeQuery" => unary!(analyze_query),
+        "SelectHeatmap" => Err(unimplemented(
+            "SelectHeatmap (individual profiles are not kept)",
+        )),
+        other => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("querier.v1.QuerierService has no method {other:?}"),
+        )),
+    }
+}
+
+async fn settings_call(Path(method): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
+    let codec = Codec::of(&headers)?;
+    match method.as_str() {
+        "Get" => Ok(codec.encode(&settings::GetSettingsResponse::default())),
+        "Set" | "Delete" => Err(unimplemented("settings are read-only here")),
+        other => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("settings.v1.SettingsService has no method {other:?}"),
+        )),
+    }
+}
+
+fn unimplemented(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!("not implemented: {what}"),
+    )
+}
+
+/// Whether the client takes label names beyond Prometheus' `[a-zA-Z_][a-zA-Z0-9_]*`
+/// (`Accept: …;allow-utf8-labelnames=true`, as profilecli sends).
+fn allows_utf8_names(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("allow-utf8-labelnames=true"))
+}
+
+/// Whether `name` is a Prometheus label name.
+fn is_legacy_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// A range of Unix milliseconds as the API sends it: 0 leaves that end open.
+fn range(start: i64, end: i64) -> ApiResult<TimeRange> {
+    let range = TimeRange {
+        start_ms: if start == 0 { i64::MIN } else { start },
+        end_ms: if end == 0 { i64::MAX } else { end },
+    };
+    if range.start_ms >= range.end_ms {
+        return Err(ApiError::bad_request(format!(
+            "start ({start}) must be before end ({end})"
+        )));
+    }
+    Ok(range)
+}
+
+/// A typed selector from a request's profile type id and label selector.
+fn typed(profile_type: &str, label_selector: &str) -> ApiResult<Selector> {
+    let selector = Selector::from_parts(profile_type, label_selector)
+        .map_err(|e| ApiError::from(e).context("label_selector"))?;
+    if selector.profile_type.is_none() {
+        return Err(ApiError::bad_request(
+            "profile_typeID is required (name:sample_type:sample_unit:period_type:period_unit)",
+        ));
+    }
+    Ok(selector)
+}
+
+/// Selectors of the `matchers` of a request (any of them selects; none selects all).
+fn matchers(matchers: &[String]) -> ApiResult<Vec<Selector>> {
+    if matchers.is_empty() {
+        return Ok(vec![Selector::default()]);
+    }
+    matchers
+        .iter()
+        .map(|m| Selector::from_parts("", m).map_err(|e| ApiError::from(e).context("matchers")))
+        .collect()
+}
+
+/// `max_nodes` as sent: unset or 0 takes the default, negative is refused.
+fn max_nodes(max_nodes: Option<i64>) -> ApiResult<usize> {
+    match max_nodes.unwrap_or(0) {
+        0 => Ok(tree::DEFAULT_MAX_NODES),
+        n if n < 0 => Err(ApiError::bad_request("max_nodes must not be negative")),
+        n => Ok(n.min(MAX_NODES_CAP) as usize),
+    }
+}
+
+/// One request's view of its tenant.
+struct Querier {
+    state: Shared,
+    tenant: String,
+    utf8_names: bool,
+}
+
+impl Querier {
+    /// The tenant's store, `None` when it stored nothing yet.
+    async fn tenant(&self) -> ApiResult<Option<Arc<Tenant>>> {
+        self.state.tenants.for_read(&self.tenant).await
+    }
+
+    /// Runs `read` on the tenant's store off the async threads; `empty` for a tenant that
+    /// stored nothing.
+    async fn read<T: Send + 'static>(
+        &self,
+        empty: T,
+        read: impl FnOnce(&frostdb_pprof::ProfileStore) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let Some(t) = self.tenant().await? else {
+            return Ok(empty);
+        };
+        tokio::task::spawn_blocking(move || read(&t.store))
+            .await
+            .map_err(|e| ApiError::internal(format!("query task failed: {e}")))?
+    }
+
+    /// The merge of `selector` in `range`, empty for a tenant that stored nothing.
+    async fn merge(
+        &self,
+        selector: Selector,
+        range: TimeRange,
+    ) -> ApiResult<frostdb_pprof::Merged> {
+        let empty = frostdb_pprof::Merged::empty(
+            selector.profile_type.clone().expect("typed selectors only"),
+        );
+        self.read(empty, move |store| Ok(store.merge(&selector, range)?))
+            .await
+    }
+
+    async fn profile_types(
+        &self,
+        r: querier::ProfileTypesRequest,
+    ) -> ApiResult<querier::ProfileTypesResponse> {
+        let range = range(r.start, r.end)?;
+        let types = self
+            .read(Vec::new(), move |store| Ok(store.profile_types(range)?))
+            .await?;
+        Ok(querier::ProfileTypesResponse {
+            profile_types: types.iter().map(profile_type).collect(),
+        })
+    }
+
+    async fn label_names(
+        &self,
+        r: types::LabelNamesRequest,
+    ) -> ApiResult<types::LabelNamesResponse> {
+        let range = range(r.start, r.end)?;
+        let selectors = matchers(&r.matchers)?;
+        let mut names = self
+            .read(Vec::new(), move |store| {
+                let mut names = std::collections::BTreeSet::new();
+                for s in &selectors {
+                    let everything = s.profile_type.is_none() && s.matchers.is_empty();
+                    names.extend(store.label_names((!everything).then_some(s), range)?);
+                }
+                if !store.profile_types(range)?.is_empty() {
+                    names.extend(PSEUDO_LABELS.iter().map(|l| (*l).to_owned()));
+                }
+                Ok(names.into_iter().collect::<Vec<_>>())
+            })
+            .await?;
+        if !self.utf8_names {
+            names.retain(|n| is_legacy_name(n));
+        }
+        Ok(types::LabelNamesResponse { names })
+    }
+
+    async fn label_values(
+        &self,
+        r: types::LabelValuesRequest,
+    ) -> ApiResult<types::LabelValuesResponse> {
+        let range = range(r.start, r.end)?;
+        let selectors = matchers(&r.matchers)?;
+        let name = r.name;
+        let names = self
+            .read(Vec::new(), move |store| {
+                let mut values = std::collections::BTreeSet::new();
+                for s in &selectors {
+                    match pseudo_label(&name) {
+                        Some(part) => {
+                            for series in store.series(s, range, Some(&[]))? {
+                                values.insert(part(&series.profile_type));
+                            }
+                        }
+                        None => values.extend(store.label_values(&name, Some(s), range)?),
+                    }
+                }
+                Ok(values.into_iter().collect::<Vec<_>>())
+            })
+            .await?;
+        Ok(types::LabelValuesResponse { names })
+    }
+
+    async fn series(&self, r: querier::SeriesRequest) -> ApiResult<querier::SeriesResponse> {
+        let range = range(r.start, r.end)?;
+        let selectors = matchers(&r.matchers)?;
+        let wanted = r.label_names;
+        let utf8 = self.utf8_names;
+        let labels_set = self
+            .read(Vec::new(), move |store| {
+                let only: Option<Vec<String>> = (!wanted.is_empty()).then(|| wanted.clone());
+                let mut sets = std::collections::BTreeSet::new();
+                for s in &selectors {
+                    for series in store.series(s, range, only.as_deref())? {
+                        let mut labels: Vec<(String, String)> = series
+                            .labels
+                            .into_iter()
+                            .filter(|(n, _)| utf8 || is_legacy_name(n))
+                            .collect();
+                        for pseudo in PSEUDO_LABELS {
+                            if wanted.is_empty() || wanted.iter().any(|w| w == pseudo) {
+                                let part = pseudo_label(pseudo).expect("a pseudo label");
+                                labels.push(((*pseudo).to_owned(), part(&series.profile_type)));
+                            }
+                        }
+                        labels.sort();
+                        sets.insert(labels);
+                    }
+                }
+                Ok(sets.into_iter().collect::<Vec<_>>())
+            })
+            .await?;
+        Ok(querier::SeriesResponse {
+            labels_set: labels_set
+                .into_iter()
+                .map(|labels| types::Labels {
+                    labels: label_pairs(labels),
+                })
+                .collect(),
+        })
+    }
+
+    /// The merge a flame graph request asks for, with its spans when it names some.
+    fn merge_selector(
+        profile_type: &str,
+        label_selector: &str,
+        spans: &[String],
+    ) -> ApiResult<Selector> {
+        let mut selector = typed(profile_type, label_selector)?;
+        if !spans.is_empty() {
+            let ids: Vec<&str> = spans.iter().map(String::as_str).collect();
+            selector.matchers.push(
+                Matcher::any_of("span_id", &ids)
+                    .map_err(|e| ApiError::bad_request(format!("span_selector: {e}")))?,
+            );
+        }
+        Ok(selector)
+    }
+
+    async fn select_merge_stacktraces(
+        &self,
+        r: querier::SelectMergeStacktracesRequest,
+    ) -> ApiResult<querier::SelectMergeStacktracesResponse> {
+        if r.stack_trace_selector.is_some() {
+            return Err(unimplemented("stack_trace_selector"));
+        }
+        if !r.profile_id_selector.is_empty() || !r.trace_id_selector.is_empty() {
+            return Err(unimplemented("profile_id_selector and trace_id_selector"));
+        }
+        let selector =
+            Self::merge_selector(&r.profile_type_id, &r.label_selector, &r.span_selector)?;
+        let max_nodes = max_nodes(r.max_nodes)?;
+        let merged = self.merge(selector, range(r.start, r.end)?).await?;
+        let mut response = querier::SelectMergeStacktracesResponse::default();
+        match querier::ProfileFormat::try_from(r.format) {
+            Ok(querier::ProfileFormat::Unspecified | querier::ProfileFormat::Flamegraph) => {
+                let graph = FlameGraph::build_truncated(&merged, max_nodes);
+                response.flamegraph = Some(Levels::of(&graph).to_proto());
+            }
+            Ok(querier::ProfileFormat::Tree) => {
+                let graph = FlameGraph::build_truncated(&merged, max_nodes);
+                response.tree = tree_bytes(&graph);
+            }
+            Ok(querier::ProfileFormat::Pprof) => {
+                response.pprof = Some(querier::PprofProfile {
+                    profile: Some(pprof_of(&merged)?),
+                });
+            }
+            Ok(querier::ProfileFormat::Dot) => return Err(unimplemented("the DOT format")),
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "format {} (FLAMEGRAPH, TREE or PPROF)",
+                    r.format
+                )));
+            }
+        }
+        Ok(response)
+    }
+
+    async fn select_merge_span_profile(
+        &self,
+        r: querier::SelectMergeSpanProfileRequest,
+    ) -> ApiResult<querier::SelectMergeSpanProfileResponse> {
+        let answer = self
+            .select_merge_stacktraces(querier::SelectMergeStacktracesRequest {
+                profile_type_id: r.profile_type_id,
+                label_selector: r.label_selector,
+                start: r.start,
+                end: r.end,
+                max_nodes: r.max_nodes,
+                format: r.format,
+                span_selector: r.span_selector,
+                ..Default::default()
+            })
+            .await?;
+        Ok(querier::SelectMergeSpanProfileResponse {
+            flamegraph: answer.flamegraph,
+            tree: answer.tree,
+        })
+    }
+
+    async fn select_merge_profile(
+        &self,
+        r: querier::SelectMergeProfileRequest,
+    ) -> ApiResult<google::Profile> {
+        if r.stack_trace_selector.is_some() {
+            return Err(unimplemented("stack_trace_selector"));
+        }
+        let selector = typed(&r.profile_type_id, &r.label_selector)?;
+        let merged = self.merge(selector, range(r.start, r.end)?).await?;
+        pprof_of(&merged)
+    }
+
+    async fn select_series(
+        &self,
+        r: querier::SelectSeriesRequest,
+    ) -> ApiResult<querier::SelectSeriesResponse> {
+        if r.stack_trace_selector.is_some() {
+            return Err(unimplemented("stack_trace_selector"));
+        }
+        let selector = typed(&r.profile_type_id, &r.label_selector)?;
+        let range = range(r.start, r.end)?;
+        if !(r.step.is_finite() && r.step > 0.0) {
+            return Err(ApiError::bad_request(format!(
+                "step must be a positive number of seconds, not {}",
+                r.step
+            )));
+        }
+        let step_ms = ((r.step * 1e3).round() as i64).max(1);
+        let average = match r.aggregation {
+            None => false,
+            Some(a) => match types::TimeSeriesAggregationType::try_from(a) {
+                Ok(types::TimeSeriesAggregationType::Sum) => false,
+                Ok(types::TimeSeriesAggregationType::Average) => true,
+                Err(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "aggregation {a} (SUM or AVERAGE)"
+                    )));
+                }
+            },
+        };
+        let limit = match r.limit {
+            Some(n) if n < 0 => return Err(ApiError::bad_request("limit must not be negative")),
+            Some(0) | None => None,
+            Some(n) => Some(n as usize),
+        };
+        let group_by = r.group_by;
+        let mut series = self
+            .read(Vec::new(), move |store| {
+                let group_by = (!group_by.is_empty()).then_some(group_by.as_slice());
+                Ok(store.range(&selector, range, step_ms, group_by)?)
+            })
+            .await?;
+        if let Some(limit) = limit {
+            // The largest totals first, ties by labels; then back to label order.
+            let total = |s: &frostdb_query::profile::native::Series| -> i128 {
+                s.points.iter().map(|(_, v)| i128::from(*v)).sum()
+            };
+            series.sort_by(|a, b| {
+                total(b)
+                    .cmp(&total(a))
+                    .then_with(|| a.labels.cmp(&b.labels))
+            });
+            series.truncate(limit);
+            series.sort_by(|a, b| a.labels.cmp(&b.labels));
+        }
+        Ok(querier::SelectSeriesResponse {
+            series: series
+                .into_iter()
+                .map(|s| types::Series {
+                    points: s
+                        .points
+                        .iter()
+                        .zip(&s.rows)
+                        .map(|(&(timestamp, value), &rows)| types::Point {
+                            value: if average && rows > 0 {
+                                value as f64 / rows as f64
+                            } else {
+                                value as f64
+                            },
+                            timestamp,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    labels: label_pairs(s.labels),
+                })
+                .collect(),
+        })
+    }
+
+    async fn diff(&self, r: querier::DiffRequest) -> ApiResult<querier::DiffResponse> {
+        let side = |s: Option<querier::SelectMergeStacktracesRequest>, what: &str| {
+            let s = s.ok_or_else(|| ApiError::bad_request(format!("{what} is required")))?;
+            let selector =
+                Self::merge_selector(&s.profile_type_id, &s.label_selector, &s.span_selector)
+                    .map_err(|e| e.context(what))?;
+            let range = range(s.start, s.end).map_err(|e| e.context(what))?;
+            Ok::<_, ApiError>((selector, range, s.max_nodes))
+        };
+        let (left, left_range, left_nodes) = side(r.left, "left")?;
+        let (right, right_range, _) = side(r.right, "right")?;
+        if left.profile_type != right.profile_type {
+            return Err(ApiError::bad_request(
+                "left and right must have the same profile type",
+            ));
+        }
+        let max_nodes = max_nodes(left_nodes)?;
+        let l = self.merge(left, left_range).await?;
+        let r = self.merge(right, right_range).await?;
+        let root = tree::diff(&l, &r);
+        Ok(querier::DiffResponse {
+            flamegraph: Some(
+                Levels::of_diff(&root, max_nodes).to_proto_diff(root.base, root.compare),
+            ),
+        })
+    }
+
+    async fn get_profile_stats(
+        &self,
+        _: types::GetProfileStatsRequest,
+    ) -> ApiResult<types::GetProfileStatsResponse> {
+        let span = self.read(None, move |store| Ok(store.time_span()?)).await?;
+        Ok(match span {
+            Some((oldest, newest)) => types::GetProfileStatsResponse {
+                data_ingested: true,
+                oldest_profile_time: oldest,
+                newest_profile_time: newest,
+            },
+            None => types::GetProfileStatsResponse {
+                data_ingested: false,
+                oldest_profile_time: i64::MAX,
+                newest_profile_time: i64::MIN,
+            },
+        })
+    }
+
+    async fn analyze_query(
+        &self,
+        r: querier::AnalyzeQueryRequest,
+    ) -> ApiResult<querier::AnalyzeQueryResponse> {
+        let selector = Selector::parse(&r.query).map_err(|e| ApiError::from(e).context("query"))?;
+        let range = range(r.start, r.end)?;
+        let (series, blocks, bytes) = self
+            .read((0, 0, 0), move |store| {
+                let series = store.series(&selector, range, Some(&[]))?.len() as u64;
+                let blocks = store.samples().blocks();
+                let bytes = blocks.iter().map(|b| b.size).sum::<u64>();
+                Ok((series, blocks.len() as u64, bytes))
+            })
+            .await?;
+        Ok(querier::AnalyzeQueryResponse {
+            query_scopes: vec![querier::QueryScope {
+                component_type: "frostdb".into(),
+                component_count: 1,
+                block_count: blocks,
+                series_count: series,
+                ..Default::default()
+            }],
+            query_impact: Some(querier::QueryImpact {
+                total_bytes_in_time_range: bytes,
+                total_queried_series: series,
+                deduplication_needed: false,
+            }),
+        })
+    }
+}
+
+/// Labels Pyroscope derives from the profile type, listed and matched like labels.
+const PSEUDO_LABELS: &[&str] = &["__name__", frostdb_query::PROFILE_TYPE_LABEL];
+
+/// The part of a profile type a pseudo label stands for.
+fn pseudo_label(name: &str) -> Option<fn(&frostdb_query::ProfileType) -> String> {
+    match name {
+        "__name__" => Some(|t| t.name.clone()),
+        frostdb_query::PROFILE_TYPE_LABEL => Some(|t| t.to_string()),
+        _ => None,
+    }
+}
+
+fn profile_type(t: &frostdb_query::ProfileType) -> types::ProfileType {
+    types::ProfileType {
+        id: t.to_string(),
+        name: t.name.clone(),
+        sample_type: t.sample_type.clone(),
+        sample_unit: t.sample_unit.clone(),
+        period_type: t.period_type.clone(),
+        period_unit: t.period_unit.clone(),
+    }
+}
+
+fn label_pairs(labels: Vec<(String, String)>) -> Vec<types::LabelPair> {
+    labels
+        .into_iter()
+        .map(|(name, value)| types::LabelPair { name, value })
+        .collect()
+}
+
+/// The merged profile as `google.v1.Profile` (pprof's messages under Pyroscope's package:
+/// the same bytes).
+fn pprof_of(merged: &frostdb_pprof::Merged) -> ApiResult<google::Profile> {
+    let profile = frostdb_pprof::report::pprof::to_profile(merged)?;
+    google::Profile::decode(prost::Message::encode_to_vec(&profile).as_slice())
+        .map_err(|e| ApiError::internal(format!("pprof as google.v1.Profile: {e}")))
+}
+
+use prost::Message as _;

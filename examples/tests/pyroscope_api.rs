@@ -1,0 +1,563 @@
+//! Grafana Pyroscope's query API on `frostdb serve`: every querier method over Connect unary,
+//! in binary protobuf and in proto3 JSON, against profiles pushed through the push API, with
+//! answers checked against the pushed files' totals.
+
+mod common;
+
+use common::{Server, testdata};
+use frostdb_pprof::api::google::v1 as google;
+use frostdb_pprof::api::querier::v1 as querier;
+use frostdb_pprof::api::types::v1 as types;
+use frostdb_pprof::convert::push::proto as push;
+use frostdb_pprof::report::pyroscope::{Levels, WIDTH};
+use prost::Message;
+use serde_json::{Value, json};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const GO_CPU: &str = "pprof/pyroscope__go-cpu.pb.gz";
+
+/// The sum of the `cpu` values of the Go CPU profile.
+fn cpu_total() -> i64 {
+    let p = frostdb_pprof::decode(&testdata(GO_CPU), &frostdb_pprof::Limits::default()).unwrap();
+    let i = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == "cpu")
+        .unwrap();
+    p.sample.iter().map(|s| s.value[i]).sum()
+}
+
+async fn post(
+    url: &str,
+    tenant: Option<&str>,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (u16, Vec<u8>) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(t) = tenant {
+        req = req.header("X-Scope-OrgID", t);
+    }
+    let r = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+}
+
+/// Pushes the Go CPU profile for `service` at `at_ms`.
+async fn push(s: &Server, tenant: Option<&str>, service: &str, at_ms: i64) {
+    let mut raw = frostdb_pprof::decode(&testdata(GO_CPU), &frostdb_pprof::Limits::default())
+        .unwrap()
+        .into_inner();
+    raw.time_nanos = at_ms * 1_000_000;
+    let req = push::PushRequest {
+        series: vec![push::RawProfileSeries {
+            labels: vec![
+                push::LabelPair {
+                    name: "__name__".into(),
+                    value: "process_cpu".into(),
+                },
+                push::LabelPair {
+                    name: "service_name".into(),
+                    value: service.into(),
+                },
+            ],
+            samples: vec![push::RawSample {
+                raw_profile: raw.encode_to_vec(),
+                id: String::new(),
+            }],
+        }],
+    };
+    let (status, body) = post(
+        &format!("{}/push.v1.PusherService/Push", s.url),
+        tenant,
+        "application/proto",
+        req.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}
+
+/// Calls a querier method in binary protobuf.
+async fn call<Req: Message, Resp: Message + Default>(s: &Server, method: &str, req: &Req) -> Resp {
+    let (status, body) = post(
+        &format!("{}/querier.v1.QuerierService/{method}", s.url),
+        None,
+        "application/proto",
+        req.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200, "{method}: {}", String::from_utf8_lossy(&body));
+    Resp::decode(body.as_slice()).unwrap()
+}
+
+/// Calls a querier method in JSON; the status and the parsed answer.
+async fn call_json(s: &Server, tenant: Option<&str>, method: &str, req: Value) -> (u16, Value) {
+    let (status, body) = post(
+        &format!("{}/querier.v1.QuerierService/{method}", s.url),
+        tenant,
+        "application/json",
+        req.to_string().into_bytes(),
+    )
+    .await;
+    let value = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{method}: {e}: {}", String::from_utf8_lossy(&body)));
+    (status, value)
+}
+
+/// Checks a flame graph's encoding: levels cover their parents exactly and `total` is the
+/// root's; returns the total.
+fn check_flame_graph(g: &querier::FlameGraph) -> i64 {
+    assert_eq!(g.names.first().map(String::as_str), Some("total"));
+    let levels = Levels {
+        names: g.names.clone(),
+        levels: g.levels.iter().map(|l| l.values.clone()).collect(),
+        total: g.total,
+        max_self: g.max_self,
+    };
+    let abs = levels.absolute(WIDTH, 0);
+    assert_eq!(abs[0], vec![(0, g.total, 0, "total".to_owned())]);
+    for depth in 1..abs.len() {
+        // Every node lies inside a node of the level above, after its self.
+        for &(x, total, _, ref name) in &abs[depth] {
+            let parent = abs[depth - 1]
+                .iter()
+                .find(|(px, pt, ..)| *px <= x && x + total <= px + pt)
+                .unwrap_or_else(|| panic!("{name} at depth {depth} has no parent"));
+            assert!(
+                x >= parent.0 + parent.2,
+                "{name} overlaps its parent's self"
+            );
+        }
+    }
+    let selves: i64 = abs.iter().flatten().map(|n| n.2).sum();
+    assert_eq!(selves, g.total, "selves add up to the total");
+    g.total
+}
+
+/// Sums a Pyroscope serialized tree's selves.
+fn tree_total(mut b: &[u8]) -> i64 {
+    fn varint(b: &mut &[u8]) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[0];
+            *b = &b[1..];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return v;
+            }
+            shift += 7;
+        }
+    }
+    let mut pending = 1u64;
+    let mut total = 0i64;
+    while pending > 0 {
+        pending -= 1;
+        let len = varint(&mut b) as usize;
+        b = &b[len..];
+        total += varint(&mut b) as i64;
+        pending += varint(&mut b);
+    }
+    assert!(b.is_empty(), "trailing bytes after the tree");
+    total
+}
+
+fn pprof_total(p: &google::Profile) -> i64 {
+    p.sample.iter().map(|s| s.value[0]).sum()
+}
+
+#[tokio::test]
+async fn every_querier_method_answers_in_proto_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let want = cpu_total();
+    let t0 = 1_700_000_000_000i64;
+    push(&s, None, "a", t0).await;
+    push(&s, None, "a", t0 + 10_000).await;
+    push(&s, None, "b", t0 + 5_000).await;
+    let (start, end) = (t0 - 60_000, t0 + 60_000);
+
+    // Profile types, label names and values, series.
+    let types: querier::ProfileTypesResponse = call(
+        &s,
+        "ProfileTypes",
+        &querier::ProfileTypesRequest { start, end },
+    )
+    .await;
+    assert!(types.profile_types.iter().any(|t| t.id == CPU), "{types:?}");
+    let (status, json_types) = call_json(&s, None, "ProfileTypes", json!({})).await;
+    assert_eq!(status, 200);
+    assert!(
+        json_types["profileTypes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["ID"] == CPU)
+    );
+    let names: types::LabelNamesResponse = call(
+        &s,
+        "LabelNames",
+        &types::LabelNamesRequest {
+            matchers: vec![],
+            start,
+            end,
+        },
+    )
+    .await;
+    for n in ["service_name", "__name__", "__profile_type__"] {
+        assert!(
+            names.names.iter().any(|x| x == n),
+            "{n} in {:?}",
+            names.names
+        );
+    }
+    let (_, values) = call_json(
+        &s,
+        None,
+        "LabelValues",
+        json!({"name": "service_name", "matchers": [format!("{{__profile_type__=\"{CPU}\"}}")],
+               "start": start.to_string(), "end": end.to_string()}),
+    )
+    .await;
+    assert_eq!(values["names"], json!(["a", "b"]));
+    let (_, values) = call_json(
+        &s,
+        None,
+        "LabelValues",
+        json!({"name": "service_name", "matchers": ["{service_name=\"b\"}"]}),
+    )
+    .await;
+    assert_eq!(values["names"], json!(["b"]));
+    let (_, values) = call_json(&s, None, "LabelValues", json!({"name": "__profile_type__"})).await;
+    assert!(values["names"].as_array().unwrap().contains(&json!(CPU)));
+    let series: querier::SeriesResponse = call(
+        &s,
+        "Series",
+        &querier::SeriesRequest {
+            matchers: vec![format!("{{__profile_type__=\"{CPU}\"}}")],
+            label_names: vec!["service_name".into(), "__profile_type__".into()],
+            start,
+            end,
+        },
+    )
+    .await;
+    let sets: Vec<Vec<(String, String)>> = series
+        .labels_set
+        .iter()
+        .map(|l| {
+            l.labels
+                .iter()
+                .map(|p| (p.name.clone(), p.value.clone()))
+                .collect()
+        })
+        .collect();
+    let set = |svc: &str| {
+        vec![
+            ("__profile_type__".to_owned(), CPU.to_owned()),
+            ("service_name".to_owned(), svc.to_owned()),
+        ]
+    };
+    assert_eq!(sets, vec![set("a"), set("b")]);
+
+    // The merged flame graph: in JSON with Pyroscope's spellings (int64 as strings), then
+    // binary, then as a tree and as pprof.
+    let (status, fg) = call_json(
+        &s,
+        None,
+        "SelectMergeStacktraces",
+        json!({"profile_typeID": CPU, "labelSelector": "{service_name=\"a\"}",
+               "start": start.to_string(), "end": end.to_string(), "maxNodes": "16"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{fg}");
+    assert_eq!(fg["flamegraph"]["total"], json!((2 * want).to_string()));
+    let request = querier::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{}".into(),
+        start,
+        end,
+        max_nodes: Some(16),
+        ..Default::default()
+    };
+    let merged: querier::SelectMergeStacktracesResponse =
+        call(&s, "SelectMergeStacktraces", &request).await;
+    let graph = merged.flamegraph.unwrap();
+    assert_eq!(check_flame_graph(&graph), 3 * want);
+    // 16 nodes besides the root, and an `other` per parent whose callees were cut.
+    let other = graph
+        .names
+        .iter()
+        .position(|n| n == "other")
+        .map(|i| i as i64);
+    let kept = graph
+        .levels
+        .iter()
+        .flat_map(|l| l.values.chunks(WIDTH))
+        .filter(|n| Some(n[3]) != other)
+        .count();
+    assert_eq!(kept, 16 + 1, "max_nodes 16");
+    assert!(other.is_some());
+    let full: querier::SelectMergeStacktracesResponse = call(
+        &s,
+        "SelectMergeStacktraces",
+        &querier::SelectMergeStacktracesRequest {
+            max_nodes: None,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert!(check_flame_graph(full.flamegraph.as_ref().unwrap()) == 3 * want);
+    assert!(full.flamegraph.unwrap().names.len() > graph.names.len());
+    let tree: querier::SelectMergeStacktracesResponse = call(
+        &s,
+        "SelectMergeStacktraces",
+        &querier::SelectMergeStacktracesRequest {
+            format: querier::ProfileFormat::Tree as i32,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(tree_total(&tree.tree), 3 * want);
+    let pprof: querier::SelectMergeStacktracesResponse = call(
+        &s,
+        "SelectMergeStacktraces",
+        &querier::SelectMergeStacktracesRequest {
+            format: querier::ProfileFormat::Pprof as i32,
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(
+        pprof_total(pprof.pprof.unwrap().profile.as_ref().unwrap()),
+        3 * want
+    );
+    let profile: google::Profile = call(
+        &s,
+        "SelectMergeProfile",
+        &querier::SelectMergeProfileRequest {
+            profile_type_id: CPU.into(),
+            label_selector: "{service_name=\"b\"}".into(),
+            start,
+            end,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(pprof_total(&profile), want);
+    let (_, json_profile) = call_json(
+        &s,
+        None,
+        "SelectMergeProfile",
+        json!({"profileTypeID": CPU, "labelSelector": "{}", "start": start, "end": end}),
+    )
+    .await;
+    assert!(!json_profile["sample"].as_array().unwrap().is_empty());
+
+    // Series over time: a point per profile at a 1 s step; grouped; averaged; limited.
+    let select = |group_by: Vec<String>, aggregation, limit| querier::SelectSeriesRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{}".into(),
+        start,
+        end,
+        group_by,
+        step: 1.0,
+        aggregation,
+        limit,
+        ..Default::default()
+    };
+    let by_service: querier::SelectSeriesResponse = call(
+        &s,
+        "SelectSeries",
+        &select(vec!["service_name".into()], None, None),
+    )
+    .await;
+    assert_eq!(by_service.series.len(), 2);
+    let a = &by_service.series[0];
+    assert_eq!(a.labels[0].value, "a");
+    assert_eq!(
+        a.points
+            .iter()
+            .map(|p| (p.timestamp, p.value))
+            .collect::<Vec<_>>(),
+        vec![(t0, want as f64), (t0 + 10_000, want as f64)]
+    );
+    let all: querier::SelectSeriesResponse = call(
+        &s,
+        "SelectSeries",
+        &querier::SelectSeriesRequest {
+            step: 60.0,
+            ..select(vec![], None, None)
+        },
+    )
+    .await;
+    let sum: f64 = all
+        .series
+        .iter()
+        .flat_map(|s| &s.points)
+        .map(|p| p.value)
+        .sum();
+    assert_eq!(sum, (3 * want) as f64);
+    let averaged: querier::SelectSeriesResponse = call(
+        &s,
+        "SelectSeries",
+        &querier::SelectSeriesRequest {
+            step: 60.0,
+            ..select(
+                vec!["service_name".into()],
+                Some(types::TimeSeriesAggregationType::Average as i32),
+                None,
+            )
+        },
+    )
+    .await;
+    // Service a: two profiles in one step average to one profile's value.
+    let a_points: Vec<f64> = averaged.series[0].points.iter().map(|p| p.value).collect();
+    assert_eq!(a_points.iter().sum::<f64>(), want as f64, "{averaged:?}");
+    let (_, limited) = call_json(
+        &s,
+        None,
+        "SelectSeries",
+        json!({"profileTypeID": CPU, "labelSelector": "{}", "start": start.to_string(),
+               "end": end.to_string(), "groupBy": ["service_name"], "step": 60, "limit": "1",
+               "aggregation": "TIME_SERIES_AGGREGATION_TYPE_SUM"}),
+    )
+    .await;
+    let limited = limited["series"].as_array().unwrap();
+    assert_eq!(limited.len(), 1);
+    assert_eq!(
+        limited[0]["labels"][0]["value"], "a",
+        "the larger series is kept"
+    );
+
+    // A diff of a against b, and the stats.
+    let diff: querier::DiffResponse = call(
+        &s,
+        "Diff",
+        &querier::DiffRequest {
+            left: Some(querier::SelectMergeStacktracesRequest {
+                label_selector: "{service_name=\"a\"}".into(),
+                ..request.clone()
+            }),
+            right: Some(querier::SelectMergeStacktracesRequest {
+                label_selector: "{service_name=\"b\"}".into(),
+                ..request.clone()
+            }),
+        },
+    )
+    .await;
+    let d = diff.flamegraph.unwrap();
+    assert_eq!(
+        (d.left_ticks, d.right_ticks, d.total),
+        (2 * want, want, 3 * want)
+    );
+    assert_eq!(d.levels[0].values, vec![0, 2 * want, 0, 0, want, 0, 0]);
+    let stats: types::GetProfileStatsResponse =
+        call(&s, "GetProfileStats", &types::GetProfileStatsRequest {}).await;
+    assert!(stats.data_ingested);
+    assert_eq!(
+        (stats.oldest_profile_time, stats.newest_profile_time),
+        (t0, t0 + 10_000)
+    );
+    let (status, analyzed) = call_json(
+        &s,
+        None,
+        "AnalyzeQuery",
+        json!({"query": format!("{CPU}{{service_name=\"a\"}}"), "start": start, "end": end}),
+    )
+    .await;
+    assert_eq!(status, 200, "{analyzed}");
+    assert_eq!(analyzed["queryImpact"]["totalQueriedSeries"], "1");
+
+    // Settings: an empty list.
+    let (status, body) = post(
+        &format!("{}/settings.v1.SettingsService/Get", s.url),
+        None,
+        "application/json",
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!((status, body.as_slice()), (200, b"{}".as_slice()));
+
+    // Another tenant sees nothing.
+    let (status, other) = call_json(&s, Some("other"), "ProfileTypes", json!({})).await;
+    assert_eq!((status, other), (200, json!({})));
+}
+
+#[tokio::test]
+async fn querier_errors_are_connect_errors_with_the_right_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    push(&s, None, "a", 1_700_000_000_000).await;
+    let cases = [
+        (
+            "SelectMergeStacktraces",
+            json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"a\""}),
+            400,
+            "invalid_argument",
+            "label_selector",
+        ),
+        (
+            "SelectMergeStacktraces",
+            json!({"labelSelector": "{}"}),
+            400,
+            "invalid_argument",
+            "profile_typeID",
+        ),
+        (
+            "SelectMergeStacktraces",
+            json!({"profileTypeID": CPU, "format": "PROFILE_FORMAT_DOT"}),
+            501,
+            "unimplemented",
+            "DOT",
+        ),
+        (
+            "SelectSeries",
+            json!({"profileTypeID": CPU}),
+            400,
+            "invalid_argument",
+            "step",
+        ),
+        ("NoSuchMethod", json!({}), 404, "not_found", "NoSuchMethod"),
+        (
+            "ProfileTypes",
+            json!({"start": "x"}),
+            400,
+            "invalid_argument",
+            "proto3 JSON",
+        ),
+        (
+            "ProfileTypes",
+            json!({"start": "20", "end": "10"}),
+            400,
+            "invalid_argument",
+            "before",
+        ),
+    ];
+    for (method, body, status, code, what) in cases {
+        let (got, error) = call_json(&s, None, method, body.clone()).await;
+        assert_eq!(got, status, "{method} {body}: {error}");
+        assert_eq!(error["code"], code, "{method} {body}: {error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(what), "{method} {body}: {message}");
+    }
+    // Garbage protobuf and an unknown content type.
+    let (status, body) = post(
+        &format!("{}/querier.v1.QuerierService/ProfileTypes", s.url),
+        None,
+        "application/proto",
+        vec![0xff, 0xff, 0xff],
+    )
+    .await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, _) = post(
+        &format!("{}/querier.v1.QuerierService/ProfileTypes", s.url),
+        None,
+        "text/plain",
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 415);
+}

@@ -1,0 +1,363 @@
+//! Flame graphs in Grafana Pyroscope's encoding: what its query API (`querier.v1.FlameGraph`,
+//! `FlameGraphDiff`) and its legacy render API (flamebearer) return, and what Grafana's flame
+//! graph panel and `@pyroscope/flamegraph` draw.
+//!
+//! Names are numbered once each, `names[0]` being `total`. Level `d` lists the nodes of depth
+//! `d` left to right, each as 4 numbers: its x offset, total, self and name index. A node's
+//! self is drawn first, its callees after it; x offsets are delta-encoded within a level (the
+//! gap from the end of the node before). A diff lists 7 numbers per node: left offset, total
+//! and self, right offset, total and self, name index; each side's offsets are encoded apart.
+
+use super::HashMap;
+use super::tree::{DiffNode, FlameGraph, Node, OTHER};
+use crate::api::querier::v1 as querier;
+
+/// A flame graph in Pyroscope's encoding.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Levels {
+    /// Node names, each once; `names[0]` is `total`.
+    pub names: Vec<String>,
+    /// Per depth, the nodes' numbers ([`WIDTH`] per node, or [`DIFF_WIDTH`] for a diff).
+    pub levels: Vec<Vec<i64>>,
+    /// The root's total (for a diff: left plus right).
+    pub total: i64,
+    /// The largest self of any node.
+    pub max_self: i64,
+}
+
+/// Numbers per node of a flame graph: x offset, total, self, name index.
+pub const WIDTH: usize = 4;
+
+/// Numbers per node of a diff: left offset, total, self; right offset, total, self; name.
+pub const DIFF_WIDTH: usize = 7;
+
+/// Numbers names as they are met; `total` is the first.
+#[derive(Default)]
+struct NameIndex {
+    names: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl NameIndex {
+    fn of(&mut self, name: &str) -> i64 {
+        if let Some(i) = self.index.get(name) {
+            return *i;
+        }
+        let i = self.names.len() as i64;
+        self.names.push(name.to_owned());
+        self.index.insert(name.to_owned(), i);
+        i
+    }
+}
+
+impl Levels {
+    /// `graph` (truncated as it was built) in Pyroscope's encoding.
+    pub fn of(graph: &FlameGraph) -> Self {
+        let mut names = NameIndex::default();
+        names.of("total");
+        let mut levels: Vec<Vec<i64>> = Vec::new();
+        let mut max_self = 0;
+        // Depth first, callees left to right: each level's nodes come in x order.
+        let mut stack: Vec<(&Node, usize, i64)> = vec![(&graph.root, 0, 0)];
+        while let Some((node, depth, x)) = stack.pop() {
+            if levels.len() == depth {
+                levels.push(Vec::new());
+            }
+            let name = if depth == 0 { 0 } else { names.of(&node.name) };
+            levels[depth].extend([x, node.total, node.self_value, name]);
+            max_self = max_self.max(node.self_value);
+            // Self first, then the callees; pushed in reverse so the leftmost pops first.
+            let mut offsets = Vec::with_capacity(node.children.len());
+            let mut at = x + node.self_value;
+            for child in &node.children {
+                offsets.push(at);
+                at += child.total;
+            }
+            for (child, x) in node.children.iter().zip(offsets).rev() {
+                stack.push((child, depth + 1, x));
+            }
+        }
+        for level in &mut levels {
+            delta_encode(level, WIDTH, 0);
+        }
+        Levels {
+            names: names.names,
+            levels,
+            total: graph.root.total,
+            max_self,
+        }
+    }
+
+    /// The diff `root` (from [`super::tree::diff`]) in Pyroscope's encoding, keeping about
+    /// `max_nodes` nodes: those whose larger side reaches the `max_nodes`-th largest; each
+    /// node's other callees are summed into one `other` callee per side.
+    pub fn of_diff(root: &DiffNode, max_nodes: usize) -> Self {
+        let min = diff_threshold(root, max_nodes);
+        let mut names = NameIndex::default();
+        names.of("total");
+        let mut levels: Vec<Vec<i64>> = Vec::new();
+        let mut max_self = 0;
+        // A node to place: a tree's, or the `other` summing a parent's dropped callees
+        // (left and right totals, which are also their selves).
+        enum Item<'a> {
+            Node(&'a DiffNode),
+            Other(i64, i64),
+        }
+        // (item, depth, left x, right x), depth first, callees left to right.
+        let mut stack: Vec<(Item<'_>, usize, i64, i64)> = vec![(Item::Node(root), 0, 0, 0)];
+        while let Some((item, depth, lx, rx)) = stack.pop() {
+            if levels.len() == depth {
+                levels.push(Vec::new());
+            }
+            let (name, values, children): (&str, [i64; 4], &[DiffNode]) = match item {
+                Item::Node(n) => (
+                    &n.name,
+                    [n.base, n.base_self, n.compare, n.compare_self],
+                    &n.children,
+                ),
+                Item::Other(l, r) => (OTHER, [l, l, r, r], &[]),
+            };
+            let [base, base_self, compare, compare_self] = values;
+            let name = if depth == 0 { 0 } else { names.of(name) };
+            levels[depth].extend([lx, base, base_self, rx, compare, compare_self, name]);
+            max_self = max_self.max(base_self).max(compare_self);
+            let mut next = Vec::with_capacity(children.len() + 1);
+            let (mut l, mut r) = (lx + base_self, rx + compare_self);
+            let (mut other_l, mut other_r) = (0, 0);
+            for child in children {
+                if child.base.max(child.compare) >= min {
+                    next.push((Item::Node(child), depth + 1, l, r));
+                    l += child.base;
+                    r += child.compare;
+                } else {
+                    other_l += child.base;
+                    other_r += child.compare;
+                }
+            }
+            if other_l != 0 || other_r != 0 {
+                next.push((Item::Other(other_l, other_r), depth + 1, l, r));
+            }
+            stack.extend(next.into_iter().rev());
+        }
+        for level in &mut levels {
+            delta_encode(level, DIFF_WIDTH, 0);
+            delta_encode(level, DIFF_WIDTH, 3);
+        }
+        Levels {
+            names: names.names,
+            levels,
+            total: root.base + root.compare,
+            max_self,
+        }
+    }
+
+    /// As `querier.v1.FlameGraph`.
+    pub fn to_proto(&self) -> querier::FlameGraph {
+        querier::FlameGraph {
+            names: self.names.clone(),
+            levels: self.proto_levels(),
+            total: self.total,
+            max_self: self.max_self,
+        }
+    }
+
+    /// As `querier.v1.FlameGraphDiff`, with each side's total.
+    pub fn to_proto_diff(&self, left_ticks: i64, right_ticks: i64) -> querier::FlameGraphDiff {
+        querier::FlameGraphDiff {
+            names: self.names.clone(),
+            levels: self.proto_levels(),
+            total: self.total,
+            max_self: self.max_self,
+            left_ticks,
+            right_ticks,
+        }
+    }
+
+    fn proto_levels(&self) -> Vec<querier::Level> {
+        self.levels
+            .iter()
+            .map(|values| querier::Level {
+                values: values.clone(),
+            })
+            .collect()
+    }
+
+    /// Decodes the x offsets back: per level, each node's `(absolute x, total, self, name)`
+    /// (of the left side at `at` 0, the right at 3 for a diff), to check an encoding.
+    pub fn absolute(&self, width: usize, at: usize) -> Vec<Vec<(i64, i64, i64, String)>> {
+        self.levels
+            .iter()
+            .map(|level| {
+                let mut end = 0;
+                level
+                    .chunks(width)
+                    .map(|n| {
+                        let x = end + n[at];
+                        end = x + n[at + 1];
+                        let name = self.names[n[width - 1] as usize].clone();
+                        (x, n[at + 1], n[at + 2], name)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// `graph` in Pyroscope's serialized tree (the `tree` of `SelectMergeStacktracesResponse`):
+/// depth first from a nameless root, per node its name's length and bytes, its self, and its
+/// count of callees, each an unsigned varint, the callees' subtrees following.
+pub fn tree_bytes(graph: &FlameGraph) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(&Node, bool)> = vec![(&graph.root, true)];
+    while let Some((node, root)) = stack.pop() {
+        let name = if root { "" } else { node.name.as_str() };
+        varint(&mut out, name.len() as u64);
+        out.extend_from_slice(name.as_bytes());
+        varint(&mut out, node.self_value.max(0) as u64);
+        varint(&mut out, node.children.len() as u64);
+        stack.extend(node.children.iter().rev().map(|c| (c, false)));
+    }
+    out
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Each node's x offset (at `at` in each `width`-number group) as the gap from the end of the
+/// node before it in the level.
+fn delta_encode(level: &mut [i64], width: usize, at: usize) {
+    let mut end = 0;
+    for node in level.chunks_mut(width) {
+        let (x, total) = (node[at], node[at + 1]);
+        node[at] = x - end;
+        end = x + total;
+    }
+}
+
+/// The smallest larger-side total a diff node may have to be kept within `max_nodes`.
+fn diff_threshold(root: &DiffNode, max_nodes: usize) -> i64 {
+    let mut sizes = Vec::new();
+    let mut stack: Vec<&DiffNode> = root.children.iter().collect();
+    while let Some(n) = stack.pop() {
+        sizes.push(n.base.max(n.compare));
+        stack.extend(&n.children);
+    }
+    if sizes.len() <= max_nodes {
+        return i64::MIN;
+    }
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes[max_nodes.saturating_sub(1)].max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, self_value: i64, children: Vec<Node>) -> Node {
+        let total = self_value + children.iter().map(|c| c.total).sum::<i64>();
+        Node {
+            name: name.into(),
+            filename: String::new(),
+            self_value,
+            total,
+            children,
+        }
+    }
+
+    #[test]
+    fn levels_place_self_first_and_delta_encode_offsets() {
+        // total(0) -> main(1) -> {a(2, self 3), b(4, self 5) -> a(6)}; main self 1.
+        let graph = FlameGraph {
+            profile_type: "t".into(),
+            unit: "count".into(),
+            root: node(
+                "total",
+                0,
+                vec![node(
+                    "main",
+                    1,
+                    vec![
+                        node("a", 3, vec![]),
+                        node("b", 5, vec![node("a", 6, vec![])]),
+                    ],
+                )],
+            ),
+            truncated: 0,
+        };
+        let l = Levels::of(&graph);
+        assert_eq!(l.names, ["total", "main", "a", "b"]);
+        assert_eq!(l.total, 15);
+        assert_eq!(l.max_self, 6);
+        assert_eq!(
+            l.levels,
+            vec![
+                vec![0, 15, 0, 0],
+                vec![0, 15, 1, 1],
+                // a at x 1 (after main's self), b right after a ends (gap 0).
+                vec![1, 3, 3, 2, 0, 11, 5, 3],
+                // b's a after b's self: x = 4 + 5 = 9; gap from the level's start.
+                vec![9, 6, 6, 2],
+            ]
+        );
+        let abs = l.absolute(WIDTH, 0);
+        assert_eq!(abs[2][1], (4, 11, 5, "b".to_owned()));
+        assert_eq!(abs[3][0], (9, 6, 6, "a".to_owned()));
+    }
+
+    #[test]
+    fn tree_bytes_are_names_selves_and_callee_counts_depth_first() {
+        let graph = FlameGraph {
+            profile_type: "t".into(),
+            unit: "count".into(),
+            root: node("total", 0, vec![node("a", 1, vec![node("b", 200, vec![])])]),
+            truncated: 0,
+        };
+        assert_eq!(
+            tree_bytes(&graph),
+            [0, 0, 1, 1, b'a', 1, 1, 1, b'b', 0xc8, 0x01, 0]
+        );
+    }
+
+    fn dnode(name: &str, l: (i64, i64), r: (i64, i64), children: Vec<DiffNode>) -> DiffNode {
+        DiffNode {
+            name: name.into(),
+            base: l.0,
+            base_self: l.1,
+            compare: r.0,
+            compare_self: r.1,
+            children,
+        }
+    }
+
+    #[test]
+    fn diffs_encode_both_sides_and_sum_what_is_cut_into_other() {
+        let root = dnode(
+            "total",
+            (10, 0),
+            (20, 0),
+            vec![
+                dnode("big", (8, 8), (15, 15), vec![]),
+                dnode("x", (1, 1), (3, 3), vec![]),
+                dnode("y", (1, 1), (2, 2), vec![]),
+            ],
+        );
+        let all = Levels::of_diff(&root, 100);
+        assert_eq!(all.total, 30);
+        assert_eq!(all.levels[1].len(), 3 * DIFF_WIDTH);
+        let right = all.absolute(DIFF_WIDTH, 3);
+        assert_eq!(right[1][1], (15, 3, 3, "x".to_owned()));
+        assert_eq!(right[1][2], (18, 2, 2, "y".to_owned()));
+        // Two nodes: big, and the rest in one `other` whose sides sum x and y.
+        let cut = Levels::of_diff(&root, 1);
+        let left = cut.absolute(DIFF_WIDTH, 0);
+        let right = cut.absolute(DIFF_WIDTH, 3);
+        assert_eq!(left[1][1], (8, 2, 2, OTHER.to_owned()));
+        assert_eq!(right[1][1], (15, 5, 5, OTHER.to_owned()));
+        assert_eq!(cut.levels[1].len(), 2 * DIFF_WIDTH);
+    }
+}
