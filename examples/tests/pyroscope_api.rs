@@ -561,3 +561,89 @@ async fn querier_errors_are_connect_errors_with_the_right_codes() {
     .await;
     assert_eq!(status, 415);
 }
+
+#[tokio::test]
+async fn grpc_and_grpc_web_give_the_connect_answers() {
+    use frostdb_examples::server::querier::grpc::querier::querier_service_client::QuerierServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let want = cpu_total();
+    let t0 = 1_700_000_000_000i64;
+    push(&s, Some("team-a"), "a", t0).await;
+    let request = querier::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{service_name=\"a\"}".into(),
+        start: t0 - 1,
+        end: t0 + 1,
+        ..Default::default()
+    };
+
+    // gRPC (HTTP/2 without TLS), the tenant in the metadata.
+    let channel = tonic::transport::Channel::from_shared(s.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = QuerierServiceClient::new(channel);
+    let with_tenant = |r: querier::SelectMergeStacktracesRequest, tenant: &str| {
+        let mut r = tonic::Request::new(r);
+        r.metadata_mut()
+            .insert("x-scope-orgid", tenant.parse().unwrap());
+        r
+    };
+    let answer = client
+        .select_merge_stacktraces(with_tenant(request.clone(), "team-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(check_flame_graph(&answer.flamegraph.unwrap()), want);
+    let empty = client
+        .select_merge_stacktraces(with_tenant(request.clone(), "team-b"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        empty.flamegraph.unwrap().total,
+        0,
+        "another tenant sees nothing"
+    );
+    let error = client
+        .select_merge_stacktraces(with_tenant(
+            querier::SelectMergeStacktracesRequest {
+                label_selector: "{".into(),
+                ..request.clone()
+            },
+            "team-a",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), tonic::Code::InvalidArgument, "{error}");
+    assert!(error.message().contains("label_selector"), "{error}");
+
+    // gRPC-Web over HTTP/1.1: a length-prefixed message, then the trailers frame.
+    let mut body = vec![0u8];
+    let message = request.encode_to_vec();
+    body.extend((message.len() as u32).to_be_bytes());
+    body.extend(message);
+    let response = reqwest::Client::new()
+        .post(format!(
+            "{}/querier.v1.QuerierService/SelectMergeStacktraces",
+            s.url
+        ))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .header("x-scope-orgid", "team-a")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let bytes = response.bytes().await.unwrap();
+    assert_eq!(bytes[0], 0, "a data frame first");
+    let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+    let answer = querier::SelectMergeStacktracesResponse::decode(&bytes[5..5 + len]).unwrap();
+    assert_eq!(check_flame_graph(&answer.flamegraph.unwrap()), want);
+    let trailers = String::from_utf8_lossy(&bytes[5 + len + 5..]);
+    assert_eq!(bytes[5 + len], 0x80, "then the trailers frame");
+    assert!(trailers.contains("grpc-status:0"), "{trailers}");
+}

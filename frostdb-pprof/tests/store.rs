@@ -514,7 +514,23 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
                         group_by.as_deref(),
                     )
                     .unwrap();
-                    assert_eq!(totals, samples, "{s} {r:?} step {step} by {group_by:?}");
+                    // The same sums; rows differ (a row per profile, against a row per
+                    // sample), a count per point.
+                    let sums = |series: &[frostdb_query::profile::native::Series]| {
+                        series
+                            .iter()
+                            .map(|s| {
+                                assert_eq!(s.rows.len(), s.points.len());
+                                (s.labels.clone(), s.points.clone())
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(
+                        sums(&totals),
+                        sums(&samples),
+                        "{s} {r:?} step {step} by {group_by:?}"
+                    );
+                    assert!(totals.iter().flat_map(|s| &s.rows).all(|n| *n >= 1));
                     points += totals.iter().map(|s| s.points.len()).sum::<usize>();
                 }
             }

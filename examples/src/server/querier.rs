@@ -8,11 +8,14 @@
 //! error is Connect's JSON `{"code", "message"}` with the matching HTTP status. The messages
 //! are `frostdb_pprof::api`'s; the answers are the library's results
 //! ([`frostdb_pprof::report::pyroscope`] for flame graphs), which this module only maps.
+//!
+//! The same paths speak gRPC and gRPC-Web (a `Content-Type` of `application/grpc…`, as
+//! `profilecli --protocol grpc|grpc-web` sends) through tonic, with the same answers; the
+//! tenant is the `x-scope-orgid` metadata there.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -104,7 +107,7 @@ impl Codec {
 }
 
 /// A request body as sent: inflated when `Content-Encoding: gzip`, within the body limit.
-fn body_of(headers: &HeaderMap, body: Bytes, limit: usize) -> ApiResult<Vec<u8>> {
+fn body_of(headers: &HeaderMap, body: axum::body::Bytes, limit: usize) -> ApiResult<Vec<u8>> {
     match headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -131,13 +134,61 @@ fn body_of(headers: &HeaderMap, body: Bytes, limit: usize) -> ApiResult<Vec<u8>>
     }
 }
 
+/// The generated gRPC glue of the two services (messages: `frostdb_pprof::api`).
+#[allow(missing_docs, clippy::all, unreachable_pub, rust_2018_idioms)]
+pub mod grpc {
+    /// `querier.v1.QuerierService`.
+    pub mod querier {
+        include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
+    }
+    /// `settings.v1.SettingsService`.
+    pub mod settings {
+        include!(concat!(env!("OUT_DIR"), "/settings.v1.rs"));
+    }
+}
+
+/// Whether a request speaks gRPC or gRPC-Web rather than Connect.
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Answers a gRPC or gRPC-Web request with tonic.
+async fn grpc_call(state: Shared, request: axum::extract::Request) -> Response {
+    use tonic::codec::CompressionEncoding::Gzip;
+    use tower::{Layer, ServiceExt};
+    let routes = tonic::service::Routes::new(
+        grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier { state })
+            .accept_compressed(Gzip)
+            .send_compressed(Gzip),
+    )
+    .add_service(grpc::settings::settings_service_server::SettingsServiceServer::new(GrpcSettings));
+    match tonic_web::GrpcWebLayer::new()
+        .layer(routes)
+        .oneshot(request)
+        .await
+    {
+        Ok(response) => response.map(axum::body::Body::new),
+        Err(e) => ApiError::internal(format!("gRPC: {e}")).into_response(),
+    }
+}
+
 async fn querier_call(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
     Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> ApiResult<Response> {
+    if is_grpc(request.headers()) {
+        return Ok(grpc_call(state, request).await);
+    }
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
+        .await
+        .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
     let codec = Codec::of(&headers)?;
     let body = body_of(&headers, body, state.config.limits.max_body_bytes)?;
     let q = Querier {
@@ -173,8 +224,15 @@ async fn querier_call(
     }
 }
 
-async fn settings_call(Path(method): Path<String>, headers: HeaderMap) -> ApiResult<Response> {
-    let codec = Codec::of(&headers)?;
+async fn settings_call(
+    State(state): State<Shared>,
+    Path(method): Path<String>,
+    request: axum::extract::Request,
+) -> ApiResult<Response> {
+    if is_grpc(request.headers()) {
+        return Ok(grpc_call(state, request).await);
+    }
+    let codec = Codec::of(request.headers())?;
     match method.as_str() {
         "Get" => Ok(codec.encode(&settings::GetSettingsResponse::default())),
         "Set" | "Delete" => Err(unimplemented("settings are read-only here")),
@@ -182,6 +240,130 @@ async fn settings_call(Path(method): Path<String>, headers: HeaderMap) -> ApiRes
             StatusCode::NOT_FOUND,
             format!("settings.v1.SettingsService has no method {other:?}"),
         )),
+    }
+}
+
+/// The query service over gRPC: the same [`Querier`] behind tonic.
+#[derive(Debug)]
+struct GrpcQuerier {
+    state: Shared,
+}
+
+/// The settings service over gRPC: no settings.
+#[derive(Debug)]
+struct GrpcSettings;
+
+/// An error as a gRPC status of the matching code.
+fn status(e: ApiError) -> tonic::Status {
+    use tonic::Code;
+    let code = match e.status {
+        StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::InvalidArgument,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::CONFLICT => Code::AlreadyExists,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
+        StatusCode::NOT_IMPLEMENTED => Code::Unimplemented,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    tonic::Status::new(code, e.message)
+}
+
+impl GrpcQuerier {
+    /// The request's [`Querier`]: its tenant from the `x-scope-orgid` metadata.
+    fn querier<T>(&self, request: &tonic::Request<T>) -> Result<Querier, tonic::Status> {
+        let tenant = match request.metadata().get("x-scope-orgid") {
+            None => super::config::DEFAULT_TENANT.to_owned(),
+            Some(v) => {
+                let id = v
+                    .to_str()
+                    .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?
+                    .trim()
+                    .to_owned();
+                super::tenants::validate_tenant(&id).map_err(tonic::Status::invalid_argument)?;
+                id
+            }
+        };
+        let utf8_names = request
+            .metadata()
+            .get_all("accept")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains("allow-utf8-labelnames=true"));
+        Ok(Querier {
+            state: self.state.clone(),
+            tenant,
+            utf8_names,
+        })
+    }
+}
+
+/// Implements the generated gRPC trait's methods by the [`Querier`] methods of the same
+/// names.
+macro_rules! grpc_methods {
+    ($($method:ident($request:ty) -> $response:ty;)*) => {
+        #[tonic::async_trait]
+        impl grpc::querier::querier_service_server::QuerierService for GrpcQuerier {
+            $(
+                async fn $method(
+                    &self,
+                    request: tonic::Request<$request>,
+                ) -> Result<tonic::Response<$response>, tonic::Status> {
+                    let q = self.querier(&request)?;
+                    q.$method(request.into_inner())
+                        .await
+                        .map(tonic::Response::new)
+                        .map_err(status)
+                }
+            )*
+            async fn select_heatmap(
+                &self,
+                _: tonic::Request<querier::SelectHeatmapRequest>,
+            ) -> Result<tonic::Response<querier::SelectHeatmapResponse>, tonic::Status> {
+                Err(status(unimplemented("SelectHeatmap (individual profiles are not kept)")))
+            }
+        }
+    };
+}
+
+grpc_methods! {
+    profile_types(querier::ProfileTypesRequest) -> querier::ProfileTypesResponse;
+    label_names(types::LabelNamesRequest) -> types::LabelNamesResponse;
+    label_values(types::LabelValuesRequest) -> types::LabelValuesResponse;
+    series(querier::SeriesRequest) -> querier::SeriesResponse;
+    select_merge_stacktraces(querier::SelectMergeStacktracesRequest) -> querier::SelectMergeStacktracesResponse;
+    select_merge_span_profile(querier::SelectMergeSpanProfileRequest) -> querier::SelectMergeSpanProfileResponse;
+    select_merge_profile(querier::SelectMergeProfileRequest) -> google::Profile;
+    select_series(querier::SelectSeriesRequest) -> querier::SelectSeriesResponse;
+    diff(querier::DiffRequest) -> querier::DiffResponse;
+    get_profile_stats(types::GetProfileStatsRequest) -> types::GetProfileStatsResponse;
+    analyze_query(querier::AnalyzeQueryRequest) -> querier::AnalyzeQueryResponse;
+}
+
+#[tonic::async_trait]
+impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
+    async fn get(
+        &self,
+        _: tonic::Request<settings::GetSettingsRequest>,
+    ) -> Result<tonic::Response<settings::GetSettingsResponse>, tonic::Status> {
+        Ok(tonic::Response::new(
+            settings::GetSettingsResponse::default(),
+        ))
+    }
+
+    async fn set(
+        &self,
+        _: tonic::Request<settings::SetSettingsRequest>,
+    ) -> Result<tonic::Response<settings::SetSettingsResponse>, tonic::Status> {
+        Err(status(unimplemented("settings are read-only here")))
+    }
+
+    async fn delete(
+        &self,
+        _: tonic::Request<settings::DeleteSettingsRequest>,
+    ) -> Result<tonic::Response<settings::DeleteSettingsResponse>, tonic::Status> {
+        Err(status(unimplemented("settings are read-only here")))
     }
 }
 
