@@ -647,3 +647,88 @@ async fn grpc_and_grpc_web_give_the_connect_answers() {
     assert_eq!(bytes[5 + len], 0x80, "then the trailers frame");
     assert!(trailers.contains("grpc-status:0"), "{trailers}");
 }
+
+#[tokio::test]
+async fn the_render_api_answers_flamebearer_json_with_timelines_and_diffs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let want = cpu_total();
+    let t0 = 1_700_000_000_000i64;
+    push(&s, None, "a", t0).await;
+    push(&s, None, "a", t0 + 60_000).await;
+    push(&s, None, "b", t0 + 30_000).await;
+    let get = |path: String| {
+        let url = format!("{}{path}", s.url);
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            let status = r.status().as_u16();
+            (
+                status,
+                serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap(),
+            )
+        }
+    };
+    let query = common::enc(&format!("{CPU}{{}}"));
+    let (from, until) = (t0 / 1000 - 600, t0 / 1000 + 600);
+    let (status, fb) = get(format!(
+        "/pyroscope/render?query={query}&from={from}&until={until}&groupBy=service_name&max-nodes=32"
+    ))
+    .await;
+    assert_eq!(status, 200, "{fb}");
+    assert_eq!(fb["version"], 1);
+    assert_eq!(fb["flamebearer"]["numTicks"], 3 * want);
+    assert_eq!(fb["flamebearer"]["names"][0], "total");
+    assert_eq!(fb["metadata"]["format"], "single");
+    assert_eq!(fb["metadata"]["units"], "samples");
+    assert_eq!(fb["metadata"]["name"], "cpu");
+    let levels = fb["flamebearer"]["levels"].as_array().unwrap();
+    assert_eq!(levels[0], json!([0, 3 * want, 0, 0]));
+    let sum = |t: &Value| -> i64 {
+        t["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .sum()
+    };
+    assert_eq!(fb["timeline"]["durationDelta"], 15);
+    assert_eq!(sum(&fb["timeline"]), 3 * want);
+    assert_eq!(sum(&fb["groups"]["a"]), 2 * want);
+    assert_eq!(sum(&fb["groups"]["b"]), want);
+    // Averaged over a step holding both of a's profiles: one profile's value.
+    let (_, avg) = get(format!(
+        "/pyroscope/render?query={}&from={from}&until={until}&aggregation=avg",
+        common::enc(&format!("{CPU}{{service_name=\"a\"}}"))
+    ))
+    .await;
+    assert_eq!(avg["flamebearer"]["numTicks"], 2 * want);
+    assert_eq!(
+        sum(&avg["timeline"]),
+        2 * want,
+        "one profile a step, each its own value"
+    );
+
+    let (status, diff) = get(format!(
+        "/pyroscope/render-diff?leftQuery={}&leftFrom={from}&leftUntil={until}&rightQuery={}&rightFrom={from}&rightUntil={until}",
+        common::enc(&format!("{CPU}{{service_name=\"a\"}}")),
+        common::enc(&format!("{CPU}{{service_name=\"b\"}}")),
+    ))
+    .await;
+    assert_eq!(status, 200, "{diff}");
+    assert_eq!(diff["metadata"]["format"], "double");
+    assert_eq!(
+        (diff["leftTicks"].as_i64(), diff["rightTicks"].as_i64()),
+        (Some(2 * want), Some(want))
+    );
+    assert_eq!(
+        diff["flamebearer"]["levels"][0],
+        json!([0, 2 * want, 0, 0, want, 0, 0])
+    );
+
+    let (status, error) = get("/pyroscope/render?query=%7Bservice_name%3D%22a%22%7D".into()).await;
+    assert_eq!(status, 400);
+    assert!(
+        error["message"].as_str().unwrap().contains("profile type"),
+        "{error}"
+    );
+}

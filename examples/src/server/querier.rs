@@ -1,6 +1,8 @@
 //! Grafana Pyroscope's query API, so Grafana's Pyroscope data source, the Profiles Drilldown
 //! app and `profilecli` read from frostdb-rs unchanged.
 //!
+//! `GET /pyroscope/render` and `/pyroscope/render-diff` answer the legacy flamebearer JSON.
+//!
 //! `POST /querier.v1.QuerierService/<Method>` and `POST /settings.v1.SettingsService/<Method>`
 //! over Connect unary: the body is the request message as binary protobuf
 //! (`application/proto`) or proto3 JSON (`application/json`: int64 as strings, lowerCamel or
@@ -16,15 +18,17 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use frostdb_pprof::api::google::v1 as google;
 use frostdb_pprof::api::querier::v1 as querier;
 use frostdb_pprof::api::settings::v1 as settings;
 use frostdb_pprof::api::types::v1 as types;
-use frostdb_pprof::report::pyroscope::{Levels, tree_bytes};
+use frostdb_pprof::report::pyroscope::{
+    Flamebearer, Levels, Timeline, timeline_step_s, tree_bytes,
+};
 use frostdb_pprof::report::tree::{self, FlameGraph};
 use frostdb_query::profile::TimeRange;
 use frostdb_query::{Matcher, Selector};
@@ -36,11 +40,218 @@ use super::{Shared, TenantId};
 /// The most nodes a flame graph may ask for (Pyroscope's cap).
 pub const MAX_NODES_CAP: i64 = 1 << 20;
 
-/// The routes of the query and settings services.
+/// The routes of the query and settings services, and of the legacy render API.
 pub fn routes() -> Router<Shared> {
     Router::new()
         .route("/querier.v1.QuerierService/{method}", post(querier_call))
         .route("/settings.v1.SettingsService/{method}", post(settings_call))
+        .route("/pyroscope/render", get(render))
+        .route("/pyroscope/render-diff", get(render_diff))
+}
+
+/// A render parameter.
+fn param<'a>(params: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(n, _)| names.contains(&n.as_str()))
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// A render time: `now-1h` and the like, RFC 3339, or a Unix time in seconds (milliseconds
+/// when it is that large).
+fn render_time(value: Option<&str>, what: &str, default: i64) -> ApiResult<i64> {
+    let Some(v) = value.map(str::trim) else {
+        return Ok(default);
+    };
+    if let Ok(n) = v.parse::<i64>() {
+        return Ok(if n.abs() < 100_000_000_000 {
+            n * 1000
+        } else {
+            n
+        });
+    }
+    crate::time::parse_time(v, crate::time::now_ms())
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+}
+
+/// The selector and range of a render query (`query`, `from`, `until`, or their prefixed
+/// names in a diff).
+fn render_query(
+    params: &[(String, String)],
+    query: &str,
+    from: &str,
+    until: &str,
+) -> ApiResult<(Selector, TimeRange)> {
+    let text = param(params, &[query]).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "{query} is required: a profile type and labels, e.g. {}{{service_name=\"api\"}}",
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        ))
+    })?;
+    let mut selector = Selector::parse(text).map_err(|e| ApiError::from(e).context(query))?;
+    selector
+        .lift_profile_type()
+        .map_err(|e| ApiError::from(e).context(query))?;
+    if selector.profile_type.is_none() {
+        return Err(ApiError::bad_request(format!(
+            "{query} needs a profile type (name:sample_type:sample_unit:period_type:period_unit{{…}})"
+        )));
+    }
+    let now = crate::time::now_ms();
+    let start = render_time(param(params, &[from]), from, now - 3_600_000)?;
+    let end = render_time(param(params, &[until]), until, now)?;
+    if start >= end {
+        return Err(ApiError::bad_request(format!(
+            "{from} ({start} ms) must be before {until} ({end} ms)"
+        )));
+    }
+    Ok((
+        selector,
+        TimeRange {
+            start_ms: start,
+            end_ms: end,
+        },
+    ))
+}
+
+/// `max-nodes` or `maxNodes` of a render.
+fn render_max_nodes(params: &[(String, String)]) -> ApiResult<usize> {
+    match param(params, &["max-nodes", "maxNodes"]) {
+        None => Ok(tree::DEFAULT_MAX_NODES),
+        Some(v) => max_nodes(Some(v.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!("max-nodes: {v:?} is not a number"))
+        })?)),
+    }
+}
+
+/// `GET /pyroscope/render`: the merged flame graph with its timeline (and one per value of
+/// the first `groupBy` label), as flamebearer JSON.
+async fn render(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    headers: HeaderMap,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (selector, range) = render_query(&params, "query", "from", "until")?;
+    let max_nodes = render_max_nodes(&params)?;
+    let group_by: Vec<String> = params
+        .iter()
+        .filter(|(n, v)| n == "groupBy" && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect();
+    let average = match param(&params, &["aggregation"]) {
+        None | Some("sum") => false,
+        Some("avg") | Some("average") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "aggregation {other:?} (sum or avg)"
+            )));
+        }
+    };
+    let q = Querier {
+        state,
+        tenant,
+        utf8_names: allows_utf8_names(&headers),
+    };
+    let profile_type = selector.profile_type.clone().expect("typed");
+    let merged = q.merge(selector.clone(), range).await?;
+    let graph = FlameGraph::build_truncated(&merged, max_nodes);
+    let mut fb = Flamebearer::new(
+        Levels::of(&graph),
+        &profile_type.sample_type,
+        &profile_type.sample_unit,
+        None,
+    );
+    let step_s = timeline_step_s(range.start_ms, range.end_ms);
+    if (range.end_ms - range.start_ms) / (step_s * 1000)
+        > frostdb_pprof::report::pyroscope::MAX_TIMELINE
+    {
+        return Err(ApiError::bad_request(
+            "the range is too long for a timeline",
+        ));
+    }
+    let by = group_by.first().cloned();
+    let series = q
+        .read(Vec::new(), move |store| {
+            let group: Vec<String> = by.into_iter().collect();
+            Ok(store.range(&selector, range, step_s * 1000, Some(&group))?)
+        })
+        .await?;
+    let timeline = |s: &frostdb_query::profile::native::Series| {
+        let points: Vec<(i64, f64)> = s
+            .points
+            .iter()
+            .zip(&s.rows)
+            .map(|(&(t, v), &n)| {
+                (
+                    t,
+                    if average && n > 0 {
+                        v as f64 / n as f64
+                    } else {
+                        v as f64
+                    },
+                )
+            })
+            .collect();
+        Timeline::new(&points, range.start_ms, range.end_ms, step_s)
+    };
+    let all: Vec<(i64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|&(t, v)| (t, v as f64)))
+        .collect();
+    fb.timeline = Some(Timeline::new(&all, range.start_ms, range.end_ms, step_s));
+    if let Some(label) = group_by.first() {
+        fb.groups = Some(
+            series
+                .iter()
+                .map(|s| {
+                    let key = s
+                        .labels
+                        .iter()
+                        .find(|(n, _)| n == label)
+                        .map_or("*".to_owned(), |(_, v)| v.clone());
+                    (key, timeline(s))
+                })
+                .collect(),
+        );
+    } else if average {
+        fb.timeline = series.first().map(timeline);
+    }
+    Ok(axum::Json(fb).into_response())
+}
+
+/// `GET /pyroscope/render-diff`: `leftQuery`/`leftFrom`/`leftUntil` against the `right…`
+/// ones, as flamebearer JSON of format `double`.
+async fn render_diff(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (left, left_range) = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
+    let (right, right_range) = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
+    if left.profile_type != right.profile_type {
+        return Err(ApiError::bad_request(
+            "leftQuery and rightQuery must have the same profile type",
+        ));
+    }
+    let max_nodes = render_max_nodes(&params)?;
+    let q = Querier {
+        state,
+        tenant,
+        utf8_names: false,
+    };
+    let profile_type = left.profile_type.clone().expect("typed");
+    let l = q.merge(left, left_range).await?;
+    let r = q.merge(right, right_range).await?;
+    let root = tree::diff(&l, &r);
+    let fb = Flamebearer::new(
+        Levels::of_diff(&root, max_nodes),
+        &profile_type.sample_type,
+        &profile_type.sample_unit,
+        Some((root.base, root.compare)),
+    );
+    Ok(axum::Json(fb).into_response())
 }
 
 /// The encoding of a Connect unary request and its answer.

@@ -203,6 +203,152 @@ impl Levels {
     }
 }
 
+/// A flame graph as Pyroscope's legacy render API answers (`/pyroscope/render`, version 1 of
+/// the flamebearer JSON that `@pyroscope/flamegraph` draws).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Flamebearer {
+    /// Always 1.
+    pub version: u32,
+    /// The graph.
+    pub flamebearer: FlamebearerGraph,
+    /// What the values are.
+    pub metadata: FlamebearerMetadata,
+    /// The total over time of what was merged.
+    pub timeline: Option<Timeline>,
+    /// Per value of the grouping label, its timeline.
+    pub groups: Option<std::collections::BTreeMap<String, Timeline>>,
+    /// A diff's left total.
+    #[serde(rename = "leftTicks", skip_serializing_if = "Option::is_none")]
+    pub left_ticks: Option<i64>,
+    /// A diff's right total.
+    #[serde(rename = "rightTicks", skip_serializing_if = "Option::is_none")]
+    pub right_ticks: Option<i64>,
+}
+
+/// The graph of a [`Flamebearer`]: [`Levels`] under the legacy names.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FlamebearerGraph {
+    /// Node names, `total` first.
+    pub names: Vec<String>,
+    /// Per depth, 4 numbers per node (7 for a diff).
+    pub levels: Vec<Vec<i64>>,
+    /// The root's total.
+    #[serde(rename = "numTicks")]
+    pub num_ticks: i64,
+    /// The largest self.
+    #[serde(rename = "maxSelf")]
+    pub max_self: i64,
+}
+
+/// What a [`Flamebearer`]'s values are.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FlamebearerMetadata {
+    /// `single`, or `double` for a diff.
+    pub format: String,
+    /// The profiler that sent it (unknown here: empty).
+    #[serde(rename = "spyName")]
+    pub spy_name: String,
+    /// Samples per second (CPU in nanoseconds: 10⁹, so values read as time).
+    #[serde(rename = "sampleRate")]
+    pub sample_rate: u64,
+    /// `samples`, `objects`, `bytes`, or the sample unit.
+    pub units: String,
+    /// The sample type.
+    pub name: String,
+}
+
+/// Values over time, a sample per `duration_delta` seconds from `start_time`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Timeline {
+    /// Unix seconds of the first sample.
+    #[serde(rename = "startTime")]
+    pub start_time: i64,
+    /// The values, 0 where nothing was stored.
+    pub samples: Vec<u64>,
+    /// Seconds per sample.
+    #[serde(rename = "durationDelta")]
+    pub duration_delta: i64,
+}
+
+impl Timeline {
+    /// The timeline of `points` (`(Unix ms, value)`, in time order) over `[start_ms, end_ms)`
+    /// at `step_s` seconds per sample, both ends aligned down to the step.
+    pub fn new(points: &[(i64, f64)], start_ms: i64, end_ms: i64, step_s: i64) -> Self {
+        let step_ms = step_s.max(1) * 1000;
+        let (start, end) = (
+            start_ms.div_euclid(step_ms) * step_ms,
+            end_ms.div_euclid(step_ms) * step_ms,
+        );
+        let len = ((end - start) / step_ms).clamp(0, MAX_TIMELINE) as usize;
+        let mut samples = vec![0u64; len];
+        for &(t, v) in points {
+            if t >= start && t < end {
+                let i = ((t - start) / step_ms) as usize;
+                if let Some(s) = samples.get_mut(i) {
+                    *s += v.max(0.0).round() as u64;
+                }
+            }
+        }
+        Timeline {
+            start_time: start.div_euclid(1000),
+            samples,
+            duration_delta: step_s.max(1),
+        }
+    }
+}
+
+/// The most samples a timeline holds (a range over a step this long is refused before).
+pub const MAX_TIMELINE: i64 = 1 << 20;
+
+/// The step of a render's timeline for a range, as Pyroscope picks it: about 1,500 points,
+/// at least 15 s, rounded to a usual interval.
+pub fn timeline_step_s(start_ms: i64, end_ms: i64) -> i64 {
+    const STEPS_S: [i64; 12] = [15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 86_400];
+    let want_s = (end_ms.saturating_sub(start_ms) / 1500).div_euclid(1000);
+    STEPS_S
+        .iter()
+        .copied()
+        .find(|s| *s >= want_s)
+        .unwrap_or_else(|| want_s.div_euclid(86_400).max(1) * 86_400)
+}
+
+impl Flamebearer {
+    /// `levels` (a flame graph, or a diff when `ticks` gives its sides' totals) of a profile
+    /// type's `sample_type` and `sample_unit`.
+    pub fn new(
+        levels: Levels,
+        sample_type: &str,
+        sample_unit: &str,
+        ticks: Option<(i64, i64)>,
+    ) -> Self {
+        let (units, sample_rate) = match sample_type {
+            "cpu" => ("samples", 1_000_000_000),
+            "inuse_objects" | "alloc_objects" | "goroutine" | "samples" => ("objects", 100),
+            _ => (sample_unit, 100),
+        };
+        Flamebearer {
+            version: 1,
+            flamebearer: FlamebearerGraph {
+                names: levels.names,
+                levels: levels.levels,
+                num_ticks: levels.total,
+                max_self: levels.max_self,
+            },
+            metadata: FlamebearerMetadata {
+                format: if ticks.is_some() { "double" } else { "single" }.to_owned(),
+                spy_name: String::new(),
+                sample_rate,
+                units: units.to_owned(),
+                name: sample_type.to_owned(),
+            },
+            timeline: None,
+            groups: None,
+            left_ticks: ticks.map(|t| t.0),
+            right_ticks: ticks.map(|t| t.1),
+        }
+    }
+}
+
 /// `graph` in Pyroscope's serialized tree (the `tree` of `SelectMergeStacktracesResponse`):
 /// depth first from a nameless root, per node its name's length and bytes, its self, and its
 /// count of callees, each an unsigned varint, the callees' subtrees following.
@@ -321,6 +467,22 @@ mod tests {
             tree_bytes(&graph),
             [0, 0, 1, 1, b'a', 1, 1, 1, b'b', 0xc8, 0x01, 0]
         );
+    }
+
+    #[test]
+    fn timelines_align_to_the_step_and_fill_gaps_with_zero() {
+        let t = Timeline::new(
+            &[(20_000, 5.0), (31_000, 2.0), (35_000, 1.0)],
+            15_000,
+            75_000,
+            10,
+        );
+        assert_eq!(t.start_time, 10);
+        assert_eq!(t.duration_delta, 10);
+        // Buckets 10..70 s: 20 s holds 5, 30 s holds 3.
+        assert_eq!(t.samples, [0, 5, 3, 0, 0, 0]);
+        assert_eq!(timeline_step_s(0, 3_600_000), 15);
+        assert_eq!(timeline_step_s(0, 7 * 86_400_000), 600);
     }
 
     fn dnode(name: &str, l: (i64, i64), r: (i64, i64), children: Vec<DiffNode>) -> DiffNode {
