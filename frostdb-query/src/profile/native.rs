@@ -543,6 +543,22 @@ pub fn series_of(
     Ok(Some(out.into_iter().collect()))
 }
 
+/// The columns of a profile type, in its id's order.
+const PARTS: [&str; 5] = [
+    "name",
+    "sample_type",
+    "sample_unit",
+    "period_type",
+    "period_unit",
+];
+
+/// Whether the snapshot's table has the profile type columns.
+fn has_type_columns(snapshot: &Snapshot) -> bool {
+    PARTS
+        .iter()
+        .all(|p| snapshot.schema().index_of(p).is_some())
+}
+
 /// One series as listed: its profile type and labels (`(name, value)`, `labels.` left off,
 /// in name order).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -561,17 +577,7 @@ pub fn series_labels(
     range: TimeRange,
     only: Option<&[String]>,
 ) -> Result<Vec<SeriesLabels>> {
-    const PARTS: [&str; 5] = [
-        "name",
-        "sample_type",
-        "sample_unit",
-        "period_type",
-        "period_unit",
-    ];
-    if PARTS
-        .iter()
-        .any(|p| snapshot.schema().index_of(p).is_none())
-    {
+    if !has_type_columns(snapshot) {
         return Ok(Vec::new());
     }
     let labels: Vec<String> = label_names_of(snapshot)
@@ -622,17 +628,7 @@ pub fn series_labels(
 
 /// The profile types of the rows in `range`, sorted.
 pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<ProfileType>> {
-    const PARTS: [&str; 5] = [
-        "name",
-        "sample_type",
-        "sample_unit",
-        "period_type",
-        "period_unit",
-    ];
-    if PARTS
-        .iter()
-        .any(|p| snapshot.schema().index_of(p).is_none())
-    {
+    if !has_type_columns(snapshot) {
         return Ok(Vec::new());
     }
     let request =
