@@ -177,3 +177,69 @@ fn a_database_another_process_holds_is_refused_not_written_behind_its_back() {
     let out = frostdb(&["types", "--data", s(&data)]);
     assert!(out.status.success(), "{}", text(&out));
 }
+
+#[test]
+fn read_commands_find_a_server_tenant_and_never_create_a_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let server_data = dir.path().join("server");
+    let profile = shared().join("testdata/pprof/goapp__go119-cpu-2s.pb.gz");
+    // The layout `frostdb serve` writes: a database per tenant under tenants/.
+    for tenant in ["anonymous", "team-a"] {
+        let db = server_data.join("tenants").join(tenant);
+        let out = frostdb(&["ingest", "--data", s(&db), "--name", tenant, s(&profile)]);
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let types = |args: &[&str]| {
+        let mut all = vec!["types", "--data", s(&server_data)];
+        all.extend_from_slice(args);
+        frostdb(&all)
+    };
+    // Without --tenant: the default tenant's; with it, that tenant's.
+    let out = types(&[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("anonymous:"), "{}", text(&out));
+    let out = types(&["--tenant", "team-a"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("team-a:") && !text(&out).contains("anonymous:"));
+    let out = frostdb(&[
+        "sql",
+        "--data",
+        s(&server_data),
+        "--tenant",
+        "team-a",
+        "SELECT count(*) AS n FROM samples",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    // A tenant that is not there names those that are; nothing is created.
+    let out = types(&["--tenant", "nobody"]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("\"nobody\"") && t.contains("anonymous, team-a"),
+        "{t}"
+    );
+    assert!(!server_data.join("tenants/nobody").exists());
+    // A path with no database at all is an error, and stays empty.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    for args in [
+        vec!["types", "--data", s(&empty)],
+        vec![
+            "query",
+            "--data",
+            s(&empty),
+            "cpu:samples:count:cpu:nanoseconds{}",
+        ],
+        vec!["sql", "--data", s(&empty), "SELECT 1"],
+    ] {
+        let out = frostdb(&args);
+        let t = text(&out);
+        assert!(!out.status.success(), "{args:?}: {t}");
+        assert!(t.contains("no database in"), "{args:?}: {t}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&empty).unwrap().count(),
+        0,
+        "nothing created"
+    );
+}

@@ -3,9 +3,9 @@
 //!
 //! ```text
 //! frostdb ingest --data DIR --name NAME [--label k=v]... [--delta] PATH...
-//! frostdb types --data DIR
-//! frostdb query --data DIR SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
-//! frostdb sql --data DIR 'SELECT ...'
+//! frostdb types --data DIR [--tenant ID]
+//! frostdb query --data DIR [--tenant ID] SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
+//! frostdb sql --data DIR [--tenant ID] 'SELECT ...'
 //! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN] [--ebpf] [--retention 30d]
 //! ```
 
@@ -56,15 +56,23 @@ enum Command {
     },
     /// List the stored profile types.
     Types {
-        /// Database directory.
+        /// Database directory, or a server's data directory.
         #[arg(long)]
         data: PathBuf,
+        /// The tenant, when `--data` is a server's data directory (its databases are under
+        /// `tenants/`; default `anonymous` there).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Merge what a selector selects and print a report.
     Query {
-        /// Database directory.
+        /// Database directory, or a server's data directory.
         #[arg(long)]
         data: PathBuf,
+        /// The tenant, when `--data` is a server's data directory (its databases are under
+        /// `tenants/`; default `anonymous` there).
+        #[arg(long)]
+        tenant: Option<String>,
         /// `name:sample_type:sample_unit:period_type:period_unit{label="value", ...}`
         selector: String,
         /// Start (RFC 3339, Unix ms, or `now-1h`); default: the beginning.
@@ -108,9 +116,13 @@ enum Command {
     },
     /// Run SQL over the stored tables and print the result.
     Sql {
-        /// Database directory.
+        /// Database directory, or a server's data directory.
         #[arg(long)]
         data: PathBuf,
+        /// The tenant, when `--data` is a server's data directory (its databases are under
+        /// `tenants/`; default `anonymous` there).
+        #[arg(long)]
+        tenant: Option<String>,
         /// The query.
         query: String,
     },
@@ -148,9 +160,51 @@ fn open(data: &Path) -> Result<ProfileStore, BoxError> {
     Ok(ProfileStore::open(db, StoreOptions::default())?)
 }
 
+/// Whether `dir` holds a database (a manifest, or a WAL not yet persisted).
+fn is_database(dir: &Path) -> bool {
+    dir.join("manifest.json").is_file() || dir.join("wal").is_dir()
+}
+
+/// The database a read command reads: `data` itself, or in a server's data directory
+/// (`data/tenants/<id>/`) the tenant's (`anonymous` when none is given). A path that holds
+/// no database is an error naming the tenants there, never a new empty database.
+fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
+    let tenants = data.join("tenants");
+    if tenant.is_none() && is_database(data) {
+        return Ok(data.to_owned());
+    }
+    let id = tenant.unwrap_or(frostdb_examples::server::config::DEFAULT_TENANT);
+    frostdb_examples::server::tenants::validate_tenant(id).map_err(|e| format!("--tenant: {e}"))?;
+    let dir = tenants.join(id);
+    if is_database(&dir) {
+        return Ok(dir);
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&tenants)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| is_database(&e.path()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    Err(if present.is_empty() {
+        format!(
+            "no database in {} (check --data, or ingest something first)",
+            data.display()
+        )
+    } else {
+        format!(
+            "no tenant {id:?} in the server data directory {} (its tenants: {}; pick one with --tenant)",
+            data.display(),
+            present.join(", ")
+        )
+    }
+    .into())
+}
+
 /// For commands that only read: a missing database is an error, not a new empty one.
 fn existing(data: &Path) -> Result<&Path, BoxError> {
-    if data.join("manifest.json").is_file() {
+    if is_database(data) {
         Ok(data)
     } else {
         Err(format!(
@@ -419,16 +473,24 @@ fn main() -> ExitCode {
             delta,
             paths,
         } => ingest(&data, name, labels, delta, &paths),
-        Command::Types { data } => types(&data),
+        Command::Types { data, tenant } => {
+            database(&data, tenant.as_deref()).and_then(|data| types(&data))
+        }
         Command::Query {
             data,
+            tenant,
             selector,
             from,
             to,
             format,
             output,
-        } => query(&data, &selector, from, to, format, output),
-        Command::Sql { data, query } => sql(&data, &query),
+        } => database(&data, tenant.as_deref())
+            .and_then(|data| query(&data, &selector, from, to, format, output)),
+        Command::Sql {
+            data,
+            tenant,
+            query,
+        } => database(&data, tenant.as_deref()).and_then(|data| sql(&data, &query)),
         Command::Serve {
             data,
             listen,
