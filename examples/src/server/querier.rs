@@ -266,15 +266,7 @@ pub enum Codec {
 impl Codec {
     /// The codec a request's `Content-Type` names.
     pub fn of(headers: &HeaderMap) -> ApiResult<Self> {
-        let content_type = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
+        let content_type = super::ingest::content_type(headers);
         match content_type.as_str() {
             "application/proto" | "application/protobuf" | "application/x-protobuf" => {
                 Ok(Codec::Proto)
@@ -314,34 +306,6 @@ impl Codec {
                 Err(e) => ApiError::internal(format!("answer to JSON: {e}")).into_response(),
             },
         }
-    }
-}
-
-/// A request body as sent: inflated when `Content-Encoding: gzip`, within the body limit.
-fn body_of(headers: &HeaderMap, body: axum::body::Bytes, limit: usize) -> ApiResult<Vec<u8>> {
-    match headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-    {
-        None | Some("identity") | Some("") => Ok(body.to_vec()),
-        Some("gzip") => {
-            use std::io::Read;
-            let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&body[..])
-                .take(limit as u64 + 1)
-                .read_to_end(&mut out)
-                .map_err(|e| ApiError::bad_request(format!("gzip body: {e}")))?;
-            if out.len() > limit {
-                return Err(ApiError::too_large(format!(
-                    "the gzip body inflates past {limit} bytes"
-                )));
-            }
-            Ok(out)
-        }
-        Some(other) => Err(ApiError::unsupported(format!(
-            "content encoding {other:?} (gzip or identity)"
-        ))),
     }
 }
 
@@ -401,7 +365,7 @@ async fn querier_call(
         .await
         .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
     let codec = Codec::of(&headers)?;
-    let body = body_of(&headers, body, state.config.limits.max_body_bytes)?;
+    let body = super::ingest::body_bytes(&state, &headers, &body)?;
     let q = Querier {
         state,
         tenant: tenant.clone(),
