@@ -261,8 +261,9 @@ pub(crate) struct Recorder {
     columns: Vec<KeyColumn>,
     /// Rows given so far.
     rows: u64,
-    /// Row counts of the row groups cut so far.
-    cut: Vec<u64>,
+    /// Row groups cut so far, and the rows they hold.
+    groups: usize,
+    cut_rows: u64,
     ranges: Vec<(Vec<Scalar>, Vec<Scalar>)>,
     /// The current batch: rows before it and the batch itself.
     batch: Option<(u64, RecordBatch)>,
@@ -277,7 +278,8 @@ impl Recorder {
         Self {
             columns,
             rows: 0,
-            cut: Vec::new(),
+            groups: 0,
+            cut_rows: 0,
             ranges: Vec::new(),
             batch: None,
             open: None,
@@ -310,34 +312,43 @@ impl Recorder {
 
     /// The row counts of every row group the writer has cut so far (after a write).
     pub(crate) fn flushed(&mut self, row_groups: impl Iterator<Item = u64>) {
-        let counts: Vec<u64> = row_groups.skip(self.cut.len()).collect();
+        let counts: Vec<u64> = row_groups.skip(self.groups).collect();
         for rows in counts {
-            let start: u64 = self.cut.iter().sum();
-            let end = start + rows;
-            self.cut.push(rows);
-            let Some((offset, batch)) = &self.batch else {
-                continue;
-            };
-            let in_batch = |row: u64| -> Option<usize> {
-                (row >= *offset && row < offset + batch.num_rows() as u64)
-                    .then(|| (row - offset) as usize)
-            };
-            let last = match in_batch(end - 1) {
-                Some(i) => self.key(batch, i),
-                None => self.last.clone().unwrap_or_default(),
-            };
-            let first = self.open.take().unwrap_or_default();
-            self.ranges.push((first, last));
-            self.open = in_batch(end).map(|i| self.key(batch, i));
+            self.cut(rows);
         }
     }
 
-    /// The ranges, once the writer cut its last row group; `None` if what was recorded does
-    /// not add up to the row groups written (nothing is then stored, nothing skipped).
+    /// The writer cut a row group of `rows` rows after the ones before.
+    fn cut(&mut self, rows: u64) {
+        let end = self.cut_rows + rows;
+        self.groups += 1;
+        self.cut_rows = end;
+        let Some((offset, batch)) = &self.batch else {
+            return;
+        };
+        let in_batch = |row: u64| -> Option<usize> {
+            (row >= *offset && row < offset + batch.num_rows() as u64)
+                .then(|| (row - offset) as usize)
+        };
+        let last = match in_batch(end - 1) {
+            Some(i) => self.key(batch, i),
+            None => self.last.clone().unwrap_or_default(),
+        };
+        let first = self.open.take().unwrap_or_default();
+        self.ranges.push((first, last));
+        self.open = in_batch(end).map(|i| self.key(batch, i));
+    }
+
+    /// The ranges, given the row groups the writer cut before closing (the rows after them
+    /// are the last row group, cut at close); `None` if what was recorded does not add up to
+    /// the rows written (nothing is then stored, nothing skipped).
     pub(crate) fn finish(mut self, row_groups: impl Iterator<Item = u64>) -> Option<String> {
         self.flushed(row_groups);
+        if self.rows > self.cut_rows {
+            self.cut(self.rows - self.cut_rows);
+        }
         let width = self.columns.len();
-        let whole = self.cut.iter().sum::<u64>() == self.rows
+        let whole = self.cut_rows == self.rows
             && self
                 .ranges
                 .iter()

@@ -97,6 +97,16 @@ pub(crate) fn properties(
     Ok(builder.build())
 }
 
+/// The row counts of the row groups `writer` has cut so far.
+fn row_group_rows<W: parquet::arrow::async_writer::AsyncFileWriter>(
+    writer: &AsyncArrowWriter<W>,
+) -> impl Iterator<Item = u64> + '_ {
+    writer
+        .flushed_row_groups()
+        .iter()
+        .map(|rg| rg.num_rows() as u64)
+}
+
 impl Storage {
     /// Streams `batches` into a new Parquet object at `path`.
     pub(crate) fn write_block(
@@ -131,26 +141,15 @@ impl Storage {
             let mut writer = AsyncArrowWriter::try_new(upload, schema, Some(properties))
                 .map_err(|e| parquet(e))?;
             let mut rows = 0u64;
-            let cut = |w: &AsyncArrowWriter<_>| -> Vec<u64> {
-                w.flushed_row_groups()
-                    .iter()
-                    .map(|rg| rg.num_rows() as u64)
-                    .collect()
-            };
             for batch in batches {
                 let batch = batch?;
                 rows += batch.num_rows() as u64;
                 keys.batch(&batch);
                 writer.write(&batch).await.map_err(|e| parquet(e))?;
-                keys.flushed(cut(&writer).into_iter());
+                keys.flushed(row_group_rows(&writer));
             }
-            // The last row group is cut at close: it runs from the rows after the last cut.
-            let written: u64 = cut(&writer).iter().sum();
-            let mut cuts = cut(&writer);
-            if rows > written {
-                cuts.push(rows - written);
-            }
-            if let Some(ranges) = keys.finish(cuts.into_iter()) {
+            // The last row group is cut at close: the rows after the last cut.
+            if let Some(ranges) = keys.finish(row_group_rows(&writer)) {
                 writer.append_key_value_metadata(KeyValue::new(FOOTER_KEY.to_owned(), ranges));
             }
             let metadata = writer.close().await.map_err(|e| parquet(e))?;
