@@ -919,3 +919,71 @@ fn one_owner_at_a_time_and_a_table_keeps_the_database_locked() {
     let db = Db::open(dir.path(), options()).unwrap();
     assert_eq!(db.get_table("samples").unwrap().stats().rows, 40);
 }
+
+#[test]
+fn row_groups_whose_key_range_cannot_hold_a_series_are_skipped() {
+    // Namespaces a..c with pods p00..p19 each, 6 samples a series: sorted by name, labels
+    // (ns, pod) and time, so a row group (and a page) where two namespaces meet spans every
+    // pod in its column bounds while holding only a few series of each.
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    let mut want = Vec::new();
+    for (n, ns) in ["a", "b", "c"].iter().enumerate() {
+        let (mut nss, mut pods, mut ts, mut values) = (vec![], vec![], vec![], vec![]);
+        for p in 0..20 {
+            for t in 0..6 {
+                let value = (n * 10_000 + p * 100 + t) as i64;
+                nss.push(Some(*ns));
+                pods.push(format!("p{p:02}"));
+                ts.push(t as i64);
+                values.push(value);
+                if *ns == "b" && p == 5 {
+                    want.push(value);
+                }
+            }
+        }
+        let pods: Vec<Option<&str>> = pods.iter().map(|p| Some(p.as_str())).collect();
+        table
+            .insert(&batch(vec![
+                ("name", str_n("cpu", 120)),
+                ("labels.ns", strs(&nss)),
+                ("labels.pod", strs(&pods)),
+                ("timestamp", ints(&ts)),
+                ("value", ints(&values)),
+            ]))
+            .unwrap();
+    }
+    table.persist().unwrap();
+    // The key's first column fixed too, as a profile type fixes it.
+    let filter = col("name")
+        .eq("cpu")
+        .and(col("labels.ns").eq("b"))
+        .and(col("labels.pod").eq("p05"));
+    let scan = table
+        .snapshot()
+        .scan(&ScanRequest::new().filter(filter.clone()).project(["value"]))
+        .unwrap();
+    let m = scan.metrics();
+    assert_eq!(values(&scan.collect::<Result<Vec<_>, _>>().unwrap()), want);
+    assert!(m.row_groups_pruned_by_keys > 0, "{m:?}");
+    // The same as a prune-only bound, and after a reopen (the ranges live in the footer).
+    drop(table);
+    drop(db);
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    let scan = table
+        .snapshot()
+        .scan(
+            &ScanRequest::new()
+                .filter(filter.clone())
+                .prune(filter)
+                .project(["value"]),
+        )
+        .unwrap();
+    let m = scan.metrics();
+    assert_eq!(values(&scan.collect::<Result<Vec<_>, _>>().unwrap()), want);
+    assert!(m.row_groups_pruned_by_keys > 0, "{m:?}");
+}
