@@ -89,10 +89,7 @@ fn render_query(
             "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
         ))
     })?;
-    let mut selector = Selector::parse(text).map_err(|e| ApiError::from(e).context(query))?;
-    selector
-        .lift_profile_type()
-        .map_err(|e| ApiError::from(e).context(query))?;
+    let selector = Selector::from_parts("", text).map_err(|e| ApiError::from(e).context(query))?;
     if selector.profile_type.is_none() {
         return Err(ApiError::bad_request(format!(
             "{query} needs a profile type (name:sample_type:sample_unit:period_type:period_unit{{…}})"
@@ -179,27 +176,10 @@ async fn render(
         })
         .await?;
     let timeline = |s: &frostdb_query::profile::native::Series| {
-        let points: Vec<(i64, f64)> = s
-            .points
-            .iter()
-            .zip(&s.rows)
-            .map(|(&(t, v), &n)| {
-                (
-                    t,
-                    if average && n > 0 {
-                        v as f64 / n as f64
-                    } else {
-                        v as f64
-                    },
-                )
-            })
-            .collect();
+        let points: Vec<(i64, f64)> = s.values(average).collect();
         Timeline::new(&points, range.start_ms, range.end_ms, step_s)
     };
-    let all: Vec<(i64, f64)> = series
-        .iter()
-        .flat_map(|s| s.points.iter().map(|&(t, v)| (t, v as f64)))
-        .collect();
+    let all: Vec<(i64, f64)> = series.iter().flat_map(|s| s.values(false)).collect();
     fb.timeline = Some(Timeline::new(&all, range.start_ms, range.end_ms, step_s));
     if let Some(label) = group_by.first() {
         fb.groups = Some(
@@ -228,28 +208,21 @@ async fn render_diff(
     TenantId(tenant): TenantId,
     Query(params): Query<Vec<(String, String)>>,
 ) -> ApiResult<Response> {
-    let (left, left_range) = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
-    let (right, right_range) = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
-    if left.profile_type != right.profile_type {
-        return Err(ApiError::bad_request(
-            "leftQuery and rightQuery must have the same profile type",
-        ));
-    }
+    let left = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
+    let right = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
     let max_nodes = render_max_nodes(&params)?;
     let q = Querier {
         state,
         tenant,
         utf8_names: false,
     };
-    let profile_type = left.profile_type.clone().expect("typed");
-    let l = q.merge(left, left_range).await?;
-    let r = q.merge(right, right_range).await?;
-    let root = tree::diff(&l, &r);
+    let profile_type = left.0.profile_type.clone().expect("typed");
+    let (levels, left_ticks, right_ticks) = q.diff_levels(left, right, max_nodes).await?;
     let fb = Flamebearer::new(
-        Levels::of_diff(&root, max_nodes),
+        levels,
         &profile_type.sample_type,
         &profile_type.sample_unit,
-        Some((root.base, root.compare)),
+        Some((left_ticks, right_ticks)),
     );
     Ok(axum::Json(fb).into_response())
 }
@@ -648,11 +621,31 @@ impl Querier {
         selector: Selector,
         range: TimeRange,
     ) -> ApiResult<frostdb_pprof::Merged> {
-        let empty = frostdb_pprof::Merged::empty(
-            selector.profile_type.clone().expect("typed selectors only"),
-        );
-        self.read(empty, move |store| Ok(store.merge(&selector, range)?))
-            .await
+        match self.tenant().await? {
+            Some(t) => super::query::merge(t, selector, range, false).await,
+            None => Ok(frostdb_pprof::Merged::empty(
+                selector.profile_type.expect("typed selectors only"),
+            )),
+        }
+    }
+
+    /// The diff of two typed selections as Pyroscope's levels, with the left and right
+    /// totals: an error when their profile types differ.
+    async fn diff_levels(
+        &self,
+        (left, left_range): (Selector, TimeRange),
+        (right, right_range): (Selector, TimeRange),
+        max_nodes: usize,
+    ) -> ApiResult<(Levels, i64, i64)> {
+        if left.profile_type != right.profile_type {
+            return Err(ApiError::bad_request(
+                "left and right must have the same profile type",
+            ));
+        }
+        let l = self.merge(left, left_range).await?;
+        let r = self.merge(right, right_range).await?;
+        let root = tree::diff(&l, &r);
+        Ok((Levels::of_diff(&root, max_nodes), root.base, root.compare))
     }
 
     async fn profile_types(
@@ -678,8 +671,7 @@ impl Querier {
             .read(Vec::new(), move |store| {
                 let mut names = std::collections::BTreeSet::new();
                 for s in &selectors {
-                    let everything = s.profile_type.is_none() && s.matchers.is_empty();
-                    names.extend(store.label_names((!everything).then_some(s), range)?);
+                    names.extend(store.label_names(Some(s), range)?);
                 }
                 if !store.profile_types(range)?.is_empty() {
                     names.extend(PSEUDO_LABELS.iter().map(|l| (*l).to_owned()));
@@ -907,15 +899,9 @@ impl Querier {
                 .into_iter()
                 .map(|s| types::Series {
                     points: s
-                        .points
-                        .iter()
-                        .zip(&s.rows)
-                        .map(|(&(timestamp, value), &rows)| types::Point {
-                            value: if average && rows > 0 {
-                                value as f64 / rows as f64
-                            } else {
-                                value as f64
-                            },
+                        .values(average)
+                        .map(|(timestamp, value)| types::Point {
+                            value,
                             timestamp,
                             ..Default::default()
                         })
@@ -937,19 +923,15 @@ impl Querier {
         };
         let (left, left_range, left_nodes) = side(r.left, "left")?;
         let (right, right_range, _) = side(r.right, "right")?;
-        if left.profile_type != right.profile_type {
-            return Err(ApiError::bad_request(
-                "left and right must have the same profile type",
-            ));
-        }
-        let max_nodes = max_nodes(left_nodes)?;
-        let l = self.merge(left, left_range).await?;
-        let r = self.merge(right, right_range).await?;
-        let root = tree::diff(&l, &r);
+        let (levels, left_ticks, right_ticks) = self
+            .diff_levels(
+                (left, left_range),
+                (right, right_range),
+                max_nodes(left_nodes)?,
+            )
+            .await?;
         Ok(querier::DiffResponse {
-            flamegraph: Some(
-                Levels::of_diff(&root, max_nodes).to_proto_diff(root.base, root.compare),
-            ),
+            flamegraph: Some(levels.to_proto_diff(left_ticks, right_ticks)),
         })
     }
 

@@ -202,7 +202,7 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
 }
 
 /// Merges off the async threads (a merge reads with its own threads).
-async fn merge(
+pub(super) async fn merge(
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,

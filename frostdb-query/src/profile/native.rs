@@ -320,6 +320,20 @@ pub struct Series {
     pub rows: Vec<u64>,
 }
 
+impl Series {
+    /// The points as `(bucket start ms, value)`: each the sum, or with `average` the mean over
+    /// the rows summed into it (profiles, for the totals table).
+    pub fn values(&self, average: bool) -> impl Iterator<Item = (i64, f64)> + '_ {
+        self.points
+            .iter()
+            .zip(&self.rows)
+            .map(move |(&(t, v), &n)| match (average, n) {
+                (true, n) if n > 0 => (t, v as f64 / n as f64),
+                _ => (t, v as f64),
+            })
+    }
+}
+
 /// A string column as the engine returns it: dictionary-encoded (memory and most blocks) or
 /// plain.
 enum Strings<'a> {
