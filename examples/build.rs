@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(".querier.v1", "::frostdb_pprof::api::querier::v1")
         .extern_path(".types.v1", "::frostdb_pprof::api::types::v1")
         .extern_path(".settings.v1", "::frostdb_pprof::api::settings::v1")
-        .extern_path(".google.v1", "::frostdb_pprof::api::google::v1")
+        .extern_path(".google.v1", "::frostdb_pprof::proto")
         .compile_fds(descriptors)?;
     Ok(())
 }

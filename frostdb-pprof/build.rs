@@ -6,8 +6,18 @@
 
 use prost::Message as _;
 
-/// The query API's packages, whose messages also get serde implementations.
-const API_PACKAGES: [&str; 4] = [".types.v1", ".querier.v1", ".settings.v1", ".google.v1"];
+/// The packages whose messages also get serde implementations: the query API's, and pprof,
+/// which it returns.
+const JSON_PACKAGES: [&str; 4] = [
+    ".types.v1",
+    ".querier.v1",
+    ".settings.v1",
+    ".perftools.profiles",
+];
+
+/// `google.v1.Profile`, pprof under the package the query API names it by, is the same
+/// message as `perftools.profiles.Profile`: one Rust type for both.
+const GOOGLE_V1: (&str, &str) = (".google.v1", "crate::proto");
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -22,9 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ["proto"],
     )?;
     let bytes = descriptors.encode_to_vec();
-    prost_build::Config::new().compile_fds(descriptors)?;
+    prost_build::Config::new()
+        .extern_path(GOOGLE_V1.0, GOOGLE_V1.1)
+        .compile_fds(descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&bytes)?
-        .build(&API_PACKAGES)?;
+        .extern_path(GOOGLE_V1.0, GOOGLE_V1.1)
+        .build(&JSON_PACKAGES)?;
     Ok(())
 }

@@ -1015,12 +1015,7 @@ fn label_pairs(labels: Vec<(String, String)>) -> Vec<types::LabelPair> {
         .collect()
 }
 
-/// The merged profile as `google.v1.Profile` (pprof's messages under Pyroscope's package:
-/// the same bytes).
+/// The merged profile as `google.v1.Profile` (pprof's messages under Pyroscope's package).
 fn pprof_of(merged: &frostdb_pprof::Merged) -> ApiResult<google::Profile> {
-    let profile = frostdb_pprof::report::pprof::to_profile(merged)?;
-    google::Profile::decode(prost::Message::encode_to_vec(&profile).as_slice())
-        .map_err(|e| ApiError::internal(format!("pprof as google.v1.Profile: {e}")))
+    Ok(frostdb_pprof::report::pprof::to_profile(merged)?)
 }
-
-use prost::Message as _;
