@@ -732,3 +732,93 @@ async fn the_render_api_answers_flamebearer_json_with_timelines_and_diffs() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn generated_python_clients_agree_over_grpc_grpc_web_and_connect() {
+    let Some(python) = common::venv_python("grpc_tools") else {
+        return;
+    };
+    if common::venv_python("pyroscope").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    // A real program profiled by the real pyroscope-io client.
+    let out = tokio::process::Command::new(&python)
+        .arg(common::e2e_script("pyroscope_client.py"))
+        .args([s.url.as_str(), "py-querier", "3"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, types) = call_json(&s, Some("py-querier"), "ProfileTypes", json!({})).await;
+    assert_eq!(status, 200);
+    let cpu = types["profileTypes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["ID"].as_str())
+        .find(|t| t.starts_with("process_cpu:"))
+        .unwrap_or_else(|| panic!("no process_cpu type in {types}"))
+        .to_owned();
+    // The total as the server's own API reports it.
+    let service = "frostdb-e2e-python";
+    let top = common::get_json(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            common::enc(&format!("{cpu}{{service_name=\"{service}\"}}"))
+        ),
+        Some("py-querier"),
+    )
+    .await;
+    let total = top["total"].as_i64().unwrap();
+    assert!(total > 0, "{top}");
+    let protos = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb-pprof/proto");
+    let out = tokio::process::Command::new(&python)
+        .arg(common::e2e_script("querier_client.py"))
+        .args([
+            s.url.as_str(),
+            "py-querier",
+            protos.to_str().unwrap(),
+            &cpu,
+            service,
+            &total.to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        s.log()
+    );
+    for method in [
+        "ProfileTypes",
+        "LabelNames",
+        "LabelValues",
+        "Series",
+        "SelectMergeStacktraces",
+        "SelectMergeSpanProfile",
+        "SelectMergeProfile",
+        "SelectSeries",
+        "Diff",
+        "GetProfileStats",
+        "AnalyzeQuery",
+        "Get",
+    ] {
+        assert!(
+            stdout.contains(&format!(
+                "{method}: grpc, connect+proto, connect+json, grpc-web agree"
+            )),
+            "{method} not checked:\n{stdout}"
+        );
+    }
+}

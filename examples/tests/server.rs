@@ -5,7 +5,7 @@ mod common;
 
 use std::io::Write;
 
-use common::{Server, enc, get, get_json, testdata};
+use common::{Server, e2e_script, enc, get, get_json, testdata, venv_python};
 use frostdb_pprof::convert::otlp::proto as otlp;
 use frostdb_pprof::convert::push::proto as push;
 use prost::Message;
@@ -762,6 +762,43 @@ async fn otlp_export_of_the_ebpf_profiler_is_stored() {
     assert_eq!(top_total(&s, None, &format!("{CPU}{{}}")).await, want);
     let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
     assert!(!services.as_array().unwrap().is_empty());
+
+    // The same export over gRPC (as OTel collectors send it, gzip-compressed), into a tenant.
+    use frostdb_examples::server::ingest::otlp::grpc::profiles_service_client::ProfilesServiceClient;
+    let channel = tonic::transport::Channel::from_shared(s.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ProfilesServiceClient::new(channel)
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let mut grpc_request = tonic::Request::new(request);
+    grpc_request
+        .metadata_mut()
+        .insert("x-scope-orgid", "otlp-grpc".parse().unwrap());
+    client.export(grpc_request).await.unwrap();
+    assert_eq!(
+        top_total(&s, Some("otlp-grpc"), &format!("{CPU}{{}}")).await,
+        want
+    );
+    // Garbage is refused with INVALID_ARGUMENT, and nothing is stored for it.
+    let mut bad = otlp::ExportProfilesServiceRequest::default();
+    bad.resource_profiles
+        .push(otlp::ResourceProfiles::default());
+    bad.resource_profiles[0]
+        .scope_profiles
+        .push(otlp::ScopeProfiles::default());
+    bad.resource_profiles[0].scope_profiles[0]
+        .profiles
+        .push(otlp::Profile {
+            sample_type: Some(otlp::ValueType {
+                type_strindex: 99,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    let error = client.export(tonic::Request::new(bad)).await.unwrap_err();
+    assert_eq!(error.code(), tonic::Code::InvalidArgument, "{error}");
 }
 
 #[tokio::test]
@@ -995,36 +1032,6 @@ profiles = ["heap"]
         stored <= cumulative,
         "stored {stored} > cumulative {cumulative}: not deltas"
     );
-}
-
-/// The Python of target/test-venv (scripts/test.sh installs pyroscope-io and Playwright).
-fn venv_python(module: &str) -> Option<std::path::PathBuf> {
-    let venv = std::env::var("FROSTDB_TEST_VENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv")
-        });
-    let python = venv.join("bin/python");
-    let ok = std::process::Command::new(&python)
-        .args(["-c", &format!("import {module}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must have {module} in {} (scripts/test.sh installs it)",
-            venv.display()
-        );
-        eprintln!("SKIPPED: {module} is not installed in {}", venv.display());
-        return None;
-    }
-    Some(python)
-}
-
-fn e2e_script(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/e2e")
-        .join(name)
 }
 
 #[tokio::test]

@@ -306,13 +306,21 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 /// Answers a gRPC or gRPC-Web request with tonic.
 async fn grpc_call(state: Shared, request: axum::extract::Request) -> Response {
     use tonic::codec::CompressionEncoding::Gzip;
-    use tower::{Layer, ServiceExt};
     let routes = tonic::service::Routes::new(
         grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier { state })
             .accept_compressed(Gzip)
             .send_compressed(Gzip),
     )
     .add_service(grpc::settings::settings_service_server::SettingsServiceServer::new(GrpcSettings));
+    serve_grpc(routes, request).await
+}
+
+/// Answers a gRPC or gRPC-Web request with tonic `routes`.
+pub(crate) async fn serve_grpc(
+    routes: tonic::service::Routes,
+    request: axum::extract::Request,
+) -> Response {
+    use tower::{Layer, ServiceExt};
     match tonic_web::GrpcWebLayer::new()
         .layer(routes)
         .oneshot(request)
@@ -402,7 +410,7 @@ struct GrpcQuerier {
 struct GrpcSettings;
 
 /// An error as a gRPC status of the matching code.
-fn status(e: ApiError) -> tonic::Status {
+pub(crate) fn status(e: ApiError) -> tonic::Status {
     use tonic::Code;
     let code = match e.status {
         StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::InvalidArgument,
@@ -421,18 +429,6 @@ fn status(e: ApiError) -> tonic::Status {
 impl GrpcQuerier {
     /// The request's [`Querier`]: its tenant from the `x-scope-orgid` metadata.
     fn querier<T>(&self, request: &tonic::Request<T>) -> Result<Querier, tonic::Status> {
-        let tenant = match request.metadata().get("x-scope-orgid") {
-            None => super::config::DEFAULT_TENANT.to_owned(),
-            Some(v) => {
-                let id = v
-                    .to_str()
-                    .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?
-                    .trim()
-                    .to_owned();
-                super::tenants::validate_tenant(&id).map_err(tonic::Status::invalid_argument)?;
-                id
-            }
-        };
         let utf8_names = request
             .metadata()
             .get_all("accept")
@@ -441,9 +437,27 @@ impl GrpcQuerier {
             .any(|v| v.contains("allow-utf8-labelnames=true"));
         Ok(Querier {
             state: self.state.clone(),
-            tenant,
+            tenant: grpc_tenant(request.metadata())?,
             utf8_names,
         })
+    }
+}
+
+/// The tenant of a gRPC request: its `x-scope-orgid` metadata, or the default tenant.
+pub(crate) fn grpc_tenant(
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<String, tonic::Status> {
+    match metadata.get("x-scope-orgid") {
+        None => Ok(super::config::DEFAULT_TENANT.to_owned()),
+        Some(v) => {
+            let id = v
+                .to_str()
+                .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?
+                .trim()
+                .to_owned();
+            super::tenants::validate_tenant(&id).map_err(tonic::Status::invalid_argument)?;
+            Ok(id)
+        }
     }
 }
 

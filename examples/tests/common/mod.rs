@@ -160,3 +160,33 @@ pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Val
 /// Percent-encodes a query parameter value.
 #[allow(unused_imports)]
 pub(crate) use frostdb_examples::url_encode as enc;
+
+/// The Python of target/test-venv (scripts/test.sh installs pyroscope-io and Playwright).
+pub(crate) fn venv_python(module: &str) -> Option<std::path::PathBuf> {
+    let venv = std::env::var("FROSTDB_TEST_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv")
+        });
+    let python = venv.join("bin/python");
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must have {module} in {} (scripts/test.sh installs it)",
+            venv.display()
+        );
+        eprintln!("SKIPPED: {module} is not installed in {}", venv.display());
+        return None;
+    }
+    Some(python)
+}
+
+pub(crate) fn e2e_script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/e2e")
+        .join(name)
+}

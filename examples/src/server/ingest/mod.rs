@@ -20,6 +20,7 @@ pub fn routes() -> Router<Shared> {
         .route("/ingest", post(legacy::handle))
         .route("/pyroscope/ingest", post(legacy::handle))
         .route("/v1development/profiles", post(otlp::handle))
+        .route(otlp::GRPC_EXPORT, post(otlp::handle_grpc))
 }
 
 /// One profile to store.

@@ -1,7 +1,8 @@
 //! OpenTelemetry profiles (`POST /v1development/profiles`, protobuf
-//! `ExportProfilesServiceRequest` of opentelemetry-proto profiles/v1development), converted
-//! to pprof by [`frostdb_pprof::convert::otlp`]: each OTLP `Profile` is stored as a pprof
-//! profile under its series labels.
+//! `ExportProfilesServiceRequest` of opentelemetry-proto profiles/v1development, and the same
+//! over gRPC at `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export`),
+//! converted to pprof by [`frostdb_pprof::convert::otlp`]: each OTLP `Profile` is stored as a
+//! pprof profile under its series labels.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -33,7 +34,22 @@ pub async fn handle(
     let body = body_bytes(&state, &headers, &body)?;
     let request = proto::ExportProfilesServiceRequest::decode(body.as_slice())
         .map_err(|e| ApiError::bad_request(format!("ExportProfilesServiceRequest: {e}")))?;
-    let converted = otlp::convert(&request, &state.tenants.pprof_limits())?;
+    export(&state, &tenant, &request).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-protobuf")],
+        proto::ExportProfilesServiceResponse::default().encode_to_vec(),
+    )
+        .into_response())
+}
+
+/// Converts and stores every profile of an export request; the count stored. Each is
+/// acknowledged only once durable, and the first failure fails the request.
+pub async fn export(
+    state: &Shared,
+    tenant: &str,
+    request: &proto::ExportProfilesServiceRequest,
+) -> ApiResult<usize> {
+    let converted = otlp::convert(request, &state.tenants.pprof_limits())?;
     let profiles = converted.len();
     for c in converted {
         let incoming = Incoming {
@@ -44,12 +60,52 @@ pub async fn handle(
             delta: false,
             timestamp_ms: None,
         };
-        store(&state, &tenant, incoming).await?;
+        store(state, tenant, incoming).await?;
     }
     tracing::debug!(%tenant, profiles, "otlp export");
-    Ok((
-        [(header::CONTENT_TYPE, "application/x-protobuf")],
-        proto::ExportProfilesServiceResponse::default().encode_to_vec(),
-    )
-        .into_response())
+    Ok(profiles)
+}
+
+/// The generated gRPC glue of the collector service.
+#[allow(missing_docs, clippy::all, unreachable_pub, rust_2018_idioms)]
+pub mod grpc {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/opentelemetry.proto.collector.profiles.v1development.rs"
+    ));
+}
+
+/// The gRPC route's path.
+pub const GRPC_EXPORT: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// `Export` over gRPC: the tenant from the `x-scope-orgid` metadata.
+#[derive(Debug)]
+struct Collector {
+    state: Shared,
+}
+
+#[tonic::async_trait]
+impl grpc::profiles_service_server::ProfilesService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<proto::ExportProfilesServiceRequest>,
+    ) -> Result<tonic::Response<proto::ExportProfilesServiceResponse>, tonic::Status> {
+        let tenant = crate::server::querier::grpc_tenant(request.metadata())?;
+        export(&self.state, &tenant, request.get_ref())
+            .await
+            .map_err(crate::server::querier::status)?;
+        Ok(tonic::Response::new(
+            proto::ExportProfilesServiceResponse::default(),
+        ))
+    }
+}
+
+/// `POST` [`GRPC_EXPORT`]: gRPC (and gRPC-Web) with tonic, messages up to the body limit.
+pub async fn handle_grpc(State(state): State<Shared>, request: axum::extract::Request) -> Response {
+    let limit = state.config.limits.max_body_bytes;
+    let service = grpc::profiles_service_server::ProfilesServiceServer::new(Collector { state })
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .max_decoding_message_size(limit);
+    crate::server::querier::serve_grpc(tonic::service::Routes::new(service), request).await
 }
