@@ -1063,6 +1063,25 @@ impl ProfileStore {
         )?)
     }
 
+    /// [`ProfileStore::range`] skipping the blocks it cannot read, with their count: a
+    /// partial answer that says it is partial.
+    pub fn range_lenient(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        step_ms: i64,
+        group_by: Option<&[String]>,
+    ) -> Result<(Vec<frostdb_query::profile::native::Series>, usize)> {
+        Ok(frostdb_query::profile::native::range_counted(
+            &self.totals.snapshot(),
+            selector,
+            range,
+            step_ms,
+            group_by,
+            true,
+        )?)
+    }
+
     /// The values label `name` has in what `selector` (if any) selects in `range`, sorted:
     /// read from the series index (no sample row is read), at its granularity of an hour,
     /// as Prometheus and Pyroscope answer from the index of each block a range touches.
@@ -1104,6 +1123,22 @@ impl ProfileStore {
         let (snapshot, range) = self.label_source(range);
         Ok(frostdb_query::profile::native::series_labels(
             &snapshot, selector, range, only,
+        )?)
+    }
+
+    /// [`ProfileStore::series`] read from the sample rows (at their exact times, not the
+    /// index's hours), skipping the blocks it cannot read, with their count.
+    pub fn series_lenient(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+    ) -> Result<(Vec<frostdb_query::profile::native::SeriesLabels>, usize)> {
+        Ok(frostdb_query::profile::native::series_labels_counted(
+            &self.samples.snapshot(),
+            selector,
+            range,
+            None,
+            true,
         )?)
     }
 

@@ -15,8 +15,6 @@
 //! `profilecli --protocol grpc|grpc-web` sends) through tonic, with the same answers; the
 //! tenant is the `x-scope-orgid` metadata there.
 
-use std::sync::Arc;
-
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -34,7 +32,6 @@ use frostdb_query::profile::TimeRange;
 use frostdb_query::{Matcher, Selector};
 
 use super::error::{ApiError, ApiResult};
-use super::tenants::Tenant;
 use super::{Shared, TenantId};
 
 /// The most nodes a flame graph may ask for (Pyroscope's cap).
@@ -609,11 +606,6 @@ struct Querier {
 }
 
 impl Querier {
-    /// The tenant's store, `None` when it stored nothing yet.
-    async fn tenant(&self) -> ApiResult<Option<Arc<Tenant>>> {
-        self.state.tenants.for_read(&self.tenant).await
-    }
-
     /// Runs `read` on the tenant's store off the async threads; `empty` for a tenant that
     /// stored nothing.
     async fn read<T: Send + 'static>(
@@ -621,12 +613,7 @@ impl Querier {
         empty: T,
         read: impl FnOnce(&frostdb_pprof::ProfileStore) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
-        let Some(t) = self.tenant().await? else {
-            return Ok(empty);
-        };
-        tokio::task::spawn_blocking(move || read(&t.store))
-            .await
-            .map_err(|e| ApiError::internal(format!("query task failed: {e}")))?
+        super::query::on_store(&self.state, &self.tenant, empty, read).await
     }
 
     /// The merge of `selector` in `range`, empty for a tenant that stored nothing.
@@ -635,7 +622,7 @@ impl Querier {
         selector: Selector,
         range: TimeRange,
     ) -> ApiResult<frostdb_pprof::Merged> {
-        match self.tenant().await? {
+        match self.state.tenants.for_read(&self.tenant).await? {
             Some(t) => super::query::merge(t, selector, range, false).await,
             None => Ok(frostdb_pprof::Merged::empty(
                 selector.profile_type.expect("typed selectors only"),

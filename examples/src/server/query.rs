@@ -313,12 +313,7 @@ async fn from_series_index<T: serde::Serialize + Send + 'static>(
     tenant: &str,
     read: impl FnOnce(&frostdb_pprof::ProfileStore) -> frostdb_pprof::Result<Vec<T>> + Send + 'static,
 ) -> ApiResult<Response> {
-    let Some(t) = state.tenants.for_read(tenant).await? else {
-        return Ok(Json(json!([])).into_response());
-    };
-    let values = tokio::task::spawn_blocking(move || read(&t.store))
-        .await
-        .map_err(|e| ApiError::internal(format!("series index task failed: {e}")))??;
+    let values = on_store(state, tenant, Vec::new(), move |store| Ok(read(store)?)).await?;
     Ok(Json(json!(values)).into_response())
 }
 
@@ -375,31 +370,46 @@ async fn series(
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
-    let (range, selector) = (p.range()?, p.selector()?);
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
+    let (range, selector) = (p.range()?, p.selector()?.unwrap_or_default());
+    let lenient = p.lenient;
+    let read = move |store: &frostdb_pprof::ProfileStore| {
+        // Strict: from the series index; lenient: from the sample rows, counting what it
+        // could not read.
+        let (series, failed) = if lenient {
+            store.series_lenient(&selector, range)?
+        } else {
+            (store.series(&selector, range, None)?, 0)
+        };
+        let series: Vec<Value> = series
+            .into_iter()
+            .map(|s| {
+                let labels: BTreeMap<String, String> = s.labels.into_iter().collect();
+                json!({"profile_type": s.profile_type.to_string(), "labels": labels})
+            })
+            .collect();
+        Ok((series, failed))
     };
-    let batches = collect(profile::series(&r.ctx, SAMPLES, selector.as_ref(), range).await).await?;
-    let mut out = Vec::new();
-    for b in &batches {
-        let schema = b.schema();
-        for row in rows(b)? {
-            let mut labels = BTreeMap::new();
-            let mut parts = Vec::new();
-            for (field, v) in schema.fields().iter().zip(row) {
-                match field.name().strip_prefix("labels.") {
-                    Some(l) => {
-                        if let Some(v) = v {
-                            labels.insert(l.to_owned(), v);
-                        }
-                    }
-                    None => parts.push(v.unwrap_or_default()),
-                }
-            }
-            out.push(json!({"profile_type": parts.join(":"), "labels": labels}));
-        }
-    }
-    Ok(answer(Json(Value::Array(out)), r.blocks_failed()))
+    let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), read).await?;
+    Ok(answer(
+        Json(Value::Array(series)),
+        lenient.then_some(failed),
+    ))
+}
+
+/// Runs `read` on the tenant's store off the async threads; `empty` for a tenant that
+/// stored nothing.
+pub(super) async fn on_store<T: Send + 'static>(
+    state: &Shared,
+    tenant: &str,
+    empty: T,
+    read: impl FnOnce(&frostdb_pprof::ProfileStore) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let Some(t) = state.tenants.for_read(tenant).await? else {
+        return Ok(empty);
+    };
+    tokio::task::spawn_blocking(move || read(&t.store))
+        .await
+        .map_err(|e| ApiError::internal(format!("query task failed: {e}")))?
 }
 
 async fn timestamps(
@@ -530,52 +540,26 @@ async fn query_range(
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.typed_selector()?);
     let step = step_ms(p.step.as_deref(), range)?;
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(
-            Json(json!({"step_ms": step, "series": []})),
-            p.lenient.then_some(0),
-        ));
-    };
-    let batches = collect(profile::range(&r.ctx, TOTALS, &selector, range, step).await).await?;
-    // One series per label set, points in time order (the plan sorts by labels, then time).
-    type Points = Vec<(i64, i64)>;
-    let mut series: Vec<(BTreeMap<String, String>, Points)> = Vec::new();
-    for b in &batches {
-        let schema = b.schema();
-        let ts = schema
-            .index_of("timestamp")
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        let value = schema
-            .index_of("value")
-            .map_err(|e| ApiError::internal(e.to_string()))?;
-        for row in rows(b)? {
-            let mut labels = BTreeMap::new();
-            for (f, v) in schema.fields().iter().zip(&row) {
-                if let (Some(l), Some(v)) = (f.name().strip_prefix("labels."), v) {
-                    labels.insert(l.to_owned(), v.clone());
-                }
-            }
-            let parse = |c: usize| row[c].as_deref().and_then(|s| s.parse::<i64>().ok());
-            let point = (
-                parse(ts).unwrap_or_default(),
-                parse(value).unwrap_or_default(),
-            );
-            match series.last_mut() {
-                Some((l, points)) if *l == labels => points.push(point),
-                _ => series.push((labels, vec![point])),
-            }
-        }
-    }
+    let profile_type = selector.profile_type.as_ref().map(|t| t.to_string());
+    let lenient = p.lenient;
+    // Profile totals: a row per profile; one series per label set, points in time order.
+    let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), move |store| {
+        Ok(if lenient {
+            store.range_lenient(&selector, range, step, None)?
+        } else {
+            (store.range(&selector, range, step, None)?, 0)
+        })
+    })
+    .await?;
     let series: Vec<Value> = series
         .into_iter()
-        .map(|(labels, points)| json!({"labels": labels, "points": points}))
+        .map(|s| {
+            let labels: BTreeMap<String, String> = s.labels.into_iter().collect();
+            json!({"labels": labels, "points": s.points})
+        })
         .collect();
-    let body = json!({
-        "profile_type": selector.profile_type.as_ref().map(|t| t.to_string()),
-        "step_ms": step,
-        "series": series,
-    });
-    Ok(answer(Json(body), r.blocks_failed()))
+    let body = json!({"profile_type": profile_type, "step_ms": step, "series": series});
+    Ok(answer(Json(body), lenient.then_some(failed)))
 }
 
 async fn diff(

@@ -399,6 +399,19 @@ pub fn range(
     step_ms: i64,
     group_by: Option<&[String]>,
 ) -> Result<Vec<Series>> {
+    Ok(range_counted(snapshot, selector, range, step_ms, group_by, false)?.0)
+}
+
+/// [`range()`], `lenient` or not: a lenient scan skips blocks it cannot read, and the count
+/// of those comes with the series (always 0 when strict, which fails instead).
+pub fn range_counted(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    step_ms: i64,
+    group_by: Option<&[String]>,
+    lenient: bool,
+) -> Result<(Vec<Series>, usize)> {
     let step = step_ms.max(1);
     let present = label_names_of(snapshot);
     let labels: Vec<String> = match group_by {
@@ -409,12 +422,14 @@ pub fn range(
     columns.extend(["timestamp".to_owned(), "value".to_owned()]);
     let request = ScanRequest::new()
         .project(columns)
-        .filter(predicate(snapshot, selector, range));
+        .filter(predicate(snapshot, selector, range))
+        .lenient(lenient);
     let mut groups: std::collections::HashMap<Vec<Option<String>>, u32> = Default::default();
     let mut group_labels: Vec<Vec<Option<String>>> = Vec::new();
     let mut sums: std::collections::HashMap<(u32, i64), (i64, u64)> = Default::default();
     let n = labels.len();
-    for batch in snapshot.scan(&request)? {
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
         let batch = batch?;
         let strings: Vec<Strings<'_>> = (0..n)
             .map(|i| Strings::of(batch.column(i).as_ref()))
@@ -506,7 +521,7 @@ pub fn range(
     }
     series.retain(|s| !s.points.is_empty());
     series.sort_by(|a, b| a.labels.cmp(&b.labels));
-    Ok(series)
+    Ok((series, scan.metrics().blocks_failed))
 }
 
 /// A series' labels: `(column, value)` pairs.
@@ -591,8 +606,19 @@ pub fn series_labels(
     range: TimeRange,
     only: Option<&[String]>,
 ) -> Result<Vec<SeriesLabels>> {
+    Ok(series_labels_counted(snapshot, selector, range, only, false)?.0)
+}
+
+/// [`series_labels`], `lenient` or not, with the count of blocks a lenient scan skipped.
+pub fn series_labels_counted(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    only: Option<&[String]>,
+    lenient: bool,
+) -> Result<(Vec<SeriesLabels>, usize)> {
     if !has_type_columns(snapshot) {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let labels: Vec<String> = label_names_of(snapshot)
         .into_iter()
@@ -602,9 +628,11 @@ pub fn series_labels(
     columns.extend(labels.iter().map(|l| format!("labels.{l}")));
     let request = ScanRequest::new()
         .project(columns.iter())
-        .filter(predicate(snapshot, selector, range));
+        .filter(predicate(snapshot, selector, range))
+        .lenient(lenient);
     let mut out: std::collections::BTreeSet<SeriesLabels> = Default::default();
-    for batch in snapshot.scan(&request)? {
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
         let batch = batch?;
         let strings = (0..columns.len())
             .map(|c| Strings::of(batch.column(c).as_ref()))
@@ -637,7 +665,7 @@ pub fn series_labels(
             last = Some(keys);
         }
     }
-    Ok(out.into_iter().collect())
+    Ok((out.into_iter().collect(), scan.metrics().blocks_failed))
 }
 
 /// The profile types of the rows in `range`, sorted.
