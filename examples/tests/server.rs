@@ -1310,6 +1310,7 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
         format!("query?format=top&selector={selector}"),
         "sql?q=SELECT%20count(*)%20FROM%20samples".to_owned(),
         "labels".to_owned(),
+        format!("series?selector={selector}"),
     ] {
         let (status, body) = get(&format!("{}/api/v1/{route}", s.url), Some("t1")).await;
         assert_eq!(status, 500, "{route}: {body}");
