@@ -38,6 +38,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     pbjson_build::Builder::new()
         .register_descriptors(&bytes)?
         .extern_path(GOOGLE_V1.0, GOOGLE_V1.1)
+        // As connect-go's protojson (`DiscardUnknown`): fields and enum names a newer client
+        // sends that these protos lack are skipped, not refused (Grafana's Profiles
+        // Drilldown sends `PROFILE_FORMAT_FUNCTIONS` and falls back when it gets a graph).
+        .ignore_unknown_fields()
+        .ignore_unknown_enum_variants()
         .build(&JSON_PACKAGES)?;
     Ok(())
 }

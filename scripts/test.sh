@@ -18,10 +18,13 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # Debian packages: Go (go tool pprof to check our pprof against, and the scrape target in
-# shared/tools/goapp) and Chromium (the web page's end-to-end test).
+# shared/tools/goapp), Chromium (the web page's end-to-end test, and Pyroscope's flame graph
+# component drawing our render API) and Node.js with npm (Pyroscope's Node client).
 missing=()
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
@@ -44,6 +47,17 @@ if ! "$venv/bin/python" -c "import pyroscope, playwright" 2>/dev/null; then
   "$venv/bin/pip" install --quiet 'pyroscope-io>=1.4,<2' 'playwright>=1.40,<2'
 fi
 export FROSTDB_TEST_VENV="$PWD/$venv"
+
+# npm packages of the field's clients (pinned by their lock files): @pyroscope/flamegraph,
+# bundled with esbuild for the page the flame graph test draws, and @pyroscope/nodejs.
+e2e=examples/tests/e2e
+if [ ! -f "$e2e/flamegraph/dist/bundle.js" ] || [ "$e2e/flamegraph/package-lock.json" -nt "$e2e/flamegraph/dist/bundle.js" ] || [ "$e2e/flamegraph/main.jsx" -nt "$e2e/flamegraph/dist/bundle.js" ]; then
+  npm ci --prefix "$e2e/flamegraph" --no-audit --no-fund --loglevel=error
+  npm run --prefix "$e2e/flamegraph" --silent build
+fi
+if [ ! -f "$e2e/nodejs/node_modules/@pyroscope/nodejs/package.json" ]; then
+  npm ci --prefix "$e2e/nodejs" --no-audit --no-fund --loglevel=error
+fi
 
 # shared/bench's tiny fleet, for the query cross-check: its generator runs from a copy (it
 # writes compiled protobufs beside itself), its data goes to target/bench-data.

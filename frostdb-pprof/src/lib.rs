@@ -96,7 +96,8 @@ pub mod api {
 
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
+pub use frostdb_query::profile::Aggregation;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};
-pub use store::{Merged, ProfileStore, StoreOptions};
+pub use store::{MergeOptions, Merged, ProfileStore, SeriesSamples, StoreOptions};
 pub use symbols::{Frame, Function, Mapping, StackId, SymbolOptions, Symbols};

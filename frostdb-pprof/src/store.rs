@@ -7,14 +7,14 @@
 //! and add symbols and append their record; the fsync is waited for outside it, so
 //! concurrent ingests share fsyncs and a lone one waits for nobody.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
 use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions};
-use frostdb_query::profile::TimeRange;
 use frostdb_query::profile::native::{StackTotals, merge_stacks};
+use frostdb_query::profile::{Aggregation, TimeRange};
 use frostdb_query::{ProfileType, Selector};
 use parking_lot::{Condvar, Mutex};
 
@@ -76,6 +76,13 @@ impl Default for StoreOptions {
     }
 }
 
+/// One series of a merge kept apart: its labels (`(name, value)`, in name order) and its
+/// stacks' values, in stack id order.
+pub type SeriesSamples = (
+    frostdb_query::profile::native::LabelSet,
+    Vec<(StackId, i64)>,
+);
+
 /// One merged profile: the value of each stack summed over what a selector selected.
 #[derive(Debug, Clone)]
 pub struct Merged {
@@ -99,6 +106,10 @@ pub struct Merged {
     /// What the merge's scans read and skipped (blocks, row groups, pages, rows), summed
     /// over its raw and rollup pieces: the merge's `EXPLAIN ANALYZE`.
     pub metrics: frostdb_core::ScanMetrics,
+    /// The same stacks and values per series (label set, `(name, value)` pairs in name
+    /// order), when merged with [`MergeOptions::by_series`]; empty otherwise. A pprof
+    /// export gives each sample its series' labels from it.
+    pub series: Vec<SeriesSamples>,
 }
 
 impl Merged {
@@ -118,8 +129,20 @@ impl Merged {
             rollup_rows: 0,
             blocks_failed: 0,
             metrics: frostdb_core::ScanMetrics::default(),
+            series: Vec::new(),
         }
     }
+}
+
+/// How [`ProfileStore::merge_with`] merges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeOptions {
+    /// How each series' profiles over the range combine (series are summed together).
+    pub aggregation: Aggregation,
+    /// Keep series apart in [`Merged::series`].
+    pub by_series: bool,
+    /// Skip sample blocks that cannot be read, counting them in [`Merged::blocks_failed`].
+    pub lenient: bool,
 }
 
 /// Deletes symbol partitions no retained sample refers to (run after retention).
@@ -1020,6 +1043,22 @@ impl ProfileStore {
             metrics,
             ..
         } = totals;
+        let symbols = self.symbols_of(&stacks)?;
+        Ok(Merged {
+            profile_type,
+            period,
+            samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
+            symbols,
+            rows,
+            rollup_rows,
+            blocks_failed: metrics.blocks_failed,
+            metrics,
+            series: Vec::new(),
+        })
+    }
+
+    /// The symbols of `stacks` (ids ascending); a stack they lack is corruption.
+    fn symbols_of(&self, stacks: &[(u64, i64)]) -> Result<Symbols> {
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
         let symbols = self.symbols.view(partitions)?;
@@ -1032,15 +1071,71 @@ impl ProfileStore {
                 "stack {p}:{i} of a selected sample is not in the symbol tables"
             )));
         }
+        Ok(symbols)
+    }
+
+    /// [`ProfileStore::merge`] as `options` say: each series' profiles summed, averaged or
+    /// the latest ([`Aggregation`]; gauges such as memory in use average), series kept
+    /// apart in [`Merged::series`] (so an export can label each sample with its series'
+    /// labels), leniently or not. A sum that does not keep series apart is
+    /// [`ProfileStore::merge`] (or [`ProfileStore::merge_lenient`]); the rest read raw
+    /// samples per series (rollups and the series index's narrowing sum series together).
+    pub fn merge_with(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        options: &MergeOptions,
+    ) -> Result<Merged> {
+        if options.aggregation == Aggregation::Sum && !options.by_series {
+            return self.merge_reading(selector, range, options.lenient, true);
+        }
+        let by_span = selector
+            .matchers
+            .iter()
+            .any(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
+        let table = if by_span { &self.spans } else { &self.samples };
+        let profile_type = selector.profile_type.clone().ok_or_else(|| {
+            Error::Query(
+                "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
+            )
+        })?;
+        let read = frostdb_query::profile::native::merge_stacks_by_series(
+            &table.snapshot(),
+            selector,
+            range,
+            options.aggregation,
+            options.lenient,
+            &self.memory,
+        )?;
+        let mut sums: BTreeMap<u64, i64> = BTreeMap::new();
+        for (_, stacks) in &read.series {
+            for (id, v) in stacks {
+                let sum = sums.entry(*id).or_default();
+                *sum = sum.wrapping_add(*v);
+            }
+        }
+        let stacks: Vec<(u64, i64)> = sums.into_iter().filter(|(_, v)| *v != 0).collect();
+        let symbols = self.symbols_of(&stacks)?;
         Ok(Merged {
             profile_type,
-            period,
+            period: read.period,
             samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
             symbols,
-            rows,
-            rollup_rows,
-            blocks_failed: metrics.blocks_failed,
-            metrics,
+            rows: read.rows,
+            rollup_rows: 0,
+            blocks_failed: read.blocks_failed,
+            metrics: frostdb_core::ScanMetrics::default(),
+            series: if !options.by_series {
+                Vec::new()
+            } else {
+                read.series
+            }
+            .into_iter()
+            .map(|(labels, stacks)| {
+                let stacks = stacks.into_iter().map(|(id, v)| (StackId(id), v));
+                (labels, stacks.collect())
+            })
+            .collect(),
         })
     }
 

@@ -45,6 +45,15 @@ impl fmt::Display for ProfileType {
 }
 
 impl ProfileType {
+    /// Whether its values are a level at one moment (memory in use, goroutines), which
+    /// adds up across series but not across one series' profiles over time: merges over a
+    /// range average them ([`crate::profile::Aggregation::default_for`]).
+    pub fn is_gauge(&self) -> bool {
+        self.sample_type.starts_with("inuse_")
+            || self.sample_type.starts_with("goroutine")
+            || self.name == "goroutines"
+    }
+
     /// The engine predicate selecting this profile type's rows.
     pub fn to_predicate(&self) -> frostdb_core::Predicate {
         use frostdb_core::col;

@@ -4,7 +4,7 @@
 //! ```text
 //! frostdb ingest --data DIR --name NAME [--label k=v]... [--delta] PATH...
 //! frostdb types --data DIR [--tenant ID]
-//! frostdb query --data DIR [--tenant ID] SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg [-o FILE]
+//! frostdb query --data DIR [--tenant ID] SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg|dot [--aggregation sum|average|latest] [--max-nodes N] [-o FILE]
 //! frostdb sql --data DIR [--tenant ID] 'SELECT ...'
 //! frostdb serve [--data DIR] [--listen ADDR] [--config FILE] [--token TOKEN] [--ebpf] [--retention 30d]
 //! ```
@@ -17,8 +17,8 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use frostdb_core::{Db, DbOptions};
 use frostdb_examples::time::parse_time;
-use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
-use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
+use frostdb_pprof::report;
+use frostdb_pprof::{Aggregation, IngestOptions, MergeOptions, ProfileStore, StoreOptions};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
@@ -84,6 +84,14 @@ enum Command {
         /// What to print.
         #[arg(long, value_enum, default_value_t = Format::Top)]
         format: Format,
+        /// How each series' profiles over the range combine: `sum`, `average` or `latest`
+        /// (default: average for gauges such as memory in use, else sum).
+        #[arg(long, value_parser = Aggregation::parse)]
+        aggregation: Option<Aggregation>,
+        /// Nodes kept: of a flame graph (json, flamegraph-svg; default 8192, the rest summed
+        /// into `other`) or of the call graph (dot; default 100).
+        #[arg(long)]
+        max_nodes: Option<usize>,
         /// Write to this file instead of standard output.
         #[arg(short = 'o', long)]
         output: Option<PathBuf>,
@@ -128,6 +136,7 @@ enum Command {
     },
 }
 
+/// The CLI's names of the library's formats ([`report::Format`]).
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     /// The top table, as `go tool pprof -top` prints it.
@@ -140,6 +149,21 @@ enum Format {
     Json,
     /// The flame graph as SVG.
     FlamegraphSvg,
+    /// The call graph in Graphviz DOT, as `go tool pprof -dot`.
+    Dot,
+}
+
+impl From<Format> for report::Format {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Top => report::Format::TopText,
+            Format::Folded => report::Format::Folded,
+            Format::Pprof => report::Format::Pprof,
+            Format::Json => report::Format::FlameGraph,
+            Format::FlamegraphSvg => report::Format::Svg,
+            Format::Dot => report::Format::Dot,
+        }
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -324,15 +348,27 @@ fn types(data: &Path) -> Result<ExitCode, BoxError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn query(
-    data: &Path,
-    selector: &str,
+struct QueryArgs {
+    selector: String,
     from: Option<String>,
     to: Option<String>,
     format: Format,
+    aggregation: Option<Aggregation>,
+    max_nodes: Option<usize>,
     output: Option<PathBuf>,
-) -> Result<ExitCode, BoxError> {
-    let selector = Selector::parse(selector)?;
+}
+
+fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
+    let QueryArgs {
+        selector,
+        from,
+        to,
+        format,
+        aggregation,
+        max_nodes,
+        output,
+    } = args;
+    let selector = Selector::parse(&selector)?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64;
@@ -347,23 +383,29 @@ fn query(
             .unwrap_or(i64::MAX),
     };
     let store = open(existing(data)?)?;
-    let merged = store.merge(&selector, range)?;
+    let format = report::Format::from(format);
+    let profile_type = selector
+        .profile_type
+        .clone()
+        .ok_or("the selector needs a profile type (name:type:unit:period_type:period_unit)")?;
+    let options = MergeOptions {
+        aggregation: aggregation.unwrap_or_else(|| Aggregation::default_for(&profile_type)),
+        by_series: format.keeps_series(),
+        lenient: false,
+    };
+    let merged = store.merge_with(&selector, range, &options)?;
     if merged.samples.is_empty() {
         eprintln!(
             "nothing matches {selector:?} in that range",
             selector = selector_text(&selector)
         );
     }
-    let bytes: Vec<u8> = match format {
-        Format::Top => TopTable::build(&merged).render().into_bytes(),
-        Format::Folded => tree::folded(&merged).into_bytes(),
-        Format::Pprof => pprof::encode_gzip(&pprof::to_profile(&merged)?)?,
-        Format::Json => serde_json::to_vec_pretty(&tree::FlameGraph::build(&merged))?,
-        Format::FlamegraphSvg => {
-            let graph = tree::FlameGraph::build(&merged);
-            svg::render(&graph, &merged.profile_type.to_string()).into_bytes()
-        }
+    let render = report::RenderOptions {
+        max_nodes,
+        title: profile_type.to_string(),
+        ..Default::default()
     };
+    let bytes = report::render(&merged, format, &render)?;
     match output {
         Some(path) => {
             std::fs::write(&path, bytes).map_err(|e| format!("{}: {e}", path.display()))?
@@ -483,9 +525,21 @@ fn main() -> ExitCode {
             from,
             to,
             format,
+            aggregation,
+            max_nodes,
             output,
-        } => database(&data, tenant.as_deref())
-            .and_then(|data| query(&data, &selector, from, to, format, output)),
+        } => database(&data, tenant.as_deref()).and_then(|data| {
+            let args = QueryArgs {
+                selector,
+                from,
+                to,
+                format,
+                aggregation,
+                max_nodes,
+                output,
+            };
+            query(&data, args)
+        }),
         Command::Sql {
             data,
             tenant,

@@ -24,6 +24,7 @@ use frostdb_pprof::api::google::v1 as google;
 use frostdb_pprof::api::querier::v1 as querier;
 use frostdb_pprof::api::settings::v1 as settings;
 use frostdb_pprof::api::types::v1 as types;
+use frostdb_pprof::report::dot;
 use frostdb_pprof::report::pyroscope::{
     Flamebearer, Levels, Timeline, timeline_step_s, tree_bytes,
 };
@@ -43,7 +44,25 @@ pub fn routes() -> Router<Shared> {
         .route("/querier.v1.QuerierService/{method}", post(querier_call))
         .route("/settings.v1.SettingsService/{method}", post(settings_call))
         .route("/pyroscope/render", get(render))
+        .route(
+            "/settings.v1.RecordingRulesService/{method}",
+            post(not_served),
+        )
+        .route(
+            "/adhocprofiles.v1.AdHocProfileService/{method}",
+            post(not_served),
+        )
+        .route("/vcs.v1.VCSService/{method}", post(not_served))
         .route("/pyroscope/render-diff", get(render_diff))
+}
+
+/// Pyroscope services Grafana's Profiles Drilldown calls for optional features (recording
+/// rules, ad hoc uploads, source code from GitHub), which this server does not have: a
+/// Connect `unimplemented` error naming the service, which the app shows as the feature
+/// being off.
+async fn not_served(uri: axum::http::Uri) -> ApiError {
+    let service = uri.path().trim_start_matches('/');
+    unimplemented(&format!("{service} (this server has no such service)"))
 }
 
 /// A render parameter.
@@ -129,6 +148,31 @@ async fn render(
 ) -> ApiResult<Response> {
     let (selector, range) = render_query(&params, "query", "from", "until")?;
     let max_nodes = render_max_nodes(&params)?;
+    let q = Querier {
+        state,
+        tenant,
+        utf8_names: allows_utf8_names(&headers),
+    };
+    match param(&params, &["format"]) {
+        None | Some("json") => {}
+        // The call graph, as Pyroscope answers it (100 nodes unless `max-nodes` says).
+        Some("dot") => {
+            let nodes = param(&params, &["max-nodes", "maxNodes"])
+                .map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
+            let merged = q.merge(selector, range).await?;
+            let body = if merged.samples.is_empty() {
+                String::new()
+            } else {
+                dot::render(&merged, nodes)
+            };
+            return Ok(([(header::CONTENT_TYPE, "text/plain")], body).into_response());
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "format {other:?} (json or dot)"
+            )));
+        }
+    }
     let group_by: Vec<String> = params
         .iter()
         .filter(|(n, v)| n == "groupBy" && !v.is_empty())
@@ -143,13 +187,19 @@ async fn render(
             )));
         }
     };
-    let q = Querier {
-        state,
-        tenant,
-        utf8_names: allows_utf8_names(&headers),
-    };
     let profile_type = selector.profile_type.clone().expect("typed");
-    let merged = q.merge(selector.clone(), range).await?;
+    // `aggregation=avg` averages each series' profiles in the flame graph too (memory in
+    // use over the range), as well as in the timeline.
+    let merged = match q.state.tenants.for_read(&q.tenant).await? {
+        Some(t) if average => {
+            let options = frostdb_pprof::MergeOptions {
+                aggregation: frostdb_pprof::Aggregation::Average,
+                ..Default::default()
+            };
+            super::query::merge_with(t, selector.clone(), range, options).await?
+        }
+        _ => q.merge(selector.clone(), range).await?,
+    };
     let graph = FlameGraph::build_truncated(&merged, max_nodes);
     let mut fb = Flamebearer::new(
         Levels::of(&graph),
@@ -304,11 +354,15 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 async fn grpc_call(state: Shared, request: axum::extract::Request) -> Response {
     use tonic::codec::CompressionEncoding::Gzip;
     let routes = tonic::service::Routes::new(
-        grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier { state })
-            .accept_compressed(Gzip)
-            .send_compressed(Gzip),
+        grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier {
+            state: state.clone(),
+        })
+        .accept_compressed(Gzip)
+        .send_compressed(Gzip),
     )
-    .add_service(grpc::settings::settings_service_server::SettingsServiceServer::new(GrpcSettings));
+    .add_service(
+        grpc::settings::settings_service_server::SettingsServiceServer::new(GrpcSettings { state }),
+    );
     serve_grpc(routes, request).await
 }
 
@@ -328,6 +382,15 @@ pub(crate) async fn serve_grpc(
     }
 }
 
+/// A Connect request's body, within the body limit, gunzipped when it says so.
+async fn request_body(state: &Shared, request: axum::extract::Request) -> ApiResult<Vec<u8>> {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
+        .await
+        .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
+    super::ingest::body_bytes(state, &parts.headers, &body)
+}
+
 async fn querier_call(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
@@ -337,13 +400,9 @@ async fn querier_call(
     if is_grpc(request.headers()) {
         return Ok(grpc_call(state, request).await);
     }
-    let (parts, body) = request.into_parts();
-    let headers = parts.headers;
-    let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
-        .await
-        .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
+    let headers = request.headers().clone();
     let codec = Codec::of(&headers)?;
-    let body = super::ingest::body_bytes(&state, &headers, &body)?;
+    let body = request_body(&state, request).await?;
     let q = Querier {
         state,
         tenant: tenant.clone(),
@@ -379,6 +438,7 @@ async fn querier_call(
 
 async fn settings_call(
     State(state): State<Shared>,
+    TenantId(tenant): TenantId,
     Path(method): Path<String>,
     request: axum::extract::Request,
 ) -> ApiResult<Response> {
@@ -386,9 +446,27 @@ async fn settings_call(
         return Ok(grpc_call(state, request).await);
     }
     let codec = Codec::of(request.headers())?;
+    let body = request_body(&state, request).await?;
+    let store = &state.settings;
     match method.as_str() {
-        "Get" => Ok(codec.encode(&settings::GetSettingsResponse::default())),
-        "Set" | "Delete" => Err(unimplemented("settings are read-only here")),
+        "Get" => {
+            let _: settings::GetSettingsRequest = codec.decode(&body)?;
+            let settings = store.get(&tenant).await?;
+            Ok(codec.encode(&settings::GetSettingsResponse { settings }))
+        }
+        "Set" => {
+            let r: settings::SetSettingsRequest = codec.decode(&body)?;
+            let setting = r
+                .setting
+                .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
+            let setting = Some(store.set(&tenant, setting).await?);
+            Ok(codec.encode(&settings::SetSettingsResponse { setting }))
+        }
+        "Delete" => {
+            let r: settings::DeleteSettingsRequest = codec.decode(&body)?;
+            store.delete(&tenant, &r.name).await?;
+            Ok(codec.encode(&settings::DeleteSettingsResponse {}))
+        }
         other => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("settings.v1.SettingsService has no method {other:?}"),
@@ -402,9 +480,11 @@ struct GrpcQuerier {
     state: Shared,
 }
 
-/// The settings service over gRPC: no settings.
+/// The settings service over gRPC: the tenant's [`super::settings::Settings`].
 #[derive(Debug)]
-struct GrpcSettings;
+struct GrpcSettings {
+    state: Shared,
+}
 
 /// An error as a gRPC status of the matching code.
 pub(crate) fn status(e: ApiError) -> tonic::Status {
@@ -440,7 +520,8 @@ impl GrpcQuerier {
     }
 }
 
-/// The tenant of a gRPC request: its `x-scope-orgid` metadata, or the default tenant.
+/// The tenant of a gRPC request: its `x-scope-orgid` metadata, or the default tenant when
+/// it is absent or empty.
 pub(crate) fn grpc_tenant(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<String, tonic::Status> {
@@ -452,6 +533,9 @@ pub(crate) fn grpc_tenant(
                 .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?
                 .trim()
                 .to_owned();
+            if id.is_empty() {
+                return Ok(super::config::DEFAULT_TENANT.to_owned());
+            }
             super::tenants::validate_tenant(&id).map_err(tonic::Status::invalid_argument)?;
             Ok(id)
         }
@@ -504,25 +588,52 @@ grpc_methods! {
 impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
     async fn get(
         &self,
-        _: tonic::Request<settings::GetSettingsRequest>,
+        request: tonic::Request<settings::GetSettingsRequest>,
     ) -> Result<tonic::Response<settings::GetSettingsResponse>, tonic::Status> {
-        Ok(tonic::Response::new(
-            settings::GetSettingsResponse::default(),
-        ))
+        let tenant = grpc_tenant(request.metadata())?;
+        let settings = self.state.settings.get(&tenant).await.map_err(status)?;
+        Ok(tonic::Response::new(settings::GetSettingsResponse {
+            settings,
+        }))
     }
 
     async fn set(
         &self,
-        _: tonic::Request<settings::SetSettingsRequest>,
+        request: tonic::Request<settings::SetSettingsRequest>,
     ) -> Result<tonic::Response<settings::SetSettingsResponse>, tonic::Status> {
-        Err(status(unimplemented("settings are read-only here")))
+        let tenant = grpc_tenant(request.metadata())?;
+        let setting = request
+            .into_inner()
+            .setting
+            .ok_or_else(|| tonic::Status::invalid_argument("no setting values provided"))?;
+        let setting = self.state.settings.set(&tenant, setting).await;
+        Ok(tonic::Response::new(settings::SetSettingsResponse {
+            setting: Some(setting.map_err(status)?),
+        }))
     }
 
     async fn delete(
         &self,
-        _: tonic::Request<settings::DeleteSettingsRequest>,
+        request: tonic::Request<settings::DeleteSettingsRequest>,
     ) -> Result<tonic::Response<settings::DeleteSettingsResponse>, tonic::Status> {
-        Err(status(unimplemented("settings are read-only here")))
+        let tenant = grpc_tenant(request.metadata())?;
+        let name = request.into_inner().name;
+        self.state
+            .settings
+            .delete(&tenant, &name)
+            .await
+            .map_err(status)?;
+        Ok(tonic::Response::new(settings::DeleteSettingsResponse {}))
+    }
+}
+
+/// The call site of a stack trace selector, function names root first (none: every stack).
+/// Go PGO's location truncation is not supported.
+fn call_site(s: Option<&types::StackTraceSelector>) -> ApiResult<Vec<&str>> {
+    match s {
+        Some(s) if s.go_pgo.is_some() => Err(unimplemented("stack_trace_selector.go_pgo")),
+        Some(s) => Ok(s.call_site.iter().map(|l| l.name.as_str()).collect()),
+        None => Ok(Vec::new()),
     }
 }
 
@@ -772,9 +883,7 @@ impl Querier {
         &self,
         r: querier::SelectMergeStacktracesRequest,
     ) -> ApiResult<querier::SelectMergeStacktracesResponse> {
-        if r.stack_trace_selector.is_some() {
-            return Err(unimplemented("stack_trace_selector"));
-        }
+        let call_site = call_site(r.stack_trace_selector.as_ref())?;
         if !r.profile_id_selector.is_empty() || !r.trace_id_selector.is_empty() {
             return Err(unimplemented("profile_id_selector and trace_id_selector"));
         }
@@ -782,6 +891,7 @@ impl Querier {
             Self::merge_selector(&r.profile_type_id, &r.label_selector, &r.span_selector)?;
         let max_nodes = max_nodes(r.max_nodes)?;
         let merged = self.merge(selector, range(r.start, r.end)?).await?;
+        let merged = tree::select_call_site(merged, &call_site);
         let mut response = querier::SelectMergeStacktracesResponse::default();
         match querier::ProfileFormat::try_from(r.format) {
             Ok(querier::ProfileFormat::Unspecified | querier::ProfileFormat::Flamegraph) => {
@@ -797,7 +907,10 @@ impl Querier {
                     profile: Some(pprof_of(&merged)?),
                 });
             }
-            Ok(querier::ProfileFormat::Dot) => return Err(unimplemented("the DOT format")),
+            Ok(querier::ProfileFormat::Dot) => {
+                let nodes = r.max_nodes.map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
+                response.dot = dot::render(&merged, nodes);
+            }
             Err(_) => {
                 return Err(ApiError::bad_request(format!(
                     "format {} (FLAMEGRAPH, TREE or PPROF)",
@@ -834,12 +947,10 @@ impl Querier {
         &self,
         r: querier::SelectMergeProfileRequest,
     ) -> ApiResult<google::Profile> {
-        if r.stack_trace_selector.is_some() {
-            return Err(unimplemented("stack_trace_selector"));
-        }
+        let call_site = call_site(r.stack_trace_selector.as_ref())?;
         let selector = typed(&r.profile_type_id, &r.label_selector)?;
         let merged = self.merge(selector, range(r.start, r.end)?).await?;
-        pprof_of(&merged)
+        pprof_of(&tree::select_call_site(merged, &call_site))
     }
 
     async fn select_series(

@@ -7,8 +7,8 @@
 //! | `GET label/{name}/values?selector=` | a label's values |
 //! | `GET series?selector=` | each profile type and label set once |
 //! | `GET timestamps?selector=` | the profile timestamps of the selected series |
-//! | `GET query?selector=&format=flamegraph\|top\|folded\|pprof\|svg` | the merged profile |
-//! | `GET query_range?selector=&step=` | the value per series per step |
+//! | `GET query?selector=&format=flamegraph\|top\|top-text\|folded\|pprof\|svg\|dot&aggregation=sum\|average\|latest` | the merged profile (gauges averaged unless told) |
+//! | `GET query_range?selector=&step=&aggregation=sum\|average` | the value per series per step (gauges averaged unless told) |
 //! | `GET diff?base=&compare=` | two merges as one tree |
 //! | `GET/POST sql?q=` | rows of a read-only SQL query |
 //!
@@ -33,8 +33,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
-use frostdb_pprof::report::{pprof, svg, top::TopTable, tree};
+use frostdb_pprof::report::{self, Format, RenderOptions, tree};
 use frostdb_pprof::schema::{SAMPLES, TOTALS};
+use frostdb_pprof::{Aggregation, MergeOptions};
 use frostdb_query::profile::{self, TimeRange};
 use frostdb_query::{BlocksFailed, Selector};
 use futures::TryStreamExt;
@@ -50,6 +51,9 @@ pub const MAX_SQL_ROWS: usize = 100_000;
 
 /// The header of a lenient answer: how many blocks it could not read.
 pub const BLOCKS_FAILED_HEADER: &str = "x-frostdb-blocks-failed";
+/// How a merged profile combined each series' profiles over the range (`sum`, `average`,
+/// `latest`): a gauge's answer says it was averaged.
+pub const AGGREGATION_HEADER: &str = "x-frostdb-aggregation";
 
 /// The query routes.
 pub fn routes() -> Router<Shared> {
@@ -77,6 +81,9 @@ pub struct Params {
     pub to: Option<String>,
     /// Output format of `query`.
     pub format: Option<String>,
+    /// How `query` combines each series' profiles over the range: `sum`, `average` or
+    /// `latest` (default: average for gauges such as memory in use, else sum).
+    pub aggregation: Option<String>,
     /// Step of `query_range` (`15s`, `1m`, or milliseconds).
     pub step: Option<String>,
     /// Top table: leave out nodes below this fraction of the total (default pprof's 0.005).
@@ -201,22 +208,30 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
     }
 }
 
-/// Merges off the async threads (a merge reads with its own threads).
+/// Merges off the async threads (a merge reads with its own threads): summed series.
 pub(super) async fn merge(
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,
     lenient: bool,
 ) -> ApiResult<frostdb_pprof::Merged> {
-    tokio::task::spawn_blocking(move || {
-        Ok(if lenient {
-            t.store.merge_lenient(&selector, range)?
-        } else {
-            t.store.merge(&selector, range)?
-        })
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
+    let options = MergeOptions {
+        lenient,
+        ..MergeOptions::default()
+    };
+    merge_with(t, selector, range, options).await
+}
+
+/// [`merge`] as `options` say (aggregation, series kept apart).
+pub(super) async fn merge_with(
+    t: Arc<Tenant>,
+    selector: Selector,
+    range: TimeRange,
+    options: MergeOptions,
+) -> ApiResult<frostdb_pprof::Merged> {
+    tokio::task::spawn_blocking(move || Ok(t.store.merge_with(&selector, range, &options)?))
+        .await
+        .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
 }
 
 async fn collect(
@@ -447,68 +462,49 @@ async fn query(
                 .map_err(|e| ApiError::bad_request(format!("span_id: {e}")))?,
         );
     }
-    let format = p.format.as_deref().unwrap_or("flamegraph");
-    if !matches!(
-        format,
-        "flamegraph" | "json" | "top" | "folded" | "pprof" | "svg"
-    ) {
-        return Err(ApiError::bad_request(format!(
-            "format {format:?} (flamegraph, top, folded, pprof, svg)"
-        )));
-    }
+    let format = Format::parse(p.format.as_deref().unwrap_or("flamegraph"))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let profile_type = selector.profile_type.clone().expect("typed");
+    let aggregation = match p.aggregation.as_deref() {
+        Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request)?,
+        None => Aggregation::default_for(&profile_type),
+    };
+    let options = MergeOptions {
+        aggregation,
+        by_series: format.keeps_series(),
+        lenient: p.lenient,
+    };
     let merged = match state.tenants.for_read(&tenant).await? {
-        Some(t) => merge(t, selector, range, p.lenient).await?,
-        None => frostdb_pprof::Merged::empty(selector.profile_type.clone().expect("typed")),
+        Some(t) => merge_with(t, selector, range, options).await?,
+        None => frostdb_pprof::Merged::empty(profile_type),
     };
     let failed = p.lenient.then_some(merged.blocks_failed);
-    let max_nodes = p.max_nodes.unwrap_or(tree::DEFAULT_MAX_NODES);
-    Ok(answer(
-        match format {
-            "top" => {
-                let fraction = p
-                    .node_fraction
-                    .unwrap_or(frostdb_pprof::report::top::NODE_FRACTION);
-                if !(0.0..=1.0).contains(&fraction) {
-                    return Err(ApiError::bad_request("node_fraction must be within 0..1"));
-                }
-                let table = TopTable::build_with(
-                    &merged,
-                    fraction,
-                    frostdb_pprof::report::top::EDGE_FRACTION,
-                );
-                Json(table).into_response()
-            }
-            "folded" => (
-                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                tree::folded(&merged),
-            )
-                .into_response(),
-            "pprof" => {
-                let bytes = pprof::encode_gzip(&pprof::to_profile(&merged)?)?;
-                (
-                    [
-                        (header::CONTENT_TYPE, "application/octet-stream"),
-                        (
-                            header::CONTENT_DISPOSITION,
-                            "attachment; filename=\"profile.pb.gz\"",
-                        ),
-                    ],
-                    bytes,
-                )
-                    .into_response()
-            }
-            "svg" => {
-                let graph = tree::FlameGraph::build_truncated(&merged, max_nodes);
-                (
-                    [(header::CONTENT_TYPE, "image/svg+xml")],
-                    svg::render(&graph, p.selector.as_deref().unwrap_or_default()),
-                )
-                    .into_response()
-            }
-            _ => Json(tree::FlameGraph::build_truncated(&merged, max_nodes)).into_response(),
-        },
-        failed,
-    ))
+    let fraction = p.node_fraction.unwrap_or(report::top::NODE_FRACTION);
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(ApiError::bad_request("node_fraction must be within 0..1"));
+    }
+    let render = RenderOptions {
+        max_nodes: p.max_nodes,
+        node_fraction: fraction,
+        title: p.selector.clone().unwrap_or_default(),
+    };
+    let bytes = report::render(&merged, format, &render)?;
+    let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
+    if format == Format::Pprof {
+        response.headers_mut().insert(
+            header::CONTENT_DISPOSITION,
+            header::HeaderValue::from_static("attachment; filename=\"profile.pb.gz\""),
+        );
+    }
+    response.headers_mut().insert(
+        AGGREGATION_HEADER,
+        header::HeaderValue::from_static(match aggregation {
+            Aggregation::Sum => "sum",
+            Aggregation::Average => "average",
+            Aggregation::Latest => "latest",
+        }),
+    );
+    Ok(answer(response, failed))
 }
 
 /// Parses a step: a duration (`15s`, `1m`) or milliseconds.
@@ -541,6 +537,21 @@ async fn query_range(
     let (range, selector) = (p.range()?, p.typed_selector()?);
     let step = step_ms(p.step.as_deref(), range)?;
     let profile_type = selector.profile_type.as_ref().map(|t| t.to_string());
+    // A gauge's point is the average of the series' profiles in the step, unless told.
+    let average = match p.aggregation.as_deref().map(Aggregation::parse) {
+        None => selector
+            .profile_type
+            .as_ref()
+            .is_some_and(|t| Aggregation::default_for(t) == Aggregation::Average),
+        Some(Ok(Aggregation::Sum)) => false,
+        Some(Ok(Aggregation::Average)) => true,
+        Some(Ok(Aggregation::Latest)) => {
+            return Err(ApiError::bad_request(
+                "aggregation latest applies to query, not query_range (sum or average)",
+            ));
+        }
+        Some(Err(e)) => return Err(ApiError::bad_request(e)),
+    };
     let lenient = p.lenient;
     // Profile totals: a row per profile; one series per label set, points in time order.
     let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), move |store| {
@@ -554,11 +565,16 @@ async fn query_range(
     let series: Vec<Value> = series
         .into_iter()
         .map(|s| {
+            let points: Vec<(i64, i64)> = s
+                .values(average)
+                .map(|(t, v)| (t, v.round() as i64))
+                .collect();
             let labels: BTreeMap<String, String> = s.labels.into_iter().collect();
-            json!({"labels": labels, "points": s.points})
+            json!({"labels": labels, "points": points})
         })
         .collect();
-    let body = json!({"profile_type": profile_type, "step_ms": step, "series": series});
+    let aggregation = if average { "average" } else { "sum" };
+    let body = json!({"profile_type": profile_type, "step_ms": step, "aggregation": aggregation, "series": series});
     Ok(answer(Json(body), lenient.then_some(failed)))
 }
 

@@ -5,13 +5,133 @@
 /// every frame of every stack it shows; the keys come from stored symbols).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
+pub mod dot;
 pub mod pprof;
 pub mod pyroscope;
 pub mod svg;
 pub mod top;
 pub mod tree;
 
+use crate::store::Merged;
 use crate::symbols::{Frame, Partition, StackId, Symbols, location_frames};
+
+/// The formats a merged profile is written in: one dispatch for the server's query API and
+/// the CLI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The flame graph tree as JSON ([`tree::FlameGraph`]), truncated to `max_nodes`.
+    FlameGraph,
+    /// The top table as JSON ([`top::TopTable`]).
+    Top,
+    /// The top table as text, as `go tool pprof -top` prints it.
+    TopText,
+    /// Folded stacks, one `root;…;leaf value` line per stack.
+    Folded,
+    /// Gzipped pprof; each sample carries its series' labels when the merge kept series
+    /// apart ([`Format::keeps_series`]).
+    Pprof,
+    /// The flame graph as an SVG image, truncated to `max_nodes`.
+    Svg,
+    /// The call graph in Graphviz DOT ([`dot`]), its `max_nodes` largest functions.
+    Dot,
+}
+
+impl Format {
+    /// The names [`Format::parse`] accepts, for error messages.
+    pub const NAMES: &'static str = "flamegraph (or json), top, top-text, folded, pprof, svg, dot";
+
+    /// The format named `name`.
+    pub fn parse(name: &str) -> Result<Self, crate::Error> {
+        Ok(match name {
+            "flamegraph" | "json" => Self::FlameGraph,
+            "top" => Self::Top,
+            "top-text" => Self::TopText,
+            "folded" => Self::Folded,
+            "pprof" => Self::Pprof,
+            "svg" | "flamegraph-svg" => Self::Svg,
+            "dot" => Self::Dot,
+            other => {
+                return Err(crate::Error::Query(format!(
+                    "format {other:?} ({})",
+                    Self::NAMES
+                )));
+            }
+        })
+    }
+
+    /// Its media type.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::FlameGraph | Self::Top => "application/json",
+            Self::TopText | Self::Folded => "text/plain; charset=utf-8",
+            Self::Pprof => "application/octet-stream",
+            Self::Svg => "image/svg+xml",
+            Self::Dot => "text/vnd.graphviz; charset=utf-8",
+        }
+    }
+
+    /// Whether the format shows series apart (pprof's sample labels), so the merge should
+    /// keep them ([`crate::MergeOptions::by_series`]).
+    pub fn keeps_series(self) -> bool {
+        self == Self::Pprof
+    }
+}
+
+/// How [`render`] shapes its output.
+#[derive(Debug, Clone)]
+pub struct RenderOptions {
+    /// Nodes kept: of a flame graph (the rest summed into `other` per parent; default
+    /// [`tree::DEFAULT_MAX_NODES`]) or of a DOT graph (default [`dot::DEFAULT_MAX_NODES`]).
+    pub max_nodes: Option<usize>,
+    /// The top table leaves out nodes below this fraction of the total.
+    pub node_fraction: f64,
+    /// The SVG's title.
+    pub title: String,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        Self {
+            max_nodes: None,
+            node_fraction: top::NODE_FRACTION,
+            title: String::new(),
+        }
+    }
+}
+
+/// `merged` written in `format`.
+pub fn render(
+    merged: &Merged,
+    format: Format,
+    options: &RenderOptions,
+) -> Result<Vec<u8>, crate::Error> {
+    fn json(v: &impl serde::Serialize) -> Result<Vec<u8>, crate::Error> {
+        serde_json::to_vec(v).map_err(|e| crate::Error::Query(format!("writing JSON: {e}")))
+    }
+    let graph_nodes = options.max_nodes.unwrap_or(tree::DEFAULT_MAX_NODES);
+    Ok(match format {
+        Format::FlameGraph => json(&tree::FlameGraph::build_truncated(merged, graph_nodes))?,
+        Format::Top => json(&top::TopTable::build_with(
+            merged,
+            options.node_fraction,
+            top::EDGE_FRACTION,
+        ))?,
+        Format::TopText => {
+            top::TopTable::build_with(merged, options.node_fraction, top::EDGE_FRACTION)
+                .render()
+                .into_bytes()
+        }
+        Format::Folded => tree::folded(merged).into_bytes(),
+        Format::Pprof => pprof::encode_gzip(&pprof::to_profile(merged)?)?,
+        Format::Svg => {
+            let graph = tree::FlameGraph::build_truncated(merged, graph_nodes);
+            svg::render(&graph, &options.title).into_bytes()
+        }
+        Format::Dot => {
+            dot::render(merged, options.max_nodes.unwrap_or(dot::DEFAULT_MAX_NODES)).into_bytes()
+        }
+    })
+}
 
 /// Walks stacks root first, resolving each distinct location's frames to a key once (a
 /// report's node, a name) however many stacks hold it: stacks share most of their locations,

@@ -6,15 +6,17 @@ use std::io::Write;
 use prost::Message;
 
 use crate::error::{Error, Result};
-use crate::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
+use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::store::Merged;
 use crate::string_table::StringTable;
 
 /// A location by content: mapping, address, folded, and (function, line) per line.
 type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
 
-/// The pprof profile of `merged`: one sample type, one sample per stack, the locations,
-/// functions and mappings those stacks use (each once, whatever partitions they came from).
+/// The pprof profile of `merged`: one sample type, one sample per stack (per series and
+/// stack, labelled with the series' labels, when `merged` kept its series apart), the
+/// locations, functions and mappings those stacks use (each once, whatever partitions they
+/// came from).
 pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut strings = StringTable::new();
     let t = &merged.profile_type;
@@ -34,21 +36,26 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut function_ids: HashMap<crate::symbols::Function<'_>, u64> = HashMap::default();
     let mut location_ids: HashMap<u64, u64> = HashMap::default();
     let mut location_content: HashMap<LocationContent, u64> = HashMap::default();
+    // Each stack's pprof locations, built once (a stack may be in many series).
+    let mut stacks: HashMap<crate::symbols::StackId, Vec<u64>> = HashMap::default();
     let mut frames = Vec::new();
-    for (stack, value) in &merged.samples {
+    let mut locations_of = |stack: crate::symbols::StackId,
+                            p: &mut Profile,
+                            strings: &mut StringTable|
+     -> Result<Vec<u64>> {
+        if let Some(ids) = stacks.get(&stack) {
+            return Ok(ids.clone());
+        }
         frames.clear();
-        merged.symbols.for_each_frame(*stack, |f| frames.push(f));
-        if !merged.symbols.has_stack(*stack) {
+        merged.symbols.for_each_frame(stack, |f| frames.push(f));
+        if !merged.symbols.has_stack(stack) {
             return Err(Error::Corrupt(format!(
                 "stack {}:{} has no symbols",
                 stack.partition(),
                 stack.index()
             )));
         }
-        let mut sample = Sample {
-            value: vec![*value],
-            ..Default::default()
-        };
+        let mut ids = Vec::new();
         // Frames of one location are consecutive (innermost first).
         let mut i = 0;
         while i < frames.len() {
@@ -60,7 +67,7 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
             let of_location = &frames[i..j];
             i = j;
             if let Some(id) = location_ids.get(&location) {
-                sample.location_id.push(*id);
+                ids.push(*id);
                 continue;
             }
             let first = of_location[0];
@@ -126,9 +133,39 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
                 }
             };
             location_ids.insert(location, id);
-            sample.location_id.push(id);
+            ids.push(id);
         }
-        p.sample.push(sample);
+        stacks.insert(stack, ids.clone());
+        Ok(ids)
+    };
+    if merged.series.is_empty() {
+        for (stack, value) in &merged.samples {
+            let location_id = locations_of(*stack, &mut p, &mut strings)?;
+            p.sample.push(Sample {
+                location_id,
+                value: vec![*value],
+                ..Default::default()
+            });
+        }
+    } else {
+        for (labels, samples) in &merged.series {
+            let label: Vec<Label> = labels
+                .iter()
+                .map(|(k, v)| Label {
+                    key: strings.get(k),
+                    str: strings.get(v),
+                    ..Default::default()
+                })
+                .collect();
+            for (stack, value) in samples {
+                let location_id = locations_of(*stack, &mut p, &mut strings)?;
+                p.sample.push(Sample {
+                    location_id,
+                    value: vec![*value],
+                    label: label.clone(),
+                });
+            }
+        }
     }
     p.string_table = strings.into_table();
     Ok(p)

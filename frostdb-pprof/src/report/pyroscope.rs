@@ -321,10 +321,20 @@ impl Flamebearer {
         sample_unit: &str,
         ticks: Option<(i64, i64)>,
     ) -> Self {
-        let (units, sample_rate) = match sample_type {
-            "cpu" => ("samples", 1_000_000_000),
-            "inuse_objects" | "alloc_objects" | "goroutine" | "samples" => ("objects", 100),
-            _ => (sample_unit, 100),
+        // Pyroscope's mapping (`ExportToFlamebearer`) for the types it names; the rest get
+        // units its flame graph component can print (it knows samples, objects, goroutines,
+        // bytes, lock_nanoseconds, lock_samples and exceptions, and fails on others), so a
+        // wall-time or mutex-delay graph shows seconds rather than breaking its tooltip.
+        let (units, sample_rate) = match (sample_type, sample_unit) {
+            ("cpu", _) => ("samples", 1_000_000_000),
+            ("inuse_objects" | "alloc_objects" | "goroutine" | "samples", _) => ("objects", 100),
+            ("delay", "nanoseconds") => ("lock_nanoseconds", 100),
+            ("contentions", _) => ("lock_samples", 100),
+            ("exceptions", _) => ("exceptions", 100),
+            (_, "nanoseconds") => ("samples", 1_000_000_000),
+            (_, "bytes") => ("bytes", 100),
+            (_, "count") => ("objects", 100),
+            (_, unit) => (unit, 100),
         };
         Flamebearer {
             version: 1,

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::{HashMap, Walker};
 use crate::error::Result;
 use crate::store::Merged;
-use crate::symbols::Frame;
+use crate::symbols::{Frame, StackId};
 
 /// A node of a flame graph: a function called along one path from the root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -199,6 +199,32 @@ pub fn each_named_stack(merged: &Merged, mut f: impl FnMut(&[&str], i64)) {
         f(&path, *value);
         start = end;
     }
+}
+
+/// `merged` keeping only the stacks under a call site: those whose frames, root first,
+/// begin with `call_site`'s function names (Pyroscope's `stack_trace_selector.call_site`).
+/// An empty call site keeps everything.
+pub fn select_call_site(mut merged: Merged, call_site: &[&str]) -> Merged {
+    if call_site.is_empty() {
+        return merged;
+    }
+    let mut keep = Vec::with_capacity(merged.samples.len());
+    each_named_stack(&merged, |path, _| {
+        keep.push(path.len() >= call_site.len() && path.iter().zip(call_site).all(|(a, b)| a == b))
+    });
+    let kept: std::collections::HashSet<StackId> = merged
+        .samples
+        .iter()
+        .zip(&keep)
+        .filter(|(_, k)| **k)
+        .map(|((id, _), _)| *id)
+        .collect();
+    merged.samples.retain(|(id, _)| kept.contains(id));
+    for (_, stacks) in &mut merged.series {
+        stacks.retain(|(id, _)| kept.contains(id));
+    }
+    merged.series.retain(|(_, stacks)| !stacks.is_empty());
+    merged
 }
 
 /// The name of the node that sums the callees a truncated flame graph leaves out.

@@ -46,6 +46,41 @@ impl TimeRange {
     }
 }
 
+/// How a merge over a range combines each series' profiles (series are always summed
+/// together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Aggregation {
+    /// Each series' profiles summed: CPU time, allocations, contentions.
+    #[default]
+    Sum,
+    /// Each series' profiles averaged (summed, divided by its profile count): what memory
+    /// in use looked like on average over the range.
+    Average,
+    /// Each series' latest profile in the range: memory in use now.
+    Latest,
+}
+
+impl Aggregation {
+    /// `sum`, `avg` or `average`, `latest` or `last`.
+    pub fn parse(name: &str) -> std::result::Result<Self, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "sum" => Ok(Self::Sum),
+            "avg" | "average" => Ok(Self::Average),
+            "latest" | "last" => Ok(Self::Latest),
+            other => Err(format!("aggregation {other:?} (sum, average or latest)")),
+        }
+    }
+
+    /// What a merge of `profile_type` does unless told: gauges average, the rest sum.
+    pub fn default_for(profile_type: &crate::ProfileType) -> Self {
+        if profile_type.is_gauge() {
+            Self::Average
+        } else {
+            Self::Sum
+        }
+    }
+}
+
 /// Label names of a table, from its schema (`labels.pod` gives `pod`).
 fn label_columns(df: &DataFrame) -> Vec<String> {
     df.schema()

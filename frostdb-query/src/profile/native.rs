@@ -389,6 +389,162 @@ fn label_names_of(snapshot: &Snapshot) -> Vec<String> {
     names
 }
 
+/// A merge that keeps series apart: per label set (`(name, value)` pairs, `labels.` left
+/// off, in name order), the value per stack, ids ascending, for the raw rows `selector`
+/// selects in `range`, each series' profiles combined by `aggregation` (summed, averaged
+/// over its profiles, or its latest profile). What a pprof export whose samples carry their
+/// labels is built from (`go tool pprof -tags`), and a merge of a gauge. Its sums are kept
+/// per series, so it holds more than [`merge_stacks`]: `pool` bounds them. A block that
+/// cannot be read fails the merge unless `lenient` (skipped, counted in `blocks_failed`).
+pub fn merge_stacks_by_series(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    aggregation: super::Aggregation,
+    lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
+) -> Result<SeriesStacks> {
+    use super::Aggregation;
+    if snapshot.schema().index_of("stacktrace_id").is_none() {
+        return Ok(SeriesStacks::default());
+    }
+    let labels = label_names_of(snapshot);
+    let mut columns: Vec<String> = ["stacktrace_id", "value", "period", "timestamp"]
+        .map(str::to_owned)
+        .to_vec();
+    columns.extend(labels.iter().map(|l| format!("labels.{l}")));
+    let request = ScanRequest::new()
+        .project(columns.iter())
+        .filter(predicate(snapshot, selector, range))
+        .lenient(lenient);
+    let reservation = MemoryConsumer::new("merge by series").register(pool);
+    /// One series: its sums per stack, the times of its profiles (average) or of its
+    /// latest profile (latest).
+    #[derive(Default)]
+    struct Of {
+        sums: std::collections::HashMap<u64, i64>,
+        times: std::collections::HashSet<i64>,
+        latest: Option<i64>,
+    }
+    let mut set_ids: std::collections::HashMap<LabelSet, usize> = Default::default();
+    let mut sets: Vec<Of> = Vec::new();
+    let (mut period, mut rows) = (0, 0);
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
+        let batch = batch?;
+        rows += batch.num_rows();
+        let int = |c: usize, what: &str| {
+            batch
+                .column(c)
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| Error::Internal(format!("{what} is not Int64")))
+        };
+        let ids = batch
+            .column(0)
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or_else(|| Error::Internal("stacktrace_id is not UInt64".into()))?;
+        let (values, periods, times) = (int(1, "value")?, int(2, "period")?, int(3, "timestamp")?);
+        if let Some(max) = arrow::compute::max(periods) {
+            period = period.max(max);
+        }
+        let strings = (4..columns.len())
+            .map(|c| Strings::of(batch.column(c).as_ref()))
+            .collect::<frostdb_core::Result<Vec<_>>>()?;
+        // Rows of one series are adjacent (the sort order): its set is looked up once a run.
+        let mut last: Option<(Vec<Option<usize>>, usize)> = None;
+        for i in 0..batch.num_rows() {
+            if !ids.is_valid(i) || !values.is_valid(i) {
+                continue;
+            }
+            let keys: Vec<Option<usize>> = strings.iter().map(|s| s.key(i)).collect();
+            let set = match &last {
+                Some((k, set)) if *k == keys => *set,
+                _ => {
+                    let of: LabelSet = labels
+                        .iter()
+                        .zip(&strings)
+                        .zip(&keys)
+                        .filter_map(|((name, s), k)| {
+                            Some((name.clone(), s.value((*k)?).to_owned()))
+                        })
+                        .collect();
+                    let next = sets.len();
+                    let set = *set_ids.entry(of).or_insert(next);
+                    if set == next {
+                        sets.push(Of::default());
+                    }
+                    last = Some((keys, set));
+                    set
+                }
+            };
+            let of = &mut sets[set];
+            let t = times.value(i);
+            match aggregation {
+                Aggregation::Sum => {}
+                Aggregation::Average => {
+                    of.times.insert(t);
+                }
+                Aggregation::Latest => match of.latest {
+                    Some(l) if t < l => continue,
+                    Some(l) if t == l => {}
+                    _ => {
+                        of.sums.clear();
+                        of.latest = Some(t);
+                    }
+                },
+            }
+            let sum = of.sums.entry(ids.value(i)).or_insert(0);
+            *sum = sum.wrapping_add(values.value(i));
+        }
+        // Per entry: a stack id and a value, and the map's own overhead.
+        let entries: usize = sets
+            .iter()
+            .map(|o| o.sums.capacity() + o.times.capacity())
+            .sum();
+        reservation.try_resize(entries * 32)?;
+    }
+    let mut order: Vec<(LabelSet, usize)> = set_ids.into_iter().collect();
+    order.sort();
+    let series = order
+        .into_iter()
+        .filter_map(|(labels, set)| {
+            let of = std::mem::take(&mut sets[set]);
+            let profiles = of.times.len().max(1) as i64;
+            let mut stacks: Vec<(u64, i64)> = of
+                .sums
+                .into_iter()
+                .map(|(id, v)| match aggregation {
+                    Aggregation::Average => (id, v / profiles),
+                    _ => (id, v),
+                })
+                .filter(|(_, v)| *v != 0)
+                .collect();
+            stacks.sort_unstable_by_key(|(id, _)| *id);
+            (!stacks.is_empty()).then_some((labels, stacks))
+        })
+        .collect();
+    Ok(SeriesStacks {
+        series,
+        period,
+        rows,
+        blocks_failed: scan.metrics().blocks_failed,
+    })
+}
+
+/// What [`merge_stacks_by_series`] read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeriesStacks {
+    /// Per label set, in label order, `(stack id, summed value)`, ids ascending, zero sums
+    /// left out.
+    pub series: Vec<(LabelSet, Vec<(u64, i64)>)>,
+    /// The largest sampling period among the rows.
+    pub period: i64,
+    /// Rows read.
+    pub rows: usize,
+    /// Blocks a lenient read skipped.
+    pub blocks_failed: usize,
+}
+
 /// Range: the value summed per series and per `step_ms` bucket of time (buckets start at
 /// multiples of the step), for the rows `selector` selects in `range`. With `group_by`,
 /// series are the distinct values of those labels; without, every label set is a series.

@@ -70,9 +70,11 @@ pub async fn handle(
             )));
         }
     };
-    // The request's `from` wins over the profile's own time, as Pyroscope does for profiles
-    // whose `time_nanos` decodes to 1970.
-    incoming.timestamp_ms = Some(meta.from_ms);
+    // The profile's own time, unless it has none or it decodes to 1970 (old clients sent
+    // microseconds): then the request's `from`, as Pyroscope does.
+    const YEAR_MS: i64 = 365 * 24 * 3_600_000;
+    let own_ms = incoming.profile.time_nanos / 1_000_000;
+    incoming.timestamp_ms = (own_ms < YEAR_MS).then_some(meta.from_ms);
     store(&state, &tenant, incoming).await?;
     Ok(StatusCode::OK)
 }
@@ -341,24 +343,33 @@ fn name_from_types(p: &Profile) -> String {
             .unwrap_or("")
     };
     let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
+    // Pyroscope's rules (`metricName` of its pprof ingestion): a `wall` type makes the whole
+    // profile `wall` (Node's wall profile with CPU time is `wall:cpu:…` too); else the first
+    // type that names a kind.
+    if types.contains(&"wall") {
+        return "wall".to_owned();
+    }
+    for t in &types {
+        let name = if t.contains("cpu") {
+            "process_cpu"
+        } else if t.contains("alloc_") || t.contains("inuse_") || *t == "space" || *t == "objects" {
+            "memory"
+        } else if t.contains("mutex_") || *t == "contentions" || *t == "delay" {
+            "mutex"
+        } else if t.contains("block_") {
+            "block"
+        } else if t.starts_with("goroutine") {
+            "goroutines"
+        } else {
+            continue;
+        };
+        return name.to_owned();
+    }
     let period = p.period_type.as_ref().map(|t| s(t.r#type)).unwrap_or("");
-    let name = if types
-        .iter()
-        .any(|t| t.starts_with("alloc_") || t.starts_with("inuse_"))
-    {
-        "memory"
-    } else if types.iter().any(|t| t.starts_with("goroutine")) {
-        "goroutines"
-    } else if types.contains(&"contentions") || types.contains(&"delay") {
-        "mutex"
-    } else if period == "cpu" || types.contains(&"cpu") {
-        "process_cpu"
-    } else if period == "wall" || types.contains(&"wall") {
-        "wall"
-    } else {
-        "unknown"
-    };
-    name.to_owned()
+    match period {
+        "cpu" => "process_cpu".to_owned(),
+        _ => types.last().copied().unwrap_or("unknown").to_owned(),
+    }
 }
 
 /// `app.cpu{env=prod,region=eu}`: the application and its labels.

@@ -1,0 +1,116 @@
+//! Per-tenant settings, as Pyroscope's `settings.v1.SettingsService` keeps them: named
+//! string values (Grafana's Profiles Drilldown stores its plugin settings as one JSON value)
+//! with the time they were last modified. One file per tenant under `DATA/settings/`,
+//! replaced whole (written, synced, renamed) on each change, so a crash leaves the old or
+//! the new settings, never a torn file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use axum::http::StatusCode;
+use frostdb_pprof::api::settings::v1::Setting;
+
+use super::error::{ApiError, ApiResult};
+
+/// The settings of every tenant.
+#[derive(Debug)]
+pub struct Settings {
+    dir: PathBuf,
+    /// Held across each read-modify-write, so concurrent writes do not lose one another.
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Settings {
+    /// Settings kept under `data/settings/`.
+    pub fn new(data: &Path) -> Self {
+        Self {
+            dir: data.join("settings"),
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn file(&self, tenant: &str) -> PathBuf {
+        self.dir.join(format!("{tenant}.json"))
+    }
+
+    /// Tenant `tenant`'s settings, in name order (none yet: empty).
+    pub async fn get(&self, tenant: &str) -> ApiResult<Vec<Setting>> {
+        let _held = self.lock.lock().await;
+        Ok(self.read(tenant)?.into_values().collect())
+    }
+
+    /// Stores `setting` for `tenant` (its time is now when it gives none). A stored setting
+    /// modified later than `setting` wins: the answer is 409 (`already_exists`), as
+    /// Pyroscope answers, and nothing changes.
+    pub async fn set(&self, tenant: &str, mut setting: Setting) -> ApiResult<Setting> {
+        if setting.name.is_empty() {
+            return Err(ApiError::bad_request("the setting has no name"));
+        }
+        if setting.modified_at <= 0 {
+            setting.modified_at = crate::time::now_ms();
+        }
+        let _held = self.lock.lock().await;
+        let mut all = self.read(tenant)?;
+        if let Some(stored) = all.get(&setting.name)
+            && stored.modified_at > setting.modified_at
+        {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "setting {:?} was modified at {} ms, after this update's {} ms",
+                    setting.name, stored.modified_at, setting.modified_at
+                ),
+            ));
+        }
+        all.insert(setting.name.clone(), setting.clone());
+        self.write(tenant, &all)?;
+        tracing::info!(tenant, name = %setting.name, "setting stored");
+        Ok(setting)
+    }
+
+    /// Deletes `tenant`'s setting `name` (absent: nothing to do).
+    pub async fn delete(&self, tenant: &str, name: &str) -> ApiResult<()> {
+        let _held = self.lock.lock().await;
+        let mut all = self.read(tenant)?;
+        if all.remove(name).is_some() {
+            self.write(tenant, &all)?;
+            tracing::info!(tenant, name, "setting deleted");
+        }
+        Ok(())
+    }
+
+    fn read(&self, tenant: &str) -> ApiResult<BTreeMap<String, Setting>> {
+        let path = self.file(tenant);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => {
+                return Err(ApiError::internal(format!("{}: {e}", path.display())));
+            }
+        };
+        let list: Vec<Setting> = serde_json::from_slice(&bytes).map_err(|e| {
+            ApiError::internal(format!("{} is not a settings file: {e}", path.display()))
+        })?;
+        Ok(list.into_iter().map(|s| (s.name.clone(), s)).collect())
+    }
+
+    fn write(&self, tenant: &str, all: &BTreeMap<String, Setting>) -> ApiResult<()> {
+        let path = self.file(tenant);
+        let fail = |e: std::io::Error| ApiError::internal(format!("{}: {e}", path.display()));
+        std::fs::create_dir_all(&self.dir).map_err(fail)?;
+        let list: Vec<&Setting> = all.values().collect();
+        let bytes = serde_json::to_vec_pretty(&list)
+            .map_err(|e| ApiError::internal(format!("settings to JSON: {e}")))?;
+        let tmp = path.with_extension("json.tmp");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(fail)?;
+            f.write_all(&bytes).map_err(fail)?;
+            f.sync_all().map_err(fail)?;
+        }
+        std::fs::rename(&tmp, &path).map_err(fail)?;
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(fail)
+    }
+}
