@@ -508,10 +508,10 @@ async fn querier_errors_are_connect_errors_with_the_right_codes() {
         ),
         (
             "SelectMergeStacktraces",
-            json!({"profileTypeID": CPU, "format": "PROFILE_FORMAT_DOT"}),
+            json!({"profileTypeID": CPU, "stackTraceSelector": {"goPgo": {"keepLocations": 2}}}),
             501,
             "unimplemented",
-            "DOT",
+            "go_pgo",
         ),
         (
             "SelectSeries",

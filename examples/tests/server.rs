@@ -1099,12 +1099,13 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("data"), None);
     for (app, file) in [
-        ("goapp", "pprof/goapp__go119-cpu-2s.pb.gz"),
-        ("other", GO_CPU),
+        ("goapp.cpu", "pprof/goapp__go119-cpu-2s.pb.gz"),
+        ("other.cpu", GO_CPU),
+        ("locky", "pprof/goapp__go119-mutex.pb.gz"),
     ] {
         let (status, body) = post(
             &format!(
-                "{}/ingest?name={app}.cpu{}&format=pprof",
+                "{}/ingest?name={app}{}&format=pprof",
                 s.url,
                 enc("{env=demo}")
             ),

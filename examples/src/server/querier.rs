@@ -188,18 +188,8 @@ async fn render(
         }
     };
     let profile_type = selector.profile_type.clone().expect("typed");
-    // `aggregation=avg` averages each series' profiles in the flame graph too (memory in
-    // use over the range), as well as in the timeline.
-    let merged = match q.state.tenants.for_read(&q.tenant).await? {
-        Some(t) if average => {
-            let options = frostdb_pprof::MergeOptions {
-                aggregation: frostdb_pprof::Aggregation::Average,
-                ..Default::default()
-            };
-            super::query::merge_with(t, selector.clone(), range, options).await?
-        }
-        _ => q.merge(selector.clone(), range).await?,
-    };
+    // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph sums.
+    let merged = q.merge(selector.clone(), range).await?;
     let graph = FlameGraph::build_truncated(&merged, max_nodes);
     let mut fb = Flamebearer::new(
         Levels::of(&graph),

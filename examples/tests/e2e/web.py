@@ -4,7 +4,9 @@ Usage: web.py SERVER_URL EXPECTED_FUNCTION SCREENSHOT_DIR
 Opens the page, lets it run its query, and checks what a user sees: the flame graph shows
 EXPECTED_FUNCTION, search highlights it, clicking zooms into it, hovering shows self/total,
 the top table sorts, the selector completes label names and values, clicking the metrics
-graph pins that profile, and the diff view renders. Screenshots go to SCREENSHOT_DIR.
+graph pins that profile, the diff view renders, and the service picker narrows the selector
+and the profile types (the server holds services goapp and other with CPU profiles, and
+locky with a mutex profile). Screenshots go to SCREENSHOT_DIR.
 """
 import os
 import sys
@@ -21,7 +23,8 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(url + "/")
+        # All time: the profiles keep the times they were taken, days ago.
+        page.goto(url + "/?range=all")
         page.wait_for_selector("body[data-state=ready]", timeout=60_000)
 
         # The flame graph shows the expected function.
@@ -96,6 +99,26 @@ def main() -> None:
         assert page.evaluate("window.frostdbView.mode") == "diff"
         assert page.text_content("#flame-title").startswith("Diff")
         page.screenshot(path=os.path.join(shots, "diff.png"), full_page=True)
+
+        # The service picker lists the stored services; picking one puts it in the selector
+        # and offers only the types it has, opening on CPU time where it has it.
+        page.uncheck("#diff-toggle")
+        services = page.eval_on_selector_all("#service option", "o => o.map(x => x.value)")
+        assert "locky" in services and "goapp" in services, services
+        page.select_option("#service", "locky")
+        page.wait_for_selector("body[data-state=ready]", timeout=60_000)
+        assert 'service_name="locky"' in page.input_value("#selector")
+        types = page.eval_on_selector_all("#profile-type option", "o => o.map(x => x.value)")
+        assert types and all(t.startswith("mutex:") for t in types), types
+        assert page.evaluate("window.frostdbView.total") > 0
+        page.select_option("#service", "goapp")
+        page.wait_for_selector("body[data-state=ready]", timeout=60_000)
+        selector = page.input_value("#selector")
+        assert 'service_name="goapp"' in selector and "locky" not in selector, selector
+        assert page.input_value("#profile-type").startswith("process_cpu:")
+        names = page.evaluate("window.frostdbView.names")
+        assert any(expected in n for n in names), f"{expected} not in goapp's graph: {names}"
+        page.screenshot(path=os.path.join(shots, "service.png"), full_page=True)
 
         assert not errors, errors
         browser.close()

@@ -82,7 +82,7 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
         "Type: {}\\lShowing nodes accounting for {}, {} of {} total\\l",
         quote(&t.sample_type),
         scaled_label(shown, unit),
-        percentage(shown, total),
+        percentage(shown, total).trim(),
         scaled_label(total, unit)
     );
     if dropped > 0 {
@@ -98,7 +98,7 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
         let flat = format!(
             "{} ({})",
             scaled_label(node.flat, unit),
-            percentage(node.flat, total)
+            percentage(node.flat, total).trim()
         );
         let value = if node.flat == node.cum {
             flat
@@ -106,7 +106,7 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
             format!(
                 "{flat}\\nof {} ({})",
                 scaled_label(node.cum, unit),
-                percentage(node.cum, total)
+                percentage(node.cum, total).trim()
             )
         };
         // Font size grows with flat, as pprof's does (8 to 50).

@@ -459,22 +459,73 @@ $("range").addEventListener("change", () => {
   }
 });
 
+// The profile types in `types` a page opens on: the one asked for, else CPU time (what
+// most people look at first), wall time, eBPF samples, then whatever is stored.
+function defaultType(types, asked) {
+  const ids = types.map((t) => t.id);
+  if (asked && ids.includes(asked)) return asked;
+  for (const name of ["process_cpu", "wall", "ebpf_cpu"]) {
+    const t = types.find((t) => t.name === name && /cpu|wall|samples/.test(t.sample_type));
+    if (t) return t.id;
+  }
+  return ids[0];
+}
+
+// Fills the type picker with `types`, keeping the current type when it is among them.
+function fillTypes(types, asked) {
+  const select = $("profile-type");
+  const keep = asked || select.value;
+  select.replaceChildren(...types.map((t) => {
+    const o = document.createElement("option");
+    o.value = o.textContent = t.id;
+    return o;
+  }));
+  if (types.length) select.value = defaultType(types, keep);
+}
+
+// The selector with its service_name matcher replaced by `service` (removed when empty).
+function withService(text, service) {
+  const inner = (text || "").trim().replace(/^\{|\}$/g, "");
+  const kept = inner.split(/,(?=(?:[^"]*"[^"]*")*[^"]*$)/).map((m) => m.trim())
+    .filter((m) => m && !/^service_name\s*(=|!=|=~|!~)/.test(m));
+  if (service) kept.unshift(`service_name="${service.replace(/["\\]/g, "\\$&")}"`);
+  return kept.length ? "{" + kept.join(", ") + "}" : "";
+}
+
+// The types a service has (all stored types without one).
+async function typesOf(service) {
+  if (!service) return state.types;
+  const series = await api("/api/v1/series", { selector: `{service_name="${service}"}` });
+  const ids = new Set(series.map((s) => s.profile_type));
+  return state.types.filter((t) => ids.has(t.id));
+}
+
+$("service").addEventListener("change", async () => {
+  document.body.dataset.state = "loading";
+  try {
+    const service = $("service").value;
+    $("selector").value = withService($("selector").value, service);
+    fillTypes(await typesOf(service));
+    await run();
+  } catch (e) {
+    fail(e);
+  }
+});
+
 async function init() {
   try {
     state.types = await api("/api/v1/profile_types");
-    const select = $("profile-type");
-    for (const t of state.types) {
-      const o = document.createElement("option");
-      o.value = o.textContent = t.id;
-      select.appendChild(o);
-    }
     const q = new URLSearchParams(location.search);
-    if (q.get("type")) select.value = q.get("type");
-    else {
-      const cpu = state.types.find((t) => t.name === "process_cpu");
-      if (cpu) select.value = cpu.id;
+    const services = await api("/api/v1/label/service_name/values");
+    for (const name of services) {
+      const o = document.createElement("option");
+      o.value = o.textContent = name;
+      $("service").appendChild(o);
     }
     if (q.get("selector")) $("selector").value = q.get("selector");
+    const asked = /service_name="([^"]*)"/.exec($("selector").value);
+    if (asked && services.includes(asked[1])) $("service").value = asked[1];
+    fillTypes(await typesOf($("service").value), q.get("type"));
     if (q.get("range")) $("range").value = q.get("range");
     if (!state.types.length) {
       status("No profiles stored yet: push some (see the README) and reload.");
