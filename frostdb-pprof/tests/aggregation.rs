@@ -1,0 +1,179 @@
+//! Merges that combine each series' profiles over a range by summing, averaging (gauges such
+//! as memory in use) or taking the latest, and keep series apart for labelled exports,
+//! checked against a model of the profiles stored.
+
+use std::collections::BTreeMap;
+
+use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::report::pprof;
+use frostdb_pprof::{Aggregation, IngestOptions, MergeOptions, ProfileStore, StoreOptions};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+use proptest::prelude::*;
+use prost::Message;
+
+const BASE: i64 = 1_700_000_000_000;
+const MINUTE: i64 = 60_000;
+/// Samples (distinct stacks) per profile.
+const STACKS: usize = 40;
+const SELECTOR: &str = "memory:cpu:nanoseconds:cpu:nanoseconds{}";
+
+/// A profile stored: its series (`pod`), minute and scale (each stack's value times it).
+type Shot = (u8, i64, i64);
+
+/// The base profile's value of each stack.
+fn stack_values() -> Vec<i64> {
+    frostdb_pprof::testing::profile(0, STACKS, 3)
+        .sample
+        .iter()
+        .map(|s| s.value[0])
+        .collect()
+}
+
+fn ingest(store: &ProfileStore, shots: &[Shot]) {
+    for &(pod, minute, scale) in shots {
+        let mut p = frostdb_pprof::testing::profile(0, STACKS, 3);
+        for s in &mut p.sample {
+            s.value[0] *= scale;
+        }
+        let options = IngestOptions {
+            name: "memory".into(),
+            labels: vec![
+                ("pod".into(), format!("p{pod}")),
+                ("service_name".into(), "api".into()),
+            ],
+            timestamp_ms: Some(BASE + minute * MINUTE),
+            ..Default::default()
+        };
+        store.ingest(&p.encode_to_vec(), &options).unwrap();
+    }
+}
+
+/// The model's total of `aggregation` over `range`: per series, its profiles in the range
+/// (those at one time add up) summed, averaged per stack (rounded down, as integers are), or
+/// its latest.
+fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, usize) {
+    let values = stack_values();
+    let mut series: BTreeMap<u8, BTreeMap<i64, i64>> = BTreeMap::new();
+    for &(pod, minute, scale) in shots {
+        let t = BASE + minute * MINUTE;
+        if range.start_ms <= t && t < range.end_ms {
+            *series.entry(pod).or_default().entry(t).or_default() += scale;
+        }
+    }
+    let total = series
+        .values()
+        .map(|times| {
+            let sum: i64 = times.values().sum();
+            let n = times.len() as i64;
+            let latest = *times.values().next_back().unwrap();
+            values
+                .iter()
+                .map(|v| match aggregation {
+                    Aggregation::Sum => v * sum,
+                    Aggregation::Average => v * sum / n,
+                    Aggregation::Latest => v * latest,
+                })
+                .sum::<i64>()
+        })
+        .sum();
+    (total, series.len())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn merges_sum_average_or_take_the_latest_of_each_series(
+        shots in prop::collection::vec((0u8..4, 0i64..60, 1i64..6), 1..25),
+        ranges in prop::collection::vec((0i64..60, 1i64..70), 4),
+        persist in any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        ingest(&store, &shots);
+        if persist {
+            store.db().flush().unwrap();
+        }
+        let selector = Selector::parse(SELECTOR).unwrap();
+        let ranges = ranges
+            .into_iter()
+            .map(|(start, len)| TimeRange {
+                start_ms: BASE + start * MINUTE,
+                end_ms: BASE + (start + len) * MINUTE,
+            })
+            .chain([TimeRange::ALL]);
+        for range in ranges {
+            for aggregation in [Aggregation::Sum, Aggregation::Average, Aggregation::Latest] {
+                let (want, series) = model(&shots, range, aggregation);
+                for by_series in [false, true] {
+                    let options = MergeOptions { aggregation, by_series, lenient: false };
+                    let merged = store.merge_with(&selector, range, &options).unwrap();
+                    prop_assert_eq!(merged.total(), want, "{:?} {:?}", range, options);
+                    if !by_series {
+                        prop_assert!(merged.series.is_empty());
+                        continue;
+                    }
+                    // Each series apart, labelled, adding up to the merge.
+                    prop_assert_eq!(merged.series.len(), series);
+                    let per_series: i64 =
+                        merged.series.iter().flat_map(|(_, s)| s).map(|(_, v)| v).sum();
+                    prop_assert_eq!(per_series, want);
+                    let p = pprof::to_profile(&merged).unwrap();
+                    let label = |s: &frostdb_pprof::proto::Sample, k: &str| {
+                        s.label
+                            .iter()
+                            .find(|l| p.string_table[l.key as usize] == k)
+                            .map(|l| p.string_table[l.str as usize].clone())
+                    };
+                    let mut pods = std::collections::BTreeSet::new();
+                    for s in &p.sample {
+                        let service = label(s, "service_name");
+                        prop_assert_eq!(service.as_deref(), Some("api"));
+                        pods.insert(label(s, "pod").unwrap());
+                    }
+                    prop_assert_eq!(pods.len(), series);
+                    prop_assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), want);
+                }
+            }
+        }
+        // A plain sum is the store's merge.
+        let sum = store
+            .merge_with(&selector, TimeRange::ALL, &MergeOptions::default())
+            .unwrap();
+        prop_assert_eq!(sum.total(), store.merge(&selector, TimeRange::ALL).unwrap().total());
+    }
+}
+
+#[test]
+fn gauges_average_by_default_and_the_rest_sum() {
+    let of = |t: &str| Aggregation::default_for(&Selector::parse(t).unwrap().profile_type.unwrap());
+    assert_eq!(
+        of("memory:inuse_space:bytes:space:bytes{}"),
+        Aggregation::Average
+    );
+    assert_eq!(
+        of("memory:inuse_objects:count:space:bytes{}"),
+        Aggregation::Average
+    );
+    assert_eq!(
+        of("goroutines:goroutine:count:goroutine:count{}"),
+        Aggregation::Average
+    );
+    assert_eq!(
+        of("memory:alloc_space:bytes:space:bytes{}"),
+        Aggregation::Sum
+    );
+    assert_eq!(
+        of("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}"),
+        Aggregation::Sum
+    );
+    assert_eq!(Aggregation::parse("avg"), Ok(Aggregation::Average));
+    assert_eq!(Aggregation::parse("LATEST"), Ok(Aggregation::Latest));
+    assert!(
+        Aggregation::parse("max")
+            .unwrap_err()
+            .contains("sum, average or latest")
+    );
+}
