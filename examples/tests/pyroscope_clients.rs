@@ -767,3 +767,21 @@ async fn the_pyroscope_nodejs_client_pushes_a_real_node_program() {
         assert!(text.contains("frostdb-e2e-node"), "{text}");
     }
 }
+
+#[tokio::test]
+async fn labels_beginning_with_two_underscores_are_dropped_as_pyroscope_drops_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let labels = [
+        ("service_name", SERVICE),
+        ("__session_id__", "8f2c"),
+        ("__private__", "x"),
+    ];
+    push_profile(&s, &labels, &go_cpu()).await;
+    let (status, names) = common::get(&format!("{}/api/v1/labels", s.url), None).await;
+    assert_eq!(status, 200, "{names}");
+    // Pyroscope keeps the session id (`IsLabelAllowedForIngestion`) and drops the rest.
+    assert!(names.contains("\"__session_id__\""), "{names}");
+    assert!(!names.contains("__private__"), "{names}");
+    assert!(names.contains("\"service_name\""), "{names}");
+}

@@ -40,6 +40,13 @@ pub struct Incoming {
     pub timestamp_ms: Option<i64>,
 }
 
+/// Whether a pushed label is stored: names beginning with `__` are Pyroscope's own (the
+/// profile name, its type, `__delta__`) and are dropped as Pyroscope drops them at
+/// ingestion, except `__session_id__`, which it keeps.
+fn allowed_label(name: &str) -> bool {
+    !name.starts_with("__") || name == "__session_id__"
+}
+
 /// Admits the series against the tenant's limit, then stores the profile off the async
 /// threads. Returns once the samples are durable.
 pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResult<IngestSummary> {
@@ -47,7 +54,7 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
     let mut labels: Vec<(String, String)> = incoming
         .labels
         .into_iter()
-        .filter(|(k, v)| !v.is_empty() && !k.starts_with("__"))
+        .filter(|(k, v)| !v.is_empty() && allowed_label(k))
         .map(|(k, v)| (frostdb_pprof::sanitize_label(&k), v))
         .collect();
     labels.sort();
