@@ -326,7 +326,8 @@ impl Db {
 
     /// Opens the table `name`, creating it with `schema` and `options` if it does not exist
     /// (on disk, the creation is durable before this returns). An existing table must have
-    /// the same schema; its stored options are kept.
+    /// the same schema (compression hints aside: [`Schema::same_rows_as`]); its stored
+    /// schema and options are kept.
     pub fn table(&self, name: &str, schema: Schema, options: TableOptions) -> Result<Table> {
         validate_static_name(name)?;
         options.validate()?;
@@ -335,7 +336,7 @@ impl Db {
         }
         let mut tables = self.inner.tables.write();
         if let Some(table) = tables.get(name) {
-            if **table.schema() != schema {
+            if !table.schema().same_rows_as(&schema) {
                 return Err(Error::SchemaMismatch {
                     table: name.to_owned(),
                 });

@@ -351,6 +351,54 @@ fn reopening_a_table_checks_the_schema() {
         .table("samples", other, TableOptions::default())
         .unwrap_err();
     assert!(matches!(mismatch, Error::SchemaMismatch { .. }));
+    // Compression hints only shape blocks written later: a schema that differs in them
+    // opens the table (which keeps its own); an encoding is part of the schema.
+    let with_codec = |compression, encoding| {
+        frostdb_core::Schema::builder("samples")
+            .column(
+                frostdb_core::ColumnDef::new("name", DataType::Utf8)
+                    .encoding(frostdb_core::Encoding::RleDictionary)
+                    .compression(compression),
+            )
+            .column(
+                frostdb_core::ColumnDef::dynamic("labels", DataType::Utf8)
+                    .encoding(frostdb_core::Encoding::RleDictionary),
+            )
+            .column(
+                frostdb_core::ColumnDef::new("timestamp", DataType::Int64)
+                    .encoding(encoding)
+                    .compression(frostdb_core::Compression::Lz4Raw),
+            )
+            .column(frostdb_core::ColumnDef::new("value", DataType::Int64).nullable(true))
+            .sort_by(frostdb_core::SortingColumn::asc("name"))
+            .sort_by(frostdb_core::SortingColumn::asc("labels"))
+            .sort_by(frostdb_core::SortingColumn::asc("timestamp"))
+            .build()
+            .unwrap()
+    };
+    let delta = frostdb_core::Encoding::DeltaBinaryPacked;
+    let reopened = db
+        .table(
+            "samples",
+            with_codec(frostdb_core::Compression::Uncompressed, delta),
+            TableOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(
+        **reopened.schema(),
+        samples_schema(),
+        "the stored schema is kept"
+    );
+    let plain = frostdb_core::Encoding::Plain;
+    assert!(matches!(
+        db.table(
+            "samples",
+            with_codec(frostdb_core::Compression::Uncompressed, plain),
+            TableOptions::default()
+        )
+        .unwrap_err(),
+        Error::SchemaMismatch { .. }
+    ));
     assert_eq!(mismatch.kind(), frostdb_core::ErrorKind::Conflict);
     assert_eq!(
         db.table("bad.name", samples_schema(), TableOptions::default())

@@ -262,6 +262,22 @@ pub struct Schema {
     sorting: Vec<SortingColumn>,
 }
 
+impl Schema {
+    /// Whether `other` describes the same rows: the same columns, types, encodings and sort
+    /// order. Compression hints may differ: they only shape blocks written later, and any
+    /// block reads whatever its pages were compressed with.
+    pub(crate) fn same_rows_as(&self, other: &Schema) -> bool {
+        let strip = |s: &Schema| {
+            let mut s = s.clone();
+            for c in &mut s.columns {
+                c.compression = Compression::default();
+            }
+            s
+        };
+        strip(self) == strip(other)
+    }
+}
+
 /// Builds a [`Schema`]; [`SchemaBuilder::build`] validates it.
 #[derive(Debug)]
 pub struct SchemaBuilder {
