@@ -19,12 +19,7 @@ const GO_CPU: &str = "pprof/pyroscope__go-cpu.pb.gz";
 /// The sum of the `cpu` values of the Go CPU profile.
 fn cpu_total() -> i64 {
     let p = frostdb_pprof::decode(&testdata(GO_CPU), &frostdb_pprof::Limits::default()).unwrap();
-    let i = p
-        .sample_type
-        .iter()
-        .position(|t| p.string_table[t.r#type as usize] == "cpu")
-        .unwrap();
-    p.sample.iter().map(|s| s.value[i]).sum()
+    common::cpu_total(&p)
 }
 
 async fn post(
@@ -750,12 +745,7 @@ async fn generated_python_clients_agree_over_grpc_grpc_web_and_connect() {
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ran(&out, "pyroscope_client.py");
     let (status, types) = call_json(&s, Some("py-querier"), "ProfileTypes", json!({})).await;
     assert_eq!(status, 200);
     let cpu = types["profileTypes"]

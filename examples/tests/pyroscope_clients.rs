@@ -30,16 +30,6 @@ fn go_cpu() -> Profile {
         .into_inner()
 }
 
-/// The sum of the `cpu` values of a profile.
-fn cpu_total(p: &Profile) -> i64 {
-    let i = p
-        .sample_type
-        .iter()
-        .position(|t| p.string_table[t.r#type as usize] == "cpu")
-        .unwrap();
-    p.sample.iter().map(|s| s.value[i]).sum()
-}
-
 /// Pushes `profile` with the push API as `process_cpu` of `labels`.
 async fn push_profile(s: &Server, labels: &[(&str, &str)], profile: &Profile) {
     let mut all = vec![push::LabelPair {
@@ -191,7 +181,7 @@ async fn grafana_drilldown_and_pyroscope_page_requests_are_answered() {
     // The Go CPU profile twice: plainly, and with every sample labelled with one span.
     let mut profile = go_cpu();
     profile.time_nanos = (now_ms - 60_000) * 1_000_000;
-    let total = cpu_total(&profile);
+    let total = common::cpu_total(&profile);
     push_profile(&s, &[("service_name", SERVICE), ("region", "eu")], &profile).await;
     let mut spanned = profile.clone();
     spanned.time_nanos += 1_000_000;
@@ -573,12 +563,7 @@ async fn pyroscopes_flame_graph_component_draws_the_render_api_in_chromium() {
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{profile_type}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_ran(&out, profile_type);
         // And a function the profile does not have is not "found".
         let out = tokio::process::Command::new(&python)
             .arg(common::e2e_script("pyroscope_flamegraph.py"))
@@ -645,12 +630,7 @@ async fn the_pyroscope_nodejs_client_pushes_a_real_node_program() {
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{tenant}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::assert_ran(&out, tenant);
         let (status, types) =
             common::get(&format!("{}/api/v1/profile_types", s.url), Some(tenant)).await;
         assert_eq!(status, 200, "{types}");

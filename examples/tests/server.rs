@@ -1125,12 +1125,7 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ran(&out, "web.py");
     let png = std::fs::read(shots.join("flamegraph.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000);
     eprintln!("screenshots in {}", shots.display());

@@ -982,15 +982,10 @@ impl ProfileStore {
         self.merge(&selector, range)
     }
 
-    /// Merges from the samples table, or from the spans table when the selector matches on
-    /// a span label ([`schema::SPAN_LABELS`]): the samples table does not keep them.
-    fn merge_reading(
-        &self,
-        selector: &Selector,
-        range: TimeRange,
-        lenient: bool,
-        rollups: bool,
-    ) -> Result<Merged> {
+    /// What a merge of `selector` reads: the samples table, or the spans table when the
+    /// selector matches on a span label ([`schema::SPAN_LABELS`]: the samples table does not
+    /// keep them), whether it is the spans, and the selector's profile type (required).
+    fn merge_source(&self, selector: &Selector) -> Result<(&Table, bool, ProfileType)> {
         let by_span = selector
             .matchers
             .iter()
@@ -1001,6 +996,18 @@ impl ProfileStore {
                 "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
             )
         })?;
+        Ok((table, by_span, profile_type))
+    }
+
+    /// Merges from the table [`ProfileStore::merge_source`] picks.
+    fn merge_reading(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+        rollups: bool,
+    ) -> Result<Merged> {
+        let (table, by_span, profile_type) = self.merge_source(selector)?;
         // The samples first: the series index is written before them in each transaction,
         // so its later snapshot holds every series of this one.
         let snapshot = table.snapshot();
@@ -1089,16 +1096,7 @@ impl ProfileStore {
         if options.aggregation == Aggregation::Sum && !options.by_series {
             return self.merge_reading(selector, range, options.lenient, true);
         }
-        let by_span = selector
-            .matchers
-            .iter()
-            .any(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
-        let table = if by_span { &self.spans } else { &self.samples };
-        let profile_type = selector.profile_type.clone().ok_or_else(|| {
-            Error::Query(
-                "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
-            )
-        })?;
+        let (table, _, profile_type) = self.merge_source(selector)?;
         let read = frostdb_query::profile::native::merge_stacks_by_series(
             &table.snapshot(),
             selector,

@@ -73,28 +73,8 @@ enum Command {
         /// `tenants/`; default `anonymous` there).
         #[arg(long)]
         tenant: Option<String>,
-        /// `name:sample_type:sample_unit:period_type:period_unit{label="value", ...}`
-        selector: String,
-        /// Start (RFC 3339, Unix ms, or `now-1h`); default: the beginning.
-        #[arg(long)]
-        from: Option<String>,
-        /// End, excluded (same forms); default: the end.
-        #[arg(long)]
-        to: Option<String>,
-        /// What to print.
-        #[arg(long, value_enum, default_value_t = Format::Top)]
-        format: Format,
-        /// How each series' profiles over the range combine: `sum`, `average` or `latest`
-        /// (default: average for gauges such as memory in use, else sum).
-        #[arg(long, value_parser = Aggregation::parse)]
-        aggregation: Option<Aggregation>,
-        /// Nodes kept: of a flame graph (json, flamegraph-svg; default 8192, the rest summed
-        /// into `other`) or of the call graph (dot; default 100).
-        #[arg(long)]
-        max_nodes: Option<usize>,
-        /// Write to this file instead of standard output.
-        #[arg(short = 'o', long)]
-        output: Option<PathBuf>,
+        #[command(flatten)]
+        args: QueryArgs,
     },
     /// Run the continuous-profiling server: push, scrape, query API and web page.
     Serve {
@@ -348,13 +328,30 @@ fn types(data: &Path) -> Result<ExitCode, BoxError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What `frostdb query` merges and how it prints it.
+#[derive(clap::Args)]
 struct QueryArgs {
+    /// `name:sample_type:sample_unit:period_type:period_unit{label="value", ...}`
     selector: String,
+    /// Start (RFC 3339, Unix ms, or `now-1h`); default: the beginning.
+    #[arg(long)]
     from: Option<String>,
+    /// End, excluded (same forms); default: the end.
+    #[arg(long)]
     to: Option<String>,
+    /// What to print.
+    #[arg(long, value_enum, default_value_t = Format::Top)]
     format: Format,
+    /// How each series' profiles over the range combine: `sum`, `average` or `latest`
+    /// (default: average for gauges such as memory in use, else sum).
+    #[arg(long, value_parser = Aggregation::parse)]
     aggregation: Option<Aggregation>,
+    /// Nodes kept: of a flame graph (json, flamegraph-svg; default 8192, the rest summed
+    /// into `other`) or of the call graph (dot; default 100).
+    #[arg(long)]
     max_nodes: Option<usize>,
+    /// Write to this file instead of standard output.
+    #[arg(short = 'o', long)]
     output: Option<PathBuf>,
 }
 
@@ -518,28 +515,9 @@ fn main() -> ExitCode {
         Command::Types { data, tenant } => {
             database(&data, tenant.as_deref()).and_then(|data| types(&data))
         }
-        Command::Query {
-            data,
-            tenant,
-            selector,
-            from,
-            to,
-            format,
-            aggregation,
-            max_nodes,
-            output,
-        } => database(&data, tenant.as_deref()).and_then(|data| {
-            let args = QueryArgs {
-                selector,
-                from,
-                to,
-                format,
-                aggregation,
-                max_nodes,
-                output,
-            };
-            query(&data, args)
-        }),
+        Command::Query { data, tenant, args } => {
+            database(&data, tenant.as_deref()).and_then(|data| query(&data, args))
+        }
         Command::Sql {
             data,
             tenant,

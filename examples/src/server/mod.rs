@@ -30,7 +30,7 @@ use tower_http::timeout::TimeoutLayer;
 
 pub use config::Config;
 use error::ApiError;
-use tenants::{Tenants, validate_tenant};
+use tenants::Tenants;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -57,19 +57,16 @@ impl<S: Send + Sync> FromRequestParts<S> for TenantId {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get("x-scope-orgid") else {
-            return Ok(Self(config::DEFAULT_TENANT.into()));
+        let value = match parts.headers.get("x-scope-orgid") {
+            None => None,
+            Some(v) => Some(
+                v.to_str()
+                    .map_err(|_| ApiError::bad_request("X-Scope-OrgID is not ASCII text"))?,
+            ),
         };
-        let id = value
-            .to_str()
-            .map_err(|_| ApiError::bad_request("X-Scope-OrgID is not ASCII text"))?
-            .trim();
-        // An empty header names no tenant (Pyroscope's web page probes with one).
-        if id.is_empty() {
-            return Ok(Self(config::DEFAULT_TENANT.into()));
-        }
-        validate_tenant(id).map_err(ApiError::bad_request)?;
-        Ok(Self(id.to_owned()))
+        Ok(Self(
+            tenants::tenant_from_header(value).map_err(ApiError::bad_request)?,
+        ))
     }
 }
 

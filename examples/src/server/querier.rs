@@ -515,21 +515,14 @@ impl GrpcQuerier {
 pub(crate) fn grpc_tenant(
     metadata: &tonic::metadata::MetadataMap,
 ) -> Result<String, tonic::Status> {
-    match metadata.get("x-scope-orgid") {
-        None => Ok(super::config::DEFAULT_TENANT.to_owned()),
-        Some(v) => {
-            let id = v
-                .to_str()
-                .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?
-                .trim()
-                .to_owned();
-            if id.is_empty() {
-                return Ok(super::config::DEFAULT_TENANT.to_owned());
-            }
-            super::tenants::validate_tenant(&id).map_err(tonic::Status::invalid_argument)?;
-            Ok(id)
-        }
-    }
+    let value = match metadata.get("x-scope-orgid") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?,
+        ),
+    };
+    super::tenants::tenant_from_header(value).map_err(tonic::Status::invalid_argument)
 }
 
 /// Implements the generated gRPC trait's methods by the [`Querier`] methods of the same

@@ -498,11 +498,7 @@ async fn query(
     }
     response.headers_mut().insert(
         AGGREGATION_HEADER,
-        header::HeaderValue::from_static(match aggregation {
-            Aggregation::Sum => "sum",
-            Aggregation::Average => "average",
-            Aggregation::Latest => "latest",
-        }),
+        header::HeaderValue::from_static(aggregation.name()),
     );
     Ok(answer(response, failed))
 }
@@ -573,7 +569,12 @@ async fn query_range(
             json!({"labels": labels, "points": points})
         })
         .collect();
-    let aggregation = if average { "average" } else { "sum" };
+    let aggregation = if average {
+        Aggregation::Average
+    } else {
+        Aggregation::Sum
+    }
+    .name();
     let body = json!({"profile_type": profile_type, "step_ms": step, "aggregation": aggregation, "series": series});
     Ok(answer(Json(body), lenient.then_some(failed)))
 }

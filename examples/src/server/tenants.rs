@@ -24,6 +24,18 @@ pub struct Tenant {
     pub store: ProfileStore,
 }
 
+/// The tenant an `X-Scope-OrgID` value (HTTP header or gRPC metadata) names: the default
+/// tenant when there is none or it is empty (Pyroscope's web page probes with an empty one),
+/// else the trimmed value, validated.
+pub fn tenant_from_header(value: Option<&str>) -> Result<String, String> {
+    let id = value.unwrap_or("").trim();
+    if id.is_empty() {
+        return Ok(super::config::DEFAULT_TENANT.to_owned());
+    }
+    validate_tenant(id)?;
+    Ok(id.to_owned())
+}
+
 /// Checks a tenant id: 1 to 150 characters of `[A-Za-z0-9_.-]`, not `.` or `..` (it names
 /// a directory).
 pub fn validate_tenant(id: &str) -> Result<(), String> {

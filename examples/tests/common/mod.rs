@@ -190,3 +190,23 @@ pub(crate) fn e2e_script(name: &str) -> std::path::PathBuf {
         .join("tests/e2e")
         .join(name)
 }
+
+/// Fails unless the program that wrote `out` exited successfully, showing what it printed.
+pub(crate) fn assert_ran(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The sum of the `cpu` values of a profile.
+pub(crate) fn cpu_total(p: &frostdb_pprof::proto::Profile) -> i64 {
+    let i = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == "cpu")
+        .unwrap();
+    p.sample.iter().map(|s| s.value[i]).sum()
+}

@@ -71,6 +71,15 @@ impl Aggregation {
         }
     }
 
+    /// Its name, as [`Aggregation::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sum => "sum",
+            Self::Average => "average",
+            Self::Latest => "latest",
+        }
+    }
+
     /// What a merge of `profile_type` does unless told: gauges average, the rest sum.
     pub fn default_for(profile_type: &crate::ProfileType) -> Self {
         if profile_type.is_gauge() {

@@ -418,12 +418,13 @@ pub fn merge_stacks_by_series(
         .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
     let reservation = MemoryConsumer::new("merge by series").register(pool);
-    /// One series: its sums per stack, the times of its profiles (average) or of its
-    /// latest profile (latest).
+    /// One series: its sums per stack, the times of its profiles and of its last row read
+    /// (average), or of its latest profile (latest).
     #[derive(Default)]
     struct Of {
         sums: std::collections::HashMap<u64, i64>,
         times: std::collections::HashSet<i64>,
+        last_time: Option<i64>,
         latest: Option<i64>,
     }
     let mut set_ids: std::collections::HashMap<LabelSet, usize> = Default::default();
@@ -452,11 +453,13 @@ pub fn merge_stacks_by_series(
             .collect::<frostdb_core::Result<Vec<_>>>()?;
         // Rows of one series are adjacent (the sort order): its set is looked up once a run.
         let mut last: Option<(Vec<Option<usize>>, usize)> = None;
+        let mut keys: Vec<Option<usize>> = Vec::with_capacity(strings.len());
         for i in 0..batch.num_rows() {
             if !ids.is_valid(i) || !values.is_valid(i) {
                 continue;
             }
-            let keys: Vec<Option<usize>> = strings.iter().map(|s| s.key(i)).collect();
+            keys.clear();
+            keys.extend(strings.iter().map(|s| s.key(i)));
             let set = match &last {
                 Some((k, set)) if *k == keys => *set,
                 _ => {
@@ -473,7 +476,7 @@ pub fn merge_stacks_by_series(
                     if set == next {
                         sets.push(Of::default());
                     }
-                    last = Some((keys, set));
+                    last = Some((keys.clone(), set));
                     set
                 }
             };
@@ -481,9 +484,12 @@ pub fn merge_stacks_by_series(
             let t = times.value(i);
             match aggregation {
                 Aggregation::Sum => {}
-                Aggregation::Average => {
+                // A profile's rows are adjacent: its time is counted once.
+                Aggregation::Average if of.last_time != Some(t) => {
                     of.times.insert(t);
+                    of.last_time = Some(t);
                 }
+                Aggregation::Average => {}
                 Aggregation::Latest => match of.latest {
                     Some(l) if t < l => continue,
                     Some(l) if t == l => {}
