@@ -17,9 +17,8 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 
-use crate::decode::ValidProfile;
+use crate::decode::{Flat, SampleRef, ValidProfile};
 use crate::error::{Error, Result};
-use crate::proto::Profile;
 use crate::schema::SERIES_BUCKET_MS;
 use crate::symbols::{FunctionRow, LineRow, MappingRow, Writer, symbol_id};
 
@@ -140,8 +139,8 @@ pub(crate) struct Prepared<'p> {
     timestamp: i64,
 }
 
-fn text(p: &Profile, i: i64) -> &str {
-    p.string_table.get(i as usize).map_or("", String::as_str)
+fn text(p: &Flat, i: i64) -> &str {
+    p.string(i)
 }
 
 fn or<'a>(v: &'a str, fallback: &'a str) -> &'a str {
@@ -154,7 +153,7 @@ pub(crate) fn prepare<'p>(
     options: &IngestOptions,
     deltas: Option<&Deltas>,
 ) -> Result<Prepared<'p>> {
-    let p: &Profile = profile;
+    let p = profile.flat();
     // Series labels, sanitized; empty values mean "absent", as in Prometheus.
     let mut series: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in &options.labels {
@@ -177,10 +176,10 @@ pub(crate) fn prepare<'p>(
     let mut label_sets: Vec<Vec<(String, String)>> = vec![Vec::new()];
     let mut label_index: HashMap<Vec<(String, String)>, u32> = HashMap::default();
     let mut group_index: HashMap<(&[u64], u32), u32> =
-        HashMap::with_capacity_and_hasher(p.sample.len(), Default::default());
-    let mut groups: Vec<Group> = Vec::with_capacity(p.sample.len());
+        HashMap::with_capacity_and_hasher(p.samples().len(), Default::default());
+    let mut groups: Vec<Group> = Vec::with_capacity(p.samples().len());
     let types = p.sample_type.len();
-    let mut values: Vec<i64> = Vec::with_capacity(p.sample.len() * types);
+    let mut values: Vec<i64> = Vec::with_capacity(p.samples().len() * types);
     let mut span_index: HashMap<(u32, u32), u32> = HashMap::default();
     let mut span_groups: Vec<(u32, u32)> = Vec::new();
     let mut span_values: Vec<i64> = Vec::new();
@@ -196,7 +195,7 @@ pub(crate) fn prepare<'p>(
             i
         }
     };
-    for (i, sample) in p.sample.iter().enumerate() {
+    for (i, sample) in p.samples().enumerate() {
         let (labels, with_span) = if sample.label.iter().all(|l| l.str == 0) {
             (0, None) // numeric labels are not kept
         } else {
@@ -213,20 +212,20 @@ pub(crate) fn prepare<'p>(
             }
         };
         let g = *group_index
-            .entry((sample.location_id.as_slice(), labels))
+            .entry((sample.location_id, labels))
             .or_insert_with(|| {
                 groups.push(Group { sample: i, labels });
                 values.extend(std::iter::repeat_n(0, types));
                 (groups.len() - 1) as u32
             });
-        add(&mut values, g, types, &sample.value);
+        add(&mut values, g, types, sample.value);
         if let Some(full) = with_span {
             let sg = *span_index.entry((g, full)).or_insert_with(|| {
                 span_groups.push((g, full));
                 span_values.extend(std::iter::repeat_n(0, types));
                 (span_groups.len() - 1) as u32
             });
-            add(&mut span_values, sg, types, &sample.value);
+            add(&mut span_values, sg, types, sample.value);
         }
     }
 
@@ -315,12 +314,12 @@ fn is_span_label(key: &str) -> bool {
 
 /// A sample's string labels, sanitized and sorted, without those equal to a series label.
 fn sample_labels(
-    p: &Profile,
-    sample: &crate::proto::Sample,
+    p: &Flat,
+    sample: SampleRef<'_>,
     series: &BTreeMap<String, String>,
 ) -> Result<Vec<(String, String)>> {
     let mut labels: BTreeMap<String, (String, &str)> = BTreeMap::new();
-    for l in &sample.label {
+    for l in sample.label {
         if l.str == 0 {
             continue;
         }
@@ -401,7 +400,7 @@ impl Prepared<'_> {
     /// Content fingerprints of the groups: their stacks' functions, lines, addresses and
     /// binaries, and their labels.
     fn fingerprints(&self) -> Vec<Fingerprint> {
-        let p = self.profile;
+        let p = self.profile.flat();
         let crate::decode::Ids {
             locations,
             functions,
@@ -416,8 +415,8 @@ impl Prepared<'_> {
             .map(|g| {
                 let halves = seeds.clone().map(|seed| {
                     let mut h = seed.build_hasher();
-                    for id in &p.sample[g.sample].location_id {
-                        let Some(l) = locations.get(*id).and_then(|i| p.location.get(i)) else {
+                    for id in p.sample(g.sample).location_id {
+                        let Some(l) = locations.get(*id).map(|i| p.location(i)) else {
                             continue;
                         };
                         l.address.hash(&mut h);
@@ -425,7 +424,7 @@ impl Prepared<'_> {
                             text(p, m.filename).hash(&mut h);
                             text(p, m.build_id).hash(&mut h);
                         }
-                        for line in &l.line {
+                        for line in l.line {
                             line.line.hash(&mut h);
                             if let Some(f) = functions
                                 .get(line.function_id)
@@ -449,14 +448,14 @@ impl Prepared<'_> {
     /// partition (`u32::MAX` for groups without rows); `None` when the profile has symbols
     /// the partition lacks and the writer only looks up.
     pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Option<Vec<u32>>> {
-        let p = self.profile;
+        let p = self.profile.flat();
         let crate::decode::Ids {
             locations,
             functions,
             mappings,
         } = &self.profile.ids;
         const NONE: u32 = u32::MAX;
-        let mut strings = vec![NONE; p.string_table.len()];
+        let mut strings = vec![NONE; p.strings_len()];
         let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<Option<u32>> {
             let slot = strings
                 .get_mut(i as usize)
@@ -480,7 +479,7 @@ impl Prepared<'_> {
         }
         let mut mapping_ix = vec![NONE; p.mapping.len()];
         let mut function_ix = vec![NONE; p.function.len()];
-        let mut location_ix = vec![NONE; p.location.len()];
+        let mut location_ix = vec![NONE; p.locations().len()];
         let mut lines: Vec<LineRow> = Vec::new();
         let mut stack: Vec<u32> = Vec::new();
         let mut out = vec![NONE; self.groups.len()];
@@ -494,10 +493,10 @@ impl Prepared<'_> {
                 continue;
             }
             stack.clear();
-            for &id in &p.sample[self.groups[g as usize].sample].location_id {
+            for &id in p.sample(self.groups[g as usize].sample).location_id {
                 let li = locations.get(id).ok_or_else(|| dangling("location", id))?;
                 if location_ix[li] == NONE {
-                    let l = &p.location[li];
+                    let l = p.location(li);
                     let mapping = if l.mapping_id == 0 {
                         0
                     } else {
@@ -522,7 +521,7 @@ impl Prepared<'_> {
                         mapping_ix[mi] + 1
                     };
                     lines.clear();
-                    for line in &l.line {
+                    for line in l.line {
                         let fi = functions
                             .get(line.function_id)
                             .ok_or_else(|| dangling("function", line.function_id))?;
@@ -590,7 +589,7 @@ impl Prepared<'_> {
         index: bool,
         group: impl Fn(u32) -> (usize, u32),
     ) -> Result<IngestSummary> {
-        let p = self.profile;
+        let p = self.profile.flat();
         let n = rows.len();
         let start = out.len();
         let sample_type = |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples");

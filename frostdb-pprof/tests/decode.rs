@@ -160,3 +160,249 @@ fn bombs_and_huge_profiles_hit_the_limits() {
         })
     ));
 }
+
+/// What prost makes of `raw`, checked and repaired as `validate` does.
+fn via_prost(raw: &[u8]) -> Result<Profile, String> {
+    let p = Profile::decode(raw).map_err(|e| e.to_string())?;
+    Ok(frostdb_pprof::validate(p, &Limits::default())
+        .map_err(|e| e.to_string())?
+        .into_inner())
+}
+
+#[test]
+fn the_flat_decoder_reads_every_real_profile_as_prost_does() {
+    for (name, bytes) in &common::testdata() {
+        let raw = frostdb_pprof::inflate(bytes, 1 << 30).unwrap();
+        let want = via_prost(&raw).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = decode(bytes, &Limits::default()).unwrap();
+        assert_eq!(got.time_nanos(), want.time_nanos, "{name}");
+        assert_eq!(got.sample_types(), want.sample_type.as_slice(), "{name}");
+        assert_eq!(got.into_inner(), want, "{name}");
+    }
+}
+
+#[test]
+fn every_truncation_fails_or_reads_as_prost_reads_it() {
+    let (_, bytes) = common::testdata()
+        .into_iter()
+        .min_by_key(|(_, b)| b.len())
+        .unwrap();
+    let raw = frostdb_pprof::inflate(&bytes, 1 << 30)
+        .unwrap()
+        .into_owned();
+    for cut in 0..raw.len() {
+        let prefix = &raw[..cut];
+        match (decode(prefix, &Limits::default()), via_prost(prefix)) {
+            (Ok(got), Ok(want)) => assert_eq!(got.into_inner(), want, "cut at {cut}"),
+            (Err(_), Err(_)) => {}
+            (got, want) => panic!(
+                "cut at {cut}: flat {:?}, prost {:?}",
+                got.map(|_| ()),
+                want.map(|_| ())
+            ),
+        }
+    }
+}
+
+/// Appends a varint.
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[test]
+fn unpacked_repeated_fields_and_unknown_fields_read_as_prost_reads_them() {
+    let mut raw = minimal().encode_to_vec();
+    // A second sample, its location ids one field each (unpacked, as proto2 writers send
+    // them), with unknown varint, fixed64, fixed32 and bytes fields.
+    let mut sample = Vec::new();
+    for (field, v) in [(1u64, 1u64), (2, 7), (1, 1), (99, 5)] {
+        varint(&mut sample, field << 3);
+        varint(&mut sample, v);
+    }
+    varint(&mut sample, (98 << 3) | 1);
+    sample.extend([1, 0, 0, 0, 0, 0, 0, 0]);
+    varint(&mut sample, (97 << 3) | 5);
+    sample.extend([1, 0, 0, 0]);
+    varint(&mut sample, (96 << 3) | 2);
+    sample.extend([2, 0xff, 0xfe]);
+    raw.push((2 << 3) | 2);
+    varint(&mut raw, sample.len() as u64);
+    raw.extend(&sample);
+    let want = via_prost(&raw).unwrap();
+    assert_eq!(want.sample[1].location_id, vec![1, 1]);
+    assert_eq!(want.sample[1].value, vec![7]);
+    assert_eq!(decode(&raw, &Limits::default()).unwrap().into_inner(), want);
+    // A second value for the one sample type is a validation error in both.
+    varint(&mut sample, 2 << 3);
+    varint(&mut sample, 8);
+    let mut two = minimal().encode_to_vec();
+    two.push((2 << 3) | 2);
+    varint(&mut two, sample.len() as u64);
+    two.extend(&sample);
+    assert!(via_prost(&two).is_err());
+    let err = decode(&two, &Limits::default()).unwrap_err();
+    assert!(err.to_string().contains("sample.value"), "{err}");
+}
+
+#[test]
+fn strings_that_are_not_utf8_are_refused_naming_the_entry() {
+    let mut raw = minimal().encode_to_vec();
+    raw.extend([(6 << 3) | 2, 2, 0xc3, 0x28]);
+    let err = decode(&raw, &Limits::default()).unwrap_err();
+    assert!(matches!(err, Error::Protobuf(_)), "{err}");
+    assert!(err.to_string().contains("string_table[4]"), "{err}");
+    assert!(Profile::decode(raw.as_slice()).is_err());
+}
+
+mod random {
+    use super::*;
+    use frostdb_pprof::proto::{Label, Line, Mapping};
+    use proptest::prelude::*;
+
+    /// Profiles whose every reference holds, with any values in their fields.
+    fn profiles() -> impl Strategy<Value = Profile> {
+        (
+            prop::collection::vec("\\PC{0,12}", 1..20),
+            1usize..4,
+            0usize..4,
+            1usize..12,
+            1usize..16,
+            any::<[i64; 6]>(),
+            any::<u64>(),
+        )
+            .prop_flat_map(
+                |(strings, types, mappings, functions, locations, scalars, seed)| {
+                    let s = strings.len() as i64 + 1;
+                    let sample = (
+                        prop::collection::vec(1..=locations as u64, 0..8),
+                        prop::collection::vec(any::<i64>(), types),
+                        prop::collection::vec((0..s, 0..s, any::<i64>(), 0..s), 0..3),
+                    );
+                    (
+                        Just((strings, types, scalars, seed)),
+                        prop::collection::vec((any::<u64>(), 0..s, 0..s, any::<bool>()), mappings),
+                        prop::collection::vec((0..s, 0..s, 0..s, any::<i64>()), functions),
+                        prop::collection::vec(
+                            (
+                                0..=mappings as u64,
+                                any::<u64>(),
+                                prop::collection::vec((1..=functions as u64, any::<i64>()), 0..4),
+                                any::<bool>(),
+                            ),
+                            locations,
+                        ),
+                        prop::collection::vec(sample, 0..10),
+                        prop::collection::vec(0..s, 0..3),
+                    )
+                },
+            )
+            .prop_map(
+                |(
+                    (strings, types, scalars, _),
+                    mappings,
+                    functions,
+                    locations,
+                    samples,
+                    comment,
+                )| {
+                    let mut string_table = vec![String::new()];
+                    string_table.extend(strings);
+                    let s = string_table.len() as i64;
+                    Profile {
+                        sample_type: (0..types as i64)
+                            .map(|t| ValueType {
+                                r#type: t % s,
+                                unit: (t + 1) % s,
+                            })
+                            .collect(),
+                        sample: samples
+                            .into_iter()
+                            .map(|(location_id, value, labels)| Sample {
+                                location_id,
+                                value,
+                                label: labels
+                                    .into_iter()
+                                    .map(|(key, str, num, num_unit)| Label {
+                                        key,
+                                        str,
+                                        num,
+                                        num_unit,
+                                    })
+                                    .collect(),
+                            })
+                            .collect(),
+                        mapping: mappings
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, (start, filename, build_id, flag))| Mapping {
+                                id: i as u64 + 1,
+                                memory_start: start,
+                                memory_limit: start.wrapping_add(4096),
+                                file_offset: start / 2,
+                                filename,
+                                build_id,
+                                has_functions: flag,
+                                has_filenames: !flag,
+                                has_line_numbers: flag,
+                                has_inline_frames: !flag,
+                            })
+                            .collect(),
+                        location: locations
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, (mapping_id, address, lines, is_folded))| Location {
+                                id: i as u64 + 1,
+                                mapping_id,
+                                address,
+                                line: lines
+                                    .into_iter()
+                                    .map(|(function_id, line)| Line {
+                                        function_id,
+                                        line,
+                                        column: line / 3,
+                                    })
+                                    .collect(),
+                                is_folded,
+                            })
+                            .collect(),
+                        function: functions
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, (name, system_name, filename, start_line))| Function {
+                                id: i as u64 + 1,
+                                name,
+                                system_name,
+                                filename,
+                                start_line,
+                            })
+                            .collect(),
+                        string_table,
+                        drop_frames: 0,
+                        keep_frames: 0,
+                        time_nanos: scalars[0],
+                        duration_nanos: scalars[1],
+                        period_type: (scalars[2] % 2 == 0)
+                            .then_some(ValueType { r#type: 1, unit: 0 }),
+                        period: scalars[3],
+                        comment,
+                        default_sample_type: 0,
+                        doc_url: 0,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn the_flat_decoder_reads_any_valid_profile_as_prost_does(p in profiles()) {
+            let raw = p.encode_to_vec();
+            let want = via_prost(&raw).expect("the strategy makes valid profiles");
+            let got = decode(&raw, &Limits::default()).unwrap();
+            prop_assert_eq!(got.into_inner(), want);
+        }
+    }
+}

@@ -11,7 +11,6 @@ use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use frostdb_pprof::ValidProfile;
 use frostdb_pprof::convert::folded::{self, Units};
-use frostdb_pprof::proto::Profile;
 
 use super::{Incoming, body_bytes, content_type, store};
 use crate::server::error::{ApiError, ApiResult};
@@ -73,7 +72,7 @@ pub async fn handle(
     // The profile's own time, unless it has none or it decodes to 1970 (old clients sent
     // microseconds): then the request's `from`, as Pyroscope does.
     const YEAR_MS: i64 = 365 * 24 * 3_600_000;
-    let own_ms = incoming.profile.time_nanos / 1_000_000;
+    let own_ms = incoming.profile.time_nanos() / 1_000_000;
     incoming.timestamp_ms = (own_ms < YEAR_MS).then_some(meta.from_ms);
     store(&state, &tenant, incoming).await?;
     Ok(StatusCode::OK)
@@ -335,14 +334,9 @@ impl Meta {
 }
 
 /// The profile name Pyroscope gives a pprof by its sample types.
-fn name_from_types(p: &Profile) -> String {
-    let s = |i: i64| {
-        p.string_table
-            .get(i as usize)
-            .map(String::as_str)
-            .unwrap_or("")
-    };
-    let types: Vec<&str> = p.sample_type.iter().map(|t| s(t.r#type)).collect();
+fn name_from_types(p: &ValidProfile) -> String {
+    let s = |i: i64| p.string(i);
+    let types: Vec<&str> = p.sample_types().iter().map(|t| s(t.r#type)).collect();
     // Pyroscope's rules (`metricName` of its pprof ingestion): a `wall` type makes the whole
     // profile `wall` (Node's wall profile with CPU time is `wall:cpu:…` too); else the first
     // type that names a kind.
@@ -365,7 +359,7 @@ fn name_from_types(p: &Profile) -> String {
         };
         return name.to_owned();
     }
-    let period = p.period_type.as_ref().map(|t| s(t.r#type)).unwrap_or("");
+    let period = p.period_type().map(|t| s(t.r#type)).unwrap_or("");
     match period {
         "cpu" => "process_cpu".to_owned(),
         _ => types.last().copied().unwrap_or("unknown").to_owned(),

@@ -1,12 +1,16 @@
 //! Decoding pprof: gzip or raw protobuf, bounded in memory, then checked field by field so
 //! that everything downstream can index without checking again.
 
-use std::io::Read;
+mod flat;
+mod wire;
 
-use prost::Message;
+use std::io::Read;
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::proto::Profile;
+
+pub(crate) use flat::{Flat, SampleRef};
 
 /// Bounds on what a decoded profile may hold.
 ///
@@ -81,9 +85,13 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
 
 /// A profile whose every reference has been checked (by [`validate`] or [`decode`]): the
 /// only kind the store takes, so nothing downstream indexes out of range.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// It is held in flat arrays, which the store reads; the prost [`Profile`] it dereferences
+/// to is built on first use (for a decoded profile), or is the one given to [`validate`].
+#[derive(Debug, Clone)]
 pub struct ValidProfile {
-    profile: Profile,
+    flat: Flat,
+    full: OnceLock<Profile>,
     /// Where each mapping, function and location id is, found while checking them.
     pub(crate) ids: Ids,
 }
@@ -91,7 +99,41 @@ pub struct ValidProfile {
 impl ValidProfile {
     /// The profile.
     pub fn into_inner(self) -> Profile {
-        self.profile
+        match self.full.into_inner() {
+            Some(p) => p,
+            None => self.flat.to_profile(),
+        }
+    }
+
+    /// The profile in flat arrays, as the store reads it.
+    pub(crate) fn flat(&self) -> &Flat {
+        &self.flat
+    }
+
+    /// When the profile was taken (`time_nanos`), without building the prost form.
+    pub fn time_nanos(&self) -> i64 {
+        self.flat.time_nanos
+    }
+
+    /// String table entry `i` (`""` when out of range), without building the prost form.
+    pub fn string(&self, i: i64) -> &str {
+        self.flat.string(i)
+    }
+
+    /// The sample types, without building the prost form.
+    pub fn sample_types(&self) -> &[crate::proto::ValueType] {
+        &self.flat.sample_type
+    }
+
+    /// The period type, without building the prost form.
+    pub fn period_type(&self) -> Option<&crate::proto::ValueType> {
+        self.flat.period_type.as_ref()
+    }
+}
+
+impl PartialEq for ValidProfile {
+    fn eq(&self, other: &Self) -> bool {
+        self.flat == other.flat
     }
 }
 
@@ -99,7 +141,7 @@ impl std::ops::Deref for ValidProfile {
     type Target = Profile;
 
     fn deref(&self) -> &Profile {
-        &self.profile
+        self.full.get_or_init(|| self.flat.to_profile())
     }
 }
 
@@ -154,18 +196,24 @@ pub(crate) struct Ids {
     pub(crate) locations: Positions,
 }
 
-/// Decodes and validates a profile (gzip or raw).
+/// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
     let raw = inflate(bytes, limits.max_decompressed_bytes)?;
-    let profile = Profile::decode(raw.as_ref()).map_err(|e| Error::Protobuf(e.to_string()))?;
-    validate(profile, limits)
+    let mut flat = Flat::parse(&raw)?;
+    repair(&mut flat.function);
+    let ids = check(&flat, limits)?;
+    Ok(ValidProfile {
+        flat,
+        full: OnceLock::new(),
+        ids,
+    })
 }
 
 /// Fixes known writer bugs that lose no information: .NET profiles whose functions all have
 /// id 0 while locations refer to them by position (as Pyroscope repairs them).
-fn repair(p: &mut Profile) {
-    if p.function.len() > 1 && p.function.iter().all(|f| f.id == 0) {
-        for (i, f) in p.function.iter_mut().enumerate() {
+fn repair(functions: &mut [crate::proto::Function]) {
+    if functions.len() > 1 && functions.iter().all(|f| f.id == 0) {
+        for (i, f) in functions.iter_mut().enumerate() {
             f.id = i as u64 + 1;
         }
     }
@@ -175,14 +223,19 @@ fn repair(p: &mut Profile) {
 /// one value per sample type, and the limits. Known writer bugs that lose nothing are
 /// repaired first.
 pub fn validate(mut p: Profile, limits: &Limits) -> Result<ValidProfile> {
-    repair(&mut p);
-    let ids = check(&p, limits)?;
-    Ok(ValidProfile { profile: p, ids })
+    repair(&mut p.function);
+    let flat = Flat::from_profile(&p);
+    let ids = check(&flat, limits)?;
+    Ok(ValidProfile {
+        flat,
+        full: OnceLock::from(p),
+        ids,
+    })
 }
 
-fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
-    let strings = p.string_table.len();
-    if strings == 0 || !p.string_table[0].is_empty() {
+fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
+    let strings = p.strings_len();
+    if strings == 0 || !p.string(0).is_empty() {
         return Err(invalid("string_table", "must start with the empty string"));
     }
     let string = |field: &'static str, i: i64| -> Result<()> {
@@ -213,13 +266,13 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
     for c in &p.comment {
         string("comment", *c)?;
     }
-    if p.sample.len() > limits.max_samples {
+    if p.samples().len() > limits.max_samples {
         return Err(Error::TooLarge {
             what: "sample count",
             limit: limits.max_samples,
         });
     }
-    if p.location.len() > limits.max_locations {
+    if p.locations().len() > limits.max_locations {
         return Err(Error::TooLarge {
             what: "location count",
             limit: limits.max_locations,
@@ -247,9 +300,8 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
         string("function.system_name", f.system_name)?;
         string("function.filename", f.filename)?;
     }
-    let locations =
-        Positions::new(p.location.iter().map(|l| l.id)).map_err(repeated("location.id"))?;
-    for l in &p.location {
+    let locations = Positions::new(p.locations().map(|l| l.id)).map_err(repeated("location.id"))?;
+    for l in p.locations() {
         if l.mapping_id != 0 && !mappings.contains(l.mapping_id) {
             return Err(invalid(
                 "location.mapping_id",
@@ -259,7 +311,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
                 ),
             ));
         }
-        for line in &l.line {
+        for line in l.line {
             if !functions.contains(line.function_id) {
                 return Err(invalid(
                     "line.function_id",
@@ -272,7 +324,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
         }
     }
     let types = p.sample_type.len();
-    for (i, s) in p.sample.iter().enumerate() {
+    for (i, s) in p.samples().enumerate() {
         if s.value.len() != types {
             return Err(invalid(
                 "sample.value",
@@ -288,7 +340,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
                 limit: limits.max_stack_depth,
             });
         }
-        for &id in &s.location_id {
+        for &id in s.location_id {
             if !locations.contains(id) {
                 return Err(invalid(
                     "sample.location_id",
@@ -296,7 +348,7 @@ fn check(p: &Profile, limits: &Limits) -> Result<Ids> {
                 ));
             }
         }
-        for l in &s.label {
+        for l in s.label {
             string("label.key", l.key)?;
             string("label.str", l.str)?;
             string("label.num_unit", l.num_unit)?;

@@ -1,0 +1,383 @@
+//! A pprof profile in flat arrays: every string in one buffer, every sample's location ids,
+//! values and labels in one array each, every location's lines in one array. Decoding a
+//! profile this way allocates a few growing arrays instead of a `String` per string table
+//! entry and three `Vec`s per sample (what prost's generated types cost), and reading it
+//! walks contiguous memory. The store ingests from this form; the prost [`Profile`] is
+//! built from it only when someone asks for it.
+
+use crate::error::{Error, Result};
+use crate::proto::{Function, Label, Line, Mapping, Profile, ValueType};
+
+use super::wire;
+
+/// A sample: ranges of [`Flat`]'s location id, value and label arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlatSample {
+    locations: (usize, usize),
+    values: (usize, usize),
+    labels: (usize, usize),
+}
+
+/// A location; its lines are a range of [`Flat`]'s line array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlatLocation {
+    id: u64,
+    mapping_id: u64,
+    address: u64,
+    lines: (usize, usize),
+    is_folded: bool,
+}
+
+/// A sample of a [`Flat`] profile.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleRef<'a> {
+    pub(crate) location_id: &'a [u64],
+    pub(crate) value: &'a [i64],
+    pub(crate) label: &'a [Label],
+}
+
+/// A location of a [`Flat`] profile.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LocationRef<'a> {
+    pub(crate) id: u64,
+    pub(crate) mapping_id: u64,
+    pub(crate) address: u64,
+    pub(crate) line: &'a [Line],
+    pub(crate) is_folded: bool,
+}
+
+/// A profile in flat arrays (see the module's documentation). Fields keep pprof's names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Flat {
+    /// Every string of the string table, one after the other.
+    text: String,
+    /// Where each string table entry is in `text`.
+    strings: Vec<(usize, usize)>,
+    pub(crate) sample_type: Vec<ValueType>,
+    samples: Vec<FlatSample>,
+    location_ids: Vec<u64>,
+    values: Vec<i64>,
+    labels: Vec<Label>,
+    pub(crate) mapping: Vec<Mapping>,
+    locations: Vec<FlatLocation>,
+    lines: Vec<Line>,
+    pub(crate) function: Vec<Function>,
+    pub(crate) drop_frames: i64,
+    pub(crate) keep_frames: i64,
+    pub(crate) time_nanos: i64,
+    pub(crate) duration_nanos: i64,
+    pub(crate) period_type: Option<ValueType>,
+    pub(crate) period: i64,
+    pub(crate) comment: Vec<i64>,
+    pub(crate) default_sample_type: i64,
+    pub(crate) doc_url: i64,
+}
+
+fn int(v: u64) -> i64 {
+    v as i64
+}
+
+fn value_type(into: &mut ValueType, buf: &[u8]) -> Result<()> {
+    wire::fields(buf, |n, v| {
+        match n {
+            1 => into.r#type = int(wire::scalar(n, v)?),
+            2 => into.unit = int(wire::scalar(n, v)?),
+            _ => {}
+        }
+        Ok(())
+    })
+}
+
+fn label(buf: &[u8]) -> Result<Label> {
+    let mut l = Label::default();
+    wire::fields(buf, |n, v| {
+        match n {
+            1 => l.key = int(wire::scalar(n, v)?),
+            2 => l.str = int(wire::scalar(n, v)?),
+            3 => l.num = int(wire::scalar(n, v)?),
+            4 => l.num_unit = int(wire::scalar(n, v)?),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(l)
+}
+
+fn mapping(buf: &[u8]) -> Result<Mapping> {
+    let mut m = Mapping::default();
+    wire::fields(buf, |n, v| {
+        match n {
+            1 => m.id = wire::scalar(n, v)?,
+            2 => m.memory_start = wire::scalar(n, v)?,
+            3 => m.memory_limit = wire::scalar(n, v)?,
+            4 => m.file_offset = wire::scalar(n, v)?,
+            5 => m.filename = int(wire::scalar(n, v)?),
+            6 => m.build_id = int(wire::scalar(n, v)?),
+            7 => m.has_functions = wire::scalar(n, v)? != 0,
+            8 => m.has_filenames = wire::scalar(n, v)? != 0,
+            9 => m.has_line_numbers = wire::scalar(n, v)? != 0,
+            10 => m.has_inline_frames = wire::scalar(n, v)? != 0,
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(m)
+}
+
+fn line(buf: &[u8]) -> Result<Line> {
+    let mut l = Line::default();
+    wire::fields(buf, |n, v| {
+        match n {
+            1 => l.function_id = wire::scalar(n, v)?,
+            2 => l.line = int(wire::scalar(n, v)?),
+            3 => l.column = int(wire::scalar(n, v)?),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(l)
+}
+
+fn function(buf: &[u8]) -> Result<Function> {
+    let mut f = Function::default();
+    wire::fields(buf, |n, v| {
+        match n {
+            1 => f.id = wire::scalar(n, v)?,
+            2 => f.name = int(wire::scalar(n, v)?),
+            3 => f.system_name = int(wire::scalar(n, v)?),
+            4 => f.filename = int(wire::scalar(n, v)?),
+            5 => f.start_line = int(wire::scalar(n, v)?),
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(f)
+}
+
+impl Flat {
+    /// Decodes a raw (not gzipped) pprof protobuf.
+    pub(crate) fn parse(buf: &[u8]) -> Result<Self> {
+        let mut p = Flat::default();
+        wire::fields(buf, |n, v| {
+            match n {
+                1 => {
+                    let mut t = ValueType::default();
+                    value_type(&mut t, wire::bytes(n, v)?)?;
+                    p.sample_type.push(t);
+                }
+                2 => p.parse_sample(wire::bytes(n, v)?)?,
+                3 => p.mapping.push(mapping(wire::bytes(n, v)?)?),
+                4 => p.parse_location(wire::bytes(n, v)?)?,
+                5 => p.function.push(function(wire::bytes(n, v)?)?),
+                6 => {
+                    let s = std::str::from_utf8(wire::bytes(n, v)?).map_err(|e| {
+                        Error::Protobuf(format!(
+                            "string_table[{}] is not UTF-8: {e}",
+                            p.strings.len()
+                        ))
+                    })?;
+                    p.push_string(s);
+                }
+                7 => p.drop_frames = int(wire::scalar(n, v)?),
+                8 => p.keep_frames = int(wire::scalar(n, v)?),
+                9 => p.time_nanos = int(wire::scalar(n, v)?),
+                10 => p.duration_nanos = int(wire::scalar(n, v)?),
+                // A message field seen twice is merged, as protobuf says.
+                11 => value_type(p.period_type.get_or_insert_default(), wire::bytes(n, v)?)?,
+                12 => p.period = int(wire::scalar(n, v)?),
+                13 => wire::repeated(n, v, &mut p.comment, int)?,
+                14 => p.default_sample_type = int(wire::scalar(n, v)?),
+                15 => p.doc_url = int(wire::scalar(n, v)?),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(p)
+    }
+
+    fn push_string(&mut self, s: &str) {
+        let start = self.text.len();
+        self.text.push_str(s);
+        self.strings.push((start, self.text.len()));
+    }
+
+    fn parse_sample(&mut self, buf: &[u8]) -> Result<()> {
+        let (l0, v0, b0) = (
+            self.location_ids.len(),
+            self.values.len(),
+            self.labels.len(),
+        );
+        wire::fields(buf, |n, v| {
+            match n {
+                1 => wire::repeated(n, v, &mut self.location_ids, |x| x)?,
+                2 => wire::repeated(n, v, &mut self.values, int)?,
+                3 => self.labels.push(label(wire::bytes(n, v)?)?),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        self.samples.push(FlatSample {
+            locations: (l0, self.location_ids.len()),
+            values: (v0, self.values.len()),
+            labels: (b0, self.labels.len()),
+        });
+        Ok(())
+    }
+
+    fn parse_location(&mut self, buf: &[u8]) -> Result<()> {
+        let mut l = FlatLocation {
+            id: 0,
+            mapping_id: 0,
+            address: 0,
+            lines: (self.lines.len(), 0),
+            is_folded: false,
+        };
+        wire::fields(buf, |n, v| {
+            match n {
+                1 => l.id = wire::scalar(n, v)?,
+                2 => l.mapping_id = wire::scalar(n, v)?,
+                3 => l.address = wire::scalar(n, v)?,
+                4 => self.lines.push(line(wire::bytes(n, v)?)?),
+                5 => l.is_folded = wire::scalar(n, v)? != 0,
+                _ => {}
+            }
+            Ok(())
+        })?;
+        l.lines.1 = self.lines.len();
+        self.locations.push(l);
+        Ok(())
+    }
+
+    /// The flat form of `p`.
+    pub(crate) fn from_profile(p: &Profile) -> Self {
+        let mut f = Flat {
+            text: String::with_capacity(p.string_table.iter().map(String::len).sum()),
+            strings: Vec::with_capacity(p.string_table.len()),
+            sample_type: p.sample_type.clone(),
+            samples: Vec::with_capacity(p.sample.len()),
+            mapping: p.mapping.clone(),
+            locations: Vec::with_capacity(p.location.len()),
+            function: p.function.clone(),
+            drop_frames: p.drop_frames,
+            keep_frames: p.keep_frames,
+            time_nanos: p.time_nanos,
+            duration_nanos: p.duration_nanos,
+            period_type: p.period_type,
+            period: p.period,
+            comment: p.comment.clone(),
+            default_sample_type: p.default_sample_type,
+            doc_url: p.doc_url,
+            ..Flat::default()
+        };
+        for s in &p.string_table {
+            f.push_string(s);
+        }
+        for s in &p.sample {
+            let (l0, v0, b0) = (f.location_ids.len(), f.values.len(), f.labels.len());
+            f.location_ids.extend_from_slice(&s.location_id);
+            f.values.extend_from_slice(&s.value);
+            f.labels.extend_from_slice(&s.label);
+            f.samples.push(FlatSample {
+                locations: (l0, f.location_ids.len()),
+                values: (v0, f.values.len()),
+                labels: (b0, f.labels.len()),
+            });
+        }
+        for l in &p.location {
+            let l0 = f.lines.len();
+            f.lines.extend_from_slice(&l.line);
+            f.locations.push(FlatLocation {
+                id: l.id,
+                mapping_id: l.mapping_id,
+                address: l.address,
+                lines: (l0, f.lines.len()),
+                is_folded: l.is_folded,
+            });
+        }
+        f
+    }
+
+    /// The prost form of this profile.
+    pub(crate) fn to_profile(&self) -> Profile {
+        Profile {
+            sample_type: self.sample_type.clone(),
+            sample: self
+                .samples()
+                .map(|s| crate::proto::Sample {
+                    location_id: s.location_id.to_vec(),
+                    value: s.value.to_vec(),
+                    label: s.label.to_vec(),
+                })
+                .collect(),
+            mapping: self.mapping.clone(),
+            location: self
+                .locations()
+                .map(|l| crate::proto::Location {
+                    id: l.id,
+                    mapping_id: l.mapping_id,
+                    address: l.address,
+                    line: l.line.to_vec(),
+                    is_folded: l.is_folded,
+                })
+                .collect(),
+            function: self.function.clone(),
+            string_table: (0..self.strings.len())
+                .map(|i| self.string(i as i64).to_owned())
+                .collect(),
+            drop_frames: self.drop_frames,
+            keep_frames: self.keep_frames,
+            time_nanos: self.time_nanos,
+            duration_nanos: self.duration_nanos,
+            period_type: self.period_type,
+            period: self.period,
+            comment: self.comment.clone(),
+            default_sample_type: self.default_sample_type,
+            doc_url: self.doc_url,
+        }
+    }
+
+    /// String table entry `i`; `""` when there is none.
+    pub(crate) fn string(&self, i: i64) -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.strings.get(i))
+            .map_or("", |&(start, end)| &self.text[start..end])
+    }
+
+    /// Entries of the string table.
+    pub(crate) fn strings_len(&self) -> usize {
+        self.strings.len()
+    }
+
+    /// Sample `i`.
+    pub(crate) fn sample(&self, i: usize) -> SampleRef<'_> {
+        let s = &self.samples[i];
+        SampleRef {
+            location_id: &self.location_ids[s.locations.0..s.locations.1],
+            value: &self.values[s.values.0..s.values.1],
+            label: &self.labels[s.labels.0..s.labels.1],
+        }
+    }
+
+    /// The samples.
+    pub(crate) fn samples(&self) -> impl ExactSizeIterator<Item = SampleRef<'_>> + Clone {
+        (0..self.samples.len()).map(|i| self.sample(i))
+    }
+
+    /// Location `i`.
+    pub(crate) fn location(&self, i: usize) -> LocationRef<'_> {
+        let l = &self.locations[i];
+        LocationRef {
+            id: l.id,
+            mapping_id: l.mapping_id,
+            address: l.address,
+            line: &self.lines[l.lines.0..l.lines.1],
+            is_folded: l.is_folded,
+        }
+    }
+
+    /// The locations.
+    pub(crate) fn locations(&self) -> impl ExactSizeIterator<Item = LocationRef<'_>> + Clone {
+        (0..self.locations.len()).map(|i| self.location(i))
+    }
+}
