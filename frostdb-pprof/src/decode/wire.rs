@@ -17,7 +17,21 @@ fn malformed(what: impl std::fmt::Display) -> Error {
 }
 
 /// A varint at the start of `buf`: its value and the bytes it took.
+#[inline]
 fn varint(buf: &[u8]) -> Result<(u64, usize)> {
+    // Most varints of a profile (ids, indices, field keys) take one or two bytes.
+    match buf {
+        [b0, ..] if *b0 < 0x80 => return Ok((u64::from(*b0), 1)),
+        [b0, b1, ..] if *b1 < 0x80 => {
+            return Ok((u64::from(b0 & 0x7f) | (u64::from(*b1) << 7), 2));
+        }
+        _ => {}
+    }
+    varint_slow(buf)
+}
+
+#[inline(never)]
+fn varint_slow(buf: &[u8]) -> Result<(u64, usize)> {
     let mut value = 0u64;
     for (i, &b) in buf.iter().enumerate().take(10) {
         value |= u64::from(b & 0x7f) << (7 * i);
@@ -36,6 +50,7 @@ fn varint(buf: &[u8]) -> Result<(u64, usize)> {
 }
 
 /// Calls `field(number, value)` for every field of the message in `buf`, in order.
+#[inline]
 pub(super) fn fields<'a>(
     mut buf: &'a [u8],
     mut field: impl FnMut(u32, Value<'a>) -> Result<()>,
@@ -90,6 +105,7 @@ pub(super) fn fields<'a>(
 }
 
 /// The varint of a scalar field.
+#[inline]
 pub(super) fn scalar(number: u32, value: Value<'_>) -> Result<u64> {
     match value {
         Value::Varint(v) => Ok(v),
@@ -98,6 +114,7 @@ pub(super) fn scalar(number: u32, value: Value<'_>) -> Result<u64> {
 }
 
 /// The bytes of a length-delimited field.
+#[inline]
 pub(super) fn bytes<'a>(number: u32, value: Value<'a>) -> Result<&'a [u8]> {
     match value {
         Value::Bytes(b) => Ok(b),
@@ -106,6 +123,7 @@ pub(super) fn bytes<'a>(number: u32, value: Value<'a>) -> Result<&'a [u8]> {
 }
 
 /// Appends the values of a repeated varint field: one value, or a packed run of them.
+#[inline]
 pub(super) fn repeated<T>(
     number: u32,
     value: Value<'_>,
@@ -144,7 +162,9 @@ mod tests {
 
     #[test]
     fn varints_decode_and_overflows_fail() {
+        assert_eq!(varint(&[0x05]).unwrap(), (5, 1));
         assert_eq!(varint(&[0x96, 0x01]).unwrap(), (150, 2));
+        assert_eq!(varint(&[0x80, 0x80, 0x01]).unwrap(), (1 << 14, 3));
         assert_eq!(
             varint(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]).unwrap(),
             (u64::MAX, 10)
