@@ -134,6 +134,16 @@ impl Merged {
     }
 }
 
+/// What the series index says a merge's selector selects.
+enum Narrowing {
+    /// Too many series, or series the index cannot narrow by: read what the selector says.
+    Unknown,
+    /// No series: nothing to read.
+    NoSeries,
+    /// Rows of these series only.
+    To(frostdb_core::Predicate),
+}
+
 /// How [`ProfileStore::merge_with`] merges.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MergeOptions {
@@ -1024,7 +1034,12 @@ impl ProfileStore {
         let narrow = if by_span || selector.matchers.is_empty() {
             None
         } else {
-            self.narrowing(&snapshot, selector, range)?
+            match self.narrowing(&snapshot, selector, range)? {
+                Narrowing::Unknown => None,
+                // The index holds every series of the snapshot: none matches, nothing to read.
+                Narrowing::NoSeries => return Ok(Merged::empty(profile_type)),
+                Narrowing::To(predicate) => Some(predicate),
+            }
         };
         let mut totals = StackTotals::default();
         let mut rollup_rows = 0;
@@ -1267,7 +1282,7 @@ impl ProfileStore {
         samples: &frostdb_core::Snapshot,
         selector: &Selector,
         range: TimeRange,
-    ) -> Result<Option<frostdb_core::Predicate>> {
+    ) -> Result<Narrowing> {
         // Only checked against statistics (of blocks, row groups and pages), never against
         // rows; past EXACT_SETS, bounds per column keep the cost per page flat.
         const MAX_SERIES: usize = 64;
@@ -1277,10 +1292,10 @@ impl ProfileStore {
         let Some(sets) =
             frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
         else {
-            return Ok(None);
+            return Ok(Narrowing::Unknown);
         };
         if sets.iter().any(Vec::is_empty) {
-            return Ok(None); // a series without labels: nothing to narrow by
+            return Ok(Narrowing::Unknown); // a series without labels: nothing to narrow by
         }
         // A set with a column the samples lack has no samples.
         let known = |set: &frostdb_query::profile::native::LabelSet| {
@@ -1289,15 +1304,20 @@ impl ProfileStore {
         };
         let sets: Vec<frostdb_query::profile::native::LabelSet> =
             sets.into_iter().filter(known).collect();
+        if sets.is_empty() {
+            return Ok(Narrowing::NoSeries);
+        }
         if sets.len() <= EXACT_SETS {
-            return Ok(sets
-                .into_iter()
-                .filter_map(|set| {
-                    set.into_iter()
-                        .map(|(column, value)| frostdb_core::col(column).eq(value))
-                        .reduce(frostdb_core::Predicate::and)
-                })
-                .reduce(frostdb_core::Predicate::or));
+            return Ok(Narrowing::To(
+                sets.into_iter()
+                    .filter_map(|set| {
+                        set.into_iter()
+                            .map(|(column, value)| frostdb_core::col(column).eq(value))
+                            .reduce(frostdb_core::Predicate::and)
+                    })
+                    .reduce(frostdb_core::Predicate::or)
+                    .ok_or_else(|| Error::Corrupt("a series without labels".into()))?,
+            ));
         }
         // Many sets: each column's values, a looser bound at a cost that does not grow
         // with the sets. A column some set lacks (null there) bounds nothing.
@@ -1314,7 +1334,8 @@ impl ProfileStore {
             .map(|(column, values)| {
                 frostdb_core::col(column).in_list(values.into_iter().map(str::to_owned))
             })
-            .reduce(frostdb_core::Predicate::and))
+            .reduce(frostdb_core::Predicate::and)
+            .map_or(Narrowing::Unknown, Narrowing::To))
     }
 
     /// The series index, and `range` widened to the whole hours its rows stand for.

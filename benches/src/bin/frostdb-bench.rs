@@ -10,7 +10,10 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The subcommand is the first argument that is not a flag, so that shared/bench can run
     // `frostdb-bench --pprof` as an engine of its own (`--external "NAME=frostdb-bench --pprof"`).
-    let command = args.iter().find(|a| !a.starts_with("--")).map(String::as_str);
+    let command = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .map(String::as_str);
     let result: Result<(), BoxError> = match command {
         // `--pprof`: ingest the fleet's pprof files (the realistic path) instead of
         // profiles rebuilt from its Parquet rows; both land in the same tables.
