@@ -139,6 +139,19 @@ pub(crate) struct Prepared<'p> {
     timestamp: i64,
 }
 
+/// What [`Prepared::intern`] has found so far in one partition: the partition's index of
+/// each of the profile's strings, mappings, functions and locations, and of each group's
+/// stack (`u32::MAX` where not yet known).
+#[derive(Debug, Default)]
+pub(crate) struct InternState {
+    partition: Option<u32>,
+    strings: Vec<u32>,
+    mappings: Vec<u32>,
+    functions: Vec<u32>,
+    locations: Vec<u32>,
+    stacks: Vec<u32>,
+}
+
 fn text(p: &Flat, i: i64) -> &str {
     p.string(i)
 }
@@ -446,8 +459,14 @@ impl Prepared<'_> {
 
     /// Step 2: the stack of every group that has a row, interned into the writer's
     /// partition (`u32::MAX` for groups without rows); `None` when the profile has symbols
-    /// the partition lacks and the writer only looks up.
-    pub(crate) fn intern(&self, writer: &mut Writer<'_>) -> Result<Option<Vec<u32>>> {
+    /// the partition lacks and the writer only looks up. What was found is kept in `state`:
+    /// called again with an exclusive writer of the same partition, only the symbols still
+    /// missing are looked up and added, so the exclusive hold is short.
+    pub(crate) fn intern(
+        &self,
+        writer: &mut Writer<'_>,
+        state: &mut InternState,
+    ) -> Result<Option<Vec<u32>>> {
         let p = self.profile.flat();
         let crate::decode::Ids {
             locations,
@@ -455,7 +474,25 @@ impl Prepared<'_> {
             mappings,
         } = &self.profile.ids;
         const NONE: u32 = u32::MAX;
-        let mut strings = vec![NONE; p.strings_len()];
+        let partition = writer.partition_id();
+        if state.partition != Some(partition) {
+            *state = InternState {
+                partition: Some(partition),
+                strings: vec![NONE; p.strings_len()],
+                mappings: vec![NONE; p.mapping.len()],
+                functions: vec![NONE; p.function.len()],
+                locations: vec![NONE; p.locations().len()],
+                stacks: vec![NONE; self.groups.len()],
+            };
+        }
+        let InternState {
+            strings,
+            mappings: mapping_ix,
+            functions: function_ix,
+            locations: location_ix,
+            stacks: out,
+            ..
+        } = state;
         let mut string = |writer: &mut Writer<'_>, i: i64| -> Result<Option<u32>> {
             let slot = strings
                 .get_mut(i as usize)
@@ -468,27 +505,28 @@ impl Prepared<'_> {
             }
             Ok(Some(*slot))
         };
-        // A symbol the writer lacks and may not add: the profile needs an exclusive writer.
+        // A symbol the writer lacks and may not add: the group's stack waits for an
+        // exclusive writer, and the other groups are still looked up.
+        let mut missing = false;
         macro_rules! known {
-            ($lookup:expr) => {
+            ($next:lifetime, $lookup:expr) => {
                 match $lookup? {
                     Some(id) => id,
-                    None => return Ok(None),
+                    None => {
+                        missing = true;
+                        continue $next;
+                    }
                 }
             };
         }
-        let mut mapping_ix = vec![NONE; p.mapping.len()];
-        let mut function_ix = vec![NONE; p.function.len()];
-        let mut location_ix = vec![NONE; p.locations().len()];
         let mut lines: Vec<LineRow> = Vec::new();
         let mut stack: Vec<u32> = Vec::new();
-        let mut out = vec![NONE; self.groups.len()];
         let dangling = |what: &str, id: u64| {
             Error::Corrupt(format!(
                 "a validated profile refers to {what} {id}, which it lacks"
             ))
         };
-        for &(_, g, _) in &self.rows {
+        'groups: for &(_, g, _) in &self.rows {
             if out[g as usize] != NONE {
                 continue;
             }
@@ -509,14 +547,14 @@ impl Prepared<'_> {
                                 memory_start: m.memory_start,
                                 memory_limit: m.memory_limit,
                                 file_offset: m.file_offset,
-                                filename: known!(string(writer, m.filename)),
-                                build_id: known!(string(writer, m.build_id)),
+                                filename: known!('groups, string(writer, m.filename)),
+                                build_id: known!('groups, string(writer, m.build_id)),
                                 flags: u8::from(m.has_functions)
                                     | (u8::from(m.has_filenames) << 1)
                                     | (u8::from(m.has_line_numbers) << 2)
                                     | (u8::from(m.has_inline_frames) << 3),
                             };
-                            mapping_ix[mi] = known!(writer.mapping(row));
+                            mapping_ix[mi] = known!('groups, writer.mapping(row));
                         }
                         mapping_ix[mi] + 1
                     };
@@ -528,23 +566,23 @@ impl Prepared<'_> {
                         if function_ix[fi] == NONE {
                             let f = &p.function[fi];
                             let row = FunctionRow {
-                                name: known!(string(writer, f.name)),
-                                system_name: known!(string(writer, f.system_name)),
-                                filename: known!(string(writer, f.filename)),
+                                name: known!('groups, string(writer, f.name)),
+                                system_name: known!('groups, string(writer, f.system_name)),
+                                filename: known!('groups, string(writer, f.filename)),
                                 start_line: f.start_line,
                             };
-                            function_ix[fi] = known!(writer.function(row));
+                            function_ix[fi] = known!('groups, writer.function(row));
                         }
                         lines.push((function_ix[fi], line.line));
                     }
                     location_ix[li] =
-                        known!(writer.location(mapping, l.address, l.is_folded, &lines));
+                        known!('groups, writer.location(mapping, l.address, l.is_folded, &lines));
                 }
                 stack.push(location_ix[li]);
             }
-            out[g as usize] = known!(writer.stack(&stack));
+            out[g as usize] = known!('groups, writer.stack(&stack));
         }
-        Ok(Some(out))
+        Ok((!missing).then(|| out.clone()))
     }
 
     /// Step 3: the sample rows, with the stacks interned into `partition`, appended to

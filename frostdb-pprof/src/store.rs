@@ -687,6 +687,7 @@ impl ProfileStore {
             });
         }
         self.admit(prepared)?;
+        let mut interned = crate::normalize::InternState::default();
         let (slot, summary, lead) = loop {
             let partition = self.symbols.current();
             // A profile whose symbols the partition has (the usual case) only looks them
@@ -695,7 +696,7 @@ impl ProfileStore {
             let Some(mut writer) = partition.lookup() else {
                 continue; // closed by a rotation meanwhile: take the next one
             };
-            let (stacks, new_stacks) = match prepared.intern(&mut writer)? {
+            let (stacks, new_stacks) = match prepared.intern(&mut writer, &mut interned)? {
                 Some(stacks) => (stacks, 0),
                 None => {
                     drop(writer);
@@ -706,9 +707,11 @@ impl ProfileStore {
                     let before = partition.counts().stacks;
                     // Symbols added by a profile that fails here are written with the next
                     // group of their partition (nothing refers to them), or never.
-                    let stacks = prepared.intern(&mut writer)?.ok_or_else(|| {
-                        Error::Corrupt("an exclusive symbol writer added nothing".into())
-                    })?;
+                    let stacks = prepared
+                        .intern(&mut writer, &mut interned)?
+                        .ok_or_else(|| {
+                            Error::Corrupt("an exclusive symbol writer added nothing".into())
+                        })?;
                     (stacks, partition.counts().stacks - before)
                 }
             };

@@ -462,11 +462,13 @@ async fn queries_over_the_memory_limit_fail_naming_it() {
         err.to_string().contains("query memory limit of 256 bytes"),
         "{err}"
     );
-    // What was reserved is given back: a merge that selects nothing still answers.
+    // What was reserved is given back (SQL shares the pool), and a merge that selects
+    // nothing still answers.
+    let ctx = store.session().unwrap();
+    assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
     let none = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"b\"}").unwrap();
     assert_eq!(store.merge(&none, TimeRange::ALL).unwrap().total(), 0);
-    // SQL shares the pool: an aggregation over it fails the same way.
-    let ctx = store.session().unwrap();
+    // An aggregation in SQL fails the same way.
     let sql = "SELECT stacktrace_id, sum(value) FROM samples GROUP BY stacktrace_id";
     let err = match ctx.sql(sql).await.unwrap().collect().await {
         Ok(batches) => panic!("{} batches under a 256-byte limit", batches.len()),

@@ -261,6 +261,11 @@ pub(crate) struct Writer<'a> {
 }
 
 impl Writer<'_> {
+    /// The id of the partition this writer writes.
+    pub(crate) fn partition_id(&self) -> u32 {
+        self.partition.id()
+    }
+
     fn indexes(&self) -> &Indexes {
         let indexes = match &self.indexes {
             Guard::Shared(g) => g.as_ref(),
