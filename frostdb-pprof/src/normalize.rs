@@ -582,7 +582,8 @@ impl Prepared<'_> {
             }
             out[g as usize] = known!('groups, writer.stack(&stack));
         }
-        Ok((!missing).then(|| out.clone()))
+        // Once whole, the stacks are the caller's; the state is not read again.
+        Ok((!missing).then(|| std::mem::take(out)))
     }
 
     /// Step 3: the sample rows, with the stacks interned into `partition`, appended to

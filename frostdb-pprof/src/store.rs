@@ -1311,16 +1311,15 @@ impl ProfileStore {
             return Ok(Narrowing::NoSeries);
         }
         if sets.len() <= EXACT_SETS {
-            return Ok(Narrowing::To(
-                sets.into_iter()
-                    .filter_map(|set| {
-                        set.into_iter()
-                            .map(|(column, value)| frostdb_core::col(column).eq(value))
-                            .reduce(frostdb_core::Predicate::and)
-                    })
-                    .reduce(frostdb_core::Predicate::or)
-                    .ok_or_else(|| Error::Corrupt("a series without labels".into()))?,
-            ));
+            return Ok(sets
+                .into_iter()
+                .filter_map(|set| {
+                    set.into_iter()
+                        .map(|(column, value)| frostdb_core::col(column).eq(value))
+                        .reduce(frostdb_core::Predicate::and)
+                })
+                .reduce(frostdb_core::Predicate::or)
+                .map_or(Narrowing::Unknown, Narrowing::To));
         }
         // Many sets: each column's values, a looser bound at a cost that does not grow
         // with the sets. A column some set lacks (null there) bounds nothing.

@@ -77,81 +77,10 @@ fn int(v: u64) -> i64 {
     v as i64
 }
 
-fn value_type(into: &mut ValueType, buf: &[u8]) -> Result<()> {
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => into.r#type = int(wire::scalar(n, v)?),
-            2 => into.unit = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })
-}
-
-fn label(buf: &[u8]) -> Result<Label> {
-    let mut l = Label::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => l.key = int(wire::scalar(n, v)?),
-            2 => l.str = int(wire::scalar(n, v)?),
-            3 => l.num = int(wire::scalar(n, v)?),
-            4 => l.num_unit = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(l)
-}
-
-fn mapping(buf: &[u8]) -> Result<Mapping> {
-    let mut m = Mapping::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => m.id = wire::scalar(n, v)?,
-            2 => m.memory_start = wire::scalar(n, v)?,
-            3 => m.memory_limit = wire::scalar(n, v)?,
-            4 => m.file_offset = wire::scalar(n, v)?,
-            5 => m.filename = int(wire::scalar(n, v)?),
-            6 => m.build_id = int(wire::scalar(n, v)?),
-            7 => m.has_functions = wire::scalar(n, v)? != 0,
-            8 => m.has_filenames = wire::scalar(n, v)? != 0,
-            9 => m.has_line_numbers = wire::scalar(n, v)? != 0,
-            10 => m.has_inline_frames = wire::scalar(n, v)? != 0,
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(m)
-}
-
-fn line(buf: &[u8]) -> Result<Line> {
-    let mut l = Line::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => l.function_id = wire::scalar(n, v)?,
-            2 => l.line = int(wire::scalar(n, v)?),
-            3 => l.column = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(l)
-}
-
-fn function(buf: &[u8]) -> Result<Function> {
-    let mut f = Function::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => f.id = wire::scalar(n, v)?,
-            2 => f.name = int(wire::scalar(n, v)?),
-            3 => f.system_name = int(wire::scalar(n, v)?),
-            4 => f.filename = int(wire::scalar(n, v)?),
-            5 => f.start_line = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(f)
+/// A message without repeated or string fields (value types, labels, mappings, lines,
+/// functions): prost decodes these without allocating.
+fn message<M: prost::Message + Default>(buf: &[u8]) -> Result<M> {
+    M::decode(buf).map_err(|e| Error::Protobuf(e.to_string()))
 }
 
 impl Flat {
@@ -160,15 +89,11 @@ impl Flat {
         let mut p = Flat::default();
         wire::fields(buf, |n, v| {
             match n {
-                1 => {
-                    let mut t = ValueType::default();
-                    value_type(&mut t, wire::bytes(n, v)?)?;
-                    p.sample_type.push(t);
-                }
+                1 => p.sample_type.push(message(wire::bytes(n, v)?)?),
                 2 => p.parse_sample(wire::bytes(n, v)?)?,
-                3 => p.mapping.push(mapping(wire::bytes(n, v)?)?),
+                3 => p.mapping.push(message(wire::bytes(n, v)?)?),
                 4 => p.parse_location(wire::bytes(n, v)?)?,
-                5 => p.function.push(function(wire::bytes(n, v)?)?),
+                5 => p.function.push(message(wire::bytes(n, v)?)?),
                 6 => {
                     let s = std::str::from_utf8(wire::bytes(n, v)?).map_err(|e| {
                         Error::Protobuf(format!(
@@ -183,7 +108,10 @@ impl Flat {
                 9 => p.time_nanos = int(wire::scalar(n, v)?),
                 10 => p.duration_nanos = int(wire::scalar(n, v)?),
                 // A message field seen twice is merged, as protobuf says.
-                11 => value_type(p.period_type.get_or_insert_default(), wire::bytes(n, v)?)?,
+                11 => {
+                    prost::Message::merge(p.period_type.get_or_insert_default(), wire::bytes(n, v)?)
+                        .map_err(|e| Error::Protobuf(e.to_string()))?
+                }
                 12 => p.period = int(wire::scalar(n, v)?),
                 13 => wire::repeated(n, v, &mut p.comment, int)?,
                 14 => p.default_sample_type = int(wire::scalar(n, v)?),
@@ -201,26 +129,36 @@ impl Flat {
         self.strings.push((start, self.text.len()));
     }
 
-    fn parse_sample(&mut self, buf: &[u8]) -> Result<()> {
-        let (l0, v0, b0) = (
+    /// Where the next sample's location ids, values and labels start.
+    fn sample_start(&self) -> (usize, usize, usize) {
+        (
             self.location_ids.len(),
             self.values.len(),
             self.labels.len(),
-        );
-        wire::fields(buf, |n, v| {
-            match n {
-                1 => wire::repeated(n, v, &mut self.location_ids, |x| x)?,
-                2 => wire::repeated(n, v, &mut self.values, int)?,
-                3 => self.labels.push(label(wire::bytes(n, v)?)?),
-                _ => {}
-            }
-            Ok(())
-        })?;
+        )
+    }
+
+    /// Ends a sample that began at `start` (see [`Flat::sample_start`]).
+    fn end_sample(&mut self, (l0, v0, b0): (usize, usize, usize)) {
         self.samples.push(FlatSample {
             locations: (l0, self.location_ids.len()),
             values: (v0, self.values.len()),
             labels: (b0, self.labels.len()),
         });
+    }
+
+    fn parse_sample(&mut self, buf: &[u8]) -> Result<()> {
+        let start = self.sample_start();
+        wire::fields(buf, |n, v| {
+            match n {
+                1 => wire::repeated(n, v, &mut self.location_ids, |x| x)?,
+                2 => wire::repeated(n, v, &mut self.values, int)?,
+                3 => self.labels.push(message(wire::bytes(n, v)?)?),
+                _ => {}
+            }
+            Ok(())
+        })?;
+        self.end_sample(start);
         Ok(())
     }
 
@@ -237,7 +175,7 @@ impl Flat {
                 1 => l.id = wire::scalar(n, v)?,
                 2 => l.mapping_id = wire::scalar(n, v)?,
                 3 => l.address = wire::scalar(n, v)?,
-                4 => self.lines.push(line(wire::bytes(n, v)?)?),
+                4 => self.lines.push(message(wire::bytes(n, v)?)?),
                 5 => l.is_folded = wire::scalar(n, v)? != 0,
                 _ => {}
             }
@@ -273,15 +211,11 @@ impl Flat {
             f.push_string(s);
         }
         for s in &p.sample {
-            let (l0, v0, b0) = (f.location_ids.len(), f.values.len(), f.labels.len());
+            let start = f.sample_start();
             f.location_ids.extend_from_slice(&s.location_id);
             f.values.extend_from_slice(&s.value);
             f.labels.extend_from_slice(&s.label);
-            f.samples.push(FlatSample {
-                locations: (l0, f.location_ids.len()),
-                values: (v0, f.values.len()),
-                labels: (b0, f.labels.len()),
-            });
+            f.end_sample(start);
         }
         for l in &p.location {
             let l0 = f.lines.len();

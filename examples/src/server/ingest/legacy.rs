@@ -335,8 +335,11 @@ impl Meta {
 
 /// The profile name Pyroscope gives a pprof by its sample types.
 fn name_from_types(p: &ValidProfile) -> String {
-    let s = |i: i64| p.string(i);
-    let types: Vec<&str> = p.sample_types().iter().map(|t| s(t.r#type)).collect();
+    let types: Vec<&str> = p
+        .sample_types()
+        .iter()
+        .map(|t| p.string(t.r#type))
+        .collect();
     // Pyroscope's rules (`metricName` of its pprof ingestion): a `wall` type makes the whole
     // profile `wall` (Node's wall profile with CPU time is `wall:cpu:…` too); else the first
     // type that names a kind.
@@ -359,7 +362,7 @@ fn name_from_types(p: &ValidProfile) -> String {
         };
         return name.to_owned();
     }
-    let period = p.period_type().map(|t| s(t.r#type)).unwrap_or("");
+    let period = p.period_type().map(|t| p.string(t.r#type)).unwrap_or("");
     match period {
         "cpu" => "process_cpu".to_owned(),
         _ => types.last().copied().unwrap_or("unknown").to_owned(),
