@@ -137,7 +137,8 @@ impl Db {
                 context: format!("opening {}", blocks.display()),
                 source,
             })?;
-        Self::open_with_store(dir, Arc::new(store), "", options)
+        let store = Arc::new(store);
+        Self::open_in(dir, store.clone(), "", Some(store), options)
     }
 
     /// Opens (or creates) the database with its WAL and manifest in `dir` and its persisted
@@ -148,6 +149,18 @@ impl Db {
         dir: impl AsRef<Path>,
         store: Arc<dyn ObjectStore>,
         prefix: &str,
+        options: DbOptions,
+    ) -> Result<Self> {
+        Self::open_in(dir, store, prefix, None, options)
+    }
+
+    /// [`Self::open_with_store`]; `local` is `store` itself when it is the local directory
+    /// [`Self::open`] made, so that blocks are read from their files directly.
+    fn open_in(
+        dir: impl AsRef<Path>,
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        local: Option<Arc<LocalFileSystem>>,
         options: DbOptions,
     ) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
@@ -164,7 +177,7 @@ impl Db {
             &dir,
             Some((store.clone(), prefix.clone(), io.clone())),
         )?);
-        let storage = Arc::new(Storage::new(store, prefix, io));
+        let storage = Arc::new(Storage::new(store, prefix, io).with_local(local));
         tracing::info!(dir = %dir.display(), store = %storage.store(), prefix = %storage.prefix(), "opening database");
         let db = Self::start(
             options,

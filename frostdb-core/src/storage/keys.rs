@@ -56,6 +56,9 @@ pub(crate) struct RowGroupKeys {
     pub(crate) columns: Vec<KeyColumn>,
     /// Per row group, the keys of its first and last rows.
     pub(crate) ranges: Vec<(Vec<Scalar>, Vec<Scalar>)>,
+    /// Whether the ranges are in key order ([`Self::in_order`]), known once read.
+    #[serde(skip)]
+    pub(crate) ordered: bool,
 }
 
 impl RowGroupKeys {
@@ -66,7 +69,8 @@ impl RowGroupKeys {
         row_groups: usize,
     ) -> Option<Self> {
         let text = kv?.iter().find(|kv| kv.key == FOOTER_KEY)?.value.as_ref()?;
-        let keys: RowGroupKeys = serde_json::from_str(text).ok()?;
+        let mut keys: RowGroupKeys = serde_json::from_str(text).ok()?;
+        keys.ordered = keys.in_order();
         let width = keys.columns.len();
         (keys.ranges.len() == row_groups
             && keys
@@ -88,6 +92,80 @@ impl RowGroupKeys {
         useful.then_some(KeyCheck { alternatives })
     }
 
+    /// Whether the row groups' ranges follow one another in key order (each ends at or
+    /// before the next begins), as a block written from one sorted stream's are: then the
+    /// row groups a series may lie in are found by binary search.
+    fn in_order(&self) -> bool {
+        let full = |a: &[Scalar], b: &[Scalar]| -> Option<Ordering> {
+            for (column, (x, y)) in self.columns.iter().zip(a.iter().zip(b)) {
+                match column.cmp(x, y)? {
+                    Ordering::Equal => continue,
+                    o => return Some(o),
+                }
+            }
+            Some(Ordering::Equal)
+        };
+        self.ranges
+            .iter()
+            .all(|(first, last)| full(first, last).is_some_and(|o| o != Ordering::Greater))
+            && self
+                .ranges
+                .windows(2)
+                .all(|w| full(&w[0].1, &w[1].0).is_some_and(|o| o != Ordering::Greater))
+    }
+
+    /// The row groups `check` may not exclude, in order, found by binary search on the key
+    /// prefix each alternative fixes; `None` when the ranges are not in order or an
+    /// alternative fixes no prefix (every row group is a candidate). Each candidate is still
+    /// to be checked with [`Self::excludes`].
+    pub(crate) fn candidates(&self, check: &KeyCheck) -> Option<Vec<usize>> {
+        if !self.ordered {
+            return None;
+        }
+        let mut out: Vec<usize> = Vec::new();
+        for alt in &check.alternatives {
+            let prefix = self.prefix(alt);
+            if prefix.is_empty() {
+                return None;
+            }
+            let compare = |row: &[Scalar]| self.compare_prefix(&prefix, row);
+            // Row groups wholly before the prefix, then those not wholly after it.
+            let start = self
+                .ranges
+                .partition_point(|(_, last)| compare(last) == Some(Ordering::Greater));
+            let end = self
+                .ranges
+                .partition_point(|(first, _)| compare(first) != Some(Ordering::Less));
+            out.extend(start..end.max(start));
+        }
+        out.sort_unstable();
+        out.dedup();
+        Some(out)
+    }
+
+    /// The longest prefix of the key that `alt` fixes to one value each.
+    fn prefix<'a>(&self, alt: &'a [Constraint]) -> Vec<&'a Scalar> {
+        let mut prefix = Vec::new();
+        for column in &self.columns {
+            match alt.iter().find_map(|c| c.equal(&column.name)) {
+                Some(v) => prefix.push(v),
+                None => break,
+            }
+        }
+        prefix
+    }
+
+    /// `prefix` against a row's first key values, lexicographically.
+    fn compare_prefix(&self, prefix: &[&Scalar], row: &[Scalar]) -> Option<Ordering> {
+        for ((column, v), r) in self.columns.iter().zip(prefix).zip(row) {
+            match column.cmp(v, r)? {
+                Ordering::Equal => continue,
+                o => return Some(o),
+            }
+        }
+        Some(Ordering::Equal)
+    }
+
     /// Whether no row of row group `i` can satisfy the predicate `check` was made from.
     pub(crate) fn excludes(&self, check: &KeyCheck, i: usize) -> bool {
         let Some((first, last)) = self.ranges.get(i) else {
@@ -101,25 +179,9 @@ impl RowGroupKeys {
 
     /// Whether no row between `first` and `last` satisfies every constraint of `alt`.
     fn excluded(&self, alt: &[Constraint], first: &[Scalar], last: &[Scalar]) -> bool {
-        // The longest prefix of the key that `alt` fixes to one value each.
-        let mut prefix: Vec<&Scalar> = Vec::new();
-        for column in &self.columns {
-            match alt.iter().find_map(|c| c.equal(&column.name)) {
-                Some(v) => prefix.push(v),
-                None => break,
-            }
-        }
+        let prefix = self.prefix(alt);
         let k = prefix.len();
-        // Lexicographic comparison of the prefix with a row's first k key values.
-        let compare = |row: &[Scalar]| -> Option<Ordering> {
-            for ((column, v), r) in self.columns.iter().zip(&prefix).zip(row) {
-                match column.cmp(v, r)? {
-                    Ordering::Equal => continue,
-                    o => return Some(o),
-                }
-            }
-            Some(Ordering::Equal)
-        };
+        let compare = |row: &[Scalar]| self.compare_prefix(&prefix, row);
         let (Some(to_first), Some(to_last)) = (compare(first), compare(last)) else {
             return false;
         };
@@ -359,6 +421,7 @@ impl Recorder {
         serde_json::to_string(&RowGroupKeys {
             columns: self.columns,
             ranges: self.ranges,
+            ordered: false,
         })
         .ok()
     }
@@ -391,6 +454,7 @@ mod tests {
                     vec![s("b"), s("m"), Scalar::Int(10)],
                 ),
             ],
+            ordered: true,
         }
     }
 
@@ -410,9 +474,79 @@ mod tests {
     fn excluded(p: crate::Predicate) -> Vec<bool> {
         let keys = keys();
         let bound = bind(&p, &schema()).unwrap();
+        assert!(keys.in_order());
         match keys.checker(&bound) {
-            Some(check) => (0..2).map(|i| keys.excludes(&check, i)).collect(),
+            Some(check) => {
+                let excluded: Vec<bool> = (0..2).map(|i| keys.excludes(&check, i)).collect();
+                // The binary search keeps every row group the check does not exclude.
+                if let Some(candidates) = keys.candidates(&check) {
+                    for (i, out) in excluded.iter().enumerate() {
+                        assert!(*out || candidates.contains(&i), "{i} {candidates:?}");
+                    }
+                }
+                excluded
+            }
             None => vec![false, false],
+        }
+    }
+
+    proptest::proptest! {
+        /// Over random sorted blocks cut into random row groups and random series
+        /// selections, the binary search finds exactly the row groups a linear pass over
+        /// the key prefixes keeps, so no row group the check would read is skipped.
+        #[test]
+        fn candidates_are_the_row_groups_the_prefix_keeps(
+            mut rows in proptest::collection::vec((0u8..3, 0u8..5, 0i64..100), 1..60),
+            cuts in proptest::collection::vec(1usize..8, 1..20),
+            alts in proptest::collection::vec((0u8..4, proptest::option::of(0u8..6), proptest::option::of(0i64..100)), 1..4),
+        ) {
+            rows.sort();
+            let key = |(ns, pod, ts): (u8, u8, i64)| vec![
+                Scalar::Utf8(format!("{}", (b'a' + ns) as char)),
+                Scalar::Utf8(format!("{}", (b'a' + pod) as char)),
+                Scalar::Int(ts),
+            ];
+            let mut ranges = Vec::new();
+            let (mut at, mut cut) = (0, cuts.iter().cycle());
+            while at < rows.len() {
+                let end = (at + cut.next().unwrap()).min(rows.len());
+                ranges.push((key(rows[at]), key(rows[end - 1])));
+                at = end;
+            }
+            let mut keys = RowGroupKeys { ranges, ..keys() };
+            keys.ordered = keys.in_order();
+            proptest::prop_assert!(keys.ordered);
+            let mut predicate: Option<crate::Predicate> = None;
+            for (ns, pod, ts) in alts {
+                let mut p = col("ns").eq(format!("{}", (b'a' + ns) as char));
+                if let Some(pod) = pod {
+                    p = p.and(col("pod").eq(format!("{}", (b'a' + pod) as char)));
+                }
+                if let Some(ts) = ts {
+                    p = p.and(col("ts").gt_eq(ts));
+                }
+                predicate = Some(match predicate {
+                    None => p,
+                    Some(q) => q.or(p),
+                });
+            }
+            let bound = bind(&predicate.unwrap(), &schema()).unwrap();
+            let check = keys.checker(&bound).unwrap();
+            let candidates = keys.candidates(&check).unwrap();
+            let linear: Vec<usize> = (0..keys.ranges.len())
+                .filter(|i| {
+                    let (first, last) = &keys.ranges[*i];
+                    check.alternatives.iter().any(|alt| {
+                        let prefix = keys.prefix(alt);
+                        keys.compare_prefix(&prefix, first) != Some(Ordering::Less)
+                            && keys.compare_prefix(&prefix, last) != Some(Ordering::Greater)
+                    })
+                })
+                .collect();
+            proptest::prop_assert_eq!(&candidates, &linear);
+            for i in 0..keys.ranges.len() {
+                proptest::prop_assert!(candidates.contains(&i) || keys.excludes(&check, i));
+            }
         }
     }
 

@@ -29,6 +29,9 @@ pub(crate) struct Storage {
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     io: Io,
+    /// `store` when it is a local directory: blocks are then read from their files on the
+    /// scanning thread, not fetched through the I/O runtime.
+    local: Option<Arc<object_store::local::LocalFileSystem>>,
     /// Parquet footers (with page indexes) of blocks read so far, by object path.
     metadata: Mutex<HashMap<String, read::Footer>>,
     /// Objects of retired blocks no version or scan holds any more, to be deleted by the
@@ -101,9 +104,20 @@ impl Storage {
             store,
             prefix,
             io,
+            local: None,
             metadata: Mutex::new(HashMap::new()),
             doomed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Marks `store` as the local directory `local` (the same store), so blocks are read
+    /// from their files directly.
+    pub(crate) fn with_local(
+        mut self,
+        local: Option<Arc<object_store::local::LocalFileSystem>>,
+    ) -> Self {
+        self.local = local;
+        self
     }
 
     /// Deletes the objects of retired blocks nothing holds any more; returns how many. One

@@ -2,6 +2,7 @@
 //! statistics and of pages by the column index, and a stream of the projected columns of
 //! what is left.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
@@ -83,12 +84,40 @@ impl AsyncFileReader for BlockFile {
     }
 }
 
-/// A block's footer as cached: Parquet's metadata with page indexes, and the row groups'
-/// key ranges when the block has them.
+/// A block's footer as cached: Parquet's metadata with page indexes, the row groups' key
+/// ranges when the block has them, and statistics converted as plans first ask for them.
 #[derive(Debug, Clone)]
 pub(crate) struct Footer {
     arrow: ArrowReaderMetadata,
     keys: Option<Arc<RowGroupKeys>>,
+    stats: Arc<StatsCache>,
+}
+
+/// A block's statistics as plans check them, converted from the footer once per column
+/// (row groups) or per column and row group (pages) rather than once per query.
+#[derive(Debug, Default)]
+struct StatsCache {
+    row_groups: parking_lot::Mutex<HashMap<String, Option<Arc<GroupStats>>>>,
+    pages: parking_lot::Mutex<HashMap<PageKey, Option<Arc<PageStats>>>>,
+}
+
+/// A row group and a column.
+type PageKey = (usize, String);
+
+/// A column's statistics per row group (`None`: unknown), and whether both bounds are exact.
+#[derive(Debug)]
+struct GroupStats {
+    stats: Vec<Option<ColumnStats>>,
+    exact: Vec<bool>,
+}
+
+impl GroupStats {
+    fn get(&self, i: usize, exact: bool) -> Option<ColumnStats> {
+        if exact && !self.exact.get(i).copied().unwrap_or(false) {
+            return None;
+        }
+        self.stats.get(i)?.clone()
+    }
 }
 
 /// What pruning did inside blocks.
@@ -181,8 +210,6 @@ struct ColumnStatsArrays {
     mins: ArrayRef,
     maxes: ArrayRef,
     nulls: UInt64Array,
-    /// Whether both bounds are exact (not truncated), per entry.
-    exact: Vec<bool>,
 }
 
 impl ColumnStatsArrays {
@@ -206,15 +233,6 @@ impl ColumnStatsArrays {
             max,
             null_count,
         })
-    }
-
-    /// [`Self::get`], only when the bounds are exact: what a proof may rest on.
-    fn exact(&self, i: usize, rows: usize) -> Option<ColumnStats> {
-        self.exact
-            .get(i)
-            .copied()
-            .unwrap_or(false)
-            .then(|| self.get(i, rows))?
     }
 }
 
@@ -257,6 +275,7 @@ impl Storage {
         let footer = Footer {
             arrow: metadata,
             keys,
+            stats: Arc::default(),
         };
         self.metadata
             .lock()
@@ -281,6 +300,7 @@ impl Storage {
         let Footer {
             arrow: metadata,
             keys,
+            stats: cache,
         } = self.metadata(table, &block)?;
         // Key ranges are checked where the prune bound fixes a prefix of the sort key.
         let key_check = keys.as_ref().and_then(|k| Some((k, k.checker(prune)?)));
@@ -321,53 +341,34 @@ impl Storage {
         prune.columns(&mut stats_columns);
         stats_columns.sort();
         stats_columns.dedup();
-        let converters: Vec<(String, Option<StatisticsConverter<'_>>)> = stats_columns
+        let rg_stats: Vec<(String, Option<Arc<GroupStats>>)> = stats_columns
             .iter()
-            .map(|c| {
-                let conv = file_schema.field_with_name(c).ok().and_then(|_| {
-                    StatisticsConverter::try_new(
-                        c,
-                        &file_schema,
-                        parquet.file_metadata().schema_descr(),
-                    )
-                    .ok()
-                });
-                (c.clone(), conv)
-            })
-            .collect();
-        let rg_stats: Vec<(String, Option<ColumnStatsArrays>)> = converters
-            .iter()
-            .map(|(c, conv)| {
-                let arrays = conv.as_ref().and_then(|conv| {
-                    let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
-                    let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
-                    Some(ColumnStatsArrays {
-                        mins: conv.row_group_mins(row_groups.iter()).ok()?,
-                        maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
-                        nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
-                        exact: (0..row_groups.len())
-                            .map(|i| {
-                                min_exact.is_valid(i)
-                                    && min_exact.value(i)
-                                    && max_exact.is_valid(i)
-                                    && max_exact.value(i)
-                            })
-                            .collect(),
-                    })
-                });
-                (c.clone(), arrays)
-            })
+            .map(|c| (c.clone(), cache.row_groups(c, &file_schema, &parquet)))
             .collect();
 
+        // The row groups whose key ranges may hold the bound's series, by binary search
+        // where it applies; the rest are skipped without a look at their statistics.
+        let in_range: Vec<usize> = match key_check
+            .as_ref()
+            .and_then(|(keys, check)| keys.candidates(check))
+        {
+            Some(found) => {
+                let skipped = row_groups.len() - found.len();
+                metrics.row_groups_pruned += skipped;
+                metrics.row_groups_pruned_by_keys += skipped;
+                found
+            }
+            None => (0..row_groups.len()).collect(),
+        };
         let mut selected = Vec::new();
-        for (i, rg) in row_groups.iter().enumerate() {
+        for i in in_range {
+            let rg = &row_groups[i];
             let rows = rg.num_rows() as usize;
             // Statistics of a column in this row group (`exact`: only bounds not truncated);
             // a column the file lacks is all null.
             let of = |name: &str, exact: bool| -> Option<ColumnStats> {
                 match rg_stats.iter().find(|(c, _)| c == name) {
-                    Some((_, Some(arrays))) if exact => arrays.exact(i, rows),
-                    Some((_, Some(arrays))) => arrays.get(i, rows),
+                    Some((_, Some(stats))) => stats.get(i, exact),
                     Some((_, None)) if file_schema.field_with_name(name).is_err() => {
                         Some(ColumnStats::all_null(rows))
                     }
@@ -401,7 +402,7 @@ impl Storage {
             let pages = page_selection(
                 prune,
                 rows,
-                &mut PageStatsCache::new(i, &converters, &parquet),
+                &mut PageStatsCache::new(i, &cache, &file_schema, &parquet),
             );
             let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
@@ -485,53 +486,121 @@ impl Storage {
         Ok((plans, metrics))
     }
 
-    /// Streams the planned rows, `batch_rows` at a time. The read starts when the first
-    /// batch is asked for, runs on the I/O runtime and hands batches over through a channel
-    /// of two, so a slow consumer holds back the read instead of buffering the block (and no
-    /// runtime thread ever blocks on it).
+    /// Streams the planned rows, `batch_rows` at a time. A block in a local directory is
+    /// read from its file and decoded on the calling thread as batches are asked for: page
+    /// reads of a file are cheaper than handing each one to another thread. Otherwise the
+    /// read starts when the first batch is asked for, runs on the I/O runtime and hands
+    /// batches over through a channel of two, so a slow consumer holds back the read
+    /// instead of buffering the block (and no runtime thread ever blocks on it).
     pub(crate) fn read(
         &self,
         plan: BlockPlan,
         batch_rows: usize,
     ) -> impl Iterator<Item = Result<RecordBatch>> + Send + 'static {
-        BlockStream {
-            start: Some((plan, batch_rows, self.store.clone(), self.io.clone())),
-            rx: None,
+        let file = self.local.as_ref().and_then(|local| {
+            local
+                .path_to_filesystem(&ObjectPath::from(plan.block.path.as_str()))
+                .ok()
+        });
+        BlockStream::Pending {
+            plan,
+            batch_rows,
+            store: self.store.clone(),
+            io: self.io.clone(),
+            file,
         }
     }
 }
 
-/// A block's batches, read on the I/O runtime; see [`Storage::read`].
-struct BlockStream {
-    start: Option<(
-        BlockPlan,
-        usize,
-        Arc<dyn object_store::ObjectStore>,
-        crate::io::Io,
-    )>,
-    rx: Option<tokio::sync::mpsc::Receiver<Result<RecordBatch>>>,
+/// A block's batches; see [`Storage::read`].
+enum BlockStream {
+    Pending {
+        plan: BlockPlan,
+        batch_rows: usize,
+        store: Arc<dyn object_store::ObjectStore>,
+        io: crate::io::Io,
+        /// The block's file, when the store is a local directory.
+        file: Option<std::path::PathBuf>,
+    },
+    /// Read on the I/O runtime.
+    Remote(tokio::sync::mpsc::Receiver<Result<RecordBatch>>),
+    /// Read here from the local file.
+    Local {
+        reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+        fill: Constants,
+        table: String,
+        block: Arc<super::Block>,
+    },
+    Done,
 }
 
 impl Iterator for BlockStream {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some((plan, batch_rows, store, io)) = self.start.take() {
-            let (tx, rx) = tokio::sync::mpsc::channel(2);
-            io.spawn(read_block(plan, batch_rows, store, tx));
-            self.rx = Some(rx);
+        if matches!(self, BlockStream::Pending { .. }) {
+            let BlockStream::Pending {
+                plan,
+                batch_rows,
+                store,
+                io,
+                file,
+            } = std::mem::replace(self, BlockStream::Done)
+            else {
+                unreachable!("matched above")
+            };
+            match file {
+                Some(file) => match open_local(plan, batch_rows, &file) {
+                    Ok(local) => *self = local,
+                    Err(e) => return Some(Err(e)),
+                },
+                None => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(2);
+                    io.spawn(read_block(plan, batch_rows, store, tx));
+                    *self = BlockStream::Remote(rx);
+                }
+            }
         }
-        // Waits without a runtime of its own, so it may be called from any thread.
-        futures::executor::block_on(self.rx.as_mut()?.recv())
+        match self {
+            // Waits without a runtime of its own, so it may be called from any thread.
+            BlockStream::Remote(rx) => futures::executor::block_on(rx.recv()),
+            BlockStream::Local {
+                reader,
+                fill,
+                table,
+                block,
+            } => {
+                let batch = reader
+                    .next()?
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| fill.add(b).map_err(|e| e.to_string()));
+                match batch {
+                    Ok(batch) => Some(Ok(batch)),
+                    Err(e) => {
+                        let e = unreadable(table, block, e);
+                        *self = BlockStream::Done;
+                        Some(Err(e))
+                    }
+                }
+            }
+            BlockStream::Pending { .. } | BlockStream::Done => None,
+        }
     }
 }
 
-async fn read_block(
-    plan: BlockPlan,
-    batch_rows: usize,
-    store: Arc<dyn object_store::ObjectStore>,
-    tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) {
+/// What a read of a plan needs, however it reads: the row groups, the rows of their pages,
+/// the projection, the constant columns to fill in.
+struct Prepared {
+    table: String,
+    block: Arc<super::Block>,
+    metadata: ArrowReaderMetadata,
+    row_groups: Vec<usize>,
+    selection: Option<RowSelection>,
+    mask: ProjectionMask,
+    fill: Constants,
+}
+
+fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, Error> {
     let BlockPlan {
         table,
         block,
@@ -552,23 +621,133 @@ async fn read_block(
         RowSelection::from(selectors)
     });
     let row_groups: Vec<usize> = row_groups.iter().map(|r| r.index).collect();
+    let fill = Constants::new(constants, metadata.schema(), batch_rows)
+        .map_err(|e| unreadable(&table, &block, e.to_string()))?;
+    let mask = ProjectionMask::roots(
+        metadata.metadata().file_metadata().schema_descr(),
+        projection,
+    );
+    Ok(Prepared {
+        table,
+        block,
+        metadata,
+        row_groups,
+        selection,
+        mask,
+        fill,
+    })
+}
+
+/// Starts reading `plan` from the block's local file.
+fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Result<BlockStream> {
+    let Prepared {
+        table,
+        block,
+        metadata,
+        row_groups,
+        selection,
+        mask,
+        fill,
+    } = prepare(plan, batch_rows)?;
+    let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
+    let file = std::fs::File::open(path)
+        .map_err(|e| fail(&format_args!("opening {}: {e}", path.display())))?;
+    let mut builder =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
+            LocalFile {
+                file: Arc::new(file),
+                size: block.size,
+            },
+            metadata,
+        )
+        .with_row_groups(row_groups)
+        .with_projection(mask)
+        .with_batch_size(batch_rows);
+    if let Some(selection) = selection {
+        builder = builder.with_row_selection(selection);
+    }
+    let reader = builder.build().map_err(|e| fail(&e))?;
+    Ok(BlockStream::Local {
+        reader,
+        fill,
+        table,
+        block,
+    })
+}
+
+/// A block's local file as Parquet's reader wants it: positioned reads (`pread`), so
+/// readers of its column chunks share one descriptor without seeking it.
+struct LocalFile {
+    file: Arc<std::fs::File>,
+    size: u64,
+}
+
+impl parquet::file::reader::Length for LocalFile {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl parquet::file::reader::ChunkReader for LocalFile {
+    type T = std::io::BufReader<ReadAt>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(std::io::BufReader::new(ReadAt {
+            file: self.file.clone(),
+            at: start,
+        }))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        use std::os::unix::fs::FileExt;
+        let mut buffer = vec![0; length];
+        self.file.read_exact_at(&mut buffer, start)?;
+        Ok(buffer.into())
+    }
+}
+
+/// A reader of a file from an offset on, by positioned reads.
+struct ReadAt {
+    file: Arc<std::fs::File>,
+    at: u64,
+}
+
+impl std::io::Read for ReadAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+async fn read_block(
+    plan: BlockPlan,
+    batch_rows: usize,
+    store: Arc<dyn object_store::ObjectStore>,
+    tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) {
+    let Prepared {
+        table,
+        block,
+        metadata,
+        row_groups,
+        selection,
+        mask,
+        mut fill,
+    } = match prepare(plan, batch_rows) {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            let _ = tx.send(Err(e)).await;
+            return;
+        }
+    };
     let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
     let reader = BlockFile {
         store,
         path: ObjectPath::from(block.path.as_str()),
         size: block.size,
     };
-    let mut fill = match Constants::new(constants, metadata.schema(), batch_rows) {
-        Ok(fill) => fill,
-        Err(e) => {
-            let _ = tx.send(Err(fail(&e))).await;
-            return;
-        }
-    };
-    let mask = ProjectionMask::roots(
-        metadata.metadata().file_metadata().schema_descr(),
-        projection,
-    );
     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
         .with_row_groups(row_groups)
         .with_projection(mask)
@@ -654,58 +833,133 @@ impl Constants {
 /// unknown).
 type PageStats = Vec<(usize, Option<ColumnStats>)>;
 
-/// Page statistics of one row group, converted once per column however many leaves of a
-/// predicate read them (a narrowing by whole label sets names each column many times).
+/// Page statistics of one row group as a plan reads them: from the block's cache, each
+/// column looked up once however many leaves of a predicate read it (a narrowing by whole
+/// label sets names each column many times).
 struct PageStatsCache<'a> {
     rg: usize,
-    converters: &'a [(String, Option<StatisticsConverter<'a>>)],
+    cache: &'a StatsCache,
+    schema: &'a SchemaRef,
     parquet: &'a parquet::file::metadata::ParquetMetaData,
-    columns: Vec<(&'a str, Option<PageStats>)>,
+    columns: Vec<(String, Option<Arc<PageStats>>)>,
 }
 
 impl<'a> PageStatsCache<'a> {
     fn new(
         rg: usize,
-        converters: &'a [(String, Option<StatisticsConverter<'a>>)],
+        cache: &'a StatsCache,
+        schema: &'a SchemaRef,
         parquet: &'a parquet::file::metadata::ParquetMetaData,
     ) -> Self {
         Self {
             rg,
-            converters,
+            cache,
+            schema,
             parquet,
             columns: Vec::new(),
         }
     }
 
     fn get(&mut self, column: &str) -> Option<&PageStats> {
-        let at = match self.columns.iter().position(|(c, _)| *c == column) {
+        let at = match self.columns.iter().position(|(c, _)| c == column) {
             Some(at) => at,
             None => {
-                let (name, conv) = self.converters.iter().find(|(c, _)| c == column)?;
-                let stats = conv.as_ref().and_then(|conv| self.convert(conv));
-                self.columns.push((name.as_str(), stats));
+                let stats = self.cache.pages(self.rg, column, self.schema, self.parquet);
+                self.columns.push((column.to_owned(), stats));
                 self.columns.len() - 1
             }
         };
-        self.columns[at].1.as_ref()
+        self.columns[at].1.as_deref()
+    }
+}
+
+impl StatsCache {
+    /// `column`'s statistics per row group; `None` when the block has none (or lacks the
+    /// column).
+    fn row_groups(
+        &self,
+        column: &str,
+        schema: &SchemaRef,
+        parquet: &parquet::file::metadata::ParquetMetaData,
+    ) -> Option<Arc<GroupStats>> {
+        if let Some(hit) = self.row_groups.lock().get(column) {
+            return hit.clone();
+        }
+        let converted = Self::convert_row_groups(column, schema, parquet).map(Arc::new);
+        self.row_groups
+            .lock()
+            .insert(column.to_owned(), converted.clone());
+        converted
     }
 
-    fn convert(&self, conv: &StatisticsConverter<'_>) -> Option<PageStats> {
-        let parquet = self.parquet;
+    fn convert_row_groups(
+        column: &str,
+        schema: &SchemaRef,
+        parquet: &parquet::file::metadata::ParquetMetaData,
+    ) -> Option<GroupStats> {
+        let conv = converter(column, schema, parquet)?;
+        let row_groups = parquet.row_groups();
+        let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
+        let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
+        let arrays = ColumnStatsArrays {
+            mins: conv.row_group_mins(row_groups.iter()).ok()?,
+            maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
+            nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
+        };
+        Some(GroupStats {
+            stats: row_groups
+                .iter()
+                .enumerate()
+                .map(|(i, rg)| arrays.get(i, rg.num_rows() as usize))
+                .collect(),
+            exact: (0..row_groups.len())
+                .map(|i| {
+                    min_exact.is_valid(i)
+                        && min_exact.value(i)
+                        && max_exact.is_valid(i)
+                        && max_exact.value(i)
+                })
+                .collect(),
+        })
+    }
+
+    /// `column`'s page statistics in row group `rg`; `None` without a page index.
+    fn pages(
+        &self,
+        rg: usize,
+        column: &str,
+        schema: &SchemaRef,
+        parquet: &parquet::file::metadata::ParquetMetaData,
+    ) -> Option<Arc<PageStats>> {
+        let key = (rg, column.to_owned());
+        if let Some(hit) = self.pages.lock().get(&key) {
+            return hit.clone();
+        }
+        let converted = Self::convert_pages(rg, column, schema, parquet).map(Arc::new);
+        self.pages.lock().insert(key, converted.clone());
+        converted
+    }
+
+    fn convert_pages(
+        rg: usize,
+        column: &str,
+        schema: &SchemaRef,
+        parquet: &parquet::file::metadata::ParquetMetaData,
+    ) -> Option<PageStats> {
+        let conv = converter(column, schema, parquet)?;
         let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
-        let groups = [self.rg];
+        let groups = [rg];
         let arrays = ColumnStatsArrays {
             mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
             maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
             nulls: conv
                 .data_page_null_counts(index, offsets, groups.iter())
                 .ok()?,
-            // Page bounds only prune here; no proof rests on them.
-            exact: Vec::new(),
         };
         let counts = conv
             .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
             .ok()??;
+        // Page bounds only prune; no proof rests on them.
         Some(
             counts
                 .values()
@@ -715,6 +969,16 @@ impl<'a> PageStatsCache<'a> {
                 .collect(),
         )
     }
+}
+
+/// The converter of `column`'s statistics to Arrow; `None` when the file lacks it.
+fn converter<'a>(
+    column: &str,
+    schema: &'a SchemaRef,
+    parquet: &'a parquet::file::metadata::ParquetMetaData,
+) -> Option<StatisticsConverter<'a>> {
+    schema.field_with_name(column).ok()?;
+    StatisticsConverter::try_new(column, schema, parquet.file_metadata().schema_descr()).ok()
 }
 
 /// Rows of the cache's row group whose pages may satisfy `filter`, from the page index;
