@@ -162,7 +162,7 @@ impl Rollups {
         options: RollupOptions,
     ) -> Result<Self> {
         let level = |name: &'static str, bucket_ms, retention: Option<Duration>| {
-            let table = db.table(name, schema::rollups(name), table_options.clone())?;
+            let table = schema::open_series_table(db, name, table_options.clone())?;
             let retention = retention.or(samples_retention);
             table.set_ttl(retention)?;
             Ok::<_, Error>(Level {

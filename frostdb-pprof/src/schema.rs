@@ -83,23 +83,47 @@ fn schema(
         .expect("the profile schemas are valid")
 }
 
-/// The samples table: sorted by profile type, series, time, stack, so a series over a time
-/// range is a contiguous slice, and timestamps compress to runs. `stacktrace_id` is the
+/// The samples table: sorted by profile type, series (labels in [`LABELS_FIRST`] order, then
+/// by name), time, stack, so a series over a time range is a contiguous slice, a pod's or a
+/// service's series are neighbours, and timestamps compress to runs. `stacktrace_id` is the
 /// stack's symbol id.
 pub fn samples() -> Schema {
-    sample_schema(SAMPLES)
+    sample_schema(SAMPLES, LabelOrder::Hierarchy)
 }
 
 /// The spans table: the samples table's columns, sorted the same way (a span's labels are
 /// `labels.span_id` and `labels.trace_id`).
 pub fn spans() -> Schema {
-    sample_schema(SPANS)
+    sample_schema(SPANS, LabelOrder::Hierarchy)
+}
+
+/// The labels that lead the series part of the sort key, outermost first: a service's,
+/// namespace's, job's or pod's series are then adjacent, and a selector naming one reads a
+/// contiguous run of rows (in name order, `container` would lead, and one pod's rows would
+/// lie in as many places as it has containers). Other labels follow by name.
+pub const LABELS_FIRST: [&str; 6] = [
+    "service_name",
+    "namespace",
+    "job",
+    "pod",
+    "instance",
+    "container",
+];
+
+/// How a series table sorts its labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LabelOrder {
+    /// [`LABELS_FIRST`], then by name: tables made now.
+    Hierarchy,
+    /// By name: tables made before [`LABELS_FIRST`], opened as they were made.
+    Names,
 }
 
 /// The columns that name a series of a profile type (profile type, labels), then `rest`,
 /// sorted by them and then by `order`.
 fn series_schema(
     name: &str,
+    labels: LabelOrder,
     rest: impl FnOnce(frostdb_core::SchemaBuilder) -> frostdb_core::SchemaBuilder,
     order: &[&str],
 ) -> Schema {
@@ -122,11 +146,16 @@ fn series_schema(
             "sample_unit",
             "period_type",
             "period_unit",
-            "labels",
         ]
         .iter()
-        .chain(order)
         {
+            b = b.sort_by(SortingColumn::asc(*column));
+        }
+        b = b.sort_by(match labels {
+            LabelOrder::Hierarchy => SortingColumn::asc("labels").labels_first(LABELS_FIRST),
+            LabelOrder::Names => SortingColumn::asc("labels"),
+        });
+        for column in order {
             b = b.sort_by(SortingColumn::asc(*column));
         }
         b
@@ -138,9 +167,10 @@ fn series_schema(
 /// costs it a zstd context per row group (about a tenth of a small merge's time).
 const LABEL_CODEC: Compression = Compression::Uncompressed;
 
-fn sample_schema(name: &str) -> Schema {
+fn sample_schema(name: &str, labels: LabelOrder) -> Schema {
     series_schema(
         name,
+        labels,
         |b| {
             // Stack ids and values are most of a block's bytes and stay zstd; timestamps
             // (delta-coded runs) read faster as LZ4 for 4% more bytes per sample.
@@ -169,8 +199,13 @@ fn sample_schema(name: &str) -> Schema {
 /// The totals table ([`TOTALS`]): the series columns, `timestamp`, `duration`, `period` and
 /// `value`, the sum of the values of a profile's samples of one type and label set.
 pub fn totals() -> Schema {
+    totals_schema(LabelOrder::Hierarchy)
+}
+
+fn totals_schema(labels: LabelOrder) -> Schema {
     series_schema(
         TOTALS,
+        labels,
         |b| {
             b.column(
                 ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
@@ -186,7 +221,7 @@ pub fn totals() -> Schema {
 /// A rollup table ([`ROLLUPS_HOURLY`], [`ROLLUPS_DAILY`]): the samples table's columns and
 /// order; a row sums a stack's values of one series over a bucket, `timestamp` its start.
 pub fn rollups(name: &str) -> Schema {
-    sample_schema(name)
+    sample_schema(name, LabelOrder::Hierarchy)
 }
 
 /// The buckets the rollups hold ([`ROLLUP_BUCKETS`]): `level` (`1h`, `1d`) and `timestamp`.
@@ -203,8 +238,13 @@ pub fn rollup_buckets() -> Schema {
 /// the start of an hour in which the series has samples of that type. Label names and
 /// values are answered from it without reading a sample row.
 pub fn series() -> Schema {
+    series_index_schema(LabelOrder::Hierarchy)
+}
+
+fn series_index_schema(labels: LabelOrder) -> Schema {
     series_schema(
         SERIES,
+        labels,
         |b| {
             b.column(
                 ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
@@ -212,6 +252,33 @@ pub fn series() -> Schema {
         },
         &["timestamp"],
     )
+}
+
+/// The schema of series table `name` (samples, spans, totals, rollups, the series index)
+/// with its labels sorted `labels`; `None` for other tables.
+pub(crate) fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
+    match name {
+        SAMPLES | SPANS | ROLLUPS_HOURLY | ROLLUPS_DAILY => Some(sample_schema(name, labels)),
+        TOTALS => Some(totals_schema(labels)),
+        SERIES => Some(series_index_schema(labels)),
+        _ => None,
+    }
+}
+
+/// Opens series table `name` (see [`series_table`]), creating it with its labels in
+/// hierarchy order; a table made before that order keeps sorting its labels by name, as its
+/// rows are.
+pub(crate) fn open_series_table(
+    db: &frostdb_core::Db,
+    name: &str,
+    options: frostdb_core::TableOptions,
+) -> frostdb_core::Result<frostdb_core::Table> {
+    let current = series_table(name, LabelOrder::Hierarchy).expect("a series table");
+    let schema = match (db.get_table(name), series_table(name, LabelOrder::Names)) {
+        (Some(existing), Some(by_names)) if existing.schema().same_rows_as(&by_names) => by_names,
+        _ => current,
+    };
+    db.table(name, schema, options)
 }
 
 /// The stacks table.

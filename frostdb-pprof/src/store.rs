@@ -538,11 +538,11 @@ impl ProfileStore {
             schema::stacktraces(),
             symbol_table_options(),
         )?;
-        let samples = db.table(schema::SAMPLES, schema::samples(), options.samples.clone())?;
+        let samples = schema::open_series_table(&db, schema::SAMPLES, options.samples.clone())?;
         samples.set_ttl(options.retention)?;
-        let spans = db.table(schema::SPANS, schema::spans(), options.samples.clone())?;
+        let spans = schema::open_series_table(&db, schema::SPANS, options.samples.clone())?;
         spans.set_ttl(options.retention)?;
-        let series_index = db.table(schema::SERIES, schema::series(), TableOptions::default())?;
+        let series_index = schema::open_series_table(&db, schema::SERIES, TableOptions::default())?;
         // An index row stands for an hour from its timestamp: kept an hour longer than the
         // samples, so no sample outlives the row that indexes it.
         series_index.set_ttl(
@@ -553,7 +553,7 @@ impl ProfileStore {
         if series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_series_index(&db, &samples, &series_index)?;
         }
-        let totals = db.table(schema::TOTALS, schema::totals(), options.samples.clone())?;
+        let totals = schema::open_series_table(&db, schema::TOTALS, options.samples.clone())?;
         totals.set_ttl(options.retention)?;
         if totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_totals(&db, &samples, &totals)?;

@@ -587,3 +587,119 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
     );
     check(&store);
 }
+
+/// The pods a sorted scan of the samples of one type meets, in order, one entry per run.
+fn pod_runs(store: &ProfileStore) -> Vec<String> {
+    use arrow::array::AsArray;
+    let batches = store
+        .samples()
+        .scan(
+            &frostdb_core::ScanRequest::new()
+                .project(["labels.pod"])
+                .filter(frostdb_core::col("sample_type").eq("cpu"))
+                .sorted(true),
+        )
+        .unwrap();
+    let mut runs: Vec<String> = Vec::new();
+    for batch in &batches {
+        let pods =
+            arrow::compute::cast(batch.column(0), &arrow::datatypes::DataType::Utf8).unwrap();
+        for pod in pods.as_string::<i32>().iter().flatten() {
+            if runs.last().map(String::as_str) != Some(pod) {
+                runs.push(pod.to_owned());
+            }
+        }
+    }
+    runs
+}
+
+/// Series labels sort in hierarchy order (service, namespace, job, pod, instance,
+/// container, then by name): a pod's containers are adjacent, so a selector naming one pod
+/// reads one run of rows. In name order `container` would lead and split every pod.
+#[test]
+fn a_pods_series_are_adjacent_whatever_its_containers() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for pod in ["p1", "p2"] {
+        for container in ["app", "sidecar"] {
+            store
+                .ingest(
+                    &cpu,
+                    &options("process_cpu", &[("pod", pod), ("container", container)]),
+                )
+                .unwrap();
+        }
+    }
+    assert_eq!(pod_runs(&store), ["p1", "p2"]);
+}
+
+/// A store made when labels sorted by name opens with its tables as they were made (their
+/// rows are in that order) rather than failing on the changed definition, and answers.
+#[test]
+fn a_store_whose_labels_sort_by_name_opens_as_it_was_made() {
+    use frostdb_pprof::schema;
+    let dir = tempfile::tempdir().unwrap();
+    let by_names = |current: frostdb_core::Schema| {
+        let json = current.to_json().unwrap();
+        let json = json.replace(
+            &format!(
+                ",\"first\":{}",
+                serde_json::to_string(&schema::LABELS_FIRST).unwrap()
+            ),
+            "",
+        );
+        let old = frostdb_core::Schema::from_json(&json).unwrap();
+        assert_ne!(old, current, "the hierarchy is part of the definition");
+        old
+    };
+    {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        for (name, current) in [
+            (schema::SAMPLES, schema::samples()),
+            (schema::SPANS, schema::spans()),
+            (schema::TOTALS, schema::totals()),
+            (schema::SERIES, schema::series()),
+            (
+                schema::ROLLUPS_HOURLY,
+                schema::rollups(schema::ROLLUPS_HOURLY),
+            ),
+            (
+                schema::ROLLUPS_DAILY,
+                schema::rollups(schema::ROLLUPS_DAILY),
+            ),
+        ] {
+            db.table(
+                name,
+                by_names(current),
+                frostdb_core::TableOptions::default(),
+            )
+            .unwrap();
+        }
+    }
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    assert_eq!(**store.samples().schema(), by_names(schema::samples()));
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for pod in ["p1", "p2"] {
+        for container in ["app", "sidecar"] {
+            store
+                .ingest(
+                    &cpu,
+                    &options("process_cpu", &[("pod", pod), ("container", container)]),
+                )
+                .unwrap();
+        }
+    }
+    // Name order: container first, so each pod appears once per container.
+    assert_eq!(pod_runs(&store), ["p1", "p2", "p1", "p2"]);
+    let selector =
+        Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{pod=\"p1\"}").unwrap();
+    let merged = store.merge(&selector, TimeRange::ALL).unwrap();
+    let one = decode(&cpu, &Limits::default()).unwrap();
+    let sample_total: i64 = one.into_inner().sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(merged.total(), 2 * sample_total);
+}

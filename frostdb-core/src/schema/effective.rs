@@ -89,7 +89,9 @@ impl TableSchema {
     }
 
     /// The expanded sort key: field indices with their sort options, a dynamic sorting column
-    /// contributing each of its concrete columns in label order.
+    /// contributing each of its concrete columns, those it lists first in that order and the
+    /// rest in label order. The order of two labels never depends on which others exist, so
+    /// rows sorted before the schema grew stay sorted (a new label is null in them).
     pub(crate) fn sort_key(&self) -> Vec<(usize, SortOptions)> {
         let def = &self.definition;
         def.sorting_columns()
@@ -97,7 +99,16 @@ impl TableSchema {
             .flat_map(|s| {
                 let (idx, _) = def.column(&s.name).expect("validated sorting column");
                 let opts = s.sort_options();
-                self.family(idx).map(move |i| (i, opts)).collect::<Vec<_>>()
+                let mut family: Vec<usize> = self.family(idx).collect();
+                if !s.first.is_empty() {
+                    family.sort_by_key(|&i| {
+                        s.label_rank(self.columns[i].label.as_deref().unwrap_or(""))
+                    });
+                }
+                family
+                    .into_iter()
+                    .map(move |i| (i, opts))
+                    .collect::<Vec<_>>()
             })
             .collect()
     }
@@ -148,5 +159,58 @@ mod tests {
             s.sort_key().iter().map(|(i, _)| *i).collect::<Vec<_>>(),
             [1, 2, 0]
         );
+    }
+
+    #[test]
+    fn listed_labels_lead_the_key_and_the_rest_follow_by_name() {
+        let def = Schema::builder("t")
+            .column(ColumnDef::dynamic("labels", DataType::Utf8))
+            .sort_by(SortingColumn::asc("labels").labels_first(["pod", "container"]))
+            .build()
+            .unwrap();
+        let key = |labels: &[&str]| {
+            let columns: Vec<ColumnName> = labels
+                .iter()
+                .map(|l| ColumnName::resolve(&def, &format!("labels.{l}")).unwrap())
+                .collect();
+            let s = TableSchema::new(Arc::new(def.clone()))
+                .grown(columns.iter())
+                .unwrap();
+            s.sort_key()
+                .iter()
+                .map(|(i, _)| s.arrow_schema().field(*i).name().clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            key(&["node", "container", "pod", "app"]),
+            [
+                "labels.pod",
+                "labels.container",
+                "labels.app",
+                "labels.node"
+            ]
+        );
+        // Two labels keep their order whatever else the schema has.
+        assert_eq!(
+            key(&["node", "container"]),
+            ["labels.container", "labels.node"]
+        );
+        assert_eq!(key(&["app", "node"]), ["labels.app", "labels.node"]);
+
+        // Only a dynamic family lists labels, each once, each a valid label.
+        let bad = |sort: SortingColumn| {
+            Schema::builder("t")
+                .column(ColumnDef::dynamic("labels", DataType::Utf8))
+                .column(ColumnDef::new("a", DataType::Int64))
+                .sort_by(sort)
+                .build()
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad(SortingColumn::asc("a").labels_first(["x"])).contains("not a dynamic column"));
+        assert!(bad(SortingColumn::asc("labels").labels_first(["x", "x"])).contains("twice"));
+        assert!(bad(SortingColumn::asc("labels").labels_first(["a.b"])).contains("a.b"));
+        // And the order survives the manifest's JSON.
+        assert_eq!(Schema::from_json(&def.to_json().unwrap()).unwrap(), def);
     }
 }

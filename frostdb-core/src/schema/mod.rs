@@ -188,8 +188,9 @@ impl ColumnDef {
     }
 }
 
-/// One sorting column: a column (or a whole dynamic family, sorted by its concrete columns in
-/// name order) with direction and null placement.
+/// One sorting column: a column (or a whole dynamic family, sorted by its concrete columns:
+/// those named in `first` in that order, then the rest in name order) with direction and
+/// null placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SortingColumn {
     /// Column or dynamic family name.
@@ -200,6 +201,11 @@ pub struct SortingColumn {
     /// Place nulls before non-null values.
     #[serde(default)]
     pub nulls_first: bool,
+    /// For a dynamic family: the labels that lead its part of the key, in this order (a
+    /// hierarchy such as namespace, pod, container keeps a pod's rows together, where name
+    /// order would put every pod's `container` first). Labels not listed follow by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first: Vec<String>,
 }
 
 impl SortingColumn {
@@ -209,6 +215,7 @@ impl SortingColumn {
             name: name.into(),
             descending: false,
             nulls_first: true,
+            first: Vec::new(),
         }
     }
 
@@ -218,6 +225,7 @@ impl SortingColumn {
             name: name.into(),
             descending: true,
             nulls_first: true,
+            first: Vec::new(),
         }
     }
 
@@ -225,6 +233,21 @@ impl SortingColumn {
     pub fn nulls_first(mut self, nulls_first: bool) -> Self {
         self.nulls_first = nulls_first;
         self
+    }
+
+    /// For a dynamic family: these labels lead its part of the key, in this order.
+    pub fn labels_first<S: Into<String>>(mut self, labels: impl IntoIterator<Item = S>) -> Self {
+        self.first = labels.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Where a dynamic family's label sorts among its others: listed ones first, in their
+    /// order, then the rest by name.
+    pub(crate) fn label_rank<'a>(&self, label: &'a str) -> (usize, &'a str) {
+        match self.first.iter().position(|l| l == label) {
+            Some(i) => (i, ""),
+            None => (self.first.len(), label),
+        }
     }
 
     pub(crate) fn sort_options(&self) -> arrow::compute::SortOptions {
@@ -266,7 +289,7 @@ impl Schema {
     /// Whether `other` describes the same rows: the same columns, types, encodings and sort
     /// order. Compression hints may differ: they only shape blocks written later, and any
     /// block reads whatever its pages were compressed with.
-    pub(crate) fn same_rows_as(&self, other: &Schema) -> bool {
+    pub fn same_rows_as(&self, other: &Schema) -> bool {
         let strip = |s: &Schema| {
             let mut s = s.clone();
             for c in &mut s.columns {
@@ -382,6 +405,23 @@ impl Schema {
                     "sorting column {:?} appears twice",
                     sort.name
                 )));
+            }
+            if !sort.first.is_empty() {
+                if !self.column(&sort.name).is_some_and(|(_, c)| c.dynamic) {
+                    return Err(Error::InvalidSchema(format!(
+                        "sorting column {:?} lists labels to sort first, but is not a dynamic column",
+                        sort.name
+                    )));
+                }
+                for (j, label) in sort.first.iter().enumerate() {
+                    names::validate_label_name(&format!("{}.{label}", sort.name), label)?;
+                    if sort.first[..j].contains(label) {
+                        return Err(Error::InvalidSchema(format!(
+                            "sorting column {:?} lists label {label:?} twice",
+                            sort.name
+                        )));
+                    }
+                }
             }
         }
         Ok(())
