@@ -588,6 +588,21 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
     check(&store);
 }
 
+/// Stores a CPU profile for pods p1 and p2, each with containers app and sidecar; returns
+/// the profile.
+fn ingest_pods_and_containers(store: &ProfileStore) -> Vec<u8> {
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for pod in ["p1", "p2"] {
+        for container in ["app", "sidecar"] {
+            let labels = [("pod", pod), ("container", container)];
+            store
+                .ingest(&cpu, &options("process_cpu", &labels))
+                .unwrap();
+        }
+    }
+    cpu
+}
+
 /// The pods a sorted scan of the samples of one type meets, in order, one entry per run.
 fn pod_runs(store: &ProfileStore) -> Vec<String> {
     use arrow::array::AsArray;
@@ -623,17 +638,7 @@ fn a_pods_series_are_adjacent_whatever_its_containers() {
         StoreOptions::default(),
     )
     .unwrap();
-    let cpu = file("goapp__go119-cpu-2s.pb.gz");
-    for pod in ["p1", "p2"] {
-        for container in ["app", "sidecar"] {
-            store
-                .ingest(
-                    &cpu,
-                    &options("process_cpu", &[("pod", pod), ("container", container)]),
-                )
-                .unwrap();
-        }
-    }
+    ingest_pods_and_containers(&store);
     assert_eq!(pod_runs(&store), ["p1", "p2"]);
 }
 
@@ -683,17 +688,7 @@ fn a_store_whose_labels_sort_by_name_opens_as_it_was_made() {
     let db = Db::open(dir.path(), DbOptions::default()).unwrap();
     let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
     assert_eq!(**store.samples().schema(), by_names(schema::samples()));
-    let cpu = file("goapp__go119-cpu-2s.pb.gz");
-    for pod in ["p1", "p2"] {
-        for container in ["app", "sidecar"] {
-            store
-                .ingest(
-                    &cpu,
-                    &options("process_cpu", &[("pod", pod), ("container", container)]),
-                )
-                .unwrap();
-        }
-    }
+    let cpu = ingest_pods_and_containers(&store);
     // Name order: container first, so each pod appears once per container.
     assert_eq!(pod_runs(&store), ["p1", "p2", "p1", "p2"]);
     let selector =

@@ -11,7 +11,8 @@ use futures::StreamExt;
 use object_store::path::Path as ObjectPath;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+    ArrowReaderBuilder, ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    RowSelection, RowSelector,
 };
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
@@ -588,16 +589,36 @@ impl Iterator for BlockStream {
     }
 }
 
-/// What a read of a plan needs, however it reads: the row groups, the rows of their pages,
-/// the projection, the constant columns to fill in.
+/// What a read of a plan needs, however it reads: the block, its footer, the constant
+/// columns to fill in, and what to read of it.
 struct Prepared {
     table: String,
     block: Arc<super::Block>,
     metadata: ArrowReaderMetadata,
+    fill: Constants,
+    read: Selected,
+}
+
+/// The row groups, the rows of their pages and the columns a plan reads.
+struct Selected {
     row_groups: Vec<usize>,
     selection: Option<RowSelection>,
     mask: ProjectionMask,
-    fill: Constants,
+    batch_rows: usize,
+}
+
+impl Selected {
+    /// `builder` (the sync or the async reader's) set to read these.
+    fn apply<T>(self, builder: ArrowReaderBuilder<T>) -> ArrowReaderBuilder<T> {
+        let builder = builder
+            .with_row_groups(self.row_groups)
+            .with_projection(self.mask)
+            .with_batch_size(self.batch_rows);
+        match self.selection {
+            Some(selection) => builder.with_row_selection(selection),
+            None => builder,
+        }
+    }
 }
 
 fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, Error> {
@@ -631,10 +652,13 @@ fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, 
         table,
         block,
         metadata,
-        row_groups,
-        selection,
-        mask,
         fill,
+        read: Selected {
+            row_groups,
+            selection,
+            mask,
+            batch_rows,
+        },
     })
 }
 
@@ -644,29 +668,22 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
         table,
         block,
         metadata,
-        row_groups,
-        selection,
-        mask,
         fill,
+        read,
     } = prepare(plan, batch_rows)?;
     let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
     let file = std::fs::File::open(path)
         .map_err(|e| fail(&format_args!("opening {}: {e}", path.display())))?;
-    let mut builder =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::new_with_metadata(
-            LocalFile {
-                file: Arc::new(file),
-                size: block.size,
-            },
-            metadata,
-        )
-        .with_row_groups(row_groups)
-        .with_projection(mask)
-        .with_batch_size(batch_rows);
-    if let Some(selection) = selection {
-        builder = builder.with_row_selection(selection);
-    }
-    let reader = builder.build().map_err(|e| fail(&e))?;
+    let file = LocalFile {
+        file: Arc::new(file),
+        size: block.size,
+    };
+    let reader = read
+        .apply(ParquetRecordBatchReaderBuilder::new_with_metadata(
+            file, metadata,
+        ))
+        .build()
+        .map_err(|e| fail(&e))?;
     Ok(BlockStream::Local {
         reader,
         fill,
@@ -731,10 +748,8 @@ async fn read_block(
         table,
         block,
         metadata,
-        row_groups,
-        selection,
-        mask,
         mut fill,
+        read,
     } = match prepare(plan, batch_rows) {
         Ok(prepared) => prepared,
         Err(e) => {
@@ -748,13 +763,9 @@ async fn read_block(
         path: ObjectPath::from(block.path.as_str()),
         size: block.size,
     };
-    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, metadata)
-        .with_row_groups(row_groups)
-        .with_projection(mask)
-        .with_batch_size(batch_rows);
-    if let Some(selection) = selection {
-        builder = builder.with_row_selection(selection);
-    }
+    let builder = read.apply(ParquetRecordBatchStreamBuilder::new_with_metadata(
+        reader, metadata,
+    ));
     let mut stream = match builder.build() {
         Ok(s) => s,
         Err(e) => {
