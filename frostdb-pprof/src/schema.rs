@@ -273,10 +273,11 @@ pub(crate) fn open_series_table(
     name: &str,
     options: frostdb_core::TableOptions,
 ) -> frostdb_core::Result<frostdb_core::Table> {
-    let current = series_table(name, LabelOrder::Hierarchy).expect("a series table");
-    let schema = match (db.get_table(name), series_table(name, LabelOrder::Names)) {
-        (Some(existing), Some(by_names)) if existing.schema().same_rows_as(&by_names) => by_names,
-        _ => current,
+    let in_order = |labels| series_table(name, labels).expect("a series table");
+    let by_names = in_order(LabelOrder::Names);
+    let schema = match db.get_table(name) {
+        Some(existing) if existing.schema().same_rows_as(&by_names) => by_names,
+        _ => in_order(LabelOrder::Hierarchy),
     };
     db.table(name, schema, options)
 }

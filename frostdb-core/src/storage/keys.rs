@@ -96,15 +96,7 @@ impl RowGroupKeys {
     /// before the next begins), as a block written from one sorted stream's are: then the
     /// row groups a series may lie in are found by binary search.
     fn in_order(&self) -> bool {
-        let full = |a: &[Scalar], b: &[Scalar]| -> Option<Ordering> {
-            for (column, (x, y)) in self.columns.iter().zip(a.iter().zip(b)) {
-                match column.cmp(x, y)? {
-                    Ordering::Equal => continue,
-                    o => return Some(o),
-                }
-            }
-            Some(Ordering::Equal)
-        };
+        let full = |a: &[Scalar], b: &[Scalar]| self.compare_prefix(a, b);
         self.ranges
             .iter()
             .all(|(first, last)| full(first, last).is_some_and(|o| o != Ordering::Greater))
@@ -128,7 +120,7 @@ impl RowGroupKeys {
             if prefix.is_empty() {
                 return None;
             }
-            let compare = |row: &[Scalar]| self.compare_prefix(&prefix, row);
+            let compare = |row: &[Scalar]| self.compare_prefix(prefix.iter().copied(), row);
             // Row groups wholly before the prefix, then those not wholly after it.
             let start = self
                 .ranges
@@ -156,7 +148,11 @@ impl RowGroupKeys {
     }
 
     /// `prefix` against a row's first key values, lexicographically.
-    fn compare_prefix(&self, prefix: &[&Scalar], row: &[Scalar]) -> Option<Ordering> {
+    fn compare_prefix<'a>(
+        &self,
+        prefix: impl IntoIterator<Item = &'a Scalar>,
+        row: &[Scalar],
+    ) -> Option<Ordering> {
         for ((column, v), r) in self.columns.iter().zip(prefix).zip(row) {
             match column.cmp(v, r)? {
                 Ordering::Equal => continue,
@@ -181,7 +177,7 @@ impl RowGroupKeys {
     fn excluded(&self, alt: &[Constraint], first: &[Scalar], last: &[Scalar]) -> bool {
         let prefix = self.prefix(alt);
         let k = prefix.len();
-        let compare = |row: &[Scalar]| self.compare_prefix(&prefix, row);
+        let compare = |row: &[Scalar]| self.compare_prefix(prefix.iter().copied(), row);
         let (Some(to_first), Some(to_last)) = (compare(first), compare(last)) else {
             return false;
         };
@@ -538,8 +534,8 @@ mod tests {
                     let (first, last) = &keys.ranges[*i];
                     check.alternatives.iter().any(|alt| {
                         let prefix = keys.prefix(alt);
-                        keys.compare_prefix(&prefix, first) != Some(Ordering::Less)
-                            && keys.compare_prefix(&prefix, last) != Some(Ordering::Greater)
+                        keys.compare_prefix(prefix.iter().copied(), first) != Some(Ordering::Less)
+                            && keys.compare_prefix(prefix.iter().copied(), last) != Some(Ordering::Greater)
                     })
                 })
                 .collect();

@@ -86,24 +86,24 @@ impl AsyncFileReader for BlockFile {
 }
 
 /// A block's footer as cached: Parquet's metadata with page indexes, the row groups' key
-/// ranges when the block has them, and statistics converted as plans first ask for them.
+/// ranges when the block has them, and statistics per column as plans check them,
+/// converted from the footer when first asked for rather than once per query.
 #[derive(Debug, Clone)]
 pub(crate) struct Footer {
     arrow: ArrowReaderMetadata,
     keys: Option<Arc<RowGroupKeys>>,
-    stats: Arc<StatsCache>,
+    stats: Arc<parking_lot::Mutex<HashMap<String, Arc<ColumnStatistics>>>>,
 }
 
-/// A block's statistics as plans check them, converted from the footer once per column
-/// (row groups) or per column and row group (pages) rather than once per query.
-#[derive(Debug, Default)]
-struct StatsCache {
-    row_groups: parking_lot::Mutex<HashMap<String, Option<Arc<GroupStats>>>>,
-    pages: parking_lot::Mutex<HashMap<PageKey, Option<Arc<PageStats>>>>,
+/// A block's statistics of one column.
+#[derive(Debug)]
+struct ColumnStatistics {
+    column: String,
+    /// Per row group; `None` when the file keeps none for the column (or lacks it).
+    groups: Option<GroupStats>,
+    /// Per row group, its pages' (`None` without a page index), converted when first used.
+    pages: Vec<std::sync::OnceLock<Option<PageStats>>>,
 }
-
-/// A row group and a column.
-type PageKey = (usize, String);
 
 /// A column's statistics per row group (`None`: unknown), and whether both bounds are exact.
 #[derive(Debug)]
@@ -298,11 +298,12 @@ impl Storage {
         columns: &[String],
         expected: &SchemaRef,
     ) -> Result<(Vec<BlockPlan>, BlockScanMetrics)> {
+        let footer = self.metadata(table, &block)?;
         let Footer {
             arrow: metadata,
             keys,
-            stats: cache,
-        } = self.metadata(table, &block)?;
+            ..
+        } = &footer;
         // Key ranges are checked where the prune bound fixes a prefix of the sort key.
         let key_check = keys.as_ref().and_then(|k| Some((k, k.checker(prune)?)));
         let file_schema = metadata.schema().clone();
@@ -342,10 +343,8 @@ impl Storage {
         prune.columns(&mut stats_columns);
         stats_columns.sort();
         stats_columns.dedup();
-        let rg_stats: Vec<(String, Option<Arc<GroupStats>>)> = stats_columns
-            .iter()
-            .map(|c| (c.clone(), cache.row_groups(c, &file_schema, &parquet)))
-            .collect();
+        let rg_stats: Vec<Arc<ColumnStatistics>> =
+            stats_columns.iter().map(|c| footer.column(c)).collect();
 
         // The row groups whose key ranges may hold the bound's series, by binary search
         // where it applies; the rest are skipped without a look at their statistics.
@@ -368,9 +367,13 @@ impl Storage {
             // Statistics of a column in this row group (`exact`: only bounds not truncated);
             // a column the file lacks is all null.
             let of = |name: &str, exact: bool| -> Option<ColumnStats> {
-                match rg_stats.iter().find(|(c, _)| c == name) {
-                    Some((_, Some(stats))) => stats.get(i, exact),
-                    Some((_, None)) if file_schema.field_with_name(name).is_err() => {
+                match rg_stats
+                    .iter()
+                    .find(|s| s.column == name)
+                    .map(|s| &s.groups)
+                {
+                    Some(Some(stats)) => stats.get(i, exact),
+                    Some(None) if file_schema.field_with_name(name).is_err() => {
                         Some(ColumnStats::all_null(rows))
                     }
                     _ => None,
@@ -400,11 +403,12 @@ impl Storage {
                     _ => None,
                 })
                 .collect();
-            let pages = page_selection(
-                prune,
-                rows,
-                &mut PageStatsCache::new(i, &cache, &file_schema, &parquet),
-            );
+            let pages = page_selection(prune, rows, &|name: &str| {
+                rg_stats
+                    .iter()
+                    .find(|s| s.column == name)?
+                    .pages(i, metadata)
+            });
             let plan = match pages {
                 Some(selection) if !selection.selects_any() => {
                     metrics.row_groups_pruned += 1;
@@ -844,142 +848,99 @@ impl Constants {
 /// unknown).
 type PageStats = Vec<(usize, Option<ColumnStats>)>;
 
-/// Page statistics of one row group as a plan reads them: from the block's cache, each
-/// column looked up once however many leaves of a predicate read it (a narrowing by whole
-/// label sets names each column many times).
-struct PageStatsCache<'a> {
-    rg: usize,
-    cache: &'a StatsCache,
-    schema: &'a SchemaRef,
-    parquet: &'a parquet::file::metadata::ParquetMetaData,
-    columns: Vec<(String, Option<Arc<PageStats>>)>,
-}
-
-impl<'a> PageStatsCache<'a> {
-    fn new(
-        rg: usize,
-        cache: &'a StatsCache,
-        schema: &'a SchemaRef,
-        parquet: &'a parquet::file::metadata::ParquetMetaData,
-    ) -> Self {
-        Self {
-            rg,
-            cache,
-            schema,
-            parquet,
-            columns: Vec::new(),
-        }
-    }
-
-    fn get(&mut self, column: &str) -> Option<&PageStats> {
-        let at = match self.columns.iter().position(|(c, _)| c == column) {
-            Some(at) => at,
-            None => {
-                let stats = self.cache.pages(self.rg, column, self.schema, self.parquet);
-                self.columns.push((column.to_owned(), stats));
-                self.columns.len() - 1
-            }
-        };
-        self.columns[at].1.as_deref()
-    }
-}
-
-impl StatsCache {
-    /// `column`'s statistics per row group; `None` when the block has none (or lacks the
-    /// column).
-    fn row_groups(
-        &self,
-        column: &str,
-        schema: &SchemaRef,
-        parquet: &parquet::file::metadata::ParquetMetaData,
-    ) -> Option<Arc<GroupStats>> {
-        if let Some(hit) = self.row_groups.lock().get(column) {
+impl Footer {
+    /// The block's statistics of `column`, converted when first asked for.
+    fn column(&self, column: &str) -> Arc<ColumnStatistics> {
+        if let Some(hit) = self.stats.lock().get(column) {
             return hit.clone();
         }
-        let converted = Self::convert_row_groups(column, schema, parquet).map(Arc::new);
-        self.row_groups
+        let parquet = self.arrow.metadata();
+        let converted = Arc::new(ColumnStatistics {
+            column: column.to_owned(),
+            groups: group_stats(column, self.arrow.schema(), parquet),
+            pages: (0..parquet.num_row_groups())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+        });
+        self.stats
             .lock()
-            .insert(column.to_owned(), converted.clone());
-        converted
+            .entry(column.to_owned())
+            .or_insert(converted)
+            .clone()
     }
+}
 
-    fn convert_row_groups(
-        column: &str,
-        schema: &SchemaRef,
-        parquet: &parquet::file::metadata::ParquetMetaData,
-    ) -> Option<GroupStats> {
-        let conv = converter(column, schema, parquet)?;
-        let row_groups = parquet.row_groups();
-        let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
-        let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
-        let arrays = ColumnStatsArrays {
-            mins: conv.row_group_mins(row_groups.iter()).ok()?,
-            maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
-            nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
-        };
-        Some(GroupStats {
-            stats: row_groups
-                .iter()
-                .enumerate()
-                .map(|(i, rg)| arrays.get(i, rg.num_rows() as usize))
-                .collect(),
-            exact: (0..row_groups.len())
-                .map(|i| {
-                    min_exact.is_valid(i)
-                        && min_exact.value(i)
-                        && max_exact.is_valid(i)
-                        && max_exact.value(i)
-                })
-                .collect(),
-        })
-    }
+/// `column`'s statistics per row group; `None` when the file keeps none (or lacks it).
+fn group_stats(
+    column: &str,
+    schema: &SchemaRef,
+    parquet: &parquet::file::metadata::ParquetMetaData,
+) -> Option<GroupStats> {
+    let conv = converter(column, schema, parquet)?;
+    let row_groups = parquet.row_groups();
+    let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
+    let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
+    let arrays = ColumnStatsArrays {
+        mins: conv.row_group_mins(row_groups.iter()).ok()?,
+        maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
+        nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
+    };
+    Some(GroupStats {
+        stats: row_groups
+            .iter()
+            .enumerate()
+            .map(|(i, rg)| arrays.get(i, rg.num_rows() as usize))
+            .collect(),
+        exact: (0..row_groups.len())
+            .map(|i| {
+                min_exact.is_valid(i)
+                    && min_exact.value(i)
+                    && max_exact.is_valid(i)
+                    && max_exact.value(i)
+            })
+            .collect(),
+    })
+}
 
-    /// `column`'s page statistics in row group `rg`; `None` without a page index.
-    fn pages(
-        &self,
-        rg: usize,
-        column: &str,
-        schema: &SchemaRef,
-        parquet: &parquet::file::metadata::ParquetMetaData,
-    ) -> Option<Arc<PageStats>> {
-        let key = (rg, column.to_owned());
-        if let Some(hit) = self.pages.lock().get(&key) {
-            return hit.clone();
-        }
-        let converted = Self::convert_pages(rg, column, schema, parquet).map(Arc::new);
-        self.pages.lock().insert(key, converted.clone());
-        converted
+impl ColumnStatistics {
+    /// The column's page statistics in row group `rg`; `None` without a page index.
+    fn pages(&self, rg: usize, metadata: &ArrowReaderMetadata) -> Option<&PageStats> {
+        self.pages
+            .get(rg)?
+            .get_or_init(|| page_stats(rg, &self.column, metadata.schema(), metadata.metadata()))
+            .as_ref()
     }
+}
 
-    fn convert_pages(
-        rg: usize,
-        column: &str,
-        schema: &SchemaRef,
-        parquet: &parquet::file::metadata::ParquetMetaData,
-    ) -> Option<PageStats> {
-        let conv = converter(column, schema, parquet)?;
-        let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
-        let groups = [rg];
-        let arrays = ColumnStatsArrays {
-            mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
-            maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
-            nulls: conv
-                .data_page_null_counts(index, offsets, groups.iter())
-                .ok()?,
-        };
-        let counts = conv
-            .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
-            .ok()??;
-        // Page bounds only prune; no proof rests on them.
-        Some(
-            counts
-                .values()
-                .iter()
-                .enumerate()
-                .map(|(p, rows)| (*rows as usize, arrays.get(p, *rows as usize)))
-                .collect(),
-        )
-    }
+/// `column`'s page statistics in row group `rg`; `None` without a page index.
+fn page_stats(
+    rg: usize,
+    column: &str,
+    schema: &SchemaRef,
+    parquet: &parquet::file::metadata::ParquetMetaData,
+) -> Option<PageStats> {
+    let conv = converter(column, schema, parquet)?;
+    let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
+    let groups = [rg];
+    let arrays = ColumnStatsArrays {
+        mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
+        maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
+        nulls: conv
+            .data_page_null_counts(index, offsets, groups.iter())
+            .ok()?,
+    };
+    let counts = conv
+        .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
+        .ok()??;
+    // Page bounds only prune; no proof rests on them.
+    Some(
+        counts
+            .values()
+            .iter()
+            .enumerate()
+            .map(|(p, rows)| (*rows as usize, arrays.get(p, *rows as usize)))
+            .collect(),
+    )
 }
 
 /// The converter of `column`'s statistics to Arrow; `None` when the file lacks it.
@@ -992,12 +953,12 @@ fn converter<'a>(
     StatisticsConverter::try_new(column, schema, parquet.file_metadata().schema_descr()).ok()
 }
 
-/// Rows of the cache's row group whose pages may satisfy `filter`, from the page index;
-/// `None` when the index cannot narrow it down.
-fn page_selection(
+/// Rows of a row group of `rows` rows whose pages may satisfy `filter`, from the page
+/// statistics `pages` gives per column; `None` when the index cannot narrow it down.
+fn page_selection<'s>(
     filter: &Bound,
     rows: usize,
-    pages: &mut PageStatsCache<'_>,
+    pages: &dyn Fn(&str) -> Option<&'s PageStats>,
 ) -> Option<RowSelection> {
     let all = || RowSelection::from(vec![RowSelector::select(rows)]);
     match filter {
@@ -1021,8 +982,7 @@ fn page_selection(
         leaf => {
             let mut columns = Vec::new();
             leaf.columns(&mut columns);
-            let selectors: Vec<RowSelector> = pages
-                .get(columns.first()?)?
+            let selectors: Vec<RowSelector> = pages(columns.first()?)?
                 .iter()
                 .map(|(page_rows, stats)| {
                     let (page_rows, stats) = (*page_rows, |_: &str| stats.clone());
