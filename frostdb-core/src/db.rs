@@ -268,6 +268,7 @@ impl Db {
         let next_tx = log
             .next_tx()
             .max(replayed.last_tx + 1)
+            .max(replayed.newest_segment)
             .max(newest_persisted + 1);
         let wal = Wal::open(
             fs,

@@ -100,9 +100,15 @@ fn create_segment(
     let file = fs
         .create(&path)
         .map_err(io_err(format!("creating WAL segment {}", path.display())))?;
-    file.write_all(MAGIC)
-        .and_then(|_| file.sync_data())
-        .map_err(io_err(format!("writing WAL segment {}", path.display())))?;
+    if let Err(e) = file.write_all(MAGIC).and_then(|_| file.sync_data()) {
+        // A segment cut short would read as damage once a later segment follows it: take it
+        // away (it holds nothing), so a full disk fails this call and nothing after it.
+        drop(file);
+        if let Err(undo) = fs.remove(&path).and_then(|_| fs.sync_dir(dir)) {
+            tracing::error!(segment = %path.display(), error = %undo, "cannot remove a WAL segment whose creation failed");
+        }
+        return Err(io_err(format!("writing WAL segment {}", path.display()))(e));
+    }
     sync_dir(fs, dir)?;
     Ok((
         Arc::from(file),
@@ -154,6 +160,10 @@ pub(crate) struct Replayed {
     pub(crate) records: usize,
     /// Highest transaction seen.
     pub(crate) last_tx: u64,
+    /// The highest first transaction a kept segment is named after: new transactions start
+    /// at or above it, so that segment names keep the order of their records even when the
+    /// newest segments hold none (their transactions failed, or were persisted and deleted).
+    pub(crate) newest_segment: u64,
 }
 
 /// Replays the WAL in `dir`: calls `apply(tx, payload, (segment, offset))` for every record
@@ -168,7 +178,7 @@ pub(crate) fn replay(
     let segments = list_segments(fs, dir)?;
     let mut replayed = Replayed::default();
     let mut kept = Vec::new();
-    for (i, (_, path)) in segments.iter().enumerate() {
+    for (i, (first_tx, path)) in segments.iter().enumerate() {
         let shown = path.display().to_string();
         let (file, len) = fs
             .open_read(path)
@@ -209,6 +219,14 @@ pub(crate) fn replay(
                 %reason,
                 "dropping the torn tail of the WAL (an unacknowledged write cut short by a crash)"
             );
+            if len < MAGIC.len() as u64 {
+                // Created but cut off before its header was whole: it holds nothing, and
+                // cutting it to its header's length would fill that with zeros.
+                fs.remove(path)
+                    .and_then(|_| fs.sync_dir(dir))
+                    .map_err(io_err(format!("removing the headless WAL segment {shown}")))?;
+                continue;
+            }
             bytes = (*offset).max(MAGIC.len() as u64);
             fs.truncate(path, bytes)
                 .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
@@ -220,6 +238,7 @@ pub(crate) fn replay(
             fs.sync_file(path)
                 .map_err(io_err(format!("syncing WAL segment {shown}")))?;
         }
+        replayed.newest_segment = *first_tx;
         kept.push(KeptSegment {
             last_tx,
             path: path.clone(),
@@ -377,6 +396,9 @@ impl Wal {
     /// Starts a new segment for the transactions appended from now on, so that the current
     /// one can be deleted once everything in it is persisted.
     pub(crate) fn rotate(&self) -> Result<()> {
+        // After a failed fsync nothing may look durable: rotating would sync the segment and
+        // advance the durable position past writes already reported failed.
+        self.check_poisoned()?;
         let mut w = self.writer.lock();
         if w.current.last_tx == 0 {
             return Ok(());
@@ -516,5 +538,27 @@ mod tests {
             matches!(&err, Error::WalCorrupt { segment, .. } if segment.contains("00000000000000000001")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_headless_last_segment_is_removed_and_new_segments_are_named_after_the_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        wal.sync(wal.append(1, b"a").unwrap()).unwrap();
+        wal.rotate().unwrap();
+        drop(wal);
+        // A segment whose creation was cut off after half its header (a full disk, a crash).
+        fs::write(segment_path(dir.path(), 7), &MAGIC[..4]).unwrap();
+        let (replayed, kept) = replay(&OsFs, dir.path(), 0, |_, _, _| Ok(())).unwrap();
+        assert_eq!((replayed.records, replayed.last_tx), (1, 1));
+        assert!(
+            !segment_path(dir.path(), 7).exists(),
+            "headless segment left"
+        );
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        // Segment 2 holds nothing yet: whatever comes next is named at or after it.
+        assert_eq!(replayed.newest_segment, 2);
+        let (again, _) = replay(&OsFs, dir.path(), 0, |_, _, _| Ok(())).unwrap();
+        assert_eq!(again.records, 1, "the second open reads what the first did");
     }
 }
