@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 use crate::decode::{Flat, SampleRef, ValidProfile};
 use crate::error::{Error, Result};
 use crate::schema::SERIES_BUCKET_MS;
-use crate::symbols::{FunctionRow, LineRow, MappingRow, Writer, symbol_id};
+use crate::symbols::{FunctionRow, LineRow, MappingRow, StackKey, Writer, symbol_id};
 
 /// Maps keyed by what a profile holds: foldhash, not SipHash (no untrusted key can cost more
 /// than the profile's own size, which the limits bound).
@@ -137,6 +137,8 @@ pub(crate) struct Prepared<'p> {
     /// Deltas' states to keep once the profile is stored.
     pub(crate) delta_states: Vec<(String, HashMap<Fingerprint, i64>)>,
     timestamp: i64,
+    /// Each group's stack content key (0 for groups without rows).
+    keys: Vec<StackKey>,
 }
 
 /// What [`Prepared::intern`] has found so far in one partition: the partition's index of
@@ -256,6 +258,7 @@ pub(crate) fn prepare<'p>(
         span_rows: Vec::new(),
         delta_states: Vec::new(),
         timestamp,
+        keys: Vec::new(),
     };
 
     // Deltas of cumulative types; the first profile of a series is their baseline.
@@ -309,7 +312,33 @@ pub(crate) fn prepare<'p>(
             ),
         }
     }
+    prepared.keys = prepared.stack_keys()?;
     Ok(prepared)
+}
+
+/// A mapping's has_functions, has_filenames, has_line_numbers and has_inline_frames as bits
+/// 0 to 3.
+fn mapping_flags(m: &crate::proto::Mapping) -> u8 {
+    u8::from(m.has_functions)
+        | (u8::from(m.has_filenames) << 1)
+        | (u8::from(m.has_line_numbers) << 2)
+        | (u8::from(m.has_inline_frames) << 3)
+}
+
+/// Appends `s` to `buf`, length first, so that consecutive strings cannot run together.
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn content_key(buf: &[u8]) -> StackKey {
+    twox_hash::XxHash3_128::oneshot(buf)
+}
+
+fn dangling(what: &str, id: u64) -> Error {
+    Error::Corrupt(format!(
+        "a validated profile refers to {what} {id}, which it lacks"
+    ))
 }
 
 /// Adds a sample's `values` (one per type) to row `row` of `table` (`types` per row).
@@ -457,6 +486,94 @@ impl Prepared<'_> {
             .collect()
     }
 
+    /// The content key of each group's stack (0 for groups without rows): a 128-bit hash
+    /// of every field the symbol tables store for its frames (each location's mapping,
+    /// address, folding and lines, each line's function and number, each function's
+    /// strings and start line), so equal stacks have equal keys whatever ids and string
+    /// indices their profiles gave them. Functions, mappings and locations are hashed once
+    /// per profile; a stack's key hashes its locations' keys.
+    ///
+    /// The store finds a known stack by its key alone. Two different stacks of one
+    /// partition sharing a key (odds about n²/2¹²⁹ for n stacks) would be stored as one.
+    fn stack_keys(&self) -> Result<Vec<StackKey>> {
+        let p = self.profile.flat();
+        let crate::decode::Ids {
+            locations,
+            functions,
+            mappings,
+        } = &self.profile.ids;
+        let mut function_keys: Vec<Option<StackKey>> = vec![None; p.function.len()];
+        let mut mapping_keys: Vec<Option<StackKey>> = vec![None; p.mapping.len()];
+        let mut location_keys: Vec<Option<StackKey>> = vec![None; p.locations().len()];
+        let mut keys = vec![0; self.groups.len()];
+        let mut buf: Vec<u8> = Vec::with_capacity(256);
+        let mut stack: Vec<u8> = Vec::with_capacity(512);
+        for &(_, g, _) in &self.rows {
+            let g = g as usize;
+            if keys[g] != 0 {
+                continue;
+            }
+            stack.clear();
+            for &id in p.sample(self.groups[g].sample).location_id {
+                let li = locations.get(id).ok_or_else(|| dangling("location", id))?;
+                let key = match location_keys[li] {
+                    Some(key) => key,
+                    None => {
+                        let l = p.location(li);
+                        let mapping = if l.mapping_id == 0 {
+                            0
+                        } else {
+                            let mi = mappings
+                                .get(l.mapping_id)
+                                .ok_or_else(|| dangling("mapping", l.mapping_id))?;
+                            *mapping_keys[mi].get_or_insert_with(|| {
+                                let m = &p.mapping[mi];
+                                buf.clear();
+                                buf.extend_from_slice(&m.memory_start.to_le_bytes());
+                                buf.extend_from_slice(&m.memory_limit.to_le_bytes());
+                                buf.extend_from_slice(&m.file_offset.to_le_bytes());
+                                put_str(&mut buf, text(p, m.filename));
+                                put_str(&mut buf, text(p, m.build_id));
+                                buf.push(mapping_flags(m));
+                                // Never 0, the key of "no mapping".
+                                content_key(&buf) | 1
+                            })
+                        };
+                        let mut line_keys = Vec::with_capacity(l.line.len());
+                        for line in l.line {
+                            let fi = functions
+                                .get(line.function_id)
+                                .ok_or_else(|| dangling("function", line.function_id))?;
+                            let f = *function_keys[fi].get_or_insert_with(|| {
+                                let f = &p.function[fi];
+                                buf.clear();
+                                put_str(&mut buf, text(p, f.name));
+                                put_str(&mut buf, text(p, f.system_name));
+                                put_str(&mut buf, text(p, f.filename));
+                                buf.extend_from_slice(&f.start_line.to_le_bytes());
+                                content_key(&buf)
+                            });
+                            line_keys.push((f, line.line));
+                        }
+                        buf.clear();
+                        buf.extend_from_slice(&mapping.to_le_bytes());
+                        buf.extend_from_slice(&l.address.to_le_bytes());
+                        buf.push(u8::from(l.is_folded));
+                        for (f, line) in line_keys {
+                            buf.extend_from_slice(&f.to_le_bytes());
+                            buf.extend_from_slice(&line.to_le_bytes());
+                        }
+                        *location_keys[li].insert(content_key(&buf))
+                    }
+                };
+                stack.extend_from_slice(&key.to_le_bytes());
+            }
+            // Never 0, which marks groups without rows.
+            keys[g] = content_key(&stack).max(1);
+        }
+        Ok(keys)
+    }
+
     /// Step 2: the stack of every group that has a row, interned into the writer's
     /// partition (`u32::MAX` for groups without rows); `None` when the profile has symbols
     /// the partition lacks and the writer only looks up. What was found is kept in `state`:
@@ -521,13 +638,13 @@ impl Prepared<'_> {
         }
         let mut lines: Vec<LineRow> = Vec::new();
         let mut stack: Vec<u32> = Vec::new();
-        let dangling = |what: &str, id: u64| {
-            Error::Corrupt(format!(
-                "a validated profile refers to {what} {id}, which it lacks"
-            ))
-        };
         'groups: for &(_, g, _) in &self.rows {
             if out[g as usize] != NONE {
+                continue;
+            }
+            // A stack the partition has is found by its key: its frames are not looked up.
+            if let Some(i) = writer.find_stack(self.keys[g as usize]) {
+                out[g as usize] = i;
                 continue;
             }
             stack.clear();
@@ -549,10 +666,7 @@ impl Prepared<'_> {
                                 file_offset: m.file_offset,
                                 filename: known!('groups, string(writer, m.filename)),
                                 build_id: known!('groups, string(writer, m.build_id)),
-                                flags: u8::from(m.has_functions)
-                                    | (u8::from(m.has_filenames) << 1)
-                                    | (u8::from(m.has_line_numbers) << 2)
-                                    | (u8::from(m.has_inline_frames) << 3),
+                                flags: mapping_flags(m),
                             };
                             mapping_ix[mi] = known!('groups, writer.mapping(row));
                         }
@@ -580,7 +694,7 @@ impl Prepared<'_> {
                 }
                 stack.push(location_ix[li]);
             }
-            out[g as usize] = known!('groups, writer.stack(&stack));
+            out[g as usize] = known!('groups, writer.stack(self.keys[g as usize], &stack));
         }
         // Once whole, the stacks are the caller's; the state is not read again.
         Ok((!missing).then(|| std::mem::take(out)))

@@ -117,6 +117,31 @@ fn malformed_profiles_get_errors_naming_the_problem() {
 }
 
 #[test]
+fn several_gzip_members_and_lying_trailers_decode_as_a_stream_would() {
+    let ok = minimal().encode_to_vec();
+    let limits = Limits::default();
+    // A profile split over two gzip members (as `cat a.gz b.gz` makes) is one profile.
+    let (a, b) = ok.split_at(ok.len() / 2);
+    let mut two = gzip(a);
+    two.extend(gzip(b));
+    assert_eq!(decode(&two, &limits).unwrap().into_inner(), minimal());
+    // A trailer stating a wrong size is caught by the stream's own check.
+    let mut lying = gzip(&ok);
+    let n = lying.len();
+    lying[n - 4..].copy_from_slice(&3u32.to_le_bytes());
+    assert!(matches!(decode(&lying, &limits), Err(Error::Gzip(_))));
+    // A bomb whose trailer claims a few bytes still stops at the limit.
+    let mut bomb = gzip(&vec![0u8; 8 << 20]);
+    let n = bomb.len();
+    bomb[n - 4..].copy_from_slice(&100u32.to_le_bytes());
+    let small = Limits {
+        max_decompressed_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    assert!(matches!(decode(&bomb, &small), Err(Error::TooLarge { .. })));
+}
+
+#[test]
 fn bombs_and_huge_profiles_hit_the_limits() {
     // 64 MiB of zeros gzip to about 64 KiB.
     let bomb = gzip(&vec![0u8; 64 << 20]);

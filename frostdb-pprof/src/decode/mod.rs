@@ -67,7 +67,11 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
         }
         return Ok(std::borrow::Cow::Borrowed(bytes));
     }
-    // pprof compresses about 4:1; one allocation is usually enough.
+    if let Some(out) = inflate_whole(bytes, limit) {
+        return Ok(std::borrow::Cow::Owned(out));
+    }
+    // Several members, a trailer that does not tell the size, or damage: stream, which
+    // stops at the limit and names what is wrong. pprof compresses about 4:1.
     let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(limit));
     let mut decoder =
         flate2::read::MultiGzDecoder::new(bytes).take((limit as u64).saturating_add(1));
@@ -81,6 +85,43 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
         });
     }
     Ok(std::borrow::Cow::Owned(out))
+}
+
+/// A gzip stream of one member with the plain 10-byte header (what Go's and Python's
+/// writers produce) inflated by a per-thread inflater (its state and window are reused, not
+/// allocated and zeroed per profile: a fifth less time on profiles of a few KiB) into a
+/// buffer of the size its trailer states. `None`, for the caller to stream instead, when
+/// that size is over `limit`, the header has optional fields, or the result is anything
+/// but one whole member ending where the input ends with the stated checksum and size.
+fn inflate_whole(bytes: &[u8], limit: usize) -> Option<Vec<u8>> {
+    thread_local! {
+        static INFLATER: std::cell::RefCell<flate2::Decompress> =
+            std::cell::RefCell::new(flate2::Decompress::new(false));
+    }
+    const HEADER: usize = 10;
+    // Magic, deflate, no flags.
+    if bytes.len() < HEADER + 8 || bytes[..4] != [0x1f, 0x8b, 8, 0] {
+        return None;
+    }
+    let (body, trailer) = bytes[HEADER..].split_at(bytes.len() - HEADER - 8);
+    let crc = u32::from_le_bytes(trailer[..4].try_into().ok()?);
+    let size = u32::from_le_bytes(trailer[4..].try_into().ok()?) as usize;
+    if size > limit {
+        return None;
+    }
+    let mut out = Vec::with_capacity(size);
+    INFLATER.with(|inflater| {
+        let mut inflater = inflater.borrow_mut();
+        inflater.reset(false);
+        let status = inflater
+            .decompress_vec(body, &mut out, flate2::FlushDecompress::Finish)
+            .ok()?;
+        let whole = status == flate2::Status::StreamEnd && inflater.total_in() == body.len() as u64;
+        whole.then_some(())
+    })?;
+    let mut check = flate2::Crc::new();
+    check.update(&out);
+    (out.len() == size && check.sum() == crc).then_some(out)
 }
 
 /// A profile whose every reference has been checked (by [`validate`] or [`decode`]): the

@@ -24,7 +24,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::error::{Error, Result};
 use partition::LocationRow;
 pub use partition::Partition;
-pub(crate) use partition::{Counts, FunctionRow, LineRow, MappingRow, Writer};
+pub(crate) use partition::{Counts, FunctionRow, LineRow, MappingRow, StackKey, Writer};
 pub(crate) use tables::SymbolTables;
 
 /// The id of a symbol: its partition in the high 32 bits, its index in the low 32.

@@ -61,6 +61,13 @@ pub(crate) struct Counts {
 
 type Hasher = foldhash::fast::FixedState;
 
+/// A stack's content key: a 128-bit hash of everything its frames hold (see
+/// [`crate::normalize`]), equal for equal stacks whichever profile sends them.
+pub(crate) type StackKey = u128;
+
+/// Bytes of an entry of the stack index.
+const STACK_SLOT: usize = std::mem::size_of::<(StackKey, u32)>();
+
 /// The writer's side of the current partition.
 pub(crate) struct Indexes {
     hasher: Hasher,
@@ -68,7 +75,9 @@ pub(crate) struct Indexes {
     mappings: HashTable<u32>,
     functions: HashTable<u32>,
     locations: HashTable<u32>,
-    stacks: HashTable<u32>,
+    /// Stacks by content key, so that a known stack is found with one probe, without
+    /// interning its frames' strings, functions and locations first.
+    stacks: HashTable<(StackKey, u32)>,
 }
 
 impl Default for Indexes {
@@ -167,9 +176,9 @@ impl Partition {
             let slots = indexes.strings.len()
                 + indexes.mappings.len()
                 + indexes.functions.len()
-                + indexes.locations.len()
-                + indexes.stacks.len();
-            self.bytes.fetch_sub(slots * 8, Ordering::Relaxed);
+                + indexes.locations.len();
+            let bytes = slots * 8 + indexes.stacks.len() * STACK_SLOT;
+            self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
     }
 
@@ -387,18 +396,30 @@ impl Writer<'_> {
         )
     }
 
-    /// The index of the stack of locations `locations` (leaf first), added if new.
-    pub(crate) fn stack(&mut self, locations: &[u32]) -> Result<Option<u32>> {
+    /// The index of the stack whose content key is `key`, if the partition has it.
+    pub(crate) fn find_stack(&self, key: StackKey) -> Option<u32> {
+        self.indexes()
+            .stacks
+            .find(key as u64, |&(k, _)| k == key)
+            .map(|&(_, i)| i)
+    }
+
+    /// The index of the stack with content key `key`, of locations `locations` (leaf
+    /// first), added if new.
+    pub(crate) fn stack(&mut self, key: StackKey, locations: &[u32]) -> Result<Option<u32>> {
+        if let Some(i) = self.find_stack(key) {
+            return Ok(Some(i));
+        }
         let p = self.partition;
-        let hasher = self.indexes().hasher.clone();
-        self.find_or_add(
-            Table::Stacks,
-            hasher.hash_one(locations),
-            |i| p.stack(i) == Some(locations),
-            p.stacks.count(),
-            || p.push_stack(locations.into()),
-            |j| hasher.hash_one(p.stack(j).unwrap_or_default()),
-        )
+        let Some(ix) = self.exclusive() else {
+            return Ok(None);
+        };
+        let i = index_of(p.stacks.count())?;
+        p.push_stack(locations.into());
+        ix.stacks
+            .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
+        p.grow(STACK_SLOT);
+        Ok(Some(i))
     }
 }
 
@@ -409,7 +430,6 @@ enum Table {
     Mappings,
     Functions,
     Locations,
-    Stacks,
 }
 
 impl Indexes {
@@ -419,7 +439,6 @@ impl Indexes {
             Table::Mappings => &self.mappings,
             Table::Functions => &self.functions,
             Table::Locations => &self.locations,
-            Table::Stacks => &self.stacks,
         }
     }
 
@@ -429,7 +448,6 @@ impl Indexes {
             Table::Mappings => &mut self.mappings,
             Table::Functions => &mut self.functions,
             Table::Locations => &mut self.locations,
-            Table::Stacks => &mut self.stacks,
         }
     }
 }
