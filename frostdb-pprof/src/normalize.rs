@@ -506,7 +506,9 @@ impl Prepared<'_> {
         let mut mapping_keys: Vec<Option<StackKey>> = vec![None; p.mapping.len()];
         let mut location_keys: Vec<Option<StackKey>> = vec![None; p.locations().len()];
         let mut keys = vec![0; self.groups.len()];
+        // Bytes of the function or mapping, the location and the stack being keyed.
         let mut buf: Vec<u8> = Vec::with_capacity(256);
+        let mut location: Vec<u8> = Vec::with_capacity(256);
         let mut stack: Vec<u8> = Vec::with_capacity(512);
         for &(_, g, _) in &self.rows {
             let g = g as usize;
@@ -539,7 +541,10 @@ impl Prepared<'_> {
                                 content_key(&buf) | 1
                             })
                         };
-                        let mut line_keys = Vec::with_capacity(l.line.len());
+                        location.clear();
+                        location.extend_from_slice(&mapping.to_le_bytes());
+                        location.extend_from_slice(&l.address.to_le_bytes());
+                        location.push(u8::from(l.is_folded));
                         for line in l.line {
                             let fi = functions
                                 .get(line.function_id)
@@ -553,17 +558,10 @@ impl Prepared<'_> {
                                 buf.extend_from_slice(&f.start_line.to_le_bytes());
                                 content_key(&buf)
                             });
-                            line_keys.push((f, line.line));
+                            location.extend_from_slice(&f.to_le_bytes());
+                            location.extend_from_slice(&line.line.to_le_bytes());
                         }
-                        buf.clear();
-                        buf.extend_from_slice(&mapping.to_le_bytes());
-                        buf.extend_from_slice(&l.address.to_le_bytes());
-                        buf.push(u8::from(l.is_folded));
-                        for (f, line) in line_keys {
-                            buf.extend_from_slice(&f.to_le_bytes());
-                            buf.extend_from_slice(&line.to_le_bytes());
-                        }
-                        *location_keys[li].insert(content_key(&buf))
+                        *location_keys[li].insert(content_key(&location))
                     }
                 };
                 stack.extend_from_slice(&key.to_le_bytes());
