@@ -3,7 +3,9 @@
 //!
 //! The current partition takes new symbols: its indexes (hash tables of indices, hashed and
 //! compared against the stored rows, so nothing is kept twice) answer "do I have this one
-//! already?" for the writer. Rows live in append-only vectors whose elements never move, so
+//! already?" for the writer. Stacks are indexed by a 128-bit content key instead (see
+//! `Prepared::stack_keys`), so a profile whose stacks the partition has finds each with one
+//! probe and never looks up its frames. Rows live in append-only vectors whose elements never move, so
 //! readers resolve indices without any lock while the writer appends. A closed partition has
 //! no indexes; one loaded from the symbol tables is built the same way.
 
