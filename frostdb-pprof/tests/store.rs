@@ -698,3 +698,126 @@ fn a_store_whose_labels_sort_by_name_opens_as_it_was_made() {
     let sample_total: i64 = one.into_inner().sample.iter().map(|s| s.value[1]).sum();
     assert_eq!(merged.total(), 2 * sample_total);
 }
+
+/// `p` with every id and string index renumbered (ids scaled and shifted, the string table
+/// reversed after its empty first entry): the same profile, as another writer numbers it.
+fn renumbered(mut p: frostdb_pprof::proto::Profile) -> frostdb_pprof::proto::Profile {
+    let n = p.string_table.len() as i64;
+    let s = |i: &mut i64| {
+        if *i > 0 {
+            *i = n - *i;
+        }
+    };
+    p.string_table[1..].reverse();
+    for t in p.sample_type.iter_mut().chain(p.period_type.as_mut()) {
+        s(&mut t.r#type);
+        s(&mut t.unit);
+    }
+    for m in &mut p.mapping {
+        m.id = m.id * 7 + 3;
+        s(&mut m.filename);
+        s(&mut m.build_id);
+    }
+    for f in &mut p.function {
+        f.id = f.id * 5 + 11;
+        s(&mut f.name);
+        s(&mut f.system_name);
+        s(&mut f.filename);
+    }
+    for l in &mut p.location {
+        l.id = l.id * 3 + 1000;
+        if l.mapping_id != 0 {
+            l.mapping_id = l.mapping_id * 7 + 3;
+        }
+        for line in &mut l.line {
+            line.function_id = line.function_id * 5 + 11;
+        }
+    }
+    p.location.reverse();
+    for sample in &mut p.sample {
+        for id in &mut sample.location_id {
+            *id = *id * 3 + 1000;
+        }
+        for label in &mut sample.label {
+            s(&mut label.key);
+            s(&mut label.str);
+            s(&mut label.num_unit);
+        }
+    }
+    for i in [
+        &mut p.drop_frames,
+        &mut p.keep_frames,
+        &mut p.default_sample_type,
+    ] {
+        s(i);
+    }
+    p.comment.iter_mut().for_each(s);
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_frame_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let limits = Limits::default();
+    let original = decode(&file("goapp__go119-cpu-2s.pb.gz"), &limits)
+        .unwrap()
+        .into_inner();
+    let ingest = |p: frostdb_pprof::proto::Profile| {
+        let p = frostdb_pprof::validate(p, &limits).unwrap();
+        store
+            .ingest_profile(&p, &options("process_cpu", &[("job", "goapp")]))
+            .unwrap()
+    };
+    let first = ingest(original.clone());
+    assert!(first.new_stacks > 0);
+    // Renumbered, every stack is one the store has.
+    assert_eq!(ingest(renumbered(original.clone())).new_stacks, 0);
+    // One function moved to another file: the stacks through it are new, the others not.
+    let mut moved = original.clone();
+    let leaf = moved.sample[0].location_id[0];
+    let function = moved
+        .location
+        .iter()
+        .find(|l| l.id == leaf)
+        .map(|l| l.line[0].function_id)
+        .unwrap();
+    moved.string_table.push("elsewhere.go".into());
+    let elsewhere = moved.string_table.len() as i64 - 1;
+    moved
+        .function
+        .iter_mut()
+        .find(|f| f.id == function)
+        .unwrap()
+        .filename = elsewhere;
+    let through: usize = {
+        let locations: std::collections::HashSet<u64> = moved
+            .location
+            .iter()
+            .filter(|l| l.line.iter().any(|line| line.function_id == function))
+            .map(|l| l.id)
+            .collect();
+        let stacks: std::collections::HashSet<&Vec<u64>> = moved
+            .sample
+            .iter()
+            .filter(|s| s.value.iter().any(|v| *v != 0))
+            .filter(|s| s.location_id.iter().any(|id| locations.contains(id)))
+            .map(|s| &s.location_id)
+            .collect();
+        stacks.len()
+    };
+    assert!(through > 0);
+    assert_eq!(ingest(moved).new_stacks, through);
+    // Each stored stack is named by its own frames: the three profiles merge to three times
+    // the first's total.
+    let merged = store
+        .merge(
+            &Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap(),
+            TimeRange::ALL,
+        )
+        .unwrap();
+    let total: i64 = merged.samples.iter().map(|(_, v)| v).sum();
+    let first_total: i64 = original.sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(total, 3 * first_total);
+}
