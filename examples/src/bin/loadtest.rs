@@ -60,13 +60,40 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Per profile type id: the value total of the pushed files.
 type Totals = BTreeMap<String, i64>;
 
-/// One file to push: where it is, its series, and its value total per profile type
-/// (computed before the run, so the load generator spends its CPU on pushing).
+/// One file to push: where it is, its series, its value total per profile type and the
+/// push request carrying it (both made before the run, so the load generator spends its CPU
+/// on sending, not on reading files and encoding: the small fleet's requests hold about
+/// 1 GB).
 struct Job {
     path: PathBuf,
     name: String,
     labels: Vec<(String, String)>,
     totals: Vec<(String, i64)>,
+    body: axum::body::Bytes,
+    /// Bytes of the pprof file in `body`.
+    size: usize,
+}
+
+/// The Push API request for `job`'s file, `raw`.
+fn push_body(job: &Job, raw: Vec<u8>) -> axum::body::Bytes {
+    let mut labels = vec![push::LabelPair {
+        name: "__name__".into(),
+        value: job.name.clone(),
+    }];
+    labels.extend(job.labels.iter().map(|(k, v)| push::LabelPair {
+        name: k.clone(),
+        value: v.clone(),
+    }));
+    let request = push::PushRequest {
+        series: vec![push::RawProfileSeries {
+            labels,
+            samples: vec![push::RawSample {
+                raw_profile: raw,
+                id: String::new(),
+            }],
+        }],
+    };
+    request.encode_to_vec().into()
 }
 
 /// The files of `DATA/pprof/index.tsv` (shared/bench's `gen_fleet.py --pprof`): file,
@@ -102,6 +129,8 @@ fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
             name,
             labels: pairs,
             totals: Vec::new(),
+            body: axum::body::Bytes::new(),
+            size: 0,
         });
     }
     Ok(jobs)
@@ -141,6 +170,8 @@ fn precompute(jobs: &mut [Job]) -> Result<(), String> {
                             .map_err(|e| format!("{}: {e}", job.path.display()))?;
                         job.totals = totals_of(&job.name, &bytes)
                             .map_err(|e| format!("{}: {e}", job.path.display()))?;
+                        job.size = bytes.len();
+                        job.body = push_body(job, bytes);
                     }
                     Ok(())
                 })
@@ -157,7 +188,7 @@ async fn run(args: Args) -> Result<bool, String> {
     let t = Instant::now();
     precompute(&mut jobs)?;
     eprintln!(
-        "expected totals of {} files computed in {:.1} s",
+        "expected totals and requests of {} files made in {:.1} s",
         jobs.len(),
         t.elapsed().as_secs_f64()
     );
@@ -198,38 +229,13 @@ async fn run(args: Args) -> Result<bool, String> {
             while Instant::now() < deadline {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(i) else { break };
-                let raw = match tokio::fs::read(&job.path).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        rejected.lock().push(format!("{}: {e}", job.path.display()));
-                        continue;
-                    }
-                };
-                let mut labels = vec![push::LabelPair {
-                    name: "__name__".into(),
-                    value: job.name.clone(),
-                }];
-                labels.extend(job.labels.iter().map(|(k, v)| push::LabelPair {
-                    name: k.clone(),
-                    value: v.clone(),
-                }));
-                let request = push::PushRequest {
-                    series: vec![push::RawProfileSeries {
-                        labels,
-                        samples: vec![push::RawSample {
-                            raw_profile: raw,
-                            id: String::new(),
-                        }],
-                    }],
-                };
-                let body = request.encode_to_vec();
-                let size = request.series[0].samples[0].raw_profile.len();
+                let size = job.size;
                 let t = Instant::now();
                 let response = client
                     .post(&url)
                     .header("content-type", "application/proto")
                     .header("x-scope-orgid", &tenant)
-                    .body(body)
+                    .body(job.body.clone())
                     .send()
                     .await;
                 let ms = t.elapsed().as_secs_f64() * 1e3;
