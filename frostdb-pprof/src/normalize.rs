@@ -9,7 +9,7 @@
 //! 3. [`Prepared::samples`]: the rows as one Arrow batch, dictionary-encoded already.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, Hash, Hasher as _};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -137,7 +137,7 @@ pub(crate) struct Prepared<'p> {
     /// Deltas' states to keep once the profile is stored.
     pub(crate) delta_states: Vec<(String, HashMap<Fingerprint, i64>)>,
     timestamp: i64,
-    /// Each group's stack content key (0 for groups without rows).
+    /// Each group's stack content key.
     keys: Vec<StackKey>,
 }
 
@@ -263,6 +263,7 @@ pub(crate) fn prepare<'p>(
 
     // Deltas of cumulative types; the first profile of a series is their baseline.
     let cumulative = |t: usize| is_cumulative(or(text(p, p.sample_type[t].r#type), "samples"));
+    prepared.keys = prepared.stack_keys()?;
     let fingerprints: Option<Vec<Fingerprint>> =
         (options.delta && (0..types).any(cumulative)).then(|| prepared.fingerprints());
     for t in 0..types {
@@ -312,7 +313,6 @@ pub(crate) fn prepare<'p>(
             ),
         }
     }
-    prepared.keys = prepared.stack_keys()?;
     Ok(prepared)
 }
 
@@ -333,12 +333,6 @@ fn put_str(buf: &mut Vec<u8>, s: &str) {
 
 fn content_key(buf: &[u8]) -> StackKey {
     twox_hash::XxHash3_128::oneshot(buf)
-}
-
-fn dangling(what: &str, id: u64) -> Error {
-    Error::Corrupt(format!(
-        "a validated profile refers to {what} {id}, which it lacks"
-    ))
 }
 
 /// Adds a sample's `values` (one per type) to row `row` of `table` (`types` per row).
@@ -439,54 +433,25 @@ impl Prepared<'_> {
         self.rows.is_empty()
     }
 
-    /// Content fingerprints of the groups: their stacks' functions, lines, addresses and
-    /// binaries, and their labels.
+    /// Content fingerprints of the groups: their stacks' keys and their labels.
     fn fingerprints(&self) -> Vec<Fingerprint> {
-        let p = self.profile.flat();
-        let crate::decode::Ids {
-            locations,
-            functions,
-            mappings,
-        } = &self.profile.ids;
-        let seeds = [
-            foldhash::fast::FixedState::with_seed(1),
-            foldhash::fast::FixedState::with_seed(2),
-        ];
+        let mut buf = Vec::new();
         self.groups
             .iter()
-            .map(|g| {
-                let halves = seeds.clone().map(|seed| {
-                    let mut h = seed.build_hasher();
-                    for id in p.sample(g.sample).location_id {
-                        let Some(l) = locations.get(*id).map(|i| p.location(i)) else {
-                            continue;
-                        };
-                        l.address.hash(&mut h);
-                        if let Some(m) = mappings.get(l.mapping_id).and_then(|i| p.mapping.get(i)) {
-                            text(p, m.filename).hash(&mut h);
-                            text(p, m.build_id).hash(&mut h);
-                        }
-                        for line in l.line {
-                            line.line.hash(&mut h);
-                            if let Some(f) = functions
-                                .get(line.function_id)
-                                .and_then(|i| p.function.get(i))
-                            {
-                                text(p, f.name).hash(&mut h);
-                                text(p, f.filename).hash(&mut h);
-                            }
-                        }
-                        h.write_u8(0xff);
-                    }
-                    self.label_sets[g.labels as usize].hash(&mut h);
-                    h.finish()
-                });
-                (u128::from(halves[0]) << 64) | u128::from(halves[1])
+            .zip(&self.keys)
+            .map(|(g, key)| {
+                buf.clear();
+                buf.extend_from_slice(&key.to_le_bytes());
+                for (k, v) in &self.label_sets[g.labels as usize] {
+                    put_str(&mut buf, k);
+                    put_str(&mut buf, v);
+                }
+                content_key(&buf)
             })
             .collect()
     }
 
-    /// The content key of each group's stack (0 for groups without rows): a 128-bit hash
+    /// The content key of each group's stack: a 128-bit hash
     /// of every field the symbol tables store for its frames (each location's mapping,
     /// address, folding and lines, each line's function and number, each function's
     /// strings and start line), so equal stacks have equal keys whatever ids and string
@@ -497,27 +462,19 @@ impl Prepared<'_> {
     /// partition sharing a key (odds about n²/2¹²⁹ for n stacks) would be stored as one.
     fn stack_keys(&self) -> Result<Vec<StackKey>> {
         let p = self.profile.flat();
-        let crate::decode::Ids {
-            locations,
-            functions,
-            mappings,
-        } = &self.profile.ids;
+        let ids = &self.profile.ids;
         let mut function_keys: Vec<Option<StackKey>> = vec![None; p.function.len()];
         let mut mapping_keys: Vec<Option<StackKey>> = vec![None; p.mapping.len()];
         let mut location_keys: Vec<Option<StackKey>> = vec![None; p.locations().len()];
-        let mut keys = vec![0; self.groups.len()];
+        let mut keys = Vec::with_capacity(self.groups.len());
         // Bytes of the function or mapping, the location and the stack being keyed.
         let mut buf: Vec<u8> = Vec::with_capacity(256);
         let mut location: Vec<u8> = Vec::with_capacity(256);
         let mut stack: Vec<u8> = Vec::with_capacity(512);
-        for &(_, g, _) in &self.rows {
-            let g = g as usize;
-            if keys[g] != 0 {
-                continue;
-            }
+        for group in &self.groups {
             stack.clear();
-            for &id in p.sample(self.groups[g].sample).location_id {
-                let li = locations.get(id).ok_or_else(|| dangling("location", id))?;
+            for &id in p.sample(group.sample).location_id {
+                let li = ids.location(id)?;
                 let key = match location_keys[li] {
                     Some(key) => key,
                     None => {
@@ -525,9 +482,7 @@ impl Prepared<'_> {
                         let mapping = if l.mapping_id == 0 {
                             0
                         } else {
-                            let mi = mappings
-                                .get(l.mapping_id)
-                                .ok_or_else(|| dangling("mapping", l.mapping_id))?;
+                            let mi = ids.mapping(l.mapping_id)?;
                             *mapping_keys[mi].get_or_insert_with(|| {
                                 let m = &p.mapping[mi];
                                 buf.clear();
@@ -546,9 +501,7 @@ impl Prepared<'_> {
                         location.extend_from_slice(&l.address.to_le_bytes());
                         location.push(u8::from(l.is_folded));
                         for line in l.line {
-                            let fi = functions
-                                .get(line.function_id)
-                                .ok_or_else(|| dangling("function", line.function_id))?;
+                            let fi = ids.function(line.function_id)?;
                             let f = *function_keys[fi].get_or_insert_with(|| {
                                 let f = &p.function[fi];
                                 buf.clear();
@@ -566,8 +519,7 @@ impl Prepared<'_> {
                 };
                 stack.extend_from_slice(&key.to_le_bytes());
             }
-            // Never 0, which marks groups without rows.
-            keys[g] = content_key(&stack).max(1);
+            keys.push(content_key(&stack));
         }
         Ok(keys)
     }
@@ -583,11 +535,7 @@ impl Prepared<'_> {
         state: &mut InternState,
     ) -> Result<Option<Vec<u32>>> {
         let p = self.profile.flat();
-        let crate::decode::Ids {
-            locations,
-            functions,
-            mappings,
-        } = &self.profile.ids;
+        let ids = &self.profile.ids;
         const NONE: u32 = u32::MAX;
         let partition = writer.partition_id();
         if state.partition != Some(partition) {
@@ -647,15 +595,13 @@ impl Prepared<'_> {
             }
             stack.clear();
             for &id in p.sample(self.groups[g as usize].sample).location_id {
-                let li = locations.get(id).ok_or_else(|| dangling("location", id))?;
+                let li = ids.location(id)?;
                 if location_ix[li] == NONE {
                     let l = p.location(li);
                     let mapping = if l.mapping_id == 0 {
                         0
                     } else {
-                        let mi = mappings
-                            .get(l.mapping_id)
-                            .ok_or_else(|| dangling("mapping", l.mapping_id))?;
+                        let mi = ids.mapping(l.mapping_id)?;
                         if mapping_ix[mi] == NONE {
                             let m = &p.mapping[mi];
                             let row = MappingRow {
@@ -672,9 +618,7 @@ impl Prepared<'_> {
                     };
                     lines.clear();
                     for line in l.line {
-                        let fi = functions
-                            .get(line.function_id)
-                            .ok_or_else(|| dangling("function", line.function_id))?;
+                        let fi = ids.function(line.function_id)?;
                         if function_ix[fi] == NONE {
                             let f = &p.function[fi];
                             let row = FunctionRow {

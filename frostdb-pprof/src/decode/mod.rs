@@ -237,6 +237,34 @@ pub(crate) struct Ids {
     pub(crate) locations: Positions,
 }
 
+impl Ids {
+    /// The position of mapping `id`.
+    pub(crate) fn mapping(&self, id: u64) -> Result<usize> {
+        self.mappings.get(id).ok_or_else(|| dangling("mapping", id))
+    }
+
+    /// The position of function `id`.
+    pub(crate) fn function(&self, id: u64) -> Result<usize> {
+        self.functions
+            .get(id)
+            .ok_or_else(|| dangling("function", id))
+    }
+
+    /// The position of location `id`.
+    pub(crate) fn location(&self, id: u64) -> Result<usize> {
+        self.locations
+            .get(id)
+            .ok_or_else(|| dangling("location", id))
+    }
+}
+
+/// An id [`check`] should have refused: a bug, not bad input.
+fn dangling(what: &str, id: u64) -> Error {
+    Error::Corrupt(format!(
+        "a validated profile refers to {what} {id}, which it lacks"
+    ))
+}
+
 /// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
     let raw = inflate(bytes, limits.max_decompressed_bytes)?;
