@@ -130,22 +130,23 @@ pub(crate) fn gather(
         let values: Vec<&GenericByteArray<T>> =
             arrays.iter().map(|d| d.values().as_bytes::<T>()).collect();
         let mut encoder = Encoder::<T>::with_capacity(indices.len());
-        let mut previous: Option<((usize, i32), i32)> = None;
+        // The output key of each input dictionary's values, once seen (-1 before): a row
+        // costs an index, not a hash of its value. Input dictionaries are compacted, so
+        // this is at most the input's size.
+        let mut seen: Vec<Vec<i32>> = values.iter().map(|v| vec![-1; v.len()]).collect();
         for &(a, row) in indices {
             let keys = arrays[a].keys();
-            let source = keys.value(row);
-            if keys.is_null(row) || values[a].is_null(source as usize) {
+            let source = keys.value(row) as usize;
+            if keys.is_null(row) || values[a].is_null(source) {
                 encoder.push_null();
                 continue;
             }
-            if let Some((pair, key)) = previous
-                && pair == (a, source)
-            {
-                encoder.repeat(key);
+            let slot = &mut seen[a][source];
+            if *slot >= 0 {
+                encoder.repeat(*slot);
                 continue;
             }
-            let key = encoder.push(values[a].value(source as usize))?;
-            previous = Some(((a, source), key));
+            *slot = encoder.push(values[a].value(source))?;
         }
         Ok(Arc::new(encoder.finish()?))
     }

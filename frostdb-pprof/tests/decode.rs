@@ -94,6 +94,24 @@ fn malformed_profiles_get_errors_naming_the_problem() {
             Box::new(|p| p.location.push(p.location[0].clone())),
             "location.id",
         ),
+        // Repeated and zero ids are refused whichever lookup the ids get: small ids out of
+        // order (a table by id), ids far larger than the count (a map).
+        (
+            Box::new(|p| {
+                let mut f = p.function[0].clone();
+                f.id = 0;
+                p.function.push(f);
+            }),
+            "function.id",
+        ),
+        (
+            Box::new(|p| {
+                p.location[0].id = 1 << 40;
+                p.sample[0].location_id = vec![1 << 40];
+                p.location.push(p.location[0].clone());
+            }),
+            "location.id",
+        ),
         (
             Box::new(|p| {
                 p.sample[0].label.push(frostdb_pprof::proto::Label {

@@ -699,9 +699,10 @@ fn a_store_whose_labels_sort_by_name_opens_as_it_was_made() {
     assert_eq!(merged.total(), 2 * sample_total);
 }
 
-/// `p` with every id and string index renumbered (ids scaled and shifted, the string table
-/// reversed after its empty first entry): the same profile, as another writer numbers it.
-fn renumbered(mut p: frostdb_pprof::proto::Profile) -> frostdb_pprof::proto::Profile {
+/// `p` with every id and string index renumbered (ids scaled by `scale` times a small prime
+/// and shifted, the string table reversed after its empty first entry): the same profile, as
+/// another writer numbers it.
+fn renumbered(mut p: frostdb_pprof::proto::Profile, scale: u64) -> frostdb_pprof::proto::Profile {
     let n = p.string_table.len() as i64;
     let s = |i: &mut i64| {
         if *i > 0 {
@@ -714,29 +715,29 @@ fn renumbered(mut p: frostdb_pprof::proto::Profile) -> frostdb_pprof::proto::Pro
         s(&mut t.unit);
     }
     for m in &mut p.mapping {
-        m.id = m.id * 7 + 3;
+        m.id = m.id * 7 * scale + 3;
         s(&mut m.filename);
         s(&mut m.build_id);
     }
     for f in &mut p.function {
-        f.id = f.id * 5 + 11;
+        f.id = f.id * 5 * scale + 11;
         s(&mut f.name);
         s(&mut f.system_name);
         s(&mut f.filename);
     }
     for l in &mut p.location {
-        l.id = l.id * 3 + 1000;
+        l.id = l.id * 3 * scale + 1000;
         if l.mapping_id != 0 {
-            l.mapping_id = l.mapping_id * 7 + 3;
+            l.mapping_id = l.mapping_id * 7 * scale + 3;
         }
         for line in &mut l.line {
-            line.function_id = line.function_id * 5 + 11;
+            line.function_id = line.function_id * 5 * scale + 11;
         }
     }
     p.location.reverse();
     for sample in &mut p.sample {
         for id in &mut sample.location_id {
-            *id = *id * 3 + 1000;
+            *id = *id * 3 * scale + 1000;
         }
         for label in &mut sample.label {
             s(&mut label.key);
@@ -772,8 +773,10 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     };
     let first = ingest(original.clone());
     assert!(first.new_stacks > 0);
-    // Renumbered, every stack is one the store has.
-    assert_eq!(ingest(renumbered(original.clone())).new_stacks, 0);
+    // Renumbered, every stack is one the store has: ids a few times the message count (looked
+    // up in a table by id) and ids far past it (looked up in a map).
+    assert_eq!(ingest(renumbered(original.clone(), 1)).new_stacks, 0);
+    assert_eq!(ingest(renumbered(original.clone(), 1 << 33)).new_stacks, 0);
     // One function moved to another file: the stacks through it are new, the others not.
     let mut moved = original.clone();
     let leaf = moved.sample[0].location_id[0];
@@ -809,7 +812,7 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     };
     assert!(through > 0);
     assert_eq!(ingest(moved).new_stacks, through);
-    // Each stored stack is named by its own frames: the three profiles merge to three times
+    // Each stored stack is named by its own frames: the four profiles merge to four times
     // the first's total.
     let merged = store
         .merge(
@@ -819,5 +822,5 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
         .unwrap();
     let total: i64 = merged.samples.iter().map(|(_, v)| v).sum();
     let first_total: i64 = original.sample.iter().map(|s| s.value[1]).sum();
-    assert_eq!(total, 3 * first_total);
+    assert_eq!(total, 4 * first_total);
 }

@@ -113,17 +113,35 @@ pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>
         });
     }
     if body.len() > COMPRESS_ABOVE {
-        let mut out = vec![FLAG_ZSTD];
-        zstd::stream::copy_encode(body.as_slice(), &mut out, 1).map_err(|e| Error::Io {
+        let compressed = compress(&body).map_err(|e| Error::Io {
             context: "compressing a WAL record".into(),
             source: e,
         })?;
+        let mut out = Vec::with_capacity(1 + compressed.len());
+        out.push(FLAG_ZSTD);
+        out.extend_from_slice(&compressed);
         return Ok(out);
     }
     let mut out = Vec::with_capacity(body.len() + 1);
     out.push(0);
     out.extend_from_slice(&body);
     Ok(out)
+}
+
+/// `body` as one zstd frame (level 1), by a compression context kept per thread: making one
+/// per record cost more than compressing.
+fn compress(body: &[u8]) -> std::io::Result<Vec<u8>> {
+    thread_local! {
+        static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    CONTEXT.with_borrow_mut(|context| {
+        let compressor = match context {
+            Some(c) => c,
+            None => context.insert(zstd::bulk::Compressor::new(1)?),
+        };
+        compressor.compress(body)
+    })
 }
 
 /// Reads a payload written by [`encode_entries`]: `(table, batch)` per write, or why it

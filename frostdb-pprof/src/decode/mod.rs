@@ -186,41 +186,84 @@ impl std::ops::Deref for ValidProfile {
     }
 }
 
-/// Positions of a profile's messages by id: ids are usually 1..=n in order (then the
-/// position is the id minus one, and no map is built); otherwise a map.
+/// Positions of a profile's messages by id. Ids are usually 1..=n in order (Go's writer):
+/// the position is the id minus one and nothing is built. Ids that are small but out of
+/// order or with gaps (a writer numbering functions by a global index) get a table indexed
+/// by id, at most [`Positions::DENSE_SLACK`] times the message count plus a constant; only
+/// larger ids (addresses, hashes) pay for a hash map.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Positions {
     len: usize,
-    sparse: Option<std::collections::HashMap<u64, usize, foldhash::fast::RandomState>>,
+    lookup: Lookup,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Lookup {
+    /// Id `i + 1` is at position `i`.
+    InOrder,
+    /// `table[id]` is the position of `id`, or `u32::MAX` when no message has it.
+    Table(Vec<u32>),
+    Map(std::collections::HashMap<u64, usize, foldhash::fast::RandomState>),
 }
 
 impl Positions {
+    /// A table indexed by id is used while the largest id is at most this many times the
+    /// message count plus [`Positions::DENSE_BASE`].
+    const DENSE_SLACK: u64 = 4;
+    const DENSE_BASE: u64 = 4096;
+
     /// The positions of `ids`, or the first id that is zero or repeated.
     fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> std::result::Result<Self, u64> {
         let len = ids.len();
-        if ids.clone().enumerate().all(|(i, id)| id == i as u64 + 1) {
-            return Ok(Self { len, sparse: None });
+        let (mut in_order, mut max) = (true, 0);
+        for (i, id) in ids.clone().enumerate() {
+            in_order &= id == i as u64 + 1;
+            max = max.max(id);
         }
-        let mut map = std::collections::HashMap::with_capacity_and_hasher(len, Default::default());
-        for (i, id) in ids.enumerate() {
-            if id == 0 || map.insert(id, i).is_some() {
-                return Err(id);
+        if in_order {
+            return Ok(Self {
+                len,
+                lookup: Lookup::InOrder,
+            });
+        }
+        let lookup = if max <= Self::DENSE_SLACK * len as u64 + Self::DENSE_BASE
+            && len < u32::MAX as usize
+        {
+            let mut table = vec![u32::MAX; max as usize + 1];
+            for (i, id) in ids.enumerate() {
+                let slot = &mut table[id as usize];
+                if id == 0 || *slot != u32::MAX {
+                    return Err(id);
+                }
+                *slot = i as u32;
             }
-        }
-        Ok(Self {
-            len,
-            sparse: Some(map),
-        })
+            Lookup::Table(table)
+        } else {
+            let mut map =
+                std::collections::HashMap::with_capacity_and_hasher(len, Default::default());
+            for (i, id) in ids.enumerate() {
+                if id == 0 || map.insert(id, i).is_some() {
+                    return Err(id);
+                }
+            }
+            Lookup::Map(map)
+        };
+        Ok(Self { len, lookup })
     }
 
     /// The position of `id`.
     pub(crate) fn get(&self, id: u64) -> Option<usize> {
-        match &self.sparse {
-            None => id
+        match &self.lookup {
+            Lookup::InOrder => id
                 .checked_sub(1)
                 .map(|i| i as usize)
                 .filter(|i| *i < self.len),
-            Some(map) => map.get(&id).copied(),
+            Lookup::Table(table) => usize::try_from(id)
+                .ok()
+                .and_then(|id| table.get(id))
+                .filter(|&&i| i != u32::MAX)
+                .map(|&i| i as usize),
+            Lookup::Map(map) => map.get(&id).copied(),
         }
     }
 
