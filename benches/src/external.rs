@@ -61,7 +61,7 @@ fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError
 const DEFAULT_THREADS: usize = 64;
 
 fn open_store(dir: &Path) -> Result<ProfileStore, BoxError> {
-    let db = Db::open(dir, DbOptions::default().background_compaction(std::env::var_os("XNC").is_none()))?;
+    let db = Db::open(dir, DbOptions::default())?;
     Ok(ProfileStore::open(db, StoreOptions::default())?)
 }
 

@@ -2,11 +2,21 @@
 //! from several concurrent clients (Pyroscope's Push API) while other clients query, then
 //! checks that every accepted profile is queryable: the number of stored profiles and each
 //! profile type's value total match what was pushed. Bounded by `--max-files` and
-//! `--max-seconds`. Prints one JSON line of figures; exits non-zero on any mismatch.
+//! `--max-seconds`. Prints one JSON line of figures; exits non-zero on any mismatch, any
+//! rejected push and any failed query.
+//!
+//! Past the fleet's last file (`--max-files` larger than the fleet), its files are pushed
+//! again as new profiles: each round's copies are moved later by the fleet's time span
+//! (their `time_nanos` rewritten before the run), as the same fleet would send them in the
+//! next hour.
+//!
+//! Each querier sends `--query-rate` queries a second (a dashboard's load; the rate and the
+//! count are printed), or as many as it can with `--query-rate 0` (a stress test of queries,
+//! which then take whatever CPU the pushes leave).
 //!
 //! ```text
 //! frostdb-loadtest --url http://127.0.0.1:7070 --data shared/bench/data/small [--clients 8]
-//!     [--queriers 2] [--max-files 20000] [--max-seconds 120] [--tenant load]
+//!     [--queriers 2] [--query-rate 5] [--max-files 20000] [--max-seconds 120] [--tenant load]
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +49,9 @@ struct Args {
     /// Concurrent querying clients.
     #[arg(long, default_value_t = 2)]
     queriers: usize,
+    /// Queries a second from each querier; 0 for back to back.
+    #[arg(long, default_value_t = 5.0)]
+    query_rate: f64,
     /// Push at most this many files.
     #[arg(long, default_value_t = 20_000)]
     max_files: usize,
@@ -66,6 +79,8 @@ type Totals = BTreeMap<String, i64>;
 /// 1 GB).
 struct Job {
     path: PathBuf,
+    /// How much later than its file's `time_nanos` this copy of it is (replay rounds).
+    shift_ms: i64,
     name: String,
     labels: Vec<(String, String)>,
     totals: Vec<(String, i64)>,
@@ -97,7 +112,8 @@ fn push_body(job: &Job, raw: Vec<u8>) -> axum::body::Bytes {
 }
 
 /// The files of `DATA/pprof/index.tsv` (shared/bench's `gen_fleet.py --pprof`): file,
-/// timestamp, labels (`__name__=cpu,namespace=...`).
+/// timestamp, labels (`__name__=cpu,namespace=...`); `max` of them, the fleet's files again
+/// in later rounds (moved by the fleet's time span) when it has fewer.
 fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
     let path = data.join("pprof/index.tsv");
     let text = std::fs::read_to_string(&path).map_err(|e| {
@@ -106,12 +122,15 @@ fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
             path.display()
         )
     })?;
-    let mut jobs = Vec::new();
+    let mut files = Vec::new();
     for line in text.lines().skip(1).take(max) {
         let mut cols = line.split('\t');
-        let (Some(file), Some(_ts), Some(labels)) = (cols.next(), cols.next(), cols.next()) else {
+        let (Some(file), Some(ts), Some(labels)) = (cols.next(), cols.next(), cols.next()) else {
             return Err(format!("{}: bad line {line:?}", path.display()));
         };
+        let ts: i64 = ts
+            .parse()
+            .map_err(|e| format!("{}: bad timestamp {ts:?}: {e}", path.display()))?;
         let mut name = String::new();
         let mut pairs = Vec::new();
         for kv in labels.split(',') {
@@ -124,16 +143,43 @@ fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
                 pairs.push((k.to_owned(), v.to_owned()));
             }
         }
-        jobs.push(Job {
-            path: data.join("pprof").join(file),
-            name,
-            labels: pairs,
-            totals: Vec::new(),
-            body: axum::body::Bytes::new(),
-            size: 0,
-        });
+        files.push((data.join("pprof").join(file), ts, name, pairs));
     }
-    Ok(jobs)
+    if files.is_empty() {
+        return Err(format!("{}: no files", path.display()));
+    }
+    // A round later is the fleet's span later, plus one scrape interval.
+    let (first, last) = files
+        .iter()
+        .fold((i64::MAX, i64::MIN), |(lo, hi), f| (lo.min(f.1), hi.max(f.1)));
+    let span = last - first + 10_000;
+    Ok((0..max)
+        .map(|i| {
+            let (path, _, name, labels) = &files[i % files.len()];
+            Job {
+                path: path.clone(),
+                shift_ms: (i / files.len()) as i64 * span,
+                name: name.clone(),
+                labels: labels.clone(),
+                totals: Vec::new(),
+                body: axum::body::Bytes::new(),
+                size: 0,
+            }
+        })
+        .collect())
+}
+
+/// `bytes` (a gzipped pprof) with its `time_nanos` moved `shift_ms` later, gzipped again.
+fn shifted(bytes: &[u8], shift_ms: i64) -> Result<Vec<u8>, String> {
+    use std::io::Write;
+    let mut p = frostdb_pprof::decode(bytes, &frostdb_pprof::Limits::default())
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    p.time_nanos += shift_ms * 1_000_000;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&p.encode_to_vec())
+        .and_then(|()| gz.finish())
+        .map_err(|e| e.to_string())
 }
 
 /// A file's value total per profile type id.
@@ -166,8 +212,12 @@ fn precompute(jobs: &mut [Job]) -> Result<(), String> {
             .map(|part| {
                 s.spawn(move || -> Result<(), String> {
                     for job in part {
-                        let bytes = std::fs::read(&job.path)
+                        let mut bytes = std::fs::read(&job.path)
                             .map_err(|e| format!("{}: {e}", job.path.display()))?;
+                        if job.shift_ms != 0 {
+                            bytes = shifted(&bytes, job.shift_ms)
+                                .map_err(|e| format!("{}: {e}", job.path.display()))?;
+                        }
                         job.totals = totals_of(&job.name, &bytes)
                             .map_err(|e| format!("{}: {e}", job.path.display()))?;
                         job.size = bytes.len();
@@ -201,6 +251,7 @@ async fn run(args: Args) -> Result<bool, String> {
     let done = Arc::new(AtomicBool::new(false));
     let push_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
     let query_latency = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let query_failures = Arc::new(Mutex::new(Vec::<String>::new()));
     let totals = Arc::new(Mutex::new(Totals::new()));
     let accepted = Arc::new(AtomicUsize::new(0));
     let bytes = Arc::new(AtomicUsize::new(0));
@@ -263,30 +314,43 @@ async fn run(args: Args) -> Result<bool, String> {
     }
     let mut queriers = Vec::new();
     for q in 0..args.queriers {
-        let (client, base, tenant, done, query_latency) = (
+        let (client, base, tenant, done, query_latency, query_failures) = (
             client.clone(),
             args.url.clone(),
             args.tenant.clone(),
             done.clone(),
             query_latency.clone(),
+            query_failures.clone(),
         );
+        let mut pace = (args.query_rate > 0.0).then(|| {
+            let mut every = tokio::time::interval(Duration::from_secs_f64(1.0 / args.query_rate));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            every
+        });
         queriers.push(tokio::spawn(async move {
             let mut n = 0usize;
             while !done.load(Ordering::Relaxed) {
+                if let Some(pace) = &mut pace {
+                    pace.tick().await;
+                }
                 let path = match (n + q) % 3 {
                     0 => "/api/v1/query?format=top&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7B%7D",
                     1 => "/api/v1/query_range?step=1m&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7Bnamespace%3D%22batch%22%7D",
                     _ => "/api/v1/label/pod/values",
                 };
                 let t = Instant::now();
-                let ok = client
+                let response = client
                     .get(format!("{base}{path}"))
                     .header("x-scope-orgid", &tenant)
                     .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                if ok {
-                    query_latency.lock().push(t.elapsed().as_secs_f64() * 1e3);
+                    .await;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                match response {
+                    Ok(r) if r.status().is_success() => query_latency.lock().push(ms),
+                    Ok(r) => query_failures
+                        .lock()
+                        .push(format!("{path}: {}", r.status())),
+                    Err(e) => query_failures.lock().push(format!("{path}: {e}")),
                 }
                 n += 1;
             }
@@ -378,7 +442,8 @@ async fn run(args: Args) -> Result<bool, String> {
         ));
     }
     let rejected = rejected.lock().clone();
-    if !rejected.is_empty() {
+    let query_failures = query_failures.lock().clone();
+    if !rejected.is_empty() || !query_failures.is_empty() {
         ok = false;
     }
     let mut pl = push_latency.lock().clone();
@@ -395,7 +460,10 @@ async fn run(args: Args) -> Result<bool, String> {
         "mb_per_s": bytes.load(Ordering::Relaxed) as f64 / 1e6 / push_secs,
         "push_p50_ms": percentile(&pl, 0.5),
         "push_p99_ms": percentile(&pl, 0.99),
+        "query_rate_per_querier": args.query_rate,
         "queries": ql.len(),
+        "queries_per_s": ql.len() as f64 / push_secs,
+        "query_failures": query_failures.len(),
         "query_p50_ms": percentile(&ql, 0.5),
         "query_p99_ms": percentile(&ql, 0.99),
         "profiles_stored": profiles,
@@ -408,6 +476,9 @@ async fn run(args: Args) -> Result<bool, String> {
     }
     for r in rejected.iter().take(20) {
         eprintln!("REJECTED {r}");
+    }
+    for f in query_failures.iter().take(20) {
+        eprintln!("QUERY FAILED {f}");
     }
     Ok(ok)
 }
