@@ -24,6 +24,9 @@ pub enum Error {
     /// Reading from /proc or /sys failed.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// A binary's unwind information could not be read.
+    #[error("unwind table: {0}")]
+    Unwind(String),
     /// The sampler's thread panicked or vanished.
     #[error("the sampler thread stopped unexpectedly: {0}")]
     Thread(String),

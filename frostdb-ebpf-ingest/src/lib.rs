@@ -34,6 +34,7 @@ mod profile;
 mod sampler;
 mod sink;
 mod symbolize;
+pub mod unwind;
 
 pub use config::{Config, Target};
 pub use error::{Error, Result};

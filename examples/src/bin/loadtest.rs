@@ -149,9 +149,9 @@ fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
         return Err(format!("{}: no files", path.display()));
     }
     // A round later is the fleet's span later, plus one scrape interval.
-    let (first, last) = files
-        .iter()
-        .fold((i64::MAX, i64::MIN), |(lo, hi), f| (lo.min(f.1), hi.max(f.1)));
+    let (first, last) = files.iter().fold((i64::MAX, i64::MIN), |(lo, hi), f| {
+        (lo.min(f.1), hi.max(f.1))
+    });
     let span = last - first + 10_000;
     Ok((0..max)
         .map(|i| {

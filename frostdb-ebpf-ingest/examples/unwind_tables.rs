@@ -1,0 +1,90 @@
+//! The unwind tables this machine's processes would need: every executable file mapped by
+//! a running process (each once, however many processes map it), its table built from its
+//! `.eh_frame`, with the bytes it takes in the kernel and the time to build it.
+//!
+//! ```text
+//! cargo run --release -p frostdb-ebpf-ingest --example unwind_tables [-- --all]
+//! ```
+//! Prints one line per file (the 20 largest unless `--all`), then the totals.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use frostdb_ebpf_ingest::unwind::compile;
+
+fn main() {
+    let all = std::env::args().any(|a| a == "--all");
+    // (device, inode) -> a path to read it by, through the mapping process's root.
+    let mut files: BTreeMap<(String, u64), PathBuf> = BTreeMap::new();
+    let mut processes = 0;
+    for entry in std::fs::read_dir("/proc")
+        .expect("/proc is readable")
+        .flatten()
+    {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        processes += 1;
+        for line in maps.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // address perms offset dev inode path
+            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+                continue;
+            }
+            let Ok(inode) = f[4].parse::<u64>() else {
+                continue;
+            };
+            files
+                .entry((f[3].to_owned(), inode))
+                .or_insert_with(|| PathBuf::from(format!("/proc/{pid}/root{}", f[5])));
+        }
+    }
+    let mut rows = Vec::new();
+    let (mut bytes, mut seconds, mut failed) = (0usize, 0f64, 0usize);
+    for path in files.values() {
+        let Ok(data) = std::fs::read(path) else {
+            failed += 1;
+            continue;
+        };
+        let started = Instant::now();
+        match compile(&data) {
+            Ok(table) => {
+                let s = started.elapsed().as_secs_f64();
+                seconds += s;
+                bytes += table.encoded_bytes();
+                rows.push((table.encoded_bytes(), table, s, path.clone()));
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e}", path.display());
+            }
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
+    println!("bytes\trows\trows_read\tfunctions\tms\tfile");
+    for (b, table, s, path) in rows.iter().take(if all { usize::MAX } else { 20 }) {
+        let st = table.stats();
+        println!(
+            "{b}\t{}\t{}\t{}\t{:.2}\t{}",
+            table.rows().len(),
+            st.rows_read,
+            st.functions,
+            s * 1e3,
+            path.display()
+        );
+    }
+    println!(
+        "{} processes map {} executable files ({} unreadable or not x86-64 ELF): unwind \
+         tables {:.2} MiB in all, {:.0} KiB a file on average, built in {:.0} ms",
+        processes,
+        files.len(),
+        failed,
+        bytes as f64 / (1 << 20) as f64,
+        bytes as f64 / 1024.0 / rows.len().max(1) as f64,
+        seconds * 1e3
+    );
+}
