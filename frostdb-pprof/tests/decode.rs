@@ -98,7 +98,7 @@ fn malformed_profiles_get_errors_naming_the_problem() {
         // order (a table by id), ids far larger than the count (a map).
         (
             Box::new(|p| {
-                let mut f = p.function[0].clone();
+                let mut f = p.function[0];
                 f.id = 0;
                 p.function.push(f);
             }),
