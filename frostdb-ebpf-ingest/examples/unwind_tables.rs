@@ -8,6 +8,7 @@
 //! Prints one line per file (the 20 largest unless `--all`), then the totals.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -46,9 +47,13 @@ fn main() {
     let mut rows = Vec::new();
     let (mut bytes, mut seconds, mut failed) = (0usize, 0f64, 0usize);
     for path in files.values() {
-        let Ok(data) = std::fs::read(path) else {
-            failed += 1;
-            continue;
+        let data = match std::fs::read(path) {
+            Ok(data) => data,
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e}", path.display());
+                continue;
+            }
         };
         let started = Instant::now();
         match compile(&data) {
@@ -65,19 +70,27 @@ fn main() {
         }
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.0));
-    println!("bytes\trows\trows_read\tfunctions\tms\tfile");
+    // A closed pipe (`| head`) ends the listing quietly.
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "bytes\trows\trows_read\tfunctions\tms\tfile");
     for (b, table, s, path) in rows.iter().take(if all { usize::MAX } else { 20 }) {
         let st = table.stats();
-        println!(
+        if writeln!(
+            out,
             "{b}\t{}\t{}\t{}\t{:.2}\t{}",
             table.rows().len(),
             st.rows_read,
             st.functions,
             s * 1e3,
             path.display()
-        );
+        )
+        .is_err()
+        {
+            return;
+        }
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{} processes map {} executable files ({} unreadable or not x86-64 ELF): unwind \
          tables {:.2} MiB in all, {:.0} KiB a file on average, built in {:.0} ms",
         processes,
