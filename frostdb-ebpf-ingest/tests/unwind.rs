@@ -2,13 +2,17 @@
 //! for every function of a binary, every row `readelf --debug-dump=frames-interp` prints
 //! must be what the compiled (sorted, compacted) table says at that address, through to the
 //! function's last byte. Run on libc (PLT entries, a signal trampoline, hand-written
-//! assembly), a C program built `-O2 -fomit-frame-pointer`, and this Rust test binary.
+//! assembly), a C program and its library built `-O2 -fomit-frame-pointer`, and this Rust
+//! test binary. Then the user-space unwinder walks that C program's live stack, from the
+//! registers the kernel shows for it while it sleeps, through the library to `_start`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use frostdb_ebpf_ingest::unwind::{Cfa, SavedRbp, UnwindTable, compile};
+use frostdb_ebpf_ingest::unwind::{
+    Cfa, End, ProcessTables, Registers, SavedRbp, UnwindTable, compile,
+};
 
 /// A row as readelf prints it: CFA, rbp and return address rules.
 type Rules = (String, String, String);
@@ -120,6 +124,8 @@ fn readelf(path: &Path) -> Vec<Function> {
 fn expected(signal: bool, cfa: &str, rbp: &str, ra: &str) -> (Option<Cfa>, SavedRbp) {
     let cfa = if signal {
         Some(Cfa::Signal)
+    } else if ra == "u" {
+        Some(Cfa::Outermost)
     } else if ra != "c-8" {
         Some(Cfa::Unsupported)
     } else if let Some(o) = cfa.strip_prefix("rsp+") {
@@ -249,26 +255,239 @@ fn libc_tables_read_as_readelf_reads_its_cfi() {
     );
 }
 
+/// Builds chain.c and its library, libchain.so, with `-O2 -fomit-frame-pointer` into
+/// `dir`; returns (program, library).
+fn build_chain(dir: &Path) -> (PathBuf, PathBuf) {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind");
+    let cc = |args: &[&str]| {
+        let status = Command::new("cc")
+            .args(["-O2", "-g", "-fomit-frame-pointer"])
+            .args(args)
+            .current_dir(dir)
+            .status()
+            .expect("cc runs (the Rust toolchain links with it)");
+        assert!(status.success(), "cc {args:?} failed");
+    };
+    let lib_source = source.join("chain_lib.c");
+    let main_source = source.join("chain.c");
+    cc(&[
+        "-fPIC",
+        "-shared",
+        "-o",
+        "libchain.so",
+        lib_source.to_str().unwrap(),
+    ]);
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    cc(&[
+        "-o",
+        "chain",
+        main_source.to_str().unwrap(),
+        "-L.",
+        "-lchain",
+        &rpath,
+    ]);
+    (dir.join("chain"), dir.join("libchain.so"))
+}
+
 #[test]
 fn a_c_program_without_frame_pointers_reads_as_readelf_reads_it() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("chain");
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind/chain.c");
-    let status = Command::new("cc")
-        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
-        .arg(&out)
+    let (program, library) = build_chain(dir.path());
+    for file in [&program, &library] {
+        let (functions, rows) = check(file);
+        assert!(
+            functions >= 3 && rows >= 6,
+            "{functions} functions, {rows} rows"
+        );
+        // Without frame pointers, every CFA is rsp-based.
+        let table = compile(&std::fs::read(file).unwrap()).unwrap();
+        assert!(table.rows().iter().all(|r| !matches!(r.cfa, Cfa::Rbp(_))));
+    }
+}
+
+/// A running program, killed on drop.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `pid`'s user registers while it is blocked in a system call, from
+/// `/proc/<pid>/syscall` ("nr args... sp pc"; "running" while it runs).
+fn blocked_registers(pid: u32) -> Registers {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap();
+        let f: Vec<&str> = text.split_whitespace().collect();
+        if f.len() >= 9 {
+            let value = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+            return Registers {
+                sp: value(f[f.len() - 2]),
+                ip: value(f[f.len() - 1]),
+                bp: 0, // not shown; code built without frame pointers does not need it
+            };
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pid} never blocked: {text:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// `pid`'s user registers while it is blocked, read by gdb (which attaches, prints them and
+/// detaches; the process goes back to the same system call with the same stack).
+fn registers_by_gdb(pid: u32) -> Registers {
+    // Blocked first, so that gdb stops it inside its system call.
+    blocked_registers(pid);
+    let out = Command::new("gdb")
+        .args(["-batch", "-nx", "-p", &pid.to_string()])
+        .args(["-ex", "info registers rip rsp rbp"])
+        .output()
+        .expect("gdb runs (scripts/setup.sh installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let register = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(name)).then(|| f.next()).flatten()
+            })
+            .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+            .unwrap_or_else(|| panic!("gdb printed no {name}: {text}"))
+    };
+    Registers {
+        ip: register("rip"),
+        sp: register("rsp"),
+        bp: register("rbp"),
+    }
+}
+
+/// Starts `program`, waits for its "ready" line and for it to block in a system call, and
+/// unwinds it from its registers (`registers(pid)`): the frames' names (innermost first) and
+/// why the walk ended.
+fn unwind_blocked(
+    program: &Path,
+    args: &[&str],
+    registers: impl Fn(u32) -> Registers,
+) -> (Vec<String>, End) {
+    use std::io::BufRead;
+    use std::os::unix::fs::FileExt;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let child = Running(child);
+    let pid = child.0.id();
+    let regs = registers(pid);
+    let tables = ProcessTables::read(pid).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let read = |at: u64| {
+        let mut b = [0u8; 8];
+        mem.read_exact_at(&mut b, at)
+            .ok()
+            .map(|()| u64::from_le_bytes(b))
+    };
+    let unwound = tables.unwind(regs, read, 127);
+    // Every frame but the first is a return address, which may point past the end of its
+    // function (after a call that does not return): name the call instruction.
+    let calls: Vec<u64> = unwound
+        .frames
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| if i == 0 { *ip } else { ip - 1 })
+        .collect();
+    use blazesym::symbolize::source::{Process, Source};
+    use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+    let names: Vec<String> = Symbolizer::new()
+        .symbolize(
+            &Source::Process(Process::new(pid.into())),
+            Input::AbsAddr(&calls),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|s| match s {
+            Symbolized::Sym(sym) => sym.name.to_string(),
+            Symbolized::Unknown(_) => "?".to_owned(),
+        })
+        .collect();
+    println!(
+        "{}: {names:?} {:?}, from {regs:x?}: {:x?}",
+        program.display(),
+        unwound.end,
+        unwound.frames
+    );
+    (names, unwound.end)
+}
+
+/// Asserts `chain` (innermost first) appears in `names`, whole and in order; a name matches
+/// when it ends with the chain's (Rust names carry their module path).
+fn assert_chain(names: &[String], chain: &[&str]) {
+    let first = names
+        .iter()
+        .position(|n| n.ends_with(chain[0]))
+        .unwrap_or_else(|| panic!("no {} in {names:?}", chain[0]));
+    let found: Vec<bool> = chain
+        .iter()
+        .enumerate()
+        .map(|(i, want)| names.get(first + i).is_some_and(|n| n.ends_with(want)))
+        .collect();
+    assert!(found.iter().all(|f| *f), "{chain:?} not whole in {names:?}");
+}
+
+#[test]
+fn a_chain_through_a_shared_library_unwinds_whole_from_its_registers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = build_chain(dir.path());
+    // Code without frame pointers needs no rbp: /proc/<pid>/syscall shows only sp and pc.
+    let (names, end) = unwind_blocked(&program, &["sleep"], blocked_registers);
+    assert_chain(
+        &names,
+        &[
+            "chain_lib_leaf",
+            "chain_lib_d",
+            "chain_lib_c",
+            "chain_b",
+            "chain_a",
+            "main",
+        ],
+    );
+    assert_eq!(end, End::Complete, "{names:?}");
+}
+
+#[test]
+fn a_rust_release_binary_unwinds_whole_from_its_registers() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind/chain.rs");
+    let program = dir.path().join("chain_rs");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let status = Command::new(&rustc)
+        .args([
+            "--edition",
+            "2021",
+            "-C",
+            "opt-level=2",
+            "-C",
+            "debuginfo=1",
+            "-o",
+        ])
+        .arg(&program)
         .arg(&source)
         .status()
-        .expect("cc runs (the Rust toolchain links with it)");
-    assert!(status.success(), "cc failed on {}", source.display());
-    let (functions, rows) = check(&out);
-    assert!(
-        functions >= 6 && rows >= 12,
-        "{functions} functions, {rows} rows"
-    );
-    // Without frame pointers, every chain function's CFA is rsp-based.
-    let table = compile(&std::fs::read(&out).unwrap()).unwrap();
-    assert!(table.rows().iter().all(|r| !matches!(r.cfa, Cfa::Rbp(_))));
+        .unwrap_or_else(|e| panic!("{rustc} runs: {e}"));
+    assert!(status.success(), "rustc failed on {}", source.display());
+    // Rust's precompiled std keeps frame pointers (its CFA is rbp-based): the real rbp.
+    let (names, end) = unwind_blocked(&program, &[], registers_by_gdb);
+    assert_chain(&names, &["rust_leaf", "rust_c", "rust_b", "rust_a", "main"]);
+    assert_eq!(end, End::Complete, "{names:?}");
 }
 
 #[test]

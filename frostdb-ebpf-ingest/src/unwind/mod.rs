@@ -12,10 +12,13 @@
 //! the one before is dropped), so the kernel side finds a pc's row with a binary search and
 //! unwinds a frame with two reads of user memory.
 //!
-//! [`table::compile`] builds a table from an ELF file's bytes. Loading tables into BPF maps
-//! (once per build id, shared by every process mapping the file) and the unwinder itself
-//! build on it.
+//! [`table::compile`] builds a table from an ELF file's bytes. [`walk`] is the unwinder the
+//! BPF program is to run, in user space, over a live process's tables: the reference its
+//! tests hold the kernel side to. Loading tables into BPF maps (once per build id, shared by
+//! every process mapping the file) and the kernel unwinder build on both.
 
 pub mod table;
+pub mod walk;
 
 pub use table::{Cfa, SavedRbp, UnwindRow, UnwindStats, UnwindTable, compile};
+pub use walk::{End, ProcessTables, Registers, Unwound};

@@ -23,6 +23,9 @@ pub enum Cfa {
     /// A signal trampoline (`__restore_rt`): the interrupted frame's registers are in the
     /// `ucontext` on the stack.
     Signal,
+    /// The outermost frame (`_start`, a thread's entry): its CFI says the return address
+    /// is undefined, so the stack is whole here.
+    Outermost,
     /// No CFI covers this address (a gap between functions): the unwinder falls back to
     /// the frame pointer, if the code has one.
     None,
@@ -68,6 +71,7 @@ impl UnwindRow {
             Cfa::Plt => (3, 0),
             Cfa::Signal => (4, 0),
             Cfa::Unsupported => (5, 0),
+            Cfa::Outermost => (6, 0),
         };
         let (rbp_kind, rbp_offset) = match self.rbp {
             SavedRbp::Unchanged => (0u8, 0i16),
@@ -245,11 +249,11 @@ pub fn compile(elf: &[u8]) -> Result<UnwindTable> {
             .map_err(|e| bad(format!(".eh_frame FDE at {start:#x}: {e}")))?
         {
             stats.rows_read += 1;
-            let ra_at_cfa_minus_8 =
-                matches!(row.register(X86_64::RA), Some(RegisterRule::Offset(-8)));
+            let ra = row.register(X86_64::RA);
             let cfa = match row.cfa() {
                 _ if signal => Cfa::Signal,
-                _ if !ra_at_cfa_minus_8 => Cfa::Unsupported,
+                _ if ra == Some(RegisterRule::Undefined) => Cfa::Outermost,
+                _ if ra != Some(RegisterRule::Offset(-8)) => Cfa::Unsupported,
                 CfaRule::RegisterAndOffset { register, offset } => {
                     match (*register, i32::try_from(*offset)) {
                         (X86_64::RSP, Ok(o)) => Cfa::Rsp(o),

@@ -1,24 +1,28 @@
 /* A call chain of known depth for the unwinder's tests, built with -O2
- * -fomit-frame-pointer: main -> chain_a -> chain_b -> chain_c -> chain_d -> chain_e ->
- * chain_leaf, which spins. noinline and the volatile sink keep every frame real. */
+ * -fomit-frame-pointer: main -> chain_a -> chain_b -> chain_lib_c -> chain_lib_d ->
+ * chain_lib_leaf, the last three in libchain.so (chain_lib.c). `chain sleep` waits in
+ * pause() at the bottom of the chain; `chain spin` spins there. noinline and the volatile
+ * sink keep every frame real (no tail calls, no inlining). */
 #include <stdio.h>
+#include <string.h>
+
+void chain_lib_c(unsigned long n, int sleep);
 
 static volatile unsigned long sink;
 
-__attribute__((noinline)) void chain_leaf(unsigned long n) {
-    for (;;) {
-        for (unsigned long i = 0; i < n; i++) sink += i * 7;
-    }
+__attribute__((noinline)) void chain_b(unsigned long n, int sleep) {
+    chain_lib_c(n + 1, sleep);
+    sink++;
 }
-__attribute__((noinline)) void chain_e(unsigned long n) { chain_leaf(n + 1); sink++; }
-__attribute__((noinline)) void chain_d(unsigned long n) { chain_e(n + 1); sink++; }
-__attribute__((noinline)) void chain_c(unsigned long n) { chain_d(n + 1); sink++; }
-__attribute__((noinline)) void chain_b(unsigned long n) { chain_c(n + 1); sink++; }
-__attribute__((noinline)) void chain_a(unsigned long n) { chain_b(n + 1); sink++; }
+__attribute__((noinline)) void chain_a(unsigned long n, int sleep) {
+    chain_b(n + 1, sleep);
+    sink++;
+}
 
-int main(void) {
+int main(int argc, char **argv) {
+    int sleep = argc > 1 && strcmp(argv[1], "sleep") == 0;
     printf("ready\n");
     fflush(stdout);
-    chain_a(1000);
+    chain_a(1000, sleep);
     return 0;
 }

@@ -1,0 +1,244 @@
+//! The unwinder the BPF program is to run, in user space: the same steps over the same
+//! tables, so its tests pin down the algorithm (load bias, row lookup, CFA arithmetic, the
+//! reads of user memory) on real processes before it is written in C for the kernel.
+//!
+//! A frame is unwound in four steps. Find the executable mapping holding `ip` and turn `ip`
+//! into the file's ELF virtual address (`ip - bias`); find that address's row (for every
+//! frame but the first, `ip - 1`: a return address may point just past the end of a
+//! function that ends in a call); compute the CFA from `rsp` or `rbp`; read the return
+//! address at CFA − 8 and the caller's `rbp` where the row says it was saved. The caller's
+//! `rsp` is the CFA.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use object::{Object, ObjectSegment};
+
+use super::table::{Cfa, SavedRbp, UnwindTable, compile};
+use crate::error::{Error, Result};
+
+/// The registers an unwind starts from (what a perf event or `/proc/<pid>/syscall` gives).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registers {
+    /// Instruction pointer.
+    pub ip: u64,
+    /// Stack pointer.
+    pub sp: u64,
+    /// Frame pointer register (whatever it holds in code without frame pointers).
+    pub bp: u64,
+}
+
+/// Why an unwind stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// At the outermost frame: the stack is whole.
+    Complete,
+    /// `ip` is in no executable file mapping (anonymous memory: JIT code, the vDSO).
+    NotMapped(u64),
+    /// `ip`'s file has CFI the unwinder does not follow there, or a signal frame (not yet
+    /// unwound through).
+    Unsupported(u64),
+    /// No CFI covers `ip`, and the frame pointer led nowhere readable.
+    NoCfi(u64),
+    /// Stack memory could not be read at this address.
+    Unreadable(u64),
+    /// The frame limit was reached.
+    TooDeep,
+}
+
+/// A stack: return addresses innermost first (the first is the sampled `ip`), and why the
+/// walk ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unwound {
+    /// Instruction pointers, innermost first.
+    pub frames: Vec<u64>,
+    /// Why the walk stopped.
+    pub end: End,
+}
+
+/// An executable file mapping: addresses `start..end` are the file's ELF virtual addresses
+/// plus `bias`.
+#[derive(Debug, Clone)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    bias: u64,
+    table: usize,
+}
+
+/// A process's executable mappings with the unwind table of each file.
+#[derive(Debug, Default)]
+pub struct ProcessTables {
+    mappings: Vec<Mapping>,
+    tables: Vec<(PathBuf, UnwindTable)>,
+}
+
+impl ProcessTables {
+    /// Reads `/proc/<pid>/maps` and builds the table of every file mapped executable
+    /// (through `/proc/<pid>/root`, so a process in another mount namespace works too).
+    pub fn read(pid: u32) -> Result<Self> {
+        let maps_path = format!("/proc/{pid}/maps");
+        let maps = std::fs::read_to_string(&maps_path).map_err(|e| Error::Io(maps_path, e))?;
+        let mut out = Self::default();
+        // Per file: its table and its loadable segments (file offset, size, address).
+        let mut by_path: HashMap<String, (usize, Vec<Segment>)> = HashMap::new();
+        for line in maps.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+                continue;
+            }
+            let (Some((start, end)), Ok(offset)) =
+                (f[0].split_once('-'), u64::from_str_radix(f[2], 16))
+            else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) =
+                (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+            else {
+                continue;
+            };
+            let path = f[5].to_owned();
+            if !by_path.contains_key(&path) {
+                let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
+                let Ok(bytes) = std::fs::read(&file) else {
+                    continue; // deleted since it was mapped: its frames end the walk
+                };
+                let table = compile(&bytes).map_err(|e| Error::Unwind(format!("{path}: {e}")))?;
+                out.tables.push((PathBuf::from(&path), table));
+                by_path.insert(path.clone(), (out.tables.len() - 1, segments(&bytes)));
+            }
+            let (table, segments) = &by_path[&path];
+            // The executable segment holding the mapping's (page-aligned) file offset gives
+            // its address. A segment's offset need not be page-aligned (lld puts code at
+            // 0x13ab0 of the file and 0x14ab0 of memory), so its first page starts below it,
+            // where the segment before may also reach.
+            let Some(vaddr) = segments
+                .iter()
+                .filter(|s| s.executable)
+                .find(|s| s.offset & !0xfff <= offset && offset < s.offset + s.size)
+                .map(|s| offset.wrapping_add(s.address.wrapping_sub(s.offset)))
+            else {
+                continue;
+            };
+            out.mappings.push(Mapping {
+                start,
+                end,
+                bias: start.wrapping_sub(vaddr),
+                table: *table,
+            });
+        }
+        out.mappings.sort_by_key(|m| m.start);
+        Ok(out)
+    }
+
+    /// The files mapped executable, with their tables.
+    pub fn tables(&self) -> impl Iterator<Item = (&Path, &UnwindTable)> {
+        self.tables.iter().map(|(p, t)| (p.as_path(), t))
+    }
+
+    /// Unwinds from `regs`, reading stack memory with `read` (8 bytes at an address), at
+    /// most `max_frames` frames.
+    pub fn unwind(
+        &self,
+        regs: Registers,
+        read: impl Fn(u64) -> Option<u64>,
+        max_frames: usize,
+    ) -> Unwound {
+        let Registers {
+            mut ip,
+            mut sp,
+            mut bp,
+        } = regs;
+        let mut frames = Vec::new();
+        let end = loop {
+            if frames.len() == max_frames {
+                break End::TooDeep;
+            }
+            frames.push(ip);
+            // A return address points after its call; its row is the call's.
+            let lookup = if frames.len() == 1 { ip } else { ip - 1 };
+            let Some(mapping) = self.mapping(lookup) else {
+                break End::NotMapped(ip);
+            };
+            let table = &self.tables[mapping.table].1;
+            let row = table.lookup(lookup.wrapping_sub(mapping.bias));
+            let cfa = match row.map_or(Cfa::None, |r| r.cfa) {
+                Cfa::Rsp(o) => sp.wrapping_add_signed(i64::from(o)),
+                Cfa::Rbp(o) => bp.wrapping_add_signed(i64::from(o)),
+                Cfa::Plt => sp + 8 + if ip & 15 >= 11 { 8 } else { 0 },
+                Cfa::Outermost => break End::Complete,
+                Cfa::Signal | Cfa::Unsupported => break End::Unsupported(ip),
+                Cfa::None => {
+                    // No CFI: the frame pointer, if this code keeps one.
+                    match (bp != 0).then(|| (read(bp), read(bp + 8))) {
+                        Some((Some(caller_bp), Some(ra))) => {
+                            (sp, bp, ip) = (bp + 16, caller_bp, ra);
+                            if ip == 0 {
+                                break End::Complete;
+                            }
+                            continue;
+                        }
+                        _ => break End::NoCfi(ip),
+                    }
+                }
+            };
+            let Some(ra) = read(cfa - 8) else {
+                break End::Unreadable(cfa - 8);
+            };
+            bp = match row.map_or(SavedRbp::Unchanged, |r| r.rbp) {
+                SavedRbp::Unchanged => bp,
+                SavedRbp::AtCfa(o) => {
+                    let at = cfa.wrapping_add_signed(i64::from(o));
+                    match read(at) {
+                        Some(v) => v,
+                        None => break End::Unreadable(at),
+                    }
+                }
+                // Frames above may not need it; one that does stops on its own.
+                SavedRbp::Unsupported => 0,
+            };
+            (sp, ip) = (cfa, ra);
+            if ip == 0 {
+                break End::Complete;
+            }
+        };
+        Unwound { frames, end }
+    }
+
+    fn mapping(&self, ip: u64) -> Option<&Mapping> {
+        let after = self.mappings.partition_point(|m| m.start <= ip);
+        let m = &self.mappings[after.checked_sub(1)?];
+        (ip < m.end).then_some(m)
+    }
+}
+
+/// A loadable segment of an ELF file.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    offset: u64,
+    size: u64,
+    address: u64,
+    executable: bool,
+}
+
+/// The loadable segments of an ELF file.
+fn segments(elf: &[u8]) -> Vec<Segment> {
+    let Ok(file) = object::File::parse(elf) else {
+        return Vec::new();
+    };
+    file.segments()
+        .map(|s| {
+            let (offset, size) = s.file_range();
+            let executable = matches!(
+                s.flags(),
+                object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0
+            );
+            Segment {
+                offset,
+                size,
+                address: s.address(),
+                executable,
+            }
+        })
+        .collect()
+}
