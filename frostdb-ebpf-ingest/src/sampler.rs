@@ -293,7 +293,9 @@ fn build(
     duration_ms: i64,
 ) -> Vec<ProcessProfile> {
     let mut by_pid: BTreeMap<u32, Vec<RawSample>> = BTreeMap::new();
-    for s in raw {
+    for mut s in raw {
+        to_call_sites(&mut s.kernel);
+        to_call_sites(&mut s.user);
         by_pid.entry(s.pid).or_default().push(s);
     }
     // Kernel addresses: one lookup for all processes.
@@ -341,8 +343,38 @@ fn build(
     out
 }
 
+/// Every frame of a stack but its innermost is a return address: the instruction after a
+/// call. After a call that does not return (a `noreturn` function, a panic), that is already
+/// the next function's first byte or padding, and would be named as the next function or
+/// not at all. One byte back is inside the call, named as the caller; pprof allows it ("a
+/// non-leaf address may be in the middle of a call instruction"). The innermost frame is
+/// the interrupted instruction (or, for the user part of a sample taken in the kernel, the
+/// one after `syscall`, still inside its function) and stays as it is.
+fn to_call_sites(frames: &mut [u64]) {
+    for a in frames.iter_mut().skip(1) {
+        *a = a.saturating_sub(1);
+    }
+}
+
 /// The distinct addresses, each once.
 fn unique<'a>(addresses: impl Iterator<Item = &'a u64>) -> Vec<u64> {
     let set: HashSet<u64> = addresses.copied().collect();
     set.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_addresses_become_call_sites_and_the_innermost_frame_stays() {
+        let mut frames = [0x1000, 0x2005, 0x3000];
+        to_call_sites(&mut frames);
+        assert_eq!(frames, [0x1000, 0x2004, 0x2fff]);
+        let mut none: [u64; 0] = [];
+        to_call_sites(&mut none);
+        let mut zero = [7, 0];
+        to_call_sites(&mut zero);
+        assert_eq!(zero, [7, 0]);
+    }
 }
