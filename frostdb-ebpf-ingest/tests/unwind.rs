@@ -464,6 +464,34 @@ fn a_chain_through_a_shared_library_unwinds_whole_from_its_registers() {
 }
 
 #[test]
+fn a_stack_unwinds_through_a_signal_frame_into_the_interrupted_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = build_chain(dir.path());
+    let (names, end) = unwind_blocked(&program, &["signal"], blocked_registers);
+    // The handler, then the kernel's signal frame (glibc's __restore_rt, whose call site is
+    // the unnamed nop before it), then the code the signal interrupted (raise, inside the
+    // chain), and on to _start.
+    let handler = names.iter().position(|n| n == "on_signal");
+    let raise = names.iter().position(|n| n.ends_with("raise"));
+    assert!(
+        matches!((handler, raise), (Some(h), Some(r)) if h + 1 < r),
+        "no handler above the interrupted raise in {names:?}"
+    );
+    assert_chain(
+        &names,
+        &[
+            "chain_lib_leaf",
+            "chain_lib_d",
+            "chain_lib_c",
+            "chain_b",
+            "chain_a",
+            "main",
+        ],
+    );
+    assert_eq!(end, End::Complete, "{names:?}");
+}
+
+#[test]
 fn a_rust_release_binary_unwinds_whole_from_its_registers() {
     let dir = tempfile::tempdir().unwrap();
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind/chain.rs");

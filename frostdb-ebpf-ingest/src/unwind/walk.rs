@@ -7,7 +7,8 @@
 //! frame but the first, `ip - 1`: a return address may point just past the end of a
 //! function that ends in a call); compute the CFA from `rsp` or `rbp`; read the return
 //! address at CFA − 8 and the caller's `rbp` where the row says it was saved. The caller's
-//! `rsp` is the CFA.
+//! `rsp` is the CFA. A signal trampoline's frame instead holds the interrupted registers,
+//! and the walk goes on from the interrupted instruction.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,10 @@ pub struct Registers {
     pub bp: u64,
 }
 
+/// Where `uc_mcontext` (the interrupted registers) is in the `ucontext` a signal frame
+/// starts with on x86-64: after `uc_flags` (8), `uc_link` (8) and `uc_stack` (24).
+const UC_MCONTEXT: u64 = 40;
+
 /// Why an unwind stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
@@ -35,8 +40,7 @@ pub enum End {
     Complete,
     /// `ip` is in no executable file mapping (anonymous memory: JIT code, the vDSO).
     NotMapped(u64),
-    /// `ip`'s file has CFI the unwinder does not follow there, or a signal frame (not yet
-    /// unwound through).
+    /// `ip`'s file has CFI the unwinder does not follow there.
     Unsupported(u64),
     /// No CFI covers `ip`, and the frame pointer led nowhere readable.
     NoCfi(u64),
@@ -150,13 +154,17 @@ impl ProcessTables {
             mut bp,
         } = regs;
         let mut frames = Vec::new();
+        // Whether `ip` is where the code was (the sampled instruction, or one a signal
+        // interrupted) rather than a return address.
+        let mut exact = true;
         let end = loop {
             if frames.len() == max_frames {
                 break End::TooDeep;
             }
             frames.push(ip);
             // A return address points after its call; its row is the call's.
-            let lookup = if frames.len() == 1 { ip } else { ip - 1 };
+            let lookup = if exact { ip } else { ip - 1 };
+            exact = false;
             let Some(mapping) = self.mapping(lookup) else {
                 break End::NotMapped(ip);
             };
@@ -167,7 +175,20 @@ impl ProcessTables {
                 Cfa::Rbp(o) => bp.wrapping_add_signed(i64::from(o)),
                 Cfa::Plt => sp + 8 + if ip & 15 >= 11 { 8 } else { 0 },
                 Cfa::Outermost => break End::Complete,
-                Cfa::Signal | Cfa::Unsupported => break End::Unsupported(ip),
+                Cfa::Signal => {
+                    // The signal trampoline: rsp is at the `ucontext` the kernel saved, whose
+                    // `uc_mcontext` (at 40) holds the interrupted registers in the order
+                    // r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip.
+                    let register = |i: u64| read(sp + UC_MCONTEXT + 8 * i);
+                    match (register(10), register(15), register(16)) {
+                        (Some(b), Some(s), Some(i)) => (bp, sp, ip) = (b, s, i),
+                        _ => break End::Unreadable(sp + UC_MCONTEXT),
+                    }
+                    // The interrupted instruction itself, not a return address.
+                    exact = true;
+                    continue;
+                }
+                Cfa::Unsupported => break End::Unsupported(ip),
                 Cfa::None => {
                     // No CFI: the frame pointer, if this code keeps one.
                     match (bp != 0).then(|| (read(bp), read(bp + 8))) {

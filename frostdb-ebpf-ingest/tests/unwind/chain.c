@@ -1,7 +1,8 @@
 /* A call chain of known depth for the unwinder's tests, built with -O2
  * -fomit-frame-pointer: main -> chain_a -> chain_b -> chain_lib_c -> chain_lib_d ->
  * chain_lib_leaf, the last three in libchain.so (chain_lib.c). `chain sleep` waits in
- * pause() at the bottom of the chain; `chain spin` spins there. noinline and the volatile
+ * pause() at the bottom of the chain; `chain signal` raises a signal there whose handler
+ * waits in pause(); `chain spin` spins there. noinline and the volatile
  * sink keep every frame real (no tail calls, no inlining). */
 #include <stdio.h>
 #include <string.h>
@@ -20,7 +21,7 @@ __attribute__((noinline)) void chain_a(unsigned long n, int sleep) {
 }
 
 int main(int argc, char **argv) {
-    int sleep = argc > 1 && strcmp(argv[1], "sleep") == 0;
+    int sleep = argc < 2 ? 0 : strcmp(argv[1], "sleep") == 0 ? 1 : strcmp(argv[1], "signal") == 0 ? 2 : 0;
     printf("ready\n");
     fflush(stdout);
     chain_a(1000, sleep);
