@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use frostdb_ebpf_ingest::executable_mappings;
 use frostdb_ebpf_ingest::unwind::compile;
 
 fn main() {
@@ -26,22 +27,15 @@ fn main() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        // Gone meanwhile, or a kernel thread we may not read: nothing to build.
+        let Ok(mappings) = executable_mappings(pid) else {
             continue;
         };
         processes += 1;
-        for line in maps.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // address perms offset dev inode path
-            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-                continue;
-            }
-            let Ok(inode) = f[4].parse::<u64>() else {
-                continue;
-            };
+        for m in mappings {
             files
-                .entry((f[3].to_owned(), inode))
-                .or_insert_with(|| PathBuf::from(format!("/proc/{pid}/root{}", f[5])));
+                .entry((m.device, m.inode))
+                .or_insert_with(|| PathBuf::from(format!("/proc/{pid}/root{}", m.path)));
         }
     }
     let mut rows = Vec::new();

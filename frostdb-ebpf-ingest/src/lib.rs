@@ -39,7 +39,7 @@ pub mod unwind;
 pub use config::{Config, Target};
 pub use error::{Error, Result};
 pub use probe::{DrainCounts, KernelTotals};
-pub use procfs::{ProcessInfo, check_permitted};
+pub use procfs::{ExecutableMapping, ProcessInfo, check_permitted, executable_mappings};
 pub use sampler::{Interval, ProcessProfile, Sampler, Sink, SinkError, Stats};
 pub use sink::{PROFILE_NAME, StoreSink};
 pub use symbolize::SymbolizeStats;

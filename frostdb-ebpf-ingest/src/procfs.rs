@@ -70,6 +70,50 @@ fn cgroup2_mount() -> Result<PathBuf> {
         .ok_or_else(|| Error::Config("no cgroup2 file system is mounted".into()))
 }
 
+/// A file a process maps executable: a line of `/proc/<pid>/maps` with `x` permission and
+/// a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutableMapping {
+    /// First address mapped.
+    pub start: u64,
+    /// One past the last address mapped.
+    pub end: u64,
+    /// Offset in the file of `start`.
+    pub offset: u64,
+    /// Device (`major:minor`) and inode of the file: the same file, however many
+    /// processes or paths map it.
+    pub device: String,
+    /// Inode of the file.
+    pub inode: u64,
+    /// The path as the process sees it (in its own mount namespace).
+    pub path: String,
+}
+
+/// The files `pid` maps executable, from `/proc/<pid>/maps`, in address order.
+pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
+    let path = format!("/proc/{pid}/maps");
+    let maps = std::fs::read_to_string(&path).map_err(|e| Error::Io(path, e))?;
+    Ok(maps
+        .lines()
+        .filter_map(|line| {
+            // address perms offset dev inode path
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+                return None;
+            }
+            let (start, end) = f[0].split_once('-')?;
+            Some(ExecutableMapping {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                offset: u64::from_str_radix(f[2], 16).ok()?,
+                device: f[3].to_owned(),
+                inode: f[4].parse().ok()?,
+                path: f[5].to_owned(),
+            })
+        })
+        .collect())
+}
+
 /// What a process is, for its labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessInfo {

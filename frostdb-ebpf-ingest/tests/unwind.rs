@@ -443,23 +443,23 @@ fn assert_chain(names: &[String], chain: &[&str]) {
     assert!(found.iter().all(|f| *f), "{chain:?} not whole in {names:?}");
 }
 
+/// chain.c's call chain below `main`, innermost first.
+const C_CHAIN: [&str; 6] = [
+    "chain_lib_leaf",
+    "chain_lib_d",
+    "chain_lib_c",
+    "chain_b",
+    "chain_a",
+    "main",
+];
+
 #[test]
 fn a_chain_through_a_shared_library_unwinds_whole_from_its_registers() {
     let dir = tempfile::tempdir().unwrap();
     let (program, _) = build_chain(dir.path());
     // Code without frame pointers needs no rbp: /proc/<pid>/syscall shows only sp and pc.
     let (names, end) = unwind_blocked(&program, &["sleep"], blocked_registers);
-    assert_chain(
-        &names,
-        &[
-            "chain_lib_leaf",
-            "chain_lib_d",
-            "chain_lib_c",
-            "chain_b",
-            "chain_a",
-            "main",
-        ],
-    );
+    assert_chain(&names, &C_CHAIN);
     assert_eq!(end, End::Complete, "{names:?}");
 }
 
@@ -477,17 +477,7 @@ fn a_stack_unwinds_through_a_signal_frame_into_the_interrupted_chain() {
         matches!((handler, raise), (Some(h), Some(r)) if h + 1 < r),
         "no handler above the interrupted raise in {names:?}"
     );
-    assert_chain(
-        &names,
-        &[
-            "chain_lib_leaf",
-            "chain_lib_d",
-            "chain_lib_c",
-            "chain_b",
-            "chain_a",
-            "main",
-        ],
-    );
+    assert_chain(&names, &C_CHAIN);
     assert_eq!(end, End::Complete, "{names:?}");
 }
 

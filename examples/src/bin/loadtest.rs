@@ -169,40 +169,53 @@ fn index(data: &std::path::Path, max: usize) -> Result<Vec<Job>, String> {
         .collect())
 }
 
-/// `bytes` (a gzipped pprof) with its `time_nanos` moved `shift_ms` later, gzipped again.
-fn shifted(bytes: &[u8], shift_ms: i64) -> Result<Vec<u8>, String> {
+/// `raw` (a protobuf) gzipped as Go's runtime writes profiles.
+fn gzip(raw: &[u8]) -> Result<Vec<u8>, String> {
     use std::io::Write;
-    let mut p = frostdb_pprof::decode(bytes, &frostdb_pprof::Limits::default())
-        .map_err(|e| e.to_string())?
-        .into_inner();
-    p.time_nanos += shift_ms * 1_000_000;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&p.encode_to_vec())
+    gz.write_all(raw)
         .and_then(|()| gz.finish())
         .map_err(|e| e.to_string())
 }
 
-/// A file's value total per profile type id.
-fn totals_of(name: &str, bytes: &[u8]) -> Result<Vec<(String, i64)>, String> {
-    let p = frostdb_pprof::decode(bytes, &frostdb_pprof::Limits::default())
-        .map_err(|e| e.to_string())?;
+/// A profile's value total per profile type id (`name` is the profile's name).
+fn totals_of(name: &str, p: &frostdb_pprof::proto::Profile) -> Vec<(String, i64)> {
     let s = |i: i64| p.string_table[i as usize].as_str();
     let (pt, pu) = p
         .period_type
         .as_ref()
         .map(|t| (s(t.r#type), s(t.unit)))
         .unwrap_or(("", ""));
-    Ok(p.sample_type
+    p.sample_type
         .iter()
         .enumerate()
         .map(|(i, t)| {
             let id = format!("{name}:{}:{}:{pt}:{pu}", s(t.r#type), s(t.unit));
             (id, p.sample.iter().map(|x| x.value[i]).sum::<i64>())
         })
-        .collect())
+        .collect()
 }
 
-/// Fills in every job's totals, on all cores.
+/// Reads `job`'s file and fills in its totals and its request; a replayed copy is the file
+/// with its `time_nanos` moved `shift_ms` later, gzipped again.
+fn prepare(job: &mut Job) -> Result<(), String> {
+    let bytes = std::fs::read(&job.path).map_err(|e| e.to_string())?;
+    let mut p = frostdb_pprof::decode(&bytes, &frostdb_pprof::Limits::default())
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    job.totals = totals_of(&job.name, &p);
+    let bytes = if job.shift_ms == 0 {
+        bytes
+    } else {
+        p.time_nanos += job.shift_ms * 1_000_000;
+        gzip(&p.encode_to_vec())?
+    };
+    job.size = bytes.len();
+    job.body = push_body(job, bytes);
+    Ok(())
+}
+
+/// Prepares every job (its totals and request), on all cores.
 fn precompute(jobs: &mut [Job]) -> Result<(), String> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let chunk = jobs.len().div_ceil(threads).max(1);
@@ -212,16 +225,7 @@ fn precompute(jobs: &mut [Job]) -> Result<(), String> {
             .map(|part| {
                 s.spawn(move || -> Result<(), String> {
                     for job in part {
-                        let mut bytes = std::fs::read(&job.path)
-                            .map_err(|e| format!("{}: {e}", job.path.display()))?;
-                        if job.shift_ms != 0 {
-                            bytes = shifted(&bytes, job.shift_ms)
-                                .map_err(|e| format!("{}: {e}", job.path.display()))?;
-                        }
-                        job.totals = totals_of(&job.name, &bytes)
-                            .map_err(|e| format!("{}: {e}", job.path.display()))?;
-                        job.size = bytes.len();
-                        job.body = push_body(job, bytes);
+                        prepare(job).map_err(|e| format!("{}: {e}", job.path.display()))?;
                     }
                     Ok(())
                 })

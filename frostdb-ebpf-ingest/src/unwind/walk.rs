@@ -11,7 +11,6 @@
 //! and the walk goes on from the interrupted instruction.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment};
 
@@ -74,44 +73,28 @@ struct Mapping {
 #[derive(Debug, Default)]
 pub struct ProcessTables {
     mappings: Vec<Mapping>,
-    tables: Vec<(PathBuf, UnwindTable)>,
+    tables: Vec<UnwindTable>,
 }
 
 impl ProcessTables {
     /// Reads `/proc/<pid>/maps` and builds the table of every file mapped executable
     /// (through `/proc/<pid>/root`, so a process in another mount namespace works too).
     pub fn read(pid: u32) -> Result<Self> {
-        let maps_path = format!("/proc/{pid}/maps");
-        let maps = std::fs::read_to_string(&maps_path).map_err(|e| Error::Io(maps_path, e))?;
         let mut out = Self::default();
-        // Per file: its table and its loadable segments (file offset, size, address).
+        // Per file: its table and its loadable segments.
         let mut by_path: HashMap<String, (usize, Vec<Segment>)> = HashMap::new();
-        for line in maps.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
-                continue;
-            }
-            let (Some((start, end)), Ok(offset)) =
-                (f[0].split_once('-'), u64::from_str_radix(f[2], 16))
-            else {
-                continue;
-            };
-            let (Ok(start), Ok(end)) =
-                (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
-            else {
-                continue;
-            };
-            let path = f[5].to_owned();
-            if !by_path.contains_key(&path) {
-                let file = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        for m in crate::procfs::executable_mappings(pid)? {
+            if !by_path.contains_key(&m.path) {
+                let file = format!("/proc/{pid}/root{}", m.path);
                 let Ok(bytes) = std::fs::read(&file) else {
                     continue; // deleted since it was mapped: its frames end the walk
                 };
-                let table = compile(&bytes).map_err(|e| Error::Unwind(format!("{path}: {e}")))?;
-                out.tables.push((PathBuf::from(&path), table));
-                by_path.insert(path.clone(), (out.tables.len() - 1, segments(&bytes)));
+                let table =
+                    compile(&bytes).map_err(|e| Error::Unwind(format!("{}: {e}", m.path)))?;
+                out.tables.push(table);
+                by_path.insert(m.path.clone(), (out.tables.len() - 1, segments(&bytes)));
             }
-            let (table, segments) = &by_path[&path];
+            let (table, segments) = &by_path[&m.path];
             // The executable segment holding the mapping's (page-aligned) file offset gives
             // its address. A segment's offset need not be page-aligned (lld puts code at
             // 0x13ab0 of the file and 0x14ab0 of memory), so its first page starts below it,
@@ -119,25 +102,19 @@ impl ProcessTables {
             let Some(vaddr) = segments
                 .iter()
                 .filter(|s| s.executable)
-                .find(|s| s.offset & !0xfff <= offset && offset < s.offset + s.size)
-                .map(|s| offset.wrapping_add(s.address.wrapping_sub(s.offset)))
+                .find(|s| s.offset & !0xfff <= m.offset && m.offset < s.offset + s.size)
+                .map(|s| m.offset.wrapping_add(s.address.wrapping_sub(s.offset)))
             else {
                 continue;
             };
             out.mappings.push(Mapping {
-                start,
-                end,
-                bias: start.wrapping_sub(vaddr),
+                start: m.start,
+                end: m.end,
+                bias: m.start.wrapping_sub(vaddr),
                 table: *table,
             });
         }
-        out.mappings.sort_by_key(|m| m.start);
         Ok(out)
-    }
-
-    /// The files mapped executable, with their tables.
-    pub fn tables(&self) -> impl Iterator<Item = (&Path, &UnwindTable)> {
-        self.tables.iter().map(|(p, t)| (p.as_path(), t))
     }
 
     /// Unwinds from `regs`, reading stack memory with `read` (8 bytes at an address), at
@@ -168,7 +145,7 @@ impl ProcessTables {
             let Some(mapping) = self.mapping(lookup) else {
                 break End::NotMapped(ip);
             };
-            let table = &self.tables[mapping.table].1;
+            let table = &self.tables[mapping.table];
             let row = table.lookup(lookup.wrapping_sub(mapping.bias));
             let cfa = match row.map_or(Cfa::None, |r| r.cfa) {
                 Cfa::Rsp(o) => sp.wrapping_add_signed(i64::from(o)),
