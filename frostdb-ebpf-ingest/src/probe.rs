@@ -14,10 +14,11 @@ use std::time::Duration;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::{Ebpf, include_bytes_aligned};
+use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 
 use crate::config::{Config, Target};
 use crate::error::{Error, Result};
+use crate::unwind::loader::{CHUNK_BYTES, TableLoader};
 
 static OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 
@@ -31,6 +32,8 @@ const T_IDLE: u32 = 4;
 const T_NO_USER_STACK: u32 = 5;
 const T_NO_KERNEL_STACK: u32 = 6;
 const T_STACKS_FULL: u32 = 7;
+const T_FRAME_POINTERS: u32 = 8;
+const T_UNWOUND: u32 = 9;
 const STACK_DEPTH: usize = 127;
 
 /// `struct key_t` of the BPF program.
@@ -38,7 +41,9 @@ const STACK_DEPTH: usize = 127;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Key {
     pid: u32,
-    pad: u32,
+    /// How the table walk of the user stack ended, + 1 ([`UserEnd`]); 0 for a
+    /// frame-pointer walk.
+    user_end: u32,
     /// Hash of the user stack; 0 when there is none.
     user_stack: u64,
     /// Hash of the kernel stack; 0 when there is none.
@@ -62,6 +67,69 @@ unsafe impl aya::Pod for Key {}
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for Settings {}
 
+/// How the kernel's walk of a user stack with unwind tables ended (`END_*` in
+/// sampler.bpf.c, in that order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UserEnd {
+    /// At the outermost frame: the stack is whole.
+    Complete,
+    /// At an address in no file mapping (JIT code, the vDSO).
+    NotMapped,
+    /// At CFI the tables do not follow.
+    Unsupported,
+    /// Where neither CFI nor a frame pointer led on.
+    NoCfi,
+    /// Where stack memory could not be read.
+    Unreadable,
+    /// At the depth limit (127 frames).
+    TooDeep,
+}
+
+impl UserEnd {
+    const ALL: [UserEnd; 6] = [
+        UserEnd::Complete,
+        UserEnd::NotMapped,
+        UserEnd::Unsupported,
+        UserEnd::NoCfi,
+        UserEnd::Unreadable,
+        UserEnd::TooDeep,
+    ];
+
+    /// What a stack cut short by this shows at its root, so a flame graph never passes off
+    /// a partial stack as a whole one; `None` for a whole stack.
+    pub(crate) fn root_frame(self) -> Option<&'static str> {
+        match self {
+            UserEnd::Complete => None,
+            UserEnd::NotMapped => Some("[unwind stopped: code outside any file]"),
+            UserEnd::Unsupported => Some("[unwind stopped: unsupported CFI]"),
+            UserEnd::NoCfi => Some("[unwind stopped: no CFI and no frame pointer]"),
+            UserEnd::Unreadable => Some("[unwind stopped: stack not readable]"),
+            UserEnd::TooDeep => Some("[unwind stopped: deeper than 127 frames]"),
+        }
+    }
+}
+
+/// User stacks walked since the probe was attached, by how.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserWalks {
+    /// By frame pointer: the process had no unwind tables loaded (yet).
+    pub frame_pointers: u64,
+    /// With unwind tables, by how the walk ended ([`UserEnd`] order).
+    pub unwound: [u64; 6],
+}
+
+impl UserWalks {
+    /// Table walks that ended at the outermost frame.
+    pub fn complete(&self) -> u64 {
+        self.unwound[0]
+    }
+
+    /// Table walks, all ends.
+    pub fn unwound_total(&self) -> u64 {
+        self.unwound.iter().sum()
+    }
+}
+
 /// One (process, thread name, user stack, kernel stack) and how often it was sampled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RawSample {
@@ -70,6 +138,8 @@ pub(crate) struct RawSample {
     pub(crate) comm: String,
     /// Return addresses, leaf first; empty when the user stack could not be read.
     pub(crate) user: Vec<u64>,
+    /// How the walk of `user` with unwind tables ended; `None` for a frame-pointer walk.
+    pub(crate) user_end: Option<UserEnd>,
     /// Kernel addresses, leaf first; empty when the sample interrupted user mode.
     pub(crate) kernel: Vec<u64>,
     pub(crate) count: u64,
@@ -98,6 +168,8 @@ pub struct KernelTotals {
     pub no_kernel_stack: u64,
     /// Stacks not kept because a stack map was full (their samples still count).
     pub stacks_full: u64,
+    /// How user stacks were walked.
+    pub user_walks: UserWalks,
     /// Runs of the BPF program and the time they took, as the kernel accounts them: zero
     /// unless BPF run-time statistics are on (`kernel.bpf_stats_enabled`, or
     /// `aya::sys::enable_stats`).
@@ -112,6 +184,8 @@ pub(crate) struct Probe {
     buffers: [Buffer; 2],
     active: Array<MapData, u32>,
     totals: PerCpuArray<MapData, u64>,
+    /// The unwind tables in the program's maps.
+    pub(crate) tables: TableLoader,
     /// The buffer the program writes now.
     current: u32,
     /// Online CPUs, attached to.
@@ -138,7 +212,13 @@ impl Probe {
     /// Loads the program, configures its filter and attaches it to every online CPU.
     pub(crate) fn attach(config: &Config) -> Result<Self> {
         crate::procfs::check_permitted()?;
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| Error::bpf("loading the BPF object", e))?;
+        // The rows array takes the configured bytes (at least one chunk: a map cannot be
+        // empty); with 0 no process is ever given tables.
+        let chunks = (config.unwind_table_bytes / CHUNK_BYTES as u64) as u32;
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("unwind_rows", chunks.max(1))
+            .load(OBJECT)
+            .map_err(|e| Error::bpf("loading the BPF object", e))?;
         let settings = settings(config)?;
         {
             let map = ebpf
@@ -164,6 +244,18 @@ impl Probe {
         let totals = PerCpuArray::try_from(take(&mut ebpf, "totals")?)
             .map_err(|e| Error::bpf("opening map totals", e))?;
         let buffers = [buffer(&mut ebpf, 0)?, buffer(&mut ebpf, 1)?];
+        let mut tables = TableLoader::new(
+            Array::try_from(take(&mut ebpf, "unwind_rows")?)
+                .map_err(|e| Error::bpf("opening map unwind_rows", e))?,
+            BpfHashMap::try_from(take(&mut ebpf, "unwind_processes")?)
+                .map_err(|e| Error::bpf("opening map unwind_processes", e))?,
+            chunks,
+        );
+        // Listed processes get their tables before the first sample; others from the
+        // interval after their first (walked by frame pointer until then).
+        if let (Target::Pids(list), true) = (&config.target, config.unwind_table_bytes > 0) {
+            tables.refresh(&list.iter().copied().collect());
+        }
 
         let program: &mut PerfEvent = ebpf
             .program_mut("sample")
@@ -200,6 +292,7 @@ impl Probe {
             buffers,
             active,
             totals,
+            tables,
             current: 0,
             cpus: cpus.len(),
             possible_cpus,
@@ -230,19 +323,11 @@ impl Probe {
         let mut stacks: HashMap<u64, Vec<u64>> = HashMap::new();
         for entry in buffer.stacks.iter() {
             let (hash, ips) = entry.map_err(|e| Error::bpf("reading stacks", e))?;
-            // The helper zeroes the slots past the stack's depth. An address in page zero is
-            // where a frame-pointer walk went astray (code compiled without frame pointers
-            // used the register): it and what follows are garbage, not frames.
+            // The slots past the stack's depth are zero. An address in page zero is where a
+            // frame-pointer walk went astray (code compiled without frame pointers used the
+            // register): it and what follows are garbage, not frames.
             let depth = ips.iter().position(|&ip| ip < 4096).unwrap_or(ips.len());
-            let mut frames = ips[..depth].to_vec();
-            // Every frame but the leaf is a return address: the instruction after the call.
-            // Symbolize the call itself (address - 1), or the frame takes the inlined
-            // functions and line of whatever follows the call, and a call ending a function
-            // lands in the next one.
-            for ip in frames.iter_mut().skip(1) {
-                *ip -= 1;
-            }
-            stacks.insert(hash, frames);
+            stacks.insert(hash, ips[..depth].to_vec());
         }
         let frames = |hash: u64| stacks.get(&hash).cloned().unwrap_or_default();
         let mut samples = Vec::with_capacity(keys.len());
@@ -253,6 +338,10 @@ impl Probe {
                 pid: key.pid,
                 comm: comm(&key.comm),
                 user: frames(key.user_stack),
+                user_end: key
+                    .user_end
+                    .checked_sub(1)
+                    .and_then(|i| UserEnd::ALL.get(i as usize).copied()),
                 kernel: frames(key.kernel_stack),
                 count: *count,
             });
@@ -292,11 +381,19 @@ impl Probe {
         let info = program
             .info()
             .map_err(|e| Error::bpf("reading the program's statistics", e))?;
+        let mut unwound = [0; 6];
+        for (i, n) in (0..).zip(unwound.iter_mut()) {
+            *n = self.read_total(T_UNWOUND + i)?;
+        }
         Ok(KernelTotals {
             idle: self.read_total(T_IDLE)?,
             no_user_stack: self.read_total(T_NO_USER_STACK)?,
             no_kernel_stack: self.read_total(T_NO_KERNEL_STACK)?,
             stacks_full: self.read_total(T_STACKS_FULL)?,
+            user_walks: UserWalks {
+                frame_pointers: self.read_total(T_FRAME_POINTERS)?,
+                unwound,
+            },
             bpf_runs: info.run_count(),
             bpf_run_time: info.run_time(),
         })

@@ -7,6 +7,10 @@ use frostdb_pprof::proto;
 
 use crate::symbolize::{Module, Resolved};
 
+/// A location's identity: module and address, and the name of a placeholder (address 0 in
+/// no module), so placeholders with different names stay apart.
+type LocationKey = (Arc<Module>, u64, Option<Arc<str>>);
+
 /// Builds a pprof profile with two sample types, `samples/count` and `cpu/nanoseconds`.
 #[derive(Debug)]
 pub(crate) struct ProfileBuilder {
@@ -14,7 +18,7 @@ pub(crate) struct ProfileBuilder {
     strings: HashMap<String, i64>,
     mappings: HashMap<Arc<Module>, u64>,
     functions: HashMap<(Arc<str>, Arc<str>), u64>,
-    locations: HashMap<(Arc<Module>, u64), u64>,
+    locations: HashMap<LocationKey, u64>,
     period_ns: i64,
 }
 
@@ -102,7 +106,10 @@ impl ProfileBuilder {
 
     /// The location id of a resolved address, added on first use.
     pub(crate) fn location(&mut self, r: &Resolved) -> u64 {
-        let key = (r.module.clone(), r.address);
+        let placeholder = (r.address == 0)
+            .then(|| r.lines.first().map(|l| l.function.clone()))
+            .flatten();
+        let key = (r.module.clone(), r.address, placeholder);
         if let Some(&id) = self.locations.get(&key) {
             return id;
         }

@@ -15,6 +15,7 @@ use crate::probe::{KernelTotals, Probe, RawSample};
 use crate::procfs::ProcessInfo;
 use crate::profile::ProfileBuilder;
 use crate::symbolize::{Resolved, SymbolizeStats, Symbolizer};
+use crate::unwind::TableStats;
 
 /// A boxed error a sink returns.
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
@@ -98,6 +99,10 @@ pub struct Interval {
     pub build: Duration,
     /// Unique addresses this interval looked up, and how many of those the caches answered.
     pub addresses: (u64, u64),
+    /// The unwind tables after this interval's refresh (what is loaded now, and totals).
+    pub tables: TableStats,
+    /// Time this interval's table refresh took (reading maps, building new tables).
+    pub tables_refresh: Duration,
 }
 
 /// Totals over the sampler's life, returned by [`Sampler::stop`].
@@ -118,6 +123,8 @@ pub struct Stats {
     pub kernel: KernelTotals,
     /// Symbolization totals.
     pub symbolize: SymbolizeStats,
+    /// Unwind tables at the end, and what building them took.
+    pub tables: TableStats,
     /// CPUs sampled.
     pub cpus: usize,
 }
@@ -214,6 +221,11 @@ fn run(
         cpus: probe.cpus(),
         ..Stats::default()
     };
+    // Listed processes keep their tables while they live, sampled or not.
+    let listed: HashSet<u32> = match &config.target {
+        crate::config::Target::Pids(pids) => pids.iter().copied().collect(),
+        _ => HashSet::new(),
+    };
     let mut start_ms = now_ms();
     let mut next = Instant::now() + config.interval;
     loop {
@@ -225,6 +237,13 @@ fn run(
         let drain_started = Instant::now();
         let (raw, counts) = probe.drain()?;
         let drained = drain_started.elapsed();
+        let refresh_started = Instant::now();
+        if config.unwind_table_bytes > 0 {
+            let mut pids: HashSet<u32> = raw.iter().map(|s| s.pid).collect();
+            pids.extend(&listed);
+            probe.tables.refresh(&pids);
+        }
+        let tables_refresh = refresh_started.elapsed();
         let before = symbolizer.stats;
         let build_started = Instant::now();
         let profiles = build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms);
@@ -242,6 +261,8 @@ fn run(
                 after.addresses - before.addresses,
                 after.cache_hits - before.cache_hits,
             ),
+            tables: probe.tables.stats(),
+            tables_refresh,
             profiles,
         };
         stats.intervals += 1;
@@ -253,6 +274,9 @@ fn run(
             samples = interval.samples,
             dropped = interval.dropped,
             symbolize_ms = interval.symbolize.as_secs_f64() * 1e3,
+            tables_ms = interval.tables_refresh.as_secs_f64() * 1e3,
+            table_files = interval.tables.files,
+            table_bytes = interval.tables.bytes,
             addresses = interval.addresses.0,
             cached = interval.addresses.1,
             "eBPF interval"
@@ -275,6 +299,7 @@ fn run(
     }
     stats.kernel = probe.totals()?;
     stats.symbolize = symbolizer.stats;
+    stats.tables = probe.tables.stats();
     probe.detach();
     tracing::info!(
         intervals = stats.intervals,
@@ -326,6 +351,12 @@ fn build(
             }
             for a in &s.user {
                 ids.push(builder.location(&user[a]));
+            }
+            // A table walk cut short: say so at the root.
+            if let Some(root) = s.user_end.and_then(|e| e.root_frame())
+                && !s.user.is_empty()
+            {
+                ids.push(builder.location(&Resolved::placeholder(root)));
             }
             if ids.is_empty() {
                 ids.push(builder.location(&no_stack));

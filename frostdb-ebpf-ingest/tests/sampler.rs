@@ -7,15 +7,18 @@ use std::time::Duration;
 
 use frostdb_core::{Db, DbOptions};
 use frostdb_ebpf_ingest::{
-    Config, Error, Interval, ProcessProfile, Sampler, Sink, StoreSink, Target, check_permitted,
+    Config, DEFAULT_UNWIND_TABLE_BYTES, Error, Interval, ProcessProfile, Sampler, Sink, Stats,
+    StoreSink, Target, check_permitted,
 };
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{ProfileStore, StoreOptions, proto};
 use frostdb_query::Selector;
 use frostdb_query::profile::TimeRange;
 
+mod chain;
 mod spin;
 
+use chain::{C_CHAIN, LATE_CHAIN, RUST_CHAIN, Running, has_chain};
 use spin::{Spin, build_spin};
 
 /// Whether this process may load BPF programs; prints why not when it may not.
@@ -77,6 +80,7 @@ fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
         frequency_hz: 99,
         interval: Duration::from_millis(500),
         target: Target::Pids(vec![spin.pid()]),
+        ..Config::default()
     };
     let sampler = Sampler::start(config, sink).expect("the sampler starts as root");
     let mut profiles: Vec<ProcessProfile> = Vec::new();
@@ -184,6 +188,7 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
         frequency_hz: frequency,
         interval: Duration::from_millis(200),
         target: Target::Pids(spins.iter().map(Spin::pid).collect()),
+        ..Config::default()
     };
     let sampler = Sampler::start(config, tx).unwrap();
     let started = std::time::Instant::now();
@@ -303,4 +308,239 @@ fn without_privileges_starting_is_a_clear_error_not_a_panic() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Samples `pid` at 499 Hz in 250 ms intervals with `unwind_table_bytes` of unwind tables.
+fn sample(pid: u32, unwind_table_bytes: u64) -> (Sampler, mpsc::Receiver<Interval>) {
+    let (tx, rx) = mpsc::channel::<Interval>();
+    let config = Config {
+        frequency_hz: 499,
+        interval: Duration::from_millis(250),
+        target: Target::Pids(vec![pid]),
+        unwind_table_bytes,
+    };
+    (
+        Sampler::start(config, tx).expect("the sampler starts as root"),
+        rx,
+    )
+}
+
+/// Intervals from `rx` until they hold `min` samples (at most 80 intervals).
+fn collect(rx: &mpsc::Receiver<Interval>, min: u64) -> Vec<Interval> {
+    let mut out = Vec::new();
+    let mut samples = 0;
+    for interval in rx.iter().take(80) {
+        samples += interval.samples;
+        out.push(interval);
+        if samples >= min {
+            break;
+        }
+    }
+    assert!(samples >= min, "only {samples} samples in 80 intervals");
+    out
+}
+
+/// The user frames of every sample (leaf first, with its count), and whether it had kernel
+/// frames.
+fn user_stacks(intervals: &[Interval]) -> Vec<(Vec<String>, bool, u64)> {
+    intervals
+        .iter()
+        .flat_map(|i| &i.profiles)
+        .flat_map(|p| {
+            p.profile.sample.iter().map(|s| {
+                let (kernel, user) = frames(&p.profile, s);
+                (user, !kernel.is_empty(), s.value[0] as u64)
+            })
+        })
+        .collect()
+}
+
+/// A stack is whole when it holds `chain` and goes on to `_start`, the outermost frame.
+fn whole(user: &[String], chain: &[&str]) -> bool {
+    has_chain(user, chain) && user.last().is_some_and(|f| f == "_start")
+}
+
+/// (samples whose user stack is whole, samples, the most frequent stack that is not).
+fn count_whole(intervals: &[Interval], chain: &[&str]) -> (u64, u64, Vec<String>) {
+    let (mut ok, mut total) = (0, 0);
+    let mut broken: std::collections::HashMap<Vec<String>, u64> = Default::default();
+    for (user, _, n) in user_stacks(intervals) {
+        total += n;
+        if whole(&user, chain) {
+            ok += n;
+        } else {
+            *broken.entry(user).or_default() += n;
+        }
+    }
+    let worst = broken
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(s, _)| s)
+        .unwrap_or_default();
+    (ok, total, worst)
+}
+
+/// At least 95% of the samples of `intervals` carry `chain` whole.
+fn assert_whole(what: &str, intervals: &[Interval], chain: &[&str]) {
+    let (ok, total, worst) = count_whole(intervals, chain);
+    eprintln!("{what}: {ok} of {total} samples whole; most frequent broken stack: {worst:?}");
+    assert!(
+        ok * 100 >= total * 95,
+        "{what}: only {ok} of {total} samples carry {chain:?} whole; e.g. {worst:?}"
+    );
+}
+
+/// Every user stack the sampler walked of a listed process was walked with tables.
+fn assert_unwound_with_tables(stats: &Stats) {
+    let walks = stats.kernel.user_walks;
+    eprintln!("user walks: {walks:?}; tables: {:?}", stats.tables);
+    assert_eq!(walks.frame_pointers, 0, "{walks:?}");
+    assert!(walks.unwound_total() > 0, "{walks:?}");
+}
+
+/// Walked by frame pointer only, as the sampler did before it had tables, fewer than half
+/// of `pid`'s samples carry `chain` whole: the program really has no frame pointers, so
+/// the tests with tables prove something.
+fn assert_frame_pointers_break(pid: u32, chain: &[&str]) {
+    let (sampler, rx) = sample(pid, 0);
+    let intervals = collect(&rx, 200);
+    sampler.stop().unwrap();
+    let (ok, total, worst) = count_whole(&intervals, chain);
+    eprintln!("frame pointers only: {ok} of {total} samples whole; e.g. {worst:?}");
+    assert!(
+        ok * 2 < total,
+        "{ok} of {total} samples whole by frame pointer: the program keeps them after all"
+    );
+}
+
+#[test]
+fn a_c_chain_without_frame_pointers_is_sampled_whole_through_its_library() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = chain::build_chain(dir.path());
+    let running = Running::start(&program, &["spin"]);
+    let pid = running.pid();
+
+    assert_frame_pointers_break(pid, &C_CHAIN);
+
+    // With tables, loaded before the first sample.
+    let (sampler, rx) = sample(pid, DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    assert_whole("C chain", &intervals, &C_CHAIN);
+    let loaded = intervals.last().unwrap().tables;
+    // chain, libchain.so, libc and the dynamic loader, at least.
+    assert!(loaded.processes == 1 && loaded.files >= 4, "{loaded:?}");
+    assert_eq!(loaded.bytes % 4096, 0);
+    assert!(loaded.bytes >= loaded.rows * 16, "{loaded:?}");
+
+    // The process exits: its tables go at the next refresh.
+    running.stop();
+    let after = rx
+        .iter()
+        .take(20)
+        .find(|i| i.tables.processes == 0)
+        .expect("the tables of the exited process were dropped within 20 intervals");
+    assert_eq!(
+        (after.tables.files, after.tables.rows, after.tables.bytes),
+        (0, 0, 0)
+    );
+    assert!(after.tables.files_dropped >= 4, "{:?}", after.tables);
+    let stats = sampler.stop().unwrap();
+    assert_unwound_with_tables(&stats);
+}
+
+#[test]
+fn a_stack_through_a_signal_handler_is_sampled_whole() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = chain::build_chain(dir.path());
+    let running = Running::start(&program, &["signal-spin"]);
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    // The handler at the leaf, the interrupted chain beneath the signal frame.
+    let stacks = user_stacks(&intervals);
+    let handler: u64 = stacks
+        .iter()
+        .filter(|(u, _, _)| u.first().is_some_and(|f| f == "on_signal_spin"))
+        .map(|(_, _, n)| n)
+        .sum();
+    let total: u64 = stacks.iter().map(|(_, _, n)| n).sum();
+    assert!(
+        handler * 100 >= total * 95,
+        "on_signal_spin leads {handler} of {total}"
+    );
+    assert_whole("through the signal frame", &intervals, &C_CHAIN);
+    assert_unwound_with_tables(&stats);
+}
+
+#[test]
+fn a_rust_release_binary_is_sampled_whole() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let program = chain::build_rust_chain(dir.path());
+    let running = Running::start(&program, &["spin"]);
+    assert_frame_pointers_break(running.pid(), &RUST_CHAIN);
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    assert_whole("Rust chain", &intervals, &RUST_CHAIN);
+    assert_unwound_with_tables(&stats);
+}
+
+#[test]
+fn a_library_loaded_while_sampling_is_unwound_from_the_next_interval() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (program, library) = chain::build_late(dir.path());
+    let mut running = Running::start(&program, &[library.to_str().unwrap()]);
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+
+    // Before: spinning in waiting() and polling stdin, in and out of the kernel. Samples
+    // taken in the kernel unwind from the user registers saved at kernel entry.
+    let before = collect(&rx, 300);
+    assert_whole("waiting", &before, &["waiting", "main"]);
+    let in_kernel: Vec<_> = user_stacks(&before)
+        .into_iter()
+        .filter(|(_, kernel, _)| *kernel)
+        .collect();
+    let kernel_total: u64 = in_kernel.iter().map(|(_, _, n)| n).sum();
+    let kernel_whole: u64 = in_kernel
+        .iter()
+        .filter(|(u, _, _)| whole(u, &["waiting", "main"]))
+        .map(|(_, _, n)| n)
+        .sum();
+    eprintln!("samples in the kernel: {kernel_whole} of {kernel_total} whole");
+    assert!(
+        kernel_total >= 10,
+        "only {kernel_total} samples in the kernel"
+    );
+    assert!(kernel_whole * 100 >= kernel_total * 95);
+    let files_before = before.last().unwrap().tables.files;
+
+    // dlopen: the interval that first sees the library's code loads its table.
+    running.tell("load");
+    let has_leaf = |i: &Interval| {
+        user_stacks(std::slice::from_ref(i))
+            .iter()
+            .any(|(u, _, _)| u.iter().any(|f| f == "chain_lib_leaf"))
+    };
+    let first = rx
+        .iter()
+        .take(40)
+        .find(has_leaf)
+        .expect("the library's code is sampled within 40 intervals");
+    assert!(first.tables.files > files_before, "{:?}", first.tables);
+    let after = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    assert_whole("after dlopen", &after, &LATE_CHAIN);
+    assert_unwound_with_tables(&stats);
 }

@@ -14,6 +14,10 @@ use frostdb_ebpf_ingest::unwind::{
     Cfa, End, ProcessTables, Registers, SavedRbp, UnwindTable, compile,
 };
 
+mod chain;
+
+use chain::{C_CHAIN, RUST_CHAIN, Running, build_chain, build_rust_chain, has_chain};
+
 /// A row as readelf prints it: CFA, rbp and return address rules.
 type Rules = (String, String, String);
 
@@ -255,40 +259,6 @@ fn libc_tables_read_as_readelf_reads_its_cfi() {
     );
 }
 
-/// Builds chain.c and its library, libchain.so, with `-O2 -fomit-frame-pointer` into
-/// `dir`; returns (program, library).
-fn build_chain(dir: &Path) -> (PathBuf, PathBuf) {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind");
-    let cc = |args: &[&str]| {
-        let status = Command::new("cc")
-            .args(["-O2", "-g", "-fomit-frame-pointer"])
-            .args(args)
-            .current_dir(dir)
-            .status()
-            .expect("cc runs (the Rust toolchain links with it)");
-        assert!(status.success(), "cc {args:?} failed");
-    };
-    let lib_source = source.join("chain_lib.c");
-    let main_source = source.join("chain.c");
-    cc(&[
-        "-fPIC",
-        "-shared",
-        "-o",
-        "libchain.so",
-        lib_source.to_str().unwrap(),
-    ]);
-    let rpath = format!("-Wl,-rpath,{}", dir.display());
-    cc(&[
-        "-o",
-        "chain",
-        main_source.to_str().unwrap(),
-        "-L.",
-        "-lchain",
-        &rpath,
-    ]);
-    (dir.join("chain"), dir.join("libchain.so"))
-}
-
 #[test]
 fn a_c_program_without_frame_pointers_reads_as_readelf_reads_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -302,16 +272,6 @@ fn a_c_program_without_frame_pointers_reads_as_readelf_reads_it() {
         // Without frame pointers, every CFA is rsp-based.
         let table = compile(&std::fs::read(file).unwrap()).unwrap();
         assert!(table.rows().iter().all(|r| !matches!(r.cfa, Cfa::Rbp(_))));
-    }
-}
-
-/// A running program, killed on drop.
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -373,20 +333,9 @@ fn unwind_blocked(
     args: &[&str],
     registers: impl Fn(u32) -> Registers,
 ) -> (Vec<String>, End) {
-    use std::io::BufRead;
     use std::os::unix::fs::FileExt;
-    let mut child = Command::new(program)
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
-    let child = Running(child);
-    let pid = child.0.id();
+    let child = Running::start(program, args);
+    let pid = child.pid();
     let regs = registers(pid);
     let tables = ProcessTables::read(pid).unwrap();
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
@@ -428,30 +377,10 @@ fn unwind_blocked(
     (names, unwound.end)
 }
 
-/// Asserts `chain` (innermost first) appears in `names`, whole and in order; a name matches
-/// when it ends with the chain's (Rust names carry their module path).
+/// Asserts `chain` (innermost first) appears in `names`, whole and in order.
 fn assert_chain(names: &[String], chain: &[&str]) {
-    let first = names
-        .iter()
-        .position(|n| n.ends_with(chain[0]))
-        .unwrap_or_else(|| panic!("no {} in {names:?}", chain[0]));
-    let found: Vec<bool> = chain
-        .iter()
-        .enumerate()
-        .map(|(i, want)| names.get(first + i).is_some_and(|n| n.ends_with(want)))
-        .collect();
-    assert!(found.iter().all(|f| *f), "{chain:?} not whole in {names:?}");
+    assert!(has_chain(names, chain), "{chain:?} not whole in {names:?}");
 }
-
-/// chain.c's call chain below `main`, innermost first.
-const C_CHAIN: [&str; 6] = [
-    "chain_lib_leaf",
-    "chain_lib_d",
-    "chain_lib_c",
-    "chain_b",
-    "chain_a",
-    "main",
-];
 
 #[test]
 fn a_chain_through_a_shared_library_unwinds_whole_from_its_registers() {
@@ -484,27 +413,10 @@ fn a_stack_unwinds_through_a_signal_frame_into_the_interrupted_chain() {
 #[test]
 fn a_rust_release_binary_unwinds_whole_from_its_registers() {
     let dir = tempfile::tempdir().unwrap();
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/unwind/chain.rs");
-    let program = dir.path().join("chain_rs");
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-    let status = Command::new(&rustc)
-        .args([
-            "--edition",
-            "2021",
-            "-C",
-            "opt-level=2",
-            "-C",
-            "debuginfo=1",
-            "-o",
-        ])
-        .arg(&program)
-        .arg(&source)
-        .status()
-        .unwrap_or_else(|e| panic!("{rustc} runs: {e}"));
-    assert!(status.success(), "rustc failed on {}", source.display());
+    let program = build_rust_chain(dir.path());
     // Rust's precompiled std keeps frame pointers (its CFA is rbp-based): the real rbp.
     let (names, end) = unwind_blocked(&program, &[], registers_by_gdb);
-    assert_chain(&names, &["rust_leaf", "rust_c", "rust_b", "rust_a", "main"]);
+    assert_chain(&names, &RUST_CHAIN);
     assert_eq!(end, End::Complete, "{names:?}");
 }
 

@@ -5,6 +5,10 @@
 // (pid, thread name, user stack, kernel stack) in one of two buffers. User space flips
 // `active` each interval, waits one RCU grace period (membarrier), then drains and clears
 // the buffer no program can still be writing: nothing is lost or counted twice.
+//
+// User stacks of processes whose unwind tables user space has loaded (src/unwind/) are
+// walked here from the tables compiled out of each binary's .eh_frame, the same steps as
+// src/unwind/walk.rs; other processes' by frame pointer (bpf_get_stack).
 #include <linux/bpf.h>
 #include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
@@ -25,7 +29,21 @@
 #define T_NO_USER_STACK 5 // user stack could not be read (kernel threads have none)
 #define T_NO_KERNEL_STACK 6 // in kernel mode, yet no kernel stack
 #define T_STACKS_FULL 7 // a stack was not kept: that buffer's stack map was full
-#define T_LEN 8
+#define T_FRAME_POINTERS 8 // user stack walked by frame pointer: the process has no tables
+#define T_UNWOUND 9 // + END_*: user stacks unwound with tables, by how the walk ended
+#define T_LEN (T_UNWOUND + END_LEN)
+
+// How a table walk ended; keep in step with src/probe.rs (UserEnd).
+#define END_COMPLETE 0 // at the outermost frame
+#define END_NOT_MAPPED 1 // an address in no file mapping (JIT code, the vDSO)
+#define END_UNSUPPORTED 2 // CFI the tables do not follow
+#define END_NO_CFI 3 // no row and no usable frame pointer
+#define END_UNREADABLE 4 // stack memory could not be read
+#define END_TOO_DEEP 5 // STACK_DEPTH frames
+#define END_LEN 6
+
+#define ROWS_PER_CHUNK 256
+#define MAX_MAPPINGS 256
 
 // Stacks are keyed by a 64-bit hash of their content, not kept in a STACK_TRACE map: that
 // map's ids are bucket indexes, so two stacks landing in one bucket either lose the second
@@ -38,7 +56,7 @@ struct stack_t {
 
 struct key_t {
 	__u32 pid;
-	__u32 pad;
+	__u32 user_end; // END_* + 1 for a table walk, 0 for a frame-pointer walk
 	__u64 user_stack; // hash; 0 = none
 	__u64 kernel_stack; // hash; 0 = none
 	char comm[16];
@@ -101,6 +119,56 @@ struct {
 	__type(value, struct stack_t);
 } scratch SEC(".maps");
 
+// Unwind tables, written by src/unwind/maps.rs. One row per address range of a file:
+// from `pc` (the file's virtual address) to the next row's, the CFA is `cfa_kind`
+// (0 none, 1 rsp + cfa_offset, 2 rbp + cfa_offset, 3 PLT, 4 signal trampoline,
+// 5 unsupported, 6 outermost) and the caller's rbp `rbp_kind` (0 unchanged, 1 saved at
+// CFA + rbp_offset, 2 unknown). UnwindRow::encode writes this layout.
+struct row_t {
+	__u64 pc;
+	__s32 cfa_offset;
+	__s16 rbp_offset;
+	__u8 cfa_kind;
+	__u8 rbp_kind;
+};
+
+// Rows are stored 256 to an element (one update per 4 KiB, not per row). A file's rows are
+// consecutive, from a chunk boundary; user space sets the number of chunks at load.
+struct chunk_t {
+	struct row_t rows[ROWS_PER_CHUNK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct chunk_t);
+} unwind_rows SEC(".maps");
+
+// An executable file mapping of a process: addresses start..end are the file's virtual
+// addresses + bias; its rows are first_row..first_row + rows (0 rows: no table).
+struct mapping_t {
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 first_row;
+	__u32 rows;
+};
+
+struct process_t {
+	__u32 count;
+	__u32 pad;
+	struct mapping_t mappings[MAX_MAPPINGS]; // sorted by start
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PIDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct process_t);
+} unwind_processes SEC(".maps");
+
 COUNTS(counts0);
 COUNTS(counts1);
 STACKS(stacks0);
@@ -113,20 +181,11 @@ static __always_inline void bump(__u32 index)
 		*v += 1; // per-CPU: no other writer
 }
 
-// Reads the stack `flags` asks for into scratch, stores it in `stacks` under the hash of
-// its content, and returns the hash (0: no stack).
-static __always_inline __u64 stack(struct bpf_perf_event_data *ctx, void *stacks,
-				   __u64 flags)
+// Stores the first n frames of scratch stack `st` in `stacks` under the hash of their
+// content and returns the hash (0: not stored). The slots past n must be zero.
+static __always_inline __u64 store(struct stack_t *st, __u32 n, void *stacks)
 {
-	__u32 zero = 0;
-	struct stack_t *st = bpf_map_lookup_elem(&scratch, &zero);
-	if (!st)
-		return 0;
-	long bytes = bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags);
-	if (bytes <= 0)
-		return 0;
-	__u32 n = bytes / sizeof(__u64);
-	// FNV-1a over the frames; the tail past n is zeroed by the helper.
+	// FNV-1a over the frames.
 	__u64 h = 0xcbf29ce484222325ULL;
 	for (__u32 i = 0; i < STACK_DEPTH; i++) {
 		if (i >= n)
@@ -145,6 +204,249 @@ static __always_inline __u64 stack(struct bpf_perf_event_data *ctx, void *stacks
 	return h;
 }
 
+static __always_inline struct stack_t *scratch_stack(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&scratch, &zero);
+}
+
+// Reads the stack `flags` asks for (a frame-pointer walk) and stores it; returns its hash
+// (0: no stack).
+static __always_inline __u64 stack(struct bpf_perf_event_data *ctx, void *stacks,
+				   __u64 flags)
+{
+	struct stack_t *st = scratch_stack();
+	if (!st)
+		return 0;
+	long bytes = bpf_get_stack(ctx, st->ips, sizeof(st->ips), flags);
+	if (bytes <= 0)
+		return 0;
+	// The helper zeroes the tail past the stack.
+	return store(st, bytes / sizeof(__u64), stacks);
+}
+
+// The state of a table walk. It lives in a per-CPU map, not on the stack: values read
+// from map memory are unknown to the verifier, so it checks the loop bodies once rather
+// than once per constant an index could take (binary searches over precise constants
+// branch into millions of states).
+struct walk_t {
+	__u64 ip;
+	__u64 sp;
+	__u64 bp;
+	__u32 pid;
+	__u32 n; // frames written
+	__u32 end; // END_*, valid once `done`
+	__u32 exact; // ip is an interrupted instruction, not a return address
+	__u32 done;
+	__u32 lo; // binary search bounds
+	__u32 hi;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct walk_t);
+} walks SEC(".maps");
+
+#define LOAD(x) (*(volatile typeof(x) *)&(x))
+
+static __always_inline __u64 read_user(__u64 at, int *ok)
+{
+	__u64 v = 0;
+	*ok = bpf_probe_read_user(&v, sizeof(v), (void *)at) == 0;
+	return v;
+}
+
+static __always_inline struct row_t *row_at(__u32 index)
+{
+	__u32 chunk = index / ROWS_PER_CHUNK;
+	struct chunk_t *c = bpf_map_lookup_elem(&unwind_rows, &chunk);
+	if (!c)
+		return 0;
+	return &c->rows[index & (ROWS_PER_CHUNK - 1)];
+}
+
+static __always_inline long finish(struct walk_t *w, __u32 end)
+{
+	w->end = end;
+	w->done = 1;
+	return 1; // stops bpf_loop
+}
+
+// One frame of the walk: src/unwind/walk.rs, ProcessTables::unwind.
+static long step(__u64 index, void *unused)
+{
+	__u32 zero = 0;
+	struct walk_t *w = bpf_map_lookup_elem(&walks, &zero);
+	struct stack_t *st = scratch_stack();
+	if (!w || !st)
+		return 1;
+	__u32 n = LOAD(w->n);
+	if (n >= STACK_DEPTH)
+		return finish(w, END_TOO_DEEP);
+	__u64 ip = w->ip;
+	st->ips[n] = ip;
+	w->n = n + 1;
+	// A return address points after its call; its row is the call's.
+	__u64 pc = w->exact ? ip : ip - 1;
+	w->exact = 0;
+
+	struct process_t *p = bpf_map_lookup_elem(&unwind_processes, &w->pid);
+	if (!p)
+		return finish(w, END_NOT_MAPPED);
+	// The last mapping starting at or below pc: after the search, lo is one past it.
+	w->lo = 0;
+	w->hi = p->count;
+	for (int i = 0; i < 9; i++) {
+		__u32 lo = LOAD(w->lo), hi = LOAD(w->hi);
+		if (lo >= hi)
+			break;
+		__u32 mid = (lo + hi) / 2;
+		if (p->mappings[mid & (MAX_MAPPINGS - 1)].start <= pc)
+			w->lo = mid + 1;
+		else
+			w->hi = mid;
+	}
+	__u32 found = LOAD(w->lo);
+	if (found == 0 || found > MAX_MAPPINGS)
+		return finish(w, END_NOT_MAPPED);
+	struct mapping_t *m = &p->mappings[(found - 1) & (MAX_MAPPINGS - 1)];
+	if (pc >= m->end)
+		return finish(w, END_NOT_MAPPED);
+
+	// The last row at or below the file address.
+	__u64 address = pc - m->bias;
+	__u32 first = m->first_row;
+	w->lo = 0;
+	w->hi = m->rows;
+	for (int i = 0; i < 25; i++) {
+		__u32 lo = LOAD(w->lo), hi = LOAD(w->hi);
+		if (lo >= hi)
+			break;
+		__u32 mid = (lo + hi) / 2;
+		struct row_t *r = row_at(first + mid);
+		if (!r)
+			return finish(w, END_UNSUPPORTED);
+		if (r->pc <= address)
+			w->lo = mid + 1;
+		else
+			w->hi = mid;
+	}
+	found = LOAD(w->lo);
+	struct row_t row = { 0 };
+	if (found > 0) {
+		struct row_t *r = row_at(first + found - 1);
+		if (!r)
+			return finish(w, END_UNSUPPORTED);
+		row = *r;
+	}
+
+	int ok = 0;
+	__u64 cfa;
+	switch (row.cfa_kind) {
+	case 1:
+		cfa = w->sp + (__s64)row.cfa_offset;
+		break;
+	case 2:
+		cfa = w->bp + (__s64)row.cfa_offset;
+		break;
+	case 3:
+		cfa = w->sp + 8 + ((ip & 15) >= 11 ? 8 : 0);
+		break;
+	case 4: {
+		// The signal trampoline: the interrupted registers are in the ucontext at rsp,
+		// uc_mcontext (at 40) holding r8..r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip.
+		__u64 mc = w->sp + 40;
+		int a, b, c;
+		__u64 bp = read_user(mc + 8 * 10, &a);
+		__u64 sp = read_user(mc + 8 * 15, &b);
+		__u64 rip = read_user(mc + 8 * 16, &c);
+		if (!a || !b || !c)
+			return finish(w, END_UNREADABLE);
+		w->bp = bp;
+		w->sp = sp;
+		w->ip = rip;
+		w->exact = 1;
+		return 0;
+	}
+	case 5:
+		return finish(w, END_UNSUPPORTED);
+	case 6:
+		return finish(w, END_COMPLETE);
+	default: {
+		// No CFI here: the frame pointer, if this code keeps one.
+		__u64 bp = w->bp;
+		if (bp == 0)
+			return finish(w, END_NO_CFI);
+		int a, b;
+		__u64 caller_bp = read_user(bp, &a);
+		__u64 ra = read_user(bp + 8, &b);
+		if (!a || !b)
+			return finish(w, END_NO_CFI);
+		w->sp = bp + 16;
+		w->bp = caller_bp;
+		w->ip = ra;
+		return ra == 0 ? finish(w, END_COMPLETE) : 0;
+	}
+	}
+	__u64 ra = read_user(cfa - 8, &ok);
+	if (!ok)
+		return finish(w, END_UNREADABLE);
+	if (row.rbp_kind == 1) {
+		__u64 bp = read_user(cfa + (__s64)row.rbp_offset, &ok);
+		if (!ok)
+			return finish(w, END_UNREADABLE);
+		w->bp = bp;
+	} else if (row.rbp_kind == 2) {
+		w->bp = 0; // frames above that need it stop on their own
+	}
+	w->sp = cfa;
+	w->ip = ra;
+	return ra == 0 ? finish(w, END_COMPLETE) : 0;
+}
+
+// Walks the user stack of `pid` with its unwind tables and stores it; returns its hash
+// (0: no stack), and how the walk ended in *end.
+static __always_inline __u64 unwind(struct bpf_perf_event_data *ctx, void *stacks, __u32 pid,
+				    __u32 *end)
+{
+	__u32 zero = 0;
+	struct walk_t *w = bpf_map_lookup_elem(&walks, &zero);
+	struct stack_t *st = scratch_stack();
+	if (!w || !st)
+		return 0;
+	__builtin_memset(w, 0, sizeof(*w));
+	w->pid = pid;
+	w->exact = 1;
+	if ((ctx->regs.cs & 3) == 3) {
+		w->ip = ctx->regs.rip;
+		w->sp = ctx->regs.rsp;
+		w->bp = ctx->regs.rbp;
+	} else {
+		// In the kernel: the user registers saved at kernel entry.
+		struct pt_regs regs;
+		struct task_struct *task = bpf_get_current_task_btf();
+		if (bpf_probe_read_kernel(&regs, sizeof(regs), (void *)bpf_task_pt_regs(task)))
+			return 0;
+		w->ip = regs.rip;
+		w->sp = regs.rsp;
+		w->bp = regs.rbp;
+	}
+	__builtin_memset(st, 0, sizeof(*st));
+	bpf_loop(STACK_DEPTH + 1, step, 0, 0);
+	__u32 e = w->done ? w->end : END_TOO_DEEP;
+	if (e >= END_LEN)
+		e = END_UNSUPPORTED;
+	bump(T_UNWOUND + e);
+	*end = e;
+	__u32 n = w->n;
+	if (n == 0)
+		return 0;
+	return store(st, n, stacks);
+}
+
 static __always_inline void record(struct bpf_perf_event_data *ctx, void *counts, void *stacks,
 				   __u32 buffer, __u32 pid)
 {
@@ -157,7 +459,15 @@ static __always_inline void record(struct bpf_perf_event_data *ctx, void *counts
 		if (!key.kernel_stack)
 			bump(T_NO_KERNEL_STACK);
 	}
-	key.user_stack = stack(ctx, stacks, BPF_F_USER_STACK);
+	if (bpf_map_lookup_elem(&unwind_processes, &pid)) {
+		__u32 end = END_UNREADABLE;
+		key.user_stack = unwind(ctx, stacks, pid, &end);
+		key.user_end = end + 1;
+	} else {
+		key.user_stack = stack(ctx, stacks, BPF_F_USER_STACK);
+		if (key.user_stack)
+			bump(T_FRAME_POINTERS);
+	}
 	if (!key.user_stack)
 		bump(T_NO_USER_STACK);
 

@@ -13,12 +13,15 @@
 //! unwinds a frame with two reads of user memory.
 //!
 //! [`table::compile`] builds a table from an ELF file's bytes. [`walk`] is the unwinder the
-//! BPF program is to run, in user space, over a live process's tables: the reference its
-//! tests hold the kernel side to. Loading tables into BPF maps (once per build id, shared by
-//! every process mapping the file) and the kernel unwinder build on both.
+//! BPF program runs (`src/bpf/sampler.bpf.c`, `step`), in user space over a live process's
+//! tables: the reference its tests hold the kernel side to. `loader` keeps the tables of
+//! the sampled processes in the program's maps, once per build id and shared by every
+//! process mapping the file.
 
+pub(crate) mod loader;
 pub mod table;
 pub mod walk;
 
+pub use loader::TableStats;
 pub use table::{Cfa, SavedRbp, UnwindRow, UnwindStats, UnwindTable, compile};
 pub use walk::{End, ProcessTables, Registers, Unwound};

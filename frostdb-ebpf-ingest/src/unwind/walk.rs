@@ -16,6 +16,7 @@ use object::{Object, ObjectSegment};
 
 use super::table::{Cfa, SavedRbp, UnwindTable, compile};
 use crate::error::{Error, Result};
+use crate::procfs::ExecutableMapping;
 
 /// The registers an unwind starts from (what a perf event or `/proc/<pid>/syscall` gives).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,22 +96,13 @@ impl ProcessTables {
                 by_path.insert(m.path.clone(), (out.tables.len() - 1, segments(&bytes)));
             }
             let (table, segments) = &by_path[&m.path];
-            // The executable segment holding the mapping's (page-aligned) file offset gives
-            // its address. A segment's offset need not be page-aligned (lld puts code at
-            // 0x13ab0 of the file and 0x14ab0 of memory), so its first page starts below it,
-            // where the segment before may also reach.
-            let Some(vaddr) = segments
-                .iter()
-                .filter(|s| s.executable)
-                .find(|s| s.offset & !0xfff <= m.offset && m.offset < s.offset + s.size)
-                .map(|s| m.offset.wrapping_add(s.address.wrapping_sub(s.offset)))
-            else {
+            let Some(bias) = load_bias(segments, &m) else {
                 continue;
             };
             out.mappings.push(Mapping {
                 start: m.start,
                 end: m.end,
-                bias: m.start.wrapping_sub(vaddr),
+                bias,
                 table: *table,
             });
         }
@@ -210,9 +202,23 @@ impl ProcessTables {
     }
 }
 
+/// What `mapping`'s addresses minus the file's virtual addresses are: the executable
+/// segment holding the mapping's (page-aligned) file offset gives its address. A segment's
+/// offset need not be page-aligned (lld puts code at 0x13ab0 of the file and 0x14ab0 of
+/// memory), so its first page starts below it, where the segment before may also reach.
+pub(crate) fn load_bias(segments: &[Segment], mapping: &ExecutableMapping) -> Option<u64> {
+    let m = mapping;
+    segments
+        .iter()
+        .filter(|s| s.executable)
+        .find(|s| s.offset & !0xfff <= m.offset && m.offset < s.offset + s.size)
+        .map(|s| m.offset.wrapping_add(s.address.wrapping_sub(s.offset)))
+        .map(|vaddr| m.start.wrapping_sub(vaddr))
+}
+
 /// A loadable segment of an ELF file.
 #[derive(Debug, Clone, Copy)]
-struct Segment {
+pub(crate) struct Segment {
     offset: u64,
     size: u64,
     address: u64,
@@ -220,10 +226,15 @@ struct Segment {
 }
 
 /// The loadable segments of an ELF file.
-fn segments(elf: &[u8]) -> Vec<Segment> {
+pub(crate) fn segments(elf: &[u8]) -> Vec<Segment> {
     let Ok(file) = object::File::parse(elf) else {
         return Vec::new();
     };
+    segments_of(&file)
+}
+
+/// The loadable segments of a parsed ELF file.
+pub(crate) fn segments_of(file: &object::File<'_>) -> Vec<Segment> {
     file.segments()
         .map(|s| {
             let (offset, size) = s.file_range();

@@ -10,10 +10,16 @@ static void on_signal(int sig) {
     for (;;) pause();
 }
 
-/* sleep: 0 spins, 1 waits in pause(), 2 raises a signal whose handler waits. */
+/* Spins inside the handler. */
+static void on_signal_spin(int sig) {
+    for (unsigned long i = 0;; i++) lib_sink += i * (unsigned long)sig;
+}
+
+/* sleep: 0 spins, 1 waits in pause(), 2 raises a signal whose handler waits, 3 one whose
+ * handler spins. */
 __attribute__((noinline)) void chain_lib_leaf(unsigned long n, int sleep) {
-    if (sleep == 2) {
-        signal(SIGUSR1, on_signal);
+    if (sleep == 2 || sleep == 3) {
+        signal(SIGUSR1, sleep == 2 ? on_signal : on_signal_spin);
         raise(SIGUSR1);
     }
     for (;;) {

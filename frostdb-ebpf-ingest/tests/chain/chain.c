@@ -2,7 +2,7 @@
  * -fomit-frame-pointer: main -> chain_a -> chain_b -> chain_lib_c -> chain_lib_d ->
  * chain_lib_leaf, the last three in libchain.so (chain_lib.c). `chain sleep` waits in
  * pause() at the bottom of the chain; `chain signal` raises a signal there whose handler
- * waits in pause(); `chain spin` spins there. noinline and the volatile
+ * waits in pause(); `chain signal-spin` one whose handler spins; `chain spin` spins there. noinline and the volatile
  * sink keep every frame real (no tail calls, no inlining). */
 #include <stdio.h>
 #include <string.h>
@@ -21,7 +21,11 @@ __attribute__((noinline)) void chain_a(unsigned long n, int sleep) {
 }
 
 int main(int argc, char **argv) {
-    int sleep = argc < 2 ? 0 : strcmp(argv[1], "sleep") == 0 ? 1 : strcmp(argv[1], "signal") == 0 ? 2 : 0;
+    int sleep = argc < 2                              ? 0
+                : strcmp(argv[1], "sleep") == 0       ? 1
+                : strcmp(argv[1], "signal") == 0      ? 2
+                : strcmp(argv[1], "signal-spin") == 0 ? 3
+                                                      : 0;
     printf("ready\n");
     fflush(stdout);
     chain_a(1000, sleep);

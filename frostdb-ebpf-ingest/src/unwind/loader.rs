@@ -1,0 +1,492 @@
+//! Unwind tables into the BPF program's maps: the rows of every file a sampled process maps
+//! executable, once per file (by build id, so processes mapping the same library share its
+//! rows), and per process the mappings that lead an address to its file's rows.
+//!
+//! The sampler thread calls [`TableLoader::refresh`] after each drain with the processes
+//! it saw: a process whose mappings changed (exec, dlopen) is loaded again, so new code is
+//! unwound from the next interval; a process gone or not sampled for [`IDLE_INTERVALS`]
+//! intervals is dropped, and a file no process uses any more gives its rows back. Until a
+//! process is loaded, and for files without tables, the program walks frame pointers.
+//!
+//! Rows live in one array of 4 KiB chunks (256 rows), sized at load from
+//! [`Config::unwind_table_bytes`](crate::Config); a file's rows are consecutive from a chunk
+//! boundary. Freed chunks are reused only after the next drain, whose RCU grace period
+//! guarantees no program still reads them.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use object::Object;
+
+use super::table::{UnwindRow, compile};
+use super::walk::{Segment, load_bias, segments_of};
+use crate::error::{Error, Result};
+use crate::procfs::{ExecutableMapping, executable_mappings};
+
+/// Rows per element of the rows array (`ROWS_PER_CHUNK` in sampler.bpf.c).
+pub(crate) const ROWS_PER_CHUNK: usize = 256;
+/// Bytes of one element of the rows array.
+pub(crate) const CHUNK_BYTES: usize = ROWS_PER_CHUNK * UnwindRow::ENCODED_BYTES;
+/// Mappings kept per process (`MAX_MAPPINGS` in sampler.bpf.c); addresses in later ones end
+/// the walk as unmapped.
+const MAX_MAPPINGS: usize = 256;
+/// Intervals a process may go unsampled before its tables are dropped.
+pub(crate) const IDLE_INTERVALS: u64 = 6;
+
+/// `struct chunk_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Chunk([u8; CHUNK_BYTES]);
+
+/// `struct mapping_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct MappingValue {
+    start: u64,
+    end: u64,
+    bias: u64,
+    first_row: u32,
+    rows: u32,
+}
+
+/// `struct process_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct ProcessValue {
+    count: u32,
+    pad: u32,
+    mappings: [MappingValue; MAX_MAPPINGS],
+}
+
+// SAFETY: `repr(C)` structs of plain integers with no implicit padding (a byte array;
+// 3×8+2×4 = 32 bytes; 4+4+256×32 bytes), so every bit pattern is a valid value.
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for Chunk {}
+#[allow(unsafe_code)]
+unsafe impl aya::Pod for ProcessValue {}
+
+/// What the loaded tables take, and what loading them cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Processes whose user stacks the program unwinds with tables now.
+    pub processes: usize,
+    /// Distinct files whose rows are loaded now.
+    pub files: usize,
+    /// Rows loaded now.
+    pub rows: u64,
+    /// Bytes of the rows array in use now (whole chunks).
+    pub bytes: u64,
+    /// Bytes the rows array has ([`Config::unwind_table_bytes`](crate::Config)).
+    pub capacity_bytes: u64,
+    /// Files compiled and loaded since the start.
+    pub files_loaded: u64,
+    /// Files dropped since the start: no process maps them any more.
+    pub files_dropped: u64,
+    /// Files whose tables could not be built (unreadable, not ELF, bad CFI): their code is
+    /// walked by frame pointer.
+    pub files_failed: u64,
+    /// Files not loaded because the rows array was full: walked by frame pointer.
+    pub files_not_loaded_full: u64,
+    /// Time spent reading files, compiling and loading tables, since the start.
+    pub build_time: Duration,
+}
+
+/// A file's identity: its build id, or where it is when it has none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum FileId {
+    BuildId(Vec<u8>),
+    Inode(String, u64),
+}
+
+#[derive(Debug)]
+struct LoadedFile {
+    /// First chunk and chunks; 0 chunks when the file has no table.
+    first_chunk: u32,
+    chunks: u32,
+    rows: u32,
+    segments: Vec<Segment>,
+    /// Processes mapping it.
+    refs: u32,
+}
+
+#[derive(Debug)]
+struct LoadedProcess {
+    /// Hash of its executable mappings when loaded.
+    signature: u64,
+    files: Vec<FileId>,
+    /// Whether it has an entry in the processes map (kernel threads map nothing).
+    in_map: bool,
+    last_seen: u64,
+}
+
+/// Free chunks: ranges (start, length), sorted and merged; `pending` ones become free at
+/// the next [`TableLoader::refresh`], after a grace period.
+#[derive(Debug, Default)]
+struct Chunks {
+    free: Vec<(u32, u32)>,
+    pending: Vec<(u32, u32)>,
+}
+
+impl Chunks {
+    fn new(total: u32) -> Self {
+        Self {
+            free: if total > 0 { vec![(0, total)] } else { vec![] },
+            pending: vec![],
+        }
+    }
+
+    /// First fit.
+    fn alloc(&mut self, n: u32) -> Option<u32> {
+        let i = self.free.iter().position(|&(_, len)| len >= n)?;
+        let (start, len) = self.free[i];
+        if len == n {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (start + n, len - n);
+        }
+        Some(start)
+    }
+
+    fn release(&mut self, start: u32, n: u32) {
+        if n > 0 {
+            self.pending.push((start, n));
+        }
+    }
+
+    fn settle(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.free.append(&mut self.pending);
+        self.free.sort_unstable();
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.free.len());
+        for &(start, len) in &self.free {
+            match merged.last_mut() {
+                Some((s, l)) if *s + *l == start => *l += len,
+                _ => merged.push((start, len)),
+            }
+        }
+        self.free = merged;
+    }
+}
+
+/// Keeps the BPF maps' unwind tables in step with the sampled processes.
+pub(crate) struct TableLoader {
+    rows: Array<MapData, Chunk>,
+    processes: BpfHashMap<MapData, u32, ProcessValue>,
+    chunks: Chunks,
+    files: HashMap<FileId, LoadedFile>,
+    /// (device, inode) → identity, for files loaded now: a library is read once, not once
+    /// per process.
+    inodes: HashMap<(String, u64), FileId>,
+    pids: HashMap<u32, LoadedProcess>,
+    interval: u64,
+    stats: TableStats,
+}
+
+impl TableLoader {
+    /// Takes the program's `unwind_rows` (of `chunks` elements) and `unwind_processes`.
+    pub(crate) fn new(
+        rows: Array<MapData, Chunk>,
+        processes: BpfHashMap<MapData, u32, ProcessValue>,
+        chunks: u32,
+    ) -> Self {
+        Self {
+            rows,
+            processes,
+            chunks: Chunks::new(chunks),
+            files: HashMap::new(),
+            inodes: HashMap::new(),
+            pids: HashMap::new(),
+            interval: 0,
+            stats: TableStats {
+                capacity_bytes: u64::from(chunks) * CHUNK_BYTES as u64,
+                ..TableStats::default()
+            },
+        }
+    }
+
+    /// What is loaded now, and the totals.
+    pub(crate) fn stats(&self) -> TableStats {
+        TableStats {
+            processes: self.pids.values().filter(|p| p.in_map).count(),
+            files: self.files.values().filter(|f| f.chunks > 0).count(),
+            rows: self.files.values().map(|f| u64::from(f.rows)).sum(),
+            bytes: self
+                .files
+                .values()
+                .map(|f| u64::from(f.chunks) * CHUNK_BYTES as u64)
+                .sum(),
+            ..self.stats
+        }
+    }
+
+    /// Loads the tables of `pids` whose mappings are new or changed, and drops processes
+    /// gone or idle for [`IDLE_INTERVALS`]. Call it after a drain (a grace period): chunks
+    /// freed by the call before are reused from here on.
+    pub(crate) fn refresh(&mut self, pids: &HashSet<u32>) {
+        self.chunks.settle();
+        self.interval += 1;
+        let started = Instant::now();
+        for &pid in pids {
+            if let Err(e) = self.load(pid) {
+                // Gone between its sample and now, most likely.
+                tracing::debug!(pid, "unwind tables not loaded: {e}");
+                self.forget(pid);
+            }
+        }
+        let interval = self.interval;
+        let stale: Vec<u32> = self
+            .pids
+            .iter()
+            .filter(|(pid, p)| {
+                interval - p.last_seen >= IDLE_INTERVALS
+                    || !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in stale {
+            self.forget(pid);
+        }
+        self.stats.build_time += started.elapsed();
+    }
+
+    fn load(&mut self, pid: u32) -> Result<()> {
+        let mappings = executable_mappings(pid)?;
+        let signature = signature(&mappings);
+        if let Some(p) = self.pids.get_mut(&pid) {
+            p.last_seen = self.interval;
+            if p.signature == signature {
+                return Ok(());
+            }
+        }
+        let mut value = ProcessValue {
+            count: 0,
+            pad: 0,
+            mappings: [MappingValue::default(); MAX_MAPPINGS],
+        };
+        let mut files: Vec<FileId> = Vec::new();
+        if mappings.len() > MAX_MAPPINGS {
+            tracing::warn!(
+                pid,
+                mappings = mappings.len(),
+                "more executable mappings than the unwinder keeps ({MAX_MAPPINGS}): frames in the rest end their stacks"
+            );
+        }
+        for m in mappings.iter().take(MAX_MAPPINGS) {
+            let Some(id) = self.file(pid, m) else {
+                continue;
+            };
+            let file = &self.files[&id];
+            let Some(bias) = load_bias(&file.segments, m) else {
+                continue;
+            };
+            value.mappings[value.count as usize] = MappingValue {
+                start: m.start,
+                end: m.end,
+                bias,
+                first_row: file.first_chunk * ROWS_PER_CHUNK as u32,
+                rows: file.rows,
+            };
+            value.count += 1;
+            if !files.contains(&id) {
+                files.push(id);
+            }
+        }
+        // Take the new files before letting go of the old ones, so a file mapped before and
+        // after stays loaded.
+        for id in &files {
+            if let Some(f) = self.files.get_mut(id) {
+                f.refs += 1;
+            }
+        }
+        let in_map = value.count > 0;
+        if in_map {
+            self.processes
+                .insert(pid, value, 0)
+                .map_err(|e| Error::bpf(format!("loading the mappings of pid {pid}"), e))?;
+        } else {
+            let _ = self.processes.remove(&pid);
+        }
+        let old = self.pids.insert(
+            pid,
+            LoadedProcess {
+                signature,
+                files,
+                in_map,
+                last_seen: self.interval,
+            },
+        );
+        if let Some(old) = old {
+            self.release(old.files);
+        }
+        // Files opened for this process but unused (no executable segment matched).
+        self.sweep();
+        Ok(())
+    }
+
+    /// The loaded file `m` maps, loading it if new; `None` when it cannot be read.
+    fn file(&mut self, pid: u32, m: &ExecutableMapping) -> Option<FileId> {
+        let inode = (m.device.clone(), m.inode);
+        if let Some(id) = self.inodes.get(&inode)
+            && self.files.contains_key(id)
+        {
+            return Some(id.clone());
+        }
+        // Through the process's root (another mount namespace works too); a file deleted
+        // since it was mapped is still there as the mapping's map_files link.
+        let bytes = std::fs::read(format!("/proc/{pid}/root{}", m.path))
+            .or_else(|_| std::fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)))
+            .ok()?;
+        let Ok(elf) = object::File::parse(&*bytes) else {
+            self.stats.files_failed += 1;
+            tracing::debug!(path = m.path, "not an ELF file: no unwind table");
+            return None;
+        };
+        let id = match elf.build_id() {
+            Ok(Some(b)) if !b.is_empty() => FileId::BuildId(b.to_vec()),
+            _ => FileId::Inode(m.device.clone(), m.inode),
+        };
+        self.inodes.insert(inode, id.clone());
+        if self.files.contains_key(&id) {
+            return Some(id); // the same build at another path (another container)
+        }
+        let segments = segments_of(&elf);
+        let table = match compile(&bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                self.stats.files_failed += 1;
+                tracing::debug!(path = m.path, "no unwind table: {e}");
+                self.files.insert(id.clone(), empty(segments));
+                return Some(id);
+            }
+        };
+        let rows = table.rows();
+        let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
+        let Some(first_chunk) = self.chunks.alloc(chunks) else {
+            self.stats.files_not_loaded_full += 1;
+            tracing::warn!(
+                path = m.path,
+                rows = rows.len(),
+                "the unwind table space is full: this file's frames are walked by frame pointer (raise unwind_table_bytes)"
+            );
+            self.files.insert(id.clone(), empty(segments));
+            return Some(id);
+        };
+        for (i, part) in rows.chunks(ROWS_PER_CHUNK).enumerate() {
+            let mut chunk = Chunk([0; CHUNK_BYTES]);
+            for (j, row) in part.iter().enumerate() {
+                chunk.0[j * UnwindRow::ENCODED_BYTES..][..UnwindRow::ENCODED_BYTES]
+                    .copy_from_slice(&row.encode());
+            }
+            if let Err(e) = self.rows.set(first_chunk + i as u32, chunk, 0) {
+                tracing::warn!(path = m.path, "loading unwind rows failed: {e}");
+                self.chunks.release(first_chunk, chunks);
+                self.stats.files_failed += 1;
+                self.files.insert(id.clone(), empty(segments));
+                return Some(id);
+            }
+        }
+        self.stats.files_loaded += 1;
+        tracing::debug!(
+            path = m.path,
+            rows = rows.len(),
+            bytes = u64::from(chunks) * CHUNK_BYTES as u64,
+            "unwind table loaded"
+        );
+        self.files.insert(
+            id.clone(),
+            LoadedFile {
+                first_chunk,
+                chunks,
+                rows: rows.len() as u32,
+                segments,
+                refs: 0,
+            },
+        );
+        Some(id)
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let Some(p) = self.pids.remove(&pid) {
+            if p.in_map {
+                let _ = self.processes.remove(&pid);
+            }
+            self.release(p.files);
+        }
+    }
+
+    fn release(&mut self, files: Vec<FileId>) {
+        for id in files {
+            if let Some(f) = self.files.get_mut(&id) {
+                f.refs = f.refs.saturating_sub(1);
+            }
+        }
+        self.sweep();
+    }
+
+    /// Drops the files no process maps.
+    fn sweep(&mut self) {
+        let unused: Vec<FileId> = self
+            .files
+            .iter()
+            .filter(|(_, f)| f.refs == 0)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in unused {
+            let f = self.files.remove(&id).expect("listed above");
+            if f.chunks > 0 {
+                self.chunks.release(f.first_chunk, f.chunks);
+                self.stats.files_dropped += 1;
+            }
+        }
+        let files = &self.files;
+        self.inodes.retain(|_, id| files.contains_key(id));
+    }
+}
+
+/// A file whose code is walked by frame pointer.
+fn empty(segments: Vec<Segment>) -> LoadedFile {
+    LoadedFile {
+        first_chunk: 0,
+        chunks: 0,
+        rows: 0,
+        segments,
+        refs: 0,
+    }
+}
+
+fn signature(mappings: &[ExecutableMapping]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for m in mappings {
+        (m.start, m.end, m.offset, &m.device, m.inode).hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_allocated_first_fit_and_freed_after_the_grace_period() {
+        let mut c = Chunks::new(10);
+        assert_eq!(c.alloc(4), Some(0));
+        assert_eq!(c.alloc(4), Some(4));
+        assert_eq!(c.alloc(4), None);
+        c.release(0, 4);
+        // Not reusable until settled: a program may still read them.
+        assert_eq!(c.alloc(3), None);
+        c.settle();
+        assert_eq!(c.alloc(3), Some(0));
+        c.release(0, 3);
+        c.release(4, 4);
+        c.settle();
+        // 0..3, 3..4 (never taken), 4..8 and 8..10 merge into one range.
+        assert_eq!(c.free, vec![(0, 10)]);
+        assert_eq!(c.alloc(10), Some(0));
+        assert!(Chunks::new(0).alloc(1).is_none());
+    }
+}
