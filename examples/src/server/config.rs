@@ -111,6 +111,14 @@ pub struct EbpfConfig {
     /// The tenant to store into.
     #[serde(default = "default_tenant")]
     pub tenant: String,
+    /// Kernel memory for unwind tables (user stacks of code without frame pointers), MiB;
+    /// 0 walks frame pointers only.
+    #[serde(default = "default_unwind_table_mib")]
+    pub unwind_table_mib: u64,
+}
+
+fn default_unwind_table_mib() -> u64 {
+    frostdb_ebpf_ingest::DEFAULT_UNWIND_TABLE_BYTES >> 20
 }
 
 impl Default for EbpfConfig {
@@ -121,6 +129,7 @@ impl Default for EbpfConfig {
             pids: Vec::new(),
             cgroup: None,
             tenant: default_tenant(),
+            unwind_table_mib: default_unwind_table_mib(),
         }
     }
 }
@@ -349,6 +358,7 @@ mod tests {
             [ebpf]
             frequency_hz = 99
             interval = "2s"
+            unwind_table_mib = 64
             "#,
         )
         .unwrap();
@@ -361,8 +371,8 @@ mod tests {
         assert_eq!(c.scrape[0].tenant, DEFAULT_TENANT);
         let ebpf = c.ebpf.clone().unwrap();
         assert_eq!(
-            (ebpf.frequency_hz, ebpf.interval),
-            (99, Duration::from_secs(2))
+            (ebpf.frequency_hz, ebpf.interval, ebpf.unwind_table_mib),
+            (99, Duration::from_secs(2), 64)
         );
         assert_eq!(ebpf.tenant, DEFAULT_TENANT);
         let days = |n: u64| Some(Duration::from_secs(n * 86_400));

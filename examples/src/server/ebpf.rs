@@ -20,6 +20,7 @@ pub fn sampler_config(c: &EbpfConfig) -> Config {
         frequency_hz: c.frequency_hz,
         interval: c.interval,
         target,
+        unwind_table_bytes: c.unwind_table_mib.saturating_mul(1 << 20),
     }
 }
 
@@ -60,6 +61,9 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
             samples = interval.samples,
             rows,
             symbolize_ms = format!("{:.1}", interval.symbolize.as_secs_f64() * 1e3),
+            unwind_tables_ms = format!("{:.1}", interval.tables_refresh.as_secs_f64() * 1e3),
+            unwind_table_files = interval.tables.files,
+            unwind_table_kib = interval.tables.bytes >> 10,
             "eBPF interval stored"
         );
         if failed.is_empty() {
