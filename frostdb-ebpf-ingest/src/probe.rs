@@ -251,10 +251,10 @@ impl Probe {
                 .map_err(|e| Error::bpf("opening map unwind_processes", e))?,
             chunks,
         );
-        // Listed processes get their tables before the first sample; others from the
-        // interval after their first (walked by frame pointer until then).
+        // Listed processes get their tables before the first sample, in the list's order;
+        // others from the interval after their first (walked by frame pointer until then).
         if let (Target::Pids(list), true) = (&config.target, config.unwind_table_bytes > 0) {
-            tables.refresh(&list.iter().copied().collect());
+            tables.refresh(list);
         }
 
         let program: &mut PerfEvent = ebpf
@@ -461,7 +461,7 @@ fn settings(config: &Config) -> Result<Settings> {
 
 /// Waits until no BPF program can still be running with the buffer index it read before
 /// the swap: one RCU grace period.
-fn wait_for_programs() {
+pub(crate) fn wait_for_programs() {
     use rustix::thread::{MembarrierCommand, membarrier};
     if let Err(e) = membarrier(MembarrierCommand::Global) {
         // nohz_full kernels refuse MEMBARRIER_CMD_GLOBAL. A program runs for microseconds

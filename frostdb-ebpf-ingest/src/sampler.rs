@@ -221,11 +221,6 @@ fn run(
         cpus: probe.cpus(),
         ..Stats::default()
     };
-    // Listed processes keep their tables while they live, sampled or not.
-    let listed: HashSet<u32> = match &config.target {
-        crate::config::Target::Pids(pids) => pids.iter().copied().collect(),
-        _ => HashSet::new(),
-    };
     let mut start_ms = now_ms();
     let mut next = Instant::now() + config.interval;
     loop {
@@ -239,8 +234,9 @@ fn run(
         let drained = drain_started.elapsed();
         let refresh_started = Instant::now();
         if config.unwind_table_bytes > 0 {
-            let mut pids: HashSet<u32> = raw.iter().map(|s| s.pid).collect();
-            pids.extend(&listed);
+            let mut pids: Vec<u32> = raw.iter().map(|s| s.pid).collect();
+            pids.sort_unstable();
+            pids.dedup();
             probe.tables.refresh(&pids);
         }
         let tables_refresh = refresh_started.elapsed();

@@ -312,17 +312,29 @@ fn without_privileges_starting_is_a_clear_error_not_a_panic() {
 
 /// Samples `pid` at 499 Hz in 250 ms intervals with `unwind_table_bytes` of unwind tables.
 fn sample(pid: u32, unwind_table_bytes: u64) -> (Sampler, mpsc::Receiver<Interval>) {
+    sample_all(vec![pid], unwind_table_bytes)
+}
+
+/// [`sample`] for several processes.
+fn sample_all(pids: Vec<u32>, unwind_table_bytes: u64) -> (Sampler, mpsc::Receiver<Interval>) {
     let (tx, rx) = mpsc::channel::<Interval>();
     let config = Config {
         frequency_hz: 499,
         interval: Duration::from_millis(250),
-        target: Target::Pids(vec![pid]),
+        target: Target::Pids(pids),
         unwind_table_bytes,
     };
-    (
-        Sampler::start(config, tx).expect("the sampler starts as root"),
-        rx,
-    )
+    let sampler = Sampler::start(config, tx).expect("the sampler starts as root");
+    (sampler, rx)
+}
+
+/// The bytes of unwind tables `pid` takes alone.
+fn table_bytes_of(pid: u32) -> u64 {
+    let (sampler, rx) = sample(pid, DEFAULT_UNWIND_TABLE_BYTES);
+    let tables = rx.recv().unwrap().tables;
+    sampler.stop().unwrap();
+    assert_eq!(tables.processes, 1, "{tables:?}");
+    tables.bytes
 }
 
 /// Intervals from `rx` until they hold `min` samples (at most 80 intervals).
@@ -543,4 +555,49 @@ fn a_library_loaded_while_sampling_is_unwound_from_the_next_interval() {
     let stats = sampler.stop().unwrap();
     assert_whole("after dlopen", &after, &LATE_CHAIN);
     assert_unwound_with_tables(&stats);
+}
+
+#[test]
+fn when_tables_do_not_fit_the_process_sampled_longest_ago_makes_room() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (c_program, _) = chain::build_chain(dir.path());
+    let rust_program = chain::build_rust_chain(dir.path());
+    // The C chain sleeps (never sampled after it is loaded); the Rust one spins.
+    let sleeping = Running::start(&c_program, &["sleep"]);
+    let spinning = Running::start(&rust_program, &["spin"]);
+    // Room for either set of files, not both: each has files the other does not map.
+    let (c_bytes, rust_bytes) = (
+        table_bytes_of(sleeping.pid()),
+        table_bytes_of(spinning.pid()),
+    );
+    let room = c_bytes.max(rust_bytes);
+    // Listed processes load in order: the C chain fills the room first, so the Rust binary's
+    // files do not fit until the idle C chain is dropped, the next time Rust is sampled.
+    let (sampler, rx) = sample_all(vec![sleeping.pid(), spinning.pid()], room);
+    let first = rx.recv().unwrap();
+    assert!(
+        first.tables.files_not_loaded_full >= 1,
+        "{:?}",
+        first.tables
+    );
+    let made_room = rx
+        .iter()
+        .take(20)
+        .find(|i| i.tables.processes_evicted >= 1)
+        .expect("the idle process was dropped within 20 intervals");
+    assert_eq!(made_room.tables.processes, 1, "{:?}", made_room.tables);
+    // The samples taken while the tables were being loaded are in the next interval.
+    rx.recv().unwrap();
+    let intervals = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    let t = intervals.last().unwrap().tables;
+    eprintln!("{c_bytes} + {rust_bytes} bytes of tables in {room}: {t:?}");
+    assert!(t.processes_evicted >= 1, "{t:?}");
+    assert_eq!(t.processes, 1, "{t:?}");
+    assert!(t.bytes <= room, "{t:?}");
+    assert_whole("Rust chain after making room", &intervals, &RUST_CHAIN);
+    assert!(stats.kernel.user_walks.unwound_total() > 0);
 }

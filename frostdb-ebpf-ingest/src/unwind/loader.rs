@@ -4,16 +4,19 @@
 //!
 //! The sampler thread calls [`TableLoader::refresh`] after each drain with the processes
 //! it saw: a process whose mappings changed (exec, dlopen) is loaded again, so new code is
-//! unwound from the next interval; a process gone or not sampled for [`IDLE_INTERVALS`]
-//! intervals is dropped, and a file no process uses any more gives its rows back. Until a
-//! process is loaded, and for files without tables, the program walks frame pointers.
+//! unwound from the next interval; a process that exited is dropped, and a file no process
+//! uses any more gives its rows back. Until a process is loaded, and for files without
+//! tables, the program walks frame pointers.
 //!
 //! Rows live in one array of 4 KiB chunks (256 rows), sized at load from
 //! [`Config::unwind_table_bytes`](crate::Config); a file's rows are consecutive from a chunk
-//! boundary. Freed chunks are reused only after the next drain, whose RCU grace period
-//! guarantees no program still reads them.
+//! boundary. Freed chunks are reused only after a grace period (the next drain's, or one
+//! waited for), when no program can still read them. An idle process keeps its tables:
+//! building them again costs far more than the memory (a lightly loaded daemon sampled once
+//! a minute would otherwise be compiled once a minute). When a new file does not fit, the
+//! processes sampled longest ago are dropped to make room.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
@@ -32,8 +35,6 @@ pub(crate) const CHUNK_BYTES: usize = ROWS_PER_CHUNK * UnwindRow::ENCODED_BYTES;
 /// Mappings kept per process (`MAX_MAPPINGS` in sampler.bpf.c); addresses in later ones end
 /// the walk as unmapped.
 const MAX_MAPPINGS: usize = 256;
-/// Intervals a process may go unsampled before its tables are dropped.
-pub(crate) const IDLE_INTERVALS: u64 = 6;
 
 /// `struct chunk_t`.
 #[repr(C)]
@@ -87,8 +88,13 @@ pub struct TableStats {
     /// Files whose tables could not be built (unreadable, not ELF, bad CFI): their code is
     /// walked by frame pointer.
     pub files_failed: u64,
-    /// Files not loaded because the rows array was full: walked by frame pointer.
+    /// Files not loaded because the rows array was full even after dropping every process
+    /// not sampled this interval: walked by frame pointer.
     pub files_not_loaded_full: u64,
+    /// Processes dropped to make room for new files.
+    pub processes_evicted: u64,
+    /// Times every table was loaded again because the free space was in pieces.
+    pub compactions: u64,
     /// Time spent reading files, compiling and loading tables, since the start.
     pub build_time: Duration,
 }
@@ -118,6 +124,9 @@ struct LoadedProcess {
     files: Vec<FileId>,
     /// Whether it has an entry in the processes map (kernel threads map nothing).
     in_map: bool,
+    /// Whether every file it maps was loaded: one that did not fit is tried again the next
+    /// time the process is sampled.
+    complete: bool,
     last_seen: u64,
 }
 
@@ -183,6 +192,10 @@ pub(crate) struct TableLoader {
     inodes: HashMap<(String, u64), FileId>,
     pids: HashMap<u32, LoadedProcess>,
     interval: u64,
+    /// Set when a file did not fit.
+    full: bool,
+    /// Set when a file did not fit although the free chunks add up to what it needs.
+    fragmented: bool,
     stats: TableStats,
 }
 
@@ -201,6 +214,8 @@ impl TableLoader {
             inodes: HashMap::new(),
             pids: HashMap::new(),
             interval: 0,
+            full: false,
+            fragmented: false,
             stats: TableStats {
                 capacity_bytes: u64::from(chunks) * CHUNK_BYTES as u64,
                 ..TableStats::default()
@@ -223,13 +238,28 @@ impl TableLoader {
         }
     }
 
-    /// Loads the tables of `pids` whose mappings are new or changed, and drops processes
-    /// gone or idle for [`IDLE_INTERVALS`]. Call it after a drain (a grace period): chunks
-    /// freed by the call before are reused from here on.
-    pub(crate) fn refresh(&mut self, pids: &HashSet<u32>) {
+    /// Drops the processes that exited, and loads, in order, the tables of `pids` (those
+    /// sampled) whose mappings are new or changed. Call it after a drain (a grace period):
+    /// chunks freed by the call before are reused from here on.
+    pub(crate) fn refresh(&mut self, pids: &[u32]) {
         self.chunks.settle();
         self.interval += 1;
         let started = Instant::now();
+        let exited: Vec<u32> = self
+            .pids
+            .keys()
+            .copied()
+            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        for pid in exited {
+            self.forget(pid);
+        }
+        for &pid in pids {
+            self.pids
+                .entry(pid)
+                .and_modify(|p| p.last_seen = self.interval);
+        }
+        self.fragmented = false;
         for &pid in pids {
             if let Err(e) = self.load(pid) {
                 // Gone between its sample and now, most likely.
@@ -237,31 +267,85 @@ impl TableLoader {
                 self.forget(pid);
             }
         }
-        let interval = self.interval;
-        let stale: Vec<u32> = self
-            .pids
-            .iter()
-            .filter(|(pid, p)| {
-                interval - p.last_seen >= IDLE_INTERVALS
-                    || !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            })
-            .map(|(pid, _)| *pid)
-            .collect();
-        for pid in stale {
-            self.forget(pid);
+        if self.fragmented {
+            self.compact(pids);
         }
         self.stats.build_time += started.elapsed();
+    }
+
+    /// Chunks for a new file: free ones, or else those of the processes sampled longest
+    /// ago (not this interval's), dropped one by one, after a grace period.
+    fn alloc(&mut self, chunks: u32) -> Option<u32> {
+        if let Some(first) = self.chunks.alloc(chunks) {
+            return Some(first);
+        }
+        let mut idle: Vec<(u64, u32)> = self
+            .pids
+            .iter()
+            .filter(|(_, p)| p.last_seen < self.interval)
+            .map(|(pid, p)| (p.last_seen, *pid))
+            .collect();
+        idle.sort_unstable();
+        let free = |c: &Chunks| -> u32 { c.free.iter().chain(&c.pending).map(|r| r.1).sum() };
+        let mut evicted = 0;
+        for (_, pid) in idle {
+            self.forget(pid);
+            evicted += 1;
+            if free(&self.chunks) >= chunks {
+                // Enough in all; whether in one range shows once they are settled.
+                crate::probe::wait_for_programs();
+                self.chunks.settle();
+                if let Some(first) = self.chunks.alloc(chunks) {
+                    self.stats.processes_evicted += evicted;
+                    return Some(first);
+                }
+            }
+        }
+        self.stats.processes_evicted += evicted;
+        crate::probe::wait_for_programs();
+        self.chunks.settle();
+        let first = self.chunks.alloc(chunks);
+        if first.is_none() && free(&self.chunks) >= chunks {
+            // Room in all, but in pieces: start over once this refresh is done.
+            self.fragmented = true;
+        }
+        first
+    }
+
+    /// Drops every table and loads `pids` again into one free range: what a file needs
+    /// is contiguous, and after files come and go the free space can be in pieces too small
+    /// for a new one although their sum is not.
+    fn compact(&mut self, pids: &[u32]) {
+        let all: Vec<u32> = self.pids.keys().copied().collect();
+        for pid in all {
+            self.forget(pid);
+        }
+        crate::probe::wait_for_programs();
+        self.chunks.settle();
+        self.stats.compactions += 1;
+        tracing::info!(
+            processes = pids.len(),
+            "unwind tables fragmented: loading this interval's processes again"
+        );
+        for &pid in pids {
+            if let Err(e) = self.load(pid) {
+                tracing::debug!(pid, "unwind tables not loaded: {e}");
+                self.forget(pid);
+            }
+        }
     }
 
     fn load(&mut self, pid: u32) -> Result<()> {
         let mappings = executable_mappings(pid)?;
         let signature = signature(&mappings);
-        if let Some(p) = self.pids.get_mut(&pid) {
-            p.last_seen = self.interval;
-            if p.signature == signature {
-                return Ok(());
-            }
+        if self
+            .pids
+            .get(&pid)
+            .is_some_and(|p| p.complete && p.signature == signature)
+        {
+            return Ok(());
         }
+        self.full = false;
         let mut value = ProcessValue {
             count: 0,
             pad: 0,
@@ -279,6 +363,13 @@ impl TableLoader {
             let Some(id) = self.file(pid, m) else {
                 continue;
             };
+            // Held from here, so that making room for a later file cannot drop it.
+            if !files.contains(&id) {
+                if let Some(f) = self.files.get_mut(&id) {
+                    f.refs += 1;
+                }
+                files.push(id.clone());
+            }
             let file = &self.files[&id];
             let Some(bias) = load_bias(&file.segments, m) else {
                 continue;
@@ -291,22 +382,13 @@ impl TableLoader {
                 rows: file.rows,
             };
             value.count += 1;
-            if !files.contains(&id) {
-                files.push(id);
-            }
-        }
-        // Take the new files before letting go of the old ones, so a file mapped before and
-        // after stays loaded.
-        for id in &files {
-            if let Some(f) = self.files.get_mut(id) {
-                f.refs += 1;
-            }
         }
         let in_map = value.count > 0;
         if in_map {
-            self.processes
-                .insert(pid, value, 0)
-                .map_err(|e| Error::bpf(format!("loading the mappings of pid {pid}"), e))?;
+            if let Err(e) = self.processes.insert(pid, value, 0) {
+                self.release(files);
+                return Err(Error::bpf(format!("loading the mappings of pid {pid}"), e));
+            }
         } else {
             let _ = self.processes.remove(&pid);
         }
@@ -316,14 +398,13 @@ impl TableLoader {
                 signature,
                 files,
                 in_map,
+                complete: !self.full,
                 last_seen: self.interval,
             },
         );
         if let Some(old) = old {
             self.release(old.files);
         }
-        // Files opened for this process but unused (no executable segment matched).
-        self.sweep();
         Ok(())
     }
 
@@ -365,15 +446,15 @@ impl TableLoader {
         };
         let rows = table.rows();
         let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
-        let Some(first_chunk) = self.chunks.alloc(chunks) else {
+        let Some(first_chunk) = self.alloc(chunks) else {
             self.stats.files_not_loaded_full += 1;
+            self.full = true;
             tracing::warn!(
                 path = m.path,
                 rows = rows.len(),
-                "the unwind table space is full: this file's frames are walked by frame pointer (raise unwind_table_bytes)"
+                "the unwind table space is full: this file's frames are walked by frame pointer until room is made (raise unwind_table_bytes)"
             );
-            self.files.insert(id.clone(), empty(segments));
-            return Some(id);
+            return None;
         };
         for (i, part) in rows.chunks(ROWS_PER_CHUNK).enumerate() {
             let mut chunk = Chunk([0; CHUNK_BYTES]);
