@@ -1213,6 +1213,44 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
             .spawn()
             .unwrap(),
     );
+    // And a call chain through a shared library, built without frame pointers: whole only
+    // when the sampler unwinds it with the tables compiled from its .eh_frame.
+    let chain_dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb-ebpf-ingest/tests/chain");
+    let cc = |args: &[&std::ffi::OsStr]| {
+        let status = std::process::Command::new("cc")
+            .args(["-O2", "-fomit-frame-pointer"])
+            .args(args)
+            .current_dir(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "cc {args:?}");
+    };
+    let lib = chain_dir.join("chain_lib.c");
+    cc(&[
+        "-fPIC".as_ref(),
+        "-shared".as_ref(),
+        "-o".as_ref(),
+        "libchain.so".as_ref(),
+        lib.as_os_str(),
+    ]);
+    let main = chain_dir.join("chain.c");
+    let rpath = format!("-Wl,-rpath,{}", dir.path().display());
+    cc(&[
+        "-o".as_ref(),
+        "chain".as_ref(),
+        main.as_os_str(),
+        "-L.".as_ref(),
+        "-lchain".as_ref(),
+        rpath.as_ref(),
+    ]);
+    let chain = Reap(
+        std::process::Command::new(dir.path().join("chain"))
+            .arg("spin")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let s = Server::start(
         &dir.path().join("data"),
         Some("[ebpf]\nfrequency_hz = 99\ninterval = \"1s\"\n"),
@@ -1242,6 +1280,43 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     .await;
     assert_eq!(status, 200, "{top}");
     assert!(top.contains("frostdb_spin_user"), "{top}");
+
+    // The chain's flame graph holds every caller, from the library's leaf to main. Its
+    // first interval may be walked by frame pointer (its tables load after its first
+    // samples), so wait for an interval past that.
+    s.log_until(|l| l.contains("eBPF interval stored") && l.contains("unwind_table_files="));
+    let selector = format!(
+        "ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds{{comm=\"chain\",pid=\"{}\"}}",
+        chain.0.id()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (status, folded) = get(
+            &format!(
+                "{}/api/v1/query?format=folded&selector={}",
+                s.url,
+                common::enc(&selector)
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{folded}");
+        let whole = "main;chain_a;chain_b;chain_lib_c;chain_lib_d;chain_lib_leaf";
+        if folded.lines().any(|l| l.contains(whole)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no whole chain ({whole}) in a minute: {folded}"
+        );
+        // Until the next interval is stored.
+        let stored = |log: &str| log.matches("eBPF interval stored").count();
+        let seen = stored(&s.log());
+        while stored(&s.log()) == seen {
+            assert!(std::time::Instant::now() < deadline, "no interval stored");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     assert!(s.terminate(), "the server stops cleanly");
 }
 
