@@ -601,3 +601,73 @@ fn when_tables_do_not_fit_the_process_sampled_longest_ago_makes_room() {
     assert_whole("Rust chain after making room", &intervals, &RUST_CHAIN);
     assert!(stats.kernel.user_walks.unwound_total() > 0);
 }
+
+#[test]
+fn a_program_without_eh_frame_is_walked_by_its_frame_pointers_through_libc() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The frame-pointer spin program with its CFI removed: no table for its own code, so
+    // its frames are walked by frame pointer, libc's (__libc_start_call_main) by table.
+    let binary = build_spin(dir.path());
+    let status = Command::new("objcopy")
+        .args([
+            "--remove-section",
+            ".eh_frame",
+            "--remove-section",
+            ".eh_frame_hdr",
+        ])
+        .arg(&binary)
+        .status()
+        .expect("objcopy runs (binutils; scripts/setup.sh installs it)");
+    assert!(status.success());
+    let spin = Spin::start(&binary, "user");
+    let (sampler, rx) = sample(spin.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    assert_whole(
+        "frame pointers without CFI",
+        &intervals,
+        &["frostdb_spin_outer", "main"],
+    );
+    assert_unwound_with_tables(&stats);
+}
+
+#[test]
+fn a_program_exec_d_while_sampling_is_unwound_from_the_next_interval() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = chain::build_chain(dir.path());
+    // A shell that becomes the chain when told: the same pid, other mappings.
+    let script = "echo ready; read line; exec \"$0\" spin > /dev/null";
+    let mut running = Running::start(
+        "/bin/sh".as_ref(),
+        &["-c", script, program.to_str().unwrap()],
+    );
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let sh = rx.recv().unwrap().tables;
+    running.tell("exec");
+    let has_leaf = |i: &Interval| {
+        user_stacks(std::slice::from_ref(i))
+            .iter()
+            .any(|(u, _, _)| u.iter().any(|f| f == "chain_lib_leaf"))
+    };
+    let first = rx
+        .iter()
+        .take(40)
+        .find(has_leaf)
+        .expect("the exec'd program is sampled within 40 intervals");
+    // Its interval's refresh saw the new mappings and loaded the chain's files.
+    assert!(
+        first.tables.files_loaded > sh.files_loaded,
+        "{sh:?} then {:?}",
+        first.tables
+    );
+    let after = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    assert_whole("after exec", &after, &C_CHAIN);
+    assert_unwound_with_tables(&stats);
+}

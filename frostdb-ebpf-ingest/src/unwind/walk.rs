@@ -159,9 +159,13 @@ impl ProcessTables {
                 }
                 Cfa::Unsupported => break End::Unsupported(ip),
                 Cfa::None => {
-                    // No CFI: the frame pointer, if this code keeps one.
-                    match (bp != 0).then(|| (read(bp), read(bp + 8))) {
-                        Some((Some(caller_bp), Some(ra))) => {
+                    // No CFI: the frame pointer, if this code keeps one. A zero rbp there
+                    // marks the outermost frame (the ABI's convention; `_start` clears it).
+                    if bp == 0 {
+                        break End::Complete;
+                    }
+                    match (read(bp), read(bp + 8)) {
+                        (Some(caller_bp), Some(ra)) => {
                             (sp, bp, ip) = (bp + 16, caller_bp, ra);
                             if ip == 0 {
                                 break End::Complete;
