@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use object::Object;
 
-use super::table::{UnwindRow, compile};
+use super::table::{UnwindRow, compile_file};
 use super::walk::{Segment, load_bias, segments_of};
 use crate::error::{Error, Result};
 use crate::procfs::{ExecutableMapping, executable_mappings};
@@ -417,11 +417,16 @@ impl TableLoader {
             return Some(id.clone());
         }
         // Through the process's root (another mount namespace works too); a file deleted
-        // since it was mapped is still there as the mapping's map_files link.
-        let bytes = std::fs::read(format!("/proc/{pid}/root{}", m.path))
-            .or_else(|_| std::fs::read(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)))
+        // since it was mapped is still there as the mapping's map_files link. Read on
+        // demand: only the headers, notes and .eh_frame, not the whole file (a server binary
+        // with debug info is a gigabyte).
+        let file = std::fs::File::open(format!("/proc/{pid}/root{}", m.path))
+            .or_else(|_| {
+                std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            })
             .ok()?;
-        let Ok(elf) = object::File::parse(&*bytes) else {
+        let cache = object::ReadCache::new(file);
+        let Ok(elf) = object::File::parse(&cache) else {
             self.stats.files_failed += 1;
             tracing::debug!(path = m.path, "not an ELF file: no unwind table");
             return None;
@@ -435,7 +440,7 @@ impl TableLoader {
             return Some(id); // the same build at another path (another container)
         }
         let segments = segments_of(&elf);
-        let table = match compile(&bytes) {
+        let table = match compile_file(&elf) {
             Ok(t) => t,
             Err(e) => {
                 self.stats.files_failed += 1;

@@ -203,8 +203,17 @@ fn is_plt_expression(expression: &[u8]) -> bool {
 /// `.eh_frame` has an empty table (the unwinder then relies on frame pointers); one whose
 /// CFI cannot be read is an error naming what is wrong.
 pub fn compile(elf: &[u8]) -> Result<UnwindTable> {
+    let file =
+        object::File::parse(elf).map_err(|e| Error::Unwind(format!("not an ELF file: {e}")))?;
+    compile_file(&file)
+}
+
+/// [`compile`] for a parsed file, which may be read on demand (an `object::ReadCache`
+/// reads only the sections used, not a binary's gigabyte of debug info).
+pub(crate) fn compile_file<'d, R: object::ReadRef<'d>>(
+    file: &object::File<'d, R>,
+) -> Result<UnwindTable> {
     let bad = |what: String| Error::Unwind(what);
-    let file = object::File::parse(elf).map_err(|e| bad(format!("not an ELF file: {e}")))?;
     if file.architecture() != object::Architecture::X86_64 {
         return Err(bad(format!(
             "{:?} code: only x86-64 unwind tables are built",

@@ -238,7 +238,7 @@ pub(crate) fn segments(elf: &[u8]) -> Vec<Segment> {
 }
 
 /// The loadable segments of a parsed ELF file.
-pub(crate) fn segments_of(file: &object::File<'_>) -> Vec<Segment> {
+pub(crate) fn segments_of<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> Vec<Segment> {
     file.segments()
         .map(|s| {
             let (offset, size) = s.file_range();
