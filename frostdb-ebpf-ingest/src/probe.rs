@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuValues};
-use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{PerfEvent, RawTracePoint};
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 
 use crate::config::{Config, Target};
@@ -114,7 +114,7 @@ impl UserEnd {
 pub struct UserWalks {
     /// By frame pointer: the process had no unwind tables loaded (yet).
     pub frame_pointers: u64,
-    /// With unwind tables, by how the walk ended ([`UserEnd`] order).
+    /// With unwind tables, by how the walk ended (indexed by `UserEnd as usize`).
     pub unwound: [u64; 6],
 }
 
@@ -257,6 +257,23 @@ impl Probe {
             tables.refresh(list);
         }
 
+        for (name, event) in [
+            ("on_exec", "sched_process_exec"),
+            ("on_exit", "sched_process_exit"),
+        ] {
+            let program: &mut RawTracePoint = ebpf
+                .program_mut(name)
+                .ok_or(Error::MissingMap("on_exec/on_exit (program)"))?
+                .try_into()
+                .map_err(|e| Error::bpf(format!("the {name} program"), e))?;
+            program
+                .load()
+                .map_err(|e| Error::bpf(format!("loading the {name} program"), e))?;
+            // Raw tracepoints attach by name, without tracefs (often not mounted).
+            program
+                .attach(event)
+                .map_err(|e| Error::bpf(format!("attaching to the {event} tracepoint"), e))?;
+        }
         let program: &mut PerfEvent = ebpf
             .program_mut("sample")
             .ok_or(Error::MissingMap("sample (program)"))?

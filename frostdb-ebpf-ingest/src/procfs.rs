@@ -114,6 +114,24 @@ pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
         .collect())
 }
 
+/// When `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22): with the
+/// pid, it names one process, as a reused pid has another start time.
+pub(crate) fn start_time(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| Error::Io(path.clone(), e))?;
+    // The fields after the command name, which is in parentheses and may hold anything.
+    stat.rfind(')')
+        .and_then(|i| stat.get(i + 2..))
+        .and_then(|rest| rest.split(' ').nth(19))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            Error::Io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "no start time"),
+            )
+        })
+}
+
 /// What a process is, for its labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
@@ -197,6 +215,21 @@ mod tests {
             container_id("/user.slice/user-0.slice/session-1.scope"),
             None
         );
+    }
+
+    #[test]
+    fn a_start_time_names_one_process() {
+        let me = start_time(std::process::id()).unwrap();
+        assert_eq!(start_time(std::process::id()).unwrap(), me);
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let other = start_time(child.id()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(other >= me, "{other} < {me}");
+        assert!(start_time(u32::MAX).is_err());
     }
 
     #[test]

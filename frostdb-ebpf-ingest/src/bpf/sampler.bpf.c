@@ -518,4 +518,28 @@ int sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
+// A process that exec()s, or exits, drops its mappings at once: until user space loads
+// the new ones (at the next refresh), its stacks are walked by frame pointer rather than
+// with the tables of a program it no longer runs (or, for a reused pid, of another process).
+static __always_inline int forget_process(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if ((__u32)id == pid) // the thread group's leader: the process itself
+		bpf_map_delete_elem(&unwind_processes, &pid);
+	return 0;
+}
+
+SEC("raw_tracepoint/sched_process_exec")
+int on_exec(void *ctx)
+{
+	return forget_process();
+}
+
+SEC("raw_tracepoint/sched_process_exit")
+int on_exit(void *ctx)
+{
+	return forget_process();
+}
+
 char LICENSE[] SEC("license") = "GPL";

@@ -119,6 +119,9 @@ struct LoadedFile {
 
 #[derive(Debug)]
 struct LoadedProcess {
+    /// When it started (`/proc/<pid>/stat`): another value is another process on a reused
+    /// pid.
+    started: u64,
     /// Hash of its executable mappings when loaded.
     signature: u64,
     files: Vec<FileId>,
@@ -336,13 +339,17 @@ impl TableLoader {
     }
 
     fn load(&mut self, pid: u32) -> Result<()> {
+        let started = crate::procfs::start_time(pid)?;
         let mappings = executable_mappings(pid)?;
         let signature = signature(&mappings);
-        if self
-            .pids
-            .get(&pid)
-            .is_some_and(|p| p.complete && p.signature == signature)
-        {
+        // The program drops a process's entry when it exec()s or exits; then it is loaded
+        // again even if its mappings look the same.
+        if self.pids.get(&pid).is_some_and(|p| {
+            p.complete
+                && p.started == started
+                && p.signature == signature
+                && (!p.in_map || self.processes.get(&pid, 0).is_ok())
+        }) {
             return Ok(());
         }
         self.full = false;
@@ -395,6 +402,7 @@ impl TableLoader {
         let old = self.pids.insert(
             pid,
             LoadedProcess {
+                started,
                 signature,
                 files,
                 in_map,
