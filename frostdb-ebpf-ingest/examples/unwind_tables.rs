@@ -33,6 +33,9 @@ fn main() {
         };
         processes += 1;
         for m in mappings {
+            if m.path == frostdb_ebpf_ingest::VDSO {
+                continue; // in memory, the same in every process: not a file to read
+            }
             files
                 .entry((m.device, m.inode))
                 .or_insert_with(|| PathBuf::from(format!("/proc/{pid}/root{}", m.path)));

@@ -39,7 +39,9 @@ pub mod unwind;
 pub use config::{Config, DEFAULT_UNWIND_TABLE_BYTES, MAX_UNWIND_TABLE_BYTES, Target};
 pub use error::{Error, Result};
 pub use probe::{DrainCounts, KernelTotals, UserEnd, UserWalks};
-pub use procfs::{ExecutableMapping, ProcessInfo, check_permitted, executable_mappings};
+pub use procfs::{
+    ExecutableMapping, ProcessInfo, VDSO, check_permitted, executable_mappings, read_vdso,
+};
 pub use sampler::{Interval, ProcessProfile, Sampler, Sink, SinkError, Stats};
 pub use sink::{PROFILE_NAME, StoreSink};
 pub use symbolize::SymbolizeStats;

@@ -89,7 +89,23 @@ pub struct ExecutableMapping {
     pub path: String,
 }
 
-/// The files `pid` maps executable, from `/proc/<pid>/maps`, in address order.
+/// The path [`executable_mappings`] gives the vDSO: the kernel's small shared library in
+/// every process (`clock_gettime`, `gettimeofday`), in memory only.
+pub const VDSO: &str = "[vdso]";
+
+/// The bytes of the vDSO image `m` maps in `pid` (an ELF file, a page or two).
+pub fn read_vdso(pid: u32, m: &ExecutableMapping) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let path = format!("/proc/{pid}/mem");
+    let mem = std::fs::File::open(&path).map_err(|e| Error::Io(path.clone(), e))?;
+    let mut bytes = vec![0; (m.end - m.start) as usize];
+    mem.read_exact_at(&mut bytes, m.start)
+        .map_err(|e| Error::Io(format!("{path} at {:#x} ({VDSO})", m.start), e))?;
+    Ok(bytes)
+}
+
+/// The files `pid` maps executable, and its vDSO (path [`VDSO`]), from `/proc/<pid>/maps`,
+/// in address order.
 pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
     let path = format!("/proc/{pid}/maps");
     let maps = std::fs::read_to_string(&path).map_err(|e| Error::Io(path, e))?;
@@ -98,7 +114,7 @@ pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
         .filter_map(|line| {
             // address perms offset dev inode path
             let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 6 || !f[1].contains('x') || !f[5].starts_with('/') {
+            if f.len() < 6 || !f[1].contains('x') || !(f[5].starts_with('/') || f[5] == VDSO) {
                 return None;
             }
             let (start, end) = f[0].split_once('-')?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesym::normalize::{Normalizer, UserMeta};
-use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blazesym};
 use blazesym::{MaybeDefault, Pid};
 
@@ -182,6 +182,8 @@ impl Symbolizer {
             metas.push(Some((intern(&mut self.modules, module), open)));
         }
         let mut out: Vec<Option<Resolved>> = vec![None; addresses.len()];
+        // Addresses in no file: the vDSO, JIT code.
+        let mut outside: Vec<usize> = Vec::new();
         // Misses, grouped by the file to open.
         let mut misses: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         for (i, &(offset, meta)) in normalized.outputs.iter().enumerate() {
@@ -197,7 +199,7 @@ impl Symbolizer {
                     }
                     None => misses.entry(meta).or_default().push((i, offset)),
                 },
-                None => out[i] = Some(unknown(self, addresses[i])),
+                None => outside.push(i),
             }
         }
         for (meta, wanted) in misses {
@@ -221,6 +223,36 @@ impl Symbolizer {
                     address: offset,
                     lines,
                 });
+            }
+        }
+        if !outside.is_empty() {
+            // From the process itself: the vDSO's image in its memory, a JIT's perf map.
+            let absolute: Vec<u64> = outside.iter().map(|&i| addresses[i]).collect();
+            let results = self
+                .blazesym
+                .symbolize(
+                    &Source::Process(Process::new(Pid::from(pid))),
+                    Input::AbsAddr(&absolute),
+                )
+                .unwrap_or_else(|e| {
+                    tracing::debug!(pid, "cannot symbolize addresses outside files: {e}");
+                    Vec::new()
+                });
+            for (k, &i) in outside.iter().enumerate() {
+                if let Some(Symbolized::Sym(sym)) = results.get(k) {
+                    let module = Module {
+                        path: sym
+                            .module
+                            .as_deref()
+                            .map_or_else(|| "[unknown]".into(), |m| m.to_string_lossy().into()),
+                        build_id: String::new(),
+                    };
+                    out[i] = Some(Resolved {
+                        module: intern(&mut self.modules, module),
+                        address: addresses[i],
+                        lines: lines_of(sym),
+                    });
+                }
             }
         }
         let out: Vec<Resolved> = out

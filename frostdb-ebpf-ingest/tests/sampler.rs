@@ -678,3 +678,42 @@ fn a_program_exec_d_while_sampling_is_unwound_from_the_next_interval() {
     assert_eq!(walks.unwound[UserEnd::NotMapped as usize], 0, "{walks:?}");
     assert!(walks.complete() > 0, "{walks:?}");
 }
+
+#[test]
+fn a_stack_through_the_vdso_is_sampled_whole() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = chain::build_chain(dir.path());
+    // The leaf reads the clock in a loop: most samples land in the vDSO, which is in no
+    // file; its table is built from its image in the process's memory.
+    let running = Running::start(&program, &["clock"]);
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    let stats = sampler.stop().unwrap();
+    let stacks = user_stacks(&intervals);
+    let total: u64 = stacks.iter().map(|(_, _, n)| n).sum();
+    let in_vdso: u64 = stacks
+        .iter()
+        .filter(|(u, _, _)| u.first().is_some_and(|f| f.contains("clock_gettime")))
+        .map(|(_, _, n)| n)
+        .sum();
+    let mut leaves: std::collections::BTreeMap<String, u64> = Default::default();
+    for (u, _, n) in &stacks {
+        *leaves
+            .entry(u.first().cloned().unwrap_or_default())
+            .or_default() += n;
+    }
+    eprintln!("{in_vdso} of {total} samples in clock_gettime; leaves {leaves:?}");
+    assert!(
+        in_vdso * 2 >= total,
+        "clock_gettime leads {in_vdso} of {total}"
+    );
+    assert_whole("through the vDSO", &intervals, &C_CHAIN);
+    assert_unwound_with_tables(&stats);
+    assert_eq!(
+        stats.kernel.user_walks.unwound[UserEnd::NotMapped as usize],
+        0
+    );
+}

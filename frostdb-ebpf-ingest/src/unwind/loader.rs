@@ -424,6 +424,13 @@ impl TableLoader {
         {
             return Some(id.clone());
         }
+        if m.path == crate::procfs::VDSO {
+            // In memory only: a page or two, read from the process (the same image in every
+            // process of this kernel, so its build id loads it once).
+            let bytes = crate::procfs::read_vdso(pid, m).ok()?;
+            let elf = object::File::parse(&*bytes).ok()?;
+            return self.add(&elf, m, inode);
+        }
         // Through the process's root (another mount namespace works too); a file deleted
         // since it was mapped is still there as the mapping's map_files link. Read on
         // demand: only the headers, notes and .eh_frame, not the whole file (a server binary
@@ -439,6 +446,17 @@ impl TableLoader {
             tracing::debug!(path = m.path, "not an ELF file: no unwind table");
             return None;
         };
+        self.add(&elf, m, inode)
+    }
+
+    /// Compiles and loads the table of `elf`, which `m` maps, unless a file of the same
+    /// build is loaded already.
+    fn add<'d, R: object::ReadRef<'d>>(
+        &mut self,
+        elf: &object::File<'d, R>,
+        m: &ExecutableMapping,
+        inode: (String, u64),
+    ) -> Option<FileId> {
         let id = match elf.build_id() {
             Ok(Some(b)) if !b.is_empty() => FileId::BuildId(b.to_vec()),
             _ => FileId::Inode(m.device.clone(), m.inode),
@@ -447,8 +465,8 @@ impl TableLoader {
         if self.files.contains_key(&id) {
             return Some(id); // the same build at another path (another container)
         }
-        let segments = segments_of(&elf);
-        let table = match compile_file(&elf) {
+        let segments = segments_of(elf);
+        let table = match compile_file(elf) {
             Ok(t) => t,
             Err(e) => {
                 self.stats.files_failed += 1;

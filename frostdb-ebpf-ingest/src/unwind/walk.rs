@@ -86,8 +86,12 @@ impl ProcessTables {
         let mut by_path: HashMap<String, (usize, Vec<Segment>)> = HashMap::new();
         for m in crate::procfs::executable_mappings(pid)? {
             if !by_path.contains_key(&m.path) {
-                let file = format!("/proc/{pid}/root{}", m.path);
-                let Ok(bytes) = std::fs::read(&file) else {
+                let bytes = if m.path == crate::procfs::VDSO {
+                    crate::procfs::read_vdso(pid, &m).ok()
+                } else {
+                    std::fs::read(format!("/proc/{pid}/root{}", m.path)).ok()
+                };
+                let Some(bytes) = bytes else {
                     continue; // deleted since it was mapped: its frames end the walk
                 };
                 let table =

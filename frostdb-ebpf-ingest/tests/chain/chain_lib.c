@@ -1,5 +1,6 @@
 /* The shared-library half of chain.c's call chain. */
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile unsigned long lib_sink;
@@ -16,14 +17,18 @@ static void on_signal_spin(int sig) {
 }
 
 /* sleep: 0 spins, 1 waits in pause(), 2 raises a signal whose handler waits, 3 one whose
- * handler spins. */
+ * handler spins, 4 reads the clock in a loop (in the vDSO, without entering the kernel). */
 __attribute__((noinline)) void chain_lib_leaf(unsigned long n, int sleep) {
     if (sleep == 2 || sleep == 3) {
         signal(SIGUSR1, sleep == 2 ? on_signal : on_signal_spin);
         raise(SIGUSR1);
     }
     for (;;) {
-        if (sleep) {
+        if (sleep == 4) {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            lib_sink += (unsigned long)t.tv_nsec;
+        } else if (sleep) {
             pause();
         } else {
             for (unsigned long i = 0; i < n; i++) lib_sink += i * 7;
