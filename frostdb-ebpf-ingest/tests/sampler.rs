@@ -463,25 +463,38 @@ fn a_c_chain_without_frame_pointers_is_sampled_whole_through_its_library() {
     assert_unwound_with_tables(&stats);
 }
 
+/// Samples the C chain running in `mode`, with tables, for 400 samples: the intervals and
+/// the sampler's totals.
+fn sample_chain(mode: &str) -> (Vec<Interval>, Stats) {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, _) = chain::build_chain(dir.path());
+    let running = Running::start(&program, &[mode]);
+    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
+    let intervals = collect(&rx, 400);
+    (intervals, sampler.stop().unwrap())
+}
+
+/// Samples whose innermost user frame passes `leaf`, and all samples; prints the leaves.
+fn leaf_share(intervals: &[Interval], leaf: impl Fn(&str) -> bool) -> (u64, u64) {
+    let mut leaves: std::collections::BTreeMap<String, u64> = Default::default();
+    for (u, _, n) in user_stacks(intervals) {
+        *leaves
+            .entry(u.first().cloned().unwrap_or_default())
+            .or_default() += n;
+    }
+    eprintln!("leaves: {leaves:?}");
+    let matching = leaves.iter().filter(|(f, _)| leaf(f)).map(|(_, n)| n).sum();
+    (matching, leaves.values().sum())
+}
+
 #[test]
 fn a_stack_through_a_signal_handler_is_sampled_whole() {
     if !permitted() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (program, _) = chain::build_chain(dir.path());
-    let running = Running::start(&program, &["signal-spin"]);
-    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
-    let intervals = collect(&rx, 400);
-    let stats = sampler.stop().unwrap();
+    let (intervals, stats) = sample_chain("signal-spin");
     // The handler at the leaf, the interrupted chain beneath the signal frame.
-    let stacks = user_stacks(&intervals);
-    let handler: u64 = stacks
-        .iter()
-        .filter(|(u, _, _)| u.first().is_some_and(|f| f == "on_signal_spin"))
-        .map(|(_, _, n)| n)
-        .sum();
-    let total: u64 = stacks.iter().map(|(_, _, n)| n).sum();
+    let (handler, total) = leaf_share(&intervals, |f| f == "on_signal_spin");
     assert!(
         handler * 100 >= total * 95,
         "on_signal_spin leads {handler} of {total}"
@@ -684,28 +697,10 @@ fn a_stack_through_the_vdso_is_sampled_whole() {
     if !permitted() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let (program, _) = chain::build_chain(dir.path());
     // The leaf reads the clock in a loop: most samples land in the vDSO, which is in no
     // file; its table is built from its image in the process's memory.
-    let running = Running::start(&program, &["clock"]);
-    let (sampler, rx) = sample(running.pid(), DEFAULT_UNWIND_TABLE_BYTES);
-    let intervals = collect(&rx, 400);
-    let stats = sampler.stop().unwrap();
-    let stacks = user_stacks(&intervals);
-    let total: u64 = stacks.iter().map(|(_, _, n)| n).sum();
-    let in_vdso: u64 = stacks
-        .iter()
-        .filter(|(u, _, _)| u.first().is_some_and(|f| f.contains("clock_gettime")))
-        .map(|(_, _, n)| n)
-        .sum();
-    let mut leaves: std::collections::BTreeMap<String, u64> = Default::default();
-    for (u, _, n) in &stacks {
-        *leaves
-            .entry(u.first().cloned().unwrap_or_default())
-            .or_default() += n;
-    }
-    eprintln!("{in_vdso} of {total} samples in clock_gettime; leaves {leaves:?}");
+    let (intervals, stats) = sample_chain("clock");
+    let (in_vdso, total) = leaf_share(&intervals, |f| f.contains("clock_gettime"));
     assert!(
         in_vdso * 2 >= total,
         "clock_gettime leads {in_vdso} of {total}"
