@@ -143,6 +143,17 @@ fn several_gzip_members_and_lying_trailers_decode_as_a_stream_would() {
     let mut two = gzip(a);
     two.extend(gzip(b));
     assert_eq!(decode(&two, &limits).unwrap().into_inner(), minimal());
+    // The same member twice (`cat a.gz a.gz`): each member's trailer is the file's last
+    // eight bytes, so only the search for the first one's tells the members apart. Both
+    // are read (and the profile, every id twice, is refused as a stream would refuse it).
+    let once = gzip(&ok);
+    let twice = [once.as_slice(), once.as_slice()].concat();
+    let inflated = frostdb_pprof::inflate(&twice, 1 << 20).unwrap();
+    assert_eq!(inflated.as_ref(), [ok.as_slice(), ok.as_slice()].concat());
+    assert!(matches!(
+        decode(&twice, &limits),
+        Err(Error::Invalid { .. })
+    ));
     // A trailer stating a wrong size is caught by the stream's own check.
     let mut lying = gzip(&ok);
     let n = lying.len();
