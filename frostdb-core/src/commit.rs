@@ -25,6 +25,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use crate::index::chunk::Chunk;
+use crate::index::version::Frozen;
+use crate::manifest::BlockMeta;
 use crate::schema::ColumnName;
 use crate::table::{Table, TableInner, WorkerMessage};
 use crate::wal::{self, Wal};
@@ -68,6 +70,10 @@ pub(crate) struct CommitLog {
     relieving: std::sync::atomic::AtomicBool,
     /// This log, for messages to the worker.
     this: Weak<CommitLog>,
+    /// One cut at a time (shared databases), and no block merge during one.
+    cutting: Mutex<()>,
+    /// A read-only database (a follower of a bucket): its prefix, for the refusal.
+    read_only: Option<String>,
     /// The database directory's lock (on-disk databases), held while anything can write.
     _lock: Option<Box<dyn Send + Sync>>,
 }
@@ -88,6 +94,7 @@ impl CommitLog {
         max_wal_bytes: u64,
         persistence: Option<std::sync::mpsc::Sender<WorkerMessage>>,
         lock: Option<Box<dyn Send + Sync>>,
+        read_only: Option<String>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|this| Self {
             wal: std::sync::OnceLock::new(),
@@ -103,8 +110,29 @@ impl CommitLog {
             persistence: Mutex::new(persistence),
             relieving: std::sync::atomic::AtomicBool::new(false),
             this: this.clone(),
+            cutting: Mutex::new(()),
+            read_only,
             _lock: lock,
         })
+    }
+
+    /// The refusal of a write to a read-only database, if this is one.
+    pub(crate) fn refuse(&self, what: impl FnOnce() -> String) -> Result<()> {
+        match &self.read_only {
+            Some(prefix) => Err(Error::ReadOnly {
+                prefix: prefix.clone(),
+                what: what(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops acknowledging writes: the WAL refuses them from now on (the lease of a shared
+    /// database was lost).
+    pub(crate) fn poison(&self, reason: String) {
+        if let Some(wal) = self.wal.get() {
+            wal.poison(reason);
+        }
     }
 
     pub(crate) fn register(&self, table: &Arc<TableInner>) {
@@ -163,6 +191,12 @@ impl CommitLog {
     pub(crate) fn append(&self, entries: Vec<Entry>) -> Result<Option<(u64, u64)>> {
         if entries.is_empty() {
             return Ok(None);
+        }
+        if let Some(prefix) = &self.read_only {
+            return Err(Error::ReadOnly {
+                prefix: prefix.clone(),
+                what: format!("writing to table {:?}", entries[0].table.name()),
+            });
         }
         let payload = if self.durable {
             let parts: Vec<(&str, &RecordBatch)> = entries
@@ -283,6 +317,90 @@ impl CommitLog {
 }
 
 impl CommitLog {
+    /// Persists every table's active data as of one transaction and records all of it in
+    /// one manifest update (databases shared through a bucket): a reader of the bucket
+    /// sees each transaction whole or not at all, symbols with the samples that use them.
+    /// Rotation happens under the publication lock, so no transaction is half published
+    /// when the tables are cut; writes go on meanwhile (into new active blocks). A failed
+    /// cut leaves its blocks frozen, in memory and in the WAL: the next one writes them.
+    /// Returns the blocks written, with their tables.
+    pub(crate) fn cut(&self) -> Result<Vec<(String, BlockMeta)>> {
+        let _one_at_a_time = self.cutting.lock();
+        let tables = self.tables();
+        {
+            let _publish = self.publish.lock();
+            for table in &tables {
+                table.rotate();
+            }
+        }
+        let Some(durable) = tables.iter().find_map(|t| t.durable()) else {
+            return Ok(Vec::new());
+        };
+        let manifest = durable.manifest.snapshot();
+        let started = std::time::Instant::now();
+        let mut written: Vec<(Arc<TableInner>, Arc<Frozen>, BlockMeta)> = Vec::new();
+        for table in &tables {
+            let (version, frozen) = table.frozen();
+            if frozen.is_empty() {
+                continue;
+            }
+            let entry = manifest.tables.get(table.name()).ok_or_else(|| {
+                Error::Internal(format!("table {:?} is not in the manifest", table.name()))
+            })?;
+            let (mut id, mut persisted) = (entry.next_block_id, entry.persisted_tx);
+            for f in frozen {
+                let meta = table
+                    .write_frozen(durable, &version, &f, id, persisted)
+                    .inspect_err(|e| table.listener().on_persist_error(table.name(), e))?;
+                (id, persisted) = (id + 1, f.max_tx);
+                written.push((table.clone(), f, meta));
+            }
+        }
+        if written.is_empty() {
+            return Ok(Vec::new());
+        }
+        durable.manifest.update(|m| {
+            for (table, frozen, meta) in &written {
+                let entry = m.tables.get_mut(table.name()).ok_or_else(|| {
+                    Error::Internal(format!("table {:?} left the manifest", table.name()))
+                })?;
+                entry.blocks.push(meta.clone());
+                entry.persisted_tx = frozen.max_tx;
+                entry.next_block_id = meta.id + 1;
+            }
+            Ok(())
+        })?;
+        let (mut rows, mut bytes) = (0, 0);
+        for (table, frozen, meta) in &written {
+            table.swap_in(frozen, meta);
+            table.listener().on_persist_end(table.name(), meta);
+            (rows, bytes) = (rows + meta.rows, bytes + meta.size);
+        }
+        let deleted = self.truncate().unwrap_or_else(|error| {
+            tracing::warn!(%error, "deleting persisted WAL objects failed; retried after the next cut");
+            0
+        });
+        tracing::info!(
+            blocks = written.len(),
+            rows,
+            bytes,
+            wal_objects_deleted = deleted,
+            seconds = started.elapsed().as_secs_f64(),
+            "cut persisted"
+        );
+        Ok(written
+            .into_iter()
+            .map(|(table, _, meta)| (table.name().to_owned(), meta))
+            .collect())
+    }
+
+    /// Runs `f` while no other cut runs (block merges of shared databases, which take block
+    /// ids as cuts do).
+    pub(crate) fn between_cuts<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _one_at_a_time = self.cutting.lock();
+        f()
+    }
+
     /// Persists tables, the one holding the oldest unpersisted write first, until the WAL
     /// is back under its limit (or nothing more can be done).
     pub(crate) fn relieve(&self) {

@@ -6,6 +6,10 @@
 //! - `dir/wal/<first tx>.wal`: WAL segments, one log for every table (see `wal::record`)
 //! - `dir/blocks/<table>/<block id>.parquet`: persisted blocks, unless another object
 //!   store is given ([`Db::open_with_store`])
+//!
+//! A database shared through a bucket ([`Db::open_shared`] writes it, [`Db::open_reader`]
+//! follows it) has everything under its prefix: `lease.json` (the writer's lease),
+//! `manifest.json`, `wal/<seq>.wal` (one object per sync) and `<table>/<id>-<epoch>.parquet`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,12 +22,13 @@ use parking_lot::RwLock;
 
 use crate::commit::{CommitLog, Transaction};
 use crate::error::{Error, Result};
+use crate::lease::Lease;
 use crate::manifest::{ManifestFile, TableEntry};
-use crate::options::{DbOptions, TableOptions};
+use crate::options::{DbOptions, SharedOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
 use crate::storage::Storage;
 use crate::table::{Durable, Table, TableConfig, WorkerMessage, Workers};
-use crate::wal::{self, Wal};
+use crate::wal::{self, FileWal, Wal};
 use crate::workers::WorkerPool;
 
 /// A database: named tables sharing background workers and, on disk, a manifest, WALs and
@@ -81,6 +86,10 @@ impl std::fmt::Debug for Db {
         f.debug_struct("Db")
             .field("dir", &self.inner.disk.as_ref().map(|d| &d.dir))
             .field(
+                "manifest",
+                &self.inner.disk.as_ref().map(|d| d.manifest.location()),
+            )
+            .field(
                 "tables",
                 &self.inner.tables.read().keys().collect::<Vec<_>>(),
             )
@@ -90,9 +99,14 @@ impl std::fmt::Debug for Db {
 
 /// What an on-disk database has.
 struct Disk {
-    dir: PathBuf,
+    /// The directory of the WAL, the manifest and the lock; `None` for a database shared
+    /// through a bucket, which keeps them there.
+    dir: Option<PathBuf>,
     storage: Arc<Storage>,
     manifest: Arc<ManifestFile>,
+    /// How a shared database is written (`None`: not shared, or read-only).
+    shared: Option<SharedOptions>,
+    read_only: bool,
 }
 
 struct DbInner {
@@ -103,6 +117,9 @@ struct DbInner {
     /// Keeps the pool running while the database lives (its only holder, unless shared).
     _pool: WorkerPool,
     disk: Option<Disk>,
+    /// The database's own periodic tasks (cuts of a shared database), which the workers
+    /// hold weakly.
+    tasks: parking_lot::Mutex<Vec<Arc<dyn Maintenance>>>,
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> Error {
@@ -183,14 +200,184 @@ impl Db {
             options,
             pool,
             Some(Disk {
-                dir,
+                dir: Some(dir),
                 storage,
                 manifest,
+                shared: None,
+                read_only: false,
             }),
             Some(lock),
         )?;
         db.recover()?;
         Ok(db)
+    }
+
+    /// Opens the database at `prefix` of a bucket shared with other processes, as its one
+    /// writer: everything is in the bucket (lease, manifest, WAL, blocks), nothing on local
+    /// disk, so any process can take over. Takes the writer's lease (
+    /// [`Error::LeaseHeld`] while another writer's runs), fences the previous writer off
+    /// (see `lease`), replays the WAL objects it left, and from then on persists every
+    /// table's new data in one cut every `flush_interval`, merging small blocks as they
+    /// pile up. A write is acknowledged once its WAL object is in the bucket.
+    ///
+    /// The store must support conditional puts (S3 and its kin, or memory; not local files).
+    pub fn open_shared(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        options: DbOptions,
+        shared: SharedOptions,
+    ) -> Result<Self> {
+        shared.validate()?;
+        let pool = Self::pool(&options)?;
+        let io = pool.io()?;
+        let prefix = ObjectPath::from(prefix);
+        let lease = Lease::acquire(
+            store.clone(),
+            &prefix,
+            io.clone(),
+            &shared.holder,
+            shared.lease_ttl,
+        )?;
+        let manifest = Self::stamp_manifest(&store, &prefix, &io, &lease)?;
+        let storage = Arc::new(
+            Storage::new(store, prefix.clone(), io).shared(lease.epoch(), shared.retire_grace),
+        );
+        tracing::info!(store = %storage.store(), prefix = %prefix, holder = lease.holder(), epoch = lease.epoch(), "opening shared database as its writer");
+        let (every, merge_blocks) = (shared.flush_interval, shared.merge_blocks);
+        let db = Self::start(
+            options,
+            pool,
+            Some(Disk {
+                dir: None,
+                storage,
+                manifest: Arc::new(manifest),
+                shared: Some(shared),
+                read_only: false,
+            }),
+            Some(Box::new(LeaseGuard(lease.clone()))),
+        )?;
+        db.recover()?;
+        let (alive, log) = (Arc::downgrade(&db.inner.log), Arc::downgrade(&db.inner.log));
+        lease.keep(
+            move || alive.strong_count() > 0,
+            move |error| {
+                if let Some(log) = log.upgrade() {
+                    log.poison(error.to_string());
+                }
+            },
+        );
+        let cutter: Arc<dyn Maintenance> = Arc::new(Cutter {
+            log: Arc::downgrade(&db.inner.log),
+            merge_blocks,
+        });
+        db.run_every(cutter, every);
+        Ok(db)
+    }
+
+    /// The bucket's manifest, stamped with the lease's epoch by a conditional put: from
+    /// then on the previous writer's manifest updates fail. A writer that updated it
+    /// meanwhile (before it noticed anything) makes this read it again.
+    fn stamp_manifest(
+        store: &Arc<dyn ObjectStore>,
+        prefix: &ObjectPath,
+        io: &crate::io::Io,
+        lease: &Lease,
+    ) -> Result<ManifestFile> {
+        for _ in 0..10 {
+            let manifest = ManifestFile::open_bucket(store.clone(), prefix, io.clone(), false)?;
+            if manifest.snapshot().epoch > lease.epoch() {
+                return Err(lease.fenced("a newer writer stamped the manifest"));
+            }
+            match manifest.update(|m| {
+                m.epoch = lease.epoch();
+                Ok(())
+            }) {
+                Ok(()) => return Ok(manifest),
+                Err(Error::Fenced { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(lease.fenced("the manifest keeps changing under the previous writer"))
+    }
+
+    /// Opens the database at `prefix` of a shared bucket read-only: a follower of what its
+    /// writer persisted (at most the writer's `flush_interval` behind, once
+    /// [`Db::refresh`] runs). Nothing is written, locally or to the bucket; writes fail with
+    /// [`Error::ReadOnly`]. A prefix without a database opens empty (with no tables).
+    pub fn open_reader(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        options: DbOptions,
+    ) -> Result<Self> {
+        let pool = Self::pool(&options)?;
+        let io = pool.io()?;
+        let prefix = ObjectPath::from(prefix);
+        let manifest = ManifestFile::open_bucket(store.clone(), &prefix, io.clone(), true)?;
+        let storage = Arc::new(Storage::new(store, prefix.clone(), io));
+        let db = Self::start(
+            options,
+            pool,
+            Some(Disk {
+                dir: None,
+                storage,
+                manifest: Arc::new(manifest),
+                shared: None,
+                read_only: true,
+            }),
+            None,
+        )?;
+        for (name, entry) in db.manifest_tables()? {
+            let table = db.table_from_entry(&name, entry)?;
+            db.inner.tables.write().insert(name, table);
+        }
+        Ok(db)
+    }
+
+    /// Reads the bucket's manifest again (a read-only database): tables get the blocks its
+    /// writer persisted since, and new tables appear. Tables are changed in the order the
+    /// writer created them, so that one read after another (samples after the symbols they
+    /// use) never sees the later one's new rows without the earlier one's. Returns whether
+    /// anything changed. Blocks no longer listed are dropped, never deleted (the writer
+    /// deletes them after its grace period).
+    pub fn refresh(&self) -> Result<bool> {
+        let disk = self.inner.disk.as_ref().ok_or(Error::Closed)?;
+        if !disk.read_only {
+            return Ok(false);
+        }
+        let Some(manifest) = disk.manifest.refresh()? else {
+            return Ok(false);
+        };
+        let mut entries: Vec<(String, TableEntry)> = manifest.tables.into_iter().collect();
+        entries.sort_by_key(|(name, entry)| (entry.seq, name.clone()));
+        for (name, entry) in entries {
+            let existing = self.inner.tables.read().get(&name).cloned();
+            match existing {
+                Some(table) => table.inner.follow(entry)?,
+                None => {
+                    let table = self.table_from_entry(&name, entry)?;
+                    self.inner.tables.write().insert(name, table);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The manifest's tables in the order they were created.
+    fn manifest_tables(&self) -> Result<Vec<(String, TableEntry)>> {
+        let disk = self.inner.disk.as_ref().ok_or(Error::Closed)?;
+        let mut entries: Vec<(String, TableEntry)> =
+            disk.manifest.snapshot().tables.into_iter().collect();
+        entries.sort_by_key(|(name, entry)| (entry.seq, name.clone()));
+        Ok(entries)
+    }
+
+    /// Runs `task` on the persistence thread every `every`, for as long as the database
+    /// lives.
+    fn run_every(&self, task: Arc<dyn Maintenance>, every: std::time::Duration) {
+        if let Some(worker) = &self.inner.workers.persistence {
+            let _ = worker.send(WorkerMessage::Maintenance(Arc::downgrade(&task), every));
+        }
+        self.inner.tasks.lock().push(task);
     }
 
     fn start(
@@ -199,17 +386,23 @@ impl Db {
         disk: Option<Disk>,
         lock: Option<Box<dyn Send + Sync>>,
     ) -> Result<Self> {
+        let read_only = disk
+            .as_ref()
+            .filter(|d| d.read_only)
+            .map(|d| d.storage.prefix().to_string());
+        let writes = disk.is_some() && read_only.is_none();
         let workers = pool.assign(
-            options.background_compaction,
-            disk.is_some(),
+            options.background_compaction && read_only.is_none(),
+            writes,
             options.retention_interval,
         );
         let persistence = workers.persistence.clone();
         let log = CommitLog::new(
-            disk.is_some(),
+            writes,
             options.max_wal_bytes,
             persistence.clone(),
             lock,
+            read_only,
         );
         Ok(Self {
             inner: Arc::new(DbInner {
@@ -219,6 +412,7 @@ impl Db {
                 workers,
                 _pool: pool,
                 disk,
+                tasks: parking_lot::Mutex::new(Vec::new()),
             }),
         })
     }
@@ -226,24 +420,23 @@ impl Db {
     /// Opens every table of the manifest, then replays the WAL into them: each write of a
     /// record goes to its table unless that table has persisted it already. Replay persists
     /// blocks as they fill, so its memory stays within a block per table whatever the WAL's
-    /// length.
+    /// length. A shared database's WAL is its objects in the bucket, after which this
+    /// writer creates the next one (the fence: see `wal::objects`).
     fn recover(&self) -> Result<()> {
         let Some(disk) = &self.inner.disk else {
             return Ok(());
         };
         let started = std::time::Instant::now();
         let mut persisted: HashMap<String, u64> = HashMap::new();
-        for (name, entry) in disk.manifest.snapshot().tables {
+        for (name, entry) in self.manifest_tables()? {
             persisted.insert(name.clone(), entry.persisted_tx);
             let table = self.table_from_entry(&name, entry)?;
             self.inner.tables.write().insert(name, table);
         }
-        let dir = Self::wal_dir(disk);
         let tables = self.inner.tables.read().clone();
         let log = &self.inner.log;
         let mut applied = 0usize;
-        let fs = self.inner.options.file_system.clone();
-        let (replayed, kept) = wal::replay(&*fs, &dir, 0, |tx, payload, (segment, offset)| {
+        let mut apply = |tx: u64, payload: Vec<u8>, (segment, offset): (&str, u64)| {
             let corrupt = |reason: String| Error::WalCorrupt {
                 segment: segment.to_owned(),
                 offset,
@@ -263,21 +456,66 @@ impl Db {
             }
             log.replayed(tx);
             Ok(())
-        })?;
+        };
         let newest_persisted = persisted.values().copied().max().unwrap_or(0);
+        let (replayed, wal) = match &disk.dir {
+            Some(dir) => {
+                let dir = dir.join("wal");
+                let fs = self.inner.options.file_system.clone();
+                let (replayed, kept) = wal::replay(&*fs, &dir, 0, &mut apply)?;
+                let next_tx = log
+                    .next_tx()
+                    .max(replayed.last_tx + 1)
+                    .max(replayed.newest_segment)
+                    .max(newest_persisted + 1);
+                let wal = FileWal::open(
+                    fs,
+                    &dir,
+                    self.inner.options.durability,
+                    self.inner.options.wal_segment_bytes,
+                    kept,
+                    next_tx,
+                )?;
+                (replayed, Wal::Files(wal))
+            }
+            None => {
+                let (store, io) = (disk.storage.store().clone(), disk.storage.io().clone());
+                let dir = disk.storage.prefix().clone().join("wal");
+                let mut replayed = wal::Replayed::default();
+                let mut kept = Vec::new();
+                let mut from = 0;
+                let mut fence = None;
+                // Whatever the previous writer put meanwhile is read before the fence holds.
+                for _ in 0..100 {
+                    let (read, next) =
+                        wal::objects::replay(&store, &dir, &io, from, &mut replayed, &mut apply)?;
+                    kept.extend(read);
+                    if wal::objects::fence(&store, &dir, &io, next)? {
+                        fence = Some(next);
+                        break;
+                    }
+                    from = next;
+                }
+                let fence = fence.ok_or_else(|| Error::Fenced {
+                    prefix: disk.storage.prefix().to_string(),
+                    reason: "another writer keeps writing the WAL".into(),
+                })?;
+                let wal = wal::objects::ObjectWal::open(
+                    store,
+                    dir,
+                    io,
+                    self.inner.options.durability,
+                    kept,
+                    fence,
+                );
+                (replayed, Wal::Objects(wal))
+            }
+        };
         let next_tx = log
             .next_tx()
             .max(replayed.last_tx + 1)
             .max(replayed.newest_segment)
             .max(newest_persisted + 1);
-        let wal = Wal::open(
-            fs,
-            &dir,
-            self.inner.options.durability,
-            self.inner.options.wal_segment_bytes,
-            kept,
-            next_tx,
-        )?;
         log.attach(wal, next_tx);
         log.truncate()?;
         for table in tables.values() {
@@ -297,24 +535,23 @@ impl Db {
         Ok(())
     }
 
-    fn wal_dir(disk: &Disk) -> PathBuf {
-        disk.dir.join("wal")
-    }
-
     /// Builds a table from its manifest entry (its blocks); the WAL is replayed afterwards.
     fn table_from_entry(&self, name: &str, entry: TableEntry) -> Result<Table> {
         let disk = self.inner.disk.as_ref().ok_or(Error::Closed)?;
         // Objects the manifest does not list: written before a crash kept them out of it,
         // or retired before their deletion ran. Nothing reads them; they only take space.
-        let keep: std::collections::HashSet<&str> =
-            entry.blocks.iter().map(|b| b.path.as_str()).collect();
-        let orphans = disk.storage.delete_orphans(name, &keep)?;
-        if !orphans.is_empty() {
-            tracing::info!(
-                table = name,
-                orphans = orphans.len(),
-                "deleted orphaned block objects"
-            );
+        // (A reader deletes nothing.)
+        if !disk.read_only {
+            let keep: std::collections::HashSet<&str> =
+                entry.blocks.iter().map(|b| b.path.as_str()).collect();
+            let orphans = disk.storage.delete_orphans(name, &keep)?;
+            if !orphans.is_empty() {
+                tracing::info!(
+                    table = name,
+                    orphans = orphans.len(),
+                    "deleted orphaned block objects"
+                );
+            }
         }
         Table::new(TableConfig {
             name: name.to_owned(),
@@ -326,6 +563,7 @@ impl Db {
             durable: Some(Durable {
                 storage: disk.storage.clone(),
                 manifest: disk.manifest.clone(),
+                shared: disk.shared.is_some(),
             }),
             blocks: entry.blocks,
             persisted_tx: entry.persisted_tx,
@@ -357,6 +595,9 @@ impl Db {
             }
             return Ok(table.clone());
         }
+        self.inner
+            .log
+            .refuse(|| format!("creating table {name:?}"))?;
         let table = match &self.inner.disk {
             None => Table::new(TableConfig {
                 name: name.to_owned(),
@@ -370,14 +611,16 @@ impl Db {
                 persisted_tx: 0,
             })?,
             Some(disk) => {
-                let entry = TableEntry {
+                let mut entry = TableEntry {
                     schema,
                     options,
                     persisted_tx: 0,
                     next_block_id: 1,
                     blocks: Vec::new(),
+                    seq: 0,
                 };
                 disk.manifest.update(|m| {
+                    entry.seq = m.tables.values().map(|t| t.seq + 1).max().unwrap_or(1);
                     m.tables.insert(name.to_owned(), entry.clone());
                     Ok(())
                 })?;
@@ -405,12 +648,43 @@ impl Db {
 
     /// Persists the active data of every table (rotating the active blocks) and waits for
     /// it: on return, nothing depends on the WAL. For a clean shutdown; nothing is lost
-    /// without it either.
+    /// without it either. A shared database persists every table in one cut; a read-only
+    /// one has nothing to persist.
     pub fn flush(&self) -> Result<()> {
+        if self.inner.disk.as_ref().is_some_and(|d| d.shared.is_some()) {
+            return self.inner.log.cut().map(|_| ());
+        }
         for table in self.tables() {
             table.persist()?;
         }
         Ok(())
+    }
+
+    /// Merges small persisted blocks of every table until none are left to merge (a shared
+    /// database; its cuts do this in the background after each one). Returns the merges.
+    pub fn merge_blocks(&self) -> Result<usize> {
+        let Some(fanout) = self
+            .inner
+            .disk
+            .as_ref()
+            .and_then(|d| d.shared.as_ref())
+            .map(|s| s.merge_blocks)
+            .filter(|&f| f >= 2)
+        else {
+            return Ok(0);
+        };
+        let mut merges = 0;
+        for table in self.inner.log.tables() {
+            while table.merge_blocks(fanout)?.is_some() {
+                merges += 1;
+            }
+        }
+        Ok(merges)
+    }
+
+    /// Whether the database is a read-only follower of a bucket ([`Db::open_reader`]).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.disk.as_ref().is_some_and(|d| d.read_only)
     }
 
     /// What the write-ahead log did since open (none for an in-memory database).
@@ -427,6 +701,59 @@ impl Db {
                 task,
                 self.inner.workers.retention_interval,
             ));
+        }
+    }
+}
+
+/// Holds a shared database's lease while the database lives; gives it up when the database
+/// closes, so the next writer need not wait for it to run out.
+struct LeaseGuard(Arc<Lease>);
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Err(error) = self.0.release() {
+            tracing::warn!(%error, "giving the lease up failed; it runs out by itself");
+        }
+    }
+}
+
+/// The periodic cut of a shared database: every table's new data persisted at once, then
+/// small blocks merged.
+struct Cutter {
+    log: std::sync::Weak<CommitLog>,
+    /// Blocks merged into one (0: never).
+    merge_blocks: usize,
+}
+
+/// Merges a table makes after a cut, at most: the rest wait for the next cut.
+const MERGES_PER_CUT: usize = 4;
+
+impl Maintenance for Cutter {
+    fn run(&self, _now_ms: i64) {
+        let Some(log) = self.log.upgrade() else {
+            return;
+        };
+        if log.wal().and_then(Wal::poisoned).is_some() {
+            return;
+        }
+        if let Err(error) = log.cut() {
+            tracing::warn!(%error, "persisting a cut failed; the next one retries it");
+            return;
+        }
+        if self.merge_blocks < 2 {
+            return;
+        }
+        for table in log.tables() {
+            for _ in 0..MERGES_PER_CUT {
+                match table.merge_blocks(self.merge_blocks) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(error) => {
+                        tracing::warn!(table = table.name(), %error, "merging blocks failed; retried after the next cut");
+                        break;
+                    }
+                }
+            }
         }
     }
 }

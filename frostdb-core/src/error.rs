@@ -232,6 +232,39 @@ pub enum Error {
         /// Who holds it (`process <pid>`).
         holder: String,
     },
+    /// Another writer holds the lease of a database shared through a bucket.
+    #[error(
+        "database {prefix} is written by {holder} (its lease runs {expires_in_ms} ms more): \
+         one writer at a time; send writes there, or retry once the lease has expired"
+    )]
+    LeaseHeld {
+        /// The database's prefix in the bucket.
+        prefix: String,
+        /// The writer holding the lease, as it named itself.
+        holder: String,
+        /// How long the lease runs before another writer may take it.
+        expires_in_ms: i64,
+    },
+
+    /// Another writer took over a database shared through a bucket: this process may no
+    /// longer write it (what it acknowledged before is kept; nothing after is).
+    #[error("database {prefix}: another writer took over ({reason}); this one stopped writing")]
+    Fenced {
+        /// The database's prefix in the bucket.
+        prefix: String,
+        /// What showed it.
+        reason: String,
+    },
+
+    /// A write to a database opened read-only.
+    #[error("database {prefix} is open read-only (a follower of its bucket): {what} is refused")]
+    ReadOnly {
+        /// The database's prefix in the bucket.
+        prefix: String,
+        /// What was refused.
+        what: String,
+    },
+
     /// An invariant of the engine does not hold: a bug, reported instead of a panic.
     #[error("internal error: {0}")]
     Internal(String),
@@ -264,7 +297,12 @@ impl Error {
             | Self::InvalidOption { .. } => K::InvalidInput,
             Self::BatchTooLarge { .. } => K::LimitExceeded,
             Self::SchemaMismatch { .. } => K::Conflict,
-            Self::Locked { .. } | Self::Closed | Self::Poisoned { .. } => K::Unavailable,
+            Self::Locked { .. }
+            | Self::Closed
+            | Self::Poisoned { .. }
+            | Self::LeaseHeld { .. }
+            | Self::Fenced { .. } => K::Unavailable,
+            Self::ReadOnly { .. } => K::Conflict,
             Self::Io { .. } | Self::ObjectStore { .. } => K::Io,
             Self::Parquet { .. }
             | Self::WalCorrupt { .. }

@@ -71,6 +71,7 @@ pub mod fs;
 pub mod fuzzing;
 mod index;
 mod io;
+mod lease;
 mod lock;
 mod manifest;
 mod options;
@@ -91,7 +92,7 @@ pub use index::chunk::ColumnStats;
 pub use index::compaction::{CompactionJob, CompactionOutcome};
 pub use lock::{DirLock, LOCK_FILE};
 pub use manifest::BlockMeta;
-pub use options::{DbOptions, Durability, TableOptions};
+pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
 pub use scalar::Scalar;
 pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};
 pub use schema::{

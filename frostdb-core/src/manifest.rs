@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -66,12 +66,20 @@ pub(crate) struct TableEntry {
     pub(crate) persisted_tx: u64,
     pub(crate) next_block_id: u64,
     pub(crate) blocks: Vec<BlockMeta>,
+    /// Creation order among the database's tables (1, 2, ...; 0 in manifests written
+    /// before it was recorded): readers of a shared bucket follow tables in this order.
+    #[serde(default)]
+    pub(crate) seq: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Manifest {
     format: u32,
     version: u64,
+    /// The epoch of the lease of the writer that last took the database over (shared
+    /// databases; 0 otherwise): a writer with a lower one has been fenced off.
+    #[serde(default)]
+    pub(crate) epoch: u64,
     pub(crate) tables: BTreeMap<String, TableEntry>,
 }
 
@@ -80,23 +88,43 @@ impl Default for Manifest {
         Self {
             format: FORMAT,
             version: 0,
+            epoch: 0,
             tables: BTreeMap::new(),
         }
     }
 }
 
+/// Where the manifest is kept.
+enum Home {
+    /// `dir/manifest.json`, replaced atomically, mirrored to the object store.
+    Local {
+        fs: Arc<dyn FileSystem>,
+        dir: PathBuf,
+        mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
+    },
+    /// `<prefix>/manifest.json` in a bucket shared with other processes, replaced only by
+    /// a put conditional on the version this process last saw: a writer that another one
+    /// took over from fails its next update instead of overwriting the other's.
+    Bucket {
+        store: Arc<dyn ObjectStore>,
+        path: ObjectPath,
+        io: Io,
+        /// The object's version (e-tag) as last read or written; `None` when there is none.
+        seen: Mutex<Option<UpdateVersion>>,
+        read_only: bool,
+    },
+}
+
 /// Where the manifest lives and its current content.
 pub(crate) struct ManifestFile {
-    fs: Arc<dyn FileSystem>,
-    dir: PathBuf,
-    mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
+    home: Home,
     current: Mutex<Manifest>,
 }
 
 impl std::fmt::Debug for ManifestFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManifestFile")
-            .field("dir", &self.dir)
+            .field("at", &self.location())
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +152,39 @@ pub(crate) fn parse(bytes: &[u8], path: &str) -> Result<Manifest> {
     Ok(manifest)
 }
 
+/// The manifest object at `path` and its version, if there is one. With `unless` (a version
+/// seen before), `Ok(None)` also when the object has not changed since.
+fn read_object(
+    store: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    io: &Io,
+    unless: Option<&UpdateVersion>,
+) -> Result<Option<(Manifest, UpdateVersion)>> {
+    let (s, p) = (store.clone(), path.clone());
+    let options = GetOptions {
+        if_none_match: unless.and_then(|v| v.e_tag.clone()),
+        ..GetOptions::default()
+    };
+    let got = io.run(async move {
+        let got = s.get_opts(&p, options).await?;
+        let version = UpdateVersion {
+            e_tag: got.meta.e_tag.clone(),
+            version: got.meta.version.clone(),
+        };
+        got.bytes().await.map(|b| (b, version))
+    })?;
+    match got {
+        Ok((bytes, version)) => Ok(Some((parse(&bytes, path.as_ref())?, version))),
+        Err(object_store::Error::NotFound { .. } | object_store::Error::NotModified { .. }) => {
+            Ok(None)
+        }
+        Err(source) => Err(Error::ObjectStore {
+            context: format!("reading manifest {path}"),
+            source,
+        }),
+    }
+}
+
 impl ManifestFile {
     /// Loads the manifest of the database in `dir`: the local file, or else the object
     /// store's mirror under `prefix`, or else an empty one.
@@ -138,19 +199,12 @@ impl ManifestFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &mirror {
                 Some((store, prefix, io)) => {
                     let path = prefix.clone().join(FILE_NAME);
-                    let (store, get) = (store.clone(), path.clone());
-                    match io.run(async move { store.get(&get).await?.bytes().await })? {
-                        Ok(bytes) => {
+                    match read_object(store, &path, io, None)? {
+                        Some((manifest, _)) => {
                             tracing::info!(object = %path, "manifest read from the object store");
-                            parse(&bytes, path.as_ref())?
+                            manifest
                         }
-                        Err(object_store::Error::NotFound { .. }) => Manifest::default(),
-                        Err(source) => {
-                            return Err(Error::ObjectStore {
-                                context: format!("reading manifest {path}"),
-                                source,
-                            });
-                        }
+                        None => Manifest::default(),
                     }
                 }
                 None => Manifest::default(),
@@ -163,16 +217,78 @@ impl ManifestFile {
             }
         };
         Ok(Self {
-            fs,
-            dir: dir.to_path_buf(),
-            mirror,
+            home: Home::Local {
+                fs,
+                dir: dir.to_path_buf(),
+                mirror,
+            },
             current: Mutex::new(manifest),
         })
+    }
+
+    /// Loads the manifest of the database at `prefix` of a shared bucket (an empty one when
+    /// there is none yet). A read-only one refuses updates.
+    pub(crate) fn open_bucket(
+        store: Arc<dyn ObjectStore>,
+        prefix: &ObjectPath,
+        io: Io,
+        read_only: bool,
+    ) -> Result<Self> {
+        let path = prefix.clone().join(FILE_NAME);
+        let (manifest, seen) = match read_object(&store, &path, &io, None)? {
+            Some((manifest, version)) => (manifest, Some(version)),
+            None => (Manifest::default(), None),
+        };
+        Ok(Self {
+            home: Home::Bucket {
+                store,
+                path,
+                io,
+                seen: Mutex::new(seen),
+                read_only,
+            },
+            current: Mutex::new(manifest),
+        })
+    }
+
+    /// Where the manifest is, for messages.
+    pub(crate) fn location(&self) -> String {
+        match &self.home {
+            Home::Local { dir, .. } => dir.join(FILE_NAME).display().to_string(),
+            Home::Bucket { path, .. } => path.to_string(),
+        }
     }
 
     /// A copy of the current manifest.
     pub(crate) fn snapshot(&self) -> Manifest {
         self.current.lock().clone()
+    }
+
+    /// Reads the bucket's manifest again (shared databases): the new one when it changed
+    /// since it was last read, `None` otherwise.
+    pub(crate) fn refresh(&self) -> Result<Option<Manifest>> {
+        let Home::Bucket {
+            store,
+            path,
+            io,
+            seen,
+            ..
+        } = &self.home
+        else {
+            return Ok(None);
+        };
+        let unless = seen.lock().clone();
+        let Some((manifest, version)) = read_object(store, path, io, unless.as_ref())? else {
+            return Ok(None);
+        };
+        let mut current = self.current.lock();
+        if manifest.version < current.version {
+            // An older copy from a store without read-after-write consistency.
+            return Ok(None);
+        }
+        *seen.lock() = Some(version);
+        *current = manifest.clone();
+        Ok(Some(manifest))
     }
 
     /// Applies `change` to a copy of the manifest and makes the copy durable; the in-memory
@@ -183,43 +299,90 @@ impl ManifestFile {
         let result = change(&mut next)?;
         next.version += 1;
         let bytes = serde_json::to_vec(&next)?;
-        self.write_local(&bytes)?;
-        if let Some((store, prefix, io)) = &self.mirror {
-            let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
-            let payload = bytes.clone();
-            let shown = path.to_string();
-            match io.run(async move { store.put(&path, payload.into()).await }) {
-                Ok(Ok(_)) => {}
-                Ok(Err(error)) => {
-                    tracing::warn!(object = %shown, %error, "cannot mirror the manifest to the object store")
+        match &self.home {
+            Home::Local { fs, dir, mirror } => {
+                write_local(&**fs, dir, &bytes)?;
+                if let Some((store, prefix, io)) = mirror {
+                    let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
+                    let payload = bytes.clone();
+                    let shown = path.to_string();
+                    match io.run(async move { store.put(&path, payload.into()).await }) {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(error)) => {
+                            tracing::warn!(object = %shown, %error, "cannot mirror the manifest to the object store")
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot mirror the manifest"),
+                    }
                 }
-                Err(error) => tracing::warn!(%error, "cannot mirror the manifest"),
+            }
+            Home::Bucket {
+                store,
+                path,
+                io,
+                seen,
+                read_only,
+            } => {
+                if *read_only {
+                    return Err(Error::ReadOnly {
+                        prefix: path.to_string(),
+                        what: "changing the manifest".into(),
+                    });
+                }
+                let mode = match seen.lock().clone() {
+                    Some(version) => PutMode::Update(version),
+                    None => PutMode::Create,
+                };
+                let (s, p) = (store.clone(), path.clone());
+                let put =
+                    io.run(
+                        async move { s.put_opts(&p, bytes.into(), PutOptions::from(mode)).await },
+                    )?;
+                match put {
+                    Ok(result) => {
+                        *seen.lock() = Some(UpdateVersion {
+                            e_tag: result.e_tag,
+                            version: result.version,
+                        });
+                    }
+                    Err(
+                        object_store::Error::Precondition { .. }
+                        | object_store::Error::AlreadyExists { .. },
+                    ) => {
+                        return Err(Error::Fenced {
+                            prefix: path.to_string(),
+                            reason: "the manifest was replaced by another writer".into(),
+                        });
+                    }
+                    Err(source) => {
+                        return Err(Error::ObjectStore {
+                            context: format!("writing manifest {path}"),
+                            source,
+                        });
+                    }
+                }
             }
         }
         *current = next;
         Ok(result)
     }
+}
 
-    fn write_local(&self, bytes: &[u8]) -> Result<()> {
-        let path = self.dir.join(FILE_NAME);
-        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let io = |what: &str| {
-            let context = format!("{what} {}", path.display());
-            move |source| Error::Io { context, source }
-        };
-        let file = self.fs.create(&tmp).map_err(io("writing manifest"))?;
-        file.write_all(bytes)
-            .and_then(|_| file.sync_data())
-            .map_err(io("writing manifest"))?;
-        drop(file);
-        self.fs
-            .rename(&tmp, &path)
-            .map_err(io("replacing manifest"))?;
-        self.fs
-            .sync_dir(&self.dir)
-            .map_err(io("syncing the directory of manifest"))?;
-        Ok(())
-    }
+fn write_local(fs: &dyn FileSystem, dir: &Path, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(FILE_NAME);
+    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
+    let io = |what: &str| {
+        let context = format!("{what} {}", path.display());
+        move |source| Error::Io { context, source }
+    };
+    let file = fs.create(&tmp).map_err(io("writing manifest"))?;
+    file.write_all(bytes)
+        .and_then(|_| file.sync_data())
+        .map_err(io("writing manifest"))?;
+    drop(file);
+    fs.rename(&tmp, &path).map_err(io("replacing manifest"))?;
+    fs.sync_dir(dir)
+        .map_err(io("syncing the directory of manifest"))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -266,6 +429,7 @@ mod tests {
                         max_tx: 7,
                         columns,
                     }],
+                    seq: 1,
                 },
             );
             Ok(())

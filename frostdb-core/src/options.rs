@@ -286,6 +286,89 @@ impl DbOptions {
     }
 }
 
+/// How a process writes a database shared through a bucket ([`crate::Db::open_shared`]).
+///
+/// # Defaults
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `holder` | (required) | this writer's name in the lease: a restarted writer of the same name takes its lease back at once |
+/// | `lease_ttl` | 15 s | how long the lease runs without renewal (renewed every third of it): after a writer dies, how long until another may take over |
+/// | `flush_interval` | 10 s | how often every table's new data is persisted as blocks in one cut: how stale readers of the bucket may be |
+/// | `retire_grace` | 5 min | how long a block merged or expired away stays in the bucket for readers still scanning it (longer than the longest query plus a reader's refresh interval) |
+/// | `merge_blocks` | 8 | how many blocks of one size class are merged into one (compaction of the bucket's blocks); 0 turns merging off |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedOptions {
+    pub(crate) holder: String,
+    pub(crate) lease_ttl: std::time::Duration,
+    pub(crate) flush_interval: std::time::Duration,
+    pub(crate) retire_grace: std::time::Duration,
+    pub(crate) merge_blocks: usize,
+}
+
+impl SharedOptions {
+    /// Options for the writer `holder` (a name unique among the writers of the bucket, such
+    /// as the host name).
+    pub fn new(holder: impl Into<String>) -> Self {
+        Self {
+            holder: holder.into(),
+            lease_ttl: std::time::Duration::from_secs(15),
+            flush_interval: std::time::Duration::from_secs(10),
+            retire_grace: std::time::Duration::from_secs(300),
+            merge_blocks: 8,
+        }
+    }
+
+    /// Sets how long the lease runs without renewal.
+    pub fn lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// Sets how often new data is persisted for readers.
+    pub fn flush_interval(mut self, every: std::time::Duration) -> Self {
+        self.flush_interval = every;
+        self
+    }
+
+    /// Sets how long retired blocks stay in the bucket.
+    pub fn retire_grace(mut self, grace: std::time::Duration) -> Self {
+        self.retire_grace = grace;
+        self
+    }
+
+    /// Sets how many blocks of a size class are merged into one (0: never).
+    pub fn merge_blocks(mut self, blocks: usize) -> Self {
+        self.merge_blocks = blocks;
+        self
+    }
+
+    /// Checks the options.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |option, reason: &str| {
+            Err(Error::InvalidOption {
+                option,
+                reason: reason.into(),
+            })
+        };
+        if self.holder.is_empty() {
+            return invalid("holder", "a writer needs a name");
+        }
+        if self.lease_ttl < std::time::Duration::from_millis(300) {
+            return invalid(
+                "lease_ttl",
+                "under 300 ms the lease cannot be renewed in time",
+            );
+        }
+        if self.flush_interval.is_zero() {
+            return invalid("flush_interval", "must be positive");
+        }
+        if self.merge_blocks == 1 {
+            return invalid("merge_blocks", "merging one block into one does nothing");
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,9 +34,15 @@ pub(crate) struct Storage {
     local: Option<Arc<object_store::local::LocalFileSystem>>,
     /// Parquet footers (with page indexes) of blocks read so far, by object path.
     metadata: Mutex<HashMap<String, read::Footer>>,
-    /// Objects of retired blocks no version or scan holds any more, to be deleted by the
-    /// next [`Storage::reap`].
-    doomed: Mutex<Vec<String>>,
+    /// Objects of retired blocks no version or scan holds any more, to be deleted by a
+    /// [`Storage::reap`] once `grace` has passed since.
+    doomed: Mutex<Vec<(String, std::time::Instant)>>,
+    /// The writer's lease epoch in a shared bucket, in the names of its blocks (0 elsewhere):
+    /// a writer that another took over from can never overwrite the other's blocks.
+    epoch: u64,
+    /// How long a retired block's object outlives the last holder in this process: other
+    /// processes reading the bucket (shared databases) may still be scanning it.
+    grace: std::time::Duration,
 }
 
 /// A persisted block as versions, snapshots and scans hold it. Retiring it (retention, a
@@ -81,10 +87,10 @@ impl std::ops::Deref for Block {
 impl Drop for Block {
     fn drop(&mut self) {
         if let Some(storage) = self.retired.get() {
-            storage
-                .doomed
-                .lock()
-                .push(std::mem::take(&mut self.meta.path));
+            storage.doomed.lock().push((
+                std::mem::take(&mut self.meta.path),
+                std::time::Instant::now(),
+            ));
         }
     }
 }
@@ -107,7 +113,17 @@ impl Storage {
             local: None,
             metadata: Mutex::new(HashMap::new()),
             doomed: Mutex::new(Vec::new()),
+            epoch: 0,
+            grace: std::time::Duration::ZERO,
         }
+    }
+
+    /// Names new blocks with the writer's lease `epoch`, and keeps retired blocks' objects
+    /// for `grace` (shared databases).
+    pub(crate) fn shared(mut self, epoch: u64, grace: std::time::Duration) -> Self {
+        self.epoch = epoch;
+        self.grace = grace;
+        self
     }
 
     /// Marks `store` as the local directory `local` (the same store), so blocks are read
@@ -120,17 +136,25 @@ impl Storage {
         self
     }
 
-    /// Deletes the objects of retired blocks nothing holds any more; returns how many. One
-    /// that fails stays queued for the next call.
+    /// Deletes the objects of retired blocks nothing holds any more (for the grace period);
+    /// returns how many. One that fails stays queued for the next call.
     pub(crate) fn reap(&self) -> usize {
-        let doomed = std::mem::take(&mut *self.doomed.lock());
+        let now = std::time::Instant::now();
+        let due: Vec<(String, std::time::Instant)> = {
+            let mut doomed = self.doomed.lock();
+            let (due, wait) = doomed
+                .drain(..)
+                .partition(|(_, since)| now.duration_since(*since) >= self.grace);
+            *doomed = wait;
+            due
+        };
         let mut deleted = 0;
-        for path in doomed {
+        for (path, since) in due {
             match self.delete(&path) {
                 Ok(()) => deleted += 1,
                 Err(error) => {
                     tracing::warn!(%error, "deleting a retired block failed; retried later");
-                    self.doomed.lock().push(path);
+                    self.doomed.lock().push((path, since));
                 }
             }
         }
@@ -144,7 +168,9 @@ impl Storage {
 
     /// Deletes the objects under `table`'s prefix that `keep` does not list: blocks written
     /// before a crash kept them out of the manifest, or retired before their deletion ran.
-    /// Runs at open, before anything can read or write the table's blocks.
+    /// Runs at open, before anything can read or write the table's blocks. In a shared
+    /// bucket only objects older than the grace period go: a block the previous writer
+    /// retired may still be read by other processes.
     pub(crate) fn delete_orphans(
         &self,
         table: &str,
@@ -155,7 +181,7 @@ impl Storage {
             use futures::TryStreamExt;
             store
                 .list(Some(&prefix))
-                .map_ok(|m| m.location.to_string())
+                .map_ok(|m| (m.location.to_string(), m.last_modified.timestamp_millis()))
                 .try_collect::<Vec<_>>()
                 .await
         })?;
@@ -163,9 +189,14 @@ impl Storage {
             context: format!("listing the blocks of table {table:?}"),
             source,
         })?;
+        let old_enough =
+            |modified_ms: &i64| crate::now_ms() - modified_ms >= self.grace.as_millis() as i64;
         let orphans: Vec<String> = listed
             .into_iter()
-            .filter(|p| p.ends_with(".parquet") && !keep.contains(p.as_str()))
+            .filter(|(p, modified)| {
+                p.ends_with(".parquet") && !keep.contains(p.as_str()) && old_enough(modified)
+            })
+            .map(|(p, _)| p)
             .collect();
         for path in &orphans {
             self.delete(path)?;
@@ -181,12 +212,23 @@ impl Storage {
         &self.prefix
     }
 
-    /// Where block `id` of `table` lives.
+    pub(crate) fn io(&self) -> &Io {
+        &self.io
+    }
+
+    /// Forgets what was cached of a block this process no longer reads (a reader following
+    /// a bucket whose writer merged or expired it).
+    pub(crate) fn forget(&self, path: &str) {
+        self.metadata.lock().remove(path);
+    }
+
+    /// Where block `id` of `table` lives (with the writer's epoch in a shared bucket).
     pub(crate) fn block_path(&self, table: &str, id: u64) -> ObjectPath {
-        self.prefix
-            .clone()
-            .join(table)
-            .join(format!("{id:020}.parquet"))
+        let name = match self.epoch {
+            0 => format!("{id:020}.parquet"),
+            epoch => format!("{id:020}-{epoch}.parquet"),
+        };
+        self.prefix.clone().join(table).join(name)
     }
 
     /// Deletes a block's object (a missing one is fine: deletion is idempotent).

@@ -7,9 +7,11 @@
 //! | `publish.rs` | durable writes into the active block's L0, rotation, replay |
 //! | `compact.rs` | compaction steps (the pure `choose`/`execute`/`apply` live in `index`) |
 //! | `persist.rs` | rotated blocks streamed into Parquet, recorded in the manifest |
+//! | `merge.rs` | persisted blocks of a shared database merged as they pile up |
 //! | `retention.rs` | expiry by time, and deletion of blocks a caller names |
 
 mod compact;
+mod merge;
 mod persist;
 mod publish;
 mod retention;
@@ -75,6 +77,9 @@ impl std::fmt::Debug for Table {
 pub(crate) struct Durable {
     pub(crate) storage: Arc<Storage>,
     pub(crate) manifest: Arc<ManifestFile>,
+    /// A database shared through a bucket: blocks are persisted by cuts of every table at
+    /// once (`CommitLog::cut`), so that readers of the bucket see each transaction whole.
+    pub(crate) shared: bool,
 }
 
 /// Everything a table is made of.
@@ -394,6 +399,16 @@ impl TableInner {
         &self.log
     }
 
+    pub(crate) fn durable(&self) -> Option<&Durable> {
+        self.durable.as_ref()
+    }
+
+    /// Rotates the active block (if it holds anything).
+    pub(crate) fn rotate(&self) {
+        let _swap = self.swap.lock();
+        self.rotate_locked();
+    }
+
     pub(crate) fn listener(&self) -> &Arc<dyn EventListener> {
         &self.listener
     }
@@ -437,6 +452,52 @@ impl TableInner {
             self.rotate_locked();
         }
         self.persist_frozen().map(|_| ())
+    }
+
+    /// Takes the blocks `entry` lists (a read-only database following its bucket): blocks
+    /// still listed stay as they are (footers cached), new ones are added, and those no
+    /// longer listed are dropped, never deleted (their writer deletes them).
+    pub(crate) fn follow(&self, entry: crate::manifest::TableEntry) -> Result<()> {
+        let _swap = self.swap.lock();
+        let current = self.current.read().clone();
+        let mut schema = (*current.schema).clone();
+        for block in &entry.blocks {
+            let names = block
+                .columns
+                .keys()
+                .map(|c| ColumnName::resolve(&self.schema, c))
+                .collect::<Result<Vec<_>>>()?;
+            if let Some(grown) = schema.grown(&names) {
+                schema = grown;
+            }
+        }
+        let old: std::collections::HashMap<&str, &Arc<crate::storage::Block>> = current
+            .blocks
+            .iter()
+            .map(|b| (b.path.as_str(), b))
+            .collect();
+        let blocks: Vec<Arc<crate::storage::Block>> = entry
+            .blocks
+            .into_iter()
+            .map(|meta| match old.get(meta.path.as_str()) {
+                Some(&kept) => kept.clone(),
+                None => Arc::new(crate::storage::Block::new(meta)),
+            })
+            .collect();
+        if let Some(durable) = &self.durable {
+            let listed: std::collections::HashSet<&str> =
+                blocks.iter().map(|b| b.path.as_str()).collect();
+            for gone in old.keys().filter(|p| !listed.contains(*p)) {
+                durable.storage.forget(gone);
+            }
+        }
+        *self.current.write() = Arc::new(Version {
+            schema: Arc::new(schema),
+            blocks: Arc::new(blocks),
+            watermark: current.watermark.max(entry.persisted_tx),
+            ..(*current).clone()
+        });
+        Ok(())
     }
 
     /// Registers the table with the persistence worker (retention, retries).

@@ -20,6 +20,19 @@ impl TableInner {
         let Some(durable) = &self.durable else {
             return Ok(Vec::new());
         };
+        if durable.shared {
+            // Every table at once, at one transaction, in one manifest update (when this
+            // one has something to persist: a rotated block, or one a failed cut left).
+            if self.current.read().frozen.is_empty() {
+                return Ok(Vec::new());
+            }
+            let written = self.log.cut()?;
+            return Ok(written
+                .into_iter()
+                .filter(|(table, _)| table == &self.name)
+                .map(|(_, meta)| meta)
+                .collect());
+        }
         let _one_at_a_time = self.persistence.lock();
         let mut written = Vec::new();
         loop {
@@ -55,9 +68,54 @@ impl TableInner {
                 Error::Internal(format!("table {:?} is not in the manifest", self.name))
             })?;
         let block_id = entry.next_block_id;
+        let started = std::time::Instant::now();
+        let meta = self.write_frozen(durable, version, frozen, block_id, entry.persisted_tx)?;
+        durable.manifest.update(|m| {
+            let t = m
+                .tables
+                .get_mut(&self.name)
+                .ok_or_else(|| Error::Internal("table vanished from the manifest".into()))?;
+            t.blocks.push(meta.clone());
+            t.persisted_tx = frozen.max_tx;
+            t.next_block_id = block_id + 1;
+            Ok(())
+        })?;
+        self.swap_in(frozen, &meta);
+        // The WAL segments that only held persisted writes can go.
+        let segments = match self.log.truncate() {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(table = %self.name, %error, "deleting persisted WAL segments failed; they are retried after the next block");
+                0
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(
+            table = %self.name,
+            block = block_id,
+            rows = meta.rows,
+            bytes = meta.size,
+            row_groups = meta.row_groups,
+            wal_segments_deleted = segments,
+            seconds = secs,
+            "block persisted"
+        );
+        self.listener.on_persist_end(&self.name, &meta);
+        Ok(meta)
+    }
+
+    /// Streams a frozen block into a new object, block `block_id`, sorted; returns what the
+    /// manifest is to record of it (`persisted_tx`: the table's persisted transaction).
+    pub(crate) fn write_frozen(
+        &self,
+        durable: &Durable,
+        version: &Version,
+        frozen: &Arc<Frozen>,
+        block_id: u64,
+        persisted_tx: u64,
+    ) -> Result<BlockMeta> {
         let rows = frozen.rows();
         self.listener.on_persist_begin(&self.name, block_id, rows);
-        let started = std::time::Instant::now();
 
         // The block's columns: those some chunk has, in schema order, with exact stats.
         let mut stats: std::collections::BTreeMap<String, ColumnStats> = Default::default();
@@ -120,57 +178,37 @@ impl TableInner {
             size: written.size,
             rows: written.rows,
             row_groups: written.row_groups,
-            min_tx: entry.persisted_tx + 1,
+            min_tx: persisted_tx + 1,
             max_tx: frozen.max_tx,
             columns: stats,
         };
-        durable.manifest.update(|m| {
-            let t = m
-                .tables
-                .get_mut(&self.name)
-                .ok_or_else(|| Error::Internal("table vanished from the manifest".into()))?;
-            t.blocks.push(meta.clone());
-            t.persisted_tx = frozen.max_tx;
-            t.next_block_id = block_id + 1;
-            Ok(())
-        })?;
-        {
-            let _swap = self.swap.lock();
-            let current = self.current.read().clone();
-            let frozen_left: Vec<_> = current
-                .frozen
-                .iter()
-                .filter(|f| !Arc::ptr_eq(f, frozen))
-                .cloned()
-                .collect();
-            let mut blocks = (*current.blocks).clone();
-            blocks.push(Arc::new(Block::new(meta.clone())));
-            *self.current.write() = Arc::new(Version {
-                frozen: Arc::new(frozen_left),
-                blocks: Arc::new(blocks),
-                ..(*current).clone()
-            });
-        }
-        // The WAL segments that only held persisted writes can go.
-        let segments = match self.log.truncate() {
-            Ok(n) => n,
-            Err(error) => {
-                tracing::warn!(table = %self.name, %error, "deleting persisted WAL segments failed; they are retried after the next block");
-                0
-            }
-        };
-        let secs = started.elapsed().as_secs_f64();
-        tracing::info!(
-            table = %self.name,
-            block = block_id,
-            rows,
-            bytes = written.size,
-            row_groups = written.row_groups,
-            wal_segments_deleted = segments,
-            seconds = secs,
-            "block persisted"
-        );
-        self.listener.on_persist_end(&self.name, &meta);
         Ok(meta)
+    }
+
+    /// Replaces the frozen block `frozen` by the persisted block `meta` in the current
+    /// version (once the manifest records it).
+    pub(crate) fn swap_in(&self, frozen: &Arc<Frozen>, meta: &BlockMeta) {
+        let _swap = self.swap.lock();
+        let current = self.current.read().clone();
+        let frozen_left: Vec<_> = current
+            .frozen
+            .iter()
+            .filter(|f| !Arc::ptr_eq(f, frozen))
+            .cloned()
+            .collect();
+        let mut blocks = (*current.blocks).clone();
+        blocks.push(Arc::new(Block::new(meta.clone())));
+        *self.current.write() = Arc::new(Version {
+            frozen: Arc::new(frozen_left),
+            blocks: Arc::new(blocks),
+            ..(*current).clone()
+        });
+    }
+
+    /// The frozen blocks waiting to be persisted, oldest first.
+    pub(crate) fn frozen(&self) -> (Arc<Version>, Vec<Arc<Frozen>>) {
+        let version = self.current.read().clone();
+        let frozen = version.frozen.iter().cloned().collect();
+        (version, frozen)
     }
 }

@@ -47,6 +47,18 @@ impl TableInner {
         });
         if bytes >= self.options.block_size {
             self.rotate_locked();
+            if self.durable.as_ref().is_some_and(|d| d.shared) {
+                // A cut persists it, with every other table's data up to then.
+                self.request_persistence();
+            }
+        }
+    }
+
+    fn request_persistence(&self) {
+        if let Some(worker) = &self.workers.persistence
+            && !self.persistence_queued.swap(true, Ordering::AcqRel)
+        {
+            let _ = worker.send(WorkerMessage::Persist(self.this.clone()));
         }
     }
 
@@ -86,12 +98,11 @@ impl TableInner {
         {
             tracing::warn!(table = %self.name, %error, "starting a new WAL segment failed; the current one grows on");
         }
-        tracing::info!(table = %self.name, rows, "active block rotated");
         self.listener.on_rotate(&self.name, rows);
-        if let Some(worker) = &self.workers.persistence
-            && !self.persistence_queued.swap(true, Ordering::AcqRel)
-        {
-            let _ = worker.send(WorkerMessage::Persist(self.this.clone()));
+        if self.durable.as_ref().is_some_and(|d| !d.shared) {
+            tracing::info!(table = %self.name, rows, "active block rotated");
+            // (A cut persists what it rotated itself, and says so once for every table.)
+            self.request_persistence();
         }
     }
 

@@ -2,6 +2,7 @@
 //! transaction, whatever tables it writes), appended before a write is acknowledged, replayed
 //! on open, deleted segment by segment once every table has persisted what they hold.
 
+pub(crate) mod objects;
 pub(crate) mod record;
 
 use std::path::{Path, PathBuf};
@@ -42,8 +43,99 @@ struct Writer {
     written: u64,
 }
 
-/// A database's WAL.
-pub(crate) struct Wal {
+/// A database's WAL: segment files in its directory, or objects in the bucket it shares.
+#[derive(Debug)]
+pub(crate) enum Wal {
+    Files(FileWal),
+    Objects(objects::ObjectWal),
+}
+
+impl Wal {
+    /// Why the WAL refuses writes, if it does.
+    pub(crate) fn poisoned(&self) -> Option<String> {
+        match self {
+            Self::Files(w) => w.poisoned(),
+            Self::Objects(w) => w.poisoned(),
+        }
+    }
+
+    /// Appends a record for `tx`; returns the position `sync` must reach for it.
+    pub(crate) fn append(&self, tx: u64, payload: &[u8]) -> Result<u64> {
+        match self {
+            Self::Files(w) => w.append(tx, payload),
+            Self::Objects(w) => w.append(tx, payload),
+        }
+    }
+
+    /// Makes everything up to `position` durable, sharing the work between writers.
+    pub(crate) fn sync(&self, position: u64) -> Result<()> {
+        match self {
+            Self::Files(w) => w.sync(position),
+            Self::Objects(w) => w.sync(position),
+        }
+    }
+
+    /// Records, syncs and bytes since open.
+    pub(crate) fn stats(&self) -> WalStats {
+        match self {
+            Self::Files(w) => w.stats(),
+            Self::Objects(w) => w.stats(),
+        }
+    }
+
+    /// The position up to which everything is durable.
+    pub(crate) fn durable_position(&self) -> u64 {
+        match self {
+            Self::Files(w) => w.durable_position(),
+            Self::Objects(w) => w.durable_position(),
+        }
+    }
+
+    /// Starts a new segment (files; objects start one at every sync).
+    pub(crate) fn rotate(&self) -> Result<()> {
+        match self {
+            Self::Files(w) => w.rotate(),
+            Self::Objects(_) => Ok(()),
+        }
+    }
+
+    /// Deletes what holds only transactions up to `tx`.
+    pub(crate) fn truncate_through(&self, tx: u64) -> Result<usize> {
+        match self {
+            Self::Files(w) => w.truncate_through(tx),
+            Self::Objects(w) => w.truncate_through(tx),
+        }
+    }
+
+    /// Bytes of the WAL, as written.
+    pub(crate) fn total_bytes(&self) -> u64 {
+        match self {
+            Self::Files(w) => w.total_bytes(),
+            Self::Objects(w) => w.total_bytes(),
+        }
+    }
+
+    /// Bytes the WAL holds in storage.
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        match self {
+            Self::Files(w) => w.disk_bytes(),
+            Self::Objects(w) => w.total_bytes(),
+        }
+    }
+
+    /// Stops accepting writes (the database's lease was lost).
+    pub(crate) fn poison(&self, reason: String) {
+        match self {
+            Self::Files(w) => {
+                w.poisoned.lock().get_or_insert(reason);
+            }
+            Self::Objects(w) => w.poison(reason),
+        }
+    }
+}
+
+/// A WAL of segment files.
+pub(crate) struct FileWal {
     fs: Arc<dyn FileSystem>,
     dir: PathBuf,
     durability: Durability,
@@ -74,7 +166,7 @@ pub struct WalStats {
     pub bytes: u64,
 }
 
-impl std::fmt::Debug for Wal {
+impl std::fmt::Debug for FileWal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Wal")
             .field("dir", &self.dir)
@@ -144,6 +236,9 @@ fn list_segments(fs: &dyn FileSystem, dir: &Path) -> Result<Vec<(u64, PathBuf)>>
     segments.sort();
     Ok(segments)
 }
+
+/// What replay calls for each record: `(tx, payload, (segment or object, offset))`.
+pub(crate) type Apply<'a> = dyn FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()> + 'a;
 
 /// A segment that replay read and that stays until its transactions are persisted.
 #[derive(Debug, Clone)]
@@ -248,7 +343,7 @@ pub(crate) fn replay(
     Ok((replayed, kept))
 }
 
-impl Wal {
+impl FileWal {
     /// Opens the WAL in `dir` for appending, after [`replay`]: `existing` are the segments
     /// replay kept, `next_tx` the first transaction to be written. Appends always go to a new
     /// segment.
@@ -469,7 +564,7 @@ mod tests {
     #[test]
     fn appends_rotates_replays_and_truncates() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(os(), dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
+        let wal = FileWal::open(os(), dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
         for tx in 1..=10u64 {
             let at = wal.append(tx, &[tx as u8; 40]).unwrap();
             wal.sync(at).unwrap();
@@ -493,12 +588,13 @@ mod tests {
     #[test]
     fn reopening_continues_in_a_new_segment() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        let wal =
+            FileWal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         wal.sync(wal.append(1, b"a").unwrap()).unwrap();
         drop(wal);
         let (replayed, kept) = replay(&OsFs, dir.path(), 0, |_, _, _| Ok(())).unwrap();
         assert_eq!((replayed.records, replayed.last_tx), (1, 1));
-        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
+        let wal = FileWal::open(os(), dir.path(), Durability::Sync, 1 << 20, kept, 2).unwrap();
         wal.sync(wal.append(2, b"b").unwrap()).unwrap();
         assert_eq!(collect(dir.path(), 0).unwrap().len(), 2);
         wal.rotate().unwrap();
@@ -509,7 +605,8 @@ mod tests {
     #[test]
     fn a_torn_tail_is_cut_and_later_damage_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        let wal =
+            FileWal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         for tx in 1..=3 {
             wal.sync(wal.append(tx, b"payload").unwrap()).unwrap();
         }
@@ -543,7 +640,8 @@ mod tests {
     #[test]
     fn a_headless_last_segment_is_removed_and_new_segments_are_named_after_the_newest() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = Wal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
+        let wal =
+            FileWal::open(os(), dir.path(), Durability::Sync, 1 << 20, Vec::new(), 1).unwrap();
         wal.sync(wal.append(1, b"a").unwrap()).unwrap();
         wal.rotate().unwrap();
         drop(wal);
