@@ -152,7 +152,8 @@ fn timestamps(batch: &RecordBatch) -> Result<&Int64Array> {
 }
 
 impl Rollups {
-    /// Opens the rollup tables of `db` and reads which buckets they hold.
+    /// Opens the rollup tables of `db` and reads which buckets they hold (`read_only`: a
+    /// follower's store, which sets no retention).
     pub(crate) fn open(
         db: &Db,
         samples: &Table,
@@ -160,11 +161,19 @@ impl Rollups {
         table_options: &TableOptions,
         samples_retention: Option<Duration>,
         options: RollupOptions,
+        read_only: bool,
     ) -> Result<Self> {
+        let set_ttl = |table: &Table, ttl| {
+            if read_only {
+                Ok(())
+            } else {
+                table.set_ttl(ttl)
+            }
+        };
         let level = |name: &'static str, bucket_ms, retention: Option<Duration>| {
             let table = schema::open_series_table(db, name, table_options.clone())?;
             let retention = retention.or(samples_retention);
-            table.set_ttl(retention)?;
+            set_ttl(&table, retention)?;
             Ok::<_, Error>(Level {
                 name,
                 bucket_ms,
@@ -187,7 +196,22 @@ impl Rollups {
             .iter()
             .map(|l| l.retention)
             .try_fold(Duration::ZERO, |a, r| r.map(|r| a.max(r)));
-        buckets.set_ttl(longest)?;
+        set_ttl(&buckets, longest)?;
+        let coverage = Self::coverage(&levels, &buckets)?;
+        Ok(Self {
+            db: db.clone(),
+            samples: samples.clone(),
+            series_index: series_index.clone(),
+            levels,
+            buckets,
+            state: Mutex::new(coverage),
+            pass: Mutex::new(()),
+            options,
+        })
+    }
+
+    /// The buckets the rollup tables hold, from their bucket table.
+    fn coverage(levels: &[Level; 2], buckets: &Table) -> Result<Coverage> {
         let mut coverage = Coverage::default();
         for batch in buckets
             .snapshot()
@@ -213,16 +237,15 @@ impl Rollups {
             }
         }
         coverage.readable = coverage.written.clone();
-        Ok(Self {
-            db: db.clone(),
-            samples: samples.clone(),
-            series_index: series_index.clone(),
-            levels,
-            buckets,
-            state: Mutex::new(coverage),
-            pass: Mutex::new(()),
-            options,
-        })
+        Ok(coverage)
+    }
+
+    /// Reads which buckets the rollup tables hold again (a follower's store, after its
+    /// database took the writer's new blocks).
+    pub(crate) fn reload(&self) -> Result<()> {
+        let coverage = Self::coverage(&self.levels, &self.buckets)?;
+        *self.state.lock() = coverage;
+        Ok(())
     }
 
     /// Whether merges read rollups.

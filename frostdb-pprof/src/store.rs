@@ -520,6 +520,42 @@ impl ProfileStore {
     /// Opens (creating if needed) the profile tables of `db`. Reads no symbols: they are
     /// read per partition when a merge needs them.
     pub fn open(db: Db, options: StoreOptions) -> Result<Self> {
+        Self::open_in(db, options, false)
+    }
+
+    /// Opens the profile tables of a read-only database (a follower of a shared bucket,
+    /// [`Db::open_reader`]): queries only, answered from what the writer persisted; see
+    /// [`ProfileStore::refresh`]. The store's retention is the writer's (`options.retention`
+    /// is not applied). [`Error::Unavailable`] when the writer has not created the tables
+    /// yet (a tenant with no data in the bucket).
+    pub fn open_reader(db: Db, options: StoreOptions) -> Result<Self> {
+        if !db.is_read_only() {
+            return Err(Error::Query(
+                "open_reader takes a read-only database (Db::open_reader)".into(),
+            ));
+        }
+        Self::open_in(db, options, true)
+    }
+
+    fn open_in(db: Db, options: StoreOptions, read_only: bool) -> Result<Self> {
+        if read_only {
+            for name in [schema::SAMPLES, schema::STACKTRACES, schema::TOTALS] {
+                if db.get_table(name).is_none() {
+                    return Err(Error::Unavailable(format!(
+                        "no profiles stored yet: the bucket has no {name:?} table (its \
+                         writer has not persisted any)"
+                    )));
+                }
+            }
+        }
+        // Retention is the writer's to set; a reader only reads.
+        let set_ttl = |table: &frostdb_core::Table, ttl: Option<Duration>| {
+            if read_only {
+                Ok(())
+            } else {
+                table.set_ttl(ttl)
+            }
+        };
         // Symbols first: a transaction is published table by table in the order it writes
         // them, and samples refer to symbols.
         let mappings = db.table(schema::MAPPINGS, schema::mappings(), symbol_table_options())?;
@@ -539,23 +575,24 @@ impl ProfileStore {
             symbol_table_options(),
         )?;
         let samples = schema::open_series_table(&db, schema::SAMPLES, options.samples.clone())?;
-        samples.set_ttl(options.retention)?;
+        set_ttl(&samples, options.retention)?;
         let spans = schema::open_series_table(&db, schema::SPANS, options.samples.clone())?;
-        spans.set_ttl(options.retention)?;
+        set_ttl(&spans, options.retention)?;
         let series_index = schema::open_series_table(&db, schema::SERIES, TableOptions::default())?;
         // An index row stands for an hour from its timestamp: kept an hour longer than the
         // samples, so no sample outlives the row that indexes it.
-        series_index.set_ttl(
+        set_ttl(
+            &series_index,
             options
                 .retention
                 .map(|r| r + Duration::from_millis(schema::SERIES_BUCKET_MS as u64)),
         )?;
-        if series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
+        if !read_only && series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_series_index(&db, &samples, &series_index)?;
         }
         let totals = schema::open_series_table(&db, schema::TOTALS, options.samples.clone())?;
-        totals.set_ttl(options.retention)?;
-        if totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
+        set_ttl(&totals, options.retention)?;
+        if !read_only && totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_totals(&db, &samples, &totals)?;
         }
         let tables = SymbolTables {
@@ -567,7 +604,11 @@ impl ProfileStore {
         let stack_users = [samples.clone(), spans.clone()];
         let newest_used = partitions_used(&stack_users).map_or(0, |(_, newest)| newest);
         let newest = tables.newest_partition().max(newest_used);
-        let symbols = Arc::new(SymbolStore::open(tables, options.symbols, newest));
+        let symbols = Arc::new(if read_only {
+            SymbolStore::open_reader(tables, options.symbols)
+        } else {
+            SymbolStore::open(tables, options.symbols, newest)
+        });
         let expiry = Arc::new(SymbolExpiry {
             stack_users,
             symbols: symbols.clone(),
@@ -582,6 +623,7 @@ impl ProfileStore {
             &options.samples,
             options.retention,
             options.rollups.clone(),
+            read_only,
         )?);
         let task: Arc<dyn Maintenance> = rollups.clone();
         db.add_maintenance(Arc::downgrade(&task) as Weak<dyn Maintenance>);
@@ -602,6 +644,17 @@ impl ProfileStore {
             series: Mutex::new(Default::default()),
             options,
         })
+    }
+
+    /// Takes what the writer persisted since (a store opened by
+    /// [`ProfileStore::open_reader`]; nothing to do otherwise): new blocks of every table,
+    /// and rollups made meanwhile. Returns whether anything changed.
+    pub fn refresh(&self) -> Result<bool> {
+        if !self.db.refresh()? {
+            return Ok(false);
+        }
+        self.rollups.reload()?;
+        Ok(true)
     }
 
     /// The database.
@@ -1086,7 +1139,16 @@ impl ProfileStore {
     fn symbols_of(&self, stacks: &[(u64, i64)]) -> Result<Symbols> {
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
-        let symbols = self.symbols.view(partitions)?;
+        let mut symbols = self.symbols.view(partitions.iter().copied())?;
+        if self.db.is_read_only()
+            && let Some((id, _)) = stacks
+                .iter()
+                .find(|(id, _)| !symbols.has_stack(StackId(*id)))
+        {
+            // A reader's cached partition from before its writer added to it: read again.
+            self.symbols.forget(split_id(*id).0);
+            symbols = self.symbols.view(partitions)?;
+        }
         if let Some((id, _)) = stacks
             .iter()
             .find(|(id, _)| !symbols.has_stack(StackId(*id)))

@@ -143,6 +143,30 @@ impl SymbolStore {
         }
     }
 
+    /// Symbols in `tables` for reading only (a follower of a shared bucket): every
+    /// partition is read from the tables; none takes new symbols.
+    pub(crate) fn open_reader(tables: SymbolTables, options: SymbolOptions) -> Self {
+        Self {
+            tables,
+            options,
+            // No stored partition has this id (ids count up from 1).
+            current: RwLock::new((Arc::new(Partition::new(u32::MAX)), Instant::now())),
+            cache: Mutex::new(Cache::default()),
+            loading: Mutex::new(()),
+        }
+    }
+
+    /// Drops partition `id` from the cache, to be read again (a reader's copy of a partition
+    /// its writer has added to since).
+    pub(crate) fn forget(&self, id: u32) {
+        let mut cache = self.cache.lock();
+        if let Some(at) = cache.entries.iter().position(|p| p.id() == id)
+            && let Some(p) = cache.entries.remove(at)
+        {
+            cache.bytes -= p.bytes();
+        }
+    }
+
     pub(crate) fn tables(&self) -> &SymbolTables {
         &self.tables
     }
