@@ -21,13 +21,21 @@ pub enum Error {
     /// Planning or execution failed.
     #[error(transparent)]
     DataFusion(#[from] DataFusionError),
+    /// A setting is wrong (a worker address that is not a URL, no workers).
+    #[error("{0}")]
+    Config(String),
+    /// A merge spread over other processes failed (a worker died or is unreachable): the
+    /// answer is not given in part.
+    #[error("{0}")]
+    Cluster(String),
 }
 
 impl Error {
     /// Whose fault this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Selector(_) => ErrorKind::InvalidInput,
+            Self::Selector(_) | Self::Config(_) => ErrorKind::InvalidInput,
+            Self::Cluster(_) => ErrorKind::Unavailable,
             Self::Engine(e) => e.kind(),
             Self::DataFusion(e) => datafusion_kind(e),
         }

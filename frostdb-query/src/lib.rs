@@ -30,6 +30,8 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```
 
+#[cfg(feature = "distributed")]
+pub mod distributed;
 mod error;
 mod exec;
 mod filter;

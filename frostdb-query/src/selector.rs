@@ -440,6 +440,42 @@ impl<'a> Parser<'a> {
 /// (`{__profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds", service_name="api"}`).
 pub const PROFILE_TYPE_LABEL: &str = "__profile_type__";
 
+/// Writes `value` as a selector's double-quoted string, escaped as [`Selector::parse`]
+/// reads it.
+fn quoted(f: &mut fmt::Formatter<'_>, value: &str) -> fmt::Result {
+    f.write_str("\"")?;
+    for c in value.chars() {
+        match c {
+            '\\' => f.write_str("\\\\")?,
+            '"' => f.write_str("\\\"")?,
+            '\n' => f.write_str("\\n")?,
+            '\t' => f.write_str("\\t")?,
+            '\r' => f.write_str("\\r")?,
+            c if (c as u32) < 0x20 || c == '\u{7f}' => write!(f, "\\u{:04x}", c as u32)?,
+            c => write!(f, "{c}")?,
+        }
+    }
+    f.write_str("\"")
+}
+
+impl fmt::Display for Selector {
+    /// The selector as [`Selector::parse`] reads it back: `type{label="value",...}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(t) = &self.profile_type {
+            write!(f, "{t}")?;
+        }
+        f.write_str("{")?;
+        for (i, m) in self.matchers.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}{}", m.label, m.op)?;
+            quoted(f, &m.value)?;
+        }
+        f.write_str("}")
+    }
+}
+
 impl Selector {
     /// A selector from the parts Pyroscope's query API sends: a profile type id (empty for
     /// none) and a label selector (`{service_name="api"}`, empty for all). A
@@ -580,6 +616,28 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field};
 
     use super::*;
+
+    #[test]
+    fn a_selector_prints_as_it_parses() {
+        for text in [
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}",
+            "memory:alloc_space:bytes:space:bytes:delta{job=\"api\",pod=~\"a-.*\"}",
+            r#"{namespace!="kube-system",env!~"dev|test",q="a\"b\\c\nd\u0001é"}"#,
+            "{}",
+        ] {
+            let parsed = Selector::parse(text).unwrap();
+            let printed = parsed.to_string();
+            assert_eq!(
+                Selector::parse(&printed).unwrap(),
+                parsed,
+                "{text} -> {printed}"
+            );
+        }
+        assert_eq!(
+            Selector::parse(r#"{a="x\"y"}"#).unwrap().to_string(),
+            r#"{a="x\"y"}"#
+        );
+    }
 
     #[test]
     fn pyroscope_parts_and_profile_type_matchers_make_one_selector() {

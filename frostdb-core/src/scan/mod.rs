@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::index::chunk::{Chunk, ColumnStats};
 use crate::index::merge::{BatchStream, Input, Merge, SortKey, align_batch};
 use crate::index::version::Version;
+use crate::manifest::BlockMeta;
 use crate::schema::{ColumnName, TableSchema, field_for};
 use crate::storage::{BlockPlan, Storage};
 use bound::Bound;
@@ -206,6 +207,32 @@ impl Snapshot {
     /// Rows in the snapshot.
     pub fn rows(&self) -> usize {
         self.version.rows()
+    }
+
+    /// The name of the table the snapshot is of.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The persisted blocks of the snapshot, oldest first.
+    pub fn blocks(&self) -> Vec<BlockMeta> {
+        self.version
+            .blocks
+            .iter()
+            .map(|b| b.meta().clone())
+            .collect()
+    }
+
+    /// The snapshot without its persisted blocks: only what is in memory (active and
+    /// rotated blocks), for a query that reads the blocks elsewhere.
+    pub fn memory(&self) -> Snapshot {
+        Snapshot {
+            version: Arc::new(Version {
+                blocks: Arc::new(Vec::new()),
+                ..(*self.version).clone()
+            }),
+            ..self.clone()
+        }
     }
 
     /// Starts a scan.

@@ -270,6 +270,39 @@ impl Table {
         }
     }
 
+    /// A snapshot holding only the persisted blocks `blocks` of this table, as another
+    /// process listed them (a query spread over processes reading one bucket: each reads
+    /// the blocks it is given). Blocks need not be in this process's view of the table;
+    /// their objects must be in its storage.
+    pub fn snapshot_of_blocks(&self, blocks: Vec<BlockMeta>) -> Result<Snapshot> {
+        let current = self.inner.current.read().clone();
+        let mut schema = (*current.schema).clone();
+        for block in &blocks {
+            let names = block
+                .columns
+                .keys()
+                .map(|c| ColumnName::resolve(&self.inner.schema, c))
+                .collect::<Result<Vec<_>>>()?;
+            if let Some(grown) = schema.grown(&names) {
+                schema = grown;
+            }
+        }
+        let mut version = Version::empty(Arc::new(schema), 0);
+        version.watermark = blocks.iter().map(|b| b.max_tx).max().unwrap_or(0);
+        version.blocks = Arc::new(
+            blocks
+                .into_iter()
+                .map(|b| Arc::new(crate::storage::Block::new(b)))
+                .collect(),
+        );
+        Ok(Snapshot {
+            version: Arc::new(version),
+            granule_rows: self.inner.options.granule_rows,
+            storage: self.inner.durable.as_ref().map(|d| d.storage.clone()),
+            table: self.inner.name.clone(),
+        })
+    }
+
     /// Scans a fresh snapshot and collects the batches.
     pub fn scan(&self, request: &ScanRequest) -> Result<Vec<RecordBatch>> {
         self.snapshot().collect(request)

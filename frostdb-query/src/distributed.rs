@@ -1,0 +1,603 @@
+//! Merges spread over processes with [datafusion-distributed]: a coordinator splits the
+//! persisted blocks a merge reads among workers (other processes reading the same bucket),
+//! each of which sums the values per stack of its blocks ([`merge_stacks`], the same
+//! code a single process runs); DataFusion's two-stage aggregate adds the workers' sums by
+//! stack id, across the network. Sums of integers in any order are the same sums: the
+//! answer is the single process's, exactly.
+//!
+//! ```text
+//!  coordinator                                  workers (N tasks)
+//!  ProfileStore::merge ─ memory part: here      StackScanExec(blocks of task i)
+//!        └─ blocks: Cluster::merge_stacks ───►    merge_stacks -> (stack, sum) rows
+//!              SUM(value) GROUP BY stack   ◄───   partial aggregate, shuffled by stack
+//! ```
+//!
+//! A worker opens nothing of its own: [`StackSource`] gives it the table a task names (in
+//! the server, a read-only follower of the tenant's bucket), and the task carries the
+//! blocks themselves (their manifest entries), so a worker whose view of the bucket is a
+//! refresh behind still reads exactly the blocks the coordinator chose. A worker that dies
+//! mid-query fails the query with an error naming the worker; nothing is answered from the
+//! tasks that finished.
+//!
+//! [datafusion-distributed]: https://github.com/datafusion-contrib/datafusion-distributed
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
+use async_trait::async_trait;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::functions_aggregate::expr_fn::{max, sum};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use datafusion::prelude::{SessionConfig, SessionContext, col};
+use datafusion_distributed::{
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedMetricsFormat,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, SessionStateBuilderExt, Worker,
+    WorkerQueryContext, WorkerResolver,
+};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use frostdb_core::BlockMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::profile::TimeRange;
+use crate::profile::native::{StackTotals, merge_stacks};
+use crate::selector::Selector;
+
+/// Where a process finds the tables the tasks it runs name.
+pub trait StackSource: Send + Sync + fmt::Debug {
+    /// Table `table` of tenant `tenant`'s profile store, as this process sees the bucket.
+    fn table(&self, tenant: &str, table: &str) -> Result<frostdb_core::Table>;
+
+    /// Threads one task reads its blocks with.
+    fn threads(&self) -> usize {
+        std::thread::available_parallelism().map_or(2, |n| n.get())
+    }
+}
+
+/// What the tasks of one merge read: the merge's selector and range, and per task the
+/// blocks it sums (before the plan is split: one task with every block).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StackScan {
+    tenant: String,
+    table: String,
+    /// The selector, as [`Selector::parse`] reads it.
+    selector: String,
+    start_ms: i64,
+    end_ms: i64,
+    lenient: bool,
+    tasks: Vec<Vec<BlockMeta>>,
+    /// Columns of [`schema`] the plan reads (`None`: all).
+    projection: Option<Vec<usize>>,
+}
+
+/// A task's answer: a row per stack with its sum, and one row without a stack holding the
+/// total, the largest period, the rows read and the blocks a lenient read skipped.
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("stacktrace_id", DataType::UInt64, true),
+        Field::new("value", DataType::Int64, false),
+        Field::new("period", DataType::Int64, false),
+        Field::new("rows", DataType::Int64, false),
+        Field::new("blocks_failed", DataType::Int64, false),
+    ]))
+}
+
+impl StackScan {
+    fn schema(&self) -> DfResult<SchemaRef> {
+        let all = schema();
+        Ok(match &self.projection {
+            Some(columns) => Arc::new(all.project(columns)?),
+            None => all,
+        })
+    }
+
+    /// The rows of [`schema`] for what a task summed.
+    fn batch(&self, totals: &StackTotals) -> DfResult<RecordBatch> {
+        let n = totals.stacks.len() + 1;
+        let mut ids: Vec<Option<u64>> = totals.stacks.iter().map(|s| Some(s.0)).collect();
+        ids.push(None);
+        let mut values: Vec<i64> = totals.stacks.iter().map(|s| s.1).collect();
+        values.push(totals.total);
+        let summary = |v: i64| {
+            let mut column = vec![0; n];
+            column[n - 1] = v;
+            Arc::new(Int64Array::from(column))
+        };
+        let batch = RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(UInt64Array::from(ids)),
+                Arc::new(Int64Array::from(values)),
+                summary(totals.period),
+                summary(totals.rows as i64),
+                summary(totals.metrics.blocks_failed as i64),
+            ],
+        )?;
+        Ok(match &self.projection {
+            Some(columns) => batch.project(columns)?,
+            None => batch,
+        })
+    }
+}
+
+/// The leaf of a distributed merge: task `i` sums the values per stack of `tasks[i]`.
+#[derive(Debug)]
+pub struct StackScanExec {
+    scan: StackScan,
+    source: Option<Arc<dyn StackSource>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl StackScanExec {
+    fn new(scan: StackScan, source: Option<Arc<dyn StackSource>>) -> DfResult<Self> {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(scan.schema()?),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            scan,
+            source,
+            properties,
+        })
+    }
+
+    /// Blocks of every task.
+    fn blocks(&self) -> impl Iterator<Item = &BlockMeta> {
+        self.scan.tasks.iter().flatten()
+    }
+}
+
+impl DisplayAs for StackScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "StackScanExec: tenant={}, table={}, selector={}, tasks=[",
+            self.scan.tenant, self.scan.table, self.scan.selector
+        )?;
+        for (i, blocks) in self.scan.tasks.iter().enumerate() {
+            let rows: u64 = blocks.iter().map(|b| b.rows).sum();
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{} blocks/{rows} rows", blocks.len())?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl ExecutionPlan for StackScanExec {
+    fn name(&self) -> &str {
+        "StackScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let task = datafusion_distributed::DistributedTaskContext::from_ctx(&context).task_index;
+        let blocks = self.scan.tasks.get(task).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "task {task} of a merge of {} tasks",
+                self.scan.tasks.len()
+            ))
+        })?;
+        let source = self.source.clone().ok_or_else(|| {
+            DataFusionError::Execution(
+                "this process has no profile stores to read blocks from (it only coordinates)"
+                    .into(),
+            )
+        })?;
+        let scan = self.scan.clone();
+        let schema = scan.schema()?;
+        let work = async move {
+            tokio::task::spawn_blocking(move || -> DfResult<RecordBatch> {
+                let selector = Selector::parse(&scan.selector)
+                    .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                let range = TimeRange {
+                    start_ms: scan.start_ms,
+                    end_ms: scan.end_ms,
+                };
+                let totals = (|| -> Result<StackTotals> {
+                    let table = source.table(&scan.tenant, &scan.table)?;
+                    let snapshot = table.snapshot_of_blocks(blocks)?;
+                    merge_stacks(
+                        &snapshot,
+                        &selector,
+                        range,
+                        source.threads(),
+                        scan.lenient,
+                        &crate::memory_pool(None),
+                        None,
+                    )
+                })()
+                .map_err(|e| {
+                    DataFusionError::External(
+                        format!("tenant {:?}, table {:?}: {e}", scan.tenant, scan.table).into(),
+                    )
+                })?;
+                scan.batch(&totals)
+            })
+            .await
+            .map_err(|e| DataFusionError::Execution(format!("a merge task failed: {e}")))?
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(work),
+        )))
+    }
+}
+
+/// Serialises [`StackScanExec`] for the workers (JSON of what it reads), and gives the
+/// decoded one this process's [`StackSource`].
+#[derive(Debug, Clone)]
+pub struct StackScanCodec {
+    source: Option<Arc<dyn StackSource>>,
+}
+
+impl PhysicalExtensionCodec for StackScanCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return Err(DataFusionError::Internal(format!(
+                "StackScanExec has no inputs, got {}",
+                inputs.len()
+            )));
+        }
+        let scan: StackScan = serde_json::from_slice(buf)
+            .map_err(|e| DataFusionError::Internal(format!("decoding a StackScanExec: {e}")))?;
+        Ok(Arc::new(StackScanExec::new(scan, self.source.clone())?))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<()> {
+        let Some(exec) = node.downcast_ref::<StackScanExec>() else {
+            return Err(DataFusionError::Internal(format!(
+                "expected StackScanExec, got {}",
+                node.name()
+            )));
+        };
+        serde_json::to_writer(buf, &exec.scan)
+            .map_err(|e| DataFusionError::Internal(format!("encoding a StackScanExec: {e}")))
+    }
+}
+
+/// The leaf as a table, so that DataFusion plans the aggregate over it.
+#[derive(Debug)]
+struct StackScanTable {
+    scan: StackScan,
+    source: Option<Arc<dyn StackSource>>,
+}
+
+#[async_trait]
+impl TableProvider for StackScanTable {
+    fn schema(&self) -> SchemaRef {
+        schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let scan = StackScan {
+            projection: projection.cloned(),
+            ..self.scan.clone()
+        };
+        Ok(Arc::new(StackScanExec::new(scan, self.source.clone())?))
+    }
+}
+
+/// As many tasks as blocks (the planner caps them at the workers).
+fn desired_tasks(ev: DesiredTaskCountEvent<'_>) -> Option<DfResult<DesiredTaskCountEventResponse>> {
+    let exec = ev.plan.downcast_ref::<StackScanExec>()?;
+    let blocks = exec.blocks().count().max(1);
+    Some(Ok(DesiredTaskCountEventResponse::desired(blocks)))
+}
+
+/// Splits the blocks among `task_count` tasks, the largest first to the task with the
+/// fewest rows so far.
+fn scale_up(ev: ScaleUpLeafNodeEvent<'_>) -> Option<DfResult<ScaleUpLeafNodeEventResponse>> {
+    let exec = ev.plan.downcast_ref::<StackScanExec>()?;
+    let mut blocks: Vec<BlockMeta> = exec.blocks().cloned().collect();
+    blocks.sort_by_key(|b| std::cmp::Reverse(b.rows));
+    let tasks = ev.task_count.max(1);
+    let mut split: Vec<(u64, Vec<BlockMeta>)> = vec![(0, Vec::new()); tasks];
+    for block in blocks {
+        let lightest = split
+            .iter_mut()
+            .min_by_key(|(rows, _)| *rows)
+            .expect("at least one task");
+        lightest.0 += block.rows;
+        lightest.1.push(block);
+    }
+    let scan = StackScan {
+        tasks: split.into_iter().map(|(_, b)| b).collect(),
+        ..exec.scan.clone()
+    };
+    Some(
+        StackScanExec::new(scan, exec.source.clone())
+            .map(|e| ScaleUpLeafNodeEventResponse::new(Arc::new(e))),
+    )
+}
+
+/// Workers given by URL.
+#[derive(Debug, Clone)]
+struct Workers(Vec<url::Url>);
+
+impl WorkerResolver for Workers {
+    fn get_urls(&self) -> DfResult<Vec<url::Url>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A coordinator of distributed merges over a fixed list of workers.
+pub struct Cluster {
+    workers: Vec<url::Url>,
+    source: Option<Arc<dyn StackSource>>,
+    runtime: tokio::runtime::Runtime,
+    /// Bytes of Arrow data the workers sent (network boundaries' `bytes_transferred`).
+    bytes_moved: AtomicU64,
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("workers", &self.workers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// A coordinator sending the blocks of merges to `workers` (`http://host:port` of
+    /// processes serving [`serve_worker`]); `source` lets it run a task itself when a
+    /// merge is too small to spread (`None`: it never does).
+    pub fn new(workers: &[String], source: Option<Arc<dyn StackSource>>) -> Result<Self> {
+        let workers = workers
+            .iter()
+            .map(|w| {
+                url::Url::parse(w).map_err(|e| {
+                    crate::Error::Config(format!("worker address {w:?} is not a URL: {e}"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if workers.is_empty() {
+            return Err(crate::Error::Config(
+                "a cluster needs at least one worker".into(),
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("frostdb-coordinator")
+            .enable_all()
+            .build()
+            .map_err(|e| crate::Error::Cluster(format!("starting a runtime: {e}")))?;
+        Ok(Self {
+            workers,
+            source,
+            runtime,
+            bytes_moved: AtomicU64::new(0),
+        })
+    }
+
+    /// The workers.
+    pub fn workers(&self) -> &[url::Url] {
+        &self.workers
+    }
+
+    /// Bytes the workers have sent since the cluster was made.
+    pub fn bytes_moved(&self) -> u64 {
+        self.bytes_moved.load(Ordering::Relaxed)
+    }
+
+    fn context(&self) -> SessionContext {
+        let codec = StackScanCodec {
+            source: self.source.clone(),
+        };
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(SessionConfig::new().with_target_partitions(2))
+            .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_planner()
+            .with_distributed_user_codec(codec)
+            .with_distributed_desired_task_count_handler(desired_tasks)
+            .with_distributed_scale_up_leaf_node_handler(scale_up)
+            .build();
+        SessionContext::from(state)
+    }
+
+    /// The values summed per stack over `blocks` of tenant `tenant`'s table `table`, for
+    /// the rows `selector` selects in `range`, read by the workers: what
+    /// [`merge_stacks`] of a snapshot of those blocks answers. Blocks until done.
+    pub fn merge_stacks(
+        &self,
+        tenant: &str,
+        table: &str,
+        blocks: Vec<BlockMeta>,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+    ) -> Result<StackTotals> {
+        if blocks.is_empty() {
+            return Ok(StackTotals::default());
+        }
+        let scan = StackScan {
+            tenant: tenant.to_owned(),
+            table: table.to_owned(),
+            selector: selector.to_string(),
+            start_ms: range.start_ms,
+            end_ms: range.end_ms,
+            lenient,
+            tasks: vec![blocks],
+            projection: None,
+        };
+        let provider = Arc::new(StackScanTable {
+            scan,
+            source: self.source.clone(),
+        });
+        let ctx = self.context();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let run = async {
+                let df = ctx.read_table(provider)?.aggregate(
+                    vec![col("stacktrace_id")],
+                    vec![
+                        sum(col("value")).alias("value"),
+                        max(col("period")).alias("period"),
+                        sum(col("rows")).alias("rows"),
+                        sum(col("blocks_failed")).alias("blocks_failed"),
+                    ],
+                )?;
+                let plan = df.create_physical_plan().await?;
+                let batches =
+                    datafusion::physical_plan::collect(plan.clone(), ctx.task_ctx()).await?;
+                let plan = datafusion_distributed::rewrite_distributed_plan_with_metrics(
+                    plan,
+                    DistributedMetricsFormat::Aggregated,
+                )
+                .await?;
+                if std::env::var("FROSTDB_DEBUG_PLAN").is_ok() {
+                    eprintln!(
+                        "{}",
+                        datafusion_distributed::display_plan_ascii(plan.as_ref(), true)
+                    );
+                }
+                Ok::<_, DataFusionError>((batches, bytes_transferred(&plan)))
+            };
+            let _ = tx.send(run.await);
+        });
+        let (batches, moved) = rx
+            .recv()
+            .map_err(|_| crate::Error::Cluster("the coordinator's runtime stopped".into()))?
+            .map_err(|e| {
+                let workers: Vec<&str> = self.workers.iter().map(|u| u.as_str()).collect();
+                crate::Error::Cluster(format!(
+                    "a merge spread over workers {} failed (no partial answer is given): {e}",
+                    workers.join(", ")
+                ))
+            })?;
+        self.bytes_moved.fetch_add(moved, Ordering::Relaxed);
+        totals_of(&batches)
+    }
+}
+
+/// Bytes the network boundaries of `plan` received (from workers, and between them).
+fn bytes_transferred(plan: &Arc<dyn ExecutionPlan>) -> u64 {
+    let mut bytes: u64 = plan.metrics().map_or(0, |metrics| {
+        metrics
+            .iter()
+            .filter(|m| m.value().name() == "bytes_transferred")
+            .map(|m| m.value().as_usize() as u64)
+            .sum()
+    });
+    for child in plan.children() {
+        bytes += bytes_transferred(child);
+    }
+    bytes
+}
+
+/// The merge's totals from the aggregate's rows (see [`schema`]).
+fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
+    let mut totals = StackTotals::default();
+    for batch in batches {
+        let column = |name: &str| {
+            batch.column_by_name(name).ok_or_else(|| {
+                crate::Error::Cluster(format!("a distributed merge answered without {name}"))
+            })
+        };
+        let ids = column("stacktrace_id")?.as_primitive::<UInt64Type>();
+        let values = column("value")?.as_primitive::<Int64Type>();
+        let periods = column("period")?.as_primitive::<Int64Type>();
+        let rows = column("rows")?.as_primitive::<Int64Type>();
+        let failed = column("blocks_failed")?.as_primitive::<Int64Type>();
+        for i in 0..batch.num_rows() {
+            if ids.is_null(i) {
+                totals.total = totals.total.wrapping_add(values.value(i));
+                totals.period = totals.period.max(periods.value(i));
+                totals.rows += rows.value(i) as usize;
+                totals.metrics.blocks_failed += failed.value(i) as usize;
+            } else if values.value(i) != 0 {
+                totals.stacks.push((ids.value(i), values.value(i)));
+            }
+        }
+    }
+    totals.stacks.sort_unstable_by_key(|s| s.0);
+    Ok(totals)
+}
+
+/// Serves this process as a worker of distributed merges on `listener` (gRPC), reading the
+/// tables `source` gives, until `shutdown` completes.
+pub async fn serve_worker(
+    listener: tokio::net::TcpListener,
+    source: Arc<dyn StackSource>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::result::Result<(), String> {
+    let listen: Option<SocketAddr> = listener.local_addr().ok();
+    let codec = StackScanCodec {
+        source: Some(source),
+    };
+    let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
+        let codec = codec.clone();
+        async move { Ok(ctx.builder.with_distributed_user_codec(codec).build()) }
+    });
+    tonic::transport::Server::builder()
+        .add_service(worker.into_worker_server())
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await
+        .map_err(|e| format!("query worker on {listen:?}: {e}"))
+}

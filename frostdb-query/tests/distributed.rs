@@ -1,0 +1,130 @@
+//! Merges spread over workers (gRPC on loopback, datafusion-distributed) answer exactly
+//! what the merge answers in one process, and a worker gone mid-way fails the merge with an
+//! error naming the workers, never a partial answer.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow::datatypes::DataType;
+use common::{START_MS, rows};
+use frostdb_core::{ColumnDef, Db, DbOptions, Encoding, Schema, SortingColumn, Table};
+use frostdb_query::Selector;
+use frostdb_query::distributed::{Cluster, StackSource, serve_worker};
+use frostdb_query::profile::TimeRange;
+use frostdb_query::profile::native::merge_stacks;
+
+fn samples_schema() -> Schema {
+    let dict = |n: &str| ColumnDef::new(n, DataType::Utf8).encoding(Encoding::RleDictionary);
+    Schema::builder("samples")
+        .column(dict("name"))
+        .column(dict("sample_type"))
+        .column(dict("sample_unit"))
+        .column(dict("period_type"))
+        .column(dict("period_unit"))
+        .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
+        .column(ColumnDef::new("stacktrace_id", DataType::UInt64))
+        .column(ColumnDef::new("timestamp", DataType::Int64))
+        .column(ColumnDef::new("value", DataType::Int64))
+        .column(ColumnDef::new("period", DataType::Int64).nullable(true))
+        .sort_by(SortingColumn::asc("name"))
+        .sort_by(SortingColumn::asc("labels"))
+        .sort_by(SortingColumn::asc("timestamp"))
+        .sort_by(SortingColumn::asc("stacktrace_id"))
+        .build()
+        .unwrap()
+}
+
+/// The one table every task reads (all "processes" here share it).
+#[derive(Debug)]
+struct Local(Table);
+
+impl StackSource for Local {
+    fn table(&self, tenant: &str, table: &str) -> frostdb_query::Result<Table> {
+        assert_eq!((tenant, table), ("t", "samples"));
+        Ok(self.0.clone())
+    }
+}
+
+#[test]
+fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), Default::default())
+        .unwrap();
+    // Six blocks of a few steps each.
+    let data = rows(6, 24, 10_000, 5);
+    for chunk in data.chunks(data.len() / 6) {
+        common::insert(&table, chunk);
+        table.persist().unwrap();
+    }
+    let snapshot = table.snapshot();
+    assert!(snapshot.blocks().len() >= 6);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
+    let mut workers = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        let source = source.clone();
+        workers
+            .push(runtime.spawn(async move {
+                serve_worker(listener, source, std::future::pending()).await
+            }));
+    }
+    let cluster = Cluster::new(&urls, None).unwrap();
+    let pool = frostdb_query::memory_pool(None);
+    let all = TimeRange::ALL;
+    let window = TimeRange {
+        start_ms: START_MS + 30_000,
+        end_ms: START_MS + 150_000,
+    };
+    for (selector, range) in [
+        ("cpu:cpu:nanoseconds:cpu:nanoseconds", all),
+        ("cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"api\"}", all),
+        (
+            "cpu:cpu:nanoseconds:cpu:nanoseconds{pod=~\"p[01]\"}",
+            window,
+        ),
+        ("memory:cpu:nanoseconds:cpu:nanoseconds{env=\"\"}", all),
+    ] {
+        let selector = Selector::parse(selector).unwrap();
+        let here = merge_stacks(&snapshot, &selector, range, 2, false, &pool, None).unwrap();
+        let spread = cluster
+            .merge_stacks("t", "samples", snapshot.blocks(), &selector, range, false)
+            .unwrap();
+        assert_eq!(spread.stacks, here.stacks, "{selector}");
+        assert_eq!(
+            (spread.total, spread.period, spread.rows),
+            (here.total, here.period, here.rows),
+            "{selector}"
+        );
+    }
+    assert!(
+        cluster.bytes_moved() > 0,
+        "the workers' sums crossed the network"
+    );
+
+    // A worker goes: the next merge fails, naming the workers; nothing partial.
+    workers[1].abort();
+    let _ = runtime.block_on(async { (&mut workers[1]).await });
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let failed = cluster
+        .merge_stacks("t", "samples", snapshot.blocks(), &selector, all, false)
+        .unwrap_err();
+    assert!(
+        matches!(failed, frostdb_query::Error::Cluster(_)),
+        "{failed}"
+    );
+    assert!(failed.to_string().contains(&urls[1]), "{failed}");
+    assert_eq!(failed.kind(), frostdb_core::ErrorKind::Unavailable);
+}
