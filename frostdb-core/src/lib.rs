@@ -61,6 +61,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod bucket;
 mod commit;
 mod db;
 mod dictionary;
@@ -80,10 +81,13 @@ mod scan;
 mod schema;
 mod storage;
 mod table;
+#[doc(hidden)]
+pub mod testing;
 mod wal;
 mod workers;
 mod write;
 
+pub use bucket::Bucket;
 pub use commit::{Submitted, Transaction};
 pub use db::{Db, Maintenance};
 pub use error::{Error, ErrorKind, Result};

@@ -4,109 +4,16 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
 use common::*;
+use frostdb_core::testing::S3Server;
 use frostdb_core::{Db, DbOptions, ScanRequest, TableOptions, col};
-use object_store::aws::AmazonS3Builder;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn moto() -> Option<String> {
-    if let Ok(path) = std::env::var("FROSTDB_MOTO") {
-        return Some(path);
-    }
-    let found = Command::new("sh")
-        .args(["-c", "command -v moto_server"])
-        .output()
-        .ok()?;
-    found
-        .status
-        .success()
-        .then(|| String::from_utf8_lossy(&found.stdout).trim().to_owned())
-}
-
-/// Sends one HTTP/1.1 request and returns the status code.
-fn http(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok(code)
-}
-
-fn start(moto: &str) -> (Server, u16) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(moto)
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {moto}: {e}"));
-    let server = Server(child);
-    // Wait for the server to answer (it is another process: there is no event to wait on).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while http(port, "GET", "/").is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "moto_server did not start on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (server, port)
-}
 
 #[test]
 fn blocks_persist_to_s3_and_reopen_from_the_bucket() {
-    let Some(moto) = moto() else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI must run the S3 test: install moto[server] (scripts/test.sh does)"
-        );
-        eprintln!("SKIPPED blocks_persist_to_s3: no moto_server (pip install 'moto[server]')");
+    let Some(server) = S3Server::start("blocks_persist_to_s3") else {
         return;
     };
-    let (_server, port) = start(&moto);
-    assert_eq!(
-        http(port, "PUT", "/frostdb").unwrap(),
-        200,
-        "bucket created"
-    );
-    let s3 = Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(format!("http://127.0.0.1:{port}"))
-            .with_allow_http(true)
-            .with_bucket_name("frostdb")
-            .with_region("us-east-1")
-            .with_access_key_id("test")
-            .with_secret_access_key("test")
-            .build()
-            .unwrap(),
-    );
+    let s3 = server.bucket("frostdb", "").store().unwrap();
     let options = || DbOptions::default().background_compaction(false);
     let first = tempfile::tempdir().unwrap();
     {
@@ -145,4 +52,62 @@ fn blocks_persist_to_s3_and_reopen_from_the_bucket() {
         .scan(&ScanRequest::new().filter(col("labels.pod").eq("pod-3")))
         .unwrap();
     assert_eq!(count(&pod), 100);
+}
+
+/// The conditional puts a shared database rests on, against a real S3 API: a second
+/// writer is refused while the first's lease runs, takes over with every acknowledged write
+/// when the first's holder name comes back (a restart), and the first is fenced off; a
+/// reader follows the cuts.
+#[test]
+fn a_shared_database_on_s3_fences_its_old_writer_and_feeds_readers() {
+    use frostdb_core::{Error, SharedOptions};
+    let Some(server) = S3Server::start("a_shared_database_on_s3") else {
+        return;
+    };
+    let bucket = server.bucket("shared", "fleet");
+    let store = bucket.store().unwrap();
+    let prefix = bucket.database("t1").unwrap();
+    let shared = |holder: &str| {
+        SharedOptions::new(holder)
+            .flush_interval(std::time::Duration::from_secs(3600))
+            .retire_grace(std::time::Duration::ZERO)
+    };
+    let options = || DbOptions::default().background_compaction(false);
+    let rows = |i: i64| {
+        batch(vec![
+            ("name", str_n("cpu", 10)),
+            ("labels.pod", str_n("p", 10)),
+            ("timestamp", ints(&[i; 10])),
+            ("value", ints(&[i; 10])),
+        ])
+    };
+    let a = Db::open_shared(store.clone(), &prefix, options(), shared("a")).unwrap();
+    let table = a
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    table.insert(&rows(1)).unwrap();
+    a.flush().unwrap();
+    table.insert(&rows(2)).unwrap(); // only in the bucket's WAL
+    let refused = Db::open_shared(store.clone(), &prefix, options(), shared("b")).unwrap_err();
+    assert!(matches!(refused, Error::LeaseHeld { .. }), "{refused}");
+    let reader = Db::open_reader(store.clone(), &prefix, options()).unwrap();
+    let seen = |db: &Db| {
+        count(
+            &db.get_table("samples")
+                .unwrap()
+                .scan(&ScanRequest::new())
+                .unwrap(),
+        )
+    };
+    assert_eq!(seen(&reader), 10, "the cut, not the WAL");
+    let again = Db::open_shared(store, &prefix, options(), shared("a")).unwrap();
+    assert_eq!(seen(&again), 20, "every acknowledged write");
+    let fenced = table.insert(&rows(3)).unwrap_err();
+    assert!(
+        matches!(fenced, Error::Fenced { .. } | Error::Poisoned { .. }),
+        "{fenced}"
+    );
+    again.flush().unwrap();
+    assert!(reader.refresh().unwrap());
+    assert_eq!(seen(&reader), 20);
 }

@@ -38,6 +38,7 @@ use crate::symbols::{
 /// | `retention` | none | samples older than this are deleted, then the symbols only they used |
 /// | `query_threads` | the machine's cores | threads a merge reads with |
 /// | `rollups` | [`RollupOptions::default`] | hourly and daily rollups merges read |
+/// | `block_merger` | none | where merges read persisted blocks: here, or spread over a cluster's workers |
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Decoding limits.
@@ -59,6 +60,10 @@ pub struct StoreOptions {
     pub max_series: usize,
     /// Hourly and daily rollups ([`crate::rollup`]).
     pub rollups: RollupOptions,
+    /// Where merges read persisted blocks (`None`: in this process). With a merger (the
+    /// workers of a cluster reading the same bucket), what is in memory is read here and
+    /// the blocks there; the sums are added, exactly.
+    pub block_merger: Option<Arc<dyn frostdb_query::profile::native::BlockMerger>>,
 }
 
 impl Default for StoreOptions {
@@ -72,6 +77,7 @@ impl Default for StoreOptions {
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
             rollups: RollupOptions::default(),
+            block_merger: None,
         }
     }
 }
@@ -1100,15 +1106,39 @@ impl ProfileStore {
         let mut totals = StackTotals::default();
         let mut rollup_rows = 0;
         for piece in pieces {
-            let part = merge_stacks(
-                piece.rollup.as_ref().unwrap_or(&snapshot),
-                selector,
-                piece.range,
-                self.options.query_threads,
-                lenient,
-                &self.memory,
-                narrow.clone(),
-            )?;
+            let read = piece.rollup.as_ref().unwrap_or(&snapshot);
+            let blocks = read.blocks();
+            let part = match &self.options.block_merger {
+                // What is in memory here, the blocks over the cluster.
+                Some(merger) if !blocks.is_empty() => {
+                    let here = merge_stacks(
+                        &read.memory(),
+                        selector,
+                        piece.range,
+                        self.options.query_threads,
+                        lenient,
+                        &self.memory,
+                        narrow.clone(),
+                    )?;
+                    let there = merger.merge_stacks(
+                        read.table(),
+                        blocks,
+                        selector,
+                        piece.range,
+                        lenient,
+                    )?;
+                    here + there
+                }
+                _ => merge_stacks(
+                    read,
+                    selector,
+                    piece.range,
+                    self.options.query_threads,
+                    lenient,
+                    &self.memory,
+                    narrow.clone(),
+                )?,
+            };
             if piece.rollup.is_some() {
                 rollup_rows += part.rows;
             }

@@ -533,6 +533,30 @@ impl Cluster {
     }
 }
 
+/// A cluster's merges for one tenant: what a profile store of that tenant reads its
+/// persisted blocks with ([`crate::profile::native::BlockMerger`]).
+#[derive(Debug, Clone)]
+pub struct TenantMerger {
+    /// The cluster.
+    pub cluster: Arc<Cluster>,
+    /// The tenant the store holds.
+    pub tenant: String,
+}
+
+impl crate::profile::native::BlockMerger for TenantMerger {
+    fn merge_stacks(
+        &self,
+        table: &str,
+        blocks: Vec<BlockMeta>,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+    ) -> Result<StackTotals> {
+        self.cluster
+            .merge_stacks(&self.tenant, table, blocks, selector, range, lenient)
+    }
+}
+
 /// Bytes the network boundaries of `plan` received (from workers, and between them).
 fn bytes_transferred(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     let mut bytes: u64 = plan.metrics().map_or(0, |metrics| {

@@ -70,6 +70,22 @@ impl std::ops::Add for StackTotals {
     }
 }
 
+/// Reads the persisted blocks of merges elsewhere: the workers of a cluster
+/// (`distributed::Cluster`), which answer what [`merge_stacks`] of a snapshot of those
+/// blocks answers.
+pub trait BlockMerger: Send + Sync + std::fmt::Debug {
+    /// The values summed per stack over `blocks` of table `table`, for the rows `selector`
+    /// selects in `range`.
+    fn merge_stacks(
+        &self,
+        table: &str,
+        blocks: Vec<frostdb_core::BlockMeta>,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+    ) -> Result<StackTotals>;
+}
+
 /// The predicate of `selector` over `range` on `snapshot`'s columns.
 pub fn predicate(
     snapshot: &Snapshot,
