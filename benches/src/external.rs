@@ -14,6 +14,12 @@
 //!     Q1..Q6 through ProfileStore::merge / range / label_values and the top table; writes
 //!     OUT/timings.json ({"Q1": [ms, ...], ...}) and OUT/Qn.parquet (the results, stack ids
 //!     mapped to the bench's ids outside the timed region)
+//!
+//! A store shared through a bucket (S3 or compatible) instead of STORE_DIR:
+//!   --bucket s3://NAME/PREFIX [--endpoint http://HOST:PORT --allow-http]
+//! ingest writes it (its writer), query reads it; with --workers URL,URL query's merges
+//! read the persisted blocks on worker processes:
+//! frostdb-bench worker --bucket s3://NAME/PREFIX --listen HOST:PORT
 //! ```
 
 use std::collections::HashMap;
@@ -29,6 +35,7 @@ use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType}
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
 use frostdb_query::Selector;
+use frostdb_query::distributed::{Cluster, StackSource, TenantMerger, serve_worker};
 use frostdb_query::profile::TimeRange;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -63,6 +70,104 @@ const DEFAULT_THREADS: usize = 64;
 fn open_store(dir: &Path) -> Result<ProfileStore, BoxError> {
     let db = Db::open(dir, DbOptions::default())?;
     Ok(ProfileStore::open(db, StoreOptions::default())?)
+}
+
+/// The bucket `--bucket s3://name/prefix` names (with `--endpoint URL` of an S3-compatible
+/// server and `--allow-http` for a loopback one; credentials from the environment), if any.
+fn bucket(args: &[String]) -> Result<Option<frostdb_core::Bucket>, BoxError> {
+    let Ok(url) = arg(args, "--bucket") else {
+        return Ok(None);
+    };
+    let mut bucket = frostdb_core::Bucket::new(url.display().to_string())
+        .allow_http(args.iter().any(|a| a == "--allow-http"));
+    if let Ok(endpoint) = arg(args, "--endpoint") {
+        bucket = bucket.endpoint(endpoint.display().to_string());
+    }
+    Ok(Some(bucket))
+}
+
+/// The store to load: `--store DIR`, or the writer of `--bucket` (shared with worker
+/// processes; the bench writes as `frostdb-bench`, so a rerun takes its lease at once).
+fn store_to_load(args: &[String]) -> Result<ProfileStore, BoxError> {
+    let Some(bucket) = bucket(args)? else {
+        return open_store(&arg(args, "--store")?);
+    };
+    let shared = frostdb_core::SharedOptions::new("frostdb-bench");
+    let db = Db::open_shared(
+        bucket.store()?,
+        bucket.prefix()?,
+        DbOptions::default(),
+        shared,
+    )?;
+    Ok(ProfileStore::open(db, StoreOptions::default())?)
+}
+
+/// The bench's single store as a [`StackSource`]: whatever the tenant, its tables.
+#[derive(Debug)]
+struct BenchSource(Db);
+
+impl StackSource for BenchSource {
+    fn table(&self, _tenant: &str, table: &str) -> frostdb_query::Result<frostdb_core::Table> {
+        self.0.get_table(table).ok_or_else(|| {
+            frostdb_query::Error::Config(format!("the store has no table {table:?}"))
+        })
+    }
+}
+
+/// The store to query: `--store DIR`, or a reader of `--bucket`, whose merges read
+/// persisted blocks on the worker processes `--workers URL,URL` when given.
+fn store_to_query(args: &[String]) -> Result<(ProfileStore, Option<Arc<Cluster>>), BoxError> {
+    let Some(bucket) = bucket(args)? else {
+        let dir = arg(args, "--store")?;
+        if !dir.join("manifest.json").exists() && !dir.join("wal").exists() {
+            return Err(format!("{}: no database here (run ingest first)", dir.display()).into());
+        }
+        return Ok((open_store(&dir)?, None));
+    };
+    let db = Db::open_reader(bucket.store()?, bucket.prefix()?, DbOptions::default())?;
+    let mut options = StoreOptions::default();
+    let mut cluster = None;
+    if let Ok(workers) = arg(args, "--workers") {
+        let workers: Vec<String> = workers
+            .display()
+            .to_string()
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        let source: Arc<dyn StackSource> = Arc::new(BenchSource(db.clone()));
+        let c = Arc::new(Cluster::new(&workers, Some(source))?);
+        options.block_merger = Some(Arc::new(TenantMerger {
+            cluster: c.clone(),
+            tenant: "bench".into(),
+        }));
+        cluster = Some(c);
+    }
+    Ok((ProfileStore::open_reader(db, options)?, cluster))
+}
+
+/// `worker --bucket URL --listen ADDR`: serves distributed merges of the bucket's store
+/// (read-only) until killed.
+pub fn worker(args: &[String]) -> Result<(), BoxError> {
+    let bucket = bucket(args)?.ok_or("worker needs --bucket")?;
+    let listen = arg(args, "--listen")?.display().to_string();
+    let db = Db::open_reader(bucket.store()?, bucket.prefix()?, DbOptions::default())?;
+    let source: Arc<dyn StackSource> = Arc::new(BenchSource(db));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| format!("{listen}: {e}"))?;
+        eprintln!(
+            "frostdb-bench worker listening on http://{}",
+            listener.local_addr()?
+        );
+        serve_worker(listener, source, std::future::pending())
+            .await
+            .map_err(BoxError::from)
+    })
 }
 
 /// CPU seconds (user and system) this process has used so far, from `/proc/self/stat`, or
@@ -213,7 +318,7 @@ pub fn pprof_index(data: &Path) -> Result<Vec<PprofFile>, BoxError> {
 pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     use prost::Message;
     let data = arg(args, "--data")?;
-    let store = open_store(&arg(args, "--store")?)?;
+    let store = store_to_load(args)?;
     let threads = number(args, "--threads", DEFAULT_THREADS)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let jobs = pprof_index(&data)?;
@@ -491,7 +596,7 @@ fn fleet_profiles(
 /// thread reads and groups rows; `--threads` store the profiles.
 pub fn ingest(args: &[String]) -> Result<(), BoxError> {
     let data = arg(args, "--data")?;
-    let store = open_store(&arg(args, "--store")?)?;
+    let store = store_to_load(args)?;
     let threads = number(args, "--threads", DEFAULT_THREADS)?.max(1);
     let stacks = fleet_stacks(&data)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("profiles"))?
@@ -764,17 +869,13 @@ fn profile_queries<'a>(
 /// accepted and unused); `--only` runs the named queries alone, to profile one; `--explain`
 /// prints what each merge read and skipped.
 pub fn query(args: &[String]) -> Result<(), BoxError> {
-    let dir = arg(args, "--store")?;
-    if !dir.join("manifest.json").exists() && !dir.join("wal").exists() {
-        return Err(format!("{}: no database here (run ingest first)", dir.display()).into());
-    }
     let queries: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(arg(args, "--queries")?)?)?;
     let runs = number(args, "--runs", 5)?.max(1);
     let out = arg(args, "--out")?;
     std::fs::create_dir_all(&out)?;
     let opened = Instant::now();
-    let store = open_store(&dir)?;
+    let (store, cluster) = store_to_query(args)?;
     eprintln!("opened in {:.1} ms", opened.elapsed().as_secs_f64() * 1e3);
     let only: Option<Vec<String>> = args
         .iter()
@@ -810,6 +911,13 @@ pub fn query(args: &[String]) -> Result<(), BoxError> {
         out.join("timings.json"),
         serde_json::Value::Object(timings).to_string(),
     )?;
+    if let Some(cluster) = cluster {
+        eprintln!(
+            "workers {}: {} bytes moved between processes",
+            cluster.workers().len(),
+            cluster.bytes_moved()
+        );
+    }
     Ok(())
 }
 

@@ -5,6 +5,8 @@
 //! `FROSTDB_BENCH_DATA` at it; in CI a missing fleet is a failure.
 
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
 use arrow::util::display::array_value_to_string;
@@ -77,11 +79,16 @@ fn load_and_query(data: &std::path::Path, extra: &[&str]) {
         &s(out.path()),
     ]))
     .unwrap();
+    assert_matches_reference(data, out.path(), &format!("{extra:?}"));
+}
+
+/// Compares the six results in `out` with the fleet's reference checksums.
+fn assert_matches_reference(data: &std::path::Path, out: &std::path::Path, how: &str) {
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(data.join("expected.json")).unwrap())
             .unwrap();
     for q in ["Q1", "Q2", "Q3", "Q4", "Q5", "Q6"] {
-        let file = std::fs::File::open(out.path().join(format!("{q}.parquet"))).unwrap();
+        let file = std::fs::File::open(out.join(format!("{q}.parquet"))).unwrap();
         let batches: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .build()
@@ -92,12 +99,12 @@ fn load_and_query(data: &std::path::Path, extra: &[&str]) {
         assert_eq!(
             rows as u64,
             expected[q]["rows"].as_u64().unwrap(),
-            "{q} rows ({extra:?})"
+            "{q} rows ({how})"
         );
         assert_eq!(
             sha,
             expected[q]["sha"].as_str().unwrap(),
-            "{q} checksum ({extra:?})"
+            "{q} checksum ({how})"
         );
     }
 }
@@ -112,4 +119,146 @@ fn the_six_queries_match_the_reference_checksums_loaded_from_parquet_rows() {
 fn the_six_queries_match_the_reference_checksums_loaded_from_pprof_files() {
     let Some(data) = fleet() else { return };
     load_and_query(&data, &["--pprof", "--threads", "8"]);
+}
+
+/// A `frostdb-bench` process with the test bucket's credentials.
+fn bench(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_frostdb-bench"));
+    command
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("FROSTDB_LOG", "warn");
+    command
+}
+
+/// A child process killed when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A port free now on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something listens on `port` (another process: nothing to wait on but it).
+fn wait_listening(port: u16, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "the worker exited");
+        assert!(Instant::now() < deadline, "no worker on port {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 16's processes: one writer loads the tiny fleet's pprof files into a bucket on
+/// moto's S3 server, two read-only workers serve merges, one coordinator answers the six
+/// queries spreading every merge's persisted blocks over the workers: the reference
+/// checksums, as one process answers. Then a worker is killed while the coordinator runs:
+/// its queries fail naming the workers, or (when done before) are right; never wrong.
+#[test]
+fn the_six_queries_match_the_reference_checksums_spread_over_two_worker_processes() {
+    let Some(data) = fleet() else { return };
+    let Some(s3) = frostdb_core::testing::S3Server::start("the six queries over workers") else {
+        return;
+    };
+    let bucket = s3.bucket("fleet", "tiny");
+    let (url, endpoint) = (bucket.url.clone(), s3.endpoint());
+    let at = ["--bucket", &url, "--endpoint", &endpoint, "--allow-http"];
+    let data_dir = data.display().to_string();
+    let mut ingest = vec!["ingest", "--pprof", "--data", &data_dir, "--threads", "8"];
+    ingest.extend(at);
+    let loaded = bench(&ingest).output().unwrap();
+    assert!(
+        loaded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    let mut workers = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["worker", "--listen", &listen];
+        args.extend(at);
+        let mut child = bench(&args).stderr(Stdio::null()).spawn().unwrap();
+        wait_listening(port, &mut child);
+        workers.push(Running(child));
+        urls.push(format!("http://{listen}"));
+    }
+    let workers_arg = urls.join(",");
+    let out = tempfile::tempdir().unwrap();
+    let (queries, out_dir) = (
+        data.join("queries.json").display().to_string(),
+        out.path().display().to_string(),
+    );
+    let query = |runs: &str| {
+        let mut args = vec![
+            "query",
+            "--data",
+            &data_dir,
+            "--queries",
+            &queries,
+            "--runs",
+            runs,
+            "--out",
+            &out_dir,
+            "--workers",
+            &workers_arg,
+        ];
+        args.extend(at);
+        bench(&args)
+    };
+    let answered = query("1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&answered.stderr).into_owned();
+    assert!(answered.status.success(), "{stderr}");
+    assert_matches_reference(&data, out.path(), "spread over two workers");
+    let moved: u64 = stderr
+        .lines()
+        .find_map(|l| {
+            l.split(": ")
+                .nth(1)?
+                .strip_suffix(" bytes moved between processes")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes moved reported: {stderr}"));
+    assert!(moved > 0, "{stderr}");
+
+    // A worker killed while the coordinator queries.
+    for f in std::fs::read_dir(out.path()).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    let mut coordinator = query("200").stderr(Stdio::piped()).spawn().unwrap();
+    let mut stderr = std::io::BufReader::new(coordinator.stderr.take().unwrap());
+    let mut line = String::new();
+    // Once it has opened the store and begun its queries:
+    while !line.contains("opened in") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0);
+    }
+    drop(workers.pop());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = coordinator.wait().unwrap();
+    if status.success() {
+        eprintln!("the queries were done before the worker went");
+        assert_matches_reference(&data, out.path(), "a worker killed after the queries");
+    } else {
+        eprintln!("the coordinator failed when the worker went: {rest}");
+        assert!(
+            rest.contains("failed (no partial answer is given)") && rest.contains(&urls[1]),
+            "{rest}"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! `frostdb-bench`: frostdb-rs as an external engine of `shared/bench` (see
 //! `frostdb_benches::external`).
 
-use frostdb_benches::external::{BoxError, ingest, ingest_pprof, query};
+use frostdb_benches::external::{BoxError, ingest, ingest_pprof, query, worker};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -21,7 +21,8 @@ fn main() {
         Some("ingest") => ingest(&args),
         Some("symbols") => frostdb_benches::scale::symbols(&args),
         Some("query") => query(&args),
-        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR --store DIR [--threads N] | query --store DIR --queries Q --runs N --out DIR | symbols --store DIR --stacks N [--reopen]".into()),
+        Some("worker") => worker(&args),
+        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | symbols --store DIR --stacks N [--reopen]".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");
