@@ -682,6 +682,12 @@ impl Db {
         Ok(merges)
     }
 
+    /// Why the database stopped accepting writes, if it has: a failed fsync or WAL upload,
+    /// or (a shared database) its lease taken by another writer. Reopen it to write again.
+    pub fn stopped(&self) -> Option<String> {
+        self.inner.log.wal().and_then(Wal::poisoned)
+    }
+
     /// Whether the database is a read-only follower of a bucket ([`Db::open_reader`]).
     pub fn is_read_only(&self) -> bool {
         self.inner.disk.as_ref().is_some_and(|d| d.read_only)

@@ -147,6 +147,9 @@ impl From<frostdb_query::Error> for Error {
         match e {
             frostdb_query::Error::Engine(e) => Self::Engine(e),
             frostdb_query::Error::DataFusion(e) => Self::DataFusion(e),
+            // A merge spread over workers that failed: retry later (503), not the query's
+            // fault.
+            frostdb_query::Error::Cluster(reason) => Self::Unavailable(reason),
             other => Self::Query(other.to_string()),
         }
     }

@@ -25,6 +25,22 @@
 //! interval = "15s"
 //! profiles = ["cpu", "heap", "allocs", "goroutine", "mutex", "block"]
 //! labels = { env = "dev" }
+//!
+//! # Past one machine (optional): tenants' databases in a bucket shared by several nodes.
+//! [storage]
+//! url = "s3://profiles/fleet"      # bucket and prefix; tenants under <prefix>/tenants/<id>
+//! endpoint = "http://127.0.0.1:9000"   # an S3-compatible server (absent: AWS)
+//! allow_http = true                # loopback test servers only
+//! # credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or access_key_id = ...)
+//!
+//! [cluster]
+//! role = "writer"                  # or "reader": follows the bucket, answers queries only
+//! node = "writer-1"                # this writer's name in tenants' leases (unique)
+//! flush_interval = "10s"           # writers: new data reaches the bucket (readers) this often
+//! lease_ttl = "15s"                # writers: a dead writer's tenants are taken over after this
+//! refresh_interval = "2s"          # readers: how often they look for what writers flushed
+//! worker_listen = "127.0.0.1:7101" # serve merges' blocks to coordinators (gRPC)
+//! workers = ["http://10.0.0.2:7101", "http://10.0.0.3:7101"]  # spread merges over these
 //! ```
 
 use std::collections::BTreeMap;
@@ -66,6 +82,77 @@ pub struct Config {
     /// Settings of single tenants, by tenant id.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantConfig>,
+    /// A bucket shared with other nodes for the tenants' databases (`None`: the data
+    /// directory, the default).
+    #[serde(default)]
+    pub storage: Option<frostdb_core::Bucket>,
+    /// This node's part in a cluster sharing `storage`.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+}
+
+/// A node's role in a cluster: `[cluster]` in the TOML.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Writes its tenants (one writer per tenant at a time, by lease), and answers queries.
+    #[default]
+    Writer,
+    /// Follows what writers flushed to the bucket and answers queries; refuses writes.
+    Reader,
+}
+
+/// `[cluster]`: how this node shares the bucket with others.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Writer or reader.
+    pub role: Role,
+    /// This writer's name in its tenants' leases; unique among writers (default: the host
+    /// name and the listen port).
+    pub node: Option<String>,
+    /// How often a writer persists every table's new data to the bucket.
+    #[serde(with = "duration")]
+    pub flush_interval: Duration,
+    /// How long a writer's lease runs without renewal.
+    #[serde(with = "duration")]
+    pub lease_ttl: Duration,
+    /// How often a reader looks for what writers persisted.
+    #[serde(with = "duration")]
+    pub refresh_interval: Duration,
+    /// Where to serve as a worker of other nodes' merges (gRPC); not served when absent.
+    pub worker_listen: Option<SocketAddr>,
+    /// Workers (`http://host:port`) to spread this node's merges over; when empty, merges
+    /// read every block here.
+    pub workers: Vec<String>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            role: Role::Writer,
+            node: None,
+            flush_interval: Duration::from_secs(10),
+            lease_ttl: Duration::from_secs(15),
+            refresh_interval: Duration::from_secs(2),
+            worker_listen: None,
+            workers: Vec::new(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The writer's name: `node`, or this host's name and `port`.
+    pub fn node_name(&self, port: u16) -> String {
+        self.node.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into());
+            format!("{host}:{port}")
+        })
+    }
 }
 
 /// One tenant's settings: `[tenants.<id>]` in the TOML.
@@ -273,6 +360,8 @@ impl Default for Config {
             retention: None,
             rollup_retention: None,
             tenants: BTreeMap::new(),
+            storage: None,
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -328,6 +417,46 @@ impl Config {
         }
         if self.token.as_deref() == Some("") {
             return Err("`token` is empty".into());
+        }
+        self.validate_cluster()
+    }
+
+    /// Checks `[storage]` and `[cluster]` together.
+    fn validate_cluster(&self) -> Result<(), String> {
+        let cluster = &self.cluster;
+        let Some(storage) = &self.storage else {
+            let clustered = cluster.role == Role::Reader
+                || cluster.worker_listen.is_some()
+                || !cluster.workers.is_empty();
+            if clustered {
+                return Err(
+                    "[cluster]: readers and workers share a bucket: set [storage] url".into(),
+                );
+            }
+            return Ok(());
+        };
+        storage.prefix().map_err(|e| format!("[storage]: {e}"))?;
+        if cluster.role == Role::Reader {
+            if !self.scrape.is_empty() {
+                return Err("[[scrape]] writes profiles: a reader node cannot scrape".into());
+            }
+            if self.ebpf.is_some() {
+                return Err("[ebpf] writes profiles: a reader node cannot sample".into());
+            }
+        }
+        if cluster.node.as_deref() == Some("") {
+            return Err("[cluster]: `node` is empty".into());
+        }
+        let shared = frostdb_core::SharedOptions::new("check")
+            .lease_ttl(cluster.lease_ttl)
+            .flush_interval(cluster.flush_interval);
+        shared.validate().map_err(|e| format!("[cluster]: {e}"))?;
+        for w in &cluster.workers {
+            if !(w.starts_with("http://") || w.starts_with("https://")) {
+                return Err(format!(
+                    "[cluster]: worker {w:?} must be an address such as http://host:7101"
+                ));
+            }
         }
         Ok(())
     }
@@ -400,5 +529,38 @@ mod tests {
         assert!(bad("retention = '0d'").contains("positive"));
         assert!(bad("retention = 'a week'").contains("retention"));
         assert!(bad("[tenants.'a/b']\nretention = '1d'").contains("a/b"));
+        assert!(bad("[cluster]\nrole = 'reader'").contains("[storage]"));
+        assert!(bad("[storage]\nurl = 'gs://x'").contains("s3://"));
+        assert!(
+            bad("[storage]\nurl = 's3://b'\n[cluster]\nrole = 'reader'\n[[scrape]]\njob='a'\ntargets=[]")
+                .contains("reader")
+        );
+        assert!(bad("[storage]\nurl = 's3://b'\n[cluster]\nworkers = ['x:1']").contains("http://"));
+        assert!(bad("[storage]\nurl = 's3://b'\n[cluster]\nrole = 'leader'").contains("leader"));
+    }
+
+    #[test]
+    fn parses_a_cluster_node() {
+        let c: Config = toml::from_str(
+            r#"
+            [storage]
+            url = "s3://profiles/fleet"
+            endpoint = "http://127.0.0.1:9000"
+            allow_http = true
+            [cluster]
+            role = "reader"
+            refresh_interval = "500ms"
+            worker_listen = "127.0.0.1:7101"
+            workers = ["http://127.0.0.1:7102"]
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.cluster.role, Role::Reader);
+        assert_eq!(c.cluster.refresh_interval, Duration::from_millis(500));
+        assert_eq!(c.storage.unwrap().prefix().unwrap(), "fleet");
+        let writer = Config::default().cluster;
+        assert_eq!(writer.role, Role::Writer);
+        assert!(writer.node_name(7070).ends_with(":7070"));
     }
 }

@@ -173,25 +173,95 @@ pub async fn serve(config: Config) -> Result<(), String> {
         threads = workers.threads(),
         "worker pool shared by every tenant"
     );
+    let storage = match &config.storage {
+        None => tenants::Storage::Local(config.data.join("tenants")),
+        Some(bucket) => {
+            let store = bucket.store().map_err(|e| format!("[storage]: {e}"))?;
+            let cluster = &config.cluster;
+            let node = cluster.node_name(address.port());
+            let shared = frostdb_core::SharedOptions::new(node.clone())
+                .lease_ttl(cluster.lease_ttl)
+                .flush_interval(cluster.flush_interval);
+            tracing::info!(bucket = %bucket.url, role = ?cluster.role, %node, "tenants in a shared bucket");
+            tenants::Storage::Bucket(Arc::new(tenants::SharedBucket {
+                bucket: bucket.clone(),
+                store,
+                role: cluster.role.clone(),
+                shared,
+            }))
+        }
+    };
     let state = Arc::new(AppState {
-        tenants: Tenants::new(
-            config.data.clone(),
-            config.limits.clone(),
-            config.retention(),
-            workers,
-        ),
+        tenants: Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers),
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(&config.data),
         config,
     });
-    // Tenants with data are opened now, so their WALs replay before the first request.
-    for id in state.tenants.on_disk() {
-        state
-            .tenants
-            .for_read(&id)
-            .await
-            .map_err(|e| format!("tenant {id:?}: {e}"))?;
+    // Merges of this node read persisted blocks on the cluster's workers; tasks too small
+    // to spread run here, on this node's tenants.
+    let source: Arc<dyn frostdb_query::distributed::StackSource> = Arc::new(
+        tenants::TenantTables::new(&state, tokio::runtime::Handle::current()),
+    );
+    if !state.config.cluster.workers.is_empty() {
+        let cluster = frostdb_query::distributed::Cluster::new(
+            &state.config.cluster.workers,
+            Some(source.clone()),
+        )
+        .map_err(|e| format!("[cluster] workers: {e}"))?;
+        tracing::info!(workers = ?state.config.cluster.workers, "merges spread over workers");
+        state.tenants.set_cluster(Arc::new(cluster));
     }
+    // Tenants with data are opened now, so their WALs replay before the first request.
+    let existing = state
+        .tenants
+        .existing()
+        .await
+        .map_err(|e| format!("listing tenants: {e}"))?;
+    for id in existing {
+        match state.tenants.for_read(&id).await {
+            Ok(_) => {}
+            // In a shared bucket another writer may hold it for now: opened when asked.
+            Err(e) if state.config.storage.is_some() => {
+                tracing::warn!(tenant = %id, "not opened at start: {e}");
+            }
+            Err(e) => return Err(format!("tenant {id:?}: {e}")),
+        }
+    }
+    let worker = match state.config.cluster.worker_listen {
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| format!("cannot listen for merge tasks on {listen}: {e}"))?;
+            tracing::info!(%listen, "serving merge tasks to the cluster (gRPC)");
+            let source = source.clone();
+            Some(tokio::spawn(async move {
+                if let Err(e) = frostdb_query::distributed::serve_worker(
+                    listener,
+                    source,
+                    std::future::pending(),
+                )
+                .await
+                {
+                    tracing::error!("merge worker stopped: {e}");
+                }
+            }))
+        }
+        None => None,
+    };
+    // A reader takes what writers persisted, every refresh interval.
+    let refresher = state.tenants.read_only().then(|| {
+        let state = state.clone();
+        let every = state.config.cluster.refresh_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let state = state.clone();
+                let _ = tokio::task::spawn_blocking(move || state.tenants.refresh_all()).await;
+            }
+        })
+    });
     if !address.ip().is_loopback() && state.config.token.is_none() {
         tracing::warn!(%address, "listening beyond loopback without a bearer token");
     }
@@ -213,6 +283,9 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("server error: {e}"))?;
     for s in scrapers {
         s.abort();
+    }
+    for task in worker.into_iter().chain(refresher) {
+        task.abort();
     }
     if let Some(sampler) = sampler {
         // Stores the last partial interval, then detaches from every CPU.

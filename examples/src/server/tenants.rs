@@ -1,17 +1,52 @@
-//! Tenants: each `X-Scope-OrgID` gets its own database directory, so no query can ever
-//! read another tenant's rows, and its own series limit.
+//! Tenants: each `X-Scope-OrgID` gets its own database, so no query can ever read another
+//! tenant's rows, and its own series limit. A tenant's database is a directory under the
+//! data directory, or (a cluster: [`Storage::Bucket`]) a prefix of a bucket shared with
+//! other nodes: written by the one writer holding its lease, followed by readers.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
-use frostdb_core::{Db, DbOptions};
+use axum::http::StatusCode;
+use frostdb_core::{Bucket, Db, DbOptions, SharedOptions};
 use frostdb_pprof::{ProfileStore, StoreOptions};
+use frostdb_query::distributed::{Cluster, StackSource, TenantMerger};
+use object_store::ObjectStore;
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
 
-use super::config::Limits;
+use super::config::{Limits, Role};
 use super::error::{ApiError, ApiResult};
+
+/// Where tenants' databases are.
+#[derive(Debug, Clone)]
+pub enum Storage {
+    /// `<dir>/<id>/`, each a database directory (the default: `data/tenants/`).
+    Local(PathBuf),
+    /// `<prefix>/tenants/<id>/` of a bucket shared with other nodes.
+    Bucket(Arc<SharedBucket>),
+}
+
+/// A bucket of tenants shared with other nodes, and this node's part in it.
+#[derive(Debug)]
+pub struct SharedBucket {
+    /// The bucket.
+    pub bucket: Bucket,
+    /// Its object store.
+    pub store: Arc<dyn ObjectStore>,
+    /// Writer or reader.
+    pub role: Role,
+    /// A writer's lease settings and name.
+    pub shared: SharedOptions,
+}
+
+impl SharedBucket {
+    fn prefix(&self, id: &str) -> Result<String, ApiError> {
+        self.bucket
+            .database(&format!("tenants/{id}"))
+            .map_err(ApiError::from)
+    }
+}
 
 /// A tenant's store and accounting.
 #[derive(Debug)]
@@ -78,12 +113,14 @@ impl Retention {
 /// The tenants, opened on first use.
 #[derive(Debug)]
 pub struct Tenants {
-    root: PathBuf,
+    storage: Storage,
     limits: Limits,
     retention: Retention,
     /// The threads every tenant's database shares (compaction, persistence, I/O): a
     /// server's threads do not grow with its tenants.
     workers: frostdb_core::WorkerPool,
+    /// The workers this node's merges read persisted blocks on, if any.
+    cluster: OnceLock<Arc<Cluster>>,
     tenants: Mutex<HashMap<String, Arc<OnceCell<Arc<Tenant>>>>>,
 }
 
@@ -96,13 +133,39 @@ impl Tenants {
         retention: Retention,
         workers: frostdb_core::WorkerPool,
     ) -> Self {
-        Self {
-            root: data.join("tenants"),
+        Self::with_storage(
+            Storage::Local(data.join("tenants")),
             limits,
             retention,
             workers,
+        )
+    }
+
+    /// Tenants in `storage`.
+    pub fn with_storage(
+        storage: Storage,
+        limits: Limits,
+        retention: Retention,
+        workers: frostdb_core::WorkerPool,
+    ) -> Self {
+        Self {
+            storage,
+            limits,
+            retention,
+            workers,
+            cluster: OnceLock::new(),
             tenants: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Spreads the merges of tenants opened from now on over `cluster`'s workers.
+    pub fn set_cluster(&self, cluster: Arc<Cluster>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// Whether this node refuses writes (a reader of a shared bucket).
+    pub fn read_only(&self) -> bool {
+        matches!(&self.storage, Storage::Bucket(b) if b.role == Role::Reader)
     }
 
     /// The pprof decoding limits of every tenant's store (from the server's limits), known
@@ -114,28 +177,67 @@ impl Tenants {
         }
     }
 
-    fn dir(&self, id: &str) -> PathBuf {
-        self.root.join(id)
-    }
-
-    /// The ids of the tenants that have data on disk.
-    pub fn on_disk(&self) -> Vec<String> {
-        let mut ids: Vec<String> = std::fs::read_dir(&self.root)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.path().is_dir())
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .filter(|id| validate_tenant(id).is_ok())
+    /// The ids of the tenants that have data (on disk, or in the bucket).
+    pub async fn existing(&self) -> ApiResult<Vec<String>> {
+        let mut ids: Vec<String> = match &self.storage {
+            Storage::Local(root) => std::fs::read_dir(root)
+                .map(|entries| {
+                    entries
+                        .filter_map(|e| e.ok())
+                        .filter(|e| e.path().is_dir())
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Storage::Bucket(shared) => {
+                let root = object_store::path::Path::from(
+                    shared.bucket.database("tenants").map_err(ApiError::from)?,
+                );
+                let listed = shared
+                    .store
+                    .list_with_delimiter(Some(&root))
+                    .await
+                    .map_err(|e| {
+                        ApiError::internal(format!("listing tenants under {root}: {e}"))
+                    })?;
+                listed
+                    .common_prefixes
+                    .iter()
+                    .filter_map(|p| p.filename().map(str::to_owned))
                     .collect()
-            })
-            .unwrap_or_default();
+            }
+        };
+        ids.retain(|id| validate_tenant(id).is_ok());
         ids.sort();
-        ids
+        Ok(ids)
     }
 
-    /// The tenant for writing: opened, and created when new.
+    /// Whether tenant `id` has a database (a directory, or a manifest in the bucket).
+    async fn exists(&self, id: &str) -> ApiResult<bool> {
+        match &self.storage {
+            Storage::Local(root) => Ok(root.join(id).exists()),
+            Storage::Bucket(shared) => {
+                let manifest =
+                    object_store::path::Path::from(format!("{}/manifest.json", shared.prefix(id)?));
+                use object_store::ObjectStoreExt;
+                match shared.store.head(&manifest).await {
+                    Ok(_) => Ok(true),
+                    Err(object_store::Error::NotFound { .. }) => Ok(false),
+                    Err(e) => Err(ApiError::internal(format!("reading {manifest}: {e}"))),
+                }
+            }
+        }
+    }
+
+    /// The tenant for writing: opened, and created when new. A reader node refuses.
     pub async fn for_write(&self, id: &str) -> ApiResult<Arc<Tenant>> {
+        if self.read_only() {
+            return Err(ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this node is a reader of a shared bucket ([cluster] role = \"reader\"): it \
+                 answers queries only; send profiles to a writer",
+            ));
+        }
         self.open(id, true)
             .await
             .map(|t| t.expect("created when absent"))
@@ -157,15 +259,26 @@ impl Tenants {
 
     async fn open(&self, id: &str, create: bool) -> ApiResult<Option<Arc<Tenant>>> {
         validate_tenant(id).map_err(ApiError::bad_request)?;
-        let dir = self.dir(id);
+        let known = self.tenants.lock().get(id).cloned();
+        // A writer whose lease another writer took stops writing: opened again, it waits
+        // for that lease (503) or takes it back once it runs out.
+        if let Some(stopped) = known
+            .as_ref()
+            .and_then(|c| c.get())
+            .and_then(|t| t.store.db().stopped())
+        {
+            tracing::warn!(tenant = %id, reason = %stopped, "tenant stopped writing; reopening it");
+            self.tenants.lock().remove(id);
+        }
+        let known = self.tenants.lock().get(id).cloned();
+        if known.is_none() && !create && !self.exists(id).await? {
+            return Ok(None);
+        }
         let cell = {
             let mut tenants = self.tenants.lock();
             match tenants.get(id) {
                 Some(cell) => cell.clone(),
                 None => {
-                    if !create && !dir.exists() {
-                        return Ok(None);
-                    }
                     if tenants.len() >= self.limits.max_tenants {
                         return Err(ApiError::limited(format!(
                             "the server holds its limit of {} tenants",
@@ -178,16 +291,48 @@ impl Tenants {
                 }
             }
         };
-        let tenant = cell
-            .get_or_try_init(|| async {
-                let id = id.to_owned();
-                let max_series = self.limits.max_series_per_tenant;
-                let query_memory = Some(self.limits.max_query_memory_bytes);
-                let limits = self.pprof_limits();
-                let retention = self.retention.of(&id);
-                let rollup_retention = self.retention.rollups;
-                let db_options = DbOptions::default().workers(self.workers.clone());
-                tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
+        let opened = cell.get_or_try_init(|| self.open_store(id)).await;
+        if opened.is_err() {
+            // Not kept: the next request tries again (a lease another writer holds runs out).
+            let mut tenants = self.tenants.lock();
+            if tenants
+                .get(id)
+                .is_some_and(|c| Arc::ptr_eq(c, &cell) && c.get().is_none())
+            {
+                tenants.remove(id);
+            }
+        }
+        Ok(Some(opened?.clone()))
+    }
+
+    /// Opens tenant `id`'s store (blocking work, on the blocking pool).
+    async fn open_store(&self, id: &str) -> ApiResult<Arc<Tenant>> {
+        let id = id.to_owned();
+        let retention = self.retention.of(&id);
+        let options = StoreOptions {
+            limits: self.pprof_limits(),
+            retention,
+            max_series: self.limits.max_series_per_tenant,
+            query_memory: Some(self.limits.max_query_memory_bytes),
+            rollups: frostdb_pprof::RollupOptions {
+                hourly_retention: self.retention.rollups,
+                daily_retention: self.retention.rollups,
+                ..frostdb_pprof::RollupOptions::default()
+            },
+            block_merger: self.cluster.get().map(|cluster| {
+                Arc::new(TenantMerger {
+                    cluster: cluster.clone(),
+                    tenant: id.clone(),
+                }) as Arc<dyn frostdb_query::profile::native::BlockMerger>
+            }),
+            ..StoreOptions::default()
+        };
+        let db_options = DbOptions::default().workers(self.workers.clone());
+        let storage = self.storage.clone();
+        tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
+            let (store, at) = match &storage {
+                Storage::Local(root) => {
+                    let dir = root.join(&id);
                     std::fs::create_dir_all(&dir).map_err(|e| {
                         ApiError::internal(format!("cannot create {}: {e}", dir.display()))
                     })?;
@@ -199,30 +344,52 @@ impl Tenants {
                             dir.display()
                         ))
                     })?;
-                    let options = StoreOptions {
-                        limits,
-                        retention,
-                        max_series,
-                        query_memory,
-                        rollups: frostdb_pprof::RollupOptions {
-                            hourly_retention: rollup_retention,
-                            daily_retention: rollup_retention,
-                            ..frostdb_pprof::RollupOptions::default()
-                        },
-                        ..StoreOptions::default()
+                    (ProfileStore::open(db, options)?, dir.display().to_string())
+                }
+                Storage::Bucket(shared) => {
+                    let prefix = shared.prefix(&id)?;
+                    let at = format!("{} ({prefix})", shared.bucket.url);
+                    let context = |e: frostdb_core::Error| {
+                        ApiError::from(e).context(format_args!("cannot open tenant {id:?} at {at}"))
                     };
-                    let store = ProfileStore::open(db, options)?;
-                    let kept = retention.map_or("for ever".to_owned(), |d| {
-                        format!("{} days", d.as_secs_f64() / 86_400.0)
-                    });
-                    tracing::info!(tenant = %id, dir = %dir.display(), retention = %kept, "opened tenant");
-                    Ok(Arc::new(Tenant { id, store }))
-                })
-                .await
-                .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
-            })
-            .await?;
-        Ok(Some(tenant.clone()))
+                    let store = match shared.role {
+                        // Another writer's lease: 503, naming it (retry there, or later).
+                        Role::Writer => ProfileStore::open(
+                            Db::open_shared(
+                                shared.store.clone(),
+                                &prefix,
+                                db_options,
+                                shared.shared.clone(),
+                            )
+                            .map_err(context)?,
+                            options,
+                        )?,
+                        Role::Reader => ProfileStore::open_reader(
+                            Db::open_reader(shared.store.clone(), &prefix, db_options)
+                                .map_err(context)?,
+                            options,
+                        )?,
+                    };
+                    (store, at)
+                }
+            };
+            let kept = retention.map_or("for ever".to_owned(), |d| {
+                format!("{} days", d.as_secs_f64() / 86_400.0)
+            });
+            tracing::info!(tenant = %id, at = %at, retention = %kept, "opened tenant");
+            Ok(Arc::new(Tenant { id, store }))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
+    }
+
+    /// Takes what writers persisted since into every open tenant (a reader node).
+    pub fn refresh_all(&self) {
+        for tenant in self.open_now() {
+            if let Err(e) = tenant.store.refresh() {
+                tracing::warn!(tenant = %tenant.id, "refresh failed: {e}");
+            }
+        }
     }
 
     /// Flushes every open tenant (on shutdown).
@@ -232,6 +399,46 @@ impl Tenants {
                 tracing::error!(tenant = %tenant.id, "flush failed: {e}");
             }
         }
+    }
+}
+
+/// The tenants as the source of the tables a merge task reads (this node as a worker of
+/// other nodes' merges, or running a small one itself).
+#[derive(Debug)]
+pub struct TenantTables {
+    tenants: Weak<super::AppState>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl TenantTables {
+    /// The tables of `state`'s tenants; tasks open tenants on `runtime`.
+    pub fn new(state: &Arc<super::AppState>, runtime: tokio::runtime::Handle) -> Self {
+        Self {
+            tenants: Arc::downgrade(state),
+            runtime,
+        }
+    }
+}
+
+impl StackSource for TenantTables {
+    fn table(&self, tenant: &str, table: &str) -> frostdb_query::Result<frostdb_core::Table> {
+        let state = self
+            .tenants
+            .upgrade()
+            .ok_or_else(|| frostdb_query::Error::Cluster("the server is shutting down".into()))?;
+        // Called on a blocking thread of a merge task.
+        let opened = self
+            .runtime
+            .block_on(state.tenants.for_read(tenant))
+            .map_err(|e| frostdb_query::Error::Cluster(format!("tenant {tenant:?}: {e}")))?
+            .ok_or_else(|| {
+                frostdb_query::Error::Cluster(format!(
+                    "tenant {tenant:?} has no database in this node's storage"
+                ))
+            })?;
+        opened.store.db().get_table(table).ok_or_else(|| {
+            frostdb_query::Error::Cluster(format!("tenant {tenant:?} has no table {table:?}"))
+        })
     }
 }
 
@@ -257,11 +464,14 @@ mod tests {
         let pool = frostdb_core::WorkerPool::new(1).unwrap();
         let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default(), pool);
         assert!(tenants.for_read("t").await.unwrap().is_none());
-        assert!(tenants.on_disk().is_empty(), "a read creates nothing");
+        assert!(
+            tenants.existing().await.unwrap().is_empty(),
+            "a read creates nothing"
+        );
         let t = tenants.for_write("t").await.unwrap();
         // The store counts series (pprof sample labels included; see frostdb-pprof's tests).
         assert_eq!(t.store.options().max_series, 2);
-        assert_eq!(tenants.on_disk(), vec!["t".to_owned()]);
+        assert_eq!(tenants.existing().await.unwrap(), vec!["t".to_owned()]);
         assert!(tenants.for_read("t").await.unwrap().is_some());
     }
 }
