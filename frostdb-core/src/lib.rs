@@ -95,7 +95,7 @@ pub use events::{EventListener, NoopListener};
 pub use index::chunk::ColumnStats;
 pub use index::compaction::{CompactionJob, CompactionOutcome};
 pub use lock::{DirLock, LOCK_FILE};
-pub use manifest::BlockMeta;
+pub use manifest::{BlockMeta, BlockSlice};
 pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
 pub use scalar::Scalar;
 pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};

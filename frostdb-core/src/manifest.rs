@@ -58,6 +58,16 @@ impl BlockMeta {
     }
 }
 
+/// Part of a persisted block: its row groups `row_groups` (all of them when `None`), as a
+/// query spread over processes hands one out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockSlice {
+    /// The block.
+    pub block: BlockMeta,
+    /// Its row groups to read, `start..end`; all when `None`.
+    pub row_groups: Option<std::ops::Range<u32>>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TableEntry {
     pub(crate) schema: Schema,

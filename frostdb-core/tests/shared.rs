@@ -363,3 +363,40 @@ fn cuts_truncate_the_wal_and_merges_keep_blocks_few_and_rows_exact() {
     let objects = bucket.objects("t1/samples");
     assert_eq!(objects.len(), blocks, "{objects:?}");
 }
+
+#[test]
+fn a_snapshot_of_row_groups_reads_those_and_refuses_ones_a_block_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema(),
+            TableOptions::default().row_group_rows(10),
+        )
+        .unwrap();
+    table.insert(&rows("p", 0, 100)).unwrap();
+    let block = table.persist().unwrap().remove(0);
+    assert_eq!(block.row_groups, 10);
+    let read = |row_groups: Option<std::ops::Range<u32>>| {
+        let slice = frostdb_core::BlockSlice {
+            block: block.clone(),
+            row_groups,
+        };
+        table
+            .snapshot_of_blocks(vec![slice])
+            .unwrap()
+            .collect(&ScanRequest::new())
+            .map(|b| count(&b))
+    };
+    assert_eq!(read(None).unwrap(), 100);
+    assert_eq!(read(Some(0..3)).unwrap(), 30);
+    assert_eq!(read(Some(3..10)).unwrap(), 70);
+    let refused = read(Some(8..11)).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("row groups 8..11 were asked for"),
+        "{refused}"
+    );
+}

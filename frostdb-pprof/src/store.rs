@@ -1126,6 +1126,7 @@ impl ProfileStore {
                         selector,
                         piece.range,
                         lenient,
+                        narrow.clone(),
                     )?;
                     here + there
                 }

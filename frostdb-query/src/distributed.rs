@@ -50,7 +50,7 @@ use datafusion_distributed::{
     WorkerQueryContext, WorkerResolver,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
-use frostdb_core::BlockMeta;
+use frostdb_core::{BlockMeta, BlockSlice};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -80,7 +80,10 @@ struct StackScan {
     start_ms: i64,
     end_ms: i64,
     lenient: bool,
-    tasks: Vec<Vec<BlockMeta>>,
+    /// Checked against statistics only (see [`merge_stacks`]): the selected series.
+    narrow: Option<frostdb_core::Predicate>,
+    /// Per task, the blocks (or runs of row groups of blocks) it reads.
+    tasks: Vec<Vec<BlockSlice>>,
     /// Columns of [`schema`] the plan reads (`None`: all).
     projection: Option<Vec<usize>>,
 }
@@ -158,8 +161,8 @@ impl StackScanExec {
         })
     }
 
-    /// Blocks of every task.
-    fn blocks(&self) -> impl Iterator<Item = &BlockMeta> {
+    /// What every task reads.
+    fn slices(&self) -> impl Iterator<Item = &BlockSlice> {
         self.scan.tasks.iter().flatten()
     }
 }
@@ -171,10 +174,10 @@ impl DisplayAs for StackScanExec {
             "StackScanExec: tenant={}, table={}, selector={}, tasks=[",
             self.scan.tenant, self.scan.table, self.scan.selector
         )?;
-        for (i, blocks) in self.scan.tasks.iter().enumerate() {
-            let rows: u64 = blocks.iter().map(|b| b.rows).sum();
+        for (i, slices) in self.scan.tasks.iter().enumerate() {
+            let rows: u64 = slices.iter().map(slice_rows).sum();
             let sep = if i == 0 { "" } else { ", " };
-            write!(f, "{sep}{} blocks/{rows} rows", blocks.len())?;
+            write!(f, "{sep}{} slices/~{rows} rows", slices.len())?;
         }
         f.write_str("]")
     }
@@ -245,7 +248,7 @@ impl ExecutionPlan for StackScanExec {
                         source.threads(),
                         scan.lenient,
                         &crate::memory_pool(None),
-                        None,
+                        scan.narrow.clone(),
                     )
                 })()
                 .map_err(|e| {
@@ -340,37 +343,81 @@ impl TableProvider for StackScanTable {
     }
 }
 
-/// As many tasks as blocks (the planner caps them at the workers).
-fn desired_tasks(ev: DesiredTaskCountEvent<'_>) -> Option<DfResult<DesiredTaskCountEventResponse>> {
-    let exec = ev.plan.downcast_ref::<StackScanExec>()?;
-    let blocks = exec.blocks().count().max(1);
-    Some(Ok(DesiredTaskCountEventResponse::desired(blocks)))
+/// Rows of a slice, about (row groups are of about equal size within a block).
+fn slice_rows(slice: &BlockSlice) -> u64 {
+    match &slice.row_groups {
+        None => slice.block.rows,
+        Some(r) => {
+            let groups = u64::from(slice.block.row_groups.max(1));
+            slice.block.rows * u64::from(r.end - r.start) / groups
+        }
+    }
 }
 
-/// Splits the blocks among `task_count` tasks, the largest first to the task with the
-/// fewest rows so far.
+/// As many tasks as row groups (the planner caps them at the workers).
+fn desired_tasks(ev: DesiredTaskCountEvent<'_>) -> Option<DfResult<DesiredTaskCountEventResponse>> {
+    let exec = ev.plan.downcast_ref::<StackScanExec>()?;
+    let groups: u64 = exec
+        .slices()
+        .map(|s| match &s.row_groups {
+            None => u64::from(s.block.row_groups.max(1)),
+            Some(r) => u64::from(r.end - r.start),
+        })
+        .sum();
+    Some(Ok(DesiredTaskCountEventResponse::desired(
+        groups.max(1) as usize
+    )))
+}
+
+/// Splits what the merge reads into `task_count` runs of about as many rows: the blocks in
+/// order, cut between row groups, so each task reads whole row groups of one or more
+/// blocks.
 fn scale_up(ev: ScaleUpLeafNodeEvent<'_>) -> Option<DfResult<ScaleUpLeafNodeEventResponse>> {
     let exec = ev.plan.downcast_ref::<StackScanExec>()?;
-    let mut blocks: Vec<BlockMeta> = exec.blocks().cloned().collect();
-    blocks.sort_by_key(|b| std::cmp::Reverse(b.rows));
-    let tasks = ev.task_count.max(1);
-    let mut split: Vec<(u64, Vec<BlockMeta>)> = vec![(0, Vec::new()); tasks];
-    for block in blocks {
-        let lightest = split
-            .iter_mut()
-            .min_by_key(|(rows, _)| *rows)
-            .expect("at least one task");
-        lightest.0 += block.rows;
-        lightest.1.push(block);
-    }
+    let slices: Vec<BlockSlice> = exec.slices().cloned().collect();
     let scan = StackScan {
-        tasks: split.into_iter().map(|(_, b)| b).collect(),
+        tasks: split(&slices, ev.task_count.max(1)),
         ..exec.scan.clone()
     };
     Some(
         StackScanExec::new(scan, exec.source.clone())
             .map(|e| ScaleUpLeafNodeEventResponse::new(Arc::new(e))),
     )
+}
+
+/// `slices` cut into `tasks` runs of row groups of about equal rows (fewer when there are
+/// fewer row groups).
+fn split(slices: &[BlockSlice], tasks: usize) -> Vec<Vec<BlockSlice>> {
+    let total: u64 = slices.iter().map(slice_rows).sum();
+    let target = total.div_ceil(tasks as u64).max(1);
+    let mut out: Vec<Vec<BlockSlice>> = vec![Vec::new()];
+    let mut filled = 0u64;
+    for slice in slices {
+        let groups = slice
+            .row_groups
+            .clone()
+            .unwrap_or(0..slice.block.row_groups.max(1));
+        let per_group = slice.block.rows / u64::from(slice.block.row_groups.max(1));
+        let mut start = groups.start;
+        for g in groups.clone() {
+            filled += per_group.max(1);
+            let last = g + 1 == groups.end;
+            if filled >= target || last {
+                let whole = start == 0 && g + 1 == slice.block.row_groups.max(1);
+                out.last_mut().expect("one at least").push(BlockSlice {
+                    block: slice.block.clone(),
+                    row_groups: (!whole).then_some(start..g + 1),
+                });
+                start = g + 1;
+            }
+            if filled >= target && out.len() < tasks {
+                out.push(Vec::new());
+                filled = 0;
+            }
+        }
+    }
+    out.retain(|t| !t.is_empty());
+    out
 }
 
 /// Workers given by URL.
@@ -460,7 +507,9 @@ impl Cluster {
 
     /// The values summed per stack over `blocks` of tenant `tenant`'s table `table`, for
     /// the rows `selector` selects in `range`, read by the workers: what
-    /// [`merge_stacks`] of a snapshot of those blocks answers. Blocks until done.
+    /// [`merge_stacks`] of a snapshot of those blocks answers (`narrow`: a predicate every
+    /// selected row satisfies, checked against statistics only). Blocks until done.
+    #[allow(clippy::too_many_arguments)]
     pub fn merge_stacks(
         &self,
         tenant: &str,
@@ -469,6 +518,7 @@ impl Cluster {
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
+        narrow: Option<frostdb_core::Predicate>,
     ) -> Result<StackTotals> {
         if blocks.is_empty() {
             return Ok(StackTotals::default());
@@ -480,7 +530,16 @@ impl Cluster {
             start_ms: range.start_ms,
             end_ms: range.end_ms,
             lenient,
-            tasks: vec![blocks],
+            narrow,
+            tasks: vec![
+                blocks
+                    .into_iter()
+                    .map(|block| BlockSlice {
+                        block,
+                        row_groups: None,
+                    })
+                    .collect(),
+            ],
             projection: None,
         };
         let provider = Arc::new(StackScanTable {
@@ -551,9 +610,17 @@ impl crate::profile::native::BlockMerger for TenantMerger {
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
+        narrow: Option<frostdb_core::Predicate>,
     ) -> Result<StackTotals> {
-        self.cluster
-            .merge_stacks(&self.tenant, table, blocks, selector, range, lenient)
+        self.cluster.merge_stacks(
+            &self.tenant,
+            table,
+            blocks,
+            selector,
+            range,
+            lenient,
+            narrow,
+        )
     }
 }
 
@@ -619,9 +686,65 @@ pub async fn serve_worker(
     tonic::transport::Server::builder()
         .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
+            // Without NODELAY small answers wait out the peer's delayed ACK: 40 ms a hop.
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
         .map_err(|e| format!("query worker on {listen:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(id: u64, rows: u64, row_groups: u32) -> BlockSlice {
+        // (BlockMeta is non-exhaustive: made as the manifest would read it.)
+        let block = serde_json::json!({"id": id, "path": format!("t/{id}.parquet"),
+            "size": rows, "rows": rows, "row_groups": row_groups, "min_tx": 0, "max_tx": 0,
+            "columns": {}});
+        BlockSlice {
+            block: serde_json::from_value(block).unwrap(),
+            row_groups: None,
+        }
+    }
+
+    /// Every row group of every block exactly once, in order.
+    fn covered(tasks: &[Vec<BlockSlice>]) -> Vec<(u64, u32)> {
+        tasks
+            .iter()
+            .flatten()
+            .flat_map(|s| {
+                let r = s.row_groups.clone().unwrap_or(0..s.block.row_groups);
+                r.map(move |g| (s.block.id, g))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn blocks_split_into_runs_of_row_groups_of_similar_rows() {
+        // One big block: cut between its row groups.
+        let tasks = split(&[block(1, 300, 30)], 3);
+        assert_eq!(tasks.len(), 3);
+        for t in &tasks {
+            assert_eq!(t.iter().map(slice_rows).sum::<u64>(), 100);
+        }
+        assert_eq!(covered(&tasks), (0..30).map(|g| (1, g)).collect::<Vec<_>>());
+        // Small blocks stay whole; more tasks than row groups: one task per row group.
+        let blocks = [block(1, 10, 1), block(2, 10, 1), block(3, 10, 1)];
+        let tasks = split(&blocks, 8);
+        assert_eq!(tasks.len(), 3);
+        assert!(tasks.iter().flatten().all(|s| s.row_groups.is_none()));
+        // Mixed: every row group once, in block order, at most the tasks asked for.
+        let blocks = [block(1, 1000, 10), block(2, 50, 1), block(3, 400, 4)];
+        for n in 1..8 {
+            let tasks = split(&blocks, n);
+            assert!(tasks.len() <= n, "{n}: {}", tasks.len());
+            let mut want = Vec::new();
+            for b in &blocks {
+                want.extend((0..b.block.row_groups).map(|g| (b.block.id, g)));
+            }
+            assert_eq!(covered(&tasks), want, "{n} tasks");
+        }
+    }
 }

@@ -50,17 +50,19 @@ impl StackSource for Local {
 fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes() {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-    let table = db
-        .table("samples", samples_schema(), Default::default())
-        .unwrap();
-    // Six blocks of a few steps each.
+    // Row groups of 40 rows: the workers get runs of row groups, not only whole blocks.
+    let options = frostdb_core::TableOptions::default().row_group_rows(40);
+    let table = db.table("samples", samples_schema(), options).unwrap();
+    // One block of many row groups, and a small one: the big one is cut between row groups.
     let data = rows(6, 24, 10_000, 5);
-    for chunk in data.chunks(data.len() / 6) {
+    let (big, small) = data.split_at(data.len() - 40);
+    for chunk in [big, small] {
         common::insert(&table, chunk);
         table.persist().unwrap();
     }
     let snapshot = table.snapshot();
-    assert!(snapshot.blocks().len() >= 6);
+    assert_eq!(snapshot.blocks().len(), 2);
+    assert!(snapshot.blocks()[0].row_groups > 10);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -100,7 +102,15 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
         let selector = Selector::parse(selector).unwrap();
         let here = merge_stacks(&snapshot, &selector, range, 2, false, &pool, None).unwrap();
         let spread = cluster
-            .merge_stacks("t", "samples", snapshot.blocks(), &selector, range, false)
+            .merge_stacks(
+                "t",
+                "samples",
+                snapshot.blocks(),
+                &selector,
+                range,
+                false,
+                None,
+            )
             .unwrap();
         assert_eq!(spread.stacks, here.stacks, "{selector}");
         assert_eq!(
@@ -119,7 +129,15 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     let _ = runtime.block_on(async { (&mut workers[1]).await });
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let failed = cluster
-        .merge_stacks("t", "samples", snapshot.blocks(), &selector, all, false)
+        .merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            all,
+            false,
+            None,
+        )
         .unwrap_err();
     assert!(
         matches!(failed, frostdb_query::Error::Cluster(_)),

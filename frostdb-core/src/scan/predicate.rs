@@ -5,7 +5,7 @@
 //! dynamic label nobody sent) is null in every row.
 
 /// A comparison operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CmpOp {
     /// `=`
     Eq,
@@ -35,8 +35,8 @@ impl CmpOp {
     }
 }
 
-/// A filter over a table's rows.
-#[derive(Debug, Clone, PartialEq)]
+/// A filter over a table's rows (serialisable: a query spread over processes sends it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Predicate {
     /// Always true or always false.

@@ -56,6 +56,8 @@ pub(crate) struct Storage {
 pub(crate) struct Block {
     meta: BlockMeta,
     retired: OnceLock<Arc<Storage>>,
+    /// Only these row groups are read (a slice of the block another process chose).
+    row_groups: Option<std::ops::Range<u32>>,
 }
 
 impl Block {
@@ -63,7 +65,29 @@ impl Block {
         Self {
             meta,
             retired: OnceLock::new(),
+            row_groups: None,
         }
+    }
+
+    /// The row groups `row_groups` of block `meta` (all of them when `None`).
+    pub(crate) fn slice(meta: BlockMeta, row_groups: Option<std::ops::Range<u32>>) -> Self {
+        Self {
+            meta,
+            retired: OnceLock::new(),
+            row_groups,
+        }
+    }
+
+    /// The row groups scans read, when not all.
+    pub(crate) fn row_groups(&self) -> Option<&std::ops::Range<u32>> {
+        self.row_groups.as_ref()
+    }
+
+    /// Whether scans read row group `i`.
+    pub(crate) fn reads_row_group(&self, i: usize) -> bool {
+        self.row_groups
+            .as_ref()
+            .is_none_or(|r| r.contains(&(i as u32)))
     }
 
     pub(crate) fn meta(&self) -> &BlockMeta {

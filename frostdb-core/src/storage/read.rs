@@ -325,8 +325,24 @@ impl Storage {
             }
         }
         let row_groups = parquet.row_groups();
+        if let Some(slice) = block.row_groups()
+            && slice.end as usize > row_groups.len()
+        {
+            return Err(unreadable(
+                table,
+                &block,
+                format!(
+                    "row groups {}..{} were asked for, the block has {}",
+                    slice.start,
+                    slice.end,
+                    row_groups.len()
+                ),
+            ));
+        }
         let mut metrics = BlockScanMetrics {
-            row_groups: row_groups.len(),
+            row_groups: (0..row_groups.len())
+                .filter(|&i| block.reads_row_group(i))
+                .count(),
             ..Default::default()
         };
         // Read columns that may hold one value per row group: primitive ones.
@@ -360,6 +376,11 @@ impl Storage {
             }
             None => (0..row_groups.len()).collect(),
         };
+        // A slice of the block: only its row groups (the others are other tasks').
+        let in_range: Vec<usize> = in_range
+            .into_iter()
+            .filter(|&i| block.reads_row_group(i))
+            .collect();
         let mut selected = Vec::new();
         for i in in_range {
             let rg = &row_groups[i];

@@ -270,14 +270,14 @@ impl Table {
         }
     }
 
-    /// A snapshot holding only the persisted blocks `blocks` of this table, as another
-    /// process listed them (a query spread over processes reading one bucket: each reads
-    /// the blocks it is given). Blocks need not be in this process's view of the table;
-    /// their objects must be in its storage.
-    pub fn snapshot_of_blocks(&self, blocks: Vec<BlockMeta>) -> Result<Snapshot> {
+    /// A snapshot holding only the persisted blocks (or parts of blocks: row groups)
+    /// `blocks` of this table, as another process listed them (a query spread over
+    /// processes reading one bucket: each reads the parts it is given). Blocks need not be
+    /// in this process's view of the table; their objects must be in its storage.
+    pub fn snapshot_of_blocks(&self, blocks: Vec<crate::BlockSlice>) -> Result<Snapshot> {
         let current = self.inner.current.read().clone();
         let mut schema = (*current.schema).clone();
-        for block in &blocks {
+        for crate::BlockSlice { block, .. } in &blocks {
             let names = block
                 .columns
                 .keys()
@@ -288,11 +288,11 @@ impl Table {
             }
         }
         let mut version = Version::empty(Arc::new(schema), 0);
-        version.watermark = blocks.iter().map(|b| b.max_tx).max().unwrap_or(0);
+        version.watermark = blocks.iter().map(|b| b.block.max_tx).max().unwrap_or(0);
         version.blocks = Arc::new(
             blocks
                 .into_iter()
-                .map(|b| Arc::new(crate::storage::Block::new(b)))
+                .map(|b| Arc::new(crate::storage::Block::slice(b.block, b.row_groups)))
                 .collect(),
         );
         Ok(Snapshot {

@@ -75,7 +75,7 @@ impl std::ops::Add for StackTotals {
 /// blocks answers.
 pub trait BlockMerger: Send + Sync + std::fmt::Debug {
     /// The values summed per stack over `blocks` of table `table`, for the rows `selector`
-    /// selects in `range`.
+    /// selects in `range` (`narrow`: see [`merge_stacks`]).
     fn merge_stacks(
         &self,
         table: &str,
@@ -83,6 +83,7 @@ pub trait BlockMerger: Send + Sync + std::fmt::Debug {
         selector: &Selector,
         range: TimeRange,
         lenient: bool,
+        narrow: Option<frostdb_core::Predicate>,
     ) -> Result<StackTotals>;
 }
 
