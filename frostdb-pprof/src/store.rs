@@ -234,6 +234,12 @@ fn now_ms() -> i64 {
 /// Most sample rows a group of profiles commits in one transaction.
 const MAX_GROUP_ROWS: usize = 64 * 1024;
 
+/// Longest a leader keeps the open group open, once the group before it is durable, for
+/// profiles already being decoded to join it (as PostgreSQL's `commit_delay` waits only
+/// while `commit_siblings` are active): each group costs a WAL record, an fsync and a part
+/// per table, whatever its size. With nothing on its way the group commits at once.
+const GROUP_WAIT: Duration = Duration::from_millis(10);
+
 /// Where a group of profiles stands.
 enum SlotState {
     /// Profiles are joining it, or it waits for its turn.
@@ -307,9 +313,10 @@ struct Pipeline {
     leading: bool,
     /// Partitions a group of failed to commit: nothing more of them commits.
     failed: Vec<u32>,
-    /// The group committed last, until it is durable: the leader lets the open group
-    /// gather profiles while its fsync runs, rather than committing groups of one.
-    in_flight: Option<Arc<Submitted>>,
+    /// The group committed last (its slot and transaction), until it is durable: the
+    /// leader lets the open group gather profiles while its fsync runs, rather than
+    /// committing groups of one, and then wakes its members.
+    in_flight: Option<(Arc<Slot>, Arc<Submitted>)>,
 }
 
 impl Pipeline {
@@ -357,6 +364,11 @@ pub struct ProfileStore {
     rollups: Arc<Rollups>,
     deltas: Mutex<Deltas>,
     pipeline: Mutex<Pipeline>,
+    /// Signalled when the open group is worth committing (see [`GROUP_WAIT`]).
+    joined: Condvar,
+    /// Profiles being decoded or prepared, not yet in a group: the company a leader may
+    /// wait for.
+    coming: std::sync::atomic::AtomicUsize,
     /// Series admitted since open (hashes), against [`StoreOptions::max_series`].
     series: Mutex<std::collections::HashSet<u64>>,
     options: StoreOptions,
@@ -522,6 +534,45 @@ fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Result<()> {
     Ok(())
 }
 
+/// A profile on its way to a group: counted in [`ProfileStore::coming`] from before its
+/// decoding until it joins a group or fails.
+struct Coming<'a> {
+    store: &'a ProfileStore,
+    counted: bool,
+}
+
+impl<'a> Coming<'a> {
+    fn new(store: &'a ProfileStore) -> Self {
+        store
+            .coming
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self {
+            store,
+            counted: true,
+        }
+    }
+
+    /// The profile joined a group: how many others are still on their way.
+    fn arrive(&mut self) -> usize {
+        use std::sync::atomic::Ordering;
+        if std::mem::replace(&mut self.counted, false) {
+            self.store.coming.fetch_sub(1, Ordering::AcqRel) - 1
+        } else {
+            self.store.coming.load(Ordering::Acquire)
+        }
+    }
+}
+
+impl Drop for Coming<'_> {
+    fn drop(&mut self) {
+        // A profile that failed (or was empty) is not coming: a leader waiting for it stops.
+        if self.counted && self.arrive() == 0 {
+            let _pipeline = self.store.pipeline.lock();
+            self.store.joined.notify_one();
+        }
+    }
+}
+
 impl ProfileStore {
     /// Opens (creating if needed) the profile tables of `db`. Reads no symbols: they are
     /// read per partition when a merge needs them.
@@ -647,6 +698,8 @@ impl ProfileStore {
             rollups,
             deltas: Mutex::new(Deltas::default()),
             pipeline: Mutex::new(Pipeline::default()),
+            joined: Condvar::new(),
+            coming: std::sync::atomic::AtomicUsize::new(0),
             series: Mutex::new(Default::default()),
             options,
         })
@@ -690,8 +743,9 @@ impl ProfileStore {
 
     /// Decodes `bytes` (gzip or raw pprof) and stores the profile.
     pub fn ingest(&self, bytes: &[u8], options: &IngestOptions) -> Result<IngestSummary> {
+        let mut coming = Coming::new(self);
         let profile = decode(bytes, &self.options.limits)?;
-        self.ingest_profile(&profile, options)
+        self.ingest_coming(&profile, options, &mut coming)
     }
 
     /// Stores a validated profile: its new symbols and its samples in one transaction.
@@ -700,15 +754,26 @@ impl ProfileStore {
         profile: &ValidProfile,
         options: &IngestOptions,
     ) -> Result<IngestSummary> {
+        self.ingest_coming(profile, options, &mut Coming::new(self))
+    }
+
+    fn ingest_coming(
+        &self,
+        profile: &ValidProfile,
+        options: &IngestOptions,
+        coming: &mut Coming<'_>,
+    ) -> Result<IngestSummary> {
         if options.delta {
-            // Deltas need the previous profile of the series: one delta ingest at a time.
+            // Deltas need the previous profile of the series: one delta ingest at a time,
+            // so a leader has no company to wait for from one waiting for its turn.
+            coming.arrive();
             let mut deltas = self.deltas.lock();
             let prepared = prepare(profile, options, Some(&deltas))?;
-            let summary = self.store(&prepared)?;
+            let summary = self.store(&prepared, coming)?;
             deltas.apply(prepared.delta_states);
             Ok(summary)
         } else {
-            self.store(&prepare(profile, options, None)?)
+            self.store(&prepare(profile, options, None)?, coming)
         }
     }
 
@@ -727,7 +792,10 @@ impl ProfileStore {
         };
         let mut baseline = Deltas::default();
         baseline.apply(prepare(previous, &options, None)?.delta_states);
-        self.store(&prepare(profile, &options, Some(&baseline))?)
+        self.store(
+            &prepare(profile, &options, Some(&baseline))?,
+            &mut Coming::new(self),
+        )
     }
 
     /// Stores a prepared profile. Profiles stored concurrently are committed together: each
@@ -736,9 +804,15 @@ impl ProfileStore {
     /// at a time, in order, each as one transaction (one WAL record) holding the symbols its
     /// partition gained since the previous group and the group's samples, while the others
     /// wait. The leader seals the open group only once the group before it is durable, so
-    /// everything stored during an fsync shares the next one. Everyone then waits for the
-    /// fsync that covers its group. A lone profile is a group of one, committed at once.
-    fn store(&self, prepared: &crate::normalize::Prepared<'_>) -> Result<IngestSummary> {
+    /// everything stored during an fsync shares the next one, and, while profiles are still
+    /// being decoded on other threads, up to [`GROUP_WAIT`] later, for them to join. Members
+    /// are woken when their group is durable. A lone profile is a group of one, committed at
+    /// once.
+    fn store(
+        &self,
+        prepared: &crate::normalize::Prepared<'_>,
+        coming: &mut Coming<'_>,
+    ) -> Result<IngestSummary> {
         if prepared.is_empty() {
             return Ok(IngestSummary {
                 timestamp_ms: prepared.timestamp(),
@@ -809,8 +883,13 @@ impl ProfileStore {
             };
             summary.new_stacks = new_stacks;
             let slot = group.slot.clone();
-            if group.rows.len() >= MAX_GROUP_ROWS {
+            let full = group.rows.len() >= MAX_GROUP_ROWS;
+            if full {
                 pipeline.seal();
+            }
+            if coming.arrive() == 0 || full {
+                // A leader gathering company commits now: nothing more is on its way.
+                self.joined.notify_one();
             }
             let lead = !std::mem::replace(&mut pipeline.leading, true);
             break (slot, summary, lead);
@@ -823,7 +902,8 @@ impl ProfileStore {
         Ok(summary)
     }
 
-    /// Waits for `slot`'s group to be in the WAL, committing groups when handed the lead.
+    /// Waits for `slot`'s group to be durable (or failed), committing groups when handed the
+    /// lead.
     fn await_group(&self, slot: &Arc<Slot>) -> Result<Arc<Submitted>> {
         let mut state = slot.state.lock();
         loop {
@@ -841,19 +921,37 @@ impl ProfileStore {
         }
     }
 
-    /// Commits groups in order until `mine` is committed, then hands the lead to a member
-    /// of the next group (or gives it up when there is none).
+    /// Commits groups in order until `mine` is durable, then hands the lead to a member of
+    /// the next group (or gives it up when there is none).
+    ///
+    /// A committed group is in flight until its fsync returns: meanwhile profiles keep
+    /// joining the open group, so the next fsync covers all of them (alone, nothing is in
+    /// flight and nothing waits for company). Members are woken once, when their group is
+    /// durable (or failed), rather than once when it is in the WAL and again when synced.
     fn lead(&self, mine: &Arc<Slot>) {
         loop {
-            // While the group before is being made durable, profiles keep joining the open
-            // group: the next fsync then covers all of them. Alone, nothing is in flight.
             let in_flight = self.pipeline.lock().in_flight.take();
-            if let Some(previous) = in_flight {
-                // Its members see its error; the next commit fails on its own if the WAL did.
-                let _ = previous.wait();
+            if let Some((slot, submitted)) = in_flight {
+                // The sync's error, if any, is the members' to see from `wait` themselves.
+                let _ = submitted.wait();
+                let was_mine = Arc::ptr_eq(&slot, mine);
+                slot.finish(Ok(submitted));
+                if was_mine {
+                    self.hand_lead();
+                    return;
+                }
             }
             let group = {
                 let mut pipeline = self.pipeline.lock();
+                let deadline = std::time::Instant::now() + GROUP_WAIT;
+                while pipeline.sealed.is_empty()
+                    && pipeline.open.is_some()
+                    && self.coming.load(std::sync::atomic::Ordering::Acquire) > 0
+                {
+                    if self.joined.wait_until(&mut pipeline, deadline).timed_out() {
+                        break;
+                    }
+                }
                 if pipeline.sealed.is_empty() {
                     pipeline.seal();
                 }
@@ -865,21 +963,26 @@ impl ProfileStore {
                     }
                 }
             };
-            let is_mine = Arc::ptr_eq(&group.slot, mine);
             let slot = group.slot.clone();
-            let result = self.commit_group(group);
-            if let Ok(submitted) = &result {
-                self.pipeline.lock().in_flight = Some(submitted.clone());
-            }
-            slot.finish(result);
-            if is_mine {
-                let mut pipeline = self.pipeline.lock();
-                match pipeline.sealed.front().or(pipeline.open.as_ref()) {
-                    Some(next) => next.slot.hand_lead(),
-                    None => pipeline.leading = false,
+            match self.commit_group(group) {
+                Ok(submitted) => self.pipeline.lock().in_flight = Some((slot, submitted)),
+                Err(e) => {
+                    slot.finish(Err(e));
+                    if Arc::ptr_eq(&slot, mine) {
+                        self.hand_lead();
+                        return;
+                    }
                 }
-                return;
             }
+        }
+    }
+
+    /// Passes the lead to a member of the next group, or gives it up when there is none.
+    fn hand_lead(&self) {
+        let mut pipeline = self.pipeline.lock();
+        match pipeline.sealed.front().or(pipeline.open.as_ref()) {
+            Some(next) => next.slot.hand_lead(),
+            None => pipeline.leading = false,
         }
     }
 
