@@ -128,20 +128,21 @@ pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>
     Ok(out)
 }
 
-/// `body` as one zstd frame (level 1), by a compression context kept per thread: making one
-/// per record cost more than compressing.
+/// `body` as one zstd frame (level 1), by a compression context taken from a pool: making
+/// one per record cost more than compressing, and one per thread left each of a group
+/// commit's many leaders its own cold context. The pool holds as many as ever compressed at
+/// once (about one per database committing).
 fn compress(body: &[u8]) -> std::io::Result<Vec<u8>> {
-    thread_local! {
-        static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    CONTEXT.with_borrow_mut(|context| {
-        let compressor = match context {
-            Some(c) => c,
-            None => context.insert(zstd::bulk::Compressor::new(1)?),
-        };
-        compressor.compress(body)
-    })
+    static POOL: parking_lot::Mutex<Vec<zstd::bulk::Compressor<'static>>> =
+        parking_lot::Mutex::new(Vec::new());
+    let taken = POOL.lock().pop();
+    let mut compressor = match taken {
+        Some(c) => c,
+        None => zstd::bulk::Compressor::new(1)?,
+    };
+    let out = compressor.compress(body);
+    POOL.lock().push(compressor);
+    out
 }
 
 /// Reads a payload written by [`encode_entries`]: `(table, batch)` per write, or why it
