@@ -213,9 +213,11 @@ enum Lookup {
 
 impl Positions {
     /// A table indexed by id is used while the largest id is at most this many times the
-    /// message count plus [`Positions::DENSE_BASE`].
-    const DENSE_SLACK: u64 = 4;
-    const DENSE_BASE: u64 = 4096;
+    /// message count plus [`Positions::DENSE_BASE`]: filling 4 bytes an id costs less than
+    /// hashing, so a table of 64 KiB for a few hundred ids (a writer numbering functions by
+    /// a global index of some thousands) is still the cheaper.
+    const DENSE_SLACK: u64 = 16;
+    const DENSE_BASE: u64 = 16 * 1024;
 
     /// The positions of `ids`, or the first id that is zero or repeated.
     fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> std::result::Result<Self, u64> {
