@@ -312,6 +312,16 @@ fn strings_that_are_not_utf8_are_refused_naming_the_entry() {
     assert!(Profile::decode(raw.as_slice()).is_err());
 }
 
+#[test]
+fn a_character_split_across_two_strings_is_refused() {
+    // "é" is 0xc3 0xa9: each half alone is not UTF-8, though the two side by side are.
+    let mut raw = minimal().encode_to_vec();
+    raw.extend([(6 << 3) | 2, 1, 0xc3, (6 << 3) | 2, 1, 0xa9]);
+    let err = decode(&raw, &Limits::default()).unwrap_err();
+    assert!(err.to_string().contains("string_table[4]"), "{err}");
+    assert!(Profile::decode(raw.as_slice()).is_err());
+}
+
 mod random {
     use super::*;
     use frostdb_pprof::proto::{Label, Line, Mapping};

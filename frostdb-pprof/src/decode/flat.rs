@@ -120,7 +120,9 @@ impl Flat {
     /// Decodes a raw (not gzipped) pprof protobuf.
     pub(crate) fn parse(buf: &[u8]) -> Result<Self> {
         let mut p = Flat::default();
-        p.reserve(buf)?;
+        // The strings' bytes, checked to be UTF-8 once, whole, at the end.
+        let mut text = Vec::new();
+        p.reserve(buf, &mut text)?;
         wire::fields(buf, |n, v| {
             match n {
                 1 => p.sample_type.push(message(wire::bytes(n, v)?)?),
@@ -129,13 +131,9 @@ impl Flat {
                 4 => p.parse_location(wire::bytes(n, v)?)?,
                 5 => p.function.push(function(wire::bytes(n, v)?)?),
                 6 => {
-                    let s = std::str::from_utf8(wire::bytes(n, v)?).map_err(|e| {
-                        Error::Protobuf(format!(
-                            "string_table[{}] is not UTF-8: {e}",
-                            p.strings.len()
-                        ))
-                    })?;
-                    p.push_string(s);
+                    let start = text.len();
+                    text.extend_from_slice(wire::bytes(n, v)?);
+                    p.strings.push((start, text.len()));
                 }
                 7 => p.drop_frames = int(wire::scalar(n, v)?),
                 8 => p.keep_frames = int(wire::scalar(n, v)?),
@@ -154,13 +152,41 @@ impl Flat {
             }
             Ok(())
         })?;
+        p.text = p.checked_text(text)?;
         Ok(p)
+    }
+
+    /// The strings' bytes as text. Checking them whole is checking each: text that is
+    /// UTF-8 cut where every string starts, each a character boundary, is UTF-8 in every
+    /// piece. Where it is not, the first string that is not UTF-8 is named.
+    fn checked_text(&self, text: Vec<u8>) -> Result<String> {
+        let text = match String::from_utf8(text) {
+            Ok(text) => text,
+            Err(e) => {
+                let text = e.into_bytes();
+                return Err(self.bad_string(&text));
+            }
+        };
+        if self.strings.iter().all(|&(s, _)| text.is_char_boundary(s)) {
+            Ok(text)
+        } else {
+            Err(self.bad_string(text.as_bytes()))
+        }
+    }
+
+    fn bad_string(&self, text: &[u8]) -> Error {
+        for (i, &(s, e)) in self.strings.iter().enumerate() {
+            if let Err(error) = std::str::from_utf8(&text[s..e]) {
+                return Error::Protobuf(format!("string_table[{i}] is not UTF-8: {error}"));
+            }
+        }
+        Error::Protobuf("the string table is not UTF-8".into())
     }
 
     /// Sizes the arrays for the profile in `buf` from one pass over its top-level fields
     /// (counts and string bytes are exact; a sample's location ids are at most its bytes),
     /// so that parsing does not grow them step by step.
-    fn reserve(&mut self, buf: &[u8]) -> Result<()> {
+    fn reserve(&mut self, buf: &[u8], text_bytes: &mut Vec<u8>) -> Result<()> {
         let (mut samples, mut sample_bytes, mut locations, mut functions) = (0, 0, 0, 0);
         let (mut strings, mut text) = (0, 0);
         wire::fields(buf, |n, v| {
@@ -182,7 +208,7 @@ impl Flat {
         self.lines.reserve(locations);
         self.function.reserve_exact(functions);
         self.strings.reserve_exact(strings);
-        self.text.reserve_exact(text);
+        text_bytes.reserve_exact(text);
         Ok(())
     }
 
