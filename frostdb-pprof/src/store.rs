@@ -39,6 +39,7 @@ use crate::symbols::{
 /// | `query_threads` | the machine's cores | threads a merge reads with |
 /// | `rollups` | [`RollupOptions::default`] | hourly and daily rollups merges read |
 /// | `block_merger` | none | where merges read persisted blocks: here, or spread over a cluster's workers |
+/// | `group_wait` | 10 ms | longest a group commit waits for profiles still being decoded |
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Decoding limits.
@@ -64,6 +65,12 @@ pub struct StoreOptions {
     /// workers of a cluster reading the same bucket), what is in memory is read here and
     /// the blocks there; the sums are added, exactly.
     pub block_merger: Option<Arc<dyn frostdb_query::profile::native::BlockMerger>>,
+    /// Longest a group commit's leader keeps the open group open, once the group before it
+    /// is durable, for profiles already being decoded on other threads to join it (as
+    /// PostgreSQL's `commit_delay` waits only while `commit_siblings` are active): each
+    /// group costs a WAL record, an fsync and a part per table, whatever its size. With
+    /// nothing on its way, a group commits at once.
+    pub group_wait: Duration,
 }
 
 impl Default for StoreOptions {
@@ -78,6 +85,7 @@ impl Default for StoreOptions {
             max_series: usize::MAX,
             rollups: RollupOptions::default(),
             block_merger: None,
+            group_wait: Duration::from_millis(10),
         }
     }
 }
@@ -234,12 +242,6 @@ fn now_ms() -> i64 {
 /// Most sample rows a group of profiles commits in one transaction.
 const MAX_GROUP_ROWS: usize = 64 * 1024;
 
-/// Longest a leader keeps the open group open, once the group before it is durable, for
-/// profiles already being decoded to join it (as PostgreSQL's `commit_delay` waits only
-/// while `commit_siblings` are active): each group costs a WAL record, an fsync and a part
-/// per table, whatever its size. With nothing on its way the group commits at once.
-const GROUP_WAIT: Duration = Duration::from_millis(10);
-
 /// Where a group of profiles stands.
 enum SlotState {
     /// Profiles are joining it, or it waits for its turn.
@@ -364,7 +366,7 @@ pub struct ProfileStore {
     rollups: Arc<Rollups>,
     deltas: Mutex<Deltas>,
     pipeline: Mutex<Pipeline>,
-    /// Signalled when the open group is worth committing (see [`GROUP_WAIT`]).
+    /// Signalled when the open group is worth committing (see [`StoreOptions::group_wait`]).
     joined: Condvar,
     /// Profiles being decoded or prepared, not yet in a group: the company a leader may
     /// wait for.
@@ -805,7 +807,8 @@ impl ProfileStore {
     /// partition gained since the previous group and the group's samples, while the others
     /// wait. The leader seals the open group only once the group before it is durable, so
     /// everything stored during an fsync shares the next one, and, while profiles are still
-    /// being decoded on other threads, up to [`GROUP_WAIT`] later, for them to join. Members
+    /// being decoded on other threads, up to [`StoreOptions::group_wait`] later, for them to
+    /// join. Members
     /// are woken when their group is durable. A lone profile is a group of one, committed at
     /// once.
     fn store(
@@ -943,7 +946,7 @@ impl ProfileStore {
             }
             let group = {
                 let mut pipeline = self.pipeline.lock();
-                let deadline = std::time::Instant::now() + GROUP_WAIT;
+                let deadline = std::time::Instant::now() + self.options.group_wait;
                 while pipeline.sealed.is_empty()
                     && pipeline.open.is_some()
                     && self.coming.load(std::sync::atomic::Ordering::Acquire) > 0
@@ -1627,5 +1630,96 @@ mod tests {
             .label_values("pod", None, frostdb_query::profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(pods.len(), N as usize);
+    }
+
+    #[test]
+    fn a_leader_waits_for_profiles_on_their_way_and_for_nobody_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        // A wait long enough that a leader waiting it out is told apart from one that stopped.
+        let wait = Duration::from_secs(120);
+        let store = ProfileStore::open(
+            db,
+            StoreOptions {
+                group_wait: wait,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        let records = || store.db().wal_stats().unwrap().records;
+        let options = |i: u64| IngestOptions {
+            name: "process_cpu".into(),
+            labels: vec![("pod".into(), format!("pod-{i}"))],
+            timestamp_ms: Some(1_700_000_000_000 + i as i64),
+            ..IngestOptions::default()
+        };
+        let valid = |i: u64| validate(profile(i * 10, 10, 3), &Limits::default()).unwrap();
+        let joined_open_group = || loop {
+            if store
+                .pipeline
+                .lock()
+                .open
+                .as_ref()
+                .is_some_and(|g| g.rows.profiles() == 1)
+            {
+                return;
+            }
+            std::thread::yield_now();
+        };
+
+        // Alone, with nothing on its way: committed at once, not after the wait.
+        let started = std::time::Instant::now();
+        let before = records();
+        store.ingest_profile(&valid(0), &options(0)).unwrap();
+        assert_eq!(records(), before + 1);
+        assert!(
+            started.elapsed() < wait / 2,
+            "a lone profile waited for company"
+        );
+
+        // A profile being decoded elsewhere: the leader keeps its group open for it, and the
+        // two commit as one transaction.
+        let before = records();
+        let mut coming = Coming::new(&store);
+        std::thread::scope(|s| {
+            let first = s.spawn(|| store.ingest_profile(&valid(1), &options(1)));
+            joined_open_group();
+            assert_eq!(
+                records(),
+                before,
+                "the leader committed without the profile on its way"
+            );
+            store
+                .ingest_coming(&valid(2), &options(2), &mut coming)
+                .unwrap();
+            first.join().unwrap().unwrap();
+        });
+        assert_eq!(
+            records(),
+            before + 1,
+            "the two profiles are one transaction"
+        );
+
+        // A profile on its way that fails (here: given up): the leader stops waiting for it.
+        let started = std::time::Instant::now();
+        let before = records();
+        let coming = Coming::new(&store);
+        std::thread::scope(|s| {
+            let first = s.spawn(|| store.ingest_profile(&valid(3), &options(3)));
+            joined_open_group();
+            drop(coming);
+            first.join().unwrap().unwrap();
+        });
+        assert_eq!(records(), before + 1);
+        assert!(
+            started.elapsed() < wait / 2,
+            "the leader waited for a failed profile"
+        );
+
+        let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+        let merged = store
+            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(merged.total(), total(0, 40));
     }
 }
