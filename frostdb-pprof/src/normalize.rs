@@ -894,7 +894,6 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
 /// profile's rows of one type and label set), its `value` their sum, its other columns its
 /// first row's.
 pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
-    use arrow::row::{RowConverter, SortField};
     let schema = samples.schema();
     let keys: Vec<ArrayRef> = schema
         .fields()
@@ -907,21 +906,17 @@ pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
         .column_by_name("value")
         .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
         .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
-    let converter = RowConverter::new(
-        keys.iter()
-            .map(|c| SortField::new(c.data_type().clone()))
-            .collect(),
-    )?;
-    let rows = converter.convert_columns(&keys)?;
+    let (words, width) = series_words(&keys)?;
+    let row = |i: usize| &words[i * width..(i + 1) * width];
     // Rows of one label set come in runs (interleaved where samples carry pprof labels):
     // the previous row is checked before the map.
-    let mut groups: HashMap<&[u8], u32> = HashMap::default();
+    let mut groups: HashMap<&[u64], u32> = HashMap::default();
     let (mut firsts, mut sums) = (Vec::<u32>::new(), Vec::<Option<i64>>::new());
     let mut previous: Option<(usize, u32)> = None;
     for i in 0..samples.num_rows() {
         let g = match previous {
-            Some((p, g)) if rows.row(p) == rows.row(i) => g,
-            _ => *groups.entry(rows.row(i).data()).or_insert_with(|| {
+            Some((p, g)) if row(p) == row(i) => g,
+            _ => *groups.entry(row(i)).or_insert_with(|| {
                 firsts.push(i as u32);
                 sums.push(None);
                 (firsts.len() - 1) as u32
@@ -955,9 +950,128 @@ pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
     )?)
 }
 
+/// The series columns' values as words, `width` a row (returned with it), equal exactly
+/// where the rows' values are: a string is the first position its value has in its column
+/// (or dictionary, so a dictionary holding a value twice still compares by value), an
+/// integer is itself (with a validity word if the column has nulls), and any other type
+/// is the first row of its encoded value. Comparing rows is then comparing a few words,
+/// not encoding every label string of every row.
+fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
+    use arrow::array::AsArray;
+    let rows = keys.first().map_or(0, |k| k.len());
+    // Each column's words, in rows order; a column may give two words a row.
+    let mut columns: Vec<Vec<u64>> = Vec::new();
+    fn first_positions<'a>(values: impl Iterator<Item = Option<&'a [u8]>>) -> Vec<u64> {
+        let mut first: HashMap<&[u8], u64> = HashMap::default();
+        values
+            .enumerate()
+            .map(|(i, v)| v.map_or(u64::MAX, |v| *first.entry(v).or_insert(i as u64)))
+            .collect()
+    }
+    for column in keys {
+        match column.data_type() {
+            DataType::Dictionary(key, value)
+                if **key == DataType::Int32 && **value == DataType::Utf8 =>
+            {
+                let dict = column.as_dictionary::<Int32Type>();
+                let values = dict.values().as_string::<i32>();
+                let canonical = first_positions(values.iter().map(|v| v.map(str::as_bytes)));
+                columns.push(
+                    dict.keys()
+                        .iter()
+                        .map(|k| k.map_or(u64::MAX, |k| canonical[k as usize]))
+                        .collect(),
+                );
+            }
+            DataType::Utf8 => {
+                let strings = column.as_string::<i32>();
+                columns.push(first_positions(
+                    strings.iter().map(|v| v.map(str::as_bytes)),
+                ));
+            }
+            DataType::Int64 => {
+                let ints = column.as_primitive::<arrow::datatypes::Int64Type>();
+                // A null's value word is 0 (its buffer slot may hold anything).
+                columns.push(ints.iter().map(|v| v.map_or(0, |v| v as u64)).collect());
+                if ints.null_count() > 0 {
+                    columns.push((0..rows).map(|i| u64::from(ints.is_valid(i))).collect());
+                }
+            }
+            other => {
+                let converter =
+                    arrow::row::RowConverter::new(vec![arrow::row::SortField::new(other.clone())])?;
+                let encoded = converter.convert_columns(std::slice::from_ref(column))?;
+                columns.push(first_positions(
+                    (0..rows).map(|i| Some(encoded.row(i).data())),
+                ));
+            }
+        }
+    }
+    let width = columns.len();
+    let mut words = vec![0u64; rows * width];
+    for (c, column) in columns.iter().enumerate() {
+        for (i, &w) in column.iter().enumerate() {
+            words[i * width + c] = w;
+        }
+    }
+    Ok((words, width))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn totals_group_rows_by_value_whatever_their_dictionary_keys() {
+        use arrow::array::{DictionaryArray, Int32Array, StringArray};
+        // "a" is in the dictionary twice: rows 0 and 1 are one label set; so are 3 and 5,
+        // whose timestamps are both null; row 4's -1 is not a null.
+        let pod: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0, 2, 1, 0, 0, 2]),
+                Arc::new(StringArray::from(vec!["a", "b", "a"])),
+            )
+            .unwrap(),
+        );
+        let job: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("j"),
+            Some("j"),
+            Some("j"),
+            None,
+            None,
+            None,
+        ]));
+        let timestamp: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(5),
+            Some(5),
+            Some(5),
+            None,
+            Some(-1),
+            None,
+        ]));
+        let stack: ArrayRef = Arc::new(UInt64Array::from(vec![1, 2, 3, 4, 5, 6]));
+        let value: ArrayRef = Arc::new(Int64Array::from(vec![1, 10, 100, 1000, 10000, 100000]));
+        let schema = ArrowSchema::new(vec![
+            Field::new("labels.pod", pod.data_type().clone(), true),
+            Field::new("labels.job", DataType::Utf8, true),
+            Field::new("timestamp", DataType::Int64, true),
+            Field::new("stacktrace_id", DataType::UInt64, false),
+            Field::new("value", DataType::Int64, true),
+        ]);
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![pod, job, timestamp, stack, value])
+            .unwrap();
+        let totals = totals_rows(&batch).unwrap();
+        let sums = totals
+            .column_by_name("value")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let mut sums: Vec<i64> = sums.values().to_vec();
+        sums.sort_unstable();
+        assert_eq!(sums, vec![11, 100, 10_000, 101_000]);
+        assert!(totals.column_by_name("stacktrace_id").is_none());
+    }
 
     #[test]
     fn label_names_become_prometheus_names() {
