@@ -86,6 +86,20 @@ fn bucket(args: &[String]) -> Result<Option<frostdb_core::Bucket>, BoxError> {
     Ok(Some(bucket))
 }
 
+/// A reader of the database in `bucket`, refused where no writer ever stored one: a reader
+/// of an empty prefix (a mistyped one) would answer every query with nothing.
+fn open_bucket_reader(bucket: &frostdb_core::Bucket) -> Result<Db, BoxError> {
+    let db = Db::open_reader(bucket.store()?, bucket.prefix()?, DbOptions::default())?;
+    if db.get_table(frostdb_pprof::schema::SAMPLES).is_none() {
+        return Err(format!(
+            "{}: no database here (run ingest --bucket first)",
+            bucket.url
+        )
+        .into());
+    }
+    Ok(db)
+}
+
 /// The store to load: `--store DIR`, or the writer of `--bucket` (shared with worker
 /// processes; the bench writes as `frostdb-bench`, so a rerun takes its lease at once).
 fn store_to_load(args: &[String]) -> Result<ProfileStore, BoxError> {
@@ -124,7 +138,7 @@ fn store_to_query(args: &[String]) -> Result<(ProfileStore, Option<Arc<Cluster>>
         }
         return Ok((open_store(&dir)?, None));
     };
-    let db = Db::open_reader(bucket.store()?, bucket.prefix()?, DbOptions::default())?;
+    let db = open_bucket_reader(&bucket)?;
     let mut options = StoreOptions::default();
     let mut cluster = None;
     if let Ok(workers) = arg(args, "--workers") {
@@ -150,7 +164,7 @@ fn store_to_query(args: &[String]) -> Result<(ProfileStore, Option<Arc<Cluster>>
 pub fn worker(args: &[String]) -> Result<(), BoxError> {
     let bucket = bucket(args)?.ok_or("worker needs --bucket")?;
     let listen = arg(args, "--listen")?.display().to_string();
-    let db = Db::open_reader(bucket.store()?, bucket.prefix()?, DbOptions::default())?;
+    let db = open_bucket_reader(&bucket)?;
     let source: Arc<dyn StackSource> = Arc::new(BenchSource(db));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::util::display::array_value_to_string;
 use frostdb_benches::external;
+use frostdb_core::testing::free_port;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sha2::{Digest, Sha256};
 
@@ -141,15 +142,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A port free now on 127.0.0.1.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Waits until something listens on `port` (another process: nothing to wait on but it).

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Server, enc, get, testdata};
-use frostdb_core::testing::S3Server;
+use frostdb_core::testing::{S3Server, free_port};
 
 const GO_CPU: &str = "pprof/pyroscope__go-cpu.pb.gz";
 const SELECTOR: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"demo\"}";
@@ -92,14 +92,6 @@ async fn until_total(node: &Server, want: i64) -> String {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

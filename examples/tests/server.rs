@@ -6,6 +6,7 @@ mod common;
 use std::io::Write;
 
 use common::{Server, e2e_script, enc, get, get_json, testdata, venv_python};
+use frostdb_core::testing::free_port;
 use frostdb_pprof::convert::otlp::proto as otlp;
 use frostdb_pprof::convert::push::proto as push;
 use prost::Message;
@@ -857,15 +858,6 @@ async fn a_stalled_client_does_not_stall_others() {
         assert_eq!(status, 200);
     }
     drop(stalled);
-}
-
-/// A free loopback port (bound, then released for the child to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts shared/tools/goapp (built with Debian's Go) on `addr`; returns its pid.

@@ -344,9 +344,7 @@ impl CommitLog {
             if frozen.is_empty() {
                 continue;
             }
-            let entry = manifest.tables.get(table.name()).ok_or_else(|| {
-                Error::Internal(format!("table {:?} is not in the manifest", table.name()))
-            })?;
+            let entry = manifest.table(table.name())?;
             let (mut id, mut persisted) = (entry.next_block_id, entry.persisted_tx);
             for f in frozen {
                 let meta = table

@@ -93,6 +93,15 @@ pub(crate) struct Manifest {
     pub(crate) tables: BTreeMap<String, TableEntry>,
 }
 
+impl Manifest {
+    /// Table `name`'s entry; a table the database has is always in its manifest.
+    pub(crate) fn table(&self, name: &str) -> Result<&TableEntry> {
+        self.tables
+            .get(name)
+            .ok_or_else(|| Error::Internal(format!("table {name:?} is not in the manifest")))
+    }
+}
+
 impl Default for Manifest {
     fn default() -> Self {
         Self {
@@ -272,6 +281,11 @@ impl ManifestFile {
     /// A copy of the current manifest.
     pub(crate) fn snapshot(&self) -> Manifest {
         self.current.lock().clone()
+    }
+
+    /// A copy of table `name`'s current entry (see [`Manifest::table`]).
+    pub(crate) fn table_entry(&self, name: &str) -> Result<TableEntry> {
+        self.current.lock().table(name).cloned()
     }
 
     /// Reads the bucket's manifest again (shared databases): the new one when it changed

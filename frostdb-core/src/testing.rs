@@ -8,6 +8,14 @@ use std::time::{Duration, Instant};
 
 use crate::Bucket;
 
+/// A port free now on 127.0.0.1 (bound, then released for a child process to take).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 /// moto's S3 server, running while this lives.
 #[derive(Debug)]
 pub struct S3Server {
@@ -67,10 +75,7 @@ impl S3Server {
             eprintln!("SKIPPED {test}: no moto_server (pip install 'moto[server]')");
             return None;
         };
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
+        let port = free_port();
         let child = Command::new(&moto)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())

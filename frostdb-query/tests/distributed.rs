@@ -6,34 +6,12 @@ mod common;
 
 use std::sync::Arc;
 
-use arrow::datatypes::DataType;
-use common::{START_MS, rows};
-use frostdb_core::{ColumnDef, Db, DbOptions, Encoding, Schema, SortingColumn, Table};
+use common::{START_MS, rows, samples_schema_with_period};
+use frostdb_core::{Db, DbOptions, Table};
 use frostdb_query::Selector;
 use frostdb_query::distributed::{Cluster, StackSource, serve_worker};
 use frostdb_query::profile::TimeRange;
 use frostdb_query::profile::native::merge_stacks;
-
-fn samples_schema() -> Schema {
-    let dict = |n: &str| ColumnDef::new(n, DataType::Utf8).encoding(Encoding::RleDictionary);
-    Schema::builder("samples")
-        .column(dict("name"))
-        .column(dict("sample_type"))
-        .column(dict("sample_unit"))
-        .column(dict("period_type"))
-        .column(dict("period_unit"))
-        .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
-        .column(ColumnDef::new("stacktrace_id", DataType::UInt64))
-        .column(ColumnDef::new("timestamp", DataType::Int64))
-        .column(ColumnDef::new("value", DataType::Int64))
-        .column(ColumnDef::new("period", DataType::Int64).nullable(true))
-        .sort_by(SortingColumn::asc("name"))
-        .sort_by(SortingColumn::asc("labels"))
-        .sort_by(SortingColumn::asc("timestamp"))
-        .sort_by(SortingColumn::asc("stacktrace_id"))
-        .build()
-        .unwrap()
-}
 
 /// The one table every task reads (all "processes" here share it).
 #[derive(Debug)]
@@ -52,7 +30,9 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     let db = Db::open(dir.path(), DbOptions::default()).unwrap();
     // Row groups of 40 rows: the workers get runs of row groups, not only whole blocks.
     let options = frostdb_core::TableOptions::default().row_group_rows(40);
-    let table = db.table("samples", samples_schema(), options).unwrap();
+    let table = db
+        .table("samples", samples_schema_with_period(), options)
+        .unwrap();
     // One block of many row groups, and a small one: the big one is cut between row groups.
     let data = rows(6, 24, 10_000, 5);
     let (big, small) = data.split_at(data.len() - 40);

@@ -65,15 +65,7 @@ impl TableInner {
             };
             let inputs: Vec<Arc<Block>> = version.blocks[window.clone()].to_vec();
             let started = std::time::Instant::now();
-            let entry = durable
-                .manifest
-                .snapshot()
-                .tables
-                .get(&self.name)
-                .cloned()
-                .ok_or_else(|| {
-                    Error::Internal(format!("table {:?} is not in the manifest", self.name))
-                })?;
+            let entry = durable.manifest.table_entry(&self.name)?;
             let block_id = entry.next_block_id;
 
             // Exact statistics of the union; columns some block lacks are nulls there.

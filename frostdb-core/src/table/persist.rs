@@ -58,15 +58,7 @@ impl TableInner {
         version: &Version,
         frozen: &Arc<Frozen>,
     ) -> Result<BlockMeta> {
-        let entry = durable
-            .manifest
-            .snapshot()
-            .tables
-            .get(&self.name)
-            .cloned()
-            .ok_or_else(|| {
-                Error::Internal(format!("table {:?} is not in the manifest", self.name))
-            })?;
+        let entry = durable.manifest.table_entry(&self.name)?;
         let block_id = entry.next_block_id;
         let started = std::time::Instant::now();
         let meta = self.write_frozen(durable, version, frozen, block_id, entry.persisted_tx)?;

@@ -261,6 +261,39 @@ pub(crate) struct Replayed {
     pub(crate) newest_segment: u64,
 }
 
+/// Reads the records of one segment (or object) `shown`, each of a transaction above the
+/// one before (or the WAL is corrupt), and applies those above `after`: the segment's last
+/// transaction (0 if it has none). What ends the segment is left to `reader.end()`.
+fn apply_records<R: std::io::Read>(
+    reader: &mut SegmentReader<R>,
+    shown: &str,
+    after: u64,
+    replayed: &mut Replayed,
+    apply: &mut Apply<'_>,
+) -> Result<u64> {
+    let mut last_tx = 0;
+    for record in reader.by_ref() {
+        let record = record?;
+        if record.tx <= replayed.last_tx {
+            return Err(Error::WalCorrupt {
+                segment: shown.to_owned(),
+                offset: record.offset,
+                reason: format!(
+                    "transaction {} does not follow transaction {}",
+                    record.tx, replayed.last_tx
+                ),
+            });
+        }
+        replayed.last_tx = record.tx;
+        last_tx = record.tx;
+        if record.tx > after {
+            apply(record.tx, record.payload, (shown, record.offset))?;
+            replayed.records += 1;
+        }
+    }
+    Ok(last_tx)
+}
+
 /// Replays the WAL in `dir`: calls `apply(tx, payload, (segment, offset))` for every record
 /// with a transaction above `after`, in order, one record in memory at a time. A torn tail of the last segment
 /// is cut off with a warning; damage anywhere else is an error naming segment and offset.
@@ -279,26 +312,7 @@ pub(crate) fn replay(
             .open_read(path)
             .map_err(io_err(format!("opening WAL segment {shown}")))?;
         let mut reader = SegmentReader::new(shown.clone(), file, len)?;
-        let mut last_tx = 0;
-        for record in reader.by_ref() {
-            let record = record?;
-            if record.tx <= replayed.last_tx {
-                return Err(Error::WalCorrupt {
-                    segment: shown,
-                    offset: record.offset,
-                    reason: format!(
-                        "transaction {} does not follow transaction {}",
-                        record.tx, replayed.last_tx
-                    ),
-                });
-            }
-            replayed.last_tx = record.tx;
-            last_tx = record.tx;
-            if record.tx > after {
-                apply(record.tx, record.payload, (&shown, record.offset))?;
-                replayed.records += 1;
-            }
-        }
+        let last_tx = apply_records(&mut reader, &shown, after, &mut replayed, &mut apply)?;
         let mut bytes = len;
         if let Some(End::Torn { offset, reason }) = reader.end() {
             if i + 1 != segments.len() {

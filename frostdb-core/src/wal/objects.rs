@@ -134,24 +134,8 @@ pub(crate) fn replay(
             Err(e) => return Err(store_err(format!("reading WAL object {shown}"))(e)),
         };
         let mut reader = SegmentReader::new(shown.clone(), &bytes[..], bytes.len() as u64)?;
-        let mut last_tx = 0;
-        for record in reader.by_ref() {
-            let record = record?;
-            if record.tx <= replayed.last_tx {
-                return Err(Error::WalCorrupt {
-                    segment: shown,
-                    offset: record.offset,
-                    reason: format!(
-                        "transaction {} does not follow transaction {}",
-                        record.tx, replayed.last_tx
-                    ),
-                });
-            }
-            replayed.last_tx = record.tx;
-            last_tx = record.tx;
-            apply(record.tx, record.payload, (&shown, record.offset))?;
-            replayed.records += 1;
-        }
+        // Every record is handed to `apply`, which skips what blocks hold.
+        let last_tx = super::apply_records(&mut reader, &shown, 0, replayed, apply)?;
         if let Some(End::Torn { offset, reason }) = reader.end() {
             return Err(Error::WalCorrupt {
                 segment: shown,

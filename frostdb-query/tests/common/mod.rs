@@ -8,8 +8,17 @@ use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 use frostdb_core::{ColumnDef, Encoding, Schema, SortingColumn, Table};
 
 pub(crate) fn samples_schema() -> Schema {
+    schema(false)
+}
+
+/// [`samples_schema`] with a nullable `period` column after `value`.
+pub(crate) fn samples_schema_with_period() -> Schema {
+    schema(true)
+}
+
+fn schema(period: bool) -> Schema {
     let dict = |n: &str| ColumnDef::new(n, DataType::Utf8).encoding(Encoding::RleDictionary);
-    Schema::builder("samples")
+    let mut b = Schema::builder("samples")
         .column(dict("name"))
         .column(dict("sample_type"))
         .column(dict("sample_unit"))
@@ -18,8 +27,11 @@ pub(crate) fn samples_schema() -> Schema {
         .column(ColumnDef::dynamic("labels", DataType::Utf8).encoding(Encoding::RleDictionary))
         .column(ColumnDef::new("stacktrace_id", DataType::UInt64))
         .column(ColumnDef::new("timestamp", DataType::Int64))
-        .column(ColumnDef::new("value", DataType::Int64))
-        .sort_by(SortingColumn::asc("name"))
+        .column(ColumnDef::new("value", DataType::Int64));
+    if period {
+        b = b.column(ColumnDef::new("period", DataType::Int64).nullable(true));
+    }
+    b.sort_by(SortingColumn::asc("name"))
         .sort_by(SortingColumn::asc("labels"))
         .sort_by(SortingColumn::asc("timestamp"))
         .sort_by(SortingColumn::asc("stacktrace_id"))
