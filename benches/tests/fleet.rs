@@ -212,6 +212,32 @@ fn the_six_queries_match_the_reference_checksums_spread_over_two_worker_processe
         args.extend(at);
         bench(&args)
     };
+    // A prefix nothing was written to: the reader refuses, rather than answer with nothing.
+    let empty = s3.bucket("fleet", "nothing").url;
+    let refused = bench(&[
+        "query",
+        "--data",
+        &data_dir,
+        "--queries",
+        &queries,
+        "--runs",
+        "1",
+        "--out",
+        &out_dir,
+        "--bucket",
+        &empty,
+        "--endpoint",
+        &endpoint,
+        "--allow-http",
+    ])
+    .output()
+    .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("no database here"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
     let answered = query("1").output().unwrap();
     let stderr = String::from_utf8_lossy(&answered.stderr).into_owned();
     assert!(answered.status.success(), "{stderr}");
