@@ -197,6 +197,29 @@ fn cpu_seconds() -> Option<f64> {
     Some((user + system) / 100.0)
 }
 
+/// CPU seconds of this process's live threads by name (compaction, persistence and other
+/// background threads; workers that have exited are only in the process total).
+fn cpu_by_thread() -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_owned();
+        let mut fields = stat[close + 2..].split(' ').skip(11);
+        let ticks = |f: Option<&str>| f.and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let cpu = (ticks(fields.next()) + ticks(fields.next())) / 100.0;
+        *by_name.entry(name).or_insert(0.0) += cpu;
+    }
+    by_name
+}
+
 /// Runs `work(i)` for every `i` in `0..n` on `threads` threads, printing progress.
 fn parallel(
     n: usize,
@@ -364,6 +387,7 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
 
     let started = Instant::now();
     let cpu_before = cpu_seconds();
+    let threads_before = cpu_by_thread();
     let samples = AtomicUsize::new(0);
     parallel(jobs.len(), threads, "ingest", |i| {
         let f = &jobs[i];
@@ -381,6 +405,7 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     })?;
     let ingest_s = started.elapsed().as_secs_f64();
     let cpu = cpu_before.zip(cpu_seconds()).map(|(a, b)| b - a);
+    let threads_after = cpu_by_thread();
     let n = jobs.len() as f64;
     if let Some(wal) = store.db().wal_stats() {
         eprintln!(
@@ -410,6 +435,18 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
             cpu * 1e6 / n,
             cpu * 100.0 / (ingest_s * cores as f64),
         );
+        let background: Vec<String> = threads_after
+            .iter()
+            .map(|(name, s)| (name, s - threads_before.get(name).copied().unwrap_or(0.0)))
+            .filter(|(_, s)| *s >= 0.05)
+            .map(|(name, s)| format!("{name} {:.0} us", s * 1e6 / n))
+            .collect();
+        if !background.is_empty() {
+            eprintln!(
+                "  of which background threads, a profile: {}",
+                background.join(", ")
+            );
+        }
     }
     report_layout(&store, samples.load(Ordering::Relaxed), started)
 }

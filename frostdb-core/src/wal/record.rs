@@ -45,11 +45,19 @@ pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 pub(crate) const MAX_BODY: usize = 1 << 30;
 
 /// Serialises `batch` as an Arrow IPC stream.
+#[cfg(test)]
 pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut writer = StreamWriter::try_new(Vec::new(), batch.schema_ref())?;
+    let mut out = Vec::new();
+    write_batch(&mut out, batch)?;
+    Ok(out)
+}
+
+/// Appends `batch` to `out` as an Arrow IPC stream.
+fn write_batch(out: &mut Vec<u8>, batch: &RecordBatch) -> Result<()> {
+    let mut writer = StreamWriter::try_new(out, batch.schema_ref())?;
     writer.write(batch)?;
     writer.finish()?;
-    Ok(writer.into_inner()?)
+    Ok(())
 }
 
 /// Reads a stream written by [`encode_batch`]. Push-based: lengths declared inside the
@@ -89,7 +97,12 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<RecordBatch> {
 
 /// Serialises a transaction's writes, `(table, batch)`, as a record payload.
 pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>> {
-    let mut body = Vec::with_capacity(256);
+    // IPC bytes are about the arrays' own plus a few hundred of metadata a batch.
+    let estimate: usize = entries
+        .iter()
+        .map(|(_, b)| b.get_array_memory_size() + 1024)
+        .sum();
+    let mut body = Vec::with_capacity(estimate.min(MAX_BODY));
     let count = u16::try_from(entries.len())
         .map_err(|_| Error::Internal("a transaction writes more than 65535 batches".into()))?;
     body.extend_from_slice(&count.to_le_bytes());
@@ -97,11 +110,13 @@ pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>
         let name = table.as_bytes();
         body.extend_from_slice(&(name.len() as u16).to_le_bytes());
         body.extend_from_slice(name);
-        let ipc = encode_batch(batch)?;
-        let len = u32::try_from(ipc.len())
+        // The stream is written in place, after room for its length.
+        let at = body.len();
+        body.extend_from_slice(&[0; 4]);
+        write_batch(&mut body, batch)?;
+        let len = u32::try_from(body.len() - at - 4)
             .map_err(|_| Error::Internal("a batch of over 4 GiB in one write".into()))?;
-        body.extend_from_slice(&len.to_le_bytes());
-        body.extend_from_slice(&ipc);
+        body[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
     if body.len() > MAX_BODY {
         let tables: Vec<&str> = entries.iter().map(|(t, _)| *t).collect();
