@@ -16,7 +16,7 @@ use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions};
 use frostdb_query::profile::native::{StackTotals, merge_stacks};
 use frostdb_query::profile::{Aggregation, TimeRange};
 use frostdb_query::{ProfileType, Selector};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::decode::{Limits, ValidProfile, decode};
 use crate::error::{Error, Result};
@@ -253,20 +253,35 @@ enum SlotState {
     Done(std::result::Result<Arc<Submitted>, Arc<Error>>),
 }
 
-/// What the members of a group wait on.
+/// What the members of a group wait on. std's mutex and condvar, like the pipeline's (see
+/// [`ProfileStore::pipeline`]): a group's members, woken together, each take the mutex
+/// briefly.
 struct Slot {
-    state: Mutex<SlotState>,
-    ready: Condvar,
+    state: std::sync::Mutex<SlotState>,
+    ready: std::sync::Condvar,
 }
 
 impl Slot {
+    fn new() -> Self {
+        Self {
+            state: std::sync::Mutex::new(SlotState::Waiting),
+            ready: std::sync::Condvar::new(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn finish(&self, result: std::result::Result<Arc<Submitted>, Arc<Error>>) {
-        *self.state.lock() = SlotState::Done(result);
+        *self.state() = SlotState::Done(result);
         self.ready.notify_all();
     }
 
     fn hand_lead(&self) {
-        *self.state.lock() = SlotState::Lead;
+        *self.state() = SlotState::Lead;
         self.ready.notify_one();
     }
 }
@@ -294,10 +309,7 @@ impl Group {
             to: from,
             rows: SampleRows::default(),
             spans: SampleRows::default(),
-            slot: Arc::new(Slot {
-                state: Mutex::new(SlotState::Waiting),
-                ready: Condvar::new(),
-            }),
+            slot: Arc::new(Slot::new()),
             broken: None,
         }
     }
@@ -366,9 +378,9 @@ pub struct ProfileStore {
     expiry: Arc<SymbolExpiry>,
     rollups: Arc<Rollups>,
     deltas: Mutex<Deltas>,
-    pipeline: Mutex<Pipeline>,
+    pipeline: std::sync::Mutex<Pipeline>,
     /// Signalled when the open group is worth committing (see [`StoreOptions::group_wait`]).
-    joined: Condvar,
+    joined: std::sync::Condvar,
     /// Profiles being decoded or prepared, not yet in a group: the company a leader may
     /// wait for.
     coming: std::sync::atomic::AtomicUsize,
@@ -580,13 +592,22 @@ impl Drop for Coming<'_> {
     fn drop(&mut self) {
         // A profile that failed (or was empty) is not coming: a leader waiting for it stops.
         if self.counted && self.arrive() == 0 {
-            let _pipeline = self.store.pipeline.lock();
+            let _pipeline = self.store.pipeline();
             self.store.joined.notify_one();
         }
     }
 }
 
 impl ProfileStore {
+    /// The group commit pipeline. A std mutex: it spins briefly and then sleeps, where
+    /// parking_lot's yields the CPU again and again, which with many clients on few cores
+    /// cost more than the short critical sections it guards.
+    fn pipeline(&self) -> std::sync::MutexGuard<'_, Pipeline> {
+        self.pipeline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Opens (creating if needed) the profile tables of `db`. Reads no symbols: they are
     /// read per partition when a merge needs them.
     pub fn open(db: Db, options: StoreOptions) -> Result<Self> {
@@ -710,8 +731,8 @@ impl ProfileStore {
             expiry,
             rollups,
             deltas: Mutex::new(Deltas::default()),
-            pipeline: Mutex::new(Pipeline::default()),
-            joined: Condvar::new(),
+            pipeline: std::sync::Mutex::new(Pipeline::default()),
+            joined: std::sync::Condvar::new(),
             coming: std::sync::atomic::AtomicUsize::new(0),
             series: Mutex::new(Default::default()),
             options,
@@ -862,7 +883,7 @@ impl ProfileStore {
                     (stacks, partition.counts().stacks - before)
                 }
             };
-            let mut pipeline = self.pipeline.lock();
+            let mut pipeline = self.pipeline();
             if pipeline.failed.contains(&partition.id()) {
                 return Err(Error::Unavailable(format!(
                     "symbol partition {} could not be written",
@@ -920,7 +941,7 @@ impl ProfileStore {
     /// Waits for `slot`'s group to be durable (or failed), committing groups when handed the
     /// lead.
     fn await_group(&self, slot: &Arc<Slot>) -> Result<Arc<Submitted>> {
-        let mut state = slot.state.lock();
+        let mut state = slot.state();
         loop {
             match &*state {
                 SlotState::Done(Ok(submitted)) => return Ok(submitted.clone()),
@@ -929,9 +950,14 @@ impl ProfileStore {
                     *state = SlotState::Waiting;
                     drop(state);
                     self.lead(slot);
-                    state = slot.state.lock();
+                    state = slot.state();
                 }
-                SlotState::Waiting => slot.ready.wait(&mut state),
+                SlotState::Waiting => {
+                    state = slot
+                        .ready
+                        .wait(state)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                }
             }
         }
     }
@@ -945,7 +971,7 @@ impl ProfileStore {
     /// durable (or failed), rather than once when it is in the WAL and again when synced.
     fn lead(&self, mine: &Arc<Slot>) {
         loop {
-            let in_flight = self.pipeline.lock().in_flight.take();
+            let in_flight = self.pipeline().in_flight.take();
             if let Some((slot, submitted)) = in_flight {
                 // The sync's error, if any, is the members' to see from `wait` themselves.
                 let _ = submitted.wait();
@@ -957,7 +983,7 @@ impl ProfileStore {
                 }
             }
             let group = {
-                let mut pipeline = self.pipeline.lock();
+                let mut pipeline = self.pipeline();
                 let deadline = std::time::Instant::now() + self.options.group_wait;
                 while pipeline.sealed.is_empty()
                     && pipeline.open.as_ref().is_some_and(|g| {
@@ -967,7 +993,13 @@ impl ProfileStore {
                         )
                     })
                 {
-                    if self.joined.wait_until(&mut pipeline, deadline).timed_out() {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    let (guard, waited) = self
+                        .joined
+                        .wait_timeout(pipeline, left)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    pipeline = guard;
+                    if waited.timed_out() {
                         break;
                     }
                 }
@@ -984,7 +1016,7 @@ impl ProfileStore {
             };
             let slot = group.slot.clone();
             match self.commit_group(group) {
-                Ok(submitted) => self.pipeline.lock().in_flight = Some((slot, submitted)),
+                Ok(submitted) => self.pipeline().in_flight = Some((slot, submitted)),
                 Err(e) => {
                     slot.finish(Err(e));
                     if Arc::ptr_eq(&slot, mine) {
@@ -998,7 +1030,7 @@ impl ProfileStore {
 
     /// Passes the lead to a member of the next group, or gives it up when there is none.
     fn hand_lead(&self) {
-        let mut pipeline = self.pipeline.lock();
+        let mut pipeline = self.pipeline();
         match pipeline.sealed.front().or(pipeline.open.as_ref()) {
             Some(next) => next.slot.hand_lead(),
             None => pipeline.leading = false,
@@ -1008,7 +1040,7 @@ impl ProfileStore {
     /// Submits one group: its partition's new symbols and its samples, one transaction.
     fn commit_group(&self, mut group: Group) -> std::result::Result<Arc<Submitted>, Arc<Error>> {
         let id = group.partition.id();
-        if self.pipeline.lock().failed.contains(&id) {
+        if self.pipeline().failed.contains(&id) {
             return Err(Arc::new(Error::Unavailable(format!(
                 "symbol partition {id} could not be written"
             ))));
@@ -1059,7 +1091,7 @@ impl ProfileStore {
                 // Its symbols may be used by later profiles, whose groups must not commit
                 // without them: the partition takes no more, and nothing more of it commits.
                 tracing::warn!(partition = id, error = %e, "a group of profiles failed to commit");
-                self.pipeline.lock().failed.push(id);
+                self.pipeline().failed.push(id);
                 self.symbols.rotate(id);
                 Err(Arc::new(e))
             }
@@ -1070,8 +1102,7 @@ impl ProfileStore {
     /// tests of group commit).
     #[doc(hidden)]
     pub fn profiles_awaiting_commit(&self) -> usize {
-        self.pipeline
-            .lock()
+        self.pipeline()
             .open
             .as_ref()
             .map_or(0, |g| g.rows.profiles())
@@ -1598,7 +1629,7 @@ mod tests {
         let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
         let before = store.db().wal_stats().unwrap().records;
         // A leader is busy committing: profiles join the open group and wait for it.
-        store.pipeline.lock().leading = true;
+        store.pipeline().leading = true;
         const N: u64 = 6;
         std::thread::scope(|s| {
             let store = &store;
@@ -1617,7 +1648,7 @@ mod tests {
                 })
                 .collect();
             let slot = loop {
-                if let Some(group) = &store.pipeline.lock().open
+                if let Some(group) = &store.pipeline().open
                     && group.rows.profiles() == N as usize
                 {
                     break group.slot.clone();
@@ -1635,7 +1666,7 @@ mod tests {
             1,
             "the group is one transaction"
         );
-        assert!(!store.pipeline.lock().leading, "the lead was given up");
+        assert!(!store.pipeline().leading, "the lead was given up");
         let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
         let merged = store
             .merge(&selector, frostdb_query::profile::TimeRange::ALL)
@@ -1682,8 +1713,7 @@ mod tests {
         let valid = |i: u64| validate(profile(i * 10, 10, 3), &Limits::default()).unwrap();
         let joined_open_group = || loop {
             if store
-                .pipeline
-                .lock()
+                .pipeline()
                 .open
                 .as_ref()
                 .is_some_and(|g| g.rows.profiles() == 1)
