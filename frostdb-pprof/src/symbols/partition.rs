@@ -13,7 +13,7 @@ use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::error::{Error, Result};
 
@@ -106,7 +106,9 @@ pub struct Partition {
     /// Approximate heap bytes held.
     bytes: AtomicUsize,
     /// `Some` while the partition takes new symbols: shared by profiles that only look up
-    /// symbols it has, exclusive to one that adds symbols.
+    /// symbols it has, exclusive to one that adds symbols. std's lock, which sleeps after a
+    /// short spin: parking_lot's yields the CPU while it spins, and with many clients on
+    /// few cores a writer waiting out readers yielded again and again.
     writer: RwLock<Option<Indexes>>,
 }
 
@@ -148,7 +150,7 @@ impl Partition {
     /// An empty partition that takes no new symbols (for loading a stored one).
     pub(crate) fn closed(id: u32) -> Self {
         let p = Self::new(id);
-        *p.writer.write() = None;
+        *p.writer.write().unwrap_or_else(PoisonError::into_inner) = None;
         p
     }
 
@@ -174,7 +176,12 @@ impl Partition {
 
     /// Stops taking new symbols, dropping the indexes.
     pub(crate) fn close(&self) {
-        if let Some(indexes) = self.writer.write().take() {
+        if let Some(indexes) = self
+            .writer
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             let slots = indexes.strings.len()
                 + indexes.mappings.len()
                 + indexes.functions.len()
@@ -187,7 +194,7 @@ impl Partition {
     /// The writer's side, exclusively: adds what it does not find. `None` when the
     /// partition is closed.
     pub(crate) fn writer(&self) -> Option<Writer<'_>> {
-        let guard = self.writer.write();
+        let guard = self.writer.write().unwrap_or_else(PoisonError::into_inner);
         guard.is_some().then_some(Writer {
             partition: self,
             indexes: Guard::Exclusive(guard),
@@ -198,7 +205,7 @@ impl Partition {
     /// answers `None` for a symbol the partition lacks). `None` when the partition is
     /// closed. Holding it keeps the partition open, as a writer does.
     pub(crate) fn lookup(&self) -> Option<Writer<'_>> {
-        let guard = self.writer.read();
+        let guard = self.writer.read().unwrap_or_else(PoisonError::into_inner);
         guard.is_some().then_some(Writer {
             partition: self,
             indexes: Guard::Shared(guard),
