@@ -838,11 +838,10 @@ impl ProfileStore {
     /// at a time, in order, each as one transaction (one WAL record) holding the symbols its
     /// partition gained since the previous group and the group's samples, while the others
     /// wait. The leader seals the open group only once the group before it is durable, so
-    /// everything stored during an fsync shares the next one, and, while profiles are still
-    /// being decoded on other threads, up to [`StoreOptions::group_wait`] later, for them to
-    /// join. Members
-    /// are woken when their group is durable. A lone profile is a group of one, committed at
-    /// once.
+    /// everything stored during an fsync shares the next one, and, while more than a quarter
+    /// as many profiles as it holds are still being decoded on other threads, up to
+    /// [`StoreOptions::group_wait`] later, for them to join. Members are woken when their
+    /// group is durable. A lone profile is a group of one, committed at once.
     fn store(
         &self,
         prepared: &crate::normalize::Prepared<'_>,
