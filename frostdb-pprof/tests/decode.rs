@@ -18,6 +18,32 @@ fn every_real_profile_decodes() {
     }
 }
 
+#[test]
+fn a_profile_gunzipped_after_a_larger_one_reads_only_its_own_bytes() {
+    // Gunzipped profiles are parsed from buffers reused from one profile to the next: each
+    // must be read from its own bytes, none of an earlier, larger one's.
+    let limits = Limits::default();
+    let mut files: Vec<(String, Vec<u8>, Vec<u8>)> = common::testdata()
+        .into_iter()
+        .filter(|(_, bytes)| bytes.starts_with(&[0x1f, 0x8b]))
+        .map(|(name, bytes)| {
+            let raw = frostdb_pprof::inflate(&bytes, usize::MAX)
+                .unwrap()
+                .into_owned();
+            (name, bytes, raw)
+        })
+        .collect();
+    files.sort_by_key(|(_, _, raw)| std::cmp::Reverse(raw.len()));
+    assert!(files.len() >= 10, "gzipped testdata found: {}", files.len());
+    for (name, gz, raw) in &files {
+        assert_eq!(
+            decode(gz, &limits).unwrap_or_else(|e| panic!("{name}: {e}")),
+            decode(raw, &limits).unwrap(),
+            "{name}"
+        );
+    }
+}
+
 fn minimal() -> Profile {
     Profile {
         sample_type: vec![ValueType { r#type: 1, unit: 2 }],

@@ -59,19 +59,63 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
 /// than `limit` bytes.
 pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
-        if bytes.len() > limit {
-            return Err(Error::TooLarge {
-                what: "profile",
-                limit,
-            });
-        }
-        return Ok(std::borrow::Cow::Borrowed(bytes));
+        return raw(bytes, limit).map(std::borrow::Cow::Borrowed);
     }
-    if let Some(out) = inflate_whole(bytes, limit) {
+    let mut out = Vec::new();
+    if let Some(n) = inflate_whole(bytes, limit, &mut out) {
+        out.truncate(n);
         return Ok(std::borrow::Cow::Owned(out));
     }
-    // Several members, a trailer that does not tell the size, or damage: stream, which
-    // stops at the limit and names what is wrong. pprof compresses about 4:1.
+    inflate_stream(bytes, limit).map(std::borrow::Cow::Owned)
+}
+
+/// `bytes`, a raw protobuf, if within `limit`.
+fn raw(bytes: &[u8], limit: usize) -> Result<&[u8]> {
+    if bytes.len() > limit {
+        return Err(Error::TooLarge {
+            what: "profile",
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
+/// `parse` of the raw protobuf of `bytes` (see [`inflate`]), gunzipped into a buffer reused
+/// from one profile to the next: the protobuf is only read while parsing into flat arrays,
+/// and a fresh buffer each time (zeroed, then filled) was cold memory for every profile.
+/// The last buffer given back is the first taken, still warm; a few small ones are kept.
+fn with_raw<T>(bytes: &[u8], limit: usize, parse: impl Fn(&[u8]) -> Result<T>) -> Result<T> {
+    /// Buffers kept, and the largest kept: at most 8 MiB held between profiles.
+    const KEPT: usize = 8;
+    const KEPT_BYTES: usize = 1 << 20;
+    static SCRATCH: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+    let pool = || {
+        SCRATCH
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return parse(raw(bytes, limit)?);
+    }
+    let mut buffer = pool().pop().unwrap_or_default();
+    let parsed = inflate_whole(bytes, limit, &mut buffer).map(|n| parse(&buffer[..n]));
+    if buffer.capacity() <= KEPT_BYTES {
+        let mut pool = pool();
+        if pool.len() < KEPT {
+            pool.push(buffer);
+        }
+    }
+    match parsed {
+        Some(parsed) => parsed,
+        None => parse(&inflate_stream(bytes, limit)?),
+    }
+}
+
+/// A gzip stream of any number of members, inflated by streaming: stops at `limit` and
+/// names what is wrong.
+fn inflate_stream(bytes: &[u8], limit: usize) -> Result<Vec<u8>> {
+    // pprof compresses about 4:1.
     let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(limit));
     let mut decoder =
         flate2::read::MultiGzDecoder::new(bytes).take((limit as u64).saturating_add(1));
@@ -84,13 +128,15 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
             limit,
         });
     }
-    Ok(std::borrow::Cow::Owned(out))
+    Ok(out)
 }
 
-/// A gzip stream of one member (what Go's and Python's writers produce) inflated by libdeflate (whole-buffer inflate, about 1.6 times zlib-rs's
-/// speed on real profiles) into a buffer of the size its trailer states, with a per-thread
-/// decompressor. `None`, for the caller to stream instead, when that size is over `limit`,
-/// the data is damaged, or the file may hold more than one member.
+/// A gzip stream of one member (what Go's and Python's writers produce) inflated by
+/// libdeflate (whole-buffer inflate, about 1.6 times zlib-rs's speed on real profiles) into
+/// the first bytes of `out`, as many as its trailer states (`out` grows to hold them; what
+/// it held past them is left), with a per-thread decompressor. The size, or `None`, for
+/// the caller to stream instead, when that size is over `limit`, the data is damaged, or
+/// the file may hold more than one member.
 ///
 /// libdeflate stops at the end of the first member and checks that member's own trailer:
 /// it never says where the member ended. A file of several members is caught by looking for
@@ -98,7 +144,7 @@ pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>>
 /// before the file's last eight bytes: in a file of several members it is there, so such a
 /// file, and the rare single member whose data happens to hold those eight bytes, are
 /// streamed, which reads every member.
-fn inflate_whole(bytes: &[u8], limit: usize) -> Option<Vec<u8>> {
+fn inflate_whole(bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> Option<usize> {
     thread_local! {
         static INFLATER: std::cell::RefCell<libdeflater::Decompressor> =
             std::cell::RefCell::new(libdeflater::Decompressor::new());
@@ -112,9 +158,12 @@ fn inflate_whole(bytes: &[u8], limit: usize) -> Option<Vec<u8>> {
     if size > limit {
         return None;
     }
-    let mut out = vec![0; size];
+    if out.len() < size {
+        out.resize(size, 0);
+    }
+    let out = &mut out[..size];
     let n = INFLATER
-        .with(|inflater| inflater.borrow_mut().gzip_decompress(bytes, &mut out))
+        .with(|inflater| inflater.borrow_mut().gzip_decompress(bytes, out))
         .ok()?;
     if n != size {
         return None;
@@ -122,11 +171,11 @@ fn inflate_whole(bytes: &[u8], limit: usize) -> Option<Vec<u8>> {
     // libdeflate checked that the first member's trailer is this checksum and size: unless
     // the only place those bytes are is the file's end, the first member may not be all.
     let mut first = [0u8; 8];
-    first[..4].copy_from_slice(&libdeflater::crc32(&out).to_le_bytes());
+    first[..4].copy_from_slice(&libdeflater::crc32(out).to_le_bytes());
     first[4..].copy_from_slice(&(size as u32).to_le_bytes());
     let one_member =
         first == *trailer && memchr::memmem::find(&bytes[..bytes.len() - 1], &first).is_none();
-    one_member.then_some(out)
+    one_member.then_some(size)
 }
 
 /// A profile whose every reference has been checked (by [`validate`] or [`decode`]): the
@@ -317,8 +366,7 @@ fn dangling(what: &str, id: u64) -> Error {
 
 /// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
-    let raw = inflate(bytes, limits.max_decompressed_bytes)?;
-    let mut flat = Flat::parse(&raw)?;
+    let mut flat = with_raw(bytes, limits.max_decompressed_bytes, Flat::parse)?;
     repair(&mut flat.function);
     let ids = check(&flat, limits)?;
     Ok(ValidProfile {
