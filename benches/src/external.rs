@@ -187,14 +187,8 @@ pub fn worker(args: &[String]) -> Result<(), BoxError> {
 /// CPU seconds (user and system) this process has used so far, from `/proc/self/stat`, or
 /// `None` where there is no such file.
 fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses: utime and
-    // stime are the 12th and 13th, in clock ticks (100 a second on Linux).
-    let after = stat.get(stat.rfind(')')? + 2..)?;
-    let mut fields = after.split(' ').skip(11);
-    let user: f64 = fields.next()?.parse().ok()?;
-    let system: f64 = fields.next()?.parse().ok()?;
-    Some((user + system) / 100.0)
+    let (_, cpu) = stat_cpu(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+    Some(cpu)
 }
 
 /// CPU seconds of this process's live threads by name (compaction, persistence and other
@@ -205,19 +199,23 @@ fn cpu_by_thread() -> std::collections::BTreeMap<String, f64> {
         return by_name;
     };
     for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = stat[open + 1..close].to_owned();
-        let mut fields = stat[close + 2..].split(' ').skip(11);
-        let ticks = |f: Option<&str>| f.and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-        let cpu = (ticks(fields.next()) + ticks(fields.next())) / 100.0;
-        *by_name.entry(name).or_insert(0.0) += cpu;
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        if let Some((name, cpu)) = stat_cpu(&stat) {
+            *by_name.entry(name.to_owned()).or_insert(0.0) += cpu;
+        }
     }
     by_name
+}
+
+/// The command name and CPU seconds (user and system) of a process's or thread's `stat`.
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
+    // Fields after the command name (which may hold spaces) in parentheses: utime and
+    // stime are the 12th and 13th, in clock ticks (100 a second on Linux).
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let mut fields = stat.get(close + 2..)?.split(' ').skip(11);
+    let user: f64 = fields.next()?.parse().ok()?;
+    let system: f64 = fields.next()?.parse().ok()?;
+    Some((stat.get(open + 1..close)?, (user + system) / 100.0))
 }
 
 /// Runs `work(i)` for every `i` in `0..n` on `threads` threads, printing progress.

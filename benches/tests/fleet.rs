@@ -195,7 +195,8 @@ fn the_six_queries_match_the_reference_checksums_spread_over_two_worker_processe
         data.join("queries.json").display().to_string(),
         out.path().display().to_string(),
     );
-    let query = |runs: &str| {
+    // The six queries against the database `place` names.
+    let query_at = |runs: &str, place: &[&str]| {
         let mut args = vec![
             "query",
             "--data",
@@ -206,30 +207,21 @@ fn the_six_queries_match_the_reference_checksums_spread_over_two_worker_processe
             runs,
             "--out",
             &out_dir,
-            "--workers",
-            &workers_arg,
         ];
-        args.extend(at);
+        args.extend(place);
         bench(&args)
     };
+    let spread: Vec<&str> = ["--workers", workers_arg.as_str()]
+        .into_iter()
+        .chain(at)
+        .collect();
+    let query = |runs: &str| query_at(runs, &spread);
     // A prefix nothing was written to: the reader refuses, rather than answer with nothing.
     let empty = s3.bucket("fleet", "nothing").url;
-    let refused = bench(&[
-        "query",
-        "--data",
-        &data_dir,
-        "--queries",
-        &queries,
-        "--runs",
+    let refused = query_at(
         "1",
-        "--out",
-        &out_dir,
-        "--bucket",
-        &empty,
-        "--endpoint",
-        &endpoint,
-        "--allow-http",
-    ])
+        &["--bucket", &empty, "--endpoint", &endpoint, "--allow-http"],
+    )
     .output()
     .unwrap();
     assert!(!refused.status.success());

@@ -590,8 +590,10 @@ impl<'a> Coming<'a> {
 
 impl Drop for Coming<'_> {
     fn drop(&mut self) {
-        // A profile that failed (or was empty) is not coming: a leader waiting for it stops.
-        if self.counted && self.arrive() == 0 {
+        // A profile that failed (or was empty) is not coming: a leader waiting for it asks
+        // again whether the rest are worth waiting for.
+        if self.counted {
+            self.arrive();
             let _pipeline = self.store.pipeline();
             self.store.joined.notify_one();
         }

@@ -44,14 +44,6 @@ pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 /// that inflates past it is damaged.
 pub(crate) const MAX_BODY: usize = 1 << 30;
 
-/// Serialises `batch` as an Arrow IPC stream.
-#[cfg(test)]
-pub(crate) fn encode_batch(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    write_batch(&mut out, batch)?;
-    Ok(out)
-}
-
 /// Appends `batch` to `out` as an Arrow IPC stream.
 fn write_batch(out: &mut Vec<u8>, batch: &RecordBatch) -> Result<()> {
     let mut writer = StreamWriter::try_new(out, batch.schema_ref())?;
@@ -60,7 +52,7 @@ fn write_batch(out: &mut Vec<u8>, batch: &RecordBatch) -> Result<()> {
     Ok(())
 }
 
-/// Reads a stream written by [`encode_batch`]. Push-based: lengths declared inside the
+/// Reads a stream written by [`write_batch`]. Push-based: lengths declared inside the
 /// bytes are never allocated ahead of the bytes themselves (`StreamReader` resizes a buffer to
 /// a declared metadata length, so four damaged bytes could cost gigabytes of zeroing).
 ///
@@ -462,7 +454,8 @@ mod tests {
             ],
         )
         .unwrap();
-        let payload = encode_batch(&batch).unwrap();
+        let mut payload = Vec::new();
+        write_batch(&mut payload, &batch).unwrap();
         assert_eq!(decode_batch(&payload).unwrap(), batch);
         // A transaction's writes, small (plain) and large (compressed).
         let big = arrow::compute::concat_batches(&batch.schema(), vec![&batch; 5000]).unwrap();
