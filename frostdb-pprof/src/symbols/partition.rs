@@ -149,9 +149,10 @@ impl Partition {
 
     /// An empty partition that takes no new symbols (for loading a stored one).
     pub(crate) fn closed(id: u32) -> Self {
-        let p = Self::new(id);
-        *p.writer.write().unwrap_or_else(PoisonError::into_inner) = None;
-        p
+        Self {
+            writer: RwLock::new(None),
+            ..Self::new(id)
+        }
     }
 
     /// The partition's id.
@@ -176,12 +177,7 @@ impl Partition {
 
     /// Stops taking new symbols, dropping the indexes.
     pub(crate) fn close(&self) {
-        if let Some(indexes) = self
-            .writer
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(indexes) = self.write_lock().take() {
             let slots = indexes.strings.len()
                 + indexes.mappings.len()
                 + indexes.functions.len()
@@ -194,11 +190,17 @@ impl Partition {
     /// The writer's side, exclusively: adds what it does not find. `None` when the
     /// partition is closed.
     pub(crate) fn writer(&self) -> Option<Writer<'_>> {
-        let guard = self.writer.write().unwrap_or_else(PoisonError::into_inner);
+        let guard = self.write_lock();
         guard.is_some().then_some(Writer {
             partition: self,
             indexes: Guard::Exclusive(guard),
         })
+    }
+
+    /// The writer's lock, exclusively. A holder that panicked poisons nothing, as with
+    /// parking_lot's lock.
+    fn write_lock(&self) -> RwLockWriteGuard<'_, Option<Indexes>> {
+        self.writer.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The writer's side, shared with other lookups: finds symbols, adds none (each lookup
