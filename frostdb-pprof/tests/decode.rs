@@ -71,6 +71,41 @@ fn minimal() -> Profile {
     }
 }
 
+/// `minimal()` with its location and function numbered `id` (out of order for the
+/// decoder: ids not 1..=n are looked up in a table), and its sample pointing at `refers`.
+fn numbered(id: u64, refers: u64) -> Vec<u8> {
+    let mut p = minimal();
+    p.location[0].id = id;
+    p.location[0].line[0].function_id = id;
+    p.function[0].id = id;
+    p.sample[0].location_id = vec![refers];
+    p.encode_to_vec()
+}
+
+#[test]
+fn ids_of_an_earlier_profile_do_not_resolve_in_a_later_one() {
+    // Id tables are reused from one profile to the next on a thread, without clearing:
+    // a later profile must see only its own ids, however many profiles came before.
+    let limits = Limits::default();
+    for round in 0..3 {
+        let earlier = decode(&numbered(20, 20), &limits).unwrap();
+        drop(earlier);
+        let err = decode(&numbered(30, 20), &limits).expect_err("location 20 is not in it");
+        assert!(err.to_string().contains("20"), "round {round}: {err}");
+        let later = decode(&numbered(30, 30), &limits).unwrap();
+        assert_eq!(later.into_inner().location[0].id, 30, "round {round}");
+        // The same id twice in one profile is still refused after a reuse.
+        let mut twice = minimal();
+        twice.location[0].id = 20;
+        twice.function[0].id = 20;
+        twice.location[0].line[0].function_id = 20;
+        twice.sample[0].location_id = vec![20];
+        twice.location.push(twice.location[0].clone());
+        let err = decode(&twice.encode_to_vec(), &limits).expect_err("location 20 twice");
+        assert!(err.to_string().contains("20"), "round {round}: {err}");
+    }
+}
+
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(bytes).unwrap();

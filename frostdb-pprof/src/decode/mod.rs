@@ -193,8 +193,8 @@ pub struct ValidProfile {
 
 impl ValidProfile {
     /// The profile.
-    pub fn into_inner(self) -> Profile {
-        match self.full.into_inner() {
+    pub fn into_inner(mut self) -> Profile {
+        match self.full.take() {
             Some(p) => p,
             None => self.flat.to_profile(),
         }
@@ -226,6 +226,12 @@ impl ValidProfile {
     }
 }
 
+impl Drop for ValidProfile {
+    fn drop(&mut self) {
+        std::mem::take(&mut self.flat).recycle();
+    }
+}
+
 impl PartialEq for ValidProfile {
     fn eq(&self, other: &Self) -> bool {
         self.flat == other.flat
@@ -245,19 +251,104 @@ impl std::ops::Deref for ValidProfile {
 /// order or with gaps (a writer numbering functions by a global index) get a table indexed
 /// by id, at most [`Positions::DENSE_SLACK`] times the message count plus a constant; only
 /// larger ids (addresses, hashes) pay for a hash map.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Positions {
     len: usize,
     lookup: Lookup,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 enum Lookup {
     /// Id `i + 1` is at position `i`.
     InOrder,
-    /// `table[id]` is the position of `id`, or `u32::MAX` when no message has it.
-    Table(Vec<u32>),
+    Table(Stamped),
     Map(std::collections::HashMap<u64, usize, foldhash::fast::RandomState>),
+}
+
+/// Positions by id in a table that is not cleared between profiles: a slot holds the stamp
+/// of the profile that wrote it above the position, and only slots bearing this table's
+/// stamp are set. Tables are kept per thread for the next profile decoded there: filling a
+/// fresh one (tens of KiB for a few hundred ids numbered by a global index) cost more than
+/// everything else about it.
+#[derive(Debug, Clone)]
+struct Stamped {
+    stamp: u32,
+    slots: Vec<u64>,
+}
+
+thread_local! {
+    /// Tables of profiles dropped on this thread, for the next ones decoded here.
+    static TABLES: std::cell::RefCell<Vec<Stamped>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Stamped {
+    /// Tables kept per thread (a profile has three), and the largest kept (8 bytes a slot).
+    const KEPT: usize = 6;
+    const KEPT_SLOTS: usize = 1 << 18;
+
+    /// A table with no position set and room for ids up to `max`.
+    fn take(max: usize) -> Self {
+        let mut table = TABLES
+            .try_with(|kept| kept.borrow_mut().pop())
+            .ok()
+            .flatten()
+            .unwrap_or(Stamped {
+                stamp: 0,
+                slots: Vec::new(),
+            });
+        table.stamp = table.stamp.wrapping_add(1);
+        if table.stamp == 0 {
+            // Stamps came round again: the old ones would read as set.
+            table.slots.fill(0);
+            table.stamp = 1;
+        }
+        if table.slots.len() <= max {
+            // Stamp 0 is never a table's: new slots are unset.
+            table.slots.resize(max + 1, 0);
+        }
+        table
+    }
+
+    /// Sets `id` at `position`; false when it is set already.
+    fn set(&mut self, id: usize, position: u32) -> bool {
+        let stamp = u64::from(self.stamp) << 32;
+        let slot = &mut self.slots[id];
+        if *slot & !u64::from(u32::MAX) == stamp {
+            return false;
+        }
+        *slot = stamp | u64::from(position);
+        true
+    }
+
+    fn get(&self, id: usize) -> Option<usize> {
+        let slot = *self.slots.get(id)?;
+        (slot >> 32 == u64::from(self.stamp)).then_some(slot as u32 as usize)
+    }
+}
+
+impl Drop for Positions {
+    fn drop(&mut self) {
+        let Lookup::Table(table) = &mut self.lookup else {
+            return;
+        };
+        if table.slots.capacity() > Stamped::KEPT_SLOTS {
+            return;
+        }
+        let table = std::mem::replace(
+            table,
+            Stamped {
+                stamp: 0,
+                slots: Vec::new(),
+            },
+        );
+        // A thread being torn down keeps nothing.
+        let _ = TABLES.try_with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if kept.len() < Stamped::KEPT {
+                kept.push(table);
+            }
+        });
+    }
 }
 
 impl Positions {
@@ -285,13 +376,11 @@ impl Positions {
         let lookup = if max <= Self::DENSE_SLACK * len as u64 + Self::DENSE_BASE
             && len < u32::MAX as usize
         {
-            let mut table = vec![u32::MAX; max as usize + 1];
+            let mut table = Stamped::take(max as usize);
             for (i, id) in ids.enumerate() {
-                let slot = &mut table[id as usize];
-                if id == 0 || *slot != u32::MAX {
+                if id == 0 || !table.set(id as usize, i as u32) {
                     return Err(id);
                 }
-                *slot = i as u32;
             }
             Lookup::Table(table)
         } else {
@@ -314,11 +403,7 @@ impl Positions {
                 .checked_sub(1)
                 .map(|i| i as usize)
                 .filter(|i| *i < self.len),
-            Lookup::Table(table) => usize::try_from(id)
-                .ok()
-                .and_then(|id| table.get(id))
-                .filter(|&&i| i != u32::MAX)
-                .map(|&i| i as usize),
+            Lookup::Table(table) => usize::try_from(id).ok().and_then(|id| table.get(id)),
             Lookup::Map(map) => map.get(&id).copied(),
         }
     }
@@ -329,7 +414,7 @@ impl Positions {
 }
 
 /// The positions of a profile's mappings, functions and locations by id.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Ids {
     pub(crate) mappings: Positions,
     pub(crate) functions: Positions,
@@ -526,4 +611,27 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
         functions,
         locations,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_table_whose_stamps_come_round_again_starts_empty() {
+        let mut table = Stamped::take(8);
+        assert!(table.set(3, 0));
+        assert!(!table.set(3, 1), "set twice");
+        // About to wrap, with a slot left by a profile stamped 1, the stamp that comes next.
+        table.stamp = u32::MAX;
+        table.slots[5] = (1 << 32) | 7;
+        drop(Positions {
+            len: 1,
+            lookup: Lookup::Table(table),
+        });
+        let table = Stamped::take(8);
+        assert_eq!(table.stamp, 1, "the table dropped last is taken first");
+        assert_eq!(table.get(5), None);
+        assert_eq!(table.get(3), None);
+    }
 }
