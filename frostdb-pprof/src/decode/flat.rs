@@ -83,37 +83,40 @@ fn message<M: prost::Message + Default>(buf: &[u8]) -> Result<M> {
     M::decode(buf).map_err(|e| Error::Protobuf(e.to_string()))
 }
 
+/// Bits of field numbers, for [`wire::scalars`].
+const fn numbered(numbers: &[u32]) -> u32 {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < numbers.len() {
+        bits |= 1 << numbers[i];
+        i += 1;
+    }
+    bits
+}
+
 /// A `Line`, the message a profile has most of, decoded by hand (prost's generic decoding
 /// costs several times more for three varints).
 fn line(buf: &[u8]) -> Result<Line> {
-    let mut l = Line::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => l.function_id = wire::scalar(n, v)?,
-            2 => l.line = int(wire::scalar(n, v)?),
-            3 => l.column = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(l)
+    let mut v = [0u64; 4];
+    wire::scalars(buf, numbered(&[1, 2, 3]), &mut v, |_, _| Ok(()))?;
+    Ok(Line {
+        function_id: v[1],
+        line: int(v[2]),
+        column: int(v[3]),
+    })
 }
 
 /// A `Function`, decoded by hand as [`line`] is.
 fn function(buf: &[u8]) -> Result<Function> {
-    let mut f = Function::default();
-    wire::fields(buf, |n, v| {
-        match n {
-            1 => f.id = wire::scalar(n, v)?,
-            2 => f.name = int(wire::scalar(n, v)?),
-            3 => f.system_name = int(wire::scalar(n, v)?),
-            4 => f.filename = int(wire::scalar(n, v)?),
-            5 => f.start_line = int(wire::scalar(n, v)?),
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(f)
+    let mut v = [0u64; 6];
+    wire::scalars(buf, numbered(&[1, 2, 3, 4, 5]), &mut v, |_, _| Ok(()))?;
+    Ok(Function {
+        id: v[1],
+        name: int(v[2]),
+        system_name: int(v[3]),
+        filename: int(v[4]),
+        start_line: int(v[5]),
+    })
 }
 
 thread_local! {
@@ -356,26 +359,21 @@ impl Flat {
     }
 
     fn parse_location(&mut self, buf: &[u8]) -> Result<()> {
-        let mut l = FlatLocation {
-            id: 0,
-            mapping_id: 0,
-            address: 0,
-            lines: (self.lines.len(), 0),
-            is_folded: false,
-        };
-        wire::fields(buf, |n, v| {
-            match n {
-                1 => l.id = wire::scalar(n, v)?,
-                2 => l.mapping_id = wire::scalar(n, v)?,
-                3 => l.address = wire::scalar(n, v)?,
-                4 => self.lines.push(line(wire::bytes(n, v)?)?),
-                5 => l.is_folded = wire::scalar(n, v)? != 0,
-                _ => {}
+        let first_line = self.lines.len();
+        let mut v = [0u64; 6];
+        wire::scalars(buf, numbered(&[1, 2, 3, 5]), &mut v, |n, value| {
+            if n == 4 {
+                self.lines.push(line(wire::bytes(n, value)?)?);
             }
             Ok(())
         })?;
-        l.lines.1 = self.lines.len();
-        self.locations.push(l);
+        self.locations.push(FlatLocation {
+            id: v[1],
+            mapping_id: v[2],
+            address: v[3],
+            lines: (first_line, self.lines.len()),
+            is_folded: v[5] != 0,
+        });
         Ok(())
     }
 

@@ -56,52 +56,83 @@ pub(super) fn fields<'a>(
     mut field: impl FnMut(u32, Value<'a>) -> Result<()>,
 ) -> Result<()> {
     while !buf.is_empty() {
-        let (key, n) = varint(buf)?;
-        buf = &buf[n..];
-        let number = u32::try_from(key >> 3)
-            .ok()
-            .filter(|&n| n > 0 && n < (1 << 29))
-            .ok_or_else(|| malformed(format!("invalid field number {}", key >> 3)))?;
-        let take = |buf: &mut &'a [u8], len: usize| -> Result<&'a [u8]> {
-            if buf.len() < len {
-                return Err(malformed(format!(
-                    "field {number} needs {len} bytes, {} are left",
-                    buf.len()
-                )));
-            }
-            let (head, tail) = buf.split_at(len);
-            *buf = tail;
-            Ok(head)
-        };
-        let value = match key & 7 {
-            0 => {
-                let (v, n) = varint(buf)?;
-                buf = &buf[n..];
-                Value::Varint(v)
-            }
-            1 => {
-                take(&mut buf, 8)?;
-                Value::Fixed64
-            }
-            2 => {
-                let (len, n) = varint(buf)?;
-                buf = &buf[n..];
-                let len = usize::try_from(len).map_err(|_| malformed("length overflows"))?;
-                Value::Bytes(take(&mut buf, len)?)
-            }
-            5 => {
-                take(&mut buf, 4)?;
-                Value::Fixed32
-            }
-            wire => {
-                return Err(malformed(format!(
-                    "field {number} has wire type {wire}, which pprof does not use"
-                )));
-            }
-        };
+        let (number, value, rest) = next(buf)?;
+        buf = rest;
         field(number, value)?;
     }
     Ok(())
+}
+
+/// Reads a message whose fields numbered by the bits of `varints` are scalar varints:
+/// each such field's value goes to `out[number]` (the last one wins, as protobuf says),
+/// every other field to `other(number, value)`. A one-byte key of such a field (numbers
+/// below 16, the messages pprof has most of) is read without going through [`Value`].
+#[inline]
+pub(super) fn scalars<'a, const N: usize>(
+    mut buf: &'a [u8],
+    varints: u32,
+    out: &mut [u64; N],
+    mut other: impl FnMut(u32, Value<'a>) -> Result<()>,
+) -> Result<()> {
+    debug_assert!(N <= 32 && (varints >> N) == 0 && varints & 1 == 0);
+    while let [key, rest @ ..] = buf {
+        let number = usize::from(key >> 3);
+        if *key < 0x80 && key & 7 == 0 && varints & (1 << number) != 0 {
+            let (v, n) = varint(rest)?;
+            out[number] = v;
+            buf = &rest[n..];
+            continue;
+        }
+        let (number, value, rest) = next(buf)?;
+        buf = rest;
+        match (number < 32 && varints & (1 << number) != 0, value) {
+            (true, Value::Varint(v)) => out[number as usize] = v,
+            (true, value) => return Err(wrong(number, value)),
+            (false, value) => other(number, value)?,
+        }
+    }
+    Ok(())
+}
+
+/// The first field of `buf`: its number, its value and the bytes after it.
+#[inline]
+fn next(mut buf: &[u8]) -> Result<(u32, Value<'_>, &[u8])> {
+    let (key, n) = varint(buf)?;
+    buf = &buf[n..];
+    let number = u32::try_from(key >> 3)
+        .ok()
+        .filter(|&n| n > 0 && n < (1 << 29))
+        .ok_or_else(|| malformed(format!("invalid field number {}", key >> 3)))?;
+    let take = |buf: &[u8], len: usize| -> Result<usize> {
+        if buf.len() < len {
+            return Err(malformed(format!(
+                "field {number} needs {len} bytes, {} are left",
+                buf.len()
+            )));
+        }
+        Ok(len)
+    };
+    let (value, len) = match key & 7 {
+        0 => {
+            let (v, n) = varint(buf)?;
+            (Value::Varint(v), n)
+        }
+        1 => (Value::Fixed64, take(buf, 8)?),
+        2 => {
+            let (len, n) = varint(buf)?;
+            buf = &buf[n..];
+            let len = usize::try_from(len).map_err(|_| malformed("length overflows"))?;
+            let len = take(buf, len)?;
+            (Value::Bytes(&buf[..len]), len)
+        }
+        5 => (Value::Fixed32, take(buf, 4)?),
+        wire => {
+            return Err(malformed(format!(
+                "field {number} has wire type {wire}, which pprof does not use"
+            )));
+        }
+    };
+    Ok((number, value, &buf[len..]))
 }
 
 /// The varint of a scalar field.
@@ -172,5 +203,30 @@ mod tests {
         assert!(varint(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]).is_err());
         assert!(varint(&[0x80, 0x80]).is_err());
         assert!(varint(&[0x80; 11]).is_err());
+    }
+
+    #[test]
+    fn scalar_fields_read_as_the_general_reader_reads_them() {
+        let read = |buf: &[u8]| {
+            let mut v = [0u64; 4];
+            let mut others = Vec::new();
+            scalars(buf, 0b1010, &mut v, |n, value| {
+                others.push((n, matches!(value, Value::Bytes(_))));
+                Ok(())
+            })
+            .map(|()| (v, others))
+        };
+        // Field 1 varint 5, field 2 bytes "ab", field 3 varint 300, field 1 again (wins).
+        let (v, others) = read(&[0x08, 5, 0x12, 2, b'a', b'b', 0x18, 0xac, 0x02, 0x08, 7]).unwrap();
+        assert_eq!(v, [0, 7, 0, 300]);
+        assert_eq!(others, [(2, true)]);
+        // A key written in two bytes (legal, if unusual) is still field 3.
+        assert_eq!(read(&[0x98, 0x00, 9]).unwrap().0, [0, 0, 0, 9]);
+        // A varint field sent as bytes is refused, naming the field.
+        let err = read(&[0x1a, 1, 0]).unwrap_err().to_string();
+        assert!(err.contains("field 3"), "{err}");
+        // Field number 0 and a cut varint are refused.
+        assert!(read(&[0x00, 1]).is_err());
+        assert!(read(&[0x08, 0x80]).is_err());
     }
 }
