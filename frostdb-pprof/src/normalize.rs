@@ -335,6 +335,39 @@ fn content_key(buf: &[u8]) -> StackKey {
     twox_hash::XxHash3_128::oneshot(buf)
 }
 
+/// A [`StackKey`] in two words: half the room of a `u128` (which is aligned to 16 bytes),
+/// and room that needs no aligned allocation.
+#[derive(Debug, Clone, Copy, Default)]
+struct Key([u64; 2]);
+
+impl Key {
+    fn of(key: StackKey) -> Self {
+        Self([key as u64, (key >> 64) as u64])
+    }
+
+    fn get(self) -> StackKey {
+        u128::from(self.0[0]) | (u128::from(self.0[1]) << 64)
+    }
+}
+
+/// What [`Prepared::stack_keys`] works in, kept per thread from one profile to the next:
+/// the keys of a profile's functions, mappings and locations by position, and the bytes
+/// being hashed. Fresh, they were three zeroed allocations aligned to 16 bytes and three
+/// growing buffers a profile.
+#[derive(Default)]
+struct KeyScratch {
+    functions: Vec<Key>,
+    mappings: Vec<Key>,
+    locations: Vec<Key>,
+    buf: Vec<u8>,
+    location: Vec<u8>,
+    stack: Vec<u8>,
+}
+
+thread_local! {
+    static KEY_SCRATCH: std::cell::RefCell<KeyScratch> = std::cell::RefCell::default();
+}
+
 /// Adds a sample's `values` (one per type) to row `row` of `table` (`types` per row).
 fn add(table: &mut [i64], row: u32, types: usize, values: &[i64]) {
     let row = &mut table[row as usize * types..(row as usize + 1) * types];
@@ -461,65 +494,96 @@ impl Prepared<'_> {
     /// The store finds a known stack by its key alone. Two different stacks of one
     /// partition sharing a key (odds about n²/2¹²⁹ for n stacks) would be stored as one.
     fn stack_keys(&self) -> Result<Vec<StackKey>> {
+        KEY_SCRATCH.with_borrow_mut(|scratch| {
+            let keys = self.stack_keys_in(scratch);
+            // A thread keeps room for a usual profile, not for the largest it met.
+            if scratch
+                .locations
+                .capacity()
+                .max(scratch.functions.capacity())
+                > 1 << 16
+            {
+                *scratch = KeyScratch::default();
+            }
+            keys
+        })
+    }
+
+    fn stack_keys_in(&self, scratch: &mut KeyScratch) -> Result<Vec<StackKey>> {
         let p = self.profile.flat();
         let ids = &self.profile.ids;
-        let mut function_keys: Vec<Option<StackKey>> = vec![None; p.function.len()];
-        let mut mapping_keys: Vec<Option<StackKey>> = vec![None; p.mapping.len()];
-        let mut location_keys: Vec<Option<StackKey>> = vec![None; p.locations().len()];
+        let KeyScratch {
+            functions: function_keys,
+            mappings: mapping_keys,
+            locations: location_keys,
+            buf,
+            location,
+            stack,
+        } = scratch;
+        // Keys found so far, by position; 0 until found (a key that is 0 is only found
+        // again).
+        for (keys, len) in [
+            (&mut *function_keys, p.function.len()),
+            (&mut *mapping_keys, p.mapping.len()),
+            (&mut *location_keys, p.locations().len()),
+        ] {
+            keys.clear();
+            keys.resize(len, Key::default());
+        }
         let mut keys = Vec::with_capacity(self.groups.len());
-        // Bytes of the function or mapping, the location and the stack being keyed.
-        let mut buf: Vec<u8> = Vec::with_capacity(256);
-        let mut location: Vec<u8> = Vec::with_capacity(256);
-        let mut stack: Vec<u8> = Vec::with_capacity(512);
         for group in &self.groups {
             stack.clear();
             for &id in p.sample(group.sample).location_id {
                 let li = ids.location(id)?;
-                let key = match location_keys[li] {
-                    Some(key) => key,
-                    None => {
-                        let l = p.location(li);
-                        let mapping = if l.mapping_id == 0 {
-                            0
-                        } else {
-                            let mi = ids.mapping(l.mapping_id)?;
-                            *mapping_keys[mi].get_or_insert_with(|| {
-                                let m = &p.mapping[mi];
-                                buf.clear();
-                                buf.extend_from_slice(&m.memory_start.to_le_bytes());
-                                buf.extend_from_slice(&m.memory_limit.to_le_bytes());
-                                buf.extend_from_slice(&m.file_offset.to_le_bytes());
-                                put_str(&mut buf, text(p, m.filename));
-                                put_str(&mut buf, text(p, m.build_id));
-                                buf.push(mapping_flags(m));
-                                // Never 0, the key of "no mapping".
-                                content_key(&buf) | 1
-                            })
-                        };
-                        location.clear();
-                        location.extend_from_slice(&mapping.to_le_bytes());
-                        location.extend_from_slice(&l.address.to_le_bytes());
-                        location.push(u8::from(l.is_folded));
-                        for line in l.line {
-                            let fi = ids.function(line.function_id)?;
-                            let f = *function_keys[fi].get_or_insert_with(|| {
-                                let f = &p.function[fi];
-                                buf.clear();
-                                put_str(&mut buf, text(p, f.name));
-                                put_str(&mut buf, text(p, f.system_name));
-                                put_str(&mut buf, text(p, f.filename));
-                                buf.extend_from_slice(&f.start_line.to_le_bytes());
-                                content_key(&buf)
-                            });
-                            location.extend_from_slice(&f.to_le_bytes());
-                            location.extend_from_slice(&line.line.to_le_bytes());
+                let mut key = location_keys[li].get();
+                if key == 0 {
+                    let l = p.location(li);
+                    let mapping = if l.mapping_id == 0 {
+                        0
+                    } else {
+                        let mi = ids.mapping(l.mapping_id)?;
+                        let mut key = mapping_keys[mi].get();
+                        if key == 0 {
+                            let m = &p.mapping[mi];
+                            buf.clear();
+                            buf.extend_from_slice(&m.memory_start.to_le_bytes());
+                            buf.extend_from_slice(&m.memory_limit.to_le_bytes());
+                            buf.extend_from_slice(&m.file_offset.to_le_bytes());
+                            put_str(buf, text(p, m.filename));
+                            put_str(buf, text(p, m.build_id));
+                            buf.push(mapping_flags(m));
+                            // Never 0, the key of "no mapping".
+                            key = content_key(buf) | 1;
+                            mapping_keys[mi] = Key::of(key);
                         }
-                        *location_keys[li].insert(content_key(&location))
+                        key
+                    };
+                    location.clear();
+                    location.extend_from_slice(&mapping.to_le_bytes());
+                    location.extend_from_slice(&l.address.to_le_bytes());
+                    location.push(u8::from(l.is_folded));
+                    for line in l.line {
+                        let fi = ids.function(line.function_id)?;
+                        let mut f = function_keys[fi].get();
+                        if f == 0 {
+                            let function = &p.function[fi];
+                            buf.clear();
+                            put_str(buf, text(p, function.name));
+                            put_str(buf, text(p, function.system_name));
+                            put_str(buf, text(p, function.filename));
+                            buf.extend_from_slice(&function.start_line.to_le_bytes());
+                            f = content_key(buf);
+                            function_keys[fi] = Key::of(f);
+                        }
+                        location.extend_from_slice(&f.to_le_bytes());
+                        location.extend_from_slice(&line.line.to_le_bytes());
                     }
-                };
+                    key = content_key(location);
+                    location_keys[li] = Key::of(key);
+                }
                 stack.extend_from_slice(&key.to_le_bytes());
             }
-            keys.push(content_key(&stack));
+            keys.push(content_key(stack));
         }
         Ok(keys)
     }
