@@ -496,12 +496,13 @@ impl Prepared<'_> {
     fn stack_keys(&self) -> Result<Vec<StackKey>> {
         KEY_SCRATCH.with_borrow_mut(|scratch| {
             let keys = self.stack_keys_in(scratch);
-            // A thread keeps room for a usual profile, not for the largest it met.
+            // A thread keeps room for a usual profile (up to 8,192 locations and functions,
+            // under 400 KiB), not for the largest it met.
             if scratch
                 .locations
                 .capacity()
                 .max(scratch.functions.capacity())
-                > 1 << 16
+                > 1 << 13
             {
                 *scratch = KeyScratch::default();
             }

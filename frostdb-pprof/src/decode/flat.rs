@@ -126,9 +126,10 @@ thread_local! {
 }
 
 impl Flat {
-    /// Profiles whose arrays a thread keeps, and the most bytes of arrays one may have.
-    const KEPT: usize = 2;
-    const KEPT_BYTES: usize = 1 << 20;
+    /// Profiles whose arrays a thread keeps (one: a thread drops a profile before it
+    /// parses the next), and the most bytes of arrays one may have.
+    const KEPT: usize = 1;
+    const KEPT_BYTES: usize = 512 << 10;
 
     /// Hands this profile's arrays, emptied, to the next profile parsed on this thread,
     /// unless they are large. A profile's dozen arrays were each fresh memory to allocate

@@ -282,9 +282,10 @@ thread_local! {
 }
 
 impl Stamped {
-    /// Tables kept per thread (a profile has three), and the largest kept (8 bytes a slot).
-    const KEPT: usize = 6;
-    const KEPT_SLOTS: usize = 1 << 18;
+    /// Tables kept per thread (a profile has up to three), and the largest kept (8 bytes a
+    /// slot): at most 768 KiB a thread.
+    const KEPT: usize = 3;
+    const KEPT_SLOTS: usize = 1 << 15;
 
     /// A table with no position set and room for ids up to `max`.
     fn take(max: usize) -> Self {
@@ -353,9 +354,10 @@ impl Drop for Positions {
 
 impl Positions {
     /// A table indexed by id is used while the largest id is at most this many times the
-    /// message count plus [`Positions::DENSE_BASE`]: filling 4 bytes an id costs less than
-    /// hashing, so a table of 64 KiB for a few hundred ids (a writer numbering functions by
-    /// a global index of some thousands) is still the cheaper.
+    /// message count plus [`Positions::DENSE_BASE`]: a slot costs less than hashing, and
+    /// tables are reused without clearing ([`Stamped`]), so a table of 128 KiB for a few
+    /// hundred ids (a writer numbering functions by a global index of some thousands) is
+    /// still the cheaper.
     const DENSE_SLACK: u64 = 16;
     const DENSE_BASE: u64 = 16 * 1024;
 
