@@ -367,24 +367,24 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     // calls (the small fleet on this machine), the fleet's layout on disk rather than the
     // store's work. A fleet larger than HOLD_BYTES, or --from-disk, is read file by file
     // in the timed passes instead (from the page cache, which the first pass fills).
-    const HOLD_BYTES: u64 = 4 << 30;
-    let total: u64 = jobs
-        .iter()
-        .map(|f| std::fs::metadata(&f.path).map_or(0, |m| m.len()))
-        .sum();
-    let hold = !args.iter().any(|a| a == "--from-disk") && total <= HOLD_BYTES;
-    let held: Vec<std::sync::OnceLock<Vec<u8>>> = (0..if hold { jobs.len() } else { 0 })
+    const HOLD_BYTES: usize = 4 << 30;
+    let mut hold = !args.iter().any(|a| a == "--from-disk");
+    let mut held: Vec<std::sync::OnceLock<Vec<u8>>> = (0..if hold { jobs.len() } else { 0 })
         .map(|_| std::sync::OnceLock::new())
         .collect();
     let bytes = AtomicUsize::new(0);
     parallel(jobs.len(), cores, "read", |i| {
         let b = read(&jobs[i])?;
-        bytes.fetch_add(b.len(), Ordering::Relaxed);
-        if hold {
+        let total = bytes.fetch_add(b.len(), Ordering::Relaxed) + b.len();
+        if hold && total <= HOLD_BYTES {
             let _ = held[i].set(b);
         }
         Ok(())
     })?;
+    if bytes.load(Ordering::Relaxed) > HOLD_BYTES {
+        // All or none: every file is then read in the loop, as one method.
+        (hold, held) = (false, Vec::new());
+    }
     let file = |i: usize| -> Result<std::borrow::Cow<'_, [u8]>, BoxError> {
         Ok(match held.get(i).and_then(|b| b.get()) {
             Some(b) => std::borrow::Cow::Borrowed(b.as_slice()),

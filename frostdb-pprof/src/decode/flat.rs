@@ -94,11 +94,16 @@ const fn numbered(numbers: &[u32]) -> u32 {
     bits
 }
 
+/// The varint fields of a `Line`, a `Function` and a `Location` (its field 4 is a `Line`).
+const LINE_VARINTS: u32 = numbered(&[1, 2, 3]);
+const FUNCTION_VARINTS: u32 = numbered(&[1, 2, 3, 4, 5]);
+const LOCATION_VARINTS: u32 = numbered(&[1, 2, 3, 5]);
+
 /// A `Line`, the message a profile has most of, decoded by hand (prost's generic decoding
 /// costs several times more for three varints).
 fn line(buf: &[u8]) -> Result<Line> {
     let mut v = [0u64; 4];
-    wire::scalars(buf, numbered(&[1, 2, 3]), &mut v, |_, _| Ok(()))?;
+    wire::scalars(buf, LINE_VARINTS, &mut v, |_, _| Ok(()))?;
     Ok(Line {
         function_id: v[1],
         line: int(v[2]),
@@ -109,7 +114,7 @@ fn line(buf: &[u8]) -> Result<Line> {
 /// A `Function`, decoded by hand as [`line`] is.
 fn function(buf: &[u8]) -> Result<Function> {
     let mut v = [0u64; 6];
-    wire::scalars(buf, numbered(&[1, 2, 3, 4, 5]), &mut v, |_, _| Ok(()))?;
+    wire::scalars(buf, FUNCTION_VARINTS, &mut v, |_, _| Ok(()))?;
     Ok(Function {
         id: v[1],
         name: int(v[2]),
@@ -139,21 +144,12 @@ impl Flat {
             return;
         }
         self.clear();
-        // A thread being torn down keeps nothing.
-        let _ = KEPT.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() < Self::KEPT {
-                kept.push(self);
-            }
-        });
+        super::keep(&KEPT, self, Self::KEPT);
     }
 
     /// An empty profile, with the arrays of one recycled on this thread if there is one.
     fn reused() -> Self {
-        KEPT.try_with(|kept| kept.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or_default()
+        super::take_kept(&KEPT).unwrap_or_default()
     }
 
     /// The bytes this profile's arrays hold room for.
@@ -362,7 +358,7 @@ impl Flat {
     fn parse_location(&mut self, buf: &[u8]) -> Result<()> {
         let first_line = self.lines.len();
         let mut v = [0u64; 6];
-        wire::scalars(buf, numbered(&[1, 2, 3, 5]), &mut v, |n, value| {
+        wire::scalars(buf, LOCATION_VARINTS, &mut v, |n, value| {
             if n == 4 {
                 self.lines.push(line(wire::bytes(n, value)?)?);
             }

@@ -270,10 +270,30 @@ enum Lookup {
 /// stamp are set. Tables are kept per thread for the next profile decoded there: filling a
 /// fresh one (tens of KiB for a few hundred ids numbered by a global index) cost more than
 /// everything else about it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Stamped {
     stamp: u32,
     slots: Vec<u64>,
+}
+
+/// Values a thread keeps from one profile to the next (last given back, first taken).
+type Kept<T> = std::thread::LocalKey<std::cell::RefCell<Vec<T>>>;
+
+/// The value `kept` was last given on this thread, if any.
+fn take_kept<T>(kept: &'static Kept<T>) -> Option<T> {
+    // A thread being torn down has nothing.
+    kept.try_with(|kept| kept.borrow_mut().pop()).ok().flatten()
+}
+
+/// Gives `value` to `kept` for a later profile on this thread, unless it holds `most`.
+fn keep<T>(kept: &'static Kept<T>, value: T, most: usize) {
+    // A thread being torn down keeps nothing.
+    let _ = kept.try_with(|kept| {
+        let mut kept = kept.borrow_mut();
+        if kept.len() < most {
+            kept.push(value);
+        }
+    });
 }
 
 thread_local! {
@@ -289,14 +309,7 @@ impl Stamped {
 
     /// A table with no position set and room for ids up to `max`.
     fn take(max: usize) -> Self {
-        let mut table = TABLES
-            .try_with(|kept| kept.borrow_mut().pop())
-            .ok()
-            .flatten()
-            .unwrap_or(Stamped {
-                stamp: 0,
-                slots: Vec::new(),
-            });
+        let mut table = take_kept(&TABLES).unwrap_or_default();
         table.stamp = table.stamp.wrapping_add(1);
         if table.stamp == 0 {
             // Stamps came round again: the old ones would read as set.
@@ -332,23 +345,9 @@ impl Drop for Positions {
         let Lookup::Table(table) = &mut self.lookup else {
             return;
         };
-        if table.slots.capacity() > Stamped::KEPT_SLOTS {
-            return;
+        if table.slots.capacity() <= Stamped::KEPT_SLOTS {
+            keep(&TABLES, std::mem::take(table), Stamped::KEPT);
         }
-        let table = std::mem::replace(
-            table,
-            Stamped {
-                stamp: 0,
-                slots: Vec::new(),
-            },
-        );
-        // A thread being torn down keeps nothing.
-        let _ = TABLES.try_with(|kept| {
-            let mut kept = kept.borrow_mut();
-            if kept.len() < Stamped::KEPT {
-                kept.push(table);
-            }
-        });
     }
 }
 
