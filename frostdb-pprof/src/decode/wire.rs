@@ -95,7 +95,7 @@ pub(super) fn scalars<'a, const N: usize>(
 }
 
 /// The first field of `buf`: its number, its value and the bytes after it.
-#[inline]
+#[inline(always)]
 fn next(mut buf: &[u8]) -> Result<(u32, Value<'_>, &[u8])> {
     let (key, n) = varint(buf)?;
     buf = &buf[n..];
