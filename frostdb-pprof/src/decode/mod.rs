@@ -334,6 +334,7 @@ impl Stamped {
         true
     }
 
+    #[inline]
     fn get(&self, id: usize) -> Option<usize> {
         let slot = *self.slots.get(id)?;
         (slot >> 32 == u64::from(self.stamp)).then_some(slot as u32 as usize)
@@ -398,6 +399,7 @@ impl Positions {
     }
 
     /// The position of `id`.
+    #[inline]
     pub(crate) fn get(&self, id: u64) -> Option<usize> {
         match &self.lookup {
             Lookup::InOrder => id
@@ -424,11 +426,13 @@ pub(crate) struct Ids {
 
 impl Ids {
     /// The position of mapping `id`.
+    #[inline]
     pub(crate) fn mapping(&self, id: u64) -> Result<usize> {
         self.mappings.get(id).ok_or_else(|| dangling("mapping", id))
     }
 
     /// The position of function `id`.
+    #[inline]
     pub(crate) fn function(&self, id: u64) -> Result<usize> {
         self.functions
             .get(id)
@@ -436,6 +440,7 @@ impl Ids {
     }
 
     /// The position of location `id`.
+    #[inline]
     pub(crate) fn location(&self, id: u64) -> Result<usize> {
         self.locations
             .get(id)
