@@ -521,68 +521,53 @@ impl Prepared<'_> {
             location,
             stack,
         } = scratch;
-        // Keys found so far, by position; 0 until found (a key that is 0 is only found
-        // again).
-        for (keys, len) in [
-            (&mut *function_keys, p.function.len()),
-            (&mut *mapping_keys, p.mapping.len()),
-            (&mut *location_keys, p.locations().len()),
-        ] {
-            keys.clear();
-            keys.resize(len, Key::default());
+        // Every function, mapping and location is hashed once, in the order the profile
+        // holds them: each pass reads its array and the strings front to back, and a stack
+        // is then its locations' keys.
+        function_keys.clear();
+        for function in &p.function {
+            buf.clear();
+            put_str(buf, text(p, function.name));
+            put_str(buf, text(p, function.system_name));
+            put_str(buf, text(p, function.filename));
+            buf.extend_from_slice(&function.start_line.to_le_bytes());
+            function_keys.push(Key::of(content_key(buf)));
+        }
+        mapping_keys.clear();
+        for m in &p.mapping {
+            buf.clear();
+            buf.extend_from_slice(&m.memory_start.to_le_bytes());
+            buf.extend_from_slice(&m.memory_limit.to_le_bytes());
+            buf.extend_from_slice(&m.file_offset.to_le_bytes());
+            put_str(buf, text(p, m.filename));
+            put_str(buf, text(p, m.build_id));
+            buf.push(mapping_flags(m));
+            // Never 0, the key of "no mapping".
+            mapping_keys.push(Key::of(content_key(buf) | 1));
+        }
+        location_keys.clear();
+        for l in p.locations() {
+            let mapping = if l.mapping_id == 0 {
+                0
+            } else {
+                mapping_keys[ids.mapping(l.mapping_id)?].get()
+            };
+            location.clear();
+            location.extend_from_slice(&mapping.to_le_bytes());
+            location.extend_from_slice(&l.address.to_le_bytes());
+            location.push(u8::from(l.is_folded));
+            for line in l.line {
+                let f = function_keys[ids.function(line.function_id)?].get();
+                location.extend_from_slice(&f.to_le_bytes());
+                location.extend_from_slice(&line.line.to_le_bytes());
+            }
+            location_keys.push(Key::of(content_key(location)));
         }
         let mut keys = Vec::with_capacity(self.groups.len());
         for group in &self.groups {
             stack.clear();
             for &id in p.sample(group.sample).location_id {
-                let li = ids.location(id)?;
-                let mut key = location_keys[li].get();
-                if key == 0 {
-                    let l = p.location(li);
-                    let mapping = if l.mapping_id == 0 {
-                        0
-                    } else {
-                        let mi = ids.mapping(l.mapping_id)?;
-                        let mut key = mapping_keys[mi].get();
-                        if key == 0 {
-                            let m = &p.mapping[mi];
-                            buf.clear();
-                            buf.extend_from_slice(&m.memory_start.to_le_bytes());
-                            buf.extend_from_slice(&m.memory_limit.to_le_bytes());
-                            buf.extend_from_slice(&m.file_offset.to_le_bytes());
-                            put_str(buf, text(p, m.filename));
-                            put_str(buf, text(p, m.build_id));
-                            buf.push(mapping_flags(m));
-                            // Never 0, the key of "no mapping".
-                            key = content_key(buf) | 1;
-                            mapping_keys[mi] = Key::of(key);
-                        }
-                        key
-                    };
-                    location.clear();
-                    location.extend_from_slice(&mapping.to_le_bytes());
-                    location.extend_from_slice(&l.address.to_le_bytes());
-                    location.push(u8::from(l.is_folded));
-                    for line in l.line {
-                        let fi = ids.function(line.function_id)?;
-                        let mut f = function_keys[fi].get();
-                        if f == 0 {
-                            let function = &p.function[fi];
-                            buf.clear();
-                            put_str(buf, text(p, function.name));
-                            put_str(buf, text(p, function.system_name));
-                            put_str(buf, text(p, function.filename));
-                            buf.extend_from_slice(&function.start_line.to_le_bytes());
-                            f = content_key(buf);
-                            function_keys[fi] = Key::of(f);
-                        }
-                        location.extend_from_slice(&f.to_le_bytes());
-                        location.extend_from_slice(&line.line.to_le_bytes());
-                    }
-                    key = content_key(location);
-                    location_keys[li] = Key::of(key);
-                }
-                stack.extend_from_slice(&key.to_le_bytes());
+                stack.extend_from_slice(&location_keys[ids.location(id)?].get().to_le_bytes());
             }
             keys.push(content_key(stack));
         }
