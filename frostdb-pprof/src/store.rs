@@ -343,6 +343,9 @@ struct Pipeline {
     /// leader lets the open group gather profiles while its fsync runs, rather than
     /// committing groups of one, and then wakes its members.
     in_flight: Option<(Arc<Slot>, Arc<Submitted>)>,
+    /// Whether the leader is waiting on [`ProfileStore::joined`] for company: only then
+    /// is it signalled (a signal is a system call, waiter or not).
+    gathering: bool,
 }
 
 impl Pipeline {
@@ -605,8 +608,9 @@ impl Drop for Coming<'_> {
         // again whether the rest are worth waiting for.
         if self.counted {
             self.arrive();
-            let _pipeline = self.store.pipeline();
-            self.store.joined.notify_one();
+            if self.store.pipeline().gathering {
+                self.store.joined.notify_one();
+            }
         }
     }
 }
@@ -935,7 +939,8 @@ impl ProfileStore {
             if full {
                 pipeline.seal();
             }
-            if !worth_waiting_for(coming.arrive(), joined) || full {
+            let coming = coming.arrive();
+            if pipeline.gathering && (full || !worth_waiting_for(coming, joined)) {
                 // A leader gathering company commits now.
                 self.joined.notify_one();
             }
@@ -1006,11 +1011,13 @@ impl ProfileStore {
                     })
                 {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    pipeline.gathering = true;
                     let (guard, waited) = self
                         .joined
                         .wait_timeout(pipeline, left)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                     pipeline = guard;
+                    pipeline.gathering = false;
                     if waited.timed_out() {
                         break;
                     }
