@@ -139,6 +139,8 @@ pub(crate) struct Prepared<'p> {
     timestamp: i64,
     /// Each group's stack content key.
     keys: Vec<StackKey>,
+    /// Each location's content key, by position.
+    location_keys: Vec<StackKey>,
 }
 
 /// What [`Prepared::intern`] has found so far in one partition: the partition's index of
@@ -259,11 +261,12 @@ pub(crate) fn prepare<'p>(
         delta_states: Vec::new(),
         timestamp,
         keys: Vec::new(),
+        location_keys: Vec::new(),
     };
 
     // Deltas of cumulative types; the first profile of a series is their baseline.
     let cumulative = |t: usize| is_cumulative(or(text(p, p.sample_type[t].r#type), "samples"));
-    prepared.keys = prepared.stack_keys()?;
+    (prepared.keys, prepared.location_keys) = prepared.stack_keys()?;
     let fingerprints: Option<Vec<Fingerprint>> =
         (options.delta && (0..types).any(cumulative)).then(|| prepared.fingerprints());
     for t in 0..types {
@@ -493,7 +496,7 @@ impl Prepared<'_> {
     ///
     /// The store finds a known stack by its key alone. Two different stacks of one
     /// partition sharing a key (odds about n²/2¹²⁹ for n stacks) would be stored as one.
-    fn stack_keys(&self) -> Result<Vec<StackKey>> {
+    fn stack_keys(&self) -> Result<(Vec<StackKey>, Vec<StackKey>)> {
         KEY_SCRATCH.with_borrow_mut(|scratch| {
             let keys = self.stack_keys_in(scratch);
             // A thread keeps room for a usual profile (up to 8,192 locations and functions,
@@ -510,7 +513,8 @@ impl Prepared<'_> {
         })
     }
 
-    fn stack_keys_in(&self, scratch: &mut KeyScratch) -> Result<Vec<StackKey>> {
+    /// The stacks' keys, and the locations' by position.
+    fn stack_keys_in(&self, scratch: &mut KeyScratch) -> Result<(Vec<StackKey>, Vec<StackKey>)> {
         let p = self.profile.flat();
         let ids = &self.profile.ids;
         let KeyScratch {
@@ -571,7 +575,7 @@ impl Prepared<'_> {
             }
             keys.push(content_key(stack));
         }
-        Ok(keys)
+        Ok((keys, location_keys.iter().map(|k| k.get()).collect()))
     }
 
     /// Step 2: the stack of every group that has a row, interned into the writer's
@@ -646,6 +650,11 @@ impl Prepared<'_> {
             stack.clear();
             for &id in p.sample(self.groups[g as usize].sample).location_id {
                 let li = ids.location(id)?;
+                if location_ix[li] == NONE
+                    && let Some(i) = writer.find_location(self.location_keys[li])
+                {
+                    location_ix[li] = i;
+                }
                 if location_ix[li] == NONE {
                     let l = p.location(li);
                     let mapping = if l.mapping_id == 0 {
@@ -681,8 +690,16 @@ impl Prepared<'_> {
                         }
                         lines.push((function_ix[fi], line.line));
                     }
-                    location_ix[li] =
-                        known!('groups, writer.location(mapping, l.address, l.is_folded, &lines));
+                    location_ix[li] = known!(
+                        'groups,
+                        writer.location(
+                            self.location_keys[li],
+                            mapping,
+                            l.address,
+                            l.is_folded,
+                            &lines
+                        )
+                    );
                 }
                 stack.push(location_ix[li]);
             }

@@ -823,4 +823,59 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     let total: i64 = merged.samples.iter().map(|(_, v)| v).sum();
     let first_total: i64 = original.sample.iter().map(|s| s.value[1]).sum();
     assert_eq!(total, 4 * first_total);
+    // The new stacks' frames are the partition's own locations where their content is
+    // known (found by content key), and new locations only through the moved function:
+    // the locations the stored stacks use are the original's plus one per moved one.
+    let used = |p: &frostdb_pprof::proto::Profile| -> std::collections::HashSet<u64> {
+        p.sample
+            .iter()
+            .filter(|s| s.value.iter().any(|v| *v != 0))
+            .flat_map(|s| s.location_id.iter().copied())
+            .collect()
+    };
+    let moved_locations = original
+        .location
+        .iter()
+        .filter(|l| used(&original).contains(&l.id))
+        .filter(|l| l.line.iter().any(|line| line.function_id == function))
+        .count();
+    let (mut locations, mut elsewhere) = (std::collections::HashSet::new(), 0);
+    for (stack, _) in &merged.samples {
+        merged.symbols.for_each_frame(*stack, |f| {
+            locations.insert(f.location_id());
+            elsewhere += usize::from(f.filename() == "elsewhere.go");
+        });
+    }
+    assert_eq!(locations.len(), used(&original).len() + moved_locations);
+    assert!(
+        elsewhere > 0,
+        "the moved function's new frames resolve to its new file"
+    );
+    // And every stored stack is its own frames: by (function, line) sequence, the merge
+    // holds four times the original's values.
+    let name = |id: u64| {
+        let f = original.function.iter().find(|f| f.id == id).unwrap();
+        original.string_table[f.name as usize].clone()
+    };
+    let mut expected: std::collections::HashMap<Vec<(String, i64)>, i64> = Default::default();
+    for sample in original.sample.iter().filter(|s| s.value[1] != 0) {
+        let frames = sample
+            .location_id
+            .iter()
+            .flat_map(|id| &original.location.iter().find(|l| l.id == *id).unwrap().line)
+            .map(|line| (name(line.function_id), line.line))
+            .collect();
+        *expected.entry(frames).or_default() += 4 * sample.value[1];
+    }
+    let mut stored: std::collections::HashMap<Vec<(String, i64)>, i64> = Default::default();
+    for (stack, v) in &merged.samples {
+        let frames = merged
+            .symbols
+            .frames(*stack)
+            .iter()
+            .map(|f| (f.function().unwrap().name.to_owned(), f.line()))
+            .collect();
+        *stored.entry(frames).or_default() += v;
+    }
+    assert_eq!(stored, expected);
 }

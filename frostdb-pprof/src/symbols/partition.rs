@@ -5,7 +5,8 @@
 //! compared against the stored rows, so nothing is kept twice) answer "do I have this one
 //! already?" for the writer. Stacks are indexed by a 128-bit content key instead (see
 //! `Prepared::stack_keys`), so a profile whose stacks the partition has finds each with one
-//! probe and never looks up its frames. Rows live in append-only vectors whose elements never move, so
+//! probe and never looks up its frames; locations are also indexed by their content key, so
+//! a new stack's known frames are found without interning their functions and strings. Rows live in append-only vectors whose elements never move, so
 //! readers resolve indices without any lock while the writer appends. A closed partition has
 //! no indexes; one loaded from the symbol tables is built the same way.
 
@@ -80,6 +81,9 @@ pub(crate) struct Indexes {
     /// Stacks by content key, so that a known stack is found with one probe, without
     /// interning its frames' strings, functions and locations first.
     stacks: HashTable<(StackKey, u32)>,
+    /// Locations by content key, the same way: a new stack's frames that the partition has
+    /// are found without interning their functions and strings.
+    location_keys: HashTable<(StackKey, u32)>,
 }
 
 impl Default for Indexes {
@@ -91,6 +95,7 @@ impl Default for Indexes {
             functions: HashTable::new(),
             locations: HashTable::new(),
             stacks: HashTable::new(),
+            location_keys: HashTable::new(),
         }
     }
 }
@@ -369,8 +374,41 @@ impl Writer<'_> {
         )
     }
 
-    /// The index of the location `(mapping, address, is_folded, lines)`, added if new.
+    /// The index of the location whose content key is `key`, if the partition has it
+    /// indexed by key (see [`Writer::location`]).
+    pub(crate) fn find_location(&self, key: StackKey) -> Option<u32> {
+        self.indexes()
+            .location_keys
+            .find(key as u64, |&(k, _)| k == key)
+            .map(|&(_, i)| i)
+    }
+
+    /// The index of the location `(mapping, address, is_folded, lines)`, added if new;
+    /// with an exclusive writer it is also indexed by its content key `key`.
     pub(crate) fn location(
+        &mut self,
+        key: StackKey,
+        mapping: u32,
+        address: u64,
+        is_folded: bool,
+        lines: &[LineRow],
+    ) -> Result<Option<u32>> {
+        let p = self.partition;
+        let found = self.location_row(mapping, address, is_folded, lines)?;
+        if let (Some(i), Some(ix)) = (found, self.exclusive())
+            && ix
+                .location_keys
+                .find(key as u64, |&(k, _)| k == key)
+                .is_none()
+        {
+            ix.location_keys
+                .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
+            p.grow(STACK_SLOT);
+        }
+        Ok(found)
+    }
+
+    fn location_row(
         &mut self,
         mapping: u32,
         address: u64,
