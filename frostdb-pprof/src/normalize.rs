@@ -742,7 +742,7 @@ impl Prepared<'_> {
 
     /// Appends `rows` (`(type, group, value)`, type by type); `group` gives a row group's
     /// label set and interned stack. With `index`, the rows that stand for series index rows
-    /// are noted in `out.series`.
+    /// are noted in `out.series`, and the totals of each type and label set in `out.totals`.
     fn append(
         &self,
         partition: u32,
@@ -779,19 +779,28 @@ impl Prepared<'_> {
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
             // The series index: a row per distinct label set of the run, keyed by what
             // makes its index row.
+            // With them, the run's totals: a first row and a sum per label set.
             if index {
                 sets.clear();
+                let totals = out.totals.len();
                 for (i, r) in run.iter().enumerate() {
                     let set = group(r.1).0;
-                    if !sets.contains(&set) {
-                        sets.push(set);
-                        let key = SERIES_KEYS.hash_one((
-                            (&self.name, sample_type(t), sample_unit(t)),
-                            (period_type, period_unit, &self.series),
-                            (&self.label_sets[set], hour),
-                        ));
-                        out.series.push((key, (at + i) as u32));
-                    }
+                    let k = match sets.iter().position(|&s| s == set) {
+                        Some(k) => k,
+                        None => {
+                            sets.push(set);
+                            let key = SERIES_KEYS.hash_one((
+                                (&self.name, sample_type(t), sample_unit(t)),
+                                (period_type, period_unit, &self.series),
+                                (&self.label_sets[set], hour),
+                            ));
+                            out.series.push((key, (at + i) as u32));
+                            out.totals.push(((at + i) as u32, 0));
+                            sets.len() - 1
+                        }
+                    };
+                    let sum = &mut out.totals[totals + k].1;
+                    *sum = sum.wrapping_add(r.2);
                 }
             }
             used.push(t);
@@ -855,6 +864,9 @@ pub(crate) struct SampleRows {
     /// Rows that stand for a series index row: `(key, row)`, the key a hash of the index
     /// row's contents.
     pub(crate) series: Vec<(u64, u32)>,
+    /// Per profile, type and label set, in row order: its first row and the sum of its
+    /// rows' values (see [`totals_from`]).
+    pub(crate) totals: Vec<(u32, i64)>,
     strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
     stacktrace_id: Vec<u64>,
     timestamp: Vec<i64>,
@@ -961,18 +973,44 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
 /// profile's rows of one type and label set), its `value` their sum, its other columns its
 /// first row's.
 pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
+    let values = samples
+        .column_by_name("value")
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
+    let rows: Vec<(u32, Option<i64>)> = (0..samples.num_rows())
+        .map(|i| (i as u32, values.is_valid(i).then(|| values.value(i))))
+        .collect();
+    totals_of(samples, &rows, false)
+}
+
+/// The rows [`totals_rows`] makes of `samples`, from `sums`: what [`SampleRows`] noted while
+/// appending them (per profile, type and label set, its first row and its values' sum, in
+/// row order). Only those rows' series columns are compared, not every row's.
+pub(crate) fn totals_from(samples: &RecordBatch, sums: &[(u32, i64)]) -> Result<RecordBatch> {
+    let rows: Vec<(u32, Option<i64>)> = sums.iter().map(|&(row, sum)| (row, Some(sum))).collect();
+    totals_of(samples, &rows, true)
+}
+
+/// Totals of `rows` (`(row, value)`, in row order) of `samples`, grouped by their series
+/// columns; with `take`, only those rows' series columns are read.
+fn totals_of(
+    samples: &RecordBatch,
+    rows: &[(u32, Option<i64>)],
+    take: bool,
+) -> Result<RecordBatch> {
     let schema = samples.schema();
+    let indices =
+        take.then(|| arrow::array::UInt32Array::from_iter_values(rows.iter().map(|r| r.0)));
     let keys: Vec<ArrayRef> = schema
         .fields()
         .iter()
         .zip(samples.columns())
         .filter(|(f, _)| crate::schema::is_series_column(f.name()))
-        .map(|(_, c)| c.clone())
-        .collect();
-    let values = samples
-        .column_by_name("value")
-        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-        .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
+        .map(|(_, c)| match &indices {
+            Some(indices) => Ok(arrow::compute::take(c, indices, None)?),
+            None => Ok(c.clone()),
+        })
+        .collect::<Result<_>>()?;
     let (words, width) = series_words(&keys)?;
     let row = |i: usize| &words[i * width..(i + 1) * width];
     // Rows of one label set come in runs (interleaved where samples carry pprof labels):
@@ -980,19 +1018,19 @@ pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
     let mut groups: HashMap<&[u64], u32> = HashMap::default();
     let (mut firsts, mut sums) = (Vec::<u32>::new(), Vec::<Option<i64>>::new());
     let mut previous: Option<(usize, u32)> = None;
-    for i in 0..samples.num_rows() {
+    for (i, &(first, value)) in rows.iter().enumerate() {
         let g = match previous {
             Some((p, g)) if row(p) == row(i) => g,
             _ => *groups.entry(row(i)).or_insert_with(|| {
-                firsts.push(i as u32);
+                firsts.push(first);
                 sums.push(None);
                 (firsts.len() - 1) as u32
             }),
         };
         previous = Some((i, g));
-        if values.is_valid(i) {
+        if let Some(value) = value {
             let sum = &mut sums[g as usize];
-            *sum = Some(sum.unwrap_or(0).wrapping_add(values.value(i)));
+            *sum = Some(sum.unwrap_or(0).wrapping_add(value));
         }
     }
     let firsts = arrow::array::UInt32Array::from(firsts);
@@ -1087,6 +1125,48 @@ fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn totals_noted_while_appending_are_the_totals_of_the_rows() {
+        // Profiles of several sample types and with pprof sample labels, and one profile
+        // twice (the same series at the same time: its totals are added), in one group.
+        let limits = crate::Limits::default();
+        let dir = crate::testing::shared_dir().join("testdata/pprof");
+        let files = [
+            "goapp__go119-heap.pb.gz",
+            "pyroscope__go-cpu-labels.pb.gz",
+            "parca__ebpf-agent-cpu-labels.pb.gz",
+            "goapp__go119-heap.pb.gz",
+        ];
+        let mut out = SampleRows::default();
+        for file in files {
+            let profile = crate::decode(&std::fs::read(dir.join(file)).unwrap(), &limits).unwrap();
+            let options = IngestOptions {
+                name: "p".into(),
+                labels: vec![("job".into(), "j".into())],
+                delta: false,
+                timestamp_ms: Some(1_000),
+            };
+            let prepared = prepare(&profile, &options, None).unwrap();
+            let stacks: Vec<u32> = (0..prepared.groups.len() as u32).collect();
+            prepared.append_samples(7, &stacks, &mut out).unwrap();
+        }
+        let sums = std::mem::take(&mut out.totals);
+        let batch = out.finish().unwrap();
+        let expected = totals_rows(&batch).unwrap();
+        assert_eq!(totals_from(&batch, &sums).unwrap(), expected);
+        let labelled = batch
+            .schema()
+            .fields()
+            .iter()
+            .filter(|f| f.name().starts_with("labels."))
+            .count();
+        assert!(labelled > 1, "some samples carry pprof labels");
+        assert!(
+            sums.len() > expected.num_rows(),
+            "the repeated profile's totals were added"
+        );
+    }
 
     #[test]
     fn totals_group_rows_by_value_whatever_their_dictionary_keys() {

@@ -1077,6 +1077,7 @@ impl ProfileStore {
                 "committing a group of profiles"
             );
             let keys = std::mem::take(&mut group.rows.series);
+            let totals = std::mem::take(&mut group.rows.totals);
             let samples = group.rows.finish()?;
             let index = self.indexed.lock().new_rows(&samples, keys)?;
             let mut tx = self.db.transaction();
@@ -1093,7 +1094,10 @@ impl ProfileStore {
                 tx.insert(&self.series_index, rows)?;
             }
             tx.insert(&self.samples, &samples)?;
-            tx.insert(&self.totals, &crate::normalize::totals_rows(&samples)?)?;
+            tx.insert(
+                &self.totals,
+                &crate::normalize::totals_from(&samples, &totals)?,
+            )?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }
