@@ -377,10 +377,7 @@ impl Writer<'_> {
     /// The index of the location whose content key is `key`, if the partition has it
     /// indexed by key (see [`Writer::location`]).
     pub(crate) fn find_location(&self, key: StackKey) -> Option<u32> {
-        self.indexes()
-            .location_keys
-            .find(key as u64, |&(k, _)| k == key)
-            .map(|&(_, i)| i)
+        keyed(&self.indexes().location_keys, key)
     }
 
     /// The index of the location `(mapping, address, is_folded, lines)`, added if new;
@@ -394,30 +391,8 @@ impl Writer<'_> {
         lines: &[LineRow],
     ) -> Result<Option<u32>> {
         let p = self.partition;
-        let found = self.location_row(mapping, address, is_folded, lines)?;
-        if let (Some(i), Some(ix)) = (found, self.exclusive())
-            && ix
-                .location_keys
-                .find(key as u64, |&(k, _)| k == key)
-                .is_none()
-        {
-            ix.location_keys
-                .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
-            p.grow(STACK_SLOT);
-        }
-        Ok(found)
-    }
-
-    fn location_row(
-        &mut self,
-        mapping: u32,
-        address: u64,
-        is_folded: bool,
-        lines: &[LineRow],
-    ) -> Result<Option<u32>> {
-        let p = self.partition;
         let hasher = self.indexes().hasher.clone();
-        self.find_or_add(
+        let found = self.find_or_add(
             Table::Locations,
             hasher.hash_one((mapping, address, is_folded, lines)),
             |i| {
@@ -442,15 +417,20 @@ impl Writer<'_> {
                     hasher.hash_one((l.mapping, l.address, l.is_folded, &*l.lines))
                 })
             },
-        )
+        )?;
+        if let (Some(i), Some(ix)) = (found, self.exclusive())
+            && keyed(&ix.location_keys, key).is_none()
+        {
+            ix.location_keys
+                .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
+            p.grow(STACK_SLOT);
+        }
+        Ok(found)
     }
 
     /// The index of the stack whose content key is `key`, if the partition has it.
     pub(crate) fn find_stack(&self, key: StackKey) -> Option<u32> {
-        self.indexes()
-            .stacks
-            .find(key as u64, |&(k, _)| k == key)
-            .map(|&(_, i)| i)
+        keyed(&self.indexes().stacks, key)
     }
 
     /// The index of the stack with content key `key`, of locations `locations` (leaf
@@ -470,6 +450,11 @@ impl Writer<'_> {
         p.grow(STACK_SLOT);
         Ok(Some(i))
     }
+}
+
+/// The index `key` has in `table` (an index by content key), if any.
+fn keyed(table: &HashTable<(StackKey, u32)>, key: StackKey) -> Option<u32> {
+    table.find(key as u64, |&(k, _)| k == key).map(|&(_, i)| i)
 }
 
 /// The writer's indexes, one per kind of row.
