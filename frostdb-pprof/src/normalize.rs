@@ -140,7 +140,7 @@ pub(crate) struct Prepared<'p> {
     /// Each group's stack content key.
     keys: Vec<StackKey>,
     /// Each location's content key, by position.
-    location_keys: Vec<StackKey>,
+    location_keys: Vec<Key>,
 }
 
 /// What [`Prepared::intern`] has found so far in one partition: the partition's index of
@@ -354,14 +354,12 @@ impl Key {
 }
 
 /// What [`Prepared::stack_keys`] works in, kept per thread from one profile to the next:
-/// the keys of a profile's functions, mappings and locations by position, and the bytes
-/// being hashed. Fresh, they were three zeroed allocations aligned to 16 bytes and three
-/// growing buffers a profile.
+/// the keys of a profile's functions and mappings by position, and the bytes being hashed.
+/// (The locations' keys are the profile's: intern reads them later.)
 #[derive(Default)]
 struct KeyScratch {
     functions: Vec<Key>,
     mappings: Vec<Key>,
-    locations: Vec<Key>,
     buf: Vec<u8>,
     location: Vec<u8>,
     stack: Vec<u8>,
@@ -496,31 +494,25 @@ impl Prepared<'_> {
     ///
     /// The store finds a known stack by its key alone. Two different stacks of one
     /// partition sharing a key (odds about n²/2¹²⁹ for n stacks) would be stored as one.
-    fn stack_keys(&self) -> Result<(Vec<StackKey>, Vec<StackKey>)> {
+    fn stack_keys(&self) -> Result<(Vec<StackKey>, Vec<Key>)> {
         KEY_SCRATCH.with_borrow_mut(|scratch| {
             let keys = self.stack_keys_in(scratch);
-            // A thread keeps room for a usual profile (up to 8,192 locations and functions,
-            // under 400 KiB), not for the largest it met.
-            if scratch
-                .locations
-                .capacity()
-                .max(scratch.functions.capacity())
-                > 1 << 13
-            {
+            // A thread keeps room for a usual profile (up to 8,192 functions, under 200 KiB),
+            // not for the largest it met.
+            if scratch.functions.capacity() > 1 << 13 {
                 *scratch = KeyScratch::default();
             }
             keys
         })
     }
 
-    /// The stacks' keys, and the locations' by position.
-    fn stack_keys_in(&self, scratch: &mut KeyScratch) -> Result<(Vec<StackKey>, Vec<StackKey>)> {
+    /// The stacks' keys, and the locations' by position (the profile's, for intern).
+    fn stack_keys_in(&self, scratch: &mut KeyScratch) -> Result<(Vec<StackKey>, Vec<Key>)> {
         let p = self.profile.flat();
         let ids = &self.profile.ids;
         let KeyScratch {
             functions: function_keys,
             mappings: mapping_keys,
-            locations: location_keys,
             buf,
             location,
             stack,
@@ -549,7 +541,7 @@ impl Prepared<'_> {
             // Never 0, the key of "no mapping".
             mapping_keys.push(Key::of(content_key(buf) | 1));
         }
-        location_keys.clear();
+        let mut location_keys = Vec::with_capacity(p.locations().len());
         for l in p.locations() {
             let mapping = if l.mapping_id == 0 {
                 0
@@ -575,7 +567,7 @@ impl Prepared<'_> {
             }
             keys.push(content_key(stack));
         }
-        Ok((keys, location_keys.iter().map(|k| k.get()).collect()))
+        Ok((keys, location_keys))
     }
 
     /// Step 2: the stack of every group that has a row, interned into the writer's
@@ -651,7 +643,7 @@ impl Prepared<'_> {
             for &id in p.sample(self.groups[g as usize].sample).location_id {
                 let li = ids.location(id)?;
                 if location_ix[li] == NONE
-                    && let Some(i) = writer.find_location(self.location_keys[li])
+                    && let Some(i) = writer.find_location(self.location_keys[li].get())
                 {
                     location_ix[li] = i;
                 }
@@ -693,7 +685,7 @@ impl Prepared<'_> {
                     location_ix[li] = known!(
                         'groups,
                         writer.location(
-                            self.location_keys[li],
+                            self.location_keys[li].get(),
                             mapping,
                             l.address,
                             l.is_folded,
@@ -778,8 +770,7 @@ impl Prepared<'_> {
             out.constant("sample_type", sample_type(t), at, run.len())?;
             out.constant("sample_unit", sample_unit(t), at, run.len())?;
             // The series index: a row per distinct label set of the run, keyed by what
-            // makes its index row.
-            // With them, the run's totals: a first row and a sum per label set.
+            // makes its index row; and the run's totals, a first row and a sum per label set.
             if index {
                 sets.clear();
                 let totals = out.totals.len();
@@ -980,7 +971,7 @@ pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
     let rows: Vec<(u32, Option<i64>)> = (0..samples.num_rows())
         .map(|i| (i as u32, values.is_valid(i).then(|| values.value(i))))
         .collect();
-    totals_of(samples, &rows, false)
+    totals_of(samples, &rows)
 }
 
 /// The rows [`totals_rows`] makes of `samples`, from `sums`: what [`SampleRows`] noted while
@@ -988,28 +979,20 @@ pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
 /// row order). Only those rows' series columns are compared, not every row's.
 pub(crate) fn totals_from(samples: &RecordBatch, sums: &[(u32, i64)]) -> Result<RecordBatch> {
     let rows: Vec<(u32, Option<i64>)> = sums.iter().map(|&(row, sum)| (row, Some(sum))).collect();
-    totals_of(samples, &rows, true)
+    totals_of(samples, &rows)
 }
 
 /// Totals of `rows` (`(row, value)`, in row order) of `samples`, grouped by their series
-/// columns; with `take`, only those rows' series columns are read.
-fn totals_of(
-    samples: &RecordBatch,
-    rows: &[(u32, Option<i64>)],
-    take: bool,
-) -> Result<RecordBatch> {
+/// columns (only those rows' are read).
+fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<RecordBatch> {
     let schema = samples.schema();
-    let indices =
-        take.then(|| arrow::array::UInt32Array::from_iter_values(rows.iter().map(|r| r.0)));
+    let indices = arrow::array::UInt32Array::from_iter_values(rows.iter().map(|r| r.0));
     let keys: Vec<ArrayRef> = schema
         .fields()
         .iter()
         .zip(samples.columns())
         .filter(|(f, _)| crate::schema::is_series_column(f.name()))
-        .map(|(_, c)| match &indices {
-            Some(indices) => Ok(arrow::compute::take(c, indices, None)?),
-            None => Ok(c.clone()),
-        })
+        .map(|(_, c)| Ok(arrow::compute::take(c, &indices, None)?))
         .collect::<Result<_>>()?;
     let (words, width) = series_words(&keys)?;
     let row = |i: usize| &words[i * width..(i + 1) * width];

@@ -6,9 +6,10 @@
 //! already?" for the writer. Stacks are indexed by a 128-bit content key instead (see
 //! `Prepared::stack_keys`), so a profile whose stacks the partition has finds each with one
 //! probe and never looks up its frames; locations are also indexed by their content key, so
-//! a new stack's known frames are found without interning their functions and strings. Rows live in append-only vectors whose elements never move, so
-//! readers resolve indices without any lock while the writer appends. A closed partition has
-//! no indexes; one loaded from the symbol tables is built the same way.
+//! a new stack's known frames are found without interning their functions and strings. Rows
+//! live in append-only vectors whose elements never move, so readers resolve indices without
+//! any lock while the writer appends. A closed partition has no indexes; one loaded from the
+//! symbol tables is built the same way.
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -421,9 +422,7 @@ impl Writer<'_> {
         if let (Some(i), Some(ix)) = (found, self.exclusive())
             && keyed(&ix.location_keys, key).is_none()
         {
-            ix.location_keys
-                .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
-            p.grow(STACK_SLOT);
+            add_keyed(p, &mut ix.location_keys, key, i);
         }
         Ok(found)
     }
@@ -445,9 +444,7 @@ impl Writer<'_> {
         };
         let i = index_of(p.stacks.count())?;
         p.push_stack(locations.into());
-        ix.stacks
-            .insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
-        p.grow(STACK_SLOT);
+        add_keyed(p, &mut ix.stacks, key, i);
         Ok(Some(i))
     }
 }
@@ -455,6 +452,12 @@ impl Writer<'_> {
 /// The index `key` has in `table` (an index by content key), if any.
 fn keyed(table: &HashTable<(StackKey, u32)>, key: StackKey) -> Option<u32> {
     table.find(key as u64, |&(k, _)| k == key).map(|&(_, i)| i)
+}
+
+/// Indexes row `i` of `p` by content key `key` in `table`, which lacks it.
+fn add_keyed(p: &Partition, table: &mut HashTable<(StackKey, u32)>, key: StackKey, i: u32) {
+    table.insert_unique(key as u64, (key, i), |&(k, _)| k as u64);
+    p.grow(STACK_SLOT);
 }
 
 /// The writer's indexes, one per kind of row.
