@@ -21,11 +21,30 @@ pub mod time {
 
     pub use frostdb_core::now_ms;
 
+    /// The latest time taken, in Unix ms: the last millisecond of the year 9999. Times are
+    /// checked against `0..=MAX_MS` where they enter, so no arithmetic on them can wrap.
+    pub const MAX_MS: i64 = 253_402_300_799_999;
+
+    /// `ms` if it is within `0..=`[`MAX_MS`], else an error naming `what`.
+    pub fn checked_ms(ms: i64, what: &str) -> Result<i64, String> {
+        if (0..=MAX_MS).contains(&ms) {
+            Ok(ms)
+        } else {
+            Err(format!(
+                "{what}: {ms} ms is outside the times taken (0 to {MAX_MS}: 1970 to the year 9999)"
+            ))
+        }
+    }
+
     /// Milliseconds since the Unix epoch from RFC 3339 (`2026-11-22T10:00:00Z`), Unix
     /// milliseconds (`1763805600000`), `now`, or `now-<n><unit>` / `now+<n><unit>` with units
     /// `ms`, `s`, `m`, `h`, `d`, `w`.
     pub fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {
-        let s = s.trim();
+        let ms = parse_time_unchecked(s.trim(), now_ms)?;
+        checked_ms(ms, &format!("{:?}", s.trim()))
+    }
+
+    fn parse_time_unchecked(s: &str, now_ms: i64) -> Result<i64, String> {
         if let Ok(ms) = s.parse::<i64>() {
             return Ok(ms);
         }
@@ -42,9 +61,10 @@ pub mod time {
                     ));
                 }
             };
-            return Ok(
-                now_ms + sign * parse_duration_ms(amount).map_err(|e| format!("{s:?}: {e}"))?
-            );
+            let d = parse_duration_ms(amount).map_err(|e| format!("{s:?}: {e}"))?;
+            return now_ms
+                .checked_add(sign * d)
+                .ok_or_else(|| format!("{s:?} is out of range"));
         }
         let t: jiff::Timestamp = s
             .parse()
@@ -97,6 +117,18 @@ pub mod time {
             );
             assert!(parse_time("yesterday", now).is_err());
             assert!(parse_time("now-5x", now).is_err());
+            // Out of range, never wrapped.
+            for bad in [
+                "now+9223372036854775807ms",
+                "now-9223372036854775807ms",
+                "-9223372036854775808",
+                "9223372036854775807",
+                "-1",
+                "now+8000y",
+            ] {
+                assert!(parse_time(bad, now).is_err(), "{bad}");
+            }
+            assert_eq!(parse_time("253402300799999", now), Ok(MAX_MS));
         }
     }
 }

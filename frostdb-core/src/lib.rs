@@ -62,6 +62,7 @@
 //! ```
 
 mod bucket;
+mod budget;
 mod commit;
 mod db;
 mod dictionary;
@@ -88,6 +89,7 @@ mod workers;
 mod write;
 
 pub use bucket::Bucket;
+pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
 pub use commit::{Submitted, Transaction};
 pub use db::{Db, Maintenance};
 pub use error::{Error, ErrorKind, Result};

@@ -40,6 +40,7 @@ use crate::symbols::{
 /// | `rollups` | [`RollupOptions::default`] | hourly and daily rollups merges read |
 /// | `block_merger` | none | where merges read persisted blocks: here, or spread over a cluster's workers |
 /// | `group_wait` | 10 ms | longest a group commit waits for profiles still being decoded |
+/// | `memory_budget` | none | a process-wide budget queries reserve from, besides `query_memory` |
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Decoding limits.
@@ -56,6 +57,9 @@ pub struct StoreOptions {
     /// limit). Over it a SQL operator spills where it can; otherwise the query fails with a
     /// "resources exhausted" error naming the limit.
     pub query_memory: Option<usize>,
+    /// A process-wide memory budget the store's queries also reserve from (`None`: only
+    /// `query_memory` bounds them).
+    pub memory_budget: Option<frostdb_core::MemoryBudget>,
     /// Series the store admits (profile name and every label, pprof sample labels
     /// included) since it was opened; a profile that would add more is refused whole.
     pub max_series: usize,
@@ -93,6 +97,7 @@ impl Default for StoreOptions {
             samples: samples_table_options(),
             retention: None,
             query_memory: None,
+            memory_budget: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
             rollups: RollupOptions::default(),
@@ -743,7 +748,10 @@ impl ProfileStore {
             series_index,
             totals,
             indexed: Mutex::new(SeriesSeen::default()),
-            memory: frostdb_query::memory_pool(options.query_memory),
+            memory: frostdb_query::budgeted_memory_pool(
+                options.query_memory,
+                options.memory_budget.as_ref(),
+            ),
             symbols,
             expiry,
             rollups,

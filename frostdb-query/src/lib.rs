@@ -30,19 +30,22 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```
 
+mod cancel;
 #[cfg(feature = "distributed")]
 pub mod distributed;
 mod error;
 mod exec;
 mod filter;
+mod functions;
 mod memory;
 pub mod profile;
 mod provider;
 mod selector;
 
+pub use cancel::{Cancel, cancellable};
 pub use error::{Error, Result, datafusion_kind};
 pub use exec::FrostScanExec;
-pub use memory::memory_pool;
+pub use memory::{budgeted_memory_pool, memory_pool};
 pub use provider::{
     BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
     session, session_with,

@@ -1,6 +1,7 @@
 //! Query memory: one pool per store, shared by its SQL sessions (DataFusion's operators
 //! reserve from it, and spill where they can) and its native profile merges, so a limit
-//! holds for everything the store answers at once.
+//! holds for everything the store answers at once. A pool may also draw on a process-wide
+//! [`MemoryBudget`], so that what every store's queries hold counts against one limit.
 
 use std::sync::Arc;
 
@@ -9,27 +10,43 @@ use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
     TrackConsumersPool, UnboundedMemoryPool,
 };
+use frostdb_core::{MemoryBudget, Reservation};
 
 /// A store's query memory pool: unbounded, or a limit whose refusals name it.
 pub fn memory_pool(limit: Option<usize>) -> Arc<dyn MemoryPool> {
-    match limit {
-        None => Arc::new(UnboundedMemoryPool::default()),
-        Some(limit) => Arc::new(Limited {
-            inner: TrackConsumersPool::new(
-                GreedyMemoryPool::new(limit),
-                std::num::NonZeroUsize::new(3).expect("3 is not zero"),
-            ),
-            limit,
-        }),
+    budgeted_memory_pool(limit, None)
+}
+
+/// [`memory_pool`] whose reservations are also reserved from `budget` (when given): a
+/// query is refused when either its store's limit or the process's budget is reached.
+pub fn budgeted_memory_pool(
+    limit: Option<usize>,
+    budget: Option<&MemoryBudget>,
+) -> Arc<dyn MemoryPool> {
+    match (limit, budget) {
+        (None, None) => Arc::new(UnboundedMemoryPool::default()),
+        (limit, budget) => {
+            let limit = limit.unwrap_or(usize::MAX);
+            Arc::new(Limited {
+                inner: TrackConsumersPool::new(
+                    GreedyMemoryPool::new(limit),
+                    std::num::NonZeroUsize::new(3).expect("3 is not zero"),
+                ),
+                limit,
+                budget: budget.map(|b| parking_lot::Mutex::new(b.empty())),
+            })
+        }
     }
 }
 
 /// A greedy pool of `limit` bytes whose "resources exhausted" errors say the limit and how
-/// to raise it.
+/// to raise it, drawing on a process budget when it has one.
 #[derive(Debug)]
 struct Limited {
     inner: TrackConsumersPool<GreedyMemoryPool>,
     limit: usize,
+    /// What this pool holds of the process's budget.
+    budget: Option<parking_lot::Mutex<Reservation>>,
 }
 
 impl std::fmt::Display for Limited {
@@ -52,15 +69,30 @@ impl MemoryPool for Limited {
     }
 
     fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        if let Some(budget) = &self.budget {
+            budget.lock().grow(additional);
+        }
         self.inner.grow(reservation, additional)
     }
 
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        if let Some(budget) = &self.budget {
+            budget.lock().shrink(shrink);
+        }
         self.inner.shrink(reservation, shrink)
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
+        if let Some(budget) = &self.budget {
+            budget
+                .lock()
+                .try_grow(additional, "a query")
+                .map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+        }
         self.inner.try_grow(reservation, additional).map_err(|e| {
+            if let Some(budget) = &self.budget {
+                budget.lock().shrink(additional);
+            }
             DataFusionError::ResourcesExhausted(format!(
                 "the query memory limit of {} bytes ({:.1} MiB) is reached: {}",
                 self.limit,

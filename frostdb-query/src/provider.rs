@@ -321,12 +321,12 @@ pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>) -> Result<SessionContext
 
 fn context(pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(pool)
+        .with_memory_pool(pool.clone())
         .build_arc()?;
-    Ok(SessionContext::new_with_config_rt(
-        SessionConfig::new(),
-        runtime,
-    ))
+    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
+    // Functions whose output an argument sizes reserve it from the same pool.
+    crate::functions::bound_functions(&ctx, &pool);
+    Ok(ctx)
 }
 
 /// A session like [`session`] whose scans skip blocks they cannot read, counted in the

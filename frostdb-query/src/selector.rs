@@ -231,8 +231,11 @@ pub struct Selector {
 }
 
 /// Why a selector did not parse: the message and the 1-based column where it went wrong.
+/// Its text shows the selector around that column with a caret under it (at most
+/// [`SelectorError::SHOWN`] characters each side, so that a selector of megabytes makes a
+/// short error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("bad selector at column {column}: {message}\n  {input}\n  {caret:>width$}", caret = "^", width = column)]
+#[error("bad selector at column {column}: {message}\n  {}", self.excerpt())]
 pub struct SelectorError {
     /// 1-based column (in characters) of the problem.
     pub column: usize,
@@ -240,6 +243,34 @@ pub struct SelectorError {
     pub message: String,
     /// The selector.
     pub input: String,
+}
+
+impl SelectorError {
+    /// Characters of the selector shown on each side of the column.
+    pub const SHOWN: usize = 60;
+
+    /// The selector around the column, and a caret under the column.
+    fn excerpt(&self) -> String {
+        let at = self.column.saturating_sub(1);
+        let start = at.saturating_sub(Self::SHOWN);
+        let chars: Vec<char> = self
+            .input
+            .chars()
+            .skip(start)
+            .take(2 * Self::SHOWN + 1)
+            .collect();
+        let (lead, tail) = (
+            if start > 0 { "…" } else { "" },
+            if start + chars.len() < self.input.chars().count() {
+                "…"
+            } else {
+                ""
+            },
+        );
+        let text: String = chars.iter().collect();
+        let pad = lead.chars().count() + (at - start);
+        format!("{lead}{text}{tail}\n  {}^", " ".repeat(pad))
+    }
 }
 
 struct Parser<'a> {
@@ -723,7 +754,27 @@ mod tests {
             let err = Selector::parse(input).unwrap_err();
             assert_eq!(err.column, column, "{input}: {err}");
             assert!(err.message.contains(needle), "{input}: {err}");
+            // The caret stands under the column.
+            let text = err.to_string();
+            let lines: Vec<&str> = text.lines().collect();
+            let (shown, caret) = (lines[lines.len() - 2], lines[lines.len() - 1]);
+            assert_eq!(shown.trim_start(), input);
+            assert_eq!(caret.find('^'), Some(2 + column - 1), "{text}");
         }
+    }
+
+    #[test]
+    fn an_error_in_a_selector_of_megabytes_is_short() {
+        // Past the 65,535 columns a format width may have, and far too long to echo.
+        let input = format!("{{job=\"{}\" x}}", "a".repeat(4 << 20));
+        let err = Selector::parse(&input).unwrap_err();
+        assert_eq!(err.column, (4 << 20) + 9);
+        let text = err.to_string();
+        assert!(text.len() < 400, "{} bytes", text.len());
+        let lines: Vec<&str> = text.lines().collect();
+        let (shown_line, caret_line) = (lines[lines.len() - 2], lines[lines.len() - 1]);
+        let at = caret_line.find('^').unwrap();
+        assert_eq!(shown_line.chars().nth(at), Some('x'), "{text}");
     }
 
     #[test]

@@ -247,6 +247,45 @@ pub struct Limits {
     /// Memory a tenant's queries may hold at once (merges and SQL together); a query over
     /// it fails with "resources exhausted" naming the limit.
     pub max_query_memory_bytes: usize,
+    /// Connections open at once; more are answered 503 and closed. Absent: as many as the
+    /// process's descriptor limit (`ulimit -n`) leaves room for beside open tenants.
+    pub max_connections: Option<usize>,
+    /// Tenants whose databases are open at once; the least recently used idle one is
+    /// closed to open another (it reopens on its next request). Absent: as many as the
+    /// descriptor limit leaves room for, at most `max_tenants`.
+    pub max_open_tenants: Option<usize>,
+    /// Seconds a client has to send a request's headers (and an HTTP/1 connection may stay
+    /// idle between requests).
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection may stay open with no request in flight.
+    pub idle_timeout_secs: u64,
+    /// On SIGTERM, seconds requests in flight may take to finish before their connections
+    /// are closed.
+    pub shutdown_grace_secs: u64,
+    /// Longest request URI (path and query), bytes (414 beyond; at most 65,534, past which
+    /// the HTTP library refuses a URI itself).
+    pub max_uri_bytes: usize,
+    /// Most request headers, and their total bytes (431 beyond).
+    pub max_headers: usize,
+    /// See `max_headers`.
+    pub max_header_bytes: usize,
+    /// Queries (merges, reports, SQL) running at once; more wait, and past 16 times as many
+    /// waiting are answered 503. Absent: twice the cores.
+    pub max_concurrent_queries: Option<usize>,
+    /// Profiles being decoded and stored at once; more wait, and past 16 times as many
+    /// waiting are answered 503.
+    pub max_concurrent_ingest: usize,
+    /// The memory budget of the whole server: request bodies and their decoding, queries
+    /// (merges, reports, SQL, their functions) and the tenants' in-memory blocks share it;
+    /// work that does not fit waits briefly or is answered 503 with `Retry-After`. Bytes,
+    /// or a size such as `"4GiB"`. Absent: 60% of the memory of the machine or of the
+    /// cgroup the server runs in.
+    #[serde(with = "optional_bytes")]
+    pub memory: Option<u64>,
+    /// Settings (`settings.v1`) a tenant may keep.
+    pub max_settings: usize,
+    /// Bytes of settings (names and values) a tenant may keep.
+    pub max_settings_bytes: usize,
 }
 
 impl Default for Limits {
@@ -258,6 +297,19 @@ impl Default for Limits {
             request_timeout_secs: 60,
             max_tenants: 1_000,
             max_query_memory_bytes: 1 << 30,
+            max_connections: None,
+            max_open_tenants: None,
+            header_read_timeout_secs: 10,
+            idle_timeout_secs: 60,
+            shutdown_grace_secs: 10,
+            max_uri_bytes: 16 << 10,
+            max_headers: 100,
+            max_header_bytes: 64 << 10,
+            max_concurrent_queries: None,
+            max_concurrent_ingest: 64,
+            max_settings: 100,
+            max_settings_bytes: 1 << 20,
+            memory: None,
         }
     }
 }
@@ -330,6 +382,119 @@ mod duration {
             )));
         }
         Ok(Duration::from_millis(ms as u64))
+    }
+}
+
+impl Limits {
+    /// Checks what serde cannot: limits that would refuse everything.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("request_timeout_secs", self.request_timeout_secs as usize),
+            (
+                "header_read_timeout_secs",
+                self.header_read_timeout_secs as usize,
+            ),
+            ("idle_timeout_secs", self.idle_timeout_secs as usize),
+            ("max_tenants", self.max_tenants),
+            ("max_concurrent_ingest", self.max_concurrent_ingest),
+            ("max_headers", self.max_headers),
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_decompressed_bytes", self.max_decompressed_bytes),
+            ("max_query_memory_bytes", self.max_query_memory_bytes),
+            ("max_connections", self.max_connections.unwrap_or(1)),
+            ("max_open_tenants", self.max_open_tenants.unwrap_or(1)),
+            (
+                "max_concurrent_queries",
+                self.max_concurrent_queries.unwrap_or(1),
+            ),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("`{name}` must be positive"));
+        }
+        if self.max_uri_bytes < 1024 || self.max_header_bytes < 1024 {
+            return Err("`max_uri_bytes` and `max_header_bytes` must be at least 1024".into());
+        }
+        if self.max_uri_bytes > crate::server::connections::HYPER_MAX_URI_BYTES {
+            return Err(format!(
+                "`max_uri_bytes` must be at most {}",
+                crate::server::connections::HYPER_MAX_URI_BYTES
+            ));
+        }
+        let hyper = crate::server::connections::HYPER_MAX_HEAD_BYTES;
+        if self.max_uri_bytes + self.max_header_bytes > hyper {
+            return Err(format!(
+                "`max_uri_bytes` and `max_header_bytes` together must be at most {hyper}"
+            ));
+        }
+        if self.max_headers > crate::server::connections::HYPER_MAX_HEADERS {
+            return Err(format!(
+                "`max_headers` must be at most {}",
+                crate::server::connections::HYPER_MAX_HEADERS
+            ));
+        }
+        Ok(())
+    }
+
+    /// The memory budget in bytes: `memory`, else 60% of what the machine or cgroup has
+    /// (4 GiB when that cannot be read).
+    pub fn memory_budget(&self) -> u64 {
+        self.memory.unwrap_or_else(|| {
+            frostdb_core::available_memory().map_or(4 << 30, |b| b as u64 / 10 * 6)
+        })
+    }
+}
+
+/// A size: bytes, or a number with a unit (`512MiB`, `4GiB`, `100MB`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let digits = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or e.g. 512MiB, 4GiB)"))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ));
+        }
+    };
+    let bytes = number * factor as f64;
+    if !(1.0..=(u64::MAX as f64)).contains(&bytes) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+mod optional_bytes {
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Size::deserialize(d)? {
+            Size::Bytes(0) => Err(serde::de::Error::custom("the size must be positive")),
+            Size::Bytes(b) => Ok(Some(b)),
+            Size::Text(t) => super::parse_bytes(&t)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
     }
 }
 
@@ -418,6 +583,9 @@ impl Config {
         if self.token.as_deref() == Some("") {
             return Err("`token` is empty".into());
         }
+        self.limits
+            .validate()
+            .map_err(|e| format!("[limits]: {e}"))?;
         self.validate_cluster()
     }
 

@@ -8,12 +8,35 @@ use frostdb_core::ErrorKind;
 
 /// An error answer. The body is JSON `{"error": msg, "code": c, "message": msg}`: `error`
 /// for people and scripts, `code`/`message` as Connect clients (the Pyroscope SDKs) read.
+/// The message is cut to [`MAX_MESSAGE_BYTES`], so an error echoing its input (a bad
+/// selector of megabytes) stays small.
 #[derive(Debug)]
 pub struct ApiError {
     /// The status.
     pub status: StatusCode,
     /// What went wrong.
     pub message: String,
+    /// Seconds after which a retry may succeed (`Retry-After`), for refusals of load.
+    pub retry_after: Option<u64>,
+}
+
+/// The longest message an error answer carries; longer ones are cut, saying how much.
+pub const MAX_MESSAGE_BYTES: usize = 2048;
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] (on a character boundary), saying how
+/// many bytes were left out.
+fn bounded(mut message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let cut = message.len() - end;
+    message.truncate(end);
+    message.push_str(&format!("… ({cut} more bytes not shown)"));
+    message
 }
 
 impl ApiError {
@@ -21,7 +44,16 @@ impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
-            message: message.into(),
+            message: bounded(message.into()),
+            retry_after: None,
+        }
+    }
+
+    /// 503: the server is busy right now; retry after `secs`.
+    pub fn busy(message: impl Into<String>, secs: u64) -> Self {
+        Self {
+            retry_after: Some(secs),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     }
 
@@ -52,7 +84,7 @@ impl ApiError {
 
     /// Prefixes the message with where the error happened.
     pub fn context(mut self, what: impl std::fmt::Display) -> Self {
-        self.message = format!("{what}: {}", self.message);
+        self.message = bounded(format!("{what}: {}", self.message));
         self
     }
 
@@ -79,7 +111,10 @@ impl ApiError {
             StatusCode::NOT_FOUND => "not_found",
             StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED => "unimplemented",
             StatusCode::CONFLICT => "already_exists",
-            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "resource_exhausted",
+            StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::TOO_MANY_REQUESTS
+            | StatusCode::URI_TOO_LONG
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "resource_exhausted",
             StatusCode::REQUEST_TIMEOUT => "deadline_exceeded",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
             _ => "internal",
@@ -105,7 +140,13 @@ impl IntoResponse for ApiError {
             "code": self.connect_code(),
             "message": self.message,
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 

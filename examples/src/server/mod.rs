@@ -7,7 +7,9 @@
 //! calls it.
 
 pub mod config;
+pub mod connections;
 pub mod ebpf;
+pub mod edge;
 pub mod error;
 pub mod ingest;
 pub mod querier;
@@ -16,6 +18,7 @@ pub mod scrape;
 pub mod settings;
 pub mod tenants;
 pub mod web;
+pub mod work;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +29,6 @@ use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use tower_http::timeout::TimeoutLayer;
 
 pub use config::Config;
 use error::ApiError;
@@ -43,6 +45,10 @@ pub struct AppState {
     pub targets: scrape::Targets,
     /// Per-tenant settings (`settings.v1.SettingsService`).
     pub settings: settings::Settings,
+    /// Where heavy work runs, and how much of it at once.
+    pub work: work::Work,
+    /// The memory budget every request, query and tenant draws on (`[limits] memory`).
+    pub budget: frostdb_core::MemoryBudget,
 }
 
 /// The shared state handlers get.
@@ -80,15 +86,23 @@ pub fn router(state: Shared) -> Router {
         .merge(scrape::routes())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            Duration::from_secs(limits.request_timeout_secs),
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::budget_memory,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::deadline,
         ));
     Router::new()
         .merge(api)
         .merge(web::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::check_head,
+        ))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
 }
@@ -159,6 +173,13 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", config.data.display()))?;
     // One server per data directory (each tenant's database is locked too, when opened).
     let _lock = frostdb_core::DirLock::acquire(&config.data).map_err(|e| e.to_string())?;
+    let descriptors = connections::descriptor_budget(&config.limits)?;
+    tracing::info!(
+        nofile = descriptors.nofile,
+        max_connections = descriptors.max_connections,
+        max_open_tenants = descriptors.max_open_tenants,
+        "descriptor budget"
+    );
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -173,6 +194,9 @@ pub async fn serve(config: Config) -> Result<(), String> {
         threads = workers.threads(),
         "worker pool shared by every tenant"
     );
+    let queries = config.limits.max_concurrent_queries.unwrap_or(2 * cores);
+    let work = work::Work::new(queries, config.limits.max_concurrent_ingest, cores)
+        .map_err(|e| format!("cannot start the query threads: {e}"))?;
     let storage = match &config.storage {
         None => tenants::Storage::Local(config.data.join("tenants")),
         Some(bucket) => {
@@ -191,10 +215,25 @@ pub async fn serve(config: Config) -> Result<(), String> {
             }))
         }
     };
+    let budget = frostdb_core::MemoryBudget::new(config.limits.memory_budget() as usize);
+    tracing::info!(
+        bytes = budget.limit(),
+        "memory budget of requests, queries and tenants (limits.memory)"
+    );
+    let tenants =
+        Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
+            .max_open(descriptors.max_open_tenants)
+            .budget(budget.clone());
     let state = Arc::new(AppState {
-        tenants: Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers),
+        tenants,
         targets: scrape::Targets::default(),
-        settings: settings::Settings::new(&config.data),
+        settings: settings::Settings::new(
+            &config.data,
+            config.limits.max_settings,
+            config.limits.max_settings_bytes,
+        ),
+        work,
+        budget,
         config,
     });
     // Merges of this node read persisted blocks on the cluster's workers; tasks too small
@@ -211,22 +250,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         tracing::info!(workers = ?state.config.cluster.workers, "merges spread over workers");
         state.tenants.set_cluster(Arc::new(cluster));
     }
-    // Tenants with data are opened now, so their WALs replay before the first request.
-    let existing = state
-        .tenants
-        .existing()
-        .await
-        .map_err(|e| format!("listing tenants: {e}"))?;
-    for id in existing {
-        match state.tenants.for_read(&id).await {
-            Ok(_) => {}
-            // In a shared bucket another writer may hold it for now: opened when asked.
-            Err(e) if state.config.storage.is_some() => {
-                tracing::warn!(tenant = %id, "not opened at start: {e}");
-            }
-            Err(e) => return Err(format!("tenant {id:?}: {e}")),
-        }
-    }
+    open_existing(&state).await?;
     let worker = match state.config.cluster.worker_listen {
         Some(listen) => {
             let listener = tokio::net::TcpListener::bind(listen)
@@ -271,20 +295,33 @@ pub async fn serve(config: Config) -> Result<(), String> {
         tenants = state.tenants.open_now().len(),
         "frostdb server listening on http://{address}/"
     );
+    let governor = tokio::spawn(Tenants::govern_memory(
+        state.clone(),
+        Duration::from_secs(1),
+    ));
     let scrapers = scrape::start(state.clone());
     let sampler = match &state.config.ebpf {
         Some(ebpf) => Some(ebpf::start(state.clone(), ebpf)?),
         None => None,
     };
-    let app = router(state.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server error: {e}"))?;
+    let limits = &state.config.limits;
+    let connection_limits = connections::ConnectionLimits {
+        max_connections: descriptors.max_connections,
+        header_read_timeout: Duration::from_secs(limits.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(limits.idle_timeout_secs),
+        shutdown_grace: Duration::from_secs(limits.shutdown_grace_secs),
+    };
+    connections::serve(
+        listener,
+        router(state.clone()),
+        connection_limits,
+        shutdown_signal(),
+    )
+    .await;
     for s in scrapers {
         s.abort();
     }
-    for task in worker.into_iter().chain(refresher) {
+    for task in worker.into_iter().chain(refresher).chain([governor]) {
         task.abort();
     }
     if let Some(sampler) = sampler {
@@ -296,10 +333,45 @@ pub async fn serve(config: Config) -> Result<(), String> {
     }
     tracing::info!("shutting down: flushing tenants");
     let flushing = state.clone();
-    tokio::task::spawn_blocking(move || flushing.tenants.flush_all())
-        .await
-        .map_err(|e| format!("flush failed: {e}"))?;
+    let flush = tokio::task::spawn_blocking(move || flushing.tenants.flush_all());
+    // Everything acknowledged is in the WAL already: a flush that takes too long is left,
+    // and the next start replays what it did not persist.
+    match tokio::time::timeout(Duration::from_secs(FLUSH_GRACE_SECS), flush).await {
+        Ok(done) => done.map_err(|e| format!("flush failed: {e}"))?,
+        Err(_) => tracing::warn!(
+            "flushing took over {FLUSH_GRACE_SECS} s: stopping anyway (the WAL holds what was not persisted; the next start replays it)"
+        ),
+    }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// How long the flush at shutdown may take.
+const FLUSH_GRACE_SECS: u64 = 30;
+
+/// Opens the tenants with data, as many as may be open at once, so their WALs replay
+/// before the first request; the others open on their first request. A tenant that cannot
+/// open (damaged, or held by another writer of a shared bucket) is logged and left for its
+/// requests to report: it never keeps the server from starting.
+async fn open_existing(state: &Shared) -> Result<(), String> {
+    let existing = state
+        .tenants
+        .existing()
+        .await
+        .map_err(|e| format!("listing tenants: {e}"))?;
+    let room = state.tenants.open_limit();
+    if existing.len() > room {
+        tracing::info!(
+            tenants = existing.len(),
+            opened = room,
+            "more tenants than may be open at once (limits.max_open_tenants): the others open on their first request"
+        );
+    }
+    for id in existing.iter().take(room) {
+        if let Err(e) = state.tenants.for_read(id).await {
+            tracing::warn!(tenant = %id, "not opened at start: {e}");
+        }
+    }
     Ok(())
 }
 

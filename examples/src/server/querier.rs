@@ -81,11 +81,12 @@ fn render_time(value: Option<&str>, what: &str, default: i64) -> ApiResult<i64> 
         return Ok(default);
     };
     if let Ok(n) = v.parse::<i64>() {
-        return Ok(if n.abs() < 100_000_000_000 {
+        let ms = if n.unsigned_abs() < 100_000_000_000 {
             n * 1000
         } else {
             n
-        });
+        };
+        return crate::time::checked_ms(ms, what).map_err(ApiError::bad_request);
     }
     crate::time::parse_time(v, crate::time::now_ms())
         .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
@@ -373,17 +374,22 @@ pub(crate) async fn serve_grpc(
 }
 
 /// A Connect request's body, within the body limit, gunzipped when it says so.
-async fn request_body(state: &Shared, request: axum::extract::Request) -> ApiResult<Vec<u8>> {
+async fn request_body(
+    state: &Shared,
+    request: axum::extract::Request,
+    memory: &super::edge::RequestMemory,
+) -> ApiResult<axum::body::Bytes> {
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
         .await
         .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
-    super::ingest::body_bytes(state, &parts.headers, &body)
+    super::ingest::body_bytes(state, &parts.headers, body, memory)
 }
 
 async fn querier_call(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    memory: super::edge::RequestMemory,
     Path(method): Path<String>,
     request: axum::extract::Request,
 ) -> ApiResult<Response> {
@@ -392,7 +398,7 @@ async fn querier_call(
     }
     let headers = request.headers().clone();
     let codec = Codec::of(&headers)?;
-    let body = request_body(&state, request).await?;
+    let body = request_body(&state, request, &memory).await?;
     let q = Querier {
         state,
         tenant: tenant.clone(),
@@ -429,6 +435,7 @@ async fn querier_call(
 async fn settings_call(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    memory: super::edge::RequestMemory,
     Path(method): Path<String>,
     request: axum::extract::Request,
 ) -> ApiResult<Response> {
@@ -436,7 +443,7 @@ async fn settings_call(
         return Ok(grpc_call(state, request).await);
     }
     let codec = Codec::of(request.headers())?;
-    let body = request_body(&state, request).await?;
+    let body = request_body(&state, request, &memory).await?;
     let store = &state.settings;
     match method.as_str() {
         "Get" => {
@@ -449,6 +456,8 @@ async fn settings_call(
             let setting = r
                 .setting
                 .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
+            // Settings are a tenant's state: a new tenant counts against max_tenants.
+            state.tenants.admit(&tenant).await?;
             let setting = Some(store.set(&tenant, setting).await?);
             Ok(codec.encode(&settings::SetSettingsResponse { setting }))
         }
@@ -589,6 +598,7 @@ impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
             .into_inner()
             .setting
             .ok_or_else(|| tonic::Status::invalid_argument("no setting values provided"))?;
+        self.state.tenants.admit(&tenant).await.map_err(status)?;
         let setting = self.state.settings.set(&tenant, setting).await;
         Ok(tonic::Response::new(settings::SetSettingsResponse {
             setting: Some(setting.map_err(status)?),
@@ -648,6 +658,8 @@ fn is_legacy_name(name: &str) -> bool {
 
 /// A range of Unix milliseconds as the API sends it: 0 leaves that end open.
 fn range(start: i64, end: i64) -> ApiResult<TimeRange> {
+    crate::time::checked_ms(start, "start").map_err(ApiError::bad_request)?;
+    crate::time::checked_ms(end, "end").map_err(ApiError::bad_request)?;
     let range = TimeRange {
         start_ms: if start == 0 { i64::MIN } else { start },
         end_ms: if end == 0 { i64::MAX } else { end },
@@ -716,9 +728,23 @@ impl Querier {
         selector: Selector,
         range: TimeRange,
     ) -> ApiResult<frostdb_pprof::Merged> {
+        self.merge_then(selector, range, Ok).await
+    }
+
+    /// `then` of the merge of `selector` in `range` (a report built from it), in the same
+    /// job of the query lane.
+    async fn merge_then<T: Send + 'static>(
+        &self,
+        selector: Selector,
+        range: TimeRange,
+        then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
         match self.state.tenants.for_read(&self.tenant).await? {
-            Some(t) => super::query::merge(t, selector, range, false).await,
-            None => Ok(frostdb_pprof::Merged::empty(
+            Some(t) => {
+                let options = frostdb_pprof::MergeOptions::default();
+                super::query::merge_then(&self.state, t, selector, range, options, then).await
+            }
+            None => then(frostdb_pprof::Merged::empty(
                 selector.profile_type.expect("typed selectors only"),
             )),
         }
@@ -873,35 +899,40 @@ impl Querier {
         let selector =
             Self::merge_selector(&r.profile_type_id, &r.label_selector, &r.span_selector)?;
         let max_nodes = max_nodes(r.max_nodes)?;
-        let merged = self.merge(selector, range(r.start, r.end)?).await?;
-        let merged = tree::select_call_site(merged, &call_site);
-        let mut response = querier::SelectMergeStacktracesResponse::default();
-        match querier::ProfileFormat::try_from(r.format) {
-            Ok(querier::ProfileFormat::Unspecified | querier::ProfileFormat::Flamegraph) => {
-                let graph = FlameGraph::build_truncated(&merged, max_nodes);
-                response.flamegraph = Some(Levels::of(&graph).to_proto());
+        let format = querier::ProfileFormat::try_from(r.format).map_err(|_| {
+            ApiError::bad_request(format!(
+                "format {} (FLAMEGRAPH, TREE, PPROF or DOT)",
+                r.format
+            ))
+        })?;
+        let dot_nodes = r.max_nodes.map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
+        let call_site: Vec<String> = call_site.into_iter().map(str::to_owned).collect();
+        let range = range(r.start, r.end)?;
+        self.merge_then(selector, range, move |merged| {
+            let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
+            let merged = tree::select_call_site(merged, &call_site);
+            let mut response = querier::SelectMergeStacktracesResponse::default();
+            match format {
+                querier::ProfileFormat::Unspecified | querier::ProfileFormat::Flamegraph => {
+                    let graph = FlameGraph::build_truncated(&merged, max_nodes);
+                    response.flamegraph = Some(Levels::of(&graph).to_proto());
+                }
+                querier::ProfileFormat::Tree => {
+                    let graph = FlameGraph::build_truncated(&merged, max_nodes);
+                    response.tree = tree_bytes(&graph);
+                }
+                querier::ProfileFormat::Pprof => {
+                    response.pprof = Some(querier::PprofProfile {
+                        profile: Some(pprof_of(&merged)?),
+                    });
+                }
+                querier::ProfileFormat::Dot => {
+                    response.dot = dot::render(&merged, dot_nodes);
+                }
             }
-            Ok(querier::ProfileFormat::Tree) => {
-                let graph = FlameGraph::build_truncated(&merged, max_nodes);
-                response.tree = tree_bytes(&graph);
-            }
-            Ok(querier::ProfileFormat::Pprof) => {
-                response.pprof = Some(querier::PprofProfile {
-                    profile: Some(pprof_of(&merged)?),
-                });
-            }
-            Ok(querier::ProfileFormat::Dot) => {
-                let nodes = r.max_nodes.map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
-                response.dot = dot::render(&merged, nodes);
-            }
-            Err(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "format {} (FLAMEGRAPH, TREE or PPROF)",
-                    r.format
-                )));
-            }
-        }
-        Ok(response)
+            Ok(response)
+        })
+        .await
     }
 
     async fn select_merge_span_profile(
@@ -930,10 +961,16 @@ impl Querier {
         &self,
         r: querier::SelectMergeProfileRequest,
     ) -> ApiResult<google::Profile> {
-        let call_site = call_site(r.stack_trace_selector.as_ref())?;
+        let call_site: Vec<String> = call_site(r.stack_trace_selector.as_ref())?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         let selector = typed(&r.profile_type_id, &r.label_selector)?;
-        let merged = self.merge(selector, range(r.start, r.end)?).await?;
-        pprof_of(&tree::select_call_site(merged, &call_site))
+        self.merge_then(selector, range(r.start, r.end)?, move |merged| {
+            let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
+            pprof_of(&tree::select_call_site(merged, &call_site))
+        })
+        .await
     }
 
     async fn select_series(

@@ -48,6 +48,10 @@ use super::{Shared, TenantId};
 
 /// Rows a SQL answer may hold; more are cut off and the answer says so.
 pub const MAX_SQL_ROWS: usize = 100_000;
+/// Bytes (in Arrow) a SQL answer may hold; more rows are cut off and the answer says so.
+pub const MAX_SQL_ANSWER_BYTES: usize = 64 << 20;
+/// The longest SQL text taken.
+pub const MAX_SQL_BYTES: usize = 256 << 10;
 
 /// The header of a lenient answer: how many blocks it could not read.
 pub const BLOCKS_FAILED_HEADER: &str = "x-frostdb-blocks-failed";
@@ -183,11 +187,26 @@ struct Reading {
     failed: Option<BlocksFailed>,
 }
 
-impl Reading {
-    /// What the header reports once the query has run (`None`: strict).
-    fn blocks_failed(&self) -> Option<usize> {
-        self.failed.as_ref().map(BlocksFailed::get)
-    }
+/// Runs `f` over a fresh session of the tenant's tables on the query runtime (see
+/// [`super::work`]): its answer, and with `lenient` the count of blocks it skipped; `empty`
+/// for a tenant that stored nothing yet.
+async fn read_tables<T, F>(
+    state: &Shared,
+    tenant: &str,
+    lenient: bool,
+    empty: T,
+    f: impl FnOnce(SessionContext, frostdb_query::Cancel) -> F,
+) -> ApiResult<(T, Option<usize>)>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = ApiResult<T>> + Send + 'static,
+{
+    let Some(r) = open(state, tenant, lenient).await? else {
+        return Ok((empty, lenient.then_some(0)));
+    };
+    let failed = r.failed.clone();
+    let value = state.work.query(move |cancel| f(r.ctx, cancel)).await?;
+    Ok((value, failed.as_ref().map(BlocksFailed::get)))
 }
 
 /// A fresh session over the tenant's tables, or `None` when it stored nothing yet.
@@ -208,8 +227,10 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
     }
 }
 
-/// Merges off the async threads (a merge reads with its own threads): summed series.
+/// Merges in the query lane (off the async threads; a merge reads with its own threads):
+/// summed series.
 pub(super) async fn merge(
+    state: &Shared,
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,
@@ -219,19 +240,38 @@ pub(super) async fn merge(
         lenient,
         ..MergeOptions::default()
     };
-    merge_with(t, selector, range, options).await
+    merge_then(state, t, selector, range, options, Ok).await
 }
 
-/// [`merge`] as `options` say (aggregation, series kept apart).
-pub(super) async fn merge_with(
+/// [`merge`] as `options` say (aggregation, series kept apart), then `then` of the merge
+/// (a report built from it), in the same job of the query lane.
+pub(super) async fn merge_then<T: Send + 'static>(
+    state: &Shared,
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,
     options: MergeOptions,
-) -> ApiResult<frostdb_pprof::Merged> {
-    tokio::task::spawn_blocking(move || Ok(t.store.merge_with(&selector, range, &options)?))
+    then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
+) -> ApiResult<T> {
+    let budget = state.budget.clone();
+    state
+        .work
+        .queries
+        .blocking(move |_| {
+            let merged = t.store.merge_with(&selector, range, &options)?;
+            // What a report of it holds, about: a node or a line per stack.
+            let _report = budget
+                .try_reserve(report_bytes(&merged), "building the report")
+                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+            then(merged)
+        })
         .await
-        .map_err(|e| ApiError::internal(format!("merge task failed: {e}")))?
+}
+
+/// About what a report (flame graph, top table, pprof) of `merged` holds while it is built.
+fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
+    let series: usize = merged.series.iter().map(|(_, s)| s.len()).sum();
+    (merged.samples.len() + series).saturating_mul(256)
 }
 
 async fn collect(
@@ -299,10 +339,17 @@ async fn profile_types(
         })
         .await;
     }
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
-    };
-    let batches = collect(profile::profile_types(&r.ctx, SAMPLES, range).await).await?;
+    let (batches, failed) =
+        read_tables(
+            &state,
+            &tenant,
+            true,
+            Vec::new(),
+            move |ctx, _| async move {
+                collect(profile::profile_types(&ctx, SAMPLES, range).await).await
+            },
+        )
+        .await?;
     let mut types = Vec::new();
     for b in &batches {
         for row in rows(b)? {
@@ -317,7 +364,7 @@ async fn profile_types(
             }));
         }
     }
-    Ok(answer(Json(Value::Array(types)), r.blocks_failed()))
+    Ok(answer(Json(Value::Array(types)), failed))
 }
 
 /// Label names, label values or profile types from the tenant's series index, reading no
@@ -344,15 +391,17 @@ async fn labels(
         })
         .await;
     }
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
-    };
-    let batches =
-        collect(profile::label_names(&r.ctx, SAMPLES, selector.as_ref(), range).await).await?;
-    Ok(answer(
-        Json(json!(first_column(&batches)?)),
-        r.blocks_failed(),
-    ))
+    let (batches, failed) = read_tables(
+        &state,
+        &tenant,
+        true,
+        Vec::new(),
+        move |ctx, _| async move {
+            collect(profile::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await
+        },
+    )
+    .await?;
+    Ok(answer(Json(json!(first_column(&batches)?)), failed))
 }
 
 async fn label_values(
@@ -368,16 +417,18 @@ async fn label_values(
         })
         .await;
     }
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
-    };
-    let batches =
-        collect(profile::label_values(&r.ctx, SAMPLES, &name, selector.as_ref(), range).await)
-            .await?;
-    Ok(answer(
-        Json(json!(first_column(&batches)?)),
-        r.blocks_failed(),
-    ))
+    let (batches, failed) = read_tables(
+        &state,
+        &tenant,
+        true,
+        Vec::new(),
+        move |ctx, _| async move {
+            collect(profile::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await)
+                .await
+        },
+    )
+    .await?;
+    Ok(answer(Json(json!(first_column(&batches)?)), failed))
 }
 
 async fn series(
@@ -422,9 +473,7 @@ pub(super) async fn on_store<T: Send + 'static>(
     let Some(t) = state.tenants.for_read(tenant).await? else {
         return Ok(empty);
     };
-    tokio::task::spawn_blocking(move || read(&t.store))
-        .await
-        .map_err(|e| ApiError::internal(format!("query task failed: {e}")))?
+    state.work.queries.blocking(move |_| read(&t.store)).await
 }
 
 async fn timestamps(
@@ -433,10 +482,16 @@ async fn timestamps(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.typed_selector()?);
-    let Some(r) = open(&state, &tenant, p.lenient).await? else {
-        return Ok(answer(Json(json!([])), p.lenient.then_some(0)));
-    };
-    let batches = collect(profile::timestamps(&r.ctx, TOTALS, &selector, range).await).await?;
+    let (batches, failed) = read_tables(
+        &state,
+        &tenant,
+        p.lenient,
+        Vec::new(),
+        move |ctx, _| async move {
+            collect(profile::timestamps(&ctx, TOTALS, &selector, range).await).await
+        },
+    )
+    .await?;
     let mut out: Vec<i64> = Vec::new();
     for b in &batches {
         out.extend(
@@ -446,7 +501,7 @@ async fn timestamps(
                 .filter_map(|s| s.parse::<i64>().ok()),
         );
     }
-    Ok(answer(Json(json!(out)), r.blocks_failed()))
+    Ok(answer(Json(json!(out)), failed))
 }
 
 async fn query(
@@ -474,11 +529,6 @@ async fn query(
         by_series: format.keeps_series(),
         lenient: p.lenient,
     };
-    let merged = match state.tenants.for_read(&tenant).await? {
-        Some(t) => merge_with(t, selector, range, options).await?,
-        None => frostdb_pprof::Merged::empty(profile_type),
-    };
-    let failed = p.lenient.then_some(merged.blocks_failed);
     let fraction = p.node_fraction.unwrap_or(report::top::NODE_FRACTION);
     if !(0.0..=1.0).contains(&fraction) {
         return Err(ApiError::bad_request("node_fraction must be within 0..1"));
@@ -488,7 +538,15 @@ async fn query(
         node_fraction: fraction,
         title: p.selector.clone().unwrap_or_default(),
     };
-    let bytes = report::render(&merged, format, &render)?;
+    let draw = move |merged: frostdb_pprof::Merged| {
+        let failed = merged.blocks_failed;
+        Ok((report::render(&merged, format, &render)?, failed))
+    };
+    let (bytes, failed) = match state.tenants.for_read(&tenant).await? {
+        Some(t) => merge_then(&state, t, selector, range, options, draw).await?,
+        None => draw(frostdb_pprof::Merged::empty(profile_type))?,
+    };
+    let failed = p.lenient.then_some(failed);
     let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
     if format == Format::Pprof {
         response.headers_mut().insert(
@@ -623,8 +681,8 @@ async fn diff(
             p.lenient.then_some(0),
         ));
     };
-    let b = merge(t.clone(), base, base_range, p.lenient).await?;
-    let c = merge(t, compare, compare_range, p.lenient).await?;
+    let b = merge(&state, t.clone(), base, base_range, p.lenient).await?;
+    let c = merge(&state, t, compare, compare_range, p.lenient).await?;
     let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
     Ok(answer(Json(json!(tree::diff(&b, &c))), failed))
 }
@@ -648,35 +706,71 @@ async fn sql_post(
     sql(&state, &tenant, &body, p.lenient).await
 }
 
-/// Runs read-only SQL; rows as JSON objects, at most [`MAX_SQL_ROWS`].
+/// Runs read-only SQL on the query runtime, its plan cancelled with its request; rows as
+/// JSON objects, at most [`MAX_SQL_ROWS`] and [`MAX_SQL_ANSWER_BYTES`].
 async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<Response> {
     if q.trim().is_empty() {
         return Err(ApiError::bad_request("empty SQL"));
     }
-    let Some(r) = open(state, tenant, lenient).await? else {
+    if q.len() > MAX_SQL_BYTES {
+        return Err(ApiError::too_large(format!(
+            "the SQL text has {} bytes, over the limit of {MAX_SQL_BYTES}",
+            q.len()
+        )));
+    }
+    if state.tenants.for_read(tenant).await?.is_none() {
         return Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,
             format!("tenant {tenant:?} has no data yet"),
         ));
-    };
-    let options = datafusion::execution::context::SQLOptions::new()
-        .with_allow_ddl(false)
-        .with_allow_dml(false)
-        .with_allow_statements(false);
-    let df = r.ctx.sql_with_options(q, options).await?;
-    let mut stream = df.execute_stream().await?;
-    let mut batches = Vec::new();
-    let mut rows = 0;
-    let mut truncated = false;
-    while let Some(batch) = stream.try_next().await? {
-        if rows + batch.num_rows() > MAX_SQL_ROWS {
-            batches.push(batch.slice(0, MAX_SQL_ROWS - rows));
-            truncated = true;
-            break;
-        }
-        rows += batch.num_rows();
-        batches.push(batch);
     }
+    let q = q.to_owned();
+    let ((rows, truncated), failed) = read_tables(
+        state,
+        tenant,
+        lenient,
+        (json!([]), false),
+        move |ctx, cancel| async move {
+            let options = datafusion::execution::context::SQLOptions::new()
+                .with_allow_ddl(false)
+                .with_allow_dml(false)
+                .with_allow_statements(false);
+            let plan = ctx
+                .sql_with_options(&q, options)
+                .await?
+                .create_physical_plan()
+                .await?;
+            let plan = frostdb_query::cancellable(plan, &cancel)?;
+            let mut stream = datafusion::physical_plan::execute_stream(plan, ctx.task_ctx())?;
+            let mut batches = Vec::new();
+            let (mut rows, mut bytes) = (0, 0);
+            let mut truncated = false;
+            while let Some(batch) = stream.try_next().await? {
+                bytes += batch.get_array_memory_size();
+                if rows + batch.num_rows() > MAX_SQL_ROWS || bytes > MAX_SQL_ANSWER_BYTES {
+                    let keep = (MAX_SQL_ROWS - rows).min(batch.num_rows());
+                    batches.push(batch.slice(0, keep));
+                    truncated = true;
+                    break;
+                }
+                rows += batch.num_rows();
+                batches.push(batch);
+            }
+            drop(stream);
+            Ok((rows_json(&batches)?, truncated))
+        },
+    )
+    .await?;
+    // A stream cut off early has not read every block: its count is a lower bound.
+    let mut body = json!({"rows": rows, "truncated": truncated});
+    if let Some(n) = failed {
+        body["blocks_failed"] = json!(n);
+    }
+    Ok(answer(Json(body), failed))
+}
+
+/// Rows as JSON objects.
+fn rows_json(batches: &[RecordBatch]) -> ApiResult<Value> {
     let mut writer = arrow::json::ArrayWriter::new(Vec::new());
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     writer
@@ -686,15 +780,8 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
         .finish()
         .map_err(|e| ApiError::internal(format!("rows to JSON: {e}")))?;
     let bytes = writer.into_inner();
-    let rows: Value = if bytes.is_empty() {
-        json!([])
-    } else {
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))?
-    };
-    // A stream cut off early has not read every block: its count is a lower bound.
-    let mut body = json!({"rows": rows, "truncated": truncated});
-    if let Some(n) = r.blocks_failed() {
-        body["blocks_failed"] = json!(n);
+    if bytes.is_empty() {
+        return Ok(json!([]));
     }
-    Ok(answer(Json(body), r.blocks_failed()))
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))
 }

@@ -23,6 +23,9 @@ use super::ingest::{Incoming, store};
 /// The state of one scraped profile of one target.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TargetStatus {
+    /// The tenant the job stores into: only it sees the target.
+    #[serde(skip)]
+    pub tenant: String,
     /// Job name.
     pub job: String,
     /// `host:port`.
@@ -58,9 +61,14 @@ impl Targets {
         }
     }
 
-    /// A copy of every target's state.
-    pub fn snapshot(&self) -> Vec<TargetStatus> {
-        self.0.lock().values().cloned().collect()
+    /// A copy of the state of every target of `tenant`.
+    pub fn snapshot(&self, tenant: &str) -> Vec<TargetStatus> {
+        self.0
+            .lock()
+            .values()
+            .filter(|t| t.tenant == tenant)
+            .cloned()
+            .collect()
     }
 }
 
@@ -69,8 +77,13 @@ pub fn routes() -> Router<Shared> {
     Router::new().route("/api/v1/targets", get(targets))
 }
 
-async fn targets(State(state): State<Shared>) -> ApiResult<Json<Vec<TargetStatus>>> {
-    Ok(Json(state.targets.snapshot()))
+/// The scrape targets of the request's tenant (the jobs storing into it): another tenant's
+/// URLs, labels and errors are not its business.
+async fn targets(
+    State(state): State<Shared>,
+    super::TenantId(tenant): super::TenantId,
+) -> ApiResult<Json<Vec<TargetStatus>>> {
+    Ok(Json(state.targets.snapshot(&tenant)))
 }
 
 /// The profile name a Go endpoint's profile is stored under.
@@ -110,6 +123,7 @@ pub fn start(state: Shared) -> Vec<JoinHandle<()>> {
                 state.targets.0.lock().insert(
                     key.clone(),
                     TargetStatus {
+                        tenant: config.tenant.clone(),
                         job: config.job.clone(),
                         instance: target.clone(),
                         profile: profile.clone(),

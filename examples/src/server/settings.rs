@@ -18,14 +18,25 @@ pub struct Settings {
     dir: PathBuf,
     /// Held across each read-modify-write, so concurrent writes do not lose one another.
     lock: tokio::sync::Mutex<()>,
+    /// Most settings a tenant may keep.
+    max_settings: usize,
+    /// Most bytes (names and values) a tenant's settings may hold.
+    max_bytes: usize,
 }
 
+/// How far ahead of this server's clock a setting's `modifiedAt` may be (clock skew): a
+/// time further ahead would win over every later update.
+pub const MAX_CLOCK_SKEW_MS: i64 = 3_600_000;
+
 impl Settings {
-    /// Settings kept under `data/settings/`.
-    pub fn new(data: &Path) -> Self {
+    /// Settings kept under `data/settings/`, at most `max_settings` of at most `max_bytes`
+    /// in all per tenant.
+    pub fn new(data: &Path, max_settings: usize, max_bytes: usize) -> Self {
         Self {
             dir: data.join("settings"),
             lock: tokio::sync::Mutex::new(()),
+            max_settings,
+            max_bytes,
         }
     }
 
@@ -46,11 +57,37 @@ impl Settings {
         if setting.name.is_empty() {
             return Err(ApiError::bad_request("the setting has no name"));
         }
+        let now = crate::time::now_ms();
         if setting.modified_at <= 0 {
-            setting.modified_at = crate::time::now_ms();
+            setting.modified_at = now;
+        }
+        if setting.modified_at > now + MAX_CLOCK_SKEW_MS {
+            return Err(ApiError::bad_request(format!(
+                "setting {:?}: modifiedAt {} ms is more than an hour after this server's clock ({now} ms)",
+                setting.name, setting.modified_at
+            )));
         }
         let _held = self.lock.lock().await;
         let mut all = self.read(tenant)?;
+        let bytes = |all: &BTreeMap<String, Setting>| -> usize {
+            all.values().map(|s| s.name.len() + s.value.len()).sum()
+        };
+        let replaced = all
+            .get(&setting.name)
+            .map_or(0, |s| s.name.len() + s.value.len());
+        let after = bytes(&all) - replaced + setting.name.len() + setting.value.len();
+        if after > self.max_bytes {
+            return Err(ApiError::too_large(format!(
+                "setting {:?} would make the tenant's settings {after} bytes, over the limit of {} (limits.max_settings_bytes)",
+                setting.name, self.max_bytes
+            )));
+        }
+        if !all.contains_key(&setting.name) && all.len() >= self.max_settings {
+            return Err(ApiError::limited(format!(
+                "the tenant holds its limit of {} settings (limits.max_settings); setting {:?} is new",
+                self.max_settings, setting.name
+            )));
+        }
         if let Some(stored) = all.get(&setting.name)
             && stored.modified_at > setting.modified_at
         {

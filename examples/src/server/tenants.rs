@@ -3,9 +3,11 @@
 //! data directory, or (a cluster: [`Storage::Bucket`]) a prefix of a bucket shared with
 //! other nodes: written by the one writer holding its lease, followed by readers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use frostdb_core::{Bucket, Db, DbOptions, SharedOptions};
@@ -38,6 +40,21 @@ pub struct SharedBucket {
     pub role: Role,
     /// A writer's lease settings and name.
     pub shared: SharedOptions,
+}
+
+impl Tenant {
+    /// What the tenant holds in memory: its tables' active and rotated blocks and its
+    /// symbol partitions.
+    pub fn memory_bytes(&self) -> usize {
+        let tables: usize = self
+            .store
+            .db()
+            .tables()
+            .iter()
+            .map(|t| t.stats().memory_bytes)
+            .sum();
+        tables + self.store.symbol_memory_bytes()
+    }
 }
 
 impl SharedBucket {
@@ -110,7 +127,8 @@ impl Retention {
     }
 }
 
-/// The tenants, opened on first use.
+/// The tenants, opened on first use; at most [`Tenants::max_open`] open at once (the least
+/// recently used idle one is closed to open another), at most `limits.max_tenants` in all.
 #[derive(Debug)]
 pub struct Tenants {
     storage: Storage,
@@ -121,7 +139,30 @@ pub struct Tenants {
     workers: frostdb_core::WorkerPool,
     /// The workers this node's merges read persisted blocks on, if any.
     cluster: OnceLock<Arc<Cluster>>,
-    tenants: Mutex<HashMap<String, Arc<OnceCell<Arc<Tenant>>>>>,
+    /// The tenants open, or being opened.
+    tenants: Mutex<HashMap<String, Entry>>,
+    /// Every tenant known to exist (listed once, then kept): what `max_tenants` counts.
+    known: tokio::sync::OnceCell<Mutex<HashSet<String>>>,
+    max_open: usize,
+    /// Ticks of use, for choosing the least recently used tenant.
+    clock: AtomicU64,
+    /// The budget the tenants' queries reserve from (`None`: only their own limit).
+    budget: Option<frostdb_core::MemoryBudget>,
+}
+
+/// An open (or opening) tenant and when it was last used.
+#[derive(Debug)]
+struct Entry {
+    cell: Arc<OnceCell<Arc<Tenant>>>,
+    used: AtomicU64,
+}
+
+impl Entry {
+    /// Whether nothing but the map holds the tenant: no request, no opening in progress.
+    fn idle(&self) -> bool {
+        Arc::strong_count(&self.cell) == 1
+            && self.cell.get().is_some_and(|t| Arc::strong_count(t) == 1)
+    }
 }
 
 impl Tenants {
@@ -149,13 +190,59 @@ impl Tenants {
         workers: frostdb_core::WorkerPool,
     ) -> Self {
         Self {
+            max_open: limits.max_open_tenants.unwrap_or(limits.max_tenants).max(1),
             storage,
             limits,
             retention,
             workers,
             cluster: OnceLock::new(),
             tenants: Mutex::new(HashMap::new()),
+            known: tokio::sync::OnceCell::new(),
+            clock: AtomicU64::new(0),
+            budget: None,
         }
+    }
+
+    /// The same tenants, their queries reserving from `budget` too.
+    pub fn budget(mut self, budget: frostdb_core::MemoryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The same tenants with at most `n` open at once.
+    pub fn max_open(mut self, n: usize) -> Self {
+        self.max_open = n.max(1);
+        self
+    }
+
+    /// Tenants open at once, at most.
+    pub fn open_limit(&self) -> usize {
+        self.max_open
+    }
+
+    /// Makes room for tenant `id` to exist: a known tenant always has it, a new one while
+    /// fewer than `max_tenants` exist (429 beyond). Every route that creates a tenant's
+    /// state (a database, settings) asks first.
+    pub async fn admit(&self, id: &str) -> ApiResult<()> {
+        validate_tenant(id).map_err(ApiError::bad_request)?;
+        let known = self
+            .known
+            .get_or_try_init(|| async {
+                Ok::<_, ApiError>(Mutex::new(self.existing().await?.into_iter().collect()))
+            })
+            .await?;
+        let mut known = known.lock();
+        if known.contains(id) {
+            return Ok(());
+        }
+        if known.len() >= self.limits.max_tenants {
+            return Err(ApiError::limited(format!(
+                "the server holds its limit of {} tenants (limits.max_tenants); tenant {id:?} is new",
+                self.limits.max_tenants
+            )));
+        }
+        known.insert(id.to_owned());
+        Ok(())
     }
 
     /// Spreads the merges of tenants opened from now on over `cluster`'s workers.
@@ -253,13 +340,63 @@ impl Tenants {
         self.tenants
             .lock()
             .values()
-            .filter_map(|c| c.get().cloned())
+            .filter_map(|e| e.cell.get().cloned())
             .collect()
+    }
+
+    /// The entry of tenant `id`, made when absent (closing the least recently used idle
+    /// tenant when as many as may be are open: 503 when none is idle).
+    async fn entry(&self, id: &str) -> ApiResult<Arc<OnceCell<Arc<Tenant>>>> {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        let closed = {
+            let mut tenants = self.tenants.lock();
+            if let Some(e) = tenants.get(id) {
+                e.used.store(now, Ordering::Relaxed);
+                return Ok(e.cell.clone());
+            }
+            let mut closed = None;
+            if tenants.len() >= self.max_open {
+                let victim = tenants
+                    .iter()
+                    .filter(|(_, e)| e.idle())
+                    .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
+                    .map(|(id, _)| id.clone());
+                let Some(victim) = victim else {
+                    return Err(ApiError::busy(
+                        format!(
+                            "the server holds its limit of {} open tenants (limits.max_open_tenants), all in use; retry shortly",
+                            self.max_open
+                        ),
+                        1,
+                    ));
+                };
+                closed = tenants.remove(&victim).map(|e| (victim, e));
+            }
+            let cell = Arc::new(OnceCell::new());
+            tenants.insert(
+                id.to_owned(),
+                Entry {
+                    cell: cell.clone(),
+                    used: AtomicU64::new(now),
+                },
+            );
+            (cell, closed)
+        };
+        let (cell, closed) = closed;
+        if let Some((victim, entry)) = closed {
+            // Closed before this one opens, off the async threads: what it had not
+            // persisted is in its WAL, replayed when it opens again.
+            tracing::info!(tenant = %victim, opening = %id, "closing the least recently used tenant");
+            tokio::task::spawn_blocking(move || drop(entry))
+                .await
+                .map_err(|e| ApiError::internal(format!("closing tenant {victim:?}: {e}")))?;
+        }
+        Ok(cell)
     }
 
     async fn open(&self, id: &str, create: bool) -> ApiResult<Option<Arc<Tenant>>> {
         validate_tenant(id).map_err(ApiError::bad_request)?;
-        let known = self.tenants.lock().get(id).cloned();
+        let known = self.tenants.lock().get(id).map(|e| e.cell.clone());
         // A writer whose lease another writer took stops writing: opened again, it waits
         // for that lease (503) or takes it back once it runs out.
         if let Some(stopped) = known
@@ -270,34 +407,23 @@ impl Tenants {
             tracing::warn!(tenant = %id, reason = %stopped, "tenant stopped writing; reopening it");
             self.tenants.lock().remove(id);
         }
-        let known = self.tenants.lock().get(id).cloned();
-        if known.is_none() && !create && !self.exists(id).await? {
-            return Ok(None);
-        }
-        let cell = {
-            let mut tenants = self.tenants.lock();
-            match tenants.get(id) {
-                Some(cell) => cell.clone(),
-                None => {
-                    if tenants.len() >= self.limits.max_tenants {
-                        return Err(ApiError::limited(format!(
-                            "the server holds its limit of {} tenants",
-                            self.limits.max_tenants
-                        )));
-                    }
-                    let cell = Arc::new(OnceCell::new());
-                    tenants.insert(id.to_owned(), cell.clone());
-                    cell
-                }
+        let open = self.tenants.lock().contains_key(id);
+        if !open {
+            if !create && !self.exists(id).await? {
+                return Ok(None);
             }
-        };
+            if create {
+                self.admit(id).await?;
+            }
+        }
+        let cell = self.entry(id).await?;
         let opened = cell.get_or_try_init(|| self.open_store(id)).await;
         if opened.is_err() {
             // Not kept: the next request tries again (a lease another writer holds runs out).
             let mut tenants = self.tenants.lock();
             if tenants
                 .get(id)
-                .is_some_and(|c| Arc::ptr_eq(c, &cell) && c.get().is_none())
+                .is_some_and(|e| Arc::ptr_eq(&e.cell, &cell) && e.cell.get().is_none())
             {
                 tenants.remove(id);
             }
@@ -314,6 +440,7 @@ impl Tenants {
             retention,
             max_series: self.limits.max_series_per_tenant,
             query_memory: Some(self.limits.max_query_memory_bytes),
+            memory_budget: self.budget.clone(),
             rollups: frostdb_pprof::RollupOptions {
                 hourly_retention: self.retention.rollups,
                 daily_retention: self.retention.rollups,
@@ -381,6 +508,90 @@ impl Tenants {
         })
         .await
         .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
+    }
+
+    /// Keeps what the open tenants hold in memory (their tables' blocks and symbol
+    /// partitions) within the memory budget, every `every`: reports it to the budget as
+    /// standing memory (so requests and queries see what is left), and while it and the
+    /// reservations pass 80% of the budget, persists the tenants holding the most (their
+    /// blocks leave memory) and closes idle tenants, least recently used first.
+    pub async fn govern_memory(state: super::Shared, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let state = state.clone();
+            let relieved =
+                tokio::task::spawn_blocking(move || state.tenants.relieve(&state.budget)).await;
+            if let Err(e) = relieved {
+                tracing::error!("keeping tenants within the memory budget failed: {e}");
+            }
+        }
+    }
+
+    /// One round of [`Tenants::govern_memory`].
+    fn relieve(&self, budget: &frostdb_core::MemoryBudget) {
+        let high = budget.limit() / 10 * 8;
+        let mut sized: Vec<(Arc<Tenant>, usize)> = self
+            .open_now()
+            .into_iter()
+            .map(|t| {
+                let bytes = t.memory_bytes();
+                (t, bytes)
+            })
+            .collect();
+        let mut standing: usize = sized.iter().map(|(_, b)| b).sum();
+        budget.set_standing(standing);
+        if standing + budget.reserved() <= high {
+            return;
+        }
+        sized.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+        for (tenant, bytes) in sized {
+            if standing + budget.reserved() <= high {
+                break;
+            }
+            tracing::info!(
+                tenant = %tenant.id,
+                bytes,
+                standing,
+                limit = budget.limit(),
+                "memory budget pressed: persisting the tenant's blocks"
+            );
+            if let Err(e) = tenant.store.db().flush() {
+                tracing::warn!(tenant = %tenant.id, "persisting under memory pressure failed: {e}");
+            }
+            let after = tenant.memory_bytes();
+            standing = standing - bytes + after;
+            budget.set_standing(standing);
+        }
+        // Still pressed: what is left is symbols and caches of idle tenants.
+        while standing + budget.reserved() > high {
+            let Some(closed) = self.close_least_recent() else {
+                break;
+            };
+            standing = standing.saturating_sub(closed.1);
+            budget.set_standing(standing);
+            tracing::info!(tenant = %closed.0, bytes = closed.1, "memory budget pressed: closed an idle tenant");
+        }
+    }
+
+    /// Closes the least recently used idle tenant: its id and the memory it held.
+    fn close_least_recent(&self) -> Option<(String, usize)> {
+        let entry = {
+            let mut tenants = self.tenants.lock();
+            let victim = tenants
+                .iter()
+                .filter(|(_, e)| e.idle())
+                .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
+                .map(|(id, _)| id.clone())?;
+            tenants.remove(&victim)?
+        };
+        let tenant = entry.cell.get()?.clone();
+        let bytes = tenant.memory_bytes();
+        let id = tenant.id.clone();
+        drop(tenant);
+        drop(entry);
+        Some((id, bytes))
     }
 
     /// Takes what writers persisted since into every open tenant (a reader node).

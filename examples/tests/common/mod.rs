@@ -54,7 +54,22 @@ pub(crate) struct Server {
 impl Server {
     /// Starts `frostdb serve` on `data`, with `config` (TOML) when given.
     pub(crate) fn start(data: &Path, config: Option<&str>) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_frostdb"));
+        Self::start_with(data, config, None)
+    }
+
+    /// [`Server::start`] under a descriptor limit of `nofile` (soft and hard), when given:
+    /// the `ulimit -n 1024` many hosts still have.
+    pub(crate) fn start_with(data: &Path, config: Option<&str>, nofile: Option<u64>) -> Self {
+        let mut cmd = match nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_frostdb")),
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_frostdb"));
+                sh
+            }
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .env("FROSTDB_LOG", "info")
@@ -94,6 +109,54 @@ impl Server {
             url: format!("http://{addr}"),
             data: data.to_owned(),
             log,
+        }
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A field of the server's `/proc/<pid>/status` (`VmHWM`, `VmRSS`, `Threads`), in its
+    /// unit (kB for memory).
+    pub(crate) fn status(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc/{}/status", self.pid()))
+    }
+
+    /// Descriptors the server has open.
+    pub(crate) fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// Whether the process is still running.
+    pub(crate) fn running(&mut self) -> bool {
+        self.child.try_wait().map(|s| s.is_none()).unwrap_or(false)
+    }
+
+    /// Sends SIGTERM and waits at most `limit` for the exit: `None` when it did not exit
+    /// in time (then it is killed), else whether it exited with success.
+    pub(crate) fn terminate_within(mut self, limit: Duration) -> Option<bool> {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status.success());
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

@@ -13,6 +13,7 @@ use frostdb_pprof::ValidProfile;
 use frostdb_pprof::convert::folded::{self, Units};
 
 use super::{Incoming, body_bytes, content_type, store};
+use crate::server::edge::RequestMemory;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::{Shared, TenantId};
 
@@ -20,6 +21,7 @@ use crate::server::{Shared, TenantId};
 pub async fn handle(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    memory: RequestMemory,
     Query(params): Query<HashMap<String, String>>,
     request: Request,
 ) -> ApiResult<StatusCode> {
@@ -46,13 +48,13 @@ pub async fn handle(
             from_form(&state, &meta, form, &limits).await?
         }
         (Some("pprof"), _) => {
-            let body = body(&state, &headers, request).await?;
+            let body = body(&state, &headers, request, &memory).await?;
             let profile = frostdb_pprof::decode(&body, &limits)
                 .map_err(|e| ApiError::from(e).context("pprof body"))?;
             meta.pprof(profile, None)
         }
         (None | Some("folded") | Some("groups") | Some("lines"), _) => {
-            let body = body(&state, &headers, request).await?;
+            let body = body(&state, &headers, request, &memory).await?;
             let text = std::str::from_utf8(&body)
                 .map_err(|e| ApiError::bad_request(format!("the folded body is not UTF-8: {e}")))?;
             let lines = format.as_deref() == Some("lines");
@@ -78,11 +80,16 @@ pub async fn handle(
     Ok(StatusCode::OK)
 }
 
-async fn body(state: &Shared, headers: &HeaderMap, request: Request) -> ApiResult<Vec<u8>> {
+async fn body(
+    state: &Shared,
+    headers: &HeaderMap,
+    request: Request,
+    memory: &RequestMemory,
+) -> ApiResult<Bytes> {
     let bytes = Bytes::from_request(request, state)
         .await
         .map_err(|e| ApiError::new(e.status(), format!("request body: {}", e.body_text())))?;
-    body_bytes(state, headers, &bytes)
+    body_bytes(state, headers, bytes, memory)
 }
 
 async fn from_form(
@@ -148,6 +155,9 @@ struct Meta {
     units: String,
 }
 
+/// The highest `sampleRate`: a sample stands for `1e9 / sampleRate` ns, at least one.
+const MAX_SAMPLE_RATE: i64 = 1_000_000_000;
+
 /// The profile-name suffixes Pyroscope's clients append to the application name.
 const KINDS: [&str; 13] = [
     "cpu",
@@ -188,9 +198,15 @@ impl Meta {
             parse_time(u).map_err(|e| ApiError::bad_request(format!("until: {e}")))?;
         }
         let sample_rate = match params.get("sampleRate").filter(|s| !s.is_empty()) {
-            Some(r) => r.parse::<i64>().ok().filter(|r| *r > 0).ok_or_else(|| {
-                ApiError::bad_request(format!("sampleRate {r:?} is not a positive integer"))
-            })?,
+            Some(r) => r
+                .parse::<i64>()
+                .ok()
+                .filter(|r| (1..=MAX_SAMPLE_RATE).contains(r))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "sampleRate {r:?} is not a whole number of samples per second from 1 to {MAX_SAMPLE_RATE} (a sample stands for 1 s / sampleRate, at least a nanosecond)"
+                    ))
+                })?,
             None => 100,
         };
         match params.get("aggregationType").map(String::as_str) {
@@ -404,7 +420,7 @@ fn parse_time(s: &str) -> Result<i64, String> {
         return Err(format!("{s:?} is not a number"));
     }
     let n: i64 = s.parse().map_err(|_| format!("{s:?} is out of range"))?;
-    Ok(match s.len() {
+    let ms = match s.len() {
         8 => {
             let date = jiff::civil::Date::strptime("%Y%m%d", s)
                 .map_err(|e| format!("{s:?} is not YYYYMMDD: {e}"))?;
@@ -419,7 +435,8 @@ fn parse_time(s: &str) -> Result<i64, String> {
         _ => n
             .checked_mul(1_000)
             .ok_or_else(|| format!("{s:?} is out of range"))?,
-    })
+    };
+    crate::time::checked_ms(ms, &format!("{s:?}"))
 }
 
 #[cfg(test)]
@@ -470,7 +487,9 @@ mod tests {
         assert_eq!(units.scale, 10_000_000);
         p.insert("units".to_string(), "furlongs".to_string());
         assert!(Meta::parse(&p, 0).unwrap().folded_units().is_err());
-        p.insert("sampleRate".to_string(), "0".to_string());
-        assert!(Meta::parse(&p, 0).is_err());
+        for bad in ["0", "2000000000", "9223372036854775807", "-5"] {
+            p.insert("sampleRate".to_string(), bad.to_string());
+            assert!(Meta::parse(&p, 0).is_err(), "{bad}");
+        }
     }
 }

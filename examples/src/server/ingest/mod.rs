@@ -6,11 +6,13 @@ pub mod otlp;
 pub mod push;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use frostdb_pprof::{IngestSummary, ValidProfile};
 
 use super::Shared;
+use super::edge::RequestMemory;
 use super::error::{ApiError, ApiResult};
 
 /// The ingest routes.
@@ -84,8 +86,15 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
     .map_err(|e| ApiError::internal(format!("ingest task failed: {e}")))?
 }
 
-/// The body, decompressed when `Content-Encoding: gzip`, within the decompressed limit.
-pub fn body_bytes(state: &Shared, headers: &HeaderMap, body: &[u8]) -> ApiResult<Vec<u8>> {
+/// The body, decompressed when `Content-Encoding: gzip`, within the decompressed limit;
+/// the decompressed bytes are reserved from the request's memory before they are made (by
+/// the size the gzip trailer states, then by what they really are).
+pub fn body_bytes(
+    state: &Shared,
+    headers: &HeaderMap,
+    body: Bytes,
+    memory: &RequestMemory,
+) -> ApiResult<Bytes> {
     let encoding = headers
         .get(axum::http::header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
@@ -93,12 +102,26 @@ pub fn body_bytes(state: &Shared, headers: &HeaderMap, body: &[u8]) -> ApiResult
         .trim()
         .to_ascii_lowercase();
     match encoding.as_str() {
-        "identity" | "" => Ok(body.to_vec()),
+        "identity" | "" => Ok(body),
         "gzip" | "x-gzip" => {
             let limit = state.config.limits.max_decompressed_bytes;
-            Ok(frostdb_pprof::inflate(body, limit)
+            let stated = body
+                .len()
+                .checked_sub(4)
+                .and_then(|at| body.get(at..))
+                .and_then(|t| <[u8; 4]>::try_from(t).ok())
+                .map_or(0, |t| u32::from_le_bytes(t) as usize);
+            let expected = stated.min(limit);
+            memory.try_grow(expected, "decompressing the request body")?;
+            let raw = frostdb_pprof::inflate(&body, limit)
                 .map_err(|e| ApiError::from(e).context("Content-Encoding: gzip body"))?
-                .into_owned())
+                .into_owned();
+            // The trailer may understate (several members, or a lie): what is over is
+            // reserved now that it exists, so that other work sees it.
+            if raw.len() > expected {
+                memory.try_grow(raw.len() - expected, "decompressing the request body")?;
+            }
+            Ok(Bytes::from(raw))
         }
         other => Err(ApiError::unsupported(format!(
             "Content-Encoding {other:?} is not supported (use gzip or none)"

@@ -12,6 +12,7 @@ use frostdb_pprof::convert::otlp::{self, proto};
 use prost::Message;
 
 use super::{Incoming, body_bytes, content_type, store};
+use crate::server::edge::RequestMemory;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::{Shared, TenantId};
 
@@ -19,6 +20,7 @@ use crate::server::{Shared, TenantId};
 pub async fn handle(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    memory: RequestMemory,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -31,8 +33,8 @@ pub async fn handle(
             "Content-Type {kind:?}: OTLP profiles are accepted as application/x-protobuf"
         )));
     }
-    let body = body_bytes(&state, &headers, &body)?;
-    let request = proto::ExportProfilesServiceRequest::decode(body.as_slice())
+    let body = body_bytes(&state, &headers, body, &memory)?;
+    let request = proto::ExportProfilesServiceRequest::decode(body.as_ref())
         .map_err(|e| ApiError::bad_request(format!("ExportProfilesServiceRequest: {e}")))?;
     export(&state, &tenant, &request).await?;
     Ok((

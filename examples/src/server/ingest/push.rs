@@ -11,6 +11,7 @@ use frostdb_pprof::convert::push::{self, Encoding, proto};
 use prost::Message;
 
 use super::{Incoming, body_bytes, content_type, store};
+use crate::server::edge::RequestMemory;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::{Shared, TenantId};
 
@@ -18,6 +19,7 @@ use crate::server::{Shared, TenantId};
 pub async fn handle(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
+    memory: RequestMemory,
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -33,8 +35,7 @@ pub async fn handle(
             )));
         }
     };
-    let request = push::parse(encoding, &body_bytes(&state, &headers, &body)?)?;
-    drop(body);
+    let request = push::parse(encoding, &body_bytes(&state, &headers, body, &memory)?)?;
     let limits = state.tenants.pprof_limits();
     // One decoded profile at a time: the request may hold many.
     let mut profiles = 0;

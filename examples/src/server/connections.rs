@@ -1,0 +1,390 @@
+//! Accepting connections within a budget: at most `max_connections` at once (more are
+//! answered 503 and closed, so the server stays reachable and says why), a header-read
+//! timeout (slowloris), an idle timeout for connections between requests (HTTP/1 and
+//! HTTP/2 alike, and for a socket that never sends a request), and a graceful shutdown
+//! that waits at most a grace period for requests in flight.
+//!
+//! axum's own `serve` has none of these bounds; this is the same hyper machinery (one
+//! [`hyper_util::server::conn::auto`] connection per socket, HTTP/1 or HTTP/2 by what the
+//! client speaks) with them.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+/// How connections are bounded (from `[limits]`).
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Connections open at once; more are answered 503 and closed.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, from when the connection is ready to
+    /// read them (a new connection, or an HTTP/1 connection after its previous answer).
+    pub header_read_timeout: Duration,
+    /// Time a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+    /// On shutdown, how long requests in flight may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+/// What one connection has going on, for its idle timer.
+#[derive(Debug)]
+struct Activity {
+    started: Instant,
+    /// Requests whose handler is running.
+    in_flight: AtomicUsize,
+    /// Requests started so far.
+    requests: AtomicU64,
+    /// When the last request ended (ms after `started`).
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// When the connection counts as idle unless something happens: `None` while a request
+    /// runs.
+    fn idle_at(&self, limits: &ConnectionLimits) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.last_ms.load(Ordering::Acquire));
+        // A socket that never sent a request gets the header timeout, not the idle one.
+        let wait = if self.requests.load(Ordering::Acquire) == 0 {
+            limits.header_read_timeout
+        } else {
+            limits.idle_timeout
+        };
+        Some(self.started + since + wait)
+    }
+}
+
+/// Counts a request in flight until dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn start(activity: &Arc<Activity>) -> Self {
+        activity.requests.fetch_add(1, Ordering::AcqRel);
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        a.last_ms
+            .store(a.started.elapsed().as_millis() as u64, Ordering::Release);
+        a.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown` completes, then lets requests
+/// in flight finish for at most the grace period, and closes what is left.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let (close_tx, close_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let limits = Arc::new(limits);
+    let mut refused: u64 = 0;
+    let mut accept_errors = RateLimited::new(Duration::from_secs(10));
+    let mut refusals = RateLimited::new(Duration::from_secs(10));
+    tokio::pin!(shutdown);
+    loop {
+        // Reap finished connections, so the set holds only live ones.
+        while connections.try_join_next().is_some() {}
+        let (socket, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of descriptors (EMFILE) or memory: back off briefly; idle
+                    // connections time out and free what is needed.
+                    if accept_errors.ready() {
+                        tracing::warn!("accepting a connection failed: {e} (open connections: {})",
+                            limits.max_connections - permits.available_permits());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refused += 1;
+            if refusals.ready() {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused,
+                    "connection limit reached: new connections are answered 503"
+                );
+            }
+            connections.spawn(refuse(socket, limits.max_connections));
+            continue;
+        };
+        let _ = socket.set_nodelay(true);
+        let (app, limits, close_rx) = (app.clone(), limits.clone(), close_rx.clone());
+        connections.spawn(async move {
+            connection(socket, app, &limits, close_rx).await;
+            drop(permit);
+            tracing::trace!(%peer, "connection closed");
+        });
+    }
+    let open = connections.len();
+    tracing::info!(
+        open,
+        grace_secs = limits.shutdown_grace.as_secs_f64(),
+        "no longer accepting connections; letting requests in flight finish"
+    );
+    let _ = close_tx.send(true);
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            left = connections.len(),
+            "the shutdown grace period is over: closing the connections still open"
+        );
+        connections.abort_all();
+        while connections.join_next().await.is_some() {}
+    }
+}
+
+/// One connection: HTTP/1 or HTTP/2, closed when idle or on shutdown.
+async fn connection(
+    socket: TcpStream,
+    app: Router,
+    limits: &ConnectionLimits,
+    mut close: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let in_flight = InFlight::start(&activity);
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request.map(Body::new)).await;
+                drop(in_flight);
+                response
+            }
+        })
+    };
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        // Above the server's own limits ([`super::edge`]), which answer with a JSON
+        // body: hyper's own refusal of a larger head has none.
+        .max_buf_size(HYPER_MAX_HEAD_BYTES)
+        .max_headers(HYPER_MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(HYPER_MAX_HEAD_BYTES as u32)
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+    tokio::pin!(conn);
+    // Once closing, the connection has the grace period to finish what it is doing.
+    let mut closing: Option<Instant> = None;
+    loop {
+        let wake = match closing {
+            Some(at) => at + limits.shutdown_grace,
+            None => activity
+                .idle_at(limits)
+                .unwrap_or_else(|| Instant::now() + limits.idle_timeout),
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!("connection ended: {e}");
+                }
+                return;
+            }
+            changed = close.changed(), if closing.is_none() => {
+                if changed.is_err() || *close.borrow() {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+            }
+            () = tokio::time::sleep_until(wake) => {
+                if closing.is_some() {
+                    // Still not done after the grace period (a client that stopped
+                    // reading, or a request that never finished): dropped.
+                    return;
+                }
+                if activity.idle_at(limits).is_some_and(|at| at <= Instant::now()) {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now());
+                }
+            }
+        }
+    }
+}
+
+/// The largest request head (request line and headers) hyper reads, and the most headers:
+/// above what the server accepts (see [`super::edge`]), so that a head over the server's
+/// limits is answered by the server, with a JSON body.
+pub const HYPER_MAX_HEAD_BYTES: usize = 1 << 20;
+/// See [`HYPER_MAX_HEAD_BYTES`].
+pub const HYPER_MAX_HEADERS: usize = 512;
+/// The longest URI hyper reads (a constant of hyper's): a longer one is answered 414 by
+/// hyper itself, without a body.
+pub const HYPER_MAX_URI_BYTES: usize = 65_534;
+
+/// Answers a connection over the limit with 503 and closes it.
+async fn refuse(mut socket: TcpStream, max_connections: usize) {
+    let body = serde_json::json!({
+        "error": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),
+        "code": "unavailable",
+        "message": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),
+    })
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let write = async {
+        socket.write_all(response.as_bytes()).await?;
+        socket.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+/// A log line at most once per period.
+struct RateLimited {
+    every: Duration,
+    last: Option<Instant>,
+}
+
+impl RateLimited {
+    fn new(every: Duration) -> Self {
+        Self { every, last: None }
+    }
+
+    fn ready(&mut self) -> bool {
+        let now = Instant::now();
+        if self.last.is_some_and(|l| now < l + self.every) {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
+/// Descriptors a server needs besides its connections and tenants: its listeners, the
+/// runtimes' event fds, the worker pool, the data directory's lock, log files, scrape and
+/// cluster clients.
+pub const BASE_DESCRIPTORS: u64 = 128;
+
+/// Descriptors an open tenant holds at most (measured: see the `descriptors` test in
+/// `examples/tests/server.rs`): its database's lock and WAL segment, and the files of the
+/// blocks its scans have open.
+pub const DESCRIPTORS_PER_TENANT: u64 = 16;
+
+/// What the descriptor limit leaves for connections and open tenants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorBudget {
+    /// The process's descriptor limit (`RLIMIT_NOFILE`), after raising it.
+    pub nofile: u64,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Tenants open at once.
+    pub max_open_tenants: usize,
+}
+
+/// Raises the process's descriptor limit to its hard limit (as Go's runtime does), then
+/// splits it between connections and open tenants: what `[limits]` sets, else half for
+/// each. An error, saying what to raise, when the limit cannot hold what `[limits]` asks.
+pub fn descriptor_budget(limits: &super::config::Limits) -> Result<DescriptorBudget, String> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut rlimit = getrlimit(Resource::Nofile);
+    if rlimit.current < rlimit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: rlimit.maximum,
+            maximum: rlimit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => rlimit = getrlimit(Resource::Nofile),
+            Err(e) => tracing::warn!("cannot raise the descriptor limit to its maximum: {e}"),
+        }
+    }
+    let nofile = rlimit.current.unwrap_or(u64::MAX).min(1 << 20);
+    split_descriptors(nofile, limits)
+}
+
+/// [`descriptor_budget`] for a limit of `nofile`.
+pub fn split_descriptors(
+    nofile: u64,
+    limits: &super::config::Limits,
+) -> Result<DescriptorBudget, String> {
+    let usable = nofile.saturating_sub(BASE_DESCRIPTORS);
+    let tenants_cap = limits.max_tenants as u64;
+    let (connections, tenants) = match (limits.max_connections, limits.max_open_tenants) {
+        (Some(c), Some(t)) => (c as u64, t as u64),
+        (Some(c), None) => (
+            c as u64,
+            (usable.saturating_sub(c as u64) / DESCRIPTORS_PER_TENANT).min(tenants_cap),
+        ),
+        (None, Some(t)) => (
+            usable
+                .saturating_sub(t as u64 * DESCRIPTORS_PER_TENANT)
+                .min(16_384),
+            t as u64,
+        ),
+        (None, None) => {
+            let tenants = (usable / 2 / DESCRIPTORS_PER_TENANT).min(tenants_cap);
+            (
+                usable
+                    .saturating_sub(tenants * DESCRIPTORS_PER_TENANT)
+                    .min(16_384),
+                tenants,
+            )
+        }
+    };
+    let needed = BASE_DESCRIPTORS + connections + tenants * DESCRIPTORS_PER_TENANT;
+    if connections < 1 || tenants < 1 || needed > nofile {
+        return Err(format!(
+            "the descriptor limit (ulimit -n) is {nofile}, and this server needs {needed}: \
+             {BASE_DESCRIPTORS} of its own, {connections} connections (limits.max_connections) and \
+             {tenants} open tenants (limits.max_open_tenants) of {DESCRIPTORS_PER_TENANT} each; raise it \
+             (`ulimit -n {}`, or LimitNOFILE= in a systemd unit) or lower those limits",
+            needed
+                .max(BASE_DESCRIPTORS + 1 + DESCRIPTORS_PER_TENANT)
+                .next_power_of_two()
+                .max(1024)
+        ));
+    }
+    Ok(DescriptorBudget {
+        nofile,
+        max_connections: connections as usize,
+        max_open_tenants: tenants as usize,
+    })
+}

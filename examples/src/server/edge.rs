@@ -1,0 +1,180 @@
+//! Checks every request meets before a handler sees it, each refusal a JSON error naming the
+//! limit: the request line and headers within their sizes (414, 431), the whole request
+//! within its time (408), and its memory within the server's budget (503, `Retry-After`).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use frostdb_core::{MemoryBudget, Reservation};
+use parking_lot::Mutex;
+
+use super::Shared;
+use super::error::{ApiError, ApiResult};
+
+/// 414 or 431 when the request's URI or headers are over `[limits]`.
+pub async fn check_head(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let limits = &state.config.limits;
+    let uri = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if uri > limits.max_uri_bytes {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            format!(
+                "the URI has {uri} bytes, over the limit of {} (limits.max_uri_bytes); send long selectors in a POST body",
+                limits.max_uri_bytes
+            ),
+        )
+        .into_response();
+    }
+    let headers = request.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if headers.len() > limits.max_headers || bytes > limits.max_header_bytes {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!(
+                "the request has {} headers of {bytes} bytes, over the limits of {} headers (limits.max_headers) and {} bytes (limits.max_header_bytes)",
+                headers.len(),
+                limits.max_headers,
+                limits.max_header_bytes
+            ),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// 408 when the handler takes longer than `limits.request_timeout_secs`: the handler is
+/// dropped (and with it the work it waits on; see `super::work`).
+pub async fn deadline(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let secs = state.config.limits.request_timeout_secs;
+    match tokio::time::timeout(Duration::from_secs(secs), next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request took longer than {secs} s (limits.request_timeout_secs) and was cancelled"
+            ),
+        )
+        .into_response(),
+    }
+}
+
+/// The memory a request holds of the server's budget ([`AppState::budget`]): its body as
+/// it arrives, then what its handler reserves before decompressing or decoding. Released
+/// when the answer is made. Handlers take it as an extractor.
+///
+/// [`AppState::budget`]: super::AppState::budget
+#[derive(Debug, Clone)]
+pub struct RequestMemory(Arc<Held>);
+
+#[derive(Debug)]
+struct Held {
+    reservation: Mutex<Reservation>,
+    /// Why the body could not be reserved, if it could not.
+    refused: Mutex<Option<String>>,
+}
+
+impl RequestMemory {
+    fn new(budget: &MemoryBudget) -> Self {
+        Self(Arc::new(Held {
+            reservation: Mutex::new(budget.empty()),
+            refused: Mutex::new(None),
+        }))
+    }
+
+    /// Reserves `bytes` more for `what`; 503 with `Retry-After` when the budget has no
+    /// room now.
+    pub fn try_grow(&self, bytes: usize, what: &str) -> ApiResult<()> {
+        self.0
+            .reservation
+            .lock()
+            .try_grow(bytes, what)
+            .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.0.reservation.lock().bytes()
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<RequestMemory>()
+            .cloned()
+            .ok_or_else(|| ApiError::internal("no request memory: the budget layer is missing"))
+    }
+}
+
+/// Reserves every request's body from the memory budget as it arrives (503 when it does
+/// not fit), and gives handlers the reservation to grow ([`RequestMemory`]).
+pub async fn budget_memory(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let memory = RequestMemory::new(&state.budget);
+    let (mut parts, body) = request.into_parts();
+    parts.extensions.insert(memory.clone());
+    let body = Body::new(Budgeted {
+        inner: body,
+        memory: memory.clone(),
+    });
+    let response = next.run(Request::from_parts(parts, body)).await;
+    let refused = memory.0.refused.lock().take();
+    match refused {
+        Some(why) => ApiError::busy(why, 1).into_response(),
+        None => response,
+    }
+}
+
+/// A request body whose bytes are reserved from the budget as they arrive.
+struct Budgeted {
+    inner: Body,
+    memory: RequestMemory,
+}
+
+impl http_body::Body for Budgeted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(e) = self.memory.try_grow(data.len(), "the request body")
+        {
+            *self.memory.0.refused.lock() = Some(e.message.clone());
+            return Poll::Ready(Some(Err(axum::Error::new(e.message))));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,210 @@
+//! Where heavy work runs: never on the async threads that accept connections and answer
+//! the health route, and never more of it at once than a lane allows.
+//!
+//! - [`Lane::blocking`] runs a closure on a blocking thread once one of the lane's slots is
+//!   free (merges, reports, series reads; decoding and storing profiles). A request finding
+//!   the lane's queue full is answered 503 with `Retry-After` at once.
+//! - [`Work::query`] runs an async DataFusion job (SQL, the scans of lenient reads) on the
+//!   query runtime, threads of its own, within the query lane.
+//!
+//! Either way the work gets a [`Cancel`], set when the request is dropped (its deadline
+//! passed, or the client left): a DataFusion plan made [`frostdb_query::cancellable`] stops
+//! at its next batch, and an async job is aborted as well. A slot is held until the work
+//! really ends, so a lane bounds the work running, not just the requests waiting on it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use frostdb_query::Cancel;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::{ApiError, ApiResult};
+
+/// Work that may run at once in one lane, and requests that may wait for it.
+#[derive(Debug)]
+pub struct Lane {
+    name: &'static str,
+    /// The config key that sets `slots`, for messages.
+    key: &'static str,
+    slots: usize,
+    permits: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+impl Lane {
+    /// A lane running at most `slots` jobs, with at most `max_waiting` requests queued.
+    pub fn new(name: &'static str, key: &'static str, slots: usize, max_waiting: usize) -> Self {
+        let slots = slots.max(1);
+        Self {
+            name,
+            key,
+            slots,
+            permits: Arc::new(Semaphore::new(slots)),
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+        }
+    }
+
+    /// Jobs running now.
+    pub fn running(&self) -> usize {
+        self.slots - self.permits.available_permits()
+    }
+
+    /// A slot, once free; 503 when the queue is full.
+    async fn slot(&self) -> ApiResult<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let queued = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _left = Waiting(&self.waiting);
+        if queued >= self.max_waiting {
+            return Err(ApiError::busy(
+                format!(
+                    "the server is busy: {} {} jobs run ({}) and {queued} wait; retry shortly",
+                    self.slots, self.name, self.key
+                ),
+                1,
+            ));
+        }
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::busy("the server is shutting down", 5))
+    }
+
+    /// Runs `f` on a blocking thread once a slot is free. `f`'s [`Cancel`] is set when this
+    /// future is dropped before `f` ends.
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Cancel) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let slot = self.slot().await?;
+        let cancel = Cancel::new();
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
+        let name = self.name;
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            f(&cancel)
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("a {name} job failed: {e}")))?
+    }
+}
+
+/// Counts a request waiting for a slot until dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Cancels the work when the request waiting on it goes away.
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        // After the work ended this changes nothing.
+        self.0
+            .cancel("the request ended before it (its time limit passed, or the client left)");
+    }
+}
+
+/// The server's lanes and its query runtime.
+#[derive(Debug)]
+pub struct Work {
+    /// Merges, reports, SQL and other reads.
+    pub queries: Lane,
+    /// Decoding and storing pushed profiles.
+    pub ingest: Lane,
+    runtime: QueryRuntime,
+}
+
+/// The threads async DataFusion jobs run on, shut down without waiting for them.
+#[derive(Debug)]
+struct QueryRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for QueryRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            // Jobs still running are left to stop at their next batch (their requests were
+            // cancelled): shutting down never waits for a query.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Work {
+    /// Lanes of `queries` and `ingest` slots; the query runtime with `threads` threads.
+    pub fn new(queries: usize, ingest: usize, threads: usize) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .max_blocking_threads(queries.max(1) * 4)
+            .thread_name("frostdb-query")
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            queries: Lane::new(
+                "query",
+                "limits.max_concurrent_queries",
+                queries,
+                queries * 16,
+            ),
+            ingest: Lane::new(
+                "ingest",
+                "limits.max_concurrent_ingest",
+                ingest,
+                ingest * 16,
+            ),
+            runtime: QueryRuntime(Some(runtime)),
+        })
+    }
+
+    /// Runs the async job `f` makes on the query runtime, in the query lane. Dropping the
+    /// returned future cancels the job: its [`Cancel`] is set and its task aborted.
+    pub async fn query<T, F>(&self, f: impl FnOnce(Cancel) -> F) -> ApiResult<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = ApiResult<T>> + Send + 'static,
+    {
+        let slot = self.queries.slot().await?;
+        let cancel = Cancel::new();
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
+        let job = f(cancel);
+        let runtime = self
+            .runtime
+            .0
+            .as_ref()
+            .ok_or_else(|| ApiError::busy("the server is shutting down", 5))?;
+        AbortOnDrop(runtime.spawn(async move {
+            let _slot = slot;
+            job.await
+        }))
+        .await
+        .map_err(|e| ApiError::internal(format!("a query job failed: {e}")))?
+    }
+}
+
+/// A task's handle that aborts the task when whoever waits on it goes away.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,422 @@
+//! The server against hostile and buggy clients: each test is an attack (or a buggy
+//! client's habit) that once crashed, hung or exhausted the server, and asserts that the
+//! server refuses it early with a 4xx (or 503 for load) naming the limit, and keeps
+//! answering everyone else.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{Server, enc, get, get_json, testdata};
+
+/// A request on a raw socket: what the server answered (status line, headers, body).
+fn raw(url: &str, request: &[u8]) -> String {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The JSON body of a raw answer.
+fn json_body(answer: &str) -> serde_json::Value {
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
+}
+
+/// Polls `check` until it holds, for at most `limit`: for state that changes on its own
+/// time (a timeout elapsing in the server), which no event announces to the client.
+async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn push_pprof(s: &Server, tenant: &str, name: &str, body: Vec<u8>) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(format!("{}/ingest?name={}&format=pprof", s.url, enc(name)))
+        .header("X-Scope-OrgID", tenant)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_cross_join_neither_starves_the_server_nor_outlives_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nrequest_timeout_secs = 3\nshutdown_grace_secs = 2\n"),
+    );
+    let (status, _) = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Hours of work each, more of them than the server has cores.
+    let endless = "SELECT count(*) FROM generate_series(1, 1000000) a CROSS JOIN generate_series(1, 1000000) b";
+    let queries: Vec<_> = (0..4)
+        .map(|_| {
+            let url = format!("{}/api/v1/sql?q={}", s.url, enc(endless));
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let (status, body) = get(&url, None).await;
+                (status, body, started.elapsed())
+            })
+        })
+        .collect();
+    // While they run, health, queries of stored data and pushes answer.
+    for _ in 0..5 {
+        assert_eq!(get(&format!("{}/healthz", s.url), None).await.0, 200);
+        let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
+        assert!(!types.as_array().unwrap().is_empty());
+        let (status, _) = push_pprof(
+            &s,
+            "other",
+            "app.cpu",
+            testdata("pprof/pyroscope__go-cpu.pb.gz"),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    for q in queries {
+        let (status, body, _) = q.await.unwrap();
+        // Cancelled at its time limit (408), or refused for load before it began (503).
+        assert!(matches!(status, 408 | 503), "{status} {body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            json["error"].as_str().unwrap().contains("limits."),
+            "the answer names the limit: {body}"
+        );
+    }
+    // The cancelled plans stopped: SIGTERM ends the server within its grace period.
+    assert_eq!(
+        s.terminate_within(Duration::from_secs(30)),
+        Some(true),
+        "the server did not stop on SIGTERM"
+    );
+}
+
+#[tokio::test]
+async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_query_memory_bytes = 268435456\n"),
+    );
+    let (status, _) = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let attacks = [
+        "SELECT repeat('x', 1000000000)",
+        "SELECT length(repeat('x', 1000000000)) FROM samples",
+        "SELECT lpad('x', 2000000000)",
+        // A literal repeated on every row of a batch.
+        "SELECT length(concat(CAST(v AS VARCHAR), repeat('x', 100000))) FROM generate_series(1, 100000) t(v)",
+    ];
+    let answers = futures::future::join_all(attacks.iter().map(|q| {
+        let url = format!("{}/api/v1/sql?q={}", s.url, enc(q));
+        async move { get(&url, None).await }
+    }))
+    .await;
+    for (q, (status, body)) in attacks.iter().zip(answers) {
+        let shown = &body[..body.len().min(300)];
+        assert!((400..500).contains(&status), "{q}: {status} {shown}");
+        assert!(body.contains("query memory limit"), "{q}: {shown}");
+    }
+    assert!(s.running(), "the server died");
+    assert!(
+        s.status("VmHWM") < 1 << 20,
+        "peak RSS {} kB",
+        s.status("VmHWM")
+    );
+    // Within the pool, the same functions answer.
+    let ok = get_json(
+        &format!(
+            "{}/api/v1/sql?q={}",
+            s.url,
+            enc("SELECT repeat('ab', 3) AS r")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(ok["rows"][0]["r"], "ababab");
+}
+
+#[tokio::test]
+async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmax_connections = 200\nheader_read_timeout_secs = 2\nidle_timeout_secs = 2\n",
+        ),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // More idle sockets than the server takes connections, and a slowloris that sends a
+    // header byte now and then.
+    let mut idle: Vec<TcpStream> = (0..1_100)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    let mut slow = TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    // Over the limit a new connection is answered at once: 503 naming the limit.
+    let answer = raw(
+        &s.url,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    if answer.starts_with("HTTP/1.1 503") {
+        assert!(
+            json_body(&answer)["error"]
+                .as_str()
+                .unwrap()
+                .contains("limits.max_connections")
+        );
+        assert!(answer.to_ascii_lowercase().contains("retry-after: 1"));
+    } else {
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    // The idle connections time out, and then the server answers as usual.
+    let health = format!("{}/healthz", s.url);
+    assert!(
+        eventually(Duration::from_secs(60), async || get(&health, None).await.0
+            == 200)
+        .await,
+        "the server stayed unreachable"
+    );
+    for socket in idle.iter_mut().take(50) {
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut buf = [0u8; 1];
+        // Closed by the server: end of stream (or a reset), not a timeout.
+        match socket.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("an idle connection stayed open: {other:?}"),
+        }
+    }
+    let _ = slow.write_all(b"X-Slow: 1\r\n");
+    slow.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("200 OK"),
+        "a slowloris request was served"
+    );
+}
+
+#[tokio::test]
+async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nrequest_timeout_secs = 2\n"),
+    );
+    // 414: a URI over the limit.
+    // (Past 64 KiB hyper refuses the URI itself, with no body.)
+    let long = format!(
+        "GET /api/v1/labels?selector={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "a".repeat(30_000)
+    );
+    let answer = raw(&s.url, long.as_bytes());
+    assert!(
+        answer.starts_with("HTTP/1.1 414"),
+        "{}",
+        &answer[..80.min(answer.len())]
+    );
+    assert!(
+        json_body(&answer)["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_uri_bytes")
+    );
+    // 431: too many headers.
+    let mut many = String::from("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for i in 0..150 {
+        many.push_str(&format!("X-H{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let answer = raw(&s.url, many.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(
+        json_body(&answer)["error"]
+            .as_str()
+            .unwrap()
+            .contains("max_headers")
+    );
+    // 408: a body that never finishes within the request's time.
+    let addr = s.url.trim_start_matches("http://");
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"POST /ingest?name=a&format=pprof HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\npartial",
+    )
+    .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = slow.read_to_end(&mut out);
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        json_body(&answer)["error"]
+            .as_str()
+            .unwrap()
+            .contains("request_timeout_secs")
+    );
+    // A bad selector of megabytes is not echoed back whole.
+    let selector = format!(
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds{{{}",
+        "x".repeat(4 << 20)
+    );
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/querier.v1.QuerierService/SelectMergeStacktraces",
+            s.url
+        ))
+        .header("Content-Type", "application/json")
+        .body(serde_json::json!({"profileTypeID": "", "labelSelector": selector}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().await.unwrap();
+    assert!(body.len() < 10_000, "an error of {} bytes", body.len());
+}
+
+#[tokio::test]
+async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("d"), None);
+    let selector = enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}");
+    for from in [
+        "now%2B9223372036854775807ms",
+        "-9223372036854775808",
+        "9223372036854775807",
+    ] {
+        let (status, body) = get(
+            &format!("{}/api/v1/query?selector={selector}&from={from}", s.url),
+            None,
+        )
+        .await;
+        assert_eq!(status, 400, "from={from}: {body}");
+    }
+    let (status, body) = get(
+        &format!(
+            "{}/pyroscope/render?query={selector}&from=-9223372036854775808",
+            s.url
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // A sample rate whose samples would be worth nothing.
+    for rate in ["2000000000", "9223372036854775807"] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/ingest?name=app&sampleRate={rate}", s.url))
+            .body("main;work 10\n")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "sampleRate={rate}");
+        assert!(r.text().await.unwrap().contains("sampleRate"));
+    }
+    // A setting dated far ahead would win over every later update.
+    let r = reqwest::Client::new()
+        .post(format!("{}/settings.v1.SettingsService/Set", s.url))
+        .header("Content-Type", "application/json")
+        .body(
+            serde_json::json!({"setting": {"name": "x", "value": "1", "modifiedAt": i64::MAX.to_string()}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("modifiedAt"));
+}
+
+#[tokio::test]
+async fn a_spray_of_tenants_under_1024_descriptors_neither_locks_out_nor_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let s = Server::start_with(&data, Some("[limits]\nmax_tenants = 300\n"), Some(1024));
+    let cpu = testdata("pprof/pyroscope__go-cpu.pb.gz");
+    let mut fds_peak = 0;
+    for i in 0..300 {
+        let (status, body) = push_pprof(&s, &format!("t{i}"), "app.cpu", cpu.clone()).await;
+        assert_eq!(status, 200, "tenant t{i}: {body}");
+        fds_peak = fds_peak.max(s.open_fds());
+    }
+    assert!(fds_peak < 1024, "{fds_peak} descriptors open");
+    // Past max_tenants, a new tenant is refused by name; known ones still work.
+    let (status, body) = push_pprof(&s, "one-too-many", "app.cpu", cpu.clone()).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("limits.max_tenants"), "{body}");
+    let r = reqwest::Client::new()
+        .post(format!("{}/settings.v1.SettingsService/Set", s.url))
+        .header("X-Scope-OrgID", "another-new-one")
+        .header("Content-Type", "application/json")
+        .body(r#"{"setting": {"name": "x", "value": "1"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    // Every tenant's data is still there, closed or not.
+    for i in [0, 150, 299] {
+        let tenant = format!("t{i}");
+        let types = get_json(&format!("{}/api/v1/profile_types", s.url), Some(&tenant)).await;
+        assert!(!types.as_array().unwrap().is_empty(), "tenant {tenant}");
+    }
+    eprintln!("descriptors: peak {fds_peak} with 300 tenants");
+    assert_eq!(s.terminate_within(Duration::from_secs(60)), Some(true));
+    // And it starts again under the same limit.
+    let s = Server::start_with(&data, Some("[limits]\nmax_tenants = 300\n"), Some(1024));
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), Some("t7")).await;
+    assert!(!types.as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_tenant_sees_only_its_own_scrape_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[[scrape]]\njob = \"secret-job\"\ntargets = [\"127.0.0.1:9\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\ntenant = \"team-a\"\n",
+        ),
+    );
+    let mine = get_json(&format!("{}/api/v1/targets", s.url), Some("team-a")).await;
+    assert_eq!(mine.as_array().unwrap().len(), 1);
+    assert_eq!(mine[0]["job"], "secret-job");
+    for other in [None, Some("team-b")] {
+        let theirs = get_json(&format!("{}/api/v1/targets", s.url), other).await;
+        assert_eq!(
+            theirs,
+            serde_json::json!([]),
+            "{other:?} sees team-a's targets"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! Cancelling a running query from outside: a [`Cancel`] set by whoever gave up on the
+//! query (a timeout, a client gone), seen by every operator of a plan made
+//! [`cancellable`] at its next batch.
+//!
+//! Dropping a query's stream stops it only at the stream's next poll, and an operator that
+//! produces many batches from one input batch (a cross join, a generator) is polled by its
+//! parent in a loop that may not return to the runtime for minutes. Wrapping every
+//! operator's output makes each of those batches a point where the query stops.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
+    SendableRecordBatchStream,
+};
+use futures::Stream;
+
+/// A query's cancellation, shared by everything that runs it. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<State>);
+
+#[derive(Debug, Default)]
+struct State {
+    cancelled: AtomicBool,
+    reason: OnceLock<String>,
+    deadline: OnceLock<Instant>,
+}
+
+impl Cancel {
+    /// A query not cancelled yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Cancels the query; the first reason given is the one its error names.
+    pub fn cancel(&self, reason: impl Into<String>) {
+        let _ = self.0.reason.set(reason.into());
+        self.0.cancelled.store(true, Ordering::Release);
+    }
+
+    /// A query cancelled once `at` has passed (as well as by [`Cancel::cancel`]).
+    pub fn with_deadline(at: Instant) -> Self {
+        let cancel = Self::default();
+        let _ = cancel.0.deadline.set(at);
+        cancel
+    }
+
+    /// Whether the query was cancelled, or its deadline has passed.
+    pub fn is_cancelled(&self) -> bool {
+        if self.0.cancelled.load(Ordering::Acquire) {
+            return true;
+        }
+        if self
+            .0
+            .deadline
+            .get()
+            .is_some_and(|at| Instant::now() >= *at)
+        {
+            self.cancel("it ran past its deadline");
+            return true;
+        }
+        false
+    }
+
+    /// An error when the query was cancelled.
+    pub fn check(&self) -> Result<()> {
+        if !self.is_cancelled() {
+            return Ok(());
+        }
+        Err(DataFusionError::Execution(format!(
+            "the query was cancelled: {}",
+            self.0
+                .reason
+                .get()
+                .map_or("no reason given", String::as_str)
+        )))
+    }
+}
+
+/// `plan` with the output of every operator checked against `cancel` before each batch.
+/// Apply it to the physical plan about to run (after `EXPLAIN` text is made, which it does
+/// not change).
+pub fn cancellable(
+    plan: Arc<dyn ExecutionPlan>,
+    cancel: &Cancel,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        Ok(Transformed::yes(Arc::new(CancellableExec {
+            input: node,
+            cancel: cancel.clone(),
+        }) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
+}
+
+/// An operator's output, stopped at the next batch once [`Cancel`] is set.
+struct CancellableExec {
+    input: Arc<dyn ExecutionPlan>,
+    cancel: Cancel,
+}
+
+impl fmt::Debug for CancellableExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancellableExec")
+            .field("input", &self.input.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DisplayAs for CancellableExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CancellableExec")
+    }
+}
+
+impl ExecutionPlan for CancellableExec {
+    fn name(&self) -> &str {
+        "CancellableExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.input.schema()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match (children.pop(), children.is_empty()) {
+            (Some(input), true) => Ok(Arc::new(Self {
+                input,
+                cancel: self.cancel.clone(),
+            })),
+            _ => Err(DataFusionError::Internal(
+                "CancellableExec has one child".into(),
+            )),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        self.cancel.check()?;
+        Ok(Box::pin(CancellableStream {
+            input: self.input.execute(partition, context)?,
+            cancel: self.cancel.clone(),
+        }))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        None
+    }
+}
+
+struct CancellableStream {
+    input: SendableRecordBatchStream,
+    cancel: Cancel,
+}
+
+impl Stream for CancellableStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Err(e) = self.cancel.check() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        self.input.as_mut().poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.input.size_hint()
+    }
+}
+
+impl RecordBatchStream for CancellableStream {
+    fn schema(&self) -> SchemaRef {
+        self.input.schema()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+
+    /// A cross join of two generated series, counted: billions of rows, which the count
+    /// pulls from the join in a loop that never waits on anything.
+    const ENDLESS: &str =
+        "SELECT count(*) FROM generate_series(1, 100000) a CROSS JOIN generate_series(1, 100000) b";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cross_join_past_its_deadline_stops_at_its_next_batch() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let plan = ctx
+            .sql(ENDLESS)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        // Hours of work, given a fraction of a second: it stops in the middle.
+        let cancel = Cancel::with_deadline(Instant::now() + std::time::Duration::from_millis(300));
+        let plan = cancellable(plan, &cancel).unwrap();
+        let stream = datafusion::physical_plan::execute_stream(plan, ctx.task_ctx()).unwrap();
+        let e = stream.try_collect::<Vec<_>>().await.unwrap_err();
+        assert!(e.to_string().contains("past its deadline"), "{e}");
+        assert!(cancel.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_query_does_not_start() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let plan = ctx
+            .sql(ENDLESS)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let cancel = Cancel::new();
+        cancel.cancel("the client went away");
+        let e =
+            datafusion::physical_plan::collect(cancellable(plan, &cancel).unwrap(), ctx.task_ctx())
+                .await
+                .unwrap_err();
+        assert!(e.to_string().contains("the client went away"), "{e}");
+    }
+
+    #[test]
+    fn a_plan_made_cancellable_keeps_its_schema_and_partitions() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let ctx = datafusion::prelude::SessionContext::new();
+            let plan = ctx
+                .sql("SELECT a FROM (VALUES (1), (2)) t(a)")
+                .await
+                .unwrap()
+                .create_physical_plan()
+                .await
+                .unwrap();
+            let wrapped = cancellable(plan.clone(), &Cancel::new()).unwrap();
+            assert_eq!(wrapped.schema(), plan.schema());
+            let rows: usize = datafusion::physical_plan::collect(wrapped, ctx.task_ctx())
+                .await
+                .unwrap()
+                .iter()
+                .map(RecordBatch::num_rows)
+                .sum();
+            assert_eq!(rows, 2);
+        });
+    }
+}

@@ -1,0 +1,376 @@
+//! Scalar functions whose output is not bounded by the size of their input: `repeat('x',
+//! 1e9)` turns a few bytes of SQL into a gigabyte, outside the memory pool DataFusion's
+//! operators reserve from. Each is replaced, in every session, by the same function behind
+//! a check: the most its output can hold is computed from its arguments before it runs
+//! (a count times a length, a pad width, a string's matches times the replacement) and
+//! reserved from the session's pool for the call, so an answer over the query memory limit
+//! is an error naming the function, never an allocation that takes the process down.
+//!
+//! `concat` and `concat_ws` are bounded too: the size of their output is their arguments',
+//! but a literal given once in the SQL is repeated on every row of a batch.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::{DataType, Float64Type};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
+use datafusion::logical_expr::{
+    ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    Signature,
+};
+use datafusion::prelude::SessionContext;
+
+/// How many bytes a call may produce at most, per row, from its arguments' values
+/// ([`Arg`]): the functions bounded, by name.
+type Bound = fn(&[Arg], usize) -> f64;
+
+const BOUNDED: &[(&str, Bound)] = &[
+    ("repeat", |a, r| len(a, 0, r) * num(a, 1, r).max(0.0)),
+    // Pad widths count characters, of up to 4 bytes each.
+    ("lpad", |a, r| 4.0 * num(a, 1, r).max(0.0) + len(a, 0, r)),
+    ("rpad", |a, r| 4.0 * num(a, 1, r).max(0.0) + len(a, 0, r)),
+    ("replace", |a, r| {
+        let (s, from, to) = (len(a, 0, r), len(a, 1, r), len(a, 2, r));
+        // An empty pattern matches between every two characters.
+        let matches = if from == 0.0 { s + 1.0 } else { s / from };
+        s + matches * to
+    }),
+    ("regexp_replace", |a, r| {
+        // Any pattern may match everywhere, even an empty string; a replacement's group
+        // references (`$1`, `\1`) each stand for up to the whole string.
+        let s = len(a, 0, r);
+        s + (s + 1.0) * (len(a, 2, r) + refs(a, 2) * s)
+    }),
+    ("translate", |a, r| 4.0 * len(a, 0, r)),
+    ("overlay", |a, r| len(a, 0, r) + len(a, 1, r)),
+    ("concat", |a, r| (0..a.len()).map(|i| len(a, i, r)).sum()),
+    ("concat_ws", |a, r| {
+        let separators = (a.len().saturating_sub(2)) as f64 * len(a, 0, r);
+        separators + (1..a.len()).map(|i| len(a, i, r)).sum::<f64>()
+    }),
+    // Array functions, when DataFusion is built with them: elements of 16 bytes at least.
+    ("array_repeat", |a, r| {
+        num(a, 1, r).max(0.0) * (len(a, 0, r) + 16.0)
+    }),
+    ("array_resize", |a, r| {
+        num(a, 1, r).max(0.0) * 16.0 + len(a, 0, r) * 16.0
+    }),
+    ("range", range_bound),
+    ("generate_series", range_bound),
+];
+
+/// Elements of `range(stop)`, `range(start, stop)` or `range(start, stop, step)`, 8 bytes
+/// each.
+fn range_bound(a: &[Arg], r: usize) -> f64 {
+    let (start, stop, step) = match a.len() {
+        1 => (0.0, num(a, 0, r), 1.0),
+        2 => (num(a, 0, r), num(a, 1, r), 1.0),
+        _ => (num(a, 0, r), num(a, 1, r), num(a, 2, r)),
+    };
+    let step = step.abs().max(1.0);
+    ((stop - start).abs() / step + 1.0) * 8.0
+}
+
+/// An argument of one call: per row, its length (bytes of a string or binary, elements of
+/// a list) and its value as a number (numbers; 0 otherwise), and for a string literal the
+/// group references it holds.
+#[derive(Debug)]
+struct Arg {
+    lengths: Per,
+    numbers: Per,
+    refs: f64,
+}
+
+/// A value for every row, or one for all (a scalar argument).
+#[derive(Debug)]
+enum Per {
+    All(f64),
+    Rows(Vec<f64>),
+}
+
+impl Per {
+    fn at(&self, row: usize) -> f64 {
+        match self {
+            Per::All(v) => *v,
+            Per::Rows(v) => v.get(row).copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// The length of argument `i` at row `row`.
+fn len(a: &[Arg], i: usize, row: usize) -> f64 {
+    a.get(i).map_or(0.0, |a| a.lengths.at(row))
+}
+
+/// The number argument `i` is at row `row`.
+fn num(a: &[Arg], i: usize, row: usize) -> f64 {
+    a.get(i).map_or(0.0, |a| a.numbers.at(row))
+}
+
+fn refs(a: &[Arg], i: usize) -> f64 {
+    a.get(i).map_or(0.0, |a| a.refs)
+}
+
+impl Arg {
+    fn of(value: &ColumnarValue) -> Result<Self> {
+        Ok(match value {
+            ColumnarValue::Scalar(s) => {
+                let array = s.to_array_of_size(1)?;
+                let text = scalar_text(s);
+                Arg {
+                    lengths: Per::All(lengths(&array)?.first().copied().unwrap_or(0.0)),
+                    numbers: Per::All(numbers(&array)?.first().copied().unwrap_or(0.0)),
+                    refs: text.map_or(0.0, |t| t.matches(['$', '\\']).count() as f64),
+                }
+            }
+            ColumnarValue::Array(array) => {
+                let lengths = lengths(array)?;
+                // A replacement given per row may reference a group at every character.
+                let refs = lengths.iter().copied().fold(0.0, f64::max);
+                Arg {
+                    lengths: Per::Rows(lengths),
+                    numbers: Per::Rows(numbers(array)?),
+                    refs,
+                }
+            }
+        })
+    }
+}
+
+fn scalar_text(s: &ScalarValue) -> Option<&str> {
+    match s {
+        ScalarValue::Utf8(Some(t))
+        | ScalarValue::LargeUtf8(Some(t))
+        | ScalarValue::Utf8View(Some(t)) => Some(t),
+        _ => None,
+    }
+}
+
+/// Per row: the byte length of a string or binary value, the element count of a list, 0
+/// for anything else and for nulls.
+fn lengths(array: &ArrayRef) -> Result<Vec<f64>> {
+    let n = array.len();
+    let out = match array.data_type() {
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::List(_)
+        | DataType::LargeList(_) => {
+            let lengths = arrow::compute::kernels::length::length(array)?;
+            let lengths = arrow::compute::cast(&lengths, &DataType::Float64)?;
+            let lengths = lengths.as_primitive::<Float64Type>();
+            (0..n)
+                .map(|i| {
+                    if lengths.is_null(i) {
+                        0.0
+                    } else {
+                        lengths.value(i)
+                    }
+                })
+                .collect()
+        }
+        DataType::Dictionary(_, _) => {
+            let values = arrow::compute::cast(array, &DataType::Utf8)?;
+            return lengths(&values);
+        }
+        _ => vec![0.0; n],
+    };
+    Ok(out)
+}
+
+/// Per row: the value of a number (0 for anything else and for nulls).
+fn numbers(array: &ArrayRef) -> Result<Vec<f64>> {
+    let n = array.len();
+    if !array.data_type().is_numeric() {
+        return Ok(vec![0.0; n]);
+    }
+    let values = arrow::compute::cast(array, &DataType::Float64)?;
+    let values = values.as_primitive::<Float64Type>();
+    Ok((0..n)
+        .map(|i| {
+            if values.is_null(i) {
+                0.0
+            } else {
+                values.value(i)
+            }
+        })
+        .collect())
+}
+
+/// The most bytes `bound` says a call of `args` over `rows` rows produces.
+fn call_bound(bound: Bound, args: &[ColumnarValue], rows: usize) -> Result<f64> {
+    let args: Vec<Arg> = args.iter().map(Arg::of).collect::<Result<_>>()?;
+    let per_row = args.iter().any(|a| matches!(a.lengths, Per::Rows(_)));
+    let rows = if per_row { rows } else { 1 };
+    let mut total = 0.0;
+    for row in 0..rows {
+        total += bound(&args, row);
+    }
+    Ok(total)
+}
+
+/// A function whose output is reserved from the session's memory pool before it runs.
+#[derive(Debug)]
+struct Bounded {
+    inner: ScalarUDF,
+    bound: Bound,
+    pool: Arc<dyn MemoryPool>,
+}
+
+impl PartialEq for Bounded {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
+}
+
+impl Eq for Bounded {}
+
+impl Hash for Bounded {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.inner.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for Bounded {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field_from_args(
+        &self,
+        args: ReturnFieldArgs<'_>,
+    ) -> Result<arrow::datatypes::FieldRef> {
+        self.inner.return_field_from_args(args)
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn short_circuits(&self) -> bool {
+        self.inner.short_circuits()
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.inner.documentation()
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let bytes = call_bound(self.bound, &args.args, args.number_rows)?;
+        let name = self.inner.name();
+        let too_large = || {
+            DataFusionError::ResourcesExhausted(format!(
+                "{name}() could produce {bytes:.0} bytes for {} rows, over the query memory limit ({})",
+                args.number_rows,
+                match self.pool.memory_limit() {
+                    datafusion::execution::memory_pool::MemoryLimit::Finite(n) =>
+                        format!("{n} bytes"),
+                    _ => "none set".to_owned(),
+                }
+            ))
+        };
+        if !bytes.is_finite() || bytes > usize::MAX as f64 / 2.0 {
+            return Err(too_large());
+        }
+        let reservation = MemoryConsumer::new(format!("{name}()")).register(&self.pool);
+        reservation
+            .try_grow(bytes as usize)
+            .map_err(|_| too_large())?;
+        let out = self.inner.invoke_with_args(args);
+        drop(reservation);
+        out
+    }
+}
+
+/// Replaces the functions of [`BOUNDED`] that `ctx` has by bounded ones reserving from
+/// `pool`.
+pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) {
+    let functions = ctx.state().scalar_functions().clone();
+    for (name, bound) in BOUNDED {
+        if let Some(udf) = functions.get(*name) {
+            ctx.register_udf(ScalarUDF::new_from_impl(Bounded {
+                inner: udf.as_ref().clone(),
+                bound: *bound,
+                pool: pool.clone(),
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(limit: usize) -> SessionContext {
+        let pool = crate::memory_pool(Some(limit));
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_pool(pool.clone())
+            .build_arc()
+            .unwrap();
+        let ctx = SessionContext::new_with_config_rt(Default::default(), runtime);
+        bound_functions(&ctx, &pool);
+        ctx
+    }
+
+    async fn run(ctx: &SessionContext, sql: &str) -> Result<Vec<arrow::array::RecordBatch>> {
+        ctx.sql(sql).await?.collect().await
+    }
+
+    #[tokio::test]
+    async fn amplifying_functions_over_the_pool_are_refused_before_they_allocate() {
+        let ctx = session(64 << 20);
+        for sql in [
+            "SELECT repeat('x', 1000000000)",
+            "SELECT lpad('x', 1000000000)",
+            "SELECT rpad('x', 1000000000, 'ab')",
+            "SELECT replace(repeat('x', 10000), '', repeat('y', 10000))",
+            "SELECT regexp_replace(repeat('x', 10000), '', repeat('y', 10000), 'g')",
+            // A literal repeated on every row of a batch.
+            "SELECT concat(repeat('x', 10000), v) FROM generate_series(1, 10000) t(v)",
+        ] {
+            let e = run(&ctx, sql).await.unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("over the query memory limit"),
+                "{sql}: {text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn bounded_functions_answer_as_before_within_the_pool() {
+        let ctx = session(64 << 20);
+        let batches = run(
+            &ctx,
+            "SELECT repeat('ab', 3) AS r, lpad('7', 3, '0') AS l, replace('a-b', '-', '+') AS p, \
+             concat('a', 'b', 'c') AS c, regexp_replace('pod-12', '-[0-9]+$', '') AS x",
+        )
+        .await
+        .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        for expected in ["ababab", "007", "a+b", "abc", "pod"] {
+            assert!(text.contains(expected), "{text}");
+        }
+        // The reservation is the call's only: nothing stays reserved afterwards.
+        assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
+    }
+}
