@@ -430,10 +430,53 @@ impl WorkerResolver for Workers {
     }
 }
 
+/// The header a coordinator sends its cluster's secret in, and a worker checks.
+const AUTHORIZATION: &str = "authorization";
+
+/// `Bearer <secret>` as a header value, or an error naming what is wrong with it.
+fn bearer(secret: &str) -> Result<http::HeaderValue> {
+    if secret.is_empty() {
+        return Err(crate::Error::Config("the cluster's secret is empty".into()));
+    }
+    http::HeaderValue::from_str(&format!("Bearer {secret}"))
+        .map_err(|_| crate::Error::Config("the cluster's secret must be printable ASCII".into()))
+}
+
+/// Channels to workers that carry the cluster's secret in every request.
+#[derive(Clone)]
+struct Authorized {
+    channels: datafusion_distributed::grpc::DefaultChannelResolver,
+    header: Option<http::HeaderValue>,
+}
+
+#[async_trait]
+impl datafusion_distributed::ChannelResolver for Authorized {
+    async fn get_worker_client_for_url(
+        &self,
+        url: &url::Url,
+    ) -> DfResult<Box<dyn datafusion_distributed::WorkerChannel>> {
+        let channel = self.channels.get_channel(url).await?;
+        let channel = match self.header.clone() {
+            None => channel,
+            Some(header) => datafusion_distributed::grpc::BoxCloneSyncChannel::new(
+                tower::ServiceBuilder::new()
+                    .map_request(move |mut r: http::Request<tonic::body::Body>| {
+                        r.headers_mut().insert(AUTHORIZATION, header.clone());
+                        r
+                    })
+                    .service(channel),
+            ),
+        };
+        Ok(datafusion_distributed::grpc::create_worker_client(channel))
+    }
+}
+
 /// A coordinator of distributed merges over a fixed list of workers.
 pub struct Cluster {
     workers: Vec<url::Url>,
     source: Option<Arc<dyn StackSource>>,
+    /// How requests to workers carry the cluster's secret.
+    channels: Authorized,
     runtime: tokio::runtime::Runtime,
     /// Bytes of Arrow data the workers sent (network boundaries' `bytes_transferred`).
     bytes_moved: AtomicU64,
@@ -474,9 +517,20 @@ impl Cluster {
         Ok(Self {
             workers,
             source,
+            channels: Authorized {
+                channels: Default::default(),
+                header: None,
+            },
             runtime,
             bytes_moved: AtomicU64::new(0),
         })
+    }
+
+    /// The same coordinator sending `secret` to its workers, which [`serve_worker_with`]
+    /// requires when given one.
+    pub fn with_secret(mut self, secret: Option<&str>) -> Result<Self> {
+        self.channels.header = secret.map(bearer).transpose()?;
+        Ok(self)
     }
 
     /// The workers.
@@ -497,6 +551,7 @@ impl Cluster {
             .with_default_features()
             .with_config(SessionConfig::new().with_target_partitions(2))
             .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_planner()
             .with_distributed_user_codec(codec)
             .with_distributed_desired_task_count_handler(desired_tasks)
@@ -669,22 +724,67 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
 }
 
 /// Serves this process as a worker of distributed merges on `listener` (gRPC), reading the
-/// tables `source` gives, until `shutdown` completes.
+/// tables `source` gives, until `shutdown` completes. It takes plans from anyone who can
+/// reach it: [`serve_worker_with`] a secret, beyond a trusted network.
 pub async fn serve_worker(
     listener: tokio::net::TcpListener,
     source: Arc<dyn StackSource>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String> {
+    serve_worker_with(listener, source, None, shutdown).await
+}
+
+/// [`serve_worker`] that, with `secret`, refuses (`unauthenticated`) every request not
+/// carrying it as `authorization: Bearer <secret>`, as a [`Cluster::with_secret`] sends
+/// it; the plans a worker takes read the tenants' data, so nobody else may send them. It
+/// sends the secret itself to the workers it asks in turn.
+pub async fn serve_worker_with(
+    listener: tokio::net::TcpListener,
+    source: Arc<dyn StackSource>,
+    secret: Option<&str>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> std::result::Result<(), String> {
     let listen: Option<SocketAddr> = listener.local_addr().ok();
+    let header = secret.map(bearer).transpose().map_err(|e| e.to_string())?;
     let codec = StackScanCodec {
         source: Some(source),
     };
+    let channels = Authorized {
+        channels: Default::default(),
+        header: header.clone(),
+    };
     let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
-        let codec = codec.clone();
-        async move { Ok(ctx.builder.with_distributed_user_codec(codec).build()) }
+        let (codec, channels) = (codec.clone(), channels.clone());
+        async move {
+            Ok(ctx
+                .builder
+                .with_distributed_user_codec(codec)
+                .with_distributed_channel_resolver(channels)
+                .build())
+        }
     });
+    let check = move |request: tonic::Request<()>| -> std::result::Result<_, tonic::Status> {
+        let Some(expected) = &header else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get(AUTHORIZATION)
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        if constant_time_eq(given, expected.as_bytes()) {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unauthenticated(
+                "this worker takes plans only from its cluster: the request lacks the cluster's secret ([cluster] secret)",
+            ))
+        }
+    };
     tonic::transport::Server::builder()
-        .add_service(worker.into_worker_server())
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            worker.into_worker_server(),
+            check,
+        ))
         .serve_with_incoming_shutdown(
             // Without NODELAY small answers wait out the peer's delayed ACK: 40 ms a hop.
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
@@ -692,6 +792,11 @@ pub async fn serve_worker(
         )
         .await
         .map_err(|e| format!("query worker on {listen:?}: {e}"))
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 #[cfg(test)]

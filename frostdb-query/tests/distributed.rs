@@ -126,3 +126,65 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     assert!(failed.to_string().contains(&urls[1]), "{failed}");
     assert_eq!(failed.kind(), frostdb_core::ErrorKind::Unavailable);
 }
+
+#[test]
+fn a_worker_with_a_secret_refuses_plans_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default().row_group_rows(40),
+        )
+        .unwrap();
+    common::insert(&table, &rows(2, 8, 10_000, 5));
+    table.persist().unwrap();
+    let snapshot = table.snapshot();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let urls = vec![format!("http://{}", listener.local_addr().unwrap())];
+    runtime.spawn(async move {
+        frostdb_query::distributed::serve_worker_with(
+            listener,
+            source,
+            Some("s3cret"),
+            std::future::pending(),
+        )
+        .await
+    });
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let merge = |cluster: &Cluster| {
+        cluster.merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            TimeRange::ALL,
+            false,
+            None,
+        )
+    };
+    for wrong in [None, Some("guess")] {
+        let cluster = Cluster::new(&urls, None)
+            .unwrap()
+            .with_secret(wrong)
+            .unwrap();
+        let e = merge(&cluster).unwrap_err();
+        assert!(e.to_string().contains("secret"), "{wrong:?}: {e}");
+    }
+    let cluster = Cluster::new(&urls, None)
+        .unwrap()
+        .with_secret(Some("s3cret"))
+        .unwrap();
+    let pool = frostdb_query::memory_pool(None);
+    let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
+    assert_eq!(merge(&cluster).unwrap().stacks, here.stacks);
+}

@@ -40,6 +40,7 @@
 //! lease_ttl = "15s"                # writers: a dead writer's tenants are taken over after this
 //! refresh_interval = "2s"          # readers: how often they look for what writers flushed
 //! worker_listen = "127.0.0.1:7101" # serve merges' blocks to coordinators (gRPC)
+//! secret = "cluster-secret"        # sent to workers, required by them (default: token)
 //! workers = ["http://10.0.0.2:7101", "http://10.0.0.3:7101"]  # spread merges over these
 //! ```
 
@@ -125,6 +126,9 @@ pub struct ClusterConfig {
     /// Workers (`http://host:port`) to spread this node's merges over; when empty, merges
     /// read every block here.
     pub workers: Vec<String>,
+    /// The secret a node sends the workers it asks and a worker requires of the plans it
+    /// takes (absent: the server's `token`). A worker listening beyond loopback needs one.
+    pub secret: Option<String>,
 }
 
 impl Default for ClusterConfig {
@@ -137,6 +141,7 @@ impl Default for ClusterConfig {
             refresh_interval: Duration::from_secs(2),
             worker_listen: None,
             workers: Vec::new(),
+            secret: None,
         }
     }
 }
@@ -589,6 +594,11 @@ impl Config {
         self.validate_cluster()
     }
 
+    /// The secret of the cluster: `[cluster] secret`, else the server's token.
+    pub fn cluster_secret(&self) -> Option<&str> {
+        self.cluster.secret.as_deref().or(self.token.as_deref())
+    }
+
     /// Checks `[storage]` and `[cluster]` together.
     fn validate_cluster(&self) -> Result<(), String> {
         let cluster = &self.cluster;
@@ -619,6 +629,17 @@ impl Config {
             .lease_ttl(cluster.lease_ttl)
             .flush_interval(cluster.flush_interval);
         shared.validate().map_err(|e| format!("[cluster]: {e}"))?;
+        if cluster.secret.as_deref() == Some("") {
+            return Err("[cluster]: `secret` is empty".into());
+        }
+        if let Some(listen) = cluster.worker_listen
+            && !listen.ip().is_loopback()
+            && self.cluster_secret().is_none()
+        {
+            return Err(format!(
+                "[cluster]: worker_listen = \"{listen}\" takes plans that read every tenant's data from beyond this host: set [cluster] secret (or token), which the nodes asking it send"
+            ));
+        }
         for w in &cluster.workers {
             if !(w.starts_with("http://") || w.starts_with("https://")) {
                 return Err(format!(
@@ -677,6 +698,15 @@ mod tests {
         assert_eq!(c.retention().of("anyone-else"), days(30));
         assert_eq!(Config::default().retention().of("x"), None);
         assert_eq!(c.retention().rollups, days(90));
+        for (text, bytes) in [
+            ("1024", 1024),
+            ("'512MiB'", 512 << 20),
+            ("'4GiB'", 4 << 30),
+            ("'2GB'", 2_000_000_000),
+        ] {
+            let c: Config = toml::from_str(&format!("[limits]\nmemory = {text}")).unwrap();
+            assert_eq!(c.limits.memory_budget(), bytes, "{text}");
+        }
     }
 
     #[test]
@@ -705,6 +735,19 @@ mod tests {
         );
         assert!(bad("[storage]\nurl = 's3://b'\n[cluster]\nworkers = ['x:1']").contains("http://"));
         assert!(bad("[storage]\nurl = 's3://b'\n[cluster]\nrole = 'leader'").contains("leader"));
+        // A worker beyond loopback runs anyone's plans unless it requires a secret.
+        let open = "[storage]\nurl = 's3://b'\n[cluster]\nworker_listen = '0.0.0.0:7101'";
+        assert!(bad(open).contains("secret"));
+        for closed in [
+            format!("{open}\nsecret = 's'"),
+            format!("token = 't'\n{open}"),
+        ] {
+            let c: Config = toml::from_str(&closed).unwrap();
+            c.validate().unwrap();
+        }
+        assert!(bad("[limits]\nheader_read_timeout_secs = 0").contains("header_read_timeout_secs"));
+        assert!(bad("[limits]\nmax_uri_bytes = 100000").contains("max_uri_bytes"));
+        assert!(bad("[limits]\nmemory = '12 parsecs'").contains("parsecs"));
     }
 
     #[test]

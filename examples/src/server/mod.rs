@@ -246,6 +246,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
             &state.config.cluster.workers,
             Some(source.clone()),
         )
+        .and_then(|c| c.with_secret(state.config.cluster_secret()))
         .map_err(|e| format!("[cluster] workers: {e}"))?;
         tracing::info!(workers = ?state.config.cluster.workers, "merges spread over workers");
         state.tenants.set_cluster(Arc::new(cluster));
@@ -256,12 +257,18 @@ pub async fn serve(config: Config) -> Result<(), String> {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .map_err(|e| format!("cannot listen for merge tasks on {listen}: {e}"))?;
-            tracing::info!(%listen, "serving merge tasks to the cluster (gRPC)");
+            let secret = state.config.cluster_secret().map(str::to_owned);
+            tracing::info!(
+                %listen,
+                authenticated = secret.is_some(),
+                "serving merge tasks to the cluster (gRPC)"
+            );
             let source = source.clone();
             Some(tokio::spawn(async move {
-                if let Err(e) = frostdb_query::distributed::serve_worker(
+                if let Err(e) = frostdb_query::distributed::serve_worker_with(
                     listener,
                     source,
+                    secret.as_deref(),
                     std::future::pending(),
                 )
                 .await
