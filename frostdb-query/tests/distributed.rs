@@ -138,7 +138,8 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
             frostdb_core::TableOptions::default().row_group_rows(40),
         )
         .unwrap();
-    common::insert(&table, &rows(2, 8, 10_000, 5));
+    // As in the test above: enough row groups that the merge is spread.
+    common::insert(&table, &rows(6, 24, 10_000, 5));
     table.persist().unwrap();
     let snapshot = table.snapshot();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -147,19 +148,23 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
         .build()
         .unwrap();
     let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let urls = vec![format!("http://{}", listener.local_addr().unwrap())];
-    runtime.spawn(async move {
-        frostdb_query::distributed::serve_worker_with(
-            listener,
-            source,
-            Some("s3cret"),
-            std::future::pending(),
-        )
-        .await
-    });
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        let source = source.clone();
+        runtime.spawn(async move {
+            frostdb_query::distributed::serve_worker_with(
+                listener,
+                source,
+                Some("s3cret"),
+                std::future::pending(),
+            )
+            .await
+        });
+    }
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let merge = |cluster: &Cluster| {
         cluster.merge_stacks(
