@@ -344,6 +344,49 @@ async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
         assert_eq!(r.status().as_u16(), 400, "sampleRate={rate}");
         assert!(r.text().await.unwrap().contains("sampleRate"));
     }
+    // A profile name no selector can name: refused at push, not stored for ever unread.
+    use base64::Engine;
+    let raw =
+        base64::engine::general_purpose::STANDARD.encode(testdata("pprof/pyroscope__go-cpu.pb.gz"));
+    for name in ["a:b", "my app", "x{y}"] {
+        let body = serde_json::json!({"series": [{
+            "labels": [{"name": "__name__", "value": name}, {"name": "service_name", "value": "s"}],
+            "samples": [{"rawProfile": raw}]
+        }]});
+        let r = reqwest::Client::new()
+            .post(format!("{}/push.v1.PusherService/Push", s.url))
+            .header("Content-Type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{name:?}: {text}");
+        assert!(text.contains("profile type"), "{name:?}: {text}");
+    }
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
+    assert_eq!(types, serde_json::json!([]), "nothing was stored");
+    // An enum name the protos lack is not read as the default (a flame graph).
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/querier.v1.QuerierService/SelectMergeStacktraces",
+            s.url
+        ))
+        .header("Content-Type", "application/json")
+        .body(
+            serde_json::json!({
+                "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+                "labelSelector": "{}",
+                "format": "PROFILE_FORMAT_JFR"
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("PROFILE_FORMAT_JFR"));
     // A setting dated far ahead would win over every later update.
     let r = reqwest::Client::new()
         .post(format!("{}/settings.v1.SettingsService/Set", s.url))

@@ -171,6 +171,22 @@ pub(crate) fn prepare<'p>(
     deltas: Option<&Deltas>,
 ) -> Result<Prepared<'p>> {
     let p = profile.flat();
+    // Every part of the profile types written must be selectable afterwards.
+    let part = |field: &'static str, value: &str| {
+        frostdb_query::ProfileType::check_part(value).map_err(|reason| Error::Invalid {
+            field,
+            reason: format!("cannot be part of a profile type: {reason}"),
+        })
+    };
+    part("name", &options.name)?;
+    for t in &p.sample_type {
+        part("sample_type.type", or(text(p, t.r#type), "samples"))?;
+        part("sample_type.unit", or(text(p, t.unit), "count"))?;
+    }
+    if let Some(t) = &p.period_type {
+        part("period_type.type", or(text(p, t.r#type), "unknown"))?;
+        part("period_type.unit", or(text(p, t.unit), "unknown"))?;
+    }
     // Series labels, sanitized; empty values mean "absent", as in Prometheus.
     let mut series: BTreeMap<String, String> = BTreeMap::new();
     for (k, v) in &options.labels {

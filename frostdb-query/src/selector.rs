@@ -245,6 +245,27 @@ pub struct SelectorError {
     pub input: String,
 }
 
+impl ProfileType {
+    /// Checks that `part` can be a part of a profile type a selector names (the name, a
+    /// sample or period type, a unit): not empty, without `:` (which separates the parts),
+    /// `{` (which starts the labels), white space or control characters. A part that fails
+    /// would be stored and listed, but no query could ever select it.
+    pub fn check_part(part: &str) -> Result<(), String> {
+        if part.is_empty() {
+            return Err("it is empty".into());
+        }
+        if let Some(c) = part
+            .chars()
+            .find(|c| *c == ':' || *c == '{' || c.is_whitespace() || c.is_control())
+        {
+            return Err(format!(
+                "{part:?} has {c:?}, which no selector can name (':' separates the parts of a profile type, '{{' starts its labels)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl SelectorError {
     /// Characters of the selector shown on each side of the column.
     pub const SHOWN: usize = 60;

@@ -265,6 +265,84 @@ async fn render_diff(
     Ok(axum::Json(fb).into_response())
 }
 
+/// The enum fields of the query API's requests, as proto3 JSON sends them (a name or a
+/// number), at the top level or in a diff's `left` and `right`; every other field is
+/// skipped without being read into memory.
+#[derive(serde::Deserialize)]
+struct JsonEnums {
+    #[serde(default)]
+    format: Option<serde_json::Value>,
+    #[serde(default)]
+    aggregation: Option<serde_json::Value>,
+    #[serde(default)]
+    left: Option<Box<JsonEnums>>,
+    #[serde(default)]
+    right: Option<Box<JsonEnums>>,
+}
+
+/// Refuses an enum value the protos lack in a JSON request: decoded, it would read as the
+/// field's default (an unknown `format` answered as a flame graph), where a client asking
+/// for something else should hear it is not there. Unknown fields stay skipped.
+fn check_json_enums(body: &[u8]) -> ApiResult<()> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    // A body that is not a JSON object is the decoder's to report.
+    let Ok(enums) = serde_json::from_slice::<JsonEnums>(body) else {
+        return Ok(());
+    };
+    fn known(
+        value: &Option<serde_json::Value>,
+        field: &str,
+        by_name: fn(&str) -> bool,
+        by_number: fn(i32) -> bool,
+        names: &str,
+    ) -> ApiResult<()> {
+        let ok = match value {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::String(name)) => by_name(name),
+            Some(serde_json::Value::Number(n)) => n
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .is_some_and(by_number),
+            Some(_) => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        let shown: String = value
+            .as_ref()
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+            .chars()
+            .take(64)
+            .collect();
+        Err(ApiError::bad_request(format!(
+            "{field} {shown} is not one of {names}"
+        )))
+    }
+    let mut all = vec![&enums];
+    all.extend(enums.left.as_deref());
+    all.extend(enums.right.as_deref());
+    for e in all {
+        known(
+            &e.format,
+            "format",
+            |n| querier::ProfileFormat::from_str_name(n).is_some(),
+            |n| querier::ProfileFormat::try_from(n).is_ok(),
+            "PROFILE_FORMAT_FLAMEGRAPH, PROFILE_FORMAT_TREE, PROFILE_FORMAT_PPROF, PROFILE_FORMAT_DOT",
+        )?;
+        known(
+            &e.aggregation,
+            "aggregation",
+            |n| types::TimeSeriesAggregationType::from_str_name(n).is_some(),
+            |n| types::TimeSeriesAggregationType::try_from(n).is_ok(),
+            "TIME_SERIES_AGGREGATION_TYPE_SUM, TIME_SERIES_AGGREGATION_TYPE_AVERAGE",
+        )?;
+    }
+    Ok(())
+}
+
 /// The encoding of a Connect unary request and its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codec {
@@ -404,6 +482,9 @@ async fn querier_call(
         tenant: tenant.clone(),
         utf8_names: allows_utf8_names(&headers),
     };
+    if codec == Codec::Json {
+        check_json_enums(&body)?;
+    }
     macro_rules! unary {
         ($method:ident) => {{
             let request = codec.decode(&body)?;

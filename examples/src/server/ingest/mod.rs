@@ -49,8 +49,9 @@ fn allowed_label(name: &str) -> bool {
     !name.starts_with("__") || name == "__session_id__"
 }
 
-/// Admits the series against the tenant's limit, then stores the profile off the async
-/// threads. Returns once the samples are durable.
+/// Admits the series against the tenant's limit, then stores the profile in the ingest
+/// lane (off the async threads, as many at once as `limits.max_concurrent_ingest`).
+/// Returns once the samples are durable.
 pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResult<IngestSummary> {
     let tenant = state.tenants.for_write(tenant).await?;
     let mut labels: Vec<(String, String)> = incoming
@@ -76,14 +77,16 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
         timestamp_ms: incoming.timestamp_ms,
     };
     let (profile, previous) = (incoming.profile, incoming.previous);
-    tokio::task::spawn_blocking(move || match previous {
-        Some(previous) => Ok(tenant
-            .store
-            .ingest_with_previous(&profile, &previous, &options)?),
-        None => Ok(tenant.store.ingest_profile(&profile, &options)?),
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("ingest task failed: {e}")))?
+    state
+        .work
+        .ingest
+        .blocking(move |_| match previous {
+            Some(previous) => Ok(tenant
+                .store
+                .ingest_with_previous(&profile, &previous, &options)?),
+            None => Ok(tenant.store.ingest_profile(&profile, &options)?),
+        })
+        .await
 }
 
 /// The body, decompressed when `Content-Encoding: gzip`, within the decompressed limit;
