@@ -145,7 +145,9 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
     let long_name = "n".repeat(17);
     let long_value = "v".repeat(9);
     let three = [("service_name", "api"), ("job", "j"), ("pod", "p")];
-    let cases: Vec<(Vec<(&str, &str)>, Vec<(&str, &str)>, &str)> = vec![
+    // Request labels, pprof sample labels, and the limit they break.
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
         (
             vec![("a", "1"), ("b", "1"), ("c", "1"), ("d", "1"), ("e", "1")],
             vec![],
