@@ -5,6 +5,7 @@
 //! product's samples table (`frostdb_pprof::schema::samples`): five profile-type columns, five
 //! labels, a stack id and four integers per row.
 
+pub mod cardinality;
 pub mod external;
 pub mod scale;
 

@@ -32,7 +32,7 @@ pub fn rss_mib() -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
+pub(crate) fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
     match args.iter().position(|a| a == name) {
         None => Ok(default),
         Some(i) => args

@@ -1448,3 +1448,84 @@ async fn span_ids_are_not_series_and_a_query_selects_spans() {
         serde_json::json!([])
     );
 }
+
+/// Pushes over a label limit are answered 413 with JSON naming the limit and its value, and
+/// nothing of them is stored; the default limit of 30 label names refuses a push of 10,000.
+#[tokio::test]
+async fn a_push_over_a_label_limit_is_a_413_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[limits]\nmax_label_names_per_series = 3\nmax_label_value_length = 16\n";
+    let s = Server::start(&dir.path().join("data"), Some(config));
+    let raw = testdata(GO_CPU);
+    let long = "v".repeat(17);
+    for (labels, limit) in [
+        (
+            vec![("service_name", "a"), ("a", "1"), ("b", "1"), ("c", "1")],
+            "max_label_names_per_series = 3",
+        ),
+        (
+            vec![("service_name", "a"), ("pod", long.as_str())],
+            "max_label_value_length = 16",
+        ),
+    ] {
+        let (status, body) =
+            push_proto(&s, None, &push_request("process_cpu", &labels, raw.clone())).await;
+        assert_eq!(status, 413, "{body}");
+        let json: Value = serde_json::from_str(&body).unwrap();
+        assert!(json["error"].as_str().unwrap().contains(limit), "{body}");
+        assert_eq!(json["code"], "resource_exhausted", "{body}");
+    }
+    let labels = get_json(&format!("{}/api/v1/labels", s.url), None).await;
+    assert_eq!(labels, serde_json::json!([]), "nothing stored");
+    let ok = [("service_name", "a"), ("pod", "p")];
+    let (status, body) = push_proto(&s, None, &push_request("process_cpu", &ok, raw.clone())).await;
+    assert_eq!(status, 200, "{body}");
+
+    // The defaults: 10,000 label names in one push are refused at 30.
+    let s = Server::start(&dir.path().join("defaults"), None);
+    let names: Vec<(String, String)> = (0..10_000)
+        .map(|i| (format!("l{i:05}"), "v".to_owned()))
+        .collect();
+    let names: Vec<(&str, &str)> = names
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (status, body) = push_proto(&s, None, &push_request("process_cpu", &names, raw)).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("max_label_names_per_series = 30"), "{body}");
+}
+
+/// The series limit counts what a tenant stored before a restart: after one, a new series
+/// over the limit is still refused (429) and a stored one still accepted.
+#[tokio::test]
+async fn the_series_limit_holds_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = Some("[limits]\nmax_series_per_tenant = 2\n");
+    let raw = testdata(GO_CPU);
+    let push = |s: &Server, svc: &'static str| {
+        let req = push_request("process_cpu", &[("service_name", svc)], raw.clone());
+        let url = s.url.clone();
+        async move {
+            post(
+                &format!("{url}/push.v1.PusherService/Push"),
+                None,
+                &[("content-type", "application/proto")],
+                req.encode_to_vec(),
+            )
+            .await
+        }
+    };
+    let s = Server::start(&data, config);
+    for svc in ["a", "b"] {
+        let (status, body) = push(&s, svc).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(s.terminate(), "the server must exit cleanly on SIGTERM");
+    let s = Server::start(&data, config);
+    let (status, body) = push(&s, "c").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("limit of 2 series"), "{body}");
+    let (status, body) = push(&s, "a").await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -102,7 +102,8 @@ pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
 pub use scalar::Scalar;
 pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};
 pub use schema::{
-    ColumnDef, Compression, Encoding, Schema, SchemaBuilder, SortingColumn, TableSchema,
+    ColumnDef, Compression, Encoding, MAX_NAME_LEN, Schema, SchemaBuilder, SortingColumn,
+    TableSchema,
 };
 pub use table::{LevelStats, Table, TableStats};
 pub use wal::WalStats;

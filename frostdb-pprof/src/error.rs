@@ -65,6 +65,19 @@ pub enum Error {
         /// One of them.
         example: String,
     },
+    /// A label of the profile is over a label limit of the store
+    /// ([`LabelLimits`](crate::LabelLimits)); nothing of the profile was stored.
+    #[error("{what}: {got}, over the limit {limit} = {value}")]
+    LabelLimit {
+        /// What is over it: `the label names of series cpu{…}`, `the bytes of label name "…"`.
+        what: String,
+        /// How many (names or bytes) it has.
+        got: usize,
+        /// The limit, by its option's name: `max_label_names_per_series`, ...
+        limit: &'static str,
+        /// The limit's value.
+        value: usize,
+    },
     /// Two labels map to the same name with different values.
     #[error("label {label:?} is given twice: {first} and {second}")]
     LabelCollision {
@@ -111,7 +124,7 @@ impl Error {
             | Self::Convert { .. }
             | Self::LabelCollision { .. }
             | Self::Query(_) => K::InvalidInput,
-            Self::TooLarge { .. } => K::LimitExceeded,
+            Self::TooLarge { .. } | Self::LabelLimit { .. } => K::LimitExceeded,
             Self::SeriesLimit { .. } => K::QuotaExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,

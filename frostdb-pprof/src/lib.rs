@@ -37,6 +37,7 @@ mod decode;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod limits;
 mod normalize;
 pub mod report;
 pub mod rollup;
@@ -97,6 +98,7 @@ pub mod api {
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_query::profile::Aggregation;
+pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};
 pub use store::{MergeOptions, Merged, ProfileStore, SeriesSamples, StoreOptions};

@@ -439,7 +439,6 @@ impl Prepared<'_> {
     /// (request and pprof sample labels alike) per sample label set used, with that set's
     /// index (see [`Prepared::series_text`]). What a series limit counts.
     pub(crate) fn series(&self) -> Vec<(u64, usize)> {
-        use std::hash::{Hash, Hasher};
         let mut used = vec![false; self.label_sets.len()];
         for &(_, g, _) in &self.rows {
             used[self.groups[g as usize].labels as usize] = true;
@@ -447,22 +446,42 @@ impl Prepared<'_> {
         (0..self.label_sets.len())
             .filter(|&set| used[set])
             .map(|set| {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                self.name.hash(&mut h);
-                self.labels_of(set).hash(&mut h);
-                (h.finish(), set)
+                let key = crate::limits::series_key(&self.name, self.labels_of(set).into_iter());
+                (key, set)
             })
             .collect()
     }
 
-    /// Series label set `set` as text, `name{k="v",...}`.
+    /// Checks every label set of the profile (request labels with each set of sample
+    /// labels) against `limits`.
+    pub(crate) fn check_labels(&self, limits: &crate::limits::LabelLimits) -> Result<()> {
+        let series = self.series.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        for (set, labels) in self.label_sets.iter().enumerate() {
+            limits.check(series.clone(), labels, || self.series_text(set))?;
+        }
+        Ok(())
+    }
+
+    /// Series label set `set` as text, `name{k="v",...}` (the first 8 labels, and how many
+    /// more there are).
     pub(crate) fn series_text(&self, set: usize) -> String {
-        let text = self
-            .labels_of(set)
+        const SHOWN: usize = 8;
+        let labels = self.labels_of(set);
+        let mut text = labels
             .iter()
-            .map(|(k, v)| format!("{k}={v:?}"))
+            .take(SHOWN)
+            .map(|(k, v)| {
+                format!(
+                    "{}={:?}",
+                    crate::limits::shortened(k),
+                    crate::limits::shortened(v)
+                )
+            })
             .collect::<Vec<_>>()
             .join(",");
+        if labels.len() > SHOWN {
+            text.push_str(&format!(",… {} labels in all", labels.len()));
+        }
         format!("{}{{{text}}}", self.name)
     }
 

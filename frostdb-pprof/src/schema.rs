@@ -9,6 +9,7 @@
 //! | `totals` | the series columns of `samples`, `timestamp`, `duration`, `period`, `value`: per profile, type and label set, the sum of its samples (what range queries read) |
 //! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value ([`crate::rollup`]) |
 //! | `rollup_buckets` | `level`, `timestamp`: the hours and days rolled up |
+//! | `series_keys` | `key`, `timestamp` (the start of a day): per series (profile name and labels) and day with samples, its key; what the series limit counts ([`crate::limits`]) |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
 //! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
@@ -51,6 +52,14 @@ pub const ROLLUPS_DAILY: &str = "rollups_1d";
 /// Which hours and days the rollups hold: a row per `(level, timestamp)` rolled up, committed
 /// with that bucket's rollup rows.
 pub const ROLLUP_BUCKETS: &str = "rollup_buckets";
+
+/// The series keys: a row per series (a profile name and label set, as
+/// [`StoreOptions::max_series`](crate::StoreOptions::max_series) counts them) and day with
+/// samples, `key` a hash of the series; a store limited in series counts what it holds from
+/// them when opened, reading one column ([`crate::limits`]).
+pub const SERIES_KEYS: &str = "series_keys";
+/// The series keys' time granularity: rows are per day (UTC).
+pub const SERIES_KEYS_BUCKET_MS: i64 = 24 * 3_600_000;
 
 /// Whether a samples column is one of the series index's (the profile type, labels and
 /// timestamp), not one of a sample's own.
@@ -252,6 +261,16 @@ fn series_index_schema(labels: LabelOrder) -> Schema {
         },
         &["timestamp"],
     )
+}
+
+/// The series keys ([`SERIES_KEYS`]): `key` (u64) and `timestamp`, the start of a day.
+pub fn series_keys() -> Schema {
+    schema(SERIES_KEYS, |b| {
+        b.column(ColumnDef::new("key", DataType::UInt64))
+            .column(ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::RleDictionary))
+            .sort_by(SortingColumn::asc("key"))
+            .sort_by(SortingColumn::asc("timestamp"))
+    })
 }
 
 /// The schema of series table `name` (samples, spans, totals, rollups, the series index)

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 
 use crate::decode::{Limits, ValidProfile, decode};
 use crate::error::{Error, Result};
+use crate::limits::{LabelLimits, SeriesKeys};
 use crate::normalize::{Deltas, IngestOptions, IngestSummary, SampleRows, prepare};
 use crate::rollup::{RollupOptions, RollupSummary, Rollups};
 use crate::schema;
@@ -33,6 +34,8 @@ use crate::symbols::{
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `limits` | [`Limits::default`] | what a decoded profile may hold |
+/// | `label_limits` | [`LabelLimits::default`] | labels per series (30), label name (1024 bytes) and value (2048 bytes) lengths |
+/// | `max_series` | no limit | series the store may hold, counted across restarts |
 /// | `symbols` | [`SymbolOptions::default`] | symbol partitions and their cache |
 /// | `samples` | [`TableOptions::default`] with a level fanout of 8 | the samples table (block size, granules, ...) |
 /// | `retention` | none | samples older than this are deleted, then the symbols only they used |
@@ -45,6 +48,8 @@ use crate::symbols::{
 pub struct StoreOptions {
     /// Decoding limits.
     pub limits: Limits,
+    /// Bounds on each series' labels; a profile over one is refused whole.
+    pub label_limits: LabelLimits,
     /// Symbol partitions and cache.
     pub symbols: SymbolOptions,
     /// Options of the samples table when it is created.
@@ -60,8 +65,10 @@ pub struct StoreOptions {
     /// A process-wide memory budget the store's queries also reserve from (`None`: only
     /// `query_memory` bounds them).
     pub memory_budget: Option<frostdb_core::MemoryBudget>,
-    /// Series the store admits (profile name and every label, pprof sample labels
-    /// included) since it was opened; a profile that would add more is refused whole.
+    /// Series the store may hold (profile name and every label, pprof sample labels
+    /// included; [`crate::limits`]): those stored before it was opened count, read from
+    /// the series keys when it opens; a profile that would add more is refused whole.
+    /// Series whose samples have expired stop counting at the next open.
     pub max_series: usize,
     /// Hourly and daily rollups ([`crate::rollup`]).
     pub rollups: RollupOptions,
@@ -93,6 +100,7 @@ impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
+            label_limits: LabelLimits::default(),
             symbols: SymbolOptions::default(),
             samples: samples_table_options(),
             retention: None,
@@ -312,6 +320,8 @@ struct Group {
     rows: SampleRows,
     /// Rows of the samples labelled with a span (the `spans` table).
     spans: SampleRows,
+    /// The series keys of its profiles, with their days ([`crate::limits`]).
+    keys: Vec<(u64, i64)>,
     slot: Arc<Slot>,
     /// Why a profile's rows could not be appended whole, if one could not.
     broken: Option<String>,
@@ -325,6 +335,7 @@ impl Group {
             to: from,
             rows: SampleRows::default(),
             spans: SampleRows::default(),
+            keys: Vec::new(),
             slot: Arc::new(Slot::new()),
             broken: None,
         }
@@ -403,8 +414,11 @@ pub struct ProfileStore {
     /// Profiles being decoded or prepared, not yet in a group: the company a leader may
     /// wait for.
     coming: std::sync::atomic::AtomicUsize,
-    /// Series admitted since open (hashes), against [`StoreOptions::max_series`].
-    series: Mutex<std::collections::HashSet<u64>>,
+    /// The series stored (when limited) and admitted since open, against
+    /// [`StoreOptions::max_series`].
+    series: Mutex<SeriesKeys>,
+    /// Their keys' table ([`schema::SERIES_KEYS`]); none in a reader.
+    series_keys: Option<Table>,
     options: StoreOptions,
 }
 
@@ -703,6 +717,30 @@ impl ProfileStore {
         if !read_only && series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_series_index(&db, &samples, &series_index)?;
         }
+        let series_keys = if read_only {
+            None
+        } else {
+            let existed = db.get_table(schema::SERIES_KEYS).is_some();
+            let keys = db.table(
+                schema::SERIES_KEYS,
+                schema::series_keys(),
+                TableOptions::default(),
+            )?;
+            // A key row stands for a day: kept a day longer than the samples.
+            keys.set_ttl(
+                options
+                    .retention
+                    .map(|r| r + Duration::from_millis(schema::SERIES_KEYS_BUCKET_MS as u64)),
+            )?;
+            if !existed && series_index.snapshot().rows() > 0 {
+                crate::limits::build_series_keys(&db, &series_index, &keys)?;
+            }
+            Some(keys)
+        };
+        let series = match &series_keys {
+            Some(keys) => SeriesKeys::open(keys, options.max_series != usize::MAX)?,
+            None => SeriesKeys::open_empty(),
+        };
         let totals = schema::open_series_table(&db, schema::TOTALS, options.samples.clone())?;
         set_ttl(&totals, options.retention)?;
         if !read_only && totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
@@ -759,7 +797,8 @@ impl ProfileStore {
             pipeline: std::sync::Mutex::new(Pipeline::default()),
             joined: std::sync::Condvar::new(),
             coming: std::sync::atomic::AtomicUsize::new(0),
-            series: Mutex::new(Default::default()),
+            series: Mutex::new(series),
+            series_keys,
             options,
         })
     }
@@ -878,7 +917,10 @@ impl ProfileStore {
                 ..IngestSummary::default()
             });
         }
-        self.admit(prepared)?;
+        prepared.check_labels(&self.options.label_limits)?;
+        let series = prepared.series();
+        self.admit(&series, prepared)?;
+        let day = crate::limits::day_of(prepared.timestamp());
         let mut interned = crate::normalize::InternState::default();
         let (slot, summary, lead) = loop {
             let partition = self.symbols.current();
@@ -941,6 +983,7 @@ impl ProfileStore {
                 }
             };
             summary.new_stacks = new_stacks;
+            group.keys.extend(series.iter().map(|&(key, _)| (key, day)));
             let slot = group.slot.clone();
             let full = group.rows.len() >= MAX_GROUP_ROWS;
             let joined = group.rows.profiles();
@@ -1088,6 +1131,14 @@ impl ProfileStore {
             let totals = std::mem::take(&mut group.rows.totals);
             let samples = group.rows.finish()?;
             let index = self.indexed.lock().new_rows(&samples, keys)?;
+            let series_keys = match &self.series_keys {
+                Some(table) => self
+                    .series
+                    .lock()
+                    .new_rows(&group.keys)?
+                    .map(|rows| (table, rows)),
+                None => None,
+            };
             let mut tx = self.db.transaction();
             for (table, batch) in
                 self.symbols
@@ -1101,6 +1152,9 @@ impl ProfileStore {
             if let Some((rows, _)) = &index {
                 tx.insert(&self.series_index, rows)?;
             }
+            if let Some((table, (rows, _))) = &series_keys {
+                tx.insert(table, rows)?;
+            }
             tx.insert(&self.samples, &samples)?;
             tx.insert(
                 &self.totals,
@@ -1113,6 +1167,9 @@ impl ProfileStore {
             let submitted = self.rollups.submit(tx, &samples)?;
             if let Some((_, keys)) = index {
                 self.indexed.lock().committed(keys);
+            }
+            if let Some((_, (_, keys))) = series_keys {
+                self.series.lock().committed(keys);
             }
             Ok::<_, Error>(submitted)
         })();
@@ -1141,32 +1198,31 @@ impl ProfileStore {
 
     /// Admits the profile's series, all or none: known ones always pass, new ones while the
     /// store is under [`StoreOptions::max_series`].
-    fn admit(&self, prepared: &crate::normalize::Prepared<'_>) -> Result<()> {
+    fn admit(
+        &self,
+        series: &[(u64, usize)],
+        prepared: &crate::normalize::Prepared<'_>,
+    ) -> Result<()> {
         let limit = self.options.max_series;
         if limit == usize::MAX {
             return Ok(());
         }
-        let mut known = self.series.lock();
-        let mut new: Vec<(u64, usize)> = prepared
-            .series()
-            .into_iter()
-            .filter(|(h, _)| !known.contains(h))
-            .collect();
-        new.sort_unstable_by_key(|s| s.0);
-        new.dedup_by_key(|s| s.0);
-        if known.len() + new.len() > limit {
-            return Err(Error::SeriesLimit {
+        self.series
+            .lock()
+            .admit(series, limit)
+            .map_err(|(new, example)| Error::SeriesLimit {
                 limit,
-                new: new.len(),
-                example: prepared.series_text(new[0].1),
-            });
-        }
-        known.extend(new.into_iter().map(|s| s.0));
-        Ok(())
+                new,
+                example: prepared.series_text(example),
+            })
     }
 
-    /// Series admitted since the store was opened.
+    /// Series counted against [`StoreOptions::max_series`]: those stored when the store
+    /// opened and those admitted since (0 for a store without the limit, which counts none).
     pub fn series_count(&self) -> usize {
+        if self.options.max_series == usize::MAX {
+            return 0;
+        }
         self.series.lock().len()
     }
 
@@ -1568,6 +1624,11 @@ impl ProfileStore {
         const MAX_SERIES: usize = 64;
         // Up to this many, the label sets themselves; past it, each column's values.
         const EXACT_SETS: usize = 4;
+        // Most columns the predicate names: each is checked against the statistics of every
+        // block, row group and page, and a series of thousands of labels (which a store
+        // written before the label limits may hold) made that cost minutes. Fewer columns
+        // bound less tightly, never wrongly.
+        const MAX_COLUMNS: usize = 32;
         let (index, hours) = self.label_source(range);
         let Some(sets) =
             frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
@@ -1587,7 +1648,7 @@ impl ProfileStore {
         if sets.is_empty() {
             return Ok(Narrowing::NoSeries);
         }
-        if sets.len() <= EXACT_SETS {
+        if sets.len() <= EXACT_SETS && sets.iter().all(|set| set.len() <= MAX_COLUMNS) {
             return Ok(sets
                 .into_iter()
                 .filter_map(|set| {
@@ -1598,18 +1659,34 @@ impl ProfileStore {
                 .reduce(frostdb_core::Predicate::or)
                 .map_or(Narrowing::Unknown, Narrowing::To));
         }
-        // Many sets: each column's values, a looser bound at a cost that does not grow
-        // with the sets. A column some set lacks (null there) bounds nothing.
-        let mut columns: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
-            Default::default();
+        // Many sets, or long ones: each column's values, a looser bound at a cost that does
+        // not grow with the sets. A column some set lacks (null there) bounds nothing: per
+        // column, its values and how many sets have it (a set names a column once).
+        type Values<'a> = (std::collections::BTreeSet<&'a str>, usize);
+        let mut columns: std::collections::BTreeMap<&str, Values<'_>> = Default::default();
         for set in &sets {
             for (column, value) in set {
-                columns.entry(column).or_default().insert(value);
+                let (values, having) = columns.entry(column).or_default();
+                values.insert(value);
+                *having += 1;
             }
         }
-        Ok(columns
+        let mut shared: Vec<(&str, std::collections::BTreeSet<&str>)> = columns
             .into_iter()
-            .filter(|(column, _)| sets.iter().all(|s| s.iter().any(|(c, _)| c == column)))
+            .filter(|(_, (_, having))| *having == sets.len())
+            .map(|(column, (values, _))| (column, values))
+            .collect();
+        // The labels that lead the sort order first: they bound row groups best.
+        shared.sort_by_key(|(column, _)| {
+            let label = column.strip_prefix("labels.").unwrap_or(column);
+            schema::LABELS_FIRST
+                .iter()
+                .position(|first| *first == label)
+                .unwrap_or(schema::LABELS_FIRST.len())
+        });
+        shared.truncate(MAX_COLUMNS);
+        Ok(shared
+            .into_iter()
             .map(|(column, values)| {
                 frostdb_core::col(column).in_list(values.into_iter().map(str::to_owned))
             })

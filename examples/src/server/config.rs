@@ -14,8 +14,13 @@
 //!
 //! [limits]
 //! max_body_bytes = 16777216        # request body, as sent (compressed)
-//! max_decompressed_bytes = 134217728
-//! max_series_per_tenant = 10000
+//! max_decompressed_bytes = 134217728   # a body or profile, decompressed
+//! max_samples_per_profile = 4194304
+//! max_locations_per_profile = 4194304
+//! max_series_per_tenant = 10000    # counted across restarts
+//! max_label_names_per_series = 30  # request and pprof labels (not span ids)
+//! max_label_name_length = 1024     # bytes (the engine stores at most 255)
+//! max_label_value_length = 2048    # bytes
 //! request_timeout_secs = 60
 //! max_query_memory_bytes = 1073741824   # per tenant, merges and SQL together
 //!
@@ -242,9 +247,21 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Largest body or profile after decompression (413 beyond).
     pub max_decompressed_bytes: usize,
-    /// Largest number of distinct series (profile type and labels) a tenant may hold (429
-    /// beyond; series already known keep being accepted).
+    /// Most samples a profile may hold (413 beyond).
+    pub max_samples_per_profile: usize,
+    /// Most locations a profile may hold (413 beyond).
+    pub max_locations_per_profile: usize,
+    /// Largest number of distinct series (profile name and labels) a tenant may hold (429
+    /// beyond; series already stored keep being accepted). Stored series count across
+    /// restarts, until their samples expire.
     pub max_series_per_tenant: usize,
+    /// Most labels a series may have, request and pprof sample labels together (span and
+    /// trace ids, kept per sample, do not count) (413 beyond).
+    pub max_label_names_per_series: usize,
+    /// Longest label name, bytes (413 beyond; the engine stores names of up to 255).
+    pub max_label_name_length: usize,
+    /// Longest label value, bytes (413 beyond).
+    pub max_label_value_length: usize,
     /// A request taking longer is answered 408 and dropped.
     pub request_timeout_secs: u64,
     /// Number of tenants that may exist (a guard against header spraying).
@@ -295,10 +312,16 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
+        let label_limits = frostdb_pprof::LabelLimits::default();
         Self {
             max_body_bytes: 16 << 20,
             max_decompressed_bytes: 128 << 20,
+            max_samples_per_profile: frostdb_pprof::Limits::default().max_samples,
+            max_locations_per_profile: frostdb_pprof::Limits::default().max_locations,
             max_series_per_tenant: 10_000,
+            max_label_names_per_series: label_limits.max_label_names_per_series,
+            max_label_name_length: label_limits.max_label_name_length,
+            max_label_value_length: label_limits.max_label_value_length,
             request_timeout_secs: 60,
             max_tenants: 1_000,
             max_query_memory_bytes: 1 << 30,
@@ -665,6 +688,11 @@ mod tests {
             rollup_retention = "90d"
             [limits]
             max_series_per_tenant = 5
+            max_samples_per_profile = 1000
+            max_locations_per_profile = 2000
+            max_label_names_per_series = 12
+            max_label_name_length = 100
+            max_label_value_length = 200
             [[scrape]]
             job = "go"
             targets = ["127.0.0.1:6060"]
@@ -683,6 +711,21 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.limits.max_series_per_tenant, 5);
+        assert_eq!(
+            (
+                c.limits.max_samples_per_profile,
+                c.limits.max_locations_per_profile
+            ),
+            (1000, 2000)
+        );
+        assert_eq!(
+            (
+                c.limits.max_label_names_per_series,
+                c.limits.max_label_name_length,
+                c.limits.max_label_value_length
+            ),
+            (12, 100, 200)
+        );
         assert_eq!(c.limits.max_body_bytes, Limits::default().max_body_bytes);
         assert_eq!(c.scrape[0].interval, Duration::from_secs(2));
         assert_eq!(c.scrape[0].labels["env"], "dev");

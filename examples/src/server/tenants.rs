@@ -260,6 +260,8 @@ impl Tenants {
     pub fn pprof_limits(&self) -> frostdb_pprof::Limits {
         frostdb_pprof::Limits {
             max_decompressed_bytes: self.limits.max_decompressed_bytes,
+            max_samples: self.limits.max_samples_per_profile,
+            max_locations: self.limits.max_locations_per_profile,
             ..frostdb_pprof::Limits::default()
         }
     }
@@ -437,6 +439,11 @@ impl Tenants {
         let retention = self.retention.of(&id);
         let options = StoreOptions {
             limits: self.pprof_limits(),
+            label_limits: frostdb_pprof::LabelLimits {
+                max_label_names_per_series: self.limits.max_label_names_per_series,
+                max_label_name_length: self.limits.max_label_name_length,
+                max_label_value_length: self.limits.max_label_value_length,
+            },
             retention,
             max_series: self.limits.max_series_per_tenant,
             query_memory: Some(self.limits.max_query_memory_bytes),
@@ -670,6 +677,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let limits = Limits {
             max_series_per_tenant: 2,
+            max_samples_per_profile: 100,
+            max_label_names_per_series: 7,
             ..Limits::default()
         };
         let pool = frostdb_core::WorkerPool::new(1).unwrap();
@@ -682,6 +691,8 @@ mod tests {
         let t = tenants.for_write("t").await.unwrap();
         // The store counts series (pprof sample labels included; see frostdb-pprof's tests).
         assert_eq!(t.store.options().max_series, 2);
+        assert_eq!(t.store.options().limits.max_samples, 100);
+        assert_eq!(t.store.options().label_limits.max_label_names_per_series, 7);
         assert_eq!(tenants.existing().await.unwrap(), vec!["t".to_owned()]);
         assert!(tenants.for_read("t").await.unwrap().is_some());
     }

@@ -10,7 +10,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 
 use crate::error::Result;
-use crate::schema::TableSchema;
+use crate::schema::{Columns, TableSchema};
 
 /// A stream of batches.
 pub(crate) type BatchStream = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
@@ -91,9 +91,10 @@ impl SortKey {
         }
         let mut values: Vec<Vec<Vec<u8>>> = vec![Vec::new(); self.columns.len()];
         for batch in batches {
+            let columns = Columns::new(batch);
             for &i in &dictionary_columns {
-                if let Some(dict) = batch
-                    .column_by_name(&self.columns[i].name)
+                if let Some(dict) = columns
+                    .get(&self.columns[i].name)
                     .and_then(|c| c.as_any_dictionary_opt())
                 {
                     values[i].extend(dictionary_values(dict.values().as_ref()));
@@ -131,11 +132,12 @@ impl SortKey {
     }
 
     fn rows(&self, converter: &RowConverter, batch: &RecordBatch) -> Result<Rows> {
+        let columns = Columns::new(batch);
         let arrays: Vec<ArrayRef> = self
             .columns
             .iter()
             .map(|c| {
-                let column = batch.column_by_name(&c.name);
+                let column = columns.get(&c.name);
                 match (&c.ranks, column) {
                     (None, Some(a)) => Ok(a.clone()),
                     (None, None) => Ok(new_null_array(&c.data_type, batch.num_rows())),
@@ -206,10 +208,11 @@ fn dictionary_values_with_nulls(values: &dyn Array) -> Vec<Option<&[u8]>> {
 
 /// `batch`'s columns rearranged onto `schema`: columns matched by name, absent ones null.
 pub(crate) fn align_columns(batch: &RecordBatch, schema: &SchemaRef) -> Vec<ArrayRef> {
+    let columns = Columns::new(batch);
     schema
         .fields()
         .iter()
-        .map(|f| match batch.column_by_name(f.name()) {
+        .map(|f| match columns.get(f.name()) {
             Some(a) => a.clone(),
             None => new_null_array(f.data_type(), batch.num_rows()),
         })

@@ -697,8 +697,9 @@ fn with_columns<'a>(
     schema: &TableSchema,
 ) -> SchemaRef {
     let mut fields: Vec<FieldRef> = output.fields().iter().cloned().collect();
+    let present = crate::schema::FieldIndex::new(output);
     for name in names {
-        if output.index_of(name).is_ok() {
+        if present.contains(name) {
             continue;
         }
         if let Some(i) = schema.index_of(name) {

@@ -1,6 +1,6 @@
 //! A table's effective schema: the definition plus every dynamic column seen so far.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use arrow::compute::SortOptions;
@@ -18,6 +18,9 @@ pub struct TableSchema {
     definition: Arc<Schema>,
     columns: Vec<ColumnName>,
     arrow: SchemaRef,
+    /// Field positions by name: scans, predicates and merges look columns up by name, each
+    /// of possibly thousands of label columns (Arrow's `index_of` compares them one by one).
+    by_name: HashMap<String, usize>,
 }
 
 impl TableSchema {
@@ -36,10 +39,17 @@ impl TableSchema {
             .map(|c| Arc::new(field_for(&definition, c)))
             .collect();
         let arrow = Arc::new(arrow::datatypes::Schema::new(fields));
+        let by_name = arrow
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name().clone(), i))
+            .collect();
         Self {
             definition,
             columns,
             arrow,
+            by_name,
         }
     }
 
@@ -76,7 +86,7 @@ impl TableSchema {
 
     /// Index of the field called `name`.
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.arrow.index_of(name).ok()
+        self.by_name.get(name).copied()
     }
 
     /// Indices of the concrete columns of the dynamic family `def`, in label order.

@@ -5,6 +5,7 @@
 //! table's effective schema ([`TableSchema`]) is the union of every name it has seen, absent
 //! ones reading as null.
 
+mod by_name;
 mod effective;
 mod names;
 pub(crate) mod types;
@@ -14,8 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+pub(crate) use by_name::{Columns, FieldIndex};
 pub use effective::TableSchema;
 pub(crate) use effective::field_for;
+pub use names::MAX_NAME_LEN;
 pub(crate) use names::{ColumnName, validate_static_name};
 
 /// How a column's values are laid out, in memory where it matters and in persisted Parquet.

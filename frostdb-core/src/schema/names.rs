@@ -3,8 +3,9 @@
 use super::Schema;
 use crate::error::{Error, Result};
 
-/// Longest accepted column, table or label name, in bytes.
-const MAX_NAME_LEN: usize = 255;
+/// Longest accepted column, table or label name, in bytes (a dynamic column's label is
+/// checked alone: `labels.<label>` may be longer).
+pub const MAX_NAME_LEN: usize = 255;
 
 fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {

@@ -346,9 +346,10 @@ impl Recorder {
     }
 
     fn key(&self, batch: &RecordBatch, row: usize) -> Vec<Scalar> {
+        let columns = crate::schema::Columns::new(batch);
         self.columns
             .iter()
-            .map(|c| match batch.column_by_name(&c.name) {
+            .map(|c| match columns.get(&c.name) {
                 Some(a) => Scalar::from_array(a.as_ref(), row),
                 None => Scalar::Null,
             })

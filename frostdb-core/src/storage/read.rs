@@ -24,6 +24,7 @@ use crate::index::chunk::ColumnStats;
 use crate::manifest::BlockMeta;
 use crate::scalar::Scalar;
 use crate::scan::bound::Bound;
+use crate::schema::FieldIndex;
 
 /// A block's object as Parquet's async reader wants it: ranged reads from the store, the
 /// footer read with its known size.
@@ -308,8 +309,11 @@ impl Storage {
         let key_check = keys.as_ref().and_then(|k| Some((k, k.checker(prune)?)));
         let file_schema = metadata.schema().clone();
         let parquet = metadata.metadata().clone();
+        // Columns are looked up by name many times below: once indexed, not scanned each time.
+        let in_file = FieldIndex::new(&file_schema);
+        let in_table = FieldIndex::new(expected);
         for field in file_schema.fields() {
-            if let Ok(want) = expected.field_with_name(field.name())
+            if let Some(want) = in_table.get(field.name()).map(|i| expected.field(i))
                 && want.data_type() != field.data_type()
             {
                 return Err(unreadable(
@@ -349,9 +353,9 @@ impl Storage {
         let candidates: Vec<&String> = columns
             .iter()
             .filter(|c| {
-                file_schema
-                    .field_with_name(c)
-                    .is_ok_and(|f| f.data_type().is_primitive())
+                in_file
+                    .get(c)
+                    .is_some_and(|i| file_schema.field(i).data_type().is_primitive())
             })
             .collect();
         let mut stats_columns: Vec<String> = candidates.iter().map(|c| (*c).clone()).collect();
@@ -394,9 +398,7 @@ impl Storage {
                     .map(|s| &s.groups)
                 {
                     Some(Some(stats)) => stats.get(i, exact),
-                    Some(None) if file_schema.field_with_name(name).is_err() => {
-                        Some(ColumnStats::all_null(rows))
-                    }
+                    Some(None) if !in_file.contains(name) => Some(ColumnStats::all_null(rows)),
                     _ => None,
                 }
             };
@@ -467,11 +469,13 @@ impl Storage {
             let mut needed = Vec::new();
             residual.columns(&mut needed);
             let read = |constants: &[(String, Scalar)]| -> Vec<usize> {
+                let constant: std::collections::HashSet<&str> =
+                    constants.iter().map(|(k, _)| k.as_str()).collect();
                 columns
                     .iter()
-                    .filter(|c| !constants.iter().any(|(k, _)| k == *c))
+                    .filter(|c| !constant.contains(c.as_str()))
                     .chain(&needed)
-                    .filter_map(|c| file_schema.index_of(c).ok())
+                    .filter_map(|c| in_file.get(c))
                     .collect::<std::collections::BTreeSet<usize>>()
                     .into_iter()
                     .collect()

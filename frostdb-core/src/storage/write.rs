@@ -80,10 +80,11 @@ pub(crate) fn properties(
             builder = builder.set_column_encoding(path, encoding);
         }
     }
+    let fields = crate::schema::FieldIndex::new(schema);
     let sorting: Vec<ParquetSortingColumn> = sort_key
         .iter()
         .filter_map(|(name, descending, nulls_first)| {
-            let idx = schema.index_of(name).ok()?;
+            let idx = fields.get(name)?;
             Some(ParquetSortingColumn {
                 column_idx: idx as i32,
                 descending: *descending,

@@ -110,25 +110,29 @@ impl TableInner {
         self.listener.on_persist_begin(&self.name, block_id, rows);
 
         // The block's columns: those some chunk has, in schema order, with exact stats.
-        let mut stats: std::collections::BTreeMap<String, ColumnStats> = Default::default();
+        // With the rows of the chunks that have each: rows of chunks lacking the column are
+        // nulls of it.
+        let mut stats: std::collections::BTreeMap<String, (ColumnStats, usize)> =
+            Default::default();
         for chunk in frozen.chunks() {
             for (i, field) in chunk.batch().schema().fields().iter().enumerate() {
                 let s = chunk.column_stats(i);
                 stats
                     .entry(field.name().clone())
-                    .and_modify(|acc| acc.merge(s))
-                    .or_insert_with(|| s.clone());
+                    .and_modify(|(acc, present)| {
+                        acc.merge(s);
+                        *present += chunk.rows();
+                    })
+                    .or_insert_with(|| (s.clone(), chunk.rows()));
             }
         }
-        for (name, s) in stats.iter_mut() {
-            // Rows of chunks lacking the column are nulls of it.
-            let present: usize = frozen
-                .chunks()
-                .filter(|c| c.batch().schema().index_of(name).is_ok())
-                .map(|c| c.rows())
-                .sum();
-            s.null_count += rows - present;
-        }
+        let stats: std::collections::BTreeMap<String, ColumnStats> = stats
+            .into_iter()
+            .map(|(name, (mut s, present))| {
+                s.null_count += rows - present;
+                (name, s)
+            })
+            .collect();
         let fields: Vec<_> = version
             .schema
             .arrow_schema()

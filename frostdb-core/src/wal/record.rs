@@ -13,7 +13,9 @@
 //!
 //! The payload is one byte of flags (bit 0: the rest is one zstd frame), then the
 //! transaction's writes: a u16 count, and for each a u16 table-name length, the name (UTF-8),
-//! a u32 length and the table's batch (normalised) as an Arrow IPC stream. Payloads over
+//! a u32 length and the table's batch (normalised) as Arrow IPC streams: one, or for a
+//! batch of more than [`STREAM_COLUMNS`] columns one per run of that many, their columns side
+//! by side making the batch (see [`write_batch`]). Payloads over
 //! [`COMPRESS_ABOVE`] bytes are compressed; small ones, the common case of one profile, are
 //! cheaper to write plain.
 //!
@@ -44,8 +46,30 @@ pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 /// that inflates past it is damaged.
 pub(crate) const MAX_BODY: usize = 1 << 30;
 
-/// Appends `batch` to `out` as an Arrow IPC stream.
+/// Most columns one IPC stream of a batch holds. arrow-ipc's reader finds the field of each
+/// dictionary it reads by scanning the whole schema, so one stream of `n` dictionary columns
+/// decodes in `n²`: a batch of 10,000 label columns (one push of that many label names) took
+/// minutes to replay. Batches this narrow, all but such ones, are one stream as before.
+pub(crate) const STREAM_COLUMNS: usize = 64;
+
+/// The 8 bytes that end an Arrow IPC stream: the continuation marker and a zero length.
+const END_OF_STREAM: [u8; 8] = [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0];
+
+/// Appends `batch` to `out` as Arrow IPC streams of at most [`STREAM_COLUMNS`] columns each,
+/// in column order.
 fn write_batch(out: &mut Vec<u8>, batch: &RecordBatch) -> Result<()> {
+    let columns = batch.num_columns();
+    if columns <= STREAM_COLUMNS {
+        return write_stream(out, batch);
+    }
+    for start in (0..columns).step_by(STREAM_COLUMNS) {
+        let run: Vec<usize> = (start..columns.min(start + STREAM_COLUMNS)).collect();
+        write_stream(out, &batch.project(&run)?)?;
+    }
+    Ok(())
+}
+
+fn write_stream(out: &mut Vec<u8>, batch: &RecordBatch) -> Result<()> {
     let mut writer = StreamWriter::try_new(out, batch.schema_ref())?;
     writer.write(batch)?;
     writer.finish()?;
@@ -64,16 +88,27 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<RecordBatch> {
     // (apache/arrow-rs#10575 and #10437, fixed for arrow 60 by #10647). A record that passes
     // its checksum was written by us, so only crafted bytes get here; they get an error.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let mut decoder = StreamDecoder::new();
-        let batch = decoder
-            .decode(&mut payload)?
-            .ok_or_else(|| Error::Internal("WAL record holds no whole batch".into()))?;
-        if !payload.is_empty() {
-            // An end-of-stream marker is all that may follow the batch.
-            decoder.decode(&mut payload)?;
+        let mut parts = Vec::new();
+        loop {
+            let mut decoder = StreamDecoder::new();
+            let batch = decoder
+                .decode(&mut payload)?
+                .ok_or_else(|| Error::Internal("WAL record holds no whole batch".into()))?;
+            parts.push(batch);
+            if payload.starts_with(&END_OF_STREAM) && payload.len() > END_OF_STREAM.len() {
+                // Another stream follows: the batch's next columns.
+                payload = payload.slice(END_OF_STREAM.len());
+                decoder.finish()?;
+                continue;
+            }
+            if !payload.is_empty() {
+                // An end-of-stream marker is all that may follow the last batch.
+                decoder.decode(&mut payload)?;
+            }
+            decoder.finish()?;
+            break;
         }
-        decoder.finish()?;
-        Ok(batch)
+        side_by_side(parts)
     }))
     .unwrap_or_else(|panic| {
         let reason = panic
@@ -85,6 +120,36 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<RecordBatch> {
             "malformed Arrow IPC stream (the decoder panicked: {reason})"
         )))
     })
+}
+
+/// The batch whose columns are those of `parts`, in order (the streams of
+/// [`write_batch`]); each part must have the same rows.
+fn side_by_side(mut parts: Vec<RecordBatch>) -> Result<RecordBatch> {
+    if parts.len() == 1 {
+        return Ok(parts.remove(0));
+    }
+    let rows = parts[0].num_rows();
+    if parts.iter().any(|p| p.num_rows() != rows) {
+        return Err(Error::Internal(
+            "the streams of a WAL batch differ in rows".into(),
+        ));
+    }
+    let metadata = parts[0].schema_ref().metadata().clone();
+    let fields: Vec<arrow::datatypes::FieldRef> = parts
+        .iter()
+        .flat_map(|p| p.schema_ref().fields().iter().cloned())
+        .collect();
+    let columns = parts
+        .iter()
+        .flat_map(|p| p.columns().iter().cloned())
+        .collect();
+    Ok(RecordBatch::try_new_with_options(
+        std::sync::Arc::new(arrow::datatypes::Schema::new_with_metadata(
+            fields, metadata,
+        )),
+        columns,
+        &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
 }
 
 /// Serialises a transaction's writes, `(table, batch)`, as a record payload.
@@ -473,6 +538,57 @@ mod tests {
         }
         let err = decode_entries(&[0, 1]).unwrap_err();
         assert!(err.contains("early"), "{err}");
+    }
+
+    /// A batch wider than one stream (thousands of dictionary-encoded label columns) is
+    /// written as several streams and read back whole: same columns, order, values and
+    /// metadata; a stream's rows differing from the others' is refused.
+    #[test]
+    fn wide_batches_are_several_streams_read_back_whole() {
+        use arrow::array::{ArrayRef, DictionaryArray};
+        use arrow::datatypes::Int32Type;
+        let width = 3 * STREAM_COLUMNS + 5;
+        let fields: Vec<Field> = (0..width)
+            .map(|i| {
+                Field::new(
+                    format!("labels.l{i}"),
+                    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                    true,
+                )
+            })
+            .collect();
+        let columns: Vec<ArrayRef> = (0..width)
+            .map(|i| {
+                let v = format!("v{i}");
+                Arc::new(DictionaryArray::<Int32Type>::from_iter([
+                    Some(v.as_str()),
+                    None,
+                ])) as ArrayRef
+            })
+            .collect();
+        let metadata = std::collections::HashMap::from([("k".to_owned(), "v".to_owned())]);
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new_with_metadata(fields, metadata)),
+            columns,
+        )
+        .unwrap();
+        let mut payload = Vec::new();
+        write_batch(&mut payload, &batch).unwrap();
+        let streams = payload
+            .windows(END_OF_STREAM.len())
+            .filter(|w| *w == END_OF_STREAM)
+            .count();
+        assert_eq!(streams, width.div_ceil(STREAM_COLUMNS));
+        assert_eq!(decode_batch(&payload).unwrap(), batch);
+        let entries = decode_entries(&encode_entries(&[("t", &batch)]).unwrap()).unwrap();
+        assert_eq!(entries[0].1, batch);
+
+        // Streams of different lengths are not one batch.
+        let mut uneven = Vec::new();
+        write_stream(&mut uneven, &batch.project(&[0]).unwrap()).unwrap();
+        write_stream(&mut uneven, &batch.project(&[1]).unwrap().slice(0, 1)).unwrap();
+        let err = decode_batch(&uneven).unwrap_err();
+        assert!(err.to_string().contains("differ in rows"), "{err}");
     }
 
     /// Lengths declared inside a payload cost what the payload holds, not what it claims: an

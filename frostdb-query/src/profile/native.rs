@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt64Type};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
@@ -703,6 +703,18 @@ pub fn range_counted(
     Ok((series, scan.metrics().blocks_failed))
 }
 
+/// `batch`'s columns by name. Arrow's `column_by_name` compares names one by one, which for
+/// each of a series index's thousands of label columns costs their square.
+fn columns_by_name(batch: &RecordBatch) -> std::collections::HashMap<&str, &ArrayRef> {
+    batch
+        .schema_ref()
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .zip(batch.columns())
+        .collect()
+}
+
 /// A series' labels: `(column, value)` pairs.
 pub type LabelSet = Vec<(String, String)>;
 
@@ -724,11 +736,12 @@ pub fn series_of(
     let mut out: std::collections::BTreeSet<LabelSet> = Default::default();
     for batch in index.scan(&request)? {
         let batch = batch?;
+        let by_name = columns_by_name(&batch);
         let strings = columns
             .iter()
             .map(|c| {
-                batch
-                    .column_by_name(c)
+                by_name
+                    .get(c.as_str())
                     .map(|a| Strings::of(a.as_ref()))
                     .transpose()
             })
@@ -906,9 +919,10 @@ pub fn label_names(
     let mut present = vec![false; names.len()];
     for batch in snapshot.scan(&request)? {
         let batch = batch?;
+        let by_name = columns_by_name(&batch);
         for (i, column) in columns.iter().enumerate() {
             if !present[i]
-                && let Some(c) = batch.column_by_name(column)
+                && let Some(c) = by_name.get(column.as_str())
             {
                 present[i] = c.null_count() < c.len();
             }

@@ -1,0 +1,288 @@
+//! What a store admits: the series limit, counted across reopens; the label limits, each
+//! refused by name and value with nothing stored; and a store holding 10,000 label names (as
+//! one written before the label limits may) that still opens and answers.
+
+use frostdb_core::{Db, DbOptions, ErrorKind};
+use frostdb_pprof::proto::{Label, Profile};
+use frostdb_pprof::{Error, IngestOptions, LabelLimits, ProfileStore, StoreOptions, testing};
+use frostdb_query::Selector;
+use frostdb_query::profile::TimeRange;
+use prost::Message;
+
+const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
+const SAMPLES: usize = 20;
+
+fn options(labels: &[(String, String)]) -> IngestOptions {
+    IngestOptions {
+        name: "cpu".into(),
+        labels: labels.to_vec(),
+        timestamp_ms: Some(1_700_000_000_000),
+        ..IngestOptions::default()
+    }
+}
+
+fn pairs(labels: &[(&str, &str)]) -> Vec<(String, String)> {
+    labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// The synthetic profile, its samples carrying the pprof string labels `labels`.
+fn profile(labels: &[(&str, &str)]) -> Vec<u8> {
+    let mut p: Profile = testing::profile(0, SAMPLES, 3);
+    let mut string = |s: &str| {
+        p.string_table.push(s.to_owned());
+        p.string_table.len() as i64 - 1
+    };
+    let label: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label {
+            key: string(k),
+            str: string(v),
+            ..Label::default()
+        })
+        .collect();
+    for sample in &mut p.sample {
+        sample.label = label.clone();
+    }
+    p.encode_to_vec()
+}
+
+fn pod(i: usize) -> Vec<(String, String)> {
+    pairs(&[("pod", &format!("p{i}"))])
+}
+
+/// Limit 5: five series stored; after a reopen (from the WAL, then from persisted blocks)
+/// the store still holds five, refuses a sixth new one and takes a stored one.
+#[test]
+fn the_series_limit_counts_the_series_stored_before_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let options = StoreOptions {
+            max_series: 5,
+            ..StoreOptions::default()
+        };
+        ProfileStore::open(Db::open(dir.path(), DbOptions::default()).unwrap(), options).unwrap()
+    };
+    let bytes = profile(&[]);
+    let refused = |store: &ProfileStore, labels: &[(String, String)]| {
+        let err = store.ingest(&bytes, &options(labels)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::SeriesLimit {
+                    limit: 5,
+                    new: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(err.kind(), ErrorKind::QuotaExceeded);
+        assert!(err.to_string().contains("limit of 5 series"), "{err}");
+    };
+    {
+        let store = open();
+        for i in 0..5 {
+            store.ingest(&bytes, &options(&pod(i))).unwrap();
+        }
+        assert_eq!(store.series_count(), 5);
+        refused(&store, &pod(5));
+    }
+    for flush in [false, true] {
+        let store = open();
+        assert_eq!(
+            store.series_count(),
+            5,
+            "counted when opened (flushed: {flush})"
+        );
+        let rows = store.samples().snapshot().rows();
+        refused(&store, &pod(5));
+        assert_eq!(
+            store.samples().snapshot().rows(),
+            rows,
+            "nothing of it stored"
+        );
+        // A stored series is no new series.
+        store.ingest(&bytes, &options(&pod(2))).unwrap();
+        assert_eq!(store.series_count(), 5);
+        assert_eq!(
+            store
+                .series(&Selector::parse(CPU).unwrap(), TimeRange::ALL, None)
+                .unwrap()
+                .len(),
+            5
+        );
+        if flush {
+            store.db().flush().unwrap();
+        }
+    }
+    // Once persisted, the count comes from blocks alone.
+    let store = open();
+    assert_eq!(store.series_count(), 5);
+    refused(&store, &pod(6));
+}
+
+/// Each label limit refuses a profile over it, request labels and pprof labels alike, with
+/// an error naming the limit and its value; none of it is stored. Span ids do not count as
+/// label names.
+#[test]
+fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
+    let limits = LabelLimits {
+        max_label_names_per_series: 4,
+        max_label_name_length: 16,
+        max_label_value_length: 8,
+    };
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions {
+            label_limits: limits,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    let long_name = "n".repeat(17);
+    let long_value = "v".repeat(9);
+    let three = [("service_name", "api"), ("job", "j"), ("pod", "p")];
+    // Request labels, pprof sample labels, and the limit they break.
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        (
+            vec![("a", "1"), ("b", "1"), ("c", "1"), ("d", "1"), ("e", "1")],
+            vec![],
+            "max_label_names_per_series = 4",
+        ),
+        (
+            three.to_vec(),
+            vec![("team", "t"), ("route", "r")],
+            "max_label_names_per_series = 4",
+        ),
+        (
+            vec![(&long_name, "1")],
+            vec![],
+            "max_label_name_length = 16",
+        ),
+        (
+            three.to_vec(),
+            vec![(&long_name, "1")],
+            "max_label_name_length = 16",
+        ),
+        (
+            vec![("pod", &long_value)],
+            vec![],
+            "max_label_value_length = 8",
+        ),
+        (
+            three.to_vec(),
+            vec![("team", &long_value)],
+            "max_label_value_length = 8",
+        ),
+        (
+            three.to_vec(),
+            vec![("span_id", &long_value)],
+            "max_label_value_length = 8",
+        ),
+    ];
+    for (request, sample, limit) in cases {
+        let err = store
+            .ingest(&profile(&sample), &options(&pairs(&request)))
+            .unwrap_err();
+        assert!(matches!(err, Error::LabelLimit { .. }), "{err}");
+        assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+        assert!(err.to_string().contains(limit), "{limit}: {err}");
+        assert_eq!(
+            store.samples().snapshot().rows(),
+            0,
+            "{limit}: nothing stored"
+        );
+        assert!(
+            store.label_names(None, TimeRange::ALL).unwrap().is_empty(),
+            "{limit}: no series indexed"
+        );
+    }
+    // At the limits: four names (and a span id, which is not a series label), names of 16
+    // bytes, values of 8.
+    let name = "n".repeat(16);
+    let request = [
+        ("service_name", "api"),
+        ("job", "j"),
+        (name.as_str(), "12345678"),
+    ];
+    store
+        .ingest(
+            &profile(&[("team", "t"), ("span_id", "s1")]),
+            &options(&pairs(&request)),
+        )
+        .unwrap();
+    assert_eq!(store.samples().snapshot().rows(), SAMPLES);
+}
+
+/// A store holding one series of 10,000 label names (written with the label limits
+/// lifted, as a store written before them may hold it) and one ordinary series reopens,
+/// from its WAL and from persisted blocks, and answers label names, label values, series and
+/// merges exactly.
+#[test]
+fn a_store_of_ten_thousand_label_names_reopens_and_answers() {
+    const NAMES: usize = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |label_limits| {
+        let options = StoreOptions {
+            label_limits,
+            ..StoreOptions::default()
+        };
+        ProfileStore::open(Db::open(dir.path(), DbOptions::default()).unwrap(), options).unwrap()
+    };
+    let wide: Vec<(String, String)> = (0..NAMES)
+        .map(|i| (format!("l{i:05}"), format!("v{i}")))
+        .collect();
+    let bytes = profile(&[]);
+    {
+        let store = open(LabelLimits::unlimited());
+        store.ingest(&bytes, &options(&wide)).unwrap();
+        store
+            .ingest(&bytes, &options(&pairs(&[("service_name", "api")])))
+            .unwrap();
+    }
+    let mut names: Vec<String> = wide.iter().map(|(k, _)| k.clone()).collect();
+    names.push("service_name".into());
+    names.sort();
+    let check = |store: &ProfileStore| {
+        assert_eq!(store.label_names(None, TimeRange::ALL).unwrap(), names);
+        let all = Selector::parse(CPU).unwrap();
+        let series = store.series(&all, TimeRange::ALL, None).unwrap();
+        assert_eq!(series.len(), 2);
+        let mut labels: Vec<Vec<(String, String)>> = series.into_iter().map(|s| s.labels).collect();
+        labels.sort_by_key(Vec::len);
+        assert_eq!(labels[0], pairs(&[("service_name", "api")]));
+        assert_eq!(labels[1], wide);
+        assert_eq!(
+            store.label_values("l04242", None, TimeRange::ALL).unwrap(),
+            ["v4242"]
+        );
+        let one = Selector::parse(&format!("{CPU}{{l09999=\"v9999\"}}")).unwrap();
+        assert_eq!(
+            store.merge(&one, TimeRange::ALL).unwrap().total(),
+            testing::total(0, SAMPLES)
+        );
+        assert_eq!(
+            store.merge(&all, TimeRange::ALL).unwrap().total(),
+            2 * testing::total(0, SAMPLES)
+        );
+    };
+    {
+        // From the WAL: the wide batch was logged as several IPC streams.
+        let store = open(LabelLimits::default());
+        check(&store);
+        store.db().flush().unwrap();
+    }
+    // From persisted blocks, with today's limits: what is stored is still answered, and a
+    // new series over the limit is refused.
+    let store = open(LabelLimits::default());
+    check(&store);
+    let err = store.ingest(&bytes, &options(&wide[..31])).unwrap_err();
+    assert!(
+        err.to_string().contains("max_label_names_per_series = 30"),
+        "{err}"
+    );
+}
