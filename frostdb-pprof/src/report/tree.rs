@@ -68,10 +68,19 @@ pub struct DiffValues {
 }
 
 /// A node of a [`Tree`]: a function called along one path from the root.
-#[derive(Debug)]
 pub struct Node<'a, V> {
     tree: &'a Tree<V>,
     index: u32,
+}
+
+impl<V: Copy + std::fmt::Debug> std::fmt::Debug for Node<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("index", &self.index)
+            .field("name", &self.name())
+            .field("values", &self.values())
+            .finish()
+    }
 }
 
 impl<V> Clone for Node<'_, V> {
@@ -178,11 +187,19 @@ impl Node<'_, DiffValues> {
 }
 
 /// The callees of a [`Node`], in order.
-#[derive(Debug)]
 pub struct Children<'a, V> {
     tree: &'a Tree<V>,
     next: u32,
     end: u32,
+}
+
+impl<V> std::fmt::Debug for Children<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Children")
+            .field("next", &self.next)
+            .field("end", &self.end)
+            .finish()
+    }
 }
 
 impl<'a, V: Copy> Iterator for Children<'a, V> {
