@@ -98,7 +98,7 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
             }
             // The flame graph and folded stacks add up to the same total.
             let graph = tree::FlameGraph::build(&merged);
-            assert_eq!(graph.root.total, merged.total(), "{name}");
+            assert_eq!(graph.root().total(), merged.total(), "{name}");
             let folded_total: i64 = tree::folded(&merged)
                 .lines()
                 .map(|l| l.rsplit(' ').next().unwrap().parse::<i64>().unwrap())

@@ -846,8 +846,13 @@ impl Querier {
         }
         let l = self.merge(left, left_range).await?;
         let r = self.merge(right, right_range).await?;
-        let root = tree::diff(&l, &r);
-        Ok((Levels::of_diff(&root, max_nodes), root.base, root.compare))
+        let diff = tree::diff(&l, &r);
+        let root = diff.root();
+        Ok((
+            Levels::of_diff(&diff, max_nodes),
+            root.base(),
+            root.compare(),
+        ))
     }
 
     async fn profile_types(

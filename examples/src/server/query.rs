@@ -684,7 +684,12 @@ async fn diff(
     let b = merge(&state, t.clone(), base, base_range, p.lenient).await?;
     let c = merge(&state, t, compare, compare_range, p.lenient).await?;
     let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
-    Ok(answer(Json(json!(tree::diff(&b, &c))), failed))
+    // Written by the tree itself: a deep tree through serde would recurse once per frame.
+    let body = tree::diff(&b, &c).to_json();
+    Ok(answer(
+        ([(header::CONTENT_TYPE, "application/json")], body),
+        failed,
+    ))
 }
 
 async fn sql_get(

@@ -21,7 +21,7 @@ pub(crate) use flat::{Flat, SampleRef};
 /// | `max_samples` | 4 Mi |
 /// | `max_locations` | 4 Mi |
 /// | `max_functions` | 4 Mi |
-/// | `max_stack_depth` | 4 096 |
+/// | `max_stack_depth` | 4 096 frames (inlined ones counted) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest protobuf accepted, after decompression.
@@ -32,7 +32,10 @@ pub struct Limits {
     pub max_locations: usize,
     /// Most functions.
     pub max_functions: usize,
-    /// Deepest stack.
+    /// Deepest stack, in frames: each location counts its lines (the calls inlined at
+    /// it), at least one. Reports cut stacks deeper than
+    /// [`report::MAX_STACK_DEPTH`](crate::report::MAX_STACK_DEPTH) (this limit's default),
+    /// stored with a larger limit or before this one counted inlined frames.
     pub max_stack_depth: usize,
 }
 
@@ -559,7 +562,12 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
         string("function.filename", f.filename)?;
     }
     let locations = Positions::new(p.locations().map(|l| l.id)).map_err(repeated("location.id"))?;
+    // A stack's depth is its frames: a location's lines (inlined calls), at least one. The
+    // most lines a location has bounds the frames of a stack of n locations, so only a
+    // stack that may be over the limit counts them.
+    let mut most_lines = 1;
     for l in p.locations() {
+        most_lines = most_lines.max(l.line.len());
         if l.mapping_id != 0 && !mappings.contains(l.mapping_id) {
             return Err(invalid(
                 "location.mapping_id",
@@ -592,19 +600,28 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
                 ),
             ));
         }
+        let too_deep = || Error::TooLarge {
+            what: "stack depth",
+            limit: limits.max_stack_depth,
+        };
         if s.location_id.len() > limits.max_stack_depth {
-            return Err(Error::TooLarge {
-                what: "stack depth",
-                limit: limits.max_stack_depth,
-            });
+            return Err(too_deep());
         }
+        let count = s.location_id.len().saturating_mul(most_lines) > limits.max_stack_depth;
+        let mut frames = 0;
         for &id in s.location_id {
-            if !locations.contains(id) {
+            let Some(at) = locations.get(id) else {
                 return Err(invalid(
                     "sample.location_id",
                     format!("sample {i} refers to location {id}, which does not exist"),
                 ));
+            };
+            if count {
+                frames += p.location(at).line.len().max(1);
             }
+        }
+        if frames > limits.max_stack_depth {
+            return Err(too_deep());
         }
         for l in s.label {
             string("label.key", l.key)?;

@@ -10,6 +10,9 @@ use super::top::{percentage, scaled_label};
 use super::tree::each_named_stack;
 use crate::store::Merged;
 
+/// Sets of names per stack: foldhash, as the report's maps.
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
+
 /// Pyroscope's default node count of a DOT answer.
 pub const DEFAULT_MAX_NODES: usize = 100;
 
@@ -43,17 +46,17 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
     each_named_stack(merged, |path, value| {
         let Some(leaf) = path.last() else { return };
         nodes.entry((*leaf).to_owned()).or_default().flat += value;
-        // Recursion counts a function (and a call) once per stack, as pprof does.
-        let (mut seen, mut seen_edges) = (Vec::<&str>::new(), Vec::<(&str, &str)>::new());
+        // Recursion counts a function (and a call) once per stack, as pprof does. Sets, not
+        // lists: a stack may be thousands of frames deep.
+        let mut seen: HashSet<&str> = HashSet::default();
+        let mut seen_edges: HashSet<(&str, &str)> = HashSet::default();
         for (i, name) in path.iter().enumerate() {
-            if !seen.contains(name) {
-                seen.push(name);
+            if seen.insert(name) {
                 nodes.entry((*name).to_owned()).or_default().cum += value;
             }
             if i > 0 {
                 let edge = (path[i - 1], *name);
-                if !seen_edges.contains(&edge) {
-                    seen_edges.push(edge);
+                if seen_edges.insert(edge) {
                     *edges
                         .entry((edge.0.to_owned(), edge.1.to_owned()))
                         .or_default() += value;

@@ -13,7 +13,7 @@ pub mod top;
 pub mod tree;
 
 use crate::store::Merged;
-use crate::symbols::{Frame, Partition, StackId, Symbols, location_frames};
+use crate::symbols::{Frame, Partition, StackId, Symbols, location_frame_count, location_frames};
 
 /// The formats a merged profile is written in: one dispatch for the server's query API and
 /// the CLI.
@@ -110,7 +110,7 @@ pub fn render(
     }
     let graph_nodes = options.max_nodes.unwrap_or(tree::DEFAULT_MAX_NODES);
     Ok(match format {
-        Format::FlameGraph => json(&tree::FlameGraph::build_truncated(merged, graph_nodes))?,
+        Format::FlameGraph => tree::FlameGraph::build_truncated(merged, graph_nodes).to_json(),
         Format::Top => json(&top::TopTable::build_with(
             merged,
             options.node_fraction,
@@ -131,6 +131,58 @@ pub fn render(
             dot::render(merged, options.max_nodes.unwrap_or(dot::DEFAULT_MAX_NODES)).into_bytes()
         }
     })
+}
+
+/// The most frames of one stack a report shows, inlined frames counted (as
+/// [`crate::Limits::max_stack_depth`] counts them on ingest, whose default this is). A deeper
+/// stack (stored before that limit counted inlined frames, or under a larger limit) is cut
+/// between locations: it keeps its root-most locations whose frames fit in one frame less,
+/// and ends in one marker frame named by [`truncation_marker`] that takes the stack's value
+/// as its self, so every total stays exact and a cut stack is at most this deep (an exported
+/// pprof is accepted back under the default limit). Every report cuts stacks this way:
+/// flame graphs (JSON, Arrow, SVG, Pyroscope's levels and tree), diffs, top tables, folded
+/// stacks, DOT, pprof, [`tree::each_named_stack`] and [`tree::select_call_site`].
+pub const MAX_STACK_DEPTH: usize = 4096;
+
+/// The name of the frame that ends a stack cut by [`MAX_STACK_DEPTH`]: how many frames were
+/// left out, e.g. `[truncated: 95,905 frames]`.
+pub fn truncation_marker(frames_left_out: usize) -> String {
+    let digits = frames_left_out.to_string();
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(d);
+    }
+    let s = if frames_left_out == 1 { "" } else { "s" };
+    format!("[truncated: {grouped} frame{s}]")
+}
+
+/// Of a stack's `locations` (leaf first) in `p`, how many root-most ones a report shows
+/// and how many frames the others hold (0 when the stack is shown whole; see
+/// [`MAX_STACK_DEPTH`]).
+pub(crate) fn shown_locations(p: &Partition, locations: &[u32]) -> (usize, usize) {
+    let counts = || locations.iter().rev().map(|&l| location_frame_count(p, l));
+    let mut frames = 0;
+    for n in counts() {
+        frames += n;
+        if frames > MAX_STACK_DEPTH {
+            break;
+        }
+    }
+    if frames <= MAX_STACK_DEPTH {
+        return (locations.len(), 0);
+    }
+    // Room for the marker.
+    let (mut shown, mut kept) = (0, 0);
+    for n in counts() {
+        if kept + n >= MAX_STACK_DEPTH {
+            break;
+        }
+        (shown, kept) = (shown + 1, kept + n);
+    }
+    (shown, counts().sum::<usize>() - kept)
 }
 
 /// Walks stacks root first, resolving each distinct location's frames to a key once (a
@@ -155,16 +207,18 @@ impl<'a, K: Copy> Walker<'a, K> {
     }
 
     /// Replaces `out` with the keys of `stack`'s frames, root first (outermost first within
-    /// a location); `key` resolves a frame the first time its location is met.
+    /// a location); `key` resolves a frame the first time its location is met. Returns how
+    /// many frames were left out below them (0 for a whole stack), which the caller ends the
+    /// stack with as one [`truncation_marker`] frame (see [`MAX_STACK_DEPTH`]).
     pub(crate) fn root_first(
         &mut self,
         stack: StackId,
         key: &mut impl FnMut(Frame<'a>) -> K,
         out: &mut Vec<K>,
-    ) {
+    ) -> usize {
         out.clear();
         let Some((p, locations)) = self.symbols.locations(stack) else {
-            return;
+            return 0;
         };
         let at = match self.spans.iter().position(|(id, _)| *id == p.id()) {
             Some(at) => at,
@@ -175,8 +229,20 @@ impl<'a, K: Copy> Walker<'a, K> {
         };
         for &l in locations.iter().rev() {
             let (start, len) = self.resolve(at, p, l, key);
+            if out.len() + len > MAX_STACK_DEPTH {
+                // Too deep (rare): keep the locations shown (a location has as many keys as
+                // frames), which are among those in `out` already.
+                let (shown, left_out) = shown_locations(p, locations);
+                let kept = locations[locations.len() - shown..]
+                    .iter()
+                    .map(|&l| location_frame_count(p, l))
+                    .sum();
+                out.truncate(kept);
+                return left_out;
+            }
             out.extend_from_slice(&self.keys[start..start + len]);
         }
+        0
     }
 
     fn resolve(

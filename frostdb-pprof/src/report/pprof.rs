@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::store::Merged;
 use crate::string_table::StringTable;
+use crate::symbols::{location_frames, symbol_id};
 
 /// A location by content: mapping, address, folded, and (function, line) per line.
 type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
@@ -16,7 +17,9 @@ type LocationContent = (u64, u64, bool, Vec<(u64, i64)>);
 /// The pprof profile of `merged`: one sample type, one sample per stack (per series and
 /// stack, labelled with the series' labels, when `merged` kept its series apart), the
 /// locations, functions and mappings those stacks use (each once, whatever partitions they
-/// came from).
+/// came from). A stack deeper than [`super::MAX_STACK_DEPTH`] frames keeps its root-most
+/// locations and ends in a location of one line in a function named by
+/// [`super::truncation_marker`].
 pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut strings = StringTable::new();
     let t = &merged.profile_type;
@@ -38,6 +41,8 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut location_content: HashMap<LocationContent, u64> = HashMap::default();
     // Each stack's pprof locations, built once (a stack may be in many series).
     let mut stacks: HashMap<crate::symbols::StackId, Vec<u64>> = HashMap::default();
+    // The marker locations ending stacks cut by `MAX_STACK_DEPTH`, by frames left out.
+    let mut markers: HashMap<usize, u64> = HashMap::default();
     let mut frames = Vec::new();
     let mut locations_of = |stack: crate::symbols::StackId,
                             p: &mut Profile,
@@ -46,31 +51,50 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
         if let Some(ids) = stacks.get(&stack) {
             return Ok(ids.clone());
         }
-        frames.clear();
-        merged.symbols.for_each_frame(stack, |f| frames.push(f));
-        if !merged.symbols.has_stack(stack) {
+        let Some((partition, locations)) = merged.symbols.locations(stack) else {
             return Err(Error::Corrupt(format!(
                 "stack {}:{} has no symbols",
                 stack.partition(),
                 stack.index()
             )));
+        };
+        // Leaf first: the marker of a cut stack, then the root-most locations shown.
+        let (shown, left_out) = super::shown_locations(partition, locations);
+        let mut ids = Vec::with_capacity(shown + 1);
+        if left_out > 0 {
+            ids.push(*markers.entry(left_out).or_insert_with(|| {
+                let name = strings.get(&super::truncation_marker(left_out));
+                let function_id = p.function.len() as u64 + 1;
+                p.function.push(Function {
+                    id: function_id,
+                    name,
+                    system_name: name,
+                    ..Default::default()
+                });
+                let id = p.location.len() as u64 + 1;
+                p.location.push(Location {
+                    id,
+                    line: vec![Line {
+                        function_id,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                });
+                id
+            }));
         }
-        let mut ids = Vec::new();
-        // Frames of one location are consecutive (innermost first).
-        let mut i = 0;
-        while i < frames.len() {
-            let location = frames[i].location_id();
-            let mut j = i;
-            while j < frames.len() && frames[j].location_id() == location {
-                j += 1;
-            }
-            let of_location = &frames[i..j];
-            i = j;
+        for &l in &locations[locations.len() - shown..] {
+            let location = symbol_id(partition.id(), l);
             if let Some(id) = location_ids.get(&location) {
                 ids.push(*id);
                 continue;
             }
-            let first = of_location[0];
+            // Innermost first.
+            frames.clear();
+            location_frames(partition, l, &mut |f| frames.push(f));
+            let Some(&first) = frames.first() else {
+                continue; // not stored: no frames, as reports show it
+            };
             let mapping_id = match first.mapping() {
                 None => 0,
                 Some((_, m)) => *mapping_ids.entry(m).or_insert_with(|| {
@@ -90,8 +114,8 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
                     id
                 }),
             };
-            let mut lines = Vec::with_capacity(of_location.len());
-            for frame in of_location {
+            let mut lines = Vec::with_capacity(frames.len());
+            for frame in &frames {
                 let Some(f) = frame.function() else {
                     continue;
                 };

@@ -9,7 +9,7 @@
 //! and self, right offset, total and self, name index; each side's offsets are encoded apart.
 
 use super::HashMap;
-use super::tree::{DiffNode, FlameGraph, Node, OTHER};
+use super::tree::{DiffTree, DiffValues, FlameGraph, FlameValues, Node, OTHER};
 use crate::api::querier::v1 as querier;
 
 /// A flame graph in Pyroscope's encoding.
@@ -58,24 +58,23 @@ impl Levels {
         let mut levels: Vec<Vec<i64>> = Vec::new();
         let mut max_self = 0;
         // Depth first, callees left to right: each level's nodes come in x order.
-        let mut stack: Vec<(&Node, usize, i64)> = vec![(&graph.root, 0, 0)];
-        while let Some((node, depth, x)) = stack.pop() {
+        let mut stack: Vec<(Node<'_, FlameValues>, i64)> = vec![(graph.root(), 0)];
+        let mut next = Vec::new();
+        while let Some((node, x)) = stack.pop() {
+            let depth = node.depth();
             if levels.len() == depth {
                 levels.push(Vec::new());
             }
-            let name = if depth == 0 { 0 } else { names.of(&node.name) };
-            levels[depth].extend([x, node.total, node.self_value, name]);
-            max_self = max_self.max(node.self_value);
+            let name = if depth == 0 { 0 } else { names.of(node.name()) };
+            levels[depth].extend([x, node.total(), node.self_value(), name]);
+            max_self = max_self.max(node.self_value());
             // Self first, then the callees; pushed in reverse so the leftmost pops first.
-            let mut offsets = Vec::with_capacity(node.children.len());
-            let mut at = x + node.self_value;
-            for child in &node.children {
-                offsets.push(at);
-                at += child.total;
+            let mut at = x + node.self_value();
+            for child in node.children() {
+                next.push((child, at));
+                at += child.total();
             }
-            for (child, x) in node.children.iter().zip(offsets).rev() {
-                stack.push((child, depth + 1, x));
-            }
+            stack.extend(next.drain(..).rev());
         }
         for level in &mut levels {
             delta_encode(level, WIDTH, 0);
@@ -83,16 +82,16 @@ impl Levels {
         Levels {
             names: names.names,
             levels,
-            total: graph.root.total,
+            total: graph.root().total(),
             max_self,
         }
     }
 
-    /// The diff `root` (from [`super::tree::diff`]) in Pyroscope's encoding, keeping about
+    /// The diff `tree` (from [`super::tree::diff`]) in Pyroscope's encoding, keeping about
     /// `max_nodes` nodes: those whose larger side reaches the `max_nodes`-th largest; each
     /// node's other callees are summed into one `other` callee per side.
-    pub fn of_diff(root: &DiffNode, max_nodes: usize) -> Self {
-        let min = diff_threshold(root, max_nodes);
+    pub fn of_diff(tree: &DiffTree, max_nodes: usize) -> Self {
+        let min = diff_threshold(tree, max_nodes);
         let mut names = NameIndex::default();
         names.of("total");
         let mut levels: Vec<Vec<i64>> = Vec::new();
@@ -100,49 +99,54 @@ impl Levels {
         // A node to place: a tree's, or the `other` summing a parent's dropped callees
         // (left and right totals, which are also their selves).
         enum Item<'a> {
-            Node(&'a DiffNode),
+            Node(Node<'a, DiffValues>),
             Other(i64, i64),
         }
         // (item, depth, left x, right x), depth first, callees left to right.
-        let mut stack: Vec<(Item<'_>, usize, i64, i64)> = vec![(Item::Node(root), 0, 0, 0)];
+        let mut stack: Vec<(Item<'_>, usize, i64, i64)> = vec![(Item::Node(tree.root()), 0, 0, 0)];
+        let mut next = Vec::new();
         while let Some((item, depth, lx, rx)) = stack.pop() {
             if levels.len() == depth {
                 levels.push(Vec::new());
             }
-            let (name, values, children): (&str, [i64; 4], &[DiffNode]) = match item {
-                Item::Node(n) => (
-                    &n.name,
-                    [n.base, n.base_self, n.compare, n.compare_self],
-                    &n.children,
-                ),
-                Item::Other(l, r) => (OTHER, [l, l, r, r], &[]),
+            let (name, values, node) = match item {
+                Item::Node(n) => {
+                    let v = n.values();
+                    (
+                        n.name(),
+                        [v.base, v.base_self, v.compare, v.compare_self],
+                        Some(n),
+                    )
+                }
+                Item::Other(l, r) => (OTHER, [l, l, r, r], None),
             };
             let [base, base_self, compare, compare_self] = values;
             let name = if depth == 0 { 0 } else { names.of(name) };
             levels[depth].extend([lx, base, base_self, rx, compare, compare_self, name]);
             max_self = max_self.max(base_self).max(compare_self);
-            let mut next = Vec::with_capacity(children.len() + 1);
             let (mut l, mut r) = (lx + base_self, rx + compare_self);
             let (mut other_l, mut other_r) = (0, 0);
-            for child in children {
-                if child.base.max(child.compare) >= min {
+            for child in node.iter().flat_map(|n| n.children()) {
+                let v = child.values();
+                if v.base.max(v.compare) >= min {
                     next.push((Item::Node(child), depth + 1, l, r));
-                    l += child.base;
-                    r += child.compare;
+                    l += v.base;
+                    r += v.compare;
                 } else {
-                    other_l += child.base;
-                    other_r += child.compare;
+                    other_l += v.base;
+                    other_r += v.compare;
                 }
             }
             if other_l != 0 || other_r != 0 {
                 next.push((Item::Other(other_l, other_r), depth + 1, l, r));
             }
-            stack.extend(next.into_iter().rev());
+            stack.extend(next.drain(..).rev());
         }
         for level in &mut levels {
             delta_encode(level, DIFF_WIDTH, 0);
             delta_encode(level, DIFF_WIDTH, 3);
         }
+        let root = tree.root().values();
         Levels {
             names: names.names,
             levels,
@@ -364,14 +368,13 @@ impl Flamebearer {
 /// count of callees, each an unsigned varint, the callees' subtrees following.
 pub fn tree_bytes(graph: &FlameGraph) -> Vec<u8> {
     let mut out = Vec::new();
-    let mut stack: Vec<(&Node, bool)> = vec![(&graph.root, true)];
-    while let Some((node, root)) = stack.pop() {
-        let name = if root { "" } else { node.name.as_str() };
+    // The tree's own order is this one: depth first, callees in order.
+    for node in graph.tree.nodes() {
+        let name = if node.depth() == 0 { "" } else { node.name() };
         varint(&mut out, name.len() as u64);
         out.extend_from_slice(name.as_bytes());
-        varint(&mut out, node.self_value.max(0) as u64);
-        varint(&mut out, node.children.len() as u64);
-        stack.extend(node.children.iter().rev().map(|c| (c, false)));
+        varint(&mut out, node.self_value().max(0) as u64);
+        varint(&mut out, node.children().count() as u64);
     }
     out
 }
@@ -396,13 +399,12 @@ fn delta_encode(level: &mut [i64], width: usize, at: usize) {
 }
 
 /// The smallest larger-side total a diff node may have to be kept within `max_nodes`.
-fn diff_threshold(root: &DiffNode, max_nodes: usize) -> i64 {
-    let mut sizes = Vec::new();
-    let mut stack: Vec<&DiffNode> = root.children.iter().collect();
-    while let Some(n) = stack.pop() {
-        sizes.push(n.base.max(n.compare));
-        stack.extend(&n.children);
-    }
+fn diff_threshold(tree: &DiffTree, max_nodes: usize) -> i64 {
+    let mut sizes: Vec<i64> = tree
+        .root()
+        .descendants()
+        .map(|n| n.base().max(n.compare()))
+        .collect();
     if sizes.len() <= max_nodes {
         return i64::MIN;
     }
@@ -414,37 +416,41 @@ fn diff_threshold(root: &DiffNode, max_nodes: usize) -> i64 {
 mod tests {
     use super::*;
 
-    fn node(name: &str, self_value: i64, children: Vec<Node>) -> Node {
-        let total = self_value + children.iter().map(|c| c.total).sum::<i64>();
-        Node {
-            name: name.into(),
-            filename: String::new(),
-            self_value,
-            total,
-            children,
+    use crate::report::tree::Tree;
+
+    /// A flame graph of `(depth, name, self)` in depth-first order, totals summed.
+    fn graph(nodes: &[(usize, &str, i64)]) -> FlameGraph {
+        let with_totals: Vec<(usize, &str, FlameValues)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, &(depth, name, self_value))| {
+                let below: i64 = nodes[i + 1..]
+                    .iter()
+                    .take_while(|n| n.0 > depth)
+                    .map(|n| n.2)
+                    .sum();
+                let total = self_value + below;
+                (depth, name, FlameValues { self_value, total })
+            })
+            .collect();
+        FlameGraph {
+            profile_type: "t".into(),
+            unit: "count".into(),
+            tree: Tree::from_depth_first(&with_totals),
+            truncated: 0,
         }
     }
 
     #[test]
     fn levels_place_self_first_and_delta_encode_offsets() {
         // total(0) -> main(1) -> {a(2, self 3), b(4, self 5) -> a(6)}; main self 1.
-        let graph = FlameGraph {
-            profile_type: "t".into(),
-            unit: "count".into(),
-            root: node(
-                "total",
-                0,
-                vec![node(
-                    "main",
-                    1,
-                    vec![
-                        node("a", 3, vec![]),
-                        node("b", 5, vec![node("a", 6, vec![])]),
-                    ],
-                )],
-            ),
-            truncated: 0,
-        };
+        let graph = graph(&[
+            (0, "total", 0),
+            (1, "main", 1),
+            (2, "a", 3),
+            (2, "b", 5),
+            (3, "a", 6),
+        ]);
         let l = Levels::of(&graph);
         assert_eq!(l.names, ["total", "main", "a", "b"]);
         assert_eq!(l.total, 15);
@@ -467,12 +473,7 @@ mod tests {
 
     #[test]
     fn tree_bytes_are_names_selves_and_callee_counts_depth_first() {
-        let graph = FlameGraph {
-            profile_type: "t".into(),
-            unit: "count".into(),
-            root: node("total", 0, vec![node("a", 1, vec![node("b", 200, vec![])])]),
-            truncated: 0,
-        };
+        let graph = graph(&[(0, "total", 0), (1, "a", 1), (2, "b", 200)]);
         assert_eq!(
             tree_bytes(&graph),
             [0, 0, 1, 1, b'a', 1, 1, 1, b'b', 0xc8, 0x01, 0]
@@ -495,29 +496,24 @@ mod tests {
         assert_eq!(timeline_step_s(0, 7 * 86_400_000), 600);
     }
 
-    fn dnode(name: &str, l: (i64, i64), r: (i64, i64), children: Vec<DiffNode>) -> DiffNode {
-        DiffNode {
-            name: name.into(),
+    fn dnode(depth: usize, name: &str, l: (i64, i64), r: (i64, i64)) -> (usize, &str, DiffValues) {
+        let values = DiffValues {
             base: l.0,
             base_self: l.1,
             compare: r.0,
             compare_self: r.1,
-            children,
-        }
+        };
+        (depth, name, values)
     }
 
     #[test]
     fn diffs_encode_both_sides_and_sum_what_is_cut_into_other() {
-        let root = dnode(
-            "total",
-            (10, 0),
-            (20, 0),
-            vec![
-                dnode("big", (8, 8), (15, 15), vec![]),
-                dnode("x", (1, 1), (3, 3), vec![]),
-                dnode("y", (1, 1), (2, 2), vec![]),
-            ],
-        );
+        let root = Tree::from_depth_first(&[
+            dnode(0, "total", (10, 0), (20, 0)),
+            dnode(1, "big", (8, 8), (15, 15)),
+            dnode(1, "x", (1, 1), (3, 3)),
+            dnode(1, "y", (1, 1), (2, 2)),
+        ]);
         let all = Levels::of_diff(&root, 100);
         assert_eq!(all.total, 30);
         assert_eq!(all.levels[1].len(), 3 * DIFF_WIDTH);

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use super::top::scaled_label;
-use super::tree::{FlameGraph, Node};
+use super::tree::FlameGraph;
 
 const WIDTH: f64 = 1200.0;
 const ROW: f64 = 18.0;
@@ -26,14 +26,10 @@ fn color(name: &str) -> String {
     format!("rgb({r},{g},{b})")
 }
 
-fn depth(node: &Node) -> usize {
-    1 + node.children.iter().map(depth).max().unwrap_or(0)
-}
-
 /// Renders `graph` (root at the top, callees below, widths proportional to totals).
 pub fn render(graph: &FlameGraph, title: &str) -> String {
-    let total = graph.root.total.max(1) as f64;
-    let rows = depth(&graph.root);
+    let total = graph.root().total().max(1) as f64;
+    let rows = graph.tree.max_depth() + 1;
     let height = (rows as f64 + 2.0) * ROW;
     let mut out = String::new();
     let _ = writeln!(
@@ -45,37 +41,37 @@ pub fn render(graph: &FlameGraph, title: &str) -> String {
         r#"<text x="4" y="13" font-size="13">{}</text>"#,
         escape(title)
     );
-    let mut stack = vec![(&graph.root, 0.0f64, 0usize)];
+    let mut stack = vec![(graph.root(), 0.0f64, 0usize)];
     while let Some((node, x, level)) = stack.pop() {
-        let w = node.total as f64 / total * WIDTH;
+        let w = node.total() as f64 / total * WIDTH;
         if w < 0.3 {
             continue;
         }
         let y = ROW * (level as f64 + 1.0);
         let tip = format!(
             "{} (self {}, total {}, {:.2}%)",
-            node.name,
-            scaled_label(node.self_value, &graph.unit),
-            scaled_label(node.total, &graph.unit),
-            node.total as f64 / total * 100.0
+            node.name(),
+            scaled_label(node.self_value(), &graph.unit),
+            scaled_label(node.total(), &graph.unit),
+            node.total() as f64 / total * 100.0
         );
         let _ = write!(
             out,
             r#"<g><title>{}</title><rect x="{x:.2}" y="{y:.1}" width="{w:.2}" height="{:.1}" fill="{}" rx="2"/>"#,
             escape(&tip),
             ROW - 1.0,
-            color(&node.name)
+            color(node.name())
         );
         let chars = (w / 7.0) as usize;
         if chars >= 3 {
-            let label: String = if node.name.chars().count() > chars {
-                node.name
+            let label: String = if node.name().chars().count() > chars {
+                node.name()
                     .chars()
                     .take(chars.saturating_sub(2))
                     .chain("..".chars())
                     .collect()
             } else {
-                node.name.clone()
+                node.name().to_owned()
             };
             let _ = write!(
                 out,
@@ -87,9 +83,9 @@ pub fn render(graph: &FlameGraph, title: &str) -> String {
         }
         let _ = writeln!(out, "</g>");
         let mut cx = x;
-        for child in &node.children {
+        for child in node.children() {
             stack.push((child, cx, level + 1));
-            cx += child.total as f64 / total * WIDTH;
+            cx += child.total() as f64 / total * WIDTH;
         }
     }
     out.push_str("</svg>\n");

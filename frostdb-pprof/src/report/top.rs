@@ -40,6 +40,50 @@ pub struct TopTable {
     pub rows: Vec<TopRow>,
 }
 
+/// The top table's nodes, numbered as first met, by function (or location) and by name.
+#[derive(Default)]
+struct Nodes<'m> {
+    node_of: HashMap<(bool, u64), u32>,
+    by_name: HashMap<Cow<'m, str>, u32>,
+    names: Vec<Cow<'m, str>>,
+    /// Nodes some frame of which was inlined into its caller.
+    inlined_somewhere: Vec<bool>,
+}
+
+impl<'m> Nodes<'m> {
+    /// The node named `name`.
+    fn named(&mut self, name: Cow<'m, str>) -> u32 {
+        let names = &mut self.names;
+        *self.by_name.entry(name).or_insert_with_key(|name| {
+            names.push(name.clone());
+            names.len() as u32 - 1
+        })
+    }
+
+    /// The node of `frame`, and whether the frame was inlined.
+    fn frame(&mut self, frame: crate::symbols::Frame<'m>) -> (u32, bool) {
+        let key = match (frame.function_name(), frame.function_id()) {
+            (Some(_), Some(function)) => (true, function),
+            _ => (false, frame.location_id()),
+        };
+        let node = match self.node_of.get(&key) {
+            Some(&node) => node,
+            None => {
+                let node = self.named(frame.printable_name());
+                self.node_of.insert(key, node);
+                node
+            }
+        };
+        if frame.inlined() {
+            if self.inlined_somewhere.len() <= node as usize {
+                self.inlined_somewhere.resize(node as usize + 1, false);
+            }
+            self.inlined_somewhere[node as usize] = true;
+        }
+        (node, frame.inlined())
+    }
+}
+
 #[derive(Default)]
 struct NodeAcc {
     flat: i64,
@@ -60,45 +104,27 @@ impl TopTable {
     /// Builds the table, leaving out nodes whose cum is below `node_fraction` of the total
     /// and ignoring call edges below `edge_fraction` for the inline labels (pprof's
     /// `-nodefraction` and `-edgefraction`).
-    pub fn build_with<'m>(merged: &'m Merged, node_fraction: f64, edge_fraction: f64) -> Self {
+    pub fn build_with(merged: &Merged, node_fraction: f64, edge_fraction: f64) -> Self {
         // Nodes are numbered as first met; a frame finds its node through its function (or,
         // unsymbolized, its location), and each location's frames are resolved once.
-        let mut node_of: HashMap<(bool, u64), u32> = HashMap::default();
-        let mut by_name: HashMap<Cow<'m, str>, u32> = HashMap::default();
-        let mut names: Vec<Cow<'m, str>> = Vec::new();
+        let mut nodes = Nodes::default();
         let mut acc: Vec<NodeAcc> = Vec::new();
         // The last stack (numbered from 1) that counted each node's cum.
         let mut counted: Vec<usize> = Vec::new();
-        // Nodes some frame of which was inlined into its caller.
-        let mut inlined_somewhere: Vec<bool> = Vec::new();
         let mut total = 0i64;
         let mut walker = Walker::new(&merged.symbols);
-        let mut node = |frame: crate::symbols::Frame<'m>| {
-            let key = match (frame.function_name(), frame.function_id()) {
-                (Some(_), Some(function)) => (true, function),
-                _ => (false, frame.location_id()),
-            };
-            let node = *node_of.entry(key).or_insert_with(|| {
-                *by_name
-                    .entry(frame.printable_name())
-                    .or_insert_with_key(|name| {
-                        names.push(name.clone());
-                        names.len() as u32 - 1
-                    })
-            });
-            if frame.inlined() {
-                if inlined_somewhere.len() <= node as usize {
-                    inlined_somewhere.resize(node as usize + 1, false);
-                }
-                inlined_somewhere[node as usize] = true;
-            }
-            (node, frame.inlined())
-        };
         let mut frames = Vec::new();
         for (n, (stack, value)) in merged.samples.iter().enumerate() {
             let stamp = n + 1;
             total += value;
-            walker.root_first(*stack, &mut node, &mut frames);
+            let cut = walker.root_first(*stack, &mut |frame| nodes.frame(frame), &mut frames);
+            if cut > 0 {
+                // The marker is the leaf of a cut stack: its flat is the stack's value.
+                frames.push((
+                    nodes.named(Cow::Owned(super::truncation_marker(cut))),
+                    false,
+                ));
+            }
             for &(node, _) in &frames {
                 let i = node as usize;
                 if i >= acc.len() {
@@ -114,6 +140,11 @@ impl TopTable {
                 acc[leaf as usize].flat += value;
             }
         }
+        let Nodes {
+            names,
+            mut inlined_somewhere,
+            ..
+        } = nodes;
         acc.resize_with(names.len(), NodeAcc::default);
         inlined_somewhere.resize(names.len(), false);
         let flat_total: i64 = acc.iter().map(|n| n.flat).sum();
@@ -135,6 +166,7 @@ impl TopTable {
             // Every location was resolved by the first pass.
             const UNSEEN: (u32, bool) = (u32::MAX, false);
             for (n, (stack, value)) in merged.samples.iter().enumerate() {
+                // A cut stack's marker is never inlined: its call is not weighed.
                 walker.root_first(*stack, &mut |_| UNSEEN, &mut frames);
                 for pair in frames.windows(2) {
                     let ((caller, _), (callee, inlined)) = (pair[0], pair[1]);

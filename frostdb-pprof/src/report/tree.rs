@@ -1,4 +1,11 @@
 //! Flame graphs (a call tree with self and total per node), folded stacks, and diffs.
+//!
+//! Trees are flat: their nodes in one array in depth-first order, each knowing its parent
+//! and where its subtree ends, so that building, walking, writing and dropping a tree never
+//! recurses, however deep the stacks it was built from ([`Node::children`] walks a node's
+//! callees; [`Tree::nodes`] every node). Stacks deeper than
+//! [`MAX_STACK_DEPTH`](super::MAX_STACK_DEPTH) are cut with a marker frame (see
+//! [`truncation_marker`](super::truncation_marker)).
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -6,47 +13,377 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
-use serde::Serialize;
 
 use super::{HashMap, Walker};
 use crate::error::Result;
 use crate::store::Merged;
 use crate::symbols::{Frame, StackId};
 
-/// A node of a flame graph: a function called along one path from the root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Node {
-    /// Function name (or address when unsymbolized).
-    pub name: String,
-    /// Source file, when known.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub filename: String,
+/// A call tree: a root (`total`) and the call paths below it, with values `V` per node
+/// ([`FlameValues`] for a flame graph, [`DiffValues`] for a diff).
+///
+/// Nodes are held in depth-first order (a node before its callees, callees in their order),
+/// each with its parent and the end of its subtree: nothing about a tree recurses, so a
+/// tree of any depth is built, read, written ([`FlameGraph::to_json`], [`Tree::to_json`])
+/// and dropped in constant stack space.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tree<V> {
+    nodes: Vec<Slot<V>>,
+    /// `(name, filename)` of the nodes, each once.
+    names: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot<V> {
+    /// Index in [`Tree::names`].
+    name: u32,
+    /// Index of the caller; `u32::MAX` for the root.
+    parent: u32,
+    /// One past the last node of this node's subtree.
+    end: u32,
+    depth: u32,
+    values: V,
+}
+
+/// A flame graph node's values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlameValues {
     /// Value of samples whose innermost frame this node is.
-    #[serde(rename = "self")]
     pub self_value: i64,
     /// Value of samples through this node.
     pub total: i64,
-    /// Callees, by descending total, then name.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub children: Vec<Node>,
+}
+
+/// A diff node's values: the same call path in a base and a compared profile.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiffValues {
+    /// Total in the base.
+    pub base: i64,
+    /// Total in the compared profile.
+    pub compare: i64,
+    /// Self in the base.
+    pub base_self: i64,
+    /// Self in the compared profile.
+    pub compare_self: i64,
+}
+
+/// A node of a [`Tree`]: a function called along one path from the root.
+pub struct Node<'a, V> {
+    tree: &'a Tree<V>,
+    index: u32,
+}
+
+impl<V: Copy + std::fmt::Debug> std::fmt::Debug for Node<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("index", &self.index)
+            .field("name", &self.name())
+            .field("values", &self.values())
+            .finish()
+    }
+}
+
+impl<V> Clone for Node<'_, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<V> Copy for Node<'_, V> {}
+
+impl<'a, V: Copy> Node<'a, V> {
+    fn slot(&self) -> &'a Slot<V> {
+        &self.tree.nodes[self.index as usize]
+    }
+
+    /// Its position in [`Tree::nodes`] (the root is 0).
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+
+    /// Function name (or address when unsymbolized); `total` for the root.
+    pub fn name(&self) -> &'a str {
+        &self.tree.names[self.slot().name as usize].0
+    }
+
+    /// Source file, when known (else empty).
+    pub fn filename(&self) -> &'a str {
+        &self.tree.names[self.slot().name as usize].1
+    }
+
+    /// Its values.
+    pub fn values(&self) -> V {
+        self.slot().values
+    }
+
+    /// Calls from the root to here: 0 for the root.
+    pub fn depth(&self) -> usize {
+        self.slot().depth as usize
+    }
+
+    /// The caller; `None` for the root.
+    pub fn parent(&self) -> Option<Self> {
+        let parent = self.slot().parent;
+        (parent != u32::MAX).then_some(Node {
+            tree: self.tree,
+            index: parent,
+        })
+    }
+
+    /// The callees, in their order (a flame graph's by descending total, then name; a
+    /// diff's by the largest absolute change, then name).
+    pub fn children(&self) -> Children<'a, V> {
+        Children {
+            tree: self.tree,
+            next: self.index + 1,
+            end: self.slot().end,
+        }
+    }
+
+    /// Whether it has callees.
+    pub fn has_children(&self) -> bool {
+        self.slot().end > self.index + 1
+    }
+
+    /// Every node below it, depth first.
+    pub fn descendants(&self) -> impl ExactSizeIterator<Item = Self> + 'a {
+        let tree = self.tree;
+        (self.index + 1..self.slot().end).map(move |index| Node { tree, index })
+    }
+}
+
+impl Node<'_, FlameValues> {
+    /// Value of samples whose innermost frame this node is.
+    pub fn self_value(&self) -> i64 {
+        self.values().self_value
+    }
+
+    /// Value of samples through this node.
+    pub fn total(&self) -> i64 {
+        self.values().total
+    }
+}
+
+impl Node<'_, DiffValues> {
+    /// Total in the base.
+    pub fn base(&self) -> i64 {
+        self.values().base
+    }
+
+    /// Total in the compared profile.
+    pub fn compare(&self) -> i64 {
+        self.values().compare
+    }
+
+    /// Self in the base.
+    pub fn base_self(&self) -> i64 {
+        self.values().base_self
+    }
+
+    /// Self in the compared profile.
+    pub fn compare_self(&self) -> i64 {
+        self.values().compare_self
+    }
+}
+
+/// The callees of a [`Node`], in order.
+pub struct Children<'a, V> {
+    tree: &'a Tree<V>,
+    next: u32,
+    end: u32,
+}
+
+impl<V> std::fmt::Debug for Children<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Children")
+            .field("next", &self.next)
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+impl<'a, V: Copy> Iterator for Children<'a, V> {
+    type Item = Node<'a, V>;
+
+    fn next(&mut self) -> Option<Node<'a, V>> {
+        if self.next >= self.end {
+            return None;
+        }
+        let node = Node {
+            tree: self.tree,
+            index: self.next,
+        };
+        // The next callee starts where this one's subtree ends.
+        self.next = node.slot().end;
+        Some(node)
+    }
+}
+
+impl<V: Copy> Tree<V> {
+    /// The root (`total`).
+    pub fn root(&self) -> Node<'_, V> {
+        Node {
+            tree: self,
+            index: 0,
+        }
+    }
+
+    /// Every node, depth first: a node before its callees, callees in their order.
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = Node<'_, V>> {
+        (0..self.nodes.len() as u32).map(move |index| Node { tree: self, index })
+    }
+
+    /// Node `index` (its position in [`Tree::nodes`]).
+    pub fn node(&self, index: usize) -> Option<Node<'_, V>> {
+        (index < self.nodes.len()).then_some(Node {
+            tree: self,
+            index: index as u32,
+        })
+    }
+
+    /// How many nodes it has, the root included.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The depth of its deepest node (0 when the root has no callees).
+    pub fn max_depth(&self) -> usize {
+        self.nodes.iter().map(|n| n.depth).max().unwrap_or(0) as usize
+    }
+
+    /// The tree as JSON, `{"name", <fields>, "children": [...]}` from the root (children
+    /// left out when there are none), without recursing: `fields` writes a node's fields
+    /// after its name.
+    fn write_json(&self, out: &mut Vec<u8>, fields: impl Fn(&mut Vec<u8>, Node<'_, V>)) {
+        // Ends of the subtrees whose `children` array is open, innermost last.
+        let mut open: Vec<u32> = Vec::new();
+        for node in self.nodes() {
+            let i = node.index;
+            if i > 0 && node.slot().parent + 1 != i {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"name\":");
+            json_string(out, node.name());
+            fields(out, node);
+            if node.has_children() {
+                out.extend_from_slice(b",\"children\":[");
+                open.push(node.slot().end);
+            } else {
+                out.push(b'}');
+                while open.last() == Some(&(i + 1)) {
+                    open.pop();
+                    out.extend_from_slice(b"]}");
+                }
+            }
+        }
+    }
+}
+
+/// `s` as a JSON string, escaped as serde_json escapes it.
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    // Writing to a Vec cannot fail, and a str always serializes.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// `v` as a JSON number.
+fn json_number(out: &mut Vec<u8>, v: impl std::fmt::Display) {
+    use std::io::Write as _;
+    let _ = write!(out, "{v}");
+}
+
+/// A field `,"key":v` of a number.
+fn json_field(out: &mut Vec<u8>, key: &str, v: impl std::fmt::Display) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    json_number(out, v);
+}
+
+impl Tree<DiffValues> {
+    /// The diff as JSON: per node `name`, `base`, `compare`, `base_self`, `compare_self`
+    /// and `children` (left out when empty), nested from the root.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96 * self.nodes.len());
+        self.write_json(&mut out, |out, n| {
+            let v = n.values();
+            json_field(out, "base", v.base);
+            json_field(out, "compare", v.compare);
+            json_field(out, "base_self", v.base_self);
+            json_field(out, "compare_self", v.compare_self);
+        });
+        out
+    }
+}
+
+/// A tree under construction in depth-first order: each node is added after its caller
+/// and its caller's earlier callees' subtrees.
+struct TreeBuilder<'a, V> {
+    nodes: Vec<Slot<V>>,
+    names: Vec<(&'a str, &'a str)>,
+    name_of: HashMap<(&'a str, &'a str), u32>,
+}
+
+impl<'a, V: Copy> TreeBuilder<'a, V> {
+    fn new() -> Self {
+        Self {
+            nodes: Vec::new(),
+            names: Vec::new(),
+            name_of: HashMap::default(),
+        }
+    }
+
+    /// Adds a node below `parent` (`u32::MAX` for the root); its index.
+    fn push(&mut self, parent: u32, name: (&'a str, &'a str), values: V) -> u32 {
+        let names = &mut self.names;
+        let name = *self.name_of.entry(name).or_insert_with(|| {
+            names.push(name);
+            names.len() as u32 - 1
+        });
+        let index = self.nodes.len() as u32;
+        let depth = match self.nodes.get(parent as usize) {
+            Some(p) => p.depth + 1,
+            None => 0,
+        };
+        self.nodes.push(Slot {
+            name,
+            parent,
+            end: index + 1,
+            depth,
+            values,
+        });
+        index
+    }
+
+    fn finish(mut self) -> Tree<V> {
+        // A callee comes after its caller: from the last node back, each subtree's end is
+        // known before its caller's is taken from it.
+        for i in (1..self.nodes.len()).rev() {
+            let (parent, end) = (self.nodes[i].parent as usize, self.nodes[i].end);
+            let p = &mut self.nodes[parent];
+            p.end = p.end.max(end);
+        }
+        Tree {
+            nodes: self.nodes,
+            names: self
+                .names
+                .into_iter()
+                .map(|(n, f)| (n.to_owned(), f.to_owned()))
+                .collect(),
+        }
+    }
 }
 
 /// A flame graph.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlameGraph {
     /// Profile type.
     pub profile_type: String,
     /// Unit of the values.
     pub unit: String,
-    /// The root (`total`): every stack starts below it.
-    pub root: Node,
+    /// The call tree; its root is `total`: every stack starts below it.
+    pub tree: Tree<FlameValues>,
     /// Nodes summed into `other` nodes to keep within `max_nodes`.
-    #[serde(skip_serializing_if = "is_zero")]
     pub truncated: usize,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }
 
 /// Names of frames as a flame graph shows them, numbered as first met: the display name
@@ -58,23 +395,28 @@ struct Names<'a> {
 }
 
 impl<'a> Names<'a> {
-    fn id(&mut self, frame: Frame<'a>) -> u32 {
+    fn named(&mut self, name: Cow<'a, str>, filename: &'a str) -> u32 {
         let names = &mut self.names;
-        *self
-            .by_name
-            .entry(frame.display_name())
-            .or_insert_with_key(|name| {
-                names.push((name.clone(), frame.filename()));
-                names.len() as u32 - 1
-            })
+        *self.by_name.entry(name).or_insert_with_key(|name| {
+            names.push((name.clone(), filename));
+            names.len() as u32 - 1
+        })
+    }
+
+    fn id(&mut self, frame: Frame<'a>) -> u32 {
+        self.named(frame.display_name(), frame.filename())
     }
 
     /// Calls `f` with every stack of `merged` as name ids, root first, and its value.
+    /// A stack deeper than [`super::MAX_STACK_DEPTH`] ends in its marker frame.
     fn each_stack(&mut self, merged: &'a Merged, mut f: impl FnMut(&[u32], i64)) {
         let mut walker = Walker::new(&merged.symbols);
         let mut path = Vec::new();
         for (stack, value) in &merged.samples {
-            walker.root_first(*stack, &mut |frame| self.id(frame), &mut path);
+            let cut = walker.root_first(*stack, &mut |frame| self.id(frame), &mut path);
+            if cut > 0 {
+                path.push(self.named(Cow::Owned(super::truncation_marker(cut)), ""));
+            }
             f(&path, *value);
         }
     }
@@ -123,8 +465,45 @@ impl<T: Default> Arena<T> {
     }
 }
 
+/// A node of a tree being finished: its arena node (`None` for one made up, as `other`),
+/// its name and file, its values.
+type Callee<'n, V> = (Option<u32>, (&'n str, &'n str), V);
+
+impl<T: Copy> Arena<T> {
+    /// The tree in depth-first order, without recursing: `callees` lists a node's callees
+    /// in the order the tree keeps them.
+    fn finish<'n, V: Copy>(
+        &self,
+        names: &'n Names<'_>,
+        root: V,
+        mut callees: impl FnMut(u32, &mut Vec<Callee<'n, V>>),
+    ) -> Tree<V> {
+        let mut tree = TreeBuilder::new();
+        // Nodes to add, each with its caller's index, the next one last.
+        let mut stack: Vec<(Callee<'n, V>, u32)> =
+            vec![((Some(0), names.name(u32::MAX), root), u32::MAX)];
+        let mut below = Vec::new();
+        while let Some(((node, name, values), parent)) = stack.pop() {
+            let index = tree.push(parent, name, values);
+            if let Some(node) = node {
+                below.clear();
+                callees(node, &mut below);
+                // The first callee is taken first.
+                stack.extend(below.drain(..).rev().map(|callee| (callee, index)));
+            }
+        }
+        tree.finish()
+    }
+}
+
 /// A flame graph node's values: self and total.
 type SelfTotal = (i64, i64);
+
+impl From<SelfTotal> for FlameValues {
+    fn from((self_value, total): SelfTotal) -> Self {
+        FlameValues { self_value, total }
+    }
+}
 
 impl Arena<SelfTotal> {
     /// Which nodes keep their own name when at most `max_nodes` may: the `max_nodes` of
@@ -148,41 +527,31 @@ impl Arena<SelfTotal> {
         kept
     }
 
-    /// The tree below `node`; callees left out by `kept` are summed into one [`OTHER`].
-    fn finish(&self, node: u32, names: &Names<'_>, kept: &[bool]) -> Node {
-        let (name, (self_value, total)) = self.nodes[node as usize];
-        let mut children: Vec<Node> = Vec::new();
-        let mut other: Option<i64> = None;
-        for &c in &self.children[node as usize] {
-            if kept[c as usize] {
-                children.push(self.finish(c, names, kept));
-            } else {
-                *other.get_or_insert(0) += self.nodes[c as usize].1.1;
+    /// The flame graph's tree; callees left out by `kept` are summed into one [`OTHER`]
+    /// per caller.
+    fn finish_graph(&self, names: &Names<'_>, kept: &[bool]) -> Tree<FlameValues> {
+        self.finish(names, self.nodes[0].1.into(), |node, below| {
+            let mut other: Option<i64> = None;
+            for &c in &self.children[node as usize] {
+                let (name, values) = self.nodes[c as usize];
+                if kept[c as usize] {
+                    below.push((Some(c), names.name(name), values.into()));
+                } else {
+                    *other.get_or_insert(0) += values.1;
+                }
             }
-        }
-        if let Some(other) = other {
-            children.push(Node {
-                name: OTHER.to_owned(),
-                filename: String::new(),
-                self_value: other,
-                total: other,
-                children: Vec::new(),
-            });
-        }
-        children.sort_by(|a, b| b.total.cmp(&a.total).then_with(|| a.name.cmp(&b.name)));
-        let (name, filename) = names.name(name);
-        Node {
-            name: name.to_owned(),
-            filename: filename.to_owned(),
-            self_value,
-            total,
-            children,
-        }
+            if let Some(other) = other {
+                below.push((None, (OTHER, ""), (other, other).into()));
+            }
+            below.sort_by(|a, b| b.2.total.cmp(&a.2.total).then_with(|| a.1.0.cmp(b.1.0)));
+        })
     }
 }
 
 /// Calls `f` with every stack of `merged`: its frames' display names, root first (outermost
-/// first within a location), and its value. Each location's names are resolved once.
+/// first within a location), and its value. Each location's names are resolved once. A
+/// stack deeper than [`super::MAX_STACK_DEPTH`] frames is cut, ending in its marker frame
+/// ([`super::truncation_marker`]).
 pub fn each_named_stack(merged: &Merged, mut f: impl FnMut(&[&str], i64)) {
     let mut names = Names::default();
     // Names first (they grow while stacks are walked), then the stacks by name.
@@ -252,39 +621,90 @@ impl FlameGraph {
         FlameGraph {
             profile_type: merged.profile_type.to_string(),
             unit: merged.profile_type.sample_unit.clone(),
-            root: arena.finish(0, &names, &kept),
+            tree: arena.finish_graph(&names, &kept),
             truncated: kept.iter().filter(|k| !**k).count(),
         }
+    }
+
+    /// The root (`total`).
+    pub fn root(&self) -> Node<'_, FlameValues> {
+        self.tree.root()
+    }
+
+    /// The flame graph as JSON: `profile_type`, `unit`, `root` (per node `name`,
+    /// `filename` when known, `self`, `total` and `children` when it has callees, nested)
+    /// and `truncated` when nodes were left out.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96 * self.tree.nodes.len() + 64);
+        out.extend_from_slice(b"{\"profile_type\":");
+        json_string(&mut out, &self.profile_type);
+        out.extend_from_slice(b",\"unit\":");
+        json_string(&mut out, &self.unit);
+        out.extend_from_slice(b",\"root\":");
+        self.tree.write_json(&mut out, |out, n| {
+            if !n.filename().is_empty() {
+                out.extend_from_slice(b",\"filename\":");
+                json_string(out, n.filename());
+            }
+            let v = n.values();
+            json_field(out, "self", v.self_value);
+            json_field(out, "total", v.total);
+        });
+        if self.truncated != 0 {
+            json_field(&mut out, "truncated", self.truncated);
+        }
+        out.push(b'}');
+        out
     }
 
     /// The tree as a table, depth first: `id`, `parent` (null for the root), `depth`, `name`,
     /// `filename`, `self`, `total`.
     pub fn to_arrow(&self) -> Result<RecordBatch> {
-        let (mut ids, mut parents, mut depths) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut names, mut files, mut selfs, mut totals) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut stack: Vec<(&Node, Option<u32>, u32)> = vec![(&self.root, None, 0)];
-        while let Some((node, parent, depth)) = stack.pop() {
-            let id = ids.len() as u32;
-            ids.push(id);
-            parents.push(parent);
-            depths.push(depth);
-            names.push(node.name.clone());
-            files.push(node.filename.clone());
-            selfs.push(node.self_value);
-            totals.push(node.total);
-            for child in node.children.iter().rev() {
-                stack.push((child, Some(id), depth + 1));
-            }
-        }
+        let nodes = || self.tree.nodes();
         let columns: Vec<(&str, ArrayRef, bool)> = vec![
-            ("id", Arc::new(UInt32Array::from(ids)), false),
-            ("parent", Arc::new(UInt32Array::from(parents)), true),
-            ("depth", Arc::new(UInt32Array::from(depths)), false),
-            ("name", Arc::new(StringArray::from(names)), false),
-            ("filename", Arc::new(StringArray::from(files)), false),
-            ("self", Arc::new(Int64Array::from(selfs)), false),
-            ("total", Arc::new(Int64Array::from(totals)), false),
+            (
+                "id",
+                Arc::new(UInt32Array::from_iter_values(
+                    nodes().map(|n| n.index() as u32),
+                )),
+                false,
+            ),
+            (
+                "parent",
+                Arc::new(UInt32Array::from_iter(
+                    nodes().map(|n| n.parent().map(|p| p.index() as u32)),
+                )),
+                true,
+            ),
+            (
+                "depth",
+                Arc::new(UInt32Array::from_iter_values(
+                    nodes().map(|n| n.depth() as u32),
+                )),
+                false,
+            ),
+            (
+                "name",
+                Arc::new(StringArray::from_iter_values(nodes().map(|n| n.name()))),
+                false,
+            ),
+            (
+                "filename",
+                Arc::new(StringArray::from_iter_values(nodes().map(|n| n.filename()))),
+                false,
+            ),
+            (
+                "self",
+                Arc::new(Int64Array::from_iter_values(
+                    nodes().map(|n| n.self_value()),
+                )),
+                false,
+            ),
+            (
+                "total",
+                Arc::new(Int64Array::from_iter_values(nodes().map(|n| n.total()))),
+                false,
+            ),
         ];
         let fields: Vec<Field> = columns
             .iter()
@@ -333,60 +753,67 @@ pub fn folded(merged: &Merged) -> String {
     out
 }
 
-/// A node of a diff: the same call path in a base and a compared profile.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DiffNode {
-    /// Function name.
-    pub name: String,
-    /// Total in the base.
-    pub base: i64,
-    /// Total in the compared profile.
-    pub compare: i64,
-    /// Self in the base.
-    pub base_self: i64,
-    /// Self in the compared profile.
-    pub compare_self: i64,
-    /// Callees, by the largest absolute change first.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub children: Vec<DiffNode>,
-}
+/// A diff: one tree of the call paths of a base and a compared profile, with both values
+/// per node; callees by the largest absolute change first, then name.
+pub type DiffTree = Tree<DiffValues>;
 
-/// A diff node's values: base and compared total, base and compared self.
-type DiffValues = (i64, i64, i64, i64);
+/// A diff node's values as they are summed: base and compared total, base and compared
+/// self.
+type DiffSums = (i64, i64, i64, i64);
 
-impl Arena<DiffValues> {
-    fn finish_diff(&self, node: u32, names: &Names<'_>) -> DiffNode {
-        let (name, (base, compare, base_self, compare_self)) = self.nodes[node as usize];
-        let mut children: Vec<DiffNode> = self.children[node as usize]
-            .iter()
-            .map(|&c| self.finish_diff(c, names))
-            .collect();
-        children.sort_by(|a, b| {
-            (b.compare - b.base)
-                .abs()
-                .cmp(&(a.compare - a.base).abs())
-                .then_with(|| a.name.cmp(&b.name))
-        });
-        DiffNode {
-            name: names.name(name).0.to_owned(),
+impl From<DiffSums> for DiffValues {
+    fn from((base, compare, base_self, compare_self): DiffSums) -> Self {
+        DiffValues {
             base,
             compare,
             base_self,
             compare_self,
-            children,
         }
     }
 }
 
+impl Arena<DiffSums> {
+    fn finish_diff(&self, names: &Names<'_>) -> DiffTree {
+        self.finish(names, self.nodes[0].1.into(), |node, below| {
+            below.extend(self.children[node as usize].iter().map(|&c| {
+                let (name, values) = self.nodes[c as usize];
+                (Some(c), names.name(name), DiffValues::from(values))
+            }));
+            below.sort_by(|a, b| {
+                (b.2.compare - b.2.base)
+                    .abs()
+                    .cmp(&(a.2.compare - a.2.base).abs())
+                    .then_with(|| a.1.0.cmp(b.1.0))
+            });
+        })
+    }
+}
+
 /// The diff of two merged profiles (of the same type): one tree with both values per node.
-pub fn diff(base: &Merged, compare: &Merged) -> DiffNode {
+pub fn diff(base: &Merged, compare: &Merged) -> DiffTree {
     let mut names = Names::default();
-    let mut arena = Arena::<DiffValues>::new();
+    let mut arena = Arena::<DiffSums>::new();
     names.each_stack(base, |path, v| {
         arena.add(path, |n| n.0 += v, |n| n.2 += v);
     });
     names.each_stack(compare, |path, v| {
         arena.add(path, |n| n.1 += v, |n| n.3 += v);
     });
-    arena.finish_diff(0, &names)
+    arena.finish_diff(&names)
+}
+
+#[cfg(test)]
+impl<V: Copy> Tree<V> {
+    /// A tree of `(depth, name, values)` in depth-first order, the root first.
+    pub(crate) fn from_depth_first(nodes: &[(usize, &str, V)]) -> Self {
+        let mut tree = TreeBuilder::new();
+        // The last node added at each depth.
+        let mut at: Vec<u32> = Vec::new();
+        for &(depth, name, values) in nodes {
+            at.truncate(depth);
+            let parent = at.last().copied().unwrap_or(u32::MAX);
+            at.push(tree.push(parent, (name, ""), values));
+        }
+        tree.finish()
+    }
 }

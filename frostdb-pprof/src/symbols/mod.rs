@@ -340,6 +340,13 @@ pub(crate) fn location_frames<'a>(p: &'a Partition, l: u32, f: &mut impl FnMut(F
     }
 }
 
+/// How many frames [`location_frames`] gives for location `l` of `p`: its lines, at least
+/// one; none when `l` is not stored.
+pub(crate) fn location_frame_count(p: &Partition, l: u32) -> usize {
+    p.location(l)
+        .map_or(0, |location| location.lines.len().max(1))
+}
+
 /// A mapping: an executable or library mapped into a process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Mapping<'a> {
