@@ -97,6 +97,11 @@ impl Server {
         }
     }
 
+    /// The server's process id (for `/proc/<pid>/status`).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What the server logged so far.
     pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
