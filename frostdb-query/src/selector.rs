@@ -754,6 +754,36 @@ mod tests {
     }
 
     #[test]
+    fn a_list_of_values_matches_as_a_set_of_any_size() {
+        let ids: Vec<String> = (0..20_000).map(|i| format!("{i:016x}")).collect();
+        let mut refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        refs.push("a.b|(c)");
+        let m = Matcher::any_of("span_id", &refs).unwrap();
+        assert!(m.matches("0000000000004e1f") && m.matches("a.b|(c)"));
+        assert!(!m.matches("0000000000004e20") && !m.matches("axb|(c)") && !m.matches(""));
+        // Written as a regex, it reads back as the same set (as a worker parses it).
+        let s = Selector {
+            profile_type: None,
+            matchers: vec![m],
+        };
+        let back = Selector::parse(&s.to_string()).unwrap();
+        assert_eq!(back, s);
+        assert!(back.matchers[0].matches("a.b|(c)") && !back.matchers[0].matches("axb|(c)"));
+        let schema = ArrowSchema::new(vec![Field::new("labels.span_id", DataType::Utf8, true)]);
+        let expr = back.to_expr(&schema).to_string();
+        assert!(expr.contains("IN ("), "{}", &expr[..200]);
+        // A regex listing literal values matches as one; negated too; others stay regexes.
+        let s = Selector::parse(r#"{a=~"x|y\\.z|", b!~"x|y", c=~"x|y.*"}"#).unwrap();
+        let [a, b, c] = &s.matchers[..] else {
+            panic!("{s}")
+        };
+        assert!(a.set.is_some() && b.set.is_some() && c.set.is_none());
+        assert!(a.matches("y.z") && a.matches("") && !a.matches("yxz") && !a.matches("x|y"));
+        assert!(!b.matches("x") && b.matches("z") && b.matches(""));
+        assert!(c.matches("yzz"));
+    }
+
+    #[test]
     fn errors_point_at_the_column() {
         let cases = [
             ("{job=\"a\" pod=\"b\"}", 10, "expected ',' or '}'"),

@@ -295,9 +295,9 @@ impl Codec {
         M: prost::Message + Default + serde::de::DeserializeOwned + Bounded,
     {
         let decoded = match self {
-            Codec::Proto => bounds::decode_protobuf("request", body, limits),
+            Codec::Proto => bounds::decode_protobuf("binary protobuf", body, limits),
             Codec::Json if body.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
-            Codec::Json => bounds::decode_json("request", body, limits),
+            Codec::Json => bounds::decode_json("proto3 JSON", body, limits),
         };
         Ok(decoded?)
     }
