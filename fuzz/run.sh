@@ -27,7 +27,7 @@ seed() {
   case $target in
     decode|normalize|push) cp "$shared"/testdata/pprof/*.pb* "$dir"/ ;;
     folded) cp "$shared"/testdata/folded/*.txt "$dir"/ ;;
-    otlp) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
+    otlp|otlp_bounds) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
     selector) printf '%s' 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api",pod=~"api-.*"}' > "$dir"/1
               printf '%s' '{namespace!="kube-system",env!~"dev|test"}' > "$dir"/2 ;;
     wal) printf '\x00\x01\x00\x07\x00samples' > "$dir"/1 ;;

@@ -158,7 +158,8 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Writes `inputs` as the seeds of `target` when `FROSTDB_FUZZ_SEEDS` names a directory.
+/// Writes `inputs` as the seeds of `target` when `FROSTDB_FUZZ_SEEDS` names a directory:
+/// those under 64 KiB (`fuzz/run.sh` takes larger ones from shared/testdata itself).
 fn write_seeds(target: &str, inputs: &[Vec<u8>]) {
     let Ok(dir) = std::env::var("FROSTDB_FUZZ_SEEDS") else {
         return;
@@ -166,7 +167,9 @@ fn write_seeds(target: &str, inputs: &[Vec<u8>]) {
     let dir = PathBuf::from(dir).join(target);
     std::fs::create_dir_all(&dir).unwrap();
     for (i, input) in inputs.iter().enumerate() {
-        std::fs::write(dir.join(format!("{i:02}")), input).unwrap();
+        if input.len() < 64 << 10 {
+            std::fs::write(dir.join(format!("{i:02}")), input).unwrap();
+        }
     }
 }
 

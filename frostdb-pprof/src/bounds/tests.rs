@@ -421,6 +421,33 @@ fn each_query_limit_holds_at_its_value_and_refuses_one_more() {
         |l, n| l.max_call_site = n,
         "stack_trace_selector.call_site",
     );
+    let series = querier::SeriesRequest {
+        label_names: vec!["pod".into(); 3],
+        ..Default::default()
+    };
+    at_and_over(
+        <querier::SeriesRequest as Bounded>::shape(),
+        &series.encode_to_vec(),
+        Some(serde_json::to_string(&series).unwrap().as_bytes()),
+        3,
+        |l, n| l.max_label_names = n,
+        "label_names",
+    );
+    for (profiles, traces, what) in [(2, 0, "profile_id_selector"), (0, 2, "trace_id_selector")] {
+        let merge = querier::SelectMergeProfileRequest {
+            profile_id_selector: vec!["p".into(); profiles],
+            trace_id_selector: vec!["t".into(); traces],
+            ..Default::default()
+        };
+        at_and_over(
+            <querier::SelectMergeProfileRequest as Bounded>::shape(),
+            &merge.encode_to_vec(),
+            Some(serde_json::to_string(&merge).unwrap().as_bytes()),
+            2,
+            |l, n| l.max_span_ids = n,
+            what,
+        );
+    }
     let series = querier::SelectSeriesRequest {
         group_by: vec!["pod".into(); 4],
         ..Default::default()
@@ -508,6 +535,56 @@ fn each_otlp_limit_holds_at_its_value_and_refuses_one_more() {
         |l, n| l.max_dictionary_entries = n,
         "dictionary.string_table",
     );
+    // Scopes of every resource together.
+    let mut scopes = request.clone();
+    scopes.resource_profiles[1].scope_profiles = vec![otlp::ScopeProfiles::default(); 2];
+    at_and_over(
+        shape,
+        &scopes.encode_to_vec(),
+        None,
+        4,
+        |l, n| l.max_scope_profiles = n,
+        "resource_profiles[].scope_profiles",
+    );
+    // Each dictionary table, in a dictionary sent twice (decoding merges the two).
+    let tables: [(&str, fn(&mut otlp::ProfilesDictionary)); 6] = [
+        ("dictionary.mapping_table", |d| {
+            d.mapping_table = vec![Default::default(); 3]
+        }),
+        ("dictionary.location_table", |d| {
+            d.location_table = vec![Default::default(); 3]
+        }),
+        ("dictionary.function_table", |d| {
+            d.function_table = vec![Default::default(); 3]
+        }),
+        ("dictionary.link_table", |d| {
+            d.link_table = vec![Default::default(); 3]
+        }),
+        ("dictionary.attribute_table", |d| {
+            d.attribute_table = vec![Default::default(); 3]
+        }),
+        ("dictionary.stack_table", |d| {
+            d.stack_table = vec![Default::default(); 3]
+        }),
+    ];
+    for (what, fill) in tables {
+        let mut dictionary = otlp::ProfilesDictionary::default();
+        fill(&mut dictionary);
+        let mut twice = otlp::ExportProfilesServiceRequest {
+            resource_profiles: Vec::new(),
+            dictionary: Some(dictionary),
+        }
+        .encode_to_vec();
+        twice.extend(twice.clone());
+        at_and_over(
+            shape,
+            &twice,
+            None,
+            6,
+            |l, n| l.max_dictionary_entries = n,
+            what,
+        );
+    }
 }
 
 #[test]
