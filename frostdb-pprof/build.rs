@@ -32,6 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ["proto"],
     )?;
     let bytes = descriptors.encode_to_vec();
+    // For the test that checks the request shapes of `bounds` against the protos.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(out.join("descriptors.bin"), &bytes)?;
     prost_build::Config::new()
         .extern_path(GOOGLE_V1.0, GOOGLE_V1.1)
         .compile_fds(descriptors)?;

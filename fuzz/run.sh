@@ -4,12 +4,15 @@
 # Seeds come from shared/testdata (and what earlier runs kept in corpus/<target>); findings
 # land in out/<target>/default/{crashes,hangs}, which every `cargo nextest run` replays
 # (frostdb-core and frostdb-pprof's fuzz_corpus tests). Prints executions per target.
+# Each target runs within a memory limit (afl-fuzz -m, MiB of address space; FUZZ_MEMORY_MB,
+# default 2048): an input that makes a parser allocate past it is a crash AFL++ keeps.
 set -euo pipefail
 cd "$(dirname "$0")"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded otlp push selector wal manifest)
+[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded otlp push selector wal manifest push_bounds otlp_bounds querier)
+memory=${FUZZ_MEMORY_MB:-2048}
 shared="${FROSTDB_SHARED:-$(cd ../.. && pwd)/shared}"
 [ -d "$shared/testdata" ] || shared=/work/shared
 
@@ -24,12 +27,15 @@ seed() {
   case $target in
     decode|normalize|push) cp "$shared"/testdata/pprof/*.pb* "$dir"/ ;;
     folded) cp "$shared"/testdata/folded/*.txt "$dir"/ ;;
-    otlp) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
+    otlp|otlp_bounds) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
     selector) printf '%s' 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api",pod=~"api-.*"}' > "$dir"/1
               printf '%s' '{namespace!="kube-system",env!~"dev|test"}' > "$dir"/2 ;;
     wal) printf '\x00\x01\x00\x07\x00samples' > "$dir"/1 ;;
     manifest) printf '%s' '{"format":2,"tables":{}}' > "$dir"/1 ;;
   esac
+  # Real requests (push, OTLP, Grafana's queries), written by frostdb-pprof's fuzz_corpus
+  # test (FROSTDB_FUZZ_SEEDS=fuzz/seeds).
+  [ -d seeds/"$target" ] && cp seeds/"$target"/* "$dir"/
   [ -d regressions/"$target" ] && cp regressions/"$target"/* "$dir"/
   # AFL++ wants small seeds (executions per second fall with their size): keep those under
   # 16 KiB, or the smallest when none is.
@@ -43,7 +49,7 @@ mkdir -p out
 printf '%-10s %14s %10s %8s %6s\n' target executions execs/s crashes hangs
 for t in "${targets[@]}"; do
   seed "$t"
-  cargo afl fuzz -V "$seconds" -i corpus/"$t" -o out/"$t" target/release/"$t" >out-"$t".log 2>&1 || {
+  cargo afl fuzz -V "$seconds" -m "$memory" -i corpus/"$t" -o out/"$t" target/release/"$t" >out-"$t".log 2>&1 || {
     echo "$t: afl-fuzz failed, see fuzz/out-$t.log"; tail -5 out-"$t".log; exit 1; }
   stats=out/$t/default/fuzzer_stats
   get() { awk -F': *' -v k="$1" '$1 ~ "^"k" *$" {print $2}' "$stats"; }

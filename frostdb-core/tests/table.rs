@@ -148,6 +148,16 @@ fn predicates_follow_three_valued_logic() {
     assert_eq!(run(col("timestamp").gt_eq(8)), [5, 6]);
     assert_eq!(run(col("labels.job").in_list(["db", "x"])), [6]);
     assert_eq!(run(col("labels.job").not_in_list(["db"])), [5]);
+    // A long list of text is evaluated as a set, with the same answers (nulls unknown).
+    let long = |hit: &str| {
+        let mut values: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+        values.push(hit.to_owned());
+        values
+    };
+    assert_eq!(run(col("labels.job").in_list(long("db"))), [6]);
+    assert_eq!(run(col("labels.job").not_in_list(long("db"))), [5]);
+    assert_eq!(run(col("labels.pod").in_list(long("a"))), [10]);
+    assert_eq!(run(col("labels.pod").not_in_list(long("a"))), [30]);
     assert_eq!(run(col("labels.job").regex_match("^a")), [5]);
     assert_eq!(run(col("labels.job").regex_not_match("^a")), [6]);
     assert_eq!(

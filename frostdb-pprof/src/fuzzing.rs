@@ -3,7 +3,8 @@
 
 use frostdb_core::{Db, DbOptions};
 
-use crate::{IngestOptions, Limits, ProfileStore, StoreOptions, decode};
+use crate::bounds::{self, Bounded};
+use crate::{IngestOptions, Limits, ProfileStore, RequestLimits, StoreOptions, decode};
 
 /// Small limits, so that inputs cannot make a run slow or big.
 pub fn limits() -> Limits {
@@ -13,6 +14,15 @@ pub fn limits() -> Limits {
         max_locations: 100_000,
         max_functions: 100_000,
         max_stack_depth: 1024,
+    }
+}
+
+/// The request limits of the targets: the defaults, with a decoded request of at most
+/// 64 MiB (AFL++ runs them within a memory limit, `fuzz/run.sh`).
+pub fn request_limits() -> RequestLimits {
+    RequestLimits {
+        max_decoded_bytes: 64 << 20,
+        ..RequestLimits::default()
     }
 }
 
@@ -80,7 +90,8 @@ pub fn folded_target(data: &[u8]) {
     }
 }
 
-/// An OTLP `ExportProfilesServiceRequest` of arbitrary bytes converted to pprof.
+/// An OTLP `ExportProfilesServiceRequest` of arbitrary bytes converted to pprof (decoded
+/// by prost alone, all profiles at once).
 pub fn otlp_target(data: &[u8]) {
     use prost::Message;
     if let Ok(request) = crate::convert::otlp::proto::ExportProfilesServiceRequest::decode(data) {
@@ -92,9 +103,190 @@ pub fn otlp_target(data: &[u8]) {
 pub fn push_target(data: &[u8]) {
     use crate::convert::push::{Encoding, convert, parse};
     for encoding in [Encoding::Protobuf, Encoding::Json] {
-        if let Ok(request) = parse(encoding, data) {
+        if let Ok(request) = parse(encoding, data, &request_limits()) {
             let _ = convert(&request, &limits());
         }
+    }
+}
+
+/// What scanning a message's protobuf `data` against its shape and decoding it with prost
+/// alone must agree on: what prost decodes, the scan passes (or finds over a limit; it
+/// refuses groups, which proto3 has not and prost skips); what the scan passes and prost
+/// decodes is no larger than the scan said (`size`, the decoded message's bytes by
+/// length). The message prost decoded, if it did.
+fn agree_protobuf<M: prost::Message + Default + Bounded>(
+    data: &[u8],
+    size: impl Fn(&M) -> usize,
+) -> Option<M> {
+    use frostdb_core::ErrorKind;
+    let scanned = bounds::check_protobuf("fuzz", M::shape(), data, &request_limits());
+    let decoded = M::decode(data).ok();
+    match (&scanned, &decoded) {
+        (Ok(s), Some(m)) => assert!(
+            size(m) <= s.decoded_bytes,
+            "decoded {} bytes, the scan said {}",
+            size(m),
+            s.decoded_bytes
+        ),
+        (Err(e), Some(_)) => assert!(
+            e.kind() == ErrorKind::LimitExceeded || e.to_string().contains("is a group"),
+            "the scan refused what prost decodes: {e}"
+        ),
+        _ => {}
+    }
+    decoded
+}
+
+/// The same of proto3 JSON `data`: what decodes as `M` (`parse`, unbounded), the JSON
+/// scan passes or finds over a limit; what it passes and decodes is no larger than it said.
+fn agree_json<M>(
+    data: &[u8],
+    parse: impl Fn(&[u8]) -> Option<M>,
+    size: impl Fn(&M) -> usize,
+    shape: &'static bounds::Shape,
+) {
+    use frostdb_core::ErrorKind;
+    let scanned = bounds::check_json("fuzz", shape, data, &request_limits());
+    match (&scanned, parse(data)) {
+        (Ok(s), Some(m)) => assert!(
+            size(&m) <= s.decoded_bytes,
+            "decoded {} bytes, the JSON scan said {}",
+            size(&m),
+            s.decoded_bytes
+        ),
+        (Err(e), Some(_)) => assert_eq!(
+            e.kind(),
+            ErrorKind::LimitExceeded,
+            "the JSON scan refused what decodes: {e}"
+        ),
+        _ => {}
+    }
+}
+
+/// A push request's decoded bytes, by the lengths of its vectors and strings.
+fn push_size(r: &crate::convert::push::proto::PushRequest) -> usize {
+    use std::mem::size_of;
+
+    use crate::convert::push::proto as push;
+    let series = r.series.iter().map(|s| {
+        let labels = s.labels.iter().map(|l| l.name.len() + l.value.len());
+        let samples = s.samples.iter().map(|x| x.raw_profile.len() + x.id.len());
+        size_of::<push::RawProfileSeries>()
+            + s.labels.len() * size_of::<push::LabelPair>()
+            + s.samples.len() * size_of::<push::RawSample>()
+            + labels.sum::<usize>()
+            + samples.sum::<usize>()
+    });
+    size_of::<push::PushRequest>() + series.sum::<usize>()
+}
+
+/// A Pyroscope push request of arbitrary bytes through the scan that guards its decoding
+/// ([`crate::bounds`]), as protobuf and JSON: the scan and decoding agree (see
+/// [`agree_protobuf`]), then the request is converted within the limits.
+pub fn push_bounds_target(data: &[u8]) {
+    use crate::convert::push::{Encoding, convert, parse, proto};
+    agree_protobuf::<proto::PushRequest>(data, push_size);
+    agree_json(
+        data,
+        |d| {
+            parse(
+                Encoding::Json,
+                d,
+                &RequestLimits {
+                    max_decoded_bytes: usize::MAX,
+                    max_push_series: usize::MAX,
+                    max_labels_per_series: usize::MAX,
+                    max_samples_per_series: usize::MAX,
+                    ..request_limits()
+                },
+            )
+            .ok()
+        },
+        push_size,
+        proto::PushRequest::shape(),
+    );
+    for encoding in [Encoding::Protobuf, Encoding::Json] {
+        if let Ok(request) = parse(encoding, data, &request_limits()) {
+            let _ = convert(&request, &limits());
+        }
+    }
+}
+
+/// An OTLP export of arbitrary bytes through the scan that guards its decoding, then
+/// converted one profile at a time within the limits (stack frames included).
+pub fn otlp_bounds_target(data: &[u8]) {
+    use crate::convert::otlp::{parse, profiles, proto};
+    agree_protobuf::<proto::ExportProfilesServiceRequest>(data, |_| 0);
+    if let Ok(request) = parse(data, &request_limits())
+        && let Ok(converted) = profiles(&request, &limits(), &request_limits())
+    {
+        for profile in converted {
+            let _ = profile;
+        }
+    }
+}
+
+/// The query API's methods whose requests [`querier_target`] decodes, by the input's first
+/// byte (modulo their count); settings' last.
+pub const QUERIER_METHODS: [&str; 15] = [
+    "ProfileTypes",
+    "LabelValues",
+    "LabelNames",
+    "Series",
+    "SelectMergeStacktraces",
+    "SelectMergeSpanProfile",
+    "SelectMergeProfile",
+    "SelectSeries",
+    "SelectHeatmap",
+    "Diff",
+    "GetProfileStats",
+    "AnalyzeQuery",
+    "settings.Get",
+    "settings.Set",
+    "settings.Delete",
+];
+
+/// A query API (or settings) request of arbitrary bytes, decoded as a Connect server
+/// decodes it: the method is the first byte ([`QUERIER_METHODS`]), the rest the body, as
+/// binary protobuf and as proto3 JSON, scanned within the limits first; the scans and
+/// decoding agree (see [`agree_protobuf`]).
+pub fn querier_target(data: &[u8]) {
+    use crate::api::querier::v1 as querier;
+    use crate::api::settings::v1 as settings;
+    use crate::api::types::v1 as types;
+    fn one<M>(body: &[u8])
+    where
+        M: prost::Message + Default + serde::de::DeserializeOwned + Bounded,
+    {
+        agree_protobuf::<M>(body, |_| 0);
+        agree_json(
+            body,
+            |d| serde_json::from_slice::<M>(d).ok(),
+            |_| 0,
+            M::shape(),
+        );
+        let _ = bounds::decode_protobuf::<M>("fuzz", body, &request_limits());
+        let _ = bounds::decode_json::<M>("fuzz", body, &request_limits());
+    }
+    let Some((&method, body)) = data.split_first() else {
+        return;
+    };
+    match usize::from(method) % QUERIER_METHODS.len() {
+        0 => one::<querier::ProfileTypesRequest>(body),
+        1 => one::<types::LabelValuesRequest>(body),
+        2 => one::<types::LabelNamesRequest>(body),
+        3 => one::<querier::SeriesRequest>(body),
+        4 => one::<querier::SelectMergeStacktracesRequest>(body),
+        5 => one::<querier::SelectMergeSpanProfileRequest>(body),
+        6 => one::<querier::SelectMergeProfileRequest>(body),
+        7 => one::<querier::SelectSeriesRequest>(body),
+        8 => one::<querier::SelectHeatmapRequest>(body),
+        9 => one::<querier::DiffRequest>(body),
+        10 => one::<types::GetProfileStatsRequest>(body),
+        11 => one::<querier::AnalyzeQueryRequest>(body),
+        12 => one::<settings::GetSettingsRequest>(body),
+        13 => one::<settings::SetSettingsRequest>(body),
+        _ => one::<settings::DeleteSettingsRequest>(body),
     }
 }
 

@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+pub mod bounds;
 pub mod convert;
 mod decode;
 mod error;
@@ -95,6 +96,7 @@ pub mod api {
     }
 }
 
+pub use bounds::RequestLimits;
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_query::profile::Aggregation;

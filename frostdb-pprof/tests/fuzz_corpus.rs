@@ -1,7 +1,9 @@
 //! The fuzz targets' bodies (`fuzz/`, AFL++) on their corpus in every test run: every real
 //! profile, folded file, OTLP export and push request built from them, selectors,
 //! truncations and bit flips of each (deterministic), and whatever AFL++ left in `fuzz/`
-//! (its seeds, crashes and hangs). Nothing may panic.
+//! (its seeds, crashes and hangs). Nothing may panic. The request targets' seeds (real push
+//! requests, OTLP exports, Grafana's queries) are built here; `FROSTDB_FUZZ_SEEDS=<dir>`
+//! also writes them there (`fuzz/seeds`, which `fuzz/run.sh` seeds AFL++ from).
 
 mod common;
 
@@ -10,7 +12,8 @@ use std::path::PathBuf;
 use frostdb_core::fuzzing::{found_inputs, variants};
 use frostdb_pprof::convert::push::proto as push;
 use frostdb_pprof::fuzzing::{
-    decode_target, folded_target, normalize_target, otlp_target, push_target, selector_target,
+    QUERIER_METHODS, decode_target, folded_target, normalize_target, otlp_bounds_target,
+    otlp_target, push_bounds_target, push_target, querier_target, selector_target,
 };
 use prost::Message;
 
@@ -140,4 +143,226 @@ fn the_selector_target_never_panics_on_its_corpus() {
         selector_target,
     );
     assert!(runs >= 5 * 17, "{runs} inputs");
+}
+
+/// The committed seeds of `target` (`fuzz/seeds/<target>`).
+fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let dir = fuzz_dir().join("seeds").join(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .map(|entries| entries.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect()
+}
+
+/// Writes `inputs` as the seeds of `target` when `FROSTDB_FUZZ_SEEDS` names a directory:
+/// those under 64 KiB (`fuzz/run.sh` takes larger ones from shared/testdata itself).
+fn write_seeds(target: &str, inputs: &[Vec<u8>]) {
+    let Ok(dir) = std::env::var("FROSTDB_FUZZ_SEEDS") else {
+        return;
+    };
+    let dir = PathBuf::from(dir).join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, input) in inputs.iter().enumerate() {
+        if input.len() < 64 << 10 {
+            std::fs::write(dir.join(format!("{i:02}")), input).unwrap();
+        }
+    }
+}
+
+/// Push requests of small real profiles, in protobuf and JSON, and of many empty labels
+/// and series.
+fn push_seeds() -> Vec<Vec<u8>> {
+    use base64::Engine;
+    let mut small: Vec<(String, Vec<u8>)> = common::testdata();
+    small.sort_by_key(|(_, bytes)| bytes.len());
+    let mut out = Vec::new();
+    for (name, bytes) in small.into_iter().take(3) {
+        let label = |name: &str, value: &str| push::LabelPair {
+            name: name.into(),
+            value: value.into(),
+        };
+        let request = push::PushRequest {
+            series: vec![push::RawProfileSeries {
+                labels: vec![
+                    label("__name__", "process_cpu"),
+                    label("service_name", &name),
+                ],
+                samples: vec![push::RawSample {
+                    raw_profile: bytes.clone(),
+                    id: "5b2e8a5e-0f5c-4b8e-9f0e-1a2b3c4d5e6f".into(),
+                }],
+            }],
+        };
+        out.push(request.encode_to_vec());
+        let json = serde_json::json!({"series": [{
+            "labels": [{"name": "__name__", "value": "process_cpu"},
+                       {"name": "service_name", "value": name}],
+            "samples": [{"rawProfile": base64::engine::general_purpose::STANDARD.encode(&bytes)}],
+        }]});
+        out.push(json.to_string().into_bytes());
+    }
+    let empty = push::PushRequest {
+        series: vec![
+            push::RawProfileSeries {
+                labels: vec![push::LabelPair::default(); 100],
+                samples: Vec::new(),
+            };
+            3
+        ],
+    };
+    out.push(empty.encode_to_vec());
+    out.push(format!(r#"{{"series":[{}]}}"#, vec!["{}"; 100].join(",")).into_bytes());
+    out
+}
+
+/// The real OTLP export, one of samples sharing a deep stack, and one of many empty
+/// resource profiles.
+fn otlp_seeds() -> Vec<Vec<u8>> {
+    use frostdb_pprof::convert::otlp::proto as otlp;
+    let mut out = files("otlp");
+    let shared = otlp::ExportProfilesServiceRequest {
+        dictionary: Some(otlp::ProfilesDictionary {
+            string_table: vec![String::new(), "main".into()],
+            function_table: vec![
+                otlp::Function::default(),
+                otlp::Function {
+                    name_strindex: 1,
+                    ..Default::default()
+                },
+            ],
+            location_table: vec![
+                otlp::Location::default(),
+                otlp::Location {
+                    lines: vec![otlp::Line {
+                        function_index: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            stack_table: vec![otlp::Stack {
+                location_indices: vec![1; 64],
+            }],
+            ..Default::default()
+        }),
+        resource_profiles: vec![otlp::ResourceProfiles {
+            scope_profiles: vec![otlp::ScopeProfiles {
+                profiles: vec![otlp::Profile {
+                    samples: vec![
+                        otlp::Sample {
+                            values: vec![1],
+                            ..Default::default()
+                        };
+                        100
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    out.push(shared.encode_to_vec());
+    out.push(
+        otlp::ExportProfilesServiceRequest {
+            resource_profiles: vec![otlp::ResourceProfiles::default(); 100],
+            dictionary: None,
+        }
+        .encode_to_vec(),
+    );
+    out
+}
+
+/// Grafana's requests (`examples/tests/fixtures/grafana_requests.json`, what its data
+/// source, the Profiles Drilldown and Pyroscope's page send) as the querier target takes
+/// them: the method's byte, then the body in proto3 JSON, or in binary protobuf.
+fn querier_seeds() -> Vec<Vec<u8>> {
+    use frostdb_pprof::api::querier::v1 as querier;
+    use frostdb_pprof::api::settings::v1 as settings;
+    use frostdb_pprof::api::types::v1 as types;
+    fn proto<M: Message + serde::de::DeserializeOwned>(json: &str) -> Vec<u8> {
+        serde_json::from_str::<M>(json)
+            .unwrap_or_else(|e| panic!("{json}: {e}"))
+            .encode_to_vec()
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/tests/fixtures/grafana_requests.json");
+    let fixtures: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for request in fixtures.as_array().unwrap() {
+        let path = request["path"].as_str().unwrap();
+        let method = match path.rsplit_once('/') {
+            Some(("/querier.v1.QuerierService", m)) => m.to_owned(),
+            Some(("/settings.v1.SettingsService", m)) => format!("settings.{m}"),
+            _ => continue,
+        };
+        let Some(i) = QUERIER_METHODS.iter().position(|m| *m == method) else {
+            continue;
+        };
+        let mut json = request["body"].to_string();
+        for (placeholder, value) in [
+            ("${START_MS}", "1700000000000"),
+            ("${END_MS}", "1700003600000"),
+            ("${START_S}", "1700000000"),
+            ("${END_S}", "1700003600"),
+            (
+                "${PROFILE_TYPE}",
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            ),
+            ("${SERVICE}", "api"),
+            ("${GRAFANA}", "grafana"),
+            ("${TENANT}", "anonymous"),
+        ] {
+            json = json.replace(placeholder, value);
+        }
+        let bytes = match method.as_str() {
+            "ProfileTypes" => proto::<querier::ProfileTypesRequest>(&json),
+            "LabelValues" => proto::<types::LabelValuesRequest>(&json),
+            "LabelNames" => proto::<types::LabelNamesRequest>(&json),
+            "Series" => proto::<querier::SeriesRequest>(&json),
+            "SelectMergeStacktraces" => proto::<querier::SelectMergeStacktracesRequest>(&json),
+            "SelectMergeSpanProfile" => proto::<querier::SelectMergeSpanProfileRequest>(&json),
+            "SelectMergeProfile" => proto::<querier::SelectMergeProfileRequest>(&json),
+            "SelectSeries" => proto::<querier::SelectSeriesRequest>(&json),
+            "SelectHeatmap" => proto::<querier::SelectHeatmapRequest>(&json),
+            "Diff" => proto::<querier::DiffRequest>(&json),
+            "GetProfileStats" => proto::<types::GetProfileStatsRequest>(&json),
+            "AnalyzeQuery" => proto::<querier::AnalyzeQueryRequest>(&json),
+            "settings.Get" => proto::<settings::GetSettingsRequest>(&json),
+            "settings.Set" => proto::<settings::SetSettingsRequest>(&json),
+            _ => proto::<settings::DeleteSettingsRequest>(&json),
+        };
+        for body in [json.into_bytes(), bytes] {
+            let mut input = vec![i as u8];
+            input.extend(body);
+            out.push(input);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_request_bounds_targets_never_panic_on_their_corpus() {
+    for (target, inputs, body, least) in [
+        (
+            "push_bounds",
+            push_seeds(),
+            push_bounds_target as fn(&[u8]),
+            8,
+        ),
+        ("otlp_bounds", otlp_seeds(), otlp_bounds_target, 3),
+        ("querier", querier_seeds(), querier_target, 30),
+    ] {
+        assert!(inputs.len() >= least, "{target}: {} seeds", inputs.len());
+        write_seeds(target, &inputs);
+        let mut all = inputs;
+        all.extend(seeds(target));
+        let runs = replay(target, all, body);
+        assert!(runs >= least * 17, "{target}: {runs} inputs");
+    }
 }

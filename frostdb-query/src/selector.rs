@@ -110,6 +110,10 @@ pub struct Matcher {
     /// The value, or the regex for `=~` and `!~`.
     pub value: String,
     regex: Option<regex::Regex>,
+    /// The values a regex lists when it is only literal values (`a|b|c`, as
+    /// [`Matcher::any_of`] writes it), sorted: matched as a set rather than compiled, so a
+    /// list of thousands (span ids) costs a lookup, not a regex too large to build.
+    set: Option<std::sync::Arc<[String]>>,
 }
 
 impl PartialEq for Matcher {
@@ -119,30 +123,29 @@ impl PartialEq for Matcher {
 }
 
 impl Matcher {
-    /// A matcher accepting exactly `values` for `label` (`label=~"v1|v2|..."`, each value
-    /// escaped), or an error when they make too large a regex.
+    /// A matcher accepting exactly `values` for `label`: written `label=~"v1|v2|..."` (each
+    /// value escaped), and matched as a set of them, so any number of values works.
     pub fn any_of(label: &str, values: &[&str]) -> Result<Self, String> {
         let value = values
             .iter()
             .map(|v| regex::escape(v))
             .collect::<Vec<_>>()
             .join("|");
-        let mut matcher = Self {
+        Ok(Self {
             label: label.to_owned(),
             op: MatchOp::Regex,
             value,
             regex: None,
-        };
-        let compiled = regex::RegexBuilder::new(&matcher.anchored())
-            .size_limit(16 << 20)
-            .build()
-            .map_err(|e| format!("{} values of {label}: {e}", values.len()))?;
-        matcher.regex = Some(compiled);
-        Ok(matcher)
+            set: Some(sorted_set(values.iter().map(|v| (*v).to_owned()).collect())),
+        })
     }
 
     /// Whether the matcher accepts `value` (the empty string for an absent label).
     pub fn matches(&self, value: &str) -> bool {
+        if let Some(set) = &self.set {
+            let found = set.binary_search_by(|v| v.as_str().cmp(value)).is_ok();
+            return found == (self.op == MatchOp::Regex);
+        }
         match (self.op, &self.regex) {
             (MatchOp::Equal, _) => value == self.value,
             (MatchOp::NotEqual, _) => value != self.value,
@@ -170,11 +173,14 @@ impl Matcher {
             return Predicate::Const(empty_matches);
         }
         let c = || col(column.as_str());
-        let test = match self.op {
-            MatchOp::Equal => c().eq(self.value.as_str()),
-            MatchOp::NotEqual => c().not_eq(self.value.as_str()),
-            MatchOp::Regex => c().regex_match(self.anchored()),
-            MatchOp::NotRegex => c().regex_not_match(self.anchored()),
+        let values = || self.set.iter().flat_map(|s| s.iter().map(String::as_str));
+        let test = match (self.op, &self.set) {
+            (MatchOp::Regex, Some(_)) => c().in_list(values()),
+            (MatchOp::NotRegex, Some(_)) => c().not_in_list(values()),
+            (MatchOp::Equal, _) => c().eq(self.value.as_str()),
+            (MatchOp::NotEqual, _) => c().not_eq(self.value.as_str()),
+            (MatchOp::Regex, None) => c().regex_match(self.anchored()),
+            (MatchOp::NotRegex, None) => c().regex_not_match(self.anchored()),
         };
         // Rows lacking the label (null) have the empty value.
         if empty_matches {
@@ -197,11 +203,19 @@ impl Matcher {
             return lit(empty_matches);
         }
         let c = || ident(column.as_str());
-        let test = match self.op {
-            MatchOp::Equal => c().eq(lit(self.value.as_str())),
-            MatchOp::NotEqual => c().not_eq(lit(self.value.as_str())),
-            MatchOp::Regex => regex(c(), Operator::RegexMatch, self.anchored()),
-            MatchOp::NotRegex => regex(c(), Operator::RegexNotMatch, self.anchored()),
+        let values = || {
+            self.set
+                .iter()
+                .flat_map(|s| s.iter().map(|v| lit(v.as_str())))
+                .collect::<Vec<_>>()
+        };
+        let test = match (self.op, &self.set) {
+            (MatchOp::Regex, Some(_)) => c().in_list(values(), false),
+            (MatchOp::NotRegex, Some(_)) => c().in_list(values(), true),
+            (MatchOp::Equal, _) => c().eq(lit(self.value.as_str())),
+            (MatchOp::NotEqual, _) => c().not_eq(lit(self.value.as_str())),
+            (MatchOp::Regex, None) => regex(c(), Operator::RegexMatch, self.anchored()),
+            (MatchOp::NotRegex, None) => regex(c(), Operator::RegexNotMatch, self.anchored()),
         };
         // Rows lacking the label (null) have the empty value.
         if empty_matches {
@@ -210,6 +224,34 @@ impl Matcher {
             c().is_not_null().and(test)
         }
     }
+}
+
+/// `values` sorted, each once.
+fn sorted_set(mut values: Vec<String>) -> std::sync::Arc<[String]> {
+    values.sort_unstable();
+    values.dedup();
+    values.into()
+}
+
+/// The values a regex lists, when it lists only literal values (`a|b\\.c|`): every
+/// alternative plain text, its special characters escaped as [`regex::escape`] escapes
+/// them. `None` for any other regex.
+fn literal_alternatives(pattern: &str) -> Option<Vec<String>> {
+    const SPECIAL: &str = "\\.+*?()|[]{}^$#&-~";
+    let mut out = vec![String::new()];
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '|' => out.push(String::new()),
+            '\\' => match chars.next() {
+                Some(e) if SPECIAL.contains(e) => out.last_mut()?.push(e),
+                _ => return None,
+            },
+            '.' | '+' | '*' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '^' | '$' => return None,
+            c => out.last_mut()?.push(c),
+        }
+    }
+    Some(out)
 }
 
 fn regex(column: Expr, op: Operator, pattern: String) -> Expr {
@@ -474,8 +516,14 @@ impl<'a> Parser<'a> {
             op,
             value,
             regex: None,
+            set: None,
         };
         if matches!(op, MatchOp::Regex | MatchOp::NotRegex) {
+            // A list of values is matched as a set (exactly what the regex means).
+            if let Some(values) = literal_alternatives(&matcher.value) {
+                matcher.set = Some(sorted_set(values));
+                return Ok(matcher);
+            }
             let compiled = regex::RegexBuilder::new(&matcher.anchored())
                 .size_limit(1 << 20)
                 .build();
@@ -755,6 +803,36 @@ mod tests {
         assert!(s.matchers[1].matches(""), "absent env is not dev");
         assert!(s.matchers[2].matches(""));
         assert!(s.matchers[3].matches(""));
+    }
+
+    #[test]
+    fn a_list_of_values_matches_as_a_set_of_any_size() {
+        let ids: Vec<String> = (0..20_000).map(|i| format!("{i:016x}")).collect();
+        let mut refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        refs.push("a.b|(c)");
+        let m = Matcher::any_of("span_id", &refs).unwrap();
+        assert!(m.matches("0000000000004e1f") && m.matches("a.b|(c)"));
+        assert!(!m.matches("0000000000004e20") && !m.matches("axb|(c)") && !m.matches(""));
+        // Written as a regex, it reads back as the same set (as a worker parses it).
+        let s = Selector {
+            profile_type: None,
+            matchers: vec![m],
+        };
+        let back = Selector::parse(&s.to_string()).unwrap();
+        assert_eq!(back, s);
+        assert!(back.matchers[0].matches("a.b|(c)") && !back.matchers[0].matches("axb|(c)"));
+        let schema = ArrowSchema::new(vec![Field::new("labels.span_id", DataType::Utf8, true)]);
+        let expr = back.to_expr(&schema).to_string();
+        assert!(expr.contains("IN ("), "{}", &expr[..200]);
+        // A regex listing literal values matches as one; negated too; others stay regexes.
+        let s = Selector::parse(r#"{a=~"x|y\\.z|", b!~"x|y", c=~"x|y.*"}"#).unwrap();
+        let [a, b, c] = &s.matchers[..] else {
+            panic!("{s}")
+        };
+        assert!(a.set.is_some() && b.set.is_some() && c.set.is_none());
+        assert!(a.matches("y.z") && a.matches("") && !a.matches("yxz") && !a.matches("x|y"));
+        assert!(!b.matches("x") && b.matches("z") && b.matches(""));
+        assert!(c.matches("yzz"));
     }
 
     #[test]

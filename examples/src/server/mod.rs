@@ -6,6 +6,7 @@
 //! every process on this host); [`query`] answers the API and [`web`] serves the page that
 //! calls it.
 
+pub mod codec;
 pub mod config;
 pub mod connections;
 pub mod ebpf;

@@ -24,6 +24,7 @@ use frostdb_pprof::api::google::v1 as google;
 use frostdb_pprof::api::querier::v1 as querier;
 use frostdb_pprof::api::settings::v1 as settings;
 use frostdb_pprof::api::types::v1 as types;
+use frostdb_pprof::bounds::{self, Bounded};
 use frostdb_pprof::report::dot;
 use frostdb_pprof::report::pyroscope::{
     Flamebearer, Levels, Timeline, timeline_step_s, tree_bytes,
@@ -367,19 +368,17 @@ impl Codec {
         }
     }
 
-    /// Decodes a request message.
-    pub fn decode<M>(self, body: &[u8]) -> ApiResult<M>
+    /// Decodes a request message, once its bytes show it within `limits`.
+    pub fn decode<M>(self, body: &[u8], limits: &frostdb_pprof::RequestLimits) -> ApiResult<M>
     where
-        M: prost::Message + Default + serde::de::DeserializeOwned,
+        M: prost::Message + Default + serde::de::DeserializeOwned + Bounded,
     {
-        let name = std::any::type_name::<M>().rsplit("::").next().unwrap_or("");
-        match self {
-            Codec::Proto => M::decode(body)
-                .map_err(|e| ApiError::bad_request(format!("{name} (binary protobuf): {e}"))),
+        let decoded = match self {
+            Codec::Proto => bounds::decode_protobuf("binary protobuf", body, limits),
             Codec::Json if body.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
-            Codec::Json => serde_json::from_slice(body)
-                .map_err(|e| ApiError::bad_request(format!("{name} (proto3 JSON): {e}"))),
-        }
+            Codec::Json => bounds::decode_json("proto3 JSON", body, limits),
+        };
+        Ok(decoded?)
     }
 
     /// Encodes an answer.
@@ -403,11 +402,13 @@ impl Codec {
 pub mod grpc {
     /// `querier.v1.QuerierService`.
     pub mod querier {
-        include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/server/querier.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/client/querier.v1.rs"));
     }
     /// `settings.v1.SettingsService`.
     pub mod settings {
-        include!(concat!(env!("OUT_DIR"), "/settings.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/server/settings.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/client/settings.v1.rs"));
     }
 }
 
@@ -422,6 +423,7 @@ fn is_grpc(headers: &HeaderMap) -> bool {
 /// Answers a gRPC or gRPC-Web request with tonic.
 async fn grpc_call(state: Shared, request: axum::extract::Request) -> Response {
     use tonic::codec::CompressionEncoding::Gzip;
+    super::codec::set_grpc_limits(&state.config);
     let routes = tonic::service::Routes::new(
         grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier {
             state: state.clone(),
@@ -477,17 +479,19 @@ async fn querier_call(
     let headers = request.headers().clone();
     let codec = Codec::of(&headers)?;
     let body = request_body(&state, request, &memory).await?;
+    let limits = super::codec::request_limits(&state.config);
     let q = Querier {
         state,
         tenant: tenant.clone(),
         utf8_names: allows_utf8_names(&headers),
     };
-    if codec == Codec::Json {
-        check_json_enums(&body)?;
-    }
     macro_rules! unary {
         ($method:ident) => {{
-            let request = codec.decode(&body)?;
+            let request = codec.decode(&body, &limits)?;
+            // After the decode's pre-scan has bounded the body.
+            if codec == Codec::Json {
+                check_json_enums(&body)?;
+            }
             Ok(codec.encode(&q.$method(request).await?))
         }};
     }
@@ -525,15 +529,16 @@ async fn settings_call(
     }
     let codec = Codec::of(request.headers())?;
     let body = request_body(&state, request, &memory).await?;
+    let limits = super::codec::request_limits(&state.config);
     let store = &state.settings;
     match method.as_str() {
         "Get" => {
-            let _: settings::GetSettingsRequest = codec.decode(&body)?;
+            let _: settings::GetSettingsRequest = codec.decode(&body, &limits)?;
             let settings = store.get(&tenant).await?;
             Ok(codec.encode(&settings::GetSettingsResponse { settings }))
         }
         "Set" => {
-            let r: settings::SetSettingsRequest = codec.decode(&body)?;
+            let r: settings::SetSettingsRequest = codec.decode(&body, &limits)?;
             let setting = r
                 .setting
                 .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
@@ -543,7 +548,7 @@ async fn settings_call(
             Ok(codec.encode(&settings::SetSettingsResponse { setting }))
         }
         "Delete" => {
-            let r: settings::DeleteSettingsRequest = codec.decode(&body)?;
+            let r: settings::DeleteSettingsRequest = codec.decode(&body, &limits)?;
             store.delete(&tenant, &r.name).await?;
             Ok(codec.encode(&settings::DeleteSettingsResponse {}))
         }

@@ -31,6 +31,9 @@ pub(crate) enum Bound {
         column: String,
         values: Vec<(Scalar, ArrayRef)>,
         negated: bool,
+        /// The values as a set, for a long list of text: evaluated with one lookup a row
+        /// rather than one comparison kernel a value (thousands of span ids).
+        set: Option<std::sync::Arc<std::collections::HashSet<String>>>,
     },
     IsNull {
         column: String,
@@ -110,10 +113,19 @@ fn bind_inner(p: &Predicate, schema: &TableSchema, negate: bool) -> Result<Bound
                     Ok((v, a))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // Past a few values, a lookup a row beats a kernel a value.
+            let set = (t == DataType::Utf8 && values.len() > 8).then(|| {
+                let texts = values.iter().filter_map(|(v, _)| match v {
+                    Scalar::Utf8(s) => Some(s.clone()),
+                    _ => None,
+                });
+                std::sync::Arc::new(texts.collect())
+            });
             Bound::InList {
                 column: column.clone(),
                 values,
                 negated: *negated != negate,
+                set,
             }
         }
         Predicate::IsNull { column, negated } => {
@@ -266,6 +278,15 @@ impl Bound {
                 }
             }
             Bound::InList {
+                set: Some(set),
+                negated,
+                ..
+            } if values.data_type() == &DataType::Utf8 => values
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map(|s| set.contains(s) != *negated))
+                .collect(),
+            Bound::InList {
                 values: list,
                 negated,
                 ..
@@ -352,6 +373,7 @@ impl Bound {
                 column,
                 values,
                 negated,
+                ..
             } => {
                 let Some((min, max)) = bounds(column) else {
                     return false;
@@ -456,6 +478,7 @@ impl Bound {
                 column,
                 values,
                 negated,
+                ..
             } => {
                 let Some(s) = stats(column) else {
                     return true;

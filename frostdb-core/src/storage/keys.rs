@@ -272,6 +272,7 @@ fn alternatives(bound: &Bound) -> Option<Vec<Vec<Constraint>>> {
             column,
             values,
             negated: false,
+            ..
         } if values.len() <= MAX_ALTERNATIVES => Some(
             values
                 .iter()

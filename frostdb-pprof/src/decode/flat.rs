@@ -28,6 +28,10 @@ struct FlatLocation {
     is_folded: bool,
 }
 
+/// A stack of a [`Flat`] profile being built: a range of its location ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stack((usize, usize));
+
 /// A sample of a [`Flat`] profile.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SampleRef<'a> {
@@ -316,10 +320,62 @@ impl Flat {
         Ok(())
     }
 
-    fn push_string(&mut self, s: &str) {
+    pub(crate) fn push_string(&mut self, s: &str) {
         let start = self.text.len();
         self.text.push_str(s);
         self.strings.push((start, self.text.len()));
+    }
+
+    /// An empty profile to build (with arrays a profile dropped on this thread left).
+    pub(crate) fn building() -> Self {
+        Self::reused()
+    }
+
+    /// Appends a location.
+    pub(crate) fn push_location(
+        &mut self,
+        id: u64,
+        mapping_id: u64,
+        address: u64,
+        lines: &[Line],
+        is_folded: bool,
+    ) {
+        let first = self.lines.len();
+        self.lines.extend_from_slice(lines);
+        self.locations.push(FlatLocation {
+            id,
+            mapping_id,
+            address,
+            lines: (first, self.lines.len()),
+            is_folded,
+        });
+    }
+
+    /// Appends a stack's location ids, for samples to share ([`Flat::push_sample`]).
+    pub(crate) fn push_stack(&mut self, location_ids: impl IntoIterator<Item = u64>) -> Stack {
+        let first = self.location_ids.len();
+        self.location_ids.extend(location_ids);
+        Stack((first, self.location_ids.len()))
+    }
+
+    /// Appends a sample of `stack`: a stack pushed once serves every sample on it, so a
+    /// profile's samples cost their stacks once, not once a sample.
+    pub(crate) fn push_sample(&mut self, stack: Stack, values: &[i64], labels: &[Label]) {
+        let (v0, b0) = (self.values.len(), self.labels.len());
+        self.values.extend_from_slice(values);
+        self.labels.extend_from_slice(labels);
+        self.samples.push(FlatSample {
+            locations: stack.0,
+            values: (v0, self.values.len()),
+            labels: (b0, self.labels.len()),
+        });
+    }
+
+    /// The location ids the samples' stacks hold, each stack counted once however many
+    /// samples share it.
+    #[cfg(test)]
+    pub(crate) fn stack_frames(&self) -> usize {
+        self.location_ids.len()
     }
 
     /// Where the next sample's location ids, values and labels start.

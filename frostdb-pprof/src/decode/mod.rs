@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::proto::Profile;
 
-pub(crate) use flat::{Flat, SampleRef};
+pub(crate) use flat::{Flat, SampleRef, Stack};
 
 /// Bounds on what a decoded profile may hold.
 ///
@@ -461,6 +461,18 @@ fn dangling(what: &str, id: u64) -> Error {
 /// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
     let mut flat = with_raw(bytes, limits.max_decompressed_bytes, Flat::parse)?;
+    repair(&mut flat.function);
+    let ids = check(&flat, limits)?;
+    Ok(ValidProfile {
+        flat,
+        full: OnceLock::new(),
+        ids,
+    })
+}
+
+/// Validates a profile built in flat arrays (by a converter) as [`decode`] validates what
+/// it parsed. Its prost form is built only if asked for.
+pub(crate) fn validate_flat(mut flat: Flat, limits: &Limits) -> Result<ValidProfile> {
     repair(&mut flat.function);
     let ids = check(&flat, limits)?;
     Ok(ValidProfile {

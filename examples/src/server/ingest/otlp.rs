@@ -2,7 +2,8 @@
 //! `ExportProfilesServiceRequest` of opentelemetry-proto profiles/v1development, and the same
 //! over gRPC at `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export`),
 //! converted to pprof by [`frostdb_pprof::convert::otlp`]: each OTLP `Profile` is stored as a
-//! pprof profile under its series labels.
+//! pprof profile under its series labels, one at a time. The request is checked within the
+//! request limits on its bytes before it is decoded (over gRPC by the service's codec).
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -12,6 +13,7 @@ use frostdb_pprof::convert::otlp::{self, proto};
 use prost::Message;
 
 use super::{Incoming, body_bytes, content_type, store};
+use crate::server::codec::request_limits;
 use crate::server::edge::RequestMemory;
 use crate::server::error::{ApiError, ApiResult};
 use crate::server::{Shared, TenantId};
@@ -34,8 +36,8 @@ pub async fn handle(
         )));
     }
     let body = body_bytes(&state, &headers, body, &memory)?;
-    let request = proto::ExportProfilesServiceRequest::decode(body.as_ref())
-        .map_err(|e| ApiError::bad_request(format!("ExportProfilesServiceRequest: {e}")))?;
+    let request = otlp::parse(&body, &request_limits(&state.config))?;
+    drop(body);
     export(&state, &tenant, &request).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/x-protobuf")],
@@ -44,16 +46,19 @@ pub async fn handle(
         .into_response())
 }
 
-/// Converts and stores every profile of an export request; the count stored. Each is
-/// acknowledged only once durable, and the first failure fails the request.
+/// Converts and stores every profile of an export request, one at a time; the count
+/// stored. Each is acknowledged only once durable, and the first failure fails the
+/// request.
 pub async fn export(
     state: &Shared,
     tenant: &str,
     request: &proto::ExportProfilesServiceRequest,
 ) -> ApiResult<usize> {
-    let converted = otlp::convert(request, &state.tenants.pprof_limits())?;
-    let profiles = converted.len();
-    for c in converted {
+    let limits = state.tenants.pprof_limits();
+    let mut profiles = 0;
+    // One converted profile at a time: the request may hold many.
+    for converted in otlp::profiles(request, &limits, &request_limits(&state.config))? {
+        let c = converted?;
         let incoming = Incoming {
             profile: c.profile,
             previous: None,
@@ -62,7 +67,10 @@ pub async fn export(
             delta: false,
             timestamp_ms: None,
         };
-        store(state, tenant, incoming).await?;
+        store(state, tenant, incoming)
+            .await
+            .map_err(|e| e.context(&c.at))?;
+        profiles += 1;
     }
     tracing::debug!(%tenant, profiles, "otlp export");
     Ok(profiles)
@@ -73,7 +81,11 @@ pub async fn export(
 pub mod grpc {
     include!(concat!(
         env!("OUT_DIR"),
-        "/opentelemetry.proto.collector.profiles.v1development.rs"
+        "/server/opentelemetry.proto.collector.profiles.v1development.rs"
+    ));
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/client/opentelemetry.proto.collector.profiles.v1development.rs"
     ));
 }
 
@@ -106,6 +118,7 @@ impl grpc::profiles_service_server::ProfilesService for Collector {
 /// `POST` [`GRPC_EXPORT`]: gRPC (and gRPC-Web) with tonic, messages up to the body limit.
 pub async fn handle_grpc(State(state): State<Shared>, request: axum::extract::Request) -> Response {
     let limit = state.config.limits.max_body_bytes;
+    crate::server::codec::set_grpc_limits(&state.config);
     let service = grpc::profiles_service_server::ProfilesServiceServer::new(Collector { state })
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .max_decoding_message_size(limit);

@@ -1,6 +1,7 @@
 //! Pyroscope's Connect push API, `POST /push.v1.PusherService/Push`: binary protobuf
 //! (`application/proto`) or proto JSON (`application/json`, `rawProfile` in base64), gzip
-//! or not. The request is read and its samples decoded by [`frostdb_pprof::convert::push`]
+//! or not. The request is read (its counts and size checked on its bytes first, within the
+//! request limits) and its samples decoded by [`frostdb_pprof::convert::push`]
 //! (series labels `__name__`, the profile name, and `__delta__`); this is the HTTP around it.
 
 use axum::body::Bytes;
@@ -35,7 +36,12 @@ pub async fn handle(
             )));
         }
     };
-    let request = push::parse(encoding, &body_bytes(&state, &headers, body, &memory)?)?;
+    let limits = crate::server::codec::request_limits(&state.config);
+    let request = push::parse(
+        encoding,
+        &body_bytes(&state, &headers, body, &memory)?,
+        &limits,
+    )?;
     let limits = state.tenants.pprof_limits();
     // One decoded profile at a time: the request may hold many.
     let mut profiles = 0;

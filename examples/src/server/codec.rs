@@ -1,0 +1,95 @@
+//! Request messages decoded within the request limits: every message a client sends (a
+//! push, an OTLP export, a query or settings call) has its sizes and counts checked on its
+//! bytes before it is decoded ([`frostdb_pprof::bounds`]), over Connect and plain HTTP by
+//! the handlers, over gRPC and gRPC-Web by [`BoundedCodec`], the codec of the generated
+//! tonic services (`build.rs`).
+
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+use frostdb_pprof::RequestLimits;
+use frostdb_pprof::bounds::{self, Bounded};
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+
+use super::Config;
+use super::error::ApiError;
+
+/// The request limits of a server with `config`: the library's defaults, with a decoded
+/// request allowed twice the decompressed body limit.
+pub fn request_limits(config: &Config) -> RequestLimits {
+    RequestLimits {
+        max_decoded_bytes: config.limits.max_decompressed_bytes.saturating_mul(2),
+        ..RequestLimits::default()
+    }
+}
+
+/// The limits [`BoundedCodec`] checks: tonic makes a codec for each call with `Default`,
+/// so they cannot travel with it. Set from the configuration before a gRPC call is served
+/// ([`set_grpc_limits`]); a process serves one configuration.
+static GRPC_LIMITS: OnceLock<RequestLimits> = OnceLock::new();
+
+/// Sets the limits of gRPC requests, once (later calls, with the same configuration, are
+/// no-ops).
+pub fn set_grpc_limits(config: &Config) {
+    GRPC_LIMITS.get_or_init(|| request_limits(config));
+}
+
+/// tonic's prost codec, but a request's bytes are checked within the request limits
+/// before it is decoded: `T` is what the service answers, `U` what it is asked.
+#[derive(Debug)]
+pub struct BoundedCodec<T, U>(PhantomData<(T, U)>);
+
+impl<T, U> Default for BoundedCodec<T, U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T, U> Codec for BoundedCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Bounded + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = BoundedDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(BufferSettings::default())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        BoundedDecoder(PhantomData)
+    }
+}
+
+/// Decodes a `U` once its bytes are within the request limits.
+#[derive(Debug)]
+pub struct BoundedDecoder<U>(PhantomData<U>);
+
+impl<U> Decoder for BoundedDecoder<U>
+where
+    U: prost::Message + Default + Bounded,
+{
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        use prost::bytes::Buf;
+        let limits = GRPC_LIMITS.get().copied().unwrap_or_default();
+        // tonic hands over a whole message, usually in one piece.
+        let len = buf.remaining();
+        let decoded = if buf.chunk().len() == len {
+            let decoded = bounds::decode_protobuf("request", buf.chunk(), &limits);
+            buf.advance(len);
+            decoded
+        } else {
+            bounds::decode_protobuf("request", &buf.copy_to_bytes(len), &limits)
+        };
+        decoded
+            .map(Some)
+            .map_err(|e| super::querier::status(ApiError::from(e)))
+    }
+}
