@@ -547,7 +547,8 @@ fn each_otlp_limit_holds_at_its_value_and_refuses_one_more() {
         "resource_profiles[].scope_profiles",
     );
     // Each dictionary table, in a dictionary sent twice (decoding merges the two).
-    let tables: [(&str, fn(&mut otlp::ProfilesDictionary)); 6] = [
+    type Fill = fn(&mut otlp::ProfilesDictionary);
+    let tables: [(&str, Fill); 6] = [
         ("dictionary.mapping_table", |d| {
             d.mapping_table = vec![Default::default(); 3]
         }),
