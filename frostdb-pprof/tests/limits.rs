@@ -286,3 +286,65 @@ fn a_store_of_ten_thousand_label_names_reopens_and_answers() {
         "{err}"
     );
 }
+
+/// A store written before the series keys existed (a series index, no keys table) builds
+/// them from its series index when opened: its series count against the limit, and the
+/// keys built are those a profile of the same series makes (it is still accepted).
+#[test]
+fn a_store_without_series_keys_counts_the_series_of_its_index() {
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let index = db
+            .table(
+                frostdb_pprof::schema::SERIES,
+                frostdb_pprof::schema::series(),
+                frostdb_core::TableOptions::default(),
+            )
+            .unwrap();
+        // Three series, one of them in two hours.
+        let pods = ["p0", "p1", "p2", "p1"];
+        let hour = 3_600_000;
+        let text = |v: &str| Arc::new(StringArray::from(vec![v; pods.len()])) as ArrayRef;
+        let columns = [
+            "name",
+            "sample_type",
+            "sample_unit",
+            "period_type",
+            "period_unit",
+        ];
+        let mut fields: Vec<Field> = columns
+            .iter()
+            .map(|c| Field::new(*c, DataType::Utf8, false))
+            .collect();
+        let mut arrays: Vec<ArrayRef> = ["cpu", "cpu", "nanoseconds", "cpu", "nanoseconds"]
+            .into_iter()
+            .map(text)
+            .collect();
+        fields.push(Field::new("labels.pod", DataType::Utf8, true));
+        arrays.push(Arc::new(StringArray::from(pods.to_vec())));
+        fields.push(Field::new("timestamp", DataType::Int64, false));
+        arrays.push(Arc::new(Int64Array::from(vec![0, 0, 0, hour])));
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap();
+        let mut tx = db.transaction();
+        tx.insert(&index, &batch).unwrap();
+        tx.commit().unwrap();
+        db.flush().unwrap();
+    }
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions {
+            max_series: 3,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(store.series_count(), 3);
+    let bytes = profile(&[]);
+    store.ingest(&bytes, &options(&pod(1))).unwrap();
+    let err = store.ingest(&bytes, &options(&pod(3))).unwrap_err();
+    assert!(matches!(err, Error::SeriesLimit { limit: 3, .. }), "{err}");
+}
