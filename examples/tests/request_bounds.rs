@@ -170,7 +170,7 @@ async fn requests_that_decode_to_gigabytes_are_refused_on_their_bytes() {
         "/push.v1.PusherService/Push",
         &proto,
         body,
-        "series[].labels exceeds the limit of 64",
+        "more than 38 labels: over the label limit max_label_names_per_series = 30",
     )
     .await;
 
@@ -261,7 +261,8 @@ async fn requests_that_decode_to_gigabytes_are_refused_on_their_bytes() {
     )
     .await;
 
-    // A settings value of a megabyte.
+    // A settings value of a megabyte: over limits.max_settings_bytes (1 MiB) with its
+    // envelope.
     let body = serde_json::json!({"setting": {"name": "n", "value": "v".repeat(1 << 20)}})
         .to_string()
         .into_bytes();
@@ -271,7 +272,7 @@ async fn requests_that_decode_to_gigabytes_are_refused_on_their_bytes() {
         "/settings.v1.SettingsService/Set",
         &[("content-type", "application/json")],
         body,
-        "settings request bytes exceeds the limit of 65536",
+        "settings request bytes exceeds the limit of 1048576",
     )
     .await;
 

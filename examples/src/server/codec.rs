@@ -15,12 +15,37 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use super::Config;
 use super::error::ApiError;
 
+/// Labels a push series may carry beyond `limits.max_label_names_per_series` before its
+/// bytes are refused unread: `__name__`, and span labels, which the limit does not count.
+const RESERVED_LABELS: usize = 8;
+
 /// The request limits of a server with `config`: the library's defaults, with a decoded
-/// request allowed twice the decompressed body limit.
+/// request allowed twice the decompressed body limit, a push series as many labels as the
+/// label limit allows (and the reserved ones), a settings call `limits.max_settings_bytes`.
 pub fn request_limits(config: &Config) -> RequestLimits {
     RequestLimits {
         max_decoded_bytes: config.limits.max_decompressed_bytes.saturating_mul(2),
+        max_labels_per_series: config
+            .limits
+            .max_label_names_per_series
+            .saturating_add(RESERVED_LABELS),
+        max_settings_bytes: config.limits.max_settings_bytes,
         ..RequestLimits::default()
+    }
+}
+
+/// A push refused on its bytes, its message naming the configured limit that set the
+/// request limit it broke.
+pub fn push_refusal(e: frostdb_pprof::Error, config: &Config) -> ApiError {
+    match e {
+        frostdb_pprof::Error::TooLarge {
+            what: "series[].labels",
+            limit,
+        } => ApiError::too_large(format!(
+            "a series of the push has more than {limit} labels: over the label limit max_label_names_per_series = {} (limits.max_label_names_per_series, {RESERVED_LABELS} more allowed for __name__ and span labels)",
+            config.limits.max_label_names_per_series
+        )),
+        e => e.into(),
     }
 }
 

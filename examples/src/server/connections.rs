@@ -18,7 +18,7 @@ use axum::body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -271,11 +271,23 @@ async fn refuse(mut socket: TcpStream, max_connections: usize) {
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let write = async {
+    // A lingering close: the answer, then what the client still sends is read and dropped
+    // until it closes (a second at most, 64 KiB at most), so the client reads the 503
+    // rather than a reset for a request it had written before the answer came.
+    let answer = async {
         socket.write_all(response.as_bytes()).await?;
-        socket.shutdown().await
+        socket.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < 64 << 10 {
+            match socket.read(&mut sink).await? {
+                0 => break,
+                n => drained += n,
+            }
+        }
+        std::io::Result::Ok(())
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
 /// A log line at most once per period.

@@ -300,7 +300,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     tracing::info!(
         %address,
         data = %state.config.data.display(),
-        tenants = state.tenants.open_now().len(),
+        tenants = state.tenants.open_count(),
         "frostdb server listening on http://{address}/"
     );
     let governor = tokio::spawn(Tenants::govern_memory(

@@ -266,13 +266,13 @@ async fn render_diff(
     Ok(axum::Json(fb).into_response())
 }
 
-/// The enum fields of the query API's requests, as proto3 JSON sends them (a name or a
-/// number), at the top level or in a diff's `left` and `right`; every other field is
-/// skipped without being read into memory.
+/// The enum fields of the query API's requests that change an answer's meaning, as proto3
+/// JSON sends them (a name or a number), at the top level or in a diff's `left` and
+/// `right`; every other field is skipped without being read into memory. `format` is not
+/// among them: a format the protos lack is answered with the flame graph, as Pyroscope
+/// (protojson discarding unknown names) does, and Grafana's Drilldown relies on it.
 #[derive(serde::Deserialize)]
 struct JsonEnums {
-    #[serde(default)]
-    format: Option<serde_json::Value>,
     #[serde(default)]
     aggregation: Option<serde_json::Value>,
     #[serde(default)]
@@ -281,9 +281,9 @@ struct JsonEnums {
     right: Option<Box<JsonEnums>>,
 }
 
-/// Refuses an enum value the protos lack in a JSON request: decoded, it would read as the
-/// field's default (an unknown `format` answered as a flame graph), where a client asking
-/// for something else should hear it is not there. Unknown fields stay skipped.
+/// Refuses an aggregation the protos lack in a JSON request: decoded, it would read as the
+/// default (a sum), where a client asking for another should hear it is not there. Unknown
+/// fields stay skipped.
 fn check_json_enums(body: &[u8]) -> ApiResult<()> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(());
@@ -326,13 +326,6 @@ fn check_json_enums(body: &[u8]) -> ApiResult<()> {
     all.extend(enums.left.as_deref());
     all.extend(enums.right.as_deref());
     for e in all {
-        known(
-            &e.format,
-            "format",
-            |n| querier::ProfileFormat::from_str_name(n).is_some(),
-            |n| querier::ProfileFormat::try_from(n).is_ok(),
-            "PROFILE_FORMAT_FLAMEGRAPH, PROFILE_FORMAT_TREE, PROFILE_FORMAT_PPROF, PROFILE_FORMAT_DOT",
-        )?;
         known(
             &e.aggregation,
             "aggregation",

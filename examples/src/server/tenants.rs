@@ -337,12 +337,18 @@ impl Tenants {
         self.open(id, false).await
     }
 
-    /// The tenants open now.
-    pub fn open_now(&self) -> Vec<Arc<Tenant>> {
+    /// How many tenants are open now.
+    pub fn open_count(&self) -> usize {
+        self.tenants.lock().len()
+    }
+
+    /// The tenants open now, held weakly: background work takes one at a time, so that
+    /// while it runs every other tenant stays idle (closable to open another).
+    fn open_now(&self) -> Vec<std::sync::Weak<Tenant>> {
         self.tenants
             .lock()
             .values()
-            .filter_map(|e| e.cell.get().cloned())
+            .filter_map(|e| e.cell.get().map(Arc::downgrade))
             .collect()
     }
 
@@ -539,12 +545,12 @@ impl Tenants {
     /// One round of [`Tenants::govern_memory`].
     fn relieve(&self, budget: &frostdb_core::MemoryBudget) {
         let high = budget.limit() / 10 * 8;
-        let mut sized: Vec<(Arc<Tenant>, usize)> = self
+        let mut sized: Vec<(std::sync::Weak<Tenant>, usize)> = self
             .open_now()
             .into_iter()
-            .map(|t| {
-                let bytes = t.memory_bytes();
-                (t, bytes)
+            .filter_map(|weak| {
+                let bytes = weak.upgrade()?.memory_bytes();
+                Some((weak, bytes))
             })
             .collect();
         let mut standing: usize = sized.iter().map(|(_, b)| b).sum();
@@ -557,6 +563,11 @@ impl Tenants {
             if standing + budget.reserved() <= high {
                 break;
             }
+            let Some(tenant) = tenant.upgrade() else {
+                // Closed meanwhile: what it held is gone.
+                standing = standing.saturating_sub(bytes);
+                continue;
+            };
             tracing::info!(
                 tenant = %tenant.id,
                 bytes,
@@ -568,7 +579,8 @@ impl Tenants {
                 tracing::warn!(tenant = %tenant.id, "persisting under memory pressure failed: {e}");
             }
             let after = tenant.memory_bytes();
-            standing = standing - bytes + after;
+            drop(tenant);
+            standing = standing.saturating_sub(bytes) + after;
             budget.set_standing(standing);
         }
         // Still pressed: what is left is symbols and caches of idle tenants.
@@ -603,7 +615,7 @@ impl Tenants {
 
     /// Takes what writers persisted since into every open tenant (a reader node).
     pub fn refresh_all(&self) {
-        for tenant in self.open_now() {
+        for tenant in self.open_now().iter().filter_map(std::sync::Weak::upgrade) {
             if let Err(e) = tenant.store.refresh() {
                 tracing::warn!(tenant = %tenant.id, "refresh failed: {e}");
             }
@@ -612,7 +624,7 @@ impl Tenants {
 
     /// Flushes every open tenant (on shutdown).
     pub fn flush_all(&self) {
-        for tenant in self.open_now() {
+        for tenant in self.open_now().iter().filter_map(std::sync::Weak::upgrade) {
             if let Err(e) = tenant.store.db().flush() {
                 tracing::error!(tenant = %tenant.id, "flush failed: {e}");
             }

@@ -60,12 +60,21 @@ impl Server {
     /// [`Server::start`] under a descriptor limit of `nofile` (soft and hard), when given:
     /// the `ulimit -n 1024` many hosts still have.
     pub(crate) fn start_with(data: &Path, config: Option<&str>, nofile: Option<u64>) -> Self {
-        let mut cmd = match nofile {
+        match nofile {
+            None => Self::start_after(data, config, None),
+            Some(n) => Self::start_after(data, config, Some(&format!("ulimit -n {n}"))),
+        }
+    }
+
+    /// [`Server::start`] from a shell that runs `setup` first (`ulimit -n 1024`, joining
+    /// a cgroup), when given, then becomes the server.
+    pub(crate) fn start_after(data: &Path, config: Option<&str>, setup: Option<&str>) -> Self {
+        let mut cmd = match setup {
             None => Command::new(env!("CARGO_BIN_EXE_frostdb")),
-            Some(n) => {
+            Some(setup) => {
                 let mut sh = Command::new("sh");
                 sh.arg("-c")
-                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(format!("{setup} && exec \"$0\" \"$@\""))
                     .arg(env!("CARGO_BIN_EXE_frostdb"));
                 sh
             }

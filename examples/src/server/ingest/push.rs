@@ -41,7 +41,8 @@ pub async fn handle(
         encoding,
         &body_bytes(&state, &headers, body, &memory)?,
         &limits,
-    )?;
+    )
+    .map_err(|e| crate::server::codec::push_refusal(e, &state.config))?;
     let limits = state.tenants.pprof_limits();
     // One decoded profile at a time: the request may hold many.
     let mut profiles = 0;
