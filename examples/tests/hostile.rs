@@ -128,12 +128,19 @@ async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
     )
     .await;
     assert_eq!(status, 200);
+    // `||` doubling a string in each of 40 CTEs: 2^40 times its 64 bytes.
+    let mut doubling = "WITH c0 AS (SELECT repeat('x', 64) AS s)".to_owned();
+    for i in 1..=40 {
+        doubling += &format!(", c{i} AS (SELECT s || s AS s FROM c{})", i - 1);
+    }
+    doubling += " SELECT length(s) FROM c40";
     let attacks = [
         "SELECT repeat('x', 1000000000)",
         "SELECT length(repeat('x', 1000000000)) FROM samples",
         "SELECT lpad('x', 2000000000)",
         // A literal repeated on every row of a batch.
         "SELECT length(concat(CAST(v AS VARCHAR), repeat('x', 100000))) FROM generate_series(1, 100000) t(v)",
+        doubling.as_str(),
     ];
     let answers = futures::future::join_all(attacks.iter().map(|q| {
         let url = format!("{}/api/v1/sql?q={}", s.url, enc(q));
@@ -144,6 +151,27 @@ async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
         let shown = &body[..body.len().min(300)];
         assert!((400..500).contains(&status), "{q}: {status} {shown}");
         assert!(body.contains("query memory limit"), "{q}: {shown}");
+    }
+    // Statements whose plans outgrow their text: 3,000 chained CTEs (planning them took
+    // a minute and 6.5 GB), a sum of 60,000 terms (a tree as deep), refused before they
+    // are planned.
+    let chain = (1..=3_000).fold("WITH c0 AS (SELECT 1 AS s)".to_owned(), |sql, i| {
+        sql + &format!(", c{i} AS (SELECT s + 1 AS s FROM c{})", i - 1)
+    }) + " SELECT s FROM c3000";
+    let sum = format!("SELECT 1{}", " + 1".repeat(60_000));
+    for (sql, what) in [
+        (chain, "queries (CTEs and subqueries)"),
+        (sum, "expression terms"),
+    ] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/api/v1/sql", s.url))
+            .body(sql)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        let body = r.text().await.unwrap();
+        assert!(body.contains(what), "{body}");
     }
     assert!(s.running(), "the server died");
     assert!(

@@ -7,18 +7,25 @@
 //! is an error naming the function, never an allocation that takes the process down.
 //!
 //! `concat` and `concat_ws` are bounded too: the size of their output is their arguments',
-//! but a literal given once in the SQL is repeated on every row of a batch.
+//! but a literal given once in the SQL is repeated on every row of a batch. So is the `||`
+//! operator of two strings ([`ConcatPlanner`] plans it as the bounded `string_concat`,
+//! which keeps the operator's NULL): a chain of CTEs each doubling a string would otherwise
+//! grow it exponentially in the size of the SQL.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Float64Type};
+use datafusion::common::DFSchema;
 use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::execution::FunctionRegistry;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
+use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
+use datafusion::logical_expr::sqlparser::ast::BinaryOperator;
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
-    Signature,
+    ColumnarValue, Documentation, Expr, ExprSchemable, ReturnFieldArgs, ScalarFunctionArgs,
+    ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::SessionContext;
 
@@ -299,9 +306,110 @@ impl ScalarUDFImpl for Bounded {
     }
 }
 
+/// `a || b` of two strings as a function: NULL when either is, else the two joined.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct StringConcat {
+    signature: Signature,
+}
+
+impl StringConcat {
+    fn new() -> Self {
+        Self {
+            signature: Signature::exact(
+                vec![DataType::Utf8, DataType::Utf8],
+                Volatility::Immutable,
+            ),
+        }
+    }
+}
+
+impl ScalarUDFImpl for StringConcat {
+    fn name(&self) -> &str {
+        "string_concat"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let [left, right] = arrays.as_slice() else {
+            return Err(DataFusionError::Internal(
+                "string_concat takes two arguments".to_owned(),
+            ));
+        };
+        let joined: ArrayRef = Arc::new(
+            arrow::compute::kernels::concat_elements::concat_elements_utf8(
+                left.as_string::<i32>(),
+                right.as_string::<i32>(),
+            )?,
+        );
+        if scalar {
+            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
+                &joined, 0,
+            )?));
+        }
+        Ok(ColumnarValue::Array(joined))
+    }
+}
+
+/// Plans `a || b` of two strings as the bounded `string_concat` (other `||`, of arrays or of
+/// a string and a number, as DataFusion does: the first grows only by what it is given,
+/// the second by a number's digits).
+#[derive(Debug)]
+struct ConcatPlanner {
+    string_concat: Arc<ScalarUDF>,
+}
+
+impl ExprPlanner for ConcatPlanner {
+    fn plan_binary_op(
+        &self,
+        expr: RawBinaryExpr,
+        schema: &DFSchema,
+    ) -> Result<PlannerResult<RawBinaryExpr>> {
+        if expr.op != BinaryOperator::StringConcat {
+            return Ok(PlannerResult::Original(expr));
+        }
+        let text = |e: &Expr| {
+            e.get_type(schema).is_ok_and(|t| {
+                matches!(
+                    t,
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+                )
+            })
+        };
+        if !(text(&expr.left) && text(&expr.right)) {
+            return Ok(PlannerResult::Original(expr));
+        }
+        let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
+        Ok(PlannerResult::Planned(
+            self.string_concat
+                .call(vec![cast(expr.left)?, cast(expr.right)?]),
+        ))
+    }
+}
+
 /// Replaces the functions of [`BOUNDED`] that `ctx` has by bounded ones reserving from
-/// `pool`.
-pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) {
+/// `pool`, and plans `||` of strings as the bounded `string_concat`.
+pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) -> Result<()> {
+    let string_concat = Arc::new(ScalarUDF::new_from_impl(Bounded {
+        inner: ScalarUDF::new_from_impl(StringConcat::new()),
+        bound: |a, r| len(a, 0, r) + len(a, 1, r),
+        pool: pool.clone(),
+    }));
+    ctx.register_udf(string_concat.as_ref().clone());
+    ctx.state_ref()
+        .write()
+        .register_expr_planner(Arc::new(ConcatPlanner { string_concat }))?;
     let functions = ctx.state().scalar_functions().clone();
     for (name, bound) in BOUNDED {
         if let Some(udf) = functions.get(*name) {
@@ -312,6 +420,7 @@ pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) 
             }));
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -325,7 +434,7 @@ mod tests {
             .build_arc()
             .unwrap();
         let ctx = SessionContext::new_with_config_rt(Default::default(), runtime);
-        bound_functions(&ctx, &pool);
+        bound_functions(&ctx, &pool).unwrap();
         ctx
     }
 
@@ -344,6 +453,8 @@ mod tests {
             "SELECT regexp_replace(repeat('x', 10000), '', repeat('y', 10000), 'g')",
             // A literal repeated on every row of a batch.
             "SELECT concat(repeat('x', 10000), v) FROM generate_series(1, 10000) t(v)",
+            // `||` doubling a string in every CTE of a chain: 2^30 times its 64 bytes.
+            doubling_ctes(30).as_str(),
         ] {
             let e = run(&ctx, sql).await.unwrap_err();
             let text = e.to_string();
@@ -352,6 +463,42 @@ mod tests {
                 "{sql}: {text}"
             );
         }
+    }
+
+    /// SQL whose CTEs each join the previous one's string to itself, `n` times.
+    fn doubling_ctes(n: usize) -> String {
+        let mut sql = "WITH c0 AS (SELECT repeat('x', 64) AS s)".to_owned();
+        for i in 1..=n {
+            sql += &format!(", c{i} AS (SELECT s || s AS s FROM c{})", i - 1);
+        }
+        sql + &format!(" SELECT length(s) FROM c{n}")
+    }
+
+    #[tokio::test]
+    async fn string_concatenation_keeps_its_answers() {
+        let ctx = session(64 << 20);
+        let batches = run(
+            &ctx,
+            "SELECT 'a' || 'b' AS ab, 'a' || NULL AS n, v || '-' || v AS vv,              'n' || 7 AS num, arrow_typeof('a' || 'b') AS t              FROM (VALUES ('x'), (NULL)) t(v)",
+        )
+        .await
+        .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("| n7 ")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(
+            rows[0].contains("| ab |") && rows[0].contains("| x-x |"),
+            "{text}"
+        );
+        // NULL on either side is NULL, as the operator has it (concat() would skip it).
+        assert!(rows[1].starts_with("| ab |   |     |"), "{text}");
+        let doubled = run(&ctx, &doubling_ctes(10)).await.unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&doubled)
+            .unwrap()
+            .to_string();
+        assert!(text.contains(&(64 << 10).to_string()), "{text}");
     }
 
     #[tokio::test]

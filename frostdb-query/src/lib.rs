@@ -41,6 +41,7 @@ mod memory;
 pub mod profile;
 mod provider;
 mod selector;
+mod sql_shape;
 
 pub use cancel::{Cancel, cancellable};
 pub use error::{Error, Result, datafusion_kind};
@@ -51,6 +52,7 @@ pub use provider::{
     session, session_with,
 };
 pub use selector::{MatchOp, Matcher, PROFILE_TYPE_LABEL, ProfileType, Selector, SelectorError};
+pub use sql_shape::{SqlLimits, check_sql_shape};
 
 /// An engine error as a DataFusion error.
 pub fn to_datafusion(e: frostdb_core::Error) -> datafusion::error::DataFusionError {

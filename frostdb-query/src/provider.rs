@@ -325,7 +325,7 @@ fn context(pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
         .build_arc()?;
     let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
     // Functions whose output an argument sizes reserve it from the same pool.
-    crate::functions::bound_functions(&ctx, &pool);
+    crate::functions::bound_functions(&ctx, &pool)?;
     Ok(ctx)
 }
 

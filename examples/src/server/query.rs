@@ -723,6 +723,17 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
             q.len()
         )));
     }
+    // Planning is not bounded by the text's size: a statement too large to plan in
+    // proportion is refused before it is (on the query runtime, whose threads have room
+    // for the parser's trees).
+    let text = q.to_owned();
+    state
+        .work
+        .query(move |_| async move {
+            frostdb_query::check_sql_shape(&text, &frostdb_query::SqlLimits::default())
+                .map_err(|e| ApiError::bad_request(e.to_string()))
+        })
+        .await?;
     if state.tenants.for_read(tenant).await?.is_none() {
         return Err(ApiError::new(
             axum::http::StatusCode::NOT_FOUND,

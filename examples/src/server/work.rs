@@ -138,6 +138,9 @@ impl Drop for QueryRuntime {
     }
 }
 
+/// The stack of a query thread: address space, touched only as deep as a plan goes.
+const QUERY_THREAD_STACK: usize = 16 << 20;
+
 impl Work {
     /// Lanes of `queries` and `ingest` slots; the query runtime with `threads` threads.
     pub fn new(queries: usize, ingest: usize, threads: usize) -> std::io::Result<Self> {
@@ -145,6 +148,10 @@ impl Work {
             .worker_threads(threads.max(1))
             .max_blocking_threads(queries.max(1) * 4)
             .thread_name("frostdb-query")
+            // Planning and optimising walk a query's plan recursively, one level per CTE
+            // or subquery: DataFusion grows the stack where it recurses
+            // (`recursive_protection`), and the threads start with room for the rest.
+            .thread_stack_size(QUERY_THREAD_STACK)
             .enable_all()
             .build()?;
         Ok(Self {
