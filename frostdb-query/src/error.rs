@@ -50,6 +50,7 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
     match e.find_root() {
         D::External(inner) => match inner.downcast_ref::<frostdb_core::Error>() {
             Some(engine) => engine.kind(),
+            None if inner.is::<frostdb_core::OverBudget>() => ErrorKind::Unavailable,
             None => ErrorKind::Internal,
         },
         D::SQL(..) | D::Plan(_) | D::SchemaError(..) | D::NotImplemented(_) => {

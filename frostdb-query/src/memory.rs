@@ -87,7 +87,9 @@ impl MemoryPool for Limited {
             budget
                 .lock()
                 .try_grow(additional, "a query")
-                .map_err(|e| DataFusionError::ResourcesExhausted(e.to_string()))?;
+                // The server's budget, not the query: unavailable for now (503, retry),
+                // where the query's own limit is a limit it exceeds (413).
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
         }
         self.inner.try_grow(reservation, additional).map_err(|e| {
             if let Some(budget) = &self.budget {
@@ -108,5 +110,35 @@ impl MemoryPool for Limited {
 
     fn memory_limit(&self) -> MemoryLimit {
         MemoryLimit::Finite(self.limit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use frostdb_core::ErrorKind;
+
+    /// The query's own limit is a limit it exceeds (413); the server's budget spent by
+    /// others is a refusal for now (503, retry).
+    #[test]
+    fn a_query_over_its_limit_and_one_over_the_servers_budget_are_told_apart() {
+        let budget = MemoryBudget::new(1 << 20);
+        let pool = budgeted_memory_pool(Some(64 << 20), Some(&budget));
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        let e = reservation.try_grow(2 << 20).unwrap_err();
+        assert_eq!(crate::datafusion_kind(&e), ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("limits.memory"), "{e}");
+        assert_eq!(
+            budget.reserved(),
+            0,
+            "nothing kept of a refused reservation"
+        );
+
+        let budget = MemoryBudget::new(64 << 20);
+        let pool = budgeted_memory_pool(Some(1 << 20), Some(&budget));
+        let reservation = MemoryConsumer::new("test").register(&pool);
+        let e = reservation.try_grow(2 << 20).unwrap_err();
+        assert_eq!(crate::datafusion_kind(&e), ErrorKind::LimitExceeded, "{e}");
+        assert_eq!(budget.reserved(), 0, "the budget's share given back");
     }
 }

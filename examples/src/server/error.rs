@@ -101,7 +101,11 @@ impl ApiError {
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        Self::new(status, message)
+        let mut error = Self::new(status, message);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            error.retry_after = Some(1);
+        }
+        error
     }
 
     fn connect_code(&self) -> &'static str {
