@@ -17,8 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Server, enc, testdata};
-use frostdb_pprof::convert::otlp::proto as otlp;
+use common::{Server, enc, shared_stack, testdata};
 use frostdb_pprof::convert::push::proto as push;
 use frostdb_pprof::proto as pprof;
 use prost::Message;
@@ -333,61 +332,6 @@ fn attacks() -> Vec<Attack> {
         ),
         get("a flame graph", flame),
     ]
-}
-
-/// An export of one profile of `samples` samples, all on one stack `depth` frames deep.
-fn shared_stack(depth: usize, samples: usize) -> otlp::ExportProfilesServiceRequest {
-    otlp::ExportProfilesServiceRequest {
-        dictionary: Some(otlp::ProfilesDictionary {
-            string_table: vec![
-                String::new(),
-                "main".into(),
-                "samples".into(),
-                "count".into(),
-            ],
-            function_table: vec![
-                otlp::Function::default(),
-                otlp::Function {
-                    name_strindex: 1,
-                    ..Default::default()
-                },
-            ],
-            location_table: vec![
-                otlp::Location::default(),
-                otlp::Location {
-                    lines: vec![otlp::Line {
-                        function_index: 1,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                },
-            ],
-            stack_table: vec![otlp::Stack {
-                location_indices: vec![1; depth],
-            }],
-            ..Default::default()
-        }),
-        resource_profiles: vec![otlp::ResourceProfiles {
-            scope_profiles: vec![otlp::ScopeProfiles {
-                profiles: vec![otlp::Profile {
-                    sample_type: Some(otlp::ValueType {
-                        type_strindex: 2,
-                        unit_strindex: 3,
-                    }),
-                    samples: vec![
-                        otlp::Sample {
-                            values: vec![1],
-                            ..Default::default()
-                        };
-                        samples
-                    ],
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,7 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{Server, get};
-use frostdb_pprof::convert::otlp::proto as otlp;
+use common::{Server, get, shared_stack};
 use frostdb_pprof::convert::push::proto as push;
 use prost::Message;
 use serde_json::Value;
@@ -298,66 +297,6 @@ async fn requests_that_decode_to_gigabytes_are_refused_on_their_bytes() {
     let peak = peak_rss(&s);
     eprintln!("server peak RSS over every attack: {} MiB", peak >> 20);
     assert!(peak < MAX_PEAK, "peak RSS {} MiB", peak >> 20);
-}
-
-/// An export of one profile of `samples` samples, all on one stack `depth` frames deep
-/// (of one location, one function).
-fn shared_stack(depth: usize, samples: usize) -> otlp::ExportProfilesServiceRequest {
-    otlp::ExportProfilesServiceRequest {
-        dictionary: Some(otlp::ProfilesDictionary {
-            string_table: vec![
-                String::new(),
-                "main".into(),
-                "samples".into(),
-                "count".into(),
-            ],
-            function_table: vec![
-                otlp::Function::default(),
-                otlp::Function {
-                    name_strindex: 1,
-                    ..Default::default()
-                },
-            ],
-            location_table: vec![
-                otlp::Location::default(),
-                otlp::Location {
-                    lines: vec![otlp::Line {
-                        function_index: 1,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                },
-            ],
-            stack_table: vec![otlp::Stack {
-                location_indices: vec![1; depth],
-            }],
-            ..Default::default()
-        }),
-        resource_profiles: vec![otlp::ResourceProfiles {
-            scope_profiles: vec![otlp::ScopeProfiles {
-                profiles: vec![otlp::Profile {
-                    sample_type: Some(otlp::ValueType {
-                        type_strindex: 2,
-                        unit_strindex: 3,
-                    }),
-                    time_unix_nano: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap()
-                        .as_nanos() as u64,
-                    samples: vec![
-                        otlp::Sample {
-                            values: vec![1],
-                            ..Default::default()
-                        };
-                        samples
-                    ],
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
 }
 
 /// Samples sharing one deep stack are stored as one stack: an export within the frames

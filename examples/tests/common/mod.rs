@@ -282,3 +282,67 @@ pub(crate) fn cpu_total(p: &frostdb_pprof::proto::Profile) -> i64 {
         .unwrap();
     p.sample.iter().map(|s| s.value[i]).sum()
 }
+
+/// An export of one profile of `samples` samples, all on one stack `depth` frames deep
+/// (of one location, one function).
+pub(crate) fn shared_stack(
+    depth: usize,
+    samples: usize,
+) -> frostdb_pprof::convert::otlp::proto::ExportProfilesServiceRequest {
+    use frostdb_pprof::convert::otlp::proto as otlp;
+    otlp::ExportProfilesServiceRequest {
+        dictionary: Some(otlp::ProfilesDictionary {
+            string_table: vec![
+                String::new(),
+                "main".into(),
+                "samples".into(),
+                "count".into(),
+            ],
+            function_table: vec![
+                otlp::Function::default(),
+                otlp::Function {
+                    name_strindex: 1,
+                    ..Default::default()
+                },
+            ],
+            location_table: vec![
+                otlp::Location::default(),
+                otlp::Location {
+                    lines: vec![otlp::Line {
+                        function_index: 1,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            stack_table: vec![otlp::Stack {
+                location_indices: vec![1; depth],
+            }],
+            ..Default::default()
+        }),
+        resource_profiles: vec![otlp::ResourceProfiles {
+            scope_profiles: vec![otlp::ScopeProfiles {
+                profiles: vec![otlp::Profile {
+                    sample_type: Some(otlp::ValueType {
+                        type_strindex: 2,
+                        unit_strindex: 3,
+                    }),
+                    time_unix_nano: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos() as u64,
+                    samples: vec![
+                        otlp::Sample {
+                            values: vec![1],
+                            ..Default::default()
+                        };
+                        samples
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
