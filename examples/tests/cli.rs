@@ -134,7 +134,12 @@ fn ingest_types_query_and_sql() {
         "folded",
     ]);
     assert!(empty.stdout.is_empty());
-    assert!(text(&empty).contains("nothing matches"));
+    assert!(!empty.status.success(), "an empty answer is an error");
+    assert!(
+        text(&empty).contains("nothing matches") && text(&empty).contains("stored profiles span"),
+        "{}",
+        text(&empty)
+    );
 
     let bad = frostdb(&["query", "--data", s(&data), "process_cpu{job=}"]);
     assert!(!bad.status.success());
@@ -242,4 +247,221 @@ fn read_commands_find_a_server_tenant_and_never_create_a_database() {
         0,
         "nothing created"
     );
+}
+
+/// Every file under `dir`: its path, bytes and modification time.
+fn files_of(dir: &Path) -> Vec<(PathBuf, Vec<u8>, std::time::SystemTime)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let modified = std::fs::metadata(&p).unwrap().modified().unwrap();
+                out.push((p.clone(), std::fs::read(&p).unwrap(), modified));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn ingest_writes_where_the_server_reads_and_reads_change_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = dir.path().join("server");
+    std::fs::create_dir_all(server.join("tenants")).unwrap();
+    let cpu = shared().join("testdata/pprof/goapp__go119-cpu-2s.pb.gz");
+    // A server's data directory: the default tenant's database, or --tenant's.
+    let out = frostdb(&["ingest", "--data", s(&server), s(&cpu)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(server.join("tenants/anonymous/manifest.json").exists());
+    assert!(!server.join("manifest.json").exists() && !server.join("wal").exists());
+    let out = frostdb(&[
+        "ingest",
+        "--data",
+        s(&server),
+        "--tenant",
+        "team-a",
+        s(&cpu),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(server.join("tenants/team-a/manifest.json").exists());
+    let out = frostdb(&["types", "--data", s(&server), "--tenant", "team-a"]);
+    assert!(
+        text(&out).contains("process_cpu:cpu:nanoseconds"),
+        "named as Pyroscope names a CPU profile: {}",
+        text(&out)
+    );
+
+    // Read commands open read-only: not one byte or time of any file changes.
+    let before = files_of(&server);
+    for args in [
+        vec!["types", "--data", s(&server)],
+        vec![
+            "query",
+            "--data",
+            s(&server),
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+        ],
+        vec!["sql", "--data", s(&server), "SELECT count(*) FROM samples"],
+    ] {
+        let out = frostdb(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+    }
+    assert!(before == files_of(&server), "a read command changed a file");
+
+    // SQL refuses what the server refuses, with its message.
+    for q in [
+        "DROP TABLE samples",
+        "INSERT INTO samples SELECT * FROM samples",
+        "SET x = 1",
+    ] {
+        let out = frostdb(&["sql", "--data", s(&server), q]);
+        assert!(!out.status.success(), "{q}: {}", text(&out));
+        assert!(text(&out).contains("not supported"), "{q}: {}", text(&out));
+    }
+    assert!(
+        before == files_of(&server),
+        "a refused statement changed a file"
+    );
+
+    // A missing input creates nothing; nor does a directory of other files.
+    let fresh = dir.path().join("fresh");
+    let out = frostdb(&[
+        "ingest",
+        "--data",
+        s(&fresh),
+        s(&dir.path().join("nope.pb.gz")),
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("nope.pb.gz"), "{}", text(&out));
+    assert!(!fresh.exists(), "no database for a failed ingest");
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "x").unwrap();
+    let out = frostdb(&["ingest", "--data", s(&other), s(&cpu)]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("holds files but no database"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
+}
+
+#[test]
+fn no_silent_empty_answers_and_no_unselectable_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let pprof = shared().join("testdata/pprof");
+    let cpu = pprof.join("goapp__go119-cpu-2s.pb.gz");
+    let heap = pprof.join("goapp__go119-heap.pb.gz");
+    let out = frostdb(&[
+        "ingest",
+        "--data",
+        s(&data),
+        "--label",
+        "job=api",
+        s(&cpu),
+        s(&heap),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let query = |selector: &str, extra: &[&str]| {
+        let mut args = vec!["query", "--data", s(&data), selector];
+        args.extend_from_slice(extra);
+        frostdb(&args)
+    };
+    let fails_with = |out: Output, wanted: &[&str]| {
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(out.stdout.is_empty(), "{t}");
+        for w in wanted {
+            assert!(t.contains(w), "{w:?} missing from:\n{t}");
+        }
+    };
+    // A type never stored: the stored ones, and the nearest.
+    fails_with(
+        query("process_cpu:cpu:nanoseconds:cpu:nanosecond", &[]),
+        &[
+            "no profile type process_cpu:cpu:nanoseconds:cpu:nanosecond is stored",
+            "did you mean \"process_cpu:cpu:nanoseconds:cpu:nanoseconds\"",
+            "memory:inuse_space:bytes:space:bytes",
+        ],
+    );
+    // A label name, or a value, never stored.
+    fails_with(
+        query(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{jbo=\"api\"}",
+            &[],
+        ),
+        &[
+            "has a label \"jbo\"",
+            "did you mean \"job\"",
+            "its labels: job",
+        ],
+    );
+    fails_with(
+        query(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"apii\"}",
+            &[],
+        ),
+        &["has job=\"apii\"", "its values: api"],
+    );
+    // A reversed range.
+    fails_with(
+        query(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            &["--from", "now", "--to", "now-1h"],
+        ),
+        &["the range is empty"],
+    );
+    // A selector that matches, in a range with nothing: where the data is.
+    fails_with(
+        query(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            &["--from", "now-1m"],
+        ),
+        &["nothing matches", "stored profiles span 2026-11-22"],
+    );
+    // Names no selector could address are refused at ingest; nothing is stored.
+    for name in ["", "my app", "a:b", "x{y"] {
+        let out = frostdb(&["ingest", "--data", s(&data), "--name", name, s(&cpu)]);
+        assert!(!out.status.success(), "{name:?}: {}", text(&out));
+        assert!(
+            text(&out).contains("cannot be part of a profile type"),
+            "{}",
+            text(&out)
+        );
+    }
+    let types = frostdb(&["types", "--data", s(&data)]);
+    assert_eq!(
+        String::from_utf8_lossy(&types.stdout).lines().count(),
+        6,
+        "{}",
+        text(&types)
+    );
+
+    // A file stored twice is stored once: the second says so, the totals do not double.
+    let count = || {
+        let out = frostdb(&[
+            "sql",
+            "--data",
+            s(&data),
+            "SELECT sum(value) AS v FROM samples",
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = count();
+    let out = frostdb(&["ingest", "--data", s(&data), "--label", "job=api", s(&cpu)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("1 already stored"), "{}", text(&out));
+    assert_eq!(count(), before);
+    // The same file under another series is another profile.
+    let out = frostdb(&["ingest", "--data", s(&data), "--label", "job=db", s(&cpu)]);
+    assert!(text(&out).contains("stored 1 of 1 files"), "{}", text(&out));
+    assert_ne!(count(), before);
 }

@@ -44,16 +44,28 @@ async fn post(
 
 /// Pushes the Go CPU profile for `service` at `at_ms`.
 async fn push(s: &Server, tenant: Option<&str>, service: &str, at_ms: i64) {
-    let mut raw = frostdb_pprof::decode(&testdata(GO_CPU), &frostdb_pprof::Limits::default())
+    let raw = frostdb_pprof::decode(&testdata(GO_CPU), &frostdb_pprof::Limits::default())
         .unwrap()
         .into_inner();
+    push_profile(s, tenant, "process_cpu", raw, service, at_ms).await;
+}
+
+/// Pushes `raw` as `name` for `service` at `at_ms`.
+async fn push_profile(
+    s: &Server,
+    tenant: Option<&str>,
+    name: &str,
+    mut raw: frostdb_pprof::proto::Profile,
+    service: &str,
+    at_ms: i64,
+) {
     raw.time_nanos = at_ms * 1_000_000;
     let req = push::PushRequest {
         series: vec![push::RawProfileSeries {
             labels: vec![
                 push::LabelPair {
                     name: "__name__".into(),
-                    value: "process_cpu".into(),
+                    value: name.into(),
                 },
                 push::LabelPair {
                     name: "service_name".into(),
@@ -810,5 +822,132 @@ async fn generated_python_clients_agree_over_grpc_grpc_web_and_connect() {
             )),
             "{method} not checked:\n{stdout}"
         );
+    }
+}
+
+/// In-use memory, a gauge.
+const INUSE: &str = "memory:inuse_space:bytes:space:bytes";
+
+/// The querier's Diff, `render-diff` and SelectMergeStacktraces answer one question one way:
+/// a gauge's side is averaged over the range as its flame graph is (and as `/api/v1/query`
+/// answers), a counter's summed.
+#[tokio::test]
+async fn a_querier_diff_side_totals_what_its_flame_graph_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    // One program's heap taken twice, every other sample tripled the second time.
+    let t0 = 1_700_000_000_000i64;
+    let mut each = Vec::new();
+    for (i, grow) in [1, 3].into_iter().enumerate() {
+        let mut p = frostdb_pprof::decode(
+            &testdata("pprof/goapp__go119-heap.pb.gz"),
+            &frostdb_pprof::Limits::default(),
+        )
+        .unwrap()
+        .into_inner();
+        for s in p.sample.iter_mut().step_by(2) {
+            for v in &mut s.value {
+                *v *= grow;
+            }
+        }
+        let inuse = p
+            .sample_type
+            .iter()
+            .position(|t| p.string_table[t.r#type as usize] == "inuse_space")
+            .unwrap();
+        each.push(p.sample.iter().map(|s| s.value[inuse]).sum::<i64>());
+        push_profile(&s, None, "memory", p, "heapy", t0 + 10_000 * i as i64).await;
+    }
+    assert!(each[0] < each[1], "{each:?}");
+    push(&s, None, "heapy", t0).await;
+    push(&s, None, "heapy", t0 + 10_000).await;
+    let (start, end) = (t0 - 60_000, t0 + 60_000);
+    let sum = each[0] + each[1];
+    let label_selector = "{service_name=\"heapy\"}";
+
+    // The server's own answer, averaged.
+    let top = common::get_json(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}&from={start}&to={end}",
+            s.url,
+            common::enc(&format!("{INUSE}{label_selector}"))
+        ),
+        None,
+    )
+    .await;
+    let average = top["total"].as_i64().unwrap();
+    assert!(
+        average * 2 <= sum && average > sum / 4,
+        "{average} of {each:?}"
+    );
+
+    for (profile_type, want) in [(INUSE, average), (CPU, 2 * cpu_total())] {
+        let request = querier::SelectMergeStacktracesRequest {
+            profile_type_id: profile_type.into(),
+            label_selector: label_selector.into(),
+            start,
+            end,
+            ..Default::default()
+        };
+        let merged: querier::SelectMergeStacktracesResponse =
+            call(&s, "SelectMergeStacktraces", &request).await;
+        let merged = check_flame_graph(&merged.flamegraph.unwrap());
+        assert_eq!(merged, want, "{profile_type}: SelectMergeStacktraces");
+        let diff: querier::DiffResponse = call(
+            &s,
+            "Diff",
+            &querier::DiffRequest {
+                left: Some(request.clone()),
+                right: Some(request.clone()),
+            },
+        )
+        .await;
+        let d = diff.flamegraph.unwrap();
+        assert_eq!(
+            (d.left_ticks, d.right_ticks),
+            (want, want),
+            "{profile_type}: Diff"
+        );
+
+        // The legacy render API, in seconds.
+        let query = common::enc(&format!("{profile_type}{label_selector}"));
+        let (from, until) = (start / 1000, end / 1000);
+        let render_diff = |extra: &'static str| {
+            let url = format!(
+                "{}/pyroscope/render-diff?leftQuery={query}&leftFrom={from}&leftUntil={until}&rightQuery={query}&rightFrom={from}&rightUntil={until}{extra}",
+                s.url
+            );
+            async move {
+                let r = reqwest::get(url).await.unwrap();
+                assert_eq!(r.status(), 200);
+                let said = r.headers()["x-frostdb-aggregation"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                let fb: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+                let ticks = |k: &str| fb[k].as_i64().unwrap_or_else(|| panic!("{k} in {fb}"));
+                (said, ticks("leftTicks"), ticks("rightTicks"))
+            }
+        };
+        let default = if profile_type == INUSE {
+            "average"
+        } else {
+            "sum"
+        };
+        assert_eq!(
+            render_diff("").await,
+            (default.to_owned(), want, want),
+            "{profile_type}: render-diff"
+        );
+        if profile_type == INUSE {
+            assert_eq!(
+                render_diff("&aggregation=sum").await,
+                ("sum".to_owned(), sum, sum)
+            );
+            assert_eq!(
+                render_diff("&aggregation=latest").await,
+                ("latest".to_owned(), each[1], each[1])
+            );
+        }
     }
 }

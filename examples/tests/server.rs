@@ -420,6 +420,7 @@ async fn bad_requests_get_clear_4xx_errors() {
     )
     .await;
     assert_eq!(status, 200);
+    // (That push repeated series a's profile, time and samples: a retry, stored once.)
 
     // Query errors: a bad selector points at the column, no profile type, bad times, SQL.
     let (status, body) = get(
@@ -501,10 +502,11 @@ async fn bad_requests_get_clear_4xx_errors() {
     let error: Value = serde_json::from_str(&body).unwrap();
     assert!(error["error"].as_str().unwrap().contains("POST"), "{body}");
 
-    // Nothing stored was lost on the way: the two series are intact.
+    // Nothing stored was lost on the way: the two series are intact, the retry not
+    // counted twice.
     assert_eq!(
         top_total(&s, None, &format!("{CPU}{{}}")).await,
-        3 * total(GO_CPU, "cpu")
+        2 * total(GO_CPU, "cpu")
     );
 }
 
@@ -545,15 +547,22 @@ async fn tenants_never_see_each_other() {
         get_json(&format!("{}/api/v1/profile_types", s.url), None).await,
         serde_json::json!([])
     );
-    // A selector naming the other tenant's label finds nothing.
-    assert_eq!(
-        top_total(
-            &s,
-            Some("team-b"),
-            &format!("{CPU}{{service_name=\"secret-a\"}}")
-        )
-        .await,
-        0
+    // A selector naming the other tenant's label finds nothing, and the values it lists
+    // are the tenant's own.
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc(&format!("{CPU}{{service_name=\"secret-a\"}}"))
+        ),
+        Some("team-b"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        error["error"].as_str().unwrap().ends_with("its values: b"),
+        "{body}"
     );
     assert_eq!(
         top_total(&s, Some("team-a"), &format!("{CPU}{{}}")).await,
@@ -682,14 +691,21 @@ async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
-    assert_eq!(
-        top_total(
-            &s,
-            None,
-            "memory:alloc_space:bytes:space:bytes{service_name=\"goheap\"}"
-        )
-        .await,
-        0
+    // No allocation between the two: no alloc_space sample was stored, and a query of it
+    // says so rather than answer an empty profile.
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc("memory:alloc_space:bytes:space:bytes{service_name=\"goheap\"}")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("no profile type memory:alloc_space:bytes:space:bytes is stored"),
+        "{body}"
     );
     assert_eq!(
         top_total(
@@ -1107,6 +1123,11 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
         )
         .await;
         assert_eq!(status, 200, "{body}");
+    }
+    // The diff of web.py: one program's heap every 3 s, growing in the last two (base: the
+    // first two, at 1,700,000,000,000 ms and 3 s later; compare: the next two).
+    for (i, grow) in [1, 1, 2, 4].into_iter().enumerate() {
+        push_heap(&s, "heapy", 1_700_000_000_000 + 3_000 * i as i64, grow).await;
     }
     let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
     let out = tokio::process::Command::new(&python)
@@ -1528,4 +1549,151 @@ async fn the_series_limit_holds_across_a_restart() {
     assert!(body.contains("limit of 2 series"), "{body}");
     let (status, body) = push(&s, "a").await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// In-use memory, a gauge.
+const INUSE: &str = "memory:inuse_space:bytes:space:bytes";
+/// A Go heap profile of the test program.
+const GO_HEAP: &str = "pprof/goapp__go119-heap.pb.gz";
+
+/// The Go heap profile taken at `at_ms`, every other sample's values times `grow` (a
+/// program whose memory grew), as raw pprof; and its in-use total.
+fn heap_at(at_ms: i64, grow: i64) -> (Vec<u8>, i64) {
+    let mut p = frostdb_pprof::decode(&testdata(GO_HEAP), &frostdb_pprof::Limits::default())
+        .unwrap()
+        .into_inner();
+    p.time_nanos = at_ms * 1_000_000;
+    for s in p.sample.iter_mut().step_by(2) {
+        for v in &mut s.value {
+            *v *= grow;
+        }
+    }
+    let inuse = p
+        .sample_type
+        .iter()
+        .position(|t| p.string_table[t.r#type as usize] == "inuse_space")
+        .unwrap();
+    let total = p.sample.iter().map(|s| s.value[inuse]).sum();
+    (p.encode_to_vec(), total)
+}
+
+/// Pushes [`heap_at`] as service `service`; its in-use total.
+async fn push_heap(s: &Server, service: &str, at_ms: i64, grow: i64) -> i64 {
+    let (raw, total) = heap_at(at_ms, grow);
+    let req = push_request("memory", &[("service_name", service)], raw);
+    let (status, body) = push_proto(s, None, &req).await;
+    assert_eq!(status, 200, "{body}");
+    total
+}
+
+/// A diff answers the question a query answers: each side of the same selection and range
+/// totals what `/api/v1/query` totals for it (a gauge averaged over the range unless told),
+/// with `aggregation=sum` the sum, `latest` the latest, and both say which they did.
+#[tokio::test]
+async fn a_diff_side_totals_what_the_query_of_it_totals() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    // One program's heap, taken twice: its memory grew in between.
+    let (t1, t2) = (1_700_000_000_000i64, 1_700_000_015_000i64);
+    let first = push_heap(&s, "heapy", t1, 1).await;
+    let second = push_heap(&s, "heapy", t2, 3).await;
+    assert!(first < second, "{first} {second}");
+    let samples = frostdb_pprof::decode(&testdata(GO_HEAP), &frostdb_pprof::Limits::default())
+        .unwrap()
+        .sample
+        .len() as i64;
+    let selector = enc(&format!("{INUSE}{{service_name=\"heapy\"}}"));
+    let answer = |path: String| {
+        let url = format!("{}{path}", s.url);
+        async move {
+            let r = reqwest::get(&url).await.unwrap();
+            assert_eq!(r.status(), 200, "{url}");
+            let said = r.headers()["x-frostdb-aggregation"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            (
+                said,
+                serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap(),
+            )
+        }
+    };
+    let query = |params: String| async move {
+        let (said, top) = answer(format!("/api/v1/query?format=top&{params}")).await;
+        (said, top["total"].as_i64().unwrap())
+    };
+    let diff = |params: String| async move {
+        let (said, root) = answer(format!("/api/v1/diff?{params}")).await;
+        let side = |k: &str| root[k].as_i64().unwrap_or_else(|| panic!("{k} in {root}"));
+        (said, side("base"), side("compare"))
+    };
+
+    // Unless told, a gauge is averaged: about half the sum (each stack rounds down).
+    let (said, average) = query(format!("selector={selector}")).await;
+    assert_eq!(said, "average");
+    let sum = first + second;
+    assert!(
+        average * 2 <= sum && average * 2 > sum - 2 * samples,
+        "average {average} of {first} and {second}"
+    );
+    // The diff of the selection with itself: both sides the query's total, not the sum.
+    assert_eq!(
+        diff(format!("selector={selector}")).await,
+        ("average".to_owned(), average, average)
+    );
+    assert_eq!(
+        diff(format!("base={selector}&compare={selector}")).await,
+        ("average".to_owned(), average, average)
+    );
+    // Told otherwise, the diff and the query agree again.
+    for (aggregation, want) in [("sum", sum), ("average", average), ("latest", second)] {
+        let (said, total) = query(format!("selector={selector}&aggregation={aggregation}")).await;
+        assert_eq!((said.as_str(), total), (aggregation, want));
+        assert_eq!(
+            diff(format!("selector={selector}&aggregation={aggregation}")).await,
+            (aggregation.to_owned(), want, want),
+            "aggregation={aggregation}"
+        );
+    }
+    // One profile a side: each side is that profile, as the query of its range says.
+    let (_, alone) = query(format!("selector={selector}&from={t1}&to={}", t1 + 1)).await;
+    assert_eq!(alone, first);
+    assert_eq!(
+        diff(format!(
+            "selector={selector}&base_from={t1}&base_to={}&compare_from={t2}&compare_to={}",
+            t1 + 1,
+            t2 + 1
+        ))
+        .await,
+        ("average".to_owned(), first, second)
+    );
+    // A CPU profile sums, in the diff as in the query.
+    let (status, body) = push_proto(
+        &s,
+        None,
+        &push_request(
+            "process_cpu",
+            &[("service_name", "heapy")],
+            testdata(GO_CPU),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let cpu = enc(&format!("{CPU}{{service_name=\"heapy\"}}"));
+    let (said, cpu_total) = query(format!("selector={cpu}")).await;
+    assert_eq!((said.as_str(), cpu_total), ("sum", total(GO_CPU, "cpu")));
+    assert_eq!(
+        diff(format!("selector={cpu}")).await,
+        ("sum".to_owned(), cpu_total, cpu_total)
+    );
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/diff?selector={selector}&aggregation=median",
+            s.url
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("aggregation"), "{body}");
 }

@@ -72,9 +72,11 @@ pub(crate) struct CommitLog {
     this: Weak<CommitLog>,
     /// One cut at a time (shared databases), and no block merge during one.
     cutting: Mutex<()>,
-    /// A read-only database (a follower of a bucket): its prefix, for the refusal.
+    /// A read-only database (a follower of a bucket, or a directory opened read-only): where
+    /// it is (its prefix or directory), for the refusal.
     read_only: Option<String>,
-    /// The database directory's lock (on-disk databases), held while anything can write.
+    /// The database directory's lock (on-disk databases), held while anything can write (or,
+    /// shared, while a read-only database reads it).
     _lock: Option<Box<dyn Send + Sync>>,
 }
 
@@ -119,12 +121,17 @@ impl CommitLog {
     /// The refusal of a write to a read-only database, if this is one.
     pub(crate) fn refuse(&self, what: impl FnOnce() -> String) -> Result<()> {
         match &self.read_only {
-            Some(prefix) => Err(Error::ReadOnly {
-                prefix: prefix.clone(),
+            Some(database) => Err(Error::ReadOnly {
+                database: database.clone(),
                 what: what(),
             }),
             None => Ok(()),
         }
+    }
+
+    /// Whether the database is read-only: nothing may be written, not even what replay read.
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only.is_some()
     }
 
     /// Stops acknowledging writes: the WAL refuses them from now on (the lease of a shared
@@ -192,12 +199,7 @@ impl CommitLog {
         if entries.is_empty() {
             return Ok(None);
         }
-        if let Some(prefix) = &self.read_only {
-            return Err(Error::ReadOnly {
-                prefix: prefix.clone(),
-                what: format!("writing to table {:?}", entries[0].table.name()),
-            });
-        }
+        self.refuse(|| format!("writing to table {:?}", entries[0].table.name()))?;
         let payload = if self.durable {
             let parts: Vec<(&str, &RecordBatch)> = entries
                 .iter()

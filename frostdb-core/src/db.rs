@@ -6,6 +6,8 @@
 //! - `dir/wal/<first tx>.wal`: WAL segments, one log for every table (see `wal::record`)
 //! - `dir/blocks/<table>/<block id>.parquet`: persisted blocks, unless another object
 //!   store is given ([`Db::open_with_store`])
+//! - `dir/LOCK`: locked by the one writer (exclusively, holding its pid) or by readers
+//!   ([`Db::open_read_only`], shared)
 //!
 //! A database shared through a bucket ([`Db::open_shared`] writes it, [`Db::open_reader`]
 //! follows it) has everything under its prefix: `lease.json` (the writer's lease),
@@ -300,6 +302,79 @@ impl Db {
         Err(lease.fenced("the manifest keeps changing under the previous writer"))
     }
 
+    /// Opens the database in directory `dir` (as [`Db::open`] made it) read-only, changing no
+    /// file: for commands that only read. Every table is recovered into memory: persisted
+    /// blocks from the manifest, then the WAL after them (a torn tail is skipped and left as
+    /// it is). Nothing is persisted, compacted in the background or expired, and writes fail
+    /// with [`Error::ReadOnly`]; the database does not follow later writes (reopen it).
+    ///
+    /// Shares the directory's lock with other readers: fails with [`Error::Locked`] while a
+    /// writer has it open, and a writer cannot open it while this database lives. Fails
+    /// with [`Error::Io`] (`NotFound`) when `dir` holds no database.
+    pub fn open_read_only(dir: impl AsRef<Path>, options: DbOptions) -> Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let fs = options.file_system.clone();
+        Self::check_database(&*fs, &dir)?;
+        // Before reading anything: a writer may be changing it.
+        let lock = fs.lock_shared(&dir)?;
+        let pool = Self::pool(&options)?;
+        let io = pool.io()?;
+        let blocks = dir.join("blocks");
+        let (store, local): (Arc<dyn ObjectStore>, _) = if blocks.is_dir() {
+            let store =
+                LocalFileSystem::new_with_prefix(&blocks).map_err(|source| Error::ObjectStore {
+                    context: format!("opening {}", blocks.display()),
+                    source,
+                })?;
+            let store = Arc::new(store);
+            (store.clone(), Some(store))
+        } else {
+            // Nothing was ever persisted (and the manifest lists no block).
+            (Arc::new(object_store::memory::InMemory::new()), None)
+        };
+        let prefix = ObjectPath::from("");
+        let manifest =
+            ManifestFile::open(fs, &dir, Some((store.clone(), prefix.clone(), io.clone())))?
+                .read_only();
+        let storage = Arc::new(Storage::new(store, prefix, io).with_local(local));
+        tracing::info!(dir = %dir.display(), "opening database read-only");
+        let db = Self::start(
+            options,
+            pool,
+            Some(Disk {
+                dir: Some(dir),
+                storage,
+                manifest: Arc::new(manifest),
+                shared: None,
+                read_only: true,
+            }),
+            lock,
+        )?;
+        db.recover()?;
+        Ok(db)
+    }
+
+    /// Fails unless `dir` holds a database: a manifest, or a WAL (a database whose tables
+    /// were never created has only that).
+    fn check_database(fs: &dyn crate::fs::FileSystem, dir: &Path) -> Result<()> {
+        let names = fs
+            .list(dir)
+            .map_err(io_err(format!("opening database {}", dir.display())))?;
+        if names.iter().any(|n| n == crate::manifest::FILE_NAME)
+            || fs.list(&dir.join("wal")).is_ok()
+        {
+            return Ok(());
+        }
+        Err(Error::Io {
+            context: format!(
+                "opening database {} read-only: no database there (neither {} nor wal/)",
+                dir.display(),
+                crate::manifest::FILE_NAME
+            ),
+            source: std::io::ErrorKind::NotFound.into(),
+        })
+    }
+
     /// Opens the database at `prefix` of a shared bucket read-only: a follower of what its
     /// writer persisted (at most the writer's `flush_interval` behind, once
     /// [`Db::refresh`] runs). Nothing is written, locally or to the bucket; writes fail with
@@ -333,7 +408,8 @@ impl Db {
         Ok(db)
     }
 
-    /// Reads the bucket's manifest again (a read-only database): tables get the blocks its
+    /// Reads the bucket's manifest again (a read-only follower of a bucket; a directory opened
+    /// read-only is read once, and this returns `false`): tables get the blocks its
     /// writer persisted since, and new tables appear. Tables are changed in the order the
     /// writer created them, so that one read after another (samples after the symbols they
     /// use) never sees the later one's new rows without the earlier one's. Returns whether
@@ -386,10 +462,11 @@ impl Db {
         disk: Option<Disk>,
         lock: Option<Box<dyn Send + Sync>>,
     ) -> Result<Self> {
-        let read_only = disk
-            .as_ref()
-            .filter(|d| d.read_only)
-            .map(|d| d.storage.prefix().to_string());
+        // Where a read-only database is, for its refusals.
+        let read_only = disk.as_ref().filter(|d| d.read_only).map(|d| match &d.dir {
+            Some(dir) => dir.display().to_string(),
+            None => d.storage.prefix().to_string(),
+        });
         let writes = disk.is_some() && read_only.is_none();
         let workers = pool.assign(
             options.background_compaction && read_only.is_none(),
@@ -421,7 +498,8 @@ impl Db {
     /// record goes to its table unless that table has persisted it already. Replay persists
     /// blocks as they fill, so its memory stays within a block per table whatever the WAL's
     /// length. A shared database's WAL is its objects in the bucket, after which this
-    /// writer creates the next one (the fence: see `wal::objects`).
+    /// writer creates the next one (the fence: see `wal::objects`). A read-only database
+    /// replays into memory only, and opens no WAL to write.
     fn recover(&self) -> Result<()> {
         let Some(disk) = &self.inner.disk else {
             return Ok(());
@@ -459,6 +537,11 @@ impl Db {
         };
         let newest_persisted = persisted.values().copied().max().unwrap_or(0);
         let (replayed, wal) = match &disk.dir {
+            Some(dir) if disk.read_only => {
+                let fs = self.inner.options.file_system.clone();
+                let replayed = wal::replay_read_only(&*fs, &dir.join("wal"), &mut apply)?;
+                (replayed, None)
+            }
             Some(dir) => {
                 let dir = dir.join("wal");
                 let fs = self.inner.options.file_system.clone();
@@ -476,7 +559,7 @@ impl Db {
                     kept,
                     next_tx,
                 )?;
-                (replayed, Wal::Files(wal))
+                (replayed, Some(Wal::Files(wal)))
             }
             None => {
                 let (store, io) = (disk.storage.store().clone(), disk.storage.io().clone());
@@ -508,7 +591,7 @@ impl Db {
                     kept,
                     fence,
                 );
-                (replayed, Wal::Objects(wal))
+                (replayed, Some(Wal::Objects(wal)))
             }
         };
         let next_tx = log
@@ -516,8 +599,10 @@ impl Db {
             .max(replayed.last_tx + 1)
             .max(replayed.newest_segment)
             .max(newest_persisted + 1);
-        log.attach(wal, next_tx);
-        log.truncate()?;
+        if let Some(wal) = wal {
+            log.attach(wal, next_tx);
+            log.truncate()?;
+        }
         for table in tables.values() {
             table.inner.watch();
             let stats = table.stats();
@@ -649,8 +734,11 @@ impl Db {
     /// Persists the active data of every table (rotating the active blocks) and waits for
     /// it: on return, nothing depends on the WAL. For a clean shutdown; nothing is lost
     /// without it either. A shared database persists every table in one cut; a read-only
-    /// one has nothing to persist.
+    /// one writes nothing (what it replayed from the WAL stays there).
     pub fn flush(&self) -> Result<()> {
+        if self.is_read_only() {
+            return Ok(());
+        }
         if self.inner.disk.as_ref().is_some_and(|d| d.shared.is_some()) {
             return self.inner.log.cut().map(|_| ());
         }
@@ -688,7 +776,8 @@ impl Db {
         self.inner.log.wal().and_then(Wal::poisoned)
     }
 
-    /// Whether the database is a read-only follower of a bucket ([`Db::open_reader`]).
+    /// Whether the database is read-only: a follower of a bucket ([`Db::open_reader`]) or a
+    /// directory opened to read ([`Db::open_read_only`]).
     pub fn is_read_only(&self) -> bool {
         self.inner.disk.as_ref().is_some_and(|d| d.read_only)
     }

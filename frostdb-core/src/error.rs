@@ -220,16 +220,17 @@ pub enum Error {
         reason: String,
     },
 
-    /// Another process (or another open in this one) owns the database directory.
+    /// Another process (or another open in this one) owns the database directory: a writer
+    /// when this one opens it to read or write, or readers when this one opens it to write.
     #[error(
-        "database {} is in use by {holder}: one process at a time may open it (stop the \
-         other, or query it through the server that holds it)",
+        "database {} is in use by {holder}: a writer opens it alone, readers only while no \
+         writer has it (stop the other, or query it through the server that holds it)",
         dir.display()
     )]
     Locked {
         /// The database directory.
         dir: std::path::PathBuf,
-        /// Who holds it (`process <pid>`).
+        /// Who holds it: `process <pid>` (a writer), or read-only opens.
         holder: String,
     },
     /// Another writer holds the lease of a database shared through a bucket.
@@ -256,11 +257,12 @@ pub enum Error {
         reason: String,
     },
 
-    /// A write to a database opened read-only.
-    #[error("database {prefix} is open read-only (a follower of its bucket): {what} is refused")]
+    /// A write to a database opened read-only (a follower of a bucket, or a directory opened
+    /// by [`Db::open_read_only`](crate::Db::open_read_only)).
+    #[error("database {database} is open read-only: {what} is refused")]
     ReadOnly {
-        /// The database's prefix in the bucket.
-        prefix: String,
+        /// Where the database is: its directory, or its prefix in the bucket.
+        database: String,
         /// What was refused.
         what: String,
     },

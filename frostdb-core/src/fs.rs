@@ -4,8 +4,8 @@
 //! (lost unsynced writes at a simulated crash, torn writes, a full disk) under the model test.
 //!
 //! Only what the engine needs: whole-file reads, append-only files it syncs, truncation,
-//! rename, removal, directory syncs and an exclusive lock. Persisted blocks go through
-//! `object_store` instead.
+//! rename, removal, directory syncs and the directory's lock (exclusive for a writer, shared
+//! among readers). Persisted blocks go through `object_store` instead.
 
 use std::fmt;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -51,6 +51,14 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// Takes the exclusive lock of the database in `dir` for as long as the guard lives, or
     /// fails with [`Error::Locked`](crate::Error::Locked) naming the holder.
     fn lock(&self, dir: &Path) -> Result<Box<dyn Send + Sync>>;
+    /// Shares the lock of the database in `dir` with other readers for as long as the guard
+    /// lives, or fails with [`Error::Locked`](crate::Error::Locked) naming the writer holding
+    /// it; `None` when no writer ever locked `dir`. Creates and writes nothing. The default
+    /// is the operating system's shared `flock` ([`DirLock::acquire_shared`]), which is right
+    /// for a file system over the real one.
+    fn lock_shared(&self, dir: &Path) -> Result<Option<Box<dyn Send + Sync>>> {
+        Ok(DirLock::acquire_shared(dir)?.map(|l| Box::new(l) as Box<dyn Send + Sync>))
+    }
 }
 
 /// The operating system's files.

@@ -23,7 +23,7 @@ use crate::schema::Schema;
 
 /// 2: one WAL for the database (`wal/<tx>.wal`, multi-table records); 1 had one per table.
 const FORMAT: u32 = 2;
-const FILE_NAME: &str = "manifest.json";
+pub(crate) const FILE_NAME: &str = "manifest.json";
 
 /// A persisted block: one sorted Parquet object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +120,7 @@ enum Home {
         fs: Arc<dyn FileSystem>,
         dir: PathBuf,
         mirror: Option<(Arc<dyn ObjectStore>, ObjectPath, Io)>,
+        read_only: bool,
     },
     /// `<prefix>/manifest.json` in a bucket shared with other processes, replaced only by
     /// a put conditional on the version this process last saw: a writer that another one
@@ -240,9 +241,18 @@ impl ManifestFile {
                 fs,
                 dir: dir.to_path_buf(),
                 mirror,
+                read_only: false,
             },
             current: Mutex::new(manifest),
         })
+    }
+
+    /// This manifest refusing updates (a database opened read-only): it is only read.
+    pub(crate) fn read_only(mut self) -> Self {
+        match &mut self.home {
+            Home::Local { read_only, .. } | Home::Bucket { read_only, .. } => *read_only = true,
+        }
+        self
     }
 
     /// Loads the manifest of the database at `prefix` of a shared bucket (an empty one when
@@ -324,7 +334,18 @@ impl ManifestFile {
         next.version += 1;
         let bytes = serde_json::to_vec(&next)?;
         match &self.home {
-            Home::Local { fs, dir, mirror } => {
+            Home::Local {
+                fs,
+                dir,
+                mirror,
+                read_only,
+            } => {
+                if *read_only {
+                    return Err(Error::ReadOnly {
+                        database: dir.display().to_string(),
+                        what: "changing the manifest".into(),
+                    });
+                }
                 write_local(&**fs, dir, &bytes)?;
                 if let Some((store, prefix, io)) = mirror {
                     let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
@@ -348,7 +369,7 @@ impl ManifestFile {
             } => {
                 if *read_only {
                     return Err(Error::ReadOnly {
-                        prefix: path.to_string(),
+                        database: path.to_string(),
                         what: "changing the manifest".into(),
                     });
                 }

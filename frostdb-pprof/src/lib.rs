@@ -16,10 +16,7 @@
 //! with the samples that use them.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use frostdb_core::{Db, DbOptions};
-//! use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
-//! use frostdb_query::{Selector, profile::TimeRange};
+//! use frostdb_pprof::{Db, DbOptions, IngestOptions, ProfileStore, Selector, StoreOptions, TimeRange};
 //!
 //! let store = ProfileStore::open(Db::open("data", DbOptions::default())?, StoreOptions::default())?;
 //! let bytes = std::fs::read("cpu.pb.gz")?;
@@ -28,14 +25,19 @@
 //! let merged = store.merge(&selector, TimeRange::ALL)?;
 //! let top = frostdb_pprof::report::top::TopTable::build(&merged);
 //! println!("{}", top.render());
-//! # Ok(())
-//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The engine's and the query layer's types a store's calls take are re-exported here
+//! ([`Db`], [`DbOptions`], [`Selector`], [`TimeRange`], [`ProfileType`]), so that an
+//! embedder depends on this crate alone.
 
 pub mod bounds;
 pub mod convert;
 mod decode;
+mod dedup;
 mod error;
+mod explain;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod limits;
@@ -99,7 +101,9 @@ pub mod api {
 pub use bounds::RequestLimits;
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
-pub use frostdb_query::profile::Aggregation;
+pub use frostdb_core::{Db, DbOptions};
+pub use frostdb_query::profile::{Aggregation, TimeRange};
+pub use frostdb_query::{ProfileType, Selector};
 pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};

@@ -53,6 +53,10 @@ pub struct IngestSummary {
     pub new_stacks: usize,
     /// Timestamp of the profile (ms).
     pub timestamp_ms: i64,
+    /// The profile was stored already (the same series, timestamp and samples: a client's
+    /// retry, a file ingested twice), and nothing was written: `rows`, `new_stacks` and
+    /// `profile_types` are then empty. See [`ProfileStore::ingest`](crate::ProfileStore::ingest).
+    pub duplicate: bool,
 }
 
 /// Turns a label name into a Prometheus one: `[a-zA-Z_][a-zA-Z0-9_]*`, other characters
@@ -141,6 +145,8 @@ pub(crate) struct Prepared<'p> {
     keys: Vec<StackKey>,
     /// Each location's content key, by position.
     location_keys: Vec<Key>,
+    /// What tells the profile apart from every other (see [`Prepared::fingerprint`]).
+    fingerprint: crate::dedup::ContentFingerprint,
 }
 
 /// What [`Prepared::intern`] has found so far in one partition: the partition's index of
@@ -278,11 +284,13 @@ pub(crate) fn prepare<'p>(
         timestamp,
         keys: Vec::new(),
         location_keys: Vec::new(),
+        fingerprint: 0,
     };
 
     // Deltas of cumulative types; the first profile of a series is their baseline.
     let cumulative = |t: usize| is_cumulative(or(text(p, p.sample_type[t].r#type), "samples"));
     (prepared.keys, prepared.location_keys) = prepared.stack_keys()?;
+    prepared.fingerprint = prepared.content_fingerprint(&values, &span_values, options.delta);
     let fingerprints: Option<Vec<Fingerprint>> =
         (options.delta && (0..types).any(cumulative)).then(|| prepared.fingerprints());
     for t in 0..types {
@@ -500,6 +508,95 @@ impl Prepared<'_> {
     /// Whether the profile stores nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
+    }
+
+    /// The profile's content fingerprint ([`crate::dedup`]): a 128-bit hash of what its
+    /// rows hold, equal for two profiles exactly when (up to hash collisions) they would
+    /// store the same rows. The profile name, series labels, timestamp, period type and
+    /// unit, period, duration and sample types, whether deltas are taken, and the merged
+    /// samples (per stack content key and sample label set, its value of each type, as
+    /// sampled: before deltas), those labelled with spans apart.
+    ///
+    /// The samples are hashed one by one and the hashes added up: the order of a profile's
+    /// samples does not matter (a profile encoded again, its samples in another order, is
+    /// the same profile), and hashing takes one pass, no sort.
+    pub(crate) fn fingerprint(&self) -> crate::dedup::ContentFingerprint {
+        self.fingerprint
+    }
+
+    /// Computes [`Prepared::fingerprint`] from the merged values of the groups
+    /// (`values`) and of the span groups (`span_values`), `types` a group.
+    fn content_fingerprint(&self, values: &[i64], span_values: &[i64], delta: bool) -> u128 {
+        let p = self.profile.flat();
+        let types = p.sample_type.len();
+        let mut buf: Vec<u8> = Vec::new();
+        let set_keys: Vec<u128> = self
+            .label_sets
+            .iter()
+            .map(|set| {
+                buf.clear();
+                for (k, v) in set {
+                    put_str(&mut buf, k);
+                    put_str(&mut buf, v);
+                }
+                content_key(&buf)
+            })
+            .collect();
+        // Per sample (a group, or a span group), a hash of its stack, label set and values;
+        // their wrapping sum, and their count.
+        let mut sample = |kind: u8, stack: StackKey, set: u32, values: &[i64]| -> Option<u128> {
+            if values.iter().all(|&v| v == 0) {
+                return None; // nothing of it is stored
+            }
+            buf.clear();
+            buf.push(kind);
+            buf.extend_from_slice(&stack.to_le_bytes());
+            buf.extend_from_slice(&set_keys[set as usize].to_le_bytes());
+            for v in values {
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
+            Some(content_key(&buf))
+        };
+        let (mut sum, mut count) = (0u128, 0u64);
+        for (g, (group, &stack)) in self.groups.iter().zip(&self.keys).enumerate() {
+            let row = &values[g * types..(g + 1) * types];
+            if let Some(h) = sample(0, stack, group.labels, row) {
+                sum = sum.wrapping_add(h);
+                count += 1;
+            }
+        }
+        for (sg, &(g, set)) in self.span_groups.iter().enumerate() {
+            let row = &span_values[sg * types..(sg + 1) * types];
+            if let Some(h) = sample(1, self.keys[g as usize], set, row) {
+                sum = sum.wrapping_add(h);
+                count += 1;
+            }
+        }
+        buf.clear();
+        put_str(&mut buf, &self.name);
+        buf.extend_from_slice(&(self.series.len() as u64).to_le_bytes());
+        for (k, v) in &self.series {
+            put_str(&mut buf, k);
+            put_str(&mut buf, v);
+        }
+        buf.extend_from_slice(&self.timestamp.to_le_bytes());
+        buf.push(u8::from(delta));
+        let (period_type, period_unit) = p
+            .period_type
+            .as_ref()
+            .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
+        put_str(&mut buf, period_type);
+        put_str(&mut buf, period_unit);
+        buf.extend_from_slice(&p.period.to_le_bytes());
+        buf.extend_from_slice(&p.duration_nanos.to_le_bytes());
+        buf.extend_from_slice(&(types as u64).to_le_bytes());
+        for t in &p.sample_type {
+            put_str(&mut buf, text(p, t.r#type));
+            put_str(&mut buf, text(p, t.unit));
+        }
+        buf.extend_from_slice(&sum.to_le_bytes());
+        buf.extend_from_slice(&count.to_le_bytes());
+        content_key(&buf)
     }
 
     /// Content fingerprints of the groups: their stacks' keys and their labels.
@@ -869,6 +966,7 @@ impl Prepared<'_> {
                 .collect(),
             new_stacks: 0,
             timestamp_ms: self.timestamp,
+            duplicate: false,
         })
     }
 

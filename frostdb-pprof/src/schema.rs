@@ -10,6 +10,7 @@
 //! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value ([`crate::rollup`]) |
 //! | `rollup_buckets` | `level`, `timestamp`: the hours and days rolled up |
 //! | `series_keys` | `key`, `timestamp` (the start of a day): per series (profile name and labels) and day with samples, its key; what the series limit counts ([`crate::limits`]) |
+//! | `fingerprints` | `fingerprint` (16 bytes), `timestamp`: per stored profile, its content fingerprint, by which a profile stored again is recognised ([`crate::ProfileStore::ingest`]) |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
 //! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
@@ -60,6 +61,13 @@ pub const ROLLUP_BUCKETS: &str = "rollup_buckets";
 pub const SERIES_KEYS: &str = "series_keys";
 /// The series keys' time granularity: rows are per day (UTC).
 pub const SERIES_KEYS_BUCKET_MS: i64 = 24 * 3_600_000;
+
+/// The profiles' content fingerprints: a row per stored profile, its fingerprint (a 128-bit
+/// hash of its series, timestamp and samples) and timestamp, committed with its samples. A
+/// store reads those of the recent profiles when it opens, to store a profile pushed again
+/// once ([`crate::ProfileStore::ingest`]). Stores written before it have none: their
+/// profiles are not recognised.
+pub const FINGERPRINTS: &str = "fingerprints";
 
 /// Whether a samples column is one of the series index's (the profile type, labels and
 /// timestamp), not one of a sample's own.
@@ -270,6 +278,21 @@ pub fn series_keys() -> Schema {
             .column(ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::RleDictionary))
             .sort_by(SortingColumn::asc("key"))
             .sort_by(SortingColumn::asc("timestamp"))
+    })
+}
+
+/// The fingerprints ([`FINGERPRINTS`]): `fingerprint` (16 bytes, little-endian) and
+/// `timestamp` (ms), sorted by time, so that reading the recent ones skips older blocks.
+pub fn fingerprints() -> Schema {
+    schema(FINGERPRINTS, |b| {
+        // Hashes do not compress.
+        b.column(
+            ColumnDef::new("fingerprint", DataType::FixedSizeBinary(16))
+                .compression(Compression::Uncompressed),
+        )
+        .column(ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked))
+        .sort_by(SortingColumn::asc("timestamp"))
+        .sort_by(SortingColumn::asc("fingerprint"))
     })
 }
 

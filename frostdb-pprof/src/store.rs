@@ -19,6 +19,7 @@ use frostdb_query::{ProfileType, Selector};
 use parking_lot::Mutex;
 
 use crate::decode::{Limits, ValidProfile, decode};
+use crate::dedup::{ContentFingerprint, Recent};
 use crate::error::{Error, Result};
 use crate::limits::{LabelLimits, SeriesKeys};
 use crate::normalize::{Deltas, IngestOptions, IngestSummary, SampleRows, prepare};
@@ -44,6 +45,7 @@ use crate::symbols::{
 /// | `block_merger` | none | where merges read persisted blocks: here, or spread over a cluster's workers |
 /// | `group_wait` | 10 ms | longest a group commit waits for profiles still being decoded |
 /// | `memory_budget` | none | a process-wide budget queries reserve from, besides `query_memory` |
+/// | `dedup_window` | 1 hour | how far behind the newest profile one pushed again is still recognised |
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
     /// Decoding limits.
@@ -83,6 +85,12 @@ pub struct StoreOptions {
     /// waits only while those on their way are more than a quarter of the group; with
     /// nothing on its way, a group commits at once.
     pub group_wait: Duration,
+    /// How long a profile pushed again is recognised and stored once (see
+    /// [`ProfileStore::ingest`]): profiles whose timestamps lie within this of the newest
+    /// stored (or of now, if earlier). Their fingerprints are kept in memory, at most
+    /// 262,144 of them (some 13 MiB), and read again when the store opens. Zero: profiles
+    /// are not recognised, each push is stored.
+    pub dedup_window: Duration,
 }
 
 /// The default options of the samples, spans and totals tables: the engine's, with a level
@@ -111,6 +119,7 @@ impl Default for StoreOptions {
             rollups: RollupOptions::default(),
             block_merger: None,
             group_wait: Duration::from_millis(10),
+            dedup_window: Duration::from_secs(3600),
         }
     }
 }
@@ -322,6 +331,8 @@ struct Group {
     spans: SampleRows,
     /// The series keys of its profiles, with their days ([`crate::limits`]).
     keys: Vec<(u64, i64)>,
+    /// Its profiles' timestamps and content fingerprints ([`crate::dedup`]).
+    fingerprints: Vec<(i64, ContentFingerprint)>,
     slot: Arc<Slot>,
     /// Why a profile's rows could not be appended whole, if one could not.
     broken: Option<String>,
@@ -336,6 +347,7 @@ impl Group {
             rows: SampleRows::default(),
             spans: SampleRows::default(),
             keys: Vec::new(),
+            fingerprints: Vec::new(),
             slot: Arc::new(Slot::new()),
             broken: None,
         }
@@ -355,13 +367,32 @@ struct Pipeline {
     leading: bool,
     /// Partitions a group of failed to commit: nothing more of them commits.
     failed: Vec<u32>,
-    /// The group committed last (its slot and transaction), until it is durable: the
-    /// leader lets the open group gather profiles while its fsync runs, rather than
-    /// committing groups of one, and then wakes its members.
-    in_flight: Option<(Arc<Slot>, Arc<Submitted>)>,
+    /// The group committed last (its slot, transaction and fingerprints), until it is
+    /// durable: the leader lets the open group gather profiles while its fsync runs,
+    /// rather than committing groups of one, and then wakes its members.
+    in_flight: Option<InFlight>,
     /// Whether the leader is waiting on [`ProfileStore::joined`] for company: only then
     /// is it signalled (a signal is a system call, waiter or not).
     gathering: bool,
+    /// The fingerprints of the profiles of the groups not yet durable (open, sealed,
+    /// committing, in flight), with their group's slot: a profile stored again meanwhile
+    /// waits for that group ([`crate::dedup`]).
+    pending: std::collections::HashMap<ContentFingerprint, Arc<Slot>, foldhash::fast::RandomState>,
+    /// The fingerprints of the profiles stored lately (durable).
+    recent: Recent,
+}
+
+/// A group committed, until it is durable.
+type InFlight = (Arc<Slot>, Arc<Submitted>, Vec<(i64, ContentFingerprint)>);
+
+/// Whether a profile joining a group was stored already.
+enum Stored {
+    /// No: it joins the group.
+    No,
+    /// Yes, durably.
+    Yes,
+    /// By this group, not yet durable.
+    By(Arc<Slot>),
 }
 
 impl Pipeline {
@@ -377,6 +408,28 @@ impl Pipeline {
                 self.cuts.remove(0);
             }
             self.sealed.push_back(group);
+        }
+    }
+
+    /// Whether the profile of `fingerprint` is stored (or being stored).
+    fn stored(&self, fingerprint: ContentFingerprint) -> Stored {
+        if let Some(slot) = self.pending.get(&fingerprint) {
+            Stored::By(slot.clone())
+        } else if self.recent.contains(fingerprint) {
+            Stored::Yes
+        } else {
+            Stored::No
+        }
+    }
+
+    /// A group's profiles are durable (`durable`), or failed: their fingerprints leave
+    /// `pending`, for `recent` or (failed: a retry stores them) for nowhere.
+    fn settle(&mut self, fingerprints: Vec<(i64, ContentFingerprint)>, durable: bool) {
+        for (_, fingerprint) in &fingerprints {
+            self.pending.remove(fingerprint);
+        }
+        if durable {
+            self.recent.insert(fingerprints);
         }
     }
 
@@ -419,6 +472,9 @@ pub struct ProfileStore {
     series: Mutex<SeriesKeys>,
     /// Their keys' table ([`schema::SERIES_KEYS`]); none in a reader.
     series_keys: Option<Table>,
+    /// The stored profiles' fingerprints ([`schema::FINGERPRINTS`]); none in a reader, or
+    /// with [`StoreOptions::dedup_window`] zero.
+    fingerprints: Option<Table>,
     options: StoreOptions,
 }
 
@@ -743,6 +799,23 @@ impl ProfileStore {
         };
         let totals = schema::open_series_table(&db, schema::TOTALS, options.samples.clone())?;
         set_ttl(&totals, options.retention)?;
+        // The fingerprints of a store written before them are not rebuilt: its profiles
+        // are not recognised when pushed again.
+        let fingerprints = if read_only || options.dedup_window.is_zero() {
+            None
+        } else {
+            let table = db.table(
+                schema::FINGERPRINTS,
+                schema::fingerprints(),
+                TableOptions::default(),
+            )?;
+            table.set_ttl(options.retention)?;
+            Some(table)
+        };
+        let recent = match &fingerprints {
+            Some(table) => Recent::open(table, options.dedup_window)?,
+            None => Recent::default(),
+        };
         if !read_only && totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_totals(&db, &samples, &totals)?;
         }
@@ -794,11 +867,15 @@ impl ProfileStore {
             expiry,
             rollups,
             deltas: Mutex::new(Deltas::default()),
-            pipeline: std::sync::Mutex::new(Pipeline::default()),
+            pipeline: std::sync::Mutex::new(Pipeline {
+                recent,
+                ..Pipeline::default()
+            }),
             joined: std::sync::Condvar::new(),
             coming: std::sync::atomic::AtomicUsize::new(0),
             series: Mutex::new(series),
             series_keys,
+            fingerprints,
             options,
         })
     }
@@ -840,13 +917,35 @@ impl ProfileStore {
     }
 
     /// Decodes `bytes` (gzip or raw pprof) and stores the profile.
+    ///
+    /// # A profile stored again
+    /// A profile is stored once: pushed again (a client retrying a push, a file ingested
+    /// twice), nothing is written and the summary says so ([`IngestSummary::duplicate`], no
+    /// rows). A profile is recognised by a fingerprint of its series (profile name and
+    /// series labels), its timestamp and its content as normalized: sample types, period,
+    /// duration, and each stack's summed values per sample label set, whatever the order
+    /// of its samples or the ids it gives its symbols. So:
+    /// - the same profile at the same series and time is stored once, pushed twice in a
+    ///   row, at once from two threads, into one group commit, or before and after a
+    ///   restart;
+    /// - a different profile at the same series and time is stored too, the values adding
+    ///   up (two profiles taken within a second are both kept);
+    /// - the same profile at another time, or of another series, is stored again (a steady
+    ///   process can produce the same profile a minute apart).
+    ///
+    /// Profiles are recognised within [`StoreOptions::dedup_window`] (an hour by default)
+    /// of the newest stored, 262,144 at most; an older one pushed again is stored again, as
+    /// is one stored before the store kept fingerprints. A profile pushed while its twin is
+    /// still being committed waits for it, and fails if it fails (a retry then stores it).
+    /// With [`IngestOptions::delta`], the profile is recognised as received, before deltas.
     pub fn ingest(&self, bytes: &[u8], options: &IngestOptions) -> Result<IngestSummary> {
         let mut coming = Coming::new(self);
         let profile = decode(bytes, &self.options.limits)?;
         self.ingest_coming(&profile, options, &mut coming)
     }
 
-    /// Stores a validated profile: its new symbols and its samples in one transaction.
+    /// Stores a validated profile: its new symbols and its samples in one transaction; once
+    /// (see [`ProfileStore::ingest`] on profiles stored again).
     pub fn ingest_profile(
         &self,
         profile: &ValidProfile,
@@ -878,6 +977,7 @@ impl ProfileStore {
     /// Stores `profile` with its cumulative sample types (allocations, contentions, delay)
     /// as the difference from `previous`, the same process's profile taken earlier, as
     /// Pyroscope's `/ingest` does with a `prev_profile`. Other types are stored as they are.
+    /// A profile stored already is not stored again (see [`ProfileStore::ingest`]).
     pub fn ingest_with_previous(
         &self,
         profile: &ValidProfile,
@@ -956,6 +1056,21 @@ impl ProfileStore {
                     partition.id()
                 )));
             }
+            // Checked here, under the lock that orders profiles into groups: of two
+            // profiles alike, the one that comes second finds the first's fingerprint.
+            let fingerprint = prepared.fingerprint();
+            if self.fingerprints.is_some() {
+                let stored = pipeline.stored(fingerprint);
+                if !matches!(stored, Stored::No) {
+                    coming.arrive();
+                    if pipeline.gathering {
+                        self.joined.notify_one(); // one fewer to wait for
+                    }
+                    drop(pipeline);
+                    drop(writer);
+                    return self.stored_already(prepared, stored);
+                }
+            }
             if pipeline
                 .open
                 .as_ref()
@@ -984,11 +1099,18 @@ impl ProfileStore {
             };
             summary.new_stacks = new_stacks;
             group.keys.extend(series.iter().map(|&(key, _)| (key, day)));
+            let dedup = self.fingerprints.is_some();
+            if dedup {
+                group.fingerprints.push((prepared.timestamp(), fingerprint));
+            }
             let slot = group.slot.clone();
             let full = group.rows.len() >= MAX_GROUP_ROWS;
             let joined = group.rows.profiles();
             if full {
                 pipeline.seal();
+            }
+            if dedup {
+                pipeline.pending.insert(fingerprint, slot.clone());
             }
             let coming = coming.arrive();
             if pipeline.gathering && (full || !worth_waiting_for(coming, joined)) {
@@ -1004,6 +1126,27 @@ impl ProfileStore {
         let submitted = self.await_group(&slot)?;
         submitted.wait()?;
         Ok(summary)
+    }
+
+    /// The answer to a profile stored already (`stored`): once the profile stored first is
+    /// durable, nothing written; its error if storing it failed.
+    fn stored_already(
+        &self,
+        prepared: &crate::normalize::Prepared<'_>,
+        stored: Stored,
+    ) -> Result<IngestSummary> {
+        if let Stored::By(slot) = stored {
+            self.await_group(&slot)?.wait()?;
+        }
+        tracing::debug!(
+            timestamp_ms = prepared.timestamp(),
+            "a profile stored already was not stored again"
+        );
+        Ok(IngestSummary {
+            timestamp_ms: prepared.timestamp(),
+            duplicate: true,
+            ..IngestSummary::default()
+        })
     }
 
     /// Waits for `slot`'s group to be durable (or failed), committing groups when handed the
@@ -1040,9 +1183,13 @@ impl ProfileStore {
     fn lead(&self, mine: &Arc<Slot>) {
         loop {
             let in_flight = self.pipeline().in_flight.take();
-            if let Some((slot, submitted)) = in_flight {
-                // The sync's error, if any, is the members' to see from `wait` themselves.
-                let _ = submitted.wait();
+            if let Some((slot, submitted, fingerprints)) = in_flight {
+                // The sync's error, if any, is the members' to see from `wait` themselves;
+                // their profiles are not known stored, and a retry stores them.
+                let durable = submitted.wait().is_ok();
+                if !fingerprints.is_empty() {
+                    self.pipeline().settle(fingerprints, durable);
+                }
                 let was_mine = Arc::ptr_eq(&slot, mine);
                 slot.finish(Ok(submitted));
                 if was_mine {
@@ -1050,7 +1197,7 @@ impl ProfileStore {
                     return;
                 }
             }
-            let group = {
+            let mut group = {
                 let mut pipeline = self.pipeline();
                 let deadline = std::time::Instant::now() + self.options.group_wait;
                 while pipeline.sealed.is_empty()
@@ -1085,9 +1232,14 @@ impl ProfileStore {
                 }
             };
             let slot = group.slot.clone();
-            match self.commit_group(group) {
-                Ok(submitted) => self.pipeline().in_flight = Some((slot, submitted)),
+            let fingerprints = std::mem::take(&mut group.fingerprints);
+            match self.commit_group(group, &fingerprints) {
+                Ok(submitted) => {
+                    self.pipeline().in_flight = Some((slot, submitted, fingerprints));
+                }
                 Err(e) => {
+                    // Before the members wake: their retries are not taken for duplicates.
+                    self.pipeline().settle(fingerprints, false);
                     slot.finish(Err(e));
                     if Arc::ptr_eq(&slot, mine) {
                         self.hand_lead();
@@ -1107,8 +1259,13 @@ impl ProfileStore {
         }
     }
 
-    /// Submits one group: its partition's new symbols and its samples, one transaction.
-    fn commit_group(&self, mut group: Group) -> std::result::Result<Arc<Submitted>, Arc<Error>> {
+    /// Submits one group: its partition's new symbols, its samples and its profiles'
+    /// `fingerprints`, one transaction.
+    fn commit_group(
+        &self,
+        mut group: Group,
+        fingerprints: &[(i64, ContentFingerprint)],
+    ) -> std::result::Result<Arc<Submitted>, Arc<Error>> {
         let id = group.partition.id();
         if self.pipeline().failed.contains(&id) {
             return Err(Arc::new(Error::Unavailable(format!(
@@ -1162,6 +1319,11 @@ impl ProfileStore {
             )?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
+            }
+            if let Some(table) = &self.fingerprints
+                && !fingerprints.is_empty()
+            {
+                tx.insert(table, &crate::dedup::rows(fingerprints)?)?;
             }
             // Rows of hours already rolled up are added to their rollups, in this transaction.
             let submitted = self.rollups.submit(tx, &samples)?;
@@ -1785,6 +1947,59 @@ mod tests {
             .label_values("pod", None, frostdb_query::profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(pods.len(), N as usize);
+    }
+
+    #[test]
+    fn a_profile_twice_in_one_group_is_stored_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        let before = store.db().wal_stats().unwrap().records;
+        // A leader is busy committing: the first joins the open group, the second finds it
+        // there and waits for the group.
+        store.pipeline().leading = true;
+        let p = validate(profile(0, 10, 3), &Limits::default()).unwrap();
+        let options = IngestOptions {
+            name: "process_cpu".into(),
+            timestamp_ms: Some(1_700_000_000_000),
+            ..IngestOptions::default()
+        };
+        std::thread::scope(|s| {
+            let pushes: Vec<_> = (0..2)
+                .map(|_| s.spawn(|| store.ingest_profile(&p, &options)))
+                .collect();
+            // Both have arrived: one in the group, the other waiting for it.
+            let slot = loop {
+                let pipeline = store.pipeline();
+                if store.coming.load(std::sync::atomic::Ordering::Acquire) == 0
+                    && let Some(group) = &pipeline.open
+                    && group.rows.profiles() == 1
+                {
+                    assert_eq!(pipeline.pending.len(), 1);
+                    break group.slot.clone();
+                }
+                drop(pipeline);
+                std::thread::yield_now();
+            };
+            store.lead(&slot);
+            let mut summaries: Vec<IngestSummary> = pushes
+                .into_iter()
+                .map(|p| p.join().unwrap().unwrap())
+                .collect();
+            summaries.sort_by_key(|s| s.duplicate);
+            assert_eq!((summaries[0].rows, summaries[0].duplicate), (10, false));
+            assert_eq!((summaries[1].rows, summaries[1].duplicate), (0, true));
+        });
+        assert_eq!(store.db().wal_stats().unwrap().records - before, 1);
+        let pipeline = store.pipeline();
+        assert!(pipeline.pending.is_empty(), "durable: no longer pending");
+        assert_eq!(pipeline.recent.len(), 1);
+        drop(pipeline);
+        let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+        let merged = store
+            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(merged.total(), total(0, 10));
     }
 
     #[test]

@@ -50,12 +50,13 @@ fn ingest(store: &ProfileStore, shots: &[Shot]) {
 }
 
 /// The model's total of `aggregation` over `range`: per series, its profiles in the range
-/// (those at one time add up) summed, averaged per stack (rounded down, as integers are), or
-/// its latest.
+/// (different ones at one time add up; the same one twice is stored once) summed, averaged
+/// per stack (rounded down, as integers are), or its latest.
 fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, usize) {
     let values = stack_values();
     let mut series: BTreeMap<u8, BTreeMap<i64, i64>> = BTreeMap::new();
-    for &(pod, minute, scale) in shots {
+    let distinct: std::collections::BTreeSet<Shot> = shots.iter().copied().collect();
+    for (pod, minute, scale) in distinct {
         let t = BASE + minute * MINUTE;
         if range.start_ms <= t && t < range.end_ms {
             *series.entry(pod).or_default().entry(t).or_default() += scale;

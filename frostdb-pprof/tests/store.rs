@@ -765,11 +765,19 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     let original = decode(&file("goapp__go119-cpu-2s.pb.gz"), &limits)
         .unwrap()
         .into_inner();
+    // Each at a time of its own: the same profile at one time would be stored once, its
+    // stacks not looked up at all.
+    let at = std::cell::Cell::new(1_700_000_000_000);
     let ingest = |p: frostdb_pprof::proto::Profile| {
         let p = frostdb_pprof::validate(p, &limits).unwrap();
-        store
-            .ingest_profile(&p, &options("process_cpu", &[("job", "goapp")]))
-            .unwrap()
+        at.set(at.get() + 1);
+        let options = IngestOptions {
+            timestamp_ms: Some(at.get()),
+            ..options("process_cpu", &[("job", "goapp")])
+        };
+        let summary = store.ingest_profile(&p, &options).unwrap();
+        assert!(!summary.duplicate);
+        summary
     };
     let first = ingest(original.clone());
     assert!(first.new_stacks > 0);

@@ -52,7 +52,7 @@ pub use provider::{
     session, session_with,
 };
 pub use selector::{MatchOp, Matcher, PROFILE_TYPE_LABEL, ProfileType, Selector, SelectorError};
-pub use sql_shape::{SqlLimits, check_sql_shape};
+pub use sql_shape::{SqlLimits, check_sql_shape, read_only_sql};
 
 /// An engine error as a DataFusion error.
 pub fn to_datafusion(e: frostdb_core::Error) -> datafusion::error::DataFusionError {

@@ -33,6 +33,16 @@ impl Default for SqlLimits {
     }
 }
 
+/// What SQL may do over the stored tables, wherever it comes from (the server's SQL API,
+/// the `frostdb sql` command): read. DDL (`CREATE`, `DROP`), DML (`INSERT`, `DELETE`) and
+/// statements (`SET`, transactions) are refused at planning, naming what was refused.
+pub fn read_only_sql() -> datafusion::execution::context::SQLOptions {
+    datafusion::execution::context::SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
+}
+
 /// Parses `sql` and refuses it when a statement has more queries, tables or expressions
 /// than `limits` allow (a plan error naming which); a text that does not parse is left
 /// for the planner to report.

@@ -2,7 +2,7 @@
 //! and report (top, folded, pprof, flame graph JSON or SVG), run SQL.
 //!
 //! ```text
-//! frostdb ingest --data DIR --name NAME [--label k=v]... [--delta] PATH...
+//! frostdb ingest --data DIR [--tenant ID] [--name NAME] [--label k=v]... [--delta] PATH...
 //! frostdb types --data DIR [--tenant ID]
 //! frostdb query --data DIR [--tenant ID] SELECTOR [--from T] [--to T] --format top|folded|pprof|json|flamegraph-svg|dot [--aggregation sum|average|latest] [--max-nodes N] [-o FILE]
 //! frostdb sql --data DIR [--tenant ID] 'SELECT ...'
@@ -35,14 +35,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Store pprof files (gzip or raw; directories are walked).
+    /// Store pprof files (gzip or raw; directories are walked, their other files skipped).
     Ingest {
-        /// Database directory.
+        /// A server's data directory (the profiles go to a tenant's database under
+        /// `tenants/`, which the server reads), a database directory, or a new one.
         #[arg(long)]
         data: PathBuf,
-        /// Profile name: the first part of the profile types (process_cpu, memory, ...).
+        /// The tenant of a server's data directory (default `anonymous`, the server's
+        /// default tenant).
         #[arg(long)]
-        name: String,
+        tenant: Option<String>,
+        /// Profile name: the first part of the profile types (process_cpu, memory, ...).
+        /// Default: as Pyroscope names a profile by its sample types (CPU `process_cpu`,
+        /// heap `memory`, `goroutines`, `mutex`, `block`, `wall`).
+        #[arg(long)]
+        name: Option<String>,
         /// A series label for every sample, `key=value` (repeatable).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
@@ -77,6 +84,7 @@ enum Command {
         args: QueryArgs,
     },
     /// Run the continuous-profiling server: push, scrape, query API and web page.
+    #[command(after_long_help = SERVE_CONFIG_HELP)]
     Serve {
         /// Database directory (default: the config's, else `frostdb-data`).
         #[arg(long)]
@@ -115,6 +123,30 @@ enum Command {
         query: String,
     },
 }
+
+/// `serve --help`: what the config file sets, section by section.
+const SERVE_CONFIG_HELP: &str = "\
+The config file (--config FILE, TOML; frostdb.example.toml in the repository lists every key
+with its default, and the README says what each does):
+  listen, data, token       where it listens and keeps its tenants, the bearer token every
+                            API call then needs
+  retention                 how long samples are kept (default: for ever); persisted blocks
+                            wholly older are deleted, then the symbols only they used
+  rollup_retention          how long the hourly and daily rollups are kept
+  [tenants.<id>]            one tenant's own retention
+  [limits]                  request sizes, profile and label limits, series per tenant,
+                            query memory and concurrency, the server's memory budget,
+                            tenants, connections and timeouts (each refusal a 4xx naming
+                            its limit)
+  [[scrape]]                Go programs' /debug/pprof to scrape, with labels and intervals
+  [ebpf]                    the bundled eBPF sampler (as --ebpf): frequency, interval,
+                            processes, tenant, unwind table memory
+  [storage]                 every tenant in an S3 bucket instead of the data directory
+  [cluster]                 this node's role over the bucket (writer or reader), leases,
+                            flush and refresh intervals, merge workers and their secret
+Tenants: the X-Scope-OrgID header picks one (default anonymous); each has its own database
+under DATA/tenants/<id>/, which `frostdb types|query|sql --data DATA --tenant ID` read
+when the server is stopped.";
 
 /// The CLI's names of the library's formats ([`report::Format`]).
 #[derive(Clone, Copy, ValueEnum)]
@@ -158,32 +190,56 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 
 type BoxError = Box<dyn std::error::Error>;
 
-fn open(data: &Path) -> Result<ProfileStore, BoxError> {
-    let db = Db::open(data, DbOptions::default())
-        .map_err(|e| format!("cannot open the database in {}: {e}", data.display()))?;
-    Ok(ProfileStore::open(db, StoreOptions::default())?)
-}
-
 /// Whether `dir` holds a database (a manifest, or a WAL not yet persisted).
 fn is_database(dir: &Path) -> bool {
     dir.join("manifest.json").is_file() || dir.join("wal").is_dir()
 }
 
-/// The database a read command reads: `data` itself, or in a server's data directory
-/// (`data/tenants/<id>/`) the tenant's (`anonymous` when none is given). A path that holds
-/// no database is an error naming the tenants there, never a new empty database.
-fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
-    let tenants = data.join("tenants");
-    if tenant.is_none() && is_database(data) {
-        return Ok(data.to_owned());
-    }
+/// Whether `dir` is a server's data directory: its tenants' databases are under `tenants/`.
+fn is_server_data(dir: &Path) -> bool {
+    dir.join("tenants").is_dir()
+}
+
+/// The tenant named, checked as the server checks it, or the server's default.
+fn tenant_id(tenant: Option<&str>) -> Result<&str, BoxError> {
     let id = tenant.unwrap_or(frostdb_examples::server::config::DEFAULT_TENANT);
     frostdb_examples::server::tenants::validate_tenant(id).map_err(|e| format!("--tenant: {e}"))?;
-    let dir = tenants.join(id);
+    Ok(id)
+}
+
+/// The database a read command reads: in a server's data directory (`data/tenants/<id>/`)
+/// the tenant's (`anonymous` when none is given), else `data` itself. A path that holds no
+/// database is an error naming the tenants there; nothing is created.
+fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
+    if !is_server_data(data) {
+        if is_database(data) {
+            if let Some(id) = tenant {
+                return Err(format!(
+                    "--tenant {id}: {} is a database, not a server's data directory (which holds tenants/)",
+                    data.display()
+                )
+                .into());
+            }
+            return Ok(data.to_owned());
+        }
+        return Err(format!(
+            "no database in {} (check --data, or ingest something first)",
+            data.display()
+        )
+        .into());
+    }
+    let id = tenant_id(tenant)?;
+    if is_database(data) {
+        eprintln!(
+            "note: {} also holds a database outside tenants/ (written by an older `frostdb ingest`), which the server does not read; reading tenant {id:?}",
+            data.display()
+        );
+    }
+    let dir = data.join("tenants").join(id);
     if is_database(&dir) {
         return Ok(dir);
     }
-    let mut present: Vec<String> = std::fs::read_dir(&tenants)
+    let mut present: Vec<String> = std::fs::read_dir(data.join("tenants"))
         .into_iter()
         .flatten()
         .flatten()
@@ -193,7 +249,7 @@ fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
     present.sort();
     Err(if present.is_empty() {
         format!(
-            "no database in {} (check --data, or ingest something first)",
+            "the server data directory {} has no tenant yet (push or ingest something first)",
             data.display()
         )
     } else {
@@ -206,24 +262,80 @@ fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
     .into())
 }
 
-/// For commands that only read: a missing database is an error, not a new empty one.
-fn existing(data: &Path) -> Result<&Path, BoxError> {
-    if is_database(data) {
-        Ok(data)
-    } else {
-        Err(format!(
-            "no database in {} (check --data, or ingest something first)",
-            data.display()
-        )
-        .into())
+/// The database `ingest` writes: a tenant's in a server's data directory (where the server
+/// reads it), an existing database, or a new one in a new or empty directory. Never a new
+/// database beside a server's tenants, nor among files that are not a database's.
+fn ingest_database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
+    if is_server_data(data) || tenant.is_some() {
+        if tenant.is_some() && is_database(data) && !is_server_data(data) {
+            return Err(format!(
+                "--tenant: {} is a database, not a server's data directory (which holds tenants/)",
+                data.display()
+            )
+            .into());
+        }
+        let id = tenant_id(tenant)?;
+        return Ok(data.join("tenants").join(id));
     }
+    if is_database(data) {
+        return Ok(data.to_owned());
+    }
+    match std::fs::read_dir(data) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(format!(
+                    "{} holds files but no database: not creating one among them (give a new or empty directory, a database, or a server's data directory)",
+                    data.display()
+                )
+                .into());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("--data {}: {e}", data.display()).into()),
+    }
+    Ok(data.to_owned())
 }
 
-/// Files under `paths`, directories walked, in name order.
-fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, BoxError> {
-    let mut out = Vec::new();
-    let mut stack: Vec<PathBuf> = paths.iter().rev().cloned().collect();
-    while let Some(p) = stack.pop() {
+/// Opens a database to write (creating it if needed).
+fn open(data: &Path) -> Result<ProfileStore, BoxError> {
+    let db = Db::open(data, DbOptions::default())
+        .map_err(|e| format!("cannot open the database in {}: {e}", data.display()))?;
+    Ok(ProfileStore::open(db, StoreOptions::default())?)
+}
+
+/// Opens a database to read: nothing is written, no file changes, and a server running on
+/// it is named rather than waited for.
+fn open_read(data: &Path) -> Result<ProfileStore, BoxError> {
+    let db = Db::open_read_only(data, DbOptions::default())
+        .map_err(|e| format!("cannot read the database in {}: {e}", data.display()))?;
+    Ok(ProfileStore::open_reader(db, StoreOptions::default())?)
+}
+
+/// Whether a file met while walking a directory looks like a profile: gzip, or named as
+/// pprof files are. Files named on the command line are always tried.
+fn looks_like_profile(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    if [".pb", ".pb.gz", ".pprof", ".prof", ".gz"]
+        .iter()
+        .any(|ext| name.ends_with(ext))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 2];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| magic == [0x1f, 0x8b])
+}
+
+/// Files under `paths`, directories walked in name order (skipping what is not a profile,
+/// returned second). A path that does not exist is an error.
+fn files(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<PathBuf>), BoxError> {
+    let (mut out, mut skipped) = (Vec::new(), Vec::new());
+    let mut stack: Vec<(PathBuf, bool)> = paths.iter().rev().map(|p| (p.clone(), true)).collect();
+    while let Some((p, named)) = stack.pop() {
         let meta = std::fs::metadata(&p).map_err(|e| format!("{}: {e}", p.display()))?;
         if meta.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(&p)
@@ -231,32 +343,43 @@ fn files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, BoxError> {
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .collect();
             entries.sort();
-            stack.extend(entries.into_iter().rev());
-        } else {
+            stack.extend(entries.into_iter().rev().map(|e| (e, false)));
+        } else if named || looks_like_profile(&p) {
             out.push(p);
+        } else {
+            skipped.push(p);
         }
     }
-    Ok(out)
+    Ok((out, skipped))
 }
 
-fn ingest(
-    data: &Path,
-    name: String,
+/// What `ingest` stores and how.
+struct IngestArgs {
+    name: Option<String>,
     labels: Vec<(String, String)>,
     delta: bool,
-    paths: &[PathBuf],
-) -> Result<ExitCode, BoxError> {
+}
+
+fn ingest(data: &Path, args: IngestArgs, paths: &[PathBuf]) -> Result<ExitCode, BoxError> {
+    // Every path is checked before anything is created.
+    let (files, skipped) = files(paths)?;
+    if files.is_empty() {
+        return Err(format!(
+            "no profiles in {} (skipped {} files that are not pprof)",
+            paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            skipped.len()
+        )
+        .into());
+    }
     let store = open(data)?;
-    let files = files(paths)?;
-    let options = IngestOptions {
-        name,
-        labels,
-        delta,
-        timestamp_ms: None,
-    };
+    eprintln!("storing into {}", data.display());
     let started = Instant::now();
     let mut last_report = Instant::now();
-    let (mut ok, mut samples, mut bytes) = (0usize, 0usize, 0usize);
+    let (mut ok, mut samples, mut bytes, mut duplicates) = (0usize, 0usize, 0usize, 0usize);
     let mut types = std::collections::BTreeSet::new();
     let mut rejected: Vec<(PathBuf, String)> = Vec::new();
     for (i, file) in files.iter().enumerate() {
@@ -264,9 +387,23 @@ fn ingest(
             .map_err(|e| e.to_string())
             .and_then(|b| {
                 bytes += b.len();
-                store.ingest(&b, &options).map_err(|e| e.to_string())
+                let profile = frostdb_pprof::decode(&b, &store.options().limits)
+                    .map_err(|e| e.to_string())?;
+                let options = IngestOptions {
+                    name: args
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| frostdb_pprof::convert::profile_name(&profile)),
+                    labels: args.labels.clone(),
+                    delta: args.delta,
+                    timestamp_ms: None,
+                };
+                store
+                    .ingest_profile(&profile, &options)
+                    .map_err(|e| e.to_string())
             });
         match result {
+            Ok(summary) if summary.duplicate => duplicates += 1,
             Ok(summary) => {
                 ok += 1;
                 samples += summary.rows;
@@ -281,15 +418,30 @@ fn ingest(
     }
     store.db().flush()?;
     let secs = started.elapsed().as_secs_f64();
-    println!(
-        "stored {ok} of {} files: {samples} samples, {:.1} MB of pprof in {secs:.2} s ({:.0} samples/s)",
-        files.len(),
+    println!("stored {ok} of {} files: {samples} samples", files.len());
+    eprintln!(
+        "{:.2} MB of pprof in {secs:.2} s ({:.0} samples/s)",
         bytes as f64 / 1e6,
         samples as f64 / secs.max(1e-9)
     );
-    println!("profile types:");
-    for t in &types {
-        println!("  {t}");
+    if duplicates > 0 {
+        println!(
+            "{duplicates} already stored (the same series, time and samples), not stored again"
+        );
+    }
+    if !skipped.is_empty() {
+        let names: Vec<String> = skipped.iter().map(|p| p.display().to_string()).collect();
+        println!(
+            "skipped {} files that are not pprof: {}",
+            skipped.len(),
+            names.join(", ")
+        );
+    }
+    if !types.is_empty() {
+        println!("profile types:");
+        for t in &types {
+            println!("  {t}");
+        }
     }
     if !rejected.is_empty() {
         println!("rejected {} files:", rejected.len());
@@ -308,7 +460,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, BoxError> {
 }
 
 fn types(data: &Path) -> Result<ExitCode, BoxError> {
-    let store = open(existing(data)?)?;
+    let store = open_read(data)?;
     let ctx = store.session()?;
     let batches = runtime()?.block_on(async {
         use futures::TryStreamExt;
@@ -317,6 +469,9 @@ fn types(data: &Path) -> Result<ExitCode, BoxError> {
             .try_collect::<Vec<_>>()
             .await
     })?;
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        return Err(format!("nothing is stored in {}", data.display()).into());
+    }
     for b in &batches {
         for i in 0..b.num_rows() {
             let parts: Vec<String> = (0..b.num_columns())
@@ -379,7 +534,15 @@ fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
             .transpose()?
             .unwrap_or(i64::MAX),
     };
-    let store = open(existing(data)?)?;
+    if range.start_ms >= range.end_ms {
+        return Err(format!(
+            "the range is empty: --from ({}) is not before --to ({}); is it reversed?",
+            show_time(range.start_ms),
+            show_time(range.end_ms)
+        )
+        .into());
+    }
+    let store = open_read(data)?;
     let format = report::Format::from(format);
     let profile_type = selector
         .profile_type
@@ -392,10 +555,24 @@ fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
     };
     let merged = store.merge_with(&selector, range, &options)?;
     if merged.samples.is_empty() {
-        eprintln!(
-            "nothing matches {selector:?} in that range",
-            selector = selector_text(&selector)
-        );
+        // A selector that can never match is named with what is stored; one that matches
+        // outside the range says where the data is.
+        store.check_selection(&selector, range)?;
+        let span = match store.time_span()? {
+            Some((oldest, newest)) => format!(
+                "stored profiles span {} to {}",
+                show_time(oldest),
+                show_time(newest)
+            ),
+            None => "nothing is stored".to_owned(),
+        };
+        return Err(format!(
+            "nothing matches {} from {} to {}: {span}",
+            selector_text(&selector),
+            show_time(range.start_ms),
+            show_time(range.end_ms)
+        )
+        .into());
     }
     let render = report::RenderOptions {
         max_nodes,
@@ -438,10 +615,40 @@ fn selector_text(s: &Selector) -> String {
     format!("{t}{{{}}}", m.join(","))
 }
 
+/// A time as the CLI prints it: RFC 3339 (the open ends of a range as words).
+fn show_time(ms: i64) -> String {
+    match ms {
+        i64::MIN => "the beginning".to_owned(),
+        i64::MAX => "the end".to_owned(),
+        ms => jiff::Timestamp::from_millisecond(ms)
+            .map(|t| t.to_string())
+            .unwrap_or_else(|_| format!("{ms} ms")),
+    }
+}
+
+/// Runs read-only SQL: what the server's SQL API refuses is refused here, with the same
+/// message.
 fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
-    let db = Db::open(existing(data)?, DbOptions::default())?;
-    let ctx = frostdb_query::session(&db)?;
-    let batches = runtime()?.block_on(async { ctx.sql(q).await?.collect().await })?;
+    use frostdb_examples::server::query::MAX_SQL_BYTES;
+    if q.trim().is_empty() {
+        return Err("empty SQL".into());
+    }
+    if q.len() > MAX_SQL_BYTES {
+        return Err(format!(
+            "the SQL text has {} bytes, over the limit of {MAX_SQL_BYTES}",
+            q.len()
+        )
+        .into());
+    }
+    frostdb_query::check_sql_shape(q, &frostdb_query::SqlLimits::default())?;
+    let store = open_read(data)?;
+    let ctx = frostdb_query::session(store.db())?;
+    let batches = runtime()?.block_on(async {
+        ctx.sql_with_options(q, frostdb_query::read_only_sql())
+            .await?
+            .collect()
+            .await
+    })?;
     println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -507,11 +714,22 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Ingest {
             data,
+            tenant,
             name,
             labels,
             delta,
             paths,
-        } => ingest(&data, name, labels, delta, &paths),
+        } => ingest_database(&data, tenant.as_deref()).and_then(|data| {
+            ingest(
+                &data,
+                IngestArgs {
+                    name,
+                    labels,
+                    delta,
+                },
+                &paths,
+            )
+        }),
         Command::Types { data, tenant } => {
             database(&data, tenant.as_deref()).and_then(|data| types(&data))
         }

@@ -678,6 +678,80 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The field names of a struct, from its `Debug` (`Name { a: .., b: .. }`).
+    fn field_names(debug: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let (mut depth, mut start) = (0usize, None);
+        for (i, c) in debug.char_indices() {
+            match c {
+                '{' | '[' | '(' => {
+                    depth += 1;
+                    if depth == 1 {
+                        start = Some(i + 1);
+                    }
+                }
+                '}' | ']' | ')' => depth -= 1,
+                ',' if depth == 1 => start = Some(i + 1),
+                ':' if depth == 1 => {
+                    if let Some(s) = start.take() {
+                        names.push(debug[s..i].trim().to_owned());
+                    }
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn the_example_config_parses_sets_the_defaults_and_lists_every_key() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb.example.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let c = Config::load(&path).unwrap();
+        let defaults: Config = toml::from_str("").unwrap();
+        assert_eq!(format!("{:?}", c.limits), format!("{:?}", defaults.limits));
+        assert_eq!(
+            format!("{:?}", c.cluster),
+            format!("{:?}", defaults.cluster)
+        );
+        assert_eq!((c.listen, &c.data), (defaults.listen, &defaults.data));
+        assert!(c.token.is_none() && c.retention.is_none() && c.scrape.is_empty());
+        // Every key, set or commented out ("# key = ..."), in every section.
+        let scrape: ScrapeConfig = toml::from_str("job = \"j\"\ntargets = []").unwrap();
+        let sections = [
+            ("", field_names(&format!("{defaults:?}"))),
+            ("[limits]", field_names(&format!("{:?}", defaults.limits))),
+            ("[cluster]", field_names(&format!("{:?}", defaults.cluster))),
+            (
+                "[ebpf]",
+                field_names(&format!("{:?}", EbpfConfig::default())),
+            ),
+            ("[[scrape]]", field_names(&format!("{scrape:?}"))),
+            (
+                "[storage]",
+                field_names(&format!("{:?}", frostdb_core::Bucket::default())),
+            ),
+            (
+                "[tenants.<id>]",
+                field_names(&format!("{:?}", TenantConfig::default())),
+            ),
+        ];
+        let tables = ["limits", "scrape", "ebpf", "tenants", "storage", "cluster"];
+        for (section, keys) in sections {
+            assert!(!keys.is_empty(), "{section}");
+            for key in keys {
+                if section.is_empty() && tables.contains(&key.as_str()) {
+                    continue;
+                }
+                let listed = text.lines().any(|l| {
+                    let l = l.trim_start_matches(['#', ' ']);
+                    l.starts_with(&format!("{key} =")) || l.starts_with(&format!("{key}="))
+                });
+                assert!(listed, "{section} {key} is missing from {}", path.display());
+            }
+        }
+    }
+
     #[test]
     fn parses_a_full_config() {
         let c: Config = toml::from_str(

@@ -41,10 +41,21 @@ fn bounded(mut message: String) -> String {
 
 impl ApiError {
     /// An error with `status`.
+    /// An error answered with `status`; one over a limit (413, 429) whose message does not
+    /// say which setting raises it gets that named (see [`limit_setting`]).
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let mut message = message.into();
+        if matches!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS
+        ) && !message.contains("limits.")
+            && let Some(key) = limit_setting(&message)
+        {
+            message.push_str(&format!(" (raise it with limits.{key})"));
+        }
         Self {
             status,
-            message: bounded(message.into()),
+            message: bounded(message),
             retry_after: None,
         }
     }
@@ -124,6 +135,25 @@ impl ApiError {
             _ => "internal",
         }
     }
+}
+
+/// The configuration key (`[limits]`) of the limit a refusal's message names, for the
+/// engine's refusals, which know their limit but not what the server calls it.
+pub fn limit_setting(message: &str) -> Option<&'static str> {
+    const KEYS: [(&str, &str); 9] = [
+        ("decompressed", "max_decompressed_bytes"),
+        ("sample count", "max_samples_per_profile"),
+        ("location count", "max_locations_per_profile"),
+        ("function count", "max_locations_per_profile"),
+        ("series is reached", "max_series_per_tenant"),
+        ("query memory limit", "max_query_memory_bytes"),
+        ("length limit exceeded", "max_body_bytes"),
+        ("label names of", "max_label_names_per_series"),
+        ("decoded request bytes", "max_decompressed_bytes"),
+    ];
+    KEYS.iter()
+        .find(|(phrase, _)| message.contains(phrase))
+        .map(|(_, key)| *key)
 }
 
 impl std::fmt::Display for ApiError {

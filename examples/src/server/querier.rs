@@ -3,6 +3,11 @@
 //!
 //! `GET /pyroscope/render` and `/pyroscope/render-diff` answer the legacy flamebearer JSON.
 //!
+//! Every merge here (flame graphs, pprof, each side of a diff) combines each series'
+//! profiles over the range as `/api/v1/query` does: gauges such as memory in use averaged,
+//! the rest summed ([`Aggregation::default_for`]); the same selection totals the same
+//! everywhere. `render-diff` takes `aggregation=sum|average|latest` to say otherwise.
+//!
 //! `POST /querier.v1.QuerierService/<Method>` and `POST /settings.v1.SettingsService/<Method>`
 //! over Connect unary: the body is the request message as binary protobuf
 //! (`application/proto`) or proto3 JSON (`application/json`: int64 as strings, lowerCamel or
@@ -30,7 +35,7 @@ use frostdb_pprof::report::pyroscope::{
     Flamebearer, Levels, Timeline, timeline_step_s, tree_bytes,
 };
 use frostdb_pprof::report::tree::{self, FlameGraph};
-use frostdb_query::profile::TimeRange;
+use frostdb_query::profile::{Aggregation, TimeRange};
 use frostdb_query::{Matcher, Selector};
 
 use super::error::{ApiError, ApiResult};
@@ -190,7 +195,8 @@ async fn render(
         }
     };
     let profile_type = selector.profile_type.clone().expect("typed");
-    // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph sums.
+    // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph merges as
+    // every merge here does (gauges averaged, the rest summed).
     let merged = q.merge(selector.clone(), range).await?;
     let graph = FlameGraph::build_truncated(&merged, max_nodes);
     let mut fb = Flamebearer::new(
@@ -241,7 +247,9 @@ async fn render(
 }
 
 /// `GET /pyroscope/render-diff`: `leftQuery`/`leftFrom`/`leftUntil` against the `right…`
-/// ones, as flamebearer JSON of format `double`.
+/// ones, as flamebearer JSON of format `double`; each side merged as `/api/v1/query` merges
+/// it (gauges averaged) unless `aggregation=sum|average|latest` says otherwise, the header
+/// `X-Frostdb-Aggregation` saying which.
 async fn render_diff(
     State(state): State<Shared>,
     TenantId(tenant): TenantId,
@@ -250,20 +258,29 @@ async fn render_diff(
     let left = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
     let right = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
     let max_nodes = render_max_nodes(&params)?;
+    let profile_type = left.0.profile_type.clone().expect("typed");
+    let aggregation = match param(&params, &["aggregation"]) {
+        Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request)?,
+        None => Aggregation::default_for(&profile_type),
+    };
     let q = Querier {
         state,
         tenant,
         utf8_names: false,
     };
-    let profile_type = left.0.profile_type.clone().expect("typed");
-    let (levels, left_ticks, right_ticks) = q.diff_levels(left, right, max_nodes).await?;
+    let (levels, left_ticks, right_ticks) =
+        q.diff_levels(left, right, max_nodes, aggregation).await?;
     let fb = Flamebearer::new(
         levels,
         &profile_type.sample_type,
         &profile_type.sample_unit,
         Some((left_ticks, right_ticks)),
     );
-    Ok(axum::Json(fb).into_response())
+    let said = [(
+        super::query::AGGREGATION_HEADER,
+        header::HeaderValue::from_static(aggregation.name()),
+    )];
+    Ok((said, axum::Json(fb)).into_response())
 }
 
 /// The enum fields of the query API's requests that change an answer's meaning, as proto3
@@ -455,7 +472,12 @@ async fn request_body(
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
         .await
-        .map_err(|e| ApiError::too_large(format!("the body: {e}")))?;
+        .map_err(|e| {
+            ApiError::too_large(format!(
+                "the body: {e}: over {} bytes (limits.max_body_bytes)",
+                state.config.limits.max_body_bytes
+            ))
+        })?;
     super::ingest::body_bytes(state, &parts.headers, body, memory)
 }
 
@@ -811,16 +833,36 @@ impl Querier {
     }
 
     /// `then` of the merge of `selector` in `range` (a report built from it), in the same
-    /// job of the query lane.
+    /// job of the query lane; each series' profiles combined as `/api/v1/query` combines
+    /// them unless told (gauges averaged, the rest summed).
     async fn merge_then<T: Send + 'static>(
         &self,
         selector: Selector,
         range: TimeRange,
         then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
+        let profile_type = selector
+            .profile_type
+            .as_ref()
+            .expect("typed selectors only");
+        let aggregation = Aggregation::default_for(profile_type);
+        self.merge_as(selector, range, aggregation, then).await
+    }
+
+    /// [`Self::merge_then`] with each series' profiles combined by `aggregation`.
+    async fn merge_as<T: Send + 'static>(
+        &self,
+        selector: Selector,
+        range: TimeRange,
+        aggregation: Aggregation,
+        then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
         match self.state.tenants.for_read(&self.tenant).await? {
             Some(t) => {
-                let options = frostdb_pprof::MergeOptions::default();
+                let options = frostdb_pprof::MergeOptions {
+                    aggregation,
+                    ..frostdb_pprof::MergeOptions::default()
+                };
                 super::query::merge_then(&self.state, t, selector, range, options, then).await
             }
             None => then(frostdb_pprof::Merged::empty(
@@ -830,20 +872,21 @@ impl Querier {
     }
 
     /// The diff of two typed selections as Pyroscope's levels, with the left and right
-    /// totals: an error when their profile types differ.
+    /// totals, each side merged by `aggregation`: an error when their profile types differ.
     async fn diff_levels(
         &self,
         (left, left_range): (Selector, TimeRange),
         (right, right_range): (Selector, TimeRange),
         max_nodes: usize,
+        aggregation: Aggregation,
     ) -> ApiResult<(Levels, i64, i64)> {
         if left.profile_type != right.profile_type {
             return Err(ApiError::bad_request(
                 "left and right must have the same profile type",
             ));
         }
-        let l = self.merge(left, left_range).await?;
-        let r = self.merge(right, right_range).await?;
+        let l = self.merge_as(left, left_range, aggregation, Ok).await?;
+        let r = self.merge_as(right, right_range, aggregation, Ok).await?;
         let diff = tree::diff(&l, &r);
         let root = diff.root();
         Ok((
@@ -1139,11 +1182,15 @@ impl Querier {
         };
         let (left, left_range, left_nodes) = side(r.left, "left")?;
         let (right, right_range, _) = side(r.right, "right")?;
+        // Each side merged as its SelectMergeStacktraces would be (a gauge averaged).
+        let aggregation =
+            Aggregation::default_for(left.profile_type.as_ref().expect("typed selectors only"));
         let (levels, left_ticks, right_ticks) = self
             .diff_levels(
                 (left, left_range),
                 (right, right_range),
                 max_nodes(left_nodes)?,
+                aggregation,
             )
             .await?;
         Ok(querier::DiffResponse {

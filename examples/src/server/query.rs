@@ -9,7 +9,7 @@
 //! | `GET timestamps?selector=` | the profile timestamps of the selected series |
 //! | `GET query?selector=&format=flamegraph\|top\|top-text\|folded\|pprof\|svg\|dot&aggregation=sum\|average\|latest` | the merged profile (gauges averaged unless told) |
 //! | `GET query_range?selector=&step=&aggregation=sum\|average` | the value per series per step (gauges averaged unless told) |
-//! | `GET diff?base=&compare=` | two merges as one tree |
+//! | `GET diff?base=&compare=&aggregation=sum\|average\|latest` | two merges as one tree, each side merged as `query` would (gauges averaged unless told) |
 //! | `GET/POST sql?q=` | rows of a read-only SQL query |
 //!
 //! Every route takes `from` and `to` (RFC 3339, Unix ms, `now-1h`; default: all of time);
@@ -85,8 +85,9 @@ pub struct Params {
     pub to: Option<String>,
     /// Output format of `query`.
     pub format: Option<String>,
-    /// How `query` combines each series' profiles over the range: `sum`, `average` or
-    /// `latest` (default: average for gauges such as memory in use, else sum).
+    /// How `query` and each side of `diff` combine each series' profiles over the range:
+    /// `sum`, `average` or `latest` (default: average for gauges such as memory in use, else
+    /// sum).
     pub aggregation: Option<String>,
     /// Step of `query_range` (`15s`, `1m`, or milliseconds).
     pub step: Option<String>,
@@ -227,16 +228,18 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
     }
 }
 
-/// Merges in the query lane (off the async threads; a merge reads with its own threads):
-/// summed series.
+/// Merges in the query lane (off the async threads; a merge reads with its own threads),
+/// each series' profiles combined by `aggregation` (series summed together).
 pub(super) async fn merge(
     state: &Shared,
     t: Arc<Tenant>,
     selector: Selector,
     range: TimeRange,
+    aggregation: Aggregation,
     lenient: bool,
 ) -> ApiResult<frostdb_pprof::Merged> {
     let options = MergeOptions {
+        aggregation,
         lenient,
         ..MergeOptions::default()
     };
@@ -520,10 +523,7 @@ async fn query(
     let format = Format::parse(p.format.as_deref().unwrap_or("flamegraph"))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let profile_type = selector.profile_type.clone().expect("typed");
-    let aggregation = match p.aggregation.as_deref() {
-        Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request)?,
-        None => Aggregation::default_for(&profile_type),
-    };
+    let aggregation = aggregation_of(p.aggregation.as_deref(), &profile_type)?;
     let options = MergeOptions {
         aggregation,
         by_series: format.keeps_series(),
@@ -543,8 +543,24 @@ async fn query(
         Ok((report::render(&merged, format, &render)?, failed))
     };
     let (bytes, failed) = match state.tenants.for_read(&tenant).await? {
-        Some(t) => merge_then(&state, t, selector, range, options, draw).await?,
-        None => draw(frostdb_pprof::Merged::empty(profile_type))?,
+        Some(t) => {
+            // An empty answer is checked: a selector that can never match (a type or label
+            // nobody stored) is a 400 listing what is stored, never an empty flame graph.
+            let (tenant, checked) = (t.clone(), selector.clone());
+            let check_then_draw = move |merged: frostdb_pprof::Merged| {
+                // (A lenient answer that skipped blocks says so instead.)
+                if merged.samples.is_empty() && merged.blocks_failed == 0 {
+                    tenant.store.check_selection(&checked, range)?;
+                }
+                draw(merged)
+            };
+            merge_then(&state, t, selector, range, options, check_then_draw).await?
+        }
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "no profile type {profile_type} is stored: tenant {tenant:?} has stored nothing yet"
+            )));
+        }
     };
     let failed = p.lenient.then_some(failed);
     let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
@@ -559,6 +575,18 @@ async fn query(
         header::HeaderValue::from_static(aggregation.name()),
     );
     Ok(answer(response, failed))
+}
+
+/// The `aggregation` asked for, else what suits `profile_type` (gauges average): one rule
+/// for `query` and `diff`, so a diff's side totals what the query of it totals.
+fn aggregation_of(
+    asked: Option<&str>,
+    profile_type: &frostdb_query::ProfileType,
+) -> ApiResult<Aggregation> {
+    match asked.map(str::trim).filter(|a| !a.is_empty()) {
+        Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request),
+        None => Ok(Aggregation::default_for(profile_type)),
+    }
 }
 
 /// Parses a step: a duration (`15s`, `1m`) or milliseconds.
@@ -609,11 +637,15 @@ async fn query_range(
     let lenient = p.lenient;
     // Profile totals: a row per profile; one series per label set, points in time order.
     let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), move |store| {
-        Ok(if lenient {
+        let (series, failed) = if lenient {
             store.range_lenient(&selector, range, step, None)?
         } else {
             (store.range(&selector, range, step, None)?, 0)
-        })
+        };
+        if series.is_empty() && failed == 0 {
+            store.check_selection(&selector, range)?;
+        }
+        Ok((series, failed))
     })
     .await?;
     let series: Vec<Value> = series
@@ -673,21 +705,34 @@ async fn diff(
         p.compare_to.as_ref().or(p.to.as_ref()),
         "compare_",
     )?;
+    // Each side merged as `query` merges it: a gauge's side is its average over the range,
+    // so the diff of a selection with itself totals what its flame graph totals.
+    let aggregation = aggregation_of(
+        p.aggregation.as_deref(),
+        base.profile_type.as_ref().expect("typed"),
+    )?;
+    let said = [(
+        AGGREGATION_HEADER,
+        header::HeaderValue::from_static(aggregation.name()),
+    )];
     let Some(t) = state.tenants.for_read(&tenant).await? else {
         return Ok(answer(
-            Json(
-                json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
+            (
+                said,
+                Json(
+                    json!({"name": "total", "base": 0, "compare": 0, "base_self": 0, "compare_self": 0}),
+                ),
             ),
             p.lenient.then_some(0),
         ));
     };
-    let b = merge(&state, t.clone(), base, base_range, p.lenient).await?;
-    let c = merge(&state, t, compare, compare_range, p.lenient).await?;
+    let b = merge(&state, t.clone(), base, base_range, aggregation, p.lenient).await?;
+    let c = merge(&state, t, compare, compare_range, aggregation, p.lenient).await?;
     let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
     // Written by the tree itself: a deep tree through serde would recurse once per frame.
     let body = tree::diff(&b, &c).to_json();
     Ok(answer(
-        ([(header::CONTENT_TYPE, "application/json")], body),
+        (said, [(header::CONTENT_TYPE, "application/json")], body),
         failed,
     ))
 }
@@ -747,12 +792,8 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
         lenient,
         (json!([]), false),
         move |ctx, cancel| async move {
-            let options = datafusion::execution::context::SQLOptions::new()
-                .with_allow_ddl(false)
-                .with_allow_dml(false)
-                .with_allow_statements(false);
             let plan = ctx
-                .sql_with_options(&q, options)
+                .sql_with_options(&q, frostdb_query::read_only_sql())
                 .await?
                 .create_physical_plan()
                 .await?;

@@ -321,11 +321,15 @@ impl Table {
     }
 
     /// Rotates the active block now (if it holds anything) and persists every rotated block,
-    /// on this thread. Returns the blocks persisted. An in-memory table has nothing to do.
+    /// on this thread. Returns the blocks persisted. An in-memory table has nothing to do; a
+    /// read-only one refuses ([`crate::Error::ReadOnly`]).
     pub fn persist(&self) -> Result<Vec<BlockMeta>> {
         if self.inner.durable.is_none() {
             return Ok(Vec::new());
         }
+        self.inner
+            .log
+            .refuse(|| format!("persisting table {:?}", self.inner.name))?;
         let persisted_before = {
             let _swap = self.inner.swap.lock();
             let before = self

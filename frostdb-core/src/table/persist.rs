@@ -20,6 +20,8 @@ impl TableInner {
         let Some(durable) = &self.durable else {
             return Ok(Vec::new());
         };
+        self.log
+            .refuse(|| format!("persisting table {:?}", self.name))?;
         if durable.shared {
             // Every table at once, at one transaction, in one manifest update (when this
             // one has something to persist: a rotated block, or one a failed cut left).

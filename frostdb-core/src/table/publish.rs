@@ -107,7 +107,8 @@ impl TableInner {
     }
 
     /// Applies a write replayed from the WAL at open. Persists blocks as they fill, so that
-    /// replay's memory stays within one block whatever the WAL's length.
+    /// replay's memory stays within one block whatever the WAL's length; a read-only
+    /// database writes nothing, so it keeps them in memory.
     pub(crate) fn apply_replayed(&self, tx: u64, batch: RecordBatch) -> Result<()> {
         let columns = column_names(&self.schema, &batch)?;
         let chunk = Arc::new(Chunk::new(batch)?);
@@ -119,7 +120,7 @@ impl TableInner {
                 columns,
             },
         )]);
-        if !self.current.read().frozen.is_empty() {
+        if !self.log.is_read_only() && !self.current.read().frozen.is_empty() {
             self.persist_frozen()?;
         }
         Ok(())

@@ -64,6 +64,8 @@ impl TableInner {
         if expired.is_empty() {
             return Ok(expired);
         }
+        self.log
+            .refuse(|| format!("deleting blocks of table {:?}", self.name))?;
         let ids: std::collections::HashSet<u64> = expired.iter().map(|b| b.id).collect();
         durable.manifest.update(|m| {
             if let Some(t) = m.tables.get_mut(&self.name) {
@@ -107,6 +109,8 @@ impl TableInner {
         if *self.ttl.read() == ttl {
             return Ok(());
         }
+        self.log
+            .refuse(|| format!("setting the retention of table {:?}", self.name))?;
         if let Some(durable) = &self.durable {
             durable.manifest.update(|m| {
                 let t = m

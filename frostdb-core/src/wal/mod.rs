@@ -295,12 +295,34 @@ fn apply_records<R: std::io::Read>(
 }
 
 /// Replays the WAL in `dir`: calls `apply(tx, payload, (segment, offset))` for every record
-/// with a transaction above `after`, in order, one record in memory at a time. A torn tail of the last segment
-/// is cut off with a warning; damage anywhere else is an error naming segment and offset.
+/// with a transaction above `after`, in order, one record in memory at a time. A torn tail of
+/// the last segment is cut off with a warning; damage anywhere else is an error naming
+/// segment and offset.
 pub(crate) fn replay(
     fs: &dyn FileSystem,
     dir: &Path,
     after: u64,
+    apply: impl FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()>,
+) -> Result<(Replayed, Vec<KeptSegment>)> {
+    replay_in(fs, dir, after, true, apply)
+}
+
+/// [`replay`] for a database opened read-only: the same records and the same errors, but a
+/// torn tail is only skipped, not cut off, and nothing is synced: no file changes.
+pub(crate) fn replay_read_only(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    apply: impl FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()>,
+) -> Result<Replayed> {
+    replay_in(fs, dir, 0, false, apply).map(|(replayed, _)| replayed)
+}
+
+/// [`replay`]; `repair`: cut a torn tail off and sync what was read.
+fn replay_in(
+    fs: &dyn FileSystem,
+    dir: &Path,
+    after: u64,
+    repair: bool,
     mut apply: impl FnMut(u64, Vec<u8>, (&str, u64)) -> Result<()>,
 ) -> Result<(Replayed, Vec<KeptSegment>)> {
     let segments = list_segments(fs, dir)?;
@@ -322,6 +344,16 @@ pub(crate) fn replay(
                     reason: format!("{reason}, and later segments follow"),
                 });
             }
+            if !repair {
+                tracing::warn!(
+                    segment = %shown,
+                    offset,
+                    %reason,
+                    "skipping the torn tail of the WAL (an unacknowledged write cut short by a \
+                     crash; opened read-only, so it stays until a writer opens the database)"
+                );
+                continue;
+            }
             tracing::warn!(
                 segment = %shown,
                 offset,
@@ -339,7 +371,7 @@ pub(crate) fn replay(
             bytes = (*offset).max(MAGIC.len() as u64);
             fs.truncate(path, bytes)
                 .map_err(io_err(format!("truncating the torn tail of {shown}")))?;
-        } else {
+        } else if repair {
             // What replay read may never have been synced (a write whose fsync failed, or
             // a process killed before it synced): the records now get published, so make
             // them durable first. Otherwise a power loss after this open could tear a segment

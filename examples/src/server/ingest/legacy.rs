@@ -6,9 +6,10 @@
 
 use std::collections::HashMap;
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use frostdb_pprof::ValidProfile;
 use frostdb_pprof::convert::folded::{self, Units};
 
@@ -24,7 +25,7 @@ pub async fn handle(
     memory: RequestMemory,
     Query(params): Query<HashMap<String, String>>,
     request: Request,
-) -> ApiResult<StatusCode> {
+) -> ApiResult<Json<serde_json::Value>> {
     let meta = Meta::parse(&params, crate::time::now_ms())?;
     let headers = request.headers().clone();
     let kind = content_type(&headers);
@@ -76,8 +77,25 @@ pub async fn handle(
     const YEAR_MS: i64 = 365 * 24 * 3_600_000;
     let own_ms = incoming.profile.time_nanos() / 1_000_000;
     incoming.timestamp_ms = (own_ms < YEAR_MS).then_some(meta.from_ms);
-    store(&state, &tenant, incoming).await?;
-    Ok(StatusCode::OK)
+    let mut series: Vec<(String, String)> = incoming
+        .labels
+        .iter()
+        .filter(|(k, v)| !v.is_empty() && !k.starts_with("__"))
+        .map(|(k, v)| (frostdb_pprof::sanitize_label(k), v.clone()))
+        .collect();
+    series.sort();
+    let summary = store(&state, &tenant, incoming).await?;
+    // What was stored, so that a client (or a person with curl) sees it landed, and where.
+    let labels: serde_json::Map<String, serde_json::Value> =
+        series.into_iter().map(|(k, v)| (k, v.into())).collect();
+    Ok(Json(serde_json::json!({
+        "profiles": usize::from(!summary.duplicate),
+        "duplicates": usize::from(summary.duplicate),
+        "samples": summary.rows,
+        "profile_types": summary.profile_types,
+        "series_labels": labels,
+        "timestamp_ms": summary.timestamp_ms,
+    })))
 }
 
 async fn body(
@@ -327,7 +345,7 @@ impl Meta {
             Some(k) if k.starts_with("mutex") => "mutex".to_owned(),
             Some(k) if k.starts_with("block") => "block".to_owned(),
             Some(k) => k.to_owned(),
-            None => name_from_types(&profile),
+            None => frostdb_pprof::convert::profile_name(&profile),
         };
         self.incoming(name, profile, previous)
     }
@@ -346,42 +364,6 @@ impl Meta {
             delta: false,
             timestamp_ms: Some(self.from_ms),
         }
-    }
-}
-
-/// The profile name Pyroscope gives a pprof by its sample types.
-fn name_from_types(p: &ValidProfile) -> String {
-    let types: Vec<&str> = p
-        .sample_types()
-        .iter()
-        .map(|t| p.string(t.r#type))
-        .collect();
-    // Pyroscope's rules (`metricName` of its pprof ingestion): a `wall` type makes the whole
-    // profile `wall` (Node's wall profile with CPU time is `wall:cpu:…` too); else the first
-    // type that names a kind.
-    if types.contains(&"wall") {
-        return "wall".to_owned();
-    }
-    for t in &types {
-        let name = if t.contains("cpu") {
-            "process_cpu"
-        } else if t.contains("alloc_") || t.contains("inuse_") || *t == "space" || *t == "objects" {
-            "memory"
-        } else if t.contains("mutex_") || *t == "contentions" || *t == "delay" {
-            "mutex"
-        } else if t.contains("block_") {
-            "block"
-        } else if t.starts_with("goroutine") {
-            "goroutines"
-        } else {
-            continue;
-        };
-        return name.to_owned();
-    }
-    let period = p.period_type().map(|t| p.string(t.r#type)).unwrap_or("");
-    match period {
-        "cpu" => "process_cpu".to_owned(),
-        _ => types.last().copied().unwrap_or("unknown").to_owned(),
     }
 }
 

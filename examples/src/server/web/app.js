@@ -1,13 +1,18 @@
 // The frostdb page: a selector, a time range, the value over time, a flame graph, the top
-// table and a diff, all from /api/v1. Plain JavaScript, no build step.
+// table and a diff (both sides over time, a delta table), all from /api/v1, the view kept in
+// the URL. Plain JavaScript, no build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const view = (window.frostdbView = { names: [], total: 0, mode: "merge" });
-const state = { types: [], range: null, step: 0, pinned: null, flame: null, zoom: null, top: [], sort: { key: "flat", asc: false } };
+const state = {
+  types: [], range: null, step: 0, pinned: null, flame: null, zoom: null, zoomNames: null, gen: 0,
+  top: [], sort: { key: "flat", asc: false }, delta: [], dsort: { key: "delta", asc: false },
+};
 
 // ---------- API ----------
-async function api(path, params) {
+// GETs `path` with `params`: the parsed answer, or with `withHeaders` {body, headers}.
+async function api(path, params, withHeaders) {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
   let r = await fetch(url, { headers: tenantHeaders() });
@@ -23,7 +28,8 @@ async function api(path, params) {
     try { msg = (await r.json()).message || msg; } catch (_) { /* not JSON */ }
     throw new Error(msg);
   }
-  return r.headers.get("content-type")?.includes("json") ? r.json() : r.text();
+  const body = await (r.headers.get("content-type")?.includes("json") ? r.json() : r.text());
+  return withHeaders ? { body, headers: r.headers } : body;
 }
 function tenantHeaders() {
   const h = {};
@@ -160,23 +166,31 @@ $("selector").addEventListener("keydown", (e) => {
 
 // ---------- metrics graph ----------
 const COLORS = ["#2f6fde", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8", "#0c8599", "#e67700", "#5c940d"];
+const BASE_COLOR = "#8a96a3";
 let graphPoints = [];
-function drawGraph(result, unit) {
+// Draws `result` (a query_range answer; the compare side in a diff) and, in a diff, `base`
+// (the base side's answer) dashed and grey, moved by `shift` ms onto the same time axis.
+function drawGraph(result, unit, base, shift) {
   const canvas = $("graph");
   const ctx = setupCanvas(canvas, 160);
   const w = canvas.clientWidth, h = 160, pad = { l: 64, r: 8, t: 8, b: 20 };
   ctx.clearRect(0, 0, w, h);
   graphPoints = [];
-  const series = result.series || [];
-  const all = series.flatMap((s) => s.points);
+  const sides = [{ side: base ? "compare" : "merge", result, shift: 0 }];
+  if (base) sides.push({ side: "base", result: base, shift: shift || 0 });
+  const drawn = sides.flatMap((d) => (d.result.series || []).map((s) => ({ ...d, s,
+    points: s.points.map(([t, v]) => [t + d.shift, v]) })));
+  view.series = drawn.map((d) => ({ side: d.side, labels: d.s.labels, points: d.points.length }));
+  view.points = [];
+  const all = drawn.flatMap((d) => d.points);
   $("graph-legend").innerHTML = "";
   if (!all.length) {
     ctx.fillStyle = "#7d8a97";
     ctx.fillText("no data in this range", pad.l, h / 2);
     return;
   }
-  const r = state.range;
-  const x0 = r.from ?? Math.min(...all.map((p) => p[0])), x1 = r.to ?? Math.max(...all.map((p) => p[0])) + result.step_ms;
+  const r = state.range, step = result.step_ms || (base && base.step_ms) || 0;
+  const x0 = r.from ?? Math.min(...all.map((p) => p[0])), x1 = r.to ?? Math.max(...all.map((p) => p[0])) + step;
   const ymax = Math.max(1, ...all.map((p) => p[1]));
   const X = (t) => pad.l + ((t - x0) / Math.max(1, x1 - x0)) * (w - pad.l - pad.r);
   const Y = (v) => h - pad.b - (v / ymax) * (h - pad.t - pad.b);
@@ -191,26 +205,46 @@ function drawGraph(result, unit) {
   ctx.fillText(fmtTime(x0), pad.l, h - 4);
   const right = fmtTime(x1);
   ctx.fillText(right, w - pad.r - ctx.measureText(right).width, h - 4);
-  series.forEach((s, i) => {
-    const color = COLORS[i % COLORS.length];
+  // The base first, so the compare side is drawn over it where they coincide.
+  const order = [...drawn.filter((d) => d.side === "base"), ...drawn.filter((d) => d.side !== "base")];
+  order.forEach((d) => {
+    const isBase = d.side === "base";
+    const color = isBase ? BASE_COLOR : COLORS[drawn.indexOf(d) % COLORS.length];
+    const mine = [];
     ctx.strokeStyle = ctx.fillStyle = color;
     ctx.lineWidth = 1.5;
+    ctx.setLineDash(isBase ? [5, 4] : []);
     ctx.beginPath();
-    s.points.forEach(([t, v], j) => {
-      const x = X(t + result.step_ms / 2), y = Y(v);
+    d.points.forEach(([t, v], j) => {
+      const x = X(t + step / 2), y = Y(v);
       j ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
-      graphPoints.push({ x, y, t, v, labels: s.labels });
+      mine.push({ x, y, t, v, labels: d.s.labels, side: d.side });
     });
     ctx.stroke();
-    view.points = graphPoints.map((p) => ({ x: p.x, y: p.y, t: p.t }));
-    for (const p of graphPoints.filter((p) => p.labels === s.labels)) { ctx.beginPath(); ctx.arc(p.x, p.y, 2.5, 0, 7); ctx.fill(); }
-    if (i < 12) {
-      const span = document.createElement("span");
-      span.innerHTML = `<i style="background:${color}"></i>`;
-      span.append(Object.entries(s.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "all");
-      $("graph-legend").appendChild(span);
+    ctx.setLineDash([]);
+    for (const p of mine) {
+      ctx.beginPath(); ctx.arc(p.x, p.y, 2.5, 0, 7);
+      isBase ? ctx.stroke() : ctx.fill();
     }
+    graphPoints.push(...mine);
   });
+  // The compare (or only) side's points first: a click pins a time of the selection.
+  view.points = [...graphPoints.filter((p) => p.side !== "base"), ...graphPoints.filter((p) => p.side === "base")]
+    .map((p) => ({ x: p.x, y: p.y, t: p.t, side: p.side }));
+  drawn.slice(0, 12).forEach((d, i) => {
+    const isBase = d.side === "base";
+    const span = document.createElement("span");
+    span.dataset.side = d.side;
+    span.innerHTML = isBase ? `<i class="dashed"></i>` : `<i style="background:${COLORS[i % COLORS.length]}"></i>`;
+    const labels = Object.entries(d.s.labels).map(([k, v]) => `${k}=${v}`).join(", ") || "all";
+    const moved = isBase && d.shift ? ` (moved ${fmtShift(d.shift)} later)` : "";
+    span.append((d.side === "merge" ? "" : d.side + ": ") + labels + moved);
+    $("graph-legend").appendChild(span);
+  });
+}
+function fmtShift(ms) {
+  for (const [f, u] of [[86400e3, "d"], [3600e3, "h"], [60e3, "min"], [1e3, "s"]]) if (Math.abs(ms) >= f) return +(ms / f).toFixed(2) + u;
+  return ms + "ms";
 }
 $("graph").addEventListener("click", (e) => {
   const rect = $("graph").getBoundingClientRect();
@@ -221,8 +255,11 @@ $("graph").addEventListener("click", (e) => {
     if (d < bestD) { bestD = d; best = p; }
   }
   if (!best) return;
+  // A base point sits on the compare side's time axis: it pins the same step of both.
   state.pinned = { from: best.t, to: best.t + state.step, labels: best.labels };
-  loadProfile().catch(fail);
+  state.zoomNames = null;
+  saveUrl(true);
+  loadProfile(++state.gen).catch(fail);
 });
 
 // ---------- flame graph ----------
@@ -302,7 +339,8 @@ function drawFlame() {
   view.frames = rects.filter((r) => r.w * w >= 1).map((r) => ({ name: r.node.name, cx: (r.x + r.w / 2) * w, cy: r.depth * ROW + ROW / 2 }));
   const unit = state.flame.unit || "";
   $("flame-info").textContent = search ? `${matched} matching frames` : path.length ? `zoomed into ${path[path.length - 1].name}` : "";
-  view.total = view.mode === "diff" ? state.flame.compare : root.total;
+  view.total = view.mode === "diff" ? Math.max(state.flame.base, state.flame.compare) : root.total;
+  view.zoom = path.map((n) => n.name);
   view.unit = unit;
 }
 function hit(e) {
@@ -321,14 +359,45 @@ $("flame").addEventListener("click", (e) => {
     return null;
   };
   state.zoom = r.node === root ? [] : find(root, r.node, []) || [];
+  state.zoomNames = state.zoom.map((n) => n.name);
+  saveUrl(true);
   drawFlame();
 });
+// The path of nodes named `names` from the root, as far as the tree has it (a zoom from
+// the URL).
+function zoomPath(root, names) {
+  const path = [];
+  let node = root;
+  for (const name of names || []) {
+    node = (node.children || []).find((c) => c.name === name);
+    if (!node) break;
+    path.push(node);
+  }
+  return path;
+}
+// A signed value, `+1.2 MiB` or `−340 KiB`.
+function fmtDelta(v, unit) {
+  return (v > 0 ? "+" : v < 0 ? "−" : "±") + fmtValue(Math.abs(v), unit);
+}
+// A relative change: `+12.50%`, `−100.00%`, `new` when there was nothing before.
+function fmtRel(base, compare) {
+  if (!base) return compare ? "new" : "0%";
+  const r = (100 * (compare - base)) / base;
+  return (r > 0 ? "+" : r < 0 ? "−" : "±") + Math.abs(r).toFixed(2) + "%";
+}
 $("flame").addEventListener("mousemove", (e) => {
   const r = hit(e), tip = $("tooltip");
   if (!r) { tip.hidden = true; return; }
   const n = r.node, unit = state.flame.unit || "";
   if (view.mode === "diff") {
-    tip.textContent = `${n.name}\nbase: ${fmtValue(n.base, unit)} (self ${fmtValue(n.base_self, unit)})\ncompare: ${fmtValue(n.compare, unit)} (self ${fmtValue(n.compare_self, unit)})`;
+    // Colours follow the change of share; the tip says both shares and both values.
+    const bt = state.flame.base, ct = state.flame.compare;
+    const pp = 100 * ((ct ? n.compare / ct : 0) - (bt ? n.base / bt : 0));
+    const ppText = (pp >= 0.005 ? "+" : pp <= -0.005 ? "−" : "±") + Math.abs(pp).toFixed(2);
+    tip.textContent = `${n.name}\n` +
+      `base: ${fmtValue(n.base, unit)} (${pct(n.base, bt)}), self ${fmtValue(n.base_self, unit)}\n` +
+      `compare: ${fmtValue(n.compare, unit)} (${pct(n.compare, ct)}), self ${fmtValue(n.compare_self, unit)}\n` +
+      `change: ${fmtDelta(n.compare - n.base, unit)} (${fmtRel(n.base, n.compare)}), share ${ppText} pp`;
   } else {
     const total = (state.flame.root || state.flame).total;
     tip.textContent = `${n.name}${n.filename ? "\n" + n.filename : ""}\ntotal: ${fmtValue(n.total, unit)} (${pct(n.total, total)})\nself: ${fmtValue(n.self, unit)} (${pct(n.self, total)})`;
@@ -338,41 +407,173 @@ $("flame").addEventListener("mousemove", (e) => {
   tip.hidden = false;
 });
 $("flame").addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
-$("search").addEventListener("input", drawFlame);
-$("reset-zoom").addEventListener("click", () => { state.zoom = null; drawFlame(); });
+$("search").addEventListener("input", () => { drawFlame(); saveUrl(false); });
+$("reset-zoom").addEventListener("click", () => {
+  state.zoom = null;
+  state.zoomNames = null;
+  saveUrl(true);
+  drawFlame();
+});
 window.addEventListener("resize", () => { drawFlame(); });
 
-// ---------- top table ----------
-function drawTop() {
-  const tbody = $("top").querySelector("tbody");
-  tbody.innerHTML = "";
-  const { key, asc } = state.sort;
-  const rows = [...state.top].sort((a, b) => {
+// ---------- tables ----------
+// Sorts `rows` by `sort` ({key, asc}); strings by name, numbers by value.
+function sorted(rows, { key, asc }) {
+  return [...rows].sort((a, b) => {
     const x = a[key], y = b[key];
-    const c = typeof x === "string" ? x.localeCompare(y) : x - y;
+    const c = typeof x === "string" ? x.localeCompare(y) : (x > y) - (x < y);
     return asc ? c : -c;
   });
-  for (const r of rows.slice(0, 500)) {
+}
+function fillTable(table, rows, sort, cells) {
+  const tbody = $(table).querySelector("tbody");
+  tbody.innerHTML = "";
+  for (const r of sorted(rows, sort).slice(0, 500)) {
     const tr = document.createElement("tr");
-    for (const v of [r.flatText, pct(r.flat, r.total), r.sum_pct.toFixed(2) + "%", r.cumText, pct(r.cum, r.total), r.name]) {
+    for (const [text, cls] of cells(r)) {
       const td = document.createElement("td");
-      td.textContent = v;
+      td.textContent = text;
+      if (cls) td.className = cls;
       tr.appendChild(td);
     }
     tbody.appendChild(tr);
   }
-  for (const th of $("top").querySelectorAll("th")) {
-    th.classList.toggle("sorted", th.dataset.key === key);
-    th.classList.toggle("asc", th.dataset.key === key && asc);
+  for (const th of $(table).querySelectorAll("th")) {
+    th.classList.toggle("sorted", th.dataset.key === sort.key);
+    th.classList.toggle("asc", th.dataset.key === sort.key && sort.asc);
   }
 }
-for (const th of document.querySelectorAll("#top th")) {
-  th.addEventListener("click", () => {
-    const key = th.dataset.key;
-    state.sort = { key, asc: state.sort.key === key ? !state.sort.asc : key === "name" };
-    drawTop();
-  });
+function drawTop() {
+  fillTable("top", state.top, state.sort, (r) =>
+    [r.flatText, pct(r.flat, r.total), r.sum_pct.toFixed(2) + "%", r.cumText, pct(r.cum, r.total), r.name].map((t) => [t]));
 }
+// The delta table: per function, its self value in the base and in the compare side.
+function drawDelta() {
+  const unit = state.flame?.unit || "";
+  fillTable("delta", state.delta, state.dsort, (r) => {
+    const cls = r.delta > 0 ? "grew" : r.delta < 0 ? "shrank" : "";
+    return [[fmtValue(r.base, unit)], [fmtValue(r.compare, unit)], [fmtDelta(r.delta, unit), cls],
+      [fmtRel(r.base, r.compare), cls], [r.name]];
+  });
+  view.delta = sorted(state.delta, state.dsort).slice(0, 500).map((r) => ({ name: r.name, base: r.base, compare: r.compare, delta: r.delta }));
+}
+// Joins two top answers by function: base and compare self values, delta, delta %; a
+// function with no self value on either side (a caller only) is left out.
+function deltaRows(base, compare) {
+  const by = new Map();
+  const add = (top, side) => {
+    for (const row of top.rows) {
+      const name = row.name + (row.inline ? " " + row.inline : "");
+      const r = by.get(name) || { name, base: 0, compare: 0 };
+      r[side] += row.flat;
+      by.set(name, r);
+    }
+  };
+  add(base, "base");
+  add(compare, "compare");
+  return [...by.values()].filter((r) => r.base || r.compare).map((r) => ({ ...r, delta: r.compare - r.base,
+    delta_pct: r.base ? (r.compare - r.base) / r.base : (r.compare ? Infinity : 0) }));
+}
+function sortBy(th, sort, draw) {
+  const key = th.dataset.key;
+  const next = { key, asc: sort.key === key ? !sort.asc : key === "name" };
+  return () => { draw(next); saveUrl(false); };
+}
+for (const th of document.querySelectorAll("#top th")) {
+  th.addEventListener("click", () => sortBy(th, state.sort, (s) => { state.sort = s; drawTop(); })());
+}
+for (const th of document.querySelectorAll("#delta th")) {
+  th.addEventListener("click", () => sortBy(th, state.dsort, (s) => { state.dsort = s; drawDelta(); })());
+}
+
+// ---------- the view in the URL ----------
+// Everything on screen is in the query string: loading it shows the same view, and back and
+// forward walk through the views shown.
+const RANGES = ["15m", "1h", "6h", "24h", "7d", "all", "custom"];
+const BASE_RANGES = ["same", "previous", "1d", "custom"];
+const localTime = (ms) => new Date(ms - new Date(ms).getTimezoneOffset() * 60e3).toISOString().slice(0, ms % 1000 ? 23 : 19);
+const sortText = (s) => (s.asc ? "" : "-") + s.key;
+const sortOf = (text, fallback) => text ? { key: text.replace(/^-/, ""), asc: !text.startsWith("-") } : fallback;
+function viewParams() {
+  const q = new URLSearchParams();
+  const set = (k, v) => { if (v !== undefined && v !== null && v !== "") q.set(k, v); };
+  const tenant = new URLSearchParams(location.search).get("tenant");
+  set("tenant", tenant);
+  set("type", $("profile-type").value);
+  set("selector", $("selector").value);
+  set("range", $("range").value);
+  if ($("range").value === "custom") {
+    set("from", Date.parse($("from").value));
+    set("to", Date.parse($("to").value));
+  }
+  set("aggregation", $("aggregation").value);
+  if ($("view").value !== "all") set("view", $("view").value);
+  if ($("diff-toggle").checked) {
+    q.set("diff", "1");
+    set("base", $("base-selector").value);
+    set("base_range", $("base-range").value);
+    if ($("base-range").value === "custom") {
+      set("base_from", Date.parse($("base-from").value));
+      set("base_to", Date.parse($("base-to").value));
+    }
+    if (state.dsort.key !== "delta" || state.dsort.asc) set("sort", sortText(state.dsort));
+  } else if (state.sort.key !== "flat" || state.sort.asc) {
+    set("sort", sortText(state.sort));
+  }
+  if (state.pinned) set("pin", JSON.stringify(state.pinned));
+  if (state.zoomNames && state.zoomNames.length) set("zoom", JSON.stringify(state.zoomNames));
+  set("search", $("search").value);
+  return q;
+}
+// Puts the current view in the URL: a new history entry when `push`, else in place.
+function saveUrl(push) {
+  const url = "?" + viewParams();
+  if (url === location.search) return;
+  push ? history.pushState(null, "", url) : history.replaceState(null, "", url);
+}
+// Sets the page's controls and view state from the URL.
+async function applyUrl() {
+  const q = new URLSearchParams(location.search);
+  const json = (k) => { try { return JSON.parse(q.get(k)); } catch (_) { return null; } };
+  $("selector").value = q.get("selector") || "";
+  const asked = /service_name="([^"]*)"/.exec($("selector").value);
+  const services = [...$("service").options].map((o) => o.value);
+  $("service").value = asked && services.includes(asked[1]) ? asked[1] : "";
+  fillTypes(await typesOf($("service").value), q.get("type"));
+  $("range").value = RANGES.includes(q.get("range")) ? q.get("range") : "1h";
+  if (q.get("from")) $("from").value = localTime(+q.get("from"));
+  if (q.get("to")) $("to").value = localTime(+q.get("to"));
+  $("custom-range").hidden = $("range").value !== "custom";
+  $("aggregation").value = ["sum", "average", "latest"].includes(q.get("aggregation")) ? q.get("aggregation") : "";
+  $("view").value = ["flame", "table"].includes(q.get("view")) ? q.get("view") : "all";
+  $("diff-toggle").checked = q.get("diff") === "1";
+  $("diff-form").hidden = !$("diff-toggle").checked;
+  $("base-selector").value = q.get("base") || "";
+  $("base-range").value = BASE_RANGES.includes(q.get("base_range")) ? q.get("base_range") : "previous";
+  if (q.get("base_from")) $("base-from").value = localTime(+q.get("base_from"));
+  if (q.get("base_to")) $("base-to").value = localTime(+q.get("base_to"));
+  $("base-custom-range").hidden = $("base-range").value !== "custom";
+  $("search").value = q.get("search") || "";
+  state.sort = { key: "flat", asc: false };
+  state.dsort = { key: "delta", asc: false };
+  if ($("diff-toggle").checked) state.dsort = sortOf(q.get("sort"), state.dsort);
+  else state.sort = sortOf(q.get("sort"), state.sort);
+  const pin = json("pin");
+  const labels = Object.fromEntries(Object.entries(pin?.labels || {}).filter(([, v]) => typeof v === "string"));
+  state.pinned = pin && Number.isFinite(pin.from) && Number.isFinite(pin.to) ? { from: pin.from, to: pin.to, labels } : null;
+  const zoom = json("zoom");
+  state.zoomNames = Array.isArray(zoom) ? zoom.map(String) : null;
+  showPanels();
+}
+function showPanels() {
+  const v = $("view").value;
+  $("flame-panel").hidden = v === "table";
+  $("table-panel").hidden = v === "flame";
+}
+window.addEventListener("popstate", () => {
+  document.body.dataset.state = "loading";
+  applyUrl().then(() => run({ push: false, keep: true })).catch(fail);
+});
 
 // ---------- loading ----------
 function fail(e) {
@@ -388,57 +589,122 @@ function pinnedSelector(sel) {
   const extra = Object.entries(p.labels).map(([k, v]) => `${k}="${v.replace(/["\\]/g, "\\$&")}"`).join(",");
   return sel.replace(/\}$/, (sel.endsWith("{}") ? "" : ",") + extra + "}");
 }
-async function loadProfile() {
+// The base's range in a diff for the selection's range `r`.
+function baseRange(r) {
+  const v = $("base-range").value;
+  if (v === "custom") {
+    const f = Date.parse($("base-from").value), t = Date.parse($("base-to").value);
+    if (isNaN(f) || isNaN(t) || f >= t) throw new Error("base range: pick a start before the end");
+    return { from: f, to: t };
+  }
+  // All of time has no time before it: the base is all of time too.
+  if (r.from == null || r.to == null) return { from: r.from, to: r.to };
+  const shift = { same: 0, previous: r.to - r.from, "1d": 86400e3 }[v] || 0;
+  return { from: r.from - shift, to: r.to - shift };
+}
+// How far the base lies before the selection (0 when either is all of time).
+function baseShift(r, b) {
+  return r.from != null && b.from != null ? r.from - b.from : 0;
+}
+function aggregationParam() {
+  return $("aggregation").value || undefined;
+}
+const AGGREGATED = { sum: "summed", average: "averaged", latest: "latest profile" };
+// The two sides of a diff: the selection above is compared with the base.
+function diffSides(sel, r) {
+  const b = baseRange(state.range), shift = baseShift(state.range, b);
+  const baseSel = $("base-selector").value.trim() ? fullSelector($("base-selector").value) : sel;
+  const baseR = state.pinned ? { from: r.from - shift, to: r.to - shift } : b;
+  return { base: { selector: pinnedSelector(baseSel), range: baseR }, compare: { selector: pinnedSelector(sel), range: r } };
+}
+async function loadProfile(gen) {
   document.body.dataset.state = "loading";
   const sel = fullSelector($("selector").value);
   const unit = unitOf(sel);
   const r = state.pinned || state.range;
   const s = pinnedSelector(sel);
+  const aggregation = aggregationParam();
+  const top = (selector, range) => api("/api/v1/query", { selector, format: "top", node_fraction: 0, aggregation, ...rangeParams(range) });
   if ($("diff-toggle").checked) {
-    const compareSel = $("compare-selector").value.trim() ? fullSelector($("compare-selector").value) : sel;
-    const span = (r.to ?? Date.now()) - (r.from ?? 0);
-    const shift = { same: 0, previous: span, "1d": 86400e3 }[$("compare-range").value];
-    const diff = await api("/api/v1/diff", {
-      base: s, compare: pinnedSelector(compareSel),
-      base_from: r.from != null ? r.from - shift : undefined, base_to: r.to != null ? r.to - shift : undefined,
-      compare_from: r.from ?? undefined, compare_to: r.to ?? undefined,
-    });
+    const { base, compare } = diffSides(sel, r);
+    const [{ body: diff, headers }, baseTop, compareTop] = await Promise.all([
+      api("/api/v1/diff", {
+        base: base.selector, compare: compare.selector, aggregation,
+        base_from: base.range.from ?? undefined, base_to: base.range.to ?? undefined,
+        compare_from: compare.range.from ?? undefined, compare_to: compare.range.to ?? undefined,
+      }, true),
+      top(base.selector, base.range),
+      top(compare.selector, compare.range),
+    ]);
+    if (gen !== state.gen) return;
     view.mode = "diff";
+    view.aggregation = headers.get("x-frostdb-aggregation");
     state.flame = { root: diff, base: diff.base, compare: diff.compare, unit };
-    $("flame-title").textContent = `Diff: red grew, green shrank (base ${fmtValue(diff.base, unit)} → ${fmtValue(diff.compare, unit)})`;
+    $("flame-title").textContent = `Diff: red grew, green shrank — base ${fmtValue(diff.base, unit)} → compare ${fmtValue(diff.compare, unit)}` +
+      ` (${fmtDelta(diff.compare - diff.base, unit)}, ${fmtRel(diff.base, diff.compare)}; ${AGGREGATED[view.aggregation] || view.aggregation})` +
+      (state.pinned ? ` — at ${fmtTime(state.pinned.from)}` : "");
+    state.delta = deltaRows(baseTop, compareTop);
+    $("table-title").textContent = "Change by function (self)";
+    $("top").hidden = true;
+    $("delta").hidden = false;
+    drawDelta();
   } else {
-    const flame = await api("/api/v1/query", { selector: s, format: "flamegraph", ...rangeParams(r) });
+    const [{ body: flame, headers }, t] = await Promise.all([
+      api("/api/v1/query", { selector: s, format: "flamegraph", aggregation, ...rangeParams(r) }, true),
+      top(s, r),
+    ]);
+    if (gen !== state.gen) return;
     view.mode = "merge";
+    view.aggregation = headers.get("x-frostdb-aggregation");
     state.flame = flame;
     $("flame-title").textContent = `Flame graph — ${flame.profile_type} — total ${fmtValue(flame.root.total, unit)}` +
-      (state.pinned ? ` — at ${fmtTime(state.pinned.from)}` : "");
+      ` (${AGGREGATED[view.aggregation] || view.aggregation})` + (state.pinned ? ` — at ${fmtTime(state.pinned.from)}` : "");
+    let running = 0;
+    state.top = t.rows.map((row) => {
+      running += row.flat;
+      return { ...row, name: row.name + (row.inline ? " " + row.inline : ""), total: t.total,
+        flat_pct: row.flat / (t.total || 1), cum_pct: row.cum / (t.total || 1), sum_pct: (100 * running) / (t.total || 1),
+        flatText: fmtValue(row.flat, unit), cumText: fmtValue(row.cum, unit) };
+    });
+    $("table-title").textContent = "Top functions";
+    $("delta").hidden = true;
+    $("top").hidden = false;
+    drawTop();
   }
-  state.zoom = null;
+  state.zoom = zoomPath(state.flame.root || state.flame, state.zoomNames);
   drawFlame();
-  const top = await api("/api/v1/query", { selector: s, format: "top", node_fraction: 0, ...rangeParams(r) });
-  let running = 0;
-  state.top = top.rows.map((row) => {
-    running += row.flat;
-    return { ...row, name: row.name + (row.inline ? " " + row.inline : ""), total: top.total,
-      flat_pct: row.flat / (top.total || 1), cum_pct: row.cum / (top.total || 1), sum_pct: (100 * running) / (top.total || 1),
-      flatText: fmtValue(row.flat, unit), cumText: fmtValue(row.cum, unit) };
-  });
-  drawTop();
   status(state.flame && (view.total || 0) === 0 ? "No samples for this selector and range." : "");
   document.body.dataset.state = "ready";
 }
-async function run() {
+// Runs the view the controls describe: the graph, then the profile. `push` (default) adds
+// a history entry; `keep` keeps the pinned point and zoom (a view from the URL).
+async function run({ push = true, keep = false } = {}) {
+  const gen = ++state.gen;
   document.body.dataset.state = "loading";
   status("");
   state.range = currentRange();
-  state.pinned = null;
+  if (!keep) {
+    state.pinned = null;
+    state.zoomNames = null;
+  }
+  saveUrl(push);
+  showPanels();
   const sel = fullSelector($("selector").value);
-  const params = new URLSearchParams({ selector: $("selector").value, type: $("profile-type").value, range: $("range").value });
-  history.replaceState(null, "", "?" + params + (new URLSearchParams(location.search).get("tenant") ? "&tenant=" + new URLSearchParams(location.search).get("tenant") : ""));
-  const result = await api("/api/v1/query_range", { selector: sel, ...rangeParams(state.range) });
+  // query_range averages or sums; the latest profile is a merge's choice, not a graph's.
+  const agg = ["sum", "average"].includes($("aggregation").value) ? $("aggregation").value : undefined;
+  const result = await api("/api/v1/query_range", { selector: sel, aggregation: agg, ...rangeParams(state.range) });
+  let base = null, shift = 0;
+  if ($("diff-toggle").checked) {
+    const b = baseRange(state.range);
+    shift = baseShift(state.range, b);
+    const baseSel = $("base-selector").value.trim() ? fullSelector($("base-selector").value) : sel;
+    base = await api("/api/v1/query_range", { selector: baseSel, aggregation: agg, step: result.step_ms, ...rangeParams(b) });
+  }
+  if (gen !== state.gen) return;
   state.step = result.step_ms;
-  drawGraph(result, unitOf(sel));
-  await loadProfile();
+  drawGraph(result, unitOf(sel), base, shift);
+  await loadProfile(gen);
+  if (gen !== state.gen) return;
   if (!(result.series || []).length && $("range").value !== "all") {
     // Profiles keep the time they were taken: old files pushed now are not in the last hour.
     const ts = await api("/api/v1/timestamps", { selector: sel });
@@ -449,13 +715,26 @@ async function run() {
 }
 $("query-form").addEventListener("submit", (e) => { e.preventDefault(); run().catch(fail); });
 $("diff-form").addEventListener("submit", (e) => { e.preventDefault(); run().catch(fail); });
-$("diff-toggle").addEventListener("change", () => { $("diff-form").hidden = !$("diff-toggle").checked; });
+$("diff-toggle").addEventListener("change", () => {
+  $("diff-form").hidden = !$("diff-toggle").checked;
+  run().catch(fail);
+});
+$("aggregation").addEventListener("change", () => run({ keep: true }).catch(fail));
+$("view").addEventListener("change", () => { showPanels(); saveUrl(true); drawFlame(); });
 $("range").addEventListener("change", () => {
   $("custom-range").hidden = $("range").value !== "custom";
   if ($("range").value === "custom" && !$("from").value) {
-    const local = (ms) => new Date(ms - new Date().getTimezoneOffset() * 60e3).toISOString().slice(0, 19);
-    $("from").value = local(Date.now() - 3600e3);
-    $("to").value = local(Date.now());
+    $("from").value = localTime(Math.floor(Date.now() / 1000) * 1000 - 3600e3);
+    $("to").value = localTime(Math.floor(Date.now() / 1000) * 1000);
+  }
+});
+$("base-range").addEventListener("change", () => {
+  $("base-custom-range").hidden = $("base-range").value !== "custom";
+  if ($("base-range").value === "custom" && !$("base-from").value) {
+    let r = { from: Date.now() - 7200e3, to: Date.now() - 3600e3 };
+    try { const c = currentRange(); if (c.from != null) r = { from: c.from - (c.to - c.from), to: c.from }; } catch (_) { /* keep the default */ }
+    $("base-from").value = localTime(r.from);
+    $("base-to").value = localTime(r.to);
   }
 });
 
@@ -515,24 +794,19 @@ $("service").addEventListener("change", async () => {
 async function init() {
   try {
     state.types = await api("/api/v1/profile_types");
-    const q = new URLSearchParams(location.search);
     const services = await api("/api/v1/label/service_name/values");
     for (const name of services) {
       const o = document.createElement("option");
       o.value = o.textContent = name;
       $("service").appendChild(o);
     }
-    if (q.get("selector")) $("selector").value = q.get("selector");
-    const asked = /service_name="([^"]*)"/.exec($("selector").value);
-    if (asked && services.includes(asked[1])) $("service").value = asked[1];
-    fillTypes(await typesOf($("service").value), q.get("type"));
-    if (q.get("range")) $("range").value = q.get("range");
+    await applyUrl();
     if (!state.types.length) {
       status("No profiles stored yet: push some (see the README) and reload.");
       document.body.dataset.state = "empty";
       return;
     }
-    await run();
+    await run({ push: false, keep: true });
   } catch (e) {
     fail(e);
   }
