@@ -102,4 +102,10 @@ cargo nextest run --workspace --locked --profile "$profile"
 log "doc tests"
 cargo test --workspace --doc --locked
 
+# The README's Rust examples, built as an embedder builds them: by a crate outside the
+# workspace with the README's [dependencies] (its own Cargo.lock; the workspace-hack crate
+# and the shared target directory give it the workspace's build of every dependency).
+log "the README's embedding examples, from a crate outside the workspace"
+(cd embedding && CARGO_TARGET_DIR="$PWD/../target" cargo test --doc --locked)
+
 log "all checks passed"

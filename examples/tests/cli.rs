@@ -465,3 +465,27 @@ fn no_silent_empty_answers_and_no_unselectable_names() {
     assert!(text(&out).contains("stored 1 of 1 files"), "{}", text(&out));
     assert_ne!(count(), before);
 }
+
+#[test]
+fn serve_help_lists_every_config_section() {
+    let out = frostdb(&["serve", "--help"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for section in [
+        "retention",
+        "rollup_retention",
+        "[tenants.<id>]",
+        "[limits]",
+        "[[scrape]]",
+        "[ebpf]",
+        "[storage]",
+        "[cluster]",
+        "frostdb.example.toml",
+        "--tenant",
+    ] {
+        assert!(
+            t.contains(section),
+            "{section} missing from serve --help:\n{t}"
+        );
+    }
+}

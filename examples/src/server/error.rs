@@ -217,3 +217,37 @@ impl From<frostdb_query::SelectorError> for ApiError {
 
 /// Result alias of handlers.
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_over_a_limit_names_the_setting_that_raises_it() {
+        let e = ApiError::of_kind(
+            ErrorKind::LimitExceeded,
+            "invalid pprof: sample count exceeds the limit of 10",
+        );
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(
+            e.message
+                .ends_with("(raise it with limits.max_samples_per_profile)"),
+            "{}",
+            e.message
+        );
+        let body = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request body: Failed to buffer the body: length limit exceeded",
+        );
+        assert!(
+            body.message.contains("limits.max_body_bytes"),
+            "{}",
+            body.message
+        );
+        // A message that names its setting already is left as it is; other statuses too.
+        let named = ApiError::too_large("over 5 (limits.max_settings_bytes)");
+        assert_eq!(named.message, "over 5 (limits.max_settings_bytes)");
+        let bad = ApiError::bad_request("sample count exceeds nothing");
+        assert!(!bad.message.contains("limits."));
+    }
+}
