@@ -117,7 +117,5 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// The README's embedding example, compiled and run as a doc test.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
+// The README's Rust examples run as doc tests of `embedding/`, a crate outside the
+// workspace that depends on frostdb-pprof and frostdb-core as an embedder does.
