@@ -151,13 +151,18 @@ impl Db {
         let blocks = dir.join("blocks");
         std::fs::create_dir_all(&blocks)
             .map_err(io_err(format!("creating {}", blocks.display())))?;
+        let store = Self::local_blocks(&blocks)?;
+        Self::open_in(dir, store.clone(), "", Some(store), options)
+    }
+
+    /// The object store of a database directory's persisted blocks, `dir/blocks`.
+    fn local_blocks(blocks: &Path) -> Result<Arc<LocalFileSystem>> {
         let store =
-            LocalFileSystem::new_with_prefix(&blocks).map_err(|source| Error::ObjectStore {
+            LocalFileSystem::new_with_prefix(blocks).map_err(|source| Error::ObjectStore {
                 context: format!("opening {}", blocks.display()),
                 source,
             })?;
-        let store = Arc::new(store);
-        Self::open_in(dir, store.clone(), "", Some(store), options)
+        Ok(Arc::new(store))
     }
 
     /// Opens (or creates) the database with its WAL and manifest in `dir` and its persisted
@@ -321,12 +326,7 @@ impl Db {
         let io = pool.io()?;
         let blocks = dir.join("blocks");
         let (store, local): (Arc<dyn ObjectStore>, _) = if blocks.is_dir() {
-            let store =
-                LocalFileSystem::new_with_prefix(&blocks).map_err(|source| Error::ObjectStore {
-                    context: format!("opening {}", blocks.display()),
-                    source,
-                })?;
-            let store = Arc::new(store);
+            let store = Self::local_blocks(&blocks)?;
             (store.clone(), Some(store))
         } else {
             // Nothing was ever persisted (and the manifest lists no block).

@@ -200,6 +200,15 @@ fn is_server_data(dir: &Path) -> bool {
     dir.join("tenants").is_dir()
 }
 
+/// `--tenant` given for a plain database directory.
+fn not_server_data(data: &Path) -> BoxError {
+    format!(
+        "--tenant: {} is a database, not a server's data directory (which holds tenants/)",
+        data.display()
+    )
+    .into()
+}
+
 /// The tenant named, checked as the server checks it, or the server's default.
 fn tenant_id(tenant: Option<&str>) -> Result<&str, BoxError> {
     let id = tenant.unwrap_or(frostdb_examples::server::config::DEFAULT_TENANT);
@@ -213,12 +222,8 @@ fn tenant_id(tenant: Option<&str>) -> Result<&str, BoxError> {
 fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
     if !is_server_data(data) {
         if is_database(data) {
-            if let Some(id) = tenant {
-                return Err(format!(
-                    "--tenant {id}: {} is a database, not a server's data directory (which holds tenants/)",
-                    data.display()
-                )
-                .into());
+            if tenant.is_some() {
+                return Err(not_server_data(data));
             }
             return Ok(data.to_owned());
         }
@@ -268,11 +273,7 @@ fn database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
 fn ingest_database(data: &Path, tenant: Option<&str>) -> Result<PathBuf, BoxError> {
     if is_server_data(data) || tenant.is_some() {
         if tenant.is_some() && is_database(data) && !is_server_data(data) {
-            return Err(format!(
-                "--tenant: {} is a database, not a server's data directory (which holds tenants/)",
-                data.display()
-            )
-            .into());
+            return Err(not_server_data(data));
         }
         let id = tenant_id(tenant)?;
         return Ok(data.join("tenants").join(id));
