@@ -1177,6 +1177,8 @@ async fn a_load_of_concurrent_pushes_and_queries_loses_nothing() {
     assert_eq!(figures["profiles_stored"], 300, "{figures}");
     assert_eq!(figures["totals_match"], true, "{figures}");
     assert!(figures["profile_types_checked"].as_u64().unwrap() >= 2);
+    assert!(figures["queries"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(figures["query_failures"], 0, "{figures}");
 }
 
 #[tokio::test]

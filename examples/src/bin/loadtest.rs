@@ -263,6 +263,10 @@ async fn run(args: Args) -> Result<bool, String> {
     let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
     let started = Instant::now();
     let url = format!("{}/push.v1.PusherService/Push", args.url);
+    // Queries start once what they select is stored: before, a selector naming a type or a
+    // label value nobody stored yet is rightly a 400 naming what is stored.
+    let (queryable, ready) = tokio::sync::watch::channel(false);
+    let queryable = Arc::new(queryable);
 
     let mut pushers = Vec::new();
     for _ in 0..args.clients {
@@ -273,6 +277,7 @@ async fn run(args: Args) -> Result<bool, String> {
             url.clone(),
             args.tenant.clone(),
         );
+        let queryable = queryable.clone();
         let (push_latency, totals, accepted, bytes, rejected) = (
             push_latency.clone(),
             totals.clone(),
@@ -303,6 +308,14 @@ async fn run(args: Args) -> Result<bool, String> {
                         for (id, v) in &job.totals {
                             *totals.entry(id.clone()).or_default() += v;
                         }
+                        if job.name == "cpu"
+                            && job
+                                .labels
+                                .iter()
+                                .any(|(k, v)| k == "namespace" && v == "payments")
+                        {
+                            queryable.send_replace(true);
+                        }
                     }
                     Ok(r) => {
                         let status = r.status();
@@ -318,6 +331,7 @@ async fn run(args: Args) -> Result<bool, String> {
     }
     let mut queriers = Vec::new();
     for q in 0..args.queriers {
+        let mut ready = ready.clone();
         let (client, base, tenant, done, query_latency, query_failures) = (
             client.clone(),
             args.url.clone(),
@@ -332,6 +346,8 @@ async fn run(args: Args) -> Result<bool, String> {
             every
         });
         queriers.push(tokio::spawn(async move {
+            // (Set too when the pushers are done, whatever they stored.)
+            let _ = ready.wait_for(|ready| *ready).await;
             let mut n = 0usize;
             while !done.load(Ordering::Relaxed) {
                 if let Some(pace) = &mut pace {
@@ -339,7 +355,7 @@ async fn run(args: Args) -> Result<bool, String> {
                 }
                 let path = match (n + q) % 3 {
                     0 => "/api/v1/query?format=top&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7B%7D",
-                    1 => "/api/v1/query_range?step=1m&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7Bnamespace%3D%22batch%22%7D",
+                    1 => "/api/v1/query_range?step=1m&selector=cpu:cpu:nanoseconds:cpu:nanoseconds%7Bnamespace%3D%22payments%22%7D",
                     _ => "/api/v1/label/pod/values",
                 };
                 let t = Instant::now();
@@ -351,9 +367,11 @@ async fn run(args: Args) -> Result<bool, String> {
                 let ms = t.elapsed().as_secs_f64() * 1e3;
                 match response {
                     Ok(r) if r.status().is_success() => query_latency.lock().push(ms),
-                    Ok(r) => query_failures
-                        .lock()
-                        .push(format!("{path}: {}", r.status())),
+                    Ok(r) => {
+                        let status = r.status();
+                        let body = r.text().await.unwrap_or_default();
+                        query_failures.lock().push(format!("{path}: {status} {body}"));
+                    }
                     Err(e) => query_failures.lock().push(format!("{path}: {e}")),
                 }
                 n += 1;
@@ -378,6 +396,7 @@ async fn run(args: Args) -> Result<bool, String> {
     }
     let push_secs = started.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
+    queryable.send_replace(true);
     for q in queriers {
         q.await.map_err(|e| e.to_string())?;
     }
