@@ -36,9 +36,9 @@ use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::distributed::{Cluster, StackSource, TenantMerger, serve_worker};
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
+use frostdb_profile::distributed::{Cluster, StackSource, TenantMerger, serve_worker};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 /// Errors of the bench commands.
@@ -775,7 +775,7 @@ pub fn by_bench_id(merged: &Merged) -> Vec<(u64, i64)> {
 /// What a query returned, before its rows are shaped for the bench.
 enum Answer {
     Merged(Box<Merged>),
-    Series(Vec<frostdb_query::profile::native::Series>),
+    Series(Vec<frostdb_profile::native::Series>),
     Values(Vec<String>),
     Top(Vec<(String, i64)>),
 }

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, testing, validate};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 use crate::external::BoxError;
 

@@ -12,8 +12,8 @@ use frostdb_ebpf_ingest::{
 };
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{ProfileStore, StoreOptions, proto};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 mod chain;
 mod spin;

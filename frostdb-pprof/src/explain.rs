@@ -3,8 +3,8 @@
 //! type or a label nobody stored, a reversed range) is a mistake its author wants named,
 //! with what is stored instead: [`ProfileStore::check_selection`].
 
-use frostdb_query::profile::TimeRange;
-use frostdb_query::{MatchOp, ProfileType, Selector};
+use frostdb_profile::TimeRange;
+use frostdb_profile::{MatchOp, ProfileType, Selector};
 
 use crate::{Error, ProfileStore, Result};
 

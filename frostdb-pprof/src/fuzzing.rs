@@ -53,10 +53,10 @@ pub fn normalize_target(data: &[u8]) {
     };
     if let Ok(summary) = store.ingest(data, &options) {
         for t in &summary.profile_types {
-            let selector = frostdb_query::Selector::parse(&format!("{t}{{}}"))
+            let selector = frostdb_profile::Selector::parse(&format!("{t}{{}}"))
                 .expect("a stored profile type is a selector");
             let merged = store
-                .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+                .merge(&selector, frostdb_profile::TimeRange::ALL)
                 .expect("stored rows merge");
             for (stack, _) in &merged.samples {
                 assert!(
@@ -297,7 +297,7 @@ pub fn selector_target(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(selector) = frostdb_query::Selector::parse(text) else {
+    let Ok(selector) = frostdb_profile::Selector::parse(text) else {
         return;
     };
     let table = SAMPLES.get_or_init(|| {

@@ -44,7 +44,6 @@ pub mod limits;
 mod normalize;
 pub mod report;
 pub mod rollup;
-pub mod schema;
 mod store;
 mod string_table;
 pub mod symbols;
@@ -102,8 +101,12 @@ pub use bounds::RequestLimits;
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_core::{Db, DbOptions};
-pub use frostdb_query::profile::{Aggregation, TimeRange};
-pub use frostdb_query::{ProfileType, Selector};
+// The profile model, so that an embedder needs this crate alone.
+pub use frostdb_profile::native::{LabelSet, Series, SeriesLabels};
+pub use frostdb_profile::{
+    Aggregation, MatchOp, Matcher, ProfileType, Selector, SelectorError, TimeRange, TypedSelector,
+    ids, schema,
+};
 pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};

@@ -179,7 +179,7 @@ pub(crate) fn prepare<'p>(
     let p = profile.flat();
     // Every part of the profile types written must be selectable afterwards.
     let part = |field: &'static str, value: &str| {
-        frostdb_query::ProfileType::check_part(value).map_err(|reason| Error::Invalid {
+        frostdb_profile::ProfileType::check_part(value).map_err(|reason| Error::Invalid {
             field,
             reason: format!("cannot be part of a profile type: {reason}"),
         })

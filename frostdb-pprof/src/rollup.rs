@@ -29,7 +29,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBat
 use arrow::datatypes::{Field, Int64Type, Schema as ArrowSchema, UInt64Type};
 use arrow::row::{RowConverter, SortField};
 use frostdb_core::{Db, ScanRequest, Snapshot, Submitted, Table, TableOptions, col};
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::TimeRange;
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};

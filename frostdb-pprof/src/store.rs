@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
 use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions};
-use frostdb_query::profile::native::{StackTotals, merge_stacks};
-use frostdb_query::profile::{Aggregation, TimeRange};
-use frostdb_query::{ProfileType, Selector};
+use frostdb_profile::native::{StackTotals, merge_stacks};
+use frostdb_profile::{Aggregation, TimeRange};
+use frostdb_profile::{ProfileType, Selector};
 use parking_lot::Mutex;
 
 use crate::decode::{Limits, ValidProfile, decode};
@@ -77,7 +77,7 @@ pub struct StoreOptions {
     /// Where merges read persisted blocks (`None`: in this process). With a merger (the
     /// workers of a cluster reading the same bucket), what is in memory is read here and
     /// the blocks there; the sums are added, exactly.
-    pub block_merger: Option<Arc<dyn frostdb_query::profile::native::BlockMerger>>,
+    pub block_merger: Option<Arc<dyn frostdb_profile::native::BlockMerger>>,
     /// Longest a group commit's leader keeps the open group open, once the group before it
     /// is durable, for profiles already being decoded on other threads to join it (as
     /// PostgreSQL's `commit_delay` waits only while `commit_siblings` are active): each
@@ -126,10 +126,7 @@ impl Default for StoreOptions {
 
 /// One series of a merge kept apart: its labels (`(name, value)`, in name order) and its
 /// stacks' values, in stack id order.
-pub type SeriesSamples = (
-    frostdb_query::profile::native::LabelSet,
-    Vec<(StackId, i64)>,
-);
+pub type SeriesSamples = (frostdb_profile::native::LabelSet, Vec<(StackId, i64)>);
 
 /// One merged profile: the value of each stack summed over what a selector selected.
 #[derive(Debug, Clone)]
@@ -1450,7 +1447,7 @@ impl ProfileStore {
     ) -> Result<Merged> {
         let mut selector = selector.clone();
         selector.matchers.push(
-            frostdb_query::Matcher::any_of("span_id", span_ids)
+            frostdb_profile::Matcher::any_of("span_id", span_ids)
                 .map_err(|e| Error::Query(format!("span ids: {e}")))?,
         );
         self.merge(&selector, range)
@@ -1610,7 +1607,7 @@ impl ProfileStore {
             return self.merge_reading(selector, range, options.lenient, true);
         }
         let (table, _, profile_type) = self.merge_source(selector)?;
-        let read = frostdb_query::profile::native::merge_stacks_by_series(
+        let read = frostdb_profile::native::merge_stacks_by_series(
             &table.snapshot(),
             selector,
             range,
@@ -1658,9 +1655,9 @@ impl ProfileStore {
         range: TimeRange,
         step_ms: i64,
         group_by: Option<&[String]>,
-    ) -> Result<Vec<frostdb_query::profile::native::Series>> {
+    ) -> Result<Vec<frostdb_profile::native::Series>> {
         // Profile totals: a row per profile rather than per sample.
-        Ok(frostdb_query::profile::native::range(
+        Ok(frostdb_profile::native::range(
             &self.totals.snapshot(),
             selector,
             range,
@@ -1677,8 +1674,8 @@ impl ProfileStore {
         range: TimeRange,
         step_ms: i64,
         group_by: Option<&[String]>,
-    ) -> Result<(Vec<frostdb_query::profile::native::Series>, usize)> {
-        Ok(frostdb_query::profile::native::range_counted(
+    ) -> Result<(Vec<frostdb_profile::native::Series>, usize)> {
+        Ok(frostdb_profile::native::range_counted(
             &self.totals.snapshot(),
             selector,
             range,
@@ -1699,7 +1696,7 @@ impl ProfileStore {
         range: TimeRange,
     ) -> Result<Vec<String>> {
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_query::profile::native::label_values(
+        Ok(frostdb_profile::native::label_values(
             &snapshot, name, selector, range,
         )?)
     }
@@ -1712,7 +1709,7 @@ impl ProfileStore {
         range: TimeRange,
     ) -> Result<Vec<String>> {
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_query::profile::native::label_names(
+        Ok(frostdb_profile::native::label_names(
             &snapshot, selector, range,
         )?)
     }
@@ -1725,9 +1722,9 @@ impl ProfileStore {
         selector: &Selector,
         range: TimeRange,
         only: Option<&[String]>,
-    ) -> Result<Vec<frostdb_query::profile::native::SeriesLabels>> {
+    ) -> Result<Vec<frostdb_profile::native::SeriesLabels>> {
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_query::profile::native::series_labels(
+        Ok(frostdb_profile::native::series_labels(
             &snapshot, selector, range, only,
         )?)
     }
@@ -1738,8 +1735,8 @@ impl ProfileStore {
         &self,
         selector: &Selector,
         range: TimeRange,
-    ) -> Result<(Vec<frostdb_query::profile::native::SeriesLabels>, usize)> {
-        Ok(frostdb_query::profile::native::series_labels_counted(
+    ) -> Result<(Vec<frostdb_profile::native::SeriesLabels>, usize)> {
+        Ok(frostdb_profile::native::series_labels_counted(
             &self.samples.snapshot(),
             selector,
             range,
@@ -1764,11 +1761,9 @@ impl ProfileStore {
 
     /// The profile types stored in `range`, sorted: from the series index, as
     /// [`ProfileStore::label_values`].
-    pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_query::ProfileType>> {
+    pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_profile::ProfileType>> {
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_query::profile::native::profile_types(
-            &snapshot, range,
-        )?)
+        Ok(frostdb_profile::native::profile_types(&snapshot, range)?)
     }
 
     /// A predicate that holds for every sample `selector` selects in `range`, for the merge's
@@ -1792,8 +1787,7 @@ impl ProfileStore {
         // bound less tightly, never wrongly.
         const MAX_COLUMNS: usize = 32;
         let (index, hours) = self.label_source(range);
-        let Some(sets) =
-            frostdb_query::profile::native::series_of(&index, selector, hours, MAX_SERIES)?
+        let Some(sets) = frostdb_profile::native::series_of(&index, selector, hours, MAX_SERIES)?
         else {
             return Ok(Narrowing::Unknown);
         };
@@ -1801,12 +1795,11 @@ impl ProfileStore {
             return Ok(Narrowing::Unknown); // a series without labels: nothing to narrow by
         }
         // A set with a column the samples lack has no samples.
-        let known = |set: &frostdb_query::profile::native::LabelSet| {
+        let known = |set: &frostdb_profile::native::LabelSet| {
             set.iter()
                 .all(|(c, _)| samples.schema().index_of(c).is_some())
         };
-        let sets: Vec<frostdb_query::profile::native::LabelSet> =
-            sets.into_iter().filter(known).collect();
+        let sets: Vec<frostdb_profile::native::LabelSet> = sets.into_iter().filter(known).collect();
         if sets.is_empty() {
             return Ok(Narrowing::NoSeries);
         }
@@ -1939,12 +1932,12 @@ mod tests {
         assert!(!store.pipeline().leading, "the lead was given up");
         let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
         let merged = store
-            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .merge(&selector, frostdb_profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(merged.total(), total(0, N as usize * 10));
         // Each profile's series label went with its own rows.
         let pods = store
-            .label_values("pod", None, frostdb_query::profile::TimeRange::ALL)
+            .label_values("pod", None, frostdb_profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(pods.len(), N as usize);
     }
@@ -1997,7 +1990,7 @@ mod tests {
         drop(pipeline);
         let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
         let merged = store
-            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .merge(&selector, frostdb_profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(merged.total(), total(0, 10));
     }
@@ -2097,7 +2090,7 @@ mod tests {
 
         let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
         let merged = store
-            .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+            .merge(&selector, frostdb_profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(merged.total(), total(0, 40));
     }

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::pprof;
 use frostdb_pprof::{Aggregation, IngestOptions, MergeOptions, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use proptest::prelude::*;
 use prost::Message;
 

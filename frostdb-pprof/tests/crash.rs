@@ -14,8 +14,8 @@ use std::process::{Command, Stdio};
 
 use frostdb_core::{Db, DbOptions, TableOptions};
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 const CHILD_DIR: &str = "FROSTDB_PPROF_CRASH_DIR";
 const CHILD_ROUND: &str = "FROSTDB_PPROF_CRASH_ROUND";

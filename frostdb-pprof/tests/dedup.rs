@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::{IngestOptions, IngestSummary, ProfileStore, StoreOptions, testing};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use proptest::prelude::*;
 use prost::Message;
 

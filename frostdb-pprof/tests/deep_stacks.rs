@@ -12,8 +12,8 @@ use frostdb_pprof::report::{self, Format, MAX_STACK_DEPTH, RenderOptions};
 use frostdb_pprof::{
     Error, IngestOptions, Limits, Merged, ProfileStore, StoreOptions, decode, validate,
 };
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use prost::Message;
 
 /// A profile of one deep stack of `locations` locations of `lines` lines each (calls

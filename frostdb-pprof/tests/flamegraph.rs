@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::tree::{self, FlameGraph, FlameValues, Node, OTHER};
 use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 /// The nodes of a full graph below the root, numbered depth first from 1 (0: the root),
 /// found by (parent's number, name).

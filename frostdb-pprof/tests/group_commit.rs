@@ -176,9 +176,9 @@ fn profiles_arriving_during_an_fsync_share_the_next_one() {
     );
     // Every profile is stored.
     let selector =
-        frostdb_query::Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+        frostdb_profile::Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
     let merged = store
-        .merge(&selector, frostdb_query::profile::TimeRange::ALL)
+        .merge(&selector, frostdb_profile::TimeRange::ALL)
         .unwrap();
     let expected: i64 = [0, 1, 2, 10, 11, 12, 13, 14, 15]
         .iter()

@@ -5,8 +5,8 @@
 use frostdb_core::{Db, DbOptions, ErrorKind};
 use frostdb_pprof::proto::{Label, Profile};
 use frostdb_pprof::{Error, IngestOptions, LabelLimits, ProfileStore, StoreOptions, testing};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use prost::Message;
 
 const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::{IngestOptions, Limits, ProfileStore, RollupOptions, StoreOptions, validate};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use proptest::prelude::*;
 
 const HOUR: i64 = 3_600_000;

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::{pprof, top::TopTable, tree};
 use frostdb_pprof::{IngestOptions, Limits, ProfileStore, StoreOptions, decode};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 type Rows = BTreeSet<(String, String, String)>;
 

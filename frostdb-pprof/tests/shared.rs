@@ -10,8 +10,8 @@ use std::time::Duration;
 use frostdb_core::{Db, DbOptions, SharedOptions, WorkerPool};
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{Error, IngestOptions, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 

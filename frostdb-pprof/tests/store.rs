@@ -6,8 +6,8 @@ mod common;
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::{pprof, top::TopTable};
 use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, StoreOptions, decode};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 fn file(name: &str) -> Vec<u8> {
     std::fs::read(common::shared().join("testdata/pprof").join(name)).unwrap()
@@ -99,7 +99,7 @@ async fn cumulative_profiles_become_deltas() {
     assert_eq!(merged.total(), totals[4] - totals[0]);
     // In-use memory is a gauge: every profile is kept as it is.
     let inuse = Selector::parse("memory:inuse_space:bytes:space:bytes{instance=\"a\"}").unwrap();
-    let timestamps = frostdb_query::profile::timestamps(&ctx, "samples", &inuse, TimeRange::ALL)
+    let timestamps = frostdb_profile::plans::timestamps(&ctx, "samples", &inuse, TimeRange::ALL)
         .await
         .unwrap();
     let n: usize = futures::TryStreamExt::try_collect::<Vec<_>>(timestamps)
@@ -121,7 +121,7 @@ async fn pprof_labels_become_labels_and_collisions_are_errors() {
         .unwrap();
     let ctx = store.session().unwrap();
     let values =
-        frostdb_query::profile::label_values(&ctx, "samples", "team", None, TimeRange::ALL)
+        frostdb_profile::plans::label_values(&ctx, "samples", "team", None, TimeRange::ALL)
             .await
             .unwrap();
     let teams: Vec<String> = futures::TryStreamExt::try_collect::<Vec<_>>(values)
@@ -161,7 +161,7 @@ async fn pprof_labels_become_labels_and_collisions_are_errors() {
 async fn stored_series(store: &ProfileStore) -> usize {
     use futures::TryStreamExt;
     let ctx = store.session().unwrap();
-    let batches: Vec<_> = frostdb_query::profile::series(&ctx, "samples", None, TimeRange::ALL)
+    let batches: Vec<_> = frostdb_profile::plans::series(&ctx, "samples", None, TimeRange::ALL)
         .await
         .unwrap()
         .try_collect()
@@ -288,7 +288,7 @@ fn from_samples(
     selector: Option<&Selector>,
     range: TimeRange,
 ) -> (Vec<String>, Vec<String>) {
-    use frostdb_query::profile::native;
+    use frostdb_profile::native;
     let snapshot = store.samples().snapshot();
     (
         native::label_names(&snapshot, selector, range).unwrap(),
@@ -345,7 +345,7 @@ async fn label_names_and_values_come_from_the_series_index() {
             let selector = Selector::parse(&format!("{cpu}{matchers}")).unwrap();
             for range in ranges {
                 let got = store.merge(&selector, range).unwrap();
-                let want = frostdb_query::profile::native::merge_stacks(
+                let want = frostdb_profile::native::merge_stacks(
                     &store.samples().snapshot(),
                     &selector,
                     range,
@@ -369,8 +369,7 @@ async fn label_names_and_values_come_from_the_series_index() {
         let mut answered = 0;
         for range in ranges {
             let want =
-                frostdb_query::profile::native::profile_types(&store.samples().snapshot(), range)
-                    .unwrap();
+                frostdb_profile::native::profile_types(&store.samples().snapshot(), range).unwrap();
             assert_eq!(
                 store.profile_types(range).unwrap(),
                 want,
@@ -488,7 +487,7 @@ async fn queries_over_the_memory_limit_fail_naming_it() {
 /// rebuilds them from its samples when opened.
 #[test]
 fn ranges_read_profile_totals_and_answer_as_samples_do() {
-    use frostdb_query::profile::native::range;
+    use frostdb_profile::native::range;
     let dir = tempfile::tempdir().unwrap();
     let selectors = [
         "process_cpu:cpu:nanoseconds:cpu:nanoseconds{}",
@@ -525,7 +524,7 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
                     .unwrap();
                     // The same sums; rows differ (a row per profile, against a row per
                     // sample), a count per point.
-                    let sums = |series: &[frostdb_query::profile::native::Series]| {
+                    let sums = |series: &[frostdb_profile::native::Series]| {
                         series
                             .iter()
                             .map(|s| {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
 

@@ -3,8 +3,6 @@
 use datafusion::error::DataFusionError;
 use frostdb_core::ErrorKind;
 
-use crate::selector::SelectorError;
-
 /// Result alias of the query layer.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -12,9 +10,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The selector does not parse.
-    #[error(transparent)]
-    Selector(#[from] SelectorError),
     /// The engine failed (a block it cannot read, an I/O error, ...).
     #[error(transparent)]
     Engine(#[from] frostdb_core::Error),
@@ -34,7 +29,7 @@ impl Error {
     /// Whose fault this is.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Selector(_) | Self::Config(_) => ErrorKind::InvalidInput,
+            Self::Config(_) => ErrorKind::InvalidInput,
             Self::Cluster(_) => ErrorKind::Unavailable,
             Self::Engine(e) => e.kind(),
             Self::DataFusion(e) => datafusion_kind(e),

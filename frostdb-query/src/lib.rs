@@ -1,4 +1,5 @@
-//! DataFusion planning over frostdb-rs tables.
+//! DataFusion over frostdb-rs tables, knowing no table's layout (the profile model is
+//! `frostdb-profile`'s).
 //!
 //! - [`FrostTable`]: a `TableProvider` with projection, filter and limit pushdown (filters
 //!   the engine evaluates exactly are `Exact`), statistics from granules and the block
@@ -7,8 +8,8 @@
 //! - [`session`] / [`register_db`]: a `SessionContext` that sees every table of a `Db`, a
 //!   fresh consistent snapshot per query; strict (a block that cannot be read fails the
 //!   query) unless made with [`lenient_session`].
-//! - [`Selector`]: Prometheus/Parca label selectors, turned into DataFusion filters.
-//! - [`profile`]: merge, range, label names and values, profile types, timestamps.
+//! - [`memory_pool`] / [`budgeted_memory_pool`]: the query memory a session may use;
+//!   [`check_sql_shape`]: SQL refused before it is planned (too long, too deep, writes).
 //!
 //! ```
 //! # async fn demo() -> datafusion::error::Result<()> {
@@ -31,16 +32,12 @@
 //! ```
 
 mod cancel;
-#[cfg(feature = "distributed")]
-pub mod distributed;
 mod error;
 mod exec;
 mod filter;
 mod functions;
 mod memory;
-pub mod profile;
 mod provider;
-mod selector;
 mod sql_shape;
 
 pub use cancel::{Cancel, cancellable};
@@ -51,7 +48,6 @@ pub use provider::{
     BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
     session, session_with,
 };
-pub use selector::{MatchOp, Matcher, PROFILE_TYPE_LABEL, ProfileType, Selector, SelectorError};
 pub use sql_shape::{SqlLimits, check_sql_shape, read_only_sql};
 
 /// An engine error as a DataFusion error.

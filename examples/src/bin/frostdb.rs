@@ -19,8 +19,8 @@ use frostdb_core::{Db, DbOptions};
 use frostdb_examples::time::parse_time;
 use frostdb_pprof::report;
 use frostdb_pprof::{Aggregation, IngestOptions, MergeOptions, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 #[derive(Parser)]
 #[command(
@@ -465,7 +465,7 @@ fn types(data: &Path) -> Result<ExitCode, BoxError> {
     let ctx = store.session()?;
     let batches = runtime()?.block_on(async {
         use futures::TryStreamExt;
-        frostdb_query::profile::profile_types(&ctx, frostdb_pprof::schema::SAMPLES, TimeRange::ALL)
+        frostdb_profile::plans::profile_types(&ctx, frostdb_pprof::schema::SAMPLES, TimeRange::ALL)
             .await?
             .try_collect::<Vec<_>>()
             .await
@@ -604,10 +604,10 @@ fn selector_text(s: &Selector) -> String {
                 "{}{}{:?}",
                 m.label,
                 match m.op {
-                    frostdb_query::MatchOp::Equal => "=",
-                    frostdb_query::MatchOp::NotEqual => "!=",
-                    frostdb_query::MatchOp::Regex => "=~",
-                    frostdb_query::MatchOp::NotRegex => "!~",
+                    frostdb_profile::MatchOp::Equal => "=",
+                    frostdb_profile::MatchOp::NotEqual => "!=",
+                    frostdb_profile::MatchOp::Regex => "=~",
+                    frostdb_profile::MatchOp::NotRegex => "!~",
                 },
                 m.value
             )

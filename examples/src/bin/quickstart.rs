@@ -12,8 +12,8 @@ use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 use frostdb_pprof::report::{top::TopTable, tree};
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::TimeRange;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
 
 const PODS: usize = 50;
 const STEPS: usize = 30;

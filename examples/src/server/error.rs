@@ -209,8 +209,8 @@ impl From<datafusion::error::DataFusionError> for ApiError {
     }
 }
 
-impl From<frostdb_query::SelectorError> for ApiError {
-    fn from(e: frostdb_query::SelectorError) -> Self {
+impl From<frostdb_profile::SelectorError> for ApiError {
+    fn from(e: frostdb_profile::SelectorError) -> Self {
         Self::bad_request(e.to_string())
     }
 }

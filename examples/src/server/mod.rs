@@ -239,11 +239,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
     });
     // Merges of this node read persisted blocks on the cluster's workers; tasks too small
     // to spread run here, on this node's tenants.
-    let source: Arc<dyn frostdb_query::distributed::StackSource> = Arc::new(
+    let source: Arc<dyn frostdb_profile::distributed::StackSource> = Arc::new(
         tenants::TenantTables::new(&state, tokio::runtime::Handle::current()),
     );
     if !state.config.cluster.workers.is_empty() {
-        let cluster = frostdb_query::distributed::Cluster::new(
+        let cluster = frostdb_profile::distributed::Cluster::new(
             &state.config.cluster.workers,
             Some(source.clone()),
         )
@@ -266,7 +266,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
             );
             let source = source.clone();
             Some(tokio::spawn(async move {
-                if let Err(e) = frostdb_query::distributed::serve_worker_with(
+                if let Err(e) = frostdb_profile::distributed::serve_worker_with(
                     listener,
                     source,
                     secret.as_deref(),

@@ -35,8 +35,8 @@ use frostdb_pprof::report::pyroscope::{
     Flamebearer, Levels, Timeline, timeline_step_s, tree_bytes,
 };
 use frostdb_pprof::report::tree::{self, FlameGraph};
-use frostdb_query::profile::{Aggregation, TimeRange};
-use frostdb_query::{Matcher, Selector};
+use frostdb_profile::{Aggregation, TimeRange};
+use frostdb_profile::{Matcher, Selector, TypedSelector};
 
 use super::error::{ApiError, ApiResult};
 use super::{Shared, TenantId};
@@ -105,19 +105,21 @@ fn render_query(
     query: &str,
     from: &str,
     until: &str,
-) -> ApiResult<(Selector, TimeRange)> {
+) -> ApiResult<(TypedSelector, TimeRange)> {
     let text = param(params, &[query]).ok_or_else(|| {
         ApiError::bad_request(format!(
             "{query} is required: a profile type and labels, e.g. {}{{service_name=\"api\"}}",
             "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
         ))
     })?;
-    let selector = Selector::from_parts("", text).map_err(|e| ApiError::from(e).context(query))?;
-    if selector.profile_type.is_none() {
-        return Err(ApiError::bad_request(format!(
-            "{query} needs a profile type (name:sample_type:sample_unit:period_type:period_unit{{…}})"
-        )));
-    }
+    let selector = Selector::from_parts("", text)
+        .map_err(|e| ApiError::from(e).context(query))?
+        .typed()
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{query} needs a profile type (name:sample_type:sample_unit:period_type:period_unit{{…}})"
+            ))
+        })?;
     let now = crate::time::now_ms();
     let start = render_time(param(params, &[from]), from, now - 3_600_000)?;
     let end = render_time(param(params, &[until]), until, now)?;
@@ -194,7 +196,7 @@ async fn render(
             )));
         }
     };
-    let profile_type = selector.profile_type.clone().expect("typed");
+    let profile_type = selector.profile_type().clone();
     // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph merges as
     // every merge here does (gauges averaged, the rest summed).
     let merged = q.merge(selector.clone(), range).await?;
@@ -220,7 +222,7 @@ async fn render(
             Ok(store.range(&selector, range, step_s * 1000, Some(&group))?)
         })
         .await?;
-    let timeline = |s: &frostdb_query::profile::native::Series| {
+    let timeline = |s: &frostdb_profile::native::Series| {
         let points: Vec<(i64, f64)> = s.values(average).collect();
         Timeline::new(&points, range.start_ms, range.end_ms, step_s)
     };
@@ -258,7 +260,7 @@ async fn render_diff(
     let left = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
     let right = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
     let max_nodes = render_max_nodes(&params)?;
-    let profile_type = left.0.profile_type.clone().expect("typed");
+    let profile_type = left.0.profile_type().clone();
     let aggregation = match param(&params, &["aggregation"]) {
         Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request)?,
         None => Aggregation::default_for(&profile_type),
@@ -774,15 +776,15 @@ fn range(start: i64, end: i64) -> ApiResult<TimeRange> {
 }
 
 /// A typed selector from a request's profile type id and label selector.
-fn typed(profile_type: &str, label_selector: &str) -> ApiResult<Selector> {
-    let selector = Selector::from_parts(profile_type, label_selector)
-        .map_err(|e| ApiError::from(e).context("label_selector"))?;
-    if selector.profile_type.is_none() {
-        return Err(ApiError::bad_request(
-            "profile_typeID is required (name:sample_type:sample_unit:period_type:period_unit)",
-        ));
-    }
-    Ok(selector)
+fn typed(profile_type: &str, label_selector: &str) -> ApiResult<TypedSelector> {
+    Selector::from_parts(profile_type, label_selector)
+        .map_err(|e| ApiError::from(e).context("label_selector"))?
+        .typed()
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "profile_typeID is required (name:sample_type:sample_unit:period_type:period_unit)",
+            )
+        })
 }
 
 /// Selectors of the `matchers` of a request (any of them selects; none selects all).
@@ -826,7 +828,7 @@ impl Querier {
     /// The merge of `selector` in `range`, empty for a tenant that stored nothing.
     async fn merge(
         &self,
-        selector: Selector,
+        selector: TypedSelector,
         range: TimeRange,
     ) -> ApiResult<frostdb_pprof::Merged> {
         self.merge_then(selector, range, Ok).await
@@ -837,22 +839,18 @@ impl Querier {
     /// them unless told (gauges averaged, the rest summed).
     async fn merge_then<T: Send + 'static>(
         &self,
-        selector: Selector,
+        selector: TypedSelector,
         range: TimeRange,
         then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
-        let profile_type = selector
-            .profile_type
-            .as_ref()
-            .expect("typed selectors only");
-        let aggregation = Aggregation::default_for(profile_type);
+        let aggregation = Aggregation::default_for(selector.profile_type());
         self.merge_as(selector, range, aggregation, then).await
     }
 
     /// [`Self::merge_then`] with each series' profiles combined by `aggregation`.
     async fn merge_as<T: Send + 'static>(
         &self,
-        selector: Selector,
+        selector: TypedSelector,
         range: TimeRange,
         aggregation: Aggregation,
         then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
@@ -866,7 +864,7 @@ impl Querier {
                 super::query::merge_then(&self.state, t, selector, range, options, then).await
             }
             None => then(frostdb_pprof::Merged::empty(
-                selector.profile_type.expect("typed selectors only"),
+                selector.profile_type().clone(),
             )),
         }
     }
@@ -875,8 +873,8 @@ impl Querier {
     /// totals, each side merged by `aggregation`: an error when their profile types differ.
     async fn diff_levels(
         &self,
-        (left, left_range): (Selector, TimeRange),
-        (right, right_range): (Selector, TimeRange),
+        (left, left_range): (TypedSelector, TimeRange),
+        (right, right_range): (TypedSelector, TimeRange),
         max_nodes: usize,
         aggregation: Aggregation,
     ) -> ApiResult<(Levels, i64, i64)> {
@@ -1003,11 +1001,11 @@ impl Querier {
         profile_type: &str,
         label_selector: &str,
         spans: &[String],
-    ) -> ApiResult<Selector> {
+    ) -> ApiResult<TypedSelector> {
         let mut selector = typed(profile_type, label_selector)?;
         if !spans.is_empty() {
             let ids: Vec<&str> = spans.iter().map(String::as_str).collect();
-            selector.matchers.push(
+            selector = selector.with(
                 Matcher::any_of("span_id", &ids)
                     .map_err(|e| ApiError::bad_request(format!("span_selector: {e}")))?,
             );
@@ -1142,7 +1140,7 @@ impl Querier {
             .await?;
         if let Some(limit) = limit {
             // The largest totals first, ties by labels; then back to label order.
-            let total = |s: &frostdb_query::profile::native::Series| -> i128 {
+            let total = |s: &frostdb_profile::native::Series| -> i128 {
                 s.points.iter().map(|(_, v)| i128::from(*v)).sum()
             };
             series.sort_by(|a, b| {
@@ -1183,8 +1181,7 @@ impl Querier {
         let (left, left_range, left_nodes) = side(r.left, "left")?;
         let (right, right_range, _) = side(r.right, "right")?;
         // Each side merged as its SelectMergeStacktraces would be (a gauge averaged).
-        let aggregation =
-            Aggregation::default_for(left.profile_type.as_ref().expect("typed selectors only"));
+        let aggregation = Aggregation::default_for(left.profile_type());
         let (levels, left_ticks, right_ticks) = self
             .diff_levels(
                 (left, left_range),
@@ -1249,18 +1246,18 @@ impl Querier {
 }
 
 /// Labels Pyroscope derives from the profile type, listed and matched like labels.
-const PSEUDO_LABELS: &[&str] = &["__name__", frostdb_query::PROFILE_TYPE_LABEL];
+const PSEUDO_LABELS: &[&str] = &["__name__", frostdb_profile::PROFILE_TYPE_LABEL];
 
 /// The part of a profile type a pseudo label stands for.
-fn pseudo_label(name: &str) -> Option<fn(&frostdb_query::ProfileType) -> String> {
+fn pseudo_label(name: &str) -> Option<fn(&frostdb_profile::ProfileType) -> String> {
     match name {
         "__name__" => Some(|t| t.name.clone()),
-        frostdb_query::PROFILE_TYPE_LABEL => Some(|t| t.to_string()),
+        frostdb_profile::PROFILE_TYPE_LABEL => Some(|t| t.to_string()),
         _ => None,
     }
 }
 
-fn profile_type(t: &frostdb_query::ProfileType) -> types::ProfileType {
+fn profile_type(t: &frostdb_profile::ProfileType) -> types::ProfileType {
     types::ProfileType {
         id: t.to_string(),
         name: t.name.clone(),

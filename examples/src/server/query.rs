@@ -36,8 +36,9 @@ use datafusion::prelude::SessionContext;
 use frostdb_pprof::report::{self, Format, RenderOptions, tree};
 use frostdb_pprof::schema::{SAMPLES, TOTALS};
 use frostdb_pprof::{Aggregation, MergeOptions};
-use frostdb_query::profile::{self, TimeRange};
-use frostdb_query::{BlocksFailed, Selector};
+use frostdb_profile::{Selector, TypedSelector};
+use frostdb_profile::{TimeRange, plans};
+use frostdb_query::BlocksFailed;
 use futures::TryStreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -167,18 +168,17 @@ impl Params {
         }
     }
 
-    fn typed_selector(&self) -> ApiResult<Selector> {
+    fn typed_selector(&self) -> ApiResult<TypedSelector> {
         let s = self.selector()?.ok_or_else(|| {
             ApiError::bad_request(
                 "the parameter \"selector\" is required, e.g. process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"api\"}",
             )
         })?;
-        if s.profile_type.is_none() {
-            return Err(ApiError::bad_request(
+        s.typed().ok_or_else(|| {
+            ApiError::bad_request(
                 "the selector needs a profile type (name:sample_type:sample_unit:period_type:period_unit{...}); see /api/v1/profile_types",
-            ));
-        }
-        Ok(s)
+            )
+        })
     }
 }
 
@@ -233,7 +233,7 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
 pub(super) async fn merge(
     state: &Shared,
     t: Arc<Tenant>,
-    selector: Selector,
+    selector: TypedSelector,
     range: TimeRange,
     aggregation: Aggregation,
     lenient: bool,
@@ -251,7 +251,7 @@ pub(super) async fn merge(
 pub(super) async fn merge_then<T: Send + 'static>(
     state: &Shared,
     t: Arc<Tenant>,
-    selector: Selector,
+    selector: TypedSelector,
     range: TimeRange,
     options: MergeOptions,
     then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
@@ -318,7 +318,7 @@ fn first_column(batches: &[RecordBatch]) -> ApiResult<Vec<String>> {
 }
 
 /// A profile type as the API lists it.
-fn profile_type_json(t: &frostdb_query::ProfileType) -> Value {
+fn profile_type_json(t: &frostdb_profile::ProfileType) -> Value {
     json!({
         "id": t.to_string(),
         "name": t.name,
@@ -349,7 +349,7 @@ async fn profile_types(
             true,
             Vec::new(),
             move |ctx, _| async move {
-                collect(profile::profile_types(&ctx, SAMPLES, range).await).await
+                collect(plans::profile_types(&ctx, SAMPLES, range).await).await
             },
         )
         .await?;
@@ -357,7 +357,7 @@ async fn profile_types(
     for b in &batches {
         for row in rows(b)? {
             let part = |c: usize| row[c].clone().unwrap_or_default();
-            types.push(profile_type_json(&frostdb_query::ProfileType {
+            types.push(profile_type_json(&frostdb_profile::ProfileType {
                 name: part(0),
                 sample_type: part(1),
                 sample_unit: part(2),
@@ -400,7 +400,7 @@ async fn labels(
         true,
         Vec::new(),
         move |ctx, _| async move {
-            collect(profile::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await
+            collect(plans::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await
         },
     )
     .await?;
@@ -426,8 +426,7 @@ async fn label_values(
         true,
         Vec::new(),
         move |ctx, _| async move {
-            collect(profile::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await)
-                .await
+            collect(plans::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await).await
         },
     )
     .await?;
@@ -491,7 +490,7 @@ async fn timestamps(
         p.lenient,
         Vec::new(),
         move |ctx, _| async move {
-            collect(profile::timestamps(&ctx, TOTALS, &selector, range).await).await
+            collect(plans::timestamps(&ctx, TOTALS, &selector, range).await).await
         },
     )
     .await?;
@@ -515,14 +514,14 @@ async fn query(
     let (range, mut selector) = (p.range()?, p.typed_selector()?);
     if let Some(ids) = p.span_id.as_deref() {
         let ids: Vec<&str> = ids.split(',').map(str::trim).collect();
-        selector.matchers.push(
-            frostdb_query::Matcher::any_of("span_id", &ids)
+        selector = selector.with(
+            frostdb_profile::Matcher::any_of("span_id", &ids)
                 .map_err(|e| ApiError::bad_request(format!("span_id: {e}")))?,
         );
     }
     let format = Format::parse(p.format.as_deref().unwrap_or("flamegraph"))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let profile_type = selector.profile_type.clone().expect("typed");
+    let profile_type = selector.profile_type().clone();
     let aggregation = aggregation_of(p.aggregation.as_deref(), &profile_type)?;
     let options = MergeOptions {
         aggregation,
@@ -581,7 +580,7 @@ async fn query(
 /// for `query` and `diff`, so a diff's side totals what the query of it totals.
 fn aggregation_of(
     asked: Option<&str>,
-    profile_type: &frostdb_query::ProfileType,
+    profile_type: &frostdb_profile::ProfileType,
 ) -> ApiResult<Aggregation> {
     match asked.map(str::trim).filter(|a| !a.is_empty()) {
         Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request),
@@ -674,25 +673,24 @@ async fn diff(
     TenantId(tenant): TenantId,
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
-    let parse = |s: Option<&String>, what: &str| -> ApiResult<Selector> {
+    let parse = |s: Option<&String>, what: &str| -> ApiResult<TypedSelector> {
         let s = s
             .or(p.selector.as_ref())
             .ok_or_else(|| ApiError::bad_request(format!("{what}: a selector is required")))?;
-        let sel = Selector::parse(s).map_err(|e| ApiError::from(e).context(what))?;
-        if sel.profile_type.is_none() {
-            return Err(ApiError::bad_request(format!(
-                "{what}: the selector needs a profile type"
-            )));
-        }
-        Ok(sel)
+        Selector::parse(s)
+            .map_err(|e| ApiError::from(e).context(what))?
+            .typed()
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("{what}: the selector needs a profile type"))
+            })
     };
     let base = parse(p.base.as_ref(), "base")?;
     let compare = parse(p.compare.as_ref(), "compare")?;
-    if base.profile_type != compare.profile_type {
+    if base.profile_type() != compare.profile_type() {
         return Err(ApiError::bad_request(format!(
             "base and compare must have the same profile type ({} vs {})",
-            base.profile_type.as_ref().expect("typed"),
-            compare.profile_type.as_ref().expect("typed")
+            base.profile_type(),
+            compare.profile_type()
         )));
     }
     let base_range = range_of(
@@ -707,10 +705,7 @@ async fn diff(
     )?;
     // Each side merged as `query` merges it: a gauge's side is its average over the range,
     // so the diff of a selection with itself totals what its flame graph totals.
-    let aggregation = aggregation_of(
-        p.aggregation.as_deref(),
-        base.profile_type.as_ref().expect("typed"),
-    )?;
+    let aggregation = aggregation_of(p.aggregation.as_deref(), base.profile_type())?;
     let said = [(
         AGGREGATION_HEADER,
         header::HeaderValue::from_static(aggregation.name()),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use frostdb_core::{Bucket, Db, DbOptions, SharedOptions};
 use frostdb_pprof::{ProfileStore, StoreOptions};
-use frostdb_query::distributed::{Cluster, StackSource, TenantMerger};
+use frostdb_profile::distributed::{Cluster, StackSource, TenantMerger};
 use object_store::ObjectStore;
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
@@ -463,7 +463,7 @@ impl Tenants {
                 Arc::new(TenantMerger {
                     cluster: cluster.clone(),
                     tenant: id.clone(),
-                }) as Arc<dyn frostdb_query::profile::native::BlockMerger>
+                }) as Arc<dyn frostdb_profile::native::BlockMerger>
             }),
             ..StoreOptions::default()
         };

@@ -53,10 +53,8 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use frostdb_core::{BlockMeta, BlockSlice};
 use serde::{Deserialize, Serialize};
 
-use crate::Result;
-use crate::profile::TimeRange;
-use crate::profile::native::{StackTotals, merge_stacks};
-use crate::selector::Selector;
+use crate::native::{StackTotals, merge_stacks};
+use crate::{Error, Result, Selector, TimeRange};
 
 /// Where a process finds the tables the tasks it runs name.
 pub trait StackSource: Send + Sync + fmt::Debug {
@@ -247,7 +245,7 @@ impl ExecutionPlan for StackScanExec {
                         range,
                         source.threads(),
                         scan.lenient,
-                        &crate::memory_pool(None),
+                        &frostdb_query::memory_pool(None),
                         scan.narrow.clone(),
                     )
                 })()
@@ -436,10 +434,10 @@ const AUTHORIZATION: &str = "authorization";
 /// `Bearer <secret>` as a header value, or an error naming what is wrong with it.
 fn bearer(secret: &str) -> Result<http::HeaderValue> {
     if secret.is_empty() {
-        return Err(crate::Error::Config("the cluster's secret is empty".into()));
+        return Err(Error::Config("the cluster's secret is empty".into()));
     }
     http::HeaderValue::from_str(&format!("Bearer {secret}"))
-        .map_err(|_| crate::Error::Config("the cluster's secret must be printable ASCII".into()))
+        .map_err(|_| Error::Config("the cluster's secret must be printable ASCII".into()))
 }
 
 /// Channels to workers that carry the cluster's secret in every request.
@@ -498,22 +496,19 @@ impl Cluster {
         let workers = workers
             .iter()
             .map(|w| {
-                url::Url::parse(w).map_err(|e| {
-                    crate::Error::Config(format!("worker address {w:?} is not a URL: {e}"))
-                })
+                url::Url::parse(w)
+                    .map_err(|e| Error::Config(format!("worker address {w:?} is not a URL: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
         if workers.is_empty() {
-            return Err(crate::Error::Config(
-                "a cluster needs at least one worker".into(),
-            ));
+            return Err(Error::Config("a cluster needs at least one worker".into()));
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("frostdb-coordinator")
             .enable_all()
             .build()
-            .map_err(|e| crate::Error::Cluster(format!("starting a runtime: {e}")))?;
+            .map_err(|e| Error::Cluster(format!("starting a runtime: {e}")))?;
         Ok(Self {
             workers,
             source,
@@ -634,10 +629,10 @@ impl Cluster {
         });
         let (batches, moved) = rx
             .recv()
-            .map_err(|_| crate::Error::Cluster("the coordinator's runtime stopped".into()))?
+            .map_err(|_| Error::Cluster("the coordinator's runtime stopped".into()))?
             .map_err(|e| {
                 let workers: Vec<&str> = self.workers.iter().map(|u| u.as_str()).collect();
-                crate::Error::Cluster(format!(
+                Error::Cluster(format!(
                     "a merge spread over workers {} failed (no partial answer is given): {e}",
                     workers.join(", ")
                 ))
@@ -648,7 +643,7 @@ impl Cluster {
 }
 
 /// A cluster's merges for one tenant: what a profile store of that tenant reads its
-/// persisted blocks with ([`crate::profile::native::BlockMerger`]).
+/// persisted blocks with ([`crate::native::BlockMerger`]).
 #[derive(Debug, Clone)]
 pub struct TenantMerger {
     /// The cluster.
@@ -657,7 +652,7 @@ pub struct TenantMerger {
     pub tenant: String,
 }
 
-impl crate::profile::native::BlockMerger for TenantMerger {
+impl crate::native::BlockMerger for TenantMerger {
     fn merge_stacks(
         &self,
         table: &str,
@@ -700,7 +695,7 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
     for batch in batches {
         let column = |name: &str| {
             batch.column_by_name(name).ok_or_else(|| {
-                crate::Error::Cluster(format!("a distributed merge answered without {name}"))
+                Error::Cluster(format!("a distributed merge answered without {name}"))
             })
         };
         let ids = column("stacktrace_id")?.as_primitive::<UInt64Type>();

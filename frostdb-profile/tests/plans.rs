@@ -10,8 +10,8 @@ use arrow::util::display::array_value_to_string;
 use common::*;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use frostdb_core::{Db, DbOptions, TableOptions};
-use frostdb_query::Selector;
-use frostdb_query::profile::{self, TimeRange};
+use frostdb_profile::Selector;
+use frostdb_profile::{TimeRange, plans};
 use futures::TryStreamExt;
 
 async fn collect(stream: datafusion::error::Result<SendableRecordBatchStream>) -> Vec<Vec<String>> {
@@ -79,7 +79,7 @@ async fn merge_sums_stacks_of_the_selected_series() {
     ];
     for (matchers, select) in cases {
         let selector = Selector::parse(&format!("{CPU}{matchers}")).unwrap();
-        let got = collect(profile::merge(&ctx, "samples", &selector, range, &[]).await).await;
+        let got = collect(plans::merge(&ctx, "samples", &selector, range, &[]).await).await;
         let mut want: BTreeMap<u64, i64> = BTreeMap::new();
         for r in data.iter().filter(|r| {
             r.name == "cpu"
@@ -100,7 +100,7 @@ async fn merge_sums_stacks_of_the_selected_series() {
     // Grouped by a label, as Parca compares profiles along a dimension.
     let selector = Selector::parse(CPU).unwrap();
     let got =
-        collect(profile::merge(&ctx, "samples", &selector, TimeRange::ALL, &["job".into()]).await)
+        collect(plans::merge(&ctx, "samples", &selector, TimeRange::ALL, &["job".into()]).await)
             .await;
     let mut want: BTreeMap<(u64, String), i64> = BTreeMap::new();
     for r in data.iter().filter(|r| r.name == "cpu") {
@@ -119,8 +119,7 @@ async fn range_sums_per_series_and_step() {
     let (db, data) = setup();
     let ctx = frostdb_query::session(&db).unwrap();
     let selector = Selector::parse(&format!("{CPU}{{pod=\"p3\"}}")).unwrap();
-    let got =
-        collect(profile::range(&ctx, "samples", &selector, TimeRange::ALL, 60_000).await).await;
+    let got = collect(plans::range(&ctx, "samples", &selector, TimeRange::ALL, 60_000).await).await;
     let mut want: BTreeMap<i64, i64> = BTreeMap::new();
     for r in data.iter().filter(|r| r.name == "cpu" && r.pod == "p3") {
         *want.entry(r.timestamp - r.timestamp % 60_000).or_default() += r.value;
@@ -145,11 +144,11 @@ async fn range_sums_per_series_and_step() {
 async fn labels_types_and_timestamps() {
     let (db, data) = setup();
     let ctx = frostdb_query::session(&db).unwrap();
-    let names = collect(profile::label_names(&ctx, "samples", None, TimeRange::ALL).await).await;
+    let names = collect(plans::label_names(&ctx, "samples", None, TimeRange::ALL).await).await;
     assert_eq!(names, vec![vec!["env"], vec!["job"], vec!["pod"]]);
     let no_env = Selector::parse("{env=\"\"}").unwrap();
     let names =
-        collect(profile::label_names(&ctx, "samples", Some(&no_env), TimeRange::ALL).await).await;
+        collect(plans::label_names(&ctx, "samples", Some(&no_env), TimeRange::ALL).await).await;
     assert_eq!(
         names,
         vec![vec!["job"], vec!["pod"]],
@@ -158,14 +157,14 @@ async fn labels_types_and_timestamps() {
 
     let api = Selector::parse("{job=\"api\"}").unwrap();
     let pods =
-        collect(profile::label_values(&ctx, "samples", "pod", Some(&api), TimeRange::ALL).await)
+        collect(plans::label_values(&ctx, "samples", "pod", Some(&api), TimeRange::ALL).await)
             .await;
     assert_eq!(pods, vec![vec!["p0"], vec!["p2"], vec!["p4"]]);
     let none =
-        collect(profile::label_values(&ctx, "samples", "nosuch", None, TimeRange::ALL).await).await;
+        collect(plans::label_values(&ctx, "samples", "nosuch", None, TimeRange::ALL).await).await;
     assert!(none.is_empty());
 
-    let types = collect(profile::profile_types(&ctx, "samples", TimeRange::ALL).await).await;
+    let types = collect(plans::profile_types(&ctx, "samples", TimeRange::ALL).await).await;
     assert_eq!(
         types,
         vec![
@@ -179,7 +178,7 @@ async fn labels_types_and_timestamps() {
         start_ms: START_MS + 100_000,
         end_ms: START_MS + 140_000,
     };
-    let ts = collect(profile::timestamps(&ctx, "samples", &selector, range).await).await;
+    let ts = collect(plans::timestamps(&ctx, "samples", &selector, range).await).await;
     let mut want: Vec<String> = data
         .iter()
         .filter(|r| r.pod == "p1" && r.timestamp >= range.start_ms && r.timestamp < range.end_ms)

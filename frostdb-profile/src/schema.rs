@@ -1,23 +1,23 @@
 //! The tables profiles are stored in: one row per (sample, sample type) in `samples`, and
 //! the symbols those rows point to. These are the only definitions of the profile layout:
-//! the server, the CLI and the benchmarks all use them.
+//! the store, the server, the CLI and the benchmarks all use them.
 //!
 //! | table | columns |
 //! |---|---|
 //! | `samples` | `name`, `sample_type`, `sample_unit`, `period_type`, `period_unit`, `labels.*`, `stacktrace_id`, `timestamp` (ms), `duration` (ns), `period`, `value` |
 //! | `spans` | the columns of `samples`; rows of samples labelled with a span or trace id ([`SPAN_LABELS`]) |
 //! | `totals` | the series columns of `samples`, `timestamp`, `duration`, `period`, `value`: per profile, type and label set, the sum of its samples (what range queries read) |
-//! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value ([`crate::rollup`]) |
+//! | `rollups_1h`, `rollups_1d` | the columns of `samples`; per series, stack and hour (day), the summed value (`frostdb_pprof::rollup`) |
 //! | `rollup_buckets` | `level`, `timestamp`: the hours and days rolled up |
-//! | `series_keys` | `key`, `timestamp` (the start of a day): per series (profile name and labels) and day with samples, its key; what the series limit counts ([`crate::limits`]) |
-//! | `fingerprints` | `fingerprint` (16 bytes), `timestamp`: per stored profile, its content fingerprint, by which a profile stored again is recognised ([`crate::ProfileStore::ingest`]) |
+//! | `series_keys` | `key`, `timestamp` (the start of a day): per series (profile name and labels) and day with samples, its key; what the series limit counts (`frostdb_pprof::limits`) |
+//! | `fingerprints` | `fingerprint` (16 bytes), `timestamp`: per stored profile, its content fingerprint, by which a profile stored again is recognised (`frostdb_pprof::ProfileStore::ingest`) |
 //! | `stacktraces` | `stacktrace_id`, `location_ids` (u32 location indices of the stack's partition, leaf first, little-endian, concatenated) |
 //! | `locations` | `location_id`, `mapping_id` (null: none), `address`, `lines` (per line a u32 function index and an i64 line, innermost first), `is_folded` |
 //! | `functions` | `function_id`, `name`, `system_name`, `filename`, `start_line` |
 //! | `mappings` | `mapping_id`, `memory_start`, `memory_limit`, `file_offset`, `filename`, `build_id`, `flags` |
 //!
 //! Symbol ids are u64: a symbol partition in the high 32 bits, the symbol's index within it
-//! in the low 32 (see [`crate::symbols`]). Within a partition every stack, location, function
+//! in the low 32 (see [`crate::ids`]). Within a partition every stack, location, function
 //! and mapping is stored once; a partition closes past a size or an age, and is deleted when
 //! no retained sample refers to it.
 //!
@@ -25,12 +25,58 @@
 //! with its span (as `pyroscope-otel` does) would otherwise make a series per request. The
 //! `samples` rows leave them out (samples differing only by span add up); the same samples
 //! are also written, with their span labels, to `spans`, which a merge whose selector
-//! matches on a span label reads ([`ProfileStore::merge`](crate::ProfileStore::merge),
-//! [`ProfileStore::merge_spans`](crate::ProfileStore::merge_spans)), as Pyroscope's span
+//! matches on a span label reads (`frostdb_pprof::ProfileStore::merge`), as Pyroscope's span
 //! profiles do. Label names and values (the `samples` table) do not list them.
 
 use arrow::datatypes::DataType;
 use frostdb_core::{ColumnDef, Compression, Encoding, Schema, SortingColumn};
+
+/// The columns of the series tables (samples, spans, totals, rollups, the series index):
+/// the only place their names are spelled. A test fails if one appears as a string literal
+/// outside this module.
+pub mod column {
+    /// The profile's name (`process_cpu`, `memory`): the first part of its profile type.
+    pub const NAME: &str = "name";
+    /// What a sample measures (`cpu`, `alloc_space`).
+    pub const SAMPLE_TYPE: &str = "sample_type";
+    /// The unit of a sample's value (`nanoseconds`, `bytes`).
+    pub const SAMPLE_UNIT: &str = "sample_unit";
+    /// What the sampling period counts.
+    pub const PERIOD_TYPE: &str = "period_type";
+    /// The unit of the period.
+    pub const PERIOD_UNIT: &str = "period_unit";
+    /// The dynamic column of labels: one column `labels.<name>` per label name.
+    pub const LABELS: &str = "labels";
+    /// A sample's stack, as a symbol id ([`crate::ids`]).
+    pub const STACKTRACE_ID: &str = "stacktrace_id";
+    /// Milliseconds since the Unix epoch.
+    pub const TIMESTAMP: &str = "timestamp";
+    /// The profile's duration, in nanoseconds.
+    pub const DURATION: &str = "duration";
+    /// The sampling period, in the period's unit.
+    pub const PERIOD: &str = "period";
+    /// A sample's value, in the sample unit.
+    pub const VALUE: &str = "value";
+
+    /// The five columns of a profile type, in its order
+    /// (`name:sample_type:sample_unit:period_type:period_unit`).
+    pub const PROFILE_TYPE: [&str; 5] = [NAME, SAMPLE_TYPE, SAMPLE_UNIT, PERIOD_TYPE, PERIOD_UNIT];
+
+    /// The prefix of a label's column.
+    pub const LABEL_PREFIX: &str = "labels.";
+
+    /// The column of label `name`: `labels.<name>`.
+    pub fn label(name: &str) -> String {
+        format!("{LABEL_PREFIX}{name}")
+    }
+
+    /// The label a column holds (`labels.pod` holds `pod`), if it is a label column.
+    pub fn label_of(column: &str) -> Option<&str> {
+        column.strip_prefix(LABEL_PREFIX)
+    }
+}
+
+use column::*;
 
 /// Table of samples.
 pub const SAMPLES: &str = "samples";
@@ -46,7 +92,7 @@ pub const SERIES_BUCKET_MS: i64 = 3_600_000;
 /// per-profile `TotalValue` does.
 pub const TOTALS: &str = "totals";
 /// Hourly rollups: per series and hour, the summed value per stack (the samples' columns,
-/// `timestamp` the start of the hour). See [`crate::rollup`].
+/// `timestamp` the start of the hour). See `frostdb_pprof::rollup`.
 pub const ROLLUPS_HOURLY: &str = "rollups_1h";
 /// Daily rollups: per series and day (UTC), the summed value per stack.
 pub const ROLLUPS_DAILY: &str = "rollups_1d";
@@ -55,9 +101,9 @@ pub const ROLLUPS_DAILY: &str = "rollups_1d";
 pub const ROLLUP_BUCKETS: &str = "rollup_buckets";
 
 /// The series keys: a row per series (a profile name and label set, as
-/// [`StoreOptions::max_series`](crate::StoreOptions::max_series) counts them) and day with
+/// `frostdb_pprof::StoreOptions::max_series` counts them) and day with
 /// samples, `key` a hash of the series; a store limited in series counts what it holds from
-/// them when opened, reading one column ([`crate::limits`]).
+/// them when opened, reading one column (`frostdb_pprof::limits`).
 pub const SERIES_KEYS: &str = "series_keys";
 /// The series keys' time granularity: rows are per day (UTC).
 pub const SERIES_KEYS_BUCKET_MS: i64 = 24 * 3_600_000;
@@ -65,14 +111,14 @@ pub const SERIES_KEYS_BUCKET_MS: i64 = 24 * 3_600_000;
 /// The profiles' content fingerprints: a row per stored profile, its fingerprint (a 128-bit
 /// hash of its series, timestamp and samples) and timestamp, committed with its samples. A
 /// store reads those of the recent profiles when it opens, to store a profile pushed again
-/// once ([`crate::ProfileStore::ingest`]). Stores written before it have none: their
+/// once (`frostdb_pprof::ProfileStore::ingest`). Stores written before it have none: their
 /// profiles are not recognised.
 pub const FINGERPRINTS: &str = "fingerprints";
 
 /// Whether a samples column is one of the series index's (the profile type, labels and
 /// timestamp), not one of a sample's own.
-pub(crate) fn is_series_column(name: &str) -> bool {
-    !matches!(name, "stacktrace_id" | "duration" | "period" | "value")
+pub fn is_series_column(name: &str) -> bool {
+    ![STACKTRACE_ID, DURATION, PERIOD, VALUE].contains(&name)
 }
 /// Sample labels that identify a span or trace rather than a series.
 pub const SPAN_LABELS: [&str; 2] = ["span_id", "trace_id"];
@@ -129,7 +175,7 @@ pub const LABELS_FIRST: [&str; 6] = [
 
 /// How a series table sorts its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LabelOrder {
+pub enum LabelOrder {
     /// [`LABELS_FIRST`], then by name: tables made now.
     Hierarchy,
     /// By name: tables made before [`LABELS_FIRST`], opened as they were made.
@@ -146,31 +192,23 @@ fn series_schema(
 ) -> Schema {
     schema(name, |b| {
         let mut b = rest(
-            b.column(dict("name").compression(LABEL_CODEC))
-                .column(dict("sample_type").compression(LABEL_CODEC))
-                .column(dict("sample_unit").compression(LABEL_CODEC))
-                .column(dict("period_type").compression(LABEL_CODEC))
-                .column(dict("period_unit").compression(LABEL_CODEC))
+            b.column(dict(NAME).compression(LABEL_CODEC))
+                .column(dict(SAMPLE_TYPE).compression(LABEL_CODEC))
+                .column(dict(SAMPLE_UNIT).compression(LABEL_CODEC))
+                .column(dict(PERIOD_TYPE).compression(LABEL_CODEC))
+                .column(dict(PERIOD_UNIT).compression(LABEL_CODEC))
                 .column(
-                    ColumnDef::dynamic("labels", DataType::Utf8)
+                    ColumnDef::dynamic(LABELS, DataType::Utf8)
                         .encoding(Encoding::RleDictionary)
                         .compression(LABEL_CODEC),
                 ),
         );
-        for column in [
-            "name",
-            "sample_type",
-            "sample_unit",
-            "period_type",
-            "period_unit",
-        ]
-        .iter()
-        {
-            b = b.sort_by(SortingColumn::asc(*column));
+        for column in PROFILE_TYPE {
+            b = b.sort_by(SortingColumn::asc(column));
         }
         b = b.sort_by(match labels {
-            LabelOrder::Hierarchy => SortingColumn::asc("labels").labels_first(LABELS_FIRST),
-            LabelOrder::Names => SortingColumn::asc("labels"),
+            LabelOrder::Hierarchy => SortingColumn::asc(LABELS).labels_first(LABELS_FIRST),
+            LabelOrder::Names => SortingColumn::asc(LABELS),
         });
         for column in order {
             b = b.sort_by(SortingColumn::asc(*column));
@@ -191,25 +229,25 @@ fn sample_schema(name: &str, labels: LabelOrder) -> Schema {
         |b| {
             // Stack ids and values are most of a block's bytes and stay zstd; timestamps
             // (delta-coded runs) read faster as LZ4 for 4% more bytes per sample.
-            b.column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::RleDictionary))
+            b.column(ColumnDef::new(STACKTRACE_ID, ID).encoding(Encoding::RleDictionary))
                 .column(
-                    ColumnDef::new("timestamp", DataType::Int64)
+                    ColumnDef::new(TIMESTAMP, DataType::Int64)
                         .encoding(Encoding::DeltaBinaryPacked)
                         .compression(Compression::Lz4Raw),
                 )
                 .column(
-                    ColumnDef::new("duration", DataType::Int64)
+                    ColumnDef::new(DURATION, DataType::Int64)
                         .encoding(Encoding::RleDictionary)
                         .compression(LABEL_CODEC),
                 )
                 .column(
-                    ColumnDef::new("period", DataType::Int64)
+                    ColumnDef::new(PERIOD, DataType::Int64)
                         .encoding(Encoding::RleDictionary)
                         .compression(LABEL_CODEC),
                 )
-                .column(ColumnDef::new("value", DataType::Int64).encoding(Encoding::RleDictionary))
+                .column(ColumnDef::new(VALUE, DataType::Int64).encoding(Encoding::RleDictionary))
         },
-        &["timestamp", "stacktrace_id"],
+        &[TIMESTAMP, STACKTRACE_ID],
     )
 }
 
@@ -225,13 +263,13 @@ fn totals_schema(labels: LabelOrder) -> Schema {
         labels,
         |b| {
             b.column(
-                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+                ColumnDef::new(TIMESTAMP, DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
             )
-            .column(ColumnDef::new("duration", DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new("period", DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new("value", DataType::Int64))
+            .column(ColumnDef::new(DURATION, DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new(PERIOD, DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new(VALUE, DataType::Int64))
         },
-        &["timestamp"],
+        &[TIMESTAMP],
     )
 }
 
@@ -245,9 +283,9 @@ pub fn rollups(name: &str) -> Schema {
 pub fn rollup_buckets() -> Schema {
     schema(ROLLUP_BUCKETS, |b| {
         b.column(dict("level"))
-            .column(ColumnDef::new("timestamp", DataType::Int64))
+            .column(ColumnDef::new(TIMESTAMP, DataType::Int64))
             .sort_by(SortingColumn::asc("level"))
-            .sort_by(SortingColumn::asc("timestamp"))
+            .sort_by(SortingColumn::asc(TIMESTAMP))
     })
 }
 
@@ -264,10 +302,10 @@ fn series_index_schema(labels: LabelOrder) -> Schema {
         labels,
         |b| {
             b.column(
-                ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+                ColumnDef::new(TIMESTAMP, DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
             )
         },
-        &["timestamp"],
+        &[TIMESTAMP],
     )
 }
 
@@ -275,9 +313,9 @@ fn series_index_schema(labels: LabelOrder) -> Schema {
 pub fn series_keys() -> Schema {
     schema(SERIES_KEYS, |b| {
         b.column(ColumnDef::new("key", DataType::UInt64))
-            .column(ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::RleDictionary))
+            .column(ColumnDef::new(TIMESTAMP, DataType::Int64).encoding(Encoding::RleDictionary))
             .sort_by(SortingColumn::asc("key"))
-            .sort_by(SortingColumn::asc("timestamp"))
+            .sort_by(SortingColumn::asc(TIMESTAMP))
     })
 }
 
@@ -290,15 +328,15 @@ pub fn fingerprints() -> Schema {
             ColumnDef::new("fingerprint", DataType::FixedSizeBinary(16))
                 .compression(Compression::Uncompressed),
         )
-        .column(ColumnDef::new("timestamp", DataType::Int64).encoding(Encoding::DeltaBinaryPacked))
-        .sort_by(SortingColumn::asc("timestamp"))
+        .column(ColumnDef::new(TIMESTAMP, DataType::Int64).encoding(Encoding::DeltaBinaryPacked))
+        .sort_by(SortingColumn::asc(TIMESTAMP))
         .sort_by(SortingColumn::asc("fingerprint"))
     })
 }
 
 /// The schema of series table `name` (samples, spans, totals, rollups, the series index)
 /// with its labels sorted `labels`; `None` for other tables.
-pub(crate) fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
+pub fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
     match name {
         SAMPLES | SPANS | ROLLUPS_HOURLY | ROLLUPS_DAILY => Some(sample_schema(name, labels)),
         TOTALS => Some(totals_schema(labels)),
@@ -310,7 +348,7 @@ pub(crate) fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
 /// Opens series table `name` (see [`series_table`]), creating it with its labels in
 /// hierarchy order; a table made before that order keeps sorting its labels by name, as its
 /// rows are.
-pub(crate) fn open_series_table(
+pub fn open_series_table(
     db: &frostdb_core::Db,
     name: &str,
     options: frostdb_core::TableOptions,
@@ -327,9 +365,9 @@ pub(crate) fn open_series_table(
 /// The stacks table.
 pub fn stacktraces() -> Schema {
     schema(STACKTRACES, |b| {
-        b.column(ColumnDef::new("stacktrace_id", ID).encoding(Encoding::DeltaBinaryPacked))
+        b.column(ColumnDef::new(STACKTRACE_ID, ID).encoding(Encoding::DeltaBinaryPacked))
             .column(ColumnDef::new("location_ids", DataType::Binary))
-            .sort_by(SortingColumn::asc("stacktrace_id"))
+            .sort_by(SortingColumn::asc(STACKTRACE_ID))
     })
 }
 

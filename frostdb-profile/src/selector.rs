@@ -47,7 +47,7 @@ impl fmt::Display for ProfileType {
 impl ProfileType {
     /// Whether its values are a level at one moment (memory in use, goroutines), which
     /// adds up across series but not across one series' profiles over time: merges over a
-    /// range average them ([`crate::profile::Aggregation::default_for`]).
+    /// range average them ([`crate::Aggregation::default_for`]).
     pub fn is_gauge(&self) -> bool {
         self.sample_type.starts_with("inuse_")
             || self.sample_type.starts_with("goroutine")
@@ -270,6 +270,65 @@ pub struct Selector {
     pub profile_type: Option<ProfileType>,
     /// The matchers, all of which must hold.
     pub matchers: Vec<Matcher>,
+}
+
+/// A selector that names a profile type: what a merge, a series over time or a diff needs.
+/// It is made only from a selector with a type ([`Selector::typed`]) or from a type
+/// ([`TypedSelector::new`]), so its type is never missing; it reads as the [`Selector`] it
+/// is (`Deref`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypedSelector {
+    selector: Selector,
+    profile_type: ProfileType,
+}
+
+impl TypedSelector {
+    /// Selects `matchers` of profile type `profile_type`.
+    pub fn new(profile_type: ProfileType, matchers: Vec<Matcher>) -> Self {
+        TypedSelector {
+            selector: Selector {
+                profile_type: Some(profile_type.clone()),
+                matchers,
+            },
+            profile_type,
+        }
+    }
+
+    /// The profile type it selects.
+    pub fn profile_type(&self) -> &ProfileType {
+        &self.profile_type
+    }
+
+    /// The selector with `matcher` added (all matchers must hold).
+    pub fn with(mut self, matcher: Matcher) -> Self {
+        self.selector.matchers.push(matcher);
+        self
+    }
+
+    /// The selector, as any query takes it.
+    pub fn into_selector(self) -> Selector {
+        self.selector
+    }
+}
+
+impl std::ops::Deref for TypedSelector {
+    type Target = Selector;
+
+    fn deref(&self) -> &Selector {
+        &self.selector
+    }
+}
+
+impl From<TypedSelector> for Selector {
+    fn from(typed: TypedSelector) -> Selector {
+        typed.selector
+    }
+}
+
+impl fmt::Display for TypedSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.selector.fmt(f)
+    }
 }
 
 /// Why a selector did not parse: the message and the 1-based column where it went wrong.
@@ -577,6 +636,15 @@ impl fmt::Display for Selector {
 }
 
 impl Selector {
+    /// This selector as a [`TypedSelector`], if it names a profile type.
+    pub fn typed(self) -> Option<TypedSelector> {
+        let profile_type = self.profile_type.clone()?;
+        Some(TypedSelector {
+            selector: self,
+            profile_type,
+        })
+    }
+
     /// A selector from the parts Pyroscope's query API sends: a profile type id (empty for
     /// none) and a label selector (`{service_name="api"}`, empty for all). A
     /// `__profile_type__="…"` matcher names the profile type too.

@@ -1,8 +1,8 @@
 //! The fixed profile queries straight on the engine's scans, without planning: the merge
 //! sums values per stack while it reads, into one dense array per symbol partition (stack
-//! ids are `partition << 32 | index`, indices dense from 0), so no key is ever hashed, and
-//! it yields the total and the period in the same pass. The DataFusion plans in the parent
-//! module give the same answers (the tests check one against the other).
+//! ids are [`crate::ids`]: a partition and an index dense from 0), so no key is ever
+//! hashed, and it yields the total and the period in the same pass. The DataFusion plans of
+//! [`crate::plans`] give the same answers (the tests check one against the other).
 
 use std::sync::Arc;
 
@@ -11,10 +11,8 @@ use arrow::datatypes::{Int64Type, UInt64Type};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
 
-use crate::Result;
-
-use super::TimeRange;
-use crate::selector::{ProfileType, Selector};
+use crate::ids::{split_id, symbol_id};
+use crate::{ProfileType, Result, Selector, TimeRange};
 
 /// What a merge read: the value per stack, and the totals of the same rows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -192,11 +190,11 @@ impl Dense {
         // summed without a branch but the bounds check.
         let mut start = 0;
         while start < ids.len() {
-            let partition = ids[start] >> 32;
+            let partition = split_id(ids[start]).0;
             let end = start
                 + ids[start..]
                     .iter()
-                    .position(|id| id >> 32 != partition)
+                    .position(|id| split_id(*id).0 != partition)
                     .unwrap_or(ids.len() - start);
             self.add_run(&ids[start..end], &values[start..end])?;
             start = end;
@@ -209,22 +207,22 @@ impl Dense {
         let Some(first) = ids.first() else {
             return Ok(());
         };
-        let highest = ids.iter().map(|id| *id as u32).max().unwrap_or(0) as usize;
+        let highest = ids.iter().map(|id| split_id(*id).1).max().unwrap_or(0) as usize;
         if highest >= MAX_INDEX {
             return Err(Error::Internal(format!(
                 "stack id {:#x} has an index beyond any symbol partition's",
-                (first >> 32 << 32) | highest as u64
+                symbol_id(split_id(*first).0, highest as u32)
             ))
             .into());
         }
-        let at = self.at((first >> 32) as u32);
+        let at = self.at(split_id(*first).0);
         let len = self.partitions[at].1.len();
         if highest >= len {
             self.grow(at, (highest + 1).max(len * 2).min(highest + (1 << 20)))?;
         }
         let sums = &mut self.partitions[at].1;
         for (id, v) in ids.iter().zip(values) {
-            sums[*id as u32 as usize] += v;
+            sums[split_id(*id).1 as usize] += v;
         }
         self.total += values.iter().sum::<i64>();
         self.rows += ids.len();
@@ -314,7 +312,7 @@ pub fn merge_stacks(
                 .iter()
                 .enumerate()
                 .filter(|(_, v)| **v != 0)
-                .map(|(i, v)| ((u64::from(*p) << 32) | i as u64, *v)),
+                .map(|(i, v)| (symbol_id(*p, i as u32), *v)),
         );
     }
     Ok(StackTotals {
@@ -417,11 +415,11 @@ pub fn merge_stacks_by_series(
     snapshot: &Snapshot,
     selector: &Selector,
     range: TimeRange,
-    aggregation: super::Aggregation,
+    aggregation: crate::Aggregation,
     lenient: bool,
     pool: &Arc<dyn MemoryPool>,
 ) -> Result<SeriesStacks> {
-    use super::Aggregation;
+    use crate::Aggregation;
     if snapshot.schema().index_of("stacktrace_id").is_none() {
         return Ok(SeriesStacks::default());
     }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use common::{START_MS, rows, samples_schema_with_period};
 use frostdb_core::{Db, DbOptions, Table};
-use frostdb_query::Selector;
-use frostdb_query::distributed::{Cluster, StackSource, serve_worker};
-use frostdb_query::profile::TimeRange;
-use frostdb_query::profile::native::merge_stacks;
+use frostdb_profile::Selector;
+use frostdb_profile::TimeRange;
+use frostdb_profile::distributed::{Cluster, StackSource, serve_worker};
+use frostdb_profile::native::merge_stacks;
 
 /// The one table every task reads (all "processes" here share it).
 #[derive(Debug)]
@@ -156,7 +156,7 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
         urls.push(format!("http://{}", listener.local_addr().unwrap()));
         let source = source.clone();
         runtime.spawn(async move {
-            frostdb_query::distributed::serve_worker_with(
+            frostdb_profile::distributed::serve_worker_with(
                 listener,
                 source,
                 Some("s3cret"),
