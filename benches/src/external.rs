@@ -39,6 +39,10 @@ use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
 use frostdb_profile::distributed::{Cluster, StackSource, TenantMerger, serve_worker};
+use frostdb_profile::schema::column::{
+    DURATION, LABEL_PREFIX, NAME, PERIOD, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT,
+    STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
+};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 /// Errors of the bench commands.
@@ -492,7 +496,7 @@ fn fleet_stacks(data: &Path) -> Result<HashMap<u64, Vec<Arc<str>>>, BoxError> {
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
     let mut stacks = HashMap::new();
     for batch in parquet_batches(&data.join("stacktraces.parquet"))? {
-        let ids = column(&batch, "stacktrace_id")?
+        let ids = column(&batch, STACKTRACE_ID)?
             .as_primitive_opt::<UInt64Type>()
             .ok_or("stacktrace_id is not uint64")?;
         let frames = column(&batch, "frames")?
@@ -614,26 +618,26 @@ fn fleet_profiles(
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| format!("{name} is not int64").into())
     };
-    let types = ["sample_type", "sample_unit", "period_type", "period_unit"]
+    let types = [SAMPLE_TYPE, SAMPLE_UNIT, PERIOD_TYPE, PERIOD_UNIT]
         .map(&strings)
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let name = strings("name")?;
+    let name = strings(NAME)?;
     let label_columns: Vec<(String, &StringArray)> = batch
         .schema()
         .fields()
         .iter()
-        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
-        .map(|l| Ok((l.clone(), strings(&format!("labels.{l}"))?)))
+        .filter_map(|f| f.name().strip_prefix(LABEL_PREFIX).map(str::to_owned))
+        .map(|l| Ok((l.clone(), strings(&label_column(&l))?)))
         .collect::<Result<_, BoxError>>()?;
-    let ids = column(batch, "stacktrace_id")?
+    let ids = column(batch, STACKTRACE_ID)?
         .as_primitive_opt::<UInt64Type>()
         .ok_or("stacktrace_id is not uint64")?;
     let (ts, duration, period, value) = (
-        ints("timestamp")?,
-        ints("duration")?,
-        ints("period")?,
-        ints("value")?,
+        ints(TIMESTAMP)?,
+        ints(DURATION)?,
+        ints(PERIOD)?,
+        ints(VALUE)?,
     );
     let same_profile = |a: usize, b: usize| {
         ts.value(a) == ts.value(b)
@@ -798,7 +802,7 @@ impl Answer {
                 let (ids, totals): (Vec<u64>, Vec<i64>) = by_bench_id(m).into_iter().unzip();
                 batch(
                     vec![
-                        ("stacktrace_id", DataType::UInt64),
+                        (STACKTRACE_ID, DataType::UInt64),
                         ("total", DataType::Int64),
                     ],
                     vec![

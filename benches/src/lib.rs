@@ -14,6 +14,10 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt64Array};
 use arrow::datatypes::{Field, Schema as ArrowSchema};
 use frostdb_core::Schema;
+use frostdb_profile::schema::column::{
+    DURATION, NAME, PERIOD, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, STACKTRACE_ID,
+    TIMESTAMP, VALUE, label_column, label_of,
+};
 
 /// The product's samples table (one definition, in `frostdb_pprof::schema`).
 pub fn samples_schema() -> Schema {
@@ -148,26 +152,26 @@ impl Fleet {
         let ids = UInt64Array::from_iter_values(stacks.iter().map(|&i| Self::stack_id(i)));
         let text = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };
         let int = |v: i64| -> ArrayRef { Arc::new(Int64Array::from(vec![v; n])) };
-        let columns: Vec<(&str, ArrayRef)> = vec![
-            ("name", text(name)),
-            ("sample_type", text(sample_type)),
-            ("sample_unit", text(sample_unit)),
-            ("period_type", text(period_type)),
-            ("period_unit", text(period_unit)),
-            ("labels.namespace", text(&s.namespace)),
-            ("labels.pod", text(&s.pod)),
-            ("labels.container", text(&s.container)),
-            ("labels.node", text(&s.node)),
-            ("labels.job", text(&s.job)),
-            ("stacktrace_id", Arc::new(ids)),
-            ("timestamp", int(timestamp_ms)),
-            ("duration", int(10_000_000_000)),
-            ("period", int(period)),
-            ("value", Arc::new(Int64Array::from(values))),
+        let columns: Vec<(String, ArrayRef)> = vec![
+            (NAME.into(), text(name)),
+            (SAMPLE_TYPE.into(), text(sample_type)),
+            (SAMPLE_UNIT.into(), text(sample_unit)),
+            (PERIOD_TYPE.into(), text(period_type)),
+            (PERIOD_UNIT.into(), text(period_unit)),
+            (label_column("namespace"), text(&s.namespace)),
+            (label_column("pod"), text(&s.pod)),
+            (label_column("container"), text(&s.container)),
+            (label_column("node"), text(&s.node)),
+            (label_column("job"), text(&s.job)),
+            (STACKTRACE_ID.into(), Arc::new(ids)),
+            (TIMESTAMP.into(), int(timestamp_ms)),
+            (DURATION.into(), int(10_000_000_000)),
+            (PERIOD.into(), int(period)),
+            (VALUE.into(), Arc::new(Int64Array::from(values))),
         ];
         let fields: Vec<Field> = columns
             .iter()
-            .map(|(name, a)| Field::new(*name, a.data_type().clone(), name.starts_with("labels.")))
+            .map(|(name, a)| Field::new(name, a.data_type().clone(), label_of(name).is_some()))
             .collect();
         RecordBatch::try_new(
             Arc::new(ArrowSchema::new(fields)),

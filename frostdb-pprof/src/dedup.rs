@@ -30,6 +30,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use frostdb_core::{Scalar, ScanRequest, Table, col};
 
 use crate::error::{Error, Result};
+use crate::schema::column::TIMESTAMP;
 
 /// A profile's content fingerprint.
 pub(crate) type ContentFingerprint = u128;
@@ -77,14 +78,14 @@ impl Recent {
         }
         let started = std::time::Instant::now();
         let snapshot = table.snapshot();
-        let newest = match snapshot.column_stats("timestamp").and_then(|s| s.max) {
+        let newest = match snapshot.column_stats(TIMESTAMP).and_then(|s| s.max) {
             Some(Scalar::Int(newest)) => newest,
             _ => return Ok(recent), // no rows
         };
         recent.newest = newest;
         let request = ScanRequest::new()
-            .project(["timestamp", "fingerprint"])
-            .filter(col("timestamp").gt_eq(recent.cutoff()));
+            .project([TIMESTAMP, "fingerprint"])
+            .filter(col(TIMESTAMP).gt_eq(recent.cutoff()));
         let mut stored: Vec<(i64, ContentFingerprint)> = Vec::new();
         for batch in snapshot.scan(&request)? {
             let batch = batch?;
@@ -154,7 +155,7 @@ impl Recent {
 pub(crate) fn rows(stored: &[(i64, ContentFingerprint)]) -> Result<RecordBatch> {
     let schema = Schema::new(vec![
         Field::new("fingerprint", DataType::FixedSizeBinary(16), false),
-        Field::new("timestamp", DataType::Int64, false),
+        Field::new(TIMESTAMP, DataType::Int64, false),
     ]);
     let fingerprints =
         FixedSizeBinaryArray::try_from_iter(stored.iter().map(|(_, f)| f.to_le_bytes()))?;
@@ -168,7 +169,7 @@ pub(crate) fn rows(stored: &[(i64, ContentFingerprint)]) -> Result<RecordBatch> 
 /// The timestamp and fingerprint columns of a scan of the table.
 fn columns(batch: &RecordBatch) -> Result<(&Int64Array, &FixedSizeBinaryArray)> {
     let timestamps = batch
-        .column_by_name("timestamp")
+        .column_by_name(TIMESTAMP)
         .and_then(|c| c.as_any().downcast_ref::<Int64Array>());
     let fingerprints = batch
         .column_by_name("fingerprint")

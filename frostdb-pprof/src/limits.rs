@@ -17,6 +17,7 @@ use frostdb_core::{Db, ScanRequest, Table};
 
 use crate::error::{Error, Result};
 use crate::schema::SERIES_KEYS_BUCKET_MS;
+use crate::schema::column::{LABEL_PREFIX, NAME, TIMESTAMP};
 
 /// Bounds on the labels of a profile's series, as Pyroscope's distributor checks them. A
 /// profile over one is refused whole ([`Error::LabelLimit`], an
@@ -274,7 +275,7 @@ fn key_rows(rows: &[(u64, i64)]) -> Result<RecordBatch> {
     use arrow::datatypes::{DataType, Field, Schema};
     let schema = Schema::new(vec![
         Field::new("key", DataType::UInt64, false),
-        Field::new("timestamp", DataType::Int64, false),
+        Field::new(TIMESTAMP, DataType::Int64, false),
     ]);
     Ok(RecordBatch::try_new(
         std::sync::Arc::new(schema),
@@ -298,13 +299,13 @@ pub(crate) fn build_series_keys(db: &Db, index: &Table, keys: &Table) -> Result<
         .iter()
         .filter_map(|f| {
             Some((
-                f.name().strip_prefix("labels.")?.to_owned(),
+                f.name().strip_prefix(LABEL_PREFIX)?.to_owned(),
                 f.name().clone(),
             ))
         })
         .collect();
     labels.sort();
-    let mut columns = vec!["name".to_owned(), "timestamp".to_owned()];
+    let mut columns = vec![NAME.to_owned(), TIMESTAMP.to_owned()];
     columns.extend(labels.iter().map(|(_, c)| c.clone()));
     let (mut read, mut rows) = (0usize, std::collections::BTreeSet::<(u64, i64)>::new());
     for batch in snapshot.scan(&ScanRequest::new().project(columns.iter()))? {

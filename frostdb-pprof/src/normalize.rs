@@ -20,6 +20,10 @@ use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 use crate::decode::{Flat, SampleRef, ValidProfile};
 use crate::error::{Error, Result};
 use crate::schema::SERIES_BUCKET_MS;
+use crate::schema::column::{
+    DURATION, NAME, PERIOD, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, STACKTRACE_ID,
+    TIMESTAMP, VALUE, label_column,
+};
 use crate::symbols::{FunctionRow, LineRow, MappingRow, StackKey, Writer, symbol_id};
 
 /// Maps keyed by what a profile holds: foldhash, not SipHash (no untrusted key can cost more
@@ -184,7 +188,7 @@ pub(crate) fn prepare<'p>(
             reason: format!("cannot be part of a profile type: {reason}"),
         })
     };
-    part("name", &options.name)?;
+    part(NAME, &options.name)?;
     for t in &p.sample_type {
         part("sample_type.type", or(text(p, t.r#type), "samples"))?;
         part("sample_type.unit", or(text(p, t.unit), "count"))?;
@@ -886,11 +890,11 @@ impl Prepared<'_> {
             .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
         let (period_type, period_unit) = (or(period_type, "unknown"), or(period_unit, "unknown"));
 
-        out.constant("name", &self.name, start, n)?;
-        out.constant("period_type", period_type, start, n)?;
-        out.constant("period_unit", period_unit, start, n)?;
+        out.constant(NAME, &self.name, start, n)?;
+        out.constant(PERIOD_TYPE, period_type, start, n)?;
+        out.constant(PERIOD_UNIT, period_unit, start, n)?;
         for (k, v) in &self.series {
-            out.constant(&format!("labels.{k}"), v, start, n)?;
+            out.constant(&label_column(k), v, start, n)?;
         }
         // Rows come type by type, in type order (see `prepare`): one run per type used.
         let mut used: Vec<u16> = Vec::new();
@@ -899,8 +903,8 @@ impl Prepared<'_> {
         let mut sets: Vec<usize> = Vec::new();
         for run in rows.chunk_by(|a, b| a.0 == b.0) {
             let t = run[0].0;
-            out.constant("sample_type", sample_type(t), at, run.len())?;
-            out.constant("sample_unit", sample_unit(t), at, run.len())?;
+            out.constant(SAMPLE_TYPE, sample_type(t), at, run.len())?;
+            out.constant(SAMPLE_UNIT, sample_unit(t), at, run.len())?;
             // The series index: a row per distinct label set of the run, keyed by what
             // makes its index row; and the run's totals, a first row and a sum per label set.
             if index {
@@ -934,7 +938,7 @@ impl Prepared<'_> {
             let columns: Vec<Vec<String>> = self
                 .label_sets
                 .iter()
-                .map(|set| set.iter().map(|(k, _)| format!("labels.{k}")).collect())
+                .map(|set| set.iter().map(|(k, _)| label_column(k)).collect())
                 .collect();
             for (i, r) in rows.iter().enumerate() {
                 let set = group(r.1).0;
@@ -1045,13 +1049,13 @@ impl SampleRows {
             fields.push(Field::new(name, array.data_type().clone(), true));
             columns.push(Arc::new(array));
         }
-        fields.push(Field::new("stacktrace_id", DataType::UInt64, false));
+        fields.push(Field::new(STACKTRACE_ID, DataType::UInt64, false));
         columns.push(Arc::new(UInt64Array::from(self.stacktrace_id)));
         for (name, v) in [
-            ("timestamp", self.timestamp),
-            ("duration", self.duration),
-            ("period", self.period),
-            ("value", self.value),
+            (TIMESTAMP, self.timestamp),
+            (DURATION, self.duration),
+            (PERIOD, self.period),
+            (VALUE, self.value),
         ] {
             fields.push(Field::new(name, DataType::Int64, false));
             columns.push(Arc::new(Int64Array::from(v)));
@@ -1076,7 +1080,7 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
             continue;
         }
         let mut taken = arrow::compute::take(column, &indices, None)?;
-        if name == "timestamp" {
+        if name == TIMESTAMP {
             let hours: Int64Array = taken
                 .as_any()
                 .downcast_ref::<Int64Array>()
@@ -1098,7 +1102,7 @@ pub(crate) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordB
 /// first row's.
 pub(crate) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
     let values = samples
-        .column_by_name("value")
+        .column_by_name(VALUE)
         .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
         .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
     let rows: Vec<(u32, Option<i64>)> = (0..samples.num_rows())
@@ -1155,11 +1159,11 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
     let mut columns: Vec<ArrayRef> = Vec::new();
     for (field, column) in schema.fields().iter().zip(samples.columns()) {
         let name = field.name().as_str();
-        if name == "stacktrace_id" {
+        if name == STACKTRACE_ID {
             continue;
         }
         fields.push(field.as_ref().clone().with_nullable(true));
-        columns.push(if name == "value" {
+        columns.push(if name == VALUE {
             Arc::new(sums.clone())
         } else {
             arrow::compute::take(column, &firsts, None)?

@@ -34,6 +34,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::schema;
+use crate::schema::column::{DURATION, PERIOD, STACKTRACE_ID, TIMESTAMP, VALUE};
 
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
@@ -146,7 +147,7 @@ fn bucket(t: i64, len: i64) -> i64 {
 
 fn timestamps(batch: &RecordBatch) -> Result<&Int64Array> {
     batch
-        .column_by_name("timestamp")
+        .column_by_name(TIMESTAMP)
         .and_then(|c| c.as_primitive_opt::<Int64Type>())
         .ok_or_else(|| Error::Corrupt("sample rows without Int64 timestamps".into()))
 }
@@ -215,7 +216,7 @@ impl Rollups {
         let mut coverage = Coverage::default();
         for batch in buckets
             .snapshot()
-            .scan(&ScanRequest::new().project(["level", "timestamp"]))?
+            .scan(&ScanRequest::new().project(["level", TIMESTAMP]))?
         {
             let batch = batch?;
             let names = arrow::compute::cast(
@@ -402,7 +403,7 @@ impl Rollups {
         for batch in self
             .series_index
             .snapshot()
-            .scan(&ScanRequest::new().project(["timestamp"]))?
+            .scan(&ScanRequest::new().project([TIMESTAMP]))?
         {
             let batch = batch?;
             hours.extend(
@@ -429,7 +430,7 @@ impl Rollups {
         let marker = RecordBatch::try_new(
             Arc::new(ArrowSchema::new(vec![
                 Field::new("level", arrow::datatypes::DataType::Utf8, false),
-                Field::new("timestamp", arrow::datatypes::DataType::Int64, false),
+                Field::new(TIMESTAMP, arrow::datatypes::DataType::Int64, false),
             ])),
             vec![
                 Arc::new(arrow::array::StringArray::from(vec![level.name])),
@@ -541,7 +542,7 @@ fn late_rows(
     let rows = arrow::compute::filter_record_batch(samples, &mask)?;
     let at = rows
         .schema()
-        .index_of("timestamp")
+        .index_of(TIMESTAMP)
         .map_err(|_| Error::Corrupt("sample rows without timestamps".into()))?;
     let mut columns = rows.columns().to_vec();
     columns[at] = Arc::new(timestamps(&rows)?.unary::<_, Int64Type>(|t| bucket(t, len)));
@@ -559,10 +560,10 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
     let series: Vec<usize> = (0..schema.fields().len())
         .filter(|&i| {
             let name = schema.field(i).name();
-            schema::is_series_column(name) && name != "timestamp"
+            schema::is_series_column(name) && name != TIMESTAMP
         })
         .collect();
-    if schema.index_of("stacktrace_id").is_err() {
+    if schema.index_of(STACKTRACE_ID).is_err() {
         return Ok((Vec::new(), 0));
     }
     let converter = RowConverter::new(
@@ -581,7 +582,7 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
         (Vec::<(u32, u64)>::new(), Vec::new(), Vec::new(), Vec::new());
     let mut read = 0;
     let request =
-        ScanRequest::new().filter(col("timestamp").gt_eq(start).and(col("timestamp").lt(end)));
+        ScanRequest::new().filter(col(TIMESTAMP).gt_eq(start).and(col(TIMESTAMP).lt(end)));
     for batch in source.scan(&request)? {
         let batch = batch?;
         read += batch.num_rows();
@@ -608,9 +609,9 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
                 .and_then(|c| c.as_primitive_opt::<Int64Type>())
                 .ok_or_else(|| Error::Corrupt(format!("rollup source rows without {name}")))
         };
-        let (values, period, duration) = (int("value")?, int("period")?, int("duration")?);
+        let (values, period, duration) = (int(VALUE)?, int(PERIOD)?, int(DURATION)?);
         let stacks = batch
-            .column_by_name("stacktrace_id")
+            .column_by_name(STACKTRACE_ID)
             .and_then(|c| c.as_primitive_opt::<UInt64Type>())
             .ok_or_else(|| Error::Corrupt("rollup source rows without stacktrace_id".into()))?;
         let mut current: Option<(usize, u32)> = None;
@@ -661,11 +662,11 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
             Field::new(field.name(), data_type, true)
         })
         .chain([
-            Field::new("stacktrace_id", arrow::datatypes::DataType::UInt64, false),
-            Field::new("timestamp", arrow::datatypes::DataType::Int64, false),
-            Field::new("duration", arrow::datatypes::DataType::Int64, true),
-            Field::new("period", arrow::datatypes::DataType::Int64, true),
-            Field::new("value", arrow::datatypes::DataType::Int64, false),
+            Field::new(STACKTRACE_ID, arrow::datatypes::DataType::UInt64, false),
+            Field::new(TIMESTAMP, arrow::datatypes::DataType::Int64, false),
+            Field::new(DURATION, arrow::datatypes::DataType::Int64, true),
+            Field::new(PERIOD, arrow::datatypes::DataType::Int64, true),
+            Field::new(VALUE, arrow::datatypes::DataType::Int64, false),
         ])
         .collect();
     let out_schema = Arc::new(ArrowSchema::new(fields));

@@ -25,6 +25,7 @@ use crate::limits::{LabelLimits, SeriesKeys};
 use crate::normalize::{Deltas, IngestOptions, IngestSummary, SampleRows, prepare};
 use crate::rollup::{RollupOptions, RollupSummary, Rollups};
 use crate::schema;
+use crate::schema::column::{LABEL_PREFIX, STACKTRACE_ID, TIMESTAMP};
 use crate::symbols::{
     Counts, Partition, StackId, SymbolOptions, SymbolStore, SymbolTables, Symbols, split_id,
 };
@@ -212,7 +213,7 @@ fn partitions_used(tables: &[Table]) -> Option<(u32, u32)> {
     tables
         .iter()
         .filter_map(|t| {
-            let stats = t.snapshot().column_stats("stacktrace_id")?;
+            let stats = t.snapshot().column_stats(STACKTRACE_ID)?;
             match (stats.min, stats.max) {
                 (Some(Scalar::UInt(min)), Some(Scalar::UInt(max))) => {
                     Some((split_id(min).0, split_id(max).0))
@@ -231,7 +232,7 @@ impl SymbolExpiry {
         let tables = self.symbols.tables();
         let mut deleted = 0;
         for (table, column) in [
-            (&tables.stacktraces, "stacktrace_id"),
+            (&tables.stacktraces, STACKTRACE_ID),
             (&tables.locations, "location_id"),
             (&tables.functions, "function_id"),
             (&tables.mappings, "mapping_id"),
@@ -513,7 +514,7 @@ impl SeriesSeen {
         keys: Vec<(u64, u32)>,
     ) -> Result<Option<IndexRows>> {
         let timestamps = samples
-            .column_by_name("timestamp")
+            .column_by_name(TIMESTAMP)
             .and_then(|c| c.as_any().downcast_ref::<arrow::array::Int64Array>())
             .ok_or_else(|| Error::Corrupt("sample rows without timestamps".into()))?;
         let mut new: Vec<(u64, i64)> = Vec::new();
@@ -556,7 +557,7 @@ fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<()> {
         .fields()
         .iter()
         .map(|f| f.name().clone())
-        .filter(|n| n != "stacktrace_id")
+        .filter(|n| n != STACKTRACE_ID)
         .collect();
     // One transaction: a crash midway leaves no totals, and the next open builds them whole.
     let mut tx = db.transaction();
@@ -1748,7 +1749,7 @@ impl ProfileStore {
     /// The times of the oldest and newest stored profiles (Unix ms), `None` when none is
     /// stored: read from the statistics of the profile totals, no row is read.
     pub fn time_span(&self) -> Result<Option<(i64, i64)>> {
-        let Some(stats) = self.totals.snapshot().column_stats("timestamp") else {
+        let Some(stats) = self.totals.snapshot().column_stats(TIMESTAMP) else {
             return Ok(None);
         };
         Ok(match (stats.min, stats.max) {
@@ -1833,7 +1834,7 @@ impl ProfileStore {
             .collect();
         // The labels that lead the sort order first: they bound row groups best.
         shared.sort_by_key(|(column, _)| {
-            let label = column.strip_prefix("labels.").unwrap_or(column);
+            let label = column.strip_prefix(LABEL_PREFIX).unwrap_or(column);
             schema::LABELS_FIRST
                 .iter()
                 .position(|first| *first == label)

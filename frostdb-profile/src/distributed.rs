@@ -54,6 +54,7 @@ use frostdb_core::{BlockMeta, BlockSlice};
 use serde::{Deserialize, Serialize};
 
 use crate::native::{StackTotals, merge_stacks};
+use crate::schema::column::{PERIOD, STACKTRACE_ID, VALUE};
 use crate::{Error, Result, Selector, TimeRange};
 
 /// Where a process finds the tables the tasks it runs name.
@@ -90,9 +91,9 @@ struct StackScan {
 /// total, the largest period, the rows read and the blocks a lenient read skipped.
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("stacktrace_id", DataType::UInt64, true),
-        Field::new("value", DataType::Int64, false),
-        Field::new("period", DataType::Int64, false),
+        Field::new(STACKTRACE_ID, DataType::UInt64, true),
+        Field::new(VALUE, DataType::Int64, false),
+        Field::new(PERIOD, DataType::Int64, false),
         Field::new("rows", DataType::Int64, false),
         Field::new("blocks_failed", DataType::Int64, false),
     ]))
@@ -601,10 +602,10 @@ impl Cluster {
         self.runtime.spawn(async move {
             let run = async {
                 let df = ctx.read_table(provider)?.aggregate(
-                    vec![col("stacktrace_id")],
+                    vec![col(STACKTRACE_ID)],
                     vec![
-                        sum(col("value")).alias("value"),
-                        max(col("period")).alias("period"),
+                        sum(col(VALUE)).alias(VALUE),
+                        max(col(PERIOD)).alias(PERIOD),
                         sum(col("rows")).alias("rows"),
                         sum(col("blocks_failed")).alias("blocks_failed"),
                     ],
@@ -698,9 +699,9 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
                 Error::Cluster(format!("a distributed merge answered without {name}"))
             })
         };
-        let ids = column("stacktrace_id")?.as_primitive::<UInt64Type>();
-        let values = column("value")?.as_primitive::<Int64Type>();
-        let periods = column("period")?.as_primitive::<Int64Type>();
+        let ids = column(STACKTRACE_ID)?.as_primitive::<UInt64Type>();
+        let values = column(VALUE)?.as_primitive::<Int64Type>();
+        let periods = column(PERIOD)?.as_primitive::<Int64Type>();
         let rows = column("rows")?.as_primitive::<Int64Type>();
         let failed = column("blocks_failed")?.as_primitive::<Int64Type>();
         for i in 0..batch.num_rows() {

@@ -12,6 +12,9 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReser
 use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
 
 use crate::ids::{split_id, symbol_id};
+use crate::schema::column::{
+    LABEL_PREFIX, PERIOD, PROFILE_TYPE, STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
+};
 use crate::{ProfileType, Result, Selector, TimeRange};
 
 /// What a merge read: the value per stack, and the totals of the same rows.
@@ -94,10 +97,10 @@ pub fn predicate(
     let schema = snapshot.schema();
     let mut p = selector.to_predicate(&|c| schema.index_of(c).is_some());
     if range.start_ms != i64::MIN {
-        p = p.and(col("timestamp").gt_eq(range.start_ms));
+        p = p.and(col(TIMESTAMP).gt_eq(range.start_ms));
     }
     if range.end_ms != i64::MAX {
-        p = p.and(col("timestamp").lt(range.end_ms));
+        p = p.and(col(TIMESTAMP).lt(range.end_ms));
     }
     p
 }
@@ -164,13 +167,13 @@ impl Dense {
             b.column_by_name(name)
                 .ok_or_else(|| Error::Internal(format!("a merge scan returned no column {name:?}")))
         };
-        let ids = column("stacktrace_id")?
+        let ids = column(STACKTRACE_ID)?
             .as_primitive_opt::<UInt64Type>()
             .ok_or_else(|| Error::Internal("stacktrace_id is not UInt64".into()))?;
-        let values = column("value")?
+        let values = column(VALUE)?
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| Error::Internal("value is not Int64".into()))?;
-        let periods = column("period")?
+        let periods = column(PERIOD)?
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| Error::Internal("period is not Int64".into()))?;
         if let Some(max) = arrow::compute::max(periods) {
@@ -266,13 +269,13 @@ pub fn merge_stacks(
     narrow: Option<frostdb_core::Predicate>,
 ) -> Result<StackTotals> {
     let mut request = ScanRequest::new()
-        .project(["stacktrace_id", "value", "period"])
+        .project([STACKTRACE_ID, VALUE, PERIOD])
         .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
     if let Some(narrow) = narrow {
         request = request.prune(narrow);
     }
-    if snapshot.schema().index_of("stacktrace_id").is_none() {
+    if snapshot.schema().index_of(STACKTRACE_ID).is_none() {
         return Ok(StackTotals::default());
     }
     let (scans, mut metrics) = snapshot.scan_partitions(&request, threads.max(1))?;
@@ -398,7 +401,7 @@ fn label_names_of(snapshot: &Snapshot) -> Vec<String> {
         .arrow_schema()
         .fields()
         .iter()
-        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
+        .filter_map(|f| f.name().strip_prefix(LABEL_PREFIX).map(str::to_owned))
         .collect();
     names.sort();
     names
@@ -420,14 +423,14 @@ pub fn merge_stacks_by_series(
     pool: &Arc<dyn MemoryPool>,
 ) -> Result<SeriesStacks> {
     use crate::Aggregation;
-    if snapshot.schema().index_of("stacktrace_id").is_none() {
+    if snapshot.schema().index_of(STACKTRACE_ID).is_none() {
         return Ok(SeriesStacks::default());
     }
     let labels = label_names_of(snapshot);
-    let mut columns: Vec<String> = ["stacktrace_id", "value", "period", "timestamp"]
+    let mut columns: Vec<String> = [STACKTRACE_ID, VALUE, PERIOD, TIMESTAMP]
         .map(str::to_owned)
         .to_vec();
-    columns.extend(labels.iter().map(|l| format!("labels.{l}")));
+    columns.extend(labels.iter().map(|l| label_column(l)));
     let request = ScanRequest::new()
         .project(columns.iter())
         .filter(predicate(snapshot, selector, range))
@@ -459,7 +462,7 @@ pub fn merge_stacks_by_series(
             .column(0)
             .as_primitive_opt::<UInt64Type>()
             .ok_or_else(|| Error::Internal("stacktrace_id is not UInt64".into()))?;
-        let (values, periods, times) = (int(1, "value")?, int(2, "period")?, int(3, "timestamp")?);
+        let (values, periods, times) = (int(1, VALUE)?, int(2, PERIOD)?, int(3, TIMESTAMP)?);
         if let Some(max) = arrow::compute::max(periods) {
             period = period.max(max);
         }
@@ -595,8 +598,8 @@ pub fn range_counted(
         Some(g) => g.iter().filter(|l| present.contains(l)).cloned().collect(),
         None => present,
     };
-    let mut columns: Vec<String> = labels.iter().map(|l| format!("labels.{l}")).collect();
-    columns.extend(["timestamp".to_owned(), "value".to_owned()]);
+    let mut columns: Vec<String> = labels.iter().map(|l| label_column(l)).collect();
+    columns.extend([TIMESTAMP.to_owned(), VALUE.to_owned()]);
     let request = ScanRequest::new()
         .project(columns)
         .filter(predicate(snapshot, selector, range))
@@ -726,7 +729,7 @@ pub fn series_of(
 ) -> Result<Option<Vec<LabelSet>>> {
     let columns: Vec<String> = label_names_of(index)
         .into_iter()
-        .map(|n| format!("labels.{n}"))
+        .map(|n| label_column(&n))
         .collect();
     let request = ScanRequest::new()
         .project(columns.iter())
@@ -762,18 +765,9 @@ pub fn series_of(
     Ok(Some(out.into_iter().collect()))
 }
 
-/// The columns of a profile type, in its id's order.
-const PARTS: [&str; 5] = [
-    "name",
-    "sample_type",
-    "sample_unit",
-    "period_type",
-    "period_unit",
-];
-
 /// Whether the snapshot's table has the profile type columns.
 fn has_type_columns(snapshot: &Snapshot) -> bool {
-    PARTS
+    PROFILE_TYPE
         .iter()
         .all(|p| snapshot.schema().index_of(p).is_some())
 }
@@ -814,8 +808,8 @@ pub fn series_labels_counted(
         .into_iter()
         .filter(|l| only.is_none_or(|o| o.contains(l)))
         .collect();
-    let mut columns: Vec<String> = PARTS.iter().map(|p| (*p).to_owned()).collect();
-    columns.extend(labels.iter().map(|l| format!("labels.{l}")));
+    let mut columns: Vec<String> = PROFILE_TYPE.iter().map(|p| (*p).to_owned()).collect();
+    columns.extend(labels.iter().map(|l| label_column(l)));
     let request = ScanRequest::new()
         .project(columns.iter())
         .filter(predicate(snapshot, selector, range))
@@ -830,7 +824,9 @@ pub fn series_labels_counted(
         let mut last: Option<Vec<Option<usize>>> = None;
         for i in 0..batch.num_rows() {
             let keys: Vec<Option<usize>> = strings.iter().map(|s| s.key(i)).collect();
-            if last.as_ref() == Some(&keys) || keys[..PARTS.len()].iter().any(Option::is_none) {
+            if last.as_ref() == Some(&keys)
+                || keys[..PROFILE_TYPE.len()].iter().any(Option::is_none)
+            {
                 continue;
             }
             let part = |c: usize| strings[c].value(keys[c].expect("checked")).to_owned();
@@ -847,7 +843,7 @@ pub fn series_labels_counted(
                     .iter()
                     .enumerate()
                     .filter_map(|(l, name)| {
-                        let c = PARTS.len() + l;
+                        let c = PROFILE_TYPE.len() + l;
                         keys[c].map(|k| (name.clone(), strings[c].value(k).to_owned()))
                     })
                     .collect(),
@@ -863,14 +859,15 @@ pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<Profil
     if !has_type_columns(snapshot) {
         return Ok(Vec::new());
     }
-    let request =
-        ScanRequest::new()
-            .project(PARTS)
-            .filter(predicate(snapshot, &Selector::default(), range));
+    let request = ScanRequest::new().project(PROFILE_TYPE).filter(predicate(
+        snapshot,
+        &Selector::default(),
+        range,
+    ));
     let mut out: std::collections::BTreeSet<[String; 5]> = Default::default();
     for batch in snapshot.scan(&request)? {
         let batch = batch?;
-        let columns = (0..PARTS.len())
+        let columns = (0..PROFILE_TYPE.len())
             .map(|c| Strings::of(batch.column(c).as_ref()))
             .collect::<frostdb_core::Result<Vec<_>>>()?;
         let mut last: Option<[Option<usize>; 5]> = None;
@@ -912,7 +909,7 @@ pub fn label_names(
     }
     let everything = Selector::default();
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range);
-    let columns: Vec<String> = names.iter().map(|n| format!("labels.{n}")).collect();
+    let columns: Vec<String> = names.iter().map(|n| label_column(n)).collect();
     let request = ScanRequest::new().project(columns.iter()).filter(filter);
     let mut present = vec![false; names.len()];
     for batch in snapshot.scan(&request)? {
@@ -944,7 +941,7 @@ pub fn label_values(
     selector: Option<&Selector>,
     range: TimeRange,
 ) -> Result<Vec<String>> {
-    let column = format!("labels.{name}");
+    let column = label_column(name);
     if snapshot.schema().index_of(&column).is_none() {
         return Ok(Vec::new());
     }

@@ -17,13 +17,16 @@ use datafusion::prelude::{SessionContext, ident, lit};
 use crate::selector::Selector;
 
 use crate::TimeRange;
+use crate::schema::column::{
+    LABEL_PREFIX, PROFILE_TYPE, STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
+};
 
 /// Label names of a table, from its schema (`labels.pod` gives `pod`).
 fn label_columns(df: &DataFrame) -> Vec<String> {
     df.schema()
         .fields()
         .iter()
-        .filter_map(|f| f.name().strip_prefix("labels.").map(str::to_owned))
+        .filter_map(|f| f.name().strip_prefix(LABEL_PREFIX).map(str::to_owned))
         .collect()
 }
 
@@ -55,17 +58,15 @@ pub async fn merge(
 ) -> Result<SendableRecordBatchStream> {
     let df = selected(ctx, table, Some(selector), range).await?;
     let present = label_columns(&df);
-    let mut keys = vec![ident("stacktrace_id")];
+    let mut keys = vec![ident(STACKTRACE_ID)];
     for label in group_by {
         if present.contains(label) {
-            keys.push(ident(format!("labels.{label}")));
+            keys.push(ident(label_column(label)));
         } else {
-            keys.push(
-                lit(datafusion::common::ScalarValue::Utf8(None)).alias(format!("labels.{label}")),
-            );
+            keys.push(lit(datafusion::common::ScalarValue::Utf8(None)).alias(label_column(label)));
         }
     }
-    df.aggregate(keys, vec![sum(ident("value")).alias("value")])?
+    df.aggregate(keys, vec![sum(ident(VALUE)).alias(VALUE)])?
         .execute_stream()
         .await
 }
@@ -83,18 +84,15 @@ pub async fn range(
     let step = step_ms.max(1);
     let df = selected(ctx, table, Some(selector), range).await?;
     let labels = label_columns(&df);
-    let bucket = (ident("timestamp") - (ident("timestamp") % lit(step))).alias("timestamp");
-    let mut keys: Vec<Expr> = labels
-        .iter()
-        .map(|l| ident(format!("labels.{l}")))
-        .collect();
+    let bucket = (ident(TIMESTAMP) - (ident(TIMESTAMP) % lit(step))).alias(TIMESTAMP);
+    let mut keys: Vec<Expr> = labels.iter().map(|l| ident(label_column(l))).collect();
     keys.push(bucket);
     let mut order: Vec<_> = labels
         .iter()
-        .map(|l| ident(format!("labels.{l}")).sort(true, true))
+        .map(|l| ident(label_column(l)).sort(true, true))
         .collect();
-    order.push(ident("timestamp").sort(true, true));
-    df.aggregate(keys, vec![sum(ident("value")).alias("value")])?
+    order.push(ident(TIMESTAMP).sort(true, true));
+    df.aggregate(keys, vec![sum(ident(VALUE)).alias(VALUE)])?
         .sort(order)?
         .execute_stream()
         .await
@@ -125,7 +123,7 @@ pub async fn label_names(
     }
     let counts: Vec<Expr> = labels
         .iter()
-        .map(|l| count(ident(format!("labels.{l}"))).alias(l.as_str()))
+        .map(|l| count(ident(label_column(l))).alias(l.as_str()))
         .collect();
     let batches = df.aggregate(Vec::new(), counts)?.collect().await?;
     let mut names: Vec<String> = labels
@@ -158,13 +156,13 @@ pub async fn label_values(
     if !label_columns(&df).iter().any(|l| l == name) {
         return strings_stream("value", Vec::new());
     }
-    let column = ident(format!("labels.{name}"));
+    let column = ident(label_column(name));
     df.filter(column.clone().is_not_null())?
         .aggregate(vec![column.clone()], Vec::new())?
         .select(vec![
-            datafusion::prelude::cast(column.clone(), DataType::Utf8).alias("value"),
+            datafusion::prelude::cast(column.clone(), DataType::Utf8).alias(VALUE),
         ])?
-        .sort(vec![ident("value").sort(true, false)])?
+        .sort(vec![ident(VALUE).sort(true, false)])?
         .execute_stream()
         .await
 }
@@ -177,13 +175,7 @@ pub async fn profile_types(
     range: TimeRange,
 ) -> Result<SendableRecordBatchStream> {
     let df = selected(ctx, table, None, range).await?;
-    let parts = [
-        "name",
-        "sample_type",
-        "sample_unit",
-        "period_type",
-        "period_unit",
-    ];
+    let parts = PROFILE_TYPE;
     let keys: Vec<Expr> = parts.iter().map(|p| ident(*p)).collect();
     let casts: Vec<Expr> = parts
         .iter()
@@ -206,8 +198,8 @@ pub async fn timestamps(
 ) -> Result<SendableRecordBatchStream> {
     selected(ctx, table, Some(selector), range)
         .await?
-        .aggregate(vec![ident("timestamp")], Vec::new())?
-        .sort(vec![ident("timestamp").sort(true, false)])?
+        .aggregate(vec![ident(TIMESTAMP)], Vec::new())?
+        .sort(vec![ident(TIMESTAMP).sort(true, false)])?
         .execute_stream()
         .await
 }
@@ -222,16 +214,8 @@ pub async fn series(
     range: TimeRange,
 ) -> Result<SendableRecordBatchStream> {
     let df = selected(ctx, table, selector, range).await?;
-    let mut columns: Vec<String> = [
-        "name",
-        "sample_type",
-        "sample_unit",
-        "period_type",
-        "period_unit",
-    ]
-    .map(String::from)
-    .to_vec();
-    columns.extend(label_columns(&df).iter().map(|l| format!("labels.{l}")));
+    let mut columns: Vec<String> = PROFILE_TYPE.map(String::from).to_vec();
+    columns.extend(label_columns(&df).iter().map(|l| label_column(l)));
     let keys: Vec<Expr> = columns.iter().map(ident).collect();
     let order = columns.iter().map(|c| ident(c).sort(true, true)).collect();
     df.aggregate(keys, Vec::new())?

@@ -4,6 +4,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::prelude::{ident, lit};
 
 use crate::ProfileType;
+use crate::schema::column::TIMESTAMP;
 
 /// A half-open time range `[start_ms, end_ms)` in milliseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,10 +25,10 @@ impl TimeRange {
     pub(crate) fn to_expr(self) -> Expr {
         let mut e = lit(true);
         if self.start_ms != i64::MIN {
-            e = e.and(ident("timestamp").gt_eq(lit(self.start_ms)));
+            e = e.and(ident(TIMESTAMP).gt_eq(lit(self.start_ms)));
         }
         if self.end_ms != i64::MAX {
-            e = e.and(ident("timestamp").lt(lit(self.end_ms)));
+            e = e.and(ident(TIMESTAMP).lt(lit(self.end_ms)));
         }
         e
     }

@@ -66,7 +66,7 @@ pub mod column {
     pub const LABEL_PREFIX: &str = "labels.";
 
     /// The column of label `name`: `labels.<name>`.
-    pub fn label(name: &str) -> String {
+    pub fn label_column(name: &str) -> String {
         format!("{LABEL_PREFIX}{name}")
     }
 

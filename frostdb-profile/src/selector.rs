@@ -8,6 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::schema::column::{
+    NAME, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, label_column,
+};
 use datafusion::arrow::datatypes::Schema as ArrowSchema;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
 use datafusion::prelude::{ident, lit};
@@ -57,22 +60,22 @@ impl ProfileType {
     /// The engine predicate selecting this profile type's rows.
     pub fn to_predicate(&self) -> frostdb_core::Predicate {
         use frostdb_core::col;
-        col("name")
+        col(NAME)
             .eq(self.name.as_str())
-            .and(col("sample_type").eq(self.sample_type.as_str()))
-            .and(col("sample_unit").eq(self.sample_unit.as_str()))
-            .and(col("period_type").eq(self.period_type.as_str()))
-            .and(col("period_unit").eq(self.period_unit.as_str()))
+            .and(col(SAMPLE_TYPE).eq(self.sample_type.as_str()))
+            .and(col(SAMPLE_UNIT).eq(self.sample_unit.as_str()))
+            .and(col(PERIOD_TYPE).eq(self.period_type.as_str()))
+            .and(col(PERIOD_UNIT).eq(self.period_unit.as_str()))
     }
 
     /// The filter selecting this profile type's rows.
     pub fn to_expr(&self) -> Expr {
-        ident("name")
+        ident(NAME)
             .eq(lit(self.name.as_str()))
-            .and(ident("sample_type").eq(lit(self.sample_type.as_str())))
-            .and(ident("sample_unit").eq(lit(self.sample_unit.as_str())))
-            .and(ident("period_type").eq(lit(self.period_type.as_str())))
-            .and(ident("period_unit").eq(lit(self.period_unit.as_str())))
+            .and(ident(SAMPLE_TYPE).eq(lit(self.sample_type.as_str())))
+            .and(ident(SAMPLE_UNIT).eq(lit(self.sample_unit.as_str())))
+            .and(ident(PERIOD_TYPE).eq(lit(self.period_type.as_str())))
+            .and(ident(PERIOD_UNIT).eq(lit(self.period_unit.as_str())))
     }
 }
 
@@ -163,9 +166,9 @@ impl Matcher {
     fn to_predicate(&self, has: &dyn Fn(&str) -> bool) -> frostdb_core::Predicate {
         use frostdb_core::{Predicate, col};
         let column = if self.label == "__name__" {
-            "name".to_owned()
+            NAME.to_owned()
         } else {
-            format!("labels.{}", self.label)
+            label_column(&self.label)
         };
         let empty_matches = self.matches("");
         if !has(&column) {
@@ -193,9 +196,9 @@ impl Matcher {
     /// The filter for this matcher on a table of `schema`.
     fn to_expr(&self, schema: &ArrowSchema) -> Expr {
         let column = if self.label == "__name__" {
-            "name".to_owned()
+            NAME.to_owned()
         } else {
-            format!("labels.{}", self.label)
+            label_column(&self.label)
         };
         let empty_matches = self.matches("");
         if schema.field_with_name(&column).is_err() {

@@ -445,7 +445,10 @@ async fn run(args: Args) -> Result<bool, String> {
                 .collect()
         })
         .unwrap_or_default();
-    let columns: Vec<String> = names.iter().map(|n| format!("\"labels.{n}\"")).collect();
+    let columns: Vec<String> = names
+        .iter()
+        .map(|n| format!("\"{}\"", frostdb_profile::schema::column::label_column(n)))
+        .collect();
     let sql = format!(
         "SELECT count(*) AS n FROM (SELECT DISTINCT name, {} timestamp FROM samples)",
         columns.iter().map(|c| format!("{c},")).collect::<String>()

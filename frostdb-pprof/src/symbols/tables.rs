@@ -13,6 +13,7 @@ use frostdb_core::{Scalar, ScanRequest, Table, col};
 use super::partition::{Counts, FunctionRow, LocationRow, MappingRow, Partition};
 use super::{expect_index, split_id, symbol_id};
 use crate::error::{Error, Result};
+use crate::schema::column::STACKTRACE_ID;
 
 /// The four symbol tables.
 #[derive(Debug, Clone)]
@@ -164,7 +165,7 @@ impl SymbolTables {
             out.push((
                 &self.stacktraces,
                 batch(vec![
-                    ("stacktrace_id", ids(id, from.stacks..to.stacks), false),
+                    (STACKTRACE_ID, ids(id, from.stacks..to.stacks), false),
                     ("location_ids", Arc::new(packed), false),
                 ])?,
             ));
@@ -175,7 +176,7 @@ impl SymbolTables {
     /// The newest partition any symbol table holds (0 when none).
     pub(crate) fn newest_partition(&self) -> u32 {
         [
-            (&self.stacktraces, "stacktrace_id"),
+            (&self.stacktraces, STACKTRACE_ID),
             (&self.locations, "location_id"),
             (&self.functions, "function_id"),
             (&self.mappings, "mapping_id"),
@@ -328,8 +329,8 @@ impl SymbolTables {
         }
         let locations = next;
         let mut next = 0;
-        for b in rows(&self.stacktraces, "stacktrace_id")? {
-            let sid = column(&b, "stacktrace_id")?;
+        for b in rows(&self.stacktraces, STACKTRACE_ID)? {
+            let sid = column(&b, STACKTRACE_ID)?;
             let sid = sid.as_primitive::<UInt64Type>();
             let packed = column(&b, "location_ids")?;
             let packed = packed.as_binary::<i32>();
