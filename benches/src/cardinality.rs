@@ -33,11 +33,9 @@ fn store_dir(args: &[String]) -> Result<&String, BoxError> {
 
 /// Options that admit anything: the store as one written before the limits would hold it.
 fn unlimited() -> StoreOptions {
-    StoreOptions {
-        max_series: usize::MAX,
-        label_limits: LabelLimits::unlimited(),
-        ..StoreOptions::default()
-    }
+    StoreOptions::default()
+        .max_series(usize::MAX)
+        .label_limits(LabelLimits::unlimited())
 }
 
 fn ms(started: Instant) -> f64 {
@@ -89,12 +87,11 @@ pub fn labels(args: &[String]) -> Result<(), BoxError> {
     let labels: Vec<(String, String)> = (0..names)
         .map(|i| (format!("l{i:05}"), format!("v{i}")))
         .collect();
-    let options = IngestOptions {
-        name: "cpu".into(),
-        labels,
-        delta: false,
-        timestamp_ms: Some(START_MS),
-    };
+    let options = IngestOptions::default()
+        .name("cpu")
+        .labels(labels)
+        .delta(false)
+        .timestamp_ms(START_MS);
     let started = Instant::now();
     store.ingest_profile(&profile, &options)?;
     let ingest_ms = ms(started);
@@ -120,10 +117,7 @@ pub fn series(args: &[String]) -> Result<(), BoxError> {
             let started = Instant::now();
             let store = ProfileStore::open(
                 Db::open(dir, DbOptions::default())?,
-                StoreOptions {
-                    max_series,
-                    ..StoreOptions::default()
-                },
+                StoreOptions::default().max_series(max_series),
             )?;
             row.insert(what.into(), ms(started).into());
             if max_series != usize::MAX && store.series_count() != n {
@@ -148,12 +142,11 @@ pub fn series(args: &[String]) -> Result<(), BoxError> {
                         if i >= n {
                             return Ok(());
                         }
-                        let options = IngestOptions {
-                            name: "cpu".into(),
-                            labels: vec![("pod".into(), format!("pod-{i}"))],
-                            delta: false,
-                            timestamp_ms: Some(START_MS + (i as i64 % 360) * 10_000),
-                        };
+                        let options = IngestOptions::default()
+                            .name("cpu")
+                            .labels(vec![("pod".into(), format!("pod-{i}"))])
+                            .delta(false)
+                            .timestamp_ms(START_MS + (i as i64 % 360) * 10_000);
                         store.ingest_profile(&profile, &options)?;
                     }
                 })

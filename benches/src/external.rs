@@ -422,12 +422,11 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     let samples = AtomicUsize::new(0);
     parallel(jobs.len(), threads, "ingest", |i| {
         let f = &jobs[i];
-        let options = IngestOptions {
-            name: f.name.clone(),
-            labels: f.labels.clone(),
-            delta: false,
-            timestamp_ms: Some(f.timestamp_ms),
-        };
+        let options = IngestOptions::default()
+            .name(f.name.clone())
+            .labels(f.labels.clone())
+            .delta(false)
+            .timestamp_ms(f.timestamp_ms);
         let summary = store
             .ingest(&file(i)?, &options)
             .map_err(|e| format!("{}: {e}", f.path.display()))?;
@@ -701,12 +700,11 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
                             return Ok(()); // the reader is done
                         };
                         let profile = frostdb_pprof::validate(builder.profile, &limits)?;
-                        let options = IngestOptions {
-                            name,
-                            labels,
-                            delta: false,
-                            timestamp_ms: Some(ts),
-                        };
+                        let options = IngestOptions::default()
+                            .name(name)
+                            .labels(labels)
+                            .delta(false)
+                            .timestamp_ms(ts);
                         let summary = store.ingest_profile(&profile, &options)?;
                         samples.fetch_add(summary.rows, Ordering::Relaxed);
                         profiles.fetch_add(1, Ordering::Relaxed);

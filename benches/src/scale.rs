@@ -113,12 +113,11 @@ pub fn symbols(args: &[String]) -> Result<(), BoxError> {
                         }
                         let profile =
                             validate(testing::profile((i * per) as u64, per, 5), store.limits())?;
-                        let options = IngestOptions {
-                            name: "cpu".into(),
-                            labels: vec![("pod".into(), format!("pod-{}", i % 20))],
-                            delta: false,
-                            timestamp_ms: Some(START_MS + i as i64 * 10_000),
-                        };
+                        let options = IngestOptions::default()
+                            .name("cpu")
+                            .labels(vec![("pod".into(), format!("pod-{}", i % 20))])
+                            .delta(false)
+                            .timestamp_ms(START_MS + i as i64 * 10_000);
                         store.ingest_profile(&profile, &options)?;
                         if (i + 1).is_multiple_of((profiles / 10).max(1)) {
                             let (rss, _) = rss_mib();

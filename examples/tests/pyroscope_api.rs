@@ -951,3 +951,113 @@ async fn a_querier_diff_side_totals_what_its_flame_graph_totals() {
         }
     }
 }
+
+/// A CPU profile of one stack (`main` → `spin`) whose one sample is worth `value`.
+fn one_stack(value: i64) -> frostdb_pprof::proto::Profile {
+    use frostdb_pprof::proto::{Function, Line, Location, Sample, ValueType};
+    let strings = ["", "cpu", "nanoseconds", "main", "spin"];
+    let vt = ValueType { r#type: 1, unit: 2 };
+    let function = |id: u64, name: i64| Function {
+        id,
+        name,
+        system_name: name,
+        ..Default::default()
+    };
+    let location = |id: u64| Location {
+        id,
+        line: vec![Line {
+            function_id: id,
+            line: 1,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    frostdb_pprof::proto::Profile {
+        sample_type: vec![vt],
+        period_type: Some(vt),
+        period: 10_000_000,
+        duration_nanos: 10_000_000_000,
+        function: vec![function(1, 3), function(2, 4)],
+        location: vec![location(1), location(2)],
+        sample: vec![Sample {
+            location_id: vec![2, 1],
+            value: vec![value],
+            ..Default::default()
+        }],
+        string_table: strings.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Values near `i64::MAX` add up to `i64::MAX` on every route, never wrapping to a negative
+/// total: two series of one stack merged (flame graphs, tops, trees, diffs), two profiles of
+/// one series in one step (series over time).
+#[tokio::test]
+async fn sums_past_i64_max_saturate_on_every_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let big = i64::MAX - 5;
+    let t0 = 1_700_000_000_000i64;
+    push_profile(&s, None, "process_cpu", one_stack(big), "a", t0).await;
+    push_profile(&s, None, "process_cpu", one_stack(big), "b", t0).await;
+    push_profile(&s, None, "process_cpu", one_stack(big), "a", t0 + 1_000).await;
+    let (from, to) = (t0 - 60_000, t0 + 60_000);
+    let get = |path: String| {
+        let url = format!("{}{path}", s.url);
+        async move {
+            let r = reqwest::get(&url).await.unwrap();
+            assert_eq!(r.status(), 200, "{url}");
+            serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap()
+        }
+    };
+    let all = common::enc(&format!("{CPU}{{}}"));
+    let top = get(format!(
+        "/api/v1/query?format=top&selector={all}&from={from}&to={to}"
+    ))
+    .await;
+    assert_eq!(top["total"].as_i64(), Some(i64::MAX), "{top}");
+    let diff = get(format!("/api/v1/diff?selector={all}&from={from}&to={to}")).await;
+    assert_eq!(
+        (diff["base"].as_i64(), diff["compare"].as_i64()),
+        (Some(i64::MAX), Some(i64::MAX)),
+        "{diff}"
+    );
+    let range = get(format!(
+        "/api/v1/query_range?selector={}&from={from}&to={to}&step=1h",
+        common::enc(&format!("{CPU}{{service_name=\"a\"}}"))
+    ))
+    .await;
+    assert_eq!(
+        range["series"][0]["points"][0][1].as_i64(),
+        Some(i64::MAX),
+        "{range}"
+    );
+    let (f, u) = (from / 1000, to / 1000);
+    let render = get(format!("/pyroscope/render?query={all}&from={f}&until={u}")).await;
+    assert_eq!(
+        render["flamebearer"]["numTicks"].as_i64(),
+        Some(i64::MAX),
+        "{render}"
+    );
+    let (status, merged) = call_json(
+        &s,
+        None,
+        "SelectMergeStacktraces",
+        json!({"profile_typeID": CPU, "labelSelector": "{}",
+               "start": from.to_string(), "end": to.to_string()}),
+    )
+    .await;
+    assert_eq!(status, 200, "{merged}");
+    assert_eq!(merged["flamegraph"]["total"], json!(i64::MAX.to_string()));
+    let (status, series) = call_json(
+        &s,
+        None,
+        "SelectSeries",
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"a\"}",
+               "start": from.to_string(), "end": to.to_string(), "step": 3600.0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{series}");
+    let point = series["series"][0]["points"][0]["value"].as_f64().unwrap();
+    assert_eq!(point, i64::MAX as f64, "{series}");
+}

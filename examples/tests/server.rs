@@ -1270,7 +1270,11 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
         &dir.path().join("data"),
         Some("[ebpf]\nfrequency_hz = 99\ninterval = \"1s\"\n"),
     );
-    s.log_until(|l| l.contains("eBPF interval stored") && !l.contains("processes=0"));
+    // The first interval is stored once the unwind tables of every process's binaries are
+    // compiled: some 20 s for this debug build beside a busy test run.
+    s.log_within(std::time::Duration::from_secs(180), |l| {
+        l.contains("eBPF interval stored") && !l.contains("processes=0")
+    });
     let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
     assert!(
         types

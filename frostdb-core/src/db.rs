@@ -833,6 +833,9 @@ impl Maintenance for Cutter {
         }
         if let Err(error) = log.cut() {
             tracing::warn!(%error, "persisting a cut failed; the next one retries it");
+            for table in log.tables() {
+                table.listener().on_persist_error(table.name(), &error);
+            }
             return;
         }
         if self.merge_blocks < 2 {

@@ -42,7 +42,15 @@ fn databases() -> usize {
         .unwrap_or(200)
 }
 
+// Both scenarios count this process's threads, so they run one after the other in one
+// test: as two, a test harness running them at once (plain `cargo test`) would count the
+// other's threads.
 #[test]
+fn worker_pools_bound_threads_and_stop_with_their_databases() {
+    a_database_without_a_pool_has_its_own_and_stops_it_when_dropped();
+    many_databases_on_one_pool_keep_threads_bounded_and_all_work();
+}
+
 fn many_databases_on_one_pool_keep_threads_bounded_and_all_work() {
     let n = databases();
     let dir = tempfile::tempdir().unwrap();
@@ -110,7 +118,6 @@ fn many_databases_on_one_pool_keep_threads_bounded_and_all_work() {
     assert_eq!(count(&table.scan(&ScanRequest::new()).unwrap()), 32);
 }
 
-#[test]
 fn a_database_without_a_pool_has_its_own_and_stops_it_when_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let workers = || named("frostdb-compact") + named("frostdb-persist");

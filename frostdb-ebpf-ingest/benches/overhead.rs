@@ -74,12 +74,10 @@ fn main() {
     );
     for hz in rates {
         let (tx, rx) = mpsc::channel::<Interval>();
-        let config = Config {
-            frequency_hz: hz,
-            target: Target::All,
-            unwind_table_bytes: unwind_mib << 20,
-            ..Config::default()
-        };
+        let config = Config::default()
+            .frequency_hz(hz)
+            .target(Target::All)
+            .unwind_table_bytes(unwind_mib << 20);
         let cpu0 = cpu_of_self();
         let wall0 = Instant::now();
         let sampler = Sampler::start(config, tx).expect("sampler starts");

@@ -17,8 +17,9 @@ pub enum Target {
     Cgroup(PathBuf),
 }
 
-/// The sampler's configuration.
+/// The sampler's configuration: `Config::default().frequency_hz(99).target(..)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Config {
     /// Samples per second per CPU (of CPU time). Default 19: an odd rate avoids beating with
     /// periodic work at 10, 20 or 100 Hz.
@@ -53,6 +54,30 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Sets [`Self::frequency_hz`].
+    pub fn frequency_hz(mut self, value: u64) -> Self {
+        self.frequency_hz = value;
+        self
+    }
+
+    /// Sets [`Self::interval`].
+    pub fn interval(mut self, value: Duration) -> Self {
+        self.interval = value;
+        self
+    }
+
+    /// Sets [`Self::target`].
+    pub fn target(mut self, value: Target) -> Self {
+        self.target = value;
+        self
+    }
+
+    /// Sets [`Self::unwind_table_bytes`].
+    pub fn unwind_table_bytes(mut self, value: u64) -> Self {
+        self.unwind_table_bytes = value;
+        self
+    }
+
     /// Checks the values are usable.
     pub fn validate(&self) -> Result<()> {
         if !(1..=10_000).contains(&self.frequency_hz) {

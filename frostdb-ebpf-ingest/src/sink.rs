@@ -49,12 +49,11 @@ impl Sink for StoreSink {
         for p in interval.profiles {
             let mut labels = p.labels();
             labels.extend(self.labels.iter().cloned());
-            let options = IngestOptions {
-                name: self.name.clone(),
-                labels,
-                delta: false,
-                timestamp_ms: Some(interval.start_ms),
-            };
+            let options = IngestOptions::default()
+                .name(self.name.clone())
+                .labels(labels)
+                .delta(false)
+                .timestamp_ms(interval.start_ms);
             let pid = p.pid;
             let stored = frostdb_pprof::validate(p.profile, self.store.limits())
                 .and_then(|profile| self.store.ingest_profile(&profile, &options));

@@ -76,12 +76,10 @@ fn a_spinning_program_is_seen_in_its_functions_with_kernel_frames_beneath() {
         stored.write(interval.clone())?;
         tx.send(interval).map_err(|e| e.to_string().into())
     };
-    let config = Config {
-        frequency_hz: 99,
-        interval: Duration::from_millis(500),
-        target: Target::Pids(vec![spin.pid()]),
-        ..Config::default()
-    };
+    let config = Config::default()
+        .frequency_hz(99)
+        .interval(Duration::from_millis(500))
+        .target(Target::Pids(vec![spin.pid()]));
     let sampler = Sampler::start(config, sink).expect("the sampler starts as root");
     let mut profiles: Vec<ProcessProfile> = Vec::new();
     let mut samples = 0;
@@ -184,12 +182,10 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
     let frequency = 199;
     let (tx, rx) = mpsc::channel::<Interval>();
     // Short intervals: many swaps while both CPUs are busy.
-    let config = Config {
-        frequency_hz: frequency,
-        interval: Duration::from_millis(200),
-        target: Target::Pids(spins.iter().map(Spin::pid).collect()),
-        ..Config::default()
-    };
+    let config = Config::default()
+        .frequency_hz(frequency)
+        .interval(Duration::from_millis(200))
+        .target(Target::Pids(spins.iter().map(Spin::pid).collect()));
     let sampler = Sampler::start(config, tx).unwrap();
     let started = std::time::Instant::now();
     let cpu_before: Vec<f64> = spins.iter().map(Spin::cpu_seconds).collect();
@@ -253,21 +249,11 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
 #[test]
 fn a_bad_configuration_is_an_error_not_a_panic() {
     let sink = |_: Interval| Ok(());
-    let err = Sampler::start(
-        Config {
-            frequency_hz: 0,
-            ..Config::default()
-        },
-        sink,
-    )
-    .unwrap_err();
+    let err = Sampler::start(Config::default().frequency_hz(0), sink).unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
     if check_permitted().is_ok() {
         let err = Sampler::start(
-            Config {
-                target: Target::Cgroup("/nonexistent/cgroup".into()),
-                ..Config::default()
-            },
+            Config::default().target(Target::Cgroup("/nonexistent/cgroup".into())),
             sink,
         )
         .unwrap_err();
@@ -318,12 +304,11 @@ fn sample(pid: u32, unwind_table_bytes: u64) -> (Sampler, mpsc::Receiver<Interva
 /// [`sample`] for several processes.
 fn sample_all(pids: Vec<u32>, unwind_table_bytes: u64) -> (Sampler, mpsc::Receiver<Interval>) {
     let (tx, rx) = mpsc::channel::<Interval>();
-    let config = Config {
-        frequency_hz: 499,
-        interval: Duration::from_millis(250),
-        target: Target::Pids(pids),
-        unwind_table_bytes,
-    };
+    let config = Config::default()
+        .frequency_hz(499)
+        .interval(Duration::from_millis(250))
+        .target(Target::Pids(pids))
+        .unwind_table_bytes(unwind_table_bytes);
     let sampler = Sampler::start(config, tx).expect("the sampler starts as root");
     (sampler, rx)
 }

@@ -37,20 +37,15 @@ pub fn normalize_target(data: &[u8]) {
     let Ok(db) = Db::open_in_memory(DbOptions::default().background_compaction(false)) else {
         return;
     };
-    let options = StoreOptions {
-        limits: limits(),
-        query_threads: 1,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().limits(limits()).query_threads(1);
     let Ok(store) = ProfileStore::open(db, options) else {
         return;
     };
-    let options = IngestOptions {
-        name: "fuzz".into(),
-        labels: vec![("job".into(), "fuzz".into())],
-        delta: true,
-        timestamp_ms: Some(1),
-    };
+    let options = IngestOptions::default()
+        .name("fuzz")
+        .labels(vec![("job".into(), "fuzz".into())])
+        .delta(true)
+        .timestamp_ms(1);
     if let Ok(summary) = store.ingest(data, &options) {
         for t in &summary.profile_types {
             let selector = frostdb_profile::Selector::parse(&format!("{t}{{}}"))

@@ -20,7 +20,7 @@
 //!
 //! let store = ProfileStore::open(Db::open("data", DbOptions::default())?, StoreOptions::default())?;
 //! let bytes = std::fs::read("cpu.pb.gz")?;
-//! store.ingest(&bytes, &IngestOptions { name: "process_cpu".into(), ..Default::default() })?;
+//! store.ingest(&bytes, &IngestOptions::default().name("process_cpu"))?;
 //! let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}")?;
 //! let merged = store.merge(&selector, TimeRange::ALL)?;
 //! let top = frostdb_pprof::report::top::TopTable::build(&merged);

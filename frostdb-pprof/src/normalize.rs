@@ -30,8 +30,9 @@ use crate::symbols::{FunctionRow, LineRow, MappingRow, StackKey, Writer, symbol_
 /// than the profile's own size, which the limits bound).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// How to store one profile.
+/// How to store one profile: `IngestOptions::default().name("process_cpu").labels(..)`.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct IngestOptions {
     /// Profile name, the first part of its profile types (`process_cpu`, `memory`, ...).
     pub name: String,
@@ -43,6 +44,32 @@ pub struct IngestOptions {
     pub delta: bool,
     /// Timestamp (ms) to use instead of the profile's own `time_nanos`.
     pub timestamp_ms: Option<i64>,
+}
+
+impl IngestOptions {
+    /// Sets [`Self::name`].
+    pub fn name(mut self, value: impl Into<String>) -> Self {
+        self.name = value.into();
+        self
+    }
+
+    /// Sets [`Self::labels`].
+    pub fn labels(mut self, value: Vec<(String, String)>) -> Self {
+        self.labels = value;
+        self
+    }
+
+    /// Sets [`Self::delta`].
+    pub fn delta(mut self, value: bool) -> Self {
+        self.delta = value;
+        self
+    }
+
+    /// Sets [`Self::timestamp_ms`].
+    pub fn timestamp_ms(mut self, value: impl Into<Option<i64>>) -> Self {
+        self.timestamp_ms = value.into();
+        self
+    }
 }
 
 /// What storing a profile did.
@@ -927,7 +954,7 @@ impl Prepared<'_> {
                         }
                     };
                     let sum = &mut out.totals[totals + k].1;
-                    *sum = sum.wrapping_add(r.2);
+                    *sum = sum.saturating_add(r.2);
                 }
             }
             used.push(t);
@@ -1150,7 +1177,7 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
         previous = Some((i, g));
         if let Some(value) = value {
             let sum = &mut sums[g as usize];
-            *sum = Some(sum.unwrap_or(0).wrapping_add(value));
+            *sum = Some(sum.unwrap_or(0).saturating_add(value));
         }
     }
     let firsts = arrow::array::UInt32Array::from(firsts);

@@ -639,7 +639,7 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
                 durations.push(i64::MIN);
                 (keys.len() - 1) as u32
             }) as usize;
-            sums[g] = sums[g].wrapping_add(values.value(i));
+            sums[g] = sums[g].saturating_add(values.value(i));
             if period.is_valid(i) {
                 periods[g] = periods[g].max(period.value(i));
             }

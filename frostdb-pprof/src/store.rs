@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use datafusion::prelude::SessionContext;
-use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions};
+use frostdb_core::{Db, Maintenance, Scalar, Submitted, Table, TableOptions, now_ms};
 use frostdb_profile::native::{StackTotals, merge_stacks};
 use frostdb_profile::{Aggregation, TimeRange};
 use frostdb_profile::{ProfileType, Selector};
@@ -47,7 +47,11 @@ use crate::symbols::{
 /// | `group_wait` | 10 ms | longest a group commit waits for profiles still being decoded |
 /// | `memory_budget` | none | a process-wide budget queries reserve from, besides `query_memory` |
 /// | `dedup_window` | 1 hour | how far behind the newest profile one pushed again is still recognised |
+///
+/// Set with the setters (`StoreOptions::default().retention(d).max_series(n)`): fields are
+/// added as the store grows, which a struct literal outside this crate would not survive.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreOptions {
     /// Decoding limits.
     pub limits: Limits,
@@ -122,6 +126,89 @@ impl Default for StoreOptions {
             group_wait: Duration::from_millis(10),
             dedup_window: Duration::from_secs(3600),
         }
+    }
+}
+
+impl StoreOptions {
+    /// Sets [`Self::limits`].
+    pub fn limits(mut self, value: Limits) -> Self {
+        self.limits = value;
+        self
+    }
+
+    /// Sets [`Self::label_limits`].
+    pub fn label_limits(mut self, value: LabelLimits) -> Self {
+        self.label_limits = value;
+        self
+    }
+
+    /// Sets [`Self::symbols`].
+    pub fn symbols(mut self, value: SymbolOptions) -> Self {
+        self.symbols = value;
+        self
+    }
+
+    /// Sets [`Self::samples`].
+    pub fn samples(mut self, value: TableOptions) -> Self {
+        self.samples = value;
+        self
+    }
+
+    /// Sets [`Self::retention`] (`None`: forever).
+    pub fn retention(mut self, value: impl Into<Option<Duration>>) -> Self {
+        self.retention = value.into();
+        self
+    }
+
+    /// Sets [`Self::query_threads`].
+    pub fn query_threads(mut self, value: usize) -> Self {
+        self.query_threads = value;
+        self
+    }
+
+    /// Sets [`Self::query_memory`] (`None`: no limit).
+    pub fn query_memory(mut self, value: impl Into<Option<usize>>) -> Self {
+        self.query_memory = value.into();
+        self
+    }
+
+    /// Sets [`Self::memory_budget`].
+    pub fn memory_budget(mut self, value: impl Into<Option<frostdb_core::MemoryBudget>>) -> Self {
+        self.memory_budget = value.into();
+        self
+    }
+
+    /// Sets [`Self::max_series`].
+    pub fn max_series(mut self, value: usize) -> Self {
+        self.max_series = value;
+        self
+    }
+
+    /// Sets [`Self::rollups`].
+    pub fn rollups(mut self, value: RollupOptions) -> Self {
+        self.rollups = value;
+        self
+    }
+
+    /// Sets [`Self::block_merger`].
+    pub fn block_merger(
+        mut self,
+        value: impl Into<Option<Arc<dyn frostdb_profile::native::BlockMerger>>>,
+    ) -> Self {
+        self.block_merger = value.into();
+        self
+    }
+
+    /// Sets [`Self::group_wait`].
+    pub fn group_wait(mut self, value: Duration) -> Self {
+        self.group_wait = value;
+        self
+    }
+
+    /// Sets [`Self::dedup_window`].
+    pub fn dedup_window(mut self, value: Duration) -> Self {
+        self.dedup_window = value;
+        self
     }
 }
 
@@ -262,13 +349,6 @@ impl Maintenance for SymbolExpiry {
             tracing::warn!(%error, "expiring symbols failed; retried at the next pass");
         }
     }
-}
-
-/// Milliseconds since the Unix epoch.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Most sample rows a group of profiles commits in one transaction.
@@ -1620,7 +1700,7 @@ impl ProfileStore {
         for (_, stacks) in &read.series {
             for (id, v) in stacks {
                 let sum = sums.entry(*id).or_default();
-                *sum = sum.wrapping_add(*v);
+                *sum = sum.saturating_add(*v);
             }
         }
         let stacks: Vec<(u64, i64)> = sums.into_iter().filter(|(_, v)| *v != 0).collect();

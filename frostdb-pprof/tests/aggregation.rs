@@ -36,15 +36,13 @@ fn ingest(store: &ProfileStore, shots: &[Shot]) {
         for s in &mut p.sample {
             s.value[0] *= scale;
         }
-        let options = IngestOptions {
-            name: "memory".into(),
-            labels: vec![
+        let options = IngestOptions::default()
+            .name("memory")
+            .labels(vec![
                 ("pod".into(), format!("p{pod}")),
                 ("service_name".into(), "api".into()),
-            ],
-            timestamp_ms: Some(BASE + minute * MINUTE),
-            ..Default::default()
-        };
+            ])
+            .timestamp_ms(BASE + minute * MINUTE);
         store.ingest(&p.encode_to_vec(), &options).unwrap();
     }
 }

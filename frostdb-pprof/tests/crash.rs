@@ -22,18 +22,18 @@ const CHILD_ROUND: &str = "FROSTDB_PPROF_CRASH_ROUND";
 const STACKS: usize = 40;
 
 fn store_options() -> StoreOptions {
-    StoreOptions {
-        symbols: SymbolOptions {
+    StoreOptions::default()
+        .symbols(SymbolOptions {
             partition_bytes: 96 << 10,
             ..SymbolOptions::default()
-        },
+        })
         // Small blocks: samples persist every few hundred profiles.
-        samples: TableOptions::default()
-            .granule_rows(256)
-            .row_group_rows(1024)
-            .block_size(64 << 10),
-        ..StoreOptions::default()
-    }
+        .samples(
+            TableOptions::default()
+                .granule_rows(256)
+                .row_group_rows(1024)
+                .block_size(64 << 10),
+        )
 }
 
 /// The stacks of profile `id`: half its own, half its predecessor's.
@@ -49,6 +49,7 @@ fn say(line: &str) {
 
 /// The child: ingests until killed.
 #[test]
+#[ignore = "the child process of kill_9_loses_no_acknowledged_profile, which starts it"]
 fn crash_child() {
     let Ok(dir) = std::env::var(CHILD_DIR) else {
         return; // Only meaningful when started by `kill_9_loses_no_acknowledged_profile`.
@@ -66,12 +67,11 @@ fn crash_child() {
                     let profile =
                         validate(testing::profile(first_stack(id), STACKS, 4), store.limits())
                             .unwrap();
-                    let options = IngestOptions {
-                        name: "cpu".into(),
-                        labels: vec![("id".into(), id.to_string())],
-                        delta: false,
-                        timestamp_ms: Some(seq),
-                    };
+                    let options = IngestOptions::default()
+                        .name("cpu")
+                        .labels(vec![("id".into(), id.to_string())])
+                        .delta(false)
+                        .timestamp_ms(seq);
                     say(&format!("TRY {id}"));
                     store.ingest_profile(&profile, &options).unwrap();
                     say(&format!("ACK {id}"));
@@ -133,6 +133,7 @@ fn kill_9_loses_no_acknowledged_profile() {
             .args([
                 "crash_child",
                 "--exact",
+                "--ignored",
                 "--nocapture",
                 "--test-threads",
                 "1",

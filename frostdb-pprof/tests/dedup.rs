@@ -20,12 +20,10 @@ fn file(name: &str) -> Vec<u8> {
 }
 
 fn options(job: &str, timestamp_ms: Option<i64>) -> IngestOptions {
-    IngestOptions {
-        name: "memory".into(),
-        labels: vec![("job".into(), job.into())],
-        timestamp_ms,
-        ..IngestOptions::default()
-    }
+    IngestOptions::default()
+        .name("memory")
+        .labels(vec![("job".into(), job.into())])
+        .timestamp_ms(timestamp_ms)
 }
 
 fn in_memory() -> ProfileStore {
@@ -230,10 +228,7 @@ fn a_profile_pushed_from_many_threads_at_once_is_stored_once() {
 #[test]
 fn without_a_window_every_push_is_stored() {
     let db = Db::open_in_memory(DbOptions::default()).unwrap();
-    let options_off = StoreOptions {
-        dedup_window: Duration::ZERO,
-        ..StoreOptions::default()
-    };
+    let options_off = StoreOptions::default().dedup_window(Duration::ZERO);
     let store = ProfileStore::open(db, options_off).unwrap();
     let cpu = file("pyroscope__go-cpu.pb.gz");
     let first = store.ingest(&cpu, &options("a", Some(T0))).unwrap();
@@ -256,12 +251,7 @@ proptest! {
         let mut model = std::collections::BTreeSet::new();
         for &(series, time, content) in &pushes {
             let profile = testing::profile(content * 10, 5, 2).encode_to_vec();
-            let options = IngestOptions {
-                name: "process_cpu".into(),
-                labels: vec![("pod".into(), format!("pod-{series}"))],
-                timestamp_ms: Some(T0 + time * 1000),
-                ..IngestOptions::default()
-            };
+            let options = IngestOptions::default().name("process_cpu").labels(vec![("pod".into(), format!("pod-{series}"))]).timestamp_ms(T0 + time * 1000);
             let summary = store.ingest(&profile, &options).unwrap();
             let new = model.insert((series, time, content));
             prop_assert_eq!(summary.duplicate, !new);

@@ -107,13 +107,10 @@ const STORED: [(&str, usize, usize, bool, &str); 3] = [
 ];
 
 fn open(dir: &std::path::Path) -> ProfileStore {
-    let options = StoreOptions {
-        limits: Limits {
-            max_stack_depth: 200_000,
-            ..Default::default()
-        },
+    let options = StoreOptions::default().limits(Limits {
+        max_stack_depth: 200_000,
         ..Default::default()
-    };
+    });
     ProfileStore::open(Db::open(dir, DbOptions::default()).unwrap(), options).unwrap()
 }
 
@@ -308,10 +305,7 @@ fn every_report_of_a_stored_stack_too_deep_is_cut_with_a_marker_and_totals_exact
             let e = decode(&bytes, &Limits::default()).unwrap_err();
             assert!(matches!(e, Error::TooLarge { limit: 4096, .. }), "{e}");
             // ...but stored under a larger one, as an older store holds it.
-            let options = IngestOptions {
-                name: name.into(),
-                ..Default::default()
-            };
+            let options = IngestOptions::default().name(name);
             store.ingest(&bytes, &options).unwrap();
         }
         for (name, _, _, _, marker) in STORED {
@@ -376,10 +370,7 @@ fn the_ingest_depth_limit_counts_inlined_frames() {
         StoreOptions::default(),
     )
     .unwrap();
-    let options = IngestOptions {
-        name: "hostile".into(),
-        ..Default::default()
-    };
+    let options = IngestOptions::default().name("hostile");
     too_deep(store.ingest(&hostile, &options).unwrap_err());
     store.ingest(&accepted.encode_to_vec(), &options).unwrap();
 }

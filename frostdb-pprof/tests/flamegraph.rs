@@ -126,13 +126,7 @@ fn truncated_flame_graphs_keep_the_largest_nodes_and_every_total() {
     let mut truncated_somewhere = 0;
     for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
         let summary = store
-            .ingest(
-                &bytes,
-                &IngestOptions {
-                    name: format!("f{i}"),
-                    ..Default::default()
-                },
-            )
+            .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for profile_type in &summary.profile_types {
             let merged = store
@@ -246,10 +240,7 @@ fn flame_graph_and_diff_json_is_what_serde_wrote_for_the_nested_trees() {
     .unwrap();
     let (mut graphs, mut diffs) = (0, 0);
     for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
-        let options = IngestOptions {
-            name: format!("f{i}"),
-            ..Default::default()
-        };
+        let options = IngestOptions::default().name(format!("f{i}"));
         let summary = store.ingest(&bytes, &options).unwrap();
         for profile_type in &summary.profile_types {
             let selector = Selector::parse(profile_type).unwrap();
@@ -332,10 +323,7 @@ fn names_are_escaped_as_serde_escapes_them() {
         StoreOptions::default(),
     )
     .unwrap();
-    let options = IngestOptions {
-        name: "names".into(),
-        ..Default::default()
-    };
+    let options = IngestOptions::default().name("names");
     let summary = store
         .ingest(&prost::Message::encode_to_vec(&p), &options)
         .unwrap();

@@ -104,12 +104,10 @@ fn profile(i: u64) -> Vec<u8> {
 }
 
 fn options(pod: u64) -> IngestOptions {
-    IngestOptions {
-        name: "process_cpu".into(),
-        labels: vec![("pod".into(), format!("pod-{pod}"))],
-        timestamp_ms: Some(1_700_000_000_000),
-        ..IngestOptions::default()
-    }
+    IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("pod".into(), format!("pod-{pod}"))])
+        .timestamp_ms(1_700_000_000_000)
 }
 
 fn records(store: &ProfileStore) -> (u64, u64) {

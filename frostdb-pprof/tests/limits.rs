@@ -13,12 +13,10 @@ const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
 const SAMPLES: usize = 20;
 
 fn options(labels: &[(String, String)]) -> IngestOptions {
-    IngestOptions {
-        name: "cpu".into(),
-        labels: labels.to_vec(),
-        timestamp_ms: Some(1_700_000_000_000),
-        ..IngestOptions::default()
-    }
+    IngestOptions::default()
+        .name("cpu")
+        .labels(labels.to_vec())
+        .timestamp_ms(1_700_000_000_000)
 }
 
 fn pairs(labels: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -59,10 +57,7 @@ fn pod(i: usize) -> Vec<(String, String)> {
 fn the_series_limit_counts_the_series_stored_before_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let open = || {
-        let options = StoreOptions {
-            max_series: 5,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().max_series(5);
         ProfileStore::open(Db::open(dir.path(), DbOptions::default()).unwrap(), options).unwrap()
     };
     let bytes = profile(&[]);
@@ -136,10 +131,7 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
     };
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions {
-            label_limits: limits,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().label_limits(limits),
     )
     .unwrap();
     let long_name = "n".repeat(17);
@@ -227,10 +219,7 @@ fn a_store_of_ten_thousand_label_names_reopens_and_answers() {
     const NAMES: usize = 10_000;
     let dir = tempfile::tempdir().unwrap();
     let open = |label_limits| {
-        let options = StoreOptions {
-            label_limits,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().label_limits(label_limits);
         ProfileStore::open(Db::open(dir.path(), DbOptions::default()).unwrap(), options).unwrap()
     };
     let wide: Vec<(String, String)> = (0..NAMES)
@@ -336,10 +325,7 @@ fn a_store_without_series_keys_counts_the_series_of_its_index() {
     }
     let store = ProfileStore::open(
         Db::open(dir.path(), DbOptions::default()).unwrap(),
-        StoreOptions {
-            max_series: 3,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().max_series(3),
     )
     .unwrap();
     assert_eq!(store.series_count(), 3);

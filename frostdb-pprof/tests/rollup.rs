@@ -23,13 +23,10 @@ type Shot = (i64, u8, u64, usize);
 
 fn open(dir: &std::path::Path) -> ProfileStore {
     let db = Db::open(dir, DbOptions::default()).unwrap();
-    let options = StoreOptions {
-        rollups: RollupOptions {
-            delay: Duration::ZERO,
-            ..RollupOptions::default()
-        },
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().rollups(RollupOptions {
+        delay: Duration::ZERO,
+        ..RollupOptions::default()
+    });
     ProfileStore::open(db, options).unwrap()
 }
 
@@ -40,12 +37,10 @@ fn ingest(store: &ProfileStore, shots: &[Shot]) {
             &Limits::default(),
         )
         .unwrap();
-        let options = IngestOptions {
-            name: "process_cpu".into(),
-            labels: vec![("pod".into(), format!("pod-{pod}"))],
-            timestamp_ms: Some(BASE + minute * MINUTE + i64::from(pod)),
-            ..IngestOptions::default()
-        };
+        let options = IngestOptions::default()
+            .name("process_cpu")
+            .labels(vec![("pod".into(), format!("pod-{pod}"))])
+            .timestamp_ms(BASE + minute * MINUTE + i64::from(pod));
         store.ingest_profile(&profile, &options).unwrap();
     }
 }

@@ -36,13 +36,7 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
         }
         let profile_name = format!("f{i}");
         let summary = store
-            .ingest(
-                &bytes,
-                &IngestOptions {
-                    name: profile_name.clone(),
-                    ..Default::default()
-                },
-            )
+            .ingest(&bytes, &IngestOptions::default().name(profile_name.clone()))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         for (index, vt) in profile.sample_type.iter().enumerate() {
             let s = |i: i64| profile.string_table[i as usize].as_str();

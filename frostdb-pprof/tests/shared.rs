@@ -20,12 +20,10 @@ fn file(name: &str) -> Vec<u8> {
 }
 
 fn at(pod: &str, timestamp_ms: i64) -> IngestOptions {
-    IngestOptions {
-        name: "process_cpu".into(),
-        labels: vec![("pod".into(), pod.into())],
-        timestamp_ms: Some(timestamp_ms),
-        ..Default::default()
-    }
+    IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("pod".into(), pod.into())])
+        .timestamp_ms(timestamp_ms)
 }
 
 fn writer(store: Arc<dyn ObjectStore>, holder: &str) -> ProfileStore {

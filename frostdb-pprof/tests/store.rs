@@ -14,14 +14,12 @@ fn file(name: &str) -> Vec<u8> {
 }
 
 fn options(name: &str, labels: &[(&str, &str)]) -> IngestOptions {
-    IngestOptions {
-        name: name.into(),
-        labels: labels
+    IngestOptions::default().name(name).labels(
+        labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        ..Default::default()
-    }
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,10 +188,7 @@ async fn pprof_sample_labels_count_against_the_series_limit() {
     let limited = |max_series| {
         ProfileStore::open(
             Db::open_in_memory(DbOptions::default()).unwrap(),
-            StoreOptions {
-                max_series,
-                ..StoreOptions::default()
-            },
+            StoreOptions::default().max_series(max_series),
         )
         .unwrap()
     };
@@ -233,10 +228,7 @@ fn span_and_trace_ids_are_kept_per_sample_not_as_series() {
     let dir = tempfile::tempdir().unwrap();
     let open = || {
         let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-        let options = StoreOptions {
-            max_series: 1,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().max_series(1);
         ProfileStore::open(db, options).unwrap()
     };
     use frostdb_pprof::testing;
@@ -433,14 +425,7 @@ async fn label_names_and_values_come_from_the_series_index() {
 async fn queries_over_the_memory_limit_fail_naming_it() {
     let open = |limit: Option<usize>| {
         let db = Db::open_in_memory(DbOptions::default()).unwrap();
-        let store = ProfileStore::open(
-            db,
-            StoreOptions {
-                query_memory: limit,
-                ..StoreOptions::default()
-            },
-        )
-        .unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default().query_memory(limit)).unwrap();
         store
             .ingest(
                 &file("goapp__go119-cpu-2s.pb.gz"),
@@ -562,12 +547,10 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
                 }];
             }
             let profile = frostdb_pprof::validate(p, &Limits::default()).unwrap();
-            let options = IngestOptions {
-                name: "process_cpu".into(),
-                labels: vec![("pod".into(), format!("p{}", i % 3))],
-                timestamp_ms: Some(1_700_000_000_000 + i as i64 * 10_000),
-                ..Default::default()
-            };
+            let options = IngestOptions::default()
+                .name("process_cpu")
+                .labels(vec![("pod".into(), format!("p{}", i % 3))])
+                .timestamp_ms(1_700_000_000_000 + i as i64 * 10_000);
             store.ingest_profile(&profile, &options).unwrap();
         }
         check(&store);
@@ -770,10 +753,7 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     let ingest = |p: frostdb_pprof::proto::Profile| {
         let p = frostdb_pprof::validate(p, &limits).unwrap();
         at.set(at.get() + 1);
-        let options = IngestOptions {
-            timestamp_ms: Some(at.get()),
-            ..options("process_cpu", &[("job", "goapp")])
-        };
+        let options = options("process_cpu", &[("job", "goapp")]).timestamp_ms(at.get());
         let summary = store.ingest_profile(&p, &options).unwrap();
         assert!(!summary.duplicate);
         summary

@@ -13,12 +13,11 @@ const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
 
 fn ingest(store: &ProfileStore, first: u64, count: usize, timestamp_ms: i64) {
     let profile = validate(testing::profile(first, count, 5), store.limits()).unwrap();
-    let options = IngestOptions {
-        name: "cpu".into(),
-        labels: vec![("pod".into(), format!("pod-{}", first % 3))],
-        delta: false,
-        timestamp_ms: Some(timestamp_ms),
-    };
+    let options = IngestOptions::default()
+        .name("cpu")
+        .labels(vec![("pod".into(), format!("pod-{}", first % 3))])
+        .delta(false)
+        .timestamp_ms(timestamp_ms);
     let summary = store.ingest_profile(&profile, &options).unwrap();
     assert_eq!(summary.rows, count);
 }
@@ -34,13 +33,10 @@ fn rows(store: &ProfileStore, table: &str) -> usize {
 #[test]
 fn closed_partitions_are_read_back_lazily_into_a_bounded_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let options = StoreOptions {
-        symbols: SymbolOptions {
-            cache_bytes: 256 << 10,
-            ..SymbolOptions::default()
-        },
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().symbols(SymbolOptions {
+        cache_bytes: 256 << 10,
+        ..SymbolOptions::default()
+    });
     let open = || {
         ProfileStore::open(
             Db::open(dir.path(), DbOptions::default()).unwrap(),
@@ -102,10 +98,7 @@ fn symbols_expire_with_the_samples_that_use_them() {
     let dir = tempfile::tempdir().unwrap();
     let store = ProfileStore::open(
         Db::open(dir.path(), DbOptions::default()).unwrap(),
-        StoreOptions {
-            retention: Some(Duration::from_secs(7 * 24 * 3600)),
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().retention(Duration::from_secs(7 * 24 * 3600)),
     )
     .unwrap();
     let now = frostdb_core::now_ms();

@@ -706,7 +706,7 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
         let failed = column("blocks_failed")?.as_primitive::<Int64Type>();
         for i in 0..batch.num_rows() {
             if ids.is_null(i) {
-                totals.total = totals.total.wrapping_add(values.value(i));
+                totals.total = totals.total.saturating_add(values.value(i));
                 totals.period = totals.period.max(periods.value(i));
                 totals.rows += rows.value(i) as usize;
                 totals.metrics.blocks_failed += failed.value(i) as usize;

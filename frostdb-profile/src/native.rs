@@ -45,7 +45,7 @@ impl std::ops::Add for StackTotals {
         loop {
             let next = match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) if x.0 == y.0 => {
-                    let (id, v) = (x.0, x.1.wrapping_add(y.1));
+                    let (id, v) = (x.0, x.1.saturating_add(y.1));
                     a.next();
                     b.next();
                     (id, v)
@@ -63,7 +63,7 @@ impl std::ops::Add for StackTotals {
         metrics += other.metrics;
         StackTotals {
             stacks,
-            total: self.total.wrapping_add(other.total),
+            total: self.total.saturating_add(other.total),
             period: self.period.max(other.period),
             rows: self.rows + other.rows,
             metrics,
@@ -225,9 +225,11 @@ impl Dense {
         }
         let sums = &mut self.partitions[at].1;
         for (id, v) in ids.iter().zip(values) {
-            sums[split_id(*id).1 as usize] += v;
+            let sum = &mut sums[split_id(*id).1 as usize];
+            *sum = sum.saturating_add(*v);
         }
-        self.total += values.iter().sum::<i64>();
+        let run = values.iter().fold(0i64, |a, v| a.saturating_add(*v));
+        self.total = self.total.saturating_add(run);
         self.rows += ids.len();
         Ok(())
     }
@@ -243,10 +245,10 @@ impl Dense {
             let at = self.at(*p);
             self.grow(at, values.len())?;
             for (a, b) in self.partitions[at].1.iter_mut().zip(values) {
-                *a += b;
+                *a = a.saturating_add(*b);
             }
         }
-        self.total += other.total;
+        self.total = self.total.saturating_add(other.total);
         self.period = self.period.max(other.period);
         self.rows += other.rows;
         Ok(self)
@@ -518,7 +520,7 @@ pub fn merge_stacks_by_series(
                 },
             }
             let sum = of.sums.entry(ids.value(i)).or_insert(0);
-            *sum = sum.wrapping_add(values.value(i));
+            *sum = sum.saturating_add(values.value(i));
         }
         // Per entry: a stack id and a value, and the map's own overhead.
         let entries: usize = sets
@@ -659,13 +661,13 @@ pub fn range_counted(
             let key = (group, bucket);
             match &mut run {
                 Some((k, v, n)) if *k == key => {
-                    *v += values.value(i);
+                    *v = v.saturating_add(values.value(i));
                     *n += 1;
                 }
                 _ => {
                     if let Some((k, v, n)) = run.take() {
                         let sum = sums.entry(k).or_default();
-                        sum.0 += v;
+                        sum.0 = sum.0.saturating_add(v);
                         sum.1 += n;
                     }
                     run = Some((key, values.value(i), 1));
@@ -674,7 +676,7 @@ pub fn range_counted(
         }
         if let Some((k, v, n)) = run {
             let sum = sums.entry(k).or_default();
-            sum.0 += v;
+            sum.0 = sum.0.saturating_add(v);
             sum.1 += n;
         }
     }

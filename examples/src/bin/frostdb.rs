@@ -390,15 +390,15 @@ fn ingest(data: &Path, args: IngestArgs, paths: &[PathBuf]) -> Result<ExitCode, 
                 bytes += b.len();
                 let profile = frostdb_pprof::decode(&b, &store.options().limits)
                     .map_err(|e| e.to_string())?;
-                let options = IngestOptions {
-                    name: args
-                        .name
-                        .clone()
-                        .unwrap_or_else(|| frostdb_pprof::convert::profile_name(&profile)),
-                    labels: args.labels.clone(),
-                    delta: args.delta,
-                    timestamp_ms: None,
-                };
+                let options = IngestOptions::default()
+                    .name(
+                        args.name
+                            .clone()
+                            .unwrap_or_else(|| frostdb_pprof::convert::profile_name(&profile)),
+                    )
+                    .labels(args.labels.clone())
+                    .delta(args.delta)
+                    .timestamp_ms(None);
                 store
                     .ingest_profile(&profile, &options)
                     .map_err(|e| e.to_string())
@@ -522,9 +522,7 @@ fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
         output,
     } = args;
     let selector = Selector::parse(&selector)?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as i64;
+    let now = frostdb_examples::time::now_ms();
     let range = TimeRange {
         start_ms: from
             .map(|t| parse_time(&t, now))

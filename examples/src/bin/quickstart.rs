@@ -169,15 +169,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                                 store.limits(),
                             )
                             .map_err(|e| e.to_string())?;
-                            let options = IngestOptions {
-                                name: "process_cpu".into(),
-                                labels: vec![
+                            let options = IngestOptions::default()
+                                .name("process_cpu")
+                                .labels(vec![
                                     ("namespace".into(), "shop".into()),
                                     ("pod".into(), format!("shop-{pod:02}")),
-                                ],
-                                delta: false,
-                                timestamp_ms: Some(START_MS + step as i64 * 10_000),
-                            };
+                                ])
+                                .delta(false)
+                                .timestamp_ms(START_MS + step as i64 * 10_000);
                             let summary = store
                                 .ingest_profile(&profile, &options)
                                 .map_err(|e| e.to_string())?;

@@ -16,12 +16,11 @@ pub fn sampler_config(c: &EbpfConfig) -> Config {
     } else {
         Target::All
     };
-    Config {
-        frequency_hz: c.frequency_hz,
-        interval: c.interval,
-        target,
-        unwind_table_bytes: c.unwind_table_mib.saturating_mul(1 << 20),
-    }
+    Config::default()
+        .frequency_hz(c.frequency_hz)
+        .interval(c.interval)
+        .target(target)
+        .unwind_table_bytes(c.unwind_table_mib.saturating_mul(1 << 20))
 }
 
 /// Starts sampling; each interval's profiles are stored in the configured tenant from the

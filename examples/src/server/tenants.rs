@@ -443,30 +443,28 @@ impl Tenants {
     async fn open_store(&self, id: &str) -> ApiResult<Arc<Tenant>> {
         let id = id.to_owned();
         let retention = self.retention.of(&id);
-        let options = StoreOptions {
-            limits: self.pprof_limits(),
-            label_limits: frostdb_pprof::LabelLimits {
+        let options = StoreOptions::default()
+            .limits(self.pprof_limits())
+            .label_limits(frostdb_pprof::LabelLimits {
                 max_label_names_per_series: self.limits.max_label_names_per_series,
                 max_label_name_length: self.limits.max_label_name_length,
                 max_label_value_length: self.limits.max_label_value_length,
-            },
-            retention,
-            max_series: self.limits.max_series_per_tenant,
-            query_memory: Some(self.limits.max_query_memory_bytes),
-            memory_budget: self.budget.clone(),
-            rollups: frostdb_pprof::RollupOptions {
+            })
+            .retention(retention)
+            .max_series(self.limits.max_series_per_tenant)
+            .query_memory(self.limits.max_query_memory_bytes)
+            .memory_budget(self.budget.clone())
+            .rollups(frostdb_pprof::RollupOptions {
                 hourly_retention: self.retention.rollups,
                 daily_retention: self.retention.rollups,
                 ..frostdb_pprof::RollupOptions::default()
-            },
-            block_merger: self.cluster.get().map(|cluster| {
+            })
+            .block_merger(self.cluster.get().map(|cluster| {
                 Arc::new(TenantMerger {
                     cluster: cluster.clone(),
                     tenant: id.clone(),
                 }) as Arc<dyn frostdb_profile::native::BlockMerger>
-            }),
-            ..StoreOptions::default()
-        };
+            }));
         let db_options = DbOptions::default().workers(self.workers.clone());
         let storage = self.storage.clone();
         tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {

@@ -177,7 +177,13 @@ impl Server {
     /// Waits (bounded) for a log line matching `pred`: the server writes it while handling
     /// a request the test already has the answer to, but the line travels through a pipe.
     pub(crate) fn log_until(&self, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        self.log_within(Duration::from_secs(30), pred)
+    }
+
+    /// [`Self::log_until`], waiting at most `bound` (work whose length depends on the
+    /// machine: the eBPF sampler compiles every sampled binary's unwind tables first).
+    pub(crate) fn log_within(&self, bound: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + bound;
         loop {
             let log = self.log();
             if log.lines().any(&pred) {

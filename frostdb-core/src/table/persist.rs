@@ -28,7 +28,14 @@ impl TableInner {
             if self.current.read().frozen.is_empty() {
                 return Ok(Vec::new());
             }
-            let written = self.log.cut()?;
+            let written = match self.log.cut() {
+                Ok(written) => written,
+                Err(e) => {
+                    tracing::error!(table = %self.name, error = %e, "cutting the shared database failed; its data stays in memory and in the bucket's WAL");
+                    self.listener.on_persist_error(&self.name, &e);
+                    return Err(e);
+                }
+            };
             return Ok(written
                 .into_iter()
                 .filter(|(table, _)| table == &self.name)

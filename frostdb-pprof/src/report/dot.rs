@@ -45,21 +45,24 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
     let mut edges: BTreeMap<(String, String), i64> = BTreeMap::new();
     each_named_stack(merged, |path, value| {
         let Some(leaf) = path.last() else { return };
-        nodes.entry((*leaf).to_owned()).or_default().flat += value;
+        let leaf = nodes.entry((*leaf).to_owned()).or_default();
+        leaf.flat = leaf.flat.saturating_add(value);
         // Recursion counts a function (and a call) once per stack, as pprof does. Sets, not
         // lists: a stack may be thousands of frames deep.
         let mut seen: HashSet<&str> = HashSet::default();
         let mut seen_edges: HashSet<(&str, &str)> = HashSet::default();
         for (i, name) in path.iter().enumerate() {
             if seen.insert(name) {
-                nodes.entry((*name).to_owned()).or_default().cum += value;
+                let node = nodes.entry((*name).to_owned()).or_default();
+                node.cum = node.cum.saturating_add(value);
             }
             if i > 0 {
                 let edge = (path[i - 1], *name);
                 if seen_edges.insert(edge) {
-                    *edges
+                    let sum = edges
                         .entry((edge.0.to_owned(), edge.1.to_owned()))
-                        .or_default() += value;
+                        .or_default();
+                    *sum = sum.saturating_add(value);
                 }
             }
         }

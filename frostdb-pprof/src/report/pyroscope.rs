@@ -125,16 +125,16 @@ impl Levels {
             levels[depth].extend([lx, base, base_self, rx, compare, compare_self, name]);
             max_self = max_self.max(base_self).max(compare_self);
             let (mut l, mut r) = (lx + base_self, rx + compare_self);
-            let (mut other_l, mut other_r) = (0, 0);
+            let (mut other_l, mut other_r) = (0i64, 0i64);
             for child in node.iter().flat_map(|n| n.children()) {
                 let v = child.values();
                 if v.base.max(v.compare) >= min {
                     next.push((Item::Node(child), depth + 1, l, r));
-                    l += v.base;
-                    r += v.compare;
+                    l = l.saturating_add(v.base);
+                    r = r.saturating_add(v.compare);
                 } else {
-                    other_l += v.base;
-                    other_r += v.compare;
+                    other_l = other_l.saturating_add(v.base);
+                    other_r = other_r.saturating_add(v.compare);
                 }
             }
             if other_l != 0 || other_r != 0 {

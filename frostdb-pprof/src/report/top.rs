@@ -116,7 +116,7 @@ impl TopTable {
         let mut frames = Vec::new();
         for (n, (stack, value)) in merged.samples.iter().enumerate() {
             let stamp = n + 1;
-            total += value;
+            total = total.saturating_add(*value);
             let cut = walker.root_first(*stack, &mut |frame| nodes.frame(frame), &mut frames);
             if cut > 0 {
                 // The marker is the leaf of a cut stack: its flat is the stack's value.
@@ -133,11 +133,12 @@ impl TopTable {
                 }
                 if counted[i] != stamp {
                     counted[i] = stamp;
-                    acc[i].cum += value;
+                    acc[i].cum = acc[i].cum.saturating_add(*value);
                 }
             }
             if let Some(&(leaf, _)) = frames.last() {
-                acc[leaf as usize].flat += value;
+                let flat = &mut acc[leaf as usize].flat;
+                *flat = flat.saturating_add(*value);
             }
         }
         let Nodes {
@@ -183,7 +184,7 @@ impl TopTable {
                     let e = &mut edges[e as usize];
                     if e.2 != n + 1 {
                         e.2 = n + 1;
-                        e.0 += value;
+                        e.0 = e.0.saturating_add(*value);
                         e.1 &= inlined;
                     }
                 }

@@ -537,7 +537,8 @@ impl Arena<SelfTotal> {
                 if kept[c as usize] {
                     below.push((Some(c), names.name(name), values.into()));
                 } else {
-                    *other.get_or_insert(0) += values.1;
+                    let sum = other.get_or_insert(0);
+                    *sum = sum.saturating_add(values.1);
                 }
             }
             if let Some(other) = other {
@@ -615,7 +616,11 @@ impl FlameGraph {
         let mut names = Names::default();
         let mut arena = Arena::<SelfTotal>::new();
         names.each_stack(merged, |path, value| {
-            arena.add(path, |n| n.1 += value, |n| n.0 += value);
+            arena.add(
+                path,
+                |n| n.1 = n.1.saturating_add(value),
+                |n| n.0 = n.0.saturating_add(value),
+            );
         });
         let kept = arena.kept(max_nodes);
         FlameGraph {
@@ -723,7 +728,8 @@ pub fn folded(merged: &Merged) -> String {
     let mut names = Names::default();
     let mut paths: HashMap<Vec<u32>, i64> = HashMap::default();
     names.each_stack(merged, |path, value| {
-        *paths.entry(path.to_vec()).or_default() += value;
+        let sum = paths.entry(path.to_vec()).or_default();
+        *sum = sum.saturating_add(value);
     });
     let clean: Vec<String> = names
         .names
@@ -794,10 +800,18 @@ pub fn diff(base: &Merged, compare: &Merged) -> DiffTree {
     let mut names = Names::default();
     let mut arena = Arena::<DiffSums>::new();
     names.each_stack(base, |path, v| {
-        arena.add(path, |n| n.0 += v, |n| n.2 += v);
+        arena.add(
+            path,
+            |n| n.0 = n.0.saturating_add(v),
+            |n| n.2 = n.2.saturating_add(v),
+        );
     });
     names.each_stack(compare, |path, v| {
-        arena.add(path, |n| n.1 += v, |n| n.3 += v);
+        arena.add(
+            path,
+            |n| n.1 = n.1.saturating_add(v),
+            |n| n.3 = n.3.saturating_add(v),
+        );
     });
     arena.finish_diff(&names)
 }

@@ -70,12 +70,11 @@ pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResul
     if incoming.name.is_empty() {
         return Err(ApiError::bad_request("the profile has no name"));
     }
-    let options = frostdb_pprof::IngestOptions {
-        name: incoming.name,
-        labels,
-        delta: incoming.delta,
-        timestamp_ms: incoming.timestamp_ms,
-    };
+    let options = frostdb_pprof::IngestOptions::default()
+        .name(incoming.name)
+        .labels(labels)
+        .delta(incoming.delta)
+        .timestamp_ms(incoming.timestamp_ms);
     let (profile, previous) = (incoming.profile, incoming.previous);
     state
         .work
