@@ -3,7 +3,7 @@
 //! ([`StoreOptions::max_series`](crate::StoreOptions::max_series), counted across restarts).
 //!
 //! A series is a profile name and label set (request and pprof sample labels alike, span
-//! labels left out). Its key, a hash of those, is written to the [`SERIES_KEYS`] table in the
+//! labels left out). Its key, a hash of those, is written to the [`SERIES_KEYS`](crate::schema::SERIES_KEYS) table in the
 //! transaction of its samples, once per series and day: a store limited in series reads that
 //! one column when it opens and counts the distinct keys, so a restart forgets nothing,
 //! and opening costs a hash insert per stored row (no label column is read). Rows expire a

@@ -1,0 +1,549 @@
+//! Reads: merges (strict or lenient, by series, over spans), series over time, label
+//! names and values, profile types, each narrowed by the series index where it can.
+
+use super::*;
+
+/// One series of a merge kept apart: its labels (`(name, value)`, in name order) and its
+/// stacks' values, in stack id order.
+pub type SeriesSamples = (frostdb_profile::native::LabelSet, Vec<(StackId, i64)>);
+
+/// One merged profile: the value of each stack summed over what a selector selected.
+#[derive(Debug, Clone)]
+pub struct Merged {
+    /// Its profile type.
+    pub profile_type: ProfileType,
+    /// The sampling period (the largest seen).
+    pub period: i64,
+    /// Stacks and their values, in stack id order. A stack stored in two symbol partitions
+    /// appears twice (reports merge by frames).
+    pub samples: Vec<(StackId, i64)>,
+    /// The symbols the stacks resolve with.
+    pub symbols: Symbols,
+    /// Sample rows read.
+    pub rows: usize,
+    /// Of `rows`, those read from rollups (each the sum of a stack's rows of one series
+    /// over an hour or a day).
+    pub rollup_rows: usize,
+    /// Blocks a lenient merge skipped because they could not be read (the profile lacks
+    /// their samples); always 0 for a strict merge, which fails instead.
+    pub blocks_failed: usize,
+    /// What the merge's scans read and skipped (blocks, row groups, pages, rows), summed
+    /// over its raw and rollup pieces: the merge's `EXPLAIN ANALYZE`.
+    pub metrics: frostdb_core::ScanMetrics,
+    /// The same stacks and values per series (label set, `(name, value)` pairs in name
+    /// order), when merged with [`MergeOptions::by_series`]; empty otherwise. A pprof
+    /// export gives each sample its series' labels from it.
+    pub series: Vec<SeriesSamples>,
+}
+
+impl Merged {
+    /// Sum of all values.
+    pub fn total(&self) -> i64 {
+        self.samples.iter().map(|(_, v)| *v).sum()
+    }
+
+    /// An empty profile of `profile_type`.
+    pub fn empty(profile_type: ProfileType) -> Self {
+        Self {
+            profile_type,
+            period: 0,
+            samples: Vec::new(),
+            symbols: Symbols::default(),
+            rows: 0,
+            rollup_rows: 0,
+            blocks_failed: 0,
+            metrics: frostdb_core::ScanMetrics::default(),
+            series: Vec::new(),
+        }
+    }
+}
+
+/// What the series index says a merge's selector selects.
+enum Narrowing {
+    /// Too many series, or series the index cannot narrow by: read what the selector says.
+    Unknown,
+    /// No series: nothing to read.
+    NoSeries,
+    /// Rows of these series only.
+    To(frostdb_core::Predicate),
+}
+
+/// How [`ProfileStore::merge_with`] merges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeOptions {
+    /// How each series' profiles over the range combine (series are summed together).
+    pub aggregation: Aggregation,
+    /// Keep series apart in [`Merged::series`].
+    pub by_series: bool,
+    /// Skip sample blocks that cannot be read, counting them in [`Merged::blocks_failed`].
+    pub lenient: bool,
+}
+
+impl ProfileStore {
+    /// A session seeing this database's tables (SQL, and the DataFusion profile queries).
+    /// Its queries fail when they cannot read a block they need.
+    pub fn session(&self) -> Result<SessionContext> {
+        Ok(frostdb_query::session_with(&self.db, self.memory.clone())?)
+    }
+
+    /// A session whose scans skip blocks they cannot read, counting them in the returned
+    /// [`frostdb_query::BlocksFailed`]: answers may be partial, and the count says so.
+    pub fn lenient_session(&self) -> Result<(SessionContext, frostdb_query::BlocksFailed)> {
+        Ok(frostdb_query::lenient_session_with(
+            &self.db,
+            self.memory.clone(),
+        )?)
+    }
+
+    /// Merges what `selector` selects in `range` into one profile. The selector must name a
+    /// profile type: values of different types do not add up. A selector matching on
+    /// `span_id` or `trace_id` selects among the samples labelled with spans. A sample block
+    /// that cannot be read fails the merge with an error naming it.
+    ///
+    /// The whole days and hours of `range` that are rolled up are read from their rollups,
+    /// the rest from raw samples: the same answer, from fewer rows ([`crate::rollup`];
+    /// [`Merged::rollup_rows`] says how many came from rollups).
+    pub fn merge(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, false, true)
+    }
+
+    /// [`ProfileStore::merge`] from raw samples only, never from rollups: the answer rollups
+    /// are checked against.
+    pub fn merge_raw(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, false, false)
+    }
+
+    /// [`ProfileStore::merge`], skipping sample blocks that cannot be read and counting them
+    /// in [`Merged::blocks_failed`]. Symbols are always read strictly: a stack that cannot be
+    /// resolved is an error, never a frame left out.
+    pub fn merge_lenient(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
+        self.merge_reading(selector, range, true, true)
+    }
+
+    /// Merges what `selector` selects in `range` among the samples labelled with one of
+    /// `span_ids`: [`ProfileStore::merge`] with a `span_id` matcher.
+    pub fn merge_spans(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        span_ids: &[&str],
+    ) -> Result<Merged> {
+        let mut selector = selector.clone();
+        selector.matchers.push(
+            frostdb_profile::Matcher::any_of("span_id", span_ids)
+                .map_err(|e| Error::Query(format!("span ids: {e}")))?,
+        );
+        self.merge(&selector, range)
+    }
+
+    /// What a merge of `selector` reads: the samples table, or the spans table when the
+    /// selector matches on a span label ([`schema::SPAN_LABELS`]: the samples table does not
+    /// keep them), whether it is the spans, and the selector's profile type (required).
+    fn merge_source(&self, selector: &Selector) -> Result<(&Table, bool, ProfileType)> {
+        let by_span = selector
+            .matchers
+            .iter()
+            .any(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
+        let table = if by_span { &self.spans } else { &self.samples };
+        let profile_type = selector.profile_type.clone().ok_or_else(|| {
+            Error::Query(
+                "the selector needs a profile type (name:type:unit:period_type:period_unit)".into(),
+            )
+        })?;
+        Ok((table, by_span, profile_type))
+    }
+
+    /// Merges from the table [`ProfileStore::merge_source`] picks.
+    fn merge_reading(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        lenient: bool,
+        rollups: bool,
+    ) -> Result<Merged> {
+        let (table, by_span, profile_type) = self.merge_source(selector)?;
+        // The samples first: the series index is written before them in each transaction,
+        // so its later snapshot holds every series of this one.
+        let snapshot = table.snapshot();
+        // Rollups (before the index too: a series they hold is in it) of the whole hours and
+        // days of the range; raw samples for the rest.
+        let pieces = if by_span || !rollups || !self.rollups.enabled() {
+            vec![crate::rollup::Piece {
+                rollup: None,
+                range,
+            }]
+        } else {
+            self.rollups.plan(range, now_ms())
+        };
+        let narrow = if by_span || selector.matchers.is_empty() {
+            None
+        } else {
+            match self.narrowing(&snapshot, selector, range)? {
+                Narrowing::Unknown => None,
+                // The index holds every series of the snapshot: none matches, nothing to read.
+                Narrowing::NoSeries => return Ok(Merged::empty(profile_type)),
+                Narrowing::To(predicate) => Some(predicate),
+            }
+        };
+        let mut totals = StackTotals::default();
+        let mut rollup_rows = 0;
+        for piece in pieces {
+            let read = piece.rollup.as_ref().unwrap_or(&snapshot);
+            let blocks = read.blocks();
+            let part = match &self.options.block_merger {
+                // What is in memory here, the blocks over the cluster.
+                Some(merger) if !blocks.is_empty() => {
+                    let here = merge_stacks(
+                        &read.memory(),
+                        selector,
+                        piece.range,
+                        self.options.query_threads,
+                        lenient,
+                        &self.memory,
+                        narrow.clone(),
+                    )?;
+                    let there = merger.merge_stacks(
+                        read.table(),
+                        blocks,
+                        selector,
+                        piece.range,
+                        lenient,
+                        narrow.clone(),
+                    )?;
+                    here + there
+                }
+                _ => merge_stacks(
+                    read,
+                    selector,
+                    piece.range,
+                    self.options.query_threads,
+                    lenient,
+                    &self.memory,
+                    narrow.clone(),
+                )?,
+            };
+            if piece.rollup.is_some() {
+                rollup_rows += part.rows;
+            }
+            totals = totals + part;
+        }
+        let StackTotals {
+            stacks,
+            period,
+            rows,
+            metrics,
+            ..
+        } = totals;
+        let symbols = self.symbols_of(&stacks)?;
+        Ok(Merged {
+            profile_type,
+            period,
+            samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
+            symbols,
+            rows,
+            rollup_rows,
+            blocks_failed: metrics.blocks_failed,
+            metrics,
+            series: Vec::new(),
+        })
+    }
+
+    /// The symbols of `stacks` (ids ascending); a stack they lack is corruption.
+    fn symbols_of(&self, stacks: &[(u64, i64)]) -> Result<Symbols> {
+        let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
+        partitions.dedup();
+        let mut symbols = self.symbols.view(partitions.iter().copied())?;
+        if self.db.is_read_only()
+            && let Some((id, _)) = stacks
+                .iter()
+                .find(|(id, _)| !symbols.has_stack(StackId(*id)))
+        {
+            // A reader's cached partition from before its writer added to it: read again.
+            self.symbols.forget(split_id(*id).0);
+            symbols = self.symbols.view(partitions)?;
+        }
+        if let Some((id, _)) = stacks
+            .iter()
+            .find(|(id, _)| !symbols.has_stack(StackId(*id)))
+        {
+            let (p, i) = split_id(*id);
+            return Err(Error::Corrupt(format!(
+                "stack {p}:{i} of a selected sample is not in the symbol tables"
+            )));
+        }
+        Ok(symbols)
+    }
+
+    /// [`ProfileStore::merge`] as `options` say: each series' profiles summed, averaged or
+    /// the latest ([`Aggregation`]; gauges such as memory in use average), series kept
+    /// apart in [`Merged::series`] (so an export can label each sample with its series'
+    /// labels), leniently or not. A sum that does not keep series apart is
+    /// [`ProfileStore::merge`] (or [`ProfileStore::merge_lenient`]); the rest read raw
+    /// samples per series (rollups and the series index's narrowing sum series together).
+    pub fn merge_with(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        options: &MergeOptions,
+    ) -> Result<Merged> {
+        if options.aggregation == Aggregation::Sum && !options.by_series {
+            return self.merge_reading(selector, range, options.lenient, true);
+        }
+        let (table, _, profile_type) = self.merge_source(selector)?;
+        let read = frostdb_profile::native::merge_stacks_by_series(
+            &table.snapshot(),
+            selector,
+            range,
+            options.aggregation,
+            options.lenient,
+            &self.memory,
+        )?;
+        let mut sums: BTreeMap<u64, i64> = BTreeMap::new();
+        for (_, stacks) in &read.series {
+            for (id, v) in stacks {
+                let sum = sums.entry(*id).or_default();
+                *sum = sum.saturating_add(*v);
+            }
+        }
+        let stacks: Vec<(u64, i64)> = sums.into_iter().filter(|(_, v)| *v != 0).collect();
+        let symbols = self.symbols_of(&stacks)?;
+        Ok(Merged {
+            profile_type,
+            period: read.period,
+            samples: stacks.into_iter().map(|(id, v)| (StackId(id), v)).collect(),
+            symbols,
+            rows: read.rows,
+            rollup_rows: 0,
+            blocks_failed: read.blocks_failed,
+            metrics: frostdb_core::ScanMetrics::default(),
+            series: if !options.by_series {
+                Vec::new()
+            } else {
+                read.series
+            }
+            .into_iter()
+            .map(|(labels, stacks)| {
+                let stacks = stacks.into_iter().map(|(id, v)| (StackId(id), v));
+                (labels, stacks.collect())
+            })
+            .collect(),
+        })
+    }
+
+    /// The value per series and per `step_ms` bucket for what `selector` selects in `range`;
+    /// with `group_by`, series are the distinct values of those labels.
+    pub fn range(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        step_ms: i64,
+        group_by: Option<&[String]>,
+    ) -> Result<Vec<frostdb_profile::native::Series>> {
+        // Profile totals: a row per profile rather than per sample.
+        Ok(frostdb_profile::native::range(
+            &self.totals.snapshot(),
+            selector,
+            range,
+            step_ms,
+            group_by,
+        )?)
+    }
+
+    /// [`ProfileStore::range`] skipping the blocks it cannot read, with their count: a
+    /// partial answer that says it is partial.
+    pub fn range_lenient(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        step_ms: i64,
+        group_by: Option<&[String]>,
+    ) -> Result<(Vec<frostdb_profile::native::Series>, usize)> {
+        Ok(frostdb_profile::native::range_counted(
+            &self.totals.snapshot(),
+            selector,
+            range,
+            step_ms,
+            group_by,
+            true,
+        )?)
+    }
+
+    /// The values label `name` has in what `selector` (if any) selects in `range`, sorted:
+    /// read from the series index (no sample row is read), at its granularity of an hour,
+    /// as Prometheus and Pyroscope answer from the index of each block a range touches.
+    /// Span labels are not series labels: they are not listed.
+    pub fn label_values(
+        &self,
+        name: &str,
+        selector: Option<&Selector>,
+        range: TimeRange,
+    ) -> Result<Vec<String>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_profile::native::label_values(
+            &snapshot, name, selector, range,
+        )?)
+    }
+
+    /// The names of the labels of what `selector` (if any) selects in `range`, sorted: from
+    /// the series index, as [`ProfileStore::label_values`].
+    pub fn label_names(
+        &self,
+        selector: Option<&Selector>,
+        range: TimeRange,
+    ) -> Result<Vec<String>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_profile::native::label_names(
+            &snapshot, selector, range,
+        )?)
+    }
+
+    /// Each profile type and label set `selector` selects in `range`, sorted: from the series
+    /// index (no sample row is read), as [`ProfileStore::label_values`]; with `only`, just the
+    /// labels named.
+    pub fn series(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        only: Option<&[String]>,
+    ) -> Result<Vec<frostdb_profile::native::SeriesLabels>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_profile::native::series_labels(
+            &snapshot, selector, range, only,
+        )?)
+    }
+
+    /// [`ProfileStore::series`] read from the sample rows (at their exact times, not the
+    /// index's hours), skipping the blocks it cannot read, with their count.
+    pub fn series_lenient(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+    ) -> Result<(Vec<frostdb_profile::native::SeriesLabels>, usize)> {
+        Ok(frostdb_profile::native::series_labels_counted(
+            &self.samples.snapshot(),
+            selector,
+            range,
+            None,
+            true,
+        )?)
+    }
+
+    /// The times of the oldest and newest stored profiles (Unix ms), `None` when none is
+    /// stored: read from the statistics of the profile totals, no row is read.
+    pub fn time_span(&self) -> Result<Option<(i64, i64)>> {
+        let Some(stats) = self.totals.snapshot().column_stats(TIMESTAMP) else {
+            return Ok(None);
+        };
+        Ok(match (stats.min, stats.max) {
+            (Some(frostdb_core::Scalar::Int(min)), Some(frostdb_core::Scalar::Int(max))) => {
+                Some((min, max))
+            }
+            _ => None,
+        })
+    }
+
+    /// The profile types stored in `range`, sorted: from the series index, as
+    /// [`ProfileStore::label_values`].
+    pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_profile::ProfileType>> {
+        let (snapshot, range) = self.label_source(range);
+        Ok(frostdb_profile::native::profile_types(&snapshot, range)?)
+    }
+
+    /// A predicate that holds for every sample `selector` selects in `range`, for the merge's
+    /// scan to prune by: the full label sets of the series it selects (label matchers alone,
+    /// a pod say, fall on a column late in the sort order, which row group bounds hardly
+    /// narrow; the whole label set starts at the first). `None` when it selects many.
+    fn narrowing(
+        &self,
+        samples: &frostdb_core::Snapshot,
+        selector: &Selector,
+        range: TimeRange,
+    ) -> Result<Narrowing> {
+        // Only checked against statistics (of blocks, row groups and pages), never against
+        // rows; past EXACT_SETS, bounds per column keep the cost per page flat.
+        const MAX_SERIES: usize = 64;
+        // Up to this many, the label sets themselves; past it, each column's values.
+        const EXACT_SETS: usize = 4;
+        // Most columns the predicate names: each is checked against the statistics of every
+        // block, row group and page, and a series of thousands of labels (which a store
+        // written before the label limits may hold) made that cost minutes. Fewer columns
+        // bound less tightly, never wrongly.
+        const MAX_COLUMNS: usize = 32;
+        let (index, hours) = self.label_source(range);
+        let Some(sets) = frostdb_profile::native::series_of(&index, selector, hours, MAX_SERIES)?
+        else {
+            return Ok(Narrowing::Unknown);
+        };
+        if sets.iter().any(Vec::is_empty) {
+            return Ok(Narrowing::Unknown); // a series without labels: nothing to narrow by
+        }
+        // A set with a column the samples lack has no samples.
+        let known = |set: &frostdb_profile::native::LabelSet| {
+            set.iter()
+                .all(|(c, _)| samples.schema().index_of(c).is_some())
+        };
+        let sets: Vec<frostdb_profile::native::LabelSet> = sets.into_iter().filter(known).collect();
+        if sets.is_empty() {
+            return Ok(Narrowing::NoSeries);
+        }
+        if sets.len() <= EXACT_SETS && sets.iter().all(|set| set.len() <= MAX_COLUMNS) {
+            return Ok(sets
+                .into_iter()
+                .filter_map(|set| {
+                    set.into_iter()
+                        .map(|(column, value)| frostdb_core::col(column).eq(value))
+                        .reduce(frostdb_core::Predicate::and)
+                })
+                .reduce(frostdb_core::Predicate::or)
+                .map_or(Narrowing::Unknown, Narrowing::To));
+        }
+        // Many sets, or long ones: each column's values, a looser bound at a cost that does
+        // not grow with the sets. A column some set lacks (null there) bounds nothing: per
+        // column, its values and how many sets have it (a set names a column once).
+        type Values<'a> = (std::collections::BTreeSet<&'a str>, usize);
+        let mut columns: std::collections::BTreeMap<&str, Values<'_>> = Default::default();
+        for set in &sets {
+            for (column, value) in set {
+                let (values, having) = columns.entry(column).or_default();
+                values.insert(value);
+                *having += 1;
+            }
+        }
+        let mut shared: Vec<(&str, std::collections::BTreeSet<&str>)> = columns
+            .into_iter()
+            .filter(|(_, (_, having))| *having == sets.len())
+            .map(|(column, (values, _))| (column, values))
+            .collect();
+        // The labels that lead the sort order first: they bound row groups best.
+        shared.sort_by_key(|(column, _)| {
+            let label = column.strip_prefix(LABEL_PREFIX).unwrap_or(column);
+            schema::LABELS_FIRST
+                .iter()
+                .position(|first| *first == label)
+                .unwrap_or(schema::LABELS_FIRST.len())
+        });
+        shared.truncate(MAX_COLUMNS);
+        Ok(shared
+            .into_iter()
+            .map(|(column, values)| {
+                frostdb_core::col(column).in_list(values.into_iter().map(str::to_owned))
+            })
+            .reduce(frostdb_core::Predicate::and)
+            .map_or(Narrowing::Unknown, Narrowing::To))
+    }
+
+    /// The series index, and `range` widened to the whole hours its rows stand for.
+    fn label_source(&self, range: TimeRange) -> (frostdb_core::Snapshot, TimeRange) {
+        let start_ms = match range.start_ms {
+            i64::MIN => i64::MIN,
+            t => t.div_euclid(schema::SERIES_BUCKET_MS) * schema::SERIES_BUCKET_MS,
+        };
+        (
+            self.series_index.snapshot(),
+            TimeRange {
+                start_ms,
+                end_ms: range.end_ms,
+            },
+        )
+    }
+}
