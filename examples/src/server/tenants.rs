@@ -269,15 +269,31 @@ impl Tenants {
     /// The ids of the tenants that have data (on disk, or in the bucket).
     pub async fn existing(&self) -> ApiResult<Vec<String>> {
         let mut ids: Vec<String> = match &self.storage {
-            Storage::Local(root) => std::fs::read_dir(root)
-                .map(|entries| {
-                    entries
-                        .filter_map(|e| e.ok())
-                        .filter(|e| e.path().is_dir())
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect()
-                })
-                .unwrap_or_default(),
+            // No directory yet is no tenant yet; one that cannot be read is an error, never
+            // "no tenants".
+            Storage::Local(root) => match std::fs::read_dir(root) {
+                Ok(entries) => entries
+                    .map(|e| {
+                        e.map_err(|e| {
+                            ApiError::internal(format!(
+                                "listing tenants in {}: {e}",
+                                root.display()
+                            ))
+                        })
+                    })
+                    .collect::<ApiResult<Vec<_>>>()?
+                    .into_iter()
+                    .filter(|e| e.path().is_dir())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => {
+                    return Err(ApiError::internal(format!(
+                        "listing tenants in {}: {e}",
+                        root.display()
+                    )));
+                }
+            },
             Storage::Bucket(shared) => {
                 let root = object_store::path::Path::from(
                     shared.bucket.database("tenants").map_err(ApiError::from)?,
@@ -705,5 +721,28 @@ mod tests {
         assert_eq!(t.store.options().label_limits.max_label_names_per_series, 7);
         assert_eq!(tenants.existing().await.unwrap(), vec!["t".to_owned()]);
         assert!(tenants.for_read("t").await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_tenants_directory_that_cannot_be_listed_is_an_error_not_no_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let missing = Tenants::new(
+            dir.path().join("none"),
+            Limits::default(),
+            Retention::default(),
+            pool.clone(),
+        );
+        assert!(missing.existing().await.unwrap().is_empty(), "not made yet");
+        // A file where the directory should be: listing it fails (as a directory it may
+        // not read would, for a user other than root).
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let unreadable = Tenants::new(file, Limits::default(), Retention::default(), pool);
+        let error = unreadable.existing().await.unwrap_err();
+        assert!(
+            format!("{error:?}").contains("listing tenants"),
+            "{error:?}"
+        );
     }
 }

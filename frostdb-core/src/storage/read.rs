@@ -94,12 +94,34 @@ pub(crate) struct Footer {
     arrow: ArrowReaderMetadata,
     keys: Option<Arc<RowGroupKeys>>,
     stats: Arc<parking_lot::Mutex<HashMap<String, Arc<ColumnStatistics>>>>,
+    /// Statistics of the block that could not be read: logged once, then the block is read
+    /// without pruning by them.
+    unreadable: Arc<Unreadable>,
+}
+
+/// A block whose statistics (row group or page) cannot be converted: scans of it read every
+/// row group and page those would have pruned, and the first failure is logged, once per
+/// block, naming it.
+#[derive(Debug)]
+struct Unreadable {
+    block: String,
+    logged: std::sync::atomic::AtomicBool,
+}
+
+impl Unreadable {
+    /// Logs `error` (of `column`'s statistics) unless one was logged for this block.
+    fn log(&self, column: &str, error: &dyn std::fmt::Display) {
+        if !self.logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(block = %self.block, column, %error, "a block's statistics cannot be read; it is read without pruning by them");
+        }
+    }
 }
 
 /// A block's statistics of one column.
 #[derive(Debug)]
 struct ColumnStatistics {
     column: String,
+    unreadable: Arc<Unreadable>,
     /// Per row group; `None` when the file keeps none for the column (or lacks it).
     groups: Option<GroupStats>,
     /// Per row group, its pages' (`None` without a page index), converted when first used.
@@ -278,6 +300,10 @@ impl Storage {
             arrow: metadata,
             keys,
             stats: Arc::default(),
+            unreadable: Arc::new(Unreadable {
+                block: block.path.clone(),
+                logged: std::sync::atomic::AtomicBool::new(false),
+            }),
         };
         self.metadata
             .lock()
@@ -880,9 +906,14 @@ impl Footer {
             return hit.clone();
         }
         let parquet = self.arrow.metadata();
+        let groups = group_stats(column, self.arrow.schema(), parquet).unwrap_or_else(|e| {
+            self.unreadable.log(column, &e);
+            None
+        });
         let converted = Arc::new(ColumnStatistics {
             column: column.to_owned(),
-            groups: group_stats(column, self.arrow.schema(), parquet),
+            unreadable: self.unreadable.clone(),
+            groups,
             pages: (0..parquet.num_row_groups())
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
@@ -895,22 +926,25 @@ impl Footer {
     }
 }
 
-/// `column`'s statistics per row group; `None` when the file keeps none (or lacks it).
+/// `column`'s statistics per row group; `None` when the file keeps none (or lacks the
+/// column), an error when they cannot be read.
 fn group_stats(
     column: &str,
     schema: &SchemaRef,
     parquet: &parquet::file::metadata::ParquetMetaData,
-) -> Option<GroupStats> {
-    let conv = converter(column, schema, parquet)?;
-    let row_groups = parquet.row_groups();
-    let min_exact = conv.row_group_is_min_value_exact(row_groups.iter()).ok()?;
-    let max_exact = conv.row_group_is_max_value_exact(row_groups.iter()).ok()?;
-    let arrays = ColumnStatsArrays {
-        mins: conv.row_group_mins(row_groups.iter()).ok()?,
-        maxes: conv.row_group_maxes(row_groups.iter()).ok()?,
-        nulls: conv.row_group_null_counts(row_groups.iter()).ok()?,
+) -> std::result::Result<Option<GroupStats>, parquet::errors::ParquetError> {
+    let Some(conv) = converter(column, schema, parquet)? else {
+        return Ok(None);
     };
-    Some(GroupStats {
+    let row_groups = parquet.row_groups();
+    let min_exact = conv.row_group_is_min_value_exact(row_groups.iter())?;
+    let max_exact = conv.row_group_is_max_value_exact(row_groups.iter())?;
+    let arrays = ColumnStatsArrays {
+        mins: conv.row_group_mins(row_groups.iter())?,
+        maxes: conv.row_group_maxes(row_groups.iter())?,
+        nulls: conv.row_group_null_counts(row_groups.iter())?,
+    };
+    Ok(Some(GroupStats {
         stats: row_groups
             .iter()
             .enumerate()
@@ -924,7 +958,7 @@ fn group_stats(
                     && max_exact.value(i)
             })
             .collect(),
-    })
+    }))
 }
 
 impl ColumnStatistics {
@@ -932,50 +966,63 @@ impl ColumnStatistics {
     fn pages(&self, rg: usize, metadata: &ArrowReaderMetadata) -> Option<&PageStats> {
         self.pages
             .get(rg)?
-            .get_or_init(|| page_stats(rg, &self.column, metadata.schema(), metadata.metadata()))
+            .get_or_init(|| {
+                page_stats(rg, &self.column, metadata.schema(), metadata.metadata()).unwrap_or_else(
+                    |e| {
+                        self.unreadable.log(&self.column, &e);
+                        None
+                    },
+                )
+            })
             .as_ref()
     }
 }
 
-/// `column`'s page statistics in row group `rg`; `None` without a page index.
+/// `column`'s page statistics in row group `rg`; `None` without a page index, an error
+/// when it cannot be read.
 fn page_stats(
     rg: usize,
     column: &str,
     schema: &SchemaRef,
     parquet: &parquet::file::metadata::ParquetMetaData,
-) -> Option<PageStats> {
-    let conv = converter(column, schema, parquet)?;
-    let (index, offsets) = (parquet.column_index()?, parquet.offset_index()?);
+) -> std::result::Result<Option<PageStats>, parquet::errors::ParquetError> {
+    let Some(conv) = converter(column, schema, parquet)? else {
+        return Ok(None);
+    };
+    let (Some(index), Some(offsets)) = (parquet.column_index(), parquet.offset_index()) else {
+        return Ok(None);
+    };
     let groups = [rg];
     let arrays = ColumnStatsArrays {
-        mins: conv.data_page_mins(index, offsets, groups.iter()).ok()?,
-        maxes: conv.data_page_maxes(index, offsets, groups.iter()).ok()?,
-        nulls: conv
-            .data_page_null_counts(index, offsets, groups.iter())
-            .ok()?,
+        mins: conv.data_page_mins(index, offsets, groups.iter())?,
+        maxes: conv.data_page_maxes(index, offsets, groups.iter())?,
+        nulls: conv.data_page_null_counts(index, offsets, groups.iter())?,
     };
-    let counts = conv
-        .data_page_row_counts(offsets, parquet.row_groups(), groups.iter())
-        .ok()??;
+    let Some(counts) = conv.data_page_row_counts(offsets, parquet.row_groups(), groups.iter())?
+    else {
+        return Ok(None);
+    };
     // Page bounds only prune; no proof rests on them.
-    Some(
+    Ok(Some(
         counts
             .values()
             .iter()
             .enumerate()
             .map(|(p, rows)| (*rows as usize, arrays.get(p, *rows as usize)))
             .collect(),
-    )
+    ))
 }
 
-/// The converter of `column`'s statistics to Arrow; `None` when the file lacks it.
+/// The converter of `column`'s statistics to Arrow; `None` when the file lacks the column.
 fn converter<'a>(
     column: &str,
     schema: &'a SchemaRef,
     parquet: &'a parquet::file::metadata::ParquetMetaData,
-) -> Option<StatisticsConverter<'a>> {
-    schema.field_with_name(column).ok()?;
-    StatisticsConverter::try_new(column, schema, parquet.file_metadata().schema_descr()).ok()
+) -> std::result::Result<Option<StatisticsConverter<'a>>, parquet::errors::ParquetError> {
+    if schema.field_with_name(column).is_err() {
+        return Ok(None);
+    }
+    StatisticsConverter::try_new(column, schema, parquet.file_metadata().schema_descr()).map(Some)
 }
 
 /// Rows of a row group of `rows` rows whose pages may satisfy `filter`, from the page
