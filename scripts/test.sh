@@ -50,7 +50,7 @@ export FROSTDB_TEST_VENV="$PWD/$venv"
 
 # npm packages of the field's clients (pinned by their lock files): @pyroscope/flamegraph,
 # bundled with esbuild for the page the flame graph test draws, and @pyroscope/nodejs.
-e2e=examples/tests/e2e
+e2e=examples/server/tests/e2e
 if [ ! -f "$e2e/flamegraph/dist/bundle.js" ] || [ "$e2e/flamegraph/package-lock.json" -nt "$e2e/flamegraph/dist/bundle.js" ] || [ "$e2e/flamegraph/main.jsx" -nt "$e2e/flamegraph/dist/bundle.js" ]; then
   npm ci --prefix "$e2e/flamegraph" --no-audit --no-fund --loglevel=error
   npm run --prefix "$e2e/flamegraph" --silent build

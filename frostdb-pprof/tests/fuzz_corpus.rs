@@ -277,7 +277,7 @@ fn otlp_seeds() -> Vec<Vec<u8>> {
     out
 }
 
-/// Grafana's requests (`examples/tests/fixtures/grafana_requests.json`, what its data
+/// Grafana's requests (`examples/server/tests/fixtures/grafana_requests.json`, what its data
 /// source, the Profiles Drilldown and Pyroscope's page send) as the querier target takes
 /// them: the method's byte, then the body in proto3 JSON, or in binary protobuf.
 fn querier_seeds() -> Vec<Vec<u8>> {
@@ -290,7 +290,7 @@ fn querier_seeds() -> Vec<Vec<u8>> {
             .encode_to_vec()
     }
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/tests/fixtures/grafana_requests.json");
+        .join("../examples/server/tests/fixtures/grafana_requests.json");
     let fixtures: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let mut out = Vec::new();

@@ -10,13 +10,14 @@ use frostdb_profile::schema::column;
 use regex::Regex;
 
 /// The library sources checked: every crate's `src/`.
-const ROOTS: [&str; 7] = [
+const ROOTS: [&str; 8] = [
     "frostdb-core/src",
     "frostdb-query/src",
     "frostdb-profile/src",
     "frostdb-pprof/src",
     "frostdb-ebpf-ingest/src",
     "examples/src",
+    "examples/server/src",
     "benches/src",
 ];
 

@@ -7,7 +7,7 @@ fn shared() -> PathBuf {
     if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
         return PathBuf::from(dir);
     }
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
     if beside.exists() {
         beside
     } else {

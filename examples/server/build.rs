@@ -6,17 +6,17 @@
 //! needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    println!("cargo:rerun-if-changed=../frostdb-pprof/proto");
+    println!("cargo:rerun-if-changed=../../frostdb-pprof/proto");
     let descriptors = protox::compile(
         [
             "querier/v1/querier.proto",
             "settings/v1/setting.proto",
             "otlp_collector.proto",
         ],
-        ["../frostdb-pprof/proto"],
+        ["../../frostdb-pprof/proto"],
     )?;
     // Servers decode requests with the server's codec, which checks a request's bytes
-    // within the request limits first (`src/server/codec.rs`); clients (tests) with
+    // within the request limits first (`src/codec.rs`); clients (tests) with
     // tonic's. Generated apart, into `server/` and `client/`.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     for (dir, server) in [("server", true), ("client", false)] {
@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .extern_path(".google.v1", "::frostdb_pprof::proto")
             .extern_path(".otlp.profiles", "::frostdb_pprof::convert::otlp::proto");
         if server {
-            builder = builder.codec_path("crate::server::codec::BoundedCodec");
+            builder = builder.codec_path("crate::codec::BoundedCodec");
         }
         builder.compile_fds(descriptors.clone())?;
     }

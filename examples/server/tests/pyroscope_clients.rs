@@ -177,7 +177,7 @@ fn with_call_site(body: &mut Value, site: &[String]) {
 async fn grafana_drilldown_and_pyroscope_page_requests_are_answered() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("data"), None);
-    let now_ms = frostdb_examples::time::now_ms();
+    let now_ms = frostdb_server::time::now_ms();
     // The Go CPU profile twice: plainly, and with every sample labelled with one span.
     let mut profile = go_cpu();
     profile.time_nanos = (now_ms - 60_000) * 1_000_000;
@@ -488,7 +488,7 @@ fn npm_project(name: &str, needs: &str) -> Option<PathBuf> {
 
 /// Stores a pprof file through the legacy `/ingest` as application `app`.
 async fn ingest(s: &Server, app: &str, file: &str) {
-    let now_s = frostdb_examples::time::now_ms() / 1000;
+    let now_s = frostdb_server::time::now_ms() / 1000;
     let r = reqwest::Client::new()
         .post(format!(
             "{}/ingest?name={app}&format=pprof&from={}&until={now_s}",
@@ -580,7 +580,7 @@ async fn pyroscopes_flame_graph_component_draws_the_render_api_in_chromium() {
 
 /// The names of a merged flame graph of `profile_type` for the Node program.
 async fn node_graph(s: &Server, tenant: &str, profile_type: &str) -> (Vec<String>, i64) {
-    let now = frostdb_examples::time::now_ms();
+    let now = frostdb_server::time::now_ms();
     let r = reqwest::Client::new()
         .post(format!(
             "{}/querier.v1.QuerierService/SelectMergeStacktraces",

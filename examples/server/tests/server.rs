@@ -781,7 +781,7 @@ async fn otlp_export_of_the_ebpf_profiler_is_stored() {
     assert!(!services.as_array().unwrap().is_empty());
 
     // The same export over gRPC (as OTel collectors send it, gzip-compressed), into a tenant.
-    use frostdb_examples::server::ingest::otlp::grpc::profiles_service_client::ProfilesServiceClient;
+    use frostdb_server::ingest::otlp::grpc::profiles_service_client::ProfilesServiceClient;
     let channel = tonic::transport::Channel::from_shared(s.url.clone())
         .unwrap()
         .connect()
@@ -1129,7 +1129,7 @@ async fn the_web_page_shows_the_flame_graph_in_chromium() {
     for (i, grow) in [1, 1, 2, 4].into_iter().enumerate() {
         push_heap(&s, "heapy", 1_700_000_000_000 + 3_000 * i as i64, grow).await;
     }
-    let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
+    let shots = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e");
     let out = tokio::process::Command::new(&python)
         .arg(e2e_script("web.py"))
         .arg(&s.url)
@@ -1213,7 +1213,7 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     // A program that spins in known functions, built with frame pointers.
     let spin = dir.path().join("spin");
     let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../frostdb-ebpf-ingest/tests/spin/spin.c");
+        .join("../../frostdb-ebpf-ingest/tests/spin/spin.c");
     let status = std::process::Command::new("cc")
         .args(["-O0", "-fno-omit-frame-pointer", "-o"])
         .arg(&spin)
@@ -1230,8 +1230,8 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     );
     // And a call chain through a shared library, built without frame pointers: whole only
     // when the sampler unwinds it with the tables compiled from its .eh_frame.
-    let chain_dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb-ebpf-ingest/tests/chain");
+    let chain_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../frostdb-ebpf-ingest/tests/chain");
     let cc = |args: &[&std::ffi::OsStr]| {
         let status = std::process::Command::new("cc")
             .args(["-O2", "-fomit-frame-pointer"])

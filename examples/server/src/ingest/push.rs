@@ -12,9 +12,9 @@ use frostdb_pprof::convert::push::{self, Encoding, proto};
 use prost::Message;
 
 use super::{Incoming, body_bytes, content_type, store};
-use crate::server::edge::RequestMemory;
-use crate::server::error::{ApiError, ApiResult};
-use crate::server::{Shared, TenantId};
+use crate::edge::RequestMemory;
+use crate::error::{ApiError, ApiResult};
+use crate::{Shared, TenantId};
 
 /// `POST /push.v1.PusherService/Push`.
 pub async fn handle(
@@ -36,13 +36,13 @@ pub async fn handle(
             )));
         }
     };
-    let limits = crate::server::codec::request_limits(&state.config);
+    let limits = crate::codec::request_limits(&state.config);
     let request = push::parse(
         encoding,
         &body_bytes(&state, &headers, body, &memory)?,
         &limits,
     )
-    .map_err(|e| crate::server::codec::push_refusal(e, &state.config))?;
+    .map_err(|e| crate::codec::push_refusal(e, &state.config))?;
     let limits = state.tenants.pprof_limits();
     // One decoded profile at a time: the request may hold many.
     let mut profiles = 0;

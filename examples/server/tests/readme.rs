@@ -44,7 +44,7 @@ fn blocks(readme: &str) -> Vec<Block> {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// A scratch directory laid out as a clone's root, with `cargo` answered by the tests' build.

@@ -427,7 +427,7 @@ async fn run(args: Args) -> Result<bool, String> {
     for (id, want) in &totals {
         let top = get(format!(
             "/api/v1/query?format=top&node_fraction=0&selector={}",
-            frostdb_examples::url_encode(&format!("{id}{{}}"))
+            frostdb_server::url_encode(&format!("{id}{{}}"))
         ))
         .await?;
         let got = top["total"].as_i64().unwrap_or(-1);
@@ -455,7 +455,7 @@ async fn run(args: Args) -> Result<bool, String> {
     );
     let profiles = get(format!(
         "/api/v1/sql?q={}",
-        frostdb_examples::url_encode(&sql)
+        frostdb_server::url_encode(&sql)
     ))
     .await?["rows"][0]["n"]
         .as_i64()

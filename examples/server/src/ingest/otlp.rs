@@ -13,10 +13,10 @@ use frostdb_pprof::convert::otlp::{self, proto};
 use prost::Message;
 
 use super::{Incoming, body_bytes, content_type, store};
-use crate::server::codec::request_limits;
-use crate::server::edge::RequestMemory;
-use crate::server::error::{ApiError, ApiResult};
-use crate::server::{Shared, TenantId};
+use crate::codec::request_limits;
+use crate::edge::RequestMemory;
+use crate::error::{ApiError, ApiResult};
+use crate::{Shared, TenantId};
 
 /// `POST /v1development/profiles`.
 pub async fn handle(
@@ -105,10 +105,10 @@ impl grpc::profiles_service_server::ProfilesService for Collector {
         &self,
         request: tonic::Request<proto::ExportProfilesServiceRequest>,
     ) -> Result<tonic::Response<proto::ExportProfilesServiceResponse>, tonic::Status> {
-        let tenant = crate::server::querier::grpc_tenant(request.metadata())?;
+        let tenant = crate::querier::grpc_tenant(request.metadata())?;
         export(&self.state, &tenant, request.get_ref())
             .await
-            .map_err(crate::server::querier::status)?;
+            .map_err(crate::querier::status)?;
         Ok(tonic::Response::new(
             proto::ExportProfilesServiceResponse::default(),
         ))
@@ -118,9 +118,9 @@ impl grpc::profiles_service_server::ProfilesService for Collector {
 /// `POST` [`GRPC_EXPORT`]: gRPC (and gRPC-Web) with tonic, messages up to the body limit.
 pub async fn handle_grpc(State(state): State<Shared>, request: axum::extract::Request) -> Response {
     let limit = state.config.limits.max_body_bytes;
-    crate::server::codec::set_grpc_limits(&state.config);
+    crate::codec::set_grpc_limits(&state.config);
     let service = grpc::profiles_service_server::ProfilesServiceServer::new(Collector { state })
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .max_decoding_message_size(limit);
-    crate::server::querier::serve_grpc(tonic::service::Routes::new(service), request).await
+    crate::querier::serve_grpc(tonic::service::Routes::new(service), request).await
 }

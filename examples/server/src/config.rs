@@ -176,8 +176,8 @@ pub struct TenantConfig {
 
 impl Config {
     /// The retention of every tenant: the server's, and the tenants' own.
-    pub fn retention(&self) -> crate::server::tenants::Retention {
-        crate::server::tenants::Retention {
+    pub fn retention(&self) -> crate::tenants::Retention {
+        crate::tenants::Retention {
             default: self.retention,
             tenants: self
                 .tenants
@@ -442,22 +442,22 @@ impl Limits {
         if self.max_uri_bytes < 1024 || self.max_header_bytes < 1024 {
             return Err("`max_uri_bytes` and `max_header_bytes` must be at least 1024".into());
         }
-        if self.max_uri_bytes > crate::server::connections::HYPER_MAX_URI_BYTES {
+        if self.max_uri_bytes > crate::connections::HYPER_MAX_URI_BYTES {
             return Err(format!(
                 "`max_uri_bytes` must be at most {}",
-                crate::server::connections::HYPER_MAX_URI_BYTES
+                crate::connections::HYPER_MAX_URI_BYTES
             ));
         }
-        let hyper = crate::server::connections::HYPER_MAX_HEAD_BYTES;
+        let hyper = crate::connections::HYPER_MAX_HEAD_BYTES;
         if self.max_uri_bytes + self.max_header_bytes > hyper {
             return Err(format!(
                 "`max_uri_bytes` and `max_header_bytes` together must be at most {hyper}"
             ));
         }
-        if self.max_headers > crate::server::connections::HYPER_MAX_HEADERS {
+        if self.max_headers > crate::connections::HYPER_MAX_HEADERS {
             return Err(format!(
                 "`max_headers` must be at most {}",
-                crate::server::connections::HYPER_MAX_HEADERS
+                crate::connections::HYPER_MAX_HEADERS
             ));
         }
         Ok(())
@@ -592,21 +592,20 @@ impl Config {
                     ));
                 }
             }
-            crate::server::tenants::validate_tenant(&job.tenant)
+            crate::tenants::validate_tenant(&job.tenant)
                 .map_err(|e| format!("scrape job {:?}: {e}", job.job))?;
         }
         if let Some(ebpf) = &self.ebpf {
             if !ebpf.pids.is_empty() && ebpf.cgroup.is_some() {
                 return Err("[ebpf]: give `pids` or `cgroup`, not both".into());
             }
-            crate::server::tenants::validate_tenant(&ebpf.tenant)
-                .map_err(|e| format!("[ebpf]: {e}"))?;
-            crate::server::ebpf::sampler_config(ebpf)
+            crate::tenants::validate_tenant(&ebpf.tenant).map_err(|e| format!("[ebpf]: {e}"))?;
+            crate::ebpf::sampler_config(ebpf)
                 .validate()
                 .map_err(|e| format!("[ebpf]: {e}"))?;
         }
         for id in self.tenants.keys() {
-            crate::server::tenants::validate_tenant(id).map_err(|e| format!("[tenants]: {e}"))?;
+            crate::tenants::validate_tenant(id).map_err(|e| format!("[tenants]: {e}"))?;
         }
         if self.token.as_deref() == Some("") {
             return Err("`token` is empty".into());
@@ -705,7 +704,8 @@ mod tests {
 
     #[test]
     fn the_example_config_parses_sets_the_defaults_and_lists_every_key() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb.example.toml");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../frostdb.example.toml");
         let text = std::fs::read_to_string(&path).unwrap();
         let c = Config::load(&path).unwrap();
         let defaults: Config = toml::from_str("").unwrap();

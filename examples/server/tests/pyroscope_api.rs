@@ -571,7 +571,7 @@ async fn querier_errors_are_connect_errors_with_the_right_codes() {
 
 #[tokio::test]
 async fn grpc_and_grpc_web_give_the_connect_answers() {
-    use frostdb_examples::server::querier::grpc::querier::querier_service_client::QuerierServiceClient;
+    use frostdb_server::querier::grpc::querier::querier_service_client::QuerierServiceClient;
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("data"), None);
     let want = cpu_total();
@@ -781,7 +781,7 @@ async fn generated_python_clients_agree_over_grpc_grpc_web_and_connect() {
     .await;
     let total = top["total"].as_i64().unwrap();
     assert!(total > 0, "{top}");
-    let protos = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../frostdb-pprof/proto");
+    let protos = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../frostdb-pprof/proto");
     let out = tokio::process::Command::new(&python)
         .arg(common::e2e_script("querier_client.py"))
         .args([

@@ -14,9 +14,9 @@ use frostdb_pprof::ValidProfile;
 use frostdb_pprof::convert::folded::{self, Units};
 
 use super::{Incoming, body_bytes, content_type, store};
-use crate::server::edge::RequestMemory;
-use crate::server::error::{ApiError, ApiResult};
-use crate::server::{Shared, TenantId};
+use crate::edge::RequestMemory;
+use crate::error::{ApiError, ApiResult};
+use crate::{Shared, TenantId};
 
 /// `POST /ingest`.
 pub async fn handle(

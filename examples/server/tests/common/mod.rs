@@ -12,7 +12,7 @@ pub(crate) fn shared() -> PathBuf {
     if let Ok(dir) = std::env::var("FROSTDB_SHARED") {
         return PathBuf::from(dir);
     }
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared");
     if beside.exists() {
         return beside;
     }
@@ -237,14 +237,14 @@ pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Val
 
 /// Percent-encodes a query parameter value.
 #[allow(unused_imports)]
-pub(crate) use frostdb_examples::url_encode as enc;
+pub(crate) use frostdb_server::url_encode as enc;
 
 /// The Python of target/test-venv (scripts/test.sh installs pyroscope-io and Playwright).
 pub(crate) fn venv_python(module: &str) -> Option<std::path::PathBuf> {
     let venv = std::env::var("FROSTDB_TEST_VENV")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-venv")
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/test-venv")
         });
     let python = venv.join("bin/python");
     let ok = std::process::Command::new(&python)

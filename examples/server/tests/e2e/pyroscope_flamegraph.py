@@ -6,7 +6,7 @@ Usage: pyroscope_flamegraph.py RENDER_URL BUNDLE_DIR SCREENSHOT_DIR EXPECTED_FUN
 RENDER_URL is a `GET /pyroscope/render?query=...` of a frostdb server; FROSTDB_TOKEN (sent as
 `Authorization: Bearer ...`, or as is when it already names a scheme) and FROSTDB_TENANT
 (sent as `X-Scope-OrgID`) are passed along when set. BUNDLE_DIR holds bundle.js and
-bundle.css, built by `npm run build` in examples/tests/e2e/flamegraph (@pyroscope/flamegraph's
+bundle.css, built by `npm run build` in examples/server/tests/e2e/flamegraph (@pyroscope/flamegraph's
 FlamegraphRenderer with React). The page is a file in a temporary folder with the bundle and
 the answer inlined; it loads nothing else (any other request fails the run).
 

@@ -16,11 +16,11 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use frostdb_core::{Db, DbOptions};
-use frostdb_examples::time::parse_time;
 use frostdb_pprof::report;
 use frostdb_pprof::{Aggregation, IngestOptions, MergeOptions, ProfileStore, StoreOptions};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
+use frostdb_server::time::parse_time;
 
 #[derive(Parser)]
 #[command(
@@ -211,8 +211,8 @@ fn not_server_data(data: &Path) -> BoxError {
 
 /// The tenant named, checked as the server checks it, or the server's default.
 fn tenant_id(tenant: Option<&str>) -> Result<&str, BoxError> {
-    let id = tenant.unwrap_or(frostdb_examples::server::config::DEFAULT_TENANT);
-    frostdb_examples::server::tenants::validate_tenant(id).map_err(|e| format!("--tenant: {e}"))?;
+    let id = tenant.unwrap_or(frostdb_server::config::DEFAULT_TENANT);
+    frostdb_server::tenants::validate_tenant(id).map_err(|e| format!("--tenant: {e}"))?;
     Ok(id)
 }
 
@@ -522,7 +522,7 @@ fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
         output,
     } = args;
     let selector = Selector::parse(&selector)?;
-    let now = frostdb_examples::time::now_ms();
+    let now = frostdb_server::time::now_ms();
     let range = TimeRange {
         start_ms: from
             .map(|t| parse_time(&t, now))
@@ -628,7 +628,7 @@ fn show_time(ms: i64) -> String {
 /// Runs read-only SQL: what the server's SQL API refuses is refused here, with the same
 /// message.
 fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
-    use frostdb_examples::server::query::MAX_SQL_BYTES;
+    use frostdb_server::query::MAX_SQL_BYTES;
     if q.trim().is_empty() {
         return Err("empty SQL".into());
     }
@@ -653,7 +653,7 @@ fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
 }
 
 fn parse_retention(s: &str) -> Result<std::time::Duration, String> {
-    match frostdb_examples::time::parse_duration_ms(s)? {
+    match frostdb_server::time::parse_duration_ms(s)? {
         ms if ms > 0 => Ok(std::time::Duration::from_millis(ms as u64)),
         _ => Err(format!("{s:?}: retention must be positive")),
     }
@@ -667,7 +667,6 @@ fn serve(
     (ebpf, ebpf_frequency): (bool, Option<u64>),
     retention: Option<std::time::Duration>,
 ) -> Result<ExitCode, BoxError> {
-    use frostdb_examples::server;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FROSTDB_LOG")
@@ -677,8 +676,8 @@ fn serve(
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let mut config = match config {
-        Some(path) => server::Config::load(&path)?,
-        None => server::Config::default(),
+        Some(path) => frostdb_server::Config::load(&path)?,
+        None => frostdb_server::Config::default(),
     };
     if let Some(data) = data {
         config.data = data;
@@ -701,7 +700,7 @@ fn serve(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(server::serve(config))?;
+    runtime.block_on(frostdb_server::serve(config))?;
     Ok(ExitCode::SUCCESS)
 }
 
