@@ -31,7 +31,7 @@ use crate::schema::{Schema, validate_static_name};
 use crate::storage::Storage;
 use crate::table::{Durable, Table, TableConfig, WorkerMessage, Workers};
 use crate::wal::{self, FileWal, Wal};
-use crate::workers::WorkerPool;
+use crate::workers::{Maintenance, WorkerPool};
 
 /// A database: named tables sharing background workers and, on disk, a manifest, WALs and
 /// an object store of persisted blocks.
@@ -854,11 +854,4 @@ impl Maintenance for Cutter {
             }
         }
     }
-}
-
-/// Work an embedder runs alongside the database's own retention, on its maintenance thread
-/// (e.g. deleting what no retained row refers to any more).
-pub trait Maintenance: Send + Sync {
-    /// Runs one pass; `now_ms` is the time retention used.
-    fn run(&self, now_ms: i64);
 }

@@ -2,7 +2,6 @@
 //! instead of sleeping.
 
 use crate::error::Error;
-use crate::index::compaction::{CompactionJob, CompactionOutcome};
 use crate::manifest::BlockMeta;
 
 /// Receives engine events. Every method has an empty default; implement what you need.
@@ -61,3 +60,33 @@ pub trait EventListener: Send + Sync + 'static {
 pub struct NoopListener;
 
 impl EventListener for NoopListener {}
+
+/// A public description of a compaction step, for listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactionJob {
+    /// Shallowest level the inputs come from (0 = L0).
+    pub from_level: usize,
+    /// Level the output run goes to.
+    pub to_level: usize,
+    /// Number of parts and runs merged (1 for a move).
+    pub inputs: usize,
+    /// Rows in the inputs.
+    pub rows: usize,
+    /// Whether the step moved a run without rewriting it.
+    pub moved: bool,
+}
+
+/// What a finished compaction step produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactionOutcome {
+    /// The step.
+    pub job: CompactionJob,
+    /// Granules in the output run.
+    pub granules: usize,
+    /// Arrow memory of the inputs.
+    pub bytes_before: usize,
+    /// Arrow memory of the output.
+    pub bytes_after: usize,
+}

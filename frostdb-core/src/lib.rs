@@ -1,14 +1,21 @@
 //! The frostdb-rs storage engine.
 //!
-//! Data flows in this order through the modules:
+//! Data flows in this order through the modules; each uses only those above it, except
+//! where noted:
 //!
 //! | module | what |
 //! |---|---|
-//! | `schema` | column definitions, dynamic columns (`labels.*`), sorting columns, the effective schema |
-//! | `write` | checking and normalising inserted batches |
-//! | `table` | commits (transaction ids, snapshot publication), compaction driving |
+//! | `schema`, `scalar` | column definitions, dynamic columns (`labels.*`), sorting columns, the effective schema; typed values |
+//! | `predicate` | what scans filter by (`col`), exact column statistics, predicates bound to a schema and checked against rows or statistics |
+//! | `write`, `dictionary` | checking and normalising inserted batches |
+//! | `wal` | the checksummed, segmented log a write is fsynced to before it is acknowledged |
+//! | `io`, `fs`, `storage`, `manifest` | blocks written as Parquet to an object store and read back pruned; the manifest that lists them |
 //! | `index` | the LSM levels: L0 parts, sorted runs of granules with exact statistics, compaction |
-//! | `scan` | snapshots, projections, predicates, pruning, sorted merges |
+//! | `scan` | snapshots, projections, pruning, sorted merges |
+//! | `events` | what background work tells an embedder (compactions, persistence, retention) |
+//! | `commit`, `table` | transactions (the commit log), snapshot publication, persistence, retention, compaction driving; the two call each other |
+//! | `workers` | the threads that persist, compact and run maintenance for every table of a pool (they call `table`, and `options` names a pool) |
+//! | `db` | opening, recovery, the tables of a database, shared buckets and leases |
 //!
 //! A table's state is an immutable version swapped atomically on each commit or compaction:
 //! a reader's snapshot is one pointer copy and sees every transaction up to its watermark,
@@ -70,6 +77,7 @@ mod error;
 mod events;
 pub mod fs;
 #[doc(hidden)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod index;
 mod io;
@@ -77,12 +85,14 @@ mod lease;
 mod lock;
 mod manifest;
 mod options;
+mod predicate;
 mod scalar;
 mod scan;
 mod schema;
 mod storage;
 mod table;
 #[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod wal;
 mod workers;
@@ -91,23 +101,22 @@ mod write;
 pub use bucket::Bucket;
 pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
 pub use commit::{Submitted, Transaction};
-pub use db::{Db, Maintenance};
+pub use db::Db;
 pub use error::{Error, ErrorKind, Result};
-pub use events::{EventListener, NoopListener};
-pub use index::chunk::ColumnStats;
-pub use index::compaction::{CompactionJob, CompactionOutcome};
+pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};
 pub use lock::{DirLock, LOCK_FILE};
 pub use manifest::{BlockMeta, BlockSlice};
 pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
+pub use predicate::{CmpOp, Col, ColumnStats, Predicate, col};
 pub use scalar::Scalar;
-pub use scan::{CmpOp, Col, Predicate, Projection, Scan, ScanMetrics, ScanRequest, Snapshot, col};
+pub use scan::{Projection, Scan, ScanMetrics, ScanRequest, Snapshot};
 pub use schema::{
     ColumnDef, Compression, Encoding, MAX_NAME_LEN, Schema, SchemaBuilder, SortingColumn,
     TableSchema,
 };
 pub use table::{LevelStats, Table, TableStats};
 pub use wal::WalStats;
-pub use workers::WorkerPool;
+pub use workers::{Maintenance, WorkerPool};
 
 /// Milliseconds since the Unix epoch, now: the clock of timestamps, retention and ingest
 /// (0 if the system clock is before 1970).

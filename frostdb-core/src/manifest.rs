@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::fs::FileSystem;
-use crate::index::chunk::ColumnStats;
 use crate::io::Io;
 use crate::options::TableOptions;
+use crate::predicate::ColumnStats;
 use crate::schema::Schema;
 
 /// 2: one WAL for the database (`wal/<tx>.wal`, multi-table records); 1 had one per table.

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::db::Maintenance;
 use crate::error::{Error, Result};
 use crate::index::compaction::Mode;
 use crate::io::Io;
@@ -243,4 +242,11 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
             }
         }
     }
+}
+
+/// Work an embedder runs alongside the database's own retention, on its maintenance thread
+/// (e.g. deleting what no retained row refers to any more).
+pub trait Maintenance: Send + Sync {
+    /// Runs one pass; `now_ms` is the time retention used.
+    fn run(&self, now_ms: i64);
 }

@@ -155,6 +155,12 @@ pub struct DrainCounts {
     /// The kernel's own count of samples recorded in the buffer minus `sampled`: nonzero
     /// only if a program wrote to the buffer after the swap (never, with the RCU wait).
     pub unaccounted: i64,
+    /// Samples whose stack (hash given, nonzero) was not in the stack map: kept with that
+    /// stack empty, counted here and logged, never silently.
+    pub missing_stacks: u64,
+    /// Map entries that could not be removed after reading: left in the buffer, they would
+    /// be read again at its next turn; counted here and logged.
+    pub stale_entries: u64,
 }
 
 /// Totals since the probe was attached.
@@ -346,15 +352,27 @@ impl Probe {
             let depth = ips.iter().position(|&ip| ip < 4096).unwrap_or(ips.len());
             stacks.insert(hash, ips[..depth].to_vec());
         }
-        let frames = |hash: u64| stacks.get(&hash).cloned().unwrap_or_default();
+        // A hash of 0 is no stack (none was taken); another one missing from the stack map
+        // is a sample whose stack was lost.
+        let mut missing_stacks = 0u64;
+        let mut frames = |hash: u64| match stacks.get(&hash) {
+            Some(frames) => frames.clone(),
+            None => {
+                if hash != 0 {
+                    missing_stacks += 1;
+                }
+                Vec::new()
+            }
+        };
         let mut samples = Vec::with_capacity(keys.len());
         let mut sampled = 0;
         for (key, count) in &keys {
             sampled += count;
+            let user = frames(key.user_stack);
             samples.push(RawSample {
                 pid: key.pid,
                 comm: comm(&key.comm),
-                user: frames(key.user_stack),
+                user,
                 user_end: key
                     .user_end
                     .checked_sub(1)
@@ -363,12 +381,29 @@ impl Probe {
                 count: *count,
             });
         }
+        if missing_stacks > 0 {
+            tracing::warn!(
+                missing_stacks,
+                "eBPF samples whose stack was not in the stack map; kept without it"
+            );
+        }
         // Clear both maps of this buffer for its next turn.
+        let mut stale_entries = 0u64;
+        let mut last_error = None;
         for (key, _) in &keys {
-            let _ = buffer.counts.remove(key);
+            if let Err(e) = buffer.counts.remove(key) {
+                stale_entries += 1;
+                last_error = Some(e.to_string());
+            }
         }
         for hash in stacks.keys() {
-            let _ = buffer.stacks.remove(hash);
+            if let Err(e) = buffer.stacks.remove(hash) {
+                stale_entries += 1;
+                last_error = Some(e.to_string());
+            }
+        }
+        if let Some(error) = last_error {
+            tracing::error!(stale_entries, %error, "eBPF map entries could not be removed after a drain; they will be read again");
         }
         let kept = self.take_total(T_SAMPLED + old)?;
         let dropped = self.take_total(T_DROPPED + old)?;
@@ -383,6 +418,8 @@ impl Probe {
                 sampled,
                 dropped,
                 unaccounted,
+                missing_stacks,
+                stale_entries,
             },
         ))
     }

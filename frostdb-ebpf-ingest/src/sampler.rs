@@ -119,6 +119,12 @@ pub struct Stats {
     /// Sum of [`DrainCounts::unaccounted`](crate::DrainCounts): 0 when the double buffer
     /// neither lost nor double-counted a sample.
     pub unaccounted: i64,
+    /// Sum of [`DrainCounts::missing_stacks`](crate::DrainCounts): samples kept without
+    /// their lost stack.
+    pub missing_stacks: u64,
+    /// Sum of [`DrainCounts::stale_entries`](crate::DrainCounts): map entries a drain could
+    /// not remove.
+    pub stale_entries: u64,
     /// What the kernel side counted.
     pub kernel: KernelTotals,
     /// Symbolization totals.
@@ -265,6 +271,8 @@ fn run(
         stats.samples += interval.samples;
         stats.dropped += interval.dropped;
         stats.unaccounted += counts.unaccounted;
+        stats.missing_stacks += counts.missing_stacks;
+        stats.stale_entries += counts.stale_entries;
         tracing::debug!(
             processes = interval.profiles.len(),
             samples = interval.samples,

@@ -206,6 +206,8 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
         "a sample was lost or counted twice at a swap"
     );
     assert_eq!(stats.dropped, 0);
+    // Every sample's stacks were found, and every read entry was cleared.
+    assert_eq!((stats.missing_stacks, stats.stale_entries), (0, 0));
     // Both programs always have a user stack, and the stack maps never filled.
     assert_eq!(
         (stats.kernel.no_user_stack, stats.kernel.stacks_full),

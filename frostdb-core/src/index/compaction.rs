@@ -17,6 +17,7 @@ use super::chunk::Chunk;
 use super::merge::{Input, Merge, SortKey};
 use super::version::{Part, Run, Version};
 use crate::error::Result;
+use crate::events::{CompactionJob, CompactionOutcome};
 use crate::options::TableOptions;
 
 /// What compaction decided to do.
@@ -114,36 +115,6 @@ pub(crate) fn choose(v: &Version, options: &TableOptions, mode: Mode) -> Choice 
             }
         }
     }
-}
-
-/// A public description of a compaction step, for listeners.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CompactionJob {
-    /// Shallowest level the inputs come from (0 = L0).
-    pub from_level: usize,
-    /// Level the output run goes to.
-    pub to_level: usize,
-    /// Number of parts and runs merged (1 for a move).
-    pub inputs: usize,
-    /// Rows in the inputs.
-    pub rows: usize,
-    /// Whether the step moved a run without rewriting it.
-    pub moved: bool,
-}
-
-/// What a finished compaction step produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CompactionOutcome {
-    /// The step.
-    pub job: CompactionJob,
-    /// Granules in the output run.
-    pub granules: usize,
-    /// Arrow memory of the inputs.
-    pub bytes_before: usize,
-    /// Arrow memory of the output.
-    pub bytes_after: usize,
 }
 
 /// The result of executing a choice, ready to [`apply`].

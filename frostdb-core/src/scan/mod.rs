@@ -1,9 +1,6 @@
 //! Reading a snapshot: projection, predicates with pruning by chunk statistics, limits, and
 //! sort-ordered output.
 
-pub(crate) mod bound;
-pub(crate) mod predicate;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,14 +10,15 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::{FieldRef, Schema as ArrowSchema, SchemaRef};
 
 use crate::error::{Error, Result};
-use crate::index::chunk::{Chunk, ColumnStats};
+use crate::index::chunk::Chunk;
 use crate::index::merge::{BatchStream, Input, Merge, SortKey, align_batch};
 use crate::index::version::Version;
 use crate::manifest::BlockMeta;
+use crate::predicate::ColumnStats;
+use crate::predicate::Predicate;
+use crate::predicate::bound::{self, Bound};
 use crate::schema::{ColumnName, TableSchema, field_for};
 use crate::storage::{BlockPlan, Storage};
-use bound::Bound;
-pub use predicate::{CmpOp, Col, Predicate, col};
 
 /// Which columns a scan returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,9 +13,9 @@ use std::cmp::Ordering;
 use arrow::array::RecordBatch;
 use serde::{Deserialize, Serialize};
 
+use crate::predicate::CmpOp;
+use crate::predicate::bound::Bound;
 use crate::scalar::Scalar;
-use crate::scan::CmpOp;
-use crate::scan::bound::Bound;
 
 /// The footer key the ranges are stored under.
 pub(crate) const FOOTER_KEY: &str = "frostdb.row_group_keys";
@@ -428,8 +428,8 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scan::bound::bind;
-    use crate::scan::col;
+    use crate::predicate::bound::bind;
+    use crate::predicate::col;
 
     fn keys() -> RowGroupKeys {
         let column = |name: &str| KeyColumn {

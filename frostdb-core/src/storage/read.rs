@@ -20,10 +20,10 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use super::Storage;
 use super::keys::RowGroupKeys;
 use crate::error::{Error, Result};
-use crate::index::chunk::ColumnStats;
 use crate::manifest::BlockMeta;
+use crate::predicate::ColumnStats;
+use crate::predicate::bound::Bound;
 use crate::scalar::Scalar;
-use crate::scan::bound::Bound;
 use crate::schema::FieldIndex;
 
 /// A block's object as Parquet's async reader wants it: ranged reads from the store, the

@@ -12,10 +12,10 @@ use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 
 use super::TableInner;
 use crate::error::{Error, Result};
-use crate::index::chunk::ColumnStats;
 use crate::index::merge::{Input, Merge, SortKey};
 use crate::index::version::Version;
 use crate::manifest::BlockMeta;
+use crate::predicate::ColumnStats;
 use crate::scan::{ScanRequest, Snapshot};
 use crate::storage::Block;
 

@@ -42,7 +42,7 @@ pub(crate) enum WorkerMessage {
     /// A table to watch every interval: retention, and retries of failed persistence.
     Register(Weak<TableInner>, std::time::Duration),
     /// An embedder's task to run every interval (after retention).
-    Maintenance(Weak<dyn crate::db::Maintenance>, std::time::Duration),
+    Maintenance(Weak<dyn crate::workers::Maintenance>, std::time::Duration),
     /// The WAL outgrew its limit: persist the table holding its oldest segment.
     RelieveWal(Weak<CommitLog>),
     Shutdown,

@@ -8,10 +8,10 @@ use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 
 use super::{Durable, TableInner};
 use crate::error::{Error, Result};
-use crate::index::chunk::ColumnStats;
 use crate::index::merge::{Input, Merge, SortKey};
 use crate::index::version::{Frozen, Version};
 use crate::manifest::BlockMeta;
+use crate::predicate::ColumnStats;
 use crate::storage::Block;
 
 impl TableInner {

@@ -73,10 +73,9 @@ pub struct StoreOptions {
 /// The default options of the samples, spans and totals tables: the engine's, with a level
 /// fanout of 8 instead of 4. At fleet rates compaction is a tenth of the ingest CPU, and
 /// every sample row is rewritten once per level it passes; with 8 runs merged at a time a
-/// block of four million rows passes three levels instead of four. (`frostdb-bench ingest
-/// --pprof` on shared/bench's small fleet, six interleaved runs: compaction 20 against
-/// 24 us a profile, 9,091 against 8,494 profiles a second.) Queries of the block being
-/// written merge up to seven runs a level, where they merged three.
+/// block of four million rows passes three levels instead of four (the measurement is in
+/// the README's benchmark notes). Queries of the block being written merge up to seven
+/// runs a level, where they merged three.
 pub(super) fn samples_table_options() -> TableOptions {
     TableOptions::default().level_fanout(8)
 }

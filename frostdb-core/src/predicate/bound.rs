@@ -9,9 +9,9 @@ use arrow::compute::{and_kleene, not, or_kleene, take};
 use arrow::datatypes::DataType;
 use regex::{Regex, RegexBuilder};
 
-use super::predicate::{CmpOp, Predicate};
+use super::expr::{CmpOp, Predicate};
+use super::stats::ColumnStats;
 use crate::error::{Error, Result};
-use crate::index::chunk::ColumnStats;
 use crate::scalar::Scalar;
 use crate::schema::{ColumnName, TableSchema, field_for};
 
