@@ -1,0 +1,218 @@
+//! The legacy render API: `GET /pyroscope/render` and `/pyroscope/render-diff`, flamebearer
+//! JSON with timelines.
+
+use super::*;
+
+/// A render parameter.
+pub(super) fn param<'a>(params: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(n, _)| names.contains(&n.as_str()))
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// A render time: `now-1h` and the like, RFC 3339, or a Unix time in seconds (milliseconds
+/// when it is that large).
+pub(super) fn render_time(value: Option<&str>, what: &str, default: i64) -> ApiResult<i64> {
+    let Some(v) = value.map(str::trim) else {
+        return Ok(default);
+    };
+    if let Ok(n) = v.parse::<i64>() {
+        let ms = if n.unsigned_abs() < 100_000_000_000 {
+            n * 1000
+        } else {
+            n
+        };
+        return crate::time::checked_ms(ms, what).map_err(ApiError::bad_request);
+    }
+    crate::time::parse_time(v, crate::time::now_ms())
+        .map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+}
+
+/// The selector and range of a render query (`query`, `from`, `until`, or their prefixed
+/// names in a diff).
+pub(super) fn render_query(
+    params: &[(String, String)],
+    query: &str,
+    from: &str,
+    until: &str,
+) -> ApiResult<(TypedSelector, TimeRange)> {
+    let text = param(params, &[query]).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "{query} is required: a profile type and labels, e.g. {}{{service_name=\"api\"}}",
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
+        ))
+    })?;
+    let selector = Selector::from_parts("", text)
+        .map_err(|e| ApiError::from(e).context(query))?
+        .typed()
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{query} needs a profile type (name:sample_type:sample_unit:period_type:period_unit{{…}})"
+            ))
+        })?;
+    let now = crate::time::now_ms();
+    let start = render_time(param(params, &[from]), from, now - 3_600_000)?;
+    let end = render_time(param(params, &[until]), until, now)?;
+    if start >= end {
+        return Err(ApiError::bad_request(format!(
+            "{from} ({start} ms) must be before {until} ({end} ms)"
+        )));
+    }
+    Ok((
+        selector,
+        TimeRange {
+            start_ms: start,
+            end_ms: end,
+        },
+    ))
+}
+
+/// `max-nodes` or `maxNodes` of a render.
+pub(super) fn render_max_nodes(params: &[(String, String)]) -> ApiResult<usize> {
+    match param(params, &["max-nodes", "maxNodes"]) {
+        None => Ok(tree::DEFAULT_MAX_NODES),
+        Some(v) => max_nodes(Some(v.parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!("max-nodes: {v:?} is not a number"))
+        })?)),
+    }
+}
+
+/// `GET /pyroscope/render`: the merged flame graph with its timeline (and one per value of
+/// the first `groupBy` label), as flamebearer JSON.
+pub(super) async fn render(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    headers: HeaderMap,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let (selector, range) = render_query(&params, "query", "from", "until")?;
+    let max_nodes = render_max_nodes(&params)?;
+    let q = Querier {
+        state,
+        tenant,
+        utf8_names: allows_utf8_names(&headers),
+    };
+    match param(&params, &["format"]) {
+        None | Some("json") => {}
+        // The call graph, as Pyroscope answers it (100 nodes unless `max-nodes` says).
+        Some("dot") => {
+            let nodes = param(&params, &["max-nodes", "maxNodes"])
+                .map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
+            let merged = q.merge(selector, range).await?;
+            let body = if merged.samples.is_empty() {
+                String::new()
+            } else {
+                dot::render(&merged, nodes)
+            };
+            return Ok(([(header::CONTENT_TYPE, "text/plain")], body).into_response());
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "format {other:?} (json or dot)"
+            )));
+        }
+    }
+    let group_by: Vec<String> = params
+        .iter()
+        .filter(|(n, v)| n == "groupBy" && !v.is_empty())
+        .map(|(_, v)| v.clone())
+        .collect();
+    let average = match param(&params, &["aggregation"]) {
+        None | Some("sum") => false,
+        Some("avg") | Some("average") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "aggregation {other:?} (sum or avg)"
+            )));
+        }
+    };
+    let profile_type = selector.profile_type().clone();
+    // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph merges as
+    // every merge here does (gauges averaged, the rest summed).
+    let merged = q.merge(selector.clone(), range).await?;
+    let graph = FlameGraph::build_truncated(&merged, max_nodes);
+    let mut fb = Flamebearer::new(
+        Levels::of(&graph),
+        &profile_type.sample_type,
+        &profile_type.sample_unit,
+        None,
+    );
+    let step_s = timeline_step_s(range.start_ms, range.end_ms);
+    if (range.end_ms - range.start_ms) / (step_s * 1000)
+        > frostdb_pprof::report::pyroscope::MAX_TIMELINE
+    {
+        return Err(ApiError::bad_request(
+            "the range is too long for a timeline",
+        ));
+    }
+    let by = group_by.first().cloned();
+    let series = q
+        .read(Vec::new(), move |store| {
+            let group: Vec<String> = by.into_iter().collect();
+            Ok(store.range(&selector, range, step_s * 1000, Some(&group))?)
+        })
+        .await?;
+    let timeline = |s: &frostdb_profile::native::Series| {
+        let points: Vec<(i64, f64)> = s.values(average).collect();
+        Timeline::new(&points, range.start_ms, range.end_ms, step_s)
+    };
+    let all: Vec<(i64, f64)> = series.iter().flat_map(|s| s.values(false)).collect();
+    fb.timeline = Some(Timeline::new(&all, range.start_ms, range.end_ms, step_s));
+    if let Some(label) = group_by.first() {
+        fb.groups = Some(
+            series
+                .iter()
+                .map(|s| {
+                    let key = s
+                        .labels
+                        .iter()
+                        .find(|(n, _)| n == label)
+                        .map_or("*".to_owned(), |(_, v)| v.clone());
+                    (key, timeline(s))
+                })
+                .collect(),
+        );
+    } else if average {
+        fb.timeline = series.first().map(timeline);
+    }
+    Ok(axum::Json(fb).into_response())
+}
+
+/// `GET /pyroscope/render-diff`: `leftQuery`/`leftFrom`/`leftUntil` against the `right…`
+/// ones, as flamebearer JSON of format `double`; each side merged as `/api/v1/query` merges
+/// it (gauges averaged) unless `aggregation=sum|average|latest` says otherwise, the header
+/// `X-Frostdb-Aggregation` saying which.
+pub(super) async fn render_diff(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    Query(params): Query<Vec<(String, String)>>,
+) -> ApiResult<Response> {
+    let left = render_query(&params, "leftQuery", "leftFrom", "leftUntil")?;
+    let right = render_query(&params, "rightQuery", "rightFrom", "rightUntil")?;
+    let max_nodes = render_max_nodes(&params)?;
+    let profile_type = left.0.profile_type().clone();
+    let aggregation = match param(&params, &["aggregation"]) {
+        Some(a) => Aggregation::parse(a).map_err(ApiError::bad_request)?,
+        None => Aggregation::default_for(&profile_type),
+    };
+    let q = Querier {
+        state,
+        tenant,
+        utf8_names: false,
+    };
+    let (levels, left_ticks, right_ticks) =
+        q.diff_levels(left, right, max_nodes, aggregation).await?;
+    let fb = Flamebearer::new(
+        levels,
+        &profile_type.sample_type,
+        &profile_type.sample_unit,
+        Some((left_ticks, right_ticks)),
+    );
+    let said = [(
+        crate::query::AGGREGATION_HEADER,
+        header::HeaderValue::from_static(aggregation.name()),
+    )];
+    Ok((said, axum::Json(fb)).into_response())
+}

@@ -1,0 +1,443 @@
+//! The transports of the query and settings services: Connect unary (binary protobuf or
+//! proto3 JSON) and gRPC / gRPC-Web through tonic, on the same paths; each request is
+//! decoded, checked and handed to [`super::methods`].
+
+use super::*;
+
+/// The enum fields of the query API's requests that change an answer's meaning, as proto3
+/// JSON sends them (a name or a number), at the top level or in a diff's `left` and
+/// `right`; every other field is skipped without being read into memory. `format` is not
+/// among them: a format the protos lack is answered with the flame graph, as Pyroscope
+/// (protojson discarding unknown names) does, and Grafana's Drilldown relies on it.
+#[derive(serde::Deserialize)]
+pub(super) struct JsonEnums {
+    #[serde(default)]
+    pub(super) aggregation: Option<serde_json::Value>,
+    #[serde(default)]
+    pub(super) left: Option<Box<JsonEnums>>,
+    #[serde(default)]
+    pub(super) right: Option<Box<JsonEnums>>,
+}
+
+/// Refuses an aggregation the protos lack in a JSON request: decoded, it would read as the
+/// default (a sum), where a client asking for another should hear it is not there. Unknown
+/// fields stay skipped.
+pub(super) fn check_json_enums(body: &[u8]) -> ApiResult<()> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(());
+    }
+    // A body that is not a JSON object is the decoder's to report.
+    let Ok(enums) = serde_json::from_slice::<JsonEnums>(body) else {
+        return Ok(());
+    };
+    fn known(
+        value: &Option<serde_json::Value>,
+        field: &str,
+        by_name: fn(&str) -> bool,
+        by_number: fn(i32) -> bool,
+        names: &str,
+    ) -> ApiResult<()> {
+        let ok = match value {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::String(name)) => by_name(name),
+            Some(serde_json::Value::Number(n)) => n
+                .as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .is_some_and(by_number),
+            Some(_) => false,
+        };
+        if ok {
+            return Ok(());
+        }
+        let shown: String = value
+            .as_ref()
+            .map(|v| v.to_string())
+            .unwrap_or_default()
+            .chars()
+            .take(64)
+            .collect();
+        Err(ApiError::bad_request(format!(
+            "{field} {shown} is not one of {names}"
+        )))
+    }
+    let mut all = vec![&enums];
+    all.extend(enums.left.as_deref());
+    all.extend(enums.right.as_deref());
+    for e in all {
+        known(
+            &e.aggregation,
+            "aggregation",
+            |n| types::TimeSeriesAggregationType::from_str_name(n).is_some(),
+            |n| types::TimeSeriesAggregationType::try_from(n).is_ok(),
+            "TIME_SERIES_AGGREGATION_TYPE_SUM, TIME_SERIES_AGGREGATION_TYPE_AVERAGE",
+        )?;
+    }
+    Ok(())
+}
+
+/// The encoding of a Connect unary request and its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// `application/proto`: binary protobuf.
+    Proto,
+    /// `application/json`: proto3 JSON.
+    Json,
+}
+
+impl Codec {
+    /// The codec a request's `Content-Type` names.
+    pub fn of(headers: &HeaderMap) -> ApiResult<Self> {
+        let content_type = crate::ingest::content_type(headers);
+        match content_type.as_str() {
+            "application/proto" | "application/protobuf" | "application/x-protobuf" => {
+                Ok(Codec::Proto)
+            }
+            "application/json" | "" => Ok(Codec::Json),
+            other => Err(ApiError::unsupported(format!(
+                "content type {other:?}: Connect unary takes application/proto or application/json"
+            ))),
+        }
+    }
+
+    /// Decodes a request message, once its bytes show it within `limits`.
+    pub fn decode<M>(self, body: &[u8], limits: &frostdb_pprof::RequestLimits) -> ApiResult<M>
+    where
+        M: prost::Message + Default + serde::de::DeserializeOwned + Bounded,
+    {
+        let decoded = match self {
+            Codec::Proto => bounds::decode_protobuf("binary protobuf", body, limits),
+            Codec::Json if body.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
+            Codec::Json => bounds::decode_json("proto3 JSON", body, limits),
+        };
+        Ok(decoded?)
+    }
+
+    /// Encodes an answer.
+    pub fn encode<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
+        match self {
+            Codec::Proto => (
+                [(header::CONTENT_TYPE, "application/proto")],
+                message.encode_to_vec(),
+            )
+                .into_response(),
+            Codec::Json => match serde_json::to_vec(message) {
+                Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+                Err(e) => ApiError::internal(format!("answer to JSON: {e}")).into_response(),
+            },
+        }
+    }
+}
+
+/// The generated gRPC glue of the two services (messages: `frostdb_pprof::api`).
+#[allow(missing_docs, clippy::all, unreachable_pub, rust_2018_idioms)]
+pub mod grpc {
+    /// `querier.v1.QuerierService`.
+    pub mod querier {
+        include!(concat!(env!("OUT_DIR"), "/server/querier.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/client/querier.v1.rs"));
+    }
+    /// `settings.v1.SettingsService`.
+    pub mod settings {
+        include!(concat!(env!("OUT_DIR"), "/server/settings.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/client/settings.v1.rs"));
+    }
+}
+
+/// Whether a request speaks gRPC or gRPC-Web rather than Connect.
+pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Answers a gRPC or gRPC-Web request with tonic.
+pub(super) async fn grpc_call(state: Shared, request: axum::extract::Request) -> Response {
+    use tonic::codec::CompressionEncoding::Gzip;
+    crate::codec::set_grpc_limits(&state.config);
+    let routes = tonic::service::Routes::new(
+        grpc::querier::querier_service_server::QuerierServiceServer::new(GrpcQuerier {
+            state: state.clone(),
+        })
+        .accept_compressed(Gzip)
+        .send_compressed(Gzip),
+    )
+    .add_service(
+        grpc::settings::settings_service_server::SettingsServiceServer::new(GrpcSettings { state }),
+    );
+    serve_grpc(routes, request).await
+}
+
+/// Answers a gRPC or gRPC-Web request with tonic `routes`.
+pub(crate) async fn serve_grpc(
+    routes: tonic::service::Routes,
+    request: axum::extract::Request,
+) -> Response {
+    use tower::{Layer, ServiceExt};
+    match tonic_web::GrpcWebLayer::new()
+        .layer(routes)
+        .oneshot(request)
+        .await
+    {
+        Ok(response) => response.map(axum::body::Body::new),
+        Err(e) => ApiError::internal(format!("gRPC: {e}")).into_response(),
+    }
+}
+
+/// A Connect request's body, within the body limit, gunzipped when it says so.
+pub(super) async fn request_body(
+    state: &Shared,
+    request: axum::extract::Request,
+    memory: &crate::edge::RequestMemory,
+) -> ApiResult<axum::body::Bytes> {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, state.config.limits.max_body_bytes)
+        .await
+        .map_err(|e| {
+            ApiError::too_large(format!(
+                "the body: {e}: over {} bytes (limits.max_body_bytes)",
+                state.config.limits.max_body_bytes
+            ))
+        })?;
+    crate::ingest::body_bytes(state, &parts.headers, body, memory)
+}
+
+pub(super) async fn querier_call(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    memory: crate::edge::RequestMemory,
+    Path(method): Path<String>,
+    request: axum::extract::Request,
+) -> ApiResult<Response> {
+    if is_grpc(request.headers()) {
+        return Ok(grpc_call(state, request).await);
+    }
+    let headers = request.headers().clone();
+    let codec = Codec::of(&headers)?;
+    let body = request_body(&state, request, &memory).await?;
+    let limits = crate::codec::request_limits(&state.config);
+    let q = Querier {
+        state,
+        tenant: tenant.clone(),
+        utf8_names: allows_utf8_names(&headers),
+    };
+    macro_rules! unary {
+        ($method:ident) => {{
+            let request = codec.decode(&body, &limits)?;
+            // After the decode's pre-scan has bounded the body.
+            if codec == Codec::Json {
+                check_json_enums(&body)?;
+            }
+            Ok(codec.encode(&q.$method(request).await?))
+        }};
+    }
+    match method.as_str() {
+        "ProfileTypes" => unary!(profile_types),
+        "LabelNames" => unary!(label_names),
+        "LabelValues" => unary!(label_values),
+        "Series" => unary!(series),
+        "SelectMergeStacktraces" => unary!(select_merge_stacktraces),
+        "SelectMergeSpanProfile" => unary!(select_merge_span_profile),
+        "SelectMergeProfile" => unary!(select_merge_profile),
+        "SelectSeries" => unary!(select_series),
+        "Diff" => unary!(diff),
+        "GetProfileStats" => unary!(get_profile_stats),
+        "AnalyzeQuery" => unary!(analyze_query),
+        "SelectHeatmap" => Err(unimplemented(
+            "SelectHeatmap (individual profiles are not kept)",
+        )),
+        other => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("querier.v1.QuerierService has no method {other:?}"),
+        )),
+    }
+}
+
+pub(super) async fn settings_call(
+    State(state): State<Shared>,
+    TenantId(tenant): TenantId,
+    memory: crate::edge::RequestMemory,
+    Path(method): Path<String>,
+    request: axum::extract::Request,
+) -> ApiResult<Response> {
+    if is_grpc(request.headers()) {
+        return Ok(grpc_call(state, request).await);
+    }
+    let codec = Codec::of(request.headers())?;
+    let body = request_body(&state, request, &memory).await?;
+    let limits = crate::codec::request_limits(&state.config);
+    let store = &state.settings;
+    match method.as_str() {
+        "Get" => {
+            let _: settings::GetSettingsRequest = codec.decode(&body, &limits)?;
+            let settings = store.get(&tenant).await?;
+            Ok(codec.encode(&settings::GetSettingsResponse { settings }))
+        }
+        "Set" => {
+            let r: settings::SetSettingsRequest = codec.decode(&body, &limits)?;
+            let setting = r
+                .setting
+                .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
+            // Settings are a tenant's state: a new tenant counts against max_tenants.
+            state.tenants.admit(&tenant).await?;
+            let setting = Some(store.set(&tenant, setting).await?);
+            Ok(codec.encode(&settings::SetSettingsResponse { setting }))
+        }
+        "Delete" => {
+            let r: settings::DeleteSettingsRequest = codec.decode(&body, &limits)?;
+            store.delete(&tenant, &r.name).await?;
+            Ok(codec.encode(&settings::DeleteSettingsResponse {}))
+        }
+        other => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("settings.v1.SettingsService has no method {other:?}"),
+        )),
+    }
+}
+
+/// The query service over gRPC: the same [`Querier`] behind tonic.
+#[derive(Debug)]
+pub(super) struct GrpcQuerier {
+    pub(super) state: Shared,
+}
+
+/// The settings service over gRPC: the tenant's [`crate::settings::Settings`].
+#[derive(Debug)]
+pub(super) struct GrpcSettings {
+    pub(super) state: Shared,
+}
+
+/// An error as a gRPC status of the matching code.
+pub(crate) fn status(e: ApiError) -> tonic::Status {
+    use tonic::Code;
+    let code = match e.status {
+        StatusCode::BAD_REQUEST | StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::InvalidArgument,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::CONFLICT => Code::AlreadyExists,
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
+        StatusCode::NOT_IMPLEMENTED => Code::Unimplemented,
+        StatusCode::SERVICE_UNAVAILABLE => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    tonic::Status::new(code, e.message)
+}
+
+impl GrpcQuerier {
+    /// The request's [`Querier`]: its tenant from the `x-scope-orgid` metadata.
+    pub(super) fn querier<T>(&self, request: &tonic::Request<T>) -> Result<Querier, tonic::Status> {
+        let utf8_names = request
+            .metadata()
+            .get_all("accept")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains("allow-utf8-labelnames=true"));
+        Ok(Querier {
+            state: self.state.clone(),
+            tenant: grpc_tenant(request.metadata())?,
+            utf8_names,
+        })
+    }
+}
+
+/// The tenant of a gRPC request: its `x-scope-orgid` metadata, or the default tenant when
+/// it is absent or empty.
+pub(crate) fn grpc_tenant(
+    metadata: &tonic::metadata::MetadataMap,
+) -> Result<String, tonic::Status> {
+    let value = match metadata.get("x-scope-orgid") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| tonic::Status::invalid_argument("x-scope-orgid is not ASCII"))?,
+        ),
+    };
+    crate::tenants::tenant_from_header(value).map_err(tonic::Status::invalid_argument)
+}
+
+/// Implements the generated gRPC trait's methods by the [`Querier`] methods of the same
+/// names.
+macro_rules! grpc_methods {
+    ($($method:ident($request:ty) -> $response:ty;)*) => {
+        #[tonic::async_trait]
+        impl grpc::querier::querier_service_server::QuerierService for GrpcQuerier {
+            $(
+                async fn $method(
+                    &self,
+                    request: tonic::Request<$request>,
+                ) -> Result<tonic::Response<$response>, tonic::Status> {
+                    let q = self.querier(&request)?;
+                    q.$method(request.into_inner())
+                        .await
+                        .map(tonic::Response::new)
+                        .map_err(status)
+                }
+            )*
+            async fn select_heatmap(
+                &self,
+                _: tonic::Request<querier::SelectHeatmapRequest>,
+            ) -> Result<tonic::Response<querier::SelectHeatmapResponse>, tonic::Status> {
+                Err(status(unimplemented("SelectHeatmap (individual profiles are not kept)")))
+            }
+        }
+    };
+}
+
+grpc_methods! {
+    profile_types(querier::ProfileTypesRequest) -> querier::ProfileTypesResponse;
+    label_names(types::LabelNamesRequest) -> types::LabelNamesResponse;
+    label_values(types::LabelValuesRequest) -> types::LabelValuesResponse;
+    series(querier::SeriesRequest) -> querier::SeriesResponse;
+    select_merge_stacktraces(querier::SelectMergeStacktracesRequest) -> querier::SelectMergeStacktracesResponse;
+    select_merge_span_profile(querier::SelectMergeSpanProfileRequest) -> querier::SelectMergeSpanProfileResponse;
+    select_merge_profile(querier::SelectMergeProfileRequest) -> google::Profile;
+    select_series(querier::SelectSeriesRequest) -> querier::SelectSeriesResponse;
+    diff(querier::DiffRequest) -> querier::DiffResponse;
+    get_profile_stats(types::GetProfileStatsRequest) -> types::GetProfileStatsResponse;
+    analyze_query(querier::AnalyzeQueryRequest) -> querier::AnalyzeQueryResponse;
+}
+
+#[tonic::async_trait]
+impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
+    async fn get(
+        &self,
+        request: tonic::Request<settings::GetSettingsRequest>,
+    ) -> Result<tonic::Response<settings::GetSettingsResponse>, tonic::Status> {
+        let tenant = grpc_tenant(request.metadata())?;
+        let settings = self.state.settings.get(&tenant).await.map_err(status)?;
+        Ok(tonic::Response::new(settings::GetSettingsResponse {
+            settings,
+        }))
+    }
+
+    async fn set(
+        &self,
+        request: tonic::Request<settings::SetSettingsRequest>,
+    ) -> Result<tonic::Response<settings::SetSettingsResponse>, tonic::Status> {
+        let tenant = grpc_tenant(request.metadata())?;
+        let setting = request
+            .into_inner()
+            .setting
+            .ok_or_else(|| tonic::Status::invalid_argument("no setting values provided"))?;
+        self.state.tenants.admit(&tenant).await.map_err(status)?;
+        let setting = self.state.settings.set(&tenant, setting).await;
+        Ok(tonic::Response::new(settings::SetSettingsResponse {
+            setting: Some(setting.map_err(status)?),
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: tonic::Request<settings::DeleteSettingsRequest>,
+    ) -> Result<tonic::Response<settings::DeleteSettingsResponse>, tonic::Status> {
+        let tenant = grpc_tenant(request.metadata())?;
+        let name = request.into_inner().name;
+        self.state
+            .settings
+            .delete(&tenant, &name)
+            .await
+            .map_err(status)?;
+        Ok(tonic::Response::new(settings::DeleteSettingsResponse {}))
+    }
+}
