@@ -22,6 +22,8 @@ use frostdb_profile::TimeRange;
 use crate::external::BoxError;
 use crate::scale::{number, rss_mib};
 
+const STRICT: frostdb_pprof::ReadOptions = frostdb_pprof::ReadOptions::STRICT;
+
 const START_MS: i64 = 1_700_000_000_000;
 
 fn store_dir(args: &[String]) -> Result<&String, BoxError> {
@@ -52,13 +54,15 @@ pub fn labels(args: &[String]) -> Result<(), BoxError> {
         let store = ProfileStore::open(Db::open(dir, DbOptions::default())?, unlimited())?;
         let open_ms = ms(started);
         let started = Instant::now();
-        let label_names = store.label_names(None, TimeRange::ALL)?;
+        let label_names = store.label_names(None, TimeRange::ALL, STRICT)?.value;
         let label_names_ms = ms(started);
         let started = Instant::now();
-        let series = store.series(&selector, TimeRange::ALL, None)?;
+        let series = store.series(&selector, TimeRange::ALL, None, STRICT)?.value;
         let series_ms = ms(started);
         let started = Instant::now();
-        let values = store.label_values("l00042", None, TimeRange::ALL)?;
+        let values = store
+            .label_values("l00042", None, TimeRange::ALL, STRICT)?
+            .value;
         let label_values_ms = ms(started);
         // The answers, not only their times: every name, one series with all of them.
         if label_names.len() != names || series.len() != 1 || series[0].labels.len() != names {

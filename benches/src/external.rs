@@ -902,22 +902,32 @@ fn profile_queries<'a>(
         (
             "Q3",
             Box::new(move || {
-                Ok(Answer::Series(store.range(
-                    &by_ns,
-                    TimeRange::ALL,
-                    bucket,
-                    Some(&group),
-                )?))
+                Ok(Answer::Series(
+                    store
+                        .range(
+                            &by_ns,
+                            TimeRange::ALL,
+                            bucket,
+                            Some(&group),
+                            frostdb_pprof::ReadOptions::STRICT,
+                        )?
+                        .value,
+                ))
             }),
         ),
         (
             "Q4",
             Box::new(move || {
-                Ok(Answer::Values(store.label_values(
-                    "pod",
-                    Some(&ns_any_type),
-                    TimeRange::ALL,
-                )?))
+                Ok(Answer::Values(
+                    store
+                        .label_values(
+                            "pod",
+                            Some(&ns_any_type),
+                            TimeRange::ALL,
+                            frostdb_pprof::ReadOptions::STRICT,
+                        )?
+                        .value,
+                ))
             }),
         ),
         (

@@ -16,7 +16,7 @@
 //! ```no_run
 //! use frostdb_ebpf_ingest::{Config, Sampler, Target};
 //! let (tx, rx) = std::sync::mpsc::channel();
-//! let sampler = Sampler::start(Config { target: Target::Pids(vec![1]), ..Config::default() }, tx)?;
+//! let sampler = Sampler::start(Config::default().target(Target::Pids(vec![1])), tx)?;
 //! for interval in rx.iter().take(1) {
 //!     for p in &interval.profiles {
 //!         println!("{} ({}): {} samples", p.info.comm, p.pid, p.samples);

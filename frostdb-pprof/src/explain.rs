@@ -6,7 +6,7 @@
 use frostdb_profile::TimeRange;
 use frostdb_profile::{MatchOp, ProfileType, Selector};
 
-use crate::{Error, ProfileStore, Result};
+use crate::{Error, ProfileStore, ReadOptions, Result};
 
 /// Items listed in an explanation; the rest are counted.
 const LISTED: usize = 20;
@@ -26,7 +26,9 @@ impl ProfileStore {
         let Some(wanted) = &selector.profile_type else {
             return Ok(());
         };
-        let types = self.profile_types(TimeRange::ALL)?;
+        let types = self
+            .profile_types(TimeRange::ALL, ReadOptions::STRICT)?
+            .value;
         if !types.contains(wanted) {
             let names: Vec<String> = types.iter().map(ProfileType::to_string).collect();
             return Err(Error::Query(if names.is_empty() {
@@ -59,7 +61,10 @@ impl ProfileStore {
             }
             let names = match &mut names {
                 Some(names) => names,
-                None => names.insert(self.label_names(Some(&typed), TimeRange::ALL)?),
+                None => names.insert(
+                    self.label_names(Some(&typed), TimeRange::ALL, ReadOptions::STRICT)?
+                        .value,
+                ),
             };
             if !names.contains(&m.label) {
                 let shown: Vec<String> = names
@@ -77,7 +82,9 @@ impl ProfileStore {
             if m.op != MatchOp::Equal {
                 continue;
             }
-            let values = self.label_values(&m.label, Some(&typed), TimeRange::ALL)?;
+            let values = self
+                .label_values(&m.label, Some(&typed), TimeRange::ALL, ReadOptions::STRICT)?
+                .value;
             if !values.contains(&m.value) {
                 return Err(Error::Query(format!(
                     "no series of {wanted} has {}={:?}{}; its values: {}",

@@ -96,8 +96,15 @@ fn contents(dir: &std::path::Path, round: i64) -> HashMap<i64, i64> {
         assert_eq!(merged.symbols.depth(*stack), 5, "round {round}: {stack:?}");
     }
     let series = store
-        .range(&all, TimeRange::ALL, i64::MAX / 4, Some(&["id".to_owned()]))
-        .unwrap();
+        .range(
+            &all,
+            TimeRange::ALL,
+            i64::MAX / 4,
+            Some(&["id".to_owned()]),
+            frostdb_pprof::ReadOptions::STRICT,
+        )
+        .unwrap()
+        .value;
     let totals: HashMap<i64, i64> = series
         .iter()
         .map(|s| {

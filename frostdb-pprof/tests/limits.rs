@@ -3,6 +3,7 @@
 //! one written before the label limits may) that still opens and answers.
 
 use frostdb_core::{Db, DbOptions, ErrorKind};
+use frostdb_pprof::ReadOptions;
 use frostdb_pprof::proto::{Label, Profile};
 use frostdb_pprof::{Error, IngestOptions, LabelLimits, ProfileStore, StoreOptions, testing};
 use frostdb_profile::Selector;
@@ -104,8 +105,14 @@ fn the_series_limit_counts_the_series_stored_before_a_reopen() {
         assert_eq!(store.series_count(), 5);
         assert_eq!(
             store
-                .series(&Selector::parse(CPU).unwrap(), TimeRange::ALL, None)
+                .series(
+                    &Selector::parse(CPU).unwrap(),
+                    TimeRange::ALL,
+                    None,
+                    ReadOptions::STRICT
+                )
                 .unwrap()
+                .value
                 .len(),
             5
         );
@@ -189,7 +196,11 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
             "{limit}: nothing stored"
         );
         assert!(
-            store.label_names(None, TimeRange::ALL).unwrap().is_empty(),
+            store
+                .label_names(None, TimeRange::ALL, ReadOptions::STRICT)
+                .unwrap()
+                .value
+                .is_empty(),
             "{limit}: no series indexed"
         );
     }
@@ -237,16 +248,28 @@ fn a_store_of_ten_thousand_label_names_reopens_and_answers() {
     names.push("service_name".into());
     names.sort();
     let check = |store: &ProfileStore| {
-        assert_eq!(store.label_names(None, TimeRange::ALL).unwrap(), names);
+        assert_eq!(
+            store
+                .label_names(None, TimeRange::ALL, ReadOptions::STRICT)
+                .unwrap()
+                .value,
+            names
+        );
         let all = Selector::parse(CPU).unwrap();
-        let series = store.series(&all, TimeRange::ALL, None).unwrap();
+        let series = store
+            .series(&all, TimeRange::ALL, None, ReadOptions::STRICT)
+            .unwrap()
+            .value;
         assert_eq!(series.len(), 2);
         let mut labels: Vec<Vec<(String, String)>> = series.into_iter().map(|s| s.labels).collect();
         labels.sort_by_key(Vec::len);
         assert_eq!(labels[0], pairs(&[("service_name", "api")]));
         assert_eq!(labels[1], wide);
         assert_eq!(
-            store.label_values("l04242", None, TimeRange::ALL).unwrap(),
+            store
+                .label_values("l04242", None, TimeRange::ALL, ReadOptions::STRICT)
+                .unwrap()
+                .value,
             ["v4242"]
         );
         let one = Selector::parse(&format!("{CPU}{{l09999=\"v9999\"}}")).unwrap();

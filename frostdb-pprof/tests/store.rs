@@ -4,6 +4,7 @@
 mod common;
 
 use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::ReadOptions;
 use frostdb_pprof::report::{pprof, top::TopTable};
 use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, StoreOptions, decode};
 use frostdb_profile::Selector;
@@ -254,7 +255,10 @@ fn span_and_trace_ids_are_kept_per_sample_not_as_series() {
             .unwrap();
         assert_eq!(none.total(), 0);
         for label in ["span_id", "trace_id"] {
-            let values = store.label_values(label, None, TimeRange::ALL).unwrap();
+            let values = store
+                .label_values(label, None, TimeRange::ALL, ReadOptions::STRICT)
+                .unwrap()
+                .value;
             assert!(values.is_empty(), "{label}: {values:?}");
         }
     };
@@ -363,7 +367,10 @@ async fn label_names_and_values_come_from_the_series_index() {
             let want =
                 frostdb_profile::native::profile_types(&store.samples().snapshot(), range).unwrap();
             assert_eq!(
-                store.profile_types(range).unwrap(),
+                store
+                    .profile_types(range, ReadOptions::STRICT)
+                    .unwrap()
+                    .value,
                 want,
                 "{what}: {range:?}"
             );
@@ -372,8 +379,14 @@ async fn label_names_and_values_come_from_the_series_index() {
             for range in ranges {
                 let want = from_samples(store, selector.as_ref(), range);
                 let got = (
-                    store.label_names(selector.as_ref(), range).unwrap(),
-                    store.label_values("pod", selector.as_ref(), range).unwrap(),
+                    store
+                        .label_names(selector.as_ref(), range, ReadOptions::STRICT)
+                        .unwrap()
+                        .value,
+                    store
+                        .label_values("pod", selector.as_ref(), range, ReadOptions::STRICT)
+                        .unwrap()
+                        .value,
                 );
                 assert_eq!(got, want, "{what}: {selector:?} over {range:?}");
                 answered += usize::from(!got.1.is_empty());
@@ -497,8 +510,9 @@ fn ranges_read_profile_totals_and_answer_as_samples_do() {
                     (1_000_000, Some(vec![])),
                 ] {
                     let totals = store
-                        .range(&selector, r, step, group_by.as_deref())
-                        .unwrap();
+                        .range(&selector, r, step, group_by.as_deref(), ReadOptions::STRICT)
+                        .unwrap()
+                        .value;
                     let samples = range(
                         &store.samples().snapshot(),
                         &selector,

@@ -858,16 +858,25 @@ pub fn series_labels_counted(
 
 /// The profile types of the rows in `range`, sorted.
 pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<ProfileType>> {
+    Ok(profile_types_counted(snapshot, range, false)?.0)
+}
+
+/// [`profile_types`], `lenient` or not, with the count of blocks a lenient scan skipped.
+pub fn profile_types_counted(
+    snapshot: &Snapshot,
+    range: TimeRange,
+    lenient: bool,
+) -> Result<(Vec<ProfileType>, usize)> {
     if !has_type_columns(snapshot) {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
-    let request = ScanRequest::new().project(PROFILE_TYPE).filter(predicate(
-        snapshot,
-        &Selector::default(),
-        range,
-    ));
+    let request = ScanRequest::new()
+        .project(PROFILE_TYPE)
+        .filter(predicate(snapshot, &Selector::default(), range))
+        .lenient(lenient);
     let mut out: std::collections::BTreeSet<[String; 5]> = Default::default();
-    for batch in snapshot.scan(&request)? {
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
         let batch = batch?;
         let columns = (0..PROFILE_TYPE.len())
             .map(|c| Strings::of(batch.column(c).as_ref()))
@@ -884,7 +893,7 @@ pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<Profil
             }));
         }
     }
-    Ok(out
+    let types = out
         .into_iter()
         .map(
             |[name, sample_type, sample_unit, period_type, period_unit]| ProfileType {
@@ -896,7 +905,8 @@ pub fn profile_types(snapshot: &Snapshot, range: TimeRange) -> Result<Vec<Profil
                 delta: false,
             },
         )
-        .collect())
+        .collect();
+    Ok((types, scan.metrics().blocks_failed))
 }
 
 /// The names of the labels the rows `selector` (if any) selects in `range` have, sorted.
@@ -905,16 +915,30 @@ pub fn label_names(
     selector: Option<&Selector>,
     range: TimeRange,
 ) -> Result<Vec<String>> {
+    Ok(label_names_counted(snapshot, selector, range, false)?.0)
+}
+
+/// [`label_names`], `lenient` or not, with the count of blocks a lenient scan skipped.
+pub fn label_names_counted(
+    snapshot: &Snapshot,
+    selector: Option<&Selector>,
+    range: TimeRange,
+    lenient: bool,
+) -> Result<(Vec<String>, usize)> {
     let names = label_names_of(snapshot);
     if names.is_empty() {
-        return Ok(names);
+        return Ok((names, 0));
     }
     let everything = Selector::default();
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range);
     let columns: Vec<String> = names.iter().map(|n| label_column(n)).collect();
-    let request = ScanRequest::new().project(columns.iter()).filter(filter);
+    let request = ScanRequest::new()
+        .project(columns.iter())
+        .filter(filter)
+        .lenient(lenient);
     let mut present = vec![false; names.len()];
-    for batch in snapshot.scan(&request)? {
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
         let batch = batch?;
         let by_name = columns_by_name(&batch);
         for (i, column) in columns.iter().enumerate() {
@@ -928,11 +952,12 @@ pub fn label_names(
             break;
         }
     }
-    Ok(names
+    let present = names
         .into_iter()
         .zip(present)
         .filter_map(|(n, p)| p.then_some(n))
-        .collect())
+        .collect();
+    Ok((present, scan.metrics().blocks_failed))
 }
 
 /// The distinct values of label `name` in the rows `selector` (if any) selects in `range`,
@@ -943,16 +968,31 @@ pub fn label_values(
     selector: Option<&Selector>,
     range: TimeRange,
 ) -> Result<Vec<String>> {
+    Ok(label_values_counted(snapshot, name, selector, range, false)?.0)
+}
+
+/// [`label_values`], `lenient` or not, with the count of blocks a lenient scan skipped.
+pub fn label_values_counted(
+    snapshot: &Snapshot,
+    name: &str,
+    selector: Option<&Selector>,
+    range: TimeRange,
+    lenient: bool,
+) -> Result<(Vec<String>, usize)> {
     let column = label_column(name);
     if snapshot.schema().index_of(&column).is_none() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let everything = Selector::default();
     let filter = predicate(snapshot, selector.unwrap_or(&everything), range)
         .and(col(column.as_str()).is_not_null());
-    let request = ScanRequest::new().project([column.as_str()]).filter(filter);
+    let request = ScanRequest::new()
+        .project([column.as_str()])
+        .filter(filter)
+        .lenient(lenient);
     let mut out: std::collections::BTreeSet<String> = Default::default();
-    for batch in snapshot.scan(&request)? {
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
         let batch = batch?;
         let strings = Strings::of(batch.column(0).as_ref())?;
         let mut last = None;
@@ -968,5 +1008,5 @@ pub fn label_values(
             }
         }
     }
-    Ok(out.into_iter().collect())
+    Ok((out.into_iter().collect(), scan.metrics().blocks_failed))
 }

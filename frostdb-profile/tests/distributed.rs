@@ -2,6 +2,8 @@
 //! what the merge answers in one process, and a worker gone mid-way fails the merge with an
 //! error naming the workers, never a partial answer.
 
+// The small profile table of frostdb-query's tests, shared rather than copied.
+#[path = "../../frostdb-query/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The profile queries against the rows the test inserted, with Prometheus selector
 //! semantics (absent labels are empty, regexes anchored).
 
+// The small profile table of frostdb-query's tests, shared rather than copied.
+#[path = "../../frostdb-query/tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -462,24 +462,14 @@ fn runtime() -> Result<tokio::runtime::Runtime, BoxError> {
 
 fn types(data: &Path) -> Result<ExitCode, BoxError> {
     let store = open_read(data)?;
-    let ctx = store.session()?;
-    let batches = runtime()?.block_on(async {
-        use futures::TryStreamExt;
-        frostdb_profile::plans::profile_types(&ctx, frostdb_pprof::schema::SAMPLES, TimeRange::ALL)
-            .await?
-            .try_collect::<Vec<_>>()
-            .await
-    })?;
-    if batches.iter().all(|b| b.num_rows() == 0) {
+    let types = store
+        .profile_types(TimeRange::ALL, frostdb_pprof::ReadOptions::STRICT)?
+        .value;
+    if types.is_empty() {
         return Err(format!("nothing is stored in {}", data.display()).into());
     }
-    for b in &batches {
-        for i in 0..b.num_rows() {
-            let parts: Vec<String> = (0..b.num_columns())
-                .map(|c| arrow::util::display::array_value_to_string(b.column(c), i))
-                .collect::<Result<_, _>>()?;
-            println!("{}", parts.join(":"));
-        }
+    for t in &types {
+        println!("{t}");
     }
     Ok(ExitCode::SUCCESS)
 }

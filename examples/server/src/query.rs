@@ -34,8 +34,8 @@ use axum::routing::get;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
 use frostdb_pprof::report::{self, Format, RenderOptions, tree};
-use frostdb_pprof::schema::{SAMPLES, TOTALS};
-use frostdb_pprof::{Aggregation, MergeOptions};
+use frostdb_pprof::schema::TOTALS;
+use frostdb_pprof::{Aggregation, MergeOptions, ReadOptions};
 use frostdb_profile::{Selector, TypedSelector};
 use frostdb_profile::{TimeRange, plans};
 use frostdb_query::BlocksFailed;
@@ -299,24 +299,6 @@ fn strings(batch: &RecordBatch, column: usize) -> ApiResult<Vec<Option<String>>>
         .collect()
 }
 
-/// A batch's rows as strings (`None` for null), row by row.
-fn rows(batch: &RecordBatch) -> ApiResult<Vec<Vec<Option<String>>>> {
-    let columns: Vec<Vec<Option<String>>> = (0..batch.num_columns())
-        .map(|c| strings(batch, c))
-        .collect::<ApiResult<_>>()?;
-    Ok((0..batch.num_rows())
-        .map(|i| columns.iter().map(|c| c[i].clone()).collect())
-        .collect())
-}
-
-fn first_column(batches: &[RecordBatch]) -> ApiResult<Vec<String>> {
-    let mut out = Vec::new();
-    for b in batches {
-        out.extend(strings(b, 0)?.into_iter().flatten());
-    }
-    Ok(out)
-}
-
 /// A profile type as the API lists it.
 fn profile_type_json(t: &frostdb_profile::ProfileType) -> Value {
     json!({
@@ -335,51 +317,36 @@ async fn profile_types(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let range = p.range()?;
-    if !p.lenient {
-        return from_series_index(&state, &tenant, move |store| {
-            let types = store.profile_types(range)?;
-            Ok(types.iter().map(profile_type_json).collect::<Vec<_>>())
+    listed(&state, &tenant, p.lenient, move |store, read| {
+        let types = store.profile_types(range, read)?;
+        Ok(frostdb_pprof::Read {
+            value: types.value.iter().map(profile_type_json).collect(),
+            blocks_failed: types.blocks_failed,
         })
-        .await;
-    }
-    let (batches, failed) =
-        read_tables(
-            &state,
-            &tenant,
-            true,
-            Vec::new(),
-            move |ctx, _| async move {
-                collect(plans::profile_types(&ctx, SAMPLES, range).await).await
-            },
-        )
-        .await?;
-    let mut types = Vec::new();
-    for b in &batches {
-        for row in rows(b)? {
-            let part = |c: usize| row[c].clone().unwrap_or_default();
-            types.push(profile_type_json(&frostdb_profile::ProfileType {
-                name: part(0),
-                sample_type: part(1),
-                sample_unit: part(2),
-                period_type: part(3),
-                period_unit: part(4),
-                delta: false,
-            }));
-        }
-    }
-    Ok(answer(Json(Value::Array(types)), failed))
+    })
+    .await
 }
 
-/// Label names, label values or profile types from the tenant's series index, reading no
-/// sample row (a lenient request, which counts unreadable blocks, scans the samples
-/// instead); an empty list for a tenant that does not exist.
-async fn from_series_index<T: serde::Serialize + Send + 'static>(
+/// Label names, label values or profile types, read through the tenant's store: strict,
+/// from its series index (no sample row is read); lenient, from the sample rows, counting
+/// the blocks it could not read. An empty list for a tenant that does not exist.
+async fn listed<T: serde::Serialize + Send + 'static>(
     state: &Shared,
     tenant: &str,
-    read: impl FnOnce(&frostdb_pprof::ProfileStore) -> frostdb_pprof::Result<Vec<T>> + Send + 'static,
+    lenient: bool,
+    read: impl FnOnce(
+        &frostdb_pprof::ProfileStore,
+        ReadOptions,
+    ) -> frostdb_pprof::Result<frostdb_pprof::Read<Vec<T>>>
+    + Send
+    + 'static,
 ) -> ApiResult<Response> {
-    let values = on_store(state, tenant, Vec::new(), move |store| Ok(read(store)?)).await?;
-    Ok(Json(json!(values)).into_response())
+    let (values, failed) = on_store(state, tenant, (Vec::new(), 0), move |store| {
+        let read = read(store, ReadOptions::lenient(lenient))?;
+        Ok((read.value, read.blocks_failed))
+    })
+    .await?;
+    Ok(answer(Json(json!(values)), lenient.then_some(failed)))
 }
 
 async fn labels(
@@ -388,23 +355,10 @@ async fn labels(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
-    if !p.lenient {
-        return from_series_index(&state, &tenant, move |store| {
-            store.label_names(selector.as_ref(), range)
-        })
-        .await;
-    }
-    let (batches, failed) = read_tables(
-        &state,
-        &tenant,
-        true,
-        Vec::new(),
-        move |ctx, _| async move {
-            collect(plans::label_names(&ctx, SAMPLES, selector.as_ref(), range).await).await
-        },
-    )
-    .await?;
-    Ok(answer(Json(json!(first_column(&batches)?)), failed))
+    listed(&state, &tenant, p.lenient, move |store, read| {
+        store.label_names(selector.as_ref(), range, read)
+    })
+    .await
 }
 
 async fn label_values(
@@ -414,23 +368,10 @@ async fn label_values(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?);
-    if !p.lenient {
-        return from_series_index(&state, &tenant, move |store| {
-            store.label_values(&name, selector.as_ref(), range)
-        })
-        .await;
-    }
-    let (batches, failed) = read_tables(
-        &state,
-        &tenant,
-        true,
-        Vec::new(),
-        move |ctx, _| async move {
-            collect(plans::label_values(&ctx, SAMPLES, &name, selector.as_ref(), range).await).await
-        },
-    )
-    .await?;
-    Ok(answer(Json(json!(first_column(&batches)?)), failed))
+    listed(&state, &tenant, p.lenient, move |store, read| {
+        store.label_values(&name, selector.as_ref(), range, read)
+    })
+    .await
 }
 
 async fn series(
@@ -443,11 +384,8 @@ async fn series(
     let read = move |store: &frostdb_pprof::ProfileStore| {
         // Strict: from the series index; lenient: from the sample rows, counting what it
         // could not read.
-        let (series, failed) = if lenient {
-            store.series_lenient(&selector, range)?
-        } else {
-            (store.series(&selector, range, None)?, 0)
-        };
+        let read = store.series(&selector, range, None, ReadOptions::lenient(lenient))?;
+        let (series, failed) = (read.value, read.blocks_failed);
         let series: Vec<Value> = series
             .into_iter()
             .map(|s| {
@@ -636,11 +574,8 @@ async fn query_range(
     let lenient = p.lenient;
     // Profile totals: a row per profile; one series per label set, points in time order.
     let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), move |store| {
-        let (series, failed) = if lenient {
-            store.range_lenient(&selector, range, step, None)?
-        } else {
-            (store.range(&selector, range, step, None)?, 0)
-        };
+        let read = store.range(&selector, range, step, None, ReadOptions::lenient(lenient))?;
+        let (series, failed) = (read.value, read.blocks_failed);
         if series.is_empty() && failed == 0 {
             store.check_selection(&selector, range)?;
         }

@@ -1400,6 +1400,8 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
         format!("query?format=top&selector={selector}"),
         "sql?q=SELECT%20count(*)%20FROM%20samples".to_owned(),
         "labels".to_owned(),
+        "label/service_name/values".to_owned(),
+        "profile_types".to_owned(),
         format!("series?selector={selector}"),
     ] {
         let (status, body) = get(&format!("{}/api/v1/{route}", s.url), Some("t1")).await;
@@ -1409,8 +1411,8 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
             "{route}: names the block: {body}"
         );
 
-        let url =
-            format!("{}/api/v1/{route}&lenient=true", s.url).replacen("labels&", "labels?", 1);
+        let sep = if route.contains('?') { '&' } else { '?' };
+        let url = format!("{}/api/v1/{route}{sep}lenient=true", s.url);
         let r = reqwest::Client::new()
             .get(&url)
             .header("X-Scope-OrgID", "t1")

@@ -226,12 +226,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         end_ms: end,
     };
     let started = Instant::now();
-    let series = store.range(
-        &Selector::parse(&format!("{CPU}{{namespace=\"shop\"}}"))?,
-        minute,
-        60_000,
-        Some(&["pod".to_owned()]),
-    )?;
+    let series = store
+        .range(
+            &Selector::parse(&format!("{CPU}{{namespace=\"shop\"}}"))?,
+            minute,
+            60_000,
+            Some(&["pod".to_owned()]),
+            frostdb_pprof::ReadOptions::STRICT,
+        )?
+        .value;
     let mut top: Vec<(String, i64)> = series
         .iter()
         .map(|s| {

@@ -506,8 +506,14 @@ mod tests {
         assert_eq!(merged.total(), total(0, N as usize * 10));
         // Each profile's series label went with its own rows.
         let pods = store
-            .label_values("pod", None, frostdb_profile::TimeRange::ALL)
-            .unwrap();
+            .label_values(
+                "pod",
+                None,
+                frostdb_profile::TimeRange::ALL,
+                super::ReadOptions::STRICT,
+            )
+            .unwrap()
+            .value;
         assert_eq!(pods.len(), N as usize);
     }
 

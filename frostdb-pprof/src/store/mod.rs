@@ -54,7 +54,7 @@ use derived::{SeriesSeen, build_series_index, build_totals};
 use maintenance::{SymbolExpiry, partitions_used};
 pub use options::StoreOptions;
 use options::symbol_table_options;
-pub use read::{MergeOptions, Merged, SeriesSamples};
+pub use read::{MergeOptions, Merged, Read, ReadOptions, SeriesSamples};
 
 /// A database of profiles: the samples table and the symbol tables.
 pub struct ProfileStore {

@@ -39,7 +39,9 @@ pub struct Merged {
 impl Merged {
     /// Sum of all values.
     pub fn total(&self) -> i64 {
-        self.samples.iter().map(|(_, v)| *v).sum()
+        self.samples
+            .iter()
+            .fold(0i64, |total, (_, v)| total.saturating_add(*v))
     }
 
     /// An empty profile of `profile_type`.
@@ -66,6 +68,55 @@ enum Narrowing {
     NoSeries,
     /// Rows of these series only.
     To(frostdb_core::Predicate),
+}
+
+/// How a read treats sample blocks it cannot read: strictly, failing with an error that
+/// names the block, or leniently, skipping them and saying how many
+/// ([`Read::blocks_failed`]). A lenient label, series or profile type read counts what it
+/// skipped by reading the sample rows (at their exact times) instead of the series index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// Skip sample blocks that cannot be read, counting them.
+    pub lenient: bool,
+}
+
+impl ReadOptions {
+    /// A block that cannot be read fails the read.
+    pub const STRICT: ReadOptions = ReadOptions { lenient: false };
+    /// Blocks that cannot be read are skipped and counted.
+    pub const LENIENT: ReadOptions = ReadOptions { lenient: true };
+
+    /// [`Self::LENIENT`] when `lenient`, else [`Self::STRICT`].
+    pub fn lenient(lenient: bool) -> Self {
+        ReadOptions { lenient }
+    }
+}
+
+/// What a read answered, and the sample blocks it skipped: 0 unless it was lenient, when a
+/// nonzero count says the answer is partial.
+#[derive(Debug, Clone)]
+pub struct Read<T> {
+    /// The answer.
+    pub value: T,
+    /// Sample blocks a lenient read could not read.
+    pub blocks_failed: usize,
+}
+
+impl<T> Read<T> {
+    fn of((value, blocks_failed): (T, usize)) -> Self {
+        Read {
+            value,
+            blocks_failed,
+        }
+    }
+
+    fn strict(value: T) -> Self {
+        Read {
+            value,
+            blocks_failed: 0,
+        }
+    }
 }
 
 /// How [`ProfileStore::merge_with`] merges.
@@ -111,13 +162,6 @@ impl ProfileStore {
     /// are checked against.
     pub fn merge_raw(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
         self.merge_reading(selector, range, false, false)
-    }
-
-    /// [`ProfileStore::merge`], skipping sample blocks that cannot be read and counting them
-    /// in [`Merged::blocks_failed`]. Symbols are always read strictly: a stack that cannot be
-    /// resolved is an error, never a frame left out.
-    pub fn merge_lenient(&self, selector: &Selector, range: TimeRange) -> Result<Merged> {
-        self.merge_reading(selector, range, true, true)
     }
 
     /// Merges what `selector` selects in `range` among the samples labelled with one of
@@ -277,9 +321,11 @@ impl ProfileStore {
     /// [`ProfileStore::merge`] as `options` say: each series' profiles summed, averaged or
     /// the latest ([`Aggregation`]; gauges such as memory in use average), series kept
     /// apart in [`Merged::series`] (so an export can label each sample with its series'
-    /// labels), leniently or not. A sum that does not keep series apart is
-    /// [`ProfileStore::merge`] (or [`ProfileStore::merge_lenient`]); the rest read raw
-    /// samples per series (rollups and the series index's narrowing sum series together).
+    /// labels), leniently or not (a lenient merge counts the sample blocks it skipped in
+    /// [`Merged::blocks_failed`]; symbols are always read strictly: a stack that cannot be
+    /// resolved is an error, never a frame left out). A sum that does not keep series apart
+    /// is [`ProfileStore::merge`]'s read; the rest read raw samples per series (rollups and
+    /// the series index's narrowing sum series together).
     pub fn merge_with(
         &self,
         selector: &Selector,
@@ -330,58 +376,51 @@ impl ProfileStore {
         })
     }
 
-    /// The value per series and per `step_ms` bucket for what `selector` selects in `range`;
-    /// with `group_by`, series are the distinct values of those labels.
+    /// The value per series and per `step_ms` bucket for what `selector` selects in `range`
+    /// (read from the profile totals, a row per profile); with `group_by`, series are the
+    /// distinct values of those labels.
     pub fn range(
         &self,
         selector: &Selector,
         range: TimeRange,
         step_ms: i64,
         group_by: Option<&[String]>,
-    ) -> Result<Vec<frostdb_profile::native::Series>> {
-        // Profile totals: a row per profile rather than per sample.
-        Ok(frostdb_profile::native::range(
+        read: ReadOptions,
+    ) -> Result<Read<Vec<frostdb_profile::native::Series>>> {
+        Ok(Read::of(frostdb_profile::native::range_counted(
             &self.totals.snapshot(),
             selector,
             range,
             step_ms,
             group_by,
-        )?)
+            read.lenient,
+        )?))
     }
 
-    /// [`ProfileStore::range`] skipping the blocks it cannot read, with their count: a
-    /// partial answer that says it is partial.
-    pub fn range_lenient(
-        &self,
-        selector: &Selector,
-        range: TimeRange,
-        step_ms: i64,
-        group_by: Option<&[String]>,
-    ) -> Result<(Vec<frostdb_profile::native::Series>, usize)> {
-        Ok(frostdb_profile::native::range_counted(
-            &self.totals.snapshot(),
-            selector,
-            range,
-            step_ms,
-            group_by,
-            true,
-        )?)
-    }
-
-    /// The values label `name` has in what `selector` (if any) selects in `range`, sorted:
-    /// read from the series index (no sample row is read), at its granularity of an hour,
-    /// as Prometheus and Pyroscope answer from the index of each block a range touches.
-    /// Span labels are not series labels: they are not listed.
+    /// The values label `name` has in what `selector` (if any) selects in `range`, sorted.
+    /// Strict: read from the series index (no sample row is read), at its granularity of an
+    /// hour, as Prometheus and Pyroscope answer from the index of each block a range
+    /// touches. Span labels are not series labels: they are not listed.
     pub fn label_values(
         &self,
         name: &str,
         selector: Option<&Selector>,
         range: TimeRange,
-    ) -> Result<Vec<String>> {
+        read: ReadOptions,
+    ) -> Result<Read<Vec<String>>> {
+        if read.lenient {
+            return Ok(Read::of(frostdb_profile::native::label_values_counted(
+                &self.samples.snapshot(),
+                name,
+                selector,
+                range,
+                true,
+            )?));
+        }
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_profile::native::label_values(
+        Ok(Read::strict(frostdb_profile::native::label_values(
             &snapshot, name, selector, range,
-        )?)
+        )?))
     }
 
     /// The names of the labels of what `selector` (if any) selects in `range`, sorted: from
@@ -390,42 +429,44 @@ impl ProfileStore {
         &self,
         selector: Option<&Selector>,
         range: TimeRange,
-    ) -> Result<Vec<String>> {
+        read: ReadOptions,
+    ) -> Result<Read<Vec<String>>> {
+        if read.lenient {
+            return Ok(Read::of(frostdb_profile::native::label_names_counted(
+                &self.samples.snapshot(),
+                selector,
+                range,
+                true,
+            )?));
+        }
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_profile::native::label_names(
+        Ok(Read::strict(frostdb_profile::native::label_names(
             &snapshot, selector, range,
-        )?)
+        )?))
     }
 
     /// Each profile type and label set `selector` selects in `range`, sorted: from the series
-    /// index (no sample row is read), as [`ProfileStore::label_values`]; with `only`, just the
-    /// labels named.
+    /// index, as [`ProfileStore::label_values`]; with `only`, just the labels named.
     pub fn series(
         &self,
         selector: &Selector,
         range: TimeRange,
         only: Option<&[String]>,
-    ) -> Result<Vec<frostdb_profile::native::SeriesLabels>> {
+        read: ReadOptions,
+    ) -> Result<Read<Vec<frostdb_profile::native::SeriesLabels>>> {
+        if read.lenient {
+            return Ok(Read::of(frostdb_profile::native::series_labels_counted(
+                &self.samples.snapshot(),
+                selector,
+                range,
+                only,
+                true,
+            )?));
+        }
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_profile::native::series_labels(
+        Ok(Read::strict(frostdb_profile::native::series_labels(
             &snapshot, selector, range, only,
-        )?)
-    }
-
-    /// [`ProfileStore::series`] read from the sample rows (at their exact times, not the
-    /// index's hours), skipping the blocks it cannot read, with their count.
-    pub fn series_lenient(
-        &self,
-        selector: &Selector,
-        range: TimeRange,
-    ) -> Result<(Vec<frostdb_profile::native::SeriesLabels>, usize)> {
-        Ok(frostdb_profile::native::series_labels_counted(
-            &self.samples.snapshot(),
-            selector,
-            range,
-            None,
-            true,
-        )?)
+        )?))
     }
 
     /// The times of the oldest and newest stored profiles (Unix ms), `None` when none is
@@ -444,9 +485,22 @@ impl ProfileStore {
 
     /// The profile types stored in `range`, sorted: from the series index, as
     /// [`ProfileStore::label_values`].
-    pub fn profile_types(&self, range: TimeRange) -> Result<Vec<frostdb_profile::ProfileType>> {
+    pub fn profile_types(
+        &self,
+        range: TimeRange,
+        read: ReadOptions,
+    ) -> Result<Read<Vec<frostdb_profile::ProfileType>>> {
+        if read.lenient {
+            return Ok(Read::of(frostdb_profile::native::profile_types_counted(
+                &self.samples.snapshot(),
+                range,
+                true,
+            )?));
+        }
         let (snapshot, range) = self.label_source(range);
-        Ok(frostdb_profile::native::profile_types(&snapshot, range)?)
+        Ok(Read::strict(frostdb_profile::native::profile_types(
+            &snapshot, range,
+        )?))
     }
 
     /// A predicate that holds for every sample `selector` selects in `range`, for the merge's

@@ -180,7 +180,9 @@ impl Querier {
     ) -> ApiResult<querier::ProfileTypesResponse> {
         let range = range(r.start, r.end)?;
         let types = self
-            .read(Vec::new(), move |store| Ok(store.profile_types(range)?))
+            .read(Vec::new(), move |store| {
+                Ok(store.profile_types(range, ReadOptions::STRICT)?.value)
+            })
             .await?;
         Ok(querier::ProfileTypesResponse {
             profile_types: types.iter().map(profile_type).collect(),
@@ -197,9 +199,17 @@ impl Querier {
             .read(Vec::new(), move |store| {
                 let mut names = std::collections::BTreeSet::new();
                 for s in &selectors {
-                    names.extend(store.label_names(Some(s), range)?);
+                    names.extend(
+                        store
+                            .label_names(Some(s), range, ReadOptions::STRICT)?
+                            .value,
+                    );
                 }
-                if !store.profile_types(range)?.is_empty() {
+                if !store
+                    .profile_types(range, ReadOptions::STRICT)?
+                    .value
+                    .is_empty()
+                {
                     names.extend(PSEUDO_LABELS.iter().map(|l| (*l).to_owned()));
                 }
                 Ok(names.into_iter().collect::<Vec<_>>())
@@ -224,11 +234,18 @@ impl Querier {
                 for s in &selectors {
                     match pseudo_label(&name) {
                         Some(part) => {
-                            for series in store.series(s, range, Some(&[]))? {
+                            for series in store
+                                .series(s, range, Some(&[]), ReadOptions::STRICT)?
+                                .value
+                            {
                                 values.insert(part(&series.profile_type));
                             }
                         }
-                        None => values.extend(store.label_values(&name, Some(s), range)?),
+                        None => values.extend(
+                            store
+                                .label_values(&name, Some(s), range, ReadOptions::STRICT)?
+                                .value,
+                        ),
                     }
                 }
                 Ok(values.into_iter().collect::<Vec<_>>())
@@ -250,7 +267,10 @@ impl Querier {
                 let only: Option<Vec<String>> = (!wanted.is_empty()).then(|| wanted.clone());
                 let mut sets = std::collections::BTreeSet::new();
                 for s in &selectors {
-                    for series in store.series(s, range, only.as_deref())? {
+                    for series in store
+                        .series(s, range, only.as_deref(), ReadOptions::STRICT)?
+                        .value
+                    {
                         let mut labels: Vec<(String, String)> = series
                             .labels
                             .into_iter()
@@ -418,7 +438,9 @@ impl Querier {
         let mut series = self
             .read(Vec::new(), move |store| {
                 let group_by = (!group_by.is_empty()).then_some(group_by.as_slice());
-                Ok(store.range(&selector, range, step_ms, group_by)?)
+                Ok(store
+                    .range(&selector, range, step_ms, group_by, ReadOptions::STRICT)?
+                    .value)
             })
             .await?;
         if let Some(limit) = limit {
@@ -505,7 +527,10 @@ impl Querier {
         let range = range(r.start, r.end)?;
         let (series, blocks, bytes) = self
             .read((0, 0, 0), move |store| {
-                let series = store.series(&selector, range, Some(&[]))?.len() as u64;
+                let series = store
+                    .series(&selector, range, Some(&[]), ReadOptions::STRICT)?
+                    .value
+                    .len() as u64;
                 let blocks = store.samples().blocks();
                 let bytes = blocks.iter().map(|b| b.size).sum::<u64>();
                 Ok((series, blocks.len() as u64, bytes))

@@ -25,6 +25,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use frostdb_pprof::ReadOptions;
 use frostdb_pprof::api::google::v1 as google;
 use frostdb_pprof::api::querier::v1 as querier;
 use frostdb_pprof::api::settings::v1 as settings;

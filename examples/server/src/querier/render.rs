@@ -151,7 +151,15 @@ pub(super) async fn render(
     let series = q
         .read(Vec::new(), move |store| {
             let group: Vec<String> = by.into_iter().collect();
-            Ok(store.range(&selector, range, step_s * 1000, Some(&group))?)
+            Ok(store
+                .range(
+                    &selector,
+                    range,
+                    step_s * 1000,
+                    Some(&group),
+                    ReadOptions::STRICT,
+                )?
+                .value)
         })
         .await?;
     let timeline = |s: &frostdb_profile::native::Series| {
