@@ -110,13 +110,6 @@ impl<T> Read<T> {
             blocks_failed,
         }
     }
-
-    fn strict(value: T) -> Self {
-        Read {
-            value,
-            blocks_failed: 0,
-        }
-    }
 }
 
 /// How [`ProfileStore::merge_with`] merges.
@@ -408,18 +401,13 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<String>>> {
-        if read.lenient {
-            return Ok(Read::of(frostdb_profile::native::label_values_counted(
-                &self.samples.snapshot(),
-                name,
-                selector,
-                range,
-                true,
-            )?));
-        }
-        let (snapshot, range) = self.label_source(range);
-        Ok(Read::strict(frostdb_profile::native::label_values(
-            &snapshot, name, selector, range,
+        let (snapshot, range) = self.label_source(range, read);
+        Ok(Read::of(frostdb_profile::native::label_values_counted(
+            &snapshot,
+            name,
+            selector,
+            range,
+            read.lenient,
         )?))
     }
 
@@ -431,17 +419,12 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<String>>> {
-        if read.lenient {
-            return Ok(Read::of(frostdb_profile::native::label_names_counted(
-                &self.samples.snapshot(),
-                selector,
-                range,
-                true,
-            )?));
-        }
-        let (snapshot, range) = self.label_source(range);
-        Ok(Read::strict(frostdb_profile::native::label_names(
-            &snapshot, selector, range,
+        let (snapshot, range) = self.label_source(range, read);
+        Ok(Read::of(frostdb_profile::native::label_names_counted(
+            &snapshot,
+            selector,
+            range,
+            read.lenient,
         )?))
     }
 
@@ -454,18 +437,13 @@ impl ProfileStore {
         only: Option<&[String]>,
         read: ReadOptions,
     ) -> Result<Read<Vec<frostdb_profile::native::SeriesLabels>>> {
-        if read.lenient {
-            return Ok(Read::of(frostdb_profile::native::series_labels_counted(
-                &self.samples.snapshot(),
-                selector,
-                range,
-                only,
-                true,
-            )?));
-        }
-        let (snapshot, range) = self.label_source(range);
-        Ok(Read::strict(frostdb_profile::native::series_labels(
-            &snapshot, selector, range, only,
+        let (snapshot, range) = self.label_source(range, read);
+        Ok(Read::of(frostdb_profile::native::series_labels_counted(
+            &snapshot,
+            selector,
+            range,
+            only,
+            read.lenient,
         )?))
     }
 
@@ -490,16 +468,11 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<frostdb_profile::ProfileType>>> {
-        if read.lenient {
-            return Ok(Read::of(frostdb_profile::native::profile_types_counted(
-                &self.samples.snapshot(),
-                range,
-                true,
-            )?));
-        }
-        let (snapshot, range) = self.label_source(range);
-        Ok(Read::strict(frostdb_profile::native::profile_types(
-            &snapshot, range,
+        let (snapshot, range) = self.label_source(range, read);
+        Ok(Read::of(frostdb_profile::native::profile_types_counted(
+            &snapshot,
+            range,
+            read.lenient,
         )?))
     }
 
@@ -523,7 +496,7 @@ impl ProfileStore {
         // written before the label limits may hold) made that cost minutes. Fewer columns
         // bound less tightly, never wrongly.
         const MAX_COLUMNS: usize = 32;
-        let (index, hours) = self.label_source(range);
+        let (index, hours) = self.label_source(range, ReadOptions::STRICT);
         let Some(sets) = frostdb_profile::native::series_of(&index, selector, hours, MAX_SERIES)?
         else {
             return Ok(Narrowing::Unknown);
@@ -586,8 +559,17 @@ impl ProfileStore {
             .map_or(Narrowing::Unknown, Narrowing::To))
     }
 
-    /// The series index, and `range` widened to the whole hours its rows stand for.
-    fn label_source(&self, range: TimeRange) -> (frostdb_core::Snapshot, TimeRange) {
+    /// Where a label read reads: strictly, the series index, and `range` widened to the
+    /// whole hours its rows stand for; leniently, the sample rows and `range` as it is.
+    fn label_source(
+        &self,
+        range: TimeRange,
+        read: ReadOptions,
+    ) -> (frostdb_core::Snapshot, TimeRange) {
+        // Lenient: the sample rows at their exact times, so skipped blocks are counted.
+        if read.lenient {
+            return (self.samples.snapshot(), range);
+        }
         let start_ms = match range.start_ms {
             i64::MIN => i64::MIN,
             t => t.div_euclid(schema::SERIES_BUCKET_MS) * schema::SERIES_BUCKET_MS,
