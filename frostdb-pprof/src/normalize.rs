@@ -132,6 +132,11 @@ impl Deltas {
     pub(crate) fn apply(&mut self, states: Vec<(String, HashMap<Fingerprint, i64>)>) {
         self.previous.extend(states);
     }
+
+    /// The states kept, to apply to others.
+    pub(crate) fn into_states(self) -> Vec<(String, HashMap<Fingerprint, i64>)> {
+        self.previous.into_iter().collect()
+    }
 }
 
 /// A profile's timestamp in ms: `time_nanos`, repaired when a writer put microseconds in
@@ -201,11 +206,12 @@ fn or<'a>(v: &'a str, fallback: &'a str) -> &'a str {
     if v.is_empty() { fallback } else { v }
 }
 
-/// Step 1: labels, merged samples, deltas.
+/// Step 1: labels, merged samples, deltas (of cumulative types, from the first of `deltas`
+/// that holds the series' previous values).
 pub(crate) fn prepare<'p>(
     profile: &'p ValidProfile,
     options: &IngestOptions,
-    deltas: Option<&Deltas>,
+    deltas: &[&Deltas],
 ) -> Result<Prepared<'p>> {
     let p = profile.flat();
     // Every part of the profile types written must be selectable afterwards.
@@ -351,7 +357,7 @@ pub(crate) fn prepare<'p>(
                 );
                 let current: HashMap<Fingerprint, i64> =
                     column.clone().map(|(g, v)| (fps[g as usize], v)).collect();
-                let previous = deltas.and_then(|d| d.previous.get(&key));
+                let previous = deltas.iter().find_map(|d| d.previous.get(&key));
                 if let Some(previous) = previous {
                     for (g, v) in column {
                         let before = previous.get(&fps[g as usize]).copied().unwrap_or(0);
@@ -1294,7 +1300,7 @@ mod tests {
                 delta: false,
                 timestamp_ms: Some(1_000),
             };
-            let prepared = prepare(&profile, &options, None).unwrap();
+            let prepared = prepare(&profile, &options, &[]).unwrap();
             let stacks: Vec<u32> = (0..prepared.groups.len() as u32).collect();
             prepared.append_samples(7, &stacks, &mut out).unwrap();
         }

@@ -880,3 +880,84 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     }
     assert_eq!(stored, expected);
 }
+
+/// `ingest_all` stores a request's profiles whole or not at all: a profile that fails its
+/// label checks, or series over the limit, leave nothing of the others stored (nor their
+/// series admitted); a profile given twice is stored once; deltas run through the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_profiles_are_stored_whole_or_not_at_all() {
+    let cpu = decode(&file("goapp__go119-cpu-2s.pb.gz"), &Limits::default()).unwrap();
+    let job = |j: &str| options("process_cpu", &[("job", j)]);
+    let (a, b) = (job("a"), job("b"));
+    let open = |max_series| {
+        ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default().max_series(max_series),
+        )
+        .unwrap()
+    };
+    // A label collision in the second profile: the first is not stored either.
+    let store = open(usize::MAX);
+    let colliding = options("process_cpu", &[("team", "not-in-the-profile")]);
+    let err = store
+        .ingest_all(&[(&cpu, &a), (&cpu, &colliding)])
+        .unwrap_err();
+    assert!(matches!(err, Error::LabelCollision { .. }), "{err}");
+    assert_eq!(store.samples().snapshot().rows(), 0, "nothing stored");
+
+    // Room for one profile's series, not two: refused whole, and nothing admitted.
+    let one = open(usize::MAX);
+    one.ingest_profile(&cpu, &a).unwrap();
+    let per_profile = stored_series(&one).await / 2; // label sets; two sample types
+    let store = open(per_profile);
+    let err = store.ingest_all(&[(&cpu, &a), (&cpu, &b)]).unwrap_err();
+    assert!(matches!(err, Error::SeriesLimit { .. }), "{err}");
+    assert_eq!(store.samples().snapshot().rows(), 0, "nothing stored");
+    assert_eq!(store.series_count(), 0, "no series admitted");
+    store.ingest_profile(&cpu, &a).unwrap();
+
+    // Stored whole: both series, and the profile given twice stored once.
+    let store = open(usize::MAX);
+    let summaries = store
+        .ingest_all(&[(&cpu, &a), (&cpu, &b), (&cpu, &a)])
+        .unwrap();
+    let duplicates: Vec<bool> = summaries.iter().map(|s| s.duplicate).collect();
+    assert_eq!(duplicates, [false, false, true]);
+    assert!(summaries[0].rows > 0 && summaries[0].rows == summaries[1].rows);
+    let all = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let alone = one.merge(&all, TimeRange::ALL).unwrap().total();
+    assert_eq!(
+        store.merge(&all, TimeRange::ALL).unwrap().total(),
+        2 * alone
+    );
+    // Pushed again, all of it is recognised.
+    let again = store.ingest_all(&[(&cpu, &a), (&cpu, &b)]).unwrap();
+    assert!(again.iter().all(|s| s.duplicate && s.rows == 0));
+
+    // Deltas of a series within one call: each from the one before it.
+    let heap: Vec<_> = [
+        "parca__go-heap-series-1644509272337470000.pb.gz",
+        "parca__go-heap-series-1644509275338070000.pb.gz",
+        "parca__go-heap-series-1644509278338696000.pb.gz",
+    ]
+    .into_iter()
+    .map(|n| decode(&file(n), &Limits::default()).unwrap())
+    .collect();
+    let alloc_total = |p: &frostdb_pprof::ValidProfile| {
+        let t = p
+            .sample_type
+            .iter()
+            .position(|t| p.string_table[t.r#type as usize] == "alloc_space")
+            .unwrap();
+        p.sample.iter().map(|s| s.value[t]).sum::<i64>()
+    };
+    let store = open(usize::MAX);
+    let delta = options("memory", &[("instance", "a")]).delta(true);
+    let batch: Vec<_> = heap.iter().map(|p| (p, &delta)).collect();
+    store.ingest_all(&batch).unwrap();
+    let alloc = Selector::parse("memory:alloc_space:bytes:space:bytes{instance=\"a\"}").unwrap();
+    assert_eq!(
+        store.merge(&alloc, TimeRange::ALL).unwrap().total(),
+        alloc_total(&heap[2]) - alloc_total(&heap[0])
+    );
+}

@@ -43,6 +43,41 @@ impl ProfileStore {
         self.ingest_coming(profile, options, &mut Coming::new(self))
     }
 
+    /// Stores several profiles as one: all of them in one transaction, durable together, or
+    /// none of them (a request carrying many profiles, as Pyroscope's push and OTLP exports
+    /// do, is stored whole or refused whole). Each is checked as [`ProfileStore::ingest_profile`]
+    /// checks one, and any failing fails them all; one stored already (or twice in
+    /// `profiles`) is recognised as [`ProfileStore::ingest`] says and not stored again. A
+    /// summary per profile, in order.
+    ///
+    /// With [`IngestOptions::delta`], a profile's deltas are taken from the profile of its
+    /// series before it in `profiles`, else from the one stored last.
+    pub fn ingest_all(
+        &self,
+        profiles: &[(&ValidProfile, &IngestOptions)],
+    ) -> Result<Vec<IngestSummary>> {
+        let mut coming = Coming::new(self);
+        if !profiles.iter().any(|(_, o)| o.delta) {
+            let prepared = profiles
+                .iter()
+                .map(|(p, o)| prepare(p, o, &[]))
+                .collect::<Result<Vec<_>>>()?;
+            return self.store_all(&prepared, &mut coming);
+        }
+        coming.arrive();
+        let mut deltas = self.deltas.lock();
+        let mut earlier = Deltas::default();
+        let mut prepared = Vec::with_capacity(profiles.len());
+        for (p, o) in profiles {
+            let one = prepare(p, o, &[&earlier, &deltas])?;
+            earlier.apply(one.delta_states.clone());
+            prepared.push(one);
+        }
+        let summaries = self.store_all(&prepared, &mut coming)?;
+        deltas.apply(earlier.into_states());
+        Ok(summaries)
+    }
+
     pub(super) fn ingest_coming(
         &self,
         profile: &ValidProfile,
@@ -54,12 +89,12 @@ impl ProfileStore {
             // so a leader has no company to wait for from one waiting for its turn.
             coming.arrive();
             let mut deltas = self.deltas.lock();
-            let prepared = prepare(profile, options, Some(&deltas))?;
+            let prepared = prepare(profile, options, &[&deltas])?;
             let summary = self.store(&prepared, coming)?;
             deltas.apply(prepared.delta_states);
             Ok(summary)
         } else {
-            self.store(&prepare(profile, options, None)?, coming)
+            self.store(&prepare(profile, options, &[])?, coming)
         }
     }
 
@@ -78,66 +113,97 @@ impl ProfileStore {
             ..options.clone()
         };
         let mut baseline = Deltas::default();
-        baseline.apply(prepare(previous, &options, None)?.delta_states);
+        baseline.apply(prepare(previous, &options, &[])?.delta_states);
         self.store(
-            &prepare(profile, &options, Some(&baseline))?,
+            &prepare(profile, &options, &[&baseline])?,
             &mut Coming::new(self),
         )
     }
 
-    /// Stores a prepared profile. Profiles stored concurrently are committed together: each
-    /// interns its symbols (looking them up under a shared lock, or adding new ones alone)
-    /// and appends its rows to the open group; one of them (the leader) commits groups one
-    /// at a time, in order, each as one transaction (one WAL record) holding the symbols its
-    /// partition gained since the previous group and the group's samples, while the others
-    /// wait. The leader seals the open group only once the group before it is durable, so
-    /// everything stored during an fsync shares the next one, and, while more than a quarter
-    /// as many profiles as it holds are still being decoded on other threads, up to
-    /// [`StoreOptions::group_wait`] later, for them to join. Members are woken when their
-    /// group is durable. A lone profile is a group of one, committed at once.
+    /// Stores a prepared profile (see [`ProfileStore::store_all`]).
     fn store(
         &self,
         prepared: &crate::normalize::Prepared<'_>,
         coming: &mut Coming<'_>,
     ) -> Result<IngestSummary> {
-        if prepared.is_empty() {
-            return Ok(IngestSummary {
-                timestamp_ms: prepared.timestamp(),
+        let mut summaries = self.store_all(std::slice::from_ref(prepared), coming)?;
+        summaries
+            .pop()
+            .ok_or_else(|| Error::Corrupt("a stored profile has no summary".into()))
+    }
+
+    /// Stores prepared profiles, all in one group. Profiles stored concurrently are
+    /// committed together: each interns its symbols (looking them up under a shared lock,
+    /// or adding new ones alone) and appends its rows to the open group; one of them (the
+    /// leader) commits groups one at a time, in order, each as one transaction (one WAL
+    /// record) holding the symbols its partition gained since the previous group and the
+    /// group's samples, while the others wait. The leader seals the open group only once
+    /// the group before it is durable, so everything stored during an fsync shares the next
+    /// one, and, while more than a quarter as many profiles as it holds are still being
+    /// decoded on other threads, up to [`StoreOptions::group_wait`] later, for them to
+    /// join. Members are woken when their group is durable. A lone profile is a group of
+    /// one, committed at once.
+    fn store_all(
+        &self,
+        prepared: &[crate::normalize::Prepared<'_>],
+        coming: &mut Coming<'_>,
+    ) -> Result<Vec<IngestSummary>> {
+        let mut summaries: Vec<IngestSummary> = prepared
+            .iter()
+            .map(|p| IngestSummary {
+                timestamp_ms: p.timestamp(),
                 ..IngestSummary::default()
-            });
+            })
+            .collect();
+        // The profiles with samples; those without store nothing.
+        let storing: Vec<&crate::normalize::Prepared<'_>> =
+            prepared.iter().filter(|p| !p.is_empty()).collect();
+        let at: Vec<usize> = (0..prepared.len())
+            .filter(|&i| !prepared[i].is_empty())
+            .collect();
+        if storing.is_empty() {
+            return Ok(summaries);
         }
-        prepared.check_labels(&self.options.label_limits)?;
-        let series = prepared.series();
-        self.admit(&series, prepared)?;
-        let day = crate::limits::day_of(prepared.timestamp());
-        let mut interned = crate::normalize::InternState::default();
-        let (slot, summary, lead) = loop {
+        for p in &storing {
+            p.check_labels(&self.options.label_limits)?;
+        }
+        let series: Vec<Vec<(u64, usize)>> = storing.iter().map(|p| p.series()).collect();
+        self.admit(&storing, &series)?;
+        let mut interned: Vec<crate::normalize::InternState> =
+            storing.iter().map(|_| Default::default()).collect();
+        let (slot, twins, lead) = 'join: loop {
             let partition = self.symbols.current();
-            // A profile whose symbols the partition has (the usual case) only looks them
-            // up, alongside others; one with new symbols interns them alone. Either keeps
-            // the partition open until the profile has joined a group.
+            // Profiles whose symbols the partition has (the usual case) only look them up,
+            // alongside others; ones with new symbols intern them alone. Either keeps the
+            // partition open until the profiles have joined a group.
             let Some(mut writer) = partition.lookup() else {
                 continue; // closed by a rotation meanwhile: take the next one
             };
-            let (stacks, new_stacks) = match prepared.intern(&mut writer, &mut interned)? {
-                Some(stacks) => (stacks, 0),
-                None => {
-                    drop(writer);
-                    let Some(exclusive) = partition.writer() else {
-                        continue;
-                    };
-                    writer = exclusive;
+            let mut stacks = Vec::with_capacity(storing.len());
+            let mut new_stacks = vec![0; storing.len()];
+            for (p, state) in storing.iter().zip(&mut interned) {
+                match p.intern(&mut writer, state)? {
+                    Some(s) => stacks.push(s),
+                    None => break,
+                }
+            }
+            if stacks.len() < storing.len() {
+                drop(writer);
+                let Some(exclusive) = partition.writer() else {
+                    continue;
+                };
+                writer = exclusive;
+                stacks.clear();
+                for ((p, state), new) in storing.iter().zip(&mut interned).zip(&mut new_stacks) {
                     let before = partition.counts().stacks;
                     // Symbols added by a profile that fails here are written with the next
                     // group of their partition (nothing refers to them), or never.
-                    let stacks = prepared
-                        .intern(&mut writer, &mut interned)?
-                        .ok_or_else(|| {
-                            Error::Corrupt("an exclusive symbol writer added nothing".into())
-                        })?;
-                    (stacks, partition.counts().stacks - before)
+                    stacks.push(p.intern(&mut writer, state)?.ok_or_else(|| {
+                        Error::Corrupt("an exclusive symbol writer added nothing".into())
+                    })?);
+                    *new = partition.counts().stacks - before;
                 }
-            };
+            }
             let mut pipeline = self.pipeline();
             if pipeline.failed.contains(&partition.id()) {
                 return Err(Error::Unavailable(format!(
@@ -147,18 +213,36 @@ impl ProfileStore {
             }
             // Checked here, under the lock that orders profiles into groups: of two
             // profiles alike, the one that comes second finds the first's fingerprint.
-            let fingerprint = prepared.fingerprint();
-            if self.fingerprints.is_some() {
-                let stored = pipeline.stored(fingerprint);
-                if !matches!(stored, Stored::No) {
-                    coming.arrive();
-                    if pipeline.gathering {
-                        self.joined.notify_one(); // one fewer to wait for
-                    }
-                    drop(pipeline);
-                    drop(writer);
-                    return self.stored_already(prepared, stored);
+            let dedup = self.fingerprints.is_some();
+            let mut joining: Vec<(usize, Option<ContentFingerprint>)> = Vec::new();
+            let mut twins: Vec<Arc<Slot>> = Vec::new();
+            for (k, p) in storing.iter().enumerate() {
+                if !dedup {
+                    joining.push((k, None));
+                    continue;
                 }
+                let fingerprint = p.fingerprint();
+                let twin_here = joining.iter().any(|&(_, f)| f == Some(fingerprint));
+                match pipeline.stored(fingerprint) {
+                    Stored::No if !twin_here => joining.push((k, Some(fingerprint))),
+                    stored => {
+                        if let Stored::By(slot) = stored {
+                            twins.push(slot);
+                        }
+                        summaries[at[k]].duplicate = true;
+                        tracing::debug!(
+                            timestamp_ms = p.timestamp(),
+                            "a profile stored already was not stored again"
+                        );
+                    }
+                }
+            }
+            if joining.is_empty() {
+                coming.arrive();
+                if pipeline.gathering {
+                    self.joined.notify_one(); // one fewer to wait for
+                }
+                break 'join (None, twins, false);
             }
             if pipeline
                 .open
@@ -172,25 +256,31 @@ impl ProfileStore {
                 pipeline.open = Some(Group::new(partition.clone(), from));
             }
             let group = pipeline.open.as_mut().expect("opened above");
-            let appended = prepared
-                .append_samples(partition.id(), &stacks, &mut group.rows)
-                .and_then(|summary| {
-                    prepared.append_spans(partition.id(), &stacks, &mut group.spans)?;
-                    Ok(summary)
-                });
-            let mut summary = match appended {
-                Ok(summary) => summary,
-                Err(e) => {
-                    // The group's rows are no longer whole: it fails as a whole.
-                    group.broken = Some(e.to_string());
-                    return Err(e);
+            for &(k, fingerprint) in &joining {
+                let p = storing[k];
+                let appended = p
+                    .append_samples(partition.id(), &stacks[k], &mut group.rows)
+                    .and_then(|summary| {
+                        p.append_spans(partition.id(), &stacks[k], &mut group.spans)?;
+                        Ok(summary)
+                    });
+                let summary = &mut summaries[at[k]];
+                *summary = match appended {
+                    Ok(summary) => summary,
+                    Err(e) => {
+                        // The group's rows are no longer whole: it fails as a whole.
+                        group.broken = Some(e.to_string());
+                        return Err(e);
+                    }
+                };
+                summary.new_stacks = new_stacks[k];
+                let day = crate::limits::day_of(p.timestamp());
+                group
+                    .keys
+                    .extend(series[k].iter().map(|&(key, _)| (key, day)));
+                if let Some(fingerprint) = fingerprint {
+                    group.fingerprints.push((p.timestamp(), fingerprint));
                 }
-            };
-            summary.new_stacks = new_stacks;
-            group.keys.extend(series.iter().map(|&(key, _)| (key, day)));
-            let dedup = self.fingerprints.is_some();
-            if dedup {
-                group.fingerprints.push((prepared.timestamp(), fingerprint));
             }
             let slot = group.slot.clone();
             let full = group.rows.len() >= MAX_GROUP_ROWS;
@@ -198,8 +288,10 @@ impl ProfileStore {
             if full {
                 pipeline.seal();
             }
-            if dedup {
-                pipeline.pending.insert(fingerprint, slot.clone());
+            for (_, fingerprint) in &joining {
+                if let Some(fingerprint) = fingerprint {
+                    pipeline.pending.insert(*fingerprint, slot.clone());
+                }
             }
             let coming = coming.arrive();
             if pipeline.gathering && (full || !worth_waiting_for(coming, joined)) {
@@ -207,55 +299,55 @@ impl ProfileStore {
                 self.joined.notify_one();
             }
             let lead = !std::mem::replace(&mut pipeline.leading, true);
-            break (slot, summary, lead);
+            break (Some(slot), twins, lead);
         };
-        if lead {
-            self.lead(&slot);
-        }
-        let submitted = self.await_group(&slot)?;
-        submitted.wait()?;
-        Ok(summary)
-    }
-
-    /// The answer to a profile stored already (`stored`): once the profile stored first is
-    /// durable, nothing written; its error if storing it failed.
-    fn stored_already(
-        &self,
-        prepared: &crate::normalize::Prepared<'_>,
-        stored: Stored,
-    ) -> Result<IngestSummary> {
-        if let Stored::By(slot) = stored {
+        if let Some(slot) = slot {
+            if lead {
+                self.lead(&slot);
+            }
             self.await_group(&slot)?.wait()?;
         }
-        tracing::debug!(
-            timestamp_ms = prepared.timestamp(),
-            "a profile stored already was not stored again"
-        );
-        Ok(IngestSummary {
-            timestamp_ms: prepared.timestamp(),
-            duplicate: true,
-            ..IngestSummary::default()
-        })
+        // A profile stored already answers once the one stored first is durable, with its
+        // error if storing it failed.
+        for twin in twins {
+            self.await_group(&twin)?.wait()?;
+        }
+        Ok(summaries)
     }
 
-    /// Admits the profile's series, all or none: known ones always pass, new ones while the
+    /// Admits the profiles' series, all or none: known ones always pass, new ones while the
     /// store is under [`StoreOptions::max_series`].
     fn admit(
         &self,
-        series: &[(u64, usize)],
-        prepared: &crate::normalize::Prepared<'_>,
+        prepared: &[&crate::normalize::Prepared<'_>],
+        series: &[Vec<(u64, usize)>],
     ) -> Result<()> {
         let limit = self.options.max_series;
         if limit == usize::MAX {
             return Ok(());
         }
+        // Each series with its place: (profile, label set), numbered across the profiles.
+        let places: Vec<(usize, usize)> = series
+            .iter()
+            .enumerate()
+            .flat_map(|(p, sets)| sets.iter().map(move |&(_, set)| (p, set)))
+            .collect();
+        let keys: Vec<(u64, usize)> = series
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, &(key, _))| (key, i))
+            .collect();
         self.series
             .lock()
-            .admit(series, limit)
-            .map_err(|(new, example)| Error::SeriesLimit {
-                limit,
-                new,
-                example: prepared.series_text(example),
+            .admit(&keys, limit)
+            .map_err(|(new, example)| {
+                let (p, set) = places[example];
+                Error::SeriesLimit {
+                    limit,
+                    new,
+                    example: prepared[p].series_text(set),
+                }
             })
     }
 

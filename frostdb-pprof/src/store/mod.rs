@@ -49,7 +49,7 @@ mod maintenance;
 mod options;
 mod read;
 
-use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Stored, worth_waiting_for};
+use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for};
 use derived::{SeriesSeen, build_series_index, build_totals};
 use maintenance::{SymbolExpiry, partitions_used};
 pub use options::StoreOptions;
