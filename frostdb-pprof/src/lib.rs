@@ -106,8 +106,8 @@ pub use frostdb_core::{Db, DbOptions};
 // The profile model, so that an embedder needs this crate alone.
 pub use frostdb_profile::native::{LabelSet, Series, SeriesLabels};
 pub use frostdb_profile::{
-    Aggregation, MatchOp, Matcher, ProfileType, Selector, SelectorError, TimeRange, TypedSelector,
-    ids, schema,
+    Aggregation, MAX_MS, MatchOp, Matcher, ProfileType, Selector, SelectorError, TimeRange,
+    TypedSelector, checked_ms, ids, schema,
 };
 pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};

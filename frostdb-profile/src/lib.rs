@@ -25,7 +25,7 @@ pub mod schema;
 mod selector;
 
 pub use frostdb_query::{Error, Result};
-pub use range::{Aggregation, TimeRange};
+pub use range::{Aggregation, MAX_MS, TimeRange, checked_ms};
 pub use selector::{
     MatchOp, Matcher, PROFILE_TYPE_LABEL, ProfileType, Selector, SelectorError, TypedSelector,
 };

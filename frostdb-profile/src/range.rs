@@ -6,6 +6,21 @@ use datafusion::prelude::{ident, lit};
 use crate::ProfileType;
 use crate::schema::column::TIMESTAMP;
 
+/// The latest time taken, in Unix ms: the last millisecond of the year 9999. Times are
+/// checked against `0..=MAX_MS` where they enter, so no arithmetic on them can wrap.
+pub const MAX_MS: i64 = 253_402_300_799_999;
+
+/// `ms` if it is within `0..=`[`MAX_MS`], else an error naming `what`.
+pub fn checked_ms(ms: i64, what: &str) -> Result<i64, String> {
+    if (0..=MAX_MS).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(format!(
+            "{what}: {ms} ms is outside the times taken (0 to {MAX_MS}: 1970 to the year 9999)"
+        ))
+    }
+}
+
 /// A half-open time range `[start_ms, end_ms)` in milliseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeRange {

@@ -5,7 +5,7 @@ use frostdb_ebpf_ingest::{Config, Interval, Sampler, Target};
 
 use super::Shared;
 use super::config::EbpfConfig;
-use super::ingest::{Incoming, store};
+use super::ingest::{Incoming, store_one};
 
 /// The sampler's configuration from the server's.
 pub fn sampler_config(c: &EbpfConfig) -> Config {
@@ -49,8 +49,9 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
                 labels,
                 delta: false,
                 timestamp_ms: Some(interval.start_ms),
+                at: String::new(),
             };
-            match runtime.block_on(store(&state, &tenant, incoming)) {
+            match runtime.block_on(store_one(&state, &tenant, incoming)) {
                 Ok(summary) => rows += summary.rows,
                 Err(e) => failed.push(format!("pid {} ({}): {e}", p.pid, p.info.comm)),
             }

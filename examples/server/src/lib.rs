@@ -39,21 +39,7 @@ pub mod time {
     //! Times as users write them.
 
     pub use frostdb_core::now_ms;
-
-    /// The latest time taken, in Unix ms: the last millisecond of the year 9999. Times are
-    /// checked against `0..=MAX_MS` where they enter, so no arithmetic on them can wrap.
-    pub const MAX_MS: i64 = 253_402_300_799_999;
-
-    /// `ms` if it is within `0..=`[`MAX_MS`], else an error naming `what`.
-    pub fn checked_ms(ms: i64, what: &str) -> Result<i64, String> {
-        if (0..=MAX_MS).contains(&ms) {
-            Ok(ms)
-        } else {
-            Err(format!(
-                "{what}: {ms} ms is outside the times taken (0 to {MAX_MS}: 1970 to the year 9999)"
-            ))
-        }
-    }
+    pub use frostdb_pprof::{MAX_MS, checked_ms};
 
     /// Milliseconds since the Unix epoch from RFC 3339 (`2026-11-22T10:00:00Z`), Unix
     /// milliseconds (`1763805600000`), `now`, or `now-<n><unit>` / `now+<n><unit>` with units

@@ -236,21 +236,23 @@ async fn scrape_once(
         }
         body.extend_from_slice(&chunk);
     }
-    let decoded = frostdb_pprof::decode(&body, &state.tenants.pprof_limits())
-        .map_err(|e| format!("pprof: {e}"))?;
-    let summary = store(
-        state,
-        &config.tenant,
-        Incoming {
+    let limits = state.tenants.pprof_limits();
+    let (name, labels) = (profile_name(profile).to_owned(), labels.to_vec());
+    let stored = store(state, &config.tenant, move || {
+        let decoded = frostdb_pprof::decode(&body, &limits)
+            .map_err(|e| crate::error::ApiError::from(e).context("pprof"))?;
+        Ok(vec![Incoming {
             profile: decoded,
             previous: None,
-            name: profile_name(profile).to_owned(),
-            labels: labels.to_vec(),
+            name,
+            labels,
             delta: true,
             timestamp_ms: Some(started_ms),
-        },
-    )
+            at: String::new(),
+        }])
+    })
     .await
     .map_err(|e| e.to_string())?;
+    let summary = stored.first().cloned().unwrap_or_default();
     Ok(summary.rows)
 }

@@ -1524,6 +1524,41 @@ async fn a_push_over_a_label_limit_is_a_413_naming_the_limit() {
     assert!(body.contains("max_label_names_per_series = 30"), "{body}");
 }
 
+/// A push request's profiles are stored whole or not at all: a second series over a label
+/// limit, or with a garbage profile, refuses the request and leaves the first unstored; a
+/// good request stores both.
+#[tokio::test]
+async fn a_push_of_several_profiles_is_stored_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = "[limits]\nmax_label_value_length = 16\n";
+    let s = Server::start(&dir.path().join("data"), Some(config));
+    let raw = testdata(GO_CPU);
+    let two = |second: &[(&str, &str)], second_raw: Vec<u8>| {
+        let mut request = push_request("process_cpu", &[("service_name", "first")], raw.clone());
+        let other = push_request("process_cpu", second, second_raw);
+        request.series.extend(other.series);
+        request
+    };
+    let long = "v".repeat(17);
+    for (request, status) in [
+        (two(&[("service_name", long.as_str())], raw.clone()), 413),
+        (two(&[("service_name", "second")], b"garbage".to_vec()), 400),
+    ] {
+        let (got, body) = push_proto(&s, None, &request).await;
+        assert_eq!(got, status, "{body}");
+        assert!(
+            body.contains("series[1]"),
+            "the error names the profile: {body}"
+        );
+        let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+        assert_eq!(services, serde_json::json!([]), "nothing stored: {body}");
+    }
+    let (got, body) = push_proto(&s, None, &two(&[("service_name", "second")], raw.clone())).await;
+    assert_eq!(got, 200, "{body}");
+    let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+    assert_eq!(services, serde_json::json!(["first", "second"]));
+}
+
 /// The series limit counts what a tenant stored before a restart: after one, a new series
 /// over the limit is still refused (429) and a stored one still accepted.
 #[tokio::test]

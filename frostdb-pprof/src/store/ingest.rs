@@ -56,24 +56,42 @@ impl ProfileStore {
         &self,
         profiles: &[(&ValidProfile, &IngestOptions)],
     ) -> Result<Vec<IngestSummary>> {
+        self.ingest_all_at(profiles, |i| format!("profiles[{i}]"))
+    }
+
+    /// [`ProfileStore::ingest_all`], the error of a profile at fault said to be `at(i)`
+    /// (when there are several).
+    pub(crate) fn ingest_all_at(
+        &self,
+        profiles: &[(&ValidProfile, &IngestOptions)],
+        at: impl Fn(usize) -> String,
+    ) -> Result<Vec<IngestSummary>> {
+        let at = |i: usize, error: Error| match at(i) {
+            place if profiles.len() > 1 && !place.is_empty() => Error::At {
+                at: place,
+                error: Box::new(error),
+            },
+            _ => error,
+        };
         let mut coming = Coming::new(self);
         if !profiles.iter().any(|(_, o)| o.delta) {
             let prepared = profiles
                 .iter()
-                .map(|(p, o)| prepare(p, o, &[]))
+                .enumerate()
+                .map(|(i, (p, o))| prepare(p, o, &[]).map_err(|e| at(i, e)))
                 .collect::<Result<Vec<_>>>()?;
-            return self.store_all(&prepared, &mut coming);
+            return self.store_all(&prepared, &mut coming, &at);
         }
         coming.arrive();
         let mut deltas = self.deltas.lock();
         let mut earlier = Deltas::default();
         let mut prepared = Vec::with_capacity(profiles.len());
-        for (p, o) in profiles {
-            let one = prepare(p, o, &[&earlier, &deltas])?;
+        for (i, (p, o)) in profiles.iter().enumerate() {
+            let one = prepare(p, o, &[&earlier, &deltas]).map_err(|e| at(i, e))?;
             earlier.apply(one.delta_states.clone());
             prepared.push(one);
         }
-        let summaries = self.store_all(&prepared, &mut coming)?;
+        let summaries = self.store_all(&prepared, &mut coming, &at)?;
         deltas.apply(earlier.into_states());
         Ok(summaries)
     }
@@ -126,7 +144,7 @@ impl ProfileStore {
         prepared: &crate::normalize::Prepared<'_>,
         coming: &mut Coming<'_>,
     ) -> Result<IngestSummary> {
-        let mut summaries = self.store_all(std::slice::from_ref(prepared), coming)?;
+        let mut summaries = self.store_all(std::slice::from_ref(prepared), coming, &|_, e| e)?;
         summaries
             .pop()
             .ok_or_else(|| Error::Corrupt("a stored profile has no summary".into()))
@@ -147,6 +165,7 @@ impl ProfileStore {
         &self,
         prepared: &[crate::normalize::Prepared<'_>],
         coming: &mut Coming<'_>,
+        at: &dyn Fn(usize, Error) -> Error,
     ) -> Result<Vec<IngestSummary>> {
         let mut summaries: Vec<IngestSummary> = prepared
             .iter()
@@ -158,14 +177,15 @@ impl ProfileStore {
         // The profiles with samples; those without store nothing.
         let storing: Vec<&crate::normalize::Prepared<'_>> =
             prepared.iter().filter(|p| !p.is_empty()).collect();
-        let at: Vec<usize> = (0..prepared.len())
+        let at_index: Vec<usize> = (0..prepared.len())
             .filter(|&i| !prepared[i].is_empty())
             .collect();
         if storing.is_empty() {
             return Ok(summaries);
         }
-        for p in &storing {
-            p.check_labels(&self.options.label_limits)?;
+        for (p, &i) in storing.iter().zip(&at_index) {
+            p.check_labels(&self.options.label_limits)
+                .map_err(|e| at(i, e))?;
         }
         let series: Vec<Vec<(u64, usize)>> = storing.iter().map(|p| p.series()).collect();
         self.admit(&storing, &series)?;
@@ -229,7 +249,7 @@ impl ProfileStore {
                         if let Stored::By(slot) = stored {
                             twins.push(slot);
                         }
-                        summaries[at[k]].duplicate = true;
+                        summaries[at_index[k]].duplicate = true;
                         tracing::debug!(
                             timestamp_ms = p.timestamp(),
                             "a profile stored already was not stored again"
@@ -264,7 +284,7 @@ impl ProfileStore {
                         p.append_spans(partition.id(), &stacks[k], &mut group.spans)?;
                         Ok(summary)
                     });
-                let summary = &mut summaries[at[k]];
+                let summary = &mut summaries[at_index[k]];
                 *summary = match appended {
                     Ok(summary) => summary,
                     Err(e) => {

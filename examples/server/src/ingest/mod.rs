@@ -9,7 +9,8 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
-use frostdb_pprof::{IngestSummary, ValidProfile};
+use frostdb_pprof::IngestSummary;
+pub use frostdb_pprof::convert::Incoming;
 
 use super::Shared;
 use super::edge::RequestMemory;
@@ -25,67 +26,36 @@ pub fn routes() -> Router<Shared> {
         .route(otlp::GRPC_EXPORT, post(otlp::handle_grpc))
 }
 
-/// One profile to store.
-#[derive(Debug)]
-pub struct Incoming {
-    /// The profile, checked against the limits.
-    pub profile: ValidProfile,
-    /// The same process's earlier profile: cumulative types are stored as the difference.
-    pub previous: Option<ValidProfile>,
-    /// Profile name (`process_cpu`, `memory`, ...).
-    pub name: String,
-    /// Series labels.
-    pub labels: Vec<(String, String)>,
-    /// Store cumulative types as deltas between consecutive profiles of the series.
-    pub delta: bool,
-    /// When the profile was taken, if the request says (else the profile's `time_nanos`).
-    pub timestamp_ms: Option<i64>,
-}
-
-/// Whether a pushed label is stored: names beginning with `__` are Pyroscope's own (the
-/// profile name, its type, `__delta__`) and are dropped as Pyroscope drops them at
-/// ingestion, except `__session_id__`, which it keeps.
-fn allowed_label(name: &str) -> bool {
-    !name.starts_with("__") || name == "__session_id__"
-}
-
-/// Admits the series against the tenant's limit, then stores the profile in the ingest
-/// lane (off the async threads, as many at once as `limits.max_concurrent_ingest`).
-/// Returns once the samples are durable.
-pub async fn store(state: &Shared, tenant: &str, incoming: Incoming) -> ApiResult<IngestSummary> {
+/// Stores a request's profiles whole or not at all ([`frostdb_pprof::convert::store`]),
+/// once the tenant is open for writing. `decode` (decompressing, parsing and converting the
+/// request) runs with the storing in the ingest lane: off the async threads, as many at once
+/// as `limits.max_concurrent_ingest`. Returns once the samples are durable, a summary per
+/// profile.
+pub async fn store<F>(state: &Shared, tenant: &str, decode: F) -> ApiResult<Vec<IngestSummary>>
+where
+    F: FnOnce() -> ApiResult<Vec<Incoming>> + Send + 'static,
+{
     let tenant = state.tenants.for_write(tenant).await?;
-    let mut labels: Vec<(String, String)> = incoming
-        .labels
-        .into_iter()
-        .filter(|(k, v)| !v.is_empty() && allowed_label(k))
-        .map(|(k, v)| (frostdb_pprof::sanitize_label(&k), v))
-        .collect();
-    labels.sort();
-    if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
-        return Err(ApiError::bad_request(format!(
-            "label {:?} is given twice (after making label names column-safe)",
-            w[0].0
-        )));
-    }
-    if incoming.name.is_empty() {
-        return Err(ApiError::bad_request("the profile has no name"));
-    }
-    let options = frostdb_pprof::IngestOptions::default()
-        .name(incoming.name)
-        .labels(labels)
-        .delta(incoming.delta)
-        .timestamp_ms(incoming.timestamp_ms);
-    let (profile, previous) = (incoming.profile, incoming.previous);
     state
         .work
         .ingest
-        .blocking(move |_| match previous {
-            Some(previous) => Ok(tenant
-                .store
-                .ingest_with_previous(&profile, &previous, &options)?),
-            None => Ok(tenant.store.ingest_profile(&profile, &options)?),
+        .blocking(move |_| {
+            let incoming = decode()?;
+            Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
         })
         .await
+}
+
+/// [`store`] for one profile.
+pub async fn store_one(
+    state: &Shared,
+    tenant: &str,
+    incoming: Incoming,
+) -> ApiResult<IngestSummary> {
+    let mut summaries = store(state, tenant, move || Ok(vec![incoming])).await?;
+    summaries
+        .pop()
+        .ok_or_else(|| ApiError::internal("a stored profile has no summary"))
 }
 
 /// The body, decompressed when `Content-Encoding: gzip`, within the decompressed limit;

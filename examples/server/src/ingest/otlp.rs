@@ -2,7 +2,7 @@
 //! `ExportProfilesServiceRequest` of opentelemetry-proto profiles/v1development, and the same
 //! over gRPC at `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export`),
 //! converted to pprof by [`frostdb_pprof::convert::otlp`]: each OTLP `Profile` is stored as a
-//! pprof profile under its series labels, one at a time. The request is checked within the
+//! pprof profile under its series labels, a request's profiles whole or not at all. The request is checked within the
 //! request limits on its bytes before it is decoded (over gRPC by the service's codec).
 
 use axum::body::Bytes;
@@ -35,10 +35,14 @@ pub async fn handle(
             "Content-Type {kind:?}: OTLP profiles are accepted as application/x-protobuf"
         )));
     }
-    let body = body_bytes(&state, &headers, body, &memory)?;
-    let request = otlp::parse(&body, &request_limits(&state.config))?;
-    drop(body);
-    export(&state, &tenant, &request).await?;
+    let decoding = state.clone();
+    export(&state, &tenant, move || {
+        let body = body_bytes(&decoding, &headers, body, &memory)?;
+        let request = otlp::parse(&body, &request_limits(&decoding.config))?;
+        drop(body);
+        Ok(request)
+    })
+    .await?;
     Ok((
         [(header::CONTENT_TYPE, "application/x-protobuf")],
         proto::ExportProfilesServiceResponse::default().encode_to_vec(),
@@ -46,34 +50,23 @@ pub async fn handle(
         .into_response())
 }
 
-/// Converts and stores every profile of an export request, one at a time; the count
-/// stored. Each is acknowledged only once durable, and the first failure fails the
-/// request.
-pub async fn export(
-    state: &Shared,
-    tenant: &str,
-    request: &proto::ExportProfilesServiceRequest,
-) -> ApiResult<usize> {
-    let limits = state.tenants.pprof_limits();
-    let mut profiles = 0;
-    // One converted profile at a time: the request may hold many.
-    for converted in otlp::profiles(request, &limits, &request_limits(&state.config))? {
-        let c = converted?;
-        let incoming = Incoming {
-            profile: c.profile,
-            previous: None,
-            name: c.name,
-            labels: c.labels,
-            delta: false,
-            timestamp_ms: None,
-        };
-        store(state, tenant, incoming)
-            .await
-            .map_err(|e| e.context(&c.at))?;
-        profiles += 1;
-    }
-    tracing::debug!(%tenant, profiles, "otlp export");
-    Ok(profiles)
+/// Converts and stores every profile of an export request (`read` reads it), in the ingest
+/// lane, whole or not at all; the count stored. Acknowledged only once durable.
+pub async fn export<F>(state: &Shared, tenant: &str, read: F) -> ApiResult<usize>
+where
+    F: FnOnce() -> ApiResult<proto::ExportProfilesServiceRequest> + Send + 'static,
+{
+    let converting = state.clone();
+    let stored = store(state, tenant, move || {
+        let request = read()?;
+        let limits = converting.tenants.pprof_limits();
+        otlp::profiles(&request, &limits, &request_limits(&converting.config))?
+            .map(|c| Ok(Incoming::from(c?)))
+            .collect()
+    })
+    .await?;
+    tracing::debug!(%tenant, profiles = stored.len(), "otlp export");
+    Ok(stored.len())
 }
 
 /// The generated gRPC glue of the collector service.
@@ -106,7 +99,8 @@ impl grpc::profiles_service_server::ProfilesService for Collector {
         request: tonic::Request<proto::ExportProfilesServiceRequest>,
     ) -> Result<tonic::Response<proto::ExportProfilesServiceResponse>, tonic::Status> {
         let tenant = crate::querier::grpc_tenant(request.metadata())?;
-        export(&self.state, &tenant, request.get_ref())
+        let request = request.into_inner();
+        export(&self.state, &tenant, move || Ok(request))
             .await
             .map_err(crate::querier::status)?;
         Ok(tonic::Response::new(

@@ -3,6 +3,7 @@
 //! or not. The request is read (its counts and size checked on its bytes first, within the
 //! request limits) and its samples decoded by [`frostdb_pprof::convert::push`]
 //! (series labels `__name__`, the profile name, and `__delta__`); this is the HTTP around it.
+//! A request's profiles are stored whole or not at all.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -36,31 +37,20 @@ pub async fn handle(
             )));
         }
     };
-    let limits = crate::codec::request_limits(&state.config);
-    let request = push::parse(
-        encoding,
-        &body_bytes(&state, &headers, body, &memory)?,
-        &limits,
-    )
-    .map_err(|e| crate::codec::push_refusal(e, &state.config))?;
-    let limits = state.tenants.pprof_limits();
-    // One decoded profile at a time: the request may hold many.
-    let mut profiles = 0;
-    for pushed in push::profiles(&request, &limits)? {
-        let pushed = pushed?;
-        let incoming = Incoming {
-            profile: pushed.profile,
-            previous: None,
-            name: pushed.name,
-            labels: pushed.labels,
-            delta: pushed.delta,
-            timestamp_ms: None,
-        };
-        store(&state, &tenant, incoming)
-            .await
-            .map_err(|e| e.context(&pushed.at))?;
-        profiles += 1;
-    }
+    // Read, decoded and stored in the ingest lane, whole or not at all.
+    let (decoding, request_limits) = (state.clone(), crate::codec::request_limits(&state.config));
+    let stored = store(&state, &tenant, move || {
+        let body = body_bytes(&decoding, &headers, body, &memory)?;
+        let request = push::parse(encoding, &body, &request_limits)
+            .map_err(|e| crate::codec::push_refusal(e, &decoding.config))?;
+        drop(body);
+        let limits = decoding.tenants.pprof_limits();
+        push::profiles(&request, &limits)?
+            .map(|p| Ok(Incoming::from(p?)))
+            .collect()
+    })
+    .await?;
+    let profiles = stored.len();
     tracing::debug!(%tenant, profiles, "push");
     Ok(match encoding {
         Encoding::Json => ([(header::CONTENT_TYPE, "application/json")], "{}").into_response(),
