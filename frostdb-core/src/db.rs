@@ -776,6 +776,14 @@ impl Db {
         self.inner.log.wal().and_then(Wal::poisoned)
     }
 
+    /// How mirroring the manifest to the object store has gone: failures since open, and
+    /// why the mirror is behind while it is (see [`crate::MirrorHealth`]). `None` for a
+    /// database whose manifest is not mirrored (in memory, or one shared through a bucket,
+    /// whose manifest is the bucket's).
+    pub fn mirror_health(&self) -> Option<crate::MirrorHealth> {
+        self.inner.disk.as_ref()?.manifest.mirror_health()
+    }
+
     /// Whether the database is read-only: a follower of a bucket ([`Db::open_reader`]) or a
     /// directory opened to read ([`Db::open_read_only`]).
     pub fn is_read_only(&self) -> bool {

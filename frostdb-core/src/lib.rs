@@ -105,7 +105,7 @@ pub use db::Db;
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};
 pub use lock::{DirLock, LOCK_FILE};
-pub use manifest::{BlockMeta, BlockSlice};
+pub use manifest::{BlockMeta, BlockSlice, MirrorHealth};
 pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
 pub use predicate::{CmpOp, Col, ColumnStats, Predicate, col};
 pub use scalar::Scalar;

@@ -139,6 +139,21 @@ enum Home {
 pub(crate) struct ManifestFile {
     home: Home,
     current: Mutex<Manifest>,
+    /// How mirroring the manifest to the object store has gone (a local manifest only).
+    mirror: Mutex<MirrorHealth>,
+}
+
+/// How mirroring a database's manifest to its object store has gone ([`crate::Db::mirror_health`]).
+/// While the mirror is behind, a database reopened from the object store alone (its
+/// directory lost) misses the blocks persisted since the last good mirror; the next
+/// manifest change that mirrors brings it up to date.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MirrorHealth {
+    /// Mirrors that failed since the database opened.
+    pub failures: u64,
+    /// Why the last mirror failed, while the object store's copy is behind the local one.
+    pub behind: Option<String>,
 }
 
 impl std::fmt::Debug for ManifestFile {
@@ -244,7 +259,18 @@ impl ManifestFile {
                 read_only: false,
             },
             current: Mutex::new(manifest),
+            mirror: Mutex::default(),
         })
+    }
+
+    /// How mirroring this manifest has gone; `None` for one without a mirror.
+    pub(crate) fn mirror_health(&self) -> Option<MirrorHealth> {
+        match &self.home {
+            Home::Local {
+                mirror: Some(_), ..
+            } => Some(self.mirror.lock().clone()),
+            _ => None,
+        }
     }
 
     /// This manifest refusing updates (a database opened read-only): it is only read.
@@ -277,6 +303,7 @@ impl ManifestFile {
                 read_only,
             },
             current: Mutex::new(manifest),
+            mirror: Mutex::default(),
         })
     }
 
@@ -351,13 +378,23 @@ impl ManifestFile {
                     let (store, path) = (store.clone(), prefix.clone().join(FILE_NAME));
                     let payload = bytes.clone();
                     let shown = path.to_string();
-                    match io.run(async move { store.put(&path, payload.into()).await }) {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(error)) => {
-                            tracing::warn!(object = %shown, %error, "cannot mirror the manifest to the object store")
-                        }
-                        Err(error) => tracing::warn!(%error, "cannot mirror the manifest"),
+                    let failed = match io.run(async move { store.put(&path, payload.into()).await })
+                    {
+                        Ok(Ok(_)) => None,
+                        Ok(Err(error)) => Some(format!("writing {shown}: {error}")),
+                        Err(error) => Some(error.to_string()),
+                    };
+                    let mut health = self.mirror.lock();
+                    if let Some(error) = &failed {
+                        health.failures += 1;
+                        tracing::warn!(
+                            failures = health.failures,
+                            "cannot mirror the manifest to the object store (it stays behind until a mirror succeeds): {error}"
+                        );
+                    } else if health.behind.is_some() {
+                        tracing::info!("the manifest is mirrored to the object store again");
                     }
+                    health.behind = failed;
                 }
             }
             Home::Bucket {

@@ -61,3 +61,56 @@ fn a_failed_cut_of_a_shared_database_is_an_event_and_is_retried() {
     let seen = reader.get_table("samples").unwrap();
     assert_eq!(count(&seen.scan(&ScanRequest::new()).unwrap()), 10);
 }
+
+/// A manifest change whose mirror to the object store fails is kept locally, and the
+/// failure is visible: counted, and the reason shown while the mirror is behind; the next
+/// change that mirrors clears it.
+#[test]
+fn a_failed_manifest_mirror_is_counted_and_shown_until_one_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultStore::default());
+    let options = DbOptions::default().background_compaction(false);
+    let db =
+        Db::open_with_store(dir.path(), Arc::new(Faulty(store.clone())), "db", options).unwrap();
+    db.table("a", samples_schema(), TableOptions::default())
+        .unwrap();
+    let health = db.mirror_health().expect("a local manifest with a mirror");
+    assert_eq!((health.failures, health.behind), (0, None));
+
+    // The mirror's put reports a failure (a timeout: whether it happened is unknown).
+    store.time_out_next(1);
+    db.table("b", samples_schema(), TableOptions::default())
+        .expect("the local manifest is the database's: a failed mirror does not fail the change");
+    store.heal();
+    let health = db.mirror_health().unwrap();
+    assert_eq!(health.failures, 1);
+    assert!(
+        health
+            .behind
+            .as_ref()
+            .is_some_and(|why| why.contains("manifest.json")),
+        "{health:?}"
+    );
+
+    db.table("c", samples_schema(), TableOptions::default())
+        .unwrap();
+    let health = db.mirror_health().unwrap();
+    assert_eq!((health.failures, health.behind), (1, None));
+    // The mirror is whole again: the bucket alone reopens every table.
+    drop(db);
+    let empty = tempfile::tempdir().unwrap();
+    let reopened = Db::open_with_store(
+        empty.path(),
+        Arc::new(Faulty(store)),
+        "db",
+        DbOptions::default(),
+    )
+    .unwrap();
+    let mut tables: Vec<String> = reopened
+        .tables()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .collect();
+    tables.sort();
+    assert_eq!(tables, ["a", "b", "c"]);
+}

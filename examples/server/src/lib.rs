@@ -13,6 +13,7 @@ pub mod connections;
 pub mod ebpf;
 pub mod edge;
 pub mod error;
+pub mod health;
 pub mod ingest;
 pub mod querier;
 pub mod query;
@@ -202,6 +203,7 @@ pub fn router(state: Shared) -> Router {
         .merge(query::routes())
         .merge(querier::routes())
         .merge(scrape::routes())
+        .merge(health::metrics_routes())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(
@@ -215,6 +217,7 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(api)
         .merge(web::routes())
+        .merge(health::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(
@@ -268,20 +271,25 @@ async fn log_request(request: Request, next: Next) -> Response {
 
 /// Checks the bearer token when one is configured.
 async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    if let Some(token) = &state.config.token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.map(str::trim) != Some(token.as_str()) {
-            return axum::response::IntoResponse::into_response(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "a bearer token is required (Authorization: Bearer <token>)",
-            ));
-        }
+    if !authorized(&state, request.headers()) {
+        return axum::response::IntoResponse::into_response(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token is required (Authorization: Bearer <token>)",
+        ));
     }
     next.run(request).await
+}
+
+/// Whether `headers` carry the bearer token the server requires, if it requires one.
+pub fn authorized(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    let Some(token) = &state.config.token else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    given.map(str::trim) == Some(token.as_str())
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then flushes every tenant.

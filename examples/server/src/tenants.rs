@@ -70,7 +70,6 @@ impl SharedBucket {
 pub struct Tenant {
     /// The tenant id.
     pub id: String,
-    /// Its profiles.
     /// Its profiles; the store holds the tenant to its series limit, counting every label
     /// a series has (request and pprof sample labels alike).
     pub store: ProfileStore,
@@ -625,6 +624,17 @@ impl Tenants {
         drop(tenant);
         drop(entry);
         Some((id, bytes))
+    }
+
+    /// The open tenants, by id.
+    pub fn open_tenants(&self) -> Vec<Arc<Tenant>> {
+        let mut open: Vec<Arc<Tenant>> = self
+            .open_now()
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        open.sort_by(|a, b| a.id.cmp(&b.id));
+        open
     }
 
     /// Takes what writers persisted since into every open tenant (a reader node).

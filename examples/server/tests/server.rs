@@ -1559,6 +1559,62 @@ async fn a_push_of_several_profiles_is_stored_whole_or_not_at_all() {
     assert_eq!(services, serde_json::json!(["first", "second"]));
 }
 
+/// A tenant whose manifest cannot be mirrored to its object store (here its blocks
+/// directory, where a directory stands in the mirror's place) keeps taking pushes, and the
+/// failure is visible: `/healthz` says degraded and names the tenant, `/metrics` counts the
+/// failed mirrors and shows the mirror behind; a healthy tenant shows none.
+#[tokio::test]
+async fn a_failing_manifest_mirror_shows_on_the_health_route_and_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let s = Server::start(&data, None);
+    let (status, body) = get(&format!("{}/healthz", s.url), None).await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    std::fs::create_dir_all(data.join("tenants/broken/blocks/manifest.json/x")).unwrap();
+    let raw = testdata(GO_CPU);
+    for tenant in ["fine", "broken"] {
+        let request = push_request("process_cpu", &[("service_name", "a")], raw.clone());
+        let (status, body) = push_proto(&s, Some(tenant), &request).await;
+        assert_eq!(status, 200, "{tenant}: {body}");
+    }
+    let (status, body) = get(&format!("{}/healthz", s.url), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("degraded\n"), "{body}");
+    assert!(
+        body.contains("tenant \"broken\": the manifest's mirror"),
+        "{body}"
+    );
+    assert!(!body.contains("\"fine\""), "{body}");
+    let (status, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    assert_eq!(status, 200, "{metrics}");
+    let value = |series: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("no {series} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("frostdb_manifest_mirror_failures_total{tenant=\"broken\"}") >= 1);
+    assert_eq!(
+        value("frostdb_manifest_mirror_behind{tenant=\"broken\"}"),
+        1
+    );
+    assert_eq!(
+        value("frostdb_manifest_mirror_failures_total{tenant=\"fine\"}"),
+        0
+    );
+    assert_eq!(value("frostdb_manifest_mirror_behind{tenant=\"fine\"}"), 0);
+    assert_eq!(value("frostdb_open_tenants"), 2);
+    // What was pushed to the broken tenant is there.
+    let total = top_total(
+        &s,
+        Some("broken"),
+        "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+    )
+    .await;
+    assert!(total > 0);
+}
+
 /// The series limit counts what a tenant stored before a restart: after one, a new series
 /// over the limit is still refused (429) and a stored one still accepted.
 #[tokio::test]

@@ -27,7 +27,6 @@ pub fn routes() -> Router<Shared> {
             "/app.css",
             get(|| async { page(APP_CSS, "text/css; charset=utf-8") }),
         )
-        .route("/healthz", get(|| async { "ok\n" }))
 }
 
 fn page(body: &'static str, kind: &'static str) -> impl IntoResponse {

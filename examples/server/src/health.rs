@@ -1,0 +1,142 @@
+//! How the server is: `/healthz` (alive, and what is degraded) and `/metrics` (the
+//! Prometheus text exposition format, behind the server's token like the API). Both answer
+//! from memory, on the async threads, without touching a tenant's data. `/healthz` names
+//! the tenants at fault only to a caller with the token (or where the server has none).
+//!
+//! Degraded, per open tenant: its database stopped accepting writes (a failed fsync or WAL
+//! upload; reopening it, by restarting, writes again), or its manifest's mirror in the
+//! object store is behind (a database reopened from the bucket alone would miss what was
+//! persisted since the last good mirror).
+
+use std::fmt::Write;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use super::Shared;
+
+/// The health route, open to all.
+pub fn routes() -> Router<Shared> {
+    Router::new().route("/healthz", get(healthz))
+}
+
+/// The metrics route (to mount behind the token).
+pub fn metrics_routes() -> Router<Shared> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+/// `GET /healthz`: 200 while the server answers; `ok`, or `degraded` and a line per
+/// problem.
+async fn healthz(State(state): State<Shared>, headers: HeaderMap) -> impl IntoResponse {
+    let named = crate::authorized(&state, &headers);
+    let mut problems = String::new();
+    for tenant in state.tenants.open_tenants() {
+        let db = tenant.store.db();
+        if let Some(why) = db.stopped() {
+            let _ = writeln!(
+                problems,
+                "tenant {:?}: stopped accepting writes: {why}",
+                tenant.id
+            );
+        }
+        if let Some(health) = db.mirror_health()
+            && let Some(why) = health.behind
+        {
+            let _ = writeln!(
+                problems,
+                "tenant {:?}: the manifest's mirror in the object store is behind after {} failed mirrors: {why}",
+                tenant.id, health.failures
+            );
+        }
+    }
+    if problems.is_empty() {
+        "ok\n".to_owned()
+    } else if named {
+        format!("degraded\n{problems}")
+    } else {
+        let n = problems.lines().count();
+        format!("degraded\n{n} problems (GET /metrics, or /healthz with the token, says which)\n")
+    }
+}
+
+/// `GET /metrics`.
+async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
+    let tenants = state.tenants.open_tenants();
+    let mut out = String::new();
+    family(
+        &mut out,
+        "frostdb_open_tenants",
+        "gauge",
+        "Tenants open now.",
+    );
+    let _ = writeln!(out, "frostdb_open_tenants {}", tenants.len());
+    family(
+        &mut out,
+        "frostdb_writes_stopped",
+        "gauge",
+        "1 while a tenant's database refuses writes (a failed fsync or WAL upload).",
+    );
+    for t in &tenants {
+        let stopped = t.store.db().stopped().is_some();
+        let _ = writeln!(
+            out,
+            "frostdb_writes_stopped{{tenant=\"{}\"}} {}",
+            escape(&t.id),
+            u8::from(stopped)
+        );
+    }
+    let mirrors: Vec<_> = tenants
+        .iter()
+        .filter_map(|t| Some((t, t.store.db().mirror_health()?)))
+        .collect();
+    family(
+        &mut out,
+        "frostdb_manifest_mirror_failures_total",
+        "counter",
+        "Mirrors of a tenant's manifest to the object store that failed since it opened.",
+    );
+    for (t, health) in &mirrors {
+        let _ = writeln!(
+            out,
+            "frostdb_manifest_mirror_failures_total{{tenant=\"{}\"}} {}",
+            escape(&t.id),
+            health.failures
+        );
+    }
+    family(
+        &mut out,
+        "frostdb_manifest_mirror_behind",
+        "gauge",
+        "1 while the object store's copy of a tenant's manifest is behind the local one.",
+    );
+    for (t, health) in &mirrors {
+        let _ = writeln!(
+            out,
+            "frostdb_manifest_mirror_behind{{tenant=\"{}\"}} {}",
+            escape(&t.id),
+            u8::from(health.behind.is_some())
+        );
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A label value as the exposition format writes it.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
