@@ -50,13 +50,48 @@ pub(crate) enum Wal {
     Objects(objects::ObjectWal),
 }
 
+/// Why a WAL stopped accepting writes, if it has: set once, by the first failure after
+/// which what is durable is unknown (a failed fsync or upload) or by the loss of the
+/// database's lease; checked before every write. The first reason stays.
+#[derive(Debug, Default)]
+pub(crate) struct Poison(Mutex<Option<String>>);
+
+impl Poison {
+    /// Stops the log for `reason` (logged the first time).
+    pub(crate) fn set(&self, reason: impl Into<String>) {
+        let mut cell = self.0.lock();
+        if cell.is_none() {
+            let reason = reason.into();
+            tracing::error!("the database stops accepting writes: {reason}");
+            *cell = Some(reason);
+        }
+    }
+
+    /// Why the log refuses writes, if it does.
+    pub(crate) fn reason(&self) -> Option<String> {
+        self.0.lock().clone()
+    }
+
+    /// [`Error::Poisoned`] once set.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.reason() {
+            Some(reason) => Err(Error::Poisoned { reason }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Wal {
+    fn poison_cell(&self) -> &Poison {
+        match self {
+            Self::Files(w) => &w.poisoned,
+            Self::Objects(w) => &w.poisoned,
+        }
+    }
+
     /// Why the WAL refuses writes, if it does.
     pub(crate) fn poisoned(&self) -> Option<String> {
-        match self {
-            Self::Files(w) => w.poisoned(),
-            Self::Objects(w) => w.poisoned(),
-        }
+        self.poison_cell().reason()
     }
 
     /// Appends a record for `tx`; returns the position `sync` must reach for it.
@@ -125,12 +160,7 @@ impl Wal {
 
     /// Stops accepting writes (the database's lease was lost).
     pub(crate) fn poison(&self, reason: String) {
-        match self {
-            Self::Files(w) => {
-                w.poisoned.lock().get_or_insert(reason);
-            }
-            Self::Objects(w) => w.poison(reason),
-        }
+        self.poison_cell().set(reason);
     }
 }
 
@@ -147,7 +177,7 @@ pub(crate) struct FileWal {
     /// Set by the first failed fsync: after it, what reached the disk is unknown (a later
     /// fsync may report success for pages the kernel already dropped), so nothing more is
     /// ever reported durable.
-    poisoned: Mutex<Option<String>>,
+    poisoned: Poison,
     /// Records appended and fsyncs done since open (for [`WalStats`]).
     records: AtomicU64,
     syncs: AtomicU64,
@@ -427,28 +457,16 @@ impl FileWal {
             }),
             sync_lock: Mutex::new(()),
             durable: AtomicU64::new(0),
-            poisoned: Mutex::new(None),
+            poisoned: Poison::default(),
             records: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         })
     }
 
-    /// Why the WAL refuses writes, if it does.
-    pub(crate) fn poisoned(&self) -> Option<String> {
-        self.poisoned.lock().clone()
-    }
-
-    fn check_poisoned(&self) -> Result<()> {
-        match self.poisoned() {
-            Some(reason) => Err(Error::Poisoned { reason }),
-            None => Ok(()),
-        }
-    }
-
     /// Appends a record for `tx` and returns the position `sync` must reach for it to be
     /// durable. On failure nothing of the record remains in the log.
     pub(crate) fn append(&self, tx: u64, payload: &[u8]) -> Result<u64> {
-        self.check_poisoned()?;
+        self.poisoned.check()?;
         let frame = record::frame(tx, payload);
         let mut w = self.writer.lock();
         if w.current_len >= self.segment_bytes && w.current.last_tx > 0 {
@@ -481,7 +499,7 @@ impl FileWal {
         if self.durable.load(Ordering::Acquire) >= position {
             return Ok(());
         }
-        self.check_poisoned()?;
+        self.poisoned.check()?;
         if let Durability::GroupCommit { max_delay } = self.durability
             && max_delay > Duration::ZERO
         {
@@ -494,8 +512,7 @@ impl FileWal {
         };
         if let Err(e) = file.sync_data() {
             let error = io_err(format!("syncing WAL segment {path}"))(e);
-            tracing::error!(%error, "WAL sync failed; the database stops accepting writes");
-            *self.poisoned.lock() = Some(error.to_string());
+            self.poisoned.set(format!("WAL sync failed: {error}"));
             return Err(error);
         }
         self.durable.fetch_max(target, Ordering::AcqRel);
@@ -520,7 +537,7 @@ impl FileWal {
     fn rotate_locked(&self, w: &mut Writer, next_tx: u64) -> Result<()> {
         if let Err(e) = w.file.sync_data() {
             let error = io_err(format!("syncing {}", w.current.path.display()))(e);
-            *self.poisoned.lock() = Some(error.to_string());
+            self.poisoned.set(format!("WAL sync failed: {error}"));
             return Err(error);
         }
         // Everything written so far is durable now.
@@ -539,7 +556,7 @@ impl FileWal {
     pub(crate) fn rotate(&self) -> Result<()> {
         // After a failed fsync nothing may look durable: rotating would sync the segment and
         // advance the durable position past writes already reported failed.
-        self.check_poisoned()?;
+        self.poisoned.check()?;
         let mut w = self.writer.lock();
         if w.current.last_tx == 0 {
             return Ok(());

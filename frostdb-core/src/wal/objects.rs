@@ -63,7 +63,7 @@ pub(crate) struct ObjectWal {
     /// Held by the writer uploading (the leader of a group), so objects go up in order.
     uploaded: Mutex<Uploaded>,
     durable: AtomicU64,
-    poisoned: Mutex<Option<String>>,
+    pub(super) poisoned: super::Poison,
     syncs: AtomicU64,
 }
 
@@ -207,29 +207,13 @@ impl ObjectWal {
                 kept,
             }),
             durable: AtomicU64::new(0),
-            poisoned: Mutex::new(None),
+            poisoned: super::Poison::default(),
             syncs: AtomicU64::new(0),
         }
     }
 
-    pub(crate) fn poisoned(&self) -> Option<String> {
-        self.poisoned.lock().clone()
-    }
-
-    /// Stops the log: nothing more is acknowledged (the lease was lost).
-    pub(crate) fn poison(&self, reason: String) {
-        self.poisoned.lock().get_or_insert(reason);
-    }
-
-    fn check_poisoned(&self) -> Result<()> {
-        match self.poisoned() {
-            Some(reason) => Err(Error::Poisoned { reason }),
-            None => Ok(()),
-        }
-    }
-
     pub(crate) fn append(&self, tx: u64, payload: &[u8]) -> Result<u64> {
-        self.check_poisoned()?;
+        self.poisoned.check()?;
         let frame = record::frame(tx, payload);
         let mut p = self.pending.lock();
         p.frames.extend_from_slice(&frame);
@@ -249,7 +233,7 @@ impl ObjectWal {
         if self.durable.load(Ordering::Acquire) >= position {
             return Ok(());
         }
-        self.check_poisoned()?;
+        self.poisoned.check()?;
         if let Durability::GroupCommit { max_delay } = self.durability
             && max_delay > Duration::ZERO
         {
@@ -284,8 +268,7 @@ impl ObjectWal {
             Err(e) => Some(e),
         };
         if let Some(error) = error {
-            tracing::error!(%error, "WAL upload failed; the database stops accepting writes");
-            self.poison(error.to_string());
+            self.poisoned.set(format!("WAL upload failed: {error}"));
             return Err(error);
         }
         uploaded.next_seq += 1;
