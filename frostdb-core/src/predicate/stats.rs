@@ -62,6 +62,37 @@ impl ColumnStats {
     }
 }
 
+/// The exact statistics of the union of parts (the chunks a block is written from, the
+/// blocks a merge joins), `rows` rows in all: each part is its rows and its columns'
+/// statistics, and a column a part lacks is null in that part's rows. By column name.
+pub(crate) fn union<'a, K: AsRef<str>>(
+    parts: impl IntoIterator<Item = (usize, impl IntoIterator<Item = (K, &'a ColumnStats)>)>,
+    rows: usize,
+) -> std::collections::BTreeMap<String, ColumnStats> {
+    // Per column: its statistics so far, and the rows of the parts that have it.
+    let mut union: std::collections::BTreeMap<String, (ColumnStats, usize)> = Default::default();
+    for (part_rows, columns) in parts {
+        for (name, s) in columns {
+            match union.get_mut(name.as_ref()) {
+                Some((acc, present)) => {
+                    acc.merge(s);
+                    *present += part_rows;
+                }
+                None => {
+                    union.insert(name.as_ref().to_owned(), (s.clone(), part_rows));
+                }
+            }
+        }
+    }
+    union
+        .into_iter()
+        .map(|(name, (mut s, present))| {
+            s.null_count += rows.saturating_sub(present);
+            (name, s)
+        })
+        .collect()
+}
+
 macro_rules! primitive_min_max {
     ($array:expr, $ty:ty, $variant:ident) => {{
         let a = $array.as_primitive::<$ty>();
@@ -135,4 +166,28 @@ fn float_min_max(values: impl Iterator<Item = Option<f64>>) -> (Option<Scalar>, 
         }
     }
     (min.map(Scalar::Float), max.map(Scalar::Float))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_union_widens_bounds_and_counts_a_missing_column_as_nulls() {
+        let int = |min: i64, max: i64, nulls: usize| ColumnStats {
+            min: Some(Scalar::Int(min)),
+            max: Some(Scalar::Int(max)),
+            null_count: nulls,
+        };
+        let (a, b, c) = (int(5, 9, 1), int(-3, 7, 0), int(100, 100, 2));
+        // Part one (10 rows) has x and y, part two (4 rows) only x.
+        let union = union([(10, vec![("x", &a), ("y", &c)]), (4, vec![("x", &b)])], 14);
+        assert_eq!(union["x"], int(-3, 9, 1));
+        assert_eq!(
+            union["y"],
+            int(100, 100, 2 + 4),
+            "y is null in part two's rows"
+        );
+        assert_eq!(union.len(), 2);
+    }
 }

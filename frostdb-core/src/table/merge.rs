@@ -15,7 +15,6 @@ use crate::error::{Error, Result};
 use crate::index::merge::{Input, Merge, SortKey};
 use crate::index::version::Version;
 use crate::manifest::BlockMeta;
-use crate::predicate::ColumnStats;
 use crate::scan::{ScanRequest, Snapshot};
 use crate::storage::Block;
 
@@ -70,23 +69,10 @@ impl TableInner {
 
             // Exact statistics of the union; columns some block lacks are nulls there.
             let rows: u64 = inputs.iter().map(|b| b.rows).sum();
-            let mut stats: std::collections::BTreeMap<String, ColumnStats> = Default::default();
-            for b in &inputs {
-                for (name, s) in &b.columns {
-                    stats
-                        .entry(name.clone())
-                        .and_modify(|acc| acc.merge(s))
-                        .or_insert_with(|| s.clone());
-                }
-            }
-            for (name, s) in stats.iter_mut() {
-                let present: u64 = inputs
-                    .iter()
-                    .filter(|b| b.columns.contains_key(name))
-                    .map(|b| b.rows)
-                    .sum();
-                s.null_count += (rows - present) as usize;
-            }
+            let stats = crate::predicate::stats::union(
+                inputs.iter().map(|b| (b.rows as usize, &b.columns)),
+                rows as usize,
+            );
             let fields: Vec<_> = version
                 .schema
                 .arrow_schema()

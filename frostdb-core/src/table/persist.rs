@@ -121,27 +121,19 @@ impl TableInner {
         // The block's columns: those some chunk has, in schema order, with exact stats.
         // With the rows of the chunks that have each: rows of chunks lacking the column are
         // nulls of it.
-        let mut stats: std::collections::BTreeMap<String, (ColumnStats, usize)> =
-            Default::default();
-        for chunk in frozen.chunks() {
-            for (i, field) in chunk.batch().schema().fields().iter().enumerate() {
-                let s = chunk.column_stats(i);
-                stats
-                    .entry(field.name().clone())
-                    .and_modify(|(acc, present)| {
-                        acc.merge(s);
-                        *present += chunk.rows();
-                    })
-                    .or_insert_with(|| (s.clone(), chunk.rows()));
-            }
-        }
-        let stats: std::collections::BTreeMap<String, ColumnStats> = stats
-            .into_iter()
-            .map(|(name, (mut s, present))| {
-                s.null_count += rows - present;
-                (name, s)
-            })
-            .collect();
+        let stats = crate::predicate::stats::union(
+            frozen.chunks().map(|chunk| {
+                let schema = chunk.batch().schema();
+                let columns: Vec<(String, &ColumnStats)> = schema
+                    .fields()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, field)| (field.name().clone(), chunk.column_stats(i)))
+                    .collect();
+                (chunk.rows(), columns)
+            }),
+            rows,
+        );
         let fields: Vec<_> = version
             .schema
             .arrow_schema()
