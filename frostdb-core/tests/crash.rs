@@ -3,26 +3,23 @@
 //! appear. Each write is one transaction over two tables that rotate and persist at different
 //! times (`samples`, and one row per write in `ids`): after recovery both hold it or neither.
 //!
-//! The test re-runs its own binary as a child (`crash_child`) that writes from two threads and
-//! reports each write before (`TRY`) and after (`ACK`) `insert`, and each persistence step.
-//! The parent kills it with SIGKILL at a point chosen per round (after some acknowledgements,
-//! right after a persistence begins, right after one ends), reopens the database and checks
-//! it. Rounds: 50, or `FROSTDB_CRASH_ROUNDS`.
+//! The test re-runs its own binary as a child (`crash_child`, through
+//! [`frostdb_core::testing::crash`]) that writes from two threads and reports each write
+//! before (`TRY`) and after (`ACK`) `insert`, and each persistence step. The parent kills it
+//! with SIGKILL at a point chosen per round (after some acknowledgements, right after a
+//! persistence begins, right after one ends), reopens the database and checks it. Rounds:
+//! 50, or `FROSTDB_CRASH_ROUNDS`.
 
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use common::*;
+use frostdb_core::testing::crash::{self, say};
 use frostdb_core::{BlockMeta, Db, DbOptions, EventListener, ScanRequest, TableOptions};
-
-const CHILD_DIR: &str = "FROSTDB_CRASH_CHILD_DIR";
-const CHILD_ROUND: &str = "FROSTDB_CRASH_CHILD_ROUND";
 
 fn table_options() -> TableOptions {
     // Small blocks: the child rotates and persists every few dozen writes (a write of a few
@@ -51,20 +48,14 @@ impl EventListener for Reporter {
     }
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 /// The child: writes until killed.
 #[test]
 #[ignore = "the child process of kill_9_loses_no_acknowledged_write, which starts it"]
 fn crash_child() {
-    let Ok(dir) = std::env::var(CHILD_DIR) else {
+    let Some(dir) = crash::child_dir() else {
         return; // Only meaningful when started by `kill_9_loses_no_acknowledged_write`.
     };
-    let round: i64 = std::env::var(CHILD_ROUND).unwrap().parse().unwrap();
+    let round = crash::child_round() as i64;
     let db = Db::open(&dir, DbOptions::default().listener(Arc::new(Reporter))).unwrap();
     let table = db
         .table("samples", samples_schema(), table_options())
@@ -153,12 +144,8 @@ enum KillAt {
 
 #[test]
 fn kill_9_loses_no_acknowledged_write() {
-    let rounds: i64 = std::env::var("FROSTDB_CRASH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let rounds = i64::from(crash::rounds(50));
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut acked: HashMap<i64, usize> = HashMap::new();
     let mut lost_in_flight: Vec<i64> = Vec::new();
     let mut seed: u64 = 0x5eed;
@@ -175,37 +162,14 @@ fn kill_9_loses_no_acknowledged_write() {
             1 => KillAt::PersistBegin(next(4) as usize),
             _ => KillAt::PersistEnd,
         };
-        let mut child = Command::new(&exe)
-            .args([
-                "crash_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_DIR, dir.path())
-            .env(CHILD_ROUND, round.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut tried: Vec<i64> = Vec::new();
         let mut acks = 0usize;
         let mut after_begin: Option<usize> = None;
         let mut killed = false;
-        // After the kill, the lines the child wrote before it died are still read: writes it
-        // acknowledged then count as acknowledged.
-        for line in stdout.lines() {
-            let line = line.unwrap();
-            let mut words = line.split_whitespace();
-            match (
-                words.next(),
-                words.next().and_then(|w| w.parse::<i64>().ok()),
-            ) {
-                (Some("TRY"), Some(id)) => tried.push(id),
-                (Some("ACK"), Some(id)) => {
+        crash::kill_when("crash_child", dir.path(), round as u64, |line| {
+            match crash::event(line) {
+                ("TRY", Some(id)) => tried.push(id),
+                ("ACK", Some(id)) => {
                     acked.insert(id, rows_of(id));
                     tried.retain(|t| *t != id);
                     acks += 1;
@@ -213,11 +177,11 @@ fn kill_9_loses_no_acknowledged_write() {
                         *n += 1;
                     }
                 }
-                (Some("PERSIST-BEGIN"), _) if after_begin.is_none() => after_begin = Some(0),
+                ("PERSIST-BEGIN", _) if after_begin.is_none() => after_begin = Some(0),
                 _ => {}
             }
             if killed {
-                continue;
+                return true; // lines written before it died
             }
             let now = match kill_at {
                 KillAt::Acks(n) => acks >= n,
@@ -225,19 +189,12 @@ fn kill_9_loses_no_acknowledged_write() {
                 KillAt::PersistEnd => line.starts_with("PERSIST-END"),
             };
             // A safety net for rounds whose trigger never comes.
-            if now || acks >= 3_000 {
-                if !matches!(kill_at, KillAt::Acks(_)) && now {
-                    persist_kills += 1;
-                }
-                child.kill().unwrap(); // SIGKILL
-                killed = true;
+            killed = now || acks >= 3_000;
+            if now && !matches!(kill_at, KillAt::Acks(_)) {
+                persist_kills += 1;
             }
-        }
-        child.wait().unwrap();
-        assert!(
-            killed,
-            "round {round}: the child ended before it was killed"
-        );
+            killed
+        });
 
         let found = contents(dir.path(), round);
         for (id, rows) in &acked {

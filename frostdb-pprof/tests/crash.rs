@@ -2,23 +2,20 @@
 //! with its exact total, no profile is there in part, and no stored sample refers to a stack
 //! the symbol tables lack (a merge of everything resolves every stack).
 //!
-//! The test re-runs its own binary as a child (`crash_child`) that ingests synthetic profiles
+//! The test re-runs its own binary as a child (`crash_child`, through
+//! [`frostdb_core::testing::crash`]) that ingests synthetic profiles
 //! from four threads (each with new stacks, half shared with a neighbour, symbol partitions
 //! closing every few dozen profiles) and reports each before (`TRY`) and after (`ACK`)
 //! `ingest_profile`. The parent kills it with SIGKILL after a number of acknowledgements
 //! chosen per round, reopens the store and checks it. Rounds: 6, or `FROSTDB_CRASH_ROUNDS`.
 
-use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-
+use frostdb_core::testing::crash::{self, say};
 use frostdb_core::{Db, DbOptions, TableOptions};
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
+use std::collections::{HashMap, HashSet};
 
-const CHILD_DIR: &str = "FROSTDB_PPROF_CRASH_DIR";
-const CHILD_ROUND: &str = "FROSTDB_PPROF_CRASH_ROUND";
 const STACKS: usize = 40;
 
 fn store_options() -> StoreOptions {
@@ -41,20 +38,14 @@ fn first_stack(id: i64) -> u64 {
     (id as u64) * (STACKS as u64 / 2)
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 /// The child: ingests until killed.
 #[test]
 #[ignore = "the child process of kill_9_loses_no_acknowledged_profile, which starts it"]
 fn crash_child() {
-    let Ok(dir) = std::env::var(CHILD_DIR) else {
+    let Some(dir) = crash::child_dir() else {
         return; // Only meaningful when started by `kill_9_loses_no_acknowledged_profile`.
     };
-    let round: i64 = std::env::var(CHILD_ROUND).unwrap().parse().unwrap();
+    let round = crash::child_round() as i64;
     let db = Db::open(&dir, DbOptions::default()).unwrap();
     let store = ProfileStore::open(db, store_options()).unwrap();
     say("READY");
@@ -122,12 +113,8 @@ fn contents(dir: &std::path::Path, round: i64) -> HashMap<i64, i64> {
 
 #[test]
 fn kill_9_loses_no_acknowledged_profile() {
-    let rounds: i64 = std::env::var("FROSTDB_CRASH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
+    let rounds = i64::from(crash::rounds(6));
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let mut acked: HashSet<i64> = HashSet::new();
     let mut tried: HashSet<i64> = HashSet::new();
     let mut seed: u64 = 0x5eed;
@@ -136,48 +123,20 @@ fn kill_9_loses_no_acknowledged_profile() {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let kill_after = 1 + ((seed >> 33) % 300) as usize;
-        let mut child = Command::new(&exe)
-            .args([
-                "crash_child",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD_DIR, dir.path())
-            .env(CHILD_ROUND, round.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut acks = 0;
-        let mut killed = false;
-        // Lines the child wrote before it died are still read after the kill.
-        for line in stdout.lines() {
-            let line = line.unwrap();
-            let mut words = line.split_whitespace();
-            match (
-                words.next(),
-                words.next().and_then(|w| w.parse::<i64>().ok()),
-            ) {
-                (Some("TRY"), Some(id)) => {
+        crash::kill_when("crash_child", dir.path(), round as u64, |line| {
+            match crash::event(line) {
+                ("TRY", Some(id)) => {
                     tried.insert(id);
                 }
-                (Some("ACK"), Some(id)) => {
+                ("ACK", Some(id)) => {
                     acked.insert(id);
                     acks += 1;
-                    if acks == kill_after && !killed {
-                        child.kill().unwrap();
-                        killed = true;
-                    }
                 }
                 _ => {}
             }
-        }
-        let status = child.wait().unwrap();
-        assert!(killed, "round {round}: the child ended by itself: {status}");
+            acks >= kill_after
+        });
 
         let found = contents(dir.path(), round);
         for id in &acked {

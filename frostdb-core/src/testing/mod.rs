@@ -1,5 +1,7 @@
 //! Test support shared by the workspace's tests: an S3-compatible server (moto's) on
-//! 127.0.0.1. Not part of the API.
+//! 127.0.0.1, and the kill -9 harness of the crash tests ([`crash`]). Not part of the API.
+
+pub mod crash;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
