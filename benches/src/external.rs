@@ -38,7 +38,7 @@ use frostdb_pprof::report::top::TopTable;
 use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
-use frostdb_profile::distributed::{Cluster, StackSource, TenantMerger, serve_worker};
+use frostdb_profile::distributed::{Cluster, ClusterOptions, Node, StackSource};
 use frostdb_profile::schema::column::{
     DURATION, LABEL_PREFIX, NAME, PERIOD, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT,
     STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
@@ -155,14 +155,23 @@ fn store_to_query(args: &[String]) -> Result<(ProfileStore, Option<Arc<Cluster>>
             .map(str::to_owned)
             .collect();
         let source: Arc<dyn StackSource> = Arc::new(BenchSource(db.clone()));
-        let c = Arc::new(Cluster::new(&workers, Some(source))?);
-        options.block_merger = Some(Arc::new(TenantMerger {
-            cluster: c.clone(),
-            tenant: "bench".into(),
-        }));
-        cluster = Some(c);
+        let node = runtime()?.block_on(Node::start(
+            &ClusterOptions::default().workers(workers),
+            source,
+        ))?;
+        if let Some(c) = node.cluster() {
+            options.block_merger = Some(c.merger("bench"));
+            cluster = Some(c.clone());
+        }
     }
     Ok((ProfileStore::open_reader(db, options)?, cluster))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, BoxError> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 /// `worker --bucket URL --listen ADDR`: serves distributed merges of the bucket's store
@@ -170,23 +179,18 @@ fn store_to_query(args: &[String]) -> Result<(ProfileStore, Option<Arc<Cluster>>
 pub fn worker(args: &[String]) -> Result<(), BoxError> {
     let bucket = bucket(args)?.ok_or("worker needs --bucket")?;
     let listen = arg(args, "--listen")?.display().to_string();
+    let listen: std::net::SocketAddr = listen
+        .parse()
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
     let db = open_bucket_reader(&bucket)?;
     let source: Arc<dyn StackSource> = Arc::new(BenchSource(db));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&listen)
-            .await
-            .map_err(|e| format!("{listen}: {e}"))?;
+    runtime()?.block_on(async move {
+        let node = Node::start(&ClusterOptions::default().listen(listen), source).await?;
         eprintln!(
             "frostdb-bench worker listening on http://{}",
-            listener.local_addr()?
+            node.listening().ok_or("not listening")?
         );
-        serve_worker(listener, source, std::future::pending())
-            .await
-            .map_err(BoxError::from)
+        node.serve().await.map_err(BoxError::from)
     })
 }
 

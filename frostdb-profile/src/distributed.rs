@@ -491,7 +491,7 @@ impl fmt::Debug for Cluster {
 
 impl Cluster {
     /// A coordinator sending the blocks of merges to `workers` (`http://host:port` of
-    /// processes serving [`serve_worker`]); `source` lets it run a task itself when a
+    /// processes serving [`serve_worker_with`]); `source` lets it run a task itself when a
     /// merge is too small to spread (`None`: it never does).
     pub fn new(workers: &[String], source: Option<Arc<dyn StackSource>>) -> Result<Self> {
         let workers = workers
@@ -675,6 +675,138 @@ impl crate::native::BlockMerger for TenantMerger {
     }
 }
 
+impl Cluster {
+    /// Tenant `tenant`'s merges over this cluster: what its profile store reads persisted
+    /// blocks with.
+    pub fn merger(self: &Arc<Self>, tenant: &str) -> Arc<dyn crate::native::BlockMerger> {
+        Arc::new(TenantMerger {
+            cluster: self.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+/// How a process takes part in a cluster of merges: the workers its merges spread over,
+/// the address it serves merge tasks on, and the secret both sides require. Every program
+/// that takes part (the server, the bench's `worker` and `--workers`) wires it through
+/// [`Node::start`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ClusterOptions {
+    /// `http://host:port` of the workers this process's merges spread over; none: its
+    /// merges run here.
+    pub workers: Vec<String>,
+    /// Where this process serves merge tasks (gRPC), if it does.
+    pub listen: Option<SocketAddr>,
+    /// The shared secret: sent to the workers, and required of whoever sends tasks here.
+    pub secret: Option<String>,
+}
+
+impl ClusterOptions {
+    /// Sets [`Self::workers`].
+    pub fn workers(mut self, value: Vec<String>) -> Self {
+        self.workers = value;
+        self
+    }
+
+    /// Sets [`Self::listen`].
+    pub fn listen(mut self, value: impl Into<Option<SocketAddr>>) -> Self {
+        self.listen = value.into();
+        self
+    }
+
+    /// Sets [`Self::secret`].
+    pub fn secret(mut self, value: impl Into<Option<String>>) -> Self {
+        self.secret = value.into();
+        self
+    }
+}
+
+/// A process's part in a cluster ([`ClusterOptions`]): a coordinator when it has workers,
+/// a worker while it serves merge tasks.
+#[derive(Debug)]
+pub struct Node {
+    cluster: Option<Arc<Cluster>>,
+    listening: Option<SocketAddr>,
+    worker: Option<tokio::task::JoinHandle<std::result::Result<(), String>>>,
+}
+
+impl Node {
+    /// Wires `options` over `source`, the tables of this process's tenants: the merge
+    /// tasks it serves read them, and a merge too small to spread runs on them here. Runs
+    /// within a tokio runtime, on which the worker serves.
+    pub async fn start(options: &ClusterOptions, source: Arc<dyn StackSource>) -> Result<Self> {
+        let cluster = if options.workers.is_empty() {
+            None
+        } else {
+            let cluster = Cluster::new(&options.workers, Some(source.clone()))?
+                .with_secret(options.secret.as_deref())?;
+            tracing::info!(workers = ?options.workers, "merges spread over workers");
+            Some(Arc::new(cluster))
+        };
+        let (listening, worker) = match options.listen {
+            Some(listen) => {
+                let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+                    Error::Cluster(format!("cannot listen for merge tasks on {listen}: {e}"))
+                })?;
+                let at = listener.local_addr().ok();
+                let secret = options.secret.clone();
+                tracing::info!(
+                    listen = ?at,
+                    authenticated = secret.is_some(),
+                    "serving merge tasks to the cluster (gRPC)"
+                );
+                let worker = tokio::spawn(async move {
+                    let served = serve_worker_with(
+                        listener,
+                        source,
+                        secret.as_deref(),
+                        std::future::pending(),
+                    )
+                    .await;
+                    if let Err(e) = &served {
+                        tracing::error!("merge worker stopped: {e}");
+                    }
+                    served
+                });
+                (at, Some(worker))
+            }
+            None => (None, None),
+        };
+        Ok(Self {
+            cluster,
+            listening,
+            worker,
+        })
+    }
+
+    /// The coordinator, when this process has workers.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Where this process serves merge tasks, when it does.
+    pub fn listening(&self) -> Option<SocketAddr> {
+        self.listening
+    }
+
+    /// Serves merge tasks until the worker fails (never, else); at once without one.
+    pub async fn serve(mut self) -> std::result::Result<(), String> {
+        match self.worker.take() {
+            Some(worker) => worker.await.map_err(|e| format!("merge worker: {e}"))?,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops serving merge tasks; returns once the listener is closed.
+    pub async fn stop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            worker.abort();
+            let _ = worker.await;
+        }
+    }
+}
+
 /// Bytes the network boundaries of `plan` received (from workers, and between them).
 fn bytes_transferred(plan: &Arc<dyn ExecutionPlan>) -> u64 {
     let mut bytes: u64 = plan.metrics().map_or(0, |metrics| {
@@ -720,20 +852,12 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
 }
 
 /// Serves this process as a worker of distributed merges on `listener` (gRPC), reading the
-/// tables `source` gives, until `shutdown` completes. It takes plans from anyone who can
-/// reach it: [`serve_worker_with`] a secret, beyond a trusted network.
-pub async fn serve_worker(
-    listener: tokio::net::TcpListener,
-    source: Arc<dyn StackSource>,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) -> std::result::Result<(), String> {
-    serve_worker_with(listener, source, None, shutdown).await
-}
-
-/// [`serve_worker`] that, with `secret`, refuses (`unauthenticated`) every request not
-/// carrying it as `authorization: Bearer <secret>`, as a [`Cluster::with_secret`] sends
-/// it; the plans a worker takes read the tenants' data, so nobody else may send them. It
-/// sends the secret itself to the workers it asks in turn.
+/// tables `source` gives, until `shutdown` completes ([`Node::start`] runs it). With
+/// `secret`, it refuses (`unauthenticated`) every request not carrying it as
+/// `authorization: Bearer <secret>`, as a [`Cluster::with_secret`] sends it; the plans a
+/// worker takes read the tenants' data, so nobody else may send them. It sends the secret
+/// itself to the workers it asks in turn. Without one it takes plans from anyone who can
+/// reach it: a trusted network only.
 pub async fn serve_worker_with(
     listener: tokio::net::TcpListener,
     source: Arc<dyn StackSource>,

@@ -12,7 +12,7 @@ use common::{START_MS, rows, samples_schema_with_period};
 use frostdb_core::{Db, DbOptions, Table};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
-use frostdb_profile::distributed::{Cluster, StackSource, serve_worker};
+use frostdb_profile::distributed::{Cluster, ClusterOptions, Node, StackSource};
 use frostdb_profile::native::merge_stacks;
 
 /// The one table every task reads (all "processes" here share it).
@@ -55,15 +55,12 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     let mut workers = Vec::new();
     let mut urls = Vec::new();
     for _ in 0..2 {
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        let worker = ClusterOptions::default().listen("127.0.0.1:0".parse().ok());
+        let node = runtime
+            .block_on(Node::start(&worker, source.clone()))
             .unwrap();
-        urls.push(format!("http://{}", listener.local_addr().unwrap()));
-        let source = source.clone();
-        workers
-            .push(runtime.spawn(async move {
-                serve_worker(listener, source, std::future::pending()).await
-            }));
+        urls.push(format!("http://{}", node.listening().unwrap()));
+        workers.push(node);
     }
     let cluster = Cluster::new(&urls, None).unwrap();
     let pool = frostdb_query::memory_pool(None);
@@ -107,8 +104,7 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     );
 
     // A worker goes: the next merge fails, naming the workers; nothing partial.
-    workers[1].abort();
-    let _ = runtime.block_on(async { (&mut workers[1]).await });
+    runtime.block_on(workers[1].stop());
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let failed = cluster
         .merge_stacks(
@@ -151,21 +147,16 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
         .unwrap();
     let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
     let mut urls = Vec::new();
+    let mut workers = Vec::new();
     for _ in 0..2 {
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        let worker = ClusterOptions::default()
+            .listen("127.0.0.1:0".parse().ok())
+            .secret("s3cret".to_owned());
+        let node = runtime
+            .block_on(Node::start(&worker, source.clone()))
             .unwrap();
-        urls.push(format!("http://{}", listener.local_addr().unwrap()));
-        let source = source.clone();
-        runtime.spawn(async move {
-            frostdb_profile::distributed::serve_worker_with(
-                listener,
-                source,
-                Some("s3cret"),
-                std::future::pending(),
-            )
-            .await
-        });
+        urls.push(format!("http://{}", node.listening().unwrap()));
+        workers.push(node);
     }
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let merge = |cluster: &Cluster| {

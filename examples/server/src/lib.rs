@@ -363,48 +363,22 @@ pub async fn serve(config: Config) -> Result<(), String> {
         config,
     });
     // Merges of this node read persisted blocks on the cluster's workers; tasks too small
-    // to spread run here, on this node's tenants.
+    // to spread run here, on this node's tenants, which the tasks it serves read too.
     let source: Arc<dyn frostdb_profile::distributed::StackSource> = Arc::new(
         tenants::TenantTables::new(&state, tokio::runtime::Handle::current()),
     );
-    if !state.config.cluster.workers.is_empty() {
-        let cluster = frostdb_profile::distributed::Cluster::new(
-            &state.config.cluster.workers,
-            Some(source.clone()),
-        )
-        .and_then(|c| c.with_secret(state.config.cluster_secret()))
-        .map_err(|e| format!("[cluster] workers: {e}"))?;
-        tracing::info!(workers = ?state.config.cluster.workers, "merges spread over workers");
-        state.tenants.set_cluster(Arc::new(cluster));
+    let cluster = &state.config.cluster;
+    let options = frostdb_profile::distributed::ClusterOptions::default()
+        .workers(cluster.workers.clone())
+        .listen(cluster.worker_listen)
+        .secret(state.config.cluster_secret().map(str::to_owned));
+    let mut node = frostdb_profile::distributed::Node::start(&options, source)
+        .await
+        .map_err(|e| format!("[cluster]: {e}"))?;
+    if let Some(cluster) = node.cluster() {
+        state.tenants.set_cluster(cluster.clone());
     }
     open_existing(&state).await?;
-    let worker = match state.config.cluster.worker_listen {
-        Some(listen) => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|e| format!("cannot listen for merge tasks on {listen}: {e}"))?;
-            let secret = state.config.cluster_secret().map(str::to_owned);
-            tracing::info!(
-                %listen,
-                authenticated = secret.is_some(),
-                "serving merge tasks to the cluster (gRPC)"
-            );
-            let source = source.clone();
-            Some(tokio::spawn(async move {
-                if let Err(e) = frostdb_profile::distributed::serve_worker_with(
-                    listener,
-                    source,
-                    secret.as_deref(),
-                    std::future::pending(),
-                )
-                .await
-                {
-                    tracing::error!("merge worker stopped: {e}");
-                }
-            }))
-        }
-        None => None,
-    };
     // A reader takes what writers persisted, every refresh interval.
     let refresher = state.tenants.read_only().then(|| {
         let state = state.clone();
@@ -454,9 +428,10 @@ pub async fn serve(config: Config) -> Result<(), String> {
     for s in scrapers {
         s.abort();
     }
-    for task in worker.into_iter().chain(refresher).chain([governor]) {
+    for task in refresher.into_iter().chain([governor]) {
         task.abort();
     }
+    node.stop().await;
     if let Some(sampler) = sampler {
         // Stores the last partial interval, then detaches from every CPU.
         tokio::task::spawn_blocking(move || sampler.stop())

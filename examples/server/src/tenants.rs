@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use frostdb_core::{Bucket, Db, DbOptions, SharedOptions};
 use frostdb_pprof::{ProfileStore, StoreOptions};
-use frostdb_profile::distributed::{Cluster, StackSource, TenantMerger};
+use frostdb_profile::distributed::{Cluster, StackSource};
 use object_store::ObjectStore;
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
@@ -474,12 +474,7 @@ impl Tenants {
                 daily_retention: self.retention.rollups,
                 ..frostdb_pprof::RollupOptions::default()
             })
-            .block_merger(self.cluster.get().map(|cluster| {
-                Arc::new(TenantMerger {
-                    cluster: cluster.clone(),
-                    tenant: id.clone(),
-                }) as Arc<dyn frostdb_profile::native::BlockMerger>
-            }));
+            .block_merger(self.cluster.get().map(|cluster| cluster.merger(&id)));
         let db_options = DbOptions::default().workers(self.workers.clone());
         let storage = self.storage.clone();
         tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
