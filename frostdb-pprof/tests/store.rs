@@ -902,7 +902,12 @@ async fn several_profiles_are_stored_whole_or_not_at_all() {
     let err = store
         .ingest_all(&[(&cpu, &a), (&cpu, &colliding)])
         .unwrap_err();
-    assert!(matches!(err, Error::LabelCollision { .. }), "{err}");
+    // The error names the profile at fault, and keeps its kind.
+    assert!(
+        matches!(&err, Error::At { at, error } if at == "profiles[1]"
+            && matches!(**error, Error::LabelCollision { .. })),
+        "{err}"
+    );
     assert_eq!(store.samples().snapshot().rows(), 0, "nothing stored");
 
     // Room for one profile's series, not two: refused whole, and nothing admitted.

@@ -400,10 +400,7 @@ impl ProfileStore {
                 tx.insert(table, rows)?;
             }
             tx.insert(&self.samples, &samples)?;
-            tx.insert(
-                &self.totals,
-                &crate::normalize::totals_from(&samples, &totals)?,
-            )?;
+            tx.insert(&self.totals, &derived::totals_from(&samples, &totals)?)?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }

@@ -3,6 +3,15 @@
 
 use super::*;
 
+use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Int32Type, Schema as ArrowSchema};
+
+use crate::schema::SERIES_BUCKET_MS;
+use crate::schema::column::VALUE;
+
+/// Maps keyed by rows' values: foldhash (the rows are the store's own).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Series index rows to write, and their keys and hours.
 pub(super) type IndexRows = (arrow::array::RecordBatch, Vec<(u64, i64)>);
 
@@ -43,7 +52,7 @@ impl SeriesSeen {
         if rows.is_empty() {
             return Ok(None);
         }
-        Ok(Some((crate::normalize::series_rows(samples, &rows)?, new)))
+        Ok(Some((series_rows(samples, &rows)?, new)))
     }
 
     /// Records keys whose rows were committed.
@@ -76,7 +85,7 @@ pub(super) fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<(
     for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
         let batch = batch?;
         read += batch.num_rows();
-        let rows = crate::normalize::totals_rows(&batch)?;
+        let rows = totals_rows(&batch)?;
         written += rows.num_rows();
         tx.insert(totals, &rows)?;
     }
@@ -111,7 +120,7 @@ pub(super) fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Res
         let batch = batch?;
         read += batch.num_rows();
         let all: Vec<u32> = (0..batch.num_rows() as u32).collect();
-        let rows = crate::normalize::series_rows(&batch, &all)?;
+        let rows = series_rows(&batch, &all)?;
         let schema = rows.schema();
         let converter = RowConverter::new(
             schema
@@ -146,4 +155,280 @@ pub(super) fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Res
         "built the series index of a store written without one"
     );
     Ok(())
+}
+
+/// Rows `rows` of a samples batch as series index rows: the profile type and label columns,
+/// and the start of the hour of their timestamp.
+pub(super) fn series_rows(samples: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
+    let indices = arrow::array::UInt32Array::from(rows.to_vec());
+    let schema = samples.schema();
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in schema.fields().iter().zip(samples.columns()) {
+        let name = field.name().as_str();
+        if !crate::schema::is_series_column(name) {
+            continue;
+        }
+        let mut taken = arrow::compute::take(column, &indices, None)?;
+        if name == TIMESTAMP {
+            let hours: Int64Array = taken
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| Error::Corrupt("sample timestamps are not Int64".into()))?
+                .unary(|t| t.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS);
+            taken = Arc::new(hours);
+        }
+        fields.push(field.as_ref().clone());
+        columns.push(taken);
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
+}
+
+/// The [`crate::schema::totals`] rows of sample rows: one per series and timestamp (a
+/// profile's rows of one type and label set), its `value` their sum, its other columns its
+/// first row's.
+pub(super) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
+    let values = samples
+        .column_by_name(VALUE)
+        .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+        .ok_or_else(|| Error::Corrupt("sample rows without Int64 values".into()))?;
+    let rows: Vec<(u32, Option<i64>)> = (0..samples.num_rows())
+        .map(|i| (i as u32, values.is_valid(i).then(|| values.value(i))))
+        .collect();
+    totals_of(samples, &rows)
+}
+
+/// The rows [`totals_rows`] makes of `samples`, from `sums`: what [`SampleRows`] noted while
+/// appending them (per profile, type and label set, its first row and its values' sum, in
+/// row order). Only those rows' series columns are compared, not every row's.
+pub(super) fn totals_from(samples: &RecordBatch, sums: &[(u32, i64)]) -> Result<RecordBatch> {
+    let rows: Vec<(u32, Option<i64>)> = sums.iter().map(|&(row, sum)| (row, Some(sum))).collect();
+    totals_of(samples, &rows)
+}
+
+/// Totals of `rows` (`(row, value)`, in row order) of `samples`, grouped by their series
+/// columns (only those rows' are read).
+fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<RecordBatch> {
+    let schema = samples.schema();
+    let indices = arrow::array::UInt32Array::from_iter_values(rows.iter().map(|r| r.0));
+    let keys: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .zip(samples.columns())
+        .filter(|(f, _)| crate::schema::is_series_column(f.name()))
+        .map(|(_, c)| Ok(arrow::compute::take(c, &indices, None)?))
+        .collect::<Result<_>>()?;
+    let (words, width) = series_words(&keys)?;
+    let row = |i: usize| &words[i * width..(i + 1) * width];
+    // Rows of one label set come in runs (interleaved where samples carry pprof labels):
+    // the previous row is checked before the map.
+    let mut groups: HashMap<&[u64], u32> = HashMap::default();
+    let (mut firsts, mut sums) = (Vec::<u32>::new(), Vec::<Option<i64>>::new());
+    let mut previous: Option<(usize, u32)> = None;
+    for (i, &(first, value)) in rows.iter().enumerate() {
+        let g = match previous {
+            Some((p, g)) if row(p) == row(i) => g,
+            _ => *groups.entry(row(i)).or_insert_with(|| {
+                firsts.push(first);
+                sums.push(None);
+                (firsts.len() - 1) as u32
+            }),
+        };
+        previous = Some((i, g));
+        if let Some(value) = value {
+            let sum = &mut sums[g as usize];
+            *sum = Some(sum.unwrap_or(0).saturating_add(value));
+        }
+    }
+    let firsts = arrow::array::UInt32Array::from(firsts);
+    let sums = Int64Array::from(sums);
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in schema.fields().iter().zip(samples.columns()) {
+        let name = field.name().as_str();
+        if name == STACKTRACE_ID {
+            continue;
+        }
+        fields.push(field.as_ref().clone().with_nullable(true));
+        columns.push(if name == VALUE {
+            Arc::new(sums.clone())
+        } else {
+            arrow::compute::take(column, &firsts, None)?
+        });
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(fields)),
+        columns,
+    )?)
+}
+
+/// The series columns' values as words, `width` a row (returned with it), equal exactly
+/// where the rows' values are: a string is the first position its value has in its column
+/// (or dictionary, so a dictionary holding a value twice still compares by value), an
+/// integer is itself (with a validity word if the column has nulls), and any other type
+/// is the first row of its encoded value. Comparing rows is then comparing a few words,
+/// not encoding every label string of every row.
+fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
+    use arrow::array::AsArray;
+    let rows = keys.first().map_or(0, |k| k.len());
+    // Each column's words, in rows order; a column may give two words a row.
+    let mut columns: Vec<Vec<u64>> = Vec::new();
+    fn first_positions<'a>(values: impl Iterator<Item = Option<&'a [u8]>>) -> Vec<u64> {
+        let mut first: HashMap<&[u8], u64> = HashMap::default();
+        values
+            .enumerate()
+            .map(|(i, v)| v.map_or(u64::MAX, |v| *first.entry(v).or_insert(i as u64)))
+            .collect()
+    }
+    for column in keys {
+        match column.data_type() {
+            DataType::Dictionary(key, value)
+                if **key == DataType::Int32 && **value == DataType::Utf8 =>
+            {
+                let dict = column.as_dictionary::<Int32Type>();
+                let values = dict.values().as_string::<i32>();
+                let canonical = first_positions(values.iter().map(|v| v.map(str::as_bytes)));
+                columns.push(
+                    dict.keys()
+                        .iter()
+                        .map(|k| k.map_or(u64::MAX, |k| canonical[k as usize]))
+                        .collect(),
+                );
+            }
+            DataType::Utf8 => {
+                let strings = column.as_string::<i32>();
+                columns.push(first_positions(
+                    strings.iter().map(|v| v.map(str::as_bytes)),
+                ));
+            }
+            DataType::Int64 => {
+                let ints = column.as_primitive::<arrow::datatypes::Int64Type>();
+                // A null's value word is 0 (its buffer slot may hold anything).
+                columns.push(ints.iter().map(|v| v.map_or(0, |v| v as u64)).collect());
+                if ints.null_count() > 0 {
+                    columns.push((0..rows).map(|i| u64::from(ints.is_valid(i))).collect());
+                }
+            }
+            other => {
+                let converter =
+                    arrow::row::RowConverter::new(vec![arrow::row::SortField::new(other.clone())])?;
+                let encoded = converter.convert_columns(std::slice::from_ref(column))?;
+                columns.push(first_positions(
+                    (0..rows).map(|i| Some(encoded.row(i).data())),
+                ));
+            }
+        }
+    }
+    let width = columns.len();
+    let mut words = vec![0u64; rows * width];
+    for (c, column) in columns.iter().enumerate() {
+        for (i, &w) in column.iter().enumerate() {
+            words[i * width + c] = w;
+        }
+    }
+    Ok((words, width))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::UInt64Array;
+    use arrow::datatypes::Field;
+
+    #[test]
+    fn totals_noted_while_appending_are_the_totals_of_the_rows() {
+        // Profiles of several sample types and with pprof sample labels, and one profile
+        // twice (the same series at the same time: its totals are added), in one group.
+        let limits = crate::Limits::default();
+        let dir = crate::testing::shared_dir().join("testdata/pprof");
+        let files = [
+            "goapp__go119-heap.pb.gz",
+            "pyroscope__go-cpu-labels.pb.gz",
+            "parca__ebpf-agent-cpu-labels.pb.gz",
+            "goapp__go119-heap.pb.gz",
+        ];
+        let mut out = SampleRows::default();
+        for file in files {
+            let profile = crate::decode(&std::fs::read(dir.join(file)).unwrap(), &limits).unwrap();
+            let options = IngestOptions {
+                name: "p".into(),
+                labels: vec![("job".into(), "j".into())],
+                delta: false,
+                timestamp_ms: Some(1_000),
+            };
+            let prepared = prepare(&profile, &options, &[]).unwrap();
+            let stacks: Vec<u32> = (0..prepared.group_count() as u32).collect();
+            prepared.append_samples(7, &stacks, &mut out).unwrap();
+        }
+        let sums = std::mem::take(&mut out.totals);
+        let batch = out.finish().unwrap();
+        let expected = totals_rows(&batch).unwrap();
+        assert_eq!(totals_from(&batch, &sums).unwrap(), expected);
+        let labelled = batch
+            .schema()
+            .fields()
+            .iter()
+            .filter(|f| f.name().starts_with("labels."))
+            .count();
+        assert!(labelled > 1, "some samples carry pprof labels");
+        assert!(
+            sums.len() > expected.num_rows(),
+            "the repeated profile's totals were added"
+        );
+    }
+
+    #[test]
+    fn totals_group_rows_by_value_whatever_their_dictionary_keys() {
+        use arrow::array::{DictionaryArray, Int32Array, StringArray};
+        // "a" is in the dictionary twice: rows 0 and 1 are one label set; so are 3 and 5,
+        // whose timestamps are both null; row 4's -1 is not a null.
+        let pod: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0, 2, 1, 0, 0, 2]),
+                Arc::new(StringArray::from(vec!["a", "b", "a"])),
+            )
+            .unwrap(),
+        );
+        let job: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("j"),
+            Some("j"),
+            Some("j"),
+            None,
+            None,
+            None,
+        ]));
+        let timestamp: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(5),
+            Some(5),
+            Some(5),
+            None,
+            Some(-1),
+            None,
+        ]));
+        let stack: ArrayRef = Arc::new(UInt64Array::from(vec![1, 2, 3, 4, 5, 6]));
+        let value: ArrayRef = Arc::new(Int64Array::from(vec![1, 10, 100, 1000, 10000, 100000]));
+        let schema = ArrowSchema::new(vec![
+            Field::new("labels.pod", pod.data_type().clone(), true),
+            Field::new("labels.job", DataType::Utf8, true),
+            Field::new("timestamp", DataType::Int64, true),
+            Field::new("stacktrace_id", DataType::UInt64, false),
+            Field::new("value", DataType::Int64, true),
+        ]);
+        let batch = RecordBatch::try_new(Arc::new(schema), vec![pod, job, timestamp, stack, value])
+            .unwrap();
+        let totals = totals_rows(&batch).unwrap();
+        let sums = totals
+            .column_by_name("value")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let mut sums: Vec<i64> = sums.values().to_vec();
+        sums.sort_unstable();
+        assert_eq!(sums, vec![11, 100, 10_000, 101_000]);
+        assert!(totals.column_by_name("stacktrace_id").is_none());
+    }
 }

@@ -1,0 +1,230 @@
+//! Step 4: sample rows appended to a group's rows, and the group's batch.
+
+use super::*;
+
+impl Prepared<'_> {
+    /// The sample rows, with the stacks interned into `partition`, appended to
+    /// `out` (which may hold other profiles' rows).
+    pub(crate) fn append_samples(
+        &self,
+        partition: u32,
+        stacks: &[u32],
+        out: &mut SampleRows,
+    ) -> Result<IngestSummary> {
+        self.append(partition, &self.rows, out, true, |g| {
+            (self.groups[g as usize].labels as usize, stacks[g as usize])
+        })
+    }
+
+    /// The rows of samples labelled with a span (see [`crate::schema::SPANS`]), appended
+    /// to `out` as [`Prepared::append_samples`] does.
+    pub(crate) fn append_spans(
+        &self,
+        partition: u32,
+        stacks: &[u32],
+        out: &mut SampleRows,
+    ) -> Result<()> {
+        if self.span_rows.is_empty() {
+            return Ok(());
+        }
+        self.append(partition, &self.span_rows, out, false, |sg| {
+            let (g, labels) = self.span_groups[sg as usize];
+            (labels as usize, stacks[g as usize])
+        })
+        .map(|_| ())
+    }
+
+    /// Appends `rows` (`(type, group, value)`, type by type); `group` gives a row group's
+    /// label set and interned stack. With `index`, the rows that stand for series index rows
+    /// are noted in `out.series`, and the totals of each type and label set in `out.totals`.
+    pub(super) fn append(
+        &self,
+        partition: u32,
+        rows: &[(u16, u32, i64)],
+        out: &mut SampleRows,
+        index: bool,
+        group: impl Fn(u32) -> (usize, u32),
+    ) -> Result<IngestSummary> {
+        let p = self.profile.flat();
+        let n = rows.len();
+        let start = out.len();
+        let sample_type = |t: u16| or(text(p, p.sample_type[t as usize].r#type), "samples");
+        let sample_unit = |t: u16| or(text(p, p.sample_type[t as usize].unit), "count");
+        let (period_type, period_unit) = p
+            .period_type
+            .as_ref()
+            .map_or(("", ""), |t| (text(p, t.r#type), text(p, t.unit)));
+        let (period_type, period_unit) = (or(period_type, "unknown"), or(period_unit, "unknown"));
+
+        out.constant(NAME, &self.name, start, n)?;
+        out.constant(PERIOD_TYPE, period_type, start, n)?;
+        out.constant(PERIOD_UNIT, period_unit, start, n)?;
+        for (k, v) in &self.series {
+            out.constant(&label_column(k), v, start, n)?;
+        }
+        // Rows come type by type, in type order (see `prepare`): one run per type used.
+        let mut used: Vec<u16> = Vec::new();
+        let mut at = start;
+        let hour = self.timestamp.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS;
+        let mut sets: Vec<usize> = Vec::new();
+        for run in rows.chunk_by(|a, b| a.0 == b.0) {
+            let t = run[0].0;
+            out.constant(SAMPLE_TYPE, sample_type(t), at, run.len())?;
+            out.constant(SAMPLE_UNIT, sample_unit(t), at, run.len())?;
+            // The series index: a row per distinct label set of the run, keyed by what
+            // makes its index row; and the run's totals, a first row and a sum per label set.
+            if index {
+                sets.clear();
+                let totals = out.totals.len();
+                for (i, r) in run.iter().enumerate() {
+                    let set = group(r.1).0;
+                    let k = match sets.iter().position(|&s| s == set) {
+                        Some(k) => k,
+                        None => {
+                            sets.push(set);
+                            let key = SERIES_KEYS.hash_one((
+                                (&self.name, sample_type(t), sample_unit(t)),
+                                (period_type, period_unit, &self.series),
+                                (&self.label_sets[set], hour),
+                            ));
+                            out.series.push((key, (at + i) as u32));
+                            out.totals.push(((at + i) as u32, 0));
+                            sets.len() - 1
+                        }
+                    };
+                    let sum = &mut out.totals[totals + k].1;
+                    *sum = sum.saturating_add(r.2);
+                }
+            }
+            used.push(t);
+            at += run.len();
+        }
+        // Sample labels: one column per key any row has, null where a row lacks it.
+        if self.label_sets.len() > 1 {
+            let columns: Vec<Vec<String>> = self
+                .label_sets
+                .iter()
+                .map(|set| set.iter().map(|(k, _)| label_column(k)).collect())
+                .collect();
+            for (i, r) in rows.iter().enumerate() {
+                let set = group(r.1).0;
+                for (column, (_, v)) in columns[set].iter().zip(&self.label_sets[set]) {
+                    out.constant(column, v, start + i, 1)?;
+                }
+            }
+        }
+        out.stacktrace_id
+            .extend(rows.iter().map(|r| symbol_id(partition, group(r.1).1)));
+        out.value.extend(rows.iter().map(|r| r.2));
+        out.timestamp.extend(std::iter::repeat_n(self.timestamp, n));
+        out.duration
+            .extend(std::iter::repeat_n(p.duration_nanos, n));
+        out.period.extend(std::iter::repeat_n(p.period, n));
+        out.profiles += 1;
+        Ok(IngestSummary {
+            rows: n,
+            profile_types: used
+                .iter()
+                .map(|&t| {
+                    format!(
+                        "{}:{}:{}:{period_type}:{period_unit}",
+                        self.name,
+                        sample_type(t),
+                        sample_unit(t)
+                    )
+                })
+                .collect(),
+            new_stacks: 0,
+            timestamp_ms: self.timestamp,
+            duplicate: false,
+        })
+    }
+}
+
+/// Hashes the series index's keys: fixed, so equal rows of different groups have equal keys.
+pub(super) static SERIES_KEYS: foldhash::fast::FixedState =
+    foldhash::fast::FixedState::with_seed(0x5e71e5);
+
+/// Sample rows of one or more profiles, built into one batch of the samples table: string
+/// columns dictionary-encoded as they are appended, a column a profile lacks null in its
+/// rows.
+#[derive(Default)]
+pub(crate) struct SampleRows {
+    profiles: usize,
+    /// Rows that stand for a series index row: `(key, row)`, the key a hash of the index
+    /// row's contents.
+    pub(crate) series: Vec<(u64, u32)>,
+    /// Per profile, type and label set, in row order: its first row and the sum of its
+    /// rows' values (see [`totals_from`]).
+    pub(crate) totals: Vec<(u32, i64)>,
+    strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
+    stacktrace_id: Vec<u64>,
+    timestamp: Vec<i64>,
+    duration: Vec<i64>,
+    period: Vec<i64>,
+    value: Vec<i64>,
+}
+
+impl std::fmt::Debug for SampleRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SampleRows")
+            .field("rows", &self.len())
+            .field("profiles", &self.profiles)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SampleRows {
+    /// Rows held.
+    pub(crate) fn len(&self) -> usize {
+        self.value.len()
+    }
+
+    /// Profiles whose rows are held.
+    pub(crate) fn profiles(&self) -> usize {
+        self.profiles
+    }
+
+    /// Sets column `name` to `value` in rows `at..at + n`, nulls before them where unset.
+    pub(super) fn constant(&mut self, name: &str, value: &str, at: usize, n: usize) -> Result<()> {
+        let b = match self.strings.get_mut(name) {
+            Some(b) => b,
+            None => self.strings.entry(name.to_owned()).or_default(),
+        };
+        if b.len() < at {
+            b.append_nulls(at - b.len());
+        }
+        b.append_n(value, n)?;
+        Ok(())
+    }
+
+    /// The rows as one batch.
+    pub(crate) fn finish(self) -> Result<RecordBatch> {
+        let len = self.len();
+        let mut fields = Vec::with_capacity(self.strings.len() + 5);
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.strings.len() + 5);
+        for (name, mut b) in self.strings {
+            if b.len() < len {
+                b.append_nulls(len - b.len());
+            }
+            let array = b.finish();
+            fields.push(Field::new(name, array.data_type().clone(), true));
+            columns.push(Arc::new(array));
+        }
+        fields.push(Field::new(STACKTRACE_ID, DataType::UInt64, false));
+        columns.push(Arc::new(UInt64Array::from(self.stacktrace_id)));
+        for (name, v) in [
+            (TIMESTAMP, self.timestamp),
+            (DURATION, self.duration),
+            (PERIOD, self.period),
+            (VALUE, self.value),
+        ] {
+            fields.push(Field::new(name, DataType::Int64, false));
+            columns.push(Arc::new(Int64Array::from(v)));
+        }
+        Ok(RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            columns,
+        )?)
+    }
+}
