@@ -706,6 +706,31 @@ pub fn range_counted(
     Ok((series, scan.metrics().blocks_failed))
 }
 
+/// The distinct timestamps (ms, ascending) of the rows `selector` selects in `range`,
+/// `lenient` or not (see [`range_counted`]), with the count of blocks a lenient scan skipped.
+pub fn timestamps_counted(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    lenient: bool,
+) -> Result<(Vec<i64>, usize)> {
+    let request = ScanRequest::new()
+        .project([TIMESTAMP])
+        .filter(predicate(snapshot, selector, range))
+        .lenient(lenient);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut scan = snapshot.scan(&request)?;
+    for batch in scan.by_ref() {
+        let batch = batch?;
+        let ts = batch
+            .column(0)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| Error::Internal("timestamp is not Int64".into()))?;
+        seen.extend(ts.iter().flatten());
+    }
+    Ok((seen.into_iter().collect(), scan.metrics().blocks_failed))
+}
+
 /// `batch`'s columns by name. Arrow's `column_by_name` compares names one by one, which for
 /// each of a series index's thousands of label columns costs their square.
 fn columns_by_name(batch: &RecordBatch) -> std::collections::HashMap<&str, &ArrayRef> {

@@ -23,21 +23,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, RecordBatch};
-use arrow::util::display::array_value_to_string;
+use arrow::array::RecordBatch;
 use axum::Json;
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
 use frostdb_pprof::report::{self, Format, RenderOptions, tree};
-use frostdb_pprof::schema::TOTALS;
 use frostdb_pprof::{Aggregation, MergeOptions, ReadOptions};
 use frostdb_profile::{Selector, TypedSelector};
-use frostdb_profile::{TimeRange, plans};
+use frostdb_profile::TimeRange;
 use frostdb_query::BlocksFailed;
 use futures::TryStreamExt;
 use serde::Deserialize;
@@ -277,28 +274,6 @@ fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
     (merged.samples.len() + series).saturating_mul(256)
 }
 
-async fn collect(
-    stream: datafusion::error::Result<SendableRecordBatchStream>,
-) -> ApiResult<Vec<RecordBatch>> {
-    Ok(stream?.try_collect().await?)
-}
-
-/// The values of a batch column as strings (`None` for null).
-fn strings(batch: &RecordBatch, column: usize) -> ApiResult<Vec<Option<String>>> {
-    let c = batch.column(column);
-    (0..batch.num_rows())
-        .map(|i| {
-            if c.is_null(i) {
-                Ok(None)
-            } else {
-                array_value_to_string(c, i)
-                    .map(Some)
-                    .map_err(|e| ApiError::internal(e.to_string()))
-            }
-        })
-        .collect()
-}
-
 /// A profile type as the API lists it.
 fn profile_type_json(t: &frostdb_profile::ProfileType) -> Value {
     json!({
@@ -422,26 +397,13 @@ async fn timestamps(
     Query(p): Query<Params>,
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.typed_selector()?);
-    let (batches, failed) = read_tables(
-        &state,
-        &tenant,
-        p.lenient,
-        Vec::new(),
-        move |ctx, _| async move {
-            collect(plans::timestamps(&ctx, TOTALS, &selector, range).await).await
-        },
-    )
-    .await?;
-    let mut out: Vec<i64> = Vec::new();
-    for b in &batches {
-        out.extend(
-            strings(b, 0)?
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s.parse::<i64>().ok()),
-        );
-    }
-    Ok(answer(Json(json!(out)), failed))
+    let lenient = p.lenient;
+    let read = move |store: &frostdb_pprof::ProfileStore| {
+        let read = store.timestamps(&selector, range, ReadOptions::lenient(lenient))?;
+        Ok((read.value, read.blocks_failed))
+    };
+    let (out, failed) = on_store(&state, &tenant, (Vec::new(), 0), read).await?;
+    Ok(answer(Json(json!(out)), lenient.then_some(failed)))
 }
 
 async fn query(

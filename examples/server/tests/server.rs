@@ -1379,9 +1379,10 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
     let req = push_request("process_cpu", &[("service_name", "a")], testdata(GO_CPU));
     assert_eq!(push_proto(&s, Some("t1"), &req).await.0, 200);
     assert!(s.terminate(), "SIGTERM persists the tenant's blocks");
-    // The samples' block, and the series index's (which label names and values read).
+    // The samples' block, the series index's (which label names and values read) and the
+    // totals' (which timestamps read).
     let mut names = Vec::new();
-    for table in ["samples", "series"] {
+    for table in ["samples", "series", "totals"] {
         let dir = data.join("tenants/t1/blocks").join(table);
         let blocks: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -1403,6 +1404,7 @@ async fn a_damaged_block_fails_queries_by_name_and_lenient_queries_say_they_are_
         "label/service_name/values".to_owned(),
         "profile_types".to_owned(),
         format!("series?selector={selector}"),
+        format!("timestamps?selector={selector}"),
     ] {
         let (status, body) = get(&format!("{}/api/v1/{route}", s.url), Some("t1")).await;
         assert_eq!(status, 500, "{route}: {body}");

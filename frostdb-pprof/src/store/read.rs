@@ -390,6 +390,22 @@ impl ProfileStore {
         )?))
     }
 
+    /// The times (ms, ascending) of the profiles `selector` selects in `range` (read from
+    /// the profile totals, a row per profile).
+    pub fn timestamps(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        read: ReadOptions,
+    ) -> Result<Read<Vec<i64>>> {
+        Ok(Read::of(frostdb_profile::native::timestamps_counted(
+            &self.totals.snapshot(),
+            selector,
+            range,
+            read.lenient,
+        )?))
+    }
+
     /// The values label `name` has in what `selector` (if any) selects in `range`, sorted.
     /// Strict: read from the series index (no sample row is read), at its granularity of an
     /// hour, as Prometheus and Pyroscope answer from the index of each block a range
