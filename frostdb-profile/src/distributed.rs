@@ -46,12 +46,13 @@ use datafusion::physical_plan::{
 use datafusion::prelude::{SessionConfig, SessionContext, col};
 use datafusion_distributed::{
     DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedMetricsFormat,
-    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, SessionStateBuilderExt, Worker,
-    WorkerQueryContext, WorkerResolver,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, SessionStateBuilderExt,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use frostdb_core::{BlockMeta, BlockSlice};
 use serde::{Deserialize, Serialize};
+
+use frostdb_query::distributed::{Channels, WorkerUrls};
 
 use crate::native::{StackTotals, merge_stacks};
 use crate::schema::column::{PERIOD, STACKTRACE_ID, VALUE};
@@ -419,63 +420,12 @@ fn split(slices: &[BlockSlice], tasks: usize) -> Vec<Vec<BlockSlice>> {
     out
 }
 
-/// Workers given by URL.
-#[derive(Debug, Clone)]
-struct Workers(Vec<url::Url>);
-
-impl WorkerResolver for Workers {
-    fn get_urls(&self) -> DfResult<Vec<url::Url>> {
-        Ok(self.0.clone())
-    }
-}
-
-/// The header a coordinator sends its cluster's secret in, and a worker checks.
-const AUTHORIZATION: &str = "authorization";
-
-/// `Bearer <secret>` as a header value, or an error naming what is wrong with it.
-fn bearer(secret: &str) -> Result<http::HeaderValue> {
-    if secret.is_empty() {
-        return Err(Error::Config("the cluster's secret is empty".into()));
-    }
-    http::HeaderValue::from_str(&format!("Bearer {secret}"))
-        .map_err(|_| Error::Config("the cluster's secret must be printable ASCII".into()))
-}
-
-/// Channels to workers that carry the cluster's secret in every request.
-#[derive(Clone)]
-struct Authorized {
-    channels: datafusion_distributed::grpc::DefaultChannelResolver,
-    header: Option<http::HeaderValue>,
-}
-
-#[async_trait]
-impl datafusion_distributed::ChannelResolver for Authorized {
-    async fn get_worker_client_for_url(
-        &self,
-        url: &url::Url,
-    ) -> DfResult<Box<dyn datafusion_distributed::WorkerChannel>> {
-        let channel = self.channels.get_channel(url).await?;
-        let channel = match self.header.clone() {
-            None => channel,
-            Some(header) => datafusion_distributed::grpc::BoxCloneSyncChannel::new(
-                tower::ServiceBuilder::new()
-                    .map_request(move |mut r: http::Request<tonic::body::Body>| {
-                        r.headers_mut().insert(AUTHORIZATION, header.clone());
-                        r
-                    })
-                    .service(channel),
-            ),
-        };
-        Ok(datafusion_distributed::grpc::create_worker_client(channel))
-    }
-}
-
 /// A coordinator of distributed merges over a fixed list of workers.
 pub struct Cluster {
-    workers: Vec<url::Url>,
+    workers: WorkerUrls,
     source: Option<Arc<dyn StackSource>>,
     /// How requests to workers carry the cluster's secret.
-    channels: Authorized,
+    channels: Channels,
     runtime: tokio::runtime::Runtime,
     /// Bytes of Arrow data the workers sent (network boundaries' `bytes_transferred`).
     bytes_moved: AtomicU64,
@@ -494,16 +444,7 @@ impl Cluster {
     /// processes serving [`serve_worker_with`]); `source` lets it run a task itself when a
     /// merge is too small to spread (`None`: it never does).
     pub fn new(workers: &[String], source: Option<Arc<dyn StackSource>>) -> Result<Self> {
-        let workers = workers
-            .iter()
-            .map(|w| {
-                url::Url::parse(w)
-                    .map_err(|e| Error::Config(format!("worker address {w:?} is not a URL: {e}")))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        if workers.is_empty() {
-            return Err(Error::Config("a cluster needs at least one worker".into()));
-        }
+        let workers = WorkerUrls::parse(workers)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("frostdb-coordinator")
@@ -513,10 +454,7 @@ impl Cluster {
         Ok(Self {
             workers,
             source,
-            channels: Authorized {
-                channels: Default::default(),
-                header: None,
-            },
+            channels: Channels::new(None)?,
             runtime,
             bytes_moved: AtomicU64::new(0),
         })
@@ -525,13 +463,13 @@ impl Cluster {
     /// The same coordinator sending `secret` to its workers, which [`serve_worker_with`]
     /// requires when given one.
     pub fn with_secret(mut self, secret: Option<&str>) -> Result<Self> {
-        self.channels.header = secret.map(bearer).transpose()?;
+        self.channels = Channels::new(secret)?;
         Ok(self)
     }
 
     /// The workers.
     pub fn workers(&self) -> &[url::Url] {
-        &self.workers
+        &self.workers.0
     }
 
     /// Bytes the workers have sent since the cluster was made.
@@ -546,7 +484,7 @@ impl Cluster {
         let state = SessionStateBuilder::new()
             .with_default_features()
             .with_config(SessionConfig::new().with_target_partitions(2))
-            .with_distributed_worker_resolver(Workers(self.workers.clone()))
+            .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_planner()
             .with_distributed_user_codec(codec)
@@ -632,7 +570,7 @@ impl Cluster {
             .recv()
             .map_err(|_| Error::Cluster("the coordinator's runtime stopped".into()))?
             .map_err(|e| {
-                let workers: Vec<&str> = self.workers.iter().map(|u| u.as_str()).collect();
+                let workers: Vec<&str> = self.workers.0.iter().map(|u| u.as_str()).collect();
                 Error::Cluster(format!(
                     "a merge spread over workers {} failed (no partial answer is given): {e}",
                     workers.join(", ")
@@ -853,70 +791,19 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
 
 /// Serves this process as a worker of distributed merges on `listener` (gRPC), reading the
 /// tables `source` gives, until `shutdown` completes ([`Node::start`] runs it). With
-/// `secret`, it refuses (`unauthenticated`) every request not carrying it as
-/// `authorization: Bearer <secret>`, as a [`Cluster::with_secret`] sends it; the plans a
-/// worker takes read the tenants' data, so nobody else may send them. It sends the secret
-/// itself to the workers it asks in turn. Without one it takes plans from anyone who can
-/// reach it: a trusted network only.
+/// `secret`, it refuses every request not carrying it, as a [`Cluster::with_secret`] sends
+/// it (see [`frostdb_query::distributed::serve_worker`]); without one it takes plans from
+/// anyone who can reach it: a trusted network only.
 pub async fn serve_worker_with(
     listener: tokio::net::TcpListener,
     source: Arc<dyn StackSource>,
     secret: Option<&str>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String> {
-    let listen: Option<SocketAddr> = listener.local_addr().ok();
-    let header = secret.map(bearer).transpose().map_err(|e| e.to_string())?;
     let codec = StackScanCodec {
         source: Some(source),
     };
-    let channels = Authorized {
-        channels: Default::default(),
-        header: header.clone(),
-    };
-    let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
-        let (codec, channels) = (codec.clone(), channels.clone());
-        async move {
-            Ok(ctx
-                .builder
-                .with_distributed_user_codec(codec)
-                .with_distributed_channel_resolver(channels)
-                .build())
-        }
-    });
-    let check = move |request: tonic::Request<()>| -> std::result::Result<_, tonic::Status> {
-        let Some(expected) = &header else {
-            return Ok(request);
-        };
-        let given = request
-            .metadata()
-            .get(AUTHORIZATION)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
-        if constant_time_eq(given, expected.as_bytes()) {
-            Ok(request)
-        } else {
-            Err(tonic::Status::unauthenticated(
-                "this worker takes plans only from its cluster: the request lacks the cluster's secret ([cluster] secret)",
-            ))
-        }
-    };
-    tonic::transport::Server::builder()
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            worker.into_worker_server(),
-            check,
-        ))
-        .serve_with_incoming_shutdown(
-            // Without NODELAY small answers wait out the peer's delayed ACK: 40 ms a hop.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
-        .map_err(|e| format!("query worker on {listen:?}: {e}"))
-}
-
-/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+    frostdb_query::distributed::serve_worker(listener, codec, secret, shutdown).await
 }
 
 #[cfg(test)]

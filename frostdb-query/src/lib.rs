@@ -32,6 +32,8 @@
 //! ```
 
 mod cancel;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 mod error;
 mod exec;
 mod filter;
