@@ -1,6 +1,18 @@
 //! Group commit: profiles prepared on many threads join the open group; its leader
 //! interns their symbols, writes their rows and the derived rows ([`super::derived`]) in one
 //! transaction, and every member learns when it is durable.
+//!
+//! Why profiles' rows are coalesced here, not in the engine's commit log: the engine
+//! ([`frostdb_core::Transaction`]) already shares fsyncs between concurrent transactions of
+//! any tables, so what this group adds is fewer and larger transactions (one WAL record,
+//! one Arrow batch and one chunk for dozens of profiles of ~150 rows, instead of a chunk
+//! per profile left for compaction to merge). What goes into one is profile knowledge the
+//! engine has no words for: the symbols a partition gained since its previous group
+//! (written with the rows that use them), the content fingerprints that make a profile
+//! pushed twice stored once, the series admitted under the series limit, and the series
+//! index and totals rows computed over the group's batch. Coalescing generic inserts in the
+//! engine would still leave all of that here, so the group stays the store's, and the
+//! engine's commit log stays about durability and publication order.
 
 use super::*;
 
