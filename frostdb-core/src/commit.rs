@@ -28,8 +28,9 @@ use crate::index::chunk::Chunk;
 use crate::index::version::Frozen;
 use crate::manifest::BlockMeta;
 use crate::schema::ColumnName;
-use crate::table::{Table, TableInner, WorkerMessage};
+use crate::table::{Table, TableInner};
 use crate::wal::{self, Wal};
+use crate::workers::WorkerMessage;
 use crate::write::prepare;
 
 /// One table's share of a transaction, checked and normalised.
@@ -403,7 +404,7 @@ impl CommitLog {
 
     /// Persists tables, the one holding the oldest unpersisted write first, until the WAL
     /// is back under its limit (or nothing more can be done).
-    pub(crate) fn relieve(&self) {
+    pub(crate) fn relieve_wal(&self) {
         let Some(wal) = self.wal.get() else {
             return;
         };
@@ -639,5 +640,11 @@ impl Submitted {
             }
         }
         Ok(tx)
+    }
+}
+
+impl crate::workers::RelieveWal for CommitLog {
+    fn relieve(&self) {
+        self.relieve_wal();
     }
 }

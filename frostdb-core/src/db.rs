@@ -29,9 +29,9 @@ use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, SharedOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
 use crate::storage::Storage;
-use crate::table::{Durable, Table, TableConfig, WorkerMessage, Workers};
+use crate::table::{Durable, Table, TableConfig};
 use crate::wal::{self, FileWal, Wal};
-use crate::workers::{Maintenance, WorkerPool};
+use crate::workers::{Maintenance, WorkerMessage, WorkerPool, Workers};
 
 /// A database: named tables sharing background workers and, on disk, a manifest, WALs and
 /// an object store of persisted blocks.

@@ -13,8 +13,8 @@
 //! | `index` | the LSM levels: L0 parts, sorted runs of granules with exact statistics, compaction |
 //! | `scan` | snapshots, projections, pruning, sorted merges |
 //! | `events` | what background work tells an embedder (compactions, persistence, retention) |
-//! | `commit`, `table` | transactions (the commit log), snapshot publication, persistence, retention, compaction driving; the two call each other |
-//! | `workers` | the threads that persist, compact and run maintenance for every table of a pool (they call `table`, and `options` names a pool) |
+//! | `workers` | the threads that persist, compact and run maintenance for every table of a pool: they run what a table or commit log asks (`TableWork`, `RelieveWal`, which those implement) and know nothing else of them (`options` names a pool) |
+//! | `commit`, `table` | transactions (the commit log), snapshot publication, persistence, retention, compaction driving; the two call each other (a transaction applies its entries to tables, a table writes through the log) |
 //! | `db` | opening, recovery, the tables of a database, shared buckets and leases |
 //!
 //! A table's state is an immutable version swapped atomically on each commit or compaction:

@@ -15,9 +15,48 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::index::compaction::Mode;
 use crate::io::Io;
-use crate::table::{TableInner, WorkerMessage, Workers};
+
+/// What the background threads do for a table (the table does it: the threads know
+/// nothing else of tables).
+pub(crate) trait TableWork: Send + Sync {
+    /// Compacts as the table's policy says, reporting a failure.
+    fn compact_now(&self);
+    /// Persists the table's frozen blocks (a failure is reported by the table; the block
+    /// stays in memory for a retry).
+    fn persist_now(&self);
+    /// The table's periodic work at `now_ms`: retries persistence that failed, then
+    /// enforces retention.
+    fn every_interval(&self, now_ms: i64);
+}
+
+/// A commit log whose WAL outgrew its limit: persists the table holding its oldest segment.
+pub(crate) trait RelieveWal: Send + Sync {
+    /// Persists what keeps the oldest WAL segment.
+    fn relieve(&self);
+}
+
+/// Messages to the background workers.
+pub(crate) enum WorkerMessage {
+    Compact(Weak<dyn TableWork>),
+    Persist(Weak<dyn TableWork>),
+    /// A table to watch every interval: retention, and retries of failed persistence.
+    Register(Weak<dyn TableWork>, Duration),
+    /// An embedder's task to run every interval (after retention).
+    Maintenance(Weak<dyn Maintenance>, Duration),
+    /// The WAL outgrew its limit: persist the table holding its oldest segment.
+    RelieveWal(Weak<dyn RelieveWal>),
+    Shutdown,
+}
+
+/// Senders to the background workers of one database.
+#[derive(Clone)]
+pub(crate) struct Workers {
+    pub(crate) compaction: Option<mpsc::Sender<WorkerMessage>>,
+    pub(crate) persistence: Option<mpsc::Sender<WorkerMessage>>,
+    /// How often the persistence thread enforces retention on the database's tables.
+    pub(crate) retention_interval: Duration,
+}
 
 /// Threads for the background work of databases, and their I/O runtime. Cheap to clone;
 /// the threads stop when the last clone (and every database using it) is dropped.
@@ -177,7 +216,7 @@ impl<T: ?Sized> Periodic<T> {
 /// retention on (and runs the maintenance tasks of) the databases assigned to it, each at
 /// its own interval.
 fn worker(rx: mpsc::Receiver<WorkerMessage>) {
-    let mut tables: Vec<Periodic<TableInner>> = Vec::new();
+    let mut tables: Vec<Periodic<dyn TableWork>> = Vec::new();
     let mut tasks: Vec<Periodic<dyn Maintenance>> = Vec::new();
     loop {
         let next = tables
@@ -193,11 +232,7 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
                     let (now, now_ms) = (Instant::now(), crate::now_ms());
                     tables.retain(|t| t.what.strong_count() > 0);
                     for table in tables.iter_mut().filter_map(|t| t.due(now)) {
-                        // Retry blocks whose persistence failed, then expire old ones.
-                        let _ = table.persist_frozen();
-                        if let Err(error) = table.enforce_retention(now_ms) {
-                            tracing::warn!(table = table.name(), %error, "retention failed");
-                        }
+                        table.every_interval(now_ms);
                     }
                     tasks.retain(|t| t.what.strong_count() > 0);
                     for task in tasks.iter_mut().filter_map(|t| t.due(now)) {
@@ -212,13 +247,8 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
         match message {
             WorkerMessage::Shutdown => return,
             WorkerMessage::Compact(table) => {
-                let Some(table) = table.upgrade() else {
-                    continue;
-                };
-                table.clear_compaction_queued();
-                if let Err(error) = table.compact(Mode::Policy) {
-                    tracing::warn!(table = table.name(), %error, "background compaction failed");
-                    table.listener().on_compaction_error(table.name(), &error);
+                if let Some(table) = table.upgrade() {
+                    table.compact_now();
                 }
             }
             WorkerMessage::Register(weak, every) => {
@@ -226,13 +256,10 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
                     tables.push(Periodic::new(weak, every));
                 }
             }
-            WorkerMessage::Persist(weak) => {
-                let Some(table) = weak.upgrade() else {
-                    continue;
-                };
-                table.clear_persistence_queued();
-                // Errors are reported by the table; the block stays in memory for a retry.
-                let _ = table.persist_frozen();
+            WorkerMessage::Persist(table) => {
+                if let Some(table) = table.upgrade() {
+                    table.persist_now();
+                }
             }
             WorkerMessage::Maintenance(task, every) => tasks.push(Periodic::new(task, every)),
             WorkerMessage::RelieveWal(log) => {

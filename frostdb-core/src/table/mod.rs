@@ -19,7 +19,7 @@ mod retention;
 pub(crate) use retention::check_time_column;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak, mpsc};
+use std::sync::{Arc, Weak};
 
 use arrow::record_batch::RecordBatch;
 use parking_lot::{Mutex, RwLock};
@@ -35,27 +35,7 @@ use crate::scan::{ScanRequest, Snapshot};
 use crate::schema::{ColumnName, Schema, TableSchema};
 use crate::storage::Storage;
 
-/// Messages to the background workers.
-pub(crate) enum WorkerMessage {
-    Compact(Weak<TableInner>),
-    Persist(Weak<TableInner>),
-    /// A table to watch every interval: retention, and retries of failed persistence.
-    Register(Weak<TableInner>, std::time::Duration),
-    /// An embedder's task to run every interval (after retention).
-    Maintenance(Weak<dyn crate::workers::Maintenance>, std::time::Duration),
-    /// The WAL outgrew its limit: persist the table holding its oldest segment.
-    RelieveWal(Weak<CommitLog>),
-    Shutdown,
-}
-
-/// Senders to the background workers.
-#[derive(Clone)]
-pub(crate) struct Workers {
-    pub(crate) compaction: Option<mpsc::Sender<WorkerMessage>>,
-    pub(crate) persistence: Option<mpsc::Sender<WorkerMessage>>,
-    /// How often the persistence thread enforces retention on the database's tables.
-    pub(crate) retention_interval: std::time::Duration,
-}
+use crate::workers::{WorkerMessage, Workers};
 
 /// A table: takes Arrow batches, serves consistent snapshots. Cheap to clone; all clones are
 /// the same table. `Send + Sync`: insert and scan from as many threads as you like.
@@ -544,6 +524,30 @@ impl TableInner {
                 self.this.clone(),
                 self.workers.retention_interval,
             ));
+        }
+    }
+}
+
+impl crate::workers::TableWork for TableInner {
+    fn compact_now(&self) {
+        self.clear_compaction_queued();
+        if let Err(error) = self.compact(compaction::Mode::Policy) {
+            tracing::warn!(table = self.name(), %error, "background compaction failed");
+            self.listener().on_compaction_error(self.name(), &error);
+        }
+    }
+
+    fn persist_now(&self) {
+        self.clear_persistence_queued();
+        // Errors are reported by the table; the block stays in memory for a retry.
+        let _ = self.persist_frozen();
+    }
+
+    fn every_interval(&self, now_ms: i64) {
+        // Retry blocks whose persistence failed, then expire old ones.
+        let _ = self.persist_frozen();
+        if let Err(error) = self.enforce_retention(now_ms) {
+            tracing::warn!(table = self.name(), %error, "retention failed");
         }
     }
 }

@@ -6,11 +6,12 @@ use std::sync::atomic::Ordering;
 
 use arrow::record_batch::RecordBatch;
 
-use super::{TableInner, WorkerMessage, column_names};
+use super::{TableInner, column_names};
 use crate::commit::Entry;
 use crate::error::Result;
 use crate::index::chunk::Chunk;
 use crate::index::version::{Frozen, Part, Version};
+use crate::workers::WorkerMessage;
 
 impl TableInner {
     /// Publishes durable writes `(tx, entry)`, in transaction order, as one new version.
