@@ -138,10 +138,15 @@ impl Error {
 }
 
 impl Error {
-    /// `self` with where it happened (see [`Error::At`]).
+    /// `self` with where it happened (see [`Error::At`]); as it is when `at` is empty (a
+    /// request of one part).
     pub fn at(self, at: impl Into<String>) -> Self {
+        let at = at.into();
+        if at.is_empty() {
+            return self;
+        }
         Self::At {
-            at: at.into(),
+            at,
             error: Box::new(self),
         }
     }

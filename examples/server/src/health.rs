@@ -73,53 +73,32 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
         "Tenants open now.",
     );
     let _ = writeln!(out, "frostdb_open_tenants {}", tenants.len());
-    family(
+    per_tenant(
         &mut out,
-        "frostdb_writes_stopped",
-        "gauge",
+        ("frostdb_writes_stopped", "gauge"),
         "1 while a tenant's database refuses writes (a failed fsync or WAL upload).",
+        tenants
+            .iter()
+            .map(|t| (&t.id, u64::from(t.store.db().stopped().is_some()))),
     );
-    for t in &tenants {
-        let stopped = t.store.db().stopped().is_some();
-        let _ = writeln!(
-            out,
-            "frostdb_writes_stopped{{tenant=\"{}\"}} {}",
-            escape(&t.id),
-            u8::from(stopped)
-        );
-    }
     let mirrors: Vec<_> = tenants
         .iter()
-        .filter_map(|t| Some((t, t.store.db().mirror_health()?)))
+        .filter_map(|t| Some((&t.id, t.store.db().mirror_health()?)))
         .collect();
-    family(
+    per_tenant(
         &mut out,
-        "frostdb_manifest_mirror_failures_total",
-        "counter",
+        ("frostdb_manifest_mirror_failures_total", "counter"),
         "Mirrors of a tenant's manifest to the object store that failed since it opened.",
+        mirrors.iter().map(|(id, h)| (*id, h.failures)),
     );
-    for (t, health) in &mirrors {
-        let _ = writeln!(
-            out,
-            "frostdb_manifest_mirror_failures_total{{tenant=\"{}\"}} {}",
-            escape(&t.id),
-            health.failures
-        );
-    }
-    family(
+    per_tenant(
         &mut out,
-        "frostdb_manifest_mirror_behind",
-        "gauge",
+        ("frostdb_manifest_mirror_behind", "gauge"),
         "1 while the object store's copy of a tenant's manifest is behind the local one.",
+        mirrors
+            .iter()
+            .map(|(id, h)| (*id, u64::from(h.behind.is_some()))),
     );
-    for (t, health) in &mirrors {
-        let _ = writeln!(
-            out,
-            "frostdb_manifest_mirror_behind{{tenant=\"{}\"}} {}",
-            escape(&t.id),
-            u8::from(health.behind.is_some())
-        );
-    }
     (
         [(
             header::CONTENT_TYPE,
@@ -131,6 +110,19 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A family with a series per tenant.
+fn per_tenant<'a>(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    values: impl Iterator<Item = (&'a String, u64)>,
+) {
+    family(out, name, kind, help);
+    for (tenant, value) in values {
+        let _ = writeln!(out, "{name}{{tenant=\"{}\"}} {value}", escape(tenant));
+    }
 }
 
 /// A label value as the exposition format writes it.

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use super::Shared;
 use super::config::ScrapeConfig;
 use super::error::ApiResult;
-use super::ingest::{Incoming, store};
+use super::ingest::{Incoming, store_one};
 
 /// The state of one scraped profile of one target.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -238,10 +238,10 @@ async fn scrape_once(
     }
     let limits = state.tenants.pprof_limits();
     let (name, labels) = (profile_name(profile).to_owned(), labels.to_vec());
-    let stored = store(state, &config.tenant, move || {
+    let summary = store_one(state, &config.tenant, move || {
         let decoded = frostdb_pprof::decode(&body, &limits)
             .map_err(|e| crate::error::ApiError::from(e).context("pprof"))?;
-        Ok(vec![Incoming {
+        Ok(Incoming {
             profile: decoded,
             previous: None,
             name,
@@ -249,10 +249,9 @@ async fn scrape_once(
             delta: true,
             timestamp_ms: Some(started_ms),
             at: String::new(),
-        }])
+        })
     })
     .await
     .map_err(|e| e.to_string())?;
-    let summary = stored.first().cloned().unwrap_or_default();
     Ok(summary.rows)
 }

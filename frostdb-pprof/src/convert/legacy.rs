@@ -117,62 +117,29 @@ impl Params {
 
     /// The profile name and value units of a folded body.
     pub fn folded_units(&self) -> Result<(String, Units)> {
-        let t = |a: &str, b: &str| (a.to_owned(), b.to_owned());
         let inuse = self.kind.as_deref().unwrap_or("").starts_with("inuse");
-        let (name, sample, period, period_value, scale) = match self.units.as_str() {
-            "samples" => {
-                let ns = 1_000_000_000 / self.sample_rate;
-                let cpu = t("cpu", "nanoseconds");
-                ("process_cpu", cpu.clone(), cpu, ns, ns)
+        // (profile name, sample type and unit, period type and unit)
+        let (name, sample, period) = match (self.units.as_str(), inuse) {
+            ("samples", _) => (
+                "process_cpu",
+                ("cpu", "nanoseconds"),
+                ("cpu", "nanoseconds"),
+            ),
+            ("objects", true) => ("memory", ("inuse_objects", "count"), ("space", "bytes")),
+            ("objects", false) => ("memory", ("alloc_objects", "count"), ("space", "bytes")),
+            ("bytes", true) => ("memory", ("inuse_space", "bytes"), ("space", "bytes")),
+            ("bytes", false) => ("memory", ("alloc_space", "bytes"), ("space", "bytes")),
+            ("goroutines", _) => ("goroutines", ("goroutine", "count"), ("goroutine", "count")),
+            ("lock_samples", _) => ("mutex", ("contentions", "count"), ("contentions", "count")),
+            ("lock_nanoseconds", _) => {
+                ("mutex", ("delay", "nanoseconds"), ("contentions", "count"))
             }
-            "objects" if inuse => (
-                "memory",
-                t("inuse_objects", "count"),
-                t("space", "bytes"),
-                1,
-                1,
+            ("exceptions", _) => (
+                "exceptions",
+                ("exceptions", "count"),
+                ("exceptions", "count"),
             ),
-            "objects" => (
-                "memory",
-                t("alloc_objects", "count"),
-                t("space", "bytes"),
-                1,
-                1,
-            ),
-            "bytes" if inuse => (
-                "memory",
-                t("inuse_space", "bytes"),
-                t("space", "bytes"),
-                1,
-                1,
-            ),
-            "bytes" => (
-                "memory",
-                t("alloc_space", "bytes"),
-                t("space", "bytes"),
-                1,
-                1,
-            ),
-            "goroutines" => {
-                let g = t("goroutine", "count");
-                ("goroutines", g.clone(), g, 1, 1)
-            }
-            "lock_samples" => {
-                let c = t("contentions", "count");
-                ("mutex", c.clone(), c, 1, 1)
-            }
-            "lock_nanoseconds" => (
-                "mutex",
-                t("delay", "nanoseconds"),
-                t("contentions", "count"),
-                1,
-                1,
-            ),
-            "exceptions" => {
-                let e = t("exceptions", "count");
-                ("exceptions", e.clone(), e, 1, 1)
-            }
-            other => {
+            (other, _) => {
                 return Err(invalid(
                     "units",
                     format!(
@@ -181,13 +148,19 @@ impl Params {
                 ));
             }
         };
+        // A CPU sample stands for 1 s / sampleRate; other values count as they are.
+        let each = match self.units.as_str() {
+            "samples" => 1_000_000_000 / self.sample_rate,
+            _ => 1,
+        };
+        let owned = |(a, b): (&str, &str)| (a.to_owned(), b.to_owned());
         Ok((
             name.to_owned(),
             Units {
-                sample,
-                period,
-                period_value,
-                scale,
+                sample: owned(sample),
+                period: owned(period),
+                period_value: each,
+                scale: each,
             },
         ))
     }

@@ -50,17 +50,6 @@ impl Incoming {
             .delta(self.delta)
             .timestamp_ms(self.timestamp_ms))
     }
-
-    fn at(&self, error: Error) -> Error {
-        if self.at.is_empty() {
-            error
-        } else {
-            Error::At {
-                at: self.at.clone(),
-                error: Box::new(error),
-            }
-        }
-    }
 }
 
 impl From<push::Pushed> for Incoming {
@@ -120,14 +109,14 @@ pub fn series_labels(labels: &[(String, String)]) -> Result<Vec<(String, String)
 pub fn store(store: &ProfileStore, incoming: &[Incoming]) -> Result<Vec<IngestSummary>> {
     let options = incoming
         .iter()
-        .map(|i| i.options().map_err(|e| i.at(e)))
+        .map(|i| i.options().map_err(|e| e.at(i.at.clone())))
         .collect::<Result<Vec<_>>>()?;
     if let [one] = incoming
         && let Some(previous) = &one.previous
     {
         let summary = store
             .ingest_with_previous(&one.profile, previous, &options[0])
-            .map_err(|e| one.at(e))?;
+            .map_err(|e| e.at(one.at.clone()))?;
         return Ok(vec![summary]);
     }
     if incoming.iter().any(|i| i.previous.is_some()) {

@@ -66,12 +66,9 @@ impl ProfileStore {
         profiles: &[(&ValidProfile, &IngestOptions)],
         at: impl Fn(usize) -> String,
     ) -> Result<Vec<IngestSummary>> {
-        let at = |i: usize, error: Error| match at(i) {
-            place if profiles.len() > 1 && !place.is_empty() => Error::At {
-                at: place,
-                error: Box::new(error),
-            },
-            _ => error,
+        let at = |i: usize, error: Error| match profiles.len() {
+            1 => error,
+            _ => error.at(at(i)),
         };
         let mut coming = Coming::new(self);
         if !profiles.iter().any(|(_, o)| o.delta) {
@@ -174,12 +171,12 @@ impl ProfileStore {
                 ..IngestSummary::default()
             })
             .collect();
-        // The profiles with samples; those without store nothing.
-        let storing: Vec<&crate::normalize::Prepared<'_>> =
-            prepared.iter().filter(|p| !p.is_empty()).collect();
+        // The profiles with samples (by their index in `prepared`); the others store nothing.
         let at_index: Vec<usize> = (0..prepared.len())
             .filter(|&i| !prepared[i].is_empty())
             .collect();
+        let storing: Vec<&crate::normalize::Prepared<'_>> =
+            at_index.iter().map(|&i| &prepared[i]).collect();
         if storing.is_empty() {
             return Ok(summaries);
         }
@@ -191,7 +188,7 @@ impl ProfileStore {
         self.admit(&storing, &series)?;
         let mut interned: Vec<crate::normalize::InternState> =
             storing.iter().map(|_| Default::default()).collect();
-        let (slot, twins, lead) = 'join: loop {
+        let (slot, twins, lead) = loop {
             let partition = self.symbols.current();
             // Profiles whose symbols the partition has (the usual case) only look them up,
             // alongside others; ones with new symbols intern them alone. Either keeps the
@@ -262,7 +259,7 @@ impl ProfileStore {
                 if pipeline.gathering {
                     self.joined.notify_one(); // one fewer to wait for
                 }
-                break 'join (None, twins, false);
+                break (None, twins, false);
             }
             if pipeline
                 .open

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use frostdb_pprof::convert::legacy::Params;
 
-use super::{body_bytes, content_type, store};
+use super::{body_bytes, content_type, store_one};
 use crate::edge::RequestMemory;
 use crate::error::{ApiError, ApiResult};
 use crate::{Shared, TenantId};
@@ -60,7 +60,7 @@ pub async fn handle(
     };
     let series = frostdb_pprof::convert::series_labels(&params.labels).unwrap_or_default();
     let decoding = state.clone();
-    let stored = store(&state, &tenant, move || {
+    let summary = store_one(&state, &tenant, move || {
         let limits = decoding.tenants.pprof_limits();
         let pprof = |bytes: &[u8], what: &str| {
             frostdb_pprof::decode(bytes, &limits).map_err(|e| ApiError::from(e).context(what))
@@ -86,10 +86,9 @@ pub async fn handle(
                     .map_err(|e| ApiError::from(e).context("folded body"))?
             }
         };
-        Ok(vec![incoming])
+        Ok(incoming)
     })
     .await?;
-    let summary = stored.first().cloned().unwrap_or_default();
     // What was stored, so that a client (or a person with curl) sees it landed, and where.
     let labels: serde_json::Map<String, serde_json::Value> =
         series.into_iter().map(|(k, v)| (k, v.into())).collect();

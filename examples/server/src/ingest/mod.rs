@@ -46,13 +46,12 @@ where
         .await
 }
 
-/// [`store`] for one profile.
-pub async fn store_one(
-    state: &Shared,
-    tenant: &str,
-    incoming: Incoming,
-) -> ApiResult<IngestSummary> {
-    let mut summaries = store(state, tenant, move || Ok(vec![incoming])).await?;
+/// [`store`] for a request of one profile.
+pub async fn store_one<F>(state: &Shared, tenant: &str, decode: F) -> ApiResult<IngestSummary>
+where
+    F: FnOnce() -> ApiResult<Incoming> + Send + 'static,
+{
+    let mut summaries = store(state, tenant, move || Ok(vec![decode()?])).await?;
     summaries
         .pop()
         .ok_or_else(|| ApiError::internal("a stored profile has no summary"))
