@@ -16,61 +16,78 @@
 //! in the order their writes were added to each transaction, so a reader that reads a table
 //! written later in a transaction (samples) and then one written earlier (the symbols they
 //! refer to) never sees the first without the second.
+//!
+//! The log knows a table only as a [`Logged`]: a name for the WAL record, somewhere to
+//! publish durable writes, and persistence when the WAL outgrows its limit. Tables (in
+//! `table`) implement it and hold the log; the log holds them weakly.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 
 use arrow::record_batch::RecordBatch;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::error::{Error, Result};
 use crate::index::chunk::Chunk;
-use crate::index::version::Frozen;
-use crate::manifest::BlockMeta;
 use crate::schema::ColumnName;
-use crate::table::{Table, TableInner};
 use crate::wal::{self, Wal};
 use crate::workers::WorkerMessage;
-use crate::write::prepare;
 
-/// One table's share of a transaction, checked and normalised.
-pub(crate) struct Entry {
-    pub(crate) table: Arc<TableInner>,
+/// What the log needs of a table.
+pub(crate) trait Logged: Send + Sync + 'static {
+    /// The table's name, as WAL records carry it.
+    fn name(&self) -> &str;
+    /// Publishes durable writes `(tx, write)`, in transaction order, as one new version.
+    fn apply(&self, writes: Vec<(u64, Write)>);
+    /// The oldest transaction whose rows the table holds only in memory (and the WAL).
+    fn oldest_unpersisted_tx(&self) -> Option<u64>;
+    /// Rotates the active block and persists every rotated one (to relieve the WAL).
+    fn rotate_and_persist(&self) -> Result<()>;
+}
+
+/// Rows checked and normalised for a table.
+pub(crate) struct Write {
     pub(crate) chunk: Arc<Chunk>,
     pub(crate) columns: Vec<ColumnName>,
 }
 
-/// A transaction appended to the WAL, waiting for its fsync to be published.
-struct PendingTx {
-    tx: u64,
-    position: u64,
-    entries: Vec<Entry>,
+/// One table's share of a transaction.
+pub(crate) struct Entry<T> {
+    pub(crate) table: Arc<T>,
+    pub(crate) write: Write,
 }
 
-struct LogState {
+/// A transaction appended to the WAL, waiting for its fsync to be published.
+struct PendingTx<T> {
+    tx: u64,
+    position: u64,
+    entries: Vec<Entry<T>>,
+}
+
+struct LogState<T> {
     next_tx: u64,
-    pending: VecDeque<PendingTx>,
+    pending: VecDeque<PendingTx<T>>,
 }
 
 /// The database's commit log: every table commits through it.
-pub(crate) struct CommitLog {
+pub(crate) struct CommitLog<T> {
     /// The WAL (on-disk databases), set once recovery has replayed it.
     wal: std::sync::OnceLock<Wal>,
     durable: bool,
-    state: Mutex<LogState>,
+    state: Mutex<LogState<T>>,
     /// Serialises publication, so that transactions become visible in order.
     publish: Mutex<()>,
     /// Highest transaction published.
     published: std::sync::atomic::AtomicU64,
     /// The tables, for WAL truncation and space management.
-    tables: RwLock<Vec<Weak<TableInner>>>,
+    tables: RwLock<Vec<Weak<T>>>,
     /// Past this size, the table holding the oldest WAL segment is persisted.
     max_wal_bytes: u64,
     /// Where to ask for that.
     persistence: Mutex<Option<std::sync::mpsc::Sender<WorkerMessage>>>,
     relieving: std::sync::atomic::AtomicBool,
     /// This log, for messages to the worker.
-    this: Weak<CommitLog>,
+    this: Weak<CommitLog<T>>,
     /// One cut at a time (shared databases), and no block merge during one.
     cutting: Mutex<()>,
     /// A read-only database (a follower of a bucket, or a directory opened read-only): where
@@ -81,7 +98,7 @@ pub(crate) struct CommitLog {
     _lock: Option<Box<dyn Send + Sync>>,
 }
 
-impl std::fmt::Debug for CommitLog {
+impl<T> std::fmt::Debug for CommitLog<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CommitLog")
             .field("durable", &self.durable)
@@ -89,7 +106,7 @@ impl std::fmt::Debug for CommitLog {
     }
 }
 
-impl CommitLog {
+impl<T: Logged> CommitLog<T> {
     /// A log for an in-memory database (`durable: false`) or an on-disk one, whose WAL is
     /// attached after recovery.
     pub(crate) fn new(
@@ -143,13 +160,13 @@ impl CommitLog {
         }
     }
 
-    pub(crate) fn register(&self, table: &Arc<TableInner>) {
+    pub(crate) fn register(&self, table: &Arc<T>) {
         let mut tables = self.tables.write();
         tables.retain(|t| t.strong_count() > 0);
         tables.push(Arc::downgrade(table));
     }
 
-    pub(crate) fn tables(&self) -> Vec<Arc<TableInner>> {
+    pub(crate) fn tables(&self) -> Vec<Arc<T>> {
         self.tables
             .read()
             .iter()
@@ -187,7 +204,7 @@ impl CommitLog {
 
     /// Commits `entries` as one transaction and returns its id once it is durable and
     /// published. Nothing of it is visible before; all of it is after.
-    pub(crate) fn commit(&self, entries: Vec<Entry>) -> Result<u64> {
+    pub(crate) fn commit(&self, entries: Vec<Entry<T>>) -> Result<u64> {
         match self.append(entries)? {
             Some((tx, position)) => self.finish(tx, position),
             None => Ok(self.published.load(std::sync::atomic::Ordering::Acquire)),
@@ -196,7 +213,7 @@ impl CommitLog {
 
     /// Appends `entries` to the WAL as one transaction: `(tx, position)`, or `None` when
     /// there is nothing to write. On error nothing of it stays in the log.
-    pub(crate) fn append(&self, entries: Vec<Entry>) -> Result<Option<(u64, u64)>> {
+    pub(crate) fn append(&self, entries: Vec<Entry<T>>) -> Result<Option<(u64, u64)>> {
         if entries.is_empty() {
             return Ok(None);
         }
@@ -204,7 +221,7 @@ impl CommitLog {
         let payload = if self.durable {
             let parts: Vec<(&str, &RecordBatch)> = entries
                 .iter()
-                .map(|e| (e.table.name(), e.chunk.batch()))
+                .map(|e| (e.table.name(), e.write.chunk.batch()))
                 .collect();
             Some(wal::record::encode_entries(&parts)?)
         } else {
@@ -278,7 +295,7 @@ impl CommitLog {
                 Some(wal) => wal.durable_position(),
                 None => u64::MAX,
             };
-            let ready: Vec<PendingTx> = {
+            let ready: Vec<PendingTx<T>> = {
                 let mut state = self.state.lock();
                 let n = state
                     .pending
@@ -319,87 +336,18 @@ impl CommitLog {
     }
 }
 
-impl CommitLog {
-    /// Persists every table's active data as of one transaction and records all of it in
-    /// one manifest update (databases shared through a bucket): a reader of the bucket
-    /// sees each transaction whole or not at all, symbols with the samples that use them.
-    /// Rotation happens under the publication lock, so no transaction is half published
-    /// when the tables are cut; writes go on meanwhile (into new active blocks). A failed
-    /// cut leaves its blocks frozen, in memory and in the WAL: the next one writes them.
-    /// Returns the blocks written, with their tables.
-    pub(crate) fn cut(&self) -> Result<Vec<(String, BlockMeta)>> {
-        let _one_at_a_time = self.cutting.lock();
-        let tables = self.tables();
-        {
-            let _publish = self.publish.lock();
-            for table in &tables {
-                table.rotate();
-            }
-        }
-        let Some(durable) = tables.iter().find_map(|t| t.durable()) else {
-            return Ok(Vec::new());
-        };
-        let manifest = durable.manifest.snapshot();
-        let started = std::time::Instant::now();
-        let mut written: Vec<(Arc<TableInner>, Arc<Frozen>, BlockMeta)> = Vec::new();
-        for table in &tables {
-            let (version, frozen) = table.frozen();
-            if frozen.is_empty() {
-                continue;
-            }
-            let entry = manifest.table(table.name())?;
-            let (mut id, mut persisted) = (entry.next_block_id, entry.persisted_tx);
-            for f in frozen {
-                let meta = table
-                    .write_frozen(durable, &version, &f, id, persisted)
-                    .inspect_err(|e| table.listener().on_persist_error(table.name(), e))?;
-                (id, persisted) = (id + 1, f.max_tx);
-                written.push((table.clone(), f, meta));
-            }
-        }
-        if written.is_empty() {
-            return Ok(Vec::new());
-        }
-        durable.manifest.update(|m| {
-            for (table, frozen, meta) in &written {
-                let entry = m.tables.get_mut(table.name()).ok_or_else(|| {
-                    Error::Internal(format!("table {:?} left the manifest", table.name()))
-                })?;
-                entry.blocks.push(meta.clone());
-                entry.persisted_tx = frozen.max_tx;
-                entry.next_block_id = meta.id + 1;
-            }
-            Ok(())
-        })?;
-        let (mut rows, mut bytes) = (0, 0);
-        for (table, frozen, meta) in &written {
-            table.swap_in(frozen, meta);
-            table.listener().on_persist_end(table.name(), meta);
-            (rows, bytes) = (rows + meta.rows, bytes + meta.size);
-        }
-        let deleted = self.truncate().unwrap_or_else(|error| {
-            tracing::warn!(%error, "deleting persisted WAL objects failed; retried after the next cut");
-            0
-        });
-        tracing::info!(
-            blocks = written.len(),
-            rows,
-            bytes,
-            wal_objects_deleted = deleted,
-            seconds = started.elapsed().as_secs_f64(),
-            "cut persisted"
-        );
-        Ok(written
-            .into_iter()
-            .map(|(table, _, meta)| (table.name().to_owned(), meta))
-            .collect())
-    }
-
-    /// Runs `f` while no other cut runs (block merges of shared databases, which take block
-    /// ids as cuts do).
+impl<T: Logged> CommitLog<T> {
+    /// Runs `f` while no other cut runs (a cut, or a block merge of a shared database, which
+    /// takes block ids as cuts do).
     pub(crate) fn between_cuts<R>(&self, f: impl FnOnce() -> R) -> R {
         let _one_at_a_time = self.cutting.lock();
         f()
+    }
+
+    /// Holds publication: no transaction becomes visible until the guard drops (a cut
+    /// rotates every table under it, so no transaction is half published when they are cut).
+    pub(crate) fn hold_publication(&self) -> MutexGuard<'_, ()> {
+        self.publish.lock()
     }
 
     /// Persists tables, the one holding the oldest unpersisted write first, until the WAL
@@ -439,10 +387,10 @@ impl CommitLog {
 
 /// Publishes durable transactions: consecutive ones whose tables agree on an order are
 /// applied together, one version swap per table.
-fn publish_in_order(ready: Vec<PendingTx>) {
-    let mut order: Vec<Arc<TableInner>> = Vec::new();
-    let mut parts: Vec<Vec<(u64, Entry)>> = Vec::new();
-    let flush = |order: &mut Vec<Arc<TableInner>>, parts: &mut Vec<Vec<(u64, Entry)>>| {
+fn publish_in_order<T: Logged>(ready: Vec<PendingTx<T>>) {
+    let mut order: Vec<Arc<T>> = Vec::new();
+    let mut parts: Vec<Vec<(u64, Write)>> = Vec::new();
+    let flush = |order: &mut Vec<Arc<T>>, parts: &mut Vec<Vec<(u64, Write)>>| {
         for (table, entries) in order.drain(..).zip(parts.drain(..)) {
             table.apply(entries);
         }
@@ -466,10 +414,10 @@ fn publish_in_order(ready: Vec<PendingTx>) {
         }
         for entry in tx.entries {
             match order.iter().position(|t| Arc::ptr_eq(t, &entry.table)) {
-                Some(i) => parts[i].push((tx.tx, entry)),
+                Some(i) => parts[i].push((tx.tx, entry.write)),
                 None => {
-                    order.push(entry.table.clone());
-                    parts.push(vec![(tx.tx, entry)]);
+                    order.push(entry.table);
+                    parts.push(vec![(tx.tx, entry.write)]);
                 }
             }
         }
@@ -477,173 +425,7 @@ fn publish_in_order(ready: Vec<PendingTx>) {
     flush(&mut order, &mut parts);
 }
 
-/// Checks `batch` for `table` and brings it into the engine's normal form; `None` for an
-/// empty batch.
-pub(crate) fn entry(table: &Table, batch: &RecordBatch) -> Result<Option<Entry>> {
-    let inner = &table.inner;
-    let Some(prepared) = prepare(inner.schema(), inner.options(), batch)? else {
-        return Ok(None);
-    };
-    Ok(Some(Entry {
-        table: inner.clone(),
-        chunk: Arc::new(Chunk::new(prepared.batch)?),
-        columns: prepared.columns,
-    }))
-}
-
-/// A write spanning several tables of one database: one WAL record, durable and visible all
-/// together or not at all.
-///
-/// Each [`Transaction::insert`] checks its batch at once (a batch that does not fit its
-/// table's schema is an error there, and the transaction can still be committed without it);
-/// nothing is written before [`Transaction::commit`]. Dropping a transaction without
-/// committing it writes nothing.
-///
-/// ```
-/// use std::sync::Arc;
-/// use arrow::array::{Int64Array, StringArray};
-/// use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
-/// use arrow::record_batch::RecordBatch;
-/// use frostdb_core::{ColumnDef, Db, DbOptions, Schema, TableOptions};
-///
-/// let db = Db::open_in_memory(DbOptions::default())?;
-/// let schema = |name: &str| Schema::builder(name)
-///     .column(ColumnDef::new("id", DataType::Int64))
-///     .column(ColumnDef::new("text", DataType::Utf8))
-///     .build();
-/// let names = db.table("names", schema("names")?, TableOptions::default())?;
-/// let uses = db.table("uses", schema("uses")?, TableOptions::default())?;
-/// let batch = |id: i64, text: &str| RecordBatch::try_new(
-///     Arc::new(ArrowSchema::new(vec![
-///         Field::new("id", DataType::Int64, false),
-///         Field::new("text", DataType::Utf8, false),
-///     ])),
-///     vec![Arc::new(Int64Array::from(vec![id])), Arc::new(StringArray::from(vec![text]))],
-/// );
-/// let mut tx = db.transaction();
-/// tx.insert(&names, &batch(1, "main")?)?;
-/// tx.insert(&uses, &batch(1, "called from main")?)?;
-/// tx.commit()?;
-/// assert_eq!((names.stats().rows, uses.stats().rows), (1, 1));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[must_use = "a transaction writes nothing until it is committed"]
-pub struct Transaction {
-    log: Arc<CommitLog>,
-    entries: Vec<Entry>,
-}
-
-impl std::fmt::Debug for Transaction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Transaction")
-            .field(
-                "tables",
-                &self
-                    .entries
-                    .iter()
-                    .map(|e| e.table.name())
-                    .collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl Transaction {
-    pub(crate) fn new(log: Arc<CommitLog>) -> Self {
-        Self {
-            log,
-            entries: Vec::new(),
-        }
-    }
-
-    /// Adds `batch` to the rows this transaction inserts into `table`, which must belong to
-    /// the transaction's database. Writes are published table by table in the order they
-    /// were added, so add what others refer to first.
-    pub fn insert(&mut self, table: &Table, batch: &RecordBatch) -> Result<&mut Self> {
-        if !Arc::ptr_eq(table.inner.log(), &self.log) {
-            return Err(Error::InvalidOption {
-                option: "table",
-                reason: format!(
-                    "table {:?} belongs to another database than this transaction",
-                    table.name()
-                ),
-            });
-        }
-        if let Some(entry) = entry(table, batch)? {
-            self.entries.push(entry);
-        }
-        Ok(self)
-    }
-
-    /// Whether nothing has been added.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Writes the transaction: returns its id once it is durable (on an on-disk database,
-    /// its WAL record is fsynced) and visible to every later snapshot. An empty transaction
-    /// writes nothing and returns the latest transaction id.
-    pub fn commit(self) -> Result<u64> {
-        self.submit()?.wait()
-    }
-
-    /// The first half of [`Transaction::commit`]: appends the transaction to the WAL, which
-    /// fixes its place in the order of transactions, without waiting for it to be durable.
-    /// Nothing of it is visible until [`Submitted::wait`] returns. A caller that must order
-    /// its writes (the same symbols first written by one transaction and referred to by
-    /// the next) submits under its own lock and waits outside it, so that concurrent
-    /// committers still share fsyncs.
-    pub fn submit(self) -> Result<Submitted> {
-        let tables: Vec<Arc<TableInner>> = self.entries.iter().map(|e| e.table.clone()).collect();
-        let appended = self.log.append(self.entries)?;
-        Ok(Submitted {
-            log: self.log,
-            appended,
-            tables,
-            notified: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-}
-
-/// A transaction in the WAL, not yet known durable (see [`Transaction::submit`]).
-#[must_use = "a submitted transaction is acknowledged only by `wait`"]
-pub struct Submitted {
-    log: Arc<CommitLog>,
-    appended: Option<(u64, u64)>,
-    tables: Vec<Arc<TableInner>>,
-    /// Whether the tables were told of the commit (once).
-    notified: std::sync::atomic::AtomicBool,
-}
-
-impl std::fmt::Debug for Submitted {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Submitted")
-            .field("tx", &self.appended.map(|a| a.0))
-            .finish()
-    }
-}
-
-impl Submitted {
-    /// Waits until the transaction is durable and visible; returns its id. Several threads
-    /// may wait for one transaction (a group commit shares it): each returns once it is.
-    pub fn wait(&self) -> Result<u64> {
-        let tx = match self.appended {
-            Some((tx, position)) => self.log.finish(tx, position)?,
-            None => return self.log.commit(Vec::new()),
-        };
-        if !self
-            .notified
-            .swap(true, std::sync::atomic::Ordering::AcqRel)
-        {
-            for t in &self.tables {
-                t.committed(tx);
-            }
-        }
-        Ok(tx)
-    }
-}
-
-impl crate::workers::RelieveWal for CommitLog {
+impl<T: Logged> crate::workers::RelieveWal for CommitLog<T> {
     fn relieve(&self) {
         self.relieve_wal();
     }

@@ -22,14 +22,15 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use parking_lot::RwLock;
 
-use crate::commit::{CommitLog, Transaction};
+use crate::commit::CommitLog;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::manifest::{ManifestFile, TableEntry};
 use crate::options::{DbOptions, SharedOptions, TableOptions};
 use crate::schema::{Schema, validate_static_name};
 use crate::storage::Storage;
-use crate::table::{Durable, Table, TableConfig};
+use crate::table::{Durable, Log, Table, TableConfig};
+use crate::transaction::Transaction;
 use crate::wal::{self, FileWal, Wal};
 use crate::workers::{Maintenance, WorkerMessage, WorkerPool, Workers};
 
@@ -113,7 +114,7 @@ struct Disk {
 
 struct DbInner {
     options: DbOptions,
-    log: Arc<CommitLog>,
+    log: Arc<Log>,
     tables: RwLock<HashMap<String, Table>>,
     workers: Workers,
     /// Keeps the pool running while the database lives (its only holder, unless shared).
@@ -740,7 +741,7 @@ impl Db {
             return Ok(());
         }
         if self.inner.disk.as_ref().is_some_and(|d| d.shared.is_some()) {
-            return self.inner.log.cut().map(|_| ());
+            return crate::table::cut(&self.inner.log).map(|_| ());
         }
         for table in self.tables() {
             table.persist()?;
@@ -823,7 +824,7 @@ impl Drop for LeaseGuard {
 /// The periodic cut of a shared database: every table's new data persisted at once, then
 /// small blocks merged.
 struct Cutter {
-    log: std::sync::Weak<CommitLog>,
+    log: std::sync::Weak<Log>,
     /// Blocks merged into one (0: never).
     merge_blocks: usize,
 }
@@ -839,7 +840,7 @@ impl Maintenance for Cutter {
         if log.wal().and_then(Wal::poisoned).is_some() {
             return;
         }
-        if let Err(error) = log.cut() {
+        if let Err(error) = crate::table::cut(&log) {
             tracing::warn!(%error, "persisting a cut failed; the next one retries it");
             for table in log.tables() {
                 table.listener().on_persist_error(table.name(), &error);

@@ -14,7 +14,9 @@
 //! | `scan` | snapshots, projections, pruning, sorted merges |
 //! | `events` | what background work tells an embedder (compactions, persistence, retention) |
 //! | `workers` | the threads that persist, compact and run maintenance for every table of a pool: they run what a table or commit log asks (`TableWork`, `RelieveWal`, which those implement) and know nothing else of them (`options` names a pool) |
-//! | `commit`, `table` | transactions (the commit log), snapshot publication, persistence, retention, compaction driving; the two call each other (a transaction applies its entries to tables, a table writes through the log) |
+//! | `commit` | the commit log: transaction ids, the one WAL, group commit, publication in transaction order; it knows a table only as `Logged` (a name, somewhere to publish, persistence when the WAL is too long) |
+//! | `table` | a table: writes through the log, snapshot publication, persistence (and the cut of every table of a shared database), retention, compaction driving |
+//! | `transaction` | writes to several tables committed as one |
 //! | `db` | opening, recovery, the tables of a database, shared buckets and leases |
 //!
 //! A table's state is an immutable version swapped atomically on each commit or compaction:
@@ -94,13 +96,13 @@ mod table;
 #[doc(hidden)]
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod transaction;
 mod wal;
 mod workers;
 mod write;
 
 pub use bucket::Bucket;
 pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
-pub use commit::{Submitted, Transaction};
 pub use db::Db;
 pub use error::{Error, ErrorKind, Result};
 pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};
@@ -115,6 +117,7 @@ pub use schema::{
     TableSchema,
 };
 pub use table::{LevelStats, Table, TableStats};
+pub use transaction::{Submitted, Transaction};
 pub use wal::WalStats;
 pub use workers::{Maintenance, WorkerPool};
 

@@ -24,9 +24,10 @@ use std::sync::{Arc, Weak};
 use arrow::record_batch::RecordBatch;
 use parking_lot::{Mutex, RwLock};
 
-use crate::commit::{self, CommitLog};
+use crate::commit::{CommitLog, Entry, Logged, Write};
 use crate::error::Result;
 use crate::events::EventListener;
+use crate::index::chunk::Chunk;
 use crate::index::compaction::{self, Choice, Mode};
 use crate::index::version::Version;
 use crate::manifest::{BlockMeta, ManifestFile};
@@ -53,12 +54,17 @@ impl std::fmt::Debug for Table {
     }
 }
 
+/// The commit log of a database's tables.
+pub(crate) type Log = CommitLog<TableInner>;
+
+pub(crate) use persist::cut;
+
 /// What an on-disk table persists to.
 pub(crate) struct Durable {
     pub(crate) storage: Arc<Storage>,
     pub(crate) manifest: Arc<ManifestFile>,
     /// A database shared through a bucket: blocks are persisted by cuts of every table at
-    /// once (`CommitLog::cut`), so that readers of the bucket see each transaction whole.
+    /// once (`cut`), so that readers of the bucket see each transaction whole.
     pub(crate) shared: bool,
 }
 
@@ -69,7 +75,7 @@ pub(crate) struct TableConfig {
     pub(crate) options: TableOptions,
     pub(crate) listener: Arc<dyn EventListener>,
     pub(crate) workers: Workers,
-    pub(crate) log: Arc<CommitLog>,
+    pub(crate) log: Arc<Log>,
     pub(crate) durable: Option<Durable>,
     pub(crate) blocks: Vec<BlockMeta>,
     pub(crate) persisted_tx: u64,
@@ -93,7 +99,7 @@ pub(crate) struct TableInner {
     workers: Workers,
     compaction_queued: AtomicBool,
     persistence_queued: AtomicBool,
-    log: Arc<CommitLog>,
+    log: Arc<Log>,
     durable: Option<Durable>,
     /// This table itself, for messages to the background workers.
     this: Weak<TableInner>,
@@ -232,7 +238,7 @@ impl Table {
     /// changes nothing; so is a write the WAL cannot take (a full disk), and the table stays
     /// usable.
     pub fn insert(&self, batch: &RecordBatch) -> Result<u64> {
-        let Some(entry) = commit::entry(self, batch)? else {
+        let Some(entry) = self.inner.entry(batch)? else {
             return Ok(self.inner.current.read().watermark);
         };
         let tx = self.inner.log.commit(vec![entry])?;
@@ -404,20 +410,27 @@ impl TableInner {
         &self.name
     }
 
-    pub(crate) fn schema(&self) -> &Schema {
-        &self.schema
-    }
-
-    pub(crate) fn options(&self) -> &TableOptions {
-        &self.options
-    }
-
-    pub(crate) fn log(&self) -> &Arc<CommitLog> {
+    pub(crate) fn log(&self) -> &Arc<Log> {
         &self.log
     }
 
     pub(crate) fn durable(&self) -> Option<&Durable> {
         self.durable.as_ref()
+    }
+
+    /// Checks `batch` for this table and brings it into the engine's normal form, as a
+    /// table's share of a transaction; `None` for an empty batch.
+    pub(crate) fn entry(self: &Arc<Self>, batch: &RecordBatch) -> Result<Option<Entry<Self>>> {
+        let Some(prepared) = crate::write::prepare(&self.schema, &self.options, batch)? else {
+            return Ok(None);
+        };
+        Ok(Some(Entry {
+            table: self.clone(),
+            write: Write {
+                chunk: Arc::new(Chunk::new(prepared.batch)?),
+                columns: prepared.columns,
+            },
+        }))
     }
 
     /// Rotates the active block (if it holds anything).
@@ -549,5 +562,23 @@ impl crate::workers::TableWork for TableInner {
         if let Err(error) = self.enforce_retention(now_ms) {
             tracing::warn!(table = self.name(), %error, "retention failed");
         }
+    }
+}
+
+impl Logged for TableInner {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn apply(&self, writes: Vec<(u64, Write)>) {
+        TableInner::apply(self, writes);
+    }
+
+    fn oldest_unpersisted_tx(&self) -> Option<u64> {
+        TableInner::oldest_unpersisted_tx(self)
+    }
+
+    fn rotate_and_persist(&self) -> Result<()> {
+        TableInner::rotate_and_persist(self)
     }
 }

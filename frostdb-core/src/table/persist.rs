@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow::datatypes::{Schema as ArrowSchema, SchemaRef};
 
-use super::{Durable, TableInner};
+use super::{Durable, Log, TableInner};
 use crate::error::{Error, Result};
 use crate::index::merge::{Input, Merge, SortKey};
 use crate::index::version::{Frozen, Version};
@@ -28,7 +28,7 @@ impl TableInner {
             if self.current.read().frozen.is_empty() {
                 return Ok(Vec::new());
             }
-            let written = match self.log.cut() {
+            let written = match cut(&self.log) {
                 Ok(written) => written,
                 Err(e) => {
                     tracing::error!(table = %self.name, error = %e, "cutting the shared database failed; its data stays in memory and in the bucket's WAL");
@@ -208,4 +208,80 @@ impl TableInner {
         let frozen = version.frozen.iter().cloned().collect();
         (version, frozen)
     }
+}
+
+/// Persists every table's active data as of one transaction and records all of it in one
+/// manifest update (databases shared through a bucket): a reader of the bucket sees each
+/// transaction whole or not at all, symbols with the samples that use them. Rotation
+/// happens while the log holds publication, so no transaction is half published when the
+/// tables are cut; writes go on meanwhile (into new active blocks). A failed cut leaves its
+/// blocks frozen, in memory and in the WAL: the next one writes them. Returns the blocks
+/// written, with their tables.
+pub(crate) fn cut(log: &Log) -> Result<Vec<(String, BlockMeta)>> {
+    log.between_cuts(|| {
+        let tables = log.tables();
+        {
+            let _publication = log.hold_publication();
+            for table in &tables {
+                table.rotate();
+            }
+        }
+        let Some(durable) = tables.iter().find_map(|t| t.durable()) else {
+            return Ok(Vec::new());
+        };
+        let manifest = durable.manifest.snapshot();
+        let started = std::time::Instant::now();
+        let mut written: Vec<(Arc<TableInner>, Arc<Frozen>, BlockMeta)> = Vec::new();
+        for table in &tables {
+            let (version, frozen) = table.frozen();
+            if frozen.is_empty() {
+                continue;
+            }
+            let entry = manifest.table(table.name())?;
+            let (mut id, mut persisted) = (entry.next_block_id, entry.persisted_tx);
+            for f in frozen {
+                let meta = table
+                    .write_frozen(durable, &version, &f, id, persisted)
+                    .inspect_err(|e| table.listener().on_persist_error(table.name(), e))?;
+                (id, persisted) = (id + 1, f.max_tx);
+                written.push((table.clone(), f, meta));
+            }
+        }
+        if written.is_empty() {
+            return Ok(Vec::new());
+        }
+        durable.manifest.update(|m| {
+            for (table, frozen, meta) in &written {
+                let entry = m.tables.get_mut(table.name()).ok_or_else(|| {
+                    Error::Internal(format!("table {:?} left the manifest", table.name()))
+                })?;
+                entry.blocks.push(meta.clone());
+                entry.persisted_tx = frozen.max_tx;
+                entry.next_block_id = meta.id + 1;
+            }
+            Ok(())
+        })?;
+        let (mut rows, mut bytes) = (0, 0);
+        for (table, frozen, meta) in &written {
+            table.swap_in(frozen, meta);
+            table.listener().on_persist_end(table.name(), meta);
+            (rows, bytes) = (rows + meta.rows, bytes + meta.size);
+        }
+        let deleted = log.truncate().unwrap_or_else(|error| {
+            tracing::warn!(%error, "deleting persisted WAL objects failed; retried after the next cut");
+            0
+        });
+        tracing::info!(
+            blocks = written.len(),
+            rows,
+            bytes,
+            wal_objects_deleted = deleted,
+            seconds = started.elapsed().as_secs_f64(),
+            "cut persisted"
+        );
+        Ok(written
+            .into_iter()
+            .map(|(table, _, meta)| (table.name().to_owned(), meta))
+            .collect())
+    })
 }

@@ -7,15 +7,15 @@ use std::sync::atomic::Ordering;
 use arrow::record_batch::RecordBatch;
 
 use super::{TableInner, column_names};
-use crate::commit::Entry;
+use crate::commit::Write;
 use crate::error::Result;
 use crate::index::chunk::Chunk;
 use crate::index::version::{Frozen, Part, Version};
 use crate::workers::WorkerMessage;
 
 impl TableInner {
-    /// Publishes durable writes `(tx, entry)`, in transaction order, as one new version.
-    pub(crate) fn apply(&self, entries: Vec<(u64, Entry)>) {
+    /// Publishes durable writes `(tx, write)`, in transaction order, as one new version.
+    pub(crate) fn apply(&self, entries: Vec<(u64, Write)>) {
         let Some(&(last, _)) = entries.last() else {
             return;
         };
@@ -113,14 +113,7 @@ impl TableInner {
     pub(crate) fn apply_replayed(&self, tx: u64, batch: RecordBatch) -> Result<()> {
         let columns = column_names(&self.schema, &batch)?;
         let chunk = Arc::new(Chunk::new(batch)?);
-        self.apply(vec![(
-            tx,
-            Entry {
-                table: self.this.upgrade().ok_or(crate::Error::Closed)?,
-                chunk,
-                columns,
-            },
-        )]);
+        self.apply(vec![(tx, Write { chunk, columns })]);
         if !self.log.is_read_only() && !self.current.read().frozen.is_empty() {
             self.persist_frozen()?;
         }
