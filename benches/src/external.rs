@@ -3,10 +3,14 @@
 //! tables, loaded through [`ProfileStore`] and queried with the functions the server calls.
 //!
 //! ```text
-//! frostdb-bench ingest --data DATA_DIR --store STORE_DIR [--threads N]
-//!     builds one profile per (type, series, timestamp) from DATA_DIR/profiles/*.parquet
-//!     (frames from stacktraces.parquet, one location per function, as pprof ingest stores
-//!     them) and stores each through ProfileStore; prints {"rows": N, "load_s": seconds}
+//! frostdb-bench ingest --data DATA_DIR --store STORE_DIR [--threads N] [--batch-rows N]
+//!     stores the rows of DATA_DIR/profiles/*.parquet as they are through
+//!     ProfileStore::ingest_arrow, in calls of about --batch-rows rows (default 1,048,576),
+//!     stacks by id into stacktraces.parquet; prints {"rows": N, "load_s": seconds}
+//! frostdb-bench ingest --per-profile --data DATA_DIR --store STORE_DIR [--threads N]
+//!     builds one profile per (type, series, timestamp) from the same rows (frames from
+//!     stacktraces.parquet, one location per function, as pprof ingest stores them) and
+//!     stores each through ProfileStore::ingest_profile
 //! frostdb-bench ingest --pprof --data DATA_DIR --store STORE_DIR [--threads N] [--from-disk]
 //!     first gunzips and decodes every file of DATA_DIR/pprof/index.tsv on all cores (the
 //!     raw rate), then ingests them through ProfileStore::ingest; prints both rates. The
@@ -675,11 +679,109 @@ fn fleet_profiles(
     Ok(out)
 }
 
-/// `ingest`: the fleet's Parquet rows, grouped back into the profiles they came from (one
-/// per type, series and timestamp, frames from `stacktraces.parquet`), each validated and
-/// stored through [`ProfileStore::ingest_profile`] as pprof ingest stores a decoded file. One
-/// thread reads and groups rows; `--threads` store the profiles.
+/// `ingest`: the fleet's Parquet rows stored as they are through
+/// [`ProfileStore::ingest_arrow`], a call per `--batch-rows` rows (read and concatenated on
+/// one thread, stored on `--threads`), the stacks batch `stacktraces.parquet`; or, with
+/// `--per-profile`, as profiles ([`ingest_per_profile`]).
 pub fn ingest(args: &[String]) -> Result<(), BoxError> {
+    if args.iter().any(|a| a == "--per-profile") {
+        return ingest_per_profile(args);
+    }
+    let data = arg(args, "--data")?;
+    let store = store_to_load(args)?;
+    let threads = number(args, "--threads", DEFAULT_THREADS)?.max(1);
+    let batch_rows = number(args, "--batch-rows", 1 << 20)?.max(1);
+    let stack_batches = parquet_batches(&data.join("stacktraces.parquet"))?;
+    let stacks = arrow::compute::concat_batches(
+        &stack_batches
+            .first()
+            .map(|b| b.schema())
+            .ok_or("stacktraces.parquet is empty")?,
+        &stack_batches,
+    )?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("profiles"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    let started = Instant::now();
+    let (samples, calls) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (send, receive) = std::sync::mpsc::sync_channel::<RecordBatch>(threads);
+    let receive = std::sync::Mutex::new(receive);
+    std::thread::scope(|s| -> Result<(), BoxError> {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<(), BoxError> {
+                    loop {
+                        let next = receive.lock().map_err(|_| "poisoned")?.recv();
+                        let Ok(batch) = next else {
+                            return Ok(()); // the reader is done
+                        };
+                        let summary = store.ingest_arrow(&batch, Some(&stacks))?;
+                        samples.fetch_add(summary.rows, Ordering::Relaxed);
+                        calls.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let read = (|| -> Result<(), BoxError> {
+            let mut pending: Vec<RecordBatch> = Vec::new();
+            let mut rows = 0;
+            let send_pending = |pending: &mut Vec<RecordBatch>| -> Result<bool, BoxError> {
+                let Some(first) = pending.first() else {
+                    return Ok(true);
+                };
+                let batch = arrow::compute::concat_batches(&first.schema(), pending.iter())?;
+                pending.clear();
+                // Fails only when every worker has stopped on an error.
+                Ok(send.send(batch).is_ok())
+            };
+            for file in &files {
+                for batch in parquet_batches(file)? {
+                    rows += batch.num_rows();
+                    pending.push(batch);
+                    if rows >= batch_rows {
+                        rows = 0;
+                        if !send_pending(&mut pending)? {
+                            return Ok(());
+                        }
+                    }
+                }
+                // Files may differ in their label columns: a call takes one file's rows.
+                rows = 0;
+                if !send_pending(&mut pending)? {
+                    return Ok(());
+                }
+                eprintln!(
+                    "  read {}: {} rows stored so far ({:.0} rows/s)",
+                    file.display(),
+                    samples.load(Ordering::Relaxed),
+                    samples.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+                );
+            }
+            Ok(())
+        })();
+        drop(send);
+        for w in workers {
+            w.join()
+                .map_err(|_| BoxError::from("an ingest thread panicked"))??;
+        }
+        read
+    })?;
+    let n = samples.load(Ordering::Relaxed) as f64;
+    eprintln!(
+        "{n} rows stored in {} calls at {:.0} rows/s",
+        calls.load(Ordering::Relaxed),
+        n / started.elapsed().as_secs_f64()
+    );
+    report_layout(&store, samples.load(Ordering::Relaxed), started)
+}
+
+/// `ingest --per-profile`: the fleet's Parquet rows, grouped back into the profiles they
+/// came from (one per type, series and timestamp, frames from `stacktraces.parquet`), each
+/// validated and stored through [`ProfileStore::ingest_profile`] as pprof ingest stores a
+/// decoded file. One thread reads and groups rows; `--threads` store the profiles.
+pub fn ingest_per_profile(args: &[String]) -> Result<(), BoxError> {
     let data = arg(args, "--data")?;
     let store = store_to_load(args)?;
     let threads = number(args, "--threads", DEFAULT_THREADS)?.max(1);

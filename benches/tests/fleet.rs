@@ -1,5 +1,6 @@
-//! The six queries of shared/bench on its tiny fleet, through `frostdb-bench`'s ingest (both
-//! load paths: profiles rebuilt from the Parquet rows, and the pprof files) and query,
+//! The six queries of shared/bench on its tiny fleet, through `frostdb-bench`'s ingest (every
+//! load path: the Parquet rows through the Arrow samples API, profiles rebuilt from them,
+//! and the pprof files) and query,
 //! checked against the generator's reference checksums (computed with numpy, independently
 //! of any engine). `scripts/test.sh` generates the fleet and points
 //! `FROSTDB_BENCH_DATA` at it; in CI a missing fleet is a failure.
@@ -113,7 +114,14 @@ fn assert_matches_reference(data: &std::path::Path, out: &std::path::Path, how: 
 #[test]
 fn the_six_queries_match_the_reference_checksums_loaded_from_parquet_rows() {
     let Some(data) = fleet() else { return };
-    load_and_query(&data, &["--threads", "8"]);
+    // Through the Arrow samples API, in calls of a few thousand rows from two threads.
+    load_and_query(&data, &["--threads", "2", "--batch-rows", "7000"]);
+}
+
+#[test]
+fn the_six_queries_match_the_reference_checksums_loaded_as_profiles_rebuilt_from_rows() {
+    let Some(data) = fleet() else { return };
+    load_and_query(&data, &["--per-profile", "--threads", "8"]);
 }
 
 #[test]

@@ -33,6 +33,7 @@
 //! embedder depends on this crate alone.
 
 pub mod bounds;
+mod columnar;
 pub mod convert;
 mod decode;
 mod dedup;
@@ -100,6 +101,7 @@ pub mod api {
 }
 
 pub use bounds::RequestLimits;
+pub use columnar::{ArrowSummary, FRAMES};
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_core::{Db, DbOptions};

@@ -134,3 +134,62 @@ pub fn shared_dir() -> std::path::PathBuf {
     }
     "/work/shared".into()
 }
+
+/// `profile` (of one sample type, no sample labels) as the samples batch
+/// [`ProfileStore::ingest_arrow`](crate::ProfileStore::ingest_arrow) takes: a row per
+/// sample with a non-zero value, profile type `name:<type>:<unit>:<period type>:<period
+/// unit>`, the `labels`, time `timestamp_ms`, and its stack inline as function names (leaf
+/// first, a location's inlined functions innermost first). Its frames keep only function
+/// names: what ingest keeps of this profile's but its mapping, addresses and lines.
+pub fn arrow_samples(
+    profile: &Profile,
+    name: &str,
+    labels: &[(&str, &str)],
+    timestamp_ms: i64,
+) -> arrow::array::RecordBatch {
+    use crate::schema::column::{
+        DURATION, NAME, PERIOD, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, TIMESTAMP,
+        VALUE, label_column,
+    };
+    use arrow::array::{ArrayRef, Int64Array, ListBuilder, StringArray, StringBuilder};
+    use std::sync::Arc;
+    let text = |i: i64| profile.string_table[i as usize].as_str();
+    let function = |id: u64| profile.function.iter().find(|f| f.id == id);
+    let location = |id: u64| profile.location.iter().find(|l| l.id == id);
+    let samples: Vec<&Sample> = profile.sample.iter().filter(|s| s.value[0] != 0).collect();
+    let n = samples.len();
+    let mut frames = ListBuilder::new(StringBuilder::new());
+    for sample in &samples {
+        for &id in &sample.location_id {
+            for line in location(id).map_or(&[][..], |l| &l.line[..]) {
+                frames
+                    .values()
+                    .append_value(function(line.function_id).map_or("", |f| text(f.name)));
+            }
+        }
+        frames.append(true);
+    }
+    let t = &profile.sample_type[0];
+    let period = profile.period_type.unwrap_or_default();
+    let constant = |v: &str| Arc::new(StringArray::from(vec![v; n])) as ArrayRef;
+    let mut columns: Vec<(String, ArrayRef)> = vec![
+        (NAME.into(), constant(name)),
+        (SAMPLE_TYPE.into(), constant(text(t.r#type))),
+        (SAMPLE_UNIT.into(), constant(text(t.unit))),
+        (PERIOD_TYPE.into(), constant(text(period.r#type))),
+        (PERIOD_UNIT.into(), constant(text(period.unit))),
+    ];
+    for (k, v) in labels {
+        columns.push((label_column(k), constant(v)));
+    }
+    let ints = |v: Vec<i64>| Arc::new(Int64Array::from(v)) as ArrayRef;
+    columns.push((TIMESTAMP.into(), ints(vec![timestamp_ms; n])));
+    columns.push((DURATION.into(), ints(vec![profile.duration_nanos; n])));
+    columns.push((PERIOD.into(), ints(vec![profile.period; n])));
+    columns.push((
+        VALUE.into(),
+        ints(samples.iter().map(|s| s.value[0]).collect()),
+    ));
+    columns.push((crate::FRAMES.into(), Arc::new(frames.finish())));
+    arrow::array::RecordBatch::try_from_iter(columns).expect("a samples batch")
+}

@@ -6,7 +6,8 @@
 //! [`frostdb_core::testing::crash`]) that ingests synthetic profiles
 //! from four threads (each with new stacks, half shared with a neighbour, symbol partitions
 //! closing every few dozen profiles) and reports each before (`TRY`) and after (`ACK`)
-//! `ingest_profile`. The parent kills it with SIGKILL after a number of acknowledgements
+//! storing it: two threads through `ingest_profile` (pprof), two through `ingest_arrow`
+//! (the same profile as Arrow sample rows). The parent kills it with SIGKILL after a number of acknowledgements
 //! chosen per round, reopens the store and checks it. Rounds: 6, or `FROSTDB_CRASH_ROUNDS`.
 
 use frostdb_core::testing::crash::{self, say};
@@ -55,9 +56,16 @@ fn crash_child() {
             s.spawn(move || {
                 for seq in 0..1_000_000i64 {
                     let id = round * 10_000_000 + writer * 1_000_000 + seq;
-                    let profile =
-                        validate(testing::profile(first_stack(id), STACKS, 4), store.limits())
-                            .unwrap();
+                    let raw = testing::profile(first_stack(id), STACKS, 4);
+                    if writer % 2 == 1 {
+                        let rows =
+                            testing::arrow_samples(&raw, "cpu", &[("id", &id.to_string())], seq);
+                        say(&format!("TRY {id}"));
+                        store.ingest_arrow(&rows, None).unwrap();
+                        say(&format!("ACK {id}"));
+                        continue;
+                    }
+                    let profile = validate(raw, store.limits()).unwrap();
                     let options = IngestOptions::default()
                         .name("cpu")
                         .labels(vec![("id".into(), id.to_string())])

@@ -24,7 +24,7 @@ fn main() {
         Some("series") => frostdb_benches::cardinality::series(&args),
         Some("query") => query(&args),
         Some("worker") => worker(&args),
-        _ => Err("usage: frostdb-bench ingest [--pprof] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen]".into()),
+        _ => Err("usage: frostdb-bench ingest [--pprof | --per-profile] [--batch-rows N] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen]".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");

@@ -13,12 +13,12 @@ pub(super) fn mapping_flags(m: &crate::proto::Mapping) -> u8 {
 }
 
 /// Appends `s` to `buf`, length first, so that consecutive strings cannot run together.
-pub(super) fn put_str(buf: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
     buf.extend_from_slice(s.as_bytes());
 }
 
-pub(super) fn content_key(buf: &[u8]) -> StackKey {
+pub(crate) fn content_key(buf: &[u8]) -> StackKey {
     twox_hash::XxHash3_128::oneshot(buf)
 }
 

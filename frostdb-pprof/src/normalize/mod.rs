@@ -43,7 +43,9 @@ mod rows;
 
 pub(crate) use intern::InternState;
 use keys::{Key, mapping_flags};
+pub(crate) use keys::{content_key, put_str};
 pub(crate) use prepare::{Deltas, prepare};
+pub(crate) use rows::SERIES_KEYS;
 pub(crate) use rows::SampleRows;
 
 /// How to store one profile: `IngestOptions::default().name("process_cpu").labels(..)`.

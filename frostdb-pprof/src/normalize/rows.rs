@@ -142,7 +142,7 @@ impl Prepared<'_> {
 }
 
 /// Hashes the series index's keys: fixed, so equal rows of different groups have equal keys.
-pub(super) static SERIES_KEYS: foldhash::fast::FixedState =
+pub(crate) static SERIES_KEYS: foldhash::fast::FixedState =
     foldhash::fast::FixedState::with_seed(0x5e71e5);
 
 /// Sample rows of one or more profiles, built into one batch of the samples table: string
@@ -163,6 +163,8 @@ pub(crate) struct SampleRows {
     duration: Vec<i64>,
     period: Vec<i64>,
     value: Vec<i64>,
+    /// Rows given whole (samples given as Arrow columns): nothing is appended to them.
+    built: Option<RecordBatch>,
 }
 
 impl std::fmt::Debug for SampleRows {
@@ -175,9 +177,29 @@ impl std::fmt::Debug for SampleRows {
 }
 
 impl SampleRows {
+    /// Rows given whole, with their series index rows and totals (see the fields), as
+    /// `profiles` profiles.
+    pub(crate) fn built(
+        batch: RecordBatch,
+        series: Vec<(u64, u32)>,
+        totals: Vec<(u32, i64)>,
+        profiles: usize,
+    ) -> Self {
+        Self {
+            profiles,
+            series,
+            totals,
+            built: Some(batch),
+            ..Self::default()
+        }
+    }
+
     /// Rows held.
     pub(crate) fn len(&self) -> usize {
-        self.value.len()
+        match &self.built {
+            Some(batch) => batch.num_rows(),
+            None => self.value.len(),
+        }
     }
 
     /// Profiles whose rows are held.
@@ -200,6 +222,9 @@ impl SampleRows {
 
     /// The rows as one batch.
     pub(crate) fn finish(self) -> Result<RecordBatch> {
+        if let Some(batch) = self.built {
+            return Ok(batch);
+        }
         let len = self.len();
         let mut fields = Vec::with_capacity(self.strings.len() + 5);
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.strings.len() + 5);

@@ -271,7 +271,7 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
 /// integer is itself (with a validity word if the column has nulls), and any other type
 /// is the first row of its encoded value. Comparing rows is then comparing a few words,
 /// not encoding every label string of every row.
-fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
+pub(crate) fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
     use arrow::array::AsArray;
     let rows = keys.first().map_or(0, |k| k.len());
     // Each column's words, in rows order; a column may give two words a row.

@@ -355,17 +355,130 @@ impl ProfileStore {
             .enumerate()
             .map(|(i, &(key, _))| (key, i))
             .collect();
+        self.admit_series(&keys, |example| {
+            let (p, set) = places[example];
+            prepared[p].series_text(set)
+        })
+    }
+
+    /// Admits series `keys` (`(key, i)`), all or none, under [`StoreOptions::max_series`];
+    /// `describe(i)` names the series of `i` in the error.
+    fn admit_series(
+        &self,
+        keys: &[(u64, usize)],
+        describe: impl Fn(usize) -> String,
+    ) -> Result<()> {
+        let limit = self.options.max_series;
+        if limit == usize::MAX {
+            return Ok(());
+        }
         self.series
             .lock()
-            .admit(&keys, limit)
-            .map_err(|(new, example)| {
-                let (p, set) = places[example];
-                Error::SeriesLimit {
-                    limit,
-                    new,
-                    example: prepared[p].series_text(set),
-                }
+            .admit(keys, limit)
+            .map_err(|(new, example)| Error::SeriesLimit {
+                limit,
+                new,
+                example: describe(example),
             })
+    }
+
+    /// Stores sample rows given as Arrow columns: `samples` as [`crate::FRAMES`]'s module
+    /// describes them (profile type, `labels.*`, time, value, and a stack given inline as
+    /// frames or as an id into `stacks`), in one transaction, as pprof profiles are stored:
+    /// the same tables, each distinct stack interned once, the series index, totals,
+    /// series keys and rollups kept. Returns once the rows are durable.
+    ///
+    /// The batches are checked as strictly as a pprof profile: a column of the wrong type,
+    /// a null, a time outside 1970 to 9999, a label name that is not one, a label over the
+    /// store's [`LabelLimits`](crate::LabelLimits), a series over
+    /// [`StoreOptions::max_series`], a stack id the stacks batch lacks: an error naming the
+    /// batch, column and row, and nothing is stored. Rows are not checked for having been
+    /// stored before (as a profile pushed again is, [`ProfileStore::ingest`]): storing the
+    /// same rows twice adds them twice.
+    pub fn ingest_arrow(
+        &self,
+        samples: &arrow::array::RecordBatch,
+        stacks: Option<&arrow::array::RecordBatch>,
+    ) -> Result<crate::ArrowSummary> {
+        use crate::columnar::{Input, InternedStacks, not_added};
+        let input = Input::check(
+            samples,
+            stacks,
+            &self.options.limits,
+            &self.options.label_limits,
+        )?;
+        if input.len() == 0 {
+            return Ok(crate::ArrowSummary::default());
+        }
+        let series = input.series()?;
+        let series_keys = input.series_keys(&series, &self.options.label_limits)?;
+        let admitting: Vec<(u64, usize)> = series_keys.iter().copied().zip(0..).collect();
+        self.admit_series(&admitting, |s| input.series_text(&series, s))?;
+        let keys = input.stacks.keys();
+        // The stacks found so far, and in which partition.
+        let mut found: (u32, Vec<u32>) = (u32::MAX, Vec::new());
+        loop {
+            let partition = self.symbols.current();
+            if found.0 != partition.id() {
+                found = (partition.id(), Vec::new());
+            }
+            // Stacks the partition has are only looked up, alongside other ingests; new
+            // ones are added alone. Either keeps the partition open until the rows have
+            // joined their group.
+            let Some(mut writer) = partition.lookup() else {
+                continue; // closed by a rotation meanwhile: take the next one
+            };
+            let mut new = 0;
+            if !input.stacks.intern(&keys, &mut writer, &mut found.1)? {
+                drop(writer);
+                let Some(exclusive) = partition.writer() else {
+                    continue;
+                };
+                writer = exclusive;
+                let before = partition.counts().stacks;
+                if !input.stacks.intern(&keys, &mut writer, &mut found.1)? {
+                    return Err(not_added());
+                }
+                new = partition.counts().stacks - before;
+            }
+            let interned = InternedStacks {
+                partition: partition.id(),
+                index: std::mem::take(&mut found.1),
+            };
+            let built = input.build(&series, &series_keys, interned.ids_of(&input.stacks), new)?;
+            let mut pipeline = self.pipeline();
+            if pipeline.failed.contains(&partition.id()) {
+                return Err(Error::Unavailable(format!(
+                    "symbol partition {} could not be written",
+                    partition.id()
+                )));
+            }
+            // A group of its own, after every group before it: the rows are one
+            // transaction, with the symbols their partition gained up to now.
+            pipeline.seal();
+            let mut group = Group::new(partition.clone(), pipeline.cut(partition.id()));
+            group.rows = SampleRows::built(
+                built.samples,
+                built.index,
+                built.totals,
+                built.summary.profiles,
+            );
+            if let Some(spans) = built.spans {
+                group.spans = SampleRows::built(spans, Vec::new(), Vec::new(), 0);
+            }
+            group.keys = built.keys;
+            let slot = group.slot.clone();
+            pipeline.open = Some(group);
+            pipeline.seal();
+            let lead = !std::mem::replace(&mut pipeline.leading, true);
+            drop(pipeline);
+            drop(writer);
+            if lead {
+                self.lead(&slot);
+            }
+            self.await_group(&slot)?.wait()?;
+            return Ok(built.summary);
+        }
     }
 
     /// Series counted against [`StoreOptions::max_series`]: those stored when the store

@@ -1,0 +1,311 @@
+//! Step 2: each row's stack resolved, the call's distinct stacks found and interned once
+//! each.
+
+use arrow::array::{Array, ArrayRef, AsArray, ListArray, RecordBatch};
+use arrow::buffer::BooleanBuffer;
+
+use super::{FRAMES, frame_lists, ids, invalid};
+use crate::decode::Limits;
+use crate::error::{Error, Result};
+use crate::normalize::{content_key, put_str};
+use crate::schema::column::STACKTRACE_ID;
+use crate::symbols::{FunctionRow, StackKey, Writer};
+
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+const NONE: u32 = u32::MAX;
+
+/// The stacks of a call's rows: per row, which of the call's distinct stacks it has, and
+/// those stacks' frames.
+pub(crate) struct Stacks {
+    /// Per row, its stack: an index into `distinct`.
+    pub(crate) of_row: Vec<u32>,
+    /// The distinct stacks, as rows of `frames`.
+    distinct: Vec<u32>,
+    /// Frame lists (the stacks batch's, or the samples' own).
+    frames: ListArray,
+}
+
+/// The call's distinct stacks as the current symbol partition holds them.
+pub(crate) struct InternedStacks {
+    /// The partition.
+    pub(crate) partition: u32,
+    /// Per distinct stack, its index in the partition.
+    pub(crate) index: Vec<u32>,
+}
+
+impl Stacks {
+    /// Stacks given by id (`samples.stacktrace_id`) into a stacks batch.
+    pub(crate) fn by_id(
+        ids_column: &ArrayRef,
+        stacks: &RecordBatch,
+        limits: &Limits,
+    ) -> Result<Self> {
+        let mut stack_ids = None;
+        let mut frames = None;
+        for (field, column) in stacks.schema().fields().iter().zip(stacks.columns()) {
+            let at = format!("stacks.{}", field.name());
+            let slot = match field.name().as_str() {
+                STACKTRACE_ID => &mut stack_ids,
+                FRAMES => &mut frames,
+                _ => {
+                    return Err(invalid(
+                        at,
+                        format!(
+                            "is not a column of stacks (they are {STACKTRACE_ID} and {FRAMES})"
+                        ),
+                    ));
+                }
+            };
+            if slot.replace(column.clone()).is_some() {
+                return Err(invalid(at, "the column is given twice"));
+            }
+        }
+        let missing = |name: &str| invalid(format!("stacks.{name}"), "the column is missing");
+        let stack_ids = ids(
+            &stack_ids.ok_or_else(|| missing(STACKTRACE_ID))?,
+            &format!("stacks.{STACKTRACE_ID}"),
+        )?;
+        let frames = frame_lists(
+            &frames.ok_or_else(|| missing(FRAMES))?,
+            &format!("stacks.{FRAMES}"),
+            limits.max_stack_depth,
+        )?;
+        let mut row_of: HashMap<u64, u32> = HashMap::default();
+        row_of.reserve(stack_ids.len());
+        for (row, &id) in stack_ids.values().iter().enumerate() {
+            if let Some(first) = row_of.insert(id, row as u32) {
+                return Err(invalid(
+                    format!("stacks.{STACKTRACE_ID}"),
+                    format!("stack {id} is given twice (rows {first} and {row})"),
+                ));
+            }
+        }
+        let sample_ids = ids(ids_column, &format!("samples.{STACKTRACE_ID}"))?;
+        // Each stacks row's distinct stack, numbered as rows first use them.
+        let mut distinct_of: Vec<u32> = vec![NONE; stack_ids.len()];
+        let mut distinct: Vec<u32> = Vec::new();
+        let mut of_row = Vec::with_capacity(sample_ids.len());
+        // Rows of one profile share few stacks in runs: the previous row's is tried first.
+        let mut previous: Option<(u64, u32)> = None;
+        for (row, &id) in sample_ids.values().iter().enumerate() {
+            let d = match previous {
+                Some((p, d)) if p == id => d,
+                _ => {
+                    let Some(&s) = row_of.get(&id) else {
+                        return Err(invalid(
+                            format!("samples.{STACKTRACE_ID}"),
+                            format!("row {row}: stack {id} is not in the stacks batch"),
+                        ));
+                    };
+                    let d = &mut distinct_of[s as usize];
+                    if *d == NONE {
+                        *d = distinct.len() as u32;
+                        distinct.push(s);
+                    }
+                    *d
+                }
+            };
+            previous = Some((id, d));
+            of_row.push(d);
+        }
+        Ok(Self {
+            of_row,
+            distinct,
+            frames,
+        })
+    }
+
+    /// Stacks given inline (`samples.frames`): rows with the same frames share a stack.
+    pub(crate) fn inline(column: &ArrayRef, limits: &Limits) -> Result<Self> {
+        let frames = frame_lists(column, &format!("samples.{FRAMES}"), limits.max_stack_depth)?;
+        let names = frames.values().as_string::<i32>();
+        let offsets = frames.value_offsets();
+        let mut by_content: HashMap<u128, u32> = HashMap::default();
+        let mut distinct: Vec<u32> = Vec::new();
+        let mut of_row = Vec::with_capacity(frames.len());
+        let mut buf: Vec<u8> = Vec::new();
+        for row in 0..frames.len() {
+            buf.clear();
+            for i in offsets[row] as usize..offsets[row + 1] as usize {
+                put_str(&mut buf, names.value(i));
+            }
+            let key = content_key(&buf);
+            let d = *by_content.entry(key).or_insert_with(|| {
+                distinct.push(row as u32);
+                (distinct.len() - 1) as u32
+            });
+            of_row.push(d);
+        }
+        Ok(Self {
+            of_row,
+            distinct,
+            frames,
+        })
+    }
+
+    /// Distinct stacks.
+    pub(crate) fn len(&self) -> usize {
+        self.distinct.len()
+    }
+
+    /// The stacks of the rows `keep` keeps; stacks no kept row has are dropped.
+    pub(crate) fn filter(self, keep: &BooleanBuffer) -> Self {
+        let mut renumbered = vec![NONE; self.distinct.len()];
+        let mut distinct = Vec::new();
+        let mut of_row = Vec::with_capacity(keep.count_set_bits());
+        for (&d, kept) in self.of_row.iter().zip(keep.iter()) {
+            if !kept {
+                continue;
+            }
+            let n = &mut renumbered[d as usize];
+            if *n == NONE {
+                *n = distinct.len() as u32;
+                distinct.push(self.distinct[d as usize]);
+            }
+            of_row.push(*n);
+        }
+        Self {
+            of_row,
+            distinct,
+            frames: self.frames,
+        }
+    }
+
+    /// The frames of distinct stack `d`, leaf first.
+    fn frames_of(&self, d: usize) -> impl Iterator<Item = &str> {
+        let names = self.frames.values().as_string::<i32>();
+        let offsets = self.frames.value_offsets();
+        let row = self.distinct[d] as usize;
+        (offsets[row] as usize..offsets[row + 1] as usize).map(move |i| names.value(i))
+    }
+
+    /// The content keys of the distinct stacks and of their frames' locations, as a pprof
+    /// profile holding the same function names has them (see `normalize::keys`): a frame is
+    /// a function (name and system name, no file, line 0) at a location of no mapping and
+    /// address.
+    pub(crate) fn keys(&self) -> StackKeys<'_> {
+        let mut locations: HashMap<&str, StackKey> = HashMap::default();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut stack: Vec<u8> = Vec::new();
+        let mut stacks = Vec::with_capacity(self.distinct.len());
+        for d in 0..self.distinct.len() {
+            stack.clear();
+            for name in self.frames_of(d) {
+                let key = *locations.entry(name).or_insert_with(|| {
+                    buf.clear();
+                    put_str(&mut buf, name);
+                    put_str(&mut buf, name);
+                    put_str(&mut buf, "");
+                    buf.extend_from_slice(&0i64.to_le_bytes());
+                    let function = content_key(&buf);
+                    buf.clear();
+                    buf.extend_from_slice(&0u128.to_le_bytes()); // no mapping
+                    buf.extend_from_slice(&0u64.to_le_bytes()); // no address
+                    buf.push(0); // not folded
+                    buf.extend_from_slice(&function.to_le_bytes());
+                    buf.extend_from_slice(&0i64.to_le_bytes()); // line
+                    content_key(&buf)
+                });
+                stack.extend_from_slice(&key.to_le_bytes());
+            }
+            stacks.push(content_key(&stack));
+        }
+        StackKeys { stacks, locations }
+    }
+
+    /// Interns every distinct stack into the writer's partition, filling `found` (an index
+    /// per distinct stack, `u32::MAX` where not yet known): `false` when the writer only
+    /// looks up and some are missing (call again with an exclusive writer: only those are
+    /// looked up again).
+    pub(crate) fn intern(
+        &self,
+        keys: &StackKeys<'_>,
+        writer: &mut Writer<'_>,
+        found: &mut Vec<u32>,
+    ) -> Result<bool> {
+        if found.len() != self.distinct.len() {
+            *found = vec![NONE; self.distinct.len()];
+        }
+        let mut locations: HashMap<&str, u32> = HashMap::default();
+        let mut stack: Vec<u32> = Vec::new();
+        let mut missing = false;
+        'stacks: for (d, slot) in found.iter_mut().enumerate() {
+            if *slot != NONE {
+                continue;
+            }
+            if let Some(i) = writer.find_stack(keys.stacks[d]) {
+                *slot = i;
+                continue;
+            }
+            stack.clear();
+            for name in self.frames_of(d) {
+                let location = match locations.get(name) {
+                    Some(&l) => l,
+                    None => {
+                        let key = keys.locations[name];
+                        let l = match writer.find_location(key) {
+                            Some(l) => l,
+                            None => {
+                                let Some(l) = add_location(writer, key, name)? else {
+                                    missing = true;
+                                    continue 'stacks;
+                                };
+                                l
+                            }
+                        };
+                        locations.insert(name, l);
+                        l
+                    }
+                };
+                stack.push(location);
+            }
+            match writer.stack(keys.stacks[d], &stack)? {
+                Some(i) => *slot = i,
+                None => missing = true,
+            }
+        }
+        Ok(!missing)
+    }
+}
+
+/// The location of a frame named `name`, with content key `key`; `None` when the writer
+/// may not add what it lacks.
+fn add_location(writer: &mut Writer<'_>, key: StackKey, name: &str) -> Result<Option<u32>> {
+    let (Some(name), Some(file)) = (writer.string(name)?, writer.string("")?) else {
+        return Ok(None);
+    };
+    let function = FunctionRow {
+        name,
+        system_name: name,
+        filename: file,
+        start_line: 0,
+    };
+    let Some(function) = writer.function(function)? else {
+        return Ok(None);
+    };
+    writer.location(key, 0, 0, false, &[(function, 0)])
+}
+
+/// The content keys of a call's stacks and of their frames' locations (by function name).
+pub(crate) struct StackKeys<'a> {
+    stacks: Vec<StackKey>,
+    locations: HashMap<&'a str, StackKey>,
+}
+
+impl InternedStacks {
+    /// The symbol id of each row's stack.
+    pub(crate) fn ids_of(&self, stacks: &Stacks) -> Vec<u64> {
+        let ids: Vec<u64> = self
+            .index
+            .iter()
+            .map(|&i| frostdb_profile::ids::symbol_id(self.partition, i))
+            .collect();
+        stacks.of_row.iter().map(|&d| ids[d as usize]).collect()
+    }
+}
+
+/// An error for a stack the writer should have added.
+pub(crate) fn not_added() -> Error {
+    Error::Corrupt("an exclusive symbol writer added nothing".into())
+}
