@@ -274,6 +274,16 @@ fn arrow_rows_answer_as_the_same_profile_stored_through_pprof() {
         )
         .timestamp_ms(1_700_000_000_000);
     pprof.ingest_profile(&profile, &options).unwrap();
+    // A slice of a batch is its rows, not its buffers'.
+    let sliced = open();
+    let part = sliced.ingest_arrow(&rows.slice(10, 20), None).unwrap();
+    assert_eq!((part.rows, part.stacks), (20, 20));
+    let all = Selector::parse(&format!("{CPU}{{}}")).unwrap();
+    let expected: i64 = (10..30).map(|x| (1 + (x % 7)) * 10_000_000).sum();
+    assert_eq!(
+        sliced.merge(&all, TimeRange::ALL).unwrap().total(),
+        expected
+    );
     let summary = arrow.ingest_arrow(&rows, None).unwrap();
     assert_eq!((summary.rows, summary.series, summary.profiles), (50, 1, 1));
     assert_eq!(summary.stacks, 50);
@@ -298,7 +308,6 @@ fn arrow_rows_answer_as_the_same_profile_stored_through_pprof() {
     // no stack, and add up.
     let again = arrow.ingest_arrow(&rows, None).unwrap();
     assert_eq!(again.new_stacks, 0);
-    let all = Selector::parse(&format!("{CPU}{{}}")).unwrap();
     assert_eq!(
         arrow.merge(&all, TimeRange::ALL).unwrap().total(),
         2 * testing::total(0, 50)
@@ -378,7 +387,13 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
     };
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default().label_limits(limits).max_series(4),
+        StoreOptions::default()
+            .label_limits(limits)
+            .max_series(4)
+            .limits(Limits {
+                max_samples: 8,
+                ..Limits::default()
+            }),
     )
     .unwrap();
     let good = mangled(|_| {});
@@ -392,6 +407,17 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
             Arc::new(UInt64Array::from(vec![1u64])) as ArrayRef,
         ),
         ("frames", Arc::new(frames([vec!["main".to_owned()]].iter()))),
+    ])
+    .unwrap();
+    let many_stacks = RecordBatch::try_from_iter([
+        (
+            "stacktrace_id",
+            Arc::new(UInt64Array::from_iter_values(1..=9)) as ArrayRef,
+        ),
+        (
+            "frames",
+            Arc::new(frames(std::iter::repeat_n(&vec!["main".to_owned()], 9))),
+        ),
     ])
     .unwrap();
     let deep = vec!["f".to_owned(); Limits::default().max_stack_depth + 1];
@@ -547,6 +573,13 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
             Some(one_stack.clone()),
             ErrorKind::InvalidInput,
             "row 1: stack 2 is not in the stacks batch",
+        ),
+        (
+            "too many stacks",
+            by_ids(stack_ids.clone()),
+            Some(many_stacks),
+            ErrorKind::LimitExceeded,
+            "the stacks of an Arrow stacks batch exceeds the limit of 8",
         ),
         (
             "a stack id given twice",

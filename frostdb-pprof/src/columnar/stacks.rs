@@ -41,6 +41,13 @@ impl Stacks {
         stacks: &RecordBatch,
         limits: &Limits,
     ) -> Result<Self> {
+        // Indexed whole before any is looked up: as many as a call may have samples.
+        if stacks.num_rows() > limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "the stacks of an Arrow stacks batch",
+                limit: limits.max_samples,
+            });
+        }
         let mut stack_ids = None;
         let mut frames = None;
         for (field, column) in stacks.schema().fields().iter().zip(stacks.columns()) {
