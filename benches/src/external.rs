@@ -679,6 +679,41 @@ fn fleet_profiles(
     Ok(out)
 }
 
+/// Runs `read` on this thread, handing what it sends to `threads` threads running `store`
+/// (at most `depth` waiting): the first error of either is the result. `read`'s `send`
+/// answers false once every store thread has stopped on an error.
+fn feed<T: Send>(
+    threads: usize,
+    depth: usize,
+    read: impl FnOnce(&dyn Fn(T) -> bool) -> Result<(), BoxError>,
+    store: impl Fn(T) -> Result<(), BoxError> + Sync,
+) -> Result<(), BoxError> {
+    let (send, receive) = std::sync::mpsc::sync_channel::<T>(depth);
+    let receive = std::sync::Mutex::new(receive);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<(), BoxError> {
+                    loop {
+                        let next = receive.lock().map_err(|_| "poisoned")?.recv();
+                        let Ok(item) = next else {
+                            return Ok(()); // the reader is done
+                        };
+                        store(item)?;
+                    }
+                })
+            })
+            .collect();
+        let read = read(&|item| send.send(item).is_ok());
+        drop(send);
+        for w in workers {
+            w.join()
+                .map_err(|_| BoxError::from("an ingest thread panicked"))??;
+        }
+        read
+    })
+}
+
 /// `ingest`: the fleet's Parquet rows stored as they are through
 /// [`ProfileStore::ingest_arrow`], a call per `--batch-rows` rows (read and concatenated on
 /// one thread, stored on `--threads`), the stacks batch `stacktraces.parquet`; or, with
@@ -706,35 +741,20 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
     files.sort();
     let started = Instant::now();
     let (samples, calls) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    let (send, receive) = std::sync::mpsc::sync_channel::<RecordBatch>(threads);
-    let receive = std::sync::Mutex::new(receive);
-    std::thread::scope(|s| -> Result<(), BoxError> {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| -> Result<(), BoxError> {
-                    loop {
-                        let next = receive.lock().map_err(|_| "poisoned")?.recv();
-                        let Ok(batch) = next else {
-                            return Ok(()); // the reader is done
-                        };
-                        let summary = store.ingest_arrow(&batch, Some(&stacks))?;
-                        samples.fetch_add(summary.rows, Ordering::Relaxed);
-                        calls.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        let read = (|| -> Result<(), BoxError> {
+    feed(
+        threads,
+        threads,
+        |send| {
             let mut pending: Vec<RecordBatch> = Vec::new();
             let mut rows = 0;
+            // A call's rows, concatenated; false once every store thread has stopped.
             let send_pending = |pending: &mut Vec<RecordBatch>| -> Result<bool, BoxError> {
                 let Some(first) = pending.first() else {
                     return Ok(true);
                 };
                 let batch = arrow::compute::concat_batches(&first.schema(), pending.iter())?;
                 pending.clear();
-                // Fails only when every worker has stopped on an error.
-                Ok(send.send(batch).is_ok())
+                Ok(send(batch))
             };
             for file in &files {
                 for batch in parquet_batches(file)? {
@@ -760,14 +780,14 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
                 );
             }
             Ok(())
-        })();
-        drop(send);
-        for w in workers {
-            w.join()
-                .map_err(|_| BoxError::from("an ingest thread panicked"))??;
-        }
-        read
-    })?;
+        },
+        |batch: RecordBatch| {
+            let summary = store.ingest_arrow(&batch, Some(&stacks))?;
+            samples.fetch_add(summary.rows, Ordering::Relaxed);
+            calls.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    )?;
     let n = samples.load(Ordering::Relaxed) as f64;
     eprintln!(
         "{n} rows stored in {} calls at {:.0} rows/s",
@@ -794,36 +814,14 @@ pub fn ingest_per_profile(args: &[String]) -> Result<(), BoxError> {
     let started = Instant::now();
     let (samples, profiles) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let limits = *store.limits();
-    let (send, receive) = std::sync::mpsc::sync_channel::<FleetProfile>(threads * 4);
-    let receive = std::sync::Mutex::new(receive);
-    std::thread::scope(|s| -> Result<(), BoxError> {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| -> Result<(), BoxError> {
-                    loop {
-                        let next = receive.lock().map_err(|_| "poisoned")?.recv();
-                        let Ok((name, labels, ts, builder)) = next else {
-                            return Ok(()); // the reader is done
-                        };
-                        let profile = frostdb_pprof::validate(builder.profile, &limits)?;
-                        let options = IngestOptions::default()
-                            .name(name)
-                            .labels(labels)
-                            .delta(false)
-                            .timestamp_ms(ts);
-                        let summary = store.ingest_profile(&profile, &options)?;
-                        samples.fetch_add(summary.rows, Ordering::Relaxed);
-                        profiles.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        let read = (|| -> Result<(), BoxError> {
+    feed(
+        threads,
+        threads * 4,
+        |send| {
             for file in &files {
                 for batch in parquet_batches(file)? {
                     for profile in fleet_profiles(&batch, &stacks)? {
-                        // Fails only when every worker has stopped on an error.
-                        if send.send(profile).is_err() {
+                        if !send(profile) {
                             return Ok(());
                         }
                     }
@@ -836,14 +834,20 @@ pub fn ingest_per_profile(args: &[String]) -> Result<(), BoxError> {
                 );
             }
             Ok(())
-        })();
-        drop(send);
-        for w in workers {
-            w.join()
-                .map_err(|_| BoxError::from("an ingest thread panicked"))??;
-        }
-        read
-    })?;
+        },
+        |(name, labels, ts, builder): FleetProfile| {
+            let profile = frostdb_pprof::validate(builder.profile, &limits)?;
+            let options = IngestOptions::default()
+                .name(name)
+                .labels(labels)
+                .delta(false)
+                .timestamp_ms(ts);
+            let summary = store.ingest_profile(&profile, &options)?;
+            samples.fetch_add(summary.rows, Ordering::Relaxed);
+            profiles.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        },
+    )?;
     let n = profiles.load(Ordering::Relaxed) as f64;
     eprintln!(
         "{n} profiles built from Parquet rows and stored at {:.0} profiles/s",

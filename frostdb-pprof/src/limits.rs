@@ -121,6 +121,22 @@ impl LabelLimits {
     }
 }
 
+/// A series as text, `name{k="v",...}`: its first 8 labels (names and values shortened),
+/// and how many there are when more; what errors about a series show.
+pub(crate) fn series_text(name: &str, labels: &[(&str, &str)]) -> String {
+    const SHOWN: usize = 8;
+    let mut text = labels
+        .iter()
+        .take(SHOWN)
+        .map(|(k, v)| format!("{}={:?}", shortened(k), shortened(v)))
+        .collect::<Vec<_>>()
+        .join(",");
+    if labels.len() > SHOWN {
+        text.push_str(&format!(",… {} labels in all", labels.len()));
+    }
+    format!("{name}{{{text}}}")
+}
+
 /// `text` cut to its first 64 characters (with `…` when cut), for error messages.
 pub(crate) fn shortened(text: &str) -> String {
     match text.char_indices().nth(64) {

@@ -103,24 +103,8 @@ impl Input {
 
     /// Series `s` as text, `name{k="v",...}` (the first 8 labels, and how many more).
     pub(crate) fn series_text(&self, series: &Series, s: usize) -> String {
-        const SHOWN: usize = 8;
         let (types, labels) = self.series_at(series.first[s] as usize);
-        let mut text = labels
-            .iter()
-            .take(SHOWN)
-            .map(|(k, v)| {
-                format!(
-                    "{}={:?}",
-                    crate::limits::shortened(k),
-                    crate::limits::shortened(v)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",");
-        if labels.len() > SHOWN {
-            text.push_str(&format!(",… {} labels in all", labels.len()));
-        }
-        format!("{}{{{text}}}", types[0])
+        crate::limits::series_text(types[0], &labels)
     }
 
     /// Checks every series against `limits` and returns its series key (what a series

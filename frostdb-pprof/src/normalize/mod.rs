@@ -211,24 +211,7 @@ impl Prepared<'_> {
     /// Series label set `set` as text, `name{k="v",...}` (the first 8 labels, and how many
     /// more there are).
     pub(crate) fn series_text(&self, set: usize) -> String {
-        const SHOWN: usize = 8;
-        let labels = self.labels_of(set);
-        let mut text = labels
-            .iter()
-            .take(SHOWN)
-            .map(|(k, v)| {
-                format!(
-                    "{}={:?}",
-                    crate::limits::shortened(k),
-                    crate::limits::shortened(v)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",");
-        if labels.len() > SHOWN {
-            text.push_str(&format!(",… {} labels in all", labels.len()));
-        }
-        format!("{}{{{text}}}", self.name)
+        crate::limits::series_text(&self.name, &self.labels_of(set))
     }
 
     /// Every label of a series: the request's and sample label set `set`'s, sorted.
