@@ -498,6 +498,35 @@ fn parquet_batches(path: &Path) -> Result<Vec<RecordBatch>, BoxError> {
         .collect::<Result<_, _>>()?)
 }
 
+/// The batches of a Parquet file, its string columns read as dictionaries (as the file's
+/// pages hold them: no value is hashed again), as a store that keeps its rows in Parquet
+/// would hand them to `ingest_arrow`.
+fn dictionary_batches(path: &Path) -> Result<Vec<RecordBatch>, BoxError> {
+    let open = || std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()));
+    let schema = ParquetRecordBatchReaderBuilder::try_new(open()?)?
+        .schema()
+        .clone();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 => f.as_ref().clone().with_data_type(DataType::Dictionary(
+                Box::new(DataType::Int32),
+                Box::new(DataType::Utf8),
+            )),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+        .with_schema(Arc::new(ArrowSchema::new(fields)));
+    Ok(
+        ParquetRecordBatchReaderBuilder::try_new_with_options(open()?, options)?
+            .with_batch_size(64 * 1024)
+            .build()?
+            .collect::<Result<_, _>>()?,
+    )
+}
+
 /// The fleet's stacks: frames (leaf first) per stack id.
 fn fleet_stacks(data: &Path) -> Result<HashMap<u64, Vec<Arc<str>>>, BoxError> {
     let mut names: HashMap<String, Arc<str>> = HashMap::new();
@@ -757,7 +786,7 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
                 Ok(send(batch))
             };
             for file in &files {
-                for batch in parquet_batches(file)? {
+                for batch in dictionary_batches(file)? {
                     rows += batch.num_rows();
                     pending.push(batch);
                     if rows >= batch_rows {
