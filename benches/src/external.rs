@@ -5,7 +5,8 @@
 //! ```text
 //! frostdb-bench ingest --data DATA_DIR --store STORE_DIR [--threads N] [--batch-rows N]
 //!     stores the rows of DATA_DIR/profiles/*.parquet as they are through
-//!     ProfileStore::ingest_arrow, in calls of about --batch-rows rows (default 1,048,576),
+//!     ProfileStore::ingest_arrow, in calls of about --batch-rows rows (default 1,048,576)
+//!     on --threads threads (default: one per core),
 //!     stacks by id into stacktraces.parquet; prints {"rows": N, "load_s": seconds}
 //! frostdb-bench ingest --per-profile --data DATA_DIR --store STORE_DIR [--threads N]
 //!     builds one profile per (type, series, timestamp) from the same rows (frames from
@@ -753,7 +754,10 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
     }
     let data = arg(args, "--data")?;
     let store = store_to_load(args)?;
-    let threads = number(args, "--threads", DEFAULT_THREADS)?.max(1);
+    // A call is CPU work until it joins the group commit: as many at once as there are
+    // cores (more only hold more rows in memory: 64 held the whole medium fleet at once).
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = number(args, "--threads", cores)?.max(1);
     let batch_rows = number(args, "--batch-rows", 1 << 20)?.max(1);
     let stack_batches = parquet_batches(&data.join("stacktraces.parquet"))?;
     let stacks = arrow::compute::concat_batches(
@@ -772,7 +776,7 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
     let (samples, calls) = (AtomicUsize::new(0), AtomicUsize::new(0));
     feed(
         threads,
-        threads,
+        1,
         |send| {
             let mut pending: Vec<RecordBatch> = Vec::new();
             let mut rows = 0;
@@ -801,11 +805,15 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
                 if !send_pending(&mut pending)? {
                     return Ok(());
                 }
+                let table = store.samples().stats();
                 eprintln!(
-                    "  read {}: {} rows stored so far ({:.0} rows/s)",
+                    "  read {}: {} rows stored so far ({:.0} rows/s); samples in memory: {} MB, \
+                     {} blocks waiting to be persisted",
                     file.display(),
                     samples.load(Ordering::Relaxed),
-                    samples.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+                    samples.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
+                    table.memory_bytes >> 20,
+                    table.frozen_blocks,
                 );
             }
             Ok(())
