@@ -154,15 +154,26 @@ fn empty_as_null(strings: Strings) -> Result<Strings> {
     Ok(DictionaryArray::try_new(keys, strings.values().clone())?)
 }
 
-/// An `Int64` column with no nulls.
-fn int64s(column: &ArrayRef, at: &str) -> Result<Int64Array> {
-    let ints = column
-        .as_primitive_opt::<arrow::datatypes::Int64Type>()
-        .ok_or_else(|| invalid(at, format!("is {}, not Int64", column.data_type())))?;
-    if let Some(row) = first_null(ints) {
+/// Column `column` (named `at`) as a primitive array of `T` with no nulls.
+fn non_null<T: arrow::datatypes::ArrowPrimitiveType>(
+    column: &ArrayRef,
+    at: &str,
+) -> Result<arrow::array::PrimitiveArray<T>> {
+    let values = column.as_primitive_opt::<T>().ok_or_else(|| {
+        invalid(
+            at,
+            format!("is {}, not {}", column.data_type(), T::DATA_TYPE),
+        )
+    })?;
+    if let Some(row) = first_null(values) {
         return Err(invalid(at, format!("is null at row {row}")));
     }
-    Ok(ints.clone())
+    Ok(values.clone())
+}
+
+/// An `Int64` column with no nulls.
+fn int64s(column: &ArrayRef, at: &str) -> Result<Int64Array> {
+    non_null(column, at)
 }
 
 /// The `timestamp` column in milliseconds, each within the times taken.
@@ -519,11 +530,5 @@ pub(crate) fn frame_lists(column: &ArrayRef, at: &str, max_depth: usize) -> Resu
 
 /// `UInt64` ids with no nulls.
 pub(crate) fn ids(column: &ArrayRef, at: &str) -> Result<UInt64Array> {
-    let ids = column
-        .as_primitive_opt::<arrow::datatypes::UInt64Type>()
-        .ok_or_else(|| invalid(at, format!("is {}, not UInt64", column.data_type())))?;
-    if let Some(row) = first_null(ids) {
-        return Err(invalid(at, format!("is null at row {row}")));
-    }
-    Ok(ids.clone())
+    non_null(column, at)
 }

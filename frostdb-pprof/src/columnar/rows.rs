@@ -16,6 +16,7 @@ use crate::schema::column::{
 };
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 /// The series (profile type and labels) of a call's rows.
 pub(crate) struct Series {
@@ -32,12 +33,9 @@ impl Series {
     }
 }
 
-/// The rows of a call, ready for the group commit.
-pub(crate) struct Built {
-    /// The samples table's rows.
-    pub(crate) samples: RecordBatch,
-    /// The spans table's rows (samples labelled with a span or trace id), if any.
-    pub(crate) spans: Option<RecordBatch>,
+/// What the group commit derives from a call's rows (computed before its stacks are
+/// interned: none of it needs them).
+pub(crate) struct Derived {
     /// Rows standing for a series index row: `(key, row)`.
     pub(crate) index: Vec<(u64, u32)>,
     /// Per profile (series and timestamp): its first row and its values' sum.
@@ -122,16 +120,12 @@ impl Input {
         Ok(keys)
     }
 
-    /// The rows with their stacks' symbol ids (`stack_ids`, a row each), and what is
-    /// derived from them; `series_keys` from [`Input::series_keys`].
-    pub(crate) fn build(
+    /// The samples table's rows, with their stacks' symbol ids (`stack_ids`, a row each),
+    /// and the spans table's (samples labelled with a span or trace id), if any.
+    pub(crate) fn batches(
         &self,
-        series: &Series,
-        series_keys: &[u64],
         stack_ids: Vec<u64>,
-        new_stacks: usize,
-    ) -> Result<Built> {
-        let n = self.len();
+    ) -> Result<(RecordBatch, Option<RecordBatch>)> {
         let mut fields: Vec<Field> = Vec::new();
         let mut columns: Vec<ArrayRef> = Vec::new();
         for (name, column) in PROFILE_TYPE.iter().zip(&self.profile_type) {
@@ -155,7 +149,13 @@ impl Input {
         }
         let samples = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
         let spans = self.spans_of(&samples)?;
+        Ok((samples, spans))
+    }
 
+    /// What the group commit derives from the rows; `series_keys` from
+    /// [`Input::series_keys`].
+    pub(crate) fn derive(&self, series: &Series, series_keys: &[u64]) -> Derived {
+        let n = self.len();
         // Per profile (series and timestamp), its first row and sum; per series and hour,
         // an index row; per series and day, a series key. Rows of one profile come in runs:
         // the previous row's is tried first.
@@ -163,9 +163,9 @@ impl Input {
         let values = self.value.values();
         let mut profiles: HashMap<(u32, i64), u32> = HashMap::default();
         let mut totals: Vec<(u32, i64)> = Vec::new();
-        let mut hours: HashMap<(u32, i64), ()> = HashMap::default();
+        let mut hours: HashSet<(u32, i64)> = HashSet::default();
         let mut index: Vec<(u64, u32)> = Vec::new();
-        let mut days: HashMap<(u32, i64), ()> = HashMap::default();
+        let mut days: HashSet<(u32, i64)> = HashSet::default();
         let mut keys: Vec<(u64, i64)> = Vec::new();
         let mut previous: Option<(u32, i64, u32)> = None;
         for i in 0..n {
@@ -178,14 +178,14 @@ impl Input {
                         (totals.len() - 1) as u32
                     });
                     let hour = t.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS;
-                    if hours.insert((s, hour), ()).is_none() {
+                    if hours.insert((s, hour)) {
                         index.push((
                             self.index_key(series.first[s as usize] as usize, hour),
                             i as u32,
                         ));
                     }
                     let day = crate::limits::day_of(t);
-                    if days.insert((s, day), ()).is_none() {
+                    if days.insert((s, day)) {
                         keys.push((series_keys[s as usize], day));
                     }
                     p
@@ -207,17 +207,15 @@ impl Input {
             series: series.len(),
             profiles: totals.len(),
             stacks: self.stacks.len(),
-            new_stacks,
+            new_stacks: 0,
             profile_types,
         };
-        Ok(Built {
-            samples,
-            spans,
+        Derived {
             index,
             totals,
             keys,
             summary,
-        })
+        }
     }
 
     /// The series index key of `row`'s series and `hour`: the key a pprof profile of the

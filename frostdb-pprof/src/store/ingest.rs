@@ -414,6 +414,7 @@ impl ProfileStore {
         let series_keys = input.series_keys(&series, &self.options.label_limits)?;
         let admitting: Vec<(u64, usize)> = series_keys.iter().copied().zip(0..).collect();
         self.admit_series(&admitting, |s| input.series_text(&series, s))?;
+        let mut derived = input.derive(&series, &series_keys);
         let keys = input.stacks.keys();
         // The stacks found so far, and in which partition.
         let mut found: (u32, Vec<u32>) = (u32::MAX, Vec::new());
@@ -445,7 +446,8 @@ impl ProfileStore {
                 partition: partition.id(),
                 index: std::mem::take(&mut found.1),
             };
-            let built = input.build(&series, &series_keys, interned.ids_of(&input.stacks), new)?;
+            let (samples, spans) = input.batches(interned.ids_of(&input.stacks))?;
+            derived.summary.new_stacks = new;
             let mut pipeline = self.pipeline();
             if pipeline.failed.contains(&partition.id()) {
                 return Err(Error::Unavailable(format!(
@@ -458,15 +460,15 @@ impl ProfileStore {
             pipeline.seal();
             let mut group = Group::new(partition.clone(), pipeline.cut(partition.id()));
             group.rows = SampleRows::built(
-                built.samples,
-                built.index,
-                built.totals,
-                built.summary.profiles,
+                samples,
+                derived.index,
+                derived.totals,
+                derived.summary.profiles,
             );
-            if let Some(spans) = built.spans {
+            if let Some(spans) = spans {
                 group.spans = SampleRows::built(spans, Vec::new(), Vec::new(), 0);
             }
-            group.keys = built.keys;
+            group.keys = derived.keys;
             let slot = group.slot.clone();
             pipeline.open = Some(group);
             pipeline.seal();
@@ -477,7 +479,7 @@ impl ProfileStore {
                 self.lead(&slot);
             }
             self.await_group(&slot)?.wait()?;
-            return Ok(built.summary);
+            return Ok(derived.summary);
         }
     }
 
