@@ -25,7 +25,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, UInt64Array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, UInt32Array, UInt64Array,
+};
 use arrow::datatypes::{Field, Int64Type, Schema as ArrowSchema, UInt64Type};
 use arrow::row::{RowConverter, SortField};
 use frostdb_core::{Db, ScanRequest, Snapshot, Submitted, Table, TableOptions, col};
@@ -549,6 +551,23 @@ fn late_rows(
     Ok(Some(RecordBatch::try_new(rows.schema(), columns)?))
 }
 
+/// The runs of rows of one series in `columns` (the series columns of rows sorted by
+/// series). A dictionary column is compared by its keys: a run may then be split where two
+/// keys hold one value, which only costs a second lookup of the same series.
+fn series_runs(columns: &[ArrayRef], rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
+    if columns.is_empty() || rows == 0 {
+        return Ok(vec![0..rows]);
+    }
+    let compared: Vec<ArrayRef> = columns
+        .iter()
+        .map(|c| match c.as_any_dictionary_opt() {
+            Some(dictionary) => dictionary.keys().slice(0, c.len()),
+            None => c.clone(),
+        })
+        .collect();
+    Ok(arrow::compute::kernels::partition::partition(&compared)?.ranges())
+}
+
 /// Rows of rollup output per insert.
 const OUT_ROWS: usize = 256 * 1024;
 
@@ -572,12 +591,12 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
             .map(|&i| SortField::new(schema.field(i).data_type().clone()))
             .collect(),
     )?;
-    // Series by their encoded labels; groups by (series, stack).
+    // Series by their encoded labels; groups by stack, per series (a series' map is small
+    // enough to stay in cache while its run of rows is summed).
     let mut series_ids: hashbrown::HashMap<Box<[u8]>, u32, foldhash::fast::RandomState> =
         Default::default();
     let mut series_rows = converter.empty_rows(0, 0);
-    let mut groups: hashbrown::HashMap<(u32, u64), u32, foldhash::fast::RandomState> =
-        Default::default();
+    let mut groups: Vec<hashbrown::HashMap<u64, u32, foldhash::fast::RandomState>> = Vec::new();
     let (mut keys, mut sums, mut periods, mut durations) =
         (Vec::<(u32, u64)>::new(), Vec::new(), Vec::new(), Vec::new());
     let mut read = 0;
@@ -602,7 +621,6 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
                 )
             })
             .collect::<std::result::Result<_, _>>()?;
-        let rows = converter.convert_columns(&columns)?;
         let int = |name: &str| {
             batch
                 .column_by_name(name)
@@ -614,37 +632,42 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
             .column_by_name(STACKTRACE_ID)
             .and_then(|c| c.as_primitive_opt::<UInt64Type>())
             .ok_or_else(|| Error::Corrupt("rollup source rows without stacktrace_id".into()))?;
-        let mut current: Option<(usize, u32)> = None;
-        for i in 0..batch.num_rows() {
-            if !(stacks.is_valid(i) && values.is_valid(i)) {
-                continue;
-            }
-            // Rows come sorted by series: compare with the previous row's before hashing.
-            let id = match current {
-                Some((prev, id)) if rows.row(prev) == rows.row(i) => id,
-                _ => {
-                    let row = rows.row(i);
-                    let next = series_ids.len() as u32;
-                    *series_ids.entry(row.as_ref().into()).or_insert_with(|| {
-                        series_rows.push(row);
-                        next
-                    })
+        // Rows come sorted by series: each run of one series is found by comparing the
+        // columns, and only its first row is encoded and looked up.
+        let runs = series_runs(&columns, batch.num_rows())?;
+        let firsts = UInt32Array::from_iter_values(runs.iter().map(|r| r.start as u32));
+        let firsts = columns
+            .iter()
+            .map(|c| arrow::compute::take(c.as_ref(), &firsts, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let run_rows = converter.convert_columns(&firsts)?;
+        for (r, run) in runs.into_iter().enumerate() {
+            let row = run_rows.row(r);
+            let next = series_ids.len() as u32;
+            let id = *series_ids.entry(row.as_ref().into()).or_insert_with(|| {
+                series_rows.push(row);
+                groups.push(Default::default());
+                next
+            });
+            let groups = &mut groups[id as usize];
+            for i in run {
+                if !(stacks.is_valid(i) && values.is_valid(i)) {
+                    continue;
                 }
-            };
-            current = Some((i, id));
-            let g = *groups.entry((id, stacks.value(i))).or_insert_with(|| {
-                keys.push((id, stacks.value(i)));
-                sums.push(0i64);
-                periods.push(i64::MIN);
-                durations.push(i64::MIN);
-                (keys.len() - 1) as u32
-            }) as usize;
-            sums[g] = sums[g].saturating_add(values.value(i));
-            if period.is_valid(i) {
-                periods[g] = periods[g].max(period.value(i));
-            }
-            if duration.is_valid(i) {
-                durations[g] = durations[g].max(duration.value(i));
+                let g = *groups.entry(stacks.value(i)).or_insert_with(|| {
+                    keys.push((id, stacks.value(i)));
+                    sums.push(0i64);
+                    periods.push(i64::MIN);
+                    durations.push(i64::MIN);
+                    (keys.len() - 1) as u32
+                }) as usize;
+                sums[g] = sums[g].saturating_add(values.value(i));
+                if period.is_valid(i) {
+                    periods[g] = periods[g].max(period.value(i));
+                }
+                if duration.is_valid(i) {
+                    durations[g] = durations[g].max(duration.value(i));
+                }
             }
         }
     }
