@@ -7,7 +7,7 @@
 //!     stores the rows of DATA_DIR/profiles/*.parquet as they are through
 //!     ProfileStore::ingest_arrow, in calls of about --batch-rows rows (default 1,048,576)
 //!     on --threads threads (default: one per core),
-//!     stacks by id into stacktraces.parquet; prints {"rows": N, "load_s": seconds,
+//!     stacks by id into stacktraces.parquet (given once, as ArrowStacks); prints {"rows": N, "load_s": seconds,
 //!     "compact_s": seconds, "stored_s": seconds}: load_s until every row is acknowledged
 //!     (durable in the write-ahead log, and queryable), as shared/bench times chDB's
 //!     INSERT; compact_s for the rollups and the Parquet blocks after it, as it times
@@ -784,6 +784,8 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
             .ok_or("stacktraces.parquet is empty")?,
         &stack_batches,
     )?;
+    // Checked and indexed once; each call looks up the stacks its rows use.
+    let stacks = store.arrow_stacks(&stacks)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(data.join("profiles"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
@@ -836,7 +838,7 @@ pub fn ingest(args: &[String]) -> Result<(), BoxError> {
             Ok(())
         },
         |batch: RecordBatch| {
-            let summary = store.ingest_arrow(&batch, Some(&stacks))?;
+            let summary = store.ingest_arrow_with(&batch, &stacks)?;
             samples.fetch_add(summary.rows, Ordering::Relaxed);
             calls.fetch_add(1, Ordering::Relaxed);
             Ok(())

@@ -101,7 +101,7 @@ pub mod api {
 }
 
 pub use bounds::RequestLimits;
-pub use columnar::{ArrowSummary, FRAMES};
+pub use columnar::{ArrowStacks, ArrowSummary, FRAMES};
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_core::{Db, DbOptions};

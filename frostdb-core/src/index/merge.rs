@@ -131,6 +131,14 @@ impl SortKey {
         )?)
     }
 
+    /// The order of `batch`'s rows by this key (stable: rows alike keep their order); `None`
+    /// when they are in order already, which takes one comparison a row to find.
+    pub(crate) fn order(&self, batch: &RecordBatch) -> Result<Option<Vec<u32>>> {
+        let converter = self.converter()?;
+        let rows = self.rows(&converter, batch)?;
+        Ok(order_of(&rows))
+    }
+
     fn rows(&self, converter: &RowConverter, batch: &RecordBatch) -> Result<Rows> {
         let columns = Columns::new(batch);
         let arrays: Vec<ArrayRef> = self
@@ -148,6 +156,17 @@ impl SortKey {
             .collect::<Result<_>>()?;
         Ok(converter.convert_columns(&arrays)?)
     }
+}
+
+/// The order of `rows` (stable), or `None` when they are in order already: a writer that
+/// sorted its rows (as the profile store does) spares compaction and persistence the sort.
+fn order_of(rows: &Rows) -> Option<Vec<u32>> {
+    let sorted = (1..rows.num_rows()).all(|i| rows.row(i - 1) <= rows.row(i));
+    (!sorted).then(|| {
+        let mut order: Vec<u32> = (0..rows.num_rows() as u32).collect();
+        order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+        order
+    })
 }
 
 /// The byte values of a (string or binary) dictionary values array; nulls are skipped.
@@ -305,11 +324,7 @@ impl Merge {
                 continue;
             }
             let rows = self.key.rows(&self.converter, &batch)?;
-            let order = (!input.sorted).then(|| {
-                let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
-                order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
-                order
-            });
+            let order = if input.sorted { None } else { order_of(&rows) };
             self.slots.push(align_columns(&batch, &self.output));
             return Ok(Some((rows, order, self.slots.len() - 1)));
         }

@@ -246,6 +246,26 @@ impl Table {
         Ok(tx)
     }
 
+    /// The order of `batch`'s rows by the table's sort key: `order[i]` is the row that
+    /// comes `i`th, rows alike in their first order. A writer that inserts its rows in this
+    /// order spares compaction and persistence the sort (they find a sorted batch in one
+    /// comparison a row); any order is stored the same. `batch` may hold only some of the
+    /// table's columns (those it lacks read as null), each of its column's type; nothing
+    /// is written.
+    pub fn sort_indices(&self, batch: &RecordBatch) -> Result<Vec<u32>> {
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let prepared = crate::write::normalise(&self.inner.schema, batch, false)?;
+        let schema = crate::schema::TableSchema::new(self.inner.schema.clone());
+        let schema = schema.grown(&prepared.columns).unwrap_or(schema);
+        let key =
+            crate::index::merge::SortKey::new(&schema).with_ranks(std::iter::once(&prepared.batch));
+        Ok(key
+            .order(&prepared.batch)?
+            .unwrap_or_else(|| (0..prepared.batch.num_rows() as u32).collect()))
+    }
+
     /// A snapshot of the table at its current watermark.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {

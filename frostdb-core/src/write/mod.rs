@@ -53,7 +53,15 @@ pub(crate) fn prepare(
             limit: options.max_batch_bytes,
         });
     }
+    normalise(schema, batch, true).map(Some)
+}
 
+/// Checks `batch`'s columns against `schema` and brings them into their storage types;
+/// `whole`: the batch must hold every column that is not nullable (a batch to store,
+/// not one to sort: see [`crate::Table::sort_indices`]).
+pub(crate) fn normalise(schema: &Schema, batch: &RecordBatch, whole: bool) -> Result<Prepared> {
+    let table = || schema.name().to_owned();
+    let rows = batch.num_rows();
     let mut columns: Vec<(ColumnName, ArrayRef)> = Vec::with_capacity(batch.num_columns());
     for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
         let name = ColumnName::resolve(schema, field.name())?;
@@ -101,7 +109,7 @@ pub(crate) fn prepare(
         });
     }
     for (def, column) in schema.columns().iter().enumerate() {
-        if !column.is_nullable() && !columns.iter().any(|(n, _)| n.def == def) {
+        if whole && !column.is_nullable() && !columns.iter().any(|(n, _)| n.def == def) {
             return Err(Error::NullViolation {
                 table: table(),
                 column: column.name().to_owned(),
@@ -115,11 +123,15 @@ pub(crate) fn prepare(
         .map(|(n, _)| crate::schema::field_for(schema, n))
         .collect();
     let (names, arrays): (Vec<_>, Vec<_>) = columns.into_iter().unzip();
-    let batch = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), arrays)?;
-    Ok(Some(Prepared {
+    let batch = RecordBatch::try_new_with_options(
+        Arc::new(ArrowSchema::new(fields)),
+        arrays,
+        &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?;
+    Ok(Prepared {
         columns: names,
         batch,
-    }))
+    })
 }
 
 #[cfg(test)]

@@ -54,6 +54,29 @@ mod stacks;
 
 pub(crate) use stacks::{InternedStacks, Stacks, not_added};
 
+/// A stacks batch (`stacktrace_id`, `frames`) checked and indexed once, for many calls of
+/// [`crate::ProfileStore::ingest_arrow_with`] whose samples refer to its stacks by id: a
+/// call then looks up only the stacks its rows use, and a stack's content key is computed
+/// the first time a call needs it, not again. Made by
+/// [`crate::ProfileStore::arrow_stacks`]; cheap to clone.
+#[derive(Clone)]
+pub struct ArrowStacks(pub(crate) std::sync::Arc<stacks::StackTable>);
+
+impl std::fmt::Debug for ArrowStacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArrowStacks").finish_non_exhaustive()
+    }
+}
+
+impl ArrowStacks {
+    /// Checks and indexes `stacks` under `limits`.
+    pub(crate) fn new(stacks: &RecordBatch, limits: &Limits) -> Result<Self> {
+        Ok(Self(std::sync::Arc::new(stacks::StackTable::new(
+            stacks, limits,
+        )?)))
+    }
+}
+
 /// The inline stack column of a samples batch, and the frames column of a stacks batch.
 pub const FRAMES: &str = "frames";
 
@@ -278,7 +301,7 @@ impl Input {
     /// column and row at fault.
     pub(crate) fn check(
         samples: &RecordBatch,
-        stacks: Option<&RecordBatch>,
+        stacks: Option<&ArrowStacks>,
         limits: &Limits,
         label_limits: &LabelLimits,
     ) -> Result<Self> {
@@ -379,7 +402,7 @@ impl Input {
         let duration = optional(duration, DURATION)?;
         let period = optional(period, PERIOD)?;
         let stacks = match (stack_ids, frames, stacks) {
-            (Some(ids), None, Some(stacks)) => Stacks::by_id(&ids, stacks, limits)?,
+            (Some(ids), None, Some(stacks)) => Stacks::by_id(&ids, &stacks.0)?,
             (Some(_), None, None) => {
                 return Err(invalid(
                     format!("samples.{STACKTRACE_ID}"),

@@ -4,7 +4,7 @@
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema as ArrowSchema};
 
 use super::{ArrowSummary, Input, Strings, field};
@@ -46,6 +46,55 @@ pub(crate) struct Derived {
     pub(crate) summary: ArrowSummary,
 }
 
+impl Derived {
+    /// The rows it names (`index`, `totals`) moved to their places once the call's rows
+    /// are in `order` (`order[i]`: the row that comes `i`th).
+    pub(crate) fn reorder(&mut self, order: &[u32]) {
+        let mut place = vec![0u32; order.len()];
+        for (i, &row) in order.iter().enumerate() {
+            place[row as usize] = i as u32;
+        }
+        for (_, row) in &mut self.index {
+            *row = place[*row as usize];
+        }
+        for (row, _) in &mut self.totals {
+            *row = place[*row as usize];
+        }
+    }
+}
+
+/// A string column's rows as words that are equal where the values are: a value is the
+/// first key its dictionary gives it (a dictionary may hold a value twice), a null
+/// `u32::MAX`.
+struct Words<'a> {
+    keys: &'a arrow::array::Int32Array,
+    canonical: Vec<u32>,
+}
+
+impl<'a> Words<'a> {
+    fn new(strings: &'a Strings) -> Self {
+        let values = strings.values().as_string::<i32>();
+        let mut first: HashMap<&str, u32> = HashMap::default();
+        let canonical = (0..values.len())
+            .map(|k| match values.is_valid(k) {
+                true => *first.entry(values.value(k)).or_insert(k as u32),
+                false => u32::MAX,
+            })
+            .collect();
+        Self {
+            keys: strings.keys(),
+            canonical,
+        }
+    }
+
+    fn word(&self, row: usize) -> u32 {
+        if self.keys.is_null(row) {
+            return u32::MAX;
+        }
+        self.canonical[self.keys.value(row) as usize]
+    }
+}
+
 /// The string of `strings` at `row` (`None`: null).
 fn value_at(strings: &Strings, row: usize) -> Option<&str> {
     let key = strings.keys();
@@ -58,32 +107,54 @@ fn value_at(strings: &Strings, row: usize) -> Option<&str> {
 }
 
 impl Input {
-    /// Profile type columns, then label columns, as arrays.
-    fn series_columns(&self) -> Vec<ArrayRef> {
-        self.profile_type
+    /// The rows' series. Rows of one series come in runs: a run starts where a column
+    /// differs from the row before (compared by dictionary key, each key standing for the
+    /// first key of its value), and only its first row is looked up.
+    pub(crate) fn series(&self) -> Result<Series> {
+        let n = self.len();
+        if n == 0 {
+            return Ok(Series {
+                of_row: Vec::new(),
+                first: Vec::new(),
+            });
+        }
+        let columns: Vec<Words<'_>> = self
+            .profile_type
             .iter()
             .chain(self.labels.iter().map(|(_, c)| c))
-            .map(|c| Arc::new(c.clone()) as ArrayRef)
-            .collect()
-    }
-
-    /// The rows' series.
-    pub(crate) fn series(&self) -> Result<Series> {
-        let (words, width) = crate::store::series_words(&self.series_columns())?;
-        let row = |i: usize| &words[i * width..(i + 1) * width];
-        let mut numbers: HashMap<&[u64], u32> = HashMap::default();
-        let (mut of_row, mut first) = (Vec::with_capacity(self.len()), Vec::new());
-        let mut previous: Option<u32> = None;
-        for i in 0..self.len() {
-            let s = match previous {
-                Some(s) if row(first[s as usize] as usize) == row(i) => s,
-                _ => *numbers.entry(row(i)).or_insert_with(|| {
-                    first.push(i as u32);
-                    (first.len() - 1) as u32
-                }),
-            };
-            previous = Some(s);
-            of_row.push(s);
+            .map(Words::new)
+            .collect();
+        let mut starts = vec![false; n];
+        if let Some(first) = starts.first_mut() {
+            *first = true;
+        }
+        for column in &columns {
+            let mut previous = column.word(0);
+            for (i, start) in starts.iter_mut().enumerate().skip(1) {
+                let word = column.word(i);
+                *start |= word != previous;
+                previous = word;
+            }
+        }
+        let mut numbers: HashMap<Vec<u32>, u32> = HashMap::default();
+        let (mut of_row, mut first) = (Vec::with_capacity(n), Vec::new());
+        let mut row: Vec<u32> = Vec::with_capacity(columns.len());
+        let mut current = 0;
+        for (i, &start) in starts.iter().enumerate() {
+            if start {
+                row.clear();
+                row.extend(columns.iter().map(|c| c.word(i)));
+                current = match numbers.get(&row) {
+                    Some(&s) => s,
+                    None => {
+                        let s = first.len() as u32;
+                        numbers.insert(row.clone(), s);
+                        first.push(i as u32);
+                        s
+                    }
+                };
+            }
+            of_row.push(current);
         }
         Ok(Series { of_row, first })
     }
@@ -120,11 +191,74 @@ impl Input {
         Ok(keys)
     }
 
+    /// One row per series (its first), its columns named as the samples table names them:
+    /// what the table's sort key orders to rank the series ([`Input::order`]).
+    pub(crate) fn series_rows(&self, series: &Series) -> Result<RecordBatch> {
+        let firsts = UInt32Array::from(series.first.clone());
+        let mut fields: Vec<Field> = Vec::new();
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        let named = PROFILE_TYPE
+            .iter()
+            .map(|name| name.to_string())
+            .zip(&self.profile_type)
+            .chain(self.labels.iter().map(|(l, c)| (label_column(l), c)));
+        for (name, column) in named {
+            fields.push(field(&name, column, true));
+            columns.push(arrow::compute::take(column, &firsts, None)?);
+        }
+        Ok(RecordBatch::try_new(
+            Arc::new(ArrowSchema::new(fields)),
+            columns,
+        )?)
+    }
+
+    /// The order of the rows in the samples table's: by series (`rank`: each series' place
+    /// in the table's order of [`Input::series_rows`]), time and stack (`stack_ids`, a row
+    /// each); `None` when they are in it already. Rows of one profile (series and time)
+    /// come in runs: the runs are ordered, then the rows of each profile by stack, so a
+    /// call costs a sort of its profiles and of each profile's rows, not of its rows.
+    pub(crate) fn order(
+        &self,
+        series: &Series,
+        rank: &[u32],
+        stack_ids: &[u64],
+    ) -> Option<Vec<u32>> {
+        let times = self.timestamp.values();
+        // (series rank, time, first row, end)
+        let mut runs: Vec<(u32, i64, u32, u32)> = Vec::new();
+        for (i, (&s, &t)) in series.of_row.iter().zip(times.iter()).enumerate() {
+            let r = rank[s as usize];
+            match runs.last_mut() {
+                Some(run) if run.0 == r && run.1 == t => run.3 = i as u32 + 1,
+                _ => runs.push((r, t, i as u32, i as u32 + 1)),
+            }
+        }
+        let in_order = runs.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1))
+            && runs
+                .iter()
+                .all(|r| stack_ids[r.2 as usize..r.3 as usize].is_sorted());
+        if in_order {
+            return None;
+        }
+        runs.sort_unstable(); // first rows are distinct: rows alike keep their order
+        let mut order: Vec<u32> = Vec::with_capacity(self.len());
+        for profile in runs.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            let from = order.len();
+            for run in profile {
+                order.extend(run.2..run.3);
+            }
+            order[from..].sort_by_key(|&i| stack_ids[i as usize]);
+        }
+        Some(order)
+    }
+
     /// The samples table's rows, with their stacks' symbol ids (`stack_ids`, a row each),
-    /// and the spans table's (samples labelled with a span or trace id), if any.
+    /// in `order` if given ([`Input::order`]), and the spans table's (samples labelled with
+    /// a span or trace id), if any.
     pub(crate) fn batches(
         &self,
         stack_ids: Vec<u64>,
+        order: Option<&[u32]>,
     ) -> Result<(RecordBatch, Option<RecordBatch>)> {
         let mut fields: Vec<Field> = Vec::new();
         let mut columns: Vec<ArrayRef> = Vec::new();
@@ -149,6 +283,12 @@ impl Input {
         }
         let samples = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
         let spans = self.spans_of(&samples)?;
+        let samples = match order {
+            Some(order) => {
+                arrow::compute::take_record_batch(&samples, &UInt32Array::from(order.to_vec()))?
+            }
+            None => samples,
+        };
         Ok((samples, spans))
     }
 

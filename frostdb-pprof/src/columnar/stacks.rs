@@ -1,6 +1,8 @@
 //! Step 2: each row's stack resolved, the call's distinct stacks found and interned once
 //! each.
 
+use std::sync::{Arc, OnceLock};
+
 use arrow::array::{Array, ArrayRef, AsArray, ListArray, RecordBatch};
 use arrow::buffer::BooleanBuffer;
 
@@ -24,23 +26,24 @@ pub(crate) struct Stacks {
     distinct: Vec<u32>,
     /// Frame lists (the stacks batch's, or the samples' own).
     frames: ListArray,
+    /// The stacks batch the rows refer to, whose rows keep their keys from call to call.
+    table: Option<Arc<StackTable>>,
 }
 
-/// The call's distinct stacks as the current symbol partition holds them.
-pub(crate) struct InternedStacks {
-    /// The partition.
-    pub(crate) partition: u32,
-    /// Per distinct stack, its index in the partition.
-    pub(crate) index: Vec<u32>,
+/// A stacks batch checked and indexed once, its stacks' content keys computed the first
+/// time a call uses them and kept: what [`crate::ArrowStacks`] holds.
+pub(crate) struct StackTable {
+    frames: ListArray,
+    /// Row of each stack id.
+    row_of: HashMap<u64, u32>,
+    /// Per row, its stack's content key, once a call has needed it.
+    keys: Vec<OnceLock<StackKey>>,
 }
 
-impl Stacks {
-    /// Stacks given by id (`samples.stacktrace_id`) into a stacks batch.
-    pub(crate) fn by_id(
-        ids_column: &ArrayRef,
-        stacks: &RecordBatch,
-        limits: &Limits,
-    ) -> Result<Self> {
+impl StackTable {
+    /// Checks `stacks` (a `stacktrace_id` and a `frames` column, ids distinct) under
+    /// `limits`, and indexes it.
+    pub(crate) fn new(stacks: &RecordBatch, limits: &Limits) -> Result<Self> {
         // Indexed whole before any is looked up: as many as a call may have samples.
         if stacks.num_rows() > limits.max_samples {
             return Err(Error::TooLarge {
@@ -88,9 +91,30 @@ impl Stacks {
                 ));
             }
         }
+        let keys = (0..stack_ids.len()).map(|_| OnceLock::new()).collect();
+        Ok(Self {
+            frames,
+            row_of,
+            keys,
+        })
+    }
+}
+
+/// The call's distinct stacks as the current symbol partition holds them.
+pub(crate) struct InternedStacks {
+    /// The partition.
+    pub(crate) partition: u32,
+    /// Per distinct stack, its index in the partition.
+    pub(crate) index: Vec<u32>,
+}
+
+impl Stacks {
+    /// Stacks given by id (`samples.stacktrace_id`) into a stacks batch.
+    pub(crate) fn by_id(ids_column: &ArrayRef, table: &Arc<StackTable>) -> Result<Self> {
+        let row_of = &table.row_of;
         let sample_ids = ids(ids_column, &format!("samples.{STACKTRACE_ID}"))?;
         // Each stacks row's distinct stack, numbered as rows first use them.
-        let mut distinct_of: Vec<u32> = vec![NONE; stack_ids.len()];
+        let mut distinct_of: Vec<u32> = vec![NONE; table.keys.len()];
         let mut distinct: Vec<u32> = Vec::new();
         let mut of_row = Vec::with_capacity(sample_ids.len());
         // Rows of one profile share few stacks in runs: the previous row's is tried first.
@@ -119,7 +143,8 @@ impl Stacks {
         Ok(Self {
             of_row,
             distinct,
-            frames,
+            frames: table.frames.clone(),
+            table: Some(table.clone()),
         })
     }
 
@@ -148,6 +173,7 @@ impl Stacks {
             of_row,
             distinct,
             frames,
+            table: None,
         })
     }
 
@@ -176,6 +202,7 @@ impl Stacks {
             of_row,
             distinct,
             frames: self.frames,
+            table: self.table,
         }
     }
 
@@ -187,38 +214,31 @@ impl Stacks {
         (offsets[row] as usize..offsets[row + 1] as usize).map(move |i| names.value(i))
     }
 
-    /// The content keys of the distinct stacks and of their frames' locations, as a pprof
-    /// profile holding the same function names has them (see `normalize::keys`): a frame is
-    /// a function (name and system name, no file, line 0) at a location of no mapping and
-    /// address.
-    pub(crate) fn keys(&self) -> StackKeys<'_> {
+    /// The content keys of the distinct stacks, as a pprof profile holding the same
+    /// function names has them (see `normalize::keys`): a frame is a function (name and
+    /// system name, no file, line 0) at a location of no mapping and address. A stacks
+    /// batch keeps its stacks' keys for the next call ([`StackTable`]).
+    pub(crate) fn keys(&self) -> StackKeys {
         let mut locations: HashMap<&str, StackKey> = HashMap::default();
         let mut buf: Vec<u8> = Vec::new();
         let mut stack: Vec<u8> = Vec::new();
-        let mut stacks = Vec::with_capacity(self.distinct.len());
-        for d in 0..self.distinct.len() {
+        let mut key_of = |d: usize| {
             stack.clear();
             for name in self.frames_of(d) {
-                let key = *locations.entry(name).or_insert_with(|| {
-                    buf.clear();
-                    put_str(&mut buf, name);
-                    put_str(&mut buf, name);
-                    put_str(&mut buf, "");
-                    buf.extend_from_slice(&0i64.to_le_bytes());
-                    let function = content_key(&buf);
-                    buf.clear();
-                    buf.extend_from_slice(&0u128.to_le_bytes()); // no mapping
-                    buf.extend_from_slice(&0u64.to_le_bytes()); // no address
-                    buf.push(0); // not folded
-                    buf.extend_from_slice(&function.to_le_bytes());
-                    buf.extend_from_slice(&0i64.to_le_bytes()); // line
-                    content_key(&buf)
-                });
+                let key = *locations
+                    .entry(name)
+                    .or_insert_with(|| location_key(&mut buf, name));
                 stack.extend_from_slice(&key.to_le_bytes());
             }
-            stacks.push(content_key(&stack));
-        }
-        StackKeys { stacks, locations }
+            content_key(&stack)
+        };
+        let stacks = match &self.table {
+            Some(table) => (0..self.distinct.len())
+                .map(|d| *table.keys[self.distinct[d] as usize].get_or_init(|| key_of(d)))
+                .collect(),
+            None => (0..self.distinct.len()).map(key_of).collect(),
+        };
+        StackKeys { stacks }
     }
 
     /// Interns every distinct stack into the writer's partition, filling `found` (an index
@@ -227,7 +247,7 @@ impl Stacks {
     /// looked up again).
     pub(crate) fn intern(
         &self,
-        keys: &StackKeys<'_>,
+        keys: &StackKeys,
         writer: &mut Writer<'_>,
         found: &mut Vec<u32>,
     ) -> Result<bool> {
@@ -235,6 +255,7 @@ impl Stacks {
             *found = vec![NONE; self.distinct.len()];
         }
         let mut locations: HashMap<&str, u32> = HashMap::default();
+        let mut buf: Vec<u8> = Vec::new();
         let mut stack: Vec<u32> = Vec::new();
         let mut missing = false;
         'stacks: for (d, slot) in found.iter_mut().enumerate() {
@@ -250,7 +271,7 @@ impl Stacks {
                 let location = match locations.get(name) {
                     Some(&l) => l,
                     None => {
-                        let key = keys.locations[name];
+                        let key = location_key(&mut buf, name);
                         let l = match writer.find_location(key) {
                             Some(l) => l,
                             None => {
@@ -294,10 +315,26 @@ fn add_location(writer: &mut Writer<'_>, key: StackKey, name: &str) -> Result<Op
     writer.location(key, 0, 0, false, &[(function, 0)])
 }
 
-/// The content keys of a call's stacks and of their frames' locations (by function name).
-pub(crate) struct StackKeys<'a> {
+/// The content keys of a call's distinct stacks.
+pub(crate) struct StackKeys {
     stacks: Vec<StackKey>,
-    locations: HashMap<&'a str, StackKey>,
+}
+
+/// The content key of the location of a frame named `name` (`buf`: scratch).
+fn location_key(buf: &mut Vec<u8>, name: &str) -> StackKey {
+    buf.clear();
+    put_str(buf, name);
+    put_str(buf, name);
+    put_str(buf, "");
+    buf.extend_from_slice(&0i64.to_le_bytes());
+    let function = content_key(buf);
+    buf.clear();
+    buf.extend_from_slice(&0u128.to_le_bytes()); // no mapping
+    buf.extend_from_slice(&0u64.to_le_bytes()); // no address
+    buf.push(0); // not folded
+    buf.extend_from_slice(&function.to_le_bytes());
+    buf.extend_from_slice(&0i64.to_le_bytes()); // line
+    content_key(buf)
 }
 
 impl InternedStacks {

@@ -400,6 +400,32 @@ impl ProfileStore {
         samples: &arrow::array::RecordBatch,
         stacks: Option<&arrow::array::RecordBatch>,
     ) -> Result<crate::ArrowSummary> {
+        let stacks = stacks.map(|s| self.arrow_stacks(s)).transpose()?;
+        self.ingest_arrow_at(samples, stacks.as_ref())
+    }
+
+    /// Checks and indexes a stacks batch once, for many calls of
+    /// [`ProfileStore::ingest_arrow_with`] (see [`crate::ArrowStacks`]): a stacks batch is
+    /// checked as [`ProfileStore::ingest_arrow`] checks it.
+    pub fn arrow_stacks(&self, stacks: &arrow::array::RecordBatch) -> Result<crate::ArrowStacks> {
+        crate::ArrowStacks::new(stacks, &self.options.limits)
+    }
+
+    /// [`ProfileStore::ingest_arrow`], the stacks batch given as [`crate::ArrowStacks`]:
+    /// what a loader sending many samples batches against one stacks batch calls.
+    pub fn ingest_arrow_with(
+        &self,
+        samples: &arrow::array::RecordBatch,
+        stacks: &crate::ArrowStacks,
+    ) -> Result<crate::ArrowSummary> {
+        self.ingest_arrow_at(samples, Some(stacks))
+    }
+
+    fn ingest_arrow_at(
+        &self,
+        samples: &arrow::array::RecordBatch,
+        stacks: Option<&crate::ArrowStacks>,
+    ) -> Result<crate::ArrowSummary> {
         use crate::columnar::{Input, InternedStacks, not_added};
         let input = Input::check(
             samples,
@@ -415,6 +441,13 @@ impl ProfileStore {
         let admitting: Vec<(u64, usize)> = series_keys.iter().copied().zip(0..).collect();
         self.admit_series(&admitting, |s| input.series_text(&series, s))?;
         let mut derived = input.derive(&series, &series_keys);
+        // Each series' place in the samples table's order: the rows are stored sorted, so
+        // compaction and persistence find them so and sort nothing.
+        let mut rank = vec![0u32; series.len()];
+        let series_order = self.samples.sort_indices(&input.series_rows(&series)?)?;
+        for (place, &s) in series_order.iter().enumerate() {
+            rank[s as usize] = place as u32;
+        }
         let keys = input.stacks.keys();
         // The stacks found so far, and in which partition.
         let mut found: (u32, Vec<u32>) = (u32::MAX, Vec::new());
@@ -446,7 +479,12 @@ impl ProfileStore {
                 partition: partition.id(),
                 index: std::mem::take(&mut found.1),
             };
-            let (samples, spans) = input.batches(interned.ids_of(&input.stacks))?;
+            let stack_ids = interned.ids_of(&input.stacks);
+            let order = input.order(&series, &rank, &stack_ids);
+            let (samples, spans) = input.batches(stack_ids, order.as_deref())?;
+            if let Some(order) = &order {
+                derived.reorder(order);
+            }
             derived.summary.new_stacks = new;
             let mut pipeline = self.pipeline();
             if pipeline.failed.contains(&partition.id()) {

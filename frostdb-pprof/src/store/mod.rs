@@ -50,7 +50,6 @@ mod options;
 mod read;
 
 use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for};
-pub(crate) use derived::series_words;
 use derived::{SeriesSeen, build_series_index, build_totals};
 use maintenance::{SymbolExpiry, partitions_used};
 pub use options::StoreOptions;
