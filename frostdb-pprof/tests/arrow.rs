@@ -212,13 +212,16 @@ fn row_strategy() -> impl Strategy<Value = Row> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Rows stored in calls of any size, stacks inline or by id, merge, sum over time and
-    /// list label values as the model sums them, and again after a reopen.
+    /// Rows stored in calls of any size, stacks inline or by id (each call with its own
+    /// stacks batch, or all with one given once as `ArrowStacks`), merge, sum over time and
+    /// list label values as the model sums them, and again after a reopen. A call's rows
+    /// are stored in the samples table's order.
     #[test]
     fn arrow_rows_are_stored_as_a_model_sums_them(
         rows in prop::collection::vec(row_strategy(), 1..120),
         calls in 1..4usize,
         by_id in any::<bool>(),
+        shared_stacks in any::<bool>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
         {
@@ -229,13 +232,30 @@ proptest! {
             .unwrap();
             let per_call = rows.len().div_ceil(calls);
             let mut stored = 0;
-            for chunk in rows.chunks(per_call) {
-                let (samples, stacks) = batches(chunk, by_id);
-                let summary = store.ingest_arrow(&samples, stacks.as_ref()).unwrap();
+            let (all, all_stacks) = batches(&rows, true);
+            let shared = all_stacks.map(|s| store.arrow_stacks(&s).unwrap());
+            for (i, chunk) in rows.chunks(per_call).enumerate() {
+                let summary = match (by_id && shared_stacks, &shared) {
+                    (true, Some(stacks)) => store
+                        .ingest_arrow_with(&all.slice(i * per_call, chunk.len()), stacks)
+                        .unwrap(),
+                    _ => {
+                        let (samples, stacks) = batches(chunk, by_id);
+                        store.ingest_arrow(&samples, stacks.as_ref()).unwrap()
+                    }
+                };
                 prop_assert_eq!(summary.rows, chunk.iter().filter(|r| r.value != 0).count());
                 stored += summary.rows;
             }
             prop_assert_eq!(store.samples().snapshot().rows(), stored);
+            if calls == 1 && stored > 0 {
+                // One call's rows, as stored (one part, or one run once compacted).
+                let scanned = store.samples().scan(&frostdb_core::ScanRequest::new()).unwrap();
+                let scanned =
+                    arrow::compute::concat_batches(&scanned[0].schema(), &scanned).unwrap();
+                let order = store.samples().sort_indices(&scanned).unwrap();
+                prop_assert!(order.is_sorted(), "stored out of the table's order: {:?}", order);
+            }
             check_against_model(&store, &rows);
         }
         let store = ProfileStore::open(
