@@ -169,6 +169,20 @@ fn order_of(rows: &Rows) -> Option<Vec<u32>> {
     })
 }
 
+/// Rows `offset..offset + len` of `array` in buffers of their own (a dictionary holding
+/// only the values they use), as a merge's output holds them.
+fn copy_range(array: &dyn Array, offset: usize, len: usize) -> Result<ArrayRef> {
+    let slice = array.slice(offset, len);
+    let whole: Vec<(usize, usize)> = (0..len).map(|i| (0, i)).collect();
+    if let Some(gathered) = crate::dictionary::gather(&[slice.as_ref()], &whole)? {
+        return Ok(gathered);
+    }
+    let data = slice.to_data();
+    let mut copy = arrow::array::MutableArrayData::new(vec![&data], false, len);
+    copy.try_extend(0, 0, len)?;
+    Ok(arrow::array::make_array(copy.freeze()))
+}
+
 /// The byte values of a (string or binary) dictionary values array; nulls are skipped.
 fn dictionary_values(values: &dyn Array) -> Vec<Vec<u8>> {
     match values.data_type() {
@@ -423,6 +437,7 @@ impl Merge {
         }
         let target = self.batch_rows.min(self.remaining);
         let mut indices: Vec<(usize, usize)> = Vec::with_capacity(target);
+        let mut direct: Option<Vec<ArrayRef>> = None;
         while indices.len() < target {
             let Some(&top) = self.heap.first() else { break };
             // Emit the run of `top`'s rows that sort before every other cursor's current row:
@@ -430,10 +445,21 @@ impl Merge {
             // run instead of a heap sift per row.
             let end = self.run_end(top, target - indices.len());
             let cursor = &mut self.cursors[top];
-            indices.extend((cursor.pos..end).map(|p| {
-                let row = cursor.order.as_ref().map_or(p, |o| o[p] as usize);
-                (cursor.slot, row)
-            }));
+            // A whole output batch of one sorted input's consecutive rows (a lone sorted
+            // part flushed, the tail of a merge) is copied as a range, not row by row.
+            if indices.is_empty() && cursor.order.is_none() && end - cursor.pos == target {
+                direct = Some(
+                    self.slots[cursor.slot]
+                        .iter()
+                        .map(|a| copy_range(a.as_ref(), cursor.pos, target))
+                        .collect::<Result<Vec<_>>>()?,
+                );
+            } else {
+                indices.extend((cursor.pos..end).map(|p| {
+                    let row = cursor.order.as_ref().map_or(p, |o| o[p] as usize);
+                    (cursor.slot, row)
+                }));
+            }
             cursor.pos = end;
             if cursor.pos == cursor.rows.num_rows() {
                 let mut input = std::mem::replace(
@@ -457,6 +483,19 @@ impl Merge {
                 }
             }
             self.sift_down(0);
+            if direct.is_some() {
+                break;
+            }
+        }
+        if let Some(columns) = direct {
+            self.remaining -= target;
+            let batch = RecordBatch::try_new_with_options(
+                self.output.clone(),
+                columns,
+                &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(target)),
+            )?;
+            self.release_slots();
+            return Ok(Some(batch));
         }
         if indices.is_empty() {
             return Ok(None);
