@@ -556,7 +556,7 @@ fn late_rows(
 /// keys hold one value, which only costs a second lookup of the same series.
 fn series_runs(columns: &[ArrayRef], rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
     if columns.is_empty() || rows == 0 {
-        return Ok(vec![0..rows]);
+        return Ok(std::iter::once(0..rows).collect());
     }
     let compared: Vec<ArrayRef> = columns
         .iter()
