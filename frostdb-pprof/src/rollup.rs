@@ -551,23 +551,6 @@ fn late_rows(
     Ok(Some(RecordBatch::try_new(rows.schema(), columns)?))
 }
 
-/// The runs of rows of one series in `columns` (the series columns of rows sorted by
-/// series). A dictionary column is compared by its keys: a run may then be split where two
-/// keys hold one value, which only costs a second lookup of the same series.
-fn series_runs(columns: &[ArrayRef], rows: usize) -> Result<Vec<std::ops::Range<usize>>> {
-    if columns.is_empty() || rows == 0 {
-        return Ok(std::iter::once(0..rows).collect());
-    }
-    let compared: Vec<ArrayRef> = columns
-        .iter()
-        .map(|c| match c.as_any_dictionary_opt() {
-            Some(dictionary) => dictionary.keys().slice(0, c.len()),
-            None => c.clone(),
-        })
-        .collect();
-    Ok(arrow::compute::kernels::partition::partition(&compared)?.ranges())
-}
-
 /// Rows of rollup output per insert.
 const OUT_ROWS: usize = 256 * 1024;
 
@@ -634,7 +617,7 @@ fn aggregate(source: &Snapshot, start: i64, end: i64) -> Result<(Vec<RecordBatch
             .ok_or_else(|| Error::Corrupt("rollup source rows without stacktrace_id".into()))?;
         // Rows come sorted by series: each run of one series is found by comparing the
         // columns, and only its first row is encoded and looked up.
-        let runs = series_runs(&columns, batch.num_rows())?;
+        let runs = crate::store::series_runs(&columns, batch.num_rows())?;
         let firsts = UInt32Array::from_iter_values(runs.iter().map(|r| r.start as u32));
         let firsts = columns
             .iter()

@@ -169,12 +169,13 @@ fn order_of(rows: &Rows) -> Option<Vec<u32>> {
     })
 }
 
-/// Rows `offset..offset + len` of `array` in buffers of their own (a dictionary holding
-/// only the values they use), as a merge's output holds them.
-fn copy_range(array: &dyn Array, offset: usize, len: usize) -> Result<ArrayRef> {
+/// Rows `offset..offset + whole.len()` of `array` in buffers of their own (a dictionary
+/// holding only the values they use), as a merge's output holds them; `whole` is every
+/// row of the range, `(0, i)`, what a dictionary is gathered by.
+fn copy_range(array: &dyn Array, offset: usize, whole: &[(usize, usize)]) -> Result<ArrayRef> {
+    let len = whole.len();
     let slice = array.slice(offset, len);
-    let whole: Vec<(usize, usize)> = (0..len).map(|i| (0, i)).collect();
-    if let Some(gathered) = crate::dictionary::gather(&[slice.as_ref()], &whole)? {
+    if let Some(gathered) = crate::dictionary::gather(&[slice.as_ref()], whole)? {
         return Ok(gathered);
     }
     let data = slice.to_data();
@@ -448,10 +449,11 @@ impl Merge {
             // A whole output batch of one sorted input's consecutive rows (a lone sorted
             // part flushed, the tail of a merge) is copied as a range, not row by row.
             if indices.is_empty() && cursor.order.is_none() && end - cursor.pos == target {
+                let whole: Vec<(usize, usize)> = (0..target).map(|i| (0, i)).collect();
                 direct = Some(
                     self.slots[cursor.slot]
                         .iter()
-                        .map(|a| copy_range(a.as_ref(), cursor.pos, target))
+                        .map(|a| copy_range(a.as_ref(), cursor.pos, &whole))
                         .collect::<Result<Vec<_>>>()?,
                 );
             } else {

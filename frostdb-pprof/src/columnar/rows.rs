@@ -107,9 +107,9 @@ fn value_at(strings: &Strings, row: usize) -> Option<&str> {
 }
 
 impl Input {
-    /// The rows' series. Rows of one series come in runs: a run starts where a column
-    /// differs from the row before (compared by dictionary key, each key standing for the
-    /// first key of its value), and only its first row is looked up.
+    /// The rows' series. Rows of one series come in runs ([`crate::store::series_runs`]),
+    /// and only a run's first row is looked up, by its values (each dictionary key standing
+    /// for the first key of its value).
     pub(crate) fn series(&self) -> Result<Series> {
         let n = self.len();
         if n == 0 {
@@ -124,37 +124,28 @@ impl Input {
             .chain(self.labels.iter().map(|(_, c)| c))
             .map(Words::new)
             .collect();
-        let mut starts = vec![false; n];
-        if let Some(first) = starts.first_mut() {
-            *first = true;
-        }
-        for column in &columns {
-            let mut previous = column.word(0);
-            for (i, start) in starts.iter_mut().enumerate().skip(1) {
-                let word = column.word(i);
-                *start |= word != previous;
-                previous = word;
-            }
-        }
+        let arrays: Vec<ArrayRef> = self
+            .profile_type
+            .iter()
+            .chain(self.labels.iter().map(|(_, c)| c))
+            .map(|c| Arc::new(c.clone()) as ArrayRef)
+            .collect();
         let mut numbers: HashMap<Vec<u32>, u32> = HashMap::default();
         let (mut of_row, mut first) = (Vec::with_capacity(n), Vec::new());
         let mut row: Vec<u32> = Vec::with_capacity(columns.len());
-        let mut current = 0;
-        for (i, &start) in starts.iter().enumerate() {
-            if start {
-                row.clear();
-                row.extend(columns.iter().map(|c| c.word(i)));
-                current = match numbers.get(&row) {
-                    Some(&s) => s,
-                    None => {
-                        let s = first.len() as u32;
-                        numbers.insert(row.clone(), s);
-                        first.push(i as u32);
-                        s
-                    }
-                };
-            }
-            of_row.push(current);
+        for run in crate::store::series_runs(&arrays, n)? {
+            row.clear();
+            row.extend(columns.iter().map(|c| c.word(run.start)));
+            let s = match numbers.get(&row) {
+                Some(&s) => s,
+                None => {
+                    let s = first.len() as u32;
+                    numbers.insert(row.clone(), s);
+                    first.push(run.start as u32);
+                    s
+                }
+            };
+            of_row.resize(run.end, s);
         }
         Ok(Series { of_row, first })
     }

@@ -9,7 +9,7 @@ use arrow::buffer::BooleanBuffer;
 use super::{FRAMES, frame_lists, ids, invalid};
 use crate::decode::Limits;
 use crate::error::{Error, Result};
-use crate::normalize::{content_key, put_str};
+use crate::normalize::{content_key, function_key, location_line, location_start, put_str};
 use crate::schema::column::STACKTRACE_ID;
 use crate::symbols::{FunctionRow, StackKey, Writer};
 
@@ -320,20 +320,12 @@ pub(crate) struct StackKeys {
     stacks: Vec<StackKey>,
 }
 
-/// The content key of the location of a frame named `name` (`buf`: scratch).
+/// The content key of the location of a frame named `name` (`buf`: scratch): a function
+/// of that name and system name, no file, at line 0 of a location of no mapping and address.
 fn location_key(buf: &mut Vec<u8>, name: &str) -> StackKey {
-    buf.clear();
-    put_str(buf, name);
-    put_str(buf, name);
-    put_str(buf, "");
-    buf.extend_from_slice(&0i64.to_le_bytes());
-    let function = content_key(buf);
-    buf.clear();
-    buf.extend_from_slice(&0u128.to_le_bytes()); // no mapping
-    buf.extend_from_slice(&0u64.to_le_bytes()); // no address
-    buf.push(0); // not folded
-    buf.extend_from_slice(&function.to_le_bytes());
-    buf.extend_from_slice(&0i64.to_le_bytes()); // line
+    let function = function_key(buf, name, name, "", 0);
+    location_start(buf, 0, 0, false);
+    location_line(buf, function, 0);
     content_key(buf)
 }
 

@@ -18,6 +18,43 @@ pub(crate) fn put_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(s.as_bytes());
 }
 
+/// The content key of a function (`buf`: scratch): what a stack's locations refer to.
+pub(crate) fn function_key(
+    buf: &mut Vec<u8>,
+    name: &str,
+    system_name: &str,
+    filename: &str,
+    start_line: i64,
+) -> StackKey {
+    buf.clear();
+    put_str(buf, name);
+    put_str(buf, system_name);
+    put_str(buf, filename);
+    buf.extend_from_slice(&start_line.to_le_bytes());
+    content_key(buf)
+}
+
+/// Starts a location's key bytes in `location`: its mapping's key (0: none), address and
+/// whether it is folded; [`location_line`] appends each line, and [`content_key`] of the
+/// bytes is the location's key.
+pub(crate) fn location_start(
+    location: &mut Vec<u8>,
+    mapping: StackKey,
+    address: u64,
+    folded: bool,
+) {
+    location.clear();
+    location.extend_from_slice(&mapping.to_le_bytes());
+    location.extend_from_slice(&address.to_le_bytes());
+    location.push(u8::from(folded));
+}
+
+/// Appends a line (its function's key and line number) to a location's key bytes.
+pub(crate) fn location_line(location: &mut Vec<u8>, function: StackKey, line: i64) {
+    location.extend_from_slice(&function.to_le_bytes());
+    location.extend_from_slice(&line.to_le_bytes());
+}
+
 pub(crate) fn content_key(buf: &[u8]) -> StackKey {
     twox_hash::XxHash3_128::oneshot(buf)
 }
@@ -206,12 +243,13 @@ impl Prepared<'_> {
         // is then its locations' keys.
         function_keys.clear();
         for function in &p.function {
-            buf.clear();
-            put_str(buf, text(p, function.name));
-            put_str(buf, text(p, function.system_name));
-            put_str(buf, text(p, function.filename));
-            buf.extend_from_slice(&function.start_line.to_le_bytes());
-            function_keys.push(Key::of(content_key(buf)));
+            function_keys.push(Key::of(function_key(
+                buf,
+                text(p, function.name),
+                text(p, function.system_name),
+                text(p, function.filename),
+                function.start_line,
+            )));
         }
         mapping_keys.clear();
         for m in &p.mapping {
@@ -232,14 +270,10 @@ impl Prepared<'_> {
             } else {
                 mapping_keys[ids.mapping(l.mapping_id)?].get()
             };
-            location.clear();
-            location.extend_from_slice(&mapping.to_le_bytes());
-            location.extend_from_slice(&l.address.to_le_bytes());
-            location.push(u8::from(l.is_folded));
+            location_start(location, mapping, l.address, l.is_folded);
             for line in l.line {
                 let f = function_keys[ids.function(line.function_id)?].get();
-                location.extend_from_slice(&f.to_le_bytes());
-                location.extend_from_slice(&line.line.to_le_bytes());
+                location_line(location, f, line.line);
             }
             location_keys.push(Key::of(content_key(location)));
         }

@@ -43,7 +43,7 @@ mod rows;
 
 pub(crate) use intern::InternState;
 use keys::{Key, mapping_flags};
-pub(crate) use keys::{content_key, put_str};
+pub(crate) use keys::{content_key, function_key, location_line, location_start, put_str};
 pub(crate) use prepare::{Deltas, prepare};
 pub(crate) use rows::SERIES_KEYS;
 pub(crate) use rows::SampleRows;

@@ -332,6 +332,27 @@ pub(crate) fn series_words(keys: &[ArrayRef]) -> Result<(Vec<u64>, usize)> {
     Ok((words, width))
 }
 
+/// The runs of rows of one series in `columns` (the series columns of rows sorted by
+/// series). A dictionary column is compared by its keys: a run may then be split where two
+/// keys hold one value, which only costs a second lookup of the same series.
+pub(crate) fn series_runs(
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    use arrow::array::AsArray;
+    if columns.is_empty() || rows == 0 {
+        return Ok(std::iter::once(0..rows).collect());
+    }
+    let compared: Vec<ArrayRef> = columns
+        .iter()
+        .map(|c| match c.as_any_dictionary_opt() {
+            Some(dictionary) => dictionary.keys().slice(0, c.len()),
+            None => c.clone(),
+        })
+        .collect();
+    Ok(arrow::compute::kernels::partition::partition(&compared)?.ranges())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

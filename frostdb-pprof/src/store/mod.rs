@@ -50,6 +50,7 @@ mod options;
 mod read;
 
 use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for};
+pub(crate) use derived::series_runs;
 use derived::{SeriesSeen, build_series_index, build_totals};
 use maintenance::{SymbolExpiry, partitions_used};
 pub use options::StoreOptions;
