@@ -24,10 +24,25 @@ pub(crate) struct Stacks {
     pub(crate) of_row: Vec<u32>,
     /// The distinct stacks, as rows of `frames`.
     distinct: Vec<u32>,
-    /// Frame lists (the stacks batch's, or the samples' own).
-    frames: ListArray,
-    /// The stacks batch the rows refer to, whose rows keep their keys from call to call.
-    table: Option<Arc<StackTable>>,
+    /// Where the frames are: the samples' own, or a stacks batch's.
+    frames: Frames,
+}
+
+/// The frame lists of a call's stacks.
+enum Frames {
+    /// The samples' own (`samples.frames`).
+    Inline(ListArray),
+    /// A stacks batch's, whose rows keep their keys from call to call.
+    Table(Arc<StackTable>),
+}
+
+impl Frames {
+    fn lists(&self) -> &ListArray {
+        match self {
+            Frames::Inline(lists) => lists,
+            Frames::Table(table) => &table.frames,
+        }
+    }
 }
 
 /// A stacks batch checked and indexed once, its stacks' content keys computed the first
@@ -143,8 +158,7 @@ impl Stacks {
         Ok(Self {
             of_row,
             distinct,
-            frames: table.frames.clone(),
-            table: Some(table.clone()),
+            frames: Frames::Table(table.clone()),
         })
     }
 
@@ -172,8 +186,7 @@ impl Stacks {
         Ok(Self {
             of_row,
             distinct,
-            frames,
-            table: None,
+            frames: Frames::Inline(frames),
         })
     }
 
@@ -202,14 +215,13 @@ impl Stacks {
             of_row,
             distinct,
             frames: self.frames,
-            table: self.table,
         }
     }
 
     /// The frames of distinct stack `d`, leaf first.
     fn frames_of(&self, d: usize) -> impl Iterator<Item = &str> {
-        let names = self.frames.values().as_string::<i32>();
-        let offsets = self.frames.value_offsets();
+        let names = self.frames.lists().values().as_string::<i32>();
+        let offsets = self.frames.lists().value_offsets();
         let row = self.distinct[d] as usize;
         (offsets[row] as usize..offsets[row + 1] as usize).map(move |i| names.value(i))
     }
@@ -232,11 +244,11 @@ impl Stacks {
             }
             content_key(&stack)
         };
-        let stacks = match &self.table {
-            Some(table) => (0..self.distinct.len())
+        let stacks = match &self.frames {
+            Frames::Table(table) => (0..self.distinct.len())
                 .map(|d| *table.keys[self.distinct[d] as usize].get_or_init(|| key_of(d)))
                 .collect(),
-            None => (0..self.distinct.len()).map(key_of).collect(),
+            Frames::Inline(_) => (0..self.distinct.len()).map(key_of).collect(),
         };
         StackKeys { stacks }
     }
