@@ -43,7 +43,7 @@ use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray, UInt64A
 use arrow::datatypes::{DataType, Field, Int64Type, Schema as ArrowSchema, UInt64Type};
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
-use frostdb_pprof::report::top::TopTable;
+use frostdb_pprof::report::top::flat_by_function;
 use frostdb_pprof::{IngestOptions, Merged, ProfileStore, StoreOptions};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
@@ -1101,16 +1101,11 @@ fn profile_queries<'a>(
             Box::new({
                 let cpu = cpu.clone();
                 move || {
+                    // Leaf functions by self value: the top table's flat column alone.
                     let merged = store.merge(&cpu, TimeRange::ALL)?;
-                    let table = TopTable::build_with(&merged, 0.0, 0.0);
-                    Ok(Answer::Top(
-                        table
-                            .rows
-                            .into_iter()
-                            .take(top)
-                            .map(|r| (r.name, r.flat))
-                            .collect(),
-                    ))
+                    let mut rows = flat_by_function(&merged);
+                    rows.truncate(top);
+                    Ok(Answer::Top(rows))
                 }
             }),
         ),

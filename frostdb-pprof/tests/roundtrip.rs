@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 
 use frostdb_core::{Db, DbOptions};
-use frostdb_pprof::report::{pprof, top::TopTable, tree};
+use frostdb_pprof::report::{pprof, top, top::TopTable, tree};
 use frostdb_pprof::{IngestOptions, Limits, ProfileStore, StoreOptions, decode};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
@@ -90,6 +90,16 @@ async fn merged_profiles_agree_with_go_tool_pprof() {
                 ));
                 continue;
             }
+            // The flat column alone, read from the stacks' leaves, is the table's.
+            let nonzero = |rows: Vec<(String, i64)>| -> Vec<(String, i64)> {
+                rows.into_iter().filter(|r| r.1 != 0).collect()
+            };
+            let table_flat = table.rows.iter().map(|r| (r.name.clone(), r.flat));
+            assert_eq!(
+                nonzero(top::flat_by_function(&merged)),
+                nonzero(table_flat.collect()),
+                "{name} [{t}/{u}]: flat_by_function"
+            );
             // The flame graph and folded stacks add up to the same total.
             let graph = tree::FlameGraph::build(&merged);
             assert_eq!(graph.root().total(), merged.total(), "{name}");

@@ -95,6 +95,62 @@ pub const NODE_FRACTION: f64 = 0.005;
 /// `go tool pprof`'s default `-edgefraction`.
 pub const EDGE_FRACTION: f64 = 0.001;
 
+/// The top table's flat column alone: per function (named as the table names its nodes),
+/// the value of the samples whose innermost frame it is, largest first, ties by name. It
+/// reads one location a stack (each distinct location resolved once), so it costs the
+/// stacks, not their frames: for a view without cum (functions by self value, an alert on
+/// a function's share), about a fifth of [`TopTable::build`] on a fleet's merge. A stack
+/// deeper than [`super::MAX_STACK_DEPTH`] counts its real leaf here, where the table
+/// gives its value to the cut's marker.
+pub fn flat_by_function(merged: &Merged) -> Vec<(String, i64)> {
+    let mut nodes = Nodes::default();
+    let mut flat: Vec<i64> = Vec::new();
+    // Per partition: per location index, the node of its innermost frame plus one (0: not
+    // met yet).
+    let mut leaf_nodes: Vec<(u32, Vec<u32>)> = Vec::new();
+    for &(stack, value) in &merged.samples {
+        let Some((p, &[leaf, ..])) = merged.symbols.locations(stack) else {
+            continue; // an empty stack has no flat
+        };
+        let at = match leaf_nodes.iter().position(|(id, _)| *id == p.id()) {
+            Some(at) => at,
+            None => {
+                leaf_nodes.push((p.id(), vec![0; p.counts().locations]));
+                leaf_nodes.len() - 1
+            }
+        };
+        let slots = &mut leaf_nodes[at].1;
+        if leaf as usize >= slots.len() {
+            slots.resize(leaf as usize + 1, 0);
+        }
+        let node = match slots[leaf as usize] {
+            0 => {
+                let mut innermost = None;
+                crate::symbols::location_frames(p, leaf, &mut |f| {
+                    innermost.get_or_insert(f);
+                });
+                let Some(frame) = innermost else { continue };
+                let node = nodes.frame(frame).0;
+                slots[leaf as usize] = node + 1;
+                node
+            }
+            n => n - 1,
+        } as usize;
+        if node >= flat.len() {
+            flat.resize(node + 1, 0);
+        }
+        flat[node] = flat[node].saturating_add(value);
+    }
+    let mut rows: Vec<(String, i64)> = nodes
+        .names
+        .into_iter()
+        .zip(flat)
+        .map(|(name, flat)| (name.into_owned(), flat))
+        .collect();
+    rows.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then_with(|| a.0.cmp(&b.0)));
+    rows
+}
+
 impl TopTable {
     /// Builds the table of `merged` with pprof's default node and edge fractions.
     pub fn build(merged: &Merged) -> Self {
