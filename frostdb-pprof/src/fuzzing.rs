@@ -70,18 +70,47 @@ pub fn normalize_target(data: &[u8]) {
 /// Folded stacks (and "lines") of arbitrary text converted to pprof: what converts must
 /// validate, and carry every counted sample.
 pub fn folded_target(data: &[u8]) {
-    use crate::convert::folded::{Units, to_profile};
+    use crate::convert::folded::to_profile;
     let text = String::from_utf8_lossy(data);
-    let units = Units {
-        sample: ("cpu".into(), "nanoseconds".into()),
-        period: ("cpu".into(), "nanoseconds".into()),
-        period_value: 10_000_000,
-        scale: 10_000_000,
-    };
+    let units = folded_units();
     for lines in [false, true] {
         if let Ok(profile) = to_profile(&text, lines, &units, 10_000) {
             crate::validate(profile, &limits()).expect("a converted folded profile is valid");
         }
+    }
+}
+
+/// Pyroscope's trie and tree bodies of arbitrary bytes converted to pprof: what converts
+/// must validate.
+pub fn trie_target(data: &[u8]) {
+    use crate::convert::trie::{tree_to_profile, trie_to_profile};
+    let units = folded_units();
+    for profile in [
+        trie_to_profile(data, &units, &limits()),
+        tree_to_profile(data, &units, &limits()),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        crate::validate(profile, &limits()).expect("a converted trie or tree is valid");
+    }
+}
+
+/// speedscope files of arbitrary bytes converted to pprof: what converts must validate.
+pub fn speedscope_target(data: &[u8]) {
+    if let Ok(profiles) = crate::convert::speedscope::convert(data, 100, &limits()) {
+        for c in profiles {
+            crate::validate(c.profile, &limits()).expect("a converted speedscope profile is valid");
+        }
+    }
+}
+
+fn folded_units() -> crate::convert::folded::Units {
+    crate::convert::folded::Units {
+        sample: ("cpu".into(), "nanoseconds".into()),
+        period: ("cpu".into(), "nanoseconds".into()),
+        period_value: 10_000_000,
+        scale: 10_000_000,
     }
 }
 

@@ -14,6 +14,7 @@ use frostdb_pprof::convert::push::proto as push;
 use frostdb_pprof::fuzzing::{
     QUERIER_METHODS, decode_target, folded_target, normalize_target, otlp_bounds_target,
     otlp_target, push_bounds_target, push_target, querier_target, selector_target,
+    speedscope_target, trie_target,
 };
 use prost::Message;
 
@@ -126,6 +127,155 @@ fn the_folded_otlp_and_push_targets_never_panic_on_their_corpus() {
             .to_vec(),
     );
     assert!(replay("push", requests, push_target) >= 8 * 17);
+}
+
+/// `(frames root first, count)` of a folded file's lines.
+fn folded_stacks(text: &[u8]) -> Vec<(Vec<String>, u64)> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            let frames: Vec<String> = stack
+                .split(';')
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect();
+            (!frames.is_empty()).then_some(())?;
+            Some((frames, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn uvarint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn node(out: &mut Vec<u8>, name: &[u8], value: u64, children: u64) {
+    uvarint(out, name.len() as u64);
+    out.extend_from_slice(name);
+    uvarint(out, value);
+    uvarint(out, children);
+}
+
+/// A tree body of `stacks` (Pyroscope's "no dictionary" tree), written without recursion.
+fn tree_body(stacks: &[(Vec<String>, u64)]) -> Vec<u8> {
+    // Nodes: name, self value, children (by first sight).
+    let mut nodes: Vec<(String, u64, Vec<usize>)> = vec![(String::new(), 0, Vec::new())];
+    for (frames, count) in stacks {
+        let mut at = 0;
+        for f in frames {
+            at = match nodes[at].2.iter().find(|&&c| nodes[c].0 == *f) {
+                Some(&c) => c,
+                None => {
+                    nodes.push((f.clone(), 0, Vec::new()));
+                    let c = nodes.len() - 1;
+                    nodes[at].2.push(c);
+                    c
+                }
+            };
+        }
+        nodes[at].1 += count;
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![0];
+    while let Some(n) = todo.pop() {
+        let (name, value, children) = &nodes[n];
+        node(&mut out, name.as_bytes(), *value, children.len() as u64);
+        todo.extend(children.iter().rev());
+    }
+    out
+}
+
+/// A trie body of `stacks`: the root, and each stack's whole key as a leaf under it.
+fn trie_body(stacks: &[(Vec<String>, u64)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    node(&mut out, b"", 0, stacks.len() as u64);
+    for (frames, count) in stacks {
+        node(&mut out, frames.join(";").as_bytes(), *count, 0);
+    }
+    out
+}
+
+/// A speedscope file of `stacks`, one sampled profile.
+fn speedscope_body(stacks: &[(Vec<String>, u64)]) -> Vec<u8> {
+    let mut names: Vec<String> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    let samples: Vec<Vec<usize>> = stacks
+        .iter()
+        .map(|(frames, _)| {
+            frames
+                .iter()
+                .map(|f| {
+                    *index.entry(f.clone()).or_insert_with(|| {
+                        names.push(f.clone());
+                        names.len() - 1
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "$schema": frostdb_pprof::convert::speedscope::SCHEMA,
+        "shared": {"frames": names.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>()},
+        "profiles": [{
+            "type": "sampled", "name": "folded", "unit": "none", "startValue": 0, "endValue": 1,
+            "samples": samples, "weights": stacks.iter().map(|s| s.1).collect::<Vec<_>>(),
+        }],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn the_trie_and_speedscope_targets_never_panic_on_their_corpus() {
+    // Every folded file of shared/testdata as a trie, a tree and a speedscope file (each
+    // checked to convert whole first), and speedscope's own samples.
+    let stacks: Vec<Vec<(Vec<String>, u64)>> = files("folded")
+        .iter()
+        .map(|f| folded_stacks(f))
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert!(stacks.len() >= 3);
+    let units = frostdb_pprof::convert::folded::Units {
+        sample: ("cpu".into(), "nanoseconds".into()),
+        period: ("cpu".into(), "nanoseconds".into()),
+        period_value: 10_000_000,
+        scale: 1,
+    };
+    let limits = frostdb_pprof::Limits::default();
+    let total =
+        |p: &frostdb_pprof::proto::Profile| p.sample.iter().map(|s| s.value[0]).sum::<i64>();
+    let mut tries = Vec::new();
+    let mut speedscopes = Vec::new();
+    for s in &stacks {
+        let want: i64 = s.iter().map(|(_, c)| *c as i64).sum();
+        let (trie, tree) = (trie_body(s), tree_body(s));
+        use frostdb_pprof::convert::trie::{tree_to_profile, trie_to_profile};
+        assert_eq!(
+            total(&trie_to_profile(&trie, &units, &limits).unwrap()),
+            want
+        );
+        assert_eq!(
+            total(&tree_to_profile(&tree, &units, &limits).unwrap()),
+            want
+        );
+        let scope = speedscope_body(s);
+        let converted = frostdb_pprof::convert::speedscope::convert(&scope, 100, &limits).unwrap();
+        assert_eq!(total(&converted[0].profile), want * 10_000_000);
+        tries.extend([trie, tree]);
+        speedscopes.push(scope);
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/speedscope");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        speedscopes.push(std::fs::read(entry.unwrap().path()).unwrap());
+    }
+    write_seeds("trie", &tries);
+    write_seeds("speedscope", &speedscopes);
+    assert!(replay("trie", tries, trie_target) >= 6 * 17);
+    assert!(replay("speedscope", speedscopes, speedscope_target) >= 9 * 17);
 }
 
 #[test]

@@ -726,6 +726,106 @@ async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
     assert_eq!(status, 400);
 }
 
+/// The stacks of `selector` as sorted `root;…;leaf value` lines.
+async fn folded_lines(s: &Server, selector: &str) -> Vec<String> {
+    let (status, folded) = get(
+        &format!(
+            "{}/api/v1/query?format=folded&selector={}",
+            s.url,
+            enc(selector)
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{folded}");
+    let mut lines: Vec<String> = folded.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+#[tokio::test]
+async fn legacy_ingest_speaks_trie_tree_and_speedscope() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let ingest = |q: &str| format!("{}/ingest?{q}&from=1763805600", s.url);
+    // A transport trie as the first Go agent sent it (by content type, no format), and the
+    // same stacks as a tree (by format): `foo;bar 2`, `foo;baz 3` samples at 100 Hz.
+    let trie = b"\x00\x00\x01\x06foo;ba\x00\x02\x01r\x02\x00\x01z\x03\x00".to_vec();
+    let (status, body) = post(
+        &ingest("name=trie.cpu"),
+        None,
+        &[("content-type", "binary/octet-stream+trie")],
+        trie.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let tree = b"\x00\x00\x01\x03foo\x00\x02\x03bar\x02\x00\x03baz\x03\x00".to_vec();
+    let (status, body) = post(&ingest("name=tree.cpu&format=tree"), None, &[], tree).await;
+    assert_eq!(status, 200, "{body}");
+    for app in ["trie", "tree"] {
+        assert_eq!(
+            folded_lines(&s, &format!("{CPU}{{service_name=\"{app}\"}}")).await,
+            ["foo;bar 20000000", "foo;baz 30000000"],
+            "{app}"
+        );
+    }
+    // speedscope's own two-profile sample: each profile under its name, in seconds.
+    let file = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/speedscope/0.6.0_two-sampled.speedscope.json"),
+    )
+    .unwrap();
+    let (status, body) = post(&ingest("name=scope&format=speedscope"), None, &[], file).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["profiles"], 2, "{body}");
+    for profile in ["one", "two"] {
+        assert_eq!(
+            folded_lines(
+                &s,
+                &format!("{CPU}{{service_name=\"scope\",profile_name=\"{profile}\"}}")
+            )
+            .await,
+            ["a;b 5000000000", "a;b;c 5000000000", "a;b;d 4000000000"],
+            "{profile}"
+        );
+    }
+    // Broken bodies are refused, naming what is wrong, and store nothing.
+    let mut cut = trie.clone();
+    cut.truncate(cut.len() - 4);
+    for (query, body, want) in [
+        (
+            "name=broken&format=trie",
+            cut,
+            "trie body: invalid trie: byte 16: the body ends while a node still expects 1 more",
+        ),
+        (
+            "name=broken&format=tree",
+            b"\x00\x00\x01\x09foo".to_vec(),
+            "invalid tree: byte 3: a node's name of 9 bytes, but 3 bytes are left",
+        ),
+        (
+            "name=broken&format=speedscope",
+            br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[{"name":"a"}]},"profiles":[{"type":"sampled","name":"p","unit":"seconds","startValue":0,"endValue":1,"samples":[[0],[7]],"weights":[1,1]}]}"#.to_vec(),
+            "profiles[0].samples[1]: frame 7 of 1 shared frames",
+        ),
+    ] {
+        let (status, answer) = post(&ingest(query), None, &[], body).await;
+        assert_eq!(status, 400, "{query}: {answer}");
+        assert!(answer.contains(want), "{query}: {answer}");
+    }
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc(&format!("{CPU}{{service_name=\"broken\"}}"))
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+}
+
 #[tokio::test]
 async fn otlp_export_of_the_ebpf_profiler_is_stored() {
     let dir = tempfile::tempdir().unwrap();

@@ -32,21 +32,7 @@ pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) ->
         at: format!("line {}", n + 1),
         reason,
     };
-    let mut b = Builder {
-        strings: StringTable::new(),
-        functions: Vec::new(),
-        locations: Vec::new(),
-        location_ids: HashMap::new(),
-    };
-    let sample_type = ValueType {
-        r#type: b.strings.get(&units.sample.0),
-        unit: b.strings.get(&units.sample.1),
-    };
-    let period_type = ValueType {
-        r#type: b.strings.get(&units.period.0),
-        unit: b.strings.get(&units.period.1),
-    };
-    let mut stacks: HashMap<Vec<u64>, i64> = HashMap::new();
+    let mut stacks = Stacks::new(units, max_samples, usize::MAX);
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
@@ -73,60 +59,59 @@ pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) ->
         if frames.is_empty() {
             return Err(bad(n, "no frames".into()));
         }
-        // pprof lists the leaf first.
-        let ids: Vec<u64> = frames.iter().rev().map(|f| b.location(f)).collect();
-        let value = count
-            .checked_mul(units.scale)
-            .ok_or_else(|| bad(n, format!("the count {count} overflows")))?;
-        if !stacks.contains_key(&ids) && stacks.len() >= max_samples {
-            return Err(Error::TooLarge {
-                what: "number of distinct stacks",
-                limit: max_samples,
-            });
-        }
-        let total = stacks.entry(ids).or_default();
-        *total = total.saturating_add(value);
+        let ids: Vec<u64> = frames.iter().map(|f| stacks.frame(f)).collect();
+        stacks.add(&ids, count).map_err(|e| match e {
+            Error::Convert { reason, .. } => bad(n, reason),
+            other => other,
+        })?;
     }
-    let mut samples: Vec<(Vec<u64>, i64)> = stacks.into_iter().collect();
-    samples.sort();
-    Ok(Profile {
-        sample_type: vec![sample_type],
-        sample: samples
-            .into_iter()
-            .map(|(location_id, v)| Sample {
-                location_id,
-                value: vec![v],
-                label: Vec::new(),
-            })
-            .collect(),
-        location: b.locations,
-        function: b.functions,
-        string_table: b.strings.into_table(),
-        period_type: Some(period_type),
-        period: units.period_value,
-        ..Profile::default()
-    })
+    Ok(stacks.finish())
 }
 
-struct Builder {
+/// Stacks of named frames and their counts, gathered into a pprof profile of one value
+/// type: what folded stacks, lines, Pyroscope's trie and tree bodies and speedscope files
+/// all become. A frame is a location with one line in a function of its name.
+pub(crate) struct Stacks<'u> {
+    units: &'u Units,
     strings: StringTable,
     functions: Vec<Function>,
     locations: Vec<Location>,
     location_ids: HashMap<String, u64>,
+    samples: HashMap<Vec<u64>, i64>,
+    max_samples: usize,
+    /// Frames the samples may still hold, summed over samples: what bounds a compact body
+    /// (a trie, a tree) that names a deep stack once and many leaves below it.
+    frames_left: usize,
+    max_frames: usize,
 }
 
-impl Builder {
-    /// A location with one line in a function named `frame`.
-    fn location(&mut self, frame: &str) -> u64 {
-        if let Some(&id) = self.location_ids.get(frame) {
+impl<'u> Stacks<'u> {
+    /// At most `max_samples` distinct stacks holding at most `max_frames` frames in all.
+    pub(crate) fn new(units: &'u Units, max_samples: usize, max_frames: usize) -> Self {
+        Self {
+            units,
+            strings: StringTable::new(),
+            functions: Vec::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            samples: HashMap::new(),
+            max_samples,
+            frames_left: max_frames,
+            max_frames,
+        }
+    }
+
+    /// The location id of the frame named `name`.
+    pub(crate) fn frame(&mut self, name: &str) -> u64 {
+        if let Some(&id) = self.location_ids.get(name) {
             return id;
         }
-        let name = self.strings.get(frame);
+        let name_index = self.strings.get(name);
         let id = self.locations.len() as u64 + 1;
         self.functions.push(Function {
             id,
-            name,
-            system_name: name,
+            name: name_index,
+            system_name: name_index,
             ..Function::default()
         });
         self.locations.push(Location {
@@ -137,8 +122,73 @@ impl Builder {
             }],
             ..Location::default()
         });
-        self.location_ids.insert(frame.to_owned(), id);
+        self.location_ids.insert(name.to_owned(), id);
         id
+    }
+
+    /// Adds `count` samples (scaled by the units) of the stack of `root_first` frames (ids
+    /// from [`Stacks::frame`]). A count that overflows is [`Error::Convert`] (its `at` left
+    /// for the caller to fill); too many stacks or frames is [`Error::TooLarge`].
+    pub(crate) fn add(&mut self, root_first: &[u64], count: i64) -> Result<()> {
+        let value = count
+            .checked_mul(self.units.scale)
+            .ok_or_else(|| Error::Convert {
+                format: "stacks",
+                at: String::new(),
+                reason: format!("the count {count} overflows"),
+            })?;
+        // pprof lists the leaf first.
+        let ids: Vec<u64> = root_first.iter().rev().copied().collect();
+        if let Some(total) = self.samples.get_mut(&ids) {
+            *total = total.saturating_add(value);
+            return Ok(());
+        }
+        if self.samples.len() >= self.max_samples {
+            return Err(Error::TooLarge {
+                what: "number of distinct stacks",
+                limit: self.max_samples,
+            });
+        }
+        self.frames_left = self
+            .frames_left
+            .checked_sub(ids.len())
+            .ok_or(Error::TooLarge {
+                what: "frames of all stacks (the body expands past the decompressed-size limit)",
+                limit: self.max_frames,
+            })?;
+        self.samples.insert(ids, value);
+        Ok(())
+    }
+
+    /// The profile, its samples in stack order.
+    pub(crate) fn finish(mut self) -> Profile {
+        let sample_type = ValueType {
+            r#type: self.strings.get(&self.units.sample.0),
+            unit: self.strings.get(&self.units.sample.1),
+        };
+        let period_type = ValueType {
+            r#type: self.strings.get(&self.units.period.0),
+            unit: self.strings.get(&self.units.period.1),
+        };
+        let mut samples: Vec<(Vec<u64>, i64)> = self.samples.into_iter().collect();
+        samples.sort();
+        Profile {
+            sample_type: vec![sample_type],
+            sample: samples
+                .into_iter()
+                .map(|(location_id, v)| Sample {
+                    location_id,
+                    value: vec![v],
+                    label: Vec::new(),
+                })
+                .collect(),
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings.into_table(),
+            period_type: Some(period_type),
+            period: self.units.period_value,
+            ..Profile::default()
+        }
     }
 }
 

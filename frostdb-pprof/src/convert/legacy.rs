@@ -2,8 +2,10 @@
 //! (`name=app.cpu{env=prod}`), the time (`from`, `until`), the body's `format`,
 //! `sampleRate`, `spyName`, `units` and `aggregationType`; [`Params`] reads it. A pprof body
 //! (with its `prev_profile`, if the multipart form has one) is named by the application's
-//! suffix or its sample types ([`Params::pprof`]); folded stacks and lines become a pprof of
-//! the units the query string gives ([`Params::folded`]).
+//! suffix or its sample types ([`Params::pprof`]); folded stacks and lines, and Pyroscope's
+//! trie and tree bodies, become a pprof of the units the query string gives
+//! ([`Params::folded`], [`Params::trie`]); a speedscope file a pprof per profile in it
+//! ([`Params::speedscope`]).
 
 use std::collections::HashMap;
 
@@ -171,6 +173,46 @@ impl Params {
         let (name, units) = self.folded_units()?;
         let profile = folded::to_profile(text, lines, &units, limits.max_samples)?;
         Ok(self.incoming(name, crate::validate(profile, limits)?, None))
+    }
+
+    /// A trie body (Pyroscope's transport trie) or, with `tree`, a tree body, as a profile
+    /// of the units the query string gives (as folded stacks are).
+    pub fn trie(&self, body: &[u8], tree: bool, limits: &Limits) -> Result<Incoming> {
+        let (name, units) = self.folded_units()?;
+        let profile = if tree {
+            super::trie::tree_to_profile(body, &units, limits)?
+        } else {
+            super::trie::trie_to_profile(body, &units, limits)?
+        };
+        Ok(self.incoming(name, crate::validate(profile, limits)?, None))
+    }
+
+    /// A speedscope file: a profile per name and unit in it, each with the label
+    /// `profile_name` (its name in the file) when it has one; a unit of `none` is a sample at
+    /// `sampleRate`.
+    pub fn speedscope(&self, body: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
+        let converted = super::speedscope::convert(body, self.sample_rate, limits)?;
+        let many = converted.len() > 1;
+        converted
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut incoming = self.incoming(
+                    c.profile_name.to_owned(),
+                    crate::validate(c.profile, limits)?,
+                    None,
+                );
+                if !c.name.is_empty() {
+                    incoming
+                        .labels
+                        .push(("profile_name".into(), c.name.clone()));
+                }
+                if many {
+                    incoming.at = format!("profiles {:?} ({i})", c.name);
+                }
+                Ok(incoming)
+            })
+            .collect()
     }
 
     /// A pprof body: the profile name from the application's suffix, else from its types.

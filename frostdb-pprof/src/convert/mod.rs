@@ -11,6 +11,8 @@ pub mod folded;
 pub mod legacy;
 pub mod otlp;
 pub mod push;
+pub mod speedscope;
+pub mod trie;
 
 use crate::{Error, IngestOptions, IngestSummary, ProfileStore, Result, ValidProfile};
 

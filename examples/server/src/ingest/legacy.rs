@@ -2,7 +2,8 @@
 //! application and its labels (`name=app.cpu{env=prod}`), the time (`from`, `until`), the
 //! body's `format`, `sampleRate`, `spyName`, `units` and `aggregationType`. Bodies: pprof
 //! (raw or gzip), the multipart form with `profile` / `prev_profile` / `sample_type_config`,
-//! folded stacks (the default) and lines. Trie, tree, JFR and speedscope bodies get 415.
+//! folded stacks (the default), lines, Pyroscope's trie and tree, and speedscope files (a
+//! profile per profile in the file, under `profile_name`). JFR bodies get 415.
 //! The query string's meaning is [`frostdb_pprof::convert::legacy`]'s; this is the HTTP
 //! around it. The body is read here and decoded in the ingest lane.
 
@@ -13,7 +14,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use frostdb_pprof::convert::legacy::Params;
 
-use super::{body_bytes, content_type, store_one};
+use super::{body_bytes, content_type, store};
 use crate::edge::RequestMemory;
 use crate::error::{ApiError, ApiResult};
 use crate::{Shared, TenantId};
@@ -30,17 +31,23 @@ pub async fn handle(
     let headers = request.headers().clone();
     let kind = content_type(&headers);
     let format = query.get("format").map(|f| f.to_ascii_lowercase());
+    // Pyroscope's order: a trie or tree by format or content type first, then the formats
+    // by name, then a multipart pprof form, else folded stacks.
     let body = match (format.as_deref(), kind.as_str()) {
-        (Some(f @ ("trie" | "tree" | "jfr" | "speedscope")), _) => {
-            return Err(ApiError::unsupported(format!(
-                "format={f} is not supported; send pprof, folded or lines"
-            )));
+        (Some("trie"), _) | (_, "binary/octet-stream+trie") => Body::Trie {
+            bytes: read(&state, request).await?,
+            tree: false,
+        },
+        (Some("tree"), _) | (_, "binary/octet-stream+tree") => Body::Trie {
+            bytes: read(&state, request).await?,
+            tree: true,
+        },
+        (Some("jfr"), _) => {
+            return Err(ApiError::unsupported(
+                "format=jfr is not supported yet; send pprof, folded, lines, trie, tree or speedscope",
+            ));
         }
-        (None, k @ ("binary/octet-stream+trie" | "binary/octet-stream+tree")) => {
-            return Err(ApiError::unsupported(format!(
-                "Content-Type {k} is not supported; send pprof, folded or lines"
-            )));
-        }
+        (Some("speedscope"), _) => Body::Speedscope(read(&state, request).await?),
         (None | Some("pprof"), "multipart/form-data") => {
             let form = Multipart::from_request(request, &state)
                 .await
@@ -54,13 +61,13 @@ pub async fn handle(
         },
         (Some(other), _) => {
             return Err(ApiError::bad_request(format!(
-                "unknown format {other:?} (pprof, folded, lines)"
+                "unknown format {other:?} (pprof, folded, lines, trie, tree, speedscope)"
             )));
         }
     };
     let series = frostdb_pprof::convert::series_labels(&params.labels).unwrap_or_default();
     let decoding = state.clone();
-    let summary = store_one(&state, &tenant, move || {
+    let summaries = store(&state, &tenant, move || {
         let limits = decoding.tenants.pprof_limits();
         let pprof = |bytes: &[u8], what: &str| {
             frostdb_pprof::decode(bytes, &limits).map_err(|e| ApiError::from(e).context(what))
@@ -85,20 +92,42 @@ pub async fn handle(
                     .folded(text, lines, &limits)
                     .map_err(|e| ApiError::from(e).context("folded body"))?
             }
+            Body::Trie { bytes, tree } => {
+                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
+                let what = if tree { "tree body" } else { "trie body" };
+                params
+                    .trie(&bytes, tree, &limits)
+                    .map_err(|e| ApiError::from(e).context(what))?
+            }
+            Body::Speedscope(bytes) => {
+                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
+                return params
+                    .speedscope(&bytes, &limits)
+                    .map_err(|e| ApiError::from(e).context("speedscope body"));
+            }
         };
-        Ok(incoming)
+        Ok(vec![incoming])
     })
     .await?;
+    let rows: usize = summaries.iter().map(|s| s.rows).sum();
+    let duplicates = summaries.iter().filter(|s| s.duplicate).count();
+    let mut profile_types: Vec<String> = summaries
+        .iter()
+        .flat_map(|s| s.profile_types.iter().cloned())
+        .collect();
+    profile_types.sort();
+    profile_types.dedup();
+    let timestamp_ms = summaries.first().map(|s| s.timestamp_ms);
     // What was stored, so that a client (or a person with curl) sees it landed, and where.
     let labels: serde_json::Map<String, serde_json::Value> =
         series.into_iter().map(|(k, v)| (k, v.into())).collect();
     Ok(Json(serde_json::json!({
-        "profiles": usize::from(!summary.duplicate),
-        "duplicates": usize::from(summary.duplicate),
-        "samples": summary.rows,
-        "profile_types": summary.profile_types,
+        "profiles": summaries.len() - duplicates,
+        "duplicates": duplicates,
+        "samples": rows,
+        "profile_types": profile_types,
         "series_labels": labels,
-        "timestamp_ms": summary.timestamp_ms,
+        "timestamp_ms": timestamp_ms,
     })))
 }
 
@@ -113,6 +142,10 @@ enum Body {
     },
     /// Folded stacks, or with `lines` one stack per line.
     Folded { bytes: Bytes, lines: bool },
+    /// Pyroscope's transport trie or, with `tree`, its tree.
+    Trie { bytes: Bytes, tree: bool },
+    /// A speedscope file.
+    Speedscope(Bytes),
 }
 
 async fn read(state: &Shared, request: Request) -> ApiResult<Bytes> {

@@ -1,0 +1,506 @@
+//! speedscope's JSON file format (`format=speedscope` on Pyroscope's `/ingest`; what py-spy
+//! `--format speedscope`, rbspy and speedscope's own exports write) as pprof: one profile
+//! per distinct `(name, unit)` of the file's `profiles`, each stack a path of
+//! `shared.frames` names (root first), each value its weight in the profile's unit.
+//!
+//! Sampled profiles: `samples[i]` (frame indexes, root first) weighs `weights[i]`. Evented
+//! profiles: `O` (open) and `C` (close) events of a frame at a time; the time between two
+//! events counts for the frames open then. Time units become nanoseconds of CPU
+//! (`process_cpu`), `none` a count of samples at the request's sample rate (as folded
+//! stacks are) and `bytes` allocated bytes (`memory`). The format is
+//! <https://www.speedscope.app/file-format-schema.json> (jlfwong/speedscope,
+//! `src/lib/file-format-spec.ts`).
+//!
+//! Stricter than Pyroscope where it would store something else than the file says: a frame
+//! index out of range, events out of order, a close of a frame not open, frames left open at
+//! the end, a negative or non-finite weight and an unknown unit are errors naming the
+//! profile and the sample or event. Weights are rounded to the nearest unit of the stored
+//! value, not truncated to whole units of the file's (half a second is 500 ms, not 0).
+
+use serde::Deserialize;
+
+use super::folded::{Stacks, Units};
+use crate::proto::Profile;
+use crate::{Error, Limits, Result};
+
+/// The `$schema` a speedscope file names.
+pub const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
+
+/// One profile of a file: its name (empty when the file gives none), what its values
+/// measure, and the profile.
+#[derive(Debug)]
+pub struct Converted {
+    /// The profile's `name` in the file.
+    pub name: String,
+    /// The store's profile name: `process_cpu` or `memory`.
+    pub profile_name: &'static str,
+    /// The profile.
+    pub profile: Profile,
+}
+
+#[derive(Deserialize)]
+struct File {
+    #[serde(rename = "$schema")]
+    schema: Option<String>,
+    shared: SharedFrames,
+    profiles: Vec<FileProfile>,
+}
+
+#[derive(Deserialize)]
+struct SharedFrames {
+    frames: Vec<FileFrame>,
+}
+
+#[derive(Deserialize)]
+struct FileFrame {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum FileProfile {
+    #[serde(rename = "sampled")]
+    Sampled {
+        #[serde(default)]
+        name: String,
+        unit: String,
+        samples: Vec<Vec<u64>>,
+        weights: Vec<f64>,
+    },
+    #[serde(rename = "evented")]
+    Evented {
+        #[serde(default)]
+        name: String,
+        unit: String,
+        #[serde(rename = "startValue")]
+        start_value: f64,
+        events: Vec<Event>,
+    },
+}
+
+#[derive(Deserialize)]
+struct Event {
+    #[serde(rename = "type")]
+    kind: String,
+    at: f64,
+    frame: u64,
+}
+
+/// What a unit's values become: the store's profile name, the units, and how many of the
+/// stored value one unit of the file is.
+fn units_of(unit: &str, sample_rate: i64) -> Option<(&'static str, Units, f64)> {
+    let cpu = |each_ns: f64| {
+        let period = 1_000_000_000 / sample_rate.max(1);
+        Some((
+            "process_cpu",
+            Units {
+                sample: ("cpu".into(), "nanoseconds".into()),
+                period: ("cpu".into(), "nanoseconds".into()),
+                period_value: period,
+                scale: 1,
+            },
+            each_ns,
+        ))
+    };
+    match unit {
+        "nanoseconds" => cpu(1.0),
+        "microseconds" => cpu(1e3),
+        "milliseconds" => cpu(1e6),
+        "seconds" => cpu(1e9),
+        // A sample at the request's rate.
+        "none" => cpu((1_000_000_000 / sample_rate.max(1)) as f64),
+        "bytes" => Some((
+            "memory",
+            Units {
+                sample: ("alloc_space".into(), "bytes".into()),
+                period: ("space".into(), "bytes".into()),
+                period_value: 0,
+                scale: 1,
+            },
+            1.0,
+        )),
+        _ => None,
+    }
+}
+
+/// The profiles of a speedscope file; `sample_rate` is what a unit of `none` is a sample
+/// at. Profiles of one name and unit are one profile (a file may split a thread's).
+pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Converted>> {
+    let invalid = |at: String, reason: String| Error::Convert {
+        format: "speedscope",
+        at,
+        reason,
+    };
+    let file: File = serde_json::from_slice(body).map_err(|e| {
+        invalid(
+            format!("line {} column {}", e.line(), e.column()),
+            e.to_string(),
+        )
+    })?;
+    if file.schema.as_deref() != Some(SCHEMA) {
+        return Err(invalid(
+            "$schema".into(),
+            format!("{:?}, not {SCHEMA:?}", file.schema.unwrap_or_default()),
+        ));
+    }
+    let frames = &file.shared.frames;
+    let units: Vec<Option<(&'static str, Units, f64)>> = file
+        .profiles
+        .iter()
+        .map(|p| match p {
+            FileProfile::Sampled { unit, .. } | FileProfile::Evented { unit, .. } => {
+                units_of(unit, sample_rate)
+            }
+        })
+        .collect();
+    // (name, unit), in the file's order, each with its stacks.
+    let mut groups: Vec<(String, String, &'static str, f64, Stacks<'_>)> = Vec::new();
+    let mut ids: Vec<Option<u64>> = vec![None; frames.len()];
+    for (i, (profile, units)) in file.profiles.iter().zip(&units).enumerate() {
+        let (name, unit) = match profile {
+            FileProfile::Sampled { name, unit, .. } | FileProfile::Evented { name, unit, .. } => {
+                (name, unit)
+            }
+        };
+        let at = |what: String| format!("profiles[{i}]{what}");
+        let Some((profile_name, units, each)) = units else {
+            return Err(invalid(
+                at(".unit".into()),
+                format!("{unit:?} (none, nanoseconds, microseconds, milliseconds, seconds, bytes)"),
+            ));
+        };
+        let g = match groups.iter().position(|g| &g.0 == name && &g.1 == unit) {
+            Some(g) => g,
+            None => {
+                // Frames are numbered per profile: a fresh table each, so the frames of a
+                // profile are only those its stacks use.
+                groups.push((
+                    name.clone(),
+                    unit.clone(),
+                    profile_name,
+                    *each,
+                    Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8),
+                ));
+                groups.len() - 1
+            }
+        };
+        let stacks = &mut groups[g].4;
+        // Frame indexes are the file's; location ids the group's.
+        ids.iter_mut().for_each(|id| *id = None);
+        let mut frame = |index: u64, stacks: &mut Stacks<'_>| -> Option<u64> {
+            let slot = ids.get_mut(usize::try_from(index).ok()?)?;
+            Some(*slot.get_or_insert_with(|| stacks.frame(&frames[index as usize].name)))
+        };
+        let value = |weight: f64, at: String| -> Result<i64> {
+            let v = (weight * each).round();
+            if !weight.is_finite() || weight < 0.0 || v >= i64::MAX as f64 {
+                return Err(invalid(at, format!("the weight {weight} is not a count")));
+            }
+            Ok(v as i64)
+        };
+        let add = |stacks: &mut Stacks<'_>, stack: &[u64], v: i64, at: String| -> Result<()> {
+            if stack.len() > limits.max_stack_depth {
+                return Err(invalid(
+                    at,
+                    format!(
+                        "a stack of {} frames (the limit is {})",
+                        stack.len(),
+                        limits.max_stack_depth
+                    ),
+                ));
+            }
+            stacks.add(stack, v).map_err(|e| match e {
+                Error::Convert { reason, .. } => invalid(at, reason),
+                other => other,
+            })
+        };
+        match profile {
+            FileProfile::Sampled {
+                samples, weights, ..
+            } => {
+                if samples.len() != weights.len() {
+                    return Err(invalid(
+                        at(String::new()),
+                        format!("{} samples but {} weights", samples.len(), weights.len()),
+                    ));
+                }
+                let mut stack = Vec::new();
+                for (s, (sample, &weight)) in samples.iter().zip(weights).enumerate() {
+                    let at_sample = || at(format!(".samples[{s}]"));
+                    stack.clear();
+                    for &f in sample {
+                        stack.push(frame(f, stacks).ok_or_else(|| {
+                            invalid(
+                                at_sample(),
+                                format!("frame {f} of {} shared frames", frames.len()),
+                            )
+                        })?);
+                    }
+                    let v = value(weight, at(format!(".weights[{s}]")))?;
+                    if stack.is_empty() {
+                        if v == 0 {
+                            continue;
+                        }
+                        return Err(invalid(at_sample(), "a weight on an empty stack".into()));
+                    }
+                    add(stacks, &stack, v, at_sample())?;
+                }
+            }
+            FileProfile::Evented {
+                start_value,
+                events,
+                ..
+            } => {
+                let mut open: Vec<(u64, u64)> = Vec::new();
+                let mut stack: Vec<u64> = Vec::new();
+                let mut last = *start_value;
+                for (e, event) in events.iter().enumerate() {
+                    let at_event = || at(format!(".events[{e}]"));
+                    if !event.at.is_finite() || event.at < last {
+                        return Err(invalid(
+                            at_event(),
+                            format!("at {} comes before {last}", event.at),
+                        ));
+                    }
+                    if !stack.is_empty() {
+                        let v = value(event.at - last, at_event())?;
+                        if v > 0 {
+                            add(stacks, &stack, v, at_event())?;
+                        }
+                    }
+                    last = event.at;
+                    match event.kind.as_str() {
+                        "O" => {
+                            let id = frame(event.frame, stacks).ok_or_else(|| {
+                                invalid(
+                                    at_event(),
+                                    format!(
+                                        "frame {} of {} shared frames",
+                                        event.frame,
+                                        frames.len()
+                                    ),
+                                )
+                            })?;
+                            open.push((event.frame, id));
+                            stack.push(id);
+                        }
+                        "C" => match open.last() {
+                            Some(&(f, _)) if f == event.frame => {
+                                open.pop();
+                                stack.pop();
+                            }
+                            _ => {
+                                return Err(invalid(
+                                    at_event(),
+                                    format!(
+                                        "closes frame {}, which is not the innermost open",
+                                        event.frame
+                                    ),
+                                ));
+                            }
+                        },
+                        other => {
+                            return Err(invalid(
+                                at_event(),
+                                format!("event type {other:?} (O or C)"),
+                            ));
+                        }
+                    }
+                }
+                if let Some(&(f, _)) = open.last() {
+                    return Err(invalid(
+                        at(".events".into()),
+                        format!("frame {f} is still open at the end ({} open)", open.len()),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(groups
+        .into_iter()
+        .map(|(name, _, profile_name, _, stacks)| Converted {
+            name,
+            profile_name,
+            profile: stacks.finish(),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../testdata/speedscope/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// Each profile as `name unit-less: root;…;leaf value` lines, sorted.
+    fn folded(c: &Converted) -> Vec<String> {
+        let p = &c.profile;
+        crate::validate(p.clone(), &Limits::default()).unwrap();
+        let name = |id: &u64| {
+            let f = &p.function[p.location[*id as usize - 1].line[0].function_id as usize - 1];
+            p.string_table[f.name as usize].clone()
+        };
+        let mut out: Vec<String> = p
+            .sample
+            .iter()
+            .map(|s| {
+                let frames: Vec<String> = s.location_id.iter().rev().map(name).collect();
+                format!("{} {}", frames.join(";"), s.value[0])
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn speedscopes_own_samples_convert() {
+        // Evented, unit none: a unit is a sample at 100 Hz (10 ms).
+        for name in [
+            "0.0.1_simple.speedscope.json",
+            "0.0.1_simple-no-pretty-print.speedscope.json",
+        ] {
+            let got = convert(&file(name), 100, &Limits::default()).unwrap();
+            assert_eq!(got.len(), 1, "{name}");
+            assert_eq!(got[0].profile_name, "process_cpu");
+            assert_eq!(
+                folded(&got[0]),
+                ["a;b 50000000", "a;b;c 50000000", "a;b;d 40000000"],
+                "{name}"
+            );
+        }
+        // At 1,000 Hz a unit is a millisecond.
+        let got = convert(
+            &file("0.0.1_simple.speedscope.json"),
+            1000,
+            &Limits::default(),
+        );
+        assert_eq!(
+            folded(&got.unwrap()[0]),
+            ["a;b 5000000", "a;b;c 5000000", "a;b;d 4000000"]
+        );
+        // Sampled, in seconds.
+        let got = convert(
+            &file("0.1.2_simple-sampled.speedscope.json"),
+            100,
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            folded(&got[0]),
+            ["a;b 5000000000", "a;b;c 5000000000", "a;b;d 4000000000"]
+        );
+        // Two profiles, each under its name.
+        let got = convert(
+            &file("0.6.0_two-sampled.speedscope.json"),
+            100,
+            &Limits::default(),
+        )
+        .unwrap();
+        let names: Vec<&str> = got.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["one", "two"]);
+        for c in &got {
+            assert_eq!(
+                folded(c),
+                ["a;b 5000000000", "a;b;c 5000000000", "a;b;d 4000000000"]
+            );
+        }
+    }
+
+    #[test]
+    fn files_speedscope_calls_invalid_are_refused_with_the_reason() {
+        let e = convert(
+            &file("invalid_incomplete-trace.json"),
+            100,
+            &Limits::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("profiles[0].events: frame"), "{e}");
+        assert!(e.contains("still open at the end"), "{e}");
+        let e = convert(
+            &file("invalid_out-of-order-events.json"),
+            100,
+            &Limits::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not the innermost open"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_name_what_is_wrong() {
+        let doc = |profile: &str| {
+            format!(
+                r#"{{"$schema":"{SCHEMA}","shared":{{"frames":[{{"name":"a"}},{{"name":"b"}}]}},"profiles":[{profile}]}}"#
+            )
+        };
+        let sampled = |samples: &str, weights: &str, unit: &str| {
+            doc(&format!(
+                r#"{{"type":"sampled","name":"p","unit":"{unit}","startValue":0,"endValue":1,"samples":{samples},"weights":{weights}}}"#
+            ))
+        };
+        let cases = [
+            (
+                sampled("[[0,2]]", "[1]", "seconds"),
+                "profiles[0].samples[0]: frame 2 of 2",
+            ),
+            (
+                sampled("[[0,1]]", "[1,2]", "seconds"),
+                "1 samples but 2 weights",
+            ),
+            (
+                sampled("[[0,1]]", "[-1]", "seconds"),
+                "weights[0]: the weight -1",
+            ),
+            (
+                sampled("[[0,1]]", "[1]", "furlongs"),
+                "profiles[0].unit: \"furlongs\"",
+            ),
+            (
+                sampled("[[]]", "[3]", "seconds"),
+                "a weight on an empty stack",
+            ),
+            (
+                doc(
+                    r#"{"type":"evented","name":"p","unit":"none","startValue":5,"endValue":9,"events":[{"type":"O","at":1,"frame":0}]}"#,
+                ),
+                "profiles[0].events[0]: at 1 comes before 5",
+            ),
+            (
+                doc(
+                    r#"{"type":"evented","name":"p","unit":"none","startValue":0,"endValue":9,"events":[{"type":"X","at":1,"frame":0}]}"#,
+                ),
+                "event type \"X\"",
+            ),
+            (
+                doc(r#"{"type":"flame","name":"p","unit":"none"}"#),
+                "invalid speedscope: line 1",
+            ),
+            (
+                r#"{"$schema":"https://example.com","shared":{"frames":[]},"profiles":[]}"#.into(),
+                "$schema",
+            ),
+            ("[1,2".into(), "invalid speedscope: line 1"),
+        ];
+        for (body, want) in cases {
+            let e = convert(body.as_bytes(), 100, &Limits::default())
+                .expect_err(want)
+                .to_string();
+            assert!(e.contains(want), "{body}: {e}");
+        }
+        // Half a second is 500 ms, not nothing.
+        let got = convert(
+            sampled("[[0,1]]", "[0.5]", "seconds").as_bytes(),
+            100,
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(folded(&got[0]), ["a;b 500000000"]);
+    }
+}

@@ -1,0 +1,483 @@
+//! Pyroscope's binary `/ingest` bodies: the transport *trie* (`format=trie`, `Content-Type:
+//! binary/octet-stream+trie`, what the first Go agent and the Ruby and Python gems built on
+//! it sent) and the *tree* (`format=tree`, `binary/octet-stream+tree`, what `pyroscope
+//! convert` wrote), as pprof.
+//!
+//! Both are one node record after another, depth first, parents before children:
+//! `uvarint(name length)`, the name's bytes, `uvarint(value)`, `uvarint(children)`, with
+//! unsigned LEB128 varints and no header. In a trie a node's name is a byte prefix of the
+//! stacks below it (`root;caller;leaf`, `;` between frames, a name may end or begin inside a
+//! frame) and a node with a value stands for the stack its path spells. In a tree a node is
+//! one frame (a name holding `;` is several) and its value is its self value; the first node
+//! is the root, no frame. (grafana/pyroscope `pkg/og/structs/transporttrie/serialize.go`
+//! and `pkg/og/storage/tree/serialize.go`, `DeserializeNoDict`; the layout is described here
+//! in our words, the code is our own.)
+//!
+//! Stricter than Pyroscope where it would store something other than what was sent: a body
+//! that ends before a node's declared children, bytes after the root's subtree, a value on
+//! an empty stack and (in a trie) a node below the root with an empty name are errors naming
+//! the byte offset, not a partial or silently shortened profile. Same-named siblings of a
+//! tree add up (Pyroscope keeps the last). Nothing is read recursively: the walk keeps its
+//! own stack of open nodes, and what a small body can make the walk materialise (a deep
+//! stack named once above many leaves) is charged against the decompressed-size limit.
+
+use super::folded::{Stacks, Units};
+use crate::proto::Profile;
+use crate::{Error, Limits, Result};
+
+/// The longest frame name, in bytes (Pyroscope's default symbol length limit).
+pub const MAX_FRAME_BYTES: usize = 65_535;
+
+/// The profile a trie body holds, of `units`.
+pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Profile> {
+    let mut r = Reader::new(body, "trie", limits);
+    let mut stacks = new_stacks(units, limits);
+    if body.is_empty() {
+        return Ok(stacks.finish());
+    }
+    // The key so far (every name on the path), the location ids of its whole frames, and
+    // where its last, unfinished frame starts.
+    let mut key: Vec<u8> = Vec::new();
+    let mut frames: Vec<u64> = Vec::new();
+    let mut partial = 0usize;
+    // Open nodes: children still to come, and the key as it was before the node's name.
+    let mut open: Vec<(u64, Mark)> = Vec::new();
+    loop {
+        let at = r.at;
+        r.more(open.last().map(|o| o.0))?;
+        let node = r.node()?;
+        if node.name.is_empty() && !open.is_empty() {
+            return Err(r.error_at(at, "a node below the root has an empty name".into()));
+        }
+        let mark = Mark {
+            key: key.len(),
+            frames: frames.len(),
+            partial,
+        };
+        key.extend_from_slice(node.name);
+        for (i, &b) in node.name.iter().enumerate() {
+            if b == b';' {
+                let end = mark.key + i;
+                if end > partial {
+                    let id = r.frame(&mut stacks, &key[partial..end], at)?;
+                    frames.push(id);
+                }
+                partial = end + 1;
+            }
+        }
+        if key.len() - partial > MAX_FRAME_BYTES {
+            return Err(r.error_at(
+                at,
+                format!("a frame is longer than {MAX_FRAME_BYTES} bytes"),
+            ));
+        }
+        if node.value > 0 {
+            let mut stack = frames.clone();
+            if key.len() > partial {
+                stack.push(r.frame(&mut stacks, &key[partial..], at)?);
+            }
+            r.spend(stack.len() * 8)?;
+            if stack.is_empty() {
+                return Err(r.error_at(at, "a value on an empty stack (the root)".into()));
+            }
+            let value = r.value(node.value, at)?;
+            stacks.add(&stack, value).map_err(|e| r.located(e, at))?;
+        }
+        if node.children > 0 {
+            open.push((node.children, mark));
+            continue;
+        }
+        mark.restore(&mut key, &mut frames, &mut partial);
+        while let Some((remaining, mark)) = open.last_mut() {
+            *remaining -= 1;
+            if *remaining > 0 {
+                break;
+            }
+            mark.restore(&mut key, &mut frames, &mut partial);
+            open.pop();
+        }
+        if open.is_empty() {
+            r.end()?;
+            return Ok(stacks.finish());
+        }
+    }
+}
+
+/// The profile a tree body holds, of `units`.
+pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Profile> {
+    let mut r = Reader::new(body, "tree", limits);
+    let mut stacks = new_stacks(units, limits);
+    let root = r.node()?;
+    if root.value != 0 {
+        return Err(r.error_at(
+            0,
+            format!("the root has a value ({}) but no frame", root.value),
+        ));
+    }
+    // Location ids of the frames on the path; per open node, its children still to come and
+    // how many frames the path had before its name.
+    let mut frames: Vec<u64> = Vec::new();
+    let mut open: Vec<(u64, usize)> = Vec::new();
+    if root.children > 0 {
+        open.push((root.children, 0));
+    }
+    while let Some(&(remaining, _)) = open.last() {
+        let at = r.at;
+        r.more(Some(remaining))?;
+        let node = r.node()?;
+        let before = frames.len();
+        for name in node.name.split(|&b| b == b';').filter(|n| !n.is_empty()) {
+            let id = r.frame(&mut stacks, name, at)?;
+            frames.push(id);
+        }
+        if node.value > 0 {
+            if frames.is_empty() {
+                return Err(r.error_at(at, "a value on a node with no frame name".into()));
+            }
+            r.spend(frames.len() * 8)?;
+            let value = r.value(node.value, at)?;
+            stacks.add(&frames, value).map_err(|e| r.located(e, at))?;
+        }
+        if node.children > 0 {
+            open.push((node.children, before));
+            continue;
+        }
+        frames.truncate(before);
+        while let Some((remaining, before)) = open.last_mut() {
+            *remaining -= 1;
+            if *remaining > 0 {
+                break;
+            }
+            frames.truncate(*before);
+            open.pop();
+        }
+    }
+    r.end()?;
+    Ok(stacks.finish())
+}
+
+fn new_stacks<'u>(units: &'u Units, limits: &Limits) -> Stacks<'u> {
+    // A frame of a stack is a location id (8 bytes): the stacks a small body names are
+    // bounded as a decompressed body is.
+    Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8)
+}
+
+/// The key, frames and unfinished frame of a trie walk before a node's name.
+struct Mark {
+    key: usize,
+    frames: usize,
+    partial: usize,
+}
+
+impl Mark {
+    fn restore(&self, key: &mut Vec<u8>, frames: &mut Vec<u64>, partial: &mut usize) {
+        key.truncate(self.key);
+        frames.truncate(self.frames);
+        *partial = self.partial;
+    }
+}
+
+/// One node record.
+struct Node<'a> {
+    name: &'a [u8],
+    value: u64,
+    children: u64,
+}
+
+/// Reads node records, every length checked, and keeps the budget of bytes the walk may
+/// still spend on frames it makes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    format: &'static str,
+    /// Bytes of frames made so far, charged against `limit`.
+    spent: usize,
+    limit: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], format: &'static str, limits: &Limits) -> Self {
+        Self {
+            bytes,
+            at: 0,
+            format,
+            spent: 0,
+            limit: limits.max_decompressed_bytes,
+        }
+    }
+
+    fn error_at(&self, at: usize, reason: String) -> Error {
+        Error::Convert {
+            format: self.format,
+            at: format!("byte {at}"),
+            reason,
+        }
+    }
+
+    /// `e` (from adding a stack) at the node at `at`.
+    fn located(&self, e: Error, at: usize) -> Error {
+        match e {
+            Error::Convert { reason, .. } => self.error_at(at, reason),
+            other => other,
+        }
+    }
+
+    fn uvarint(&mut self, what: &str) -> Result<u64> {
+        let start = self.at;
+        let mut value = 0u64;
+        for shift in (0..70).step_by(7) {
+            let Some(&b) = self.bytes.get(self.at) else {
+                return Err(self.error_at(start, format!("the body ends inside the {what}")));
+            };
+            self.at += 1;
+            if shift == 63 && b > 1 {
+                return Err(self.error_at(start, format!("the {what} overflows 64 bits")));
+            }
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(self.error_at(start, format!("the {what} overflows 64 bits")))
+    }
+
+    fn node(&mut self) -> Result<Node<'a>> {
+        let start = self.at;
+        let len = self.uvarint("length of a node's name")?;
+        let left = self.bytes.len() - self.at;
+        if len > left as u64 {
+            return Err(self.error_at(
+                start,
+                format!("a node's name of {len} bytes, but {left} bytes are left"),
+            ));
+        }
+        let name = &self.bytes[self.at..self.at + len as usize];
+        self.at += len as usize;
+        let value = self.uvarint("value of a node")?;
+        let children = self.uvarint("number of a node's children")?;
+        Ok(Node {
+            name,
+            value,
+            children,
+        })
+    }
+
+    /// The location of the frame named `name` (of the node at `at`), its bytes spent.
+    fn frame(&mut self, stacks: &mut Stacks<'_>, name: &[u8], at: usize) -> Result<u64> {
+        if name.len() > MAX_FRAME_BYTES {
+            return Err(self.error_at(
+                at,
+                format!("a frame is longer than {MAX_FRAME_BYTES} bytes"),
+            ));
+        }
+        self.spend(name.len())?;
+        Ok(stacks.frame(&String::from_utf8_lossy(name)))
+    }
+
+    /// Spends `bytes` of the budget: what the walk makes of frames it names again and
+    /// again (a deep stack above many leaves) may not pass the decompressed-size limit.
+    fn spend(&mut self, bytes: usize) -> Result<()> {
+        let limit = self.limit;
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > limit {
+            return Err(Error::TooLarge {
+                what: "bytes of frames the body expands to (the decompressed-size limit)",
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    fn value(&self, value: u64, at: usize) -> Result<i64> {
+        i64::try_from(value).map_err(|_| self.error_at(at, format!("the value {value} overflows")))
+    }
+
+    /// Checks that the body goes on where a node still expects `children`.
+    fn more(&self, children: Option<u64>) -> Result<()> {
+        match children {
+            Some(n) if self.at == self.bytes.len() => Err(self.error_at(
+                self.at,
+                format!("the body ends while a node still expects {n} more children"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that the body ends here.
+    fn end(&self) -> Result<()> {
+        let left = self.bytes.len() - self.at;
+        if left > 0 {
+            return Err(self.error_at(self.at, format!("{left} bytes after the root's last node")));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn units() -> Units {
+        Units {
+            sample: ("cpu".into(), "nanoseconds".into()),
+            period: ("cpu".into(), "nanoseconds".into()),
+            period_value: 10_000_000,
+            scale: 1,
+        }
+    }
+
+    /// The profile's stacks as `root;…;leaf value` lines, sorted.
+    fn folded(p: &Profile) -> Vec<String> {
+        let name = |id: &u64| {
+            let f = &p.function[p.location[*id as usize - 1].line[0].function_id as usize - 1];
+            p.string_table[f.name as usize].clone()
+        };
+        let mut out: Vec<String> = p
+            .sample
+            .iter()
+            .map(|s| {
+                let frames: Vec<String> = s.location_id.iter().rev().map(name).collect();
+                format!("{} {}", frames.join(";"), s.value[0])
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn trie(body: &[u8]) -> Result<Vec<String>> {
+        let p = trie_to_profile(body, &units(), &Limits::default())?;
+        crate::validate(p.clone(), &Limits::default())?;
+        Ok(folded(&p))
+    }
+
+    fn tree(body: &[u8]) -> Result<Vec<String>> {
+        let p = tree_to_profile(body, &units(), &Limits::default())?;
+        crate::validate(p.clone(), &Limits::default())?;
+        Ok(folded(&p))
+    }
+
+    #[test]
+    fn tries_as_pyroscope_clients_send_them() {
+        // `a;b 1`, `a;c 2` as the transport trie serialises them.
+        assert_eq!(
+            trie(b"\x00\x00\x01\x02a;\x00\x02\x01b\x01\x00\x01c\x02\x00").unwrap(),
+            ["a;b 1", "a;c 2"]
+        );
+        // The first server's ingest test: a name ends inside a frame.
+        assert_eq!(
+            trie(b"\x00\x00\x01\x06foo;ba\x00\x02\x01r\x02\x00\x01z\x03\x00").unwrap(),
+            ["foo;bar 2", "foo;baz 3"]
+        );
+        // Values on inner nodes, names beginning with `;`, a two-byte varint (300).
+        let body = b"\x00\x00\x01\x04main\x05\x01\x01;\x00\x02\x02fo\x00\x02\x01b\x02\x00\
+\x01o\x07\x01\x03;ba\x04\x02\x01r\x01\x01\x04;qux\x01\x00\x01z\xac\x02\x00\
+\x03b;c\x00\x00";
+        assert_eq!(
+            trie(body).unwrap(),
+            [
+                "main 5",
+                "main;fob 2",
+                "main;foo 7",
+                "main;foo;ba 4",
+                "main;foo;bar 1",
+                "main;foo;bar;qux 1",
+                "main;foo;baz 300",
+            ]
+        );
+        assert_eq!(trie(b"").unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn trees_as_pyroscope_writes_them() {
+        assert_eq!(
+            tree(b"\x00\x00\x01\x01a\x00\x02\x01b\x01\x00\x01c\x02\x00").unwrap(),
+            ["a;b 1", "a;c 2"]
+        );
+        assert_eq!(
+            tree(b"\x00\x00\x01\x03foo\x00\x02\x03bar\x02\x00\x03baz\x03\x00").unwrap(),
+            ["foo;bar 2", "foo;baz 3"]
+        );
+        // Self values on inner nodes; a name holding `;` is two frames; same-named siblings
+        // add up.
+        assert_eq!(
+            tree(b"\x00\x00\x03\x04main\x05\x01\x03x;y\x02\x00\x01a\x01\x00\x01a\x02\x00").unwrap(),
+            ["a 3", "main 5", "main;x;y 2"]
+        );
+    }
+
+    #[test]
+    fn broken_bodies_name_the_byte_and_store_nothing() {
+        let cases: [(&[u8], bool, &str); 10] = [
+            // A trie that ends before its root's second child.
+            (
+                b"\x00\x00\x02\x01a\x01\x00",
+                false,
+                "byte 7: the body ends while a node still expects 1 more",
+            ),
+            (
+                b"\x00\x00\x01\x05ab",
+                false,
+                "byte 3: a node's name of 5 bytes, but 2",
+            ),
+            (b"\x00\x00\x00\x01a\x01\x00", false, "byte 3: 4 bytes after"),
+            (
+                b"\x00\x00\x01\x00\x01\x00",
+                false,
+                "byte 3: a node below the root has an empty",
+            ),
+            (b"\x00\x05\x00", false, "byte 0: a value on an empty stack"),
+            (
+                b"\x00\x00\x01\x01a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f\x00",
+                false,
+                "the value of a node overflows",
+            ),
+            (
+                b"\x00\x00\x01\x01a\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01\x00",
+                false,
+                "byte 3: the value 9223372036854775808 overflows",
+            ),
+            (b"", true, "byte 0: the body ends inside"),
+            (b"\x00\x07\x00", true, "the root has a value (7)"),
+            (
+                b"\x00\x00\x01\x00\x04\x00",
+                true,
+                "byte 3: a value on a node with no frame",
+            ),
+        ];
+        for (body, is_tree, want) in cases {
+            let got = if is_tree { tree(body) } else { trie(body) };
+            let e = got.expect_err(want).to_string();
+            assert!(e.contains(want), "{body:?}: {e}");
+            let format = if is_tree {
+                "invalid tree"
+            } else {
+                "invalid trie"
+            };
+            assert!(e.starts_with(format), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_deep_stack_above_many_leaves_is_bounded_by_the_decompressed_limit() {
+        // A chain of 2,000 frames, then 2,000 one-byte leaves under it: 4 million frames of
+        // stacks from 12 kB.
+        let mut body = b"\x00\x00\x01".to_vec();
+        for _ in 0..2_000 {
+            body.extend_from_slice(b"\x02f;\x00\x01");
+        }
+        body.pop();
+        body.extend_from_slice(&[0x80 | (2_000 & 0x7f) as u8, (2_000 >> 7) as u8]);
+        for i in 0..2_000u32 {
+            let name = format!("{:03}", i % 1000);
+            body.push(name.len() as u8);
+            body.extend_from_slice(name.as_bytes());
+            body.extend_from_slice(b"\x01\x00");
+        }
+        let limits = Limits {
+            max_decompressed_bytes: 16 << 20,
+            ..Limits::default()
+        };
+        let e = trie_to_profile(&body, &units(), &limits).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    }
+}
