@@ -814,6 +814,23 @@ async fn legacy_ingest_speaks_trie_tree_and_speedscope() {
         assert_eq!(status, 400, "{query}: {answer}");
         assert!(answer.contains(want), "{query}: {answer}");
     }
+    // A trie bomb: one stack of 3,000 frames named once, 3,000 one-byte leaves below it (9
+    // million frames from 27 kB) is refused before it is built.
+    let mut bomb = b"\x00\x00\x01".to_vec();
+    for _ in 0..3_000 {
+        bomb.extend_from_slice(b"\x02f;\x00\x01");
+    }
+    bomb.pop();
+    bomb.extend_from_slice(&[0x80 | (3_000 & 0x7f) as u8, (3_000 >> 7) as u8]);
+    for i in 0..3_000u32 {
+        bomb.extend_from_slice(&[2, b'a' + (i % 26) as u8, b'a' + (i / 26 % 26) as u8, 1, 0]);
+    }
+    let (status, answer) = post(&ingest("name=broken&format=trie"), None, &[], bomb).await;
+    assert_eq!(status, 413, "{answer}");
+    assert!(
+        answer.contains("bytes of frames the body expands to"),
+        "{answer}"
+    );
     let (status, body) = get(
         &format!(
             "{}/api/v1/query?format=top&selector={}",

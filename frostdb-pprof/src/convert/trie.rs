@@ -19,7 +19,8 @@
 //! the byte offset, not a partial or silently shortened profile. Same-named siblings of a
 //! tree add up (Pyroscope keeps the last). Nothing is read recursively: the walk keeps its
 //! own stack of open nodes, and what a small body can make the walk materialise (a deep
-//! stack named once above many leaves) is charged against the decompressed-size limit.
+//! stack named once above many leaves) is bounded by the body's size ([`EXPANSION`] times)
+//! and the decompressed-size limit.
 
 use super::folded::{Stacks, Units};
 use crate::proto::Profile;
@@ -31,7 +32,7 @@ pub const MAX_FRAME_BYTES: usize = 65_535;
 /// The profile a trie body holds, of `units`.
 pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Profile> {
     let mut r = Reader::new(body, "trie", limits);
-    let mut stacks = new_stacks(units, limits);
+    let mut stacks = new_stacks(units, body, limits);
     if body.is_empty() {
         return Ok(stacks.finish());
     }
@@ -106,7 +107,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
 /// The profile a tree body holds, of `units`.
 pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Profile> {
     let mut r = Reader::new(body, "tree", limits);
-    let mut stacks = new_stacks(units, limits);
+    let mut stacks = new_stacks(units, body, limits);
     let root = r.node()?;
     if root.value != 0 {
         return Err(r.error_at(
@@ -156,10 +157,27 @@ pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
     Ok(stacks.finish())
 }
 
-fn new_stacks<'u>(units: &'u Units, limits: &Limits) -> Stacks<'u> {
-    // A frame of a stack is a location id (8 bytes): the stacks a small body names are
-    // bounded as a decompressed body is.
-    Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8)
+/// Most bytes of frames a body of `len` bytes may expand to: [`EXPANSION`] times its size (at
+/// least 16 MiB), and never past the decompressed-size limit.
+fn expansion_limit(len: usize, limits: &Limits) -> usize {
+    len.saturating_mul(EXPANSION)
+        .max(16 << 20)
+        .min(limits.max_decompressed_bytes)
+}
+
+/// How many times its size a trie or tree body may expand to in frames (8 bytes each). A
+/// real profile shares long stacks between leaves that differ in a frame or two: a Java
+/// stack of 200 frames above leaves of 30 bytes each is some 50 times; a body that names
+/// one deep stack above thousands of one-byte leaves is thousands of times, and refused.
+pub const EXPANSION: usize = 256;
+
+fn new_stacks<'u>(units: &'u Units, body: &[u8], limits: &Limits) -> Stacks<'u> {
+    // A frame of a stack is a location id (8 bytes).
+    Stacks::new(
+        units,
+        limits.max_samples,
+        expansion_limit(body.len(), limits) / 8,
+    )
 }
 
 /// The key, frames and unfinished frame of a trie walk before a node's name.
@@ -202,7 +220,7 @@ impl<'a> Reader<'a> {
             at: 0,
             format,
             spent: 0,
-            limit: limits.max_decompressed_bytes,
+            limit: expansion_limit(bytes.len(), limits),
         }
     }
 
@@ -281,7 +299,7 @@ impl<'a> Reader<'a> {
         self.spent = self.spent.saturating_add(bytes);
         if self.spent > limit {
             return Err(Error::TooLarge {
-                what: "bytes of frames the body expands to (the decompressed-size limit)",
+                what: "bytes of frames the body expands to (256 times its size, at least 16 MiB, at most the decompressed-size limit)",
                 limit,
             });
         }
