@@ -67,6 +67,29 @@ fn the_decode_target_never_panics_on_its_corpus() {
             runs += 1;
         }
     }
+    // The legacy formats decode reads after protobuf: a gperftools CPU profile, text heap
+    // and contention profiles (google/pprof's testdata lines).
+    let cpu: Vec<u8> = [0u64, 3, 0, 10_000, 0, 2, 2, 0x401000, 0x402000, 0, 1, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .chain(
+            b"00400000-00fcb000 r-xp 00000000 00:00 0 /bin/server\n"
+                .iter()
+                .copied(),
+        )
+        .collect();
+    let legacy = [
+        cpu,
+        b"heap profile: 1: 524288 [3: 1572864] @ heap/1048576\n1: 524288 [3: 1572864] @ 0x420cef 0x420fa9\n\nMAPPED_LIBRARIES:\n00400000-00fcb000 r-xp 00000000 00:00 0 /bin/server\n".to_vec(),
+        b"--- contentionz 1 ---\ncycles/second = 3201000000\nsampling period = 100\n19490304 27 @ 0x7f6c4db7e6c8 0x7f6c4db7e2d8\n--- Memory map: ---\n00400000-00fcb000 r-xp 00000000 00:00 0 /bin/server\n".to_vec(),
+    ];
+    for input in &legacy {
+        assert!(frostdb_pprof::decode(input, &frostdb_pprof::Limits::default()).is_ok());
+        for v in variants(input) {
+            decode_target(&v);
+            runs += 1;
+        }
+    }
     for v in found_inputs(&fuzz_dir(), "decode") {
         decode_target(&v);
     }

@@ -8,6 +8,7 @@
 //! pprof checks is [`Error::At`](crate::Error::At), naming it and keeping the check's kind.
 
 pub mod folded;
+pub mod gperftools;
 pub mod legacy;
 pub mod otlp;
 pub mod push;

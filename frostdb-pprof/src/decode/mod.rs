@@ -458,9 +458,16 @@ fn dangling(what: &str, id: u64) -> Error {
     ))
 }
 
-/// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]).
+/// Decodes and validates a profile (gzip or raw), into flat arrays ([`Flat`]). Bytes that
+/// are not protobuf are read as the formats before it that `go tool pprof` still reads
+/// (gperftools' CPU profile, the text heap and contention profiles:
+/// [`crate::convert::gperftools`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
-    let mut flat = with_raw(bytes, limits.max_decompressed_bytes, Flat::parse)?;
+    let mut flat = match with_raw(bytes, limits.max_decompressed_bytes, Flat::parse) {
+        Ok(flat) => flat,
+        // Not protobuf: one of the formats before it, as `go tool pprof` reads them.
+        Err(e) => return legacy(bytes, limits).unwrap_or(Err(e)),
+    };
     repair(&mut flat.function);
     let ids = check(&flat, limits)?;
     Ok(ValidProfile {
@@ -468,6 +475,17 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
         full: OnceLock::new(),
         ids,
     })
+}
+
+/// `bytes` (gzipped or not) as a legacy profile (gperftools' CPU profile, the text heap and
+/// contention profiles), checked; `None` when they are none of those.
+fn legacy(bytes: &[u8], limits: &Limits) -> Option<Result<ValidProfile>> {
+    let raw = inflate(bytes, limits.max_decompressed_bytes).ok()?;
+    match crate::convert::gperftools::parse(&raw, limits) {
+        Ok(None) => None,
+        Ok(Some(profile)) => Some(validate(profile, limits)),
+        Err(e) => Some(Err(e)),
+    }
 }
 
 /// Validates a profile built in flat arrays (by a converter) as [`decode`] validates what
