@@ -192,6 +192,26 @@ impl<'u> Stacks<'u> {
     }
 }
 
+/// A profile's stacks as sorted `root;…;leaf value` lines (its first value), each frame
+/// named by its function: what the converters' tests compare.
+#[cfg(test)]
+pub(crate) fn stack_lines(p: &Profile) -> Vec<String> {
+    let name = |id: &u64| {
+        let f = &p.function[p.location[*id as usize - 1].line[0].function_id as usize - 1];
+        p.string_table[f.name as usize].clone()
+    };
+    let mut out: Vec<String> = p
+        .sample
+        .iter()
+        .map(|s| {
+            let frames: Vec<String> = s.location_id.iter().rev().map(name).collect();
+            format!("{} {}", frames.join(";"), s.value[0])
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -429,21 +429,33 @@ fn is_maps_sentinel(line: &str) -> bool {
     line.contains("--- Memory map: ---") || line.contains("MAPPED_LIBRARIES:")
 }
 
-/// The lines of `data` (newlines kept), each with the offset just past it.
-fn lines_with_offsets(data: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
-    let mut at = 0;
-    data.split_inclusive(|&b| b == b'\n').map(move |l| {
-        let start = at;
-        at += l.len();
-        (start + l.len(), l)
-    })
+/// The lines after a text profile's header (trimmed, numbered from 2, blank and `#` lines
+/// left out) up to its memory map, and where the map's text starts (the end when none).
+fn body_lines(data: &[u8]) -> (Vec<(usize, String)>, usize) {
+    let mut out = Vec::new();
+    let mut end = 0;
+    for (n, line) in data.split_inclusive(|&b| b == b'\n').enumerate() {
+        end += line.len();
+        if n == 0 {
+            continue;
+        }
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if is_maps_sentinel(line) {
+            return (out, end);
+        }
+        out.push((n + 1, line.to_owned()));
+    }
+    (out, data.len())
 }
 
 /// A text heap profile.
 fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     const F: &str = "heap profile";
-    let mut lines = lines_with_offsets(data);
-    let (_, header) = lines.next().unwrap_or((0, b""));
+    let header = data.split(|&b| b == b'\n').next().unwrap_or_default();
     let header = String::from_utf8_lossy(header);
     let bad_header = || {
         invalid(
@@ -474,18 +486,9 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     has_alloc &= (alloc.0 != inuse.0 && alloc.0 != 0) || (alloc.1 != inuse.1 && alloc.1 != 0);
     let mut b = Builder::new(limits);
     let bytes_key = b.strings.get("bytes");
-    let mut maps_from = data.len();
-    for (n, (end, line)) in lines.enumerate() {
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if is_maps_sentinel(line) {
-            maps_from = end;
-            break;
-        }
-        let at = n + 2;
+    let (lines, maps_from) = body_lines(data);
+    for (at, line) in lines {
+        let line = line.as_str();
         let bad = |reason: String| invalid(F, format!("line {at}"), reason);
         let (inuse, alloc, stack) = counts_line(line)
             .ok_or_else(|| bad(format!("{line:?} is not `n: bytes [n: bytes] @ 0x…`")))?;
@@ -556,19 +559,10 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
     const F: &str = "contention profile";
     let mut b = Builder::new(limits);
     let (mut cycles_per_second, mut period) = (0i64, 1i64);
-    let mut maps_from = data.len();
     let mut in_samples = false;
-    for (n, (end, line)) in lines_with_offsets(data).enumerate().skip(1) {
-        let at = n + 1;
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if is_maps_sentinel(line) {
-            maps_from = end;
-            break;
-        }
+    let (lines, maps_from) = body_lines(data);
+    for (at, line) in lines {
+        let line = line.as_str();
         if line.starts_with("---") {
             if in_samples {
                 continue;

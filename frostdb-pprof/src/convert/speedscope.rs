@@ -338,24 +338,10 @@ mod tests {
         std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
-    /// Each profile as `name unit-less: root;…;leaf value` lines, sorted.
+    /// A profile's stacks as sorted `root;…;leaf value` lines, once it validates.
     fn folded(c: &Converted) -> Vec<String> {
-        let p = &c.profile;
-        crate::validate(p.clone(), &Limits::default()).unwrap();
-        let name = |id: &u64| {
-            let f = &p.function[p.location[*id as usize - 1].line[0].function_id as usize - 1];
-            p.string_table[f.name as usize].clone()
-        };
-        let mut out: Vec<String> = p
-            .sample
-            .iter()
-            .map(|s| {
-                let frames: Vec<String> = s.location_id.iter().rev().map(name).collect();
-                format!("{} {}", frames.join(";"), s.value[0])
-            })
-            .collect();
-        out.sort();
-        out
+        crate::validate(c.profile.clone(), &Limits::default()).unwrap();
+        crate::convert::folded::stack_lines(&c.profile)
     }
 
     #[test]

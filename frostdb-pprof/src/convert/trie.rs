@@ -334,6 +334,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::convert::folded::stack_lines as folded;
 
     fn units() -> Units {
         Units {
@@ -342,24 +343,6 @@ mod tests {
             period_value: 10_000_000,
             scale: 1,
         }
-    }
-
-    /// The profile's stacks as `root;…;leaf value` lines, sorted.
-    fn folded(p: &Profile) -> Vec<String> {
-        let name = |id: &u64| {
-            let f = &p.function[p.location[*id as usize - 1].line[0].function_id as usize - 1];
-            p.string_table[f.name as usize].clone()
-        };
-        let mut out: Vec<String> = p
-            .sample
-            .iter()
-            .map(|s| {
-                let frames: Vec<String> = s.location_id.iter().rev().map(name).collect();
-                format!("{} {}", frames.join(";"), s.value[0])
-            })
-            .collect();
-        out.sort();
-        out
     }
 
     fn trie(body: &[u8]) -> Result<Vec<String>> {

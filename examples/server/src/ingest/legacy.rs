@@ -111,12 +111,13 @@ pub async fn handle(
     .await?;
     let rows: usize = summaries.iter().map(|s| s.rows).sum();
     let duplicates = summaries.iter().filter(|s| s.duplicate).count();
-    let mut profile_types: Vec<String> = summaries
-        .iter()
-        .flat_map(|s| s.profile_types.iter().cloned())
-        .collect();
-    profile_types.sort();
-    profile_types.dedup();
+    // Each type once, in the order stored.
+    let mut profile_types: Vec<String> = Vec::new();
+    for t in summaries.iter().flat_map(|s| &s.profile_types) {
+        if !profile_types.contains(t) {
+            profile_types.push(t.clone());
+        }
+    }
     let timestamp_ms = summaries.first().map(|s| s.timestamp_ms);
     // What was stored, so that a client (or a person with curl) sees it landed, and where.
     let labels: serde_json::Map<String, serde_json::Value> =
