@@ -79,14 +79,15 @@ pub(crate) struct Stacks<'u> {
     location_ids: HashMap<String, u64>,
     samples: HashMap<Vec<u64>, i64>,
     max_samples: usize,
-    /// Frames the samples may still hold, summed over samples: what bounds a compact body
-    /// (a trie, a tree) that names a deep stack once and many leaves below it.
+    /// Frames the stacks added may still hold, summed over every add (repeats too): what
+    /// bounds a compact body (a trie, a tree, an evented speedscope file) that names a deep
+    /// stack once and adds it, or stacks below it, many times.
     frames_left: usize,
     max_frames: usize,
 }
 
 impl<'u> Stacks<'u> {
-    /// At most `max_samples` distinct stacks holding at most `max_frames` frames in all.
+    /// At most `max_samples` distinct stacks, and at most `max_frames` frames added in all.
     pub(crate) fn new(units: &'u Units, max_samples: usize, max_frames: usize) -> Self {
         Self {
             units,
@@ -137,6 +138,14 @@ impl<'u> Stacks<'u> {
                 at: String::new(),
                 reason: format!("the count {count} overflows"),
             })?;
+        // Every stack added costs its frames, a repeat too (it is copied and hashed): what
+        // a body naming one deep stack many times makes of it is bounded.
+        self.frames_left = self.frames_left.checked_sub(root_first.len()).ok_or(
+            Error::TooLarge {
+                what: "frames of all stacks (the body expands past the decompressed-size limit)",
+                limit: self.max_frames,
+            },
+        )?;
         // pprof lists the leaf first.
         let ids: Vec<u64> = root_first.iter().rev().copied().collect();
         if let Some(total) = self.samples.get_mut(&ids) {
@@ -149,13 +158,6 @@ impl<'u> Stacks<'u> {
                 limit: self.max_samples,
             });
         }
-        self.frames_left = self
-            .frames_left
-            .checked_sub(ids.len())
-            .ok_or(Error::TooLarge {
-                what: "frames of all stacks (the body expands past the decompressed-size limit)",
-                limit: self.max_frames,
-            })?;
         self.samples.insert(ids, value);
         Ok(())
     }

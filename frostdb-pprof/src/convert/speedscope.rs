@@ -399,6 +399,32 @@ mod tests {
     }
 
     #[test]
+    fn a_deep_stack_added_again_and_again_is_bounded() {
+        // 500 frames open, then a leaf opened and closed 2,000 times, time passing: a
+        // million frames of stacks from 100 kB.
+        let mut events = Vec::new();
+        for f in 0..500 {
+            events.push(format!(r#"{{"type":"O","at":0,"frame":{f}}}"#));
+        }
+        for i in 0..2_000 {
+            events.push(format!(r#"{{"type":"O","at":{},"frame":500}}"#, 2 * i + 1));
+            events.push(format!(r#"{{"type":"C","at":{},"frame":500}}"#, 2 * i + 2));
+        }
+        let frames: Vec<String> = (0..=500).map(|f| format!(r#"{{"name":"f{f}"}}"#)).collect();
+        let body = format!(
+            r#"{{"$schema":"{SCHEMA}","shared":{{"frames":[{}]}},"profiles":[{{"type":"evented","name":"p","unit":"none","startValue":0,"endValue":1,"events":[{}]}}]}}"#,
+            frames.join(","),
+            events.join(",")
+        );
+        let limits = Limits {
+            max_decompressed_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let e = convert(body.as_bytes(), 100, &limits).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
     fn files_speedscope_calls_invalid_are_refused_with_the_reason() {
         let e = convert(
             &file("invalid_incomplete-trace.json"),
