@@ -17,6 +17,8 @@
 //! profile and the sample or event. Weights are rounded to the nearest unit of the stored
 //! value, not truncated to whole units of the file's (half a second is 500 ms, not 0).
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
 
 use super::folded::{Stacks, Units};
@@ -86,6 +88,15 @@ struct Event {
     frame: u64,
 }
 
+/// The profile made of a file's profiles of one name and unit.
+struct Group<'u> {
+    name: String,
+    profile_name: &'static str,
+    stacks: Stacks<'u>,
+    /// The location of each file frame index its stacks used.
+    frames: HashMap<u64, u64>,
+}
+
 /// What a unit's values become: the store's profile name, the units, and how many of the
 /// stored value one unit of the file is.
 fn units_of(unit: &str, sample_rate: i64) -> Option<(&'static str, Units, f64)> {
@@ -153,9 +164,10 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             }
         })
         .collect();
-    // (name, unit), in the file's order, each with its stacks.
-    let mut groups: Vec<(String, String, &'static str, f64, Stacks<'_>)> = Vec::new();
-    let mut ids: Vec<Option<u64>> = vec![None; frames.len()];
+    // A profile per (name, unit), in the file's order; found by key, not by a scan, however
+    // many profiles a file names.
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
     for (i, (profile, units)) in file.profiles.iter().zip(&units).enumerate() {
         let (name, unit) = match profile {
             FileProfile::Sampled { name, unit, .. } | FileProfile::Evented { name, unit, .. } => {
@@ -169,27 +181,24 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
                 format!("{unit:?} (none, nanoseconds, microseconds, milliseconds, seconds, bytes)"),
             ));
         };
-        let g = match groups.iter().position(|g| &g.0 == name && &g.1 == unit) {
-            Some(g) => g,
-            None => {
-                // Frames are numbered per profile: a fresh table each, so the frames of a
-                // profile are only those its stacks use.
-                groups.push((
-                    name.clone(),
-                    unit.clone(),
-                    profile_name,
-                    *each,
-                    Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8),
-                ));
-                groups.len() - 1
-            }
-        };
-        let stacks = &mut groups[g].4;
-        // Frame indexes are the file's; location ids the group's.
-        ids.iter_mut().for_each(|id| *id = None);
+        let g = *group_of.entry((name, unit)).or_insert_with(|| {
+            groups.push(Group {
+                name: name.clone(),
+                profile_name,
+                stacks: Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8),
+                frames: HashMap::new(),
+            });
+            groups.len() - 1
+        });
+        let Group {
+            stacks,
+            frames: ids,
+            ..
+        } = &mut groups[g];
+        // A file frame index's location in the group, made the first time it is used.
         let mut frame = |index: u64, stacks: &mut Stacks<'_>| -> Option<u64> {
-            let slot = ids.get_mut(usize::try_from(index).ok()?)?;
-            Some(*slot.get_or_insert_with(|| stacks.frame(&frames[index as usize].name)))
+            let name = &frames.get(usize::try_from(index).ok()?)?.name;
+            Some(*ids.entry(index).or_insert_with(|| stacks.frame(name)))
         };
         let value = |weight: f64, at: String| -> Result<i64> {
             let v = (weight * each).round();
@@ -318,10 +327,10 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
     }
     Ok(groups
         .into_iter()
-        .map(|(name, _, profile_name, _, stacks)| Converted {
-            name,
-            profile_name,
-            profile: stacks.finish(),
+        .map(|g| Converted {
+            name: g.name,
+            profile_name: g.profile_name,
+            profile: g.stacks.finish(),
         })
         .collect())
 }

@@ -463,29 +463,19 @@ fn dangling(what: &str, id: u64) -> Error {
 /// (gperftools' CPU profile, the text heap and contention profiles:
 /// [`crate::convert::gperftools`]).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
-    let mut flat = match with_raw(bytes, limits.max_decompressed_bytes, Flat::parse) {
-        Ok(flat) => flat,
-        // Not protobuf: one of the formats before it, as `go tool pprof` reads them.
-        Err(e) => return legacy(bytes, limits).unwrap_or(Err(e)),
-    };
-    repair(&mut flat.function);
-    let ids = check(&flat, limits)?;
-    Ok(ValidProfile {
-        flat,
-        full: OnceLock::new(),
-        ids,
-    })
-}
-
-/// `bytes` (gzipped or not) as a legacy profile (gperftools' CPU profile, the text heap and
-/// contention profiles), checked; `None` when they are none of those.
-fn legacy(bytes: &[u8], limits: &Limits) -> Option<Result<ValidProfile>> {
-    let raw = inflate(bytes, limits.max_decompressed_bytes).ok()?;
-    match crate::convert::gperftools::parse(&raw, limits) {
-        Ok(None) => None,
-        Ok(Some(profile)) => Some(validate(profile, limits)),
-        Err(e) => Some(Err(e)),
-    }
+    // Not protobuf: one of the formats before it, as `go tool pprof` reads them, from the
+    // same inflated bytes.
+    with_raw(
+        bytes,
+        limits.max_decompressed_bytes,
+        |raw| match Flat::parse(raw) {
+            Ok(flat) => validate_flat(flat, limits),
+            Err(e) => match crate::convert::gperftools::parse(raw, limits)? {
+                Some(profile) => validate(profile, limits),
+                None => Err(e),
+            },
+        },
+    )
 }
 
 /// Validates a profile built in flat arrays (by a converter) as [`decode`] validates what
