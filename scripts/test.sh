@@ -18,7 +18,7 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # Debian packages: Go (go tool pprof to check our pprof against, and the scrape target in
-# shared/tools/goapp), gperftools, Chromium (the web page's end-to-end test, and Pyroscope's flame graph
+# shared/tools/goapp), gperftools, the JDK, Chromium (the web page's end-to-end test, and Pyroscope's flame graph
 # component drawing our render API) and Node.js with npm (Pyroscope's Node client).
 missing=()
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
@@ -27,6 +27,8 @@ command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # gperftools (a C program's CPU and heap profiles in the legacy formats go tool pprof reads).
 [ -e /usr/include/gperftools/profiler.h ] || missing+=(libgoogle-perftools-dev)
+# The JDK (a Java program's flight recording, checked against the JDK's own `jfr` reader).
+{ command -v javac >/dev/null 2>&1 && command -v jfr >/dev/null 2>&1; } || missing+=(openjdk-17-jdk-headless)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null

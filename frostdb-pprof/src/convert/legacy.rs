@@ -215,6 +215,52 @@ impl Params {
             .collect()
     }
 
+    /// A JFR recording and the labels part sent with it (see [`super::jfr`]): a profile
+    /// per kind of event in it, each with the label `jfr_event` (async-profiler's event)
+    /// when the recording names one.
+    pub fn jfr(
+        &self,
+        body: &[u8],
+        labels: Option<&[u8]>,
+        limits: &Limits,
+    ) -> Result<Vec<Incoming>> {
+        let recording = super::jfr::convert(body, labels, self.sample_rate, limits)?;
+        if recording.profiles.is_empty() {
+            return Err(Error::Convert {
+                format: "JFR",
+                at: "the recording".into(),
+                reason: "it holds no events a profile is made of (execution samples, \
+                         allocations, monitor waits, parks, live objects)"
+                    .into(),
+            });
+        }
+        let many = recording.profiles.len() > 1;
+        recording
+            .profiles
+            .into_iter()
+            .map(|c| {
+                let types: Vec<String> = c
+                    .profile
+                    .sample_type
+                    .iter()
+                    .map(|t| c.profile.string_table[t.r#type as usize].clone())
+                    .collect();
+                let mut incoming = self.incoming(
+                    c.profile_name.to_owned(),
+                    crate::validate(c.profile, limits)?,
+                    None,
+                );
+                if let Some(event) = &recording.event {
+                    incoming.labels.push(("jfr_event".into(), event.clone()));
+                }
+                if many {
+                    incoming.at = format!("{} ({})", c.profile_name, types.join(", "));
+                }
+                Ok(incoming)
+            })
+            .collect()
+    }
+
     /// A pprof body: the profile name from the application's suffix, else from its types.
     pub fn pprof(&self, profile: ValidProfile, previous: Option<ValidProfile>) -> Incoming {
         let name = match self.kind.as_deref() {

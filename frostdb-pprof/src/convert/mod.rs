@@ -9,6 +9,7 @@
 
 pub mod folded;
 pub mod gperftools;
+pub mod jfr;
 pub mod legacy;
 pub mod otlp;
 pub mod push;

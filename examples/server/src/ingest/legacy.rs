@@ -3,7 +3,9 @@
 //! body's `format`, `sampleRate`, `spyName`, `units` and `aggregationType`. Bodies: pprof
 //! (raw or gzip), the multipart form with `profile` / `prev_profile` / `sample_type_config`,
 //! folded stacks (the default), lines, Pyroscope's trie and tree, and speedscope files (a
-//! profile per profile in the file, under `profile_name`). JFR bodies get 415.
+//! profile per profile in the file, under `profile_name`), and JFR recordings as
+//! `pyroscope-java` sends them (the raw recording, or a multipart form of a `jfr` part and
+//! an optional `labels` part, each gzip or not).
 //! The query string's meaning is [`frostdb_pprof::convert::legacy`]'s; this is the HTTP
 //! around it. The body is read here and decoded in the ingest lane.
 
@@ -42,11 +44,17 @@ pub async fn handle(
             bytes: read(&state, request).await?,
             tree: true,
         },
-        (Some("jfr"), _) => {
-            return Err(ApiError::unsupported(
-                "format=jfr is not supported yet; send pprof, folded, lines, trie, tree or speedscope",
-            ));
+        (Some("jfr"), "multipart/form-data") => {
+            let form = Multipart::from_request(request, &state)
+                .await
+                .map_err(|e| ApiError::bad_request(format!("multipart form: {e}")))?;
+            read_jfr_form(form).await?
         }
+        (Some("jfr"), _) => Body::Jfr {
+            recording: read(&state, request).await?,
+            labels: None,
+            raw: true,
+        },
         (Some("speedscope"), _) => Body::Speedscope(read(&state, request).await?),
         (None | Some("pprof"), "multipart/form-data") => {
             let form = Multipart::from_request(request, &state)
@@ -61,7 +69,7 @@ pub async fn handle(
         },
         (Some(other), _) => {
             return Err(ApiError::bad_request(format!(
-                "unknown format {other:?} (pprof, folded, lines, trie, tree, speedscope)"
+                "unknown format {other:?} (pprof, folded, lines, trie, tree, speedscope, jfr)"
             )));
         }
     };
@@ -105,6 +113,22 @@ pub async fn handle(
                     .speedscope(&bytes, &limits)
                     .map_err(|e| ApiError::from(e).context("speedscope body"));
             }
+            Body::Jfr {
+                recording,
+                labels,
+                raw,
+            } => {
+                // A raw body may come with a Content-Encoding; a form's parts are gzip or
+                // not by their bytes (the converter looks).
+                let recording = if raw {
+                    body_bytes(&decoding, &headers, recording, &memory)?
+                } else {
+                    recording
+                };
+                return params
+                    .jfr(&recording, labels.as_deref(), &limits)
+                    .map_err(|e| ApiError::from(e).context("JFR recording"));
+            }
         };
         Ok(vec![incoming])
     })
@@ -147,6 +171,12 @@ enum Body {
     Trie { bytes: Bytes, tree: bool },
     /// A speedscope file.
     Speedscope(Bytes),
+    /// A JFR recording and its labels part; `raw` when it is the whole body.
+    Jfr {
+        recording: Bytes,
+        labels: Option<Bytes>,
+        raw: bool,
+    },
 }
 
 async fn read(state: &Shared, request: Request) -> ApiResult<Bytes> {
@@ -189,4 +219,32 @@ async fn read_form(mut form: Multipart) -> ApiResult<Body> {
     let profile = profile
         .ok_or_else(|| ApiError::bad_request("the multipart form has no \"profile\" part"))?;
     Ok(Body::Form { profile, previous })
+}
+
+/// `pyroscope-java`'s form: the recording in part `jfr`, its context labels in `labels`.
+async fn read_jfr_form(mut form: Multipart) -> ApiResult<Body> {
+    let (mut recording, mut labels) = (None, None);
+    while let Some(field) = form
+        .next_field()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("multipart form: {e}")))?
+    {
+        let name = field.name().unwrap_or("").to_owned();
+        let bytes = field
+            .bytes()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("multipart part {name:?}: {e}")))?;
+        match name.as_str() {
+            "jfr" => recording = Some(bytes),
+            "labels" => labels = Some(bytes),
+            other => tracing::debug!(part = other, "ignoring an unknown multipart part"),
+        }
+    }
+    let recording =
+        recording.ok_or_else(|| ApiError::bad_request("the multipart form has no \"jfr\" part"))?;
+    Ok(Body::Jfr {
+        recording,
+        labels,
+        raw: false,
+    })
 }

@@ -1,0 +1,934 @@
+//! Java Flight Recorder recordings (`format=jfr` on Pyroscope's `/ingest`: what
+//! `pyroscope-java` sends from async-profiler, and what the JDK's own
+//! `-XX:StartFlightRecording` writes) as pprof: a profile per kind of event the recording
+//! holds, as Pyroscope makes them (grafana/jfr-parser's `pprof` package):
+//!
+//! | events | profile | sample types |
+//! |---|---|---|
+//! | `jdk.ExecutionSample` (not sleeping), `profiler.WallClockSample` (runnable, in wall mode) | `process_cpu` | `cpu` nanoseconds |
+//! | `profiler.WallClockSample`, `jdk.ExecutionSample` in async-profiler's wall mode | `wall` | `wall` nanoseconds |
+//! | `jdk.ObjectAllocationInNewTLAB` | `memory` | `alloc_in_new_tlab_objects`, `alloc_in_new_tlab_bytes` (the TLAB's size) |
+//! | `jdk.ObjectAllocationOutsideTLAB` | `memory` | `alloc_outside_tlab_objects`, `alloc_outside_tlab_bytes` |
+//! | `jdk.ObjectAllocationSample` | `memory` | `alloc_sample_objects`, `alloc_sample_bytes` (its weight) |
+//! | `jdk.JavaMonitorEnter` | `mutex` | `contentions`, `delay` nanoseconds |
+//! | `jdk.ThreadPark` | `block` | `contentions`, `delay` nanoseconds |
+//! | `profiler.LiveObject` | `memory` | `live` count |
+//! | `profiler.Malloc` | `memory` | `malloc_objects`, `malloc_bytes` |
+//!
+//! A CPU or wall sample stands for `1 s / sampleRate` (the request's, 100 by default), as
+//! in Pyroscope. A frame is its method's class (`java/lang/Thread`, as the JVM names it) and
+//! name (`java/lang/Thread.run`) at its line; the names the JVM makes up for lambdas and
+//! reflection accessors (`Main$$Lambda$14/0x…`, `GeneratedMethodAccessor31`) are merged as
+//! Pyroscope merges them, so that each run of a program does not make new functions. The
+//! `labels` part `pyroscope-java` sends beside the recording ([`LabelsSnapshot`]) gives the
+//! labels of each event's `contextId`; an event's `spanId` is its `span_id` and its
+//! `spanName` its `span_name`.
+//!
+//! Where Pyroscope stores something other than the recording says, this does not: lock and
+//! park delays are converted from the chunk's ticks to nanoseconds (Pyroscope stores ticks
+//! as nanoseconds), a stack naming a method or class the recording does not hold is an error
+//! rather than a shorter stack, and a recording cut short, with a dangling constant pool
+//! reference or bytes that are not JFR is an error naming the byte. The reader is our own
+//! ([`reader`]): the crates on crates.io (`jfrs`) read lengths and recursion depths from the
+//! file unchecked.
+
+mod reader;
+
+use std::collections::HashMap;
+
+use prost::Message;
+
+use self::reader::{Bad, Cursor, Header, Metadata, Slot, Str, Values};
+use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+use crate::string_table::StringTable;
+use crate::{Error, Limits, Result};
+
+/// The per-event context labels `pyroscope-java` sends beside a recording (its
+/// `jfr_labels.proto`, package `io.pyroscope.labels.pb`).
+#[derive(Clone, PartialEq, Message)]
+pub struct LabelsSnapshot {
+    /// Context id (an event's `contextId`) to its labels.
+    #[prost(map = "int64, message", tag = "1")]
+    pub contexts: HashMap<i64, Context>,
+    /// The strings the labels name by id.
+    #[prost(map = "int64, string", tag = "2")]
+    pub strings: HashMap<i64, String>,
+}
+
+/// The labels of one context: string id to string id.
+#[derive(Clone, PartialEq, Message)]
+pub struct Context {
+    /// Label name id to value id.
+    #[prost(map = "int64, int64", tag = "1")]
+    pub labels: HashMap<i64, i64>,
+}
+
+/// One profile of a recording.
+#[derive(Debug)]
+pub struct Converted {
+    /// The store's profile name: `process_cpu`, `wall`, `memory`, `mutex` or `block`.
+    pub profile_name: &'static str,
+    /// The profile.
+    pub profile: Profile,
+}
+
+/// What a recording says beside its profiles.
+#[derive(Debug, Default)]
+pub struct Recording {
+    /// Its profiles, in the order of [`Kind`].
+    pub profiles: Vec<Converted>,
+    /// async-profiler's `event` setting (`cpu`, `itimer`, `wall`, ...): Pyroscope's
+    /// `jfr_event` label. JDK recordings have none.
+    pub event: Option<String>,
+    /// Events read, of the kinds made into profiles.
+    pub events: u64,
+}
+
+/// The kinds of profile a recording makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    Cpu,
+    Wall,
+    AllocInNewTlab,
+    AllocOutsideTlab,
+    AllocSample,
+    Lock,
+    Park,
+    Live,
+    Malloc,
+}
+
+const KINDS: usize = 9;
+
+impl Kind {
+    fn metric(self) -> &'static str {
+        match self {
+            Self::Cpu => "process_cpu",
+            Self::Wall => "wall",
+            Self::Lock => "mutex",
+            Self::Park => "block",
+            _ => "memory",
+        }
+    }
+
+    /// Sample types, and the period type.
+    fn types(
+        self,
+    ) -> (
+        &'static [(&'static str, &'static str)],
+        (&'static str, &'static str),
+    ) {
+        match self {
+            Self::Cpu => (&[("cpu", "nanoseconds")], ("cpu", "nanoseconds")),
+            Self::Wall => (&[("wall", "nanoseconds")], ("wall", "nanoseconds")),
+            Self::AllocInNewTlab => (
+                &[
+                    ("alloc_in_new_tlab_objects", "count"),
+                    ("alloc_in_new_tlab_bytes", "bytes"),
+                ],
+                ("space", "bytes"),
+            ),
+            Self::AllocOutsideTlab => (
+                &[
+                    ("alloc_outside_tlab_objects", "count"),
+                    ("alloc_outside_tlab_bytes", "bytes"),
+                ],
+                ("space", "bytes"),
+            ),
+            Self::AllocSample => (
+                &[
+                    ("alloc_sample_objects", "count"),
+                    ("alloc_sample_bytes", "bytes"),
+                ],
+                ("space", "bytes"),
+            ),
+            Self::Lock => (
+                &[("contentions", "count"), ("delay", "nanoseconds")],
+                ("mutex", "count"),
+            ),
+            Self::Park => (
+                &[("contentions", "count"), ("delay", "nanoseconds")],
+                ("block", "count"),
+            ),
+            Self::Live => (&[("live", "count")], ("objects", "count")),
+            Self::Malloc => (
+                &[("malloc_objects", "count"), ("malloc_bytes", "bytes")],
+                ("space", "bytes"),
+            ),
+        }
+    }
+}
+
+/// The events read, by class name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventKind {
+    ExecutionSample,
+    WallClockSample,
+    AllocInNewTlab,
+    AllocOutsideTlab,
+    AllocSample,
+    MonitorEnter,
+    ThreadPark,
+    LiveObject,
+    Malloc,
+}
+
+impl EventKind {
+    fn of(class: &str) -> Option<Self> {
+        Some(match class {
+            "jdk.ExecutionSample" => Self::ExecutionSample,
+            "profiler.WallClockSample" => Self::WallClockSample,
+            "jdk.ObjectAllocationInNewTLAB" => Self::AllocInNewTlab,
+            "jdk.ObjectAllocationOutsideTLAB" => Self::AllocOutsideTlab,
+            "jdk.ObjectAllocationSample" => Self::AllocSample,
+            "jdk.JavaMonitorEnter" => Self::MonitorEnter,
+            "jdk.ThreadPark" => Self::ThreadPark,
+            "profiler.LiveObject" => Self::LiveObject,
+            "profiler.Malloc" => Self::Malloc,
+            _ => return None,
+        })
+    }
+}
+
+/// The fields of an event class this reads, by index.
+#[derive(Debug, Clone, Copy)]
+struct EventFields {
+    kind: EventKind,
+    stack_trace: Option<usize>,
+    state: Option<usize>,
+    duration: Option<usize>,
+    size: Option<usize>,
+    tlab_size: Option<usize>,
+    weight: Option<usize>,
+    samples: Option<usize>,
+    context_id: Option<usize>,
+    span_id: Option<usize>,
+    span_name: Option<usize>,
+}
+
+/// A recording (raw or gzip) and the labels part sent with it (protobuf, raw or gzip), as
+/// profiles; a CPU or wall sample stands for `1 s / sample_rate`.
+pub fn convert(
+    body: &[u8],
+    labels: Option<&[u8]>,
+    sample_rate: i64,
+    limits: &Limits,
+) -> Result<Recording> {
+    let body = crate::decode::inflate(body, limits.max_decompressed_bytes)?;
+    let labels = match labels {
+        Some(bytes) => {
+            let bytes = crate::decode::inflate(bytes, limits.max_decompressed_bytes)?;
+            LabelsSnapshot::decode(&*bytes).map_err(|e| Error::Convert {
+                format: "JFR labels",
+                at: "the labels part".into(),
+                reason: format!("not a LabelsSnapshot protobuf: {e}"),
+            })?
+        }
+        None => LabelsSnapshot::default(),
+    };
+    let mut converter = Converter::new(&labels, sample_rate, limits);
+    let at_byte = |b: Bad, chunk: usize| Error::Convert {
+        format: "JFR",
+        at: format!("byte {} (chunk {chunk})", b.at),
+        reason: b.reason,
+    };
+    if body.is_empty() {
+        return Err(Error::Convert {
+            format: "JFR",
+            at: "byte 0".into(),
+            reason: "the recording is empty".into(),
+        });
+    }
+    let mut start = 0;
+    let mut chunk = 0;
+    while start < body.len() {
+        let header = Header::read(&body, start).map_err(|b| at_byte(b, chunk))?;
+        converter.chunk(&body, &header).map_err(|e| match e {
+            Failure::Bad(b) => at_byte(b, chunk),
+            Failure::Limit(e) => e,
+        })?;
+        start = header.end();
+        chunk += 1;
+    }
+    Ok(converter.finish())
+}
+
+/// A failure: bad bytes, or a limit met.
+enum Failure {
+    Bad(Bad),
+    Limit(Error),
+}
+
+impl From<Bad> for Failure {
+    fn from(b: Bad) -> Self {
+        Self::Bad(b)
+    }
+}
+
+type F<T> = std::result::Result<T, Failure>;
+
+/// One profile being built.
+struct Builder {
+    strings: StringTable,
+    functions: Vec<Function>,
+    function_ids: HashMap<String, u64>,
+    locations: Vec<Location>,
+    location_ids: HashMap<(u64, i64), u64>,
+    /// Stacks of location ids, leaf first, and their index.
+    stacks: HashMap<Vec<u64>, u32>,
+    /// (stack, label set) to values.
+    samples: HashMap<(u32, u32), [i64; 2]>,
+}
+
+impl Builder {
+    fn new() -> Self {
+        Self {
+            strings: StringTable::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            stacks: HashMap::new(),
+            samples: HashMap::new(),
+        }
+    }
+
+    fn location(&mut self, name: &str, line: i64) -> u64 {
+        let function = match self.function_ids.get(name) {
+            Some(&id) => id,
+            None => {
+                let id = self.functions.len() as u64 + 1;
+                let name_index = self.strings.get(name);
+                self.functions.push(Function {
+                    id,
+                    name: name_index,
+                    ..Function::default()
+                });
+                self.function_ids.insert(name.to_owned(), id);
+                id
+            }
+        };
+        *self
+            .location_ids
+            .entry((function, line))
+            .or_insert_with(|| {
+                let id = self.locations.len() as u64 + 1;
+                self.locations.push(Location {
+                    id,
+                    mapping_id: 1,
+                    line: vec![Line {
+                        function_id: function,
+                        line,
+                        ..Line::default()
+                    }],
+                    ..Location::default()
+                });
+                id
+            })
+    }
+}
+
+/// A chunk's constant pools, as far as stacks need them.
+#[derive(Default)]
+struct Pools {
+    strings: HashMap<i64, String>,
+    symbols: HashMap<i64, Str>,
+    /// Class id to its name's symbol id.
+    classes: HashMap<i64, i64>,
+    /// Method id to its class id and name's symbol id.
+    methods: HashMap<i64, (i64, i64)>,
+    /// Stack trace id to its frames in `frames` (leaf first).
+    stack_traces: HashMap<i64, (usize, usize)>,
+    /// (method id, line) of every stack trace's frames.
+    frames: Vec<(i64, i64)>,
+    thread_states: HashMap<i64, String>,
+}
+
+impl Pools {
+    fn string(&self, s: &Str) -> Option<String> {
+        match s {
+            Str::Null => Some(String::new()),
+            Str::Text(t) => Some(t.clone()),
+            Str::Ref(id) => self.strings.get(id).cloned(),
+        }
+    }
+
+    fn symbol(&self, id: i64) -> Option<String> {
+        self.string(self.symbols.get(&id)?)
+    }
+
+    /// `class.method`, as Pyroscope names a Java frame.
+    fn frame_name(&self, method: i64) -> std::result::Result<String, String> {
+        let &(class, name) = self.methods.get(&method).ok_or_else(|| {
+            format!("a stack frame names method {method}, which no constant pool holds")
+        })?;
+        let class_name = self
+            .classes
+            .get(&class)
+            .and_then(|&s| self.symbol(s))
+            .ok_or_else(|| {
+                format!("method {method} is of class {class}, which no constant pool names")
+            })?;
+        let method_name = self.symbol(name).ok_or_else(|| {
+            format!("method {method}'s name (symbol {name}) is in no constant pool")
+        })?;
+        Ok(format!("{}.{}", merge_generated(&class_name), method_name))
+    }
+}
+
+/// The class names the JVM makes up per run, merged as Pyroscope merges them:
+/// `…$$Lambda$14/0x0000000800c03000` and `…$$Lambda.0x…` to `…$$Lambda_`,
+/// `jdk/internal/reflect/GeneratedMethodAccessor31` to `…GeneratedMethodAccessor_`.
+fn merge_generated(class: &str) -> std::borrow::Cow<'_, str> {
+    const ACCESSOR: &str = "jdk/internal/reflect/GeneratedMethodAccessor";
+    if let Some(n) = class.strip_prefix(ACCESSOR)
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return format!("{ACCESSOR}_").into();
+    }
+    if let Some(i) = class.rfind("$$Lambda") {
+        let (head, tail) = class.split_at(i + "$$Lambda".len());
+        if !head.is_empty() && generated_lambda_suffix(tail) {
+            return format!("{head}_").into();
+        }
+    }
+    class.into()
+}
+
+/// `$14/0x7f…`, `.0x7f…`, `$14.0x…` or digits: what follows `$$Lambda` in a lambda's class.
+fn generated_lambda_suffix(s: &str) -> bool {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    let s = s.strip_prefix('$').unwrap_or(s);
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    let s = &s[digits..];
+    let Some(s) = s.strip_prefix('.').or_else(|| s.strip_prefix('/')) else {
+        return false;
+    };
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+struct Converter<'l> {
+    labels: &'l LabelsSnapshot,
+    period_ns: i64,
+    limits: &'l Limits,
+    builders: [Option<Builder>; KINDS],
+    /// Label sets by (context id, span id, span name id), and their labels.
+    label_set_ids: HashMap<(i64, i64, i64), u32>,
+    label_sets: Vec<Vec<(String, String)>>,
+    event: Option<String>,
+    events: u64,
+    start_nanos: Option<i64>,
+    end_nanos: i64,
+}
+
+impl<'l> Converter<'l> {
+    fn new(labels: &'l LabelsSnapshot, sample_rate: i64, limits: &'l Limits) -> Self {
+        Self {
+            labels,
+            period_ns: 1_000_000_000 / sample_rate.max(1),
+            limits,
+            builders: Default::default(),
+            label_set_ids: HashMap::from([((0, 0, 0), 0)]),
+            label_sets: vec![Vec::new()],
+            event: None,
+            events: 0,
+            start_nanos: None,
+            end_nanos: 0,
+        }
+    }
+
+    fn chunk(&mut self, buf: &[u8], header: &Header) -> F<()> {
+        let metadata = Metadata::read(buf, header)?;
+        let named = |name: &str| metadata.id(name);
+        let pool_classes = PoolClasses::new(&metadata);
+        let active_setting = named("jdk.ActiveSetting");
+        let mut events: HashMap<i64, EventFields> = HashMap::new();
+        for (&id, class) in &metadata.classes {
+            if let Some(kind) = EventKind::of(&class.name) {
+                events.insert(
+                    id,
+                    EventFields {
+                        kind,
+                        stack_trace: class.field("stackTrace"),
+                        state: class.field("state"),
+                        duration: class.field("duration"),
+                        size: class
+                            .field("allocationSize")
+                            .or_else(|| class.field("size")),
+                        tlab_size: class.field("tlabSize"),
+                        weight: class.field("weight"),
+                        samples: class.field("samples"),
+                        context_id: class.field("contextId"),
+                        span_id: class.field("spanId"),
+                        span_name: class.field("spanName"),
+                    },
+                );
+            }
+        }
+        let mut values = Values::new(&metadata);
+        let mut pools = Pools::default();
+        // First the constant pools, wherever they are in the chunk; then the settings
+        // (async-profiler's `event` says what its samples are); then the events.
+        let mut settings: Vec<(usize, usize)> = Vec::new();
+        let mut found: Vec<(usize, usize, i64)> = Vec::new();
+        let mut c = Cursor::new(
+            buf,
+            header.start + reader::HEADER_BYTES,
+            header.end(),
+            header.compressed,
+        );
+        while c.left() > 0 {
+            let at = c.pos;
+            let size = reader::event_size(&mut c)?;
+            let mut e = c.clone();
+            e.end = at + size;
+            let kind = e.long()?;
+            if kind == 1 {
+                pool_event(&mut e, &mut values, &pool_classes, &mut pools)?;
+            } else if Some(kind) == active_setting {
+                settings.push((at, size));
+            } else if events.contains_key(&kind) {
+                found.push((at, size, kind));
+            }
+            c.pos = at + size;
+        }
+        let event_cursor = |at: usize, size: usize| -> reader::R<(Cursor<'_>, i64)> {
+            let mut e = Cursor::new(buf, at, at + size, header.compressed);
+            reader::event_size(&mut e)?;
+            let class = e.long()?;
+            Ok((e, class))
+        };
+        for &(at, size) in &settings {
+            let (mut e, class) = event_cursor(at, size)?;
+            values.read(&mut e, class)?;
+            let cls = &metadata.classes[&class];
+            let get = |name| match cls.field(name).and_then(|i| values.field(0, i)) {
+                Some(Slot::Str(s)) => pools.string(s),
+                _ => None,
+            };
+            if get("name").as_deref() == Some("event")
+                && let Some(event) = get("value")
+            {
+                self.event = Some(event);
+            }
+        }
+        for &(at, size, kind) in &found {
+            let (mut e, class) = event_cursor(at, size)?;
+            values.read(&mut e, class)?;
+            self.event(at, &values, &events[&kind], &pools, header)?;
+        }
+        let start = header.start_nanos;
+        self.start_nanos = Some(self.start_nanos.map_or(start, |s| s.min(start)));
+        self.end_nanos = self
+            .end_nanos
+            .max(start.saturating_add(header.duration_nanos));
+        Ok(())
+    }
+
+    /// Adds one event to the profiles it belongs to.
+    fn event(
+        &mut self,
+        at: usize,
+        v: &Values<'_>,
+        f: &EventFields,
+        pools: &Pools,
+        header: &Header,
+    ) -> F<()> {
+        let int = |i: Option<usize>| reader::int(v, 0, i);
+        let state = int(f.state).and_then(|s| pools.thread_states.get(&s).map(String::as_str));
+        let wall_mode = self.event.as_deref() == Some("wall");
+        let period = self.period_ns;
+        let ns = |ticks: i64| -> i64 {
+            (i128::from(ticks) * 1_000_000_000 / i128::from(header.ticks_per_second))
+                .clamp(0, i128::from(i64::MAX)) as i64
+        };
+        let mut adds: [(Option<Kind>, [i64; 2]); 2] = [(None, [0; 2]); 2];
+        match f.kind {
+            EventKind::ExecutionSample => {
+                if state != Some("STATE_SLEEPING") {
+                    adds[0] = (Some(Kind::Cpu), [period, 0]);
+                }
+                if wall_mode {
+                    adds[1] = (Some(Kind::Wall), [period, 0]);
+                }
+            }
+            EventKind::WallClockSample => {
+                let samples = int(f.samples).unwrap_or(1).max(0);
+                let value = samples.saturating_mul(period);
+                if state == Some("STATE_RUNNABLE") && wall_mode {
+                    adds[0] = (Some(Kind::Cpu), [value, 0]);
+                }
+                adds[1] = (Some(Kind::Wall), [value, 0]);
+            }
+            EventKind::AllocInNewTlab => {
+                adds[0] = (
+                    Some(Kind::AllocInNewTlab),
+                    [1, int(f.tlab_size).unwrap_or(0)],
+                );
+            }
+            EventKind::AllocOutsideTlab => {
+                adds[0] = (Some(Kind::AllocOutsideTlab), [1, int(f.size).unwrap_or(0)]);
+            }
+            EventKind::AllocSample => {
+                adds[0] = (Some(Kind::AllocSample), [1, int(f.weight).unwrap_or(0)]);
+            }
+            EventKind::MonitorEnter => {
+                adds[0] = (Some(Kind::Lock), [1, ns(int(f.duration).unwrap_or(0))]);
+            }
+            EventKind::ThreadPark => {
+                adds[0] = (Some(Kind::Park), [1, ns(int(f.duration).unwrap_or(0))]);
+            }
+            EventKind::LiveObject => adds[0] = (Some(Kind::Live), [1, 0]),
+            EventKind::Malloc => adds[0] = (Some(Kind::Malloc), [1, int(f.size).unwrap_or(0)]),
+        }
+        if adds.iter().all(|(k, _)| k.is_none()) {
+            return Ok(());
+        }
+        // An event without a stack (id 0) has nothing to attribute its value to.
+        let stack_id = int(f.stack_trace).unwrap_or(0);
+        if stack_id == 0 {
+            return Ok(());
+        }
+        self.events += 1;
+        let label_set = self.label_set(
+            int(f.context_id).unwrap_or(0),
+            int(f.span_id).unwrap_or(0),
+            int(f.span_name).unwrap_or(0),
+        );
+        for (kind, values) in adds {
+            let Some(kind) = kind else { continue };
+            let stack = self.stack(at, kind, stack_id, pools)?;
+            let limit = self.limits.max_samples;
+            let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+            let samples = builder.samples.len();
+            let slot = match builder.samples.get_mut(&(stack, label_set)) {
+                Some(slot) => slot,
+                None if samples >= limit => {
+                    return Err(Failure::Limit(Error::TooLarge {
+                        what: "samples",
+                        limit,
+                    }));
+                }
+                None => builder.samples.entry((stack, label_set)).or_insert([0; 2]),
+            };
+            slot[0] = slot[0].saturating_add(values[0]);
+            slot[1] = slot[1].saturating_add(values[1]);
+        }
+        Ok(())
+    }
+
+    /// The stack (of `kind`'s profile) of a stack trace id.
+    fn stack(&mut self, at: usize, kind: Kind, id: i64, pools: &Pools) -> F<u32> {
+        let &(first, n) = pools.stack_traces.get(&id).ok_or_else(|| {
+            Failure::Bad(Bad {
+                at,
+                reason: format!("an event names stack trace {id}, which no constant pool holds"),
+            })
+        })?;
+        if n > self.limits.max_stack_depth {
+            return Err(Failure::Limit(Error::TooLarge {
+                what: "stack depth",
+                limit: self.limits.max_stack_depth,
+            }));
+        }
+        let max_locations = self.limits.max_locations;
+        let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+        let mut stack = Vec::with_capacity(n);
+        for &(method, line) in &pools.frames[first..first + n] {
+            let name = pools.frame_name(method).map_err(|reason| {
+                Failure::Bad(Bad {
+                    at,
+                    reason: format!("stack trace {id}: {reason}"),
+                })
+            })?;
+            stack.push(builder.location(&name, line));
+            if builder.locations.len() > max_locations {
+                return Err(Failure::Limit(Error::TooLarge {
+                    what: "locations",
+                    limit: max_locations,
+                }));
+            }
+        }
+        let next = builder.stacks.len() as u32;
+        Ok(*builder.stacks.entry(stack).or_insert(next))
+    }
+
+    /// The label set of an event's context and span.
+    fn label_set(&mut self, context: i64, span_id: i64, span_name: i64) -> u32 {
+        if let Some(&id) = self.label_set_ids.get(&(context, span_id, span_name)) {
+            return id;
+        }
+        let strings = &self.labels.strings;
+        let mut labels: Vec<(String, String)> = Vec::new();
+        if let Some(ctx) = self.labels.contexts.get(&context) {
+            for (k, v) in &ctx.labels {
+                if let (Some(k), Some(v)) = (strings.get(k), strings.get(v))
+                    && !k.is_empty()
+                    && !v.is_empty()
+                {
+                    labels.push((k.clone(), v.clone()));
+                }
+            }
+        }
+        if span_id != 0 {
+            labels.push(("span_id".into(), format!("{:016x}", span_id as u64)));
+        }
+        if let Some(name) = strings.get(&span_name).filter(|n| !n.is_empty()) {
+            labels.push(("span_name".into(), name.clone()));
+        }
+        labels.sort();
+        labels.dedup_by(|a, b| a.0 == b.0);
+        let id = self.label_sets.len() as u32;
+        self.label_sets.push(labels);
+        self.label_set_ids.insert((context, span_id, span_name), id);
+        id
+    }
+
+    fn finish(self) -> Recording {
+        let mut profiles = Vec::new();
+        let start = self.start_nanos.unwrap_or(0);
+        for (k, builder) in self.builders.into_iter().enumerate() {
+            let Some(mut b) = builder else { continue };
+            if b.samples.is_empty() {
+                continue;
+            }
+            let kind = KIND_ORDER[k];
+            let (types, period) = kind.types();
+            let sample_type = types
+                .iter()
+                .map(|(t, u)| ValueType {
+                    r#type: b.strings.get(t),
+                    unit: b.strings.get(u),
+                })
+                .collect();
+            let period_type = ValueType {
+                r#type: b.strings.get(period.0),
+                unit: b.strings.get(period.1),
+            };
+            let mut stacks: Vec<(Vec<u64>, u32)> = b.stacks.into_iter().collect();
+            stacks.sort_by_key(|s| s.1);
+            let mut samples: Vec<((u32, u32), [i64; 2])> = b.samples.into_iter().collect();
+            samples.sort_unstable_by_key(|s| s.0);
+            let width = types.len();
+            let label_sets: Vec<Vec<Label>> = self
+                .label_sets
+                .iter()
+                .map(|set| {
+                    set.iter()
+                        .map(|(k, v)| Label {
+                            key: b.strings.get(k),
+                            str: b.strings.get(v),
+                            ..Label::default()
+                        })
+                        .collect()
+                })
+                .collect();
+            let sample = samples
+                .into_iter()
+                .map(|((stack, set), values)| Sample {
+                    location_id: stacks[stack as usize].0.clone(),
+                    value: values[..width].to_vec(),
+                    label: label_sets[set as usize].clone(),
+                })
+                .collect();
+            let period_value = match kind {
+                Kind::Cpu | Kind::Wall => self.period_ns,
+                _ => 0,
+            };
+            profiles.push(Converted {
+                profile_name: kind.metric(),
+                profile: Profile {
+                    sample_type,
+                    sample,
+                    mapping: vec![Mapping {
+                        id: 1,
+                        has_functions: true,
+                        ..Mapping::default()
+                    }],
+                    location: b.locations,
+                    function: b.functions,
+                    string_table: b.strings.into_table(),
+                    time_nanos: start,
+                    duration_nanos: self.end_nanos.saturating_sub(start).max(0),
+                    period_type: Some(period_type),
+                    period: period_value,
+                    ..Profile::default()
+                },
+            });
+        }
+        Recording {
+            profiles,
+            event: self.event,
+            events: self.events,
+        }
+    }
+}
+
+const KIND_ORDER: [Kind; KINDS] = [
+    Kind::Cpu,
+    Kind::Wall,
+    Kind::AllocInNewTlab,
+    Kind::AllocOutsideTlab,
+    Kind::AllocSample,
+    Kind::Lock,
+    Kind::Park,
+    Kind::Live,
+    Kind::Malloc,
+];
+
+/// The ids of the pooled classes stacks need, and the fields read of them.
+struct PoolClasses {
+    string: Option<i64>,
+    symbol: Option<(i64, Option<usize>)>,
+    class: Option<(i64, Option<usize>)>,
+    method: Option<(i64, Option<usize>, Option<usize>)>,
+    stack_trace: Option<(i64, Option<usize>)>,
+    /// StackFrame's `method` and `lineNumber`.
+    frame: (Option<usize>, Option<usize>),
+    thread_state: Option<(i64, Option<usize>)>,
+}
+
+impl PoolClasses {
+    fn new(m: &Metadata) -> Self {
+        let with = |name: &str, field: &str| m.id(name).map(|id| (id, m.classes[&id].field(field)));
+        let frame = m
+            .id("jdk.types.StackFrame")
+            .map(|id| {
+                let c = &m.classes[&id];
+                (c.field("method"), c.field("lineNumber"))
+            })
+            .unwrap_or((None, None));
+        Self {
+            string: m.id("java.lang.String"),
+            symbol: with("jdk.types.Symbol", "string"),
+            class: with("java.lang.Class", "name"),
+            method: m.id("jdk.types.Method").map(|id| {
+                let c = &m.classes[&id];
+                (id, c.field("type"), c.field("name"))
+            }),
+            stack_trace: with("jdk.types.StackTrace", "frames"),
+            frame,
+            thread_state: with("jdk.types.ThreadState", "name"),
+        }
+    }
+}
+
+/// A constant pool event: each pool's values, those stacks need kept.
+fn pool_event(
+    c: &mut Cursor<'_>,
+    values: &mut Values<'_>,
+    classes: &PoolClasses,
+    pools: &mut Pools,
+) -> reader::R<()> {
+    let _start = c.long()?;
+    let _duration = c.long()?;
+    let _delta = c.long()?;
+    let _flags = c.byte()?;
+    let n = c.count("constant pools", 2)?;
+    for _ in 0..n {
+        let class = c.long()?;
+        let entries = c.count("constant pool entries", 1)?;
+        for _ in 0..entries {
+            let id = c.long()?;
+            values.read(c, class)?;
+            let field = |f: Option<usize>| f.and_then(|i| values.field(0, i));
+            let id_of = |f: Option<usize>| match field(f) {
+                Some(Slot::Ref(r) | Slot::Int(r)) => Some(*r),
+                _ => None,
+            };
+            if Some(class) == classes.string {
+                if let Some(Slot::Str(Str::Text(s))) = values.slots.first() {
+                    pools.strings.insert(id, s.clone());
+                } else if let Some(Slot::Str(Str::Null)) = values.slots.first() {
+                    pools.strings.insert(id, String::new());
+                }
+            } else if let Some((sym, f)) = classes.symbol
+                && sym == class
+            {
+                if let Some(Slot::Str(s)) = field(f) {
+                    pools.symbols.insert(id, s.clone());
+                }
+            } else if let Some((cls, f)) = classes.class
+                && cls == class
+            {
+                if let Some(name) = id_of(f) {
+                    pools.classes.insert(id, name);
+                }
+            } else if let Some((m, ty, name)) = classes.method
+                && m == class
+            {
+                if let (Some(ty), Some(name)) = (id_of(ty), id_of(name)) {
+                    pools.methods.insert(id, (ty, name));
+                }
+            } else if let Some((st, f)) = classes.stack_trace
+                && st == class
+            {
+                let first = pools.frames.len();
+                if let Some(Slot::Array { at, n }) = field(f) {
+                    let (method, line) = classes.frame;
+                    for i in *at..*at + *n {
+                        let m = reader::int(values, i, method).unwrap_or(0);
+                        let l = reader::int(values, i, line).unwrap_or(0);
+                        pools.frames.push((m, l));
+                    }
+                }
+                pools
+                    .stack_traces
+                    .insert(id, (first, pools.frames.len() - first));
+            } else if let Some((ts, f)) = classes.thread_state
+                && ts == class
+                && let Some(Slot::Str(s)) = field(f)
+                && let Some(name) = pools.string(s)
+            {
+                pools.thread_states.insert(id, name);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_class_names_merge_as_pyroscope_merges_them() {
+        for (class, merged) in [
+            (
+                "jdk/internal/reflect/GeneratedMethodAccessor31",
+                "jdk/internal/reflect/GeneratedMethodAccessor_",
+            ),
+            (
+                "org/example/OrderService$$Lambda$669.0x0000000800fd7318",
+                "org/example/OrderService$$Lambda_",
+            ),
+            ("Fib$$Lambda.0x00007ffa600c4da0", "Fib$$Lambda_"),
+            ("Main$$Lambda$14/0x0000000800c03000", "Main$$Lambda_"),
+            ("Main$$Lambda$14", "Main$$Lambda$14"),
+            ("java/lang/Thread", "java/lang/Thread"),
+            (
+                "jdk/internal/reflect/GeneratedMethodAccessor",
+                "jdk/internal/reflect/GeneratedMethodAccessor",
+            ),
+        ] {
+            assert_eq!(merge_generated(class), merged, "{class}");
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_jfr_are_refused_naming_the_byte() {
+        let e = convert(b"not a recording", None, 100, &Limits::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("byte 0") && e.to_string().contains("FLR"),
+            "{e}"
+        );
+        let e = convert(b"", None, 100, &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+}

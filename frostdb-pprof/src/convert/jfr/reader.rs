@@ -1,0 +1,696 @@
+//! A bounded reader of JFR recordings: chunks, their metadata, constant pools and events.
+//!
+//! A recording is one chunk after another. A chunk is a 68-byte header (magic `FLR\0`,
+//! version, the chunk's size, where its last constant pool and its metadata are, its start
+//! time and ticks per second, and whether its integers are compressed) and then events,
+//! each `size` (an int counting itself), `type` (a long) and the fields its class declares.
+//! Type 0 is the metadata event: a string table and a tree of elements (`class` elements
+//! with `field` children) that says each class's fields. Type 1 is a constant pool
+//! (checkpoint) event: for some classes, `(id, value)` pairs that other values name by id.
+//! Compressed integers are little-endian base-128 varints, the ninth byte of a long
+//! holding eight bits; floats and doubles are big-endian. (The JDK's `jdk.jfr.internal`
+//! consumer and grafana/jfr-parser read it so; the code is our own.)
+//!
+//! Hostile input is the assumption: every length and count is checked against the bytes
+//! left before anything is reserved, a value of nested classes is read with a stack of our
+//! own (never recursively), and what one value may materialise is bounded
+//! ([`Reader::slot_budget`]), so a class that contains itself or an array of empty structs
+//! is an error, not a hang or an allocation.
+
+use std::collections::HashMap;
+
+/// The chunk header's size.
+pub(super) const HEADER_BYTES: usize = 68;
+const MAGIC: &[u8; 4] = b"FLR\0";
+
+/// What is wrong, and the byte (from the start of the recording) where it was found.
+#[derive(Debug)]
+pub(super) struct Bad {
+    pub(super) at: usize,
+    pub(super) reason: String,
+}
+
+pub(super) type R<T> = std::result::Result<T, Bad>;
+
+fn bad<T>(at: usize, reason: impl Into<String>) -> R<T> {
+    Err(Bad {
+        at,
+        reason: reason.into(),
+    })
+}
+
+/// Bytes read from a position, integers compressed or not.
+#[derive(Clone)]
+pub(super) struct Cursor<'a> {
+    buf: &'a [u8],
+    pub(super) pos: usize,
+    /// Where this cursor must stop (the end of the event or chunk it reads).
+    pub(super) end: usize,
+    compressed: bool,
+}
+
+impl<'a> Cursor<'a> {
+    pub(super) fn new(buf: &'a [u8], pos: usize, end: usize, compressed: bool) -> Self {
+        Self {
+            buf,
+            pos,
+            end: end.min(buf.len()),
+            compressed,
+        }
+    }
+
+    pub(super) fn left(&self) -> usize {
+        self.end.saturating_sub(self.pos)
+    }
+
+    pub(super) fn take(&mut self, n: usize) -> R<&'a [u8]> {
+        if n > self.left() {
+            return bad(
+                self.pos,
+                format!("{n} bytes are needed and {} are left", self.left()),
+            );
+        }
+        let bytes = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(bytes)
+    }
+
+    pub(super) fn byte(&mut self) -> R<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn be<const N: usize>(&mut self) -> R<[u8; N]> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    /// A varint long: seven bits a byte, low first; the ninth byte has eight.
+    fn varint(&mut self) -> R<i64> {
+        let start = self.pos;
+        let mut value: u64 = 0;
+        for i in 0..8 {
+            let b = self.byte()?;
+            value |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(value as i64);
+            }
+        }
+        let b = self.byte().map_err(|_| Bad {
+            at: start,
+            reason: "a varint runs past the end".into(),
+        })?;
+        Ok((value | (u64::from(b) << 56)) as i64)
+    }
+
+    pub(super) fn long(&mut self) -> R<i64> {
+        if self.compressed {
+            self.varint()
+        } else {
+            Ok(i64::from_be_bytes(self.be()?))
+        }
+    }
+
+    pub(super) fn int(&mut self) -> R<i32> {
+        if self.compressed {
+            // The JDK writes an int as the varint of its 32 bits unsigned; a writer that
+            // sign-extends to 64 bits is read alike.
+            let at = self.pos;
+            let v = self.varint()?;
+            match u32::try_from(v) {
+                Ok(u) => Ok(u as i32),
+                Err(_) => {
+                    i32::try_from(v).or_else(|_| bad(at, format!("the int {v} is out of range")))
+                }
+            }
+        } else {
+            Ok(i32::from_be_bytes(self.be()?))
+        }
+    }
+
+    fn short(&mut self) -> R<i64> {
+        if self.compressed {
+            self.varint()
+        } else {
+            Ok(i64::from(i16::from_be_bytes(self.be()?)))
+        }
+    }
+
+    /// A count (of elements, strings, pool entries): not negative, and each of them takes
+    /// at least `min_bytes`, so no more than the bytes left allow.
+    pub(super) fn count(&mut self, what: &str, min_bytes: usize) -> R<usize> {
+        let at = self.pos;
+        let n = self.int()?;
+        let n = usize::try_from(n).or_else(|_| bad(at, format!("{what}: negative count {n}")))?;
+        if n.saturating_mul(min_bytes) > self.left() {
+            return bad(
+                at,
+                format!(
+                    "{what}: {n} declared and only {} bytes are left",
+                    self.left()
+                ),
+            );
+        }
+        Ok(n)
+    }
+
+    /// A string value: null, empty, a reference into the `java.lang.String` pool, or UTF-8,
+    /// UTF-16 or Latin-1 characters.
+    pub(super) fn string(&mut self) -> R<Str> {
+        let at = self.pos;
+        match self.byte()? {
+            0 => Ok(Str::Null),
+            1 => Ok(Str::Text(String::new())),
+            2 => Ok(Str::Ref(self.long()?)),
+            3 => {
+                let n = self.count("string length", 1)?;
+                let bytes = self.take(n)?;
+                match std::str::from_utf8(bytes) {
+                    Ok(s) => Ok(Str::Text(s.to_owned())),
+                    Err(_) => bad(at, "a UTF-8 string is not valid UTF-8"),
+                }
+            }
+            4 => {
+                let n = self.count("string length", 1)?;
+                let mut units = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let c = self.short()?;
+                    units.push(c as u16);
+                }
+                Ok(Str::Text(String::from_utf16_lossy(&units)))
+            }
+            5 => {
+                let n = self.count("string length", 1)?;
+                Ok(Str::Text(
+                    self.take(n)?.iter().map(|&b| b as char).collect(),
+                ))
+            }
+            e => bad(at, format!("unknown string encoding {e}")),
+        }
+    }
+}
+
+/// A string as a value holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Str {
+    Null,
+    Text(String),
+    /// An id in the chunk's `java.lang.String` pool.
+    Ref(i64),
+}
+
+/// A chunk's header.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Header {
+    /// Where the chunk starts in the recording.
+    pub(super) start: usize,
+    /// Its size, header included.
+    pub(super) size: usize,
+    pub(super) metadata_offset: usize,
+    pub(super) start_nanos: i64,
+    pub(super) duration_nanos: i64,
+    pub(super) ticks_per_second: i64,
+    pub(super) compressed: bool,
+}
+
+impl Header {
+    /// The header of the chunk at `start`.
+    pub(super) fn read(buf: &[u8], start: usize) -> R<Self> {
+        let mut c = Cursor::new(buf, start, buf.len(), false);
+        let magic = c
+            .take(4)
+            .or_else(|_| bad(start, "a chunk header is cut short"))?;
+        if magic != MAGIC {
+            return bad(start, "not a JFR chunk (no FLR magic)");
+        }
+        if c.left() < HEADER_BYTES - 4 {
+            return bad(start, "a chunk header is cut short");
+        }
+        let major = u16::from_be_bytes(c.be()?);
+        let _minor = u16::from_be_bytes(c.be()?);
+        if !(1..=2).contains(&major) {
+            return bad(start + 4, format!("JFR version {major} is not 1 or 2"));
+        }
+        let size = i64::from_be_bytes(c.be()?);
+        let _constant_pool_offset = i64::from_be_bytes(c.be()?);
+        let metadata_offset = i64::from_be_bytes(c.be()?);
+        let start_nanos = i64::from_be_bytes(c.be()?);
+        let duration_nanos = i64::from_be_bytes(c.be()?);
+        let _start_ticks = i64::from_be_bytes(c.be()?);
+        let ticks_per_second = i64::from_be_bytes(c.be()?);
+        let features = i32::from_be_bytes(c.be()?);
+        let left = buf.len() - start;
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        if size < HEADER_BYTES {
+            return bad(
+                start + 8,
+                format!("the chunk size {size} is under its header's"),
+            );
+        }
+        if size > left {
+            return bad(
+                start + 8,
+                format!("the chunk says it is {size} bytes and {left} are left (truncated?)"),
+            );
+        }
+        let metadata_offset = usize::try_from(metadata_offset).unwrap_or(usize::MAX);
+        if metadata_offset < HEADER_BYTES || metadata_offset >= size {
+            return bad(
+                start + 24,
+                format!("the metadata offset {metadata_offset} is outside the chunk"),
+            );
+        }
+        if ticks_per_second <= 0 {
+            return bad(
+                start + 56,
+                format!("ticks per second {ticks_per_second} is not positive"),
+            );
+        }
+        Ok(Self {
+            start,
+            size,
+            metadata_offset,
+            start_nanos,
+            duration_nanos: duration_nanos.max(0),
+            ticks_per_second,
+            compressed: major >= 2 && features & 1 != 0,
+        })
+    }
+
+    pub(super) fn end(&self) -> usize {
+        self.start + self.size
+    }
+}
+
+/// What kind of value a class is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Boolean,
+    Byte,
+    Short,
+    Char,
+    Int,
+    Long,
+    Float,
+    Double,
+    String,
+    /// Its fields, one after another.
+    Struct,
+}
+
+impl Kind {
+    fn of(name: &str) -> Self {
+        match name {
+            "boolean" => Self::Boolean,
+            "byte" => Self::Byte,
+            "short" => Self::Short,
+            "char" => Self::Char,
+            "int" => Self::Int,
+            "long" => Self::Long,
+            "float" => Self::Float,
+            "double" => Self::Double,
+            "java.lang.String" => Self::String,
+            _ => Self::Struct,
+        }
+    }
+}
+
+/// A class the metadata declares.
+#[derive(Debug, Clone)]
+pub(super) struct Class {
+    pub(super) name: String,
+    pub(super) kind: Kind,
+    pub(super) fields: Vec<Field>,
+}
+
+impl Class {
+    /// The index of the field named `name`.
+    pub(super) fn field(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+}
+
+/// A field of a class.
+#[derive(Debug, Clone)]
+pub(super) struct Field {
+    pub(super) name: String,
+    pub(super) class: i64,
+    /// Its value is an id into the class's constant pool.
+    pub(super) constant_pool: bool,
+    /// An array of values.
+    pub(super) array: bool,
+}
+
+/// The classes a chunk's metadata declares, by id.
+#[derive(Debug, Default)]
+pub(super) struct Metadata {
+    pub(super) classes: HashMap<i64, Class>,
+}
+
+impl Metadata {
+    /// The id of the class named `name`.
+    pub(super) fn id(&self, name: &str) -> Option<i64> {
+        self.classes
+            .iter()
+            .find(|(_, c)| c.name == name)
+            .map(|(&id, _)| id)
+    }
+
+    /// The metadata event of the chunk.
+    pub(super) fn read(buf: &[u8], header: &Header) -> R<Self> {
+        let at = header.start + header.metadata_offset;
+        let mut c = Cursor::new(buf, at, header.end(), header.compressed);
+        let size = event_size(&mut c)?;
+        c.end = at + size;
+        let kind = c.long()?;
+        if kind != 0 {
+            return bad(
+                at,
+                format!("the metadata offset points at an event of type {kind}"),
+            );
+        }
+        let _start = c.long()?;
+        let _duration = c.long()?;
+        let _id = c.long()?;
+        let n = c.count("metadata strings", 1)?;
+        let mut strings = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = c.pos;
+            strings.push(match c.string()? {
+                Str::Text(s) => s,
+                Str::Null => String::new(),
+                Str::Ref(_) => return bad(at, "a metadata string refers to a constant pool"),
+            });
+        }
+        // The element tree, walked with our own stack: (element name, children left).
+        let mut metadata = Metadata::default();
+        let mut open: Vec<(String, usize)> = Vec::new();
+        let mut class: Option<(i64, Class)> = None;
+        let mut root = true;
+        while root || !open.is_empty() {
+            if let Some((name, left)) = open.last_mut() {
+                if *left == 0 {
+                    if name == "class"
+                        && let Some((id, done)) = class.take()
+                    {
+                        metadata.classes.insert(id, done);
+                    }
+                    open.pop();
+                    continue;
+                }
+                *left -= 1;
+            }
+            root = false;
+            let parent = open.last().map(|(n, _)| n.as_str()).unwrap_or("");
+            let parent_is_class = parent == "class";
+            let name = meta_string(&strings, &mut c)?.to_owned();
+            let attrs = c.count("element attributes", 2)?;
+            let mut attributes: HashMap<&str, &str> = HashMap::new();
+            for _ in 0..attrs {
+                let key = meta_string(&strings, &mut c)?;
+                let value = meta_string(&strings, &mut c)?;
+                attributes.insert(key, value);
+            }
+            let children = c.count("element children", 3)?;
+            let number = |key: &str| -> R<i64> {
+                let v = attributes.get(key).copied().unwrap_or("");
+                v.parse().or_else(|_| {
+                    bad(
+                        c.pos,
+                        format!("metadata {name} attribute {key} {v:?} is not a number"),
+                    )
+                })
+            };
+            if name == "class" {
+                let class_name = attributes.get("name").copied().unwrap_or("").to_owned();
+                class = Some((
+                    number("id")?,
+                    Class {
+                        kind: Kind::of(&class_name),
+                        name: class_name,
+                        fields: Vec::new(),
+                    },
+                ));
+            } else if name == "field" && parent_is_class {
+                let field = Field {
+                    name: attributes.get("name").copied().unwrap_or("").to_owned(),
+                    class: number("class")?,
+                    constant_pool: attributes.get("constantPool") == Some(&"true"),
+                    array: attributes
+                        .get("dimension")
+                        .is_some_and(|d| d.parse::<i64>().unwrap_or(0) > 0),
+                };
+                if let Some((_, c)) = class.as_mut() {
+                    c.fields.push(field);
+                }
+            }
+            open.push((name, children));
+        }
+        // Every field's class is declared.
+        for class in metadata.classes.values() {
+            for f in &class.fields {
+                if !metadata.classes.contains_key(&f.class) {
+                    return bad(
+                        at,
+                        format!(
+                            "field {}.{} is of class {}, which the metadata does not declare",
+                            class.name, f.name, f.class
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(metadata)
+    }
+}
+
+/// A metadata string, by its index in the metadata's string table.
+fn meta_string<'s>(strings: &'s [String], c: &mut Cursor<'_>) -> R<&'s str> {
+    let at = c.pos;
+    let i = c.int()?;
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| strings.get(i))
+        .map(String::as_str)
+        .ok_or(Bad {
+            at,
+            reason: format!("metadata string {i} of {}", strings.len()),
+        })
+}
+
+/// An event's size, checked to lie within what the cursor may read; the cursor is left
+/// after the size.
+pub(super) fn event_size(c: &mut Cursor<'_>) -> R<usize> {
+    let at = c.pos;
+    let size = c.int()?;
+    let size = usize::try_from(size).unwrap_or(0);
+    let read = c.pos - at;
+    if size <= read || size > c.end - at {
+        return bad(
+            at,
+            format!(
+                "an event's size {size} does not fit in the {} bytes left",
+                c.end - at
+            ),
+        );
+    }
+    Ok(size)
+}
+
+/// A value read: leaves, and structs and arrays whose parts are other slots.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Slot {
+    Int(i64),
+    Float(f64),
+    Str(Str),
+    /// An id in the field class's constant pool.
+    Ref(i64),
+    /// Fields (or array elements) in slots `at..at + n`.
+    Struct {
+        at: usize,
+        n: usize,
+    },
+    Array {
+        at: usize,
+        n: usize,
+    },
+}
+
+/// Reads values of the metadata's classes into slots, reusing them from one value to the
+/// next.
+pub(super) struct Values<'m> {
+    pub(super) metadata: &'m Metadata,
+    pub(super) slots: Vec<Slot>,
+    /// Most slots one value may take: a value takes at least a byte for each leaf, so real
+    /// values stay far under it; a class that contains itself or an array of empty structs
+    /// meets it.
+    budget: usize,
+}
+
+enum Task {
+    Value {
+        slot: usize,
+        class: i64,
+        constant_pool: bool,
+        array: bool,
+    },
+}
+
+impl<'m> Values<'m> {
+    pub(super) fn new(metadata: &'m Metadata) -> Self {
+        Self {
+            metadata,
+            slots: Vec::new(),
+            budget: 0,
+        }
+    }
+
+    fn reserve(&mut self, n: usize, at: usize) -> R<usize> {
+        if n > self.budget {
+            return bad(
+                at,
+                "a value takes more slots than its bytes allow (a class that contains itself?)",
+            );
+        }
+        self.budget -= n;
+        let first = self.slots.len();
+        self.slots.resize(first + n, Slot::Int(0));
+        Ok(first)
+    }
+
+    /// Reads one value of `class` (a struct of its fields, or a primitive) into slot 0,
+    /// forgetting the previous value.
+    pub(super) fn read(&mut self, c: &mut Cursor<'_>, class: i64) -> R<()> {
+        self.slots.clear();
+        self.budget = 2 * c.left() + 64;
+        self.slots.push(Slot::Int(0));
+        let mut tasks = vec![Task::Value {
+            slot: 0,
+            class,
+            constant_pool: false,
+            array: false,
+        }];
+        while let Some(Task::Value {
+            slot,
+            class,
+            constant_pool,
+            array,
+        }) = tasks.pop()
+        {
+            let at = c.pos;
+            let value = if array {
+                let n = c.count("array length", 0)?;
+                let first = self.reserve(n, at)?;
+                // Pending tasks are bounded by the budget as the slots are.
+                for i in (0..n).rev() {
+                    tasks.push(Task::Value {
+                        slot: first + i,
+                        class,
+                        constant_pool,
+                        array: false,
+                    });
+                }
+                Slot::Array { at: first, n }
+            } else if constant_pool {
+                Slot::Ref(c.long()?)
+            } else {
+                let Some(cls) = self.metadata.classes.get(&class) else {
+                    return bad(
+                        at,
+                        format!("a value of class {class}, which is not declared"),
+                    );
+                };
+                match cls.kind {
+                    Kind::Boolean | Kind::Byte => Slot::Int(i64::from(c.byte()? as i8)),
+                    Kind::Short | Kind::Char => Slot::Int(c.short()?),
+                    Kind::Int => Slot::Int(i64::from(c.int()?)),
+                    Kind::Long => Slot::Int(c.long()?),
+                    Kind::Float => Slot::Float(f64::from(f32::from_be_bytes(c.be()?))),
+                    Kind::Double => Slot::Float(f64::from_be_bytes(c.be()?)),
+                    Kind::String => Slot::Str(c.string()?),
+                    Kind::Struct => {
+                        let n = cls.fields.len();
+                        let first = self.reserve(n, at)?;
+                        for (i, f) in cls.fields.iter().enumerate().rev() {
+                            tasks.push(Task::Value {
+                                slot: first + i,
+                                class: f.class,
+                                constant_pool: f.constant_pool,
+                                array: f.array,
+                            });
+                        }
+                        Slot::Struct { at: first, n }
+                    }
+                }
+            };
+            self.slots[slot] = value;
+        }
+        Ok(())
+    }
+
+    /// Field `i` of the struct in `slot`.
+    pub(super) fn field(&self, slot: usize, i: usize) -> Option<&Slot> {
+        match self.slots.get(slot)? {
+            Slot::Struct { at, n } if i < *n => self.slots.get(at + i),
+            _ => None,
+        }
+    }
+}
+
+/// Field `i` of the struct in `slot` as an integer (a long, an int, a boolean) or a
+/// constant pool id.
+pub(super) fn int(values: &Values<'_>, slot: usize, i: Option<usize>) -> Option<i64> {
+    match values.field(slot, i?)? {
+        Slot::Int(v) | Slot::Ref(v) => Some(*v),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_take_seven_bits_a_byte_and_eight_in_the_ninth() {
+        let mut c = Cursor::new(&[0x7f], 0, 1, true);
+        assert_eq!(c.long().unwrap(), 127);
+        let mut c = Cursor::new(&[0x80, 0x01], 0, 2, true);
+        assert_eq!(c.long().unwrap(), 128);
+        let all = [0xff; 9];
+        let mut c = Cursor::new(&all, 0, 9, true);
+        assert_eq!(c.long().unwrap(), -1);
+        let mut c = Cursor::new(&[0x80, 0x80], 0, 2, true);
+        assert!(c.long().is_err(), "a varint cut short is an error");
+    }
+
+    #[test]
+    fn counts_past_the_bytes_left_are_refused_before_anything_is_reserved() {
+        // 1,000,000 as a varint, and nothing after it.
+        let mut c = Cursor::new(&[0xc0, 0x84, 0x3d], 0, 3, true);
+        let e = c.count("strings", 1).unwrap_err();
+        assert!(e.reason.contains("1000000 declared"), "{}", e.reason);
+    }
+
+    #[test]
+    fn a_class_that_contains_itself_is_an_error_not_a_hang() {
+        let mut metadata = Metadata::default();
+        metadata.classes.insert(
+            7,
+            Class {
+                name: "Loop".into(),
+                kind: Kind::Struct,
+                fields: vec![Field {
+                    name: "again".into(),
+                    class: 7,
+                    constant_pool: false,
+                    array: false,
+                }],
+            },
+        );
+        let mut values = Values::new(&metadata);
+        let bytes = [0u8; 16];
+        let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
+        let e = values.read(&mut c, 7).unwrap_err();
+        assert!(e.reason.contains("contains itself"), "{}", e.reason);
+    }
+}
