@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded trie speedscope otlp push selector wal manifest push_bounds otlp_bounds querier)
+[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded trie speedscope jfr otlp push selector wal manifest push_bounds otlp_bounds querier)
 memory=${FUZZ_MEMORY_MB:-2048}
 shared="${FROSTDB_SHARED:-$(cd ../.. && pwd)/shared}"
 [ -d "$shared/testdata" ] || shared=/work/shared
@@ -28,6 +28,7 @@ seed() {
     decode|normalize|push) cp "$shared"/testdata/pprof/*.pb* "$dir"/ ;;
     folded) cp "$shared"/testdata/folded/*.txt "$dir"/ ;;
     speedscope) cp ../testdata/speedscope/*.json "$dir"/ ;;
+    jfr) for f in ../testdata/jfr/*.jfr.gz; do gunzip -c "$f" > "$dir/$(basename "$f" .gz)"; done ;;
     otlp|otlp_bounds) cp "$shared"/testdata/otlp/*.pb "$dir"/ ;;
     selector) printf '%s' 'process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name="api",pod=~"api-.*"}' > "$dir"/1
               printf '%s' '{namespace!="kube-system",env!~"dev|test"}' > "$dir"/2 ;;

@@ -105,6 +105,15 @@ pub fn speedscope_target(data: &[u8]) {
     }
 }
 
+/// JFR recordings of arbitrary bytes converted to profiles: what converts must validate.
+pub fn jfr_target(data: &[u8]) {
+    if let Ok(recording) = crate::convert::jfr::convert(data, None, 100, &limits()) {
+        for c in recording.profiles {
+            crate::validate(c.profile, &limits()).expect("a converted JFR profile is valid");
+        }
+    }
+}
+
 fn folded_units() -> crate::convert::folded::Units {
     crate::convert::folded::Units {
         sample: ("cpu".into(), "nanoseconds".into()),

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use frostdb_core::fuzzing::{found_inputs, variants};
 use frostdb_pprof::convert::push::proto as push;
 use frostdb_pprof::fuzzing::{
-    QUERIER_METHODS, decode_target, folded_target, normalize_target, otlp_bounds_target,
-    otlp_target, push_bounds_target, push_target, querier_target, selector_target,
-    speedscope_target, trie_target,
+    QUERIER_METHODS, decode_target, folded_target, jfr_target, normalize_target,
+    otlp_bounds_target, otlp_target, push_bounds_target, push_target, querier_target,
+    selector_target, speedscope_target, trie_target,
 };
 use prost::Message;
 
@@ -299,6 +299,33 @@ fn the_trie_and_speedscope_targets_never_panic_on_their_corpus() {
     write_seeds("speedscope", &speedscopes);
     assert!(replay("trie", tries, trie_target) >= 6 * 17);
     assert!(replay("speedscope", speedscopes, speedscope_target) >= 9 * 17);
+}
+
+#[test]
+fn the_jfr_target_never_panics_on_its_corpus() {
+    // async-profiler's recordings (testdata/jfr), raw: each converts whole first.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/jfr");
+    let mut recordings = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.to_string_lossy().ends_with(".jfr.gz") {
+            let raw = frostdb_pprof::inflate(&std::fs::read(&path).unwrap(), 64 << 20)
+                .unwrap()
+                .into_owned();
+            let converted = frostdb_pprof::convert::jfr::convert(
+                &raw,
+                None,
+                100,
+                &frostdb_pprof::Limits::default(),
+            )
+            .unwrap();
+            assert!(!converted.profiles.is_empty(), "{}", path.display());
+            recordings.push(raw);
+        }
+    }
+    assert_eq!(recordings.len(), 4);
+    let runs = replay("jfr", recordings, jfr_target);
+    assert!(runs >= 4 * 17, "{runs} inputs");
 }
 
 #[test]

@@ -717,8 +717,9 @@ async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
         total("pprof/goapp__go119-heap.pb.gz", "inuse_space")
     );
     // What is not supported says so.
-    let (status, _) = post(&ingest("name=x&format=jfr"), None, &[], vec![1, 2, 3]).await;
-    assert_eq!(status, 415);
+    let (status, body) = post(&ingest("name=x&format=flamegraph"), None, &[], vec![1]).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("unknown format"), "{body}");
     let (status, body) = post(&ingest("name=x"), None, &[], b"a;b notanumber\n".to_vec()).await;
     assert_eq!(status, 400);
     assert!(body.contains("line 1"), "{body}");
@@ -841,6 +842,162 @@ async fn legacy_ingest_speaks_trie_tree_and_speedscope() {
     )
     .await;
     assert_eq!(status, 400, "{body}");
+}
+
+fn jfr_testdata(name: &str) -> Vec<u8> {
+    std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/jfr")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Per profile type a recording makes, the total of its values.
+fn jfr_totals(recording: &[u8], labels: Option<&[u8]>) -> Vec<(String, i64)> {
+    let converted =
+        frostdb_pprof::convert::jfr::convert(recording, labels, 100, &Default::default()).unwrap();
+    let mut out = Vec::new();
+    for c in &converted.profiles {
+        let p = &c.profile;
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let period = p.period_type.as_ref().unwrap();
+        for (i, t) in p.sample_type.iter().enumerate() {
+            out.push((
+                format!(
+                    "{}:{}:{}:{}:{}",
+                    c.profile_name,
+                    s(t.r#type),
+                    s(t.unit),
+                    s(period.r#type),
+                    s(period.unit)
+                ),
+                p.sample.iter().map(|x| x.value[i]).sum(),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn legacy_ingest_takes_jfr_as_pyroscope_java_sends_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let ingest = |q: &str| format!("{}/ingest?{q}&from=1763805600", s.url);
+    // pyroscope-java's form: the recording and its context labels, each gzipped.
+    let recording = jfr_testdata("new_spancontext.jfr.gz");
+    let labels = jfr_testdata("new_spancontext.labels.gz");
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "jfr",
+            reqwest::multipart::Part::bytes(recording.clone()).file_name("jfr"),
+        )
+        .part(
+            "labels",
+            reqwest::multipart::Part::bytes(labels.clone()).file_name("labels"),
+        );
+    let r = reqwest::Client::new()
+        .post(ingest(
+            "name=javaapp{env=prod}&format=jfr&sampleRate=100&spyName=javaspy",
+        ))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["profile_types"], serde_json::json!([CPU]), "{body}");
+    assert_eq!(answer["series_labels"]["jfr_event"], "ctimer", "{body}");
+    let want = jfr_totals(&recording, Some(&labels));
+    assert_eq!(want[0].0, CPU);
+    assert!(want[0].1 > 0);
+    assert_eq!(
+        top_total(
+            &s,
+            None,
+            &format!("{CPU}{{service_name=\"javaapp\",env=\"prod\"}}")
+        )
+        .await,
+        want[0].1
+    );
+    // A context's labels are the samples' labels: the `dyn2="v2"` context alone.
+    let dyn2 = top_total(
+        &s,
+        None,
+        &format!("{CPU}{{service_name=\"javaapp\",dyn2=\"v2\"}}"),
+    )
+    .await;
+    assert!(dyn2 > 0 && dyn2 < want[0].1, "dyn2 {dyn2} of {}", want[0].1);
+
+    // The raw recording as the body: every kind of profile in it stored, totals kept.
+    let recording = jfr_testdata("example.jfr.gz");
+    let (status, body) = post(
+        &ingest("name=javaraw&format=jfr"),
+        None,
+        &[],
+        recording.clone(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let want = jfr_totals(&recording, None);
+    assert_eq!(want.len(), 7, "{want:?}");
+    for (profile_type, total) in &want {
+        assert!(
+            answer["profile_types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t == profile_type),
+            "{profile_type} in {body}"
+        );
+        assert_eq!(
+            top_total(
+                &s,
+                None,
+                &format!("{profile_type}{{service_name=\"javaraw\"}}")
+            )
+            .await,
+            *total,
+            "{profile_type}"
+        );
+    }
+
+    // Cut short, garbage, a bomb: refused, naming the problem, nothing stored.
+    let raw = {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&recording[..]), &mut out)
+            .unwrap();
+        out
+    };
+    // 300 MB of zeros as 300 gzip members of a megabyte (quick to make in a debug build).
+    let bomb = gzip(&vec![0u8; 1 << 20]).repeat(300);
+    for (body, status_want, want) in [
+        (
+            raw[..raw.len() / 2].to_vec(),
+            400,
+            "JFR recording: invalid JFR: byte 8 (chunk 0): the chunk says it is",
+        ),
+        (b"PK\x03\x04 not a recording".to_vec(), 400, "no FLR magic"),
+        (Vec::new(), 400, "the recording is empty"),
+        (bomb, 413, "JFR recording"),
+    ] {
+        let (status, answer) = post(&ingest("name=broken&format=jfr"), None, &[], body).await;
+        assert_eq!(status, status_want, "{answer}");
+        assert!(answer.contains(want), "{want}: {answer}");
+    }
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc(&format!("{CPU}{{service_name=\"broken\"}}"))
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "nothing of broken is stored: {body}");
 }
 
 #[tokio::test]

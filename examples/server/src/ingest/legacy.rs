@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Query, Request, State};
 use frostdb_pprof::convert::legacy::Params;
 
-use super::{body_bytes, content_type, store};
+use super::{Incoming, body_bytes, content_type, store};
 use crate::edge::RequestMemory;
 use crate::error::{ApiError, ApiResult};
 use crate::{Shared, TenantId};
@@ -73,66 +73,21 @@ pub async fn handle(
             )));
         }
     };
-    let series = frostdb_pprof::convert::series_labels(&params.labels).unwrap_or_default();
+    // The series labels stored, as the decoding made them (a JFR recording adds its event).
+    let stored_labels = std::sync::Arc::new(std::sync::OnceLock::new());
+    let labels_out = stored_labels.clone();
     let decoding = state.clone();
     let summaries = store(&state, &tenant, move || {
-        let limits = decoding.tenants.pprof_limits();
-        let pprof = |bytes: &[u8], what: &str| {
-            frostdb_pprof::decode(bytes, &limits).map_err(|e| ApiError::from(e).context(what))
-        };
-        let incoming = match body {
-            Body::Pprof(bytes) => {
-                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
-                params.pprof(pprof(&bytes, "pprof body")?, None)
-            }
-            Body::Form { profile, previous } => {
-                let previous = previous
-                    .map(|p| pprof(&p, "multipart part \"prev_profile\""))
-                    .transpose()?;
-                params.pprof(pprof(&profile, "multipart part \"profile\"")?, previous)
-            }
-            Body::Folded { bytes, lines } => {
-                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
-                let text = std::str::from_utf8(&bytes).map_err(|e| {
-                    ApiError::bad_request(format!("the folded body is not UTF-8: {e}"))
-                })?;
-                params
-                    .folded(text, lines, &limits)
-                    .map_err(|e| ApiError::from(e).context("folded body"))?
-            }
-            Body::Trie { bytes, tree } => {
-                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
-                let what = if tree { "tree body" } else { "trie body" };
-                params
-                    .trie(&bytes, tree, &limits)
-                    .map_err(|e| ApiError::from(e).context(what))?
-            }
-            Body::Speedscope(bytes) => {
-                let bytes = body_bytes(&decoding, &headers, bytes, &memory)?;
-                return params
-                    .speedscope(&bytes, &limits)
-                    .map_err(|e| ApiError::from(e).context("speedscope body"));
-            }
-            Body::Jfr {
-                recording,
-                labels,
-                raw,
-            } => {
-                // A raw body may come with a Content-Encoding; a form's parts are gzip or
-                // not by their bytes (the converter looks).
-                let recording = if raw {
-                    body_bytes(&decoding, &headers, recording, &memory)?
-                } else {
-                    recording
-                };
-                return params
-                    .jfr(&recording, labels.as_deref(), &limits)
-                    .map_err(|e| ApiError::from(e).context("JFR recording"));
-            }
-        };
-        Ok(vec![incoming])
+        let incoming = decode_body(&decoding, &params, &headers, &memory, body)?;
+        if let Some(first) = incoming.first() {
+            let _ = labels_out
+                .set(frostdb_pprof::convert::series_labels(&first.labels).unwrap_or_default());
+        }
+        Ok(incoming)
     })
     .await?;
+    let series = stored_labels.get().cloned().unwrap_or_default();
+
     let rows: usize = summaries.iter().map(|s| s.rows).sum();
     let duplicates = summaries.iter().filter(|s| s.duplicate).count();
     // Each type once, in the order stored.
@@ -154,6 +109,70 @@ pub async fn handle(
         "series_labels": labels,
         "timestamp_ms": timestamp_ms,
     })))
+}
+
+/// The request's profiles, decoded (in the ingest lane) from its body.
+fn decode_body(
+    decoding: &Shared,
+    params: &Params,
+    headers: &axum::http::HeaderMap,
+    memory: &RequestMemory,
+    body: Body,
+) -> ApiResult<Vec<Incoming>> {
+    let limits = decoding.tenants.pprof_limits();
+    let pprof = |bytes: &[u8], what: &str| {
+        frostdb_pprof::decode(bytes, &limits).map_err(|e| ApiError::from(e).context(what))
+    };
+    let incoming = match body {
+        Body::Pprof(bytes) => {
+            let bytes = body_bytes(decoding, headers, bytes, memory)?;
+            params.pprof(pprof(&bytes, "pprof body")?, None)
+        }
+        Body::Form { profile, previous } => {
+            let previous = previous
+                .map(|p| pprof(&p, "multipart part \"prev_profile\""))
+                .transpose()?;
+            params.pprof(pprof(&profile, "multipart part \"profile\"")?, previous)
+        }
+        Body::Folded { bytes, lines } => {
+            let bytes = body_bytes(decoding, headers, bytes, memory)?;
+            let text = std::str::from_utf8(&bytes)
+                .map_err(|e| ApiError::bad_request(format!("the folded body is not UTF-8: {e}")))?;
+            params
+                .folded(text, lines, &limits)
+                .map_err(|e| ApiError::from(e).context("folded body"))?
+        }
+        Body::Trie { bytes, tree } => {
+            let bytes = body_bytes(decoding, headers, bytes, memory)?;
+            let what = if tree { "tree body" } else { "trie body" };
+            params
+                .trie(&bytes, tree, &limits)
+                .map_err(|e| ApiError::from(e).context(what))?
+        }
+        Body::Speedscope(bytes) => {
+            let bytes = body_bytes(decoding, headers, bytes, memory)?;
+            return params
+                .speedscope(&bytes, &limits)
+                .map_err(|e| ApiError::from(e).context("speedscope body"));
+        }
+        Body::Jfr {
+            recording,
+            labels,
+            raw,
+        } => {
+            // A raw body may come with a Content-Encoding; a form's parts are gzip or
+            // not by their bytes (the converter looks).
+            let recording = if raw {
+                body_bytes(decoding, headers, recording, memory)?
+            } else {
+                recording
+            };
+            return params
+                .jfr(&recording, labels.as_deref(), &limits)
+                .map_err(|e| ApiError::from(e).context("JFR recording"));
+        }
+    };
+    Ok(vec![incoming])
 }
 
 /// A request body as it arrived, decoded in the ingest lane.

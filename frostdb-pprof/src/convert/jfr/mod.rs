@@ -421,6 +421,9 @@ struct Converter<'l> {
     /// Label sets by (context id, span id, span name id), and their labels.
     label_set_ids: HashMap<(i64, i64, i64), u32>,
     label_sets: Vec<Vec<(String, String)>>,
+    /// This chunk's stack trace ids, by profile, as stacks: each distinct stack trace's
+    /// frames are resolved once, not once per event naming it.
+    stacks: HashMap<(Kind, i64), u32>,
     event: Option<String>,
     events: u64,
     start_nanos: Option<i64>,
@@ -436,6 +439,7 @@ impl<'l> Converter<'l> {
             builders: Default::default(),
             label_set_ids: HashMap::from([((0, 0, 0), 0)]),
             label_sets: vec![Vec::new()],
+            stacks: HashMap::new(),
             event: None,
             events: 0,
             start_nanos: None,
@@ -444,6 +448,7 @@ impl<'l> Converter<'l> {
     }
 
     fn chunk(&mut self, buf: &[u8], header: &Header) -> F<()> {
+        self.stacks.clear();
         let metadata = Metadata::read(buf, header)?;
         let named = |name: &str| metadata.id(name);
         let pool_classes = PoolClasses::new(&metadata);
@@ -625,6 +630,9 @@ impl<'l> Converter<'l> {
 
     /// The stack (of `kind`'s profile) of a stack trace id.
     fn stack(&mut self, at: usize, kind: Kind, id: i64, pools: &Pools) -> F<u32> {
+        if let Some(&stack) = self.stacks.get(&(kind, id)) {
+            return Ok(stack);
+        }
         let &(first, n) = pools.stack_traces.get(&id).ok_or_else(|| {
             Failure::Bad(Bad {
                 at,
@@ -656,7 +664,9 @@ impl<'l> Converter<'l> {
             }
         }
         let next = builder.stacks.len() as u32;
-        Ok(*builder.stacks.entry(stack).or_insert(next))
+        let stack = *builder.stacks.entry(stack).or_insert(next);
+        self.stacks.insert((kind, id), stack);
+        Ok(stack)
     }
 
     /// The label set of an event's context and span.
@@ -919,6 +929,236 @@ mod tests {
         ] {
             assert_eq!(merge_generated(class), merged, "{class}");
         }
+    }
+
+    /// A varint, as JFR writes it.
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// An event of `body`, its size (which counts itself) in front.
+    fn event(out: &mut Vec<u8>, body: &[u8]) {
+        let mut size = body.len() + 1;
+        loop {
+            let mut s = Vec::new();
+            varint(&mut s, size as u64);
+            if s.len() + body.len() == size {
+                out.extend_from_slice(&s);
+                out.extend_from_slice(body);
+                return;
+            }
+            size = s.len() + body.len();
+        }
+    }
+
+    /// A one-chunk recording written here: one method, a stack trace of `depth` frames of
+    /// it, and `samples` execution samples of that stack.
+    fn recording(depth: u64, samples: usize) -> Vec<u8> {
+        let strings = [
+            "root",
+            "metadata",
+            "class",
+            "field",
+            "id",
+            "name",
+            "class",
+            "constantPool",
+            "dimension",
+            "true",
+            "1",
+            "long",
+            "int",
+            "boolean",
+            "java.lang.String",
+            "jdk.types.Symbol",
+            "string",
+            "java.lang.Class",
+            "jdk.types.Method",
+            "type",
+            "jdk.types.StackFrame",
+            "method",
+            "lineNumber",
+            "jdk.types.StackTrace",
+            "truncated",
+            "frames",
+            "jdk.ExecutionSample",
+            "startTime",
+            "stackTrace",
+        ];
+        let s = |name: &str| strings.iter().position(|x| *x == name).unwrap() as u64;
+        // (class id, name, [(field, class id, constant pool, array)])
+        type Fields<'a> = &'a [(&'a str, u64, bool, bool)];
+        let classes: [(u64, &str, Fields<'_>); 10] = [
+            (1, "long", &[]),
+            (2, "int", &[]),
+            (3, "boolean", &[]),
+            (4, "java.lang.String", &[]),
+            (5, "jdk.types.Symbol", &[("string", 4, false, false)]),
+            (6, "java.lang.Class", &[("name", 5, true, false)]),
+            (
+                7,
+                "jdk.types.Method",
+                &[("type", 6, true, false), ("name", 5, true, false)],
+            ),
+            (
+                8,
+                "jdk.types.StackFrame",
+                &[("method", 7, true, false), ("lineNumber", 2, false, false)],
+            ),
+            (
+                9,
+                "jdk.types.StackTrace",
+                &[("truncated", 3, false, false), ("frames", 8, false, true)],
+            ),
+            (
+                10,
+                "jdk.ExecutionSample",
+                &[
+                    ("startTime", 1, false, false),
+                    ("stackTrace", 9, true, false),
+                ],
+            ),
+        ];
+        let ids: Vec<String> = (0..=10).map(|i| i.to_string()).collect();
+        let mut strings: Vec<String> = strings.iter().map(|s| s.to_string()).collect();
+        strings.extend(ids.iter().cloned());
+        let id = |i: u64| 29 + i;
+        let mut meta = Vec::new();
+        for v in [0u64, 0, 0, 0] {
+            varint(&mut meta, v); // type 0, start, duration, metadata id
+        }
+        varint(&mut meta, strings.len() as u64);
+        for x in &strings {
+            meta.push(3);
+            varint(&mut meta, x.len() as u64);
+            meta.extend_from_slice(x.as_bytes());
+        }
+        // root { metadata { class* } }
+        for v in [s("root"), 0, 1, s("metadata"), 0, classes.len() as u64] {
+            varint(&mut meta, v);
+        }
+        for (cid, name, fields) in &classes {
+            for v in [
+                s("class"),
+                2,
+                s("id"),
+                id(*cid),
+                s("name"),
+                s(name),
+                fields.len() as u64,
+            ] {
+                varint(&mut meta, v);
+            }
+            for (fname, fclass, cp, array) in fields.iter() {
+                let attrs = 2 + u64::from(*cp) + u64::from(*array);
+                for v in [
+                    s("field"),
+                    attrs,
+                    s("name"),
+                    s(fname),
+                    s("class"),
+                    id(*fclass),
+                ] {
+                    varint(&mut meta, v);
+                }
+                if *cp {
+                    varint(&mut meta, s("constantPool"));
+                    varint(&mut meta, s("true"));
+                }
+                if *array {
+                    varint(&mut meta, s("dimension"));
+                    varint(&mut meta, s("1"));
+                }
+                varint(&mut meta, 0);
+            }
+        }
+        let mut pool = Vec::new();
+        for v in [1u64, 0, 0, 0] {
+            varint(&mut pool, v); // type 1, start, duration, delta
+        }
+        pool.push(0); // flags
+        varint(&mut pool, 4); // pools: Symbol, Class, Method, StackTrace
+        let text = |out: &mut Vec<u8>, t: &str| {
+            out.push(3);
+            varint(out, t.len() as u64);
+            out.extend_from_slice(t.as_bytes());
+        };
+        for v in [5u64, 2, 1] {
+            varint(&mut pool, v);
+        }
+        text(&mut pool, "Deep");
+        varint(&mut pool, 2);
+        text(&mut pool, "recurse");
+        for v in [6u64, 1, 1, 1, 7, 1, 1, 1, 2, 9, 1, 1] {
+            varint(&mut pool, v); // Class 1 {name 1}, Method 1 {Class 1, name 2}, StackTrace 1
+        }
+        pool.push(0); // not truncated
+        varint(&mut pool, depth);
+        for line in 0..depth {
+            varint(&mut pool, 1);
+            varint(&mut pool, line);
+        }
+        let mut body = Vec::new();
+        let mut bytes = Vec::new();
+        event(&mut bytes, &pool);
+        for t in 0..samples {
+            body.clear();
+            for v in [10u64, t as u64 % 100, 1] {
+                varint(&mut body, v);
+            }
+            event(&mut bytes, &body);
+        }
+        let metadata_offset = reader::HEADER_BYTES + bytes.len();
+        event(&mut bytes, &meta);
+        let mut out = Vec::new();
+        out.extend_from_slice(b"FLR\0");
+        out.extend_from_slice(&2u16.to_be_bytes());
+        out.extend_from_slice(&1u16.to_be_bytes());
+        let size = (reader::HEADER_BYTES + bytes.len()) as i64;
+        for v in [
+            size,
+            reader::HEADER_BYTES as i64,
+            metadata_offset as i64,
+            1_700_000_000_000_000_000,
+            1_000_000_000,
+            0,
+            1_000_000_000,
+        ] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(&1i32.to_be_bytes());
+        out.extend_from_slice(&bytes);
+        out
+    }
+
+    #[test]
+    fn a_deep_stack_named_by_many_events_is_resolved_once() {
+        // 2,000 frames named by 200,000 four-byte events: 400 million frames if each event
+        // resolved its stack, 2,000 as it is.
+        let r = recording(2_000, 200_000);
+        let converted = convert(&r, None, 100, &Limits::default()).unwrap();
+        let cpu = &converted.profiles[0].profile;
+        assert_eq!(cpu.sample.len(), 1);
+        assert_eq!(cpu.sample[0].location_id.len(), 2_000);
+        assert_eq!(cpu.sample[0].value, [200_000 * 10_000_000]);
+        assert_eq!(
+            cpu.string_table[cpu.function[0].name as usize],
+            "Deep.recurse"
+        );
+    }
+
+    #[test]
+    fn stacks_over_the_limits_are_refused() {
+        let r = recording(5_000, 1);
+        let e = convert(&r, None, 100, &Limits::default()).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
+        let r = recording(70_000, 1);
+        let e = convert(&r, None, 100, &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("an array of 70000 elements"), "{e}");
     }
 
     #[test]

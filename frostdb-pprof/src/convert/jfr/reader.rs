@@ -19,6 +19,10 @@
 
 use std::collections::HashMap;
 
+/// The most elements an array value may have: far over the deepest stack a JVM records
+/// (2,048 frames), and what keeps one value's slots to a few megabytes.
+pub(super) const MAX_ARRAY: usize = 1 << 16;
+
 /// The chunk header's size.
 pub(super) const HEADER_BYTES: usize = 68;
 const MAGIC: &[u8; 4] = b"FLR\0";
@@ -580,6 +584,12 @@ impl<'m> Values<'m> {
             let at = c.pos;
             let value = if array {
                 let n = c.count("array length", 0)?;
+                if n > MAX_ARRAY {
+                    return bad(
+                        at,
+                        format!("an array of {n} elements (at most {MAX_ARRAY})"),
+                    );
+                }
                 let first = self.reserve(n, at)?;
                 // Pending tasks are bounded by the budget as the slots are.
                 for i in (0..n).rev() {
