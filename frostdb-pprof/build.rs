@@ -1,5 +1,6 @@
 //! Generates, with prost, the pprof message types from `proto/profile.proto`, the OTLP profile
-//! messages from `proto/otlp.proto`, Pyroscope's push messages from `proto/push.proto`, and
+//! messages from `proto/otlp.proto`, Pyroscope's push messages from `proto/push.proto`,
+//! Parca Agent's (`proto/parca`: its profile store and debug info upload), and
 //! the messages of Pyroscope's query API (`proto/{querier,types,settings,google}/v1`), the
 //! last with proto3 JSON (pbjson: int64 as strings, lowerCamel or original field names in).
 //! protox parses the protos in Rust, so no `protoc` is needed.
@@ -26,6 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "proto/profile.proto",
             "proto/otlp.proto",
             "proto/push.proto",
+            "proto/parca/profilestore.proto",
+            "proto/parca/debuginfo.proto",
             "proto/querier/v1/querier.proto",
             "proto/settings/v1/setting.proto",
         ],

@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 seconds=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded trie speedscope jfr otlp push selector wal manifest push_bounds otlp_bounds querier)
+[ ${#targets[@]} -gt 0 ] || targets=(decode normalize folded trie speedscope jfr parca otlp push selector wal manifest push_bounds otlp_bounds querier)
 memory=${FUZZ_MEMORY_MB:-2048}
 shared="${FROSTDB_SHARED:-$(cd ../.. && pwd)/shared}"
 [ -d "$shared/testdata" ] || shared=/work/shared

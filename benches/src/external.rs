@@ -60,7 +60,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The profile type the bench's queries read.
 pub const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds";
 
-fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
+pub(crate) fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))

@@ -7,6 +7,7 @@
 
 pub mod cardinality;
 pub mod external;
+pub mod formats;
 pub mod scale;
 
 use std::sync::Arc;

@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "querier/v1/querier.proto",
             "settings/v1/setting.proto",
             "otlp_collector.proto",
+            "parca/profilestore.proto",
+            "parca/debuginfo.proto",
         ],
         ["../../frostdb-pprof/proto"],
     )?;
@@ -31,7 +33,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .extern_path(".types.v1", "::frostdb_pprof::api::types::v1")
             .extern_path(".settings.v1", "::frostdb_pprof::api::settings::v1")
             .extern_path(".google.v1", "::frostdb_pprof::proto")
-            .extern_path(".otlp.profiles", "::frostdb_pprof::convert::otlp::proto");
+            .extern_path(".otlp.profiles", "::frostdb_pprof::convert::otlp::proto")
+            .extern_path(
+                ".parca.profilestore.v1alpha1",
+                "::frostdb_pprof::convert::parca::proto",
+            )
+            .extern_path(
+                ".parca.debuginfo.v1alpha1",
+                "::frostdb_pprof::debuginfo::proto",
+            );
         if server {
             builder = builder.codec_path("crate::codec::BoundedCodec");
         }

@@ -732,6 +732,16 @@ impl Db {
         tables
     }
 
+    /// The object store of the database's persisted blocks and the prefix it keeps them
+    /// under (`None` for a database in memory): where an embedder keeps its own objects
+    /// beside them, under a name no table has (the server's uploaded debug info).
+    pub fn object_store(
+        &self,
+    ) -> Option<(Arc<dyn object_store::ObjectStore>, object_store::path::Path)> {
+        let disk = self.inner.disk.as_ref()?;
+        Some((disk.storage.store().clone(), disk.storage.prefix().clone()))
+    }
+
     /// Persists the active data of every table (rotating the active blocks) and waits for
     /// it: on return, nothing depends on the WAL. For a clean shutdown; nothing is lost
     /// without it either. A shared database persists every table in one cut; a read-only

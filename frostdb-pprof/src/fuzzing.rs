@@ -114,6 +114,29 @@ pub fn jfr_target(data: &[u8]) {
     }
 }
 
+/// Parca Agent's requests of arbitrary bytes: the first byte picks a `WriteRaw` request
+/// (protobuf) or a `WriteArrow` record (Arrow IPC); what converts must validate.
+pub fn parca_target(data: &[u8]) {
+    use prost::Message;
+    let Some((&kind, rest)) = data.split_first() else {
+        return;
+    };
+    let converted = if kind % 2 == 0 {
+        match crate::convert::parca::proto::WriteRawRequest::decode(rest) {
+            Ok(request) => crate::convert::parca::write_raw(&request, &limits()),
+            Err(_) => return,
+        }
+    } else {
+        crate::convert::parca::write_arrow(rest, &limits())
+    };
+    for incoming in converted.into_iter().flatten() {
+        assert!(
+            !incoming.name.is_empty(),
+            "a converted Parca profile is named"
+        );
+    }
+}
+
 fn folded_units() -> crate::convert::folded::Units {
     crate::convert::folded::Units {
         sample: ("cpu".into(), "nanoseconds".into()),

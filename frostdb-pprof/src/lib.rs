@@ -35,6 +35,7 @@
 pub mod bounds;
 mod columnar;
 pub mod convert;
+pub mod debuginfo;
 mod decode;
 mod dedup;
 mod error;

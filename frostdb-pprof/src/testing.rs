@@ -193,3 +193,267 @@ pub fn arrow_samples(
     columns.push((crate::FRAMES.into(), Arc::new(frames.finish())));
     arrow::array::RecordBatch::try_from_iter(columns).expect("a samples batch")
 }
+
+/// A `WriteArrow` record as Parca Agent v0.48+ builds one (`reporter/arrow_v2.go` and
+/// `reporter/parca_reporter.go` at main `cb46a8ea73a4c97ff0a555a4bab1cf9cec73daa0`): one
+/// row per sample; labels a struct of run-end encoded dictionaries; the stack a list view
+/// of dictionary-encoded locations (native frames an address in a mapping with its build
+/// id and no lines; kernel and interpreted frames with their function); the types run-end
+/// encoded; an Arrow IPC stream, LZ4 compressed, its schema marked `v2`; the native
+/// frames' mapping has `build_id`. Returns the bytes and the CPU and off-CPU totals.
+pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        Array, ArrayRef, DictionaryArray, FixedSizeBinaryArray, Int32Array, Int64Array,
+        ListViewArray, RunArray, StringArray, StringViewArray, StructArray,
+        TimestampNanosecondArray, UInt32Array, UInt64Array,
+    };
+    use arrow::buffer::ScalarBuffer;
+    use arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema, TimeUnit, UInt32Type};
+
+    let dict = |keys: Vec<Option<u32>>, values: &[&str]| -> ArrayRef {
+        Arc::new(
+            DictionaryArray::<UInt32Type>::try_new(
+                UInt32Array::from(keys),
+                Arc::new(StringArray::from(values.to_vec())),
+            )
+            .unwrap(),
+        )
+    };
+    // A run-end encoding of `values` (one run each) repeated over `lens` rows.
+    let ree = |lens: &[i32], values: ArrayRef| -> ArrayRef {
+        let mut end = 0;
+        let ends: Vec<i32> = lens
+            .iter()
+            .map(|l| {
+                end += l;
+                end
+            })
+            .collect();
+        Arc::new(RunArray::<Int32Type>::try_new(&Int32Array::from(ends), &values).unwrap())
+    };
+    let strings = |v: &[&str]| -> ArrayRef { Arc::new(StringArray::from(v.to_vec())) };
+
+    // Functions: the kernel's, and a Python handler.
+    let function_fields = Fields::from(vec![
+        Field::new("system_name", DataType::Utf8View, true),
+        Field::new(
+            "filename",
+            DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        Field::new("start_line", DataType::UInt64, false),
+    ]);
+    let functions = StructArray::new(
+        function_fields.clone(),
+        vec![
+            Arc::new(StringViewArray::from(vec!["do_syscall_64", "handler"])),
+            dict(vec![Some(0), Some(1)], &["vmlinux", "app.py"]),
+            Arc::new(UInt64Array::from(vec![0, 40])),
+        ],
+        None,
+    );
+    let function_dict =
+        DictionaryArray::<UInt32Type>::try_new(UInt32Array::from(vec![0, 1]), Arc::new(functions))
+            .unwrap();
+    let line_fields = Fields::from(vec![
+        Field::new("line", DataType::UInt64, false),
+        Field::new("column", DataType::UInt64, false),
+        Field::new("function", function_dict.data_type().clone(), false),
+    ]);
+    let lines = StructArray::new(
+        line_fields.clone(),
+        vec![
+            Arc::new(UInt64Array::from(vec![0, 42])),
+            Arc::new(UInt64Array::from(vec![0, 7])),
+            Arc::new(function_dict),
+        ],
+        None,
+    );
+    // Locations: 0..3 native (app), 3 kernel, 4 Python; lines of 3 and 4 only.
+    let line_field = Arc::new(Field::new("item", DataType::Struct(line_fields), true));
+    let location_lines = ListViewArray::new(
+        line_field,
+        ScalarBuffer::from(vec![0, 0, 0, 0, 1]),
+        ScalarBuffer::from(vec![0, 0, 0, 1, 1]),
+        Arc::new(lines),
+        Some(vec![false, false, false, true, true].into()),
+    );
+    let location_fields = Fields::from(vec![
+        Field::new("address", DataType::UInt64, false),
+        Field::new(
+            "frame_type",
+            DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        Field::new(
+            "mapping_file",
+            DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        Field::new(
+            "mapping_build_id",
+            DataType::Dictionary(Box::new(DataType::UInt32), Box::new(DataType::Utf8)),
+            true,
+        ),
+        Field::new("lines", location_lines.data_type().clone(), true),
+    ]);
+    let locations = StructArray::new(
+        location_fields,
+        vec![
+            Arc::new(UInt64Array::from(vec![
+                0x1140,
+                0x11a0,
+                0x1220,
+                0xffff_ffff_8100_0000,
+                0,
+            ])),
+            dict(
+                vec![Some(0), Some(0), Some(0), Some(1), Some(2)],
+                &["native", "kernel", "cpython"],
+            ),
+            dict(
+                vec![Some(0), Some(0), Some(0), Some(1), None],
+                &["app", "[kernel.kallsyms]"],
+            ),
+            dict(vec![Some(0), Some(0), Some(0), None, None], &[build_id]),
+            Arc::new(location_lines),
+        ],
+        None,
+    );
+    // Stacks (leaf first) as dictionary keys into the locations; rows 0 and 2 share one.
+    let stack_keys = UInt32Array::from(vec![0, 1, 2, 3, 4, 2]);
+    let stack_values =
+        DictionaryArray::<UInt32Type>::try_new(stack_keys, Arc::new(locations)).unwrap();
+    let stack_field = Arc::new(Field::new("item", stack_values.data_type().clone(), true));
+    let stacks = ListViewArray::new(
+        stack_field,
+        ScalarBuffer::from(vec![0, 3, 0]),
+        ScalarBuffer::from(vec![3, 3, 3]),
+        Arc::new(stack_values),
+        None,
+    );
+    let label_type = |values: ArrayRef, lens: &[i32]| ree(lens, values);
+    let labels = StructArray::new(
+        Fields::from(vec![
+            Field::new(
+                "node",
+                label_type(dict(vec![Some(0)], &["arrow-node"]), &[3])
+                    .data_type()
+                    .clone(),
+                true,
+            ),
+            Field::new(
+                "thread_name",
+                label_type(dict(vec![Some(0)], &["worker"]), &[3])
+                    .data_type()
+                    .clone(),
+                true,
+            ),
+        ]),
+        vec![
+            label_type(dict(vec![Some(0)], &["arrow-node"]), &[3]),
+            label_type(dict(vec![Some(0), Some(1)], &["worker", "main"]), &[2, 1]),
+        ],
+        None,
+    );
+    // Two CPU samples (7 and 3) and one off-CPU sample (1.5 ms).
+    let values = Int64Array::from(vec![7, 3, 1_500_000]);
+    let (cpu, off_cpu) = (10, 1_500_000);
+    let uuid = FixedSizeBinaryArray::try_from_iter((0u8..3).map(|i| [i; 16])).unwrap();
+    let columns: Vec<(Field, ArrayRef)> = vec![
+        (
+            Field::new("labels", labels.data_type().clone(), false),
+            Arc::new(labels),
+        ),
+        (
+            Field::new("stacktrace", stacks.data_type().clone(), true),
+            Arc::new(stacks),
+        ),
+        (
+            Field::new("stacktrace_id", DataType::FixedSizeBinary(16), false).with_metadata(
+                [("ARROW:extension:name".to_owned(), "arrow.uuid".to_owned())].into(),
+            ),
+            Arc::new(uuid),
+        ),
+        (
+            Field::new("value", DataType::Int64, false),
+            Arc::new(values),
+        ),
+        ("producer", ree(&[3], strings(&["parca_agent"]))).into_field(),
+        (
+            "sample_type",
+            ree(&[2, 1], strings(&["samples", "wallclock"])),
+        )
+            .into_field(),
+        (
+            "sample_unit",
+            ree(&[2, 1], strings(&["count", "nanoseconds"])),
+        )
+            .into_field(),
+        ("period_type", ree(&[2, 1], strings(&["cpu", "samples"]))).into_field(),
+        (
+            "period_unit",
+            ree(&[2, 1], strings(&["nanoseconds", "count"])),
+        )
+            .into_field(),
+        ("temporality", ree(&[3], strings(&["delta"]))).into_field(),
+        (
+            "period",
+            ree(&[2, 1], Arc::new(Int64Array::from(vec![52_631_578, 1]))),
+        )
+            .into_field(),
+        (
+            "duration",
+            ree(&[3], Arc::new(UInt64Array::from(vec![1_000_000_000]))),
+        )
+            .into_field(),
+        (
+            Field::new(
+                "timestamp",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                false,
+            ),
+            Arc::new(
+                TimestampNanosecondArray::from(vec![
+                    1_763_805_600_000_000_000,
+                    1_763_805_601_000_000_000,
+                    1_763_805_602_000_000_000,
+                ])
+                .with_timezone("UTC"),
+            ),
+        ),
+    ];
+    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
+    let schema = Arc::new(
+        Schema::new(fields)
+            .with_metadata([("parca_write_schema_version".to_owned(), "v2".to_owned())].into()),
+    );
+    let batch = arrow::array::RecordBatch::try_new(schema.clone(), arrays).unwrap();
+    let options = arrow::ipc::writer::IpcWriteOptions::default()
+        .try_with_compression(Some(arrow::ipc::CompressionType::LZ4_FRAME))
+        .unwrap();
+    let mut out = Vec::new();
+    let mut writer =
+        arrow::ipc::writer::StreamWriter::try_new_with_options(&mut out, &schema, options).unwrap();
+    writer.write(&batch).unwrap();
+    writer.finish().unwrap();
+    drop(writer);
+    (out, cpu, off_cpu)
+}
+
+/// A column of the record: its field (nullable, named) and array.
+pub trait IntoField {
+    /// The column.
+    fn into_field(self) -> (arrow::datatypes::Field, arrow::array::ArrayRef);
+}
+
+impl IntoField for (&str, arrow::array::ArrayRef) {
+    fn into_field(self) -> (arrow::datatypes::Field, arrow::array::ArrayRef) {
+        (
+            arrow::datatypes::Field::new(self.0, self.1.data_type().clone(), true),
+            self.1,
+        )
+    }
+}

@@ -13,7 +13,7 @@ use frostdb_core::fuzzing::{found_inputs, variants};
 use frostdb_pprof::convert::push::proto as push;
 use frostdb_pprof::fuzzing::{
     QUERIER_METHODS, decode_target, folded_target, jfr_target, normalize_target,
-    otlp_bounds_target, otlp_target, push_bounds_target, push_target, querier_target,
+    otlp_bounds_target, otlp_target, parca_target, push_bounds_target, push_target, querier_target,
     selector_target, speedscope_target, trie_target,
 };
 use prost::Message;
@@ -326,6 +326,48 @@ fn the_jfr_target_never_panics_on_its_corpus() {
     assert_eq!(recordings.len(), 4);
     let runs = replay("jfr", recordings, jfr_target);
     assert!(runs >= 4 * 17, "{runs} inputs");
+}
+
+#[test]
+fn the_parca_target_never_panics_on_its_corpus() {
+    use frostdb_pprof::convert::parca::proto;
+    // A WriteRaw request of each real pprof, and the agent's Arrow record.
+    let mut inputs = Vec::new();
+    for (i, profile) in files("pprof").into_iter().take(6).enumerate() {
+        let request = proto::WriteRawRequest {
+            series: vec![proto::RawProfileSeries {
+                labels: Some(proto::LabelSet {
+                    labels: vec![proto::Label {
+                        name: "__name__".into(),
+                        value: format!("parca_agent_{i}"),
+                    }],
+                }),
+                samples: vec![proto::RawSample {
+                    raw_profile: profile,
+                    executable_info: vec![],
+                }],
+            }],
+            ..Default::default()
+        };
+        let mut input = vec![0u8];
+        input.extend(request.encode_to_vec());
+        inputs.push(input);
+    }
+    let (record, _, _) = frostdb_pprof::testing::parca_agent_record("00112233445566778899");
+    let limits = frostdb_pprof::Limits::default();
+    assert_eq!(
+        frostdb_pprof::convert::parca::write_arrow(&record, &limits)
+            .unwrap()
+            .len(),
+        2,
+        "the agent's record converts whole"
+    );
+    let mut input = vec![1u8];
+    input.extend(record);
+    inputs.push(input);
+    write_seeds("parca", &inputs);
+    let runs = replay("parca", inputs, parca_target);
+    assert!(runs >= 7 * 17, "{runs} inputs");
 }
 
 #[test]

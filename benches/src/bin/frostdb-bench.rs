@@ -19,12 +19,13 @@ fn main() {
         // profiles rebuilt from its Parquet rows; both land in the same tables.
         Some("ingest") if args.iter().any(|a| a == "--pprof") => ingest_pprof(&args),
         Some("ingest") => ingest(&args),
+        Some("formats") => frostdb_benches::formats::run(&args),
         Some("symbols") => frostdb_benches::scale::symbols(&args),
         Some("labels") => frostdb_benches::cardinality::labels(&args),
         Some("series") => frostdb_benches::cardinality::series(&args),
         Some("query") => query(&args),
         Some("worker") => worker(&args),
-        _ => Err("usage: frostdb-bench ingest [--pprof | --per-profile] [--batch-rows N] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen]".into()),
+        _ => Err("usage: frostdb-bench ingest [--pprof | --per-profile] [--batch-rows N] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | formats --store DIR [--runs N] | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen]".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");

@@ -9,7 +9,9 @@ use crate::api::querier::v1 as querier;
 use crate::api::settings::v1 as settings;
 use crate::api::types::v1 as types;
 use crate::convert::otlp::proto as otlp;
+use crate::convert::parca::proto as parca;
 use crate::convert::push::proto as push;
+use crate::debuginfo::proto as di;
 
 /// A message a request can be: what [`super::decode_protobuf`] and
 /// [`super::decode_json`] check before decoding it.
@@ -92,6 +94,178 @@ static RAW_SAMPLE: Shape = Shape {
 
 bounded! {
     push::PushRequest => PUSH_REQUEST,
+}
+
+// Parca Agent's profile store and debug info requests.
+
+static PARCA_LABELS: Limit = limit("series[].labels.labels", Per::Parent, |l| {
+    l.max_labels_per_series
+});
+static PARCA_EXECUTABLES: Limit = limit("series[].samples[].executable_info", Per::Parent, |l| {
+    l.max_dictionary_entries
+});
+
+pub(crate) static PARCA_WRITE_RAW: Shape = Shape {
+    name: "WriteRawRequest",
+    size: size_of::<parca::WriteRawRequest>(),
+    fields: &[
+        f(1, "tenant", "tenant", STR),
+        f(2, "series", "series", Kind::Message(&PARCA_SERIES))
+            .repeated()
+            .limited(&PUSH_SERIES),
+        f(3, "normalized", "normalized", BOOL),
+    ],
+    max_bytes: None,
+};
+
+static PARCA_SERIES: Shape = Shape {
+    name: "RawProfileSeries",
+    size: size_of::<parca::RawProfileSeries>(),
+    fields: &[
+        f(1, "labels", "labels", Kind::Message(&PARCA_LABEL_SET)),
+        f(2, "samples", "samples", Kind::Message(&PARCA_RAW_SAMPLE))
+            .repeated()
+            .limited(&PUSH_SAMPLES),
+    ],
+    max_bytes: None,
+};
+
+static PARCA_LABEL_SET: Shape = Shape {
+    name: "LabelSet",
+    size: size_of::<parca::LabelSet>(),
+    fields: &[f(1, "labels", "labels", Kind::Message(&PARCA_LABEL))
+        .repeated()
+        .limited(&PARCA_LABELS)],
+    max_bytes: None,
+};
+
+static PARCA_LABEL: Shape = Shape {
+    name: "Label",
+    size: size_of::<parca::Label>(),
+    fields: &[f(1, "name", "name", STR), f(2, "value", "value", STR)],
+    max_bytes: None,
+};
+
+static PARCA_RAW_SAMPLE: Shape = Shape {
+    name: "RawSample",
+    size: size_of::<parca::RawSample>(),
+    fields: &[
+        f(1, "raw_profile", "rawProfile", Kind::Bytes),
+        f(
+            2,
+            "executable_info",
+            "executableInfo",
+            Kind::Message(&PARCA_EXECUTABLE_INFO),
+        )
+        .repeated()
+        .limited(&PARCA_EXECUTABLES),
+    ],
+    max_bytes: None,
+};
+
+static PARCA_EXECUTABLE_INFO: Shape = Shape {
+    name: "ExecutableInfo",
+    size: size_of::<parca::ExecutableInfo>(),
+    fields: &[
+        f(1, "elf_type", "elfType", I32),
+        f(
+            2,
+            "load_segment",
+            "loadSegment",
+            Kind::Message(&PARCA_LOAD_SEGMENT),
+        ),
+    ],
+    max_bytes: None,
+};
+
+static PARCA_LOAD_SEGMENT: Shape = Shape {
+    name: "LoadSegment",
+    size: size_of::<parca::LoadSegment>(),
+    fields: &[f(1, "offset", "offset", I64), f(2, "vaddr", "vaddr", I64)],
+    max_bytes: None,
+};
+
+pub(crate) static PARCA_WRITE: Shape = Shape {
+    name: "WriteRequest",
+    size: size_of::<parca::WriteRequest>(),
+    fields: &[f(1, "record", "record", Kind::Bytes)],
+    max_bytes: None,
+};
+
+pub(crate) static PARCA_WRITE_ARROW: Shape = Shape {
+    name: "WriteArrowRequest",
+    size: size_of::<parca::WriteArrowRequest>(),
+    fields: &[f(1, "ipc_buffer", "ipcBuffer", Kind::Bytes)],
+    max_bytes: None,
+};
+
+pub(crate) static SHOULD_INITIATE_UPLOAD: Shape = Shape {
+    name: "ShouldInitiateUploadRequest",
+    size: size_of::<di::ShouldInitiateUploadRequest>(),
+    fields: &[
+        f(1, "build_id", "buildId", STR),
+        f(2, "hash", "hash", STR),
+        f(3, "force", "force", BOOL),
+        f(4, "type", "type", I32),
+        f(5, "build_id_type", "buildIdType", I32),
+    ],
+    max_bytes: None,
+};
+
+pub(crate) static INITIATE_UPLOAD: Shape = Shape {
+    name: "InitiateUploadRequest",
+    size: size_of::<di::InitiateUploadRequest>(),
+    fields: &[
+        f(1, "build_id", "buildId", STR),
+        f(2, "size", "size", I64),
+        f(3, "hash", "hash", STR),
+        f(4, "force", "force", BOOL),
+        f(5, "type", "type", I32),
+        f(6, "build_id_type", "buildIdType", I32),
+    ],
+    max_bytes: None,
+};
+
+pub(crate) static MARK_UPLOAD_FINISHED: Shape = Shape {
+    name: "MarkUploadFinishedRequest",
+    size: size_of::<di::MarkUploadFinishedRequest>(),
+    fields: &[
+        f(1, "build_id", "buildId", STR),
+        f(2, "upload_id", "uploadId", STR),
+        f(3, "type", "type", I32),
+    ],
+    max_bytes: None,
+};
+
+pub(crate) static UPLOAD: Shape = Shape {
+    name: "UploadRequest",
+    size: size_of::<di::UploadRequest>(),
+    fields: &[
+        f(1, "info", "info", Kind::Message(&UPLOAD_INFO)),
+        f(2, "chunk_data", "chunkData", Kind::Bytes),
+    ],
+    max_bytes: None,
+};
+
+static UPLOAD_INFO: Shape = Shape {
+    name: "UploadInfo",
+    size: size_of::<di::UploadInfo>(),
+    fields: &[
+        f(1, "build_id", "buildId", STR),
+        f(2, "upload_id", "uploadId", STR),
+        f(3, "type", "type", I32),
+    ],
+    max_bytes: None,
+};
+
+bounded! {
+    parca::WriteRawRequest => PARCA_WRITE_RAW,
+    parca::WriteRequest => PARCA_WRITE,
+    parca::WriteArrowRequest => PARCA_WRITE_ARROW,
+    di::ShouldInitiateUploadRequest => SHOULD_INITIATE_UPLOAD,
+    di::InitiateUploadRequest => INITIATE_UPLOAD,
+    di::MarkUploadFinishedRequest => MARK_UPLOAD_FINISHED,
+    di::UploadRequest => UPLOAD,
 }
 
 // OTLP's export request.
@@ -706,6 +880,28 @@ bounded! {
 pub(super) fn all() -> Vec<(&'static str, &'static Shape)> {
     vec![
         ("push.v1.PushRequest", &PUSH_REQUEST),
+        (
+            "parca.profilestore.v1alpha1.WriteRawRequest",
+            &PARCA_WRITE_RAW,
+        ),
+        ("parca.profilestore.v1alpha1.WriteRequest", &PARCA_WRITE),
+        (
+            "parca.profilestore.v1alpha1.WriteArrowRequest",
+            &PARCA_WRITE_ARROW,
+        ),
+        (
+            "parca.debuginfo.v1alpha1.ShouldInitiateUploadRequest",
+            &SHOULD_INITIATE_UPLOAD,
+        ),
+        (
+            "parca.debuginfo.v1alpha1.InitiateUploadRequest",
+            &INITIATE_UPLOAD,
+        ),
+        (
+            "parca.debuginfo.v1alpha1.MarkUploadFinishedRequest",
+            &MARK_UPLOAD_FINISHED,
+        ),
+        ("parca.debuginfo.v1alpha1.UploadRequest", &UPLOAD),
         (
             "otlp.profiles.ExportProfilesServiceRequest",
             &EXPORT_REQUEST,

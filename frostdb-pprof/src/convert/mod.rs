@@ -12,6 +12,7 @@ pub mod gperftools;
 pub mod jfr;
 pub mod legacy;
 pub mod otlp;
+pub mod parca;
 pub mod push;
 pub mod speedscope;
 pub mod trie;

@@ -3,6 +3,7 @@
 
 pub mod legacy;
 pub mod otlp;
+pub mod parca;
 pub mod push;
 
 use axum::Router;
@@ -24,6 +25,8 @@ pub fn routes() -> Router<Shared> {
         .route("/pyroscope/ingest", post(legacy::handle))
         .route("/v1development/profiles", post(otlp::handle))
         .route(otlp::GRPC_EXPORT, post(otlp::handle_grpc))
+        .route(parca::PROFILE_STORE, post(parca::handle))
+        .route(parca::DEBUGINFO, post(parca::handle))
 }
 
 /// Stores a request's profiles whole or not at all ([`frostdb_pprof::convert::store`]),

@@ -479,38 +479,29 @@ impl<'l> Converter<'l> {
         let mut values = Values::new(&metadata);
         let mut pools = Pools::default();
         // First the constant pools, wherever they are in the chunk; then the settings
-        // (async-profiler's `event` says what its samples are); then the events.
+        // (async-profiler's `event` says what its samples are); then, walking the chunk
+        // again (nothing is kept per event), the events.
         let mut settings: Vec<(usize, usize)> = Vec::new();
-        let mut found: Vec<(usize, usize, i64)> = Vec::new();
-        let mut c = Cursor::new(
-            buf,
-            header.start + reader::HEADER_BYTES,
-            header.end(),
-            header.compressed,
-        );
-        while c.left() > 0 {
-            let at = c.pos;
-            let size = reader::event_size(&mut c)?;
-            let mut e = c.clone();
-            e.end = at + size;
-            let kind = e.long()?;
+        let chunk_cursor = || {
+            Cursor::new(
+                buf,
+                header.start + reader::HEADER_BYTES,
+                header.end(),
+                header.compressed,
+            )
+        };
+        let mut c = chunk_cursor();
+        while let Some((at, size, mut e, kind)) = reader::next_event(&mut c)? {
             if kind == 1 {
                 pool_event(&mut e, &mut values, &pool_classes, &mut pools)?;
             } else if Some(kind) == active_setting {
                 settings.push((at, size));
-            } else if events.contains_key(&kind) {
-                found.push((at, size, kind));
             }
-            c.pos = at + size;
         }
-        let event_cursor = |at: usize, size: usize| -> reader::R<(Cursor<'_>, i64)> {
+        for &(at, size) in &settings {
             let mut e = Cursor::new(buf, at, at + size, header.compressed);
             reader::event_size(&mut e)?;
             let class = e.long()?;
-            Ok((e, class))
-        };
-        for &(at, size) in &settings {
-            let (mut e, class) = event_cursor(at, size)?;
             values.read(&mut e, class)?;
             let cls = &metadata.classes[&class];
             let get = |name| match cls.field(name).and_then(|i| values.field(0, i)) {
@@ -523,10 +514,12 @@ impl<'l> Converter<'l> {
                 self.event = Some(event);
             }
         }
-        for &(at, size, kind) in &found {
-            let (mut e, class) = event_cursor(at, size)?;
-            values.read(&mut e, class)?;
-            self.event(at, &values, &events[&kind], &pools, header)?;
+        let mut c = chunk_cursor();
+        while let Some((at, _, mut e, kind)) = reader::next_event(&mut c)? {
+            if let Some(fields) = events.get(&kind) {
+                values.read(&mut e, kind)?;
+                self.event(at, &values, fields, &pools, header)?;
+            }
         }
         let start = header.start_nanos;
         self.start_nanos = Some(self.start_nanos.map_or(start, |s| s.min(start)));

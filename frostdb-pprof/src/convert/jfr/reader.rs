@@ -501,6 +501,21 @@ pub(super) fn event_size(c: &mut Cursor<'_>) -> R<usize> {
     Ok(size)
 }
 
+/// The next event of a chunk: where it starts, its size, a cursor on it after its type,
+/// and its type; the chunk's cursor is left after it. `None` at the chunk's end.
+pub(super) fn next_event<'a>(c: &mut Cursor<'a>) -> R<Option<(usize, usize, Cursor<'a>, i64)>> {
+    if c.left() == 0 {
+        return Ok(None);
+    }
+    let at = c.pos;
+    let size = event_size(c)?;
+    let mut e = c.clone();
+    e.end = at + size;
+    let kind = e.long()?;
+    c.pos = at + size;
+    Ok(Some((at, size, e, kind)))
+}
+
 /// A value read: leaves, and structs and arrays whose parts are other slots.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Slot {

@@ -1,0 +1,751 @@
+//! What Parca Agent writes to Parca's `ProfileStoreService`, as profiles: `WriteRaw`
+//! requests (gzipped pprof profiles under label sets, each named by its `__name__` label),
+//! as the agent sends them up to v0.31 ([`write_raw`]), and `WriteArrow` records (Arrow
+//! IPC, schema `v2`), as it sends them from v0.48 on ([`write_arrow`]). The agent's frames
+//! stay as it sends them (unsymbolized native frames as addresses in mappings with their
+//! build ids), stored as our own sampler's are.
+
+use super::Incoming;
+use crate::{Error, Limits, Result};
+
+/// The messages of `parca.profilestore.v1alpha1` (`proto/parca/profilestore.proto`).
+#[allow(missing_docs, clippy::all, rust_2018_idioms)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/parca.profilestore.v1alpha1.rs"));
+}
+
+/// The label naming a series' profile (`parca_agent_cpu`).
+pub const NAME_LABEL: &str = "__name__";
+
+/// A `WriteRaw` request's profiles: each sample's pprof (gzip or not) under its series'
+/// labels, named by `__name__`. A series without `__name__`, or a sample that is not a
+/// valid pprof within `limits`, is an error naming it (`series[1].samples[0]`).
+pub fn write_raw(request: &proto::WriteRawRequest, limits: &Limits) -> Result<Vec<Incoming>> {
+    let mut out = Vec::new();
+    for (i, series) in request.series.iter().enumerate() {
+        let at = format!("series[{i}]");
+        let labels = series
+            .labels
+            .as_ref()
+            .map(|l| l.labels.as_slice())
+            .unwrap_or_default();
+        let name = labels
+            .iter()
+            .find(|l| l.name == NAME_LABEL)
+            .map(|l| l.value.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| Error::Convert {
+                format: "Parca WriteRaw",
+                at: format!("{at}.labels"),
+                reason: format!("no {NAME_LABEL} label names the profile"),
+            })?;
+        let labels: Vec<(String, String)> = labels
+            .iter()
+            .filter(|l| l.name != NAME_LABEL)
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect();
+        for (j, sample) in series.samples.iter().enumerate() {
+            let at = format!("{at}.samples[{j}]");
+            let profile =
+                crate::decode(&sample.raw_profile, limits).map_err(|e| e.at(at.clone()))?;
+            out.push(Incoming {
+                profile,
+                previous: None,
+                name: name.clone(),
+                labels: labels.clone(),
+                delta: false,
+                timestamp_ms: None,
+                at,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The schema metadata key naming a record's layout (`v1`, `v2`).
+pub const SCHEMA_VERSION_KEY: &str = "parca_write_schema_version";
+
+fn arrow_error(at: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::Convert {
+        format: "Parca WriteArrow",
+        at: at.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The bytes an Arrow IPC stream's buffers decompress to, summed from the lengths each
+/// compressed buffer states, before any is decompressed: what decoding it would allocate.
+/// The stream's framing (continuation marker, metadata length, flatbuffer message, body)
+/// is checked as it is walked.
+pub fn ipc_decompressed_bytes(ipc: &[u8]) -> Result<usize> {
+    use arrow::ipc::{MessageHeader, root_as_message};
+    let mut at = 0usize;
+    let mut total = 0usize;
+    let bad = |at: usize, reason: String| arrow_error(format!("byte {at}"), reason);
+    while at < ipc.len() {
+        let word = |i: usize| -> Result<i32> {
+            ipc.get(i..i + 4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+                .ok_or_else(|| bad(i, "the IPC stream ends inside a message's framing".into()))
+        };
+        let mut len = word(at)?;
+        at += 4;
+        if len == -1 {
+            len = word(at)?;
+            at += 4;
+        }
+        if len == 0 {
+            break; // end of stream
+        }
+        let len = usize::try_from(len).map_err(|_| bad(at, format!("metadata length {len}")))?;
+        let meta = ipc
+            .get(at..at.saturating_add(len))
+            .ok_or_else(|| bad(at, format!("a message of {len} bytes runs past the end")))?;
+        let message =
+            root_as_message(meta).map_err(|e| bad(at, format!("not an Arrow IPC message: {e}")))?;
+        at += len;
+        let body_len = usize::try_from(message.bodyLength())
+            .map_err(|_| bad(at, "a negative body length".into()))?;
+        let body = ipc
+            .get(at..at.saturating_add(body_len))
+            .ok_or_else(|| bad(at, format!("a body of {body_len} bytes runs past the end")))?;
+        let batch = match message.header_type() {
+            MessageHeader::RecordBatch => message.header_as_record_batch(),
+            MessageHeader::DictionaryBatch => {
+                message.header_as_dictionary_batch().and_then(|d| d.data())
+            }
+            _ => None,
+        };
+        if let Some(batch) = batch {
+            let compressed = batch.compression().is_some();
+            for buffer in batch.buffers().into_iter().flatten() {
+                let (offset, length) = (buffer.offset(), buffer.length());
+                // Every buffer within its body (arrow's reader slices without checking).
+                let end = offset
+                    .checked_add(length)
+                    .filter(|_| offset >= 0 && length >= 0);
+                if end.is_none_or(|e| usize::try_from(e).map_or(true, |e| e > body_len)) {
+                    return Err(bad(
+                        at,
+                        format!(
+                            "a buffer at {offset} of {length} bytes is outside its body of {body_len}"
+                        ),
+                    ));
+                }
+                let stated = if compressed && length >= 8 {
+                    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+                    let prefix = body.get(start..start.saturating_add(8)).ok_or_else(|| {
+                        bad(at, format!("a buffer at {offset} is outside its body"))
+                    })?;
+                    let n = i64::from_le_bytes(prefix.try_into().unwrap());
+                    if n < 0 { length } else { n }
+                } else {
+                    length
+                };
+                total = total.saturating_add(usize::try_from(stated).unwrap_or(usize::MAX));
+            }
+        }
+        at += body_len;
+    }
+    Ok(total)
+}
+
+use std::collections::HashMap;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Int32Type, UInt32Type};
+
+use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+use crate::string_table::StringTable;
+
+/// Logical row `i` of `array` as a string: plain, a view, binary, a dictionary of them or
+/// a run-end encoding of those (the agent's label, type and frame columns). `None` when
+/// null.
+fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
+    let (mut a, mut i) = (array, i);
+    // Encodings nest two deep in the agent's schema (run ends of a dictionary).
+    for _ in 0..4 {
+        if i >= a.len() {
+            return Err(arrow_error(
+                format!("row {i}"),
+                format!("an index past the {} values of a column", a.len()),
+            ));
+        }
+        match a.data_type() {
+            DataType::Utf8 => {
+                let s = a.as_string::<i32>();
+                return Ok(s.is_valid(i).then(|| s.value(i)));
+            }
+            DataType::LargeUtf8 => {
+                let s = a.as_string::<i64>();
+                return Ok(s.is_valid(i).then(|| s.value(i)));
+            }
+            DataType::Utf8View => {
+                let s = a.as_string_view();
+                return Ok(s.is_valid(i).then(|| s.value(i)));
+            }
+            DataType::Binary => {
+                let b = a.as_binary::<i32>();
+                if !b.is_valid(i) {
+                    return Ok(None);
+                }
+                return std::str::from_utf8(b.value(i))
+                    .map(Some)
+                    .map_err(|_| arrow_error(format!("row {i}"), "a string is not UTF-8"));
+            }
+            DataType::Dictionary(k, _) if **k == DataType::UInt32 => {
+                let d = a.as_dictionary::<UInt32Type>();
+                if !d.is_valid(i) {
+                    return Ok(None);
+                }
+                i = d.keys().value(i) as usize;
+                a = d.values().as_ref();
+            }
+            DataType::Dictionary(k, _) if **k == DataType::Int32 => {
+                let d = a.as_dictionary::<Int32Type>();
+                if !d.is_valid(i) {
+                    return Ok(None);
+                }
+                i = usize::try_from(d.keys().value(i))
+                    .map_err(|_| arrow_error(format!("row {i}"), "a negative dictionary key"))?;
+                a = d.values().as_ref();
+            }
+            DataType::RunEndEncoded(r, _) if *r.data_type() == DataType::Int32 => {
+                let r = a.as_run::<Int32Type>();
+                i = r.get_physical_index(i);
+                a = r.values().as_ref();
+            }
+            other => {
+                return Err(arrow_error(
+                    "schema",
+                    format!("a column of {other}, where strings are expected"),
+                ));
+            }
+        }
+    }
+    Err(arrow_error("schema", "encodings nested too deep"))
+}
+
+/// Logical row `i` of an integer column (plain or run-end encoded), as i64.
+fn int_at(array: &dyn Array, i: usize) -> Result<i64> {
+    let (mut a, mut i) = (array, i);
+    for _ in 0..2 {
+        if i >= a.len() {
+            return Err(arrow_error(
+                format!("row {i}"),
+                "an index past a column's values",
+            ));
+        }
+        match a.data_type() {
+            DataType::Int64 => return Ok(a.as_primitive::<arrow::datatypes::Int64Type>().value(i)),
+            DataType::UInt64 => {
+                let v = a.as_primitive::<arrow::datatypes::UInt64Type>().value(i);
+                return Ok(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+            DataType::Timestamp(_, _) => {
+                return Ok(a
+                    .as_primitive::<arrow::datatypes::TimestampNanosecondType>()
+                    .value(i));
+            }
+            DataType::RunEndEncoded(r, _) if *r.data_type() == DataType::Int32 => {
+                let r = a.as_run::<Int32Type>();
+                i = r.get_physical_index(i);
+                a = r.values().as_ref();
+            }
+            other => {
+                return Err(arrow_error(
+                    "schema",
+                    format!("a column of {other}, where integers are expected"),
+                ));
+            }
+        }
+    }
+    Err(arrow_error("schema", "encodings nested too deep"))
+}
+
+/// The (offset, length) of row `i` of a list or list view column.
+fn list_range(array: &dyn Array, i: usize) -> Result<Option<(usize, usize)>> {
+    if i >= array.len() {
+        return Err(arrow_error(
+            format!("row {i}"),
+            "an index past a list column",
+        ));
+    }
+    if array.is_null(i) {
+        return Ok(None);
+    }
+    let (offset, len) = match array.data_type() {
+        DataType::ListView(_) => {
+            let l = array.as_list_view::<i32>();
+            (l.value_offsets()[i], l.value_sizes()[i])
+        }
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let o = l.value_offsets();
+            (o[i], o[i + 1] - o[i])
+        }
+        other => {
+            return Err(arrow_error(
+                "schema",
+                format!("a column of {other}, where lists are expected"),
+            ));
+        }
+    };
+    let (offset, len) = (
+        usize::try_from(offset)
+            .map_err(|_| arrow_error(format!("row {i}"), "a negative list offset"))?,
+        usize::try_from(len)
+            .map_err(|_| arrow_error(format!("row {i}"), "a negative list size"))?,
+    );
+    Ok(Some((offset, len)))
+}
+
+/// The values of a list or list view column.
+fn list_values(array: &dyn Array) -> Result<&dyn Array> {
+    match array.data_type() {
+        DataType::ListView(_) => Ok(array.as_list_view::<i32>().values().as_ref()),
+        DataType::List(_) => Ok(array.as_list::<i32>().values().as_ref()),
+        other => Err(arrow_error(
+            "schema",
+            format!("a column of {other}, where lists are expected"),
+        )),
+    }
+}
+
+/// Index `i` of a dictionary-encoded struct column (or a plain struct column): the struct
+/// array and the row in it.
+fn struct_at(array: &dyn Array, i: usize) -> Result<(&arrow::array::StructArray, usize)> {
+    if i >= array.len() {
+        return Err(arrow_error(
+            format!("index {i}"),
+            "past the values of a struct column",
+        ));
+    }
+    let (a, i) = match array.data_type() {
+        DataType::Dictionary(k, _) if **k == DataType::UInt32 => {
+            let d = array.as_dictionary::<UInt32Type>();
+            (d.values().as_ref(), d.keys().value(i) as usize)
+        }
+        _ => (array, i),
+    };
+    let s = a.as_struct_opt().ok_or_else(|| {
+        arrow_error(
+            "schema",
+            format!("a column of {}, where structs are expected", a.data_type()),
+        )
+    })?;
+    if i >= s.len() {
+        return Err(arrow_error(
+            format!("index {i}"),
+            "a dictionary key past its values",
+        ));
+    }
+    Ok((s, i))
+}
+
+fn field<'a>(s: &'a arrow::array::StructArray, name: &str) -> Result<&'a dyn Array> {
+    s.column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| arrow_error("schema", format!("no {name:?} field")))
+}
+
+/// A sample's stack (location ids, leaf first) and labels (string table indexes).
+type SampleKey = (Vec<u64>, Vec<(i64, i64)>);
+
+/// One profile of a record: a producer's samples of one type.
+struct ArrowProfile {
+    strings: StringTable,
+    mappings: Vec<Mapping>,
+    mapping_ids: HashMap<(String, String), u64>,
+    functions: Vec<Function>,
+    function_ids: HashMap<(String, String, i64), u64>,
+    locations: Vec<Location>,
+    /// Location dictionary keys (or plain location rows) to location ids.
+    location_ids: HashMap<usize, u64>,
+    samples: HashMap<SampleKey, i64>,
+    name: String,
+    types: [String; 4],
+    period: i64,
+    first_ns: i64,
+    last_ns: i64,
+}
+
+/// A `WriteArrow` request's record (schema `v2`, as Parca Agent v0.48 and later send it:
+/// an Arrow IPC stream, LZ4 compressed, one row per sample with its stack) as profiles: one
+/// per producer and sample type, named by the producer (`parca_agent`), at the first
+/// sample's time, each row's labels the sample's labels. Native frames come as the agent
+/// sends them (an address in a mapping named by file and build id, no lines), others with
+/// their function, file and line.
+pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
+    let decompressed = ipc_decompressed_bytes(ipc)?;
+    if decompressed > limits.max_decompressed_bytes {
+        return Err(Error::TooLarge {
+            what: "Arrow record (decompressed)",
+            limit: limits.max_decompressed_bytes,
+        });
+    }
+    // arrow's IPC reader trusts more of a stream than the checks above cover (it panics on
+    // some corrupt records): its decoding is one place a panic is caught and made an error.
+    let batches = std::panic::catch_unwind(|| -> Result<(Option<String>, Vec<RecordBatch>)> {
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
+            .map_err(|e| arrow_error("the IPC stream", e.to_string()))?;
+        let version = reader.schema().metadata().get(SCHEMA_VERSION_KEY).cloned();
+        let batches = reader
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| arrow_error("the IPC stream", e.to_string()))?;
+        Ok((version, batches))
+    })
+    .map_err(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        arrow_error(
+            "the IPC stream",
+            format!("not a valid Arrow record: {what}"),
+        )
+    })??;
+    let (version, batches) = batches;
+    if version.as_deref() != Some("v2") {
+        return Err(arrow_error(
+            "schema metadata",
+            format!(
+                "{SCHEMA_VERSION_KEY} is {version:?}: WriteArrow takes v2 records (v1 records are the Write stream's)"
+            ),
+        ));
+    }
+    let mut groups: Vec<ArrowProfile> = Vec::new();
+    let mut group_ids: HashMap<[String; 6], usize> = HashMap::new();
+    let mut rows = 0usize;
+    for batch in batches {
+        rows += batch.num_rows();
+        if rows > limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "samples",
+                limit: limits.max_samples,
+            });
+        }
+        add_batch(&batch, limits, &mut groups, &mut group_ids)?;
+    }
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| g.finish(i, limits))
+        .collect()
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
+    batch
+        .column_by_name(name)
+        .map(|c| c.as_ref())
+        .ok_or_else(|| arrow_error("schema", format!("no {name:?} column")))
+}
+
+fn add_batch(
+    batch: &RecordBatch,
+    limits: &Limits,
+    groups: &mut Vec<ArrowProfile>,
+    group_ids: &mut HashMap<[String; 6], usize>,
+) -> Result<()> {
+    let labels = column(batch, "labels")?
+        .as_struct_opt()
+        .ok_or_else(|| arrow_error("schema", "\"labels\" is not a struct"))?;
+    let stacks = column(batch, "stacktrace")?;
+    let locations = list_values(stacks)?;
+    let value = column(batch, "value")?;
+    let text = [
+        column(batch, "producer")?,
+        column(batch, "sample_type")?,
+        column(batch, "sample_unit")?,
+        column(batch, "period_type")?,
+        column(batch, "period_unit")?,
+        column(batch, "temporality")?,
+    ];
+    let period = column(batch, "period")?;
+    let duration = column(batch, "duration")?;
+    let timestamp = column(batch, "timestamp")?;
+    let label_names: Vec<&str> = labels.fields().iter().map(|f| f.name().as_str()).collect();
+    for row in 0..batch.num_rows() {
+        let at = |reason: String| arrow_error(format!("row {row}"), reason);
+        let mut key: [String; 6] = Default::default();
+        for (k, c) in key.iter_mut().zip(text) {
+            *k = string_at(c, row)?.unwrap_or("").to_owned();
+        }
+        if key[0].is_empty() || key[1].is_empty() {
+            return Err(at("no producer or sample type".into()));
+        }
+        let next = groups.len();
+        let g = *group_ids.entry(key.clone()).or_insert(next);
+        if g == next {
+            groups.push(ArrowProfile::new(&key, int_at(period, row)?));
+        }
+        let profile = &mut groups[g];
+        let ts = int_at(timestamp, row)?;
+        profile.first_ns = profile.first_ns.min(ts);
+        profile.last_ns = profile
+            .last_ns
+            .max(ts.saturating_add(int_at(duration, row)?.max(0)));
+        let Some((offset, len)) = list_range(stacks, row)? else {
+            return Err(at("a sample without a stack".into()));
+        };
+        if len > limits.max_stack_depth {
+            return Err(Error::TooLarge {
+                what: "stack depth",
+                limit: limits.max_stack_depth,
+            });
+        }
+        let mut stack = Vec::with_capacity(len);
+        for j in offset..offset.saturating_add(len) {
+            stack.push(profile.location(locations, j, limits)?);
+        }
+        let mut sample_labels = Vec::new();
+        for (name, c) in label_names.iter().zip(labels.columns()) {
+            if let Some(v) = string_at(c.as_ref(), row)?
+                && !v.is_empty()
+            {
+                sample_labels.push((profile.strings.get(name), profile.strings.get(v)));
+            }
+        }
+        if profile.samples.len() >= limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "samples",
+                limit: limits.max_samples,
+            });
+        }
+        let v = int_at(value, row)?;
+        let total = profile.samples.entry((stack, sample_labels)).or_insert(0);
+        *total = total.saturating_add(v);
+    }
+    Ok(())
+}
+
+impl ArrowProfile {
+    fn new(key: &[String; 6], period: i64) -> Self {
+        Self {
+            strings: StringTable::new(),
+            mappings: Vec::new(),
+            mapping_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            samples: HashMap::new(),
+            name: key[0].clone(),
+            types: [
+                key[1].clone(),
+                key[2].clone(),
+                key[3].clone(),
+                key[4].clone(),
+            ],
+            period,
+            first_ns: i64::MAX,
+            last_ns: i64::MIN,
+        }
+    }
+
+    /// The location id of entry `j` of the stacks' values (a dictionary of locations).
+    fn location(&mut self, locations: &dyn Array, j: usize, limits: &Limits) -> Result<u64> {
+        let (s, i) = struct_at(locations, j)?;
+        // The location's identity: its row in the dictionary's values.
+        if let Some(&id) = self.location_ids.get(&i) {
+            return Ok(id);
+        }
+        if self.locations.len() >= limits.max_locations {
+            return Err(Error::TooLarge {
+                what: "locations",
+                limit: limits.max_locations,
+            });
+        }
+        let address = int_at(field(s, "address")?, i)? as u64;
+        let file = string_at(field(s, "mapping_file")?, i)?
+            .unwrap_or("")
+            .to_owned();
+        let build_id = string_at(field(s, "mapping_build_id")?, i)?
+            .unwrap_or("")
+            .to_owned();
+        let mapping_id = if file.is_empty() && build_id.is_empty() {
+            0
+        } else {
+            let next = self.mappings.len() as u64 + 1;
+            let id = *self
+                .mapping_ids
+                .entry((file.clone(), build_id.clone()))
+                .or_insert(next);
+            if id == next {
+                let (filename, build_id) = (self.strings.get(&file), self.strings.get(&build_id));
+                self.mappings.push(Mapping {
+                    id,
+                    filename,
+                    build_id,
+                    ..Mapping::default()
+                });
+            }
+            id
+        };
+        let mut line = Vec::new();
+        let lines = field(s, "lines")?;
+        if let Some((offset, len)) = list_range(lines, i)? {
+            let values = list_values(lines)?;
+            let values = values
+                .as_struct_opt()
+                .ok_or_else(|| arrow_error("schema", "\"lines\" is not a list of structs"))?;
+            for k in offset..offset.saturating_add(len) {
+                if k >= values.len() {
+                    return Err(arrow_error(
+                        format!("location {i}"),
+                        "a line past the lines' values",
+                    ));
+                }
+                let number = int_at(field(values, "line")?, k)?;
+                let (f, fi) = struct_at(field(values, "function")?, k)?;
+                let name = string_at(field(f, "system_name")?, fi)?
+                    .unwrap_or("")
+                    .to_owned();
+                let filename = string_at(field(f, "filename")?, fi)?
+                    .unwrap_or("")
+                    .to_owned();
+                let start = int_at(field(f, "start_line")?, fi)?;
+                let next = self.functions.len() as u64 + 1;
+                let function_id = *self
+                    .function_ids
+                    .entry((name.clone(), filename.clone(), start))
+                    .or_insert(next);
+                if function_id == next {
+                    let (n, fname) = (self.strings.get(&name), self.strings.get(&filename));
+                    self.functions.push(Function {
+                        id: function_id,
+                        name: n,
+                        system_name: n,
+                        filename: fname,
+                        start_line: start,
+                    });
+                }
+                line.push(Line {
+                    function_id,
+                    line: number,
+                    ..Line::default()
+                });
+            }
+        }
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id,
+            address,
+            line,
+            ..Location::default()
+        });
+        self.location_ids.insert(i, id);
+        Ok(id)
+    }
+
+    fn finish(mut self, index: usize, limits: &Limits) -> Result<Incoming> {
+        let sample_type = ValueType {
+            r#type: self.strings.get(&self.types[0]),
+            unit: self.strings.get(&self.types[1]),
+        };
+        let period_type = ValueType {
+            r#type: self.strings.get(&self.types[2]),
+            unit: self.strings.get(&self.types[3]),
+        };
+        let mut samples: Vec<_> = self.samples.into_iter().collect();
+        samples.sort_unstable();
+        let profile = Profile {
+            sample_type: vec![sample_type],
+            sample: samples
+                .into_iter()
+                .map(|((location_id, labels), v)| Sample {
+                    location_id,
+                    value: vec![v],
+                    label: labels
+                        .into_iter()
+                        .map(|(key, str)| Label {
+                            key,
+                            str,
+                            ..Label::default()
+                        })
+                        .collect(),
+                })
+                .collect(),
+            mapping: self.mappings,
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings.into_table(),
+            time_nanos: self.first_ns,
+            duration_nanos: self.last_ns.saturating_sub(self.first_ns).max(0),
+            period_type: Some(period_type),
+            period: self.period,
+            ..Profile::default()
+        };
+        let at = format!(
+            "{} {}:{} ({index})",
+            self.name, self.types[0], self.types[1]
+        );
+        Ok(Incoming {
+            profile: crate::validate(profile, limits).map_err(|e| e.at(at.clone()))?,
+            previous: None,
+            name: self.name,
+            labels: Vec::new(),
+            delta: false,
+            timestamp_ms: None,
+            at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    /// An IPC stream of one LZ4-compressed Int64 column of `n` values, schema `v2`.
+    fn stream(n: i64) -> Vec<u8> {
+        let schema = Arc::new(
+            Schema::new(vec![Field::new("value", DataType::Int64, false)])
+                .with_metadata([(SCHEMA_VERSION_KEY.to_owned(), "v2".to_owned())].into()),
+        );
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..n))],
+        )
+        .unwrap();
+        let options = arrow::ipc::writer::IpcWriteOptions::default()
+            .try_with_compression(Some(arrow::ipc::CompressionType::LZ4_FRAME))
+            .unwrap();
+        let mut out = Vec::new();
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new_with_options(&mut out, &schema, options)
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        drop(w);
+        out
+    }
+
+    #[test]
+    fn a_record_that_states_more_than_the_limit_is_refused_before_it_is_decompressed() {
+        let ipc = stream(10_000);
+        assert!(ipc_decompressed_bytes(&ipc).unwrap() >= 80_000);
+        // The column's buffer states its length (80,000 bytes) in front: make it 1 TiB.
+        let stated = 80_000i64.to_le_bytes();
+        let at = ipc.windows(8).position(|w| w == stated).unwrap();
+        let mut bomb = ipc.clone();
+        bomb[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
+        assert!(ipc_decompressed_bytes(&bomb).unwrap() >= 1 << 40);
+        let e = write_arrow(&bomb, &Limits::default()).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
+        // Cut short, or not IPC at all: an error naming the byte.
+        for bad in [
+            &ipc[..ipc.len() / 2],
+            b"\xff\xff\xff\xff\x10\x00\x00\x00abc",
+        ] {
+            let e = ipc_decompressed_bytes(bad).unwrap_err();
+            assert!(e.to_string().contains("byte "), "{e}");
+        }
+    }
+}
