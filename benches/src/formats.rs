@@ -40,21 +40,15 @@ fn read(path: &Path) -> Result<Vec<u8>, BoxError> {
     std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()).into())
 }
 
-/// The largest folded file of `shared/testdata/folded`.
+/// A folded file of `shared/testdata/folded`: perf's collapsed stacks of a Java program
+/// (the largest well-formed one; py-spy's has a line without frames, which we refuse).
 fn folded_file() -> Result<PathBuf, BoxError> {
-    let dir = shared().join("testdata/folded");
-    let mut files: Vec<(u64, PathBuf)> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
-        .map(|p| (std::fs::metadata(&p).map_or(0, |m| m.len()), p))
-        .collect();
-    files.sort();
-    files
-        .pop()
-        .map(|(_, p)| p)
-        .ok_or_else(|| format!("no folded file in {}", dir.display()).into())
+    let path = shared().join("testdata/folded/flameshow__perf-vertx-java-collapsed.txt");
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!("{} is not there (FROSTDB_SHARED)", path.display()).into())
+    }
 }
 
 /// Pyroscope's tree body of folded stacks: each node `uvarint(name length)`, the name,
@@ -146,6 +140,12 @@ fn formats() -> Result<Vec<Format>, BoxError> {
             convert: |p, b, l| p.jfr(b, None, l),
         });
     }
+    out.push(Format {
+        name: "parca-arrow",
+        source: "Parca Agent's v2 record (frostdb_pprof::testing::parca_agent_record)".into(),
+        body: frostdb_pprof::testing::parca_agent_record("0011223344556677").0,
+        convert: |_, b, l| frostdb_pprof::convert::parca::write_arrow(b, l),
+    });
     Ok(out)
 }
 

@@ -34,7 +34,10 @@
 
 mod reader;
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+
+/// Hash maps of the conversion (foldhash: its keys are small and many).
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 
 use prost::Message;
 
@@ -49,10 +52,10 @@ use crate::{Error, Limits, Result};
 pub struct LabelsSnapshot {
     /// Context id (an event's `contextId`) to its labels.
     #[prost(map = "int64, message", tag = "1")]
-    pub contexts: HashMap<i64, Context>,
+    pub contexts: StdHashMap<i64, Context>,
     /// The strings the labels name by id.
     #[prost(map = "int64, string", tag = "2")]
-    pub strings: HashMap<i64, String>,
+    pub strings: StdHashMap<i64, String>,
 }
 
 /// The labels of one context: string id to string id.
@@ -60,7 +63,7 @@ pub struct LabelsSnapshot {
 pub struct Context {
     /// Label name id to value id.
     #[prost(map = "int64, int64", tag = "1")]
-    pub labels: HashMap<i64, i64>,
+    pub labels: StdHashMap<i64, i64>,
 }
 
 /// One profile of a recording.
@@ -285,11 +288,11 @@ impl Builder {
         Self {
             strings: StringTable::new(),
             functions: Vec::new(),
-            function_ids: HashMap::new(),
+            function_ids: HashMap::default(),
             locations: Vec::new(),
-            location_ids: HashMap::new(),
-            stacks: HashMap::new(),
-            samples: HashMap::new(),
+            location_ids: HashMap::default(),
+            stacks: HashMap::default(),
+            samples: HashMap::default(),
         }
     }
 
@@ -387,7 +390,9 @@ fn merge_generated(class: &str) -> std::borrow::Cow<'_, str> {
     {
         return format!("{ACCESSOR}_").into();
     }
-    if let Some(i) = class.rfind("$$Lambda") {
+    if class.contains('$')
+        && let Some(i) = class.rfind("$$Lambda")
+    {
         let (head, tail) = class.split_at(i + "$$Lambda".len());
         if !head.is_empty() && generated_lambda_suffix(tail) {
             return format!("{head}_").into();
@@ -424,6 +429,8 @@ struct Converter<'l> {
     /// This chunk's stack trace ids, by profile, as stacks: each distinct stack trace's
     /// frames are resolved once, not once per event naming it.
     stacks: HashMap<(Kind, i64), u32>,
+    /// This chunk's frame names by method id (`class.method`), made once.
+    names: HashMap<i64, std::rc::Rc<str>>,
     event: Option<String>,
     events: u64,
     start_nanos: Option<i64>,
@@ -437,9 +444,10 @@ impl<'l> Converter<'l> {
             period_ns: 1_000_000_000 / sample_rate.max(1),
             limits,
             builders: Default::default(),
-            label_set_ids: HashMap::from([((0, 0, 0), 0)]),
+            label_set_ids: [((0, 0, 0), 0)].into_iter().collect(),
             label_sets: vec![Vec::new()],
-            stacks: HashMap::new(),
+            stacks: HashMap::default(),
+            names: HashMap::default(),
             event: None,
             events: 0,
             start_nanos: None,
@@ -449,11 +457,12 @@ impl<'l> Converter<'l> {
 
     fn chunk(&mut self, buf: &[u8], header: &Header) -> F<()> {
         self.stacks.clear();
+        self.names.clear();
         let metadata = Metadata::read(buf, header)?;
         let named = |name: &str| metadata.id(name);
         let pool_classes = PoolClasses::new(&metadata);
         let active_setting = named("jdk.ActiveSetting");
-        let mut events: HashMap<i64, EventFields> = HashMap::new();
+        let mut events: HashMap<i64, EventFields> = HashMap::default();
         for (&id, class) in &metadata.classes {
             if let Some(kind) = EventKind::of(&class.name) {
                 events.insert(
@@ -642,12 +651,22 @@ impl<'l> Converter<'l> {
         let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
         let mut stack = Vec::with_capacity(n);
         for &(method, line) in &pools.frames[first..first + n] {
-            let name = pools.frame_name(method).map_err(|reason| {
-                Failure::Bad(Bad {
-                    at,
-                    reason: format!("stack trace {id}: {reason}"),
-                })
-            })?;
+            let name = match self.names.get(&method) {
+                Some(name) => name.clone(),
+                None => {
+                    let name: std::rc::Rc<str> = pools
+                        .frame_name(method)
+                        .map_err(|reason| {
+                            Failure::Bad(Bad {
+                                at,
+                                reason: format!("stack trace {id}: {reason}"),
+                            })
+                        })?
+                        .into();
+                    self.names.insert(method, name.clone());
+                    name
+                }
+            };
             stack.push(builder.location(&name, line));
             if builder.locations.len() > max_locations {
                 return Err(Failure::Limit(Error::TooLarge {

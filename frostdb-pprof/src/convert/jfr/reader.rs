@@ -17,7 +17,8 @@
 //! ([`Reader::slot_budget`]), so a class that contains itself or an array of empty structs
 //! is an error, not a hang or an allocation.
 
-use std::collections::HashMap;
+/// Hash maps of the reader (foldhash).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The most elements an array value may have: far over the deepest stack a JVM records
 /// (2,048 frames), and what keeps one value's slots to a few megabytes.
@@ -409,7 +410,7 @@ impl Metadata {
             let parent_is_class = parent == "class";
             let name = meta_string(&strings, &mut c)?.to_owned();
             let attrs = c.count("element attributes", 2)?;
-            let mut attributes: HashMap<&str, &str> = HashMap::new();
+            let mut attributes: HashMap<&str, &str> = HashMap::default();
             for _ in 0..attrs {
                 let key = meta_string(&strings, &mut c)?;
                 let value = meta_string(&strings, &mut c)?;
@@ -540,6 +541,8 @@ pub(super) enum Slot {
 pub(super) struct Values<'m> {
     pub(super) metadata: &'m Metadata,
     pub(super) slots: Vec<Slot>,
+    /// The values still to read, kept from one value to the next.
+    tasks: Vec<Task>,
     /// Most slots one value may take: a value takes at least a byte for each leaf, so real
     /// values stay far under it; a class that contains itself or an array of empty structs
     /// meets it.
@@ -560,6 +563,7 @@ impl<'m> Values<'m> {
         Self {
             metadata,
             slots: Vec::new(),
+            tasks: Vec::new(),
             budget: 0,
         }
     }
@@ -583,12 +587,14 @@ impl<'m> Values<'m> {
         self.slots.clear();
         self.budget = 2 * c.left() + 64;
         self.slots.push(Slot::Int(0));
-        let mut tasks = vec![Task::Value {
+        let mut tasks = std::mem::take(&mut self.tasks);
+        tasks.clear();
+        tasks.push(Task::Value {
             slot: 0,
             class,
             constant_pool: false,
             array: false,
-        }];
+        });
         while let Some(Task::Value {
             slot,
             class,
@@ -650,6 +656,7 @@ impl<'m> Values<'m> {
             };
             self.slots[slot] = value;
         }
+        self.tasks = tasks;
         Ok(())
     }
 
