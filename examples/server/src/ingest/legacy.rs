@@ -204,10 +204,9 @@ async fn read(state: &Shared, request: Request) -> ApiResult<Bytes> {
         .map_err(|e| ApiError::new(e.status(), format!("request body: {}", e.body_text())))
 }
 
-/// The multipart form's parts (`sample_type_config` checked and not needed: sample types
-/// keep their pprof names and units).
-async fn read_form(mut form: Multipart) -> ApiResult<Body> {
-    let (mut profile, mut previous) = (None, None);
+/// The multipart form's parts, by name, in order.
+async fn form_parts(mut form: Multipart) -> ApiResult<Vec<(String, Bytes)>> {
+    let mut parts = Vec::new();
     while let Some(field) = form
         .next_field()
         .await
@@ -218,6 +217,16 @@ async fn read_form(mut form: Multipart) -> ApiResult<Body> {
             .bytes()
             .await
             .map_err(|e| ApiError::bad_request(format!("multipart part {name:?}: {e}")))?;
+        parts.push((name, bytes));
+    }
+    Ok(parts)
+}
+
+/// The multipart form's parts (`sample_type_config` checked and not needed: sample types
+/// keep their pprof names and units).
+async fn read_form(form: Multipart) -> ApiResult<Body> {
+    let (mut profile, mut previous) = (None, None);
+    for (name, bytes) in form_parts(form).await? {
         match name.as_str() {
             "profile" => profile = Some(bytes),
             "prev_profile" => previous = Some(bytes),
@@ -241,18 +250,9 @@ async fn read_form(mut form: Multipart) -> ApiResult<Body> {
 }
 
 /// `pyroscope-java`'s form: the recording in part `jfr`, its context labels in `labels`.
-async fn read_jfr_form(mut form: Multipart) -> ApiResult<Body> {
+async fn read_jfr_form(form: Multipart) -> ApiResult<Body> {
     let (mut recording, mut labels) = (None, None);
-    while let Some(field) = form
-        .next_field()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("multipart form: {e}")))?
-    {
-        let name = field.name().unwrap_or("").to_owned();
-        let bytes = field
-            .bytes()
-            .await
-            .map_err(|e| ApiError::bad_request(format!("multipart part {name:?}: {e}")))?;
+    for (name, bytes) in form_parts(form).await? {
         match name.as_str() {
             "jfr" => recording = Some(bytes),
             "labels" => labels = Some(bytes),
