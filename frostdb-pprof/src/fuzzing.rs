@@ -115,19 +115,28 @@ pub fn jfr_target(data: &[u8]) {
 }
 
 /// Parca Agent's requests of arbitrary bytes: the first byte picks a `WriteRaw` request
-/// (protobuf) or a `WriteArrow` record (Arrow IPC); what converts must validate.
+/// (protobuf), a `WriteArrow` record (Arrow IPC) or a `Write` stream's two records (their
+/// split at the little-endian u32 that follows); what converts must be named.
 pub fn parca_target(data: &[u8]) {
     use prost::Message;
     let Some((&kind, rest)) = data.split_first() else {
         return;
     };
-    let converted = if kind % 2 == 0 {
-        match crate::convert::parca::proto::WriteRawRequest::decode(rest) {
+    let converted = match kind % 3 {
+        0 => match crate::convert::parca::proto::WriteRawRequest::decode(rest) {
             Ok(request) => crate::convert::parca::write_raw(&request, &limits()),
             Err(_) => return,
+        },
+        1 => crate::convert::parca::write_arrow(rest, &limits()),
+        _ => {
+            let Some((split, rest)) = rest.split_first_chunk::<4>() else {
+                return;
+            };
+            let split = (u32::from_le_bytes(*split) as usize).min(rest.len());
+            let (samples, locations) = rest.split_at(split);
+            let _ = crate::convert::parca::write_v1_wanted(samples, &limits());
+            crate::convert::parca::write_v1(samples, locations, &limits())
         }
-    } else {
-        crate::convert::parca::write_arrow(rest, &limits())
     };
     for incoming in converted.into_iter().flatten() {
         assert!(

@@ -457,3 +457,204 @@ impl IntoField for (&str, arrow::array::ArrayRef) {
         )
     }
 }
+
+/// The two records of a `Write` stream as Parca Agent v0.32 to v0.47 sends them
+/// (`reporter/arrow.go` at v0.49.0, `6ed23c1092ecd07cb6068c73b3e667e8fb04a748`, schema
+/// `v1`): the samples (labels as `labels.<name>` columns and the types as run-end encoded
+/// dictionaries of binary, each row's stack a 16-byte stack trace id) and, sent once the
+/// server asks for their ids, the locations of each stack (native frames an address in a
+/// mapping with `build_id`, kernel and Python frames with their function). Returns both
+/// records, the ids in the order the samples name them, and the CPU and off-CPU totals.
+pub fn parca_agent_v1_records(build_id: &str) -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>, i64, i64) {
+    use std::sync::Arc;
+
+    use arrow::array::{
+        Array, ArrayRef, BinaryArray, BooleanArray, DictionaryArray, Int32Array, Int64Array,
+        ListArray, RunArray, StructArray, UInt32Array, UInt64Array,
+    };
+    use arrow::buffer::OffsetBuffer;
+    use arrow::datatypes::{Field, Fields, Int32Type, Schema, UInt32Type};
+
+    let runs = |n: usize| Int32Array::from_iter_values(1..=n as i32);
+    // A run per row, of a dictionary of binary (None: null).
+    let ree_bin = |values: &[Option<&[u8]>]| -> ArrayRef {
+        let keys: UInt32Array = (0..values.len() as u32)
+            .map(|k| values[k as usize].map(|_| k))
+            .collect();
+        let dict = DictionaryArray::<UInt32Type>::try_new(
+            keys,
+            Arc::new(BinaryArray::from_iter_values(
+                values.iter().map(|v| v.unwrap_or_default()),
+            )),
+        )
+        .unwrap();
+        Arc::new(RunArray::<Int32Type>::try_new(&runs(values.len()), &dict).unwrap())
+    };
+    let ree_i64 = |values: &[i64]| -> ArrayRef {
+        let v = Int64Array::from(values.to_vec());
+        Arc::new(RunArray::<Int32Type>::try_new(&runs(values.len()), &v).unwrap())
+    };
+    let ree_u64 = |values: &[u64]| -> ArrayRef {
+        let v = UInt64Array::from(values.to_vec());
+        Arc::new(RunArray::<Int32Type>::try_new(&runs(values.len()), &v).unwrap())
+    };
+    let dict_bin = |values: &[&[u8]]| -> ArrayRef {
+        Arc::new(
+            DictionaryArray::<UInt32Type>::try_new(
+                UInt32Array::from_iter_values(0..values.len() as u32),
+                Arc::new(BinaryArray::from_iter_values(values.iter())),
+            )
+            .unwrap(),
+        )
+    };
+    let with_fields = |columns: Vec<(&str, ArrayRef)>| -> (Vec<Field>, Vec<ArrayRef>) {
+        columns
+            .into_iter()
+            .map(|(name, a)| (Field::new(name, a.data_type().clone(), true), a))
+            .unzip()
+    };
+    let ipc = |fields: Vec<Field>, arrays: Vec<ArrayRef>| -> Vec<u8> {
+        let schema = Arc::new(
+            Schema::new(fields)
+                .with_metadata([("parca_write_schema_version".to_owned(), "v1".to_owned())].into()),
+        );
+        let batch = arrow::array::RecordBatch::try_new(schema.clone(), arrays).unwrap();
+        let mut out = Vec::new();
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema).unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        drop(w);
+        out
+    };
+
+    let (a, b) = (vec![0xa1u8; 16], vec![0xb2u8; 16]);
+    // Samples: stack A on CPU (7), B on CPU (3), A off CPU (1.5 ms).
+    let (samples_fields, samples_arrays) = with_fields(vec![
+        (
+            "labels.node",
+            ree_bin(&[Some(b"v1-node"), Some(b"v1-node"), Some(b"v1-node")]),
+        ),
+        (
+            "labels.thread_name",
+            ree_bin(&[Some(b"worker"), Some(b"main"), Some(b"worker")]),
+        ),
+        ("stacktrace_id", ree_bin(&[Some(&a), Some(&b), Some(&a)])),
+        ("value", Arc::new(Int64Array::from(vec![7, 3, 1_500_000]))),
+        ("producer", ree_bin(&[Some(b"parca_agent".as_slice()); 3])),
+        (
+            "sample_type",
+            ree_bin(&[Some(b"samples"), Some(b"samples"), Some(b"wallclock")]),
+        ),
+        (
+            "sample_unit",
+            ree_bin(&[Some(b"count"), Some(b"count"), Some(b"nanoseconds")]),
+        ),
+        (
+            "period_type",
+            ree_bin(&[Some(b"cpu"), Some(b"cpu"), Some(b"samples")]),
+        ),
+        (
+            "period_unit",
+            ree_bin(&[Some(b"nanoseconds"), Some(b"nanoseconds"), Some(b"count")]),
+        ),
+        ("temporality", ree_bin(&[Some(b"delta".as_slice()); 3])),
+        ("period", ree_i64(&[52_631_578, 52_631_578, 1])),
+        ("duration", ree_i64(&[1_000_000_000; 3])),
+        (
+            "timestamp",
+            ree_i64(&[
+                1_763_805_600_000_000_000,
+                1_763_805_601_000_000_000,
+                1_763_805_602_000_000_000,
+            ]),
+        ),
+    ]);
+    let samples = ipc(samples_fields, samples_arrays);
+
+    // Lines of the kernel and Python frames.
+    let (line_fields, line_arrays) = with_fields(vec![
+        ("line", Arc::new(Int64Array::from(vec![0, 42]))),
+        ("column", Arc::new(UInt64Array::from(vec![0, 7]))),
+        ("function_name", dict_bin(&[b"do_syscall_64", b"handler"])),
+        (
+            "function_system_name",
+            dict_bin(&[b"do_syscall_64", b"handler"]),
+        ),
+        (
+            "function_filename",
+            ree_bin(&[Some(b"vmlinux"), Some(b"app.py")]),
+        ),
+        (
+            "function_start_line",
+            Arc::new(Int64Array::from(vec![0, 40])),
+        ),
+    ]);
+    let lines = StructArray::new(Fields::from(line_fields), line_arrays, None);
+    // Locations of A (three native frames) and B (kernel, Python, native).
+    // (frame type, mapping file, build id)
+    type Kind<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, Option<&'a [u8]>);
+    let app: Kind<'_> = (Some(b"native"), Some(b"app"), Some(build_id.as_bytes()));
+    let frames: Vec<(u64, Kind<'_>)> = vec![
+        (0x1140, app),
+        (0x11a0, app),
+        (0x1220, app),
+        (
+            0xffff_ffff_8100_0000,
+            (Some(b"kernel"), Some(b"[kernel.kallsyms]"), None),
+        ),
+        (0, (Some(b"cpython"), None, None)),
+        (0x1220, app),
+    ];
+    let line_field = Arc::new(Field::new("item", lines.data_type().clone(), true));
+    let location_lines = ListArray::new(
+        line_field,
+        OffsetBuffer::new(vec![0, 0, 0, 0, 1, 2, 2].into()),
+        Arc::new(lines),
+        Some(vec![false, false, false, true, true, false].into()),
+    );
+    let (location_fields, location_arrays) = with_fields(vec![
+        (
+            "address",
+            Arc::new(UInt64Array::from(
+                frames.iter().map(|f| f.0).collect::<Vec<_>>(),
+            )),
+        ),
+        (
+            "frame_type",
+            ree_bin(&frames.iter().map(|f| f.1.0).collect::<Vec<_>>()),
+        ),
+        ("mapping_start", ree_u64(&[0; 6])),
+        ("mapping_limit", ree_u64(&[0; 6])),
+        ("mapping_offset", ree_u64(&[0; 6])),
+        (
+            "mapping_file",
+            ree_bin(&frames.iter().map(|f| f.1.1).collect::<Vec<_>>()),
+        ),
+        (
+            "mapping_build_id",
+            ree_bin(&frames.iter().map(|f| f.1.2).collect::<Vec<_>>()),
+        ),
+        ("lines", Arc::new(location_lines)),
+    ]);
+    let locations = StructArray::new(Fields::from(location_fields), location_arrays, None);
+    let location_field = Arc::new(Field::new("item", locations.data_type().clone(), true));
+    let stacks = ListArray::new(
+        location_field,
+        OffsetBuffer::new(vec![0, 3, 6].into()),
+        Arc::new(locations),
+        None,
+    );
+    let (fields, arrays) = with_fields(vec![
+        (
+            "stacktrace_id",
+            Arc::new(BinaryArray::from_iter_values([&a, &b])),
+        ),
+        (
+            "is_complete",
+            Arc::new(BooleanArray::from(vec![true, true])),
+        ),
+        ("locations", Arc::new(stacks)),
+    ]);
+    let locations = ipc(fields, arrays);
+    (samples, locations, vec![a, b], 10, 1_500_000)
+}

@@ -365,9 +365,23 @@ fn the_parca_target_never_panics_on_its_corpus() {
     let mut input = vec![1u8];
     input.extend(record);
     inputs.push(input);
+    let (samples, locations, _, _, _) =
+        frostdb_pprof::testing::parca_agent_v1_records("00112233445566778899");
+    assert_eq!(
+        frostdb_pprof::convert::parca::write_v1(&samples, &locations, &limits)
+            .unwrap()
+            .len(),
+        2,
+        "the agent's Write records convert whole"
+    );
+    let mut input = vec![2u8];
+    input.extend((samples.len() as u32).to_le_bytes());
+    input.extend(samples);
+    input.extend(locations);
+    inputs.push(input);
     write_seeds("parca", &inputs);
     let runs = replay("parca", inputs, parca_target);
-    assert!(runs >= 7 * 17, "{runs} inputs");
+    assert!(runs >= 8 * 17, "{runs} inputs");
 }
 
 #[test]

@@ -254,15 +254,110 @@ async fn write_raw_stores_the_agents_profiles_unsymbolized_frames_and_all() {
         serde_json::json!(["test-node"]),
         "nothing else stored"
     );
-    // The two-phase Arrow stream of agents v0.32 to v0.47 says what to send instead.
-    let e = client
-        .write(futures::stream::iter(vec![store::WriteRequest {
-            record: vec![1],
-        }]))
+}
+
+#[tokio::test]
+async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let mut client = ProfileStoreServiceClient::new(channel(&s).await);
+    let (samples, locations, ids, cpu, off_cpu) =
+        frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    // As the agent does it: the samples; the server's answer names the stack trace ids it
+    // wants; their locations; then the stream ends, the profiles stored.
+    let (mut tx, rx) = futures::channel::mpsc::channel(2);
+    tx.try_send(store::WriteRequest { record: samples })
+        .unwrap();
+    let mut answers = client.write(rx).await.unwrap().into_inner();
+    let wanted = answers
+        .message()
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e}");
-    assert!(e.message().contains("WriteArrow"), "{e}");
+        .unwrap()
+        .expect("the server asks for stacks");
+    let reader =
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(wanted.record), None)
+            .unwrap();
+    let mut asked: Vec<Vec<u8>> = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        let column = batch
+            .column_by_name("stacktrace_id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::BinaryArray>()
+            .expect("a binary column, as the agent reads it")
+            .clone();
+        asked.extend(column.iter().map(|v| v.unwrap().to_vec()));
+    }
+    assert_eq!(asked, ids, "every stack trace id, each once");
+    tx.try_send(store::WriteRequest { record: locations })
+        .unwrap();
+    drop(tx);
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends once stored"
+    );
+    let cpu_type = "parca_agent:samples:count:cpu:nanoseconds";
+    let off_cpu_type = "parca_agent:wallclock:nanoseconds:samples:count";
+    assert_eq!(
+        top_total(&s, &format!("{cpu_type}{{node=\"v1-node\"}}")).await,
+        cpu
+    );
+    assert_eq!(
+        top_total(&s, &format!("{off_cpu_type}{{node=\"v1-node\"}}")).await,
+        off_cpu
+    );
+    assert_eq!(
+        top_total(&s, &format!("{cpu_type}{{thread_name=\"main\"}}")).await,
+        3
+    );
+
+    // Locations that miss a stack the samples name: the stream ends in INVALID_ARGUMENT
+    // and nothing is stored.
+    let (samples, _, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    let (_, locations, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    let cut = {
+        // The samples again, under another node; the locations record is the same, so
+        // tamper with the samples' ids instead: the server asks for ids the agent lacks.
+        let mut bytes = samples.clone();
+        let a = vec![0xa1u8; 16];
+        let at = bytes.windows(16).position(|w| w == a.as_slice()).unwrap();
+        bytes[at..at + 16].copy_from_slice(&[0xc3; 16]);
+        bytes
+    };
+    let (mut tx, rx) = futures::channel::mpsc::channel(2);
+    tx.try_send(store::WriteRequest { record: cut }).unwrap();
+    let mut answers = client.write(rx).await.unwrap().into_inner();
+    answers
+        .message()
+        .await
+        .unwrap()
+        .expect("the server asks for stacks");
+    tx.try_send(store::WriteRequest { record: locations })
+        .unwrap();
+    drop(tx);
+    let e = answers.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("stack trace id"), "{e}");
+    // A stream that ends before its locations: an error too.
+    let (samples, _, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    let (mut tx, rx) = futures::channel::mpsc::channel(2);
+    tx.try_send(store::WriteRequest { record: samples })
+        .unwrap();
+    let mut answers = client.write(rx).await.unwrap().into_inner();
+    answers
+        .message()
+        .await
+        .unwrap()
+        .expect("the server asks for stacks");
+    drop(tx);
+    let e = answers.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert_eq!(
+        top_total(&s, &format!("{cpu_type}{{node=\"v1-node\"}}")).await,
+        cpu,
+        "nothing more stored"
+    );
 }
 
 /// A system binary's GNU build id, as readelf reads it.

@@ -1,7 +1,9 @@
 //! What Parca Agent writes to Parca's `ProfileStoreService`, as profiles: `WriteRaw`
 //! requests (gzipped pprof profiles under label sets, each named by its `__name__` label),
-//! as the agent sends them up to v0.31 ([`write_raw`]), and `WriteArrow` records (Arrow
-//! IPC, schema `v2`), as it sends them from v0.48 on ([`write_arrow`]). The agent's frames
+//! as the agent sends them up to v0.31 ([`write_raw`]), the `Write` stream's two Arrow
+//! records (schema `v1`: samples, then the locations of the stack trace ids the server asks
+//! for; agents v0.32 to v0.47, [`write_v1_wanted`], [`write_v1`]), and `WriteArrow` records
+//! (Arrow IPC, schema `v2`), as it sends them from v0.48 on ([`write_arrow`]). The agent's frames
 //! stay as it sends them (unsymbolized native frames as addresses in mappings with their
 //! build ids), stored as our own sampler's are.
 
@@ -158,12 +160,12 @@ use arrow::datatypes::{DataType, Int32Type, UInt32Type};
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::string_table::StringTable;
 
-/// Logical row `i` of `array` as a string: plain, a view, binary, a dictionary of them or
-/// a run-end encoding of those (the agent's label, type and frame columns). `None` when
+/// Logical row `i` of `array` as bytes: text, a view, binary, a dictionary of them or a
+/// run-end encoding of those (the agent's label, type, id and frame columns). `None` when
 /// null.
-fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
+fn bytes_at(array: &dyn Array, i: usize) -> Result<Option<&[u8]>> {
     let (mut a, mut i) = (array, i);
-    // Encodings nest two deep in the agent's schema (run ends of a dictionary).
+    // Encodings nest two deep in the agent's schemas (run ends of a dictionary).
     for _ in 0..4 {
         if i >= a.len() {
             return Err(arrow_error(
@@ -171,41 +173,33 @@ fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
                 format!("an index past the {} values of a column", a.len()),
             ));
         }
+        let valid = a.is_valid(i);
         match a.data_type() {
-            DataType::Utf8 => {
-                let s = a.as_string::<i32>();
-                return Ok(s.is_valid(i).then(|| s.value(i)));
-            }
+            DataType::Utf8 => return Ok(valid.then(|| a.as_string::<i32>().value(i).as_bytes())),
             DataType::LargeUtf8 => {
-                let s = a.as_string::<i64>();
-                return Ok(s.is_valid(i).then(|| s.value(i)));
+                return Ok(valid.then(|| a.as_string::<i64>().value(i).as_bytes()));
             }
             DataType::Utf8View => {
-                let s = a.as_string_view();
-                return Ok(s.is_valid(i).then(|| s.value(i)));
+                return Ok(valid.then(|| a.as_string_view().value(i).as_bytes()));
             }
-            DataType::Binary => {
-                let b = a.as_binary::<i32>();
-                if !b.is_valid(i) {
-                    return Ok(None);
-                }
-                return std::str::from_utf8(b.value(i))
-                    .map(Some)
-                    .map_err(|_| arrow_error(format!("row {i}"), "a string is not UTF-8"));
+            DataType::Binary => return Ok(valid.then(|| a.as_binary::<i32>().value(i))),
+            DataType::LargeBinary => return Ok(valid.then(|| a.as_binary::<i64>().value(i))),
+            DataType::FixedSizeBinary(_) => {
+                return Ok(valid.then(|| a.as_fixed_size_binary().value(i)));
             }
             DataType::Dictionary(k, _) if **k == DataType::UInt32 => {
-                let d = a.as_dictionary::<UInt32Type>();
-                if !d.is_valid(i) {
+                if !valid {
                     return Ok(None);
                 }
+                let d = a.as_dictionary::<UInt32Type>();
                 i = d.keys().value(i) as usize;
                 a = d.values().as_ref();
             }
             DataType::Dictionary(k, _) if **k == DataType::Int32 => {
-                let d = a.as_dictionary::<Int32Type>();
-                if !d.is_valid(i) {
+                if !valid {
                     return Ok(None);
                 }
+                let d = a.as_dictionary::<Int32Type>();
                 i = usize::try_from(d.keys().value(i))
                     .map_err(|_| arrow_error(format!("row {i}"), "a negative dictionary key"))?;
                 a = d.values().as_ref();
@@ -224,6 +218,16 @@ fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
         }
     }
     Err(arrow_error("schema", "encodings nested too deep"))
+}
+
+/// Logical row `i` of `array` as a string (see [`bytes_at`]).
+fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
+    bytes_at(array, i)?
+        .map(|b| {
+            std::str::from_utf8(b)
+                .map_err(|_| arrow_error(format!("row {i}"), "a string is not UTF-8"))
+        })
+        .transpose()
 }
 
 /// Logical row `i` of an integer column (plain or run-end encoded), as i64.
@@ -360,8 +364,8 @@ struct ArrowProfile {
     functions: Vec<Function>,
     function_ids: HashMap<(String, String, i64), u64>,
     locations: Vec<Location>,
-    /// Location dictionary keys (or plain location rows) to location ids.
-    location_ids: HashMap<usize, u64>,
+    /// Locations (the array holding them, their row) to location ids.
+    location_ids: HashMap<(usize, usize), u64>,
     samples: HashMap<SampleKey, i64>,
     name: String,
     types: [String; 4],
@@ -370,13 +374,9 @@ struct ArrowProfile {
     last_ns: i64,
 }
 
-/// A `WriteArrow` request's record (schema `v2`, as Parca Agent v0.48 and later send it:
-/// an Arrow IPC stream, LZ4 compressed, one row per sample with its stack) as profiles: one
-/// per producer and sample type, named by the producer (`parca_agent`), at the first
-/// sample's time, each row's labels the sample's labels. Native frames come as the agent
-/// sends them (an address in a mapping named by file and build id, no lines), others with
-/// their function, file and line.
-pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
+/// The record batches of an Arrow IPC stream whose schema is marked `version`: its
+/// decompressed size checked first (on the sizes its buffers state), then decoded.
+pub fn read_ipc(ipc: &[u8], version: &str, limits: &Limits) -> Result<Vec<RecordBatch>> {
     let decompressed = ipc_decompressed_bytes(ipc)?;
     if decompressed > limits.max_decompressed_bytes {
         return Err(Error::TooLarge {
@@ -386,7 +386,7 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
     }
     // arrow's IPC reader trusts more of a stream than the checks above cover (it panics on
     // some corrupt records): its decoding is one place a panic is caught and made an error.
-    let batches = std::panic::catch_unwind(|| -> Result<(Option<String>, Vec<RecordBatch>)> {
+    let decoded = std::panic::catch_unwind(|| -> Result<(Option<String>, Vec<RecordBatch>)> {
         let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
             .map_err(|e| arrow_error("the IPC stream", e.to_string()))?;
         let version = reader.schema().metadata().get(SCHEMA_VERSION_KEY).cloned();
@@ -406,15 +406,26 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
             format!("not a valid Arrow record: {what}"),
         )
     })??;
-    let (version, batches) = batches;
-    if version.as_deref() != Some("v2") {
+    let (found, batches) = decoded;
+    if found.as_deref() != Some(version) {
         return Err(arrow_error(
             "schema metadata",
             format!(
-                "{SCHEMA_VERSION_KEY} is {version:?}: WriteArrow takes v2 records (v1 records are the Write stream's)"
+                "{SCHEMA_VERSION_KEY} is {found:?}, not {version:?} (WriteArrow takes v2 records, the Write stream v1)"
             ),
         ));
     }
+    Ok(batches)
+}
+
+/// A `WriteArrow` request's record (schema `v2`, as Parca Agent v0.48 and later send it:
+/// an Arrow IPC stream, LZ4 compressed, one row per sample with its stack) as profiles: one
+/// per producer and sample type, named by the producer (`parca_agent`), at the first
+/// sample's time, each row's labels the sample's labels. Native frames come as the agent
+/// sends them (an address in a mapping named by file and build id, no lines), others with
+/// their function, file and line.
+pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
+    let batches = read_ipc(ipc, "v2", limits)?;
     let mut groups: Vec<ArrowProfile> = Vec::new();
     let mut group_ids: HashMap<[String; 6], usize> = HashMap::new();
     let mut rows = 0usize;
@@ -426,13 +437,10 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
                 limit: limits.max_samples,
             });
         }
-        add_batch(&batch, limits, &mut groups, &mut group_ids)?;
+        let stacks = Stacks::Inline(column(&batch, "stacktrace")?);
+        add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
     }
-    groups
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| g.finish(i, limits))
-        .collect()
+    profiles(groups, limits)
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
@@ -442,17 +450,46 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
         .ok_or_else(|| arrow_error("schema", format!("no {name:?} column")))
 }
 
+/// Where the rows' stacks are.
+enum Stacks<'a> {
+    /// In the record (v2): each row's list of dictionary-encoded locations.
+    Inline(&'a dyn Array),
+    /// In the record the agent sent after (v1): each row's stack trace id, and the list
+    /// of locations (a column and its row) of each id.
+    ById {
+        ids: &'a dyn Array,
+        found: &'a HashMap<Vec<u8>, (&'a dyn Array, usize)>,
+    },
+}
+
+/// Adds a record's rows to the profiles of their producer and types.
 fn add_batch(
     batch: &RecordBatch,
+    stacks: Stacks<'_>,
     limits: &Limits,
     groups: &mut Vec<ArrowProfile>,
     group_ids: &mut HashMap<[String; 6], usize>,
 ) -> Result<()> {
-    let labels = column(batch, "labels")?
-        .as_struct_opt()
-        .ok_or_else(|| arrow_error("schema", "\"labels\" is not a struct"))?;
-    let stacks = column(batch, "stacktrace")?;
-    let locations = list_values(stacks)?;
+    // Labels: a struct column (v2) or `labels.<name>` columns (v1).
+    let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name("labels") {
+        Some(l) => {
+            let l = l
+                .as_struct_opt()
+                .ok_or_else(|| arrow_error("schema", "\"labels\" is not a struct"))?;
+            l.fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .zip(l.columns().iter().map(|c| c.as_ref()))
+                .collect()
+        }
+        None => batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .filter_map(|(f, c)| Some((f.name().strip_prefix("labels.")?, c.as_ref())))
+            .collect(),
+    };
     let value = column(batch, "value")?;
     let text = [
         column(batch, "producer")?,
@@ -465,7 +502,6 @@ fn add_batch(
     let period = column(batch, "period")?;
     let duration = column(batch, "duration")?;
     let timestamp = column(batch, "timestamp")?;
-    let label_names: Vec<&str> = labels.fields().iter().map(|f| f.name().as_str()).collect();
     for row in 0..batch.num_rows() {
         let at = |reason: String| arrow_error(format!("row {row}"), reason);
         let mut key: [String; 6] = Default::default();
@@ -486,7 +522,16 @@ fn add_batch(
         profile.last_ns = profile
             .last_ns
             .max(ts.saturating_add(int_at(duration, row)?.max(0)));
-        let Some((offset, len)) = list_range(stacks, row)? else {
+        let (list, list_row) = match &stacks {
+            Stacks::Inline(list) => (*list, row),
+            Stacks::ById { ids, found } => {
+                let id = bytes_at(*ids, row)?.ok_or_else(|| at("no stack trace id".into()))?;
+                *found.get(id).ok_or_else(|| {
+                    at("its stack trace id is not in the locations record the agent sent".into())
+                })?
+            }
+        };
+        let Some((offset, len)) = list_range(list, list_row)? else {
             return Err(at("a sample without a stack".into()));
         };
         if len > limits.max_stack_depth {
@@ -495,13 +540,14 @@ fn add_batch(
                 limit: limits.max_stack_depth,
             });
         }
+        let locations = list_values(list)?;
         let mut stack = Vec::with_capacity(len);
         for j in offset..offset.saturating_add(len) {
             stack.push(profile.location(locations, j, limits)?);
         }
         let mut sample_labels = Vec::new();
-        for (name, c) in label_names.iter().zip(labels.columns()) {
-            if let Some(v) = string_at(c.as_ref(), row)?
+        for (name, c) in &labels {
+            if let Some(v) = string_at(*c, row)?
                 && !v.is_empty()
             {
                 sample_labels.push((profile.strings.get(name), profile.strings.get(v)));
@@ -518,6 +564,88 @@ fn add_batch(
         *total = total.saturating_add(v);
     }
     Ok(())
+}
+
+/// The profiles of records' batches, added in order.
+fn profiles(groups: Vec<ArrowProfile>, limits: &Limits) -> Result<Vec<Incoming>> {
+    groups
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| g.finish(i, limits))
+        .collect()
+}
+
+/// The stack trace ids of a `Write` stream's samples record (schema `v1`, agents v0.32 to
+/// v0.47), each once, in order: what the server asks the agent to send the stacks of.
+pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut ids = Vec::new();
+    for batch in read_ipc(samples, "v1", limits)? {
+        let column = column(&batch, "stacktrace_id")?;
+        for row in 0..batch.num_rows() {
+            let id = bytes_at(column, row)?
+                .ok_or_else(|| arrow_error(format!("row {row}"), "no stack trace id"))?;
+            if seen.insert(id.to_vec()) {
+                ids.push(id.to_vec());
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// The record that asks the agent for the stacks of `ids`: one binary column,
+/// `stacktrace_id`, schema `v1`.
+pub fn write_v1_request(ids: &[Vec<u8>]) -> Result<Vec<u8>> {
+    use std::sync::Arc;
+    let schema = Arc::new(
+        arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
+            "stacktrace_id",
+            DataType::Binary,
+            false,
+        )])
+        .with_metadata([(SCHEMA_VERSION_KEY.to_owned(), "v1".to_owned())].into()),
+    );
+    let column = arrow::array::BinaryArray::from_iter_values(ids);
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(column)])?;
+    let mut out = Vec::new();
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut out, &schema)?;
+    writer.write(&batch)?;
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+/// A `Write` stream's two records, the samples and then the locations of their stack
+/// trace ids (`stacktrace_id`, `is_complete`, `locations`), as profiles: as
+/// [`write_arrow`] makes them of a v2 record.
+pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
+    let stack_batches = read_ipc(locations, "v1", limits)?;
+    let mut found: HashMap<Vec<u8>, (&dyn Array, usize)> = HashMap::new();
+    for batch in &stack_batches {
+        let ids = column(batch, "stacktrace_id")?;
+        let lists = column(batch, "locations")?;
+        for row in 0..batch.num_rows() {
+            let id = bytes_at(ids, row)?
+                .ok_or_else(|| arrow_error(format!("locations row {row}"), "no stack trace id"))?;
+            found.insert(id.to_vec(), (lists, row));
+        }
+    }
+    let mut groups = Vec::new();
+    let mut group_ids = HashMap::new();
+    let mut rows = 0usize;
+    for batch in read_ipc(samples, "v1", limits)? {
+        rows += batch.num_rows();
+        if rows > limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "samples",
+                limit: limits.max_samples,
+            });
+        }
+        let ids = column(&batch, "stacktrace_id")?;
+        let stacks = Stacks::ById { ids, found: &found };
+        add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
+    }
+    profiles(groups, limits)
 }
 
 impl ArrowProfile {
@@ -547,8 +675,10 @@ impl ArrowProfile {
     /// The location id of entry `j` of the stacks' values (a dictionary of locations).
     fn location(&mut self, locations: &dyn Array, j: usize, limits: &Limits) -> Result<u64> {
         let (s, i) = struct_at(locations, j)?;
-        // The location's identity: its row in the dictionary's values.
-        if let Some(&id) = self.location_ids.get(&i) {
+        // The location's identity: its row in the dictionary's values (or the list's), in
+        // the array holding it.
+        let key = (std::ptr::from_ref(s).cast::<()>() as usize, i);
+        if let Some(&id) = self.location_ids.get(&key) {
             return Ok(id);
         }
         if self.locations.len() >= limits.max_locations {
@@ -574,10 +704,20 @@ impl ArrowProfile {
                 .or_insert(next);
             if id == next {
                 let (filename, build_id) = (self.strings.get(&file), self.strings.get(&build_id));
+                // v1 sends the mapping's range (zero from the agents seen: addresses are
+                // already file-relative).
+                let range = |name: &str| -> Result<u64> {
+                    s.column_by_name(name)
+                        .map(|c| int_at(c.as_ref(), i).map(|v| v as u64))
+                        .unwrap_or(Ok(0))
+                };
                 self.mappings.push(Mapping {
                     id,
                     filename,
                     build_id,
+                    memory_start: range("mapping_start")?,
+                    memory_limit: range("mapping_limit")?,
+                    file_offset: range("mapping_offset")?,
                     ..Mapping::default()
                 });
             }
@@ -598,14 +738,28 @@ impl ArrowProfile {
                     ));
                 }
                 let number = int_at(field(values, "line")?, k)?;
-                let (f, fi) = struct_at(field(values, "function")?, k)?;
-                let name = string_at(field(f, "system_name")?, fi)?
-                    .unwrap_or("")
-                    .to_owned();
-                let filename = string_at(field(f, "filename")?, fi)?
-                    .unwrap_or("")
-                    .to_owned();
-                let start = int_at(field(f, "start_line")?, fi)?;
+                // v2: a dictionary-encoded function struct; v1: the function's columns.
+                let (name, filename, start) = match values.column_by_name("function") {
+                    Some(function) => {
+                        let (f, fi) = struct_at(function.as_ref(), k)?;
+                        (
+                            string_at(field(f, "system_name")?, fi)?,
+                            string_at(field(f, "filename")?, fi)?,
+                            int_at(field(f, "start_line")?, fi)?,
+                        )
+                    }
+                    None => (
+                        string_at(field(values, "function_system_name")?, k)?
+                            .filter(|n| !n.is_empty())
+                            .or(string_at(field(values, "function_name")?, k)?),
+                        string_at(field(values, "function_filename")?, k)?,
+                        int_at(field(values, "function_start_line")?, k)?,
+                    ),
+                };
+                let (name, filename) = (
+                    name.unwrap_or("").to_owned(),
+                    filename.unwrap_or("").to_owned(),
+                );
                 let next = self.functions.len() as u64 + 1;
                 let function_id = *self
                     .function_ids
@@ -636,7 +790,7 @@ impl ArrowProfile {
             line,
             ..Location::default()
         });
-        self.location_ids.insert(i, id);
+        self.location_ids.insert(key, id);
         Ok(id)
     }
 

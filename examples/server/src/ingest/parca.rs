@@ -1,6 +1,6 @@
 //! Parca Agent's gRPC services, on the server's port as Parca serves them (gRPC and
-//! gRPC-Web): `parca.profilestore.v1alpha1.ProfileStoreService` (`WriteRaw` and
-//! `WriteArrow`, converted by
+//! gRPC-Web): `parca.profilestore.v1alpha1.ProfileStoreService` (`WriteRaw`, `Write`
+//! and `WriteArrow`, converted by
 //! [`frostdb_pprof::convert::parca`]) and `parca.debuginfo.v1alpha1.DebuginfoService`
 //! (uploads kept by [`frostdb_pprof::debuginfo`] in the tenant's object store). The tenant
 //! is the `x-scope-orgid` metadata, as on every gRPC route.
@@ -134,16 +134,66 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         Ok(tonic::Response::new(proto::WriteRawResponse {}))
     }
 
-    type WriteStream = futures::stream::Empty<Result<proto::WriteResponse, tonic::Status>>;
+    type WriteStream =
+        futures::channel::mpsc::Receiver<Result<proto::WriteResponse, tonic::Status>>;
 
+    /// The two-phase stream of agents v0.32 to v0.47: the samples record; the server's
+    /// answer naming every stack trace id in it; the agent's record of their locations;
+    /// then the profiles are stored and the stream ends (an error if they were not).
     async fn write(
         &self,
-        _: tonic::Request<tonic::Streaming<proto::WriteRequest>>,
+        request: tonic::Request<tonic::Streaming<proto::WriteRequest>>,
     ) -> Result<tonic::Response<Self::WriteStream>, tonic::Status> {
-        Err(tonic::Status::unimplemented(
-            "Write (the two-phase Arrow stream of agents v0.32 to v0.47, and of later ones run \
-             with --use-v2-schema=false) is not served: agents from v0.48 send WriteArrow",
-        ))
+        let tenant = grpc_tenant(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let samples = inbound
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::invalid_argument("the Write stream sent no record"))?
+            .record;
+        let limits = self.state.tenants.pprof_limits();
+        let (samples, wanted) = tokio::task::spawn_blocking(move || {
+            let ids = parca::write_v1_wanted(&samples, &limits)?;
+            let wanted = parca::write_v1_request(&ids)?;
+            Ok::<_, frostdb_pprof::Error>((samples, wanted))
+        })
+        .await
+        .map_err(|e| tonic::Status::internal(format!("decoding the samples record: {e}")))?
+        .map_err(|e| status(e.into()))?;
+        let (mut tx, rx) = futures::channel::mpsc::channel(2);
+        tx.try_send(Ok(proto::WriteResponse { record: wanted }))
+            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let locations = match inbound.message().await {
+                Ok(Some(m)) => m.record,
+                Ok(None) => {
+                    let _ = tx.try_send(Err(tonic::Status::invalid_argument(
+                        "the Write stream ended before the record of locations",
+                    )));
+                    return;
+                }
+                Err(e) => {
+                    let _ = tx.try_send(Err(e));
+                    return;
+                }
+            };
+            let converting = state.clone();
+            let stored = store(&state, &tenant, move || {
+                let limits = converting.tenants.pprof_limits();
+                Ok(parca::write_v1(&samples, &locations, &limits)?)
+            })
+            .await;
+            match stored {
+                Ok(stored) => {
+                    tracing::debug!(%tenant, profiles = stored.len(), "parca Write");
+                }
+                Err(e) => {
+                    let _ = tx.try_send(Err(status(e)));
+                }
+            }
+        });
+        Ok(tonic::Response::new(rx))
     }
 
     async fn write_arrow(
