@@ -202,6 +202,7 @@ pub fn arrow_samples(
 /// encoded; an Arrow IPC stream, LZ4 compressed, its schema marked `v2`; the native
 /// frames' mapping has `build_id`. Returns the bytes and the CPU and off-CPU totals.
 pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
+    use crate::convert::parca::wire;
     use std::sync::Arc;
 
     use arrow::array::{
@@ -364,54 +365,58 @@ pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
     let uuid = FixedSizeBinaryArray::try_from_iter((0u8..3).map(|i| [i; 16])).unwrap();
     let columns: Vec<(Field, ArrayRef)> = vec![
         (
-            Field::new("labels", labels.data_type().clone(), false),
+            Field::new(wire::LABELS, labels.data_type().clone(), false),
             Arc::new(labels),
         ),
         (
-            Field::new("stacktrace", stacks.data_type().clone(), true),
+            Field::new(wire::STACKTRACE, stacks.data_type().clone(), true),
             Arc::new(stacks),
         ),
         (
-            Field::new("stacktrace_id", DataType::FixedSizeBinary(16), false).with_metadata(
+            Field::new(wire::STACKTRACE_ID, DataType::FixedSizeBinary(16), false).with_metadata(
                 [("ARROW:extension:name".to_owned(), "arrow.uuid".to_owned())].into(),
             ),
             Arc::new(uuid),
         ),
         (
-            Field::new("value", DataType::Int64, false),
+            Field::new(wire::VALUE, DataType::Int64, false),
             Arc::new(values),
         ),
-        ("producer", ree(&[3], strings(&["parca_agent"]))).into_field(),
+        (wire::PRODUCER, ree(&[3], strings(&["parca_agent"]))).into_field(),
         (
-            "sample_type",
+            wire::SAMPLE_TYPE,
             ree(&[2, 1], strings(&["samples", "wallclock"])),
         )
             .into_field(),
         (
-            "sample_unit",
+            wire::SAMPLE_UNIT,
             ree(&[2, 1], strings(&["count", "nanoseconds"])),
         )
             .into_field(),
-        ("period_type", ree(&[2, 1], strings(&["cpu", "samples"]))).into_field(),
         (
-            "period_unit",
+            wire::PERIOD_TYPE,
+            ree(&[2, 1], strings(&["cpu", "samples"])),
+        )
+            .into_field(),
+        (
+            wire::PERIOD_UNIT,
             ree(&[2, 1], strings(&["nanoseconds", "count"])),
         )
             .into_field(),
-        ("temporality", ree(&[3], strings(&["delta"]))).into_field(),
+        (wire::TEMPORALITY, ree(&[3], strings(&["delta"]))).into_field(),
         (
-            "period",
+            wire::PERIOD,
             ree(&[2, 1], Arc::new(Int64Array::from(vec![52_631_578, 1]))),
         )
             .into_field(),
         (
-            "duration",
+            wire::DURATION,
             ree(&[3], Arc::new(UInt64Array::from(vec![1_000_000_000]))),
         )
             .into_field(),
         (
             Field::new(
-                "timestamp",
+                wire::TIMESTAMP,
                 DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
                 false,
             ),
@@ -466,6 +471,7 @@ impl IntoField for (&str, arrow::array::ArrayRef) {
 /// mapping with `build_id`, kernel and Python frames with their function). Returns both
 /// records, the ids in the order the samples name them, and the CPU and off-CPU totals.
 pub fn parca_agent_v1_records(build_id: &str) -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>, i64, i64) {
+    use crate::convert::parca::wire;
     use std::sync::Arc;
 
     use arrow::array::{
@@ -528,40 +534,53 @@ pub fn parca_agent_v1_records(build_id: &str) -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>
     };
 
     let (a, b) = (vec![0xa1u8; 16], vec![0xb2u8; 16]);
+    let (node, thread_name) = (
+        format!("{}.node", wire::LABELS),
+        format!("{}.thread_name", wire::LABELS),
+    );
     // Samples: stack A on CPU (7), B on CPU (3), A off CPU (1.5 ms).
     let (samples_fields, samples_arrays) = with_fields(vec![
         (
-            "labels.node",
+            node.as_str(),
             ree_bin(&[Some(b"v1-node"), Some(b"v1-node"), Some(b"v1-node")]),
         ),
         (
-            "labels.thread_name",
+            thread_name.as_str(),
             ree_bin(&[Some(b"worker"), Some(b"main"), Some(b"worker")]),
         ),
-        ("stacktrace_id", ree_bin(&[Some(&a), Some(&b), Some(&a)])),
-        ("value", Arc::new(Int64Array::from(vec![7, 3, 1_500_000]))),
-        ("producer", ree_bin(&[Some(b"parca_agent".as_slice()); 3])),
         (
-            "sample_type",
+            wire::STACKTRACE_ID,
+            ree_bin(&[Some(&a), Some(&b), Some(&a)]),
+        ),
+        (
+            wire::VALUE,
+            Arc::new(Int64Array::from(vec![7, 3, 1_500_000])),
+        ),
+        (
+            wire::PRODUCER,
+            ree_bin(&[Some(b"parca_agent".as_slice()); 3]),
+        ),
+        (
+            wire::SAMPLE_TYPE,
             ree_bin(&[Some(b"samples"), Some(b"samples"), Some(b"wallclock")]),
         ),
         (
-            "sample_unit",
+            wire::SAMPLE_UNIT,
             ree_bin(&[Some(b"count"), Some(b"count"), Some(b"nanoseconds")]),
         ),
         (
-            "period_type",
+            wire::PERIOD_TYPE,
             ree_bin(&[Some(b"cpu"), Some(b"cpu"), Some(b"samples")]),
         ),
         (
-            "period_unit",
+            wire::PERIOD_UNIT,
             ree_bin(&[Some(b"nanoseconds"), Some(b"nanoseconds"), Some(b"count")]),
         ),
-        ("temporality", ree_bin(&[Some(b"delta".as_slice()); 3])),
-        ("period", ree_i64(&[52_631_578, 52_631_578, 1])),
-        ("duration", ree_i64(&[1_000_000_000; 3])),
+        (wire::TEMPORALITY, ree_bin(&[Some(b"delta".as_slice()); 3])),
+        (wire::PERIOD, ree_i64(&[52_631_578, 52_631_578, 1])),
+        (wire::DURATION, ree_i64(&[1_000_000_000; 3])),
         (
-            "timestamp",
+            wire::TIMESTAMP,
             ree_i64(&[
                 1_763_805_600_000_000_000,
                 1_763_805_601_000_000_000,
@@ -646,14 +665,14 @@ pub fn parca_agent_v1_records(build_id: &str) -> (Vec<u8>, Vec<u8>, Vec<Vec<u8>>
     );
     let (fields, arrays) = with_fields(vec![
         (
-            "stacktrace_id",
+            wire::STACKTRACE_ID,
             Arc::new(BinaryArray::from_iter_values([&a, &b])),
         ),
         (
             "is_complete",
             Arc::new(BooleanArray::from(vec![true, true])),
         ),
-        ("locations", Arc::new(stacks)),
+        (wire::LOCATIONS, Arc::new(stacks)),
     ]);
     let locations = ipc(fields, arrays);
     (samples, locations, vec![a, b], 10, 1_500_000)

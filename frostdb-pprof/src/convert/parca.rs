@@ -64,6 +64,39 @@ pub fn write_raw(request: &proto::WriteRawRequest, limits: &Limits) -> Result<Ve
     Ok(out)
 }
 
+/// The column names of Parca Agent's records: its wire format (parca-agent
+/// `reporter/arrow.go`, `reporter/arrow_v2.go`), not our tables' columns.
+pub mod wire {
+    /// `labels`.
+    pub const LABELS: &str = "labels";
+    /// `stacktrace`.
+    pub const STACKTRACE: &str = "stacktrace";
+    /// `stacktrace_id`.
+    pub const STACKTRACE_ID: &str = "stacktrace_id";
+    /// `value`.
+    pub const VALUE: &str = "value";
+    /// `producer`.
+    pub const PRODUCER: &str = "producer";
+    /// `sample_type`.
+    pub const SAMPLE_TYPE: &str = "sample_type";
+    /// `sample_unit`.
+    pub const SAMPLE_UNIT: &str = "sample_unit";
+    /// `period_type`.
+    pub const PERIOD_TYPE: &str = "period_type";
+    /// `period_unit`.
+    pub const PERIOD_UNIT: &str = "period_unit";
+    /// `temporality`.
+    pub const TEMPORALITY: &str = "temporality";
+    /// `period`.
+    pub const PERIOD: &str = "period";
+    /// `duration`.
+    pub const DURATION: &str = "duration";
+    /// `timestamp`.
+    pub const TIMESTAMP: &str = "timestamp";
+    /// `locations`.
+    pub const LOCATIONS: &str = "locations";
+}
+
 /// The schema metadata key naming a record's layout (`v1`, `v2`).
 pub const SCHEMA_VERSION_KEY: &str = "parca_write_schema_version";
 
@@ -437,7 +470,7 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
                 limit: limits.max_samples,
             });
         }
-        let stacks = Stacks::Inline(column(&batch, "stacktrace")?);
+        let stacks = Stacks::Inline(column(&batch, wire::STACKTRACE)?);
         add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
     }
     profiles(groups, limits)
@@ -471,7 +504,7 @@ fn add_batch(
     group_ids: &mut HashMap<[String; 6], usize>,
 ) -> Result<()> {
     // Labels: a struct column (v2) or `labels.<name>` columns (v1).
-    let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name("labels") {
+    let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name(wire::LABELS) {
         Some(l) => {
             let l = l
                 .as_struct_opt()
@@ -487,21 +520,24 @@ fn add_batch(
             .fields()
             .iter()
             .zip(batch.columns())
-            .filter_map(|(f, c)| Some((f.name().strip_prefix("labels.")?, c.as_ref())))
+            .filter_map(|(f, c)| {
+                let name = f.name().strip_prefix(wire::LABELS)?.strip_prefix('.')?;
+                Some((name, c.as_ref()))
+            })
             .collect(),
     };
-    let value = column(batch, "value")?;
+    let value = column(batch, wire::VALUE)?;
     let text = [
-        column(batch, "producer")?,
-        column(batch, "sample_type")?,
-        column(batch, "sample_unit")?,
-        column(batch, "period_type")?,
-        column(batch, "period_unit")?,
-        column(batch, "temporality")?,
+        column(batch, wire::PRODUCER)?,
+        column(batch, wire::SAMPLE_TYPE)?,
+        column(batch, wire::SAMPLE_UNIT)?,
+        column(batch, wire::PERIOD_TYPE)?,
+        column(batch, wire::PERIOD_UNIT)?,
+        column(batch, wire::TEMPORALITY)?,
     ];
-    let period = column(batch, "period")?;
-    let duration = column(batch, "duration")?;
-    let timestamp = column(batch, "timestamp")?;
+    let period = column(batch, wire::PERIOD)?;
+    let duration = column(batch, wire::DURATION)?;
+    let timestamp = column(batch, wire::TIMESTAMP)?;
     for row in 0..batch.num_rows() {
         let at = |reason: String| arrow_error(format!("row {row}"), reason);
         let mut key: [String; 6] = Default::default();
@@ -581,7 +617,7 @@ pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> 
     let mut seen = std::collections::HashSet::new();
     let mut ids = Vec::new();
     for batch in read_ipc(samples, "v1", limits)? {
-        let column = column(&batch, "stacktrace_id")?;
+        let column = column(&batch, wire::STACKTRACE_ID)?;
         for row in 0..batch.num_rows() {
             let id = bytes_at(column, row)?
                 .ok_or_else(|| arrow_error(format!("row {row}"), "no stack trace id"))?;
@@ -599,7 +635,7 @@ pub fn write_v1_request(ids: &[Vec<u8>]) -> Result<Vec<u8>> {
     use std::sync::Arc;
     let schema = Arc::new(
         arrow::datatypes::Schema::new(vec![arrow::datatypes::Field::new(
-            "stacktrace_id",
+            wire::STACKTRACE_ID,
             DataType::Binary,
             false,
         )])
@@ -622,8 +658,8 @@ pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec
     let stack_batches = read_ipc(locations, "v1", limits)?;
     let mut found: HashMap<Vec<u8>, (&dyn Array, usize)> = HashMap::new();
     for batch in &stack_batches {
-        let ids = column(batch, "stacktrace_id")?;
-        let lists = column(batch, "locations")?;
+        let ids = column(batch, wire::STACKTRACE_ID)?;
+        let lists = column(batch, wire::LOCATIONS)?;
         for row in 0..batch.num_rows() {
             let id = bytes_at(ids, row)?
                 .ok_or_else(|| arrow_error(format!("locations row {row}"), "no stack trace id"))?;
@@ -641,7 +677,7 @@ pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec
                 limit: limits.max_samples,
             });
         }
-        let ids = column(&batch, "stacktrace_id")?;
+        let ids = column(&batch, wire::STACKTRACE_ID)?;
         let stacks = Stacks::ById { ids, found: &found };
         add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
     }
