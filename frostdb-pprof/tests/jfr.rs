@@ -370,8 +370,9 @@ fn record(dir: &Path, millis: u64) -> PathBuf {
     recording
 }
 
-/// What the JDK's reader says a recording holds, per event type: events with a stack, and
-/// the sums of their `allocationSize`, `tlabSize`, `weight` and `duration` (nanoseconds).
+/// What the JDK's reader says a recording holds, per event type: its events (with a stack
+/// or without: those are kept under one `[no stack trace]` frame) and the sums of their
+/// `allocationSize`, `tlabSize`, `weight` and `duration` (nanoseconds).
 #[derive(Debug, Default, Clone, Copy)]
 struct Sums {
     events: i64,
@@ -395,11 +396,9 @@ fn jdk_sums(recording: &Path) -> HashMap<String, Sums> {
     assert!(out.status.success(), "jfr print failed");
     let text = String::from_utf8(out.stdout).unwrap();
     let mut sums: HashMap<String, Sums> = HashMap::new();
-    let mut current: Option<(String, Sums, bool)> = None;
-    let mut flush = |current: &mut Option<(String, Sums, bool)>| {
-        if let Some((kind, s, stack)) = current.take()
-            && stack
-        {
+    let mut current: Option<(String, Sums)> = None;
+    let mut flush = |current: &mut Option<(String, Sums)>| {
+        if let Some((kind, s)) = current.take() {
             let t = sums.entry(kind).or_default();
             t.events += 1;
             t.allocation_size += s.allocation_size;
@@ -416,15 +415,13 @@ fn jdk_sums(recording: &Path) -> HashMap<String, Sums> {
         if let Some(kind) = line.strip_prefix("\"type\": \"jdk.") {
             flush(&mut current);
             let kind = format!("jdk.{}", kind.trim_end_matches(['"', ',', ' ']));
-            current = Some((kind, Sums::default(), true));
+            current = Some((kind, Sums::default()));
             continue;
         }
-        let Some((_, s, stack)) = current.as_mut() else {
+        let Some((_, s)) = current.as_mut() else {
             continue;
         };
-        if line.starts_with("\"stackTrace\": null") {
-            *stack = false;
-        } else if line.starts_with("\"allocationSize\":") {
+        if line.starts_with("\"allocationSize\":") {
             s.allocation_size = number(line);
         } else if line.starts_with("\"tlabSize\":") {
             s.tlab_size = number(line);

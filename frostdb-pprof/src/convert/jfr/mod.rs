@@ -27,7 +27,8 @@
 //! Where Pyroscope stores something other than the recording says, this does not: lock and
 //! park delays are converted from the chunk's ticks to nanoseconds (Pyroscope stores ticks
 //! as nanoseconds), a stack naming a method or class the recording does not hold is an error
-//! rather than a shorter stack, and a recording cut short, with a dangling constant pool
+//! rather than a shorter stack, an event without a stack is kept under one
+//! `[no stack trace]` frame ([`NO_STACK`]) rather than dropped, and a recording cut short, with a dangling constant pool
 //! reference or bytes that are not JFR is an error naming the byte. The reader is our own
 //! ([`reader`]): the crates on crates.io (`jfrs`) read lengths and recursion depths from the
 //! file unchecked.
@@ -83,7 +84,7 @@ pub struct Recording {
     /// async-profiler's `event` setting (`cpu`, `itimer`, `wall`, ...): Pyroscope's
     /// `jfr_event` label. JDK recordings have none.
     pub event: Option<String>,
-    /// Events read, of the kinds made into profiles.
+    /// Events read, of the kinds made into profiles (those without a stack too).
     pub events: u64,
 }
 
@@ -161,6 +162,9 @@ impl Kind {
         }
     }
 }
+
+/// The one frame of the events a recording has no stack for.
+pub const NO_STACK: &str = "[no stack trace]";
 
 /// The events read, by class name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -597,11 +601,9 @@ impl<'l> Converter<'l> {
         if adds.iter().all(|(k, _)| k.is_none()) {
             return Ok(());
         }
-        // An event without a stack (id 0) has nothing to attribute its value to.
+        // An event without a stack (id 0; the JDK writes a few) keeps its value, under
+        // one frame that says so ([`NO_STACK`]), rather than being dropped.
         let stack_id = int(f.stack_trace).unwrap_or(0);
-        if stack_id == 0 {
-            return Ok(());
-        }
         self.events += 1;
         let label_set = self.label_set(
             int(f.context_id).unwrap_or(0),
@@ -633,6 +635,14 @@ impl<'l> Converter<'l> {
     /// The stack (of `kind`'s profile) of a stack trace id.
     fn stack(&mut self, at: usize, kind: Kind, id: i64, pools: &Pools) -> F<u32> {
         if let Some(&stack) = self.stacks.get(&(kind, id)) {
+            return Ok(stack);
+        }
+        if id == 0 {
+            let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+            let stack = vec![builder.location(NO_STACK, 0)];
+            let next = builder.stacks.len() as u32;
+            let stack = *builder.stacks.entry(stack).or_insert(next);
+            self.stacks.insert((kind, id), stack);
             return Ok(stack);
         }
         let &(first, n) = pools.stack_traces.get(&id).ok_or_else(|| {
@@ -968,8 +978,8 @@ mod tests {
     }
 
     /// A one-chunk recording written here: one method, a stack trace of `depth` frames of
-    /// it, and `samples` execution samples of that stack.
-    fn recording(depth: u64, samples: usize) -> Vec<u8> {
+    /// it, `samples` execution samples of that stack and `stackless` without a stack.
+    fn recording(depth: u64, samples: usize, stackless: usize) -> Vec<u8> {
         let strings = [
             "root",
             "metadata",
@@ -1117,9 +1127,9 @@ mod tests {
         let mut body = Vec::new();
         let mut bytes = Vec::new();
         event(&mut bytes, &pool);
-        for t in 0..samples {
+        for t in 0..samples + stackless {
             body.clear();
-            for v in [10u64, t as u64 % 100, 1] {
+            for v in [10u64, t as u64 % 100, u64::from(t < samples)] {
                 varint(&mut body, v);
             }
             event(&mut bytes, &body);
@@ -1151,7 +1161,7 @@ mod tests {
     fn a_deep_stack_named_by_many_events_is_resolved_once() {
         // 2,000 frames named by 200,000 four-byte events: 400 million frames if each event
         // resolved its stack, 2,000 as it is.
-        let r = recording(2_000, 200_000);
+        let r = recording(2_000, 200_000, 0);
         let converted = convert(&r, None, 100, &Limits::default()).unwrap();
         let cpu = &converted.profiles[0].profile;
         assert_eq!(cpu.sample.len(), 1);
@@ -1164,11 +1174,30 @@ mod tests {
     }
 
     #[test]
+    fn events_without_a_stack_keep_their_value_under_one_frame() {
+        let converted = convert(&recording(3, 5, 2), None, 100, &Limits::default()).unwrap();
+        let cpu = &converted.profiles[0].profile;
+        let name = |s: &Sample| {
+            let location = &cpu.location[s.location_id[0] as usize - 1];
+            let function = &cpu.function[location.line[0].function_id as usize - 1];
+            cpu.string_table[function.name as usize].clone()
+        };
+        let no_stack: Vec<&Sample> = cpu.sample.iter().filter(|s| name(s) == NO_STACK).collect();
+        assert_eq!(no_stack.len(), 1);
+        assert_eq!(no_stack[0].value, [2 * 10_000_000]);
+        assert_eq!(
+            cpu.sample.iter().map(|s| s.value[0]).sum::<i64>(),
+            7 * 10_000_000
+        );
+        assert_eq!(converted.events, 7);
+    }
+
+    #[test]
     fn stacks_over_the_limits_are_refused() {
-        let r = recording(5_000, 1);
+        let r = recording(5_000, 1, 0);
         let e = convert(&r, None, 100, &Limits::default()).unwrap_err();
         assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
-        let r = recording(70_000, 1);
+        let r = recording(70_000, 1, 0);
         let e = convert(&r, None, 100, &Limits::default()).unwrap_err();
         assert!(e.to_string().contains("an array of 70000 elements"), "{e}");
     }
