@@ -5,7 +5,6 @@
 //! Pyroscope makes of them (its golden files), labels included.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,11 +17,9 @@ fn testdata() -> PathBuf {
 }
 
 fn gunzip(path: &Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
-        .read_to_end(&mut out)
-        .unwrap();
-    out
+    frostdb_pprof::inflate(&std::fs::read(path).unwrap(), 64 << 20)
+        .unwrap()
+        .into_owned()
 }
 
 fn read(name: &str) -> Vec<u8> {

@@ -25,6 +25,9 @@ use frostdb_server::ingest::parca::grpc::client::profile_store_service_client::P
 use prost::Message;
 
 const TYPE: &str = "parca_agent_cpu:samples:count:cpu:nanoseconds";
+/// The types of the agent's Arrow records (the producer names the profile).
+const CPU_TYPE: &str = "parca_agent:samples:count:cpu:nanoseconds";
+const OFF_CPU_TYPE: &str = "parca_agent:wallclock:nanoseconds:samples:count";
 const BUILD_ID: &str = "2f1ce2d9a0b9c6b3e1f9d3c8a7b6e5d4c3b2a190";
 
 /// A profile as the agent's converter writes one: (stack of addresses, thread, count).
@@ -297,18 +300,16 @@ async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records(
         answers.message().await.unwrap().is_none(),
         "the stream ends once stored"
     );
-    let cpu_type = "parca_agent:samples:count:cpu:nanoseconds";
-    let off_cpu_type = "parca_agent:wallclock:nanoseconds:samples:count";
     assert_eq!(
-        top_total(&s, &format!("{cpu_type}{{node=\"v1-node\"}}")).await,
+        top_total(&s, &format!("{CPU_TYPE}{{node=\"v1-node\"}}")).await,
         cpu
     );
     assert_eq!(
-        top_total(&s, &format!("{off_cpu_type}{{node=\"v1-node\"}}")).await,
+        top_total(&s, &format!("{OFF_CPU_TYPE}{{node=\"v1-node\"}}")).await,
         off_cpu
     );
     assert_eq!(
-        top_total(&s, &format!("{cpu_type}{{thread_name=\"main\"}}")).await,
+        top_total(&s, &format!("{CPU_TYPE}{{thread_name=\"main\"}}")).await,
         3
     );
 
@@ -354,7 +355,7 @@ async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records(
     let e = answers.message().await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     assert_eq!(
-        top_total(&s, &format!("{cpu_type}{{node=\"v1-node\"}}")).await,
+        top_total(&s, &format!("{CPU_TYPE}{{node=\"v1-node\"}}")).await,
         cpu,
         "nothing more stored"
     );
@@ -594,18 +595,16 @@ async fn write_arrow_stores_the_agents_v2_records() {
         })
         .await
         .unwrap();
-    let cpu_type = "parca_agent:samples:count:cpu:nanoseconds";
-    let off_cpu_type = "parca_agent:wallclock:nanoseconds:samples:count";
     assert_eq!(
-        top_total(&s, &format!("{cpu_type}{{node=\"arrow-node\"}}")).await,
+        top_total(&s, &format!("{CPU_TYPE}{{node=\"arrow-node\"}}")).await,
         cpu
     );
     assert_eq!(
-        top_total(&s, &format!("{off_cpu_type}{{node=\"arrow-node\"}}")).await,
+        top_total(&s, &format!("{OFF_CPU_TYPE}{{node=\"arrow-node\"}}")).await,
         off_cpu
     );
     assert_eq!(
-        top_total(&s, &format!("{cpu_type}{{thread_name=\"worker\"}}")).await,
+        top_total(&s, &format!("{CPU_TYPE}{{thread_name=\"worker\"}}")).await,
         cpu
     );
     // The Python frame keeps its function, the kernel frame its symbol; the native frames
@@ -613,7 +612,7 @@ async fn write_arrow_stores_the_agents_v2_records() {
     let response = reqwest::get(format!(
         "{}/api/v1/query?format=pprof&selector={}",
         s.url,
-        enc(&format!("{cpu_type}{{}}"))
+        enc(&format!("{CPU_TYPE}{{}}"))
     ))
     .await
     .unwrap();

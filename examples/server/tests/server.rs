@@ -82,6 +82,19 @@ async fn push_proto(s: &Server, tenant: Option<&str>, req: &push::PushRequest) -
     .await
 }
 
+/// The top table of `selector` as the server answers it: status and body.
+async fn top_of(s: &Server, selector: &str) -> (u16, String) {
+    get(
+        &format!(
+            "{}/api/v1/query?format=top&selector={}",
+            s.url,
+            enc(selector)
+        ),
+        None,
+    )
+    .await
+}
+
 async fn top_total(s: &Server, tenant: Option<&str>, selector: &str) -> i64 {
     let top = get_json(
         &format!(
@@ -832,15 +845,7 @@ async fn legacy_ingest_speaks_trie_tree_and_speedscope() {
         answer.contains("bytes of frames the body expands to"),
         "{answer}"
     );
-    let (status, body) = get(
-        &format!(
-            "{}/api/v1/query?format=top&selector={}",
-            s.url,
-            enc(&format!("{CPU}{{service_name=\"broken\"}}"))
-        ),
-        None,
-    )
-    .await;
+    let (status, body) = top_of(&s, &format!("{CPU}{{service_name=\"broken\"}}")).await;
     assert_eq!(status, 400, "{body}");
 }
 
@@ -966,12 +971,9 @@ async fn legacy_ingest_takes_jfr_as_pyroscope_java_sends_it() {
     }
 
     // Cut short, garbage, a bomb: refused, naming the problem, nothing stored.
-    let raw = {
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&recording[..]), &mut out)
-            .unwrap();
-        out
-    };
+    let raw = frostdb_pprof::inflate(&recording, 64 << 20)
+        .unwrap()
+        .into_owned();
     // 300 MB of zeros as 300 gzip members of a megabyte (quick to make in a debug build).
     let bomb = gzip(&vec![0u8; 1 << 20]).repeat(300);
     for (body, status_want, want) in [
@@ -988,15 +990,7 @@ async fn legacy_ingest_takes_jfr_as_pyroscope_java_sends_it() {
         assert_eq!(status, status_want, "{answer}");
         assert!(answer.contains(want), "{want}: {answer}");
     }
-    let (status, body) = get(
-        &format!(
-            "{}/api/v1/query?format=top&selector={}",
-            s.url,
-            enc(&format!("{CPU}{{service_name=\"broken\"}}"))
-        ),
-        None,
-    )
-    .await;
+    let (status, body) = top_of(&s, &format!("{CPU}{{service_name=\"broken\"}}")).await;
     assert_eq!(status, 400, "nothing of broken is stored: {body}");
 }
 
