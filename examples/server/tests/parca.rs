@@ -361,6 +361,40 @@ async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records(
     );
 }
 
+/// A hostile (or stuck) agent that sends its samples, gets the server's answer and never
+/// sends the locations: the stream ends in DEADLINE_EXCEEDED naming the limit once the
+/// request's deadline passes (the samples record it held is dropped), nothing is stored,
+/// and the server goes on answering.
+#[tokio::test]
+async fn a_write_stream_that_never_sends_its_locations_ends_at_the_request_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nrequest_timeout_secs = 1\n"),
+    );
+    let mut client = ProfileStoreServiceClient::new(channel(&s).await);
+    let (samples, _, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    let (mut tx, rx) = futures::channel::mpsc::channel(2);
+    tx.try_send(store::WriteRequest { record: samples })
+        .unwrap();
+    let mut answers = client.write(rx).await.unwrap().into_inner();
+    answers
+        .message()
+        .await
+        .unwrap()
+        .expect("the server asks for stacks");
+    // The sender stays open: only the server's deadline can end the stream.
+    let e = answers.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e}");
+    assert!(
+        e.message().contains("limits.request_timeout_secs"),
+        "the error names the limit: {e}"
+    );
+    drop(tx);
+    let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
+    assert_eq!(types, serde_json::json!([]), "nothing was stored");
+}
+
 /// A system binary's GNU build id, as readelf reads it.
 fn build_id_of(path: &Path) -> String {
     let out = std::process::Command::new("readelf")

@@ -145,6 +145,12 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         request: tonic::Request<tonic::Streaming<proto::WriteRequest>>,
     ) -> Result<tonic::Response<Self::WriteStream>, tonic::Status> {
         let tenant = grpc_tenant(request.metadata())?;
+        // The whole exchange is one request: its locations must come within the request's
+        // deadline, counted from now (the deadline layer stops at the answer's head, and
+        // the stream outlives it). Until then the task holds the samples record, and the
+        // request body its share of the memory budget.
+        let secs = self.state.config.limits.request_timeout_secs;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         let mut inbound = request.into_inner();
         let samples = inbound
             .message()
@@ -165,15 +171,23 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
         let state = self.state.clone();
         tokio::spawn(async move {
-            let locations = match inbound.message().await {
-                Ok(Some(m)) => m.record,
-                Ok(None) => {
+            let locations = match tokio::time::timeout_at(deadline, inbound.message()).await {
+                Err(_) => {
+                    tracing::info!(%tenant, "parca Write: no locations record within the deadline");
+                    let _ = tx.try_send(Err(tonic::Status::deadline_exceeded(format!(
+                        "the record of locations did not come within {secs} s of the samples \
+                         (limits.request_timeout_secs)"
+                    ))));
+                    return;
+                }
+                Ok(Ok(Some(m))) => m.record,
+                Ok(Ok(None)) => {
                     let _ = tx.try_send(Err(tonic::Status::invalid_argument(
                         "the Write stream ended before the record of locations",
                     )));
                     return;
                 }
-                Err(e) => {
+                Ok(Err(e)) => {
                     let _ = tx.try_send(Err(e));
                     return;
                 }
