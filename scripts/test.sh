@@ -29,6 +29,10 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 [ -e /usr/include/gperftools/profiler.h ] || missing+=(libgoogle-perftools-dev)
 # The JDK (a Java program's flight recording, checked against the JDK's own `jfr` reader).
 { command -v javac >/dev/null 2>&1 && command -v jfr >/dev/null 2>&1; } || missing+=(openjdk-17-jdk-headless)
+# debuginfod (serving a stripped C program's debug file to the symbolizer), gcc and
+# binutils (building and splitting that program).
+command -v debuginfod >/dev/null 2>&1 || missing+=(debuginfod)
+{ command -v gcc >/dev/null 2>&1 && command -v objcopy >/dev/null 2>&1; } || missing+=(gcc binutils)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null

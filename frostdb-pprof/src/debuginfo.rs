@@ -325,6 +325,28 @@ impl DebugInfoStore {
         }
     }
 
+    /// Streams the file of `build_id`, if uploaded, to `to` (never held whole): whether
+    /// there was one.
+    pub async fn download_to(&self, build_id: &str, to: &std::path::Path) -> Result<bool> {
+        use std::io::Write;
+        match self.metadata(build_id).await? {
+            Some(m) if m.state == State::Uploaded => {}
+            _ => return Ok(false),
+        }
+        let mut stream = self
+            .store
+            .get(&self.path(build_id, "debuginfo"))
+            .await?
+            .into_stream();
+        let local = |e: std::io::Error| Error::Precondition(format!("{}: {e}", to.display()));
+        let mut file = std::fs::File::create(to).map_err(local)?;
+        while let Some(chunk) = stream.next().await {
+            file.write_all(&chunk?).map_err(local)?;
+        }
+        file.sync_all().map_err(local)?;
+        Ok(true)
+    }
+
     /// The GNU build id of an ELF file in the store (its note segments, read by range), or
     /// `None` when it is not ELF or has none.
     async fn elf_build_id(&self, path: &ObjectPath, size: u64) -> Result<Option<String>> {
@@ -358,6 +380,56 @@ impl DebugInfoStore {
         }
         Ok(None)
     }
+}
+
+/// A loadable segment of an ELF file: where its bytes are in the file, and at which
+/// virtual address they are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoadSegment {
+    pub(crate) offset: u64,
+    pub(crate) vaddr: u64,
+    pub(crate) filesz: u64,
+}
+
+/// The `PT_LOAD` segments of the ELF file at `path` (empty when it is not ELF). A separate
+/// debug file (`objcopy --only-keep-debug`) keeps them with no bytes in the file.
+pub(crate) fn load_segments(path: &std::path::Path) -> std::io::Result<Vec<LoadSegment>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    let mut header = [0u8; 64];
+    if size < 64 {
+        return Ok(Vec::new());
+    }
+    file.read_exact_at(&mut header, 0)?;
+    let Some(elf) = Elf::header(&header) else {
+        return Ok(Vec::new());
+    };
+    let table_len = u64::from(elf.phnum) * u64::from(elf.phentsize);
+    if elf.phentsize < 56 && elf.class64 || table_len > 64 << 10 || elf.phoff + table_len > size {
+        return Ok(Vec::new());
+    }
+    let mut table = vec![0u8; table_len as usize];
+    file.read_exact_at(&mut table, elf.phoff)?;
+    Ok(table
+        .chunks_exact(usize::from(elf.phentsize))
+        .filter(|p| elf.u32(p) == 1)
+        .map(|p| {
+            if elf.class64 {
+                LoadSegment {
+                    offset: elf.u64(&p[8..]),
+                    vaddr: elf.u64(&p[16..]),
+                    filesz: elf.u64(&p[32..]),
+                }
+            } else {
+                LoadSegment {
+                    offset: u64::from(elf.u32(&p[4..])),
+                    vaddr: u64::from(elf.u32(&p[8..])),
+                    filesz: u64::from(elf.u32(&p[16..])),
+                }
+            }
+        })
+        .collect())
 }
 
 /// What an ELF header says of where its program headers are.

@@ -49,6 +49,7 @@ pub mod report;
 pub mod rollup;
 mod store;
 mod string_table;
+pub mod symbolize;
 pub mod symbols;
 #[doc(hidden)]
 #[cfg(any(test, feature = "testing"))]

@@ -1,0 +1,605 @@
+//! Frames without function names resolved from debug info, by build id.
+//!
+//! A location a profile stored as an address (an eBPF profiler's frame, a stripped
+//! binary's, Parca Agent's native frames) keeps its mapping's build id, path and file
+//! offset. [`Symbolizer`] finds the debug file of a build id, in order, in its on-disk
+//! cache, among the files uploaded to the tenant ([`crate::debuginfo::DebugInfoStore`]:
+//! Parca's `DebuginfoService` and the server's upload API), then on the debuginfod servers
+//! it is given (or `DEBUGINFOD_URLS`), and resolves the file offsets in it with blazesym:
+//! function names demangled, file and line, inlined calls as frames of their own. A build
+//! id nobody has is remembered as a miss for [`SymbolizerOptions::miss_ttl`], so a profile
+//! full of them costs one round of asking, not one per query.
+//!
+//! Bounded: the cache holds at most [`SymbolizerOptions::cache_bytes`] (least recently used
+//! files deleted), a fetched file at most [`SymbolizerOptions::max_file_bytes`], a fetch
+//! takes at most [`SymbolizerOptions::fetch_timeout`], and [`Symbolizer::symbolize_profile`]
+//! stops asking once its budget is spent, leaving what it did not reach as addresses.
+
+mod cache;
+mod debuginfod;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub use cache::CacheStats;
+pub use debuginfod::urls_from_env;
+
+use crate::debuginfo::DebugInfoStore;
+use crate::proto::{Function, Line, Profile};
+
+/// Why a debug file could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file of the cache could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// A file over a limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A debuginfod server did not answer as it should.
+    #[error("{0}")]
+    Fetch(String),
+    /// The uploaded files could not be read.
+    #[error("uploaded debug info: {0}")]
+    Store(#[from] crate::debuginfo::Error),
+}
+
+impl Error {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// The symbolizer's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a [`Symbolizer`] finds debug files.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SymbolizerOptions {
+    /// The directory of the on-disk cache of debug files.
+    pub cache_dir: PathBuf,
+    /// Most bytes the cache holds (default 4 GiB); the least recently used files go first.
+    pub cache_bytes: u64,
+    /// debuginfod servers asked, in order, after the uploaded files (default:
+    /// `DEBUGINFOD_URLS`, space-separated).
+    pub debuginfod_urls: Vec<String>,
+    /// Longest a fetch of one file may take (default 30 s).
+    pub fetch_timeout: Duration,
+    /// Largest debug file fetched (default 1 GB, Parca's upload limit).
+    pub max_file_bytes: u64,
+    /// How long a build id nobody had is not asked for again (default 5 minutes).
+    pub miss_ttl: Duration,
+}
+
+impl SymbolizerOptions {
+    /// The defaults, the cache in `cache_dir`.
+    pub fn new(cache_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            cache_dir: cache_dir.into(),
+            cache_bytes: 4 << 30,
+            debuginfod_urls: urls_from_env(),
+            fetch_timeout: Duration::from_secs(30),
+            max_file_bytes: 1_000_000_000,
+            miss_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Where a debug file came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The on-disk cache.
+    Cache,
+    /// The files uploaded to the tenant.
+    Upload,
+    /// A debuginfod server.
+    Debuginfod,
+}
+
+/// What a symbolizer did, since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizerStats {
+    /// The cache's own.
+    pub cache: CacheStats,
+    /// Files taken from the tenant's uploads.
+    pub from_uploads: u64,
+    /// Files fetched from debuginfod servers.
+    pub from_debuginfod: u64,
+    /// Build ids nobody had (each counted once per [`SymbolizerOptions::miss_ttl`]).
+    pub not_found: u64,
+    /// Asks answered by a remembered miss.
+    pub remembered_misses: u64,
+    /// Fetches that failed (timeouts, errors, files over the limit, wrong build ids).
+    pub failed_fetches: u64,
+    /// Locations given names.
+    pub resolved: u64,
+}
+
+/// One frame of a resolved address: innermost (inlined) first in a location's list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The function, demangled.
+    pub function: String,
+    /// Its source file, if the debug info says.
+    pub file: String,
+    /// Its line, 0 if unknown.
+    pub line: i64,
+}
+
+/// What [`Symbolizer::symbolize_profile`] did to one profile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileSymbolized {
+    /// Locations without a function name, whose mapping has a build id.
+    pub unsymbolized: usize,
+    /// Of those, given names.
+    pub resolved: usize,
+    /// Build ids whose debug files were not found.
+    pub missing: Vec<String>,
+    /// Whether the budget ran out before every build id was asked.
+    pub out_of_budget: bool,
+}
+
+/// Resolves addresses by build id from uploaded files and debuginfod, through a bounded
+/// on-disk cache. Shared by a server's tenants (the cache is by build id, and a build id
+/// names the same file for everybody; which uploads are asked is the caller's tenant's).
+pub struct Symbolizer {
+    options: SymbolizerOptions,
+    cache: cache::Cache,
+    http: reqwest::Client,
+    misses: Mutex<HashMap<String, Instant>>,
+    blazesym: Mutex<blazesym::symbolize::Symbolizer>,
+    from_uploads: AtomicU64,
+    from_debuginfod: AtomicU64,
+    not_found: AtomicU64,
+    remembered_misses: AtomicU64,
+    failed_fetches: AtomicU64,
+    resolved: AtomicU64,
+}
+
+impl std::fmt::Debug for Symbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Symbolizer")
+            .field("options", &self.options)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The files debuginfod serves of a build id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Debuginfo,
+    Executable,
+}
+
+impl Kind {
+    /// Its name in debuginfod's URLs.
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Debuginfo => "debuginfo",
+            Kind::Executable => "executable",
+        }
+    }
+
+    /// Its key in the cache and among the misses.
+    fn key(self, build_id: &str) -> String {
+        match self {
+            Kind::Debuginfo => build_id.to_owned(),
+            Kind::Executable => format!("{build_id}.executable"),
+        }
+    }
+}
+
+/// Most build ids remembered as misses; past it the oldest are forgotten.
+const MAX_MISSES: usize = 65_536;
+
+impl Symbolizer {
+    /// A symbolizer with its cache in `options.cache_dir` (created; files a crash left
+    /// half written are deleted).
+    pub fn new(options: SymbolizerOptions) -> Result<Self> {
+        let cache = cache::Cache::open(&options.cache_dir, options.cache_bytes)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(options.fetch_timeout)
+            .build()
+            .map_err(|e| Error::Fetch(format!("an HTTP client: {e}")))?;
+        Ok(Self {
+            cache,
+            http,
+            misses: Mutex::new(HashMap::new()),
+            blazesym: Mutex::new(
+                blazesym::symbolize::Symbolizer::builder()
+                    .enable_code_info(true)
+                    .enable_inlined_fns(true)
+                    .enable_demangling(true)
+                    .build(),
+            ),
+            options,
+            from_uploads: AtomicU64::new(0),
+            from_debuginfod: AtomicU64::new(0),
+            not_found: AtomicU64::new(0),
+            remembered_misses: AtomicU64::new(0),
+            failed_fetches: AtomicU64::new(0),
+            resolved: AtomicU64::new(0),
+        })
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> SymbolizerStats {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        SymbolizerStats {
+            cache: self.cache.stats(),
+            from_uploads: n(&self.from_uploads),
+            from_debuginfod: n(&self.from_debuginfod),
+            not_found: n(&self.not_found),
+            remembered_misses: n(&self.remembered_misses),
+            failed_fetches: n(&self.failed_fetches),
+            resolved: n(&self.resolved),
+        }
+    }
+
+    /// The debug file of `build_id`: from the cache, the tenant's `uploads`, then the
+    /// debuginfod servers; `None` when nobody has it (remembered for a while).
+    pub async fn debug_file(
+        &self,
+        build_id: &str,
+        uploads: Option<&DebugInfoStore>,
+    ) -> Result<Option<(PathBuf, Origin)>> {
+        self.file(build_id, Kind::Debuginfo, uploads).await
+    }
+
+    /// The file of `kind` of `build_id` (see [`Symbolizer::debug_file`]); uploads hold
+    /// debug info only.
+    async fn file(
+        &self,
+        build_id: &str,
+        kind: Kind,
+        uploads: Option<&DebugInfoStore>,
+    ) -> Result<Option<(PathBuf, Origin)>> {
+        let build_id = build_id.to_ascii_lowercase();
+        if crate::debuginfo::check_build_id(&build_id).is_err() {
+            return Ok(None);
+        }
+        let key = kind.key(&build_id);
+        if let Some(path) = self.cache.get(&key) {
+            return Ok(Some((path, Origin::Cache)));
+        }
+        if self.remembered_miss(&key) {
+            self.remembered_misses.fetch_add(1, Ordering::Relaxed);
+            return Ok(None);
+        }
+        if let (Some(uploads), Kind::Debuginfo) = (uploads, kind) {
+            let to = self.cache.temporary(&key);
+            if uploads.download_to(&build_id, &to).await? {
+                let path = self.cache.add(&key, &to)?;
+                self.from_uploads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(build_id, "debug info from the uploads");
+                return Ok(Some((path, Origin::Upload)));
+            }
+        }
+        for server in &self.options.debuginfod_urls {
+            let to = self.cache.temporary(&key);
+            let fetched = debuginfod::fetch(
+                &self.http,
+                server,
+                &build_id,
+                kind.path(),
+                &to,
+                self.options.max_file_bytes,
+                self.options.fetch_timeout,
+            )
+            .await
+            .and_then(|found| match found {
+                false => Ok(false),
+                true => check_file_build_id(&to, &build_id).map(|()| true),
+            });
+            match fetched {
+                Ok(true) => {
+                    let path = self.cache.add(&key, &to)?;
+                    self.from_debuginfod.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        build_id,
+                        server,
+                        kind = kind.path(),
+                        "fetched from debuginfod"
+                    );
+                    return Ok(Some((path, Origin::Debuginfod)));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let _ = std::fs::remove_file(&to);
+                    self.failed_fetches.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(build_id, server, error = %e, "debuginfod fetch failed");
+                }
+            }
+        }
+        self.remember_miss(&key);
+        self.not_found.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
+    }
+
+    /// `locations` (`(position, file offset)`) placed at the addresses `build_id`'s ELF
+    /// file loads them at: by the debug file's own segments where it holds the code (an
+    /// unstripped binary), else by the executable's (a separate debug file keeps its
+    /// segments' addresses but not their bytes), which debuginfod serves beside it. Those
+    /// neither places are left out.
+    async fn place(
+        &self,
+        build_id: &str,
+        debug: &Path,
+        locations: &[(usize, u64)],
+    ) -> Vec<(usize, u64)> {
+        let place = |segments: &[crate::debuginfo::LoadSegment], offset: u64| {
+            segments
+                .iter()
+                .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
+                .map(|s| offset - s.offset + s.vaddr)
+        };
+        let own = crate::debuginfo::load_segments(debug).unwrap_or_default();
+        let mut placed = Vec::with_capacity(locations.len());
+        let mut left = Vec::new();
+        for &(at, offset) in locations {
+            match place(&own, offset) {
+                Some(address) => placed.push((at, address)),
+                None => left.push((at, offset)),
+            }
+        }
+        if left.is_empty() {
+            return placed;
+        }
+        let executable = match self.file(build_id, Kind::Executable, None).await {
+            Ok(Some((exe, _))) => crate::debuginfo::load_segments(&exe).unwrap_or_default(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(build_id, error = %e, "no executable to place file offsets");
+                Vec::new()
+            }
+        };
+        placed.extend(
+            left.into_iter()
+                .filter_map(|(at, offset)| Some((at, place(&executable, offset)?))),
+        );
+        placed
+    }
+
+    fn remembered_miss(&self, build_id: &str) -> bool {
+        let mut misses = self.misses.lock();
+        match misses.get(build_id) {
+            Some(at) if at.elapsed() < self.options.miss_ttl => true,
+            Some(_) => {
+                misses.remove(build_id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn remember_miss(&self, build_id: &str) {
+        let mut misses = self.misses.lock();
+        if misses.len() >= MAX_MISSES {
+            let ttl = self.options.miss_ttl;
+            misses.retain(|_, at| at.elapsed() < ttl);
+            if misses.len() >= MAX_MISSES {
+                misses.clear();
+            }
+        }
+        misses.insert(build_id.to_owned(), Instant::now());
+    }
+
+    /// The frames of each of `offsets` (virtual addresses as the ELF file at `path` lays
+    /// them out) in its symbols and DWARF, innermost first; empty for an address it has
+    /// no symbol for.
+    pub fn resolve(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<Frame>> {
+        use blazesym::symbolize::source::{Elf, Source};
+        use blazesym::symbolize::{Input, Symbolized};
+        let blazesym = self.blazesym.lock();
+        let found = blazesym
+            .symbolize(
+                &Source::Elf(Elf::new(path.to_path_buf())),
+                Input::VirtOffset(offsets),
+            )
+            .unwrap_or_else(|e| {
+                tracing::debug!(path = %path.display(), "cannot symbolize: {e}");
+                Vec::new()
+            });
+        (0..offsets.len())
+            .map(|i| match found.get(i) {
+                Some(Symbolized::Sym(sym)) => frames_of(sym),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Gives the locations of `profile` that have no lines, and whose mapping has a build
+    /// id, the functions and lines their debug files say (inlined calls as lines of their
+    /// own, innermost first, as pprof orders them). Build ids are asked one after another
+    /// until `budget` is spent; what is not reached stays an address.
+    pub async fn symbolize_profile(
+        &self,
+        profile: &mut Profile,
+        uploads: Option<&DebugInfoStore>,
+        budget: Duration,
+    ) -> ProfileSymbolized {
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut summary = ProfileSymbolized::default();
+        let mappings: HashMap<u64, usize> = profile
+            .mapping
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id, i))
+            .collect();
+        // Per build id, the unsymbolized locations (by position) and their file offsets.
+        let mut wanted: Vec<(String, Vec<(usize, u64)>)> = Vec::new();
+        for (i, location) in profile.location.iter().enumerate() {
+            if !location.line.is_empty() {
+                continue;
+            }
+            let Some(&m) = mappings.get(&location.mapping_id) else {
+                continue;
+            };
+            let mapping = &profile.mapping[m];
+            let build_id = profile
+                .string_table
+                .get(mapping.build_id as usize)
+                .map_or("", String::as_str);
+            if build_id.is_empty() {
+                continue;
+            }
+            summary.unsymbolized += 1;
+            let offset = location
+                .address
+                .saturating_sub(mapping.memory_start)
+                .saturating_add(mapping.file_offset);
+            match wanted.iter_mut().find(|(id, _)| id == build_id) {
+                Some((_, list)) => list.push((i, offset)),
+                None => wanted.push((build_id.to_owned(), vec![(i, offset)])),
+            }
+        }
+        let mut strings: HashMap<String, i64> = profile
+            .string_table
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), i as i64))
+            .collect();
+        let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
+        let mut next_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
+        for (build_id, locations) in wanted {
+            let found =
+                tokio::time::timeout_at(deadline, self.debug_file(&build_id, uploads)).await;
+            let path = match found {
+                Err(_) => {
+                    summary.out_of_budget = true;
+                    break;
+                }
+                Ok(Ok(Some((path, _)))) => path,
+                Ok(Ok(None)) => {
+                    summary.missing.push(build_id);
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(build_id, error = %e, "no debug file");
+                    summary.missing.push(build_id);
+                    continue;
+                }
+            };
+            let placed = self.place(&build_id, &path, &locations).await;
+            let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
+            let frames = self.resolve(&path, &addresses);
+            for ((at, _), frames) in placed.iter().zip(frames) {
+                if frames.is_empty() {
+                    continue;
+                }
+                let mut lines = Vec::with_capacity(frames.len());
+                for frame in frames {
+                    let mut string = |s: String| -> i64 {
+                        let next = profile.string_table.len() as i64;
+                        *strings.entry(s).or_insert_with_key(|s| {
+                            profile.string_table.push(s.clone());
+                            next
+                        })
+                    };
+                    let (name, file) = (string(frame.function), string(frame.file));
+                    let id = *functions.entry((name, file)).or_insert_with(|| {
+                        let id = next_function;
+                        next_function += 1;
+                        profile.function.push(Function {
+                            id,
+                            name,
+                            system_name: name,
+                            filename: file,
+                            start_line: 0,
+                        });
+                        id
+                    });
+                    lines.push(Line {
+                        function_id: id,
+                        line: frame.line,
+                        column: 0,
+                    });
+                }
+                profile.location[*at].line = lines;
+                summary.resolved += 1;
+            }
+        }
+        self.resolved
+            .fetch_add(summary.resolved as u64, Ordering::Relaxed);
+        summary
+    }
+}
+
+/// The frames blazesym found, innermost first (it lists inlined calls outermost first).
+fn frames_of(sym: &blazesym::symbolize::Sym<'_>) -> Vec<Frame> {
+    let frame = |name: &str, code: Option<&blazesym::symbolize::CodeInfo<'_>>| Frame {
+        function: name.to_owned(),
+        file: code.map_or_else(String::new, |c| c.to_path().to_string_lossy().into_owned()),
+        line: code.and_then(|c| c.line).map_or(0, i64::from),
+    };
+    let mut frames: Vec<Frame> = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|f| frame(&f.name, f.code_info.as_ref()))
+        .collect();
+    frames.push(frame(&sym.name, sym.code_info.as_deref()));
+    frames
+}
+
+/// Checks that the ELF file at `path` has GNU build id `build_id` (a file without one is
+/// taken: Go binaries and some toolchains name files by another id).
+fn check_file_build_id(path: &Path, build_id: &str) -> Result<()> {
+    let found = blazesym::helper::read_elf_build_id(path)
+        .map_err(|e| Error::Fetch(format!("{}: not an ELF file: {e}", path.display())))?;
+    match found {
+        Some(found) => {
+            let hex: String = found.iter().map(|b| format!("{b:02x}")).collect();
+            if hex == build_id {
+                Ok(())
+            } else {
+                Err(Error::Fetch(format!(
+                    "the file served for {build_id} has GNU build id {hex}"
+                )))
+            }
+        }
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_build_id_nobody_has_is_asked_once_then_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = SymbolizerOptions::new(dir.path());
+        // A server that refuses connections at once.
+        options.debuginfod_urls = vec!["http://127.0.0.1:9".into()];
+        let s = Symbolizer::new(options).unwrap();
+        assert!(s.debug_file("abcdef01", None).await.unwrap().is_none());
+        assert!(s.debug_file("abcdef01", None).await.unwrap().is_none());
+        let stats = s.stats();
+        assert_eq!(
+            (
+                stats.not_found,
+                stats.remembered_misses,
+                stats.failed_fetches
+            ),
+            (1, 1, 1)
+        );
+        // Not a build id: never asked.
+        assert!(s.debug_file("../../etc", None).await.unwrap().is_none());
+        assert_eq!(s.stats().failed_fetches, 1);
+    }
+}
