@@ -5,215 +5,23 @@
 //!
 //! Needs gcc, binutils and `debuginfod` (`scripts/test.sh` installs them).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use frostdb_pprof::proto::{Location, Mapping, Profile};
+use frostdb_pprof::proto::{Location, Mapping};
 use frostdb_pprof::symbolize::{Origin, Symbolizer, SymbolizerOptions};
-
-const PROGRAM: &str = r#"
-#include <stdlib.h>
-static inline __attribute__((always_inline)) int inlined_helper(int x) {
-    int s = 0;
-    for (int i = 0; i < x; i++) s += i * x;
-    return s;
-}
-__attribute__((noinline)) int hot_function(int x) {
-    return inlined_helper(x) + inlined_helper(x + 1);
-}
-int main(int argc, char **argv) {
-    return hot_function(argc + atoi(argc > 1 ? argv[1] : "3")) & 1;
-}
-"#;
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test.sh installs it)"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The program, stripped, its debug file apart, and as linked; its build id.
-struct Built {
-    binary: PathBuf,
-    debug: PathBuf,
-    unstripped: PathBuf,
-    build_id: String,
-}
-
-fn build(dir: &Path) -> Built {
-    let source = dir.join("prog.c");
-    std::fs::write(&source, PROGRAM).unwrap();
-    let binary = dir.join("prog");
-    run(Command::new("gcc")
-        .args(["-g", "-O2", "-Wl,--build-id", "-o"])
-        .arg(&binary)
-        .arg(&source));
-    let debug_dir = dir.join("debug");
-    std::fs::create_dir_all(&debug_dir).unwrap();
-    let debug = debug_dir.join("prog.debug");
-    run(Command::new("objcopy")
-        .arg("--only-keep-debug")
-        .arg(&binary)
-        .arg(&debug));
-    let unstripped = dir.join("prog.unstripped");
-    std::fs::copy(&binary, &unstripped).unwrap();
-    run(Command::new("strip").arg("--strip-all").arg(&binary));
-    let notes = run(Command::new("readelf").arg("-n").arg(&binary));
-    let build_id = notes
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: "))
-        .expect("gcc links with a build id")
-        .trim()
-        .to_owned();
-    Built {
-        binary,
-        debug,
-        unstripped,
-        build_id,
-    }
-}
-
-/// The file offsets of `hot_function`'s code: its symbol in the debug file, its segment in
-/// the program headers.
-fn hot_function_offsets(built: &Built) -> Vec<u64> {
-    let symbols = run(Command::new("readelf").arg("-sW").arg(&built.debug));
-    let (value, size) = symbols
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 8 && f[7] == "hot_function").then(|| {
-                (
-                    u64::from_str_radix(f[1], 16).unwrap(),
-                    f[2].parse::<u64>().unwrap(),
-                )
-            })
-        })
-        .expect("hot_function in the debug file's symbols");
-    let headers = run(Command::new("readelf").arg("-lW").arg(&built.binary));
-    let (offset, vaddr) = headers
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            if f.first() != Some(&"LOAD") {
-                return None;
-            }
-            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
-            let (offset, vaddr, memsz) = (hex(f[1]), hex(f[2]), hex(f[5]));
-            (vaddr <= value && value < vaddr + memsz).then_some((offset, vaddr))
-        })
-        .next()
-        .expect("a LOAD segment holds hot_function");
-    (0..size).map(|i| value + i - vaddr + offset).collect()
-}
-
-/// A profile of addresses only, as a process mapped the program at `base`: one location
-/// per offset, in a mapping with the build id and no names.
-fn profile_of(built: &Built, offsets: &[u64], base: u64) -> Profile {
-    let mut p = Profile {
-        string_table: vec![
-            String::new(),
-            built.binary.display().to_string(),
-            built.build_id.clone(),
-        ],
-        ..Profile::default()
-    };
-    p.mapping.push(Mapping {
-        id: 1,
-        memory_start: base,
-        memory_limit: base + (1 << 20),
-        file_offset: 0,
-        filename: 1,
-        build_id: 2,
-        ..Mapping::default()
-    });
-    for (i, &o) in offsets.iter().enumerate() {
-        p.location.push(Location {
-            id: i as u64 + 1,
-            mapping_id: 1,
-            address: base + o,
-            ..Location::default()
-        });
-    }
-    p
-}
-
-fn names(p: &Profile, location: usize) -> Vec<String> {
-    p.location[location]
-        .line
-        .iter()
-        .map(|l| {
-            let f = p.function.iter().find(|f| f.id == l.function_id).unwrap();
-            p.string_table[f.name as usize].clone()
-        })
-        .collect()
-}
-
-struct Debuginfod(Child);
-
-impl Drop for Debuginfod {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Debian's debuginfod serving the ELF/DWARF files under `dir`, once it serves both files
-/// of `build_id` (asked until it does, for at most a minute).
-async fn debuginfod(dir: &Path, db: &Path, build_id: &str) -> (Debuginfod, String) {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let child = Command::new("debuginfod")
-        .arg("-F")
-        .arg(dir)
-        .arg("-d")
-        .arg(db)
-        .args(["-p", &port.to_string(), "-t", "1"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("debuginfod (scripts/test.sh installs it)");
-    let server = Debuginfod(child);
-    let url = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    for kind in ["debuginfo", "executable"] {
-        let file = format!("{url}/buildid/{build_id}/{kind}");
-        loop {
-            let status = reqwest::get(&file).await.map(|r| r.status().as_u16());
-            if status.as_ref().is_ok_and(|&s| s == 200) {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "debuginfod did not serve {file} within a minute: {status:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    (server, url)
-}
+use frostdb_pprof::testing::stripped::{
+    build, debuginfod, hot_function_offsets, names, profile_of,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_programs_addresses_are_named_from_debuginfod() {
     let dir = tempfile::tempdir().unwrap();
     let built = build(dir.path());
     let offsets = hot_function_offsets(&built);
-    // The debug file and the stripped executable (which says where the code's file
-    // offsets are loaded; the debug file keeps the addresses only).
-    let served = dir.path().join("debug");
-    std::fs::copy(&built.binary, served.join("prog")).unwrap();
-    let (_server, url) = debuginfod(&served, &dir.path().join("db"), &built.build_id).await;
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
     let mut options = SymbolizerOptions::new(dir.path().join("cache"));
     options.debuginfod_urls = vec![url];
-    let s = Symbolizer::new(options).unwrap();
+    let s = std::sync::Arc::new(Symbolizer::new(options).unwrap());
 
     let base = 0x5555_5555_0000;
     let mut p = profile_of(&built, &offsets, base);
@@ -323,7 +131,7 @@ async fn uploaded_debug_info_names_the_addresses_and_a_dead_debuginfod_costs_its
     let mut options = SymbolizerOptions::new(dir.path().join("cache"));
     options.debuginfod_urls = vec![format!("http://{}", silent.local_addr().unwrap())];
     options.fetch_timeout = Duration::from_secs(1);
-    let s = Symbolizer::new(options).unwrap();
+    let s = std::sync::Arc::new(Symbolizer::new(options).unwrap());
     let mut p = profile_of(&built, &offsets[..4], 0x4000_0000);
     let summary = s
         .symbolize_profile(&mut p, Some(&uploads), Duration::from_secs(60))

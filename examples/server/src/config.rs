@@ -95,6 +95,41 @@ pub struct Config {
     /// This node's part in a cluster sharing `storage`.
     #[serde(default)]
     pub cluster: ClusterConfig,
+    /// Names for frames stored as addresses (`[symbolizer]`).
+    #[serde(default)]
+    pub symbolizer: SymbolizerConfig,
+}
+
+/// How frames stored as addresses get names: `[symbolizer]` in the TOML. Debug files are
+/// looked for among the tenant's uploads (Parca's `DebuginfoService`), then on the
+/// debuginfod servers, and kept in a bounded cache under the data directory.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SymbolizerConfig {
+    /// Whether queries name unsymbolized frames at all.
+    pub enabled: bool,
+    /// debuginfod servers, asked in order (absent: `DEBUGINFOD_URLS`, space-separated).
+    pub debuginfod_urls: Option<Vec<String>>,
+    /// Most bytes of debug files cached on disk (least recently used go first).
+    pub cache_bytes: u64,
+    /// Longest a fetch of one debug file may take.
+    #[serde(with = "duration")]
+    pub fetch_timeout: Duration,
+    /// Most time a query spends finding debug files; frames not reached stay addresses.
+    #[serde(with = "duration")]
+    pub query_budget: Duration,
+}
+
+impl Default for SymbolizerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            debuginfod_urls: None,
+            cache_bytes: 4 << 30,
+            fetch_timeout: Duration::from_secs(30),
+            query_budget: Duration::from_secs(2),
+        }
+    }
 }
 
 /// A node's role in a cluster: `[cluster]` in the TOML.
@@ -555,6 +590,7 @@ impl Default for Config {
             tenants: BTreeMap::new(),
             storage: None,
             cluster: ClusterConfig::default(),
+            symbolizer: SymbolizerConfig::default(),
         }
     }
 }

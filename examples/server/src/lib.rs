@@ -168,10 +168,42 @@ pub struct AppState {
     pub work: work::Work,
     /// The memory budget every request, query and tenant draws on (`[limits] memory`).
     pub budget: frostdb_core::MemoryBudget,
+    /// Names for frames stored as addresses (`[symbolizer]`); `None` when off.
+    pub symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
 }
 
 /// The shared state handlers get.
 pub type Shared = Arc<AppState>;
+
+/// The symbolizer `[symbolizer]` asks for, its cache under the data directory; `None` when
+/// off, or when its cache cannot be made (said in the log: queries then answer addresses).
+fn symbolizer(config: &Config) -> Option<Arc<frostdb_pprof::symbolize::Symbolizer>> {
+    let c = &config.symbolizer;
+    if !c.enabled {
+        return None;
+    }
+    let mut options =
+        frostdb_pprof::symbolize::SymbolizerOptions::new(config.data.join("symbolizer-cache"));
+    if let Some(urls) = &c.debuginfod_urls {
+        options.debuginfod_urls = urls.clone();
+    }
+    options.cache_bytes = c.cache_bytes;
+    options.fetch_timeout = c.fetch_timeout;
+    match frostdb_pprof::symbolize::Symbolizer::new(options) {
+        Ok(s) => {
+            tracing::info!(
+                debuginfod = ?c.debuginfod_urls,
+                cache_bytes = c.cache_bytes,
+                "symbolizer: frames stored as addresses are named at query time"
+            );
+            Some(Arc::new(s))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "symbolizer off: its cache cannot be made");
+            None
+        }
+    }
+}
 
 /// The tenant a request acts for: `X-Scope-OrgID`, or [`config::DEFAULT_TENANT`] when it is
 /// absent or empty.
@@ -350,7 +382,9 @@ pub async fn serve(config: Config) -> Result<(), String> {
         Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
             .max_open(descriptors.max_open_tenants)
             .budget(budget.clone());
+    let symbolizer = symbolizer(&config);
     let state = Arc::new(AppState {
+        symbolizer,
         tenants,
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(

@@ -462,6 +462,10 @@ async fn query(
         }
     };
     let failed = p.lenient.then_some(failed);
+    let bytes = match format {
+        Format::Pprof => symbolized(&state, &tenant, bytes).await?,
+        _ => bytes,
+    };
     let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
     if format == Format::Pprof {
         response.headers_mut().insert(
@@ -474,6 +478,49 @@ async fn query(
         header::HeaderValue::from_static(aggregation.name()),
     );
     Ok(answer(response, failed))
+}
+
+/// A merged pprof whose frames stored as addresses (a mapping with a build id, no lines)
+/// are named from the tenant's uploads and the debuginfod servers, within
+/// `[symbolizer] query_budget`; as it was when the symbolizer is off or has nothing to name.
+async fn symbolized(state: &Shared, tenant: &str, pprof: Vec<u8>) -> ApiResult<Vec<u8>> {
+    let Some(symbolizer) = state.symbolizer.clone() else {
+        return Ok(pprof);
+    };
+    let decode = move || -> ApiResult<frostdb_pprof::proto::Profile> {
+        use prost::Message;
+        let raw = frostdb_pprof::inflate(&pprof, usize::MAX)?;
+        frostdb_pprof::proto::Profile::decode(raw.as_ref())
+            .map_err(|e| ApiError::internal(format!("the merged pprof: {e}")))
+    };
+    let mut profile = tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let uploads = match state.tenants.for_read(tenant).await? {
+        Some(t) => crate::ingest::parca::debuginfo_store(&t.store),
+        None => None,
+    };
+    let summary = symbolizer
+        .symbolize_profile(
+            &mut profile,
+            uploads.as_ref(),
+            state.config.symbolizer.query_budget,
+        )
+        .await;
+    if summary.unsymbolized > 0 {
+        tracing::info!(
+            tenant,
+            unsymbolized = summary.unsymbolized,
+            resolved = summary.resolved,
+            missing = summary.missing.len(),
+            out_of_budget = summary.out_of_budget,
+            "symbolized a merged pprof"
+        );
+    }
+    tokio::task::spawn_blocking(move || frostdb_pprof::report::pprof::encode_gzip(&profile))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(Into::into)
 }
 
 /// The `aggregation` asked for, else what suits `profile_type` (gauges average): one rule

@@ -20,6 +20,7 @@ mod debuginfod;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -160,7 +161,6 @@ pub struct Symbolizer {
     cache: cache::Cache,
     http: reqwest::Client,
     misses: Mutex<HashMap<String, Instant>>,
-    blazesym: Mutex<blazesym::symbolize::Symbolizer>,
     from_uploads: AtomicU64,
     from_debuginfod: AtomicU64,
     not_found: AtomicU64,
@@ -219,13 +219,6 @@ impl Symbolizer {
             cache,
             http,
             misses: Mutex::new(HashMap::new()),
-            blazesym: Mutex::new(
-                blazesym::symbolize::Symbolizer::builder()
-                    .enable_code_info(true)
-                    .enable_inlined_fns(true)
-                    .enable_demangling(true)
-                    .build(),
-            ),
             options,
             from_uploads: AtomicU64::new(0),
             from_debuginfod: AtomicU64::new(0),
@@ -404,7 +397,13 @@ impl Symbolizer {
     pub fn resolve(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<Frame>> {
         use blazesym::symbolize::source::{Elf, Source};
         use blazesym::symbolize::{Input, Symbolized};
-        let blazesym = self.blazesym.lock();
+        // One per call (blazesym's symbolizer is neither Send nor Sync): what it parses of
+        // the file is let go with it, so memory is bounded by one file at a time.
+        let blazesym = blazesym::symbolize::Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
         let found = blazesym
             .symbolize(
                 &Source::Elf(Elf::new(path.to_path_buf())),
@@ -427,7 +426,7 @@ impl Symbolizer {
     /// own, innermost first, as pprof orders them). Build ids are asked one after another
     /// until `budget` is spent; what is not reached stays an address.
     pub async fn symbolize_profile(
-        &self,
+        self: &Arc<Self>,
         profile: &mut Profile,
         uploads: Option<&DebugInfoStore>,
         budget: Duration,
@@ -496,7 +495,11 @@ impl Symbolizer {
             };
             let placed = self.place(&build_id, &path, &locations).await;
             let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
-            let frames = self.resolve(&path, &addresses);
+            // Reading DWARF is CPU work: off the async threads.
+            let this = self.clone();
+            let frames = tokio::task::spawn_blocking(move || this.resolve(&path, &addresses))
+                .await
+                .unwrap_or_default();
             for ((at, _), frames) in placed.iter().zip(frames) {
                 if frames.is_empty() {
                     continue;

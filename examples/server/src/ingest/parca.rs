@@ -76,6 +76,18 @@ struct Agent {
     state: Shared,
 }
 
+/// The debug info files uploaded to a tenant, in its database's object store; `None` for a
+/// database kept in memory.
+pub fn debuginfo_store(store: &frostdb_pprof::ProfileStore) -> Option<DebugInfoStore> {
+    let (objects, prefix) = store.db().object_store()?;
+    Some(DebugInfoStore::new(
+        objects,
+        prefix,
+        MAX_DEBUGINFO_BYTES,
+        MAX_UPLOAD_DURATION,
+    ))
+}
+
 impl Agent {
     /// The tenant's debug info store (its database's object store).
     async fn debuginfo(
@@ -89,15 +101,9 @@ impl Agent {
             .for_write(&tenant)
             .await
             .map_err(status)?;
-        let (objects, prefix) = tenant.store.db().object_store().ok_or_else(|| {
+        debuginfo_store(&tenant.store).ok_or_else(|| {
             tonic::Status::failed_precondition("this server keeps no object store (in memory)")
-        })?;
-        Ok(DebugInfoStore::new(
-            objects,
-            prefix,
-            MAX_DEBUGINFO_BYTES,
-            MAX_UPLOAD_DURATION,
-        ))
+        })
     }
 }
 

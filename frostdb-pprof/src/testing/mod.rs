@@ -3,6 +3,8 @@
 
 use crate::proto::{Function, Line, Location, Mapping, Profile, Sample, ValueType};
 
+pub mod stripped;
+
 /// Functions the synthetic stacks are made of.
 pub const FUNCTIONS: u64 = 64;
 
