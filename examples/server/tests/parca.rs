@@ -342,6 +342,26 @@ async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records(
     assert!(e.message().contains("stack trace id"), "{e}");
     // A stream that ends before its locations: an error too.
     let (samples, _, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
+    let (tx, mut answers) = samples_answered(&mut client, samples).await;
+    drop(tx);
+    let e = answers.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert_eq!(
+        top_total(&s, &format!("{CPU_TYPE}{{node=\"v1-node\"}}")).await,
+        cpu,
+        "nothing more stored"
+    );
+}
+
+/// A Write stream that sent `samples` and got the server's answer asking for stacks: its
+/// sender (still open) and the server's answers.
+async fn samples_answered(
+    client: &mut ProfileStoreServiceClient<tonic::transport::Channel>,
+    samples: Vec<u8>,
+) -> (
+    futures::channel::mpsc::Sender<store::WriteRequest>,
+    tonic::Streaming<store::WriteResponse>,
+) {
     let (mut tx, rx) = futures::channel::mpsc::channel(2);
     tx.try_send(store::WriteRequest { record: samples })
         .unwrap();
@@ -351,14 +371,7 @@ async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records(
         .await
         .unwrap()
         .expect("the server asks for stacks");
-    drop(tx);
-    let e = answers.message().await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
-    assert_eq!(
-        top_total(&s, &format!("{CPU_TYPE}{{node=\"v1-node\"}}")).await,
-        cpu,
-        "nothing more stored"
-    );
+    (tx, answers)
 }
 
 /// A hostile (or stuck) agent that sends its samples, gets the server's answer and never
@@ -374,15 +387,7 @@ async fn a_write_stream_that_never_sends_its_locations_ends_at_the_request_deadl
     );
     let mut client = ProfileStoreServiceClient::new(channel(&s).await);
     let (samples, _, _, _, _) = frostdb_pprof::testing::parca_agent_v1_records(BUILD_ID);
-    let (mut tx, rx) = futures::channel::mpsc::channel(2);
-    tx.try_send(store::WriteRequest { record: samples })
-        .unwrap();
-    let mut answers = client.write(rx).await.unwrap().into_inner();
-    answers
-        .message()
-        .await
-        .unwrap()
-        .expect("the server asks for stacks");
+    let (tx, mut answers) = samples_answered(&mut client, samples).await;
     // The sender stays open: only the server's deadline can end the stream.
     let e = answers.message().await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e}");
