@@ -750,6 +750,7 @@ mod tests {
             format!("{:?}", c.cluster),
             format!("{:?}", defaults.cluster)
         );
+        assert_eq!(c.symbolizer, defaults.symbolizer);
         assert_eq!((c.listen, &c.data), (defaults.listen, &defaults.data));
         assert!(c.token.is_none() && c.retention.is_none() && c.scrape.is_empty());
         // Every key, set or commented out ("# key = ..."), in every section.
@@ -771,8 +772,20 @@ mod tests {
                 "[tenants.<id>]",
                 field_names(&format!("{:?}", TenantConfig::default())),
             ),
+            (
+                "[symbolizer]",
+                field_names(&format!("{:?}", SymbolizerConfig::default())),
+            ),
         ];
-        let tables = ["limits", "scrape", "ebpf", "tenants", "storage", "cluster"];
+        let tables = [
+            "limits",
+            "scrape",
+            "ebpf",
+            "tenants",
+            "storage",
+            "cluster",
+            "symbolizer",
+        ];
         for (section, keys) in sections {
             assert!(!keys.is_empty(), "{section}");
             for key in keys {

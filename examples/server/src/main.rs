@@ -144,6 +144,8 @@ with its default, and the README says what each does):
   [storage]                 every tenant in an S3 bucket instead of the data directory
   [cluster]                 this node's role over the bucket (writer or reader), leases,
                             flush and refresh intervals, merge workers and their secret
+  [symbolizer]              names for frames stored as addresses: debuginfod servers, the
+                            debug file cache's size, fetch timeout, a query's budget
 Tenants: the X-Scope-OrgID header picks one (default anonymous); each has its own database
 under DATA/tenants/<id>/, which `frostdb types|query|sql --data DATA --tenant ID` read
 when the server is stopped.";

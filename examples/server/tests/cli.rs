@@ -480,6 +480,7 @@ fn serve_help_lists_every_config_section() {
         "[ebpf]",
         "[storage]",
         "[cluster]",
+        "[symbolizer]",
         "frostdb.example.toml",
         "--tenant",
     ] {
