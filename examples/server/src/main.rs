@@ -110,6 +110,11 @@ enum Command {
         #[arg(long, value_parser = parse_retention)]
         retention: Option<std::time::Duration>,
     },
+    /// Debug files for the symbolizer, on a running server.
+    Debuginfo {
+        #[command(subcommand)]
+        command: DebuginfoCommand,
+    },
     /// Run SQL over the stored tables and print the result.
     Sql {
         /// Database directory, or a server's data directory.
@@ -122,6 +127,79 @@ enum Command {
         /// The query.
         query: String,
     },
+}
+
+#[derive(Subcommand)]
+enum DebuginfoCommand {
+    /// Upload an ELF file (a binary as linked, with its symbols or DWARF, or a separate
+    /// debug file) under its GNU build id: frames stored as addresses of that build id are
+    /// then named by queries (`[symbolizer]`).
+    Upload {
+        /// The server.
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        url: String,
+        /// The tenant whose profiles it names (default: the server's default tenant).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The server's bearer token.
+        #[arg(long, env = "FROSTDB_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// The build id to keep it under (default: the file's GNU build id).
+        #[arg(long)]
+        build_id: Option<String>,
+        /// Replace a file uploaded before for the build id.
+        #[arg(long)]
+        force: bool,
+        /// The ELF file.
+        file: PathBuf,
+    },
+}
+
+/// `frostdb debuginfo upload`: streams `file` to the server's
+/// `PUT /api/v1/debuginfo/{build_id}`.
+fn debuginfo_upload(command: DebuginfoCommand) -> Result<ExitCode, BoxError> {
+    let DebuginfoCommand::Upload {
+        url,
+        tenant,
+        token,
+        build_id,
+        force,
+        file,
+    } = command;
+    let build_id = match build_id {
+        Some(id) => id,
+        None => frostdb_pprof::symbolize::file_build_id(&file)?
+            .ok_or_else(|| format!("{} has no GNU build id: give --build-id", file.display()))?,
+    };
+    let size = std::fs::metadata(&file)
+        .map_err(|e| format!("{}: {e}", file.display()))?
+        .len();
+    runtime()?.block_on(async {
+        let body = tokio::fs::File::open(&file)
+            .await
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        let mut request = reqwest::Client::new()
+            .put(format!(
+                "{}/api/v1/debuginfo/{build_id}?force={force}",
+                url.trim_end_matches('/')
+            ))
+            .header(reqwest::header::CONTENT_LENGTH, size)
+            .body(reqwest::Body::from(body));
+        if let Some(tenant) = &tenant {
+            request = request.header("X-Scope-OrgID", tenant);
+        }
+        if let Some(token) = &token {
+            request = request.bearer_auth(token);
+        }
+        let answer = request.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        if !status.is_success() {
+            return Err(format!("{url}: {status}: {text}").into());
+        }
+        println!("{} uploaded as {build_id} ({size} bytes)", file.display());
+        Ok::<_, BoxError>(ExitCode::SUCCESS)
+    })
 }
 
 /// `serve --help`: what the config file sets, section by section.
@@ -731,6 +809,7 @@ fn main() -> ExitCode {
             tenant,
             query,
         } => database(&data, tenant.as_deref()).and_then(|data| sql(&data, &query)),
+        Command::Debuginfo { command } => debuginfo_upload(command),
         Command::Serve {
             data,
             listen,

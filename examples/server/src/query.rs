@@ -446,10 +446,15 @@ async fn query(
             // An empty answer is checked: a selector that can never match (a type or label
             // nobody stored) is a 400 listing what is stored, never an empty flame graph.
             let (tenant, checked) = (t.clone(), selector.clone());
+            let naming = state.symbolizer.clone();
+            let naming_budget = state.config.symbolizer.query_budget;
             let check_then_draw = move |merged: frostdb_pprof::Merged| {
                 // (A lenient answer that skipped blocks says so instead.)
                 if merged.samples.is_empty() && merged.blocks_failed == 0 {
                     tenant.store.check_selection(&checked, range)?;
+                }
+                if let Some(symbolizer) = naming {
+                    name_frames(&symbolizer, &tenant, &merged, naming_budget);
                 }
                 draw(merged)
             };
@@ -462,10 +467,6 @@ async fn query(
         }
     };
     let failed = p.lenient.then_some(failed);
-    let bytes = match format {
-        Format::Pprof => symbolized(&state, &tenant, bytes).await?,
-        _ => bytes,
-    };
     let mut response = ([(header::CONTENT_TYPE, format.content_type())], bytes).into_response();
     if format == Format::Pprof {
         response.headers_mut().insert(
@@ -480,47 +481,32 @@ async fn query(
     Ok(answer(response, failed))
 }
 
-/// A merged pprof whose frames stored as addresses (a mapping with a build id, no lines)
-/// are named from the tenant's uploads and the debuginfod servers, within
-/// `[symbolizer] query_budget`; as it was when the symbolizer is off or has nothing to name.
-async fn symbolized(state: &Shared, tenant: &str, pprof: Vec<u8>) -> ApiResult<Vec<u8>> {
-    let Some(symbolizer) = state.symbolizer.clone() else {
-        return Ok(pprof);
-    };
-    let decode = move || -> ApiResult<frostdb_pprof::proto::Profile> {
-        use prost::Message;
-        let raw = frostdb_pprof::inflate(&pprof, usize::MAX)?;
-        frostdb_pprof::proto::Profile::decode(raw.as_ref())
-            .map_err(|e| ApiError::internal(format!("the merged pprof: {e}")))
-    };
-    let mut profile = tokio::task::spawn_blocking(decode)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
-    let uploads = match state.tenants.for_read(tenant).await? {
-        Some(t) => crate::ingest::parca::debuginfo_store(&t.store),
-        None => None,
-    };
-    let summary = symbolizer
-        .symbolize_profile(
-            &mut profile,
-            uploads.as_ref(),
-            state.config.symbolizer.query_budget,
-        )
-        .await;
+/// Names the frames of `merged` stored as addresses (a mapping with a build id, no lines)
+/// from the tenant's uploads and the debuginfod servers, within `budget`
+/// (`[symbolizer] query_budget`), in their symbol partitions: the report drawn next shows
+/// them, and later queries find them named. Runs on the query's lane (it holds the query's
+/// slot for at most the budget); frames it does not reach stay addresses.
+fn name_frames(
+    symbolizer: &std::sync::Arc<frostdb_pprof::symbolize::Symbolizer>,
+    tenant: &crate::tenants::Tenant,
+    merged: &frostdb_pprof::Merged,
+    budget: std::time::Duration,
+) {
+    let uploads = crate::ingest::parca::debuginfo_store(&tenant.store);
+    let summary = tokio::runtime::Handle::current().block_on(symbolizer.symbolize_merged(
+        merged,
+        uploads.as_ref(),
+        budget,
+    ));
     if summary.unsymbolized > 0 {
         tracing::info!(
-            tenant,
             unsymbolized = summary.unsymbolized,
             resolved = summary.resolved,
             missing = summary.missing.len(),
             out_of_budget = summary.out_of_budget,
-            "symbolized a merged pprof"
+            "named frames stored as addresses"
         );
     }
-    tokio::task::spawn_blocking(move || frostdb_pprof::report::pprof::encode_gzip(&profile))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(Into::into)
 }
 
 /// The `aggregation` asked for, else what suits `profile_type` (gauges average): one rule

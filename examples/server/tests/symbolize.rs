@@ -8,9 +8,9 @@
 mod common;
 
 use common::{Server, enc, get_json};
-use frostdb_pprof::proto::{Sample, ValueType};
+use frostdb_pprof::proto::{Profile, Sample, ValueType};
 use frostdb_pprof::testing::stripped::{
-    build, debuginfod, hot_function_offsets, names, profile_of,
+    Built, build, debuginfod, hot_function_offsets, names, profile_of,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,9 +25,48 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
         Some(&format!("[symbolizer]\ndebuginfod_urls = [\"{url}\"]\n")),
     );
 
-    // A CPU profile of the program, as an eBPF profiler without its symbols takes it: a
-    // sample per address of hot_function.
-    let mut p = profile_of(&built, &offsets, 0x5555_0000_0000);
+    push_addresses(&s, &built, &offsets).await;
+    let merged = queried_pprof(&s).await;
+    assert_eq!(merged.location.len(), offsets.len());
+    for i in 0..merged.location.len() {
+        let n = names(&merged, i);
+        assert_eq!(
+            n.last().map(String::as_str),
+            Some("hot_function"),
+            "location {i}: {n:?}"
+        );
+        assert!(merged.location[i].line.last().unwrap().line > 0);
+    }
+    assert!(
+        (0..merged.location.len()).any(|i| names(&merged, i) == ["inlined_helper", "hot_function"]),
+        "the inlined helper is a frame of its own"
+    );
+    // Every report shows the names, not only the pprof: the folded stacks name the
+    // inlined helper inside hot_function.
+    let folded = reqwest::get(format!(
+        "{}/api/v1/query?format=folded&selector={}",
+        s.url,
+        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(folded.contains("hot_function;inlined_helper "), "{folded}");
+    // The mapping still says where the names came from.
+    assert!(
+        merged
+            .mapping
+            .iter()
+            .any(|m| merged.string_table[m.build_id as usize] == built.build_id)
+    );
+}
+
+/// Pushes a CPU profile of the program as an eBPF profiler without its symbols takes it: a
+/// sample per address of `offsets`, in a mapping with the build id and no names.
+async fn push_addresses(s: &Server, built: &Built, offsets: &[u64]) {
+    let mut p = profile_of(built, offsets, 0x5555_0000_0000);
     p.string_table.extend(["cpu".into(), "nanoseconds".into()]);
     let (cpu, ns) = (
         p.string_table.len() as i64 - 2,
@@ -64,7 +103,10 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
         "{}",
         pushed.text().await.unwrap()
     );
+}
 
+/// The merged pprof of the program's CPU profiles, as the server answers it.
+async fn queried_pprof(s: &Server) -> Profile {
     let types = get_json(&format!("{}/api/v1/profile_types", s.url), None).await;
     let cpu_type = types
         .as_array()
@@ -82,28 +124,60 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
     .await
     .unwrap();
     assert_eq!(answer.status().as_u16(), 200);
-    let merged = frostdb_pprof::decode(&answer.bytes().await.unwrap(), &Default::default())
+    frostdb_pprof::decode(&answer.bytes().await.unwrap(), &Default::default())
         .expect("a pprof answer")
-        .into_inner();
-    assert_eq!(merged.location.len(), offsets.len());
+        .into_inner()
+}
+
+/// `frostdb debuginfo upload` of the program as linked (symbols and DWARF in it) names
+/// the same addresses with no debuginfod, from the next query on (a query before the upload
+/// found nothing and answered addresses); a file uploaded under a build id that is not its
+/// own is refused, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_binary_names_the_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[symbolizer]\ndebuginfod_urls = []\n"),
+    );
+    push_addresses(&s, &built, &offsets).await;
+    let unnamed = queried_pprof(&s).await;
+    assert!(
+        unnamed.location.iter().all(|l| l.line.is_empty()),
+        "nothing uploaded yet: addresses"
+    );
+    let frostdb = env!("CARGO_BIN_EXE_frostdb");
+    let upload = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(frostdb);
+        cmd.args(["debuginfo", "upload", "--url", &s.url])
+            .args(extra)
+            .arg(&built.unstripped);
+        cmd.output().unwrap()
+    };
+    let wrong = upload(&["--build-id", "0123456789abcdef"]);
+    assert!(!wrong.status.success());
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        said.contains(&built.build_id) && said.contains("0123456789abcdef"),
+        "{said}"
+    );
+    let out = upload(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&built.build_id));
+    // The first query remembered the build id as missing; the upload made it forget, so
+    // the next query finds the file at once.
+    let merged = queried_pprof(&s).await;
     for i in 0..merged.location.len() {
-        let n = names(&merged, i);
         assert_eq!(
-            n.last().map(String::as_str),
+            names(&merged, i).last().map(String::as_str),
             Some("hot_function"),
-            "location {i}: {n:?}"
+            "location {i}"
         );
-        assert!(merged.location[i].line.last().unwrap().line > 0);
     }
-    assert!(
-        (0..merged.location.len()).any(|i| names(&merged, i) == ["inlined_helper", "hot_function"]),
-        "the inlined helper is a frame of its own"
-    );
-    // The mapping still says where the names came from.
-    assert!(
-        merged
-            .mapping
-            .iter()
-            .any(|m| merged.string_table[m.build_id as usize] == built.build_id)
-    );
 }

@@ -328,12 +328,12 @@ impl Symbolizer {
     /// unstripped binary), else by the executable's (a separate debug file keeps its
     /// segments' addresses but not their bytes), which debuginfod serves beside it. Those
     /// neither places are left out.
-    async fn place(
+    async fn place<K: Copy>(
         &self,
         build_id: &str,
         debug: &Path,
-        locations: &[(usize, u64)],
-    ) -> Vec<(usize, u64)> {
+        locations: &[(K, u64)],
+    ) -> Vec<(K, u64)> {
         let place = |segments: &[crate::debuginfo::LoadSegment], offset: u64| {
             segments
                 .iter()
@@ -365,6 +365,15 @@ impl Symbolizer {
                 .filter_map(|(at, offset)| Some((at, place(&executable, offset)?))),
         );
         placed
+    }
+
+    /// Forgets that nobody had `build_id`'s files: debug info was just uploaded for it.
+    pub fn forget_miss(&self, build_id: &str) {
+        let build_id = build_id.to_ascii_lowercase();
+        let mut misses = self.misses.lock();
+        for kind in [Kind::Debuginfo, Kind::Executable] {
+            misses.remove(&kind.key(&build_id));
+        }
     }
 
     fn remembered_miss(&self, build_id: &str) -> bool {
@@ -440,7 +449,7 @@ impl Symbolizer {
             .map(|(i, m)| (m.id, i))
             .collect();
         // Per build id, the unsymbolized locations (by position) and their file offsets.
-        let mut wanted: Vec<(String, Vec<(usize, u64)>)> = Vec::new();
+        let mut wanted: Vec<Wanted<usize>> = Vec::new();
         for (i, location) in profile.location.iter().enumerate() {
             if !location.line.is_empty() {
                 continue;
@@ -474,6 +483,62 @@ impl Symbolizer {
             .collect();
         let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
         let mut next_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
+        for (at, frames) in self
+            .frames_of(wanted, uploads, deadline, &mut summary)
+            .await
+        {
+            let mut lines = Vec::with_capacity(frames.len());
+            for frame in frames {
+                let mut string = |s: String| -> i64 {
+                    let next = profile.string_table.len() as i64;
+                    *strings.entry(s).or_insert_with_key(|s| {
+                        profile.string_table.push(s.clone());
+                        next
+                    })
+                };
+                let (name, file) = (string(frame.function), string(frame.file));
+                let id = *functions.entry((name, file)).or_insert_with(|| {
+                    let id = next_function;
+                    next_function += 1;
+                    profile.function.push(Function {
+                        id,
+                        name,
+                        system_name: name,
+                        filename: file,
+                        start_line: 0,
+                    });
+                    id
+                });
+                lines.push(Line {
+                    function_id: id,
+                    line: frame.line,
+                    column: 0,
+                });
+            }
+            profile.location[at].line = lines;
+            summary.resolved += 1;
+        }
+        self.resolved
+            .fetch_add(summary.resolved as u64, Ordering::Relaxed);
+        summary
+    }
+}
+
+/// A build id, and the file offsets in it to name, each with its caller's key.
+type Wanted<K> = (String, Vec<(K, u64)>);
+
+impl Symbolizer {
+    /// The frames of `wanted` (per build id, `(key, file offset)`), build id after build
+    /// id until `deadline`; the keys it found none for are left out. What was missing or
+    /// cut short by the deadline is noted in `summary`.
+    async fn frames_of<K: Copy>(
+        self: &Arc<Self>,
+        wanted: Vec<Wanted<K>>,
+        uploads: Option<&DebugInfoStore>,
+        deadline: tokio::time::Instant,
+        summary: &mut ProfileSymbolized,
+    ) -> Vec<(K, Vec<Frame>)> {
+        let mut out = Vec::new();
         for (build_id, locations) in wanted {
             let found =
                 tokio::time::timeout_at(deadline, self.debug_file(&build_id, uploads)).await;
@@ -500,41 +565,90 @@ impl Symbolizer {
             let frames = tokio::task::spawn_blocking(move || this.resolve(&path, &addresses))
                 .await
                 .unwrap_or_default();
-            for ((at, _), frames) in placed.iter().zip(frames) {
-                if frames.is_empty() {
+            out.extend(
+                placed
+                    .into_iter()
+                    .zip(frames)
+                    .filter(|(_, frames)| !frames.is_empty())
+                    .map(|((key, _), frames)| (key, frames)),
+            );
+        }
+        out
+    }
+
+    /// Names the locations of `merged`'s stacks stored without lines, whose mapping has a
+    /// build id, in their symbol partitions ([`crate::symbols::Partition::name_location`]):
+    /// every report of them shows the names from then on, this one's and later queries'
+    /// (while the partition stays loaded), which do not resolve them again. Build ids are
+    /// asked one after another until `budget` is spent; what is not reached stays an
+    /// address.
+    pub async fn symbolize_merged(
+        self: &Arc<Self>,
+        merged: &crate::Merged,
+        uploads: Option<&DebugInfoStore>,
+        budget: Duration,
+    ) -> ProfileSymbolized {
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut summary = ProfileSymbolized::default();
+        // Most profiles are symbolized whole: nothing to walk.
+        if merged
+            .symbols
+            .partitions()
+            .all(|p| p.unnamed_locations() == 0)
+        {
+            return summary;
+        }
+        let mut seen: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
+        // Per build id: (partition, location) and file offset.
+        let mut wanted: Vec<Wanted<(u32, u32)>> = Vec::new();
+        for &(stack, _) in &merged.samples {
+            let Some((p, locations)) = merged.symbols.locations(stack) else {
+                continue;
+            };
+            for &l in locations {
+                let Some(location) = p.location(l) else {
+                    continue;
+                };
+                if !location.lines.is_empty() || p.named(l).is_some() || !seen.insert((p.id(), l)) {
                     continue;
                 }
-                let mut lines = Vec::with_capacity(frames.len());
-                for frame in frames {
-                    let mut string = |s: String| -> i64 {
-                        let next = profile.string_table.len() as i64;
-                        *strings.entry(s).or_insert_with_key(|s| {
-                            profile.string_table.push(s.clone());
-                            next
-                        })
-                    };
-                    let (name, file) = (string(frame.function), string(frame.file));
-                    let id = *functions.entry((name, file)).or_insert_with(|| {
-                        let id = next_function;
-                        next_function += 1;
-                        profile.function.push(Function {
-                            id,
-                            name,
-                            system_name: name,
-                            filename: file,
-                            start_line: 0,
-                        });
-                        id
-                    });
-                    lines.push(Line {
-                        function_id: id,
-                        line: frame.line,
-                        column: 0,
-                    });
+                let Some(m) = location.mapping.checked_sub(1).and_then(|i| p.mapping(i)) else {
+                    continue;
+                };
+                let build_id = p.string(m.build_id);
+                if build_id.is_empty() {
+                    continue;
                 }
-                profile.location[*at].line = lines;
-                summary.resolved += 1;
+                summary.unsymbolized += 1;
+                let offset = location
+                    .address
+                    .saturating_sub(m.memory_start)
+                    .saturating_add(m.file_offset);
+                match wanted.iter_mut().find(|(id, _)| id == build_id) {
+                    Some((_, list)) => list.push(((p.id(), l), offset)),
+                    None => wanted.push((build_id.to_owned(), vec![((p.id(), l), offset)])),
+                }
             }
+        }
+        for ((partition, l), frames) in self
+            .frames_of(wanted, uploads, deadline, &mut summary)
+            .await
+        {
+            let Some(p) = merged.symbols.partition(partition) else {
+                continue;
+            };
+            p.name_location(
+                l,
+                frames
+                    .into_iter()
+                    .map(|f| crate::symbols::NamedLine {
+                        function: f.function.into(),
+                        file: f.file.into(),
+                        line: f.line,
+                    })
+                    .collect(),
+            );
+            summary.resolved += 1;
         }
         self.resolved
             .fetch_add(summary.resolved as u64, Ordering::Relaxed);
@@ -559,23 +673,21 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>) -> Vec<Frame> {
     frames
 }
 
+/// The GNU build id of the ELF file at `path` (hex), if it has one.
+pub fn file_build_id(path: &Path) -> Result<Option<String>> {
+    let found = blazesym::helper::read_elf_build_id(path)
+        .map_err(|e| Error::Fetch(format!("{}: not an ELF file: {e}", path.display())))?;
+    Ok(found.map(|id| id.iter().map(|b| format!("{b:02x}")).collect()))
+}
+
 /// Checks that the ELF file at `path` has GNU build id `build_id` (a file without one is
 /// taken: Go binaries and some toolchains name files by another id).
 fn check_file_build_id(path: &Path, build_id: &str) -> Result<()> {
-    let found = blazesym::helper::read_elf_build_id(path)
-        .map_err(|e| Error::Fetch(format!("{}: not an ELF file: {e}", path.display())))?;
-    match found {
-        Some(found) => {
-            let hex: String = found.iter().map(|b| format!("{b:02x}")).collect();
-            if hex == build_id {
-                Ok(())
-            } else {
-                Err(Error::Fetch(format!(
-                    "the file served for {build_id} has GNU build id {hex}"
-                )))
-            }
-        }
-        None => Ok(()),
+    match file_build_id(path)? {
+        Some(found) if found != build_id => Err(Error::Fetch(format!(
+            "the file served for {build_id} has GNU build id {found}"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -23,8 +23,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
 use partition::LocationRow;
-pub use partition::Partition;
 pub(crate) use partition::{Counts, FunctionRow, LineRow, MappingRow, StackKey, Writer};
+pub use partition::{NamedLine, Partition};
 pub(crate) use tables::SymbolTables;
 
 pub use frostdb_profile::ids::{StackId, split_id, symbol_id};
@@ -252,7 +252,12 @@ pub struct Symbols {
 }
 
 impl Symbols {
-    fn partition(&self, id: u32) -> Option<&Partition> {
+    /// The partitions the stacks are in.
+    pub(crate) fn partitions(&self) -> impl Iterator<Item = &Partition> {
+        self.partitions.values().map(|p| &**p)
+    }
+
+    pub(crate) fn partition(&self, id: u32) -> Option<&Partition> {
         self.partitions.get(&id).map(|p| &**p)
     }
 
@@ -304,11 +309,24 @@ pub(crate) fn location_frames<'a>(p: &'a Partition, l: u32, f: &mut impl FnMut(F
         location_index: l,
         location,
         function: line.and_then(|(fi, _)| p.function(*fi).map(|f| (*fi, f))),
+        named: None,
         line: line.map_or(0, |(_, n)| *n),
         inlined,
     };
     if location.lines.is_empty() {
-        f(frame(None, false));
+        match p.named(l) {
+            Some(named) => {
+                let last = named.len() - 1;
+                for (i, n) in named.iter().enumerate() {
+                    f(Frame {
+                        named: Some(n),
+                        line: n.line,
+                        ..frame(None, i != last)
+                    });
+                }
+            }
+            None => f(frame(None, false)),
+        }
     }
     let last = location.lines.len().saturating_sub(1);
     for (i, line) in location.lines.iter().enumerate() {
@@ -320,7 +338,10 @@ pub(crate) fn location_frames<'a>(p: &'a Partition, l: u32, f: &mut impl FnMut(F
 /// one; none when `l` is not stored.
 pub(crate) fn location_frame_count(p: &Partition, l: u32) -> usize {
     p.location(l)
-        .map_or(0, |location| location.lines.len().max(1))
+        .map_or(0, |location| match location.lines.len() {
+            0 => p.named(l).map_or(1, <[NamedLine]>::len),
+            n => n,
+        })
 }
 
 /// A mapping: an executable or library mapped into a process.
@@ -360,6 +381,8 @@ pub struct Frame<'a> {
     location_index: u32,
     location: &'a LocationRow,
     function: Option<(u32, &'a FunctionRow)>,
+    /// The line a symbolizer found, for a location stored without lines.
+    named: Option<&'a NamedLine>,
     line: i64,
     inlined: bool,
 }
@@ -382,6 +405,9 @@ impl<'a> Frame<'a> {
 
     /// The function's id, when symbolized.
     pub fn function_id(&self) -> Option<u64> {
+        if let Some(named) = self.named {
+            return Some(named.function_id());
+        }
         self.function
             .map(|(i, _)| symbol_id(self.partition.id(), i))
     }
@@ -426,6 +452,14 @@ impl<'a> Frame<'a> {
 
     /// The function, when symbolized.
     pub fn function(&self) -> Option<Function<'a>> {
+        if let Some(named) = self.named {
+            return Some(Function {
+                name: &named.function,
+                system_name: &named.function,
+                filename: &named.file,
+                start_line: 0,
+            });
+        }
         let p = self.partition;
         self.function.map(|(_, f)| Function {
             name: p.string(f.name),
@@ -437,6 +471,9 @@ impl<'a> Frame<'a> {
 
     /// The function's name, when symbolized with a non-empty one.
     pub(crate) fn function_name(&self) -> Option<&'a str> {
+        if let Some(named) = self.named {
+            return (!named.function.is_empty()).then_some(&*named.function);
+        }
         let (_, f) = self.function?;
         let name = self.partition.string(f.name);
         (!name.is_empty()).then_some(name)

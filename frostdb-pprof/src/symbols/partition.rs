@@ -116,6 +116,37 @@ pub struct Partition {
     /// short spin: parking_lot's yields the CPU while it spins, and with many clients on
     /// few cores a writer waiting out readers yielded again and again.
     writer: RwLock<Option<Indexes>>,
+    /// Names found by a symbolizer for locations stored without them
+    /// ([`crate::symbolize`]), and where each location's are: kept beside the rows, which
+    /// the group commit writes and never changes.
+    named: boxcar::Vec<Box<[NamedLine]>>,
+    named_at: parking_lot::RwLock<std::collections::HashMap<u32, usize>>,
+    /// Locations stored without lines in a mapping: whether a symbolizer has anything to
+    /// look for here (most partitions: no, and a query skips the walk).
+    unnamed: AtomicUsize,
+}
+
+/// A line a symbolizer found for a location stored as an address (innermost first in a
+/// location's list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedLine {
+    /// The function, demangled.
+    pub function: Box<str>,
+    /// Its source file ("" when unknown).
+    pub file: Box<str>,
+    /// The line (0 when unknown).
+    pub line: i64,
+}
+
+impl NamedLine {
+    /// An id for the function, equal for equal names and files, apart from every id of
+    /// stored symbols (the top bit set).
+    pub(crate) fn function_id(&self) -> u64 {
+        let mut buf = Vec::with_capacity(self.function.len() + self.file.len() + 16);
+        crate::normalize::put_str(&mut buf, &self.function);
+        crate::normalize::put_str(&mut buf, &self.file);
+        (crate::normalize::content_key(&buf) as u64) | (1 << 63)
+    }
 }
 
 impl std::fmt::Debug for Partition {
@@ -150,6 +181,9 @@ impl Partition {
             stacks: boxcar::Vec::new(),
             bytes: AtomicUsize::new(0),
             writer: RwLock::new(Some(Indexes::default())),
+            named: boxcar::Vec::new(),
+            named_at: parking_lot::RwLock::new(std::collections::HashMap::new()),
+            unnamed: AtomicUsize::new(0),
         }
     }
 
@@ -236,6 +270,33 @@ impl Partition {
         self.locations.get(i as usize)
     }
 
+    /// The lines a symbolizer found for location `i`, if it was stored without any and
+    /// named since.
+    pub(crate) fn named(&self, i: u32) -> Option<&[NamedLine]> {
+        let at = *self.named_at.read().get(&i)?;
+        self.named.get(at).map(|lines| &**lines)
+    }
+
+    /// Names location `i`, stored without lines, with `lines` (innermost first): every
+    /// report of the partition shows them from now on. A location named already, or one
+    /// that has lines, keeps what it has.
+    pub fn name_location(&self, i: u32, lines: Vec<NamedLine>) {
+        if lines.is_empty() || self.location(i).is_none_or(|l| !l.lines.is_empty()) {
+            return;
+        }
+        let mut at = self.named_at.write();
+        if at.contains_key(&i) {
+            return;
+        }
+        let bytes: usize = lines
+            .iter()
+            .map(|l| l.function.len() + l.file.len() + 48)
+            .sum();
+        let index = self.named.push(lines.into_boxed_slice());
+        at.insert(i, index);
+        self.bytes.fetch_add(bytes + SLOT, Ordering::Relaxed);
+    }
+
     pub(crate) fn stack(&self, i: u32) -> Option<&[u32]> {
         self.stacks.get(i as usize).map(|s| &**s)
     }
@@ -264,7 +325,16 @@ impl Partition {
 
     pub(crate) fn push_location(&self, l: LocationRow) {
         self.grow(std::mem::size_of::<LocationRow>() + l.lines.len() * 16 + SLOT);
+        if l.lines.is_empty() && l.mapping != 0 {
+            self.unnamed.fetch_add(1, Ordering::Relaxed);
+        }
         self.locations.push(l);
+    }
+
+    /// Locations stored without lines in a mapping (named since or not): 0 when a
+    /// symbolizer has nothing to look for in the partition.
+    pub(crate) fn unnamed_locations(&self) -> usize {
+        self.unnamed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn push_stack(&self, s: Box<[u32]>) {

@@ -1,6 +1,7 @@
 //! What clients push: each protocol turns its request into [`Incoming`] pprof profiles,
 //! and [`store`] admits and stores them.
 
+pub mod debuginfo;
 pub mod legacy;
 pub mod otlp;
 pub mod parca;
@@ -9,7 +10,7 @@ pub mod push;
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use axum::routing::post;
+use axum::routing::{post, put};
 use frostdb_pprof::IngestSummary;
 pub use frostdb_pprof::convert::Incoming;
 
@@ -27,6 +28,7 @@ pub fn routes() -> Router<Shared> {
         .route(otlp::GRPC_EXPORT, post(otlp::handle_grpc))
         .route(parca::PROFILE_STORE, post(parca::handle))
         .route(parca::DEBUGINFO, post(parca::handle))
+        .route("/api/v1/debuginfo/{build_id}", put(debuginfo::upload))
 }
 
 /// Stores a request's profiles whole or not at all ([`frostdb_pprof::convert::store`]),

@@ -317,6 +317,9 @@ impl grpc::debuginfo_service_server::DebuginfoService for Agent {
             .finish(&r.build_id, &r.upload_id)
             .await
             .map_err(debuginfo_status)?;
+        if let Some(symbolizer) = &self.state.symbolizer {
+            symbolizer.forget_miss(&r.build_id);
+        }
         Ok(tonic::Response::new(di::MarkUploadFinishedResponse {}))
     }
 }
