@@ -254,11 +254,20 @@ pub(super) async fn merge_then<T: Send + 'static>(
     then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     let budget = state.budget.clone();
+    let naming = state
+        .symbolizer
+        .clone()
+        .map(|s| (s, state.config.symbolizer.query_budget));
     state
         .work
         .queries
         .blocking(move |_| {
             let merged = t.store.merge_with(&selector, range, &options)?;
+            // Every report of a merge (this API's, Pyroscope's and Grafana's, diffs) shows
+            // the names of frames stored as addresses that the symbolizer can find.
+            if let Some((symbolizer, naming_budget)) = naming {
+                name_frames(&symbolizer, &t, &merged, naming_budget);
+            }
             // What a report of it holds, about: a node or a line per stack.
             let _report = budget
                 .try_reserve(report_bytes(&merged), "building the report")
@@ -446,15 +455,10 @@ async fn query(
             // An empty answer is checked: a selector that can never match (a type or label
             // nobody stored) is a 400 listing what is stored, never an empty flame graph.
             let (tenant, checked) = (t.clone(), selector.clone());
-            let naming = state.symbolizer.clone();
-            let naming_budget = state.config.symbolizer.query_budget;
             let check_then_draw = move |merged: frostdb_pprof::Merged| {
                 // (A lenient answer that skipped blocks says so instead.)
                 if merged.samples.is_empty() && merged.blocks_failed == 0 {
                     tenant.store.check_selection(&checked, range)?;
-                }
-                if let Some(symbolizer) = naming {
-                    name_frames(&symbolizer, &tenant, &merged, naming_budget);
                 }
                 draw(merged)
             };

@@ -26,6 +26,27 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
     );
 
     push_addresses(&s, &built, &offsets).await;
+    // Pyroscope's render API (Grafana's and the web page's) names them, first: the names
+    // go into the symbol partition, which every later report reads.
+    let rendered = get_json(
+        &format!(
+            "{}/pyroscope/render?query={}&from=0&until=9999999999",
+            s.url,
+            enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
+        ),
+        None,
+    )
+    .await;
+    let shown: Vec<&str> = rendered["flamebearer"]["names"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a flame graph: {rendered}"))
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        shown.contains(&"hot_function") && shown.contains(&"inlined_helper"),
+        "{shown:?}"
+    );
     let merged = queried_pprof(&s).await;
     assert_eq!(merged.location.len(), offsets.len());
     for i in 0..merged.location.len() {
