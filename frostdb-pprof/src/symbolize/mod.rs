@@ -466,14 +466,13 @@ impl Symbolizer {
                 continue;
             }
             summary.unsymbolized += 1;
-            let offset = location
-                .address
-                .saturating_sub(mapping.memory_start)
-                .saturating_add(mapping.file_offset);
-            match wanted.iter_mut().find(|(id, _)| id == build_id) {
-                Some((_, list)) => list.push((i, offset)),
-                None => wanted.push((build_id.to_owned(), vec![(i, offset)])),
-            }
+            want(
+                &mut wanted,
+                build_id,
+                i,
+                location.address,
+                (mapping.memory_start, mapping.file_offset),
+            );
         }
         let mut strings: HashMap<String, i64> = profile
             .string_table
@@ -522,12 +521,7 @@ impl Symbolizer {
             .fetch_add(summary.resolved as u64, Ordering::Relaxed);
         summary
     }
-}
 
-/// A build id, and the file offsets in it to name, each with its caller's key.
-type Wanted<K> = (String, Vec<(K, u64)>);
-
-impl Symbolizer {
     /// The frames of `wanted` (per build id, `(key, file offset)`), build id after build
     /// id until `deadline`; the keys it found none for are left out. What was missing or
     /// cut short by the deadline is noted in `summary`.
@@ -540,14 +534,25 @@ impl Symbolizer {
     ) -> Vec<(K, Vec<Frame>)> {
         let mut out = Vec::new();
         for (build_id, locations) in wanted {
-            let found =
-                tokio::time::timeout_at(deadline, self.debug_file(&build_id, uploads)).await;
-            let path = match found {
+            // Finding the files (the debug file, and the executable to place offsets by)
+            // is what may wait on the network: all of it within the deadline.
+            let found = tokio::time::timeout_at(deadline, async {
+                let found = self.debug_file(&build_id, uploads).await?;
+                Ok::<_, Error>(match found {
+                    Some((path, _)) => {
+                        let placed = self.place(&build_id, &path, &locations).await;
+                        Some((path, placed))
+                    }
+                    None => None,
+                })
+            })
+            .await;
+            let (path, placed) = match found {
                 Err(_) => {
                     summary.out_of_budget = true;
                     break;
                 }
-                Ok(Ok(Some((path, _)))) => path,
+                Ok(Ok(Some(found))) => found,
                 Ok(Ok(None)) => {
                     summary.missing.push(build_id);
                     continue;
@@ -558,7 +563,6 @@ impl Symbolizer {
                     continue;
                 }
             };
-            let placed = self.place(&build_id, &path, &locations).await;
             let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
             // Reading DWARF is CPU work: off the async threads.
             let this = self.clone();
@@ -620,14 +624,13 @@ impl Symbolizer {
                     continue;
                 }
                 summary.unsymbolized += 1;
-                let offset = location
-                    .address
-                    .saturating_sub(m.memory_start)
-                    .saturating_add(m.file_offset);
-                match wanted.iter_mut().find(|(id, _)| id == build_id) {
-                    Some((_, list)) => list.push(((p.id(), l), offset)),
-                    None => wanted.push((build_id.to_owned(), vec![((p.id(), l), offset)])),
-                }
+                want(
+                    &mut wanted,
+                    build_id,
+                    (p.id(), l),
+                    location.address,
+                    (m.memory_start, m.file_offset),
+                );
             }
         }
         for ((partition, l), frames) in self
@@ -641,11 +644,7 @@ impl Symbolizer {
                 l,
                 frames
                     .into_iter()
-                    .map(|f| crate::symbols::NamedLine {
-                        function: f.function.into(),
-                        file: f.file.into(),
-                        line: f.line,
-                    })
+                    .map(|f| crate::symbols::NamedLine::new(f.function, f.file, f.line))
                     .collect(),
             );
             summary.resolved += 1;
@@ -653,6 +652,19 @@ impl Symbolizer {
         self.resolved
             .fetch_add(summary.resolved as u64, Ordering::Relaxed);
         summary
+    }
+}
+
+/// A build id, and the file offsets in it to name, each with its caller's key.
+type Wanted<K> = (String, Vec<(K, u64)>);
+
+/// Adds the location `key` at `address`, in a mapping of `build_id` loaded at
+/// `(memory start, file offset)`, to `wanted` under its build id, as a file offset.
+fn want<K>(wanted: &mut Vec<Wanted<K>>, build_id: &str, key: K, address: u64, mapped: (u64, u64)) {
+    let offset = address.saturating_sub(mapped.0).saturating_add(mapped.1);
+    match wanted.iter_mut().find(|(id, _)| id == build_id) {
+        Some((_, list)) => list.push((key, offset)),
+        None => wanted.push((build_id.to_owned(), vec![(key, offset)])),
     }
 }
 

@@ -136,16 +136,29 @@ pub struct NamedLine {
     pub file: Box<str>,
     /// The line (0 when unknown).
     pub line: i64,
+    /// An id for the function, equal for equal names and files, apart from every id of
+    /// stored symbols (the top bit set): made once, read by every report.
+    function_id: u64,
 }
 
 impl NamedLine {
-    /// An id for the function, equal for equal names and files, apart from every id of
-    /// stored symbols (the top bit set).
+    /// A line of `function` in `file`.
+    pub fn new(function: impl Into<Box<str>>, file: impl Into<Box<str>>, line: i64) -> Self {
+        let (function, file) = (function.into(), file.into());
+        let mut buf = Vec::with_capacity(function.len() + file.len() + 16);
+        crate::normalize::put_str(&mut buf, &function);
+        crate::normalize::put_str(&mut buf, &file);
+        let function_id = (crate::normalize::content_key(&buf) as u64) | (1 << 63);
+        Self {
+            function,
+            file,
+            line,
+            function_id,
+        }
+    }
+
     pub(crate) fn function_id(&self) -> u64 {
-        let mut buf = Vec::with_capacity(self.function.len() + self.file.len() + 16);
-        crate::normalize::put_str(&mut buf, &self.function);
-        crate::normalize::put_str(&mut buf, &self.file);
-        (crate::normalize::content_key(&buf) as u64) | (1 << 63)
+        self.function_id
     }
 }
 
@@ -331,10 +344,12 @@ impl Partition {
         self.locations.push(l);
     }
 
-    /// Locations stored without lines in a mapping (named since or not): 0 when a
+    /// Locations stored without lines in a mapping and not named since: 0 when a
     /// symbolizer has nothing to look for in the partition.
     pub(crate) fn unnamed_locations(&self) -> usize {
-        self.unnamed.load(Ordering::Relaxed)
+        self.unnamed
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.named.count())
     }
 
     pub(crate) fn push_stack(&self, s: Box<[u32]>) {
