@@ -117,6 +117,7 @@ pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};
 pub use store::{
-    MergeOptions, Merged, ProfileStore, Read, ReadOptions, SeriesSamples, StoreOptions,
+    MergeOptions, Merged, NamingSummary, ProfileStore, Read, ReadOptions, SeriesSamples,
+    StoreOptions,
 };
 pub use symbols::{Frame, Function, Mapping, StackId, SymbolOptions, Symbols};

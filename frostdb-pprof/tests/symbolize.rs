@@ -5,13 +5,16 @@
 //!
 //! Needs gcc, binutils and `debuginfod` (`scripts/test.sh` installs them).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::proto::{Location, Mapping};
 use frostdb_pprof::symbolize::{Origin, Symbolizer, SymbolizerOptions};
 use frostdb_pprof::testing::stripped::{
-    build, debuginfod, hot_function_offsets, names, profile_of,
+    Built, build, debuginfod, hot_function_offsets, names, profile_of,
 };
+use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_programs_addresses_are_named_from_debuginfod() {
@@ -74,8 +77,8 @@ async fn a_stripped_programs_addresses_are_named_from_debuginfod() {
     let stats = s.stats();
     assert_eq!(
         (stats.from_debuginfod, stats.not_found),
-        (2, 1),
-        "the debug file and the executable; the unknown build id"
+        (2, 2),
+        "the debug file and the executable; the unknown build id's two"
     );
 
     // Again: from the cache and the remembered miss, nobody asked.
@@ -170,4 +173,243 @@ async fn uploaded_debug_info_names_the_addresses_and_a_dead_debuginfod_costs_its
     assert!(summary.out_of_budget, "{summary:?}");
     assert!(started.elapsed() < Duration::from_millis(900));
     assert!(unknown.location[0].line.is_empty());
+}
+
+/// `profile_of`'s addresses as a CPU profile: one sample per location, `i + 1` each.
+fn sampled(built: &Built, offsets: &[u64], base: u64) -> frostdb_pprof::proto::Profile {
+    use frostdb_pprof::proto::{Sample, ValueType};
+    let mut p = profile_of(built, offsets, base);
+    let cpu = p.string_table.len() as i64;
+    p.string_table.push("cpu".into());
+    p.string_table.push("nanoseconds".into());
+    p.sample_type = vec![ValueType {
+        r#type: cpu,
+        unit: cpu + 1,
+    }];
+    p.period_type = Some(ValueType {
+        r#type: cpu,
+        unit: cpu + 1,
+    });
+    p.period = 10_000_000;
+    p.sample = (0..offsets.len())
+        .map(|i| Sample {
+            location_id: vec![i as u64 + 1],
+            value: vec![i as i64 + 1],
+            ..Sample::default()
+        })
+        .collect();
+    p
+}
+
+fn open_store(dir: &std::path::Path) -> ProfileStore {
+    ProfileStore::open(
+        Db::open(dir, DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap()
+}
+
+fn ingest(store: &ProfileStore, p: frostdb_pprof::proto::Profile) {
+    let profile = validate(p, store.limits()).unwrap();
+    let options = IngestOptions::default()
+        .name("cpu")
+        .labels(vec![("service".into(), "prog".into())])
+        .delta(false)
+        .timestamp_ms(1_000);
+    store.ingest_profile(&profile, &options).unwrap();
+}
+
+/// Per stack of the merge of every CPU profile: its frames' names and files, innermost
+/// first, and its value.
+fn merged_frames(store: &ProfileStore) -> Vec<(Vec<(String, String)>, i64)> {
+    let selector =
+        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let merged = store
+        .merge(&selector, frostdb_profile::TimeRange::ALL)
+        .unwrap();
+    let mut out: Vec<_> = merged
+        .samples
+        .iter()
+        .map(|&(stack, value)| {
+            let frames = merged
+                .symbols
+                .frames(stack)
+                .iter()
+                .map(|f| (f.display_name().into_owned(), f.filename().to_owned()))
+                .collect();
+            (frames, value)
+        })
+        .collect();
+    out.sort_by_key(|(_, v)| *v);
+    out
+}
+
+/// Whether every stack of `frames` is named `hot_function` outermost, with a source file
+/// when `files`.
+fn all_hot(frames: &[(Vec<(String, String)>, i64)], files: bool) -> bool {
+    frames.iter().all(|(f, _)| {
+        f.last().is_some_and(|(name, file)| {
+            name == "hot_function" && (file.ends_with("prog.c") == files)
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_named_in_the_background_stored_and_read_back_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url];
+    let s = Arc::new(Symbolizer::new(options).unwrap());
+    let data = dir.path().join("data");
+    let store = open_store(&data);
+    assert!(store.attach_symbolizer(s.clone(), None));
+    assert!(
+        !store.attach_symbolizer(s.clone(), None),
+        "one symbolizer a store"
+    );
+    ingest(&store, sampled(&built, &offsets, 0x5555_0000_0000));
+    // Ingest stored addresses and went on; the names come from the background pass.
+    assert!(!all_hot(&merged_frames(&store), true));
+    let pass = store.name_pending().await.unwrap();
+    assert_eq!(pass.symbolized.unsymbolized, offsets.len(), "{pass:?}");
+    assert_eq!(pass.symbolized.resolved, offsets.len(), "{pass:?}");
+    assert_eq!(pass.stored, offsets.len());
+    let named = merged_frames(&store);
+    assert!(all_hot(&named, true), "{named:?}");
+    // Nothing left for the next pass.
+    let again = store.name_pending().await.unwrap();
+    assert_eq!(again.symbolized.unsymbolized, 0, "{again:?}");
+    store.db().flush().unwrap();
+    drop(store);
+
+    // Reopened without any symbolizer: the names are read from the names table.
+    let store = open_store(&data);
+    let reread = merged_frames(&store);
+    assert_eq!(reread, named, "the names stored survive a restart");
+    drop(store);
+    // And closed without a flush: the names come back from the WAL.
+    let data2 = dir.path().join("data2");
+    let store = open_store(&data2);
+    store.attach_symbolizer(s.clone(), None);
+    ingest(&store, sampled(&built, &offsets[..8], 0x5555_0000_0000));
+    assert_eq!(store.name_pending().await.unwrap().stored, 8);
+    drop(store);
+    let store = open_store(&data2);
+    assert!(all_hot(&merged_frames(&store), true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_never_waits_for_a_debuginfod_that_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    // Accepts connections, never answers: a fetch would wait its whole (hour-long) timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![format!("http://{}", silent.local_addr().unwrap())];
+    options.fetch_timeout = Duration::from_secs(3600);
+    let store = Arc::new(open_store(&dir.path().join("data")));
+    store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
+    ingest(&store, sampled(&built, &offsets[..4], 0x4000_0000));
+    // The background pass hangs on the silent server...
+    let background = {
+        let store = store.clone();
+        tokio::spawn(async move { store.name_pending().await })
+    };
+    // ...while ingest goes on: the next profiles are stored and queried as addresses.
+    for round in 0..3 {
+        let store2 = store.clone();
+        let p = sampled(&built, &offsets[4 + round..5 + round], 0x4000_0000);
+        tokio::task::spawn_blocking(move || ingest(&store2, p))
+            .await
+            .unwrap();
+    }
+    assert_eq!(merged_frames(&store).len(), 7);
+    assert!(!background.is_finished());
+    background.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let objects: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    std::fs::create_dir_all(dir.path().join("objects")).unwrap();
+    let uploads = frostdb_pprof::debuginfo::DebugInfoStore::new(
+        objects,
+        object_store::path::Path::from("objects"),
+        1 << 30,
+        Duration::from_secs(60),
+    );
+    let upload = |file: std::path::PathBuf, force: bool| {
+        let uploads = uploads.clone();
+        let build_id = built.build_id.clone();
+        async move {
+            let bytes = std::fs::read(file).unwrap();
+            let id = uploads
+                .initiate(&build_id, bytes.len() as i64, "hash", force)
+                .await
+                .unwrap();
+            uploads
+                .upload(
+                    &build_id,
+                    &id,
+                    futures::stream::iter([Ok(bytes::Bytes::from(bytes))]),
+                )
+                .await
+                .unwrap();
+            uploads.finish(&build_id, &id).await.unwrap();
+        }
+    };
+    // First the program with its symbol table and no DWARF (`strip --strip-debug`).
+    let symbols_only = dir.path().join("prog.symtab");
+    let status = std::process::Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&built.unstripped)
+        .arg("-o")
+        .arg(&symbols_only)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    upload(symbols_only, false).await;
+
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = Vec::new();
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(
+        Arc::new(Symbolizer::new(options).unwrap()),
+        Some(uploads.clone()),
+    );
+    ingest(&store, sampled(&built, &offsets, 0x5555_0000_0000));
+    let first = store.name_pending().await.unwrap();
+    assert_eq!(first.symbolized.resolved, offsets.len(), "{first:?}");
+    let named = merged_frames(&store);
+    assert!(all_hot(&named, false), "names, no files: {named:?}");
+
+    // Then the program as linked, DWARF in it: the same frames named again, with files,
+    // lines and the inlined helper.
+    upload(built.unstripped.clone(), true).await;
+    store.name_again(&built.build_id);
+    let second = store.name_pending().await.unwrap();
+    assert_eq!(second.symbolized.resolved, offsets.len(), "{second:?}");
+    let renamed = merged_frames(&store);
+    assert!(all_hot(&renamed, true), "{renamed:?}");
+    assert!(
+        renamed
+            .iter()
+            .any(|(f, _)| f.first().is_some_and(|(n, _)| n == "inlined_helper"))
+    );
+    // A third pass finds nothing better to do.
+    store.name_again(&built.build_id);
+    assert_eq!(store.name_pending().await.unwrap().symbolized.resolved, 0);
+    // Read back, the better names win over the first ones stored.
+    store.db().flush().unwrap();
+    drop(store);
+    let store = open_store(&dir.path().join("data"));
+    assert_eq!(merged_frames(&store), renamed);
 }

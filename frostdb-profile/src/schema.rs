@@ -130,6 +130,8 @@ pub const LOCATIONS: &str = "locations";
 pub const FUNCTIONS: &str = "functions";
 /// Table of mappings.
 pub const MAPPINGS: &str = "mappings";
+/// Table of the names a symbolizer found for locations stored as addresses.
+pub const SYMBOL_NAMES: &str = "symbol_names";
 
 const ID: DataType = DataType::UInt64;
 
@@ -406,5 +408,17 @@ pub fn mappings() -> Schema {
             .column(dict("build_id"))
             .column(ColumnDef::new("flags", DataType::UInt8))
             .sort_by(SortingColumn::asc("mapping_id"))
+    })
+}
+
+/// The names a symbolizer found for locations stored without lines (see
+/// `frostdb_pprof::symbolize`): per location, its lines innermost first, packed (per line
+/// the function's and the file's lengths and bytes, then the line). A location named again
+/// from better debug info has a later row; the one knowing source files wins on reading.
+pub fn symbol_names() -> Schema {
+    schema(SYMBOL_NAMES, |b| {
+        b.column(ColumnDef::new("location_id", ID).encoding(Encoding::DeltaBinaryPacked))
+            .column(ColumnDef::new("lines", DataType::Binary))
+            .sort_by(SortingColumn::asc("location_id"))
     })
 }

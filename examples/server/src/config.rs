@@ -118,6 +118,8 @@ pub struct SymbolizerConfig {
     /// Most time a query spends finding debug files; frames not reached stay addresses.
     #[serde(with = "duration")]
     pub query_budget: Duration,
+    /// Most debug files read at once (queries and the background resolver together).
+    pub workers: usize,
 }
 
 impl Default for SymbolizerConfig {
@@ -128,6 +130,7 @@ impl Default for SymbolizerConfig {
             cache_bytes: 4 << 30,
             fetch_timeout: Duration::from_secs(30),
             query_budget: Duration::from_secs(2),
+            workers: 2,
         }
     }
 }

@@ -99,6 +99,9 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
             .iter()
             .map(|(id, h)| (*id, u64::from(h.behind.is_some()))),
     );
+    if let Some(symbolizer) = &state.symbolizer {
+        symbolizer_metrics(&mut out, &symbolizer.stats());
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -106,6 +109,69 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
         )],
         out,
     )
+}
+
+/// The symbolizer's account (`[symbolizer]`): what it resolved, from where, and its cache.
+fn symbolizer_metrics(out: &mut String, s: &frostdb_pprof::symbolize::SymbolizerStats) {
+    for (name, kind, help, value) in [
+        (
+            "frostdb_symbolizer_resolved_locations_total",
+            "counter",
+            "Locations stored as addresses given names.",
+            s.resolved,
+        ),
+        (
+            "frostdb_symbolizer_files_from_uploads_total",
+            "counter",
+            "Debug files taken from the tenants' uploads.",
+            s.from_uploads,
+        ),
+        (
+            "frostdb_symbolizer_files_from_debuginfod_total",
+            "counter",
+            "Files fetched from debuginfod servers.",
+            s.from_debuginfod,
+        ),
+        (
+            "frostdb_symbolizer_not_found_total",
+            "counter",
+            "Build ids nobody had (each once per miss TTL).",
+            s.not_found,
+        ),
+        (
+            "frostdb_symbolizer_failed_fetches_total",
+            "counter",
+            "Fetches that failed: timeouts, errors, files over the limit, wrong build ids.",
+            s.failed_fetches,
+        ),
+        (
+            "frostdb_symbolizer_cache_hits_total",
+            "counter",
+            "Debug files found in the on-disk cache.",
+            s.cache.hits,
+        ),
+        (
+            "frostdb_symbolizer_cache_evictions_total",
+            "counter",
+            "Debug files evicted from the cache to stay within cache_bytes.",
+            s.cache.evictions,
+        ),
+        (
+            "frostdb_symbolizer_cache_bytes",
+            "gauge",
+            "Bytes of debug files in the cache.",
+            s.cache.bytes,
+        ),
+        (
+            "frostdb_symbolizer_cache_files",
+            "gauge",
+            "Debug files in the cache.",
+            s.cache.files,
+        ),
+    ] {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

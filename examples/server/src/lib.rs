@@ -189,12 +189,15 @@ fn symbolizer(config: &Config) -> Option<Arc<frostdb_pprof::symbolize::Symbolize
     }
     options.cache_bytes = c.cache_bytes;
     options.fetch_timeout = c.fetch_timeout;
+    options.workers = c.workers.max(1);
     match frostdb_pprof::symbolize::Symbolizer::new(options) {
         Ok(s) => {
             tracing::info!(
                 debuginfod = ?c.debuginfod_urls,
                 cache_bytes = c.cache_bytes,
-                "symbolizer: frames stored as addresses are named at query time"
+                workers = c.workers,
+                "symbolizer: frames stored as addresses are named in the background and by \
+                 the queries that reach them first"
             );
             Some(Arc::new(s))
         }
@@ -378,11 +381,12 @@ pub async fn serve(config: Config) -> Result<(), String> {
         bytes = budget.limit(),
         "memory budget of requests, queries and tenants (limits.memory)"
     );
+    let symbolizer = symbolizer(&config);
     let tenants =
         Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
             .max_open(descriptors.max_open_tenants)
-            .budget(budget.clone());
-    let symbolizer = symbolizer(&config);
+            .budget(budget.clone())
+            .symbolizer(symbolizer.clone());
     let state = Arc::new(AppState {
         symbolizer,
         tenants,

@@ -223,7 +223,8 @@ with its default, and the README says what each does):
   [cluster]                 this node's role over the bucket (writer or reader), leases,
                             flush and refresh intervals, merge workers and their secret
   [symbolizer]              names for frames stored as addresses: debuginfod servers, the
-                            debug file cache's size, fetch timeout, a query's budget
+                            debug file cache's size, fetch timeout, a query's budget,
+                            files read at once
 Tenants: the X-Scope-OrgID header picks one (default anonymous); each has its own database
 under DATA/tenants/<id>/, which `frostdb types|query|sql --data DATA --tenant ID` read
 when the server is stopped.";

@@ -256,8 +256,8 @@ pub(super) async fn merge_then<T: Send + 'static>(
     let budget = state.budget.clone();
     let naming = state
         .symbolizer
-        .clone()
-        .map(|s| (s, state.config.symbolizer.query_budget));
+        .is_some()
+        .then_some(state.config.symbolizer.query_budget);
     state
         .work
         .queries
@@ -265,8 +265,8 @@ pub(super) async fn merge_then<T: Send + 'static>(
             let merged = t.store.merge_with(&selector, range, &options)?;
             // Every report of a merge (this API's, Pyroscope's and Grafana's, diffs) shows
             // the names of frames stored as addresses that the symbolizer can find.
-            if let Some((symbolizer, naming_budget)) = naming {
-                name_frames(&symbolizer, &t, &merged, naming_budget);
+            if let Some(naming_budget) = naming {
+                name_frames(&t, &merged, naming_budget);
             }
             // What a report of it holds, about: a node or a line per stack.
             let _report = budget
@@ -487,29 +487,29 @@ async fn query(
 
 /// Names the frames of `merged` stored as addresses (a mapping with a build id, no lines)
 /// from the tenant's uploads and the debuginfod servers, within `budget`
-/// (`[symbolizer] query_budget`), in their symbol partitions: the report drawn next shows
-/// them, and later queries find them named. Runs on the query's lane (it holds the query's
-/// slot for at most the budget); frames it does not reach stay addresses.
+/// (`[symbolizer] query_budget`), in their symbol partitions and the names table: the
+/// report drawn next shows them, and later queries find them named. Runs on the query's
+/// lane (it holds the query's slot for at most the budget); frames it does not reach stay
+/// addresses, for the background resolver.
 fn name_frames(
-    symbolizer: &std::sync::Arc<frostdb_pprof::symbolize::Symbolizer>,
     tenant: &crate::tenants::Tenant,
     merged: &frostdb_pprof::Merged,
     budget: std::time::Duration,
 ) {
-    let uploads = crate::ingest::parca::debuginfo_store(&tenant.store);
-    let summary = tokio::runtime::Handle::current().block_on(symbolizer.symbolize_merged(
-        merged,
-        uploads.as_ref(),
-        budget,
-    ));
-    if summary.unsymbolized > 0 {
-        tracing::info!(
+    let named =
+        tokio::runtime::Handle::current().block_on(tenant.store.name_merged(merged, budget));
+    match named {
+        Ok(summary) if summary.unsymbolized > 0 => tracing::info!(
+            tenant = %tenant.id,
             unsymbolized = summary.unsymbolized,
             resolved = summary.resolved,
             missing = summary.missing.len(),
             out_of_budget = summary.out_of_budget,
             "named frames stored as addresses"
-        );
+        ),
+        Ok(_) => {}
+        // The report still shows them: storing them failed, the next query names again.
+        Err(error) => tracing::warn!(tenant = %tenant.id, %error, "storing symbol names failed"),
     }
 }
 

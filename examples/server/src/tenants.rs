@@ -75,6 +75,30 @@ pub struct Tenant {
     pub store: ProfileStore,
 }
 
+/// Attaches `symbolizer` to `tenant`'s store and runs its background resolver while the
+/// tenant is open: a pass whenever ingest stored frames as addresses or debug info was
+/// uploaded ([`frostdb_pprof::ProfileStore::name_pending`]). The task holds the tenant only
+/// during a pass, so an idle tenant can be closed; closing it wakes the task to end.
+fn start_naming(tenant: &Arc<Tenant>, symbolizer: Arc<frostdb_pprof::symbolize::Symbolizer>) {
+    let uploads = crate::ingest::parca::debuginfo_store(&tenant.store);
+    if !tenant.store.attach_symbolizer(symbolizer, uploads) {
+        return;
+    }
+    let wake = tenant.store.naming_wake();
+    let weak = Arc::downgrade(tenant);
+    tokio::spawn(async move {
+        loop {
+            wake.notified().await;
+            let Some(tenant) = weak.upgrade() else {
+                return;
+            };
+            if let Err(error) = tenant.store.name_pending().await {
+                tracing::warn!(tenant = %tenant.id, %error, "naming frames in the background failed");
+            }
+        }
+    });
+}
+
 /// The tenant an `X-Scope-OrgID` value (HTTP header or gRPC metadata) names: the default
 /// tenant when there is none or it is empty (Pyroscope's web page probes with an empty one),
 /// else the trimmed value, validated.
@@ -147,6 +171,9 @@ pub struct Tenants {
     clock: AtomicU64,
     /// The budget the tenants' queries reserve from (`None`: only their own limit).
     budget: Option<frostdb_core::MemoryBudget>,
+    /// Names for the tenants' frames stored as addresses (`[symbolizer]`), shared: one
+    /// cache and one pool of workers for every tenant.
+    symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
 }
 
 /// An open (or opening) tenant and when it was last used.
@@ -199,12 +226,23 @@ impl Tenants {
             known: tokio::sync::OnceCell::new(),
             clock: AtomicU64::new(0),
             budget: None,
+            symbolizer: None,
         }
     }
 
     /// The same tenants, their queries reserving from `budget` too.
     pub fn budget(mut self, budget: frostdb_core::MemoryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// The same tenants, their frames stored as addresses named by `symbolizer`: by their
+    /// queries, and in the background by a resolver per open tenant.
+    pub fn symbolizer(
+        mut self,
+        symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
+    ) -> Self {
+        self.symbolizer = symbolizer;
         self
     }
 
@@ -477,7 +515,7 @@ impl Tenants {
             .block_merger(self.cluster.get().map(|cluster| cluster.merger(&id)));
         let db_options = DbOptions::default().workers(self.workers.clone());
         let storage = self.storage.clone();
-        tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
+        let tenant = tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
             let (store, at) = match &storage {
                 Storage::Local(root) => {
                     let dir = root.join(&id);
@@ -528,7 +566,11 @@ impl Tenants {
             Ok(Arc::new(Tenant { id, store }))
         })
         .await
-        .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))??;
+        if let Some(symbolizer) = &self.symbolizer {
+            start_naming(&tenant, symbolizer.clone());
+        }
+        Ok(tenant)
     }
 
     /// Keeps what the open tenants hold in memory (their tables' blocks and symbol

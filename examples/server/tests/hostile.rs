@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, enc, get, get_json, testdata};
+use common::{Server, enc, eventually, get, get_json, testdata};
 
 /// A request on a raw socket: what the server answered (status line, headers, body).
 fn raw(url: &str, request: &[u8]) -> String {
@@ -26,21 +26,6 @@ fn raw(url: &str, request: &[u8]) -> String {
 fn json_body(answer: &str) -> serde_json::Value {
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
-}
-
-/// Polls `check` until it holds, for at most `limit`: for state that changes on its own
-/// time (a timeout elapsing in the server), which no event announces to the client.
-async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn push_pprof(s: &Server, tenant: &str, name: &str, body: Vec<u8>) -> (u16, String) {

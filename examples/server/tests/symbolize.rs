@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Server, enc, get_json};
+use common::{Server, enc, eventually, get, get_json};
 use frostdb_pprof::proto::{Profile, Sample, ValueType};
 use frostdb_pprof::testing::stripped::{
     Built, build, debuginfod, hot_function_offsets, names, profile_of,
@@ -82,6 +82,50 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
             .iter()
             .any(|m| merged.string_table[m.build_id as usize] == built.build_id)
     );
+}
+
+/// Named in the background with no query asking: once ingest stored the addresses, the
+/// tenant's resolver names them (the symbolizer's metrics count them), and a query given no
+/// time to resolve anything itself (`query_budget = "1ms"`) finds them named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_are_named_in_the_background_before_any_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let (_debuginfod, url) =
+        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!(
+            "[symbolizer]\ndebuginfod_urls = [\"{url}\"]\nquery_budget = \"1ms\"\n"
+        )),
+    );
+    push_addresses(&s, &built, &offsets).await;
+    let resolved = || async {
+        let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("frostdb_symbolizer_resolved_locations_total "))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(std::time::Duration::from_secs(60), async || resolved()
+            .await
+            >= offsets.len())
+        .await,
+        "the background resolver named {} of {} locations",
+        resolved().await,
+        offsets.len()
+    );
+    let merged = queried_pprof(&s).await;
+    for i in 0..merged.location.len() {
+        assert_eq!(
+            names(&merged, i).last().map(String::as_str),
+            Some("hot_function"),
+            "location {i}"
+        );
+    }
 }
 
 /// Pushes a CPU profile of the program as an eBPF profiler without its symbols takes it: a

@@ -432,7 +432,11 @@ impl ProfileStore {
             Ok::<_, Error>(submitted)
         })();
         match submitted {
-            Ok(submitted) => Ok(submitted),
+            Ok(submitted) => {
+                // Locations stored as addresses: named in the background, never here.
+                self.naming.committed(&group.partition);
+                Ok(submitted)
+            }
             Err(e) => {
                 // Its symbols may be used by later profiles, whose groups must not commit
                 // without them: the partition takes no more, and nothing more of it commits.

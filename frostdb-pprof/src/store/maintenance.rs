@@ -34,11 +34,15 @@ impl SymbolExpiry {
         let tables = self.symbols.tables();
         let mut deleted = 0;
         for (table, column) in [
-            (&tables.stacktraces, STACKTRACE_ID),
-            (&tables.locations, "location_id"),
-            (&tables.functions, "function_id"),
-            (&tables.mappings, "mapping_id"),
+            (Some(&tables.stacktraces), STACKTRACE_ID),
+            (Some(&tables.locations), "location_id"),
+            (Some(&tables.functions), "function_id"),
+            (Some(&tables.mappings), "mapping_id"),
+            (tables.names.as_ref(), "location_id"),
         ] {
+            let Some(table) = table else {
+                continue;
+            };
             deleted += table
                 .delete_blocks(|b| match b.stats_of(column).max {
                     Some(Scalar::UInt(max)) => split_id(max).0 < oldest_used,

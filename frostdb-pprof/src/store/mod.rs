@@ -46,6 +46,7 @@ mod commit;
 mod derived;
 mod ingest;
 mod maintenance;
+mod naming;
 mod options;
 mod read;
 
@@ -53,6 +54,7 @@ use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waitin
 pub(crate) use derived::series_runs;
 use derived::{SeriesSeen, build_series_index, build_totals};
 use maintenance::{SymbolExpiry, partitions_used};
+pub use naming::NamingSummary;
 pub use options::StoreOptions;
 use options::symbol_table_options;
 pub use read::{MergeOptions, Merged, Read, ReadOptions, SeriesSamples};
@@ -90,6 +92,9 @@ pub struct ProfileStore {
     /// The stored profiles' fingerprints ([`schema::FINGERPRINTS`]); none in a reader, or
     /// with [`StoreOptions::dedup_window`] zero.
     fingerprints: Option<Table>,
+    /// Frames stored as addresses named in the background and by queries
+    /// ([`ProfileStore::attach_symbolizer`]).
+    naming: naming::Naming,
     options: StoreOptions,
 }
 
@@ -222,11 +227,22 @@ impl ProfileStore {
         if !read_only && totals.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
             build_totals(&db, &samples, &totals)?;
         }
+        // Names found later: made by a writer, read if its writer made it by a reader.
+        let names = if read_only {
+            db.get_table(schema::SYMBOL_NAMES)
+        } else {
+            Some(db.table(
+                schema::SYMBOL_NAMES,
+                schema::symbol_names(),
+                symbol_table_options(),
+            )?)
+        };
         let tables = SymbolTables {
             stacktraces,
             locations,
             functions,
             mappings,
+            names,
         };
         let stack_users = [samples.clone(), spans.clone()];
         let newest_used = partitions_used(&stack_users).map_or(0, |(_, newest)| newest);
@@ -279,6 +295,7 @@ impl ProfileStore {
             series: Mutex::new(series),
             series_keys,
             fingerprints,
+            naming: naming::Naming::default(),
             options,
         })
     }

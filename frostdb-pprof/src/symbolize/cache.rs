@@ -152,6 +152,15 @@ impl Cache {
         Ok(path)
     }
 
+    /// Deletes `build_id`'s file, if cached (a better one was uploaded).
+    pub(super) fn remove(&self, build_id: &str) {
+        let mut state = self.state.lock();
+        if let Some(entry) = state.entries.remove(build_id) {
+            let _ = std::fs::remove_file(self.path(build_id));
+            state.bytes -= entry.bytes;
+        }
+    }
+
     /// Deletes the least recently used files until `room` more bytes fit.
     fn evict(&self, state: &mut State, room: u64) {
         while state.bytes + room > self.limit {

@@ -83,6 +83,9 @@ pub struct SymbolizerOptions {
     pub max_file_bytes: u64,
     /// How long a build id nobody had is not asked for again (default 5 minutes).
     pub miss_ttl: Duration,
+    /// Most debug files read at once, by queries and the background resolver together
+    /// (default 2): each holds what blazesym parses of one file.
+    pub workers: usize,
 }
 
 impl SymbolizerOptions {
@@ -95,6 +98,7 @@ impl SymbolizerOptions {
             fetch_timeout: Duration::from_secs(30),
             max_file_bytes: 1_000_000_000,
             miss_ttl: Duration::from_secs(300),
+            workers: 2,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct ProfileSymbolized {
     pub missing: Vec<String>,
     /// Whether the budget ran out before every build id was asked.
     pub out_of_budget: bool,
+    /// The locations named (partition, location), for [`Symbolizer::symbolize_merged`].
+    pub named: Vec<(u32, u32)>,
 }
 
 /// Resolves addresses by build id from uploaded files and debuginfod, through a bounded
@@ -161,6 +167,8 @@ pub struct Symbolizer {
     cache: cache::Cache,
     http: reqwest::Client,
     misses: Mutex<HashMap<String, Instant>>,
+    /// One permit per debug file being read ([`SymbolizerOptions::workers`]).
+    workers: Arc<tokio::sync::Semaphore>,
     from_uploads: AtomicU64,
     from_debuginfod: AtomicU64,
     not_found: AtomicU64,
@@ -219,6 +227,7 @@ impl Symbolizer {
             cache,
             http,
             misses: Mutex::new(HashMap::new()),
+            workers: Arc::new(tokio::sync::Semaphore::new(options.workers.max(1))),
             options,
             from_uploads: AtomicU64::new(0),
             from_debuginfod: AtomicU64::new(0),
@@ -367,7 +376,16 @@ impl Symbolizer {
         placed
     }
 
-    /// Forgets that nobody had `build_id`'s files: debug info was just uploaded for it.
+    /// Debug info was just uploaded for `build_id`: forgets that nobody had it, and the
+    /// debug file cached for it (the upload may be better: DWARF where debuginfod had a
+    /// symbol table), so the next ask takes the upload.
+    pub fn forget(&self, build_id: &str) {
+        let build_id = build_id.to_ascii_lowercase();
+        self.cache.remove(&Kind::Debuginfo.key(&build_id));
+        self.forget_miss(&build_id);
+    }
+
+    /// Forgets that nobody had `build_id`'s files.
     pub fn forget_miss(&self, build_id: &str) {
         let build_id = build_id.to_ascii_lowercase();
         let mut misses = self.misses.lock();
@@ -534,10 +552,14 @@ impl Symbolizer {
     ) -> Vec<(K, Vec<Frame>)> {
         let mut out = Vec::new();
         for (build_id, locations) in wanted {
-            // Finding the files (the debug file, and the executable to place offsets by)
-            // is what may wait on the network: all of it within the deadline.
+            // Finding the files (the debug file, else the executable's symbol table; and
+            // the executable to place offsets by) is what may wait on the network: all of
+            // it within the deadline.
             let found = tokio::time::timeout_at(deadline, async {
-                let found = self.debug_file(&build_id, uploads).await?;
+                let found = match self.debug_file(&build_id, uploads).await? {
+                    Some(found) => Some(found),
+                    None => self.file(&build_id, Kind::Executable, None).await?,
+                };
                 Ok::<_, Error>(match found {
                     Some((path, _)) => {
                         let placed = self.place(&build_id, &path, &locations).await;
@@ -563,12 +585,22 @@ impl Symbolizer {
                     continue;
                 }
             };
+            // Reading DWARF is CPU work and memory: off the async threads, at most
+            // `workers` files at once across queries and the background.
+            let Ok(Ok(permit)) =
+                tokio::time::timeout_at(deadline, self.workers.clone().acquire_owned()).await
+            else {
+                summary.out_of_budget = true;
+                break;
+            };
             let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
-            // Reading DWARF is CPU work: off the async threads.
             let this = self.clone();
-            let frames = tokio::task::spawn_blocking(move || this.resolve(&path, &addresses))
-                .await
-                .unwrap_or_default();
+            let frames = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                this.resolve(&path, &addresses)
+            })
+            .await
+            .unwrap_or_default();
             out.extend(
                 placed
                     .into_iter()
@@ -585,7 +617,8 @@ impl Symbolizer {
     /// every report of them shows the names from then on, this one's and later queries'
     /// (while the partition stays loaded), which do not resolve them again. Build ids are
     /// asked one after another until `budget` is spent; what is not reached stays an
-    /// address.
+    /// address. [`ProfileSymbolized::named`] lists the locations named, for the caller to
+    /// store ([`crate::ProfileStore::name_merged`] does).
     pub async fn symbolize_merged(
         self: &Arc<Self>,
         merged: &crate::Merged,
@@ -603,60 +636,99 @@ impl Symbolizer {
             return summary;
         }
         let mut seen: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
-        // Per build id: (partition, location) and file offset.
         let mut wanted: Vec<Wanted<(u32, u32)>> = Vec::new();
         for &(stack, _) in &merged.samples {
             let Some((p, locations)) = merged.symbols.locations(stack) else {
                 continue;
             };
             for &l in locations {
-                let Some(location) = p.location(l) else {
-                    continue;
-                };
-                if !location.lines.is_empty() || p.named(l).is_some() || !seen.insert((p.id(), l)) {
-                    continue;
+                if seen.insert((p.id(), l)) && want_location(&mut wanted, p, l, None) {
+                    summary.unsymbolized += 1;
                 }
-                let Some(m) = location.mapping.checked_sub(1).and_then(|i| p.mapping(i)) else {
-                    continue;
-                };
-                let build_id = p.string(m.build_id);
-                if build_id.is_empty() {
-                    continue;
-                }
-                summary.unsymbolized += 1;
-                want(
-                    &mut wanted,
-                    build_id,
-                    (p.id(), l),
-                    location.address,
-                    (m.memory_start, m.file_offset),
-                );
             }
         }
-        for ((partition, l), frames) in self
-            .frames_of(wanted, uploads, deadline, &mut summary)
-            .await
-        {
-            let Some(p) = merged.symbols.partition(partition) else {
+        self.name_wanted(
+            wanted,
+            |id| merged.symbols.partition(id),
+            uploads,
+            deadline,
+            &mut summary,
+        )
+        .await;
+        summary
+    }
+
+    /// Names `wanted` (per build id, `(partition, location)` and file offset) in the
+    /// partitions `partition` finds, until `deadline`; what changed goes to
+    /// `summary.named`.
+    pub(crate) async fn name_wanted<'p>(
+        self: &Arc<Self>,
+        wanted: Vec<Wanted<(u32, u32)>>,
+        partition: impl Fn(u32) -> Option<&'p crate::symbols::Partition>,
+        uploads: Option<&DebugInfoStore>,
+        deadline: tokio::time::Instant,
+        summary: &mut ProfileSymbolized,
+    ) {
+        for ((id, l), frames) in self.frames_of(wanted, uploads, deadline, summary).await {
+            let Some(p) = partition(id) else {
                 continue;
             };
-            p.name_location(
-                l,
-                frames
-                    .into_iter()
-                    .map(|f| crate::symbols::NamedLine::new(f.function, f.file, f.line))
-                    .collect(),
-            );
-            summary.resolved += 1;
+            let lines = frames
+                .into_iter()
+                .map(|f| crate::symbols::NamedLine::new(f.function, f.file, f.line))
+                .collect();
+            if p.name_location(l, lines) {
+                summary.resolved += 1;
+                summary.named.push((id, l));
+            }
         }
         self.resolved
             .fetch_add(summary.resolved as u64, Ordering::Relaxed);
-        summary
     }
 }
 
+/// Adds location `l` of `p` to `wanted` when it is stored as an address (no lines) in a
+/// mapping with a build id, and: with `again` `None`, not named yet; with `again` a build
+/// id, of that build id and not named from DWARF yet (its debug info just came). Returns
+/// whether it was added.
+pub(crate) fn want_location(
+    wanted: &mut Vec<Wanted<(u32, u32)>>,
+    p: &crate::symbols::Partition,
+    l: u32,
+    again: Option<&str>,
+) -> bool {
+    let Some(location) = p.location(l) else {
+        return false;
+    };
+    if !location.lines.is_empty() {
+        return false;
+    }
+    let Some(m) = location.mapping.checked_sub(1).and_then(|i| p.mapping(i)) else {
+        return false;
+    };
+    let build_id = p.string(m.build_id);
+    let asked = match again {
+        None => p.named(l).is_none(),
+        Some(again) => {
+            build_id.eq_ignore_ascii_case(again)
+                && (p.named(l).is_none() || p.named_from_symbols_only(l))
+        }
+    };
+    if build_id.is_empty() || !asked {
+        return false;
+    }
+    want(
+        wanted,
+        build_id,
+        (p.id(), l),
+        location.address,
+        (m.memory_start, m.file_offset),
+    );
+    true
+}
+
 /// A build id, and the file offsets in it to name, each with its caller's key.
-type Wanted<K> = (String, Vec<(K, u64)>);
+pub(crate) type Wanted<K> = (String, Vec<(K, u64)>);
 
 /// Adds the location `key` at `address`, in a mapping of `build_id` loaded at
 /// `(memory start, file offset)`, to `wanted` under its build id, as a file offset.

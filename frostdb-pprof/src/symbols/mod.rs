@@ -229,6 +229,13 @@ impl SymbolStore {
         self.current.read().0.bytes() + self.cache.lock().bytes
     }
 
+    /// The partitions in memory: the current one and the cached ones.
+    pub(crate) fn loaded(&self) -> Vec<Arc<Partition>> {
+        let mut out = vec![self.current.read().0.clone()];
+        out.extend(self.cache.lock().entries.iter().cloned());
+        out
+    }
+
     /// Drops cached partitions below `id` (their tables' rows were deleted).
     pub(crate) fn forget_below(&self, id: u32) {
         let mut cache = self.cache.lock();
@@ -255,6 +262,11 @@ impl Symbols {
     /// The partitions the stacks are in.
     pub(crate) fn partitions(&self) -> impl Iterator<Item = &Partition> {
         self.partitions.values().map(|p| &**p)
+    }
+
+    /// The partitions the stacks are in, shared.
+    pub(crate) fn partition_arcs(&self) -> impl Iterator<Item = Arc<Partition>> + '_ {
+        self.partitions.values().cloned()
     }
 
     pub(crate) fn partition(&self, id: u32) -> Option<&Partition> {
@@ -511,6 +523,9 @@ impl<'a> Frame<'a> {
 
     /// The source file, when known.
     pub fn filename(&self) -> &'a str {
+        if let Some(named) = self.named {
+            return &named.file;
+        }
         self.function
             .map_or("", |(_, f)| self.partition.string(f.filename))
     }

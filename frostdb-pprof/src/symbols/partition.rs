@@ -119,11 +119,16 @@ pub struct Partition {
     /// Names found by a symbolizer for locations stored without them
     /// ([`crate::symbolize`]), and where each location's are: kept beside the rows, which
     /// the group commit writes and never changes.
+    /// A location named again (better debug info came) gets a new entry; the old one
+    /// stays, unread, while the partition lives (readers may hold it).
     named: boxcar::Vec<Box<[NamedLine]>>,
     named_at: parking_lot::RwLock<std::collections::HashMap<u32, usize>>,
     /// Locations stored without lines in a mapping: whether a symbolizer has anything to
     /// look for here (most partitions: no, and a query skips the walk).
     unnamed: AtomicUsize,
+    /// How many locations the background resolver has looked at
+    /// ([`crate::symbolize`]): the ones after it are new to it.
+    pub(crate) resolver_cursor: AtomicUsize,
 }
 
 /// A line a symbolizer found for a location stored as an address (innermost first in a
@@ -172,6 +177,11 @@ impl std::fmt::Debug for Partition {
     }
 }
 
+/// Whether a symbolizer's lines know their source files (DWARF), not only names.
+fn knows_files(lines: &[NamedLine]) -> bool {
+    lines.iter().any(|l| !l.file.is_empty())
+}
+
 /// Bytes a row of each kind costs beyond its own heap data (vector slot, index slot).
 const SLOT: usize = 24;
 
@@ -197,6 +207,7 @@ impl Partition {
             named: boxcar::Vec::new(),
             named_at: parking_lot::RwLock::new(std::collections::HashMap::new()),
             unnamed: AtomicUsize::new(0),
+            resolver_cursor: AtomicUsize::new(0),
         }
     }
 
@@ -291,15 +302,23 @@ impl Partition {
     }
 
     /// Names location `i`, stored without lines, with `lines` (innermost first): every
-    /// report of the partition shows them from now on. A location named already, or one
-    /// that has lines, keeps what it has.
-    pub fn name_location(&self, i: u32, lines: Vec<NamedLine>) {
+    /// report of the partition shows them from now on. A location that has lines keeps
+    /// them; one named already is named again only when `lines` are better, that is they
+    /// know source files and the old ones did not (a symbol table's names, then DWARF).
+    /// Returns whether the location's names changed.
+    pub fn name_location(&self, i: u32, lines: Vec<NamedLine>) -> bool {
         if lines.is_empty() || self.location(i).is_none_or(|l| !l.lines.is_empty()) {
-            return;
+            return false;
         }
         let mut at = self.named_at.write();
-        if at.contains_key(&i) {
-            return;
+        if let Some(&old) = at.get(&i) {
+            let better = self
+                .named
+                .get(old)
+                .is_some_and(|old| !knows_files(old) && knows_files(&lines));
+            if !better {
+                return false;
+            }
         }
         let bytes: usize = lines
             .iter()
@@ -308,6 +327,18 @@ impl Partition {
         let index = self.named.push(lines.into_boxed_slice());
         at.insert(i, index);
         self.bytes.fetch_add(bytes + SLOT, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether location `i` was named from a symbol table only (no source files): better
+    /// debug info would name it again.
+    pub(crate) fn named_from_symbols_only(&self, i: u32) -> bool {
+        self.named(i).is_some_and(|lines| !knows_files(lines))
+    }
+
+    /// How many locations were named (each once, however often named again).
+    fn named_count(&self) -> usize {
+        self.named_at.read().len()
     }
 
     pub(crate) fn stack(&self, i: u32) -> Option<&[u32]> {
@@ -349,7 +380,7 @@ impl Partition {
     pub(crate) fn unnamed_locations(&self) -> usize {
         self.unnamed
             .load(Ordering::Relaxed)
-            .saturating_sub(self.named.count())
+            .saturating_sub(self.named_count())
     }
 
     pub(crate) fn push_stack(&self, s: Box<[u32]>) {

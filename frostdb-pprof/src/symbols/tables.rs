@@ -10,18 +10,20 @@ use arrow::array::{
 use arrow::datatypes::{Field, Int64Type, Schema as ArrowSchema, UInt8Type, UInt64Type};
 use frostdb_core::{Scalar, ScanRequest, Table, col};
 
-use super::partition::{Counts, FunctionRow, LocationRow, MappingRow, Partition};
+use super::partition::{Counts, FunctionRow, LocationRow, MappingRow, NamedLine, Partition};
 use super::{expect_index, split_id, symbol_id};
 use crate::error::{Error, Result};
 use crate::schema::column::STACKTRACE_ID;
 
-/// The four symbol tables.
+/// The four symbol tables, and the names a symbolizer found since.
 #[derive(Debug, Clone)]
 pub(crate) struct SymbolTables {
     pub(crate) stacktraces: Table,
     pub(crate) locations: Table,
     pub(crate) functions: Table,
     pub(crate) mappings: Table,
+    /// `None` in a reader whose writer never named a location.
+    pub(crate) names: Option<Table>,
 }
 
 fn batch(columns: Vec<(&str, ArrayRef, bool)>) -> Result<RecordBatch> {
@@ -49,7 +51,107 @@ pub(crate) fn pack_lines(lines: &[(u32, i64)], out: &mut Vec<u8>) {
     }
 }
 
+/// Packs a named location's lines: per line the function's length (u32 LE) and bytes, the
+/// file's, and the line (i64 LE).
+fn pack_named(lines: &[NamedLine], out: &mut Vec<u8>) {
+    for l in lines {
+        for text in [&*l.function, &*l.file] {
+            out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            out.extend_from_slice(text.as_bytes());
+        }
+        out.extend_from_slice(&l.line.to_le_bytes());
+    }
+}
+
+/// The lines [`pack_named`] packed; `None` when `raw` is not such a list.
+fn unpack_named(mut raw: &[u8]) -> Option<Vec<NamedLine>> {
+    fn take<'r>(raw: &mut &'r [u8], n: usize) -> Option<&'r [u8]> {
+        let (head, rest) = raw.split_at_checked(n)?;
+        *raw = rest;
+        Some(head)
+    }
+    fn text(raw: &mut &[u8]) -> Option<String> {
+        let len = u32::from_le_bytes(take(raw, 4)?.try_into().ok()?) as usize;
+        String::from_utf8(take(raw, len)?.to_vec()).ok()
+    }
+    let mut lines = Vec::new();
+    while !raw.is_empty() {
+        let function = text(&mut raw)?;
+        let file = text(&mut raw)?;
+        let line = i64::from_le_bytes(take(&mut raw, 8)?.try_into().ok()?);
+        lines.push(NamedLine::new(function, file, line));
+    }
+    (!lines.is_empty()).then_some(lines)
+}
+
 impl SymbolTables {
+    /// The names partition `p` holds for `locations`, as rows of the names table (`None`
+    /// when it holds none of them).
+    pub(crate) fn names_batch(
+        &self,
+        p: &Partition,
+        locations: &[u32],
+    ) -> Result<Option<RecordBatch>> {
+        let mut ids = Vec::with_capacity(locations.len());
+        let mut lines = arrow::array::BinaryBuilder::new();
+        let mut packed = Vec::new();
+        for &l in locations {
+            let Some(named) = p.named(l) else {
+                continue;
+            };
+            packed.clear();
+            pack_named(named, &mut packed);
+            ids.push(symbol_id(p.id(), l));
+            lines.append_value(&packed);
+        }
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(batch(vec![
+            ("location_id", Arc::new(UInt64Array::from(ids)), false),
+            ("lines", Arc::new(lines.finish()), false),
+        ])?))
+    }
+
+    /// Names the locations of `p` with what the names table holds for them (a row that
+    /// cannot be read is skipped, with a warning: the location stays an address, to be
+    /// resolved again).
+    fn load_names(&self, p: &Partition) -> Result<()> {
+        let Some(names) = &self.names else {
+            return Ok(());
+        };
+        let id = p.id();
+        let request = ScanRequest::new().filter(
+            col("location_id")
+                .gt_eq(symbol_id(id, 0))
+                .and(col("location_id").lt(symbol_id(id.saturating_add(1), 0))),
+        );
+        for b in names.scan(&request)? {
+            let (Some(ids), Some(lines)) =
+                (b.column_by_name("location_id"), b.column_by_name("lines"))
+            else {
+                return Err(Error::Corrupt(
+                    "the symbol names table lacks a column".into(),
+                ));
+            };
+            let (ids, lines) = (ids.as_primitive::<UInt64Type>(), lines.as_binary::<i32>());
+            for i in 0..b.num_rows() {
+                let (partition, l) = split_id(ids.value(i));
+                match unpack_named(lines.value(i)) {
+                    Some(named) if partition == id => {
+                        p.name_location(l, named);
+                    }
+                    _ => tracing::warn!(
+                        partition = id,
+                        location = l,
+                        "a stored symbol name cannot be read; the location stays an address"
+                    ),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The rows `partition` gained between `from` and `to`, per table (mappings, functions,
     /// locations, stacks: the order a reader needs them in).
     pub(crate) fn batches<'t>(
@@ -356,6 +458,7 @@ impl SymbolTables {
                 p.push_stack(stack);
             }
         }
+        self.load_names(&p)?;
         Ok(p)
     }
 }

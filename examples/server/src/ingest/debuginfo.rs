@@ -86,9 +86,9 @@ pub async fn upload(
         )));
     }
     store.finish(&build_id, &id).await.map_err(api_error)?;
-    if let Some(symbolizer) = &state.symbolizer {
-        symbolizer.forget_miss(&build_id);
-    }
+    // Its frames named from it, those still addresses and those named from a symbol table
+    // only.
+    t.store.name_again(&build_id);
     tracing::info!(%tenant, build_id, bytes = size, "debug info uploaded over HTTP");
     Ok(Json(json!({"build_id": build_id, "bytes": size})))
 }

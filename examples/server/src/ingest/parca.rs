@@ -94,16 +94,21 @@ impl Agent {
         &self,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<DebugInfoStore, tonic::Status> {
-        let tenant = grpc_tenant(metadata)?;
-        let tenant = self
-            .state
-            .tenants
-            .for_write(&tenant)
-            .await
-            .map_err(status)?;
+        let tenant = self.tenant(metadata).await?;
         debuginfo_store(&tenant.store).ok_or_else(|| {
             tonic::Status::failed_precondition("this server keeps no object store (in memory)")
         })
+    }
+}
+
+impl Agent {
+    /// The tenant a call's metadata names, opened for writing.
+    async fn tenant(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<std::sync::Arc<crate::tenants::Tenant>, tonic::Status> {
+        let tenant = grpc_tenant(metadata)?;
+        self.state.tenants.for_write(&tenant).await.map_err(status)
     }
 }
 
@@ -311,15 +316,16 @@ impl grpc::debuginfo_service_server::DebuginfoService for Agent {
         &self,
         request: tonic::Request<di::MarkUploadFinishedRequest>,
     ) -> Result<tonic::Response<di::MarkUploadFinishedResponse>, tonic::Status> {
+        let tenant = self.tenant(request.metadata()).await?;
         let store = self.debuginfo(request.metadata()).await?;
         let r = request.into_inner();
         store
             .finish(&r.build_id, &r.upload_id)
             .await
             .map_err(debuginfo_status)?;
-        if let Some(symbolizer) = &self.state.symbolizer {
-            symbolizer.forget_miss(&r.build_id);
-        }
+        // Its frames named from it, those still addresses and those named from a symbol
+        // table only.
+        tenant.store.name_again(&r.build_id);
         Ok(tonic::Response::new(di::MarkUploadFinishedResponse {}))
     }
 }

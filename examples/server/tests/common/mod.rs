@@ -352,3 +352,18 @@ pub(crate) fn shared_stack(
         }],
     }
 }
+
+/// Polls `check` until it holds, for at most `limit`: for state that changes on its own
+/// time (a timeout elapsing in the server), which no event announces to the client.
+pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
