@@ -413,3 +413,115 @@ async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
     let store = open_store(&dir.path().join("data"));
     assert_eq!(merged_frames(&store), renamed);
 }
+
+/// Per profile type, the display names of the merged stacks' frames, innermost first.
+fn every_frame(store: &ProfileStore) -> Vec<(String, Vec<Vec<String>>)> {
+    let types = store
+        .profile_types(frostdb_profile::TimeRange::ALL, Default::default())
+        .unwrap()
+        .value;
+    types
+        .iter()
+        .map(|t| {
+            let selector = frostdb_profile::Selector::parse(&format!("{t}{{}}")).unwrap();
+            let merged = store
+                .merge(&selector, frostdb_profile::TimeRange::ALL)
+                .unwrap();
+            let mut stacks: Vec<Vec<String>> = merged
+                .samples
+                .iter()
+                .map(|&(stack, _)| {
+                    merged
+                        .symbols
+                        .frames(stack)
+                        .iter()
+                        .map(|f| f.display_name().into_owned())
+                        .collect()
+                })
+                .collect();
+            stacks.sort();
+            (t.to_string(), stacks)
+        })
+        .collect()
+}
+
+/// The unsymbolized profiles of shared/testdata (Parca's stripped Go CPU profile, the
+/// OpenTelemetry eBPF profiler's export with native frames of libc and GLib) with no debug
+/// info for their build ids anywhere: each build id of a mapping with unnamed frames is
+/// asked of a real debuginfod once, missed, and the frames stay addresses in their binaries
+/// (`0x7a9a1 [libc.so.6]`), every report as before. Their debug files are not to be had on
+/// this machine; that the same path names frames whose debug info exists is what the tests
+/// above check with a program built here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_unsymbolized_profiles_stay_addresses_without_their_debug_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url];
+    let symbolizer = Arc::new(Symbolizer::new(options).unwrap());
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(symbolizer.clone(), None);
+    let testdata = frostdb_pprof::testing::shared_dir().join("testdata");
+
+    let pprof = std::fs::read(testdata.join("pprof/parca__go-cpu-unsymbolized.pb.gz")).unwrap();
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service".into(), "parca".into())]);
+    store.ingest(&pprof, &options).unwrap();
+    let otlp = std::fs::read(
+        testdata.join("otlp/pyroscope__otel-ebpf-profile.ExportProfilesServiceRequest.pb"),
+    )
+    .unwrap();
+    let request = frostdb_pprof::convert::otlp::parse(&otlp, &Default::default()).unwrap();
+    let converted = frostdb_pprof::convert::otlp::convert(&request, store.limits()).unwrap();
+    // The build ids of mappings whose frames have no names: what must be asked for.
+    let mut wanted = std::collections::BTreeSet::new();
+    let decoded = frostdb_pprof::decode(&pprof, store.limits()).unwrap();
+    for c in converted.iter().map(|c| &c.profile).chain([&decoded]) {
+        let p: &frostdb_pprof::proto::Profile = c;
+        for l in p.location.iter().filter(|l| l.line.is_empty()) {
+            if let Some(m) = p.mapping.iter().find(|m| m.id == l.mapping_id) {
+                let id = &p.string_table[m.build_id as usize];
+                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    wanted.insert(id.clone());
+                }
+            }
+        }
+    }
+    for c in &converted {
+        let options = IngestOptions::default()
+            .name(c.name.clone())
+            .labels(c.labels.clone());
+        store.ingest_profile(&c.profile, &options).unwrap();
+    }
+    assert!(wanted.len() >= 5, "libc, GLib and friends: {wanted:?}");
+    let before = every_frame(&store);
+    let pass = store.name_pending().await.unwrap();
+    assert_eq!(pass.symbolized.resolved, 0, "{pass:?}");
+    let missing: std::collections::BTreeSet<String> =
+        pass.symbolized.missing.iter().cloned().collect();
+    assert_eq!(missing, wanted, "each build id asked once and missed");
+    assert_eq!(symbolizer.stats().resolved, 0);
+    // Every report as before: the frames are addresses in their binaries.
+    let after = every_frame(&store);
+    assert_eq!(after, before);
+    assert!(
+        after
+            .iter()
+            .flat_map(|(_, stacks)| stacks.iter().flatten())
+            .any(|name| name.starts_with("0x") && name.ends_with("[libc.so.6]")),
+        "{after:?}"
+    );
+    // A query asks nothing again: the misses are remembered.
+    let asked = symbolizer.stats().not_found;
+    let selector = frostdb_profile::Selector::parse(&format!("{}{{}}", before[0].0)).unwrap();
+    let merged = store
+        .merge(&selector, frostdb_profile::TimeRange::ALL)
+        .unwrap();
+    store
+        .name_merged(&merged, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(symbolizer.stats().not_found, asked);
+}

@@ -246,3 +246,144 @@ async fn an_uploaded_binary_names_the_addresses() {
         );
     }
 }
+
+/// The program's addresses as the OpenTelemetry eBPF profiler exports a CPU profile of it
+/// (`reporter/internal/pdata/generate.go`): frames as file offsets in a mapping with no
+/// start address, the mapping's build ids as attributes (its own file hash first, the GNU
+/// one after), a `profile.frame.type` of `native`, samples as timestamps without values.
+/// Pushed to `/v1development/profiles`, queried back named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
+    use frostdb_pprof::convert::otlp::proto as otlp;
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let (_debuginfod, url) =
+        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!("[symbolizer]\ndebuginfod_urls = [\"{url}\"]\n")),
+    );
+    let strings: Vec<String> = [
+        "",
+        built.binary.to_str().unwrap(),
+        "samples",
+        "count",
+        "cpu",
+        "nanoseconds",
+        "process.executable.build_id.htlhash",
+        "process.executable.build_id.gnu",
+        "profile.frame.type",
+    ]
+    .map(String::from)
+    .to_vec();
+    let text = |s: &str| otlp::AnyValue {
+        value: Some(otlp::any_value::Value::StringValue(s.into())),
+    };
+    let attribute = |key: i32, value: &str| otlp::KeyValueAndUnit {
+        key_strindex: key,
+        value: Some(text(value)),
+        ..Default::default()
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let request = otlp::ExportProfilesServiceRequest {
+        dictionary: Some(otlp::ProfilesDictionary {
+            string_table: strings,
+            attribute_table: vec![
+                otlp::KeyValueAndUnit::default(),
+                attribute(6, "9f86d081884c7d659a2feaa0c55ad015"),
+                attribute(7, &built.build_id),
+                attribute(8, "native"),
+            ],
+            mapping_table: vec![
+                otlp::Mapping::default(),
+                otlp::Mapping {
+                    filename_strindex: 1,
+                    attribute_indices: vec![1, 2],
+                    ..Default::default()
+                },
+            ],
+            location_table: std::iter::once(otlp::Location::default())
+                .chain(offsets.iter().map(|&o| otlp::Location {
+                    mapping_index: 1,
+                    address: o,
+                    attribute_indices: vec![3],
+                    ..Default::default()
+                }))
+                .collect(),
+            stack_table: std::iter::once(otlp::Stack::default())
+                .chain((0..offsets.len()).map(|i| otlp::Stack {
+                    location_indices: vec![i as i32 + 1],
+                }))
+                .collect(),
+            ..Default::default()
+        }),
+        resource_profiles: vec![otlp::ResourceProfiles {
+            resource: Some(otlp::Resource {
+                attributes: vec![otlp::KeyValue {
+                    key: "process.executable.name".into(),
+                    value: Some(text("prog")),
+                }],
+            }),
+            scope_profiles: vec![otlp::ScopeProfiles {
+                profiles: vec![otlp::Profile {
+                    sample_type: Some(otlp::ValueType {
+                        type_strindex: 2,
+                        unit_strindex: 3,
+                    }),
+                    period_type: Some(otlp::ValueType {
+                        type_strindex: 4,
+                        unit_strindex: 5,
+                    }),
+                    period: 50_000_000,
+                    time_unix_nano: now,
+                    samples: (0..offsets.len())
+                        .map(|i| otlp::Sample {
+                            stack_index: i as i32 + 1,
+                            timestamps_unix_nano: vec![now; 2],
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    };
+    let pushed = reqwest::Client::new()
+        .post(format!("{}/v1development/profiles", s.url))
+        .header("content-type", "application/x-protobuf")
+        .body(prost::Message::encode_to_vec(&request))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        pushed.status().as_u16(),
+        200,
+        "{}",
+        pushed.text().await.unwrap()
+    );
+    let merged = queried_pprof(&s).await;
+    assert_eq!(merged.location.len(), offsets.len());
+    for i in 0..merged.location.len() {
+        assert_eq!(
+            names(&merged, i).last().map(String::as_str),
+            Some("hot_function"),
+            "location {i}"
+        );
+    }
+    assert!(
+        (0..merged.location.len()).any(|i| names(&merged, i) == ["inlined_helper", "hot_function"])
+    );
+    // The GNU build id is the mapping's, not the profiler's own file hash.
+    assert!(
+        merged
+            .mapping
+            .iter()
+            .all(|m| merged.string_table[m.build_id as usize] == built.build_id)
+    );
+}

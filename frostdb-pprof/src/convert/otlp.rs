@@ -454,12 +454,14 @@ fn mapping(
     let m = get(&dict.mapping_table, index, "mapping", || {
         format!("dictionary.location_table[{location}].mapping_index")
     })?;
+    // The GNU build id when there is one: what debuginfod and uploads are keyed by (the
+    // eBPF profiler sends its own file hash, `htlhash`, and Go's build id beside it).
     let mut build_id = String::new();
     for (k, &a) in m.attribute_indices.iter().enumerate() {
         if let Some((key, v)) = attribute(dict, a, || {
             format!("dictionary.mapping_table[{index}].attribute_indices[{k}]")
-        })? && key.starts_with("process.executable.build_id")
-            && build_id.is_empty()
+        })? && let Some(kind) = key.strip_prefix("process.executable.build_id")
+            && (build_id.is_empty() || kind == ".gnu")
         {
             build_id = v;
         }
