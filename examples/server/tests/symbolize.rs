@@ -387,3 +387,91 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
             .all(|m| merged.string_table[m.build_id as usize] == built.build_id)
     );
 }
+
+/// Kills and reaps a child when dropped.
+struct Reap(std::process::Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `frostdb serve --ebpf` profiling the stripped program as it runs: the sampler finds no
+/// names in the binary and stores its frames as file offsets with the build id; the
+/// server's symbolizer names them from debuginfod, inlined helper included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ebpf_samplers_frames_of_a_stripped_program_come_back_named() {
+    if let Err(why) = frostdb_ebpf_ingest::check_permitted() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "BPF is not permitted under CI=true (CI runs as root): {why}"
+        );
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let (_debuginfod, url) =
+        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let prog = Reap(
+        std::process::Command::new(&built.binary)
+            .arg("spin")
+            .spawn()
+            .unwrap(),
+    );
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!(
+            "[ebpf]\nfrequency_hz = 99\ninterval = \"1s\"\npids = [{}]\n\
+             [symbolizer]\ndebuginfod_urls = [\"{url}\"]\n",
+            prog.0.id()
+        )),
+    );
+    let selector = format!(
+        "ebpf_cpu:cpu:nanoseconds:cpu:nanoseconds{{pid=\"{}\"}}",
+        prog.0.id()
+    );
+    let folded = || async {
+        let (status, folded) = get(
+            &format!(
+                "{}/api/v1/query?format=folded&selector={}",
+                s.url,
+                enc(&selector)
+            ),
+            None,
+        )
+        .await;
+        // 400 until its first interval is stored.
+        format!("{status}: {folded}")
+    };
+    // Until an interval of the program is stored (its first waits for the unwind tables).
+    let named = |f: &str| f.contains("hot_function;inlined_helper");
+    assert!(
+        eventually(std::time::Duration::from_secs(180), async || named(
+            &folded().await
+        ))
+        .await,
+        "{}",
+        folded().await
+    );
+    // Its mapping kept the build id the names came from.
+    let pprof = reqwest::get(format!(
+        "{}/api/v1/query?format=pprof&selector={}",
+        s.url,
+        enc(&selector)
+    ))
+    .await
+    .unwrap()
+    .bytes()
+    .await
+    .unwrap();
+    let p = frostdb_pprof::decode(&pprof, &Default::default())
+        .unwrap()
+        .into_inner();
+    assert!(
+        p.mapping
+            .iter()
+            .any(|m| p.string_table[m.build_id as usize] == built.build_id)
+    );
+}

@@ -8,18 +8,24 @@ use std::time::{Duration, Instant};
 
 use crate::proto::{Location, Mapping, Profile};
 
-/// The program: `hot_function` calls an always-inlined helper.
+/// The program: `hot_function` calls an always-inlined helper, whose loop stores to a
+/// volatile so the compiler keeps it a loop; `prog spin` calls it for ever (for a sampler
+/// to profile).
 const PROGRAM: &str = r#"
 #include <stdlib.h>
+#include <string.h>
+volatile int sink;
 static inline __attribute__((always_inline)) int inlined_helper(int x) {
     int s = 0;
-    for (int i = 0; i < x; i++) s += i * x;
+    for (int i = 0; i < x; i++) { s += i * x; sink = s; }
     return s;
 }
 __attribute__((noinline)) int hot_function(int x) {
     return inlined_helper(x) + inlined_helper(x + 1);
 }
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "spin") == 0)
+        for (;;) hot_function(100000);
     return hot_function(argc + atoi(argc > 1 ? argv[1] : "3")) & 1;
 }
 "#;
