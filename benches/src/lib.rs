@@ -8,6 +8,7 @@
 pub mod cardinality;
 pub mod external;
 pub mod formats;
+pub mod host_symbols;
 pub mod scale;
 
 use std::sync::Arc;

@@ -525,3 +525,55 @@ async fn the_shared_unsymbolized_profiles_stay_addresses_without_their_debug_inf
         .unwrap();
     assert_eq!(symbolizer.stats().not_found, asked);
 }
+
+/// What cannot be named is not asked again by every query: an address its debug file has
+/// no symbol for (the ELF header), and a file larger than the whole cache (refused while it
+/// streams in, then remembered as a miss, not fetched by every query).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_named_is_asked_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let selector =
+        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let query = async |store: &ProfileStore| {
+        let merged = store
+            .merge(&selector, frostdb_profile::TimeRange::ALL)
+            .unwrap();
+        store
+            .name_merged(&merged, Duration::from_secs(60))
+            .await
+            .unwrap()
+    };
+
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url.clone()];
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
+    ingest(&store, sampled(&built, &[offsets[0], 1], 0x5555_0000_0000));
+    let first = query(&store).await;
+    assert_eq!((first.unsymbolized, first.resolved), (2, 1), "{first:?}");
+    let second = query(&store).await;
+    assert_eq!(second.unsymbolized, 0, "{second:?}");
+
+    let mut options = SymbolizerOptions::new(dir.path().join("small-cache"));
+    options.debuginfod_urls = vec![url];
+    options.cache_bytes = 1_000;
+    let s = Arc::new(Symbolizer::new(options).unwrap());
+    let store = open_store(&dir.path().join("data2"));
+    store.attach_symbolizer(s.clone(), None);
+    ingest(&store, sampled(&built, &offsets[..2], 0x5555_0000_0000));
+    let first = query(&store).await;
+    assert_eq!(first.resolved, 0, "{first:?}");
+    assert_eq!(first.missing, vec![built.build_id.clone()]);
+    let fetched = (s.stats().failed_fetches, s.stats().from_debuginfod);
+    assert!(fetched.0 >= 1, "{:?}", s.stats());
+    query(&store).await;
+    assert_eq!(
+        (s.stats().failed_fetches, s.stats().from_debuginfod),
+        fetched,
+        "asked once"
+    );
+    assert!(s.stats().remembered_misses >= 1);
+}

@@ -43,7 +43,7 @@ pub(super) async fn fetch(
             && n > max_bytes
         {
             return Err(Error::TooLarge(format!(
-                "{url}: {n} bytes, over {max_bytes} (symbolizer max_file_bytes)"
+                "{url}: {n} bytes, over {max_bytes} (symbolizer max_file_bytes, or the whole cache_bytes)"
             )));
         }
         let mut file = std::fs::File::create(to).map_err(|e| Error::io(to, e))?;
@@ -56,7 +56,7 @@ pub(super) async fn fetch(
             written += chunk.len() as u64;
             if written > max_bytes {
                 return Err(Error::TooLarge(format!(
-                    "{url}: over {max_bytes} bytes (symbolizer max_file_bytes)"
+                    "{url}: over {max_bytes} bytes (symbolizer max_file_bytes, or the whole cache_bytes)"
                 )));
             }
             file.write_all(&chunk).map_err(|e| Error::io(to, e))?;

@@ -285,12 +285,23 @@ impl Symbolizer {
         if let (Some(uploads), Kind::Debuginfo) = (uploads, kind) {
             let to = self.cache.temporary(&key);
             if uploads.download_to(&build_id, &to).await? {
-                let path = self.cache.add(&key, &to)?;
-                self.from_uploads.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(build_id, "debug info from the uploads");
-                return Ok(Some((path, Origin::Upload)));
+                match self.cache.add(&key, &to) {
+                    Ok(path) => {
+                        self.from_uploads.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(build_id, "debug info from the uploads");
+                        return Ok(Some((path, Origin::Upload)));
+                    }
+                    // Larger than the whole cache: not taken again and again, but
+                    // remembered as a miss (an operator raises cache_bytes).
+                    Err(e) => {
+                        self.failed_fetches.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(build_id, error = %e, "uploaded debug info not usable");
+                    }
+                }
             }
         }
+        // A file the cache cannot hold is refused while it streams in.
+        let max_bytes = self.options.max_file_bytes.min(self.options.cache_bytes);
         for server in &self.options.debuginfod_urls {
             let to = self.cache.temporary(&key);
             let fetched = debuginfod::fetch(
@@ -299,7 +310,7 @@ impl Symbolizer {
                 &build_id,
                 kind.path(),
                 &to,
-                self.options.max_file_bytes,
+                max_bytes,
                 self.options.fetch_timeout,
             )
             .await
@@ -307,9 +318,13 @@ impl Symbolizer {
                 false => Ok(false),
                 true => check_file_build_id(&to, &build_id).map(|()| true),
             });
+            let fetched = match fetched {
+                Ok(true) => self.cache.add(&key, &to).map(Some),
+                Ok(false) => Ok(None),
+                Err(e) => Err(e),
+            };
             match fetched {
-                Ok(true) => {
-                    let path = self.cache.add(&key, &to)?;
+                Ok(Some(path)) => {
                     self.from_debuginfod.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         build_id,
@@ -319,7 +334,7 @@ impl Symbolizer {
                     );
                     return Ok(Some((path, Origin::Debuginfod)));
                 }
-                Ok(false) => {}
+                Ok(None) => {}
                 Err(e) => {
                     let _ = std::fs::remove_file(&to);
                     self.failed_fetches.fetch_add(1, Ordering::Relaxed);
@@ -504,6 +519,9 @@ impl Symbolizer {
             .frames_of(wanted, uploads, deadline, &mut summary)
             .await
         {
+            if frames.is_empty() {
+                continue;
+            }
             let mut lines = Vec::with_capacity(frames.len());
             for frame in frames {
                 let mut string = |s: String| -> i64 {
@@ -541,7 +559,8 @@ impl Symbolizer {
     }
 
     /// The frames of `wanted` (per build id, `(key, file offset)`), build id after build
-    /// id until `deadline`; the keys it found none for are left out. What was missing or
+    /// id until `deadline`: empty for an offset its file has no symbol for; the keys whose
+    /// file was not found are left out. What was missing or
     /// cut short by the deadline is noted in `summary`.
     async fn frames_of<K: Copy>(
         self: &Arc<Self>,
@@ -562,7 +581,10 @@ impl Symbolizer {
                 };
                 Ok::<_, Error>(match found {
                     Some((path, _)) => {
-                        let placed = self.place(&build_id, &path, &locations).await;
+                        // By position in `locations`: those not placed are named by nothing.
+                        let indexed: Vec<(usize, u64)> =
+                            locations.iter().map(|&(_, o)| o).enumerate().collect();
+                        let placed = self.place(&build_id, &path, &indexed).await;
                         Some((path, placed))
                     }
                     None => None,
@@ -601,13 +623,12 @@ impl Symbolizer {
             })
             .await
             .unwrap_or_default();
-            out.extend(
-                placed
-                    .into_iter()
-                    .zip(frames)
-                    .filter(|(_, frames)| !frames.is_empty())
-                    .map(|((key, _), frames)| (key, frames)),
-            );
+            // Those placed nowhere or named by nothing: empty, for the caller to remember.
+            let mut by_position = vec![Vec::new(); locations.len()];
+            for ((i, _), frames) in placed.into_iter().zip(frames) {
+                by_position[i] = frames;
+            }
+            out.extend(locations.iter().map(|&(key, _)| key).zip(by_position));
         }
         out
     }
@@ -673,6 +694,12 @@ impl Symbolizer {
             let Some(p) = partition(id) else {
                 continue;
             };
+            if frames.is_empty() {
+                // Its debug file has no symbol there: not asked again until better debug
+                // info comes (`again`).
+                p.mark_unnamable(l);
+                continue;
+            }
             let lines = frames
                 .into_iter()
                 .map(|f| crate::symbols::NamedLine::new(f.function, f.file, f.line))
@@ -708,7 +735,7 @@ pub(crate) fn want_location(
     };
     let build_id = p.string(m.build_id);
     let asked = match again {
-        None => p.named(l).is_none(),
+        None => p.named(l).is_none() && !p.unnamable(l),
         Some(again) => {
             build_id.eq_ignore_ascii_case(again)
                 && (p.named(l).is_none() || p.named_from_symbols_only(l))

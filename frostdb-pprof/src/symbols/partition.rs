@@ -126,6 +126,9 @@ pub struct Partition {
     /// Locations stored without lines in a mapping: whether a symbolizer has anything to
     /// look for here (most partitions: no, and a query skips the walk).
     unnamed: AtomicUsize,
+    /// Locations whose debug file was found and had no symbol for them (code between
+    /// functions, a stripped binary's own functions): not asked again by every query.
+    unnamable: parking_lot::RwLock<std::collections::HashSet<u32>>,
     /// How many locations the background resolver has looked at
     /// ([`crate::symbolize`]): the ones after it are new to it.
     pub(crate) resolver_cursor: AtomicUsize,
@@ -207,6 +210,7 @@ impl Partition {
             named: boxcar::Vec::new(),
             named_at: parking_lot::RwLock::new(std::collections::HashMap::new()),
             unnamed: AtomicUsize::new(0),
+            unnamable: parking_lot::RwLock::new(std::collections::HashSet::new()),
             resolver_cursor: AtomicUsize::new(0),
         }
     }
@@ -334,6 +338,18 @@ impl Partition {
     /// debug info would name it again.
     pub(crate) fn named_from_symbols_only(&self, i: u32) -> bool {
         self.named(i).is_some_and(|lines| !knows_files(lines))
+    }
+
+    /// Remembers that location `i`'s debug file has no symbol for it.
+    pub(crate) fn mark_unnamable(&self, i: u32) {
+        if self.unnamable.write().insert(i) {
+            self.bytes.fetch_add(SLOT, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether location `i`'s debug file was found to have no symbol for it.
+    pub(crate) fn unnamable(&self, i: u32) -> bool {
+        self.unnamable.read().contains(&i)
     }
 
     /// How many locations were named (each once, however often named again).
