@@ -132,6 +132,16 @@ impl DebugInfoStore {
         }
     }
 
+    /// What tells this store's files apart from another's (a tenant's from another
+    /// tenant's): a hash of its object store and prefix, 16 hex digits.
+    pub fn scope(&self) -> String {
+        let named = format!("{}/{}", self.store, self.prefix);
+        format!(
+            "{:016x}",
+            twox_hash::XxHash3_128::oneshot(named.as_bytes()) as u64
+        )
+    }
+
     fn path(&self, build_id: &str, name: &str) -> ObjectPath {
         self.prefix.clone().join(build_id).join(name)
     }

@@ -380,19 +380,22 @@ async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
 
     let mut options = SymbolizerOptions::new(dir.path().join("cache"));
     options.debuginfod_urls = Vec::new();
+    let symbolizer = Arc::new(Symbolizer::new(options).unwrap());
     let store = open_store(&dir.path().join("data"));
-    store.attach_symbolizer(
-        Arc::new(Symbolizer::new(options).unwrap()),
-        Some(uploads.clone()),
-    );
+    store.attach_symbolizer(symbolizer.clone(), Some(uploads.clone()));
     ingest(&store, sampled(&built, &offsets, 0x5555_0000_0000));
     let first = store.name_pending().await.unwrap();
     assert_eq!(first.symbolized.resolved, offsets.len(), "{first:?}");
     let named = merged_frames(&store);
     assert!(all_hot(&named, false), "names, no files: {named:?}");
+    // The partition leaves memory: on disk only, with its names.
+    store.db().flush().unwrap();
+    drop(store);
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(symbolizer, Some(uploads.clone()));
 
     // Then the program as linked, DWARF in it: the same frames named again, with files,
-    // lines and the inlined helper.
+    // lines and the inlined helper, found on disk through the mappings of the build id.
     upload(built.unstripped.clone(), true).await;
     store.name_again(&built.build_id);
     let second = store.name_pending().await.unwrap();
@@ -576,4 +579,79 @@ async fn what_cannot_be_named_is_asked_once() {
         "asked once"
     );
     assert!(s.stats().remembered_misses >= 1);
+}
+
+/// A file one tenant uploaded never names another tenant's frames, though the symbolizer
+/// and its cache are shared (a build id is a note anybody can write into an ELF file), and
+/// one tenant's miss never hides another tenant's upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_upload_never_names_another_tenants_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let objects: Arc<dyn object_store::ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let uploads = |tenant: &str| {
+        std::fs::create_dir_all(dir.path().join(tenant)).unwrap();
+        frostdb_pprof::debuginfo::DebugInfoStore::new(
+            objects.clone(),
+            object_store::path::Path::from(tenant),
+            1 << 30,
+            Duration::from_secs(60),
+        )
+    };
+    let (a_uploads, b_uploads) = (uploads("a"), uploads("b"));
+    assert_ne!(a_uploads.scope(), b_uploads.scope());
+    let upload = async |to: &frostdb_pprof::debuginfo::DebugInfoStore| {
+        let bytes = std::fs::read(&built.unstripped).unwrap();
+        let id = to
+            .initiate(&built.build_id, bytes.len() as i64, "hash", false)
+            .await
+            .unwrap();
+        to.upload(
+            &built.build_id,
+            &id,
+            futures::stream::iter([Ok(bytes::Bytes::from(bytes))]),
+        )
+        .await
+        .unwrap();
+        to.finish(&built.build_id, &id).await.unwrap();
+    };
+    upload(&a_uploads).await;
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = Vec::new();
+    let s = Arc::new(Symbolizer::new(options).unwrap());
+    let (a, b) = (
+        open_store(&dir.path().join("data-a")),
+        open_store(&dir.path().join("data-b")),
+    );
+    a.attach_symbolizer(s.clone(), Some(a_uploads));
+    b.attach_symbolizer(s.clone(), Some(b_uploads.clone()));
+    for store in [&a, &b] {
+        ingest(store, sampled(&built, &offsets[..4], 0x5555_0000_0000));
+    }
+    // B first: nothing of its own, a miss.
+    assert_eq!(b.name_pending().await.unwrap().symbolized.resolved, 0);
+    // A: named from its upload, which B's miss did not hide.
+    assert_eq!(a.name_pending().await.unwrap().symbolized.resolved, 4);
+    assert!(all_hot(&merged_frames(&a), true));
+    // B again, by a query, with A's file in the cache: still addresses.
+    let selector =
+        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let merged = b.merge(&selector, frostdb_profile::TimeRange::ALL).unwrap();
+    let by_query = b
+        .name_merged(&merged, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(by_query.resolved, 0, "{by_query:?}");
+    assert!(
+        merged_frames(&b)
+            .iter()
+            .all(|(f, _)| f[0].0.starts_with("0x"))
+    );
+    // Until B uploads it too.
+    upload(&b_uploads).await;
+    b.name_again(&built.build_id);
+    assert_eq!(b.name_pending().await.unwrap().symbolized.resolved, 4);
+    assert!(all_hot(&merged_frames(&b), true));
 }

@@ -149,7 +149,18 @@ impl ProfileStore {
             }
         }
         if !again.is_empty() {
-            for p in self.symbols.loaded() {
+            // The partitions holding the build ids: those in memory, and those on disk
+            // whose mappings name them (read in, as a query would).
+            let mut ids: std::collections::BTreeSet<u32> =
+                self.symbols.loaded().iter().map(|p| p.id()).collect();
+            for build_id in &again {
+                ids.extend(self.partitions_of_build_id(build_id)?);
+            }
+            for id in ids {
+                let p = match held.iter().find(|h| h.id() == id) {
+                    Some(p) => p.clone(),
+                    None => self.symbols.partition(id)?,
+                };
                 for l in 0..p.counts().locations as u32 {
                     for build_id in &again {
                         if want_location(&mut wanted, &p, l, Some(build_id)) {
@@ -211,16 +222,18 @@ impl ProfileStore {
         Ok(summary)
     }
 
-    /// Debug info was uploaded for `build_id`: the symbolizer forgets its miss and cached
-    /// file, and the next [`ProfileStore::name_pending`] names the locations of that build
-    /// id again (of the partitions in memory) where they are still addresses or were named
-    /// from a symbol table only. Partitions not in memory are named again by the queries
-    /// that read them (those still addresses).
+    /// Debug info was uploaded for `build_id` to this store's uploads: the symbolizer
+    /// forgets their miss and cached file, and the next [`ProfileStore::name_pending`]
+    /// names the locations of that build id again, in every partition that has it (in
+    /// memory or stored), where they are still addresses or were named from a symbol table
+    /// only.
     pub fn name_again(&self, build_id: &str) {
         let Some(attached) = self.naming.attached.get() else {
             return;
         };
-        attached.symbolizer.forget(build_id);
+        if let Some(uploads) = &attached.uploads {
+            attached.symbolizer.forget(build_id, uploads);
+        }
         {
             let mut queue = self.naming.queue.lock();
             let build_id = build_id.to_ascii_lowercase();
@@ -229,6 +242,27 @@ impl ProfileStore {
             }
         }
         self.naming.wake.notify_one();
+    }
+
+    /// The stored symbol partitions with a mapping of `build_id` (from the mappings
+    /// table: its rows' ids carry their partition).
+    fn partitions_of_build_id(&self, build_id: &str) -> Result<Vec<u32>> {
+        let request = frostdb_core::ScanRequest::new()
+            .filter(frostdb_core::col("build_id").eq(build_id))
+            .project(["mapping_id"]);
+        let mut ids = Vec::new();
+        for batch in self.symbols.tables().mappings.scan(&request)? {
+            let Some(column) = batch.column_by_name("mapping_id") else {
+                continue;
+            };
+            let column = arrow::array::AsArray::as_primitive::<arrow::datatypes::UInt64Type>(
+                column.as_ref(),
+            );
+            ids.extend(column.values().iter().map(|&id| split_id(id).0));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
     }
 
     /// Writes the names of `named` (partition, location), found in `partitions`, to the

@@ -274,6 +274,35 @@ impl Symbolizer {
         if crate::debuginfo::check_build_id(&build_id).is_err() {
             return Ok(None);
         }
+        // The tenant's uploads first, cached and missed apart from every other tenant's: a
+        // file one tenant uploaded never names another tenant's frames (a build id is a
+        // note anybody can write), and one tenant's miss never hides another's upload.
+        if let (Some(uploads), Kind::Debuginfo) = (uploads, kind) {
+            let key = format!("u{}-{build_id}", uploads.scope());
+            if let Some(path) = self.cache.get(&key) {
+                return Ok(Some((path, Origin::Cache)));
+            }
+            if !self.remembered_miss(&key) {
+                let to = self.cache.temporary(&key);
+                if uploads.download_to(&build_id, &to).await? {
+                    match self.cache.add(&key, &to) {
+                        Ok(path) => {
+                            self.from_uploads.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(build_id, "debug info from the uploads");
+                            return Ok(Some((path, Origin::Upload)));
+                        }
+                        // Larger than the whole cache: remembered as a miss, not taken
+                        // again by every query (an operator raises cache_bytes).
+                        Err(e) => {
+                            self.failed_fetches.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(build_id, error = %e, "uploaded debug info not usable");
+                        }
+                    }
+                }
+                self.remember_miss(&key);
+            }
+        }
+        // Then what any tenant may have: debuginfod's files.
         let key = kind.key(&build_id);
         if let Some(path) = self.cache.get(&key) {
             return Ok(Some((path, Origin::Cache)));
@@ -281,24 +310,6 @@ impl Symbolizer {
         if self.remembered_miss(&key) {
             self.remembered_misses.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
-        }
-        if let (Some(uploads), Kind::Debuginfo) = (uploads, kind) {
-            let to = self.cache.temporary(&key);
-            if uploads.download_to(&build_id, &to).await? {
-                match self.cache.add(&key, &to) {
-                    Ok(path) => {
-                        self.from_uploads.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(build_id, "debug info from the uploads");
-                        return Ok(Some((path, Origin::Upload)));
-                    }
-                    // Larger than the whole cache: not taken again and again, but
-                    // remembered as a miss (an operator raises cache_bytes).
-                    Err(e) => {
-                        self.failed_fetches.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(build_id, error = %e, "uploaded debug info not usable");
-                    }
-                }
-            }
         }
         // A file the cache cannot hold is refused while it streams in.
         let max_bytes = self.options.max_file_bytes.min(self.options.cache_bytes);
@@ -391,13 +402,13 @@ impl Symbolizer {
         placed
     }
 
-    /// Debug info was just uploaded for `build_id`: forgets that nobody had it, and the
-    /// debug file cached for it (the upload may be better: DWARF where debuginfod had a
-    /// symbol table), so the next ask takes the upload.
-    pub fn forget(&self, build_id: &str) {
-        let build_id = build_id.to_ascii_lowercase();
-        self.cache.remove(&Kind::Debuginfo.key(&build_id));
-        self.forget_miss(&build_id);
+    /// Debug info was just uploaded for `build_id` to `uploads`: forgets that those
+    /// uploads lacked it, and the file cached from them (it may have been replaced), so the
+    /// next ask takes the new one.
+    pub fn forget(&self, build_id: &str, uploads: &DebugInfoStore) {
+        let key = format!("u{}-{}", uploads.scope(), build_id.to_ascii_lowercase());
+        self.cache.remove(&key);
+        self.misses.lock().remove(&key);
     }
 
     /// Forgets that nobody had `build_id`'s files.
