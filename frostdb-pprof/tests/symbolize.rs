@@ -655,3 +655,36 @@ async fn one_tenants_upload_never_names_another_tenants_frames() {
     assert_eq!(b.name_pending().await.unwrap().symbolized.resolved, 4);
     assert!(all_hot(&merged_frames(&b), true));
 }
+
+/// Reading a debug file reserves its size from the process's memory budget first: while
+/// the budget cannot take it, the background pass leaves its frames addresses and walks
+/// them again next pass, rather than reading past the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debug_file_is_read_only_within_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    let offsets = hot_function_offsets(&built);
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let budget = frostdb_core::MemoryBudget::new(64 << 20);
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url];
+    options.memory_budget = Some(budget.clone());
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
+    ingest(&store, sampled(&built, &offsets[..4], 0x5555_0000_0000));
+    // Something else holds all but a few bytes of the budget.
+    let hog = budget.try_reserve((64 << 20) - 100, "the rest").unwrap();
+    let refused = store.name_pending().await.unwrap();
+    assert!(refused.symbolized.out_of_budget, "{refused:?}");
+    assert_eq!(refused.symbolized.resolved, 0);
+    assert!(
+        merged_frames(&store)
+            .iter()
+            .all(|(f, _)| f[0].0.starts_with("0x"))
+    );
+    drop(hog);
+    // The next pass walks them again.
+    let named = store.name_pending().await.unwrap();
+    assert_eq!(named.symbolized.resolved, 4, "{named:?}");
+    assert!(all_hot(&merged_frames(&store), true));
+}

@@ -177,7 +177,10 @@ pub type Shared = Arc<AppState>;
 
 /// The symbolizer `[symbolizer]` asks for, its cache under the data directory; `None` when
 /// off, or when its cache cannot be made (said in the log: queries then answer addresses).
-fn symbolizer(config: &Config) -> Option<Arc<frostdb_pprof::symbolize::Symbolizer>> {
+fn symbolizer(
+    config: &Config,
+    budget: &frostdb_core::MemoryBudget,
+) -> Option<Arc<frostdb_pprof::symbolize::Symbolizer>> {
     let c = &config.symbolizer;
     if !c.enabled {
         return None;
@@ -190,6 +193,8 @@ fn symbolizer(config: &Config) -> Option<Arc<frostdb_pprof::symbolize::Symbolize
     options.cache_bytes = c.cache_bytes;
     options.fetch_timeout = c.fetch_timeout;
     options.workers = c.workers.max(1);
+    // Each debug file read reserves its size from the memory budget first.
+    options.memory_budget = Some(budget.clone());
     match frostdb_pprof::symbolize::Symbolizer::new(options) {
         Ok(s) => {
             tracing::info!(
@@ -381,7 +386,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         bytes = budget.limit(),
         "memory budget of requests, queries and tenants (limits.memory)"
     );
-    let symbolizer = symbolizer(&config);
+    let symbolizer = symbolizer(&config, &budget);
     let tenants =
         Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
             .max_open(descriptors.max_open_tenants)

@@ -274,6 +274,7 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
         "process.executable.build_id.htlhash",
         "process.executable.build_id.gnu",
         "profile.frame.type",
+        "/usr/lib/libnobody.so",
     ]
     .map(String::from)
     .to_vec();
@@ -297,12 +298,19 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
                 attribute(6, "9f86d081884c7d659a2feaa0c55ad015"),
                 attribute(7, &built.build_id),
                 attribute(8, "native"),
+                // A library whose build id nobody has.
+                attribute(7, "0badc0de0badc0de"),
             ],
             mapping_table: vec![
                 otlp::Mapping::default(),
                 otlp::Mapping {
                     filename_strindex: 1,
                     attribute_indices: vec![1, 2],
+                    ..Default::default()
+                },
+                otlp::Mapping {
+                    filename_strindex: 9,
+                    attribute_indices: vec![4],
                     ..Default::default()
                 },
             ],
@@ -313,9 +321,15 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
                     attribute_indices: vec![3],
                     ..Default::default()
                 }))
+                .chain(std::iter::once(otlp::Location {
+                    mapping_index: 2,
+                    address: 0x1234,
+                    attribute_indices: vec![3],
+                    ..Default::default()
+                }))
                 .collect(),
             stack_table: std::iter::once(otlp::Stack::default())
-                .chain((0..offsets.len()).map(|i| otlp::Stack {
+                .chain((0..=offsets.len()).map(|i| otlp::Stack {
                     location_indices: vec![i as i32 + 1],
                 }))
                 .collect(),
@@ -340,7 +354,7 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
                     }),
                     period: 50_000_000,
                     time_unix_nano: now,
-                    samples: (0..offsets.len())
+                    samples: (0..=offsets.len())
                         .map(|i| otlp::Sample {
                             stack_index: i as i32 + 1,
                             timestamps_unix_nano: vec![now; 2],
@@ -368,24 +382,47 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
         pushed.text().await.unwrap()
     );
     let merged = queried_pprof(&s).await;
-    assert_eq!(merged.location.len(), offsets.len());
-    for i in 0..merged.location.len() {
-        assert_eq!(
-            names(&merged, i).last().map(String::as_str),
-            Some("hot_function"),
-            "location {i}"
-        );
+    assert_eq!(merged.location.len(), offsets.len() + 1);
+    let build_id = |l: &frostdb_pprof::proto::Location| {
+        let m = merged
+            .mapping
+            .iter()
+            .find(|m| m.id == l.mapping_id)
+            .unwrap();
+        merged.string_table[m.build_id as usize].clone()
+    };
+    let mut unknown = 0;
+    for (i, l) in merged.location.iter().enumerate() {
+        // The GNU build id is the mapping's, not the profiler's own file hash.
+        if build_id(l) == built.build_id {
+            assert_eq!(
+                names(&merged, i).last().map(String::as_str),
+                Some("hot_function"),
+                "location {i}"
+            );
+        } else {
+            // The build id nobody has: an address, its mapping's build id kept.
+            assert_eq!(build_id(l), "0badc0de0badc0de");
+            assert!(l.line.is_empty() && l.address == 0x1234, "{l:?}");
+            unknown += 1;
+        }
     }
+    assert_eq!(unknown, 1);
     assert!(
         (0..merged.location.len()).any(|i| names(&merged, i) == ["inlined_helper", "hot_function"])
     );
-    // The GNU build id is the mapping's, not the profiler's own file hash.
-    assert!(
-        merged
-            .mapping
-            .iter()
-            .all(|m| merged.string_table[m.build_id as usize] == built.build_id)
-    );
+    // And the flame graph shows it as its address in its library.
+    let folded = reqwest::get(format!(
+        "{}/api/v1/query?format=folded&selector={}",
+        s.url,
+        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    assert!(folded.contains("0x1234 [libnobody.so]"), "{folded}");
 }
 
 /// Kills and reaps a child when dropped.

@@ -129,8 +129,12 @@ impl ProfileStore {
         let mut wanted: Vec<Wanted<(u32, u32)>> = Vec::new();
         let mut looked_at = 0;
         let mut held = partitions;
+        // Where each queued partition's walk began, to begin there again if this pass
+        // cannot finish (the memory budget refused a file).
+        let mut began = Vec::with_capacity(held.len());
         for p in &held {
             let from = p.resolver_cursor.load(std::sync::atomic::Ordering::Relaxed);
+            began.push(from);
             let to = p
                 .counts()
                 .locations
@@ -189,6 +193,23 @@ impl ProfileStore {
             )
             .await;
         summary.stored = self.store_names(&held, &summary.symbolized.named).await?;
+        if summary.symbolized.out_of_budget {
+            // Walked again by the pass the next commit or upload wakes (queries name what
+            // they reach meanwhile).
+            let mut queue = self.naming.queue.lock();
+            for (p, from) in held.iter().zip(began) {
+                p.resolver_cursor
+                    .store(from, std::sync::atomic::Ordering::Relaxed);
+                if !queue.partitions.iter().any(|q| q.id() == p.id()) {
+                    queue.partitions.push(p.clone());
+                }
+            }
+            for build_id in again {
+                if !queue.again.contains(&build_id) {
+                    queue.again.push(build_id);
+                }
+            }
+        }
         if summary.symbolized.resolved > 0 || !summary.symbolized.missing.is_empty() {
             tracing::info!(
                 unsymbolized = summary.symbolized.unsymbolized,

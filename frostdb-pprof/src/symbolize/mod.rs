@@ -86,6 +86,10 @@ pub struct SymbolizerOptions {
     /// Most debug files read at once, by queries and the background resolver together
     /// (default 2): each holds what blazesym parses of one file.
     pub workers: usize,
+    /// A process-wide budget each file read reserves its size from first (what blazesym
+    /// parses of a file stays below it: measured about a third); a file the budget cannot
+    /// take now is left for later, its frames addresses meanwhile.
+    pub memory_budget: Option<frostdb_core::MemoryBudget>,
 }
 
 impl SymbolizerOptions {
@@ -99,6 +103,7 @@ impl SymbolizerOptions {
             max_file_bytes: 1_000_000_000,
             miss_ttl: Duration::from_secs(300),
             workers: 2,
+            memory_budget: None,
         }
     }
 }
@@ -626,10 +631,25 @@ impl Symbolizer {
                 summary.out_of_budget = true;
                 break;
             };
+            let reserved = match &self.options.memory_budget {
+                Some(budget) => {
+                    let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    match budget.try_reserve(bytes as usize, "reading a debug file") {
+                        Ok(reserved) => Some(reserved),
+                        Err(e) => {
+                            tracing::warn!(build_id, error = %e, "debug file left for later");
+                            summary.out_of_budget = true;
+                            break;
+                        }
+                    }
+                }
+                None => None,
+            };
             let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
             let this = self.clone();
             let frames = tokio::task::spawn_blocking(move || {
                 let _permit = permit;
+                let _reserved = reserved;
                 this.resolve(&path, &addresses)
             })
             .await
