@@ -9,21 +9,57 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::debuginfo::DebugInfoStore;
 use frostdb_pprof::proto::{Location, Mapping};
 use frostdb_pprof::symbolize::{Origin, Symbolizer, SymbolizerOptions};
 use frostdb_pprof::testing::stripped::{
-    Built, build, debuginfod, hot_function_offsets, names, profile_of,
+    Built, Debuginfod, build, debuginfod, hot_function_offsets, names, profile_of,
 };
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
+
+/// The program built in `dir`, its `hot_function`'s file offsets, Debian's debuginfod
+/// serving its files, and symbolizer options asking it (the cache in `dir/cache`).
+async fn served(dir: &std::path::Path) -> (Built, Vec<u64>, Debuginfod, SymbolizerOptions) {
+    let built = build(dir);
+    let offsets = hot_function_offsets(&built);
+    let (server, url) = debuginfod(&built.served, &dir.join("db"), &built.build_id).await;
+    let mut options = SymbolizerOptions::new(dir.join("cache"));
+    options.debuginfod_urls = vec![url];
+    (built, offsets, server, options)
+}
+
+/// A tenant's uploads: debug files under `prefix/` of an object store on disk in `dir`.
+fn uploads_in(dir: &std::path::Path, prefix: &str) -> DebugInfoStore {
+    std::fs::create_dir_all(dir.join(prefix)).unwrap();
+    DebugInfoStore::new(
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap()),
+        object_store::path::Path::from(prefix),
+        1 << 30,
+        Duration::from_secs(60),
+    )
+}
+
+/// Uploads `file` to `to` under `build_id` (replacing one there with `force`).
+async fn upload(to: &DebugInfoStore, build_id: &str, file: &std::path::Path, force: bool) {
+    let bytes = std::fs::read(file).unwrap();
+    let id = to
+        .initiate(build_id, bytes.len() as i64, "sha256-of-the-file", force)
+        .await
+        .unwrap();
+    to.upload(
+        build_id,
+        &id,
+        futures::stream::iter([Ok(bytes::Bytes::from(bytes))]),
+    )
+    .await
+    .unwrap();
+    to.finish(build_id, &id).await.unwrap();
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_programs_addresses_are_named_from_debuginfod() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
-    options.debuginfod_urls = vec![url];
+    let (built, offsets, _server, options) = served(dir.path()).await;
     let s = std::sync::Arc::new(Symbolizer::new(options).unwrap());
 
     let base = 0x5555_5555_0000;
@@ -95,38 +131,11 @@ async fn uploaded_debug_info_names_the_addresses_and_a_dead_debuginfod_costs_its
     let dir = tempfile::tempdir().unwrap();
     let built = build(dir.path());
     let offsets = hot_function_offsets(&built);
-    // The tenant's uploads, in an object store on disk.
-    let objects: std::sync::Arc<dyn object_store::ObjectStore> = std::sync::Arc::new(
-        object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap(),
-    );
-    std::fs::create_dir_all(dir.path().join("objects")).unwrap();
-    let uploads = frostdb_pprof::debuginfo::DebugInfoStore::new(
-        objects,
-        object_store::path::Path::from("objects"),
-        1 << 30,
-        Duration::from_secs(60),
-    );
-    // The program as linked, with its symbols and DWARF (what `frostdb debuginfo upload`
-    // takes): its own segments place the file offsets.
-    let file = std::fs::read(&built.unstripped).unwrap();
-    let id = uploads
-        .initiate(
-            &built.build_id,
-            file.len() as i64,
-            "sha256-of-the-file",
-            false,
-        )
-        .await
-        .unwrap();
-    uploads
-        .upload(
-            &built.build_id,
-            &id,
-            futures::stream::iter([Ok(bytes::Bytes::from(file))]),
-        )
-        .await
-        .unwrap();
-    uploads.finish(&built.build_id, &id).await.unwrap();
+    // The tenant's uploads, in an object store on disk: the program as linked, with its
+    // symbols and DWARF (what `frostdb debuginfo upload` takes), whose own segments place
+    // the file offsets.
+    let uploads = uploads_in(dir.path(), "objects");
+    upload(&uploads, &built.build_id, &built.unstripped, false).await;
 
     // A debuginfod that accepts and never answers: asked only after the uploads, and
     // given up after its timeout when the uploads lack a build id.
@@ -201,6 +210,23 @@ fn sampled(built: &Built, offsets: &[u64], base: u64) -> frostdb_pprof::proto::P
     p
 }
 
+const CPU: &str = "cpu:cpu:nanoseconds:cpu:nanoseconds{}";
+
+/// What a query of `selector` over every time has the store's symbolizer name.
+async fn query_names(
+    store: &ProfileStore,
+    selector: &str,
+) -> frostdb_pprof::symbolize::ProfileSymbolized {
+    let selector = frostdb_profile::Selector::parse(selector).unwrap();
+    let merged = store
+        .merge(&selector, frostdb_profile::TimeRange::ALL)
+        .unwrap();
+    store
+        .name_merged(&merged, Duration::from_secs(60))
+        .await
+        .unwrap()
+}
+
 fn open_store(dir: &std::path::Path) -> ProfileStore {
     ProfileStore::open(
         Db::open(dir, DbOptions::default()).unwrap(),
@@ -222,8 +248,7 @@ fn ingest(store: &ProfileStore, p: frostdb_pprof::proto::Profile) {
 /// Per stack of the merge of every CPU profile: its frames' names and files, innermost
 /// first, and its value.
 fn merged_frames(store: &ProfileStore) -> Vec<(Vec<(String, String)>, i64)> {
-    let selector =
-        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let selector = frostdb_profile::Selector::parse(CPU).unwrap();
     let merged = store
         .merge(&selector, frostdb_profile::TimeRange::ALL)
         .unwrap();
@@ -257,11 +282,7 @@ fn all_hot(frames: &[(Vec<(String, String)>, i64)], files: bool) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_are_named_in_the_background_stored_and_read_back_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
-    options.debuginfod_urls = vec![url];
+    let (built, offsets, _server, options) = served(dir.path()).await;
     let s = Arc::new(Symbolizer::new(options).unwrap());
     let data = dir.path().join("data");
     let store = open_store(&data);
@@ -337,35 +358,7 @@ async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
     let dir = tempfile::tempdir().unwrap();
     let built = build(dir.path());
     let offsets = hot_function_offsets(&built);
-    let objects: Arc<dyn object_store::ObjectStore> =
-        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-    std::fs::create_dir_all(dir.path().join("objects")).unwrap();
-    let uploads = frostdb_pprof::debuginfo::DebugInfoStore::new(
-        objects,
-        object_store::path::Path::from("objects"),
-        1 << 30,
-        Duration::from_secs(60),
-    );
-    let upload = |file: std::path::PathBuf, force: bool| {
-        let uploads = uploads.clone();
-        let build_id = built.build_id.clone();
-        async move {
-            let bytes = std::fs::read(file).unwrap();
-            let id = uploads
-                .initiate(&build_id, bytes.len() as i64, "hash", force)
-                .await
-                .unwrap();
-            uploads
-                .upload(
-                    &build_id,
-                    &id,
-                    futures::stream::iter([Ok(bytes::Bytes::from(bytes))]),
-                )
-                .await
-                .unwrap();
-            uploads.finish(&build_id, &id).await.unwrap();
-        }
-    };
+    let uploads = uploads_in(dir.path(), "objects");
     // First the program with its symbol table and no DWARF (`strip --strip-debug`).
     let symbols_only = dir.path().join("prog.symtab");
     let status = std::process::Command::new("strip")
@@ -376,7 +369,7 @@ async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
         .status()
         .unwrap();
     assert!(status.success());
-    upload(symbols_only, false).await;
+    upload(&uploads, &built.build_id, &symbols_only, false).await;
 
     let mut options = SymbolizerOptions::new(dir.path().join("cache"));
     options.debuginfod_urls = Vec::new();
@@ -396,7 +389,7 @@ async fn debug_info_uploaded_later_names_again_what_a_symbol_table_named() {
 
     // Then the program as linked, DWARF in it: the same frames named again, with files,
     // lines and the inlined helper, found on disk through the mappings of the build id.
-    upload(built.unstripped.clone(), true).await;
+    upload(&uploads, &built.build_id, &built.unstripped, true).await;
     store.name_again(&built.build_id);
     let second = store.name_pending().await.unwrap();
     assert_eq!(second.symbolized.resolved, offsets.len(), "{second:?}");
@@ -458,10 +451,7 @@ fn every_frame(store: &ProfileStore) -> Vec<(String, Vec<Vec<String>>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_unsymbolized_profiles_stay_addresses_without_their_debug_info() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
-    options.debuginfod_urls = vec![url];
+    let (_, _, _server, options) = served(dir.path()).await;
     let symbolizer = Arc::new(Symbolizer::new(options).unwrap());
     let store = open_store(&dir.path().join("data"));
     store.attach_symbolizer(symbolizer.clone(), None);
@@ -518,14 +508,7 @@ async fn the_shared_unsymbolized_profiles_stay_addresses_without_their_debug_inf
     );
     // A query asks nothing again: the misses are remembered.
     let asked = symbolizer.stats().not_found;
-    let selector = frostdb_profile::Selector::parse(&format!("{}{{}}", before[0].0)).unwrap();
-    let merged = store
-        .merge(&selector, frostdb_profile::TimeRange::ALL)
-        .unwrap();
-    store
-        .name_merged(&merged, Duration::from_secs(60))
-        .await
-        .unwrap();
+    query_names(&store, &format!("{}{{}}", before[0].0)).await;
     assert_eq!(symbolizer.stats().not_found, asked);
 }
 
@@ -535,23 +518,10 @@ async fn the_shared_unsymbolized_profiles_stay_addresses_without_their_debug_inf
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_named_is_asked_once() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let selector =
-        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
-    let query = async |store: &ProfileStore| {
-        let merged = store
-            .merge(&selector, frostdb_profile::TimeRange::ALL)
-            .unwrap();
-        store
-            .name_merged(&merged, Duration::from_secs(60))
-            .await
-            .unwrap()
-    };
+    let (built, offsets, _server, options) = served(dir.path()).await;
+    let url = options.debuginfod_urls[0].clone();
+    let query = async |store: &ProfileStore| query_names(store, CPU).await;
 
-    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
-    options.debuginfod_urls = vec![url.clone()];
     let store = open_store(&dir.path().join("data"));
     store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
     ingest(&store, sampled(&built, &[offsets[0], 1], 0x5555_0000_0000));
@@ -589,35 +559,9 @@ async fn one_tenants_upload_never_names_another_tenants_frames() {
     let dir = tempfile::tempdir().unwrap();
     let built = build(dir.path());
     let offsets = hot_function_offsets(&built);
-    let objects: Arc<dyn object_store::ObjectStore> =
-        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-    let uploads = |tenant: &str| {
-        std::fs::create_dir_all(dir.path().join(tenant)).unwrap();
-        frostdb_pprof::debuginfo::DebugInfoStore::new(
-            objects.clone(),
-            object_store::path::Path::from(tenant),
-            1 << 30,
-            Duration::from_secs(60),
-        )
-    };
-    let (a_uploads, b_uploads) = (uploads("a"), uploads("b"));
+    let (a_uploads, b_uploads) = (uploads_in(dir.path(), "a"), uploads_in(dir.path(), "b"));
     assert_ne!(a_uploads.scope(), b_uploads.scope());
-    let upload = async |to: &frostdb_pprof::debuginfo::DebugInfoStore| {
-        let bytes = std::fs::read(&built.unstripped).unwrap();
-        let id = to
-            .initiate(&built.build_id, bytes.len() as i64, "hash", false)
-            .await
-            .unwrap();
-        to.upload(
-            &built.build_id,
-            &id,
-            futures::stream::iter([Ok(bytes::Bytes::from(bytes))]),
-        )
-        .await
-        .unwrap();
-        to.finish(&built.build_id, &id).await.unwrap();
-    };
-    upload(&a_uploads).await;
+    upload(&a_uploads, &built.build_id, &built.unstripped, false).await;
     let mut options = SymbolizerOptions::new(dir.path().join("cache"));
     options.debuginfod_urls = Vec::new();
     let s = Arc::new(Symbolizer::new(options).unwrap());
@@ -636,13 +580,7 @@ async fn one_tenants_upload_never_names_another_tenants_frames() {
     assert_eq!(a.name_pending().await.unwrap().symbolized.resolved, 4);
     assert!(all_hot(&merged_frames(&a), true));
     // B again, by a query, with A's file in the cache: still addresses.
-    let selector =
-        frostdb_profile::Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
-    let merged = b.merge(&selector, frostdb_profile::TimeRange::ALL).unwrap();
-    let by_query = b
-        .name_merged(&merged, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let by_query = query_names(&b, CPU).await;
     assert_eq!(by_query.resolved, 0, "{by_query:?}");
     assert!(
         merged_frames(&b)
@@ -650,7 +588,7 @@ async fn one_tenants_upload_never_names_another_tenants_frames() {
             .all(|(f, _)| f[0].0.starts_with("0x"))
     );
     // Until B uploads it too.
-    upload(&b_uploads).await;
+    upload(&b_uploads, &built.build_id, &built.unstripped, false).await;
     b.name_again(&built.build_id);
     assert_eq!(b.name_pending().await.unwrap().symbolized.resolved, 4);
     assert!(all_hot(&merged_frames(&b), true));
@@ -662,12 +600,8 @@ async fn one_tenants_upload_never_names_another_tenants_frames() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_debug_file_is_read_only_within_the_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let (built, offsets, _server, mut options) = served(dir.path()).await;
     let budget = frostdb_core::MemoryBudget::new(64 << 20);
-    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
-    options.debuginfod_urls = vec![url];
     options.memory_budget = Some(budget.clone());
     let store = open_store(&dir.path().join("data"));
     store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);

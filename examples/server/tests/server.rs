@@ -5,7 +5,7 @@ mod common;
 
 use std::io::Write;
 
-use common::{Server, e2e_script, enc, get, get_json, testdata, venv_python};
+use common::{Reap, Server, e2e_script, enc, get, get_json, testdata, venv_python};
 use frostdb_core::testing::free_port;
 use frostdb_pprof::convert::otlp::proto as otlp;
 use frostdb_pprof::convert::push::proto as push;
@@ -1170,15 +1170,6 @@ fn start_goapp(addr: &str, out: &std::path::Path) -> u32 {
         .unwrap()
 }
 
-/// A child process killed and reaped on drop.
-struct Reap(std::process::Child);
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Kill(u32);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -1469,12 +1460,7 @@ async fn refused_requests_are_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
-    if let Err(why) = frostdb_ebpf_ingest::check_permitted() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "BPF is not permitted under CI=true (CI runs as root): {why}"
-        );
-        eprintln!("SKIPPED: {why}");
+    if !common::bpf_permitted() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

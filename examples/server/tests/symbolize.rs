@@ -7,23 +7,17 @@
 
 mod common;
 
-use common::{Server, enc, eventually, get, get_json};
+use common::{Reap, Server, enc, eventually, get, get_json};
 use frostdb_pprof::proto::{Profile, Sample, ValueType};
 use frostdb_pprof::testing::stripped::{
-    Built, build, debuginfod, hot_function_offsets, names, profile_of,
+    Built, Debuginfod, build, debuginfod, hot_function_offsets, names, profile_of,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_debuginfod, url) =
-        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let s = Server::start(
-        &dir.path().join("data"),
-        Some(&format!("[symbolizer]\ndebuginfod_urls = [\"{url}\"]\n")),
-    );
+    let (built, offsets, _debuginfod, url) = served(dir.path()).await;
+    let s = symbolizing(dir.path(), &url, "");
 
     push_addresses(&s, &built, &offsets).await;
     // Pyroscope's render API (Grafana's and the web page's) names them, first: the names
@@ -64,16 +58,7 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
     );
     // Every report shows the names, not only the pprof: the folded stacks name the
     // inlined helper inside hot_function.
-    let folded = reqwest::get(format!(
-        "{}/api/v1/query?format=folded&selector={}",
-        s.url,
-        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
-    ))
-    .await
-    .unwrap()
-    .text()
-    .await
-    .unwrap();
+    let folded = folded(&s).await;
     assert!(folded.contains("hot_function;inlined_helper "), "{folded}");
     // The mapping still says where the names came from.
     assert!(
@@ -90,16 +75,8 @@ async fn a_stripped_programs_addresses_come_back_named_from_debuginfod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn addresses_are_named_in_the_background_before_any_query() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_debuginfod, url) =
-        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let s = Server::start(
-        &dir.path().join("data"),
-        Some(&format!(
-            "[symbolizer]\ndebuginfod_urls = [\"{url}\"]\nquery_budget = \"1ms\"\n"
-        )),
-    );
+    let (built, offsets, _debuginfod, url) = served(dir.path()).await;
+    let s = symbolizing(dir.path(), &url, "query_budget = \"1ms\"\n");
     push_addresses(&s, &built, &offsets).await;
     let resolved = || async {
         let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
@@ -126,6 +103,15 @@ async fn addresses_are_named_in_the_background_before_any_query() {
             "location {i}"
         );
     }
+}
+
+/// The program built in `dir`, its `hot_function`'s file offsets, and Debian's debuginfod
+/// serving its files at the URL returned.
+async fn served(dir: &std::path::Path) -> (Built, Vec<u64>, Debuginfod, String) {
+    let built = build(dir);
+    let offsets = hot_function_offsets(&built);
+    let (server, url) = debuginfod(&built.served, &dir.join("db"), &built.build_id).await;
+    (built, offsets, server, url)
 }
 
 /// Pushes a CPU profile of the program as an eBPF profiler without its symbols takes it: a
@@ -156,8 +142,14 @@ async fn push_addresses(s: &Server, built: &Built, offsets: &[u64]) {
         })
         .collect();
     let body = frostdb_pprof::report::pprof::encode_gzip(&p).unwrap();
+    push(s, "/ingest?name=prog.cpu&format=pprof", body).await;
+}
+
+/// Posts `body` to `path`, which must take it.
+async fn push(s: &Server, path: &str, body: Vec<u8>) {
     let pushed = reqwest::Client::new()
-        .post(format!("{}/ingest?name=prog.cpu&format=pprof", s.url))
+        .post(format!("{}{path}", s.url))
+        .header("content-type", "application/x-protobuf")
         .body(body)
         .send()
         .await
@@ -168,6 +160,30 @@ async fn push_addresses(s: &Server, built: &Built, offsets: &[u64]) {
         "{}",
         pushed.text().await.unwrap()
     );
+}
+
+/// A server on `dir/data` asking the debuginfod at `url`, with more `[symbolizer]` lines.
+fn symbolizing(dir: &std::path::Path, url: &str, more: &str) -> Server {
+    Server::start(
+        &dir.join("data"),
+        Some(&format!(
+            "[symbolizer]\ndebuginfod_urls = [\"{url}\"]\n{more}"
+        )),
+    )
+}
+
+/// The folded stacks of the program's CPU profiles, as the server answers them.
+async fn folded(s: &Server) -> String {
+    reqwest::get(format!(
+        "{}/api/v1/query?format=folded&selector={}",
+        s.url,
+        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap()
 }
 
 /// The merged pprof of the program's CPU profiles, as the server answers it.
@@ -256,14 +272,8 @@ async fn an_uploaded_binary_names_the_addresses() {
 async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
     use frostdb_pprof::convert::otlp::proto as otlp;
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let offsets = hot_function_offsets(&built);
-    let (_debuginfod, url) =
-        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
-    let s = Server::start(
-        &dir.path().join("data"),
-        Some(&format!("[symbolizer]\ndebuginfod_urls = [\"{url}\"]\n")),
-    );
+    let (built, offsets, _debuginfod, url) = served(dir.path()).await;
+    let s = symbolizing(dir.path(), &url, "");
     let strings: Vec<String> = [
         "",
         built.binary.to_str().unwrap(),
@@ -368,19 +378,12 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
             ..Default::default()
         }],
     };
-    let pushed = reqwest::Client::new()
-        .post(format!("{}/v1development/profiles", s.url))
-        .header("content-type", "application/x-protobuf")
-        .body(prost::Message::encode_to_vec(&request))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        pushed.status().as_u16(),
-        200,
-        "{}",
-        pushed.text().await.unwrap()
-    );
+    push(
+        &s,
+        "/v1development/profiles",
+        prost::Message::encode_to_vec(&request),
+    )
+    .await;
     let merged = queried_pprof(&s).await;
     assert_eq!(merged.location.len(), offsets.len() + 1);
     let build_id = |l: &frostdb_pprof::proto::Location| {
@@ -412,26 +415,8 @@ async fn an_otel_ebpf_profilers_native_frames_come_back_named() {
         (0..merged.location.len()).any(|i| names(&merged, i) == ["inlined_helper", "hot_function"])
     );
     // And the flame graph shows it as its address in its library.
-    let folded = reqwest::get(format!(
-        "{}/api/v1/query?format=folded&selector={}",
-        s.url,
-        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"prog\"}")
-    ))
-    .await
-    .unwrap()
-    .text()
-    .await
-    .unwrap();
+    let folded = folded(&s).await;
     assert!(folded.contains("0x1234 [libnobody.so]"), "{folded}");
-}
-
-/// Kills and reaps a child when dropped.
-struct Reap(std::process::Child);
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `frostdb serve --ebpf` profiling the stripped program as it runs: the sampler finds no
@@ -439,18 +424,11 @@ impl Drop for Reap {
 /// server's symbolizer names them from debuginfod, inlined helper included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ebpf_samplers_frames_of_a_stripped_program_come_back_named() {
-    if let Err(why) = frostdb_ebpf_ingest::check_permitted() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "BPF is not permitted under CI=true (CI runs as root): {why}"
-        );
-        eprintln!("SKIPPED: {why}");
+    if !common::bpf_permitted() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
-    let (_debuginfod, url) =
-        debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let (built, _, _debuginfod, url) = served(dir.path()).await;
     let prog = Reap(
         std::process::Command::new(&built.binary)
             .arg("spin")

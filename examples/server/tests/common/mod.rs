@@ -367,3 +367,28 @@ pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A child process killed and reaped on drop.
+pub(crate) struct Reap(pub(crate) std::process::Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether this process may load BPF programs: under CI=true (CI runs as root) it must;
+/// elsewhere a test without it skips, saying why.
+pub(crate) fn bpf_permitted() -> bool {
+    match frostdb_ebpf_ingest::check_permitted() {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "BPF is not permitted under CI=true (CI runs as root): {why}"
+            );
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
