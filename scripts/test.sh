@@ -33,6 +33,10 @@ command -v npm >/dev/null 2>&1 || missing+=(npm)
 # binutils (building and splitting that program).
 command -v debuginfod >/dev/null 2>&1 || missing+=(debuginfod)
 { command -v gcc >/dev/null 2>&1 && command -v objcopy >/dev/null 2>&1; } || missing+=(gcc binutils)
+# g++ (a C++ program whose names the symbolizer demangles).
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+# Prometheus (scraping the recording rules' series from /metrics).
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null

@@ -47,6 +47,7 @@ pub mod limits;
 mod normalize;
 pub mod report;
 pub mod rollup;
+pub mod rules;
 mod store;
 mod string_table;
 pub mod symbolize;

@@ -622,3 +622,30 @@ async fn a_debug_file_is_read_only_within_the_memory_budget() {
     assert_eq!(named.symbolized.resolved, 4, "{named:?}");
     assert!(all_hot(&merged_frames(&store), true));
 }
+
+/// C++ names come back demangled: a stripped C++ program's member function, in a
+/// namespace and overloaded, is named `shapes::Circle::area(int)`, not its symbol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpp_names_are_demangled() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = frostdb_pprof::testing::stripped::build_cpp(dir.path());
+    let offsets = frostdb_pprof::testing::stripped::function_offsets(
+        &built,
+        frostdb_pprof::testing::stripped::CPP_FUNCTION,
+    );
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url];
+    let s = Arc::new(Symbolizer::new(options).unwrap());
+    let mut p = profile_of(&built, &offsets[..4], 0x5555_0000_0000);
+    let summary = s
+        .symbolize_profile(&mut p, None, Duration::from_secs(60))
+        .await;
+    assert_eq!(summary.resolved, 4, "{summary:?}");
+    for i in 0..4 {
+        assert_eq!(
+            names(&p, i).last().map(String::as_str),
+            Some("shapes::Circle::area(int)")
+        );
+    }
+}

@@ -210,6 +210,10 @@ pub struct TenantConfig {
     /// How long this tenant's samples are kept, instead of the server's `retention`.
     #[serde(default, with = "optional_duration")]
     pub retention: Option<Duration>,
+    /// Recording rules of this tenant (`[[tenants.<id>.recording_rules]]`), besides those
+    /// set through `/api/v1/rules`.
+    #[serde(default)]
+    pub recording_rules: Vec<frostdb_pprof::rules::RecordingRule>,
 }
 
 impl Config {
@@ -346,6 +350,10 @@ pub struct Limits {
     pub max_settings: usize,
     /// Bytes of settings (names and values) a tenant may keep.
     pub max_settings_bytes: usize,
+    /// Recording rules a tenant may have (config and API together).
+    pub max_recording_rules: usize,
+    /// Series a tenant's recording rules may record, all rules together.
+    pub max_recording_rule_series: usize,
 }
 
 impl Default for Limits {
@@ -375,6 +383,8 @@ impl Default for Limits {
             max_concurrent_ingest: 64,
             max_settings: 100,
             max_settings_bytes: 1 << 20,
+            max_recording_rules: 100,
+            max_recording_rule_series: 10_000,
             memory: None,
         }
     }

@@ -102,6 +102,7 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
     if let Some(symbolizer) = &state.symbolizer {
         symbolizer_metrics(&mut out, &symbolizer.stats());
     }
+    crate::rules::exposition(&state.rules, &mut out);
     (
         [(
             header::CONTENT_TYPE,
@@ -192,7 +193,7 @@ fn per_tenant<'a>(
 }
 
 /// A label value as the exposition format writes it.
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

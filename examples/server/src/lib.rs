@@ -17,6 +17,7 @@ pub mod health;
 pub mod ingest;
 pub mod querier;
 pub mod query;
+pub mod rules;
 pub mod scrape;
 pub mod settings;
 pub mod tenants;
@@ -170,6 +171,8 @@ pub struct AppState {
     pub budget: frostdb_core::MemoryBudget,
     /// Names for frames stored as addresses (`[symbolizer]`); `None` when off.
     pub symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
+    /// Every tenant's recording rules and what they recorded.
+    pub rules: Arc<rules::Rules>,
 }
 
 /// The shared state handlers get.
@@ -244,6 +247,7 @@ pub fn router(state: Shared) -> Router {
         .merge(querier::routes())
         .merge(scrape::routes())
         .merge(health::metrics_routes())
+        .merge(rules::routes())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(
@@ -387,13 +391,28 @@ pub async fn serve(config: Config) -> Result<(), String> {
         "memory budget of requests, queries and tenants (limits.memory)"
     );
     let symbolizer = symbolizer(&config, &budget);
+    let rules = Arc::new(rules::Rules::new(
+        &config.data,
+        config
+            .tenants
+            .iter()
+            .filter(|(_, t)| !t.recording_rules.is_empty())
+            .map(|(id, t)| (id.clone(), t.recording_rules.clone()))
+            .collect(),
+        frostdb_pprof::rules::RuleLimits {
+            max_rules: config.limits.max_recording_rules,
+            max_series: config.limits.max_recording_rule_series,
+        },
+    )?);
     let tenants =
         Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
             .max_open(descriptors.max_open_tenants)
             .budget(budget.clone())
-            .symbolizer(symbolizer.clone());
+            .symbolizer(symbolizer.clone())
+            .rules(rules.clone());
     let state = Arc::new(AppState {
         symbolizer,
+        rules,
         tenants,
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(

@@ -174,6 +174,8 @@ pub struct Tenants {
     /// Names for the tenants' frames stored as addresses (`[symbolizer]`), shared: one
     /// cache and one pool of workers for every tenant.
     symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
+    /// The recording rules each tenant's store counts its profiles into.
+    rules: Option<Arc<crate::rules::Rules>>,
 }
 
 /// An open (or opening) tenant and when it was last used.
@@ -227,12 +229,19 @@ impl Tenants {
             clock: AtomicU64::new(0),
             budget: None,
             symbolizer: None,
+            rules: None,
         }
     }
 
     /// The same tenants, their queries reserving from `budget` too.
     pub fn budget(mut self, budget: frostdb_core::MemoryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// The same tenants, each counting its profiles into its recording rules in `rules`.
+    pub fn rules(mut self, rules: Arc<crate::rules::Rules>) -> Self {
+        self.rules = Some(rules);
         self
     }
 
@@ -515,6 +524,7 @@ impl Tenants {
             .block_merger(self.cluster.get().map(|cluster| cluster.merger(&id)));
         let db_options = DbOptions::default().workers(self.workers.clone());
         let storage = self.storage.clone();
+        let rules = self.rules.clone();
         let tenant = tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
             let (store, at) = match &storage {
                 Storage::Local(root) => {
@@ -562,6 +572,9 @@ impl Tenants {
             let kept = retention.map_or("for ever".to_owned(), |d| {
                 format!("{} days", d.as_secs_f64() / 86_400.0)
             });
+            if let Some(rules) = &rules {
+                store.attach_recorder(rules.recorder(&id)?);
+            }
             tracing::info!(tenant = %id, at = %at, retention = %kept, "opened tenant");
             Ok(Arc::new(Tenant { id, store }))
         })

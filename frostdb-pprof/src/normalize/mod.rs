@@ -226,6 +226,21 @@ impl Prepared<'_> {
         labels
     }
 
+    /// Adds the profile to `recorder`'s rules (once it is stored).
+    pub(crate) fn record(&self, recorder: &crate::rules::Recorder) {
+        recorder.observe(
+            self.profile,
+            &self.name,
+            &self.series,
+            &self.label_sets,
+            |g| {
+                let group = &self.groups[g as usize];
+                (group.sample, group.labels)
+            },
+            &self.rows,
+        );
+    }
+
     /// Whether the profile stores nothing.
     pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()

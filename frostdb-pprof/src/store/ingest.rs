@@ -188,7 +188,7 @@ impl ProfileStore {
         self.admit(&storing, &series)?;
         let mut interned: Vec<crate::normalize::InternState> =
             storing.iter().map(|_| Default::default()).collect();
-        let (slot, twins, lead) = loop {
+        let (slot, twins, lead, stored) = loop {
             let partition = self.symbols.current();
             // Profiles whose symbols the partition has (the usual case) only look them up,
             // alongside others; ones with new symbols intern them alone. Either keeps the
@@ -259,7 +259,7 @@ impl ProfileStore {
                 if pipeline.gathering {
                     self.joined.notify_one(); // one fewer to wait for
                 }
-                break (None, twins, false);
+                break (None, twins, false, Vec::new());
             }
             if pipeline
                 .open
@@ -316,13 +316,21 @@ impl ProfileStore {
                 self.joined.notify_one();
             }
             let lead = !std::mem::replace(&mut pipeline.leading, true);
-            break (Some(slot), twins, lead);
+            let stored: Vec<usize> = joining.iter().map(|&(k, _)| k).collect();
+            break (Some(slot), twins, lead, stored);
         };
         if let Some(slot) = slot {
             if lead {
                 self.lead(&slot);
             }
             self.await_group(&slot)?.wait()?;
+            // Durable: the recording rules count each profile stored here, once (a profile
+            // stored again is not among them).
+            if let Some(recorder) = self.recorder.get().filter(|r| r.active()) {
+                for k in stored {
+                    storing[k].record(recorder);
+                }
+            }
         }
         // A profile stored already answers once the one stored first is durable, with its
         // error if storing it failed.

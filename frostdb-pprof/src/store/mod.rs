@@ -95,6 +95,8 @@ pub struct ProfileStore {
     /// Frames stored as addresses named in the background and by queries
     /// ([`ProfileStore::attach_symbolizer`]).
     naming: naming::Naming,
+    /// Recording rules counting the profiles stored ([`ProfileStore::attach_recorder`]).
+    recorder: std::sync::OnceLock<Arc<crate::rules::Recorder>>,
     options: StoreOptions,
 }
 
@@ -296,6 +298,7 @@ impl ProfileStore {
             series_keys,
             fingerprints,
             naming: naming::Naming::default(),
+            recorder: std::sync::OnceLock::new(),
             options,
         })
     }
@@ -329,6 +332,13 @@ impl ProfileStore {
     /// The options the store was opened with.
     pub fn options(&self) -> &StoreOptions {
         &self.options
+    }
+
+    /// Counts every profile stored from now on (once: a profile stored again is not) in
+    /// `recorder`'s recording rules, after it is durable. Returns false, changing nothing,
+    /// when one is attached already.
+    pub fn attach_recorder(&self, recorder: Arc<crate::rules::Recorder>) -> bool {
+        self.recorder.set(recorder).is_ok()
     }
 
     /// Bytes of symbols in memory (the current partition and the cache).

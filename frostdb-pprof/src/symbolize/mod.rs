@@ -837,6 +837,44 @@ fn check_file_build_id(path: &Path, build_id: &str) -> Result<()> {
 mod tests {
     use super::*;
 
+    #[inline(never)]
+    fn a_rust_function_to_find(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(31)
+    }
+
+    /// Rust names come back demangled (`crate::module::function`, no `_ZN…17h…E`): this
+    /// test binary's own function, at the address it runs at, placed in its ELF file.
+    #[test]
+    fn rust_names_are_demangled() {
+        assert_eq!(a_rust_function_to_find(1), 31);
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        // Where the file's start is mapped (a PIE's first segment is at address 0).
+        let base = maps
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 6 && f[2] == "00000000" && std::path::Path::new(f[5]) == exe)
+                    .then(|| u64::from_str_radix(f[0].split('-').next()?, 16).ok())
+                    .flatten()
+            })
+            .expect("the executable's first mapping");
+        let at = a_rust_function_to_find as *const () as u64 - base;
+        let dir = tempfile::tempdir().unwrap();
+        let s = Symbolizer::new(SymbolizerOptions::new(dir.path())).unwrap();
+        let frames = s.resolve(&exe, &[at]);
+        let name = &frames[0].last().expect("named").function;
+        // Its symbol, demangled (`…::a_rust_function_to_find`), or its DWARF name (this
+        // build keeps line tables only, whose names have no module path): never mangled.
+        assert!(
+            name.ends_with("a_rust_function_to_find")
+                && !name.starts_with("_ZN")
+                && !name.starts_with("_R")
+                && !name.contains("17h"),
+            "{name}"
+        );
+    }
+
     #[tokio::test]
     async fn a_build_id_nobody_has_is_asked_once_then_remembered() {
         let dir = tempfile::tempdir().unwrap();

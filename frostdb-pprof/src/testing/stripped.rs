@@ -58,12 +58,43 @@ pub struct Built {
     pub served: PathBuf,
 }
 
+/// A C++ program: a member function of a class in a namespace, overloaded, so its name is
+/// mangled (`_ZN6shapes6Circle4areaEi`) and demangled `shapes::Circle::area(int)`.
+const CPP_PROGRAM: &str = r#"
+#include <cstdlib>
+namespace shapes {
+struct Circle {
+    __attribute__((noinline)) static long area(int r);
+    __attribute__((noinline)) static long area(double r);
+};
+volatile long sink;
+long Circle::area(int r) { long s = 0; for (int i = 0; i < r; i++) { s += i * r; sink = s; } return s; }
+long Circle::area(double r) { return (long)(r * r * 3); }
+}
+int main(int argc, char **argv) {
+    return (int)(shapes::Circle::area(argc + std::atoi(argc > 1 ? argv[1] : "3"))
+        + shapes::Circle::area(2.0)) & 1;
+}
+"#;
+
+/// The mangled name of the C++ program's `shapes::Circle::area(int)`.
+pub const CPP_FUNCTION: &str = "_ZN6shapes6Circle4areaEi";
+
 /// Builds the program in `dir` (what debuginfod serves under `dir/debug`).
 pub fn build(dir: &Path) -> Built {
-    let source = dir.join("prog.c");
-    std::fs::write(&source, PROGRAM).unwrap();
+    build_with(dir, "gcc", "prog.c", PROGRAM)
+}
+
+/// Builds the C++ program in `dir` as [`build`] builds the C one.
+pub fn build_cpp(dir: &Path) -> Built {
+    build_with(dir, "g++", "prog.cc", CPP_PROGRAM)
+}
+
+fn build_with(dir: &Path, compiler: &str, file: &str, program: &str) -> Built {
+    let source = dir.join(file);
+    std::fs::write(&source, program).unwrap();
     let binary = dir.join("prog");
-    run(Command::new("gcc")
+    run(Command::new(compiler)
         .args(["-g", "-O2", "-Wl,--build-id", "-o"])
         .arg(&binary)
         .arg(&source));
@@ -99,19 +130,25 @@ pub fn build(dir: &Path) -> Built {
 /// The file offsets of `hot_function`'s code: its symbol in the debug file, its segment in
 /// the program headers.
 pub fn hot_function_offsets(built: &Built) -> Vec<u64> {
+    function_offsets(built, "hot_function")
+}
+
+/// The file offsets of the code of the function whose symbol is `symbol` (as the symbol
+/// table spells it: mangled).
+pub fn function_offsets(built: &Built, symbol: &str) -> Vec<u64> {
     let symbols = run(Command::new("readelf").arg("-sW").arg(&built.debug));
     let (value, size) = symbols
         .lines()
         .find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 8 && f[7] == "hot_function").then(|| {
+            (f.len() >= 8 && f[7] == symbol).then(|| {
                 (
                     u64::from_str_radix(f[1], 16).unwrap(),
                     f[2].parse::<u64>().unwrap(),
                 )
             })
         })
-        .expect("hot_function in the debug file's symbols");
+        .unwrap_or_else(|| panic!("{symbol} in the debug file's symbols"));
     let headers = run(Command::new("readelf").arg("-lW").arg(&built.binary));
     let (offset, vaddr) = headers
         .lines()
@@ -125,7 +162,7 @@ pub fn hot_function_offsets(built: &Built) -> Vec<u64> {
             (vaddr <= value && value < vaddr + memsz).then_some((offset, vaddr))
         })
         .next()
-        .expect("a LOAD segment holds hot_function");
+        .unwrap_or_else(|| panic!("a LOAD segment holds {symbol}"));
     (0..size).map(|i| value + i - vaddr + offset).collect()
 }
 

@@ -1,0 +1,307 @@
+//! Recording rules per tenant: profiles counted into Prometheus series as they are stored
+//! ([`frostdb_pprof::rules`]), served on `/metrics`.
+//!
+//! A tenant's rules are those of its `[tenants.<id>]` config and those set through the API
+//! (`GET /api/v1/rules`, `PUT` and `DELETE /api/v1/rules/{name}`), the latter kept in
+//! `DATA/rules/<tenant>.json`, replaced whole (written, synced, renamed) on each change, as
+//! settings are. Each tenant's [`Recorder`] lives as long as the server, not the tenant's
+//! store: a tenant closed while idle and opened again keeps counting where it was.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use frostdb_pprof::rules::{Recorder, RecordingRule, RuleLimits};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::Shared;
+use crate::error::{ApiError, ApiResult};
+
+/// What the server adds to a rule's checks: its series carry a `tenant` label of their own.
+fn check_here(rules: &[RecordingRule]) -> Result<(), String> {
+    match rules
+        .iter()
+        .find(|r| r.keep_labels.iter().any(|l| l == "tenant"))
+    {
+        Some(r) => Err(format!(
+            "recording rule {:?}: keep_labels cannot name \"tenant\", the label /metrics \
+             gives every series its tenant by",
+            r.name
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Every tenant's rules and recorders.
+#[derive(Debug)]
+pub struct Rules {
+    dir: PathBuf,
+    limits: RuleLimits,
+    /// From the config, by tenant.
+    configured: BTreeMap<String, Vec<RecordingRule>>,
+    /// The recorders made so far (a tenant's on its store's first open, or its first rule).
+    recorders: Mutex<HashMap<String, Arc<Recorder>>>,
+    /// Held across each read-modify-write of a tenant's file.
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Rules {
+    /// Rules kept under `data/rules/`, the config's `configured` checked now (a bad rule in
+    /// the config stops the server from starting, naming it).
+    pub fn new(
+        data: &Path,
+        configured: BTreeMap<String, Vec<RecordingRule>>,
+        limits: RuleLimits,
+    ) -> Result<Self, String> {
+        let check = Recorder::new(limits);
+        for (tenant, rules) in &configured {
+            check
+                .check(rules)
+                .map_err(|e| e.to_string())
+                .and_then(|()| check_here(rules))
+                .map_err(|e| format!("[tenants.{tenant}] recording_rules: {e}"))?;
+        }
+        Ok(Self {
+            dir: data.join("rules"),
+            limits,
+            configured,
+            recorders: Mutex::new(HashMap::new()),
+            lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn file(&self, tenant: &str) -> PathBuf {
+        self.dir.join(format!("{tenant}.json"))
+    }
+
+    /// The rules set through the API for `tenant` (none: empty).
+    fn stored(&self, tenant: &str) -> ApiResult<Vec<RecordingRule>> {
+        let path = self.file(tenant);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                ApiError::internal(format!("{}: not a list of rules: {e}", path.display()))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(ApiError::internal(format!("{}: {e}", path.display()))),
+        }
+    }
+
+    /// Replaces `tenant`'s API rules with `rules`, whole (a crash leaves the old or new).
+    fn write(&self, tenant: &str, rules: &[RecordingRule]) -> ApiResult<()> {
+        let fail = |e: std::io::Error| ApiError::internal(format!("storing rules: {e}"));
+        std::fs::create_dir_all(&self.dir).map_err(fail)?;
+        let path = self.file(tenant);
+        let temporary = path.with_extension("json.tmp");
+        let bytes =
+            serde_json::to_vec_pretty(rules).map_err(|e| ApiError::internal(e.to_string()))?;
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&temporary).map_err(fail)?;
+            f.write_all(&bytes).map_err(fail)?;
+            f.sync_all().map_err(fail)?;
+        }
+        std::fs::rename(&temporary, &path).map_err(fail)?;
+        if let Ok(dir) = std::fs::File::open(&self.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+
+    /// Every rule of `tenant`: the config's, then the API's.
+    fn all(&self, tenant: &str) -> ApiResult<Vec<RecordingRule>> {
+        let mut rules = self.configured.get(tenant).cloned().unwrap_or_default();
+        rules.extend(self.stored(tenant)?);
+        Ok(rules)
+    }
+
+    /// `tenant`'s recorder, made with its rules on first use (blocking: reads its file).
+    pub fn recorder(&self, tenant: &str) -> ApiResult<Arc<Recorder>> {
+        if let Some(r) = self.recorders.lock().get(tenant) {
+            return Ok(r.clone());
+        }
+        let recorder = Recorder::new(self.limits);
+        recorder
+            .set_rules(&self.all(tenant)?)
+            .map_err(|e| ApiError::internal(format!("the stored rules of {tenant:?}: {e}")))?;
+        Ok(self
+            .recorders
+            .lock()
+            .entry(tenant.to_owned())
+            .or_insert_with(|| Arc::new(recorder))
+            .clone())
+    }
+
+    /// Every recorder made, by tenant.
+    pub fn recorders(&self) -> Vec<(String, Arc<Recorder>)> {
+        let mut out: Vec<_> = self
+            .recorders
+            .lock()
+            .iter()
+            .map(|(t, r)| (t.clone(), r.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Sets (adds or replaces) API rule `rule` of `tenant`: checked with every other rule
+    /// of the tenant first (limits, names, selectors), refused whole.
+    async fn put(&self, tenant: &str, rule: RecordingRule) -> ApiResult<()> {
+        let _held = self.lock.lock().await;
+        if self
+            .configured
+            .get(tenant)
+            .is_some_and(|rules| rules.iter().any(|r| r.name == rule.name))
+        {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                format!(
+                    "recording rule {:?} is set in the server's config ([tenants.{tenant}]); \
+                     change it there",
+                    rule.name
+                ),
+            ));
+        }
+        let mut stored = self.stored(tenant)?;
+        match stored.iter_mut().find(|r| r.name == rule.name) {
+            Some(old) => *old = rule,
+            None => stored.push(rule),
+        }
+        let mut all = self.configured.get(tenant).cloned().unwrap_or_default();
+        all.extend(stored.iter().cloned());
+        let recorder = self.recorder(tenant)?;
+        recorder
+            .check(&all)
+            .map_err(|e| e.to_string())
+            .and_then(|()| check_here(&all))
+            .map_err(ApiError::bad_request)?;
+        self.write(tenant, &stored)?;
+        recorder
+            .set_rules(&all)
+            .map_err(|e| ApiError::bad_request(e.to_string()))
+    }
+
+    /// Deletes API rule `name` of `tenant` (404 when it has none of that name).
+    async fn delete(&self, tenant: &str, name: &str) -> ApiResult<()> {
+        let _held = self.lock.lock().await;
+        let mut stored = self.stored(tenant)?;
+        let before = stored.len();
+        stored.retain(|r| r.name != name);
+        if stored.len() == before {
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                format!("tenant {tenant:?} has no recording rule {name:?} set through the API"),
+            ));
+        }
+        self.write(tenant, &stored)?;
+        let mut all = self.configured.get(tenant).cloned().unwrap_or_default();
+        all.extend(stored);
+        self.recorder(tenant)?
+            .set_rules(&all)
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+}
+
+/// `/api/v1/rules` and `/api/v1/rules/{name}`.
+pub fn routes() -> Router<Shared> {
+    Router::new().route("/api/v1/rules", get(list)).route(
+        "/api/v1/rules/{name}",
+        axum::routing::put(put).delete(delete),
+    )
+}
+
+/// The tenant's rules, each with where it is set, its series and what it dropped.
+async fn list(
+    State(state): State<Shared>,
+    crate::TenantId(tenant): crate::TenantId,
+) -> ApiResult<Json<Value>> {
+    let rules = &state.rules;
+    let configured = rules.configured.get(&tenant).cloned().unwrap_or_default();
+    let recorded = rules.recorders.lock().get(&tenant).map(|r| r.status());
+    let all = match &recorded {
+        Some(status) => status.iter().map(|s| s.rule.clone()).collect(),
+        None => rules.all(&tenant)?,
+    };
+    let out: Vec<Value> = all
+        .into_iter()
+        .map(|rule| {
+            let status = recorded
+                .as_ref()
+                .and_then(|s| s.iter().find(|s| s.rule.name == rule.name));
+            json!({
+                "source": if configured.iter().any(|c| c.name == rule.name) { "config" } else { "api" },
+                "series": status.map_or(0, |s| s.series),
+                "dropped": status.map_or(0, |s| s.dropped),
+                "rule": rule,
+            })
+        })
+        .collect();
+    Ok(Json(json!({
+        "rules": out,
+        "max_rules": rules.limits.max_rules,
+        "max_series": rules.limits.max_series,
+    })))
+}
+
+async fn put(
+    State(state): State<Shared>,
+    crate::TenantId(tenant): crate::TenantId,
+    UrlPath(name): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Value>> {
+    let rule: RecordingRule = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("not a recording rule: {e}")))?;
+    if rule.name != name {
+        return Err(ApiError::bad_request(format!(
+            "the rule is named {:?}, the path {name:?}",
+            rule.name
+        )));
+    }
+    // The tenant is created (within limits.max_tenants) and its store counts from now on.
+    let _tenant = state.tenants.for_write(&tenant).await?;
+    state.rules.put(&tenant, rule.clone()).await?;
+    tracing::info!(%tenant, rule = %rule.name, "recording rule set");
+    Ok(Json(json!({ "rule": rule })))
+}
+
+async fn delete(
+    State(state): State<Shared>,
+    crate::TenantId(tenant): crate::TenantId,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult<Json<Value>> {
+    state.rules.delete(&tenant, &name).await?;
+    tracing::info!(%tenant, rule = %name, "recording rule deleted");
+    Ok(Json(json!({ "deleted": name })))
+}
+
+/// The series of every tenant's rules, in the exposition format, for `/metrics`.
+pub fn exposition(rules: &Rules, out: &mut String) {
+    use std::fmt::Write;
+    let mut by_name: BTreeMap<String, Vec<(String, frostdb_pprof::rules::RuleSeries)>> =
+        BTreeMap::new();
+    for (tenant, recorder) in rules.recorders() {
+        for series in recorder.series() {
+            by_name
+                .entry(series.rule.clone())
+                .or_default()
+                .push((tenant.clone(), series));
+        }
+    }
+    for (name, series) in by_name {
+        let _ = writeln!(
+            out,
+            "# HELP {name} Recording rule {name}: the sum of the values of the profiles it \
+             selects.\n# TYPE {name} counter"
+        );
+        for (tenant, s) in series {
+            let _ = write!(out, "{name}{{tenant=\"{}\"", crate::health::escape(&tenant));
+            for (k, v) in &s.labels {
+                let _ = write!(out, ",{k}=\"{}\"", crate::health::escape(v));
+            }
+            let _ = writeln!(out, "}} {}", s.value);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Recording rules read by a real Prometheus (Debian's): rules set through the API before
+//! two services' CPU profiles are pushed; Prometheus scrapes `/metrics`, and PromQL over
+//! its API answers the CPU of the chosen function per service, equal to what the server's
+//! merge (its top table) answers for the same selector.
+//!
+//! Needs `prometheus` (`scripts/test.sh` installs it).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Reap, Server, enc, eventually, get_json, testdata};
+
+/// The function with the largest self value in a pprof file.
+fn hottest(file: &[u8]) -> String {
+    let p = frostdb_pprof::decode(file, &Default::default())
+        .unwrap()
+        .into_inner();
+    let name = |location_id: u64| {
+        let l = p.location.iter().find(|l| l.id == location_id)?;
+        let id = l.line.first()?.function_id;
+        let f = p.function.iter().find(|f| f.id == id)?;
+        Some(p.string_table[f.name as usize].clone())
+    };
+    let mut flat: std::collections::BTreeMap<String, i64> = Default::default();
+    for s in &p.sample {
+        if let Some(leaf) = s.location_id.first().and_then(|&l| name(l)) {
+            *flat.entry(leaf).or_default() += s.value.last().copied().unwrap_or(0);
+        }
+    }
+    flat.into_iter().max_by_key(|(_, v)| *v).unwrap().0
+}
+
+/// Prometheus scraping `target` (host:port) every second, its API's URL.
+fn prometheus(dir: &std::path::Path, target: &str) -> (Reap, String) {
+    let port = frostdb_core::testing::free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: frostdb\n    \
+             static_configs:\n      - targets: [\"{target}\"]\n"
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus (scripts/test.sh installs it)");
+    (Reap(child), format!("http://127.0.0.1:{port}"))
+}
+
+/// PromQL `query`'s instant value per `service_name`, from Prometheus at `url`.
+async fn promql(url: &str, query: &str) -> std::collections::BTreeMap<String, i64> {
+    // Prometheus may not listen yet: no answer is no value.
+    let Ok(answer) = reqwest::get(format!("{url}/api/v1/query?query={}", enc(query))).await else {
+        return Default::default();
+    };
+    let Ok(body) = answer.text().await else {
+        return Default::default();
+    };
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    answer["data"]["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let service = r["metric"]["service_name"].as_str()?.to_owned();
+            let value = r["value"][1].as_str()?.parse::<f64>().ok()?;
+            Some((service, value as i64))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let files = [
+        ("api", testdata("pprof/goapp__go119-cpu-2s.pb.gz")),
+        ("worker", testdata("pprof/pyroscope__go-cpu.pb.gz")),
+    ];
+    let function = hottest(&files[0].1);
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    for (name, rule) in [
+        (
+            "function_cpu_nanoseconds_total",
+            serde_json::json!({
+                "name": "function_cpu_nanoseconds_total",
+                "profile_type": cpu,
+                "function": function,
+                "keep_labels": ["service_name"],
+            }),
+        ),
+        (
+            "cpu_nanoseconds_total",
+            serde_json::json!({
+                "name": "cpu_nanoseconds_total",
+                "profile_type": cpu,
+                "selector": "{}",
+                "keep_labels": ["service_name"],
+            }),
+        ),
+    ] {
+        let set = reqwest::Client::new()
+            .put(format!("{}/api/v1/rules/{name}", s.url))
+            .body(rule.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(set.status().as_u16(), 200, "{}", set.text().await.unwrap());
+    }
+    // A rule over the limits or malformed is refused, naming what is wrong.
+    let (status, refused) = {
+        let r = reqwest::Client::new()
+            .put(format!("{}/api/v1/rules/bad-name", s.url))
+            .body(serde_json::json!({"name": "bad-name", "profile_type": cpu}).to_string())
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("Prometheus metric name"), "{refused}");
+
+    for (service, file) in &files {
+        let pushed = reqwest::Client::new()
+            .post(format!("{}/ingest?name={service}.cpu&format=pprof", s.url))
+            .body(file.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(pushed.status().as_u16(), 200);
+    }
+    // What the server's merges answer: per service, the function's cum and the total.
+    let mut expected_function = std::collections::BTreeMap::new();
+    let mut expected_total = std::collections::BTreeMap::new();
+    for (service, _) in &files {
+        let top = get_json(
+            &format!(
+                "{}/api/v1/query?format=top&node_fraction=0&selector={}",
+                s.url,
+                enc(&format!("{cpu}{{service_name=\"{service}\"}}"))
+            ),
+            None,
+        )
+        .await;
+        expected_total.insert(service.to_string(), top["total"].as_i64().unwrap());
+        if let Some(row) = top["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == function.as_str())
+        {
+            expected_function.insert(service.to_string(), row["cum"].as_i64().unwrap());
+        }
+    }
+    assert!(
+        expected_function.contains_key("api"),
+        "{expected_function:?}"
+    );
+
+    let port = s.url.rsplit(':').next().unwrap().trim_end_matches('/');
+    let (_prometheus, url) = prometheus(dir.path(), &format!("127.0.0.1:{port}"));
+    assert!(
+        eventually(Duration::from_secs(120), async || {
+            promql(&url, "function_cpu_nanoseconds_total").await == expected_function
+                && promql(&url, "cpu_nanoseconds_total").await == expected_total
+        })
+        .await,
+        "Prometheus answered {:?} and {:?}; the server's merges {expected_function:?} and \
+         {expected_total:?}",
+        promql(&url, "function_cpu_nanoseconds_total").await,
+        promql(&url, "cpu_nanoseconds_total").await,
+    );
+    // The rules list says what each recorded.
+    let listed = get_json(&format!("{}/api/v1/rules", s.url), None).await;
+    assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
+}

@@ -1,0 +1,436 @@
+//! Recording rules: profiles turned into metrics as they are stored, not by rescanning.
+//!
+//! A [`RecordingRule`] names a profile type, label matchers, optionally a function (a frame
+//! anywhere in a sample's stack, or only its leaf), and the labels its series keep. Each
+//! profile a store stores (once: a profile stored again adds nothing) adds to every rule it
+//! matches the sum of its samples' values whose stack has the function (all of them without
+//! one), to the series of the kept labels' values: a counter, as Prometheus reads one
+//! (`rate()` of a CPU rule is the function's CPU nanoseconds per second).
+//!
+//! The work per profile is bounded by what it holds, not by the rules: each rule is checked
+//! against each of the profile's label sets once, and each stack walked once for all the
+//! rules' functions together (a bit per function).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use frostdb_profile::{Matcher, ProfileType, Selector};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+
+use crate::decode::ValidProfile;
+
+/// A recording rule, as the server's config and rules API spell it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordingRule {
+    /// The metric's name: `[a-zA-Z_:][a-zA-Z0-9_:]*`.
+    pub name: String,
+    /// The profile type, `name:sample_type:sample_unit:period_type:period_unit`.
+    pub profile_type: String,
+    /// Label matchers, `{service_name="api"}`; empty for every series.
+    #[serde(default)]
+    pub selector: String,
+    /// A function: only samples with a frame of it count (absent: every sample).
+    #[serde(default)]
+    pub function: Option<String>,
+    /// With `function`, only samples whose leaf frame is it: its self value.
+    #[serde(default)]
+    pub leaf_only: bool,
+    /// The labels the series keep; the others are summed away.
+    #[serde(default)]
+    pub keep_labels: Vec<String>,
+}
+
+/// How many rules and series a [`Recorder`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuleLimits {
+    /// Most rules.
+    pub max_rules: usize,
+    /// Most series, all rules together; a profile's value for a series past it is dropped
+    /// (counted in [`RuleStatus::dropped`]).
+    pub max_series: usize,
+}
+
+impl Default for RuleLimits {
+    fn default() -> Self {
+        Self {
+            max_rules: 100,
+            max_series: 10_000,
+        }
+    }
+}
+
+/// Why rules were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RuleError(pub String);
+
+/// One series of a rule: the kept labels' values (in the rule's order) and its total.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSeries {
+    /// The rule's name.
+    pub rule: String,
+    /// `(label, value)` of each kept label.
+    pub labels: Vec<(String, String)>,
+    /// The sum of the values recorded, since the recorder started.
+    pub value: i64,
+}
+
+/// A rule and what it recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleStatus {
+    /// The rule.
+    pub rule: RecordingRule,
+    /// Its series.
+    pub series: usize,
+    /// Profiles' values not recorded because the series limit was reached.
+    pub dropped: u64,
+}
+
+struct Compiled {
+    rule: RecordingRule,
+    profile_type: ProfileType,
+    matchers: Vec<Matcher>,
+}
+
+/// What a rule recorded: per kept labels' values, the total.
+#[derive(Default)]
+struct Recorded {
+    values: HashMap<Vec<String>, i64>,
+    dropped: u64,
+}
+
+/// The rules of one tenant and their series.
+pub struct Recorder {
+    limits: RuleLimits,
+    rules: RwLock<Arc<Vec<Compiled>>>,
+    /// Per rule (by name), what it recorded.
+    recorded: Mutex<HashMap<String, Recorded>>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("limits", &self.limits)
+            .field("rules", &self.rules.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `name` is a Prometheus metric or label name (`colon`: metric names may hold `:`).
+fn valid_name(name: &str, colon: bool) -> bool {
+    let ok = |c: char, first: bool| {
+        c.is_ascii_alphabetic() || c == '_' || (colon && c == ':') || (!first && c.is_ascii_digit())
+    };
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| ok(c, true)) && chars.all(|c| ok(c, false)) && name.len() <= 200
+}
+
+fn compile(rule: &RecordingRule) -> Result<Compiled, RuleError> {
+    let bad = |what: String| RuleError(format!("recording rule {:?}: {what}", rule.name));
+    if !valid_name(&rule.name, true) {
+        return Err(bad(
+            "the name must be a Prometheus metric name, [a-zA-Z_:][a-zA-Z0-9_:]* (at most 200)"
+                .into(),
+        ));
+    }
+    let selector = match rule.selector.trim() {
+        "" => "{}",
+        s => s,
+    };
+    let parsed = Selector::parse(&format!("{}{selector}", rule.profile_type.trim()))
+        .map_err(|e| bad(format!("{e}")))?;
+    let profile_type = parsed.profile_type.clone().ok_or_else(|| {
+        bad(format!(
+            "{:?} is no profile type (name:sample_type:sample_unit:period_type:period_unit)",
+            rule.profile_type
+        ))
+    })?;
+    if let Some(label) = rule.keep_labels.iter().find(|l| !valid_name(l, false)) {
+        return Err(bad(format!("{label:?} is no label name")));
+    }
+    if rule.keep_labels.len() > 16 {
+        return Err(bad("at most 16 labels are kept".into()));
+    }
+    match &rule.function {
+        Some(f) if f.is_empty() || f.len() > 1024 => {
+            return Err(bad("the function name must have 1 to 1024 bytes".into()));
+        }
+        None if rule.leaf_only => return Err(bad("leaf_only needs a function".into())),
+        _ => {}
+    }
+    Ok(Compiled {
+        rule: rule.clone(),
+        profile_type,
+        matchers: parsed.matchers,
+    })
+}
+
+impl Recorder {
+    /// A recorder without rules, keeping at most `limits`.
+    pub fn new(limits: RuleLimits) -> Self {
+        Self {
+            limits,
+            rules: RwLock::new(Arc::new(Vec::new())),
+            recorded: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Its limits.
+    pub fn limits(&self) -> RuleLimits {
+        self.limits
+    }
+
+    /// Checks `rules` as [`Recorder::set_rules`] would, changing nothing.
+    pub fn check(&self, rules: &[RecordingRule]) -> Result<(), RuleError> {
+        self.compile_all(rules).map(|_| ())
+    }
+
+    fn compile_all(&self, rules: &[RecordingRule]) -> Result<Vec<Compiled>, RuleError> {
+        if rules.len() > self.limits.max_rules {
+            return Err(RuleError(format!(
+                "{} recording rules, over the limit of {} a tenant (limits.max_recording_rules)",
+                rules.len(),
+                self.limits.max_rules
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut compiled = Vec::with_capacity(rules.len());
+        for rule in rules {
+            if !names.insert(rule.name.as_str()) {
+                return Err(RuleError(format!(
+                    "two recording rules are named {:?}",
+                    rule.name
+                )));
+            }
+            compiled.push(compile(rule)?);
+        }
+        Ok(compiled)
+    }
+
+    /// Replaces the rules with `rules` (all or none: an error changes nothing). A rule kept
+    /// unchanged keeps its series; a changed or removed one's series are let go (a counter
+    /// reset, to Prometheus).
+    pub fn set_rules(&self, rules: &[RecordingRule]) -> Result<(), RuleError> {
+        let compiled = self.compile_all(rules)?;
+        let mut recorded = self.recorded.lock();
+        let mut current = self.rules.write();
+        recorded.retain(|name, _| {
+            let old = current.iter().find(|c| &c.rule.name == name);
+            let new = compiled.iter().find(|c| &c.rule.name == name);
+            matches!((old, new), (Some(o), Some(n)) if o.rule == n.rule)
+        });
+        *current = Arc::new(compiled);
+        Ok(())
+    }
+
+    /// The rules, and what each recorded.
+    pub fn status(&self) -> Vec<RuleStatus> {
+        let rules = self.rules.read().clone();
+        let recorded = self.recorded.lock();
+        rules
+            .iter()
+            .map(|c| {
+                let r = recorded.get(&c.rule.name);
+                RuleStatus {
+                    rule: c.rule.clone(),
+                    series: r.map_or(0, |r| r.values.len()),
+                    dropped: r.map_or(0, |r| r.dropped),
+                }
+            })
+            .collect()
+    }
+
+    /// Every series, by rule name and labels.
+    pub fn series(&self) -> Vec<RuleSeries> {
+        let rules = self.rules.read().clone();
+        let recorded = self.recorded.lock();
+        let mut out = Vec::new();
+        for c in rules.iter() {
+            let Some(r) = recorded.get(&c.rule.name) else {
+                continue;
+            };
+            for (values, &value) in &r.values {
+                out.push(RuleSeries {
+                    rule: c.rule.name.clone(),
+                    labels: c
+                        .rule
+                        .keep_labels
+                        .iter()
+                        .cloned()
+                        .zip(values.iter().cloned())
+                        .collect(),
+                    value,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.rule, &a.labels).cmp(&(&b.rule, &b.labels)));
+        out
+    }
+
+    /// Whether any rule is set: a store asks before doing any work for them.
+    pub(crate) fn active(&self) -> bool {
+        !self.rules.read().is_empty()
+    }
+
+    /// Records a stored profile: `name` its profile name, `series` its request labels,
+    /// `label_sets` its sample label sets, `rows` its `(type, group, value)` rows and
+    /// `group` each row group's sample and label set.
+    pub(crate) fn observe(
+        &self,
+        profile: &ValidProfile,
+        name: &str,
+        series: &BTreeMap<String, String>,
+        label_sets: &[Vec<(String, String)>],
+        group: impl Fn(u32) -> (usize, u32),
+        rows: &[(u16, u32, i64)],
+    ) {
+        let rules = self.rules.read().clone();
+        if rules.is_empty() || rows.is_empty() {
+            return;
+        }
+        let flat = profile.flat();
+        let text = |i: i64, fallback: &'static str| match flat.string(i) {
+            "" => fallback,
+            s => s,
+        };
+        let (period_type, period_unit) = flat
+            .period_type
+            .as_ref()
+            .map_or(("unknown", "unknown"), |t| {
+                (text(t.r#type, "unknown"), text(t.unit, "unknown"))
+            });
+        // (rule, type index) of the rules the profile's types match.
+        let mut matching: Vec<(usize, u16)> = Vec::new();
+        for (r, c) in rules.iter().enumerate() {
+            let t = &c.profile_type;
+            if t.name != name || t.period_type != period_type || t.period_unit != period_unit {
+                continue;
+            }
+            for (i, st) in flat.sample_type.iter().enumerate() {
+                if text(st.r#type, "samples") == t.sample_type
+                    && text(st.unit, "count") == t.sample_unit
+                {
+                    matching.push((r, i as u16));
+                }
+            }
+        }
+        if matching.is_empty() {
+            return;
+        }
+        // Which label sets each matching rule selects, and the kept labels' values.
+        let value_of = |set: usize, label: &str| -> String {
+            if label == "__name__" {
+                return name.to_owned();
+            }
+            label_sets[set]
+                .iter()
+                .find(|(k, _)| k == label)
+                .map(|(_, v)| v.as_str())
+                .or_else(|| series.get(label).map(String::as_str))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let selects: Vec<Vec<bool>> = matching
+            .iter()
+            .map(|&(r, _)| {
+                (0..label_sets.len())
+                    .map(|set| {
+                        rules[r]
+                            .matchers
+                            .iter()
+                            .all(|m| m.matches(&value_of(set, &m.label)))
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut sums: HashMap<(usize, usize), i64> = HashMap::new();
+        // Rules without a function: every sample of the type and label set.
+        for &(t, g, v) in rows {
+            let set = group(g).1 as usize;
+            for (m, &(r, rt)) in matching.iter().enumerate() {
+                if rt == t && selects[m][set] && rules[r].rule.function.is_none() {
+                    *sums.entry((m, set)).or_default() += v;
+                }
+            }
+        }
+        // Rules with one: a bit per distinct function named (64 at a time), each stack
+        // walked once per 64 functions.
+        let mut functions: Vec<&str> = matching
+            .iter()
+            .filter_map(|&(r, _)| rules[r].rule.function.as_deref())
+            .collect();
+        functions.sort_unstable();
+        functions.dedup();
+        for chunk in functions.chunks(64) {
+            let bit = |f: &str| chunk.iter().position(|x| *x == f).map(|i| 1u64 << i);
+            // Per function position, its bit; per location position, the bits of any of
+            // its lines (inlined frames included) and of its innermost line.
+            let function: Vec<u64> = flat
+                .function
+                .iter()
+                .map(|f| bit(flat.string(f.name)).unwrap_or(0))
+                .collect();
+            let of_line = |l: &crate::proto::Line| {
+                profile
+                    .ids
+                    .functions
+                    .get(l.function_id)
+                    .map_or(0, |i| function[i])
+            };
+            let masks: Vec<(u64, u64)> = flat
+                .locations()
+                .map(|l| {
+                    let any = l.line.iter().fold(0, |m, line| m | of_line(line));
+                    (any, l.line.first().map_or(0, of_line))
+                })
+                .collect();
+            // Per row group, the bits of its stack (anywhere, leaf).
+            let mut stack_bits: HashMap<u32, (u64, u64)> = HashMap::new();
+            for &(t, g, v) in rows {
+                let (sample, set) = group(g);
+                let set = set as usize;
+                for (m, &(r, rt)) in matching.iter().enumerate() {
+                    let rule = &rules[r].rule;
+                    let Some(b) = rule.function.as_deref().and_then(bit) else {
+                        continue;
+                    };
+                    if rt != t || !selects[m][set] {
+                        continue;
+                    }
+                    let (any, leaf) = *stack_bits.entry(g).or_insert_with(|| {
+                        let stack = flat.sample(sample).location_id;
+                        let at =
+                            |id: &u64| profile.ids.locations.get(*id).map_or((0, 0), |i| masks[i]);
+                        (
+                            stack.iter().fold(0, |m, id| m | at(id).0),
+                            stack.first().map_or(0, |id| at(id).1),
+                        )
+                    });
+                    if (if rule.leaf_only { leaf } else { any }) & b != 0 {
+                        *sums.entry((m, set)).or_default() += v;
+                    }
+                }
+            }
+        }
+        if sums.is_empty() {
+            return;
+        }
+        let mut recorded = self.recorded.lock();
+        let mut total: usize = recorded.values().map(|r| r.values.len()).sum();
+        for ((m, set), v) in sums {
+            let rule = &rules[matching[m].0].rule;
+            let key: Vec<String> = rule.keep_labels.iter().map(|l| value_of(set, l)).collect();
+            let r = recorded.entry(rule.name.clone()).or_default();
+            match r.values.get_mut(&key) {
+                Some(value) => *value += v,
+                None if total < self.limits.max_series => {
+                    r.values.insert(key, v);
+                    total += 1;
+                }
+                None => r.dropped += 1,
+            }
+        }
+    }
+}

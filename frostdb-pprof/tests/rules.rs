@@ -1,0 +1,227 @@
+//! Recording rules against a model: random CPU profiles of two services in two
+//! environments, some pushed twice, stored with rules attached (every sample per service; a
+//! function anywhere in the stack; the same function as the leaf only; a selector and a
+//! function together). Each rule's series equal the model's sums over the profiles stored
+//! once, and equal what a merge of the same selector answers for the function.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use frostdb_core::{Db, DbOptions};
+use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use frostdb_pprof::rules::{Recorder, RecordingRule, RuleLimits};
+use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
+use frostdb_profile::{Selector, TimeRange};
+use proptest::prelude::*;
+
+const FUNCTIONS: [&str; 5] = ["main", "serve", "parse", "hash", "alloc"];
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// A profile: per sample, its stack (function indexes, leaf first) and value.
+#[derive(Debug, Clone)]
+struct Drawn {
+    service: usize,
+    env: usize,
+    samples: Vec<(Vec<usize>, i64)>,
+    twice: bool,
+}
+
+fn drawn() -> impl Strategy<Value = Drawn> {
+    (
+        0..2usize,
+        0..2usize,
+        prop::collection::vec(
+            (prop::collection::vec(0..FUNCTIONS.len(), 1..6), 1..1_000i64),
+            1..12,
+        ),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(service, env, samples, twice)| Drawn {
+            service,
+            env,
+            samples,
+            twice,
+        })
+}
+
+/// The pprof of `d`: a location per function (id = index + 1).
+fn pprof(d: &Drawn) -> Profile {
+    let mut strings: Vec<String> = vec![String::new(), "cpu".into(), "nanoseconds".into()];
+    strings.extend(FUNCTIONS.iter().map(|f| (*f).to_owned()));
+    Profile {
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        function: (0..FUNCTIONS.len())
+            .map(|i| Function {
+                id: i as u64 + 1,
+                name: i as i64 + 3,
+                system_name: i as i64 + 3,
+                ..Function::default()
+            })
+            .collect(),
+        location: (0..FUNCTIONS.len())
+            .map(|i| Location {
+                id: i as u64 + 1,
+                line: vec![Line {
+                    function_id: i as u64 + 1,
+                    line: 1,
+                    column: 0,
+                }],
+                ..Location::default()
+            })
+            .collect(),
+        sample: d
+            .samples
+            .iter()
+            .map(|(stack, value)| Sample {
+                location_id: stack.iter().map(|&f| f as u64 + 1).collect(),
+                value: vec![*value],
+                ..Sample::default()
+            })
+            .collect(),
+        string_table: strings,
+        ..Profile::default()
+    }
+}
+
+fn service(i: usize) -> String {
+    format!("svc-{i}")
+}
+
+fn rules() -> Vec<RecordingRule> {
+    let rule =
+        |name: &str, selector: &str, function: Option<&str>, leaf_only: bool| RecordingRule {
+            name: name.into(),
+            profile_type: CPU.into(),
+            selector: selector.into(),
+            function: function.map(Into::into),
+            leaf_only,
+            keep_labels: vec!["service_name".into()],
+        };
+    vec![
+        rule("cpu_total", "", None, false),
+        rule("parse_total", "", Some("parse"), false),
+        rule("parse_self", "", Some("parse"), true),
+        rule("prod_hash", "{env=\"prod\"}", Some("hash"), false),
+    ]
+}
+
+/// What each rule should hold, by rule and service.
+fn model(profiles: &[Drawn]) -> BTreeMap<(String, String), i64> {
+    let mut out = BTreeMap::new();
+    for d in profiles {
+        for (stack, value) in &d.samples {
+            let has = |f: &str| stack.iter().any(|&i| FUNCTIONS[i] == f);
+            let leaf = FUNCTIONS[stack[0]];
+            let mut add = |rule: &str| {
+                *out.entry((rule.to_owned(), service(d.service)))
+                    .or_insert(0) += value;
+            };
+            add("cpu_total");
+            if has("parse") {
+                add("parse_total");
+            }
+            if leaf == "parse" {
+                add("parse_self");
+            }
+            if d.env == 0 && has("hash") {
+                add("prod_hash");
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn rules_record_what_the_model_sums_and_a_merge_answers(
+        profiles in prop::collection::vec(drawn(), 1..12)
+    ) {
+        let store = ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+        recorder.set_rules(&rules()).unwrap();
+        prop_assert!(store.attach_recorder(recorder.clone()));
+        for (i, d) in profiles.iter().enumerate() {
+            let options = IngestOptions::default()
+                .name("process_cpu")
+                .labels(vec![
+                    ("service_name".into(), service(d.service)),
+                    ("env".into(), ["prod", "dev"][d.env].into()),
+                ])
+                .delta(false)
+                .timestamp_ms(1_700_000_000_000 + i as i64 * 10_000);
+            let profile = validate(pprof(d), store.limits()).unwrap();
+            store.ingest_profile(&profile, &options).unwrap();
+            if d.twice {
+                // Stored once: counted once.
+                let again = store.ingest_profile(&profile, &options).unwrap();
+                prop_assert!(again.duplicate);
+            }
+        }
+        let recorded: BTreeMap<(String, String), i64> = recorder
+            .series()
+            .into_iter()
+            .map(|s| ((s.rule, s.labels[0].1.clone()), s.value))
+            .collect();
+        prop_assert_eq!(&recorded, &model(&profiles));
+        // A merge of the rule's selector answers the same: the samples with the function.
+        for ((rule, svc), value) in &recorded {
+            let r = rules().into_iter().find(|r| &r.name == rule).unwrap();
+            let matchers = r.selector.trim_start_matches('{').trim_end_matches('}');
+            let comma = if matchers.is_empty() { "" } else { "," };
+            let selector =
+                Selector::parse(&format!("{CPU}{{service_name=\"{svc}\"{comma}{matchers}}}"))
+                    .unwrap();
+            let merged = store.merge(&selector, TimeRange::ALL).unwrap();
+            let answered: i64 = merged
+                .samples
+                .iter()
+                .filter(|&&(stack, _)| {
+                    let frames = merged.symbols.frames(stack);
+                    match (&r.function, r.leaf_only) {
+                        (None, _) => true,
+                        (Some(f), true) => frames.first().is_some_and(|x| x.display_name() == *f),
+                        (Some(f), false) => frames.iter().any(|x| x.display_name() == *f),
+                    }
+                })
+                .map(|&(_, v)| v)
+                .sum();
+            prop_assert_eq!(answered, *value, "{} of {}", rule, svc);
+        }
+    }
+}
+
+#[test]
+fn rules_are_refused_whole_naming_the_fault() {
+    let recorder = Recorder::new(RuleLimits {
+        max_rules: 2,
+        max_series: 1,
+    });
+    let ok = rules()[1].clone();
+    let refused = |rules: &[RecordingRule]| recorder.set_rules(rules).unwrap_err().to_string();
+    assert!(refused(&rules()).contains("limits.max_recording_rules"));
+    let mut bad = ok.clone();
+    bad.name = "cpu-by-service".into();
+    assert!(refused(&[bad]).contains("Prometheus metric name"));
+    let mut bad = ok.clone();
+    bad.profile_type = "process_cpu".into();
+    assert!(refused(&[bad]).contains("profile type"));
+    let mut bad = ok.clone();
+    bad.selector = "{service_name=~\"(\"}".into();
+    assert!(refused(&[bad]).contains("parse_total"));
+    assert!(refused(&[ok.clone(), ok.clone()]).contains("two recording rules"));
+    let mut bad = ok.clone();
+    bad.function = None;
+    bad.leaf_only = true;
+    assert!(refused(&[bad]).contains("leaf_only"));
+    // Nothing set by any of those.
+    assert!(recorder.status().is_empty());
+    recorder.set_rules(&[ok]).unwrap();
+    assert_eq!(recorder.status().len(), 1);
+}
