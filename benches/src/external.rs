@@ -377,11 +377,64 @@ pub fn pprof_index(data: &Path) -> Result<Vec<PprofFile>, BoxError> {
     Ok(files)
 }
 
+/// `n` recording rules over the fleet's profiles, as a user might set them: per service,
+/// the CPU of one of the ten hottest functions of `first` (anywhere in the stack, or as the
+/// leaf) or of everything, cycling through the label names kept.
+fn fleet_rules(
+    job: &PprofFile,
+    first: &[u8],
+    n: usize,
+) -> Result<Vec<frostdb_pprof::rules::RecordingRule>, BoxError> {
+    let p = frostdb_pprof::decode(first, &Default::default())?.into_inner();
+    let text = |i: i64| p.string_table[i as usize].clone();
+    let period = p.period_type.unwrap_or_default();
+    let t = &p.sample_type[p.sample_type.len() - 1];
+    let profile_type = format!(
+        "{}:{}:{}:{}:{}",
+        job.name,
+        text(t.r#type),
+        text(t.unit),
+        text(period.r#type),
+        text(period.unit)
+    );
+    let mut flat: std::collections::HashMap<String, i64> = Default::default();
+    for sample in &p.sample {
+        let leaf = sample
+            .location_id
+            .first()
+            .and_then(|id| p.location.iter().find(|l| l.id == *id))
+            .and_then(|l| l.line.first())
+            .and_then(|line| p.function.iter().find(|f| f.id == line.function_id));
+        if let Some(f) = leaf {
+            *flat.entry(text(f.name)).or_default() += sample.value.last().copied().unwrap_or(0);
+        }
+    }
+    let mut hot: Vec<(String, i64)> = flat.into_iter().collect();
+    hot.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    hot.truncate(10);
+    let keys: Vec<String> = job.labels.iter().map(|(k, _)| k.clone()).collect();
+    Ok((0..n)
+        .map(|i| frostdb_pprof::rules::RecordingRule {
+            name: format!("rule_{i}"),
+            profile_type: profile_type.clone(),
+            selector: String::new(),
+            function: (i % 4 != 3 && !hot.is_empty()).then(|| hot[i % hot.len()].0.clone()),
+            leaf_only: i % 4 == 1 && !hot.is_empty(),
+            keep_labels: keys
+                .iter()
+                .take(1 + i % keys.len().max(1))
+                .cloned()
+                .collect(),
+        })
+        .collect())
+}
+
 /// `ingest --pprof`: the realistic path. Every file of `DATA/pprof/index.tsv` (gzipped
 /// pprof, labels beside it as a scraper attaches them) is decoded, normalized and stored by
 /// [`ProfileStore::ingest`], each acknowledged only when durable. Before that the same
 /// files are only gunzipped and protobuf-decoded on all cores: the raw rate any pprof
 /// consumer pays, printed beside ours. Both start from the files' bytes, read beforehand.
+/// With `--rules N`, N recording rules count every profile as it is stored.
 pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     use prost::Message;
     let data = arg(args, "--data")?;
@@ -442,6 +495,21 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     })?;
     let flat_s = started.elapsed().as_secs_f64();
 
+    // --rules N: N recording rules counting every profile as it is stored (issue 44's cost).
+    let recorder = match number(args, "--rules", 0)? {
+        0 => None,
+        n => {
+            let recorder = Arc::new(frostdb_pprof::rules::Recorder::new(
+                frostdb_pprof::rules::RuleLimits {
+                    max_rules: n,
+                    max_series: 1_000_000,
+                },
+            ));
+            recorder.set_rules(&fleet_rules(&jobs[0], &file(0)?, n)?)?;
+            store.attach_recorder(recorder.clone());
+            Some(recorder)
+        }
+    };
     let started = Instant::now();
     let cpu_before = cpu_seconds();
     let threads_before = cpu_by_thread();
@@ -462,6 +530,14 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
     let ingest_s = started.elapsed().as_secs_f64();
     let cpu = cpu_before.zip(cpu_seconds()).map(|(a, b)| b - a);
     let threads_after = cpu_by_thread();
+    if let Some(recorder) = &recorder {
+        let status = recorder.status();
+        eprintln!(
+            "{} recording rules recorded {} series",
+            status.len(),
+            status.iter().map(|s| s.series).sum::<usize>()
+        );
+    }
     let n = jobs.len() as f64;
     if let Some(wal) = store.db().wal_stats() {
         eprintln!(

@@ -92,19 +92,58 @@ struct Compiled {
     rule: RecordingRule,
     profile_type: ProfileType,
     matchers: Vec<Matcher>,
+    /// Its function's bit among [`RuleSet::functions`] (0: no function).
+    bit: u64,
 }
+
+/// The rules, and the distinct functions they name (a bit each, at most 64).
+#[derive(Default)]
+struct RuleSet {
+    compiled: Vec<Compiled>,
+    functions: Vec<String>,
+}
+
+impl std::ops::Deref for RuleSet {
+    type Target = Vec<Compiled>;
+
+    fn deref(&self) -> &Vec<Compiled> {
+        &self.compiled
+    }
+}
+
+/// Most distinct functions all of a tenant's rules may name (a bit each).
+const MAX_FUNCTIONS: usize = 64;
+
+/// Most stacks whose function bits are kept (about 40 bytes each).
+const MAX_CACHED_STACKS: usize = 1 << 20;
 
 /// What a rule recorded: per kept labels' values, the total.
 #[derive(Default)]
 struct Recorded {
-    values: HashMap<Vec<String>, i64>,
+    values: hashbrown::HashMap<Vec<String>, i64, foldhash::fast::RandomState>,
     dropped: u64,
+}
+
+/// Kept labels' values, borrowed: looks a series up without allocating its key (hashes as
+/// the `Vec<String>` it stands for).
+#[derive(Hash)]
+struct Key<'a>(&'a [&'a str]);
+
+impl hashbrown::Equivalent<Vec<String>> for Key<'_> {
+    fn equivalent(&self, key: &Vec<String>) -> bool {
+        self.0.len() == key.len() && self.0.iter().zip(key).all(|(a, b)| *a == b)
+    }
 }
 
 /// The rules of one tenant and their series.
 pub struct Recorder {
     limits: RuleLimits,
-    rules: RwLock<Arc<Vec<Compiled>>>,
+    rules: RwLock<Arc<RuleSet>>,
+    /// Per stack (its content key, equal for equal stacks whichever profile sends them),
+    /// the bits of the rules' functions it holds (anywhere, as its leaf): a stack seen
+    /// before is not walked again. Valid for the current rule set; cleared with it, and when
+    /// it reaches [`MAX_CACHED_STACKS`].
+    stacks: Mutex<hashbrown::HashMap<u128, (u64, u64), foldhash::fast::RandomState>>,
     /// Per rule (by name), what it recorded.
     recorded: Mutex<HashMap<String, Recorded>>,
 }
@@ -116,6 +155,43 @@ impl std::fmt::Debug for Recorder {
             .field("rules", &self.rules.read().len())
             .finish_non_exhaustive()
     }
+}
+
+/// Per location of `profile` (by position), the bits of `functions` among its lines
+/// (inlined frames included) and in its innermost line.
+fn location_bits(profile: &ValidProfile, functions: &[String]) -> Vec<(u64, u64)> {
+    let flat = profile.flat();
+    // Names of another length than every wanted one are not compared.
+    let mut lengths = [0u64; 4];
+    for f in functions {
+        lengths[(f.len() / 64) % 4] |= 1 << (f.len() % 64);
+    }
+    let function: Vec<u64> = flat
+        .function
+        .iter()
+        .map(|f| {
+            let n = flat.string(f.name);
+            if lengths[(n.len() / 64) % 4] & (1 << (n.len() % 64)) == 0 {
+                return 0;
+            }
+            functions
+                .binary_search_by(|x| x.as_str().cmp(n))
+                .map_or(0, |i| 1 << i)
+        })
+        .collect();
+    let of_line = |l: &crate::proto::Line| {
+        profile
+            .ids
+            .functions
+            .get(l.function_id)
+            .map_or(0, |i| function[i])
+    };
+    flat.locations()
+        .map(|l| {
+            let any = l.line.iter().fold(0, |m, line| m | of_line(line));
+            (any, l.line.first().map_or(0, of_line))
+        })
+        .collect()
 }
 
 /// Whether `name` is a Prometheus metric or label name (`colon`: metric names may hold `:`).
@@ -164,6 +240,7 @@ fn compile(rule: &RecordingRule) -> Result<Compiled, RuleError> {
         rule: rule.clone(),
         profile_type,
         matchers: parsed.matchers,
+        bit: 0,
     })
 }
 
@@ -172,7 +249,8 @@ impl Recorder {
     pub fn new(limits: RuleLimits) -> Self {
         Self {
             limits,
-            rules: RwLock::new(Arc::new(Vec::new())),
+            rules: RwLock::new(Arc::new(RuleSet::default())),
+            stacks: Mutex::new(Default::default()),
             recorded: Mutex::new(HashMap::new()),
         }
     }
@@ -187,7 +265,7 @@ impl Recorder {
         self.compile_all(rules).map(|_| ())
     }
 
-    fn compile_all(&self, rules: &[RecordingRule]) -> Result<Vec<Compiled>, RuleError> {
+    fn compile_all(&self, rules: &[RecordingRule]) -> Result<RuleSet, RuleError> {
         if rules.len() > self.limits.max_rules {
             return Err(RuleError(format!(
                 "{} recording rules, over the limit of {} a tenant (limits.max_recording_rules)",
@@ -206,7 +284,26 @@ impl Recorder {
             }
             compiled.push(compile(rule)?);
         }
-        Ok(compiled)
+        let mut functions: Vec<String> = rules.iter().filter_map(|r| r.function.clone()).collect();
+        functions.sort_unstable();
+        functions.dedup();
+        if functions.len() > MAX_FUNCTIONS {
+            return Err(RuleError(format!(
+                "the recording rules name {} distinct functions, over the {MAX_FUNCTIONS} a \
+                 tenant's rules may name together",
+                functions.len()
+            )));
+        }
+        for c in &mut compiled {
+            if let Some(f) = &c.rule.function {
+                let i = functions.binary_search(f).expect("listed above");
+                c.bit = 1 << i;
+            }
+        }
+        Ok(RuleSet {
+            compiled,
+            functions,
+        })
     }
 
     /// Replaces the rules with `rules` (all or none: an error changes nothing). A rule kept
@@ -216,6 +313,7 @@ impl Recorder {
         let compiled = self.compile_all(rules)?;
         let mut recorded = self.recorded.lock();
         let mut current = self.rules.write();
+        self.stacks.lock().clear();
         recorded.retain(|name, _| {
             let old = current.iter().find(|c| &c.rule.name == name);
             let new = compiled.iter().find(|c| &c.rule.name == name);
@@ -283,7 +381,7 @@ impl Recorder {
         name: &str,
         series: &BTreeMap<String, String>,
         label_sets: &[Vec<(String, String)>],
-        group: impl Fn(u32) -> (usize, u32),
+        group: impl Fn(u32) -> (usize, u32, u128),
         rows: &[(u16, u32, i64)],
     ) {
         let rules = self.rules.read().clone();
@@ -320,9 +418,9 @@ impl Recorder {
             return;
         }
         // Which label sets each matching rule selects, and the kept labels' values.
-        let value_of = |set: usize, label: &str| -> String {
+        let value_of = |set: usize, label: &str| -> &str {
             if label == "__name__" {
-                return name.to_owned();
+                return name;
             }
             label_sets[set]
                 .iter()
@@ -330,103 +428,93 @@ impl Recorder {
                 .map(|(_, v)| v.as_str())
                 .or_else(|| series.get(label).map(String::as_str))
                 .unwrap_or("")
-                .to_owned()
         };
-        let selects: Vec<Vec<bool>> = matching
-            .iter()
-            .map(|&(r, _)| {
-                (0..label_sets.len())
-                    .map(|set| {
-                        rules[r]
-                            .matchers
-                            .iter()
-                            .all(|m| m.matches(&value_of(set, &m.label)))
-                    })
-                    .collect()
-            })
-            .collect();
-        let mut sums: HashMap<(usize, usize), i64> = HashMap::new();
-        // Rules without a function: every sample of the type and label set.
+        let sets = label_sets.len();
+        let mut selects: Vec<bool> = Vec::with_capacity(matching.len() * sets);
+        for &(r, _) in &matching {
+            for set in 0..sets {
+                selects.push(
+                    rules[r]
+                        .matchers
+                        .iter()
+                        .all(|m| m.matches(value_of(set, &m.label))),
+                );
+            }
+        }
+        // Per (matching rule, label set): the sum of its rows.
+        let mut sums = vec![0i64; matching.len() * sets];
+        let mut counted = vec![false; matching.len() * sets];
+        // The matching rules without a function, and those with one (their bits together).
+        let (plain, named): (Vec<usize>, Vec<usize>) =
+            (0..matching.len()).partition(|&m| rules[matching[m].0].bit == 0);
+        let wanted = named.iter().fold(0, |b, &m| b | rules[matching[m].0].bit);
+        // Each distinct stack's function bits are found once (the cache, by its content
+        // key) or by walking it with this profile's location bits, made on the first
+        // stack not cached.
+        let masks: std::cell::OnceCell<Vec<(u64, u64)>> = std::cell::OnceCell::new();
+        let mut cache = (!named.is_empty()).then(|| self.stacks.lock());
+        if let Some(cache) = &mut cache
+            && cache.len() >= MAX_CACHED_STACKS
+        {
+            cache.clear();
+        }
         for &(t, g, v) in rows {
-            let set = group(g).1 as usize;
-            for (m, &(r, rt)) in matching.iter().enumerate() {
-                if rt == t && selects[m][set] && rules[r].rule.function.is_none() {
-                    *sums.entry((m, set)).or_default() += v;
+            let (sample, set, key) = group(g);
+            let set = set as usize;
+            for &m in &plain {
+                let at = m * sets + set;
+                if matching[m].1 == t && selects[at] {
+                    sums[at] += v;
+                    counted[at] = true;
                 }
             }
-        }
-        // Rules with one: a bit per distinct function named (64 at a time), each stack
-        // walked once per 64 functions.
-        let mut functions: Vec<&str> = matching
-            .iter()
-            .filter_map(|&(r, _)| rules[r].rule.function.as_deref())
-            .collect();
-        functions.sort_unstable();
-        functions.dedup();
-        for chunk in functions.chunks(64) {
-            let bit = |f: &str| chunk.iter().position(|x| *x == f).map(|i| 1u64 << i);
-            // Per function position, its bit; per location position, the bits of any of
-            // its lines (inlined frames included) and of its innermost line.
-            let function: Vec<u64> = flat
-                .function
-                .iter()
-                .map(|f| bit(flat.string(f.name)).unwrap_or(0))
-                .collect();
-            let of_line = |l: &crate::proto::Line| {
-                profile
-                    .ids
-                    .functions
-                    .get(l.function_id)
-                    .map_or(0, |i| function[i])
+            let Some(cache) = &mut cache else {
+                continue;
             };
-            let masks: Vec<(u64, u64)> = flat
-                .locations()
-                .map(|l| {
-                    let any = l.line.iter().fold(0, |m, line| m | of_line(line));
-                    (any, l.line.first().map_or(0, of_line))
-                })
-                .collect();
-            // Per row group, the bits of its stack (anywhere, leaf).
-            let mut stack_bits: HashMap<u32, (u64, u64)> = HashMap::new();
-            for &(t, g, v) in rows {
-                let (sample, set) = group(g);
-                let set = set as usize;
-                for (m, &(r, rt)) in matching.iter().enumerate() {
-                    let rule = &rules[r].rule;
-                    let Some(b) = rule.function.as_deref().and_then(bit) else {
-                        continue;
-                    };
-                    if rt != t || !selects[m][set] {
-                        continue;
-                    }
-                    let (any, leaf) = *stack_bits.entry(g).or_insert_with(|| {
-                        let stack = flat.sample(sample).location_id;
-                        let at =
-                            |id: &u64| profile.ids.locations.get(*id).map_or((0, 0), |i| masks[i]);
-                        (
-                            stack.iter().fold(0, |m, id| m | at(id).0),
-                            stack.first().map_or(0, |id| at(id).1),
-                        )
-                    });
-                    if (if rule.leaf_only { leaf } else { any }) & b != 0 {
-                        *sums.entry((m, set)).or_default() += v;
-                    }
+            let (any, leaf) = *cache.entry(key).or_insert_with(|| {
+                let masks = masks.get_or_init(|| location_bits(profile, &rules.functions));
+                let stack = profile.flat().sample(sample).location_id;
+                let at = |id: &u64| profile.ids.locations.get(*id).map_or((0, 0), |i| masks[i]);
+                (
+                    stack.iter().fold(0, |m, id| m | at(id).0),
+                    stack.first().map_or(0, |id| at(id).1),
+                )
+            });
+            // Most stacks hold none of the rules' functions: nothing more to look at.
+            if (any | leaf) & wanted == 0 {
+                continue;
+            }
+            for &m in &named {
+                let rule = &rules[matching[m].0];
+                let held = if rule.rule.leaf_only { leaf } else { any };
+                let at = m * sets + set;
+                if held & rule.bit != 0 && matching[m].1 == t && selects[at] {
+                    sums[at] += v;
+                    counted[at] = true;
                 }
             }
         }
-        if sums.is_empty() {
+        drop(cache);
+        if !counted.contains(&true) {
             return;
         }
         let mut recorded = self.recorded.lock();
         let mut total: usize = recorded.values().map(|r| r.values.len()).sum();
-        for ((m, set), v) in sums {
+        let mut key: Vec<&str> = Vec::new();
+        for (at, _) in counted.iter().enumerate().filter(|(_, c)| **c) {
+            let (m, set) = (at / sets, at % sets);
             let rule = &rules[matching[m].0].rule;
-            let key: Vec<String> = rule.keep_labels.iter().map(|l| value_of(set, l)).collect();
-            let r = recorded.entry(rule.name.clone()).or_default();
-            match r.values.get_mut(&key) {
-                Some(value) => *value += v,
+            key.clear();
+            key.extend(rule.keep_labels.iter().map(|l| value_of(set, l)));
+            let r = match recorded.get_mut(rule.name.as_str()) {
+                Some(r) => r,
+                None => recorded.entry(rule.name.clone()).or_default(),
+            };
+            match r.values.get_mut(&Key(&key)) {
+                Some(value) => *value += sums[at],
                 None if total < self.limits.max_series => {
-                    r.values.insert(key, v);
+                    r.values
+                        .insert(key.iter().map(|s| (*s).to_owned()).collect(), sums[at]);
                     total += 1;
                 }
                 None => r.dropped += 1,

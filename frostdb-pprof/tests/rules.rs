@@ -225,3 +225,43 @@ fn rules_are_refused_whole_naming_the_fault() {
     recorder.set_rules(&[ok]).unwrap();
     assert_eq!(recorder.status().len(), 1);
 }
+
+#[test]
+fn series_past_the_limit_are_dropped_and_counted() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits {
+        max_rules: 10,
+        max_series: 1,
+    }));
+    recorder.set_rules(&rules()[..1]).unwrap();
+    store.attach_recorder(recorder.clone());
+    for (i, svc) in [0, 1, 0].into_iter().enumerate() {
+        let d = Drawn {
+            service: svc,
+            env: 0,
+            samples: vec![(vec![0, 1], 5)],
+            twice: false,
+        };
+        let options = IngestOptions::default()
+            .name("process_cpu")
+            .labels(vec![("service_name".into(), service(svc))])
+            .delta(false)
+            .timestamp_ms(1_700_000_000_000 + i as i64);
+        store
+            .ingest_profile(&validate(pprof(&d), store.limits()).unwrap(), &options)
+            .unwrap();
+    }
+    // svc-0's series was first: kept, and added to; svc-1's, past the limit, dropped.
+    let series = recorder.series();
+    assert_eq!(series.len(), 1);
+    assert_eq!(
+        (series[0].labels[0].1.as_str(), series[0].value),
+        ("svc-0", 10)
+    );
+    let status = recorder.status();
+    assert_eq!((status[0].series, status[0].dropped), (1, 1));
+}

@@ -235,7 +235,7 @@ impl Prepared<'_> {
             &self.label_sets,
             |g| {
                 let group = &self.groups[g as usize];
-                (group.sample, group.labels)
+                (group.sample, group.labels, self.keys[g as usize])
             },
             &self.rows,
         );
