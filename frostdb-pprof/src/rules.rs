@@ -211,6 +211,11 @@ fn compile(rule: &RecordingRule) -> Result<Compiled, RuleError> {
                 .into(),
         ));
     }
+    if rule.profile_type.len() > 512 || rule.selector.len() > 4096 {
+        return Err(bad(
+            "the profile type may have at most 512 bytes, the selector 4096".into(),
+        ));
+    }
     let selector = match rule.selector.trim() {
         "" => "{}",
         s => s,

@@ -217,6 +217,9 @@ fn rules_are_refused_whole_naming_the_fault() {
     assert!(refused(&[bad]).contains("parse_total"));
     assert!(refused(&[ok.clone(), ok.clone()]).contains("two recording rules"));
     let mut bad = ok.clone();
+    bad.selector = format!("{{service_name=\"{}\"}}", "x".repeat(1 << 20));
+    assert!(refused(&[bad]).contains("at most"));
+    let mut bad = ok.clone();
     bad.function = None;
     bad.leaf_only = true;
     assert!(refused(&[bad]).contains("leaf_only"));
