@@ -522,7 +522,17 @@ impl Recorder {
                         .insert(key.iter().map(|s| (*s).to_owned()).collect(), sums[at]);
                     total += 1;
                 }
-                None => r.dropped += 1,
+                None => {
+                    if r.dropped == 0 {
+                        tracing::warn!(
+                            rule = %rule.name,
+                            limit = self.limits.max_series,
+                            "recording rule series past the limit (limits.max_recording_rule_series): \
+                             their values are dropped and counted"
+                        );
+                    }
+                    r.dropped += 1;
+                }
             }
         }
     }

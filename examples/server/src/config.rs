@@ -98,6 +98,9 @@ pub struct Config {
     /// Names for frames stored as addresses (`[symbolizer]`).
     #[serde(default)]
     pub symbolizer: SymbolizerConfig,
+    /// Prometheus remote write of the recording rules' series (`None`: only `/metrics`).
+    #[serde(default)]
+    pub remote_write: Option<crate::remote_write::RemoteWriteConfig>,
 }
 
 /// How frames stored as addresses get names: `[symbolizer]` in the TOML. Debug files are
@@ -444,12 +447,12 @@ fn default_tenant() -> String {
     DEFAULT_TENANT.into()
 }
 
-mod duration {
+pub(crate) mod duration {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer};
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
         let ms = crate::time::parse_duration_ms(&s).map_err(serde::de::Error::custom)?;
         if ms <= 0 {
@@ -604,6 +607,7 @@ impl Default for Config {
             storage: None,
             cluster: ClusterConfig::default(),
             symbolizer: SymbolizerConfig::default(),
+            remote_write: None,
         }
     }
 }
@@ -789,6 +793,14 @@ mod tests {
                 "[symbolizer]",
                 field_names(&format!("{:?}", SymbolizerConfig::default())),
             ),
+            (
+                "[remote_write]",
+                field_names(&format!(
+                    "{:?}",
+                    toml::from_str::<crate::remote_write::RemoteWriteConfig>("url = \"u\"")
+                        .unwrap()
+                )),
+            ),
         ];
         let tables = [
             "limits",
@@ -798,6 +810,7 @@ mod tests {
             "storage",
             "cluster",
             "symbolizer",
+            "remote_write",
         ];
         for (section, keys) in sections {
             assert!(!keys.is_empty(), "{section}");

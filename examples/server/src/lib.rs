@@ -17,6 +17,7 @@ pub mod health;
 pub mod ingest;
 pub mod querier;
 pub mod query;
+pub mod remote_write;
 pub mod rules;
 pub mod scrape;
 pub mod settings;
@@ -469,6 +470,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
         Duration::from_secs(1),
     ));
     let scrapers = scrape::start(state.clone());
+    let remote_writer = state
+        .config
+        .remote_write
+        .clone()
+        .map(|c| tokio::spawn(remote_write::run(state.clone(), c)));
     let sampler = match &state.config.ebpf {
         Some(ebpf) => Some(ebpf::start(state.clone(), ebpf)?),
         None => None,
@@ -490,7 +496,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     for s in scrapers {
         s.abort();
     }
-    for task in refresher.into_iter().chain([governor]) {
+    for task in refresher.into_iter().chain([governor]).chain(remote_writer) {
         task.abort();
     }
     node.stop().await;

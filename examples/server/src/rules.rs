@@ -47,6 +47,8 @@ pub struct Rules {
     recorders: Mutex<HashMap<String, Arc<Recorder>>>,
     /// Held across each read-modify-write of a tenant's file.
     lock: tokio::sync::Mutex<()>,
+    /// What remote write did (`[remote_write]`).
+    pub remote_write: crate::remote_write::RemoteWriteStats,
 }
 
 impl Rules {
@@ -71,6 +73,7 @@ impl Rules {
             configured,
             recorders: Mutex::new(HashMap::new()),
             lock: tokio::sync::Mutex::new(()),
+            remote_write: Default::default(),
         })
     }
 
@@ -277,9 +280,43 @@ async fn delete(
     Ok(Json(json!({ "deleted": name })))
 }
 
-/// The series of every tenant's rules, in the exposition format, for `/metrics`.
+/// The series of every tenant's rules, in the exposition format, for `/metrics`, and what
+/// remote write did.
 pub fn exposition(rules: &Rules, out: &mut String) {
     use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    let rw = &rules.remote_write;
+    for (name, kind, help, value) in [
+        (
+            "frostdb_remote_write_batches_sent_total",
+            "counter",
+            "Batches the receiver acknowledged.",
+            rw.sent.load(Relaxed),
+        ),
+        (
+            "frostdb_remote_write_failures_total",
+            "counter",
+            "Sends that failed and were retried.",
+            rw.failed.load(Relaxed),
+        ),
+        (
+            "frostdb_remote_write_batches_dropped_total",
+            "counter",
+            "Batches refused by the receiver, or the oldest of a full queue.",
+            rw.dropped.load(Relaxed),
+        ),
+        (
+            "frostdb_remote_write_batches_queued",
+            "gauge",
+            "Batches waiting to be sent.",
+            rw.queued.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
     let mut by_name: BTreeMap<String, Vec<(String, frostdb_pprof::rules::RuleSeries)>> =
         BTreeMap::new();
     for (tenant, recorder) in rules.recorders() {

@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Reap, Server, enc, eventually, get_json, testdata};
@@ -33,18 +34,24 @@ fn hottest(file: &[u8]) -> String {
 
 /// Prometheus scraping `target` (host:port) every second, its API's URL.
 fn prometheus(dir: &std::path::Path, target: &str) -> (Reap, String) {
-    let port = frostdb_core::testing::free_port();
-    let config = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
+    prometheus_with(
+        dir,
+        &format!(
             "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: frostdb\n    \
              static_configs:\n      - targets: [\"{target}\"]\n"
         ),
+        &[],
     )
-    .unwrap();
+}
+
+/// Prometheus with `config` and `flags`, its API's URL.
+fn prometheus_with(dir: &std::path::Path, config: &str, flags: &[&str]) -> (Reap, String) {
+    let port = frostdb_core::testing::free_port();
+    let file = dir.join("prometheus.yml");
+    std::fs::write(&file, config).unwrap();
     let child = std::process::Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
+        .args(flags)
+        .arg(format!("--config.file={}", file.display()))
         .arg(format!(
             "--storage.tsdb.path={}",
             dir.join("tsdb").display()
@@ -58,7 +65,7 @@ fn prometheus(dir: &std::path::Path, target: &str) -> (Reap, String) {
 }
 
 /// PromQL `query`'s instant value per `service_name`, from Prometheus at `url`.
-async fn promql(url: &str, query: &str) -> std::collections::BTreeMap<String, i64> {
+async fn promql(url: &str, query: &str) -> BTreeMap<String, i64> {
     // Prometheus may not listen yet: no answer is no value.
     let Ok(answer) = reqwest::get(format!("{url}/api/v1/query?query={}", enc(query))).await else {
         return Default::default();
@@ -79,10 +86,10 @@ async fn promql(url: &str, query: &str) -> std::collections::BTreeMap<String, i6
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(&dir.path().join("data"), None);
+/// Sets two rules on `s` (a function's CPU per service, all CPU per service), checks a bad
+/// one is refused, pushes two services' CPU profiles, and returns what the server's merges
+/// answer for each rule per service (its top table's cum of the function, its total).
+async fn rules_and_profiles(s: &Server) -> (BTreeMap<String, i64>, BTreeMap<String, i64>) {
     let files = [
         ("api", testdata("pprof/goapp__go119-cpu-2s.pb.gz")),
         ("worker", testdata("pprof/pyroscope__go-cpu.pb.gz")),
@@ -140,8 +147,8 @@ async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
         assert_eq!(pushed.status().as_u16(), 200);
     }
     // What the server's merges answer: per service, the function's cum and the total.
-    let mut expected_function = std::collections::BTreeMap::new();
-    let mut expected_total = std::collections::BTreeMap::new();
+    let mut expected_function = BTreeMap::new();
+    let mut expected_total = BTreeMap::new();
     for (service, _) in &files {
         let top = get_json(
             &format!(
@@ -167,6 +174,14 @@ async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
         "{expected_function:?}"
     );
 
+    (expected_function, expected_total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let (expected_function, expected_total) = rules_and_profiles(&s).await;
     let port = s.url.rsplit(':').next().unwrap().trim_end_matches('/');
     let (_prometheus, url) = prometheus(dir.path(), &format!("127.0.0.1:{port}"));
     assert!(
@@ -183,4 +198,42 @@ async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
     // The rules list says what each recorded.
     let listed = get_json(&format!("{}/api/v1/rules", s.url), None).await;
     assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
+}
+
+/// The same series sent by remote write (`[remote_write]`) to a Prometheus receiving it
+/// (`--web.enable-remote-write-receiver`), which scrapes nothing: PromQL answers what the
+/// merges answer, and the sender counts acknowledged batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_receives_the_series_by_remote_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_prometheus, url) = prometheus_with(
+        dir.path(),
+        "global:\n  scrape_interval: 1m\n",
+        &["--web.enable-remote-write-receiver"],
+    );
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!(
+            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
+        )),
+    );
+    let (expected_function, expected_total) = rules_and_profiles(&s).await;
+    assert!(
+        eventually(Duration::from_secs(120), async || {
+            promql(&url, "function_cpu_nanoseconds_total").await == expected_function
+                && promql(&url, "cpu_nanoseconds_total").await == expected_total
+        })
+        .await,
+        "Prometheus answered {:?} and {:?}; the server's merges {expected_function:?} and \
+         {expected_total:?}",
+        promql(&url, "function_cpu_nanoseconds_total").await,
+        promql(&url, "cpu_nanoseconds_total").await,
+    );
+    let (_, metrics) = common::get(&format!("{}/metrics", s.url), None).await;
+    let sent = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("frostdb_remote_write_batches_sent_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(sent >= 1, "{metrics}");
 }

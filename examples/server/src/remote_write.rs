@@ -1,0 +1,201 @@
+//! Prometheus remote write of the recording rules' series (`[remote_write]`): every
+//! `interval`, every tenant's series at their current values, timestamped now, as one
+//! snappy-compressed protobuf `WriteRequest` (remote write 1.0). Batches wait in a bounded
+//! queue and are sent in order: a batch the receiver acknowledges (2xx) leaves the queue and
+//! is never sent again; one it refuses (4xx, which retrying cannot mend) is dropped, logged;
+//! one that fails (5xx, no answer) is sent again after a backoff that doubles up to 30 s.
+//! When the queue is full the oldest batch is dropped (counted): the newer carries the
+//! counters' later values, which is what `rate()` needs.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::Shared;
+
+/// `[remote_write]` in the TOML.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteWriteConfig {
+    /// The receiver, `http://prometheus:9090/api/v1/write`.
+    pub url: String,
+    /// How often the series are sent.
+    #[serde(default = "default_interval", with = "crate::config::duration")]
+    pub interval: Duration,
+    /// Longest a send may take.
+    #[serde(default = "default_timeout", with = "crate::config::duration")]
+    pub timeout: Duration,
+    /// Most batches waiting to be sent; past it the oldest is dropped.
+    #[serde(default = "default_queue")]
+    pub max_queued: usize,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(15)
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+fn default_queue() -> usize {
+    100
+}
+
+/// What the sender did, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RemoteWriteStats {
+    /// Batches the receiver acknowledged.
+    pub sent: AtomicU64,
+    /// Sends that failed (retried).
+    pub failed: AtomicU64,
+    /// Batches dropped: refused by the receiver, or the oldest of a full queue.
+    pub dropped: AtomicU64,
+    /// Batches waiting.
+    pub queued: AtomicU64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct WriteRequest {
+    #[prost(message, repeated, tag = "1")]
+    timeseries: Vec<TimeSeries>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct TimeSeries {
+    #[prost(message, repeated, tag = "1")]
+    labels: Vec<Label>,
+    #[prost(message, repeated, tag = "2")]
+    samples: Vec<Sample>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Label {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "2")]
+    value: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Sample {
+    #[prost(double, tag = "1")]
+    value: f64,
+    #[prost(int64, tag = "2")]
+    timestamp: i64,
+}
+
+/// Every tenant's series now, as a compressed `WriteRequest`; `None` when there are none.
+fn batch(state: &Shared, now_ms: i64) -> Option<Vec<u8>> {
+    let mut timeseries = Vec::new();
+    for (tenant, recorder) in state.rules.recorders() {
+        for s in recorder.series() {
+            let mut labels: Vec<Label> = [("__name__", s.rule.as_str()), ("tenant", &tenant)]
+                .into_iter()
+                .chain(s.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .map(|(name, value)| Label {
+                    name: name.to_owned(),
+                    value: value.to_owned(),
+                })
+                .collect();
+            // Remote write wants the labels sorted by name.
+            labels.sort_by(|a, b| a.name.cmp(&b.name));
+            timeseries.push(TimeSeries {
+                labels,
+                samples: vec![Sample {
+                    value: s.value as f64,
+                    timestamp: now_ms,
+                }],
+            });
+        }
+    }
+    if timeseries.is_empty() {
+        return None;
+    }
+    let encoded = prost::Message::encode_to_vec(&WriteRequest { timeseries });
+    snap::raw::Encoder::new().compress_vec(&encoded).ok()
+}
+
+/// How a send ended.
+enum Sent {
+    Acknowledged,
+    Refused(String),
+    Failed(String),
+}
+
+async fn send(client: &reqwest::Client, url: &str, body: &[u8]) -> Sent {
+    let answer = client
+        .post(url)
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .header("X-Prometheus-Remote-Write-Version", "0.1.0")
+        .body(body.to_vec())
+        .send()
+        .await;
+    match answer {
+        Ok(r) if r.status().is_success() => Sent::Acknowledged,
+        Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+            let status = r.status();
+            Sent::Refused(format!("{status}: {}", r.text().await.unwrap_or_default()))
+        }
+        Ok(r) => Sent::Failed(r.status().to_string()),
+        Err(e) => Sent::Failed(e.to_string()),
+    }
+}
+
+/// Sends the series as `config` says, until the server stops.
+pub async fn run(state: Shared, config: RemoteWriteConfig) {
+    let stats = &state.rules.remote_write;
+    let client = match reqwest::Client::builder().timeout(config.timeout).build() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "remote write off: no HTTP client");
+            return;
+        }
+    };
+    tracing::info!(url = %config.url, interval = ?config.interval, "remote write of the recording rules");
+    let mut queue: VecDeque<Vec<u8>> = VecDeque::new();
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+    let mut backoff = FIRST_BACKOFF;
+    let mut next_send = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Some(body) = batch(&state, crate::time::now_ms()) {
+                    queue.push_back(body);
+                    if queue.len() > config.max_queued.max(1) {
+                        queue.pop_front();
+                        stats.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(max_queued = config.max_queued, "remote write queue full: oldest batch dropped");
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(next_send), if !queue.is_empty() => {
+                let body = queue.front().expect("not empty");
+                match send(&client, &config.url, body).await {
+                    Sent::Acknowledged => {
+                        queue.pop_front();
+                        stats.sent.fetch_add(1, Ordering::Relaxed);
+                        backoff = FIRST_BACKOFF;
+                    }
+                    Sent::Refused(why) => {
+                        queue.pop_front();
+                        stats.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(url = %config.url, %why, "remote write refused a batch: dropped");
+                    }
+                    Sent::Failed(why) => {
+                        stats.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(url = %config.url, %why, retry_in = ?backoff, "remote write failed");
+                        next_send = tokio::time::Instant::now() + backoff;
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        }
+        stats.queued.store(queue.len() as u64, Ordering::Relaxed);
+    }
+}
