@@ -170,9 +170,14 @@ fn symbolizer_metrics(out: &mut String, s: &frostdb_pprof::symbolize::Symbolizer
             s.cache.files,
         ),
     ] {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {value}");
+        single(out, name, kind, help, value);
     }
+}
+
+/// A family of one series without labels, and its value.
+pub(crate) fn single(out: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {

@@ -312,10 +312,7 @@ pub fn exposition(rules: &Rules, out: &mut String) {
             rw.queued.load(Relaxed),
         ),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+        crate::health::single(out, name, kind, help, value);
     }
     let mut by_name: BTreeMap<String, Vec<(String, frostdb_pprof::rules::RuleSeries)>> =
         BTreeMap::new();

@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Reap, Server, enc, eventually, get_json, testdata};
+use common::{Reap, Server, enc, eventually, get_json, metric, testdata};
 
 /// The function with the largest self value in a pprof file.
 fn hottest(file: &[u8]) -> String {
@@ -177,6 +177,26 @@ async fn rules_and_profiles(s: &Server) -> (BTreeMap<String, i64>, BTreeMap<Stri
     (expected_function, expected_total)
 }
 
+/// Fails unless Prometheus at `url` comes to answer, per service, the rules' values the
+/// server's merges answered (within two minutes).
+async fn answers_as_the_merges(
+    url: &str,
+    expected_function: &BTreeMap<String, i64>,
+    expected_total: &BTreeMap<String, i64>,
+) {
+    assert!(
+        eventually(Duration::from_secs(120), async || {
+            promql(url, "function_cpu_nanoseconds_total").await == *expected_function
+                && promql(url, "cpu_nanoseconds_total").await == *expected_total
+        })
+        .await,
+        "Prometheus answered {:?} and {:?}; the server's merges {expected_function:?} and \
+         {expected_total:?}",
+        promql(url, "function_cpu_nanoseconds_total").await,
+        promql(url, "cpu_nanoseconds_total").await,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
     let dir = tempfile::tempdir().unwrap();
@@ -184,17 +204,7 @@ async fn prometheus_scrapes_the_cpu_of_a_function_per_service() {
     let (expected_function, expected_total) = rules_and_profiles(&s).await;
     let port = s.url.rsplit(':').next().unwrap().trim_end_matches('/');
     let (_prometheus, url) = prometheus(dir.path(), &format!("127.0.0.1:{port}"));
-    assert!(
-        eventually(Duration::from_secs(120), async || {
-            promql(&url, "function_cpu_nanoseconds_total").await == expected_function
-                && promql(&url, "cpu_nanoseconds_total").await == expected_total
-        })
-        .await,
-        "Prometheus answered {:?} and {:?}; the server's merges {expected_function:?} and \
-         {expected_total:?}",
-        promql(&url, "function_cpu_nanoseconds_total").await,
-        promql(&url, "cpu_nanoseconds_total").await,
-    );
+    answers_as_the_merges(&url, &expected_function, &expected_total).await;
     // The rules list says what each recorded.
     let listed = get_json(&format!("{}/api/v1/rules", s.url), None).await;
     assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
@@ -218,22 +228,7 @@ async fn prometheus_receives_the_series_by_remote_write() {
         )),
     );
     let (expected_function, expected_total) = rules_and_profiles(&s).await;
-    assert!(
-        eventually(Duration::from_secs(120), async || {
-            promql(&url, "function_cpu_nanoseconds_total").await == expected_function
-                && promql(&url, "cpu_nanoseconds_total").await == expected_total
-        })
-        .await,
-        "Prometheus answered {:?} and {:?}; the server's merges {expected_function:?} and \
-         {expected_total:?}",
-        promql(&url, "function_cpu_nanoseconds_total").await,
-        promql(&url, "cpu_nanoseconds_total").await,
-    );
-    let (_, metrics) = common::get(&format!("{}/metrics", s.url), None).await;
-    let sent = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("frostdb_remote_write_batches_sent_total "))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(sent >= 1, "{metrics}");
+    answers_as_the_merges(&url, &expected_function, &expected_total).await;
+    let sent = metric(&s, "frostdb_remote_write_batches_sent_total").await;
+    assert!(sent >= 1, "{sent} batches acknowledged");
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Reap, Server, enc, eventually, get, get_json};
+use common::{Reap, Server, enc, eventually, get, get_json, metric};
 use frostdb_pprof::proto::{Profile, Sample, ValueType};
 use frostdb_pprof::testing::stripped::{
     Built, Debuginfod, build, debuginfod, hot_function_offsets, names, profile_of,
@@ -78,14 +78,8 @@ async fn addresses_are_named_in_the_background_before_any_query() {
     let (built, offsets, _debuginfod, url) = served(dir.path()).await;
     let s = symbolizing(dir.path(), &url, "query_budget = \"1ms\"\n");
     push_addresses(&s, &built, &offsets).await;
-    let resolved = || async {
-        let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("frostdb_symbolizer_resolved_locations_total "))
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0)
-    };
+    let resolved =
+        || async { metric(&s, "frostdb_symbolizer_resolved_locations_total").await as usize };
     assert!(
         eventually(std::time::Duration::from_secs(60), async || resolved()
             .await

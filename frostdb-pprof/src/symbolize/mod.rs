@@ -416,15 +416,6 @@ impl Symbolizer {
         self.misses.lock().remove(&key);
     }
 
-    /// Forgets that nobody had `build_id`'s files.
-    pub fn forget_miss(&self, build_id: &str) {
-        let build_id = build_id.to_ascii_lowercase();
-        let mut misses = self.misses.lock();
-        for kind in [Kind::Debuginfo, Kind::Executable] {
-            misses.remove(&kind.key(&build_id));
-        }
-    }
-
     fn remembered_miss(&self, build_id: &str) -> bool {
         let mut misses = self.misses.lock();
         match misses.get(build_id) {

@@ -392,3 +392,13 @@ pub(crate) fn bpf_permitted() -> bool {
         }
     }
 }
+
+/// The value of the unlabelled series `name` on the server's `/metrics` (0 when absent).
+pub(crate) async fn metric(s: &Server, name: &str) -> u64 {
+    let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
