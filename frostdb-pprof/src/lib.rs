@@ -45,6 +45,7 @@ mod explain;
 pub mod fuzzing;
 pub mod limits;
 mod normalize;
+pub mod regress;
 pub mod report;
 pub mod rollup;
 pub mod rules;
@@ -118,7 +119,7 @@ pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};
 pub use store::{
-    MergeOptions, Merged, NamingSummary, ProfileStore, Read, ReadOptions, SeriesSamples,
+    MergeOptions, Merged, NamingSummary, ProfileStore, Profiles, Read, ReadOptions, SeriesSamples,
     StoreOptions,
 };
 pub use symbols::{Frame, Function, Mapping, StackId, SymbolOptions, Symbols};

@@ -425,8 +425,242 @@ pub fn merge_stacks_by_series(
     pool: &Arc<dyn MemoryPool>,
 ) -> Result<SeriesStacks> {
     use crate::Aggregation;
+    /// One series: its sums per stack, the times of its profiles and of its last row read
+    /// (average), or of its latest profile (latest).
+    #[derive(Default)]
+    struct Of {
+        sums: std::collections::HashMap<u64, i64>,
+        times: std::collections::HashSet<i64>,
+        last_time: Option<i64>,
+        latest: Option<i64>,
+    }
+    struct Sink {
+        sets: Vec<Of>,
+        aggregation: Aggregation,
+    }
+    impl RowSink for Sink {
+        fn row(&mut self, set: usize, t: i64, id: u64, value: i64) {
+            if set == self.sets.len() {
+                self.sets.push(Of::default());
+            }
+            let of = &mut self.sets[set];
+            match self.aggregation {
+                Aggregation::Sum => {}
+                // A profile's rows are adjacent: its time is counted once.
+                Aggregation::Average if of.last_time != Some(t) => {
+                    of.times.insert(t);
+                    of.last_time = Some(t);
+                }
+                Aggregation::Average => {}
+                Aggregation::Latest => match of.latest {
+                    Some(l) if t < l => return,
+                    Some(l) if t == l => {}
+                    _ => {
+                        of.sums.clear();
+                        of.latest = Some(t);
+                    }
+                },
+            }
+            let sum = of.sums.entry(id).or_insert(0);
+            *sum = sum.saturating_add(value);
+        }
+
+        fn bytes(&self) -> usize {
+            // Per entry: a stack id and a value, and the map's own overhead.
+            let entries: usize = self
+                .sets
+                .iter()
+                .map(|o| o.sums.capacity() + o.times.capacity())
+                .sum();
+            entries * 32
+        }
+    }
+    let mut sink = Sink {
+        sets: Vec::new(),
+        aggregation,
+    };
+    let read = walk_series_rows(
+        snapshot,
+        selector,
+        range,
+        lenient,
+        pool,
+        "merge by series",
+        &mut sink,
+    )?;
+    let mut order: Vec<(LabelSet, usize)> = read.sets.into_iter().zip(0..).collect();
+    order.sort();
+    let series = order
+        .into_iter()
+        .filter_map(|(labels, set)| {
+            let of = std::mem::take(&mut sink.sets[set]);
+            let profiles = of.times.len().max(1) as i64;
+            let mut stacks: Vec<(u64, i64)> = of
+                .sums
+                .into_iter()
+                .map(|(id, v)| match aggregation {
+                    Aggregation::Average => (id, v / profiles),
+                    _ => (id, v),
+                })
+                .filter(|(_, v)| *v != 0)
+                .collect();
+            stacks.sort_unstable_by_key(|(id, _)| *id);
+            (!stacks.is_empty()).then_some((labels, stacks))
+        })
+        .collect();
+    Ok(SeriesStacks {
+        series,
+        period: read.period,
+        rows: read.rows,
+        blocks_failed: read.blocks_failed,
+    })
+}
+
+/// The raw rows `selector` selects in `range`, kept apart by profile: per series (label
+/// set) and time, the value per stack, ids ascending. What a comparison of two selections
+/// profile by profile reads (a statistical test over profiles rather than one merged pair).
+/// `pool` bounds what it holds; a block that cannot be read fails the read unless
+/// `lenient` (skipped, counted in `blocks_failed`).
+pub fn stacks_by_profile(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
+) -> Result<ProfileStacks> {
+    #[derive(Default)]
+    struct Sink {
+        index: std::collections::HashMap<(usize, i64), usize>,
+        last: Option<((usize, i64), usize)>,
+        profiles: Vec<ProfileRows>,
+        entries: usize,
+    }
+    impl RowSink for Sink {
+        fn row(&mut self, set: usize, t: i64, id: u64, value: i64) {
+            let key = (set, t);
+            let at = match self.last {
+                // A profile's rows are adjacent within a block.
+                Some((k, at)) if k == key => at,
+                _ => {
+                    let next = self.profiles.len();
+                    let at = *self.index.entry(key).or_insert(next);
+                    if at == next {
+                        self.profiles.push(ProfileRows {
+                            series: set,
+                            timestamp: t,
+                            stacks: Vec::new(),
+                        });
+                    }
+                    self.last = Some((key, at));
+                    at
+                }
+            };
+            self.profiles[at].stacks.push((id, value));
+            self.entries += 1;
+        }
+
+        fn bytes(&self) -> usize {
+            self.entries * 16 + self.profiles.len() * 64
+        }
+    }
+    let mut sink = Sink::default();
+    let read = walk_series_rows(
+        snapshot,
+        selector,
+        range,
+        lenient,
+        pool,
+        "stacks by profile",
+        &mut sink,
+    )?;
+    let mut profiles = sink.profiles;
+    for p in &mut profiles {
+        // One stack's rows of a profile (split over blocks, or over symbol partitions'
+        // ids) summed, zero sums left out.
+        p.stacks.sort_unstable_by_key(|(id, _)| *id);
+        p.stacks.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 = kept.1.saturating_add(next.1);
+            }
+            same
+        });
+        p.stacks.retain(|(_, v)| *v != 0);
+    }
+    profiles.retain(|p| !p.stacks.is_empty());
+    profiles.sort_unstable_by_key(|p| (p.series, p.timestamp));
+    Ok(ProfileStacks {
+        series: read.sets,
+        profiles,
+        period: read.period,
+        rows: read.rows,
+        blocks_failed: read.blocks_failed,
+    })
+}
+
+/// One profile of [`stacks_by_profile`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileRows {
+    /// Its series: an index into [`ProfileStacks::series`].
+    pub series: usize,
+    /// Its time (ms).
+    pub timestamp: i64,
+    /// `(stack id, value)`, ids ascending, zero values left out.
+    pub stacks: Vec<(u64, i64)>,
+}
+
+/// What [`stacks_by_profile`] read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileStacks {
+    /// The label sets of the profiles' series.
+    pub series: Vec<LabelSet>,
+    /// The profiles, by series and time.
+    pub profiles: Vec<ProfileRows>,
+    /// The largest sampling period among the rows.
+    pub period: i64,
+    /// Rows read.
+    pub rows: usize,
+    /// Blocks a lenient read skipped.
+    pub blocks_failed: usize,
+}
+
+/// What takes the rows [`walk_series_rows`] reads.
+trait RowSink {
+    /// A row of series `set` (numbered from 0 in the order first read), time `t`.
+    fn row(&mut self, set: usize, t: i64, stack: u64, value: i64);
+    /// The bytes held so far, reserved from the read's memory pool.
+    fn bytes(&self) -> usize;
+}
+
+/// What [`walk_series_rows`] read besides what its sink kept.
+struct SeriesRows {
+    /// Each series' label set, by its number.
+    sets: Vec<LabelSet>,
+    period: i64,
+    rows: usize,
+    blocks_failed: usize,
+}
+
+/// Reads the raw rows `selector` selects in `range` with their series' labels, giving each
+/// to `sink`; what the sink holds is reserved from `pool` after each batch (`what` names
+/// the reservation).
+fn walk_series_rows(
+    snapshot: &Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
+    what: &'static str,
+    sink: &mut impl RowSink,
+) -> Result<SeriesRows> {
+    let mut out = SeriesRows {
+        sets: Vec::new(),
+        period: 0,
+        rows: 0,
+        blocks_failed: 0,
+    };
     if snapshot.schema().index_of(STACKTRACE_ID).is_none() {
-        return Ok(SeriesStacks::default());
+        return Ok(out);
     }
     let labels = label_names_of(snapshot);
     let mut columns: Vec<String> = [STACKTRACE_ID, VALUE, PERIOD, TIMESTAMP]
@@ -437,23 +671,12 @@ pub fn merge_stacks_by_series(
         .project(columns.iter())
         .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
-    let reservation = MemoryConsumer::new("merge by series").register(pool);
-    /// One series: its sums per stack, the times of its profiles and of its last row read
-    /// (average), or of its latest profile (latest).
-    #[derive(Default)]
-    struct Of {
-        sums: std::collections::HashMap<u64, i64>,
-        times: std::collections::HashSet<i64>,
-        last_time: Option<i64>,
-        latest: Option<i64>,
-    }
+    let reservation = MemoryConsumer::new(what).register(pool);
     let mut set_ids: std::collections::HashMap<LabelSet, usize> = Default::default();
-    let mut sets: Vec<Of> = Vec::new();
-    let (mut period, mut rows) = (0, 0);
     let mut scan = snapshot.scan(&request)?;
     for batch in scan.by_ref() {
         let batch = batch?;
-        rows += batch.num_rows();
+        out.rows += batch.num_rows();
         let int = |c: usize, what: &str| {
             batch
                 .column(c)
@@ -466,7 +689,7 @@ pub fn merge_stacks_by_series(
             .ok_or_else(|| Error::Internal("stacktrace_id is not UInt64".into()))?;
         let (values, periods, times) = (int(1, VALUE)?, int(2, PERIOD)?, int(3, TIMESTAMP)?);
         if let Some(max) = arrow::compute::max(periods) {
-            period = period.max(max);
+            out.period = out.period.max(max);
         }
         let strings = (4..columns.len())
             .map(|c| Strings::of(batch.column(c).as_ref()))
@@ -491,70 +714,21 @@ pub fn merge_stacks_by_series(
                             Some((name.clone(), s.value((*k)?).to_owned()))
                         })
                         .collect();
-                    let next = sets.len();
-                    let set = *set_ids.entry(of).or_insert(next);
+                    let next = out.sets.len();
+                    let set = *set_ids.entry(of.clone()).or_insert(next);
                     if set == next {
-                        sets.push(Of::default());
+                        out.sets.push(of);
                     }
                     last = Some((keys.clone(), set));
                     set
                 }
             };
-            let of = &mut sets[set];
-            let t = times.value(i);
-            match aggregation {
-                Aggregation::Sum => {}
-                // A profile's rows are adjacent: its time is counted once.
-                Aggregation::Average if of.last_time != Some(t) => {
-                    of.times.insert(t);
-                    of.last_time = Some(t);
-                }
-                Aggregation::Average => {}
-                Aggregation::Latest => match of.latest {
-                    Some(l) if t < l => continue,
-                    Some(l) if t == l => {}
-                    _ => {
-                        of.sums.clear();
-                        of.latest = Some(t);
-                    }
-                },
-            }
-            let sum = of.sums.entry(ids.value(i)).or_insert(0);
-            *sum = sum.saturating_add(values.value(i));
+            sink.row(set, times.value(i), ids.value(i), values.value(i));
         }
-        // Per entry: a stack id and a value, and the map's own overhead.
-        let entries: usize = sets
-            .iter()
-            .map(|o| o.sums.capacity() + o.times.capacity())
-            .sum();
-        reservation.try_resize(entries * 32)?;
+        reservation.try_resize(sink.bytes())?;
     }
-    let mut order: Vec<(LabelSet, usize)> = set_ids.into_iter().collect();
-    order.sort();
-    let series = order
-        .into_iter()
-        .filter_map(|(labels, set)| {
-            let of = std::mem::take(&mut sets[set]);
-            let profiles = of.times.len().max(1) as i64;
-            let mut stacks: Vec<(u64, i64)> = of
-                .sums
-                .into_iter()
-                .map(|(id, v)| match aggregation {
-                    Aggregation::Average => (id, v / profiles),
-                    _ => (id, v),
-                })
-                .filter(|(_, v)| *v != 0)
-                .collect();
-            stacks.sort_unstable_by_key(|(id, _)| *id);
-            (!stacks.is_empty()).then_some((labels, stacks))
-        })
-        .collect();
-    Ok(SeriesStacks {
-        series,
-        period,
-        rows,
-        blocks_failed: scan.metrics().blocks_failed,
-    })
+    out.blocks_failed = scan.metrics().blocks_failed;
+    Ok(out)
 }
 
 /// What [`merge_stacks_by_series`] read.

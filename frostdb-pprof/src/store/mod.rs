@@ -57,7 +57,7 @@ use maintenance::{SymbolExpiry, partitions_used};
 pub use naming::NamingSummary;
 pub use options::StoreOptions;
 use options::symbol_table_options;
-pub use read::{MergeOptions, Merged, Read, ReadOptions, SeriesSamples};
+pub use read::{MergeOptions, Merged, Profiles, Read, ReadOptions, SeriesSamples};
 
 /// A database of profiles: the samples table and the symbol tables.
 pub struct ProfileStore {

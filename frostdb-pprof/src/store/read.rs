@@ -60,6 +60,17 @@ impl Merged {
     }
 }
 
+/// What [`ProfileStore::profiles`] read: profiles kept apart, and their symbols.
+#[derive(Debug, Clone)]
+pub struct Profiles {
+    /// Their profile type.
+    pub profile_type: ProfileType,
+    /// The symbols the stacks resolve with.
+    pub symbols: Symbols,
+    /// The profiles, their series' labels, rows read and blocks skipped.
+    pub stacks: frostdb_profile::native::ProfileStacks,
+}
+
 /// What the series index says a merge's selector selects.
 enum Narrowing {
     /// Too many series, or series the index cannot narrow by: read what the selector says.
@@ -366,6 +377,40 @@ impl ProfileStore {
                 (labels, stacks.collect())
             })
             .collect(),
+        })
+    }
+
+    /// What `selector` selects in `range`, profile by profile: each profile (a series at a
+    /// time) with its stacks' values, read from raw samples, and the symbols they resolve
+    /// with. What a comparison of two selections tests over ([`crate::regress`]). Bounded
+    /// by the store's query memory; a block that cannot be read fails the read unless
+    /// `lenient` (counted in [`Profiles::blocks_failed`]).
+    pub fn profiles(
+        &self,
+        selector: &Selector,
+        range: TimeRange,
+        read: ReadOptions,
+    ) -> Result<Profiles> {
+        let (table, _, profile_type) = self.merge_source(selector)?;
+        let stacks = frostdb_profile::native::stacks_by_profile(
+            &table.snapshot(),
+            selector,
+            range,
+            read.lenient,
+            &self.memory,
+        )?;
+        let mut ids: Vec<(u64, i64)> = stacks
+            .profiles
+            .iter()
+            .flat_map(|p| p.stacks.iter().map(|(id, _)| (*id, 0)))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let symbols = self.symbols_of(&ids)?;
+        Ok(Profiles {
+            profile_type,
+            symbols,
+            stacks,
         })
     }
 
