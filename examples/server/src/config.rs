@@ -101,6 +101,71 @@ pub struct Config {
     /// Prometheus remote write of the recording rules' series (`None`: only `/metrics`).
     #[serde(default)]
     pub remote_write: Option<crate::remote_write::RemoteWriteConfig>,
+    /// Regressions found across deploys (`[regressions]`).
+    #[serde(default)]
+    pub regressions: RegressionsConfig,
+}
+
+/// `[regressions]`: each service's newest version compared with the one before, once
+/// enough profiles of both have arrived ([`crate::regressions`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegressionsConfig {
+    /// Whether the server compares versions at all.
+    pub enabled: bool,
+    /// The label naming a profile's service.
+    pub service_label: String,
+    /// The labels naming its version, the first a service has used.
+    pub version_labels: Vec<String>,
+    /// How often the open tenants are looked at.
+    #[serde(with = "duration")]
+    pub interval: Duration,
+    /// How far back versions are looked for.
+    #[serde(with = "duration")]
+    pub lookback: Duration,
+    /// The most of each version compared: the old one's last `window`, the new one's first.
+    #[serde(with = "duration")]
+    pub window: Duration,
+    /// The rise of a function's share of the total that counts (0.01: a percentage point).
+    pub min_increase: f64,
+    /// The false discovery rate over a comparison's tests.
+    pub significance: f64,
+    /// Profiles each version needs before it is compared.
+    pub min_profiles: usize,
+    /// Regressions listed per comparison at most.
+    pub max_listed: usize,
+}
+
+impl Default for RegressionsConfig {
+    fn default() -> Self {
+        let compare = frostdb_pprof::regress::CompareOptions::default();
+        Self {
+            enabled: true,
+            service_label: "service_name".into(),
+            version_labels: ["version", "service_version", "commit"]
+                .map(String::from)
+                .to_vec(),
+            interval: Duration::from_secs(60),
+            lookback: Duration::from_secs(24 * 3600),
+            window: Duration::from_secs(3600),
+            min_increase: compare.min_increase,
+            significance: compare.significance,
+            min_profiles: 20,
+            max_listed: compare.max_listed,
+        }
+    }
+}
+
+impl RegressionsConfig {
+    /// The comparison's options.
+    pub fn compare_options(&self) -> frostdb_pprof::regress::CompareOptions {
+        frostdb_pprof::regress::CompareOptions {
+            min_increase: self.min_increase,
+            significance: self.significance,
+            min_profiles: self.min_profiles,
+            max_listed: self.max_listed,
+        }
+    }
 }
 
 /// How frames stored as addresses get names: `[symbolizer]` in the TOML. Debug files are
@@ -608,6 +673,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             symbolizer: SymbolizerConfig::default(),
             remote_write: None,
+            regressions: RegressionsConfig::default(),
         }
     }
 }
@@ -666,6 +732,18 @@ impl Config {
         self.limits
             .validate()
             .map_err(|e| format!("[limits]: {e}"))?;
+        let r = &self.regressions;
+        r.compare_options()
+            .validate()
+            .map_err(|e| format!("[regressions]: {e}"))?;
+        if r.service_label.is_empty() || r.version_labels.iter().any(String::is_empty) {
+            return Err("[regressions]: service_label and version_labels cannot be empty".into());
+        }
+        if r.interval < Duration::from_secs(1) || r.window.is_zero() || r.lookback.is_zero() {
+            return Err(
+                "[regressions]: interval must be at least 1s, window and lookback above 0".into(),
+            );
+        }
         self.validate_cluster()
     }
 
@@ -794,6 +872,10 @@ mod tests {
                 field_names(&format!("{:?}", SymbolizerConfig::default())),
             ),
             (
+                "[regressions]",
+                field_names(&format!("{:?}", RegressionsConfig::default())),
+            ),
+            (
                 "[remote_write]",
                 field_names(&format!(
                     "{:?}",
@@ -811,6 +893,7 @@ mod tests {
             "cluster",
             "symbolizer",
             "remote_write",
+            "regressions",
         ];
         for (section, keys) in sections {
             assert!(!keys.is_empty(), "{section}");

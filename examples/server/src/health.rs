@@ -103,6 +103,7 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
         symbolizer_metrics(&mut out, &symbolizer.stats());
     }
     crate::rules::exposition(&state.rules, &mut out);
+    crate::regressions::exposition(&state.regressions, &mut out);
     (
         [(
             header::CONTENT_TYPE,

@@ -17,6 +17,7 @@ pub mod health;
 pub mod ingest;
 pub mod querier;
 pub mod query;
+pub mod regressions;
 pub mod remote_write;
 pub mod rules;
 pub mod scrape;
@@ -174,6 +175,8 @@ pub struct AppState {
     pub symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
     /// Every tenant's recording rules and what they recorded.
     pub rules: Arc<rules::Rules>,
+    /// What the comparisons of services' versions found (`[regressions]`).
+    pub regressions: regressions::Regressions,
 }
 
 /// The shared state handlers get.
@@ -249,6 +252,7 @@ pub fn router(state: Shared) -> Router {
         .merge(scrape::routes())
         .merge(health::metrics_routes())
         .merge(rules::routes())
+        .merge(regressions::routes())
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(
@@ -414,6 +418,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let state = Arc::new(AppState {
         symbolizer,
         rules,
+        regressions: regressions::Regressions::default(),
         tenants,
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(
@@ -470,6 +475,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         Duration::from_secs(1),
     ));
     let scrapers = scrape::start(state.clone());
+    let comparer = regressions::start(state.clone());
     let remote_writer = state
         .config
         .remote_write
@@ -496,7 +502,12 @@ pub async fn serve(config: Config) -> Result<(), String> {
     for s in scrapers {
         s.abort();
     }
-    for task in refresher.into_iter().chain([governor]).chain(remote_writer) {
+    for task in refresher
+        .into_iter()
+        .chain([governor])
+        .chain(remote_writer)
+        .chain(comparer)
+    {
         task.abort();
     }
     node.stop().await;

@@ -83,6 +83,21 @@ enum Command {
         #[command(flatten)]
         args: QueryArgs,
     },
+    /// Compare two selections profile by profile: the functions whose share of the total
+    /// (self or total) rose by `--min-increase` in `--after`, significantly over the
+    /// profiles (a Mann-Whitney U test per function, Benjamini-Hochberg over all), as the
+    /// server compares a service's versions. Exit status 0, or 3 with `--fail-on-regression`
+    /// when one is found.
+    Compare {
+        /// Database directory, or a server's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The tenant, when `--data` is a server's data directory.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[command(flatten)]
+        args: CompareArgs,
+    },
     /// Run the continuous-profiling server: push, scrape, query API and web page.
     #[command(after_long_help = SERVE_CONFIG_HELP)]
     Serve {
@@ -582,6 +597,151 @@ struct QueryArgs {
     output: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// The selection compared with: `type{service_name="api",version="1.4"}`.
+    #[arg(long)]
+    before: String,
+    /// The selection compared, of the same profile type.
+    #[arg(long)]
+    after: String,
+    /// Start of both sides' range (RFC 3339, Unix ms, or `now-1h`); default: the beginning.
+    #[arg(long)]
+    from: Option<String>,
+    /// End of both sides' range, excluded; default: the end.
+    #[arg(long)]
+    to: Option<String>,
+    /// Start of the before side's range, when it differs.
+    #[arg(long)]
+    before_from: Option<String>,
+    /// End of the before side's range, when it differs.
+    #[arg(long)]
+    before_to: Option<String>,
+    /// The rise of a share that counts (0.01: one percentage point).
+    #[arg(long, default_value_t = frostdb_pprof::regress::CompareOptions::default().min_increase)]
+    min_increase: f64,
+    /// The false discovery rate over the comparison's tests.
+    #[arg(long, default_value_t = frostdb_pprof::regress::CompareOptions::default().significance)]
+    significance: f64,
+    /// Profiles each side needs.
+    #[arg(long, default_value_t = frostdb_pprof::regress::CompareOptions::default().min_profiles)]
+    min_profiles: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Exit with status 3 when a regression is found (for a deploy pipeline).
+    #[arg(long)]
+    fail_on_regression: bool,
+}
+
+/// A range from optional `--from` and `--to` texts.
+fn time_range(from: Option<&str>, to: Option<&str>, now: i64) -> Result<TimeRange, BoxError> {
+    let range = TimeRange {
+        start_ms: from
+            .map(|t| parse_time(t, now))
+            .transpose()?
+            .unwrap_or(i64::MIN),
+        end_ms: to
+            .map(|t| parse_time(t, now))
+            .transpose()?
+            .unwrap_or(i64::MAX),
+    };
+    if range.start_ms >= range.end_ms {
+        return Err(format!(
+            "the range is empty: its start ({}) is not before its end ({}); is it reversed?",
+            show_time(range.start_ms),
+            show_time(range.end_ms)
+        )
+        .into());
+    }
+    Ok(range)
+}
+
+fn compare(data: &Path, args: CompareArgs) -> Result<ExitCode, BoxError> {
+    let now = frostdb_server::time::now_ms();
+    let range = time_range(args.from.as_deref(), args.to.as_deref(), now)?;
+    let before_range = match (&args.before_from, &args.before_to) {
+        (None, None) => range,
+        (f, t) => time_range(
+            f.as_deref().or(args.from.as_deref()),
+            t.as_deref().or(args.to.as_deref()),
+            now,
+        )?,
+    };
+    let options = frostdb_pprof::regress::CompareOptions {
+        min_increase: args.min_increase,
+        significance: args.significance,
+        min_profiles: args.min_profiles,
+        ..Default::default()
+    };
+    options.validate()?;
+    let parse = |what: &str, text: &str| -> Result<Selector, BoxError> {
+        let s = Selector::parse(text).map_err(|e| format!("--{what}: {e}"))?;
+        if s.profile_type.is_none() {
+            return Err(format!(
+                "--{what} needs a profile type (name:type:unit:period_type:period_unit{{...}})"
+            )
+            .into());
+        }
+        Ok(s)
+    };
+    let (before, after) = (parse("before", &args.before)?, parse("after", &args.after)?);
+    let store = open_read(data)?;
+    let started = std::time::Instant::now();
+    let read = frostdb_pprof::ReadOptions::STRICT;
+    let b = store.profiles(&before, before_range, read)?;
+    let a = store.profiles(&after, range, read)?;
+    let found = frostdb_pprof::regress::compare(&b, &a, &options)?;
+    let took = started.elapsed();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&found)?);
+    } else {
+        println!(
+            "before: {} profiles ({} rows); after: {} profiles ({} rows); {} functions, {} rose by {} or more; {:.0} ms",
+            found.before.profiles,
+            b.stacks.rows,
+            found.after.profiles,
+            a.stacks.rows,
+            found.functions,
+            found.tested,
+            pct(options.min_increase),
+            took.as_secs_f64() * 1e3
+        );
+        if found.regressions.is_empty() {
+            println!("no regression");
+        } else {
+            println!(
+                "{:>9} {:>9} {:>9} {:>9} {:>9}  {:<14} function",
+                "self was", "self now", "total was", "total now", "p", "kind"
+            );
+            for r in &found.regressions {
+                println!(
+                    "{:>9} {:>9} {:>9} {:>9} {:>9.1e}  {:<14} {}",
+                    pct(r.self_before),
+                    pct(r.self_after),
+                    pct(r.total_before),
+                    pct(r.total_after),
+                    r.p_self.min(r.p_total),
+                    r.kind,
+                    r.function
+                );
+            }
+        }
+    }
+    Ok(
+        if args.fail_on_regression && !found.regressions.is_empty() {
+            ExitCode::from(3)
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
+}
+
+/// A share as a percentage.
+fn pct(share: f64) -> String {
+    format!("{:.2}%", share * 100.0)
+}
+
 fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
     let QueryArgs {
         selector,
@@ -804,6 +964,9 @@ fn main() -> ExitCode {
         }
         Command::Query { data, tenant, args } => {
             database(&data, tenant.as_deref()).and_then(|data| query(&data, args))
+        }
+        Command::Compare { data, tenant, args } => {
+            database(&data, tenant.as_deref()).and_then(|data| compare(&data, args))
         }
         Command::Sql {
             data,

@@ -785,10 +785,69 @@ $("service").addEventListener("change", async () => {
     const service = $("service").value;
     $("selector").value = withService($("selector").value, service);
     fillTypes(await typesOf(service));
+    loadRegressions().catch((e) => console.warn("regressions:", e));
     await run();
   } catch (e) {
     fail(e);
   }
+});
+
+// ---------- regressions across deploys ----------
+// The comparisons of each service's newest version with the one before that found
+// regressions (of the selected service, or all), each a link to the diff of the two.
+async function loadRegressions() {
+  const service = $("service").value;
+  const found = await api("/api/v1/regressions", { service: service || undefined });
+  const list = $("regressions");
+  list.replaceChildren();
+  const shown = (found.comparisons || []).filter((c) => c.regressions.length);
+  $("regressions-panel").hidden = !shown.length;
+  const pct = (x) => (x * 100).toFixed(1) + "%";
+  for (const c of shown) {
+    const sel = (v) => `{${found.service_label}="${c.service.replace(/["\\]/g, "\\$&")}", ${c.version_label}="${v.replace(/["\\]/g, "\\$&")}"}`;
+    const q = new URLSearchParams();
+    const tenant = new URLSearchParams(location.search).get("tenant");
+    if (tenant) q.set("tenant", tenant);
+    q.set("type", c.profile_type);
+    q.set("selector", sel(c.after.version));
+    q.set("range", "custom");
+    q.set("from", c.after.from_ms);
+    q.set("to", c.after.to_ms);
+    q.set("aggregation", "average");
+    q.set("diff", "1");
+    q.set("base", sel(c.before.version));
+    q.set("base_range", "custom");
+    q.set("base_from", c.before.from_ms);
+    q.set("base_to", c.before.to_ms);
+    const item = document.createElement("li");
+    const head = document.createElement("a");
+    head.href = "?" + q;
+    head.className = "regression";
+    head.textContent = `${c.service} ${c.before.version} → ${c.after.version} (${c.profile_type.split(":").slice(0, 2).join(":")}, ` +
+      `${c.before.profiles} and ${c.after.profiles} profiles): ${c.regressions.length} function${c.regressions.length === 1 ? "" : "s"} rose`;
+    item.appendChild(head);
+    const rows = document.createElement("ul");
+    for (const r of c.regressions.slice(0, 5)) {
+      const row = document.createElement("li");
+      const link = document.createElement("a");
+      const one = new URLSearchParams(q);
+      one.set("search", "^" + r.function.replace(/[.*+?^${}()|[\]\\]/g, "\\$&") + "$");
+      link.href = "?" + one;
+      link.textContent = `${r.function}: self ${pct(r.self_before)} → ${pct(r.self_after)}, total ${pct(r.total_before)} → ${pct(r.total_after)} (p ${Math.min(r.p_self, r.p_total).toExponential(1)})`;
+      row.appendChild(link);
+      rows.appendChild(row);
+    }
+    item.appendChild(rows);
+    list.appendChild(item);
+  }
+}
+$("regressions").addEventListener("click", (e) => {
+  const a = e.target.closest("a");
+  if (!a) return;
+  e.preventDefault();
+  history.pushState(null, "", a.getAttribute("href"));
+  document.body.dataset.state = "loading";
+  applyUrl().then(() => run({ push: false, keep: true })).catch(fail);
 });
 
 async function init() {
@@ -801,6 +860,7 @@ async function init() {
       $("service").appendChild(o);
     }
     await applyUrl();
+    loadRegressions().catch((e) => console.warn("regressions:", e));
     if (!state.types.length) {
       status("No profiles stored yet: push some (see the README) and reload.");
       document.body.dataset.state = "empty";

@@ -1,0 +1,217 @@
+//! Regressions across deploys, on a real program and a real change: a small Go service
+//! (`fixtures/deployapp`) built twice, the second build's `encode` made four times slower
+//! on purpose, both scraped by the server with their version label; and the same code built
+//! twice more as another service with two version labels. The server compares each
+//! service's newest version with the one before by itself: the slowed function is reported
+//! with its share before and after, the unchanged build reports none, `/metrics` counts
+//! both for alerting, and `frostdb compare` finds the same on the stored data.
+//!
+//! Needs Go (`scripts/test.sh` installs golang-go).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Reap, Server, eventually, get_json};
+
+/// Builds `fixtures/deployapp` with `slowdown` into `out`.
+fn build(dir: &Path, slowdown: u32, out: &str) -> std::path::PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deployapp/main.go");
+    let binary = dir.join(out);
+    let built = std::process::Command::new("go")
+        .args(["build", "-trimpath", "-ldflags"])
+        .arg(format!("-X main.slowdown={slowdown}"))
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .env("HOME", dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPROXY", "off")
+        .env("GO111MODULE", "off")
+        .output()
+        .expect("go build");
+    assert!(
+        built.status.success(),
+        "go build: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    binary
+}
+
+/// Starts `binary` on a free port; its `host:port`.
+fn start(binary: &Path) -> (Reap, String) {
+    let addr = format!("127.0.0.1:{}", frostdb_core::testing::free_port());
+    let child = std::process::Command::new(binary)
+        .args(["-addr", &addr])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("deployapp");
+    (Reap(child), addr)
+}
+
+/// The latest comparison of `service` in an `/api/v1/regressions` answer.
+fn latest<'a>(answer: &'a serde_json::Value, service: &str) -> Option<&'a serde_json::Value> {
+    answer["comparisons"]
+        .as_array()?
+        .iter()
+        .find(|c| c["service"] == service && c["profile_type"] == CPU)
+}
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+/// Profiles each version needs before it is compared, in this test.
+const MIN_PROFILES: u64 = 12;
+
+#[tokio::test]
+async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_not() {
+    if !common::have("go", "version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2_slow, v2_same) = (
+        build(dir.path(), 1, "deployapp-1"),
+        build(dir.path(), 4, "deployapp-2-slow"),
+        build(dir.path(), 1, "deployapp-2-same"),
+    );
+    let running = [
+        ("shop", "1.0", start(&v1)),
+        ("shop", "2.0", start(&v2_slow)),
+        ("cart", "1.0", start(&v1)),
+        ("cart", "2.0", start(&v2_same)),
+    ];
+    let mut config = String::from(
+        r#"
+[regressions]
+interval = "1s"
+min_profiles = 12
+min_increase = 0.05
+"#,
+    );
+    for (i, (service, version, (_, addr))) in running.iter().enumerate() {
+        // 2 s CPU profiles, every 3 s.
+        config.push_str(&format!(
+            "\n[[scrape]]\njob = \"app-{i}\"\ntargets = [\"{addr}\"]\ninterval = \"3s\"\n\
+             profiles = [\"cpu\"]\nlabels = {{ service_name = \"{service}\", version = \"{version}\" }}\n"
+        ));
+    }
+    let s = Server::start(&dir.path().join("data"), Some(&config));
+    let url = format!("{}/api/v1/regressions", s.url);
+    // Both services compared with enough profiles on each side (bounded wait).
+    let mut answer = serde_json::Value::Null;
+    let compared = eventually(Duration::from_secs(180), async || {
+        answer = get_json(&url, None).await;
+        ["shop", "cart"].iter().all(|service| {
+            latest(&answer, service).is_some_and(|c| {
+                c["before"]["profiles"].as_u64() >= Some(MIN_PROFILES)
+                    && c["after"]["profiles"].as_u64() >= Some(MIN_PROFILES)
+            })
+        })
+    })
+    .await;
+    assert!(compared, "no comparisons: {answer:#}\n{}", s.log());
+    eprintln!("{answer:#}");
+
+    let shop = latest(&answer, "shop").unwrap();
+    assert_eq!(shop["before"]["version"], "1.0", "{shop:#}");
+    assert_eq!(shop["after"]["version"], "2.0", "{shop:#}");
+    let regressions = shop["regressions"].as_array().unwrap();
+    let encode = regressions
+        .iter()
+        .find(|r| r["function"] == "main.encode")
+        .unwrap_or_else(|| panic!("main.encode not reported: {shop:#}"));
+    let share = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    // encode does four times the work: its share rises by half or more (from about a
+    // quarter: the loops' costs differ, and the runtime takes some).
+    let (before, after) = (share(encode, "self_before"), share(encode, "self_after"));
+    assert!((0.1..0.5).contains(&before), "{encode:#}");
+    assert!(after > 1.5 * before && after - before > 0.1, "{encode:#}");
+    assert!(
+        encode["kind"].as_str().unwrap().contains("self"),
+        "{encode:#}"
+    );
+    // parse and compute only shrank: never reported.
+    for r in regressions {
+        assert!(
+            !["main.parse", "main.compute"].contains(&r["function"].as_str().unwrap()),
+            "{r:#}"
+        );
+    }
+    let cart = latest(&answer, "cart").unwrap();
+    assert_eq!(
+        cart["regressions"].as_array().unwrap().len(),
+        0,
+        "the same code under a new version label: {cart:#}"
+    );
+    // One service asked for.
+    let only = get_json(&format!("{url}?service=cart"), None).await;
+    assert!(
+        only["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["service"] == "cart"),
+        "{only:#}"
+    );
+
+    // The alert's metric.
+    let metrics = reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let gauge = |service: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("frostdb_regressions{")
+                    && l.contains(&format!("service=\"{service}\""))
+                    && l.contains(CPU)
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no frostdb_regressions of {service}:\n{metrics}"))
+    };
+    assert!(gauge("shop") >= 1, "{metrics}");
+    assert_eq!(gauge("cart"), 0, "{metrics}");
+
+    // The CLI, on the stored data, between any two selectors.
+    drop(running);
+    drop(s);
+    let compare = |service: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_frostdb"))
+            .args(["compare", "--data"])
+            .arg(dir.path().join("data"))
+            .arg("--before")
+            .arg(format!(
+                "{CPU}{{service_name=\"{service}\",version=\"1.0\"}}"
+            ))
+            .arg("--after")
+            .arg(format!(
+                "{CPU}{{service_name=\"{service}\",version=\"2.0\"}}"
+            ))
+            .args(["--min-increase", "0.05", "--fail-on-regression"])
+            .output()
+            .unwrap()
+    };
+    let shop = compare("shop");
+    let text = String::from_utf8_lossy(&shop.stdout);
+    eprintln!("frostdb compare (shop):\n{text}");
+    assert_eq!(
+        shop.status.code(),
+        Some(3),
+        "{text}{}",
+        String::from_utf8_lossy(&shop.stderr)
+    );
+    assert!(text.contains("main.encode"), "{text}");
+    let cart = compare("cart");
+    let text = String::from_utf8_lossy(&cart.stdout);
+    eprintln!("frostdb compare (cart):\n{text}");
+    assert_eq!(
+        cart.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&cart.stderr)
+    );
+    assert!(text.contains("no regression"), "{text}");
+}
