@@ -68,7 +68,7 @@ pub(crate) fn arg(args: &[String], name: &str) -> Result<PathBuf, BoxError> {
         .ok_or_else(|| format!("missing {name}").into())
 }
 
-fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
+pub(crate) fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError> {
     match args.iter().position(|a| a == name) {
         None => Ok(default),
         Some(i) => args
@@ -82,7 +82,7 @@ fn number(args: &[String], name: &str, default: usize) -> Result<usize, BoxError
 /// decoding keeps every core busy.
 const DEFAULT_THREADS: usize = 64;
 
-fn open_store(dir: &Path) -> Result<ProfileStore, BoxError> {
+pub(crate) fn open_store(dir: &Path) -> Result<ProfileStore, BoxError> {
     let db = Db::open(dir, DbOptions::default())?;
     Ok(ProfileStore::open(db, StoreOptions::default())?)
 }

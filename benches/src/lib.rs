@@ -10,6 +10,7 @@ pub mod external;
 pub mod formats;
 pub mod host_symbols;
 pub mod scale;
+pub mod versions;
 
 use std::sync::Arc;
 

@@ -280,3 +280,50 @@ fn the_six_queries_match_the_reference_checksums_spread_over_two_worker_processe
         );
     }
 }
+
+/// `frostdb-bench compare` (the regression comparison's cost) on the tiny fleet: one job's
+/// first ten minutes against its next ten, every profile and row of each side read.
+#[test]
+fn the_version_comparison_reads_every_profile_of_both_sides() {
+    let Some(data) = fleet() else { return };
+    let store = tempfile::tempdir().unwrap();
+    let args = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let (data_dir, store_dir) = (
+        data.display().to_string(),
+        store.path().display().to_string(),
+    );
+    external::ingest(&args(&[
+        "ingest", "--data", &data_dir, "--store", &store_dir,
+    ]))
+    .unwrap();
+    let m = frostdb_benches::versions::compare(&args(&[
+        "compare",
+        "--store",
+        &store_dir,
+        "--minutes",
+        "10",
+        "--runs",
+        "2",
+    ]))
+    .unwrap();
+    // A profile per series every 10 s: 60 per series in each ten minutes.
+    assert!(m.series > 0, "{m:?}");
+    assert_eq!(m.profiles, (60 * m.series, 60 * m.series), "{m:?}");
+    assert!(m.functions > 0 && m.runs_ms.len() == 2, "{m:?}");
+    // Every row a merge of the same selection reads.
+    let db = frostdb_core::Db::open(store.path(), Default::default()).unwrap();
+    let store = frostdb_pprof::ProfileStore::open(db, Default::default()).unwrap();
+    let selector =
+        frostdb_pprof::Selector::parse(&format!("{}{{job=\"{}\"}}", external::CPU, m.job)).unwrap();
+    for (range, rows) in [(m.before, m.rows.0), (m.after, m.rows.1)] {
+        let range = frostdb_pprof::TimeRange {
+            start_ms: range.0,
+            end_ms: range.1,
+        };
+        assert_eq!(
+            store.merge_raw(&selector, range).unwrap().rows,
+            rows,
+            "{m:?}"
+        );
+    }
+}

@@ -26,7 +26,8 @@ fn main() {
         Some("query") => query(&args),
         Some("worker") => worker(&args),
         Some("symbolize") => frostdb_benches::host_symbols::host(&args),
-        _ => Err("usage: frostdb-bench ingest [--pprof | --per-profile] [--batch-rows N] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | formats --store DIR [--runs N] | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen] | symbolize --work DIR [--addresses N] [--cache-bytes N] [--workers N]".into()),
+        Some("compare") => frostdb_benches::versions::compare(&args).map(|_| ()),
+        _ => Err("usage: frostdb-bench ingest [--pprof | --per-profile] [--batch-rows N] --data DIR (--store DIR | --bucket s3://B/P) [--threads N] | query (--store DIR | --bucket s3://B/P [--workers URL,URL]) --queries Q --runs N --out DIR | worker --bucket s3://B/P --listen ADDR | formats --store DIR [--runs N] | symbols --store DIR --stacks N [--reopen] | labels --store DIR --names N [--wal] [--reopen] | series --store DIR --series N [--reopen] | symbolize --work DIR [--addresses N] [--cache-bytes N] [--workers N] | compare --store DIR [--minutes M] [--job J] [--runs N] [--min-increase X]".into()),
     };
     if let Err(e) = result {
         eprintln!("frostdb-bench: {e}");
