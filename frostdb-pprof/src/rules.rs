@@ -503,37 +503,247 @@ impl Recorder {
         if !counted.contains(&true) {
             return;
         }
-        let mut recorded = self.recorded.lock();
-        let mut total: usize = recorded.values().map(|r| r.values.len()).sum();
+        let mut adding = self.adding();
         let mut key: Vec<&str> = Vec::new();
         for (at, _) in counted.iter().enumerate().filter(|(_, c)| **c) {
             let (m, set) = (at / sets, at % sets);
             let rule = &rules[matching[m].0].rule;
             key.clear();
             key.extend(rule.keep_labels.iter().map(|l| value_of(set, l)));
-            let r = match recorded.get_mut(rule.name.as_str()) {
-                Some(r) => r,
-                None => recorded.entry(rule.name.clone()).or_default(),
-            };
-            match r.values.get_mut(&Key(&key)) {
-                Some(value) => *value += sums[at],
-                None if total < self.limits.max_series => {
-                    r.values
-                        .insert(key.iter().map(|s| (*s).to_owned()).collect(), sums[at]);
-                    total += 1;
-                }
-                None => {
-                    if r.dropped == 0 {
-                        tracing::warn!(
-                            rule = %rule.name,
-                            limit = self.limits.max_series,
-                            "recording rule series past the limit (limits.max_recording_rule_series): \
-                             their values are dropped and counted"
-                        );
+            adding.add(rule, &key, sums[at]);
+        }
+    }
+
+    /// Records rows stored through the Arrow samples API: `batch` as the samples table
+    /// holds them (profile type and `labels.*` columns, `stacktrace_id`, `value`), their
+    /// stacks in `symbols`. Each row adds its value to every rule whose profile type and
+    /// matchers its columns match and whose function its stack holds, as a profile's
+    /// samples do ([`Recorder::observe`]). Rows of one series are adjacent (the table's
+    /// order): the rules are matched once a run, each stack walked once a call.
+    pub(crate) fn observe_batch(
+        &self,
+        batch: &arrow::array::RecordBatch,
+        symbols: &crate::Symbols,
+    ) {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::{Int64Type, UInt64Type};
+        use frostdb_profile::schema::column::{
+            NAME, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, STACKTRACE_ID, VALUE,
+            label_column,
+        };
+        let rules = self.rules.read().clone();
+        if rules.is_empty() || batch.num_rows() == 0 {
+            return;
+        }
+        let texts = |name: &str| batch.column_by_name(name).and_then(Texts::of);
+        let [Some(name), Some(st), Some(su), Some(pt), Some(pu)] =
+            [NAME, SAMPLE_TYPE, SAMPLE_UNIT, PERIOD_TYPE, PERIOD_UNIT].map(texts)
+        else {
+            tracing::warn!("recording rules: a samples batch without its profile type columns");
+            return;
+        };
+        let (Some(ids), Some(values)) = (
+            batch
+                .column_by_name(STACKTRACE_ID)
+                .and_then(|c| c.as_primitive_opt::<UInt64Type>()),
+            batch
+                .column_by_name(VALUE)
+                .and_then(|c| c.as_primitive_opt::<Int64Type>()),
+        ) else {
+            tracing::warn!("recording rules: a samples batch without stack ids or values");
+            return;
+        };
+        // The labels any rule looks at, and their columns (absent: every value empty).
+        let mut wanted: Vec<&str> = rules
+            .iter()
+            .flat_map(|c| {
+                c.matchers
+                    .iter()
+                    .map(|m| m.label.as_str())
+                    .chain(c.rule.keep_labels.iter().map(String::as_str))
+            })
+            .filter(|l| *l != "__name__")
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let columns: Vec<Option<Texts<'_>>> =
+            wanted.iter().map(|l| texts(&label_column(l))).collect();
+        let label = |i: usize, l: &str| -> &str {
+            if l == "__name__" {
+                return name.at(i);
+            }
+            wanted
+                .binary_search(&l)
+                .ok()
+                .and_then(|c| columns[c].as_ref())
+                .map_or("", |t| t.at(i))
+        };
+        // Per (rule, kept labels' values): the sum; and the current run's (rule, sum).
+        let mut sums: Vec<(usize, Vec<&str>, Option<i64>)> = Vec::new();
+        let mut index: HashMap<(usize, Vec<&str>), usize> = HashMap::new();
+        let mut run: Vec<(usize, usize)> = Vec::new();
+        let mut run_key: Vec<&str> = Vec::new();
+        let mut key: Vec<&str> = Vec::new();
+        let mut bits: HashMap<u64, (u64, u64)> = HashMap::new();
+        for i in 0..batch.num_rows() {
+            if !ids.is_valid(i) || !values.is_valid(i) {
+                continue;
+            }
+            key.clear();
+            key.extend([name.at(i), st.at(i), su.at(i), pt.at(i), pu.at(i)]);
+            key.extend(wanted.iter().map(|l| label(i, l)));
+            if key != run_key {
+                std::mem::swap(&mut run_key, &mut key);
+                run.clear();
+                for (r, c) in rules.iter().enumerate() {
+                    let t = &c.profile_type;
+                    let same_type = [
+                        &t.name,
+                        &t.sample_type,
+                        &t.sample_unit,
+                        &t.period_type,
+                        &t.period_unit,
+                    ]
+                    .iter()
+                    .zip(&run_key)
+                    .all(|(a, b)| a.as_str() == *b);
+                    if !same_type || !c.matchers.iter().all(|m| m.matches(label(i, &m.label))) {
+                        continue;
                     }
-                    r.dropped += 1;
+                    let kept: Vec<&str> = c.rule.keep_labels.iter().map(|l| label(i, l)).collect();
+                    let next = sums.len();
+                    let at = *index.entry((r, kept.clone())).or_insert(next);
+                    if at == next {
+                        sums.push((r, kept, None));
+                    }
+                    run.push((r, at));
                 }
             }
+            let (id, v) = (ids.value(i), values.value(i));
+            for &(r, at) in &run {
+                let c = &rules[r];
+                if c.bit != 0 {
+                    let (any, leaf) = *bits.entry(id).or_insert_with(|| {
+                        let mut found = (0u64, 0u64);
+                        let mut first = true;
+                        symbols.for_each_frame(crate::StackId(id), |frame| {
+                            let bit = frame.function_name().map_or(0, |n| {
+                                rules
+                                    .functions
+                                    .binary_search_by(|f| f.as_str().cmp(n))
+                                    .map_or(0, |b| 1 << b)
+                            });
+                            found.0 |= bit;
+                            if first {
+                                found.1 = bit;
+                                first = false;
+                            }
+                        });
+                        found
+                    });
+                    let held = if c.rule.leaf_only { leaf } else { any };
+                    if held & c.bit == 0 {
+                        continue;
+                    }
+                }
+                let sum = sums[at].2.get_or_insert(0);
+                *sum = sum.saturating_add(v);
+            }
+        }
+        let mut adding = self.adding();
+        for (r, kept, sum) in &sums {
+            if let Some(sum) = sum {
+                adding.add(&rules[*r].rule, kept, *sum);
+            }
+        }
+    }
+
+    /// The recorded series, locked for adding to.
+    fn adding(&self) -> Adding<'_> {
+        let recorded = self.recorded.lock();
+        let total = recorded.values().map(|r| r.values.len()).sum();
+        Adding {
+            recorded,
+            total,
+            max_series: self.limits.max_series,
+        }
+    }
+}
+
+/// The recorded series, locked, and how many there are.
+struct Adding<'a> {
+    recorded: parking_lot::MutexGuard<'a, HashMap<String, Recorded>>,
+    total: usize,
+    max_series: usize,
+}
+
+impl Adding<'_> {
+    /// Adds `sum` to `rule`'s series of the kept labels' values `key`: a new series past the
+    /// limit is dropped and counted.
+    fn add(&mut self, rule: &RecordingRule, key: &[&str], sum: i64) {
+        let r = match self.recorded.get_mut(rule.name.as_str()) {
+            Some(r) => r,
+            None => self.recorded.entry(rule.name.clone()).or_default(),
+        };
+        match r.values.get_mut(&Key(key)) {
+            Some(value) => *value += sum,
+            None if self.total < self.max_series => {
+                r.values
+                    .insert(key.iter().map(|s| (*s).to_owned()).collect(), sum);
+                self.total += 1;
+            }
+            None => {
+                if r.dropped == 0 {
+                    tracing::warn!(
+                        rule = %rule.name,
+                        limit = self.max_series,
+                        "recording rule series past the limit (limits.max_recording_rule_series): \
+                         their values are dropped and counted"
+                    );
+                }
+                r.dropped += 1;
+            }
+        }
+    }
+}
+
+/// A string column of a samples batch: plain or dictionary-encoded.
+enum Texts<'a> {
+    Plain(&'a arrow::array::StringArray),
+    View(&'a arrow::array::StringViewArray),
+    Dictionary(
+        &'a arrow::array::ArrayRef,
+        Vec<usize>,
+        &'a arrow::array::StringArray,
+    ),
+}
+
+impl<'a> Texts<'a> {
+    fn of(column: &'a arrow::array::ArrayRef) -> Option<Self> {
+        use arrow::array::AsArray;
+        if let Some(s) = column.as_string_opt::<i32>() {
+            return Some(Texts::Plain(s));
+        }
+        if let Some(s) = column.as_string_view_opt() {
+            return Some(Texts::View(s));
+        }
+        let d = column.as_any_dictionary_opt()?;
+        let values = d.values().as_string_opt::<i32>()?;
+        Some(Texts::Dictionary(column, d.normalized_keys(), values))
+    }
+
+    /// Row `i`'s value ("" when null).
+    fn at(&self, i: usize) -> &'a str {
+        use arrow::array::Array;
+        match self {
+            Texts::Plain(s) if s.is_valid(i) => s.value(i),
+            Texts::View(s) if s.is_valid(i) => s.value(i),
+            Texts::Dictionary(column, keys, values)
+                if column.is_valid(i) && values.is_valid(keys[i]) =>
+            {
+                values.value(keys[i])
+            }
+            _ => "",
         }
     }
 }

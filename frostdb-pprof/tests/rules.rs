@@ -2,7 +2,8 @@
 //! environments, some pushed twice, stored with rules attached (every sample per service; a
 //! function anywhere in the stack; the same function as the leaf only; a selector and a
 //! function together). Each rule's series equal the model's sums over the profiles stored
-//! once, and equal what a merge of the same selector answers for the function.
+//! once, and equal what a merge of the same selector answers for the function; the same
+//! profiles stored as Arrow rows are recorded alike.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -194,6 +195,102 @@ proptest! {
                 .sum();
             prop_assert_eq!(answered, *value, "{} of {}", rule, svc);
         }
+    }
+}
+
+/// `profiles` as Arrow sample rows (frames inline, leaf first; the profile name
+/// dictionary-encoded), a batch of rows per call.
+fn arrow_batches(profiles: &[Drawn]) -> Vec<arrow::array::RecordBatch> {
+    use arrow::array::{
+        ArrayRef, Int64Array, ListBuilder, RecordBatch, StringArray, StringBuilder,
+        StringDictionaryBuilder,
+    };
+    // Two calls: the first half of the profiles, then the rest.
+    let half = profiles.len().div_ceil(2);
+    let mut out = Vec::new();
+    for (part, chunk) in [&profiles[..half], &profiles[half..]]
+        .into_iter()
+        .enumerate()
+    {
+        let rows: Vec<(usize, &Drawn, &(Vec<usize>, i64))> = chunk
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| d.samples.iter().map(move |s| (part * half + i, d, s)))
+            .collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let n = rows.len();
+        let constant = |v: &str| std::sync::Arc::new(StringArray::from(vec![v; n])) as ArrayRef;
+        let mut name = StringDictionaryBuilder::<arrow::datatypes::Int32Type>::new();
+        let mut frames = ListBuilder::new(StringBuilder::new());
+        for (_, _, (stack, _)) in &rows {
+            name.append_value("process_cpu");
+            for &f in stack {
+                frames.values().append_value(FUNCTIONS[f]);
+            }
+            frames.append(true);
+        }
+        let text = |f: &dyn Fn(&Drawn) -> String| {
+            std::sync::Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|(_, d, _)| f(d)),
+            )) as ArrayRef
+        };
+        out.push(
+            RecordBatch::try_from_iter([
+                ("name", std::sync::Arc::new(name.finish()) as ArrayRef),
+                ("sample_type", constant("cpu")),
+                ("sample_unit", constant("nanoseconds")),
+                ("period_type", constant("cpu")),
+                ("period_unit", constant("nanoseconds")),
+                ("labels.service_name", text(&|d| service(d.service))),
+                ("labels.env", text(&|d| ["prod", "dev"][d.env].into())),
+                (
+                    "timestamp",
+                    std::sync::Arc::new(Int64Array::from_iter_values(
+                        rows.iter()
+                            .map(|(i, _, _)| 1_700_000_000_000 + *i as i64 * 10_000),
+                    )),
+                ),
+                (
+                    "value",
+                    std::sync::Arc::new(Int64Array::from_iter_values(
+                        rows.iter().map(|(_, _, (_, v))| *v),
+                    )),
+                ),
+                ("frames", std::sync::Arc::new(frames.finish())),
+            ])
+            .unwrap(),
+        );
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    /// The Arrow samples API (what Parca Agent's Arrow records and bulk loads use) feeds the
+    /// rules as pprof profiles do: the same model's sums.
+    #[test]
+    fn rows_stored_through_arrow_are_recorded_as_profiles_are(
+        profiles in prop::collection::vec(drawn(), 1..12)
+    ) {
+        let store = ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+        recorder.set_rules(&rules()).unwrap();
+        prop_assert!(store.attach_recorder(recorder.clone()));
+        for batch in arrow_batches(&profiles) {
+            store.ingest_arrow(&batch, None).unwrap();
+        }
+        let recorded: BTreeMap<(String, String), i64> = recorder
+            .series()
+            .into_iter()
+            .map(|s| ((s.rule, s.labels[0].1.clone()), s.value))
+            .collect();
+        prop_assert_eq!(&recorded, &model(&profiles));
     }
 }
 

@@ -490,6 +490,9 @@ impl ProfileStore {
             let stack_ids = interned.ids_of(&input.stacks);
             let order = input.order(&series, &rank, &stack_ids);
             let (samples, spans) = input.batches(stack_ids, order.as_deref())?;
+            // What the recording rules count once the rows are durable.
+            let recorder = self.recorder.get().filter(|r| r.active());
+            let observed = recorder.map(|_| samples.clone());
             if let Some(order) = &order {
                 derived.reorder(order);
             }
@@ -525,6 +528,17 @@ impl ProfileStore {
                 self.lead(&slot);
             }
             self.await_group(&slot)?.wait()?;
+            if let (Some(recorder), Some(rows)) = (recorder, observed) {
+                match self.symbols.view([partition.id()]) {
+                    Ok(symbols) => recorder.observe_batch(&rows, &symbols),
+                    // Stored, but not counted: said, never silent.
+                    Err(error) => tracing::warn!(
+                        %error,
+                        rows = rows.num_rows(),
+                        "recording rules: the stored rows' stacks could not be read; not counted"
+                    ),
+                }
+            }
             return Ok(derived.summary);
         }
     }
