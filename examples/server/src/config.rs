@@ -736,6 +736,9 @@ impl Config {
         r.compare_options()
             .validate()
             .map_err(|e| format!("[regressions]: {e}"))?;
+        if r.max_listed > 1000 {
+            return Err("[regressions]: max_listed may be at most 1000".into());
+        }
         if r.service_label.is_empty() || r.version_labels.iter().any(String::is_empty) {
             return Err("[regressions]: service_label and version_labels cannot be empty".into());
         }

@@ -7,7 +7,7 @@
 //! ran. A pair is compared again while the new version's window fills (when its profiles
 //! grew by a quarter), so early results sharpen.
 //!
-//! Results are kept in memory, the last few per service and profile type (a restart finds
+//! Results are kept in memory, the last five per service and profile type (a restart finds
 //! them again on its first pass, from the stored profiles), served by
 //! `GET /api/v1/regressions?service=`, listed on the web page, and counted on `/metrics`
 //! (`frostdb_regressions`, one series per service and profile type, for alerting).
@@ -29,9 +29,11 @@ use crate::config::RegressionsConfig;
 use crate::error::{ApiError, ApiResult};
 
 /// Comparisons kept per service and profile type.
-const KEPT: usize = 10;
-/// Services and profile types kept per tenant; past it, new ones are not compared (logged).
-const MAX_KEYS: usize = 10_000;
+const KEPT: usize = 5;
+/// Services and profile types kept per tenant; past it, new ones are not kept (logged).
+const MAX_KEYS: usize = 1_000;
+/// Bytes of a function name kept (a profile's names are the client's).
+const MAX_NAME: usize = 512;
 
 /// One version of a comparison.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -229,7 +231,7 @@ pub fn pass(
         start_ms: now_ms.saturating_sub(lookback),
         end_ms: now_ms.saturating_add(STEP_MS),
     };
-    let types = match store.profile_types(range, ReadOptions::LENIENT) {
+    let types = match store.profile_types(range, ReadOptions::STRICT) {
         Ok(read) => read.value,
         Err(error) => {
             tracing::warn!(%tenant, %error, "regressions: listing profile types failed");
@@ -282,19 +284,19 @@ pub fn pass(
             let read = |v: &str, r: TimeRange| -> Result<frostdb_pprof::Profiles, String> {
                 let s = selector(v).map_err(|e| e.to_string())?;
                 store
-                    .profiles(&s, r, ReadOptions::LENIENT)
+                    .profiles(&s, r, ReadOptions::STRICT)
                     .map_err(|e| e.to_string())
             };
             let started = std::time::Instant::now();
             let compared = read(&before.version, before_range).and_then(|b| {
                 let a = read(&after.version, after_range)?;
-                Ok((compare(&b, &a, &config.compare_options()), b, a))
+                Ok(compare(&b, &a, &config.compare_options()))
             });
-            let (comparison, b, a) = match compared {
-                Ok((Ok(c), b, a)) => (c, b, a),
+            let mut comparison = match compared {
+                Ok(Ok(c)) => c,
                 // Profiles without a positive total do not count: not enough yet.
-                Ok((Err(CompareError::TooFewProfiles { .. }), ..)) => continue,
-                Ok((Err(error), ..)) => {
+                Ok(Err(CompareError::TooFewProfiles { .. })) => continue,
+                Ok(Err(error)) => {
                     tracing::warn!(%tenant, %service, %error, "regressions: comparison refused");
                     continue;
                 }
@@ -304,9 +306,18 @@ pub fn pass(
                     continue;
                 }
             };
+            for r in &mut comparison.regressions {
+                if r.function.len() > MAX_NAME {
+                    let mut end = MAX_NAME;
+                    while !r.function.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    r.function.truncate(end);
+                    r.function.push('…');
+                }
+            }
             found.comparisons.fetch_add(1, Relaxed);
             made += 1;
-            let partial = b.stacks.blocks_failed + a.stacks.blocks_failed;
             tracing::info!(
                 %tenant,
                 %service,
@@ -315,7 +326,6 @@ pub fn pass(
                 after = %after.version,
                 profiles = ?(comparison.before.profiles, comparison.after.profiles),
                 regressions = comparison.regressions.len(),
-                blocks_unreadable = partial,
                 took_ms = started.elapsed().as_millis() as u64,
                 "regressions: compared versions"
             );
@@ -368,7 +378,7 @@ fn versions(
     for label in &config.version_labels {
         let group = [config.service_label.clone(), label.clone()];
         let series = store
-            .range(&all, range, STEP_MS, Some(&group), ReadOptions::LENIENT)
+            .range(&all, range, STEP_MS, Some(&group), ReadOptions::STRICT)
             .map_err(|e| e.to_string())?
             .value;
         for s in series {

@@ -215,3 +215,82 @@ min_increase = 0.05
     );
     assert!(text.contains("no regression"), "{text}");
 }
+
+/// Pushes `n` folded profiles of `service` at `version` to `tenant`, a second apart from
+/// `start` (s): `encode` takes `encode` of every 100 samples (give or take 2), `parse` the
+/// rest.
+async fn push(s: &Server, tenant: &str, service: &str, version: &str, encode: i64, start: i64) {
+    let client = reqwest::Client::new();
+    for i in 0..12 {
+        let e = encode + (i % 5) - 2;
+        let body = format!("main;work;encode {e}\nmain;work;parse {}\n", 100 - e);
+        let name = format!("{service}.cpu{{version=\"{version}\"}}");
+        let r = client
+            .post(format!(
+                "{}/ingest?name={}&from={}&format=folded",
+                s.url,
+                common::enc(&name),
+                start + i
+            ))
+            .header("X-Scope-OrgID", tenant)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_tenants_regressions_are_its_own_and_bad_requests_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[regressions]\ninterval = \"1s\"\nmin_profiles = 10\n"),
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    push(&s, "team-a", "shop", "1.0", 30, now - 120).await;
+    push(&s, "team-a", "shop", "2.0", 60, now - 60).await;
+    // The same service name and versions, unchanged, in another tenant.
+    push(&s, "team-b", "shop", "1.0", 30, now - 120).await;
+    push(&s, "team-b", "shop", "2.0", 30, now - 60).await;
+    let url = format!("{}/api/v1/regressions", s.url);
+    let found = |answer: &serde_json::Value| {
+        answer["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["service"] == "shop" && c["after"]["version"] == "2.0")
+            .map(|c| c["regressions"].as_array().unwrap().len())
+            .collect::<Vec<_>>()
+    };
+    let (mut a, mut b) = (serde_json::Value::Null, serde_json::Value::Null);
+    let compared = eventually(Duration::from_secs(60), async || {
+        a = get_json(&url, Some("team-a")).await;
+        b = get_json(&url, Some("team-b")).await;
+        !found(&a).is_empty() && !found(&b).is_empty()
+    })
+    .await;
+    assert!(compared, "{a:#}\n{b:#}\n{}", s.log());
+    let encode = &a["comparisons"][0]["regressions"][0];
+    assert_eq!(encode["function"], "encode", "{a:#}");
+    assert!(found(&a).iter().all(|n| *n >= 1), "{a:#}");
+    assert!(found(&b).iter().all(|n| *n == 0), "{b:#}");
+    // Another tenant, and the default one, see none of them.
+    for other in [Some("team-c"), None] {
+        let none = get_json(&url, other).await;
+        assert_eq!(none["comparisons"], serde_json::json!([]), "{none:#}");
+    }
+    // Hostile or mistaken requests: refused early, naming what is wrong.
+    for (query, says) in [
+        (format!("service={}", "s".repeat(5000)), "4096"),
+        ("bogus=1".to_owned(), "bogus"),
+    ] {
+        let (status, body) = common::get(&format!("{url}?{query}"), Some("team-a")).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains(says), "{body}");
+    }
+}
