@@ -284,6 +284,20 @@ async fn a_tenants_regressions_are_its_own_and_bad_requests_are_refused_by_name(
         let none = get_json(&url, other).await;
         assert_eq!(none["comparisons"], serde_json::json!([]), "{none:#}");
     }
+    // The web page lists it, and its link opens the diff of the two versions.
+    if let Some(python) = common::venv_python("playwright")
+        && common::have("chromium", "--version")
+    {
+        let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/e2e");
+        let out = tokio::process::Command::new(&python)
+            .arg(common::e2e_script("regressions_web.py"))
+            .args([&s.url, "team-a", "shop", "encode", "1.0", "2.0"])
+            .arg(&shots)
+            .output()
+            .await
+            .unwrap();
+        common::assert_ran(&out, "regressions_web.py");
+    }
     // Hostile or mistaken requests: refused early, naming what is wrong.
     for (query, says) in [
         (format!("service={}", "s".repeat(5000)), "4096"),
