@@ -198,6 +198,9 @@ proptest! {
     }
 }
 
+/// A drawn sample: its stack and value.
+type Drawing = (Vec<usize>, i64);
+
 /// `profiles` as Arrow sample rows (frames inline, leaf first; the profile name
 /// dictionary-encoded), a batch of rows per call.
 fn arrow_batches(profiles: &[Drawn]) -> Vec<arrow::array::RecordBatch> {
@@ -212,7 +215,7 @@ fn arrow_batches(profiles: &[Drawn]) -> Vec<arrow::array::RecordBatch> {
         .into_iter()
         .enumerate()
     {
-        let rows: Vec<(usize, &Drawn, &(Vec<usize>, i64))> = chunk
+        let rows: Vec<(usize, &Drawn, &Drawing)> = chunk
             .iter()
             .enumerate()
             .flat_map(|(i, d)| d.samples.iter().map(move |s| (part * half + i, d, s)))

@@ -6,7 +6,8 @@
 //! with its share before and after, the unchanged build reports none, `/metrics` counts
 //! both for alerting, and `frostdb compare` finds the same on the stored data.
 //!
-//! Needs Go (`scripts/test.sh` installs golang-go).
+//! Needs Go (`scripts/test.sh` installs golang-go). CI scrapes about 40 s (12 profiles a
+//! version); `FROSTDB_DEPLOY_PROFILES=60` scrapes three minutes.
 
 mod common;
 
@@ -60,8 +61,16 @@ fn latest<'a>(answer: &'a serde_json::Value, service: &str) -> Option<&'a serde_
 }
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-/// Profiles each version needs before it is compared, in this test.
-const MIN_PROFILES: u64 = 12;
+
+/// Profiles each version needs before it is compared: 12 (two-second profiles every 3 s,
+/// about 40 s of scraping) unless `FROSTDB_DEPLOY_PROFILES` says more (60: three minutes).
+fn min_profiles() -> u64 {
+    std::env::var("FROSTDB_DEPLOY_PROFILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12)
+        .max(12)
+}
 
 #[tokio::test]
 async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_not() {
@@ -80,13 +89,9 @@ async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_
         ("cart", "1.0", start(&v1)),
         ("cart", "2.0", start(&v2_same)),
     ];
-    let mut config = String::from(
-        r#"
-[regressions]
-interval = "1s"
-min_profiles = 12
-min_increase = 0.05
-"#,
+    let min_profiles = min_profiles();
+    let mut config = format!(
+        "[regressions]\ninterval = \"1s\"\nmin_profiles = {min_profiles}\nmin_increase = 0.05\n"
     );
     for (i, (service, version, (_, addr))) in running.iter().enumerate() {
         // 2 s CPU profiles, every 3 s.
@@ -99,12 +104,12 @@ min_increase = 0.05
     let url = format!("{}/api/v1/regressions", s.url);
     // Both services compared with enough profiles on each side (bounded wait).
     let mut answer = serde_json::Value::Null;
-    let compared = eventually(Duration::from_secs(180), async || {
+    let compared = eventually(Duration::from_secs(60 + 4 * min_profiles), async || {
         answer = get_json(&url, None).await;
         ["shop", "cart"].iter().all(|service| {
             latest(&answer, service).is_some_and(|c| {
-                c["before"]["profiles"].as_u64() >= Some(MIN_PROFILES)
-                    && c["after"]["profiles"].as_u64() >= Some(MIN_PROFILES)
+                c["before"]["profiles"].as_u64() >= Some(min_profiles)
+                    && c["after"]["profiles"].as_u64() >= Some(min_profiles)
             })
         })
     })
