@@ -134,20 +134,26 @@ fn model(profiles: &[Drawn]) -> BTreeMap<(String, String), i64> {
     out
 }
 
+/// An in-memory store counting into a recorder of [`rules`].
+fn store_with_rules() -> (ProfileStore, Arc<Recorder>) {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+    recorder.set_rules(&rules()).unwrap();
+    assert!(store.attach_recorder(recorder.clone()));
+    (store, recorder)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
     #[test]
     fn rules_record_what_the_model_sums_and_a_merge_answers(
         profiles in prop::collection::vec(drawn(), 1..12)
     ) {
-        let store = ProfileStore::open(
-            Db::open_in_memory(DbOptions::default()).unwrap(),
-            StoreOptions::default(),
-        )
-        .unwrap();
-        let recorder = Arc::new(Recorder::new(RuleLimits::default()));
-        recorder.set_rules(&rules()).unwrap();
-        prop_assert!(store.attach_recorder(recorder.clone()));
+        let (store, recorder) = store_with_rules();
         for (i, d) in profiles.iter().enumerate() {
             let options = IngestOptions::default()
                 .name("process_cpu")
@@ -277,14 +283,7 @@ proptest! {
     fn rows_stored_through_arrow_are_recorded_as_profiles_are(
         profiles in prop::collection::vec(drawn(), 1..12)
     ) {
-        let store = ProfileStore::open(
-            Db::open_in_memory(DbOptions::default()).unwrap(),
-            StoreOptions::default(),
-        )
-        .unwrap();
-        let recorder = Arc::new(Recorder::new(RuleLimits::default()));
-        recorder.set_rules(&rules()).unwrap();
-        prop_assert!(store.attach_recorder(recorder.clone()));
+        let (store, recorder) = store_with_rules();
         for batch in arrow_batches(&profiles) {
             store.ingest_arrow(&batch, None).unwrap();
         }

@@ -634,8 +634,13 @@ struct CompareArgs {
     fail_on_regression: bool,
 }
 
-/// A range from optional `--from` and `--to` texts.
-fn time_range(from: Option<&str>, to: Option<&str>, now: i64) -> Result<TimeRange, BoxError> {
+/// A range from optional start and end texts, given by the flags `names`.
+fn time_range(
+    from: Option<&str>,
+    to: Option<&str>,
+    names: (&str, &str),
+    now: i64,
+) -> Result<TimeRange, BoxError> {
     let range = TimeRange {
         start_ms: from
             .map(|t| parse_time(t, now))
@@ -648,8 +653,10 @@ fn time_range(from: Option<&str>, to: Option<&str>, now: i64) -> Result<TimeRang
     };
     if range.start_ms >= range.end_ms {
         return Err(format!(
-            "the range is empty: its start ({}) is not before its end ({}); is it reversed?",
+            "the range is empty: {} ({}) is not before {} ({}); is it reversed?",
+            names.0,
             show_time(range.start_ms),
+            names.1,
             show_time(range.end_ms)
         )
         .into());
@@ -659,12 +666,18 @@ fn time_range(from: Option<&str>, to: Option<&str>, now: i64) -> Result<TimeRang
 
 fn compare(data: &Path, args: CompareArgs) -> Result<ExitCode, BoxError> {
     let now = frostdb_server::time::now_ms();
-    let range = time_range(args.from.as_deref(), args.to.as_deref(), now)?;
+    let range = time_range(
+        args.from.as_deref(),
+        args.to.as_deref(),
+        ("--from", "--to"),
+        now,
+    )?;
     let before_range = match (&args.before_from, &args.before_to) {
         (None, None) => range,
         (f, t) => time_range(
             f.as_deref().or(args.from.as_deref()),
             t.as_deref().or(args.to.as_deref()),
+            ("--before-from", "--before-to"),
             now,
         )?,
     };
@@ -754,24 +767,7 @@ fn query(data: &Path, args: QueryArgs) -> Result<ExitCode, BoxError> {
     } = args;
     let selector = Selector::parse(&selector)?;
     let now = frostdb_server::time::now_ms();
-    let range = TimeRange {
-        start_ms: from
-            .map(|t| parse_time(&t, now))
-            .transpose()?
-            .unwrap_or(i64::MIN),
-        end_ms: to
-            .map(|t| parse_time(&t, now))
-            .transpose()?
-            .unwrap_or(i64::MAX),
-    };
-    if range.start_ms >= range.end_ms {
-        return Err(format!(
-            "the range is empty: --from ({}) is not before --to ({}); is it reversed?",
-            show_time(range.start_ms),
-            show_time(range.end_ms)
-        )
-        .into());
-    }
+    let range = time_range(from.as_deref(), to.as_deref(), ("--from", "--to"), now)?;
     let store = open_read(data)?;
     let format = report::Format::from(format);
     let profile_type = selector

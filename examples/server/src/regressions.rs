@@ -238,9 +238,29 @@ pub fn pass(
             return 0;
         }
     };
+    // Only the version labels the tenant has (from the series index, no sample read): a
+    // tenant without any costs no scan of its profile totals.
+    let names = match store.label_names(None, range, ReadOptions::STRICT) {
+        Ok(read) => read.value,
+        Err(error) => {
+            tracing::warn!(%tenant, %error, "regressions: listing label names failed");
+            return 0;
+        }
+    };
+    if !names.contains(&config.service_label) {
+        return 0;
+    }
+    let labels: Vec<&String> = config
+        .version_labels
+        .iter()
+        .filter(|l| names.contains(l))
+        .collect();
+    if labels.is_empty() {
+        return 0;
+    }
     let mut made = 0;
     for profile_type in types {
-        let versions = match versions(store, &profile_type.to_string(), config, range) {
+        let versions = match versions(store, &profile_type.to_string(), config, &labels, range) {
             Ok(v) => v,
             Err(error) => {
                 tracing::warn!(%tenant, %error, "regressions: listing versions failed");
@@ -366,19 +386,25 @@ fn escape(value: &str) -> String {
 }
 
 /// Per (service, version label) of `profile_type`, its versions seen in `range` (each the
-/// first of `version_labels` the service carries), from the profile totals.
+/// first of `labels`, the version labels the tenant has, the service carries), from the
+/// profile totals of the profiles that carry it.
 fn versions(
     store: &ProfileStore,
     profile_type: &str,
     config: &RegressionsConfig,
+    labels: &[&String],
     range: TimeRange,
 ) -> Result<BTreeMap<(String, String), Vec<Seen>>, String> {
-    let all = Selector::parse(&format!("{profile_type}{{}}")).map_err(|e| e.to_string())?;
     let mut out: BTreeMap<(String, String), Vec<Seen>> = BTreeMap::new();
-    for label in &config.version_labels {
+    for &label in labels {
+        let with = Selector::parse(&format!(
+            "{profile_type}{{{}!=\"\",{label}!=\"\"}}",
+            config.service_label
+        ))
+        .map_err(|e| e.to_string())?;
         let group = [config.service_label.clone(), label.clone()];
         let series = store
-            .range(&all, range, STEP_MS, Some(&group), ReadOptions::STRICT)
+            .range(&with, range, STEP_MS, Some(&group), ReadOptions::STRICT)
             .map_err(|e| e.to_string())?
             .value;
         for s in series {
