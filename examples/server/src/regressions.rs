@@ -267,13 +267,37 @@ pub fn pass(
                 continue;
             }
         };
+        let pt = profile_type.to_string();
         for ((service, label), mut seen) in versions {
-            seen.sort_by(|a, b| (a.first_ms, &a.version).cmp(&(b.first_ms, &b.version)));
             seen.retain(|v| v.profiles >= config.min_profiles as u64);
+            // Versions first seen in the same minute: ordered by their first profile's
+            // exact time (read from the totals of that minute), not by name.
+            let minutes: Vec<i64> = seen.iter().map(|v| v.first_ms).collect();
+            for v in &mut seen {
+                if minutes.iter().filter(|m| **m == v.first_ms).count() < 2 {
+                    continue;
+                }
+                let minute = TimeRange {
+                    start_ms: v.first_ms,
+                    end_ms: v.first_ms.saturating_add(STEP_MS),
+                };
+                let first =
+                    version_selector(&pt, config, &service, &label, &v.version).and_then(|s| {
+                        store
+                            .timestamps(&s, minute, ReadOptions::STRICT)
+                            .map_err(|e| e.to_string())
+                    });
+                match first {
+                    Ok(times) => v.first_ms = times.value.first().copied().unwrap_or(v.first_ms),
+                    Err(error) => {
+                        tracing::warn!(%tenant, %service, %error, "regressions: a version's first time");
+                    }
+                }
+            }
+            seen.sort_by(|a, b| (a.first_ms, &a.version).cmp(&(b.first_ms, &b.version)));
             let [.., before, after] = &seen[..] else {
                 continue;
             };
-            let pt = profile_type.to_string();
             let window = i64::try_from(config.window.as_millis()).unwrap_or(i64::MAX);
             let after_to = after.last_ms.min(after.first_ms.saturating_add(window));
             if let Some(last) = found.last(tenant, &service, &pt)
@@ -293,16 +317,8 @@ pub fn pass(
                 start_ms: after.first_ms,
                 end_ms: after_to,
             };
-            let selector = |v: &str| {
-                Selector::parse(&format!(
-                    "{pt}{{{}=\"{}\",{label}=\"{}\"}}",
-                    config.service_label,
-                    escape(&service),
-                    escape(v)
-                ))
-            };
             let read = |v: &str, r: TimeRange| -> Result<frostdb_pprof::Profiles, String> {
-                let s = selector(v).map_err(|e| e.to_string())?;
+                let s = version_selector(&pt, config, &service, &label, v)?;
                 store
                     .profiles(&s, r, ReadOptions::STRICT)
                     .map_err(|e| e.to_string())
@@ -353,7 +369,7 @@ pub fn pass(
                 tenant,
                 Finding {
                     service,
-                    profile_type: pt,
+                    profile_type: pt.clone(),
                     version_label: label,
                     before: Version {
                         version: before.version.clone(),
@@ -378,6 +394,23 @@ pub fn pass(
         }
     }
     made
+}
+
+/// The selector of `service`'s `version` (told by `label`) of profile type `pt`.
+fn version_selector(
+    pt: &str,
+    config: &RegressionsConfig,
+    service: &str,
+    label: &str,
+    version: &str,
+) -> Result<Selector, String> {
+    Selector::parse(&format!(
+        "{pt}{{{}=\"{}\",{label}=\"{}\"}}",
+        config.service_label,
+        escape(service),
+        escape(version)
+    ))
+    .map_err(|e| e.to_string())
 }
 
 /// A value in a selector's double quotes.

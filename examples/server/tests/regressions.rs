@@ -1,7 +1,8 @@
 //! Regressions across deploys, on a real program and a real change: a small Go service
 //! (`fixtures/deployapp`) built twice, the second build's `encode` made four times slower
-//! on purpose, both scraped by the server with their version label; and the same code built
-//! twice more as another service with two version labels. The server compares each
+//! on purpose, both scraped by the server with their version label, the new version deployed
+//! after the old one's first profiles; and the same code built twice more as another
+//! service with two version labels. The server compares each
 //! service's newest version with the one before by itself: the slowed function is reported
 //! with its share before and after, the unchanged build reports none, `/metrics` counts
 //! both for alerting, and `frostdb compare` finds the same on the stored data.
@@ -40,16 +41,20 @@ fn build(dir: &Path, slowdown: u32, out: &str) -> std::path::PathBuf {
     binary
 }
 
-/// Starts `binary` on a free port; its `host:port`.
-fn start(binary: &Path) -> (Reap, String) {
-    let addr = format!("127.0.0.1:{}", frostdb_core::testing::free_port());
+/// A free loopback `host:port`.
+fn free_addr() -> String {
+    format!("127.0.0.1:{}", frostdb_core::testing::free_port())
+}
+
+/// Starts `binary` listening on `addr`.
+fn start(binary: &Path, addr: &str) -> Reap {
     let child = std::process::Command::new(binary)
-        .args(["-addr", &addr])
+        .args(["-addr", addr])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("deployapp");
-    (Reap(child), addr)
+    Reap(child)
 }
 
 /// The latest comparison of `service` in an `/api/v1/regressions` answer.
@@ -83,17 +88,23 @@ async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_
         build(dir.path(), 4, "deployapp-2-slow"),
         build(dir.path(), 1, "deployapp-2-same"),
     );
-    let running = [
-        ("shop", "1.0", start(&v1)),
-        ("shop", "2.0", start(&v2_slow)),
-        ("cart", "1.0", start(&v1)),
-        ("cart", "2.0", start(&v2_same)),
+    // (service, version, binary, address): the old versions run first; the new ones are
+    // deployed once the server has profiles of the old (their targets are down until then).
+    let apps = [
+        ("shop", "1.0", &v1, free_addr()),
+        ("cart", "1.0", &v1, free_addr()),
+        ("shop", "2.0", &v2_slow, free_addr()),
+        ("cart", "2.0", &v2_same, free_addr()),
     ];
+    let mut running: Vec<Reap> = apps[..2]
+        .iter()
+        .map(|(_, _, binary, addr)| start(binary, addr))
+        .collect();
     let min_profiles = min_profiles();
     let mut config = format!(
         "[regressions]\ninterval = \"1s\"\nmin_profiles = {min_profiles}\nmin_increase = 0.05\n"
     );
-    for (i, (service, version, (_, addr))) in running.iter().enumerate() {
+    for (i, (service, version, _, addr)) in apps.iter().enumerate() {
         // 2 s CPU profiles, every 3 s.
         config.push_str(&format!(
             "\n[[scrape]]\njob = \"app-{i}\"\ntargets = [\"{addr}\"]\ninterval = \"3s\"\n\
@@ -101,6 +112,19 @@ async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_
         ));
     }
     let s = Server::start(&dir.path().join("data"), Some(&config));
+    // The deploy: once both old versions have a profile stored, the new ones start.
+    let deployed = eventually(Duration::from_secs(60), async || {
+        // Only the old versions run yet: both services listed means both have profiles.
+        let services = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+        services == serde_json::json!(["cart", "shop"])
+    })
+    .await;
+    assert!(deployed, "no profile of the old versions:\n{}", s.log());
+    running.extend(
+        apps[2..]
+            .iter()
+            .map(|(_, _, binary, addr)| start(binary, addr)),
+    );
     let url = format!("{}/api/v1/regressions", s.url);
     // Both services compared with enough profiles on each side (bounded wait).
     let mut answer = serde_json::Value::Null;
@@ -259,6 +283,11 @@ async fn a_tenants_regressions_are_its_own_and_bad_requests_are_refused_by_name(
         .as_secs() as i64;
     push(&s, "team-a", "shop", "1.0", 30, now - 120).await;
     push(&s, "team-a", "shop", "2.0", 60, now - 60).await;
+    // Two versions first seen within one minute, whose names sort the other way round
+    // (1.10 before 1.9): ordered by their first profiles' times.
+    let minute = now / 60 * 60 - 240;
+    push(&s, "team-a", "api", "1.9", 30, minute).await;
+    push(&s, "team-a", "api", "1.10", 60, minute + 12).await;
     // The same service name and versions, unchanged, in another tenant.
     push(&s, "team-b", "shop", "1.0", 30, now - 120).await;
     push(&s, "team-b", "shop", "2.0", 30, now - 60).await;
@@ -276,12 +305,28 @@ async fn a_tenants_regressions_are_its_own_and_bad_requests_are_refused_by_name(
     let compared = eventually(Duration::from_secs(60), async || {
         a = get_json(&url, Some("team-a")).await;
         b = get_json(&url, Some("team-b")).await;
-        !found(&a).is_empty() && !found(&b).is_empty()
+        let api = a["comparisons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["service"] == "api");
+        !found(&a).is_empty() && !found(&b).is_empty() && api
     })
     .await;
     assert!(compared, "{a:#}\n{b:#}\n{}", s.log());
-    let encode = &a["comparisons"][0]["regressions"][0];
-    assert_eq!(encode["function"], "encode", "{a:#}");
+    let api = get_json(&format!("{url}?service=api"), Some("team-a")).await;
+    let api = &api["comparisons"][0];
+    assert_eq!(
+        (&api["before"]["version"], &api["after"]["version"]),
+        (&serde_json::json!("1.9"), &serde_json::json!("1.10")),
+        "{api:#}"
+    );
+    assert_eq!(api["regressions"][0]["function"], "encode", "{api:#}");
+    let shop = get_json(&format!("{url}?service=shop"), Some("team-a")).await;
+    assert_eq!(
+        shop["comparisons"][0]["regressions"][0]["function"], "encode",
+        "{shop:#}"
+    );
     assert!(found(&a).iter().all(|n| *n >= 1), "{a:#}");
     assert!(found(&b).iter().all(|n| *n == 0), "{b:#}");
     // Another tenant, and the default one, see none of them.
