@@ -527,6 +527,7 @@ impl Recorder {
     ) {
         use arrow::array::{Array, AsArray};
         use arrow::datatypes::{Int64Type, UInt64Type};
+        use frostdb_profile::native::Strings;
         use frostdb_profile::schema::column::{
             NAME, PERIOD_TYPE, PERIOD_UNIT, SAMPLE_TYPE, SAMPLE_UNIT, STACKTRACE_ID, VALUE,
             label_column,
@@ -535,7 +536,11 @@ impl Recorder {
         if rules.is_empty() || batch.num_rows() == 0 {
             return;
         }
-        let texts = |name: &str| batch.column_by_name(name).and_then(Texts::of);
+        let texts = |name: &str| {
+            batch
+                .column_by_name(name)
+                .and_then(|c| Strings::of(c.as_ref()).ok())
+        };
         let [Some(name), Some(st), Some(su), Some(pt), Some(pu)] =
             [NAME, SAMPLE_TYPE, SAMPLE_UNIT, PERIOD_TYPE, PERIOD_UNIT].map(texts)
         else {
@@ -566,17 +571,17 @@ impl Recorder {
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let columns: Vec<Option<Texts<'_>>> =
+        let columns: Vec<Option<Strings<'_>>> =
             wanted.iter().map(|l| texts(&label_column(l))).collect();
         let label = |i: usize, l: &str| -> &str {
             if l == "__name__" {
-                return name.at(i);
+                return name.get(i);
             }
             wanted
                 .binary_search(&l)
                 .ok()
                 .and_then(|c| columns[c].as_ref())
-                .map_or("", |t| t.at(i))
+                .map_or("", |t| t.get(i))
         };
         // Per (rule, kept labels' values): the sum; and the current run's (rule, sum).
         let mut sums: Vec<(usize, Vec<&str>, Option<i64>)> = Vec::new();
@@ -590,7 +595,7 @@ impl Recorder {
                 continue;
             }
             key.clear();
-            key.extend([name.at(i), st.at(i), su.at(i), pt.at(i), pu.at(i)]);
+            key.extend([name.get(i), st.get(i), su.get(i), pt.get(i), pu.get(i)]);
             key.extend(wanted.iter().map(|l| label(i, l)));
             if key != run_key {
                 std::mem::swap(&mut run_key, &mut key);
@@ -703,47 +708,6 @@ impl Adding<'_> {
                 }
                 r.dropped += 1;
             }
-        }
-    }
-}
-
-/// A string column of a samples batch: plain or dictionary-encoded.
-enum Texts<'a> {
-    Plain(&'a arrow::array::StringArray),
-    View(&'a arrow::array::StringViewArray),
-    Dictionary(
-        &'a arrow::array::ArrayRef,
-        Vec<usize>,
-        &'a arrow::array::StringArray,
-    ),
-}
-
-impl<'a> Texts<'a> {
-    fn of(column: &'a arrow::array::ArrayRef) -> Option<Self> {
-        use arrow::array::AsArray;
-        if let Some(s) = column.as_string_opt::<i32>() {
-            return Some(Texts::Plain(s));
-        }
-        if let Some(s) = column.as_string_view_opt() {
-            return Some(Texts::View(s));
-        }
-        let d = column.as_any_dictionary_opt()?;
-        let values = d.values().as_string_opt::<i32>()?;
-        Some(Texts::Dictionary(column, d.normalized_keys(), values))
-    }
-
-    /// Row `i`'s value ("" when null).
-    fn at(&self, i: usize) -> &'a str {
-        use arrow::array::Array;
-        match self {
-            Texts::Plain(s) if s.is_valid(i) => s.value(i),
-            Texts::View(s) if s.is_valid(i) => s.value(i),
-            Texts::Dictionary(column, keys, values)
-                if column.is_valid(i) && values.is_valid(keys[i]) =>
-            {
-                values.value(keys[i])
-            }
-            _ => "",
         }
     }
 }

@@ -10,8 +10,10 @@
 //! The test is statistical, so its cases come from a fixed seed: a run cannot flake, and the
 //! false positive rate it checks is that of the 48 cases below, none allowed.
 
+mod common;
+
 use frostdb_core::{Db, DbOptions};
-use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use frostdb_pprof::proto::Profile;
 use frostdb_pprof::regress::{CompareOptions, compare};
 use frostdb_pprof::{IngestOptions, ProfileStore, ReadOptions, StoreOptions, validate};
 use frostdb_profile::{Selector, TimeRange};
@@ -67,44 +69,14 @@ fn draw(p: &[f64], samples: usize, rng: &mut Rng) -> Vec<i64> {
 
 /// The pprof of one profile: a sample per stack with its count (times the 10 ms period).
 fn pprof(counts: &[i64]) -> Profile {
-    let mut strings: Vec<String> = vec![String::new(), "cpu".into(), "nanoseconds".into()];
-    strings.extend(FUNCTIONS.iter().map(|f| (*f).to_owned()));
-    Profile {
-        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-        period_type: Some(ValueType { r#type: 1, unit: 2 }),
-        period: 10_000_000,
-        function: (0..FUNCTIONS.len())
-            .map(|i| Function {
-                id: i as u64 + 1,
-                name: i as i64 + 3,
-                system_name: i as i64 + 3,
-                ..Function::default()
-            })
-            .collect(),
-        location: (0..FUNCTIONS.len())
-            .map(|i| Location {
-                id: i as u64 + 1,
-                line: vec![Line {
-                    function_id: i as u64 + 1,
-                    line: 1,
-                    column: 0,
-                }],
-                ..Location::default()
-            })
-            .collect(),
-        sample: STACKS
+    common::cpu_profile(
+        &FUNCTIONS,
+        STACKS
             .iter()
             .zip(counts)
             .filter(|(_, c)| **c > 0)
-            .map(|(stack, c)| Sample {
-                location_id: stack.iter().map(|&f| f as u64 + 1).collect(),
-                value: vec![c * 10_000_000],
-                ..Sample::default()
-            })
-            .collect(),
-        string_table: strings,
-        ..Profile::default()
-    }
+            .map(|(stack, c)| (*stack, c * 10_000_000)),
+    )
 }
 
 /// A case: the stacks' weights, the profiles of each version, samples per profile, the

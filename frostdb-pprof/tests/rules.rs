@@ -5,11 +5,13 @@
 //! once, and equal what a merge of the same selector answers for the function; the same
 //! profiles stored as Arrow rows are recorded alike.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use frostdb_core::{Db, DbOptions};
-use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+use frostdb_pprof::proto::Profile;
 use frostdb_pprof::rules::{Recorder, RecordingRule, RuleLimits};
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
 use frostdb_profile::{Selector, TimeRange};
@@ -47,43 +49,12 @@ fn drawn() -> impl Strategy<Value = Drawn> {
 
 /// The pprof of `d`: a location per function (id = index + 1).
 fn pprof(d: &Drawn) -> Profile {
-    let mut strings: Vec<String> = vec![String::new(), "cpu".into(), "nanoseconds".into()];
-    strings.extend(FUNCTIONS.iter().map(|f| (*f).to_owned()));
-    Profile {
-        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-        period_type: Some(ValueType { r#type: 1, unit: 2 }),
-        period: 10_000_000,
-        function: (0..FUNCTIONS.len())
-            .map(|i| Function {
-                id: i as u64 + 1,
-                name: i as i64 + 3,
-                system_name: i as i64 + 3,
-                ..Function::default()
-            })
-            .collect(),
-        location: (0..FUNCTIONS.len())
-            .map(|i| Location {
-                id: i as u64 + 1,
-                line: vec![Line {
-                    function_id: i as u64 + 1,
-                    line: 1,
-                    column: 0,
-                }],
-                ..Location::default()
-            })
-            .collect(),
-        sample: d
-            .samples
+    common::cpu_profile(
+        &FUNCTIONS,
+        d.samples
             .iter()
-            .map(|(stack, value)| Sample {
-                location_id: stack.iter().map(|&f| f as u64 + 1).collect(),
-                value: vec![*value],
-                ..Sample::default()
-            })
-            .collect(),
-        string_table: strings,
-        ..Profile::default()
-    }
+            .map(|(stack, value)| (stack.as_slice(), *value)),
+    )
 }
 
 fn service(i: usize) -> String {

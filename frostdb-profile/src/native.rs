@@ -356,17 +356,21 @@ impl Series {
 
 /// A string column as the engine returns it: dictionary-encoded (memory and most blocks) or
 /// plain.
-enum Strings<'a> {
+#[derive(Debug)]
+pub enum Strings<'a> {
+    /// Dictionary-encoded: the keys, the values, the keys' array (for nulls).
     Dict(
         &'a [i32],
         &'a arrow::array::StringArray,
         &'a arrow::array::Int32Array,
     ),
+    /// Plain strings.
     Plain(&'a arrow::array::StringArray),
 }
 
 impl<'a> Strings<'a> {
-    fn of(array: &'a dyn Array) -> frostdb_core::Result<Self> {
+    /// The column `array` as strings; an error for a column of another type.
+    pub fn of(array: &'a dyn Array) -> frostdb_core::Result<Self> {
         if let Some(d) = array.as_dictionary_opt::<arrow::datatypes::Int32Type>() {
             let values = d.values().as_string_opt::<i32>().ok_or_else(|| {
                 Error::Internal("a label dictionary does not hold strings".into())
@@ -381,18 +385,25 @@ impl<'a> Strings<'a> {
 
     /// A key equal for equal values within the batch (`None`: null).
     #[inline]
-    fn key(&self, i: usize) -> Option<usize> {
+    pub fn key(&self, i: usize) -> Option<usize> {
         match self {
             Strings::Dict(keys, _, array) => array.is_valid(i).then(|| keys[i] as usize),
             Strings::Plain(a) => a.is_valid(i).then_some(i),
         }
     }
 
-    fn value(&self, key: usize) -> &'a str {
+    /// The value of a key [`Strings::key`] gave.
+    pub fn value(&self, key: usize) -> &'a str {
         match self {
             Strings::Dict(_, values, _) => values.value(key),
             Strings::Plain(a) => a.value(key),
         }
+    }
+
+    /// Row `i`'s value, `""` when null.
+    #[inline]
+    pub fn get(&self, i: usize) -> &'a str {
+        self.key(i).map_or("", |k| self.value(k))
     }
 }
 

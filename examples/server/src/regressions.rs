@@ -260,14 +260,14 @@ pub fn pass(
     }
     let mut made = 0;
     for profile_type in types {
-        let versions = match versions(store, &profile_type.to_string(), config, &labels, range) {
+        let pt = profile_type.to_string();
+        let versions = match versions(store, &pt, config, &labels, range) {
             Ok(v) => v,
             Err(error) => {
                 tracing::warn!(%tenant, %error, "regressions: listing versions failed");
                 continue;
             }
         };
-        let pt = profile_type.to_string();
         for ((service, label), mut seen) in versions {
             seen.retain(|v| v.profiles >= config.min_profiles as u64);
             // Versions first seen in the same minute: ordered by their first profile's
@@ -429,6 +429,8 @@ fn versions(
     range: TimeRange,
 ) -> Result<BTreeMap<(String, String), Vec<Seen>>, String> {
     let mut out: BTreeMap<(String, String), Vec<Seen>> = BTreeMap::new();
+    // Each service's version label: the first it was seen with.
+    let mut told: HashMap<String, &String> = HashMap::new();
     for &label in labels {
         let with = Selector::parse(&format!(
             "{profile_type}{{{}!=\"\",{label}!=\"\"}}",
@@ -452,7 +454,7 @@ fn versions(
                 continue;
             };
             // A service told by an earlier label keeps it.
-            if out.keys().any(|(s, l)| *s == service && l != label) {
+            if *told.entry(service.clone()).or_insert(label) != label {
                 continue;
             }
             let (Some(first), Some(last)) = (s.points.first(), s.points.last()) else {

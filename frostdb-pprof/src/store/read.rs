@@ -384,7 +384,7 @@ impl ProfileStore {
     /// time) with its stacks' values, read from raw samples, and the symbols they resolve
     /// with. What a comparison of two selections tests over ([`crate::regress`]). Bounded
     /// by the store's query memory; a block that cannot be read fails the read unless
-    /// `lenient` (counted in [`Profiles::blocks_failed`]).
+    /// `lenient` (counted in the read's `blocks_failed`).
     pub fn profiles(
         &self,
         selector: &Selector,

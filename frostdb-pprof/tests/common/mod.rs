@@ -95,3 +95,49 @@ pub(crate) fn try_pprof_top(
     }
     Ok(rows)
 }
+
+/// A CPU pprof (`cpu`/`nanoseconds`, period 10 ms) of `functions`, a location each (ids
+/// from 1), with a sample per `(stack, value)`: the stack as indexes into `functions`, leaf
+/// first.
+pub(crate) fn cpu_profile<'a>(
+    functions: &[&str],
+    samples: impl IntoIterator<Item = (&'a [usize], i64)>,
+) -> frostdb_pprof::proto::Profile {
+    use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+    let mut strings: Vec<String> = vec![String::new(), "cpu".into(), "nanoseconds".into()];
+    strings.extend(functions.iter().map(|f| (*f).to_owned()));
+    Profile {
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        function: (0..functions.len())
+            .map(|i| Function {
+                id: i as u64 + 1,
+                name: i as i64 + 3,
+                system_name: i as i64 + 3,
+                ..Function::default()
+            })
+            .collect(),
+        location: (0..functions.len())
+            .map(|i| Location {
+                id: i as u64 + 1,
+                line: vec![Line {
+                    function_id: i as u64 + 1,
+                    line: 1,
+                    column: 0,
+                }],
+                ..Location::default()
+            })
+            .collect(),
+        sample: samples
+            .into_iter()
+            .map(|(stack, value)| Sample {
+                location_id: stack.iter().map(|&f| f as u64 + 1).collect(),
+                value: vec![value],
+                ..Sample::default()
+            })
+            .collect(),
+        string_table: strings,
+        ..Profile::default()
+    }
+}

@@ -75,6 +75,10 @@ function fmtValue(v, unit) {
 const pct = (v, total) => (total ? (100 * v / total).toFixed(2) + "%" : "0%");
 
 // ---------- selector ----------
+// A label value as a selector quotes it.
+function quoted(value) {
+  return value.replace(/["\\]/g, "\\$&");
+}
 function fullSelector(text) {
   text = (text || "").trim();
   if (/^[^{]*:[^{]*/.test(text) && !text.startsWith("{")) return text.includes("{") ? text : text + "{}";
@@ -586,7 +590,7 @@ function rangeParams(r) {
 function pinnedSelector(sel) {
   const p = state.pinned;
   if (!p || !p.labels || !Object.keys(p.labels).length) return sel;
-  const extra = Object.entries(p.labels).map(([k, v]) => `${k}="${v.replace(/["\\]/g, "\\$&")}"`).join(",");
+  const extra = Object.entries(p.labels).map(([k, v]) => `${k}="${quoted(v)}"`).join(",");
   return sel.replace(/\}$/, (sel.endsWith("{}") ? "" : ",") + extra + "}");
 }
 // The base's range in a diff for the selection's range `r`.
@@ -767,7 +771,7 @@ function withService(text, service) {
   const inner = (text || "").trim().replace(/^\{|\}$/g, "");
   const kept = inner.split(/,(?=(?:[^"]*"[^"]*")*[^"]*$)/).map((m) => m.trim())
     .filter((m) => m && !/^service_name\s*(=|!=|=~|!~)/.test(m));
-  if (service) kept.unshift(`service_name="${service.replace(/["\\]/g, "\\$&")}"`);
+  if (service) kept.unshift(`service_name="${quoted(service)}"`);
   return kept.length ? "{" + kept.join(", ") + "}" : "";
 }
 
@@ -804,7 +808,7 @@ async function loadRegressions() {
   $("regressions-panel").hidden = !shown.length;
   const pct = (x) => (x * 100).toFixed(1) + "%";
   for (const c of shown) {
-    const sel = (v) => `{${found.service_label}="${c.service.replace(/["\\]/g, "\\$&")}", ${c.version_label}="${v.replace(/["\\]/g, "\\$&")}"}`;
+    const sel = (v) => `{${found.service_label}="${quoted(c.service)}", ${c.version_label}="${quoted(v)}"}`;
     const q = new URLSearchParams();
     const tenant = new URLSearchParams(location.search).get("tenant");
     if (tenant) q.set("tenant", tenant);
