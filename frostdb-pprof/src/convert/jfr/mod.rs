@@ -637,7 +637,20 @@ impl<'l> Converter<'l> {
         if let Some(&stack) = self.stacks.get(&(kind, id)) {
             return Ok(stack);
         }
-        if id == 0 {
+        let (first, n) = match id {
+            0 => (0, 0),
+            _ => *pools.stack_traces.get(&id).ok_or_else(|| {
+                Failure::Bad(Bad {
+                    at,
+                    reason: format!(
+                        "an event names stack trace {id}, which no constant pool holds"
+                    ),
+                })
+            })?,
+        };
+        // No stack (id 0), or a stack trace of no frames (the JDK writes both, the
+        // second for monitor events of threads with no Java frames).
+        if n == 0 {
             let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
             let stack = vec![builder.location(NO_STACK, 0)];
             let next = builder.stacks.len() as u32;
@@ -645,12 +658,6 @@ impl<'l> Converter<'l> {
             self.stacks.insert((kind, id), stack);
             return Ok(stack);
         }
-        let &(first, n) = pools.stack_traces.get(&id).ok_or_else(|| {
-            Failure::Bad(Bad {
-                at,
-                reason: format!("an event names stack trace {id}, which no constant pool holds"),
-            })
-        })?;
         if n > self.limits.max_stack_depth {
             return Err(Failure::Limit(Error::TooLarge {
                 what: "stack depth",
@@ -1190,6 +1197,20 @@ mod tests {
             7 * 10_000_000
         );
         assert_eq!(converted.events, 7);
+    }
+
+    #[test]
+    fn a_stack_trace_of_no_frames_is_the_no_stack_frame() {
+        // The JDK writes stack traces of no frames (monitor events of threads with no Java
+        // frames): their samples get the one frame, never a sample without locations.
+        let converted = convert(&recording(0, 5, 0), None, 100, &Limits::default()).unwrap();
+        let cpu = &converted.profiles[0].profile;
+        assert_eq!(cpu.sample.len(), 1);
+        assert_eq!(cpu.sample[0].location_id.len(), 1);
+        assert_eq!(cpu.sample[0].value, [5 * 10_000_000]);
+        let location = &cpu.location[cpu.sample[0].location_id[0] as usize - 1];
+        let function = &cpu.function[location.line[0].function_id as usize - 1];
+        assert_eq!(cpu.string_table[function.name as usize], NO_STACK);
     }
 
     #[test]
