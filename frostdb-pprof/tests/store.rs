@@ -966,3 +966,100 @@ async fn several_profiles_are_stored_whole_or_not_at_all() {
         alloc_total(&heap[2]) - alloc_total(&heap[0])
     );
 }
+
+/// Profiles stored in one group (one call of `ingest_all`), given out of the table's order
+/// (series and times descending, two sample types, samples under two handlers), are stored
+/// in it: compaction finds the group's rows sorted. Their series index, totals and merges
+/// are those of the same profiles stored one at a time.
+#[test]
+fn a_groups_rows_are_stored_in_the_tables_order_and_answer_as_profiles_stored_alone() {
+    let profiles: Vec<(frostdb_pprof::ValidProfile, IngestOptions)> = (0..12u64)
+        .rev()
+        .map(|i| {
+            let mut p = frostdb_pprof::testing::profile(i * 5, 20, 3);
+            let key = p.string_table.len() as i64;
+            p.string_table
+                .extend(["handler".to_owned(), "h0".to_owned(), "h1".to_owned()]);
+            // A second sample type: two profile types a profile.
+            let alloc = p.string_table.len() as i64;
+            p.string_table.push("alloc".to_owned());
+            p.sample_type.push(frostdb_pprof::proto::ValueType {
+                r#type: alloc,
+                unit: alloc,
+            });
+            for (j, sample) in p.sample.iter_mut().enumerate() {
+                sample.value.push(j as i64 + 1);
+                // The handlers alternate: a profile's rows of one label set are not runs.
+                sample.label = vec![frostdb_pprof::proto::Label {
+                    key,
+                    str: key + 1 + ((j + i as usize) % 2) as i64,
+                    ..Default::default()
+                }];
+            }
+            let profile = frostdb_pprof::validate(p, &Limits::default()).unwrap();
+            let options = IngestOptions::default()
+                .name("process_cpu")
+                .labels(vec![("pod".into(), format!("p{}", i % 3))])
+                // Two profiles of each pod share a time.
+                .timestamp_ms(1_700_000_000_000 + (i / 2) as i64 * 10_000);
+            (profile, options)
+        })
+        .collect();
+    let open = || {
+        ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap()
+    };
+    let grouped = open();
+    let all: Vec<_> = profiles.iter().map(|(p, o)| (p, o)).collect();
+    grouped.ingest_all(&all).unwrap();
+    let alone = open();
+    for (p, o) in &profiles {
+        alone.ingest_profile(p, o).unwrap();
+    }
+    // One part, in the table's order.
+    let scanned = grouped
+        .samples()
+        .scan(&frostdb_core::ScanRequest::new())
+        .unwrap();
+    let scanned = arrow::compute::concat_batches(&scanned[0].schema(), &scanned).unwrap();
+    assert_eq!(scanned.num_rows(), alone.samples().snapshot().rows());
+    let order = grouped.samples().sort_indices(&scanned).unwrap();
+    assert!(
+        order.is_sorted(),
+        "stored out of the table's order: {order:?}"
+    );
+
+    let totals = |s: &ProfileStore| s.db().get_table("totals").unwrap().snapshot().rows();
+    assert_eq!(totals(&grouped), totals(&alone));
+    for ty in ["cpu:nanoseconds", "alloc:alloc"] {
+        for labels in ["", "pod=\"p1\"", "handler=\"h0\",pod=\"p2\""] {
+            let selector =
+                Selector::parse(&format!("process_cpu:{ty}:cpu:nanoseconds{{{labels}}}")).unwrap();
+            let merge = |s: &ProfileStore| {
+                let merged = s.merge(&selector, TimeRange::ALL).unwrap();
+                (merged.total(), TopTable::build(&merged).render())
+            };
+            assert_eq!(merge(&grouped), merge(&alone), "{selector}");
+            assert!(merge(&grouped).0 > 0, "{selector}");
+            let range = |s: &ProfileStore| {
+                let read = s
+                    .range(&selector, TimeRange::ALL, 10_000, None, ReadOptions::STRICT)
+                    .unwrap();
+                read.value
+                    .iter()
+                    .map(|s| (s.labels.clone(), s.points.clone(), s.rows.clone()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(range(&grouped), range(&alone), "{selector}");
+            let series = |s: &ProfileStore| {
+                s.series(&selector, TimeRange::ALL, None, ReadOptions::STRICT)
+                    .unwrap()
+                    .value
+            };
+            assert_eq!(series(&grouped), series(&alone), "{selector}");
+        }
+    }
+}

@@ -224,23 +224,7 @@ impl Input {
                 _ => runs.push((r, t, i as u32, i as u32 + 1)),
             }
         }
-        let in_order = runs.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1))
-            && runs
-                .iter()
-                .all(|r| stack_ids[r.2 as usize..r.3 as usize].is_sorted());
-        if in_order {
-            return None;
-        }
-        runs.sort_unstable(); // first rows are distinct: rows alike keep their order
-        let mut order: Vec<u32> = Vec::with_capacity(self.len());
-        for profile in runs.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-            let from = order.len();
-            for run in profile {
-                order.extend(run.2..run.3);
-            }
-            order[from..].sort_by_key(|&i| stack_ids[i as usize]);
-        }
-        Some(order)
+        crate::normalize::order_runs(runs, stack_ids, self.len())
     }
 
     /// The samples table's rows, with their stacks' symbol ids (`stack_ids`, a row each),

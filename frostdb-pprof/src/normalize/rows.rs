@@ -1,5 +1,7 @@
 //! Step 4: sample rows appended to a group's rows, and the group's batch.
 
+use arrow::array::AsArray;
+
 use super::*;
 
 impl Prepared<'_> {
@@ -71,6 +73,13 @@ impl Prepared<'_> {
             let t = run[0].0;
             out.constant(SAMPLE_TYPE, sample_type(t), at, run.len())?;
             out.constant(SAMPLE_UNIT, sample_unit(t), at, run.len())?;
+            // Runs of rows alike in every series column and time: of a type's rows, those
+            // of one label set in a row.
+            let mut first = at;
+            for same in run.chunk_by(|a, b| group(a.1).0 == group(b.1).0) {
+                out.runs.push((first as u32, (first + same.len()) as u32));
+                first += same.len();
+            }
             // The series index: a row per distinct label set of the run, keyed by what
             // makes its index row; and the run's totals, a first row and a sum per label set.
             if index {
@@ -163,6 +172,8 @@ pub(crate) struct SampleRows {
     duration: Vec<i64>,
     period: Vec<i64>,
     value: Vec<i64>,
+    /// Runs of rows (first, end) alike in every series column and time, in row order.
+    runs: Vec<(u32, u32)>,
     /// Rows given whole (samples given as Arrow columns): nothing is appended to them.
     built: Option<RecordBatch>,
 }
@@ -220,7 +231,97 @@ impl SampleRows {
         Ok(())
     }
 
-    /// The rows as one batch.
+    /// The rows as one batch in the order of `table` (the samples table's sort key), and
+    /// that order (`order[i]`: the row appended that comes `i`th) when it is not the order
+    /// they were appended in. Stored sorted, they spare compaction and persistence the sort
+    /// (they find the batch sorted in a comparison a row): the runs of rows alike in series
+    /// and time are ordered (one row each, by the table's key), then the rows of each
+    /// profile by stack id, which costs a sort of the series and of each profile's rows, not
+    /// a sort of every row by every key column. Rows given whole come as given.
+    pub(crate) fn finish_sorted(
+        mut self,
+        table: &frostdb_core::Table,
+    ) -> Result<(RecordBatch, Option<Vec<u32>>)> {
+        let runs = std::mem::take(&mut self.runs);
+        let batch = self.finish()?;
+        if runs.len() < 2 {
+            return Ok((batch, None)); // built, or a single run: sorted below by stack
+        }
+        // Each run's series: its string columns' dictionary keys (a value has one key in
+        // a builder's dictionary, a null none), words equal where the series are.
+        let strings: Vec<&arrow::array::Int32Array> = batch
+            .columns()
+            .iter()
+            .filter_map(|c| c.as_dictionary_opt::<Int32Type>())
+            .map(|d| d.keys())
+            .collect();
+        let width = strings.len();
+        let mut words: Vec<u32> = Vec::with_capacity(runs.len() * width);
+        for &(first, _) in &runs {
+            words.extend(strings.iter().map(|k| match k.is_valid(first as usize) {
+                true => k.value(first as usize) as u32,
+                false => u32::MAX,
+            }));
+        }
+        let mut series: std::collections::HashMap<&[u32], u32, foldhash::fast::RandomState> =
+            Default::default();
+        let mut firsts: Vec<u32> = Vec::new();
+        let of_run: Vec<u32> = (0..runs.len())
+            .map(|r| {
+                let next = firsts.len() as u32;
+                *series
+                    .entry(&words[r * width..(r + 1) * width])
+                    .or_insert_with(|| {
+                        firsts.push(runs[r].0);
+                        next
+                    })
+            })
+            .collect();
+        // The series' places in the table's order, from a row of each.
+        let firsts = arrow::array::UInt32Array::from(firsts);
+        let schema = batch.schema();
+        let (fields, columns): (Vec<_>, Vec<_>) = schema
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .filter(|(_, c)| c.as_dictionary_opt::<Int32Type>().is_some())
+            .map(|(f, c)| Ok((f.clone(), arrow::compute::take(c, &firsts, None)?)))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let representatives = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
+        let mut rank = vec![0u32; firsts.len()];
+        for (place, &s) in table.sort_indices(&representatives)?.iter().enumerate() {
+            rank[s as usize] = place as u32;
+        }
+        let times = batch
+            .column_by_name(TIMESTAMP)
+            .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Int64Type>())
+            .ok_or_else(|| Error::Corrupt("sample rows without timestamps".into()))?
+            .values();
+        let stack_ids = batch
+            .column_by_name(STACKTRACE_ID)
+            .and_then(|c| c.as_primitive_opt::<arrow::datatypes::UInt64Type>())
+            .ok_or_else(|| Error::Corrupt("sample rows without stack ids".into()))?
+            .values();
+        let runs: Vec<(u32, i64, u32, u32)> = runs
+            .iter()
+            .zip(&of_run)
+            .map(|(&(first, end), &s)| (rank[s as usize], times[first as usize], first, end))
+            .collect();
+        let Some(order) = order_runs(runs, stack_ids, batch.num_rows()) else {
+            return Ok((batch, None));
+        };
+        let indices = arrow::array::UInt32Array::from(order.clone());
+        let columns = batch
+            .columns()
+            .iter()
+            .map(|c| Ok(arrow::compute::take(c, &indices, None)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((RecordBatch::try_new(schema, columns)?, Some(order)))
+    }
+
+    /// The rows as one batch, in the order they were appended.
     pub(crate) fn finish(self) -> Result<RecordBatch> {
         if let Some(batch) = self.built {
             return Ok(batch);
@@ -252,4 +353,33 @@ impl SampleRows {
             columns,
         )?)
     }
+}
+
+/// The order of rows given as runs `(series rank, time, first row, end)` (the runs in row
+/// order, each a run of rows of one series and time), in the samples table's order: by
+/// series rank, time and stack (`stack_ids`, a row each); `None` when they are in it
+/// already. Runs are ordered, then the rows of each profile (series and time) by stack, so
+/// it costs a sort of the runs and of each profile's rows, not of `rows` rows.
+pub(crate) fn order_runs(
+    mut runs: Vec<(u32, i64, u32, u32)>,
+    stack_ids: &[u64],
+    rows: usize,
+) -> Option<Vec<u32>> {
+    let in_order = runs.windows(2).all(|w| (w[0].0, w[0].1) < (w[1].0, w[1].1))
+        && runs
+            .iter()
+            .all(|r| stack_ids[r.2 as usize..r.3 as usize].is_sorted());
+    if in_order {
+        return None;
+    }
+    runs.sort_unstable(); // first rows are distinct: rows alike keep their order
+    let mut order: Vec<u32> = Vec::with_capacity(rows);
+    for profile in runs.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+        let from = order.len();
+        for run in profile {
+            order.extend(run.2..run.3);
+        }
+        order[from..].sort_by_key(|&i| stack_ids[i as usize]);
+    }
+    Some(order)
 }
