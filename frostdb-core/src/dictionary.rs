@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, DictionaryArray, GenericByteArray, GenericByteBuilder, Int32Array,
+    Array, ArrayRef, AsArray, BooleanBufferBuilder, DictionaryArray, GenericByteArray,
+    GenericByteBuilder, Int32Array,
 };
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{BinaryType, ByteArrayType, DataType, Int32Type, Utf8Type};
@@ -23,8 +24,8 @@ struct Encoder<T: ByteArrayType<Offset = i32>> {
     index: HashMap<Vec<u8>, i32>,
     values: GenericByteBuilder<T>,
     keys: Vec<i32>,
-    valid: Vec<bool>,
-    nulls: usize,
+    /// Which keys are valid: made at the first null (most columns have none).
+    valid: Option<BooleanBufferBuilder>,
     previous: Option<i32>,
 }
 
@@ -34,8 +35,7 @@ impl<T: ByteArrayType<Offset = i32>> Encoder<T> {
             index: HashMap::new(),
             values: GenericByteBuilder::with_capacity(4, 64),
             keys: Vec::with_capacity(rows),
-            valid: Vec::with_capacity(rows),
-            nulls: 0,
+            valid: None,
             previous: None,
         }
     }
@@ -47,15 +47,21 @@ impl<T: ByteArrayType<Offset = i32>> Encoder<T> {
     }
 
     fn push_null(&mut self) {
+        let valid = self.valid.get_or_insert_with(|| {
+            let mut valid = BooleanBufferBuilder::new(self.keys.capacity());
+            valid.append_n(self.keys.len(), true);
+            valid
+        });
+        valid.append(false);
         self.keys.push(0);
-        self.valid.push(false);
-        self.nulls += 1;
     }
 
-    /// Pushes the key already assigned to the previous value again.
+    /// Pushes a key already assigned to a value again.
     fn repeat(&mut self, key: i32) {
         self.keys.push(key);
-        self.valid.push(true);
+        if let Some(valid) = &mut self.valid {
+            valid.append(true);
+        }
     }
 
     fn push(&mut self, value: &T::Native) -> Result<i32> {
@@ -82,7 +88,10 @@ impl<T: ByteArrayType<Offset = i32>> Encoder<T> {
     }
 
     fn finish(mut self) -> Result<DictionaryArray<Int32Type>> {
-        let nulls = (self.nulls > 0).then(|| NullBuffer::from(self.valid));
+        let nulls = self
+            .valid
+            .take()
+            .map(|mut valid| NullBuffer::new(valid.finish()));
         let keys = Int32Array::new(self.keys.into(), nulls);
         Ok(DictionaryArray::try_new(
             keys,
@@ -134,19 +143,24 @@ pub(crate) fn gather(
         // costs an index, not a hash of its value. Input dictionaries are compacted, so
         // this is at most the input's size.
         let mut seen: Vec<Vec<i32>> = values.iter().map(|v| vec![-1; v.len()]).collect();
-        for &(a, row) in indices {
-            let keys = arrays[a].keys();
-            let source = keys.value(row) as usize;
-            if keys.is_null(row) || values[a].is_null(source) {
-                encoder.push_null();
-                continue;
+        // Rows come in runs of one input (a merge's output takes runs of each): each run's
+        // keys are read from its input's slices, its null checks made only if it has nulls.
+        for run in indices.chunk_by(|x, y| x.0 == y.0) {
+            let a = run[0].0;
+            let (keys, values, seen) = (arrays[a].keys(), values[a], &mut seen[a]);
+            let nullable = keys.null_count() > 0 || values.null_count() > 0;
+            let sources = keys.values();
+            for &(_, row) in run {
+                let source = sources[row] as usize;
+                if nullable && (keys.is_null(row) || values.is_null(source)) {
+                    encoder.push_null();
+                    continue;
+                }
+                match seen[source] {
+                    -1 => seen[source] = encoder.push(values.value(source))?,
+                    key => encoder.repeat(key),
+                }
             }
-            let slot = &mut seen[a][source];
-            if *slot >= 0 {
-                encoder.repeat(*slot);
-                continue;
-            }
-            *slot = encoder.push(values[a].value(source))?;
         }
         Ok(Arc::new(encoder.finish()?))
     }
@@ -256,6 +270,20 @@ mod tests {
             3,
             "y stored once"
         );
+        // A null among a dictionary's values is a null row, in a run of its input.
+        let c: ArrayRef = Arc::new(
+            DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0, 1, 0]),
+                Arc::new(StringArray::from(vec![Some("v"), None])),
+            )
+            .unwrap(),
+        );
+        let out = gather(&[a.as_ref(), c.as_ref()], &[(0, 0), (1, 0), (1, 1), (1, 2)])
+            .unwrap()
+            .unwrap();
+        let want = StringArray::from(vec![Some("x"), Some("v"), None, Some("v")]);
+        same_values(out.as_ref(), &want);
+        assert_eq!(out.null_count(), 1);
     }
 
     #[test]
