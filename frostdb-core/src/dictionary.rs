@@ -57,6 +57,7 @@ impl<T: ByteArrayType<Offset = i32>> Encoder<T> {
     }
 
     /// Pushes a key already assigned to a value again.
+    #[inline]
     fn repeat(&mut self, key: i32) {
         self.keys.push(key);
         if let Some(valid) = &mut self.valid {

@@ -1019,18 +1019,34 @@ fn a_groups_rows_are_stored_in_the_tables_order_and_answer_as_profiles_stored_al
     for (p, o) in &profiles {
         alone.ingest_profile(p, o).unwrap();
     }
-    // One part, in the table's order.
-    let scanned = grouped
-        .samples()
-        .scan(&frostdb_core::ScanRequest::new())
+    // One part, in the table's order; and so is a group of one profile.
+    let in_order = |store: &ProfileStore| {
+        let scanned = store
+            .samples()
+            .scan(&frostdb_core::ScanRequest::new())
+            .unwrap();
+        let scanned = arrow::compute::concat_batches(&scanned[0].schema(), &scanned).unwrap();
+        let order = store.samples().sort_indices(&scanned).unwrap();
+        assert!(
+            order.is_sorted(),
+            "stored out of the table's order: {order:?}"
+        );
+        scanned.num_rows()
+    };
+    assert_eq!(in_order(&grouped), alone.samples().snapshot().rows());
+    // A profile of one type and label set, its samples in the reverse of the order their
+    // stacks were first stored in: one run of rows, sorted by stack.
+    let one = open();
+    let mut p = frostdb_pprof::testing::profile(0, 20, 3);
+    let options = IngestOptions::default().name("process_cpu");
+    let first = frostdb_pprof::validate(p.clone(), &Limits::default()).unwrap();
+    one.ingest_profile(&first, &options.clone().timestamp_ms(1_700_000_000_000))
         .unwrap();
-    let scanned = arrow::compute::concat_batches(&scanned[0].schema(), &scanned).unwrap();
-    assert_eq!(scanned.num_rows(), alone.samples().snapshot().rows());
-    let order = grouped.samples().sort_indices(&scanned).unwrap();
-    assert!(
-        order.is_sorted(),
-        "stored out of the table's order: {order:?}"
-    );
+    p.sample.reverse();
+    let reversed = frostdb_pprof::validate(p, &Limits::default()).unwrap();
+    one.ingest_profile(&reversed, &options.timestamp_ms(1_700_000_010_000))
+        .unwrap();
+    assert!(in_order(&one) > 0);
 
     let totals = |s: &ProfileStore| s.db().get_table("totals").unwrap().snapshot().rows();
     assert_eq!(totals(&grouped), totals(&alone));

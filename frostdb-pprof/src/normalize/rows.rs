@@ -244,8 +244,8 @@ impl SampleRows {
     ) -> Result<(RecordBatch, Option<Vec<u32>>)> {
         let runs = std::mem::take(&mut self.runs);
         let batch = self.finish()?;
-        if runs.len() < 2 {
-            return Ok((batch, None)); // built, or a single run: sorted below by stack
+        if runs.is_empty() {
+            return Ok((batch, None)); // built (or empty)
         }
         // Each run's series: its string columns' dictionary keys (a value has one key in
         // a builder's dictionary, a null none), words equal where the series are.
@@ -277,22 +277,25 @@ impl SampleRows {
                     })
             })
             .collect();
-        // The series' places in the table's order, from a row of each.
-        let firsts = arrow::array::UInt32Array::from(firsts);
+        // The series' places in the table's order, from a row of each (one series: first).
         let schema = batch.schema();
-        let (fields, columns): (Vec<_>, Vec<_>) = schema
-            .fields()
-            .iter()
-            .zip(batch.columns())
-            .filter(|(_, c)| c.as_dictionary_opt::<Int32Type>().is_some())
-            .map(|(f, c)| Ok((f.clone(), arrow::compute::take(c, &firsts, None)?)))
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .unzip();
-        let representatives = RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
         let mut rank = vec![0u32; firsts.len()];
-        for (place, &s) in table.sort_indices(&representatives)?.iter().enumerate() {
-            rank[s as usize] = place as u32;
+        if firsts.len() > 1 {
+            let firsts = arrow::array::UInt32Array::from(firsts);
+            let (fields, columns): (Vec<_>, Vec<_>) = schema
+                .fields()
+                .iter()
+                .zip(batch.columns())
+                .filter(|(_, c)| c.as_dictionary_opt::<Int32Type>().is_some())
+                .map(|(f, c)| Ok((f.clone(), arrow::compute::take(c, &firsts, None)?)))
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .unzip();
+            let representatives =
+                RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
+            for (place, &s) in table.sort_indices(&representatives)?.iter().enumerate() {
+                rank[s as usize] = place as u32;
+            }
         }
         let times = batch
             .column_by_name(TIMESTAMP)
