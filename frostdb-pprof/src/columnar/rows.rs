@@ -50,16 +50,7 @@ impl Derived {
     /// The rows it names (`index`, `totals`) moved to their places once the call's rows
     /// are in `order` (`order[i]`: the row that comes `i`th).
     pub(crate) fn reorder(&mut self, order: &[u32]) {
-        let mut place = vec![0u32; order.len()];
-        for (i, &row) in order.iter().enumerate() {
-            place[row as usize] = i as u32;
-        }
-        for (_, row) in &mut self.index {
-            *row = place[*row as usize];
-        }
-        for (row, _) in &mut self.totals {
-            *row = place[*row as usize];
-        }
+        crate::normalize::move_rows(order, &mut self.index, &mut self.totals);
     }
 }
 

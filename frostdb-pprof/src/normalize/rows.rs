@@ -247,50 +247,41 @@ impl SampleRows {
         if runs.is_empty() {
             return Ok((batch, None)); // built (or empty)
         }
-        // Each run's series: its string columns' dictionary keys (a value has one key in
-        // a builder's dictionary, a null none), words equal where the series are.
-        let strings: Vec<&arrow::array::Int32Array> = batch
-            .columns()
+        // Each run's series (its string columns at its first row) as words, equal where
+        // the series are; a row of each distinct series ranked by the table's key.
+        let schema = batch.schema();
+        let run_firsts = arrow::array::UInt32Array::from_iter_values(runs.iter().map(|r| r.0));
+        let (fields, columns): (Vec<_>, Vec<_>) = schema
+            .fields()
             .iter()
-            .filter_map(|c| c.as_dictionary_opt::<Int32Type>())
-            .map(|d| d.keys())
-            .collect();
-        let width = strings.len();
-        let mut words: Vec<u32> = Vec::with_capacity(runs.len() * width);
-        for &(first, _) in &runs {
-            words.extend(strings.iter().map(|k| match k.is_valid(first as usize) {
-                true => k.value(first as usize) as u32,
-                false => u32::MAX,
-            }));
-        }
-        let mut series: std::collections::HashMap<&[u32], u32, foldhash::fast::RandomState> =
+            .zip(batch.columns())
+            .filter(|(_, c)| c.as_dictionary_opt::<Int32Type>().is_some())
+            .map(|(f, c)| Ok((f.clone(), arrow::compute::take(c, &run_firsts, None)?)))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        let (words, width) = crate::store::series_words(&columns)?;
+        let mut series: std::collections::HashMap<&[u64], u32, foldhash::fast::RandomState> =
             Default::default();
-        let mut firsts: Vec<u32> = Vec::new();
+        let mut distinct: Vec<u32> = Vec::new();
         let of_run: Vec<u32> = (0..runs.len())
             .map(|r| {
-                let next = firsts.len() as u32;
+                let next = distinct.len() as u32;
                 *series
                     .entry(&words[r * width..(r + 1) * width])
                     .or_insert_with(|| {
-                        firsts.push(runs[r].0);
+                        distinct.push(r as u32);
                         next
                     })
             })
             .collect();
-        // The series' places in the table's order, from a row of each (one series: first).
-        let schema = batch.schema();
-        let mut rank = vec![0u32; firsts.len()];
-        if firsts.len() > 1 {
-            let firsts = arrow::array::UInt32Array::from(firsts);
-            let (fields, columns): (Vec<_>, Vec<_>) = schema
-                .fields()
+        let mut rank = vec![0u32; distinct.len()];
+        if distinct.len() > 1 {
+            let distinct = arrow::array::UInt32Array::from(distinct);
+            let columns = columns
                 .iter()
-                .zip(batch.columns())
-                .filter(|(_, c)| c.as_dictionary_opt::<Int32Type>().is_some())
-                .map(|(f, c)| Ok((f.clone(), arrow::compute::take(c, &firsts, None)?)))
-                .collect::<Result<Vec<_>>>()?
-                .into_iter()
-                .unzip();
+                .map(|c| Ok(arrow::compute::take(c, &distinct, None)?))
+                .collect::<Result<Vec<_>>>()?;
             let representatives =
                 RecordBatch::try_new(Arc::new(ArrowSchema::new(fields)), columns)?;
             for (place, &s) in table.sort_indices(&representatives)?.iter().enumerate() {
@@ -385,4 +376,19 @@ pub(crate) fn order_runs(
         order[from..].sort_by_key(|&i| stack_ids[i as usize]);
     }
     Some(order)
+}
+
+/// Moves references to rows (the series index's `(key, row)` and the totals' `(row, sum)`)
+/// to where `order` (`order[i]`: the row that comes `i`th) puts their rows.
+pub(crate) fn move_rows(order: &[u32], index: &mut [(u64, u32)], totals: &mut [(u32, i64)]) {
+    let mut place = vec![0u32; order.len()];
+    for (i, &row) in order.iter().enumerate() {
+        place[row as usize] = i as u32;
+    }
+    for (_, row) in index {
+        *row = place[*row as usize];
+    }
+    for (row, _) in totals {
+        *row = place[*row as usize];
+    }
 }

@@ -387,16 +387,7 @@ impl ProfileStore {
             let mut totals = std::mem::take(&mut group.rows.totals);
             let (samples, order) = group.rows.finish_sorted(&self.samples)?;
             if let Some(order) = order {
-                // The rows they name, moved to their places.
-                let mut place = vec![0u32; order.len()];
-                for (i, &row) in order.iter().enumerate() {
-                    place[row as usize] = i as u32;
-                }
-                keys.iter_mut()
-                    .for_each(|(_, row)| *row = place[*row as usize]);
-                totals
-                    .iter_mut()
-                    .for_each(|(row, _)| *row = place[*row as usize]);
+                crate::normalize::move_rows(&order, &mut keys, &mut totals);
             }
             let index = self.indexed.lock().new_rows(&samples, keys)?;
             let series_keys = match &self.series_keys {

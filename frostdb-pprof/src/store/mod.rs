@@ -51,8 +51,8 @@ mod options;
 mod read;
 
 use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for};
-pub(crate) use derived::series_runs;
 use derived::{SeriesSeen, build_series_index, build_totals};
+pub(crate) use derived::{series_runs, series_words};
 use maintenance::{SymbolExpiry, partitions_used};
 pub use naming::NamingSummary;
 pub use options::StoreOptions;
