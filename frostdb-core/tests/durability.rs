@@ -907,6 +907,10 @@ fn concurrent_writers_share_fsyncs_and_a_lone_writer_syncs_at_once() {
         lone.syncs, 20,
         "a lone writer's commits were not synced one by one"
     );
+    assert!(
+        lone.sync_time > std::time::Duration::ZERO,
+        "20 fsyncs took no time: the time in them is not counted"
+    );
 
     // Together: 16 writers, 25 commits each; fsyncs in flight cover the records appended
     // meanwhile, so there are fewer fsyncs than records.
@@ -923,6 +927,10 @@ fn concurrent_writers_share_fsyncs_and_a_lone_writer_syncs_at_once() {
     let after = db.wal_stats().unwrap();
     let (records, syncs) = (after.records - lone.records, after.syncs - lone.syncs);
     assert_eq!(records, 400);
+    assert!(
+        after.sync_time >= lone.sync_time,
+        "time in fsyncs went back"
+    );
     assert!(
         syncs < records,
         "{syncs} fsyncs for {records} concurrent records: nothing was shared"

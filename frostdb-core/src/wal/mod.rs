@@ -181,6 +181,7 @@ pub(crate) struct FileWal {
     /// Records appended and fsyncs done since open (for [`WalStats`]).
     records: AtomicU64,
     syncs: AtomicU64,
+    sync_nanos: AtomicU64,
 }
 
 /// What the write-ahead log did since the database opened: with concurrent writers, one
@@ -194,6 +195,9 @@ pub struct WalStats {
     pub syncs: u64,
     /// Bytes appended.
     pub bytes: u64,
+    /// Time spent making records durable: in fsyncs (uploads, for a WAL in a bucket), which
+    /// every acknowledged write waits for.
+    pub sync_time: Duration,
 }
 
 impl std::fmt::Debug for FileWal {
@@ -202,6 +206,12 @@ impl std::fmt::Debug for FileWal {
             .field("dir", &self.dir)
             .finish_non_exhaustive()
     }
+}
+
+/// Adds the time since `started` to a nanosecond counter.
+pub(crate) fn add_time(nanos: &AtomicU64, started: std::time::Instant) {
+    let spent = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    nanos.fetch_add(spent, Ordering::Relaxed);
 }
 
 fn segment_path(dir: &Path, first_tx: u64) -> PathBuf {
@@ -460,6 +470,7 @@ impl FileWal {
             poisoned: Poison::default(),
             records: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            sync_nanos: AtomicU64::new(0),
         })
     }
 
@@ -510,6 +521,7 @@ impl FileWal {
             let file = w.file.clone();
             (file, w.written, w.current.path.display().to_string())
         };
+        let started = std::time::Instant::now();
         if let Err(e) = file.sync_data() {
             let error = io_err(format!("syncing WAL segment {path}"))(e);
             self.poisoned.set(format!("WAL sync failed: {error}"));
@@ -517,6 +529,7 @@ impl FileWal {
         }
         self.durable.fetch_max(target, Ordering::AcqRel);
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        add_time(&self.sync_nanos, started);
         Ok(())
     }
 
@@ -526,6 +539,7 @@ impl FileWal {
             records: self.records.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             bytes: self.writer.lock().written,
+            sync_time: Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed)),
         }
     }
 

@@ -65,6 +65,7 @@ pub(crate) struct ObjectWal {
     durable: AtomicU64,
     pub(super) poisoned: super::Poison,
     syncs: AtomicU64,
+    sync_nanos: AtomicU64,
 }
 
 impl std::fmt::Debug for ObjectWal {
@@ -209,6 +210,7 @@ impl ObjectWal {
             durable: AtomicU64::new(0),
             poisoned: super::Poison::default(),
             syncs: AtomicU64::new(0),
+            sync_nanos: AtomicU64::new(0),
         }
     }
 
@@ -251,6 +253,7 @@ impl ObjectWal {
         let path = object_path(&self.dir, seq);
         let shown = path.to_string();
         let store = self.store.clone();
+        let started = std::time::Instant::now();
         let put = self.io.run(async move {
             store
                 .put_opts(&path, body.into(), PutOptions::from(PutMode::Create))
@@ -279,6 +282,7 @@ impl ObjectWal {
         });
         self.durable.fetch_max(target, Ordering::AcqRel);
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        super::add_time(&self.sync_nanos, started);
         Ok(())
     }
 
@@ -291,6 +295,7 @@ impl ObjectWal {
         WalStats {
             records: p.records,
             syncs: self.syncs.load(Ordering::Relaxed),
+            sync_time: std::time::Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed)),
             bytes: p.written,
         }
     }
