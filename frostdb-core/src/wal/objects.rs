@@ -295,8 +295,8 @@ impl ObjectWal {
         WalStats {
             records: p.records,
             syncs: self.syncs.load(Ordering::Relaxed),
-            sync_time: std::time::Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed)),
             bytes: p.written,
+            sync_time: std::time::Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed)),
         }
     }
 

@@ -46,7 +46,7 @@ use keys::{Key, mapping_flags};
 pub(crate) use keys::{content_key, function_key, location_line, location_start, put_str};
 pub(crate) use prepare::{Deltas, prepare};
 pub(crate) use rows::SERIES_KEYS;
-pub(crate) use rows::{SampleRows, move_rows, order_runs};
+pub(crate) use rows::{Finished, SampleRows, move_rows, order_runs};
 
 /// How to store one profile: `IngestOptions::default().name("process_cpu").labels(..)`.
 #[derive(Debug, Clone, Default)]

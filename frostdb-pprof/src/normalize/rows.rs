@@ -231,21 +231,25 @@ impl SampleRows {
         Ok(())
     }
 
-    /// The rows as one batch in the order of `table` (the samples table's sort key), and
-    /// that order (`order[i]`: the row appended that comes `i`th) when it is not the order
-    /// they were appended in. Stored sorted, they spare compaction and persistence the sort
+    /// The rows as one batch in the order of `table` (the samples table's sort key), with
+    /// the series index's and the totals' references to them ([`SampleRows::series`],
+    /// [`SampleRows::totals`]) moved where the rows went. Stored sorted, they spare compaction and persistence the sort
     /// (they find the batch sorted in a comparison a row): the runs of rows alike in series
     /// and time are ordered (one row each, by the table's key), then the rows of each
     /// profile by stack id, which costs a sort of the series and of each profile's rows, not
     /// a sort of every row by every key column. Rows given whole come as given.
-    pub(crate) fn finish_sorted(
-        mut self,
-        table: &frostdb_core::Table,
-    ) -> Result<(RecordBatch, Option<Vec<u32>>)> {
+    pub(crate) fn finish_sorted(mut self, table: &frostdb_core::Table) -> Result<Finished> {
         let runs = std::mem::take(&mut self.runs);
+        let mut index = std::mem::take(&mut self.series);
+        let mut totals = std::mem::take(&mut self.totals);
         let batch = self.finish()?;
         if runs.is_empty() {
-            return Ok((batch, None)); // built (or empty)
+            // Built (or empty): as given.
+            return Ok(Finished {
+                batch,
+                series: index,
+                totals,
+            });
         }
         // Each run's series (its string columns at its first row) as words, equal where
         // the series are; a row of each distinct series ranked by the table's key.
@@ -304,15 +308,24 @@ impl SampleRows {
             .map(|(&(first, end), &s)| (rank[s as usize], times[first as usize], first, end))
             .collect();
         let Some(order) = order_runs(runs, stack_ids, batch.num_rows()) else {
-            return Ok((batch, None));
+            return Ok(Finished {
+                batch,
+                series: index,
+                totals,
+            });
         };
-        let indices = arrow::array::UInt32Array::from(order.clone());
+        move_rows(&order, &mut index, &mut totals);
+        let indices = arrow::array::UInt32Array::from(order);
         let columns = batch
             .columns()
             .iter()
             .map(|c| Ok(arrow::compute::take(c, &indices, None)?))
             .collect::<Result<Vec<_>>>()?;
-        Ok((RecordBatch::try_new(schema, columns)?, Some(order)))
+        Ok(Finished {
+            batch: RecordBatch::try_new(schema, columns)?,
+            series: index,
+            totals,
+        })
     }
 
     /// The rows as one batch, in the order they were appended.
@@ -347,6 +360,14 @@ impl SampleRows {
             columns,
         )?)
     }
+}
+
+/// A group's sample rows as stored ([`SampleRows::finish_sorted`]), with the series index's
+/// and the totals' references to them.
+pub(crate) struct Finished {
+    pub(crate) batch: RecordBatch,
+    pub(crate) series: Vec<(u64, u32)>,
+    pub(crate) totals: Vec<(u32, i64)>,
 }
 
 /// The order of rows given as runs `(series rank, time, first row, end)` (the runs in row

@@ -383,12 +383,11 @@ impl ProfileStore {
                 rows = group.rows.len(),
                 "committing a group of profiles"
             );
-            let mut keys = std::mem::take(&mut group.rows.series);
-            let mut totals = std::mem::take(&mut group.rows.totals);
-            let (samples, order) = group.rows.finish_sorted(&self.samples)?;
-            if let Some(order) = order {
-                crate::normalize::move_rows(&order, &mut keys, &mut totals);
-            }
+            let crate::normalize::Finished {
+                batch: samples,
+                series: keys,
+                totals,
+            } = group.rows.finish_sorted(&self.samples)?;
             let index = self.indexed.lock().new_rows(&samples, keys)?;
             let series_keys = match &self.series_keys {
                 Some(table) => self
