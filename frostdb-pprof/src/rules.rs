@@ -231,6 +231,22 @@ fn compile(rule: &RecordingRule) -> Result<Compiled, RuleError> {
     if let Some(label) = rule.keep_labels.iter().find(|l| !valid_name(l, false)) {
         return Err(bad(format!("{label:?} is no label name")));
     }
+    // A series naming a label twice, or one of the names Prometheus reserves (`__name__`
+    // would rename the series), is refused by whatever scrapes it: the scrape of every
+    // other series with it.
+    if let Some(label) = rule.keep_labels.iter().find(|l| l.starts_with("__")) {
+        return Err(bad(format!(
+            "{label:?}: label names starting with __ are reserved by Prometheus"
+        )));
+    }
+    if let Some((i, label)) = rule
+        .keep_labels
+        .iter()
+        .enumerate()
+        .find(|(i, l)| rule.keep_labels[..*i].contains(l))
+    {
+        return Err(bad(format!("keep_labels names {label:?} twice (at {i})")));
+    }
     if rule.keep_labels.len() > 16 {
         return Err(bad("at most 16 labels are kept".into()));
     }
@@ -404,18 +420,29 @@ impl Recorder {
             .map_or(("unknown", "unknown"), |t| {
                 (text(t.r#type, "unknown"), text(t.unit, "unknown"))
             });
-        // (rule, type index) of the rules the profile's types match.
-        let mut matching: Vec<(usize, u16)> = Vec::new();
+        // The rules the profile's types match, and per sample type (by index) those of
+        // `matching` its values count for. A rule is one entry however many of the
+        // profile's sample types it matches (a profile may repeat one): what a row costs
+        // and what is kept per label set grow with the rules, never with the types.
+        let mut matching: Vec<usize> = Vec::new();
+        let mut by_type: Vec<Vec<usize>> = Vec::new();
         for (r, c) in rules.iter().enumerate() {
             let t = &c.profile_type;
             if t.name != name || t.period_type != period_type || t.period_unit != period_unit {
                 continue;
             }
+            let m = matching.len();
             for (i, st) in flat.sample_type.iter().enumerate() {
                 if text(st.r#type, "samples") == t.sample_type
                     && text(st.unit, "count") == t.sample_unit
                 {
-                    matching.push((r, i as u16));
+                    if by_type.len() <= i {
+                        by_type.resize_with(i + 1, Vec::new);
+                    }
+                    by_type[i].push(m);
+                    if matching.len() == m {
+                        matching.push(r);
+                    }
                 }
             }
         }
@@ -436,7 +463,7 @@ impl Recorder {
         };
         let sets = label_sets.len();
         let mut selects: Vec<bool> = Vec::with_capacity(matching.len() * sets);
-        for &(r, _) in &matching {
+        for &r in &matching {
             for set in 0..sets {
                 selects.push(
                     rules[r]
@@ -449,15 +476,13 @@ impl Recorder {
         // Per (matching rule, label set): the sum of its rows.
         let mut sums = vec![0i64; matching.len() * sets];
         let mut counted = vec![false; matching.len() * sets];
-        // The matching rules without a function, and those with one (their bits together).
-        let (plain, named): (Vec<usize>, Vec<usize>) =
-            (0..matching.len()).partition(|&m| rules[matching[m].0].bit == 0);
-        let wanted = named.iter().fold(0, |b, &m| b | rules[matching[m].0].bit);
+        // The bits of the matching rules' functions together (none: no rule names one).
+        let wanted = matching.iter().fold(0, |b, &r| b | rules[r].bit);
         // Each distinct stack's function bits are found once (the cache, by its content
         // key) or by walking it with this profile's location bits, made on the first
         // stack not cached.
         let masks: std::cell::OnceCell<Vec<(u64, u64)>> = std::cell::OnceCell::new();
-        let mut cache = (!named.is_empty()).then(|| self.stacks.lock());
+        let mut cache = (wanted != 0).then(|| self.stacks.lock());
         if let Some(cache) = &mut cache
             && cache.len() >= MAX_CACHED_STACKS
         {
@@ -466,9 +491,10 @@ impl Recorder {
         for &(t, g, v) in rows {
             let (sample, set, key) = group(g);
             let set = set as usize;
-            for &m in &plain {
+            let counting = by_type.get(usize::from(t)).map_or(&[][..], Vec::as_slice);
+            for &m in counting {
                 let at = m * sets + set;
-                if matching[m].1 == t && selects[at] {
+                if rules[matching[m]].bit == 0 && selects[at] {
                     sums[at] += v;
                     counted[at] = true;
                 }
@@ -489,11 +515,11 @@ impl Recorder {
             if (any | leaf) & wanted == 0 {
                 continue;
             }
-            for &m in &named {
-                let rule = &rules[matching[m].0];
+            for &m in counting {
+                let rule = &rules[matching[m]];
                 let held = if rule.rule.leaf_only { leaf } else { any };
                 let at = m * sets + set;
-                if held & rule.bit != 0 && matching[m].1 == t && selects[at] {
+                if held & rule.bit != 0 && selects[at] {
                     sums[at] += v;
                     counted[at] = true;
                 }
@@ -507,7 +533,7 @@ impl Recorder {
         let mut key: Vec<&str> = Vec::new();
         for (at, _) in counted.iter().enumerate().filter(|(_, c)| **c) {
             let (m, set) = (at / sets, at % sets);
-            let rule = &rules[matching[m].0].rule;
+            let rule = &rules[matching[m]].rule;
             key.clear();
             key.extend(rule.keep_labels.iter().map(|l| value_of(set, l)));
             adding.add(rule, &key, sums[at]);

@@ -293,6 +293,13 @@ fn rules_are_refused_whole_naming_the_fault() {
     bad.function = None;
     bad.leaf_only = true;
     assert!(refused(&[bad]).contains("leaf_only"));
+    // Series /metrics could not serve: a kept label twice, or one Prometheus reserves.
+    let mut bad = ok.clone();
+    bad.keep_labels = vec!["service_name".into(), "service_name".into()];
+    assert!(refused(&[bad]).contains("twice"));
+    let mut bad = ok.clone();
+    bad.keep_labels = vec!["__name__".into()];
+    assert!(refused(&[bad]).contains("reserved by Prometheus"));
     // Nothing set by any of those.
     assert!(recorder.status().is_empty());
     recorder.set_rules(&[ok]).unwrap();
@@ -337,4 +344,47 @@ fn series_past_the_limit_are_dropped_and_counted() {
     );
     let status = recorder.status();
     assert_eq!((status[0].series, status[0].dropped), (1, 1));
+}
+
+#[test]
+fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
+    // Three sample types alike: each rule matches all three, and is one entry for the
+    // profile (a row costs a look at each rule, not each repetition). What it records is
+    // what a merge of the type answers: every repetition's values.
+    let (store, recorder) = store_with_rules();
+    let d = Drawn {
+        service: 0,
+        env: 0,
+        samples: vec![(vec![2, 0], 5), (vec![3, 1, 0], 7)],
+        twice: false,
+    };
+    let mut p = pprof(&d);
+    let cpu = p.sample_type[0].clone();
+    p.sample_type = vec![cpu; 3];
+    for s in &mut p.sample {
+        let v = s.value[0];
+        s.value = vec![v, 2 * v, 3 * v];
+    }
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service_name".into(), service(0))])
+        .delta(false)
+        .timestamp_ms(1_700_000_000_000);
+    store
+        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
+        .unwrap();
+    let merged = store
+        .merge(
+            &Selector::parse(&format!("{CPU}{{}}")).unwrap(),
+            TimeRange::ALL,
+        )
+        .unwrap();
+    let recorded: BTreeMap<String, i64> = recorder
+        .series()
+        .into_iter()
+        .map(|s| (s.rule.clone(), s.value))
+        .collect();
+    assert_eq!(merged.total(), 6 * (5 + 7));
+    assert_eq!(recorded["cpu_total"], merged.total());
+    assert_eq!(recorded["parse_total"], 6 * 5, "{recorded:?}");
 }

@@ -23,17 +23,25 @@ use crate::error::{ApiError, ApiResult};
 
 /// What the server adds to a rule's checks: its series carry a `tenant` label of their own.
 fn check_here(rules: &[RecordingRule]) -> Result<(), String> {
-    match rules
+    if let Some(r) = rules
         .iter()
         .find(|r| r.keep_labels.iter().any(|l| l == "tenant"))
     {
-        Some(r) => Err(format!(
+        return Err(format!(
             "recording rule {:?}: keep_labels cannot name \"tenant\", the label /metrics \
              gives every series its tenant by",
             r.name
-        )),
-        None => Ok(()),
+        ));
     }
+    // The server's own metrics are frostdb_*: a rule of the same name would describe a
+    // family twice, and Prometheus would refuse the whole scrape.
+    if let Some(r) = rules.iter().find(|r| r.name.starts_with("frostdb_")) {
+        return Err(format!(
+            "recording rule {:?}: names starting with frostdb_ are the server's own metrics",
+            r.name
+        ));
+    }
+    Ok(())
 }
 
 /// Every tenant's rules and recorders.

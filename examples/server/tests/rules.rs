@@ -136,6 +136,17 @@ async fn rules_and_profiles(s: &Server) -> (BTreeMap<String, i64>, BTreeMap<Stri
     };
     assert_eq!(status, 400, "{refused}");
     assert!(refused.contains("Prometheus metric name"), "{refused}");
+    // A rule named as one of the server's own metrics would make /metrics describe that
+    // family twice, and Prometheus refuse every series of the scrape.
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/v1/rules/frostdb_open_tenants", s.url))
+        .body(serde_json::json!({"name": "frostdb_open_tenants", "profile_type": cpu}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let (status, refused) = (r.status().as_u16(), r.text().await.unwrap());
+    assert_eq!(status, 400, "{refused}");
+    assert!(refused.contains("the server's own metrics"), "{refused}");
 
     for (service, file) in &files {
         let pushed = reqwest::Client::new()

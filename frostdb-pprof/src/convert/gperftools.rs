@@ -498,6 +498,10 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
             if count == 0 && size != 0 {
                 return Err(bad(format!("{size} bytes in 0 objects")));
             }
+            if count < 0 || size < 0 {
+                // Nothing allocates a negative amount (and i64::MIN / -1 overflows).
+                return Err(bad(format!("a negative count or size ({count}: {size})")));
+            }
             let (mut c, mut s) = (count, size);
             if count != 0 {
                 block = size / count;
@@ -702,6 +706,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("8 bytes in 0 objects"), "{e}");
+        // i64::MIN bytes in -1 objects: refused, not divided (which overflows and panics).
+        let text = "heap profile: 1: 1 [1: 1] @ heapprofile\n\
+                    -1: -9223372036854775808 [0: 0] @ 0x1\n";
+        let e = parse(text.as_bytes(), &Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a negative count or size"), "{e}");
         let text = "--- mutex:\ncycles/second = 1\nweird = 2\n";
         let e = parse(text.as_bytes(), &Limits::default())
             .unwrap_err()

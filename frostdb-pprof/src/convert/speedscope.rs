@@ -168,6 +168,10 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
     // many profiles a file names.
     let mut groups: Vec<Group<'_>> = Vec::new();
     let mut group_of: HashMap<(&str, &str), usize> = HashMap::new();
+    // Frames every stack added may still hold, over all the file's profiles: each group's
+    // own bound alone would let a file of many profiles expand many times over.
+    let max_frames = limits.max_decompressed_bytes / 8;
+    let mut frames_left = max_frames;
     for (i, (profile, units)) in file.profiles.iter().zip(&units).enumerate() {
         let (name, unit) = match profile {
             FileProfile::Sampled { name, unit, .. } | FileProfile::Evented { name, unit, .. } => {
@@ -185,7 +189,7 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             groups.push(Group {
                 name: name.clone(),
                 profile_name,
-                stacks: Stacks::new(units, limits.max_samples, limits.max_decompressed_bytes / 8),
+                stacks: Stacks::new(units, limits.max_samples, max_frames),
                 frames: HashMap::new(),
             });
             groups.len() - 1
@@ -207,7 +211,14 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             }
             Ok(v as i64)
         };
-        let add = |stacks: &mut Stacks<'_>, stack: &[u64], v: i64, at: String| -> Result<()> {
+        let mut add = |stacks: &mut Stacks<'_>, stack: &[u64], v: i64, at: String| -> Result<()> {
+            frames_left = frames_left
+                .checked_sub(stack.len())
+                .ok_or(Error::TooLarge {
+                    what: "frames of all the file's stacks (the file expands past the \
+                           decompressed-size limit)",
+                    limit: max_frames,
+                })?;
             if stack.len() > limits.max_stack_depth {
                 return Err(invalid(
                     at,
@@ -431,6 +442,49 @@ mod tests {
         };
         let e = convert(body.as_bytes(), 100, &limits).unwrap_err();
         assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_frames_of_all_a_files_profiles_share_one_bound() {
+        // A profile of 100 frames open and a leaf opened and closed 300 times adds about
+        // 60,000 frames: under the bound alone, past it four times over under four names.
+        let profile = |name: usize| {
+            let mut events = Vec::new();
+            for f in 0..100 {
+                events.push(format!(r#"{{"type":"O","at":0,"frame":{f}}}"#));
+            }
+            for i in 0..300 {
+                events.push(format!(r#"{{"type":"O","at":{},"frame":100}}"#, 2 * i + 1));
+                events.push(format!(r#"{{"type":"C","at":{},"frame":100}}"#, 2 * i + 2));
+            }
+            for f in (0..100).rev() {
+                events.push(format!(r#"{{"type":"C","at":600,"frame":{f}}}"#));
+            }
+            format!(
+                r#"{{"type":"evented","name":"p{name}","unit":"none","startValue":0,"endValue":1,"events":[{}]}}"#,
+                events.join(",")
+            )
+        };
+        let file = |profiles: usize| {
+            let frames: Vec<String> = (0..=100).map(|f| format!(r#"{{"name":"f{f}"}}"#)).collect();
+            let profiles: Vec<String> = (0..profiles).map(profile).collect();
+            format!(
+                r#"{{"$schema":"{SCHEMA}","shared":{{"frames":[{}]}},"profiles":[{}]}}"#,
+                frames.join(","),
+                profiles.join(",")
+            )
+        };
+        let limits = Limits {
+            max_decompressed_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let one = convert(file(1).as_bytes(), 100, &limits).unwrap();
+        assert_eq!(one.len(), 1);
+        let e = convert(file(4).as_bytes(), 100, &limits).unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge { what, .. } if what.contains("all the file's stacks")),
+            "{e}"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 
 use super::*;
 use crate::debuginfo::DebugInfoStore;
-use crate::symbolize::{ProfileSymbolized, Symbolizer, Wanted, want_location};
+use crate::symbolize::{ProfileSymbolized, Symbolizer, Wants, want_location};
 
 /// A store's naming: the symbolizer attached, and what waits for it.
 #[derive(Default)]
@@ -126,7 +126,7 @@ impl ProfileStore {
             )
         };
         let mut summary = NamingSummary::default();
-        let mut wanted: Vec<Wanted<(u32, u32)>> = Vec::new();
+        let mut wanted: Wants<(u32, u32)> = Wants::default();
         let mut looked_at = 0;
         let mut held = partitions;
         // Where each queued partition's walk began, to begin there again if this pass
@@ -185,7 +185,7 @@ impl ProfileStore {
         attached
             .symbolizer
             .name_wanted(
-                wanted,
+                wanted.into_list(),
                 |id| held.iter().find(|p| p.id() == id).map(|p| &**p),
                 attached.uploads.as_ref(),
                 deadline,

@@ -489,7 +489,7 @@ impl Symbolizer {
             .map(|(i, m)| (m.id, i))
             .collect();
         // Per build id, the unsymbolized locations (by position) and their file offsets.
-        let mut wanted: Vec<Wanted<usize>> = Vec::new();
+        let mut wanted: Wants<usize> = Wants::default();
         for (i, location) in profile.location.iter().enumerate() {
             if !location.line.is_empty() {
                 continue;
@@ -523,7 +523,7 @@ impl Symbolizer {
         let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
         let mut next_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
         for (at, frames) in self
-            .frames_of(wanted, uploads, deadline, &mut summary)
+            .frames_of(wanted.into_list(), uploads, deadline, &mut summary)
             .await
         {
             if frames.is_empty() {
@@ -679,7 +679,7 @@ impl Symbolizer {
             return summary;
         }
         let mut seen: std::collections::HashSet<(u32, u32)> = std::collections::HashSet::new();
-        let mut wanted: Vec<Wanted<(u32, u32)>> = Vec::new();
+        let mut wanted: Wants<(u32, u32)> = Wants::default();
         for &(stack, _) in &merged.samples {
             let Some((p, locations)) = merged.symbols.locations(stack) else {
                 continue;
@@ -691,7 +691,7 @@ impl Symbolizer {
             }
         }
         self.name_wanted(
-            wanted,
+            wanted.into_list(),
             |id| merged.symbols.partition(id),
             uploads,
             deadline,
@@ -741,7 +741,7 @@ impl Symbolizer {
 /// id, of that build id and not named from DWARF yet (its debug info just came). Returns
 /// whether it was added.
 pub(crate) fn want_location(
-    wanted: &mut Vec<Wanted<(u32, u32)>>,
+    wanted: &mut Wants<(u32, u32)>,
     p: &crate::symbols::Partition,
     l: u32,
     again: Option<&str>,
@@ -779,13 +779,43 @@ pub(crate) fn want_location(
 /// A build id, and the file offsets in it to name, each with its caller's key.
 pub(crate) type Wanted<K> = (String, Vec<(K, u64)>);
 
+/// Locations to name, gathered per build id in the order the build ids come; a build id
+/// is found by key, so a profile of many mappings costs a lookup a location, not a scan of
+/// the build ids gathered so far.
+pub(crate) struct Wants<K> {
+    list: Vec<Wanted<K>>,
+    by_id: HashMap<String, usize>,
+}
+
+impl<K> Default for Wants<K> {
+    fn default() -> Self {
+        Self {
+            list: Vec::new(),
+            by_id: HashMap::new(),
+        }
+    }
+}
+
+impl<K> Wants<K> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub(crate) fn into_list(self) -> Vec<Wanted<K>> {
+        self.list
+    }
+}
+
 /// Adds the location `key` at `address`, in a mapping of `build_id` loaded at
 /// `(memory start, file offset)`, to `wanted` under its build id, as a file offset.
-fn want<K>(wanted: &mut Vec<Wanted<K>>, build_id: &str, key: K, address: u64, mapped: (u64, u64)) {
+fn want<K>(wanted: &mut Wants<K>, build_id: &str, key: K, address: u64, mapped: (u64, u64)) {
     let offset = address.saturating_sub(mapped.0).saturating_add(mapped.1);
-    match wanted.iter_mut().find(|(id, _)| id == build_id) {
-        Some((_, list)) => list.push((key, offset)),
-        None => wanted.push((build_id.to_owned(), vec![(key, offset)])),
+    match wanted.by_id.get(build_id) {
+        Some(&i) => wanted.list[i].1.push((key, offset)),
+        None => {
+            wanted.by_id.insert(build_id.to_owned(), wanted.list.len());
+            wanted.list.push((build_id.to_owned(), vec![(key, offset)]));
+        }
     }
 }
 

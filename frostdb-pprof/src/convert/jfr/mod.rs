@@ -875,7 +875,9 @@ fn pool_event(
         let entries = c.count("constant pool entries", 1)?;
         for _ in 0..entries {
             let id = c.long()?;
+            let at = c.pos;
             values.read(c, class)?;
+            let took = c.pos - at;
             let field = |f: Option<usize>| f.and_then(|i| values.field(0, i));
             let id_of = |f: Option<usize>| match field(f) {
                 Some(Slot::Ref(r) | Slot::Int(r)) => Some(*r),
@@ -909,9 +911,21 @@ fn pool_event(
                 && st == class
             {
                 let first = pools.frames.len();
-                if let Some(Slot::Array { at, n }) = field(f) {
+                if let Some(Slot::Array { at: slot, n }) = field(f) {
+                    // A frame takes at least two bytes (its method and line, the fields read
+                    // of it): frames that take none (a frame class of no fields) would keep
+                    // 16 bytes each for nothing read, a megabyte for four bytes of input.
+                    if n.saturating_mul(2) > took {
+                        return Err(reader::Bad {
+                            at,
+                            reason: format!(
+                                "stack trace {id} has {n} frames in {took} bytes (a frame \
+                                 takes at least two)"
+                            ),
+                        });
+                    }
                     let (method, line) = classes.frame;
-                    for i in *at..*at + *n {
+                    for i in *slot..*slot + *n {
                         let m = reader::int(values, i, method).unwrap_or(0);
                         let l = reader::int(values, i, line).unwrap_or(0);
                         pools.frames.push((m, l));
@@ -1177,6 +1191,76 @@ mod tests {
         assert_eq!(
             cpu.string_table[cpu.function[0].name as usize],
             "Deep.recurse"
+        );
+    }
+
+    #[test]
+    fn metadata_names_are_shared_with_the_string_table_not_copied_per_element() {
+        // Elements naming one string hold it once: many elements naming a long string
+        // cost a pointer each, not the string each.
+        let r = recording(1, 1, 0);
+        let header = reader::Header::read(&r, 0).unwrap();
+        let metadata = reader::Metadata::read(&r, &header).unwrap();
+        let class = |name: &str| &metadata.classes[&metadata.id(name).unwrap()];
+        let (of_class, of_method) = (class("java.lang.Class"), class("jdk.types.Method"));
+        let name = |c: &reader::Class| c.fields[c.field("name").unwrap()].name.clone();
+        assert!(std::rc::Rc::ptr_eq(&name(of_class), &name(of_method)));
+    }
+
+    #[test]
+    fn a_stack_trace_of_frames_that_take_no_bytes_is_refused_before_it_is_kept() {
+        // StackFrame a class of no fields: an array of 65,536 frames takes the three bytes of
+        // its length, and would keep a megabyte for every constant pool entry.
+        let mut metadata = reader::Metadata::default();
+        let class = |name: &str, fields: Vec<reader::Field>| reader::Class {
+            name: name.into(),
+            kind: reader::Kind::Struct,
+            fields,
+        };
+        metadata
+            .classes
+            .insert(8, class("jdk.types.StackFrame", Vec::new()));
+        metadata.classes.insert(
+            9,
+            class(
+                "jdk.types.StackTrace",
+                vec![reader::Field {
+                    name: "frames".into(),
+                    class: 8,
+                    constant_pool: false,
+                    array: true,
+                }],
+            ),
+        );
+        let mut bytes = Vec::new();
+        for v in [0u64, 0, 0] {
+            varint(&mut bytes, v); // start, duration, delta
+        }
+        bytes.push(0); // flags
+        for v in [1u64, 9] {
+            varint(&mut bytes, v); // one pool, of StackTrace
+        }
+        let entries = 1_000u64;
+        varint(&mut bytes, entries);
+        for id in 1..=entries {
+            varint(&mut bytes, id);
+            varint(&mut bytes, reader::MAX_ARRAY as u64);
+        }
+        let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
+        let mut values = Values::new(&metadata);
+        let mut pools = Pools::default();
+        let e = pool_event(
+            &mut c,
+            &mut values,
+            &PoolClasses::new(&metadata),
+            &mut pools,
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("65536 frames in 3 bytes"), "{}", e.reason);
+        assert!(
+            pools.frames.is_empty(),
+            "{} frames kept",
+            pools.frames.len()
         );
     }
 

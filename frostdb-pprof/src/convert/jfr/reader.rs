@@ -13,11 +13,14 @@
 //!
 //! Hostile input is the assumption: every length and count is checked against the bytes
 //! left before anything is reserved, a value of nested classes is read with a stack of our
-//! own (never recursively), and what one value may materialise is bounded
-//! ([`Reader::slot_budget`]), so a class that contains itself or an array of empty structs
-//! is an error, not a hang or an allocation.
+//! own (never recursively), and what one value may materialise is bounded by the bytes it
+//! took (`Values::most_slots`), so a class that contains itself or an array of empty structs
+//! is an error, not a hang or an allocation; metadata names are shared, never copied per
+//! element.
 
 /// Hash maps of the reader (foldhash).
+use std::rc::Rc;
+
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The most elements an array value may have: far over the deepest stack a JVM records
@@ -323,7 +326,8 @@ impl Kind {
 /// A class the metadata declares.
 #[derive(Debug, Clone)]
 pub(super) struct Class {
-    pub(super) name: String,
+    /// Shared with the metadata's string table: a name given to many elements is held once.
+    pub(super) name: Rc<str>,
     pub(super) kind: Kind,
     pub(super) fields: Vec<Field>,
 }
@@ -331,14 +335,14 @@ pub(super) struct Class {
 impl Class {
     /// The index of the field named `name`.
     pub(super) fn field(&self, name: &str) -> Option<usize> {
-        self.fields.iter().position(|f| f.name == name)
+        self.fields.iter().position(|f| &*f.name == name)
     }
 }
 
 /// A field of a class.
 #[derive(Debug, Clone)]
 pub(super) struct Field {
-    pub(super) name: String,
+    pub(super) name: Rc<str>,
     pub(super) class: i64,
     /// Its value is an id into the class's constant pool.
     pub(super) constant_pool: bool,
@@ -357,7 +361,7 @@ impl Metadata {
     pub(super) fn id(&self, name: &str) -> Option<i64> {
         self.classes
             .iter()
-            .find(|(_, c)| c.name == name)
+            .find(|(_, c)| &*c.name == name)
             .map(|(&id, _)| id)
     }
 
@@ -378,24 +382,26 @@ impl Metadata {
         let _duration = c.long()?;
         let _id = c.long()?;
         let n = c.count("metadata strings", 1)?;
-        let mut strings = Vec::with_capacity(n);
+        let mut strings: Vec<Rc<str>> = Vec::with_capacity(n);
         for _ in 0..n {
             let at = c.pos;
             strings.push(match c.string()? {
-                Str::Text(s) => s,
-                Str::Null => String::new(),
+                Str::Text(s) => s.into(),
+                Str::Null => "".into(),
                 Str::Ref(_) => return bad(at, "a metadata string refers to a constant pool"),
             });
         }
-        // The element tree, walked with our own stack: (element name, children left).
+        // The element tree, walked with our own stack: (element name, children left). Names
+        // and attributes are the string table's, never copied: a metadata of many elements
+        // naming one long string holds that string once.
         let mut metadata = Metadata::default();
-        let mut open: Vec<(String, usize)> = Vec::new();
+        let mut open: Vec<(&str, usize)> = Vec::new();
         let mut class: Option<(i64, Class)> = None;
         let mut root = true;
         while root || !open.is_empty() {
             if let Some((name, left)) = open.last_mut() {
                 if *left == 0 {
-                    if name == "class"
+                    if *name == "class"
                         && let Some((id, done)) = class.take()
                     {
                         metadata.classes.insert(id, done);
@@ -406,19 +412,25 @@ impl Metadata {
                 *left -= 1;
             }
             root = false;
-            let parent = open.last().map(|(n, _)| n.as_str()).unwrap_or("");
+            let parent = open.last().map(|(n, _)| *n).unwrap_or("");
             let parent_is_class = parent == "class";
-            let name = meta_string(&strings, &mut c)?.to_owned();
+            let name: &str = meta_string(&strings, &mut c)?;
             let attrs = c.count("element attributes", 2)?;
-            let mut attributes: HashMap<&str, &str> = HashMap::default();
+            let mut attributes: HashMap<&str, &Rc<str>> = HashMap::default();
             for _ in 0..attrs {
                 let key = meta_string(&strings, &mut c)?;
                 let value = meta_string(&strings, &mut c)?;
-                attributes.insert(key, value);
+                attributes.insert(&**key, value);
             }
+            let text = |key: &str| attributes.get(key).map_or("", |v| &***v);
+            let shared = |key: &str| {
+                attributes
+                    .get(key)
+                    .map_or_else(|| Rc::from(""), |v| Rc::clone(v))
+            };
             let children = c.count("element children", 3)?;
             let number = |key: &str| -> R<i64> {
-                let v = attributes.get(key).copied().unwrap_or("");
+                let v = text(key);
                 v.parse().or_else(|_| {
                     bad(
                         c.pos,
@@ -427,7 +439,7 @@ impl Metadata {
                 })
             };
             if name == "class" {
-                let class_name = attributes.get("name").copied().unwrap_or("").to_owned();
+                let class_name = shared("name");
                 class = Some((
                     number("id")?,
                     Class {
@@ -438,12 +450,10 @@ impl Metadata {
                 ));
             } else if name == "field" && parent_is_class {
                 let field = Field {
-                    name: attributes.get("name").copied().unwrap_or("").to_owned(),
+                    name: shared("name"),
                     class: number("class")?,
-                    constant_pool: attributes.get("constantPool") == Some(&"true"),
-                    array: attributes
-                        .get("dimension")
-                        .is_some_and(|d| d.parse::<i64>().unwrap_or(0) > 0),
+                    constant_pool: text("constantPool") == "true",
+                    array: text("dimension").parse::<i64>().unwrap_or(0) > 0,
                 };
                 if let Some((_, c)) = class.as_mut() {
                     c.fields.push(field);
@@ -470,13 +480,12 @@ impl Metadata {
 }
 
 /// A metadata string, by its index in the metadata's string table.
-fn meta_string<'s>(strings: &'s [String], c: &mut Cursor<'_>) -> R<&'s str> {
+fn meta_string<'s>(strings: &'s [Rc<str>], c: &mut Cursor<'_>) -> R<&'s Rc<str>> {
     let at = c.pos;
     let i = c.int()?;
     usize::try_from(i)
         .ok()
         .and_then(|i| strings.get(i))
-        .map(String::as_str)
         .ok_or(Bad {
             at,
             reason: format!("metadata string {i} of {}", strings.len()),
@@ -543,10 +552,8 @@ pub(super) struct Values<'m> {
     pub(super) slots: Vec<Slot>,
     /// The values still to read, kept from one value to the next.
     tasks: Vec<Task>,
-    /// Most slots one value may take: a value takes at least a byte for each leaf, so real
-    /// values stay far under it; a class that contains itself or an array of empty structs
-    /// meets it.
-    budget: usize,
+    /// Where the value being read starts: its slots are bounded by the bytes it has taken.
+    start: usize,
 }
 
 enum Task {
@@ -564,19 +571,28 @@ impl<'m> Values<'m> {
             metadata,
             slots: Vec::new(),
             tasks: Vec::new(),
-            budget: 0,
+            start: 0,
         }
     }
 
+    /// Most slots a value may hold once it has taken `bytes`: a leaf takes at least a byte
+    /// and a struct's slot is its fields', so real values hold about two slots a byte; the
+    /// room of one array or struct more lets a value reserve its parts before reading them.
+    /// Values that take no bytes (structs of no fields, a class that contains itself) meet
+    /// it after one array's worth, however many a value nests: what a value holds stays
+    /// proportional to what it took, never to the bytes left after it.
+    fn most_slots(bytes: usize) -> usize {
+        2 * bytes + MAX_ARRAY + 64
+    }
+
     fn reserve(&mut self, n: usize, at: usize) -> R<usize> {
-        if n > self.budget {
+        let first = self.slots.len();
+        if first + n > Self::most_slots(at.saturating_sub(self.start)) {
             return bad(
                 at,
                 "a value takes more slots than its bytes allow (a class that contains itself?)",
             );
         }
-        self.budget -= n;
-        let first = self.slots.len();
         self.slots.resize(first + n, Slot::Int(0));
         Ok(first)
     }
@@ -585,7 +601,7 @@ impl<'m> Values<'m> {
     /// forgetting the previous value.
     pub(super) fn read(&mut self, c: &mut Cursor<'_>, class: i64) -> R<()> {
         self.slots.clear();
-        self.budget = 2 * c.left() + 64;
+        self.start = c.pos;
         self.slots.push(Slot::Int(0));
         let mut tasks = std::mem::take(&mut self.tasks);
         tasks.clear();
@@ -612,7 +628,7 @@ impl<'m> Values<'m> {
                     );
                 }
                 let first = self.reserve(n, at)?;
-                // Pending tasks are bounded by the budget as the slots are.
+                // Pending tasks are bounded as the slots are.
                 for i in (0..n).rev() {
                     tasks.push(Task::Value {
                         slot: first + i,
@@ -701,6 +717,51 @@ mod tests {
         let mut c = Cursor::new(&[0xc0, 0x84, 0x3d], 0, 3, true);
         let e = c.count("strings", 1).unwrap_err();
         assert!(e.reason.contains("1000000 declared"), "{}", e.reason);
+    }
+
+    #[test]
+    fn a_value_holds_slots_in_proportion_to_its_bytes_not_to_the_bytes_after_it() {
+        // Outer { a: Empty[], b: Empty[], ... }: each array of 65,536 field-less structs
+        // takes three bytes. One is room a value may reserve ahead; the second is refused
+        // however many bytes follow.
+        let mut metadata = Metadata::default();
+        let field = |name: &str| Field {
+            name: name.into(),
+            class: 2,
+            constant_pool: false,
+            array: true,
+        };
+        metadata.classes.insert(
+            1,
+            Class {
+                name: "Outer".into(),
+                kind: Kind::Struct,
+                fields: vec![field("a"), field("b")],
+            },
+        );
+        metadata.classes.insert(
+            2,
+            Class {
+                name: "Empty".into(),
+                kind: Kind::Struct,
+                fields: Vec::new(),
+            },
+        );
+        let mut bytes = vec![0x80, 0x80, 0x04, 0x80, 0x80, 0x04];
+        bytes.resize(1 << 20, 0);
+        let mut values = Values::new(&metadata);
+        let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
+        let e = values.read(&mut c, 1).unwrap_err();
+        assert!(
+            e.reason.contains("more slots than its bytes"),
+            "{}",
+            e.reason
+        );
+        assert!(
+            values.slots.len() <= MAX_ARRAY + 3,
+            "{}",
+            values.slots.len()
+        );
     }
 
     #[test]
