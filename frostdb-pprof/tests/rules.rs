@@ -359,7 +359,7 @@ fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
         twice: false,
     };
     let mut p = pprof(&d);
-    let cpu = p.sample_type[0].clone();
+    let cpu = p.sample_type[0];
     p.sample_type = vec![cpu; 3];
     for s in &mut p.sample {
         let v = s.value[0];
