@@ -13,7 +13,8 @@ use frostdb_pprof::debuginfo::DebugInfoStore;
 use frostdb_pprof::proto::{Location, Mapping};
 use frostdb_pprof::symbolize::{Origin, Symbolizer, SymbolizerOptions};
 use frostdb_pprof::testing::stripped::{
-    Built, Debuginfod, build, debuginfod, hot_function_offsets, names, profile_of,
+    Built, Debuginfod, build, build_c, debuginfod, function_offsets, hot_function_offsets, names,
+    profile_of,
 };
 use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
 
@@ -647,5 +648,47 @@ async fn cpp_names_are_demangled() {
             names(&p, i).last().map(String::as_str),
             Some("shapes::Circle::area(int)")
         );
+    }
+}
+
+/// A C program whose `entry` inlines a chain of `depth` always-inline functions, each
+/// calling the next: its DWARF nests `depth` inlined subroutines in `entry`.
+fn inlined_chain(depth: usize) -> String {
+    let mut c = String::from(
+        "volatile int sink;\n\
+         static inline __attribute__((always_inline)) int f0(int x) { sink += x; return x * 3 + 1; }\n",
+    );
+    for k in 1..=depth {
+        c.push_str(&format!(
+            "static inline __attribute__((always_inline)) int f{k}(int x) \
+             {{ int y = f{}(x + {k}); sink += y; return y ^ x; }}\n",
+            k - 1
+        ));
+    }
+    c.push_str(&format!(
+        "__attribute__((noinline)) int entry(int x) {{ return f{depth}(x); }}\n\
+         int main(int argc, char **argv) {{ (void)argv; return entry(argc) & 1; }}\n"
+    ));
+    c
+}
+
+/// A debug file whose inlined calls nest deeper than the reader's limit is not read (its
+/// addresses stay unnamed: read, a hostile file nesting them a hundred thousand deep would
+/// overflow the reading thread's stack and abort the server), and one within it is read
+/// whole, every inlined frame named.
+#[test]
+fn a_debug_file_nesting_inlined_calls_too_deep_is_not_read() {
+    for (depth, read) in [(40, true), (300, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let built = build_c(dir.path(), &inlined_chain(depth));
+        let s = Symbolizer::new(SymbolizerOptions::new(dir.path().join("cache"))).unwrap();
+        let frames = s.resolve(&built.unstripped, &function_offsets(&built, "entry"));
+        let deepest = frames.iter().map(Vec::len).max().unwrap_or(0);
+        if read {
+            assert!(deepest > depth, "{depth} inlined calls, {deepest} frames");
+            assert!(frames.iter().flatten().any(|f| f.function == "f0"));
+        } else {
+            assert_eq!(deepest, 0, "a file nesting {depth} inlined calls was read");
+        }
     }
 }

@@ -17,6 +17,7 @@
 
 mod cache;
 mod debuginfod;
+mod dwarf_check;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -446,6 +447,10 @@ impl Symbolizer {
     pub fn resolve(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<Frame>> {
         use blazesym::symbolize::source::{Elf, Source};
         use blazesym::symbolize::{Input, Symbolized};
+        if let Err(reason) = dwarf_check::check(path) {
+            tracing::warn!(path = %path.display(), %reason, "a debug file not read");
+            return vec![Vec::new(); offsets.len()];
+        }
         // One per call (blazesym's symbolizer is neither Send nor Sync): what it parses of
         // the file is let go with it, so memory is bounded by one file at a time.
         let blazesym = blazesym::symbolize::Symbolizer::builder()

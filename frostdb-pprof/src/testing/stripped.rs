@@ -90,6 +90,11 @@ pub fn build_cpp(dir: &Path) -> Built {
     build_with(dir, "g++", "prog.cc", CPP_PROGRAM)
 }
 
+/// Builds the C program `program` in `dir` as [`build`] builds its own.
+pub fn build_c(dir: &Path, program: &str) -> Built {
+    build_with(dir, "gcc", "prog.c", program)
+}
+
 fn build_with(dir: &Path, compiler: &str, file: &str, program: &str) -> Built {
     let source = dir.join(file);
     std::fs::write(&source, program).unwrap();
