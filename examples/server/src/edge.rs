@@ -125,16 +125,37 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
     }
 }
 
+/// What a streamed upload holds at most (`frostdb_pprof::debuginfo`'s multipart writer:
+/// 8 MiB parts, four in flight and one filling).
+pub const STREAMED_UPLOAD_BYTES: usize = 5 * (8 << 20);
+
+/// Whether a request's body is streamed to the object store in parts, never held whole:
+/// debug file uploads, over HTTP and over Parca's gRPC.
+fn streamed(method: &axum::http::Method, path: &str) -> bool {
+    (method == axum::http::Method::PUT && path.starts_with("/api/v1/debuginfo/"))
+        || path == "/parca.debuginfo.v1alpha1.DebuginfoService/Upload"
+}
+
 /// Reserves every request's body from the memory budget as it arrives (503 when it does
-/// not fit), and gives handlers the reservation to grow ([`RequestMemory`]).
+/// not fit), and gives handlers the reservation to grow ([`RequestMemory`]). A streamed
+/// upload holds what it keeps in flight ([`STREAMED_UPLOAD_BYTES`]) for as long as it
+/// lasts, not every byte it sends: a gigabyte upload never holds a gigabyte of the budget
+/// the other requests and tenants share.
 pub async fn budget_memory(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let memory = RequestMemory::new(&state.budget);
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(memory.clone());
-    let body = Body::new(Budgeted {
-        inner: body,
-        memory: memory.clone(),
-    });
+    let body = if streamed(&parts.method, parts.uri.path()) {
+        if let Err(e) = memory.try_grow(STREAMED_UPLOAD_BYTES, "an upload's parts in flight") {
+            return e.into_response();
+        }
+        body
+    } else {
+        Body::new(Budgeted {
+            inner: body,
+            memory: memory.clone(),
+        })
+    };
     let response = next.run(Request::from_parts(parts, body)).await;
     let refused = memory.0.refused.lock().take();
     match refused {

@@ -488,3 +488,34 @@ async fn a_tenant_sees_only_its_own_scrape_targets() {
         );
     }
 }
+
+/// A debug file upload is streamed to the object store in parts: it holds what it keeps in
+/// flight of the memory budget, not every byte it sends. An upload larger than the whole
+/// budget is taken, and pushes meanwhile are not refused for memory it never held.
+#[tokio::test]
+async fn an_upload_larger_than_the_memory_budget_streams_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"128MiB\"\n"),
+    );
+    const SIZE: usize = 200 << 20;
+    let upload = reqwest::Client::new()
+        .put(format!("{}/api/v1/debuginfo/abcd1234", s.url))
+        .header("Content-Length", SIZE.to_string())
+        .body(vec![0u8; SIZE])
+        .send();
+    let push = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    );
+    let (uploaded, (pushed, answer)) = tokio::join!(upload, push);
+    let uploaded = uploaded.unwrap();
+    let status = uploaded.status().as_u16();
+    let body = uploaded.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("\"bytes\":{SIZE}")), "{body}");
+    assert_eq!(pushed, 200, "{answer}");
+}
