@@ -416,7 +416,13 @@ pub(crate) fn load_segments(path: &std::path::Path) -> std::io::Result<Vec<LoadS
         return Ok(Vec::new());
     };
     let table_len = u64::from(elf.phnum) * u64::from(elf.phentsize);
-    if elf.phentsize < 56 && elf.class64 || table_len > 64 << 10 || elf.phoff + table_len > size {
+    if elf.phentsize < 56 && elf.class64
+        || table_len > 64 << 10
+        || elf
+            .phoff
+            .checked_add(table_len)
+            .is_none_or(|end| end > size)
+    {
         return Ok(Vec::new());
     }
     let mut table = vec![0u8; table_len as usize];

@@ -495,7 +495,7 @@ impl Recorder {
             for &m in counting {
                 let at = m * sets + set;
                 if rules[matching[m]].bit == 0 && selects[at] {
-                    sums[at] += v;
+                    sums[at] = sums[at].saturating_add(v);
                     counted[at] = true;
                 }
             }
@@ -520,7 +520,7 @@ impl Recorder {
                 let held = if rule.rule.leaf_only { leaf } else { any };
                 let at = m * sets + set;
                 if held & rule.bit != 0 && selects[at] {
-                    sums[at] += v;
+                    sums[at] = sums[at].saturating_add(v);
                     counted[at] = true;
                 }
             }
@@ -717,7 +717,7 @@ impl Adding<'_> {
             None => self.recorded.entry(rule.name.clone()).or_default(),
         };
         match r.values.get_mut(&Key(key)) {
-            Some(value) => *value += sum,
+            Some(value) => *value = value.wrapping_add(sum),
             None if self.total < self.max_series => {
                 r.values
                     .insert(key.iter().map(|s| (*s).to_owned()).collect(), sum);

@@ -376,10 +376,11 @@ impl Symbolizer {
         locations: &[(K, u64)],
     ) -> Vec<(K, u64)> {
         let place = |segments: &[crate::debuginfo::LoadSegment], offset: u64| {
+            // Checked: the segments are the file's word, and a file may say anything.
             segments
                 .iter()
                 .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
-                .map(|s| offset - s.offset + s.vaddr)
+                .and_then(|s| (offset - s.offset).checked_add(s.vaddr))
         };
         let own = crate::debuginfo::load_segments(debug).unwrap_or_default();
         let mut placed = Vec::with_capacity(locations.len());
