@@ -702,6 +702,12 @@ impl Selector {
         Ok(())
     }
 
+    /// Most label matchers one selector may hold: each regex is compiled (up to 1 MiB of
+    /// program each) and every series is tested against every matcher. Far more than a
+    /// person or a dashboard writes (a list of values is one matcher, of any length), and
+    /// room for the matchers a query adds (span ids) when a worker parses it again.
+    pub const MAX_MATCHERS: usize = 256;
+
     /// Parses a selector.
     pub fn parse(input: &str) -> Result<Self, SelectorError> {
         let mut p = Parser {
@@ -718,6 +724,13 @@ impl Selector {
                 p.skip_ws();
                 if p.eat('}') {
                     break;
+                }
+                if matchers.len() == Self::MAX_MATCHERS {
+                    let at = p.pos;
+                    return p.error(
+                        at,
+                        format!("more than {} label matchers", Self::MAX_MATCHERS),
+                    );
                 }
                 matchers.push(p.matcher()?);
                 p.skip_ws();
@@ -874,6 +887,19 @@ mod tests {
         assert!(s.matchers[1].matches(""), "absent env is not dev");
         assert!(s.matchers[2].matches(""));
         assert!(s.matchers[3].matches(""));
+    }
+
+    #[test]
+    fn a_selector_of_too_many_matchers_is_refused_before_their_regexes_compile() {
+        let selector = |n: usize| {
+            let matchers: Vec<String> = (0..n).map(|i| format!("l{i}=~\"a.+b\"")).collect();
+            format!("{{{}}}", matchers.join(","))
+        };
+        let most = Selector::parse(&selector(Selector::MAX_MATCHERS)).unwrap();
+        assert_eq!(most.matchers.len(), Selector::MAX_MATCHERS);
+        assert!(most.matchers[0].regex.is_some());
+        let e = Selector::parse(&selector(Selector::MAX_MATCHERS + 1)).unwrap_err();
+        assert!(e.message.contains("more than 256 label matchers"), "{e:?}");
     }
 
     #[test]

@@ -209,11 +209,19 @@ fn numbers(array: &ArrayRef) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// Most bytes a call of constants may produce (`repeat('-', 80)`, a padded label): the
+/// literal it becomes is repeated on every row of a batch (8,192), outside the pool.
+const MAX_CONSTANT_BYTES: usize = 64 << 10;
+
 /// The most bytes `bound` says a call of `args` over `rows` rows produces.
 fn call_bound(bound: Bound, args: &[ColumnarValue], rows: usize) -> Result<f64> {
     let args: Vec<Arg> = args.iter().map(Arg::of).collect::<Result<_>>()?;
     let per_row = args.iter().any(|a| matches!(a.lengths, Per::Rows(_)));
-    let rows = if per_row { rows } else { 1 };
+    if !per_row {
+        // A call of constants is one value, which a projection then repeats on every row
+        // of its batch (`SELECT repeat('x', 100000000) FROM t`): charged as many times.
+        return Ok(bound(&args, 0) * rows.max(1) as f64);
+    }
     let mut total = 0.0;
     for row in 0..rows {
         total += bound(&args, row);
@@ -282,6 +290,20 @@ impl ScalarUDFImpl for Bounded {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let bytes = call_bound(self.bound, &args.args, args.number_rows)?;
         let name = self.inner.name();
+        // A call of constants is folded into one literal when the query is planned, and
+        // the literal is then repeated on every row of every batch that projects it, out of
+        // any pool: a constant is kept small enough for that.
+        let constant = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        if constant && bytes / args.number_rows.max(1) as f64 > MAX_CONSTANT_BYTES as f64 {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "{name}() of constants could produce {bytes:.0} bytes, which every row of a \
+                 batch would repeat: over the query memory limit of a constant \
+                 ({MAX_CONSTANT_BYTES} bytes)"
+            )));
+        }
         let too_large = || {
             DataFusionError::ResourcesExhausted(format!(
                 "{name}() could produce {bytes:.0} bytes for {} rows, over the query memory limit ({})",
@@ -453,6 +475,10 @@ mod tests {
             "SELECT regexp_replace(repeat('x', 10000), '', repeat('y', 10000), 'g')",
             // A literal repeated on every row of a batch.
             "SELECT concat(repeat('x', 10000), v) FROM generate_series(1, 10000) t(v)",
+            // A call of constants, its one value repeated on every row (819 GB as LargeUtf8).
+            "SELECT arrow_cast(repeat('x', 100000000), 'LargeUtf8') AS s \
+             FROM generate_series(1, 8192)",
+            "SELECT repeat('x', 262000) FROM generate_series(1, 8192)",
             // `||` doubling a string in every CTE of a chain: 2^30 times its 64 bytes.
             doubling_ctes(30).as_str(),
         ] {

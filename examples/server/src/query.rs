@@ -277,10 +277,16 @@ pub(super) async fn merge_then<T: Send + 'static>(
         .await
 }
 
-/// About what a report (flame graph, top table, pprof) of `merged` holds while it is built.
-fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
+/// About what a report (flame graph, top table, pprof) of `merged` holds while it is built:
+/// a line per stack, and a call tree of a node per frame at most (about 100 bytes each, up
+/// to the most a tree is built with): a merge of few stacks of many frames (deep, or a
+/// location of thousands of inlined lines) is charged its tree, not its stack count.
+pub(crate) fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
+    use frostdb_pprof::report::tree::MAX_TREE_NODES;
     let series: usize = merged.series.iter().map(|(_, s)| s.len()).sum();
-    (merged.samples.len() + series).saturating_mul(256)
+    let lines = (merged.samples.len() + series).saturating_mul(256);
+    let tree = merged.frames().min(2 * MAX_TREE_NODES).saturating_mul(100);
+    lines.max(tree)
 }
 
 /// A profile type as the API lists it.
@@ -658,8 +664,23 @@ async fn diff(
     let b = merge(&state, t.clone(), base, base_range, aggregation, p.lenient).await?;
     let c = merge(&state, t, compare, compare_range, aggregation, p.lenient).await?;
     let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
-    // Written by the tree itself: a deep tree through serde would recurse once per frame.
-    let body = tree::diff(&b, &c).to_json();
+    // Built in the query lane, its tree reserved from the budget, as a flame graph is.
+    let budget = state.budget.clone();
+    let body = state
+        .work
+        .queries
+        .blocking(move |_| {
+            let _report = budget
+                .try_reserve(
+                    report_bytes(&b).saturating_add(report_bytes(&c)),
+                    "building the diff",
+                )
+                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+            // Written by the tree itself: a deep tree through serde would recurse once per
+            // frame.
+            Ok(tree::diff(&b, &c).to_json())
+        })
+        .await?;
     Ok(answer(
         (said, [(header::CONTENT_TYPE, "application/json")], body),
         failed,

@@ -519,3 +519,113 @@ async fn an_upload_larger_than_the_memory_budget_streams_through_it() {
     assert!(body.contains(&format!("\"bytes\":{SIZE}")), "{body}");
     assert_eq!(pushed, 200, "{answer}");
 }
+
+/// A pprof of `samples` samples, each its own root function calling one location of
+/// `lines` inlined lines: few stacks, and `samples * lines` call paths.
+fn few_stacks_of_many_frames(samples: u64, lines: u64) -> Vec<u8> {
+    use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+    use prost::Message;
+    let mut string_table: Vec<String> = ["", "cpu", "nanoseconds", "deep"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut function = vec![Function {
+        id: 1,
+        name: 3,
+        system_name: 3,
+        ..Function::default()
+    }];
+    let mut location = vec![Location {
+        id: 1,
+        line: (1..=lines)
+            .map(|l| Line {
+                function_id: 1,
+                line: l as i64,
+                column: 0,
+            })
+            .collect(),
+        ..Location::default()
+    }];
+    let mut sample = Vec::new();
+    for i in 0..samples {
+        string_table.push(format!("root{i}"));
+        let id = i + 2;
+        function.push(Function {
+            id,
+            name: string_table.len() as i64 - 1,
+            system_name: string_table.len() as i64 - 1,
+            ..Function::default()
+        });
+        location.push(Location {
+            id,
+            line: vec![Line {
+                function_id: id,
+                line: 1,
+                column: 0,
+            }],
+            ..Location::default()
+        });
+        sample.push(Sample {
+            location_id: vec![1, id],
+            value: vec![10],
+            label: Vec::new(),
+        });
+    }
+    let cpu = ValueType { r#type: 1, unit: 2 };
+    Profile {
+        sample_type: vec![cpu],
+        sample,
+        location,
+        function,
+        string_table,
+        period_type: Some(cpu),
+        period: 10,
+        ..Profile::default()
+    }
+    .encode_to_vec()
+}
+
+/// A merge of few stacks of many frames each (here 4,000 stacks of a thousand inlined
+/// frames: four million call paths) is charged its call tree, not its stack count: under a
+/// small budget it is refused with a 503 naming what it needed, before any tree is built,
+/// and the server answers the next query. (Charged per stack, it built four million nodes
+/// past the budget; a hundred thousand stacks of 4,000 frames took the process down.)
+#[tokio::test]
+async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"256MiB\"\n"),
+    );
+    let (status, body) = push_pprof(
+        &s,
+        "anonymous",
+        "deep.cpu",
+        few_stacks_of_many_frames(4_000, 1_000),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = push_pprof(
+        &s,
+        "anonymous",
+        "small.cpu",
+        few_stacks_of_many_frames(3, 2),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let query = |name: &str| {
+        format!(
+            "{}/api/v1/query?selector={}&format=flamegraph&max_nodes=1",
+            s.url,
+            enc(&format!(
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{{service_name=\"{name}\"}}"
+            ))
+        )
+    };
+    let (status, body) = get(&query("deep"), None).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("building the report"), "{body}");
+    let (status, body) = get(&query("small"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"total\":30"), "{body}");
+}

@@ -428,40 +428,71 @@ impl<'a> Names<'a> {
     }
 }
 
+/// Most nodes a call tree is built with (about 100 bytes each while it is built): past it,
+/// the callees a call path would add are summed into one [`OTHER`] callee of the deepest
+/// node already there, so every total stays exact and a merge of many deep distinct stacks
+/// (a hundred thousand stacks of 4,096 frames each: 400 million paths) builds a bounded
+/// tree. Flame graphs keep at most a million nodes of it.
+pub const MAX_TREE_NODES: usize = 1 << 21;
+
 /// A call tree under construction: nodes in an arena, children found by (parent, name).
 struct Arena<T> {
     /// `(name, values)`; node 0 is the root.
     nodes: Vec<(u32, T)>,
     children: Vec<Vec<u32>>,
     child_of: HashMap<(u32, u32), u32>,
+    /// Nodes made before paths are summed into [`OTHER`] callees ([`MAX_TREE_NODES`]).
+    most: usize,
+    /// The name id of [`OTHER`].
+    other: u32,
 }
 
 impl<T: Default> Arena<T> {
-    fn new() -> Self {
+    /// An empty tree whose [`OTHER`] callees are named `other`.
+    fn new(other: u32) -> Self {
         Self {
             nodes: vec![(u32::MAX, T::default())],
             children: vec![Vec::new()],
             child_of: HashMap::default(),
+            most: MAX_TREE_NODES,
+            other,
         }
     }
 
     /// Adds the path of names `path` below the root: `on_path` is called with the values of
-    /// every node it passes (the root included), `at_leaf` with the last one's.
+    /// every node it passes (the root included), `at_leaf` with the last one's. Past
+    /// [`Arena::most`] nodes, the part of the path not in the tree yet ends in the
+    /// [`OTHER`] callee of the node it leaves (one a node at most).
     fn add(&mut self, path: &[u32], on_path: impl Fn(&mut T), at_leaf: impl FnOnce(&mut T)) {
         let mut node = 0u32;
         on_path(&mut self.nodes[0].1);
         for &name in path {
-            let (nodes, children) = (&mut self.nodes, &mut self.children);
-            node = *self.child_of.entry((node, name)).or_insert_with(|| {
-                let id = nodes.len() as u32;
-                nodes.push((name, T::default()));
-                children.push(Vec::new());
-                children[node as usize].push(id);
-                id
-            });
+            node = match self.child_of.get(&(node, name)) {
+                Some(&child) => child,
+                None if self.nodes.len() <= self.most => self.child(node, name),
+                None => {
+                    let other = match self.child_of.get(&(node, self.other)) {
+                        Some(&child) => child,
+                        None => self.child(node, self.other),
+                    };
+                    on_path(&mut self.nodes[other as usize].1);
+                    at_leaf(&mut self.nodes[other as usize].1);
+                    return;
+                }
+            };
             on_path(&mut self.nodes[node as usize].1);
         }
         at_leaf(&mut self.nodes[node as usize].1);
+    }
+
+    /// Makes `name` a callee of `node`.
+    fn child(&mut self, node: u32, name: u32) -> u32 {
+        let id = self.nodes.len() as u32;
+        self.nodes.push((name, T::default()));
+        self.children.push(Vec::new());
+        self.children[node as usize].push(id);
+        self.child_of.insert((node, name), id);
+        id
     }
 }
 
@@ -614,7 +645,7 @@ impl FlameGraph {
     /// callee named [`OTHER`] (as Pyroscope truncates), so every total stays exact.
     pub fn build_truncated(merged: &Merged, max_nodes: usize) -> Self {
         let mut names = Names::default();
-        let mut arena = Arena::<SelfTotal>::new();
+        let mut arena = Arena::<SelfTotal>::new(names.named(Cow::Borrowed(OTHER), ""));
         names.each_stack(merged, |path, value| {
             arena.add(
                 path,
@@ -726,9 +757,19 @@ impl FlameGraph {
 /// Folded stacks, one line per distinct stack: `root;caller;leaf value`, sorted.
 pub fn folded(merged: &Merged) -> String {
     let mut names = Names::default();
+    let other = names.named(Cow::Borrowed(OTHER), "");
     let mut paths: HashMap<Vec<u32>, i64> = HashMap::default();
+    // Frames of the paths kept: past [`MAX_TREE_NODES`], new paths are one `other` line.
+    let mut frames = 0usize;
     names.each_stack(merged, |path, value| {
-        let sum = paths.entry(path.to_vec()).or_default();
+        let sum = match paths.get_mut(path) {
+            Some(sum) => sum,
+            None if frames + path.len() <= MAX_TREE_NODES => {
+                frames += path.len();
+                paths.entry(path.to_vec()).or_default()
+            }
+            None => paths.entry(vec![other]).or_default(),
+        };
         *sum = sum.saturating_add(value);
     });
     let clean: Vec<String> = names
@@ -798,7 +839,7 @@ impl Arena<DiffSums> {
 /// The diff of two merged profiles (of the same type): one tree with both values per node.
 pub fn diff(base: &Merged, compare: &Merged) -> DiffTree {
     let mut names = Names::default();
-    let mut arena = Arena::<DiffSums>::new();
+    let mut arena = Arena::<DiffSums>::new(names.named(Cow::Borrowed(OTHER), ""));
     names.each_stack(base, |path, v| {
         arena.add(
             path,
@@ -829,5 +870,40 @@ impl<V: Copy> Tree<V> {
             at.push(tree.push(parent, (name, ""), values));
         }
         tree.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_its_most_nodes_a_tree_sums_new_callees_into_one_other_each_node() {
+        // Paths root → a → x{i} → y{i}: with room for four nodes, the first path is whole,
+        // the second makes x1 and ends in x1's `other` callee, every later one in a's;
+        // every total stays exact.
+        const OTHER_ID: u32 = 99;
+        let mut arena = Arena::<SelfTotal>::new(OTHER_ID);
+        arena.most = 4;
+        for i in 0..1_000u32 {
+            arena.add(&[1, 10 + 2 * i, 11 + 2 * i], |n| n.1 += 1, |n| n.0 += 1);
+        }
+        assert!(
+            arena.nodes.len() <= 2 * arena.most + 1,
+            "{}",
+            arena.nodes.len()
+        );
+        assert_eq!(arena.nodes[0].1, (0, 1_000));
+        let a = arena.child_of[&(0, 1)];
+        assert_eq!(arena.nodes[a as usize].1.1, 1_000);
+        let other = arena.child_of[&(a, OTHER_ID)];
+        let in_other = arena.nodes[other as usize].1;
+        let whole: i64 = arena.children[a as usize]
+            .iter()
+            .map(|&c| arena.nodes[c as usize].1.1)
+            .sum();
+        assert_eq!(whole, 1_000, "the callees of a sum to its total");
+        assert_eq!(in_other.0, in_other.1, "other is where those paths end");
+        assert!(in_other.1 >= 998, "{in_other:?}");
     }
 }

@@ -44,6 +44,23 @@ impl Merged {
             .fold(0i64, |total, (_, v)| total.saturating_add(*v))
     }
 
+    /// The frames of its stacks (inlined calls each a frame), each stack cut as reports cut
+    /// it ([`crate::report::MAX_STACK_DEPTH`]): the most nodes a call tree of it can have.
+    /// Stacks share their callers, so most trees have far fewer.
+    pub fn frames(&self) -> usize {
+        self.samples
+            .iter()
+            .filter_map(|(stack, _)| self.symbols.locations(*stack))
+            .map(|(p, locations)| {
+                let frames: usize = locations
+                    .iter()
+                    .map(|&l| crate::symbols::location_frame_count(p, l))
+                    .sum();
+                frames.min(crate::report::MAX_STACK_DEPTH + 1)
+            })
+            .fold(0usize, usize::saturating_add)
+    }
+
     /// An empty profile of `profile_type`.
     pub fn empty(profile_type: ProfileType) -> Self {
         Self {

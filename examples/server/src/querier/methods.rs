@@ -105,15 +105,6 @@ impl Querier {
         crate::query::on_store(&self.state, &self.tenant, empty, read).await
     }
 
-    /// The merge of `selector` in `range`, empty for a tenant that stored nothing.
-    pub(super) async fn merge(
-        &self,
-        selector: TypedSelector,
-        range: TimeRange,
-    ) -> ApiResult<frostdb_pprof::Merged> {
-        self.merge_then(selector, range, Ok).await
-    }
-
     /// `then` of the merge of `selector` in `range` (a report built from it), in the same
     /// job of the query lane; each series' profiles combined as `/api/v1/query` combines
     /// them unless told (gauges averaged, the rest summed).
@@ -165,13 +156,28 @@ impl Querier {
         }
         let l = self.merge_as(left, left_range, aggregation, Ok).await?;
         let r = self.merge_as(right, right_range, aggregation, Ok).await?;
-        let diff = tree::diff(&l, &r);
-        let root = diff.root();
-        Ok((
-            Levels::of_diff(&diff, max_nodes),
-            root.base(),
-            root.compare(),
-        ))
+        // Built in the query lane, its tree reserved from the budget, as a flame graph is.
+        let budget = self.state.budget.clone();
+        self.state
+            .work
+            .queries
+            .blocking(move |_| {
+                let _report = budget
+                    .try_reserve(
+                        crate::query::report_bytes(&l)
+                            .saturating_add(crate::query::report_bytes(&r)),
+                        "building the diff",
+                    )
+                    .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+                let diff = tree::diff(&l, &r);
+                let root = diff.root();
+                Ok((
+                    Levels::of_diff(&diff, max_nodes),
+                    root.base(),
+                    root.compare(),
+                ))
+            })
+            .await
     }
 
     pub(super) async fn profile_types(

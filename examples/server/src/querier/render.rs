@@ -100,12 +100,16 @@ pub(super) async fn render(
         Some("dot") => {
             let nodes = param(&params, &["max-nodes", "maxNodes"])
                 .map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
-            let merged = q.merge(selector, range).await?;
-            let body = if merged.samples.is_empty() {
-                String::new()
-            } else {
-                dot::render(&merged, nodes)
-            };
+            // Rendered in the query lane, with the merge and its reservation.
+            let body = q
+                .merge_then(selector, range, move |merged| {
+                    Ok(if merged.samples.is_empty() {
+                        String::new()
+                    } else {
+                        dot::render(&merged, nodes)
+                    })
+                })
+                .await?;
             return Ok(([(header::CONTENT_TYPE, "text/plain")], body).into_response());
         }
         Some(other) => {
@@ -131,10 +135,14 @@ pub(super) async fn render(
     let profile_type = selector.profile_type().clone();
     // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph merges as
     // every merge here does (gauges averaged, the rest summed).
-    let merged = q.merge(selector.clone(), range).await?;
-    let graph = FlameGraph::build_truncated(&merged, max_nodes);
+    // Built in the query lane, with the merge and its reservation.
+    let levels = q
+        .merge_then(selector.clone(), range, move |merged| {
+            Ok(Levels::of(&FlameGraph::build_truncated(&merged, max_nodes)))
+        })
+        .await?;
     let mut fb = Flamebearer::new(
-        Levels::of(&graph),
+        levels,
         &profile_type.sample_type,
         &profile_type.sample_unit,
         None,
