@@ -480,6 +480,47 @@ async fn queries_over_the_memory_limit_fail_naming_it() {
     assert_eq!(roomy.samples, unlimited.samples);
 }
 
+/// A range is a point per series and step: over many profiles with a short step, the points
+/// are reserved from the query memory pool as they are made, and past its limit the range
+/// fails naming it; a step the points fit in answers.
+#[test]
+fn a_range_of_more_points_than_the_memory_limit_fails_naming_it() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default().query_memory(Some(4096))).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for i in 0..100 {
+        store
+            .ingest(
+                &cpu,
+                &options("cpu", &[("job", "a")]).timestamp_ms(1_700_000_000_000 + i * 1_000),
+            )
+            .unwrap();
+    }
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    // A point a second for each label set of the profile: 100 points each, 6 KiB or more.
+    let err = store
+        .range(&selector, TimeRange::ALL, 1_000, None, ReadOptions::STRICT)
+        .unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    assert!(
+        err.to_string().contains("query memory limit of 4096 bytes"),
+        "{err}"
+    );
+    // A point an hour: one each.
+    let series = store
+        .range(
+            &selector,
+            TimeRange::ALL,
+            3_600_000,
+            None,
+            ReadOptions::STRICT,
+        )
+        .unwrap()
+        .value;
+    assert!(!series.is_empty());
+    assert!(series.iter().all(|s| s.points.len() == 1), "{series:?}");
+}
+
 /// Range queries read the profile totals (a row per profile, type and label set) and answer
 /// as the sample rows do, pprof sample labels included; a store whose totals are gone
 /// rebuilds them from its samples when opened.

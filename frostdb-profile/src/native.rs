@@ -766,11 +766,19 @@ pub fn range(
     step_ms: i64,
     group_by: Option<&[String]>,
 ) -> Result<Vec<Series>> {
-    Ok(range_counted(snapshot, selector, range, step_ms, group_by, false)?.0)
+    let pool: Arc<dyn MemoryPool> =
+        Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default());
+    Ok(range_counted(snapshot, selector, range, step_ms, group_by, false, &pool)?.0)
 }
 
+/// About what a range holds a point in while it is read (a hash map entry of a series and
+/// bucket, and its sum), and then in its answer.
+const RANGE_POINT_BYTES: usize = 64;
+
 /// [`range()`], `lenient` or not: a lenient scan skips blocks it cannot read, and the count
-/// of those comes with the series (always 0 when strict, which fails instead).
+/// of those comes with the series (always 0 when strict, which fails instead). The points
+/// are reserved from `pool` as they are made, batch by batch: a range is a point per series
+/// and step, which over all of time with a short step is a point per profile stored.
 pub fn range_counted(
     snapshot: &Snapshot,
     selector: &Selector,
@@ -778,7 +786,9 @@ pub fn range_counted(
     step_ms: i64,
     group_by: Option<&[String]>,
     lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
 ) -> Result<(Vec<Series>, usize)> {
+    let reservation = MemoryConsumer::new("range points").register(pool);
     let step = step_ms.max(1);
     let present = label_names_of(snapshot);
     let labels: Vec<String> = match group_by {
@@ -863,6 +873,10 @@ pub fn range_counted(
             let sum = sums.entry(k).or_default();
             sum.0 = sum.0.saturating_add(v);
             sum.1 += n;
+        }
+        let held = (sums.len() + group_labels.len()).saturating_mul(RANGE_POINT_BYTES);
+        if held > reservation.size() {
+            reservation.try_grow(held - reservation.size())?;
         }
     }
     let mut series: Vec<Series> = group_labels

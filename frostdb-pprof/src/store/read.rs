@@ -449,6 +449,7 @@ impl ProfileStore {
             step_ms,
             group_by,
             read.lenient,
+            &self.memory,
         )?))
     }
 
