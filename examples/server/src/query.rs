@@ -261,12 +261,25 @@ pub(super) async fn merge_then<T: Send + 'static>(
     state
         .work
         .queries
-        .blocking(move |_| {
+        .blocking(move |cancel| {
             let merged = t.store.merge_with(&selector, range, &options)?;
+            // A request that ended meanwhile (its time limit passed, or its client left)
+            // gets no names and no report: nobody would read them.
+            let ended = || {
+                cancel
+                    .is_cancelled()
+                    .then(|| ApiError::busy("the request ended before its report was built", 1))
+            };
+            if let Some(e) = ended() {
+                return Err(e);
+            }
             // Every report of a merge (this API's, Pyroscope's and Grafana's, diffs) shows
             // the names of frames stored as addresses that the symbolizer can find.
             if let Some(naming_budget) = naming {
                 name_frames(&t, &merged, naming_budget);
+            }
+            if let Some(e) = ended() {
+                return Err(e);
             }
             // What a report of it holds, about: a node or a line per stack.
             let _report = budget
@@ -669,7 +682,13 @@ async fn diff(
     let body = state
         .work
         .queries
-        .blocking(move |_| {
+        .blocking(move |cancel| {
+            if cancel.is_cancelled() {
+                return Err(ApiError::busy(
+                    "the request ended before its diff was built",
+                    1,
+                ));
+            }
             let _report = budget
                 .try_reserve(
                     report_bytes(&b).saturating_add(report_bytes(&c)),

@@ -161,7 +161,13 @@ impl Querier {
         self.state
             .work
             .queries
-            .blocking(move |_| {
+            .blocking(move |cancel| {
+                if cancel.is_cancelled() {
+                    return Err(ApiError::busy(
+                        "the request ended before its diff was built",
+                        1,
+                    ));
+                }
                 let _report = budget
                     .try_reserve(
                         crate::query::report_bytes(&l)
