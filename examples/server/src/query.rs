@@ -290,11 +290,41 @@ pub(super) async fn merge_then<T: Send + 'static>(
         .await
 }
 
+/// `then` of the diff tree of `base` and `compare`, built in the query lane with the trees of
+/// both reserved from the budget (as a flame graph's is), unless the request ended meanwhile.
+pub(crate) async fn diff_then<T: Send + 'static>(
+    state: &Shared,
+    base: frostdb_pprof::Merged,
+    compare: frostdb_pprof::Merged,
+    then: impl FnOnce(tree::DiffTree) -> T + Send + 'static,
+) -> ApiResult<T> {
+    let budget = state.budget.clone();
+    state
+        .work
+        .queries
+        .blocking(move |cancel| {
+            if cancel.is_cancelled() {
+                return Err(ApiError::busy(
+                    "the request ended before its diff was built",
+                    1,
+                ));
+            }
+            let _report = budget
+                .try_reserve(
+                    report_bytes(&base).saturating_add(report_bytes(&compare)),
+                    "building the diff",
+                )
+                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+            Ok(then(tree::diff(&base, &compare)))
+        })
+        .await
+}
+
 /// About what a report (flame graph, top table, pprof) of `merged` holds while it is built:
 /// a line per stack, and a call tree of a node per frame at most (about 100 bytes each, up
 /// to the most a tree is built with): a merge of few stacks of many frames (deep, or a
 /// location of thousands of inlined lines) is charged its tree, not its stack count.
-pub(crate) fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
+fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
     use frostdb_pprof::report::tree::MAX_TREE_NODES;
     let series: usize = merged.series.iter().map(|(_, s)| s.len()).sum();
     let lines = (merged.samples.len() + series).saturating_mul(256);
@@ -677,29 +707,8 @@ async fn diff(
     let b = merge(&state, t.clone(), base, base_range, aggregation, p.lenient).await?;
     let c = merge(&state, t, compare, compare_range, aggregation, p.lenient).await?;
     let failed = p.lenient.then_some(b.blocks_failed + c.blocks_failed);
-    // Built in the query lane, its tree reserved from the budget, as a flame graph is.
-    let budget = state.budget.clone();
-    let body = state
-        .work
-        .queries
-        .blocking(move |cancel| {
-            if cancel.is_cancelled() {
-                return Err(ApiError::busy(
-                    "the request ended before its diff was built",
-                    1,
-                ));
-            }
-            let _report = budget
-                .try_reserve(
-                    report_bytes(&b).saturating_add(report_bytes(&c)),
-                    "building the diff",
-                )
-                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
-            // Written by the tree itself: a deep tree through serde would recurse once per
-            // frame.
-            Ok(tree::diff(&b, &c).to_json())
-        })
-        .await?;
+    // Written by the tree itself: a deep tree through serde would recurse once per frame.
+    let body = diff_then(&state, b, c, |diff| diff.to_json()).await?;
     Ok(answer(
         (said, [(header::CONTENT_TYPE, "application/json")], body),
         failed,

@@ -156,34 +156,15 @@ impl Querier {
         }
         let l = self.merge_as(left, left_range, aggregation, Ok).await?;
         let r = self.merge_as(right, right_range, aggregation, Ok).await?;
-        // Built in the query lane, its tree reserved from the budget, as a flame graph is.
-        let budget = self.state.budget.clone();
-        self.state
-            .work
-            .queries
-            .blocking(move |cancel| {
-                if cancel.is_cancelled() {
-                    return Err(ApiError::busy(
-                        "the request ended before its diff was built",
-                        1,
-                    ));
-                }
-                let _report = budget
-                    .try_reserve(
-                        crate::query::report_bytes(&l)
-                            .saturating_add(crate::query::report_bytes(&r)),
-                        "building the diff",
-                    )
-                    .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
-                let diff = tree::diff(&l, &r);
-                let root = diff.root();
-                Ok((
-                    Levels::of_diff(&diff, max_nodes),
-                    root.base(),
-                    root.compare(),
-                ))
-            })
-            .await
+        crate::query::diff_then(&self.state, l, r, move |diff| {
+            let root = diff.root();
+            (
+                Levels::of_diff(&diff, max_nodes),
+                root.base(),
+                root.compare(),
+            )
+        })
+        .await
     }
 
     pub(super) async fn profile_types(
