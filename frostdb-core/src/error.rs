@@ -267,6 +267,14 @@ pub enum Error {
         what: String,
     },
 
+    /// A scan stopped because the work it was for was called off
+    /// ([`stop_scans_when`](crate::stop_scans_when)): the request it answered ended.
+    #[error("the read was stopped: {reason}")]
+    Stopped {
+        /// Why.
+        reason: String,
+    },
+
     /// An invariant of the engine does not hold: a bug, reported instead of a panic.
     #[error("internal error: {0}")]
     Internal(String),
@@ -303,7 +311,8 @@ impl Error {
             | Self::Closed
             | Self::Poisoned { .. }
             | Self::LeaseHeld { .. }
-            | Self::Fenced { .. } => K::Unavailable,
+            | Self::Fenced { .. }
+            | Self::Stopped { .. } => K::Unavailable,
             Self::ReadOnly { .. } => K::Conflict,
             Self::Io { .. } | Self::ObjectStore { .. } => K::Io,
             Self::Parquet { .. }

@@ -552,3 +552,54 @@ fn values_of(batches: &[RecordBatch]) -> Vec<i64> {
         })
         .collect()
 }
+
+/// A scan started under [`frostdb_core::stop_scans_when`] ends at its next batch once the
+/// condition gives a reason, with an error naming it, also when read on another thread; a
+/// scan started outside reads to its end.
+#[test]
+fn a_scan_stops_at_its_next_batch_once_its_work_is_called_off() {
+    let db = db();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    fill(&table, 10, 100);
+    let snapshot = table.snapshot();
+    let request = ScanRequest::new();
+    let all: usize = snapshot
+        .scan(&request)
+        .unwrap()
+        .map(|b| b.unwrap().num_rows())
+        .sum();
+    assert_eq!(all, 1_000);
+    let called_off = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = called_off.clone();
+    let scan = frostdb_core::stop_scans_when(
+        move || {
+            flag.load(std::sync::atomic::Ordering::Acquire)
+                .then(|| "the request ended".to_owned())
+        },
+        || snapshot.scan(&request).unwrap(),
+    );
+    // Outside the closure, scans are not stopped.
+    let outside: usize = snapshot
+        .scan(&request)
+        .unwrap()
+        .map(|b| b.unwrap().num_rows())
+        .sum();
+    assert_eq!(outside, 1_000);
+    // The scan carries its condition to the thread that reads it.
+    let (read, error, after) = std::thread::spawn(move || {
+        let mut scan = scan;
+        let first = scan.next().unwrap().unwrap().num_rows();
+        called_off.store(true, std::sync::atomic::Ordering::Release);
+        let error = scan.next().unwrap().unwrap_err();
+        (first, error, scan.next().is_none())
+    })
+    .join()
+    .unwrap();
+    assert!(read > 0 && read < 1_000, "{read}");
+    assert!(matches!(error, Error::Stopped { .. }), "{error}");
+    assert_eq!(error.kind(), frostdb_core::ErrorKind::Unavailable);
+    assert!(error.to_string().contains("the request ended"), "{error}");
+    assert!(after, "a stopped scan ends");
+}

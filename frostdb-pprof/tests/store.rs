@@ -1120,3 +1120,57 @@ fn a_groups_rows_are_stored_in_the_tables_order_and_answer_as_profiles_stored_al
         }
     }
 }
+
+/// Every read of a merge, a merge by series and a range goes through scans that stop once
+/// the work is called off ([`frostdb_core::stop_scans_when`], what the server sets for a
+/// request that ended): it fails naming why, rather than reading to its end for nobody.
+/// Outside, the same reads answer.
+#[test]
+fn merges_and_ranges_stop_once_their_work_is_called_off() {
+    use frostdb_pprof::{Aggregation, MergeOptions};
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for i in 0..20 {
+        store
+            .ingest(
+                &cpu,
+                &options("cpu", &[("job", "a")]).timestamp_ms(1_700_000_000_000 + i * 1_000),
+            )
+            .unwrap();
+    }
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"a\"}").unwrap();
+    let by_series = MergeOptions {
+        aggregation: Aggregation::Average,
+        by_series: true,
+        ..MergeOptions::default()
+    };
+    let reads = |store: &ProfileStore| -> Vec<Result<usize, Error>> {
+        vec![
+            store
+                .merge(&selector, TimeRange::ALL)
+                .map(|m| m.samples.len()),
+            store
+                .merge_with(&selector, TimeRange::ALL, &by_series)
+                .map(|m| m.samples.len()),
+            store
+                .range(&selector, TimeRange::ALL, 1_000, None, ReadOptions::STRICT)
+                .map(|r| r.value.len()),
+        ]
+    };
+    for answer in reads(&store) {
+        assert!(answer.unwrap() > 0);
+    }
+    let stopped = frostdb_core::stop_scans_when(
+        || Some("the request ended (test)".to_owned()),
+        || reads(&store),
+    );
+    for answer in stopped {
+        let err = answer.unwrap_err();
+        assert_eq!(err.kind(), frostdb_core::ErrorKind::Unavailable, "{err}");
+        assert!(
+            err.to_string().contains("the request ended (test)"),
+            "{err}"
+        );
+    }
+}

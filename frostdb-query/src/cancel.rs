@@ -74,6 +74,15 @@ impl Cancel {
         false
     }
 
+    /// Why the query was cancelled (the first reason given), or a placeholder.
+    pub fn reason(&self) -> String {
+        self.0
+            .reason
+            .get()
+            .map_or("no reason given", String::as_str)
+            .to_owned()
+    }
+
     /// An error when the query was cancelled.
     pub fn check(&self) -> Result<()> {
         if !self.is_cancelled() {

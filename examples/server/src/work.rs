@@ -31,6 +31,9 @@ pub struct Lane {
     permits: Arc<Semaphore>,
     waiting: AtomicUsize,
     max_waiting: usize,
+    /// Whether the engine's scans a job starts stop once its request ended (reads); a
+    /// write's job runs to its end or fails whole on its own.
+    stops_reads: bool,
 }
 
 impl Lane {
@@ -44,6 +47,16 @@ impl Lane {
             permits: Arc::new(Semaphore::new(slots)),
             waiting: AtomicUsize::new(0),
             max_waiting,
+            stops_reads: false,
+        }
+    }
+
+    /// This lane, its jobs' scans stopping at their next batch once the request ended
+    /// ([`frostdb_core::stop_scans_when`]): a merge for nobody gives its slot back.
+    fn stopping_reads(self) -> Self {
+        Self {
+            stops_reads: true,
+            ..self
         }
     }
 
@@ -85,9 +98,17 @@ impl Lane {
         let cancel = Cancel::new();
         let _cancel_on_drop = CancelOnDrop(cancel.clone());
         let name = self.name;
+        let stops_reads = self.stops_reads;
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            f(&cancel)
+            if !stops_reads {
+                return f(&cancel);
+            }
+            let stop = cancel.clone();
+            frostdb_core::stop_scans_when(
+                move || stop.is_cancelled().then(|| stop.reason()),
+                || f(&cancel),
+            )
         })
         .await
         .map_err(|e| ApiError::internal(format!("a {name} job failed: {e}")))?
@@ -160,7 +181,8 @@ impl Work {
                 "limits.max_concurrent_queries",
                 queries,
                 queries * 16,
-            ),
+            )
+            .stopping_reads(),
             ingest: Lane::new(
                 "ingest",
                 "limits.max_concurrent_ingest",

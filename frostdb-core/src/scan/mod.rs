@@ -1,6 +1,8 @@
 //! Reading a snapshot: projection, predicates with pruning by chunk statistics, limits, and
 //! sort-ordered output.
 
+pub(crate) mod stop;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -428,6 +430,7 @@ impl Snapshot {
             inner,
             metrics: ScanMetrics::default(),
             failed,
+            stop: stop::current(),
         })
     }
 
@@ -613,6 +616,9 @@ pub struct Scan {
     metrics: ScanMetrics,
     /// Blocks a lenient scan stopped reading midway.
     failed: Arc<AtomicUsize>,
+    /// The condition this scan stops on ([`stop::stop_scans_when`]), checked before each
+    /// batch; taken once it held, so the scan then ends.
+    stop: Option<stop::Stop>,
 }
 
 impl std::fmt::Debug for Scan {
@@ -643,6 +649,14 @@ impl Iterator for Scan {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(stop) = &self.stop
+            && let Some(error) = stop.check()
+        {
+            // Once: the scan ends after the error, as after any other.
+            self.inner = Box::new(std::iter::empty());
+            self.stop = None;
+            return Some(Err(error));
+        }
         self.inner.next()
     }
 }
