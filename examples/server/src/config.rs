@@ -11,6 +11,9 @@
 //!
 //! [tenants.team-a]
 //! retention = "7d"                 # a tenant's own retention
+//! token = "team-a-secret"          # optional: a bearer token that acts for team-a only
+//!                                  # (X-Scope-OrgID absent or team-a; /metrics shows
+//!                                  # team-a's series only). `token` above acts for any.
 //!
 //! [limits]
 //! max_body_bytes = 16777216        # request body, as sent (compressed)
@@ -275,6 +278,11 @@ impl ClusterConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
+    /// A bearer token that acts for this tenant only: a request carrying it is this
+    /// tenant's whatever it asks for (another tenant in `X-Scope-OrgID` is refused 403), and
+    /// sees only this tenant's series in `/metrics` and problems in `/healthz`.
+    #[serde(default)]
+    pub token: Option<String>,
     /// How long this tenant's samples are kept, instead of the server's `retention`.
     #[serde(default, with = "optional_duration")]
     pub retention: Option<Duration>,
@@ -723,10 +731,24 @@ impl Config {
                 .validate()
                 .map_err(|e| format!("[ebpf]: {e}"))?;
         }
-        for id in self.tenants.keys() {
+        let mut tokens = std::collections::HashSet::new();
+        tokens.extend(self.token.as_deref());
+        for (id, tenant) in &self.tenants {
             crate::tenants::validate_tenant(id).map_err(|e| format!("[tenants]: {e}"))?;
+            if let Some(token) = &tenant.token {
+                if token.trim().is_empty() {
+                    return Err(format!("[tenants.{id}]: `token` is empty"));
+                }
+                // A token shared by two tenants (or with the server's) would act for
+                // whichever is matched first: the other could never be told apart.
+                if !tokens.insert(token.as_str()) {
+                    return Err(format!(
+                        "[tenants.{id}]: `token` is also another tenant's or the server's `token`; each must be its own"
+                    ));
+                }
+            }
         }
-        if self.token.as_deref() == Some("") {
+        if self.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err("`token` is empty".into());
         }
         self.limits

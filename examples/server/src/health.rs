@@ -31,10 +31,18 @@ pub fn metrics_routes() -> Router<Shared> {
 /// `GET /healthz`: 200 while the server answers; `ok`, or `degraded` and a line per
 /// problem.
 async fn healthz(State(state): State<Shared>, headers: HeaderMap) -> impl IntoResponse {
-    let named = crate::authorized(&state, &headers);
+    // Named to the server's token (every tenant's) or a tenant's (its own); counted
+    // otherwise.
+    let caller = crate::caller(&state, &headers);
     let mut problems = String::new();
+    let mut elsewhere = 0;
     for tenant in state.tenants.open_tenants() {
         let db = tenant.store.db();
+        if !sees(caller.as_ref(), &tenant.id) {
+            elsewhere += usize::from(db.stopped().is_some())
+                + usize::from(db.mirror_health().is_some_and(|h| h.behind.is_some()));
+            continue;
+        }
         if let Some(why) = db.stopped() {
             let _ = writeln!(
                 problems,
@@ -52,27 +60,50 @@ async fn healthz(State(state): State<Shared>, headers: HeaderMap) -> impl IntoRe
             );
         }
     }
-    if problems.is_empty() {
+    if problems.is_empty() && elsewhere == 0 {
         "ok\n".to_owned()
-    } else if named {
+    } else if elsewhere == 0 {
         format!("degraded\n{problems}")
     } else {
-        let n = problems.lines().count();
-        format!("degraded\n{n} problems (GET /metrics, or /healthz with the token, says which)\n")
+        format!(
+            "degraded\n{problems}{elsewhere} problems (GET /metrics, or /healthz with the token, says which)\n"
+        )
     }
 }
 
-/// `GET /metrics`.
-async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
-    let tenants = state.tenants.open_tenants();
+/// Whether `caller` may see tenant `id`'s state: the server's token sees every tenant's, a
+/// tenant's token its own, no token (where one is required) none.
+fn sees(caller: Option<&crate::Caller>, id: &str) -> bool {
+    match caller {
+        Some(crate::Caller::Operator) => true,
+        Some(crate::Caller::Tenant(own)) => own == id,
+        None => false,
+    }
+}
+
+/// `GET /metrics`: with the server's token, the server's families and every tenant's
+/// series; with a tenant's token, that tenant's series only (its rules', its
+/// regressions', its database's state), nothing of other tenants, not even their names.
+async fn metrics(
+    State(state): State<Shared>,
+    axum::Extension(caller): axum::Extension<crate::Caller>,
+) -> impl IntoResponse {
+    let only = match &caller {
+        crate::Caller::Operator => None,
+        crate::Caller::Tenant(id) => Some(id.as_str()),
+    };
+    let mut tenants = state.tenants.open_tenants();
+    tenants.retain(|t| only.is_none_or(|id| t.id == id));
     let mut out = String::new();
-    family(
-        &mut out,
-        "frostdb_open_tenants",
-        "gauge",
-        "Tenants open now.",
-    );
-    let _ = writeln!(out, "frostdb_open_tenants {}", tenants.len());
+    if only.is_none() {
+        family(
+            &mut out,
+            "frostdb_open_tenants",
+            "gauge",
+            "Tenants open now.",
+        );
+        let _ = writeln!(out, "frostdb_open_tenants {}", tenants.len());
+    }
     per_tenant(
         &mut out,
         ("frostdb_writes_stopped", "gauge"),
@@ -99,11 +130,13 @@ async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
             .iter()
             .map(|(id, h)| (*id, u64::from(h.behind.is_some()))),
     );
-    if let Some(symbolizer) = &state.symbolizer {
+    if let Some(symbolizer) = &state.symbolizer
+        && only.is_none()
+    {
         symbolizer_metrics(&mut out, &symbolizer.stats());
     }
-    crate::rules::exposition(&state.rules, &mut out);
-    crate::regressions::exposition(&state.regressions, &mut out);
+    crate::rules::exposition(&state.rules, only, &mut out);
+    crate::regressions::exposition(&state.regressions, only, &mut out);
     (
         [(
             header::CONTENT_TYPE,

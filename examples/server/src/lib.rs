@@ -318,27 +318,98 @@ async fn log_request(request: Request, next: Next) -> Response {
     response
 }
 
-/// Checks the bearer token when one is configured.
-async fn authorize(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    if !authorized(&state, request.headers()) {
-        return axum::response::IntoResponse::into_response(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "a bearer token is required (Authorization: Bearer <token>)",
-        ));
-    }
-    next.run(request).await
+/// Who a request's bearer token says it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The server's `token` (or no token is configured): acts for whichever tenant
+    /// `X-Scope-OrgID` names, and sees every tenant in `/metrics` and `/healthz`.
+    Operator,
+    /// A tenant's own token (`[tenants.<id>] token`): acts for that tenant only.
+    Tenant(String),
 }
 
-/// Whether `headers` carry the bearer token the server requires, if it requires one.
-pub fn authorized(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
-    let Some(token) = &state.config.token else {
-        return true;
-    };
+/// Whose the bearer token of `headers` is; `None` when a token is required and the one
+/// given (if any) is nobody's. Tokens are compared in constant time, every one of them.
+pub fn caller(state: &AppState, headers: &axum::http::HeaderMap) -> Option<Caller> {
+    let config = &state.config;
+    let tenant_tokens = config
+        .tenants
+        .iter()
+        .filter_map(|(id, t)| Some((id, t.token.as_deref()?)));
+    if config.token.is_none() && tenant_tokens.clone().next().is_none() {
+        return Some(Caller::Operator);
+    }
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    given.map(str::trim) == Some(token.as_str())
+        .and_then(|v| v.strip_prefix("Bearer "))?
+        .trim();
+    let same = |token: &str| {
+        use subtle::ConstantTimeEq;
+        bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+    };
+    let mut found = None;
+    if config.token.as_deref().is_some_and(same) {
+        found = Some(Caller::Operator);
+    }
+    for (id, token) in tenant_tokens {
+        if same(token) {
+            found = Some(Caller::Tenant(id.clone()));
+        }
+    }
+    found
+}
+
+/// Checks the bearer token when one is configured. A tenant's token makes the request that
+/// tenant's: `X-Scope-OrgID` naming another is refused (403), and absent it is set, so every
+/// route and gRPC method below reads the tenant it may act for. More than one
+/// `X-Scope-OrgID` is refused (400): which one a proxy meant is not for us to guess.
+async fn authorize(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
+    use axum::response::IntoResponse;
+    let Some(caller) = caller(&state, request.headers()) else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "a bearer token is required (Authorization: Bearer <token>)",
+        )
+        .into_response();
+    };
+    let named: Vec<_> = request.headers().get_all("x-scope-orgid").iter().collect();
+    if named.len() > 1 {
+        return ApiError::bad_request(format!(
+            "X-Scope-OrgID is given {} times; give one tenant",
+            named.len()
+        ))
+        .into_response();
+    }
+    if let Caller::Tenant(id) = &caller {
+        let asked = named
+            .first()
+            .map(|v| v.to_str().map(str::trim).unwrap_or("?"))
+            .unwrap_or("");
+        if !asked.is_empty() && asked != id {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("this token acts for tenant {id:?} only, not {asked:?} (X-Scope-OrgID)"),
+            )
+            .into_response();
+        }
+        match axum::http::HeaderValue::from_str(id) {
+            Ok(v) => {
+                request.headers_mut().insert("x-scope-orgid", v);
+            }
+            Err(_) => {
+                return ApiError::internal("a tenant id is not a header value").into_response();
+            }
+        }
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// Whether `headers` carry the server's own token (or it requires none): whether the
+/// caller may see every tenant.
+pub fn authorized(state: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    caller(state, headers) == Some(Caller::Operator)
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then flushes every tenant.

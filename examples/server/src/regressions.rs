@@ -512,10 +512,15 @@ async fn list(
     })))
 }
 
-/// `/metrics`: per tenant, service and profile type, the regressions its latest comparison
-/// found (alert on `frostdb_regressions > 0`), and the comparisons made.
-pub fn exposition(found: &Regressions, out: &mut String) {
-    use std::fmt::Write;
+/// `/metrics`: per tenant (`only`: that tenant), service and profile type, the regressions
+/// its latest comparison found (alert on `frostdb_regressions > 0`), and (to the server's
+/// token) the comparisons made.
+pub fn exposition(found: &Regressions, only: Option<&str>, out: &mut String) {
+    let mut latest = found.latest();
+    latest.retain(|(tenant, _)| only.is_none_or(|id| id == tenant));
+    if only.is_some() {
+        return exposition_of(latest, out);
+    }
     crate::health::single(
         out,
         "frostdb_regression_comparisons_total",
@@ -530,7 +535,12 @@ pub fn exposition(found: &Regressions, out: &mut String) {
         "Comparisons that could not read their versions.",
         found.failures.load(Relaxed),
     );
-    let latest = found.latest();
+    exposition_of(latest, out);
+}
+
+/// The `frostdb_regressions` family of `latest`.
+fn exposition_of(latest: Vec<(String, Finding)>, out: &mut String) {
+    use std::fmt::Write;
     if latest.is_empty() {
         return;
     }

@@ -288,12 +288,13 @@ async fn delete(
     Ok(Json(json!({ "deleted": name })))
 }
 
-/// The series of every tenant's rules, in the exposition format, for `/metrics`, and what
-/// remote write did.
-pub fn exposition(rules: &Rules, out: &mut String) {
+/// The series of every tenant's rules (`only`: of that tenant's), in the exposition format,
+/// for `/metrics`, and (to the server's token) what remote write did.
+pub fn exposition(rules: &Rules, only: Option<&str>, out: &mut String) {
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let rw = &rules.remote_write;
+    let server_wide = if only.is_none() { 4 } else { 0 };
     for (name, kind, help, value) in [
         (
             "frostdb_remote_write_batches_sent_total",
@@ -319,12 +320,18 @@ pub fn exposition(rules: &Rules, out: &mut String) {
             "Batches waiting to be sent.",
             rw.queued.load(Relaxed),
         ),
-    ] {
+    ]
+    .into_iter()
+    .take(server_wide)
+    {
         crate::health::single(out, name, kind, help, value);
     }
     let mut by_name: BTreeMap<String, Vec<(String, frostdb_pprof::rules::RuleSeries)>> =
         BTreeMap::new();
     for (tenant, recorder) in rules.recorders() {
+        if only.is_some_and(|id| id != tenant) {
+            continue;
+        }
         for series in recorder.series() {
             by_name
                 .entry(series.rule.clone())

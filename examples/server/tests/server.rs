@@ -625,6 +625,113 @@ async fn bearer_token_guards_the_api() {
     assert_eq!(get(&format!("{}/", s.url), None).await.0, 200);
 }
 
+/// A tenant's own token acts for that tenant only: another tenant in X-Scope-OrgID is
+/// refused 403, none means its own, and /metrics and /healthz show it nothing of others,
+/// not even their names. The server's token still acts for any tenant and sees all.
+#[tokio::test]
+async fn a_tenants_token_reads_and_writes_that_tenant_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(
+            "token = \"ops\"\n[tenants.team-a]\ntoken = \"ta\"\n[tenants.team-b]\ntoken = \"tb\"\n",
+        ),
+    );
+    let call = |method: reqwest::Method, path: &str, token: &str, tenants: &[&str]| {
+        let mut r = reqwest::Client::new()
+            .request(method, format!("{}{path}", s.url))
+            .bearer_auth(token);
+        for t in tenants {
+            r = r.header("X-Scope-OrgID", *t);
+        }
+        r
+    };
+    let text = async |r: reqwest::RequestBuilder| {
+        let r = r.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    // team-a records a rule and pushes, with its token and no header.
+    let rule = serde_json::json!({
+        "name": "a_cpu_nanoseconds_total",
+        "profile_type": CPU,
+        "selector": "{}",
+        "keep_labels": ["service_name"],
+    });
+    let put = call(
+        reqwest::Method::PUT,
+        "/api/v1/rules/a_cpu_nanoseconds_total",
+        "ta",
+        &[],
+    )
+    .body(rule.to_string());
+    assert_eq!(text(put).await.0, 200);
+    let pushed = call(
+        reqwest::Method::POST,
+        "/ingest?name=secret-a.cpu&format=pprof",
+        "ta",
+        &[],
+    )
+    .body(testdata(GO_CPU));
+    assert_eq!(text(pushed).await.0, 200);
+    let types = "/api/v1/profile_types";
+    // team-b's token cannot name team-a, whatever it asks.
+    let (status, body) = text(call(reqwest::Method::GET, types, "tb", &["team-a"])).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("acts for tenant \\\"team-b\\\" only"),
+        "{body}"
+    );
+    let (status, body) = text(call(
+        reqwest::Method::DELETE,
+        "/api/v1/rules/a_cpu_nanoseconds_total",
+        "tb",
+        &["team-a"],
+    ))
+    .await;
+    assert_eq!(status, 403, "{body}");
+    // Without a header each token is its own tenant.
+    let (status, b_types) = text(call(reqwest::Method::GET, types, "tb", &[])).await;
+    assert_eq!((status, b_types.as_str()), (200, "[]"));
+    let (status, a_types) = text(call(reqwest::Method::GET, types, "ta", &[])).await;
+    assert_eq!(status, 200);
+    assert!(a_types.contains("process_cpu"), "{a_types}");
+    // The server's token acts for whichever tenant is named; two names are refused.
+    let (status, ops_types) = text(call(reqwest::Method::GET, types, "ops", &["team-a"])).await;
+    assert_eq!((status, ops_types), (200, a_types));
+    let (status, body) = text(call(
+        reqwest::Method::GET,
+        types,
+        "ops",
+        &["team-a", "team-b"],
+    ))
+    .await;
+    assert_eq!(status, 400, "{body}");
+    // /metrics: team-a's series to team-a and the server, nothing of team-a to team-b.
+    let series = "a_cpu_nanoseconds_total{tenant=\"team-a\"";
+    let (status, ops) = text(call(reqwest::Method::GET, "/metrics", "ops", &[])).await;
+    assert_eq!(status, 200);
+    assert!(
+        ops.contains(series) && ops.contains("frostdb_open_tenants"),
+        "{ops}"
+    );
+    let (_, own) = text(call(reqwest::Method::GET, "/metrics", "ta", &[])).await;
+    assert!(
+        own.contains(series) && !own.contains("frostdb_open_tenants"),
+        "{own}"
+    );
+    let (_, other) = text(call(reqwest::Method::GET, "/metrics", "tb", &[])).await;
+    assert!(
+        !other.contains("team-a") && !other.contains("secret-a"),
+        "{other}"
+    );
+    assert_eq!(
+        text(call(reqwest::Method::GET, types, "nobody", &[]))
+            .await
+            .0,
+        401
+    );
+}
+
 #[tokio::test]
 async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
     let dir = tempfile::tempdir().unwrap();
