@@ -10,6 +10,13 @@ use crate::proto::{Function, Label, Line, Mapping, Profile, ValueType};
 
 use super::wire;
 
+/// Most sample types a profile may have (real ones have one to a few).
+pub(crate) const MAX_SAMPLE_TYPES: usize = 1 << 16;
+
+/// Most labels a sample may have (real ones have a few; series keep at most
+/// `max_label_names_per_series` of them).
+pub(crate) const MAX_SAMPLE_LABELS: usize = 1024;
+
 /// A sample: ranges of [`Flat`]'s location id, value and label arrays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct FlatSample {
@@ -225,12 +232,14 @@ impl Flat {
         }
     }
 
-    /// Decodes a raw (not gzipped) pprof protobuf.
-    pub(crate) fn parse(buf: &[u8]) -> Result<Self> {
+    /// Decodes a raw (not gzipped) pprof protobuf. Counts over `limits` are refused by the
+    /// first pass, before anything is made: a message of two bytes (an empty sample or
+    /// mapping) would otherwise become tens of bytes of arrays, for millions of them.
+    pub(crate) fn parse(buf: &[u8], limits: &super::Limits) -> Result<Self> {
         let mut p = Flat::reused();
         // The strings' bytes, checked to be UTF-8 once, whole, at the end.
         let mut text = std::mem::take(&mut p.text).into_bytes();
-        p.reserve(buf, &mut text)?;
+        p.reserve(buf, &mut text, limits)?;
         wire::fields(buf, |n, v| {
             match n {
                 1 => p.sample_type.push(message(wire::bytes(n, v)?)?),
@@ -294,13 +303,20 @@ impl Flat {
     /// Sizes the arrays for the profile in `buf` from one pass over its top-level fields
     /// (counts and string bytes are exact; a sample's location ids are at most its bytes),
     /// so that parsing does not grow them step by step.
-    fn reserve(&mut self, buf: &[u8], text_bytes: &mut Vec<u8>) -> Result<()> {
+    fn reserve(
+        &mut self,
+        buf: &[u8],
+        text_bytes: &mut Vec<u8>,
+        limits: &super::Limits,
+    ) -> Result<()> {
         let (mut samples, mut sample_bytes, mut locations, mut functions) = (0, 0, 0, 0);
-        let (mut strings, mut text) = (0, 0);
+        let (mut strings, mut text, mut mappings, mut types) = (0, 0, 0, 0);
         wire::fields(buf, |n, v| {
             if let wire::Value::Bytes(b) = v {
                 match n {
+                    1 => types += 1,
                     2 => (samples, sample_bytes) = (samples + 1, sample_bytes + b.len()),
+                    3 => mappings += 1,
                     4 => locations += 1,
                     5 => functions += 1,
                     6 => (strings, text) = (strings + 1, text + b.len()),
@@ -309,6 +325,23 @@ impl Flat {
             }
             Ok(())
         })?;
+        // What `check` refuses later, refused before it is made. Mappings have no limit of
+        // their own: a profile has fewer than it has locations (each location names one).
+        for (what, count, limit) in [
+            ("sample count", samples, limits.max_samples),
+            ("location count", locations, limits.max_locations),
+            ("function count", functions, limits.max_functions),
+            (
+                "mapping count",
+                mappings,
+                limits.max_locations.max(MAX_SAMPLE_TYPES),
+            ),
+            ("sample type count", types, MAX_SAMPLE_TYPES),
+        ] {
+            if count > limit {
+                return Err(Error::TooLarge { what, limit });
+            }
+        }
         self.samples.reserve_exact(samples);
         self.location_ids.reserve(sample_bytes);
         self.values.reserve(samples * 2);
@@ -402,7 +435,16 @@ impl Flat {
             match n {
                 1 => wire::repeated(n, v, &mut self.location_ids, |x| x)?,
                 2 => wire::repeated(n, v, &mut self.values, int)?,
-                3 => self.labels.push(message(wire::bytes(n, v)?)?),
+                3 => {
+                    // An empty label is two bytes and 32 of the array: bounded per sample.
+                    if self.labels.len() - start.2 >= MAX_SAMPLE_LABELS {
+                        return Err(Error::TooLarge {
+                            what: "labels of a sample",
+                            limit: MAX_SAMPLE_LABELS,
+                        });
+                    }
+                    self.labels.push(message(wire::bytes(n, v)?)?)
+                }
                 _ => {}
             }
             Ok(())

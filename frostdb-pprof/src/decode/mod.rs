@@ -468,7 +468,7 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<ValidProfile> {
     with_raw(
         bytes,
         limits.max_decompressed_bytes,
-        |raw| match Flat::parse(raw) {
+        |raw| match Flat::parse(raw, limits) {
             Ok(flat) => validate_flat(flat, limits),
             Err(e) => match crate::convert::gperftools::parse(raw, limits)? {
                 Some(profile) => validate(profile, limits),

@@ -1,0 +1,85 @@
+//! What decoding a hostile pprof materialises before it is refused, measured by a counting
+//! allocator (this binary's own, so no other test's allocations count).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use frostdb_pprof::{Error, Limits, decode};
+
+struct Counting;
+
+static NOW: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+#[allow(unsafe_code)]
+// SAFETY: both methods forward to the system allocator with the caller's arguments, so its
+// contract is the caller's; the counters are plain atomics. (`realloc` is the trait's
+// default: an `alloc` and a `dealloc` through these.)
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let now = NOW.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        PEAK.fetch_max(now, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        NOW.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The most bytes held at once while `f` runs, above what was held before it.
+fn peak_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = NOW.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let out = f();
+    (out, PEAK.load(Ordering::Relaxed) - before)
+}
+
+/// Millions of empty samples (two bytes each, `12 00`), or of empty mappings (`1a 00`):
+/// refused by counting them, before the arrays they would take (about 50 bytes each) are
+/// made. Without the first pass's check, the samples took 25x their bytes before the
+/// count was checked, and mappings had no limit at all.
+#[test]
+fn millions_of_empty_messages_are_refused_before_they_are_made() {
+    let limits = Limits::default();
+    for (tag, what) in [(0x12u8, "sample count"), (0x1a, "mapping count")] {
+        let n = limits.max_samples.max(limits.max_locations) + 1;
+        let raw: Vec<u8> = std::iter::repeat_n([tag, 0x00], n).flatten().collect();
+        let (result, peak) = peak_of(|| decode(&raw, &limits));
+        match result {
+            Err(e @ Error::TooLarge { .. }) => assert!(e.to_string().contains(what), "{e}"),
+            other => panic!("{what}: {:?}", other.map(|_| ())),
+        }
+        assert!(
+            peak < raw.len(),
+            "{what}: {peak} bytes held to refuse {} bytes",
+            raw.len()
+        );
+    }
+}
+
+/// A sample of thousands of empty labels (two bytes each) is refused at the bound, naming
+/// it.
+#[test]
+fn a_sample_of_too_many_labels_is_refused_naming_them() {
+    let mut sample = Vec::new();
+    for _ in 0..5_000 {
+        sample.extend_from_slice(&[0x1a, 0x00]);
+    }
+    let mut raw = vec![0x12];
+    let mut len = sample.len();
+    while len >= 0x80 {
+        raw.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    raw.push(len as u8);
+    raw.extend_from_slice(&sample);
+    let err = decode(&raw, &Limits::default()).unwrap_err();
+    assert!(err.to_string().contains("labels of a sample"), "{err}");
+}
