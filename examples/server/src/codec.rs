@@ -30,6 +30,8 @@ pub fn request_limits(config: &Config) -> RequestLimits {
             .max_label_names_per_series
             .saturating_add(RESERVED_LABELS),
         max_settings_bytes: config.limits.max_settings_bytes,
+        max_label_name_bytes: config.limits.max_label_name_length,
+        max_label_value_bytes: config.limits.max_label_value_length,
         ..RequestLimits::default()
     }
 }

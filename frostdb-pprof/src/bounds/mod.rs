@@ -94,6 +94,49 @@ pub struct RequestLimits {
     pub max_dictionary_entries: usize,
     /// Most stack frames of an OTLP export: every sample's stack depth, summed.
     pub max_stack_frames: usize,
+    /// Longest label name, in bytes, of a push series or an OTLP attribute: checked before
+    /// labels are copied to each profile or sample (the store's
+    /// [`LabelLimits::max_label_name_length`](crate::LabelLimits) checks them again).
+    pub max_label_name_bytes: usize,
+    /// Longest label value, in bytes (as [`Self::max_label_name_bytes`]).
+    pub max_label_value_bytes: usize,
+}
+
+impl RequestLimits {
+    /// Refuses a label longer than the limits before it is copied anywhere: one long value
+    /// named by every profile or sample of a request would otherwise be copied for each.
+    pub(crate) fn check_label(&self, name: &str, value: &str) -> crate::Result<()> {
+        for (what, got, limit, value_of_limit) in [
+            (
+                format!(
+                    "the bytes of label name {:?}",
+                    crate::limits::shortened(name)
+                ),
+                name.len(),
+                "max_label_name_length",
+                self.max_label_name_bytes,
+            ),
+            (
+                format!(
+                    "the bytes of the value of label {:?}",
+                    crate::limits::shortened(name)
+                ),
+                value.len(),
+                "max_label_value_length",
+                self.max_label_value_bytes,
+            ),
+        ] {
+            if got > value_of_limit {
+                return Err(crate::Error::LabelLimit {
+                    what,
+                    got,
+                    limit,
+                    value: value_of_limit,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for RequestLimits {
@@ -115,6 +158,8 @@ impl Default for RequestLimits {
             max_samples: 4 << 20,
             max_dictionary_entries: 4 << 20,
             max_stack_frames: 16 << 20,
+            max_label_name_bytes: crate::LabelLimits::default().max_label_name_length,
+            max_label_value_bytes: crate::LabelLimits::default().max_label_value_length,
         }
     }
 }

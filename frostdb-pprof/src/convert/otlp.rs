@@ -126,6 +126,35 @@ pub fn profiles<'a>(
         .dictionary
         .as_ref()
         .unwrap_or_else(|| EMPTY.get_or_init(proto::ProfilesDictionary::default));
+    // Labels are copied to every profile (resource attributes) and sample (their own) that
+    // names them: each is checked once here, before any copy.
+    for (i, kv) in dict.attribute_table.iter().enumerate() {
+        if let Some(Value::StringValue(v)) = kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+            let key = usize::try_from(kv.key_strindex)
+                .ok()
+                .and_then(|k| dict.string_table.get(k))
+                .map_or("", String::as_str);
+            request_limits
+                .check_label(key, v)
+                .map_err(|e| e.at(format!("dictionary.attribute_table[{i}]")))?;
+        }
+    }
+    for (r, rp) in request.resource_profiles.iter().enumerate() {
+        let attributes = rp.resource.as_ref().map_or(0, |r| r.attributes.len());
+        if attributes > request_limits.max_labels_per_series {
+            return Err(Error::TooLarge {
+                what: "attributes of a resource",
+                limit: request_limits.max_labels_per_series,
+            });
+        }
+        for kv in rp.resource.iter().flat_map(|r| &r.attributes) {
+            if let Some(Value::StringValue(v)) = kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                request_limits
+                    .check_label(&kv.key, v)
+                    .map_err(|e| e.at(format!("resource_profiles[{r}].resource")))?;
+            }
+        }
+    }
     let (mut samples, mut frames) = (0usize, 0usize);
     for profile in request
         .resource_profiles
@@ -138,6 +167,20 @@ pub fn profiles<'a>(
             return Err(Error::TooLarge {
                 what: "sample count of the request",
                 limit: limits.max_samples,
+            });
+        }
+        // More attributes than a series may have labels are refused before they are
+        // copied (a profile's to its series, a sample's to its labels).
+        let most = request_limits.max_labels_per_series;
+        if profile.attribute_indices.len() > most
+            || profile
+                .samples
+                .iter()
+                .any(|s| s.attribute_indices.len() > most)
+        {
+            return Err(Error::TooLarge {
+                what: "attributes of a profile or sample",
+                limit: most,
             });
         }
         for sample in &profile.samples {
@@ -730,6 +773,48 @@ mod tests {
             "{e:?}"
         );
         assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded);
+    }
+
+    /// One long attribute value named by every profile and sample would be copied for
+    /// each: it is refused, naming the limit, before any profile converts; so are more
+    /// attributes on a sample than a series may have labels.
+    #[test]
+    fn a_long_attribute_is_refused_before_it_is_copied_to_each_profile() {
+        let mut request = one_sample();
+        let dict = request.dictionary.as_mut().unwrap();
+        dict.string_table.push("k".into());
+        dict.attribute_table = vec![proto::KeyValueAndUnit {
+            key_strindex: 2,
+            value: Some(proto::AnyValue {
+                value: Some(Value::StringValue("A".repeat(3_000))),
+            }),
+            ..Default::default()
+        }];
+        let scope = &mut request.resource_profiles[0].scope_profiles[0];
+        scope.profiles[0].attribute_indices = vec![0; 10];
+        let e = profiles(&request, &Limits::default(), &RequestLimits::default()).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
+        assert!(e.to_string().contains("max_label_value_length"), "{e}");
+        assert!(e.to_string().contains("attribute_table[0]"), "{e}");
+        // A short value passes; the same referenced by a sample too often does not.
+        let dict = request.dictionary.as_mut().unwrap();
+        dict.attribute_table[0].value = Some(proto::AnyValue {
+            value: Some(Value::StringValue("v".into())),
+        });
+        assert!(profiles(&request, &Limits::default(), &RequestLimits::default()).is_ok());
+        let scope = &mut request.resource_profiles[0].scope_profiles[0];
+        scope.profiles[1].samples[0].attribute_indices = vec![0; 65];
+        let e = profiles(&request, &Limits::default(), &RequestLimits::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::TooLarge {
+                    what: "attributes of a profile or sample",
+                    limit: 64
+                }
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

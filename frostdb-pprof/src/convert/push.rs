@@ -85,13 +85,18 @@ pub fn parse(
 /// that stores them one by one should rather iterate [`profiles`], which holds one decoded
 /// profile at a time.
 pub fn convert(request: &proto::PushRequest, limits: &Limits) -> Result<Vec<Pushed>> {
-    profiles(request, limits)?.collect()
+    profiles(request, limits, &RequestLimits::default())?.collect()
 }
 
 /// The samples of the request, decoded one by one as the iterator is advanced; it ends
 /// after the first error. Checks first that every series has a name, so a request with a
-/// nameless series fails before any of its samples is decoded.
-pub fn profiles<'a>(request: &'a proto::PushRequest, limits: &Limits) -> Result<Profiles<'a>> {
+/// nameless series fails before any of its samples is decoded, and that every label is
+/// within `request_limits` (each sample's profile gets a copy of its series' labels).
+pub fn profiles<'a>(
+    request: &'a proto::PushRequest,
+    limits: &Limits,
+    request_limits: &RequestLimits,
+) -> Result<Profiles<'a>> {
     let series = request
         .series
         .iter()
@@ -101,6 +106,9 @@ pub fn profiles<'a>(request: &'a proto::PushRequest, limits: &Limits) -> Result<
             let mut delta = false;
             let mut labels = Vec::with_capacity(s.labels.len());
             for l in &s.labels {
+                request_limits
+                    .check_label(&l.name, &l.value)
+                    .map_err(|e| e.at(format!("series[{i}]")))?;
                 match l.name.as_str() {
                     "__name__" => name = Some(l.value.clone()),
                     "__delta__" => delta = l.value != "false",
@@ -314,6 +322,21 @@ mod tests {
         }
     }
 
+    /// A series label longer than the limit is refused before any sample is decoded (each
+    /// sample's profile would get a copy of it), naming the limit.
+    #[test]
+    fn a_long_series_label_is_refused_before_it_is_copied_to_each_sample() {
+        let mut req = request(vec![go_cpu(); 3]);
+        req.series[0].labels.push(label("pod", &"p".repeat(3_000)));
+        let e = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+        assert!(e.to_string().contains("max_label_value_length"), "{e}");
+        req.series[0].labels.pop();
+        req.series[0].labels.push(label(&"n".repeat(3_000), "v"));
+        let e = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("max_label_name_length"), "{e}");
+    }
+
     #[test]
     fn a_protobuf_request_converts_to_named_profiles() {
         let raw = go_cpu();
@@ -364,7 +387,7 @@ mod tests {
 
         // `__delta__: false` is no delta; the iterator knows how many are left.
         req.series[1].labels[1].value = "false".into();
-        let mut it = profiles(&req, &Limits::default()).unwrap();
+        let mut it = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap();
         assert_eq!(it.size_hint(), (0, Some(3)));
         it.next().unwrap().unwrap();
         it.next().unwrap().unwrap();
@@ -468,7 +491,7 @@ mod tests {
             labels: vec![label("__name__", "")],
             samples: Vec::new(),
         });
-        let e = profiles(&req, &Limits::default()).unwrap_err();
+        let e = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap_err();
         assert!(
             matches!(&e, Error::Convert { at, .. } if at == "series[1]"),
             "{e:?}"
@@ -492,7 +515,7 @@ mod tests {
         );
 
         // The iterator stops at the error.
-        let mut it = profiles(&req, &Limits::default()).unwrap();
+        let mut it = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap();
         assert!(it.next().unwrap().is_err());
         assert!(it.next().is_none());
     }

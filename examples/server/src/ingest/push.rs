@@ -45,7 +45,7 @@ pub async fn handle(
             .map_err(|e| crate::codec::push_refusal(e, &decoding.config))?;
         drop(body);
         let limits = decoding.tenants.pprof_limits();
-        push::profiles(&request, &limits)?
+        push::profiles(&request, &limits, &request_limits)?
             .map(|p| Ok(Incoming::from(p?)))
             .collect()
     })
