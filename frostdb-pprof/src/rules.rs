@@ -88,6 +88,9 @@ pub struct RuleStatus {
     pub dropped: u64,
 }
 
+/// Most regex matchers (compiled programs) a tenant's rules hold together.
+pub const MAX_REGEXES: usize = 64;
+
 struct Compiled {
     rule: RecordingRule,
     profile_type: ProfileType,
@@ -304,6 +307,18 @@ impl Recorder {
                 )));
             }
             compiled.push(compile(rule)?);
+        }
+        // Each regex holds its compiled programs for as long as the rules stand (and is
+        // built again whenever the tenant opens): bounded for all rules together.
+        let regexes: usize = compiled
+            .iter()
+            .map(|c| c.matchers.iter().filter(|m| m.compiles_regex()).count())
+            .sum();
+        if regexes > MAX_REGEXES {
+            return Err(RuleError(format!(
+                "the recording rules hold {regexes} regex matchers, over the {MAX_REGEXES} a \
+                 tenant's rules may hold together (a list of values, a|b|c, is not one)"
+            )));
         }
         let mut functions: Vec<String> = rules.iter().filter_map(|r| r.function.clone()).collect();
         functions.sort_unstable();

@@ -300,6 +300,25 @@ fn rules_are_refused_whole_naming_the_fault() {
     let mut bad = ok.clone();
     bad.keep_labels = vec!["__name__".into()];
     assert!(refused(&[bad]).contains("reserved by Prometheus"));
+    // Regexes hold compiled programs for as long as the rules stand: bounded in all.
+    let many = Recorder::new(RuleLimits {
+        max_rules: 100,
+        max_series: 1,
+    });
+    let with_regexes = |n: usize| -> Vec<RecordingRule> {
+        (0..n)
+            .map(|i| {
+                let mut r = ok.clone();
+                r.name = format!("cpu_{i}_total");
+                let matchers: Vec<String> = (0..16).map(|j| format!("l{j}=~\"a.+{i}\"")).collect();
+                r.selector = format!("{{{}}}", matchers.join(","));
+                r
+            })
+            .collect()
+    };
+    many.set_rules(&with_regexes(4)).unwrap();
+    let e = many.set_rules(&with_regexes(5)).unwrap_err().to_string();
+    assert!(e.contains("80 regex matchers, over the 64"), "{e}");
     // Nothing set by any of those.
     assert!(recorder.status().is_empty());
     recorder.set_rules(&[ok]).unwrap();

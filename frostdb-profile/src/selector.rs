@@ -143,6 +143,13 @@ impl Matcher {
         })
     }
 
+    /// Whether this matcher holds a compiled regex (not a list of values matched as a
+    /// set): what [`Selector::MAX_REGEXES`] counts, and callers holding many selectors
+    /// bound in all.
+    pub fn compiles_regex(&self) -> bool {
+        self.regex.is_some()
+    }
+
     /// Whether the matcher accepts `value` (the empty string for an absent label).
     pub fn matches(&self, value: &str) -> bool {
         if let Some(set) = &self.set {
@@ -402,6 +409,8 @@ struct Parser<'a> {
     input: &'a str,
     chars: Vec<char>,
     pos: usize,
+    /// Regexes compiled so far (at most [`Selector::MAX_REGEXES`]).
+    regexes: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -586,8 +595,21 @@ impl<'a> Parser<'a> {
                 matcher.set = Some(sorted_set(values));
                 return Ok(matcher);
             }
+            if self.regexes == Selector::MAX_REGEXES {
+                return self.error(
+                    value_at,
+                    format!(
+                        "more than {} regex matchers (a list of values, a|b|c, is not one)",
+                        Selector::MAX_REGEXES
+                    ),
+                );
+            }
+            self.regexes += 1;
+            // Each compiled program (forward, reverse, one-pass) is bounded by the size
+            // limit, and the lazy DFA's cache by its own while matching.
             let compiled = regex::RegexBuilder::new(&matcher.anchored())
-                .size_limit(1 << 20)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .dfa_size_limit(REGEX_SIZE_LIMIT)
                 .build();
             match compiled {
                 Ok(re) => matcher.regex = Some(re),
@@ -597,6 +619,10 @@ impl<'a> Parser<'a> {
         Ok(matcher)
     }
 }
+
+/// Most bytes of each program a regex matcher compiles to (and of its lazy DFA's cache):
+/// room for alternations of hundreds of patterns, not for `\w{1000}` repeated.
+pub(crate) const REGEX_SIZE_LIMIT: usize = 256 << 10;
 
 /// The label Pyroscope's clients name a profile type with in matchers
 /// (`{__profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds", service_name="api"}`).
@@ -702,11 +728,16 @@ impl Selector {
         Ok(())
     }
 
-    /// Most label matchers one selector may hold: each regex is compiled (up to 1 MiB of
-    /// program each) and every series is tested against every matcher. Far more than a
-    /// person or a dashboard writes (a list of values is one matcher, of any length), and
-    /// room for the matchers a query adds (span ids) when a worker parses it again.
+    /// Most label matchers one selector may hold: every series is tested against every
+    /// matcher. Far more than a person or a dashboard writes (a list of values is one
+    /// matcher, of any length), and room for the matchers a query adds (span ids) when a
+    /// worker parses it again.
     pub const MAX_MATCHERS: usize = 256;
+
+    /// Most of its matchers that compile a regex: each holds up to a few times
+    /// [`REGEX_SIZE_LIMIT`] of programs, built when it is parsed. A list of values
+    /// (`a|b|c`) is a set, not a regex, and does not count.
+    pub const MAX_REGEXES: usize = 16;
 
     /// Parses a selector.
     pub fn parse(input: &str) -> Result<Self, SelectorError> {
@@ -714,6 +745,7 @@ impl Selector {
             input,
             chars: input.chars().collect(),
             pos: 0,
+            regexes: 0,
         };
         p.skip_ws();
         let profile_type = p.profile_type()?;
@@ -891,15 +923,26 @@ mod tests {
 
     #[test]
     fn a_selector_of_too_many_matchers_is_refused_before_their_regexes_compile() {
-        let selector = |n: usize| {
-            let matchers: Vec<String> = (0..n).map(|i| format!("l{i}=~\"a.+b\"")).collect();
+        let selector = |n: usize, op: &str| {
+            let matchers: Vec<String> = (0..n).map(|i| format!("l{i}{op}\"a.+b\"")).collect();
             format!("{{{}}}", matchers.join(","))
         };
-        let most = Selector::parse(&selector(Selector::MAX_MATCHERS)).unwrap();
+        let most = Selector::parse(&selector(Selector::MAX_MATCHERS, "=")).unwrap();
         assert_eq!(most.matchers.len(), Selector::MAX_MATCHERS);
-        assert!(most.matchers[0].regex.is_some());
-        let e = Selector::parse(&selector(Selector::MAX_MATCHERS + 1)).unwrap_err();
+        let e = Selector::parse(&selector(Selector::MAX_MATCHERS + 1, "=")).unwrap_err();
         assert!(e.message.contains("more than 256 label matchers"), "{e:?}");
+        // Regexes are fewer: each holds compiled programs from the moment it is parsed.
+        let most = Selector::parse(&selector(Selector::MAX_REGEXES, "=~")).unwrap();
+        assert!(most.matchers.iter().all(|m| m.regex.is_some()));
+        let e = Selector::parse(&selector(Selector::MAX_REGEXES + 1, "=~")).unwrap_err();
+        assert!(e.message.contains("more than 16 regex matchers"), "{e:?}");
+        // A list of values is a set, not a regex: any number of them.
+        let lists: Vec<String> = (0..100).map(|i| format!("l{i}=~\"a|b|c\"")).collect();
+        assert!(Selector::parse(&format!("{{{}}}", lists.join(","))).is_ok());
+        // A regex whose program is over the size limit is refused naming it.
+        let e = Selector::parse(r#"{a=~"\\w{1000}\\w{1000}"}"#).unwrap_err();
+        assert!(e.message.contains("bad regex"), "{e:?}");
+        assert!(e.message.contains("size limit"), "{e:?}");
     }
 
     #[test]

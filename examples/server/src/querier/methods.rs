@@ -67,15 +67,29 @@ pub(super) fn typed(profile_type: &str, label_selector: &str) -> ApiResult<Typed
         })
 }
 
-/// Selectors of the `matchers` of a request (any of them selects; none selects all).
+/// Most regex matchers all the selectors of one request may compile together (each
+/// selector may have [`Selector::MAX_REGEXES`]).
+const MAX_REQUEST_REGEXES: usize = 64;
+
+/// Selectors of the `matchers` of a request (any of them selects; none selects all). Their
+/// regexes are bounded in all, each parsed selector counted before the next compiles.
 pub(super) fn matchers(matchers: &[String]) -> ApiResult<Vec<Selector>> {
     if matchers.is_empty() {
         return Ok(vec![Selector::default()]);
     }
-    matchers
-        .iter()
-        .map(|m| Selector::from_parts("", m).map_err(|e| ApiError::from(e).context("matchers")))
-        .collect()
+    let mut regexes = 0;
+    let mut selectors = Vec::with_capacity(matchers.len());
+    for m in matchers {
+        let s = Selector::from_parts("", m).map_err(|e| ApiError::from(e).context("matchers"))?;
+        regexes += s.matchers.iter().filter(|m| m.compiles_regex()).count();
+        if regexes > MAX_REQUEST_REGEXES {
+            return Err(ApiError::bad_request(format!(
+                "matchers: more than {MAX_REQUEST_REGEXES} regex matchers in one request (a list of values, a|b|c, is not one)"
+            )));
+        }
+        selectors.push(s);
+    }
+    Ok(selectors)
 }
 
 /// `max_nodes` as sent: unset or 0 takes the default, negative is refused.
@@ -579,4 +593,31 @@ pub(super) fn label_pairs(labels: Vec<(String, String)>) -> Vec<types::LabelPair
 /// The merged profile as `google.v1.Profile` (pprof's messages under Pyroscope's package).
 pub(super) fn pprof_of(merged: &frostdb_pprof::Merged) -> ApiResult<google::Profile> {
     Ok(frostdb_pprof::report::pprof::to_profile(merged)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The regexes of all the selectors of one request are bounded together, counted
+    /// selector by selector before the next compiles; lists of values do not count.
+    #[test]
+    fn the_regexes_of_a_requests_selectors_are_bounded_in_all() {
+        let selector = |i: usize| {
+            let m: Vec<String> = (0..16).map(|j| format!("l{j}=~\"a.+{i}\"")).collect();
+            format!("{{{}}}", m.join(","))
+        };
+        let four: Vec<String> = (0..4).map(selector).collect();
+        assert_eq!(matchers(&four).unwrap().len(), 4);
+        let five: Vec<String> = (0..5).map(selector).collect();
+        let e = matchers(&five).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("more than 64 regex matchers"),
+            "{}",
+            e.message
+        );
+        let lists: Vec<String> = (0..100).map(|i| format!("{{l=~\"a|b|{i}\"}}")).collect();
+        assert_eq!(matchers(&lists).unwrap().len(), 100);
+    }
 }
