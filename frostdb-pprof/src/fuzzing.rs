@@ -74,7 +74,11 @@ pub fn folded_target(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let units = folded_units();
     for lines in [false, true] {
-        if let Ok(profile) = to_profile(&text, lines, &units, 10_000) {
+        let small = Limits {
+            max_samples: 10_000,
+            ..limits()
+        };
+        if let Ok(profile) = to_profile(&text, lines, &units, &small) {
             crate::validate(profile, &limits()).expect("a converted folded profile is valid");
         }
     }

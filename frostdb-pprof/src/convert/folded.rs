@@ -21,11 +21,19 @@ pub struct Units {
 }
 
 /// Builds a profile from folded text; `lines` reads one stack per line without counts.
-/// `max_samples` bounds the distinct stacks.
+/// [`Limits::max_samples`](crate::Limits) bounds the distinct stacks,
+/// [`Limits::max_locations`](crate::Limits) the distinct frames (each a function and a
+/// location, some 300 bytes made of a name of a few bytes), checked as each is made.
 ///
-/// A bad line is [`Error::Convert`] naming it (`line 3`); more than `max_samples` distinct
-/// stacks is [`Error::TooLarge`].
-pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) -> Result<Profile> {
+/// A bad line is [`Error::Convert`] naming it (`line 3`); more distinct stacks or frames
+/// than the limits is [`Error::TooLarge`].
+pub fn to_profile(
+    text: &str,
+    lines: bool,
+    units: &Units,
+    limits: &crate::Limits,
+) -> Result<Profile> {
+    let max_samples = limits.max_samples;
     let format = if lines { "lines" } else { "folded" };
     let bad = |n: usize, reason: String| Error::Convert {
         format,
@@ -60,6 +68,12 @@ pub fn to_profile(text: &str, lines: bool, units: &Units, max_samples: usize) ->
             return Err(bad(n, "no frames".into()));
         }
         let ids: Vec<u64> = frames.iter().map(|f| stacks.frame(f)).collect();
+        if stacks.distinct_frames() > limits.max_locations {
+            return Err(Error::TooLarge {
+                what: "location count (distinct frames)",
+                limit: limits.max_locations,
+            });
+        }
         stacks.add(&ids, count).map_err(|e| match e {
             Error::Convert { reason, .. } => bad(n, reason),
             other => other,
@@ -100,6 +114,11 @@ impl<'u> Stacks<'u> {
             frames_left: max_frames,
             max_frames,
         }
+    }
+
+    /// Distinct frames so far (a location each).
+    pub(crate) fn distinct_frames(&self) -> usize {
+        self.locations.len()
     }
 
     /// The location id of the frame named `name`.
@@ -227,13 +246,34 @@ mod tests {
         }
     }
 
+    fn limits(max_samples: usize) -> crate::Limits {
+        crate::Limits {
+            max_samples,
+            ..crate::Limits::default()
+        }
+    }
+
+    /// Millions of distinct one-byte frames (each a function and a location) are refused
+    /// once past the location limit, as they are made, not after.
+    #[test]
+    fn distinct_frames_past_the_location_limit_are_refused() {
+        let text: String = (0..2_000).map(|i| format!("f{i};")).collect::<String>() + " 1\n";
+        let small = crate::Limits {
+            max_locations: 1_000,
+            ..crate::Limits::default()
+        };
+        let e = to_profile(&text, false, &cpu(), &small).unwrap_err();
+        assert!(e.to_string().contains("distinct frames"), "{e}");
+        assert!(to_profile(&text, false, &cpu(), &crate::Limits::default()).is_ok());
+    }
+
     #[test]
     fn folded_lines_become_leaf_first_samples() {
         let p = to_profile(
             "main;work;hash 3\nmain;work 2\nmain;work;hash 1\n",
             false,
             &cpu(),
-            100,
+            &limits(100),
         )
         .unwrap();
         crate::validate(p.clone(), &crate::Limits::default()).unwrap();
@@ -250,12 +290,12 @@ mod tests {
 
     #[test]
     fn lines_count_one_each_and_bad_lines_are_named() {
-        let p = to_profile("a;b\na;b\na\n", true, &cpu(), 100).unwrap();
+        let p = to_profile("a;b\na;b\na\n", true, &cpu(), &limits(100)).unwrap();
         let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
         assert_eq!(total, 30_000_000);
-        let e = to_profile("a;b 1\na;b x\n", false, &cpu(), 100).unwrap_err();
+        let e = to_profile("a;b 1\na;b x\n", false, &cpu(), &limits(100)).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
-        let e = to_profile("a 1\nb 1\nc 1\n", false, &cpu(), 2).unwrap_err();
+        let e = to_profile("a 1\nb 1\nc 1\n", false, &cpu(), &limits(2)).unwrap_err();
         assert!(
             matches!(e, Error::TooLarge { limit: 2, .. }),
             "{e}: {:?}",
@@ -266,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_bad_line_is_a_convert_error_naming_the_line() {
-        let e = to_profile("a;b 1\n\nmain;work\n", false, &cpu(), 100).unwrap_err();
+        let e = to_profile("a;b 1\n\nmain;work\n", false, &cpu(), &limits(100)).unwrap_err();
         match &e {
             Error::Convert { format, at, reason } => {
                 assert_eq!(*format, "folded");
@@ -280,9 +320,9 @@ mod tests {
             e.to_string(),
             "invalid folded: line 3: expected `frame;frame;... <count>`"
         );
-        let e = to_profile("a;b 1\nx -4\n", false, &cpu(), 100).unwrap_err();
+        let e = to_profile("a;b 1\nx -4\n", false, &cpu(), &limits(100)).unwrap_err();
         assert_eq!(e.to_string(), "invalid folded: line 2: negative count -4");
-        let e = to_profile("a;b\n;;\n", true, &cpu(), 100).unwrap_err();
+        let e = to_profile("a;b\n;;\n", true, &cpu(), &limits(100)).unwrap_err();
         assert_eq!(e.to_string(), "invalid lines: line 2: no frames");
     }
 }

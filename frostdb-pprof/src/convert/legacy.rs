@@ -171,7 +171,7 @@ impl Params {
     /// query string gives.
     pub fn folded(&self, text: &str, lines: bool, limits: &Limits) -> Result<Incoming> {
         let (name, units) = self.folded_units()?;
-        let profile = folded::to_profile(text, lines, &units, limits.max_samples)?;
+        let profile = folded::to_profile(text, lines, &units, limits)?;
         Ok(self.incoming(name, crate::validate(profile, limits)?, None))
     }
 
