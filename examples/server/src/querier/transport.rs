@@ -12,11 +12,80 @@ use super::*;
 #[derive(serde::Deserialize)]
 pub(super) struct JsonEnums {
     #[serde(default)]
-    pub(super) aggregation: Option<serde_json::Value>,
+    pub(super) aggregation: Option<JsonEnum>,
     #[serde(default)]
     pub(super) left: Option<Box<JsonEnums>>,
     #[serde(default)]
     pub(super) right: Option<Box<JsonEnums>>,
+}
+
+/// An enum field as proto3 JSON sends it, read without building what it is not: a name
+/// (kept up to 64 bytes, longer ones shown cut), a number, null, or anything else skipped
+/// as it is read (an array of millions of values is walked, not materialised).
+#[derive(Debug)]
+pub(super) enum JsonEnum {
+    Null,
+    Name(String),
+    Number(i64),
+    /// What was sent instead, as shown in the refusal.
+    Other(String),
+}
+
+impl<'de> serde::Deserialize<'de> for JsonEnum {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = JsonEnum;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an enum name or number")
+            }
+            fn visit_unit<E>(self) -> Result<JsonEnum, E> {
+                Ok(JsonEnum::Null)
+            }
+            fn visit_none<E>(self) -> Result<JsonEnum, E> {
+                Ok(JsonEnum::Null)
+            }
+            fn visit_str<E>(self, v: &str) -> Result<JsonEnum, E> {
+                Ok(if v.len() <= 64 {
+                    JsonEnum::Name(v.to_owned())
+                } else {
+                    let cut: String = v.chars().take(64).collect();
+                    JsonEnum::Other(format!("{cut:?}..."))
+                })
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<JsonEnum, E> {
+                Ok(JsonEnum::Number(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<JsonEnum, E> {
+                Ok(i64::try_from(v)
+                    .map_or_else(|_| JsonEnum::Other(v.to_string()), JsonEnum::Number))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<JsonEnum, E> {
+                Ok(JsonEnum::Other(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<JsonEnum, E> {
+                Ok(JsonEnum::Other(v.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<JsonEnum, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(JsonEnum::Other("an array".into()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<JsonEnum, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(JsonEnum::Other("an object".into()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Refuses an aggregation the protos lack in a JSON request: decoded, it would read as the
@@ -31,31 +100,20 @@ pub(super) fn check_json_enums(body: &[u8]) -> ApiResult<()> {
         return Ok(());
     };
     fn known(
-        value: &Option<serde_json::Value>,
+        value: &Option<JsonEnum>,
         field: &str,
         by_name: fn(&str) -> bool,
         by_number: fn(i32) -> bool,
         names: &str,
     ) -> ApiResult<()> {
-        let ok = match value {
-            None | Some(serde_json::Value::Null) => true,
-            Some(serde_json::Value::String(name)) => by_name(name),
-            Some(serde_json::Value::Number(n)) => n
-                .as_i64()
-                .and_then(|n| i32::try_from(n).ok())
-                .is_some_and(by_number),
-            Some(_) => false,
+        let shown = match value {
+            None | Some(JsonEnum::Null) => return Ok(()),
+            Some(JsonEnum::Name(name)) if by_name(name) => return Ok(()),
+            Some(JsonEnum::Number(n)) if i32::try_from(*n).is_ok_and(by_number) => return Ok(()),
+            Some(JsonEnum::Name(name)) => format!("{name:?}"),
+            Some(JsonEnum::Number(n)) => n.to_string(),
+            Some(JsonEnum::Other(shown)) => shown.clone(),
         };
-        if ok {
-            return Ok(());
-        }
-        let shown: String = value
-            .as_ref()
-            .map(|v| v.to_string())
-            .unwrap_or_default()
-            .chars()
-            .take(64)
-            .collect();
         Err(ApiError::bad_request(format!(
             "{field} {shown} is not one of {names}"
         )))
@@ -199,7 +257,20 @@ pub(super) async fn request_body(
                 state.config.limits.max_body_bytes
             ))
         })?;
-    crate::ingest::body_bytes(state, &parts.headers, body, memory)
+    if !parts
+        .headers
+        .contains_key(axum::http::header::CONTENT_ENCODING)
+    {
+        return Ok(body);
+    }
+    // Gunzipping (up to the decompressed limit) is seconds of CPU at worst: in the query
+    // lane, not on the threads that accept requests.
+    let (decoding, memory) = (state.clone(), memory.clone());
+    state
+        .work
+        .queries
+        .blocking(move |_| crate::ingest::body_bytes(&decoding, &parts.headers, body, &memory))
+        .await
 }
 
 pub(super) async fn querier_call(
@@ -223,11 +294,21 @@ pub(super) async fn querier_call(
     };
     macro_rules! unary {
         ($method:ident) => {{
-            let request = codec.decode(&body, &limits)?;
-            // After the decode's pre-scan has bounded the body.
-            if codec == Codec::Json {
-                check_json_enums(&body)?;
-            }
+            // Decoded in the query lane: a body of the largest size is a lot of messages.
+            let (body, limits) = (body.clone(), limits.clone());
+            let request = q
+                .state
+                .work
+                .queries
+                .blocking(move |_| {
+                    let request = codec.decode(&body, &limits)?;
+                    // After the decode's pre-scan has bounded the body.
+                    if codec == Codec::Json {
+                        check_json_enums(&body)?;
+                    }
+                    Ok(request)
+                })
+                .await?;
             Ok(codec.encode(&q.$method(request).await?))
         }};
     }
@@ -439,5 +520,42 @@ impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
             .await
             .map_err(status)?;
         Ok(tonic::Response::new(settings::DeleteSettingsResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An enum field sent as an array of millions of values (a few bytes each) is walked
+    /// and refused, not built into a JSON tree of tens of bytes a value; a long name is
+    /// shown cut; known names and numbers pass.
+    #[test]
+    fn an_enum_field_of_anything_but_a_name_or_number_is_refused_without_building_it() {
+        let mut body = String::from("{\"aggregation\":[");
+        body.push_str(&"0,".repeat(1_000_000));
+        body.push_str("0]}");
+        let e = check_json_enums(body.as_bytes()).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(
+            e.message.contains("aggregation an array is not one of"),
+            "{}",
+            e.message
+        );
+        let long = format!(
+            "{{\"left\":{{\"aggregation\":\"{}\"}}}}",
+            "X".repeat(100_000)
+        );
+        let e = check_json_enums(long.as_bytes()).unwrap_err();
+        assert!(e.message.len() < 300, "{}", e.message);
+        for ok in [
+            "{\"aggregation\":\"TIME_SERIES_AGGREGATION_TYPE_AVERAGE\"}",
+            "{\"aggregation\":1}",
+            "{\"aggregation\":null,\"other\":[1,2,3]}",
+        ] {
+            assert!(check_json_enums(ok.as_bytes()).is_ok(), "{ok}");
+        }
+        let e = check_json_enums(b"{\"aggregation\":{\"a\":[1]}}").unwrap_err();
+        assert!(e.message.contains("an object"), "{}", e.message);
     }
 }
