@@ -155,6 +155,43 @@ pub fn profiles<'a>(
             }
         }
     }
+    // Each profile gets a copy of its resource's labels and its own attributes: bounded in
+    // all, as the decoded request is, before any is made.
+    let label_bytes =
+        |kv: (&str, Option<&proto::AnyValue>)| match kv.1.and_then(|v| v.value.as_ref()) {
+            Some(Value::StringValue(v)) => kv.0.len() + v.len() + 48,
+            _ => 0,
+        };
+    let mut copied = 0usize;
+    for rp in &request.resource_profiles {
+        let resource: usize = rp
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .map(|kv| label_bytes((&kv.key, kv.value.as_ref())))
+            .sum();
+        for profile in rp.scope_profiles.iter().flat_map(|s| &s.profiles) {
+            let own: usize = profile
+                .attribute_indices
+                .iter()
+                .filter_map(|&a| dict.attribute_table.get(usize::try_from(a).ok()?))
+                .map(|kv| {
+                    let key = usize::try_from(kv.key_strindex)
+                        .ok()
+                        .and_then(|k| dict.string_table.get(k))
+                        .map_or("", String::as_str);
+                    label_bytes((key, kv.value.as_ref()))
+                })
+                .sum();
+            copied = copied.saturating_add(resource + own);
+        }
+    }
+    if copied > request_limits.max_decoded_bytes {
+        return Err(Error::TooLarge {
+            what: "bytes of resource and profile attributes copied to each profile",
+            limit: request_limits.max_decoded_bytes,
+        });
+    }
     let (mut samples, mut frames) = (0usize, 0usize);
     for profile in request
         .resource_profiles

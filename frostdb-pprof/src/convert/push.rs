@@ -129,6 +129,22 @@ pub fn profiles<'a>(
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // Each sample's profile gets a copy of its series' name and labels: bounded in all, as
+    // the decoded request is, before any is made.
+    let copied = series.iter().fold(0usize, |sum, s| {
+        let bytes = s.name.len()
+            + s.labels
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 48)
+                .sum::<usize>();
+        sum.saturating_add(bytes.saturating_mul(s.samples.len()))
+    });
+    if copied > request_limits.max_decoded_bytes {
+        return Err(Error::TooLarge {
+            what: "bytes of series labels copied to each of their samples",
+            limit: request_limits.max_decoded_bytes,
+        });
+    }
     Ok(Profiles {
         series,
         limits: *limits,
@@ -335,6 +351,24 @@ mod tests {
         req.series[0].labels.push(label(&"n".repeat(3_000), "v"));
         let e = profiles(&req, &Limits::default(), &RequestLimits::default()).unwrap_err();
         assert!(e.to_string().contains("max_label_name_length"), "{e}");
+        // Labels within the limits, copied to more samples than the decoded request may
+        // hold, are refused in all.
+        req.series[0].labels.pop();
+        req.series[0].labels.push(label("pod", &"p".repeat(2_000)));
+        let small = RequestLimits {
+            max_decoded_bytes: 4_000,
+            ..RequestLimits::default()
+        };
+        let e = profiles(&req, &Limits::default(), &small).unwrap_err();
+        assert!(
+            e.to_string().contains("copied to each of their samples"),
+            "{e}"
+        );
+        let roomy = RequestLimits {
+            max_decoded_bytes: 10_000,
+            ..RequestLimits::default()
+        };
+        assert!(profiles(&req, &Limits::default(), &roomy).is_ok());
     }
 
     #[test]
