@@ -106,6 +106,7 @@ pub mod api {
 
 pub use bounds::RequestLimits;
 pub use columnar::{ArrowStacks, ArrowSummary, FRAMES};
+pub use decode::charge::charging;
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_core::{Db, DbOptions};

@@ -1,6 +1,8 @@
 //! What decoding a hostile pprof materialises before it is refused, measured by a counting
 //! allocator (this binary's own, so no other test's allocations count).
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -82,4 +84,46 @@ fn a_sample_of_too_many_labels_is_refused_naming_them() {
     raw.extend_from_slice(&sample);
     let err = decode(&raw, &Limits::default()).unwrap_err();
     assert!(err.to_string().contains("labels of a sample"), "{err}");
+}
+
+/// Under [`frostdb_pprof::charging`], a decode first charges what it will make: the bytes
+/// a gzipped profile inflates to (as its trailer states) and its arrays, before making
+/// them; a refusal fails the decode naming it (Unavailable). Without a charge set, nothing
+/// is asked.
+#[test]
+fn a_decode_charges_what_it_makes_before_making_it() {
+    let path = common::shared().join("testdata/pprof/pyroscope__go-cpu.pb.gz");
+    let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let raw = frostdb_pprof::inflate(&gz, 1 << 30).unwrap().into_owned();
+    let asked = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let log = asked.clone();
+    let decoded = frostdb_pprof::charging(
+        move |bytes, what| {
+            log.borrow_mut().push((bytes, what));
+            Ok(())
+        },
+        || decode(&gz, &Limits::default()),
+    );
+    assert!(decoded.is_ok());
+    let asked = asked.borrow().clone();
+    let gunzip: usize = asked
+        .iter()
+        .filter(|(_, w)| w.contains("gunzipping"))
+        .map(|(b, _)| b)
+        .sum();
+    assert_eq!(gunzip, raw.len(), "{asked:?}");
+    assert!(
+        asked.iter().any(|(b, w)| w.contains("decoding") && *b > 0),
+        "{asked:?}"
+    );
+    // Refused: the decode fails before inflating, naming why.
+    let e = frostdb_pprof::charging(
+        |bytes, what| Err(format!("{what}: {bytes} bytes over the budget")),
+        || decode(&gz, &Limits::default()),
+    )
+    .unwrap_err();
+    assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("gunzipping a profile"), "{e}");
+    // Outside, nothing is charged.
+    assert!(decode(&gz, &Limits::default()).is_ok());
 }

@@ -457,9 +457,15 @@ impl Tenants {
             // Closed before this one opens, off the async threads: what it had not
             // persisted is in its WAL, replayed when it opens again.
             tracing::info!(tenant = %victim, opening = %id, "closing the least recently used tenant");
+            // The tenant closed is another's: named in the log, not in this request's answer.
             tokio::task::spawn_blocking(move || drop(entry))
                 .await
-                .map_err(|e| ApiError::internal(format!("closing tenant {victim:?}: {e}")))?;
+                .map_err(|e| {
+                    tracing::error!(tenant = %victim, error = %e, "closing a tenant failed");
+                    ApiError::internal(
+                        "closing the least recently used tenant failed (see the server's log)",
+                    )
+                })?;
         }
         Ok(cell)
     }

@@ -629,3 +629,38 @@ async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"total\":30"), "{body}");
 }
+
+/// A pprof gzipped inside the body (no Content-Encoding: the budget sees 120 KB) that
+/// inflates to 120 MiB: the inflated bytes are charged to the request before they are made,
+/// so under a 64 MiB budget it is answered 503 naming them, not inflated and parsed
+/// uncharged (64 such requests at once were 8 GiB the budget never saw). A usual push
+/// after it is stored.
+#[tokio::test]
+async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
+    use flate2::write::GzEncoder;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"64MiB\"\n"),
+    );
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let chunk: Vec<u8> = std::iter::repeat_n([0x12u8, 0x00], 1 << 20)
+        .flatten()
+        .collect();
+    for _ in 0..60 {
+        gz.write_all(&chunk).unwrap();
+    }
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+    let (status, answer) = push_pprof(&s, "anonymous", "app.cpu", bomb).await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(answer.contains("gunzipping a profile"), "{answer}");
+    let (status, answer) = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+}

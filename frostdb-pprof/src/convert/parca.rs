@@ -616,7 +616,16 @@ fn profiles(groups: Vec<ArrowProfile>, limits: &Limits) -> Result<Vec<Incoming>>
 pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> {
     let mut seen = std::collections::HashSet::new();
     let mut ids = Vec::new();
+    let mut rows = 0usize;
     for batch in read_ipc(samples, "v1", limits)? {
+        // As `write_v1` refuses them, before an id per row is kept twice.
+        rows += batch.num_rows();
+        if rows > limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "samples",
+                limit: limits.max_samples,
+            });
+        }
         let column = column(&batch, wire::STACKTRACE_ID)?;
         for row in 0..batch.num_rows() {
             let id = bytes_at(column, row)?

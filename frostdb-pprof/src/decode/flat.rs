@@ -309,8 +309,9 @@ impl Flat {
         text_bytes: &mut Vec<u8>,
         limits: &super::Limits,
     ) -> Result<()> {
-        let (mut samples, mut sample_bytes, mut locations, mut functions) = (0, 0, 0, 0);
-        let (mut strings, mut text, mut mappings, mut types) = (0, 0, 0, 0);
+        let (mut samples, mut sample_bytes, mut locations, mut functions) =
+            (0usize, 0usize, 0usize, 0usize);
+        let (mut strings, mut text, mut mappings, mut types) = (0usize, 0usize, 0usize, 0usize);
         wire::fields(buf, |n, v| {
             if let wire::Value::Bytes(b) = v {
                 match n {
@@ -325,6 +326,16 @@ impl Flat {
             }
             Ok(())
         })?;
+        // What the arrays will take, about (a sample's location ids and values are at most
+        // 8 bytes per byte of it), charged before they are made.
+        let arrays = sample_bytes
+            .saturating_mul(8)
+            .saturating_add(samples.saturating_mul(std::mem::size_of::<FlatSample>()))
+            .saturating_add(locations.saturating_mul(64))
+            .saturating_add(functions.saturating_mul(std::mem::size_of::<Function>()))
+            .saturating_add(mappings.saturating_mul(std::mem::size_of::<Mapping>()))
+            .saturating_add(strings.saturating_mul(16))
+            .saturating_add(text);
         // What `check` refuses later, refused before it is made. Mappings have no limit of
         // their own: a profile has fewer than it has locations (each location names one).
         for (what, count, limit) in [
@@ -342,6 +353,7 @@ impl Flat {
                 return Err(Error::TooLarge { what, limit });
             }
         }
+        super::charge::charge(arrays, "decoding a profile")?;
         self.samples.reserve_exact(samples);
         self.location_ids.reserve(sample_bytes);
         self.values.reserve(samples * 2);

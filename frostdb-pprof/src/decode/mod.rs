@@ -1,6 +1,7 @@
 //! Decoding pprof: gzip or raw protobuf, bounded in memory, then checked field by field so
 //! that everything downstream can index without checking again.
 
+pub(crate) mod charge;
 mod flat;
 mod wire;
 
@@ -101,6 +102,15 @@ fn with_raw<T>(bytes: &[u8], limit: usize, parse: impl Fn(&[u8]) -> Result<T>) -
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         return parse(raw(bytes, limit)?);
     }
+    // What the trailer says the profile inflates to, charged before it is made (what is
+    // over, when it lies or there are several members, once it is made).
+    let stated = bytes
+        .len()
+        .checked_sub(4)
+        .and_then(|at| <[u8; 4]>::try_from(&bytes[at..]).ok())
+        .map_or(0, |t| u32::from_le_bytes(t) as usize)
+        .min(limit);
+    charge::charge(stated, "gunzipping a profile")?;
     let mut buffer = pool().pop().unwrap_or_default();
     let parsed = inflate_whole(bytes, limit, &mut buffer).map(|n| parse(&buffer[..n]));
     if buffer.capacity() <= KEPT_BYTES {
@@ -111,7 +121,11 @@ fn with_raw<T>(bytes: &[u8], limit: usize, parse: impl Fn(&[u8]) -> Result<T>) -
     }
     match parsed {
         Some(parsed) => parsed,
-        None => parse(&inflate_stream(bytes, limit)?),
+        None => {
+            let raw = inflate_stream(bytes, limit)?;
+            charge::charge(raw.len().saturating_sub(stated), "gunzipping a profile")?;
+            parse(&raw)
+        }
     }
 }
 

@@ -77,7 +77,8 @@ pub async fn handle(
     let stored_labels = std::sync::Arc::new(std::sync::OnceLock::new());
     let labels_out = stored_labels.clone();
     let decoding = state.clone();
-    let summaries = store(&state, &tenant, move || {
+    let charged = memory.clone();
+    let summaries = store(&state, &tenant, Some(charged), move || {
         let incoming = decode_body(&decoding, &params, &headers, &memory, body)?;
         if let Some(first) = incoming.first() {
             let _ = labels_out

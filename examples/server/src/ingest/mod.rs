@@ -34,9 +34,16 @@ pub fn routes() -> Router<Shared> {
 /// Stores a request's profiles whole or not at all ([`frostdb_pprof::convert::store`]),
 /// once the tenant is open for writing. `decode` (decompressing, parsing and converting the
 /// request) runs with the storing in the ingest lane: off the async threads, as many at once
-/// as `limits.max_concurrent_ingest`. Returns once the samples are durable, a summary per
-/// profile.
-pub async fn store<F>(state: &Shared, tenant: &str, decode: F) -> ApiResult<Vec<IngestSummary>>
+/// as `limits.max_concurrent_ingest`. What its decoders make (a profile gunzipped inside the
+/// body, the arrays it is parsed into) is charged to the request's `memory` before it is
+/// made ([`frostdb_pprof::charging`]): past the budget, 503. Returns once the samples are
+/// durable, a summary per profile.
+pub async fn store<F>(
+    state: &Shared,
+    tenant: &str,
+    memory: Option<RequestMemory>,
+    decode: F,
+) -> ApiResult<Vec<IngestSummary>>
 where
     F: FnOnce() -> ApiResult<Vec<Incoming>> + Send + 'static,
 {
@@ -45,7 +52,13 @@ where
         .work
         .ingest
         .blocking(move |_| {
-            let incoming = decode()?;
+            let incoming = match memory {
+                Some(memory) => frostdb_pprof::charging(
+                    move |bytes, what| memory.try_grow(bytes, what).map_err(|e| e.message),
+                    decode,
+                ),
+                None => decode(),
+            }?;
             Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
         })
         .await
@@ -56,7 +69,7 @@ pub async fn store_one<F>(state: &Shared, tenant: &str, decode: F) -> ApiResult<
 where
     F: FnOnce() -> ApiResult<Incoming> + Send + 'static,
 {
-    let mut summaries = store(state, tenant, move || Ok(vec![decode()?])).await?;
+    let mut summaries = store(state, tenant, None, move || Ok(vec![decode()?])).await?;
     summaries
         .pop()
         .ok_or_else(|| ApiError::internal("a stored profile has no summary"))

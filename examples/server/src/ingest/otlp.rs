@@ -36,7 +36,8 @@ pub async fn handle(
         )));
     }
     let decoding = state.clone();
-    export(&state, &tenant, move || {
+    let charged = memory.clone();
+    export(&state, &tenant, Some(charged), move || {
         let body = body_bytes(&decoding, &headers, body, &memory)?;
         let request = otlp::parse(&body, &request_limits(&decoding.config))?;
         drop(body);
@@ -52,12 +53,17 @@ pub async fn handle(
 
 /// Converts and stores every profile of an export request (`read` reads it), in the ingest
 /// lane, whole or not at all; the count stored. Acknowledged only once durable.
-pub async fn export<F>(state: &Shared, tenant: &str, read: F) -> ApiResult<usize>
+pub async fn export<F>(
+    state: &Shared,
+    tenant: &str,
+    memory: Option<RequestMemory>,
+    read: F,
+) -> ApiResult<usize>
 where
     F: FnOnce() -> ApiResult<proto::ExportProfilesServiceRequest> + Send + 'static,
 {
     let converting = state.clone();
-    let stored = store(state, tenant, move || {
+    let stored = store(state, tenant, memory, move || {
         let request = read()?;
         let limits = converting.tenants.pprof_limits();
         otlp::profiles(&request, &limits, &request_limits(&converting.config))?
@@ -99,8 +105,9 @@ impl grpc::profiles_service_server::ProfilesService for Collector {
         request: tonic::Request<proto::ExportProfilesServiceRequest>,
     ) -> Result<tonic::Response<proto::ExportProfilesServiceResponse>, tonic::Status> {
         let tenant = crate::querier::grpc_tenant(request.metadata())?;
+        let memory = request.extensions().get::<RequestMemory>().cloned();
         let request = request.into_inner();
-        export(&self.state, &tenant, move || Ok(request))
+        export(&self.state, &tenant, memory, move || Ok(request))
             .await
             .map_err(crate::querier::status)?;
         Ok(tonic::Response::new(

@@ -15,6 +15,7 @@ use futures::StreamExt;
 
 use super::store;
 use crate::Shared;
+use crate::edge::RequestMemory;
 use crate::querier::{grpc_tenant, serve_grpc, status};
 
 /// The generated gRPC glue of the two services.
@@ -133,9 +134,10 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         request: tonic::Request<proto::WriteRawRequest>,
     ) -> Result<tonic::Response<proto::WriteRawResponse>, tonic::Status> {
         let tenant = grpc_tenant(request.metadata())?;
+        let memory = request.extensions().get::<RequestMemory>().cloned();
         let request = request.into_inner();
         let converting = self.state.clone();
-        let stored = store(&self.state, &tenant, move || {
+        let stored = store(&self.state, &tenant, memory, move || {
             let limits = converting.tenants.pprof_limits();
             Ok(parca::write_raw(&request, &limits)?)
         })
@@ -156,6 +158,7 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         request: tonic::Request<tonic::Streaming<proto::WriteRequest>>,
     ) -> Result<tonic::Response<Self::WriteStream>, tonic::Status> {
         let tenant = grpc_tenant(request.metadata())?;
+        let memory = request.extensions().get::<RequestMemory>().cloned();
         // The whole exchange is one request: its locations must come within the request's
         // deadline, counted from now (the deadline layer stops at the answer's head, and
         // the stream outlives it). Until then the task holds the samples record, and the
@@ -169,14 +172,19 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
             .ok_or_else(|| tonic::Status::invalid_argument("the Write stream sent no record"))?
             .record;
         let limits = self.state.tenants.pprof_limits();
-        let (samples, wanted) = tokio::task::spawn_blocking(move || {
-            let ids = parca::write_v1_wanted(&samples, &limits)?;
-            let wanted = parca::write_v1_request(&ids)?;
-            Ok::<_, frostdb_pprof::Error>((samples, wanted))
-        })
-        .await
-        .map_err(|e| tonic::Status::internal(format!("decoding the samples record: {e}")))?
-        .map_err(|e| status(e.into()))?;
+        // In the ingest lane, as every other decode: at most its slots at once, whatever
+        // the streams of a connection.
+        let (samples, wanted) = self
+            .state
+            .work
+            .ingest
+            .blocking(move |_| {
+                let ids = parca::write_v1_wanted(&samples, &limits)?;
+                let wanted = parca::write_v1_request(&ids)?;
+                Ok((samples, wanted))
+            })
+            .await
+            .map_err(status)?;
         let (mut tx, rx) = futures::channel::mpsc::channel(2);
         tx.try_send(Ok(proto::WriteResponse { record: wanted }))
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
@@ -204,7 +212,7 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
                 }
             };
             let converting = state.clone();
-            let stored = store(&state, &tenant, move || {
+            let stored = store(&state, &tenant, memory, move || {
                 let limits = converting.tenants.pprof_limits();
                 Ok(parca::write_v1(&samples, &locations, &limits)?)
             })
@@ -226,9 +234,10 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         request: tonic::Request<proto::WriteArrowRequest>,
     ) -> Result<tonic::Response<proto::WriteArrowResponse>, tonic::Status> {
         let tenant = grpc_tenant(request.metadata())?;
+        let memory = request.extensions().get::<RequestMemory>().cloned();
         let request = request.into_inner();
         let converting = self.state.clone();
-        let stored = store(&self.state, &tenant, move || {
+        let stored = store(&self.state, &tenant, memory, move || {
             let limits = converting.tenants.pprof_limits();
             Ok(parca::write_arrow(&request.ipc_buffer, &limits)?)
         })

@@ -39,7 +39,8 @@ pub async fn handle(
     };
     // Read, decoded and stored in the ingest lane, whole or not at all.
     let (decoding, request_limits) = (state.clone(), crate::codec::request_limits(&state.config));
-    let stored = store(&state, &tenant, move || {
+    let charged = memory.clone();
+    let stored = store(&state, &tenant, Some(charged), move || {
         let body = body_bytes(&decoding, &headers, body, &memory)?;
         let request = push::parse(encoding, &body, &request_limits)
             .map_err(|e| crate::codec::push_refusal(e, &decoding.config))?;

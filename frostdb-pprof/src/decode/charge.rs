@@ -1,0 +1,54 @@
+//! Charging what decoding makes to the caller's memory budget before it is made.
+//!
+//! A server holds a memory budget for each request; a pprof profile inside a request (a
+//! push's raw profile, a form's part) may be gzipped by itself, and its flat arrays take
+//! several times its raw bytes. [`charging`] runs a closure during which every decode on
+//! this thread first asks `charge` for what it is about to make: the gunzipped bytes (as
+//! the gzip trailer states them, and what is over once they are made) and the arrays (as
+//! the first pass over the fields counts them). A refusal fails the decode with
+//! [`Error::Unavailable`] naming it, before the memory is taken.
+//!
+//! Ambient (per thread, for the closure) like [`frostdb_core::stop_scans_when`], so that
+//! every decoder the closure reaches (pushes, forms, Parca, JFR's embedded parts) is
+//! charged without each taking the budget as a parameter.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use crate::error::{Error, Result};
+
+type Charge = Rc<dyn Fn(usize, &'static str) -> std::result::Result<(), String>>;
+
+thread_local! {
+    static CHARGE: RefCell<Option<Charge>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`; every decode it does on this thread first charges what it will make to
+/// `charge` (bytes, and what they are for), failing when `charge` refuses (its message is
+/// the error's). Nested calls: the inner charge holds inside, the outer again after.
+pub fn charging<T>(
+    charge: impl Fn(usize, &'static str) -> std::result::Result<(), String> + 'static,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore(Option<Charge>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0.take();
+            CHARGE.with_borrow_mut(|c| *c = outer);
+        }
+    }
+    let outer = CHARGE.with_borrow_mut(|c| c.replace(Rc::new(charge)));
+    let _restore = Restore(outer);
+    f()
+}
+
+/// Charges `bytes` for `what`, if a charge is set on this thread.
+pub(crate) fn charge(bytes: usize, what: &'static str) -> Result<()> {
+    let Some(charge) = CHARGE.with_borrow(Clone::clone) else {
+        return Ok(());
+    };
+    if bytes == 0 {
+        return Ok(());
+    }
+    charge(bytes, what).map_err(Error::Unavailable)
+}
