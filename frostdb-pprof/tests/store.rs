@@ -519,6 +519,21 @@ fn a_range_of_more_points_than_the_memory_limit_fails_naming_it() {
         .value;
     assert!(!series.is_empty());
     assert!(series.iter().all(|s| s.points.len() == 1), "{series:?}");
+    // The times of the stored profiles, a time each: charged as ranges are.
+    let err = store
+        .timestamps(&selector, TimeRange::ALL, ReadOptions::STRICT)
+        .unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    assert!(err.to_string().contains("query memory limit"), "{err}");
+    let ten = TimeRange {
+        start_ms: 1_700_000_000_000,
+        end_ms: 1_700_000_010_000,
+    };
+    let times = store
+        .timestamps(&selector, ten, ReadOptions::STRICT)
+        .unwrap()
+        .value;
+    assert_eq!(times.len(), 10, "{times:?}");
 }
 
 /// Range queries read the profile totals (a row per profile, type and label set) and answer

@@ -912,7 +912,11 @@ pub fn timestamps_counted(
     selector: &Selector,
     range: TimeRange,
     lenient: bool,
+    pool: &Arc<dyn MemoryPool>,
 ) -> Result<(Vec<i64>, usize)> {
+    // A time per stored profile over all of time: reserved from the pool as they are
+    // found, batch by batch (a set entry, then the answer's and its JSON's share).
+    let reservation = MemoryConsumer::new("profile timestamps").register(pool);
     let request = ScanRequest::new()
         .project([TIMESTAMP])
         .filter(predicate(snapshot, selector, range))
@@ -926,6 +930,10 @@ pub fn timestamps_counted(
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| Error::Internal("timestamp is not Int64".into()))?;
         seen.extend(ts.iter().flatten());
+        let held = seen.len().saturating_mul(RANGE_POINT_BYTES);
+        if held > reservation.size() {
+            reservation.try_grow(held - reservation.size())?;
+        }
     }
     Ok((seen.into_iter().collect(), scan.metrics().blocks_failed))
 }

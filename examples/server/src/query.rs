@@ -781,13 +781,23 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
             let (mut rows, mut bytes) = (0, 0);
             let mut truncated = false;
             while let Some(batch) = stream.try_next().await? {
-                bytes += batch.get_array_memory_size();
-                if rows + batch.num_rows() > MAX_SQL_ROWS || bytes > MAX_SQL_ANSWER_BYTES {
-                    let keep = (MAX_SQL_ROWS - rows).min(batch.num_rows());
+                let batch_bytes = batch.get_array_memory_size();
+                if rows + batch.num_rows() > MAX_SQL_ROWS
+                    || bytes + batch_bytes > MAX_SQL_ANSWER_BYTES
+                {
+                    // The rows that fit both caps (by their share of the batch's bytes),
+                    // not the whole batch that crossed one: a batch of 8,192 wide rows
+                    // alone can be hundreds of MB.
+                    let room = MAX_SQL_ANSWER_BYTES.saturating_sub(bytes) as u128;
+                    let by_bytes = batch.num_rows() as u128 * room / batch_bytes.max(1) as u128;
+                    let keep = (MAX_SQL_ROWS - rows)
+                        .min(usize::try_from(by_bytes).unwrap_or(usize::MAX))
+                        .min(batch.num_rows());
                     batches.push(batch.slice(0, keep));
                     truncated = true;
                     break;
                 }
+                bytes += batch_bytes;
                 rows += batch.num_rows();
                 batches.push(batch);
             }

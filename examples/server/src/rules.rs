@@ -160,8 +160,18 @@ impl Rules {
 
     /// Sets (adds or replaces) API rule `rule` of `tenant`: checked with every other rule
     /// of the tenant first (limits, names, selectors), refused whole.
-    async fn put(&self, tenant: &str, rule: RecordingRule) -> ApiResult<()> {
+    async fn put(self: &Arc<Self>, tenant: &str, rule: RecordingRule) -> ApiResult<()> {
         let _held = self.lock.lock().await;
+        // Compiling the rules and syncing their file take a blocking thread, not one of
+        // the threads that accept requests.
+        let (this, tenant) = (self.clone(), tenant.to_owned());
+        tokio::task::spawn_blocking(move || this.put_held(&tenant, rule))
+            .await
+            .map_err(|e| ApiError::internal(format!("setting a recording rule: {e}")))?
+    }
+
+    /// [`Rules::put`], its lock held.
+    fn put_held(&self, tenant: &str, rule: RecordingRule) -> ApiResult<()> {
         if self
             .configured
             .get(tenant)
@@ -196,8 +206,16 @@ impl Rules {
     }
 
     /// Deletes API rule `name` of `tenant` (404 when it has none of that name).
-    async fn delete(&self, tenant: &str, name: &str) -> ApiResult<()> {
+    async fn delete(self: &Arc<Self>, tenant: &str, name: &str) -> ApiResult<()> {
         let _held = self.lock.lock().await;
+        let (this, tenant, name) = (self.clone(), tenant.to_owned(), name.to_owned());
+        tokio::task::spawn_blocking(move || this.delete_held(&tenant, &name))
+            .await
+            .map_err(|e| ApiError::internal(format!("deleting a recording rule: {e}")))?
+    }
+
+    /// [`Rules::delete`], its lock held.
+    fn delete_held(&self, tenant: &str, name: &str) -> ApiResult<()> {
         let mut stored = self.stored(tenant)?;
         let before = stored.len();
         stored.retain(|r| r.name != name);

@@ -664,3 +664,28 @@ async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
     .await;
     assert_eq!(status, 200, "{answer}");
 }
+
+/// An SQL answer is cut to the rows that fit its byte cap (64 MiB), not to the whole batch
+/// that crossed it: 2,000 rows of 60 KB (120 MB, one batch) answer about 1,100 of them,
+/// marked truncated.
+#[tokio::test]
+async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("d"), None);
+    let (status, _) = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let q = "SELECT concat(CAST(v AS VARCHAR), repeat('x', 60000)) AS s FROM generate_series(1, 2000) t(v)";
+    let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+    assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
+    assert!(body.len() < 70 << 20, "{} bytes answered", body.len());
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = answer["rows"].as_array().unwrap().len();
+    assert!((500..2_000).contains(&rows), "{rows} rows");
+    assert_eq!(answer["truncated"], true);
+}

@@ -466,6 +466,7 @@ impl ProfileStore {
             selector,
             range,
             read.lenient,
+            &self.memory,
         )?))
     }
 
