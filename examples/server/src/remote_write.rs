@@ -1,11 +1,15 @@
 //! Prometheus remote write of the recording rules' series (`[remote_write]`): every
-//! `interval`, every tenant's series at their current values, timestamped now, as one
-//! snappy-compressed protobuf `WriteRequest` (remote write 1.0). Batches wait in a bounded
-//! queue and are sent in order: a batch the receiver acknowledges (2xx) leaves the queue and
-//! is never sent again; one it refuses (4xx, which retrying cannot mend) is dropped, logged;
-//! one that fails (5xx, no answer) is sent again after a backoff that doubles up to 30 s.
-//! When the queue is full the oldest batch is dropped (counted): the newer carries the
-//! counters' later values, which is what `rate()` needs.
+//! `interval`, each tenant's series at their current values, timestamped now, as a
+//! snappy-compressed protobuf `WriteRequest` (remote write 1.0) of its own, sent with
+//! `X-Scope-OrgID: <tenant>` (as Mimir and Cortex take a tenant's writes; a single-tenant
+//! Prometheus ignores it, and every series carries a `tenant` label too). A receiver that
+//! refuses one tenant's batch (its series limit, say) refuses nothing of another's.
+//!
+//! Each interval's batches wait in a bounded queue and are sent in order: a batch the
+//! receiver acknowledges (2xx) is never sent again; one it refuses (4xx, which retrying
+//! cannot mend) is dropped, logged; one that fails (5xx, no answer) is sent again after a
+//! backoff that doubles up to 30 s. When the queue is full the oldest interval is dropped
+//! (counted): the newer carries the counters' later values, which is what `rate()` needs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,10 +91,12 @@ struct Sample {
     timestamp: i64,
 }
 
-/// Every tenant's series now, as a compressed `WriteRequest`; `None` when there are none.
-fn batch(state: &Shared, now_ms: i64) -> Option<Vec<u8>> {
-    let mut timeseries = Vec::new();
+/// Each tenant's series now, as a compressed `WriteRequest` per tenant (none for a tenant
+/// without series).
+fn batch(state: &Shared, now_ms: i64) -> Vec<(String, Vec<u8>)> {
+    let mut batches = Vec::new();
     for (tenant, recorder) in state.rules.recorders() {
+        let mut timeseries = Vec::new();
         for s in recorder.series() {
             let mut labels: Vec<Label> = [("__name__", s.rule.as_str()), ("tenant", &tenant)]
                 .into_iter()
@@ -110,12 +116,15 @@ fn batch(state: &Shared, now_ms: i64) -> Option<Vec<u8>> {
                 }],
             });
         }
+        if timeseries.is_empty() {
+            continue;
+        }
+        let encoded = prost::Message::encode_to_vec(&WriteRequest { timeseries });
+        if let Ok(body) = snap::raw::Encoder::new().compress_vec(&encoded) {
+            batches.push((tenant, body));
+        }
     }
-    if timeseries.is_empty() {
-        return None;
-    }
-    let encoded = prost::Message::encode_to_vec(&WriteRequest { timeseries });
-    snap::raw::Encoder::new().compress_vec(&encoded).ok()
+    batches
 }
 
 /// How a send ended.
@@ -125,9 +134,10 @@ enum Sent {
     Failed(String),
 }
 
-async fn send(client: &reqwest::Client, url: &str, body: &[u8]) -> Sent {
+async fn send(client: &reqwest::Client, url: &str, tenant: &str, body: &[u8]) -> Sent {
     let answer = client
         .post(url)
+        .header("X-Scope-OrgID", tenant)
         .header("Content-Encoding", "snappy")
         .header("Content-Type", "application/x-protobuf")
         .header("X-Prometheus-Remote-Write-Version", "0.1.0")
@@ -156,7 +166,8 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
         }
     };
     tracing::info!(url = %config.url, interval = ?config.interval, "remote write of the recording rules");
-    let mut queue: VecDeque<Vec<u8>> = VecDeque::new();
+    // An interval's batches (a tenant's each), oldest first.
+    let mut queue: VecDeque<Vec<(String, Vec<u8>)>> = VecDeque::new();
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -165,37 +176,47 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                if let Some(body) = batch(&state, crate::time::now_ms()) {
-                    queue.push_back(body);
-                    if queue.len() > config.max_queued.max(1) {
-                        queue.pop_front();
-                        stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(max_queued = config.max_queued, "remote write queue full: oldest batch dropped");
+                let batches = batch(&state, crate::time::now_ms());
+                if !batches.is_empty() {
+                    queue.push_back(batches);
+                    if queue.len() > config.max_queued.max(1)
+                        && let Some(oldest) = queue.pop_front()
+                    {
+                        stats.dropped.fetch_add(oldest.len() as u64, Ordering::Relaxed);
+                        tracing::warn!(max_queued = config.max_queued, "remote write queue full: oldest batches dropped");
                     }
                 }
             }
             _ = tokio::time::sleep_until(next_send), if !queue.is_empty() => {
-                let body = queue.front().expect("not empty");
-                match send(&client, &config.url, body).await {
-                    Sent::Acknowledged => {
-                        queue.pop_front();
-                        stats.sent.fetch_add(1, Ordering::Relaxed);
-                        backoff = FIRST_BACKOFF;
+                let interval = queue.front_mut().expect("not empty");
+                while let Some((tenant, body)) = interval.first() {
+                    match send(&client, &config.url, tenant, body).await {
+                        Sent::Acknowledged => {
+                            stats.sent.fetch_add(1, Ordering::Relaxed);
+                            backoff = FIRST_BACKOFF;
+                        }
+                        Sent::Refused(why) => {
+                            stats.dropped.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
+                        }
+                        Sent::Failed(why) => {
+                            stats.failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?backoff, "remote write failed");
+                            next_send = tokio::time::Instant::now() + backoff;
+                            backoff = (backoff * 2).min(Duration::from_secs(30));
+                            break;
+                        }
                     }
-                    Sent::Refused(why) => {
-                        queue.pop_front();
-                        stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(url = %config.url, %why, "remote write refused a batch: dropped");
-                    }
-                    Sent::Failed(why) => {
-                        stats.failed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(url = %config.url, %why, retry_in = ?backoff, "remote write failed");
-                        next_send = tokio::time::Instant::now() + backoff;
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
-                    }
+                    interval.remove(0);
+                }
+                if interval.is_empty() {
+                    queue.pop_front();
                 }
             }
         }
-        stats.queued.store(queue.len() as u64, Ordering::Relaxed);
+        stats.queued.store(
+            queue.iter().map(Vec::len).sum::<usize>() as u64,
+            Ordering::Relaxed,
+        );
     }
 }

@@ -243,3 +243,116 @@ async fn prometheus_receives_the_series_by_remote_write() {
     let sent = metric(&s, "frostdb_remote_write_batches_sent_total").await;
     assert!(sent >= 1, "{sent} batches acknowledged");
 }
+
+/// Remote write sends each tenant's series as a batch of its own with `X-Scope-OrgID` (as
+/// a multi-tenant receiver, Mimir or Cortex, takes them), never one tenant's series in
+/// another's batch. A receiver (here a socket that records what it is sent) sees a batch
+/// per tenant and interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_write_sends_each_tenants_series_under_its_own_header() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let received: std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>> = Default::default();
+    let log = received.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((socket, _)) = listener.accept().await else {
+                return;
+            };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut socket = tokio::io::BufReader::new(socket);
+                loop {
+                    let (mut tenant, mut length) = (String::new(), 0usize);
+                    loop {
+                        let mut line = String::new();
+                        if socket.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let line = line.trim_end();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = line.split_once(':') {
+                            match k.trim().to_ascii_lowercase().as_str() {
+                                "x-scope-orgid" => tenant = v.trim().to_owned(),
+                                "content-length" => length = v.trim().parse().unwrap_or(0),
+                                _ => {}
+                            }
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    if socket.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let body = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+                    log.lock().unwrap().push((tenant, body));
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+                    if socket.get_mut().write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!(
+            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
+        )),
+    );
+    let client = reqwest::Client::new();
+    for tenant in ["team-a", "team-b"] {
+        let rule = serde_json::json!({
+            "name": "cpu_nanoseconds_total",
+            "profile_type": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "selector": "{}",
+            "keep_labels": ["service_name"],
+        });
+        let put = client
+            .put(format!("{}/api/v1/rules/cpu_nanoseconds_total", s.url))
+            .header("X-Scope-OrgID", tenant)
+            .body(rule.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status().as_u16(), 200);
+        let pushed = client
+            .post(format!(
+                "{}/ingest?name=svc-{tenant}.cpu&format=pprof",
+                s.url
+            ))
+            .header("X-Scope-OrgID", tenant)
+            .body(testdata("pprof/pyroscope__go-cpu.pb.gz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(pushed.status().as_u16(), 200);
+    }
+    let both = eventually(Duration::from_secs(30), async || {
+        let got = received.lock().unwrap();
+        ["team-a", "team-b"]
+            .iter()
+            .all(|t| got.iter().any(|(tenant, _)| tenant == t))
+    })
+    .await;
+    assert!(both, "a batch of each tenant");
+    let contains = |body: &[u8], text: &str| body.windows(text.len()).any(|w| w == text.as_bytes());
+    for (tenant, body) in received.lock().unwrap().iter() {
+        let other = if tenant == "team-a" {
+            "team-b"
+        } else {
+            "team-a"
+        };
+        assert!(
+            contains(body, &format!("svc-{tenant}")),
+            "{tenant}'s batch lacks its series"
+        );
+        assert!(
+            !contains(body, other),
+            "{tenant}'s batch holds {other}'s series"
+        );
+    }
+}
