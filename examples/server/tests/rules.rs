@@ -253,7 +253,9 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let received: std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>> = Default::default();
+    /// What the receiver was sent: the tenant header and the decompressed body.
+    type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+    let received: Received = Default::default();
     let log = received.clone();
     tokio::spawn(async move {
         loop {
