@@ -436,7 +436,12 @@ impl Symbolizer {
             let ttl = self.options.miss_ttl;
             misses.retain(|_, at| at.elapsed() < ttl);
             if misses.len() >= MAX_MISSES {
-                misses.clear();
+                // The older half goes, not all: a flood of new build ids (one tenant's
+                // uploads named, say) forgets the oldest misses, and the rest stay.
+                let mut times: Vec<Instant> = misses.values().copied().collect();
+                let middle = times.len() / 2;
+                let (_, &mut cut, _) = times.select_nth_unstable(middle);
+                misses.retain(|_, at| *at > cut);
             }
         }
         misses.insert(build_id.to_owned(), Instant::now());
@@ -863,6 +868,26 @@ fn check_file_build_id(path: &Path, build_id: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Past the most misses remembered, the older half is forgotten, not every one: the
+    /// newest misses still answer without asking again.
+    #[test]
+    fn past_the_most_misses_the_oldest_half_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Symbolizer::new(SymbolizerOptions::new(dir.path())).unwrap();
+        for i in 0..MAX_MISSES {
+            s.remember_miss(&format!("old-{i}"));
+        }
+        s.remember_miss("newest");
+        let kept = s.misses.lock().len();
+        assert!(
+            (MAX_MISSES / 4..=MAX_MISSES / 2 + 1).contains(&kept),
+            "{kept} remembered"
+        );
+        assert!(s.remembered_miss("newest"));
+        assert!(s.remembered_miss(&format!("old-{}", MAX_MISSES - 1)));
+        assert!(!s.remembered_miss("old-0"), "the oldest is forgotten");
+    }
 
     #[inline(never)]
     fn a_rust_function_to_find(x: u64) -> u64 {
