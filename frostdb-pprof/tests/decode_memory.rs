@@ -127,3 +127,59 @@ fn a_decode_charges_what_it_makes_before_making_it() {
     // Outside, nothing is charged.
     assert!(decode(&gz, &Limits::default()).is_ok());
 }
+
+/// A gzip of two members whose last trailer states nothing (an empty member after 20 MiB):
+/// what the trailer does not state is charged a MiB at a time before it is inflated, so a
+/// charge that refuses past 4 MiB stops it with little more than that made; the public
+/// `inflate` (what JFR parts and request bodies use) is charged the same way.
+#[test]
+fn several_gzip_members_are_charged_as_they_inflate() {
+    use std::io::Write;
+    let member = |bytes: &[u8]| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(bytes).unwrap();
+        gz.finish().unwrap()
+    };
+    let mut two = member(&vec![0x12u8; 20 << 20]);
+    two.extend(member(b""));
+    let limits = Limits::default();
+    let capped = |bytes: usize, what: &'static str| {
+        if bytes > 4 << 20 {
+            return Err(format!("{what}: {bytes} bytes over the cap"));
+        }
+        Ok(())
+    };
+    let total = std::rc::Rc::new(std::cell::Cell::new(0usize));
+    for (name, run) in [
+        (
+            "decode",
+            Box::new(|| decode(&two, &limits).map(|_| ())) as Box<dyn Fn() -> _>,
+        ),
+        (
+            "inflate",
+            Box::new(|| frostdb_pprof::inflate(&two, limits.max_decompressed_bytes).map(|_| ())),
+        ),
+    ] {
+        let spent = total.clone();
+        spent.set(0);
+        let (result, peak) = peak_of(|| {
+            frostdb_pprof::charging(
+                move |bytes, what| {
+                    spent.set(spent.get() + bytes);
+                    capped(spent.get(), what)
+                },
+                &run,
+            )
+        });
+        let e = result.unwrap_err();
+        assert_eq!(
+            e.kind(),
+            frostdb_core::ErrorKind::Unavailable,
+            "{name}: {e}"
+        );
+        assert!(
+            peak < 12 << 20,
+            "{name}: {peak} bytes made under a 4 MiB charge"
+        );
+    }
+}

@@ -299,13 +299,18 @@ async fn log_request(request: Request, next: Next) -> Response {
     let started = std::time::Instant::now();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let tenant = request
+    let asked = request
         .headers()
         .get("x-scope-orgid")
         .and_then(|v| v.to_str().ok())
         .unwrap_or(config::DEFAULT_TENANT)
         .to_owned();
     let response = next.run(request).await;
+    // As authorized (a tenant's token acts for its tenant, whatever the header said).
+    let tenant = response
+        .extensions()
+        .get::<ActedFor>()
+        .map_or(asked, |t| t.0.clone());
     let status = response.status().as_u16();
     let ms = started.elapsed().as_secs_f64() * 1e3;
     if status >= 500 {
@@ -402,9 +407,24 @@ async fn authorize(State(state): State<Shared>, mut request: Request, next: Next
             }
         }
     }
+    // The tenant the request acted for, for the request log (which runs outside this
+    // layer and saw the header before it was rewritten).
+    let acted_for = request
+        .headers()
+        .get("x-scope-orgid")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    let mut response = next.run(request).await;
+    if let Some(tenant) = acted_for {
+        response.extensions_mut().insert(ActedFor(tenant));
+    }
+    response
 }
+
+/// The tenant a request acted for, as [`authorize`] let it (for the request log).
+#[derive(Debug, Clone)]
+struct ActedFor(String);
 
 /// Whether `headers` carry the server's own token (or it requires none): whether the
 /// caller may see every tenant.

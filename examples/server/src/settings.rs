@@ -47,7 +47,7 @@ impl Settings {
     /// Tenant `tenant`'s settings, in name order (none yet: empty).
     pub async fn get(&self, tenant: &str) -> ApiResult<Vec<Setting>> {
         let _held = self.lock.lock().await;
-        Ok(self.read(tenant)?.into_values().collect())
+        Ok(self.read(tenant).await?.into_values().collect())
     }
 
     /// Stores `setting` for `tenant` (its time is now when it gives none). A stored setting
@@ -68,7 +68,7 @@ impl Settings {
             )));
         }
         let _held = self.lock.lock().await;
-        let mut all = self.read(tenant)?;
+        let mut all = self.read(tenant).await?;
         let bytes = |all: &BTreeMap<String, Setting>| -> usize {
             all.values().map(|s| s.name.len() + s.value.len()).sum()
         };
@@ -100,7 +100,7 @@ impl Settings {
             ));
         }
         all.insert(setting.name.clone(), setting.clone());
-        self.write(tenant, &all)?;
+        self.write(tenant, &all).await?;
         tracing::info!(tenant, name = %setting.name, "setting stored");
         Ok(setting)
     }
@@ -108,46 +108,62 @@ impl Settings {
     /// Deletes `tenant`'s setting `name` (absent: nothing to do).
     pub async fn delete(&self, tenant: &str, name: &str) -> ApiResult<()> {
         let _held = self.lock.lock().await;
-        let mut all = self.read(tenant)?;
+        let mut all = self.read(tenant).await?;
         if all.remove(name).is_some() {
-            self.write(tenant, &all)?;
+            self.write(tenant, &all).await?;
             tracing::info!(tenant, name, "setting deleted");
         }
         Ok(())
     }
 
-    fn read(&self, tenant: &str) -> ApiResult<BTreeMap<String, Setting>> {
+    /// The tenant's settings file read, on a blocking thread (a file read and a parse of up
+    /// to `max_settings_bytes`, not on the threads that accept requests).
+    async fn read(&self, tenant: &str) -> ApiResult<BTreeMap<String, Setting>> {
         let path = self.file(tenant);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-            Err(e) => {
-                return Err(ApiError::internal(format!("{}: {e}", path.display())));
-            }
-        };
-        let list: Vec<Setting> = serde_json::from_slice(&bytes).map_err(|e| {
-            ApiError::internal(format!("{} is not a settings file: {e}", path.display()))
-        })?;
-        Ok(list.into_iter().map(|s| (s.name.clone(), s)).collect())
+        tokio::task::spawn_blocking(move || read_file(&path))
+            .await
+            .map_err(|e| ApiError::internal(format!("reading settings: {e}")))?
     }
 
-    fn write(&self, tenant: &str, all: &BTreeMap<String, Setting>) -> ApiResult<()> {
-        let path = self.file(tenant);
-        let fail = |e: std::io::Error| ApiError::internal(format!("{}: {e}", path.display()));
-        std::fs::create_dir_all(&self.dir).map_err(fail)?;
-        let list: Vec<&Setting> = all.values().collect();
-        let bytes = serde_json::to_vec_pretty(&list)
-            .map_err(|e| ApiError::internal(format!("settings to JSON: {e}")))?;
-        let tmp = path.with_extension("json.tmp");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(fail)?;
-            f.write_all(&bytes).map_err(fail)?;
-            f.sync_all().map_err(fail)?;
-        }
-        std::fs::rename(&tmp, &path).map_err(fail)?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(fail)
+    /// `all` written as the tenant's settings file and synced, on a blocking thread.
+    async fn write(&self, tenant: &str, all: &BTreeMap<String, Setting>) -> ApiResult<()> {
+        let (dir, path) = (self.dir.clone(), self.file(tenant));
+        let list: Vec<Setting> = all.values().cloned().collect();
+        tokio::task::spawn_blocking(move || write_file(&dir, &path, &list))
+            .await
+            .map_err(|e| ApiError::internal(format!("storing settings: {e}")))?
     }
+}
+
+fn read_file(path: &Path) -> ApiResult<BTreeMap<String, Setting>> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => {
+            return Err(ApiError::internal(format!("{}: {e}", path.display())));
+        }
+    };
+    let list: Vec<Setting> = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::internal(format!("{} is not a settings file: {e}", path.display()))
+    })?;
+    Ok(list.into_iter().map(|s| (s.name.clone(), s)).collect())
+}
+
+/// `list` as the settings file at `path` in `dir`: a crash leaves the old file or the new.
+fn write_file(dir: &Path, path: &Path, list: &[Setting]) -> ApiResult<()> {
+    let fail = |e: std::io::Error| ApiError::internal(format!("{}: {e}", path.display()));
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let bytes = serde_json::to_vec_pretty(list)
+        .map_err(|e| ApiError::internal(format!("settings to JSON: {e}")))?;
+    let tmp = path.with_extension("json.tmp");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(fail)?;
+        f.write_all(&bytes).map_err(fail)?;
+        f.sync_all().map_err(fail)?;
+    }
+    std::fs::rename(&tmp, path).map_err(fail)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fail)
 }

@@ -417,6 +417,8 @@ pub fn read_ipc(ipc: &[u8], version: &str, limits: &Limits) -> Result<Vec<Record
             limit: limits.max_decompressed_bytes,
         });
     }
+    // Charged before the buffers are inflated (`frostdb_pprof::charging`).
+    crate::decode::charge::charge(decompressed, "decompressing an Arrow record")?;
     // arrow's IPC reader trusts more of a stream than the checks above cover (it panics on
     // some corrupt records): its decoding is one place a panic is caught and made an error.
     let decoded = std::panic::catch_unwind(|| -> Result<(Option<String>, Vec<RecordBatch>)> {

@@ -61,16 +61,32 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
 
 /// The raw protobuf of `bytes`: gunzipped when they start with the gzip magic, never more
 /// than `limit` bytes.
+///
+/// Under [`charging`](crate::charging), what it makes is charged before it is made: the
+/// size the gzip trailer states, then (when that is not all: several members, or a lie)
+/// each further MiB as it is inflated.
 pub fn inflate(bytes: &[u8], limit: usize) -> Result<std::borrow::Cow<'_, [u8]>> {
     if !bytes.starts_with(&[0x1f, 0x8b]) {
         return raw(bytes, limit).map(std::borrow::Cow::Borrowed);
     }
+    let stated = stated_size(bytes, limit);
+    charge::charge(stated, "gunzipping")?;
     let mut out = Vec::new();
     if let Some(n) = inflate_whole(bytes, limit, &mut out) {
         out.truncate(n);
         return Ok(std::borrow::Cow::Owned(out));
     }
-    inflate_stream(bytes, limit).map(std::borrow::Cow::Owned)
+    inflate_stream(bytes, limit, stated).map(std::borrow::Cow::Owned)
+}
+
+/// What the last gzip trailer of `bytes` says they inflate to, at most `limit`.
+fn stated_size(bytes: &[u8], limit: usize) -> usize {
+    bytes
+        .len()
+        .checked_sub(4)
+        .and_then(|at| <[u8; 4]>::try_from(&bytes[at..]).ok())
+        .map_or(0, |t| u32::from_le_bytes(t) as usize)
+        .min(limit)
 }
 
 /// `bytes`, a raw protobuf, if within `limit`.
@@ -103,13 +119,8 @@ fn with_raw<T>(bytes: &[u8], limit: usize, parse: impl Fn(&[u8]) -> Result<T>) -
         return parse(raw(bytes, limit)?);
     }
     // What the trailer says the profile inflates to, charged before it is made (what is
-    // over, when it lies or there are several members, once it is made).
-    let stated = bytes
-        .len()
-        .checked_sub(4)
-        .and_then(|at| <[u8; 4]>::try_from(&bytes[at..]).ok())
-        .map_or(0, |t| u32::from_le_bytes(t) as usize)
-        .min(limit);
+    // over, when it lies or there are several members, as it is made).
+    let stated = stated_size(bytes, limit);
     charge::charge(stated, "gunzipping a profile")?;
     let mut buffer = pool().pop().unwrap_or_default();
     let parsed = inflate_whole(bytes, limit, &mut buffer).map(|n| parse(&buffer[..n]));
@@ -121,24 +132,41 @@ fn with_raw<T>(bytes: &[u8], limit: usize, parse: impl Fn(&[u8]) -> Result<T>) -
     }
     match parsed {
         Some(parsed) => parsed,
-        None => {
-            let raw = inflate_stream(bytes, limit)?;
-            charge::charge(raw.len().saturating_sub(stated), "gunzipping a profile")?;
-            parse(&raw)
-        }
+        None => parse(&inflate_stream(bytes, limit, stated)?),
     }
 }
 
 /// A gzip stream of any number of members, inflated by streaming: stops at `limit` and
 /// names what is wrong.
-fn inflate_stream(bytes: &[u8], limit: usize) -> Result<Vec<u8>> {
+/// `charged`: bytes already charged for it; past them, each MiB is charged before it is
+/// inflated.
+fn inflate_stream(bytes: &[u8], limit: usize, charged: usize) -> Result<Vec<u8>> {
+    const STEP: usize = 1 << 20;
+    let mut charged = charged;
     // pprof compresses about 4:1.
-    let mut out = Vec::with_capacity(bytes.len().saturating_mul(4).min(limit));
+    let mut out = Vec::with_capacity(
+        bytes
+            .len()
+            .saturating_mul(4)
+            .min(limit)
+            .min(charged.max(STEP)),
+    );
     let mut decoder =
         flate2::read::MultiGzDecoder::new(bytes).take((limit as u64).saturating_add(1));
-    decoder
-        .read_to_end(&mut out)
-        .map_err(|e| Error::Gzip(e.to_string()))?;
+    loop {
+        if out.len() + STEP > charged {
+            charge::charge(STEP, "gunzipping")?;
+            charged += STEP;
+        }
+        let before = out.len();
+        (&mut decoder)
+            .take(STEP as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| Error::Gzip(e.to_string()))?;
+        if out.len() == before {
+            break;
+        }
+    }
     if out.len() > limit {
         return Err(Error::TooLarge {
             what: "decompressed profile",

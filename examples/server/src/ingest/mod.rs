@@ -52,13 +52,7 @@ where
         .work
         .ingest
         .blocking(move |_| {
-            let incoming = match memory {
-                Some(memory) => frostdb_pprof::charging(
-                    move |bytes, what| memory.try_grow(bytes, what).map_err(|e| e.message),
-                    decode,
-                ),
-                None => decode(),
-            }?;
+            let incoming = charged(memory, decode)?;
             Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
         })
         .await
@@ -94,27 +88,30 @@ pub fn body_bytes(
         "identity" | "" => Ok(body),
         "gzip" | "x-gzip" => {
             let limit = state.config.limits.max_decompressed_bytes;
-            let stated = body
-                .len()
-                .checked_sub(4)
-                .and_then(|at| body.get(at..))
-                .and_then(|t| <[u8; 4]>::try_from(t).ok())
-                .map_or(0, |t| u32::from_le_bytes(t) as usize);
-            let expected = stated.min(limit);
-            memory.try_grow(expected, "decompressing the request body")?;
-            let raw = frostdb_pprof::inflate(&body, limit)
-                .map_err(|e| ApiError::from(e).context("Content-Encoding: gzip body"))?
-                .into_owned();
-            // The trailer may understate (several members, or a lie): what is over is
-            // reserved now that it exists, so that other work sees it.
-            if raw.len() > expected {
-                memory.try_grow(raw.len() - expected, "decompressing the request body")?;
-            }
+            // Charged as it is inflated: the size the trailer states, then each MiB past
+            // it (several members, or a lie) before it is made.
+            let raw = charged(Some(memory.clone()), || {
+                frostdb_pprof::inflate(&body, limit)
+            })
+            .map_err(|e| ApiError::from(e).context("Content-Encoding: gzip body"))?
+            .into_owned();
             Ok(Bytes::from(raw))
         }
         other => Err(ApiError::unsupported(format!(
             "Content-Encoding {other:?} is not supported (use gzip or none)"
         ))),
+    }
+}
+
+/// Runs `f` with what its decoders make charged to `memory` before it is made
+/// ([`frostdb_pprof::charging`]); uncharged without one.
+pub fn charged<T>(memory: Option<RequestMemory>, f: impl FnOnce() -> T) -> T {
+    match memory {
+        Some(memory) => frostdb_pprof::charging(
+            move |bytes, what| memory.try_grow(bytes, what).map_err(|e| e.message),
+            f,
+        ),
+        None => f(),
     }
 }
 

@@ -172,6 +172,7 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
             .ok_or_else(|| tonic::Status::invalid_argument("the Write stream sent no record"))?
             .record;
         let limits = self.state.tenants.pprof_limits();
+        let charged = memory.clone();
         // In the ingest lane, as every other decode: at most its slots at once, whatever
         // the streams of a connection.
         let (samples, wanted) = self
@@ -179,7 +180,7 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
             .work
             .ingest
             .blocking(move |_| {
-                let ids = parca::write_v1_wanted(&samples, &limits)?;
+                let ids = super::charged(charged, || parca::write_v1_wanted(&samples, &limits))?;
                 let wanted = parca::write_v1_request(&ids)?;
                 Ok((samples, wanted))
             })
