@@ -15,8 +15,14 @@ use crate::error::{Error, Result};
 use crate::scalar::Scalar;
 use crate::schema::{ColumnName, TableSchema, field_for};
 
-/// Largest compiled regex program accepted, to bound memory on hostile patterns.
+/// Largest compiled regex program accepted, to bound memory on hostile patterns: the limit
+/// a profile selector's regexes are compiled under (frostdb-profile's `REGEX_SIZE_LIMIT`),
+/// so a pattern a selector accepts binds here too.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// Largest lazy-DFA cache each thread matching a regex grows (the default is 2 MiB), as
+/// the selector's (frostdb-profile's `REGEX_DFA_LIMIT`).
+const REGEX_DFA_LIMIT: usize = 256 << 10;
 
 #[derive(Debug, Clone)]
 pub(crate) enum Bound {
@@ -146,6 +152,7 @@ fn bind_inner(p: &Predicate, schema: &TableSchema, negate: bool) -> Result<Bound
             }
             let regex = RegexBuilder::new(pattern)
                 .size_limit(REGEX_SIZE_LIMIT)
+                .dfa_size_limit(REGEX_DFA_LIMIT)
                 .build()
                 .map_err(|e| invalid(column, format!("bad regex {pattern:?}: {e}")))?;
             Bound::Regex {
