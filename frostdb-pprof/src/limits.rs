@@ -64,6 +64,41 @@ impl LabelLimits {
         }
     }
 
+    /// Checks one label's name and value lengths (the name also against the engine's
+    /// column name length); the error names the limit and the label.
+    pub(crate) fn check_label(&self, name: &str, value: &str) -> Result<()> {
+        for (got, limit, value_of_limit) in [
+            (
+                name.len(),
+                "max_label_name_length",
+                self.max_label_name_length,
+            ),
+            (
+                name.len(),
+                "the engine's column name length",
+                frostdb_core::MAX_NAME_LEN,
+            ),
+        ] {
+            if got > value_of_limit {
+                return Err(Error::LabelLimit {
+                    what: format!("the bytes of label name {:?}", shortened(name)),
+                    got,
+                    limit,
+                    value: value_of_limit,
+                });
+            }
+        }
+        if value.len() > self.max_label_value_length {
+            return Err(Error::LabelLimit {
+                what: format!("the bytes of the value of label {:?}", shortened(name)),
+                got: value.len(),
+                limit: "max_label_value_length",
+                value: self.max_label_value_length,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks a series' labels: `series`, the request's, and `sample`, one set of pprof
     /// sample labels (those equal to a request label already left out), `name{...}` naming
     /// the series in errors.
@@ -87,35 +122,7 @@ impl LabelLimits {
             });
         }
         for (name, value) in labels {
-            for (got, limit, value_of_limit) in [
-                (
-                    name.len(),
-                    "max_label_name_length",
-                    self.max_label_name_length,
-                ),
-                (
-                    name.len(),
-                    "the engine's column name length",
-                    frostdb_core::MAX_NAME_LEN,
-                ),
-            ] {
-                if got > value_of_limit {
-                    return Err(Error::LabelLimit {
-                        what: format!("the bytes of label name {:?}", shortened(name)),
-                        got,
-                        limit,
-                        value: value_of_limit,
-                    });
-                }
-            }
-            if value.len() > self.max_label_value_length {
-                return Err(Error::LabelLimit {
-                    what: format!("the bytes of the value of label {:?}", shortened(name)),
-                    got: value.len(),
-                    limit: "max_label_value_length",
-                    value: self.max_label_value_length,
-                });
-            }
+            self.check_label(name, value)?;
         }
         Ok(())
     }

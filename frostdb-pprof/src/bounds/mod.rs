@@ -106,36 +106,13 @@ impl RequestLimits {
     /// Refuses a label longer than the limits before it is copied anywhere: one long value
     /// named by every profile or sample of a request would otherwise be copied for each.
     pub(crate) fn check_label(&self, name: &str, value: &str) -> crate::Result<()> {
-        for (what, got, limit, value_of_limit) in [
-            (
-                format!(
-                    "the bytes of label name {:?}",
-                    crate::limits::shortened(name)
-                ),
-                name.len(),
-                "max_label_name_length",
-                self.max_label_name_bytes,
-            ),
-            (
-                format!(
-                    "the bytes of the value of label {:?}",
-                    crate::limits::shortened(name)
-                ),
-                value.len(),
-                "max_label_value_length",
-                self.max_label_value_bytes,
-            ),
-        ] {
-            if got > value_of_limit {
-                return Err(crate::Error::LabelLimit {
-                    what,
-                    got,
-                    limit,
-                    value: value_of_limit,
-                });
-            }
+        // The store's own check, with these lengths (it formats a message only on failure).
+        crate::LabelLimits {
+            max_label_names_per_series: usize::MAX,
+            max_label_name_length: self.max_label_name_bytes,
+            max_label_value_length: self.max_label_value_bytes,
         }
-        Ok(())
+        .check_label(name, value)
     }
 }
 
