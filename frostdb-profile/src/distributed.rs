@@ -230,6 +230,8 @@ impl ExecutionPlan for StackScanExec {
         })?;
         let scan = self.scan.clone();
         let schema = scan.schema()?;
+        // The session's pool: on a worker, the budget it serves tasks within.
+        let memory = context.memory_pool().clone();
         let work = async move {
             tokio::task::spawn_blocking(move || -> DfResult<RecordBatch> {
                 let selector = Selector::parse(&scan.selector)
@@ -247,7 +249,7 @@ impl ExecutionPlan for StackScanExec {
                         range,
                         source.threads(),
                         scan.lenient,
-                        &frostdb_query::memory_pool(None),
+                        &memory,
                         scan.narrow.clone(),
                     )
                 })()
@@ -638,6 +640,9 @@ pub struct ClusterOptions {
     pub listen: Option<SocketAddr>,
     /// The shared secret: sent to the workers, and required of whoever sends tasks here.
     pub secret: Option<String>,
+    /// The process's memory budget, which the tasks served here reserve from (none: they
+    /// are bounded only by the machine).
+    pub memory_budget: Option<frostdb_core::MemoryBudget>,
 }
 
 impl ClusterOptions {
@@ -656,6 +661,12 @@ impl ClusterOptions {
     /// Sets [`Self::secret`].
     pub fn secret(mut self, value: impl Into<Option<String>>) -> Self {
         self.secret = value.into();
+        self
+    }
+
+    /// Sets [`Self::memory_budget`].
+    pub fn memory_budget(mut self, value: impl Into<Option<frostdb_core::MemoryBudget>>) -> Self {
+        self.memory_budget = value.into();
         self
     }
 }
@@ -689,6 +700,8 @@ impl Node {
                 })?;
                 let at = listener.local_addr().ok();
                 let secret = options.secret.clone();
+                let memory =
+                    frostdb_query::budgeted_memory_pool(None, options.memory_budget.as_ref());
                 tracing::info!(
                     listen = ?at,
                     authenticated = secret.is_some(),
@@ -699,6 +712,7 @@ impl Node {
                         listener,
                         source,
                         secret.as_deref(),
+                        memory,
                         std::future::pending(),
                     )
                     .await;
@@ -798,12 +812,13 @@ pub async fn serve_worker_with(
     listener: tokio::net::TcpListener,
     source: Arc<dyn StackSource>,
     secret: Option<&str>,
+    memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String> {
     let codec = StackScanCodec {
         source: Some(source),
     };
-    frostdb_query::distributed::serve_worker(listener, codec, secret, shutdown).await
+    frostdb_query::distributed::serve_worker(listener, codec, secret, memory, shutdown).await
 }
 
 #[cfg(test)]

@@ -186,3 +186,154 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
     let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
     assert_eq!(merge(&cluster).unwrap().stacks, here.stacks);
 }
+
+/// A plan of DataFusion's own nodes sent to a worker (by a cluster node that holds the
+/// secret, or by anyone where there is none) reads no file: a worker's plans read only
+/// through its codec's nodes. Without that, this plan would answer the file's rows, read
+/// by the worker from its own disk.
+#[test]
+fn a_plan_naming_files_reads_nothing_on_a_worker() {
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+    use datafusion_distributed::{DistributedExt, SessionStateBuilderExt};
+    use frostdb_query::distributed::{Channels, WorkerUrls};
+
+    let dir = tempfile::tempdir().unwrap();
+    // Files on the worker's disk that no request may read (two: two tasks to spread).
+    let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("s", arrow::datatypes::DataType::Utf8, false),
+    ]));
+    for name in ["a.parquet", "b.parquet"] {
+        let batch = arrow::array::RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(arrow::array::StringArray::from(vec![
+                "another tenant's secret";
+                1000
+            ]))],
+        )
+        .unwrap();
+        let file = std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(file, schema.clone(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let db = Db::open(dir.path().join("db"), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default(),
+        )
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table));
+    let mut urls = Vec::new();
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let worker = ClusterOptions::default().listen("127.0.0.1:0".parse().ok());
+        let node = runtime
+            .block_on(Node::start(&worker, source.clone()))
+            .unwrap();
+        urls.push(format!("http://{}", node.listening().unwrap()));
+        workers.push(node);
+    }
+    // A coordinator of plain DataFusion plans over those workers.
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(SessionConfig::new().with_target_partitions(2))
+        .with_distributed_worker_resolver(WorkerUrls::parse(&urls).unwrap())
+        .with_distributed_channel_resolver(Channels::new(None).unwrap())
+        .with_distributed_planner()
+        .with_distributed_file_scan_config_bytes_per_partition(1)
+        .unwrap()
+        .build();
+    let ctx = SessionContext::from(state);
+    let answer = runtime.block_on(async {
+        ctx.register_parquet(
+            "files",
+            dir.path().to_str().unwrap(),
+            ParquetReadOptions::default(),
+        )
+        .await
+        .unwrap();
+        ctx.sql("SELECT s, count(*) FROM files GROUP BY s")
+            .await
+            .unwrap()
+            .collect()
+            .await
+    });
+    let e = match answer {
+        Ok(batches) => panic!(
+            "a worker read files for a plan: {} rows",
+            batches.iter().map(|b| b.num_rows()).sum::<usize>()
+        ),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("a worker reads no object store"), "{e}");
+}
+
+/// The tasks a worker serves reserve from the memory budget it is given: past it a merge
+/// fails (memory exhausted: nothing spills on a worker), within it the merge answers.
+#[test]
+fn a_workers_tasks_reserve_from_its_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default().row_group_rows(40),
+        )
+        .unwrap();
+    common::insert(&table, &rows(6, 24, 10_000, 5));
+    table.persist().unwrap();
+    let snapshot = table.snapshot();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let pool = frostdb_query::memory_pool(None);
+    let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
+    for (budget, fits) in [(1024, false), (1 << 30, true)] {
+        let mut urls = Vec::new();
+        let mut workers = Vec::new();
+        for _ in 0..2 {
+            let worker = ClusterOptions::default()
+                .listen("127.0.0.1:0".parse().ok())
+                .memory_budget(frostdb_core::MemoryBudget::new(budget));
+            let node = runtime
+                .block_on(Node::start(&worker, source.clone()))
+                .unwrap();
+            urls.push(format!("http://{}", node.listening().unwrap()));
+            workers.push(node);
+        }
+        let merged = Cluster::new(&urls, None).unwrap().merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            TimeRange::ALL,
+            false,
+            None,
+        );
+        match (merged, fits) {
+            (Ok(spread), true) => assert_eq!(spread.stacks, here.stacks),
+            // The budget's refusal, or an operator's that could not spill for it.
+            (Err(e), false) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("budget") || e.contains("Memory Exhausted"),
+                    "{e}"
+                );
+            }
+            (merged, _) => panic!("a budget of {budget} bytes: {merged:?}"),
+        }
+    }
+}

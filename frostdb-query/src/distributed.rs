@@ -7,9 +7,14 @@
 //! [datafusion-distributed]: https://github.com/datafusion-contrib/datafusion-distributed
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::error::Result as DfResult;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::execution::object_store::ObjectStoreRegistry;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerResolver};
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
@@ -101,16 +106,63 @@ impl datafusion_distributed::ChannelResolver for Channels {
     }
 }
 
+/// Largest request a worker decodes: a plan (with the blocks its tasks read) or a batch of
+/// work units. A merge's plan is a few KiB plus about 200 bytes a block.
+pub const MAX_WORKER_REQUEST_BYTES: usize = 64 << 20;
+
+/// An object store registry that has none: a worker's plans read only through their
+/// codec's own nodes, so a plan naming files (`file://`, a bucket) reads nothing.
+#[derive(Debug)]
+struct NoObjectStores;
+
+impl ObjectStoreRegistry for NoObjectStores {
+    fn register_store(
+        &self,
+        _url: &url::Url,
+        _store: Arc<dyn datafusion::object_store::ObjectStore>,
+    ) -> Option<Arc<dyn datafusion::object_store::ObjectStore>> {
+        None
+    }
+
+    fn get_store(
+        &self,
+        url: &url::Url,
+    ) -> DfResult<Arc<dyn datafusion::object_store::ObjectStore>> {
+        Err(DataFusionError::Plan(format!(
+            "a worker reads no object store: {url} is not read"
+        )))
+    }
+}
+
+/// What a worker's plans run in: no object store ([`NoObjectStores`]), no spilling to
+/// disk, and `memory` for every operator's reservations (a plan past it fails, naming the
+/// limit, instead of taking the process's memory).
+pub fn worker_runtime(memory: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
+    RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(NoObjectStores))
+        .with_disk_manager_builder(
+            DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+        )
+        .with_memory_pool(memory)
+        .build_arc()
+        .map_err(|e| Error::Config(format!("a worker's runtime: {e}")))
+}
+
 /// Serves this process as a worker of distributed plans on `listener` (gRPC), decoding
 /// their own nodes with `codec`, until `shutdown` completes. With `secret`, it refuses
 /// (`unauthenticated`) every request not carrying it as `authorization: Bearer <secret>`,
 /// as [`Channels`] send it; the plans a worker takes read the tenants' data, so nobody
 /// else may send them. It sends the secret itself to the workers it asks in turn. Without
 /// one it takes plans from anyone who can reach it: a trusted network only.
+///
+/// Whoever sends plans, they run in [`worker_runtime`]: reservations from `memory`, no
+/// file or bucket read but through `codec`'s nodes, nothing spilled; and a request larger
+/// than [`MAX_WORKER_REQUEST_BYTES`] is refused before it is decoded.
 pub async fn serve_worker<C>(
     listener: tokio::net::TcpListener,
     codec: C,
     secret: Option<&str>,
+    memory: Arc<dyn MemoryPool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String>
 where
@@ -119,6 +171,7 @@ where
     let listen: Option<SocketAddr> = listener.local_addr().ok();
     let channels = Channels::new(secret).map_err(|e| e.to_string())?;
     let header = channels.header.clone();
+    let runtime = worker_runtime(memory).map_err(|e| e.to_string())?;
     let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
         let (codec, channels) = (codec.clone(), channels.clone());
         async move {
@@ -128,7 +181,8 @@ where
                 .with_distributed_channel_resolver(channels)
                 .build())
         }
-    });
+    })
+    .with_runtime_env(runtime);
     let check = move |request: tonic::Request<()>| -> std::result::Result<_, tonic::Status> {
         let Some(expected) = &header else {
             return Ok(request);
@@ -148,7 +202,9 @@ where
     };
     tonic::transport::Server::builder()
         .add_service(tonic::service::interceptor::InterceptedService::new(
-            worker.into_worker_server(),
+            worker
+                .into_worker_server()
+                .max_decoding_message_size(MAX_WORKER_REQUEST_BYTES),
             check,
         ))
         .serve_with_incoming_shutdown(

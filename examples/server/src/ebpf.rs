@@ -51,7 +51,7 @@ pub fn start(state: Shared, c: &EbpfConfig) -> Result<Sampler, String> {
                 timestamp_ms: Some(interval.start_ms),
                 at: String::new(),
             };
-            match runtime.block_on(store_one(&state, &tenant, move || Ok(incoming))) {
+            match runtime.block_on(store_one(&state, &tenant, None, move || Ok(incoming))) {
                 Ok(summary) => rows += summary.rows,
                 Err(e) => failed.push(format!("pid {} ({}): {e}", p.pid, p.info.comm)),
             }

@@ -87,7 +87,9 @@ struct Held {
 }
 
 impl RequestMemory {
-    fn new(budget: &MemoryBudget) -> Self {
+    /// Nothing held yet of `budget` (work the server does of its own, a scrape, takes one
+    /// as a request does).
+    pub fn new(budget: &MemoryBudget) -> Self {
         Self(Arc::new(Held {
             reservation: Mutex::new(budget.empty()),
             refused: Mutex::new(None),

@@ -530,7 +530,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let options = frostdb_profile::distributed::ClusterOptions::default()
         .workers(cluster.workers.clone())
         .listen(cluster.worker_listen)
-        .secret(state.config.cluster_secret().map(str::to_owned));
+        .secret(state.config.cluster_secret().map(str::to_owned))
+        .memory_budget(state.budget.clone());
     let mut node = frostdb_profile::distributed::Node::start(&options, source)
         .await
         .map_err(|e| format!("[cluster]: {e}"))?;

@@ -225,6 +225,10 @@ async fn scrape_once(
         return Err(format!("HTTP {status}"));
     }
     let limit = state.config.limits.max_body_bytes;
+    // A target's answer is held of the memory budget as a request's body is, and what
+    // decoding it makes is charged before it is made: a target answering a bomb is
+    // refused for the budget, as a push of one is.
+    let memory = crate::edge::RequestMemory::new(&state.budget);
     let mut body = Vec::new();
     while let Some(chunk) = response
         .chunk()
@@ -234,11 +238,14 @@ async fn scrape_once(
         if body.len() + chunk.len() > limit {
             return Err(format!("the profile is larger than {limit} bytes"));
         }
+        memory
+            .try_grow(chunk.len(), "a scraped profile")
+            .map_err(|e| e.to_string())?;
         body.extend_from_slice(&chunk);
     }
     let limits = state.tenants.pprof_limits();
     let (name, labels) = (profile_name(profile).to_owned(), labels.to_vec());
-    let summary = store_one(state, &config.tenant, move || {
+    let summary = store_one(state, &config.tenant, Some(memory), move || {
         let decoded = frostdb_pprof::decode(&body, &limits)
             .map_err(|e| crate::error::ApiError::from(e).context("pprof"))?;
         Ok(Incoming {

@@ -689,3 +689,63 @@ async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
     assert!((500..2_000).contains(&rows), "{rows} rows");
     assert_eq!(answer["truncated"], true);
 }
+
+/// A scrape target answering a gzip bomb (a pprof that inflates to 120 MiB from 120 KB) is
+/// charged what it inflates to, as a push of it is: under a 64 MiB budget the scrape fails
+/// naming the budget, and the target shows it, instead of 120 MiB made uncharged each
+/// interval by every such target.
+#[tokio::test]
+async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
+    use flate2::write::GzEncoder;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let chunk: Vec<u8> = std::iter::repeat_n([0x12u8, 0x00], 1 << 20)
+        .flatten()
+        .collect();
+    for _ in 0..60 {
+        gz.write_all(&chunk).unwrap();
+    }
+    let bomb = gz.finish().unwrap();
+    // The target: every connection answered the bomb.
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = target.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = target.accept().await else {
+                return;
+            };
+            let bomb = bomb.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bomb.len()
+                );
+                let _ = c.write_all(head.as_bytes()).await;
+                let _ = c.write_all(&bomb).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[limits]\nmemory = \"64MiB\"\n\n[[scrape]]\njob = \"bomb\"\ntargets = [\"{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
+    );
+    let s = Server::start(&dir.path().join("d"), Some(&config));
+    let mut last = serde_json::Value::Null;
+    let failed = eventually(Duration::from_secs(60), async || {
+        last = get_json(&format!("{}/api/v1/targets", s.url), None).await;
+        last[0]["failures"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    assert!(failed, "the scrape did not fail: {last}\n{}", s.log());
+    let error = last[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("limits.memory"), "{error}");
+    assert_eq!(last[0]["scrapes"], 0, "{last}");
+}

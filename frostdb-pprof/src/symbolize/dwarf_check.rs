@@ -35,19 +35,55 @@ pub(crate) fn check(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Bytes the compressed sections of `path` (and of the file its debug link names beside
+/// it) inflate to, as their headers state them: what reading its DWARF makes beyond the
+/// file's own size, which a reservation must cover before the file is read (a small file
+/// can state a gibibyte a section). 0 for a file that is not an object file ([`check`]
+/// refuses it).
+pub(crate) fn inflated_bytes(path: &Path) -> u64 {
+    let of = |path: &Path| -> (u64, Option<String>) {
+        let Ok(file) = std::fs::File::open(path) else {
+            return (0, None);
+        };
+        let cache = object::ReadCache::new(file);
+        let Ok(elf) = object::File::parse(&cache) else {
+            return (0, None);
+        };
+        let inflated = elf
+            .sections()
+            .filter_map(|s| s.compressed_file_range().ok())
+            .filter(|r| r.format != object::CompressionFormat::None)
+            .fold(0u64, |sum, r| sum.saturating_add(r.uncompressed_size));
+        (inflated, debuglink(&elf))
+    };
+    let (mut bytes, linked) = of(path);
+    if let Some(linked) = linked {
+        let linked = path.with_file_name(linked);
+        if linked.is_file() {
+            let size = std::fs::metadata(&linked).map_or(0, |m| m.len());
+            bytes = bytes.saturating_add(size).saturating_add(of(&linked).0);
+        }
+    }
+    bytes
+}
+
+/// The plain file name the `.gnu_debuglink` of `elf` names, if any (blazesym looks for it
+/// beside the file and in debug dirs).
+fn debuglink<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<String> {
+    elf.gnu_debuglink()
+        .ok()
+        .flatten()
+        .map(|(name, _)| String::from_utf8_lossy(name).into_owned())
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+}
+
 /// Walks the DWARF of the ELF file at `path`; returns the file name its
 /// `.gnu_debuglink` names, if any.
 fn check_file(path: &Path) -> Result<Option<String>, String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let cache = object::ReadCache::new(file);
     let elf = object::File::parse(&cache).map_err(|e| format!("not an object file: {e}"))?;
-    let linked = elf
-        .gnu_debuglink()
-        .ok()
-        .flatten()
-        .map(|(name, _)| String::from_utf8_lossy(name).into_owned())
-        // Only a plain file name: blazesym looks for it beside the file and in debug dirs.
-        .filter(|name| !name.is_empty() && !name.contains('/'));
+    let linked = debuglink(&elf);
     let info = section(&elf, ".debug_info")?;
     let abbrev = section(&elf, ".debug_abbrev")?;
     let endian = if elf.is_little_endian() {
@@ -196,6 +232,70 @@ mod tests {
         // loop of our own.
         let e = walked(100_000).unwrap_err();
         assert!(e.contains("nested"), "{e}");
+    }
+
+    /// An ELF64 relocatable file with a `.debug_info` compressed (zlib) that states it
+    /// inflates to `stated` bytes: what a bomb's headers say, however few bytes follow.
+    fn stating(stated: u64) -> Vec<u8> {
+        let names = b"\0.debug_info\0.shstrtab\0";
+        let mut info = Vec::new();
+        info.extend(1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
+        info.extend(0u32.to_le_bytes());
+        info.extend(stated.to_le_bytes());
+        info.extend(1u64.to_le_bytes());
+        info.extend([0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]); // zlib of nothing
+        let (info_at, names_at) = (64u64, 64 + info.len() as u64);
+        let headers_at = names_at + names.len() as u64;
+        let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1];
+        elf.resize(16, 0);
+        elf.extend(1u16.to_le_bytes()); // relocatable
+        elf.extend(62u16.to_le_bytes()); // x86-64
+        elf.extend(1u32.to_le_bytes());
+        elf.extend([0u8; 16]); // entry, program headers
+        elf.extend(headers_at.to_le_bytes());
+        elf.extend(0u32.to_le_bytes());
+        for half in [64u16, 0, 0, 64, 3, 2] {
+            elf.extend(half.to_le_bytes()); // sizes, counts, the names' section
+        }
+        elf.extend(&info);
+        elf.extend(names);
+        let mut section = |name: u32, kind: u32, flags: u64, at: u64, size: u64| {
+            elf.extend(name.to_le_bytes());
+            elf.extend(kind.to_le_bytes());
+            elf.extend(flags.to_le_bytes());
+            elf.extend(0u64.to_le_bytes());
+            elf.extend(at.to_le_bytes());
+            elf.extend(size.to_le_bytes());
+            elf.extend([0u8; 8]); // link, info
+            elf.extend(1u64.to_le_bytes());
+            elf.extend(0u64.to_le_bytes());
+        };
+        section(0, 0, 0, 0, 0);
+        section(1, 1, 0x800, info_at, info.len() as u64); // SHF_COMPRESSED
+        section(13, 3, 0, names_at, names.len() as u64);
+        elf
+    }
+
+    #[test]
+    fn what_compressed_sections_inflate_to_is_known_before_they_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bomb.debug");
+        // A file of 300 bytes stating a tebibyte: a reservation covers that first.
+        std::fs::write(&path, stating(1 << 40)).unwrap();
+        assert_eq!(inflated_bytes(&path), 1 << 40);
+        let e = check(&path).unwrap_err();
+        assert!(e.contains("inflates to 1099511627776 bytes"), "{e}");
+        // Stating a few bytes: that is what it takes (and its stream holds fewer).
+        std::fs::write(&path, stating(64)).unwrap();
+        assert_eq!(inflated_bytes(&path), 64);
+        assert!(
+            check(&path)
+                .unwrap_err()
+                .contains("0 bytes inflated, 64 declared")
+        );
+        // Not an object file: nothing stated (check refuses it).
+        std::fs::write(&path, b"not an ELF file").unwrap();
+        assert_eq!(inflated_bytes(&path), 0);
     }
 
     #[test]

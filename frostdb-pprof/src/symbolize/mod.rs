@@ -635,7 +635,11 @@ impl Symbolizer {
             };
             let reserved = match &self.options.memory_budget {
                 Some(budget) => {
-                    let bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+                    // The file, and what its compressed sections inflate to (stated in
+                    // their headers: a small upload can state a gibibyte a section).
+                    let bytes = std::fs::metadata(&path)
+                        .map_or(0, |m| m.len())
+                        .saturating_add(dwarf_check::inflated_bytes(&path));
                     match budget.try_reserve(bytes as usize, "reading a debug file") {
                         Ok(reserved) => Some(reserved),
                         Err(e) => {

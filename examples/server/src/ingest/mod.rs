@@ -59,11 +59,16 @@ where
 }
 
 /// [`store`] for a request of one profile.
-pub async fn store_one<F>(state: &Shared, tenant: &str, decode: F) -> ApiResult<IngestSummary>
+pub async fn store_one<F>(
+    state: &Shared,
+    tenant: &str,
+    memory: Option<RequestMemory>,
+    decode: F,
+) -> ApiResult<IngestSummary>
 where
     F: FnOnce() -> ApiResult<Incoming> + Send + 'static,
 {
-    let mut summaries = store(state, tenant, None, move || Ok(vec![decode()?])).await?;
+    let mut summaries = store(state, tenant, memory, move || Ok(vec![decode()?])).await?;
     summaries
         .pop()
         .ok_or_else(|| ApiError::internal("a stored profile has no summary"))
