@@ -57,14 +57,16 @@ pub(super) fn range(start: i64, end: i64) -> ApiResult<TimeRange> {
 
 /// A typed selector from a request's profile type id and label selector.
 pub(super) fn typed(profile_type: &str, label_selector: &str) -> ApiResult<TypedSelector> {
-    Selector::from_parts(profile_type, label_selector)
-        .map_err(|e| ApiError::from(e).context("label_selector"))?
-        .typed()
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "profile_typeID is required (name:sample_type:sample_unit:period_type:period_unit)",
-            )
-        })
+    crate::query::parsing(&[label_selector], || {
+        Selector::from_parts(profile_type, label_selector)
+    })
+    .map_err(|e| ApiError::from(e).context("label_selector"))?
+    .typed()
+    .ok_or_else(|| {
+        ApiError::bad_request(
+            "profile_typeID is required (name:sample_type:sample_unit:period_type:period_unit)",
+        )
+    })
 }
 
 /// Most regex matchers all the selectors of one request may compile together (each
@@ -77,6 +79,12 @@ pub(super) fn matchers(matchers: &[String]) -> ApiResult<Vec<Selector>> {
     if matchers.is_empty() {
         return Ok(vec![Selector::default()]);
     }
+    let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
+    crate::query::parsing(&texts, || parse_matchers(matchers))
+}
+
+/// [`matchers`], parsed here.
+fn parse_matchers(matchers: &[String]) -> ApiResult<Vec<Selector>> {
     let mut regexes = 0;
     let mut selectors = Vec::with_capacity(matchers.len());
     for m in matchers {
@@ -530,7 +538,8 @@ impl Querier {
         &self,
         r: querier::AnalyzeQueryRequest,
     ) -> ApiResult<querier::AnalyzeQueryResponse> {
-        let selector = Selector::parse(&r.query).map_err(|e| ApiError::from(e).context("query"))?;
+        let selector = crate::query::parsing(&[&r.query], || Selector::parse(&r.query))
+            .map_err(|e| ApiError::from(e).context("query"))?;
         let range = range(r.start, r.end)?;
         let (series, blocks, bytes) = self
             .read((0, 0, 0), move |store| {

@@ -44,7 +44,7 @@ pub(super) fn render_query(
             "process_cpu:cpu:nanoseconds:cpu:nanoseconds"
         ))
     })?;
-    let selector = Selector::from_parts("", text)
+    let selector = crate::query::parsing(&[text], || Selector::from_parts("", text))
         .map_err(|e| ApiError::from(e).context(query))?
         .typed()
         .ok_or_else(|| {
