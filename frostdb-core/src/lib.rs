@@ -111,7 +111,7 @@ pub use manifest::{BlockMeta, BlockSlice, MirrorHealth};
 pub use options::{DbOptions, Durability, SharedOptions, TableOptions};
 pub use predicate::{CmpOp, Col, ColumnStats, Predicate, col};
 pub use scalar::Scalar;
-pub use scan::stop::stop_scans_when;
+pub use scan::stop::{stop_scans_when, stopped_now};
 pub use scan::{Projection, Scan, ScanMetrics, ScanRequest, Snapshot};
 pub use schema::{
     ColumnDef, Compression, Encoding, MAX_NAME_LEN, Schema, SchemaBuilder, SortingColumn,

@@ -232,7 +232,12 @@ impl ExecutionPlan for StackScanExec {
         let schema = scan.schema()?;
         // The session's pool: on a worker, the budget it serves tasks within.
         let memory = context.memory_pool().clone();
+        // Held by the stream's future: once the coordinator drops the stream (its request
+        // ended, or it failed), the merge's scans stop at their next batch.
+        let wanted = Arc::new(());
+        let still_wanted = Arc::downgrade(&wanted);
         let work = async move {
+            let _wanted = wanted;
             tokio::task::spawn_blocking(move || -> DfResult<RecordBatch> {
                 let selector = Selector::parse(&scan.selector)
                     .map_err(|e| DataFusionError::Plan(e.to_string()))?;
@@ -243,15 +248,21 @@ impl ExecutionPlan for StackScanExec {
                 let totals = (|| -> Result<StackTotals> {
                     let table = source.table(&scan.tenant, &scan.table)?;
                     let snapshot = table.snapshot_of_blocks(blocks)?;
-                    merge_stacks(
-                        &snapshot,
-                        &selector,
-                        range,
-                        source.threads(),
-                        scan.lenient,
-                        &memory,
-                        scan.narrow.clone(),
-                    )
+                    let unwanted = move || {
+                        (still_wanted.strong_count() == 0)
+                            .then(|| "the merge's coordinator no longer reads it".to_owned())
+                    };
+                    frostdb_core::stop_scans_when(unwanted, || {
+                        merge_stacks(
+                            &snapshot,
+                            &selector,
+                            range,
+                            source.threads(),
+                            scan.lenient,
+                            &memory,
+                            scan.narrow.clone(),
+                        )
+                    })
                 })()
                 .map_err(|e| {
                     DataFusionError::External(
@@ -538,8 +549,14 @@ impl Cluster {
             source: self.source.clone(),
         });
         let ctx = self.context();
+        // The request's stop condition (its time limit, its client gone), checked while
+        // the workers work: a merge for nobody is dropped, which ends its streams to them.
+        let stopped = frostdb_core::stopped_now();
+        if let Some(e) = stopped() {
+            return Err(e.into());
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
+        let running = self.runtime.spawn(async move {
             let run = async {
                 let df = ctx.read_table(provider)?.aggregate(
                     vec![col(STACKTRACE_ID)],
@@ -568,20 +585,34 @@ impl Cluster {
             };
             let _ = tx.send(run.await);
         });
-        let (batches, moved) = rx
-            .recv()
-            .map_err(|_| Error::Cluster("the coordinator's runtime stopped".into()))?
-            .map_err(|e| {
-                let workers: Vec<&str> = self.workers.0.iter().map(|u| u.as_str()).collect();
-                Error::Cluster(format!(
-                    "a merge spread over workers {} failed (no partial answer is given): {e}",
-                    workers.join(", ")
-                ))
-            })?;
+        let answer = loop {
+            match rx.recv_timeout(STOP_CHECK_EVERY) {
+                Ok(answer) => break answer,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(e) = stopped() {
+                        running.abort();
+                        return Err(e.into());
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Cluster("the coordinator's runtime stopped".into()));
+                }
+            }
+        };
+        let (batches, moved) = answer.map_err(|e| {
+            let workers: Vec<&str> = self.workers.0.iter().map(|u| u.as_str()).collect();
+            Error::Cluster(format!(
+                "a merge spread over workers {} failed (no partial answer is given): {e}",
+                workers.join(", ")
+            ))
+        })?;
         self.bytes_moved.fetch_add(moved, Ordering::Relaxed);
         totals_of(&batches)
     }
 }
+
+/// How often a merge waiting on its workers checks whether its request still wants it.
+const STOP_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A cluster's merges for one tenant: what a profile store of that tenant reads its
 /// persisted blocks with ([`crate::native::BlockMerger`]).

@@ -337,3 +337,57 @@ fn a_workers_tasks_reserve_from_its_memory_budget() {
         }
     }
 }
+
+/// A merge waiting on its workers stops once its request no longer wants it (the ambient
+/// stop condition a server sets for a request's reads), with the reason as the error,
+/// rather than holding the request's thread for as long as the workers take: here
+/// forever, a "worker" that takes connections and never answers.
+#[test]
+fn a_merge_waiting_on_its_workers_stops_when_its_request_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default().row_group_rows(40),
+        )
+        .unwrap();
+    common::insert(&table, &rows(6, 24, 10_000, 5));
+    table.persist().unwrap();
+    let snapshot = table.snapshot();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = silent.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        // Takes connections and holds them, unanswered, until the test ends.
+        let mut open = Vec::new();
+        for c in silent.incoming().take(8) {
+            open.push(c);
+        }
+    });
+    let cluster = Cluster::new(&[format!("http://{at}"), format!("http://{at}")], None).unwrap();
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    // Wanted for the first checks, then not (the request's time limit passed).
+    let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = checks.clone();
+    let ended = move || {
+        (counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 3)
+            .then(|| "the request's time limit passed".to_owned())
+    };
+    let e = frostdb_core::stop_scans_when(ended, || {
+        cluster.merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            TimeRange::ALL,
+            false,
+            None,
+        )
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("time limit passed"), "{e}");
+    assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable);
+    assert!(checks.load(std::sync::atomic::Ordering::SeqCst) >= 4);
+    drop(held);
+}

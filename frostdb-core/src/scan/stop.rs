@@ -43,6 +43,14 @@ pub(crate) fn current() -> Option<Stop> {
     CURRENT.with_borrow(Clone::clone)
 }
 
+/// Why work started now on this thread should stop, if it should: the condition of the
+/// [`stop_scans_when`] around it (none: never), for work that is not a scan to check as it
+/// goes (a merge waiting on other processes), as [`Error::Stopped`].
+pub fn stopped_now() -> impl Fn() -> Option<Error> + Send + Sync + 'static {
+    let stop = current();
+    move || stop.as_ref().and_then(Stop::check)
+}
+
 /// Runs `f`; every scan it starts on this thread stops at its next batch once `stop`
 /// returns a reason (the scan's item is then [`Error::Stopped`], the kind
 /// [`Unavailable`](crate::ErrorKind::Unavailable)). Nested calls: the inner condition holds
