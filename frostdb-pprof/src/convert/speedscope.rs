@@ -58,27 +58,69 @@ struct FileFrame {
     name: String,
 }
 
+/// A profile of the file, by its `type`. Read through [`RawProfile`], a plain struct: an
+/// enum tagged by a field (`#[serde(tag)]`) is read by buffering each profile whole as
+/// untyped values first, about 16 bytes of memory a byte of JSON.
 #[derive(Deserialize)]
-#[serde(tag = "type")]
+#[serde(try_from = "RawProfile")]
 enum FileProfile {
-    #[serde(rename = "sampled")]
     Sampled {
-        #[serde(default)]
         name: String,
         unit: String,
         samples: Vec<Vec<u64>>,
         weights: Vec<f64>,
     },
-    #[serde(rename = "evented")]
     Evented {
-        #[serde(default)]
         name: String,
         unit: String,
-        #[serde(rename = "startValue")]
         start_value: f64,
         events: Vec<Event>,
     },
 }
+
+/// A profile's fields as they come, in any order.
+#[derive(Deserialize)]
+struct RawProfile {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    name: String,
+    unit: String,
+    samples: Option<Vec<Vec<u64>>>,
+    weights: Option<Vec<f64>>,
+    #[serde(rename = "startValue")]
+    start_value: Option<f64>,
+    events: Option<Vec<Event>>,
+}
+
+impl TryFrom<RawProfile> for FileProfile {
+    type Error = String;
+
+    fn try_from(p: RawProfile) -> std::result::Result<Self, String> {
+        let missing = |field: &str| format!("a {} profile has no `{field}`", p.kind);
+        match p.kind.as_str() {
+            "sampled" => Ok(Self::Sampled {
+                samples: p.samples.ok_or_else(|| missing("samples"))?,
+                weights: p.weights.ok_or_else(|| missing("weights"))?,
+                name: p.name,
+                unit: p.unit,
+            }),
+            "evented" => Ok(Self::Evented {
+                start_value: p.start_value.ok_or_else(|| missing("startValue"))?,
+                events: p.events.ok_or_else(|| missing("events"))?,
+                name: p.name,
+                unit: p.unit,
+            }),
+            other => Err(format!(
+                "unknown profile type {other:?} (sampled or evented)"
+            )),
+        }
+    }
+}
+
+/// Bytes of memory the parsed file may take a byte of its JSON, at most: an empty sample
+/// (`[],`, 3 bytes) is a 24-byte vector, a number (`0,`, 2 bytes) 8 bytes.
+const PARSED_BYTES_PER_BYTE: usize = 8;
 
 #[derive(Deserialize)]
 struct Event {
@@ -142,6 +184,10 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
         at,
         reason,
     };
+    crate::decode::charge::charge(
+        body.len().saturating_mul(PARSED_BYTES_PER_BYTE),
+        "parsing a speedscope file",
+    )?;
     let file: File = serde_json::from_slice(body).map_err(|e| {
         invalid(
             format!("line {} column {}", e.line(), e.column()),
@@ -362,6 +408,45 @@ mod tests {
     fn folded(c: &Converted) -> Vec<String> {
         crate::validate(c.profile.clone(), &Limits::default()).unwrap();
         crate::convert::folded::stack_lines(&c.profile)
+    }
+
+    /// What parsing makes is charged before it is made: a file of 2 MiB of empty samples
+    /// (`[],`: 24 bytes each once parsed) asks for 16 MiB first, and a charge refusing
+    /// it fails the conversion naming it; a small real file is charged what it states.
+    #[test]
+    fn parsing_is_charged_before_the_file_is_parsed() {
+        let mut bomb = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[]},"profiles":[{"type":"sampled","unit":"none","weights":[],"samples":["#.to_vec();
+        bomb.extend(b"[],".repeat(700_000));
+        bomb.extend(b"[]]}]}");
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = asked.clone();
+        let e = crate::charging(
+            move |bytes, what| {
+                seen.fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
+                match bytes > 8 << 20 {
+                    true => Err(format!("{what}: {bytes} bytes is over the budget")),
+                    false => Ok(()),
+                }
+            },
+            || convert(&bomb, 100, &Limits::default()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("parsing a speedscope file"), "{e}");
+        assert!(asked.load(std::sync::atomic::Ordering::SeqCst) >= 16_000_000);
+        // A real file within the charge converts.
+        let real = file("0.0.1_simple.speedscope.json");
+        let got = crate::charging(|_, _| Ok(()), || convert(&real, 100, &Limits::default()));
+        assert!(!got.unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_profile_of_no_known_type_is_refused_naming_it() {
+        let body = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[]},"profiles":[{"type":"tabulated","unit":"none"}]}"#;
+        let e = convert(body, 100, &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("\"tabulated\""), "{e}");
+        let body = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[]},"profiles":[{"unit":"none","samples":[],"type":"sampled"}]}"#;
+        let e = convert(body, 100, &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("weights"), "{e}");
     }
 
     #[test]
