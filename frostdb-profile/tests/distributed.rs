@@ -26,6 +26,49 @@ impl StackSource for Local {
     }
 }
 
+/// A table of one persisted block of row groups of 40 rows: enough row groups that a
+/// merge of it is spread over workers.
+fn spread_table(dir: &std::path::Path) -> Table {
+    let db = Db::open(dir, DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default().row_group_rows(40),
+        )
+        .unwrap();
+    common::insert(&table, &rows(6, 24, 10_000, 5));
+    table.persist().unwrap();
+    table
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Two workers on loopback serving `source` as `options` say, and their URLs.
+fn two_workers(
+    runtime: &tokio::runtime::Runtime,
+    source: &Arc<dyn StackSource>,
+    options: ClusterOptions,
+) -> (Vec<Node>, Vec<String>) {
+    let mut workers = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let options = options.clone().listen("127.0.0.1:0".parse().ok());
+        let node = runtime
+            .block_on(Node::start(&options, source.clone()))
+            .unwrap();
+        urls.push(format!("http://{}", node.listening().unwrap()));
+        workers.push(node);
+    }
+    (workers, urls)
+}
+
 #[test]
 fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,22 +89,9 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     assert_eq!(snapshot.blocks().len(), 2);
     assert!(snapshot.blocks()[0].row_groups > 10);
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
-    let mut workers = Vec::new();
-    let mut urls = Vec::new();
-    for _ in 0..2 {
-        let worker = ClusterOptions::default().listen("127.0.0.1:0".parse().ok());
-        let node = runtime
-            .block_on(Node::start(&worker, source.clone()))
-            .unwrap();
-        urls.push(format!("http://{}", node.listening().unwrap()));
-        workers.push(node);
-    }
+    let (mut workers, urls) = two_workers(&runtime, &source, ClusterOptions::default());
     let cluster = Cluster::new(&urls, None).unwrap();
     let pool = frostdb_query::memory_pool(None);
     let all = TimeRange::ALL;
@@ -128,36 +158,12 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
 #[test]
 fn a_worker_with_a_secret_refuses_plans_without_it() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-    let table = db
-        .table(
-            "samples",
-            samples_schema_with_period(),
-            frostdb_core::TableOptions::default().row_group_rows(40),
-        )
-        .unwrap();
-    // As in the test above: enough row groups that the merge is spread.
-    common::insert(&table, &rows(6, 24, 10_000, 5));
-    table.persist().unwrap();
+    let table = spread_table(dir.path());
     let snapshot = table.snapshot();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
-    let mut urls = Vec::new();
-    let mut workers = Vec::new();
-    for _ in 0..2 {
-        let worker = ClusterOptions::default()
-            .listen("127.0.0.1:0".parse().ok())
-            .secret("s3cret".to_owned());
-        let node = runtime
-            .block_on(Node::start(&worker, source.clone()))
-            .unwrap();
-        urls.push(format!("http://{}", node.listening().unwrap()));
-        workers.push(node);
-    }
+    let secret = ClusterOptions::default().secret("s3cret".to_owned());
+    let (_workers, urls) = two_workers(&runtime, &source, secret);
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let merge = |cluster: &Cluster| {
         cluster.merge_stacks(
@@ -225,22 +231,9 @@ fn a_plan_naming_files_reads_nothing_on_a_worker() {
             frostdb_core::TableOptions::default(),
         )
         .unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let source: Arc<dyn StackSource> = Arc::new(Local(table));
-    let mut urls = Vec::new();
-    let mut workers = Vec::new();
-    for _ in 0..2 {
-        let worker = ClusterOptions::default().listen("127.0.0.1:0".parse().ok());
-        let node = runtime
-            .block_on(Node::start(&worker, source.clone()))
-            .unwrap();
-        urls.push(format!("http://{}", node.listening().unwrap()));
-        workers.push(node);
-    }
+    let (_workers, urls) = two_workers(&runtime, &source, ClusterOptions::default());
     // A coordinator of plain DataFusion plans over those workers.
     let state = SessionStateBuilder::new()
         .with_default_features()
@@ -281,39 +274,17 @@ fn a_plan_naming_files_reads_nothing_on_a_worker() {
 #[test]
 fn a_workers_tasks_reserve_from_its_memory_budget() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-    let table = db
-        .table(
-            "samples",
-            samples_schema_with_period(),
-            frostdb_core::TableOptions::default().row_group_rows(40),
-        )
-        .unwrap();
-    common::insert(&table, &rows(6, 24, 10_000, 5));
-    table.persist().unwrap();
+    let table = spread_table(dir.path());
     let snapshot = table.snapshot();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
     let pool = frostdb_query::memory_pool(None);
     let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
     for (budget, fits) in [(1024, false), (1 << 30, true)] {
-        let mut urls = Vec::new();
-        let mut workers = Vec::new();
-        for _ in 0..2 {
-            let worker = ClusterOptions::default()
-                .listen("127.0.0.1:0".parse().ok())
-                .memory_budget(frostdb_core::MemoryBudget::new(budget));
-            let node = runtime
-                .block_on(Node::start(&worker, source.clone()))
-                .unwrap();
-            urls.push(format!("http://{}", node.listening().unwrap()));
-            workers.push(node);
-        }
+        let budgeted =
+            ClusterOptions::default().memory_budget(frostdb_core::MemoryBudget::new(budget));
+        let (_workers, urls) = two_workers(&runtime, &source, budgeted);
         let merged = Cluster::new(&urls, None).unwrap().merge_stacks(
             "t",
             "samples",
@@ -345,17 +316,7 @@ fn a_workers_tasks_reserve_from_its_memory_budget() {
 #[test]
 fn a_merge_waiting_on_its_workers_stops_when_its_request_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-    let table = db
-        .table(
-            "samples",
-            samples_schema_with_period(),
-            frostdb_core::TableOptions::default().row_group_rows(40),
-        )
-        .unwrap();
-    common::insert(&table, &rows(6, 24, 10_000, 5));
-    table.persist().unwrap();
-    let snapshot = table.snapshot();
+    let snapshot = spread_table(dir.path()).snapshot();
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = silent.local_addr().unwrap();
     let held = std::thread::spawn(move || {

@@ -630,19 +630,9 @@ async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
     assert!(body.contains("\"total\":30"), "{body}");
 }
 
-/// A pprof gzipped inside the body (no Content-Encoding: the budget sees 120 KB) that
-/// inflates to 120 MiB: the inflated bytes are charged to the request before they are made,
-/// so under a 64 MiB budget it is answered 503 naming them, not inflated and parsed
-/// uncharged (64 such requests at once were 8 GiB the budget never saw). A usual push
-/// after it is stored.
-#[tokio::test]
-async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
+/// A gzipped "pprof" of 120 KB that inflates to 120 MiB (empty samples, `12 00`).
+fn gzip_bomb() -> Vec<u8> {
     use flate2::write::GzEncoder;
-    let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(
-        &dir.path().join("d"),
-        Some("[limits]\nmemory = \"64MiB\"\n"),
-    );
     let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
     let chunk: Vec<u8> = std::iter::repeat_n([0x12u8, 0x00], 1 << 20)
         .flatten()
@@ -650,7 +640,22 @@ async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
     for _ in 0..60 {
         gz.write_all(&chunk).unwrap();
     }
-    let bomb = gz.finish().unwrap();
+    gz.finish().unwrap()
+}
+
+/// A pprof gzipped inside the body (no Content-Encoding: the budget sees 120 KB) that
+/// inflates to 120 MiB: the inflated bytes are charged to the request before they are made,
+/// so under a 64 MiB budget it is answered 503 naming them, not inflated and parsed
+/// uncharged (64 such requests at once were 8 GiB the budget never saw). A usual push
+/// after it is stored.
+#[tokio::test]
+async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"64MiB\"\n"),
+    );
+    let bomb = gzip_bomb();
     assert!(bomb.len() < 1 << 20, "{}", bomb.len());
     let (status, answer) = push_pprof(&s, "anonymous", "app.cpu", bomb).await;
     assert_eq!(status, 503, "{answer}");
@@ -696,16 +701,8 @@ async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
 /// interval by every such target.
 #[tokio::test]
 async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
-    use flate2::write::GzEncoder;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
-    let chunk: Vec<u8> = std::iter::repeat_n([0x12u8, 0x00], 1 << 20)
-        .flatten()
-        .collect();
-    for _ in 0..60 {
-        gz.write_all(&chunk).unwrap();
-    }
-    let bomb = gz.finish().unwrap();
+    let bomb = gzip_bomb();
     // The target: every connection answered the bomb.
     let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let at = target.local_addr().unwrap();
