@@ -849,7 +849,15 @@ pub async fn serve_worker_with(
     let codec = StackScanCodec {
         source: Some(source),
     };
-    frostdb_query::distributed::serve_worker(listener, codec, secret, memory, shutdown).await
+    frostdb_query::distributed::serve_worker(
+        listener,
+        codec,
+        &["StackScanExec"],
+        secret,
+        memory,
+        shutdown,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::object_store::ObjectStoreRegistry;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext, WorkerResolver};
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
@@ -148,6 +149,33 @@ pub fn worker_runtime(memory: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
         .map_err(|e| Error::Config(format!("a worker's runtime: {e}")))
 }
 
+/// The nodes of datafusion-distributed a worker's plan reads other stages through.
+const NETWORK_LEAVES: [&str; 3] = [
+    "NetworkShuffleExec",
+    "NetworkCoalesceExec",
+    "NetworkBroadcastExec",
+];
+
+/// Whether every leaf of `plan` (what its rows come from) is one of `leaves` or reads
+/// another stage of the plan ([`NETWORK_LEAVES`]): a plan of DataFusion's own sources (files,
+/// generated rows, values in the plan) is refused before it runs. Walked with a stack of
+/// its own, never recursion: the plan is what a client sent.
+fn check_leaves(plan: &Arc<dyn ExecutionPlan>, leaves: &[&str]) -> DfResult<()> {
+    let mut open = vec![plan];
+    while let Some(node) = open.pop() {
+        let children = node.children();
+        let name = node.name();
+        if children.is_empty() && !leaves.contains(&name) && !NETWORK_LEAVES.contains(&name) {
+            return Err(DataFusionError::Plan(format!(
+                "a worker runs only plans that read through {}: this one reads through {name}",
+                leaves.join(", ")
+            )));
+        }
+        open.extend(children);
+    }
+    Ok(())
+}
+
 /// Serves this process as a worker of distributed plans on `listener` (gRPC), decoding
 /// their own nodes with `codec`, until `shutdown` completes. With `secret`, it refuses
 /// (`unauthenticated`) every request not carrying it as `authorization: Bearer <secret>`,
@@ -156,11 +184,14 @@ pub fn worker_runtime(memory: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
 /// one it takes plans from anyone who can reach it: a trusted network only.
 ///
 /// Whoever sends plans, they run in [`worker_runtime`]: reservations from `memory`, no
-/// file or bucket read but through `codec`'s nodes, nothing spilled; and a request larger
-/// than [`MAX_WORKER_REQUEST_BYTES`] is refused before it is decoded.
+/// file or bucket read but through `codec`'s nodes, nothing spilled. A plan whose rows come
+/// from anything but `leaves` (the names of `codec`'s nodes that read data) and the stages
+/// of the plan itself is refused before it runs, and a request larger than
+/// [`MAX_WORKER_REQUEST_BYTES`] before it is decoded.
 pub async fn serve_worker<C>(
     listener: tokio::net::TcpListener,
     codec: C,
+    leaves: &'static [&'static str],
     secret: Option<&str>,
     memory: Arc<dyn MemoryPool>,
     shutdown: impl std::future::Future<Output = ()> + Send,
@@ -179,6 +210,14 @@ where
                 .builder
                 .with_distributed_user_codec(codec)
                 .with_distributed_channel_resolver(channels)
+                .with_distributed_worker_plan_rewrite_handler(
+                    move |ev: datafusion_distributed::WorkerPlanRewriteEvent<'_>| {
+                        check_leaves(&ev.plan, leaves)?;
+                        Ok(datafusion_distributed::WorkerPlanRewriteEventResponse::new(
+                            ev.plan,
+                        ))
+                    },
+                )
                 .build())
         }
     })
@@ -219,4 +258,34 @@ where
 /// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+    use datafusion::physical_plan::union::UnionExec;
+
+    /// A worker's plan may read only through the leaves it is given (and other stages): a
+    /// plan of DataFusion's own sources is refused, naming the source, wherever it sits.
+    #[test]
+    fn a_plan_reading_anything_but_the_given_leaves_is_refused() {
+        let schema = Arc::new(Schema::empty());
+        let empty: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(schema.clone()));
+        let row: Arc<dyn ExecutionPlan> = Arc::new(PlaceholderRowExec::new(schema));
+        check_leaves(&empty, &["EmptyExec"]).unwrap();
+        let e = check_leaves(&empty, &["StackScanExec"]).unwrap_err();
+        assert!(e.to_string().contains("reads through EmptyExec"), "{e}");
+        // Below a node that is allowed, beside a leaf that is.
+        let union = UnionExec::try_new(vec![empty.clone(), row]).unwrap();
+        let e = check_leaves(&union, &["EmptyExec"]).unwrap_err();
+        assert!(
+            e.to_string().contains("reads through PlaceholderRowExec"),
+            "{e}"
+        );
+        let both = UnionExec::try_new(vec![empty.clone(), empty]).unwrap();
+        check_leaves(&both, &["EmptyExec"]).unwrap();
+    }
 }
