@@ -108,7 +108,7 @@ impl datafusion_distributed::ChannelResolver for Channels {
 }
 
 /// Largest request a worker decodes: a plan (with the blocks its tasks read) or a batch of
-/// work units. A merge's plan is a few KiB plus about 200 bytes a block.
+/// work units. A merge's plan is a few KiB plus each block's manifest entry.
 pub const MAX_WORKER_REQUEST_BYTES: usize = 64 << 20;
 
 /// An object store registry that has none: a worker's plans read only through their
@@ -138,7 +138,7 @@ impl ObjectStoreRegistry for NoObjectStores {
 /// What a worker's plans run in: no object store ([`NoObjectStores`]), no spilling to
 /// disk, and `memory` for every operator's reservations (a plan past it fails, naming the
 /// limit, instead of taking the process's memory).
-pub fn worker_runtime(memory: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
+fn worker_runtime(memory: Arc<dyn MemoryPool>) -> Result<Arc<RuntimeEnv>> {
     RuntimeEnvBuilder::new()
         .with_object_store_registry(Arc::new(NoObjectStores))
         .with_disk_manager_builder(

@@ -35,36 +35,33 @@ pub(crate) fn check(path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Bytes the compressed sections of `path` (and of the file its debug link names beside
-/// it) inflate to, as their headers state them: what reading its DWARF makes beyond the
-/// file's own size, which a reservation must cover before the file is read (a small file
-/// can state a gibibyte a section). 0 for a file that is not an object file ([`check`]
-/// refuses it).
-pub(crate) fn inflated_bytes(path: &Path) -> u64 {
-    let of = |path: &Path| -> (u64, Option<String>) {
+/// Bytes reading `path` may make, which a reservation must cover before it is read: the
+/// file, and the file its debug link names beside it, each with what its compressed
+/// sections state they inflate to (a file of a few hundred bytes can state a gibibyte a
+/// section). A file that is not an object file counts its size ([`check`] refuses it).
+pub(crate) fn read_bytes(path: &Path) -> u64 {
+    /// The file's size plus its sections' stated inflated sizes, and its debug link.
+    fn of(path: &Path) -> (u64, Option<String>) {
+        let size = std::fs::metadata(path).map_or(0, |m| m.len());
         let Ok(file) = std::fs::File::open(path) else {
-            return (0, None);
+            return (size, None);
         };
         let cache = object::ReadCache::new(file);
         let Ok(elf) = object::File::parse(&cache) else {
-            return (0, None);
+            return (size, None);
         };
         let inflated = elf
             .sections()
             .filter_map(|s| s.compressed_file_range().ok())
             .filter(|r| r.format != object::CompressionFormat::None)
-            .fold(0u64, |sum, r| sum.saturating_add(r.uncompressed_size));
+            .fold(size, |sum, r| sum.saturating_add(r.uncompressed_size));
         (inflated, debuglink(&elf))
-    };
-    let (mut bytes, linked) = of(path);
-    if let Some(linked) = linked {
-        let linked = path.with_file_name(linked);
-        if linked.is_file() {
-            let size = std::fs::metadata(&linked).map_or(0, |m| m.len());
-            bytes = bytes.saturating_add(size).saturating_add(of(&linked).0);
-        }
     }
-    bytes
+    let (bytes, linked) = of(path);
+    match linked.map(|name| path.with_file_name(name)) {
+        Some(linked) if linked.is_file() => bytes.saturating_add(of(&linked).0),
+        _ => bytes,
+    }
 }
 
 /// The plain file name the `.gnu_debuglink` of `elf` names, if any (blazesym looks for it
@@ -281,21 +278,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bomb.debug");
         // A file of 300 bytes stating a tebibyte: a reservation covers that first.
-        std::fs::write(&path, stating(1 << 40)).unwrap();
-        assert_eq!(inflated_bytes(&path), 1 << 40);
+        let bomb = stating(1 << 40);
+        std::fs::write(&path, &bomb).unwrap();
+        assert_eq!(read_bytes(&path), (1 << 40) + bomb.len() as u64);
         let e = check(&path).unwrap_err();
         assert!(e.contains("inflates to 1099511627776 bytes"), "{e}");
         // Stating a few bytes: that is what it takes (and its stream holds fewer).
-        std::fs::write(&path, stating(64)).unwrap();
-        assert_eq!(inflated_bytes(&path), 64);
+        let small = stating(64);
+        std::fs::write(&path, &small).unwrap();
+        assert_eq!(read_bytes(&path), 64 + small.len() as u64);
         assert!(
             check(&path)
                 .unwrap_err()
                 .contains("0 bytes inflated, 64 declared")
         );
-        // Not an object file: nothing stated (check refuses it).
+        // Not an object file: its size (check refuses it).
         std::fs::write(&path, b"not an ELF file").unwrap();
-        assert_eq!(inflated_bytes(&path), 0);
+        assert_eq!(read_bytes(&path), 15);
     }
 
     #[test]

@@ -635,11 +635,11 @@ impl Symbolizer {
             };
             let reserved = match &self.options.memory_budget {
                 Some(budget) => {
-                    // The file, and what its compressed sections inflate to (stated in
-                    // their headers: a small upload can state a gibibyte a section).
-                    let bytes = std::fs::metadata(&path)
-                        .map_or(0, |m| m.len())
-                        .saturating_add(dwarf_check::inflated_bytes(&path));
+                    // Its headers are read from disk: off the async threads too.
+                    let at = path.clone();
+                    let bytes = tokio::task::spawn_blocking(move || dwarf_check::read_bytes(&at))
+                        .await
+                        .unwrap_or(u64::MAX);
                     match budget.try_reserve(bytes as usize, "reading a debug file") {
                         Ok(reserved) => Some(reserved),
                         Err(e) => {
