@@ -263,23 +263,18 @@ impl Probe {
             tables.refresh(list);
         }
 
-        for (name, event) in [
-            ("on_exec", "sched_process_exec"),
-            ("on_exit", "sched_process_exit"),
-        ] {
-            let program: &mut RawTracePoint = ebpf
-                .program_mut(name)
-                .ok_or(Error::MissingMap("on_exec/on_exit (program)"))?
-                .try_into()
-                .map_err(|e| Error::bpf(format!("the {name} program"), e))?;
-            program
-                .load()
-                .map_err(|e| Error::bpf(format!("loading the {name} program"), e))?;
-            // Raw tracepoints attach by name, without tracefs (often not mounted).
-            program
-                .attach(event)
-                .map_err(|e| Error::bpf(format!("attaching to the {event} tracepoint"), e))?;
-        }
+        let program: &mut RawTracePoint = ebpf
+            .program_mut("on_exec")
+            .ok_or(Error::MissingMap("on_exec (program)"))?
+            .try_into()
+            .map_err(|e| Error::bpf("the on_exec program", e))?;
+        program
+            .load()
+            .map_err(|e| Error::bpf("loading the on_exec program", e))?;
+        // Raw tracepoints attach by name, without tracefs (often not mounted).
+        program
+            .attach("sched_process_exec")
+            .map_err(|e| Error::bpf("attaching to the sched_process_exec tracepoint", e))?;
         let program: &mut PerfEvent = ebpf
             .program_mut("sample")
             .ok_or(Error::MissingMap("sample (program)"))?

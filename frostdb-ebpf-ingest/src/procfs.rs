@@ -130,6 +130,11 @@ pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
         .collect())
 }
 
+/// Nanoseconds per clock tick (`USER_HZ`), the unit of [`start_time`].
+pub(crate) fn tick_ns() -> u32 {
+    (1_000_000_000 / rustix::param::clock_ticks_per_second().max(1)) as u32
+}
+
 /// When `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field 22): with the
 /// pid, it names one process, as a reused pid has another start time.
 pub(crate) fn start_time(pid: u32) -> Result<u64> {

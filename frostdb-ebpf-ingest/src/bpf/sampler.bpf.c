@@ -12,6 +12,7 @@
 #include <linux/bpf.h>
 #include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 
 #define STACK_DEPTH 127
 #define MAX_STACKS 8192
@@ -29,7 +30,7 @@
 #define T_NO_USER_STACK 5 // user stack could not be read (kernel threads have none)
 #define T_NO_KERNEL_STACK 6 // in kernel mode, yet no kernel stack
 #define T_STACKS_FULL 7 // a stack was not kept: that buffer's stack map was full
-#define T_FRAME_POINTERS 8 // user stack walked by frame pointer: the process has no tables
+#define T_FRAME_POINTERS 8 // user stack walked by frame pointer: the process has no tables (yet)
 #define T_UNWOUND 9 // + END_*: user stacks unwound with tables, by how the walk ended
 #define T_LEN (T_UNWOUND + END_LEN)
 
@@ -155,9 +156,19 @@ struct mapping_t {
 	__u32 rows;
 };
 
+// The fields of the kernel's task_struct read here, at their offsets in the running
+// kernel's BTF (CO-RE: the loader relocates each access).
+struct task_struct {
+	struct task_struct *group_leader;
+	__u64 start_boottime; // ns after boot, suspend included: /proc/<pid>/stat field 22
+} __attribute__((preserve_access_index));
+
+// A process's tables hold for the process that started at `started` (clock ticks of
+// `tick_ns` after boot, as /proc/<pid>/stat has it), not for another one given its pid.
 struct process_t {
 	__u32 count;
-	__u32 pad;
+	__u32 tick_ns;
+	__u64 started;
 	struct mapping_t mappings[MAX_MAPPINGS]; // sorted by start
 };
 
@@ -448,6 +459,14 @@ static __always_inline __u64 unwind(struct bpf_perf_event_data *ctx, void *stack
 	return store(st, n, stacks);
 }
 
+// When the current process started, in clock ticks of `tick_ns` after boot.
+static __always_inline __u64 started(__u32 tick_ns)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 ns = BPF_CORE_READ(task, group_leader, start_boottime);
+	return ns / tick_ns;
+}
+
 static __always_inline void record(struct bpf_perf_event_data *ctx, void *counts, void *stacks,
 				   __u32 buffer, __u32 pid)
 {
@@ -460,7 +479,8 @@ static __always_inline void record(struct bpf_perf_event_data *ctx, void *counts
 		if (!key.kernel_stack)
 			bump(T_NO_KERNEL_STACK);
 	}
-	if (bpf_map_lookup_elem(&unwind_processes, &pid)) {
+	struct process_t *p = bpf_map_lookup_elem(&unwind_processes, &pid);
+	if (p && p->tick_ns && started(p->tick_ns) == p->started) {
 		__u32 end = END_UNREADABLE;
 		key.user_stack = unwind(ctx, stacks, pid, &end);
 		key.user_end = end + 1;
@@ -518,28 +538,19 @@ int sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
-// A process that exec()s, or exits, drops its mappings at once: until user space loads
-// the new ones (at the next refresh), its stacks are walked by frame pointer rather than
-// with the tables of a program it no longer runs (or, for a reused pid, of another process).
-static __always_inline int forget_process(void)
+// A process that exec()s drops its mappings at once: until user space loads the new ones
+// (at the next refresh), its stacks are walked by frame pointer rather than with the tables
+// of a program it no longer runs. One that exits keeps its entry: its mappings hold until it
+// is gone, and a later process given its pid has another start time (see record()); the
+// refresh after it drops the entry.
+SEC("raw_tracepoint/sched_process_exec")
+int on_exec(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	if ((__u32)id == pid) // the thread group's leader: the process itself
 		bpf_map_delete_elem(&unwind_processes, &pid);
 	return 0;
-}
-
-SEC("raw_tracepoint/sched_process_exec")
-int on_exec(void *ctx)
-{
-	return forget_process();
-}
-
-SEC("raw_tracepoint/sched_process_exit")
-int on_exit(void *ctx)
-{
-	return forget_process();
 }
 
 char LICENSE[] SEC("license") = "GPL";

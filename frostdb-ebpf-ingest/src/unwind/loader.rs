@@ -57,12 +57,16 @@ struct MappingValue {
 #[derive(Clone, Copy)]
 pub(crate) struct ProcessValue {
     count: u32,
-    pad: u32,
+    /// Nanoseconds per clock tick, the unit of `started`.
+    tick_ns: u32,
+    /// When the process started, in clock ticks after boot: the program walks with these
+    /// tables only the process that started then, not a later one given its pid.
+    started: u64,
     mappings: [MappingValue; MAX_MAPPINGS],
 }
 
 // SAFETY: `repr(C)` structs of plain integers with no implicit padding (a byte array;
-// 3×8+2×4 = 32 bytes; 4+4+256×32 bytes), so every bit pattern is a valid value.
+// 3×8+2×4 = 32 bytes; 4+4+8+256×32 bytes), so every bit pattern is a valid value.
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for Chunk {}
 #[allow(unsafe_code)]
@@ -342,7 +346,7 @@ impl TableLoader {
         let started = crate::procfs::start_time(pid)?;
         let mappings = executable_mappings(pid)?;
         let signature = signature(&mappings);
-        // The program drops a process's entry when it exec()s or exits; then it is loaded
+        // The program drops a process's entry when it exec()s; then it is loaded
         // again even if its mappings look the same.
         if self.pids.get(&pid).is_some_and(|p| {
             p.complete
@@ -355,7 +359,8 @@ impl TableLoader {
         self.full = false;
         let mut value = ProcessValue {
             count: 0,
-            pad: 0,
+            tick_ns: crate::procfs::tick_ns(),
+            started,
             mappings: [MappingValue::default(); MAX_MAPPINGS],
         };
         let mut files: Vec<FileId> = Vec::new();
