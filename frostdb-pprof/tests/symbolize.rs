@@ -624,6 +624,30 @@ async fn a_debug_file_is_read_only_within_the_memory_budget() {
     assert!(all_hot(&merged_frames(&store), true));
 }
 
+/// A debug file that needs more memory to read than the whole budget holds is not waited
+/// for: it would never fit, and waiting for it held up every build id after it, pass after
+/// pass. It is reported as too large, its frames stay addresses, and the pass is not
+/// left for later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debug_file_larger_than_the_whole_budget_is_reported_not_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (built, offsets, _server, mut options) = served(dir.path()).await;
+    let size = std::fs::metadata(&built.debug).unwrap().len() as usize;
+    options.memory_budget = Some(frostdb_core::MemoryBudget::new(size / 2));
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
+    ingest(&store, sampled(&built, &offsets[..4], 0x5555_0000_0000));
+    let pass = store.name_pending().await.unwrap();
+    assert!(!pass.symbolized.out_of_budget, "{pass:?}");
+    assert_eq!(pass.symbolized.too_large, vec![built.build_id.clone()]);
+    assert_eq!(pass.symbolized.resolved, 0);
+    assert!(
+        merged_frames(&store)
+            .iter()
+            .all(|(f, _)| f[0].0.starts_with("0x"))
+    );
+}
+
 /// C++ names come back demangled: a stripped C++ program's member function, in a
 /// namespace and overloaded, is named `shapes::Circle::area(int)`, not its symbol.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,6 +52,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use frostdb_core::{BlockMeta, BlockSlice};
 use serde::{Deserialize, Serialize};
 
+pub use frostdb_query::distributed::WorkerConnections;
 use frostdb_query::distributed::{Channels, WorkerUrls};
 
 use crate::native::{StackTotals, merge_stacks};
@@ -674,6 +675,8 @@ pub struct ClusterOptions {
     /// The process's memory budget, which the tasks served here reserve from (none: they
     /// are bounded only by the machine).
     pub memory_budget: Option<frostdb_core::MemoryBudget>,
+    /// How the port serving merge tasks bounds its connections.
+    pub connections: WorkerConnections,
 }
 
 impl ClusterOptions {
@@ -692,6 +695,12 @@ impl ClusterOptions {
     /// Sets [`Self::secret`].
     pub fn secret(mut self, value: impl Into<Option<String>>) -> Self {
         self.secret = value.into();
+        self
+    }
+
+    /// Sets [`Self::connections`].
+    pub fn connections(mut self, value: WorkerConnections) -> Self {
+        self.connections = value;
         self
     }
 
@@ -731,6 +740,7 @@ impl Node {
                 })?;
                 let at = listener.local_addr().ok();
                 let secret = options.secret.clone();
+                let connections = options.connections.clone();
                 let memory =
                     frostdb_query::budgeted_memory_pool(None, options.memory_budget.as_ref());
                 tracing::info!(
@@ -744,6 +754,7 @@ impl Node {
                         source,
                         secret.as_deref(),
                         memory,
+                        &connections,
                         std::future::pending(),
                     )
                     .await;
@@ -844,6 +855,7 @@ pub async fn serve_worker_with(
     source: Arc<dyn StackSource>,
     secret: Option<&str>,
     memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+    connections: &WorkerConnections,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String> {
     let codec = StackScanCodec {
@@ -855,6 +867,7 @@ pub async fn serve_worker_with(
         &["StackScanExec"],
         secret,
         memory,
+        connections,
         shutdown,
     )
     .await

@@ -358,3 +358,93 @@ fn a_merge_waiting_on_its_workers_stops_when_its_request_ends() {
     assert!(checks.load(std::sync::atomic::Ordering::SeqCst) >= 4);
     drop(held);
 }
+
+/// Whether the peer closed `socket` (end of stream or reset) within 30 s.
+fn closed_by_peer(socket: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match socket.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // e.g. the server's own HTTP/2 settings
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The worker port bounds its connections before reading a request (whoever can reach it
+/// can connect, secret or not): a connection that says nothing is closed once the preface
+/// timeout is over, one that says anything but HTTP/2 at once, and past `max_connections`
+/// new ones are closed as they arrive. Merges through the port (every other test here)
+/// pass the same bounds.
+#[test]
+fn a_workers_port_closes_connections_that_do_not_start_http2() {
+    use frostdb_profile::distributed::WorkerConnections;
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let table = spread_table(dir.path());
+    let runtime = runtime();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table));
+    let start = |max_connections: usize, preface_timeout: Duration| {
+        let options = ClusterOptions::default()
+            .listen("127.0.0.1:0".parse().ok())
+            .connections(WorkerConnections {
+                max_connections,
+                preface_timeout,
+                ..Default::default()
+            });
+        runtime
+            .block_on(Node::start(&options, source.clone()))
+            .unwrap()
+    };
+
+    // Silent: closed at the preface timeout, not before.
+    let quick = start(8, Duration::from_millis(300));
+    let connected = Instant::now();
+    let mut silent = TcpStream::connect(quick.listening().unwrap()).unwrap();
+    assert!(
+        closed_by_peer(&mut silent),
+        "a silent connection stays open"
+    );
+    assert!(connected.elapsed() >= Duration::from_millis(300));
+
+    // With a preface timeout far past the 30 s the client waits, a close is not the
+    // timeout's: not HTTP/2 is closed on sight, and connections past the limit on arrival.
+    let slow = start(2, Duration::from_secs(600));
+    let at = slow.listening().unwrap();
+    let mut garbage = TcpStream::connect(at).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(
+        closed_by_peer(&mut garbage),
+        "HTTP/1 on the worker port stays open"
+    );
+    let held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(at).unwrap()).collect();
+    let mut third = TcpStream::connect(at).unwrap();
+    assert!(
+        closed_by_peer(&mut third),
+        "a third connection past a limit of 2 stays open"
+    );
+    // The two within the limit are still open, waiting for their preface.
+    for mut h in held {
+        h.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 1];
+        let e = std::io::Read::read(&mut h, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+    }
+}

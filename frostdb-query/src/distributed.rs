@@ -21,6 +21,9 @@ use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
 use crate::{Error, Result};
 
+mod port;
+pub use port::WorkerConnections;
+
 /// Workers given by URL.
 #[derive(Debug, Clone)]
 pub struct WorkerUrls(pub Vec<url::Url>);
@@ -187,13 +190,15 @@ fn check_leaves(plan: &Arc<dyn ExecutionPlan>, leaves: &[&str]) -> DfResult<()> 
 /// file or bucket read but through `codec`'s nodes, nothing spilled. A plan whose rows come
 /// from anything but `leaves` (the names of `codec`'s nodes that read data) and the stages
 /// of the plan itself is refused before it runs, and a request larger than
-/// [`MAX_WORKER_REQUEST_BYTES`] before it is decoded.
+/// [`MAX_WORKER_REQUEST_BYTES`] before it is decoded. Its connections are bounded as
+/// `connections` says, before any request is read ([`port`]).
 pub async fn serve_worker<C>(
     listener: tokio::net::TcpListener,
     codec: C,
     leaves: &'static [&'static str],
     secret: Option<&str>,
     memory: Arc<dyn MemoryPool>,
+    connections: &WorkerConnections,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> std::result::Result<(), String>
 where
@@ -240,17 +245,15 @@ where
         }
     };
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(connections.keepalive))
+        .http2_keepalive_timeout(Some(connections.keepalive))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             worker
                 .into_worker_server()
                 .max_decoding_message_size(MAX_WORKER_REQUEST_BYTES),
             check,
         ))
-        .serve_with_incoming_shutdown(
-            // Without NODELAY small answers wait out the peer's delayed ACK: 40 ms a hop.
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(port::incoming(listener, connections), shutdown)
         .await
         .map_err(|e| format!("query worker on {listen:?}: {e}"))
 }

@@ -531,7 +531,13 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .workers(cluster.workers.clone())
         .listen(cluster.worker_listen)
         .secret(state.config.cluster_secret().map(str::to_owned))
-        .memory_budget(state.budget.clone());
+        .memory_budget(state.budget.clone())
+        .connections(frostdb_profile::distributed::WorkerConnections {
+            // Peers hold a few connections each: a quarter of the HTTP allowance is ample.
+            max_connections: (descriptors.max_connections / 4).max(16),
+            preface_timeout: Duration::from_secs(state.config.limits.header_read_timeout_secs),
+            ..Default::default()
+        });
     let mut node = frostdb_profile::distributed::Node::start(&options, source)
         .await
         .map_err(|e| format!("[cluster]: {e}"))?;

@@ -570,6 +570,7 @@ fn name_frames(
             unsymbolized = summary.unsymbolized,
             resolved = summary.resolved,
             missing = summary.missing.len(),
+            too_large = summary.too_large.len(),
             out_of_budget = summary.out_of_budget,
             "named frames stored as addresses"
         ),

@@ -210,11 +210,16 @@ impl ProfileStore {
                 }
             }
         }
-        if summary.symbolized.resolved > 0 || !summary.symbolized.missing.is_empty() {
+        let symbolized = &summary.symbolized;
+        if symbolized.resolved > 0
+            || !symbolized.missing.is_empty()
+            || !symbolized.too_large.is_empty()
+        {
             tracing::info!(
-                unsymbolized = summary.symbolized.unsymbolized,
-                resolved = summary.symbolized.resolved,
-                missing = ?summary.symbolized.missing,
+                unsymbolized = symbolized.unsymbolized,
+                resolved = symbolized.resolved,
+                missing = ?symbolized.missing,
+                too_large = ?symbolized.too_large,
                 stored = summary.stored,
                 "named frames stored as addresses, in the background"
             );

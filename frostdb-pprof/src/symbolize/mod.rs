@@ -159,6 +159,9 @@ pub struct ProfileSymbolized {
     pub resolved: usize,
     /// Build ids whose debug files were not found.
     pub missing: Vec<String>,
+    /// Build ids whose debug files need more memory to read than the whole memory budget
+    /// holds: never read (not even later), their frames stay addresses.
+    pub too_large: Vec<String>,
     /// Whether the budget ran out before every build id was asked.
     pub out_of_budget: bool,
     /// The locations named (partition, location), for [`Symbolizer::symbolize_merged`].
@@ -640,6 +643,20 @@ impl Symbolizer {
                     let bytes = tokio::task::spawn_blocking(move || dwarf_check::read_bytes(&at))
                         .await
                         .unwrap_or(u64::MAX);
+                    if bytes > budget.limit() as u64 {
+                        // It would wait for memory that never comes, and hold up the build
+                        // ids after it, pass after pass: like a missing file instead.
+                        tracing::warn!(
+                            build_id,
+                            path = %path.display(),
+                            bytes,
+                            limit = budget.limit(),
+                            "a debug file needs more memory to read than the whole budget \
+                             (limits.memory): it is not read, its frames stay addresses"
+                        );
+                        summary.too_large.push(build_id);
+                        continue;
+                    }
                     match budget.try_reserve(bytes as usize, "reading a debug file") {
                         Ok(reserved) => Some(reserved),
                         Err(e) => {
