@@ -48,6 +48,10 @@ use super::{Shared, TenantId};
 pub const MAX_SQL_ROWS: usize = 100_000;
 /// Bytes (in Arrow) a SQL answer may hold; more rows are cut off and the answer says so.
 pub const MAX_SQL_ANSWER_BYTES: usize = 64 << 20;
+/// Bytes of JSON a SQL answer may take; rows past it are cut off and the answer says so
+/// (column names repeat in every row: a short query's rows can be far larger in JSON than
+/// in Arrow).
+pub const MAX_SQL_JSON_BYTES: usize = 64 << 20;
 /// The longest SQL text taken.
 pub const MAX_SQL_BYTES: usize = 256 << 10;
 
@@ -786,7 +790,7 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
         state,
         tenant,
         lenient,
-        (json!([]), false),
+        (b"[]".to_vec(), false),
         move |ctx, cancel| async move {
             let plan = ctx
                 .sql_with_options(&q, frostdb_query::read_only_sql())
@@ -820,33 +824,83 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
                 batches.push(batch);
             }
             drop(stream);
-            Ok((rows_json(&batches)?, truncated))
+            let (json, cut) = rows_json(&batches, MAX_SQL_JSON_BYTES)?;
+            Ok((json, truncated || cut))
         },
     )
     .await?;
-    // A stream cut off early has not read every block: its count is a lower bound.
-    let mut body = json!({"rows": rows, "truncated": truncated});
+    // The rows are JSON already: written around, not parsed into a tree again. A stream
+    // cut off early has not read every block: its count is a lower bound.
+    let mut body = Vec::with_capacity(rows.len() + 64);
+    body.extend_from_slice(b"{\"rows\":");
+    body.extend_from_slice(&rows);
+    body.extend_from_slice(format!(",\"truncated\":{truncated}").as_bytes());
     if let Some(n) = failed {
-        body["blocks_failed"] = json!(n);
+        body.extend_from_slice(format!(",\"blocks_failed\":{n}").as_bytes());
     }
-    Ok(answer(Json(body), failed))
+    body.push(b'}');
+    Ok(answer(
+        ([(header::CONTENT_TYPE, "application/json")], body),
+        failed,
+    ))
 }
 
-/// Rows as JSON objects.
-fn rows_json(batches: &[RecordBatch]) -> ApiResult<Value> {
-    let mut writer = arrow::json::ArrayWriter::new(Vec::new());
-    let refs: Vec<&RecordBatch> = batches.iter().collect();
-    writer
-        .write_batches(&refs)
-        .map_err(|e| ApiError::internal(format!("rows to JSON: {e}")))?;
-    writer
-        .finish()
-        .map_err(|e| ApiError::internal(format!("rows to JSON: {e}")))?;
-    let bytes = writer.into_inner();
-    if bytes.is_empty() {
-        return Ok(json!([]));
+/// A buffer that takes whole writes up to `limit` bytes and refuses the write that would
+/// cross it (taking none of it).
+struct BoundedBuffer {
+    bytes: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl std::io::Write for BoundedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.over = true;
+            return Err(std::io::Error::other("over the answer's byte cap"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
     }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::internal(e.to_string()))
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Rows as a JSON array of objects, of at most `limit` bytes: the rows that fit, and
+/// whether any did not. Rows are written as lines (arrow's writer hands its output on in
+/// whole rows, and at most 8 KiB more than one row at a time), so the rows kept when the
+/// cap is met are whole; the lines' breaks, which JSON text never holds raw, become the
+/// array's commas.
+fn rows_json(batches: &[RecordBatch], limit: usize) -> ApiResult<(Vec<u8>, bool)> {
+    let mut writer = arrow::json::LineDelimitedWriter::new(BoundedBuffer {
+        bytes: vec![b'['],
+        limit: limit.saturating_sub(1),
+        over: false,
+    });
+    let mut failed = None;
+    for batch in batches {
+        if let Err(e) = writer.write(batch) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let buffer = writer.into_inner();
+    if let Some(e) = failed.filter(|_| !buffer.over) {
+        return Err(ApiError::internal(format!("rows to JSON: {e}")));
+    }
+    let mut json = buffer.bytes;
+    if json.last() == Some(&b'\n') {
+        json.pop();
+    }
+    for b in &mut json {
+        if *b == b'\n' {
+            *b = b',';
+        }
+    }
+    json.push(b']');
+    Ok((json, buffer.over))
 }
 
 #[cfg(test)]

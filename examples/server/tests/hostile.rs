@@ -695,6 +695,47 @@ async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
     assert_eq!(answer["truncated"], true);
 }
 
+/// Column names repeat in every row of a SQL answer's JSON: a 200 KB query naming its one
+/// column with 200 KB answers 100,000 rows of 8 bytes in Arrow, far under that cap, and
+/// 20 GB as JSON. The JSON is capped too (64 MiB): the rows that fit, marked truncated,
+/// and the server's memory stays flat.
+#[tokio::test]
+async fn an_sql_answer_is_capped_in_json_not_only_in_arrow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(&dir.path().join("d"), None);
+    let (status, _) = push_pprof(
+        &s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let alias = "a".repeat(200_000);
+    let q = format!("SELECT 1 AS \"{alias}\" FROM generate_series(1, 100000)");
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/sql", s.url))
+        .body(q)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.unwrap();
+    assert!(body.len() <= 64 << 20, "{} bytes answered", body.len());
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = answer["rows"].as_array().unwrap();
+    // 64 MiB of rows of 200 KB: 335 whole rows, each the one column.
+    assert!((300..=335).contains(&rows.len()), "{} rows", rows.len());
+    assert!(rows.iter().all(|r| r[alias.as_str()] == 1));
+    assert_eq!(answer["truncated"], true);
+    assert!(s.running(), "the server died");
+    assert!(
+        s.status("VmHWM") < 1 << 20,
+        "peak RSS {} kB",
+        s.status("VmHWM")
+    );
+}
+
 /// A scrape target answering a gzip bomb (a pprof that inflates to 120 MiB from 120 KB) is
 /// charged what it inflates to, as a push of it is: under a 64 MiB budget the scrape fails
 /// naming the budget, and the target shows it, instead of 120 MiB made uncharged each
