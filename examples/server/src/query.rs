@@ -342,15 +342,15 @@ pub(crate) async fn diff_then<T: Send + 'static>(
 }
 
 /// About what a report (flame graph, top table, pprof) of `merged` holds while it is built:
-/// a line per stack, and a call tree of a node per frame at most (about 100 bytes each, up
-/// to the most a tree is built with): a merge of few stacks of many frames (deep, or a
-/// location of thousands of inlined lines) is charged its tree, not its stack count.
+/// a line per stack, and a call tree of a node per frame at most, each written with its
+/// names ([`frostdb_pprof::Merged::frame_bytes`], up to the most a tree is built with): a
+/// merge of few stacks of many frames (deep, or a location of thousands of inlined lines)
+/// is charged its tree, not its stack count, and a name of a megabyte down a deep stack
+/// the megabyte at every node.
 fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
-    use frostdb_pprof::report::tree::MAX_TREE_NODES;
     let series: usize = merged.series.iter().map(|(_, s)| s.len()).sum();
     let lines = (merged.samples.len() + series).saturating_mul(256);
-    let tree = merged.frames().min(2 * MAX_TREE_NODES).saturating_mul(100);
-    lines.max(tree)
+    lines.max(merged.frame_bytes())
 }
 
 /// A profile type as the API lists it.

@@ -630,6 +630,92 @@ async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
     assert!(body.contains("\"total\":30"), "{body}");
 }
 
+/// A pprof of one sample whose stack is one function of a `name_bytes`-byte name, `depth`
+/// times over (recursion).
+fn a_long_name_down_a_deep_stack(name_bytes: usize, depth: usize) -> Vec<u8> {
+    use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
+    use prost::Message;
+    let string_table = vec![
+        String::new(),
+        "cpu".into(),
+        "nanoseconds".into(),
+        "f".repeat(name_bytes),
+    ];
+    let cpu = ValueType { r#type: 1, unit: 2 };
+    Profile {
+        sample_type: vec![cpu],
+        sample: vec![Sample {
+            location_id: vec![1; depth],
+            value: vec![10],
+            label: Vec::new(),
+        }],
+        location: vec![Location {
+            id: 1,
+            line: vec![Line {
+                function_id: 1,
+                line: 1,
+                column: 0,
+            }],
+            ..Location::default()
+        }],
+        function: vec![Function {
+            id: 1,
+            name: 3,
+            system_name: 3,
+            ..Function::default()
+        }],
+        string_table,
+        period_type: Some(cpu),
+        period: 10,
+        ..Profile::default()
+    }
+    .encode_to_vec()
+}
+
+/// A report writes a frame's name at every node it is: one function named with a
+/// megabyte, 4,000 deep, is 4 GB of flame graph from a 1 MB push and one query (charged
+/// 100 bytes a frame, it was built past any budget). It is charged its names: refused
+/// with a 503 naming the report under a 256 MiB budget, and the server answers the next
+/// query, its memory flat.
+#[tokio::test]
+async fn a_report_is_charged_the_names_it_writes_at_every_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"256MiB\"\n"),
+    );
+    for (name, profile) in [
+        ("long", a_long_name_down_a_deep_stack(1 << 20, 4_000)),
+        ("short", a_long_name_down_a_deep_stack(10, 40)),
+    ] {
+        let (status, body) = push_pprof(&s, "anonymous", &format!("{name}.cpu"), profile).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let query = |name: &str, format: &str| {
+        format!(
+            "{}/api/v1/query?selector={}&format={format}&max_nodes=8192",
+            s.url,
+            enc(&format!(
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{{service_name=\"{name}\"}}"
+            ))
+        )
+    };
+    for format in ["flamegraph", "folded"] {
+        let (status, body) = get(&query("long", format), None).await;
+        assert_eq!(status, 503, "{}", &body[..body.len().min(300)]);
+        assert!(body.contains("building the report"), "{body}");
+    }
+    let (status, body) = get(&query("short", "flamegraph"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"total\":10"), "{body}");
+    assert!(s.running(), "the server died");
+    assert!(
+        s.status("VmHWM") < 1 << 20,
+        "peak RSS {} kB",
+        s.status("VmHWM")
+    );
+}
+
 /// A gzipped "pprof" of 120 KB that inflates to 120 MiB (empty samples, `12 00`).
 fn gzip_bomb() -> Vec<u8> {
     use flate2::write::GzEncoder;

@@ -61,6 +61,31 @@ impl Merged {
             .fold(0usize, usize::saturating_add)
     }
 
+    /// About the bytes a report of it writes for its frames: per frame of each stack (cut
+    /// as [`Merged::frames`] cuts it), 100, or its function and file names and 40 more when
+    /// that is longer; at most as many frames as a tree is built with
+    /// ([`crate::report::tree::MAX_TREE_NODES`], twice) of the longest. Stacks share their
+    /// callers, so most trees write less; but a report writes a frame's name at every node
+    /// it is, and a long name down a deep stack is written thousands of times.
+    pub fn frame_bytes(&self) -> usize {
+        const PER_FRAME: usize = 100;
+        let (mut total, mut longest) = (0usize, PER_FRAME);
+        for (stack, _) in &self.samples {
+            let mut depth = 0;
+            self.symbols.for_each_frame(*stack, |f| {
+                depth += 1;
+                if depth > crate::report::MAX_STACK_DEPTH + 1 {
+                    return;
+                }
+                let text = f.function_name().map_or(0, str::len) + f.filename().len();
+                let bytes = text.saturating_add(40).max(PER_FRAME);
+                longest = longest.max(bytes);
+                total = total.saturating_add(bytes);
+            });
+        }
+        total.min((2 * crate::report::tree::MAX_TREE_NODES).saturating_mul(longest))
+    }
+
     /// An empty profile of `profile_type`.
     pub fn empty(profile_type: ProfileType) -> Self {
         Self {
