@@ -69,10 +69,11 @@ impl Levels {
             levels[depth].extend([x, node.total(), node.self_value(), name]);
             max_self = max_self.max(node.self_value());
             // Self first, then the callees; pushed in reverse so the leftmost pops first.
-            let mut at = x + node.self_value();
+            // Totals saturate at i64::MAX: so do the offsets, rather than wrap.
+            let mut at = x.saturating_add(node.self_value());
             for child in node.children() {
                 next.push((child, at));
-                at += child.total();
+                at = at.saturating_add(child.total());
             }
             stack.extend(next.drain(..).rev());
         }
@@ -124,7 +125,10 @@ impl Levels {
             let name = if depth == 0 { 0 } else { names.of(name) };
             levels[depth].extend([lx, base, base_self, rx, compare, compare_self, name]);
             max_self = max_self.max(base_self).max(compare_self);
-            let (mut l, mut r) = (lx + base_self, rx + compare_self);
+            let (mut l, mut r) = (
+                lx.saturating_add(base_self),
+                rx.saturating_add(compare_self),
+            );
             let (mut other_l, mut other_r) = (0i64, 0i64);
             for child in node.iter().flat_map(|n| n.children()) {
                 let v = child.values();
@@ -150,7 +154,7 @@ impl Levels {
         Levels {
             names: names.names,
             levels,
-            total: root.base + root.compare,
+            total: root.base.saturating_add(root.compare),
             max_self,
         }
     }
@@ -192,12 +196,12 @@ impl Levels {
         self.levels
             .iter()
             .map(|level| {
-                let mut end = 0;
+                let mut end = 0i64;
                 level
                     .chunks(width)
                     .map(|n| {
-                        let x = end + n[at];
-                        end = x + n[at + 1];
+                        let x = end.saturating_add(n[at]);
+                        end = x.saturating_add(n[at + 1]);
                         let name = self.names[n[width - 1] as usize].clone();
                         (x, n[at + 1], n[at + 2], name)
                     })
@@ -393,8 +397,8 @@ fn delta_encode(level: &mut [i64], width: usize, at: usize) {
     let mut end = 0;
     for node in level.chunks_mut(width) {
         let (x, total) = (node[at], node[at + 1]);
-        node[at] = x - end;
-        end = x + total;
+        node[at] = x.saturating_sub(end);
+        end = x.saturating_add(total);
     }
 }
 
@@ -428,8 +432,8 @@ mod tests {
                     .iter()
                     .take_while(|n| n.0 > depth)
                     .map(|n| n.2)
-                    .sum();
-                let total = self_value + below;
+                    .fold(0, i64::saturating_add);
+                let total = self_value.saturating_add(below);
                 (depth, name, FlameValues { self_value, total })
             })
             .collect();
@@ -469,6 +473,27 @@ mod tests {
         let abs = l.absolute(WIDTH, 0);
         assert_eq!(abs[2][1], (4, 11, 5, "b".to_owned()));
         assert_eq!(abs[3][0], (9, 6, 6, "a".to_owned()));
+    }
+
+    /// Values saturate at i64::MAX when summed (two stacks of i64::MAX each): the levels'
+    /// offsets saturate with them, never wrap (or panic where overflow is checked).
+    #[test]
+    fn levels_of_totals_at_the_limit_saturate() {
+        let graph = graph(&[
+            (0, "total", 0),
+            (1, "a", i64::MAX),
+            (1, "b", i64::MAX),
+            (2, "c", 1),
+        ]);
+        let l = Levels::of(&graph);
+        assert_eq!(l.total, i64::MAX);
+        assert_eq!(
+            l.levels[1],
+            [0, i64::MAX, i64::MAX, 1, 0, i64::MAX, i64::MAX, 2]
+        );
+        let abs = l.absolute(WIDTH, 0);
+        assert_eq!(abs[1][1].0, i64::MAX);
+        assert_eq!(abs[2][0], (i64::MAX, 1, 1, "c".to_owned()));
     }
 
     #[test]
