@@ -92,6 +92,9 @@ where
     }
 }
 
+/// Messages of at least this many bytes are decoded off the thread that polls them.
+const OFF_THE_ASYNC_THREAD_BYTES: usize = 256 << 10;
+
 /// Decodes a `U` once its bytes are within the request limits.
 #[derive(Debug)]
 pub struct BoundedDecoder<U>(PhantomData<U>);
@@ -108,12 +111,24 @@ where
         let limits = GRPC_LIMITS.get().copied().unwrap_or_default();
         // tonic hands over a whole message, usually in one piece.
         let len = buf.remaining();
+        let decode = |bytes: &[u8]| {
+            // Decoding runs where tonic polls the request: a message of megabytes (an
+            // OTLP export, a Parca write) takes the thread for its whole decode, so its
+            // runtime's other tasks move to another thread meanwhile.
+            if len >= OFF_THE_ASYNC_THREAD_BYTES {
+                crate::work::off_the_async_thread(|| {
+                    bounds::decode_protobuf("request", bytes, &limits)
+                })
+            } else {
+                bounds::decode_protobuf("request", bytes, &limits)
+            }
+        };
         let decoded = if buf.chunk().len() == len {
-            let decoded = bounds::decode_protobuf("request", buf.chunk(), &limits);
+            let decoded = decode(buf.chunk());
             buf.advance(len);
             decoded
         } else {
-            bounds::decode_protobuf("request", &buf.copy_to_bytes(len), &limits)
+            decode(&buf.copy_to_bytes(len))
         };
         decoded
             .map(Some)

@@ -157,11 +157,8 @@ fn range_of(from: Option<&String>, to: Option<&String>, prefix: &str) -> ApiResu
 /// ([`tokio::task::block_in_place`]). Elsewhere (a plain thread, a test's runtime) it runs
 /// as it is.
 pub(crate) fn parsing<T>(text: &[&str], parse: impl FnOnce() -> T) -> T {
-    let regex = text.iter().any(|t| t.contains('~'));
-    let on_worker = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if regex && on_worker {
-        tokio::task::block_in_place(parse)
+    if text.iter().any(|t| t.contains('~')) {
+        crate::work::off_the_async_thread(parse)
     } else {
         parse()
     }

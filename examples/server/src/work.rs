@@ -21,6 +21,20 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::{ApiError, ApiResult};
 
+/// Runs `f`, CPU work met while a request is polled (a selector's regexes, a large gRPC
+/// message), without holding up the thread: on a worker of a multi-thread runtime, that
+/// worker's other tasks move to another thread meanwhile ([`tokio::task::block_in_place`]).
+/// Elsewhere (a plain thread, a test's runtime) it runs as it is.
+pub(crate) fn off_the_async_thread<T>(f: impl FnOnce() -> T) -> T {
+    let on_worker = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if on_worker {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 /// Work that may run at once in one lane, and requests that may wait for it.
 #[derive(Debug)]
 pub struct Lane {
