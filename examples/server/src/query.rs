@@ -479,7 +479,7 @@ async fn timestamps(
         Ok((read.value, read.blocks_failed))
     };
     let (out, failed) = on_store(&state, &tenant, (Vec::new(), 0), read).await?;
-    Ok(answer(Json(json!(out)), lenient.then_some(failed)))
+    Ok(answer(Json(out), lenient.then_some(failed)))
 }
 
 async fn query(
@@ -640,24 +640,74 @@ async fn query_range(
     };
     let lenient = p.lenient;
     // Profile totals: a row per profile; one series per label set, points in time order.
-    let (series, failed) = on_store(&state, &tenant, (Vec::new(), 0), move |store| {
+    // The answer is written in the lane too, within its cap.
+    let empty = range_body(
+        Vec::new(),
+        average,
+        step,
+        profile_type.clone(),
+        MAX_RANGE_POINTS,
+    )?;
+    let (body, failed) = on_store(&state, &tenant, (empty, 0), move |store| {
         let read = store.range(&selector, range, step, None, ReadOptions::lenient(lenient))?;
         let (series, failed) = (read.value, read.blocks_failed);
         if series.is_empty() && failed == 0 {
             store.check_selection(&selector, range)?;
         }
-        Ok((series, failed))
+        let body = range_body(series, average, step, profile_type, MAX_RANGE_POINTS)?;
+        Ok((body, failed))
     })
     .await?;
-    let series: Vec<Value> = series
+    Ok(answer(
+        ([(header::CONTENT_TYPE, "application/json")], body),
+        lenient.then_some(failed),
+    ))
+}
+
+/// Points a `query_range` answer may hold; more is refused (400), naming the limit.
+pub const MAX_RANGE_POINTS: usize = 1 << 20;
+
+/// One series of a `query_range` answer.
+#[derive(serde::Serialize)]
+struct RangeSeries {
+    labels: BTreeMap<String, String>,
+    points: Vec<(i64, i64)>,
+}
+
+/// A `query_range` answer.
+#[derive(serde::Serialize)]
+struct RangeAnswer {
+    profile_type: Option<String>,
+    step_ms: i64,
+    aggregation: &'static str,
+    series: Vec<RangeSeries>,
+}
+
+/// The JSON of a `query_range` answer of `series`, refused when it would hold more than
+/// `max_points` points (each a JSON array of two numbers: built as a tree of values, a
+/// million points took hundreds of megabytes).
+fn range_body(
+    series: Vec<frostdb_profile::native::Series>,
+    average: bool,
+    step_ms: i64,
+    profile_type: Option<String>,
+    max_points: usize,
+) -> ApiResult<Vec<u8>> {
+    let points: usize = series.iter().map(|s| s.points.len()).sum();
+    if points > max_points {
+        return Err(ApiError::bad_request(format!(
+            "the answer would hold {points} points, over the limit of {max_points}: \
+             ask with a larger step, a shorter range or a narrower selector"
+        )));
+    }
+    let series = series
         .into_iter()
-        .map(|s| {
-            let points: Vec<(i64, i64)> = s
+        .map(|s| RangeSeries {
+            points: s
                 .values(average)
                 .map(|(t, v)| (t, v.round() as i64))
-                .collect();
-            let labels: BTreeMap<String, String> = s.labels.into_iter().collect();
-            json!({"labels": labels, "points": points})
+                .collect(),
+            labels: s.labels.into_iter().collect(),
         })
         .collect();
     let aggregation = if average {
@@ -666,8 +716,13 @@ async fn query_range(
         Aggregation::Sum
     }
     .name();
-    let body = json!({"profile_type": profile_type, "step_ms": step, "aggregation": aggregation, "series": series});
-    Ok(answer(Json(body), lenient.then_some(failed)))
+    let answer = RangeAnswer {
+        profile_type,
+        step_ms,
+        aggregation,
+        series,
+    };
+    serde_json::to_vec(&answer).map_err(|e| ApiError::internal(format!("the answer to JSON: {e}")))
 }
 
 async fn diff(
@@ -903,6 +958,31 @@ fn rows_json(batches: &[RecordBatch], limit: usize) -> ApiResult<(Vec<u8>, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `query_range` answer is the series' points as JSON, averaged when asked; past its
+    /// point limit it is refused, naming the limit, rather than built.
+    #[test]
+    fn a_range_answer_holds_its_points_and_no_more_than_its_limit() {
+        let series = || {
+            vec![frostdb_profile::native::Series {
+                labels: vec![("job".into(), "api".into())],
+                points: vec![(0, 10), (15_000, 30)],
+                rows: vec![2, 3],
+            }]
+        };
+        let body = range_body(series(), true, 15_000, Some("t".into()), 2).unwrap();
+        let answer: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            answer,
+            json!({"profile_type": "t", "step_ms": 15_000, "aggregation": "average",
+                "series": [{"labels": {"job": "api"}, "points": [[0, 5], [15_000, 10]]}]})
+        );
+        let e = range_body(series(), false, 15_000, None, 1).unwrap_err();
+        assert!(
+            e.to_string().contains("2 points, over the limit of 1"),
+            "{e}"
+        );
+    }
 
     /// While a request's regexes compile, the thread it runs on is not its runtime's: the
     /// runtime's other tasks go on. Here the runtime has one worker, the parse waits for a
