@@ -523,8 +523,7 @@ async fn an_upload_larger_than_the_memory_budget_streams_through_it() {
 /// A pprof of `samples` samples, each its own root function calling one location of
 /// `lines` inlined lines: few stacks, and `samples * lines` call paths.
 fn few_stacks_of_many_frames(samples: u64, lines: u64) -> Vec<u8> {
-    use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
-    use prost::Message;
+    use frostdb_pprof::proto::{Function, Line, Location, Sample};
     let mut string_table: Vec<String> = ["", "cpu", "nanoseconds", "deep"]
         .iter()
         .map(|s| s.to_string())
@@ -571,6 +570,19 @@ fn few_stacks_of_many_frames(samples: u64, lines: u64) -> Vec<u8> {
             label: Vec::new(),
         });
     }
+    cpu_pprof(string_table, function, location, sample)
+}
+
+/// A CPU profile (period 10) of these tables, encoded; `string_table[1..3]` are "cpu" and
+/// "nanoseconds".
+fn cpu_pprof(
+    string_table: Vec<String>,
+    function: Vec<frostdb_pprof::proto::Function>,
+    location: Vec<frostdb_pprof::proto::Location>,
+    sample: Vec<frostdb_pprof::proto::Sample>,
+) -> Vec<u8> {
+    use frostdb_pprof::proto::{Profile, ValueType};
+    use prost::Message;
     let cpu = ValueType { r#type: 1, unit: 2 };
     Profile {
         sample_type: vec![cpu],
@@ -633,43 +645,34 @@ async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
 /// A pprof of one sample whose stack is one function of a `name_bytes`-byte name, `depth`
 /// times over (recursion).
 fn a_long_name_down_a_deep_stack(name_bytes: usize, depth: usize) -> Vec<u8> {
-    use frostdb_pprof::proto::{Function, Line, Location, Profile, Sample, ValueType};
-    use prost::Message;
+    use frostdb_pprof::proto::{Function, Line, Location, Sample};
     let string_table = vec![
         String::new(),
         "cpu".into(),
         "nanoseconds".into(),
         "f".repeat(name_bytes),
     ];
-    let cpu = ValueType { r#type: 1, unit: 2 };
-    Profile {
-        sample_type: vec![cpu],
-        sample: vec![Sample {
-            location_id: vec![1; depth],
-            value: vec![10],
-            label: Vec::new(),
+    let sample = vec![Sample {
+        location_id: vec![1; depth],
+        value: vec![10],
+        label: Vec::new(),
+    }];
+    let location = vec![Location {
+        id: 1,
+        line: vec![Line {
+            function_id: 1,
+            line: 1,
+            column: 0,
         }],
-        location: vec![Location {
-            id: 1,
-            line: vec![Line {
-                function_id: 1,
-                line: 1,
-                column: 0,
-            }],
-            ..Location::default()
-        }],
-        function: vec![Function {
-            id: 1,
-            name: 3,
-            system_name: 3,
-            ..Function::default()
-        }],
-        string_table,
-        period_type: Some(cpu),
-        period: 10,
-        ..Profile::default()
-    }
-    .encode_to_vec()
+        ..Location::default()
+    }];
+    let function = vec![Function {
+        id: 1,
+        name: 3,
+        system_name: 3,
+        ..Function::default()
+    }];
+    cpu_pprof(string_table, function, location, sample)
 }
 
 /// A report writes a frame's name at every node it is: one function named with a
