@@ -39,6 +39,18 @@ async fn push_pprof(s: &Server, tenant: &str, name: &str, body: Vec<u8>) -> (u16
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// Stores a real Go CPU profile in the default tenant, so that it has tables to query.
+async fn push_go_cpu(s: &Server) {
+    let (status, body) = push_pprof(
+        s,
+        "anonymous",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
+
 #[tokio::test]
 async fn a_cross_join_neither_starves_the_server_nor_outlives_its_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,14 +58,7 @@ async fn a_cross_join_neither_starves_the_server_nor_outlives_its_timeout() {
         &dir.path().join("d"),
         Some("[limits]\nrequest_timeout_secs = 3\nshutdown_grace_secs = 2\n"),
     );
-    let (status, _) = push_pprof(
-        &s,
-        "anonymous",
-        "app.cpu",
-        testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200);
+    push_go_cpu(&s).await;
     // Hours of work each, more of them than the server has cores.
     let endless = "SELECT count(*) FROM generate_series(1, 1000000) a CROSS JOIN generate_series(1, 1000000) b";
     let queries: Vec<_> = (0..4)
@@ -105,14 +110,7 @@ async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
         &dir.path().join("d"),
         Some("[limits]\nmax_query_memory_bytes = 268435456\n"),
     );
-    let (status, _) = push_pprof(
-        &s,
-        "anonymous",
-        "app.cpu",
-        testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200);
+    push_go_cpu(&s).await;
     // `||` doubling a string in each of 40 CTEs: 2^40 times its 64 bytes.
     let mut doubling = "WITH c0 AS (SELECT repeat('x', 64) AS s)".to_owned();
     for i in 1..=40 {
@@ -766,14 +764,7 @@ async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
 async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("d"), None);
-    let (status, _) = push_pprof(
-        &s,
-        "anonymous",
-        "app.cpu",
-        testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200);
+    push_go_cpu(&s).await;
     let q = "SELECT concat(CAST(v AS VARCHAR), repeat('x', 60000)) AS s FROM generate_series(1, 2000) t(v)";
     let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
     assert_eq!(status, 200, "{}", &body[..body.len().min(300)]);
@@ -792,14 +783,7 @@ async fn an_sql_answer_keeps_only_the_rows_that_fit_its_byte_cap() {
 async fn an_sql_answer_is_capped_in_json_not_only_in_arrow() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = Server::start(&dir.path().join("d"), None);
-    let (status, _) = push_pprof(
-        &s,
-        "anonymous",
-        "app.cpu",
-        testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200);
+    push_go_cpu(&s).await;
     let alias = "a".repeat(200_000);
     let q = format!("SELECT 1 AS \"{alias}\" FROM generate_series(1, 100000)");
     let r = reqwest::Client::new()
