@@ -155,11 +155,20 @@ pub(super) async fn render(
             "the range is too long for a timeline",
         ));
     }
+    // The timelines are built in the query lane with the read, within their cap.
     let by = group_by.first().cloned();
-    let series = q
-        .read(Vec::new(), move |store| {
-            let group: Vec<String> = by.into_iter().collect();
-            Ok(store
+    let empty = timelines(
+        &[],
+        range,
+        step_s,
+        average,
+        by.as_deref(),
+        MAX_TIMELINE_CELLS,
+    )?;
+    let (timeline, groups) = q
+        .read(empty, move |store| {
+            let group: Vec<String> = by.iter().cloned().collect();
+            let series = store
                 .range(
                     &selector,
                     range,
@@ -167,33 +176,80 @@ pub(super) async fn render(
                     Some(&group),
                     ReadOptions::STRICT,
                 )?
-                .value)
+                .value;
+            timelines(
+                &series,
+                range,
+                step_s,
+                average,
+                by.as_deref(),
+                MAX_TIMELINE_CELLS,
+            )
         })
         .await?;
+    fb.timeline = timeline;
+    fb.groups = groups;
+    Ok(axum::Json(fb).into_response())
+}
+
+/// Samples a render answer's timelines may hold over all its groups; more is refused
+/// (400), naming the limit: a timeline has up to about 1,500 samples, and a `groupBy` label
+/// of many values would make one each.
+const MAX_TIMELINE_CELLS: usize = 1 << 22;
+
+/// The flamebearer's timelines of `series` over `range` at `step_s`: the total of them all
+/// and, with `group_by`, one per value of that label (`*` for series without it); without
+/// one, with `average`, the first series' averaged (the total is that series then). Refused
+/// when the groups' timelines would hold more than `max_cells` samples.
+#[allow(clippy::type_complexity)]
+fn timelines(
+    series: &[frostdb_profile::native::Series],
+    range: TimeRange,
+    step_s: i64,
+    average: bool,
+    group_by: Option<&str>,
+    max_cells: usize,
+) -> ApiResult<(
+    Option<Timeline>,
+    Option<std::collections::BTreeMap<String, Timeline>>,
+)> {
     let timeline = |s: &frostdb_profile::native::Series| {
         let points: Vec<(i64, f64)> = s.values(average).collect();
         Timeline::new(&points, range.start_ms, range.end_ms, step_s)
     };
     let all: Vec<(i64, f64)> = series.iter().flat_map(|s| s.values(false)).collect();
-    fb.timeline = Some(Timeline::new(&all, range.start_ms, range.end_ms, step_s));
-    if let Some(label) = group_by.first() {
-        fb.groups = Some(
-            series
-                .iter()
-                .map(|s| {
-                    let key = s
-                        .labels
-                        .iter()
-                        .find(|(n, _)| n == label)
-                        .map_or("*".to_owned(), |(_, v)| v.clone());
-                    (key, timeline(s))
-                })
-                .collect(),
-        );
-    } else if average {
-        fb.timeline = series.first().map(timeline);
+    let total = Timeline::new(&all, range.start_ms, range.end_ms, step_s);
+    let Some(label) = group_by else {
+        return Ok((
+            if average {
+                series.first().map(timeline)
+            } else {
+                Some(total)
+            },
+            None,
+        ));
+    };
+    let cells = series.len().saturating_mul(total.samples.len());
+    if cells > max_cells {
+        return Err(ApiError::bad_request(format!(
+            "groupBy {label:?} has {} series over {} timeline samples each: {cells} samples, \
+             over the limit of {max_cells}; group by a label of fewer values, or ask a shorter range",
+            series.len(),
+            total.samples.len()
+        )));
     }
-    Ok(axum::Json(fb).into_response())
+    let groups = series
+        .iter()
+        .map(|s| {
+            let key = s
+                .labels
+                .iter()
+                .find(|(n, _)| n == label)
+                .map_or("*".to_owned(), |(_, v)| v.clone());
+            (key, timeline(s))
+        })
+        .collect();
+    Ok((Some(total), Some(groups)))
 }
 
 /// `GET /pyroscope/render-diff`: `leftQuery`/`leftFrom`/`leftUntil` against the `right…`
@@ -231,4 +287,45 @@ pub(super) async fn render_diff(
         header::HeaderValue::from_static(aggregation.name()),
     )];
     Ok((said, axum::Json(fb)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(pod: &str, points: &[(i64, i64)]) -> frostdb_profile::native::Series {
+        frostdb_profile::native::Series {
+            labels: vec![("pod".into(), pod.into())],
+            points: points.to_vec(),
+            rows: vec![1; points.len()],
+        }
+    }
+
+    /// A render's timelines: the total, one per `groupBy` value; past their cap of samples
+    /// over all groups, refused naming the limit rather than built.
+    #[test]
+    fn timelines_are_one_per_group_and_no_more_than_their_cap() {
+        let range = TimeRange {
+            start_ms: 0,
+            end_ms: 60_000,
+        };
+        let all = [
+            series("a", &[(0, 2), (15_000, 3)]),
+            series("b", &[(30_000, 5)]),
+        ];
+        let (total, groups) = timelines(&all, range, 15, false, Some("pod"), 8).unwrap();
+        assert_eq!(total.unwrap().samples, [2, 3, 5, 0]);
+        let groups = groups.unwrap();
+        assert_eq!(groups["a"].samples, [2, 3, 0, 0]);
+        assert_eq!(groups["b"].samples, [0, 0, 5, 0]);
+        // Two groups of four samples are 8: one less is refused, naming the limit.
+        let e = timelines(&all, range, 15, false, Some("pod"), 7).unwrap_err();
+        assert!(
+            e.to_string().contains("8 samples, over the limit of 7"),
+            "{e}"
+        );
+        // Without groupBy there is no cap to meet: one timeline.
+        let (total, groups) = timelines(&all, range, 15, false, None, 0).unwrap();
+        assert_eq!((total.unwrap().samples.len(), groups), (4, None));
+    }
 }
