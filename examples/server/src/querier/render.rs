@@ -217,18 +217,22 @@ fn timelines(
         let points: Vec<(i64, f64)> = s.values(average).collect();
         Timeline::new(&points, range.start_ms, range.end_ms, step_s)
     };
-    let all: Vec<(i64, f64)> = series.iter().flat_map(|s| s.values(false)).collect();
-    let total = Timeline::new(&all, range.start_ms, range.end_ms, step_s);
+    let total = || {
+        let all: Vec<(i64, f64)> = series.iter().flat_map(|s| s.values(false)).collect();
+        Timeline::new(&all, range.start_ms, range.end_ms, step_s)
+    };
     let Some(label) = group_by else {
+        // Averaged, the first series stands for the total (which is not built then).
         return Ok((
             if average {
                 series.first().map(timeline)
             } else {
-                Some(total)
+                Some(total())
             },
             None,
         ));
     };
+    let total = total();
     let cells = series.len().saturating_mul(total.samples.len());
     if cells > max_cells {
         return Err(ApiError::bad_request(format!(
