@@ -145,3 +145,58 @@ fn symbols_expire_with_the_samples_that_use_them() {
     check(&store);
     assert_eq!(rows(&store, "stacktraces"), 2_000);
 }
+
+/// Profiles stored from many threads while partitions close under them (a rotation every
+/// few stores, as a full partition closes mid-ingest): each profile's symbols are written
+/// with a group of the partition it interned them in, so every stack resolves whole, before
+/// and after the store is reopened from its write-ahead log.
+#[test]
+fn profiles_stored_while_partitions_close_keep_every_stack_whole() {
+    const THREADS: u64 = 6;
+    const PROFILES: u64 = 24;
+    const STACKS: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        ProfileStore::open(
+            Db::open(dir.path(), DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap()
+    };
+    let check = |store: &ProfileStore| {
+        let merged = store.merge(&all(), TimeRange::ALL).unwrap();
+        let stacks = (THREADS * PROFILES) as usize * STACKS;
+        assert_eq!(merged.samples.len(), stacks);
+        assert_eq!(merged.total(), testing::total(0, stacks));
+        for (stack, _) in &merged.samples {
+            assert_eq!(merged.symbols.depth(*stack), 6, "a stack lost frames");
+        }
+    };
+    let store = open();
+    let storing = std::sync::atomic::AtomicU64::new(THREADS);
+    let rotations = std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (store, storing) = (&store, &storing);
+            s.spawn(move || {
+                for i in 0..PROFILES {
+                    let first = (t * PROFILES + i) * STACKS as u64;
+                    ingest(store, first, STACKS, 1_000 + first as i64);
+                }
+                storing.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            });
+        }
+        // Rotates until every thread is done: partitions close between, and while,
+        // profiles intern their symbols and join their groups.
+        let mut rotations = 0;
+        while storing.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            store.rotate_symbols();
+            rotations += 1;
+            std::thread::yield_now();
+        }
+        rotations
+    });
+    assert!(rotations > 1, "no partition closed during the ingest");
+    check(&store);
+    drop(store);
+    check(&open());
+}

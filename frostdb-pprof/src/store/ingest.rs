@@ -191,8 +191,12 @@ impl ProfileStore {
         let (slot, twins, lead, stored) = loop {
             let partition = self.symbols.current();
             // Profiles whose symbols the partition has (the usual case) only look them up,
-            // alongside others; ones with new symbols intern them alone. Either keeps the
-            // partition open until the profiles have joined a group.
+            // alongside others; ones with new symbols intern them alone. The pin keeps the
+            // partition open until the profiles have joined a group; the indexes are held
+            // only while interning.
+            let Some(_pin) = partition.pin() else {
+                continue; // closed by a rotation meanwhile: take the next one
+            };
             let Some(mut writer) = partition.lookup() else {
                 continue; // closed by a rotation meanwhile: take the next one
             };
@@ -221,6 +225,7 @@ impl ProfileStore {
                     *new = partition.counts().stacks - before;
                 }
             }
+            drop(writer);
             let mut pipeline = self.pipeline();
             if pipeline.failed.contains(&partition.id()) {
                 return Err(Error::Unavailable(format!(

@@ -116,6 +116,13 @@ pub struct Partition {
     /// short spin: parking_lot's yields the CPU while it spins, and with many clients on
     /// few cores a writer waiting out readers yielded again and again.
     writer: RwLock<Option<Indexes>>,
+    /// Whether the partition takes new symbols, shared by every profile on its way into a
+    /// group of the partition ([`Partition::pin`]) and taken alone to close it. Apart from
+    /// `writer`, so that a profile joining its group (under the pipeline's lock, which may
+    /// be contended) holds only this and not the indexes: an interning writer waits for
+    /// lookups alone, not for profiles queueing at the pipeline, and lookups meanwhile
+    /// wait for it alone. Taken before `writer` by every holder of both.
+    open: RwLock<bool>,
     /// Names found by a symbolizer for locations stored without them
     /// ([`crate::symbolize`]), and where each location's are: kept beside the rows, which
     /// the group commit writes and never changes.
@@ -207,6 +214,7 @@ impl Partition {
             stacks: boxcar::Vec::new(),
             bytes: AtomicUsize::new(0),
             writer: RwLock::new(Some(Indexes::default())),
+            open: RwLock::new(true),
             named: boxcar::Vec::new(),
             named_at: parking_lot::RwLock::new(std::collections::HashMap::new()),
             unnamed: AtomicUsize::new(0),
@@ -219,6 +227,7 @@ impl Partition {
     pub(crate) fn closed(id: u32) -> Self {
         Self {
             writer: RwLock::new(None),
+            open: RwLock::new(false),
             ..Self::new(id)
         }
     }
@@ -243,8 +252,11 @@ impl Partition {
         }
     }
 
-    /// Stops taking new symbols, dropping the indexes.
+    /// Stops taking new symbols, dropping the indexes, once every profile pinning the
+    /// partition has joined its group.
     pub(crate) fn close(&self) {
+        let mut open = self.open.write().unwrap_or_else(PoisonError::into_inner);
+        *open = false;
         if let Some(indexes) = self.write_lock().take() {
             let slots = indexes.strings.len()
                 + indexes.mappings.len()
@@ -253,6 +265,14 @@ impl Partition {
             let bytes = slots * 8 + indexes.stacks.len() * STACK_SLOT;
             self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         }
+    }
+
+    /// Keeps the partition open (taking new symbols) while held: a profile holds it from
+    /// before it interns its symbols until it has joined a group of the partition, so the
+    /// partition closes only after the profile's group has its cut. `None` when closed.
+    pub(crate) fn pin(&self) -> Option<RwLockReadGuard<'_, bool>> {
+        let open = self.open.read().unwrap_or_else(PoisonError::into_inner);
+        (*open).then_some(open)
     }
 
     /// The writer's side, exclusively: adds what it does not find. `None` when the
