@@ -111,16 +111,23 @@ where
         let limits = GRPC_LIMITS.get().copied().unwrap_or_default();
         // tonic hands over a whole message, usually in one piece.
         let len = buf.remaining();
+        // What the decoded message takes is charged to the request's memory before it is
+        // made (`bounds::decode_protobuf`): the request is refused (unavailable) when the
+        // budget has no room for it.
+        let memory = crate::edge::request_memory();
         let decode = |bytes: &[u8]| {
             // Decoding runs where tonic polls the request: a message of megabytes (an
             // OTLP export, a Parca write) takes the thread for its whole decode, so its
             // runtime's other tasks move to another thread meanwhile.
-            if len >= OFF_THE_ASYNC_THREAD_BYTES {
-                crate::work::off_the_async_thread(|| {
+            let decode = || {
+                crate::ingest::charged(memory.clone(), || {
                     bounds::decode_protobuf("request", bytes, &limits)
                 })
+            };
+            if len >= OFF_THE_ASYNC_THREAD_BYTES {
+                crate::work::off_the_async_thread(decode)
             } else {
-                bounds::decode_protobuf("request", bytes, &limits)
+                decode()
             }
         };
         let decoded = if buf.chunk().len() == len {

@@ -158,12 +158,26 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
             memory: memory.clone(),
         })
     };
-    let response = next.run(Request::from_parts(parts, body)).await;
+    let response = REQUEST_MEMORY
+        .scope(memory.clone(), next.run(Request::from_parts(parts, body)))
+        .await;
     let refused = memory.0.refused.lock().take();
     match refused {
         Some(why) => ApiError::busy(why, 1).into_response(),
         None => response,
     }
+}
+
+tokio::task_local! {
+    /// The memory of the request whose handler this task polls ([`budget_memory`]).
+    static REQUEST_MEMORY: RequestMemory;
+}
+
+/// The memory of the request being handled on this task: for decoders that run inside a
+/// handler they cannot pass it to (tonic's codec). `None` outside a request's task, as in
+/// work handed to another thread (which is given its request's memory instead).
+pub fn request_memory() -> Option<RequestMemory> {
+    REQUEST_MEMORY.try_with(Clone::clone).ok()
 }
 
 /// A request body whose bytes are reserved from the budget as they arrive.

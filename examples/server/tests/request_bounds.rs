@@ -414,3 +414,72 @@ async fn thousands_of_span_ids_select_exactly_their_samples() {
         "{text}"
     );
 }
+
+/// A message within the request limits still decodes to many times its bytes: what it will
+/// take decoded is charged to the memory budget before it is made, over HTTP and gRPC alike,
+/// so requests a small budget cannot hold are refused (503, gRPC `unavailable`) naming the
+/// budget, and the server stores the next push that fits.
+#[tokio::test]
+async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nmemory = \"8MiB\"\n"),
+    );
+    let what = "the decoded request message";
+
+    // A push of 10,000 series of 30 empty labels (within every count limit): 630 KB sent,
+    // 15 MB decoded.
+    let mut series = field_header(1, 60);
+    series.extend([0x0a, 0x00].repeat(30));
+    let body = series.repeat(10_000);
+    let (status, _, text, _) = post(
+        &format!("{}/push.v1.PusherService/Push", s.url),
+        &[("content-type", "application/proto")],
+        body,
+    )
+    .await;
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains(what) && text.contains("budget"), "{text}");
+
+    // An OTLP export over gRPC-Web whose dictionary holds 2 M empty strings: 4 MB sent,
+    // 48 MB decoded, decoded by tonic's codec.
+    let n = 2_000_000;
+    let mut message = field_header(2, 2 * n);
+    message.extend(field_header(5, 0).repeat(n));
+    let mut body = vec![0];
+    body.extend((message.len() as u32).to_be_bytes());
+    body.extend(message);
+    let (status, headers, text, _) = post(
+        &format!(
+            "{}/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+            s.url
+        ),
+        &[("content-type", "application/grpc-web+proto")],
+        body,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let trailers = format!(
+        "{}\n{text}",
+        headers
+            .iter()
+            .map(|(k, v)| format!("{k}:{}", v.to_str().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(trailers.contains("grpc-status:14"), "{trailers}");
+    assert!(
+        trailers.contains(&what.replace(' ', "%20")) || trailers.contains(what),
+        "{trailers}"
+    );
+
+    // What was refused was released: a real profile fits the same budget.
+    let (status, _, text, _) = post(
+        &format!("{}/ingest?name=app.cpu&format=pprof", s.url),
+        &[],
+        common::testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}

@@ -300,13 +300,22 @@ pub fn check_json(
     json::scan(format, shape, text, limits)
 }
 
-/// Decodes a protobuf message once [`check_protobuf`] found it within `limits`. Errors
-/// name `format` and the message; a decoding error is at `body`.
+/// Charges what the decoded message will take ([`crate::charging`]) before it is made:
+/// within the request limits, a message still costs many times its bytes (an empty label 2
+/// bytes sent, 48 decoded), and several at once must fit the budget they share.
+fn charge_decoded(scanned: &Scanned) -> Result<()> {
+    crate::decode::charge::charge(scanned.decoded_bytes, "the decoded request message")
+}
+
+/// Decodes a protobuf message once [`check_protobuf`] found it within `limits`, and its
+/// decoded size is charged (where a charge is set, [`crate::charging`]). Errors name
+/// `format` and the message; a decoding error is at `body`.
 pub fn decode_protobuf<M>(format: &'static str, bytes: &[u8], limits: &RequestLimits) -> Result<M>
 where
     M: prost::Message + Default + Bounded,
 {
-    check_protobuf(format, M::shape(), bytes, limits)?;
+    let scanned = check_protobuf(format, M::shape(), bytes, limits)?;
+    charge_decoded(&scanned)?;
     M::decode(bytes).map_err(|e| Error::Convert {
         format,
         at: "body".into(),
@@ -314,13 +323,15 @@ where
     })
 }
 
-/// Decodes a proto3 JSON message once [`check_json`] found it within `limits`. Errors name
-/// `format` and the message; a decoding error is at `body`.
+/// Decodes a proto3 JSON message once [`check_json`] found it within `limits`, and its
+/// decoded size is charged (as [`decode_protobuf`]). Errors name `format` and the message;
+/// a decoding error is at `body`.
 pub fn decode_json<M>(format: &'static str, text: &[u8], limits: &RequestLimits) -> Result<M>
 where
     M: serde::de::DeserializeOwned + Bounded,
 {
-    check_json(format, M::shape(), text, limits)?;
+    let scanned = check_json(format, M::shape(), text, limits)?;
+    charge_decoded(&scanned)?;
     serde_json::from_slice(text).map_err(|e| Error::Convert {
         format,
         at: "body".into(),

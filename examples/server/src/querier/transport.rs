@@ -157,16 +157,22 @@ impl Codec {
         }
     }
 
-    /// Decodes a request message, once its bytes show it within `limits`.
-    pub fn decode<M>(self, body: &[u8], limits: &frostdb_pprof::RequestLimits) -> ApiResult<M>
+    /// Decodes a request message, once its bytes show it within `limits`, what it takes
+    /// decoded charged to the request's `memory` first.
+    pub fn decode<M>(
+        self,
+        body: &[u8],
+        limits: &frostdb_pprof::RequestLimits,
+        memory: &crate::edge::RequestMemory,
+    ) -> ApiResult<M>
     where
         M: prost::Message + Default + serde::de::DeserializeOwned + Bounded,
     {
-        let decoded = match self {
+        let decoded = crate::ingest::charged(Some(memory.clone()), || match self {
             Codec::Proto => bounds::decode_protobuf("binary protobuf", body, limits),
             Codec::Json if body.iter().all(u8::is_ascii_whitespace) => Ok(M::default()),
             Codec::Json => bounds::decode_json("proto3 JSON", body, limits),
-        };
+        });
         Ok(decoded?)
     }
 
@@ -295,13 +301,13 @@ pub(super) async fn querier_call(
     macro_rules! unary {
         ($method:ident) => {{
             // Decoded in the query lane: a body of the largest size is a lot of messages.
-            let (body, limits) = (body.clone(), limits.clone());
+            let (body, limits, memory) = (body.clone(), limits.clone(), memory.clone());
             let request = q
                 .state
                 .work
                 .queries
                 .blocking(move |_| {
-                    let request = codec.decode(&body, &limits)?;
+                    let request = codec.decode(&body, &limits, &memory)?;
                     // After the decode's pre-scan has bounded the body.
                     if codec == Codec::Json {
                         check_json_enums(&body)?;
@@ -350,12 +356,12 @@ pub(super) async fn settings_call(
     let store = &state.settings;
     match method.as_str() {
         "Get" => {
-            let _: settings::GetSettingsRequest = codec.decode(&body, &limits)?;
+            let _: settings::GetSettingsRequest = codec.decode(&body, &limits, &memory)?;
             let settings = store.get(&tenant).await?;
             Ok(codec.encode(&settings::GetSettingsResponse { settings }))
         }
         "Set" => {
-            let r: settings::SetSettingsRequest = codec.decode(&body, &limits)?;
+            let r: settings::SetSettingsRequest = codec.decode(&body, &limits, &memory)?;
             let setting = r
                 .setting
                 .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
@@ -365,7 +371,7 @@ pub(super) async fn settings_call(
             Ok(codec.encode(&settings::SetSettingsResponse { setting }))
         }
         "Delete" => {
-            let r: settings::DeleteSettingsRequest = codec.decode(&body, &limits)?;
+            let r: settings::DeleteSettingsRequest = codec.decode(&body, &limits, &memory)?;
             store.delete(&tenant, &r.name).await?;
             Ok(codec.encode(&settings::DeleteSettingsResponse {}))
         }
