@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use frostdb_pprof::RequestLimits;
 use frostdb_pprof::bounds::{self, Bounded};
 use tonic::Status;
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 use super::Config;
 use super::error::ApiError;
@@ -80,11 +80,11 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Encoder = AnswerEncoder<T>;
     type Decoder = BoundedDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        tonic_prost::ProstEncoder::new(BufferSettings::default())
+        AnswerEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -92,8 +92,35 @@ where
     }
 }
 
-/// Messages of at least this many bytes are decoded off the thread that polls them.
-const OFF_THE_ASYNC_THREAD_BYTES: usize = 256 << 10;
+/// Messages of at least this many bytes are decoded, and answers encoded, off the thread
+/// that polls them.
+pub(crate) const OFF_THE_ASYNC_THREAD_BYTES: usize = 256 << 10;
+
+/// Encodes an answer as tonic's prost encoder does, a large one (a flame graph of a million
+/// nodes is tens of megabytes) off the async thread that polls the call.
+#[derive(Debug)]
+pub struct AnswerEncoder<T>(PhantomData<T>);
+
+impl<T: prost::Message> Encoder for AnswerEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        let mut encode = || {
+            item.encode(buf)
+                .map_err(|e| Status::internal(format!("encoding the answer: {e}")))
+        };
+        if item.encoded_len() >= OFF_THE_ASYNC_THREAD_BYTES {
+            crate::work::off_the_async_thread(encode)
+        } else {
+            encode()
+        }
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
+    }
+}
 
 /// Decodes a `U` once its bytes are within the request limits.
 #[derive(Debug)]

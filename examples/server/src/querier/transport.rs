@@ -178,6 +178,16 @@ impl Codec {
 
     /// Encodes an answer.
     pub fn encode<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
+        // A large answer (a flame graph of a million nodes) is encoded off the async
+        // thread; its protobuf size stands for its JSON's, which is larger.
+        if message.encoded_len() >= crate::codec::OFF_THE_ASYNC_THREAD_BYTES {
+            crate::work::off_the_async_thread(|| self.encode_here(message))
+        } else {
+            self.encode_here(message)
+        }
+    }
+
+    fn encode_here<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
         match self {
             Codec::Proto => (
                 [(header::CONTENT_TYPE, "application/proto")],
@@ -532,6 +542,105 @@ impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer whose encoding waits for a task spawned after it starts (and says whether
+    /// it came), as if it took long; it claims `len` bytes.
+    struct SlowAnswer {
+        len: usize,
+        started: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+        other: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        other_ran: std::sync::atomic::AtomicBool,
+    }
+
+    impl std::fmt::Debug for SlowAnswer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("SlowAnswer")
+        }
+    }
+
+    impl Default for SlowAnswer {
+        fn default() -> Self {
+            unreachable!("never decoded")
+        }
+    }
+
+    impl prost::Message for SlowAnswer {
+        fn encode_raw(&self, _: &mut impl prost::bytes::BufMut) {
+            if let Some(started) = self.started.lock().unwrap().take() {
+                let _ = started.send(());
+            }
+            let came = self
+                .other
+                .lock()
+                .unwrap()
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .is_ok();
+            self.other_ran
+                .store(came, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn merge_field(
+            &mut self,
+            _: u32,
+            _: prost::encoding::WireType,
+            _: &mut impl prost::bytes::Buf,
+            _: prost::encoding::DecodeContext,
+        ) -> Result<(), prost::DecodeError> {
+            unreachable!("never decoded")
+        }
+        fn encoded_len(&self) -> usize {
+            self.len
+        }
+        fn clear(&mut self) {}
+    }
+
+    impl serde::Serialize for SlowAnswer {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_unit()
+        }
+    }
+
+    /// Whether a task spawned once `len` bytes' answer began encoding ran meanwhile, on a
+    /// runtime of one worker.
+    fn others_run_while_encoding(len: usize) -> bool {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+        let answer = std::sync::Arc::new(SlowAnswer {
+            len,
+            started: std::sync::Mutex::new(Some(started_tx)),
+            other: std::sync::Mutex::new(rx),
+            other_ran: std::sync::atomic::AtomicBool::new(false),
+        });
+        let encoding = answer.clone();
+        let encode = runtime.spawn(async move {
+            let _ = Codec::Proto.encode(&*encoding);
+        });
+        let other = runtime.spawn(async move {
+            if started.await.is_ok() {
+                let _ = tx.send(());
+            }
+        });
+        runtime.block_on(async {
+            encode.await.unwrap();
+            other.await.unwrap();
+        });
+        answer.other_ran.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A large answer (a flame graph of a million nodes is tens of megabytes) is encoded
+    /// off the async thread: a task spawned after it runs meanwhile. (Encoded on the one
+    /// worker, as a small answer is, the task would wait for the encoding, which gives up
+    /// waiting for it after 30 s.)
+    #[test]
+    fn a_large_answer_is_encoded_off_the_async_thread() {
+        assert!(others_run_while_encoding(
+            crate::codec::OFF_THE_ASYNC_THREAD_BYTES
+        ));
+    }
 
     /// An enum field sent as an array of millions of values (a few bytes each) is walked
     /// and refused, not built into a JSON tree of tens of bytes a value; a long name is
