@@ -50,6 +50,17 @@ pub struct OverBudget {
     pub free: usize,
     /// The budget.
     pub limit: usize,
+    /// Bytes the asking reservation held already.
+    pub held: usize,
+}
+
+impl OverBudget {
+    /// Whether what asked needs more than the whole budget (with what its reservation held
+    /// already): it never fits, however long it waits, as against fitting once other work
+    /// has let go.
+    pub fn never_fits(&self) -> bool {
+        self.held.saturating_add(self.asked) > self.limit
+    }
 }
 
 impl MemoryBudget {
@@ -170,6 +181,7 @@ impl Reservation {
                         .limit
                         .saturating_sub(reserved.saturating_add(standing)),
                     limit: inner.limit,
+                    held: self.bytes,
                 });
             }
             match inner.reserved.compare_exchange_weak(
@@ -255,6 +267,11 @@ mod tests {
         let a = budget.try_reserve(60, "a").unwrap();
         let e = budget.try_reserve(50, "b").unwrap_err();
         assert_eq!((e.asked, e.free, e.limit), (50, 40, 100));
+        assert!(!e.never_fits(), "50 bytes fit once the 60 are let go");
+        let mut c = budget.try_reserve(30, "c").unwrap();
+        let e = c.try_grow(80, "c").unwrap_err();
+        assert!(e.never_fits(), "30 held and 80 more never fit 100");
+        drop(c);
         assert!(e.to_string().contains("limits.memory"), "{e}");
         let mut b = budget.try_reserve(40, "b").unwrap();
         assert_eq!(budget.free(), 0);

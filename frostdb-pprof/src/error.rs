@@ -98,6 +98,10 @@ pub enum Error {
     /// partition or group it was stored with failed): storing it again can succeed.
     #[error("cannot store the profile now: {0}; retry")]
     Unavailable(String),
+    /// The request needs more memory than the whole memory budget allows: it can never be
+    /// served as it is, and a retry does not help (see [`crate::charging`]).
+    #[error("{0}")]
+    OverMemory(String),
     /// Committing the group of profiles this one was stored with failed.
     #[error("storing a group of profiles failed: {0}")]
     Group(std::sync::Arc<Error>),
@@ -124,7 +128,9 @@ impl Error {
             | Self::Convert { .. }
             | Self::LabelCollision { .. }
             | Self::Query(_) => K::InvalidInput,
-            Self::TooLarge { .. } | Self::LabelLimit { .. } => K::LimitExceeded,
+            Self::TooLarge { .. } | Self::LabelLimit { .. } | Self::OverMemory(_) => {
+                K::LimitExceeded
+            }
             Self::SeriesLimit { .. } => K::QuotaExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,

@@ -118,7 +118,11 @@ fn a_decode_charges_what_it_makes_before_making_it() {
     );
     // Refused: the decode fails before inflating, naming why.
     let e = frostdb_pprof::charging(
-        |bytes, what| Err(format!("{what}: {bytes} bytes over the budget")),
+        |bytes, what| {
+            Err(frostdb_pprof::Error::Unavailable(format!(
+                "{what}: {bytes} bytes over the budget"
+            )))
+        },
         || decode(&gz, &Limits::default()),
     )
     .unwrap_err();
@@ -145,7 +149,9 @@ fn several_gzip_members_are_charged_as_they_inflate() {
     let limits = Limits::default();
     let capped = |bytes: usize, what: &'static str| {
         if bytes > 4 << 20 {
-            return Err(format!("{what}: {bytes} bytes over the cap"));
+            return Err(frostdb_pprof::Error::Unavailable(format!(
+                "{what}: {bytes} bytes over the cap"
+            )));
         }
         Ok(())
     };

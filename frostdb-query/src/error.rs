@@ -45,8 +45,11 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
     match e.find_root() {
         D::External(inner) => match inner.downcast_ref::<frostdb_core::Error>() {
             Some(engine) => engine.kind(),
-            None if inner.is::<frostdb_core::OverBudget>() => ErrorKind::Unavailable,
-            None => ErrorKind::Internal,
+            None => match inner.downcast_ref::<frostdb_core::OverBudget>() {
+                Some(over) if over.never_fits() => ErrorKind::LimitExceeded,
+                Some(_) => ErrorKind::Unavailable,
+                None => ErrorKind::Internal,
+            },
         },
         D::SQL(..) | D::Plan(_) | D::SchemaError(..) | D::NotImplemented(_) => {
             ErrorKind::InvalidInput

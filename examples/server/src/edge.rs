@@ -83,7 +83,7 @@ pub struct RequestMemory(Arc<Held>);
 struct Held {
     reservation: Mutex<Reservation>,
     /// Why the body could not be reserved, if it could not.
-    refused: Mutex<Option<String>>,
+    refused: Mutex<Option<ApiError>>,
 }
 
 impl RequestMemory {
@@ -97,13 +97,14 @@ impl RequestMemory {
     }
 
     /// Reserves `bytes` more for `what`; 503 with `Retry-After` when the budget has no
-    /// room now.
+    /// room now, 413 when the request would need more than the whole budget (a retry
+    /// would be refused again).
     pub fn try_grow(&self, bytes: usize, what: &str) -> ApiResult<()> {
         self.0
             .reservation
             .lock()
             .try_grow(bytes, what)
-            .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))
+            .map_err(ApiError::over_budget)
     }
 
     /// Bytes held.
@@ -163,7 +164,7 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         .await;
     let refused = memory.0.refused.lock().take();
     match refused {
-        Some(why) => ApiError::busy(why, 1).into_response(),
+        Some(why) => why.into_response(),
         None => response,
     }
 }
@@ -201,8 +202,9 @@ impl http_body::Body for Budgeted {
         if let Some(data) = frame.data_ref()
             && let Err(e) = self.memory.try_grow(data.len(), "the request body")
         {
-            *self.memory.0.refused.lock() = Some(e.message.clone());
-            return Poll::Ready(Some(Err(axum::Error::new(e.message))));
+            let message = e.message.clone();
+            *self.memory.0.refused.lock() = Some(e);
+            return Poll::Ready(Some(Err(axum::Error::new(message))));
         }
         Poll::Ready(Some(Ok(frame)))
     }

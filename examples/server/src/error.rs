@@ -68,6 +68,22 @@ impl ApiError {
         }
     }
 
+    /// A reservation the memory budget refused: 503 with `Retry-After` when it has no room
+    /// now, 413 when what asked needs more than the whole budget (with what its
+    /// reservation held already), which no retry can change.
+    pub fn over_budget(e: frostdb_core::OverBudget) -> Self {
+        if e.never_fits() {
+            Self::too_large(format!(
+                "{} needs {} bytes of memory which, with the {} bytes this request holds already, \
+                 is more than the server's whole budget (limits.memory, {} bytes): it can never \
+                 be served; ask for less",
+                e.what, e.asked, e.held, e.limit
+            ))
+        } else {
+            Self::busy(format!("{e}; retry shortly"), 1)
+        }
+    }
+
     /// 400: the request is malformed.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)

@@ -302,7 +302,7 @@ pub(super) async fn merge_then<T: Send + 'static>(
             // What a report of it holds, about: a node or a line per stack.
             let _report = budget
                 .try_reserve(report_bytes(&merged), "building the report")
-                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+                .map_err(ApiError::over_budget)?;
             then(merged)
         })
         .await
@@ -332,7 +332,7 @@ pub(crate) async fn diff_then<T: Send + 'static>(
                     report_bytes(&base).saturating_add(report_bytes(&compare)),
                     "building the diff",
                 )
-                .map_err(|e| ApiError::busy(format!("{e}; retry shortly"), 1))?;
+                .map_err(ApiError::over_budget)?;
             Ok(then(tree::diff(&base, &compare)))
         })
         .await

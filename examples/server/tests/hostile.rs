@@ -597,7 +597,8 @@ fn cpu_pprof(
 
 /// A merge of few stacks of many frames each (here 4,000 stacks of a thousand inlined
 /// frames: four million call paths) is charged its call tree, not its stack count: under a
-/// small budget it is refused with a 503 naming what it needed, before any tree is built,
+/// small budget it is refused with a 413 naming what it needed (more than the whole
+/// budget, so no retry helps), before any tree is built,
 /// and the server answers the next query. (Charged per stack, it built four million nodes
 /// past the budget; a hundred thousand stacks of 4,000 frames took the process down.)
 #[tokio::test]
@@ -633,8 +634,9 @@ async fn a_flame_graph_of_few_stacks_and_many_frames_is_charged_its_tree() {
         )
     };
     let (status, body) = get(&query("deep"), None).await;
-    assert_eq!(status, 503, "{body}");
+    assert_eq!(status, 413, "{body}");
     assert!(body.contains("building the report"), "{body}");
+    assert!(body.contains("whole budget (limits.memory"), "{body}");
     let (status, body) = get(&query("small"), None).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"total\":30"), "{body}");
@@ -676,7 +678,7 @@ fn a_long_name_down_a_deep_stack(name_bytes: usize, depth: usize) -> Vec<u8> {
 /// A report writes a frame's name at every node it is: one function named with a
 /// megabyte, 4,000 deep, is 4 GB of flame graph from a 1 MB push and one query (charged
 /// 100 bytes a frame, it was built past any budget). It is charged its names: refused
-/// with a 503 naming the report under a 256 MiB budget, and the server answers the next
+/// with a 413 naming the report under a 256 MiB budget, and the server answers the next
 /// query, its memory flat.
 #[tokio::test]
 async fn a_report_is_charged_the_names_it_writes_at_every_node() {
@@ -703,7 +705,7 @@ async fn a_report_is_charged_the_names_it_writes_at_every_node() {
     };
     for format in ["flamegraph", "folded"] {
         let (status, body) = get(&query("long", format), None).await;
-        assert_eq!(status, 503, "{}", &body[..body.len().min(300)]);
+        assert_eq!(status, 413, "{}", &body[..body.len().min(300)]);
         assert!(body.contains("building the report"), "{body}");
     }
     let (status, body) = get(&query("short", "flamegraph"), None).await;
@@ -732,7 +734,8 @@ fn gzip_bomb() -> Vec<u8> {
 
 /// A pprof gzipped inside the body (no Content-Encoding: the budget sees 120 KB) that
 /// inflates to 120 MiB: the inflated bytes are charged to the request before they are made,
-/// so under a 64 MiB budget it is answered 503 naming them, not inflated and parsed
+/// so under a 64 MiB budget it is answered 413 naming them (more than the whole budget:
+/// a retry would be refused again), not inflated and parsed
 /// uncharged (64 such requests at once were 8 GiB the budget never saw). A usual push
 /// after it is stored.
 #[tokio::test]
@@ -745,8 +748,9 @@ async fn a_profile_gzipped_inside_the_body_is_charged_what_it_inflates_to() {
     let bomb = gzip_bomb();
     assert!(bomb.len() < 1 << 20, "{}", bomb.len());
     let (status, answer) = push_pprof(&s, "anonymous", "app.cpu", bomb).await;
-    assert_eq!(status, 503, "{answer}");
+    assert_eq!(status, 413, "{answer}");
     assert!(answer.contains("gunzipping a profile"), "{answer}");
+    assert!(answer.contains("can never be served"), "{answer}");
     let (status, answer) = push_pprof(
         &s,
         "anonymous",

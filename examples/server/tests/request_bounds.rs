@@ -417,8 +417,9 @@ async fn thousands_of_span_ids_select_exactly_their_samples() {
 
 /// A message within the request limits still decodes to many times its bytes: what it will
 /// take decoded is charged to the memory budget before it is made, over HTTP and gRPC alike,
-/// so requests a small budget cannot hold are refused (503, gRPC `unavailable`) naming the
-/// budget, and the server stores the next push that fits.
+/// so requests a small budget can never hold are refused (413, gRPC `resource_exhausted`:
+/// a retry would be refused again) naming the budget, and the server stores the next push
+/// that fits.
 #[tokio::test]
 async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made() {
     let dir = tempfile::tempdir().unwrap();
@@ -439,8 +440,11 @@ async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made(
         body,
     )
     .await;
-    assert_eq!(status, 503, "{text}");
-    assert!(text.contains(what) && text.contains("budget"), "{text}");
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(what) && text.contains("limits.memory"),
+        "{text}"
+    );
 
     // An OTLP export over gRPC-Web whose dictionary holds 2 M empty strings: 4 MB sent,
     // 48 MB decoded, decoded by tonic's codec.
@@ -468,7 +472,7 @@ async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made(
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert!(trailers.contains("grpc-status:14"), "{trailers}");
+    assert!(trailers.contains("grpc-status:8"), "{trailers}");
     assert!(
         trailers.contains(&what.replace(' ', "%20")) || trailers.contains(what),
         "{trailers}"

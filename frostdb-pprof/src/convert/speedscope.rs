@@ -424,7 +424,9 @@ mod tests {
             move |bytes, what| {
                 seen.fetch_add(bytes, std::sync::atomic::Ordering::SeqCst);
                 match bytes > 8 << 20 {
-                    true => Err(format!("{what}: {bytes} bytes is over the budget")),
+                    true => Err(crate::Error::Unavailable(format!(
+                        "{what}: {bytes} bytes is over the budget"
+                    ))),
                     false => Ok(()),
                 }
             },

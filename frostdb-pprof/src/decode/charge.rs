@@ -5,8 +5,12 @@
 //! several times its raw bytes. [`charging`] runs a closure during which every decode on
 //! this thread first asks `charge` for what it is about to make: the gunzipped bytes (as
 //! the gzip trailer states them, and what is over once they are made) and the arrays (as
-//! the first pass over the fields counts them). A refusal fails the decode with
-//! [`Error::Unavailable`] naming it, before the memory is taken.
+//! the first pass over the fields counts them). A refusal fails the decode with the
+//! charge's error, before the memory is taken: [`Error::Unavailable`] for memory that is
+//! not free now, [`Error::OverMemory`] for more than the whole budget.
+//!
+//! [`Error::Unavailable`]: crate::Error::Unavailable
+//! [`Error::OverMemory`]: crate::Error::OverMemory
 //!
 //! Ambient (per thread, for the closure) like [`frostdb_core::stop_scans_when`], so that
 //! every decoder the closure reaches (pushes, forms, Parca, JFR's embedded parts) is
@@ -15,19 +19,19 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-type Charge = Rc<dyn Fn(usize, &'static str) -> std::result::Result<(), String>>;
+type Charge = Rc<dyn Fn(usize, &'static str) -> Result<()>>;
 
 thread_local! {
     static CHARGE: RefCell<Option<Charge>> = const { RefCell::new(None) };
 }
 
 /// Runs `f`; every decode it does on this thread first charges what it will make to
-/// `charge` (bytes, and what they are for), failing when `charge` refuses (its message is
-/// the error's). Nested calls: the inner charge holds inside, the outer again after.
+/// `charge` (bytes, and what they are for), failing with `charge`'s error when it
+/// refuses. Nested calls: the inner charge holds inside, the outer again after.
 pub fn charging<T>(
-    charge: impl Fn(usize, &'static str) -> std::result::Result<(), String> + 'static,
+    charge: impl Fn(usize, &'static str) -> Result<()> + 'static,
     f: impl FnOnce() -> T,
 ) -> T {
     struct Restore(Option<Charge>);
@@ -50,5 +54,5 @@ pub(crate) fn charge(bytes: usize, what: &'static str) -> Result<()> {
     if bytes == 0 {
         return Ok(());
     }
-    charge(bytes, what).map_err(Error::Unavailable)
+    charge(bytes, what)
 }

@@ -643,22 +643,23 @@ impl Symbolizer {
                     let bytes = tokio::task::spawn_blocking(move || dwarf_check::read_bytes(&at))
                         .await
                         .unwrap_or(u64::MAX);
-                    if bytes > budget.limit() as u64 {
-                        // It would wait for memory that never comes, and hold up the build
-                        // ids after it, pass after pass: like a missing file instead.
-                        tracing::warn!(
-                            build_id,
-                            path = %path.display(),
-                            bytes,
-                            limit = budget.limit(),
-                            "a debug file needs more memory to read than the whole budget \
-                             (limits.memory): it is not read, its frames stay addresses"
-                        );
-                        summary.too_large.push(build_id);
-                        continue;
-                    }
-                    match budget.try_reserve(bytes as usize, "reading a debug file") {
+                    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+                    match budget.try_reserve(bytes, "reading a debug file") {
                         Ok(reserved) => Some(reserved),
+                        Err(e) if e.never_fits() => {
+                            // It would wait for memory that never comes, and hold up the
+                            // build ids after it, pass after pass: like a missing file.
+                            tracing::warn!(
+                                build_id,
+                                path = %path.display(),
+                                bytes,
+                                limit = budget.limit(),
+                                "a debug file needs more memory to read than the whole budget \
+                                 (limits.memory): it is not read, its frames stay addresses"
+                            );
+                            summary.too_large.push(build_id);
+                            continue;
+                        }
                         Err(e) => {
                             tracing::warn!(build_id, error = %e, "debug file left for later");
                             summary.out_of_budget = true;

@@ -113,7 +113,14 @@ pub fn body_bytes(
 pub fn charged<T>(memory: Option<RequestMemory>, f: impl FnOnce() -> T) -> T {
     match memory {
         Some(memory) => frostdb_pprof::charging(
-            move |bytes, what| memory.try_grow(bytes, what).map_err(|e| e.message),
+            move |bytes, what| {
+                memory
+                    .try_grow(bytes, what)
+                    .map_err(|e| match e.retry_after {
+                        Some(_) => frostdb_pprof::Error::Unavailable(e.message),
+                        None => frostdb_pprof::Error::OverMemory(e.message),
+                    })
+            },
             f,
         ),
         None => f(),
