@@ -119,10 +119,12 @@ mod tests {
     use frostdb_core::ErrorKind;
 
     /// The query's own limit is a limit it exceeds (413); the server's budget spent by
-    /// others is a refusal for now (503, retry).
+    /// others is a refusal for now (503, retry); more than the server's whole budget is a
+    /// limit again (413: no retry fits it).
     #[test]
     fn a_query_over_its_limit_and_one_over_the_servers_budget_are_told_apart() {
-        let budget = MemoryBudget::new(1 << 20);
+        let budget = MemoryBudget::new(4 << 20);
+        let others = budget.try_reserve(3 << 20, "others").unwrap();
         let pool = budgeted_memory_pool(Some(64 << 20), Some(&budget));
         let reservation = MemoryConsumer::new("test").register(&pool);
         let e = reservation.try_grow(2 << 20).unwrap_err();
@@ -130,9 +132,13 @@ mod tests {
         assert!(e.to_string().contains("limits.memory"), "{e}");
         assert_eq!(
             budget.reserved(),
-            0,
+            3 << 20,
             "nothing kept of a refused reservation"
         );
+        drop(others);
+        let e = reservation.try_grow(5 << 20).unwrap_err();
+        assert_eq!(crate::datafusion_kind(&e), ErrorKind::LimitExceeded, "{e}");
+        assert!(e.to_string().contains("limits.memory"), "{e}");
 
         let budget = MemoryBudget::new(64 << 20);
         let pool = budgeted_memory_pool(Some(1 << 20), Some(&budget));
