@@ -222,9 +222,11 @@ pub fn convert(
     limits: &Limits,
 ) -> Result<Recording> {
     let body = crate::decode::inflate(body, limits.max_decompressed_bytes)?;
+    let mut labels_bytes = 0;
     let labels = match labels {
         Some(bytes) => {
             let bytes = crate::decode::inflate(bytes, limits.max_decompressed_bytes)?;
+            labels_bytes = bytes.len();
             LabelsSnapshot::decode(&*bytes).map_err(|e| Error::Convert {
                 format: "JFR labels",
                 at: "the labels part".into(),
@@ -234,6 +236,11 @@ pub fn convert(
         None => LabelsSnapshot::default(),
     };
     let mut converter = Converter::new(&labels, sample_rate, limits);
+    converter.may_make = body
+        .len()
+        .saturating_add(labels_bytes)
+        .saturating_mul(EXPANSION)
+        .max(MIN_MAKE);
     let at_byte = |b: Bad, chunk: usize| Error::Convert {
         format: "JFR",
         at: format!("byte {} (chunk {chunk})", b.at),
@@ -260,6 +267,24 @@ pub fn convert(
     Ok(converter.finish())
 }
 
+/// What a recording may convert to, at most: [`EXPANSION`] times its bytes (and its labels
+/// part's, inflated), or [`MIN_MAKE`] for a small one. Counted are the bytes made beyond
+/// the recording's own: frame names (held in four places), label sets, and each sample's
+/// frames and labels (copied into its pprof sample, and again when it is validated). A
+/// recording names a stack once in its constant pool and its events name it by id, so
+/// samples of distinct contexts on deep stacks, or many methods of a long class name,
+/// make gigabytes of a few megabytes; real recordings make a few times their size.
+const EXPANSION: usize = 64;
+
+/// See [`EXPANSION`].
+const MIN_MAKE: usize = 64 << 20;
+
+/// What is made is charged to the caller's budget ([`crate::charging`]) in steps of this.
+const CHARGE_STEP: usize = 1 << 20;
+
+/// The longest frame name (`class.method`) a recording may give.
+const MAX_FRAME_NAME_BYTES: usize = crate::convert::trie::MAX_FRAME_BYTES;
+
 /// A failure: bad bytes, or a limit met.
 enum Failure {
     Bad(Bad),
@@ -283,6 +308,8 @@ struct Builder {
     location_ids: HashMap<(u64, i64), u64>,
     /// Stacks of location ids, leaf first, and their index.
     stacks: HashMap<Vec<u64>, u32>,
+    /// Frames of each stack, by index.
+    lens: Vec<usize>,
     /// (stack, label set) to values.
     samples: HashMap<(u32, u32), [i64; 2]>,
 }
@@ -296,12 +323,19 @@ impl Builder {
             locations: Vec::new(),
             location_ids: HashMap::default(),
             stacks: HashMap::default(),
+            lens: Vec::new(),
             samples: HashMap::default(),
         }
     }
 
     fn location(&mut self, name: &str, line: i64) -> u64 {
-        let function = match self.function_ids.get(name) {
+        let function = self.function(name);
+        self.location_of(function, line)
+    }
+
+    /// The id of the function named `name`, made once.
+    fn function(&mut self, name: &str) -> u64 {
+        match self.function_ids.get(name) {
             Some(&id) => id,
             None => {
                 let id = self.functions.len() as u64 + 1;
@@ -314,7 +348,22 @@ impl Builder {
                 self.function_ids.insert(name.to_owned(), id);
                 id
             }
-        };
+        }
+    }
+
+    /// The index of `stack`, made once; its frames are counted in `lens`.
+    fn stack_id(&mut self, stack: Vec<u64>) -> u32 {
+        let next = self.stacks.len() as u32;
+        let len = stack.len();
+        let id = *self.stacks.entry(stack).or_insert(next);
+        if id == next {
+            self.lens.push(len);
+        }
+        id
+    }
+
+    /// The id of the location of `function` at `line`, made once.
+    fn location_of(&mut self, function: u64, line: i64) -> u64 {
         *self
             .location_ids
             .entry((function, line))
@@ -433,8 +482,13 @@ struct Converter<'l> {
     /// This chunk's stack trace ids, by profile, as stacks: each distinct stack trace's
     /// frames are resolved once, not once per event naming it.
     stacks: HashMap<(Kind, i64), u32>,
-    /// This chunk's frame names by method id (`class.method`), made once.
-    names: HashMap<i64, std::rc::Rc<str>>,
+    /// This chunk's functions by profile and method id (`class.method`), each name made
+    /// and hashed once.
+    functions: HashMap<(Kind, i64), u64>,
+    /// Bytes made so far, most that may be made, and bytes charged ([`EXPANSION`]).
+    made: usize,
+    may_make: usize,
+    charged: usize,
     event: Option<String>,
     events: u64,
     start_nanos: Option<i64>,
@@ -451,7 +505,10 @@ impl<'l> Converter<'l> {
             label_set_ids: [((0, 0, 0), 0)].into_iter().collect(),
             label_sets: vec![Vec::new()],
             stacks: HashMap::default(),
-            names: HashMap::default(),
+            functions: HashMap::default(),
+            made: 0,
+            may_make: MIN_MAKE,
+            charged: 0,
             event: None,
             events: 0,
             start_nanos: None,
@@ -461,7 +518,7 @@ impl<'l> Converter<'l> {
 
     fn chunk(&mut self, buf: &[u8], header: &Header) -> F<()> {
         self.stacks.clear();
-        self.names.clear();
+        self.functions.clear();
         let metadata = Metadata::read(buf, header)?;
         let named = |name: &str| metadata.id(name);
         let pool_classes = PoolClasses::new(&metadata);
@@ -609,23 +666,28 @@ impl<'l> Converter<'l> {
             int(f.context_id).unwrap_or(0),
             int(f.span_id).unwrap_or(0),
             int(f.span_name).unwrap_or(0),
-        );
+        )?;
         for (kind, values) in adds {
             let Some(kind) = kind else { continue };
             let stack = self.stack(at, kind, stack_id, pools)?;
             let limit = self.limits.max_samples;
             let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
             let samples = builder.samples.len();
-            let slot = match builder.samples.get_mut(&(stack, label_set)) {
-                Some(slot) => slot,
-                None if samples >= limit => {
+            if !builder.samples.contains_key(&(stack, label_set)) {
+                if samples >= limit {
                     return Err(Failure::Limit(Error::TooLarge {
                         what: "samples",
                         limit,
                     }));
                 }
-                None => builder.samples.entry((stack, label_set)).or_insert([0; 2]),
-            };
+                // A new sample holds its stack's frames (twice: its pprof sample, then
+                // validated) and its labels.
+                let frames = builder.lens.get(stack as usize).copied().unwrap_or(0);
+                let labels = self.label_sets.get(label_set as usize).map_or(0, Vec::len);
+                self.make(16 * frames + 32 * labels + 64)?;
+            }
+            let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+            let slot = builder.samples.entry((stack, label_set)).or_insert([0; 2]);
             slot[0] = slot[0].saturating_add(values[0]);
             slot[1] = slot[1].saturating_add(values[1]);
         }
@@ -653,8 +715,7 @@ impl<'l> Converter<'l> {
         if n == 0 {
             let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
             let stack = vec![builder.location(NO_STACK, 0)];
-            let next = builder.stacks.len() as u32;
-            let stack = *builder.stacks.entry(stack).or_insert(next);
+            let stack = builder.stack_id(stack);
             self.stacks.insert((kind, id), stack);
             return Ok(stack);
         }
@@ -665,26 +726,37 @@ impl<'l> Converter<'l> {
             }));
         }
         let max_locations = self.limits.max_locations;
-        let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
         let mut stack = Vec::with_capacity(n);
         for &(method, line) in &pools.frames[first..first + n] {
-            let name = match self.names.get(&method) {
-                Some(name) => name.clone(),
+            let function = match self.functions.get(&(kind, method)) {
+                Some(&function) => function,
                 None => {
-                    let name: std::rc::Rc<str> = pools
-                        .frame_name(method)
-                        .map_err(|reason| {
-                            Failure::Bad(Bad {
-                                at,
-                                reason: format!("stack trace {id}: {reason}"),
-                            })
-                        })?
-                        .into();
-                    self.names.insert(method, name.clone());
-                    name
+                    let name = pools.frame_name(method).map_err(|reason| {
+                        Failure::Bad(Bad {
+                            at,
+                            reason: format!("stack trace {id}: {reason}"),
+                        })
+                    })?;
+                    if name.len() > MAX_FRAME_NAME_BYTES {
+                        return Err(Failure::Bad(Bad {
+                            at,
+                            reason: format!(
+                                "stack trace {id}: method {method}'s name is {} bytes, over \
+                                 the limit of {MAX_FRAME_NAME_BYTES}",
+                                name.len()
+                            ),
+                        }));
+                    }
+                    // Held as the string table's entry and key, and the function's key.
+                    self.make(3 * name.len() + 64)?;
+                    let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+                    let function = builder.function(&name);
+                    self.functions.insert((kind, method), function);
+                    function
                 }
             };
-            stack.push(builder.location(&name, line));
+            let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+            stack.push(builder.location_of(function, line));
             if builder.locations.len() > max_locations {
                 return Err(Failure::Limit(Error::TooLarge {
                     what: "locations",
@@ -692,17 +764,47 @@ impl<'l> Converter<'l> {
                 }));
             }
         }
-        let next = builder.stacks.len() as u32;
-        let stack = *builder.stacks.entry(stack).or_insert(next);
+        let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+        let stack = builder.stack_id(stack);
         self.stacks.insert((kind, id), stack);
         Ok(stack)
     }
 
-    /// The label set of an event's context and span.
-    fn label_set(&mut self, context: i64, span_id: i64, span_name: i64) -> u32 {
-        if let Some(&id) = self.label_set_ids.get(&(context, span_id, span_name)) {
-            return id;
+    /// Counts `bytes` more made, refusing past what the recording may convert to
+    /// ([`EXPANSION`]), and charges them to the caller's budget.
+    fn make(&mut self, bytes: usize) -> F<()> {
+        self.made = self.made.saturating_add(bytes);
+        if self.made > self.may_make {
+            return Err(Failure::Limit(Error::TooLarge {
+                what: "bytes a JFR recording converts to (64 times its own, at least 64 MiB)",
+                limit: self.may_make,
+            }));
         }
+        while self.charged < self.made {
+            crate::decode::charge::charge(CHARGE_STEP, "converting a JFR recording")
+                .map_err(Failure::Limit)?;
+            self.charged = self.charged.saturating_add(CHARGE_STEP);
+        }
+        Ok(())
+    }
+
+    /// The label set of an event's context and span.
+    fn label_set(&mut self, context: i64, span_id: i64, span_name: i64) -> F<u32> {
+        if let Some(&id) = self.label_set_ids.get(&(context, span_id, span_name)) {
+            return Ok(id);
+        }
+        let strings = &self.labels.strings;
+        // What the set's labels take, counted before they are copied: a context may name
+        // one long string under thousands of keys.
+        let size = |id: &i64| strings.get(id).map_or(0, String::len);
+        let bytes = self.labels.contexts.get(&context).map_or(0, |ctx| {
+            ctx.labels
+                .iter()
+                .map(|(k, v)| size(k) + size(v) + 64)
+                .sum::<usize>()
+        }) + size(&span_name)
+            + 128;
+        self.make(bytes)?;
         let strings = &self.labels.strings;
         let mut labels: Vec<(String, String)> = Vec::new();
         if let Some(ctx) = self.labels.contexts.get(&context) {
@@ -726,7 +828,7 @@ impl<'l> Converter<'l> {
         let id = self.label_sets.len() as u32;
         self.label_sets.push(labels);
         self.label_set_ids.insert((context, span_id, span_name), id);
-        id
+        Ok(id)
     }
 
     fn finish(self) -> Recording {
@@ -1001,6 +1103,18 @@ mod tests {
     /// A one-chunk recording written here: one method, a stack trace of `depth` frames of
     /// it, `samples` execution samples of that stack and `stackless` without a stack.
     fn recording(depth: u64, samples: usize, stackless: usize) -> Vec<u8> {
+        recording_of(depth, samples, stackless, "Deep", false)
+    }
+
+    /// [`recording`], the method's class named `class`, and with `contexts` each sample
+    /// of its own context id (its number).
+    fn recording_of(
+        depth: u64,
+        samples: usize,
+        stackless: usize,
+        class: &str,
+        contexts: bool,
+    ) -> Vec<u8> {
         let strings = [
             "root",
             "metadata",
@@ -1031,8 +1145,21 @@ mod tests {
             "jdk.ExecutionSample",
             "startTime",
             "stackTrace",
+            "contextId",
         ];
         let s = |name: &str| strings.iter().position(|x| *x == name).unwrap() as u64;
+        let sample_fields: &[(&str, u64, bool, bool)] = if contexts {
+            &[
+                ("startTime", 1, false, false),
+                ("stackTrace", 9, true, false),
+                ("contextId", 1, false, false),
+            ]
+        } else {
+            &[
+                ("startTime", 1, false, false),
+                ("stackTrace", 9, true, false),
+            ]
+        };
         // (class id, name, [(field, class id, constant pool, array)])
         type Fields<'a> = &'a [(&'a str, u64, bool, bool)];
         let classes: [(u64, &str, Fields<'_>); 10] = [
@@ -1057,19 +1184,12 @@ mod tests {
                 "jdk.types.StackTrace",
                 &[("truncated", 3, false, false), ("frames", 8, false, true)],
             ),
-            (
-                10,
-                "jdk.ExecutionSample",
-                &[
-                    ("startTime", 1, false, false),
-                    ("stackTrace", 9, true, false),
-                ],
-            ),
+            (10, "jdk.ExecutionSample", sample_fields),
         ];
         let ids: Vec<String> = (0..=10).map(|i| i.to_string()).collect();
         let mut strings: Vec<String> = strings.iter().map(|s| s.to_string()).collect();
         strings.extend(ids.iter().cloned());
-        let id = |i: u64| 29 + i;
+        let id = |i: u64| 30 + i;
         let mut meta = Vec::new();
         for v in [0u64, 0, 0, 0] {
             varint(&mut meta, v); // type 0, start, duration, metadata id
@@ -1133,7 +1253,7 @@ mod tests {
         for v in [5u64, 2, 1] {
             varint(&mut pool, v);
         }
-        text(&mut pool, "Deep");
+        text(&mut pool, class);
         varint(&mut pool, 2);
         text(&mut pool, "recurse");
         for v in [6u64, 1, 1, 1, 7, 1, 1, 1, 2, 9, 1, 1] {
@@ -1152,6 +1272,9 @@ mod tests {
             body.clear();
             for v in [10u64, t as u64 % 100, u64::from(t < samples)] {
                 varint(&mut body, v);
+            }
+            if contexts {
+                varint(&mut body, t as u64 + 1);
             }
             event(&mut bytes, &body);
         }
@@ -1176,6 +1299,71 @@ mod tests {
         out.extend_from_slice(&1i32.to_be_bytes());
         out.extend_from_slice(&bytes);
         out
+    }
+
+    /// Samples of distinct contexts on one deep stack each hold its frames: 100,000 of
+    /// them on 4,096 frames are 6.5 GB made of a 1 MB recording. They are refused once
+    /// they pass 64 times the recording (charged to the caller's budget as they are
+    /// made); a thousand pass.
+    #[test]
+    fn samples_of_many_contexts_on_a_deep_stack_are_bounded_by_the_recordings_size() {
+        let r = recording_of(4_096, 100_000, 0, "Deep", true);
+        assert!(r.len() < 2 << 20, "{}", r.len());
+        let e = convert(&r, None, 100, &Limits::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes a JFR recording converts to"),
+            "{e}"
+        );
+        let charged = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let seen = charged.clone();
+        let e = crate::charging(
+            move |bytes, _| {
+                seen.set(seen.get() + bytes);
+                match seen.get() > 8 << 20 {
+                    true => Err(Error::Unavailable("over the budget".into())),
+                    false => Ok(()),
+                }
+            },
+            || convert(&r, None, 100, &Limits::default()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("over the budget"), "{e}");
+        assert!(charged.get() > 8 << 20);
+        let few = recording_of(4_096, 1_000, 0, "Deep", true);
+        let cpu = &convert(&few, None, 100, &Limits::default())
+            .unwrap()
+            .profiles[0]
+            .profile;
+        assert_eq!(cpu.sample.len(), 1_000);
+        assert!(cpu.sample.iter().all(|s| s.location_id.len() == 4_096));
+    }
+
+    /// A class name of a megabyte, named by a method: refused naming the limit, rather
+    /// than made into frame names of a megabyte each (and hashed at every frame).
+    #[test]
+    fn a_frame_name_longer_than_the_limit_is_refused() {
+        let long = "A".repeat(1 << 20);
+        let e = convert(
+            &recording_of(2, 1, 0, &long, false),
+            None,
+            100,
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("over the limit of 65535"), "{e}");
+        let fits = "A".repeat(60_000);
+        let converted = convert(
+            &recording_of(2, 1, 0, &fits, false),
+            None,
+            100,
+            &Limits::default(),
+        )
+        .unwrap();
+        let cpu = &converted.profiles[0].profile;
+        assert_eq!(
+            cpu.string_table[cpu.function[0].name as usize],
+            format!("{fits}.recurse")
+        );
     }
 
     #[test]
