@@ -157,18 +157,49 @@ impl Builder {
         period_type: ValueType,
         period: i64,
         maps: &[u8],
-    ) -> Profile {
+    ) -> Result<Profile> {
         let mut mappings = parse_maps(maps);
         massage(&mut mappings);
         // Each location in the first mapping holding its address, else one spanning all.
+        // A process's mappings do not overlap: an address is found by binary search among
+        // them by start. Overlapping ones (no real map) are searched in order, if that is
+        // few enough probes.
+        let mut by_start: Vec<(u64, u64, usize)> = mappings
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.start, m.limit, i))
+            .collect();
+        by_start.sort_unstable();
+        let disjoint = by_start.windows(2).all(|w| w[0].1 <= w[1].0);
+        let probes = self.locations.len().saturating_mul(mappings.len());
+        if !disjoint && probes > MAX_MAP_PROBES {
+            return Err(invalid(
+                "gperftools",
+                "the memory map".into(),
+                format!(
+                    "{} overlapping mappings for {} addresses: more than {MAX_MAP_PROBES} \
+                     probes to place them (a process's mappings do not overlap)",
+                    mappings.len(),
+                    self.locations.len()
+                ),
+            ));
+        }
         let mut fake = None;
         for l in &mut self.locations {
             if l.address == 0 {
                 continue;
             }
-            let found = mappings
-                .iter()
-                .position(|m| m.start <= l.address && l.address < m.limit);
+            let found = if disjoint {
+                let k = by_start.partition_point(|&(start, _, _)| start <= l.address);
+                k.checked_sub(1)
+                    .map(|k| by_start[k])
+                    .filter(|&(_, limit, _)| l.address < limit)
+                    .map(|(_, _, i)| i)
+            } else {
+                mappings
+                    .iter()
+                    .position(|m| m.start <= l.address && l.address < m.limit)
+            };
             l.mapping_id = match found {
                 Some(i) => i as u64 + 1,
                 None => *fake.get_or_insert_with(|| {
@@ -194,7 +225,7 @@ impl Builder {
                 ..Mapping::default()
             })
             .collect();
-        Profile {
+        Ok(Profile {
             sample_type,
             sample: self.samples,
             mapping,
@@ -203,9 +234,13 @@ impl Builder {
             period_type: Some(period_type),
             period,
             ..Profile::default()
-        }
+        })
     }
 }
+
+/// Most address-in-mapping tests a profile whose mappings overlap may take (see
+/// `Builder::finish`): a few tenths of a second.
+const MAX_MAP_PROBES: usize = 1 << 26;
 
 /// One executable mapping of a memory map.
 struct Map {
@@ -259,7 +294,7 @@ fn massage(maps: &mut Vec<Map>) {
                 && last.limit == m.start
                 && (last.offset == 0
                     || m.offset == 0
-                    || last.offset + (last.limit - last.start) == m.offset);
+                    || last.offset.checked_add(last.limit - last.start) == Some(m.offset));
             if adjacent {
                 last.limit = m.limit;
                 if !m.file.is_empty() {
@@ -357,12 +392,12 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
         b.value_type("cpu", "nanoseconds"),
     ];
     let period_type = b.value_type("cpu", "nanoseconds");
-    Ok(b.finish(
+    b.finish(
         sample_type,
         period_type,
         period,
         &data[maps_from.min(data.len())..],
-    ))
+    )
 }
 
 /// Drops the frame almost every sample has second (the profiler's signal handler), at most
@@ -541,7 +576,7 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
         ]
     };
     let period_type = b.value_type("space", "bytes");
-    Ok(b.finish(sample_type, period_type, period, &data[maps_from..]))
+    b.finish(sample_type, period_type, period, &data[maps_from..])
 }
 
 /// pprof's estimate of what a sampled heap bucket stands for: objects of `size / count`
@@ -624,7 +659,7 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
         b.value_type("delay", "nanoseconds"),
     ];
     let period_type = b.value_type("contentions", "count");
-    Ok(b.finish(sample_type, period_type, period, &data[maps_from..]))
+    b.finish(sample_type, period_type, period, &data[maps_from..])
 }
 
 #[cfg(test)]
@@ -651,6 +686,72 @@ mod tests {
         let p = parse(text.as_bytes(), &Limits::default()).unwrap().unwrap();
         assert_eq!(values(&p), [[2, 64]]);
         assert_eq!(p.sample_type.len(), 2);
+    }
+
+    /// A heap profile of `addresses` distinct addresses (0x10 apart from 0x1000_0000, four
+    /// to a sample) and `maps` mappings 0x100 long, `step` apart from 0x1000_0000.
+    fn heap_over_maps(addresses: u64, maps: u64, step: u64) -> String {
+        let mut text = String::from("heap profile: 1: 1 [1: 1] @ heapprofile\n");
+        for first in (0..addresses).step_by(4) {
+            text.push_str("1: 1 [1: 1] @");
+            for a in first..(first + 4).min(addresses) {
+                text.push_str(&format!(" {:#x}", 0x1000_0001 + 0x10 * a));
+            }
+            text.push('\n');
+        }
+        text.push_str("--- Memory map: ---\n");
+        for m in 0..maps {
+            let start = 0x1000_0000 + step * m;
+            text.push_str(&format!(
+                "{start:x}-{:x} r-xp 0 00:00 0 /lib{m}.so\n",
+                start + 0x100
+            ));
+        }
+        text
+    }
+
+    /// Each address is placed in the mapping holding it by binary search among disjoint
+    /// mappings: 40,000 addresses among 40,000 mappings (1.6 billion tests, scanned one by
+    /// one) are placed exactly. Overlapping mappings too many to scan are refused naming
+    /// them; a map whose offsets overflow when merged is read, not a panic.
+    #[test]
+    fn addresses_are_placed_among_many_mappings_without_testing_every_one() {
+        let p = parse(
+            heap_over_maps(40_000, 40_000, 0x1000).as_bytes(),
+            &Limits::default(),
+        )
+        .unwrap()
+        .unwrap();
+        let mappings: std::collections::HashMap<u64, &Mapping> =
+            p.mapping.iter().map(|m| (m.id, m)).collect();
+        // Addresses 0x10 apart: the first 16 of every 256 fall in a mapping's 0x100 bytes.
+        let mut placed = 0;
+        for l in &p.location {
+            let m = mappings[&l.mapping_id];
+            assert!(m.memory_start <= l.address && l.address < m.memory_limit);
+            placed += usize::from(m.memory_limit != u64::MAX);
+        }
+        assert_eq!(placed, 40_000 / 256 * 16 + 16);
+        // Mappings 0x80 apart, each 0x100 long: every one overlaps the next.
+        let e = parse(
+            heap_over_maps(40_000, 40_000, 0x80).as_bytes(),
+            &Limits::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("40000 overlapping mappings"), "{e}");
+        let p = parse(heap_over_maps(8, 2, 0x80).as_bytes(), &Limits::default())
+            .unwrap()
+            .unwrap();
+        assert!(p.location.iter().all(|l| l.mapping_id == 1));
+        let text = "heap profile: 1: 1 [1: 1] @ heapprofile\n1: 1 [1: 1] @ 0x1\n\
+                    --- Memory map: ---\n0-1 r-xp ffffffffffffffff 00:00 0 /a\n\
+                    1-2 r-xp 1 00:00 0 /a\n";
+        let p = parse(text.as_bytes(), &Limits::default()).unwrap().unwrap();
+        assert_eq!(
+            p.mapping.len(),
+            2,
+            "not merged: their offsets are not adjacent"
+        );
     }
 
     #[test]
