@@ -554,6 +554,11 @@ pub(super) struct Values<'m> {
     tasks: Vec<Task>,
     /// Where the value being read starts: its slots are bounded by the bytes it has taken.
     start: usize,
+    /// Over every value read: values, the bytes they took, the slots they held. All of
+    /// them together get one array's room ([`Values::most_slots_in_all`]), not one each.
+    reads: usize,
+    read_bytes: usize,
+    held: usize,
 }
 
 enum Task {
@@ -572,7 +577,23 @@ impl<'m> Values<'m> {
             slots: Vec::new(),
             tasks: Vec::new(),
             start: 0,
+            reads: 0,
+            read_bytes: 0,
+            held: 0,
         }
+    }
+
+    /// Most slots all values read so far may have held, once the one being read has taken
+    /// `bytes`: two a byte, 64 a value and one array's room in all. Each value alone may
+    /// hold an array's room ([`Values::most_slots`]), but a value of a few bytes (an array
+    /// of 65,536 structs of no fields is 3) is not that many slots again and again: a
+    /// chunk of such values would take hours.
+    fn most_slots_in_all(&self, bytes: usize) -> usize {
+        self.read_bytes
+            .saturating_add(bytes)
+            .saturating_mul(2)
+            .saturating_add(self.reads.saturating_mul(64))
+            .saturating_add(MAX_ARRAY)
     }
 
     /// Most slots a value may hold once it has taken `bytes`: a leaf takes at least a byte
@@ -587,10 +608,24 @@ impl<'m> Values<'m> {
 
     fn reserve(&mut self, n: usize, at: usize) -> R<usize> {
         let first = self.slots.len();
-        if first + n > Self::most_slots(at.saturating_sub(self.start)) {
+        let bytes = at.saturating_sub(self.start);
+        if first + n > Self::most_slots(bytes) {
             return bad(
                 at,
                 "a value takes more slots than its bytes allow (a class that contains itself?)",
+            );
+        }
+        self.held = self.held.saturating_add(n);
+        if self.held > self.most_slots_in_all(bytes) {
+            return bad(
+                at,
+                format!(
+                    "{} values hold {} slots in all, more than their {} bytes allow (arrays of \
+                     values that take no bytes?)",
+                    self.reads,
+                    self.held,
+                    self.read_bytes.saturating_add(bytes)
+                ),
             );
         }
         self.slots.resize(first + n, Slot::Int(0));
@@ -602,6 +637,7 @@ impl<'m> Values<'m> {
     pub(super) fn read(&mut self, c: &mut Cursor<'_>, class: i64) -> R<()> {
         self.slots.clear();
         self.start = c.pos;
+        self.reads += 1;
         self.slots.push(Slot::Int(0));
         let mut tasks = std::mem::take(&mut self.tasks);
         tasks.clear();
@@ -673,6 +709,9 @@ impl<'m> Values<'m> {
             self.slots[slot] = value;
         }
         self.tasks = tasks;
+        self.read_bytes = self
+            .read_bytes
+            .saturating_add(c.pos.saturating_sub(self.start));
         Ok(())
     }
 
@@ -762,6 +801,45 @@ mod tests {
             "{}",
             values.slots.len()
         );
+    }
+
+    /// Values of three bytes each holding an array of 65,536 structs of no fields: one is
+    /// read, but they do not each get an array's room. The slots all of them hold stay
+    /// within two a byte, 64 a value and one array's room, so a chunk of them is refused
+    /// after a few, not walked for hours.
+    #[test]
+    fn values_that_take_no_bytes_share_one_arrays_room() {
+        let mut metadata = Metadata::default();
+        metadata.classes.insert(
+            1,
+            Class {
+                name: "Holder".into(),
+                kind: Kind::Struct,
+                fields: vec![Field {
+                    name: "empties".into(),
+                    class: 2,
+                    constant_pool: false,
+                    array: true,
+                }],
+            },
+        );
+        metadata.classes.insert(
+            2,
+            Class {
+                name: "Empty".into(),
+                kind: Kind::Struct,
+                fields: Vec::new(),
+            },
+        );
+        let bytes = [0x80, 0x80, 0x04].repeat(2_000);
+        let mut values = Values::new(&metadata);
+        let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
+        values.read(&mut c, 1).unwrap();
+        let e = (0..2_000)
+            .find_map(|_| values.read(&mut c, 1).err())
+            .expect("2,000 arrays of 65,536 read");
+        assert!(e.reason.contains("slots in all"), "{}", e.reason);
+        assert!(values.reads <= 3, "{} values read", values.reads);
     }
 
     #[test]
