@@ -33,14 +33,13 @@ pub fn to_profile(
     units: &Units,
     limits: &crate::Limits,
 ) -> Result<Profile> {
-    let max_samples = limits.max_samples;
     let format = if lines { "lines" } else { "folded" };
     let bad = |n: usize, reason: String| Error::Convert {
         format,
         at: format!("line {}", n + 1),
         reason,
     };
-    let mut stacks = Stacks::new(units, max_samples, usize::MAX);
+    let mut stacks = Stacks::new(units, limits, usize::MAX);
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_end_matches('\r');
         if line.trim().is_empty() {
@@ -63,16 +62,20 @@ pub fn to_profile(
             }
             (stack, count)
         };
-        let frames: Vec<&str> = stack.split(';').filter(|f| !f.is_empty()).collect();
-        if frames.is_empty() {
-            return Err(bad(n, "no frames".into()));
+        // Frames are made as they are read, the line's depth checked as it grows: a line
+        // of millions of frames is refused at the limit, not split into millions first.
+        let mut ids: Vec<u64> = Vec::new();
+        for f in stack.split(';').filter(|f| !f.is_empty()) {
+            if ids.len() == limits.max_stack_depth {
+                return Err(Error::TooLarge {
+                    what: "stack depth",
+                    limit: limits.max_stack_depth,
+                });
+            }
+            ids.push(stacks.frame(f)?);
         }
-        let ids: Vec<u64> = frames.iter().map(|f| stacks.frame(f)).collect();
-        if stacks.distinct_frames() > limits.max_locations {
-            return Err(Error::TooLarge {
-                what: "location count (distinct frames)",
-                limit: limits.max_locations,
-            });
+        if ids.is_empty() {
+            return Err(bad(n, "no frames".into()));
         }
         stacks.add(&ids, count).map_err(|e| match e {
             Error::Convert { reason, .. } => bad(n, reason),
@@ -93,6 +96,7 @@ pub(crate) struct Stacks<'u> {
     location_ids: HashMap<String, u64>,
     samples: HashMap<Vec<u64>, i64>,
     max_samples: usize,
+    max_locations: usize,
     /// Frames the stacks added may still hold, summed over every add (repeats too): what
     /// bounds a compact body (a trie, a tree, an evented speedscope file) that names a deep
     /// stack once and adds it, or stacks below it, many times.
@@ -101,8 +105,9 @@ pub(crate) struct Stacks<'u> {
 }
 
 impl<'u> Stacks<'u> {
-    /// At most `max_samples` distinct stacks, and at most `max_frames` frames added in all.
-    pub(crate) fn new(units: &'u Units, max_samples: usize, max_frames: usize) -> Self {
+    /// At most `limits.max_samples` distinct stacks and `limits.max_locations` distinct
+    /// frames, and at most `max_frames` frames added in all.
+    pub(crate) fn new(units: &'u Units, limits: &crate::Limits, max_frames: usize) -> Self {
         Self {
             units,
             strings: StringTable::new(),
@@ -110,21 +115,25 @@ impl<'u> Stacks<'u> {
             locations: Vec::new(),
             location_ids: HashMap::new(),
             samples: HashMap::new(),
-            max_samples,
+            max_samples: limits.max_samples,
+            max_locations: limits.max_locations,
             frames_left: max_frames,
             max_frames,
         }
     }
 
-    /// Distinct frames so far (a location each).
-    pub(crate) fn distinct_frames(&self) -> usize {
-        self.locations.len()
-    }
-
-    /// The location id of the frame named `name`.
-    pub(crate) fn frame(&mut self, name: &str) -> u64 {
+    /// The location id of the frame named `name`; [`Error::TooLarge`] when it would be one
+    /// distinct frame more than the location limit (each a function and a location, some
+    /// 300 bytes, of a name of a few bytes), refused before it is made.
+    pub(crate) fn frame(&mut self, name: &str) -> Result<u64> {
         if let Some(&id) = self.location_ids.get(name) {
-            return id;
+            return Ok(id);
+        }
+        if self.locations.len() >= self.max_locations {
+            return Err(Error::TooLarge {
+                what: "location count (distinct frames)",
+                limit: self.max_locations,
+            });
         }
         let name_index = self.strings.get(name);
         let id = self.locations.len() as u64 + 1;
@@ -143,7 +152,7 @@ impl<'u> Stacks<'u> {
             ..Location::default()
         });
         self.location_ids.insert(name.to_owned(), id);
-        id
+        Ok(id)
     }
 
     /// Adds `count` samples (scaled by the units) of the stack of `root_first` frames (ids
@@ -265,6 +274,25 @@ mod tests {
         let e = to_profile(&text, false, &cpu(), &small).unwrap_err();
         assert!(e.to_string().contains("distinct frames"), "{e}");
         assert!(to_profile(&text, false, &cpu(), &crate::Limits::default()).is_ok());
+    }
+
+    /// A line deeper than the stack depth limit is refused at the limit, as it is read,
+    /// not split into all its frames first (a line of 64 M frames is 128 MiB of text
+    /// and was 2 GiB split); one at the limit is taken.
+    #[test]
+    fn a_line_deeper_than_the_limit_is_refused_as_it_is_read() {
+        let small = crate::Limits {
+            max_stack_depth: 100,
+            ..crate::Limits::default()
+        };
+        let e = to_profile(&("a;".repeat(101) + " 1\n"), false, &cpu(), &small).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("stack depth exceeds the limit of 100"),
+            "{e}"
+        );
+        let p = to_profile(&("a;".repeat(100) + " 1\n"), false, &cpu(), &small).unwrap();
+        assert_eq!(p.sample[0].location_id.len(), 100);
     }
 
     #[test]

@@ -235,7 +235,7 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             groups.push(Group {
                 name: name.clone(),
                 profile_name,
-                stacks: Stacks::new(units, limits.max_samples, max_frames),
+                stacks: Stacks::new(units, limits, max_frames),
                 frames: HashMap::new(),
             });
             groups.len() - 1
@@ -246,9 +246,16 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             ..
         } = &mut groups[g];
         // A file frame index's location in the group, made the first time it is used.
-        let mut frame = |index: u64, stacks: &mut Stacks<'_>| -> Option<u64> {
-            let name = &frames.get(usize::try_from(index).ok()?)?.name;
-            Some(*ids.entry(index).or_insert_with(|| stacks.frame(name)))
+        let mut frame = |index: u64, stacks: &mut Stacks<'_>| -> Result<Option<u64>> {
+            let Some(f) = usize::try_from(index).ok().and_then(|i| frames.get(i)) else {
+                return Ok(None);
+            };
+            if let Some(&id) = ids.get(&index) {
+                return Ok(Some(id));
+            }
+            let id = stacks.frame(&f.name)?;
+            ids.insert(index, id);
+            Ok(Some(id))
         };
         let value = |weight: f64, at: String| -> Result<i64> {
             let v = (weight * each).round();
@@ -295,7 +302,7 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
                     let at_sample = || at(format!(".samples[{s}]"));
                     stack.clear();
                     for &f in sample {
-                        stack.push(frame(f, stacks).ok_or_else(|| {
+                        stack.push(frame(f, stacks)?.ok_or_else(|| {
                             invalid(
                                 at_sample(),
                                 format!("frame {f} of {} shared frames", frames.len()),
@@ -337,7 +344,7 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
                     last = event.at;
                     match event.kind.as_str() {
                         "O" => {
-                            let id = frame(event.frame, stacks).ok_or_else(|| {
+                            let id = frame(event.frame, stacks)?.ok_or_else(|| {
                                 invalid(
                                     at_event(),
                                     format!(

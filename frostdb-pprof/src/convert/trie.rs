@@ -173,11 +173,7 @@ pub const EXPANSION: usize = 256;
 
 fn new_stacks<'u>(units: &'u Units, body: &[u8], limits: &Limits) -> Stacks<'u> {
     // A frame of a stack is a location id (8 bytes).
-    Stacks::new(
-        units,
-        limits.max_samples,
-        expansion_limit(body.len(), limits) / 8,
-    )
+    Stacks::new(units, limits, expansion_limit(body.len(), limits) / 8)
 }
 
 /// The key, frames and unfinished frame of a trie walk before a node's name.
@@ -289,7 +285,7 @@ impl<'a> Reader<'a> {
             ));
         }
         self.spend(name.len())?;
-        Ok(stacks.frame(&String::from_utf8_lossy(name)))
+        stacks.frame(&String::from_utf8_lossy(name))
     }
 
     /// Spends `bytes` of the budget: what the walk makes of frames it names again and
@@ -456,6 +452,30 @@ mod tests {
             };
             assert!(e.starts_with(format), "{e}");
         }
+    }
+
+    /// One node naming 2,000 distinct frames is refused at the location limit as the
+    /// frames are made (each a function and a location, some 300 bytes of a few-byte
+    /// name), not after all of them are.
+    #[test]
+    fn distinct_frames_past_the_location_limit_are_refused_as_they_are_made() {
+        let name: String = (0..2_000).map(|i| format!("f{i};")).collect();
+        let mut body = b"\x00\x00\x01".to_vec();
+        let mut len = name.len();
+        while len >= 0x80 {
+            body.push(0x80 | (len & 0x7f) as u8);
+            len >>= 7;
+        }
+        body.push(len as u8);
+        body.extend_from_slice(name.as_bytes());
+        body.extend_from_slice(b"\x01\x00");
+        let small = Limits {
+            max_locations: 1_000,
+            ..Limits::default()
+        };
+        let e = trie_to_profile(&body, &units(), &small).unwrap_err();
+        assert!(e.to_string().contains("distinct frames"), "{e}");
+        assert_eq!(trie(&body).unwrap().len(), 1);
     }
 
     #[test]
