@@ -122,6 +122,11 @@ impl TryFrom<RawProfile> for FileProfile {
 /// (`[],`, 3 bytes) is a 24-byte vector, a number (`0,`, 2 bytes) 8 bytes.
 const PARSED_BYTES_PER_BYTE: usize = 8;
 
+/// Most profiles (of distinct names and units) a file may hold: each is stored as a
+/// profile of its own, with its own copy of the request's labels (a thread each, in the
+/// files speedscope's exporters write: tens, rarely hundreds).
+pub const MAX_PROFILES: usize = 1_024;
+
 #[derive(Deserialize)]
 struct Event {
     #[serde(rename = "type")]
@@ -231,15 +236,25 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
                 format!("{unit:?} (none, nanoseconds, microseconds, milliseconds, seconds, bytes)"),
             ));
         };
-        let g = *group_of.entry((name, unit)).or_insert_with(|| {
-            groups.push(Group {
-                name: name.clone(),
-                profile_name,
-                stacks: Stacks::new(units, limits, max_frames),
-                frames: HashMap::new(),
-            });
-            groups.len() - 1
-        });
+        let g = match group_of.get(&(name.as_str(), unit.as_str())) {
+            Some(&g) => g,
+            None if groups.len() == MAX_PROFILES => {
+                return Err(Error::TooLarge {
+                    what: "profiles of distinct names and units in a speedscope file",
+                    limit: MAX_PROFILES,
+                });
+            }
+            None => {
+                groups.push(Group {
+                    name: name.clone(),
+                    profile_name,
+                    stacks: Stacks::new(units, limits, max_frames),
+                    frames: HashMap::new(),
+                });
+                group_of.insert((name, unit), groups.len() - 1);
+                groups.len() - 1
+            }
+        };
         let Group {
             stacks,
             frames: ids,
@@ -456,6 +471,34 @@ mod tests {
         let body = br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[]},"profiles":[{"unit":"none","samples":[],"type":"sampled"}]}"#;
         let e = convert(body, 100, &Limits::default()).unwrap_err();
         assert!(e.to_string().contains("weights"), "{e}");
+    }
+
+    /// Profiles of distinct names are a profile each, with a copy of the request's labels:
+    /// a file of empty ones (70 bytes each) is refused past [`MAX_PROFILES`], naming it;
+    /// that many are taken.
+    #[test]
+    fn a_file_of_more_profiles_than_the_limit_is_refused() {
+        let file = |n: usize| {
+            let profiles: Vec<String> = (0..n)
+                .map(|i| {
+                    format!(
+                        r#"{{"type":"sampled","unit":"none","name":"t{i}","samples":[[0]],"weights":[1]}}"#
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{"$schema":"{SCHEMA}","shared":{{"frames":[{{"name":"f"}}]}},"profiles":[{}]}}"#,
+                profiles.join(",")
+            )
+        };
+        let e = convert(file(MAX_PROFILES + 1).as_bytes(), 100, &Limits::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("profiles of distinct names and units in a speedscope file"),
+            "{e}"
+        );
+        let got = convert(file(MAX_PROFILES).as_bytes(), 100, &Limits::default()).unwrap();
+        assert_eq!(got.len(), MAX_PROFILES);
     }
 
     #[test]
