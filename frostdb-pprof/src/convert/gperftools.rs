@@ -465,26 +465,60 @@ fn is_maps_sentinel(line: &str) -> bool {
 }
 
 /// The lines after a text profile's header (trimmed, numbered from 2, blank and `#` lines
-/// left out) up to its memory map, and where the map's text starts (the end when none).
-fn body_lines(data: &[u8]) -> (Vec<(usize, String)>, usize) {
-    let mut out = Vec::new();
-    let mut end = 0;
-    for (n, line) in data.split_inclusive(|&b| b == b'\n').enumerate() {
-        end += line.len();
-        if n == 0 {
-            continue;
-        }
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if is_maps_sentinel(line) {
-            return (out, end);
-        }
-        out.push((n + 1, line.to_owned()));
+/// left out) up to its memory map, read one at a time (a parse stops at the first bad one,
+/// and never holds them all); then where the map's text starts ([`BodyLines::maps_from`]).
+fn body_lines(data: &[u8]) -> BodyLines<'_> {
+    fn newline(b: &u8) -> bool {
+        *b == b'\n'
     }
-    (out, data.len())
+    BodyLines {
+        lines: data.split_inclusive(newline as fn(&u8) -> bool).enumerate(),
+        end: 0,
+        maps_from: None,
+        len: data.len(),
+    }
+}
+
+struct BodyLines<'a> {
+    lines: std::iter::Enumerate<std::slice::SplitInclusive<'a, u8, fn(&u8) -> bool>>,
+    /// Bytes of the lines read so far.
+    end: usize,
+    maps_from: Option<usize>,
+    len: usize,
+}
+
+impl BodyLines<'_> {
+    /// Where the memory map's text starts, once the lines are read (the end when none).
+    fn maps_from(&self) -> usize {
+        self.maps_from.unwrap_or(self.len)
+    }
+}
+
+impl Iterator for BodyLines<'_> {
+    type Item = (usize, String);
+
+    fn next(&mut self) -> Option<(usize, String)> {
+        if self.maps_from.is_some() {
+            return None;
+        }
+        loop {
+            let (n, line) = self.lines.next()?;
+            self.end += line.len();
+            if n == 0 {
+                continue;
+            }
+            let line = String::from_utf8_lossy(line);
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if is_maps_sentinel(line) {
+                self.maps_from = Some(self.end);
+                return None;
+            }
+            return Some((n + 1, line.to_owned()));
+        }
+    }
 }
 
 /// A text heap profile.
@@ -521,8 +555,8 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     has_alloc &= (alloc.0 != inuse.0 && alloc.0 != 0) || (alloc.1 != inuse.1 && alloc.1 != 0);
     let mut b = Builder::new(limits);
     let bytes_key = b.strings.get("bytes");
-    let (lines, maps_from) = body_lines(data);
-    for (at, line) in lines {
+    let mut lines = body_lines(data);
+    for (at, line) in lines.by_ref() {
         let line = line.as_str();
         let bad = |reason: String| invalid(F, format!("line {at}"), reason);
         let (inuse, alloc, stack) = counts_line(line)
@@ -576,7 +610,7 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
         ]
     };
     let period_type = b.value_type("space", "bytes");
-    b.finish(sample_type, period_type, period, &data[maps_from..])
+    b.finish(sample_type, period_type, period, &data[lines.maps_from()..])
 }
 
 /// pprof's estimate of what a sampled heap bucket stands for: objects of `size / count`
@@ -599,8 +633,8 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
     let mut b = Builder::new(limits);
     let (mut cycles_per_second, mut period) = (0i64, 1i64);
     let mut in_samples = false;
-    let (lines, maps_from) = body_lines(data);
-    for (at, line) in lines {
+    let mut lines = body_lines(data);
+    for (at, line) in lines.by_ref() {
         let line = line.as_str();
         if line.starts_with("---") {
             if in_samples {
@@ -659,7 +693,7 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
         b.value_type("delay", "nanoseconds"),
     ];
     let period_type = b.value_type("contentions", "count");
-    b.finish(sample_type, period_type, period, &data[maps_from..])
+    b.finish(sample_type, period_type, period, &data[lines.maps_from()..])
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState
 /// (2,048 frames), and what keeps one value's slots to a few megabytes.
 pub(super) const MAX_ARRAY: usize = 1 << 16;
 
+/// Most strings a chunk's metadata may hold (a JDK's recording holds a few thousand).
+const MAX_METADATA_STRINGS: usize = 1 << 20;
+
 /// The chunk header's size.
 pub(super) const HEADER_BYTES: usize = 68;
 const MAGIC: &[u8; 4] = b"FLR\0";
@@ -382,12 +385,21 @@ impl Metadata {
         let _duration = c.long()?;
         let _id = c.long()?;
         let n = c.count("metadata strings", 1)?;
-        let mut strings: Vec<Rc<str>> = Vec::with_capacity(n);
+        if n > MAX_METADATA_STRINGS {
+            return bad(
+                at,
+                format!("{n} metadata strings (at most {MAX_METADATA_STRINGS})"),
+            );
+        }
+        // Grown as they are read (a string may be one byte, a slot 16), the null ones
+        // sharing one empty string.
+        let empty: Rc<str> = "".into();
+        let mut strings: Vec<Rc<str>> = Vec::with_capacity(n.min(4096));
         for _ in 0..n {
             let at = c.pos;
             strings.push(match c.string()? {
                 Str::Text(s) => s.into(),
-                Str::Null => "".into(),
+                Str::Null => empty.clone(),
                 Str::Ref(_) => return bad(at, "a metadata string refers to a constant pool"),
             });
         }
@@ -748,6 +760,43 @@ mod tests {
         assert_eq!(c.long().unwrap(), -1);
         let mut c = Cursor::new(&[0x80, 0x80], 0, 2, true);
         assert!(c.long().is_err(), "a varint cut short is an error");
+    }
+
+    /// A metadata event of more strings than any recording holds (each a one-byte null)
+    /// is refused naming the limit, before they are read.
+    #[test]
+    fn metadata_of_more_strings_than_the_limit_is_refused() {
+        let n = MAX_METADATA_STRINGS + 1;
+        let mut body = vec![0u8, 0, 0, 0];
+        let mut v = n;
+        while v >= 0x80 {
+            body.push(0x80 | (v & 0x7f) as u8);
+            v >>= 7;
+        }
+        body.push(v as u8);
+        body.resize(body.len() + n, 0);
+        // The event's size, itself included, as a varint padded to 5 bytes.
+        let size = body.len() + 5;
+        let mut buf: Vec<u8> = (0..4)
+            .map(|i| 0x80 | ((size >> (7 * i)) & 0x7f) as u8)
+            .collect();
+        buf.push((size >> 28) as u8);
+        buf.extend(body);
+        let header = Header {
+            start: 0,
+            size: buf.len(),
+            metadata_offset: 0,
+            start_nanos: 0,
+            duration_nanos: 0,
+            ticks_per_second: 1,
+            compressed: true,
+        };
+        let e = Metadata::read(&buf, &header).unwrap_err();
+        assert!(
+            e.reason.contains("metadata strings (at most 1048576)"),
+            "{}",
+            e.reason
+        );
     }
 
     #[test]
