@@ -479,8 +479,11 @@ fn body_lines(data: &[u8]) -> BodyLines<'_> {
     }
 }
 
+/// A profile's lines, numbered from 0.
+type Lines<'a> = std::iter::Enumerate<std::slice::SplitInclusive<'a, u8, fn(&u8) -> bool>>;
+
 struct BodyLines<'a> {
-    lines: std::iter::Enumerate<std::slice::SplitInclusive<'a, u8, fn(&u8) -> bool>>,
+    lines: Lines<'a>,
     /// Bytes of the lines read so far.
     end: usize,
     maps_from: Option<usize>,
