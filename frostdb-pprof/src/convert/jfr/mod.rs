@@ -227,6 +227,12 @@ pub fn convert(
         Some(bytes) => {
             let bytes = crate::decode::inflate(bytes, limits.max_decompressed_bytes)?;
             labels_bytes = bytes.len();
+            // Its maps decode to many times their bytes (an empty entry is 2 bytes, a
+            // hash map slot and a context decoded): charged before they are made.
+            crate::decode::charge::charge(
+                labels_bytes.saturating_mul(LABELS_DECODED_PER_BYTE),
+                "decoding a JFR labels part",
+            )?;
             LabelsSnapshot::decode(&*bytes).map_err(|e| Error::Convert {
                 format: "JFR labels",
                 at: "the labels part".into(),
@@ -278,6 +284,10 @@ const EXPANSION: usize = 64;
 
 /// See [`EXPANSION`].
 const MIN_MAKE: usize = 64 << 20;
+
+/// What a labels part (`LabelsSnapshot`) takes decoded, at most, per byte: its smallest
+/// map entry is 2 bytes, and a context decoded (a map of its own, in a map) some 60.
+const LABELS_DECODED_PER_BYTE: usize = 32;
 
 /// What is made is charged to the caller's budget ([`crate::charging`]) in steps of this.
 const CHARGE_STEP: usize = 1 << 20;
@@ -1336,6 +1346,27 @@ mod tests {
             .profile;
         assert_eq!(cpu.sample.len(), 1_000);
         assert!(cpu.sample.iter().all(|s| s.location_id.len() == 4_096));
+    }
+
+    /// A labels part is charged what it decodes to before it is decoded: a megabyte of
+    /// empty contexts (2 bytes each, tens decoded) under a 16 MiB charge is refused.
+    #[test]
+    fn a_labels_part_is_charged_before_it_is_decoded() {
+        let labels = [0x12u8, 0x00].repeat(1 << 19);
+        let e = crate::charging(
+            |bytes, what| match bytes > 16 << 20 {
+                true => Err(Error::Unavailable(format!("{what}: {bytes} bytes"))),
+                false => Ok(()),
+            },
+            || convert(&recording(1, 1, 0), Some(&labels), 100, &Limits::default()),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("decoding a JFR labels part"), "{e}");
+        let fits = crate::charging(
+            |_, _| Ok(()),
+            || convert(&recording(1, 1, 0), Some(&labels), 100, &Limits::default()),
+        );
+        assert!(fits.is_ok());
     }
 
     /// A class name of a megabyte, named by a method: refused naming the limit, rather
