@@ -139,8 +139,8 @@ where
         // tonic hands over a whole message, usually in one piece.
         let len = buf.remaining();
         // What the decoded message takes is charged to the request's memory before it is
-        // made (`bounds::decode_protobuf`): the request is refused (unavailable) when the
-        // budget has no room for it.
+        // made (`bounds::decode_protobuf`): the request is refused when the budget has no
+        // room for it now (unavailable) or ever (resource exhausted).
         let memory = crate::edge::request_memory();
         let decode = |bytes: &[u8]| {
             // Decoding runs where tonic polls the request: a message of megabytes (an

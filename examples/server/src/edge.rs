@@ -148,7 +148,8 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     let memory = RequestMemory::new(&state.budget);
     let (mut parts, body) = request.into_parts();
     parts.extensions.insert(memory.clone());
-    let body = if streamed(&parts.method, parts.uri.path()) {
+    let streamed = streamed(&parts.method, parts.uri.path());
+    let body = if streamed {
         if let Err(e) = memory.try_grow(STREAMED_UPLOAD_BYTES, "an upload's parts in flight") {
             return e.into_response();
         }
@@ -159,9 +160,13 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
             memory: memory.clone(),
         })
     };
-    let response = REQUEST_MEMORY
-        .scope(memory.clone(), next.run(Request::from_parts(parts, body)))
-        .await;
+    let run = next.run(Request::from_parts(parts, body));
+    // A streamed upload's messages are not charged one by one as decoded (they would add
+    // up to the whole upload): what it holds is its parts in flight, reserved above.
+    let response = match streamed {
+        true => run.await,
+        false => REQUEST_MEMORY.scope(memory.clone(), run).await,
+    };
     let refused = memory.0.refused.lock().take();
     match refused {
         Some(why) => why.into_response(),
@@ -176,7 +181,8 @@ tokio::task_local! {
 
 /// The memory of the request being handled on this task: for decoders that run inside a
 /// handler they cannot pass it to (tonic's codec). `None` outside a request's task, as in
-/// work handed to another thread (which is given its request's memory instead).
+/// work handed to another thread (which is given its request's memory instead), and for a
+/// streamed upload (which holds its parts in flight instead).
 pub fn request_memory() -> Option<RequestMemory> {
     REQUEST_MEMORY.try_with(Clone::clone).ok()
 }

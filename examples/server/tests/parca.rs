@@ -466,6 +466,50 @@ fn stored_files(dir: &Path) -> Vec<(String, PathBuf)> {
     out
 }
 
+/// A debug file streamed over gRPC holds its parts in flight of the memory budget, not
+/// each message it sends decoded: an upload larger than the whole budget (96 MiB under 64)
+/// is taken whole.
+#[tokio::test]
+async fn a_grpc_upload_larger_than_the_memory_budget_streams_through_it() {
+    if !common::have("readelf", "--version") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nmemory = \"64MiB\"\n"),
+    );
+    let mut client = DebuginfoServiceClient::new(channel(&s).await);
+    let binary = PathBuf::from("/usr/bin/true");
+    let mut file = std::fs::read(&binary).unwrap();
+    file.resize(file.len() + (96 << 20), 0);
+    let build_id = build_id_of(&binary);
+    let instructions = client
+        .initiate_upload(di::InitiateUploadRequest {
+            build_id: build_id.clone(),
+            size: file.len() as i64,
+            hash: "file-hash".into(),
+            build_id_type: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .upload_instructions
+        .unwrap();
+    let uploaded = client
+        .upload(upload_stream(
+            &build_id,
+            &instructions.upload_id,
+            &file,
+            1 << 20,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(uploaded.size, file.len() as u64);
+}
+
 #[tokio::test]
 async fn debug_info_uploads_as_the_agent_makes_them_are_kept_by_build_id() {
     if !common::have("readelf", "--version") {
