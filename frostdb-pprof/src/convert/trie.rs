@@ -85,6 +85,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
             stacks.add(&stack, value).map_err(|e| r.located(e, at))?;
         }
         if node.children > 0 {
+            r.open_one_more(open.len(), at)?;
             open.push((node.children, mark));
             continue;
         }
@@ -140,6 +141,7 @@ pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
             stacks.add(&frames, value).map_err(|e| r.located(e, at))?;
         }
         if node.children > 0 {
+            r.open_one_more(open.len(), at)?;
             open.push((node.children, before));
             continue;
         }
@@ -207,6 +209,16 @@ struct Reader<'a> {
     /// Bytes of frames made so far, charged against `limit`.
     spent: usize,
     limit: usize,
+    /// Most nodes open at once (nested on one path): [`max_open`].
+    max_open: usize,
+}
+
+/// Most nodes a path may nest: four times the stack depth limit (a path's nodes are its
+/// frames, and the splits where stacks branch mid-frame). Each open node is held until its
+/// last child: without a bound, 4-byte nodes of one child each hold 32 bytes apiece, a
+/// gigabyte of a gzipped 128 MiB body.
+fn max_open(limits: &Limits) -> usize {
+    limits.max_stack_depth.saturating_mul(4).max(1024)
 }
 
 impl<'a> Reader<'a> {
@@ -217,7 +229,22 @@ impl<'a> Reader<'a> {
             format,
             spent: 0,
             limit: expansion_limit(bytes.len(), limits),
+            max_open: max_open(limits),
         }
+    }
+
+    /// Refuses a node at `at` that would be one open node more than [`max_open`].
+    fn open_one_more(&self, open: usize, at: usize) -> Result<()> {
+        if open >= self.max_open {
+            return Err(self.error_at(
+                at,
+                format!(
+                    "nodes nested deeper than {} (four times the stack depth limit)",
+                    self.max_open
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn error_at(&self, at: usize, reason: String) -> Error {
@@ -452,6 +479,28 @@ mod tests {
             };
             assert!(e.starts_with(format), "{e}");
         }
+    }
+
+    /// Nodes of one child each, nested 20,000 deep (4 bytes a trie node, 3 a tree node,
+    /// with no frame in them): refused past four times the stack depth limit rather than
+    /// held open, 32 bytes each, until the body ends.
+    #[test]
+    fn nodes_nested_deeper_than_the_limit_are_refused() {
+        let mut trie_body = b"\x00\x00\x01".to_vec();
+        trie_body.extend(b"\x01;\x00\x01".repeat(20_000));
+        let e = trie_to_profile(&trie_body, &units(), &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("nested deeper than 16384"), "{e}");
+        let mut tree_body = b"\x00\x00\x01".to_vec();
+        tree_body.extend(b"\x00\x00\x01".repeat(20_000));
+        let e = tree_to_profile(&tree_body, &units(), &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("nested deeper than 16384"), "{e}");
+        // A stack at the depth limit, a node a frame, is taken.
+        let mut deep = b"\x00\x00\x01".to_vec();
+        for _ in 0..4_095 {
+            deep.extend(b"\x02f;\x00\x01");
+        }
+        deep.extend(b"\x01g\x01\x00");
+        assert_eq!(trie(&deep).unwrap().len(), 1);
     }
 
     /// One node naming 2,000 distinct frames is refused at the location limit as the
