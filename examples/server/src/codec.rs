@@ -106,15 +106,15 @@ impl<T: prost::Message> Encoder for AnswerEncoder<T> {
     type Error = Status;
 
     fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        let mut encode = || {
-            item.encode(buf)
-                .map_err(|e| Status::internal(format!("encoding the answer: {e}")))
-        };
+        // Measured once here; tonic's buffer grows as it is written (what `encode` would
+        // measure again is its room).
+        let mut encode = || item.encode_raw(buf);
         if item.encoded_len() >= OFF_THE_ASYNC_THREAD_BYTES {
             crate::work::off_the_async_thread(encode)
         } else {
             encode()
         }
+        Ok(())
     }
 
     fn buffer_settings(&self) -> BufferSettings {

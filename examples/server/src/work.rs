@@ -35,6 +35,39 @@ pub(crate) fn off_the_async_thread<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Runs `work` as a task of a runtime of one worker thread, handing it `wait`: a call that
+/// lets a task spawned after it run, and says whether that task ran within 30 s. Work that
+/// leaves the async thread ([`off_the_async_thread`]) sees it run; work on the worker
+/// itself waits the 30 s out and sees `false`. For tests of work done while a request is
+/// polled.
+#[cfg(test)]
+pub(crate) fn others_run_meanwhile<T: Send + 'static>(
+    work: impl FnOnce(Box<dyn FnOnce() -> bool + Send>) -> T + Send + 'static,
+) -> T {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let wait = Box::new(move || {
+        let _ = started_tx.send(());
+        rx.recv_timeout(std::time::Duration::from_secs(30)).is_ok()
+    });
+    let job = runtime.spawn(async move { work(wait) });
+    let other = runtime.spawn(async move {
+        if started.await.is_ok() {
+            let _ = tx.send(());
+        }
+    });
+    runtime.block_on(async {
+        let out = job.await.unwrap();
+        other.await.unwrap();
+        out
+    })
+}
+
 /// Work that may run at once in one lane, and requests that may wait for it.
 #[derive(Debug)]
 pub struct Lane {

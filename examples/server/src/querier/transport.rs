@@ -180,20 +180,26 @@ impl Codec {
     pub fn encode<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
         // A large answer (a flame graph of a million nodes) is encoded off the async
         // thread; its protobuf size stands for its JSON's, which is larger.
-        if message.encoded_len() >= crate::codec::OFF_THE_ASYNC_THREAD_BYTES {
-            crate::work::off_the_async_thread(|| self.encode_here(message))
+        let len = message.encoded_len();
+        if len >= crate::codec::OFF_THE_ASYNC_THREAD_BYTES {
+            crate::work::off_the_async_thread(|| self.encode_here(message, len))
         } else {
-            self.encode_here(message)
+            self.encode_here(message, len)
         }
     }
 
-    fn encode_here<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
+    /// Encodes `message`, of `len` bytes as protobuf (measured once, by the caller).
+    fn encode_here<M: prost::Message + serde::Serialize>(
+        self,
+        message: &M,
+        len: usize,
+    ) -> Response {
         match self {
-            Codec::Proto => (
-                [(header::CONTENT_TYPE, "application/proto")],
-                message.encode_to_vec(),
-            )
-                .into_response(),
+            Codec::Proto => {
+                let mut body = Vec::with_capacity(len);
+                message.encode_raw(&mut body);
+                ([(header::CONTENT_TYPE, "application/proto")], body).into_response()
+            }
             Codec::Json => match serde_json::to_vec(message) {
                 Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
                 Err(e) => ApiError::internal(format!("answer to JSON: {e}")).into_response(),
@@ -547,8 +553,7 @@ mod tests {
     /// it came), as if it took long; it claims `len` bytes.
     struct SlowAnswer {
         len: usize,
-        started: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
-        other: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        wait: std::sync::Mutex<Option<Box<dyn FnOnce() -> bool + Send>>>,
         other_ran: std::sync::atomic::AtomicBool,
     }
 
@@ -566,17 +571,10 @@ mod tests {
 
     impl prost::Message for SlowAnswer {
         fn encode_raw(&self, _: &mut impl prost::bytes::BufMut) {
-            if let Some(started) = self.started.lock().unwrap().take() {
-                let _ = started.send(());
+            if let Some(wait) = self.wait.lock().unwrap().take() {
+                self.other_ran
+                    .store(wait(), std::sync::atomic::Ordering::Relaxed);
             }
-            let came = self
-                .other
-                .lock()
-                .unwrap()
-                .recv_timeout(std::time::Duration::from_secs(30))
-                .is_ok();
-            self.other_ran
-                .store(came, std::sync::atomic::Ordering::Relaxed);
         }
         fn merge_field(
             &mut self,
@@ -602,33 +600,15 @@ mod tests {
     /// Whether a task spawned once `len` bytes' answer began encoding ran meanwhile, on a
     /// runtime of one worker.
     fn others_run_while_encoding(len: usize) -> bool {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
-        let answer = std::sync::Arc::new(SlowAnswer {
-            len,
-            started: std::sync::Mutex::new(Some(started_tx)),
-            other: std::sync::Mutex::new(rx),
-            other_ran: std::sync::atomic::AtomicBool::new(false),
-        });
-        let encoding = answer.clone();
-        let encode = runtime.spawn(async move {
-            let _ = Codec::Proto.encode(&*encoding);
-        });
-        let other = runtime.spawn(async move {
-            if started.await.is_ok() {
-                let _ = tx.send(());
-            }
-        });
-        runtime.block_on(async {
-            encode.await.unwrap();
-            other.await.unwrap();
-        });
-        answer.other_ran.load(std::sync::atomic::Ordering::Relaxed)
+        crate::work::others_run_meanwhile(move |wait| {
+            let answer = SlowAnswer {
+                len,
+                wait: std::sync::Mutex::new(Some(wait)),
+                other_ran: std::sync::atomic::AtomicBool::new(false),
+            };
+            let _ = Codec::Proto.encode(&answer);
+            answer.other_ran.load(std::sync::atomic::Ordering::Relaxed)
+        })
     }
 
     /// A large answer (a flame graph of a million nodes is tens of megabytes) is encoded
