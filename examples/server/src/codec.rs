@@ -62,6 +62,12 @@ pub fn set_grpc_limits(config: &Config) {
     GRPC_LIMITS.get_or_init(|| request_limits(config));
 }
 
+/// The largest gRPC message a route inflates and decodes: the body limit, or a debug-file
+/// upload's chunk (Parca Agent's are 8 MiB) when that is larger.
+pub fn largest_grpc_message(config: &Config) -> usize {
+    config.limits.max_body_bytes.max(9 << 20)
+}
+
 /// tonic's prost codec, but a request's bytes are checked within the request limits
 /// before it is decoded: `T` is what the service answers, `U` what it is asked.
 #[derive(Debug)]
@@ -142,6 +148,9 @@ where
         // made (`bounds::decode_protobuf`): the request is refused when the budget has no
         // room for it now (unavailable) or ever (resource exhausted).
         let memory = crate::edge::request_memory();
+        if let Some(memory) = &memory {
+            memory.inflated(len);
+        }
         let decode = |bytes: &[u8]| {
             // Decoding runs where tonic polls the request: a message of megabytes (an
             // OTLP export, a Parca write) takes the thread for its whole decode, so its

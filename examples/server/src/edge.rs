@@ -21,6 +21,7 @@ use super::error::{ApiError, ApiResult};
 /// 414 or 431 when the request's URI or headers are over `[limits]`.
 pub async fn check_head(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let limits = &state.config.limits;
+    let grpc = grpc_type(request.headers());
     let uri = request
         .uri()
         .path_and_query()
@@ -33,7 +34,7 @@ pub async fn check_head(State(state): State<Shared>, request: Request, next: Nex
                 limits.max_uri_bytes
             ),
         )
-        .into_response();
+        .answer(grpc.as_ref());
     }
     let headers = request.headers();
     let bytes: usize = headers
@@ -50,7 +51,7 @@ pub async fn check_head(State(state): State<Shared>, request: Request, next: Nex
                 limits.max_header_bytes
             ),
         )
-        .into_response();
+        .answer(grpc.as_ref());
     }
     next.run(request).await
 }
@@ -59,6 +60,7 @@ pub async fn check_head(State(state): State<Shared>, request: Request, next: Nex
 /// dropped (and with it the work it waits on; see `super::work`).
 pub async fn deadline(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let secs = state.config.limits.request_timeout_secs;
+    let grpc = grpc_type(request.headers());
     match tokio::time::timeout(Duration::from_secs(secs), next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
@@ -67,7 +69,7 @@ pub async fn deadline(State(state): State<Shared>, request: Request, next: Next)
                 "the request took longer than {secs} s (limits.request_timeout_secs) and was cancelled"
             ),
         )
-        .into_response(),
+        .answer(grpc.as_ref()),
     }
 }
 
@@ -84,6 +86,9 @@ struct Held {
     reservation: Mutex<Reservation>,
     /// Why the body could not be reserved, if it could not.
     refused: Mutex<Option<ApiError>>,
+    /// Reserved for what the request's compressed gRPC messages may inflate to, until
+    /// they are inflated ([`RequestMemory::inflated`]).
+    inflating: Mutex<usize>,
 }
 
 impl RequestMemory {
@@ -93,7 +98,18 @@ impl RequestMemory {
         Self(Arc::new(Held {
             reservation: Mutex::new(budget.empty()),
             refused: Mutex::new(None),
+            inflating: Mutex::new(0),
         }))
+    }
+
+    /// A compressed gRPC message was inflated to `bytes`: what was reserved for it beyond
+    /// them is given back.
+    pub fn inflated(&self, bytes: usize) {
+        let ahead = std::mem::take(&mut *self.0.inflating.lock());
+        self.0
+            .reservation
+            .lock()
+            .shrink(ahead.saturating_sub(bytes));
     }
 
     /// Reserves `bytes` more for `what`; 503 with `Retry-After` when the budget has no
@@ -147,17 +163,25 @@ fn streamed(method: &axum::http::Method, path: &str) -> bool {
 pub async fn budget_memory(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let memory = RequestMemory::new(&state.budget);
     let (mut parts, body) = request.into_parts();
+    let grpc = grpc_type(&parts.headers);
     parts.extensions.insert(memory.clone());
     let streamed = streamed(&parts.method, parts.uri.path());
+    // A compressed gRPC message is inflated by tonic before any decoder of ours sees it:
+    // what it may inflate to is reserved with its bytes as they arrive.
+    let inflates = match grpc.is_some() && compressed(&parts.headers) {
+        true => crate::codec::largest_grpc_message(&state.config),
+        false => 0,
+    };
     let body = if streamed {
         if let Err(e) = memory.try_grow(STREAMED_UPLOAD_BYTES, "an upload's parts in flight") {
-            return e.into_response();
+            return e.answer(grpc.as_ref());
         }
         body
     } else {
         Body::new(Budgeted {
             inner: body,
             memory: memory.clone(),
+            inflates,
         })
     };
     let run = next.run(Request::from_parts(parts, body));
@@ -169,7 +193,7 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     };
     let refused = memory.0.refused.lock().take();
     match refused {
-        Some(why) => why.into_response(),
+        Some(why) => why.answer(grpc.as_ref()),
         None => response,
     }
 }
@@ -187,10 +211,34 @@ pub fn request_memory() -> Option<RequestMemory> {
     REQUEST_MEMORY.try_with(Clone::clone).ok()
 }
 
+/// The most a deflate stream inflates to, per byte of it: a 258-byte match in two bits at
+/// best (RFC 1951), about 1032 to 1.
+const DEFLATE_MOST_RATIO: usize = 1032;
+
+/// The content type of a gRPC or gRPC-Web request, which its refusals are answered in.
+fn grpc_type(headers: &axum::http::HeaderMap) -> Option<axum::http::HeaderValue> {
+    crate::querier::is_grpc(headers)
+        .then(|| headers.get(axum::http::header::CONTENT_TYPE).cloned())
+        .flatten()
+}
+
+/// Whether a gRPC request's messages are compressed (`grpc-encoding`).
+fn compressed(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("grpc-encoding")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"))
+}
+
 /// A request body whose bytes are reserved from the budget as they arrive.
 struct Budgeted {
     inner: Body,
     memory: RequestMemory,
+    /// Of a compressed gRPC request, how much more its messages may still inflate to
+    /// (at most the largest message a route decodes): reserved, [`DEFLATE_MOST_RATIO`]
+    /// times each byte, as they arrive; the decoder gives back what was not needed
+    /// ([`RequestMemory::inflated`]).
+    inflates: usize,
 }
 
 impl http_body::Body for Budgeted {
@@ -205,12 +253,25 @@ impl http_body::Body for Budgeted {
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
-        if let Some(data) = frame.data_ref()
-            && let Err(e) = self.memory.try_grow(data.len(), "the request body")
-        {
-            let message = e.message.clone();
-            *self.memory.0.refused.lock() = Some(e);
-            return Poll::Ready(Some(Err(axum::Error::new(message))));
+        if let Some(data) = frame.data_ref() {
+            let ahead = data
+                .len()
+                .saturating_mul(DEFLATE_MOST_RATIO)
+                .min(self.inflates);
+            let reserved = match ahead {
+                0 => self.memory.try_grow(data.len(), "the request body"),
+                _ => self.memory.try_grow(
+                    data.len() + ahead,
+                    "the request body and what its compressed gRPC message may inflate to",
+                ),
+            };
+            if let Err(e) = reserved {
+                let message = e.message.clone();
+                *self.memory.0.refused.lock() = Some(e);
+                return Poll::Ready(Some(Err(axum::Error::new(message))));
+            }
+            self.inflates -= ahead;
+            *self.memory.0.inflating.lock() += ahead;
         }
         Poll::Ready(Some(Ok(frame)))
     }

@@ -178,6 +178,26 @@ impl std::fmt::Display for ApiError {
     }
 }
 
+impl ApiError {
+    /// The error as the answer to a request: to a gRPC or gRPC-Web request (`grpc`, its
+    /// content type) a gRPC status in the headers (trailers-only), which its clients read
+    /// whatever the HTTP status would say; to the rest, [`IntoResponse`]'s JSON.
+    pub fn answer(self, grpc: Option<&axum::http::HeaderValue>) -> Response {
+        let Some(content_type) = grpc else {
+            return self.into_response();
+        };
+        tracing::debug!(status = self.status.as_u16(), "{}", self.message);
+        let retry_after = self.retry_after;
+        let mut response = crate::querier::status(self).into_http::<axum::body::Body>();
+        let headers = response.headers_mut();
+        headers.insert(axum::http::header::CONTENT_TYPE, content_type.clone());
+        if let Some(secs) = retry_after {
+            headers.insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {

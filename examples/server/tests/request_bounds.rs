@@ -469,3 +469,69 @@ async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made(
     .await;
     assert_eq!(status, 200, "{text}");
 }
+
+#[tokio::test]
+async fn compressed_grpc_messages_are_charged_what_they_may_inflate_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nmemory = \"8MiB\"\n"),
+    );
+    let export = format!(
+        "{}/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
+        s.url
+    );
+    // An OTLP export whose one message is a field nobody reads, gzipped by gRPC: `len`
+    // bytes inflated, none of them decoded into anything.
+    let send = |len: usize| {
+        let mut message = field_header(15, len);
+        message.resize(message.len() + len, 0);
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(&message).unwrap();
+        let message = e.finish().unwrap();
+        let mut body = vec![1];
+        body.extend((message.len() as u32).to_be_bytes());
+        body.extend(message);
+        post(
+            &export,
+            &[
+                ("content-type", "application/grpc-web+proto"),
+                ("grpc-encoding", "gzip"),
+            ],
+            body,
+        )
+    };
+    // 12 MiB inflated from 12 KB sent: tonic inflates it before any decoder of ours sees
+    // it, so it is reserved (a thousand times the bytes sent, up to the largest message)
+    // as they arrive, and refused whole under an 8 MiB budget, in gRPC's words.
+    let (status, headers, text, took) = send(12 << 20).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers["grpc-status"], "8", "{headers:?}");
+    let message = headers["grpc-message"].to_str().unwrap();
+    assert!(
+        message.contains("compressed%20gRPC%20message") && message.contains("limits.memory"),
+        "{message}"
+    );
+    assert!(took < FAST, "refused after {took:?}");
+    // One that fits is taken, and what was reserved ahead of it given back: the budget
+    // holds nothing between requests, so the next ones fit too.
+    for _ in 0..3 {
+        let (status, headers, text, _) = send(2 << 20).await;
+        assert_eq!(status, 200, "{text}");
+        let grpc_status = headers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_else(|| text.clone());
+        assert!(
+            grpc_status == "0" || text.contains("grpc-status:0"),
+            "{grpc_status} {text}"
+        );
+    }
+    let (status, _, text, _) = post(
+        &format!("{}/ingest?name=app.cpu&format=pprof", s.url),
+        &[],
+        common::testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}

@@ -55,6 +55,7 @@ pub const MAX_UPLOAD_DURATION: Duration = Duration::from_secs(15 * 60);
 /// Both services, answering a gRPC or gRPC-Web request.
 pub async fn handle(State(state): State<Shared>, request: axum::extract::Request) -> Response {
     let limit = state.config.limits.max_body_bytes;
+    let largest = crate::codec::largest_grpc_message(&state.config);
     crate::codec::set_grpc_limits(&state.config);
     let routes = tonic::service::Routes::new(
         grpc::profile_store_service_server::ProfileStoreServiceServer::new(Agent {
@@ -67,7 +68,7 @@ pub async fn handle(State(state): State<Shared>, request: axum::extract::Request
         grpc::debuginfo_service_server::DebuginfoServiceServer::new(Agent { state })
             .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
             // An upload's chunks are 8 MiB (Parca Agent's); a file is streamed, not held.
-            .max_decoding_message_size(limit.max(9 << 20)),
+            .max_decoding_message_size(largest),
     );
     serve_grpc(routes, request).await
 }

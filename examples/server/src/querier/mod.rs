@@ -80,4 +80,4 @@ use methods::*;
 use render::*;
 use transport::*;
 pub use transport::{Codec, grpc};
-pub(crate) use transport::{grpc_tenant, serve_grpc, status};
+pub(crate) use transport::{grpc_tenant, is_grpc, serve_grpc, status};

@@ -224,7 +224,7 @@ pub mod grpc {
 }
 
 /// Whether a request speaks gRPC or gRPC-Web rather than Connect.
-pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
