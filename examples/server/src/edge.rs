@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use frostdb_core::{MemoryBudget, Reservation};
 use parking_lot::Mutex;
 
