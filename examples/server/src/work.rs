@@ -151,15 +151,20 @@ impl Lane {
             if !stops_reads {
                 return f(&cancel);
             }
-            let stop = cancel.clone();
-            frostdb_core::stop_scans_when(
-                move || stop.is_cancelled().then(|| stop.reason()),
-                || f(&cancel),
-            )
+            until_cancelled(&cancel, || f(&cancel))
         })
         .await
         .map_err(|e| ApiError::internal(format!("a {name} job failed: {e}")))?
     }
+}
+
+/// Runs `f` with every scan it starts, and every decode ([`frostdb_pprof::charging`]'s
+/// converters), stopping once `cancel` is set: work for a request that has ended ends too.
+/// Only around work that may stop anywhere: not around storing, which is whole or nothing,
+/// and whose group commit may be committing other requests' profiles on this thread.
+pub fn until_cancelled<T>(cancel: &Cancel, f: impl FnOnce() -> T) -> T {
+    let stop = cancel.clone();
+    frostdb_core::stop_scans_when(move || stop.is_cancelled().then(|| stop.reason()), f)
 }
 
 /// Counts a request waiting for a slot until dropped.

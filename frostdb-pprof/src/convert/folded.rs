@@ -102,6 +102,7 @@ pub(crate) struct Stacks<'u> {
     /// stack once and adds it, or stacks below it, many times.
     frames_left: usize,
     max_frames: usize,
+    pace: crate::decode::charge::Pace,
 }
 
 impl<'u> Stacks<'u> {
@@ -119,6 +120,7 @@ impl<'u> Stacks<'u> {
             max_locations: limits.max_locations,
             frames_left: max_frames,
             max_frames,
+            pace: crate::decode::charge::Pace::new(),
         }
     }
 
@@ -126,6 +128,7 @@ impl<'u> Stacks<'u> {
     /// distinct frame more than the location limit (each a function and a location, some
     /// 300 bytes, of a name of a few bytes), refused before it is made.
     pub(crate) fn frame(&mut self, name: &str) -> Result<u64> {
+        self.pace.tick()?;
         if let Some(&id) = self.location_ids.get(name) {
             return Ok(id);
         }
@@ -159,6 +162,7 @@ impl<'u> Stacks<'u> {
     /// from [`Stacks::frame`]). A count that overflows is [`Error::Convert`] (its `at` left
     /// for the caller to fill); too many stacks or frames is [`Error::TooLarge`].
     pub(crate) fn add(&mut self, root_first: &[u64], count: i64) -> Result<()> {
+        self.pace.tick()?;
         let value = count
             .checked_mul(self.units.scale)
             .ok_or_else(|| Error::Convert {
@@ -352,5 +356,48 @@ mod tests {
         assert_eq!(e.to_string(), "invalid folded: line 2: negative count -4");
         let e = to_profile("a;b\n;;\n", true, &cpu(), &limits(100)).unwrap_err();
         assert_eq!(e.to_string(), "invalid lines: line 2: no frames");
+    }
+
+    #[test]
+    fn conversions_stop_once_the_request_they_are_for_has_ended() {
+        let ended = || Some("the request ended".to_owned());
+        let stopped = |e: Error| {
+            assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
+            assert!(e.to_string().contains("the request ended"), "{e}");
+        };
+        // Folded stacks: 10,000 lines, more than a pace's worth of ticks.
+        let text: String = (0..10_000)
+            .map(|i| format!("main;work{};leaf{} 1\n", i % 50, i % 7))
+            .collect();
+        let limits = limits(100_000);
+        let whole = to_profile(&text, false, &cpu(), &limits).unwrap();
+        assert_eq!(whole.sample.len(), 350);
+        stopped(
+            frostdb_core::stop_scans_when(ended, || to_profile(&text, false, &cpu(), &limits))
+                .unwrap_err(),
+        );
+        // A JFR recording of thousands of events (async-profiler's, from the testdata).
+        let jfr = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/jfr/example.jfr.gz"
+        ))
+        .unwrap();
+        let limits = crate::Limits::default();
+        assert!(
+            !crate::convert::jfr::convert(&jfr, None, 100, &limits)
+                .unwrap()
+                .profiles
+                .is_empty()
+        );
+        match frostdb_core::stop_scans_when(ended, || {
+            crate::convert::jfr::convert(&jfr, None, 100, &limits)
+        }) {
+            Ok(_) => panic!("the JFR recording was converted whole"),
+            Err(e) => stopped(e),
+        }
+        // Not asked to stop: converted whole.
+        let again =
+            frostdb_core::stop_scans_when(|| None, || to_profile(&text, false, &cpu(), &limits));
+        assert_eq!(again.unwrap().sample.len(), 350);
     }
 }

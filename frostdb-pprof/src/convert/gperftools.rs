@@ -377,7 +377,9 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
         stacks.push((count, addresses));
     };
     strip_signal_frame(&mut stacks);
+    let mut pace = crate::decode::charge::Pace::new();
     for (count, mut addresses) in stacks {
+        pace.tick()?;
         // A leaf the unwinder reported again as its caller.
         if addresses.len() > 1 && addresses[0] == addresses[1].wrapping_add(1) {
             addresses.remove(1);

@@ -418,7 +418,9 @@ fn to_flat(
     let mut functions: HashMap<i32, u64> = HashMap::new();
     let mut mappings: HashMap<i32, u64> = HashMap::new();
     let (mut location_ids, mut lines, mut labels) = (Vec::new(), Vec::new(), Vec::new());
+    let mut pace = crate::decode::charge::Pace::new();
     for (i, sample) in profile.samples.iter().enumerate() {
+        pace.tick()?;
         let si = sample.stack_index;
         let stack = match stacks.get(&si) {
             Some(&stack) => stack,

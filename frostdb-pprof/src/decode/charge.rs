@@ -56,3 +56,36 @@ pub(crate) fn charge(bytes: usize, what: &'static str) -> Result<()> {
     }
     charge(bytes, what)
 }
+
+/// Keeps long conversions answerable to the request they are for: [`Pace::tick`], once per
+/// unit of work (a sample, a frame, an event), fails every [`Pace::EVERY`] ticks with the
+/// reason work on this thread should stop, when it should ([`frostdb_core::stop_scans_when`]
+/// around it: the request ended, its client left or its time ran out). A decode the server
+/// gave up on then ends within a thousand units, rather than holding its slot in the
+/// ingest lane and its memory until the whole body is converted for nobody.
+pub(crate) struct Pace {
+    left: u32,
+}
+
+impl Pace {
+    /// Ticks between checks: a check clones the condition (an `Arc`) and asks it.
+    pub(crate) const EVERY: u32 = 1024;
+
+    pub(crate) fn new() -> Self {
+        Self { left: Self::EVERY }
+    }
+
+    /// One unit of work more; every [`Pace::EVERY`]th asks whether to stop.
+    #[inline]
+    pub(crate) fn tick(&mut self) -> Result<()> {
+        self.left -= 1;
+        if self.left > 0 {
+            return Ok(());
+        }
+        self.left = Self::EVERY;
+        match frostdb_core::stopped_now()() {
+            Some(stopped) => Err(stopped.into()),
+            None => Ok(()),
+        }
+    }
+}

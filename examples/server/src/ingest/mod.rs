@@ -34,7 +34,8 @@ pub fn routes() -> Router<Shared> {
 /// Stores a request's profiles whole or not at all ([`frostdb_pprof::convert::store`]),
 /// once the tenant is open for writing. `decode` (decompressing, parsing and converting the
 /// request) runs with the storing in the ingest lane: off the async threads, as many at once
-/// as `limits.max_concurrent_ingest`. What its decoders make (a profile gunzipped inside the
+/// as `limits.max_concurrent_ingest`, and it stops early once the request has ended (its
+/// deadline passed or its client left), giving its slot back. What its decoders make (a profile gunzipped inside the
 /// body, the arrays it is parsed into) is charged to the request's `memory` before it is
 /// made ([`frostdb_pprof::charging`]): past the budget, 503. Returns once the samples are
 /// durable, a summary per profile.
@@ -51,8 +52,9 @@ where
     state
         .work
         .ingest
-        .blocking(move |_| {
-            let incoming = charged(memory, decode)?;
+        .blocking(move |cancel| {
+            // Decoding stops once the request has ended; storing, once begun, does not.
+            let incoming = crate::work::until_cancelled(cancel, || charged(memory, decode))?;
             Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
         })
         .await

@@ -180,8 +180,10 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
             .state
             .work
             .ingest
-            .blocking(move |_| {
-                let ids = super::charged(charged, || parca::write_v1_wanted(&samples, &limits))?;
+            .blocking(move |cancel| {
+                let ids = crate::work::until_cancelled(cancel, || {
+                    super::charged(charged, || parca::write_v1_wanted(&samples, &limits))
+                })?;
                 let wanted = parca::write_v1_request(&ids)?;
                 Ok((samples, wanted))
             })

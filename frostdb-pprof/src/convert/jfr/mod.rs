@@ -503,6 +503,8 @@ struct Converter<'l> {
     events: u64,
     start_nanos: Option<i64>,
     end_nanos: i64,
+    /// Events read, every chunk's: the recording's conversion stops once its request ended.
+    pace: crate::decode::charge::Pace,
 }
 
 impl<'l> Converter<'l> {
@@ -523,6 +525,7 @@ impl<'l> Converter<'l> {
             events: 0,
             start_nanos: None,
             end_nanos: 0,
+            pace: crate::decode::charge::Pace::new(),
         }
     }
 
@@ -572,6 +575,7 @@ impl<'l> Converter<'l> {
         };
         let mut c = chunk_cursor();
         while let Some((at, size, mut e, kind)) = reader::next_event(&mut c)? {
+            self.pace.tick().map_err(Failure::Limit)?;
             if kind == 1 {
                 pool_event(&mut e, &mut values, &pool_classes, &mut pools)?;
             } else if Some(kind) == active_setting {
@@ -596,6 +600,7 @@ impl<'l> Converter<'l> {
         }
         let mut c = chunk_cursor();
         while let Some((at, _, mut e, kind)) = reader::next_event(&mut c)? {
+            self.pace.tick().map_err(Failure::Limit)?;
             if let Some(fields) = events.get(&kind) {
                 values.read(&mut e, kind)?;
                 self.event(at, &values, fields, &pools, header)?;
