@@ -716,9 +716,9 @@ impl Selector {
                 self.matchers = kept;
                 return Err(e);
             }
-            let parsed = Selector::parse(&m.value)
-                .ok()
-                .and_then(|s| s.profile_type)
+            // A profile type id alone: parsed as a whole selector, each value could carry
+            // matchers (regexes) of its own, compiled and counted against nothing.
+            let parsed = Self::bare_profile_type(&m.value)
                 .ok_or_else(|| error(&m, format!("{:?} is no profile type", m.value)))?;
             match &self.profile_type {
                 Some(t) if *t != parsed => {
@@ -732,6 +732,18 @@ impl Selector {
         }
         self.matchers = kept;
         Ok(())
+    }
+
+    /// A profile type id (`process_cpu:cpu:nanoseconds:cpu:nanoseconds`) and nothing else.
+    fn bare_profile_type(text: &str) -> Option<ProfileType> {
+        let mut p = Parser {
+            input: text,
+            chars: text.trim().chars().collect(),
+            pos: 0,
+            regexes: 0,
+        };
+        let parsed = p.profile_type().ok()??;
+        (p.pos == p.chars.len()).then_some(parsed)
     }
 
     /// Most label matchers one selector may hold: every series is tested against every
@@ -886,6 +898,18 @@ mod tests {
             ("", r#"{__profile_type__=~"process.*"}"#, "takes only ="),
             ("", r#"{__profile_type__="cpu"}"#, "no profile type"),
             (cpu, r#"{service_name="api""#, "expected"),
+            // A profile type id alone: a value holding matchers of its own (regexes,
+            // compiled and counted against no limit) is none.
+            (
+                "",
+                r#"{__profile_type__=`process_cpu:cpu:nanoseconds:cpu:nanoseconds{x=~"a.*"}`}"#,
+                "no profile type",
+            ),
+            (
+                "",
+                r#"{__profile_type__="process_cpu:cpu:nanoseconds:cpu:nanoseconds{}"}"#,
+                "no profile type",
+            ),
         ];
         for (t, l, what) in errors {
             let e = Selector::from_parts(t, l).unwrap_err();
