@@ -864,3 +864,78 @@ async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
     assert!(error.contains("limits.memory"), "{error}");
     assert_eq!(last[0]["scrapes"], 0, "{last}");
 }
+
+/// Small JSON documents carried by larger requests (a form's `sample_type_config`, a
+/// recording rule) are refused on their size before they are parsed, and the form's part is
+/// checked without being built: a 15 MB array of zeros in either made a tree of half a
+/// gigabyte, outside the memory budget and on the threads that accept requests.
+#[tokio::test]
+async fn small_json_documents_are_refused_on_their_size_before_they_are_parsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let heap = testdata("pprof/goapp__go119-heap.pb.gz");
+    let form = |config: Vec<u8>| {
+        reqwest::multipart::Form::new()
+            .part(
+                "profile",
+                reqwest::multipart::Part::bytes(heap.clone()).file_name("profile.pprof"),
+            )
+            .part(
+                "sample_type_config",
+                reqwest::multipart::Part::bytes(config),
+            )
+    };
+    let send = |config: Vec<u8>| {
+        reqwest::Client::new()
+            .post(format!("{}/ingest?name=goheap&format=pprof", s.url))
+            .multipart(form(config))
+            .send()
+    };
+    let zeros = |n: usize| {
+        let mut json = br#"{"a":["#.to_vec();
+        json.extend(b"0,".repeat(n));
+        json.extend(b"0]}");
+        json
+    };
+    let r = send(zeros(1 << 20)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("sample_type_config part has 2097161 bytes"),
+        "{text}"
+    );
+    // Within the limit, any object is read past (its members are not needed).
+    let r = send(zeros(30_000)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let r = send(b"[1, 2]".to_vec()).await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("sample_type_config is not a JSON object"),
+    );
+
+    let put = |body: Vec<u8>| {
+        reqwest::Client::new()
+            .put(format!("{}/api/v1/rules/r", s.url))
+            .body(body)
+            .send()
+    };
+    let mut rule = br#"{"name":"r","profile_type":"a:b:c:d:e","keep_labels":["#.to_vec();
+    rule.extend(br#""","#.repeat(100_000));
+    rule.extend(br#"""]}"#);
+    let r = put(rule).await.unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("the recording rule has 300058 bytes"),
+        "{text}"
+    );
+    let r = put(
+        br#"{"name":"r","profile_type":"process_cpu:cpu:nanoseconds:cpu:nanoseconds"}"#.to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+}

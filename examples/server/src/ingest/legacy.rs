@@ -223,6 +223,36 @@ async fn form_parts(mut form: Multipart) -> ApiResult<Vec<(String, Bytes)>> {
     Ok(parts)
 }
 
+/// Most bytes of a form's `sample_type_config` part: a map of a few sample types (Pyroscope's
+/// clients send a few hundred bytes).
+const MAX_SAMPLE_TYPE_CONFIG_BYTES: usize = 64 << 10;
+
+/// A JSON object, its members read past without being made.
+struct JsonObject;
+
+impl<'de> serde::Deserialize<'de> for JsonObject {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = JsonObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<JsonObject, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(JsonObject)
+            }
+        }
+        d.deserialize_map(Members)
+    }
+}
+
 /// The multipart form's parts (`sample_type_config` checked and not needed: sample types
 /// keep their pprof names and units).
 async fn read_form(form: Multipart) -> ApiResult<Body> {
@@ -232,13 +262,17 @@ async fn read_form(form: Multipart) -> ApiResult<Body> {
             "profile" => profile = Some(bytes),
             "prev_profile" => previous = Some(bytes),
             "sample_type_config" => {
-                serde_json::from_slice::<HashMap<String, serde_json::Value>>(&bytes).map_err(
-                    |e| {
-                        ApiError::bad_request(format!(
-                            "sample_type_config is not a JSON object: {e}"
-                        ))
-                    },
-                )?;
+                if bytes.len() > MAX_SAMPLE_TYPE_CONFIG_BYTES {
+                    return Err(ApiError::too_large(format!(
+                        "the sample_type_config part has {} bytes, over the limit of \
+                         {MAX_SAMPLE_TYPE_CONFIG_BYTES}",
+                        bytes.len()
+                    )));
+                }
+                // Checked for its shape only, nothing of it kept or built.
+                serde_json::from_slice::<JsonObject>(&bytes).map_err(|e| {
+                    ApiError::bad_request(format!("sample_type_config is not a JSON object: {e}"))
+                })?;
             }
             other => {
                 tracing::debug!(part = other, "ignoring an unknown multipart part");
