@@ -194,7 +194,87 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     let refused = memory.0.refused.lock().take();
     match refused {
         Some(why) => why.answer(grpc.as_ref()),
-        None => response,
+        None => held_until_sent(response, memory),
+    }
+}
+
+/// The answer, holding the request's memory until it is sent (or its connection closed):
+/// a client that does not read keeps its answer in the server for as long as the
+/// connection lasts, counted in the budget meanwhile, rather than only while it was made.
+/// An answer of known size holds exactly that; one streamed, what its request held.
+fn held_until_sent(response: Response, memory: RequestMemory) -> Response {
+    use http_body::Body as _;
+    let (parts, body) = response.into_parts();
+    if let Some(bytes) = body.size_hint().exact() {
+        // Made already: held whether or not it fits, so the next requests are refused.
+        let mut reservation = memory.0.reservation.lock();
+        let held = reservation.bytes();
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        match bytes.checked_sub(held) {
+            Some(more) => reservation.grow(more),
+            None => reservation.shrink(held - bytes),
+        }
+    }
+    Response::from_parts(
+        parts,
+        Body::new(Sending {
+            inner: body,
+            data: Bytes::new(),
+            _memory: memory,
+        }),
+    )
+}
+
+/// An answer's body, holding its request's memory until it is dropped. It is handed to the
+/// connection in frames of at most [`Sending::FRAME`] bytes: the connection takes the next
+/// only when it has sent most of the last, so the body (and the memory) lasts until the
+/// client has read it. Whole, the answer left the body at once, to wait in the
+/// connection's buffer.
+struct Sending {
+    inner: Body,
+    /// Of the inner body's current data frame, what is not handed over yet.
+    data: Bytes,
+    _memory: RequestMemory,
+}
+
+impl Sending {
+    const FRAME: usize = 64 << 10;
+}
+
+impl http_body::Body for Sending {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if self.data.is_empty() {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.data = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return other,
+            }
+        }
+        let n = self.data.len().min(Self::FRAME);
+        Poll::Ready(Some(Ok(http_body::Frame::data(self.data.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let inner = self.inner.size_hint();
+        let data = self.data.len() as u64;
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower() + data);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + data);
+        }
+        hint
     }
 }
 

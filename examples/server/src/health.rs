@@ -103,6 +103,28 @@ async fn metrics(
             "Tenants open now.",
         );
         let _ = writeln!(out, "frostdb_open_tenants {}", tenants.len());
+        single(
+            &mut out,
+            "frostdb_memory_budget_bytes",
+            "gauge",
+            "The server's memory budget (limits.memory).",
+            state.budget.limit() as u64,
+        );
+        single(
+            &mut out,
+            "frostdb_memory_reserved_bytes",
+            "gauge",
+            "Of the budget, what requests hold now: bodies, decodes, queries, and answers \
+             not yet sent.",
+            state.budget.reserved() as u64,
+        );
+        single(
+            &mut out,
+            "frostdb_memory_standing_bytes",
+            "gauge",
+            "Of the budget, what the tenants' in-memory blocks hold.",
+            state.budget.standing() as u64,
+        );
     }
     per_tenant(
         &mut out,

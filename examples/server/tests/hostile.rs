@@ -939,3 +939,53 @@ async fn small_json_documents_are_refused_on_their_size_before_they_are_parsed()
     .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
 }
+
+/// The server's `name` gauge from `/metrics`.
+async fn gauge(s: &Server, name: &str) -> u64 {
+    let (status, text) = get(&format!("{}/metrics", s.url), None).await;
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// An answer its client does not read stays in the server for as long as the connection
+/// lasts. It was counted in the memory budget only while it was made, so clients that ask
+/// for large answers and never read them held gigabytes the budget did not see: it is held
+/// until the answer is sent or its connection closes.
+#[tokio::test]
+async fn an_answer_nobody_reads_holds_its_memory_until_its_connection_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("d"), None);
+    push_go_cpu(&s).await;
+    let before = gauge(&s, "frostdb_memory_reserved_bytes").await;
+    // A 30 MB answer, of which the client reads a few bytes.
+    let q = "SELECT repeat('x', 1000) AS s FROM generate_series(1, 30000)";
+    let addr = s.url.trim_start_matches("http://");
+    let mut socket = TcpStream::connect(addr).unwrap();
+    write!(
+        socket,
+        "GET /api/v1/sql?q={} HTTP/1.1\r\nHost: {addr}\r\n\r\n",
+        enc(q)
+    )
+    .unwrap();
+    let mut head = [0; 12];
+    socket.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let held = 25 << 20;
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            gauge(&s, "frostdb_memory_reserved_bytes").await >= before + held
+        })
+        .await,
+        "the unread answer is not held in the budget"
+    );
+    drop(socket);
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            gauge(&s, "frostdb_memory_reserved_bytes").await < before + (1 << 20)
+        })
+        .await,
+        "the answer's memory was not given back when its connection closed"
+    );
+}
