@@ -104,6 +104,17 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// The first bytes of every ELF file.
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+fn not_elf() -> Error {
+    Error::Invalid(
+        "the upload is not an ELF file (it does not begin with \\x7fELF): only ELF debug \
+         files and binaries are symbolized"
+            .into(),
+    )
+}
+
 /// A build id fit to name an object: hex (a GNU build id, a file hash), 4 to 128 digits.
 pub fn check_build_id(build_id: &str) -> Result<()> {
     if !(4..=128).contains(&build_id.len()) || !build_id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -250,11 +261,23 @@ impl DebugInfoStore {
         let multipart = self.store.put_multipart(&path).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(multipart, 8 << 20);
         let mut size = 0u64;
+        // The first bytes, until they show whether this is an ELF file: nothing else is
+        // symbolized, so nothing else is kept (a tenant's store is not a place for any
+        // bytes at all).
+        let mut magic = Vec::with_capacity(ELF_MAGIC.len());
         let failed = loop {
             match chunks.next().await {
+                None if magic.len() < ELF_MAGIC.len() => break Some(not_elf()),
                 None => break None,
                 Some(Err(e)) => break Some(e),
                 Some(Ok(chunk)) => {
+                    if magic.len() < ELF_MAGIC.len() {
+                        let take = chunk.len().min(ELF_MAGIC.len() - magic.len());
+                        magic.extend_from_slice(&chunk[..take]);
+                        if !ELF_MAGIC.starts_with(&magic) {
+                            break Some(not_elf());
+                        }
+                    }
                     size += chunk.len() as u64;
                     if size > m.size {
                         break Some(Error::Invalid(format!(
@@ -271,10 +294,21 @@ impl DebugInfoStore {
         };
         if let Some(e) = failed {
             let _ = writer.abort().await;
+            self.forget(build_id, upload_id).await;
             return Err(e);
         }
         writer.finish().await?;
         Ok(size)
+    }
+
+    /// Gives up the upload `upload_id` of `build_id` (it failed, or was refused), if it is
+    /// still the one begun last: the next may begin at once, not once it is stale.
+    async fn forget(&self, build_id: &str, upload_id: &str) {
+        if self.metadata(build_id).await.is_ok_and(|m| {
+            m.is_some_and(|m| m.upload_id == upload_id && m.state == State::Uploading)
+        }) {
+            let _ = self.store.delete(&self.path(build_id, "metadata")).await;
+        }
     }
 
     async fn uploading(&self, build_id: &str, upload_id: &str) -> Result<Metadata> {
@@ -309,6 +343,7 @@ impl DebugInfoStore {
             && !found.eq_ignore_ascii_case(build_id)
         {
             let _ = self.store.delete(&path).await;
+            self.forget(build_id, upload_id).await;
             return Err(Error::Invalid(format!(
                 "the uploaded file's GNU build id is {found}, not {build_id}"
             )));

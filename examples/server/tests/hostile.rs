@@ -498,10 +498,22 @@ async fn an_upload_larger_than_the_memory_budget_streams_through_it() {
         Some("[limits]\nmemory = \"128MiB\"\n"),
     );
     const SIZE: usize = 200 << 20;
+    // What is not an ELF file is refused at its first bytes: nothing else is symbolized.
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/v1/debuginfo/abcd1234", s.url))
+        .body(vec![0u8; 1 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("not an ELF file"));
+    // An ELF file's first bytes, then zeros (its build id unreadable, so taken as named).
+    let mut file = b"\x7fELF".to_vec();
+    file.resize(SIZE, 0);
     let upload = reqwest::Client::new()
         .put(format!("{}/api/v1/debuginfo/abcd1234", s.url))
         .header("Content-Length", SIZE.to_string())
-        .body(vec![0u8; SIZE])
+        .body(file)
         .send();
     let push = push_pprof(
         &s,
