@@ -55,6 +55,9 @@ pub enum Error {
     /// No such upload (`NotFound`).
     #[error("{0}")]
     NotFound(String),
+    /// The store's files would pass its quota (`ResourceExhausted`).
+    #[error("{0}")]
+    Quota(String),
     /// The object store failed.
     #[error("debug info store: {0}")]
     Store(#[from] object_store::Error),
@@ -96,6 +99,8 @@ pub struct DebugInfoStore {
     prefix: ObjectPath,
     max_size: u64,
     max_upload_duration: Duration,
+    /// Most bytes its files (kept, and being uploaded as announced) may take together.
+    max_total: u64,
 }
 
 fn now_ms() -> i64 {
@@ -140,7 +145,60 @@ impl DebugInfoStore {
             prefix: prefix.clone().join("debuginfo"),
             max_size,
             max_upload_duration,
+            max_total: u64::MAX,
         }
+    }
+
+    /// At most `bytes` of files kept and being uploaded together: an upload that would pass
+    /// it is refused before it begins ([`Error::Quota`]).
+    pub fn with_quota(mut self, bytes: u64) -> Self {
+        self.max_total = bytes;
+        self
+    }
+
+    /// Bytes of the files kept, and of the uploads in progress (not stale) as announced,
+    /// but `build_id`'s own (an upload replacing it).
+    async fn used(&self, build_id: &str) -> Result<u64> {
+        let mut kept = std::collections::HashMap::<String, u64>::new();
+        let mut uploading = Vec::new();
+        let mut objects = self.store.list(Some(&self.prefix));
+        while let Some(object) = objects.next().await {
+            let object = object?;
+            let mut parts = object
+                .location
+                .prefix_match(&self.prefix)
+                .into_iter()
+                .flatten();
+            let (Some(build), Some(name)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let build = build.as_ref().to_owned();
+            if build == build_id {
+                continue;
+            }
+            match name.as_ref() {
+                "debuginfo" => {
+                    kept.insert(build, object.size);
+                }
+                "metadata" => uploading.push(build),
+                _ => {}
+            }
+        }
+        let mut used: u64 = kept.values().sum();
+        for build in uploading.iter().filter(|b| !kept.contains_key(*b)) {
+            if let Some(m) = self.metadata(build).await?
+                && m.state == State::Uploading
+                && now_ms() <= self.stale_after(&m)
+            {
+                used = used.saturating_add(m.size);
+            }
+        }
+        Ok(used)
+    }
+
+    /// When an upload begun as `m` is stale: another may begin.
+    fn stale_after(&self, m: &Metadata) -> i64 {
+        m.started_at_ms + self.max_upload_duration.as_millis() as i64 + 120_000
     }
 
     /// What tells this store's files apart from another's (a tenant's from another
@@ -192,8 +250,7 @@ impl DebugInfoStore {
         Ok(match m.state {
             State::Uploading if force => (true, REASON_FORCED),
             State::Uploading => {
-                let stale = m.started_at_ms + self.max_upload_duration.as_millis() as i64 + 120_000;
-                if now_ms() > stale {
+                if now_ms() > self.stale_after(&m) {
                     (true, REASON_STALE)
                 } else {
                     (false, REASON_IN_PROGRESS)
@@ -232,6 +289,16 @@ impl DebugInfoStore {
             } else {
                 Error::Precondition(reason.into())
             });
+        }
+        if self.max_total != u64::MAX {
+            let used = self.used(build_id).await?;
+            if used.saturating_add(size) > self.max_total {
+                return Err(Error::Quota(format!(
+                    "the debug files kept and being uploaded take {used} bytes: {size} more \
+                     would pass the limit of {} bytes",
+                    self.max_total
+                )));
+            }
         }
         let upload_id = random_id();
         self.put_metadata(

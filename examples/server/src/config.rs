@@ -430,6 +430,8 @@ pub struct Limits {
     pub max_recording_rules: usize,
     /// Series a tenant's recording rules may record, all rules together.
     pub max_recording_rule_series: usize,
+    /// Bytes of debug files a tenant may keep, and upload at once, together (413 beyond).
+    pub max_debuginfo_bytes: u64,
 }
 
 impl Default for Limits {
@@ -461,6 +463,7 @@ impl Default for Limits {
             max_settings_bytes: 1 << 20,
             max_recording_rules: 100,
             max_recording_rule_series: 10_000,
+            max_debuginfo_bytes: 16 << 30,
             memory: None,
         }
     }

@@ -1001,3 +1001,55 @@ async fn an_answer_nobody_reads_holds_its_memory_until_its_connection_closes() {
         "the answer's memory was not given back when its connection closed"
     );
 }
+
+/// A tenant's debug files are bounded in all (`limits.max_debuginfo_bytes`), uploads in
+/// progress counted as announced: any number of build ids of up to 1 GB each filled the
+/// disk. Another tenant's quota is its own.
+#[tokio::test]
+async fn debug_files_are_bounded_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_debuginfo_bytes = 3000000\n"),
+    );
+    let upload = |tenant: &'static str, build_id: &'static str, size: usize| {
+        let mut file = b"\x7fELF".to_vec();
+        file.resize(size, 0);
+        let url = format!("{}/api/v1/debuginfo/{build_id}", s.url);
+        async move {
+            let r = reqwest::Client::new()
+                .put(url)
+                .header("X-Scope-OrgID", tenant)
+                .body(file)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(upload("a", "aaaa0001", 1 << 20).await.0, 200);
+    assert_eq!(upload("a", "aaaa0002", 1 << 20).await.0, 200);
+    let (status, text) = upload("a", "aaaa0003", 1 << 20).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("take 2097152 bytes") && text.contains("limits.max_debuginfo_bytes"),
+        "{text}"
+    );
+    // Replacing a file counts the new one, not both.
+    let (status, text) = upload("a", "aaaa0002", 1 << 20).await;
+    assert_eq!(status, 409, "{text}");
+    let r = reqwest::Client::new()
+        .put(format!("{}/api/v1/debuginfo/aaaa0002?force=true", s.url))
+        .header("X-Scope-OrgID", "a")
+        .body({
+            let mut file = b"\x7fELF".to_vec();
+            file.resize(900_000, 0);
+            file
+        })
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    // Another tenant is not refused for a's files.
+    assert_eq!(upload("b", "aaaa0003", 2 << 20).await.0, 200);
+}

@@ -32,6 +32,7 @@ fn api_error(e: debuginfo::Error) -> ApiError {
         ),
         E::Precondition(m) => ApiError::new(StatusCode::CONFLICT, m),
         E::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, m),
+        E::Quota(m) => ApiError::too_large(format!("{m} (limits.max_debuginfo_bytes)")),
         E::Store(e) => ApiError::busy(format!("debug info store: {e}"), 5),
     }
 }
@@ -63,12 +64,15 @@ pub async fn upload(
         )));
     }
     let t = state.tenants.for_write(&tenant).await?;
-    let store = debuginfo_store(&t.store).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "this server keeps no object store (in memory): nowhere to keep debug files",
-        )
-    })?;
+    let quota = state.config.limits.max_debuginfo_bytes;
+    let store = debuginfo_store(&t.store)
+        .map(|s| s.with_quota(quota))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "this server keeps no object store (in memory): nowhere to keep debug files",
+            )
+        })?;
     let id = store
         .initiate(&build_id, size as i64, "http-upload", params.force)
         .await

@@ -97,9 +97,12 @@ impl Agent {
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<DebugInfoStore, tonic::Status> {
         let tenant = self.tenant(metadata).await?;
-        debuginfo_store(&tenant.store).ok_or_else(|| {
-            tonic::Status::failed_precondition("this server keeps no object store (in memory)")
-        })
+        let quota = self.state.config.limits.max_debuginfo_bytes;
+        debuginfo_store(&tenant.store)
+            .map(|s| s.with_quota(quota))
+            .ok_or_else(|| {
+                tonic::Status::failed_precondition("this server keeps no object store (in memory)")
+            })
     }
 }
 
@@ -121,6 +124,9 @@ fn debuginfo_status(e: debuginfo::Error) -> tonic::Status {
         E::Exists(m) => tonic::Status::already_exists(m),
         E::Precondition(m) => tonic::Status::failed_precondition(m),
         E::NotFound(m) => tonic::Status::not_found(m),
+        E::Quota(m) => {
+            tonic::Status::resource_exhausted(format!("{m} (limits.max_debuginfo_bytes)"))
+        }
         E::Store(e) => {
             tracing::error!(error = %e, "debug info store");
             tonic::Status::unavailable(format!("debug info store: {e}"))
