@@ -119,8 +119,9 @@ impl TryFrom<RawProfile> for FileProfile {
 }
 
 /// Bytes of memory the parsed file may take a byte of its JSON, at most: an empty sample
-/// (`[],`, 3 bytes) is a 24-byte vector, a number (`0,`, 2 bytes) 8 bytes.
-const PARSED_BYTES_PER_BYTE: usize = 8;
+/// (`[],`, 3 bytes) is a 24-byte vector, a number (`0,`, 2 bytes) 8 bytes, and a vector
+/// growing by doubling holds up to twice what it keeps.
+const PARSED_BYTES_PER_BYTE: usize = 16;
 
 /// Most profiles (of distinct names and units) a file may hold: each is stored as a
 /// profile of its own, with its own copy of the request's labels (a thread each, in the

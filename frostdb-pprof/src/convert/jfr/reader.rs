@@ -182,13 +182,23 @@ impl<'a> Cursor<'a> {
                 }
             }
             4 => {
+                // Decoded as the units are read: a unit is a byte at least, so reserving
+                // `n` units up front was twice the bytes left, before any was read.
                 let n = self.count("string length", 1)?;
-                let mut units = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let c = self.short()?;
-                    units.push(c as u16);
-                }
-                Ok(Str::Text(String::from_utf16_lossy(&units)))
+                let mut failed = Ok(());
+                let mut left = n;
+                let units = std::iter::from_fn(|| {
+                    left = left.checked_sub(1)?;
+                    self.short()
+                        .map(|c| c as u16)
+                        .map_err(|e| failed = Err(e))
+                        .ok()
+                });
+                let text: String = char::decode_utf16(units)
+                    .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                    .collect();
+                failed?;
+                Ok(Str::Text(text))
             }
             5 => {
                 let n = self.count("string length", 1)?;
@@ -760,6 +770,23 @@ mod tests {
         assert_eq!(c.long().unwrap(), -1);
         let mut c = Cursor::new(&[0x80, 0x80], 0, 2, true);
         assert!(c.long().is_err(), "a varint cut short is an error");
+    }
+
+    #[test]
+    fn utf16_strings_are_decoded_as_read_and_cut_ones_refused() {
+        // "hé😀": h, é (a two-byte varint), and a surrogate pair (three-byte varints).
+        let bytes = [4, 4, b'h', 0xe9, 0x01, 0xbd, 0xb0, 0x03, 0x80, 0xbc, 0x03];
+        let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
+        assert_eq!(c.string().unwrap(), Str::Text("hé😀".into()));
+        assert_eq!(c.left(), 0);
+        // A lone surrogate is replaced, as Java would show it.
+        let lone = [4, 1, 0xbd, 0xb0, 0x03];
+        let mut c = Cursor::new(&lone, 0, lone.len(), true);
+        assert_eq!(c.string().unwrap(), Str::Text("\u{fffd}".into()));
+        // Cut short: an error, not a shorter string.
+        let cut = &bytes[..6];
+        let mut c = Cursor::new(cut, 0, cut.len(), true);
+        assert!(c.string().is_err());
     }
 
     /// A metadata event of more strings than any recording holds (each a one-byte null)
