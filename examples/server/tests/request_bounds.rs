@@ -117,6 +117,17 @@ async fn refused(
 
 /// A gRPC-Web call with `message` framed, expecting `resource_exhausted` (8) and
 /// `message` in its status.
+/// A real profile is stored: what was refused before was released.
+async fn a_real_profile_is_stored(s: &Server) {
+    let (status, _, text, _) = post(
+        &format!("{}/ingest?name=app.cpu&format=pprof", s.url),
+        &[],
+        common::testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+}
+
 async fn refused_grpc_web(s: &Server, what: &str, path: &str, message: Vec<u8>, expect: &str) {
     let mut body = vec![0];
     body.extend((message.len() as u32).to_be_bytes());
@@ -461,13 +472,7 @@ async fn decoded_requests_are_charged_to_the_memory_budget_before_they_are_made(
     .await;
 
     // What was refused was released: a real profile fits the same budget.
-    let (status, _, text, _) = post(
-        &format!("{}/ingest?name=app.cpu&format=pprof", s.url),
-        &[],
-        common::testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    a_real_profile_is_stored(&s).await;
 }
 
 #[tokio::test]
@@ -527,11 +532,5 @@ async fn compressed_grpc_messages_are_charged_what_they_may_inflate_to() {
             "{grpc_status} {text}"
         );
     }
-    let (status, _, text, _) = post(
-        &format!("{}/ingest?name=app.cpu&format=pprof", s.url),
-        &[],
-        common::testdata("pprof/pyroscope__go-cpu.pb.gz"),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
+    a_real_profile_is_stored(&s).await;
 }
