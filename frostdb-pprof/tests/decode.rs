@@ -404,7 +404,8 @@ mod random {
                     let s = strings.len() as i64 + 1;
                     let sample = (
                         prop::collection::vec(1..=locations as u64, 0..8),
-                        prop::collection::vec(any::<i64>(), types),
+                        // Values within ±2^53, the most one sample is taken with.
+                        prop::collection::vec(-(1i64 << 53)..=(1 << 53), types),
                         prop::collection::vec((0..s, 0..s, any::<i64>(), 0..s), 0..3),
                     );
                     (

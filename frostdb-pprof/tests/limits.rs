@@ -357,3 +357,58 @@ fn a_store_without_series_keys_counts_the_series_of_its_index() {
     let err = store.ingest(&bytes, &options(&pod(3))).unwrap_err();
     assert!(matches!(err, Error::SeriesLimit { limit: 3, .. }), "{err}");
 }
+
+/// A sample value beyond ±2^53 is refused, nothing of its profile stored: i64::MIN, stored
+/// once, made every report of its profile type overflow (it has no magnitude). Values
+/// within it that sum past i64 in a merge make reports that saturate, never overflow.
+#[test]
+fn extreme_sample_values_are_refused_and_sums_past_i64_saturate_in_reports() {
+    use frostdb_pprof::report::{dot, top::TopTable, tree};
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let with_values = |value: i64, samples: usize| {
+        let mut p: Profile = testing::profile(0, samples, 3);
+        for s in &mut p.sample {
+            s.value = vec![value];
+        }
+        p.encode_to_vec()
+    };
+    let pushed = |name: &str, bytes: Vec<u8>| {
+        store.ingest(
+            &bytes,
+            &IngestOptions::default()
+                .name(name)
+                .timestamp_ms(1_700_000_000_000),
+        )
+    };
+    for value in [i64::MIN, i64::MAX, (1 << 53) + 1, -(1 << 53) - 1] {
+        let e = pushed("cpu", with_values(value, SAMPLES)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("beyond ±2^53"), "{e}");
+    }
+    let types = store
+        .profile_types(TimeRange::ALL, ReadOptions::STRICT)
+        .unwrap();
+    assert!(types.value.is_empty(), "nothing was stored");
+    // 2,048 samples of ±2^53 each: sums of ±2^64, past i64 either way.
+    pushed("up", with_values(1 << 53, 2048)).unwrap();
+    pushed("down", with_values(-(1 << 53), 2048)).unwrap();
+    let merged = |name: &str| {
+        let selector = Selector::parse(&format!("{name}:cpu:nanoseconds:cpu:nanoseconds")).unwrap();
+        store.merge(&selector, TimeRange::ALL).unwrap()
+    };
+    let (up, down) = (merged("up"), merged("down"));
+    assert!(
+        up.total() > 0 && down.total() < 0,
+        "{} {}",
+        up.total(),
+        down.total()
+    );
+    for m in [&up, &down] {
+        assert!(!TopTable::build(m).render().is_empty());
+        assert!(dot::render(m, 80).contains("digraph"));
+    }
+    let diff = tree::diff(&down, &up);
+    assert!(!format!("{diff:?}").is_empty());
+}

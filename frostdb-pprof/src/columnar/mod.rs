@@ -394,6 +394,20 @@ impl Input {
             &value.ok_or_else(|| missing(VALUE))?,
             &format!("samples.{VALUE}"),
         )?;
+        // As a pprof sample's values are ([`crate::decode::MAX_SAMPLE_VALUE`]).
+        if let Some((row, v)) = value
+            .values()
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.unsigned_abs() > crate::decode::MAX_SAMPLE_VALUE)
+        {
+            return Err(invalid(
+                format!("samples.{VALUE}"),
+                format!(
+                    "row {row} holds {v}, beyond ±2^53 (no profiler measures that much in one sample)"
+                ),
+            ));
+        }
         let rows = samples.num_rows();
         let optional = |column: Option<ArrayRef>, name: &str| match column {
             Some(c) => int64s(&c, &format!("samples.{name}")),

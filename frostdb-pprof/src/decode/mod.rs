@@ -556,6 +556,12 @@ pub fn validate(mut p: Profile, limits: &Limits) -> Result<ValidProfile> {
     })
 }
 
+/// The largest magnitude of a sample value taken: 2^53, far past any one sample's CPU time
+/// or bytes, and exact as f64 (as JSON readers take it). A thousand of them sum within
+/// i64, and reports add with saturation past that; i64::MIN, stored once, had no magnitude
+/// at all and made every report of its profile type overflow.
+pub(crate) const MAX_SAMPLE_VALUE: u64 = 1 << 53;
+
 fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
     let strings = p.strings_len();
     if strings == 0 || !p.string(0).is_empty() {
@@ -659,6 +665,15 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
                 format!(
                     "sample {i} has {} values for {types} sample types",
                     s.value.len()
+                ),
+            ));
+        }
+        if let Some(v) = s.value.iter().find(|v| v.unsigned_abs() > MAX_SAMPLE_VALUE) {
+            return Err(invalid(
+                "sample.value",
+                format!(
+                    "sample {i} has the value {v}, beyond ±2^53 (no profiler measures that \
+                     much in one sample: 104 days in nanoseconds, 9 PB in bytes)"
                 ),
             ));
         }

@@ -78,7 +78,10 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
         .enumerate()
         .map(|(i, (name, _))| (name.as_str(), i + 1))
         .collect();
-    let shown: i64 = ranked.iter().map(|(_, n)| n.flat).sum();
+    let shown: i64 = ranked
+        .iter()
+        .map(|(_, n)| n.flat)
+        .fold(0, i64::saturating_add);
     let max_flat = ranked.iter().map(|(_, n)| n.flat).max().unwrap_or(0).max(1);
     let t = &merged.profile_type;
     let mut out = String::new();
@@ -129,12 +132,12 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
         let (Some(a), Some(b)) = (ids.get(from.as_str()), ids.get(to.as_str())) else {
             continue;
         };
-        let width = 1 + (4 * value / total.max(1)).clamp(0, 4);
+        let width = 1 + (value.saturating_mul(4) / total.max(1)).clamp(0, 4);
         let _ = writeln!(
             out,
             "N{a} -> N{b} [label=\" {}\" weight={} penwidth={width} tooltip=\"{} -> {} ({})\"]",
             scaled_label(*value, unit),
-            1 + 100 * value / total.max(1),
+            1 + value.saturating_mul(100) / total.max(1),
             quote(from),
             quote(to),
             scaled_label(*value, unit)

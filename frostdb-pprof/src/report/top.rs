@@ -147,7 +147,11 @@ pub fn flat_by_function(merged: &Merged) -> Vec<(String, i64)> {
         .zip(flat)
         .map(|(name, flat)| (name.into_owned(), flat))
         .collect();
-    rows.sort_by(|a, b| b.1.abs().cmp(&a.1.abs()).then_with(|| a.0.cmp(&b.0)));
+    rows.sort_by(|a, b| {
+        b.1.unsigned_abs()
+            .cmp(&a.1.unsigned_abs())
+            .then_with(|| a.0.cmp(&b.0))
+    });
     rows
 }
 
@@ -204,10 +208,13 @@ impl TopTable {
         } = nodes;
         acc.resize_with(names.len(), NodeAcc::default);
         inlined_somewhere.resize(names.len(), false);
-        let flat_total: i64 = acc.iter().map(|n| n.flat).sum();
+        let flat_total: i64 = acc.iter().map(|n| n.flat).fold(0, i64::saturating_add);
         let node_cutoff = (flat_total as f64 * node_fraction).abs() as i64;
         let edge_cutoff = (flat_total as f64 * edge_fraction).abs() as i64;
-        let kept: Vec<bool> = acc.iter().map(|n| n.cum.abs() >= node_cutoff).collect();
+        let kept: Vec<bool> = acc
+            .iter()
+            .map(|n| n.cum.unsigned_abs() >= node_cutoff.unsigned_abs())
+            .collect();
         let dropped = (kept.iter().filter(|k| !**k).count(), node_cutoff);
 
         // Inline labels: a node is `(inline)` when every (heavy enough, kept) call into it
@@ -247,7 +254,10 @@ impl TopTable {
             }
             for (&(caller, callee), &e) in &edge_of {
                 let (weight, inline, _) = edges[e as usize];
-                if weight.abs() < edge_cutoff || !kept[caller as usize] || !kept[callee as usize] {
+                if weight.unsigned_abs() < edge_cutoff.unsigned_abs()
+                    || !kept[caller as usize]
+                    || !kept[callee as usize]
+                {
                     continue;
                 }
                 let l = &mut labels[callee as usize];
@@ -277,10 +287,10 @@ impl TopTable {
             .collect();
         rows.sort_by(|a, b| {
             b.flat
-                .abs()
-                .cmp(&a.flat.abs())
+                .unsigned_abs()
+                .cmp(&a.flat.unsigned_abs())
                 .then_with(|| a.name.cmp(&b.name))
-                .then_with(|| b.cum.abs().cmp(&a.cum.abs()))
+                .then_with(|| b.cum.unsigned_abs().cmp(&a.cum.unsigned_abs()))
         });
         let unit = merged.profile_type.sample_unit.clone();
         let output_unit = output_unit(&rows, total, &unit);
@@ -302,7 +312,11 @@ impl TopTable {
     /// The table as `go tool pprof -top` prints it.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let shown: i64 = self.rows.iter().map(|r| r.flat).sum();
+        let shown: i64 = self
+            .rows
+            .iter()
+            .map(|r| r.flat)
+            .fold(0, i64::saturating_add);
         let _ = writeln!(out, "Type: {}", self.sample_type);
         let _ = writeln!(
             out,
@@ -326,7 +340,7 @@ impl TopTable {
         );
         let mut sum = 0i64;
         for r in &self.rows {
-            sum += r.flat;
+            sum = sum.saturating_add(r.flat);
             let inline = r.inline.map(|i| format!(" {i}")).unwrap_or_default();
             let _ = writeln!(
                 out,
@@ -350,9 +364,9 @@ fn output_unit(rows: &[TopRow], total: i64, unit: &str) -> String {
     let mut min = 0i64;
     for r in rows {
         let v = if r.flat != 0 {
-            r.flat.abs()
+            r.flat.saturating_abs()
         } else {
-            r.cum.abs()
+            r.cum.saturating_abs()
         };
         if v > 0 && (min == 0 || v < min) {
             min = v;

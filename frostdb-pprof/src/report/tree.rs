@@ -827,9 +827,9 @@ impl Arena<DiffSums> {
                 (Some(c), names.name(name), DiffValues::from(values))
             }));
             below.sort_by(|a, b| {
-                (b.2.compare - b.2.base)
-                    .abs()
-                    .cmp(&(a.2.compare - a.2.base).abs())
+                (b.2.compare.saturating_sub(b.2.base))
+                    .unsigned_abs()
+                    .cmp(&a.2.compare.saturating_sub(a.2.base).unsigned_abs())
                     .then_with(|| a.1.0.cmp(b.1.0))
             });
         })
