@@ -84,7 +84,8 @@ pub struct RuleStatus {
     pub rule: RecordingRule,
     /// Its series.
     pub series: usize,
-    /// Profiles' values not recorded because the series limit was reached.
+    /// Profiles' values not recorded: past the series limit, or of a profile whose label
+    /// values are more bytes than its regexes may test of one.
     pub dropped: u64,
 }
 
@@ -478,7 +479,28 @@ impl Recorder {
         };
         let sets = label_sets.len();
         let mut selects: Vec<bool> = Vec::with_capacity(matching.len() * sets);
+        // The label value bytes the rules' regexes test, bounded a profile: a regex's time
+        // grows with the bytes it reads and its size, and this runs for a stored profile,
+        // where nothing stops it. A rule past the bound does not count this profile, and
+        // says so (`dropped`).
+        let mut tested = 0usize;
+        let mut skipped = Vec::new();
         for &r in &matching {
+            let cost: usize = (0..sets)
+                .flat_map(|set| {
+                    rules[r]
+                        .matchers
+                        .iter()
+                        .filter(|m| m.compiles_regex())
+                        .map(move |m| value_of(set, &m.label).len())
+                })
+                .sum();
+            if tested.saturating_add(cost) > MAX_TESTED_BYTES {
+                skipped.push(r);
+                selects.extend(std::iter::repeat_n(false, sets));
+                continue;
+            }
+            tested += cost;
             for set in 0..sets {
                 selects.push(
                     rules[r]
@@ -486,6 +508,12 @@ impl Recorder {
                         .iter()
                         .all(|m| m.matches(value_of(set, &m.label))),
                 );
+            }
+        }
+        if !skipped.is_empty() {
+            let mut adding = self.adding();
+            for r in skipped {
+                adding.skip(&rules[r].rule, tested);
             }
         }
         // Per (matching rule, label set): the sum of its rows.
@@ -717,6 +745,11 @@ impl Recorder {
 }
 
 /// The recorded series, locked, and how many there are.
+/// Most bytes of label values the rules' regex matchers test for one stored profile, all
+/// rules together: real profiles test kilobytes (a few rules, a few label sets of short
+/// values); thousands of label sets of long values under many regexes took minutes.
+const MAX_TESTED_BYTES: usize = 16 << 20;
+
 struct Adding<'a> {
     recorded: parking_lot::MutexGuard<'a, HashMap<String, Recorded>>,
     total: usize,
@@ -724,6 +757,22 @@ struct Adding<'a> {
 }
 
 impl Adding<'_> {
+    /// `rule` does not count a profile: its regexes would have tested more label value
+    /// bytes than [`MAX_TESTED_BYTES`] (after `tested` by the rules before it).
+    fn skip(&mut self, rule: &RecordingRule, tested: usize) {
+        let r = self.recorded.entry(rule.name.clone()).or_default();
+        if r.dropped == 0 {
+            tracing::warn!(
+                rule = %rule.name,
+                tested,
+                limit = MAX_TESTED_BYTES,
+                "a recording rule's regexes would test more label value bytes of one profile \
+                 than the limit: the profile is not counted by it, and counted as dropped"
+            );
+        }
+        r.dropped += 1;
+    }
+
     /// Adds `sum` to `rule`'s series of the kept labels' values `key`: a new series past the
     /// limit is dropped and counted.
     fn add(&mut self, rule: &RecordingRule, key: &[&str], sum: i64) {

@@ -407,3 +407,60 @@ fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
     assert_eq!(recorded["cpu_total"], merged.total());
     assert_eq!(recorded["parse_total"], 6 * 5, "{recorded:?}");
 }
+
+/// A rule's regexes test at most 16 MiB of one profile's label values: a profile of
+/// thousands of label sets of long values is not counted by the rule (and counted as
+/// dropped) rather than tested for minutes where nothing can stop it; a small one is.
+#[test]
+fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
+    use frostdb_pprof::proto::Label;
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+    recorder
+        .set_rules(&[RecordingRule {
+            name: "tagged".into(),
+            profile_type: CPU.into(),
+            selector: "{tag=~\".*x.*\"}".into(),
+            function: None,
+            leaf_only: false,
+            keep_labels: vec!["service_name".into()],
+        }])
+        .unwrap();
+    store.attach_recorder(recorder.clone());
+    // `samples` samples of 10 each, every one labelled with its own `tag` of `bytes` bytes.
+    let push = |samples: usize, bytes: usize, at: i64| {
+        let mut p: Profile = frostdb_pprof::testing::profile(0, samples, 3);
+        let key = p.string_table.len() as i64;
+        p.string_table.push("tag".into());
+        for (i, s) in p.sample.iter_mut().enumerate() {
+            s.value = vec![10];
+            let mut tag = format!("{i}x");
+            tag.extend(std::iter::repeat_n('a', bytes - tag.len()));
+            p.string_table.push(tag);
+            s.label = vec![Label {
+                key,
+                str: p.string_table.len() as i64 - 1,
+                ..Label::default()
+            }];
+        }
+        let options = IngestOptions::default()
+            .name("process_cpu")
+            .labels(vec![("service_name".into(), service(0))])
+            .delta(false)
+            .timestamp_ms(1_700_000_000_000 + at);
+        store
+            .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
+            .unwrap();
+    };
+    // 9,000 label sets of 2,000 bytes: 18 MB to test.
+    push(9_000, 2_000, 0);
+    push(10, 2_000, 1);
+    let series = recorder.series();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].value, 100, "only the small profile is counted");
+    assert_eq!(recorder.status()[0].dropped, 1);
+}
