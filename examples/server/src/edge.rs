@@ -57,20 +57,85 @@ pub async fn check_head(State(state): State<Shared>, request: Request, next: Nex
 }
 
 /// 408 when the handler takes longer than `limits.request_timeout_secs`: the handler is
-/// dropped (and with it the work it waits on; see `super::work`).
+/// dropped (and with it the work it waits on; see `super::work`), unless it has begun
+/// storing ([`Commit`]).
 pub async fn deadline(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let secs = state.config.limits.request_timeout_secs;
     let grpc = grpc_type(request.headers());
-    match tokio::time::timeout(Duration::from_secs(secs), next.run(request)).await {
+    within(Duration::from_secs(secs), grpc, next.run(request)).await
+}
+
+/// `run`'s answer, or 408 once `limit` has passed; but once `run` has begun storing
+/// ([`Commit::begin`]) its own answer, however long it takes: a write is not reported
+/// failed while it is being made durable.
+async fn within(
+    limit: Duration,
+    grpc: Option<axum::http::HeaderValue>,
+    run: impl std::future::Future<Output = Response>,
+) -> Response {
+    let commit = Commit::default();
+    let run = COMMIT.scope(commit.clone(), run);
+    tokio::pin!(run);
+    match tokio::time::timeout(limit, &mut run).await {
         Ok(response) => response,
+        Err(_) if !commit.give_up() => {
+            tracing::info!(
+                secs = limit.as_secs(),
+                "past the request's deadline while storing: its answer waits for the outcome"
+            );
+            run.await
+        }
         Err(_) => ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!(
-                "the request took longer than {secs} s (limits.request_timeout_secs) and was cancelled"
+                "the request took longer than {} s (limits.request_timeout_secs) and was cancelled",
+                limit.as_secs()
             ),
         )
         .answer(grpc.as_ref()),
     }
+}
+
+/// Whether a request has begun storing, or its deadline came first: whichever happens
+/// first decides. Storing cannot be stopped once begun (it is whole or nothing, and may be
+/// committing other requests' profiles), so a request that has begun gets its real answer,
+/// and one whose deadline came first never begins.
+#[derive(Debug, Clone, Default)]
+pub struct Commit(Arc<std::sync::atomic::AtomicU8>);
+
+impl Commit {
+    const OPEN: u8 = 0;
+    const STORING: u8 = 1;
+    const GIVEN_UP: u8 = 2;
+
+    /// Storing begins, unless the deadline came first (false: store nothing).
+    pub fn begin(&self) -> bool {
+        self.settle(Self::STORING) == Self::STORING
+    }
+
+    /// The deadline has come: true unless storing has begun.
+    fn give_up(&self) -> bool {
+        self.settle(Self::GIVEN_UP) == Self::GIVEN_UP
+    }
+
+    /// `to`, if nothing was decided yet; what was decided.
+    fn settle(&self, to: u8) -> u8 {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        match self.0.compare_exchange(Self::OPEN, to, AcqRel, Acquire) {
+            Ok(_) => to,
+            Err(decided) => decided,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The [`Commit`] of the request whose handler this task polls ([`deadline`]).
+    static COMMIT: Commit;
+}
+
+/// The [`Commit`] of the request being handled on this task (`None` outside one).
+pub fn commit() -> Option<Commit> {
+    COMMIT.try_with(Clone::clone).ok()
 }
 
 /// The memory a request holds of the server's budget ([`AppState::budget`]): its body as
@@ -362,5 +427,38 @@ impl http_body::Body for Budgeted {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handler that has begun storing gets its own answer past the deadline; one whose
+    /// deadline came first gets 408 and may not begin.
+    #[tokio::test]
+    async fn storing_begun_outlives_the_deadline_and_a_deadline_first_stops_it() {
+        let limit = Duration::from_millis(100);
+        let stored = within(limit, None, async {
+            assert!(commit().expect("a commit in scope").begin());
+            tokio::time::sleep(limit * 3).await;
+            Response::new(Body::from("stored"))
+        })
+        .await;
+        assert_eq!(stored.status(), StatusCode::OK);
+
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let late = within(limit, None, async move {
+            let commit = commit().expect("a commit in scope");
+            let _ = tx.send(commit);
+            tokio::time::sleep(limit * 3).await;
+            Response::new(Body::from("never"))
+        })
+        .await;
+        assert_eq!(late.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(
+            !rx.await.unwrap().begin(),
+            "storing began after the deadline"
+        );
     }
 }

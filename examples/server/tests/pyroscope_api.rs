@@ -989,18 +989,23 @@ fn one_stack(value: i64) -> frostdb_pprof::proto::Profile {
     }
 }
 
-/// Values near `i64::MAX` add up to `i64::MAX` on every route, never wrapping to a negative
+/// Sums past `i64::MAX` add up to `i64::MAX` on every route, never wrapping to a negative
 /// total: two series of one stack merged (flame graphs, tops, trees, diffs), two profiles of
-/// one series in one step (series over time).
+/// one series in one step (series over time). A sample holds at most 2^53, so each
+/// profile is 1,100 samples of it on one stack, past i64::MAX by itself.
 #[tokio::test]
 async fn sums_past_i64_max_saturate_on_every_route() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(&dir.path().join("data"), None);
-    let big = i64::MAX - 5;
+    let big = || {
+        let mut p = one_stack(1 << 53);
+        p.sample = vec![p.sample[0].clone(); 1_100];
+        p
+    };
     let t0 = 1_700_000_000_000i64;
-    push_profile(&s, None, "process_cpu", one_stack(big), "a", t0).await;
-    push_profile(&s, None, "process_cpu", one_stack(big), "b", t0).await;
-    push_profile(&s, None, "process_cpu", one_stack(big), "a", t0 + 1_000).await;
+    push_profile(&s, None, "process_cpu", big(), "a", t0).await;
+    push_profile(&s, None, "process_cpu", big(), "b", t0).await;
+    push_profile(&s, None, "process_cpu", big(), "a", t0 + 1_000).await;
     let (from, to) = (t0 - 60_000, t0 + 60_000);
     let get = |path: String| {
         let url = format!("{}{path}", s.url);

@@ -49,12 +49,20 @@ where
     F: FnOnce() -> ApiResult<Vec<Incoming>> + Send + 'static,
 {
     let tenant = state.tenants.for_write(tenant).await?;
+    let commit = crate::edge::commit();
     state
         .work
         .ingest
         .blocking(move |cancel| {
-            // Decoding stops once the request has ended; storing, once begun, does not.
+            // Decoding stops once the request has ended; storing, once begun, does not,
+            // and the request's answer then waits for it (`edge::Commit`).
             let incoming = crate::work::until_cancelled(cancel, || charged(memory, decode))?;
+            if commit.is_some_and(|c| !c.begin()) {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::REQUEST_TIMEOUT,
+                    "the request's deadline passed before its profiles were stored: none was",
+                ));
+            }
             Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
         })
         .await
