@@ -20,7 +20,7 @@ use arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::DFSchema;
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::execution::FunctionRegistry;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::logical_expr::planner::{ExprPlanner, PlannerResult, RawBinaryExpr};
 use datafusion::logical_expr::sqlparser::ast::BinaryOperator;
 use datafusion::logical_expr::{
@@ -210,8 +210,9 @@ fn numbers(array: &ArrayRef) -> Result<Vec<f64>> {
 }
 
 /// Most bytes a call of constants may produce (`repeat('-', 80)`, a padded label): the
-/// literal it becomes is repeated on every row of a batch (8,192), outside the pool.
-const MAX_CONSTANT_BYTES: usize = 64 << 10;
+/// literal it becomes is repeated on every row of a batch (8,192), outside the pool, 32 MiB
+/// at this size (64 KiB made half a gigabyte a batch).
+const MAX_CONSTANT_BYTES: usize = 4 << 10;
 
 /// The most bytes `bound` says a call of `args` over `rows` rows produces.
 fn call_bound(bound: Bound, args: &[ColumnarValue], rows: usize) -> Result<f64> {
@@ -322,9 +323,41 @@ impl ScalarUDFImpl for Bounded {
         reservation
             .try_grow(bytes as usize)
             .map_err(|_| too_large())?;
-        let out = self.inner.invoke_with_args(args);
-        drop(reservation);
-        out
+        Ok(match self.inner.invoke_with_args(args)? {
+            ColumnarValue::Array(array) => ColumnarValue::Array(holding(array, reservation)),
+            scalar => scalar,
+        })
+    }
+}
+
+/// `array`, holding `reservation` (resized to what the array takes) for as long as its
+/// largest buffer lives: an output stays counted in the pool while the operators after the
+/// call hold it (an aggregate gathering thousands of them), not only while it is made.
+fn holding(array: ArrayRef, reservation: MemoryReservation) -> ArrayRef {
+    /// A buffer's bytes, and the reservation they are counted in (released when dropped).
+    struct Held {
+        bytes: arrow::buffer::Buffer,
+        _reservation: MemoryReservation,
+    }
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            self.bytes.as_slice()
+        }
+    }
+    reservation.resize(array.get_array_memory_size());
+    let data = array.to_data();
+    let Some(at) = (0..data.buffers().len()).max_by_key(|&i| data.buffers()[i].len()) else {
+        return array;
+    };
+    let mut buffers = data.buffers().to_vec();
+    let held = Held {
+        bytes: buffers[at].clone(),
+        _reservation: reservation,
+    };
+    buffers[at] = arrow::buffer::Buffer::from(bytes::Bytes::from_owner(held));
+    match data.into_builder().buffers(buffers).build() {
+        Ok(data) => arrow::array::make_array(data),
+        Err(_) => array,
     }
 }
 
@@ -464,6 +497,34 @@ mod tests {
         ctx.sql(sql).await?.collect().await
     }
 
+    /// A function's output stays counted in the pool while it is held, and is given back
+    /// when dropped; so what an aggregate gathers of many calls' outputs is refused past the
+    /// limit, where it was counted only while each call ran.
+    #[tokio::test]
+    async fn outputs_stay_counted_while_they_are_held() {
+        let ctx = session(64 << 20);
+        let pool = ctx.runtime_env().memory_pool.clone();
+        let batches = run(
+            &ctx,
+            "SELECT repeat(CAST(v AS VARCHAR), 250) AS s FROM generate_series(1, 10000) t(v)",
+        )
+        .await
+        .unwrap();
+        assert!(pool.reserved() >= 5_000_000, "{} held", pool.reserved());
+        drop(batches);
+        assert_eq!(pool.reserved(), 0);
+        // 3,000 outputs of 60 KB gathered into one string: 180 MB, over a 64 MiB pool.
+        let e = run(
+            &ctx,
+            "SELECT length(string_agg(repeat('y', 60000 + v % 2), ',')) \
+             FROM generate_series(1, 3000) t(v)",
+        )
+        .await
+        .unwrap_err();
+        assert!(e.to_string().contains("Resources exhausted"), "{e}");
+        assert_eq!(pool.reserved(), 0);
+    }
+
     #[tokio::test]
     async fn amplifying_functions_over_the_pool_are_refused_before_they_allocate() {
         let ctx = session(64 << 20);
@@ -520,11 +581,11 @@ mod tests {
         );
         // NULL on either side is NULL, as the operator has it (concat() would skip it).
         assert!(rows[1].starts_with("| ab |   |     |"), "{text}");
-        let doubled = run(&ctx, &doubling_ctes(10)).await.unwrap();
+        let doubled = run(&ctx, &doubling_ctes(6)).await.unwrap();
         let text = arrow::util::pretty::pretty_format_batches(&doubled)
             .unwrap()
             .to_string();
-        assert!(text.contains(&(64 << 10).to_string()), "{text}");
+        assert!(text.contains(&(4 << 10).to_string()), "{text}");
     }
 
     #[tokio::test]
