@@ -217,6 +217,17 @@ impl Reservation {
         self.budget.wake();
     }
 
+    /// Holds exactly `bytes`, whether or not they fit (memory already held, as [`grow`]).
+    ///
+    /// [`grow`]: Reservation::grow
+    pub fn resize(&mut self, bytes: usize) {
+        if bytes > self.bytes {
+            self.grow(bytes - self.bytes);
+        } else {
+            self.shrink(self.bytes - bytes);
+        }
+    }
+
     /// Holds exactly `bytes`: grows (if they fit) or shrinks to it.
     pub fn try_resize(&mut self, bytes: usize, what: &str) -> Result<(), OverBudget> {
         if bytes > self.bytes {

@@ -486,28 +486,32 @@ impl Recorder {
         let mut tested = 0usize;
         let mut skipped = Vec::new();
         for &r in &matching {
-            let cost: usize = (0..sets)
-                .flat_map(|set| {
-                    rules[r]
-                        .matchers
-                        .iter()
-                        .filter(|m| m.compiles_regex())
-                        .map(move |m| value_of(set, &m.label).len())
-                })
-                .sum();
-            if tested.saturating_add(cost) > MAX_TESTED_BYTES {
-                skipped.push(r);
-                selects.extend(std::iter::repeat_n(false, sets));
-                continue;
-            }
-            tested += cost;
+            let from = selects.len();
+            let mut selects_set = |set: usize| -> Option<bool> {
+                for m in &rules[r].matchers {
+                    let value = value_of(set, &m.label);
+                    if m.compiles_regex() {
+                        tested = tested.saturating_add(value.len());
+                        if tested > MAX_TESTED_BYTES {
+                            return None;
+                        }
+                    }
+                    if !m.matches(value) {
+                        return Some(false);
+                    }
+                }
+                Some(true)
+            };
             for set in 0..sets {
-                selects.push(
-                    rules[r]
-                        .matchers
-                        .iter()
-                        .all(|m| m.matches(value_of(set, &m.label))),
-                );
+                match selects_set(set) {
+                    Some(selected) => selects.push(selected),
+                    None => {
+                        skipped.push(r);
+                        selects.truncate(from);
+                        selects.extend(std::iter::repeat_n(false, sets));
+                        break;
+                    }
+                }
             }
         }
         if !skipped.is_empty() {
@@ -758,7 +762,7 @@ struct Adding<'a> {
 
 impl Adding<'_> {
     /// `rule` does not count a profile: its regexes would have tested more label value
-    /// bytes than [`MAX_TESTED_BYTES`] (after `tested` by the rules before it).
+    /// bytes than [`MAX_TESTED_BYTES`] (`tested` when it was stopped).
     fn skip(&mut self, rule: &RecordingRule, tested: usize) {
         let r = self.recorded.entry(rule.name.clone()).or_default();
         if r.dropped == 0 {

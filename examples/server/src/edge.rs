@@ -272,13 +272,8 @@ fn held_until_sent(response: Response, memory: RequestMemory) -> Response {
     let (parts, body) = response.into_parts();
     if let Some(bytes) = body.size_hint().exact() {
         // Made already: held whether or not it fits, so the next requests are refused.
-        let mut reservation = memory.0.reservation.lock();
-        let held = reservation.bytes();
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
-        match bytes.checked_sub(held) {
-            Some(more) => reservation.grow(more),
-            None => reservation.shrink(held - bytes),
-        }
+        memory.0.reservation.lock().resize(bytes);
     }
     Response::from_parts(
         parts,

@@ -12,7 +12,7 @@ use frostdb_pprof::debuginfo::{self, Error as E};
 use futures::StreamExt;
 use serde_json::json;
 
-use super::parca::{MAX_DEBUGINFO_BYTES, debuginfo_store};
+use super::parca::{MAX_DEBUGINFO_BYTES, debuginfo_uploads};
 use crate::error::{ApiError, ApiResult};
 use crate::{Shared, TenantId};
 
@@ -64,15 +64,12 @@ pub async fn upload(
         )));
     }
     let t = state.tenants.for_write(&tenant).await?;
-    let quota = state.config.limits.max_debuginfo_bytes;
-    let store = debuginfo_store(&t.store)
-        .map(|s| s.with_quota(quota))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                "this server keeps no object store (in memory): nowhere to keep debug files",
-            )
-        })?;
+    let store = debuginfo_uploads(&t.store, &state.config.limits).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "this server keeps no object store (in memory): nowhere to keep debug files",
+        )
+    })?;
     let id = store
         .initiate(&build_id, size as i64, "http-upload", params.force)
         .await

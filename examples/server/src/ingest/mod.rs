@@ -35,8 +35,8 @@ pub fn routes() -> Router<Shared> {
 /// once the tenant is open for writing. `decode` (decompressing, parsing and converting the
 /// request) runs with the storing in the ingest lane: off the async threads, as many at once
 /// as `limits.max_concurrent_ingest`, and it stops early once the request has ended (its
-/// deadline passed or its client left), giving its slot back. What its decoders make (a profile gunzipped inside the
-/// body, the arrays it is parsed into) is charged to the request's `memory` before it is
+/// deadline passed or its client left), giving its slot back. What its decoders make (a
+/// profile gunzipped inside the body, the arrays it is parsed into) is charged to the request's `memory` before it is
 /// made ([`frostdb_pprof::charging`]): past the budget, 503. Returns once the samples are
 /// durable, a summary per profile.
 pub async fn store<F>(

@@ -78,6 +78,14 @@ struct Agent {
     state: Shared,
 }
 
+/// [`debuginfo_store`] to upload to: within the tenant's quota (`limits.max_debuginfo_bytes`).
+pub fn debuginfo_uploads(
+    store: &frostdb_pprof::ProfileStore,
+    limits: &crate::config::Limits,
+) -> Option<DebugInfoStore> {
+    debuginfo_store(store).map(|s| s.with_quota(limits.max_debuginfo_bytes))
+}
+
 /// The debug info files uploaded to a tenant, in its database's object store; `None` for a
 /// database kept in memory.
 pub fn debuginfo_store(store: &frostdb_pprof::ProfileStore) -> Option<DebugInfoStore> {
@@ -97,12 +105,9 @@ impl Agent {
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<DebugInfoStore, tonic::Status> {
         let tenant = self.tenant(metadata).await?;
-        let quota = self.state.config.limits.max_debuginfo_bytes;
-        debuginfo_store(&tenant.store)
-            .map(|s| s.with_quota(quota))
-            .ok_or_else(|| {
-                tonic::Status::failed_precondition("this server keeps no object store (in memory)")
-            })
+        debuginfo_uploads(&tenant.store, &self.state.config.limits).ok_or_else(|| {
+            tonic::Status::failed_precondition("this server keeps no object store (in memory)")
+        })
     }
 }
 
