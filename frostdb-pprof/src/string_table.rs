@@ -3,6 +3,11 @@
 
 use std::collections::HashMap;
 
+use crate::error::Result;
+
+/// What a string's entries take besides its bytes: two `String`s, a map slot and an index.
+const STRING_SLOTS: usize = 80;
+
 pub(crate) struct StringTable {
     table: Vec<String>,
     index: HashMap<String, i64>,
@@ -16,8 +21,22 @@ impl StringTable {
         }
     }
 
-    /// The index of `s`, added if new.
-    pub(crate) fn get(&mut self, s: &str) -> i64 {
+    /// The index of `s`, added if new: a new string's two copies and their slots are
+    /// charged first ([`take`](crate::decode::charge::take)), since a converter may copy
+    /// one string its body names once into every profile it makes.
+    pub(crate) fn get(&mut self, s: &str) -> Result<i64> {
+        if !self.index.contains_key(s) {
+            crate::decode::charge::take(
+                s.len().saturating_mul(2).saturating_add(STRING_SLOTS),
+                "copying a profile's strings",
+            )?;
+        }
+        Ok(self.uncharged(s))
+    }
+
+    /// The index of `s`, added if new, charged to nothing: for a profile the server writes
+    /// (a query's answer, bounded where it is merged), not one it reads.
+    pub(crate) fn uncharged(&mut self, s: &str) -> i64 {
         if let Some(i) = self.index.get(s) {
             return *i;
         }

@@ -82,12 +82,16 @@ pub fn to_profile(
             other => other,
         })?;
     }
-    Ok(stacks.finish())
+    stacks.finish()
 }
 
 /// Stacks of named frames and their counts, gathered into a pprof profile of one value
 /// type: what folded stacks, lines, Pyroscope's trie and tree bodies and speedscope files
 /// all become. A frame is a location with one line in a function of its name.
+///
+/// What it builds is charged as it is built ([`take`](crate::decode::charge::take)): a
+/// compact body (an evented speedscope file's groups, a trie) names a frame or a stack once
+/// and has it copied many times.
 pub(crate) struct Stacks<'u> {
     units: &'u Units,
     strings: StringTable,
@@ -104,6 +108,13 @@ pub(crate) struct Stacks<'u> {
     max_frames: usize,
     pace: crate::decode::charge::Pace,
 }
+
+/// What a distinct frame takes besides its name: a function, a location, a line and a map
+/// slot (the name's first two copies are the string table's).
+const FRAME_SLOTS: usize = 300;
+/// What a distinct stack takes besides its frames, in frame ids: the map slot, the value
+/// and the sample built from it.
+const SAMPLE_SLOTS: usize = 16;
 
 impl<'u> Stacks<'u> {
     /// At most `limits.max_samples` distinct stacks and `limits.max_locations` distinct
@@ -138,7 +149,15 @@ impl<'u> Stacks<'u> {
                 limit: self.max_locations,
             });
         }
-        let name_index = self.strings.get(name);
+        if name.len() > crate::convert::trie::MAX_FRAME_BYTES {
+            return Err(Error::TooLarge {
+                what: "bytes of a frame name",
+                limit: crate::convert::trie::MAX_FRAME_BYTES,
+            });
+        }
+        // The name's third copy (the id map's) and the function, location and line.
+        crate::decode::charge::take(name.len() + FRAME_SLOTS, "converting stacks")?;
+        let name_index = self.strings.get(name)?;
         let id = self.locations.len() as u64 + 1;
         self.functions.push(Function {
             id,
@@ -190,23 +209,27 @@ impl<'u> Stacks<'u> {
                 limit: self.max_samples,
             });
         }
+        crate::decode::charge::take(
+            (ids.len() + SAMPLE_SLOTS) * std::mem::size_of::<u64>(),
+            "converting stacks",
+        )?;
         self.samples.insert(ids, value);
         Ok(())
     }
 
     /// The profile, its samples in stack order.
-    pub(crate) fn finish(mut self) -> Profile {
+    pub(crate) fn finish(mut self) -> Result<Profile> {
         let sample_type = ValueType {
-            r#type: self.strings.get(&self.units.sample.0),
-            unit: self.strings.get(&self.units.sample.1),
+            r#type: self.strings.get(&self.units.sample.0)?,
+            unit: self.strings.get(&self.units.sample.1)?,
         };
         let period_type = ValueType {
-            r#type: self.strings.get(&self.units.period.0),
-            unit: self.strings.get(&self.units.period.1),
+            r#type: self.strings.get(&self.units.period.0)?,
+            unit: self.strings.get(&self.units.period.1)?,
         };
         let mut samples: Vec<(Vec<u64>, i64)> = self.samples.into_iter().collect();
         samples.sort();
-        Profile {
+        Ok(Profile {
             sample_type: vec![sample_type],
             sample: samples
                 .into_iter()
@@ -222,7 +245,7 @@ impl<'u> Stacks<'u> {
             period_type: Some(period_type),
             period: self.units.period_value,
             ..Profile::default()
-        }
+        })
     }
 }
 

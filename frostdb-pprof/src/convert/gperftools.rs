@@ -96,6 +96,11 @@ struct Builder {
     limits: Limits,
 }
 
+/// What a sample or record takes besides its words, in words: its vectors' headers.
+const RECORD_SLOTS: usize = 8;
+/// What a distinct address takes: a location and its map slot.
+const LOCATION_BYTES: usize = std::mem::size_of::<Location>() + 32;
+
 impl Builder {
     fn new(limits: &Limits) -> Self {
         Self {
@@ -108,15 +113,19 @@ impl Builder {
         }
     }
 
-    fn location(&mut self, address: u64) -> u64 {
-        *self.by_address.entry(address).or_insert_with(|| {
-            self.locations.push(Location {
-                id: self.locations.len() as u64 + 1,
-                address,
-                ..Location::default()
-            });
-            self.locations.len() as u64
-        })
+    fn location(&mut self, address: u64) -> Result<u64> {
+        if let Some(&id) = self.by_address.get(&address) {
+            return Ok(id);
+        }
+        crate::decode::charge::take(LOCATION_BYTES, "converting a gperftools profile")?;
+        self.locations.push(Location {
+            id: self.locations.len() as u64 + 1,
+            address,
+            ..Location::default()
+        });
+        let id = self.locations.len() as u64;
+        self.by_address.insert(address, id);
+        Ok(id)
     }
 
     /// Adds a sample of `addresses` (leaf first, already adjusted).
@@ -134,7 +143,15 @@ impl Builder {
                 limit: self.limits.max_decompressed_bytes / 8,
             });
         }
-        let location_id = addresses.iter().map(|&a| self.location(a)).collect();
+        crate::decode::charge::take(
+            (addresses.len() + value.len() + RECORD_SLOTS) * std::mem::size_of::<u64>()
+                + label.len() * std::mem::size_of::<Label>(),
+            "converting a gperftools profile",
+        )?;
+        let location_id = addresses
+            .iter()
+            .map(|&a| self.location(a))
+            .collect::<Result<_>>()?;
         self.samples.push(Sample {
             location_id,
             value,
@@ -143,11 +160,11 @@ impl Builder {
         Ok(())
     }
 
-    fn value_type(&mut self, t: &str, u: &str) -> ValueType {
-        ValueType {
-            r#type: self.strings.get(t),
-            unit: self.strings.get(u),
-        }
+    fn value_type(&mut self, t: &str, u: &str) -> Result<ValueType> {
+        Ok(ValueType {
+            r#type: self.strings.get(t)?,
+            unit: self.strings.get(u)?,
+        })
     }
 
     /// The profile, its locations in the mappings of `maps` (a process's memory map).
@@ -216,15 +233,17 @@ impl Builder {
         let mapping = mappings
             .iter()
             .enumerate()
-            .map(|(i, m)| Mapping {
-                id: i as u64 + 1,
-                memory_start: m.start,
-                memory_limit: m.limit,
-                file_offset: m.offset,
-                filename: self.strings.get(&m.file),
-                ..Mapping::default()
+            .map(|(i, m)| {
+                Ok(Mapping {
+                    id: i as u64 + 1,
+                    memory_start: m.start,
+                    memory_limit: m.limit,
+                    file_offset: m.offset,
+                    filename: self.strings.get(&m.file)?,
+                    ..Mapping::default()
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Profile {
             sample_type,
             sample: self.samples,
@@ -337,9 +356,19 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
     let words = data.len() / w.size;
     let mut at = 5;
     let mut stacks: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut pace = crate::decode::charge::Pace::new();
     let maps_from = loop {
         if at >= words {
             break data.len();
+        }
+        pace.tick()?;
+        // Each record is a sample: refused past the limit before it is read, not after
+        // all are (16 M empty records are 128 MB of words, a gigabyte read).
+        if stacks.len() >= limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "number of samples",
+                limit: limits.max_samples,
+            });
         }
         let (Some(count), Some(depth)) = (w.get(data, at), w.get(data, at + 1)) else {
             return Err(bad(at, "the profile ends inside a record".into()));
@@ -352,6 +381,10 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
             ));
         }
         let depth = depth as usize;
+        crate::decode::charge::take(
+            (depth * 2 + RECORD_SLOTS) * std::mem::size_of::<u64>(),
+            "reading a gperftools profile",
+        )?;
         let pcs: Vec<u64> = (0..depth)
             .map(|i| w.get(data, at + 2 + i).unwrap_or(0))
             .collect();
@@ -377,7 +410,6 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
         stacks.push((count, addresses));
     };
     strip_signal_frame(&mut stacks);
-    let mut pace = crate::decode::charge::Pace::new();
     for (count, mut addresses) in stacks {
         pace.tick()?;
         // A leaf the unwinder reported again as its caller.
@@ -390,10 +422,10 @@ fn cpu(data: &[u8], w: Words, limits: &Limits) -> Result<Profile> {
         b.sample(&addresses, vec![count, cpu], Vec::new())?;
     }
     let sample_type = vec![
-        b.value_type("samples", "count"),
-        b.value_type("cpu", "nanoseconds"),
+        b.value_type("samples", "count")?,
+        b.value_type("cpu", "nanoseconds")?,
     ];
-    let period_type = b.value_type("cpu", "nanoseconds");
+    let period_type = b.value_type("cpu", "nanoseconds")?;
     b.finish(
         sample_type,
         period_type,
@@ -559,7 +591,7 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     };
     has_alloc &= (alloc.0 != inuse.0 && alloc.0 != 0) || (alloc.1 != inuse.1 && alloc.1 != 0);
     let mut b = Builder::new(limits);
-    let bytes_key = b.strings.get("bytes");
+    let bytes_key = b.strings.get("bytes")?;
     let mut lines = body_lines(data);
     for (at, line) in lines.by_ref() {
         let line = line.as_str();
@@ -603,18 +635,18 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     }
     let sample_type = if has_alloc {
         vec![
-            b.value_type("alloc_objects", "count"),
-            b.value_type("alloc_space", "bytes"),
-            b.value_type("inuse_objects", "count"),
-            b.value_type("inuse_space", "bytes"),
+            b.value_type("alloc_objects", "count")?,
+            b.value_type("alloc_space", "bytes")?,
+            b.value_type("inuse_objects", "count")?,
+            b.value_type("inuse_space", "bytes")?,
         ]
     } else {
         vec![
-            b.value_type("objects", "count"),
-            b.value_type("space", "bytes"),
+            b.value_type("objects", "count")?,
+            b.value_type("space", "bytes")?,
         ]
     };
-    let period_type = b.value_type("space", "bytes");
+    let period_type = b.value_type("space", "bytes")?;
     b.finish(sample_type, period_type, period, &data[lines.maps_from()..])
 }
 
@@ -694,10 +726,10 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
         b.sample(&stack, vec![count, delay], Vec::new())?;
     }
     let sample_type = vec![
-        b.value_type("contentions", "count"),
-        b.value_type("delay", "nanoseconds"),
+        b.value_type("contentions", "count")?,
+        b.value_type("delay", "nanoseconds")?,
     ];
-    let period_type = b.value_type("contentions", "count");
+    let period_type = b.value_type("contentions", "count")?;
     b.finish(sample_type, period_type, period, &data[lines.maps_from()..])
 }
 
@@ -858,5 +890,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown attribute \"weird\""), "{e}");
+    }
+
+    /// A CPU profile's records are refused past the sample limit as they are read, and
+    /// charged as they are read and converted: 16 M empty records were a gigabyte before
+    /// the limit was checked.
+    #[test]
+    fn records_are_charged_and_counted_as_they_are_read() {
+        let cpu = |records: usize| {
+            let mut data: Vec<u8> = [0u32, 3, 0, 10_000, 0]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            for i in 0..records as u32 {
+                data.extend([1u32, 1, 0x1000 + i].iter().flat_map(|w| w.to_le_bytes()));
+            }
+            data
+        };
+        let data = cpu(100_000);
+        let limits = Limits::default();
+        let whole = parse(&data, &limits).unwrap().unwrap();
+        assert_eq!(whole.sample.len(), 100_000);
+        let budget = 4 << 20;
+        let (got, asked) = crate::decode::charge::under_budget(budget, || parse(&data, &limits));
+        let e = got.err().unwrap_or_else(|| panic!("converted uncharged"));
+        assert!(e.to_string().contains("gperftools profile"), "{e}");
+        assert!(asked > budget);
+        let few = Limits {
+            max_samples: 1000,
+            ..Limits::default()
+        };
+        let e = parse(&cpu(1001), &few).err().unwrap();
+        assert!(matches!(e, Error::TooLarge { limit: 1000, .. }), "{e}");
     }
 }

@@ -398,12 +398,12 @@ fn to_flat(
 
     let mut out = Flat::building();
     out.sample_type.push(pprof::ValueType {
-        r#type: t.get(&sample_type),
-        unit: t.get(&sample_unit),
+        r#type: t.get(&sample_type)?,
+        unit: t.get(&sample_unit)?,
     });
     out.period_type = Some(pprof::ValueType {
-        r#type: t.get(&period_type),
-        unit: t.get(&period_unit),
+        r#type: t.get(&period_type)?,
+        unit: t.get(&period_unit)?,
     });
     out.period = if cpu {
         profile.period
@@ -463,17 +463,17 @@ fn to_flat(
                                         dict,
                                         f.name_strindex,
                                         field("name_strindex"),
-                                    )?),
+                                    )?)?,
                                     system_name: t.get(string(
                                         dict,
                                         f.system_name_strindex,
                                         field("system_name_strindex"),
-                                    )?),
+                                    )?)?,
                                     filename: t.get(string(
                                         dict,
                                         f.filename_strindex,
                                         field("filename_strindex"),
-                                    )?),
+                                    )?)?,
                                     start_line: f.start_line,
                                 });
                                 functions.insert(fi, id);
@@ -487,11 +487,11 @@ fn to_flat(
                         });
                     }
                     let id = locations.len() as u64 + 1;
-                    out.push_location(id, mapping_id, loc.address, &lines, false);
+                    out.push_location(id, mapping_id, loc.address, &lines, false)?;
                     locations.insert(li, id);
                     location_ids.push(id);
                 }
-                let shared = out.push_stack(location_ids.iter().copied());
+                let shared = out.push_stack(&location_ids)?;
                 stacks.insert(si, shared);
                 shared
             }
@@ -507,16 +507,16 @@ fn to_flat(
                 format!("{at}.samples[{i}].attribute_indices[{k}]")
             })? {
                 labels.push(pprof::Label {
-                    key: t.get(&key.replace('.', "_")),
-                    str: t.get(&v),
+                    key: t.get(&key.replace('.', "_"))?,
+                    str: t.get(&v)?,
                     ..pprof::Label::default()
                 });
             }
         }
-        out.push_sample(stack, &[count.saturating_mul(scale)], &labels);
+        out.push_sample(stack, &[count.saturating_mul(scale)], &labels)?;
     }
     for s in t.into_table() {
-        out.push_string(&s);
+        out.push_string(&s)?;
     }
     Ok((name, out))
 }
@@ -556,8 +556,8 @@ fn mapping(
         file_offset: m.file_offset,
         filename: t.get(string(dict, m.filename_strindex, || {
             format!("dictionary.mapping_table[{index}].filename_strindex")
-        })?),
-        build_id: t.get(&build_id),
+        })?)?,
+        build_id: t.get(&build_id)?,
         ..pprof::Mapping::default()
     });
     mappings.insert(index, id);
@@ -910,5 +910,41 @@ mod tests {
         let e = convert(&one_sample(), &limits).unwrap_err();
         assert!(matches!(e, Error::TooLarge { limit: 2, .. }), "{e}");
         assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded);
+    }
+
+    /// A dictionary string is sent once and copied into every profile that names it (its
+    /// type, its name, its string table): each copy is charged as it is made, so a request
+    /// that names one long string from many profiles is refused, not held many times.
+    #[test]
+    fn a_shared_string_is_charged_in_every_profile_that_copies_it() {
+        let mut request = one_sample();
+        let dict = request.dictionary.as_mut().unwrap();
+        dict.string_table.push("s".repeat(256 << 10));
+        let long = dict.string_table.len() as i32 - 1;
+        let profile = proto::Profile {
+            sample_type: Some(proto::ValueType {
+                type_strindex: long,
+                unit_strindex: long,
+            }),
+            samples: vec![proto::Sample::default()],
+            ..Default::default()
+        };
+        request.resource_profiles[0].scope_profiles[0].profiles = vec![profile; 40];
+        let limits = Limits::default();
+        assert_eq!(convert(&request, &limits).unwrap().len(), 40);
+        let budget = 8 << 20;
+        let (got, asked) =
+            crate::decode::charge::under_budget(budget, || convert(&request, &limits));
+        let e = got
+            .err()
+            .unwrap_or_else(|| panic!("40 profiles' copies of 256 KiB, uncharged"));
+        assert!(e.to_string().contains("over the budget"), "{e}");
+        assert!(asked > budget);
+        // One profile of it fits.
+        request.resource_profiles[0].scope_profiles[0]
+            .profiles
+            .truncate(1);
+        let (got, _) = crate::decode::charge::under_budget(budget, || convert(&request, &limits));
+        assert_eq!(got.unwrap().len(), 1);
     }
 }

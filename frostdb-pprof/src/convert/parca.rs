@@ -186,12 +186,31 @@ pub fn ipc_decompressed_bytes(ipc: &[u8]) -> Result<usize> {
 }
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int32Type, UInt32Type};
 
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::string_table::StringTable;
+
+/// The columns that key a record's rows to profiles, as errors name them.
+const KEY_NAMES: [&str; 6] = [
+    "producer",
+    "sample type",
+    "sample unit",
+    "period type",
+    "period unit",
+    "temporality",
+];
+/// Longest value of a key column: each becomes a profile's name or a label.
+const MAX_KEY_BYTES: usize = 1024;
+/// What a distinct sample takes besides its stack and labels, in words: its map slot,
+/// value and the pprof sample made of it.
+const SAMPLE_SLOTS: usize = 24;
+/// What a distinct location takes besides its strings: its location, line, function and
+/// map slots.
+const LOCATION_BYTES: usize = 320;
 
 /// Logical row `i` of `array` as bytes: text, a view, binary, a dictionary of them or a
 /// run-end encoding of those (the agent's label, type, id and frame columns). `None` when
@@ -463,6 +482,7 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
     let batches = read_ipc(ipc, "v2", limits)?;
     let mut groups: Vec<ArrowProfile> = Vec::new();
     let mut group_ids: HashMap<[String; 6], usize> = HashMap::new();
+    let mut pace = crate::decode::charge::Pace::new();
     let mut rows = 0usize;
     for batch in batches {
         rows += batch.num_rows();
@@ -473,7 +493,14 @@ pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
             });
         }
         let stacks = Stacks::Inline(column(&batch, wire::STACKTRACE)?);
-        add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
+        add_batch(
+            &batch,
+            stacks,
+            limits,
+            &mut groups,
+            &mut group_ids,
+            &mut pace,
+        )?;
     }
     profiles(groups, limits)
 }
@@ -504,6 +531,7 @@ fn add_batch(
     limits: &Limits,
     groups: &mut Vec<ArrowProfile>,
     group_ids: &mut HashMap<[String; 6], usize>,
+    pace: &mut crate::decode::charge::Pace,
 ) -> Result<()> {
     // Labels: a struct column (v2) or `labels.<name>` columns (v1).
     let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name(wire::LABELS) {
@@ -541,10 +569,20 @@ fn add_batch(
     let duration = column(batch, wire::DURATION)?;
     let timestamp = column(batch, wire::TIMESTAMP)?;
     for row in 0..batch.num_rows() {
+        pace.tick()?;
         let at = |reason: String| arrow_error(format!("row {row}"), reason);
         let mut key: [String; 6] = Default::default();
-        for (k, c) in key.iter_mut().zip(text) {
-            *k = string_at(c, row)?.unwrap_or("").to_owned();
+        for ((k, c), name) in key.iter_mut().zip(text).zip(KEY_NAMES) {
+            let v = string_at(c, row)?.unwrap_or("");
+            // A dictionary or run-end column names one long value for every row for a
+            // few bytes each: refused before it is copied and hashed, row after row.
+            if v.len() > MAX_KEY_BYTES {
+                return Err(at(format!(
+                    "its {name} is {} bytes, more than {MAX_KEY_BYTES}",
+                    v.len()
+                )));
+            }
+            *k = v.to_owned();
         }
         if key[0].is_empty() || key[1].is_empty() {
             return Err(at("no producer or sample type".into()));
@@ -581,6 +619,7 @@ fn add_batch(
         let locations = list_values(list)?;
         let mut stack = Vec::with_capacity(len);
         for j in offset..offset.saturating_add(len) {
+            pace.tick()?;
             stack.push(profile.location(locations, j, limits)?);
         }
         let mut sample_labels = Vec::new();
@@ -588,7 +627,7 @@ fn add_batch(
             if let Some(v) = string_at(*c, row)?
                 && !v.is_empty()
             {
-                sample_labels.push((profile.strings.get(name), profile.strings.get(v)));
+                sample_labels.push((profile.strings.get(name)?, profile.strings.get(v)?));
             }
         }
         if profile.samples.len() >= limits.max_samples {
@@ -598,7 +637,17 @@ fn add_batch(
             });
         }
         let v = int_at(value, row)?;
-        let total = profile.samples.entry((stack, sample_labels)).or_insert(0);
+        let total = match profile.samples.entry((stack, sample_labels)) {
+            Entry::Occupied(total) => total.into_mut(),
+            Entry::Vacant(new) => {
+                let (stack, labels) = new.key();
+                crate::decode::charge::take(
+                    (stack.len() + 2 * labels.len() + SAMPLE_SLOTS) * std::mem::size_of::<u64>(),
+                    "converting an Arrow record",
+                )?;
+                new.insert(0)
+            }
+        };
         *total = total.saturating_add(v);
     }
     Ok(())
@@ -679,6 +728,7 @@ pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec
     }
     let mut groups = Vec::new();
     let mut group_ids = HashMap::new();
+    let mut pace = crate::decode::charge::Pace::new();
     let mut rows = 0usize;
     for batch in read_ipc(samples, "v1", limits)? {
         rows += batch.num_rows();
@@ -690,7 +740,14 @@ pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec
         }
         let ids = column(&batch, wire::STACKTRACE_ID)?;
         let stacks = Stacks::ById { ids, found: &found };
-        add_batch(&batch, stacks, limits, &mut groups, &mut group_ids)?;
+        add_batch(
+            &batch,
+            stacks,
+            limits,
+            &mut groups,
+            &mut group_ids,
+            &mut pace,
+        )?;
     }
     profiles(groups, limits)
 }
@@ -734,6 +791,7 @@ impl ArrowProfile {
                 limit: limits.max_locations,
             });
         }
+        crate::decode::charge::take(LOCATION_BYTES, "converting an Arrow record")?;
         let address = int_at(field(s, "address")?, i)? as u64;
         let file = string_at(field(s, "mapping_file")?, i)?
             .unwrap_or("")
@@ -750,7 +808,7 @@ impl ArrowProfile {
                 .entry((file.clone(), build_id.clone()))
                 .or_insert(next);
             if id == next {
-                let (filename, build_id) = (self.strings.get(&file), self.strings.get(&build_id));
+                let (filename, build_id) = (self.strings.get(&file)?, self.strings.get(&build_id)?);
                 // v1 sends the mapping's range (zero from the agents seen: addresses are
                 // already file-relative).
                 let range = |name: &str| -> Result<u64> {
@@ -813,7 +871,7 @@ impl ArrowProfile {
                     .entry((name.clone(), filename.clone(), start))
                     .or_insert(next);
                 if function_id == next {
-                    let (n, fname) = (self.strings.get(&name), self.strings.get(&filename));
+                    let (n, fname) = (self.strings.get(&name)?, self.strings.get(&filename)?);
                     self.functions.push(Function {
                         id: function_id,
                         name: n,
@@ -843,12 +901,12 @@ impl ArrowProfile {
 
     fn finish(mut self, index: usize, limits: &Limits) -> Result<Incoming> {
         let sample_type = ValueType {
-            r#type: self.strings.get(&self.types[0]),
-            unit: self.strings.get(&self.types[1]),
+            r#type: self.strings.get(&self.types[0])?,
+            unit: self.strings.get(&self.types[1])?,
         };
         let period_type = ValueType {
-            r#type: self.strings.get(&self.types[2]),
-            unit: self.strings.get(&self.types[3]),
+            r#type: self.strings.get(&self.types[2])?,
+            unit: self.strings.get(&self.types[3])?,
         };
         let mut samples: Vec<_> = self.samples.into_iter().collect();
         samples.sort_unstable();
@@ -948,5 +1006,73 @@ mod tests {
             let e = ipc_decompressed_bytes(bad).unwrap_err();
             assert!(e.to_string().contains("byte "), "{e}");
         }
+    }
+
+    /// The agent's record (`testing::parca_agent_record`) as batches, and back as an
+    /// uncompressed IPC stream of `batches`.
+    fn agent_batches() -> Vec<RecordBatch> {
+        let (ipc, _, _) = crate::testing::parca_agent_record("00112233445566778899");
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(ipc), None)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    fn ipc_of(batches: &[RecordBatch]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new(&mut out, &batches[0].schema()).unwrap();
+        for b in batches {
+            w.write(b).unwrap();
+        }
+        w.finish().unwrap();
+        drop(w);
+        out
+    }
+
+    /// A key column's value is refused on its length before it is copied, and the row loop
+    /// stops once its request has ended: a dictionary or run-end column names one long
+    /// value from every row for a few bytes, and each row was copied and hashed whole,
+    /// for minutes after the request had timed out.
+    #[test]
+    fn a_long_key_value_is_refused_and_the_row_loop_stops_when_its_request_ends() {
+        let batches = agent_batches();
+        let limits = Limits::default();
+        assert!(!write_arrow(&ipc_of(&batches), &limits).unwrap().is_empty());
+        // The producer, one value of 1,025 bytes for every row.
+        let b = &batches[0];
+        let at = b.schema().index_of(wire::PRODUCER).unwrap();
+        let long = "p".repeat(MAX_KEY_BYTES + 1);
+        let producer: arrow::array::ArrayRef = Arc::new(arrow::array::StringArray::from(vec![
+            long.as_str();
+            b.num_rows()
+        ]));
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[at] = Field::new(wire::PRODUCER, DataType::Utf8, false);
+        let mut columns = b.columns().to_vec();
+        columns[at] = producer;
+        let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
+        let long = RecordBatch::try_new(schema, columns).unwrap();
+        let Err(e) = write_arrow(&ipc_of(&[long]), &limits) else {
+            panic!("a long producer copied");
+        };
+        assert!(e.to_string().contains("its producer is 1025 bytes"), "{e}");
+        // Enough rows and frames for the pace to ask, under a request that has ended.
+        let many: Vec<RecordBatch> = std::iter::repeat_n(batches, 200).flatten().collect();
+        let ipc = ipc_of(&many);
+        assert!(!write_arrow(&ipc, &limits).unwrap().is_empty());
+        let Err(e) = frostdb_core::stop_scans_when(
+            || Some("the request ended".to_owned()),
+            || write_arrow(&ipc, &limits),
+        ) else {
+            panic!("converted under a request that had ended");
+        };
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("the request ended"), "{e}");
     }
 }

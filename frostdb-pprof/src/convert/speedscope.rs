@@ -405,14 +405,16 @@ pub fn convert(body: &[u8], sample_rate: i64, limits: &Limits) -> Result<Vec<Con
             }
         }
     }
-    Ok(groups
+    groups
         .into_iter()
-        .map(|g| Converted {
-            name: g.name,
-            profile_name: g.profile_name,
-            profile: g.stacks.finish(),
+        .map(|g| {
+            Ok(Converted {
+                name: g.name,
+                profile_name: g.profile_name,
+                profile: g.stacks.finish()?,
+            })
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -715,5 +717,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(folded(&got[0]), ["a;b 500000000"]);
+    }
+
+    /// A frame name that every profile of a file copies is charged in each (the file's
+    /// own charge is in proportion to its bytes, which name it once), and a name past a
+    /// trie's frame limit is refused before it is copied at all.
+    #[test]
+    fn a_shared_frame_name_is_charged_in_every_profile_that_copies_it() {
+        let file = |name_bytes: usize, profiles: usize| {
+            let profile = |i: usize| {
+                format!(
+                    r#"{{"type":"evented","name":"p{i}","unit":"none","startValue":0,"endValue":1,"events":[{{"type":"O","frame":0,"at":0}},{{"type":"C","frame":0,"at":1}}]}}"#
+                )
+            };
+            let profiles: Vec<String> = (0..profiles).map(profile).collect();
+            format!(
+                r#"{{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{{"frames":[{{"name":"{}"}}]}},"profiles":[{}]}}"#,
+                "a".repeat(name_bytes),
+                profiles.join(",")
+            )
+        };
+        let shared = file(60_000, 200);
+        let limits = Limits::default();
+        assert_eq!(convert(shared.as_bytes(), 100, &limits).unwrap().len(), 200);
+        let budget = 16 << 20;
+        assert!(shared.len() * 16 < budget, "the file's own charge fits");
+        let (got, asked) = crate::decode::charge::under_budget(budget, || {
+            convert(shared.as_bytes(), 100, &limits)
+        });
+        let e = got
+            .err()
+            .unwrap_or_else(|| panic!("200 copies of a name, uncharged"));
+        assert!(e.to_string().contains("over the budget"), "{e}");
+        assert!(asked > budget);
+        let long = file(crate::convert::trie::MAX_FRAME_BYTES + 1, 1);
+        let e = convert(long.as_bytes(), 100, &limits).err().unwrap();
+        assert!(e.to_string().contains("bytes of a frame name"), "{e}");
     }
 }

@@ -34,7 +34,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
     let mut r = Reader::new(body, "trie", limits);
     let mut stacks = new_stacks(units, body, limits);
     if body.is_empty() {
-        return Ok(stacks.finish());
+        return stacks.finish();
     }
     // The key so far (every name on the path), the location ids of its whole frames, and
     // where its last, unfinished frame starts.
@@ -100,7 +100,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
         }
         if open.is_empty() {
             r.end()?;
-            return Ok(stacks.finish());
+            return stacks.finish();
         }
     }
 }
@@ -156,7 +156,7 @@ pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
         }
     }
     r.end()?;
-    Ok(stacks.finish())
+    stacks.finish()
 }
 
 /// Most bytes of frames a body of `len` bytes may expand to: [`EXPANSION`] times its size (at

@@ -16,7 +16,7 @@
 //! every decoder the closure reaches (pushes, forms, Parca, JFR's embedded parts) is
 //! charged without each taking the budget as a parameter.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::error::Result;
@@ -25,6 +25,8 @@ type Charge = Rc<dyn Fn(usize, &'static str) -> Result<()>>;
 
 thread_local! {
     static CHARGE: RefCell<Option<Charge>> = const { RefCell::new(None) };
+    /// Bytes charged ahead by [`take`] and not yet taken, under the charge set now.
+    static CREDIT: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Runs `f`; every decode it does on this thread first charges what it will make to
@@ -34,15 +36,16 @@ pub fn charging<T>(
     charge: impl Fn(usize, &'static str) -> Result<()> + 'static,
     f: impl FnOnce() -> T,
 ) -> T {
-    struct Restore(Option<Charge>);
+    struct Restore(Option<Charge>, usize);
     impl Drop for Restore {
         fn drop(&mut self) {
             let outer = self.0.take();
             CHARGE.with_borrow_mut(|c| *c = outer);
+            CREDIT.set(self.1);
         }
     }
     let outer = CHARGE.with_borrow_mut(|c| c.replace(Rc::new(charge)));
-    let _restore = Restore(outer);
+    let _restore = Restore(outer, CREDIT.replace(0));
     f()
 }
 
@@ -55,6 +58,30 @@ pub(crate) fn charge(bytes: usize, what: &'static str) -> Result<()> {
         return Ok(());
     }
     charge(bytes, what)
+}
+
+/// What [`take`] charges at a time, at least: at most this much is charged and not made.
+const SLAB: usize = 256 << 10;
+
+/// Charges `bytes` that a conversion is about to copy (a string, a frame, a sample's stack)
+/// for `what`, from bytes charged ahead a slab at a time: cheap enough to call for every
+/// copy a converter makes, so that what it builds is charged however the body shares what
+/// it names (one long string named by every profile, one stack by every row), not only in
+/// proportion to the body's bytes.
+pub(crate) fn take(bytes: usize, what: &'static str) -> Result<()> {
+    let credit = CREDIT.get();
+    if let Some(left) = credit.checked_sub(bytes) {
+        CREDIT.set(left);
+        return Ok(());
+    }
+    if CHARGE.with_borrow(Option::is_none) {
+        return Ok(());
+    }
+    let need = bytes - credit;
+    let slab = need.max(SLAB);
+    charge(slab, what)?;
+    CREDIT.set(slab - need);
+    Ok(())
 }
 
 /// Keeps long conversions answerable to the request they are for: [`Pace::tick`], once per
@@ -87,5 +114,61 @@ impl Pace {
             Some(stopped) => Err(stopped.into()),
             None => Ok(()),
         }
+    }
+}
+
+/// Runs `f` under a budget of `budget` bytes, as a server's request runs its decode: a
+/// charge past it is refused ([`crate::Error::Unavailable`], naming what it was for).
+/// Returns what `f` returned and the bytes it asked for, refused ones included.
+#[cfg(test)]
+pub(crate) fn under_budget<T>(budget: usize, f: impl FnOnce() -> T) -> (T, usize) {
+    let asked = Rc::new(Cell::new(0usize));
+    let held = Rc::new(Cell::new(0usize));
+    let seen = asked.clone();
+    let got = charging(
+        move |bytes, what| {
+            seen.set(seen.get().saturating_add(bytes));
+            match held.get().saturating_add(bytes) {
+                total if total > budget => Err(crate::Error::Unavailable(format!(
+                    "{what}: {bytes} bytes more is over the budget of {budget}"
+                ))),
+                total => {
+                    held.set(total);
+                    Ok(())
+                }
+            }
+        },
+        f,
+    );
+    (got, asked.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_are_charged_ahead_a_slab_at_a_time_and_credit_stays_with_its_charge() {
+        // No charge set: nothing to take from, nothing refused.
+        take(usize::MAX, "anything").unwrap();
+        let ((), asked) = under_budget(usize::MAX, || {
+            for _ in 0..1000 {
+                take(100, "small copies").unwrap();
+            }
+        });
+        assert_eq!(asked, SLAB, "100 KB of small copies charge one slab");
+        let ((), asked) = under_budget(usize::MAX, || {
+            take(10, "a first copy").unwrap();
+            // An inner charge starts with no credit, and the outer's is there after.
+            let ((), inner) = under_budget(usize::MAX, || take(10, "inner").unwrap());
+            assert_eq!(inner, SLAB);
+            take(SLAB - 11, "the rest of the first slab but a byte").unwrap();
+            // A copy larger than a slab is charged what the credit does not cover.
+            take(3 * SLAB, "a large copy").unwrap();
+        });
+        assert_eq!(asked, SLAB + 3 * SLAB - 1);
+        // A refused take is an error naming what it was for, and takes nothing.
+        let (got, _) = under_budget(SLAB, || take(SLAB + 1, "one copy too large").unwrap_err());
+        assert!(got.to_string().contains("one copy too large"), "{got}");
     }
 }

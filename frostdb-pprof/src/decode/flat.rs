@@ -312,17 +312,22 @@ impl Flat {
         let (mut samples, mut sample_bytes, mut locations, mut functions) =
             (0usize, 0usize, 0usize, 0usize);
         let (mut strings, mut text, mut mappings, mut types) = (0usize, 0usize, 0usize, 0usize);
+        let mut comments = 0usize;
         wire::fields(buf, |n, v| {
-            if let wire::Value::Bytes(b) = v {
-                match n {
+            match v {
+                wire::Value::Bytes(b) => match n {
                     1 => types += 1,
                     2 => (samples, sample_bytes) = (samples + 1, sample_bytes + b.len()),
                     3 => mappings += 1,
                     4 => locations += 1,
                     5 => functions += 1,
                     6 => (strings, text) = (strings + 1, text + b.len()),
+                    // Packed: a value a byte at most, 8 bytes of the array each.
+                    13 => comments += b.len(),
                     _ => {}
-                }
+                },
+                _ if n == 13 => comments += 1,
+                _ => {}
             }
             Ok(())
         })?;
@@ -335,6 +340,7 @@ impl Flat {
             .saturating_add(functions.saturating_mul(std::mem::size_of::<Function>()))
             .saturating_add(mappings.saturating_mul(std::mem::size_of::<Mapping>()))
             .saturating_add(strings.saturating_mul(16))
+            .saturating_add(comments.saturating_mul(8))
             .saturating_add(text);
         // What `check` refuses later, refused before it is made. Mappings have no limit of
         // their own: a profile has fewer than it has locations (each location names one).
@@ -365,7 +371,16 @@ impl Flat {
         Ok(())
     }
 
-    pub(crate) fn push_string(&mut self, s: &str) {
+    /// Appends a string. Like every `push_` method it charges what it copies first
+    /// ([`take`](super::charge::take)): a converter may copy what its body names once
+    /// into every profile it builds.
+    pub(crate) fn push_string(&mut self, s: &str) -> Result<()> {
+        super::charge::take(s.len() + 16, "building a profile")?;
+        self.push_text(s);
+        Ok(())
+    }
+
+    fn push_text(&mut self, s: &str) {
         let start = self.text.len();
         self.text.push_str(s);
         self.strings.push((start, self.text.len()));
@@ -384,7 +399,11 @@ impl Flat {
         address: u64,
         lines: &[Line],
         is_folded: bool,
-    ) {
+    ) -> Result<()> {
+        super::charge::take(
+            std::mem::size_of_val(lines) + std::mem::size_of::<FlatLocation>(),
+            "building a profile",
+        )?;
         let first = self.lines.len();
         self.lines.extend_from_slice(lines);
         self.locations.push(FlatLocation {
@@ -394,18 +413,31 @@ impl Flat {
             lines: (first, self.lines.len()),
             is_folded,
         });
+        Ok(())
     }
 
     /// Appends a stack's location ids, for samples to share ([`Flat::push_sample`]).
-    pub(crate) fn push_stack(&mut self, location_ids: impl IntoIterator<Item = u64>) -> Stack {
+    pub(crate) fn push_stack(&mut self, location_ids: &[u64]) -> Result<Stack> {
+        super::charge::take(std::mem::size_of_val(location_ids), "building a profile")?;
         let first = self.location_ids.len();
-        self.location_ids.extend(location_ids);
-        Stack((first, self.location_ids.len()))
+        self.location_ids.extend_from_slice(location_ids);
+        Ok(Stack((first, self.location_ids.len())))
     }
 
     /// Appends a sample of `stack`: a stack pushed once serves every sample on it, so a
     /// profile's samples cost their stacks once, not once a sample.
-    pub(crate) fn push_sample(&mut self, stack: Stack, values: &[i64], labels: &[Label]) {
+    pub(crate) fn push_sample(
+        &mut self,
+        stack: Stack,
+        values: &[i64],
+        labels: &[Label],
+    ) -> Result<()> {
+        super::charge::take(
+            std::mem::size_of_val(values)
+                + std::mem::size_of_val(labels)
+                + std::mem::size_of::<FlatSample>(),
+            "building a profile",
+        )?;
         let (v0, b0) = (self.values.len(), self.labels.len());
         self.values.extend_from_slice(values);
         self.labels.extend_from_slice(labels);
@@ -414,6 +446,7 @@ impl Flat {
             values: (v0, self.values.len()),
             labels: (b0, self.labels.len()),
         });
+        Ok(())
     }
 
     /// The location ids the samples' stacks hold, each stack counted once however many
@@ -470,6 +503,15 @@ impl Flat {
         let mut v = [0u64; 6];
         wire::scalars(buf, LOCATION_VARINTS, &mut v, |n, value| {
             if n == 4 {
+                // One line a location is charged with the arrays ([`Flat::reserve`]); a
+                // location may hold many more (2 bytes each, 24 in the array), each
+                // doubling of the array charged before it is made.
+                if self.lines.len() == self.lines.capacity() {
+                    super::charge::charge(
+                        self.lines.capacity().max(64) * std::mem::size_of::<Line>(),
+                        "decoding a profile's lines",
+                    )?;
+                }
                 self.lines.push(line(wire::bytes(n, value)?)?);
             }
             Ok(())
@@ -484,8 +526,27 @@ impl Flat {
         Ok(())
     }
 
-    /// The flat form of `p`.
-    pub(crate) fn from_profile(p: &Profile) -> Self {
+    /// The flat form of `p`, a copy of it charged before it is made
+    /// ([`charge`](super::charge::charge)).
+    pub(crate) fn from_profile(p: &Profile) -> Result<Self> {
+        let words: usize = p
+            .sample
+            .iter()
+            .map(|s| s.location_id.len() + s.value.len())
+            .sum();
+        let copy = p.string_table.iter().map(|s| s.len() + 16).sum::<usize>()
+            + words * 8
+            + p.sample.len() * std::mem::size_of::<FlatSample>()
+            + p.location.len() * std::mem::size_of::<FlatLocation>()
+            + p.location
+                .iter()
+                .map(|l| std::mem::size_of_val(&l.line[..]))
+                .sum::<usize>()
+            + p.sample
+                .iter()
+                .map(|s| std::mem::size_of_val(&s.label[..]))
+                .sum::<usize>();
+        super::charge::charge(copy, "validating a converted profile")?;
         let mut f = Flat {
             text: String::with_capacity(p.string_table.iter().map(String::len).sum()),
             strings: Vec::with_capacity(p.string_table.len()),
@@ -506,7 +567,7 @@ impl Flat {
             ..Flat::default()
         };
         for s in &p.string_table {
-            f.push_string(s);
+            f.push_text(s);
         }
         for s in &p.sample {
             let start = f.sample_start();
@@ -526,7 +587,7 @@ impl Flat {
                 is_folded: l.is_folded,
             });
         }
-        f
+        Ok(f)
     }
 
     /// The prost form of this profile.

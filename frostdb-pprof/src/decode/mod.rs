@@ -547,7 +547,7 @@ fn repair(functions: &mut [crate::proto::Function]) {
 /// repaired first.
 pub fn validate(mut p: Profile, limits: &Limits) -> Result<ValidProfile> {
     repair(&mut p.function);
-    let flat = Flat::from_profile(&p);
+    let flat = Flat::from_profile(&p)?;
     let ids = check(&flat, limits)?;
     Ok(ValidProfile {
         flat,
@@ -733,5 +733,50 @@ mod tests {
         assert_eq!(table.stamp, 1, "the table dropped last is taken first");
         assert_eq!(table.get(5), None);
         assert_eq!(table.get(3), None);
+    }
+
+    fn varint(mut n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        while n >= 0x80 {
+            out.push((n as u8 & 0x7f) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+        out
+    }
+
+    /// Comments (a byte each on the wire, 8 in the array) and a location's lines (4 bytes,
+    /// 24) are charged before they are made: each alone is within the decompressed-size
+    /// limit and names nothing out of range, so only the charge refuses them.
+    #[test]
+    fn comments_and_a_locations_lines_are_charged_before_they_are_made() {
+        let (n, budget) = (2 << 20, 8 << 20);
+        // string_table [""], then n packed zero comments: 16 MiB of array.
+        let mut comments = vec![0x32, 0x00, 0x6a];
+        comments.extend(varint(n));
+        comments.resize(comments.len() + n, 0);
+        // string_table [""], function 1, then one location (id 1) of n / 4 lines in
+        // function 1 (4 bytes each): 12 MiB of array.
+        let mut lines = vec![0x32, 0x00, 0x2a, 0x02, 0x08, 0x01, 0x22];
+        lines.extend(varint(n + 2));
+        lines.extend([0x08, 0x01]);
+        lines.extend([0x22, 0x02, 0x08, 0x01].repeat(n / 4));
+        for (what, raw) in [("comments", &comments), ("lines", &lines)] {
+            let limits = Limits::default();
+            decode(raw, &limits).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (got, asked) = charge::under_budget(budget, || decode(raw, &limits));
+            let e = got
+                .err()
+                .unwrap_or_else(|| panic!("{what} were made uncharged"));
+            assert!(e.to_string().contains("over the budget"), "{what}: {e}");
+            assert!(asked > budget, "{what}: {asked} bytes asked");
+        }
+        // A real profile fits a budget of a few times its bytes.
+        let real = std::fs::read(
+            crate::testing::shared_dir().join("testdata/pprof/goapp__go119-cpu-2s.pb.gz"),
+        )
+        .unwrap();
+        let (got, _) = charge::under_budget(64 << 20, || decode(&real, &Limits::default()));
+        got.unwrap();
     }
 }

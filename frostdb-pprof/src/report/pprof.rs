@@ -25,12 +25,12 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let t = &merged.profile_type;
     let mut p = Profile {
         sample_type: vec![ValueType {
-            r#type: strings.get(&t.sample_type),
-            unit: strings.get(&t.sample_unit),
+            r#type: strings.uncharged(&t.sample_type),
+            unit: strings.uncharged(&t.sample_unit),
         }],
         period_type: Some(ValueType {
-            r#type: strings.get(&t.period_type),
-            unit: strings.get(&t.period_unit),
+            r#type: strings.uncharged(&t.period_type),
+            unit: strings.uncharged(&t.period_unit),
         }),
         period: merged.period,
         ..Default::default()
@@ -63,7 +63,7 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
         let mut ids = Vec::with_capacity(shown + 1);
         if left_out > 0 {
             ids.push(*markers.entry(left_out).or_insert_with(|| {
-                let name = strings.get(&super::truncation_marker(left_out));
+                let name = strings.uncharged(&super::truncation_marker(left_out));
                 let function_id = p.function.len() as u64 + 1;
                 p.function.push(Function {
                     id: function_id,
@@ -104,8 +104,8 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
                         memory_start: m.memory_start,
                         memory_limit: m.memory_limit,
                         file_offset: m.file_offset,
-                        filename: strings.get(m.filename),
-                        build_id: strings.get(m.build_id),
+                        filename: strings.uncharged(m.filename),
+                        build_id: strings.uncharged(m.build_id),
                         has_functions: m.flags & 1 != 0,
                         has_filenames: m.flags & 2 != 0,
                         has_line_numbers: m.flags & 4 != 0,
@@ -123,9 +123,9 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
                     let id = p.function.len() as u64 + 1;
                     p.function.push(Function {
                         id,
-                        name: strings.get(f.name),
-                        system_name: strings.get(f.system_name),
-                        filename: strings.get(f.filename),
+                        name: strings.uncharged(f.name),
+                        system_name: strings.uncharged(f.system_name),
+                        filename: strings.uncharged(f.filename),
                         start_line: f.start_line,
                     });
                     id
@@ -176,8 +176,8 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
             let label: Vec<Label> = labels
                 .iter()
                 .map(|(k, v)| Label {
-                    key: strings.get(k),
-                    str: strings.get(v),
+                    key: strings.uncharged(k),
+                    str: strings.uncharged(v),
                     ..Default::default()
                 })
                 .collect();

@@ -270,7 +270,7 @@ pub fn convert(
         start = header.end();
         chunk += 1;
     }
-    Ok(converter.finish())
+    converter.finish()
 }
 
 /// What a recording may convert to, at most: [`EXPANSION`] times its bytes (and its labels
@@ -338,18 +338,18 @@ impl Builder {
         }
     }
 
-    fn location(&mut self, name: &str, line: i64) -> u64 {
-        let function = self.function(name);
-        self.location_of(function, line)
+    fn location(&mut self, name: &str, line: i64) -> Result<u64> {
+        let function = self.function(name)?;
+        Ok(self.location_of(function, line))
     }
 
     /// The id of the function named `name`, made once.
-    fn function(&mut self, name: &str) -> u64 {
-        match self.function_ids.get(name) {
+    fn function(&mut self, name: &str) -> Result<u64> {
+        Ok(match self.function_ids.get(name) {
             Some(&id) => id,
             None => {
                 let id = self.functions.len() as u64 + 1;
-                let name_index = self.strings.get(name);
+                let name_index = self.strings.get(name)?;
                 self.functions.push(Function {
                     id,
                     name: name_index,
@@ -358,7 +358,7 @@ impl Builder {
                 self.function_ids.insert(name.to_owned(), id);
                 id
             }
-        }
+        })
     }
 
     /// The index of `stack`, made once; its frames are counted in `lens`.
@@ -729,7 +729,7 @@ impl<'l> Converter<'l> {
         // second for monitor events of threads with no Java frames).
         if n == 0 {
             let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
-            let stack = vec![builder.location(NO_STACK, 0)];
+            let stack = vec![builder.location(NO_STACK, 0).map_err(Failure::Limit)?];
             let stack = builder.stack_id(stack);
             self.stacks.insert((kind, id), stack);
             return Ok(stack);
@@ -765,7 +765,7 @@ impl<'l> Converter<'l> {
                     // Held as the string table's entry and key, and the function's key.
                     self.make(3 * name.len() + 64)?;
                     let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
-                    let function = builder.function(&name);
+                    let function = builder.function(&name).map_err(Failure::Limit)?;
                     self.functions.insert((kind, method), function);
                     function
                 }
@@ -846,7 +846,7 @@ impl<'l> Converter<'l> {
         Ok(id)
     }
 
-    fn finish(self) -> Recording {
+    fn finish(self) -> Result<Recording> {
         let mut profiles = Vec::new();
         let start = self.start_nanos.unwrap_or(0);
         for (k, builder) in self.builders.into_iter().enumerate() {
@@ -858,14 +858,16 @@ impl<'l> Converter<'l> {
             let (types, period) = kind.types();
             let sample_type = types
                 .iter()
-                .map(|(t, u)| ValueType {
-                    r#type: b.strings.get(t),
-                    unit: b.strings.get(u),
+                .map(|(t, u)| {
+                    Ok(ValueType {
+                        r#type: b.strings.get(t)?,
+                        unit: b.strings.get(u)?,
+                    })
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             let period_type = ValueType {
-                r#type: b.strings.get(period.0),
-                unit: b.strings.get(period.1),
+                r#type: b.strings.get(period.0)?,
+                unit: b.strings.get(period.1)?,
             };
             let mut stacks: Vec<(Vec<u64>, u32)> = b.stacks.into_iter().collect();
             stacks.sort_by_key(|s| s.1);
@@ -877,14 +879,16 @@ impl<'l> Converter<'l> {
                 .iter()
                 .map(|set| {
                     set.iter()
-                        .map(|(k, v)| Label {
-                            key: b.strings.get(k),
-                            str: b.strings.get(v),
-                            ..Label::default()
+                        .map(|(k, v)| {
+                            Ok(Label {
+                                key: b.strings.get(k)?,
+                                str: b.strings.get(v)?,
+                                ..Label::default()
+                            })
                         })
                         .collect()
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             let sample = samples
                 .into_iter()
                 .map(|((stack, set), values)| Sample {
@@ -918,11 +922,11 @@ impl<'l> Converter<'l> {
                 },
             });
         }
-        Recording {
+        Ok(Recording {
             profiles,
             event: self.event,
             events: self.events,
-        }
+        })
     }
 }
 
