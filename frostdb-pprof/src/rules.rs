@@ -300,6 +300,10 @@ impl Recorder {
         }
         let mut names = std::collections::HashSet::new();
         let mut compiled = Vec::with_capacity(rules.len());
+        // Each regex holds its compiled programs for as long as the rules stand (and is
+        // built again whenever the tenant opens): bounded for all rules together, counted
+        // as each rule compiles, so that a request past the bound stops compiling there.
+        let mut regexes = 0usize;
         for rule in rules {
             if !names.insert(rule.name.as_str()) {
                 return Err(RuleError(format!(
@@ -307,19 +311,15 @@ impl Recorder {
                     rule.name
                 )));
             }
-            compiled.push(compile(rule)?);
-        }
-        // Each regex holds its compiled programs for as long as the rules stand (and is
-        // built again whenever the tenant opens): bounded for all rules together.
-        let regexes: usize = compiled
-            .iter()
-            .map(|c| c.matchers.iter().filter(|m| m.compiles_regex()).count())
-            .sum();
-        if regexes > MAX_REGEXES {
-            return Err(RuleError(format!(
-                "the recording rules hold {regexes} regex matchers, over the {MAX_REGEXES} a \
-                 tenant's rules may hold together (a list of values, a|b|c, is not one)"
-            )));
+            let rule = compile(rule)?;
+            regexes += rule.matchers.iter().filter(|m| m.compiles_regex()).count();
+            if regexes > MAX_REGEXES {
+                return Err(RuleError(format!(
+                    "the recording rules hold more than {MAX_REGEXES} regex matchers, the most \
+                     a tenant's rules may hold together (a list of values, a|b|c, is not one)"
+                )));
+            }
+            compiled.push(rule);
         }
         let mut functions: Vec<String> = rules.iter().filter_map(|r| r.function.clone()).collect();
         functions.sort_unstable();
