@@ -10,6 +10,16 @@
 //! skips attributes without reading them (a loop, never recursion), over `.debug_info`
 //! and `.debug_abbrev` only; the file a `.gnu_debuglink` names beside it (which blazesym
 //! would read instead) is walked too.
+//!
+//! The walk is bounded in work as in depth: an abbreviation holds at most
+//! [`MAX_ABBREVIATION_ATTRIBUTES`] attributes (checked before gimli parses the table, which
+//! takes 16 bytes for each 2-byte attribute), a table at most [`MAX_ABBREV_TABLE_BYTES`],
+//! and the walk takes at most [`STEPS_PER_BYTE`] steps (an attribute skipped, a byte of a
+//! table parsed) for each byte of the two sections: a small file of one abbreviation of
+//! millions of zero-size attributes, used by millions of one-byte entries, was hours of
+//! work. Files that name another file blazesym would read unchecked (a debug link with a
+//! path, `.gnu_debugaltlink`, `.debug_sup`), and files whose section headers would make
+//! parsing them copy many times their bytes, are not read either.
 
 use std::borrow::Cow;
 use std::io::Read;
@@ -22,6 +32,58 @@ pub(crate) const MAX_INLINED_NESTING: usize = 256;
 
 /// Largest DWARF section decompressed for the walk.
 const MAX_SECTION_BYTES: u64 = 1 << 30;
+
+/// Most attributes one abbreviation may declare (compilers write a few dozen at most).
+pub(crate) const MAX_ABBREVIATION_ATTRIBUTES: usize = 256;
+
+/// Largest abbreviation table (a unit's), in bytes: real ones are a few kilobytes, and
+/// gimli's parse of one takes some 20 times its bytes.
+pub(crate) const MAX_ABBREV_TABLE_BYTES: usize = 1 << 20;
+
+/// Steps the walk may take for each byte of `.debug_info` and `.debug_abbrev` (real DWARF
+/// takes about one: an entry is a byte or more, and most of its attributes are too).
+pub(crate) const STEPS_PER_BYTE: u64 = 8;
+
+/// Most section headers a debug file may have (real ones have a few dozen).
+const MAX_SECTIONS: usize = 1 << 16;
+
+/// Refuses a file whose section headers would make `object`'s parse copy many times its
+/// bytes, before it is parsed: the parse reads (and keeps, through its read cache) every
+/// symbol-index section linked to the symbol table, so thousands of them overlapping one
+/// range of a 1 MiB file were gigabytes.
+fn sections_fit<'d>(data: impl object::ReadRef<'d>) -> Result<(), String> {
+    use object::read::elf::{FileHeader, SectionHeader};
+    fn of<'d, Elf: FileHeader<Endian = object::Endianness>>(
+        data: impl object::ReadRef<'d>,
+    ) -> Result<(), String> {
+        let header = Elf::parse(data).map_err(|e| format!("not an object file: {e}"))?;
+        let endian = header.endian().map_err(|e| e.to_string())?;
+        let sections = header
+            .sections(endian, data)
+            .map_err(|e| format!("not an object file: {e}"))?;
+        if sections.len() > MAX_SECTIONS {
+            return Err(format!(
+                "{} sections (at most {MAX_SECTIONS} are read)",
+                sections.len()
+            ));
+        }
+        let indices = sections
+            .iter()
+            .filter(|s| s.sh_type(endian) == object::elf::SHT_SYMTAB_SHNDX)
+            .count();
+        if indices > 1 {
+            return Err(format!(
+                "{indices} symbol-index sections (SHT_SYMTAB_SHNDX; a file has one at most)"
+            ));
+        }
+        Ok(())
+    }
+    match object::FileKind::parse(data) {
+        Ok(object::FileKind::Elf32) => of::<object::elf::FileHeader32<object::Endianness>>(data),
+        Ok(object::FileKind::Elf64) => of::<object::elf::FileHeader64<object::Endianness>>(data),
+        _ => Err("not an object file: not ELF".into()),
+    }
+}
 
 /// Whether blazesym may read `path` (and the file its debug link names beside it): an
 /// error says why not.
@@ -47,6 +109,9 @@ pub(crate) fn read_bytes(path: &Path) -> u64 {
             return (size, None);
         };
         let cache = object::ReadCache::new(file);
+        if sections_fit(&cache).is_err() {
+            return (size, None); // refused by `check`
+        }
         let Ok(elf) = object::File::parse(&cache) else {
             return (size, None);
         };
@@ -55,7 +120,7 @@ pub(crate) fn read_bytes(path: &Path) -> u64 {
             .filter_map(|s| s.compressed_file_range().ok())
             .filter(|r| r.format != object::CompressionFormat::None)
             .fold(size, |sum, r| sum.saturating_add(r.uncompressed_size));
-        (inflated, debuglink(&elf))
+        (inflated, debuglink(&elf).ok().flatten())
     }
     let (bytes, linked) = of(path);
     match linked.map(|name| path.with_file_name(name)) {
@@ -65,13 +130,30 @@ pub(crate) fn read_bytes(path: &Path) -> u64 {
 }
 
 /// The plain file name the `.gnu_debuglink` of `elf` names, if any (blazesym looks for it
-/// beside the file and in debug dirs).
-fn debuglink<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<String> {
-    elf.gnu_debuglink()
-        .ok()
-        .flatten()
-        .map(|(name, _)| String::from_utf8_lossy(name).into_owned())
-        .filter(|name| !name.is_empty() && !name.contains('/'))
+/// beside the file and in debug dirs). A name with a path is refused: blazesym would read
+/// the file it names (resolved from the cache directory: another upload, unchecked), and
+/// so is a supplementary file (`.gnu_debugaltlink`, `.debug_sup`), which it reads by path
+/// too; an upload is a whole debug file.
+fn debuglink<'d, R: object::ReadRef<'d>>(
+    elf: &object::File<'d, R>,
+) -> Result<Option<String>, String> {
+    for supplementary in [".gnu_debugaltlink", ".debug_sup"] {
+        if elf.section_by_name(supplementary).is_some() {
+            return Err(format!(
+                "it names a supplementary file ({supplementary}), which is not read"
+            ));
+        }
+    }
+    let Some((name, _)) = elf.gnu_debuglink().ok().flatten() else {
+        return Ok(None);
+    };
+    let name = String::from_utf8_lossy(name).into_owned();
+    if name.contains('/') || name == ".." || name == "." {
+        return Err(format!(
+            "its .gnu_debuglink names {name:?}, not a file beside it"
+        ));
+    }
+    Ok((!name.is_empty()).then_some(name))
 }
 
 /// Walks the DWARF of the ELF file at `path`; returns the file name its
@@ -79,8 +161,9 @@ fn debuglink<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Option<St
 fn check_file(path: &Path) -> Result<Option<String>, String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let cache = object::ReadCache::new(file);
+    sections_fit(&cache)?;
     let elf = object::File::parse(&cache).map_err(|e| format!("not an object file: {e}"))?;
-    let linked = debuglink(&elf);
+    let linked = debuglink(&elf)?;
     let info = section(&elf, ".debug_info")?;
     let abbrev = section(&elf, ".debug_abbrev")?;
     let endian = if elf.is_little_endian() {
@@ -88,11 +171,7 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
     } else {
         gimli::RunTimeEndian::Big
     };
-    walk(
-        gimli::DebugInfo::new(&info, endian),
-        gimli::DebugAbbrev::new(&abbrev, endian),
-    )
-    .map_err(|e| format!("DWARF: {e}"))?;
+    walk(&info, &abbrev, endian).map_err(|e| format!("DWARF: {e}"))?;
     Ok(linked)
 }
 
@@ -140,15 +219,91 @@ fn section<'d>(
     }
 }
 
-/// Walks every unit's entries, counting the inlined calls open around each.
-fn walk<R: gimli::Reader>(
-    info: gimli::DebugInfo<R>,
-    abbrev: gimli::DebugAbbrev<R>,
-) -> Result<(), String> {
+/// The length of each abbreviation table in `abbrev` (a unit's, from its offset to the
+/// null code that ends it), read with a loop of our own before gimli parses any: an
+/// abbreviation of more than [`MAX_ABBREVIATION_ATTRIBUTES`] attributes, or a table of more
+/// than [`MAX_ABBREV_TABLE_BYTES`], is refused.
+fn abbrev_tables(abbrev: &[u8]) -> Result<std::collections::HashMap<usize, usize>, String> {
+    fn uleb(bytes: &[u8], at: &mut usize) -> Result<u64, String> {
+        let mut value = 0u64;
+        for shift in (0..70).step_by(7) {
+            let byte = *bytes.get(*at).ok_or(".debug_abbrev ends inside a number")?;
+            *at += 1;
+            if shift < 64 {
+                value |= u64::from(byte & 0x7f) << shift;
+            }
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(".debug_abbrev holds a number of more than 10 bytes".into())
+    }
+    let mut tables = std::collections::HashMap::new();
+    let mut at = 0;
+    while at < abbrev.len() {
+        let start = at;
+        // Declarations until a null code.
+        while uleb(abbrev, &mut at)? != 0 {
+            uleb(abbrev, &mut at)?; // tag
+            at += 1; // has children
+            let mut attributes = 0usize;
+            loop {
+                let (name, form) = (uleb(abbrev, &mut at)?, uleb(abbrev, &mut at)?);
+                if (name, form) == (0, 0) {
+                    break;
+                }
+                if form == u64::from(gimli::DW_FORM_implicit_const.0) {
+                    uleb(abbrev, &mut at)?; // its value (signed; the length is the same)
+                }
+                attributes += 1;
+                if attributes > MAX_ABBREVIATION_ATTRIBUTES {
+                    return Err(format!(
+                        "an abbreviation at {start} declares more than \
+                         {MAX_ABBREVIATION_ATTRIBUTES} attributes"
+                    ));
+                }
+            }
+            if at - start > MAX_ABBREV_TABLE_BYTES {
+                return Err(format!(
+                    "the abbreviation table at {start} is over {MAX_ABBREV_TABLE_BYTES} bytes"
+                ));
+            }
+        }
+        tables.insert(start, at - start);
+    }
+    Ok(tables)
+}
+
+/// Walks every unit's entries, counting the inlined calls open around each, in at most
+/// [`STEPS_PER_BYTE`] steps a byte of the two sections.
+fn walk(info: &[u8], abbrev: &[u8], endian: gimli::RunTimeEndian) -> Result<(), String> {
+    let tables = abbrev_tables(abbrev)?;
+    let budget = STEPS_PER_BYTE
+        .saturating_mul((info.len() + abbrev.len()) as u64)
+        .saturating_add(1 << 20);
+    let mut steps = 0u64;
+    let mut step = |n: usize| {
+        steps = steps.saturating_add(n as u64 + 1);
+        match steps > budget {
+            true => Err(format!(
+                "more than {budget} steps to walk ({STEPS_PER_BYTE} a byte of its DWARF)"
+            )),
+            false => Ok(()),
+        }
+    };
+    let (info, abbrev) = (
+        gimli::DebugInfo::new(info, endian),
+        gimli::DebugAbbrev::new(abbrev, endian),
+    );
     let mut units = info.units();
     // The depths of the inlined calls open around the entry being read.
     let mut open: Vec<isize> = Vec::new();
     while let Some(header) = units.next().map_err(|e| e.to_string())? {
+        let offset = header.debug_abbrev_offset().0;
+        let table = *tables
+            .get(&offset)
+            .ok_or_else(|| format!("a unit's abbreviations at {offset} begin no table"))?;
+        step(table)?;
         let abbreviations = header.abbreviations(&abbrev).map_err(|e| e.to_string())?;
         let mut entries = header
             .entries_raw(&abbreviations, None)
@@ -157,8 +312,10 @@ fn walk<R: gimli::Reader>(
         while !entries.is_empty() {
             let depth = entries.next_depth();
             let Some(abbreviation) = entries.read_abbreviation().map_err(|e| e.to_string())? else {
+                step(0)?;
                 continue; // the end of a list of children
             };
+            step(abbreviation.attributes().len())?;
             while open.last().is_some_and(|&d| d >= depth) {
                 open.pop();
             }
@@ -213,11 +370,7 @@ mod tests {
 
     fn walked(nesting: usize) -> Result<(), String> {
         let (info, abbrev) = nested(nesting);
-        let endian = gimli::RunTimeEndian::Little;
-        walk(
-            gimli::DebugInfo::new(&info, endian),
-            gimli::DebugAbbrev::new(&abbrev, endian),
-        )
+        walk(&info, &abbrev, gimli::RunTimeEndian::Little)
     }
 
     #[test]
@@ -231,18 +384,25 @@ mod tests {
         assert!(e.contains("nested"), "{e}");
     }
 
-    /// An ELF64 relocatable file with a `.debug_info` compressed (zlib) that states it
-    /// inflates to `stated` bytes: what a bomb's headers say, however few bytes follow.
-    fn stating(stated: u64) -> Vec<u8> {
-        let names = b"\0.debug_info\0.shstrtab\0";
-        let mut info = Vec::new();
-        info.extend(1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
-        info.extend(0u32.to_le_bytes());
-        info.extend(stated.to_le_bytes());
-        info.extend(1u64.to_le_bytes());
-        info.extend([0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]); // zlib of nothing
-        let (info_at, names_at) = (64u64, 64 + info.len() as u64);
-        let headers_at = names_at + names.len() as u64;
+    /// An ELF64 relocatable file of `sections`: name, type, flags, bytes, link.
+    fn elf(sections: &[(&str, u32, u64, &[u8], u32)]) -> Vec<u8> {
+        let mut names = b"\0.shstrtab\0".to_vec();
+        let mut name_at = Vec::new();
+        for (name, ..) in sections {
+            name_at.push(names.len() as u32);
+            names.extend(name.as_bytes());
+            names.push(0);
+        }
+        let mut body = Vec::new();
+        let mut data_at = Vec::new();
+        for (_, _, _, bytes, _) in sections {
+            data_at.push(64 + body.len() as u64);
+            body.extend(*bytes);
+        }
+        let names_at = 64 + body.len() as u64;
+        body.extend(&names);
+        let headers_at = 64 + body.len() as u64;
+        let count = sections.len() as u16 + 2;
         let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1];
         elf.resize(16, 0);
         elf.extend(1u16.to_le_bytes()); // relocatable
@@ -251,26 +411,47 @@ mod tests {
         elf.extend([0u8; 16]); // entry, program headers
         elf.extend(headers_at.to_le_bytes());
         elf.extend(0u32.to_le_bytes());
-        for half in [64u16, 0, 0, 64, 3, 2] {
+        for half in [64u16, 0, 0, 64, count, 1] {
             elf.extend(half.to_le_bytes()); // sizes, counts, the names' section
         }
-        elf.extend(&info);
-        elf.extend(names);
-        let mut section = |name: u32, kind: u32, flags: u64, at: u64, size: u64| {
+        elf.extend(&body);
+        let mut header = |name: u32, kind: u32, flags: u64, at: u64, size: u64, link: u32| {
             elf.extend(name.to_le_bytes());
             elf.extend(kind.to_le_bytes());
             elf.extend(flags.to_le_bytes());
             elf.extend(0u64.to_le_bytes());
             elf.extend(at.to_le_bytes());
             elf.extend(size.to_le_bytes());
-            elf.extend([0u8; 8]); // link, info
+            elf.extend(link.to_le_bytes());
+            elf.extend(0u32.to_le_bytes()); // info
             elf.extend(1u64.to_le_bytes());
             elf.extend(0u64.to_le_bytes());
         };
-        section(0, 0, 0, 0, 0);
-        section(1, 1, 0x800, info_at, info.len() as u64); // SHF_COMPRESSED
-        section(13, 3, 0, names_at, names.len() as u64);
+        header(0, 0, 0, 0, 0, 0);
+        header(1, 3, 0, names_at, names.len() as u64, 0);
+        for (i, (_, kind, flags, bytes, link)) in sections.iter().enumerate() {
+            header(
+                name_at[i],
+                *kind,
+                *flags,
+                data_at[i],
+                bytes.len() as u64,
+                *link,
+            );
+        }
         elf
+    }
+
+    /// An ELF64 relocatable file with a `.debug_info` compressed (zlib) that states it
+    /// inflates to `stated` bytes: what a bomb's headers say, however few bytes follow.
+    fn stating(stated: u64) -> Vec<u8> {
+        let mut info = Vec::new();
+        info.extend(1u32.to_le_bytes()); // ELFCOMPRESS_ZLIB
+        info.extend(0u32.to_le_bytes());
+        info.extend(stated.to_le_bytes());
+        info.extend(1u64.to_le_bytes());
+        info.extend([0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]); // zlib of nothing
+        elf(&[(".debug_info", 1, 0x800, &info, 0)]) // SHF_COMPRESSED
     }
 
     #[test]
@@ -304,5 +485,80 @@ mod tests {
         std::fs::write(&path, b"not an ELF file").unwrap();
         let e = check(&path).unwrap_err();
         assert!(e.contains("not an object file"), "{e}");
+    }
+
+    /// Files naming another file blazesym would read unchecked, or whose section headers
+    /// would make parsing them copy many times their bytes, are refused and sized as
+    /// their bytes alone.
+    #[test]
+    fn files_that_would_be_read_around_the_check_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.debug");
+        let refused = |file: &[u8], why: &str| {
+            std::fs::write(&path, file).unwrap();
+            let e = check(&path).unwrap_err();
+            assert!(e.contains(why), "{e}");
+            assert_eq!(read_bytes(&path), file.len() as u64, "{why}");
+        };
+        // Two symbol-index sections over one 64 KiB range, linked to the symbol table
+        // (section 2): each was read and kept whole as the file was parsed.
+        let range = vec![0u8; 64 << 10];
+        let shndx = |link| (".x", object::elf::SHT_SYMTAB_SHNDX, 0, &range[..], link);
+        refused(
+            &elf(&[
+                (".symtab", object::elf::SHT_SYMTAB, 0, &[], 0),
+                shndx(2),
+                shndx(2),
+            ]),
+            "2 symbol-index sections",
+        );
+        // A debug link with a path: blazesym resolves it from the cache directory.
+        let mut link = b"../tenants/t/blocks/debuginfo/b1/debuginfo\0\0\0".to_vec();
+        link.extend(0u32.to_le_bytes());
+        refused(
+            &elf(&[(".gnu_debuglink", 1, 0, &link, 0)]),
+            "not a file beside it",
+        );
+        // A supplementary file, by either section.
+        for name in [".gnu_debugaltlink", ".debug_sup"] {
+            refused(&elf(&[(name, 1, 0, b"/x\0\x01", 0)]), name);
+        }
+        // A plain link beside the file is still followed, and one section of each kind
+        // read.
+        let mut beside = b"x.debug.real\0\0\0\0".to_vec();
+        beside.extend(0u32.to_le_bytes());
+        std::fs::write(&path, elf(&[(".gnu_debuglink", 1, 0, &beside, 0)])).unwrap();
+        check(&path).unwrap();
+    }
+
+    /// The walk is bounded in work: an abbreviation of more attributes than any compiler
+    /// writes is refused before gimli parses it, and entries whose attributes take more
+    /// steps than their bytes allow stop the walk; real DWARF (this test's own) is read.
+    #[test]
+    fn the_walk_is_bounded_in_work_and_real_dwarf_is_read() {
+        let unit = |abbrev_attributes: usize, entries: usize| {
+            // Abbreviation 1: a compile unit without children, of flag attributes (no
+            // bytes in an entry).
+            let mut abbrev = vec![1u8, gimli::DW_TAG_compile_unit.0 as u8, 0];
+            for _ in 0..abbrev_attributes {
+                abbrev.extend([0x03, 0x19]); // DW_AT_name, DW_FORM_flag_present
+            }
+            abbrev.extend([0, 0, 0]);
+            let mut info = Vec::new();
+            info.extend(((2 + 4 + 1 + entries) as u32).to_le_bytes());
+            info.extend(4u16.to_le_bytes());
+            info.extend(0u32.to_le_bytes());
+            info.push(8);
+            info.extend(std::iter::repeat_n(1u8, entries));
+            walk(&info, &abbrev, gimli::RunTimeEndian::Little)
+        };
+        unit(MAX_ABBREVIATION_ATTRIBUTES, 1000).unwrap();
+        let e = unit(MAX_ABBREVIATION_ATTRIBUTES + 1, 1).unwrap_err();
+        assert!(e.contains("more than 256 attributes"), "{e}");
+        // 100,000 one-byte entries of 256 attributes: 25.7 M steps for 100 KB.
+        let e = unit(MAX_ABBREVIATION_ATTRIBUTES, 100_000).unwrap_err();
+        assert!(e.contains("steps to walk"), "{e}");
+        let real = std::env::current_exe().unwrap();
+        check(&real).unwrap_or_else(|e| panic!("{}: {e}", real.display()));
     }
 }
