@@ -1189,3 +1189,55 @@ fn merges_and_ranges_stop_once_their_work_is_called_off() {
         );
     }
 }
+
+/// A merge with series kept apart is charged what a pprof export of it copies: each
+/// series' stacks' location ids, a stack in many series copied into each. The charge
+/// covers what the export builds, and grows with the series, as the copies do.
+#[test]
+fn series_kept_apart_are_charged_their_stacks_copies() {
+    use frostdb_pprof::{Aggregation, MergeOptions};
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let by_series = MergeOptions {
+        aggregation: Aggregation::Sum,
+        by_series: true,
+        ..MergeOptions::default()
+    };
+    let mut charged = Vec::new();
+    for pods in [1usize, 8] {
+        for pod in charged.len() * 100..charged.len() * 100 + pods {
+            let pod = pod.to_string();
+            store
+                .ingest(
+                    &cpu,
+                    &options("cpu", &[("pod", &pod)]).timestamp_ms(1_700_000_000_000),
+                )
+                .unwrap();
+        }
+        let merged = store
+            .merge_with(&selector, TimeRange::ALL, &by_series)
+            .unwrap();
+        let exported = pprof::to_profile(&merged).unwrap();
+        let ids: usize = exported.sample.iter().map(|s| s.location_id.len()).sum();
+        assert!(ids > 0);
+        assert!(
+            merged.series_bytes() >= ids * 8 + exported.sample.len() * 64,
+            "{} bytes charged for {ids} location ids in {} samples",
+            merged.series_bytes(),
+            exported.sample.len()
+        );
+        assert!(merged.series_bytes() > merged.frame_bytes() || pods == 1);
+        charged.push(merged.series_bytes());
+        // Without series kept, nothing is charged for them.
+        assert_eq!(
+            store
+                .merge(&selector, TimeRange::ALL)
+                .unwrap()
+                .series_bytes(),
+            0
+        );
+    }
+    assert!(charged[1] >= charged[0] * 8, "{charged:?}");
+}

@@ -343,11 +343,15 @@ pub(crate) async fn diff_then<T: Send + 'static>(
 /// names ([`frostdb_pprof::Merged::frame_bytes`], up to the most a tree is built with): a
 /// merge of few stacks of many frames (deep, or a location of thousands of inlined lines)
 /// is charged its tree, not its stack count, and a name of a megabyte down a deep stack
-/// the megabyte at every node.
+/// the megabyte at every node. Series kept apart are charged their stacks' copies
+/// ([`frostdb_pprof::Merged::series_bytes`]): a deep stack in thousands of series is
+/// thousands of copies in a pprof export.
 fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
     let series: usize = merged.series.iter().map(|(_, s)| s.len()).sum();
     let lines = (merged.samples.len() + series).saturating_mul(256);
-    lines.max(merged.frame_bytes())
+    lines
+        .max(merged.frame_bytes())
+        .saturating_add(merged.series_bytes())
 }
 
 /// A profile type as the API lists it.

@@ -86,6 +86,37 @@ impl Merged {
         total.min((2 * crate::report::tree::MAX_TREE_NODES).saturating_mul(longest))
     }
 
+    /// About the bytes a report of its series apart holds for them (a pprof export keeps
+    /// each series' samples): every stack of every series, with its location ids (a stack
+    /// in many series is copied into each) and the series' labels. A merge of few stacks
+    /// deep in many series is charged what its copies take, which [`Merged::frame_bytes`]
+    /// (each distinct stack once) is not. Zero when series are not kept.
+    pub fn series_bytes(&self) -> usize {
+        /// A sample besides its ids: its vectors, value and encoding.
+        const PER_SAMPLE: usize = 96;
+        /// A location id, in the sample and encoded.
+        const PER_FRAME: usize = 10;
+        let mut depths: std::collections::HashMap<StackId, usize> =
+            std::collections::HashMap::new();
+        let mut total = 0usize;
+        for (labels, samples) in &self.series {
+            let labels = labels
+                .len()
+                .saturating_mul(std::mem::size_of::<crate::proto::Label>());
+            for (stack, _) in samples {
+                let depth = *depths.entry(*stack).or_insert_with(|| {
+                    self.symbols
+                        .locations(*stack)
+                        .map_or(0, |(_, l)| l.len().min(crate::report::MAX_STACK_DEPTH + 1))
+                });
+                total = total
+                    .saturating_add(depth.saturating_mul(PER_FRAME))
+                    .saturating_add(PER_SAMPLE + labels);
+            }
+        }
+        total
+    }
+
     /// An empty profile of `profile_type`.
     pub fn empty(profile_type: ProfileType) -> Self {
         Self {
