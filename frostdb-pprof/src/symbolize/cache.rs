@@ -116,15 +116,18 @@ impl Cache {
         }
     }
 
-    /// A temporary path to write `build_id`'s file to, then [`Cache::add`].
-    pub(super) fn temporary(&self, build_id: &str) -> PathBuf {
-        self.dir.join(format!("{build_id}.{}.tmp", self.tick()))
+    /// A temporary path to write `build_id`'s file to, then [`Cache::add`]; deleted when
+    /// dropped unless added: a copy cut off (its query's time ran out, its fetch failed)
+    /// leaves nothing behind, rather than a file no limit counts until the next start.
+    pub(super) fn temporary(&self, build_id: &str) -> Temporary {
+        Temporary(self.dir.join(format!("{build_id}.{}.tmp", self.tick())))
     }
 
     /// Adds the file written at `temporary` as `build_id`'s, deleting the least recently
     /// used files until the cache is within its limit. A file larger than the whole limit
     /// is not kept (an error).
-    pub(super) fn add(&self, build_id: &str, temporary: &Path) -> Result<PathBuf> {
+    pub(super) fn add(&self, build_id: &str, temporary: Temporary) -> Result<PathBuf> {
+        let temporary = &temporary.0;
         let bytes = std::fs::metadata(temporary)
             .map_err(|e| Error::io(temporary, e))?
             .len();
@@ -190,6 +193,31 @@ impl Cache {
     }
 }
 
+/// A file being written into the cache's directory: deleted when dropped, unless
+/// [`Cache::add`] renamed it into the cache first.
+pub(super) struct Temporary(PathBuf);
+
+impl std::ops::Deref for Temporary {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Temporary {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        // Renamed away by `add`, or never written: nothing there, and nothing to report.
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,7 +225,7 @@ mod tests {
     fn write(cache: &Cache, id: &str, bytes: usize) -> Result<PathBuf> {
         let t = cache.temporary(id);
         std::fs::write(&t, vec![7u8; bytes]).unwrap();
-        cache.add(id, &t)
+        cache.add(id, t)
     }
 
     #[test]
@@ -230,5 +258,22 @@ mod tests {
         assert_eq!(cache.stats().files, 1);
         assert_eq!(cache.stats().bytes, 40);
         assert!(!dir.path().join("aa05.9.tmp").exists());
+    }
+
+    /// A copy cut off before it is added (a query's time ran out mid-copy, a fetch
+    /// failed) leaves no file behind; one added is the cache's.
+    #[test]
+    fn a_temporary_file_not_added_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path(), 1 << 20).unwrap();
+        let files = || std::fs::read_dir(dir.path()).unwrap().count();
+        let cut = cache.temporary("u1-abcd");
+        std::fs::write(&cut, vec![1u8; 1000]).unwrap();
+        assert_eq!(files(), 1);
+        drop(cut);
+        assert_eq!(files(), 0, "the cut copy is gone");
+        let path = write(&cache, "u1-abcd", 1000).unwrap();
+        assert!(path.is_file());
+        assert_eq!(files(), 1);
     }
 }

@@ -294,7 +294,7 @@ impl Symbolizer {
             if !self.remembered_miss(&key) {
                 let to = self.cache.temporary(&key);
                 if uploads.download_to(&build_id, &to).await? {
-                    match self.cache.add(&key, &to) {
+                    match self.cache.add(&key, to) {
                         Ok(path) => {
                             self.from_uploads.fetch_add(1, Ordering::Relaxed);
                             tracing::info!(build_id, "debug info from the uploads");
@@ -339,7 +339,7 @@ impl Symbolizer {
                 true => check_file_build_id(&to, &build_id).map(|()| true),
             });
             let fetched = match fetched {
-                Ok(true) => self.cache.add(&key, &to).map(Some),
+                Ok(true) => self.cache.add(&key, to).map(Some),
                 Ok(false) => Ok(None),
                 Err(e) => Err(e),
             };
@@ -356,7 +356,6 @@ impl Symbolizer {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    let _ = std::fs::remove_file(&to);
                     self.failed_fetches.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(build_id, server, error = %e, "debuginfod fetch failed");
                 }
