@@ -1241,3 +1241,40 @@ fn series_kept_apart_are_charged_their_stacks_copies() {
     }
     assert!(charged[1] >= charged[0] * 8, "{charged:?}");
 }
+
+/// A range grouped by a label named twice groups by it once (it was a 500: the scan
+/// projects a column once, and the timestamp was read where the second label was).
+#[test]
+fn a_range_grouped_by_a_label_named_twice_groups_by_it_once() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    for pod in ["a", "b"] {
+        store
+            .ingest(
+                &cpu,
+                &options("cpu", &[("pod", pod)]).timestamp_ms(1_700_000_000_000),
+            )
+            .unwrap();
+    }
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let range = |by: &[&str]| {
+        let by: Vec<String> = by.iter().map(|s| s.to_string()).collect();
+        store
+            .range(
+                &selector,
+                TimeRange::ALL,
+                10_000,
+                Some(&by),
+                ReadOptions::STRICT,
+            )
+            .unwrap()
+            .value
+            .iter()
+            .map(|s| (s.labels.clone(), s.points.clone()))
+            .collect::<Vec<_>>()
+    };
+    let once = range(&["pod"]);
+    assert_eq!(once.len(), 2);
+    assert_eq!(range(&["pod", "pod"]), once);
+}

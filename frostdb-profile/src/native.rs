@@ -792,7 +792,14 @@ pub fn range_counted(
     let step = step_ms.max(1);
     let present = label_names_of(snapshot);
     let labels: Vec<String> = match group_by {
-        Some(g) => g.iter().filter(|l| present.contains(l)).cloned().collect(),
+        // Each once (a scan projects a column once): a label named twice groups as once.
+        Some(g) => {
+            let mut seen = std::collections::HashSet::new();
+            g.iter()
+                .filter(|l| present.contains(l) && seen.insert(l.as_str()))
+                .cloned()
+                .collect()
+        }
         None => present,
     };
     let mut columns: Vec<String> = labels.iter().map(|l| label_column(l)).collect();
