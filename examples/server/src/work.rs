@@ -25,15 +25,7 @@ use super::error::{ApiError, ApiResult};
 /// message), without holding up the thread: on a worker of a multi-thread runtime, that
 /// worker's other tasks move to another thread meanwhile ([`tokio::task::block_in_place`]).
 /// Elsewhere (a plain thread, a test's runtime) it runs as it is.
-pub(crate) fn off_the_async_thread<T>(f: impl FnOnce() -> T) -> T {
-    let on_worker = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if on_worker {
-        tokio::task::block_in_place(f)
-    } else {
-        f()
-    }
-}
+pub(crate) use frostdb_pprof::symbolize::off_the_async_thread;
 
 /// Runs `work` as a task of a runtime of one worker thread, handing it `wait`: a call that
 /// lets a task spawned after it run, and says whether that task ran within 30 s. Work that

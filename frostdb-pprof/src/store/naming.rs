@@ -153,27 +153,22 @@ impl ProfileStore {
             }
         }
         if !again.is_empty() {
-            // The partitions holding the build ids: those in memory, and those on disk
-            // whose mappings name them (read in, as a query would).
-            let mut ids: std::collections::BTreeSet<u32> =
-                self.symbols.loaded().iter().map(|p| p.id()).collect();
-            for build_id in &again {
-                ids.extend(self.partitions_of_build_id(build_id)?);
-            }
-            for id in ids {
-                let p = match held.iter().find(|h| h.id() == id) {
-                    Some(p) => p.clone(),
-                    None => self.symbols.partition(id)?,
-                };
-                for l in 0..p.counts().locations as u32 {
-                    for build_id in &again {
-                        if want_location(&mut wanted, &p, l, Some(build_id)) {
-                            summary.symbolized.unsymbolized += 1;
+            // Reading partitions in and walking them is blocking work: off the async
+            // thread, which serves requests meanwhile. An error gives the build ids back
+            // to the queue, for the next pass, rather than dropping them.
+            let found = crate::symbolize::off_the_async_thread(|| {
+                self.again_wanted(&again, &mut held, &mut wanted)
+            });
+            match found {
+                Ok(n) => summary.symbolized.unsymbolized += n,
+                Err(e) => {
+                    let mut queue = self.naming.queue.lock();
+                    for build_id in again {
+                        if !queue.again.contains(&build_id) {
+                            queue.again.push(build_id);
                         }
                     }
-                }
-                if !held.iter().any(|h| h.id() == p.id()) {
-                    held.push(p);
+                    return Err(e);
                 }
             }
         }
@@ -272,9 +267,42 @@ impl ProfileStore {
 
     /// The stored symbol partitions with a mapping of `build_id` (from the mappings
     /// table: its rows' ids carry their partition).
-    fn partitions_of_build_id(&self, build_id: &str) -> Result<Vec<u32>> {
+    /// Wants every location (in `held`, or read into it) of the build ids `again` whose
+    /// debug info came since it was named: the partitions in memory and those whose
+    /// mappings name one of them, each location looked at once; how many are wanted.
+    fn again_wanted(
+        &self,
+        again: &[String],
+        held: &mut Vec<Arc<crate::symbols::Partition>>,
+        wanted: &mut Wants<(u32, u32)>,
+    ) -> Result<usize> {
+        let mut ids: std::collections::BTreeSet<u32> =
+            self.symbols.loaded().iter().map(|p| p.id()).collect();
+        ids.extend(self.partitions_of_build_ids(again)?);
+        let again: std::collections::HashSet<String> =
+            again.iter().map(|b| b.to_ascii_lowercase()).collect();
+        let mut count = 0;
+        for id in ids {
+            let p = match held.iter().find(|h| h.id() == id) {
+                Some(p) => p.clone(),
+                None => self.symbols.partition(id)?,
+            };
+            for l in 0..p.counts().locations as u32 {
+                if want_location(wanted, &p, l, Some(&again)) {
+                    count += 1;
+                }
+            }
+            if !held.iter().any(|h| h.id() == p.id()) {
+                held.push(p);
+            }
+        }
+        Ok(count)
+    }
+
+    /// The partitions whose mappings name any of `build_ids`, from one scan.
+    fn partitions_of_build_ids(&self, build_ids: &[String]) -> Result<Vec<u32>> {
         let request = frostdb_core::ScanRequest::new()
-            .filter(frostdb_core::col("build_id").eq(build_id))
+            .filter(frostdb_core::col("build_id").in_list(build_ids.iter().map(String::as_str)))
             .project(["mapping_id"]);
         let mut ids = Vec::new();
         for batch in self.symbols.tables().mappings.scan(&request)? {

@@ -772,11 +772,25 @@ impl Symbolizer {
 /// mapping with a build id, and: with `again` `None`, not named yet; with `again` a build
 /// id, of that build id and not named from DWARF yet (its debug info just came). Returns
 /// whether it was added.
+/// Runs `f`, blocking work met in async code (reading symbol partitions in, walking them),
+/// without holding up the thread: on a worker of a multi-thread runtime, that worker's
+/// other tasks move to another thread meanwhile ([`tokio::task::block_in_place`]).
+/// Elsewhere (a plain thread, a current-thread runtime) it runs as it is.
+pub fn off_the_async_thread<T>(f: impl FnOnce() -> T) -> T {
+    let on_worker = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if on_worker {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 pub(crate) fn want_location(
     wanted: &mut Wants<(u32, u32)>,
     p: &crate::symbols::Partition,
     l: u32,
-    again: Option<&str>,
+    again: Option<&std::collections::HashSet<String>>,
 ) -> bool {
     let Some(location) = p.location(l) else {
         return false;
@@ -791,8 +805,11 @@ pub(crate) fn want_location(
     let asked = match again {
         None => p.named(l).is_none() && !p.unnamable(l),
         Some(again) => {
-            build_id.eq_ignore_ascii_case(again)
-                && (p.named(l).is_none() || p.named_from_symbols_only(l))
+            let queued = match build_id.bytes().any(|b| b.is_ascii_uppercase()) {
+                true => again.contains(&build_id.to_ascii_lowercase()),
+                false => again.contains(build_id),
+            };
+            queued && (p.named(l).is_none() || p.named_from_symbols_only(l))
         }
     };
     if build_id.is_empty() || !asked {
