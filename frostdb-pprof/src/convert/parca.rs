@@ -479,30 +479,54 @@ pub fn read_ipc(ipc: &[u8], version: &str, limits: &Limits) -> Result<Vec<Record
 /// sends them (an address in a mapping named by file and build id, no lines), others with
 /// their function, file and line.
 pub fn write_arrow(ipc: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
-    let batches = read_ipc(ipc, "v2", limits)?;
-    let mut groups: Vec<ArrowProfile> = Vec::new();
-    let mut group_ids: HashMap<[String; 6], usize> = HashMap::new();
-    let mut pace = crate::decode::charge::Pace::new();
-    let mut rows = 0usize;
-    for batch in batches {
-        rows += batch.num_rows();
-        if rows > limits.max_samples {
+    let mut grouping = Grouping::new();
+    for batch in read_ipc(ipc, "v2", limits)? {
+        let stacks = Stacks::Inline(column(&batch, wire::STACKTRACE)?);
+        grouping.add(&batch, stacks, limits)?;
+    }
+    grouping.finish(limits)
+}
+
+/// The profiles a stream's records are grouped into as they are added: one for each
+/// producer and types, in order.
+struct Grouping {
+    groups: Vec<ArrowProfile>,
+    ids: HashMap<[String; 6], usize>,
+    rows: usize,
+    /// Across the stream's records: a stream of many small ones is one conversion.
+    pace: crate::decode::charge::Pace,
+}
+
+impl Grouping {
+    fn new() -> Self {
+        Self {
+            groups: Vec::new(),
+            ids: HashMap::new(),
+            rows: 0,
+            pace: crate::decode::charge::Pace::new(),
+        }
+    }
+
+    /// Adds a record's rows, at most `limits.max_samples` over the stream.
+    fn add(&mut self, batch: &RecordBatch, stacks: Stacks<'_>, limits: &Limits) -> Result<()> {
+        self.rows += batch.num_rows();
+        if self.rows > limits.max_samples {
             return Err(Error::TooLarge {
                 what: "samples",
                 limit: limits.max_samples,
             });
         }
-        let stacks = Stacks::Inline(column(&batch, wire::STACKTRACE)?);
-        add_batch(
-            &batch,
-            stacks,
-            limits,
-            &mut groups,
-            &mut group_ids,
-            &mut pace,
-        )?;
+        add_batch(batch, stacks, limits, self)
     }
-    profiles(groups, limits)
+
+    /// The profiles, in the order their first rows came.
+    fn finish(self, limits: &Limits) -> Result<Vec<Incoming>> {
+        self.groups
+            .into_iter()
+            .enumerate()
+            .map(|(i, g)| g.finish(i, limits))
+            .collect()
+    }
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a dyn Array> {
@@ -529,10 +553,14 @@ fn add_batch(
     batch: &RecordBatch,
     stacks: Stacks<'_>,
     limits: &Limits,
-    groups: &mut Vec<ArrowProfile>,
-    group_ids: &mut HashMap<[String; 6], usize>,
-    pace: &mut crate::decode::charge::Pace,
+    grouping: &mut Grouping,
 ) -> Result<()> {
+    let Grouping {
+        groups,
+        ids: group_ids,
+        pace,
+        ..
+    } = grouping;
     // Labels: a struct column (v2) or `labels.<name>` columns (v1).
     let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name(wire::LABELS) {
         Some(l) => {
@@ -653,15 +681,6 @@ fn add_batch(
     Ok(())
 }
 
-/// The profiles of records' batches, added in order.
-fn profiles(groups: Vec<ArrowProfile>, limits: &Limits) -> Result<Vec<Incoming>> {
-    groups
-        .into_iter()
-        .enumerate()
-        .map(|(i, g)| g.finish(i, limits))
-        .collect()
-}
-
 /// The stack trace ids of a `Write` stream's samples record (schema `v1`, agents v0.32 to
 /// v0.47), each once, in order: what the server asks the agent to send the stacks of.
 pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> {
@@ -726,30 +745,13 @@ pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec
             found.insert(id.to_vec(), (lists, row));
         }
     }
-    let mut groups = Vec::new();
-    let mut group_ids = HashMap::new();
-    let mut pace = crate::decode::charge::Pace::new();
-    let mut rows = 0usize;
+    let mut grouping = Grouping::new();
     for batch in read_ipc(samples, "v1", limits)? {
-        rows += batch.num_rows();
-        if rows > limits.max_samples {
-            return Err(Error::TooLarge {
-                what: "samples",
-                limit: limits.max_samples,
-            });
-        }
         let ids = column(&batch, wire::STACKTRACE_ID)?;
         let stacks = Stacks::ById { ids, found: &found };
-        add_batch(
-            &batch,
-            stacks,
-            limits,
-            &mut groups,
-            &mut group_ids,
-            &mut pace,
-        )?;
+        grouping.add(&batch, stacks, limits)?;
     }
-    profiles(groups, limits)
+    grouping.finish(limits)
 }
 
 impl ArrowProfile {
