@@ -25,21 +25,26 @@ impl StringTable {
     /// charged first ([`take`](crate::decode::charge::take)), since a converter may copy
     /// one string its body names once into every profile it makes.
     pub(crate) fn get(&mut self, s: &str) -> Result<i64> {
-        if !self.index.contains_key(s) {
-            crate::decode::charge::take(
-                s.len().saturating_mul(2).saturating_add(STRING_SLOTS),
-                "copying a profile's strings",
-            )?;
+        if let Some(&i) = self.index.get(s) {
+            return Ok(i);
         }
-        Ok(self.uncharged(s))
+        crate::decode::charge::take(
+            s.len().saturating_mul(2).saturating_add(STRING_SLOTS),
+            "copying a profile's strings",
+        )?;
+        Ok(self.add(s))
     }
 
     /// The index of `s`, added if new, charged to nothing: for a profile the server writes
     /// (a query's answer, bounded where it is merged), not one it reads.
     pub(crate) fn uncharged(&mut self, s: &str) -> i64 {
-        if let Some(i) = self.index.get(s) {
-            return *i;
+        match self.index.get(s) {
+            Some(&i) => i,
+            None => self.add(s),
         }
+    }
+
+    fn add(&mut self, s: &str) -> i64 {
         let i = self.table.len() as i64;
         self.table.push(s.to_owned());
         self.index.insert(s.to_owned(), i);
