@@ -663,6 +663,11 @@ impl Recorder {
         let mut run_key: Vec<&str> = Vec::new();
         let mut key: Vec<&str> = Vec::new();
         let mut bits: HashMap<u64, (u64, u64)> = HashMap::new();
+        // The label value bytes the rules' regexes test, bounded a call as a profile's are
+        // ([`MAX_TESTED_BYTES`]): a rule past it counts none of the call's rows, and says
+        // so (`dropped`).
+        let mut tested = 0usize;
+        let mut skipped: Vec<usize> = Vec::new();
         for i in 0..batch.num_rows() {
             if !ids.is_valid(i) || !values.is_valid(i) {
                 continue;
@@ -685,8 +690,31 @@ impl Recorder {
                     .iter()
                     .zip(&run_key)
                     .all(|(a, b)| a.as_str() == *b);
-                    if !same_type || !c.matchers.iter().all(|m| m.matches(label(i, &m.label))) {
+                    if !same_type || skipped.contains(&r) {
                         continue;
+                    }
+                    let mut selected = Some(true);
+                    for m in &c.matchers {
+                        let value = label(i, &m.label);
+                        if m.compiles_regex() {
+                            tested = tested.saturating_add(value.len());
+                            if tested > MAX_TESTED_BYTES {
+                                selected = None;
+                                break;
+                            }
+                        }
+                        if !m.matches(value) {
+                            selected = Some(false);
+                            break;
+                        }
+                    }
+                    match selected {
+                        Some(true) => {}
+                        Some(false) => continue,
+                        None => {
+                            skipped.push(r);
+                            continue;
+                        }
                     }
                     let kept: Vec<&str> = c.rule.keep_labels.iter().map(|l| label(i, l)).collect();
                     let next = sums.len();
@@ -729,8 +757,13 @@ impl Recorder {
             }
         }
         let mut adding = self.adding();
+        for &r in &skipped {
+            adding.skip(&rules[r].rule, tested);
+        }
         for (r, kept, sum) in &sums {
-            if let Some(sum) = sum {
+            if let Some(sum) = sum
+                && !skipped.contains(r)
+            {
                 adding.add(&rules[*r].rule, kept, *sum);
             }
         }
@@ -749,8 +782,8 @@ impl Recorder {
 }
 
 /// The recorded series, locked, and how many there are.
-/// Most bytes of label values the rules' regex matchers test for one stored profile, all
-/// rules together: real profiles test kilobytes (a few rules, a few label sets of short
+/// Most bytes of label values the rules' regex matchers test for one stored profile (or
+/// one call of the Arrow samples API), all rules together: real profiles test kilobytes (a few rules, a few label sets of short
 /// values); thousands of label sets of long values under many regexes took minutes.
 const MAX_TESTED_BYTES: usize = 16 << 20;
 

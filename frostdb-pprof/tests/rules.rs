@@ -471,3 +471,68 @@ fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
     assert_eq!(series[0].value, 100, "only the small profile is counted");
     assert_eq!(recorder.status()[0].dropped, 1);
 }
+
+/// Rows stored through the Arrow samples API are bounded as a profile is: a call whose
+/// series' label values would have a rule's regexes test more than the bound is not
+/// counted by that rule, and counted as dropped; a small call after it is counted.
+#[test]
+fn a_call_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
+    use arrow::array::{ArrayRef, RecordBatch, StringArray};
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+    recorder
+        .set_rules(&[RecordingRule {
+            name: "tagged".into(),
+            profile_type: CPU.into(),
+            selector: "{tag=~\".*x.*\"}".into(),
+            function: None,
+            leaf_only: false,
+            keep_labels: vec!["service_name".into()],
+        }])
+        .unwrap();
+    store.attach_recorder(recorder.clone());
+    // `rows` rows of 10 each, each its own series: a `tag` of `bytes` bytes.
+    let call = |rows: usize, bytes: usize, at: i64| {
+        let mut p: Profile = frostdb_pprof::testing::profile(0, rows, 3);
+        for s in &mut p.sample {
+            s.value = vec![10];
+        }
+        let batch = frostdb_pprof::testing::arrow_samples(
+            &p,
+            "process_cpu",
+            &[("service_name", &service(0))],
+            1_700_000_000_000 + at,
+        );
+        let tags: Vec<String> = (0..batch.num_rows())
+            .map(|i| {
+                let mut tag = format!("{i}x");
+                tag.extend(std::iter::repeat_n('a', bytes - tag.len()));
+                tag
+            })
+            .collect();
+        let mut columns: Vec<(String, ArrayRef)> = batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .map(|(f, c)| (f.name().clone(), c.clone()))
+            .collect();
+        columns.push((
+            frostdb_profile::schema::column::label_column("tag"),
+            std::sync::Arc::new(StringArray::from(tags)),
+        ));
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        store.ingest_arrow(&batch, None).unwrap();
+    };
+    // 9,000 series of 2,000-byte tags in one call: 18 MB to test.
+    call(9_000, 2_000, 0);
+    call(10, 2_000, 1);
+    let series = recorder.series();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].value, 100, "only the small call is counted");
+    assert_eq!(recorder.status()[0].dropped, 1);
+}
