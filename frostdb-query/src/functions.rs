@@ -212,7 +212,7 @@ fn numbers(array: &ArrayRef) -> Result<Vec<f64>> {
 /// Most bytes a call of constants may produce (`repeat('-', 80)`, a padded label): the
 /// literal it becomes is repeated on every row of a batch (8,192), outside the pool, 32 MiB
 /// at this size (64 KiB made half a gigabyte a batch).
-const MAX_CONSTANT_BYTES: usize = 4 << 10;
+pub(crate) const MAX_CONSTANT_BYTES: usize = 4 << 10;
 
 /// The most bytes `bound` says a call of `args` over `rows` rows produces.
 fn call_bound(bound: Bound, args: &[ColumnarValue], rows: usize) -> Result<f64> {

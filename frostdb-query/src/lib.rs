@@ -50,7 +50,10 @@ pub use provider::{
     BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
     session, session_with,
 };
-pub use sql_shape::{SqlLimits, check_sql_shape, read_only_sql};
+pub use sql_shape::{
+    MAX_FIXED_WIDTH, MAX_LITERAL_BYTES, SqlLimits, check_sql_plan, check_sql_shape, read_only_sql,
+    read_sql,
+};
 
 /// An engine error as a DataFusion error.
 pub fn to_datafusion(e: frostdb_core::Error) -> datafusion::error::DataFusionError {

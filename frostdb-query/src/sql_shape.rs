@@ -43,6 +43,110 @@ pub fn read_only_sql() -> datafusion::execution::context::SQLOptions {
         .with_allow_statements(false)
 }
 
+/// Largest literal a statement may hold, in bytes: a literal is copied onto every row of
+/// each batch that projects it, outside the memory pool (a 250 KB string over
+/// `generate_series(1, 8192)` was 2 GiB a column), as a bounded function's constant output
+/// is (and bounded the same).
+pub const MAX_LITERAL_BYTES: usize = crate::functions::MAX_CONSTANT_BYTES;
+
+/// Widest fixed-size value a plan may make, in bytes: a typed null of
+/// `FixedSizeBinary(2147483647)` takes no bytes until a projection expands it to a batch's
+/// rows, 17.6 TB a column, and an allocation that fails aborts the process.
+pub const MAX_FIXED_WIDTH: usize = 64 << 10;
+
+/// `sql`, planned read-only ([`read_only_sql`]) in `ctx`, and refused when its plan holds
+/// what is made outside the memory pool in proportion to the rows rather than to the text
+/// ([`check_sql_plan`]). Every SQL a caller runs over the stored tables goes through here.
+pub async fn read_sql(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Result<datafusion::prelude::DataFrame, DataFusionError> {
+    let frame = ctx.sql_with_options(sql, read_only_sql()).await?;
+    check_sql_plan(frame.logical_plan())?;
+    Ok(frame)
+}
+
+/// Refuses a plan holding a literal over [`MAX_LITERAL_BYTES`], or a value of a
+/// fixed-size type (in any node's output, nested too) wider than [`MAX_FIXED_WIDTH`]; the
+/// error names which, and the limit.
+pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<(), DataFusionError> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    use datafusion::logical_expr::Expr;
+    plan.apply_with_subqueries(|node| {
+        for field in node.schema().fields() {
+            check_width(field.data_type())?;
+        }
+        for expr in node.expressions() {
+            expr.apply(|e| {
+                if let Expr::Literal(value, _) = e {
+                    check_width(&value.data_type())?;
+                    let bytes = literal_bytes(value);
+                    if bytes > MAX_LITERAL_BYTES {
+                        return Err(DataFusionError::Plan(format!(
+                            "a literal of {bytes} bytes, over the {MAX_LITERAL_BYTES} a \
+                             statement's literals may have (it is copied onto every row)"
+                        )));
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(())
+}
+
+/// The bytes a literal's value holds (a string's, a binary's, a list's values).
+fn literal_bytes(value: &datafusion::common::ScalarValue) -> usize {
+    use datafusion::common::ScalarValue as V;
+    match value {
+        V::Utf8(Some(s)) | V::LargeUtf8(Some(s)) | V::Utf8View(Some(s)) => s.len(),
+        V::Binary(Some(b))
+        | V::LargeBinary(Some(b))
+        | V::BinaryView(Some(b))
+        | V::FixedSizeBinary(_, Some(b)) => b.len(),
+        other => other.size().saturating_sub(std::mem::size_of_val(other)),
+    }
+}
+
+/// Refuses a type holding a fixed-size value wider than [`MAX_FIXED_WIDTH`], walked with
+/// a stack of its own (a type may nest deeply).
+fn check_width(data_type: &datafusion::arrow::datatypes::DataType) -> Result<(), DataFusionError> {
+    use datafusion::arrow::datatypes::DataType as T;
+    // Each type to look at, with how many of it one value holds.
+    let mut left = vec![(data_type, 1usize)];
+    while let Some((t, times)) = left.pop() {
+        let width = |n: i32| times.saturating_mul(usize::try_from(n).unwrap_or(usize::MAX));
+        match t {
+            T::FixedSizeBinary(n) if width(*n) > MAX_FIXED_WIDTH => {
+                return Err(DataFusionError::Plan(format!(
+                    "a value of {t} is {} bytes, over the {MAX_FIXED_WIDTH} a plan may make",
+                    width(*n)
+                )));
+            }
+            T::FixedSizeList(f, n) => {
+                if width(*n) > MAX_FIXED_WIDTH {
+                    return Err(DataFusionError::Plan(format!(
+                        "a value of {t} holds {} values, over the {MAX_FIXED_WIDTH} a plan \
+                         may make",
+                        width(*n)
+                    )));
+                }
+                left.push((f.data_type(), width(*n)));
+            }
+            T::List(f) | T::LargeList(f) | T::ListView(f) | T::LargeListView(f) | T::Map(f, _) => {
+                left.push((f.data_type(), times));
+            }
+            T::Struct(fields) => left.extend(fields.iter().map(|f| (f.data_type(), times))),
+            T::Union(fields, _) => left.extend(fields.iter().map(|(_, f)| (f.data_type(), times))),
+            T::Dictionary(_, v) => left.push((v, times)),
+            T::RunEndEncoded(_, v) => left.push((v.data_type(), times)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses `sql` and refuses it when a statement has more queries, tables or expressions
 /// than `limits` allow (a plan error naming which); a text that does not parse is left
 /// for the planner to report.
@@ -155,5 +259,53 @@ mod tests {
             let e = check_sql_shape(&sql, &limits).unwrap_err().to_string();
             assert!(e.contains(what), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    /// What a plan makes outside the pool in proportion to its rows is refused before it
+    /// runs, naming the limit: a literal over the bound, a fixed-size type wider than the
+    /// bound (the typed null that was 17.6 TB a column once projected); small ones run.
+    #[tokio::test]
+    async fn literals_and_fixed_widths_past_their_bounds_are_refused_before_they_run() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let refused = |sql: String| {
+            let ctx = ctx.clone();
+            async move {
+                match read_sql(&ctx, &sql).await {
+                    Ok(_) => panic!("planned: {}", &sql[..sql.len().min(80)]),
+                    Err(e) => e.to_string(),
+                }
+            }
+        };
+        let e = refused(
+            "SELECT arrow_cast(NULL, 'FixedSizeBinary(2147483647)') FROM generate_series(1, 3)"
+                .into(),
+        )
+        .await;
+        assert!(e.contains("over the 65536"), "{e}");
+        let e =
+            refused("SELECT arrow_cast(NULL, 'List(FixedSizeList(100000, Int64))') AS l".into())
+                .await;
+        assert!(e.contains("over the 65536"), "{e}");
+        let e = refused(format!("SELECT lower('{}') AS s", "x".repeat(5000))).await;
+        assert!(e.contains("a literal of 5000 bytes"), "{e}");
+        let fine = read_sql(
+            &ctx,
+            &format!(
+                "SELECT '{}' AS s, arrow_cast(NULL, 'FixedSizeBinary(16)') AS b \
+                 FROM generate_series(1, 3)",
+                "x".repeat(MAX_LITERAL_BYTES)
+            ),
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+        assert_eq!(fine.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
     }
 }

@@ -869,12 +869,8 @@ fn sql(data: &Path, q: &str) -> Result<ExitCode, BoxError> {
     frostdb_query::check_sql_shape(q, &frostdb_query::SqlLimits::default())?;
     let store = open_read(data)?;
     let ctx = frostdb_query::session(store.db())?;
-    let batches = runtime()?.block_on(async {
-        ctx.sql_with_options(q, frostdb_query::read_only_sql())
-            .await?
-            .collect()
-            .await
-    })?;
+    let batches =
+        runtime()?.block_on(async { frostdb_query::read_sql(&ctx, q).await?.collect().await })?;
     println!("{}", arrow::util::pretty::pretty_format_batches(&batches)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -848,8 +848,7 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
         lenient,
         (b"[]".to_vec(), false),
         move |ctx, cancel| async move {
-            let plan = ctx
-                .sql_with_options(&q, frostdb_query::read_only_sql())
+            let plan = frostdb_query::read_sql(&ctx, &q)
                 .await?
                 .create_physical_plan()
                 .await?;
