@@ -282,8 +282,53 @@ fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
         .transpose()
 }
 
-/// Logical row `i` of an integer column (plain or run-end encoded), as i64.
+/// Logical row `i` of a sample's integer column (plain or run-end encoded: its value,
+/// time, period, duration), as i64 (an unsigned value past `i64::MAX` is `i64::MAX`; a
+/// timestamp in nanoseconds, whatever its unit). A null is an error naming the row: read,
+/// it would be whatever bytes lie under it.
 fn int_at(array: &dyn Array, i: usize) -> Result<i64> {
+    match number_at(array, i)? {
+        Number::Signed(v) => Ok(v),
+        Number::Unsigned(v) => Ok(i64::try_from(v).unwrap_or(i64::MAX)),
+        Number::Null => Err(arrow_error(
+            format!("row {i}"),
+            "a null where a sample's number is expected",
+        )),
+    }
+}
+
+/// Logical row `i` of a location's integer column (a line number, a start line): a null
+/// is 0, none known.
+fn optional_int_at(array: &dyn Array, i: usize) -> Result<i64> {
+    Ok(match number_at(array, i)? {
+        Number::Null => 0,
+        Number::Signed(v) => v,
+        Number::Unsigned(v) => i64::try_from(v).unwrap_or(i64::MAX),
+    })
+}
+
+/// Logical row `i` of an address column: an unsigned value as it is (kernel addresses are
+/// past `i64::MAX`), a signed one as its bits, a null 0.
+fn address_at(array: &dyn Array, i: usize) -> Result<u64> {
+    Ok(match number_at(array, i)? {
+        Number::Null => 0,
+        Number::Signed(v) => v as u64,
+        Number::Unsigned(v) => v,
+    })
+}
+
+enum Number {
+    Null,
+    Signed(i64),
+    Unsigned(u64),
+}
+
+/// Logical row `i` of an integer or timestamp column (plain or run-end encoded).
+fn number_at(array: &dyn Array, i: usize) -> Result<Number> {
+    use arrow::datatypes::{
+        Int64Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
+        TimestampNanosecondType, TimestampSecondType, UInt64Type,
+    };
     let (mut a, mut i) = (array, i);
     for _ in 0..2 {
         if i >= a.len() {
@@ -292,16 +337,32 @@ fn int_at(array: &dyn Array, i: usize) -> Result<i64> {
                 "an index past a column's values",
             ));
         }
+        if a.is_null(i) && !matches!(a.data_type(), DataType::RunEndEncoded(..)) {
+            return Ok(Number::Null);
+        }
+        let scaled = |v: i64, by: i64| Number::Signed(v.saturating_mul(by));
         match a.data_type() {
-            DataType::Int64 => return Ok(a.as_primitive::<arrow::datatypes::Int64Type>().value(i)),
+            DataType::Int64 => return Ok(Number::Signed(a.as_primitive::<Int64Type>().value(i))),
             DataType::UInt64 => {
-                let v = a.as_primitive::<arrow::datatypes::UInt64Type>().value(i);
-                return Ok(i64::try_from(v).unwrap_or(i64::MAX));
+                return Ok(Number::Unsigned(a.as_primitive::<UInt64Type>().value(i)));
             }
-            DataType::Timestamp(_, _) => {
-                return Ok(a
-                    .as_primitive::<arrow::datatypes::TimestampNanosecondType>()
-                    .value(i));
+            DataType::Timestamp(unit, _) => {
+                return Ok(match unit {
+                    TimeUnit::Nanosecond => {
+                        Number::Signed(a.as_primitive::<TimestampNanosecondType>().value(i))
+                    }
+                    TimeUnit::Microsecond => {
+                        scaled(a.as_primitive::<TimestampMicrosecondType>().value(i), 1_000)
+                    }
+                    TimeUnit::Millisecond => scaled(
+                        a.as_primitive::<TimestampMillisecondType>().value(i),
+                        1_000_000,
+                    ),
+                    TimeUnit::Second => scaled(
+                        a.as_primitive::<TimestampSecondType>().value(i),
+                        1_000_000_000,
+                    ),
+                });
             }
             DataType::RunEndEncoded(r, _) if *r.data_type() == DataType::Int32 => {
                 let r = a.as_run::<Int32Type>();
@@ -648,7 +709,7 @@ fn add_batch(
         let mut stack = Vec::with_capacity(len);
         for j in offset..offset.saturating_add(len) {
             pace.tick()?;
-            stack.push(profile.location(locations, j, limits)?);
+            stack.push(profile.location(locations, j, limits, pace)?);
         }
         let mut sample_labels = Vec::new();
         for (name, c) in &labels {
@@ -779,7 +840,13 @@ impl ArrowProfile {
     }
 
     /// The location id of entry `j` of the stacks' values (a dictionary of locations).
-    fn location(&mut self, locations: &dyn Array, j: usize, limits: &Limits) -> Result<u64> {
+    fn location(
+        &mut self,
+        locations: &dyn Array,
+        j: usize,
+        limits: &Limits,
+        pace: &mut crate::decode::charge::Pace,
+    ) -> Result<u64> {
         let (s, i) = struct_at(locations, j)?;
         // The location's identity: its row in the dictionary's values (or the list's), in
         // the array holding it.
@@ -794,7 +861,7 @@ impl ArrowProfile {
             });
         }
         crate::decode::charge::take(LOCATION_BYTES, "converting an Arrow record")?;
-        let address = int_at(field(s, "address")?, i)? as u64;
+        let address = address_at(field(s, "address")?, i)?;
         let file = string_at(field(s, "mapping_file")?, i)?
             .unwrap_or("")
             .to_owned();
@@ -815,7 +882,7 @@ impl ArrowProfile {
                 // already file-relative).
                 let range = |name: &str| -> Result<u64> {
                     s.column_by_name(name)
-                        .map(|c| int_at(c.as_ref(), i).map(|v| v as u64))
+                        .map(|c| address_at(c.as_ref(), i))
                         .unwrap_or(Ok(0))
                 };
                 self.mappings.push(Mapping {
@@ -833,6 +900,19 @@ impl ArrowProfile {
         let mut line = Vec::new();
         let lines = field(s, "lines")?;
         if let Some((offset, len)) = list_range(lines, i)? {
+            // A location's lines are frames of every stack it is in: no more than a stack
+            // may hold, charged before they are made (a list view may show every location
+            // the same million lines).
+            if len > limits.max_stack_depth {
+                return Err(Error::TooLarge {
+                    what: "lines of a location (inlined frames)",
+                    limit: limits.max_stack_depth,
+                });
+            }
+            crate::decode::charge::take(
+                len.saturating_mul(std::mem::size_of::<Line>()),
+                "converting an Arrow record",
+            )?;
             let values = list_values(lines)?;
             let values = values
                 .as_struct_opt()
@@ -844,7 +924,8 @@ impl ArrowProfile {
                         "a line past the lines' values",
                     ));
                 }
-                let number = int_at(field(values, "line")?, k)?;
+                pace.tick()?;
+                let number = optional_int_at(field(values, "line")?, k)?;
                 // v2: a dictionary-encoded function struct; v1: the function's columns.
                 let (name, filename, start) = match values.column_by_name("function") {
                     Some(function) => {
@@ -852,7 +933,7 @@ impl ArrowProfile {
                         (
                             string_at(field(f, "system_name")?, fi)?,
                             string_at(field(f, "filename")?, fi)?,
-                            int_at(field(f, "start_line")?, fi)?,
+                            optional_int_at(field(f, "start_line")?, fi)?,
                         )
                     }
                     None => (
@@ -860,13 +941,19 @@ impl ArrowProfile {
                             .filter(|n| !n.is_empty())
                             .or(string_at(field(values, "function_name")?, k)?),
                         string_at(field(values, "function_filename")?, k)?,
-                        int_at(field(values, "function_start_line")?, k)?,
+                        optional_int_at(field(values, "function_start_line")?, k)?,
                     ),
                 };
-                let (name, filename) = (
-                    name.unwrap_or("").to_owned(),
-                    filename.unwrap_or("").to_owned(),
-                );
+                let (name, filename) = (name.unwrap_or(""), filename.unwrap_or(""));
+                // Copied and hashed for every line that names the function: refused past
+                // a frame name's bound before they are.
+                if name.len().max(filename.len()) > crate::convert::trie::MAX_FRAME_BYTES {
+                    return Err(Error::TooLarge {
+                        what: "bytes of a function's name or file name",
+                        limit: crate::convert::trie::MAX_FRAME_BYTES,
+                    });
+                }
+                let (name, filename) = (name.to_owned(), filename.to_owned());
                 let next = self.functions.len() as u64 + 1;
                 let function_id = *self
                     .function_ids
@@ -1076,5 +1163,53 @@ mod tests {
         };
         assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
         assert!(e.to_string().contains("the request ended"), "{e}");
+    }
+
+    /// A location's lines are frames of its stacks: more than a stack may hold is refused
+    /// before they are made, and those within are charged; a timestamp in any unit is read
+    /// as nanoseconds, not a panic.
+    #[test]
+    fn a_locations_lines_are_bounded_and_timestamps_of_any_unit_read() {
+        let limits = Limits::default();
+        let lines = |n: usize| {
+            let (ipc, _, _) = crate::testing::parca_agent_record_of("00112233445566778899", n);
+            write_arrow(&ipc, &limits)
+        };
+        assert!(!lines(64).unwrap().is_empty());
+        let Err(e) = lines(limits.max_stack_depth + 1) else {
+            panic!("a location of more lines than a stack may hold, converted");
+        };
+        assert!(e.to_string().contains("lines of a location"), "{e}");
+        let (_, asked) =
+            crate::decode::charge::under_budget(usize::MAX, || lines(limits.max_stack_depth));
+        assert!(asked >= limits.max_stack_depth * std::mem::size_of::<Line>());
+        // The agent's nanosecond timestamps, sent in milliseconds instead.
+        let batches = agent_batches();
+        let b = &batches[0];
+        let at = b.schema().index_of(wire::TIMESTAMP).unwrap();
+        let ms = arrow::compute::cast(
+            b.column(at),
+            &DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, None),
+        )
+        .unwrap();
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[at] = Field::new(wire::TIMESTAMP, ms.data_type().clone(), false);
+        let mut columns = b.columns().to_vec();
+        columns[at] = ms;
+        let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
+        let in_ms = RecordBatch::try_new(schema, columns).unwrap();
+        let times = |batches: &[RecordBatch]| -> Vec<i64> {
+            write_arrow(&ipc_of(batches), &limits)
+                .unwrap()
+                .iter()
+                .map(|p| p.profile.time_nanos())
+                .collect()
+        };
+        assert_eq!(times(&[in_ms]), times(&batches[..1]));
     }
 }

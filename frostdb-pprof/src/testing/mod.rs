@@ -204,6 +204,12 @@ pub fn arrow_samples(
 /// encoded; an Arrow IPC stream, LZ4 compressed, its schema marked `v2`; the native
 /// frames' mapping has `build_id`. Returns the bytes and the CPU and off-CPU totals.
 pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
+    parca_agent_record_of(build_id, 1)
+}
+
+/// [`parca_agent_record`] with the Python frame's location holding `python_lines` lines
+/// (its handler inlined into itself), one line value shown that many times by its view.
+pub fn parca_agent_record_of(build_id: &str, python_lines: usize) -> (Vec<u8>, i64, i64) {
     use crate::convert::parca::wire;
     use std::sync::Arc;
 
@@ -257,9 +263,14 @@ pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
         ],
         None,
     );
-    let function_dict =
-        DictionaryArray::<UInt32Type>::try_new(UInt32Array::from(vec![0, 1]), Arc::new(functions))
-            .unwrap();
+    // Line 0 the kernel's; lines 1.. the Python location's, each the handler's.
+    let function_dict = DictionaryArray::<UInt32Type>::try_new(
+        UInt32Array::from_iter_values(
+            std::iter::once(0).chain(std::iter::repeat_n(1, python_lines)),
+        ),
+        Arc::new(functions),
+    )
+    .unwrap();
     let line_fields = Fields::from(vec![
         Field::new("line", DataType::UInt64, false),
         Field::new("column", DataType::UInt64, false),
@@ -268,8 +279,12 @@ pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
     let lines = StructArray::new(
         line_fields.clone(),
         vec![
-            Arc::new(UInt64Array::from(vec![0, 42])),
-            Arc::new(UInt64Array::from(vec![0, 7])),
+            Arc::new(UInt64Array::from_iter_values(
+                std::iter::once(0).chain(std::iter::repeat_n(42, python_lines)),
+            )),
+            Arc::new(UInt64Array::from_iter_values(
+                std::iter::once(0).chain(std::iter::repeat_n(7, python_lines)),
+            )),
             Arc::new(function_dict),
         ],
         None,
@@ -279,7 +294,7 @@ pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
     let location_lines = ListViewArray::new(
         line_field,
         ScalarBuffer::from(vec![0, 0, 0, 0, 1]),
-        ScalarBuffer::from(vec![0, 0, 0, 1, 1]),
+        ScalarBuffer::from(vec![0, 0, 0, 1, python_lines as i32]),
         Arc::new(lines),
         Some(vec![false, false, false, true, true].into()),
     );
