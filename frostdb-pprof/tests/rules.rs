@@ -415,12 +415,8 @@ fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
     assert_eq!(recorded["parse_total"], 6 * 5, "{recorded:?}");
 }
 
-/// A rule's regexes test at most 16 MiB of one profile's label values: a profile of
-/// thousands of label sets of long values is not counted by the rule (and counted as
-/// dropped) rather than tested for minutes where nothing can stop it; a small one is.
-#[test]
-fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
-    use frostdb_pprof::proto::Label;
+/// A store with one rule, `tagged`, counting CPU profiles whose `tag` matches a regex.
+fn store_with_a_tag_rule() -> (ProfileStore, Arc<Recorder>) {
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
@@ -438,6 +434,16 @@ fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
         }])
         .unwrap();
     store.attach_recorder(recorder.clone());
+    (store, recorder)
+}
+
+/// A rule's regexes test at most 16 MiB of one profile's label values: a profile of
+/// thousands of label sets of long values is not counted by the rule (and counted as
+/// dropped) rather than tested for minutes where nothing can stop it; a small one is.
+#[test]
+fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
+    use frostdb_pprof::proto::Label;
+    let (store, recorder) = store_with_a_tag_rule();
     // `samples` samples of 10 each, every one labelled with its own `tag` of `bytes` bytes.
     let push = |samples: usize, bytes: usize, at: i64| {
         let mut p: Profile = frostdb_pprof::testing::profile(0, samples, 3);
@@ -478,23 +484,7 @@ fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
 #[test]
 fn a_call_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
     use arrow::array::{ArrayRef, RecordBatch, StringArray};
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
-    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
-    recorder
-        .set_rules(&[RecordingRule {
-            name: "tagged".into(),
-            profile_type: CPU.into(),
-            selector: "{tag=~\".*x.*\"}".into(),
-            function: None,
-            leaf_only: false,
-            keep_labels: vec!["service_name".into()],
-        }])
-        .unwrap();
-    store.attach_recorder(recorder.clone());
+    let (store, recorder) = store_with_a_tag_rule();
     // `rows` rows of 10 each, each its own series: a `tag` of `bytes` bytes.
     let call = |rows: usize, bytes: usize, at: i64| {
         let mut p: Profile = frostdb_pprof::testing::profile(0, rows, 3);

@@ -1119,6 +1119,22 @@ mod tests {
         out
     }
 
+    /// `b` with its column `name` replaced by `column` (of any type).
+    fn with_column(b: &RecordBatch, name: &str, column: arrow::array::ArrayRef) -> RecordBatch {
+        let at = b.schema().index_of(name).unwrap();
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields[at] = Field::new(name, column.data_type().clone(), false);
+        let mut columns = b.columns().to_vec();
+        columns[at] = column;
+        let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
+        RecordBatch::try_new(schema, columns).unwrap()
+    }
+
     /// A key column's value is refused on its length before it is copied, and the row loop
     /// stops once its request has ended: a dictionary or run-end column names one long
     /// value from every row for a few bytes, and each row was copied and hashed whole,
@@ -1130,23 +1146,15 @@ mod tests {
         assert!(!write_arrow(&ipc_of(&batches), &limits).unwrap().is_empty());
         // The producer, one value of 1,025 bytes for every row.
         let b = &batches[0];
-        let at = b.schema().index_of(wire::PRODUCER).unwrap();
         let long = "p".repeat(MAX_KEY_BYTES + 1);
-        let producer: arrow::array::ArrayRef = Arc::new(arrow::array::StringArray::from(vec![
-            long.as_str();
-            b.num_rows()
-        ]));
-        let mut fields: Vec<Field> = b
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        fields[at] = Field::new(wire::PRODUCER, DataType::Utf8, false);
-        let mut columns = b.columns().to_vec();
-        columns[at] = producer;
-        let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
-        let long = RecordBatch::try_new(schema, columns).unwrap();
+        let long = with_column(
+            b,
+            wire::PRODUCER,
+            Arc::new(arrow::array::StringArray::from(vec![
+                long.as_str();
+                b.num_rows()
+            ])),
+        );
         let Err(e) = write_arrow(&ipc_of(&[long]), &limits) else {
             panic!("a long producer copied");
         };
@@ -1186,23 +1194,12 @@ mod tests {
         // The agent's nanosecond timestamps, sent in milliseconds instead.
         let batches = agent_batches();
         let b = &batches[0];
-        let at = b.schema().index_of(wire::TIMESTAMP).unwrap();
         let ms = arrow::compute::cast(
-            b.column(at),
+            b.column_by_name(wire::TIMESTAMP).unwrap(),
             &DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, None),
         )
         .unwrap();
-        let mut fields: Vec<Field> = b
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        fields[at] = Field::new(wire::TIMESTAMP, ms.data_type().clone(), false);
-        let mut columns = b.columns().to_vec();
-        columns[at] = ms;
-        let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
-        let in_ms = RecordBatch::try_new(schema, columns).unwrap();
+        let in_ms = with_column(b, wire::TIMESTAMP, ms);
         let times = |batches: &[RecordBatch]| -> Vec<i64> {
             write_arrow(&ipc_of(batches), &limits)
                 .unwrap()
