@@ -487,23 +487,8 @@ impl Recorder {
         let mut skipped = Vec::new();
         for &r in &matching {
             let from = selects.len();
-            let mut selects_set = |set: usize| -> Option<bool> {
-                for m in &rules[r].matchers {
-                    let value = value_of(set, &m.label);
-                    if m.compiles_regex() {
-                        tested = tested.saturating_add(value.len());
-                        if tested > MAX_TESTED_BYTES {
-                            return None;
-                        }
-                    }
-                    if !m.matches(value) {
-                        return Some(false);
-                    }
-                }
-                Some(true)
-            };
             for set in 0..sets {
-                match selects_set(set) {
+                match matches_all(&rules[r].matchers, &mut tested, |l| value_of(set, l)) {
                     Some(selected) => selects.push(selected),
                     None => {
                         skipped.push(r);
@@ -693,22 +678,7 @@ impl Recorder {
                     if !same_type || skipped.contains(&r) {
                         continue;
                     }
-                    let mut selected = Some(true);
-                    for m in &c.matchers {
-                        let value = label(i, &m.label);
-                        if m.compiles_regex() {
-                            tested = tested.saturating_add(value.len());
-                            if tested > MAX_TESTED_BYTES {
-                                selected = None;
-                                break;
-                            }
-                        }
-                        if !m.matches(value) {
-                            selected = Some(false);
-                            break;
-                        }
-                    }
-                    match selected {
+                    match matches_all(&c.matchers, &mut tested, |l| label(i, l)) {
                         Some(true) => {}
                         Some(false) => continue,
                         None => {
@@ -782,6 +752,28 @@ impl Recorder {
 }
 
 /// The recorded series, locked, and how many there are.
+/// Whether `matchers` all match the label values `value_of` gives, adding the bytes their
+/// regexes test to `tested`: `None` once that passes [`MAX_TESTED_BYTES`].
+fn matches_all<'v>(
+    matchers: &[Matcher],
+    tested: &mut usize,
+    value_of: impl Fn(&str) -> &'v str,
+) -> Option<bool> {
+    for m in matchers {
+        let value = value_of(&m.label);
+        if m.compiles_regex() {
+            *tested = tested.saturating_add(value.len());
+            if *tested > MAX_TESTED_BYTES {
+                return None;
+            }
+        }
+        if !m.matches(value) {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
 /// Most bytes of label values the rules' regex matchers test for one stored profile (or
 /// one call of the Arrow samples API), all rules together: real profiles test kilobytes (a few rules, a few label sets of short
 /// values); thousands of label sets of long values under many regexes took minutes.

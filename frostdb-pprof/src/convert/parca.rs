@@ -287,24 +287,18 @@ fn string_at(array: &dyn Array, i: usize) -> Result<Option<&str>> {
 /// timestamp in nanoseconds, whatever its unit). A null is an error naming the row: read,
 /// it would be whatever bytes lie under it.
 fn int_at(array: &dyn Array, i: usize) -> Result<i64> {
-    match number_at(array, i)? {
-        Number::Signed(v) => Ok(v),
-        Number::Unsigned(v) => Ok(i64::try_from(v).unwrap_or(i64::MAX)),
-        Number::Null => Err(arrow_error(
+    number_at(array, i)?.signed().ok_or_else(|| {
+        arrow_error(
             format!("row {i}"),
             "a null where a sample's number is expected",
-        )),
-    }
+        )
+    })
 }
 
 /// Logical row `i` of a location's integer column (a line number, a start line): a null
 /// is 0, none known.
 fn optional_int_at(array: &dyn Array, i: usize) -> Result<i64> {
-    Ok(match number_at(array, i)? {
-        Number::Null => 0,
-        Number::Signed(v) => v,
-        Number::Unsigned(v) => i64::try_from(v).unwrap_or(i64::MAX),
-    })
+    Ok(number_at(array, i)?.signed().unwrap_or(0))
 }
 
 /// Logical row `i` of an address column: an unsigned value as it is (kernel addresses are
@@ -321,6 +315,17 @@ enum Number {
     Null,
     Signed(i64),
     Unsigned(u64),
+}
+
+impl Number {
+    /// As i64 (an unsigned value past `i64::MAX` is `i64::MAX`); `None` for a null.
+    fn signed(self) -> Option<i64> {
+        match self {
+            Number::Null => None,
+            Number::Signed(v) => Some(v),
+            Number::Unsigned(v) => Some(i64::try_from(v).unwrap_or(i64::MAX)),
+        }
+    }
 }
 
 /// Logical row `i` of an integer or timestamp column (plain or run-end encoded).
