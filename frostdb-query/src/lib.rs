@@ -45,7 +45,7 @@ mod sql_shape;
 pub use cancel::{Cancel, cancellable};
 pub use error::{Error, Result, datafusion_kind};
 pub use exec::FrostScanExec;
-pub use memory::{budgeted_memory_pool, memory_pool};
+pub use memory::{Spill, budgeted_memory_pool, memory_pool};
 pub use provider::{
     BlocksFailed, FrostSchema, FrostTable, lenient_session, lenient_session_with, register_db,
     session, session_with,

@@ -3,9 +3,11 @@
 //! holds for everything the store answers at once. A pool may also draw on a process-wide
 //! [`MemoryBudget`], so that what every store's queries hold counts against one limit.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::disk_manager::{DiskManager, DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{
     GreedyMemoryPool, MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
     TrackConsumersPool, UnboundedMemoryPool,
@@ -110,6 +112,68 @@ impl MemoryPool for Limited {
 
     fn memory_limit(&self) -> MemoryLimit {
         MemoryLimit::Finite(self.limit)
+    }
+}
+
+/// Where a session's operators may write what does not fit in memory (a sort or join past
+/// its pool's limit): nowhere, or files in one directory, all of them together at most a
+/// bound. Sessions given clones of one `Spill` share its bound.
+///
+/// Without it, DataFusion spills to the OS temporary directory, up to 100 GB a session:
+/// outside every limit the store keeps, and on a tmpfs `/tmp` that is memory.
+#[derive(Debug, Clone)]
+pub struct Spill(Arc<DiskManager>);
+
+impl Spill {
+    /// No spilling: an operator past its pool's limit fails, naming the limit.
+    pub fn none() -> Self {
+        let manager = DiskManagerBuilder::default()
+            .with_mode(DiskManagerMode::Disabled)
+            .build()
+            .expect("a disabled disk manager has nothing to fail on");
+        Self(Arc::new(manager))
+    }
+
+    /// Spill files in `dir` (created if missing), at most `max_bytes` of them at once; an
+    /// operator whose spill would pass it fails, naming the bound. `dir` must be this
+    /// process's own: what earlier processes left there (`datafusion-*` directories, a
+    /// process killed mid-spill) is deleted now. A bound of 0 is [`Spill::none`].
+    pub fn to(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
+        if max_bytes == 0 {
+            return Ok(Self::none());
+        }
+        std::fs::create_dir_all(dir)?;
+        for entry in std::fs::read_dir(dir)? {
+            let entry = entry?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with("datafusion-")
+            {
+                std::fs::remove_dir_all(entry.path())?;
+            }
+        }
+        let manager = DiskManagerBuilder::default()
+            .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()]))
+            .with_max_temp_directory_size(max_bytes)
+            .build()
+            .map_err(std::io::Error::other)?;
+        Ok(Self(Arc::new(manager)))
+    }
+
+    /// Bytes spilled now, by every session sharing this `Spill`.
+    pub fn used_bytes(&self) -> u64 {
+        self.0.used_disk_space()
+    }
+
+    pub(crate) fn manager(&self) -> Arc<DiskManager> {
+        self.0.clone()
+    }
+}
+
+impl Default for Spill {
+    fn default() -> Self {
+        Self::none()
     }
 }
 

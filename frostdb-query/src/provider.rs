@@ -41,6 +41,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use frostdb_core::{Db, Scalar, ScanRequest, Snapshot, Table};
 use parking_lot::RwLock;
 
+use crate::Spill;
 use crate::exec::FrostScanExec;
 use crate::filter::to_predicate;
 
@@ -308,22 +309,22 @@ fn register_schema(ctx: &SessionContext, schema: FrostSchema) -> Result<()> {
 /// A session that sees every table of `db`, using all cores. A query that cannot read a
 /// block it needs fails.
 pub fn session(db: &Db) -> Result<SessionContext> {
-    session_with(db, crate::memory_pool(None))
+    session_with(db, crate::memory_pool(None), &Spill::none())
 }
 
 /// [`session`] whose operators reserve memory from `pool` ([`crate::memory_pool`]): over its
-/// limit a query spills where it can and otherwise fails with "resources exhausted".
-pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
-    let ctx = context(pool)?;
+/// limit a query spills to `spill` where it can and otherwise fails with "resources
+/// exhausted".
+pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result<SessionContext> {
+    let ctx = context(pool, spill)?;
     register_db(&ctx, db)?;
     Ok(ctx)
 }
 
-fn context(pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_pool(pool.clone())
-        .build_arc()?;
-    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
+fn context(pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result<SessionContext> {
+    let mut runtime = RuntimeEnvBuilder::new().with_memory_pool(pool.clone());
+    runtime.disk_manager = Some(spill.manager());
+    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
     // Functions whose output an argument sizes reserve it from the same pool.
     crate::functions::bound_functions(&ctx, &pool)?;
     Ok(ctx)
@@ -332,15 +333,17 @@ fn context(pool: Arc<dyn MemoryPool>) -> Result<SessionContext> {
 /// A session like [`session`] whose scans skip blocks they cannot read, counted in the
 /// returned [`BlocksFailed`]: answers may be partial, and the count says when they are.
 pub fn lenient_session(db: &Db) -> Result<(SessionContext, BlocksFailed)> {
-    lenient_session_with(db, crate::memory_pool(None))
+    lenient_session_with(db, crate::memory_pool(None), &Spill::none())
 }
 
-/// [`lenient_session`] reserving memory from `pool`, as [`session_with`].
+/// [`lenient_session`] reserving memory from `pool` and spilling to `spill`, as
+/// [`session_with`].
 pub fn lenient_session_with(
     db: &Db,
     pool: Arc<dyn MemoryPool>,
+    spill: &Spill,
 ) -> Result<(SessionContext, BlocksFailed)> {
-    let ctx = context(pool)?;
+    let ctx = context(pool, spill)?;
     let failed = BlocksFailed::default();
     register_schema(&ctx, FrostSchema::lenient(db.clone(), failed.clone()))?;
     Ok((ctx, failed))

@@ -332,3 +332,69 @@ async fn a_block_that_cannot_be_read_fails_the_query_unless_the_session_is_lenie
     let analyzed: String = analyzed.into_iter().map(|r| r.join(" ")).collect();
     assert!(analyzed.contains("blocks_failed=2"), "{analyzed}");
 }
+
+/// A sort past the memory limit spills only where and as much as its `Spill` allows: past
+/// the bound it fails naming it, with no spill it fails at the memory limit, and within
+/// the bound it answers. What a killed process left in the directory is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sort_spills_only_where_and_as_much_as_allowed() {
+    let db = db_with(&rows(2, 4, 1_000, 8));
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("datafusion-left-by-a-killed-process");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("spill.arrow"), [0u8; 1024]).unwrap();
+    // 2.5 million rows of 16 bytes: 40 MB to sort, under a 32 MiB pool (the sort keeps
+    // 10 MB back for merging its spills).
+    let q = "SELECT v, v * 7919 % 1000003 AS k FROM generate_series(1, 2500000) t(v) ORDER BY k, v";
+    let run = |spill: frostdb_query::Spill| {
+        let db = db.clone();
+        async move {
+            let pool = frostdb_query::memory_pool(Some(32 << 20));
+            let ctx = frostdb_query::session_with(&db, pool, &spill).unwrap();
+            // One partition: one sorter, spilling as it fills the pool (two could each
+            // hold what the other needs to merge).
+            let answer = async {
+                for set in [
+                    "target_partitions = 1",
+                    "sort_spill_reservation_bytes = 20000000",
+                ] {
+                    ctx.sql(&format!("SET datafusion.execution.{set}"))
+                        .await?
+                        .collect()
+                        .await?;
+                }
+                ctx.sql(q).await?.collect().await
+            }
+            .await;
+            answer.map(|batches| batches.iter().map(|b| b.num_rows()).sum::<usize>())
+        }
+    };
+
+    let small = frostdb_query::Spill::to(dir.path(), 1 << 20).unwrap();
+    assert!(!stale.exists(), "a killed process's spill is deleted");
+    let e = run(small.clone()).await.unwrap_err().to_string();
+    assert!(
+        e.contains("exceeded the allowable limit of 1024.0 KB"),
+        "{e}"
+    );
+    assert_eq!(
+        small.used_bytes(),
+        0,
+        "the failed sort's files are given back"
+    );
+
+    // With nowhere to spill the sort fails where its memory runs out: the pool's limit,
+    // or the spill it would have needed.
+    let e = run(frostdb_query::Spill::none())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("DiskManager is disabled") || e.contains("query memory limit"),
+        "{e}"
+    );
+
+    let ample = frostdb_query::Spill::to(dir.path(), 1 << 30).unwrap();
+    assert_eq!(run(ample.clone()).await.unwrap(), 2_500_000);
+    assert_eq!(ample.used_bytes(), 0);
+}

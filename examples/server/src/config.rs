@@ -387,6 +387,10 @@ pub struct Limits {
     /// Memory a tenant's queries may hold at once (merges and SQL together); a query over
     /// it fails with "resources exhausted" naming the limit.
     pub max_query_memory_bytes: usize,
+    /// Bytes SQL operators past `max_query_memory_bytes` may spill to `<data>/spill`, all
+    /// tenants' queries together; a query that would spill more fails naming it. 0: no
+    /// spilling (such a query fails at the memory limit).
+    pub max_spill_bytes: u64,
     /// Connections open at once; more are answered 503 and closed. Absent: as many as the
     /// process's descriptor limit (`ulimit -n`) leaves room for beside open tenants.
     pub max_connections: Option<usize>,
@@ -449,6 +453,7 @@ impl Default for Limits {
             request_timeout_secs: 60,
             max_tenants: 1_000,
             max_query_memory_bytes: 1 << 30,
+            max_spill_bytes: 4 << 30,
             max_connections: None,
             max_open_tenants: None,
             header_read_timeout_secs: 10,

@@ -487,6 +487,14 @@ pub async fn serve(config: Config) -> Result<(), String> {
         "memory budget of requests, queries and tenants (limits.memory)"
     );
     let symbolizer = symbolizer(&config, &budget);
+    let spill_dir = config.data.join("spill");
+    let spill = frostdb_query::Spill::to(&spill_dir, config.limits.max_spill_bytes)
+        .map_err(|e| format!("cannot use {} for spilling: {e}", spill_dir.display()))?;
+    tracing::info!(
+        dir = %spill_dir.display(),
+        bytes = config.limits.max_spill_bytes,
+        "SQL spills past the query memory limit (limits.max_spill_bytes)"
+    );
     let rules = Arc::new(rules::Rules::new(
         &config.data,
         config
@@ -504,6 +512,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         Tenants::with_storage(storage, config.limits.clone(), config.retention(), workers)
             .max_open(descriptors.max_open_tenants)
             .budget(budget.clone())
+            .spill(spill)
             .symbolizer(symbolizer.clone())
             .rules(rules.clone());
     let state = Arc::new(AppState {

@@ -171,6 +171,8 @@ pub struct Tenants {
     clock: AtomicU64,
     /// The budget the tenants' queries reserve from (`None`: only their own limit).
     budget: Option<frostdb_core::MemoryBudget>,
+    /// Where the tenants' SQL operators spill past their memory limit, one bound for all.
+    spill: frostdb_query::Spill,
     /// Names for the tenants' frames stored as addresses (`[symbolizer]`), shared: one
     /// cache and one pool of workers for every tenant.
     symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
@@ -228,6 +230,7 @@ impl Tenants {
             known: tokio::sync::OnceCell::new(),
             clock: AtomicU64::new(0),
             budget: None,
+            spill: frostdb_query::Spill::none(),
             symbolizer: None,
             rules: None,
         }
@@ -236,6 +239,12 @@ impl Tenants {
     /// The same tenants, their queries reserving from `budget` too.
     pub fn budget(mut self, budget: frostdb_core::MemoryBudget) -> Self {
         self.budget = Some(budget);
+        self
+    }
+
+    /// The same tenants, their SQL spilling to `spill` past their memory limit.
+    pub fn spill(mut self, spill: frostdb_query::Spill) -> Self {
+        self.spill = spill;
         self
     }
 
@@ -522,6 +531,7 @@ impl Tenants {
             .max_series(self.limits.max_series_per_tenant)
             .query_memory(self.limits.max_query_memory_bytes)
             .memory_budget(self.budget.clone())
+            .query_spill(self.spill.clone())
             .rollups(frostdb_pprof::RollupOptions {
                 hourly_retention: self.retention.rollups,
                 daily_retention: self.retention.rollups,

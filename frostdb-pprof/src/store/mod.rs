@@ -74,6 +74,8 @@ pub struct ProfileStore {
     indexed: Mutex<SeriesSeen>,
     /// The pool every query of the store reserves memory from.
     memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+    /// Where its SQL sessions spill ([`StoreOptions::query_spill`]).
+    spill: frostdb_query::Spill,
     symbols: Arc<SymbolStore>,
     expiry: Arc<SymbolExpiry>,
     rollups: Arc<Rollups>,
@@ -284,6 +286,7 @@ impl ProfileStore {
                 options.query_memory,
                 options.memory_budget.as_ref(),
             ),
+            spill: options.query_spill.clone(),
             symbols,
             expiry,
             rollups,

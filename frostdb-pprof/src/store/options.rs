@@ -18,6 +18,7 @@ use super::*;
 /// | `block_merger` | none | where merges read persisted blocks: here, or spread over a cluster's workers |
 /// | `group_wait` | 10 ms | longest a group commit waits for profiles still being decoded |
 /// | `memory_budget` | none | a process-wide budget queries reserve from, besides `query_memory` |
+/// | `query_spill` | [`frostdb_query::Spill::none`] | where SQL operators past `query_memory` may spill, and how much |
 /// | `dedup_window` | 1 hour | how far behind the newest profile one pushed again is still recognised |
 ///
 /// Set with the setters (`StoreOptions::default().retention(d).max_series(n)`): fields are
@@ -38,9 +39,11 @@ pub struct StoreOptions {
     /// Threads a merge reads with.
     pub query_threads: usize,
     /// Memory the store's queries may hold at once, merges and SQL together (`None`: no
-    /// limit). Over it a SQL operator spills where it can; otherwise the query fails with a
-    /// "resources exhausted" error naming the limit.
+    /// limit). Over it a SQL operator spills to `query_spill` where it can; otherwise the
+    /// query fails with a "resources exhausted" error naming the limit.
     pub query_memory: Option<usize>,
+    /// Where SQL operators past `query_memory` may spill (none by default: they fail).
+    pub query_spill: frostdb_query::Spill,
     /// A process-wide memory budget the store's queries also reserve from (`None`: only
     /// `query_memory` bounds them).
     pub memory_budget: Option<frostdb_core::MemoryBudget>,
@@ -89,6 +92,7 @@ impl Default for StoreOptions {
             samples: samples_table_options(),
             retention: None,
             query_memory: None,
+            query_spill: frostdb_query::Spill::none(),
             memory_budget: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
@@ -140,6 +144,12 @@ impl StoreOptions {
     /// Sets [`Self::query_memory`] (`None`: no limit).
     pub fn query_memory(mut self, value: impl Into<Option<usize>>) -> Self {
         self.query_memory = value.into();
+        self
+    }
+
+    /// Sets [`Self::query_spill`].
+    pub fn query_spill(mut self, value: frostdb_query::Spill) -> Self {
+        self.query_spill = value;
         self
     }
 

@@ -211,7 +211,11 @@ impl ProfileStore {
     /// A session seeing this database's tables (SQL, and the DataFusion profile queries).
     /// Its queries fail when they cannot read a block they need.
     pub fn session(&self) -> Result<SessionContext> {
-        Ok(frostdb_query::session_with(&self.db, self.memory.clone())?)
+        Ok(frostdb_query::session_with(
+            &self.db,
+            self.memory.clone(),
+            &self.spill,
+        )?)
     }
 
     /// A session whose scans skip blocks they cannot read, counting them in the returned
@@ -220,6 +224,7 @@ impl ProfileStore {
         Ok(frostdb_query::lenient_session_with(
             &self.db,
             self.memory.clone(),
+            &self.spill,
         )?)
     }
 
