@@ -68,6 +68,32 @@ const BOUNDED: &[(&str, Bound)] = &[
     ("generate_series", range_bound),
 ];
 
+/// Functions whose work grows faster than their input and output, as steps per row: each
+/// runs inside one call, where neither the deadline nor a cancel reaches it (the cancel
+/// check is between batches), so a call's steps are bounded ([`MAX_CALL_STEPS`]). Their
+/// outputs are bounded as [`BOUNDED`]'s are: a trim's by its string, a distance is 8 bytes.
+const STEPPED: &[(&str, Bound, Bound)] = &[
+    // Every character of one string against every one of the other.
+    (
+        "levenshtein",
+        |_, _| 8.0,
+        |a, r| len(a, 0, r) * len(a, 1, r),
+    ),
+    // A trimmed character is looked for among all the characters given (a linear scan).
+    ("btrim", |a, r| len(a, 0, r), trim_steps),
+    ("ltrim", |a, r| len(a, 0, r), trim_steps),
+    ("rtrim", |a, r| len(a, 0, r), trim_steps),
+];
+
+fn trim_steps(a: &[Arg], r: usize) -> f64 {
+    len(a, 0, r) * len(a, 1, r).max(1.0)
+}
+
+/// Most steps one call of a [`STEPPED`] function may take, all its rows together: about a
+/// second's work. Levenshtein distances of 8,192 frame names of 300 bytes each take a
+/// seventh of it; of two 1 MB strings, a thousand times as much.
+pub(crate) const MAX_CALL_STEPS: f64 = (1u64 << 30) as f64;
+
 /// Elements of `range(stop)`, `range(start, stop)` or `range(start, stop, step)`, 8 bytes
 /// each.
 fn range_bound(a: &[Arg], r: usize) -> f64 {
@@ -230,11 +256,13 @@ fn call_bound(bound: Bound, args: &[ColumnarValue], rows: usize) -> Result<f64> 
     Ok(total)
 }
 
-/// A function whose output is reserved from the session's memory pool before it runs.
+/// A function whose output is reserved from the session's memory pool before it runs, and
+/// whose steps, for a [`STEPPED`] function, are counted against [`MAX_CALL_STEPS`] first.
 #[derive(Debug)]
 struct Bounded {
     inner: ScalarUDF,
     bound: Bound,
+    steps: Option<Bound>,
     pool: Arc<dyn MemoryPool>,
 }
 
@@ -289,8 +317,18 @@ impl ScalarUDFImpl for Bounded {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let bytes = call_bound(self.bound, &args.args, args.number_rows)?;
         let name = self.inner.name();
+        if let Some(steps) = self.steps {
+            let steps = call_bound(steps, &args.args, args.number_rows)?;
+            if steps.is_nan() || steps > MAX_CALL_STEPS {
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "{name}() of these arguments takes some {steps:.0} steps for {} rows, \
+                     over the {MAX_CALL_STEPS:.0} a call may take",
+                    args.number_rows
+                )));
+            }
+        }
+        let bytes = call_bound(self.bound, &args.args, args.number_rows)?;
         // A call of constants is folded into one literal when the query is planned, and
         // the literal is then repeated on every row of every batch that projects it, out of
         // any pool: a constant is kept small enough for that.
@@ -459,6 +497,7 @@ pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) 
     let string_concat = Arc::new(ScalarUDF::new_from_impl(Bounded {
         inner: ScalarUDF::new_from_impl(StringConcat::new()),
         bound: |a, r| len(a, 0, r) + len(a, 1, r),
+        steps: None,
         pool: pool.clone(),
     }));
     ctx.register_udf(string_concat.as_ref().clone());
@@ -466,11 +505,16 @@ pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) 
         .write()
         .register_expr_planner(Arc::new(ConcatPlanner { string_concat }))?;
     let functions = ctx.state().scalar_functions().clone();
-    for (name, bound) in BOUNDED {
-        if let Some(udf) = functions.get(*name) {
+    let bounded = BOUNDED.iter().map(|&(name, bound)| (name, bound, None));
+    let stepped = STEPPED
+        .iter()
+        .map(|&(name, bound, steps)| (name, bound, Some(steps)));
+    for (name, bound, steps) in bounded.chain(stepped) {
+        if let Some(udf) = functions.get(name) {
             ctx.register_udf(ScalarUDF::new_from_impl(Bounded {
                 inner: udf.as_ref().clone(),
-                bound: *bound,
+                bound,
+                steps,
                 pool: pool.clone(),
             }));
         }
@@ -606,5 +650,35 @@ mod tests {
         }
         // The reservation is the call's only: nothing stays reserved afterwards.
         assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
+    }
+
+    /// A function whose work grows faster than its strings is refused past the steps a
+    /// call may take, before it runs (two 40,000-byte strings are 1.6e9 steps: seconds of
+    /// work no cancel reaches); the same over short strings answers.
+    #[tokio::test]
+    async fn superlinear_functions_are_refused_past_the_steps_of_a_call() {
+        let ctx = session(1 << 30);
+        for q in [
+            "SELECT levenshtein(repeat('a', v), repeat('b', v)) FROM generate_series(40000, 40000) t(v)",
+            "SELECT length(btrim(repeat('b', v), concat(repeat('a', v), 'b'))) FROM generate_series(40000, 40000) t(v)",
+            "SELECT length(ltrim(repeat('b', v), concat(repeat('a', v), 'b'))) FROM generate_series(40000, 40000) t(v)",
+            // Each row under the bound, the call's eight over it.
+            "SELECT levenshtein(repeat('a', 15000 + v), repeat('b', 15000 + v)) FROM generate_series(1, 8) t(v)",
+        ] {
+            let e = run(&ctx, q).await.unwrap_err().to_string();
+            assert!(e.contains("a call may take"), "{q}: {e}");
+        }
+        let rows = run(
+            &ctx,
+            "SELECT levenshtein(repeat('a', v), repeat('b', 300)) AS d, \
+             length(btrim(repeat('b', v), 'ab')) AS t FROM generate_series(1, 200) t(v)",
+        )
+        .await
+        .unwrap();
+        let d = rows[0]
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int32Type>();
+        assert_eq!(d.value(0), 300);
+        assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 200);
     }
 }

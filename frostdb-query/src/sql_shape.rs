@@ -78,6 +78,13 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
         }
         for expr in node.expressions() {
             expr.apply(|e| {
+                if let Some(pattern) = per_row_pattern(e) {
+                    return Err(DataFusionError::Plan(format!(
+                        "the pattern `{pattern}` is not a constant: a regular expression or \
+                         LIKE pattern that differs by row is compiled for each row, work no \
+                         deadline reaches; give it as a constant"
+                    )));
+                }
                 if let Expr::Literal(value, _) = e {
                     check_width(&value.data_type())?;
                     let bytes = literal_bytes(value);
@@ -94,6 +101,69 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
         Ok(TreeNodeRecursion::Continue)
     })?;
     Ok(())
+}
+
+/// Functions of regular expressions, and the arguments each compiles into one: its
+/// pattern, and its flags.
+const REGEX_ARGUMENTS: [(&str, [usize; 2]); 5] = [
+    ("regexp_like", [1, 2]),
+    ("regexp_match", [1, 2]),
+    ("regexp_count", [1, 3]),
+    ("regexp_replace", [1, 3]),
+    ("regexp_instr", [1, 4]),
+];
+
+/// The pattern of `e` that is compiled as a regular expression (a `regexp_` function's, a
+/// `~` operator's, a `LIKE` or `SIMILAR TO`'s) when it is not a constant: a pattern read
+/// from a row, or made by a volatile function, is compiled anew for each distinct value.
+fn per_row_pattern(e: &datafusion::logical_expr::Expr) -> Option<&datafusion::logical_expr::Expr> {
+    use datafusion::logical_expr::{Expr, Operator as O};
+    let patterns: Vec<&Expr> = match e {
+        Expr::BinaryExpr(b)
+            if matches!(
+                b.op,
+                O::RegexMatch
+                    | O::RegexIMatch
+                    | O::RegexNotMatch
+                    | O::RegexNotIMatch
+                    | O::LikeMatch
+                    | O::ILikeMatch
+                    | O::NotLikeMatch
+                    | O::NotILikeMatch
+            ) =>
+        {
+            vec![&b.right]
+        }
+        Expr::Like(like) | Expr::SimilarTo(like) => vec![&like.pattern],
+        Expr::ScalarFunction(f) => REGEX_ARGUMENTS
+            .iter()
+            .find(|(name, _)| *name == f.func.name())
+            .map(|(_, at)| at.iter().filter_map(|&i| f.args.get(i)).collect())
+            .unwrap_or_default(),
+        _ => return None,
+    };
+    patterns.into_iter().find(|p| !constant(p))
+}
+
+/// Whether `e` is the same on every row: no column, subquery or parameter in it, and no
+/// volatile function (`random()`).
+fn constant(e: &datafusion::logical_expr::Expr) -> bool {
+    use datafusion::common::tree_node::TreeNode;
+    use datafusion::logical_expr::Expr;
+    !e.is_volatile()
+        && !e
+            .exists(|x| {
+                Ok(matches!(
+                    x,
+                    Expr::Column(_)
+                        | Expr::OuterReferenceColumn(..)
+                        | Expr::ScalarSubquery(_)
+                        | Expr::Exists(_)
+                        | Expr::InSubquery(_)
+                        | Expr::Placeholder(_)
+                ))
+            })
+            .unwrap_or(true)
 }
 
 /// The bytes a literal's value holds (a string's, a binary's, a list's values).
@@ -307,5 +377,48 @@ mod plan_tests {
         .await
         .unwrap();
         assert_eq!(fine.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    }
+
+    /// A pattern read from a row (or made by `random()`) would be compiled once per
+    /// distinct row, work the deadline cannot reach: refused at planning for each way SQL
+    /// compiles one. Constant patterns, however written, still run.
+    #[tokio::test]
+    async fn patterns_that_differ_by_row_are_refused_and_constant_ones_run() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let rows = "FROM (SELECT CAST(v AS VARCHAR) AS s FROM generate_series(1, 5) t(v)) r";
+        for per_row in [
+            "regexp_like(s, s)",
+            "regexp_like(s, 'a', s)",
+            "regexp_match(s, concat('(a+)+', s)) IS NULL",
+            "regexp_count(s, s) > 0",
+            "regexp_replace(s, s, 'x') = ''",
+            "s ~ s",
+            "s !~* concat(s, 'x')",
+            "s LIKE s",
+            "s ILIKE concat('%', s)",
+            "s SIMILAR TO s",
+            "s ~ CAST(random() AS VARCHAR)",
+        ] {
+            let sql = format!("SELECT {per_row} AS m {rows}");
+            match read_sql(&ctx, &sql).await {
+                Ok(_) => panic!("planned: {sql}"),
+                Err(e) => assert!(e.to_string().contains("is not a constant"), "{sql}: {e}"),
+            }
+        }
+        for constant in [
+            "regexp_like(s, '^[0-9]+$')",
+            "s ~ concat('^', '3')",
+            "s LIKE '%3%'",
+            "regexp_replace(s, '3', s) = s",
+            "levenshtein(s, s) = 0",
+        ] {
+            let sql = format!("SELECT {constant} AS m {rows}");
+            let batches = read_sql(&ctx, &sql).await.unwrap().collect().await.unwrap();
+            assert_eq!(
+                batches.iter().map(|b| b.num_rows()).sum::<usize>(),
+                5,
+                "{sql}"
+            );
+        }
     }
 }
