@@ -103,6 +103,24 @@ pub struct DebugInfoStore {
     max_total: u64,
 }
 
+/// The lock an upload's quota check holds until the upload is recorded, one per store
+/// ([`DebugInfoStore::scope`]) while anything holds it.
+fn quota_lock(scope: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: std::sync::LazyLock<
+        parking_lot::Mutex<
+            std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>,
+        >,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut locks = LOCKS.lock();
+    locks.retain(|_, lock| lock.strong_count() > 0);
+    if let Some(lock) = locks.get(scope).and_then(std::sync::Weak::upgrade) {
+        return lock;
+    }
+    let lock = Arc::new(tokio::sync::Mutex::new(()));
+    locks.insert(scope.to_owned(), Arc::downgrade(&lock));
+    lock
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -290,6 +308,9 @@ impl DebugInfoStore {
                 Error::Precondition(reason.into())
             });
         }
+        // The check and the upload it lets begin, one at a time per store in this process:
+        // two uploads checked together would each fit, and both begin.
+        let _checking = quota_lock(&self.scope()).lock_owned().await;
         if self.max_total != u64::MAX {
             let used = self.used(build_id).await?;
             if used.saturating_add(size) > self.max_total {

@@ -716,3 +716,32 @@ fn a_debug_file_nesting_inlined_calls_too_deep_is_not_read() {
         }
     }
 }
+
+/// Uploads begun at once are checked against the quota one at a time: of eight begun
+/// together, 1 MiB each under a 3 MiB quota, three begin and five are refused. Checked
+/// together, each saw the others' uploads unrecorded, and all eight began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(uploads_in(dir.path(), "t").with_quota(3 << 20));
+    let begun = futures::future::join_all((0..8).map(|i| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .initiate(&format!("aaaa000{i}"), 1 << 20, "h", false)
+                .await
+        })
+    }))
+    .await;
+    let (begun, refused): (Vec<_>, Vec<_>) = begun
+        .into_iter()
+        .map(|r| r.unwrap())
+        .partition(|r| r.is_ok());
+    assert_eq!(begun.len(), 3, "{refused:?}");
+    for r in refused {
+        assert!(
+            matches!(r, Err(frostdb_pprof::debuginfo::Error::Quota(_))),
+            "{r:?}"
+        );
+    }
+}
