@@ -39,6 +39,7 @@ pub(crate) fn prepare<'p>(
     profile: &'p ValidProfile,
     options: &IngestOptions,
     deltas: &[&Deltas],
+    limits: &crate::limits::LabelLimits,
 ) -> Result<Prepared<'p>> {
     let p = profile.flat();
     // Every part of the profile types written must be selectable afterwards.
@@ -86,6 +87,13 @@ pub(crate) fn prepare<'p>(
     let mut span_index: HashMap<(u32, u32), u32> = HashMap::default();
     let mut span_groups: Vec<(u32, u32)> = Vec::new();
     let mut span_values: Vec<i64> = Vec::new();
+    // A sample's label set is made (its texts copied, checked and hashed) once per distinct
+    // set of texts: samples are first matched by the texts their labels name, as ids of
+    // the texts (`texts`), so that 500,000 samples naming one set of 30 long values copy
+    // it once, not 500,000 times. Each set made is charged, twice (kept in two places).
+    let mut texts = Texts::default();
+    let mut sets_named: HashMap<Vec<(u32, u32)>, SetIds> = HashMap::default();
+    let mut named: Vec<(u32, u32)> = Vec::new();
     let mut intern = |set: Vec<(String, String)>| -> u32 {
         if set.is_empty() {
             0
@@ -102,16 +110,35 @@ pub(crate) fn prepare<'p>(
         let (labels, with_span) = if sample.label.iter().all(|l| l.str == 0) {
             (0, None) // numeric labels are not kept
         } else {
-            let set = sample_labels(p, sample, &series)?;
-            if set.iter().any(|(k, _)| is_span_label(k)) {
-                let series_only = set
+            named.clear();
+            named.extend(
+                sample
+                    .label
                     .iter()
-                    .filter(|(k, _)| !is_span_label(k))
-                    .cloned()
-                    .collect();
-                (intern(series_only), Some(intern(set)))
-            } else {
-                (intern(set), None)
+                    .filter(|l| l.str != 0)
+                    .map(|l| (texts.id(p, l.key), texts.id(p, l.str))),
+            );
+            named.sort_unstable();
+            named.dedup();
+            match sets_named.get(&named) {
+                Some(&made) => made,
+                None => {
+                    let set = sample_labels(p, sample, &series, limits)?;
+                    let bytes: usize = set.iter().map(|(k, v)| k.len() + v.len() + 48).sum();
+                    crate::decode::charge::take(2 * bytes, "sample labels")?;
+                    let made = if set.iter().any(|(k, _)| is_span_label(k)) {
+                        let series_only = set
+                            .iter()
+                            .filter(|(k, _)| !is_span_label(k))
+                            .cloned()
+                            .collect();
+                        (intern(series_only), Some(intern(set)))
+                    } else {
+                        (intern(set), None)
+                    };
+                    sets_named.insert(named.clone(), made);
+                    made
+                }
             }
         };
         let g = *group_index
@@ -220,19 +247,54 @@ pub(super) fn is_span_label(key: &str) -> bool {
     crate::schema::SPAN_LABELS.contains(&key)
 }
 
+/// A sample's label set, and the same with its span labels when it has any.
+type SetIds = (u32, Option<u32>);
+
+/// Ids of the texts of a profile's string table, equal for equal texts (a table may hold
+/// one text at several indices): each index's text is hashed once, when first named.
+#[derive(Default)]
+struct Texts<'p> {
+    of_index: HashMap<i64, u32>,
+    of_text: HashMap<&'p str, u32>,
+}
+
+impl<'p> Texts<'p> {
+    fn id(&mut self, p: &'p Flat, index: i64) -> u32 {
+        if let Some(&id) = self.of_index.get(&index) {
+            return id;
+        }
+        let next = self.of_text.len() as u32;
+        let id = *self.of_text.entry(text(p, index)).or_insert(next);
+        self.of_index.insert(index, id);
+        id
+    }
+}
+
 /// A sample's string labels, sanitized and sorted, without those equal to a series label.
+/// Each is checked against `limits` before its texts are copied; a name given two values
+/// is refused (which one is meant is not said), as two names that sanitize alike are.
 pub(super) fn sample_labels(
     p: &Flat,
     sample: SampleRef<'_>,
     series: &BTreeMap<String, String>,
+    limits: &crate::limits::LabelLimits,
 ) -> Result<Vec<(String, String)>> {
     let mut labels: BTreeMap<String, (String, &str)> = BTreeMap::new();
+    let mut names = 0;
     for l in sample.label {
         if l.str == 0 {
             continue;
         }
         let (raw, value) = (text(p, l.key), text(p, l.str));
+        // A sanitized name has a byte for each character at least: one over the limit in
+        // characters is refused before it is copied.
+        if raw.len() > limits.max_label_name_length
+            && raw.chars().count() > limits.max_label_name_length
+        {
+            limits.check_label(raw, "")?;
+        }
         let key = sanitize_label(raw);
+        limits.check_label(&key, value)?;
         if let Some(v) = series.get(&key) {
             if v != value {
                 return Err(Error::LabelCollision {
@@ -243,15 +305,35 @@ pub(super) fn sample_labels(
             }
             continue;
         }
-        if let Some((_, other)) = labels.insert(key.clone(), (value.to_owned(), raw))
-            && other != raw
-        {
-            return Err(Error::LabelCollision {
-                label: key,
-                first: format!("pprof label {other:?}"),
-                second: format!("pprof label {raw:?}"),
-            });
+        if let Some((first, other)) = labels.get(&key) {
+            if *other != raw {
+                return Err(Error::LabelCollision {
+                    label: key,
+                    first: format!("pprof label {other:?}"),
+                    second: format!("pprof label {raw:?}"),
+                });
+            }
+            if first != value {
+                return Err(Error::LabelCollision {
+                    label: key,
+                    first: format!("pprof label value {first:?}"),
+                    second: format!("pprof label value {value:?}"),
+                });
+            }
+            continue;
         }
+        if !is_span_label(&key) {
+            names += 1;
+            if names > limits.max_label_names_per_series {
+                return Err(Error::LabelLimit {
+                    what: "the label names of a sample".to_owned(),
+                    got: names,
+                    limit: "max_label_names_per_series",
+                    value: limits.max_label_names_per_series,
+                });
+            }
+        }
+        labels.insert(key, (value.to_owned(), raw));
     }
     Ok(labels.into_iter().map(|(k, (v, _))| (k, v)).collect())
 }
@@ -266,5 +348,103 @@ mod tests {
         assert_eq!(timestamp_ms(ns), 1_644_509_272_337);
         assert_eq!(timestamp_ms(ns / 1000), 1_644_509_272_337, "microseconds");
         assert!(timestamp_ms(0) > 1_700_000_000_000, "now");
+    }
+
+    /// `testing::profile`'s first `samples` samples, each labelled with `labels` labels of
+    /// `value_bytes`-byte values: one set of texts shared by all (each sample naming its
+    /// own copies of the texts, at other indices), or a set of its own per sample.
+    fn labelled(samples: usize, labels: usize, value_bytes: usize, shared: bool) -> ValidProfile {
+        use crate::proto::Label;
+        let mut p = crate::testing::profile(0, samples, 3);
+        p.sample.truncate(samples);
+        for (i, sample) in p.sample.iter_mut().enumerate() {
+            for j in 0..labels {
+                let value = match shared {
+                    true => format!("{j:0>value_bytes$}"),
+                    false => format!("{i}-{j:0>value_bytes$}"),
+                };
+                let key = p.string_table.len() as i64;
+                p.string_table.push(format!("k{j}"));
+                p.string_table.push(value);
+                sample.label.push(Label {
+                    key,
+                    str: key + 1,
+                    ..Label::default()
+                });
+            }
+        }
+        crate::decode::validate(p, &crate::Limits::default()).unwrap()
+    }
+
+    /// A label set is made once per distinct set of texts, and charged as it is made:
+    /// 2,000 samples naming one set of 30 values of 2,000 bytes (each through texts of its
+    /// own) make and charge one set; 200 samples of sets of their own are refused past the
+    /// budget, naming the labels. Before, every sample copied (and hashed) its labels,
+    /// uncharged: 256 sets of 64 values of 1 MiB were 32 GiB from a 20 KB gzip.
+    #[test]
+    fn label_sets_are_made_once_per_distinct_set_and_charged() {
+        let limits = crate::limits::LabelLimits::default();
+        let options = IngestOptions::default().name("x".to_owned());
+        let one_set = labelled(2_000, 30, 2_000, true);
+        let (prepared, charged) = crate::decode::charge::under_budget(1 << 20, || {
+            prepare(&one_set, &options, &[], &limits).map(|p| p.label_sets.len())
+        });
+        assert_eq!(prepared.unwrap(), 2, "the empty set and the one shared");
+        assert!(
+            charged > 2 * 30 * 2_000,
+            "the set made is charged: {charged}"
+        );
+
+        let own_sets = labelled(200, 30, 2_000, false);
+        let (prepared, _) = crate::decode::charge::under_budget(4 << 20, || {
+            prepare(&own_sets, &options, &[], &limits).map(|p| p.label_sets.len())
+        });
+        let e = prepared.map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("sample labels"), "{e}");
+        assert_eq!(
+            prepare(&own_sets, &options, &[], &limits)
+                .unwrap()
+                .label_sets
+                .len(),
+            201,
+            "without a budget, every set is made"
+        );
+    }
+
+    fn refused(prepared: Result<Prepared<'_>>) -> String {
+        match prepared {
+            Ok(_) => panic!("prepared"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Labels past the limits are refused from the texts themselves, before a set is made;
+    /// a name given two values is refused rather than one of them kept.
+    #[test]
+    fn labels_past_the_limits_or_of_two_values_are_refused() {
+        let limits = crate::limits::LabelLimits::default();
+        let options = IngestOptions::default().name("x".to_owned());
+        let long = labelled(1, 1, limits.max_label_value_length + 1, true);
+        let e = refused(prepare(&long, &options, &[], &limits));
+        assert!(e.contains("max_label_value_length"), "{e}");
+        let many = labelled(1, limits.max_label_names_per_series + 1, 4, true);
+        let e = refused(prepare(&many, &options, &[], &limits));
+        assert!(e.contains("max_label_names_per_series"), "{e}");
+
+        let mut p = crate::testing::profile(0, 1, 3);
+        p.sample.truncate(1);
+        let at = p.string_table.len() as i64;
+        p.string_table.extend(["pod", "a", "b"].map(str::to_owned));
+        for value in [at + 1, at + 2] {
+            p.sample[0].label.push(crate::proto::Label {
+                key: at,
+                str: value,
+                ..Default::default()
+            });
+        }
+        let two = crate::decode::validate(p, &crate::Limits::default()).unwrap();
+        let e = refused(prepare(&two, &options, &[], &limits));
+        assert!(e.contains("\"pod\"") || e.contains("pod"), "{e}");
+        assert!(e.contains("\"a\"") && e.contains("\"b\""), "{e}");
     }
 }

@@ -380,7 +380,7 @@ mod tests {
                 delta: false,
                 timestamp_ms: Some(1_000),
             };
-            let prepared = prepare(&profile, &options, &[]).unwrap();
+            let prepared = prepare(&profile, &options, &[], &Default::default()).unwrap();
             let stacks: Vec<u32> = (0..prepared.group_count() as u32).collect();
             prepared.append_samples(7, &stacks, &mut out).unwrap();
         }

@@ -75,7 +75,9 @@ impl ProfileStore {
             let prepared = profiles
                 .iter()
                 .enumerate()
-                .map(|(i, (p, o))| prepare(p, o, &[]).map_err(|e| at(i, e)))
+                .map(|(i, (p, o))| {
+                    prepare(p, o, &[], &self.options.label_limits).map_err(|e| at(i, e))
+                })
                 .collect::<Result<Vec<_>>>()?;
             return self.store_all(&prepared, &mut coming, &at);
         }
@@ -84,7 +86,8 @@ impl ProfileStore {
         let mut earlier = Deltas::default();
         let mut prepared = Vec::with_capacity(profiles.len());
         for (i, (p, o)) in profiles.iter().enumerate() {
-            let one = prepare(p, o, &[&earlier, &deltas]).map_err(|e| at(i, e))?;
+            let one = prepare(p, o, &[&earlier, &deltas], &self.options.label_limits)
+                .map_err(|e| at(i, e))?;
             earlier.apply(one.delta_states.clone());
             prepared.push(one);
         }
@@ -104,12 +107,15 @@ impl ProfileStore {
             // so a leader has no company to wait for from one waiting for its turn.
             coming.arrive();
             let mut deltas = self.deltas.lock();
-            let prepared = prepare(profile, options, &[&deltas])?;
+            let prepared = prepare(profile, options, &[&deltas], &self.options.label_limits)?;
             let summary = self.store(&prepared, coming)?;
             deltas.apply(prepared.delta_states);
             Ok(summary)
         } else {
-            self.store(&prepare(profile, options, &[])?, coming)
+            self.store(
+                &prepare(profile, options, &[], &self.options.label_limits)?,
+                coming,
+            )
         }
     }
 
@@ -128,9 +134,9 @@ impl ProfileStore {
             ..options.clone()
         };
         let mut baseline = Deltas::default();
-        baseline.apply(prepare(previous, &options, &[])?.delta_states);
+        baseline.apply(prepare(previous, &options, &[], &self.options.label_limits)?.delta_states);
         self.store(
-            &prepare(profile, &options, &[&baseline])?,
+            &prepare(profile, &options, &[&baseline], &self.options.label_limits)?,
             &mut Coming::new(self),
         )
     }

@@ -56,14 +56,18 @@ where
         .blocking(move |cancel| {
             // Decoding stops once the request has ended; storing, once begun, does not,
             // and the request's answer then waits for it (`edge::Commit`).
-            let incoming = crate::work::until_cancelled(cancel, || charged(memory, decode))?;
+            let incoming =
+                crate::work::until_cancelled(cancel, || charged(memory.clone(), decode))?;
             if commit.is_some_and(|c| !c.begin()) {
                 return Err(ApiError::new(
                     axum::http::StatusCode::REQUEST_TIMEOUT,
                     "the request's deadline passed before its profiles were stored: none was",
                 ));
             }
-            Ok(frostdb_pprof::convert::store(&tenant.store, &incoming)?)
+            // What storing copies (each distinct set of sample labels) is charged too.
+            Ok(charged(memory, || {
+                frostdb_pprof::convert::store(&tenant.store, &incoming)
+            })?)
         })
         .await
 }
