@@ -578,8 +578,14 @@ enum BlockStream {
         /// The block's file, when the store is a local directory.
         file: Option<std::path::PathBuf>,
     },
-    /// Read on the I/O runtime.
-    Remote(tokio::sync::mpsc::Receiver<Result<RecordBatch>>),
+    /// Read on the I/O runtime: its batches, then `Ok(None)` at the block's end. A channel
+    /// closed before that (the read's task ended otherwise: a decoder that panicked) is
+    /// an error, never the block's end: what was not read is not an answer.
+    Remote {
+        rx: tokio::sync::mpsc::Receiver<Result<Option<RecordBatch>>>,
+        table: String,
+        block: Arc<super::Block>,
+    },
     /// Read here from the local file.
     Local {
         reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
@@ -612,14 +618,28 @@ impl Iterator for BlockStream {
                 },
                 None => {
                     let (tx, rx) = tokio::sync::mpsc::channel(2);
+                    let (table, block) = (plan.table.clone(), plan.block.clone());
                     io.spawn(read_block(plan, batch_rows, store, tx));
-                    *self = BlockStream::Remote(rx);
+                    *self = BlockStream::Remote { rx, table, block };
                 }
             }
         }
         match self {
             // Waits without a runtime of its own, so it may be called from any thread.
-            BlockStream::Remote(rx) => futures::executor::block_on(rx.recv()),
+            BlockStream::Remote { rx, table, block } => {
+                let next = match futures::executor::block_on(rx.recv()) {
+                    Some(Ok(Some(batch))) => return Some(Ok(batch)),
+                    Some(Ok(None)) => None,
+                    Some(Err(e)) => Some(Err(e)),
+                    None => Some(Err(unreadable(
+                        table,
+                        block,
+                        "its read stopped before the block's end (the reader failed)",
+                    ))),
+                };
+                *self = BlockStream::Done;
+                next
+            }
             BlockStream::Local {
                 reader,
                 fill,
@@ -797,7 +817,7 @@ async fn read_block(
     plan: BlockPlan,
     batch_rows: usize,
     store: Arc<dyn object_store::ObjectStore>,
-    tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    tx: tokio::sync::mpsc::Sender<Result<Option<RecordBatch>>>,
 ) {
     let Prepared {
         table,
@@ -833,10 +853,12 @@ async fn read_block(
             .map_err(|e| fail(&e))
             .and_then(|b| fill.add(b).map_err(|e| fail(&e)));
         let stop = batch.is_err();
-        if tx.send(batch).await.is_err() || stop {
+        if tx.send(batch.map(Some)).await.is_err() || stop {
             return;
         }
     }
+    // The block's end, said: a read that stops without saying it failed.
+    let _ = tx.send(Ok(None)).await;
 }
 
 /// The constant columns of a plan, as arrays long enough for any batch of its read.
@@ -1066,6 +1088,51 @@ fn page_selection<'s>(
                 })
                 .collect();
             Some(RowSelection::from(selectors))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block read on the I/O runtime ends only when its read says so: a read whose task
+    /// ends without saying it (a Parquet decoder that panicked drops its sender) is an
+    /// error naming the block, not a block with fewer rows.
+    #[test]
+    fn a_remote_read_that_stops_before_the_blocks_end_is_an_error() {
+        let block = Arc::new(super::super::Block::new(BlockMeta {
+            id: 7,
+            path: "tables/samples/7.parquet".into(),
+            size: 100,
+            rows: 4,
+            row_groups: 1,
+            min_tx: 0,
+            max_tx: 0,
+            columns: Default::default(),
+        }));
+        let batch = RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+        let stream = |end: bool| {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tx.try_send(Ok(Some(batch.clone()))).unwrap();
+            if end {
+                tx.try_send(Ok(None)).unwrap();
+            }
+            drop(tx);
+            BlockStream::Remote {
+                rx,
+                table: "samples".into(),
+                block: block.clone(),
+            }
+        };
+        let read: Vec<_> = stream(true).collect();
+        assert!(matches!(read[..], [Ok(_)]), "{read:?}");
+        let read: Vec<_> = stream(false).collect();
+        match &read[..] {
+            [Ok(_), Err(e @ Error::BlockUnreadable { block: 7, .. })] => {
+                assert!(e.to_string().contains("before the block's end"), "{e}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }
