@@ -63,6 +63,16 @@ pub struct RollupOptions {
     pub daily_retention: Option<Duration>,
 }
 
+impl RollupOptions {
+    /// How long the longest-kept rollups are kept, beside samples kept `samples` (`None`:
+    /// some are kept forever).
+    pub(crate) fn longest_kept(&self, samples: Option<Duration>) -> Option<Duration> {
+        let hourly = self.hourly_retention.or(samples);
+        let daily = self.daily_retention.or(samples);
+        Some(samples?.max(hourly?).max(daily?))
+    }
+}
+
 impl Default for RollupOptions {
     fn default() -> Self {
         Self {
@@ -155,6 +165,11 @@ fn timestamps(batch: &RecordBatch) -> Result<&Int64Array> {
 }
 
 impl Rollups {
+    /// The tables of the rollups, hourly and daily: their rows refer to stacks.
+    pub(crate) fn tables(&self) -> Vec<Table> {
+        self.levels.iter().map(|l| l.table.clone()).collect()
+    }
+
     /// Opens the rollup tables of `db` and reads which buckets they hold (`read_only`: a
     /// follower's store, which sets no retention).
     pub(crate) fn open(

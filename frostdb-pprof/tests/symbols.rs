@@ -200,3 +200,71 @@ fn profiles_stored_while_partitions_close_keep_every_stack_whole() {
     drop(store);
     check(&open());
 }
+
+/// Rollups kept longer than samples (30 days beside 7, as the README's config keeps them)
+/// still answer once the samples they roll up have expired: the series index merges
+/// narrow by, and the symbol partitions their stacks are in, are kept as long as they are.
+/// Before, an old range answered an empty profile with a pod matcher (200, the index had
+/// expired with the samples), and failed for ever without one (the symbols were deleted).
+#[test]
+fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions::default()
+            .retention(Duration::from_secs(7 * 24 * 3600))
+            .rollups(frostdb_pprof::RollupOptions {
+                delay: Duration::ZERO,
+                hourly_retention: Some(Duration::from_secs(30 * 24 * 3600)),
+                daily_retention: Some(Duration::from_secs(30 * 24 * 3600)),
+                ..Default::default()
+            }),
+    )
+    .unwrap();
+    const HOUR: i64 = 3_600_000;
+    let now = frostdb_core::now_ms();
+    let hour = (now - 10 * 24 * HOUR).div_euclid(HOUR) * HOUR;
+    for i in 0..3u64 {
+        ingest(&store, i * 1_000, 1_000, hour + 60_000 * i as i64);
+    }
+    store.rotate_symbols();
+    store.db().flush().unwrap();
+    ingest(&store, 0, 10, now - 1_000);
+    store.db().flush().unwrap();
+    let range = TimeRange {
+        start_ms: hour,
+        end_ms: hour + HOUR,
+    };
+    let pod = Selector::parse(&format!("{CPU}{{pod=\"pod-1\"}}")).unwrap();
+    let before = (
+        store.merge(&all(), range).unwrap().total(),
+        store.merge(&pod, range).unwrap().total(),
+    );
+    assert!(before.1 > 0 && before.0 > before.1, "{before:?}");
+    assert!(
+        store.roll_up_at(now).unwrap().hours > 0,
+        "the old hour rolled up"
+    );
+
+    for table in [
+        frostdb_profile::schema::SAMPLES,
+        frostdb_profile::schema::SERIES,
+    ] {
+        store
+            .db()
+            .get_table(table)
+            .unwrap()
+            .enforce_retention()
+            .unwrap();
+    }
+    assert!(
+        store.merge_raw(&all(), range).unwrap().samples.is_empty(),
+        "samples expired"
+    );
+    store.expire_symbols().unwrap();
+    let after = (
+        store.merge(&all(), range).unwrap().total(),
+        store.merge(&pod, range).unwrap().total(),
+    );
+    assert_eq!(after, before);
+}

@@ -5,8 +5,8 @@ use super::*;
 
 /// Deletes symbol partitions no retained sample refers to (run after retention).
 pub(super) struct SymbolExpiry {
-    /// The tables whose rows refer to stacks: samples and spans.
-    pub(super) stack_users: [Table; 2],
+    /// The tables whose rows refer to stacks: samples, spans and rollups.
+    pub(super) stack_users: Vec<Table>,
     pub(super) symbols: Arc<SymbolStore>,
 }
 

@@ -175,11 +175,14 @@ impl ProfileStore {
         set_ttl(&spans, options.retention)?;
         let series_index = schema::open_series_table(&db, schema::SERIES, TableOptions::default())?;
         // An index row stands for an hour from its timestamp: kept an hour longer than the
-        // samples, so no sample outlives the row that indexes it.
+        // rows it indexes, so no sample outlives the row that indexes it, and no rollup
+        // either (merges narrow the rollups they read by the index too: rollups kept 90 days
+        // beside samples kept 30 were read as holding no series).
         set_ttl(
             &series_index,
             options
-                .retention
+                .rollups
+                .longest_kept(options.retention)
                 .map(|r| r + Duration::from_millis(schema::SERIES_BUCKET_MS as u64)),
         )?;
         if !read_only && series_index.snapshot().rows() == 0 && samples.snapshot().rows() > 0 {
@@ -248,7 +251,21 @@ impl ProfileStore {
             mappings,
             names,
         };
-        let stack_users = [samples.clone(), spans.clone()];
+        let rollups = Arc::new(Rollups::open(
+            &db,
+            &samples,
+            &series_index,
+            &options.samples,
+            options.retention,
+            options.rollups.clone(),
+            read_only,
+        )?);
+        // Every table whose rows refer to stacks: a symbol partition is kept while any of
+        // them holds a row of it (rollups may be kept longer than samples).
+        let stack_users: Vec<Table> = [samples.clone(), spans.clone()]
+            .into_iter()
+            .chain(rollups.tables())
+            .collect();
         let newest_used = partitions_used(&stack_users).map_or(0, |(_, newest)| newest);
         let newest = tables.newest_partition().max(newest_used);
         let symbols = Arc::new(if read_only {
@@ -263,15 +280,6 @@ impl ProfileStore {
         let task: Arc<dyn Maintenance> = expiry.clone();
         db.add_maintenance(Arc::downgrade(&task) as Weak<dyn Maintenance>);
         drop(task);
-        let rollups = Arc::new(Rollups::open(
-            &db,
-            &samples,
-            &series_index,
-            &options.samples,
-            options.retention,
-            options.rollups.clone(),
-            read_only,
-        )?);
         let task: Arc<dyn Maintenance> = rollups.clone();
         db.add_maintenance(Arc::downgrade(&task) as Weak<dyn Maintenance>);
         drop(task);
