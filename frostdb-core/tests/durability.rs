@@ -453,10 +453,13 @@ fn retired_blocks_stay_readable_by_older_snapshots_and_orphans_go_at_open() {
         blocks_dir.join("00000000000000000099.parquet"),
     )
     .unwrap();
+    // So is an upload a crash cut off before its rename (the local store's staging file,
+    // which it never lists).
+    std::fs::write(blocks_dir.join("00000000000000000100.parquet#3"), b"PAR1").unwrap();
     drop(table);
     drop(db);
     let db = Db::open(dir.path(), options()).unwrap();
-    assert_eq!(files(), 1, "the orphan is gone");
+    assert_eq!(files(), 1, "the orphan and the cut-off upload are gone");
     let table = db.get_table("samples").unwrap();
     assert_eq!(
         values(&table.scan(&ScanRequest::new()).unwrap()),

@@ -225,7 +225,44 @@ impl Storage {
         for path in &orphans {
             self.delete(path)?;
         }
+        self.delete_staging(&self.prefix.clone().join(table))?;
         Ok(orphans)
+    }
+
+    /// Deletes what uploads cut off by a crash left in a local directory: the local store
+    /// writes a block as `<block>.parquet#<n>` and renames it once whole, and does not list
+    /// such files, so nothing else would ever delete them. Only those older than the grace
+    /// period: one may be an upload in progress.
+    fn delete_staging(&self, dir: &ObjectPath) -> crate::Result<()> {
+        let Some(local) = &self.local else {
+            return Ok(());
+        };
+        let io = |source: std::io::Error, what: &std::path::Path| crate::Error::Io {
+            context: format!("deleting cut-off uploads in {}", what.display()),
+            source,
+        };
+        let Ok(dir) = local.path_to_filesystem(dir) else {
+            return Ok(());
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(e, &dir)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| io(e, &dir))?;
+            let staging = entry.file_name().to_string_lossy().contains(".parquet#");
+            let old_enough = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age >= self.grace);
+            if staging && old_enough {
+                std::fs::remove_file(entry.path()).map_err(|e| io(e, &entry.path()))?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {

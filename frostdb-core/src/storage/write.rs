@@ -125,7 +125,19 @@ impl Storage {
         };
         let parquet = std::sync::Arc::new(parquet);
         let shown2 = path.to_string();
-        self.io.run(async move {
+        // A block in a local directory is made durable before it is named anywhere: the
+        // manifest naming it, and the WAL segments it replaces being deleted, are made
+        // durable right after this returns.
+        let file = self
+            .local
+            .as_ref()
+            .map(|local| local.path_to_filesystem(&path))
+            .transpose()
+            .map_err(|source| Error::ObjectStore {
+                context: format!("the file of block {path}"),
+                source,
+            })?;
+        let written = self.io.run(async move {
             let upload = BufWriter::with_capacity(store.clone(), path.clone(), UPLOAD_PART)
                 .with_max_concurrency(UPLOADS_IN_FLIGHT);
             let key: Vec<KeyColumn> = properties
@@ -164,11 +176,30 @@ impl Storage {
                         source,
                     })?
             };
-            Ok(Written {
+            Ok::<_, Error>(Written {
                 size: head.size,
                 rows,
                 row_groups: metadata.num_row_groups() as u32,
             })
-        })?
+        })??;
+        if let Some(file) = file {
+            sync_new_file(&file).map_err(|e| Error::Io {
+                context: format!("syncing block {}", file.display()),
+                source: e,
+            })?;
+        }
+        Ok(written)
     }
+}
+
+/// Makes a file just renamed into place durable: its bytes, and its name in its directory
+/// and in the directory above (where the table's directory may just have been made). A
+/// rename of a new file that is never synced can come back empty or missing after a crash
+/// (ext4's delayed allocation covers only a rename over an existing file).
+fn sync_new_file(file: &std::path::Path) -> std::io::Result<()> {
+    std::fs::File::open(file)?.sync_all()?;
+    for dir in file.ancestors().skip(1).take(2) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
