@@ -671,6 +671,21 @@ async fn query_range(
 /// Points a `query_range` answer may hold; more is refused (400), naming the limit.
 pub const MAX_RANGE_POINTS: usize = 1 << 20;
 
+/// Refuses `series` holding more than `max_points` points (400, naming the limit).
+pub fn within_points(
+    series: &[frostdb_profile::native::Series],
+    max_points: usize,
+) -> ApiResult<()> {
+    let points: usize = series.iter().map(|s| s.points.len()).sum();
+    if points > max_points {
+        return Err(ApiError::bad_request(format!(
+            "the answer would hold {points} points, over the limit of {max_points}: \
+             ask with a larger step, a shorter range or a narrower selector"
+        )));
+    }
+    Ok(())
+}
+
 /// One series of a `query_range` answer.
 #[derive(serde::Serialize)]
 struct RangeSeries {
@@ -697,13 +712,7 @@ fn range_body(
     profile_type: Option<String>,
     max_points: usize,
 ) -> ApiResult<Vec<u8>> {
-    let points: usize = series.iter().map(|s| s.points.len()).sum();
-    if points > max_points {
-        return Err(ApiError::bad_request(format!(
-            "the answer would hold {points} points, over the limit of {max_points}: \
-             ask with a larger step, a shorter range or a narrower selector"
-        )));
-    }
+    within_points(&series, max_points)?;
     let series = series
         .into_iter()
         .map(|s| RangeSeries {

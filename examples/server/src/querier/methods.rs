@@ -450,43 +450,46 @@ impl Querier {
             Some(n) => Some(n as usize),
         };
         let group_by = r.group_by;
-        let mut series = self
-            .read(Vec::new(), move |store| {
-                let group_by = (!group_by.is_empty()).then_some(group_by.as_slice());
-                Ok(store
-                    .range(&selector, range, step_ms, group_by, ReadOptions::STRICT)?
-                    .value)
+        // The read, the choice of series and the answer, all in the lane: the answer is
+        // refused past the points `query_range` may answer (a step of 1 ms over months was
+        // gigabytes, built on an async thread and charged to nothing).
+        self.read(querier::SelectSeriesResponse::default(), move |store| {
+            let group_by = (!group_by.is_empty()).then_some(group_by.as_slice());
+            let mut series = store
+                .range(&selector, range, step_ms, group_by, ReadOptions::STRICT)?
+                .value;
+            if let Some(limit) = limit {
+                // The largest totals first, ties by labels; then back to label order.
+                let total = |s: &frostdb_profile::native::Series| -> i128 {
+                    s.points.iter().map(|(_, v)| i128::from(*v)).sum()
+                };
+                series.sort_by(|a, b| {
+                    total(b)
+                        .cmp(&total(a))
+                        .then_with(|| a.labels.cmp(&b.labels))
+                });
+                series.truncate(limit);
+                series.sort_by(|a, b| a.labels.cmp(&b.labels));
+            }
+            crate::query::within_points(&series, crate::query::MAX_RANGE_POINTS)?;
+            Ok(querier::SelectSeriesResponse {
+                series: series
+                    .into_iter()
+                    .map(|s| types::Series {
+                        points: s
+                            .values(average)
+                            .map(|(timestamp, value)| types::Point {
+                                value,
+                                timestamp,
+                                ..Default::default()
+                            })
+                            .collect(),
+                        labels: label_pairs(s.labels),
+                    })
+                    .collect(),
             })
-            .await?;
-        if let Some(limit) = limit {
-            // The largest totals first, ties by labels; then back to label order.
-            let total = |s: &frostdb_profile::native::Series| -> i128 {
-                s.points.iter().map(|(_, v)| i128::from(*v)).sum()
-            };
-            series.sort_by(|a, b| {
-                total(b)
-                    .cmp(&total(a))
-                    .then_with(|| a.labels.cmp(&b.labels))
-            });
-            series.truncate(limit);
-            series.sort_by(|a, b| a.labels.cmp(&b.labels));
-        }
-        Ok(querier::SelectSeriesResponse {
-            series: series
-                .into_iter()
-                .map(|s| types::Series {
-                    points: s
-                        .values(average)
-                        .map(|(timestamp, value)| types::Point {
-                            value,
-                            timestamp,
-                            ..Default::default()
-                        })
-                        .collect(),
-                    labels: label_pairs(s.labels),
-                })
-                .collect(),
         })
+        .await
     }
 
     pub(super) async fn diff(&self, r: querier::DiffRequest) -> ApiResult<querier::DiffResponse> {
