@@ -222,8 +222,8 @@ fn streamed(method: &axum::http::Method, path: &str) -> bool {
 
 /// Reserves every request's body from the memory budget as it arrives (503 when it does
 /// not fit), and gives handlers the reservation to grow ([`RequestMemory`]). A streamed
-/// upload holds what it keeps in flight ([`STREAMED_UPLOAD_BYTES`]) for as long as it
-/// lasts, not every byte it sends: a gigabyte upload never holds a gigabyte of the budget
+/// upload holds at most what it keeps in flight ([`STREAMED_UPLOAD_BYTES`]) for as long as
+/// it lasts, not every byte it sends: a gigabyte upload never holds a gigabyte of the budget
 /// the other requests and tenants share.
 pub async fn budget_memory(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let memory = RequestMemory::new(&state.budget);
@@ -237,18 +237,19 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         true => crate::codec::largest_grpc_message(&state.config),
         false => 0,
     };
-    let body = if streamed {
-        if let Err(e) = memory.try_grow(STREAMED_UPLOAD_BYTES, "an upload's parts in flight") {
-            return e.answer(grpc.as_ref());
-        }
-        body
-    } else {
-        Body::new(Budgeted {
-            inner: body,
-            memory: memory.clone(),
-            inflates,
-        })
-    };
+    // A streamed upload holds at most its parts in flight, and no more than it has sent:
+    // reserved as its bytes arrive, up to that. (Reserved whole before the first byte, 256
+    // streams sending nothing took the budget from everyone for the deadline's minute.)
+    let body = Body::new(Budgeted {
+        inner: body,
+        memory: memory.clone(),
+        inflates: if streamed { 0 } else { inflates },
+        holds: if streamed {
+            STREAMED_UPLOAD_BYTES
+        } else {
+            usize::MAX
+        },
+    });
     let run = next.run(Request::from_parts(parts, body));
     // A streamed upload's messages are not charged one by one as decoded (they would add
     // up to the whole upload): what it holds is its parts in flight, reserved above.
@@ -379,6 +380,9 @@ struct Budgeted {
     /// times each byte, as they arrive; the decoder gives back what was not needed
     /// ([`RequestMemory::inflated`]).
     inflates: usize,
+    /// How much more of the body's own bytes are reserved as they arrive: all of them (a
+    /// body read whole), or up to a streamed upload's parts in flight.
+    holds: usize,
 }
 
 impl http_body::Body for Budgeted {
@@ -398,10 +402,11 @@ impl http_body::Body for Budgeted {
                 .len()
                 .saturating_mul(DEFLATE_MOST_RATIO)
                 .min(self.inflates);
+            let body = data.len().min(self.holds);
             let reserved = match ahead {
-                0 => self.memory.try_grow(data.len(), "the request body"),
+                0 => self.memory.try_grow(body, "the request body"),
                 _ => self.memory.try_grow(
-                    data.len() + ahead,
+                    body + ahead,
                     "the request body and what its compressed gRPC message may inflate to",
                 ),
             };
@@ -411,6 +416,7 @@ impl http_body::Body for Budgeted {
                 return Poll::Ready(Some(Err(axum::Error::new(message))));
             }
             self.inflates -= ahead;
+            self.holds -= body;
             *self.memory.0.inflating.lock() += ahead;
         }
         Poll::Ready(Some(Ok(frame)))
@@ -428,6 +434,47 @@ impl http_body::Body for Budgeted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A streamed upload's body is reserved as its bytes arrive, and at most up to its
+    /// parts in flight; one that has sent nothing holds nothing. A body read whole is
+    /// reserved byte for byte. (A stalled upload held 40 MiB before sending a byte.)
+    #[tokio::test]
+    async fn bodies_are_reserved_as_they_arrive_and_uploads_up_to_their_parts_in_flight() {
+        let budget = frostdb_core::MemoryBudget::new(1 << 30);
+        let body = |holds: usize, chunks: Vec<usize>| {
+            let memory = RequestMemory::new(&budget);
+            let frames = chunks
+                .into_iter()
+                .map(|n| Ok::<_, std::io::Error>(Bytes::from(vec![0u8; n])));
+            let body = Budgeted {
+                inner: Body::from_stream(futures::stream::iter(frames)),
+                memory: memory.clone(),
+                inflates: 0,
+                holds,
+            };
+            (body, memory)
+        };
+        let (stalled, memory) = body(STREAMED_UPLOAD_BYTES, vec![]);
+        assert_eq!(memory.bytes(), 0, "nothing sent, nothing held");
+        axum::body::to_bytes(Body::new(stalled), usize::MAX)
+            .await
+            .unwrap();
+        let (upload, memory) = body(STREAMED_UPLOAD_BYTES, vec![30 << 20, 30 << 20, 1 << 20]);
+        axum::body::to_bytes(Body::new(upload), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(memory.bytes(), STREAMED_UPLOAD_BYTES);
+        let (small, memory) = body(STREAMED_UPLOAD_BYTES, vec![1000]);
+        axum::body::to_bytes(Body::new(small), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(memory.bytes(), 1000);
+        let (whole, memory) = body(usize::MAX, vec![30 << 20, 30 << 20]);
+        axum::body::to_bytes(Body::new(whole), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(memory.bytes(), 60 << 20);
+    }
 
     /// A handler that has begun storing gets its own answer past the deadline; one whose
     /// deadline came first gets 408 and may not begin.
