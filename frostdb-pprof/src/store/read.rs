@@ -585,6 +585,7 @@ impl ProfileStore {
             range,
             only,
             read.lenient,
+            &self.memory,
         )?))
     }
 
