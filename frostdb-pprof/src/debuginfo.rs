@@ -229,8 +229,14 @@ impl DebugInfoStore {
         )
     }
 
+    /// Where `build_id`'s `name` is kept: under the build id in lower case, as the
+    /// symbolizer looks it up (a Parca agent may send it in upper case; kept as sent, it
+    /// was accepted and never used).
     fn path(&self, build_id: &str, name: &str) -> ObjectPath {
-        self.prefix.clone().join(build_id).join(name)
+        self.prefix
+            .clone()
+            .join(build_id.to_ascii_lowercase())
+            .join(name)
     }
 
     /// The upload state of `build_id`, if any.

@@ -135,8 +135,11 @@ async fn uploaded_debug_info_names_the_addresses_and_a_dead_debuginfod_costs_its
     // The tenant's uploads, in an object store on disk: the program as linked, with its
     // symbols and DWARF (what `frostdb debuginfo upload` takes), whose own segments place
     // the file offsets.
+    // Sent with its build id in upper case, as an agent may: kept under the lower case
+    // the symbolizer looks up.
     let uploads = uploads_in(dir.path(), "objects");
-    upload(&uploads, &built.build_id, &built.unstripped, false).await;
+    let sent_as = built.build_id.to_ascii_uppercase();
+    upload(&uploads, &sent_as, &built.unstripped, false).await;
 
     // A debuginfod that accepts and never answers: asked only after the uploads, and
     // given up after its timeout when the uploads lack a build id.
