@@ -10,6 +10,39 @@ use frostdb_pprof::{Error, IngestOptions, Limits, ProfileStore, StoreOptions, de
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
 
+/// The first profile of a cumulative series stores nothing (it is the baseline of the
+/// next), but names a series: its labels are checked, and the series whose previous values
+/// are kept are bounded (4 per series the store may hold). Before, a client inventing
+/// series had each first profile's values kept in memory, checked and counted by nothing.
+#[test]
+fn baselines_of_cumulative_series_are_checked_and_bounded() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default().max_series(1)).unwrap();
+    let mut allocs = frostdb_pprof::testing::profile(0, 50, 3);
+    allocs.string_table[1] = "alloc_space".into();
+    allocs.string_table[2] = "bytes".into();
+    let allocs = frostdb_pprof::validate(allocs, &Limits::default()).unwrap();
+    let push = |run: usize| {
+        let mut opts = options("memory", &[("run", &run.to_string())]);
+        opts.delta = true;
+        store.ingest_profile(&allocs, &opts)
+    };
+    for run in 0..4 {
+        let summary = push(run).unwrap();
+        assert_eq!(summary.rows, 0, "a baseline stores nothing");
+    }
+    let e = push(4).unwrap_err();
+    assert_eq!(e.kind(), frostdb_core::ErrorKind::QuotaExceeded, "{e}");
+    assert!(e.to_string().contains("cumulative series"), "{e}");
+    // A baseline's labels are checked as a stored profile's are.
+    let mut opts = options("memory", &[("run", &"x".repeat(3_000))]);
+    opts.delta = true;
+    let e = store.ingest_profile(&allocs, &opts).unwrap_err();
+    assert!(e.to_string().contains("max_label_value_length"), "{e}");
+    // The series known go on: their next profiles store their deltas.
+    assert!(push(0).is_ok());
+}
+
 fn file(name: &str) -> Vec<u8> {
     std::fs::read(common::shared().join("testdata/pprof").join(name)).unwrap()
 }

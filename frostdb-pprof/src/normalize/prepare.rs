@@ -18,6 +18,16 @@ impl Deltas {
     pub(crate) fn into_states(self) -> Vec<(String, HashMap<Fingerprint, i64>)> {
         self.previous.into_iter().collect()
     }
+
+    /// Cumulative series whose previous values are kept.
+    pub(crate) fn len(&self) -> usize {
+        self.previous.len()
+    }
+
+    /// Whether the previous values of `key` are kept.
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.previous.contains_key(key)
+    }
 }
 
 /// A profile's timestamp in ms: `time_nanos`, repaired when a writer put microseconds in

@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// Cumulative sample types a series may have (a Go heap profile has two, allocations in
+/// objects and in bytes; contentions and delay two more): the previous values kept for
+/// deltas are bounded by this many per series the store may hold.
+const MAX_BASELINES_PER_SERIES: usize = 4;
+
 impl ProfileStore {
     /// Decodes `bytes` (gzip or raw pprof) and stores the profile.
     ///
@@ -91,6 +96,7 @@ impl ProfileStore {
             earlier.apply(one.delta_states.clone());
             prepared.push(one);
         }
+        self.admit_baselines(&deltas, &prepared)?;
         let summaries = self.store_all(&prepared, &mut coming, &at)?;
         deltas.apply(earlier.into_states());
         Ok(summaries)
@@ -108,6 +114,7 @@ impl ProfileStore {
             coming.arrive();
             let mut deltas = self.deltas.lock();
             let prepared = prepare(profile, options, &[&deltas], &self.options.label_limits)?;
+            self.admit_baselines(&deltas, std::slice::from_ref(&prepared))?;
             let summary = self.store(&prepared, coming)?;
             deltas.apply(prepared.delta_states);
             Ok(summary)
@@ -378,6 +385,42 @@ impl ProfileStore {
             let (p, set) = places[example];
             prepared[p].series_text(set)
         })
+    }
+
+    /// Refuses cumulative profiles whose previous values would be kept for more series
+    /// than [`MAX_BASELINES_PER_SERIES`] times [`StoreOptions::max_series`], and checks the
+    /// labels of those that store nothing (the first of a series, its baseline), as a
+    /// stored profile's are: a baseline names a series, and its values are kept in memory
+    /// until the next profile of it. Before, a client inventing series keys had each
+    /// first profile's values kept, and none of them counted.
+    fn admit_baselines(
+        &self,
+        deltas: &crate::normalize::Deltas,
+        prepared: &[crate::normalize::Prepared<'_>],
+    ) -> Result<()> {
+        for p in prepared.iter().filter(|p| p.is_empty()) {
+            p.check_labels(&self.options.label_limits)?;
+        }
+        let limit = self
+            .options
+            .max_series
+            .saturating_mul(MAX_BASELINES_PER_SERIES);
+        let new: std::collections::BTreeSet<&str> = prepared
+            .iter()
+            .flat_map(|p| p.delta_states.iter().map(|(key, _)| key.as_str()))
+            .filter(|key| !deltas.has(key))
+            .collect();
+        match new.first() {
+            Some(example) if deltas.len() + new.len() > limit => Err(Error::SeriesLimit {
+                limit,
+                new: new.len(),
+                example: format!(
+                    "the previous values of cumulative series {:?}",
+                    example.replace('\0', " ")
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Admits series `keys` (`(key, i)`), all or none, under [`StoreOptions::max_series`];
