@@ -73,19 +73,9 @@ async fn within(
     grpc: Option<axum::http::HeaderValue>,
     run: impl std::future::Future<Output = Response>,
 ) -> Response {
-    let commit = Commit::default();
-    let run = COMMIT.scope(commit.clone(), run);
-    tokio::pin!(run);
-    match tokio::time::timeout(limit, &mut run).await {
-        Ok(response) => response,
-        Err(_) if !commit.give_up() => {
-            tracing::info!(
-                secs = limit.as_secs(),
-                "past the request's deadline while storing: its answer waits for the outcome"
-            );
-            run.await
-        }
-        Err(_) => ApiError::new(
+    match until(tokio::time::Instant::now() + limit, run).await {
+        Some(response) => response,
+        None => ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the request took longer than {} s (limits.request_timeout_secs) and was cancelled",
@@ -93,6 +83,39 @@ async fn within(
             ),
         )
         .answer(grpc.as_ref()),
+    }
+}
+
+/// `run`'s outcome, or `None` once `deadline` has passed (`run` dropped, and with it the
+/// work it waits on); but once `run` has begun storing ([`Commit::begin`]) its outcome,
+/// however long it takes. For work a request leaves running after its answer has begun
+/// (a stream's later messages), as [`deadline`] is for the request itself.
+pub async fn until<T>(
+    deadline: tokio::time::Instant,
+    run: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let commit = Commit::default();
+    let run = COMMIT.scope(commit.clone(), run);
+    tokio::pin!(run);
+    match tokio::time::timeout_at(deadline, &mut run).await {
+        Ok(outcome) => Some(outcome),
+        Err(_) if !commit.give_up() => {
+            tracing::info!("past the request's deadline while storing: it waits for the outcome");
+            Some(run.await)
+        }
+        Err(_) => None,
+    }
+}
+
+/// `run` with `memory` as its request's memory ([`request_memory`]): for a request's work
+/// in a task of its own, whose decoders would otherwise charge nothing.
+pub async fn charging_to<T>(
+    memory: Option<RequestMemory>,
+    run: impl std::future::Future<Output = T>,
+) -> T {
+    match memory {
+        Some(memory) => REQUEST_MEMORY.scope(memory, run).await,
+        None => run.await,
     }
 }
 

@@ -204,7 +204,12 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
         tx.try_send(Ok(proto::WriteResponse { record: wanted }))
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
         let state = self.state.clone();
-        tokio::spawn(async move {
+        // The second record and its storing, under the request's deadline and memory: the
+        // answer has begun, but the work is still the request's (before, it ran to its end
+        // after the deadline and after the client left, and its record was charged to
+        // nothing).
+        let charged_to = memory.clone();
+        tokio::spawn(crate::edge::charging_to(charged_to, async move {
             let locations = match tokio::time::timeout_at(deadline, inbound.message()).await {
                 Err(_) => {
                     tracing::info!(%tenant, "parca Write: no locations record within the deadline");
@@ -227,20 +232,30 @@ impl grpc::profile_store_service_server::ProfileStoreService for Agent {
                 }
             };
             let converting = state.clone();
-            let stored = store(&state, &tenant, memory, move || {
-                let limits = converting.tenants.pprof_limits();
-                Ok(parca::write_v1(&samples, &locations, &limits)?)
-            })
+            let stored = crate::edge::until(
+                deadline,
+                store(&state, &tenant, memory, move || {
+                    let limits = converting.tenants.pprof_limits();
+                    Ok(parca::write_v1(&samples, &locations, &limits)?)
+                }),
+            )
             .await;
             match stored {
-                Ok(stored) => {
+                Some(Ok(stored)) => {
                     tracing::debug!(%tenant, profiles = stored.len(), "parca Write");
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     let _ = tx.try_send(Err(status(e)));
                 }
+                None => {
+                    tracing::info!(%tenant, "parca Write: cancelled at the deadline");
+                    let _ = tx.try_send(Err(tonic::Status::deadline_exceeded(format!(
+                        "the profiles were not stored within {secs} s of the samples \
+                         (limits.request_timeout_secs): none was"
+                    ))));
+                }
             }
-        });
+        }));
         Ok(tonic::Response::new(rx))
     }
 
