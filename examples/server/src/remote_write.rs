@@ -11,7 +11,7 @@
 //! backoff that doubles up to 30 s. When the queue is full the oldest interval is dropped
 //! (counted): the newer carries the counters' later values, which is what `rate()` needs.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -146,9 +146,16 @@ async fn send(client: &reqwest::Client, url: &str, tenant: &str, body: &[u8]) ->
         .await;
     match answer {
         Ok(r) if r.status().is_success() => Sent::Acknowledged,
-        Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+        Ok(mut r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+            // The receiver's reason, its first 4 KiB: an answer of any size is not held.
             let status = r.status();
-            Sent::Refused(format!("{status}: {}", r.text().await.unwrap_or_default()))
+            let mut why = Vec::new();
+            while why.len() < 4096
+                && let Ok(Some(chunk)) = r.chunk().await
+            {
+                why.extend_from_slice(&chunk[..chunk.len().min(4096 - why.len())]);
+            }
+            Sent::Refused(format!("{status}: {}", String::from_utf8_lossy(&why)))
         }
         Ok(r) => Sent::Failed(r.status().to_string()),
         Err(e) => Sent::Failed(e.to_string()),
@@ -166,57 +173,79 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
         }
     };
     tracing::info!(url = %config.url, interval = ?config.interval, "remote write of the recording rules");
-    // An interval's batches (a tenant's each), oldest first.
-    let mut queue: VecDeque<Vec<(String, Vec<u8>)>> = VecDeque::new();
+    // A queue for each tenant, its intervals' batches oldest first, with a backoff of its
+    // own: a receiver refusing one tenant for now (429, 5xx) holds back that tenant's
+    // batches, not everyone's.
+    let mut queues: BTreeMap<String, TenantQueue> = BTreeMap::new();
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-    let mut backoff = FIRST_BACKOFF;
-    let mut next_send = tokio::time::Instant::now();
     loop {
+        let next_send = queues
+            .values()
+            .filter(|q| !q.batches.is_empty())
+            .map(|q| q.next_send)
+            .min();
         tokio::select! {
             _ = tick.tick() => {
-                let batches = batch(&state, crate::time::now_ms());
-                if !batches.is_empty() {
-                    queue.push_back(batches);
-                    if queue.len() > config.max_queued.max(1)
-                        && let Some(oldest) = queue.pop_front()
-                    {
-                        stats.dropped.fetch_add(oldest.len() as u64, Ordering::Relaxed);
-                        tracing::warn!(max_queued = config.max_queued, "remote write queue full: oldest batches dropped");
+                for (tenant, body) in batch(&state, crate::time::now_ms()) {
+                    let queue = queues.entry(tenant).or_default();
+                    queue.batches.push_back(body);
+                    if queue.batches.len() > config.max_queued.max(1) {
+                        queue.batches.pop_front();
+                        stats.dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(max_queued = config.max_queued, "remote write queue of a tenant full: its oldest batch dropped");
                     }
                 }
             }
-            _ = tokio::time::sleep_until(next_send), if !queue.is_empty() => {
-                let interval = queue.front_mut().expect("not empty");
-                while let Some((tenant, body)) = interval.first() {
-                    match send(&client, &config.url, tenant, body).await {
-                        Sent::Acknowledged => {
-                            stats.sent.fetch_add(1, Ordering::Relaxed);
-                            backoff = FIRST_BACKOFF;
+            _ = tokio::time::sleep_until(next_send.unwrap_or_else(tokio::time::Instant::now)), if next_send.is_some() => {
+                let now = tokio::time::Instant::now();
+                for (tenant, queue) in queues.iter_mut().filter(|(_, q)| q.next_send <= now) {
+                    while let Some(body) = queue.batches.front() {
+                        match send(&client, &config.url, tenant, body).await {
+                            Sent::Acknowledged => {
+                                stats.sent.fetch_add(1, Ordering::Relaxed);
+                                queue.backoff = FIRST_BACKOFF;
+                            }
+                            Sent::Refused(why) => {
+                                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
+                            }
+                            Sent::Failed(why) => {
+                                stats.failed.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?queue.backoff, "remote write failed");
+                                queue.next_send = tokio::time::Instant::now() + queue.backoff;
+                                queue.backoff = (queue.backoff * 2).min(Duration::from_secs(30));
+                                break;
+                            }
                         }
-                        Sent::Refused(why) => {
-                            stats.dropped.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
-                        }
-                        Sent::Failed(why) => {
-                            stats.failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?backoff, "remote write failed");
-                            next_send = tokio::time::Instant::now() + backoff;
-                            backoff = (backoff * 2).min(Duration::from_secs(30));
-                            break;
-                        }
+                        queue.batches.pop_front();
                     }
-                    interval.remove(0);
                 }
-                if interval.is_empty() {
-                    queue.pop_front();
-                }
+                queues.retain(|_, q| !q.batches.is_empty() || q.backoff != FIRST_BACKOFF);
             }
         }
         stats.queued.store(
-            queue.iter().map(Vec::len).sum::<usize>() as u64,
+            queues.values().map(|q| q.batches.len()).sum::<usize>() as u64,
             Ordering::Relaxed,
         );
+    }
+}
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A tenant's batches waiting to be sent, and when the next may be tried.
+struct TenantQueue {
+    batches: VecDeque<Vec<u8>>,
+    backoff: Duration,
+    next_send: tokio::time::Instant,
+}
+
+impl Default for TenantQueue {
+    fn default() -> Self {
+        Self {
+            batches: VecDeque::new(),
+            backoff: FIRST_BACKOFF,
+            next_send: tokio::time::Instant::now(),
+        }
     }
 }

@@ -244,17 +244,15 @@ async fn prometheus_receives_the_series_by_remote_write() {
     assert!(sent >= 1, "{sent} batches acknowledged");
 }
 
-/// Remote write sends each tenant's series as a batch of its own with `X-Scope-OrgID` (as
-/// a multi-tenant receiver, Mimir or Cortex, takes them), never one tenant's series in
-/// another's batch. A receiver (here a socket that records what it is sent) sees a batch
-/// per tenant and interval.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_write_sends_each_tenants_series_under_its_own_header() {
+/// What a remote-write receiver was sent: the tenant header and the decompressed body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A remote-write receiver on a port of its own (its URL), logging what it is sent; it
+/// answers `refusing`'s batches 429 (logged too), the rest 200.
+async fn remote_write_receiver(refusing: Option<&'static str>) -> (String, Received) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    /// What the receiver was sent: the tenant header and the decompressed body.
-    type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
     let received: Received = Default::default();
     let log = received.clone();
     tokio::spawn(async move {
@@ -289,15 +287,28 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
                         return;
                     }
                     let body = snap::raw::Decoder::new().decompress_vec(&body).unwrap();
+                    let answer: &[u8] = match refusing == Some(tenant.as_str()) {
+                        true => b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n",
+                        false => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+                    };
                     log.lock().unwrap().push((tenant, body));
-                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-                    if socket.get_mut().write_all(ok).await.is_err() {
+                    if socket.get_mut().write_all(answer).await.is_err() {
                         return;
                     }
                 }
             });
         }
     });
+    (url, received)
+}
+
+/// Remote write sends each tenant's series as a batch of its own with `X-Scope-OrgID` (as
+/// a multi-tenant receiver, Mimir or Cortex, takes them), never one tenant's series in
+/// another's batch. A receiver (here a socket that records what it is sent) sees a batch
+/// per tenant and interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_write_sends_each_tenants_series_under_its_own_header() {
+    let (url, received) = remote_write_receiver(None).await;
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(
         &dir.path().join("data"),
@@ -357,4 +368,61 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
             "{tenant}'s batch holds {other}'s series"
         );
     }
+}
+
+/// A receiver refusing one tenant for now (429, again and again) holds back that tenant's
+/// batches, not the others': one queue and one backoff for all, team-a's refused batch
+/// stood first in every interval and nothing behind it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_the_receiver_refuses_does_not_hold_back_the_others() {
+    let (url, received) = remote_write_receiver(Some("team-a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some(&format!(
+            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
+        )),
+    );
+    let client = reqwest::Client::new();
+    for tenant in ["team-a", "team-b"] {
+        let rule = serde_json::json!({
+            "name": "cpu_nanoseconds_total",
+            "profile_type": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "selector": "{}",
+        });
+        let put = client
+            .put(format!("{}/api/v1/rules/cpu_nanoseconds_total", s.url))
+            .header("X-Scope-OrgID", tenant)
+            .body(rule.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(put.status().as_u16(), 200);
+        let pushed = client
+            .post(format!("{}/ingest?name=svc.cpu&format=pprof", s.url))
+            .header("X-Scope-OrgID", tenant)
+            .body(testdata("pprof/pyroscope__go-cpu.pb.gz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(pushed.status().as_u16(), 200);
+    }
+    // team-a refused twice (its backoff under way), and team-b's batches of three
+    // intervals taken meanwhile.
+    let through = eventually(Duration::from_secs(60), async || {
+        let got = received.lock().unwrap();
+        let count = |t: &str| got.iter().filter(|(tenant, _)| tenant == t).count();
+        count("team-a") >= 2 && count("team-b") >= 3
+    })
+    .await;
+    assert!(
+        through,
+        "{:?}",
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(t, _)| t)
+            .collect::<Vec<_>>()
+    );
 }
