@@ -206,7 +206,8 @@ async fn connection(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        // Each stream is a request in flight, charged to the budget until it ends.
+        .max_concurrent_streams(64)
         .max_header_list_size(HYPER_MAX_HEAD_BYTES as u32)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));

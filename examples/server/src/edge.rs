@@ -232,6 +232,10 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
     }
 }
 
+/// What a request holds in flight besides its head and body (its task, its stream's state,
+/// its timers), about: charged to the budget while it lasts.
+pub const REQUEST_OVERHEAD: usize = 16 << 10;
+
 /// What a streamed upload holds at most (`frostdb_pprof::debuginfo`'s multipart writer:
 /// 8 MiB parts, four in flight and one filling).
 pub const STREAMED_UPLOAD_BYTES: usize = 5 * (8 << 20);
@@ -252,6 +256,19 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     let memory = RequestMemory::new(&state.budget);
     let (mut parts, body) = request.into_parts();
     let grpc = grpc_type(&parts.headers);
+    // A request in flight holds its task, head, stream state and timers whatever its body:
+    // charged, so that a flood of requests whose bodies never come (256 streams on each of
+    // thousands of HTTP/2 connections) is refused by the budget, not taken until the
+    // deadline.
+    let head: usize = parts
+        .headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum::<usize>()
+        + parts.uri.to_string().len();
+    if let Err(e) = memory.try_grow(REQUEST_OVERHEAD + head, "a request in flight") {
+        return e.answer(grpc.as_ref());
+    }
     parts.extensions.insert(memory.clone());
     let streamed = streamed(&parts.method, parts.uri.path());
     // A compressed gRPC message is inflated by tonic before any decoder of ours sees it:

@@ -1053,3 +1053,41 @@ async fn debug_files_are_bounded_per_tenant() {
     // Another tenant is not refused for a's files.
     assert_eq!(upload("b", "aaaa0003", 2 << 20).await.0, 200);
 }
+
+/// Requests whose bodies never come are each charged what a request in flight holds, so a
+/// flood of them is refused by the memory budget at once (503 naming it) rather than held
+/// until the deadline: under a 4 MiB budget, 400 such requests cannot all be in flight.
+/// Before, an empty request cost the budget nothing, and 256 streams on each of thousands
+/// of HTTP/2 connections were gigabytes the budget never saw.
+#[tokio::test]
+async fn requests_in_flight_are_charged_and_a_flood_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"4MiB\"\nmax_connections = 1000\n"),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let stalled: Vec<TcpStream> = (0..400)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            c.write_all(
+                b"POST /ingest?name=x.cpu&format=pprof HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+            )
+            .unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            c
+        })
+        .collect();
+    // The last ones sent are refused by the budget at once, long before the deadline.
+    let refused = stalled.into_iter().rev().take(10).find_map(|mut c| {
+        let mut head = [0u8; 512];
+        let n = c.read(&mut head).unwrap_or(0);
+        let answer = String::from_utf8_lossy(&head[..n]).into_owned();
+        answer.starts_with("HTTP/1.1 503").then_some(answer)
+    });
+    let refused = refused.expect("none of the last 10 of 400 requests was refused");
+    assert!(
+        refused.contains("Retry-After") || refused.contains("retry-after"),
+        "{refused}"
+    );
+}
