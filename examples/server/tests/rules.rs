@@ -302,16 +302,11 @@ async fn remote_write_receiver(refusing: Option<&'static str>) -> (String, Recei
     (url, received)
 }
 
-/// Remote write sends each tenant's series as a batch of its own with `X-Scope-OrgID` (as
-/// a multi-tenant receiver, Mimir or Cortex, takes them), never one tenant's series in
-/// another's batch. A receiver (here a socket that records what it is sent) sees a batch
-/// per tenant and interval.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_write_sends_each_tenants_series_under_its_own_header() {
-    let (url, received) = remote_write_receiver(None).await;
-    let dir = tempfile::tempdir().unwrap();
+/// A server remote-writing to `url` every second, with a recording rule in team-a and
+/// team-b, each of which has pushed a profile of its service (`svc-<tenant>`).
+async fn remote_writing(url: &str, dir: &std::path::Path) -> Server {
     let s = Server::start(
-        &dir.path().join("data"),
+        &dir.join("data"),
         Some(&format!(
             "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
         )),
@@ -344,6 +339,18 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
             .unwrap();
         assert_eq!(pushed.status().as_u16(), 200);
     }
+    s
+}
+
+/// Remote write sends each tenant's series as a batch of its own with `X-Scope-OrgID` (as
+/// a multi-tenant receiver, Mimir or Cortex, takes them), never one tenant's series in
+/// another's batch. A receiver (here a socket that records what it is sent) sees a batch
+/// per tenant and interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_write_sends_each_tenants_series_under_its_own_header() {
+    let (url, received) = remote_write_receiver(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _s = remote_writing(&url, dir.path()).await;
     let both = eventually(Duration::from_secs(30), async || {
         let got = received.lock().unwrap();
         ["team-a", "team-b"]
@@ -377,36 +384,7 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
 async fn a_tenant_the_receiver_refuses_does_not_hold_back_the_others() {
     let (url, received) = remote_write_receiver(Some("team-a")).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(
-        &dir.path().join("data"),
-        Some(&format!(
-            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
-        )),
-    );
-    let client = reqwest::Client::new();
-    for tenant in ["team-a", "team-b"] {
-        let rule = serde_json::json!({
-            "name": "cpu_nanoseconds_total",
-            "profile_type": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-            "selector": "{}",
-        });
-        let put = client
-            .put(format!("{}/api/v1/rules/cpu_nanoseconds_total", s.url))
-            .header("X-Scope-OrgID", tenant)
-            .body(rule.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(put.status().as_u16(), 200);
-        let pushed = client
-            .post(format!("{}/ingest?name=svc.cpu&format=pprof", s.url))
-            .header("X-Scope-OrgID", tenant)
-            .body(testdata("pprof/pyroscope__go-cpu.pb.gz"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(pushed.status().as_u16(), 200);
-    }
+    let _s = remote_writing(&url, dir.path()).await;
     // team-a refused twice (its backoff under way), and team-b's batches of three
     // intervals taken meanwhile.
     let through = eventually(Duration::from_secs(60), async || {
