@@ -259,14 +259,18 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     // A request in flight holds its task, head, stream state and timers whatever its body:
     // charged, so that a flood of requests whose bodies never come (256 streams on each of
     // thousands of HTTP/2 connections) is refused by the budget, not taken until the
-    // deadline.
+    // deadline. Not `/metrics`: the server's memory is most worth watching when it is full.
+    let overhead = match parts.uri.path() {
+        "/metrics" => 0,
+        _ => REQUEST_OVERHEAD,
+    };
     let head: usize = parts
         .headers
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len())
         .sum::<usize>()
         + parts.uri.to_string().len();
-    if let Err(e) = memory.try_grow(REQUEST_OVERHEAD + head, "a request in flight") {
+    if let Err(e) = memory.try_grow(overhead + head, "a request in flight") {
         return e.answer(grpc.as_ref());
     }
     parts.extensions.insert(memory.clone());

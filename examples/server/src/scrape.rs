@@ -156,7 +156,25 @@ async fn run(
     key: String,
 ) {
     let timeout = config.interval + Duration::from_secs(if profile == "cpu" { 70 } else { 10 });
-    let client = match reqwest::Client::builder().timeout(timeout).build() {
+    // Redirects are followed only within the target (its scheme, host and port), a few
+    // at most: a target that names another host would have the server fetch it (cloud
+    // metadata, the server's own routes) and report its answer in the target's status.
+    let within_target = reqwest::redirect::Policy::custom(|attempt| {
+        let first = attempt.previous().first().map(reqwest::Url::origin);
+        if attempt.previous().len() > 4 {
+            attempt.error("more than 4 redirects")
+        } else if first.is_some_and(|o| o != attempt.url().origin()) {
+            let to = attempt.url().origin().ascii_serialization();
+            attempt.error(format!("a redirect to another host ({to}) is not followed"))
+        } else {
+            attempt.follow()
+        }
+    });
+    let client = match reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(within_target)
+        .build()
+    {
         Ok(c) => c,
         Err(e) => {
             state
@@ -219,7 +237,16 @@ async fn scrape_once(
     labels: &[(String, String)],
     started_ms: i64,
 ) -> Result<usize, String> {
-    let mut response = client.get(url).send().await.map_err(|e| format!("{e}"))?;
+    let mut response = client.get(url).send().await.map_err(|e| {
+        // With its causes: reqwest's own message leaves out why (a refused redirect's).
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        text
+    })?;
     let status = response.status();
     if !status.is_success() {
         return Err(format!("HTTP {status}"));

@@ -831,35 +831,14 @@ async fn an_sql_answer_is_capped_in_json_not_only_in_arrow() {
 /// interval by every such target.
 #[tokio::test]
 async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let bomb = gzip_bomb();
-    // The target: every connection answered the bomb.
-    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let at = target.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut c, _)) = target.accept().await else {
-                return;
-            };
-            let bomb = bomb.clone();
-            tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match c.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    bomb.len()
-                );
-                let _ = c.write_all(head.as_bytes()).await;
-                let _ = c.write_all(&bomb).await;
-            });
-        }
-    });
+    let mut answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        bomb.len()
+    )
+    .into_bytes();
+    answer.extend_from_slice(&bomb);
+    let (at, _) = target_answering(answer).await;
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "[limits]\nmemory = \"64MiB\"\n\n[[scrape]]\njob = \"bomb\"\ntargets = [\"{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
@@ -875,6 +854,75 @@ async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
     let error = last[0]["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("limits.memory"), "{error}");
     assert_eq!(last[0]["scrapes"], 0, "{last}");
+}
+
+/// A scrape target on a port of its own (its address), answering every request `answer`
+/// (a whole HTTP answer), and the count of requests it was sent.
+async fn target_answering(
+    answer: Vec<u8>,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = target.local_addr().unwrap();
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = asked.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut c, _)) = target.accept().await else {
+                return;
+            };
+            let (answer, count) = (answer.clone(), count.clone());
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = c.write_all(&answer).await;
+            });
+        }
+    });
+    (at, asked)
+}
+
+/// A scrape target redirecting elsewhere (another host, here another port) is not
+/// followed: the target shows why, and the other address is never asked. Before, the
+/// server followed up to 10 redirects to any host, and showed what it found there.
+#[tokio::test]
+async fn a_scrape_target_redirecting_to_another_host_is_not_followed() {
+    let (elsewhere, asked) = target_answering(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_vec(),
+    )
+    .await;
+    let (at, _) = target_answering(
+        format!(
+            "HTTP/1.1 302 Found\r\nLocation: http://{elsewhere}/latest/meta-data/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .into_bytes(),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[scrape]]\njob = \"redirect\"\ntargets = [\"{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
+    );
+    let s = Server::start(&dir.path().join("d"), Some(&config));
+    let mut last = serde_json::Value::Null;
+    let failed = eventually(Duration::from_secs(60), async || {
+        last = get_json(&format!("{}/api/v1/targets", s.url), None).await;
+        last[0]["failures"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    assert!(failed, "the scrape did not fail: {last}");
+    let error = last[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("another host"), "{error}");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 /// Small JSON documents carried by larger requests (a form's `sample_type_config`, a
