@@ -844,6 +844,14 @@ async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
         "[limits]\nmemory = \"64MiB\"\n\n[[scrape]]\njob = \"bomb\"\ntargets = [\"{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
     );
     let s = Server::start(&dir.path().join("d"), Some(&config));
+    let last = first_scrape_failure(&s).await;
+    let error = last[0]["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("limits.memory"), "{error}");
+    assert_eq!(last[0]["scrapes"], 0, "{last}");
+}
+
+/// The server's scrape targets once the first has failed (within a minute).
+async fn first_scrape_failure(s: &Server) -> serde_json::Value {
     let mut last = serde_json::Value::Null;
     let failed = eventually(Duration::from_secs(60), async || {
         last = get_json(&format!("{}/api/v1/targets", s.url), None).await;
@@ -851,9 +859,7 @@ async fn a_scrape_target_answering_a_bomb_is_charged_what_it_inflates_to() {
     })
     .await;
     assert!(failed, "the scrape did not fail: {last}\n{}", s.log());
-    let error = last[0]["last_error"].as_str().unwrap_or_default();
-    assert!(error.contains("limits.memory"), "{error}");
-    assert_eq!(last[0]["scrapes"], 0, "{last}");
+    last
 }
 
 /// A scrape target on a port of its own (its address), answering every request `answer`
@@ -913,13 +919,7 @@ async fn a_scrape_target_redirecting_to_another_host_is_not_followed() {
         "[[scrape]]\njob = \"redirect\"\ntargets = [\"{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
     );
     let s = Server::start(&dir.path().join("d"), Some(&config));
-    let mut last = serde_json::Value::Null;
-    let failed = eventually(Duration::from_secs(60), async || {
-        last = get_json(&format!("{}/api/v1/targets", s.url), None).await;
-        last[0]["failures"].as_u64().unwrap_or(0) > 0
-    })
-    .await;
-    assert!(failed, "the scrape did not fail: {last}");
+    let last = first_scrape_failure(&s).await;
     let error = last[0]["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("another host"), "{error}");
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
