@@ -1077,11 +1077,6 @@ pub fn series_labels_counted(
                 continue;
             }
             let part = |c: usize| strings[c].value(keys[c].expect("checked")).to_owned();
-            // A series' bytes, and a set entry's share, reserved once it is kept (a row of
-            // a series seen already is dropped).
-            let bytes: usize = (0..columns.len())
-                .filter_map(|c| keys[c].map(|k| strings[c].value(k).len() + 48))
-                .sum();
             let new = out.insert(SeriesLabels {
                 profile_type: ProfileType {
                     name: part(0),
@@ -1101,6 +1096,11 @@ pub fn series_labels_counted(
                     .collect(),
             });
             if new {
+                // A series' bytes, and a set entry's share, reserved once it is kept (a row
+                // of a series seen already is dropped).
+                let bytes: usize = (0..columns.len())
+                    .filter_map(|c| keys[c].map(|k| strings[c].value(k).len() + 48))
+                    .sum();
                 reservation.try_grow(bytes + 64)?;
             }
             last = Some(keys);

@@ -269,7 +269,7 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len())
         .sum::<usize>()
-        + parts.uri.to_string().len();
+        + parts.uri.path_and_query().map_or(0, |p| p.as_str().len());
     if let Err(e) = memory.try_grow(overhead + head, "a request in flight") {
         return e.answer(grpc.as_ref());
     }

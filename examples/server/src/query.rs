@@ -455,8 +455,7 @@ async fn series(
                 labels: s.labels.into_iter().collect(),
             })
             .collect();
-        let body = serde_json::to_vec(&listed)
-            .map_err(|e| ApiError::internal(format!("the series as JSON: {e}")))?;
+        let body = json_bytes(&listed)?;
         Ok((body, failed))
     };
     let (body, failed) = on_store(&state, &tenant, (b"[]".to_vec(), 0), read).await?;
@@ -498,8 +497,7 @@ async fn timestamps(
                 read.value.len()
             )));
         }
-        let body = serde_json::to_vec(&read.value)
-            .map_err(|e| ApiError::internal(format!("the times as JSON: {e}")))?;
+        let body = json_bytes(&read.value)?;
         Ok((body, read.blocks_failed))
     };
     let (body, failed) = on_store(&state, &tenant, (b"[]".to_vec(), 0), read).await?;
@@ -758,7 +756,13 @@ fn range_body(
         aggregation,
         series,
     };
-    serde_json::to_vec(&answer).map_err(|e| ApiError::internal(format!("the answer to JSON: {e}")))
+    json_bytes(&answer)
+}
+
+/// An answer written as JSON bytes (in the query lane, rather than serialized on an async
+/// thread by `Json`).
+fn json_bytes(answer: &impl serde::Serialize) -> ApiResult<Vec<u8>> {
+    serde_json::to_vec(answer).map_err(|e| ApiError::internal(format!("the answer to JSON: {e}")))
 }
 
 async fn diff(

@@ -313,8 +313,10 @@ const SEARCH_WORK_PER_BYTE: usize = 8;
 /// Whether a whole valid record starts at some offset of `bytes`, searched within a bound
 /// of work: past it, [`Follows::Undecided`].
 fn valid_record_in(bytes: &[u8]) -> Follows {
-    let bound = bytes.len().saturating_mul(SEARCH_WORK_PER_BYTE);
-    let mut left = bound.max(1 << 20);
+    let mut left = bytes
+        .len()
+        .saturating_mul(SEARCH_WORK_PER_BYTE)
+        .max(1 << 20);
     for at in 0..bytes.len().saturating_sub(HEADER - 1) {
         let Some((n, _, crc)) = parse_header(&bytes[at..at + HEADER]) else {
             continue;
