@@ -65,6 +65,20 @@ pub enum Error {
         /// One of them.
         example: String,
     },
+    /// Storing the profile would give the store more distinct label names than it may hold
+    /// ([`StoreOptions::max_label_names`](crate::StoreOptions::max_label_names)); nothing
+    /// of it was stored.
+    #[error(
+        "the limit of {limit} label names is reached: storing this would add {new} new label names, e.g. {example:?}"
+    )]
+    LabelNamesLimit {
+        /// The limit.
+        limit: usize,
+        /// Names the profile would add.
+        new: usize,
+        /// One of them.
+        example: String,
+    },
     /// A label of the profile is over a label limit of the store
     /// ([`LabelLimits`](crate::LabelLimits)); nothing of the profile was stored.
     #[error("{what}: {got}, over the limit {limit} = {value}")]
@@ -131,7 +145,7 @@ impl Error {
             Self::TooLarge { .. } | Self::LabelLimit { .. } | Self::OverMemory(_) => {
                 K::LimitExceeded
             }
-            Self::SeriesLimit { .. } => K::QuotaExceeded,
+            Self::SeriesLimit { .. } | Self::LabelNamesLimit { .. } => K::QuotaExceeded,
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,
             Self::At { error, .. } => error.kind(),

@@ -126,6 +126,57 @@ fn the_series_limit_counts_the_series_stored_before_a_reopen() {
     refused(&store, &pod(6));
 }
 
+/// Limit 4 label names: a client inventing a label name per push (a request id) is refused
+/// at the fifth name, by pprof, with request or sample labels, and by Arrow, naming the
+/// limit, with nothing stored; names already held always pass; after a reopen from
+/// persisted blocks the names stored count.
+#[test]
+fn label_names_past_the_limit_are_refused_and_counted_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let options = StoreOptions::default().max_label_names(4);
+        ProfileStore::open(Db::open(dir.path(), DbOptions::default()).unwrap(), options).unwrap()
+    };
+    let refused = |store: &ProfileStore, result: frostdb_pprof::Result<()>, name: &str| {
+        let rows = store.samples().snapshot().rows();
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, Error::LabelNamesLimit { limit: 4, new: 1, ref example } if example == name),
+            "{err}"
+        );
+        assert_eq!(err.kind(), ErrorKind::QuotaExceeded);
+        assert!(err.to_string().contains("limit of 4 label names"), "{err}");
+        assert_eq!(store.samples().snapshot().rows(), rows, "nothing stored");
+    };
+    let push = |store: &ProfileStore, request: &[(&str, &str)], sample: &[(&str, &str)]| {
+        store
+            .ingest(&profile(sample), &options(&pairs(request)))
+            .map(|_| ())
+    };
+    {
+        let store = open();
+        // pod, a, b
+        push(&store, &[("pod", "p0")], &[("a", "1"), ("b", "2")]).unwrap();
+        push(&store, &[("pod", "p1"), ("req_1", "x")], &[]).unwrap();
+        // A fifth name, as a request label and as a sample label.
+        refused(&store, push(&store, &[("req_2", "x")], &[]), "req_2");
+        refused(&store, push(&store, &[("pod", "p2")], &[("c", "3")]), "c");
+        // Names held pass, in any mix.
+        push(&store, &[("a", "9")], &[("pod", "p3"), ("req_1", "y")]).unwrap();
+        // The Arrow path counts the same names.
+        let p = testing::profile(0, SAMPLES, 3);
+        let batch =
+            testing::arrow_samples(&p, "cpu", &[("pod", "p4"), ("b", "1")], 1_700_000_000_000);
+        store.ingest_arrow(&batch, None).unwrap();
+        let batch = testing::arrow_samples(&p, "cpu", &[("job", "j")], 1_700_000_000_000);
+        refused(&store, store.ingest_arrow(&batch, None).map(|_| ()), "job");
+        store.db().flush().unwrap();
+    }
+    let store = open();
+    refused(&store, push(&store, &[("req_3", "x")], &[]), "req_3");
+    push(&store, &[("req_1", "z")], &[]).unwrap();
+}
+
 /// Each label limit refuses a profile over it, request labels and pprof labels alike, with
 /// an error naming the limit and its value; none of it is stored. Span ids do not count as
 /// label names.

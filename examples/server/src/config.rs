@@ -21,6 +21,7 @@
 //! max_samples_per_profile = 4194304
 //! max_locations_per_profile = 4194304
 //! max_series_per_tenant = 10000    # counted across restarts
+//! max_label_names_per_tenant = 1000   # distinct label names, counted across restarts
 //! max_label_names_per_series = 30  # request and pprof labels (not span ids)
 //! max_label_name_length = 1024     # bytes (the engine stores at most 255)
 //! max_label_value_length = 2048    # bytes
@@ -373,6 +374,11 @@ pub struct Limits {
     /// beyond; series already stored keep being accepted). Stored series count across
     /// restarts, until their samples expire.
     pub max_series_per_tenant: usize,
+    /// Largest number of distinct label names a tenant may hold (429 beyond; names already
+    /// stored keep being accepted). Each is a column of the tenant's tables, which every
+    /// selector scan and series listing reads and every block describes: a client
+    /// inventing names (one per request id) is refused here. Counted across restarts.
+    pub max_label_names_per_tenant: usize,
     /// Most labels a series may have, request and pprof sample labels together (span and
     /// trace ids, kept per sample, do not count) (413 beyond).
     pub max_label_names_per_series: usize,
@@ -447,6 +453,7 @@ impl Default for Limits {
             max_samples_per_profile: frostdb_pprof::Limits::default().max_samples,
             max_locations_per_profile: frostdb_pprof::Limits::default().max_locations,
             max_series_per_tenant: 10_000,
+            max_label_names_per_tenant: 1_000,
             max_label_names_per_series: label_limits.max_label_names_per_series,
             max_label_name_length: label_limits.max_label_name_length,
             max_label_value_length: label_limits.max_label_value_length,

@@ -156,12 +156,13 @@ impl ApiError {
 /// The configuration key (`[limits]`) of the limit a refusal's message names, for the
 /// engine's refusals, which know their limit but not what the server calls it.
 pub fn limit_setting(message: &str) -> Option<&'static str> {
-    const KEYS: [(&str, &str); 11] = [
+    const KEYS: [(&str, &str); 12] = [
         ("decompressed", "max_decompressed_bytes"),
         ("sample count", "max_samples_per_profile"),
         ("location count", "max_locations_per_profile"),
         ("function count", "max_locations_per_profile"),
         ("series is reached", "max_series_per_tenant"),
+        ("label names is reached", "max_label_names_per_tenant"),
         ("query memory limit", "max_query_memory_bytes"),
         ("spilling process has exceeded", "max_spill_bytes"),
         ("DiskManager is disabled", "max_spill_bytes"),

@@ -529,6 +529,7 @@ impl Tenants {
             })
             .retention(retention)
             .max_series(self.limits.max_series_per_tenant)
+            .max_label_names(self.limits.max_label_names_per_tenant)
             .query_memory(self.limits.max_query_memory_bytes)
             .memory_budget(self.budget.clone())
             .query_spill(self.spill.clone())

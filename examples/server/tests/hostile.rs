@@ -1139,3 +1139,44 @@ async fn requests_in_flight_are_charged_and_a_flood_is_refused() {
         "{refused}"
     );
 }
+
+/// A client inventing a label name per push (a request id as a label) is refused with a 429
+/// naming `max_label_names_per_tenant` once the tenant holds that many names, and every
+/// invention after it too; names the tenant holds keep being accepted, and another tenant
+/// is not held back. Each name is a column of the tenant's tables: before, every push
+/// added one, which every selector scan and block footer then carried.
+#[tokio::test]
+async fn a_client_inventing_label_names_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_label_names_per_tenant = 6\n"),
+    );
+    let cpu = testdata("pprof/pyroscope__go-cpu.pb.gz");
+    let push = |tenant: &'static str, label: String| {
+        let (s, cpu) = (&s, cpu.clone());
+        async move { push_pprof(s, tenant, &format!("app.cpu{{env=prod,{label}=x}}"), cpu).await }
+    };
+    let mut accepted = 0;
+    let mut refused = None;
+    for i in 0..12 {
+        let (status, body) = push("team-a", format!("req_{i}")).await;
+        match (status, refused) {
+            (200, None) => accepted += 1,
+            (429, _) => {
+                assert!(body.contains("max_label_names_per_tenant"), "{body}");
+                assert!(body.contains("limit of 6 label names"), "{body}");
+                refused.get_or_insert(i);
+            }
+            _ => panic!("push {i}: {status} {body} (first refused: {refused:?})"),
+        }
+    }
+    assert!(
+        refused.is_some() && (1..6).contains(&accepted),
+        "accepted {accepted}, first refused {refused:?}"
+    );
+    let (status, body) = push("team-a", "req_0".into()).await;
+    assert_eq!(status, 200, "a name held: {body}");
+    let (status, body) = push("team-b", "req_99".into()).await;
+    assert_eq!(status, 200, "another tenant: {body}");
+}

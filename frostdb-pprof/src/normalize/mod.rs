@@ -198,6 +198,17 @@ impl Prepared<'_> {
             .collect()
     }
 
+    /// Every label name the profile's rows may store, repeated as often as it is given:
+    /// the request's, and those of every sample label set (span labels included).
+    pub(crate) fn label_names(&self) -> impl Iterator<Item = &str> {
+        self.series.keys().map(String::as_str).chain(
+            self.label_sets
+                .iter()
+                .flatten()
+                .map(|(name, _)| name.as_str()),
+        )
+    }
+
     /// Checks every label set of the profile (request labels with each set of sample
     /// labels) against `limits`.
     pub(crate) fn check_labels(&self, limits: &crate::limits::LabelLimits) -> Result<()> {

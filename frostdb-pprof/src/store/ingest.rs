@@ -197,6 +197,7 @@ impl ProfileStore {
             p.check_labels(&self.options.label_limits)
                 .map_err(|e| at(i, e))?;
         }
+        self.admit_label_names(storing.iter().flat_map(|p| p.label_names()))?;
         let series: Vec<Vec<(u64, usize)>> = storing.iter().map(|p| p.series()).collect();
         self.admit(&storing, &series)?;
         let mut interned: Vec<crate::normalize::InternState> =
@@ -423,6 +424,43 @@ impl ProfileStore {
         }
     }
 
+    /// Admits the label names of what is being stored (`names`, repeats allowed), all or
+    /// none: names the store holds always pass, new ones while it holds fewer than
+    /// [`StoreOptions::max_label_names`]. Each name is a column of every labelled table:
+    /// a client inventing names (a label per request id) would otherwise grow every scan
+    /// and every block's footer without bound.
+    fn admit_label_names<'a>(&self, names: impl Iterator<Item = &'a str>) -> Result<()> {
+        let limit = self.options.max_label_names;
+        if limit == usize::MAX {
+            return Ok(());
+        }
+        let mut held = self.label_names.lock();
+        let held = held.get_or_insert_with(|| {
+            let snapshot = self.samples.snapshot();
+            snapshot
+                .schema()
+                .arrow_schema()
+                .fields()
+                .iter()
+                .filter_map(|f| f.name().strip_prefix(LABEL_PREFIX))
+                .map(str::to_string)
+                .collect()
+        });
+        let new: std::collections::BTreeSet<&str> =
+            names.filter(|name| !held.contains(*name)).collect();
+        if let Some(example) = new.first()
+            && held.len() + new.len() > limit
+        {
+            return Err(Error::LabelNamesLimit {
+                limit,
+                new: new.len(),
+                example: example.to_string(),
+            });
+        }
+        held.extend(new.into_iter().map(str::to_string));
+        Ok(())
+    }
+
     /// Admits series `keys` (`(key, i)`), all or none, under [`StoreOptions::max_series`];
     /// `describe(i)` names the series of `i` in the error.
     fn admit_series(
@@ -500,6 +538,9 @@ impl ProfileStore {
         }
         let series = input.series()?;
         let series_keys = input.series_keys(&series, &self.options.label_limits)?;
+        self.admit_label_names(
+            (input.labels.iter().chain(&input.span_labels)).map(|(name, _)| name.as_str()),
+        )?;
         let admitting: Vec<(u64, usize)> = series_keys.iter().copied().zip(0..).collect();
         self.admit_series(&admitting, |s| input.series_text(&series, s))?;
         let mut derived = input.derive(&series, &series_keys);

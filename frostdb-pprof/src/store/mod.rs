@@ -89,6 +89,10 @@ pub struct ProfileStore {
     /// The series stored (when limited) and admitted since open, against
     /// [`StoreOptions::max_series`].
     series: Mutex<SeriesKeys>,
+    /// The label names stored and admitted since open, against
+    /// [`StoreOptions::max_label_names`]: read from the samples table's columns when first
+    /// needed (`None` until then, and always without a limit).
+    label_names: Mutex<Option<std::collections::HashSet<String>>>,
     /// Their keys' table ([`schema::SERIES_KEYS`]); none in a reader.
     series_keys: Option<Table>,
     /// The stored profiles' fingerprints ([`schema::FINGERPRINTS`]); none in a reader, or
@@ -306,6 +310,7 @@ impl ProfileStore {
             joined: std::sync::Condvar::new(),
             coming: std::sync::atomic::AtomicUsize::new(0),
             series: Mutex::new(series),
+            label_names: Mutex::new(None),
             series_keys,
             fingerprints,
             naming: naming::Naming::default(),

@@ -10,6 +10,7 @@ use super::*;
 /// | `limits` | [`Limits::default`] | what a decoded profile may hold |
 /// | `label_limits` | [`LabelLimits::default`] | labels per series (30), label name (1024 bytes) and value (2048 bytes) lengths |
 /// | `max_series` | no limit | series the store may hold, counted across restarts |
+/// | `max_label_names` | no limit | distinct label names (`labels.*` columns) the store may hold, counted across restarts |
 /// | `symbols` | [`SymbolOptions::default`] | symbol partitions and their cache |
 /// | `samples` | [`TableOptions::default`] with a level fanout of 8 | the samples table (block size, granules, ...) |
 /// | `retention` | none | samples older than this are deleted, then the symbols only they used |
@@ -52,6 +53,13 @@ pub struct StoreOptions {
     /// the series keys when it opens; a profile that would add more is refused whole.
     /// Series whose samples have expired stop counting at the next open.
     pub max_series: usize,
+    /// Distinct label names the store may hold: each is a `labels.*` column of the samples,
+    /// series, totals and rollup tables, which every scan of a selector and every series
+    /// listing projects, and every persisted block describes in its footer. Those stored
+    /// before it was opened count (read from the samples table's columns); a profile or
+    /// batch naming more is refused whole. A name of a profile refused for another reason
+    /// after this check (its series over [`Self::max_series`]) stays counted.
+    pub max_label_names: usize,
     /// Hourly and daily rollups ([`crate::rollup`]).
     pub rollups: RollupOptions,
     /// Where merges read persisted blocks (`None`: in this process). With a merger (the
@@ -96,6 +104,7 @@ impl Default for StoreOptions {
             memory_budget: None,
             query_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_series: usize::MAX,
+            max_label_names: usize::MAX,
             rollups: RollupOptions::default(),
             block_merger: None,
             group_wait: Duration::from_millis(10),
@@ -162,6 +171,12 @@ impl StoreOptions {
     /// Sets [`Self::max_series`].
     pub fn max_series(mut self, value: usize) -> Self {
         self.max_series = value;
+        self
+    }
+
+    /// Sets [`Self::max_label_names`].
+    pub fn max_label_names(mut self, value: usize) -> Self {
+        self.max_label_names = value;
         self
     }
 
