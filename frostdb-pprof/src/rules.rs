@@ -48,7 +48,8 @@ pub struct RuleLimits {
     /// Most rules.
     pub max_rules: usize,
     /// Most series, all rules together; a profile's value for a series past it is dropped
-    /// (counted in [`RuleStatus::dropped`]).
+    /// (counted in [`RuleStatus::dropped`]). A series keeps at most [`MAX_KEPT_BYTES`] of
+    /// label values.
     pub max_series: usize,
 }
 
@@ -779,6 +780,13 @@ fn matches_all<'v>(
 /// values); thousands of label sets of long values under many regexes took minutes.
 const MAX_TESTED_BYTES: usize = 16 << 20;
 
+/// Most bytes of kept label values one series of a rule may hold, all its kept labels
+/// together. Series are kept for the server's life and copied by every exposition and
+/// remote write: a series is a few short values (a service, a pod), and 16 kept labels of
+/// 2 KiB values (the label limits) made 330 MB per tenant at the series limit. Past it, the
+/// profile's value for that series is dropped and counted.
+pub const MAX_KEPT_BYTES: usize = 1024;
+
 struct Adding<'a> {
     recorded: parking_lot::MutexGuard<'a, HashMap<String, Recorded>>,
     total: usize,
@@ -803,7 +811,7 @@ impl Adding<'_> {
     }
 
     /// Adds `sum` to `rule`'s series of the kept labels' values `key`: a new series past the
-    /// limit is dropped and counted.
+    /// limit, or keeping more than [`MAX_KEPT_BYTES`] of values, is dropped and counted.
     fn add(&mut self, rule: &RecordingRule, key: &[&str], sum: i64) {
         let r = match self.recorded.get_mut(rule.name.as_str()) {
             Some(r) => r,
@@ -811,6 +819,17 @@ impl Adding<'_> {
         };
         match r.values.get_mut(&Key(key)) {
             Some(value) => *value = value.wrapping_add(sum),
+            None if key.iter().map(|v| v.len()).sum::<usize>() > MAX_KEPT_BYTES => {
+                if r.dropped == 0 {
+                    tracing::warn!(
+                        rule = %rule.name,
+                        limit = MAX_KEPT_BYTES,
+                        "a recording rule's kept label values of a series pass the limit of \
+                         bytes a series may keep: its values are dropped and counted"
+                    );
+                }
+                r.dropped += 1;
+            }
             None if self.total < self.max_series => {
                 r.values
                     .insert(key.iter().map(|s| (*s).to_owned()).collect(), sum);

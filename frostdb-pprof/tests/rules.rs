@@ -415,6 +415,44 @@ fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
     assert_eq!(recorded["parse_total"], 6 * 5, "{recorded:?}");
 }
 
+/// A series keeps at most 1 KiB of label values: one whose kept values pass it (a
+/// service name of 1,025 bytes, within the label limits) is dropped and counted, so no
+/// tenant keeps hundreds of megabytes of series for the server's life; a short one beside
+/// it is kept.
+#[test]
+fn a_series_keeping_more_than_its_bytes_is_dropped_and_counted() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+    recorder.set_rules(&rules()[..1]).unwrap();
+    store.attach_recorder(recorder.clone());
+    let long = "s".repeat(frostdb_pprof::rules::MAX_KEPT_BYTES + 1);
+    for (i, svc) in [long.as_str(), "svc-0"].into_iter().enumerate() {
+        let d = Drawn {
+            service: 0,
+            env: 0,
+            samples: vec![(vec![0, 1], 5)],
+            twice: false,
+        };
+        let options = IngestOptions::default()
+            .name("process_cpu")
+            .labels(vec![("service_name".into(), svc.into())])
+            .delta(false)
+            .timestamp_ms(1_700_000_000_000 + i as i64);
+        store
+            .ingest_profile(&validate(pprof(&d), store.limits()).unwrap(), &options)
+            .unwrap();
+    }
+    let series = recorder.series();
+    assert_eq!(series.len(), 1, "only the short series is kept");
+    assert_eq!(series[0].labels[0].1, "svc-0");
+    let status = recorder.status();
+    assert_eq!((status[0].series, status[0].dropped), (1, 1));
+}
+
 /// A store with one rule, `tagged`, counting CPU profiles whose `tag` matches a regex.
 fn store_with_a_tag_rule() -> (ProfileStore, Arc<Recorder>) {
     let store = ProfileStore::open(

@@ -84,11 +84,28 @@ fn sees(caller: Option<&crate::Caller>, id: &str) -> bool {
 /// `GET /metrics`: with the server's token, the server's families and every tenant's
 /// series; with a tenant's token, that tenant's series only (its rules', its
 /// regressions', its database's state), nothing of other tenants, not even their names.
+///
+/// Written off the async thread, and charged to the memory budget as it grows (the
+/// recording rules' series of every tenant in view may be megabytes each): past the budget
+/// it is a 503, as any request's work is.
 async fn metrics(
     State(state): State<Shared>,
     axum::Extension(caller): axum::Extension<crate::Caller>,
-) -> impl IntoResponse {
-    let only = match &caller {
+) -> Result<impl IntoResponse, crate::error::ApiError> {
+    let out = crate::work::off_the_async_thread(|| exposition(&state, &caller))
+        .map_err(crate::error::ApiError::over_budget)?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    ))
+}
+
+/// The text of `/metrics` for `caller`.
+fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_core::OverBudget> {
+    let only = match caller {
         crate::Caller::Operator => None,
         crate::Caller::Tenant(id) => Some(id.as_str()),
     };
@@ -157,15 +174,10 @@ async fn metrics(
     {
         symbolizer_metrics(&mut out, &symbolizer.stats());
     }
-    crate::rules::exposition(&state.rules, only, &mut out);
+    let mut charge = state.budget.empty();
+    crate::rules::exposition(&state.rules, only, &mut out, &mut charge)?;
     crate::regressions::exposition(&state.regressions, only, &mut out);
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
+    Ok(out)
 }
 
 /// The symbolizer's account (`[symbolizer]`): what it resolved, from where, and its cache.

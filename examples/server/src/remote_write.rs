@@ -187,13 +187,21 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
             .min();
         tokio::select! {
             _ = tick.tick() => {
-                for (tenant, body) in batch(&state, crate::time::now_ms()) {
+                // Copied, encoded and compressed off the async threads.
+                let batches = {
+                    let (state, now) = (state.clone(), crate::time::now_ms());
+                    tokio::task::spawn_blocking(move || batch(&state, now)).await.unwrap_or_default()
+                };
+                for (tenant, body) in batches {
                     let queue = queues.entry(tenant).or_default();
                     queue.batches.push_back(body);
-                    if queue.batches.len() > config.max_queued.max(1) {
+                    // At most `max_queued` intervals, and MAX_QUEUED_BYTES, the newest kept.
+                    while queue.batches.len() > config.max_queued.max(1)
+                        || (queue.batches.len() > 1 && queue.bytes() > MAX_QUEUED_BYTES)
+                    {
                         queue.batches.pop_front();
                         stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(max_queued = config.max_queued, "remote write queue of a tenant full: its oldest batch dropped");
+                        tracing::warn!(max_queued = config.max_queued, max_bytes = MAX_QUEUED_BYTES, "remote write queue of a tenant full: its oldest batch dropped");
                     }
                 }
             }
@@ -233,11 +241,23 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Most bytes of batches a tenant's queue holds (besides its newest batch): a receiver
+/// down for a while holds `max_queued` intervals of every tenant, and one interval of a
+/// tenant at its series limit is megabytes.
+const MAX_QUEUED_BYTES: usize = 64 << 20;
+
 /// A tenant's batches waiting to be sent, and when the next may be tried.
 struct TenantQueue {
     batches: VecDeque<Vec<u8>>,
     backoff: Duration,
     next_send: tokio::time::Instant,
+}
+
+impl TenantQueue {
+    /// Bytes of its batches.
+    fn bytes(&self) -> usize {
+        self.batches.iter().map(Vec::len).sum()
+    }
 }
 
 impl Default for TenantQueue {

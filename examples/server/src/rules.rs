@@ -319,7 +319,16 @@ async fn delete(
 
 /// The series of every tenant's rules (`only`: of that tenant's), in the exposition format,
 /// for `/metrics`, and (to the server's token) what remote write did.
-pub fn exposition(rules: &Rules, only: Option<&str>, out: &mut String) {
+///
+/// `charge` holds what is being written and the series copied for it, grown as they are:
+/// past the budget, the exposition stops with the budget's refusal.
+pub fn exposition(
+    rules: &Rules,
+    only: Option<&str>,
+    out: &mut String,
+    charge: &mut frostdb_core::Reservation,
+) -> Result<(), frostdb_core::OverBudget> {
+    const WHAT: &str = "the recording rules' series of /metrics";
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let rw = &rules.remote_write;
@@ -357,11 +366,15 @@ pub fn exposition(rules: &Rules, only: Option<&str>, out: &mut String) {
     }
     let mut by_name: BTreeMap<String, Vec<(String, frostdb_pprof::rules::RuleSeries)>> =
         BTreeMap::new();
+    let mut copied = 0;
     for (tenant, recorder) in rules.recorders() {
         if only.is_some_and(|id| id != tenant) {
             continue;
         }
-        for series in recorder.series() {
+        let series = recorder.series();
+        copied += series.iter().map(series_bytes).sum::<usize>();
+        charge.try_resize(copied + out.capacity(), WHAT)?;
+        for series in series {
             by_name
                 .entry(series.rule.clone())
                 .or_default()
@@ -380,6 +393,65 @@ pub fn exposition(rules: &Rules, only: Option<&str>, out: &mut String) {
                 let _ = write!(out, ",{k}=\"{}\"", crate::health::escape(v));
             }
             let _ = writeln!(out, "}} {}", s.value);
+            charge.try_resize(copied + out.capacity(), WHAT)?;
         }
+    }
+    Ok(())
+}
+
+/// What a copied series holds: its rule's name and labels, and their headers.
+fn series_bytes(s: &frostdb_pprof::rules::RuleSeries) -> usize {
+    let labels: usize = s.labels.iter().map(|(k, v)| k.len() + v.len() + 48).sum();
+    s.rule.len() + labels + std::mem::size_of::<frostdb_pprof::rules::RuleSeries>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
+
+    /// `/metrics`' series of the recording rules are charged as they are copied and
+    /// written: 200 series of 900-byte values are refused under a 256 KiB budget (naming
+    /// what asked) and written whole under 4 MiB.
+    #[test]
+    fn the_exposition_of_rule_series_is_charged_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let rule = RecordingRule {
+            name: "cpu_total".into(),
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            selector: String::new(),
+            function: None,
+            leaf_only: false,
+            keep_labels: vec!["service_name".into()],
+        };
+        let configured = BTreeMap::from([("t".to_owned(), vec![rule])]);
+        let rules = Rules::new(dir.path(), configured, RuleLimits::default()).unwrap();
+        let store = ProfileStore::open(
+            frostdb_core::Db::open_in_memory(frostdb_core::DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        store.attach_recorder(rules.recorder("t").unwrap());
+        let bytes = prost::Message::encode_to_vec(&frostdb_pprof::testing::profile(0, 4, 3));
+        for i in 0..200 {
+            let options = IngestOptions::default()
+                .name("process_cpu")
+                .labels(vec![("service_name".into(), format!("{i:0900}"))])
+                .delta(false)
+                .timestamp_ms(1_700_000_000_000);
+            store.ingest(&bytes, &options).unwrap();
+        }
+        let expose = |limit: usize| {
+            let budget = frostdb_core::MemoryBudget::new(limit);
+            let (mut out, mut charge) = (String::new(), budget.empty());
+            exposition(&rules, None, &mut out, &mut charge).map(|()| out)
+        };
+        let refused = expose(256 << 10).unwrap_err();
+        assert!(refused.what.contains("recording rules"), "{refused:?}");
+        let out = expose(4 << 20).unwrap();
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with("cpu_total{")).count(),
+            200
+        );
     }
 }
