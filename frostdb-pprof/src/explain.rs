@@ -114,16 +114,50 @@ pub(crate) fn check_range(range: TimeRange) -> Result<()> {
 /// `; did you mean "x"?` for the stored name nearest to `wanted` (fewest edits, a swap of
 /// neighbours counting one), when it is near: at most a third of its characters away.
 fn nearest(wanted: &str, stored: &[String]) -> String {
-    let best = stored
-        .iter()
-        .map(|s| (strsim::damerau_levenshtein(wanted, s), s))
-        .min_by_key(|(d, _)| *d);
-    match best {
-        Some((d, s)) if d <= (wanted.chars().count() / 3).max(1) => {
-            format!(" (did you mean {s:?}?)")
-        }
-        _ => String::new(),
+    nearest_within(wanted, stored, MAX_SUGGESTION_STEPS).0
+}
+
+/// The longest name or value (characters) a suggestion is looked for: a longer one is no
+/// typo of a label.
+const MAX_SUGGESTED_CHARS: usize = 256;
+
+/// Most steps (characters of `wanted` times characters of a stored string, summed over
+/// the strings compared) a suggestion may take: about 0.1 s. Each comparison is quadratic
+/// and runs in a query slot where no deadline reaches: a 16 KB value against 10,000
+/// stored values of 2 KB was 3×10¹¹ steps, minutes of a core for one GET.
+const MAX_SUGGESTION_STEPS: usize = 1 << 26;
+
+/// [`nearest`], comparing only stored strings whose length is within the distance allowed
+/// of `wanted`'s (no other can be near enough), and no more than `budget` steps in all
+/// (the best found by then). Also returns the steps taken.
+fn nearest_within(wanted: &str, stored: &[String], budget: usize) -> (String, usize) {
+    let n = wanted.chars().count();
+    if n > MAX_SUGGESTED_CHARS {
+        return (String::new(), 0);
     }
+    let allowed = (n / 3).max(1);
+    let (mut best, mut steps) = (None::<(usize, &String)>, 0usize);
+    for s in stored {
+        // A string has at most as many characters as bytes and at least a quarter as many:
+        // one far too long is passed over without counting them.
+        if s.len() / 4 > n + allowed {
+            continue;
+        }
+        let m = s.chars().count();
+        if m > n + allowed || m + allowed < n {
+            continue;
+        }
+        steps += n.max(1) * m.max(1);
+        if steps > budget {
+            break;
+        }
+        let d = strsim::damerau_levenshtein(wanted, s);
+        if d <= allowed && best.is_none_or(|(b, _)| d < b) {
+            best = Some((d, s));
+        }
+    }
+    let suggestion = best.map_or_else(String::new, |(_, s)| format!(" (did you mean {s:?}?)"));
+    (suggestion, steps)
 }
 
 /// The first [`LISTED`] of `items`, and how many more.
@@ -154,6 +188,34 @@ mod tests {
             " (did you mean \"job\"?)"
         );
         assert_eq!(nearest("zzz", &stored), "");
+    }
+
+    /// A long value suggests nothing at once; values too long or short to be near are
+    /// not compared; and the comparisons stop at the budget. Before, a 16 KB value against
+    /// stored values of 2 KB cost their product per value, for every value.
+    #[test]
+    fn suggestions_are_bounded_by_length_and_steps() {
+        let long = "a".repeat(16_200);
+        let stored: Vec<String> = (0..2_000).map(|i| format!("{:a>2040}{i:08}", "")).collect();
+        assert_eq!(
+            nearest_within(&long, &stored, usize::MAX),
+            (String::new(), 0)
+        );
+        // 200 characters: the 2 KB values are never compared, nor are short ones.
+        let wanted = "b".repeat(200);
+        let mut stored = stored;
+        stored.extend(["b".repeat(10), "b".repeat(199) + "c"]);
+        assert_eq!(
+            nearest_within(&wanted, &stored, usize::MAX),
+            (
+                format!(" (did you mean {:?}?)", "b".repeat(199) + "c"),
+                200 * 200
+            )
+        );
+        // Within length, many values: the steps stop at the budget.
+        let many: Vec<String> = (0..10_000).map(|i| format!("{i:0200}")).collect();
+        let (_, steps) = nearest_within(&wanted, &many, 1 << 20);
+        assert!(steps <= (1 << 20) + 200 * 200, "{steps}");
     }
 
     #[test]
