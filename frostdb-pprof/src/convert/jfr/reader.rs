@@ -30,6 +30,11 @@ pub(super) const MAX_ARRAY: usize = 1 << 16;
 /// Most strings a chunk's metadata may hold (a JDK's recording holds a few thousand).
 const MAX_METADATA_STRINGS: usize = 1 << 20;
 
+/// Most metadata elements open around one (a recording's nest 4 or 5 deep): each open one
+/// is a slot of the walk's stack, and an element takes 3 bytes, so a 128 MiB metadata
+/// event of nothing but nesting held gigabytes of stack.
+const MAX_METADATA_DEPTH: usize = 64;
+
 /// The chunk header's size.
 pub(super) const HEADER_BYTES: usize = 68;
 const MAGIC: &[u8; 4] = b"FLR\0";
@@ -481,6 +486,15 @@ impl Metadata {
                     c.fields.push(field);
                 }
             }
+            if open.len() == MAX_METADATA_DEPTH {
+                return bad(
+                    c.pos,
+                    format!(
+                        "metadata elements nested more than {MAX_METADATA_DEPTH} deep (a \
+                         recording's are 4 or 5)"
+                    ),
+                );
+            }
             open.push((name, children));
         }
         // Every field's class is declared.
@@ -802,6 +816,17 @@ mod tests {
         }
         body.push(v as u8);
         body.resize(body.len() + n, 0);
+        let (buf, header) = metadata_event(body);
+        let e = Metadata::read(&buf, &header).unwrap_err();
+        assert!(
+            e.reason.contains("metadata strings (at most 1048576)"),
+            "{}",
+            e.reason
+        );
+    }
+
+    /// The metadata event `body` (after its size), as a chunk's bytes and header.
+    fn metadata_event(body: Vec<u8>) -> (Vec<u8>, Header) {
         // The event's size, itself included, as a varint padded to 5 bytes.
         let size = body.len() + 5;
         let mut buf: Vec<u8> = (0..4)
@@ -818,9 +843,24 @@ mod tests {
             ticks_per_second: 1,
             compressed: true,
         };
+        (buf, header)
+    }
+
+    /// Metadata elements nested past the limit are refused where the limit is passed, not
+    /// walked to the end of the event with a slot each (3 bytes an element: 24 bytes of
+    /// stack each, gigabytes from a 128 MiB event before).
+    #[test]
+    fn metadata_nested_past_the_limit_is_refused() {
+        // Type, start, duration, id; one string, "x".
+        let mut body = vec![0u8, 0, 0, 0, 1, 3, 1, b'x'];
+        for _ in 0..100_000 {
+            body.extend([0, 0, 1]); // named "x", no attributes, one child
+        }
+        body.extend([0, 0, 0]);
+        let (buf, header) = metadata_event(body);
         let e = Metadata::read(&buf, &header).unwrap_err();
         assert!(
-            e.reason.contains("metadata strings (at most 1048576)"),
+            e.reason.contains("nested more than 64 deep"),
             "{}",
             e.reason
         );
