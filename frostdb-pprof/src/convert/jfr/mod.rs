@@ -394,6 +394,13 @@ impl Builder {
     }
 }
 
+/// What a builder keeps for a location: the `Location`, its `Line` and its key's slot.
+const LOCATION_BYTES: usize = 160;
+
+/// What a constant pool keeps for an entry besides its text or frames: the key, the value
+/// and the hash map's slot.
+const POOL_ENTRY_BYTES: usize = 64;
+
 /// A chunk's constant pools, as far as stacks need them.
 #[derive(Default)]
 struct Pools {
@@ -577,7 +584,13 @@ impl<'l> Converter<'l> {
         while let Some((at, size, mut e, kind)) = reader::next_event(&mut c)? {
             self.pace.tick().map_err(Failure::Limit)?;
             if kind == 1 {
-                pool_event(&mut e, &mut values, &pool_classes, &mut pools)?;
+                pool_event(
+                    &mut e,
+                    &mut values,
+                    &pool_classes,
+                    &mut pools,
+                    &mut |bytes| self.make(bytes),
+                )?;
             } else if Some(kind) == active_setting {
                 settings.push((at, size));
             }
@@ -771,13 +784,17 @@ impl<'l> Converter<'l> {
                 }
             };
             let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
+            let before = builder.locations.len();
             stack.push(builder.location_of(function, line));
+            let made = builder.locations.len() - before;
             if builder.locations.len() > max_locations {
                 return Err(Failure::Limit(Error::TooLarge {
                     what: "locations",
                     limit: max_locations,
                 }));
             }
+            // A location, its line and its key: each kind's builder keeps its own.
+            self.make(made * LOCATION_BYTES)?;
         }
         let builder = self.builders[kind as usize].get_or_insert_with(Builder::new);
         let stack = builder.stack_id(stack);
@@ -979,13 +996,29 @@ impl PoolClasses {
     }
 }
 
-/// A constant pool event: each pool's values, those stacks need kept.
+/// Most bytes a pool may keep of the value in `values`: its texts, and 16 bytes a slot (a
+/// frame kept is 16 bytes, and takes a slot at least).
+fn values_kept(values: &Values<'_>) -> usize {
+    values
+        .slots
+        .iter()
+        .map(|slot| match slot {
+            Slot::Str(Str::Text(s)) => 16 + s.len(),
+            _ => 16,
+        })
+        .sum()
+}
+
+/// A constant pool event: each pool's values, those stacks need kept, each entry counted
+/// to `made` as it is kept (16 bytes a frame: a chunk of stack traces of two-byte frames
+/// keeps 8 times its bytes).
 fn pool_event(
     c: &mut Cursor<'_>,
     values: &mut Values<'_>,
     classes: &PoolClasses,
     pools: &mut Pools,
-) -> reader::R<()> {
+    made: &mut dyn FnMut(usize) -> F<()>,
+) -> F<()> {
     let _start = c.long()?;
     let _duration = c.long()?;
     let _delta = c.long()?;
@@ -1004,6 +1037,8 @@ fn pool_event(
                 Some(Slot::Ref(r) | Slot::Int(r)) => Some(*r),
                 _ => None,
             };
+            // At most what the entry's value decoded to is kept: its text, or its frames.
+            made(POOL_ENTRY_BYTES + values_kept(values))?;
             if Some(class) == classes.string {
                 if let Some(Slot::Str(Str::Text(s))) = values.slots.first() {
                     pools.strings.insert(id, s.clone());
@@ -1037,13 +1072,13 @@ fn pool_event(
                     // of it): frames that take none (a frame class of no fields) would keep
                     // 16 bytes each for nothing read, a megabyte for four bytes of input.
                     if n.saturating_mul(2) > took {
-                        return Err(reader::Bad {
+                        return Err(Failure::Bad(reader::Bad {
                             at,
                             reason: format!(
                                 "stack trace {id} has {n} frames in {took} bytes (a frame \
                                  takes at least two)"
                             ),
-                        });
+                        }));
                     }
                     let (method, line) = classes.frame;
                     for i in *slot..*slot + *n {
@@ -1320,6 +1355,35 @@ mod tests {
         out
     }
 
+    /// What the constant pools and each kind's locations keep is charged as it is kept:
+    /// one stack trace of 60,000 frames of distinct lines is 60,000 locations and pool
+    /// frames. Before, only frame names and samples were charged, a tenth of it.
+    #[test]
+    fn pools_and_locations_are_charged_as_they_are_kept() {
+        let depth = 60_000;
+        let r = recording(depth, 1, 0);
+        let limits = Limits {
+            max_stack_depth: 65_536,
+            ..Limits::default()
+        };
+        let charged = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let seen = charged.clone();
+        crate::charging(
+            move |bytes, _| {
+                seen.set(seen.get() + bytes);
+                Ok(())
+            },
+            || convert(&r, None, 100, &limits),
+        )
+        .unwrap();
+        let kept = depth as usize * (LOCATION_BYTES + POOL_ENTRY_BYTES / 4);
+        assert!(
+            charged.get() >= kept,
+            "{} charged, {kept} kept",
+            charged.get()
+        );
+    }
+
     /// Samples of distinct contexts on one deep stack each hold its frames: 100,000 of
     /// them on 4,096 frames are 6.5 GB made of a 1 MB recording. They are refused once
     /// they pass 64 times the recording (charged to the caller's budget as they are
@@ -1477,13 +1541,15 @@ mod tests {
         let mut c = Cursor::new(&bytes, 0, bytes.len(), true);
         let mut values = Values::new(&metadata);
         let mut pools = Pools::default();
-        let e = pool_event(
+        let Err(Failure::Bad(e)) = pool_event(
             &mut c,
             &mut values,
             &PoolClasses::new(&metadata),
             &mut pools,
-        )
-        .unwrap_err();
+            &mut |_| Ok(()),
+        ) else {
+            panic!("refused as bad input");
+        };
         assert!(e.reason.contains("65536 frames in 3 bytes"), "{}", e.reason);
         assert!(
             pools.frames.is_empty(),
