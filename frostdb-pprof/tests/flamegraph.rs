@@ -343,3 +343,37 @@ fn names_are_escaped_as_serde_escapes_them() {
         String::from_utf8(want).unwrap()
     );
 }
+
+/// The stacks of a report stop once the request they are for has ended (its deadline, or
+/// its client gone): within a thousand stacks, not after the last of a billion frames, in
+/// the slot of a query lane. Without a request to answer to, every stack is walked.
+#[test]
+fn named_stacks_stop_once_the_request_has_ended() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let profile = frostdb_pprof::testing::profile(0, 5_000, 3);
+    let options = IngestOptions::default().name("cpu");
+    store
+        .ingest(&prost::Message::encode_to_vec(&profile), &options)
+        .unwrap();
+    let merged = store
+        .merge(
+            &Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap(),
+            TimeRange::ALL,
+        )
+        .unwrap();
+    let stacks = merged.samples.len();
+    assert!(stacks > 2_048, "{stacks} stacks");
+    let mut walked = 0;
+    tree::each_named_stack(&merged, |_, _| walked += 1);
+    assert_eq!(walked, stacks);
+    let mut walked = 0;
+    frostdb_core::stop_scans_when(
+        || Some("the request ended".into()),
+        || tree::each_named_stack(&merged, |_, _| walked += 1),
+    );
+    assert!(walked < 1_024, "{walked} of {stacks} stacks walked");
+}

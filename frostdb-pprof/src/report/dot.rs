@@ -39,13 +39,23 @@ fn label_name(name: &str) -> String {
     out
 }
 
+/// `map`'s value of `key`, made (with its key) only when it is not there: a lookup of a
+/// borrowed name allocates nothing.
+fn entry<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
+}
+
 /// The DOT call graph of `merged`, its `max_nodes` functions of the largest cum kept.
 pub fn render(merged: &Merged, max_nodes: usize) -> String {
     let mut nodes: BTreeMap<String, Node> = BTreeMap::new();
-    let mut edges: BTreeMap<(String, String), i64> = BTreeMap::new();
+    // Callers, then callees: looked up by the names as borrowed, a key made only when new.
+    let mut edges: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     each_named_stack(merged, |path, value| {
         let Some(leaf) = path.last() else { return };
-        let leaf = nodes.entry((*leaf).to_owned()).or_default();
+        let leaf = entry(&mut nodes, leaf);
         leaf.flat = leaf.flat.saturating_add(value);
         // Recursion counts a function (and a call) once per stack, as pprof does. Sets, not
         // lists: a stack may be thousands of frames deep.
@@ -53,15 +63,13 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
         let mut seen_edges: HashSet<(&str, &str)> = HashSet::default();
         for (i, name) in path.iter().enumerate() {
             if seen.insert(name) {
-                let node = nodes.entry((*name).to_owned()).or_default();
+                let node = entry(&mut nodes, name);
                 node.cum = node.cum.saturating_add(value);
             }
             if i > 0 {
                 let edge = (path[i - 1], *name);
                 if seen_edges.insert(edge) {
-                    let sum = edges
-                        .entry((edge.0.to_owned(), edge.1.to_owned()))
-                        .or_default();
+                    let sum = entry(entry(&mut edges, edge.0), edge.1);
                     *sum = sum.saturating_add(value);
                 }
             }
@@ -128,7 +136,10 @@ pub fn render(merged: &Merged, max_nodes: usize) -> String {
             scaled_label(node.cum, unit)
         );
     }
-    for ((from, to), value) in &edges {
+    let edges = edges
+        .iter()
+        .flat_map(|(from, to)| to.iter().map(move |(to, value)| ((from, to), value)));
+    for ((from, to), value) in edges {
         let (Some(a), Some(b)) = (ids.get(from.as_str()), ids.get(to.as_str())) else {
             continue;
         };

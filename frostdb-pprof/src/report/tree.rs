@@ -409,10 +409,21 @@ impl<'a> Names<'a> {
 
     /// Calls `f` with every stack of `merged` as name ids, root first, and its value.
     /// A stack deeper than [`super::MAX_STACK_DEPTH`] ends in its marker frame.
+    ///
+    /// Stops early once the request the work is for has ended ([`frostdb_core::stopped_now`]:
+    /// its deadline passed or its client left), checked every [`Pace::EVERY`] stacks: what
+    /// it would have built is for nobody, and a report of a billion frames kept its query
+    /// slot for minutes after the 408.
+    ///
+    /// [`Pace::EVERY`]: crate::decode::charge::Pace::EVERY
     fn each_stack(&mut self, merged: &'a Merged, mut f: impl FnMut(&[u32], i64)) {
         let mut walker = Walker::new(&merged.symbols);
         let mut path = Vec::new();
+        let mut pace = crate::decode::charge::Pace::new();
         for (stack, value) in &merged.samples {
+            if pace.tick().is_err() {
+                return;
+            }
             let cut = walker.root_first(*stack, &mut |frame| self.id(frame), &mut path);
             if cut > 0 {
                 path.push(self.named(Cow::Owned(super::truncation_marker(cut)), ""));
@@ -584,22 +595,24 @@ impl Arena<SelfTotal> {
 /// first within a location), and its value. Each location's names are resolved once. A
 /// stack deeper than [`super::MAX_STACK_DEPTH`] frames is cut, ending in its marker frame
 /// ([`super::truncation_marker`]).
+///
+/// The stacks are walked twice, first for their names (which grow as stacks are walked),
+/// then for `f`: no stack's path is kept past its call. Before, every stack's path was
+/// kept for the second pass, 4 bytes a frame of every stack: gigabytes for a merge of deep
+/// stacks, past what a report is charged.
 pub fn each_named_stack(merged: &Merged, mut f: impl FnMut(&[&str], i64)) {
     let mut names = Names::default();
-    // Names first (they grow while stacks are walked), then the stacks by name.
-    let (mut ids, mut ends) = (Vec::new(), Vec::with_capacity(merged.samples.len()));
-    names.each_stack(merged, |path, _| {
-        ids.extend_from_slice(path);
-        ends.push(ids.len());
-    });
-    let mut path = Vec::new();
-    let mut start = 0;
-    for ((_, value), end) in merged.samples.iter().zip(ends) {
+    names.each_stack(merged, |_, _| {});
+    let named: Vec<Cow<'_, str>> = names.names.iter().map(|(name, _)| name.clone()).collect();
+    let mut path: Vec<&str> = Vec::new();
+    names.each_stack(merged, |ids, value| {
         path.clear();
-        path.extend(ids[start..end].iter().map(|&i| names.name(i).0));
-        f(&path, *value);
-        start = end;
-    }
+        path.extend(
+            ids.iter()
+                .map(|&i| named.get(i as usize).map_or("total", |n| n.as_ref())),
+        );
+        f(&path, value);
+    });
 }
 
 /// `merged` keeping only the stacks under a call site: those whose frames, root first,
