@@ -235,6 +235,23 @@ fn too_few_profiles_and_different_types_are_refused_by_name() {
         error.to_string(),
         "the before side has 3 profiles; a comparison needs at least 10"
     );
+    // Past the function ids a side may keep (6 stacks naming 15 in all), refused naming
+    // the side, before the side is kept whole.
+    let few = CompareOptions {
+        min_profiles: 1,
+        max_side_functions: 10,
+        ..CompareOptions::default()
+    };
+    let error = compare(&b, &a, &few).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "the before side's distinct stacks name more than 10 functions in all; it is not compared"
+    );
+    let enough = CompareOptions {
+        max_side_functions: 15,
+        ..few
+    };
+    compare(&b, &a, &enough).unwrap();
     let other = read("memory:alloc_space:bytes:space:bytes{}");
     assert!(other.stacks.profiles.is_empty());
     let error = compare(&b, &other, &CompareOptions::default()).unwrap_err();

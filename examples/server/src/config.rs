@@ -168,6 +168,7 @@ impl RegressionsConfig {
             significance: self.significance,
             min_profiles: self.min_profiles,
             max_listed: self.max_listed,
+            ..Default::default()
         }
     }
 }

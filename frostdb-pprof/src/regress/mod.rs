@@ -31,6 +31,9 @@ pub struct CompareOptions {
     pub min_profiles: usize,
     /// Regressions listed at most (the largest rises).
     pub max_listed: usize,
+    /// Most function ids the distinct stacks of one side may name in all
+    /// ([`MAX_SIDE_FUNCTIONS`] by default): past it the comparison is refused.
+    pub max_side_functions: usize,
 }
 
 impl Default for CompareOptions {
@@ -40,6 +43,7 @@ impl Default for CompareOptions {
             significance: 0.01,
             min_profiles: 10,
             max_listed: 50,
+            max_side_functions: MAX_SIDE_FUNCTIONS,
         }
     }
 }
@@ -138,7 +142,23 @@ pub enum CompareError {
     /// The two sides are of different profile types.
     #[error("the sides are of different profile types: {0} and {1}")]
     Types(String, String),
+    /// A side's distinct stacks name more functions in all than a comparison keeps.
+    #[error(
+        "the {side} side's distinct stacks name more than {limit} functions in all; it is not compared"
+    )]
+    TooLarge {
+        /// `before` or `after`.
+        side: &'static str,
+        /// [`CompareOptions::max_side_functions`].
+        limit: usize,
+    },
 }
+
+/// Most function ids the distinct stacks of one side may name in all, each stack's
+/// distinct functions counted (64 MiB of ids): a comparison keeps them for every distinct
+/// stack of both sides. Stacks of thousands of distinct inlined functions, a few hundred
+/// thousand of them, were gigabytes per pass, uncharged, in the background.
+pub const MAX_SIDE_FUNCTIONS: usize = 1 << 24;
 
 /// Function names interned across both sides.
 #[derive(Default)]
@@ -173,7 +193,13 @@ struct SideData<'a> {
 }
 
 impl<'a> SideData<'a> {
-    fn read(profiles: &'a Profiles, names: &mut Names) -> Self {
+    fn read(
+        profiles: &'a Profiles,
+        names: &mut Names,
+        which: &'static str,
+        most: usize,
+    ) -> Result<Self, CompareError> {
+        let mut kept = 0usize;
         let mut side = SideData {
             profiles,
             stacks: HashMap::new(),
@@ -189,10 +215,20 @@ impl<'a> SideData<'a> {
             side.totals.push((i, total));
             side.total = side.total.saturating_add(total);
             for &(id, v) in &p.stacks {
-                let (leaf, all) = side
-                    .stacks
-                    .entry(id)
-                    .or_insert_with(|| functions_of(&profiles.symbols, id, names));
+                let (leaf, all) = match side.stacks.entry(id) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let of = functions_of(&profiles.symbols, id, names);
+                        kept = kept.saturating_add(of.1.len());
+                        if kept > most {
+                            return Err(CompareError::TooLarge {
+                                side: which,
+                                limit: most,
+                            });
+                        }
+                        e.insert(of)
+                    }
+                };
                 let sums = side.sums.entry(*leaf).or_default();
                 sums.0 = sums.0.saturating_add(v);
                 for f in all.iter() {
@@ -201,7 +237,7 @@ impl<'a> SideData<'a> {
                 }
             }
         }
-        side
+        Ok(side)
     }
 
     /// The share of the side's total of function `f`: (self, total).
@@ -250,10 +286,16 @@ impl<'a> SideData<'a> {
 
 /// The leaf function of `stack` and its distinct functions (inlined frames included), by
 /// the names a flame graph shows.
+/// A stack deeper than [`crate::report::MAX_STACK_DEPTH`] frames counts its first ones, as
+/// the reports show it.
 fn functions_of(symbols: &crate::Symbols, stack: u64, names: &mut Names) -> (u32, Vec<u32>) {
     let mut all = Vec::new();
+    let mut frames = 0usize;
     symbols.for_each_frame(StackId(stack), |frame| {
-        all.push(names.id(&frame.display_name()));
+        frames += 1;
+        if frames <= crate::report::MAX_STACK_DEPTH {
+            all.push(names.id(&frame.display_name()));
+        }
     });
     let leaf = all
         .first()
@@ -282,8 +324,9 @@ pub fn compare(
         ));
     }
     let mut names = Names::default();
-    let b = SideData::read(before, &mut names);
-    let a = SideData::read(after, &mut names);
+    let most = options.max_side_functions;
+    let b = SideData::read(before, &mut names, "before", most)?;
+    let a = SideData::read(after, &mut names, "after", most)?;
     for (side, data) in [("before", &b), ("after", &a)] {
         if data.totals.len() < options.min_profiles {
             return Err(CompareError::TooFewProfiles {
