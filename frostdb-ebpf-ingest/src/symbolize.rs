@@ -96,6 +96,9 @@ pub(crate) struct Symbolizer {
     user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
     kernel: HashMap<u64, Arc<[Line]>>,
     modules: HashMap<Module, Arc<Module>>,
+    /// Per file, whether blazesym may read it ([`frostdb_pprof::symbolize::check_elf_file`]):
+    /// any local user's process may map a file made to exhaust or abort its reader.
+    readable: HashMap<Arc<Module>, bool>,
     kernel_module: Arc<Module>,
     unknown: Arc<Module>,
     pub(crate) stats: SymbolizeStats,
@@ -125,6 +128,7 @@ impl Symbolizer {
             user: HashMap::new(),
             kernel: HashMap::new(),
             modules: HashMap::new(),
+            readable: HashMap::new(),
             kernel_module: Arc::new(Module {
                 path: "[kernel.kallsyms]".into(),
                 build_id: kernel_build_id().unwrap_or_default(),
@@ -205,13 +209,23 @@ impl Symbolizer {
         for (meta, wanted) in misses {
             let (module, open) = metas[meta].clone().expect("misses only for ELF metas");
             let offsets: Vec<u64> = wanted.iter().map(|&(_, o)| o).collect();
-            let results = self
-                .blazesym
-                .symbolize(&Source::Elf(Elf::new(open)), Input::FileOffset(&offsets))
-                .unwrap_or_else(|e| {
-                    tracing::debug!(pid, module = %module.path, "cannot symbolize: {e}");
-                    Vec::new()
-                });
+            let readable = *self.readable.entry(module.clone()).or_insert_with(|| {
+                frostdb_pprof::symbolize::check_elf_file(&open)
+                    .inspect_err(|reason| {
+                        tracing::warn!(pid, module = %module.path, %reason, "a file not symbolized");
+                    })
+                    .is_ok()
+            });
+            let results = match readable {
+                true => self
+                    .blazesym
+                    .symbolize(&Source::Elf(Elf::new(open)), Input::FileOffset(&offsets))
+                    .unwrap_or_else(|e| {
+                        tracing::debug!(pid, module = %module.path, "cannot symbolize: {e}");
+                        Vec::new()
+                    }),
+                false => Vec::new(),
+            };
             for (k, &(i, offset)) in wanted.iter().enumerate() {
                 let lines = match results.get(k) {
                     Some(Symbolized::Sym(sym)) => lines_of(sym),
@@ -316,6 +330,7 @@ impl Symbolizer {
             self.user.clear();
             self.kernel.clear();
             self.modules.clear();
+            self.readable.clear();
         }
     }
 }

@@ -446,6 +446,12 @@ impl TableLoader {
             })
             .ok()?;
         let cache = object::ReadCache::new(file);
+        // Any local user's process may map a file made to make the parse copy gigabytes.
+        if let Err(reason) = frostdb_pprof::symbolize::check_elf_headers(&cache) {
+            self.stats.files_failed += 1;
+            tracing::debug!(path = m.path, %reason, "an ELF file not read: no unwind table");
+            return None;
+        }
         let Ok(elf) = object::File::parse(&cache) else {
             self.stats.files_failed += 1;
             tracing::debug!(path = m.path, "not an ELF file: no unwind table");

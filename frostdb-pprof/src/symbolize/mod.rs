@@ -28,6 +28,20 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 pub use cache::CacheStats;
+
+/// Whether blazesym may read the ELF file at `path` (and the file its debug link names
+/// beside it): its section headers, DWARF nesting, work and line tables are checked first,
+/// as every debug file this symbolizer reads is. An error says why not. For a reader of
+/// files it did not make (a sampler reading the files other processes map).
+pub fn check_elf_file(path: &Path) -> Result<(), String> {
+    dwarf_check::check(path)
+}
+
+/// Whether `object`'s parse of an ELF file may read `data`: section headers that would make
+/// it copy many times the file's bytes are refused, before it is parsed.
+pub fn check_elf_headers<'d>(data: impl object::ReadRef<'d>) -> Result<(), String> {
+    dwarf_check::sections_fit(data)
+}
 pub use debuginfod::urls_from_env;
 
 use crate::debuginfo::DebugInfoStore;
