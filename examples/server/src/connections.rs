@@ -107,6 +107,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let refusing = Arc::new(Semaphore::new(MAX_LINGERING_REFUSALS));
     let (close_tx, close_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let limits = Arc::new(limits);
@@ -142,7 +143,18 @@ pub async fn serve(
                     "connection limit reached: new connections are answered 503"
                 );
             }
-            connections.spawn(refuse(socket, limits.max_connections));
+            // Answered with a lingering close while few are; past that closed at once: a
+            // refusal holds a descriptor, outside the budget the limits were sized from.
+            match refusing.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    let max = limits.max_connections;
+                    connections.spawn(async move {
+                        refuse(socket, max).await;
+                        drop(slot);
+                    });
+                }
+                Err(_) => drop(socket),
+            }
             continue;
         };
         let _ = socket.set_nodelay(true);
@@ -261,6 +273,10 @@ pub const HYPER_MAX_HEADERS: usize = 512;
 pub const HYPER_MAX_URI_BYTES: usize = 65_534;
 
 /// Answers a connection over the limit with 503 and closes it.
+/// Refusals answered at once (each a descriptor for up to a second), of the descriptors
+/// kept besides connections and tenants ([`BASE_DESCRIPTORS`]); more are closed unanswered.
+const MAX_LINGERING_REFUSALS: usize = 64;
+
 async fn refuse(mut socket: TcpStream, max_connections: usize) {
     let body = serde_json::json!({
         "error": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),
@@ -314,8 +330,9 @@ impl RateLimited {
 
 /// Descriptors a server needs besides its connections and tenants: its listeners, the
 /// runtimes' event fds, the worker pool, the data directory's lock, log files, scrape and
-/// cluster clients, and the block files the queries and persistence in flight have open
-/// (a scan opens a table's block files while it reads them, and closes them after).
+/// cluster clients, the block files the queries and persistence in flight have open (a
+/// scan opens a table's block files while it reads them, and closes them after), and the
+/// connections being refused ([`MAX_LINGERING_REFUSALS`]).
 pub const BASE_DESCRIPTORS: u64 = 256;
 
 /// Descriptors an open tenant holds: its database's lock and WAL segment (measured: 2 per

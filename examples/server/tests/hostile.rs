@@ -1180,3 +1180,58 @@ async fn a_client_inventing_label_names_is_refused_naming_the_limit() {
     let (status, body) = push("team-b", "req_99".into()).await;
     assert_eq!(status, 200, "another tenant: {body}");
 }
+
+/// Descriptors the server process has open.
+fn descriptors(s: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map_or(0, |d| d.count())
+}
+
+/// A flood of connections past the limit holds at most 64 descriptors being refused: the
+/// first are answered 503 (a lingering close, up to a second each), the rest closed at
+/// once. Before, each refusal held its descriptor for its second, outside the budget the
+/// limits were sized from, and the tenants' WAL and block files then met EMFILE.
+#[tokio::test]
+async fn refusals_past_the_connection_limit_hold_few_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_connections = 4\n"),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // Once the server has taken the four (the last is answered), count its descriptors.
+    let answer = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 503"),
+        "{answer}"
+    );
+    let before = descriptors(&s);
+    let flood: Vec<TcpStream> = (0..400)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    // The connection after the flood is refused once every one before it was: its answer
+    // (or its close) says the server has taken them all.
+    let last = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        last.is_empty() || last.starts_with("HTTP/1.1 503"),
+        "{last}"
+    );
+    let during = descriptors(&s);
+    assert!(
+        during <= before + 64 + 8,
+        "{during} descriptors open while 400 are refused, {before} before"
+    );
+    // Each of the flood was answered 503 (lingering) or closed unanswered: at most 64 the
+    // former.
+    let mut answered = 0;
+    for mut socket in flood {
+        socket
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut got = Vec::new();
+        let _ = socket.read_to_end(&mut got);
+        answered += usize::from(got.starts_with(b"HTTP/1.1 503"));
+    }
+    assert!((1..=64).contains(&answered), "{answered} of 400 answered");
+    drop(held);
+}
