@@ -120,7 +120,7 @@ pub use limits::LabelLimits;
 pub use normalize::{IngestOptions, IngestSummary, is_cumulative, sanitize_label};
 pub use rollup::{RollupOptions, RollupSummary};
 pub use store::{
-    MergeOptions, Merged, NamingSummary, ProfileStore, Profiles, Read, ReadOptions, SeriesSamples,
-    StoreOptions,
+    Baselines, MergeOptions, Merged, NamingSummary, ProfileStore, Profiles, Read, ReadOptions,
+    SeriesSamples, StoreOptions,
 };
 pub use symbols::{Frame, Function, Mapping, StackId, SymbolOptions, Symbols};

@@ -43,8 +43,8 @@ pub struct SharedBucket {
 }
 
 impl Tenant {
-    /// What the tenant holds in memory: its tables' active and rotated blocks and its
-    /// symbol partitions.
+    /// What the tenant holds in memory: its tables' active and rotated blocks, its symbol
+    /// partitions, and the previous values of its cumulative series.
     pub fn memory_bytes(&self) -> usize {
         let tables: usize = self
             .store
@@ -53,7 +53,7 @@ impl Tenant {
             .iter()
             .map(|t| t.stats().memory_bytes)
             .sum();
-        tables + self.store.symbol_memory_bytes()
+        tables + self.store.symbol_memory_bytes() + self.store.baseline_memory_bytes()
     }
 }
 
@@ -73,6 +73,76 @@ pub struct Tenant {
     /// Its profiles; the store holds the tenant to its series limit, counting every label
     /// a series has (request and pprof sample labels alike).
     pub store: ProfileStore,
+    /// Where its store's baselines go when it closes: none for a tenant in a shared
+    /// bucket, which another node may write meanwhile (values this one kept would then be
+    /// stale, and deltas from them count again what that node stored).
+    parked: Option<Arc<Parked>>,
+}
+
+impl Drop for Tenant {
+    /// Parks the store's baselines (the previous values of its cumulative series, kept only
+    /// in memory) for the store that opens the tenant next: without them, each series'
+    /// next profile would be a baseline again, storing nothing while its push is answered
+    /// 200.
+    fn drop(&mut self) {
+        if let Some(parked) = &self.parked {
+            parked.park(&self.id, self.store.take_baselines());
+        }
+    }
+}
+
+/// Most bytes of baselines kept for closed tenants, all together: past it the oldest
+/// parked are dropped (and said so in the log).
+const MAX_PARKED_BASELINE_BYTES: usize = 256 << 20;
+
+/// The baselines of closed tenants, until they open again.
+#[derive(Debug, Default)]
+struct Parked {
+    /// By tenant, oldest parked first, and their bytes.
+    baselines: Mutex<(
+        std::collections::VecDeque<(String, frostdb_pprof::Baselines)>,
+        usize,
+    )>,
+}
+
+impl Parked {
+    fn park(&self, tenant: &str, baselines: frostdb_pprof::Baselines) {
+        if baselines.is_empty() {
+            return;
+        }
+        let mut parked = self.baselines.lock();
+        let (queue, bytes) = &mut *parked;
+        *bytes += baselines.memory_bytes();
+        queue.push_back((tenant.to_owned(), baselines));
+        while *bytes > MAX_PARKED_BASELINE_BYTES {
+            let Some((dropped, b)) = queue.pop_front() else {
+                break;
+            };
+            *bytes = bytes.saturating_sub(b.memory_bytes());
+            tracing::warn!(
+                tenant = %dropped,
+                bytes = b.memory_bytes(),
+                limit = MAX_PARKED_BASELINE_BYTES,
+                "the baselines of a closed tenant dropped: the next profile of each of its \
+                 cumulative series is a baseline again, storing nothing"
+            );
+        }
+    }
+
+    /// The baselines parked for `tenant`, taken.
+    fn take(&self, tenant: &str) -> Option<frostdb_pprof::Baselines> {
+        let mut parked = self.baselines.lock();
+        let (queue, bytes) = &mut *parked;
+        let at = queue.iter().position(|(t, _)| t == tenant)?;
+        let (_, baselines) = queue.remove(at)?;
+        *bytes = bytes.saturating_sub(baselines.memory_bytes());
+        Some(baselines)
+    }
+
+    /// Bytes parked.
+    fn bytes(&self) -> usize {
+        self.baselines.lock().1
+    }
 }
 
 /// Attaches `symbolizer` to `tenant`'s store and runs its background resolver while the
@@ -178,6 +248,8 @@ pub struct Tenants {
     symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
     /// The recording rules each tenant's store counts its profiles into.
     rules: Option<Arc<crate::rules::Rules>>,
+    /// The baselines of tenants closed, for when they open again.
+    parked: Arc<Parked>,
 }
 
 /// An open (or opening) tenant and when it was last used.
@@ -233,6 +305,7 @@ impl Tenants {
             spill: frostdb_query::Spill::none(),
             symbolizer: None,
             rules: None,
+            parked: Arc::default(),
         }
     }
 
@@ -542,6 +615,7 @@ impl Tenants {
         let db_options = DbOptions::default().workers(self.workers.clone());
         let storage = self.storage.clone();
         let rules = self.rules.clone();
+        let parked = matches!(self.storage, Storage::Local(_)).then(|| self.parked.clone());
         let tenant = tokio::task::spawn_blocking(move || -> ApiResult<Arc<Tenant>> {
             let (store, at) = match &storage {
                 Storage::Local(root) => {
@@ -592,8 +666,11 @@ impl Tenants {
             if let Some(rules) = &rules {
                 store.attach_recorder(rules.recorder(&id)?);
             }
+            if let Some(baselines) = parked.as_ref().and_then(|p| p.take(&id)) {
+                store.restore_baselines(baselines);
+            }
             tracing::info!(tenant = %id, at = %at, retention = %kept, "opened tenant");
-            Ok(Arc::new(Tenant { id, store }))
+            Ok(Arc::new(Tenant { id, store, parked }))
         })
         .await
         .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))??;
@@ -633,7 +710,7 @@ impl Tenants {
                 Some((weak, bytes))
             })
             .collect();
-        let mut standing: usize = sized.iter().map(|(_, b)| b).sum();
+        let mut standing: usize = sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes();
         budget.set_standing(standing);
         if standing + budget.reserved() <= high {
             return;

@@ -2159,3 +2159,61 @@ async fn a_diff_side_totals_what_the_query_of_it_totals() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("aggregation"), "{body}");
 }
+
+/// The previous values of a tenant's cumulative series outlive the tenant's closing: with
+/// one tenant open at a time, a baseline pushed to `a`, a push to `b` (which closes `a`),
+/// then `a`'s next profile is stored as the delta from the baseline. Before, the baseline
+/// went with the closed store: the next profile was a baseline again, and its push was
+/// answered 200 with nothing stored.
+#[tokio::test]
+async fn baselines_of_cumulative_series_outlive_a_tenants_closing() {
+    use frostdb_pprof::testing;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\nmax_open_tenants = 1\n"),
+    );
+    // The synthetic profile as allocations (cumulative), its values times `times`.
+    let allocations = |times: i64, at_s: i64| {
+        let mut p = testing::profile(0, 50, 3);
+        for s in &mut p.string_table {
+            match s.as_str() {
+                "cpu" => *s = "alloc_objects".into(),
+                "nanoseconds" => *s = "count".into(),
+                _ => {}
+            }
+        }
+        for sample in &mut p.sample {
+            for v in &mut sample.value {
+                *v *= times;
+            }
+        }
+        p.time_nanos = (1_700_000_000 + at_s) * 1_000_000_000;
+        push_request(
+            "memory",
+            &[("__delta__", "true"), ("service_name", "api")],
+            p.encode_to_vec(),
+        )
+    };
+    let (status, body) = push_proto(&s, Some("a"), &allocations(1, 0)).await;
+    assert_eq!(status, 200, "{body}");
+    let req = push_request(
+        "process_cpu",
+        &[],
+        testing::profile(0, 5, 3).encode_to_vec(),
+    );
+    let (status, body) = push_proto(&s, Some("b"), &req).await;
+    assert_eq!(status, 200, "{body}");
+    s.log_within(std::time::Duration::from_secs(30), |log| {
+        log.contains("closing the least recently used tenant") && log.contains("tenant=a")
+    });
+    let (status, body) = push_proto(&s, Some("a"), &allocations(3, 10)).await;
+    assert_eq!(status, 200, "{body}");
+    let stored = top_total(
+        &s,
+        Some("a"),
+        "memory:alloc_objects:count:alloc_objects:count{service_name=\"api\"}",
+    )
+    .await;
+    assert_eq!(stored, 2 * testing::total(0, 50));
+}

@@ -28,6 +28,20 @@ impl Deltas {
     pub(crate) fn has(&self, key: &str) -> bool {
         self.previous.contains_key(key)
     }
+
+    /// Bytes the kept values hold: each series' key, and each value's slot (a 16-byte
+    /// fingerprint and its 8-byte value, with the map's control byte, rounded up).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.previous
+            .iter()
+            .map(|(key, values)| 64 + key.len() + values.capacity() * 32)
+            .sum()
+    }
+
+    /// Keeps `other`'s values too (a series of both: `other`'s).
+    pub(crate) fn merge(&mut self, other: Deltas) {
+        self.previous.extend(other.previous);
+    }
 }
 
 /// A profile's timestamp in ms: `time_nanos`, repaired when a writer put microseconds in

@@ -361,4 +361,42 @@ impl ProfileStore {
     pub fn symbol_memory_bytes(&self) -> usize {
         self.symbols.memory_bytes()
     }
+
+    /// Bytes the previous values of cumulative series hold (what deltas are taken from).
+    pub fn baseline_memory_bytes(&self) -> usize {
+        self.deltas.lock().memory_bytes()
+    }
+
+    /// Takes the previous values of the cumulative series (the store keeps none after),
+    /// for a store opened later on the same data to go on from: kept only in memory, they
+    /// are what makes a series' next profile a delta rather than a baseline that stores
+    /// nothing.
+    pub fn take_baselines(&self) -> Baselines {
+        Baselines(std::mem::take(&mut *self.deltas.lock()))
+    }
+
+    /// Goes on from `baselines` ([`ProfileStore::take_baselines`] of this data's store
+    /// before): a series the store has values of keeps its own.
+    pub fn restore_baselines(&self, baselines: Baselines) {
+        let mut deltas = self.deltas.lock();
+        let mine = std::mem::take(&mut *deltas);
+        *deltas = baselines.0;
+        deltas.merge(mine);
+    }
+}
+
+/// The previous values of a store's cumulative series ([`ProfileStore::take_baselines`]).
+#[derive(Debug, Default)]
+pub struct Baselines(Deltas);
+
+impl Baselines {
+    /// Bytes they hold.
+    pub fn memory_bytes(&self) -> usize {
+        self.0.memory_bytes()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
 }
