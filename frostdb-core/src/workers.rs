@@ -343,7 +343,7 @@ mod tests {
             compactions: AtomicUsize::new(0),
         });
         let weak: Weak<dyn TableWork> = Arc::downgrade(&busy) as _;
-        busy.me.set(weak.clone()).ok().expect("set once");
+        assert!(busy.me.set(weak.clone()).is_ok(), "set once");
         let task = Arc::new(Noting {
             busy: busy.clone(),
             runs: Mutex::new(Vec::new()),

@@ -248,7 +248,7 @@ fn line_tables_bytes<'d>(
         let longest_directory = header
             .include_directories()
             .iter()
-            .map(|d| length(&unit, d.clone()))
+            .map(|d| length(&unit, *d))
             .max()
             .unwrap_or(0);
         let longest_name = header
