@@ -193,7 +193,8 @@ async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
     let mut slow = TcpStream::connect(&addr).unwrap();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .unwrap();
-    // Over the limit a new connection is answered at once: 503 naming the limit.
+    // Over the limit a new connection is answered at once: 503 naming the limit, or (with
+    // 64 refusals being answered already) closed unanswered.
     let answer = raw(
         &s.url,
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
@@ -207,7 +208,10 @@ async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
         );
         assert!(answer.to_ascii_lowercase().contains("retry-after: 1"));
     } else {
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 200"),
+            "{answer}"
+        );
     }
     // The idle connections time out, and then the server answers as usual.
     let health = format!("{}/healthz", s.url);
@@ -1206,6 +1210,7 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
         "{answer}"
     );
     let before = descriptors(&s);
+    let started = Instant::now();
     let flood: Vec<TcpStream> = (0..400)
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
@@ -1222,7 +1227,9 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
         "{during} descriptors open while 400 are refused, {before} before"
     );
     // Each of the flood was answered 503 (lingering) or closed unanswered: at most 64 the
-    // former.
+    // former at once, so (each lingering its second, as the client never closes) at most
+    // 64 for each second the flood took to be refused (a connection the full accept queue
+    // dropped comes again a second later), and one more.
     let mut answered = 0;
     for mut socket in flood {
         socket
@@ -1232,6 +1239,11 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
         let _ = socket.read_to_end(&mut got);
         answered += usize::from(got.starts_with(b"HTTP/1.1 503"));
     }
-    assert!((1..=64).contains(&answered), "{answered} of 400 answered");
+    let took = started.elapsed();
+    let most = 64 * (took.as_secs() as usize + 2);
+    assert!(
+        (1..=most).contains(&answered),
+        "{answered} of 400 answered in {took:?}"
+    );
     drop(held);
 }
