@@ -344,9 +344,10 @@ fn names_are_escaped_as_serde_escapes_them() {
     );
 }
 
-/// The stacks of a report stop once the request they are for has ended (its deadline, or
-/// its client gone): within a thousand stacks, not after the last of a billion frames, in
-/// the slot of a query lane. Without a request to answer to, every stack is walked.
+/// The stacks of a report (and the count of its frame bytes before it) stop once the
+/// request they are for has ended (its deadline, or its client gone): within a thousand
+/// stacks, not after the last of a billion frames, in the slot of a query lane. Without a
+/// request to answer to, every stack is walked.
 #[test]
 fn named_stacks_stop_once_the_request_has_ended() {
     let store = ProfileStore::open(
@@ -376,4 +377,9 @@ fn named_stacks_stop_once_the_request_has_ended() {
         || tree::each_named_stack(&merged, |_, _| walked += 1),
     );
     assert!(walked < 1_024, "{walked} of {stacks} stacks walked");
+    // So does the count of a report's frame bytes that comes before it.
+    let all = merged.frame_bytes();
+    let counted =
+        frostdb_core::stop_scans_when(|| Some("the request ended".into()), || merged.frame_bytes());
+    assert!(counted < all / 2, "{counted} of {all} bytes counted");
 }

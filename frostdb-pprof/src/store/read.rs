@@ -67,10 +67,17 @@ impl Merged {
     /// ([`crate::report::tree::MAX_TREE_NODES`], twice) of the longest. Stacks share their
     /// callers, so most trees write less; but a report writes a frame's name at every node
     /// it is, and a long name down a deep stack is written thousands of times.
+    ///
+    /// Stops early once the request it is for has ended ([`frostdb_core::stopped_now`]),
+    /// as the reports' walks do: nobody reads what it would have counted.
     pub fn frame_bytes(&self) -> usize {
         const PER_FRAME: usize = 100;
         let (mut total, mut longest) = (0usize, PER_FRAME);
+        let mut pace = crate::decode::charge::Pace::new();
         for (stack, _) in &self.samples {
+            if pace.tick().is_err() {
+                break;
+            }
             let mut depth = 0;
             self.symbols.for_each_frame(*stack, |f| {
                 depth += 1;
