@@ -332,34 +332,46 @@ fn rules_are_refused_whole_naming_the_fault() {
     assert_eq!(recorder.status().len(), 1);
 }
 
-#[test]
-fn series_past_the_limit_are_dropped_and_counted() {
+/// An in-memory store counting into a recorder of `limits` and the first of [`rules`].
+fn store_with_one_rule(limits: RuleLimits) -> (ProfileStore, Arc<Recorder>) {
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
     )
     .unwrap();
-    let recorder = Arc::new(Recorder::new(RuleLimits {
-        max_rules: 10,
-        max_series: 1,
-    }));
+    let recorder = Arc::new(Recorder::new(limits));
     recorder.set_rules(&rules()[..1]).unwrap();
     store.attach_recorder(recorder.clone());
+    (store, recorder)
+}
+
+/// Stores a CPU profile of service `svc`, one sample of 5 (10 ms each) on one stack, `at`
+/// ms after the first.
+fn store_small(store: &ProfileStore, svc: &str, at: i64) {
+    let d = Drawn {
+        service: 0,
+        env: 0,
+        samples: vec![(vec![0, 1], 5)],
+        twice: false,
+    };
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service_name".into(), svc.into())])
+        .delta(false)
+        .timestamp_ms(1_700_000_000_000 + at);
+    store
+        .ingest_profile(&validate(pprof(&d), store.limits()).unwrap(), &options)
+        .unwrap();
+}
+
+#[test]
+fn series_past_the_limit_are_dropped_and_counted() {
+    let (store, recorder) = store_with_one_rule(RuleLimits {
+        max_rules: 10,
+        max_series: 1,
+    });
     for (i, svc) in [0, 1, 0].into_iter().enumerate() {
-        let d = Drawn {
-            service: svc,
-            env: 0,
-            samples: vec![(vec![0, 1], 5)],
-            twice: false,
-        };
-        let options = IngestOptions::default()
-            .name("process_cpu")
-            .labels(vec![("service_name".into(), service(svc))])
-            .delta(false)
-            .timestamp_ms(1_700_000_000_000 + i as i64);
-        store
-            .ingest_profile(&validate(pprof(&d), store.limits()).unwrap(), &options)
-            .unwrap();
+        store_small(&store, &service(svc), i as i64);
     }
     // svc-0's series was first: kept, and added to; svc-1's, past the limit, dropped.
     let series = recorder.series();
@@ -421,30 +433,10 @@ fn a_profile_repeating_its_sample_type_counts_each_rule_once_a_row() {
 /// it is kept.
 #[test]
 fn a_series_keeping_more_than_its_bytes_is_dropped_and_counted() {
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
-    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
-    recorder.set_rules(&rules()[..1]).unwrap();
-    store.attach_recorder(recorder.clone());
+    let (store, recorder) = store_with_one_rule(RuleLimits::default());
     let long = "s".repeat(frostdb_pprof::rules::MAX_KEPT_BYTES + 1);
     for (i, svc) in [long.as_str(), "svc-0"].into_iter().enumerate() {
-        let d = Drawn {
-            service: 0,
-            env: 0,
-            samples: vec![(vec![0, 1], 5)],
-            twice: false,
-        };
-        let options = IngestOptions::default()
-            .name("process_cpu")
-            .labels(vec![("service_name".into(), svc.into())])
-            .delta(false)
-            .timestamp_ms(1_700_000_000_000 + i as i64);
-        store
-            .ingest_profile(&validate(pprof(&d), store.limits()).unwrap(), &options)
-            .unwrap();
+        store_small(&store, svc, i as i64);
     }
     let series = recorder.series();
     assert_eq!(series.len(), 1, "only the short series is kept");
