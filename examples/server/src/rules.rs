@@ -320,8 +320,11 @@ async fn delete(
 /// The series of every tenant's rules (`only`: of that tenant's), in the exposition format,
 /// for `/metrics`, and (to the server's token) what remote write did.
 ///
-/// `charge` holds what is being written and the series copied for it, grown as they are:
-/// past the budget, the exposition stops with the budget's refusal.
+/// `charge` holds what is being written and the series copied for it past
+/// [`UNCHARGED_EXPOSITION`], grown as they are: past the budget, the exposition stops with
+/// the budget's refusal. Below it nothing is charged, so that a usual `/metrics` answers
+/// when the budget is full, as the route's request is not charged either: memory is most
+/// worth watching then.
 pub fn exposition(
     rules: &Rules,
     only: Option<&str>,
@@ -329,6 +332,9 @@ pub fn exposition(
     charge: &mut frostdb_core::Reservation,
 ) -> Result<(), frostdb_core::OverBudget> {
     const WHAT: &str = "the recording rules' series of /metrics";
+    let held = |copied: usize, out: &String| {
+        (copied + out.capacity()).saturating_sub(UNCHARGED_EXPOSITION)
+    };
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let rw = &rules.remote_write;
@@ -373,7 +379,7 @@ pub fn exposition(
         }
         let series = recorder.series();
         copied += series.iter().map(series_bytes).sum::<usize>();
-        charge.try_resize(copied + out.capacity(), WHAT)?;
+        charge.try_resize(held(copied, out), WHAT)?;
         for series in series {
             by_name
                 .entry(series.rule.clone())
@@ -393,11 +399,15 @@ pub fn exposition(
                 let _ = write!(out, ",{k}=\"{}\"", crate::health::escape(v));
             }
             let _ = writeln!(out, "}} {}", s.value);
-            charge.try_resize(copied + out.capacity(), WHAT)?;
+            charge.try_resize(held(copied, out), WHAT)?;
         }
     }
     Ok(())
 }
+
+/// Bytes of `/metrics`' recording-rule series (copies and text) not charged: thousands of
+/// usual series.
+pub const UNCHARGED_EXPOSITION: usize = 4 << 20;
 
 /// What a copied series holds: its rule's name and labels, and their headers.
 fn series_bytes(s: &frostdb_pprof::rules::RuleSeries) -> usize {
@@ -410,12 +420,9 @@ mod tests {
     use super::*;
     use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions};
 
-    /// `/metrics`' series of the recording rules are charged as they are copied and
-    /// written: 200 series of 900-byte values are refused under a 256 KiB budget (naming
-    /// what asked) and written whole under 4 MiB.
-    #[test]
-    fn the_exposition_of_rule_series_is_charged_as_it_grows() {
-        let dir = tempfile::tempdir().unwrap();
+    /// Rules recording `n` series of 1,000-byte values (`service_name` pprof labels of
+    /// one profile's samples), kept in `dir`.
+    fn recording(dir: &std::path::Path, n: usize) -> Rules {
         let rule = RecordingRule {
             name: "cpu_total".into(),
             profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
@@ -425,33 +432,53 @@ mod tests {
             keep_labels: vec!["service_name".into()],
         };
         let configured = BTreeMap::from([("t".to_owned(), vec![rule])]);
-        let rules = Rules::new(dir.path(), configured, RuleLimits::default()).unwrap();
+        let rules = Rules::new(dir, configured, RuleLimits::default()).unwrap();
         let store = ProfileStore::open(
             frostdb_core::Db::open_in_memory(frostdb_core::DbOptions::default()).unwrap(),
             StoreOptions::default(),
         )
         .unwrap();
         store.attach_recorder(rules.recorder("t").unwrap());
-        let bytes = prost::Message::encode_to_vec(&frostdb_pprof::testing::profile(0, 4, 3));
-        for i in 0..200 {
-            let options = IngestOptions::default()
-                .name("process_cpu")
-                .labels(vec![("service_name".into(), format!("{i:0900}"))])
-                .delta(false)
-                .timestamp_ms(1_700_000_000_000);
-            store.ingest(&bytes, &options).unwrap();
+        let mut profile = frostdb_pprof::testing::profile(0, n, 3);
+        let key = profile.string_table.len() as i64;
+        profile.string_table.push("service_name".into());
+        for (i, sample) in profile.sample.iter_mut().enumerate() {
+            profile.string_table.push(format!("{i:01000}"));
+            sample.label = vec![frostdb_pprof::proto::Label {
+                key,
+                str: profile.string_table.len() as i64 - 1,
+                ..Default::default()
+            }];
         }
-        let expose = |limit: usize| {
-            let budget = frostdb_core::MemoryBudget::new(limit);
-            let (mut out, mut charge) = (String::new(), budget.empty());
-            exposition(&rules, None, &mut out, &mut charge).map(|()| out)
-        };
-        let refused = expose(256 << 10).unwrap_err();
+        let options = IngestOptions::default()
+            .name("process_cpu")
+            .delta(false)
+            .timestamp_ms(1_700_000_000_000);
+        store
+            .ingest(&prost::Message::encode_to_vec(&profile), &options)
+            .unwrap();
+        rules
+    }
+
+    fn expose(rules: &Rules, budget: usize) -> Result<String, frostdb_core::OverBudget> {
+        let budget = frostdb_core::MemoryBudget::new(budget);
+        let (mut out, mut charge) = (String::new(), budget.empty());
+        exposition(rules, None, &mut out, &mut charge).map(|()| out)
+    }
+
+    /// `/metrics`' series of the recording rules are charged as they are copied and
+    /// written, past the first 4 MiB: 4,000 series of 1,000-byte values are refused under
+    /// a 256 KiB budget (naming what asked) and written whole under 32 MiB; 100 series are
+    /// written under a budget of a byte, as a usual `/metrics` answers with the budget full.
+    #[test]
+    fn the_exposition_of_rule_series_is_charged_as_it_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let many = recording(&dir.path().join("many"), 4_000);
+        let refused = expose(&many, 256 << 10).unwrap_err();
         assert!(refused.what.contains("recording rules"), "{refused:?}");
-        let out = expose(4 << 20).unwrap();
-        assert_eq!(
-            out.lines().filter(|l| l.starts_with("cpu_total{")).count(),
-            200
-        );
+        let series = |out: &str| out.lines().filter(|l| l.starts_with("cpu_total{")).count();
+        assert_eq!(series(&expose(&many, 32 << 20).unwrap()), 4_000);
+        let few = recording(&dir.path().join("few"), 100);
+        assert_eq!(series(&expose(&few, 1).unwrap()), 100);
     }
 }
