@@ -202,9 +202,14 @@ impl<T: ?Sized> Periodic<T> {
         }
     }
 
+    /// Whether it is due at `now`.
+    fn is_due(&self, now: Instant) -> bool {
+        self.next <= now
+    }
+
     /// The entry's target when it is due (and schedules the next run).
     fn due(&mut self, now: Instant) -> Option<Arc<T>> {
-        if self.next > now {
+        if !self.is_due(now) {
             return None;
         }
         self.next = now + self.every;
@@ -269,7 +274,7 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
 /// Runs the tables' periodic work and the tasks that are due, forgetting those dropped.
 fn run_due(tables: &mut Vec<Periodic<dyn TableWork>>, tasks: &mut Vec<Periodic<dyn Maintenance>>) {
     let now = Instant::now();
-    if !tables.iter().any(|t| t.next <= now) && !tasks.iter().any(|t| t.next <= now) {
+    if !tables.iter().any(|t| t.is_due(now)) && !tasks.iter().any(|t| t.is_due(now)) {
         return;
     }
     let now_ms = crate::now_ms();

@@ -272,11 +272,11 @@ pub const HYPER_MAX_HEADERS: usize = 512;
 /// hyper itself, without a body.
 pub const HYPER_MAX_URI_BYTES: usize = 65_534;
 
-/// Answers a connection over the limit with 503 and closes it.
 /// Refusals answered at once (each a descriptor for up to a second), of the descriptors
 /// kept besides connections and tenants ([`BASE_DESCRIPTORS`]); more are closed unanswered.
 const MAX_LINGERING_REFUSALS: usize = 64;
 
+/// Answers a connection over the limit with 503 and closes it.
 async fn refuse(mut socket: TcpStream, max_connections: usize) {
     let body = serde_json::json!({
         "error": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),

@@ -85,9 +85,9 @@ fn sees(caller: Option<&crate::Caller>, id: &str) -> bool {
 /// series; with a tenant's token, that tenant's series only (its rules', its
 /// regressions', its database's state), nothing of other tenants, not even their names.
 ///
-/// Written off the async thread, and charged to the memory budget as it grows (the
-/// recording rules' series of every tenant in view may be megabytes each): past the budget
-/// it is a 503, as any request's work is.
+/// Written off the async thread. The recording rules' series of every tenant in view (megabytes
+/// each, at their limits) are charged to the memory budget past their first few megabytes
+/// ([`crate::rules::exposition`]): past the budget it is a 503, as any request's work is.
 async fn metrics(
     State(state): State<Shared>,
     axum::Extension(caller): axum::Extension<crate::Caller>,

@@ -196,10 +196,11 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
                     let queue = queues.entry(tenant).or_default();
                     queue.batches.push_back(body);
                     // At most `max_queued` intervals, and MAX_QUEUED_BYTES, the newest kept.
+                    let mut bytes: usize = queue.batches.iter().map(Vec::len).sum();
                     while queue.batches.len() > config.max_queued.max(1)
-                        || (queue.batches.len() > 1 && queue.bytes() > MAX_QUEUED_BYTES)
+                        || (queue.batches.len() > 1 && bytes > MAX_QUEUED_BYTES)
                     {
-                        queue.batches.pop_front();
+                        bytes -= queue.batches.pop_front().map_or(0, |b| b.len());
                         stats.dropped.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(max_queued = config.max_queued, max_bytes = MAX_QUEUED_BYTES, "remote write queue of a tenant full: its oldest batch dropped");
                     }
@@ -251,13 +252,6 @@ struct TenantQueue {
     batches: VecDeque<Vec<u8>>,
     backoff: Duration,
     next_send: tokio::time::Instant,
-}
-
-impl TenantQueue {
-    /// Bytes of its batches.
-    fn bytes(&self) -> usize {
-        self.batches.iter().map(Vec::len).sum()
-    }
 }
 
 impl Default for TenantQueue {

@@ -22,6 +22,8 @@
 //! parsing them copy many times their bytes, are not read either.
 
 use std::borrow::Cow;
+
+use gimli::Section as _;
 use std::io::Read;
 use std::path::Path;
 
@@ -110,7 +112,9 @@ pub(crate) fn check(path: &Path) -> Result<(), String> {
 /// Bytes reading `path` may make, which a reservation must cover before it is read: the
 /// file, and the file its debug link names beside it, each with what its compressed
 /// sections state they inflate to (a file of a few hundred bytes can state a gibibyte a
-/// section) and what its line tables make ([`line_tables_bytes`]). A file that is not an object file counts its size ([`check`] refuses it).
+/// section) and what its line tables make ([`line_tables_bytes`], when its sections are
+/// stored uncompressed). A file that is not an object file counts its size ([`check`]
+/// refuses it).
 pub(crate) fn read_bytes(path: &Path) -> u64 {
     /// The file's size plus its sections' stated inflated sizes, and its debug link.
     fn of(path: &Path) -> (u64, Option<String>) {
@@ -130,7 +134,11 @@ pub(crate) fn read_bytes(path: &Path) -> u64 {
             .filter_map(|s| s.compressed_file_range().ok())
             .filter(|r| r.format != object::CompressionFormat::None)
             .fold(size, |sum, r| sum.saturating_add(r.uncompressed_size));
-        let lines = line_tables_bytes(&elf).unwrap_or(0); // an error: refused by `check`
+        // Of sections as stored (a compressed one is inflated only once reserved for):
+        // an error counts nothing here, and `check` refuses what it must.
+        let lines = dwarf_sections(&elf, false)
+            .and_then(|sections| line_tables_bytes(&sections, endian_of(&elf)))
+            .unwrap_or(0);
         (
             inflated.saturating_add(lines),
             debuglink(&elf).ok().flatten(),
@@ -178,19 +186,22 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
     sections_fit(&cache)?;
     let elf = object::File::parse(&cache).map_err(|e| format!("not an object file: {e}"))?;
     let linked = debuglink(&elf)?;
-    let info = section(&elf, ".debug_info")?;
-    let abbrev = section(&elf, ".debug_abbrev")?;
-    let endian = if elf.is_little_endian() {
-        gimli::RunTimeEndian::Little
-    } else {
-        gimli::RunTimeEndian::Big
-    };
-    walk(&info, &abbrev, endian).map_err(|e| format!("DWARF: {e}"))?;
+    // Read (and inflated) once, for the walk and the line tables both.
+    let sections = dwarf_sections(&elf, true)?;
+    let endian = endian_of(&elf);
+    let slices = sections.borrow(|s| gimli::EndianSlice::new(s, endian));
+    walk(
+        slices.debug_info.reader().slice(),
+        slices.debug_abbrev.reader().slice(),
+        endian,
+    )
+    .map_err(|e| format!("DWARF: {e}"))?;
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
     let most = LINE_TABLES_PER_BYTE
         .saturating_mul(size)
         .saturating_add(LINE_TABLES_SLACK);
-    let lines = line_tables_bytes(&elf).map_err(|e| format!("DWARF line tables: {e}"))?;
+    let lines =
+        line_tables_bytes(&sections, endian).map_err(|e| format!("DWARF line tables: {e}"))?;
     if lines > most {
         return Err(format!(
             "its line tables would make {lines} bytes, over {most} \
@@ -200,22 +211,25 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
     Ok(linked)
 }
 
-/// What blazesym makes of the line programs of `elf`'s units, at most: each unit parses
-/// the program its `DW_AT_stmt_list` names, on its own (units sharing one parse it once
-/// each), keeping a row for each byte of the program at most, and for each file entry a
-/// path of the unit's directory, the entry's directory and its name. Only the units' root
-/// entries and the programs' headers are read (after [`walk`] bounded the units).
-/// Before, a file of 1 MiB of `DW_AT_comp_dir` and 16 units naming one program of 4,096
-/// file entries made 64 GiB of paths, against a reservation of its size.
-fn line_tables_bytes<'d>(
+/// Whether `elf` is little- or big-endian, as gimli reads it.
+fn endian_of<'d>(
     elf: &object::File<'d, &'d object::ReadCache<std::fs::File>>,
-) -> Result<u64, String> {
-    use gimli::SectionId;
-    let endian = if elf.is_little_endian() {
+) -> gimli::RunTimeEndian {
+    if elf.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
-    };
+    }
+}
+
+/// The sections the checks read: `.debug_info`, `.debug_abbrev`, `.debug_line` and the
+/// string sections (the others empty). With `inflate` false a compressed one is an error,
+/// none is inflated: for [`read_bytes`], which runs before anything is reserved.
+fn dwarf_sections<'d>(
+    elf: &object::File<'d, &'d object::ReadCache<std::fs::File>>,
+    inflate: bool,
+) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, String> {
+    use gimli::SectionId;
     let needed = [
         SectionId::DebugInfo,
         SectionId::DebugAbbrev,
@@ -224,13 +238,35 @@ fn line_tables_bytes<'d>(
         SectionId::DebugLineStr,
         SectionId::DebugStrOffsets,
     ];
-    let sections = gimli::DwarfSections::load(|id| -> Result<Cow<'_, [u8]>, String> {
-        match needed.contains(&id) {
-            true => section(elf, id.name()),
-            false => Ok(Cow::Borrowed(&[])),
+    gimli::DwarfSections::load(|id| {
+        if !needed.contains(&id) {
+            return Ok(Cow::Borrowed(&[][..]));
         }
-    })?;
+        let compressed = elf
+            .section_by_name(id.name())
+            .and_then(|s| s.compressed_file_range().ok())
+            .is_some_and(|r| r.format != object::CompressionFormat::None);
+        match compressed && !inflate {
+            true => Err(format!("{} is compressed", id.name())),
+            false => section(elf, id.name()),
+        }
+    })
+}
+
+/// What blazesym makes of the line programs of the units of `sections`, at most: each
+/// unit parses the program its `DW_AT_stmt_list` names, on its own (units sharing one
+/// parse it once each), keeping a row for each byte of the program at most, and for each
+/// file entry a path of the unit's directory, the entry's directory and its name. Only the
+/// units' root entries and the programs' headers are read, once the abbreviation tables
+/// they are parsed with are bounded ([`abbrev_tables`]). Before, a file of 1 MiB of
+/// `DW_AT_comp_dir` and 16 units naming one program of 4,096 file entries made 64 GiB of
+/// paths, against a reservation of its size.
+fn line_tables_bytes(
+    sections: &gimli::DwarfSections<Cow<'_, [u8]>>,
+    endian: gimli::RunTimeEndian,
+) -> Result<u64, String> {
     let dwarf = sections.borrow(|s| gimli::EndianSlice::new(s, endian));
+    abbrev_tables(dwarf.debug_abbrev.reader().slice())?;
     let length = |unit: &gimli::Unit<_>, value| {
         dwarf
             .attr_string(unit, value)
