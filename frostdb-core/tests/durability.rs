@@ -560,6 +560,134 @@ fn damaged_pages_fail_the_read_midway_by_name_on_both_read_paths() {
     }
 }
 
+/// A block whose footer declares 2³¹−1 row groups in a few bytes: Parquet would reserve about
+/// 200 GB for them before reading one (an abort where memory is not overcommitted, as in
+/// this test's process). The footer is checked first: the block is unreadable, by name.
+#[test]
+fn a_footer_declaring_more_than_it_holds_is_refused_before_parquet_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 10);
+    let bombed = table.persist().unwrap().remove(0);
+    fill(&table, 10, 20);
+    table.persist().unwrap();
+    drop(table);
+    drop(db);
+    let path = dir.path().join("blocks").join(&bombed.path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    // FileMetaData { 1: version = 1, 4: row_groups = list<struct> of 2³¹−1 }, then the
+    // rest of the old footer's bytes: the object keeps its size and its magic.
+    let bomb = [0x15, 0x02, 0x39, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07];
+    bytes[n - 8 - footer_len..][..bomb.len()].copy_from_slice(&bomb);
+    std::fs::write(&path, bytes).unwrap();
+
+    let blocks = dir.path().join("blocks");
+    for local in [true, false] {
+        let db = if local {
+            Db::open(dir.path(), options()).unwrap()
+        } else {
+            let store = object_store::local::LocalFileSystem::new_with_prefix(&blocks).unwrap();
+            Db::open_with_store(dir.path(), Arc::new(store), "", options()).unwrap()
+        };
+        let table = db.get_table("samples").unwrap();
+        match table.scan(&ScanRequest::new()).unwrap_err() {
+            Error::BlockUnreadable { block, reason, .. } => {
+                assert_eq!(block, bombed.id, "{local}");
+                assert!(
+                    reason.contains("footer") && reason.contains("2147483647 elements"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected the bombed block by name ({local}), got {other}"),
+        }
+        let mut scan = table
+            .snapshot()
+            .scan(&ScanRequest::new().lenient(true))
+            .unwrap();
+        let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
+        assert_eq!(scan.metrics().blocks_failed, 1, "{local}");
+        assert_eq!(rows, expected(10, 20), "{local}");
+    }
+}
+
+/// A block whose first page header declares 2³¹−1 bytes uncompressed: Parquet would reserve
+/// that and decompress into it. Every page header is checked against its column chunk
+/// first, on both read paths: the block is unreadable, by name, naming the page.
+#[test]
+fn a_page_declaring_more_than_its_column_chunk_is_refused_before_parquet_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 10);
+    let bombed = table.persist().unwrap().remove(0);
+    fill(&table, 10, 20);
+    table.persist().unwrap();
+    drop(table);
+    drop(db);
+    let path = dir.path().join("blocks").join(&bombed.path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let size = bytes.len();
+    // The first page's header follows the magic: field 1 (its type, one byte), then field
+    // 2, the uncompressed size, a zigzag varint of `n` bytes. It becomes the 5 bytes of
+    // 2³¹−1; the last bytes of the column chunk make room, so everything after it (the
+    // other chunks, the page indexes, the footer) keeps its place.
+    let chunk_end = {
+        let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+            bytes::Bytes::from(bytes.clone()),
+        )
+        .unwrap();
+        use parquet::file::reader::FileReader;
+        let (start, len) = reader.metadata().row_group(0).column(0).byte_range();
+        assert_eq!(start, 4, "the first chunk follows the magic");
+        (start + len) as usize
+    };
+    assert_eq!(
+        (bytes[4], bytes[6]),
+        (0x15, 0x15),
+        "a page header at byte 4"
+    );
+    let n = bytes[7..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
+    bytes.splice(7..7 + n, [0xfe, 0xff, 0xff, 0xff, 0x0f]);
+    bytes.drain(chunk_end..chunk_end + (5 - n));
+    assert_eq!(bytes.len(), size);
+    std::fs::write(&path, bytes).unwrap();
+
+    let blocks = dir.path().join("blocks");
+    for local in [true, false] {
+        let db = if local {
+            Db::open(dir.path(), options()).unwrap()
+        } else {
+            let store = object_store::local::LocalFileSystem::new_with_prefix(&blocks).unwrap();
+            Db::open_with_store(dir.path(), Arc::new(store), "", options()).unwrap()
+        };
+        let table = db.get_table("samples").unwrap();
+        match table.scan(&ScanRequest::new()).unwrap_err() {
+            Error::BlockUnreadable { block, reason, .. } => {
+                assert_eq!(block, bombed.id, "{local}");
+                assert!(
+                    reason.contains("the page at byte 4 declares 2147483647 bytes uncompressed"),
+                    "{local}: {reason}"
+                );
+            }
+            other => panic!("expected the bombed block by name ({local}), got {other}"),
+        }
+        let mut scan = table
+            .snapshot()
+            .scan(&ScanRequest::new().lenient(true))
+            .unwrap();
+        let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
+        assert_eq!(scan.metrics().blocks_failed, 1, "{local}");
+        assert_eq!(rows, expected(10, 20), "{local}");
+    }
+}
+
 #[test]
 fn a_damaged_block_fails_the_scan_by_name_unless_the_scan_is_lenient() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,7 +8,9 @@
 //! for dictionary-hinted columns, delta encodings and codecs as the schema hints.
 
 mod keys;
+mod pages;
 mod read;
+mod thrift;
 mod write;
 
 use std::collections::HashMap;

@@ -19,6 +19,7 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 
 use super::Storage;
 use super::keys::RowGroupKeys;
+use super::pages::Chunks;
 use crate::error::{Error, Result};
 use crate::manifest::BlockMeta;
 use crate::predicate::ColumnStats;
@@ -33,6 +34,9 @@ struct BlockFile {
     store: Arc<dyn object_store::ObjectStore>,
     path: ObjectPath,
     size: u64,
+    /// The footer's column chunks, once it is read: every range fetched for pages is
+    /// checked against them ([`super::pages`]).
+    chunks: Option<Arc<Chunks>>,
 }
 
 fn external(e: object_store::Error) -> parquet::errors::ParquetError {
@@ -58,10 +62,19 @@ impl AsyncFileReader for BlockFile {
     ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
         use futures::FutureExt;
         async move {
-            self.store
+            let fetched = self
+                .store
                 .get_ranges(&self.path, &ranges)
                 .await
-                .map_err(external)
+                .map_err(external)?;
+            if let Some(chunks) = &self.chunks {
+                for (range, bytes) in ranges.iter().zip(&fetched) {
+                    chunks
+                        .check_pages(range.start, bytes)
+                        .map_err(parquet::errors::ParquetError::General)?;
+                }
+            }
+            Ok(fetched)
         }
         .boxed()
     }
@@ -76,13 +89,91 @@ impl AsyncFileReader for BlockFile {
         use futures::FutureExt;
         async move {
             let size = self.size;
+            let tail = checked_tail(self).await?;
             let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
                 .with_arrow_reader_options(options)
-                .load_and_finish(self, size)
+                .with_prefetch_hint(Some(tail.len()))
+                .load_and_finish(
+                    WithTail {
+                        file: self,
+                        start: size - tail.len() as u64,
+                        tail,
+                    },
+                    size,
+                )
                 .await?;
             Ok(Arc::new(metadata))
         }
         .boxed()
+    }
+}
+
+/// The most bytes a block's footer (Parquet's `FileMetaData`) may take. The writer's are a
+/// few hundred bytes a row group; a larger one is damage, or not ours.
+const MAX_FOOTER_BYTES: u64 = 64 << 20;
+
+/// What of a block's tail is read in the first request: the footer of a usual block whole.
+const TAIL_PREFETCH: u64 = 64 << 10;
+
+/// The tail of `file` holding its footer, checked before Parquet decodes it: a length
+/// within the object and [`MAX_FOOTER_BYTES`], and a well-formed struct whose every list
+/// fits in the footer's bytes ([`super::thrift::check_struct`]). Parquet itself reserves a
+/// vector by the row-group list's declared count before reading one: a 30-byte footer
+/// would ask for about 200 GB, which aborts the process where memory is not overcommitted.
+async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<bytes::Bytes> {
+    use parquet::errors::ParquetError;
+    let size = file.size;
+    if size < 12 {
+        return Err(ParquetError::General(format!(
+            "the object is {size} bytes, too short for a Parquet file"
+        )));
+    }
+    let mut tail = file.get_bytes(size - TAIL_PREFETCH.min(size)..size).await?;
+    let n = tail.len();
+    if n < 8 || &tail[n - 4..] != b"PAR1" {
+        return Err(ParquetError::General(
+            "the object does not end in Parquet's magic bytes".into(),
+        ));
+    }
+    let footer_len = u64::from(u32::from_le_bytes(
+        tail[n - 8..n - 4].try_into().expect("4 bytes"),
+    ));
+    if footer_len > MAX_FOOTER_BYTES || footer_len + 12 > size {
+        return Err(ParquetError::General(format!(
+            "the footer declares {footer_len} bytes, in an object of {size} bytes (at most {MAX_FOOTER_BYTES} are read)"
+        )));
+    }
+    if footer_len + 8 > n as u64 {
+        tail = file.get_bytes(size - footer_len - 8..size).await?;
+    }
+    let footer = &tail[tail.len() - 8 - footer_len as usize..tail.len() - 8];
+    super::thrift::check_struct(footer, |_, _| {})
+        .map_err(|e| ParquetError::General(format!("a malformed footer: {e}")))?;
+    Ok(tail)
+}
+
+/// A block's object with its tail already read: Parquet's footer reader takes the tail from
+/// here, the page indexes from the object.
+struct WithTail<'a> {
+    file: &'a mut BlockFile,
+    start: u64,
+    tail: bytes::Bytes,
+}
+
+impl parquet::arrow::async_reader::MetadataFetch for WithTail<'_> {
+    fn fetch(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        use futures::FutureExt;
+        let end = self.start + self.tail.len() as u64;
+        if range.start >= self.start && range.end <= end {
+            let from = (range.start - self.start) as usize;
+            let to = (range.end - self.start) as usize;
+            let bytes = self.tail.slice(from..to);
+            return async move { Ok(bytes) }.boxed();
+        }
+        self.file.get_bytes(range)
     }
 }
 
@@ -92,6 +183,8 @@ impl AsyncFileReader for BlockFile {
 #[derive(Debug, Clone)]
 pub(crate) struct Footer {
     arrow: ArrowReaderMetadata,
+    /// The column chunks, for checking the page headers a read meets.
+    chunks: Arc<Chunks>,
     keys: Option<Arc<RowGroupKeys>>,
     stats: Arc<parking_lot::Mutex<HashMap<String, Arc<ColumnStatistics>>>>,
     /// Statistics of the block that could not be read: logged once, then the block is read
@@ -172,6 +265,7 @@ pub(crate) struct BlockPlan {
     pub(crate) table: String,
     pub(crate) block: Arc<super::Block>,
     metadata: ArrowReaderMetadata,
+    chunks: Arc<Chunks>,
     row_groups: Vec<RowGroupPlan>,
     projection: Vec<usize>,
     /// What the planned rows are still filtered by: the scan's filter less the conjuncts
@@ -270,6 +364,7 @@ impl Storage {
             store: self.store.clone(),
             path: ObjectPath::from(block.path.as_str()),
             size: block.size,
+            chunks: None,
         };
         let loaded = self.io.run(async move {
             let options = ArrowReaderOptions::new()
@@ -297,6 +392,7 @@ impl Storage {
         )
         .map(Arc::new);
         let footer = Footer {
+            chunks: Arc::new(Chunks::new(parquet)),
             arrow: metadata,
             keys,
             stats: Arc::default(),
@@ -329,6 +425,7 @@ impl Storage {
         let Footer {
             arrow: metadata,
             keys,
+            chunks,
             ..
         } = &footer;
         // Key ranges are checked where the prune bound fixes a prefix of the sort key.
@@ -525,6 +622,7 @@ impl Storage {
                             table: table.to_owned(),
                             block: block.clone(),
                             metadata: metadata.clone(),
+                            chunks: chunks.clone(),
                             projection: projection(&residual, &mut constants),
                             filter: Arc::new(residual),
                             constants,
@@ -670,6 +768,7 @@ struct Prepared {
     table: String,
     block: Arc<super::Block>,
     metadata: ArrowReaderMetadata,
+    chunks: Arc<Chunks>,
     fill: Constants,
     read: Selected,
 }
@@ -701,6 +800,7 @@ fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, 
         table,
         block,
         metadata,
+        chunks,
         row_groups,
         projection,
         constants,
@@ -727,6 +827,7 @@ fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, 
         table,
         block,
         metadata,
+        chunks,
         fill,
         read: Selected {
             row_groups,
@@ -743,6 +844,7 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
         table,
         block,
         metadata,
+        chunks,
         fill,
         read,
     } = prepare(plan, batch_rows)?;
@@ -752,6 +854,7 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
     let file = LocalFile {
         file: Arc::new(file),
         size: block.size,
+        chunks,
     };
     let reader = read
         .apply(ParquetRecordBatchReaderBuilder::new_with_metadata(
@@ -772,6 +875,28 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
 struct LocalFile {
     file: Arc<std::fs::File>,
     size: u64,
+    chunks: Arc<Chunks>,
+}
+
+impl LocalFile {
+    /// Checks the page header Parquet is about to read at `start` ([`super::pages`]): the
+    /// writer's fit in a short read; a longer one is read once more, whole.
+    fn check_header_at(&self, start: u64) -> parquet::errors::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let left = usize::try_from(self.chunks.left_in_chunk(start)).unwrap_or(usize::MAX);
+        let mut n = super::pages::HEADER_PREFETCH.min(left);
+        loop {
+            let mut header = vec![0; n];
+            self.file.read_exact_at(&mut header, start)?;
+            match self.chunks.check_header(start, &header) {
+                Ok(_) => return Ok(()),
+                Err(_) if n < left.min(super::pages::MAX_HEADER_BYTES) => {
+                    n = left.min(super::pages::MAX_HEADER_BYTES);
+                }
+                Err(e) => return Err(parquet::errors::ParquetError::General(e)),
+            }
+        }
+    }
 }
 
 impl parquet::file::reader::Length for LocalFile {
@@ -784,6 +909,8 @@ impl parquet::file::reader::ChunkReader for LocalFile {
     type T = std::io::BufReader<ReadAt>;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        // Parquet's page reader reads from here only at a page's header.
+        self.check_header_at(start)?;
         Ok(std::io::BufReader::new(ReadAt {
             file: self.file.clone(),
             at: start,
@@ -794,6 +921,12 @@ impl parquet::file::reader::ChunkReader for LocalFile {
         use std::os::unix::fs::FileExt;
         let mut buffer = vec![0; length];
         self.file.read_exact_at(&mut buffer, start)?;
+        if self.chunks.is_page_start(start) {
+            // A page read whole, by the offset index: its header first.
+            self.chunks
+                .check_header(start, &buffer)
+                .map_err(parquet::errors::ParquetError::General)?;
+        }
         Ok(buffer.into())
     }
 }
@@ -823,6 +956,7 @@ async fn read_block(
         table,
         block,
         metadata,
+        chunks,
         mut fill,
         read,
     } = match prepare(plan, batch_rows) {
@@ -837,6 +971,7 @@ async fn read_block(
         store,
         path: ObjectPath::from(block.path.as_str()),
         size: block.size,
+        chunks: Some(chunks),
     };
     let builder = read.apply(ParquetRecordBatchStreamBuilder::new_with_metadata(
         reader, metadata,

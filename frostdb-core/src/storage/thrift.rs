@@ -1,0 +1,346 @@
+//! A check of Thrift compact-protocol structs (Parquet's footer and page headers) before
+//! Parquet decodes them: Parquet sizes some vectors by a list's declared count before it
+//! reads an element (a 30-byte footer declaring 2³¹ row groups asks for about 200 GB), and
+//! trusts a page header's sizes when it allocates the page. The walk is iterative (a stack
+//! of at most [`MAX_DEPTH`] frames, never recursion over the input), takes time linear in
+//! the bytes, and allocates nothing but that stack.
+//!
+//! Wire format: <https://github.com/apache/thrift/blob/master/doc/specs/thrift-compact-protocol.md>.
+
+/// Containers nested deeper than this are refused (Parquet's own skipping stops at 64).
+pub(crate) const MAX_DEPTH: usize = 64;
+
+/// What was wrong with the bytes, for an error naming the object.
+pub(crate) type Malformed = String;
+
+#[derive(Clone, Copy)]
+enum Frame {
+    /// Reading a struct's fields; `top` when it is the outermost struct.
+    Struct { top: bool },
+    /// `left` elements of type `ty` still to read (a list or set).
+    List { ty: u8, left: u64 },
+    /// `left` entries still to read; `key` when the next value is an entry's key.
+    Map {
+        key_ty: u8,
+        value_ty: u8,
+        left: u64,
+        key: bool,
+    },
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn remaining(&self) -> u64 {
+        (self.bytes.len() - self.at) as u64
+    }
+
+    fn byte(&mut self) -> Result<u8, Malformed> {
+        let b = *self
+            .bytes
+            .get(self.at)
+            .ok_or_else(|| format!("ends inside a value at byte {}", self.at))?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn skip(&mut self, n: u64) -> Result<(), Malformed> {
+        if n > self.remaining() {
+            return Err(format!(
+                "declares {n} bytes at byte {}, past its end ({} bytes left)",
+                self.at,
+                self.remaining()
+            ));
+        }
+        self.at += n as usize;
+        Ok(())
+    }
+
+    fn varint(&mut self) -> Result<u64, Malformed> {
+        let mut value = 0u64;
+        for shift in (0..70).step_by(7) {
+            let b = self.byte()?;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(format!("a varint longer than 10 bytes at byte {}", self.at))
+    }
+
+    fn zigzag(&mut self) -> Result<i64, Malformed> {
+        let v = self.varint()?;
+        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+}
+
+/// Checks one compact-protocol struct at the start of `bytes`: every container's declared
+/// count and every string's length fit in the bytes left (each element takes at least one
+/// byte), containers nest at most [`MAX_DEPTH`] deep, and every type is known. Calls
+/// `top_field(id, value)` for each integer field of the outermost struct. Returns how many
+/// bytes the struct took.
+pub(crate) fn check_struct(
+    bytes: &[u8],
+    mut top_field: impl FnMut(i16, i64),
+) -> Result<usize, Malformed> {
+    let mut c = Cursor { bytes, at: 0 };
+    let mut stack = vec![Frame::Struct { top: true }];
+    // The id of the previous field of each open struct (ids are sent as deltas).
+    let mut last_ids: Vec<i16> = vec![0];
+    while let Some(frame) = stack.last_mut() {
+        // The type of the next value to read, and whether it is a top-level field's (and
+        // which).
+        let (ty, top_id) = match frame {
+            Frame::Struct { top } => {
+                let top = *top;
+                let header = c.byte()?;
+                if header == 0 {
+                    stack.pop();
+                    last_ids.pop();
+                    continue;
+                }
+                let last = last_ids.last_mut().expect("a struct's id slot");
+                let delta = header >> 4;
+                let id = if delta == 0 {
+                    i16::try_from(c.zigzag()?)
+                        .map_err(|_| format!("a field id out of range at byte {}", c.at))?
+                } else {
+                    last.wrapping_add(i16::from(delta))
+                };
+                *last = id;
+                (header & 0x0f, top.then_some(id))
+            }
+            Frame::List { ty, left } => {
+                if *left == 0 {
+                    stack.pop();
+                    continue;
+                }
+                *left -= 1;
+                // A list of booleans holds one byte per element.
+                (if *ty == 2 { 1 } else { *ty }, None)
+            }
+            Frame::Map {
+                key_ty,
+                value_ty,
+                left,
+                key,
+            } => {
+                if *left == 0 {
+                    stack.pop();
+                    continue;
+                }
+                let ty = if *key { *key_ty } else { *value_ty };
+                if !*key {
+                    *left -= 1;
+                }
+                *key = !*key;
+                (if ty == 2 { 1 } else { ty }, None)
+            }
+        };
+        let in_container = top_id.is_none() && !matches!(stack.last(), Some(Frame::Struct { .. }));
+        match ty {
+            // Booleans: in a field the value is the type itself; in a container, a byte.
+            1 | 2 => {
+                if in_container {
+                    c.byte()?;
+                }
+            }
+            3 => {
+                let v = c.byte()? as i8;
+                if let Some(id) = top_id {
+                    top_field(id, i64::from(v));
+                }
+            }
+            4..=6 => {
+                let v = c.zigzag()?;
+                if let Some(id) = top_id {
+                    top_field(id, v);
+                }
+            }
+            7 => c.skip(8)?,
+            8 => {
+                let n = c.varint()?;
+                c.skip(n)?;
+            }
+            9 | 10 => {
+                let header = c.byte()?;
+                let short = u64::from(header >> 4);
+                let left = if short == 15 { c.varint()? } else { short };
+                let elem = header & 0x0f;
+                if left > c.remaining() {
+                    return Err(format!(
+                        "a list of {left} elements at byte {}, with {} bytes left",
+                        c.at,
+                        c.remaining()
+                    ));
+                }
+                if !(1..=12).contains(&elem) && left > 0 {
+                    return Err(format!("a list of unknown type {elem} at byte {}", c.at));
+                }
+                push(&mut stack, Frame::List { ty: elem, left })?;
+            }
+            11 => {
+                let left = c.varint()?;
+                let (key_ty, value_ty) = if left == 0 {
+                    (0, 0)
+                } else {
+                    let types = c.byte()?;
+                    (types >> 4, types & 0x0f)
+                };
+                if left.saturating_mul(2) > c.remaining() {
+                    return Err(format!(
+                        "a map of {left} entries at byte {}, with {} bytes left",
+                        c.at,
+                        c.remaining()
+                    ));
+                }
+                if left > 0 && !((1..=12).contains(&key_ty) && (1..=12).contains(&value_ty)) {
+                    return Err(format!("a map of unknown types at byte {}", c.at));
+                }
+                push(
+                    &mut stack,
+                    Frame::Map {
+                        key_ty,
+                        value_ty,
+                        left,
+                        key: true,
+                    },
+                )?;
+            }
+            12 => {
+                push(&mut stack, Frame::Struct { top: false })?;
+                last_ids.push(0);
+            }
+            other => return Err(format!("unknown type {other} at byte {}", c.at)),
+        }
+    }
+    Ok(c.at)
+}
+
+fn push(stack: &mut Vec<Frame>, frame: Frame) -> Result<(), Malformed> {
+    if stack.len() >= MAX_DEPTH {
+        return Err(format!("nests deeper than {MAX_DEPTH}"));
+    }
+    stack.push(frame);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field header: its id delta from the previous field, and its type.
+    fn field(delta: u8, ty: u8) -> u8 {
+        (delta << 4) | ty
+    }
+
+    #[test]
+    fn well_formed_structs_pass_and_report_top_level_integers() {
+        // { 1: i32 -3, 2: binary "ab", 3: list<i32> [1, 2], 4: struct { 1: true }, 5: map<i32,
+        // bool> {7: false}, 7: double, 8: list<bool> [true, false] } and a trailing byte.
+        let bytes = [
+            field(1, 5),
+            0x05, // zigzag(-3)
+            field(1, 8),
+            2,
+            b'a',
+            b'b',
+            field(1, 9),
+            0x25, // two i32s
+            0x02,
+            0x04,
+            field(1, 12),
+            field(1, 1),
+            0,
+            field(1, 11),
+            1,
+            0x51, // i32 keys, bool values (type 1)
+            0x0e,
+            0x02,
+            field(2, 7),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            field(1, 9),
+            0x21,
+            1,
+            2,
+            0,
+            0xff,
+        ];
+        let mut seen = Vec::new();
+        let used = check_struct(&bytes, |id, v| seen.push((id, v))).unwrap();
+        assert_eq!(used, bytes.len() - 1);
+        assert_eq!(seen, vec![(1, -3)]);
+    }
+
+    #[test]
+    fn a_list_declaring_more_elements_than_bytes_left_is_refused() {
+        // The row-group bomb: field 4, a list of structs of 2³¹−1 elements, then nothing.
+        let mut bytes = vec![field(4, 9), 0xfc];
+        bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]);
+        let err = check_struct(&bytes, |_, _| {}).unwrap_err();
+        assert!(err.contains("2147483647 elements"), "{err}");
+        // A string past the end, and a map, likewise.
+        let err = check_struct(&[field(1, 8), 0x80, 0x80, 0x04], |_, _| {}).unwrap_err();
+        assert!(err.contains("65536 bytes"), "{err}");
+        let err = check_struct(&[field(1, 11), 100, 0x55, 0], |_, _| {}).unwrap_err();
+        assert!(err.contains("map of 100 entries"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_truncation_and_unknown_types_are_refused() {
+        // 100,000 nested structs: refused at the depth limit, without recursion.
+        let bytes = vec![field(1, 12); 100_000];
+        let err = check_struct(&bytes, |_, _| {}).unwrap_err();
+        assert!(err.contains("deeper than 64"), "{err}");
+        // Ends inside the struct.
+        let err = check_struct(&[field(1, 5), 0x80], |_, _| {}).unwrap_err();
+        assert!(err.contains("ends inside"), "{err}");
+        let err = check_struct(&[field(1, 5), 2], |_, _| {}).unwrap_err();
+        assert!(err.contains("ends inside"), "{err}");
+        let err = check_struct(&[field(1, 14), 0], |_, _| {}).unwrap_err();
+        assert!(err.contains("unknown type 14"), "{err}");
+    }
+
+    #[test]
+    fn parquets_own_footers_and_page_headers_pass() {
+        use std::sync::Arc;
+
+        use arrow::array::{Int64Array, StringArray};
+        use arrow::record_batch::RecordBatch;
+        use parquet::arrow::ArrowWriter;
+
+        let batch = RecordBatch::try_from_iter([
+            ("a", Arc::new(Int64Array::from_iter_values(0..10_000)) as _),
+            (
+                "b",
+                Arc::new(StringArray::from_iter_values(
+                    (0..10_000).map(|i| format!("v{}", i % 97)),
+                )) as _,
+            ),
+        ])
+        .unwrap();
+        let mut file = Vec::new();
+        let mut w = ArrowWriter::try_new(&mut file, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let n = file.len();
+        let len = u32::from_le_bytes(file[n - 8..n - 4].try_into().unwrap()) as usize;
+        let footer = &file[n - 8 - len..n - 8];
+        assert_eq!(check_struct(footer, |_, _| {}).unwrap(), len);
+        // The first page header, right after the magic: its sizes are fields 2 and 3.
+        let mut sizes = Vec::new();
+        check_struct(&file[4..], |id, v| sizes.push((id, v))).unwrap();
+        let uncompressed = sizes.iter().find(|(id, _)| *id == 2).unwrap().1;
+        assert!(uncompressed > 0, "{sizes:?}");
+    }
+}
