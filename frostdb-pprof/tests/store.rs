@@ -514,6 +514,51 @@ async fn queries_over_the_memory_limit_fail_naming_it() {
     assert_eq!(roomy.samples, unlimited.samples);
 }
 
+/// A range's series are charged their labels as each is found, not only their points: 20
+/// profiles of a 2,000-byte label (4 series each, by their samples' labels), one point
+/// each, are about 170 KB, past a 64 KiB limit (at 64 bytes a series and a point they were
+/// charged under 11 KB, and the labels held
+/// uncharged: a tenant's 10,000 series of 30 labels of 2 KiB each made gigabytes a GET).
+#[test]
+fn a_ranges_series_are_charged_their_labels() {
+    let db = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store =
+        ProfileStore::open(db, StoreOptions::default().query_memory(Some(64 << 10))).unwrap();
+    let cpu = file("goapp__go119-cpu-2s.pb.gz");
+    let push = |i: usize| {
+        let value = format!("{i:03}{}", "x".repeat(1_997));
+        store
+            .ingest(
+                &cpu,
+                &options("cpu", &[("job", &value)])
+                    .timestamp_ms(1_700_000_000_000 + i as i64 * 1_000),
+            )
+            .unwrap();
+    };
+    for i in 0..5 {
+        push(i);
+    }
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let hour = 3_600_000;
+    let series = store
+        .range(&selector, TimeRange::ALL, hour, None, ReadOptions::STRICT)
+        .unwrap()
+        .value;
+    assert_eq!(
+        series.len(),
+        20,
+        "4 series a profile, by its samples' labels"
+    );
+    for i in 5..20 {
+        push(i);
+    }
+    let err = store
+        .range(&selector, TimeRange::ALL, hour, None, ReadOptions::STRICT)
+        .unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    assert!(err.to_string().contains("query memory limit"), "{err}");
+}
+
 /// A range is a point per series and step: over many profiles with a short step, the points
 /// are reserved from the query memory pool as they are made, and past its limit the range
 /// fails naming it; a step the points fit in answers.

@@ -808,8 +808,12 @@ pub fn range_counted(
         .project(columns)
         .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
-    let mut groups: std::collections::HashMap<Vec<Option<String>>, u32> = Default::default();
-    let mut group_labels: Vec<Vec<Option<String>>> = Vec::new();
+    // Each series' labels once: the (position in `labels`, value) of those it has. A tenant
+    // may hold 1,000 label names, and a series has at most a few dozen of them.
+    let mut groups: std::collections::HashMap<Vec<(u32, String)>, u32> = Default::default();
+    // What the groups hold, charged as each is made (not per batch: one batch may make
+    // thousands of groups of kilobytes each).
+    let mut group_bytes = 0usize;
     let mut sums: std::collections::HashMap<(u32, i64), (i64, u64)> = Default::default();
     let n = labels.len();
     let mut scan = snapshot.scan(&request)?;
@@ -843,17 +847,21 @@ pub fn range_counted(
                 }
             }
             if changed {
-                let tuple: Vec<Option<String>> = strings
+                let tuple: Vec<(u32, String)> = strings
                     .iter()
                     .zip(&last_keys)
-                    .map(|(s, k)| k.map(|k| s.value(k).to_owned()))
+                    .enumerate()
+                    .filter_map(|(j, (s, k))| k.map(|k| (j as u32, s.value(k).to_owned())))
                     .collect();
                 group = match groups.get(&tuple) {
                     Some(g) => *g,
                     None => {
-                        let g = group_labels.len() as u32;
-                        groups.insert(tuple.clone(), g);
-                        group_labels.push(tuple);
+                        let g = groups.len() as u32;
+                        let bytes = RANGE_POINT_BYTES
+                            + tuple.iter().map(|(_, v)| 32 + v.len()).sum::<usize>();
+                        reservation.try_grow(bytes)?;
+                        group_bytes += bytes;
+                        groups.insert(tuple, g);
                         g
                     }
                 };
@@ -881,23 +889,27 @@ pub fn range_counted(
             sum.0 = sum.0.saturating_add(v);
             sum.1 += n;
         }
-        let held = (sums.len() + group_labels.len()).saturating_mul(RANGE_POINT_BYTES);
+        let held = sums
+            .len()
+            .saturating_mul(RANGE_POINT_BYTES)
+            .saturating_add(group_bytes);
         if held > reservation.size() {
             reservation.try_grow(held - reservation.size())?;
         }
     }
-    let mut series: Vec<Series> = group_labels
-        .iter()
-        .map(|values| Series {
-            labels: labels
-                .iter()
-                .zip(values)
-                .filter_map(|(l, v)| v.as_ref().map(|v| (l.clone(), v.clone())))
-                .collect(),
+    let mut series: Vec<Series> = (0..groups.len())
+        .map(|_| Series {
+            labels: Vec::new(),
             points: Vec::new(),
             rows: Vec::new(),
         })
         .collect();
+    for (tuple, g) in groups {
+        series[g as usize].labels = tuple
+            .into_iter()
+            .map(|(j, v)| (labels[j as usize].clone(), v))
+            .collect();
+    }
     let mut points: Vec<Vec<(i64, i64, u64)>> = vec![Vec::new(); series.len()];
     for ((g, bucket), (v, n)) in sums {
         points[g as usize].push((bucket, v, n));

@@ -592,6 +592,16 @@ impl<'a> Parser<'a> {
         if matches!(op, MatchOp::Regex | MatchOp::NotRegex) {
             // A list of values is matched as a set (exactly what the regex means).
             if let Some(values) = literal_alternatives(&matcher.value) {
+                if values.len() > Selector::MAX_LIST_VALUES {
+                    return self.error(
+                        value_at,
+                        format!(
+                            "a list of {} values, more than {}",
+                            values.len(),
+                            Selector::MAX_LIST_VALUES
+                        ),
+                    );
+                }
                 matcher.set = Some(sorted_set(values));
                 return Ok(matcher);
             }
@@ -757,8 +767,35 @@ impl Selector {
     /// (`a|b|c`) is a set, not a regex, and does not count.
     pub const MAX_REGEXES: usize = 16;
 
+    /// Most bytes of a selector's text: far more than a person or a dashboard writes, and
+    /// room for a query's own list of span or profile ids (10,000 by default) when a
+    /// worker parses it again.
+    pub const MAX_BYTES: usize = 1 << 20;
+
+    /// Most values of one list matcher (`l=~"a|b|c"`). Each becomes a string when parsed,
+    /// and a scalar and a one-value array each time a scan binds it: a 16 MiB list of
+    /// short values cost about 1.5 GB; this many cost about 30 MB.
+    pub const MAX_LIST_VALUES: usize = 65_536;
+
     /// Parses a selector.
     pub fn parse(input: &str) -> Result<Self, SelectorError> {
+        if input.len() > Self::MAX_BYTES {
+            // Checked before anything is copied; the error keeps only the selector's start.
+            let mut end = 256;
+            while !input.is_char_boundary(end) {
+                end -= 1;
+            }
+            return Err(SelectorError {
+                column: 1,
+                message: format!(
+                    "a selector of {} bytes, more than {} (a list of values may hold up to {})",
+                    input.len(),
+                    Self::MAX_BYTES,
+                    Self::MAX_LIST_VALUES
+                ),
+                input: format!("{}…", &input[..end]),
+            });
+        }
         let mut p = Parser {
             input,
             chars: input.chars().collect(),
@@ -969,6 +1006,26 @@ mod tests {
         // A list of values is a set, not a regex: any number of them.
         let lists: Vec<String> = (0..100).map(|i| format!("l{i}=~\"a|b|c\"")).collect();
         assert!(Selector::parse(&format!("{{{}}}", lists.join(","))).is_ok());
+        // Each list holds at most MAX_LIST_VALUES values, and the text at most MAX_BYTES.
+        let list = |n: usize| {
+            let values: Vec<String> = (0..n).map(|i| format!("{i:x}")).collect();
+            format!("{{service_name=~\"{}\"}}", values.join("|"))
+        };
+        let most = Selector::parse(&list(Selector::MAX_LIST_VALUES)).unwrap();
+        assert_eq!(
+            most.matchers[0].set.as_ref().unwrap().len(),
+            Selector::MAX_LIST_VALUES
+        );
+        let e = Selector::parse(&list(Selector::MAX_LIST_VALUES + 1)).unwrap_err();
+        assert!(
+            e.message
+                .contains("a list of 65537 values, more than 65536"),
+            "{e:?}"
+        );
+        let huge = format!("{{a=\"{}\"}}", "é".repeat(Selector::MAX_BYTES));
+        let e = Selector::parse(&huge).unwrap_err();
+        assert!(e.message.contains("more than 1048576"), "{e:?}");
+        assert!(e.input.len() < 300 && e.to_string().len() < 1000, "{e}");
         // Counted repetitions of a Unicode class within reason compile; a program over the
         // size limit is refused naming it.
         assert!(Selector::parse(r#"{pod=~"api-\\w{20}"}"#).is_ok());
@@ -1037,9 +1094,9 @@ mod tests {
     #[test]
     fn an_error_in_a_selector_of_megabytes_is_short() {
         // Past the 65,535 columns a format width may have, and far too long to echo.
-        let input = format!("{{job=\"{}\" x}}", "a".repeat(4 << 20));
+        let input = format!("{{job=\"{}\" x}}", "a".repeat(900_000));
         let err = Selector::parse(&input).unwrap_err();
-        assert_eq!(err.column, (4 << 20) + 9);
+        assert_eq!(err.column, 900_000 + 9);
         let text = err.to_string();
         assert!(text.len() < 400, "{} bytes", text.len());
         let lines: Vec<&str> = text.lines().collect();
