@@ -749,8 +749,15 @@ impl Config {
         }
         let mut tokens = std::collections::HashSet::new();
         tokens.extend(self.token.as_deref());
+        let mut folded = std::collections::HashMap::new();
         for (id, tenant) in &self.tenants {
             crate::tenants::validate_tenant(id).map_err(|e| format!("[tenants]: {e}"))?;
+            // Two ids one file system may take for one name are never two tenants.
+            if let Some(other) = folded.insert(id.to_ascii_lowercase(), id) {
+                return Err(format!(
+                    "[tenants]: {other:?} and {id:?} differ only in case; on a file system that does not tell case apart they would share one database"
+                ));
+            }
             if let Some(token) = &tenant.token {
                 if token.trim().is_empty() {
                     return Err(format!("[tenants.{id}]: `token` is empty"));
@@ -1043,6 +1050,10 @@ mod tests {
         assert!(bad("retention = '0d'").contains("positive"));
         assert!(bad("retention = 'a week'").contains("retention"));
         assert!(bad("[tenants.'a/b']\nretention = '1d'").contains("a/b"));
+        assert!(
+            bad("[tenants.Acme]\nretention = '1d'\n[tenants.acme]\nretention = '2d'")
+                .contains("differ only in case")
+        );
         assert!(bad("[cluster]\nrole = 'reader'").contains("[storage]"));
         assert!(bad("[storage]\nurl = 'gs://x'").contains("s3://"));
         assert!(

@@ -177,6 +177,9 @@ pub struct AppState {
     pub rules: Arc<rules::Rules>,
     /// What the comparisons of services' versions found (`[regressions]`).
     pub regressions: regressions::Regressions,
+    /// Whether the data directory's file system folds case: tenant ids with upper case
+    /// letters are then refused ([`tenants::check_case`]).
+    pub folds_case: bool,
 }
 
 /// The shared state handlers get.
@@ -414,6 +417,11 @@ async fn authorize(State(state): State<Shared>, mut request: Request, next: Next
         .get("x-scope-orgid")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    if let Some(id) = &acted_for
+        && let Err(e) = tenants::check_case(id.trim(), state.folds_case)
+    {
+        return ApiError::bad_request(e).into_response();
+    }
     request.extensions_mut().insert(caller);
     let mut response = next.run(request).await;
     if let Some(tenant) = acted_for {
@@ -439,6 +447,19 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .map_err(|e| format!("cannot create {}: {e}", config.data.display()))?;
     // One server per data directory (each tenant's database is locked too, when opened).
     let _lock = frostdb_core::DirLock::acquire(&config.data).map_err(|e| e.to_string())?;
+    let folds_case = tenants::folds_case(&config.data)
+        .map_err(|e| format!("cannot probe {}: {e}", config.data.display()))?;
+    if folds_case {
+        tracing::warn!(data = %config.data.display(), "the data directory's file system does not tell case apart: tenant ids with upper case letters are refused");
+        let configured = config
+            .tenants
+            .keys()
+            .chain(config.scrape.iter().map(|j| &j.tenant))
+            .chain(config.ebpf.iter().map(|e| &e.tenant));
+        for id in configured {
+            tenants::check_case(id, true)?;
+        }
+    }
     let descriptors = connections::descriptor_budget(&config.limits)?;
     tracing::info!(
         nofile = descriptors.nofile,
@@ -519,6 +540,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         symbolizer,
         rules,
         regressions: regressions::Regressions::default(),
+        folds_case,
         tenants,
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(

@@ -201,6 +201,30 @@ pub fn validate_tenant(id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the file system of `dir` folds case (`Acme` and `acme` name one file), as macOS,
+/// Windows and casefolded ext4 do: a file is made and looked up in the other case.
+pub fn folds_case(dir: &std::path::Path) -> std::io::Result<bool> {
+    let pid = std::process::id();
+    let probe = dir.join(format!(".Case-Probe-{pid}"));
+    std::fs::write(&probe, b"")?;
+    let folds = dir.join(format!(".cASE-pROBE-{pid}")).exists();
+    std::fs::remove_file(&probe)?;
+    Ok(folds)
+}
+
+/// Refuses a tenant id with an upper case letter when the data directory folds case
+/// (`folds`): there `Acme` and `acme` would be two tenants sharing one database, settings
+/// file, rules file and debug-file store, each reading and writing the other's.
+pub fn check_case(id: &str, folds: bool) -> Result<(), String> {
+    if folds && id.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "tenant id {id:?} has upper case letters, and the data directory's file system does not tell case apart ({:?} would name the same files): use lower case",
+            id.to_ascii_lowercase()
+        ));
+    }
+    Ok(())
+}
+
 /// How long tenants keep their samples: a default and per-tenant settings (`None`: for ever).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Retention {
@@ -250,7 +274,14 @@ pub struct Tenants {
     rules: Option<Arc<crate::rules::Rules>>,
     /// The baselines of tenants closed, for when they open again.
     parked: Arc<Parked>,
+    /// Tenants a writer reads for the merge tasks it serves as a worker without holding
+    /// them: followers of the bucket, never its writer ([`Tenants::for_task`]), the most
+    /// recently used last.
+    followers: Mutex<Vec<(String, frostdb_core::Db)>>,
 }
+
+/// Followers a writer keeps open for the tasks it serves ([`Tenants::for_task`]).
+const MAX_FOLLOWERS: usize = 16;
 
 /// An open (or opening) tenant and when it was last used.
 #[derive(Debug)]
@@ -306,6 +337,7 @@ impl Tenants {
             symbolizer: None,
             rules: None,
             parked: Arc::default(),
+            followers: Mutex::new(Vec::new()),
         }
     }
 
@@ -479,6 +511,80 @@ impl Tenants {
     /// The tenant for reading: `None` when it has never stored anything.
     pub async fn for_read(&self, id: &str) -> ApiResult<Option<Arc<Tenant>>> {
         self.open(id, false).await
+    }
+
+    /// The database of tenant `id` for a merge task this node serves as a cluster worker. A
+    /// reader (or a local server) opens it as for any read. A writer serves the tenants it
+    /// holds from its own store, and reads any other as a follower of the bucket, brought
+    /// up to date with its manifest: serving a task never takes a tenant's lease (which
+    /// would fence off the writer holding it, or fail every spread merge of its tenants).
+    pub async fn for_task(&self, id: &str) -> ApiResult<Option<frostdb_core::Db>> {
+        validate_tenant(id).map_err(ApiError::bad_request)?;
+        let shared = match &self.storage {
+            Storage::Bucket(shared) if shared.role == Role::Writer => shared.clone(),
+            _ => return Ok(self.for_read(id).await?.map(|t| t.store.db().clone())),
+        };
+        let held = self
+            .tenants
+            .lock()
+            .get(id)
+            .and_then(|e| e.cell.get().cloned());
+        if let Some(tenant) = held {
+            return Ok(Some(tenant.store.db().clone()));
+        }
+        if !self.exists(id).await? {
+            return Ok(None);
+        }
+        let known = {
+            let mut followers = self.followers.lock();
+            let at = followers.iter().position(|(f, _)| f == id);
+            at.map(|i| {
+                let entry = followers.remove(i);
+                let db = entry.1.clone();
+                followers.push(entry);
+                db
+            })
+        };
+        let name = id.to_owned();
+        let workers = self.workers.clone();
+        let db = tokio::task::spawn_blocking(move || -> ApiResult<frostdb_core::Db> {
+            let id = name;
+            let context = |e: frostdb_core::Error| {
+                ApiError::from(e).context(format_args!("cannot follow tenant {id:?} for a task"))
+            };
+            match known {
+                Some(db) => {
+                    db.refresh().map_err(context)?;
+                    Ok(db)
+                }
+                None => {
+                    let db = Db::open_reader(
+                        shared.store.clone(),
+                        &shared.prefix(&id)?,
+                        DbOptions::default().workers(workers),
+                    )
+                    .map_err(context)?;
+                    tracing::info!(tenant = %id, "following a tenant this writer does not hold, for merge tasks");
+                    Ok(db)
+                }
+            }
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("following a tenant failed: {e}")))??;
+        self.keep_follower(id, &db);
+        Ok(Some(db))
+    }
+
+    /// Keeps `db`, a follower of tenant `id` opened by [`Tenants::for_task`], for the next
+    /// task (the least recently used one closed past [`MAX_FOLLOWERS`]).
+    fn keep_follower(&self, id: &str, db: &frostdb_core::Db) {
+        let mut followers = self.followers.lock();
+        if !followers.iter().any(|(f, _)| f == id) {
+            followers.push((id.to_owned(), db.clone()));
+            if followers.len() > MAX_FOLLOWERS {
+                followers.remove(0);
+            }
+        }
     }
 
     /// How many tenants are open now.
@@ -825,16 +931,16 @@ impl StackSource for TenantTables {
             .upgrade()
             .ok_or_else(|| frostdb_query::Error::Cluster("the server is shutting down".into()))?;
         // Called on a blocking thread of a merge task.
-        let opened = self
+        let db = self
             .runtime
-            .block_on(state.tenants.for_read(tenant))
+            .block_on(state.tenants.for_task(tenant))
             .map_err(|e| frostdb_query::Error::Cluster(format!("tenant {tenant:?}: {e}")))?
             .ok_or_else(|| {
                 frostdb_query::Error::Cluster(format!(
                     "tenant {tenant:?} has no database in this node's storage"
                 ))
             })?;
-        opened.store.db().get_table(table).ok_or_else(|| {
+        db.get_table(table).ok_or_else(|| {
             frostdb_query::Error::Cluster(format!("tenant {tenant:?} has no table {table:?}"))
         })
     }
@@ -843,6 +949,20 @@ impl StackSource for TenantTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upper_case_ids_are_refused_where_the_data_directory_folds_case() {
+        // This machine's file systems tell case apart (as CI's do): the probe says so, and
+        // leaves nothing behind.
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!folds_case(dir.path()).unwrap());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Where it folds, only lower case ids pass; elsewhere, any.
+        assert!(check_case("acme-1.prod", true).is_ok());
+        let e = check_case("Acme", true).unwrap_err();
+        assert!(e.contains("\"acme\" would name the same files"), "{e}");
+        assert!(check_case("Acme", false).is_ok());
+    }
 
     #[test]
     fn tenant_ids_name_safe_directories() {

@@ -195,3 +195,62 @@ async fn writers_readers_workers_and_a_coordinator_share_one_bucket() {
         assert!(body.contains(&format!("127.0.0.1:{w2}")), "{body}");
     }
 }
+
+/// A writer serving merge tasks as a worker (the README's `[cluster]` example makes every
+/// writer a worker of the others) reads the tenants it does not hold as a follower of the
+/// bucket. It never opens one as its writer: that would take the lease (fencing off the
+/// writer holding it), or fail every spread merge of its tenants while the holder keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_serving_merge_tasks_follows_tenants_it_does_not_hold() {
+    use frostdb_server::config::Role;
+    use frostdb_server::tenants::{Retention, SharedBucket, Storage, Tenants};
+    let Some(s3) = S3Server::start("the cluster test") else {
+        return;
+    };
+    let _ = s3.bucket("cluster", "fleet");
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(
+        &dir.path().join("a"),
+        Some(&config(
+            &s3,
+            "role = \"writer\"\nnode = \"a\"\nflush_interval = \"1s\"\nlease_ttl = \"8s\"",
+        )),
+    );
+    for i in 0..2 {
+        assert_eq!(push(&a, i).await, 200);
+    }
+    // Node b, a writer too, as its merge-task source sees the bucket.
+    let b: frostdb_server::config::Config =
+        toml::from_str(&config(&s3, "role = \"writer\"\nnode = \"b\"")).unwrap();
+    let bucket = b.storage.clone().unwrap();
+    let storage = Storage::Bucket(std::sync::Arc::new(SharedBucket {
+        store: bucket.store().unwrap(),
+        bucket,
+        role: Role::Writer,
+        shared: frostdb_core::SharedOptions::new("b".to_owned()),
+    }));
+    let tenants = Tenants::with_storage(
+        storage,
+        b.limits.clone(),
+        Retention::default(),
+        frostdb_core::WorkerPool::new(1).unwrap(),
+    );
+    let tenant = frostdb_server::config::DEFAULT_TENANT;
+    // a's cut reaches the bucket within its flush interval: the follower sees it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let db = tenants.for_task(tenant).await.unwrap().unwrap();
+        let samples = db.get_table("samples").map_or(0, |t| t.stats().rows);
+        if samples > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never saw a's blocks");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // b holds nothing, and a still holds the tenant: its writes go on.
+    assert_eq!(tenants.open_count(), 0);
+    assert_eq!(push(&a, 2).await, 200);
+    let (status, body) = top(&a).await;
+    assert_eq!((status, total_of(&body)), (200, 3 * one_push()), "{body}");
+    assert!(tenants.for_task("nobody").await.unwrap().is_none());
+}
