@@ -106,19 +106,37 @@ pub struct DebugInfoStore {
 /// The lock an upload's quota check holds until the upload is recorded, one per store
 /// ([`DebugInfoStore::scope`]) while anything holds it.
 fn quota_lock(scope: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static LOCKS: std::sync::LazyLock<
-        parking_lot::Mutex<
-            std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>,
-        >,
-    > = std::sync::LazyLock::new(Default::default);
-    let mut locks = LOCKS.lock();
-    locks.retain(|_, lock| lock.strong_count() > 0);
-    if let Some(lock) = locks.get(scope).and_then(std::sync::Weak::upgrade) {
-        return lock;
+    static LOCKS: KeyedLocks = KeyedLocks::new();
+    LOCKS.of(scope)
+}
+
+/// An async lock per key (a tenant, a store's scope), made on first use and forgotten once
+/// nobody holds it: work on one key waits only for work on the same key.
+#[derive(Debug, Default)]
+pub struct KeyedLocks(
+    parking_lot::Mutex<
+        Option<std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+    >,
+);
+
+impl KeyedLocks {
+    /// No locks yet.
+    pub const fn new() -> Self {
+        Self(parking_lot::Mutex::new(None))
     }
-    let lock = Arc::new(tokio::sync::Mutex::new(()));
-    locks.insert(scope.to_owned(), Arc::downgrade(&lock));
-    lock
+
+    /// The lock of `key`.
+    pub fn of(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.0.lock();
+        let locks = locks.get_or_insert_with(Default::default);
+        locks.retain(|_, lock| lock.strong_count() > 0);
+        if let Some(lock) = locks.get(key).and_then(std::sync::Weak::upgrade) {
+            return lock;
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        locks.insert(key.to_owned(), Arc::downgrade(&lock));
+        lock
+    }
 }
 
 fn now_ms() -> i64 {

@@ -396,12 +396,14 @@ async fn listed<T: serde::Serialize + Send + 'static>(
     + Send
     + 'static,
 ) -> ApiResult<Response> {
-    let (values, failed) = on_store(state, tenant, (Vec::new(), 0), move |store| {
+    // Written in the lane, straight from the values (no tree of them, and no serializing
+    // on an async thread).
+    let (body, failed) = on_store(state, tenant, (b"[]".to_vec(), 0), move |store| {
         let read = read(store, ReadOptions::lenient(lenient))?;
-        Ok((read.value, read.blocks_failed))
+        Ok((json_bytes(&read.value)?, read.blocks_failed))
     })
     .await?;
-    Ok(answer(Json(json!(values)), lenient.then_some(failed)))
+    Ok(answer(json_response(body), lenient.then_some(failed)))
 }
 
 async fn labels(
@@ -459,10 +461,7 @@ async fn series(
         Ok((body, failed))
     };
     let (body, failed) = on_store(&state, &tenant, (b"[]".to_vec(), 0), read).await?;
-    Ok(answer(
-        ([(header::CONTENT_TYPE, "application/json")], body),
-        lenient.then_some(failed),
-    ))
+    Ok(answer(json_response(body), lenient.then_some(failed)))
 }
 
 /// Runs `read` on the tenant's store off the async threads; `empty` for a tenant that
@@ -501,10 +500,7 @@ async fn timestamps(
         Ok((body, read.blocks_failed))
     };
     let (body, failed) = on_store(&state, &tenant, (b"[]".to_vec(), 0), read).await?;
-    Ok(answer(
-        ([(header::CONTENT_TYPE, "application/json")], body),
-        lenient.then_some(failed),
-    ))
+    Ok(answer(json_response(body), lenient.then_some(failed)))
 }
 
 async fn query(
@@ -761,8 +757,13 @@ fn range_body(
 
 /// An answer written as JSON bytes (in the query lane, rather than serialized on an async
 /// thread by `Json`).
-fn json_bytes(answer: &impl serde::Serialize) -> ApiResult<Vec<u8>> {
+pub(crate) fn json_bytes(answer: &impl serde::Serialize) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(answer).map_err(|e| ApiError::internal(format!("the answer to JSON: {e}")))
+}
+
+/// A response of JSON bytes [`json_bytes`] wrote.
+pub(crate) fn json_response(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 async fn diff(

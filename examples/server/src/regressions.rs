@@ -15,14 +15,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use axum::Router;
 use axum::extract::{Query, State};
 use axum::routing::get;
-use axum::{Json, Router};
 use frostdb_pprof::regress::{CompareError, Regression, compare};
 use frostdb_pprof::{ProfileStore, ReadOptions, Selector, TimeRange};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::Shared;
 use crate::config::RegressionsConfig;
@@ -489,8 +489,8 @@ async fn list(
     State(state): State<Shared>,
     crate::TenantId(tenant): crate::TenantId,
     Query(params): Query<ListParams>,
-) -> ApiResult<Json<Value>> {
-    let config = &state.config.regressions;
+) -> ApiResult<axum::response::Response> {
+    let config = state.config.regressions.clone();
     if params.service.as_ref().is_some_and(|s| s.len() > 4096)
         || params.profile_type.as_ref().is_some_and(|s| s.len() > 4096)
     {
@@ -498,18 +498,28 @@ async fn list(
             "service and profile_type may have at most 4096 bytes",
         ));
     }
-    let mut comparisons = state.regressions.of(&tenant, params.service.as_deref());
-    if let Some(pt) = &params.profile_type {
-        comparisons.retain(|f| &f.profile_type == pt);
-    }
-    Ok(Json(json!({
-        "enabled": config.enabled,
-        "service_label": config.service_label,
-        "min_increase": config.min_increase,
-        "significance": config.significance,
-        "min_profiles": config.min_profiles,
-        "comparisons": comparisons,
-    })))
+    // Up to a thousand keys' findings: gathered and written in the query lane, not on an
+    // async thread.
+    let lane = state.clone();
+    let body = lane
+        .work
+        .queries
+        .blocking(move |_| {
+            let mut comparisons = state.regressions.of(&tenant, params.service.as_deref());
+            if let Some(pt) = &params.profile_type {
+                comparisons.retain(|f| &f.profile_type == pt);
+            }
+            crate::query::json_bytes(&json!({
+                "enabled": config.enabled,
+                "service_label": config.service_label,
+                "min_increase": config.min_increase,
+                "significance": config.significance,
+                "min_profiles": config.min_profiles,
+                "comparisons": comparisons,
+            }))
+        })
+        .await?;
+    Ok(crate::query::json_response(body))
 }
 
 /// `/metrics`: per tenant (`only`: that tenant), service and profile type, the regressions

@@ -53,8 +53,9 @@ pub struct Rules {
     configured: BTreeMap<String, Vec<RecordingRule>>,
     /// The recorders made so far (a tenant's on its store's first open, or its first rule).
     recorders: Mutex<HashMap<String, Arc<Recorder>>>,
-    /// Held across each read-modify-write of a tenant's file.
-    lock: tokio::sync::Mutex<()>,
+    /// Per tenant, held across each read-modify-write of its file (one tenant's writes
+    /// never wait for another's).
+    locks: frostdb_pprof::debuginfo::KeyedLocks,
     /// What remote write did (`[remote_write]`).
     pub remote_write: crate::remote_write::RemoteWriteStats,
 }
@@ -80,7 +81,7 @@ impl Rules {
             limits,
             configured,
             recorders: Mutex::new(HashMap::new()),
-            lock: tokio::sync::Mutex::new(()),
+            locks: frostdb_pprof::debuginfo::KeyedLocks::new(),
             remote_write: Default::default(),
         })
     }
@@ -161,7 +162,8 @@ impl Rules {
     /// Sets (adds or replaces) API rule `rule` of `tenant`: checked with every other rule
     /// of the tenant first (limits, names, selectors), refused whole.
     async fn put(self: &Arc<Self>, tenant: &str, rule: RecordingRule) -> ApiResult<()> {
-        let _held = self.lock.lock().await;
+        let lock = self.locks.of(tenant);
+        let _held = lock.lock().await;
         // Compiling the rules and syncing their file take a blocking thread, not one of
         // the threads that accept requests.
         let (this, tenant) = (self.clone(), tenant.to_owned());
@@ -207,7 +209,8 @@ impl Rules {
 
     /// Deletes API rule `name` of `tenant` (404 when it has none of that name).
     async fn delete(self: &Arc<Self>, tenant: &str, name: &str) -> ApiResult<()> {
-        let _held = self.lock.lock().await;
+        let lock = self.locks.of(tenant);
+        let _held = lock.lock().await;
         let (this, tenant, name) = (self.clone(), tenant.to_owned(), name.to_owned());
         tokio::task::spawn_blocking(move || this.delete_held(&tenant, &name))
             .await

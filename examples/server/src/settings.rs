@@ -16,8 +16,10 @@ use super::error::{ApiError, ApiResult};
 #[derive(Debug)]
 pub struct Settings {
     dir: PathBuf,
-    /// Held across each read-modify-write, so concurrent writes do not lose one another.
-    lock: tokio::sync::Mutex<()>,
+    /// Per tenant, held across each read-modify-write, so concurrent writes do not lose
+    /// one another (and one tenant's writes never wait for another's). Reads take none:
+    /// a file is replaced whole, by a rename.
+    locks: frostdb_pprof::debuginfo::KeyedLocks,
     /// Most settings a tenant may keep.
     max_settings: usize,
     /// Most bytes (names and values) a tenant's settings may hold.
@@ -34,7 +36,7 @@ impl Settings {
     pub fn new(data: &Path, max_settings: usize, max_bytes: usize) -> Self {
         Self {
             dir: data.join("settings"),
-            lock: tokio::sync::Mutex::new(()),
+            locks: frostdb_pprof::debuginfo::KeyedLocks::new(),
             max_settings,
             max_bytes,
         }
@@ -46,7 +48,6 @@ impl Settings {
 
     /// Tenant `tenant`'s settings, in name order (none yet: empty).
     pub async fn get(&self, tenant: &str) -> ApiResult<Vec<Setting>> {
-        let _held = self.lock.lock().await;
         Ok(self.read(tenant).await?.into_values().collect())
     }
 
@@ -67,7 +68,8 @@ impl Settings {
                 setting.name, setting.modified_at
             )));
         }
-        let _held = self.lock.lock().await;
+        let lock = self.locks.of(tenant);
+        let _held = lock.lock().await;
         let mut all = self.read(tenant).await?;
         let bytes = |all: &BTreeMap<String, Setting>| -> usize {
             all.values().map(|s| s.name.len() + s.value.len()).sum()
@@ -107,7 +109,8 @@ impl Settings {
 
     /// Deletes `tenant`'s setting `name` (absent: nothing to do).
     pub async fn delete(&self, tenant: &str, name: &str) -> ApiResult<()> {
-        let _held = self.lock.lock().await;
+        let lock = self.locks.of(tenant);
+        let _held = lock.lock().await;
         let mut all = self.read(tenant).await?;
         if all.remove(name).is_some() {
             self.write(tenant, &all).await?;
@@ -166,4 +169,39 @@ fn write_file(dir: &Path, path: &Path, list: &[Setting]) -> ApiResult<()> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(name: &str, value: &str) -> Setting {
+        Setting {
+            name: name.into(),
+            value: value.into(),
+            modified_at: 0,
+        }
+    }
+
+    /// One tenant's writes hold only its own lock: while tenant a's is held (a slow write,
+    /// or a stream of them), b writes and a's settings are read.
+    #[tokio::test]
+    async fn a_tenants_writes_never_wait_for_anothers() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings::new(dir.path(), 10, 1 << 20);
+        settings.set("a", setting("x", "1")).await.unwrap();
+        let lock = settings.locks.of("a");
+        let _a_writing = lock.lock().await;
+        let limit = std::time::Duration::from_secs(30);
+        tokio::time::timeout(limit, settings.set("b", setting("y", "2")))
+            .await
+            .expect("b waited for a's lock")
+            .unwrap();
+        let read = tokio::time::timeout(limit, settings.get("a"))
+            .await
+            .expect("reading a waited for its lock")
+            .unwrap();
+        assert_eq!((read[0].name.as_str(), read[0].value.as_str()), ("x", "1"));
+        assert_eq!(settings.get("b").await.unwrap()[0].value, "2");
+    }
 }

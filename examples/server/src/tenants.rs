@@ -95,26 +95,62 @@ impl Drop for Tenant {
 /// parked are dropped (and said so in the log).
 const MAX_PARKED_BASELINE_BYTES: usize = 256 << 20;
 
+/// Most bytes of baselines kept for one closed tenant: a tenant parking more keeps none
+/// (said in the log), rather than pushing every other tenant's out. An eighth of the whole:
+/// a million (stack, labels) slots of its cumulative series.
+const MAX_PARKED_BASELINE_BYTES_A_TENANT: usize = MAX_PARKED_BASELINE_BYTES / 8;
+
 /// The baselines of closed tenants, until they open again.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Parked {
     /// By tenant, oldest parked first, and their bytes.
     baselines: Mutex<(
         std::collections::VecDeque<(String, frostdb_pprof::Baselines)>,
         usize,
     )>,
+    /// Most bytes parked, all together and for one tenant.
+    max_bytes: usize,
+    max_tenant_bytes: usize,
+}
+
+impl Default for Parked {
+    fn default() -> Self {
+        Self::with_limits(
+            MAX_PARKED_BASELINE_BYTES,
+            MAX_PARKED_BASELINE_BYTES_A_TENANT,
+        )
+    }
 }
 
 impl Parked {
+    fn with_limits(max_bytes: usize, max_tenant_bytes: usize) -> Self {
+        Self {
+            baselines: Mutex::default(),
+            max_bytes,
+            max_tenant_bytes,
+        }
+    }
+
     fn park(&self, tenant: &str, baselines: frostdb_pprof::Baselines) {
         if baselines.is_empty() {
+            return;
+        }
+        if baselines.memory_bytes() > self.max_tenant_bytes {
+            tracing::warn!(
+                %tenant,
+                bytes = baselines.memory_bytes(),
+                limit = self.max_tenant_bytes,
+                "the baselines of a closing tenant are more than one tenant may park, and are \
+                 dropped: the next profile of each of its cumulative series is a baseline \
+                 again, storing nothing"
+            );
             return;
         }
         let mut parked = self.baselines.lock();
         let (queue, bytes) = &mut *parked;
         *bytes += baselines.memory_bytes();
         queue.push_back((tenant.to_owned(), baselines));
-        while *bytes > MAX_PARKED_BASELINE_BYTES {
+        while *bytes > self.max_bytes {
             let Some((dropped, b)) = queue.pop_front() else {
                 break;
             };
@@ -122,7 +158,7 @@ impl Parked {
             tracing::warn!(
                 tenant = %dropped,
                 bytes = b.memory_bytes(),
-                limit = MAX_PARKED_BASELINE_BYTES,
+                limit = self.max_bytes,
                 "the baselines of a closed tenant dropped: the next profile of each of its \
                  cumulative series is a baseline again, storing nothing"
             );
@@ -949,6 +985,48 @@ impl StackSource for TenantTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The baselines of a store that took one cumulative profile of `stacks` stacks.
+    fn baselines(stacks: usize) -> frostdb_pprof::Baselines {
+        let db = Db::open_in_memory(DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        let mut p = frostdb_pprof::testing::profile(0, stacks, 3);
+        for s in &mut p.string_table {
+            if s == "cpu" {
+                *s = "alloc_objects".into();
+            }
+        }
+        let bytes = prost::Message::encode_to_vec(&p);
+        let options = frostdb_pprof::IngestOptions::default()
+            .name("memory")
+            .delta(true);
+        store.ingest(&bytes, &options).unwrap();
+        let b = store.take_baselines();
+        assert!(!b.is_empty());
+        b
+    }
+
+    #[test]
+    fn one_tenant_parking_more_than_its_share_pushes_out_nobody() {
+        let (small, large) = (baselines(10), baselines(2_000));
+        let (s, l) = (small.memory_bytes(), large.memory_bytes());
+        assert!(l > 2 * s, "{s} {l}");
+        // Room for all, a tenant's share between the two sizes.
+        let parked = Parked::with_limits(4 * l, (s + l) / 2);
+        parked.park("a", baselines(10));
+        parked.park("b", baselines(10));
+        parked.park("big", large);
+        assert_eq!(parked.bytes(), 2 * s, "the large set is not parked");
+        assert!(parked.take("big").is_none());
+        assert!(parked.take("a").is_some() && parked.take("b").is_some());
+        // Within its share, the oldest make room as before.
+        let parked = Parked::with_limits(2 * s, s);
+        parked.park("a", baselines(10));
+        parked.park("b", baselines(10));
+        parked.park("c", small);
+        assert!(parked.take("a").is_none());
+        assert!(parked.take("b").is_some() && parked.take("c").is_some());
+    }
 
     #[test]
     fn upper_case_ids_are_refused_where_the_data_directory_folds_case() {

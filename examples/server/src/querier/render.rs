@@ -189,7 +189,19 @@ pub(super) async fn render(
         .await?;
     fb.timeline = timeline;
     fb.groups = groups;
-    Ok(axum::Json(fb).into_response())
+    json_in_the_lane(&q, fb).await
+}
+
+/// `fb` as a JSON response, written in the query lane: a flame graph of up to 2^20 nodes is
+/// tens of megabytes of JSON, and no work for the async threads that take connections.
+async fn json_in_the_lane(q: &Querier, fb: Flamebearer) -> ApiResult<Response> {
+    let body = q
+        .state
+        .work
+        .queries
+        .blocking(move |_| crate::query::json_bytes(&fb))
+        .await?;
+    Ok(crate::query::json_response(body))
 }
 
 /// Samples a render answer's timelines may hold over all its groups; more is refused
@@ -290,7 +302,7 @@ pub(super) async fn render_diff(
         crate::query::AGGREGATION_HEADER,
         header::HeaderValue::from_static(aggregation.name()),
     )];
-    Ok((said, axum::Json(fb)).into_response())
+    Ok((said, json_in_the_lane(&q, fb).await?).into_response())
 }
 
 #[cfg(test)]
