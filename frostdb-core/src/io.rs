@@ -85,3 +85,36 @@ impl Io {
         self.handle().spawn(future);
     }
 }
+
+/// The bytes of an object `got` reads, refused before any is read when its size is over
+/// `max` (what `what` may hold): objects read back from a bucket are read whole, and one
+/// damaged, or written by something else, may be of any size.
+pub(crate) async fn bytes_within(
+    got: object_store::GetResult,
+    what: &str,
+    max: u64,
+) -> std::result::Result<bytes::Bytes, object_store::Error> {
+    let size = got.meta.size;
+    if size > max {
+        return Err(object_store::Error::Generic {
+            store: "frostdb",
+            source: format!(
+                "{what} {} is {size} bytes, more than the {max} one may hold: it is damaged, or not this database's",
+                got.meta.location
+            )
+            .into(),
+        });
+    }
+    got.bytes().await
+}
+
+/// Most bytes of a manifest object: thousands of blocks take a few megabytes.
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
+/// Most bytes of a lease object (a writer's name and epoch).
+pub(crate) const MAX_LEASE_BYTES: u64 = 64 << 10;
+
+/// Most bytes of a WAL object: the records of one upload, each at most a header and
+/// [`crate::wal::record::MAX_PAYLOAD`]; room for two.
+pub(crate) const MAX_WAL_OBJECT_BYTES: u64 =
+    2 * (crate::wal::record::HEADER + crate::wal::record::MAX_PAYLOAD) as u64;

@@ -94,7 +94,9 @@ impl Lease {
                             e_tag: got.meta.e_tag.clone(),
                             version: got.meta.version.clone(),
                         };
-                        got.bytes().await.map(|b| Some((b, version)))
+                        crate::io::bytes_within(got, "lease", crate::io::MAX_LEASE_BYTES)
+                            .await
+                            .map(|b| Some((b, version)))
                     }
                     Err(object_store::Error::NotFound { .. }) => Ok(None),
                     Err(e) => Err(e),

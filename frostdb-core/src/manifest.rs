@@ -206,7 +206,9 @@ fn read_object(
             e_tag: got.meta.e_tag.clone(),
             version: got.meta.version.clone(),
         };
-        got.bytes().await.map(|b| (b, version))
+        crate::io::bytes_within(got, "manifest", crate::io::MAX_MANIFEST_BYTES)
+            .await
+            .map(|b| (b, version))
     })?;
     match got {
         Ok((bytes, version)) => Ok(Some((parse(&bytes, path.as_ref())?, version))),

@@ -201,6 +201,54 @@ fn sum_of(table: &Table, pod: &str) -> (usize, i64) {
     (count(&batches), sum)
 }
 
+/// Objects read back whole from the bucket are sized first: a lease or a manifest larger
+/// than any this database writes (damaged, or not its own) is refused naming it, before
+/// its bytes are read, and what was stored is still there once the object is put right.
+#[test]
+fn a_lease_or_manifest_larger_than_any_written_is_refused_before_it_is_read() {
+    let bucket = Bucket::new();
+    let (store, _) = bucket.view();
+    let a = Db::open_shared(store.clone(), "t1", options(), writer("a")).unwrap();
+    samples(&a).insert(&rows("p", 0, 10)).unwrap();
+    a.flush().unwrap();
+    drop(a);
+    use object_store::ObjectStoreExt;
+    let put = |name: &str, bytes: Vec<u8>| {
+        let (store, path) = (bucket.0.clone(), ObjectPath::from(name));
+        futures::executor::block_on(async move { store.put(&path, bytes.into()).await }).unwrap();
+    };
+    let get = |name: &str| {
+        let (store, path) = (bucket.0.clone(), ObjectPath::from(name));
+        futures::executor::block_on(async move { store.get(&path).await?.bytes().await })
+            .unwrap()
+            .to_vec()
+    };
+    let lease = get("t1/lease.json");
+    let mut padded = lease.clone();
+    padded.resize(100 << 10, b' ');
+    put("t1/lease.json", padded);
+    let err = Db::open_shared(store.clone(), "t1", options(), writer("b")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("lease t1/lease.json is 102400 bytes, more than the 65536"),
+        "{err}"
+    );
+    put("t1/lease.json", lease);
+    let manifest = get("t1/manifest.json");
+    let mut padded = manifest.clone();
+    padded.resize((256 << 20) + 1, b' ');
+    put("t1/manifest.json", padded);
+    let err = Db::open_reader(store.clone(), "t1", options()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("manifest t1/manifest.json is 268435457 bytes"),
+        "{err}"
+    );
+    put("t1/manifest.json", manifest);
+    let b = Db::open_shared(store, "t1", options(), writer("b")).unwrap();
+    assert_eq!(sum_of(&samples(&b), "p"), (10, 45));
+}
+
 #[test]
 fn another_writer_is_refused_while_the_lease_runs_and_takes_it_once_given_up() {
     let bucket = Bucket::new();

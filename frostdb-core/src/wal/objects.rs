@@ -128,7 +128,10 @@ pub(crate) fn replay(
     for (seq, path) in listed {
         let shown = path.to_string();
         let (s, p) = (store.clone(), path.clone());
-        let bytes = match io.run(async move { s.get(&p).await?.bytes().await })? {
+        let bytes = match io.run(async move {
+            let got = s.get(&p).await?;
+            crate::io::bytes_within(got, "WAL object", crate::io::MAX_WAL_OBJECT_BYTES).await
+        })? {
             Ok(bytes) => bytes,
             // Deleted since the listing: truncation deletes only what blocks hold.
             Err(object_store::Error::NotFound { .. }) => continue,
