@@ -326,6 +326,42 @@ async fn frames_are_named_in_the_background_stored_and_read_back_after_a_restart
     assert!(all_hot(&merged_frames(&store), true));
 }
 
+/// A debug file is walked by the DWARF check once (the verdict is kept while the file is
+/// the same), and a store's background resolver reads one file at most once every
+/// `BACKGROUND_REREAD`: a push of one new address after another does not parse the file
+/// again each time (what comes meanwhile is named by queries, or a later pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debug_file_is_checked_once_and_read_by_the_background_at_a_bounded_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (built, offsets, _server, options) = served(dir.path()).await;
+    let s = Arc::new(Symbolizer::new(options).unwrap());
+    let store = open_store(&dir.path().join("data"));
+    assert!(store.attach_symbolizer(s.clone(), None));
+    let half = offsets.len() / 2;
+    ingest(&store, sampled(&built, &offsets[..half], 0x5555_0000_0000));
+    let first = store.name_pending().await.unwrap();
+    assert_eq!(first.symbolized.resolved, half, "{first:?}");
+    let after_first = s.stats();
+    assert_eq!((after_first.files_checked, after_first.files_read), (1, 1));
+    // New addresses of the same file at once: the background leaves them for later.
+    ingest(&store, sampled(&built, &offsets[half..], 0x5555_0000_0000));
+    let second = store.name_pending().await.unwrap();
+    assert!(second.symbolized.out_of_budget, "{second:?}");
+    assert_eq!(second.symbolized.resolved, 0, "{second:?}");
+    assert_eq!(s.stats().files_read, 1);
+    // A query names them now, reading the file again without checking it again.
+    let selector = frostdb_profile::Selector::parse(CPU).unwrap();
+    let merged = store
+        .merge(&selector, frostdb_profile::TimeRange::ALL)
+        .unwrap();
+    let named = s
+        .symbolize_merged(&merged, None, std::time::Duration::from_secs(30))
+        .await;
+    assert_eq!(named.resolved, offsets.len() - half, "{named:?}");
+    let after = s.stats();
+    assert_eq!((after.files_checked, after.files_read), (1, 2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_never_waits_for_a_debuginfod_that_does_not_answer() {
     let dir = tempfile::tempdir().unwrap();

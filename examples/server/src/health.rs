@@ -190,6 +190,18 @@ fn symbolizer_metrics(out: &mut String, s: &frostdb_pprof::symbolize::Symbolizer
             s.resolved,
         ),
         (
+            "frostdb_symbolizer_files_read_total",
+            "counter",
+            "Debug files read (parsed) for names.",
+            s.files_read,
+        ),
+        (
+            "frostdb_symbolizer_files_checked_total",
+            "counter",
+            "Debug files walked by the DWARF check before their first read.",
+            s.files_checked,
+        ),
+        (
             "frostdb_symbolizer_files_from_uploads_total",
             "counter",
             "Debug files taken from the tenants' uploads.",

@@ -184,6 +184,10 @@ impl ProfileStore {
                 |id| held.iter().find(|p| p.id() == id).map(|p| &**p),
                 attached.uploads.as_ref(),
                 deadline,
+                Some(crate::symbolize::Reread {
+                    by: std::sync::Arc::as_ptr(&self.naming.wake) as u64,
+                    every: crate::symbolize::BACKGROUND_REREAD,
+                }),
                 &mut summary.symbolized,
             )
             .await;

@@ -151,6 +151,11 @@ pub struct SymbolizerStats {
     pub failed_fetches: u64,
     /// Locations given names.
     pub resolved: u64,
+    /// Debug files walked by the DWARF check before a first read (once per file as it is:
+    /// the verdict is kept).
+    pub files_checked: u64,
+    /// Debug files read for names (each read parses the file).
+    pub files_read: u64,
 }
 
 /// One frame of a resolved address: innermost (inlined) first in a location's list.
@@ -198,6 +203,30 @@ pub struct Symbolizer {
     remembered_misses: AtomicU64,
     failed_fetches: AtomicU64,
     resolved: AtomicU64,
+    files_checked: AtomicU64,
+    files_read: AtomicU64,
+    /// [`dwarf_check::check`]'s verdict on each file read, by its path, size and time of
+    /// change: a file is walked once, not on every pass that names one more address of it.
+    verdicts: Mutex<HashMap<PathBuf, (u64, std::time::SystemTime, Result<(), String>)>>,
+    /// When each file (as it is now) was last read for a store's background resolver
+    /// (the store's [`Reread::by`]): at most once every [`BACKGROUND_REREAD`], so the pass
+    /// after each push of one new address does not parse a gigabyte again.
+    background_reads: Mutex<HashMap<(u64, PathBuf, u64, Option<std::time::SystemTime>), Instant>>,
+}
+
+/// Most verdicts [`Symbolizer::verdicts`] keeps (all are forgotten past it).
+const MAX_VERDICTS: usize = 4096;
+
+/// How often a store's background resolver may read one debug file: what arrives
+/// meanwhile is named by the pass after, or by the queries that reach it.
+pub const BACKGROUND_REREAD: Duration = Duration::from_secs(30);
+
+/// Who reads a file, and how long it waits to read the same file again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reread {
+    /// The reader (a store), told apart from the others sharing the symbolizer.
+    pub(crate) by: u64,
+    pub(crate) every: Duration,
 }
 
 impl std::fmt::Debug for Symbolizer {
@@ -258,6 +287,10 @@ impl Symbolizer {
             remembered_misses: AtomicU64::new(0),
             failed_fetches: AtomicU64::new(0),
             resolved: AtomicU64::new(0),
+            files_checked: AtomicU64::new(0),
+            files_read: AtomicU64::new(0),
+            verdicts: Mutex::new(HashMap::new()),
+            background_reads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -272,6 +305,8 @@ impl Symbolizer {
             remembered_misses: n(&self.remembered_misses),
             failed_fetches: n(&self.failed_fetches),
             resolved: n(&self.resolved),
+            files_checked: n(&self.files_checked),
+            files_read: n(&self.files_read),
         }
     }
 
@@ -467,12 +502,45 @@ impl Symbolizer {
     /// them out) in its symbols and DWARF, innermost first; empty for an address it has
     /// no symbol for.
     pub fn resolve(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<Frame>> {
+        self.resolve_read(path, offsets)
+            .unwrap_or_else(|| vec![Vec::new(); offsets.len()])
+    }
+
+    /// [`Symbolizer::resolve`], or `None` when the file could not be read at all (gone
+    /// from the cache since it was found, say): that says nothing of its addresses, which
+    /// are asked again later rather than taken for having no symbol.
+    fn resolve_read(&self, path: &Path, offsets: &[u64]) -> Option<Vec<Vec<Frame>>> {
         use blazesym::symbolize::source::{Elf, Source};
         use blazesym::symbolize::{Input, Symbolized};
-        if let Err(reason) = dwarf_check::check(path) {
+        let meta = std::fs::metadata(path).ok()?;
+        let identity = (meta.len(), meta.modified().ok()?);
+        let known = self
+            .verdicts
+            .lock()
+            .get(path)
+            .filter(|(len, at, _)| (*len, *at) == identity)
+            .map(|(.., verdict)| verdict.clone());
+        let verdict = match known {
+            Some(verdict) => verdict,
+            None => {
+                self.files_checked.fetch_add(1, Ordering::Relaxed);
+                let verdict = dwarf_check::check(path);
+                let mut verdicts = self.verdicts.lock();
+                if verdicts.len() >= MAX_VERDICTS {
+                    verdicts.clear();
+                }
+                verdicts.insert(
+                    path.to_path_buf(),
+                    (identity.0, identity.1, verdict.clone()),
+                );
+                verdict
+            }
+        };
+        if let Err(reason) = verdict {
             tracing::warn!(path = %path.display(), %reason, "a debug file not read");
-            return vec![Vec::new(); offsets.len()];
+            return Some(vec![Vec::new(); offsets.len()]);
         }
+        self.files_read.fetch_add(1, Ordering::Relaxed);
         // One per call (blazesym's symbolizer is neither Send nor Sync): what it parses of
         // the file is let go with it, so memory is bounded by one file at a time.
         let blazesym = blazesym::symbolize::Symbolizer::builder()
@@ -480,21 +548,25 @@ impl Symbolizer {
             .enable_inlined_fns(true)
             .enable_demangling(true)
             .build();
-        let found = blazesym
-            .symbolize(
-                &Source::Elf(Elf::new(path.to_path_buf())),
-                Input::VirtOffset(offsets),
-            )
-            .unwrap_or_else(|e| {
+        let found = match blazesym.symbolize(
+            &Source::Elf(Elf::new(path.to_path_buf())),
+            Input::VirtOffset(offsets),
+        ) {
+            Ok(found) => found,
+            Err(e) if e.kind() == blazesym::ErrorKind::NotFound => return None,
+            Err(e) => {
                 tracing::debug!(path = %path.display(), "cannot symbolize: {e}");
                 Vec::new()
-            });
-        (0..offsets.len())
-            .map(|i| match found.get(i) {
-                Some(Symbolized::Sym(sym)) => frames_of(sym),
-                _ => Vec::new(),
-            })
-            .collect()
+            }
+        };
+        Some(
+            (0..offsets.len())
+                .map(|i| match found.get(i) {
+                    Some(Symbolized::Sym(sym)) => frames_of(sym),
+                    _ => Vec::new(),
+                })
+                .collect(),
+        )
     }
 
     /// Gives the locations of `profile` that have no lines, and whose mapping has a build
@@ -550,7 +622,7 @@ impl Symbolizer {
         let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
         let mut next_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
         for (at, frames) in self
-            .frames_of(wanted.into_list(), uploads, deadline, &mut summary)
+            .frames_of(wanted.into_list(), uploads, deadline, None, &mut summary)
             .await
         {
             if frames.is_empty() {
@@ -594,13 +666,16 @@ impl Symbolizer {
 
     /// The frames of `wanted` (per build id, `(key, file offset)`), build id after build
     /// id until `deadline`: empty for an offset its file has no symbol for; the keys whose
-    /// file was not found are left out. What was missing or
-    /// cut short by the deadline is noted in `summary`.
+    /// file was not found, or could not be read, are left out. With `reread`, a file read
+    /// less than that long ago is not read again: its keys are left out, and the work is
+    /// said to be cut short. What was missing or cut short by the deadline is noted in
+    /// `summary`.
     async fn frames_of<K: Copy>(
         self: &Arc<Self>,
         wanted: Vec<Wanted<K>>,
         uploads: Option<&DebugInfoStore>,
         deadline: tokio::time::Instant,
+        reread: Option<Reread>,
         summary: &mut ProfileSymbolized,
     ) -> Vec<(K, Vec<Frame>)> {
         let mut out = Vec::new();
@@ -641,6 +716,19 @@ impl Symbolizer {
                     continue;
                 }
             };
+            // The file as it is now: one uploaded again (better debug info) is another.
+            let by = reread.map_or(0, |r| r.by);
+            let identity = std::fs::metadata(&path)
+                .map(|m| (by, path.clone(), m.len(), m.modified().ok()))
+                .unwrap_or((by, path.clone(), 0, None));
+            if let Some(Reread { every, .. }) = reread {
+                let mut reads = self.background_reads.lock();
+                reads.retain(|_, at| at.elapsed() < every);
+                if reads.contains_key(&identity) {
+                    summary.out_of_budget = true;
+                    continue;
+                }
+            }
             // Reading DWARF is CPU work and memory: off the async threads, at most
             // `workers` files at once across queries and the background.
             let Ok(Ok(permit)) =
@@ -682,15 +770,27 @@ impl Symbolizer {
                 }
                 None => None,
             };
+            if reread.is_some() {
+                self.background_reads
+                    .lock()
+                    .insert(identity, Instant::now());
+            }
             let addresses: Vec<u64> = placed.iter().map(|&(_, a)| a).collect();
             let this = self.clone();
             let frames = tokio::task::spawn_blocking(move || {
                 let _permit = permit;
                 let _reserved = reserved;
-                this.resolve(&path, &addresses)
+                this.resolve_read(&path, &addresses)
             })
             .await
-            .unwrap_or_default();
+            .ok()
+            .flatten();
+            let Some(frames) = frames else {
+                // Gone since it was found (another tenant's file pushed it out of the
+                // cache, say): nothing is known of these addresses; asked again later.
+                summary.missing.push(build_id);
+                continue;
+            };
             // Those placed nowhere or named by nothing: empty, for the caller to remember.
             let mut by_position = vec![Vec::new(); locations.len()];
             for ((i, _), frames) in placed.into_iter().zip(frames) {
@@ -741,6 +841,7 @@ impl Symbolizer {
             |id| merged.symbols.partition(id),
             uploads,
             deadline,
+            None,
             &mut summary,
         )
         .await;
@@ -748,17 +849,21 @@ impl Symbolizer {
     }
 
     /// Names `wanted` (per build id, `(partition, location)` and file offset) in the
-    /// partitions `partition` finds, until `deadline`; what changed goes to
-    /// `summary.named`.
+    /// partitions `partition` finds, until `deadline` (each file read at most once every
+    /// `reread`, when given); what changed goes to `summary.named`.
     pub(crate) async fn name_wanted<'p>(
         self: &Arc<Self>,
         wanted: Vec<Wanted<(u32, u32)>>,
         partition: impl Fn(u32) -> Option<&'p crate::symbols::Partition>,
         uploads: Option<&DebugInfoStore>,
         deadline: tokio::time::Instant,
+        reread: Option<Reread>,
         summary: &mut ProfileSymbolized,
     ) {
-        for ((id, l), frames) in self.frames_of(wanted, uploads, deadline, summary).await {
+        for ((id, l), frames) in self
+            .frames_of(wanted, uploads, deadline, reread, summary)
+            .await
+        {
             let Some(p) = partition(id) else {
                 continue;
             };
