@@ -207,11 +207,20 @@ pub struct Symbolizer {
     files_read: AtomicU64,
     /// [`dwarf_check::check`]'s verdict on each file read, by its path, size and time of
     /// change: a file is walked once, not on every pass that names one more address of it.
-    verdicts: Mutex<HashMap<PathBuf, (u64, std::time::SystemTime, Result<(), String>)>>,
+    verdicts: Mutex<HashMap<PathBuf, (FileIdentity, Result<(), String>)>>,
     /// When each file (as it is now) was last read for a store's background resolver
     /// (the store's [`Reread::by`]): at most once every [`BACKGROUND_REREAD`], so the pass
     /// after each push of one new address does not parse a gigabyte again.
-    background_reads: Mutex<HashMap<(u64, PathBuf, u64, Option<std::time::SystemTime>), Instant>>,
+    background_reads: Mutex<HashMap<(u64, PathBuf, FileIdentity), Instant>>,
+}
+
+/// A file as it is now: its size and time of change (a file written again is another).
+type FileIdentity = (u64, Option<std::time::SystemTime>);
+
+/// The identity of the file at `path`, if it can be read.
+fn identity_of(path: &Path) -> Option<FileIdentity> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.len(), meta.modified().ok()))
 }
 
 /// Most verdicts [`Symbolizer::verdicts`] keeps (all are forgotten past it).
@@ -512,14 +521,13 @@ impl Symbolizer {
     fn resolve_read(&self, path: &Path, offsets: &[u64]) -> Option<Vec<Vec<Frame>>> {
         use blazesym::symbolize::source::{Elf, Source};
         use blazesym::symbolize::{Input, Symbolized};
-        let meta = std::fs::metadata(path).ok()?;
-        let identity = (meta.len(), meta.modified().ok()?);
+        let identity = identity_of(path)?;
         let known = self
             .verdicts
             .lock()
             .get(path)
-            .filter(|(len, at, _)| (*len, *at) == identity)
-            .map(|(.., verdict)| verdict.clone());
+            .filter(|(seen, _)| *seen == identity)
+            .map(|(_, verdict)| verdict.clone());
         let verdict = match known {
             Some(verdict) => verdict,
             None => {
@@ -529,10 +537,7 @@ impl Symbolizer {
                 if verdicts.len() >= MAX_VERDICTS {
                     verdicts.clear();
                 }
-                verdicts.insert(
-                    path.to_path_buf(),
-                    (identity.0, identity.1, verdict.clone()),
-                );
+                verdicts.insert(path.to_path_buf(), (identity, verdict.clone()));
                 verdict
             }
         };
@@ -717,10 +722,11 @@ impl Symbolizer {
                 }
             };
             // The file as it is now: one uploaded again (better debug info) is another.
-            let by = reread.map_or(0, |r| r.by);
-            let identity = std::fs::metadata(&path)
-                .map(|m| (by, path.clone(), m.len(), m.modified().ok()))
-                .unwrap_or((by, path.clone(), 0, None));
+            let identity = (
+                reread.map_or(0, |r| r.by),
+                path.clone(),
+                identity_of(&path).unwrap_or_default(),
+            );
             if let Some(Reread { every, .. }) = reread {
                 let mut reads = self.background_reads.lock();
                 reads.retain(|_, at| at.elapsed() < every);
