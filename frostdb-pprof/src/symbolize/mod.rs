@@ -207,7 +207,7 @@ pub struct Symbolizer {
     files_read: AtomicU64,
     /// [`dwarf_check::check`]'s verdict on each file read, by its path, size and time of
     /// change: a file is walked once, not on every pass that names one more address of it.
-    verdicts: Mutex<HashMap<PathBuf, (FileIdentity, Result<(), String>)>>,
+    verdicts: Mutex<HashMap<PathBuf, (FileIdentity, Verdict)>>,
     /// When each file (as it is now) was last read for a store's background resolver
     /// (the store's [`Reread::by`]): at most once every [`BACKGROUND_REREAD`], so the pass
     /// after each push of one new address does not parse a gigabyte again.
@@ -216,6 +216,9 @@ pub struct Symbolizer {
 
 /// A file as it is now: its size and time of change (a file written again is another).
 type FileIdentity = (u64, Option<std::time::SystemTime>);
+
+/// What [`dwarf_check::check`] said of a file.
+type Verdict = Result<(), String>;
 
 /// The identity of the file at `path`, if it can be read.
 fn identity_of(path: &Path) -> Option<FileIdentity> {
