@@ -688,6 +688,59 @@ fn a_page_declaring_more_than_its_column_chunk_is_refused_before_parquet_reads_i
     }
 }
 
+/// A block whose first offset index declares 2³¹−1 page locations in 7 bytes: Parquet
+/// would reserve 51 GB for them. The page indexes are checked (ranges and bytes) before
+/// Parquet decodes them: the block is unreadable, by name.
+#[test]
+fn an_offset_index_declaring_more_than_it_holds_is_refused_before_parquet_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 10);
+    let bombed = table.persist().unwrap().remove(0);
+    fill(&table, 10, 20);
+    table.persist().unwrap();
+    drop(table);
+    drop(db);
+    let path = dir.path().join("blocks").join(&bombed.path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = {
+        use parquet::file::reader::FileReader;
+        let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+            bytes::Bytes::from(bytes.clone()),
+        )
+        .unwrap();
+        let column = reader.metadata().row_group(0).column(0);
+        assert!(column.offset_index_length().unwrap() >= 7);
+        column.offset_index_offset().unwrap() as usize
+    };
+    // OffsetIndex { 1: page_locations = list<struct> of 2³¹−1 }.
+    bytes[at..at + 7].copy_from_slice(&[0x19, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07]);
+    std::fs::write(&path, bytes).unwrap();
+
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db.get_table("samples").unwrap();
+    match table.scan(&ScanRequest::new()).unwrap_err() {
+        Error::BlockUnreadable { block, reason, .. } => {
+            assert_eq!(block, bombed.id);
+            assert!(
+                reason.contains("a malformed page index") && reason.contains("2147483647"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected the bombed block by name, got {other}"),
+    }
+    let mut scan = table
+        .snapshot()
+        .scan(&ScanRequest::new().lenient(true))
+        .unwrap();
+    let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
+    assert_eq!(scan.metrics().blocks_failed, 1);
+    assert_eq!(rows, expected(10, 20));
+}
+
 #[test]
 fn a_damaged_block_fails_the_scan_by_name_unless_the_scan_is_lenient() {
     let dir = tempfile::tempdir().unwrap();

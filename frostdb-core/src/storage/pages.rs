@@ -87,7 +87,7 @@ impl Chunks {
             .ok_or_else(|| format!("a page read at byte {at}, in no column chunk"))?;
         let bytes = &bytes[..bytes.len().min(MAX_HEADER_BYTES)];
         let (mut uncompressed, mut compressed) = (None, None);
-        let header = thrift::check_struct(bytes, |id, v| match id {
+        let header = thrift::check_struct(bytes, &thrift::PAGE_HEADER, |id, v| match id {
             2 => uncompressed = Some(v),
             3 => compressed = Some(v),
             _ => {}

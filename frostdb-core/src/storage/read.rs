@@ -87,22 +87,43 @@ impl AsyncFileReader for BlockFile {
         parquet::errors::Result<Arc<parquet::file::metadata::ParquetMetaData>>,
     > {
         use futures::FutureExt;
+        use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
         async move {
             let size = self.size;
             let tail = checked_tail(self).await?;
-            let metadata = parquet::file::metadata::ParquetMetaDataReader::new()
+            let start = size - tail.len() as u64;
+            // The footer first, without the page indexes: their ranges are checked, and
+            // their bytes, before Parquet decodes them.
+            let footer = ParquetMetaDataReader::new()
                 .with_arrow_reader_options(options)
+                .with_page_index_policy(PageIndexPolicy::Skip)
                 .with_prefetch_hint(Some(tail.len()))
                 .load_and_finish(
                     WithTail {
-                        file: self,
-                        start: size - tail.len() as u64,
-                        tail,
+                        file: &mut *self,
+                        start,
+                        tail: tail.clone(),
                     },
                     size,
                 )
                 .await?;
-            Ok(Arc::new(metadata))
+            let footer_start = size
+                - 8
+                - u64::from(u32::from_le_bytes(
+                    tail[tail.len() - 8..tail.len() - 4]
+                        .try_into()
+                        .expect("4 bytes"),
+                ));
+            let region = checked_indexes(self, &footer, footer_start).await?;
+            let mut reader =
+                ParquetMetaDataReader::new_with_metadata(footer).with_arrow_reader_options(options);
+            reader
+                .load_page_index(Checked {
+                    start: region.0,
+                    bytes: region.1,
+                })
+                .await?;
+            Ok(Arc::new(reader.finish()?))
         }
         .boxed()
     }
@@ -145,11 +166,139 @@ async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<bytes::By
     }
     if footer_len + 8 > n as u64 {
         tail = file.get_bytes(size - footer_len - 8..size).await?;
+        if (tail.len() as u64) < footer_len + 8 {
+            return Err(ParquetError::General(format!(
+                "the object is shorter than the {size} bytes the manifest says"
+            )));
+        }
     }
     let footer = &tail[tail.len() - 8 - footer_len as usize..tail.len() - 8];
-    super::thrift::check_struct(footer, |_, _| {})
+    super::thrift::check_struct(footer, &super::thrift::FILE_META_DATA, |_, _| {})
         .map_err(|e| ParquetError::General(format!("a malformed footer: {e}")))?;
     Ok(tail)
+}
+
+/// Most bytes of a block's page indexes (column and offset indexes) together: the writer's
+/// are tens of bytes a page.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+
+/// The page indexes `footer` names, checked before Parquet decodes them: each range within
+/// the object before the footer (at `footer_start`), no two overlapping (Parquet decodes
+/// each chunk's index again, so one region named by every chunk would cost their number
+/// times its size), [`MAX_INDEX_BYTES`] in all, and each a well-formed index
+/// ([`super::thrift::OFFSET_INDEX`], [`super::thrift::COLUMN_INDEX`]: Parquet reserves an
+/// offset index's pages by their declared count). Returns the region holding them, read,
+/// and where it starts.
+async fn checked_indexes(
+    file: &mut BlockFile,
+    footer: &parquet::file::metadata::ParquetMetaData,
+    footer_start: u64,
+) -> parquet::errors::Result<(u64, bytes::Bytes)> {
+    use super::thrift::{COLUMN_INDEX, OFFSET_INDEX, Spec, check_struct};
+    use parquet::errors::ParquetError;
+    let mut ranges: Vec<(u64, u64, &'static Spec)> = Vec::new();
+    for rg in footer.row_groups() {
+        for column in rg.columns() {
+            let named = [
+                (
+                    column.offset_index_offset(),
+                    column.offset_index_length(),
+                    &OFFSET_INDEX,
+                ),
+                (
+                    column.column_index_offset(),
+                    column.column_index_length(),
+                    &COLUMN_INDEX,
+                ),
+            ];
+            for (offset, length, spec) in named {
+                let (Some(offset), Some(length)) = (offset, length) else {
+                    continue;
+                };
+                let (Ok(offset), Ok(length)) = (u64::try_from(offset), u64::try_from(length))
+                else {
+                    return Err(ParquetError::General(format!(
+                        "a page index at {offset} of {length} bytes"
+                    )));
+                };
+                if offset < 4 || offset.saturating_add(length) > footer_start {
+                    return Err(ParquetError::General(format!(
+                        "a page index at bytes {offset}..{} lies outside the data before the footer at {footer_start}",
+                        offset.saturating_add(length)
+                    )));
+                }
+                ranges.push((offset, offset + length, spec));
+            }
+        }
+    }
+    if ranges.is_empty() {
+        return Ok((0, bytes::Bytes::new()));
+    }
+    ranges.sort_by_key(|&(start, end, _)| (start, end));
+    let mut total = 0u64;
+    for pair in ranges.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            return Err(ParquetError::General(format!(
+                "page indexes at bytes {}..{} and {}..{} overlap",
+                pair[0].0, pair[0].1, pair[1].0, pair[1].1
+            )));
+        }
+    }
+    for &(start, end, _) in &ranges {
+        total += end - start;
+    }
+    if total > MAX_INDEX_BYTES {
+        return Err(ParquetError::General(format!(
+            "the page indexes take {total} bytes, more than {MAX_INDEX_BYTES}"
+        )));
+    }
+    let (first, last) = (ranges[0].0, ranges.iter().map(|r| r.1).max().unwrap_or(0));
+    if last - first > 2 * MAX_INDEX_BYTES {
+        return Err(ParquetError::General(format!(
+            "the page indexes spread over bytes {first}..{last}"
+        )));
+    }
+    let region = file.get_bytes(first..last).await?;
+    if region.len() as u64 != last - first {
+        return Err(ParquetError::General(format!(
+            "the page indexes at bytes {first}..{last} were read as {} bytes",
+            region.len()
+        )));
+    }
+    for (start, end, spec) in ranges {
+        let bytes = &region[(start - first) as usize..(end - first) as usize];
+        check_struct(bytes, spec, |_, _| {}).map_err(|e| {
+            ParquetError::General(format!("a malformed page index at byte {start}: {e}"))
+        })?;
+    }
+    Ok((first, region))
+}
+
+/// The checked bytes of a block's page indexes, from `start`: Parquet's page index reader
+/// reads nothing else.
+struct Checked {
+    start: u64,
+    bytes: bytes::Bytes,
+}
+
+impl parquet::arrow::async_reader::MetadataFetch for Checked {
+    fn fetch(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        use futures::FutureExt;
+        let end = self.start + self.bytes.len() as u64;
+        let got = if range.start >= self.start && range.end <= end {
+            Ok(self
+                .bytes
+                .slice((range.start - self.start) as usize..(range.end - self.start) as usize))
+        } else {
+            Err(parquet::errors::ParquetError::General(format!(
+                "page indexes asked for at bytes {range:?}, outside those checked"
+            )))
+        };
+        async move { got }.boxed()
+    }
 }
 
 /// A block's object with its tail already read: Parquet's footer reader takes the tail from
@@ -372,12 +521,12 @@ impl Storage {
             ArrowReaderMetadata::load_async(&mut reader, options).await
         })?;
         let metadata = loaded.map_err(|e| unreadable(table, block, e.to_string()))?;
-        let rows: i64 = metadata
+        let rows = metadata
             .metadata()
             .row_groups()
             .iter()
-            .map(|rg| rg.num_rows())
-            .sum();
+            .try_fold(0i64, |sum, rg| sum.checked_add(rg.num_rows()))
+            .unwrap_or(-1);
         if rows as u64 != block.rows {
             return Err(unreadable(
                 table,

@@ -13,12 +13,180 @@ pub(crate) const MAX_DEPTH: usize = 64;
 /// What was wrong with the bytes, for an error naming the object.
 pub(crate) type Malformed = String;
 
+/// The type a struct's field must be sent as. Parquet reads a field by its id alone, not
+/// by the type it was sent as: a known field sent as another type would be read from bytes
+/// this check took for something else (a page size from a string's length, a list header
+/// from what followed a boolean). So a known field of another type is refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Ty {
+    Bool,
+    I16,
+    I32,
+    I64,
+    Binary,
+    /// A struct, checked against its spec when one is given.
+    Struct(Option<&'static Spec>),
+    /// A list of elements of one wire type (1 for booleans), and their spec when structs.
+    List(u8, Option<&'static Spec>),
+}
+
+/// The fields of a struct Parquet reads: id and type. Fields not named are skipped by
+/// Parquet as by this check, whatever their type.
+#[derive(Debug)]
+pub(crate) struct Spec(pub(crate) &'static [(i16, Ty)]);
+
+impl Spec {
+    fn field(&self, id: i16) -> Option<Ty> {
+        self.0.iter().find(|(i, _)| *i == id).map(|&(_, t)| t)
+    }
+}
+
+/// Wire types: 1 and 2 booleans, 3 i8, 4 i16, 5 i32, 6 i64, 7 double, 8 binary, 9 list,
+/// 10 set, 11 map, 12 struct.
+fn sent_as(ty: Ty, wire: u8) -> bool {
+    match ty {
+        Ty::Bool => wire == 1 || wire == 2,
+        Ty::I16 => wire == 4,
+        Ty::I32 => wire == 5,
+        Ty::I64 => wire == 6,
+        Ty::Binary => wire == 8,
+        Ty::Struct(_) => wire == 12,
+        Ty::List(..) => wire == 9,
+    }
+}
+
+const STATISTICS: Spec = Spec(&[
+    (1, Ty::Binary),
+    (2, Ty::Binary),
+    (3, Ty::I64),
+    (4, Ty::I64),
+    (5, Ty::Binary),
+    (6, Ty::Binary),
+    (7, Ty::Bool),
+    (8, Ty::Bool),
+]);
+
+const DATA_PAGE_HEADER: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::I32),
+    (3, Ty::I32),
+    (4, Ty::I32),
+    (5, Ty::Struct(Some(&STATISTICS))),
+]);
+
+const DICTIONARY_PAGE_HEADER: Spec = Spec(&[(1, Ty::I32), (2, Ty::I32), (3, Ty::Bool)]);
+
+const DATA_PAGE_HEADER_V2: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::I32),
+    (3, Ty::I32),
+    (4, Ty::I32),
+    (5, Ty::I32),
+    (6, Ty::I32),
+    (7, Ty::Bool),
+    (8, Ty::Struct(Some(&STATISTICS))),
+]);
+
+/// Parquet's `PageHeader`: 2 is the uncompressed size, 3 the compressed size.
+pub(crate) const PAGE_HEADER: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::I32),
+    (3, Ty::I32),
+    (4, Ty::I32),
+    (5, Ty::Struct(Some(&DATA_PAGE_HEADER))),
+    (6, Ty::Struct(None)),
+    (7, Ty::Struct(Some(&DICTIONARY_PAGE_HEADER))),
+    (8, Ty::Struct(Some(&DATA_PAGE_HEADER_V2))),
+]);
+
+const COLUMN_META_DATA: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::List(5, None)),
+    (3, Ty::List(8, None)),
+    (4, Ty::I32),
+    (5, Ty::I64),
+    (6, Ty::I64),
+    (7, Ty::I64),
+    (8, Ty::List(12, None)),
+    (9, Ty::I64),
+    (10, Ty::I64),
+    (11, Ty::I64),
+    (12, Ty::Struct(Some(&STATISTICS))),
+    (13, Ty::List(12, None)),
+    (14, Ty::I64),
+    (15, Ty::I32),
+    (16, Ty::Struct(None)),
+    (17, Ty::Struct(None)),
+]);
+
+const COLUMN_CHUNK: Spec = Spec(&[
+    (1, Ty::Binary),
+    (2, Ty::I64),
+    (3, Ty::Struct(Some(&COLUMN_META_DATA))),
+    (4, Ty::I64),
+    (5, Ty::I32),
+    (6, Ty::I64),
+    (7, Ty::I32),
+    (8, Ty::Struct(None)),
+    (9, Ty::Binary),
+]);
+
+const ROW_GROUP: Spec = Spec(&[
+    (1, Ty::List(12, Some(&COLUMN_CHUNK))),
+    (2, Ty::I64),
+    (3, Ty::I64),
+    (4, Ty::List(12, None)),
+    (5, Ty::I64),
+    (6, Ty::I64),
+    (7, Ty::I16),
+]);
+
+/// Parquet's `FileMetaData`, a file's footer.
+pub(crate) const FILE_META_DATA: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::List(12, None)),
+    (3, Ty::I64),
+    (4, Ty::List(12, Some(&ROW_GROUP))),
+    (5, Ty::List(12, None)),
+    (6, Ty::Binary),
+    (7, Ty::List(12, None)),
+    (8, Ty::Struct(None)),
+    (9, Ty::Binary),
+]);
+
+const PAGE_LOCATION: Spec = Spec(&[(1, Ty::I64), (2, Ty::I32), (3, Ty::I64)]);
+
+/// Parquet's `OffsetIndex` of a column chunk.
+pub(crate) const OFFSET_INDEX: Spec = Spec(&[
+    (1, Ty::List(12, Some(&PAGE_LOCATION))),
+    (2, Ty::List(6, None)),
+]);
+
+/// Parquet's `ColumnIndex` of a column chunk.
+pub(crate) const COLUMN_INDEX: Spec = Spec(&[
+    (1, Ty::List(1, None)),
+    (2, Ty::List(8, None)),
+    (3, Ty::List(8, None)),
+    (4, Ty::I32),
+    (5, Ty::List(6, None)),
+    (6, Ty::List(6, None)),
+    (7, Ty::List(6, None)),
+]);
+
 #[derive(Clone, Copy)]
 enum Frame {
-    /// Reading a struct's fields; `top` when it is the outermost struct.
-    Struct { top: bool },
-    /// `left` elements of type `ty` still to read (a list or set).
-    List { ty: u8, left: u64 },
+    /// Reading a struct's fields (checked against `spec`, when known); `top` when it is
+    /// the outermost struct.
+    Struct {
+        top: bool,
+        spec: Option<&'static Spec>,
+    },
+    /// `left` elements of type `ty` still to read (a list or set), of `spec` when structs.
+    List {
+        ty: u8,
+        left: u64,
+        spec: Option<&'static Spec>,
+    },
     /// `left` entries still to read; `key` when the next value is an entry's key.
     Map {
         key_ty: u8,
@@ -77,25 +245,30 @@ impl Cursor<'_> {
     }
 }
 
-/// Checks one compact-protocol struct at the start of `bytes`: every container's declared
-/// count and every string's length fit in the bytes left (each element takes at least one
-/// byte), containers nest at most [`MAX_DEPTH`] deep, and every type is known. Calls
-/// `top_field(id, value)` for each integer field of the outermost struct. Returns how many
-/// bytes the struct took.
+/// Checks one compact-protocol struct of `spec` at the start of `bytes`: every field
+/// `spec` (and the specs of the structs it holds) names is sent as its type, every
+/// container's declared count and every string's length fit in the bytes left (each element
+/// takes at least one byte), containers nest at most [`MAX_DEPTH`] deep, and every type is
+/// known. Calls `top_field(id, value)` for each integer field of the outermost struct.
+/// Returns how many bytes the struct took.
 pub(crate) fn check_struct(
     bytes: &[u8],
+    spec: &'static Spec,
     mut top_field: impl FnMut(i16, i64),
 ) -> Result<usize, Malformed> {
     let mut c = Cursor { bytes, at: 0 };
-    let mut stack = vec![Frame::Struct { top: true }];
+    let mut stack = vec![Frame::Struct {
+        top: true,
+        spec: Some(spec),
+    }];
     // The id of the previous field of each open struct (ids are sent as deltas).
     let mut last_ids: Vec<i16> = vec![0];
     while let Some(frame) = stack.last_mut() {
-        // The type of the next value to read, and whether it is a top-level field's (and
-        // which).
-        let (ty, top_id) = match frame {
-            Frame::Struct { top } => {
-                let top = *top;
+        // The type of the next value to read, whether it is a top-level field's (and
+        // which), and what it must be (a known field's, or a list's elements').
+        let (ty, top_id, expected) = match frame {
+            Frame::Struct { top, spec } => {
+                let (top, spec) = (*top, *spec);
                 let header = c.byte()?;
                 if header == 0 {
                     stack.pop();
@@ -111,16 +284,27 @@ pub(crate) fn check_struct(
                     last.wrapping_add(i16::from(delta))
                 };
                 *last = id;
-                (header & 0x0f, top.then_some(id))
+                let wire = header & 0x0f;
+                let expected = spec.and_then(|s| s.field(id));
+                if let Some(t) = expected
+                    && !sent_as(t, wire)
+                {
+                    return Err(format!(
+                        "field {id} at byte {} is sent as type {wire}, not as {t:?}",
+                        c.at
+                    ));
+                }
+                (wire, top.then_some(id), expected)
             }
-            Frame::List { ty, left } => {
+            Frame::List { ty, left, spec } => {
                 if *left == 0 {
                     stack.pop();
                     continue;
                 }
                 *left -= 1;
                 // A list of booleans holds one byte per element.
-                (if *ty == 2 { 1 } else { *ty }, None)
+                let expected = (*ty == 12).then_some(Ty::Struct(*spec));
+                (if *ty == 2 { 1 } else { *ty }, None, expected)
             }
             Frame::Map {
                 key_ty,
@@ -137,7 +321,7 @@ pub(crate) fn check_struct(
                     *left -= 1;
                 }
                 *key = !*key;
-                (if ty == 2 { 1 } else { ty }, None)
+                (if ty == 2 { 1 } else { ty }, None, None)
             }
         };
         let in_container = top_id.is_none() && !matches!(stack.last(), Some(Frame::Struct { .. }));
@@ -180,7 +364,27 @@ pub(crate) fn check_struct(
                 if !(1..=12).contains(&elem) && left > 0 {
                     return Err(format!("a list of unknown type {elem} at byte {}", c.at));
                 }
-                push(&mut stack, Frame::List { ty: elem, left })?;
+                let spec = match expected {
+                    Some(Ty::List(want, spec)) => {
+                        let bools = want == 1 && (elem == 1 || elem == 2);
+                        if left > 0 && elem != want && !bools {
+                            return Err(format!(
+                                "a list of type {elem} at byte {}, not of {want}",
+                                c.at
+                            ));
+                        }
+                        spec
+                    }
+                    _ => None,
+                };
+                push(
+                    &mut stack,
+                    Frame::List {
+                        ty: elem,
+                        left,
+                        spec,
+                    },
+                )?;
             }
             11 => {
                 let left = c.varint()?;
@@ -211,7 +415,11 @@ pub(crate) fn check_struct(
                 )?;
             }
             12 => {
-                push(&mut stack, Frame::Struct { top: false })?;
+                let spec = match expected {
+                    Some(Ty::Struct(spec)) => spec,
+                    _ => None,
+                };
+                push(&mut stack, Frame::Struct { top: false, spec })?;
                 last_ids.push(0);
             }
             other => return Err(format!("unknown type {other} at byte {}", c.at)),
@@ -231,6 +439,9 @@ fn push(stack: &mut Vec<Frame>, frame: Frame) -> Result<(), Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A struct of no known fields: only the wire format is checked.
+    const ANY: Spec = Spec(&[]);
 
     /// A field header: its id delta from the previous field, and its type.
     fn field(delta: u8, ty: u8) -> u8 {
@@ -277,7 +488,7 @@ mod tests {
             0xff,
         ];
         let mut seen = Vec::new();
-        let used = check_struct(&bytes, |id, v| seen.push((id, v))).unwrap();
+        let used = check_struct(&bytes, &ANY, |id, v| seen.push((id, v))).unwrap();
         assert_eq!(used, bytes.len() - 1);
         assert_eq!(seen, vec![(1, -3)]);
     }
@@ -287,27 +498,53 @@ mod tests {
         // The row-group bomb: field 4, a list of structs of 2³¹−1 elements, then nothing.
         let mut bytes = vec![field(4, 9), 0xfc];
         bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x07]);
-        let err = check_struct(&bytes, |_, _| {}).unwrap_err();
+        let err = check_struct(&bytes, &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("2147483647 elements"), "{err}");
         // A string past the end, and a map, likewise.
-        let err = check_struct(&[field(1, 8), 0x80, 0x80, 0x04], |_, _| {}).unwrap_err();
+        let err = check_struct(&[field(1, 8), 0x80, 0x80, 0x04], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("65536 bytes"), "{err}");
-        let err = check_struct(&[field(1, 11), 100, 0x55, 0], |_, _| {}).unwrap_err();
+        let err = check_struct(&[field(1, 11), 100, 0x55, 0], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("map of 100 entries"), "{err}");
+    }
+
+    /// Parquet reads a field by its id whatever type it was sent as: a known field sent as
+    /// another type is refused, or Parquet would read other bytes than those checked.
+    #[test]
+    fn known_fields_sent_as_another_type_are_refused() {
+        // A page header whose field 2 comes again as a 7-byte string: Parquet would read
+        // the string's length as the size, then its bytes as a field 2 of 2^31-1.
+        let page = [
+            0x15, 0x00, 0x15, 0xc8, 0x01, 0x15, 0x80, 0x80, 0x08, 0x2c, 0x15, 0x02, 0x15, 0x00,
+            0x15, 0x06, 0x15, 0x06, 0x00, 0x08, 0x04, 0x07, 0x05, 0x04, 0xfe, 0xff, 0xff, 0xff,
+            0x0f, 0x00,
+        ];
+        assert!(check_struct(&page, &ANY, |_, _| {}).is_ok(), "well formed");
+        let err = check_struct(&page, &PAGE_HEADER, |_, _| {}).unwrap_err();
+        assert!(err.contains("field 2") && err.contains("type 8"), "{err}");
+        // A footer whose row groups (4) come as a boolean: Parquet would read a list
+        // header of 2 billion row groups from the bytes after it.
+        let mut footer = vec![0x15, 0x02, 0x19, 0x0c, 0x16, 0x00, 0x11, 0xfc];
+        footer.extend_from_slice(&[0xf1, 0xf1, 0xf1, 0xf1, 0x07, 0x00]);
+        let err = check_struct(&footer, &FILE_META_DATA, |_, _| {}).unwrap_err();
+        assert!(err.contains("field 4") && err.contains("type 1"), "{err}");
+        // Nested: a row group's columns as a list of strings.
+        let footer = [0x49, 0x1c, 0x19, 0x18, 0x00, 0x00];
+        let err = check_struct(&footer, &FILE_META_DATA, |_, _| {}).unwrap_err();
+        assert!(err.contains("a list of type 8"), "{err}");
     }
 
     #[test]
     fn deep_nesting_truncation_and_unknown_types_are_refused() {
         // 100,000 nested structs: refused at the depth limit, without recursion.
         let bytes = vec![field(1, 12); 100_000];
-        let err = check_struct(&bytes, |_, _| {}).unwrap_err();
+        let err = check_struct(&bytes, &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("deeper than 64"), "{err}");
         // Ends inside the struct.
-        let err = check_struct(&[field(1, 5), 0x80], |_, _| {}).unwrap_err();
+        let err = check_struct(&[field(1, 5), 0x80], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("ends inside"), "{err}");
-        let err = check_struct(&[field(1, 5), 2], |_, _| {}).unwrap_err();
+        let err = check_struct(&[field(1, 5), 2], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("ends inside"), "{err}");
-        let err = check_struct(&[field(1, 14), 0], |_, _| {}).unwrap_err();
+        let err = check_struct(&[field(1, 14), 0], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("unknown type 14"), "{err}");
     }
 
@@ -336,10 +573,13 @@ mod tests {
         let n = file.len();
         let len = u32::from_le_bytes(file[n - 8..n - 4].try_into().unwrap()) as usize;
         let footer = &file[n - 8 - len..n - 8];
-        assert_eq!(check_struct(footer, |_, _| {}).unwrap(), len);
+        assert_eq!(
+            check_struct(footer, &FILE_META_DATA, |_, _| {}).unwrap(),
+            len
+        );
         // The first page header, right after the magic: its sizes are fields 2 and 3.
         let mut sizes = Vec::new();
-        check_struct(&file[4..], |id, v| sizes.push((id, v))).unwrap();
+        check_struct(&file[4..], &PAGE_HEADER, |id, v| sizes.push((id, v))).unwrap();
         let uncompressed = sizes.iter().find(|(id, _)| *id == 2).unwrap().1;
         assert!(uncompressed > 0, "{sizes:?}");
     }
