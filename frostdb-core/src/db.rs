@@ -529,8 +529,14 @@ impl Db {
                     ))
                 })?;
                 if tx > persisted.get(&name).copied().unwrap_or(0) {
-                    table.inner.apply_replayed(tx, batch)?;
-                    applied += 1;
+                    let prepared = table
+                        .inner
+                        .replayable(&batch)
+                        .map_err(|e| corrupt(format!("table {name:?}: {e}")))?;
+                    if let Some(prepared) = prepared {
+                        table.inner.apply_replayed(tx, prepared)?;
+                        applied += 1;
+                    }
                 }
             }
             log.replayed(tx);

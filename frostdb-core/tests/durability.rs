@@ -795,6 +795,57 @@ fn a_damaged_block_fails_the_scan_by_name_unless_the_scan_is_lenient() {
     }
 }
 
+/// A WAL record is checked at replay as an insert is: a record whose checksums hold but
+/// which nobody could have inserted (a column of another type, or 2^44 rows of a column of
+/// no bytes, which a later scan or merge would spread into 128 TiB of nulls) stops the open,
+/// naming where it is, instead of being taken as the table's.
+#[test]
+fn a_wal_record_nobody_could_insert_stops_the_open_naming_it() {
+    use arrow::array::{ArrayRef, NullArray, StringArray};
+    for (what, column, array) in [
+        (
+            "another type",
+            "value",
+            Arc::new(StringArray::from(vec!["1"])) as ArrayRef,
+        ),
+        (
+            "2^44 rows",
+            "timestamp",
+            Arc::new(NullArray::new(1 << 44)) as ArrayRef,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), options()).unwrap();
+        let table = db
+            .table("samples", samples_schema(), small_blocks())
+            .unwrap();
+        fill(&table, 0, 2);
+        drop(table);
+        drop(db);
+        let mut segments: Vec<_> = std::fs::read_dir(dir.path().join("wal"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        segments.sort();
+        let last = segments.pop().unwrap();
+        let batch = RecordBatch::try_from_iter([(column, array)]).unwrap();
+        let mut bytes = std::fs::read(&last).unwrap();
+        bytes.extend(frostdb_core::testing::wal_record(1_000, "samples", &batch));
+        std::fs::write(&last, bytes).unwrap();
+        let err = Db::open(dir.path(), options()).unwrap_err();
+        match &err {
+            Error::WalCorrupt { reason, .. } => {
+                assert!(reason.contains("transaction 1000"), "{what}: {reason}");
+                assert!(
+                    reason.contains(column) || reason.contains("rows"),
+                    "{what}: {reason}"
+                );
+            }
+            other => panic!("{what}: expected the record named as corrupt, got {other}"),
+        }
+    }
+}
+
 #[test]
 fn wal_corruption_before_the_end_stops_the_open_with_its_location() {
     let dir = tempfile::tempdir().unwrap();

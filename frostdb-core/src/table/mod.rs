@@ -145,16 +145,6 @@ pub struct LevelStats {
     pub bytes: usize,
 }
 
-/// Resolved names of the columns of a normalised batch.
-pub(crate) fn column_names(schema: &Schema, batch: &RecordBatch) -> Result<Vec<ColumnName>> {
-    batch
-        .schema()
-        .fields()
-        .iter()
-        .map(|f| ColumnName::resolve(schema, f.name()))
-        .collect()
-}
-
 impl Table {
     pub(crate) fn new(config: TableConfig) -> Result<Self> {
         let TableConfig {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use arrow::record_batch::RecordBatch;
 
-use super::{TableInner, column_names};
+use super::TableInner;
 use crate::commit::Write;
 use crate::error::Result;
 use crate::index::chunk::Chunk;
@@ -107,11 +107,29 @@ impl TableInner {
         }
     }
 
-    /// Applies a write replayed from the WAL at open. Persists blocks as they fill, so that
-    /// replay's memory stays within one block whatever the WAL's length; a read-only
-    /// database writes nothing, so it keeps them in memory.
-    pub(crate) fn apply_replayed(&self, tx: u64, batch: RecordBatch) -> Result<()> {
-        let columns = column_names(&self.schema, &batch)?;
+    /// Checks a write read back from the WAL as an insert is checked: its rows and bytes
+    /// within the larger of the table's limits and the defaults (limits lowered since do
+    /// not refuse what was acknowledged), and its columns of the table's types. A record's
+    /// checksum says it was not damaged, not what it holds: one written by something else
+    /// (a crafted segment, an object in a shared bucket) could hold a batch of 2^44 rows of
+    /// no bytes, or a column of another type, which a later scan or merge would take as the
+    /// table's. `None`: an empty write, nothing to apply.
+    pub(crate) fn replayable(&self, batch: &RecordBatch) -> Result<Option<crate::write::Prepared>> {
+        let defaults = crate::options::TableOptions::default();
+        let options = crate::options::TableOptions {
+            max_batch_rows: self.options.max_batch_rows.max(defaults.max_batch_rows),
+            max_batch_bytes: self.options.max_batch_bytes.max(defaults.max_batch_bytes),
+            ..self.options.clone()
+        };
+        crate::write::prepare(&self.schema, &options, batch)
+    }
+
+    /// Applies a write replayed from the WAL at open ([`TableInner::replayable`] first).
+    /// Persists blocks as they fill, so that replay's memory stays within one block
+    /// whatever the WAL's length; a read-only database writes nothing, so it keeps them in
+    /// memory.
+    pub(crate) fn apply_replayed(&self, tx: u64, prepared: crate::write::Prepared) -> Result<()> {
+        let crate::write::Prepared { columns, batch } = prepared;
         let chunk = Arc::new(Chunk::new(batch)?);
         self.apply(vec![(tx, Write { chunk, columns })]);
         if !self.log.is_read_only() && !self.current.read().frozen.is_empty() {

@@ -119,3 +119,11 @@ impl S3Server {
             .credentials("test", "test")
     }
 }
+
+/// A WAL record of transaction `tx` writing `batch` to `table`, framed as a segment holds it
+/// (header, checksums, payload): for tests that append records nobody inserted.
+pub fn wal_record(tx: u64, table: &str, batch: &arrow::record_batch::RecordBatch) -> Vec<u8> {
+    let payload =
+        crate::wal::record::encode_entries(&[(table, batch)]).expect("an encodable batch");
+    crate::wal::record::frame(tx, &payload)
+}
