@@ -429,6 +429,58 @@ async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
     assert!(r.text().await.unwrap().contains("modifiedAt"));
 }
 
+/// Selectors and settings are bounded where they enter, before anything is parsed or
+/// decoded: a request's matchers together at most one selector's bytes (each value of a
+/// list becomes a string, all kept while its scans run), a settings request at most a
+/// tenant's settings (it is decoded on the thread that took it).
+#[tokio::test]
+async fn a_requests_selectors_and_a_settings_body_are_bounded_before_they_are_parsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("d"), None);
+    push_go_cpu(&s).await;
+    let post = |method: &str, body: String| {
+        reqwest::Client::new()
+            .post(format!("{}/{method}", s.url))
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    // 8 selectors of 200,000 bytes each: each within a selector's bound, not together.
+    let values: Vec<String> = (0..20_000).map(|i| format!("{i:08x}")).collect();
+    let list = format!("{{service_name=~\"{}\"}}", values.join("|"));
+    let r = post(
+        "querier.v1.QuerierService/LabelNames",
+        serde_json::json!({"matchers": vec![list.clone(); 8]}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("matchers") && text.contains("more than 1048576"),
+        "{text}"
+    );
+    // One of them answers.
+    let r = post(
+        "querier.v1.QuerierService/LabelNames",
+        serde_json::json!({"matchers": [list]}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    // A settings request of 4 MiB, past the 1 MiB a tenant's settings may hold.
+    let big = "x".repeat(4 << 20);
+    let r = post(
+        "settings.v1.SettingsService/Get",
+        serde_json::json!({"unknown": big}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("limits.max_settings_bytes"), "{text}");
+}
+
 #[tokio::test]
 async fn a_spray_of_tenants_under_1024_descriptors_neither_locks_out_nor_hangs() {
     let dir = tempfile::tempdir().unwrap();

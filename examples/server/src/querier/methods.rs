@@ -79,6 +79,16 @@ pub(super) fn matchers(matchers: &[String]) -> ApiResult<Vec<Selector>> {
     if matchers.is_empty() {
         return Ok(vec![Selector::default()]);
     }
+    // One request's selectors are bounded together as one selector is: each value of a
+    // list becomes a string, all kept while the request's scans run.
+    let bytes: usize = matchers.iter().map(String::len).sum();
+    if bytes > Selector::MAX_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "matchers: {} selectors of {bytes} bytes in all, more than {} in one request",
+            matchers.len(),
+            Selector::MAX_BYTES
+        )));
+    }
     let texts: Vec<&str> = matchers.iter().map(String::as_str).collect();
     crate::query::parsing(&texts, || parse_matchers(matchers))
 }

@@ -368,6 +368,15 @@ pub(super) async fn settings_call(
     }
     let codec = Codec::of(request.headers())?;
     let body = request_body(&state, request, &memory).await?;
+    // A settings request holds one setting, at most a tenant's whole settings: refused
+    // past that before any decoding (which runs here, on the async thread).
+    let most = state.config.limits.max_settings_bytes + (64 << 10);
+    if body.len() > most {
+        return Err(ApiError::too_large(format!(
+            "a settings request of {} bytes, more than {most} (limits.max_settings_bytes and room for the rest)",
+            body.len()
+        )));
+    }
     let limits = crate::codec::request_limits(&state.config);
     let store = &state.settings;
     match method.as_str() {
