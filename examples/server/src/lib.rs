@@ -423,7 +423,11 @@ async fn authorize(State(state): State<Shared>, mut request: Request, next: Next
         return ApiError::bad_request(e).into_response();
     }
     request.extensions_mut().insert(caller);
-    let mut response = next.run(request).await;
+    // Each tenant's share of the lanes is counted by the tenant the request acts for.
+    let tenant: Arc<str> = tenants::tenant_from_header(acted_for.as_deref())
+        .unwrap_or_else(|_| acted_for.clone().unwrap_or_default())
+        .into();
+    let mut response = work::TENANT.scope(tenant, next.run(request)).await;
     if let Some(tenant) = acted_for {
         response.extensions_mut().insert(ActedFor(tenant));
     }

@@ -21,6 +21,39 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::{ApiError, ApiResult};
 
+tokio::task_local! {
+    /// The tenant a request acts for, set around its handling ([`crate::authorize`]): what
+    /// a lane counts each tenant's share by.
+    pub static TENANT: Arc<str>;
+}
+
+/// Each tenant's jobs in a lane, running and waiting.
+type Held = Arc<parking_lot::Mutex<std::collections::HashMap<Arc<str>, usize>>>;
+
+/// A slot of a lane, and its place in its tenant's share, both given back when dropped.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    _share: Option<Share>,
+}
+
+/// A tenant's job counted in a lane until dropped.
+struct Share {
+    held: Held,
+    tenant: Arc<str>,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut held = self.held.lock();
+        if let Some(n) = held.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 /// Runs `f`, CPU work met while a request is polled (a selector's regexes, a large gRPC
 /// message), without holding up the thread: on a worker of a multi-thread runtime, that
 /// worker's other tasks move to another thread meanwhile ([`tokio::task::block_in_place`]).
@@ -70,6 +103,10 @@ pub struct Lane {
     permits: Arc<Semaphore>,
     waiting: AtomicUsize,
     max_waiting: usize,
+    /// Each tenant's jobs here, running and waiting: at most `max_tenant` each, so that
+    /// one tenant's slow queries never take every slot and every place in the queue.
+    held: Held,
+    max_tenant: usize,
     /// Whether the engine's scans a job starts stop once its request ended (reads); a
     /// write's job runs to its end or fails whole on its own.
     stops_reads: bool,
@@ -86,6 +123,8 @@ impl Lane {
             permits: Arc::new(Semaphore::new(slots)),
             waiting: AtomicUsize::new(0),
             max_waiting,
+            held: Held::default(),
+            max_tenant: ((slots + max_waiting) * 3 / 4).max(1),
             stops_reads: false,
         }
     }
@@ -104,8 +143,36 @@ impl Lane {
         self.slots - self.permits.available_permits()
     }
 
-    /// A slot, once free; 503 when the queue is full.
-    async fn slot(&self) -> ApiResult<OwnedSemaphorePermit> {
+    /// A slot, once free; 503 when the queue is full, 429 when the request's tenant holds
+    /// its share of the lane already (three quarters of its slots and queue).
+    async fn slot(&self) -> ApiResult<Slot> {
+        let share = match TENANT.try_with(Arc::clone) {
+            Ok(tenant) => {
+                let mut held = self.held.lock();
+                let n = held.entry(tenant.clone()).or_insert(0);
+                if *n >= self.max_tenant {
+                    return Err(ApiError::limited(format!(
+                        "tenant {tenant:?} has {n} {} jobs running or waiting, its share of the {} slots ({}) and {} places in the queue; retry shortly",
+                        self.name, self.slots, self.key, self.max_waiting
+                    )));
+                }
+                *n += 1;
+                Some(Share {
+                    held: self.held.clone(),
+                    tenant,
+                })
+            }
+            Err(_) => None,
+        };
+        let permit = self.permit().await?;
+        Ok(Slot {
+            _permit: permit,
+            _share: share,
+        })
+    }
+
+    /// A permit of the lane, once free; 503 when the queue is full.
+    async fn permit(&self) -> ApiResult<OwnedSemaphorePermit> {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
@@ -279,5 +346,52 @@ impl<T> Future for AbortOnDrop<T> {
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(id: &str) -> Arc<str> {
+        Arc::from(id)
+    }
+
+    /// One tenant holds at most three quarters of a lane's slots and queue: past that its
+    /// next job is refused (429) at once, while another tenant's still takes its turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_holds_at_most_its_share_of_a_lane() {
+        // One slot and three places in the queue: a tenant's share is three.
+        let lane = Arc::new(Lane::new("query", "limits.max_concurrent_queries", 1, 3));
+        let first = TENANT.scope(tenant("a"), lane.slot()).await.unwrap();
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let lane = lane.clone();
+                tokio::spawn(
+                    TENANT.scope(tenant("a"), async move { lane.slot().await.map(|_| ()) }),
+                )
+            })
+            .collect();
+        while lane.held.lock().get("a").copied() != Some(3) {
+            tokio::task::yield_now().await;
+        }
+        let refused = TENANT
+            .scope(tenant("a"), lane.slot())
+            .await
+            .err()
+            .expect("a fourth job of tenant a");
+        assert_eq!(refused.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(refused.to_string().contains("its share"), "{refused}");
+        // Tenant b waits its turn, and gets it.
+        let other = {
+            let lane = lane.clone();
+            tokio::spawn(TENANT.scope(tenant("b"), async move { lane.slot().await.map(|_| ()) }))
+        };
+        drop(first);
+        for w in waiting {
+            w.await.unwrap().unwrap();
+        }
+        other.await.unwrap().unwrap();
+        assert!(lane.held.lock().is_empty(), "every share given back");
     }
 }
