@@ -155,7 +155,9 @@ pub(super) async fn render(
             "the range is too long for a timeline",
         ));
     }
-    // The timelines are built in the query lane with the read, within their cap.
+    // The timelines are built in the query lane with the read, within their cap, and the
+    // answer is written there with them: a flame graph of up to 2^20 nodes is tens of
+    // megabytes of JSON, no work for the async threads that take connections.
     let by = group_by.first().cloned();
     let empty = timelines(
         &[],
@@ -165,8 +167,8 @@ pub(super) async fn render(
         by.as_deref(),
         MAX_TIMELINE_CELLS,
     )?;
-    let (timeline, groups) = q
-        .read(empty, move |store| {
+    let body = q
+        .read(None, move |store| {
             let group: Vec<String> = by.iter().cloned().collect();
             let series = store
                 .range(
@@ -177,19 +179,32 @@ pub(super) async fn render(
                     ReadOptions::STRICT,
                 )?
                 .value;
-            timelines(
+            (fb.timeline, fb.groups) = timelines(
                 &series,
                 range,
                 step_s,
                 average,
                 by.as_deref(),
                 MAX_TIMELINE_CELLS,
-            )
+            )?;
+            crate::query::json_bytes(&fb).map(Some)
         })
         .await?;
-    fb.timeline = timeline;
-    fb.groups = groups;
-    json_in_the_lane(&q, fb).await
+    let body = match body {
+        Some(body) => body,
+        // A tenant that stored nothing: no flame graph, and its timelines empty.
+        None => {
+            let mut fb = Flamebearer::new(
+                Levels::default(),
+                &profile_type.sample_type,
+                &profile_type.sample_unit,
+                None,
+            );
+            (fb.timeline, fb.groups) = empty;
+            crate::query::json_bytes(&fb)?
+        }
+    };
+    Ok(crate::query::json_response(body))
 }
 
 /// `fb` as a JSON response, written in the query lane: a flame graph of up to 2^20 nodes is
