@@ -8,7 +8,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::TableInner;
 use crate::commit::Write;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::index::chunk::Chunk;
 use crate::index::version::{Frozen, Part, Version};
 use crate::workers::WorkerMessage;
@@ -107,21 +107,33 @@ impl TableInner {
         }
     }
 
-    /// Checks a write read back from the WAL as an insert is checked: its rows and bytes
-    /// within the larger of the table's limits and the defaults (limits lowered since do
-    /// not refuse what was acknowledged), and its columns of the table's types. A record's
-    /// checksum says it was not damaged, not what it holds: one written by something else
-    /// (a crafted segment, an object in a shared bucket) could hold a batch of 2^44 rows of
-    /// no bytes, or a column of another type, which a later scan or merge would take as the
-    /// table's. `None`: an empty write, nothing to apply.
+    /// Checks a write read back from the WAL as an insert is checked: its rows within the
+    /// larger of the table's limit and the default (a limit lowered since does not refuse
+    /// what was acknowledged), and its columns of the table's types. (Its bytes are the
+    /// record's, bounded as it is read; a decoded batch's columns share that one buffer,
+    /// so their sizes added up say nothing.) A record's checksum says it was not damaged,
+    /// not what it holds: one written by something else (a crafted segment, an object in a
+    /// shared bucket) could hold a batch of 2^44 rows of no bytes, or a column of another
+    /// type, which a later scan or merge would take as the table's. `None`: an empty
+    /// write, nothing to apply.
     pub(crate) fn replayable(&self, batch: &RecordBatch) -> Result<Option<crate::write::Prepared>> {
-        let defaults = crate::options::TableOptions::default();
-        let options = crate::options::TableOptions {
-            max_batch_rows: self.options.max_batch_rows.max(defaults.max_batch_rows),
-            max_batch_bytes: self.options.max_batch_bytes.max(defaults.max_batch_bytes),
-            ..self.options.clone()
-        };
-        crate::write::prepare(&self.schema, &options, batch)
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(None);
+        }
+        let limit = self
+            .options
+            .max_batch_rows
+            .max(crate::options::TableOptions::default().max_batch_rows);
+        if rows > limit {
+            return Err(Error::BatchTooLarge {
+                table: self.name.clone(),
+                what: "rows",
+                got: rows,
+                limit,
+            });
+        }
+        crate::write::normalise(&self.schema, batch, true).map(Some)
     }
 
     /// Applies a write replayed from the WAL at open ([`TableInner::replayable`] first).
