@@ -8,8 +8,11 @@ use std::sync::Arc;
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::Int64Type;
 use common::*;
-use frostdb_core::{Db, DbOptions, Error, ErrorKind, ScanRequest, Table, TableOptions, col};
+use frostdb_core::{
+    BlockMeta, Db, DbOptions, Error, ErrorKind, ScanRequest, Table, TableOptions, col,
+};
 use object_store::memory::InMemory;
+use tempfile::TempDir;
 
 fn options() -> DbOptions {
     DbOptions::default().background_compaction(false)
@@ -515,27 +518,31 @@ fn retention_deletes_old_blocks_and_their_space() {
 /// Data pages damaged behind an intact footer: the read fails midway, read from the local
 /// file on the scanning thread (`Db::open`) or fetched through the object store
 /// (`Db::open_with_store` on the same directory), with the same answers both ways.
-#[test]
-fn damaged_pages_fail_the_read_midway_by_name_on_both_read_paths() {
+/// Two persisted blocks of batches 0..10 and 10..20, the first's bytes changed by
+/// `damage`; the first's meta and the database's directory.
+fn two_blocks_the_first_changed(damage: impl FnOnce(&mut Vec<u8>)) -> (TempDir, BlockMeta) {
     let dir = tempfile::tempdir().unwrap();
     let db = Db::open(dir.path(), options()).unwrap();
     let table = db
         .table("samples", samples_schema(), small_blocks())
         .unwrap();
     fill(&table, 0, 10);
-    let damaged = table.persist().unwrap().remove(0);
+    let changed = table.persist().unwrap().remove(0);
     fill(&table, 10, 20);
     table.persist().unwrap();
     drop(table);
     drop(db);
-    let path = dir.path().join("blocks").join(&damaged.path);
+    let path = dir.path().join("blocks").join(&changed.path);
     let mut bytes = std::fs::read(&path).unwrap();
-    // The first column chunks start after the 4-byte magic; the footer stays readable.
-    for b in &mut bytes[4..200] {
-        *b = 0xA5;
-    }
+    damage(&mut bytes);
     std::fs::write(&path, bytes).unwrap();
+    (dir, changed)
+}
 
+/// Read from its file and through the object store in turn, the database in `dir` fails a
+/// scan naming block `changed` (its reason containing `reason`), and a lenient scan skips
+/// it, counted, answering the other block's rows.
+fn refused_by_name_on_both_read_paths(dir: &TempDir, changed: &BlockMeta, reason: &str) {
     let blocks = dir.path().join("blocks");
     for local in [true, false] {
         let db = if local {
@@ -545,10 +552,14 @@ fn damaged_pages_fail_the_read_midway_by_name_on_both_read_paths() {
             Db::open_with_store(dir.path(), Arc::new(store), "", options()).unwrap()
         };
         let table = db.get_table("samples").unwrap();
-        let err = table.scan(&ScanRequest::new()).unwrap_err();
-        match err {
-            Error::BlockUnreadable { block, .. } => assert_eq!(block, damaged.id, "{local}"),
-            other => panic!("expected the damaged block by name ({local}), got {other}"),
+        match table.scan(&ScanRequest::new()).unwrap_err() {
+            Error::BlockUnreadable {
+                block, reason: why, ..
+            } => {
+                assert_eq!(block, changed.id, "{local}");
+                assert!(why.contains(reason), "{local}: {why}");
+            }
+            other => panic!("expected the changed block by name ({local}), got {other}"),
         }
         let mut scan = table
             .snapshot()
@@ -560,59 +571,28 @@ fn damaged_pages_fail_the_read_midway_by_name_on_both_read_paths() {
     }
 }
 
+#[test]
+fn damaged_pages_fail_the_read_midway_by_name_on_both_read_paths() {
+    // The first column chunks start after the 4-byte magic; the footer stays readable.
+    let (dir, damaged) = two_blocks_the_first_changed(|bytes| bytes[4..200].fill(0xA5));
+    refused_by_name_on_both_read_paths(&dir, &damaged, "");
+}
+
 /// A block whose footer declares 2³¹−1 row groups in a few bytes: Parquet would reserve about
-/// 200 GB for them before reading one (an abort where memory is not overcommitted, as in
-/// this test's process). The footer is checked first: the block is unreadable, by name.
+/// 200 GB for them before reading one (an abort where memory is not overcommitted). The
+/// footer is checked first: the block is unreadable, by name.
 #[test]
 fn a_footer_declaring_more_than_it_holds_is_refused_before_parquet_reads_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let table = db
-        .table("samples", samples_schema(), small_blocks())
-        .unwrap();
-    fill(&table, 0, 10);
-    let bombed = table.persist().unwrap().remove(0);
-    fill(&table, 10, 20);
-    table.persist().unwrap();
-    drop(table);
-    drop(db);
-    let path = dir.path().join("blocks").join(&bombed.path);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let n = bytes.len();
-    let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
-    // FileMetaData { 1: version = 1, 4: row_groups = list<struct> of 2³¹−1 }, then the
-    // rest of the old footer's bytes: the object keeps its size and its magic.
-    let bomb = [0x15, 0x02, 0x39, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07];
-    bytes[n - 8 - footer_len..][..bomb.len()].copy_from_slice(&bomb);
-    std::fs::write(&path, bytes).unwrap();
-
-    let blocks = dir.path().join("blocks");
-    for local in [true, false] {
-        let db = if local {
-            Db::open(dir.path(), options()).unwrap()
-        } else {
-            let store = object_store::local::LocalFileSystem::new_with_prefix(&blocks).unwrap();
-            Db::open_with_store(dir.path(), Arc::new(store), "", options()).unwrap()
-        };
-        let table = db.get_table("samples").unwrap();
-        match table.scan(&ScanRequest::new()).unwrap_err() {
-            Error::BlockUnreadable { block, reason, .. } => {
-                assert_eq!(block, bombed.id, "{local}");
-                assert!(
-                    reason.contains("footer") && reason.contains("2147483647 elements"),
-                    "{reason}"
-                );
-            }
-            other => panic!("expected the bombed block by name ({local}), got {other}"),
-        }
-        let mut scan = table
-            .snapshot()
-            .scan(&ScanRequest::new().lenient(true))
-            .unwrap();
-        let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
-        assert_eq!(scan.metrics().blocks_failed, 1, "{local}");
-        assert_eq!(rows, expected(10, 20), "{local}");
-    }
+    let (dir, bombed) = two_blocks_the_first_changed(|bytes| {
+        let n = bytes.len();
+        let footer_len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+        // FileMetaData { 1: version = 1, 4: row_groups = list<struct> of 2³¹−1 }, then the
+        // rest of the old footer's bytes: the object keeps its size and its magic.
+        let bomb = [0x15, 0x02, 0x39, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07];
+        bytes[n - 8 - footer_len..][..bomb.len()].copy_from_slice(&bomb);
+    });
+    refused_by_name_on_both_read_paths(&dir, &bombed, "footer");
+    refused_by_name_on_both_read_paths(&dir, &bombed, "2147483647 elements");
 }
 
 /// A block whose first page header declares 2³¹−1 bytes uncompressed: Parquet would reserve
@@ -620,72 +600,37 @@ fn a_footer_declaring_more_than_it_holds_is_refused_before_parquet_reads_it() {
 /// first, on both read paths: the block is unreadable, by name, naming the page.
 #[test]
 fn a_page_declaring_more_than_its_column_chunk_is_refused_before_parquet_reads_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let table = db
-        .table("samples", samples_schema(), small_blocks())
-        .unwrap();
-    fill(&table, 0, 10);
-    let bombed = table.persist().unwrap().remove(0);
-    fill(&table, 10, 20);
-    table.persist().unwrap();
-    drop(table);
-    drop(db);
-    let path = dir.path().join("blocks").join(&bombed.path);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let size = bytes.len();
-    // The first page's header follows the magic: field 1 (its type, one byte), then field
-    // 2, the uncompressed size, a zigzag varint of `n` bytes. It becomes the 5 bytes of
-    // 2³¹−1; the last bytes of the column chunk make room, so everything after it (the
-    // other chunks, the page indexes, the footer) keeps its place.
-    let chunk_end = {
-        let reader = parquet::file::serialized_reader::SerializedFileReader::new(
-            bytes::Bytes::from(bytes.clone()),
-        )
-        .unwrap();
-        use parquet::file::reader::FileReader;
-        let (start, len) = reader.metadata().row_group(0).column(0).byte_range();
-        assert_eq!(start, 4, "the first chunk follows the magic");
-        (start + len) as usize
-    };
-    assert_eq!(
-        (bytes[4], bytes[6]),
-        (0x15, 0x15),
-        "a page header at byte 4"
-    );
-    let n = bytes[7..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
-    bytes.splice(7..7 + n, [0xfe, 0xff, 0xff, 0xff, 0x0f]);
-    bytes.drain(chunk_end..chunk_end + (5 - n));
-    assert_eq!(bytes.len(), size);
-    std::fs::write(&path, bytes).unwrap();
-
-    let blocks = dir.path().join("blocks");
-    for local in [true, false] {
-        let db = if local {
-            Db::open(dir.path(), options()).unwrap()
-        } else {
-            let store = object_store::local::LocalFileSystem::new_with_prefix(&blocks).unwrap();
-            Db::open_with_store(dir.path(), Arc::new(store), "", options()).unwrap()
-        };
-        let table = db.get_table("samples").unwrap();
-        match table.scan(&ScanRequest::new()).unwrap_err() {
-            Error::BlockUnreadable { block, reason, .. } => {
-                assert_eq!(block, bombed.id, "{local}");
-                assert!(
-                    reason.contains("the page at byte 4 declares 2147483647 bytes uncompressed"),
-                    "{local}: {reason}"
-                );
-            }
-            other => panic!("expected the bombed block by name ({local}), got {other}"),
-        }
-        let mut scan = table
-            .snapshot()
-            .scan(&ScanRequest::new().lenient(true))
+    let (dir, bombed) = two_blocks_the_first_changed(|bytes| {
+        let size = bytes.len();
+        // The first page's header follows the magic: field 1 (its type, one byte), then
+        // field 2, the uncompressed size, a zigzag varint of `n` bytes. It becomes the 5
+        // bytes of 2³¹−1; the last bytes of the column chunk make room, so everything after
+        // it (the other chunks, the page indexes, the footer) keeps its place.
+        let chunk_end = {
+            use parquet::file::reader::FileReader;
+            let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+                bytes::Bytes::from(bytes.clone()),
+            )
             .unwrap();
-        let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
-        assert_eq!(scan.metrics().blocks_failed, 1, "{local}");
-        assert_eq!(rows, expected(10, 20), "{local}");
-    }
+            let (start, len) = reader.metadata().row_group(0).column(0).byte_range();
+            assert_eq!(start, 4, "the first chunk follows the magic");
+            (start + len) as usize
+        };
+        assert_eq!(
+            (bytes[4], bytes[6]),
+            (0x15, 0x15),
+            "a page header at byte 4"
+        );
+        let n = bytes[7..].iter().position(|b| b & 0x80 == 0).unwrap() + 1;
+        bytes.splice(7..7 + n, [0xfe, 0xff, 0xff, 0xff, 0x0f]);
+        bytes.drain(chunk_end..chunk_end + (5 - n));
+        assert_eq!(bytes.len(), size);
+    });
+    refused_by_name_on_both_read_paths(
+        &dir,
+        &bombed,
+        "the page at byte 4 declares 2147483647 bytes uncompressed",
+    );
 }
 
 /// A block whose first offset index declares 2³¹−1 page locations in 7 bytes: Parquet
@@ -693,52 +638,22 @@ fn a_page_declaring_more_than_its_column_chunk_is_refused_before_parquet_reads_i
 /// Parquet decodes them: the block is unreadable, by name.
 #[test]
 fn an_offset_index_declaring_more_than_it_holds_is_refused_before_parquet_reads_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), options()).unwrap();
-    let table = db
-        .table("samples", samples_schema(), small_blocks())
-        .unwrap();
-    fill(&table, 0, 10);
-    let bombed = table.persist().unwrap().remove(0);
-    fill(&table, 10, 20);
-    table.persist().unwrap();
-    drop(table);
-    drop(db);
-    let path = dir.path().join("blocks").join(&bombed.path);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let at = {
-        use parquet::file::reader::FileReader;
-        let reader = parquet::file::serialized_reader::SerializedFileReader::new(
-            bytes::Bytes::from(bytes.clone()),
-        )
-        .unwrap();
-        let column = reader.metadata().row_group(0).column(0);
-        assert!(column.offset_index_length().unwrap() >= 7);
-        column.offset_index_offset().unwrap() as usize
-    };
-    // OffsetIndex { 1: page_locations = list<struct> of 2³¹−1 }.
-    bytes[at..at + 7].copy_from_slice(&[0x19, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07]);
-    std::fs::write(&path, bytes).unwrap();
-
-    let db = Db::open(dir.path(), options()).unwrap();
-    let table = db.get_table("samples").unwrap();
-    match table.scan(&ScanRequest::new()).unwrap_err() {
-        Error::BlockUnreadable { block, reason, .. } => {
-            assert_eq!(block, bombed.id);
-            assert!(
-                reason.contains("a malformed page index") && reason.contains("2147483647"),
-                "{reason}"
-            );
-        }
-        other => panic!("expected the bombed block by name, got {other}"),
-    }
-    let mut scan = table
-        .snapshot()
-        .scan(&ScanRequest::new().lenient(true))
-        .unwrap();
-    let rows = values(&scan.by_ref().collect::<Result<Vec<_>, _>>().unwrap());
-    assert_eq!(scan.metrics().blocks_failed, 1);
-    assert_eq!(rows, expected(10, 20));
+    let (dir, bombed) = two_blocks_the_first_changed(|bytes| {
+        let at = {
+            use parquet::file::reader::FileReader;
+            let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+                bytes::Bytes::from(bytes.clone()),
+            )
+            .unwrap();
+            let column = reader.metadata().row_group(0).column(0);
+            assert!(column.offset_index_length().unwrap() >= 7);
+            column.offset_index_offset().unwrap() as usize
+        };
+        // OffsetIndex { 1: page_locations = list<struct> of 2³¹−1 }.
+        bytes[at..at + 7].copy_from_slice(&[0x19, 0xfc, 0xff, 0xff, 0xff, 0xff, 0x07]);
+    });
+    refused_by_name_on_both_read_paths(&dir, &bombed, "a malformed page index");
+    refused_by_name_on_both_read_paths(&dir, &bombed, "2147483647");
 }
 
 #[test]

@@ -74,6 +74,16 @@ impl Chunks {
             .is_some_and(|c| c.start == at || c.pages.binary_search(&at).is_ok())
     }
 
+    /// Checks that `length` bytes from `at` lie within one column chunk.
+    pub(super) fn check_within(&self, at: u64, length: u64) -> Result<(), String> {
+        if length > self.left_in_chunk(at) {
+            return Err(format!(
+                "a page read of {length} bytes at byte {at}, past its column chunk"
+            ));
+        }
+        Ok(())
+    }
+
     /// The bytes of a chunk from `at` on (0 outside every chunk).
     pub(super) fn left_in_chunk(&self, at: u64) -> u64 {
         self.chunk(at).map_or(0, |c| c.end - at)

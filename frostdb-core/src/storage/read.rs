@@ -62,6 +62,15 @@ impl AsyncFileReader for BlockFile {
     ) -> futures::future::BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
         use futures::FutureExt;
         async move {
+            if let Some(chunks) = &self.chunks {
+                // Page reads lie within a column chunk: sized by the offset index, which
+                // says where pages are, not what they may be.
+                for range in &ranges {
+                    chunks
+                        .check_within(range.start, range.end - range.start)
+                        .map_err(parquet::errors::ParquetError::General)?;
+                }
+            }
             let fetched = self
                 .store
                 .get_ranges(&self.path, &ranges)
@@ -90,7 +99,7 @@ impl AsyncFileReader for BlockFile {
         use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
         async move {
             let size = self.size;
-            let tail = checked_tail(self).await?;
+            let (tail, footer_start) = checked_tail(self).await?;
             let start = size - tail.len() as u64;
             // The footer first, without the page indexes: their ranges are checked, and
             // their bytes, before Parquet decodes them.
@@ -107,13 +116,6 @@ impl AsyncFileReader for BlockFile {
                     size,
                 )
                 .await?;
-            let footer_start = size
-                - 8
-                - u64::from(u32::from_le_bytes(
-                    tail[tail.len() - 8..tail.len() - 4]
-                        .try_into()
-                        .expect("4 bytes"),
-                ));
             let region = checked_indexes(self, &footer, footer_start).await?;
             let mut reader =
                 ParquetMetaDataReader::new_with_metadata(footer).with_arrow_reader_options(options);
@@ -141,7 +143,8 @@ const TAIL_PREFETCH: u64 = 64 << 10;
 /// fits in the footer's bytes ([`super::thrift::check_struct`]). Parquet itself reserves a
 /// vector by the row-group list's declared count before reading one: a 30-byte footer
 /// would ask for about 200 GB, which aborts the process where memory is not overcommitted.
-async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<bytes::Bytes> {
+/// Returns the tail, and where the footer starts.
+async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<(bytes::Bytes, u64)> {
     use parquet::errors::ParquetError;
     let size = file.size;
     if size < 12 {
@@ -175,7 +178,7 @@ async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<bytes::By
     let footer = &tail[tail.len() - 8 - footer_len as usize..tail.len() - 8];
     super::thrift::check_struct(footer, &super::thrift::FILE_META_DATA, |_, _| {})
         .map_err(|e| ParquetError::General(format!("a malformed footer: {e}")))?;
-    Ok(tail)
+    Ok((tail, size - 8 - footer_len))
 }
 
 /// Most bytes of a block's page indexes (column and offset indexes) together: the writer's
@@ -302,7 +305,7 @@ impl parquet::arrow::async_reader::MetadataFetch for Checked {
 }
 
 /// A block's object with its tail already read: Parquet's footer reader takes the tail from
-/// here, the page indexes from the object.
+/// here (anything else from the object).
 struct WithTail<'a> {
     file: &'a mut BlockFile,
     start: u64,
@@ -1068,6 +1071,11 @@ impl parquet::file::reader::ChunkReader for LocalFile {
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
         use std::os::unix::fs::FileExt;
+        // Sized by the offset index, which says where pages are: within their chunk, or
+        // refused before anything is allocated.
+        self.chunks
+            .check_within(start, length as u64)
+            .map_err(parquet::errors::ParquetError::General)?;
         let mut buffer = vec![0; length];
         self.file.read_exact_at(&mut buffer, start)?;
         if self.chunks.is_page_start(start) {
