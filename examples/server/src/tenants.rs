@@ -568,9 +568,6 @@ impl Tenants {
         if let Some(tenant) = held {
             return Ok(Some(tenant.store.db().clone()));
         }
-        if !self.exists(id).await? {
-            return Ok(None);
-        }
         let known = {
             let mut followers = self.followers.lock();
             let at = followers.iter().position(|(f, _)| f == id);
@@ -581,6 +578,10 @@ impl Tenants {
                 db
             })
         };
+        // A follower kept is of a tenant that exists; only a new one is looked for.
+        if known.is_none() && !self.exists(id).await? {
+            return Ok(None);
+        }
         let name = id.to_owned();
         let workers = self.workers.clone();
         let db = tokio::task::spawn_blocking(move || -> ApiResult<frostdb_core::Db> {

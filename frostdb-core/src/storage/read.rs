@@ -108,10 +108,10 @@ impl AsyncFileReader for BlockFile {
                 .with_page_index_policy(PageIndexPolicy::Skip)
                 .with_prefetch_hint(Some(tail.len()))
                 .load_and_finish(
-                    WithTail {
-                        file: &mut *self,
+                    Checked {
                         start,
-                        tail: tail.clone(),
+                        bytes: tail,
+                        what: "the footer",
                     },
                     size,
                 )
@@ -123,6 +123,7 @@ impl AsyncFileReader for BlockFile {
                 .load_page_index(Checked {
                     start: region.0,
                     bytes: region.1,
+                    what: "page indexes",
                 })
                 .await?;
             Ok(Arc::new(reader.finish()?))
@@ -277,11 +278,13 @@ async fn checked_indexes(
     Ok((first, region))
 }
 
-/// The checked bytes of a block's page indexes, from `start`: Parquet's page index reader
-/// reads nothing else.
+/// Checked bytes of a block from `start` (its tail with the footer, or the region of its
+/// page indexes): all Parquet's metadata reader is given to read; anything else it asks for
+/// is refused, naming `what`.
 struct Checked {
     start: u64,
     bytes: bytes::Bytes,
+    what: &'static str,
 }
 
 impl parquet::arrow::async_reader::MetadataFetch for Checked {
@@ -297,35 +300,11 @@ impl parquet::arrow::async_reader::MetadataFetch for Checked {
                 .slice((range.start - self.start) as usize..(range.end - self.start) as usize))
         } else {
             Err(parquet::errors::ParquetError::General(format!(
-                "page indexes asked for at bytes {range:?}, outside those checked"
+                "{} asked for at bytes {range:?}, outside those checked",
+                self.what
             )))
         };
         async move { got }.boxed()
-    }
-}
-
-/// A block's object with its tail already read: Parquet's footer reader takes the tail from
-/// here (anything else from the object).
-struct WithTail<'a> {
-    file: &'a mut BlockFile,
-    start: u64,
-    tail: bytes::Bytes,
-}
-
-impl parquet::arrow::async_reader::MetadataFetch for WithTail<'_> {
-    fn fetch(
-        &mut self,
-        range: std::ops::Range<u64>,
-    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
-        use futures::FutureExt;
-        let end = self.start + self.tail.len() as u64;
-        if range.start >= self.start && range.end <= end {
-            let from = (range.start - self.start) as usize;
-            let to = (range.end - self.start) as usize;
-            let bytes = self.tail.slice(from..to);
-            return async move { Ok(bytes) }.boxed();
-        }
-        self.file.get_bytes(range)
     }
 }
 

@@ -8,7 +8,7 @@ use arrow::record_batch::RecordBatch;
 
 use super::TableInner;
 use crate::commit::Write;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::index::chunk::Chunk;
 use crate::index::version::{Frozen, Part, Version};
 use crate::workers::WorkerMessage;
@@ -117,23 +117,15 @@ impl TableInner {
     /// type, which a later scan or merge would take as the table's. `None`: an empty
     /// write, nothing to apply.
     pub(crate) fn replayable(&self, batch: &RecordBatch) -> Result<Option<crate::write::Prepared>> {
-        let rows = batch.num_rows();
-        if rows == 0 {
-            return Ok(None);
-        }
-        let limit = self
-            .options
-            .max_batch_rows
-            .max(crate::options::TableOptions::default().max_batch_rows);
-        if rows > limit {
-            return Err(Error::BatchTooLarge {
-                table: self.name.clone(),
-                what: "rows",
-                got: rows,
-                limit,
-            });
-        }
-        crate::write::normalise(&self.schema, batch, true).map(Some)
+        let options = crate::options::TableOptions {
+            max_batch_rows: self
+                .options
+                .max_batch_rows
+                .max(crate::options::TableOptions::default().max_batch_rows),
+            max_batch_bytes: usize::MAX,
+            ..self.options.clone()
+        };
+        crate::write::prepare(&self.schema, &options, batch)
     }
 
     /// Applies a write replayed from the WAL at open ([`TableInner::replayable`] first).
