@@ -109,25 +109,36 @@ pub fn read_vdso(pid: u32, m: &ExecutableMapping) -> Result<Vec<u8>> {
 pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
     let path = format!("/proc/{pid}/maps");
     let maps = std::fs::read_to_string(&path).map_err(|e| Error::Io(path, e))?;
-    Ok(maps
-        .lines()
-        .filter_map(|line| {
-            // address perms offset dev inode path
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 6 || !f[1].contains('x') || !(f[5].starts_with('/') || f[5] == VDSO) {
-                return None;
-            }
-            let (start, end) = f[0].split_once('-')?;
-            Some(ExecutableMapping {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                offset: u64::from_str_radix(f[2], 16).ok()?,
-                device: f[3].to_owned(),
-                inode: f[4].parse().ok()?,
-                path: f[5].to_owned(),
-            })
-        })
-        .collect())
+    Ok(maps.lines().filter_map(executable_mapping).collect())
+}
+
+/// A line of `/proc/<pid>/maps` (`address perms offset dev inode path`) if it maps a file
+/// (or the vDSO) executable. The path is the rest of the line, spaces and all (`/opt/my
+/// app/bin`), less the kernel's ` (deleted)` when the file was removed or replaced since:
+/// its bytes are then read through the mapping's own `map_files` link, never the path.
+fn executable_mapping(line: &str) -> Option<ExecutableMapping> {
+    let mut rest = line;
+    let mut f = [""; 5];
+    for field in &mut f {
+        rest = rest.trim_start();
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        *field = &rest[..end];
+        rest = &rest[end..];
+    }
+    let path = rest.trim_start();
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    if !f[1].contains('x') || !(path.starts_with('/') || path == VDSO) {
+        return None;
+    }
+    let (start, end) = f[0].split_once('-')?;
+    Some(ExecutableMapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(f[2], 16).ok()?,
+        device: f[3].to_owned(),
+        inode: f[4].parse().ok()?,
+        path: path.to_owned(),
+    })
 }
 
 /// Nanoseconds per clock tick (`USER_HZ`), the unit of [`start_time`].
@@ -236,6 +247,38 @@ mod tests {
             container_id("/user.slice/user-0.slice/session-1.scope"),
             None
         );
+    }
+
+    /// A path is the rest of the line, spaces and all, less ` (deleted)`: cut at the first
+    /// space, `/opt/my app/bin` was `/opt/my`, and a replaced library's new file was read
+    /// for its old mapping.
+    #[test]
+    fn a_maps_line_keeps_its_whole_path() {
+        let m = |line: &str| executable_mapping(line).map(|m| (m.start, m.inode, m.path));
+        assert_eq!(
+            m("7f00-7f10 r-xp 00001000 fd:01 42                         /opt/my app/bin"),
+            Some((0x7f00, 42, "/opt/my app/bin".to_owned()))
+        );
+        assert_eq!(
+            m("7f00-7f10 r-xp 00001000 fd:01 42   /usr/lib/libc.so.6 (deleted)"),
+            Some((0x7f00, 42, "/usr/lib/libc.so.6".to_owned()))
+        );
+        assert_eq!(
+            m("7fff0-7fff2 r-xp 00000000 00:00 0                  [vdso]"),
+            Some((0x7fff0, 0, VDSO.to_owned()))
+        );
+        for skipped in [
+            "7f00-7f10 r--p 00000000 fd:01 42 /usr/lib/libc.so.6",
+            "7f00-7f10 r-xp 00000000 00:00 0 ",
+            "7f00-7f10 r-xp 00000000 00:00 0 [anon:x]",
+            "7f00-7f10 r-xp",
+            "",
+        ] {
+            assert_eq!(m(skipped), None, "{skipped:?}");
+        }
+        // This process's own maps read as before.
+        let mine = executable_mappings(std::process::id()).unwrap();
+        assert!(mine.iter().any(|m| m.path.starts_with('/')));
     }
 
     #[test]

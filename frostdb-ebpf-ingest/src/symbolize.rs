@@ -96,9 +96,10 @@ pub(crate) struct Symbolizer {
     user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
     kernel: HashMap<u64, Arc<[Line]>>,
     modules: HashMap<Module, Arc<Module>>,
-    /// Per file, whether blazesym may read it ([`frostdb_pprof::symbolize::check_elf_file`]):
-    /// any local user's process may map a file made to exhaust or abort its reader.
-    readable: HashMap<Arc<Module>, bool>,
+    /// Per file (its module, and the file its path names now), whether blazesym may read
+    /// it ([`frostdb_pprof::symbolize::check_elf_file`]): any local user's process may map
+    /// a file made to exhaust or abort its reader.
+    readable: HashMap<(Arc<Module>, FileStamp), bool>,
     kernel_module: Arc<Module>,
     unknown: Arc<Module>,
     pub(crate) stats: SymbolizeStats,
@@ -209,7 +210,23 @@ impl Symbolizer {
         for (meta, wanted) in misses {
             let (module, open) = metas[meta].clone().expect("misses only for ELF metas");
             let offsets: Vec<u64> = wanted.iter().map(|&(_, o)| o).collect();
-            let readable = *self.readable.entry(module.clone()).or_insert_with(|| {
+            // Checked per file as it is now, not per path: a path whose file was replaced
+            // since (an upgrade, or a container's user swapping a checked file for one made
+            // to exhaust its reader) is checked again. blazesym re-reads a file whose
+            // metadata changed the same way.
+            let Some(stamp) = FileStamp::of(&open) else {
+                // Gone: nothing to read.
+                self.stats.unsymbolized += wanted.len() as u64;
+                for &(i, offset) in &wanted {
+                    out[i] = Some(Resolved {
+                        module: module.clone(),
+                        address: offset,
+                        lines: Arc::from([]),
+                    });
+                }
+                continue;
+            };
+            let readable = *self.readable.entry((module.clone(), stamp)).or_insert_with(|| {
                 frostdb_pprof::symbolize::check_elf_file(&open)
                     .inspect_err(|reason| {
                         tracing::warn!(pid, module = %module.path, %reason, "a file not symbolized");
@@ -394,6 +411,28 @@ fn kernel_build_id() -> Option<String> {
     None
 }
 
+/// Which file a path names now: its device, inode, size and modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileStamp {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_ns: i128,
+}
+
+impl FileStamp {
+    fn of(path: &std::path::Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            device: m.dev(),
+            inode: m.ino(),
+            size: m.size(),
+            modified_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +440,23 @@ mod tests {
     #[inline(never)]
     fn a_function_with_a_known_name() -> u64 {
         std::hint::black_box(7)
+    }
+
+    /// A path's file replaced (renamed over, as package managers and deploys do) is another
+    /// file to check: the verdict on the first is not the second's.
+    #[test]
+    fn a_file_replaced_at_its_path_is_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lib.so");
+        std::fs::write(&path, b"first").unwrap();
+        let first = FileStamp::of(&path).unwrap();
+        assert_eq!(FileStamp::of(&path), Some(first));
+        let next = dir.path().join("lib.so.new");
+        std::fs::write(&next, b"first").unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        assert_ne!(FileStamp::of(&path), Some(first));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(FileStamp::of(&path), None);
     }
 
     #[test]

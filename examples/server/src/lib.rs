@@ -61,9 +61,11 @@ pub mod time {
             if rest.is_empty() {
                 return Ok(now_ms);
             }
-            let (sign, amount) = match rest.split_at(1) {
-                ("-", a) => (-1, a),
-                ("+", a) => (1, a),
+            // By prefix, not by byte: the text after `now` is the user's, and may begin
+            // with a character of several bytes.
+            let (sign, amount) = match (rest.strip_prefix('-'), rest.strip_prefix('+')) {
+                (Some(a), _) => (-1, a),
+                (_, Some(a)) => (1, a),
                 _ => {
                     return Err(format!(
                         "{s:?}: expected now, now-<duration> or now+<duration>"
@@ -126,6 +128,10 @@ pub mod time {
             );
             assert!(parse_time("yesterday", now).is_err());
             assert!(parse_time("now-5x", now).is_err());
+            // Whatever follows `now`, an error, never a panic.
+            for bad in ["nowé", "now€1h", "now-", "now+é1h", "now1h"] {
+                assert!(parse_time(bad, now).is_err(), "{bad}");
+            }
             // Out of range, never wrapped.
             for bad in [
                 "now+9223372036854775807ms",
@@ -276,8 +282,27 @@ pub fn router(state: Shared) -> Router {
             state.clone(),
             edge::check_head,
         ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            handler_panicked,
+        ))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// A handler that panicked answers 500 and is logged, instead of its connection being
+/// dropped unanswered: a bug a request reaches is that request's failure, told as one.
+/// (Every panic found is a bug to fix: bad input gets a 4xx naming what was wrong.)
+fn handler_panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let what = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message");
+    tracing::error!(panic = what, "a request handler panicked");
+    // The message stays in the log: it may quote another tenant's data.
+    axum::response::IntoResponse::into_response(ApiError::internal(
+        "the server failed answering this request (a bug, logged)",
+    ))
 }
 
 /// 404 with the JSON error body, naming what was asked for.

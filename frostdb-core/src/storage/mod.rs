@@ -34,8 +34,9 @@ pub(crate) struct Storage {
     /// `store` when it is a local directory: blocks are then read from their files on the
     /// scanning thread, not fetched through the I/O runtime.
     local: Option<Arc<object_store::local::LocalFileSystem>>,
-    /// Parquet footers (with page indexes) of blocks read so far, by object path.
-    metadata: Mutex<HashMap<String, read::Footer>>,
+    /// Parquet footers (with page indexes) of blocks read lately, by object path, at most
+    /// [`FOOTER_CACHE_BYTES`] of them.
+    metadata: Mutex<Lru<read::Footer>>,
     /// Objects of retired blocks no version or scan holds any more, to be deleted by a
     /// [`Storage::reap`] once `grace` has passed since.
     doomed: Mutex<Vec<(String, std::time::Instant)>>,
@@ -130,6 +131,73 @@ impl std::fmt::Debug for Storage {
     }
 }
 
+/// Most bytes of decoded footers a database keeps: a footer may be 64 MiB (a block of
+/// many row groups and columns, or a hostile one), and a tenant of thousands of blocks
+/// would otherwise keep every one it ever read for as long as the block lives.
+pub(crate) const FOOTER_CACHE_BYTES: usize = 128 << 20;
+
+/// Values by key, at most `budget` bytes of them (each as its inserter sizes it), the least
+/// recently used dropped first. A value larger than the whole budget is not kept.
+pub(crate) struct Lru<V> {
+    entries: HashMap<String, (V, usize, u64)>,
+    bytes: usize,
+    budget: usize,
+    clock: u64,
+}
+
+impl<V: Clone> Lru<V> {
+    pub(crate) fn new(budget: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            bytes: 0,
+            budget,
+            clock: 0,
+        }
+    }
+
+    pub(crate) fn get(&mut self, key: &str) -> Option<V> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(key).map(|(v, _, used)| {
+            *used = clock;
+            v.clone()
+        })
+    }
+
+    pub(crate) fn insert(&mut self, key: String, value: V, bytes: usize) {
+        self.remove(&key);
+        if bytes > self.budget {
+            return;
+        }
+        while self.bytes + bytes > self.budget {
+            // Few entries (a budget's worth of footers): a scan beats keeping an order.
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (_, _, used))| *used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            self.remove(&oldest);
+        }
+        self.clock += 1;
+        self.bytes += bytes;
+        self.entries.insert(key, (value, bytes, self.clock));
+    }
+
+    pub(crate) fn remove(&mut self, key: &str) {
+        if let Some((_, bytes, _)) = self.entries.remove(key) {
+            self.bytes -= bytes;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl Storage {
     pub(crate) fn new(store: Arc<dyn ObjectStore>, prefix: ObjectPath, io: Io) -> Self {
         Self {
@@ -137,7 +205,7 @@ impl Storage {
             prefix,
             io,
             local: None,
-            metadata: Mutex::new(HashMap::new()),
+            metadata: Mutex::new(Lru::new(FOOTER_CACHE_BYTES)),
             doomed: Mutex::new(Vec::new()),
             epoch: 0,
             grace: std::time::Duration::ZERO,
@@ -309,5 +377,36 @@ impl Storage {
                 source,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lru;
+
+    /// Footers are kept within their budget, the least recently read dropped first, and one
+    /// larger than the whole budget not kept at all.
+    #[test]
+    fn an_lru_keeps_within_its_budget_dropping_the_least_recently_used() {
+        let mut lru = Lru::new(100);
+        lru.insert("a".into(), 1, 40);
+        lru.insert("b".into(), 2, 40);
+        assert_eq!(lru.get("a"), Some(1));
+        lru.insert("c".into(), 3, 40);
+        assert_eq!(
+            (lru.get("a"), lru.get("b"), lru.get("c")),
+            (Some(1), None, Some(3))
+        );
+        assert_eq!(lru.bytes(), 80);
+        lru.insert("huge".into(), 4, 101);
+        assert_eq!(lru.get("huge"), None);
+        assert_eq!(lru.bytes(), 80);
+        // Inserted again at another size: counted once, at its new size.
+        lru.insert("a".into(), 5, 60);
+        assert_eq!(lru.get("a"), Some(5));
+        assert!(lru.bytes() <= 100, "{}", lru.bytes());
+        lru.remove("a");
+        lru.remove("c");
+        assert_eq!(lru.bytes(), 0);
     }
 }

@@ -61,6 +61,14 @@ impl Chunks {
         Self { chunks }
     }
 
+    /// The bytes these take in memory.
+    pub(crate) fn memory_size(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|c| std::mem::size_of::<Chunk>() + std::mem::size_of_val(&c.pages[..]))
+            .sum()
+    }
+
     fn chunk(&self, at: u64) -> Option<&Chunk> {
         let i = self.chunks.partition_point(|c| c.start <= at);
         let chunk = self.chunks.get(i.checked_sub(1)?)?;

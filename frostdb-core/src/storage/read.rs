@@ -489,7 +489,7 @@ impl Storage {
     /// The footer of `block`, read once and cached.
     pub(crate) fn metadata(&self, table: &str, block: &BlockMeta) -> Result<Footer> {
         if let Some(m) = self.metadata.lock().get(&block.path) {
-            return Ok(m.clone());
+            return Ok(m);
         }
         let mut reader = BlockFile {
             store: self.store.clone(),
@@ -532,9 +532,10 @@ impl Storage {
                 logged: std::sync::atomic::AtomicBool::new(false),
             }),
         };
+        let bytes = footer.arrow.metadata().memory_size() + footer.chunks.memory_size();
         self.metadata
             .lock()
-            .insert(block.path.clone(), footer.clone());
+            .insert(block.path.clone(), footer.clone(), bytes);
         Ok(footer)
     }
 

@@ -436,14 +436,13 @@ impl TableLoader {
             let elf = object::File::parse(&*bytes).ok()?;
             return self.add(&elf, m, inode);
         }
-        // Through the process's root (another mount namespace works too); a file deleted
-        // since it was mapped is still there as the mapping's map_files link. Read on
-        // demand: only the headers, notes and .eh_frame, not the whole file (a server binary
-        // with debug info is a gigabyte).
-        let file = std::fs::File::open(format!("/proc/{pid}/root{}", m.path))
-            .or_else(|_| {
-                std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-            })
+        // The mapping's own map_files link first: the very file mapped, even when its path
+        // now names another (a library upgraded under a running process) or none. Through
+        // the process's root where that link cannot be opened (it needs CAP_SYS_ADMIN).
+        // Read on demand: only the headers, notes and .eh_frame, not the whole file (a
+        // server binary with debug info is a gigabyte).
+        let file = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            .or_else(|_| std::fs::File::open(format!("/proc/{pid}/root{}", m.path)))
             .ok()?;
         let cache = object::ReadCache::new(file);
         // Any local user's process may map a file made to make the parse copy gigabytes.

@@ -175,7 +175,7 @@ impl Builder {
         period: i64,
         maps: &[u8],
     ) -> Result<Profile> {
-        let mut mappings = parse_maps(maps);
+        let mut mappings = parse_maps(maps, &self.limits)?;
         massage(&mut mappings);
         // Each location in the first mapping holding its address, else one spanning all.
         // A process's mappings do not overlap: an address is found by binary search among
@@ -269,17 +269,34 @@ struct Map {
     file: String,
 }
 
+/// Most executable mappings a memory map may list: a process has at most
+/// `vm.max_map_count` mappings of any kind (65,530 by default, 262,144 where databases
+/// raise it), and few executable ones.
+const MAX_MAPS: usize = 1 << 18;
+
+/// What an executable mapping takes besides its file's name, charged as it is read: its
+/// [`Map`] (twice while [`massage`] merges), its place in `finish`'s search, and the
+/// profile's [`Mapping`] (twice: validation copies it).
+const MAP_BYTES: usize = 2 * std::mem::size_of::<Map>()
+    + std::mem::size_of::<(u64, u64, usize)>()
+    + 2 * std::mem::size_of::<Mapping>();
+
 /// The executable mappings of `/proc/self/maps` lines (`start-end perms offset dev inode
-/// path`); other lines are skipped.
-fn parse_maps(text: &[u8]) -> Vec<Map> {
+/// path`); other lines are skipped. At most [`MAX_MAPS`], and no more than a profile may
+/// have locations (each location is in one; the protobuf path bounds mappings the same
+/// way), each charged as it is read: six bytes of map (`0-1 x\n`) are some 300 bytes of
+/// mapping once made.
+fn parse_maps(text: &[u8], limits: &Limits) -> Result<Vec<Map>> {
+    let limit = limits.max_locations.clamp(1, MAX_MAPS);
     let mut out = Vec::new();
-    for line in String::from_utf8_lossy(text).lines() {
+    for line in text.split(|&b| b == b'\n') {
+        let line = String::from_utf8_lossy(line);
         let mut parts = line.split_whitespace();
         let Some((start, end)) = parts.next().and_then(|r| r.split_once('-')) else {
             continue;
         };
         let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-        let (Some(start), Some(limit)) = (hex(start), hex(end)) else {
+        let (Some(start), Some(end)) = (hex(start), hex(end)) else {
             continue;
         };
         let perms = parts.next().unwrap_or("");
@@ -289,17 +306,27 @@ fn parse_maps(text: &[u8]) -> Vec<Map> {
         let offset = parts.next().and_then(hex).unwrap_or(0);
         let _device = parts.next();
         let _inode = parts.next();
-        let file = parts.next().unwrap_or("").to_owned();
-        if start < limit {
+        let file = parts.next().unwrap_or("");
+        if start < end {
+            if out.len() == limit {
+                return Err(Error::TooLarge {
+                    what: "executable mappings of a gperftools profile's memory map",
+                    limit,
+                });
+            }
+            crate::decode::charge::take(
+                MAP_BYTES + 2 * file.len(),
+                "reading a gperftools memory map",
+            )?;
             out.push(Map {
                 start,
-                limit,
+                limit: end,
                 offset,
-                file,
+                file: file.to_owned(),
             });
         }
     }
-    out
+    Ok(out)
 }
 
 /// pprof's clean-up of a memory map: adjacent pieces of one file become one mapping, the
@@ -922,5 +949,39 @@ mod tests {
         };
         let e = parse(&cpu(1001), &few).err().unwrap();
         assert!(matches!(e, Error::TooLarge { limit: 1000, .. }), "{e}");
+    }
+    /// A memory map's lines are counted and charged as they are read: six bytes a line
+    /// (`0-1 x`) were some 300 bytes of mappings each, none charged, and 22 M of them (a
+    /// 130 KB gzip body) 3 to 5 GB, for a profile of no samples.
+    #[test]
+    fn memory_map_lines_are_counted_and_charged_as_they_are_read() {
+        let cpu = |maps: usize| {
+            let mut data: Vec<u8> = [0u32, 3, 0, 10_000, 0, 0, 1, 0]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            for i in 0..maps as u64 {
+                data.extend(format!("{:x}-{:x} r-xp 0 0 0 x\n", 2 * i, 2 * i + 1).bytes());
+            }
+            data
+        };
+        let few = Limits {
+            max_locations: 1000,
+            ..Limits::default()
+        };
+        assert_eq!(
+            parse(&cpu(1000), &few).unwrap().unwrap().mapping.len(),
+            1000
+        );
+        let e = parse(&cpu(1001), &few).err().unwrap();
+        assert!(matches!(e, Error::TooLarge { limit: 1000, .. }), "{e}");
+        assert!(e.to_string().contains("memory map"), "{e}");
+        let data = cpu(50_000);
+        let budget = 4 << 20;
+        let (got, asked) =
+            crate::decode::charge::under_budget(budget, || parse(&data, &Limits::default()));
+        let e = got.err().unwrap_or_else(|| panic!("read uncharged"));
+        assert!(e.to_string().contains("gperftools memory map"), "{e}");
+        assert!(asked > budget);
     }
 }

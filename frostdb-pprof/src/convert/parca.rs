@@ -211,6 +211,10 @@ const SAMPLE_SLOTS: usize = 24;
 /// What a distinct location takes besides its strings: its location, line, function and
 /// map slots.
 const LOCATION_BYTES: usize = 320;
+/// What a distinct mapping takes besides its strings: the mapping and its key's slot.
+const MAPPING_BYTES: usize = std::mem::size_of::<Mapping>() + 48;
+/// What a distinct function takes besides its strings: the function and its key's slot.
+const FUNCTION_BYTES: usize = std::mem::size_of::<Function>() + 48;
 
 /// Logical row `i` of `array` as bytes: text, a view, binary, a dictionary of them or a
 /// run-end encoding of those (the agent's label, type, id and frame columns). `None` when
@@ -478,9 +482,11 @@ type SampleKey = (Vec<u64>, Vec<(i64, i64)>);
 struct ArrowProfile {
     strings: StringTable,
     mappings: Vec<Mapping>,
-    mapping_ids: HashMap<(String, String), u64>,
+    /// Mappings by their file name's and build id's indices in `strings`.
+    mapping_ids: HashMap<(i64, i64), u64>,
     functions: Vec<Function>,
-    function_ids: HashMap<(String, String, i64), u64>,
+    /// Functions by their name's and file name's indices in `strings`, and start line.
+    function_ids: HashMap<(i64, i64, i64), u64>,
     locations: Vec<Location>,
     /// Locations (the array holding them, their row) to location ids.
     location_ids: HashMap<(usize, usize), u64>,
@@ -867,22 +873,25 @@ impl ArrowProfile {
         }
         crate::decode::charge::take(LOCATION_BYTES, "converting an Arrow record")?;
         let address = address_at(field(s, "address")?, i)?;
-        let file = string_at(field(s, "mapping_file")?, i)?
-            .unwrap_or("")
-            .to_owned();
-        let build_id = string_at(field(s, "mapping_build_id")?, i)?
-            .unwrap_or("")
-            .to_owned();
+        let file = string_at(field(s, "mapping_file")?, i)?.unwrap_or("");
+        let build_id = string_at(field(s, "mapping_build_id")?, i)?.unwrap_or("");
+        // Hashed for every location in the mapping: bounded as a frame's name is. The
+        // mapping is known by its strings' indices, each string kept (and charged) once:
+        // keyed by copies, one 64 MiB file name of 64 build ids was 4 GiB of keys.
+        if file.len().max(build_id.len()) > crate::convert::trie::MAX_FRAME_BYTES {
+            return Err(Error::TooLarge {
+                what: "bytes of a mapping's file name or build id",
+                limit: crate::convert::trie::MAX_FRAME_BYTES,
+            });
+        }
         let mapping_id = if file.is_empty() && build_id.is_empty() {
             0
         } else {
+            let (filename, build_id) = (self.strings.get(file)?, self.strings.get(build_id)?);
             let next = self.mappings.len() as u64 + 1;
-            let id = *self
-                .mapping_ids
-                .entry((file.clone(), build_id.clone()))
-                .or_insert(next);
+            let id = *self.mapping_ids.entry((filename, build_id)).or_insert(next);
             if id == next {
-                let (filename, build_id) = (self.strings.get(&file)?, self.strings.get(&build_id)?);
+                crate::decode::charge::take(MAPPING_BYTES, "converting an Arrow record")?;
                 // v1 sends the mapping's range (zero from the agents seen: addresses are
                 // already file-relative).
                 let range = |name: &str| -> Result<u64> {
@@ -958,14 +967,19 @@ impl ArrowProfile {
                         limit: crate::convert::trie::MAX_FRAME_BYTES,
                     });
                 }
-                let (name, filename) = (name.to_owned(), filename.to_owned());
+                let (n, fname) = (self.strings.get(name)?, self.strings.get(filename)?);
                 let next = self.functions.len() as u64 + 1;
-                let function_id = *self
-                    .function_ids
-                    .entry((name.clone(), filename.clone(), start))
-                    .or_insert(next);
+                let function_id = *self.function_ids.entry((n, fname, start)).or_insert(next);
                 if function_id == next {
-                    let (n, fname) = (self.strings.get(&name)?, self.strings.get(&filename)?);
+                    // Counted and charged as they are made, not only when the profile is
+                    // validated: one name with a million start lines is a million.
+                    if self.functions.len() >= limits.max_functions {
+                        return Err(Error::TooLarge {
+                            what: "functions",
+                            limit: limits.max_functions,
+                        });
+                    }
+                    crate::decode::charge::take(FUNCTION_BYTES, "converting an Arrow record")?;
                     self.functions.push(Function {
                         id: function_id,
                         name: n,
@@ -1213,5 +1227,44 @@ mod tests {
                 .collect()
         };
         assert_eq!(times(&[in_ms]), times(&batches[..1]));
+    }
+    /// A mapping's strings are bounded as a frame's are, and functions are counted as they
+    /// are made: each mapping and function is keyed by its strings' places in the string
+    /// table, every string kept once (keyed by copies, one 64 MiB file name under 64 build
+    /// ids kept 4 GiB of keys, uncharged).
+    #[test]
+    fn mappings_and_functions_are_bounded_as_they_are_made() {
+        let limits = Limits::default();
+        let long = "0".repeat(crate::convert::trie::MAX_FRAME_BYTES + 1);
+        let (ipc, _, _) = crate::testing::parca_agent_record(&long);
+        let e = write_arrow(&ipc, &limits).err().unwrap().to_string();
+        assert!(e.contains("mapping's file name or build id"), "{e}");
+        let (ipc, _, _) = crate::testing::parca_agent_record("00112233445566778899");
+        let profiles = write_arrow(&ipc, &limits).unwrap();
+        // Two functions in the record: refused while converting, not at validation after.
+        let one = Limits {
+            max_functions: 1,
+            ..limits
+        };
+        let e = write_arrow(&ipc, &one).err().unwrap().to_string();
+        assert!(e.contains("functions exceeds the limit of 1"), "{e}");
+        // Keyed by index, still one mapping per file and build id, and one function per
+        // name, file and start line.
+        for p in &profiles {
+            let p = p.profile.flat();
+            let mappings: std::collections::HashSet<(&str, &str)> = p
+                .mapping
+                .iter()
+                .map(|m| (p.string(m.filename), p.string(m.build_id)))
+                .collect();
+            assert!(!mappings.is_empty());
+            assert_eq!(mappings.len(), p.mapping.len());
+            let functions: std::collections::HashSet<(&str, &str, i64)> = p
+                .function
+                .iter()
+                .map(|f| (p.string(f.name), p.string(f.filename), f.start_line))
+                .collect();
+            assert_eq!(functions.len(), p.function.len());
+        }
     }
 }

@@ -60,8 +60,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
             if b == b';' {
                 let end = mark.key + i;
                 if end > partial {
-                    let id = r.frame(&mut stacks, &key[partial..end], at)?;
-                    frames.push(id);
+                    r.push_frame(&mut stacks, &mut frames, &key[partial..end], at)?;
                 }
                 partial = end + 1;
             }
@@ -75,7 +74,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
         if node.value > 0 {
             let mut stack = frames.clone();
             if key.len() > partial {
-                stack.push(r.frame(&mut stacks, &key[partial..], at)?);
+                r.push_frame(&mut stacks, &mut stack, &key[partial..], at)?;
             }
             r.spend(stack.len() * 8)?;
             if stack.is_empty() {
@@ -129,8 +128,7 @@ pub fn tree_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
         let node = r.node()?;
         let before = frames.len();
         for name in node.name.split(|&b| b == b';').filter(|n| !n.is_empty()) {
-            let id = r.frame(&mut stacks, name, at)?;
-            frames.push(id);
+            r.push_frame(&mut stacks, &mut frames, name, at)?;
         }
         if node.value > 0 {
             if frames.is_empty() {
@@ -211,6 +209,8 @@ struct Reader<'a> {
     limit: usize,
     /// Most nodes open at once (nested on one path): [`max_open`].
     max_open: usize,
+    /// Most frames on a path: the stack depth limit.
+    max_depth: usize,
 }
 
 /// Most nodes a path may nest: four times the stack depth limit (a path's nodes are its
@@ -230,7 +230,28 @@ impl<'a> Reader<'a> {
             spent: 0,
             limit: expansion_limit(bytes.len(), limits),
             max_open: max_open(limits),
+            max_depth: limits.max_stack_depth,
         }
+    }
+
+    /// Adds the frame named `name` to the path's `frames`, refusing a path deeper than the
+    /// stack depth limit as it is read: one node's name may hold millions of frames (`a;`
+    /// is two bytes of them), which no other bound counts before they are made.
+    fn push_frame(
+        &mut self,
+        stacks: &mut Stacks<'_>,
+        frames: &mut Vec<u64>,
+        name: &[u8],
+        at: usize,
+    ) -> Result<()> {
+        if frames.len() >= self.max_depth {
+            return Err(Error::TooLarge {
+                what: "stack depth",
+                limit: self.max_depth,
+            });
+        }
+        frames.push(self.frame(stacks, name, at)?);
+        Ok(())
     }
 
     /// Refuses a node at `at` that would be one open node more than [`max_open`].
@@ -484,6 +505,51 @@ mod tests {
     /// Nodes of one child each, nested 20,000 deep (4 bytes a trie node, 3 a tree node,
     /// with no frame in them): refused past four times the stack depth limit rather than
     /// held open, 32 bytes each, until the body ends.
+    #[test]
+    fn frames_in_one_name_past_the_depth_limit_are_refused_as_they_are_read() {
+        // One node whose name is a stack of millions of frames: two bytes each of the body,
+        // eight each of the walk's path, and no value (nothing stored) to check them at.
+        // Refused at the depth limit, not grown to gigabytes first.
+        let node = |name: &[u8], value: u8| {
+            let mut n = Vec::new();
+            let mut len = name.len() as u64;
+            while len >= 0x80 {
+                n.push((len as u8) | 0x80);
+                len >>= 7;
+            }
+            n.push(len as u8);
+            n.extend_from_slice(name);
+            n.extend([value, 0]);
+            n
+        };
+        let limit = Limits::default().max_stack_depth;
+        let too_deep = b"a;".repeat(limit + 1);
+        let mut tree_body = b"\x00\x00\x01".to_vec();
+        tree_body.extend(node(&too_deep, 0));
+        for (format, e) in [
+            ("trie", trie(&node(&too_deep, 0)).unwrap_err()),
+            ("tree", tree(&tree_body).unwrap_err()),
+        ] {
+            let e = e.to_string();
+            assert!(
+                e.contains(&format!("stack depth exceeds the limit of {limit}")),
+                "{format}: {e}"
+            );
+        }
+        // A leaf's last frame counts too; a stack at the limit is taken.
+        let at_limit = b"a;".repeat(limit - 1);
+        assert!(trie(&node(&[at_limit.as_slice(), b"a;b"].concat(), 1)).is_err());
+        assert_eq!(
+            trie(&node(&[at_limit.as_slice(), b"b"].concat(), 1))
+                .unwrap()
+                .len(),
+            1
+        );
+        let mut tree_body = b"\x00\x00\x01".to_vec();
+        tree_body.extend(node(&[at_limit.as_slice(), b"b"].concat(), 1));
+        assert_eq!(tree(&tree_body).unwrap().len(), 1);
+    }
+
     #[test]
     fn nodes_nested_deeper_than_the_limit_are_refused() {
         let mut trie_body = b"\x00\x00\x01".to_vec();

@@ -545,7 +545,9 @@ impl Flat {
             + p.sample
                 .iter()
                 .map(|s| std::mem::size_of_val(&s.label[..]))
-                .sum::<usize>();
+                .sum::<usize>()
+            + std::mem::size_of_val(&p.mapping[..])
+            + std::mem::size_of_val(&p.function[..]);
         super::charge::charge(copy, "validating a converted profile")?;
         let mut f = Flat {
             text: String::with_capacity(p.string_table.iter().map(String::len).sum()),
