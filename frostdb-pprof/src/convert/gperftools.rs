@@ -950,6 +950,7 @@ mod tests {
         let e = parse(&cpu(1001), &few).err().unwrap();
         assert!(matches!(e, Error::TooLarge { limit: 1000, .. }), "{e}");
     }
+
     /// A memory map's lines are counted and charged as they are read: six bytes a line
     /// (`0-1 x`) were some 300 bytes of mappings each, none charged, and 22 M of them (a
     /// 130 KB gzip body) 3 to 5 GB, for a profile of no samples.

@@ -1228,6 +1228,7 @@ mod tests {
         };
         assert_eq!(times(&[in_ms]), times(&batches[..1]));
     }
+
     /// A mapping's strings are bounded as a frame's are, and functions are counted as they
     /// are made: each mapping and function is keyed by its strings' places in the string
     /// table, every string kept once (keyed by copies, one 64 MiB file name under 64 build
