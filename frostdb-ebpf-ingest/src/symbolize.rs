@@ -96,10 +96,11 @@ pub(crate) struct Symbolizer {
     user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
     kernel: HashMap<u64, Arc<[Line]>>,
     modules: HashMap<Module, Arc<Module>>,
-    /// Per file (its module, and the file its path names now), whether blazesym may read
-    /// it ([`frostdb_pprof::symbolize::check_elf_file`]): any local user's process may map
+    /// Per file (as its path names it now), whether blazesym may read it ([`frostdb_pprof::symbolize::check_elf_file`]): any local user's process may map
     /// a file made to exhaust or abort its reader.
-    readable: HashMap<(Arc<Module>, FileStamp), bool>,
+    readable: HashMap<FileStamp, bool>,
+    /// Build ids of other mount namespaces' files, read once they are checked.
+    build_ids: HashMap<FileStamp, String>,
     kernel_module: Arc<Module>,
     unknown: Arc<Module>,
     pub(crate) stats: SymbolizeStats,
@@ -130,6 +131,7 @@ impl Symbolizer {
             kernel: HashMap::new(),
             modules: HashMap::new(),
             readable: HashMap::new(),
+            build_ids: HashMap::new(),
             kernel_module: Arc::new(Module {
                 path: "[kernel.kallsyms]".into(),
                 build_id: kernel_build_id().unwrap_or_default(),
@@ -137,6 +139,24 @@ impl Symbolizer {
             unknown: Arc::new(Module::unknown()),
             stats: SymbolizeStats::default(),
         }
+    }
+
+    /// Whether blazesym may read `open` (the file `path` names in process `pid`), whose
+    /// stamp is `stamp`: checked once per file, the verdicts kept in `verdicts`.
+    fn readable(
+        verdicts: &mut HashMap<FileStamp, bool>,
+        pid: u32,
+        path: &std::path::Path,
+        open: &std::path::Path,
+        stamp: FileStamp,
+    ) -> bool {
+        *verdicts.entry(stamp).or_insert_with(|| {
+            frostdb_pprof::symbolize::check_elf_file(open)
+                .inspect_err(|reason| {
+                    tracing::warn!(pid, module = %path.display(), %reason, "a file not symbolized");
+                })
+                .is_ok()
+        })
     }
 
     /// Resolves the user addresses of one process (`addresses` unique).
@@ -168,15 +188,11 @@ impl Symbolizer {
             }
         };
         // Module per meta entry; None for addresses outside any file.
-        let mut metas: Vec<Option<(Arc<Module>, PathBuf)>> = Vec::new();
+        let mut metas: Vec<Option<(Arc<Module>, PathBuf, bool)>> = Vec::new();
         for meta in &normalized.meta {
             let UserMeta::Elf(elf) = meta else {
                 metas.push(None);
                 continue;
-            };
-            let module = Module {
-                path: elf.path.to_string_lossy().into_owned(),
-                build_id: elf.build_id.as_deref().map(hex).unwrap_or_default(),
             };
             let open = if info.same_mount_ns {
                 elf.path.clone()
@@ -184,7 +200,35 @@ impl Symbolizer {
                 PathBuf::from(format!("/proc/{pid}/root"))
                     .join(elf.path.strip_prefix("/").unwrap_or(&elf.path))
             };
-            metas.push(Some((intern(&mut self.modules, module), open)));
+            // Checked per file as it is now, not per path: a path whose file was replaced
+            // since (an upgrade, or a container's user swapping a checked file for one made
+            // to exhaust its reader) is checked again. blazesym re-reads a file whose
+            // metadata changed the same way. A file gone is read by nobody.
+            let stamp = FileStamp::of(&open);
+            let readable = stamp.is_some_and(|stamp| {
+                Self::readable(&mut self.readable, pid, &elf.path, &open, stamp)
+            });
+            // blazesym reads the build id at the path in this process's mount namespace:
+            // another container's file is the one its process sees, read once checked.
+            let build_id = match (info.same_mount_ns, stamp) {
+                (true, _) => elf.build_id.as_deref().map(hex).unwrap_or_default(),
+                (false, Some(stamp)) if readable => self
+                    .build_ids
+                    .entry(stamp)
+                    .or_insert_with(|| {
+                        frostdb_pprof::symbolize::file_build_id(&open)
+                            .ok()
+                            .flatten()
+                            .unwrap_or_default()
+                    })
+                    .clone(),
+                (false, _) => String::new(),
+            };
+            let module = Module {
+                path: elf.path.to_string_lossy().into_owned(),
+                build_id,
+            };
+            metas.push(Some((intern(&mut self.modules, module), open, readable)));
         }
         let mut out: Vec<Option<Resolved>> = vec![None; addresses.len()];
         // Addresses in no file: the vDSO, JIT code.
@@ -193,7 +237,7 @@ impl Symbolizer {
         let mut misses: HashMap<usize, Vec<(usize, u64)>> = HashMap::new();
         for (i, &(offset, meta)) in normalized.outputs.iter().enumerate() {
             match &metas[meta] {
-                Some((module, _)) => match self.user.get(&(module.clone(), offset)) {
+                Some((module, _, _)) => match self.user.get(&(module.clone(), offset)) {
                     Some(lines) => {
                         self.stats.cache_hits += 1;
                         out[i] = Some(Resolved {
@@ -208,31 +252,8 @@ impl Symbolizer {
             }
         }
         for (meta, wanted) in misses {
-            let (module, open) = metas[meta].clone().expect("misses only for ELF metas");
+            let (module, open, readable) = metas[meta].clone().expect("misses only for ELF metas");
             let offsets: Vec<u64> = wanted.iter().map(|&(_, o)| o).collect();
-            // Checked per file as it is now, not per path: a path whose file was replaced
-            // since (an upgrade, or a container's user swapping a checked file for one made
-            // to exhaust its reader) is checked again. blazesym re-reads a file whose
-            // metadata changed the same way.
-            let Some(stamp) = FileStamp::of(&open) else {
-                // Gone: nothing to read.
-                self.stats.unsymbolized += wanted.len() as u64;
-                for &(i, offset) in &wanted {
-                    out[i] = Some(Resolved {
-                        module: module.clone(),
-                        address: offset,
-                        lines: Arc::from([]),
-                    });
-                }
-                continue;
-            };
-            let readable = *self.readable.entry((module.clone(), stamp)).or_insert_with(|| {
-                frostdb_pprof::symbolize::check_elf_file(&open)
-                    .inspect_err(|reason| {
-                        tracing::warn!(pid, module = %module.path, %reason, "a file not symbolized");
-                    })
-                    .is_ok()
-            });
             let results = match readable {
                 true => self
                     .blazesym
@@ -348,6 +369,7 @@ impl Symbolizer {
             self.kernel.clear();
             self.modules.clear();
             self.readable.clear();
+            self.build_ids.clear();
         }
     }
 }
