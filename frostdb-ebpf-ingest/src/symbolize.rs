@@ -209,20 +209,16 @@ impl Symbolizer {
                 Self::readable(&mut self.readable, pid, &elf.path, &open, stamp)
             });
             // blazesym reads the build id at the path in this process's mount namespace:
-            // another container's file is the one its process sees, read once checked.
+            // another container's file is the one its process sees. Its build id names it
+            // to the server's symbolizer even where it cannot be read here.
             let build_id = match (info.same_mount_ns, stamp) {
                 (true, _) => elf.build_id.as_deref().map(hex).unwrap_or_default(),
-                (false, Some(stamp)) if readable => self
+                (false, Some(stamp)) => self
                     .build_ids
                     .entry(stamp)
-                    .or_insert_with(|| {
-                        frostdb_pprof::symbolize::file_build_id(&open)
-                            .ok()
-                            .flatten()
-                            .unwrap_or_default()
-                    })
+                    .or_insert_with(|| build_id_of(&open).unwrap_or_default())
                     .clone(),
-                (false, _) => String::new(),
+                (false, None) => String::new(),
             };
             let module = Module {
                 path: elf.path.to_string_lossy().into_owned(),
@@ -433,6 +429,17 @@ fn kernel_build_id() -> Option<String> {
     None
 }
 
+/// The GNU build id (hex) of the ELF file at `path`, read as the unwinder reads its files:
+/// only the headers and notes, once the section headers are checked
+/// ([`frostdb_pprof::symbolize::check_elf_headers`]).
+fn build_id_of(path: &std::path::Path) -> Option<String> {
+    use object::Object;
+    let cache = object::ReadCache::new(std::fs::File::open(path).ok()?);
+    frostdb_pprof::symbolize::check_elf_headers(&cache).ok()?;
+    let elf = object::File::parse(&cache).ok()?;
+    Some(hex(elf.build_id().ok()??))
+}
+
 /// Which file a path names now: its device, inode, size and modification time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct FileStamp {
@@ -479,6 +486,55 @@ mod tests {
         assert_ne!(FileStamp::of(&path), Some(first));
         std::fs::remove_file(&path).unwrap();
         assert_eq!(FileStamp::of(&path), None);
+    }
+
+    /// A process in another mount namespace is named by the build id of the file it maps,
+    /// not of whatever this process finds at that path: here nothing (the path is an empty
+    /// directory out here, a tmpfs holding a copy of `sleep` in there).
+    #[test]
+    fn another_mount_namespaces_file_is_named_by_its_own_build_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let prog = dir.path().join("prog");
+        let script = format!(
+            "mount -t tmpfs none {d} && cp /usr/bin/sleep {p} && exec {p} 60",
+            d = dir.path().display(),
+            p = prog.display()
+        );
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .spawn()
+            .expect("unshare (util-linux)");
+        let pid = child.id();
+        // Until the child has execed the copy: polled, as nothing else tells.
+        let mut mapping = None;
+        for _ in 0..3000 {
+            if let Some(status) = child.try_wait().unwrap() {
+                // Mounting needs CAP_SYS_ADMIN: a container without it cannot run this.
+                eprintln!("skipped: a mount namespace of our own cannot be made here ({status})");
+                return;
+            }
+            mapping = crate::procfs::executable_mappings(pid)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|m| std::path::Path::new(&m.path) == prog);
+            if mapping.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mapping = mapping.expect("the child maps its copy within 30 s");
+        assert!(!prog.exists(), "out here the path names nothing");
+        let info = ProcessInfo::read(pid, "");
+        let mut s = Symbolizer::new();
+        let out = s.user(pid, &info, &[mapping.start]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!info.same_mount_ns);
+        let sleep = frostdb_pprof::symbolize::file_build_id(std::path::Path::new("/usr/bin/sleep"))
+            .unwrap()
+            .expect("Debian's sleep has a build id");
+        assert_eq!(out[0].module.path, prog.display().to_string());
+        assert_eq!(out[0].module.build_id, sleep);
     }
 
     #[test]
