@@ -115,7 +115,8 @@ pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
 /// A line of `/proc/<pid>/maps` (`address perms offset dev inode path`) if it maps a file
 /// (or the vDSO) executable. The path is the rest of the line, spaces and all (`/opt/my
 /// app/bin`), less the kernel's ` (deleted)` when the file was removed or replaced since:
-/// its bytes are then read through the mapping's own `map_files` link, never the path.
+/// the unwinder then reads its bytes through the mapping's own `map_files` link, or at the
+/// path only while that names the mapped inode.
 fn executable_mapping(line: &str) -> Option<ExecutableMapping> {
     let mut rest = line;
     let mut f = [""; 5];

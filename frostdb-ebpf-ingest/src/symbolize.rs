@@ -440,24 +440,38 @@ fn build_id_of(path: &std::path::Path) -> Option<String> {
     Some(hex(elf.build_id().ok()??))
 }
 
-/// Which file a path names now: its device, inode, size and modification time.
+/// Which file a path names now: its device, inode, size, and modification and change
+/// times (a file's owner may set its modification time back after rewriting it in place;
+/// not its change time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct FileStamp {
     device: u64,
     inode: u64,
     size: u64,
     modified_ns: i128,
+    changed_ns: i128,
 }
 
 impl FileStamp {
+    /// The stamp of the regular file at `path`; `None` for anything else: gone, or a FIFO
+    /// or device (opening a FIFO waits for a writer, for ever), or with a `.dwp` beside it
+    /// that is not a regular file (blazesym opens it unasked).
     fn of(path: &std::path::Path) -> Option<Self> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path).ok()?;
+        let mut dwp = path.as_os_str().to_owned();
+        dwp.push(".dwp");
+        let dwp_odd = std::fs::metadata(&dwp).is_ok_and(|d| !d.is_file());
+        if !m.is_file() || dwp_odd {
+            return None;
+        }
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
         Some(Self {
             device: m.dev(),
             inode: m.ino(),
             size: m.size(),
-            modified_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            modified_ns: ns(m.mtime(), m.mtime_nsec()),
+            changed_ns: ns(m.ctime(), m.ctime_nsec()),
         })
     }
 }
@@ -484,6 +498,31 @@ mod tests {
         std::fs::write(&next, b"first").unwrap();
         std::fs::rename(&next, &path).unwrap();
         assert_ne!(FileStamp::of(&path), Some(first));
+        // Rewritten in place at its size, its modification time set back: only its change
+        // time tells, once the file system's clock (coarse: a few ms) has moved on.
+        let stamp = FileStamp::of(&path).unwrap();
+        let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let rewritten = (0..2000).any(|_| {
+            std::fs::write(&path, b"other").unwrap();
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(modified).unwrap();
+            let again = FileStamp::of(&path).unwrap();
+            assert_eq!(
+                (again.inode, again.size, again.modified_ns),
+                (stamp.inode, stamp.size, stamp.modified_ns)
+            );
+            again != stamp || {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                false
+            }
+        });
+        assert!(rewritten, "a file rewritten in place has the stamp it had");
+        // Not a regular file, or a `.dwp` beside it that is not: nothing to read.
+        let dwp = dir.path().join("lib.so.dwp");
+        std::fs::create_dir(&dwp).unwrap();
+        assert_eq!(FileStamp::of(&path), None);
+        std::fs::remove_dir(&dwp).unwrap();
+        assert_eq!(FileStamp::of(dir.path()), None);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(FileStamp::of(&path), None);
     }

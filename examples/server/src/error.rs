@@ -109,6 +109,14 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
 
+    /// A blocking or spawned job that panicked (or was cancelled): 500, its error logged
+    /// and not answered, as the router's catch of a handler's panic does. A panic's
+    /// message may quote another tenant's data.
+    pub fn job_failed(what: impl std::fmt::Display, e: tokio::task::JoinError) -> Self {
+        tracing::error!(error = %e, "{what} failed");
+        Self::internal(format!("{what} failed (a bug, logged)"))
+    }
+
     /// Prefixes the message with where the error happened.
     pub fn context(mut self, what: impl std::fmt::Display) -> Self {
         self.message = bounded(format!("{what}: {}", self.message));

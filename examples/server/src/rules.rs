@@ -169,7 +169,7 @@ impl Rules {
         let (this, tenant) = (self.clone(), tenant.to_owned());
         tokio::task::spawn_blocking(move || this.put_held(&tenant, rule))
             .await
-            .map_err(|e| ApiError::internal(format!("setting a recording rule: {e}")))?
+            .map_err(|e| ApiError::job_failed("setting a recording rule", e))?
     }
 
     /// [`Rules::put`], its lock held.
@@ -214,7 +214,7 @@ impl Rules {
         let (this, tenant, name) = (self.clone(), tenant.to_owned(), name.to_owned());
         tokio::task::spawn_blocking(move || this.delete_held(&tenant, &name))
             .await
-            .map_err(|e| ApiError::internal(format!("deleting a recording rule: {e}")))?
+            .map_err(|e| ApiError::job_failed("deleting a recording rule", e))?
     }
 
     /// [`Rules::delete`], its lock held.

@@ -125,7 +125,7 @@ impl Settings {
         let path = self.file(tenant);
         tokio::task::spawn_blocking(move || read_file(&path))
             .await
-            .map_err(|e| ApiError::internal(format!("reading settings: {e}")))?
+            .map_err(|e| ApiError::job_failed("reading settings", e))?
     }
 
     /// `all` written as the tenant's settings file and synced, on a blocking thread.
@@ -134,7 +134,7 @@ impl Settings {
         let list: Vec<Setting> = all.values().cloned().collect();
         tokio::task::spawn_blocking(move || write_file(&dir, &path, &list))
             .await
-            .map_err(|e| ApiError::internal(format!("storing settings: {e}")))?
+            .map_err(|e| ApiError::job_failed("storing settings", e))?
     }
 }
 

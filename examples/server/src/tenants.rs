@@ -607,7 +607,7 @@ impl Tenants {
             }
         })
         .await
-        .map_err(|e| ApiError::internal(format!("following a tenant failed: {e}")))??;
+        .map_err(|e| ApiError::job_failed("following a tenant", e))??;
         self.keep_follower(id, &db);
         Ok(Some(db))
     }
@@ -816,7 +816,7 @@ impl Tenants {
             Ok(Arc::new(Tenant { id, store, parked }))
         })
         .await
-        .map_err(|e| ApiError::internal(format!("opening a tenant failed: {e}")))??;
+        .map_err(|e| ApiError::job_failed("opening a tenant", e))??;
         if let Some(symbolizer) = &self.symbolizer {
             start_naming(&tenant, symbolizer.clone());
         }

@@ -213,7 +213,7 @@ impl Lane {
             until_cancelled(&cancel, || f(&cancel))
         })
         .await
-        .map_err(|e| ApiError::internal(format!("a {name} job failed: {e}")))?
+        .map_err(|e| ApiError::job_failed(format_args!("a {name} job"), e))?
     }
 }
 
@@ -325,7 +325,7 @@ impl Work {
             job.await
         }))
         .await
-        .map_err(|e| ApiError::internal(format!("a query job failed: {e}")))?
+        .map_err(|e| ApiError::job_failed("a query job", e))?
     }
 }
 

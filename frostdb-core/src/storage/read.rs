@@ -486,7 +486,8 @@ impl ColumnStatsArrays {
 }
 
 impl Storage {
-    /// The footer of `block`, read once and cached.
+    /// The footer of `block`: read, and cached while it is among the most recently read
+    /// ([`super::FOOTER_CACHE_BYTES`]).
     pub(crate) fn metadata(&self, table: &str, block: &BlockMeta) -> Result<Footer> {
         if let Some(m) = self.metadata.lock().get(&block.path) {
             return Ok(m);

@@ -438,12 +438,13 @@ impl TableLoader {
         }
         // The mapping's own map_files link first: the very file mapped, even when its path
         // now names another (a library upgraded under a running process) or none. Through
-        // the process's root where that link cannot be opened (it needs CAP_SYS_ADMIN).
+        // the process's root where that link cannot be opened (it needs CAP_SYS_ADMIN),
+        // if the path still names the mapped file.
         // Read on demand: only the headers, notes and .eh_frame, not the whole file (a
         // server binary with debug info is a gigabyte).
         let file = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-            .or_else(|_| std::fs::File::open(format!("/proc/{pid}/root{}", m.path)))
-            .ok()?;
+            .ok()
+            .or_else(|| mapped_at_path(pid, m))?;
         let cache = object::ReadCache::new(file);
         // Any local user's process may map a file made to make the parse copy gigabytes.
         if let Err(reason) = frostdb_pprof::symbolize::check_elf_headers(&cache) {
@@ -586,6 +587,24 @@ fn signature(mappings: &[ExecutableMapping]) -> u64 {
         (m.start, m.end, m.offset, &m.device, m.inode).hash(&mut h);
     }
     h.finish()
+}
+
+/// The file `m` maps, opened at its path through `pid`'s root: only if it is still the file
+/// mapped (the same inode; a file upgraded since is another), and a regular file (opened
+/// without waiting: a FIFO put at the path would wait for a writer for ever).
+fn mapped_at_path(pid: u32, m: &ExecutableMapping) -> Option<std::fs::File> {
+    use rustix::fs::{Mode, OFlags};
+    use std::os::unix::fs::MetadataExt;
+    let path = format!("/proc/{pid}/root{}", m.path);
+    let fd = rustix::fs::open(
+        path.as_str(),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .ok()?;
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && meta.ino() == m.inode).then_some(file)
 }
 
 #[cfg(test)]

@@ -37,7 +37,9 @@ pub fn parse(data: &[u8], limits: &Limits) -> Result<Option<Profile>> {
     let Some(first) = data.split(|&b| b == b'\n').next() else {
         return Ok(None);
     };
-    let first = String::from_utf8_lossy(first);
+    // What the first line starts with is all that is asked: a prefix, not a copy of a line
+    // that may be the whole body.
+    let first = String::from_utf8_lossy(&first[..first.len().min(64)]);
     let first = first.trim();
     if first.starts_with("heap profile:") {
         return heap(data, limits).map(Some);
@@ -49,6 +51,19 @@ pub fn parse(data: &[u8], limits: &Limits) -> Result<Option<Profile>> {
         return contention(data, limits).map(Some);
     }
     Ok(None)
+}
+
+/// `bytes` as text: borrowed when it is UTF-8, else a copy with the invalid bytes replaced
+/// (up to three times as many bytes), charged before it is made.
+fn text(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>> {
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        return Ok(std::borrow::Cow::Borrowed(s));
+    }
+    crate::decode::charge::take(
+        bytes.len().saturating_mul(3),
+        "reading a gperftools profile's text",
+    )?;
+    Ok(String::from_utf8_lossy(bytes))
 }
 
 fn invalid(format: &'static str, at: String, reason: String) -> Error {
@@ -276,21 +291,21 @@ const MAX_MAPS: usize = 1 << 18;
 
 /// What an executable mapping takes besides its file's name, charged as it is read: its
 /// [`Map`] (twice while [`massage`] merges), its place in `finish`'s search, and the
-/// profile's [`Mapping`] (twice: validation copies it).
+/// profile's [`Mapping`] (validation charges its own copy when it makes it).
 const MAP_BYTES: usize = 2 * std::mem::size_of::<Map>()
     + std::mem::size_of::<(u64, u64, usize)>()
-    + 2 * std::mem::size_of::<Mapping>();
+    + std::mem::size_of::<Mapping>();
 
 /// The executable mappings of `/proc/self/maps` lines (`start-end perms offset dev inode
 /// path`); other lines are skipped. At most [`MAX_MAPS`], and no more than a profile may
 /// have locations (each location is in one; the protobuf path bounds mappings the same
 /// way), each charged as it is read: six bytes of map (`0-1 x\n`) are some 300 bytes of
 /// mapping once made.
-fn parse_maps(text: &[u8], limits: &Limits) -> Result<Vec<Map>> {
+fn parse_maps(maps: &[u8], limits: &Limits) -> Result<Vec<Map>> {
     let limit = limits.max_locations.clamp(1, MAX_MAPS);
     let mut out = Vec::new();
-    for line in text.split(|&b| b == b'\n') {
-        let line = String::from_utf8_lossy(line);
+    for line in maps.split(|&b| b == b'\n') {
+        let line = text(line)?;
         let mut parts = line.split_whitespace();
         let Some((start, end)) = parts.next().and_then(|r| r.split_once('-')) else {
             continue;
@@ -571,7 +586,12 @@ impl Iterator for BodyLines<'_> {
             if n == 0 {
                 continue;
             }
-            let line = String::from_utf8_lossy(line);
+            // Nothing in a profile's lines is other than ASCII: a line that is not text is
+            // named as such (its copy, invalid bytes replaced, would be up to three times
+            // its bytes, and a line may be the whole body).
+            let Ok(line) = std::str::from_utf8(line) else {
+                return Some((n + 1, "(a line that is not UTF-8 text)".to_owned()));
+            };
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
@@ -589,7 +609,7 @@ impl Iterator for BodyLines<'_> {
 fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
     const F: &str = "heap profile";
     let header = data.split(|&b| b == b'\n').next().unwrap_or_default();
-    let header = String::from_utf8_lossy(header);
+    let header = text(header)?;
     let bad_header = || {
         invalid(
             F,
@@ -984,5 +1004,41 @@ mod tests {
         let e = got.err().unwrap_or_else(|| panic!("read uncharged"));
         assert!(e.to_string().contains("gperftools memory map"), "{e}");
         assert!(asked > budget);
+    }
+    /// Text that is not UTF-8 is charged before it is copied, or named: its copy, invalid
+    /// bytes replaced, is up to three times its bytes, and one line may be the whole body.
+    #[test]
+    fn text_that_is_not_utf8_is_charged_or_named() {
+        let not_text = vec![0xffu8; 1 << 20];
+        let heap = [
+            b"heap profile: 1: 8 [1: 8] @ heapprofile".as_slice(),
+            &not_text,
+        ]
+        .concat();
+        let (got, _) =
+            crate::decode::charge::under_budget(1 << 20, || parse(&heap, &Limits::default()));
+        let e = got.err().unwrap_or_else(|| panic!("copied uncharged"));
+        assert!(e.to_string().contains("gperftools profile's text"), "{e}");
+        let line = [
+            b"heap profile: 1: 8 [1: 8] @ heapprofile\n".as_slice(),
+            &not_text,
+            b"\n",
+        ]
+        .concat();
+        let e = parse(&line, &Limits::default()).err().unwrap().to_string();
+        assert!(
+            e.contains("line 2: \"(a line that is not UTF-8 text)\""),
+            "{e}"
+        );
+        let mut cpu: Vec<u8> = [0u32, 3, 0, 10_000, 0, 0, 1, 0]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        cpu.extend(b"0-1 r-xp 0 0 0 /");
+        cpu.extend(&not_text);
+        let (got, _) =
+            crate::decode::charge::under_budget(1 << 20, || parse(&cpu, &Limits::default()));
+        let e = got.err().unwrap_or_else(|| panic!("copied uncharged"));
+        assert!(e.to_string().contains("gperftools profile's text"), "{e}");
     }
 }

@@ -39,6 +39,7 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
     // The key so far (every name on the path), the location ids of its whole frames, and
     // where its last, unfinished frame starts.
     let mut key: Vec<u8> = Vec::new();
+    let mut key_charged = 0usize;
     let mut frames: Vec<u64> = Vec::new();
     let mut partial = 0usize;
     // Open nodes: children still to come, and the key as it was before the node's name.
@@ -55,6 +56,13 @@ pub fn trie_to_profile(body: &[u8], units: &Units, limits: &Limits) -> Result<Pr
             frames: frames.len(),
             partial,
         };
+        // The path's bytes are a copy of its nodes' names: charged as it grows past what
+        // it held before.
+        if key.len() + node.name.len() > key_charged {
+            let more = key.len() + node.name.len() - key_charged;
+            crate::decode::charge::take(more, "converting a trie")?;
+            key_charged += more;
+        }
         key.extend_from_slice(node.name);
         for (i, &b) in node.name.iter().enumerate() {
             if b == b';' {
@@ -548,6 +556,28 @@ mod tests {
         let mut tree_body = b"\x00\x00\x01".to_vec();
         tree_body.extend(node(&[at_limit.as_slice(), b"b"].concat(), 1));
         assert_eq!(tree(&tree_body).unwrap().len(), 1);
+    }
+
+    /// A trie's path is a copy of its nodes' names: charged as it grows. One root named
+    /// `;` a million times makes no frame, and was a megabyte copied uncharged (128 MiB
+    /// from a 130 KB gzip body).
+    #[test]
+    fn a_tries_path_is_charged_as_it_grows() {
+        let name = b";".repeat(1 << 20);
+        let mut body = vec![0x80, 0x80, 0x40];
+        body.extend(&name);
+        body.extend([0, 0]);
+        let (got, asked) = crate::decode::charge::under_budget(1 << 19, || {
+            trie_to_profile(&body, &units(), &Limits::default())
+        });
+        let e = got.err().unwrap_or_else(|| panic!("copied uncharged"));
+        assert!(e.to_string().contains("converting a trie"), "{e}");
+        assert!(asked >= 1 << 20);
+        // Within the budget, the same body converts (to no samples).
+        let (got, _) = crate::decode::charge::under_budget(4 << 20, || {
+            trie_to_profile(&body, &units(), &Limits::default())
+        });
+        assert!(got.unwrap().sample.is_empty());
     }
 
     #[test]
