@@ -394,4 +394,36 @@ mod tests {
         other.await.unwrap().unwrap();
         assert!(lane.held.lock().is_empty(), "every share given back");
     }
+    /// A job that panics is its request's 500, its message logged and not answered (it may
+    /// quote another tenant's data), and its slot given back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_that_panics_answers_500_without_its_message() {
+        let lane = Lane::new("ingest", "limits.max_concurrent_ingest", 1, 0);
+        let failed = TENANT
+            .scope(
+                tenant("a"),
+                lane.blocking(|_| -> ApiResult<()> { panic!("secret of tenant b") }),
+            )
+            .await
+            .expect_err("a job that panicked");
+        assert_eq!(failed.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!failed.to_string().contains("secret"), "{failed}");
+        assert!(failed.to_string().contains("ingest job failed"), "{failed}");
+        let work = Work::new(1, 1, 1).unwrap();
+        let failed = work
+            .query(|_| async {
+                if true {
+                    panic!("secret of tenant b");
+                }
+                Ok::<(), ApiError>(())
+            })
+            .await;
+        let failed = failed.expect_err("a query that panicked");
+        assert!(!failed.to_string().contains("secret"), "{failed}");
+        // The slot is back: the next job runs.
+        TENANT
+            .scope(tenant("a"), lane.blocking(|_| Ok(())))
+            .await
+            .unwrap();
+    }
 }
