@@ -96,10 +96,11 @@ pub(crate) struct Symbolizer {
     user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
     kernel: HashMap<u64, Arc<[Line]>>,
     modules: HashMap<Module, Arc<Module>>,
-    /// Per file (as its path names it now), whether blazesym may read it ([`frostdb_pprof::symbolize::check_elf_file`]): any local user's process may map
-    /// a file made to exhaust or abort its reader.
+    /// Per file (as its path names it now), whether blazesym may read it
+    /// ([`frostdb_pprof::symbolize::check_elf_file`]): any local user's process may map a
+    /// file made to exhaust or abort its reader.
     readable: HashMap<FileStamp, bool>,
-    /// Build ids of other mount namespaces' files, read once they are checked.
+    /// Build ids of other mount namespaces' files ([`build_id_of`]), per file.
     build_ids: HashMap<FileStamp, String>,
     kernel_module: Arc<Module>,
     unknown: Arc<Module>,

@@ -394,6 +394,7 @@ mod tests {
         other.await.unwrap().unwrap();
         assert!(lane.held.lock().is_empty(), "every share given back");
     }
+
     /// A job that panics is its request's 500, its message logged and not answered (it may
     /// quote another tenant's data), and its slot given back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
