@@ -113,8 +113,14 @@ impl ApiError {
     /// and not answered, as the router's catch of a handler's panic does. A panic's
     /// message may quote another tenant's data.
     pub fn job_failed(what: impl std::fmt::Display, e: tokio::task::JoinError) -> Self {
-        tracing::error!(error = %e, "{what} failed");
-        Self::internal(format!("{what} failed (a bug, logged)"))
+        Self::bug(format_args!("{what} failed"), e)
+    }
+
+    /// A bug that `what` met: 500, `detail` logged and not answered (a panic's message may
+    /// quote another tenant's data).
+    pub fn bug(what: impl std::fmt::Display, detail: impl std::fmt::Display) -> Self {
+        tracing::error!(%detail, "{what}");
+        Self::internal(format!("{what} (a bug, logged)"))
     }
 
     /// Prefixes the message with where the error happened.

@@ -298,10 +298,9 @@ fn handler_panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response 
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("a panic without a message");
-    tracing::error!(panic = what, "a request handler panicked");
-    // The message stays in the log: it may quote another tenant's data.
-    axum::response::IntoResponse::into_response(ApiError::internal(
-        "the server failed answering this request (a bug, logged)",
+    axum::response::IntoResponse::into_response(ApiError::bug(
+        "the server failed answering this request",
+        what,
     ))
 }
 
