@@ -15,7 +15,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Reap, Server, eventually, get_json};
+use common::{HeldAddr, Reap, Server, eventually, get_json, wait_listening};
 
 /// Builds `fixtures/deployapp` with `slowdown` into `out`.
 fn build(dir: &Path, slowdown: u32, out: &str) -> std::path::PathBuf {
@@ -41,20 +41,18 @@ fn build(dir: &Path, slowdown: u32, out: &str) -> std::path::PathBuf {
     binary
 }
 
-/// A free loopback `host:port`.
-fn free_addr() -> String {
-    format!("127.0.0.1:{}", frostdb_core::testing::free_port())
-}
-
-/// Starts `binary` listening on `addr`.
-fn start(binary: &Path, addr: &str) -> Reap {
+/// Starts `binary` on the address `held` kept for it, once it listens there.
+async fn start(binary: &Path, held: HeldAddr) -> Reap {
+    let addr = held.release();
     let child = std::process::Command::new(binary)
-        .args(["-addr", addr])
+        .args(["-addr", &addr])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("deployapp");
-    Reap(child)
+    let mut app = Reap(child);
+    wait_listening(&mut app.0, &addr).await;
+    app
 }
 
 /// The latest comparison of `service` in an `/api/v1/regressions` answer.
@@ -89,28 +87,33 @@ async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_
         build(dir.path(), 1, "deployapp-2-same"),
     );
     // (service, version, binary, address): the old versions run first; the new ones are
-    // deployed once the server has profiles of the old (their targets are down until then).
+    // deployed once the server has profiles of the old. Their addresses are held until
+    // then: scraping them is refused, as a target that is down, and no other test's server
+    // takes their ports meanwhile.
     let apps = [
-        ("shop", "1.0", &v1, free_addr()),
-        ("cart", "1.0", &v1, free_addr()),
-        ("shop", "2.0", &v2_slow, free_addr()),
-        ("cart", "2.0", &v2_same, free_addr()),
-    ];
-    let mut running: Vec<Reap> = apps[..2]
-        .iter()
-        .map(|(_, _, binary, addr)| start(binary, addr))
-        .collect();
+        ("shop", "1.0", &v1),
+        ("cart", "1.0", &v1),
+        ("shop", "2.0", &v2_slow),
+        ("cart", "2.0", &v2_same),
+    ]
+    .map(|(service, version, binary)| (service, version, binary, HeldAddr::new()));
     let min_profiles = min_profiles();
     let mut config = format!(
         "[regressions]\ninterval = \"1s\"\nmin_profiles = {min_profiles}\nmin_increase = 0.05\n"
     );
-    for (i, (service, version, _, addr)) in apps.iter().enumerate() {
+    for (i, (service, version, _, held)) in apps.iter().enumerate() {
         // 2 s CPU profiles, every 3 s.
         config.push_str(&format!(
-            "\n[[scrape]]\njob = \"app-{i}\"\ntargets = [\"{addr}\"]\ninterval = \"3s\"\n\
-             profiles = [\"cpu\"]\nlabels = {{ service_name = \"{service}\", version = \"{version}\" }}\n"
+            "\n[[scrape]]\njob = \"app-{i}\"\ntargets = [\"{}\"]\ninterval = \"3s\"\n\
+             profiles = [\"cpu\"]\nlabels = {{ service_name = \"{service}\", version = \"{version}\" }}\n",
+            held.addr
         ));
     }
+    let [old_shop, old_cart, new_shop, new_cart] = apps;
+    let mut running = vec![
+        start(old_shop.2, old_shop.3).await,
+        start(old_cart.2, old_cart.3).await,
+    ];
     let s = Server::start(&dir.path().join("data"), Some(&config));
     // The deploy: once both old versions have a profile stored, the new ones start.
     let deployed = eventually(Duration::from_secs(60), async || {
@@ -120,11 +123,8 @@ async fn a_slowed_function_is_reported_across_deploys_and_an_unchanged_build_is_
     })
     .await;
     assert!(deployed, "no profile of the old versions:\n{}", s.log());
-    running.extend(
-        apps[2..]
-            .iter()
-            .map(|(_, _, binary, addr)| start(binary, addr)),
-    );
+    running.push(start(new_shop.2, new_shop.3).await);
+    running.push(start(new_cart.2, new_cart.3).await);
     let url = format!("{}/api/v1/regressions", s.url);
     // Both services compared with enough profiles on each side (bounded wait).
     let mut answer = serde_json::Value::Null;

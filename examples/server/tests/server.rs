@@ -1294,7 +1294,9 @@ async fn scrapes_every_go_profile_and_reports_targets_that_are_down() {
     let dir = tempfile::tempdir().unwrap();
     let goapp = format!("127.0.0.1:{}", free_port());
     let _goapp = Kill(start_goapp(&goapp, &dir.path().join("goapp")));
-    let down = format!("127.0.0.1:{}", free_port());
+    // Held for the whole test: refused, and no other test's server takes its port.
+    let down = common::HeldAddr::new();
+    let down = &down.addr;
     let config = format!(
         r#"
 [[scrape]]

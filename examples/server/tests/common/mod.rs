@@ -368,6 +368,45 @@ pub(crate) async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> 
     }
 }
 
+/// A loopback address held bound, not listening, until [`HeldAddr::release`]: a connection
+/// to it is refused, as to a target that is down, and no other process can take its port
+/// meanwhile. A port found free and let go is soon another test's server, answering 404 to
+/// a scrape meant for a program started later.
+pub(crate) struct HeldAddr {
+    socket: tokio::net::TcpSocket,
+    pub(crate) addr: String,
+}
+
+impl HeldAddr {
+    pub(crate) fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind("127.0.0.1:0".parse().unwrap())
+            .expect("a loopback port");
+        let addr = socket.local_addr().expect("its address").to_string();
+        Self { socket, addr }
+    }
+
+    /// Lets the port go, for a child to bind now: its address.
+    pub(crate) fn release(self) -> String {
+        drop(self.socket);
+        self.addr
+    }
+}
+
+/// Waits (bounded) until `child` accepts connections at `addr`, failing the test with its
+/// exit status if it ended first (a port another process took, a crash).
+pub(crate) async fn wait_listening(child: &mut std::process::Child, addr: &str) {
+    let up = eventually(Duration::from_secs(30), async || {
+        if let Some(status) = child.try_wait().expect("a child's status") {
+            panic!("{addr}: the program ended before it listened: {status}");
+        }
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    assert!(up, "{addr}: nothing listening after 30 s");
+}
+
 /// A child process killed and reaped on drop.
 pub(crate) struct Reap(pub(crate) std::process::Child);
 impl Drop for Reap {
