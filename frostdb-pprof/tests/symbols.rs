@@ -268,3 +268,83 @@ fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
     );
     assert_eq!(after, before);
 }
+
+/// A merge holds every symbol partition its stacks are in until its report is written,
+/// whether the cache keeps them or not: they are reserved from the query memory pool as
+/// they are taken, and a range whose partitions do not fit is refused naming the limit,
+/// where it used to hold them all uncounted (one partition an hour at least: a month's
+/// range is hundreds). A range of fewer partitions still answers.
+#[test]
+fn a_merges_symbol_partitions_are_held_within_the_query_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let symbols = SymbolOptions {
+        cache_bytes: 1,
+        ..SymbolOptions::default()
+    };
+    let open = |query_memory: Option<usize>| {
+        ProfileStore::open(
+            Db::open(dir.path(), DbOptions::default()).unwrap(),
+            StoreOptions::default()
+                .symbols(symbols)
+                .query_memory(query_memory),
+        )
+        .unwrap()
+    };
+    // Ten partitions of 2,000 distinct stacks each, a millisecond apart.
+    let store = open(None);
+    for p in 0..10u64 {
+        ingest(&store, p * 2_000, 2_000, 1_000 + p as i64);
+        store.rotate_symbols();
+    }
+    store.db().flush().unwrap();
+    let first = TimeRange {
+        start_ms: 1_000,
+        end_ms: 1_001,
+    };
+    // What one partition takes: the cache keeps the last one read, and only it.
+    store.merge(&all(), first).unwrap();
+    let partition = store.symbol_memory_bytes();
+    assert!(partition > 0);
+    drop(store);
+
+    // Three partitions' worth: far more than the sums of all 20,000 stacks (160 KB).
+    let store = open(Some(3 * partition));
+    let one = store.merge(&all(), first).unwrap();
+    assert_eq!(one.total(), testing::total(0, 2_000));
+    drop(one);
+    let err = store.merge(&all(), TimeRange::ALL).unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("partitions") && message.contains("query memory limit"),
+        "{message}"
+    );
+    // The refused merge gave back what it had reserved: a merge that fits answers.
+    let again = store.merge(&all(), first).unwrap();
+    assert_eq!(again.total(), testing::total(0, 2_000));
+}
+
+/// A pprof export holds a location id for every location of every stack, and their
+/// encoding: what it is charged covers both, location by location. (A call tree's charge
+/// stops at the tree's node cap; an export has no such cap, and was charged as a tree.)
+#[test]
+fn a_pprof_export_is_charged_every_location_it_writes() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    ingest(&store, 0, 2_000, 1_000);
+    let merged = store.merge(&all(), TimeRange::ALL).unwrap();
+    let p = frostdb_pprof::report::pprof::to_profile(&merged).unwrap();
+    let ids: usize = p.sample.iter().map(|s| s.location_id.len()).sum();
+    assert_eq!(ids, 2_000 * 6);
+    let encoded: usize = p.sample.iter().map(prost::Message::encoded_len).sum();
+    let charged = merged.export_bytes();
+    assert!(
+        charged >= ids * 8 + encoded,
+        "{charged} bytes charged for {ids} ids and {encoded} bytes of samples"
+    );
+    // And not the tree's charge, which counts frames' names once per distinct frame.
+    assert_ne!(charged, merged.frame_bytes());
+}

@@ -52,6 +52,10 @@ pub const MAX_SQL_ANSWER_BYTES: usize = 64 << 20;
 /// (column names repeat in every row: a short query's rows can be far larger in JSON than
 /// in Arrow).
 pub const MAX_SQL_JSON_BYTES: usize = 64 << 20;
+
+/// The most bytes of one JSON answer of the API (series, labels, flame graphs, ranges,
+/// regressions): a flame graph of 2^20 nodes is tens of megabytes.
+pub const MAX_JSON_ANSWER_BYTES: usize = 256 << 20;
 /// The longest SQL text taken.
 pub const MAX_SQL_BYTES: usize = 256 << 10;
 
@@ -338,6 +342,18 @@ pub(crate) async fn diff_then<T: Send + 'static>(
         .await
 }
 
+/// Reserves what a pprof export of `merged` holds besides its report's reservation
+/// ([`frostdb_pprof::Merged::export_bytes`]: a location id per location of every stack,
+/// which no node cap bounds), until the guard is dropped.
+pub(crate) fn reserve_export(
+    budget: &frostdb_core::MemoryBudget,
+    merged: &frostdb_pprof::Merged,
+) -> ApiResult<frostdb_core::Reservation> {
+    budget
+        .try_reserve(merged.export_bytes(), "the pprof export")
+        .map_err(ApiError::over_budget)
+}
+
 /// About what a report (flame graph, top table, pprof) of `merged` holds while it is built:
 /// a line per stack, and a call tree of a node per frame at most, each written with its
 /// names ([`frostdb_pprof::Merged::frame_bytes`], up to the most a tree is built with): a
@@ -352,6 +368,7 @@ fn report_bytes(merged: &frostdb_pprof::Merged) -> usize {
     lines
         .max(merged.frame_bytes())
         .saturating_add(merged.series_bytes())
+        .saturating_add(merged.symbols.walk_bytes())
 }
 
 /// A profile type as the API lists it.
@@ -438,11 +455,22 @@ async fn series(
 ) -> ApiResult<Response> {
     let (range, selector) = (p.range()?, p.selector()?.unwrap_or_default());
     let lenient = p.lenient;
+    let budget = state.budget.clone();
     let read = move |store: &frostdb_pprof::ProfileStore| {
         // Strict: from the series index; lenient: from the sample rows, counting what it
         // could not read.
         let read = store.series(&selector, range, None, ReadOptions::lenient(lenient))?;
         let (series, failed) = (read.value, read.blocks_failed);
+        // The read's reservation ended with it: its labels, and their copies in the
+        // answer, are held again until the answer is written.
+        let labels: usize = series
+            .iter()
+            .flat_map(|s| &s.labels)
+            .map(|(k, v)| k.len() + v.len() + 48)
+            .fold(0, usize::saturating_add);
+        let _held = budget
+            .try_reserve(labels.saturating_mul(2), "the listed series")
+            .map_err(ApiError::over_budget)?;
         // Written here, in the lane, straight from the series (no tree of values, and no
         // serializing on an async thread).
         #[derive(serde::Serialize)]
@@ -529,13 +557,23 @@ async fn query(
     if !(0.0..=1.0).contains(&fraction) {
         return Err(ApiError::bad_request("node_fraction must be within 0..1"));
     }
+    let cap = crate::querier::MAX_NODES_CAP as usize;
+    if p.max_nodes.is_some_and(|n| n > cap) {
+        return Err(ApiError::bad_request(format!(
+            "max_nodes may be at most {cap}"
+        )));
+    }
     let render = RenderOptions {
         max_nodes: p.max_nodes,
         node_fraction: fraction,
         title: p.selector.clone().unwrap_or_default(),
     };
+    let budget = state.budget.clone();
     let draw = move |merged: frostdb_pprof::Merged| {
         let failed = merged.blocks_failed;
+        let _export = (format == Format::Pprof)
+            .then(|| reserve_export(&budget, &merged))
+            .transpose()?;
         Ok((report::render(&merged, format, &render)?, failed))
     };
     let (bytes, failed) = match state.tenants.for_read(&tenant).await? {
@@ -757,8 +795,37 @@ fn range_body(
 
 /// An answer written as JSON bytes (in the query lane, rather than serialized on an async
 /// thread by `Json`).
+///
+/// At most [`MAX_JSON_ANSWER_BYTES`]: past them it stops writing and refuses the request
+/// (413, naming the limit). What an answer's values take in memory is not what their JSON
+/// takes: a control character in a label or a name is written as six bytes, and an answer
+/// built within its reservation could otherwise be written many times larger.
 pub(crate) fn json_bytes(answer: &impl serde::Serialize) -> ApiResult<Vec<u8>> {
-    serde_json::to_vec(answer).map_err(|e| ApiError::internal(format!("the answer to JSON: {e}")))
+    /// A `Vec` that refuses to grow past the limit.
+    struct Capped(Vec<u8>);
+    impl std::io::Write for Capped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0.len().saturating_add(buf.len()) > MAX_JSON_ANSWER_BYTES {
+                return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, "cap"));
+            }
+            self.0.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = Capped(Vec::new());
+    match serde_json::to_writer(&mut out, answer) {
+        Ok(()) => Ok(out.0),
+        Err(e) if e.io_error_kind() == Some(std::io::ErrorKind::FileTooLarge) => {
+            Err(ApiError::too_large(format!(
+                "the answer is over the limit of {MAX_JSON_ANSWER_BYTES} bytes of JSON \
+                 (a narrower selector or a shorter range answers with less)"
+            )))
+        }
+        Err(e) => Err(ApiError::internal(format!("the answer to JSON: {e}"))),
+    }
 }
 
 /// A response of JSON bytes [`json_bytes`] wrote.
@@ -998,6 +1065,35 @@ fn rows_json(batches: &[RecordBatch], limit: usize) -> ApiResult<(Vec<u8>, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A JSON answer stops at its limit, refused naming it, however small the values it is
+    /// written from: a control character is six bytes of JSON. Below it, it is written.
+    #[test]
+    fn a_json_answer_stops_at_its_limit() {
+        /// `n` strings of a MiB of U+0001, made as they are written.
+        struct Controls(usize);
+        impl serde::Serialize for Controls {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeSeq;
+                let one = "\u{1}".repeat(1 << 20);
+                let mut seq = s.serialize_seq(Some(self.0))?;
+                for _ in 0..self.0 {
+                    seq.serialize_element(&one)?;
+                }
+                seq.end()
+            }
+        }
+        // 43 MiB of values, 258 MiB of JSON.
+        let err = json_bytes(&Controls(43)).unwrap_err();
+        let body = format!("{err:?}");
+        assert!(body.contains(&MAX_JSON_ANSWER_BYTES.to_string()), "{body}");
+        assert_eq!(
+            err.into_response().status(),
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        let fits = json_bytes(&Controls(2)).unwrap();
+        assert_eq!(fits.len(), 2 * 6 * (1 << 20) + 2 * 2 + 3);
+    }
 
     /// A `query_range` answer is the series' points as JSON, averaged when asked; past its
     /// point limit it is refused, naming the limit, rather than built.

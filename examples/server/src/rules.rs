@@ -245,17 +245,27 @@ pub fn routes() -> Router<Shared> {
     )
 }
 
-/// The tenant's rules, each with where it is set, its series and what it dropped.
+/// The tenant's rules, each with where it is set, its series and what it dropped: read (a
+/// closed tenant's from its file, up to `max_rules` of 64 KiB) and written as JSON on a
+/// blocking thread, not one of the threads that accept requests.
 async fn list(
     State(state): State<Shared>,
     crate::TenantId(tenant): crate::TenantId,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<axum::response::Response> {
+    let body = tokio::task::spawn_blocking(move || listed(&state, &tenant))
+        .await
+        .map_err(|e| ApiError::job_failed("listing recording rules", e))??;
+    Ok(crate::query::json_response(body))
+}
+
+/// [`list`]'s answer.
+fn listed(state: &Shared, tenant: &str) -> ApiResult<Vec<u8>> {
     let rules = &state.rules;
-    let configured = rules.configured.get(&tenant).cloned().unwrap_or_default();
-    let recorded = rules.recorders.lock().get(&tenant).map(|r| r.status());
+    let configured = rules.configured.get(tenant).cloned().unwrap_or_default();
+    let recorded = rules.recorders.lock().get(tenant).map(|r| r.status());
     let all = match &recorded {
         Some(status) => status.iter().map(|s| s.rule.clone()).collect(),
-        None => rules.all(&tenant)?,
+        None => rules.all(tenant)?,
     };
     let out: Vec<Value> = all
         .into_iter()
@@ -271,11 +281,11 @@ async fn list(
             })
         })
         .collect();
-    Ok(Json(json!({
+    crate::query::json_bytes(&json!({
         "rules": out,
         "max_rules": rules.limits.max_rules,
         "max_series": rules.limits.max_series,
-    })))
+    }))
 }
 
 /// Most bytes of a recording rule set over the API.

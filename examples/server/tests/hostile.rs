@@ -346,6 +346,18 @@ async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
         .await;
         assert_eq!(status, 400, "from={from}: {body}");
     }
+    // A flame graph of more nodes than Pyroscope's routes allow: its JSON would be sized
+    // by the request, not by the cap.
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/query?selector={selector}&max_nodes=1048577",
+            s.url
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("max_nodes may be at most 1048576"), "{body}");
     for from in ["-9223372036854775808", "now%C3%A9"] {
         let (status, body) = get(
             &format!("{}/pyroscope/render?query={selector}&from={from}", s.url),

@@ -39,7 +39,10 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
     let mut function_ids: HashMap<crate::symbols::Function<'_>, u64> = HashMap::default();
     let mut location_ids: HashMap<u64, u64> = HashMap::default();
     let mut location_content: HashMap<LocationContent, u64> = HashMap::default();
-    // Each stack's pprof locations, built once (a stack may be in many series).
+    // Each stack's pprof locations, built once when a stack may be in many series (kept
+    // apart); without series each stack is one sample, and a copy of its ids would be
+    // another id per frame of every stack for nothing.
+    let keep = !merged.series.is_empty();
     let mut stacks: HashMap<crate::symbols::StackId, Vec<u64>> = HashMap::default();
     // The marker locations ending stacks cut by `MAX_STACK_DEPTH`, by frames left out.
     let mut markers: HashMap<usize, u64> = HashMap::default();
@@ -159,11 +162,16 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
             location_ids.insert(location, id);
             ids.push(id);
         }
-        stacks.insert(stack, ids.clone());
+        if keep {
+            stacks.insert(stack, ids.clone());
+        }
         Ok(ids)
     };
+    // A request that ended stops the export within a thousand stacks.
+    let mut pace = crate::decode::charge::Pace::new();
     if merged.series.is_empty() {
         for (stack, value) in &merged.samples {
+            pace.tick()?;
             let location_id = locations_of(*stack, &mut p, &mut strings)?;
             p.sample.push(Sample {
                 location_id,
@@ -182,6 +190,7 @@ pub fn to_profile(merged: &Merged) -> Result<Profile> {
                 })
                 .collect();
             for (stack, value) in samples {
+                pace.tick()?;
                 let location_id = locations_of(*stack, &mut p, &mut strings)?;
                 p.sample.push(Sample {
                     location_id,

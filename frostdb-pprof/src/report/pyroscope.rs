@@ -293,7 +293,9 @@ impl Timeline {
             if t >= start && t < end {
                 let i = ((t - start) / step_ms) as usize;
                 if let Some(s) = samples.get_mut(i) {
-                    *s += v.max(0.0).round() as u64;
+                    // Saturating, as every sum of a report is: series' points of up to
+                    // 2^63 each in one bucket.
+                    *s = s.saturating_add(v.max(0.0).round() as u64);
                 }
             }
         }
@@ -421,6 +423,15 @@ mod tests {
     use super::*;
 
     use crate::report::tree::Tree;
+
+    /// Series' points summed into one bucket saturate: two of 2^63 (each a sum that
+    /// saturated at `i64::MAX`) wrapped to 0 before.
+    #[test]
+    fn a_timelines_bucket_saturates() {
+        let big = i64::MAX as f64;
+        let t = Timeline::new(&[(0, big), (1, big), (10_000, 5.0)], 0, 20_000, 10);
+        assert_eq!(t.samples, vec![u64::MAX, 5]);
+    }
 
     /// A flame graph of `(depth, name, self)` in depth-first order, totals summed.
     fn graph(nodes: &[(usize, &str, i64)]) -> FlameGraph {

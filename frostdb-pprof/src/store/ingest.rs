@@ -624,7 +624,7 @@ impl ProfileStore {
             }
             self.await_group(&slot)?.wait()?;
             if let (Some(recorder), Some(rows)) = (recorder, observed) {
-                match self.symbols.view([partition.id()]) {
+                match self.symbols.view([partition.id()], &self.memory) {
                     Ok(symbols) => recorder.observe_batch(&rows, &symbols),
                     // Stored, but not counted: said, never silent.
                     Err(error) => tracing::warn!(

@@ -93,6 +93,31 @@ impl Merged {
         total.min((2 * crate::report::tree::MAX_TREE_NODES).saturating_mul(longest))
     }
 
+    /// About the bytes a pprof export of it holds ([`crate::report::pprof::to_profile`],
+    /// then its encoding): a sample of each stack with a location id per location (cut as
+    /// reports cut stacks), and the encoded ids. Unlike a call tree's, an export's size has
+    /// no node cap: it grows with every location of every stack, so it is charged them all.
+    /// Series kept apart are charged their copies besides ([`Merged::series_bytes`]).
+    pub fn export_bytes(&self) -> usize {
+        // A location id in the sample, and its encoding (2 bytes, packed, mostly); a
+        // sample's message, value and encoding.
+        const PER_LOCATION: usize = 8 + 2;
+        const PER_SAMPLE: usize = 96;
+        let mut pace = crate::decode::charge::Pace::new();
+        let mut total = 0usize;
+        for (stack, _) in &self.samples {
+            if pace.tick().is_err() {
+                break;
+            }
+            let depth = self
+                .symbols
+                .depth(*stack)
+                .min(crate::report::MAX_STACK_DEPTH + 1);
+            total = total.saturating_add(depth * PER_LOCATION + PER_SAMPLE);
+        }
+        total
+    }
+
     /// About the bytes a report of its series apart holds for them (a pprof export keeps
     /// each series' samples): every stack of every series, with its location ids (a stack
     /// in many series is copied into each) and the series' labels. A merge of few stacks
@@ -385,7 +410,9 @@ impl ProfileStore {
     fn symbols_of(&self, stacks: &[(u64, i64)]) -> Result<Symbols> {
         let mut partitions: Vec<u32> = stacks.iter().map(|(id, _)| split_id(*id).0).collect();
         partitions.dedup();
-        let mut symbols = self.symbols.view(partitions.iter().copied())?;
+        let mut symbols = self
+            .symbols
+            .view(partitions.iter().copied(), &self.memory)?;
         if self.db.is_read_only()
             && let Some((id, _)) = stacks
                 .iter()
@@ -393,7 +420,7 @@ impl ProfileStore {
         {
             // A reader's cached partition from before its writer added to it: read again.
             self.symbols.forget(split_id(*id).0);
-            symbols = self.symbols.view(partitions)?;
+            symbols = self.symbols.view(partitions, &self.memory)?;
         }
         if let Some((id, _)) = stacks
             .iter()

@@ -15,10 +15,11 @@ mod partition;
 mod tables;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{Error, Result};
@@ -92,6 +93,9 @@ pub(crate) struct SymbolStore {
     options: SymbolOptions,
     current: RwLock<(Arc<Partition>, Instant)>,
     cache: Mutex<Cache>,
+    /// Every closed partition some result still holds, evicted from the cache or not: a
+    /// merge needing one finds it here rather than reading a second copy from the tables.
+    live: Mutex<HashMap<u32, Weak<Partition>>>,
     /// One load from the tables at a time (two merges needing the same partition read it once).
     loading: Mutex<()>,
 }
@@ -115,6 +119,7 @@ impl SymbolStore {
             options,
             current: RwLock::new((Arc::new(Partition::new(id)), Instant::now())),
             cache: Mutex::new(Cache::default()),
+            live: Mutex::new(HashMap::new()),
             loading: Mutex::new(()),
         }
     }
@@ -128,6 +133,7 @@ impl SymbolStore {
             // No stored partition has this id (ids count up from 1).
             current: RwLock::new((Arc::new(Partition::new(u32::MAX)), Instant::now())),
             cache: Mutex::new(Cache::default()),
+            live: Mutex::new(HashMap::new()),
             loading: Mutex::new(()),
         }
     }
@@ -135,6 +141,7 @@ impl SymbolStore {
     /// Drops partition `id` from the cache, to be read again (a reader's copy of a partition
     /// its writer has added to since).
     pub(crate) fn forget(&self, id: u32) {
+        self.live.lock().remove(&id);
         let mut cache = self.cache.lock();
         if let Some(at) = cache.entries.iter().position(|p| p.id() == id)
             && let Some(p) = cache.entries.remove(at)
@@ -191,15 +198,28 @@ impl SymbolStore {
                 return Ok(c.0.clone());
             }
         }
-        if let Some(p) = self.cache.lock().get(id) {
+        let held = || {
+            let p = self.live.lock().get(&id).and_then(Weak::upgrade)?;
+            // Evicted while a result held it: in use again, so cached again.
+            self.cache
+                .lock()
+                .insert(p.clone(), self.options.cache_bytes);
+            Some(p)
+        };
+        if let Some(p) = self.cache.lock().get(id).or_else(held) {
             return Ok(p);
         }
         let _one_at_a_time = self.loading.lock();
-        if let Some(p) = self.cache.lock().get(id) {
+        if let Some(p) = self.cache.lock().get(id).or_else(held) {
             return Ok(p);
         }
         let started = Instant::now();
         let p = Arc::new(self.tables.load(id)?);
+        {
+            let mut live = self.live.lock();
+            live.retain(|_, p| p.strong_count() > 0);
+            live.insert(id, Arc::downgrade(&p));
+        }
         tracing::debug!(
             partition = id,
             bytes = p.bytes(),
@@ -213,15 +233,39 @@ impl SymbolStore {
         Ok(p)
     }
 
-    /// The symbols of the partitions `ids`.
-    pub(crate) fn view(&self, ids: impl IntoIterator<Item = u32>) -> Result<Symbols> {
+    /// The symbols of the partitions `ids`, each closed one reserved from `pool` as it is
+    /// taken, for as long as the result holds it: a merge over a long range holds every
+    /// partition its stacks are in (one an hour at least), evicted from the cache or not,
+    /// and one that would hold more than the query memory limit is refused before it
+    /// reads the rest, naming the limit. (A cached partition is counted in the store's
+    /// memory as well: at most [`SymbolOptions::cache_bytes`] counted twice.)
+    pub(crate) fn view(
+        &self,
+        ids: impl IntoIterator<Item = u32>,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> Result<Symbols> {
         let mut partitions = BTreeMap::new();
+        let held = MemoryConsumer::new("the symbols of the merged stacks").register(pool);
+        let current = self.current.read().0.id();
         for id in ids {
-            if let std::collections::btree_map::Entry::Vacant(e) = partitions.entry(id) {
-                e.insert(self.partition(id)?);
+            if partitions.contains_key(&id) {
+                continue;
             }
+            let p = self.partition(id)?;
+            if id != current {
+                held.try_grow(p.bytes()).map_err(|e| {
+                    Error::from(e).at(format!(
+                        "the symbols of {} partitions (a shorter range reads fewer)",
+                        partitions.len() + 1
+                    ))
+                })?;
+            }
+            partitions.insert(id, p);
         }
-        Ok(Symbols { partitions })
+        Ok(Symbols {
+            partitions,
+            _held: Some(Arc::new(held)),
+        })
     }
 
     /// Bytes of symbols held in memory: the current partition and the cache.
@@ -238,6 +282,7 @@ impl SymbolStore {
 
     /// Drops cached partitions below `id` (their tables' rows were deleted).
     pub(crate) fn forget_below(&self, id: u32) {
+        self.live.lock().retain(|&p, _| p >= id);
         let mut cache = self.cache.lock();
         let mut kept = VecDeque::new();
         let mut bytes = 0;
@@ -252,10 +297,12 @@ impl SymbolStore {
     }
 }
 
-/// Resolved symbols: the partitions a result refers to, kept alive as long as it is.
+/// Resolved symbols: the partitions a result refers to, kept alive as long as it is, and
+/// reserved from the query memory pool meanwhile.
 #[derive(Debug, Clone, Default)]
 pub struct Symbols {
     partitions: BTreeMap<u32, Arc<Partition>>,
+    _held: Option<Arc<MemoryReservation>>,
 }
 
 impl Symbols {
@@ -294,6 +341,16 @@ impl Symbols {
     pub(crate) fn locations(&self, stack: StackId) -> Option<(&Partition, &[u32])> {
         let p = self.partition(stack.partition())?;
         Some((p, p.stack(stack.index())?))
+    }
+
+    /// About the bytes a report's walk of these symbols holds besides its output: a slot
+    /// of 8 bytes for each location of each partition (the flame graph's and the top
+    /// table's per-partition arrays).
+    pub fn walk_bytes(&self) -> usize {
+        self.partitions
+            .values()
+            .map(|p| p.counts().locations.saturating_mul(8))
+            .fold(0, usize::saturating_add)
     }
 
     /// Whether `stack` is known.

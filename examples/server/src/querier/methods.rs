@@ -361,6 +361,7 @@ impl Querier {
         let dot_nodes = r.max_nodes.map_or(dot::DEFAULT_MAX_NODES, |_| max_nodes);
         let call_site: Vec<String> = call_site.into_iter().map(str::to_owned).collect();
         let range = range(r.start, r.end)?;
+        let budget = self.state.budget.clone();
         self.merge_then(selector, range, move |merged| {
             let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
             let merged = tree::select_call_site(merged, &call_site);
@@ -376,7 +377,7 @@ impl Querier {
                 }
                 querier::ProfileFormat::Pprof => {
                     response.pprof = Some(querier::PprofProfile {
-                        profile: Some(pprof_of(&merged)?),
+                        profile: Some(pprof_of(&merged, &budget)?),
                     });
                 }
                 querier::ProfileFormat::Dot => {
@@ -419,9 +420,10 @@ impl Querier {
             .map(str::to_owned)
             .collect();
         let selector = typed(&r.profile_type_id, &r.label_selector)?;
+        let budget = self.state.budget.clone();
         self.merge_then(selector, range(r.start, r.end)?, move |merged| {
             let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
-            pprof_of(&tree::select_call_site(merged, &call_site))
+            pprof_of(&tree::select_call_site(merged, &call_site), &budget)
         })
         .await
     }
@@ -613,7 +615,12 @@ pub(super) fn label_pairs(labels: Vec<(String, String)>) -> Vec<types::LabelPair
 }
 
 /// The merged profile as `google.v1.Profile` (pprof's messages under Pyroscope's package).
-pub(super) fn pprof_of(merged: &frostdb_pprof::Merged) -> ApiResult<google::Profile> {
+/// What it holds is reserved from `budget` while it is built.
+pub(super) fn pprof_of(
+    merged: &frostdb_pprof::Merged,
+    budget: &frostdb_core::MemoryBudget,
+) -> ApiResult<google::Profile> {
+    let _export = crate::query::reserve_export(budget, merged)?;
     Ok(frostdb_pprof::report::pprof::to_profile(merged)?)
 }
 
