@@ -70,11 +70,22 @@ impl Io {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        use futures::FutureExt;
         let (tx, rx) = mpsc::sync_channel(1);
         self.handle().spawn(async move {
-            let _ = tx.send(future.await);
+            // A panic is answered as the bug it is, not as the runtime gone: a closed
+            // database is a retry, a panic on the same bytes would be one again.
+            let done = std::panic::AssertUnwindSafe(future).catch_unwind().await;
+            let _ = tx.send(done.map_err(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Error::Internal(format!("an I/O task panicked: {message}"))
+            }));
         });
-        rx.recv().map_err(|_| Error::Closed)
+        rx.recv().map_err(|_| Error::Closed)?
     }
 
     /// Spawns `future` on the I/O runtime without waiting.
@@ -118,3 +129,24 @@ pub(crate) const MAX_LEASE_BYTES: u64 = 64 << 10;
 /// [`crate::wal::record::MAX_PAYLOAD`]; room for two.
 pub(crate) const MAX_WAL_OBJECT_BYTES: u64 =
     2 * (crate::wal::record::HEADER + crate::wal::record::MAX_PAYLOAD) as u64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task that panics (a decoder of a damaged footer) is answered as the bug it is,
+    /// naming it, not as the runtime gone ("database is closed", a retry that fails again
+    /// for ever); the runtime goes on running the next.
+    #[test]
+    fn a_task_that_panics_is_an_internal_error_not_a_closed_database() {
+        let io = Io::new().unwrap();
+        let err = io
+            .run(async { panic!("a schema of bit width 24") as () })
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Internal(m) if m.contains("bit width 24")),
+            "{err:?}"
+        );
+        assert_eq!(io.run(async { 7 }).unwrap(), 7);
+    }
+}

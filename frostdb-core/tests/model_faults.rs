@@ -78,6 +78,8 @@ enum Op {
     /// A crash; with `Some(p)`, each file keeps `p`% of its unsynced appends.
     Crash(Option<u8>),
     DiskFull,
+    /// A full disk, and the cut-off of the part of a record that reached it fails too.
+    DiskFullUncut,
     FailSyncs(u8),
     StoreFails(u8),
     StoreTimesOut(u8),
@@ -111,6 +113,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         2 => prop::option::of(0u8..=100).prop_map(Op::Crash),
         1 => Just(Op::DiskFull),
+        1 => Just(Op::DiskFullUncut),
         1 => (1u8..3).prop_map(Op::FailSyncs),
         1 => (1u8..4).prop_map(Op::StoreFails),
         1 => (1u8..3).prop_map(Op::StoreTimesOut),
@@ -264,6 +267,8 @@ impl World {
     fn heal(&self) {
         self.fs.set_full(false);
         self.fs.fail_syncs(0);
+        self.fs.fail_cuts(0);
+        self.fs.full_in(0);
         self.store.heal();
     }
 
@@ -478,6 +483,12 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 recovered = true;
             }
             Op::DiskFull => world.fs.set_full(true),
+            Op::DiskFullUncut => {
+                // Past the next write (a new segment's header, when the log rotates), so
+                // that a record's append is what fails.
+                world.fs.full_in(2);
+                world.fs.fail_cuts(1);
+            }
             Op::FailSyncs(n) => world.fs.fail_syncs(*n as usize),
             Op::StoreFails(n) => world.store.fail_next(*n as usize),
             Op::StoreTimesOut(n) => world.store.time_out_next(*n as usize),
@@ -494,6 +505,27 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     world.recover()?;
     check(&world, &mut model, false, true)?;
     Ok(())
+}
+
+/// A failed append whose cut-off fails too leaves part of a record in the segment: the log
+/// takes no more writes, where the next one was acknowledged after the garbage and the next
+/// open then refused the database; after a crash every acknowledged write is back.
+#[test]
+fn a_failed_append_that_cannot_be_cut_off_stops_the_log() {
+    let write = || Op::Insert {
+        labels: vec![],
+        rows: vec![(0, vec![], 1, 1)],
+    };
+    traced(&[
+        write(),
+        Op::DiskFullUncut,
+        write(),
+        Op::Heal,
+        write(),
+        Op::Crash(None),
+        write(),
+    ])
+    .unwrap();
 }
 
 thread_local! {

@@ -502,8 +502,20 @@ impl Storage {
             let options = ArrowReaderOptions::new()
                 .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
             ArrowReaderMetadata::load_async(&mut reader, options).await
-        })?;
-        let metadata = loaded.map_err(|e| unreadable(table, block, e.to_string()))?;
+        });
+        // arrow-ipc 59 panics on some malformed schemas (the footer's `ARROW:schema`, as in
+        // a WAL record): that block is unreadable, named, not the database closed.
+        let metadata = match loaded {
+            Ok(loaded) => loaded.map_err(|e| unreadable(table, block, e.to_string()))?,
+            Err(Error::Internal(panicked)) => {
+                return Err(unreadable(
+                    table,
+                    block,
+                    format!("decoding its footer failed: {panicked}"),
+                ));
+            }
+            Err(e) => return Err(e),
+        };
         let rows = metadata
             .metadata()
             .row_groups()

@@ -28,6 +28,12 @@ pub(crate) enum Ty {
     Struct(Option<&'static Spec>),
     /// A list of elements of one wire type (1 for booleans), and their spec when structs.
     List(u8, Option<&'static Spec>),
+    /// A list as [`Ty::List`] of at most this many elements: one Parquet sizes a vector by,
+    /// of elements that may take a byte each.
+    ListAtMost(u8, Option<&'static Spec>, u64),
+    /// An i32 that Parquet sizes a vector by (a schema element's children): at least 0 and
+    /// at most the bytes left, as each of its elements takes one at least.
+    Count,
 }
 
 /// The fields of a struct Parquet reads: id and type. Fields not named are skipped by
@@ -47,11 +53,11 @@ fn sent_as(ty: Ty, wire: u8) -> bool {
     match ty {
         Ty::Bool => wire == 1 || wire == 2,
         Ty::I16 => wire == 4,
-        Ty::I32 => wire == 5,
+        Ty::I32 | Ty::Count => wire == 5,
         Ty::I64 => wire == 6,
         Ty::Binary => wire == 8,
         Ty::Struct(_) => wire == 12,
-        Ty::List(..) => wire == 9,
+        Ty::List(..) | Ty::ListAtMost(..) => wire == 9,
     }
 }
 
@@ -141,12 +147,38 @@ const ROW_GROUP: Spec = Spec(&[
     (7, Ty::I16),
 ]);
 
+/// Parquet's `SchemaElement`: 5 is the number of children, which Parquet reserves a vector
+/// of before it reads one.
+const SCHEMA_ELEMENT: Spec = Spec(&[
+    (1, Ty::I32),
+    (2, Ty::I32),
+    (3, Ty::I32),
+    (4, Ty::Binary),
+    (5, Ty::Count),
+    (6, Ty::I32),
+    (7, Ty::I32),
+    (8, Ty::I32),
+    (9, Ty::I32),
+    (10, Ty::Struct(None)),
+]);
+
+/// Most elements of a footer's schema: a table's columns and the root. A table has a few
+/// static columns and one per label name, far fewer; each element builds a type, a path
+/// and a column descriptor of a few hundred bytes.
+pub(crate) const MAX_SCHEMA_ELEMENTS: u64 = 1 << 16;
+
+/// Most row groups of a block: Parquet's own limit (a row group's ordinal is an i16).
+pub(crate) const MAX_ROW_GROUPS: u64 = i16::MAX as u64;
+
 /// Parquet's `FileMetaData`, a file's footer.
 pub(crate) const FILE_META_DATA: Spec = Spec(&[
     (1, Ty::I32),
-    (2, Ty::List(12, None)),
+    (
+        2,
+        Ty::ListAtMost(12, Some(&SCHEMA_ELEMENT), MAX_SCHEMA_ELEMENTS),
+    ),
     (3, Ty::I64),
-    (4, Ty::List(12, Some(&ROW_GROUP))),
+    (4, Ty::ListAtMost(12, Some(&ROW_GROUP), MAX_ROW_GROUPS)),
     (5, Ty::List(12, None)),
     (6, Ty::Binary),
     (7, Ty::List(12, None)),
@@ -340,6 +372,15 @@ pub(crate) fn check_struct(
             }
             4..=6 => {
                 let v = c.zigzag()?;
+                if matches!(expected, Some(Ty::Count))
+                    && u64::try_from(v).map_or(true, |n| n > c.remaining())
+                {
+                    return Err(format!(
+                        "a count of {v} at byte {}, with {} bytes left",
+                        c.at,
+                        c.remaining()
+                    ));
+                }
                 if let Some(id) = top_id {
                     top_field(id, v);
                 }
@@ -363,6 +404,16 @@ pub(crate) fn check_struct(
                 }
                 if !(1..=12).contains(&elem) && left > 0 {
                     return Err(format!("a list of unknown type {elem} at byte {}", c.at));
+                }
+                let (expected, most) = match expected {
+                    Some(Ty::ListAtMost(want, spec, most)) => (Some(Ty::List(want, spec)), most),
+                    other => (other, u64::MAX),
+                };
+                if left > most {
+                    return Err(format!(
+                        "a list of {left} elements at byte {}, more than the {most} it may hold",
+                        c.at
+                    ));
                 }
                 let spec = match expected {
                     Some(Ty::List(want, spec)) => {
@@ -505,6 +556,53 @@ mod tests {
         assert!(err.contains("65536 bytes"), "{err}");
         let err = check_struct(&[field(1, 11), 100, 0x55, 0], &ANY, |_, _| {}).unwrap_err();
         assert!(err.contains("map of 100 entries"), "{err}");
+    }
+
+    /// Counts Parquet sizes vectors by that are not a list's: a schema element's children
+    /// (a 12-byte footer declaring 2^31-1 children asked for 16 GiB before one was read),
+    /// and lists of more schema elements or row groups than a block may have, each of
+    /// which takes a byte of the footer at least.
+    #[test]
+    fn counts_parquet_reserves_by_are_bounded() {
+        let footer = [
+            0x29, 0x1c, 0x48, 0x00, 0x15, 0xfe, 0xff, 0xff, 0xff, 0x0f, 0x00, 0x00,
+        ];
+        let err = check_struct(&footer, &FILE_META_DATA, |_, _| {}).unwrap_err();
+        assert!(err.contains("a count of 2147483647"), "{err}");
+        let negative = [0x29, 0x1c, 0x48, 0x00, 0x15, 0x01, 0x00, 0x00];
+        let err = check_struct(&negative, &FILE_META_DATA, |_, _| {}).unwrap_err();
+        assert!(err.contains("a count of -1"), "{err}");
+        // One child declared, one element after it: as many as bytes allow.
+        let fits = [
+            0x29, 0x2c, 0x48, 0x00, 0x15, 0x02, 0x00, 0x48, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(
+            check_struct(&fits, &FILE_META_DATA, |_, _| {}),
+            Ok(fits.len())
+        );
+        // Lists of empty structs, a byte each: one more than a block may hold is refused.
+        for (field_id, most) in [(2u8, MAX_SCHEMA_ELEMENTS), (4, MAX_ROW_GROUPS)] {
+            let list = |n: u64| {
+                let mut bytes = vec![field(field_id, 9), 0xfc];
+                let mut v = n;
+                while v >= 0x80 {
+                    bytes.push((v as u8) | 0x80);
+                    v >>= 7;
+                }
+                bytes.push(v as u8);
+                bytes.extend(std::iter::repeat_n(0u8, n as usize));
+                bytes.push(0);
+                bytes
+            };
+            let err = check_struct(&list(most + 1), &FILE_META_DATA, |_, _| {}).unwrap_err();
+            assert!(err.contains(&format!("more than the {most}")), "{err}");
+            let at_most = list(most);
+            assert_eq!(
+                check_struct(&at_most, &FILE_META_DATA, |_, _| {}),
+                Ok(at_most.len()),
+                "field {field_id}"
+            );
+        }
     }
 
     /// Parquet reads a field by its id whatever type it was sent as: a known field sent as

@@ -490,6 +490,11 @@ impl FileWal {
             let undo = w.file.set_len(w.current_len);
             if let Err(undo) = undo {
                 tracing::error!(segment = %path, error = %undo, "cannot cut a failed WAL append");
+                // The next record would follow the garbage, be acknowledged, and make the
+                // log unreadable at the next open: no more appends to this log.
+                self.poisoned.set(format!(
+                    "a failed append to WAL segment {path} could not be cut off: {undo}"
+                ));
             }
             return Err(io_err(format!("appending to WAL segment {path}"))(e));
         }

@@ -58,6 +58,11 @@ struct Faults {
     full: AtomicBool,
     /// The next this many fsyncs fail with EIO.
     failing_syncs: AtomicUsize,
+    /// Cuts (`set_len`) still to fail.
+    failing_cuts: AtomicUsize,
+    /// When not 0: the disk fills at this many writes from now (the writes before it, a
+    /// new WAL segment's header, succeed).
+    full_in: AtomicUsize,
     /// Set once crashed: every call fails.
     dead: AtomicBool,
 }
@@ -109,6 +114,16 @@ impl FaultFs {
     /// Makes the next `n` fsyncs (of files or directories) fail.
     pub(crate) fn fail_syncs(&self, n: usize) {
         self.faults.failing_syncs.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` cuts of a file being written (`set_len`) fail.
+    pub(crate) fn fail_cuts(&self, n: usize) {
+        self.faults.failing_cuts.store(n, Ordering::SeqCst);
+    }
+
+    /// The disk fills at the `n`th write from now (0: not by this).
+    pub(crate) fn full_in(&self, n: usize) {
+        self.faults.full_in.store(n, Ordering::SeqCst);
     }
 
     /// The file system after a crash of this one: durable entries with their durable bytes,
@@ -164,6 +179,14 @@ impl WritableFile for FaultFile {
     fn write_all(&self, buf: &[u8]) -> io::Result<()> {
         self.faults.alive()?;
         let mut inode = self.node.lock();
+        let filled = self
+            .faults
+            .full_in
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            == Ok(1);
+        if filled {
+            self.faults.full.store(true, Ordering::SeqCst);
+        }
         if self.faults.full.load(Ordering::SeqCst) {
             inode.live.extend_from_slice(&buf[..buf.len() / 2]);
             return Err(io::Error::new(
@@ -184,6 +207,14 @@ impl WritableFile for FaultFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.faults.alive()?;
+        let failed = self
+            .faults
+            .failing_cuts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(eio("ftruncate failed"));
+        }
         self.node.lock().live.resize(len as usize, 0);
         Ok(())
     }
