@@ -1193,3 +1193,52 @@ fn row_groups_whose_key_range_cannot_hold_a_series_are_skipped() {
     assert_eq!(values(&scan.collect::<Result<Vec<_>, _>>().unwrap()), want);
     assert!(m.row_groups_pruned_by_keys > 0, "{m:?}");
 }
+
+/// A block file lacking a column its manifest entry says holds values (a writer's bug, a
+/// block of another build, tampering): refused by name, where it was read as all null, so
+/// that a query on that label pruned the block's rows away and answered without them.
+#[test]
+fn a_block_lacking_a_column_its_manifest_lists_is_refused_by_name() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::metadata::KeyValue;
+    use parquet::file::properties::WriterProperties;
+
+    let (dir, changed) = two_blocks_the_first_changed(|bytes| {
+        let original = bytes::Bytes::from(bytes.clone());
+        // The same rows without `labels.pod`, padded in the footer to the object's size
+        // (the manifest's), so that only the column is missing.
+        let without = |pad: usize| -> Vec<u8> {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(original.clone())
+                .unwrap()
+                .build()
+                .unwrap();
+            let batches: Vec<RecordBatch> = reader
+                .map(|b| {
+                    let mut b = b.unwrap();
+                    b.remove_column(b.schema().index_of("labels.pod").unwrap());
+                    b
+                })
+                .collect();
+            let props = WriterProperties::builder()
+                .set_key_value_metadata(Some(vec![KeyValue::new("pad".into(), "x".repeat(pad))]))
+                .build();
+            let mut out = Vec::new();
+            let mut w = ArrowWriter::try_new(&mut out, batches[0].schema(), Some(props)).unwrap();
+            for b in &batches {
+                w.write(b).unwrap();
+            }
+            w.close().unwrap();
+            out
+        };
+        let short = original.len() - without(0).len();
+        let mut padded = without(short);
+        let over = padded.len() - original.len();
+        if over > 0 {
+            padded = without(short - over);
+        }
+        assert_eq!(padded.len(), original.len());
+        *bytes = padded;
+    });
+    refused_by_name_on_both_read_paths(&dir, &changed, "\"labels.pod\"");
+}

@@ -596,6 +596,21 @@ impl Storage {
                 ));
             }
         }
+        // A column the manifest says holds values must be in the file: read as absent (all
+        // null), its rows would be pruned from every answer that asks for a value of it,
+        // and the answer given without them.
+        if let Some(name) = block
+            .columns
+            .iter()
+            .find(|(name, stats)| stats.null_count < block.rows as usize && !in_file.contains(name))
+            .map(|(name, _)| name)
+        {
+            return Err(unreadable(
+                table,
+                &block,
+                format!("column {name:?} holds values by the manifest, and the file lacks it"),
+            ));
+        }
         let row_groups = parquet.row_groups();
         if let Some(slice) = block.row_groups()
             && slice.end as usize > row_groups.len()

@@ -43,8 +43,9 @@ pub(crate) const HEADER: usize = 20;
 /// Largest payload accepted when reading; a larger length field means a damaged record.
 pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 /// Largest transaction body, before compression: larger writes are refused, and a payload
-/// that inflates past it is damaged.
-pub(crate) const MAX_BODY: usize = 1 << 30;
+/// that inflates past it is damaged. A byte below [`MAX_PAYLOAD`]: a body stored as it is
+/// (its flag byte first) is a payload replay accepts.
+pub(crate) const MAX_BODY: usize = MAX_PAYLOAD - 1;
 
 /// Most columns one IPC stream of a batch holds. arrow-ipc's reader finds the field of each
 /// dictionary it reads by scanning the whole schema, so one stream of `n` dictionary columns
@@ -189,10 +190,16 @@ pub(crate) fn encode_entries(entries: &[(&str, &RecordBatch)]) -> Result<Vec<u8>
             context: "compressing a WAL record".into(),
             source: e,
         })?;
-        let mut out = Vec::with_capacity(1 + compressed.len());
-        out.push(FLAG_ZSTD);
-        out.extend_from_slice(&compressed);
-        return Ok(out);
+        // Bytes that do not compress (random values) come out of zstd a little larger: they
+        // are stored as they are, so that no payload is larger than its body and its flag,
+        // and none is larger than replay accepts (a body of almost MAX_BODY bytes grew past
+        // MAX_PAYLOAD, and replay dropped the acknowledged write as a torn tail).
+        if compressed.len() < body.len() {
+            let mut out = Vec::with_capacity(1 + compressed.len());
+            out.push(FLAG_ZSTD);
+            out.extend_from_slice(&compressed);
+            return Ok(out);
+        }
     }
     let mut out = Vec::with_capacity(body.len() + 1);
     out.push(0);
@@ -574,6 +581,40 @@ mod tests {
         }
         let err = decode_entries(&[0, 1]).unwrap_err();
         assert!(err.contains("early"), "{err}");
+    }
+
+    /// Bytes that do not compress are stored as they are: a payload is never larger than
+    /// its body and flag byte, so a body within [`MAX_BODY`] is a payload within
+    /// [`MAX_PAYLOAD`], which replay reads back (zstd's frame made a body of random bytes a
+    /// little larger, and one near the limit a record replay took for a torn tail).
+    #[test]
+    fn a_payload_is_never_larger_than_its_body() {
+        use arrow::array::BinaryArray;
+        assert!(1 + MAX_BODY <= MAX_PAYLOAD);
+        // 64 KiB of xorshift bytes: incompressible.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let random: Vec<u8> = (0..1 << 16)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let batch = RecordBatch::try_from_iter([(
+            "blob",
+            Arc::new(BinaryArray::from_iter_values([random.as_slice()])) as _,
+        )])
+        .unwrap();
+        let mut body = Vec::new();
+        write_batch(&mut body, &batch).unwrap();
+        let payload = encode_entries(&[("t", &batch)]).unwrap();
+        // The body: a count, the table's name and length, the stream.
+        let body_len = 2 + 2 + 1 + 4 + body.len();
+        assert_eq!(payload[0], 0, "stored as it is");
+        assert_eq!(payload.len(), 1 + body_len);
+        let back = decode_entries(&payload).unwrap();
+        assert_eq!(back[0].1, batch);
     }
 
     /// A batch wider than one stream (thousands of dictionary-encoded label columns) is
