@@ -33,6 +33,7 @@ use datafusion::catalog::Session;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::functions_aggregate::expr_fn::{max, sum};
 use datafusion::logical_expr::Expr;
@@ -491,12 +492,19 @@ impl Cluster {
         self.bytes_moved.load(Ordering::Relaxed)
     }
 
-    fn context(&self) -> SessionContext {
+    /// A session of the coordinator whose operators (the final aggregate of every stack the
+    /// workers send) reserve from `pool`: the store's query memory, as a merge on this node
+    /// does. (DataFusion's default pool has no limit.)
+    fn context(&self, pool: &Arc<dyn MemoryPool>) -> DfResult<SessionContext> {
         let codec = StackScanCodec {
             source: self.source.clone(),
         };
+        let runtime = datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+            .with_memory_pool(pool.clone())
+            .build_arc()?;
         let state = SessionStateBuilder::new()
             .with_default_features()
+            .with_runtime_env(runtime)
             .with_config(SessionConfig::new().with_target_partitions(2))
             .with_distributed_worker_resolver(self.workers.clone())
             .with_distributed_channel_resolver(self.channels.clone())
@@ -505,7 +513,7 @@ impl Cluster {
             .with_distributed_desired_task_count_handler(desired_tasks)
             .with_distributed_scale_up_leaf_node_handler(scale_up)
             .build();
-        SessionContext::from(state)
+        Ok(SessionContext::from(state))
     }
 
     /// The values summed per stack over `blocks` of tenant `tenant`'s table `table`, for
@@ -522,6 +530,7 @@ impl Cluster {
         range: TimeRange,
         lenient: bool,
         narrow: Option<frostdb_core::Predicate>,
+        pool: &Arc<dyn MemoryPool>,
     ) -> Result<StackTotals> {
         if blocks.is_empty() {
             return Ok(StackTotals::default());
@@ -549,7 +558,7 @@ impl Cluster {
             scan,
             source: self.source.clone(),
         });
-        let ctx = self.context();
+        let ctx = self.context(pool)?;
         // The request's stop condition (its time limit, its client gone), checked while
         // the workers work: a merge for nobody is dropped, which ends its streams to them.
         let stopped = frostdb_core::stopped_now();
@@ -608,6 +617,16 @@ impl Cluster {
             ))
         })?;
         self.bytes_moved.fetch_add(moved, Ordering::Relaxed);
+        // The answer (a row per stack) and its totals, held until the totals are made.
+        let held = MemoryConsumer::new("the cluster's merged stacks").register(pool);
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        held.try_grow(
+            batches
+                .iter()
+                .map(RecordBatch::get_array_memory_size)
+                .sum::<usize>()
+                .saturating_add(rows.saturating_mul(16)),
+        )?;
         totals_of(&batches)
     }
 }
@@ -634,6 +653,7 @@ impl crate::native::BlockMerger for TenantMerger {
         range: TimeRange,
         lenient: bool,
         narrow: Option<frostdb_core::Predicate>,
+        pool: &Arc<dyn MemoryPool>,
     ) -> Result<StackTotals> {
         self.cluster.merge_stacks(
             &self.tenant,
@@ -643,6 +663,7 @@ impl crate::native::BlockMerger for TenantMerger {
             range,
             lenient,
             narrow,
+            pool,
         )
     }
 }

@@ -76,7 +76,9 @@ impl std::ops::Add for StackTotals {
 /// blocks answers.
 pub trait BlockMerger: Send + Sync + std::fmt::Debug {
     /// The values summed per stack over `blocks` of table `table`, for the rows `selector`
-    /// selects in `range` (`narrow`: see [`merge_stacks`]).
+    /// selects in `range` (`narrow`: see [`merge_stacks`]), what it holds reserved from
+    /// `pool` (the store's query memory) as a merge on this node is.
+    #[allow(clippy::too_many_arguments)]
     fn merge_stacks(
         &self,
         table: &str,
@@ -85,6 +87,7 @@ pub trait BlockMerger: Send + Sync + std::fmt::Debug {
         range: TimeRange,
         lenient: bool,
         narrow: Option<frostdb_core::Predicate>,
+        pool: &Arc<dyn MemoryPool>,
     ) -> Result<StackTotals>;
 }
 

@@ -119,6 +119,7 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
                 range,
                 false,
                 None,
+                &pool,
             )
             .unwrap();
         assert_eq!(spread.stacks, here.stacks, "{selector}");
@@ -131,6 +132,35 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     assert!(
         cluster.bytes_moved() > 0,
         "the workers' sums crossed the network"
+    );
+    // What the coordinator holds of the answer is reserved from the store's query memory,
+    // as a merge on one node is: past its limit the merge is refused, naming it (the
+    // coordinator's session had DataFusion's pool without a limit).
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let small = frostdb_query::memory_pool(Some(16));
+    assert!(merge_stacks(&snapshot, &selector, all, 2, false, &small, None).is_err());
+    let refused = cluster
+        .merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            all,
+            false,
+            None,
+            &small,
+        )
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("query memory limit of 16 bytes"),
+        "{refused}"
+    );
+    assert_eq!(
+        small.reserved(),
+        0,
+        "the refused merge gave back what it held"
     );
 
     // A worker goes: the next merge fails, naming the workers; nothing partial.
@@ -145,6 +175,7 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
             all,
             false,
             None,
+            &frostdb_query::memory_pool(None),
         )
         .unwrap_err();
     assert!(
@@ -174,6 +205,7 @@ fn a_worker_with_a_secret_refuses_plans_without_it() {
             TimeRange::ALL,
             false,
             None,
+            &frostdb_query::memory_pool(None),
         )
     };
     for wrong in [None, Some("guess")] {
@@ -299,6 +331,7 @@ fn a_workers_tasks_reserve_from_its_memory_budget() {
             TimeRange::ALL,
             false,
             None,
+            &frostdb_query::memory_pool(None),
         );
         match (merged, fits) {
             (Ok(spread), true) => assert_eq!(spread.stacks, here.stacks),
@@ -350,6 +383,7 @@ fn a_merge_waiting_on_its_workers_stops_when_its_request_ends() {
             TimeRange::ALL,
             false,
             None,
+            &frostdb_query::memory_pool(None),
         )
     })
     .unwrap_err();

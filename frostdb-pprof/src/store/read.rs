@@ -367,6 +367,7 @@ impl ProfileStore {
                         piece.range,
                         lenient,
                         narrow.clone(),
+                        &self.memory,
                     )?;
                     here + there
                 }
