@@ -348,3 +348,31 @@ fn a_pprof_export_is_charged_every_location_it_writes() {
     // And not the tree's charge, which counts frames' names once per distinct frame.
     assert_ne!(charged, merged.frame_bytes());
 }
+
+/// A report is charged its frames' names as it writes them: a name of control characters
+/// is six bytes a character in JSON (and `&` five in SVG), where it was charged its length.
+#[test]
+fn frame_names_are_charged_as_reports_write_them() {
+    let charged = |name: &str| {
+        let store = ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default(),
+        )
+        .unwrap();
+        let mut p = testing::profile(0, 1, 1);
+        // The leaf's function (the first after the five fixed strings).
+        p.string_table[5] = name.to_owned();
+        let profile = validate(p, store.limits()).unwrap();
+        let options = IngestOptions::default()
+            .name("cpu")
+            .delta(false)
+            .timestamp_ms(1_000);
+        store.ingest_profile(&profile, &options).unwrap();
+        store.merge(&all(), TimeRange::ALL).unwrap().frame_bytes()
+    };
+    let plain = charged(&"a".repeat(10_000));
+    let controls = charged(&"\u{1}".repeat(10_000));
+    let entities = charged(&"&".repeat(10_000));
+    assert!(controls >= plain + 50_000, "{controls} against {plain}");
+    assert!(entities >= plain + 50_000, "{entities} against {plain}");
+}

@@ -84,7 +84,13 @@ impl Merged {
                 if depth > crate::report::MAX_STACK_DEPTH + 1 {
                     return;
                 }
-                let text = f.function_name().map_or(0, str::len) + f.filename().len();
+                let (name, file) = (f.function_name().unwrap_or(""), f.filename());
+                let mut text = name.len() + file.len();
+                if text + 40 > PER_FRAME {
+                    // As written: JSON writes a control character as 6 bytes, SVG and DOT
+                    // write `&` as 5; a short name is within the floor however written.
+                    text += 5 * (escaped(name) + escaped(file));
+                }
                 let bytes = text.saturating_add(40).max(PER_FRAME);
                 longest = longest.max(bytes);
                 total = total.saturating_add(bytes);
@@ -163,6 +169,14 @@ impl Merged {
             series: Vec::new(),
         }
     }
+}
+
+/// Bytes of `s` a report writes longer than they are: control characters (JSON's `\u00XX`),
+/// and `&`, `<`, `>`, quotes and backslashes (SVG's and DOT's entities, JSON's escapes).
+fn escaped(s: &str) -> usize {
+    s.bytes()
+        .filter(|&b| b < 0x20 || matches!(b, b'&' | b'<' | b'>' | b'"' | b'\\' | b'\''))
+        .count()
 }
 
 /// What [`ProfileStore::profiles`] read: profiles kept apart, and their symbols.
