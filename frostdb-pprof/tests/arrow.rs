@@ -412,6 +412,7 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
             .max_series(4)
             .limits(Limits {
                 max_samples: 8,
+                max_locations: 12,
                 ..Limits::default()
             }),
     )
@@ -646,6 +647,35 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
             None,
             ErrorKind::InvalidInput,
             "max_stack_depth",
+        ),
+        (
+            "a frame name too long",
+            with(
+                "frames",
+                Arc::new(frames(std::iter::repeat_n(&vec!["f".repeat(65_536)], n))),
+            ),
+            None,
+            ErrorKind::InvalidInput,
+            "row 0 has a frame name of 65536 bytes, over the limit of 65535",
+        ),
+        (
+            "more distinct frames than a profile may have",
+            with("frames", {
+                let stacks: Vec<Vec<String>> = (0..n)
+                    .map(|r| (0..4).map(|f| format!("f{r}.{f}")).collect())
+                    .collect();
+                Arc::new(frames(stacks.iter()))
+            }),
+            None,
+            ErrorKind::LimitExceeded,
+            "distinct frame names of an Arrow batch (max_locations, max_functions) exceeds the limit of 12",
+        ),
+        (
+            "a profile type's value too long",
+            with("name", strings(&"n".repeat(17))),
+            None,
+            ErrorKind::LimitExceeded,
+            "a value of column \"name\", in bytes",
         ),
         (
             "frames not a list",

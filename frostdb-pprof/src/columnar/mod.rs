@@ -329,6 +329,8 @@ impl Input {
                 if let Some(row) = first_null(&column) {
                     return Err(invalid(at, format!("is null at row {row}")));
                 }
+                // Part of every series key of the call, as a label's value is.
+                check_value_lengths(&column, name, label_limits.max_label_value_length)?;
                 let values = column.values().as_string::<i32>();
                 let empty: Vec<bool> = (0..values.len())
                     .map(|i| values.value(i).is_empty())
@@ -514,8 +516,12 @@ pub(crate) fn field(name: &str, array: &dyn Array, nullable: bool) -> Field {
     Field::new(name, array.data_type().clone(), nullable)
 }
 
-/// `List<Utf8>` of column `column` (named `at`): the stacks' frames, each non-null.
-pub(crate) fn frame_lists(column: &ArrayRef, at: &str, max_depth: usize) -> Result<ListArray> {
+/// `List<Utf8>` of column `column` (named `at`): the stacks' frames, each non-null, each
+/// name at most [`crate::convert::trie::MAX_FRAME_BYTES`], and at most `max_locations` (and
+/// `max_functions`) distinct names, as a pprof profile's (each distinct name becomes a
+/// function, a location and a string of the symbol partition).
+pub(crate) fn frame_lists(column: &ArrayRef, at: &str, limits: &Limits) -> Result<ListArray> {
+    let max_depth = limits.max_stack_depth;
     let item_ok = |t: &DataType| is_string_type(t);
     let ok = match column.data_type() {
         DataType::List(item) | DataType::LargeList(item) => item_ok(item.data_type()),
@@ -558,9 +564,35 @@ pub(crate) fn frame_lists(column: &ArrayRef, at: &str, max_depth: usize) -> Resu
     let names: &StringArray = list.values().as_string::<i32>();
     // Only the frames the rows reach: a sliced list may hold others.
     let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
+    let row_of = |i: usize| offsets.partition_point(|&o| o as usize <= i) - 1;
     if let Some(i) = (first..last).find(|&i| names.is_null(i)) {
-        let row = offsets.partition_point(|&o| o as usize <= i) - 1;
-        return Err(invalid(at, format!("row {row} has a null frame")));
+        return Err(invalid(at, format!("row {} has a null frame", row_of(i))));
+    }
+    const MAX_NAME: usize = crate::convert::trie::MAX_FRAME_BYTES;
+    if let Some(i) = (first..last).find(|&i| names.value(i).len() > MAX_NAME) {
+        return Err(invalid(
+            at,
+            format!(
+                "row {} has a frame name of {} bytes, over the limit of {MAX_NAME}",
+                row_of(i),
+                names.value(i).len()
+            ),
+        ));
+    }
+    let most = limits.max_locations.min(limits.max_functions);
+    if last - first <= most {
+        // No more names than that in all.
+        return Ok(list);
+    }
+    let mut distinct: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+        Default::default();
+    for i in first..last {
+        if distinct.insert(names.value(i)) && distinct.len() > most {
+            return Err(Error::TooLarge {
+                what: "distinct frame names of an Arrow batch (max_locations, max_functions)",
+                limit: most,
+            });
+        }
     }
     Ok(list)
 }

@@ -94,7 +94,7 @@ impl StackTable {
         let frames = frame_lists(
             &frames.ok_or_else(|| missing(FRAMES))?,
             &format!("stacks.{FRAMES}"),
-            limits.max_stack_depth,
+            limits,
         )?;
         let mut row_of: HashMap<u64, u32> = HashMap::default();
         row_of.reserve(stack_ids.len());
@@ -164,7 +164,7 @@ impl Stacks {
 
     /// Stacks given inline (`samples.frames`): rows with the same frames share a stack.
     pub(crate) fn inline(column: &ArrayRef, limits: &Limits) -> Result<Self> {
-        let frames = frame_lists(column, &format!("samples.{FRAMES}"), limits.max_stack_depth)?;
+        let frames = frame_lists(column, &format!("samples.{FRAMES}"), limits)?;
         let names = frames.values().as_string::<i32>();
         let offsets = frames.value_offsets();
         let mut by_content: HashMap<u128, u32> = HashMap::default();
