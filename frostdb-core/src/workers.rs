@@ -248,7 +248,7 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
             WorkerMessage::Shutdown => return,
             WorkerMessage::Compact(table) => {
                 if let Some(table) = table.upgrade() {
-                    table.compact_now();
+                    contained("a compaction", || table.compact_now());
                 }
             }
             WorkerMessage::Register(weak, every) => {
@@ -258,13 +258,13 @@ fn worker(rx: mpsc::Receiver<WorkerMessage>) {
             }
             WorkerMessage::Persist(table) => {
                 if let Some(table) = table.upgrade() {
-                    table.persist_now();
+                    contained("a persist", || table.persist_now());
                 }
             }
             WorkerMessage::Maintenance(task, every) => tasks.push(Periodic::new(task, every)),
             WorkerMessage::RelieveWal(log) => {
                 if let Some(log) = log.upgrade() {
-                    log.relieve();
+                    contained("relieving a WAL", || log.relieve());
                 }
             }
         }
@@ -280,11 +280,25 @@ fn run_due(tables: &mut Vec<Periodic<dyn TableWork>>, tasks: &mut Vec<Periodic<d
     let now_ms = crate::now_ms();
     tables.retain(|t| t.what.strong_count() > 0);
     for table in tables.iter_mut().filter_map(|t| t.due(now)) {
-        table.every_interval(now_ms);
+        contained("a table's periodic work", || table.every_interval(now_ms));
     }
     tasks.retain(|t| t.what.strong_count() > 0);
     for task in tasks.iter_mut().filter_map(|t| t.due(now)) {
-        task.run(now_ms);
+        contained("a maintenance task", || task.run(now_ms));
+    }
+}
+
+/// Runs one unit of background work with a panic in it contained and logged: a worker
+/// thread serves many databases, and one that died would stop compacting, persisting and
+/// expiring all of them, every later message to it dropped, with no error anywhere.
+fn contained(what: &str, work: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(what, panic = %message, "background work panicked; the worker goes on");
     }
 }
 
@@ -335,6 +349,37 @@ mod tests {
                 .lock()
                 .push(self.busy.compactions.load(Ordering::SeqCst));
         }
+    }
+
+    /// A task that panics.
+    struct Panicking;
+
+    impl Maintenance for Panicking {
+        fn run(&self, _: i64) {
+            panic!("one tenant's bug");
+        }
+    }
+
+    /// A panic in one database's background work is contained: the worker goes on with the
+    /// next message and every other database's work (its thread died, and with it the work
+    /// of every database it served).
+    #[test]
+    fn a_panic_in_one_databases_work_leaves_the_worker_running() {
+        let (tx, rx) = mpsc::channel();
+        let busy = Arc::new(Busy {
+            tx: tx.clone(),
+            me: std::sync::OnceLock::new(),
+            compactions: AtomicUsize::new(0),
+        });
+        let weak: Weak<dyn TableWork> = Arc::downgrade(&busy) as _;
+        assert!(busy.me.set(weak.clone()).is_ok(), "set once");
+        let panicking = Arc::new(Panicking);
+        let as_task: Weak<dyn Maintenance> = Arc::downgrade(&panicking) as _;
+        tx.send(WorkerMessage::Maintenance(as_task, Duration::ZERO))
+            .unwrap();
+        tx.send(WorkerMessage::Compact(weak)).unwrap();
+        worker(rx);
+        assert_eq!(busy.compactions.load(Ordering::SeqCst), COMPACTIONS);
     }
 
     /// A task due at every turn runs between the messages of a queue that never empties,
