@@ -21,6 +21,7 @@ use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
 use crate::{Error, Result};
 
+mod frames;
 mod port;
 pub use port::WorkerConnections;
 
@@ -95,17 +96,26 @@ impl datafusion_distributed::ChannelResolver for Channels {
         url: &url::Url,
     ) -> DfResult<Box<dyn datafusion_distributed::WorkerChannel>> {
         let channel = self.channels.get_channel(url).await?;
-        let channel = match self.header.clone() {
-            None => channel,
-            Some(header) => datafusion_distributed::grpc::BoxCloneSyncChannel::new(
-                tower::ServiceBuilder::new()
-                    .map_request(move |mut r: http::Request<tonic::body::Body>| {
+        let header = self.header.clone();
+        let channel = datafusion_distributed::grpc::BoxCloneSyncChannel::new(
+            tower::ServiceBuilder::new()
+                .map_request(move |mut r: http::Request<tonic::body::Body>| {
+                    if let Some(header) = &header {
                         r.headers_mut().insert(AUTHORIZATION, header.clone());
-                        r
+                    }
+                    r
+                })
+                // Each message of the answer within a bound before tonic reserves it.
+                .map_response(|r: http::Response<tonic::body::Body>| {
+                    r.map(|body| {
+                        tonic::body::Body::new(frames::MessagesAtMost::new(
+                            body,
+                            MAX_WORKER_MESSAGE_BYTES,
+                        ))
                     })
-                    .service(channel),
-            ),
-        };
+                })
+                .service(channel),
+        );
         Ok(datafusion_distributed::grpc::create_worker_client(channel))
     }
 }
@@ -113,6 +123,10 @@ impl datafusion_distributed::ChannelResolver for Channels {
 /// Largest request a worker decodes: a plan (with the blocks its tasks read) or a batch of
 /// work units. A merge's plan is a few KiB plus each block's manifest entry.
 pub const MAX_WORKER_REQUEST_BYTES: usize = 64 << 20;
+
+/// Largest message of a worker's answer a coordinator (or another worker) takes: a worker
+/// splits its Arrow Flight data into messages of at most half of it.
+pub const MAX_WORKER_MESSAGE_BYTES: usize = 64 << 20;
 
 /// An object store registry that has none: a worker's plans read only through their
 /// codec's own nodes, so a plan naming files (`file://`, a bucket) reads nothing.
@@ -226,7 +240,8 @@ where
                 .build())
         }
     })
-    .with_runtime_env(runtime);
+    .with_runtime_env(runtime)
+    .with_max_message_size(MAX_WORKER_MESSAGE_BYTES / 2);
     let check = move |request: tonic::Request<()>| -> std::result::Result<_, tonic::Status> {
         let Some(expected) = &header else {
             return Ok(request);
