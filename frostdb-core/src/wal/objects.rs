@@ -40,6 +40,8 @@ pub(crate) struct Kept {
 /// Records appended and not yet uploaded.
 struct Pending {
     frames: Vec<u8>,
+    /// Where each record in `frames` ends, and its transaction.
+    ends: Vec<(usize, u64)>,
     /// Bytes appended since open: the position `sync` makes durable.
     written: u64,
     records: u64,
@@ -202,6 +204,7 @@ impl ObjectWal {
             durability,
             pending: Mutex::new(Pending {
                 frames: Vec::new(),
+                ends: Vec::new(),
                 written: 0,
                 records: 0,
                 last_tx: 0,
@@ -222,6 +225,8 @@ impl ObjectWal {
         let frame = record::frame(tx, payload);
         let mut p = self.pending.lock();
         p.frames.extend_from_slice(&frame);
+        let end = p.frames.len();
+        p.ends.push((end, tx));
         p.written += frame.len() as u64;
         p.records += 1;
         p.last_tx = tx;
@@ -229,7 +234,10 @@ impl ObjectWal {
     }
 
     /// Uploads everything appended up to `position` (and whatever else is pending) as one
-    /// object; concurrent writers share the upload.
+    /// object, or as several in order when it is more than one may hold (records appended
+    /// while a slow upload ran): replay refuses an object over
+    /// [`crate::io::MAX_WAL_OBJECT_BYTES`], and one acknowledged would have kept every
+    /// writer from opening the database. Concurrent writers share the upload.
     pub(crate) fn sync(&self, position: u64) -> Result<()> {
         if self.durable.load(Ordering::Acquire) >= position {
             return Ok(());
@@ -244,19 +252,36 @@ impl ObjectWal {
         {
             std::thread::sleep(max_delay);
         }
-        let (frames, target, last_tx) = {
+        let started = std::time::Instant::now();
+        let (frames, ends, target) = {
             let mut p = self.pending.lock();
-            (std::mem::take(&mut p.frames), p.written, p.last_tx)
+            (
+                std::mem::take(&mut p.frames),
+                std::mem::take(&mut p.ends),
+                p.written,
+            )
         };
+        let limit = crate::io::MAX_WAL_OBJECT_BYTES as usize - MAGIC.len();
+        for (records, last_tx) in objects(&ends, limit) {
+            self.upload(&mut uploaded, &frames[records], last_tx)?;
+        }
+        self.durable.fetch_max(target, Ordering::AcqRel);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        super::add_time(&self.sync_nanos, started);
+        Ok(())
+    }
+
+    /// Uploads `frames` (whole records, the last of transaction `last_tx`) as the next
+    /// object; a failure poisons the log.
+    fn upload(&self, uploaded: &mut Uploaded, frames: &[u8], last_tx: u64) -> Result<()> {
         let mut body = Vec::with_capacity(MAGIC.len() + frames.len());
         body.extend_from_slice(MAGIC);
-        body.extend_from_slice(&frames);
+        body.extend_from_slice(frames);
         let bytes = body.len() as u64;
         let seq = uploaded.next_seq;
         let path = object_path(&self.dir, seq);
         let shown = path.to_string();
         let store = self.store.clone();
-        let started = std::time::Instant::now();
         let put = self.io.run(async move {
             store
                 .put_opts(&path, body.into(), PutOptions::from(PutMode::Create))
@@ -283,9 +308,6 @@ impl ObjectWal {
             last_tx,
             bytes,
         });
-        self.durable.fetch_max(target, Ordering::AcqRel);
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        super::add_time(&self.sync_nanos, started);
         Ok(())
     }
 
@@ -331,5 +353,56 @@ impl ObjectWal {
     pub(crate) fn total_bytes(&self) -> u64 {
         let kept: u64 = self.uploaded.lock().kept.iter().map(|k| k.bytes).sum();
         kept + self.pending.lock().frames.len() as u64
+    }
+}
+
+/// The objects pending records (`ends`: where each ends, and its transaction) are uploaded
+/// as: runs of whole records of at most `limit` bytes each (a record alone may be more),
+/// and the last transaction of each.
+fn objects(ends: &[(usize, u64)], limit: usize) -> Vec<(std::ops::Range<usize>, u64)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut last: Option<(usize, u64)> = None;
+    for &(end, tx) in ends {
+        if let Some((at, last_tx)) = last
+            && end - start > limit
+        {
+            out.push((start..at, last_tx));
+            start = at;
+        }
+        last = Some((end, tx));
+    }
+    if let Some((end, tx)) = last {
+        out.push((start..end, tx));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pending records are uploaded in objects of at most the limit, cut between records,
+    /// in order, none left out; a record over the limit is an object by itself.
+    #[test]
+    fn pending_records_are_cut_into_objects_replay_accepts() {
+        // Records of 40, 40, 30, 90 and 10 bytes, transactions 1 to 5.
+        let ends = [(40, 1), (80, 2), (110, 3), (200, 4), (210, 5)];
+        assert_eq!(
+            objects(&ends, 100),
+            vec![(0..80, 2), (80..110, 3), (110..210, 5)]
+        );
+        assert_eq!(objects(&ends, 1_000), vec![(0..210, 5)]);
+        assert_eq!(
+            objects(&ends, 10),
+            vec![
+                (0..40, 1),
+                (40..80, 2),
+                (80..110, 3),
+                (110..200, 4),
+                (200..210, 5)
+            ]
+        );
+        assert!(objects(&[], 100).is_empty());
     }
 }
