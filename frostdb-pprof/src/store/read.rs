@@ -74,6 +74,18 @@ impl Merged {
         const PER_FRAME: usize = 100;
         let (mut total, mut longest) = (0usize, PER_FRAME);
         let mut pace = crate::decode::charge::Pace::new();
+        // Escapes counted once per name (by where it is stored): a name of a megabyte
+        // down a deep stack is met thousands of times.
+        let mut escapes: std::collections::HashMap<
+            (usize, usize),
+            usize,
+            foldhash::fast::RandomState,
+        > = Default::default();
+        let mut escapes_of = |s: &str| {
+            *escapes
+                .entry((s.as_ptr() as usize, s.len()))
+                .or_insert_with(|| escaped(s))
+        };
         for (stack, _) in &self.samples {
             if pace.tick().is_err() {
                 break;
@@ -89,7 +101,7 @@ impl Merged {
                 if text + 40 > PER_FRAME {
                     // As written: JSON writes a control character as 6 bytes, SVG and DOT
                     // write `&` as 5; a short name is within the floor however written.
-                    text += 5 * (escaped(name) + escaped(file));
+                    text += 5 * (escapes_of(name) + escapes_of(file));
                 }
                 let bytes = text.saturating_add(40).max(PER_FRAME);
                 longest = longest.max(bytes);
