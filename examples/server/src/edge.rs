@@ -441,6 +441,17 @@ impl http_body::Body for Budgeted {
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
+        if frame.is_trailers() {
+            // tonic merges a unary call's trailers into its metadata, over its headers: an
+            // `x-scope-orgid` trailer replaced the tenant `authorize` checked the token for.
+            // No client sends request trailers; every request's metadata is its headers.
+            let refused = ApiError::bad_request(
+                "request trailers are not taken: a request's tenant and token come in its headers",
+            );
+            let message = refused.message.clone();
+            *self.memory.0.refused.lock() = Some(refused);
+            return Poll::Ready(Some(Err(axum::Error::new(message))));
+        }
         if let Some(data) = frame.data_ref() {
             let ahead = data
                 .len()

@@ -1313,3 +1313,44 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
     );
     drop(held);
 }
+
+/// A request's trailers are refused. tonic merges a unary call's trailers into its
+/// metadata, over its headers: tenant A's token with an `x-scope-orgid: team-b` trailer
+/// (after `authorize` had checked the header) acted for team B, reading and writing its
+/// settings and profiles, over HTTP/2 or chunked HTTP/1.1.
+#[tokio::test]
+async fn a_trailer_cannot_name_another_tenant() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "token = \"ops\"\n[tenants.team-a]\ntoken = \"ta\"\n[tenants.team-b]\ntoken = \"tb\"\n",
+        ),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // A grpc-web call of settings' Get (an empty message), team-a's token, no tenant header.
+    let call = async |trailer: &str| {
+        let request = format!(
+            "POST /settings.v1.SettingsService/Get HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer ta\r\nContent-Type: application/grpc-web+proto\r\n\
+             Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
+             5\r\n\0\0\0\0\0\r\n0\r\n{trailer}\r\n"
+        );
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        c.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        c.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let own = call("").await;
+    assert!(own.starts_with("HTTP/1.1 200"), "{own}");
+    assert!(own.contains("grpc-status:0"), "{own}");
+    let smuggled = call("x-scope-orgid: team-b\r\n").await;
+    assert!(!smuggled.contains("grpc-status:0"), "{smuggled}");
+    assert!(smuggled.contains("grpc-status: 3"), "{smuggled}");
+    assert!(
+        smuggled.contains("request%20trailers%20are%20not%20taken"),
+        "{smuggled}"
+    );
+}
