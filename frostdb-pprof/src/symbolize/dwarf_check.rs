@@ -70,6 +70,19 @@ pub(crate) fn sections_fit<'d>(data: impl object::ReadRef<'d>) -> Result<(), Str
     ) -> Result<(), String> {
         let header = Elf::parse(data).map_err(|e| format!("not an object file: {e}"))?;
         let endian = header.endian().map_err(|e| e.to_string())?;
+        // blazesym reads every header, and the DWARF, as little-endian, whatever the file
+        // says, and ignores `e_shentsize`: a file this check reads otherwise could show it
+        // one section table and blazesym another.
+        if endian != object::Endianness::Little {
+            return Err("a big-endian file (blazesym reads files as little-endian)".into());
+        }
+        let entry = std::mem::size_of::<Elf::SectionHeader>();
+        if usize::from(header.e_shentsize(endian)) != entry && header.e_shnum(endian) != 0 {
+            return Err(format!(
+                "section headers of {} bytes, not {entry}",
+                header.e_shentsize(endian)
+            ));
+        }
         let sections = header
             .sections(endian, data)
             .map_err(|e| format!("not an object file: {e}"))?;
@@ -78,6 +91,48 @@ pub(crate) fn sections_fit<'d>(data: impl object::ReadRef<'d>) -> Result<(), Str
                 "{} sections (at most {MAX_SECTIONS} are read)",
                 sections.len()
             ));
+        }
+        // Section 0 is the null section: `object` finds a section by name from index 0,
+        // blazesym from 1, so a named section 0 was what this check read in place of the
+        // section of that name blazesym reads. (Its size and link may hold the section
+        // count and string table index of a file of very many sections.)
+        if let Some(null) = sections.iter().next()
+            && (null.sh_name(endian) != 0
+                || null.sh_type(endian) != object::elf::SHT_NULL
+                || null.sh_flags(endian).into() != 0
+                || null.sh_offset(endian).into() != 0)
+        {
+            return Err("section 0 is not the null section".into());
+        }
+        // One section of each name blazesym reads, as this check reads one.
+        let mut names = std::collections::HashSet::new();
+        for section in sections.iter().skip(1) {
+            let name = sections
+                .section_name(endian, section)
+                .map_err(|e| format!("a section name: {e}"))?;
+            let read = [
+                &b".debug"[..],
+                b".zdebug",
+                b".gnu_debug",
+                b".note",
+                b".symtab",
+                b".strtab",
+            ]
+            .iter()
+            .any(|p| name.starts_with(p));
+            if read && !names.insert(name) {
+                return Err(format!(
+                    "two sections named {}",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            // blazesym inflates a compressed note by its stated size before anything
+            // checks it (reading a build id); real notes are never compressed.
+            if section.sh_type(endian) == object::elf::SHT_NOTE
+                && section.sh_flags(endian).into() & u64::from(object::elf::SHF_COMPRESSED) != 0
+            {
+                return Err("a compressed note section".into());
+            }
         }
         let indices = sections
             .iter()
@@ -186,6 +241,7 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
     sections_fit(&cache)?;
     let elf = object::File::parse(&cache).map_err(|e| format!("not an object file: {e}"))?;
     let linked = debuglink(&elf)?;
+    compressed_as_stated(&elf)?;
     // Read (and inflated) once, for the walk and the line tables both.
     let sections = dwarf_sections(&elf, true)?;
     let endian = endian_of(&elf);
@@ -299,6 +355,52 @@ fn line_tables_bytes(
             .saturating_add(LINE_ROW_BYTES.saturating_mul(header.raw_program_buf().len() as u64));
     }
     Ok(total)
+}
+
+/// Checks that every compressed section inflates to the size it states, no more and no
+/// less, without keeping what it inflates to. blazesym inflates a section to the end of its
+/// stream, whatever it states, and loads every DWARF section it knows: what a reservation
+/// counted by the stated sizes (and this check's reads of a few sections, each taken up to
+/// its size) said nothing of a megabyte stating 16 bytes and inflating to a gigabyte.
+fn compressed_as_stated<'d>(
+    elf: &object::File<'d, &'d object::ReadCache<std::fs::File>>,
+) -> Result<(), String> {
+    for section in elf.sections() {
+        let name = section.name().unwrap_or("?");
+        let compressed = section
+            .compressed_data()
+            .map_err(|e| format!("{name}: {e}"))?;
+        let size = compressed.uncompressed_size;
+        let mut reader: Box<dyn Read> = match compressed.format {
+            object::CompressionFormat::None => continue,
+            object::CompressionFormat::Zlib => {
+                Box::new(flate2::read::ZlibDecoder::new(compressed.data))
+            }
+            object::CompressionFormat::Zstandard => Box::new(
+                zstd::stream::read::Decoder::new(compressed.data)
+                    .map_err(|e| format!("{name}: {e}"))?,
+            ),
+            other => return Err(format!("{name}: compressed as {other:?}")),
+        };
+        if size > MAX_SECTION_BYTES {
+            return Err(format!(
+                "{name} inflates to {size} bytes (at most {MAX_SECTION_BYTES} are read)"
+            ));
+        }
+        let inflated = std::io::copy(&mut reader.by_ref().take(size + 1), &mut std::io::sink())
+            .map_err(|e| format!("{name}: {e}"))?;
+        if inflated != size {
+            return Err(format!(
+                "{name} states {size} bytes inflated, and inflates to {}",
+                if inflated > size {
+                    "more".to_owned()
+                } else {
+                    inflated.to_string()
+                }
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The section's bytes, decompressed; empty when the file has none.
@@ -597,11 +699,68 @@ mod tests {
         assert!(
             check(&path)
                 .unwrap_err()
-                .contains("0 bytes inflated, 64 declared")
+                .contains("states 64 bytes inflated, and inflates to 0")
         );
         // Not an object file: its size (check refuses it).
         std::fs::write(&path, b"not an ELF file").unwrap();
         assert_eq!(read_bytes(&path), 15);
+    }
+
+    /// Files blazesym would read otherwise than this check reads them are refused: a named
+    /// section 0 (`object` finds sections by name from index 0, blazesym from 1: the check
+    /// read an empty decoy), a big-endian file (blazesym reads every file as
+    /// little-endian), two sections of one name, a compressed note (blazesym inflates it by
+    /// its stated size when it reads a build id, before any check), and a compressed
+    /// section whose stream inflates past what it states (blazesym inflates to the
+    /// stream's end).
+    #[test]
+    fn files_blazesym_would_read_otherwise_are_refused() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.debug");
+        let refused = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            check(&path).unwrap_err()
+        };
+        let plain = elf(&[(".debug_info", 1, 0, b"", 0)]);
+        std::fs::write(&path, &plain).unwrap();
+        check(&path).unwrap();
+        // Section 0 named `.debug_info` (its name's offset in `.shstrtab` is 11).
+        let mut named = plain.clone();
+        let headers = u64::from_le_bytes(named[40..48].try_into().unwrap()) as usize;
+        named[headers..headers + 4].copy_from_slice(&11u32.to_le_bytes());
+        assert!(refused(&named).contains("section 0 is not the null section"));
+        let mut big = plain.clone();
+        big[5] = 2;
+        assert!(refused(&big).contains("big-endian"));
+        let twice = elf(&[(".debug_info", 1, 0, b"", 0), (".debug_info", 1, 0, b"", 0)]);
+        assert!(refused(&twice).contains("two sections named .debug_info"));
+        // Compressed: a header, then the zlib stream of `inflated` zero bytes.
+        let compressed = |stated: u64, inflated: usize| {
+            let mut bytes = Vec::new();
+            bytes.extend(1u32.to_le_bytes());
+            bytes.extend(0u32.to_le_bytes());
+            bytes.extend(stated.to_le_bytes());
+            bytes.extend(1u64.to_le_bytes());
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            z.write_all(&vec![0u8; inflated]).unwrap();
+            bytes.extend(z.finish().unwrap());
+            bytes
+        };
+        let note = compressed(36, 36);
+        assert!(
+            refused(&elf(&[(".note.gnu.build-id", 7, 0x800, &note, 0)]))
+                .contains("a compressed note section")
+        );
+        let bomb = compressed(16, 1 << 20);
+        let e = refused(&elf(&[(".debug_aranges", 1, 0x800, &bomb, 0)]));
+        assert!(
+            e.contains(".debug_aranges states 16 bytes inflated, and inflates to more"),
+            "{e}"
+        );
+        let honest = compressed(1 << 20, 1 << 20);
+        std::fs::write(&path, elf(&[(".debug_aranges", 1, 0x800, &honest, 0)])).unwrap();
+        check(&path).unwrap();
     }
 
     /// An ELF64 file of `units` DWARF 4 compile units, each naming one line program (at

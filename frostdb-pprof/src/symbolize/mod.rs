@@ -1015,6 +1015,13 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>) -> Vec<Frame> {
 
 /// The GNU build id of the ELF file at `path` (hex), if it has one.
 pub fn file_build_id(path: &Path) -> Result<Option<String>> {
+    // blazesym reads the notes as the section headers say: headers it would read otherwise
+    // than `object` does, or a compressed note stating a terabyte, are refused first (a
+    // debuginfod server's file is read here before anything else checks it).
+    let file =
+        std::fs::File::open(path).map_err(|e| Error::Fetch(format!("{}: {e}", path.display())))?;
+    dwarf_check::sections_fit(&object::ReadCache::new(file))
+        .map_err(|e| Error::Fetch(format!("{}: {e}", path.display())))?;
     let found = blazesym::helper::read_elf_build_id(path)
         .map_err(|e| Error::Fetch(format!("{}: not an ELF file: {e}", path.display())))?;
     Ok(found.map(|id| id.iter().map(|b| format!("{b:02x}")).collect()))
