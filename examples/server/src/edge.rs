@@ -247,6 +247,13 @@ fn streamed(method: &axum::http::Method, path: &str) -> bool {
         || path == "/parca.debuginfo.v1alpha1.DebuginfoService/Upload"
 }
 
+/// Whether a gRPC method takes a stream of messages from its client (Parca's `Write` and
+/// the debug file upload); every other method is unary.
+fn client_streams(path: &str) -> bool {
+    path == "/parca.profilestore.v1alpha1.ProfileStoreService/Write"
+        || path == "/parca.debuginfo.v1alpha1.DebuginfoService/Upload"
+}
+
 /// Reserves every request's body from the memory budget as it arrives (503 when it does
 /// not fit), and gives handlers the reservation to grow ([`RequestMemory`]). A streamed
 /// upload holds at most what it keeps in flight ([`STREAMED_UPLOAD_BYTES`]) for as long as
@@ -284,6 +291,10 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     // A streamed upload holds at most its parts in flight, and no more than it has sent:
     // reserved as its bytes arrive, up to that. (Reserved whole before the first byte, 256
     // streams sending nothing took the budget from everyone for the deadline's minute.)
+    // A unary call's one message is followed (not grpc-web-text's, which is base64).
+    let unary = grpc.as_ref().is_some_and(|t| {
+        !streamed && !client_streams(parts.uri.path()) && !t.to_str().unwrap_or("").contains("text")
+    });
     let body = Body::new(Budgeted {
         inner: body,
         memory: memory.clone(),
@@ -293,6 +304,7 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         } else {
             usize::MAX
         },
+        unary: unary.then(OneMessage::default),
     });
     let run = next.run(Request::from_parts(parts, body));
     // A streamed upload's messages are not charged one by one as decoded (they would add
@@ -427,6 +439,48 @@ struct Budgeted {
     /// How much more of the body's own bytes are reserved as they arrive: all of them (a
     /// body read whole), or up to a streamed upload's parts in flight.
     holds: usize,
+    /// Of a unary gRPC call, where its one message is: more is refused.
+    unary: Option<OneMessage>,
+}
+
+/// Follows a unary gRPC call's body through its one message (a 5-byte prefix, then the
+/// bytes it states). tonic reads a unary call's body to its end, decoding (and inflating,
+/// on the async thread) every message after the first and dropping it: each was charged and
+/// none given back, so a few hundred kilobytes of compressed messages held gigabytes of the
+/// budget, and a client sending two got OK with the second dropped.
+#[derive(Default)]
+struct OneMessage {
+    prefix: [u8; 5],
+    have: usize,
+    /// Bytes of the message still to come, once its prefix is whole.
+    left: Option<usize>,
+}
+
+impl OneMessage {
+    /// Follows `data`; an error when it goes past the message.
+    fn follow(&mut self, mut data: &[u8]) -> Result<(), ()> {
+        while !data.is_empty() {
+            match self.left {
+                Some(0) => return Err(()),
+                Some(left) => {
+                    let n = left.min(data.len());
+                    self.left = Some(left - n);
+                    data = &data[n..];
+                }
+                None => {
+                    let n = (5 - self.have).min(data.len());
+                    self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
+                    self.have += n;
+                    data = &data[n..];
+                    if self.have == 5 {
+                        let len = u32::from_be_bytes(self.prefix[1..].try_into().expect("4"));
+                        self.left = Some(len as usize);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl http_body::Body for Budgeted {
@@ -453,6 +507,16 @@ impl http_body::Body for Budgeted {
             return Poll::Ready(Some(Err(axum::Error::new(message))));
         }
         if let Some(data) = frame.data_ref() {
+            if let Some(unary) = &mut self.unary
+                && unary.follow(data).is_err()
+            {
+                let refused = ApiError::bad_request(
+                    "a unary gRPC call carries one message, and this one sent more",
+                );
+                let message = refused.message.clone();
+                *self.memory.0.refused.lock() = Some(refused);
+                return Poll::Ready(Some(Err(axum::Error::new(message))));
+            }
             let ahead = data
                 .len()
                 .saturating_mul(DEFLATE_MOST_RATIO)
@@ -506,6 +570,7 @@ mod tests {
                 memory: memory.clone(),
                 inflates: 0,
                 holds,
+                unary: None,
             };
             (body, memory)
         };
@@ -529,6 +594,47 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(memory.bytes(), 60 << 20);
+    }
+
+    /// A unary gRPC call's body is its one message, however its frames cut it; a byte
+    /// past it (a second message) is refused, naming why, before it is decoded (tonic read
+    /// every later message to the end of the body, charged it and dropped it).
+    #[tokio::test]
+    async fn a_unary_calls_body_is_one_message() {
+        let budget = frostdb_core::MemoryBudget::new(1 << 30);
+        let read = async |chunks: Vec<Vec<u8>>| {
+            let memory = RequestMemory::new(&budget);
+            let frames = chunks
+                .into_iter()
+                .map(|c| Ok::<_, std::io::Error>(Bytes::from(c)));
+            let body = Budgeted {
+                inner: Body::from_stream(futures::stream::iter(frames)),
+                memory: memory.clone(),
+                inflates: 0,
+                holds: usize::MAX,
+                unary: Some(OneMessage::default()),
+            };
+            let read = axum::body::to_bytes(Body::new(body), usize::MAX).await;
+            (read.is_ok(), memory.0.refused.lock().take())
+        };
+        let message = |len: u32| {
+            let mut m = vec![0u8];
+            m.extend(len.to_be_bytes());
+            m.extend(std::iter::repeat_n(1u8, len as usize));
+            m
+        };
+        let one = message(10);
+        let cut: Vec<Vec<u8>> = one.chunks(3).map(<[u8]>::to_vec).collect();
+        assert!(matches!(read(cut).await, (true, None)));
+        assert!(matches!(read(vec![message(0)]).await, (true, None)));
+        let mut two = message(10);
+        two.extend(message(10));
+        let (ok, refused) = read(vec![two]).await;
+        assert!(!ok);
+        assert!(
+            refused.is_some_and(|e| e.message.contains("carries one message")),
+            "refused naming why"
+        );
     }
 
     /// A handler that has begun storing gets its own answer past the deadline; one whose
