@@ -340,14 +340,28 @@ async fn log_request(request: Request, next: Next) -> Response {
         .map_or(asked, |t| t.0.clone());
     let status = response.status().as_u16();
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    if status >= 500 {
-        tracing::warn!(%method, %path, %tenant, status, ms, "request failed");
-    } else if status >= 400 {
-        tracing::info!(%method, %path, %tenant, status, ms, "request refused");
-    } else {
-        tracing::debug!(%method, %path, %tenant, status, ms, "request");
+    // What the client sent is cut short in the log: a path or a tenant header of 64 KiB,
+    // repeated for a few bytes each over HTTP/2's header compression, filled the disk.
+    let (path, tenant) = (cut_for_log(&path), cut_for_log(&tenant));
+    match status {
+        500.. => tracing::warn!(%method, %path, %tenant, status, ms, "request failed"),
+        // Whoever may knock: no token, no such route, no such method.
+        401 | 404 | 405 => tracing::debug!(%method, %path, %tenant, status, ms, "request refused"),
+        400.. => tracing::info!(%method, %path, %tenant, status, ms, "request refused"),
+        _ => tracing::debug!(%method, %path, %tenant, status, ms, "request"),
     }
     response
+}
+
+/// `text` as a log shows it: its first 128 characters, then how many more there were.
+fn cut_for_log(text: &str) -> std::borrow::Cow<'_, str> {
+    const MOST: usize = 128;
+    match text.char_indices().nth(MOST) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((at, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..at], text.len()))
+        }
+    }
 }
 
 /// Who a request's bearer token says it is.
@@ -737,5 +751,22 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => tracing::info!("received Ctrl-C"),
         _ = term => tracing::info!("received SIGTERM"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a client sent is logged cut short, on a character's boundary, saying how long
+    /// it was.
+    #[test]
+    fn a_long_path_or_tenant_is_logged_cut_short() {
+        assert_eq!(cut_for_log("/api/v1/query"), "/api/v1/query");
+        let long = "é".repeat(40_000);
+        let cut = cut_for_log(&long);
+        assert!(cut.starts_with(&"é".repeat(128)), "{cut}");
+        assert!(cut.ends_with("… (80000 bytes)"), "{cut}");
+        assert!(cut.len() < 300);
     }
 }

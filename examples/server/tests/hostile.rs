@@ -1354,3 +1354,26 @@ async fn a_trailer_cannot_name_another_tenant() {
         "{smuggled}"
     );
 }
+
+/// A push's multipart form of more parts than any client sends is refused, naming the
+/// limit: a 16 MiB body of a million empty parts kept each, uncharged, parsed on an async
+/// thread.
+#[tokio::test]
+async fn a_form_of_too_many_parts_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(&dir.path().join("d"), None);
+    let mut form = reqwest::multipart::Form::new();
+    for i in 0..17 {
+        form = form.part(format!("p{i}"), reqwest::multipart::Part::bytes(Vec::new()));
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}/ingest?name=app", s.url))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("more than 16 parts"), "{body}");
+    assert!(s.running(), "the server died");
+}

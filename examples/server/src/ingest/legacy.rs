@@ -205,7 +205,12 @@ async fn read(state: &Shared, request: Request) -> ApiResult<Bytes> {
         .map_err(|e| ApiError::new(e.status(), format!("request body: {}", e.body_text())))
 }
 
-/// The multipart form's parts, by name, in order.
+/// Most parts of a push's multipart form: Pyroscope's clients send three at most
+/// (`profile`, `prev_profile`, `sample_type_config`), pyroscope-java two (`jfr`, `labels`).
+pub const MAX_FORM_PARTS: usize = 16;
+
+/// The multipart form's parts, by name, in order: at most [`MAX_FORM_PARTS`] (a body of
+/// 16 MiB held a million empty parts, each kept, uncharged, and parsed on an async thread).
 async fn form_parts(mut form: Multipart) -> ApiResult<Vec<(String, Bytes)>> {
     let mut parts = Vec::new();
     while let Some(field) = form
@@ -213,6 +218,11 @@ async fn form_parts(mut form: Multipart) -> ApiResult<Vec<(String, Bytes)>> {
         .await
         .map_err(|e| ApiError::bad_request(format!("multipart form: {e}")))?
     {
+        if parts.len() == MAX_FORM_PARTS {
+            return Err(ApiError::too_large(format!(
+                "the multipart form has more than {MAX_FORM_PARTS} parts"
+            )));
+        }
         let name = field.name().unwrap_or("").to_owned();
         let bytes = field
             .bytes()
