@@ -324,3 +324,13 @@ impl Error {
         }
     }
 }
+
+/// What a caught panic said: its message, or "a panic without a message" (a payload that
+/// is neither a `String` nor a `&str`).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message")
+}

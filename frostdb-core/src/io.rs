@@ -77,11 +77,7 @@ impl Io {
             // database is a retry, a panic on the same bytes would be one again.
             let done = std::panic::AssertUnwindSafe(future).catch_unwind().await;
             let _ = tx.send(done.map_err(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let message = crate::panic_message(panic.as_ref());
                 Error::Internal(format!("an I/O task panicked: {message}"))
             }));
         });

@@ -104,7 +104,7 @@ mod write;
 pub use bucket::Bucket;
 pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
 pub use db::Db;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, Result, panic_message};
 pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};
 pub use lock::{DirLock, LOCK_FILE};
 pub use manifest::{BlockMeta, BlockSlice, MirrorHealth};

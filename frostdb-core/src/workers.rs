@@ -293,11 +293,7 @@ fn run_due(tables: &mut Vec<Periodic<dyn TableWork>>, tasks: &mut Vec<Periodic<d
 /// expiring all of them, every later message to it dropped, with no error anywhere.
 fn contained(what: &str, work: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let message = crate::panic_message(panic.as_ref());
         tracing::error!(what, panic = %message, "background work panicked; the worker goes on");
     }
 }
@@ -365,6 +361,14 @@ mod tests {
     /// of every database it served).
     #[test]
     fn a_panic_in_one_databases_work_leaves_the_worker_running() {
+        let panicking = Arc::new(Panicking);
+        let busy = busy_with(|_| Arc::downgrade(&panicking) as _);
+        assert_eq!(busy.compactions.load(Ordering::SeqCst), COMPACTIONS);
+    }
+
+    /// Runs a worker on a [`Busy`] table's compactions, with the task `task` makes of it
+    /// due at every turn, until the last compaction; the table, done.
+    fn busy_with(task: impl FnOnce(&Arc<Busy>) -> Weak<dyn Maintenance>) -> Arc<Busy> {
         let (tx, rx) = mpsc::channel();
         let busy = Arc::new(Busy {
             tx: tx.clone(),
@@ -373,36 +377,28 @@ mod tests {
         });
         let weak: Weak<dyn TableWork> = Arc::downgrade(&busy) as _;
         assert!(busy.me.set(weak.clone()).is_ok(), "set once");
-        let panicking = Arc::new(Panicking);
-        let as_task: Weak<dyn Maintenance> = Arc::downgrade(&panicking) as _;
-        tx.send(WorkerMessage::Maintenance(as_task, Duration::ZERO))
+        tx.send(WorkerMessage::Maintenance(task(&busy), Duration::ZERO))
             .unwrap();
         tx.send(WorkerMessage::Compact(weak)).unwrap();
         worker(rx);
-        assert_eq!(busy.compactions.load(Ordering::SeqCst), COMPACTIONS);
+        busy
     }
 
     /// A task due at every turn runs between the messages of a queue that never empties,
     /// not once the queue is empty (before, it never ran while the queue had a message).
     #[test]
     fn due_tasks_run_while_messages_keep_coming() {
-        let (tx, rx) = mpsc::channel();
-        let busy = Arc::new(Busy {
-            tx: tx.clone(),
-            me: std::sync::OnceLock::new(),
-            compactions: AtomicUsize::new(0),
+        let mut task = None;
+        let busy = busy_with(|busy| {
+            let noting = Arc::new(Noting {
+                busy: busy.clone(),
+                runs: Mutex::new(Vec::new()),
+            });
+            let weak = Arc::downgrade(&noting) as _;
+            task = Some(noting);
+            weak
         });
-        let weak: Weak<dyn TableWork> = Arc::downgrade(&busy) as _;
-        assert!(busy.me.set(weak.clone()).is_ok(), "set once");
-        let task = Arc::new(Noting {
-            busy: busy.clone(),
-            runs: Mutex::new(Vec::new()),
-        });
-        let as_task: Weak<dyn Maintenance> = Arc::downgrade(&task) as _;
-        tx.send(WorkerMessage::Maintenance(as_task, Duration::ZERO))
-            .unwrap();
-        tx.send(WorkerMessage::Compact(weak)).unwrap();
-        worker(rx);
+        let task = task.expect("made");
         assert_eq!(busy.compactions.load(Ordering::SeqCst), COMPACTIONS);
         let runs = task.runs.lock();
         assert_eq!(runs.first(), Some(&0), "ran before the first compaction");

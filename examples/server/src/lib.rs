@@ -293,11 +293,7 @@ pub fn router(state: Shared) -> Router {
 /// dropped unanswered: a bug a request reaches is that request's failure, told as one.
 /// (Every panic found is a bug to fix: bad input gets a 4xx naming what was wrong.)
 fn handler_panicked(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    let what = panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("a panic without a message");
+    let what = frostdb_core::panic_message(panic.as_ref());
     axum::response::IntoResponse::into_response(ApiError::bug(
         "the server failed answering this request",
         what,

@@ -112,11 +112,7 @@ pub(crate) fn decode_batch(bytes: &[u8]) -> Result<RecordBatch> {
         side_by_side(parts)
     }))
     .unwrap_or_else(|panic| {
-        let reason = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("a panic");
+        let reason = crate::panic_message(panic.as_ref());
         Err(Error::Internal(format!(
             "malformed Arrow IPC stream (the decoder panicked: {reason})"
         )))

@@ -522,11 +522,7 @@ pub fn read_ipc(ipc: &[u8], version: &str, limits: &Limits) -> Result<Vec<Record
         Ok((version, batches))
     })
     .map_err(|panic| {
-        let what = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_default();
+        let what = frostdb_core::panic_message(panic.as_ref());
         arrow_error(
             "the IPC stream",
             format!("not a valid Arrow record: {what}"),
