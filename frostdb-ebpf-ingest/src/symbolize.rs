@@ -188,8 +188,10 @@ impl Symbolizer {
                 return addresses.iter().map(|&a| unknown(self, a)).collect();
             }
         };
-        // Module per meta entry; None for addresses outside any file.
-        let mut metas: Vec<Option<(Arc<Module>, PathBuf, bool)>> = Vec::new();
+        // Module per meta entry, the path to open it at, and its stamp where one was taken;
+        // None for addresses outside any file.
+        type Meta = (Arc<Module>, PathBuf, Option<FileStamp>);
+        let mut metas: Vec<Option<Meta>> = Vec::new();
         for meta in &normalized.meta {
             let UserMeta::Elf(elf) = meta else {
                 metas.push(None);
@@ -201,31 +203,28 @@ impl Symbolizer {
                 PathBuf::from(format!("/proc/{pid}/root"))
                     .join(elf.path.strip_prefix("/").unwrap_or(&elf.path))
             };
-            // Checked per file as it is now, not per path: a path whose file was replaced
-            // since (an upgrade, or a container's user swapping a checked file for one made
-            // to exhaust its reader) is checked again. blazesym re-reads a file whose
-            // metadata changed the same way. A file gone is read by nobody.
-            let stamp = FileStamp::of(&open);
-            let readable = stamp.is_some_and(|stamp| {
-                Self::readable(&mut self.readable, pid, &elf.path, &open, stamp)
-            });
             // blazesym reads the build id at the path in this process's mount namespace:
             // another container's file is the one its process sees. Its build id names it
-            // to the server's symbolizer even where it cannot be read here.
-            let build_id = match (info.same_mount_ns, stamp) {
-                (true, _) => elf.build_id.as_deref().map(hex).unwrap_or_default(),
-                (false, Some(stamp)) => self
-                    .build_ids
-                    .entry(stamp)
-                    .or_insert_with(|| build_id_of(&open).unwrap_or_default())
-                    .clone(),
-                (false, None) => String::new(),
+            // to the server's symbolizer even where it cannot be read here. (In this
+            // namespace the file is stamped only when one of its addresses is a miss.)
+            let (build_id, stamp) = match info.same_mount_ns {
+                true => (elf.build_id.as_deref().map(hex).unwrap_or_default(), None),
+                false => {
+                    let stamp = FileStamp::of(&open);
+                    let build_id = stamp.map_or_else(String::new, |stamp| {
+                        self.build_ids
+                            .entry(stamp)
+                            .or_insert_with(|| build_id_of(&open).unwrap_or_default())
+                            .clone()
+                    });
+                    (build_id, stamp)
+                }
             };
             let module = Module {
                 path: elf.path.to_string_lossy().into_owned(),
                 build_id,
             };
-            metas.push(Some((intern(&mut self.modules, module), open, readable)));
+            metas.push(Some((intern(&mut self.modules, module), open, stamp)));
         }
         let mut out: Vec<Option<Resolved>> = vec![None; addresses.len()];
         // Addresses in no file: the vDSO, JIT code.
@@ -249,7 +248,19 @@ impl Symbolizer {
             }
         }
         for (meta, wanted) in misses {
-            let (module, open, readable) = metas[meta].clone().expect("misses only for ELF metas");
+            let (module, open, stamp) = metas[meta].clone().expect("misses only for ELF metas");
+            // Checked per file as it is now, not per path: a path whose file was replaced
+            // since (an upgrade, or a container's user swapping a checked file for one made
+            // to exhaust its reader) is checked again. blazesym re-reads a file whose
+            // metadata changed the same way. A file gone is read by nobody.
+            let stamp = match info.same_mount_ns {
+                true => FileStamp::of(&open),
+                false => stamp,
+            };
+            let readable = stamp.is_some_and(|stamp| {
+                let path = std::path::Path::new(&module.path);
+                Self::readable(&mut self.readable, pid, path, &open, stamp)
+            });
             let offsets: Vec<u64> = wanted.iter().map(|&(_, o)| o).collect();
             let results = match readable {
                 true => self

@@ -483,6 +483,16 @@ impl OneMessage {
     }
 }
 
+impl Budgeted {
+    /// Ends the body with `why`, which the request is answered with in place of what its
+    /// handler makes of a body cut short.
+    fn refuse<T>(&self, why: ApiError) -> Poll<Option<Result<T, axum::Error>>> {
+        let message = why.message.clone();
+        *self.memory.0.refused.lock() = Some(why);
+        Poll::Ready(Some(Err(axum::Error::new(message))))
+    }
+}
+
 impl http_body::Body for Budgeted {
     type Data = Bytes;
     type Error = axum::Error;
@@ -499,23 +509,17 @@ impl http_body::Body for Budgeted {
             // tonic merges a unary call's trailers into its metadata, over its headers: an
             // `x-scope-orgid` trailer replaced the tenant `authorize` checked the token for.
             // No client sends request trailers; every request's metadata is its headers.
-            let refused = ApiError::bad_request(
+            return self.refuse(ApiError::bad_request(
                 "request trailers are not taken: a request's tenant and token come in its headers",
-            );
-            let message = refused.message.clone();
-            *self.memory.0.refused.lock() = Some(refused);
-            return Poll::Ready(Some(Err(axum::Error::new(message))));
+            ));
         }
         if let Some(data) = frame.data_ref() {
             if let Some(unary) = &mut self.unary
                 && unary.follow(data).is_err()
             {
-                let refused = ApiError::bad_request(
+                return self.refuse(ApiError::bad_request(
                     "a unary gRPC call carries one message, and this one sent more",
-                );
-                let message = refused.message.clone();
-                *self.memory.0.refused.lock() = Some(refused);
-                return Poll::Ready(Some(Err(axum::Error::new(message))));
+                ));
             }
             let ahead = data
                 .len()
@@ -530,9 +534,7 @@ impl http_body::Body for Budgeted {
                 ),
             };
             if let Err(e) = reserved {
-                let message = e.message.clone();
-                *self.memory.0.refused.lock() = Some(e);
-                return Poll::Ready(Some(Err(axum::Error::new(message))));
+                return self.refuse(e);
             }
             self.inflates -= ahead;
             self.holds -= body;

@@ -1,7 +1,8 @@
 //! The WAL of a database shared through a bucket (`Db::open_shared`): in the bucket, so that
 //! whichever process writes the database next replays every write this one acknowledged.
 //!
-//! Each sync uploads the records appended since the previous one as one object,
+//! Each sync uploads the records appended since the previous one as one object (several,
+//! cut between records, when they are more than one may hold),
 //! `<prefix>/wal/<seq:020>.wal`, in the file WAL's segment format (magic, then records), put
 //! only if no object has that name (`PutMode::Create`). Sequence numbers have no gaps, and a
 //! writer takes the next one only after its previous put succeeded. A new writer reads every
@@ -45,8 +46,6 @@ struct Pending {
     /// Bytes appended since open: the position `sync` makes durable.
     written: u64,
     records: u64,
-    /// The transaction of the last record appended.
-    last_tx: u64,
 }
 
 /// Objects written or replayed, and the next sequence number.
@@ -207,7 +206,6 @@ impl ObjectWal {
                 ends: Vec::new(),
                 written: 0,
                 records: 0,
-                last_tx: 0,
             }),
             uploaded: Mutex::new(Uploaded {
                 next_seq: fence + 1,
@@ -229,7 +227,6 @@ impl ObjectWal {
         p.ends.push((end, tx));
         p.written += frame.len() as u64;
         p.records += 1;
-        p.last_tx = tx;
         Ok(p.written)
     }
 

@@ -1005,6 +1005,7 @@ mod tests {
         assert!(e.to_string().contains("gperftools memory map"), "{e}");
         assert!(asked > budget);
     }
+
     /// Text that is not UTF-8 is charged before it is copied, or named: its copy, invalid
     /// bytes replaced, is up to three times its bytes, and one line may be the whole body.
     #[test]

@@ -281,21 +281,22 @@ fn endian_of<'d>(
 /// The sections the checks read: `.debug_info`, `.debug_abbrev`, `.debug_line` and the
 /// string sections (the others empty). With `inflate` false a compressed one is an error,
 /// none is inflated: for [`read_bytes`], which runs before anything is reserved.
+/// The DWARF sections the check reads (and inflates, checking what they state).
+const READ: [gimli::SectionId; 6] = [
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugStrOffsets,
+];
+
 fn dwarf_sections<'d>(
     elf: &object::File<'d, &'d object::ReadCache<std::fs::File>>,
     inflate: bool,
 ) -> Result<gimli::DwarfSections<Cow<'d, [u8]>>, String> {
-    use gimli::SectionId;
-    let needed = [
-        SectionId::DebugInfo,
-        SectionId::DebugAbbrev,
-        SectionId::DebugLine,
-        SectionId::DebugStr,
-        SectionId::DebugLineStr,
-        SectionId::DebugStrOffsets,
-    ];
     gimli::DwarfSections::load(|id| {
-        if !needed.contains(&id) {
+        if !READ.contains(&id) {
             return Ok(Cow::Borrowed(&[][..]));
         }
         let compressed = elf
@@ -367,38 +368,14 @@ fn compressed_as_stated<'d>(
 ) -> Result<(), String> {
     for section in elf.sections() {
         let name = section.name().unwrap_or("?");
+        // Those the walk reads are checked as it inflates them ([`section`]).
+        if READ.iter().any(|id| id.name() == name) {
+            continue;
+        }
         let compressed = section
             .compressed_data()
             .map_err(|e| format!("{name}: {e}"))?;
-        let size = compressed.uncompressed_size;
-        let mut reader: Box<dyn Read> = match compressed.format {
-            object::CompressionFormat::None => continue,
-            object::CompressionFormat::Zlib => {
-                Box::new(flate2::read::ZlibDecoder::new(compressed.data))
-            }
-            object::CompressionFormat::Zstandard => Box::new(
-                zstd::stream::read::Decoder::new(compressed.data)
-                    .map_err(|e| format!("{name}: {e}"))?,
-            ),
-            other => return Err(format!("{name}: compressed as {other:?}")),
-        };
-        if size > MAX_SECTION_BYTES {
-            return Err(format!(
-                "{name} inflates to {size} bytes (at most {MAX_SECTION_BYTES} are read)"
-            ));
-        }
-        let inflated = std::io::copy(&mut reader.by_ref().take(size + 1), &mut std::io::sink())
-            .map_err(|e| format!("{name}: {e}"))?;
-        if inflated != size {
-            return Err(format!(
-                "{name} states {size} bytes inflated, and inflates to {}",
-                if inflated > size {
-                    "more".to_owned()
-                } else {
-                    inflated.to_string()
-                }
-            ));
-        }
+        inflated(name, compressed, false)?;
     }
     Ok(())
 }
@@ -414,37 +391,58 @@ fn section<'d>(
     let compressed = section
         .compressed_data()
         .map_err(|e| format!("{name}: {e}"))?;
+    inflated(name, compressed, true)
+}
+
+/// Section `name`'s bytes: as stored when they are not compressed, else inflated to the
+/// size it states, no more and no less (an error otherwise), and kept when `keep` (else
+/// only counted: empty). A stored section is read whole only when kept, and at most
+/// [`MAX_SECTION_BYTES`].
+fn inflated<'d>(
+    name: &str,
+    compressed: object::CompressedData<'d>,
+    keep: bool,
+) -> Result<Cow<'d, [u8]>, String> {
     let size = compressed.uncompressed_size;
-    if size > MAX_SECTION_BYTES {
+    let stored = compressed.format == object::CompressionFormat::None;
+    if size > MAX_SECTION_BYTES && (keep || !stored) {
         return Err(format!(
             "{name} inflates to {size} bytes (at most {MAX_SECTION_BYTES} are read)"
         ));
     }
-    let inflate = |reader: &mut dyn Read| -> Result<Cow<'d, [u8]>, String> {
-        let mut out = Vec::with_capacity(size as usize);
-        reader
-            .take(size)
-            .read_to_end(&mut out)
-            .map_err(|e| format!("{name}: {e}"))?;
-        if out.len() as u64 != size {
-            return Err(format!(
-                "{name}: {} bytes inflated, {size} declared",
-                out.len()
-            ));
-        }
-        Ok(Cow::Owned(out))
-    };
-    match compressed.format {
-        object::CompressionFormat::None => Ok(Cow::Borrowed(compressed.data)),
+    let reader: Box<dyn Read + 'd> = match compressed.format {
+        object::CompressionFormat::None => return Ok(Cow::Borrowed(compressed.data)),
         object::CompressionFormat::Zlib => {
-            inflate(&mut flate2::read::ZlibDecoder::new(compressed.data))
+            Box::new(flate2::read::ZlibDecoder::new(compressed.data))
         }
-        object::CompressionFormat::Zstandard => inflate(
-            &mut zstd::stream::read::Decoder::new(compressed.data)
+        object::CompressionFormat::Zstandard => Box::new(
+            zstd::stream::read::Decoder::new(compressed.data)
                 .map_err(|e| format!("{name}: {e}"))?,
         ),
-        other => Err(format!("{name}: compressed as {other:?}")),
+        other => return Err(format!("{name}: compressed as {other:?}")),
+    };
+    // One byte past the size stated tells a stream that goes on.
+    let mut reader = reader.take(size + 1);
+    let mut out = Vec::new();
+    let made = match keep {
+        true => {
+            out.reserve_exact(size as usize);
+            reader.read_to_end(&mut out).map(|n| n as u64)
+        }
+        false => std::io::copy(&mut reader, &mut std::io::sink()),
     }
+    .map_err(|e| format!("{name}: {e}"))?;
+    if made != size {
+        return Err(format!(
+            "{name} states {size} bytes inflated, and inflates to {}",
+            if made > size {
+                "more".to_owned()
+            } else {
+                made.to_string()
+            }
+        ));
+    }
+    Ok(Cow::Owned(out))
 }
 
 /// The length of each abbreviation table in `abbrev` (a unit's, from its offset to the
