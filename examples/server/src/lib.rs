@@ -340,13 +340,82 @@ async fn log_request(request: Request, next: Next) -> Response {
     // repeated for a few bytes each over HTTP/2's header compression, filled the disk.
     let (path, tenant) = (cut_for_log(&path), cut_for_log(&tenant));
     match status {
-        500.. => tracing::warn!(%method, %path, %tenant, status, ms, "request failed"),
         // Whoever may knock: no token, no such route, no such method.
         401 | 404 | 405 => tracing::debug!(%method, %path, %tenant, status, ms, "request refused"),
-        400.. => tracing::info!(%method, %path, %tenant, status, ms, "request refused"),
+        400.. => {
+            // A client sending bad requests as fast as it can wrote a line each to the log
+            // (about 200 bytes): at tens of thousands a second, the disk of everyone else
+            // on the host. The lines past the log's rate are counted and said, not written.
+            let Some(dropped) = REQUEST_LOG.allow(std::time::Instant::now()) else {
+                return response;
+            };
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    per_second = REQUEST_LOG.per_second,
+                    "request log lines over the log's rate were not written"
+                );
+            }
+            if status >= 500 {
+                tracing::warn!(%method, %path, %tenant, status, ms, "request failed");
+            } else {
+                tracing::info!(%method, %path, %tenant, status, ms, "request refused");
+            }
+        }
         _ => tracing::debug!(%method, %path, %tenant, status, ms, "request"),
     }
     response
+}
+
+/// The request log's rate: failed and refused requests are logged at most this many a
+/// second on average, in bursts of up to [`LogRate::burst`].
+static REQUEST_LOG: LogRate = LogRate::new(50, 200);
+
+/// A token bucket for log lines: `per_second` on average, `burst` at once; the lines it
+/// refuses are counted and handed to the next line it allows.
+#[derive(Debug)]
+struct LogRate {
+    per_second: u32,
+    burst: u32,
+    state: parking_lot::Mutex<Option<LogBucket>>,
+}
+
+#[derive(Debug)]
+struct LogBucket {
+    tokens: f64,
+    at: std::time::Instant,
+    dropped: u64,
+}
+
+impl LogRate {
+    const fn new(per_second: u32, burst: u32) -> Self {
+        Self {
+            per_second,
+            burst,
+            state: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Whether a line may be written `now`: `Some` with the lines refused since the last
+    /// one allowed, or `None` (the line is counted).
+    fn allow(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = self.state.lock();
+        let bucket = state.get_or_insert(LogBucket {
+            tokens: f64::from(self.burst),
+            at: now,
+            dropped: 0,
+        });
+        let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+        bucket.tokens =
+            (bucket.tokens + elapsed * f64::from(self.per_second)).min(f64::from(self.burst));
+        bucket.at = bucket.at.max(now);
+        if bucket.tokens < 1.0 {
+            bucket.dropped += 1;
+            return None;
+        }
+        bucket.tokens -= 1.0;
+        Some(std::mem::take(&mut bucket.dropped))
+    }
 }
 
 /// `text` as a log shows it: its first 128 characters, then how many more there were.
@@ -764,5 +833,25 @@ mod tests {
         assert!(cut.starts_with(&"é".repeat(128)), "{cut}");
         assert!(cut.ends_with("… (80000 bytes)"), "{cut}");
         assert!(cut.len() < 300);
+    }
+
+    /// A flood of bad requests is logged at the log's rate: a burst, then the average, the
+    /// lines refused meanwhile counted and said by the next line written.
+    #[test]
+    fn the_request_log_keeps_its_rate_and_counts_what_it_drops() {
+        let rate = LogRate::new(10, 20);
+        let start = std::time::Instant::now();
+        let allowed = (0..1_000).filter(|_| rate.allow(start).is_some()).count();
+        assert_eq!(allowed, 20, "a burst");
+        // A tenth of a second later: one line's room, which says how many were dropped.
+        let later = start + Duration::from_millis(100);
+        assert_eq!(rate.allow(later), Some(980));
+        assert_eq!(rate.allow(later), None);
+        // After ten idle seconds the bucket holds a burst again, not a hundred lines.
+        let idle = later + Duration::from_secs(10);
+        let allowed = (0..1_000).filter(|_| rate.allow(idle).is_some()).count();
+        assert_eq!(allowed, 20);
+        // A clock read out of order (threads racing to the lock) takes nothing back.
+        assert_eq!(rate.allow(start), None);
     }
 }
