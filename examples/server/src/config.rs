@@ -401,6 +401,11 @@ pub struct Limits {
     /// Connections open at once; more are answered 503 and closed. Absent: as many as the
     /// process's descriptor limit (`ulimit -n`) leaves room for beside open tenants.
     pub max_connections: Option<usize>,
+    /// Connections one client address holds at once (an IPv6 client: its /64); more are
+    /// answered 503 naming this, so one client cannot take every connection (nor the
+    /// health checks' room). Absent: half of `max_connections`. Behind a proxy that does
+    /// not pass clients' addresses, every client is the proxy: set it to `max_connections`.
+    pub max_connections_per_address: Option<usize>,
     /// Tenants whose databases are open at once; the least recently used idle one is
     /// closed to open another (it reopens on its next request). Absent: as many as the
     /// descriptor limit leaves room for, at most `max_tenants`.
@@ -463,6 +468,7 @@ impl Default for Limits {
             max_query_memory_bytes: 1 << 30,
             max_spill_bytes: 4 << 30,
             max_connections: None,
+            max_connections_per_address: None,
             max_open_tenants: None,
             header_read_timeout_secs: 10,
             idle_timeout_secs: 60,
@@ -570,6 +576,10 @@ impl Limits {
             ("max_decompressed_bytes", self.max_decompressed_bytes),
             ("max_query_memory_bytes", self.max_query_memory_bytes),
             ("max_connections", self.max_connections.unwrap_or(1)),
+            (
+                "max_connections_per_address",
+                self.max_connections_per_address.unwrap_or(1),
+            ),
             ("max_open_tenants", self.max_open_tenants.unwrap_or(1)),
             (
                 "max_concurrent_queries",

@@ -9,6 +9,7 @@
 //! client speaks) with them.
 
 use std::future::Future;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -30,6 +31,8 @@ use tower::ServiceExt;
 pub struct ConnectionLimits {
     /// Connections open at once; more are answered 503 and closed.
     pub max_connections: usize,
+    /// Connections one client address (an IPv6 client: its /64) holds at once.
+    pub max_per_address: usize,
     /// Time a client has to send a request's headers, from when the connection is ready to
     /// read them (a new connection, or an HTTP/1 connection after its previous answer).
     pub header_read_timeout: Duration,
@@ -111,6 +114,7 @@ pub async fn serve(
     let (close_tx, close_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     let limits = Arc::new(limits);
+    let addresses = Addresses::default();
     let mut refused: u64 = 0;
     let mut accept_errors = RateLimited::new(Duration::from_secs(10));
     let mut refusals = RateLimited::new(Duration::from_secs(10));
@@ -134,6 +138,25 @@ pub async fn serve(
                 }
             },
         };
+        let Some(held) = addresses.take(peer.ip(), limits.max_per_address) else {
+            refused += 1;
+            if refusals.ready() {
+                tracing::warn!(
+                    max_per_address = limits.max_per_address,
+                    client = %peer.ip(),
+                    refused,
+                    "a client address holds its connection limit: its new connections are answered 503"
+                );
+            }
+            if let Ok(slot) = refusing.clone().try_acquire_owned() {
+                let why = Refusal::Address(limits.max_per_address);
+                connections.spawn(async move {
+                    refuse(socket, why).await;
+                    drop(slot);
+                });
+            }
+            continue;
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refused += 1;
             if refusals.ready() {
@@ -147,9 +170,9 @@ pub async fn serve(
             // refusal holds a descriptor, outside the budget the limits were sized from.
             match refusing.clone().try_acquire_owned() {
                 Ok(slot) => {
-                    let max = limits.max_connections;
+                    let why = Refusal::Server(limits.max_connections);
                     connections.spawn(async move {
-                        refuse(socket, max).await;
+                        refuse(socket, why).await;
                         drop(slot);
                     });
                 }
@@ -161,7 +184,7 @@ pub async fn serve(
         let (app, limits, close_rx) = (app.clone(), limits.clone(), close_rx.clone());
         connections.spawn(async move {
             connection(socket, app, &limits, close_rx).await;
-            drop(permit);
+            drop((permit, held));
             tracing::trace!(%peer, "connection closed");
         });
     }
@@ -276,12 +299,82 @@ pub const HYPER_MAX_URI_BYTES: usize = 65_534;
 /// kept besides connections and tenants ([`BASE_DESCRIPTORS`]); more are closed unanswered.
 const MAX_LINGERING_REFUSALS: usize = 64;
 
-/// Answers a connection over the limit with 503 and closes it.
-async fn refuse(mut socket: TcpStream, max_connections: usize) {
+/// Connections open by client address: an IPv4 address, or an IPv6 client's /64 (one
+/// machine's share of a network; a client holding a /64 could otherwise take a connection
+/// from each of its 2^64 addresses).
+#[derive(Debug, Clone, Default)]
+struct Addresses(Arc<parking_lot::Mutex<std::collections::HashMap<IpAddr, usize>>>);
+
+/// A connection counted against its address until dropped.
+struct AddressHeld {
+    addresses: Addresses,
+    address: IpAddr,
+}
+
+impl Addresses {
+    /// The client address `ip` is counted as.
+    fn of(ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(Ipv6Addr::from(v6.to_bits() & !u128::from(u64::MAX))),
+            },
+        }
+    }
+
+    /// Counts a connection from `ip`, unless its address holds `max` already.
+    fn take(&self, ip: IpAddr, max: usize) -> Option<AddressHeld> {
+        let address = Self::of(ip);
+        let mut open = self.0.lock();
+        let count = open.entry(address).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(AddressHeld {
+            addresses: self.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressHeld {
+    fn drop(&mut self) {
+        let mut open = self.addresses.0.lock();
+        if let Some(count) = open.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Why a connection is refused.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The server holds `limits.max_connections`.
+    Server(usize),
+    /// The client's address holds `limits.max_connections_per_address`.
+    Address(usize),
+}
+
+/// Answers a connection over a limit with 503 naming it, and closes it.
+async fn refuse(mut socket: TcpStream, why: Refusal) {
+    let message = match why {
+        Refusal::Server(max) => format!(
+            "the server holds its limit of {max} connections (limits.max_connections); retry shortly"
+        ),
+        Refusal::Address(max) => format!(
+            "your address holds its limit of {max} connections \
+             (limits.max_connections_per_address); close some, or retry shortly"
+        ),
+    };
     let body = serde_json::json!({
-        "error": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),
+        "error": message,
         "code": "unavailable",
-        "message": format!("the server holds its limit of {max_connections} connections (limits.max_connections); retry shortly"),
+        "message": message,
     })
     .to_string();
     let response = format!(
@@ -420,4 +513,44 @@ pub fn split_descriptors(
         max_connections: connections as usize,
         max_open_tenants: tenants as usize,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An address holds at most its share, an IPv6 client's /64 counts as one address
+    /// (an IPv4 client reached over IPv6 as its IPv4 address), and a connection closed
+    /// gives its place back.
+    #[test]
+    fn connections_are_counted_by_client_address() {
+        let addresses = Addresses::default();
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        let held: Vec<AddressHeld> = (0..3).map(|_| addresses.take(v4, 3).unwrap()).collect();
+        assert!(addresses.take(v4, 3).is_none());
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert!(
+            addresses.take(mapped, 3).is_none(),
+            "the same client over IPv6"
+        );
+        assert!(addresses.take("192.0.2.8".parse().unwrap(), 3).is_some());
+        drop(held);
+        assert!(
+            addresses.take(v4, 3).is_some(),
+            "closed ones give their place back"
+        );
+
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap();
+        let _a = addresses.take(a, 1).unwrap();
+        assert!(addresses.take(b, 1).is_none(), "one /64");
+        assert!(
+            addresses
+                .take("2001:db8:1:3::1".parse().unwrap(), 1)
+                .is_some()
+        );
+        // Only the addresses with connections are kept.
+        drop(_a);
+        assert!(addresses.0.lock().is_empty());
+    }
 }

@@ -724,6 +724,9 @@ pub async fn serve(config: Config) -> Result<(), String> {
     let limits = &state.config.limits;
     let connection_limits = connections::ConnectionLimits {
         max_connections: descriptors.max_connections,
+        max_per_address: limits
+            .max_connections_per_address
+            .unwrap_or((descriptors.max_connections / 2).max(1)),
         header_read_timeout: Duration::from_secs(limits.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(limits.idle_timeout_secs),
         shutdown_grace: Duration::from_secs(limits.shutdown_grace_secs),

@@ -349,7 +349,7 @@ async fn the_attack_mix_neither_kills_nor_silences_the_server() {
     };
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
-        "[limits]\nmemory = {BUDGET}\nmax_query_memory_bytes = 268435456\nrequest_timeout_secs = 10\nmax_tenants = 200\nmax_connections = 400\nheader_read_timeout_secs = 2\n"
+        "[limits]\nmemory = {BUDGET}\nmax_query_memory_bytes = 268435456\nrequest_timeout_secs = 10\nmax_tenants = 200\nmax_connections = 400\nmax_connections_per_address = 400\nheader_read_timeout_secs = 2\n"
     );
     let join = format!("echo $$ > {}", cgroup.procs().display());
     let mut s = Server::start_after(&dir.path().join("d"), Some(&config), Some(&join));

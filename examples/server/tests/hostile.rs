@@ -175,13 +175,52 @@ async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
     assert_eq!(ok["rows"][0]["r"], "ababab");
 }
 
+/// One client address cannot take every connection (and the health checks' room with
+/// them): past its share it is answered 503 naming `limits.max_connections_per_address`,
+/// and a client at another address still gets in. Before, one client holding idle sockets
+/// up to `max_connections` shut out everyone.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_connections = 64\nmax_connections_per_address = 8\n"),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let _held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    // The server accepts connections in the order they came: the ninth is refused.
+    let answer = raw(
+        &s.url,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let error = json_body(&answer)["error"].as_str().unwrap().to_owned();
+    assert!(
+        error.contains("limits.max_connections_per_address") && error.contains(" 8 "),
+        "{error}"
+    );
+    // Another address on the loopback network is a client of its own.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = socket.connect(addr.parse().unwrap()).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    other.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+}
+
 #[tokio::test]
 async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(
         &dir.path().join("d"),
         Some(
-            "[limits]\nmax_connections = 200\nheader_read_timeout_secs = 2\nidle_timeout_secs = 2\n",
+            "[limits]\nmax_connections = 200\nmax_connections_per_address = 200\nheader_read_timeout_secs = 2\nidle_timeout_secs = 2\n",
         ),
     );
     let addr = s.url.trim_start_matches("http://").to_owned();
@@ -1182,7 +1221,9 @@ async fn requests_in_flight_are_charged_and_a_flood_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(
         &dir.path().join("d"),
-        Some("[limits]\nmemory = \"4MiB\"\nmax_connections = 1000\n"),
+        Some(
+            "[limits]\nmemory = \"4MiB\"\nmax_connections = 1000\nmax_connections_per_address = 1000\n",
+        ),
     );
     let addr = s.url.trim_start_matches("http://").to_owned();
     let stalled: Vec<TcpStream> = (0..400)
@@ -1265,7 +1306,7 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(
         &dir.path().join("d"),
-        Some("[limits]\nmax_connections = 4\n"),
+        Some("[limits]\nmax_connections = 4\nmax_connections_per_address = 4\n"),
     );
     let addr = s.url.trim_start_matches("http://").to_owned();
     let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
