@@ -119,7 +119,8 @@ impl std::ops::Deref for RuleSet {
 /// Most distinct functions all of a tenant's rules may name (a bit each).
 const MAX_FUNCTIONS: usize = 64;
 
-/// Most stacks whose function bits are kept (about 40 bytes each).
+/// Most stacks whose function bits are kept (a table slot of 33 bytes each, at most twice
+/// as many slots: under 70 MB).
 const MAX_CACHED_STACKS: usize = 1 << 20;
 
 /// What a rule recorded: per kept labels' values, the total.
@@ -146,9 +147,10 @@ pub struct Recorder {
     rules: RwLock<Arc<RuleSet>>,
     /// Per stack (its content key, equal for equal stacks whichever profile sends them),
     /// the bits of the rules' functions it holds (anywhere, as its leaf): a stack seen
-    /// before is not walked again. Valid for the current rule set; cleared with it, and when
-    /// it reaches [`MAX_CACHED_STACKS`].
+    /// before is not walked again. Valid for the current rule set; emptied with it, and when
+    /// a stack not in it would take it past `max_cached_stacks`.
     stacks: Mutex<hashbrown::HashMap<u128, (u64, u64), foldhash::fast::RandomState>>,
+    max_cached_stacks: usize,
     /// Per rule (by name), what it recorded.
     recorded: Mutex<HashMap<String, Recorded>>,
 }
@@ -277,8 +279,23 @@ impl Recorder {
             limits,
             rules: RwLock::new(Arc::new(RuleSet::default())),
             stacks: Mutex::new(Default::default()),
+            max_cached_stacks: MAX_CACHED_STACKS,
             recorded: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This recorder, keeping the function bits of at most `stacks` stacks (a test's few).
+    #[doc(hidden)]
+    pub fn with_stack_cache(mut self, stacks: usize) -> Self {
+        self.max_cached_stacks = stacks.max(1);
+        self
+    }
+
+    /// The stacks whose function bits are cached, and the room the cache holds.
+    #[doc(hidden)]
+    pub fn stack_cache(&self) -> (usize, usize) {
+        let cache = self.stacks.lock();
+        (cache.len(), cache.capacity())
     }
 
     /// Its limits.
@@ -351,7 +368,7 @@ impl Recorder {
         let compiled = self.compile_all(rules)?;
         let mut recorded = self.recorded.lock();
         let mut current = self.rules.write();
-        self.stacks.lock().clear();
+        *self.stacks.lock() = Default::default();
         recorded.retain(|name, _| {
             let old = current.iter().find(|c| &c.rule.name == name);
             let new = compiled.iter().find(|c| &c.rule.name == name);
@@ -478,7 +495,20 @@ impl Recorder {
                 .or_else(|| series.get(label).map(String::as_str))
                 .unwrap_or("")
         };
-        let sets = label_sets.len();
+        // Only the label sets rows use (a set whose samples are all 0 stores nothing): a
+        // profile of a million such sets had each tested by every rule's every matcher,
+        // minutes of a stored profile's time, and used up a regex's bytes before the one
+        // set that counted. `used[d]` is a used set, `dense[set]` its place there.
+        let mut dense = vec![u32::MAX; label_sets.len()];
+        let mut used: Vec<usize> = Vec::new();
+        for &(_, g, _) in rows {
+            let set = group(g).1 as usize;
+            if dense[set] == u32::MAX {
+                dense[set] = used.len() as u32;
+                used.push(set);
+            }
+        }
+        let sets = used.len();
         let mut selects: Vec<bool> = Vec::with_capacity(matching.len() * sets);
         // The label value bytes the rules' regexes test, bounded a profile: a regex's time
         // grows with the bytes it reads and its size, and this runs for a stored profile,
@@ -488,7 +518,7 @@ impl Recorder {
         let mut skipped = Vec::new();
         for &r in &matching {
             let from = selects.len();
-            for set in 0..sets {
+            for &set in &used {
                 match matches_all(&rules[r].matchers, &mut tested, |l| value_of(set, l)) {
                     Some(selected) => selects.push(selected),
                     None => {
@@ -516,14 +546,9 @@ impl Recorder {
         // stack not cached.
         let masks: std::cell::OnceCell<Vec<(u64, u64)>> = std::cell::OnceCell::new();
         let mut cache = (wanted != 0).then(|| self.stacks.lock());
-        if let Some(cache) = &mut cache
-            && cache.len() >= MAX_CACHED_STACKS
-        {
-            cache.clear();
-        }
         for &(t, g, v) in rows {
             let (sample, set, key) = group(g);
-            let set = set as usize;
+            let set = dense[set as usize] as usize;
             let counting = by_type.get(usize::from(t)).map_or(&[][..], Vec::as_slice);
             for &m in counting {
                 let at = m * sets + set;
@@ -535,6 +560,12 @@ impl Recorder {
             let Some(cache) = &mut cache else {
                 continue;
             };
+            // Full, the cache starts again, its memory given back (a profile of millions
+            // of stacks grew it four times past its bound, and a cleared table keeps its
+            // room for the server's life).
+            if cache.len() >= self.max_cached_stacks && !cache.contains_key(&key) {
+                **cache = Default::default();
+            }
             let (any, leaf) = *cache.entry(key).or_insert_with(|| {
                 let masks = masks.get_or_init(|| location_bits(profile, &rules.functions));
                 let stack = profile.flat().sample(sample).location_id;
@@ -565,7 +596,7 @@ impl Recorder {
         let mut adding = self.adding();
         let mut key: Vec<&str> = Vec::new();
         for (at, _) in counted.iter().enumerate().filter(|(_, c)| **c) {
-            let (m, set) = (at / sets, at % sets);
+            let (m, set) = (at / sets, used[at % sets]);
             let rule = &rules[matching[m]].rule;
             key.clear();
             key.extend(rule.keep_labels.iter().map(|l| value_of(set, l)));

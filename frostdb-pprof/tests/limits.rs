@@ -185,7 +185,7 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
     let limits = LabelLimits {
         max_label_names_per_series: 4,
         max_label_name_length: 16,
-        max_label_value_length: 8,
+        max_label_value_length: 16,
     };
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
@@ -193,7 +193,7 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
     )
     .unwrap();
     let long_name = "n".repeat(17);
-    let long_value = "v".repeat(9);
+    let long_value = "v".repeat(17);
     let three = [("service_name", "api"), ("job", "j"), ("pod", "p")];
     // Request labels, pprof sample labels, and the limit they break.
     type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>, &'a str);
@@ -221,17 +221,17 @@ fn each_label_limit_is_refused_by_name_and_nothing_is_stored() {
         (
             vec![("pod", &long_value)],
             vec![],
-            "max_label_value_length = 8",
+            "max_label_value_length = 16",
         ),
         (
             three.to_vec(),
             vec![("team", &long_value)],
-            "max_label_value_length = 8",
+            "max_label_value_length = 16",
         ),
         (
             three.to_vec(),
             vec![("span_id", &long_value)],
-            "max_label_value_length = 8",
+            "max_label_value_length = 16",
         ),
     ];
     for (request, sample, limit) in cases {
@@ -462,4 +462,118 @@ fn extreme_sample_values_are_refused_and_sums_past_i64_saturate_in_reports() {
     }
     let diff = tree::diff(&down, &up);
     assert!(!format!("{diff:?}").is_empty());
+}
+
+/// Each part of a profile type (the profile's name, a sample or period type or unit) is
+/// part of every series key, bounded as a label's value: one longer is refused naming the
+/// field and the limit, nothing stored (a 120 MiB sample type was stored, and the rollup
+/// copied it whole for each series it keyed).
+#[test]
+fn the_parts_of_a_profile_type_are_bounded_as_label_values() {
+    let limits = LabelLimits {
+        max_label_value_length: 16,
+        ..LabelLimits::default()
+    };
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default().label_limits(limits),
+    )
+    .unwrap();
+    let with_type = |sample_type: &str| {
+        let mut p: Profile = testing::profile(0, SAMPLES, 3);
+        p.string_table.push(sample_type.to_owned());
+        p.sample_type[0].r#type = p.string_table.len() as i64 - 1;
+        p.encode_to_vec()
+    };
+    let err = store
+        .ingest(&with_type(&"c".repeat(17)), &options(&[]))
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("sample_type.type") && text.contains("max_label_value_length"),
+        "{text}"
+    );
+    let long_name = IngestOptions::default()
+        .name("c".repeat(17))
+        .timestamp_ms(1_700_000_000_000);
+    let text = store
+        .ingest(&with_type("cpu"), &long_name)
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("max_label_value_length"), "{text}");
+    assert_eq!(store.samples().stats().rows, 0);
+    // Sixteen bytes are within it.
+    store
+        .ingest(&with_type(&"c".repeat(16)), &options(&[]))
+        .unwrap();
+    assert!(store.samples().stats().rows > 0);
+}
+
+/// A function's or a mapping's strings are a frame's name, bounded as every other format
+/// bounds one (65,535 bytes): one longer is refused naming the field; at the bound, stored.
+#[test]
+fn symbol_strings_are_bounded_as_frame_names() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let with_name = |bytes: usize| {
+        let mut p: Profile = testing::profile(0, SAMPLES, 3);
+        p.string_table.push("\u{1}".repeat(bytes));
+        p.function[0].name = p.string_table.len() as i64 - 1;
+        p.encode_to_vec()
+    };
+    let text = store
+        .ingest(&with_name(65_536), &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("function.name") && text.contains("65535"),
+        "{text}"
+    );
+    let mut p: Profile = testing::profile(0, SAMPLES, 3);
+    p.string_table.push("b".repeat(65_536));
+    p.mapping[0].build_id = p.string_table.len() as i64 - 1;
+    let text = store
+        .ingest(&p.encode_to_vec(), &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("mapping.build_id"), "{text}");
+    assert_eq!(store.samples().stats().rows, 0);
+    store.ingest(&with_name(65_535), &options(&[])).unwrap();
+}
+
+/// A sample is a row for each of its types: a profile's samples times its types are
+/// bounded by `max_samples` before any row is built (1,900 samples of 65,536 types were
+/// 124 million rows, built uncharged before the table refused them).
+#[test]
+fn samples_times_sample_types_are_bounded() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default().limits(frostdb_pprof::Limits {
+            max_samples: 100,
+            ..frostdb_pprof::Limits::default()
+        }),
+    )
+    .unwrap();
+    let with_types = |types: usize| {
+        let mut p: Profile = testing::profile(0, SAMPLES, 3);
+        let first = p.sample_type[0];
+        p.sample_type = vec![first; types];
+        for s in &mut p.sample {
+            s.value = vec![1; types];
+        }
+        p.encode_to_vec()
+    };
+    let text = store
+        .ingest(&with_types(6), &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("sample values") && text.contains("100"),
+        "{text}"
+    );
+    assert_eq!(store.samples().stats().rows, 0);
+    store.ingest(&with_types(5), &options(&[])).unwrap();
 }

@@ -556,3 +556,86 @@ fn a_call_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
     assert_eq!(series[0].value, 100, "only the small call is counted");
     assert_eq!(recorder.status()[0].dropped, 1);
 }
+
+/// Label sets whose samples are all 0 store nothing, and rules do not test them: a profile
+/// of 9,000 such sets of 2,000-byte values and one real sample is counted (before, the
+/// empty sets used up the regex's bytes and the real value was dropped).
+#[test]
+fn label_sets_that_store_nothing_are_not_tested_by_rules() {
+    use frostdb_pprof::proto::Label;
+    let (store, recorder) = store_with_a_tag_rule();
+    let mut p: Profile = frostdb_pprof::testing::profile(0, 9_001, 3);
+    let key = p.string_table.len() as i64;
+    p.string_table.push("tag".into());
+    for (i, s) in p.sample.iter_mut().enumerate() {
+        let real = i == 9_000;
+        s.value = vec![if real { 10 } else { 0 }];
+        let mut tag = format!("{i}x");
+        if !real {
+            tag.extend(std::iter::repeat_n('a', 2_000 - tag.len()));
+        }
+        p.string_table.push(tag);
+        s.label = vec![Label {
+            key,
+            str: p.string_table.len() as i64 - 1,
+            ..Label::default()
+        }];
+    }
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service_name".into(), service(0))])
+        .delta(false)
+        .timestamp_ms(1_700_000_000_000);
+    store
+        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
+        .unwrap();
+    let series = recorder.series();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].value, 10);
+    assert_eq!(recorder.status()[0].dropped, 0);
+}
+
+/// The stack cache of a rule naming a function stays within its bound inside one profile
+/// of more distinct stacks than it may hold, and gives its memory back when the rules
+/// change (a cleared table kept its room for the server's life).
+#[test]
+fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()).with_stack_cache(64));
+    recorder
+        .set_rules(&[RecordingRule {
+            name: "main".into(),
+            profile_type: CPU.into(),
+            selector: "{}".into(),
+            function: Some("main".into()),
+            leaf_only: false,
+            keep_labels: vec![],
+        }])
+        .unwrap();
+    store.attach_recorder(recorder.clone());
+    let p: Profile = frostdb_pprof::testing::profile(0, 1_000, 3);
+    let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service_name".into(), service(0))])
+        .delta(false)
+        .timestamp_ms(1_700_000_000_000);
+    store
+        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
+        .unwrap();
+    let (len, capacity) = recorder.stack_cache();
+    assert!(
+        len <= 64 && capacity <= 128,
+        "{len} stacks in room for {capacity}"
+    );
+    // Every sample holds main: all 1,000 counted, cache or not.
+    let series = recorder.series();
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].value, total);
+    recorder.set_rules(&[]).unwrap();
+    assert_eq!(recorder.stack_cache(), (0, 0));
+}

@@ -143,6 +143,50 @@ async fn cumulative_profiles_become_deltas() {
     assert_eq!(n, 5);
 }
 
+/// A cumulative profile pushed again (a retry arriving late) is not stored, and is not
+/// taken as the series' baseline either: the next profile is the difference from the last
+/// one stored. Before, the retry became the baseline and the growth between it and the
+/// last stored profile was counted twice, silently.
+#[test]
+fn a_late_retry_of_a_cumulative_profile_is_not_the_next_ones_baseline() {
+    use prost::Message;
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    // A cumulative profile (alloc_space) of `scale` times the synthetic one's values.
+    let base = frostdb_pprof::testing::profile(0, 20, 3);
+    let total: i64 = base.sample.iter().map(|s| s.value[0]).sum();
+    let cumulative = |scale: i64| {
+        let mut p = base.clone();
+        p.string_table
+            .extend(["alloc_space".to_owned(), "bytes".to_owned()]);
+        let n = p.string_table.len() as i64;
+        p.sample_type[0].r#type = n - 2;
+        p.sample_type[0].unit = n - 1;
+        for s in &mut p.sample {
+            s.value[0] *= scale;
+        }
+        p.encode_to_vec()
+    };
+    let push = |scale: i64, at: i64| {
+        let mut opts = options("memory", &[("instance", "a")]).timestamp_ms(1_700_000_000_000 + at);
+        opts.delta = true;
+        store.ingest(&cumulative(scale), &opts).unwrap()
+    };
+    push(1, 0); // the baseline, stored as nothing
+    push(2, 10_000);
+    push(4, 20_000);
+    assert!(push(2, 10_000).duplicate, "the second again: a retry");
+    push(8, 30_000);
+    let alloc =
+        Selector::parse("memory:alloc_space:bytes:cpu:nanoseconds{instance=\"a\"}").unwrap();
+    let merged = store.merge(&alloc, TimeRange::ALL).unwrap();
+    // (2 - 1) + (4 - 2) + (8 - 4); before, the last was 8 - 2.
+    assert_eq!(merged.total(), 7 * total);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pprof_labels_become_labels_and_collisions_are_errors() {
     let db = Db::open_in_memory(DbOptions::default()).unwrap();

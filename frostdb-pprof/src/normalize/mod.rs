@@ -257,6 +257,11 @@ impl Prepared<'_> {
         self.rows.is_empty()
     }
 
+    /// The sample rows it stores.
+    pub(crate) fn row_count(&self) -> usize {
+        self.rows.len()
+    }
+
     /// Its distinct (stack, sample labels), for tests that intern by hand.
     #[cfg(test)]
     pub(crate) fn group_count(&self) -> usize {

@@ -14,11 +14,6 @@ impl Deltas {
         self.previous.extend(states);
     }
 
-    /// The states kept, to apply to others.
-    pub(crate) fn into_states(self) -> Vec<(String, HashMap<Fingerprint, i64>)> {
-        self.previous.into_iter().collect()
-    }
-
     /// Cumulative series whose previous values are kept.
     pub(crate) fn len(&self) -> usize {
         self.previous.len()
@@ -67,7 +62,17 @@ pub(crate) fn prepare<'p>(
 ) -> Result<Prepared<'p>> {
     let p = profile.flat();
     // Every part of the profile types written must be selectable afterwards.
+    // And each is part of every series key of the profile, as a label's value is: bounded
+    // as one (a 120 MiB sample type was copied whole for each series a rollup keyed).
     let part = |field: &'static str, value: &str| {
+        if value.len() > limits.max_label_value_length {
+            return Err(Error::LabelLimit {
+                what: format!("{field}, in bytes"),
+                got: value.len(),
+                limit: "max_label_value_length",
+                value: limits.max_label_value_length,
+            });
+        }
         frostdb_profile::ProfileType::check_part(value).map_err(|reason| Error::Invalid {
             field,
             reason: format!("cannot be part of a profile type: {reason}"),

@@ -18,6 +18,9 @@ use super::*;
 
 /// Most sample rows a group of profiles commits in one transaction.
 pub(super) const MAX_GROUP_ROWS: usize = 64 * 1024;
+/// The rows the samples table takes in one insert (its `max_batch_rows`, the default): a
+/// group is sealed before it would hold more.
+pub(super) const MAX_BATCH_ROWS: usize = 4 << 20;
 
 /// Where a group of profiles stands.
 pub(super) enum SlotState {

@@ -40,11 +40,15 @@ impl SeriesSeen {
             .ok_or_else(|| Error::Corrupt("sample rows without timestamps".into()))?;
         let mut new: Vec<(u64, i64)> = Vec::new();
         let mut rows: Vec<u32> = Vec::new();
+        // The keys taken so far (a scan of `new` made a group of millions of index rows,
+        // one profile's thousands of sample types times its label sets, hours of one core
+        // inside the commit).
+        let mut taken: std::collections::HashSet<u64> = std::collections::HashSet::new();
         for (key, row) in keys {
             let hour = timestamps
                 .value(row as usize)
                 .div_euclid(schema::SERIES_BUCKET_MS);
-            if !self.keys.contains_key(&key) && !new.iter().any(|(k, _)| *k == key) {
+            if !self.keys.contains_key(&key) && taken.insert(key) {
                 new.push((key, hour));
                 rows.push(row);
             }

@@ -98,7 +98,13 @@ impl ProfileStore {
         }
         self.admit_baselines(&deltas, &prepared)?;
         let summaries = self.store_all(&prepared, &mut coming, &at)?;
-        deltas.apply(earlier.into_states());
+        // The baselines of the profiles stored, in order (not of one stored already: see
+        // `ingest_coming`).
+        for (one, summary) in prepared.into_iter().zip(&summaries) {
+            if !summary.duplicate {
+                deltas.apply(one.delta_states);
+            }
+        }
         Ok(summaries)
     }
 
@@ -116,7 +122,12 @@ impl ProfileStore {
             let prepared = prepare(profile, options, &[&deltas], &self.options.label_limits)?;
             self.admit_baselines(&deltas, std::slice::from_ref(&prepared))?;
             let summary = self.store(&prepared, coming)?;
-            deltas.apply(prepared.delta_states);
+            // A profile stored already (a retry arriving late) is not the series' newest:
+            // taken as the baseline, the next profile's difference from it counted again
+            // what was stored since.
+            if !summary.duplicate {
+                deltas.apply(prepared.delta_states);
+            }
             Ok(summary)
         } else {
             self.store(
@@ -280,11 +291,14 @@ impl ProfileStore {
                 }
                 break (None, twins, false, Vec::new());
             }
-            if pipeline
-                .open
-                .as_ref()
-                .is_some_and(|g| g.partition.id() != partition.id())
-            {
+            // A group is one insert, which the samples table refuses past its rows: joined
+            // by profiles that would take it past them, it is sealed first (a profile near
+            // the limit failed every profile of the group it joined).
+            let joining_rows: usize = joining.iter().map(|&(k, _)| storing[k].row_count()).sum();
+            if pipeline.open.as_ref().is_some_and(|g| {
+                g.partition.id() != partition.id()
+                    || g.rows.len().saturating_add(joining_rows) > MAX_BATCH_ROWS
+            }) {
                 pipeline.seal();
             }
             if pipeline.open.is_none() {

@@ -50,7 +50,9 @@ mod naming;
 mod options;
 mod read;
 
-use commit::{Coming, Group, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for};
+use commit::{
+    Coming, Group, MAX_BATCH_ROWS, MAX_GROUP_ROWS, Pipeline, Slot, Stored, worth_waiting_for,
+};
 use derived::{SeriesSeen, build_series_index, build_totals};
 pub(crate) use derived::{series_runs, series_words};
 use maintenance::{SymbolExpiry, partitions_used};
