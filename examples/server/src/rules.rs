@@ -131,13 +131,32 @@ impl Rules {
     }
 
     /// `tenant`'s recorder, made with its rules on first use (blocking: reads its file).
+    ///
+    /// Stored rules that no longer go with the rest (the config came to name a rule as one
+    /// of them is named, or `max_recording_rules` was lowered below what the tenant holds)
+    /// are left out, each named in the log, and the tenant opens with the others: before,
+    /// its store could not be opened, every write and query of it failing. They stay in
+    /// its file, listed by `GET /api/v1/rules`, to be deleted or renamed.
     pub fn recorder(&self, tenant: &str) -> ApiResult<Arc<Recorder>> {
         if let Some(r) = self.recorders.lock().get(tenant) {
             return Ok(r.clone());
         }
         let recorder = Recorder::new(self.limits);
+        let mut rules = self.all(tenant)?;
+        if let Err(error) = recorder.check(&rules) {
+            let stored = rules.split_off(self.configured.get(tenant).map_or(0, Vec::len));
+            for rule in stored {
+                let name = rule.name.clone();
+                rules.push(rule);
+                if let Err(e) = recorder.check(&rules) {
+                    rules.pop();
+                    tracing::warn!(%tenant, rule = %name, error = %e, "a stored recording rule is left out");
+                }
+            }
+            tracing::warn!(%tenant, %error, kept = rules.len(), "the stored recording rules do not go together: the tenant opens with those that do");
+        }
         recorder
-            .set_rules(&self.all(tenant)?)
+            .set_rules(&rules)
             .map_err(|e| ApiError::internal(format!("the stored rules of {tenant:?}: {e}")))?;
         Ok(self
             .recorders
@@ -471,6 +490,39 @@ mod tests {
             .ingest(&prost::Message::encode_to_vec(&profile), &options)
             .unwrap();
         rules
+    }
+
+    /// A tenant whose stored rules no longer go with its config (one named as a config
+    /// rule, or past a lowered `max_recording_rules`) opens with the rules that do, rather
+    /// than not at all; its file is left as it was.
+    #[test]
+    fn stored_rules_that_no_longer_fit_are_left_out_not_the_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let rule = |name: &str| RecordingRule {
+            name: name.into(),
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            selector: String::new(),
+            function: None,
+            leaf_only: false,
+            keep_labels: vec![],
+        };
+        let configured = BTreeMap::from([("t".to_owned(), vec![rule("cpu_total")])]);
+        let limits = RuleLimits {
+            max_rules: 2,
+            ..RuleLimits::default()
+        };
+        let rules = Rules::new(dir.path(), configured, limits).unwrap();
+        let stored = [rule("cpu_total"), rule("a_total"), rule("b_total")];
+        rules.write("t", &stored).unwrap();
+        let names: Vec<String> = rules
+            .recorder("t")
+            .unwrap()
+            .status()
+            .into_iter()
+            .map(|s| s.rule.name)
+            .collect();
+        assert_eq!(names, ["cpu_total", "a_total"]);
+        assert_eq!(rules.stored("t").unwrap().len(), 3, "the file is as it was");
     }
 
     fn expose(rules: &Rules, budget: usize) -> Result<String, frostdb_core::OverBudget> {

@@ -101,7 +101,7 @@ impl SortKey {
                 }
             }
         }
-        for i in dictionary_columns {
+        for &i in &dictionary_columns {
             let mut v = std::mem::take(&mut values[i]);
             v.sort_unstable();
             v.dedup();
@@ -109,6 +109,21 @@ impl SortKey {
             column.field = SortField::new_with_options(DataType::UInt32, column.options);
             column.ranks = Some(Arc::new(v));
         }
+        // A dictionary column without a value in any batch is null in every row: it orders
+        // nothing, and is left out of the key. A table keeps every label column it ever
+        // had, and each was 5 bytes of every row's key: a tenant of 1,000 label names made
+        // a 4-million-row part's key 21 GB, outside any budget.
+        let empty: Vec<bool> = (0..self.columns.len())
+            .map(|i| {
+                dictionary_columns.contains(&i)
+                    && self.columns[i].ranks.as_ref().is_some_and(|r| r.is_empty())
+            })
+            .collect();
+        let mut i = 0;
+        self.columns.retain(|_| {
+            i += 1;
+            !empty[i - 1]
+        });
         self
     }
 
@@ -632,5 +647,83 @@ mod tests {
             })
             .collect();
         assert_eq!(values, [0, 1, 2, 3, 4, 5, 9]);
+    }
+
+    /// A dictionary column no batch holds a value of is left out of a ranked key (it was
+    /// 5 bytes of every row's key, for each label column the table ever had), and the
+    /// rows still merge in the key's order.
+    #[test]
+    fn a_ranked_key_leaves_out_dictionary_columns_no_batch_holds() {
+        use arrow::array::{DictionaryArray, StringArray};
+        use arrow::datatypes::Int32Type;
+        let dict = || DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+        let def = crate::schema::Schema::builder("t")
+            .column(
+                ColumnDef::new("a", DataType::Utf8)
+                    .encoding(crate::schema::Encoding::RleDictionary),
+            )
+            .column(
+                ColumnDef::new("b", DataType::Utf8)
+                    .encoding(crate::schema::Encoding::RleDictionary),
+            )
+            .column(ColumnDef::new("k", DataType::Int64))
+            .sort_by(SortingColumn::asc("a"))
+            .sort_by(SortingColumn::asc("b"))
+            .sort_by(SortingColumn::asc("k"))
+            .build()
+            .unwrap();
+        let schema = TableSchema::new(Arc::new(def));
+        // `a` with values, `b` all null (in the second batch, a dictionary of no values),
+        // `k`.
+        let make = |a: &[&str], k: &[i64], with_b: bool| {
+            let a: DictionaryArray<Int32Type> = a.iter().copied().collect();
+            let mut fields = vec![Field::new("a", dict(), true)];
+            let mut columns: Vec<ArrayRef> = vec![Arc::new(a)];
+            if with_b {
+                let b = DictionaryArray::<Int32Type>::try_new(
+                    vec![None::<i32>; k.len()].into(),
+                    Arc::new(StringArray::from(Vec::<&str>::new())),
+                )
+                .unwrap();
+                fields.push(Field::new("b", dict(), true));
+                columns.push(Arc::new(b));
+            }
+            fields.push(Field::new("k", DataType::Int64, false));
+            columns.push(Arc::new(Int64Array::from(k.to_vec())));
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+        };
+        let batches = [
+            make(&["y", "x", "y"], &[2, 9, 1], false),
+            make(&["x", "z"], &[3, 0], true),
+        ];
+        let key = SortKey::new(&schema).with_ranks(batches.iter());
+        assert_eq!(key.names().collect::<Vec<_>>(), ["a", "k"]);
+        let inputs = batches
+            .iter()
+            .map(|b| Input::unsorted_batch(Ok(Some(b.clone()))))
+            .collect();
+        let output = Arc::new(Schema::new(vec![
+            Field::new("a", dict(), true),
+            Field::new("k", DataType::Int64, false),
+        ]));
+        let merged: Vec<(String, i64)> = Merge::new(key, inputs, output, 100, None)
+            .unwrap()
+            .flat_map(|b| {
+                let b = b.unwrap();
+                let a = arrow::compute::cast(b.column(0), &DataType::Utf8).unwrap();
+                let (a, k) = (
+                    a.as_string::<i32>().clone(),
+                    b.column(1).as_primitive::<Int64Type>().clone(),
+                );
+                (0..b.num_rows())
+                    .map(move |i| (a.value(i).to_owned(), k.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let expected: Vec<(String, i64)> = [("x", 3), ("x", 9), ("y", 1), ("y", 2), ("z", 0)]
+            .iter()
+            .map(|(a, k)| ((*a).to_owned(), *k))
+            .collect();
+        assert_eq!(merged, expected);
     }
 }
