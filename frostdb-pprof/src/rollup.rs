@@ -97,7 +97,15 @@ pub struct RollupSummary {
     pub rows_written: usize,
     /// Buckets left for a later pass because samples of them were written meanwhile.
     pub deferred: usize,
+    /// Buckets left for later passes because this one rolled up its most
+    /// ([`MAX_BUCKETS_PER_PASS`] a level, the newest first).
+    pub left: usize,
 }
+
+/// Buckets of one level a pass rolls up at most (each a scan and a durable write, on a
+/// thread other tenants' persistence shares): profiles back-dated an hour apart across
+/// decades made one pass of hundreds of thousands. The rest wait for the next passes.
+pub const MAX_BUCKETS_PER_PASS: usize = 256;
 
 /// One level of rollups: its bucket and table.
 struct Level {
@@ -370,7 +378,8 @@ impl Rollups {
                 // A day once its hours with samples are all rolled up.
                 .filter(|&b| at == 0 || hours.range(b..b + len).all(|h| hours_done.contains(h)))
                 .collect();
-            for b in todo {
+            summary.left += todo.len().saturating_sub(MAX_BUCKETS_PER_PASS);
+            for b in todo.into_iter().rev().take(MAX_BUCKETS_PER_PASS) {
                 match self.roll(at, b)? {
                     Some((read, written)) => {
                         if at == 0 {
@@ -392,6 +401,7 @@ impl Rollups {
                 rows_read = summary.rows_read,
                 rows_written = summary.rows_written,
                 deferred = summary.deferred,
+                left = summary.left,
                 "rolled up closed hours and days"
             );
         }

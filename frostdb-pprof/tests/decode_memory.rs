@@ -189,3 +189,59 @@ fn several_gzip_members_are_charged_as_they_inflate() {
         );
     }
 }
+
+/// Storing a profile charges the rows it builds, a row for each sample value, before it
+/// builds them (decoding charged about 8 bytes a value, and storing made ten times that,
+/// charged nowhere): under a charge that refuses them, the profile is refused naming them
+/// and nothing is stored.
+#[test]
+fn storing_charges_the_rows_it_builds_before_building_them() {
+    use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, validate};
+    let store = ProfileStore::open(
+        frostdb_core::Db::open_in_memory(frostdb_core::DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let mut p = frostdb_pprof::testing::profile(0, 1_000, 3);
+    let first = p.sample_type[0];
+    p.sample_type = vec![first; 4];
+    for s in &mut p.sample {
+        s.value = vec![1; 4];
+    }
+    let profile = validate(p, store.limits()).unwrap();
+    let options = IngestOptions::default()
+        .name("cpu")
+        .timestamp_ms(1_700_000_000_000);
+    let asked = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let log = asked.clone();
+    frostdb_pprof::charging(
+        move |bytes, what| {
+            log.borrow_mut().push((bytes, what));
+            Ok(())
+        },
+        || store.ingest_profile(&profile, &options),
+    )
+    .unwrap();
+    let rows: usize = asked
+        .borrow()
+        .iter()
+        .filter(|(_, w)| w.contains("sample rows"))
+        .map(|(b, _)| b)
+        .sum();
+    assert!(rows >= 4_000 * 64, "{:?}", asked.borrow());
+    let stored = store.samples().stats().rows;
+    let e = frostdb_pprof::charging(
+        |bytes, what| {
+            if what.contains("sample rows") {
+                return Err(Error::Unavailable(format!(
+                    "{what}: {bytes} bytes over the budget"
+                )));
+            }
+            Ok(())
+        },
+        || store.ingest_profile(&profile, &options.clone().timestamp_ms(1_700_000_060_000)),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("sample rows"), "{e}");
+    assert_eq!(store.samples().stats().rows, stored);
+}

@@ -175,3 +175,33 @@ fn a_week_merge_reads_daily_rollups() {
     assert_eq!(merged.rows, 7 * 50, "one row per stack and day");
     assert_eq!(merged.rollup_rows, merged.rows);
 }
+
+/// A pass rolls up at most `MAX_BUCKETS_PER_PASS` hours (the newest first) and leaves the
+/// rest, counted, to the next passes: profiles back-dated an hour apart made one pass of
+/// as many rolls as hours, each a durable write on a thread other tenants share. Merges
+/// answer as raw samples do throughout.
+#[test]
+fn a_pass_rolls_up_a_bounded_number_of_hours() {
+    use frostdb_pprof::rollup::MAX_BUCKETS_PER_PASS;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let hours = MAX_BUCKETS_PER_PASS + 44;
+    let shots: Vec<Shot> = (0..hours as i64)
+        .map(|h| (h * 60, 0u8, 0u64, 2usize))
+        .collect();
+    ingest(&store, &shots);
+    let now = BASE + (hours as i64 + 48) * HOUR;
+    let first = store.roll_up_at(now).unwrap();
+    assert_eq!((first.hours, first.left), (MAX_BUCKETS_PER_PASS, 44));
+    let all = TimeRange {
+        start_ms: BASE - 24 * HOUR,
+        end_ms: now,
+    };
+    let selector = Selector::parse(&format!("{CPU}{{}}")).unwrap();
+    let raw = store.merge_raw(&selector, all).unwrap();
+    assert_eq!(store.merge(&selector, all).unwrap().samples, raw.samples);
+    let second = store.roll_up_at(now).unwrap();
+    assert_eq!((second.hours, second.left), (44, 0));
+    assert_eq!(store.merge(&selector, all).unwrap().samples, raw.samples);
+    assert_eq!(raw.rows, hours * 2);
+}

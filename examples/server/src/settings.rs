@@ -24,7 +24,18 @@ pub struct Settings {
     max_settings: usize,
     /// Most bytes (names and values) a tenant's settings may hold.
     max_bytes: usize,
+    /// Settings files read at once, all tenants together ([`MAX_READS`]).
+    reads: tokio::sync::Semaphore,
+    /// Files being read, and the most read at once so far.
+    reading: std::sync::atomic::AtomicUsize,
+    most_reads: std::sync::atomic::AtomicUsize,
 }
+
+/// Settings files read and parsed at once. A file holds up to `max_settings_bytes` of
+/// names and values, several times that as JSON (a control character is six bytes): each
+/// `Get` read and parsed the whole file, uncharged, and hundreds in flight held gigabytes
+/// and every blocking thread. A read takes milliseconds; the rest wait their turn.
+const MAX_READS: usize = 4;
 
 /// How far ahead of this server's clock a setting's `modifiedAt` may be (clock skew): a
 /// time further ahead would win over every later update.
@@ -39,7 +50,15 @@ impl Settings {
             locks: frostdb_pprof::debuginfo::KeyedLocks::new(),
             max_settings,
             max_bytes,
+            reads: tokio::sync::Semaphore::new(MAX_READS),
+            reading: std::sync::atomic::AtomicUsize::new(0),
+            most_reads: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// The most settings files read at once so far (at most [`MAX_READS`]).
+    pub fn most_reads_at_once(&self) -> usize {
+        self.most_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn file(&self, tenant: &str) -> PathBuf {
@@ -123,9 +142,17 @@ impl Settings {
     /// to `max_settings_bytes`, not on the threads that accept requests).
     async fn read(&self, tenant: &str) -> ApiResult<BTreeMap<String, Setting>> {
         let path = self.file(tenant);
-        tokio::task::spawn_blocking(move || read_file(&path))
+        let _turn = self
+            .reads
+            .acquire()
             .await
-            .map_err(|e| ApiError::job_failed("reading settings", e))?
+            .map_err(|_| ApiError::internal("the settings reads are closed"))?;
+        use std::sync::atomic::Ordering::Relaxed;
+        let reading = self.reading.fetch_add(1, Relaxed) + 1;
+        self.most_reads.fetch_max(reading, Relaxed);
+        let read = tokio::task::spawn_blocking(move || read_file(&path)).await;
+        self.reading.fetch_sub(1, Relaxed);
+        read.map_err(|e| ApiError::job_failed("reading settings", e))?
     }
 
     /// `all` written as the tenant's settings file and synced, on a blocking thread.
@@ -181,6 +208,29 @@ mod tests {
             value: value.into(),
             modified_at: 0,
         }
+    }
+
+    /// Gets of a tenant's largest settings (1 MiB of control characters, over 6 MiB of
+    /// JSON) read the file a few at a time, however many are asked at once; each answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settings_files_are_read_a_few_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = std::sync::Arc::new(Settings::new(dir.path(), 10, 1 << 20));
+        settings
+            .set("a", setting("big", &"\u{1}".repeat((1 << 20) - 8)))
+            .await
+            .unwrap();
+        let gets: Vec<_> = (0..64)
+            .map(|_| {
+                let settings = settings.clone();
+                tokio::spawn(async move { settings.get("a").await })
+            })
+            .collect();
+        for get in gets {
+            assert_eq!(get.await.unwrap().unwrap()[0].value.len(), (1 << 20) - 8);
+        }
+        let most = settings.most_reads_at_once();
+        assert!((1..=MAX_READS).contains(&most), "{most} files read at once");
     }
 
     /// One tenant's writes hold only its own lock: while tenant a's is held (a slow write,

@@ -52,6 +52,11 @@ pub(super) fn timestamp_ms(time_nanos: i64) -> i64 {
     }
 }
 
+/// Bytes storing builds per sample value: the value (8), its row (16) and its sample row's
+/// columns (five ids and values of 8 bytes, five dictionary keys of 4, and room for label
+/// keys: 64).
+const ROW_BYTES: usize = 88;
+
 /// Step 1: labels, merged samples, deltas (of cumulative types, from the first of `deltas`
 /// that holds the series' previous values).
 pub(crate) fn prepare<'p>(
@@ -112,6 +117,17 @@ pub(crate) fn prepare<'p>(
         HashMap::with_capacity_and_hasher(p.samples().len(), Default::default());
     let mut groups: Vec<Group> = Vec::with_capacity(p.samples().len());
     let types = p.sample_type.len();
+    // What storing builds per sample value (at most a row each): its value here, its row
+    // here, and its columns in the group's sample rows. Charged before any of it is made
+    // (a server charges a request's profiles as it stores them): decoding charged about 8
+    // bytes a value, and storing took ten times that, counted nowhere.
+    crate::decode::charge::charge(
+        p.samples()
+            .len()
+            .saturating_mul(types)
+            .saturating_mul(ROW_BYTES),
+        "a profile's sample rows",
+    )?;
     let mut values: Vec<i64> = Vec::with_capacity(p.samples().len() * types);
     let mut span_index: HashMap<(u32, u32), u32> = HashMap::default();
     let mut span_groups: Vec<(u32, u32)> = Vec::new();
