@@ -796,20 +796,21 @@ fn a_long_name_down_a_deep_stack(name_bytes: usize, depth: usize) -> Vec<u8> {
     cpu_pprof(string_table, function, location, sample)
 }
 
-/// A report writes a frame's name at every node it is: one function named with a
-/// megabyte, 4,000 deep, is 4 GB of flame graph from a 1 MB push and one query (charged
-/// 100 bytes a frame, it was built past any budget). It is charged its names: refused
-/// with a 413 naming the report under a 256 MiB budget, and the server answers the next
+/// A report writes a frame's name at every node it is: one function named with 64 KiB
+/// (the most a frame's name may have), 4,000 deep, is 262 MB of flame graph from a small
+/// push and one query (charged 100 bytes a frame, it was built past any budget; with a
+/// megabyte's name, before names were bounded, 4 GB). It is charged its names: refused
+/// with a 413 naming the report under a 128 MiB budget, and the server answers the next
 /// query, its memory flat.
 #[tokio::test]
 async fn a_report_is_charged_the_names_it_writes_at_every_node() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = Server::start(
         &dir.path().join("d"),
-        Some("[limits]\nmemory = \"256MiB\"\n"),
+        Some("[limits]\nmemory = \"128MiB\"\n"),
     );
     for (name, profile) in [
-        ("long", a_long_name_down_a_deep_stack(1 << 20, 4_000)),
+        ("long", a_long_name_down_a_deep_stack(65_535, 4_000)),
         ("short", a_long_name_down_a_deep_stack(10, 40)),
     ] {
         let (status, body) = push_pprof(&s, "anonymous", &format!("{name}.cpu"), profile).await;
