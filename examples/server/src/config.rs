@@ -748,6 +748,16 @@ impl Config {
             crate::tenants::validate_tenant(&job.tenant)
                 .map_err(|e| format!("scrape job {:?}: {e}", job.job))?;
         }
+        // A target's status is known by its job (as Prometheus, which refuses two jobs of
+        // one name): two jobs alike, of two tenants, shared one status, each tenant shown
+        // the other's errors and timings.
+        let mut jobs = std::collections::BTreeSet::new();
+        if let Some(job) = self.scrape.iter().find(|j| !jobs.insert(j.job.as_str())) {
+            return Err(format!(
+                "two scrape jobs are named {:?}: a job's name must be its own",
+                job.job
+            ));
+        }
         if let Some(ebpf) = &self.ebpf {
             if !ebpf.pids.is_empty() && ebpf.cgroup.is_some() {
                 return Err("[ebpf]: give `pids` or `cgroup`, not both".into());
@@ -1054,6 +1064,10 @@ mod tests {
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nprofiles=['cpux']").contains("cpux"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\ninterval='0s'").contains("positive"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nscheme='https'").contains("https"));
+        assert!(
+            bad("[[scrape]]\njob='a'\ntargets=[]\n[[scrape]]\njob='a'\ntargets=[]\ntenant='b'")
+                .contains("two scrape jobs are named \"a\"")
+        );
         assert!(bad("colour = 1").contains("colour"));
         assert!(bad("[ebpf]\nfrequency_hz = 0").contains("frequency_hz"));
         assert!(bad("[ebpf]\npids = [1]\ncgroup = '/sys/fs/cgroup'").contains("not both"));

@@ -165,7 +165,13 @@ async fn send(client: &reqwest::Client, url: &str, tenant: &str, body: &[u8]) ->
 /// Sends the series as `config` says, until the server stops.
 pub async fn run(state: Shared, config: RemoteWriteConfig) {
     let stats = &state.rules.remote_write;
-    let client = match reqwest::Client::builder().timeout(config.timeout).build() {
+    // Redirects are not followed: each would carry every tenant's batch and its tenant
+    // header to wherever the receiver pointed (a 3xx is a failure, retried).
+    let client = match reqwest::Client::builder()
+        .timeout(config.timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "remote write off: no HTTP client");
@@ -193,17 +199,12 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
                     tokio::task::spawn_blocking(move || batch(&state, now)).await.unwrap_or_default()
                 };
                 for (tenant, body) in batches {
-                    let queue = queues.entry(tenant).or_default();
-                    queue.batches.push_back(body);
-                    // At most `max_queued` intervals, and MAX_QUEUED_BYTES, the newest kept.
-                    let mut bytes: usize = queue.batches.iter().map(Vec::len).sum();
-                    while queue.batches.len() > config.max_queued.max(1)
-                        || (queue.batches.len() > 1 && bytes > MAX_QUEUED_BYTES)
-                    {
-                        bytes -= queue.batches.pop_front().map_or(0, |b| b.len());
-                        stats.dropped.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(max_queued = config.max_queued, max_bytes = MAX_QUEUED_BYTES, "remote write queue of a tenant full: its oldest batch dropped");
-                    }
+                    queues.entry(tenant).or_default().batches.push_back(body);
+                }
+                let dropped = trim(&mut queues, config.max_queued, MAX_QUEUED_BYTES, MAX_ALL_QUEUED_BYTES);
+                if dropped > 0 {
+                    stats.dropped.fetch_add(dropped as u64, Ordering::Relaxed);
+                    tracing::warn!(dropped, max_queued = config.max_queued, max_bytes = MAX_QUEUED_BYTES, max_all_bytes = MAX_ALL_QUEUED_BYTES, "remote write queues full: their oldest batches dropped");
                 }
             }
             _ = tokio::time::sleep_until(next_send.unwrap_or_else(tokio::time::Instant::now)), if next_send.is_some() => {
@@ -247,6 +248,48 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// tenant at its series limit is megabytes.
 const MAX_QUEUED_BYTES: usize = 64 << 20;
 
+/// Most bytes of batches all tenants' queues hold together: past it, the oldest batches of
+/// the largest queues are dropped (each tenant bounded alone, a thousand tenants held 64
+/// GB for a receiver that was down).
+const MAX_ALL_QUEUED_BYTES: usize = 256 << 20;
+
+/// Drops the oldest batches of `queues` until each holds at most `max_queued` batches and
+/// `max_bytes` (its newest batch kept), and all of them `max_all_bytes` (the largest queue
+/// giving up its oldest first); returns how many were dropped.
+fn trim(
+    queues: &mut BTreeMap<String, TenantQueue>,
+    max_queued: usize,
+    max_bytes: usize,
+    max_all_bytes: usize,
+) -> usize {
+    let mut dropped = 0;
+    let mut all = 0;
+    for queue in queues.values_mut() {
+        let mut bytes: usize = queue.batches.iter().map(Vec::len).sum();
+        while queue.batches.len() > max_queued.max(1)
+            || (queue.batches.len() > 1 && bytes > max_bytes)
+        {
+            bytes -= queue.batches.pop_front().map_or(0, |b| b.len());
+            dropped += 1;
+        }
+        all += bytes;
+    }
+    while all > max_all_bytes {
+        let Some(largest) = queues
+            .values_mut()
+            .max_by_key(|q| q.batches.iter().map(Vec::len).sum::<usize>())
+        else {
+            break;
+        };
+        let Some(oldest) = largest.batches.pop_front() else {
+            break;
+        };
+        all -= oldest.len();
+        dropped += 1;
+    }
+    dropped
+}
+
 /// A tenant's batches waiting to be sent, and when the next may be tried.
 struct TenantQueue {
     batches: VecDeque<Vec<u8>>,
@@ -261,5 +304,40 @@ impl Default for TenantQueue {
             backoff: FIRST_BACKOFF,
             next_send: tokio::time::Instant::now(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each queue keeps at most its intervals and bytes (its newest batch whatever its
+    /// size), and all of them together at most their bound, the largest queue giving up
+    /// its oldest batches first.
+    #[test]
+    fn queued_batches_are_bounded_each_and_all_together() {
+        let queue = |sizes: &[usize]| TenantQueue {
+            batches: sizes.iter().map(|&n| vec![0u8; n]).collect(),
+            ..TenantQueue::default()
+        };
+        let mut queues = BTreeMap::from([
+            ("a".to_owned(), queue(&[10, 10, 10, 10])),
+            ("b".to_owned(), queue(&[100])),
+            ("c".to_owned(), queue(&[30, 30, 30])),
+        ]);
+        // Three intervals a tenant, 1,000 bytes a tenant: a loses one.
+        assert_eq!(trim(&mut queues, 3, 1_000, 1_000), 1);
+        assert_eq!(queues["a"].batches.len(), 3);
+        // 50 bytes a tenant: a keeps 30, c its newest 30, b its one batch of 100.
+        assert_eq!(trim(&mut queues, 3, 50, 1_000), 2);
+        let held = |q: &BTreeMap<String, TenantQueue>| -> Vec<usize> {
+            q.values()
+                .map(|q| q.batches.iter().map(Vec::len).sum())
+                .collect()
+        };
+        assert_eq!(held(&queues), [30, 100, 30]);
+        // 120 bytes in all: the largest, b, gives up its batch.
+        assert_eq!(trim(&mut queues, 3, 1_000, 120), 1);
+        assert_eq!(held(&queues), [30, 0, 30]);
     }
 }
