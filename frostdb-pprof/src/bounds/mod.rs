@@ -303,7 +303,7 @@ pub fn check_json(
 /// Charges what the decoded message will take ([`crate::charging`]) before it is made:
 /// within the request limits, a message still costs many times its bytes (an empty label 2
 /// bytes sent, 48 decoded), and several at once must fit the budget they share.
-fn charge_decoded(scanned: &Scanned) -> Result<()> {
+pub(crate) fn charge_decoded(scanned: &Scanned) -> Result<()> {
     crate::decode::charge::charge(scanned.decoded_bytes, "the decoded request message")
 }
 

@@ -46,10 +46,19 @@ pub fn write_raw(request: &proto::WriteRawRequest, limits: &Limits) -> Result<Ve
             .filter(|l| l.name != NAME_LABEL)
             .map(|l| (l.name.clone(), l.value.clone()))
             .collect();
+        // Each sample's profile gets a copy of its series' name and labels: charged as it is
+        // made (one label of 10 MiB over 10,000 empty samples was 100 GB of copies).
+        let copy = name.len()
+            + labels
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 48)
+                .sum::<usize>();
         for (j, sample) in series.samples.iter().enumerate() {
             let at = format!("{at}.samples[{j}]");
             let profile =
                 crate::decode(&sample.raw_profile, limits).map_err(|e| e.at(at.clone()))?;
+            crate::decode::charge::take(copy, "series labels copied to each of their samples")
+                .map_err(|e| e.at(at.clone()))?;
             out.push(Incoming {
                 profile,
                 previous: None,
@@ -1065,6 +1074,47 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
+
+    /// A series label copied to each of a `WriteRaw` series' samples is charged each time:
+    /// 64 copies of a 1 MiB label are refused under an 8 MiB budget (before, made
+    /// uncharged), and within a budget that holds them, stored.
+    #[test]
+    fn write_raw_charges_the_labels_it_copies_to_each_sample() {
+        use proto::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest};
+        let label = |name: &str, value: &str| Label {
+            name: name.into(),
+            value: value.into(),
+        };
+        let big = "A".repeat(1 << 20);
+        let request = WriteRawRequest {
+            series: vec![RawProfileSeries {
+                labels: Some(LabelSet {
+                    labels: vec![label(NAME_LABEL, "x"), label("a", &big)],
+                }),
+                samples: vec![
+                    RawSample {
+                        raw_profile: vec![0x32, 0],
+                        ..Default::default()
+                    };
+                    64
+                ],
+            }],
+            ..Default::default()
+        };
+        let (got, _) = crate::decode::charge::under_budget(8 << 20, || {
+            write_raw(&request, &Limits::default())
+        });
+        assert!(
+            got.unwrap_err()
+                .to_string()
+                .contains("copied to each of their samples")
+        );
+        let (got, asked) = crate::decode::charge::under_budget(usize::MAX, || {
+            write_raw(&request, &Limits::default())
+        });
+        assert_eq!(got.unwrap().len(), 64);
+        assert!(asked >= 64 << 20, "{asked}");
+    }
 
     /// An IPC stream of one LZ4-compressed Int64 column of `n` values, schema `v2`.
     fn stream(n: i64) -> Vec<u8> {

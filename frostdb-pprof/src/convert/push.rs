@@ -73,7 +73,11 @@ pub fn parse(
     match encoding {
         Encoding::Protobuf => bounds::decode_protobuf("push", body, limits),
         Encoding::Json => {
-            bounds::check_json("push", proto::PushRequest::shape(), body, limits)?;
+            // Charged as the protobuf form is: JSON's own request, then its protobuf copy
+            // (17 KiB of gzip, empty samples, held 450 MiB uncharged).
+            let scanned = bounds::check_json("push", proto::PushRequest::shape(), body, limits)?;
+            bounds::charge_decoded(&scanned)?;
+            bounds::charge_decoded(&scanned)?;
             let json: JsonRequest = serde_json::from_slice(body)
                 .map_err(|e| invalid("body".into(), format!("not PushRequest JSON: {e}")))?;
             json.into_proto()
@@ -307,6 +311,28 @@ mod tests {
     use prost::Message;
 
     use super::*;
+
+    /// A JSON push's decoded request is charged before it is made (twice: the JSON
+    /// request, then its protobuf copy), as a protobuf one is: 10 series of 10,000 empty
+    /// samples ask for megabytes, refused under a budget of 1 MiB.
+    #[test]
+    fn a_json_push_is_charged_before_it_is_decoded() {
+        let series = format!(
+            r#"{{"labels":[{{"name":"__name__","value":"x"}}],"samples":[{}]}}"#,
+            vec!["{}"; 10_000].join(",")
+        );
+        let body = format!(r#"{{"series":[{}]}}"#, vec![series; 10].join(","));
+        let limits = RequestLimits::default();
+        let (got, asked) = crate::decode::charge::under_budget(usize::MAX, || {
+            parse(Encoding::Json, body.as_bytes(), &limits)
+        });
+        got.unwrap();
+        assert!(asked >= 2 * 100_000 * 48, "{asked} bytes asked");
+        let (got, _) = crate::decode::charge::under_budget(1 << 20, || {
+            parse(Encoding::Json, body.as_bytes(), &limits)
+        });
+        assert!(got.unwrap_err().to_string().contains("decoded request"));
+    }
 
     const GO_CPU: &str = "testdata/pprof/pyroscope__go-cpu.pb.gz";
 
