@@ -227,15 +227,15 @@ impl ExecutionPlan for FrostScanExec {
         });
         // The engine's scan is synchronous (its block reads wait on the engine's own I/O
         // runtime): run it on a blocking thread and hand batches over two at a time.
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        tokio::task::spawn_blocking(move || {
+        let what = format!("the scan of partition {partition} of {}", self.table);
+        Ok(on_blocking_thread(self.schema.clone(), what, move |send| {
             let mut scan = scan;
             for batch in scan.by_ref() {
                 let batch = batch.map_err(crate::to_datafusion);
                 if let Ok(b) = &batch {
                     output_rows.add(b.num_rows());
                 }
-                if tx.blocking_send(batch).is_err() {
+                if !send(batch) {
                     return; // the consumer is gone: the query finished or was cancelled
                 }
             }
@@ -245,17 +245,74 @@ impl ExecutionPlan for FrostScanExec {
                 failed.add(midway);
                 metric.add(midway);
             }
-        });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|batch| (batch, rx))
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream,
-        )))
+        }))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+}
+
+/// The batches `produce` sends (`send` answers false once the stream is dropped), made on
+/// a blocking thread. If `produce` panics, the stream ends with an error naming `what`:
+/// before, the partition just ended, as if it had read everything, and the query answered
+/// without the rest of its rows.
+fn on_blocking_thread(
+    schema: SchemaRef,
+    what: String,
+    produce: impl FnOnce(&dyn Fn(Result<arrow::array::RecordBatch>) -> bool) + Send + 'static,
+) -> SendableRecordBatchStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        let send = |batch| tx.blocking_send(batch).is_ok();
+        let produced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(&send)));
+        if let Err(panic) = produced {
+            let message = frostdb_core::panic_message(panic.as_ref()).to_owned();
+            let _ = tx.blocking_send(Err(DataFusionError::Execution(format!(
+                "{what} failed (it panicked: {message}); the answer would lack its rows"
+            ))));
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|batch| (batch, rx))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::TryStreamExt;
+
+    /// A scan thread that panics ends its partition with an error naming it, not as if it
+    /// had read everything; one that ends, ends the stream cleanly.
+    #[tokio::test]
+    async fn a_scan_thread_that_panics_fails_its_stream() {
+        let schema: SchemaRef = Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Int64, false),
+        ]));
+        let batch = arrow::array::RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(arrow::array::Int64Array::from(vec![1, 2]))],
+        )
+        .unwrap();
+        let (one, two) = (batch.clone(), batch.clone());
+        let panics = on_blocking_thread(schema.clone(), "the scan of t".into(), move |send| {
+            send(Ok(one));
+            panic!("a page it could not decode");
+        });
+        let e = panics
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the scan of t") && e.contains("could not decode"),
+            "{e}"
+        );
+        let ends = on_blocking_thread(schema, "the scan of t".into(), move |send| {
+            send(Ok(two));
+        });
+        assert_eq!(ends.try_collect::<Vec<_>>().await.unwrap().len(), 1);
     }
 }

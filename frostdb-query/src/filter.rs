@@ -165,7 +165,9 @@ pub(crate) fn scalar(value: &ScalarValue) -> Option<Scalar> {
 }
 
 /// `LIKE` as an anchored regex (`%` any run, `_` one character, the escape character
-/// escaping them).
+/// escaping them: `\` when none is given, as DataFusion and Arrow take it; before, the
+/// pushed filter matched `a\%b` as a backslash then anything, and answered other rows
+/// than the same statement evaluated by DataFusion).
 fn like_to_regex(like: &Like, schema: &ArrowSchema) -> Option<Predicate> {
     let col = column(&like.expr, schema)?;
     let Scalar::Utf8(pattern) = literal(&like.pattern)? else {
@@ -176,10 +178,12 @@ fn like_to_regex(like: &Like, schema: &ArrowSchema) -> Option<Predicate> {
     } else {
         "(?s)^"
     });
+    let escape = like.escape_char.unwrap_or('\\');
     let mut chars = pattern.chars();
     while let Some(c) = chars.next() {
         match c {
-            c if Some(c) == like.escape_char => {
+            // A pattern ending in its escape is left to DataFusion.
+            c if c == escape => {
                 let next = chars.next()?;
                 regex.push_str(&regex_escape(next));
             }
@@ -298,5 +302,25 @@ mod tests {
             Some(Predicate::Regex { pattern, .. }) => assert_eq!(pattern, "(?s)^a\\.b.*$"),
             other => panic!("{other:?}"),
         }
+        // A backslash escapes what follows when no escape character is given.
+        let escaped = Like::new(
+            false,
+            Box::new(ident("labels.pod")),
+            Box::new(lit("a\\%b_")),
+            None,
+            false,
+        );
+        match like_to_regex(&escaped, &schema()) {
+            Some(Predicate::Regex { pattern, .. }) => assert_eq!(pattern, "(?s)^a%b.$"),
+            other => panic!("{other:?}"),
+        }
+        let trailing = Like::new(
+            false,
+            Box::new(ident("labels.pod")),
+            Box::new(lit("a\\")),
+            None,
+            false,
+        );
+        assert!(like_to_regex(&trailing, &schema()).is_none());
     }
 }

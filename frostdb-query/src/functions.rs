@@ -51,6 +51,9 @@ const BOUNDED: &[(&str, Bound)] = &[
         s + (s + 1.0) * (len(a, 2, r) + refs(a, 2) * s)
     }),
     ("translate", |a, r| 4.0 * len(a, 0, r)),
+    // A format's specifier of two bytes writes up to 32 (`%+`, `%c`: 24), and its
+    // literal text as it is.
+    ("to_char", |a, r| 16.0 * len(a, 1, r) + 64.0),
     ("overlay", |a, r| len(a, 0, r) + len(a, 1, r)),
     ("concat", |a, r| (0..a.len()).map(|i| len(a, i, r)).sum()),
     ("concat_ws", |a, r| {

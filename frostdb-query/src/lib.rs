@@ -51,8 +51,8 @@ pub use provider::{
     session, session_with,
 };
 pub use sql_shape::{
-    MAX_FIXED_WIDTH, MAX_LITERAL_BYTES, SqlLimits, check_sql_plan, check_sql_shape, read_only_sql,
-    read_sql,
+    MAX_FIXED_WIDTH, MAX_LITERAL_BYTES, SqlLimits, check_sql_physical_plan, check_sql_plan,
+    check_sql_shape, read_only_sql, read_sql,
 };
 
 /// An engine error as a DataFusion error.

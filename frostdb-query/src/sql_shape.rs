@@ -66,6 +66,42 @@ pub async fn read_sql(
     Ok(frame)
 }
 
+/// Operators a statement's physical plan may not hold, and why: each makes what no memory
+/// pool sees, in proportion to what it reads.
+const REFUSED_OPERATORS: [(&str, &str); 2] = [
+    (
+        "UnnestExec",
+        "unnest copies each row's other values onto every element of its list, in one \
+         allocation no memory limit sees (a 5 MB value onto 100,000 elements asked for \
+         500 GB)",
+    ),
+    (
+        "WindowAggExec",
+        "a window over a whole partition (OVER () or without ORDER BY) keeps all of its \
+         input, outside the query memory limit; give the window an ORDER BY, or join an \
+         aggregate instead",
+    ),
+];
+
+/// Refuses a physical plan holding an operator of [`REFUSED_OPERATORS`], naming it and why.
+pub fn check_sql_physical_plan(
+    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+) -> Result<(), DataFusionError> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    plan.apply(|node| {
+        if let Some((name, why)) = REFUSED_OPERATORS
+            .iter()
+            .find(|(name, _)| node.name() == *name)
+        {
+            return Err(DataFusionError::Plan(format!(
+                "the statement's plan holds {name}, which is not supported: {why}"
+            )));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(())
+}
+
 /// Refuses a plan holding a literal over [`MAX_LITERAL_BYTES`], or a value of a
 /// fixed-size type (in any node's output, nested too) wider than [`MAX_FIXED_WIDTH`]; the
 /// error names which, and the limit.
@@ -188,6 +224,15 @@ fn check_width(data_type: &datafusion::arrow::datatypes::DataType) -> Result<(),
     while let Some((t, times)) = left.pop() {
         let width = |n: i32| times.saturating_mul(usize::try_from(n).unwrap_or(usize::MAX));
         match t {
+            // 64-bit offsets: one column of a batch may outgrow 2 GiB, which 32-bit ones
+            // refuse before making it (a 5 MB value unnested onto 100,000 rows asked for
+            // 500 GB in one allocation, and the process aborted).
+            T::LargeUtf8 | T::LargeBinary | T::LargeList(_) | T::LargeListView(_) => {
+                return Err(DataFusionError::Plan(format!(
+                    "values of {t} are not supported (their columns may outgrow 2 GiB a \
+                     batch); use the type without Large"
+                )));
+            }
             T::FixedSizeBinary(n) if width(*n) > MAX_FIXED_WIDTH => {
                 return Err(DataFusionError::Plan(format!(
                     "a value of {t} is {} bytes, over the {MAX_FIXED_WIDTH} a plan may make",
@@ -204,7 +249,7 @@ fn check_width(data_type: &datafusion::arrow::datatypes::DataType) -> Result<(),
                 }
                 left.push((f.data_type(), width(*n)));
             }
-            T::List(f) | T::LargeList(f) | T::ListView(f) | T::LargeListView(f) | T::Map(f, _) => {
+            T::List(f) | T::ListView(f) | T::Map(f, _) => {
                 left.push((f.data_type(), times));
             }
             T::Struct(fields) => left.extend(fields.iter().map(|f| (f.data_type(), times))),

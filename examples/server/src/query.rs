@@ -956,6 +956,7 @@ async fn sql(state: &Shared, tenant: &str, q: &str, lenient: bool) -> ApiResult<
                 .await?
                 .create_physical_plan()
                 .await?;
+            frostdb_query::check_sql_physical_plan(&plan)?;
             let plan = frostdb_query::cancellable(plan, &cancel)?;
             let mut stream = datafusion::physical_plan::execute_stream(plan, ctx.task_ctx())?;
             let mut batches = Vec::new();

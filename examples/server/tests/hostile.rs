@@ -103,6 +103,61 @@ async fn a_cross_join_neither_starves_the_server_nor_outlives_its_timeout() {
     );
 }
 
+/// Statements whose operators copy values where no memory limit sees them are refused
+/// by name before they run: an unnest copying a row's 5 MB value onto each of 100,000
+/// elements (500 GB in one allocation: the process aborted), a cross join of a 64-bit
+/// offset column (41 GB), a window over a whole partition (its input kept, uncharged),
+/// and `to_char` writing 24 bytes for each 2 of its format (40 GB a batch) is charged as
+/// it is made. Ordinary windows and joins still answer.
+#[tokio::test]
+async fn operators_that_copy_outside_the_pool_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_query_memory_bytes = 268435456\n"),
+    );
+    push_go_cpu(&s).await;
+    let to_char = (0..3)
+        .map(|k| format!("to_char(to_timestamp(v + {k}), repeat('%c', 2048)) AS c{k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let to_char = format!("SELECT {to_char} FROM generate_series(1, 8192) t(v)");
+    let attacks = [
+        (
+            "SELECT unnest(l) AS v, s FROM (SELECT array_agg(v) AS l, repeat('x', 5000000 + min(v)) AS s FROM generate_series(1, 100000) t(v)) q",
+            "UnnestExec",
+        ),
+        (
+            "SELECT a.s FROM (SELECT arrow_cast(repeat('x', 5000000 + v), 'LargeUtf8') AS s FROM generate_series(1, 1) t(v)) a CROSS JOIN generate_series(1, 8192) b",
+            "LargeUtf8",
+        ),
+        (
+            "SELECT count(*) OVER () AS n, s FROM (SELECT repeat('x', 4096) AS s FROM generate_series(1, 100000000) t(v)) q",
+            "WindowAggExec",
+        ),
+        (to_char.as_str(), "query memory limit"),
+    ];
+    for (q, why) in attacks {
+        let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+        let shown = &body[..body.len().min(400)];
+        assert!((400..500).contains(&status), "{q}: {status} {shown}");
+        assert!(body.contains(why), "{q}: {shown}");
+    }
+    assert!(s.running(), "the server died");
+    assert!(
+        s.status("VmHWM") < 1 << 20,
+        "peak RSS {} kB",
+        s.status("VmHWM")
+    );
+    for q in [
+        "SELECT v, sum(v) OVER (ORDER BY v) AS running FROM generate_series(1, 4) t(v)",
+        "SELECT count(*) AS n FROM generate_series(1, 3) a CROSS JOIN generate_series(1, 3) b",
+    ] {
+        let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+        assert_eq!(status, 200, "{q}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
     let dir = tempfile::tempdir().unwrap();
