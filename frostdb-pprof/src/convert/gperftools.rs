@@ -501,10 +501,20 @@ fn strip_signal_frame(stacks: &mut [(u64, Vec<u64>)]) {
     }
 }
 
-/// The text after `@` of a sample line: its addresses, each adjusted one byte back.
-fn addresses(text: &str, format: &'static str, line: usize) -> Result<Vec<u64>> {
+/// The text after `@` of a sample line: its addresses, each adjusted one byte back; past
+/// `most` of them, an error (before, a line of millions was split whole before its depth
+/// was checked: 256 MiB of addresses from a body of 128).
+fn addresses(text: &str, format: &'static str, line: usize, most: usize) -> Result<Vec<u64>> {
     text.split_whitespace()
-        .map(|a| {
+        .enumerate()
+        .map(|(i, a)| {
+            if i >= most {
+                return Err(invalid(
+                    format,
+                    format!("line {line}"),
+                    format!("a stack of more than {most} frames"),
+                ));
+            }
             a.strip_prefix("0x")
                 .and_then(|h| u64::from_str_radix(h, 16).ok())
                 .map(|a| a.wrapping_sub(1))
@@ -669,10 +679,7 @@ fn heap(data: &[u8], limits: &Limits) -> Result<Profile> {
             add(alloc)?;
         }
         add(inuse)?;
-        let stack = addresses(stack, F, at)?;
-        if stack.len() > limits.max_stack_depth {
-            return Err(bad(format!("a stack of {} frames", stack.len())));
-        }
+        let stack = addresses(stack, F, at, limits.max_stack_depth)?;
         let label = vec![Label {
             key: bytes_key,
             num: block,
@@ -766,10 +773,7 @@ fn contention(data: &[u8], limits: &Limits) -> Result<Profile> {
             }
             count = count.saturating_mul(period);
         }
-        let stack = addresses(stack, F, at)?;
-        if stack.len() > limits.max_stack_depth {
-            return Err(bad(format!("a stack of {} frames", stack.len())));
-        }
+        let stack = addresses(stack, F, at, limits.max_stack_depth)?;
         b.sample(&stack, vec![count, delay], Vec::new())?;
     }
     let sample_type = vec![
@@ -786,6 +790,28 @@ mod tests {
 
     fn values(p: &Profile) -> Vec<Vec<i64>> {
         p.sample.iter().map(|s| s.value.clone()).collect()
+    }
+
+    /// A sample line's addresses stop at the depth limit: the line is refused before the
+    /// rest are split and kept (a line of millions made 2 bytes of addresses of each).
+    #[test]
+    fn a_stack_past_the_depth_limit_is_refused_as_it_is_read() {
+        let limits = Limits {
+            max_stack_depth: 100,
+            ..Limits::default()
+        };
+        for head in [
+            "heap profile: 1: 1 [1: 1] @ heapprofile\n1: 1 [1: 1] @",
+            "--- contention:\ncycles/second=1000\n1 1 @",
+        ] {
+            let mut text = head.to_owned();
+            text.push_str(&" 0x10".repeat(10_000));
+            text.push('\n');
+            let e = parse(text.as_bytes(), &limits).unwrap_err().to_string();
+            assert!(e.contains("more than 100 frames"), "{e}");
+            let fits = format!("{head}{}\n", " 0x10".repeat(100));
+            parse(fits.as_bytes(), &limits).unwrap().unwrap();
+        }
     }
 
     #[test]

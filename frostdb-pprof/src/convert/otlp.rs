@@ -316,6 +316,11 @@ fn convert_one(
     at: String,
     limits: &Limits,
 ) -> Result<Converted> {
+    // The resource's labels are copied to each of its profiles: charged as they are.
+    crate::decode::charge::take(
+        labels.iter().map(|(k, v)| k.len() + v.len() + 48).sum(),
+        "resource labels copied to each of its profiles",
+    )?;
     let mut series = labels.to_vec();
     for (k, &a) in profile.attribute_indices.iter().enumerate() {
         if let Some((k, v)) = attribute(dict, a, || format!("{at}.attribute_indices[{k}]"))? {

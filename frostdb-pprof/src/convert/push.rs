@@ -189,7 +189,19 @@ impl Iterator for Profiles<'_> {
             };
             let at = format!("series[{}].samples[{}] ({})", self.i, self.j, series.name);
             self.j += 1;
-            return Some(match crate::decode(&sample.raw_profile, &self.limits) {
+            // The series' name and labels are copied to each profile: bounded in all (see
+            // `profiles`), and charged as they are made (250 MiB of copies went uncharged).
+            let copy = series.name.len()
+                + series
+                    .labels
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 48)
+                    .sum::<usize>();
+            let decoded = crate::decode(&sample.raw_profile, &self.limits).and_then(|profile| {
+                crate::decode::charge::take(copy, "series labels copied to each of their samples")
+                    .map(|()| profile)
+            });
+            return Some(match decoded {
                 Ok(profile) => Ok(Pushed {
                     profile,
                     name: series.name.clone(),
@@ -311,6 +323,47 @@ mod tests {
     use prost::Message;
 
     use super::*;
+
+    /// A series' labels copied to each of its samples' profiles are charged as they are
+    /// copied: 300 copies of 30 labels of 2 KiB values (18 MiB) are refused under a budget
+    /// of 8 MiB; before, only the bound on them all held, and none was charged.
+    #[test]
+    fn labels_copied_to_each_sample_are_charged() {
+        let labels: Vec<proto::LabelPair> = std::iter::once(proto::LabelPair {
+            name: "__name__".into(),
+            value: "x".into(),
+        })
+        .chain((0..30).map(|i| proto::LabelPair {
+            name: format!("l{i}"),
+            value: "v".repeat(2048),
+        }))
+        .collect();
+        let request = proto::PushRequest {
+            series: vec![proto::RawProfileSeries {
+                labels,
+                samples: vec![
+                    proto::RawSample {
+                        raw_profile: vec![0x32, 0],
+                        ..Default::default()
+                    };
+                    300
+                ],
+            }],
+        };
+        let collect = || {
+            profiles(&request, &Limits::default(), &RequestLimits::default())
+                .and_then(|p| p.collect::<Result<Vec<_>>>())
+        };
+        let (got, _) = crate::decode::charge::under_budget(8 << 20, collect);
+        assert!(
+            got.unwrap_err()
+                .to_string()
+                .contains("copied to each of their samples")
+        );
+        let (got, asked) = crate::decode::charge::under_budget(usize::MAX, collect);
+        assert_eq!(got.unwrap().len(), 300);
+        assert!(asked >= 300 * 30 * 2048, "{asked}");
+    }
 
     /// A JSON push's decoded request is charged before it is made (twice: the JSON
     /// request, then its protobuf copy), as a protobuf one is: 10 series of 10,000 empty

@@ -592,6 +592,10 @@ impl<'l> Converter<'l> {
                     &mut |bytes| self.make(bytes),
                 )?;
             } else if Some(kind) == active_setting {
+                // Two bytes of event, 16 of position: charged (a chunk of millions was
+                // gigabytes of positions, uncharged).
+                crate::decode::charge::take(16, "a recording's setting events")
+                    .map_err(Failure::Limit)?;
                 settings.push((at, size));
             }
         }
@@ -856,7 +860,17 @@ impl<'l> Converter<'l> {
             labels.push(("span_name".into(), name.clone()));
         }
         labels.sort();
-        labels.dedup_by(|a, b| a.0 == b.0);
+        labels.dedup();
+        // Two values of one name (a context's two keys of one text, or a context label
+        // named as the event's span): refused, as the store refuses it in a pprof. Before,
+        // the smaller value was kept and the other lost without a word.
+        if let Some(w) = labels.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(Failure::Limit(Error::LabelCollision {
+                label: w[0].0.clone(),
+                first: w[0].1.clone(),
+                second: w[1].1.clone(),
+            }));
+        }
         let id = self.label_sets.len() as u32;
         self.label_sets.push(labels);
         self.label_set_ids.insert((context, span_id, span_name), id);
@@ -1355,6 +1369,100 @@ mod tests {
         out
     }
 
+    /// A chunk of no pools: its metadata one class `X` of `fields` fields and the class
+    /// `jdk.ActiveSetting`, then `settings` setting events of two bytes.
+    fn settings_chunk(fields: usize, settings: usize) -> Vec<u8> {
+        let strings = [
+            "root",
+            "metadata",
+            "class",
+            "id",
+            "name",
+            "field",
+            "1",
+            "2",
+            "X",
+            "jdk.ActiveSetting",
+        ];
+        let s = |name: &str| strings.iter().position(|x| *x == name).unwrap() as u64;
+        let mut meta = Vec::new();
+        for v in [0u64, 0, 0, 0, strings.len() as u64] {
+            varint(&mut meta, v);
+        }
+        for x in strings {
+            meta.push(3);
+            varint(&mut meta, x.len() as u64);
+            meta.extend_from_slice(x.as_bytes());
+        }
+        for v in [s("root"), 0, 1, s("metadata"), 0, 2] {
+            varint(&mut meta, v);
+        }
+        for v in [
+            s("class"),
+            2,
+            s("id"),
+            s("1"),
+            s("name"),
+            s("X"),
+            fields as u64,
+        ] {
+            varint(&mut meta, v);
+        }
+        for _ in 0..fields {
+            for v in [s("field"), 2, s("name"), s("X"), s("class"), s("1"), 0] {
+                varint(&mut meta, v);
+            }
+        }
+        for v in [
+            s("class"),
+            2,
+            s("id"),
+            s("2"),
+            s("name"),
+            s("jdk.ActiveSetting"),
+            0,
+        ] {
+            varint(&mut meta, v);
+        }
+        let mut bytes = Vec::new();
+        for _ in 0..settings {
+            event(&mut bytes, &[2]);
+        }
+        let metadata_offset = reader::HEADER_BYTES + bytes.len();
+        event(&mut bytes, &meta);
+        let mut out = Vec::new();
+        out.extend_from_slice(b"FLR\0");
+        out.extend_from_slice(&2u16.to_be_bytes());
+        out.extend_from_slice(&1u16.to_be_bytes());
+        let size = (reader::HEADER_BYTES + bytes.len()) as i64;
+        for v in [size, 0, metadata_offset as i64, 0, 0, 0, 1_000_000_000] {
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        out.extend_from_slice(&1i32.to_be_bytes()); // integers compressed
+        out.extend_from_slice(&bytes);
+        out
+    }
+
+    /// A chunk's metadata may have 65,536 elements (a JDK's has a few thousand), and its
+    /// setting events' positions are charged as they are kept: before, millions of either
+    /// were gigabytes, uncharged, from a small gzipped recording.
+    #[test]
+    fn metadata_elements_are_bounded_and_setting_events_charged() {
+        let limits = Limits::default();
+        let many = settings_chunk(reader::MAX_METADATA_ELEMENTS, 0);
+        let e = convert(&many, None, 100, &limits).unwrap_err().to_string();
+        assert!(e.contains("metadata of more than 65536 elements"), "{e}");
+        let settings = settings_chunk(10, 1_000_000);
+        let (got, _) =
+            crate::decode::charge::under_budget(4 << 20, || convert(&settings, None, 100, &limits));
+        let e = got.unwrap_err().to_string();
+        assert!(e.contains("setting events"), "{e}");
+        let (_, asked) = crate::decode::charge::under_budget(usize::MAX, || {
+            convert(&settings, None, 100, &limits)
+        });
+        assert!(asked >= 16_000_000, "{asked}");
+    }
+
     /// What the constant pools and each kind's locations keep is charged as it is kept:
     /// one stack trace of 60,000 frames of distinct lines is 60,000 locations and pool
     /// frames. Before, only frame names and samples were charged, a tenth of it.
@@ -1419,6 +1527,40 @@ mod tests {
             .profile;
         assert_eq!(cpu.sample.len(), 1_000);
         assert!(cpu.sample.iter().all(|s| s.location_id.len() == 4_096));
+    }
+
+    /// Two labels of one name in a sample's context (two keys naming one text) are
+    /// refused naming both values, as the store refuses them in a pprof: before, one of
+    /// them was kept and the other lost, silently.
+    #[test]
+    fn a_context_naming_a_label_twice_is_refused() {
+        let snapshot = |labels: &[(i64, i64)]| {
+            let snapshot = LabelsSnapshot {
+                contexts: [(
+                    1,
+                    Context {
+                        labels: labels.iter().copied().collect(),
+                    },
+                )]
+                .into(),
+                strings: [(1, "env"), (2, "env"), (3, "b"), (4, "a")]
+                    .map(|(k, v)| (k, v.to_owned()))
+                    .into(),
+            };
+            prost::Message::encode_to_vec(&snapshot)
+        };
+        let r = recording_of(1, 1, 0, "Deep", true);
+        let e = convert(
+            &r,
+            Some(&snapshot(&[(1, 3), (2, 4)])),
+            100,
+            &Limits::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("env") && e.contains("given twice"), "{e}");
+        let one = convert(&r, Some(&snapshot(&[(1, 3)])), 100, &Limits::default()).unwrap();
+        assert_eq!(one.profiles.len(), 1);
     }
 
     /// A labels part is charged what it decodes to before it is decoded: a megabyte of

@@ -48,6 +48,9 @@ pub(super) struct Bad {
 
 pub(super) type R<T> = std::result::Result<T, Bad>;
 
+/// Elements a chunk's metadata may have (a JDK 17 recording's has about 5,000).
+pub(super) const MAX_METADATA_ELEMENTS: usize = 1 << 16;
+
 fn bad<T>(at: usize, reason: impl Into<String>) -> R<T> {
     Err(Bad {
         at,
@@ -425,7 +428,17 @@ impl Metadata {
         let mut open: Vec<(&str, usize)> = Vec::new();
         let mut class: Option<(i64, Class)> = None;
         let mut root = true;
+        // Elements read: five bytes each may be a field of 32 kept (a metadata event of
+        // millions of them was gigabytes, uncharged); a JDK's metadata has a few thousand.
+        let mut elements = 0usize;
         while root || !open.is_empty() {
+            elements += 1;
+            if elements > MAX_METADATA_ELEMENTS {
+                return bad(
+                    c.pos,
+                    format!("metadata of more than {MAX_METADATA_ELEMENTS} elements"),
+                );
+            }
             if let Some((name, left)) = open.last_mut() {
                 if *left == 0 {
                     if *name == "class"
