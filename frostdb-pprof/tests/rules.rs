@@ -446,6 +446,45 @@ fn a_series_keeping_more_than_its_bytes_is_dropped_and_counted() {
 }
 
 /// A store with one rule, `tagged`, counting CPU profiles whose `tag` matches a regex.
+/// The synthetic profile of `samples` samples, sample `i` of the value and `tag` label
+/// `sample(i)` gives.
+fn tagged(samples: usize, sample: impl Fn(usize) -> (i64, String)) -> Profile {
+    use frostdb_pprof::proto::Label;
+    let mut p: Profile = frostdb_pprof::testing::profile(0, samples, 3);
+    let key = p.string_table.len() as i64;
+    p.string_table.push("tag".into());
+    for (i, s) in p.sample.iter_mut().enumerate() {
+        let (value, tag) = sample(i);
+        s.value = vec![value];
+        p.string_table.push(tag);
+        s.label = vec![Label {
+            key,
+            str: p.string_table.len() as i64 - 1,
+            ..Label::default()
+        }];
+    }
+    p
+}
+
+/// `{i}x`, padded with `a` to `bytes` bytes.
+fn padded(i: usize, bytes: usize) -> String {
+    let mut tag = format!("{i}x");
+    tag.extend(std::iter::repeat_n('a', bytes - tag.len()));
+    tag
+}
+
+/// Stores `p` as service 0's CPU profile, `at` ms after the tests' time.
+fn store_cpu(store: &ProfileStore, p: Profile, at: i64) {
+    let options = IngestOptions::default()
+        .name("process_cpu")
+        .labels(vec![("service_name".into(), service(0))])
+        .delta(false)
+        .timestamp_ms(1_700_000_000_000 + at);
+    store
+        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
+        .unwrap();
+}
+
 fn store_with_a_tag_rule() -> (ProfileStore, Arc<Recorder>) {
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
@@ -472,32 +511,10 @@ fn store_with_a_tag_rule() -> (ProfileStore, Arc<Recorder>) {
 /// dropped) rather than tested for minutes where nothing can stop it; a small one is.
 #[test]
 fn a_profile_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
-    use frostdb_pprof::proto::Label;
     let (store, recorder) = store_with_a_tag_rule();
     // `samples` samples of 10 each, every one labelled with its own `tag` of `bytes` bytes.
     let push = |samples: usize, bytes: usize, at: i64| {
-        let mut p: Profile = frostdb_pprof::testing::profile(0, samples, 3);
-        let key = p.string_table.len() as i64;
-        p.string_table.push("tag".into());
-        for (i, s) in p.sample.iter_mut().enumerate() {
-            s.value = vec![10];
-            let mut tag = format!("{i}x");
-            tag.extend(std::iter::repeat_n('a', bytes - tag.len()));
-            p.string_table.push(tag);
-            s.label = vec![Label {
-                key,
-                str: p.string_table.len() as i64 - 1,
-                ..Label::default()
-            }];
-        }
-        let options = IngestOptions::default()
-            .name("process_cpu")
-            .labels(vec![("service_name".into(), service(0))])
-            .delta(false)
-            .timestamp_ms(1_700_000_000_000 + at);
-        store
-            .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
-            .unwrap();
+        store_cpu(&store, tagged(samples, |i| (10, padded(i, bytes))), at);
     };
     // 9,000 label sets of 2,000 bytes: 18 MB to test.
     push(9_000, 2_000, 0);
@@ -562,33 +579,12 @@ fn a_call_of_more_label_bytes_than_rules_may_test_is_dropped_and_counted() {
 /// empty sets used up the regex's bytes and the real value was dropped).
 #[test]
 fn label_sets_that_store_nothing_are_not_tested_by_rules() {
-    use frostdb_pprof::proto::Label;
     let (store, recorder) = store_with_a_tag_rule();
-    let mut p: Profile = frostdb_pprof::testing::profile(0, 9_001, 3);
-    let key = p.string_table.len() as i64;
-    p.string_table.push("tag".into());
-    for (i, s) in p.sample.iter_mut().enumerate() {
-        let real = i == 9_000;
-        s.value = vec![if real { 10 } else { 0 }];
-        let mut tag = format!("{i}x");
-        if !real {
-            tag.extend(std::iter::repeat_n('a', 2_000 - tag.len()));
-        }
-        p.string_table.push(tag);
-        s.label = vec![Label {
-            key,
-            str: p.string_table.len() as i64 - 1,
-            ..Label::default()
-        }];
-    }
-    let options = IngestOptions::default()
-        .name("process_cpu")
-        .labels(vec![("service_name".into(), service(0))])
-        .delta(false)
-        .timestamp_ms(1_700_000_000_000);
-    store
-        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
-        .unwrap();
+    let profile = tagged(9_001, |i| match i {
+        9_000 => (10, format!("{i}x")),
+        _ => (0, padded(i, 2_000)),
+    });
+    store_cpu(&store, profile, 0);
     let series = recorder.series();
     assert_eq!(series.len(), 1);
     assert_eq!(series[0].value, 10);
@@ -619,14 +615,7 @@ fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
     store.attach_recorder(recorder.clone());
     let p: Profile = frostdb_pprof::testing::profile(0, 1_000, 3);
     let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
-    let options = IngestOptions::default()
-        .name("process_cpu")
-        .labels(vec![("service_name".into(), service(0))])
-        .delta(false)
-        .timestamp_ms(1_700_000_000_000);
-    store
-        .ingest_profile(&validate(p, store.limits()).unwrap(), &options)
-        .unwrap();
+    store_cpu(&store, p, 0);
     let (len, capacity) = recorder.stack_cache();
     assert!(
         len <= 64 && capacity <= 128,

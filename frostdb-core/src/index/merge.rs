@@ -65,8 +65,8 @@ pub(crate) struct SortKey {
     packed: Vec<Packing>,
 }
 
-/// A ranked column's place in the packed word: its codes (null, then each rank, in the
-/// column's order) take `bits` bits from `shift`.
+/// A ranked column's place in the packed word: its codes (null and each rank, in the
+/// column's order) take the bits from `shift` up that `codes` needs.
 #[derive(Debug, Clone, Copy)]
 struct Packing {
     shift: u32,
@@ -703,6 +703,29 @@ mod tests {
         RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values.to_vec()))]).unwrap()
     }
 
+    /// A dictionary column's Arrow type.
+    fn dictionary_type() -> DataType {
+        DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+    }
+
+    /// A table of the dictionary columns `names` and an Int64 `k`, sorted by `key` and
+    /// then `k`.
+    fn dictionary_schema<const N: usize>(names: &[&str], key: [SortingColumn; N]) -> TableSchema {
+        let mut builder = crate::schema::Schema::builder("t");
+        for name in names {
+            builder = builder.column(
+                ColumnDef::new(*name, DataType::Utf8)
+                    .encoding(crate::schema::Encoding::RleDictionary),
+            );
+        }
+        builder = builder.column(ColumnDef::new("k", DataType::Int64));
+        for column in key {
+            builder = builder.sort_by(column);
+        }
+        let def = builder.sort_by(SortingColumn::asc("k")).build().unwrap();
+        TableSchema::new(Arc::new(def))
+    }
+
     fn stream(batches: Vec<RecordBatch>) -> Input {
         Input::sorted(Box::new(batches.into_iter().map(Ok)))
     }
@@ -776,28 +799,15 @@ mod tests {
         use arrow::datatypes::Int32Type;
         use proptest::prelude::*;
         use proptest::test_runner::TestRunner;
-        let dict = || DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
-        let def = crate::schema::Schema::builder("t")
-            .column(
-                ColumnDef::new("a", DataType::Utf8)
-                    .encoding(crate::schema::Encoding::RleDictionary),
-            )
-            .column(
-                ColumnDef::new("b", DataType::Utf8)
-                    .encoding(crate::schema::Encoding::RleDictionary),
-            )
-            .column(
-                ColumnDef::new("c", DataType::Utf8)
-                    .encoding(crate::schema::Encoding::RleDictionary),
-            )
-            .column(ColumnDef::new("k", DataType::Int64))
-            .sort_by(SortingColumn::asc("a"))
-            .sort_by(SortingColumn::desc("b").nulls_first(false))
-            .sort_by(SortingColumn::asc("c").nulls_first(false))
-            .sort_by(SortingColumn::asc("k"))
-            .build()
-            .unwrap();
-        let schema = TableSchema::new(Arc::new(def));
+        let dict = dictionary_type;
+        let schema = dictionary_schema(
+            &["a", "b", "c"],
+            [
+                SortingColumn::asc("a"),
+                SortingColumn::desc("b").nulls_first(false),
+                SortingColumn::asc("c").nulls_first(false),
+            ],
+        );
         type Row = (Option<u8>, Option<u8>, Option<u8>, i64);
         let value = || proptest::option::of(0u8..6);
         let rows = proptest::collection::vec((value(), value(), value(), 0i64..4), 1..60);
@@ -861,23 +871,11 @@ mod tests {
     fn a_ranked_key_leaves_out_dictionary_columns_no_batch_holds() {
         use arrow::array::{DictionaryArray, StringArray};
         use arrow::datatypes::Int32Type;
-        let dict = || DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
-        let def = crate::schema::Schema::builder("t")
-            .column(
-                ColumnDef::new("a", DataType::Utf8)
-                    .encoding(crate::schema::Encoding::RleDictionary),
-            )
-            .column(
-                ColumnDef::new("b", DataType::Utf8)
-                    .encoding(crate::schema::Encoding::RleDictionary),
-            )
-            .column(ColumnDef::new("k", DataType::Int64))
-            .sort_by(SortingColumn::asc("a"))
-            .sort_by(SortingColumn::asc("b"))
-            .sort_by(SortingColumn::asc("k"))
-            .build()
-            .unwrap();
-        let schema = TableSchema::new(Arc::new(def));
+        let dict = dictionary_type;
+        let schema = dictionary_schema(
+            &["a", "b"],
+            [SortingColumn::asc("a"), SortingColumn::asc("b")],
+        );
         // `a` with values, `b` all null (in the second batch, a dictionary of no values),
         // `k`.
         let make = |a: &[&str], k: &[i64], with_b: bool| {

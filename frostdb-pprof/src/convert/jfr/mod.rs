@@ -1348,16 +1348,27 @@ mod tests {
         }
         let metadata_offset = reader::HEADER_BYTES + bytes.len();
         event(&mut bytes, &meta);
+        chunk_of(
+            &bytes,
+            reader::HEADER_BYTES,
+            metadata_offset,
+            1_700_000_000_000_000_000,
+        )
+    }
+
+    /// A chunk of `events` (its constant pool at `pool`, 0 for none, and its metadata at
+    /// `metadata`), starting at `start_ns` and lasting a second; integers compressed.
+    fn chunk_of(events: &[u8], pool: usize, metadata: usize, start_ns: i64) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(b"FLR\0");
         out.extend_from_slice(&2u16.to_be_bytes());
         out.extend_from_slice(&1u16.to_be_bytes());
-        let size = (reader::HEADER_BYTES + bytes.len()) as i64;
+        let size = (reader::HEADER_BYTES + events.len()) as i64;
         for v in [
             size,
-            reader::HEADER_BYTES as i64,
-            metadata_offset as i64,
-            1_700_000_000_000_000_000,
+            pool as i64,
+            metadata as i64,
+            start_ns,
             1_000_000_000,
             0,
             1_000_000_000,
@@ -1365,7 +1376,7 @@ mod tests {
             out.extend_from_slice(&v.to_be_bytes());
         }
         out.extend_from_slice(&1i32.to_be_bytes());
-        out.extend_from_slice(&bytes);
+        out.extend_from_slice(events);
         out
     }
 
@@ -1430,17 +1441,7 @@ mod tests {
         }
         let metadata_offset = reader::HEADER_BYTES + bytes.len();
         event(&mut bytes, &meta);
-        let mut out = Vec::new();
-        out.extend_from_slice(b"FLR\0");
-        out.extend_from_slice(&2u16.to_be_bytes());
-        out.extend_from_slice(&1u16.to_be_bytes());
-        let size = (reader::HEADER_BYTES + bytes.len()) as i64;
-        for v in [size, 0, metadata_offset as i64, 0, 0, 0, 1_000_000_000] {
-            out.extend_from_slice(&v.to_be_bytes());
-        }
-        out.extend_from_slice(&1i32.to_be_bytes()); // integers compressed
-        out.extend_from_slice(&bytes);
-        out
+        chunk_of(&bytes, 0, metadata_offset, 0)
     }
 
     /// A chunk's metadata may have 65,536 elements (a JDK's has a few thousand), and its
