@@ -603,3 +603,29 @@ fn a_scan_stops_at_its_next_batch_once_its_work_is_called_off() {
     assert!(error.to_string().contains("the request ended"), "{error}");
     assert!(after, "a stopped scan ends");
 }
+
+/// [`Scan::stop_when`] stops a scan at its next source batch, not its next batch with
+/// rows: a filter that matches no row of ten parts (which statistics cannot prune) stops
+/// after the condition first holds, at the third batch looked at. Before, the scan's first
+/// step read every part and ended, whatever the condition said meanwhile.
+#[test]
+fn a_scan_stops_at_its_next_source_batch_once_told() {
+    let db = db();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    fill(&table, 10, 100);
+    let request = ScanRequest::new().filter(col("labels.pod").eq("pod-007x"));
+    let mut scan = table.snapshot().scan(&request).unwrap();
+    let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = checks.clone();
+    scan.stop_when(move || {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        (n >= 3).then(|| "the reader left".to_owned())
+    });
+    let error = scan.next().unwrap().unwrap_err();
+    assert!(error.to_string().contains("the reader left"), "{error}");
+    assert_eq!(checks.load(std::sync::atomic::Ordering::Relaxed), 3);
+    // Unstopped, the same scan finds nothing in all ten.
+    assert!(table.snapshot().scan(&request).unwrap().next().is_none());
+}

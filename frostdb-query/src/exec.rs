@@ -228,24 +228,33 @@ impl ExecutionPlan for FrostScanExec {
         // The engine's scan is synchronous (its block reads wait on the engine's own I/O
         // runtime): run it on a blocking thread and hand batches over two at a time.
         let what = format!("the scan of partition {partition} of {}", self.table);
-        Ok(on_blocking_thread(self.schema.clone(), what, move |send| {
-            let mut scan = scan;
-            for batch in scan.by_ref() {
-                let batch = batch.map_err(crate::to_datafusion);
-                if let Ok(b) = &batch {
-                    output_rows.add(b.num_rows());
+        Ok(on_blocking_thread(
+            self.schema.clone(),
+            what,
+            move |send, gone| {
+                let mut scan = scan;
+                // A reader that leaves (the query ended: its answer was complete, a LIMIT was
+                // met, the request was cancelled) stops the scan at its next source batch, not
+                // at its next batch with rows (a filter matching nothing read the whole table
+                // after its request had ended, on the threads other queries wait for).
+                scan.stop_when(move || gone().then(|| "the query reading it has ended".to_owned()));
+                for batch in scan.by_ref() {
+                    let batch = batch.map_err(crate::to_datafusion);
+                    if let Ok(b) = &batch {
+                        output_rows.add(b.num_rows());
+                    }
+                    if !send(batch) {
+                        return; // the consumer is gone: the query finished or was cancelled
+                    }
                 }
-                if !send(batch) {
-                    return; // the consumer is gone: the query finished or was cancelled
+                // A partition's scan counts only the blocks whose read failed midway.
+                if let Some((failed, metric)) = failures {
+                    let midway = scan.metrics().blocks_failed;
+                    failed.add(midway);
+                    metric.add(midway);
                 }
-            }
-            // A partition's scan counts only the blocks whose read failed midway.
-            if let Some((failed, metric)) = failures {
-                let midway = scan.metrics().blocks_failed;
-                failed.add(midway);
-                metric.add(midway);
-            }
-        }))
+            },
+        ))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -253,19 +262,25 @@ impl ExecutionPlan for FrostScanExec {
     }
 }
 
-/// The batches `produce` sends (`send` answers false once the stream is dropped), made on
-/// a blocking thread. If `produce` panics, the stream ends with an error naming `what`:
-/// before, the partition just ended, as if it had read everything, and the query answered
-/// without the rest of its rows.
+/// Whether the reader of a stream has left.
+type Gone = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// The batches `produce` sends (`send` answers false once the stream is dropped, and
+/// `gone` tells whether it is), made on a blocking thread. If `produce` panics, the
+/// stream ends with an error naming `what`: before, the partition just ended, as if it had
+/// read everything, and the query answered without the rest of its rows.
 fn on_blocking_thread(
     schema: SchemaRef,
     what: String,
-    produce: impl FnOnce(&dyn Fn(Result<arrow::array::RecordBatch>) -> bool) + Send + 'static,
+    produce: impl FnOnce(&dyn Fn(Result<arrow::array::RecordBatch>) -> bool, Gone) + Send + 'static,
 ) -> SendableRecordBatchStream {
     let (tx, rx) = tokio::sync::mpsc::channel(2);
     tokio::task::spawn_blocking(move || {
         let send = |batch| tx.blocking_send(batch).is_ok();
-        let produced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(&send)));
+        let watched = tx.clone();
+        let gone: Gone = Box::new(move || watched.is_closed());
+        let produced =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(&send, gone)));
         if let Err(panic) = produced {
             let message = frostdb_core::panic_message(panic.as_ref()).to_owned();
             let _ = tx.blocking_send(Err(DataFusionError::Execution(format!(
@@ -297,7 +312,7 @@ mod tests {
         )
         .unwrap();
         let (one, two) = (batch.clone(), batch.clone());
-        let panics = on_blocking_thread(schema.clone(), "the scan of t".into(), move |send| {
+        let panics = on_blocking_thread(schema.clone(), "the scan of t".into(), move |send, _| {
             send(Ok(one));
             panic!("a page it could not decode");
         });
@@ -310,7 +325,7 @@ mod tests {
             e.contains("the scan of t") && e.contains("could not decode"),
             "{e}"
         );
-        let ends = on_blocking_thread(schema, "the scan of t".into(), move |send| {
+        let ends = on_blocking_thread(schema, "the scan of t".into(), move |send, _| {
             send(Ok(two));
         });
         assert_eq!(ends.try_collect::<Vec<_>>().await.unwrap().len(), 1);

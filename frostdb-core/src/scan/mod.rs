@@ -388,11 +388,12 @@ impl Snapshot {
             ..
         } = planned;
         let failed = Arc::new(AtomicUsize::new(0));
+        let stop = stop::Shared::current();
         let block_streams: Vec<BatchStream> = blocks
             .into_iter()
             .map(|plan| {
                 let failed = lenient.then(|| failed.clone());
-                self.read_block(plan, &work, batch_rows, failed)
+                self.read_block(plan, &work, batch_rows, failed, stop.clone())
             })
             .collect();
         let inner: BatchStream = if sorted {
@@ -407,9 +408,12 @@ impl Snapshot {
                 .map(|part| Input::unsorted_batch(filter_batch(part.batch(), &filter, &work)))
                 .collect();
             for run in runs.into_iter().filter(|r| !r.is_empty()) {
-                let (filter, work) = (filter.clone(), work.clone());
+                let (filter, work, stop) = (filter.clone(), work.clone(), stop.clone());
                 inputs.push(Input::sorted(Box::new(run.into_iter().filter_map(
-                    move |g| filter_batch(g.batch(), &filter, &work).transpose(),
+                    move |g| match stop.check() {
+                        Some(error) => Some(Err(error)),
+                        None => filter_batch(g.batch(), &filter, &work).transpose(),
+                    },
                 ))));
             }
             inputs.extend(block_streams.into_iter().map(Input::sorted));
@@ -418,8 +422,11 @@ impl Snapshot {
             Box::new(merge.map(move |b| b.and_then(|b| align_batch(&b, &output))))
         } else {
             let chunks = parts.into_iter().chain(runs.into_iter().flatten());
-            let memory =
-                chunks.filter_map(move |c| filter_batch(c.batch(), &filter, &work).transpose());
+            let checked = stop.clone();
+            let memory = chunks.filter_map(move |c| match checked.check() {
+                Some(error) => Some(Err(error)),
+                None => filter_batch(c.batch(), &filter, &work).transpose(),
+            });
             Box::new(Limited {
                 inner: memory.chain(block_streams.into_iter().flatten()),
                 remaining: limit.unwrap_or(usize::MAX),
@@ -430,7 +437,7 @@ impl Snapshot {
             inner,
             metrics: ScanMetrics::default(),
             failed,
-            stop: stop::current(),
+            stop: Some(stop),
         })
     }
 
@@ -512,6 +519,7 @@ impl Snapshot {
         work: &SchemaRef,
         batch_rows: usize,
         lenient: Option<Arc<AtomicUsize>>,
+        stop: stop::Shared,
     ) -> BatchStream {
         let storage = self
             .storage
@@ -524,6 +532,10 @@ impl Snapshot {
         Box::new(storage.read(plan, batch_rows).filter_map(move |batch| {
             if failed {
                 return None;
+            }
+            if let Some(error) = stop.check() {
+                failed = true;
+                return Some(Err(error));
             }
             match batch {
                 Ok(b) => filter_batch(&b, &filter, &work).transpose(),
@@ -616,9 +628,10 @@ pub struct Scan {
     metrics: ScanMetrics,
     /// Blocks a lenient scan stopped reading midway.
     failed: Arc<AtomicUsize>,
-    /// The condition this scan stops on ([`stop::stop_scans_when`]), checked before each
-    /// batch; taken once it held, so the scan then ends.
-    stop: Option<stop::Stop>,
+    /// The condition this scan stops on ([`stop::stop_scans_when`], [`Scan::stop_when`]),
+    /// checked before each batch it yields and each its sources read; taken once it held,
+    /// so the scan then ends.
+    stop: Option<stop::Shared>,
 }
 
 impl std::fmt::Debug for Scan {
@@ -634,6 +647,15 @@ impl Scan {
     /// The schema of every batch.
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// Stops the scan once `stop` gives a reason (checked before each batch it yields and
+    /// each its sources read), as [`crate::stop_scans_when`] does for scans started under
+    /// it: for a scan read on a thread of its own, by a reader that may leave.
+    pub fn stop_when(&mut self, stop: impl Fn() -> Option<String> + Send + Sync + 'static) {
+        if let Some(shared) = &self.stop {
+            shared.set(stop::Stop(Arc::new(stop)));
+        }
     }
 
     /// What the scan reads and skips; blocks whose read failed midway are counted once the

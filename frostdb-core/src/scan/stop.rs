@@ -19,7 +19,7 @@ use crate::error::Error;
 
 /// Why scans should stop, if they should: checked before every batch.
 #[derive(Clone)]
-pub(crate) struct Stop(Arc<dyn Fn() -> Option<String> + Send + Sync>);
+pub(crate) struct Stop(pub(crate) Arc<dyn Fn() -> Option<String> + Send + Sync>);
 
 impl std::fmt::Debug for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -36,6 +36,30 @@ impl Stop {
 
 thread_local! {
     static CURRENT: RefCell<Option<Stop>> = const { RefCell::new(None) };
+}
+
+/// A scan's condition, shared by the scan and every source it reads (so that one checks
+/// it before each batch it reads, not only before each it yields: a filter that matches
+/// nothing read a whole table inside one step), and settable once the scan has started
+/// ([`crate::Scan::stop_when`]).
+#[derive(Clone, Default)]
+pub(crate) struct Shared(Arc<parking_lot::Mutex<Option<Stop>>>);
+
+impl Shared {
+    /// The condition scans started now on this thread check.
+    pub(crate) fn current() -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(current())))
+    }
+
+    pub(crate) fn set(&self, stop: Stop) {
+        *self.0.lock() = Some(stop);
+    }
+
+    /// The error to end with, once the condition holds.
+    pub(crate) fn check(&self) -> Option<Error> {
+        let stop = self.0.lock().clone();
+        stop.as_ref().and_then(Stop::check)
+    }
 }
 
 /// The condition scans started now on this thread check, if any.
