@@ -331,10 +331,12 @@ impl Flat {
             }
             Ok(())
         })?;
-        // What the arrays will take, about (a sample's location ids and values are at most
-        // 8 bytes per byte of it), charged before they are made.
+        // What the arrays will take, about, charged before they are made: a sample's
+        // location ids and values are at most 8 bytes per byte of it, its labels 16 (an
+        // empty label is 2 bytes of it and 32 of the labels array; charged at 8, two
+        // million empty labels made twice what was charged).
         let arrays = sample_bytes
-            .saturating_mul(8)
+            .saturating_mul(16)
             .saturating_add(samples.saturating_mul(std::mem::size_of::<FlatSample>()))
             .saturating_add(locations.saturating_mul(64))
             .saturating_add(functions.saturating_mul(std::mem::size_of::<Function>()))

@@ -801,6 +801,23 @@ mod tests {
         out
     }
 
+    /// A sample's empty labels (2 bytes on the wire, 32 in the labels array) are charged
+    /// 16 bytes a byte of the sample: 1,000 samples of 1,000 empty labels ask for 32 MB
+    /// (before, half of it).
+    #[test]
+    fn a_samples_labels_are_charged_as_they_take() {
+        // string_table [""], then 1,000 samples of 1,000 empty labels (`1a 00`).
+        let mut raw = vec![0x32, 0x00];
+        for _ in 0..1_000 {
+            raw.push(0x12);
+            raw.extend(varint(2_000));
+            raw.extend([0x1a, 0x00].repeat(1_000));
+        }
+        let (got, asked) = charge::under_budget(usize::MAX, || decode(&raw, &Limits::default()));
+        got.unwrap();
+        assert!(asked >= 1_000_000 * 32, "{asked} bytes asked");
+    }
+
     /// Comments (a byte each on the wire, 8 in the array) and a location's lines (4 bytes,
     /// 24) are charged before they are made: each alone is within the decompressed-size
     /// limit and names nothing out of range, so only the charge refuses them.
