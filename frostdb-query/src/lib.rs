@@ -38,6 +38,7 @@ mod error;
 mod exec;
 mod filter;
 mod functions;
+pub mod grpc_frames;
 mod memory;
 mod provider;
 mod sql_shape;

@@ -116,8 +116,9 @@ pub async fn serve(
     let limits = Arc::new(limits);
     let addresses = Addresses::default();
     let mut refused: u64 = 0;
-    let mut accept_errors = RateLimited::new(Duration::from_secs(10));
-    let mut refusals = RateLimited::new(Duration::from_secs(10));
+    // A line of each at most every 10 s.
+    let accept_errors = crate::LogRate::new(0.1, 1);
+    let refusals = crate::LogRate::new(0.1, 1);
     tokio::pin!(shutdown);
     loop {
         // Reap finished connections, so the set holds only live ones.
@@ -129,7 +130,7 @@ pub async fn serve(
                 Err(e) => {
                     // Out of descriptors (EMFILE) or memory: back off briefly; idle
                     // connections time out and free what is needed.
-                    if accept_errors.ready() {
+                    if accept_errors.allow(std::time::Instant::now()).is_some() {
                         tracing::warn!("accepting a connection failed: {e} (open connections: {})",
                             limits.max_connections - permits.available_permits());
                     }
@@ -140,7 +141,7 @@ pub async fn serve(
         };
         let Some(held) = addresses.take(peer.ip(), limits.max_per_address) else {
             refused += 1;
-            if refusals.ready() {
+            if refusals.allow(std::time::Instant::now()).is_some() {
                 tracing::warn!(
                     max_per_address = limits.max_per_address,
                     client = %peer.ip(),
@@ -159,7 +160,7 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             refused += 1;
-            if refusals.ready() {
+            if refusals.allow(std::time::Instant::now()).is_some() {
                 tracing::warn!(
                     max_connections = limits.max_connections,
                     refused,
@@ -398,27 +399,6 @@ async fn refuse(mut socket: TcpStream, why: Refusal) {
         std::io::Result::Ok(())
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
-}
-
-/// A log line at most once per period.
-struct RateLimited {
-    every: Duration,
-    last: Option<Instant>,
-}
-
-impl RateLimited {
-    fn new(every: Duration) -> Self {
-        Self { every, last: None }
-    }
-
-    fn ready(&mut self) -> bool {
-        let now = Instant::now();
-        if self.last.is_some_and(|l| now < l + self.every) {
-            return false;
-        }
-        self.last = Some(now);
-        true
-    }
 }
 
 /// Descriptors a server needs besides its connections and tenants: its listeners, the

@@ -443,43 +443,21 @@ struct Budgeted {
     unary: Option<OneMessage>,
 }
 
-/// Follows a unary gRPC call's body through its one message (a 5-byte prefix, then the
-/// bytes it states). tonic reads a unary call's body to its end, decoding (and inflating,
-/// on the async thread) every message after the first and dropping it: each was charged and
-/// none given back, so a few hundred kilobytes of compressed messages held gigabytes of the
-/// budget, and a client sending two got OK with the second dropped.
+/// Follows a unary gRPC call's body through its one message. tonic reads a unary call's
+/// body to its end, decoding (and inflating, on the async thread) every message after the
+/// first and dropping it: each was charged and none given back, so a few hundred kilobytes
+/// of compressed messages held gigabytes of the budget, and a client sending two got OK
+/// with the second dropped.
 #[derive(Default)]
-struct OneMessage {
-    prefix: [u8; 5],
-    have: usize,
-    /// Bytes of the message still to come, once its prefix is whole.
-    left: Option<usize>,
-}
+struct OneMessage(frostdb_query::grpc_frames::MessagePrefixes);
 
 impl OneMessage {
     /// Follows `data`; an error when it goes past the message.
-    fn follow(&mut self, mut data: &[u8]) -> Result<(), ()> {
-        while !data.is_empty() {
-            match self.left {
-                Some(0) => return Err(()),
-                Some(left) => {
-                    let n = left.min(data.len());
-                    self.left = Some(left - n);
-                    data = &data[n..];
-                }
-                None => {
-                    let n = (5 - self.have).min(data.len());
-                    self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
-                    self.have += n;
-                    data = &data[n..];
-                    if self.have == 5 {
-                        let len = u32::from_be_bytes(self.prefix[1..].try_into().expect("4"));
-                        self.left = Some(len as usize);
-                    }
-                }
-            }
-        }
-        Ok(())
+    fn follow(&mut self, data: &[u8]) -> Result<(), ()> {
+        self.0.follow(
+            data,
+            |message, _| if message > 0 { Err(()) } else { Ok(()) },
+        )
     }
 }
 

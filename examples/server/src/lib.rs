@@ -369,13 +369,13 @@ async fn log_request(request: Request, next: Next) -> Response {
 
 /// The request log's rate: failed and refused requests are logged at most this many a
 /// second on average, in bursts of up to [`LogRate::burst`].
-static REQUEST_LOG: LogRate = LogRate::new(50, 200);
+static REQUEST_LOG: LogRate = LogRate::new(50.0, 200);
 
 /// A token bucket for log lines: `per_second` on average, `burst` at once; the lines it
 /// refuses are counted and handed to the next line it allows.
 #[derive(Debug)]
-struct LogRate {
-    per_second: u32,
+pub(crate) struct LogRate {
+    per_second: f64,
     burst: u32,
     state: parking_lot::Mutex<Option<LogBucket>>,
 }
@@ -388,7 +388,7 @@ struct LogBucket {
 }
 
 impl LogRate {
-    const fn new(per_second: u32, burst: u32) -> Self {
+    pub(crate) const fn new(per_second: f64, burst: u32) -> Self {
         Self {
             per_second,
             burst,
@@ -398,7 +398,7 @@ impl LogRate {
 
     /// Whether a line may be written `now`: `Some` with the lines refused since the last
     /// one allowed, or `None` (the line is counted).
-    fn allow(&self, now: std::time::Instant) -> Option<u64> {
+    pub(crate) fn allow(&self, now: std::time::Instant) -> Option<u64> {
         let mut state = self.state.lock();
         let bucket = state.get_or_insert(LogBucket {
             tokens: f64::from(self.burst),
@@ -406,8 +406,7 @@ impl LogRate {
             dropped: 0,
         });
         let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-        bucket.tokens =
-            (bucket.tokens + elapsed * f64::from(self.per_second)).min(f64::from(self.burst));
+        bucket.tokens = (bucket.tokens + elapsed * self.per_second).min(f64::from(self.burst));
         bucket.at = bucket.at.max(now);
         if bucket.tokens < 1.0 {
             bucket.dropped += 1;
@@ -842,7 +841,7 @@ mod tests {
     /// lines refused meanwhile counted and said by the next line written.
     #[test]
     fn the_request_log_keeps_its_rate_and_counts_what_it_drops() {
-        let rate = LogRate::new(10, 20);
+        let rate = LogRate::new(10.0, 20);
         let start = std::time::Instant::now();
         let allowed = (0..1_000).filter(|_| rate.allow(start).is_some()).count();
         assert_eq!(allowed, 20, "a burst");

@@ -141,7 +141,7 @@ impl SortKey {
                 }
             }
         }
-        for &i in &dictionary_columns {
+        for i in dictionary_columns {
             let mut v = std::mem::take(&mut values[i]);
             v.sort_unstable();
             v.dedup();
@@ -153,17 +153,8 @@ impl SortKey {
         // nothing, and is left out of the key. A table keeps every label column it ever
         // had, and each was 5 bytes of every row's key: a tenant of 1,000 label names made
         // a 4-million-row part's key 21 GB, outside any budget.
-        let empty: Vec<bool> = (0..self.columns.len())
-            .map(|i| {
-                dictionary_columns.contains(&i)
-                    && self.columns[i].ranks.as_ref().is_some_and(|r| r.is_empty())
-            })
-            .collect();
-        let mut i = 0;
-        self.columns.retain(|_| {
-            i += 1;
-            !empty[i - 1]
-        });
+        self.columns
+            .retain(|c| c.ranks.as_ref().is_none_or(|ranks| !ranks.is_empty()));
         // The leading ranked columns whose codes fit one word together, the first the most
         // significant (two or more: one alone gains nothing).
         let mut bits = Vec::new();

@@ -654,7 +654,7 @@ impl Scan {
     /// it: for a scan read on a thread of its own, by a reader that may leave.
     pub fn stop_when(&mut self, stop: impl Fn() -> Option<String> + Send + Sync + 'static) {
         if let Some(shared) = &self.stop {
-            shared.set(stop::Stop(Arc::new(stop)));
+            shared.set(stop);
         }
     }
 

@@ -19,7 +19,7 @@ use crate::error::Error;
 
 /// Why scans should stop, if they should: checked before every batch.
 #[derive(Clone)]
-pub(crate) struct Stop(pub(crate) Arc<dyn Fn() -> Option<String> + Send + Sync>);
+pub(crate) struct Stop(Arc<dyn Fn() -> Option<String> + Send + Sync>);
 
 impl std::fmt::Debug for Stop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -51,8 +51,9 @@ impl Shared {
         Self(Arc::new(parking_lot::Mutex::new(current())))
     }
 
-    pub(crate) fn set(&self, stop: Stop) {
-        *self.0.lock() = Some(stop);
+    /// The condition is `stop` from now on.
+    pub(crate) fn set(&self, stop: impl Fn() -> Option<String> + Send + Sync + 'static) {
+        *self.0.lock() = Some(Stop(Arc::new(stop)));
     }
 
     /// The error to end with, once the condition holds.

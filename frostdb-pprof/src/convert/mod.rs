@@ -85,6 +85,17 @@ impl From<otlp::Converted> for Incoming {
     }
 }
 
+/// The bytes a copy of a series' `name` and `labels` takes (each label two strings of 24
+/// bytes besides their text), which a converter giving every profile of a series its own
+/// copy bounds and charges.
+pub(crate) fn labels_bytes(name: &str, labels: &[(String, String)]) -> usize {
+    name.len()
+        + labels
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 48)
+            .sum::<usize>()
+}
+
 /// The series labels stored of those a client sends, as Pyroscope keeps them: empty values
 /// are absent; names beginning with `__` are Pyroscope's own (the profile name, its type,
 /// `__delta__`) and dropped, except `__session_id__`; names are made column-safe

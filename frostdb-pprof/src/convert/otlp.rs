@@ -318,7 +318,7 @@ fn convert_one(
 ) -> Result<Converted> {
     // The resource's labels are copied to each of its profiles: charged as they are.
     crate::decode::charge::take(
-        labels.iter().map(|(k, v)| k.len() + v.len() + 48).sum(),
+        super::labels_bytes("", labels),
         "resource labels copied to each of its profiles",
     )?;
     let mut series = labels.to_vec();

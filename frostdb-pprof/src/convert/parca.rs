@@ -48,11 +48,7 @@ pub fn write_raw(request: &proto::WriteRawRequest, limits: &Limits) -> Result<Ve
             .collect();
         // Each sample's profile gets a copy of its series' name and labels: charged as it is
         // made (one label of 10 MiB over 10,000 empty samples was 100 GB of copies).
-        let copy = name.len()
-            + labels
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 48)
-                .sum::<usize>();
+        let copy = super::labels_bytes(&name, &labels);
         for (j, sample) in series.samples.iter().enumerate() {
             let at = format!("{at}.samples[{j}]");
             let profile =

@@ -136,11 +136,7 @@ pub fn profiles<'a>(
     // Each sample's profile gets a copy of its series' name and labels: bounded in all, as
     // the decoded request is, before any is made.
     let copied = series.iter().fold(0usize, |sum, s| {
-        let bytes = s.name.len()
-            + s.labels
-                .iter()
-                .map(|(k, v)| k.len() + v.len() + 48)
-                .sum::<usize>();
+        let bytes = super::labels_bytes(&s.name, &s.labels);
         sum.saturating_add(bytes.saturating_mul(s.samples.len()))
     });
     if copied > request_limits.max_decoded_bytes {
@@ -191,12 +187,7 @@ impl Iterator for Profiles<'_> {
             self.j += 1;
             // The series' name and labels are copied to each profile: bounded in all (see
             // `profiles`), and charged as they are made (250 MiB of copies went uncharged).
-            let copy = series.name.len()
-                + series
-                    .labels
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 48)
-                    .sum::<usize>();
+            let copy = super::labels_bytes(&series.name, &series.labels);
             let decoded = crate::decode(&sample.raw_profile, &self.limits).and_then(|profile| {
                 crate::decode::charge::take(copy, "series labels copied to each of their samples")
                     .map(|()| profile)

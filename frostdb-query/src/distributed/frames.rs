@@ -19,11 +19,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) struct MessagesAtMost<B> {
     inner: B,
     most: usize,
-    /// The prefix of the next message, as far as it has come.
-    prefix: [u8; 5],
-    have: usize,
-    /// Bytes of the current message still to pass.
-    left: usize,
+    messages: crate::grpc_frames::MessagePrefixes,
 }
 
 impl<B> MessagesAtMost<B> {
@@ -31,40 +27,20 @@ impl<B> MessagesAtMost<B> {
         Self {
             inner,
             most,
-            prefix: [0; 5],
-            have: 0,
-            left: 0,
+            messages: Default::default(),
         }
     }
 
     /// Follows `data` through the messages; an error at a prefix declaring too much.
-    fn check(&mut self, mut data: &[u8]) -> Result<(), BoxError> {
-        while !data.is_empty() {
-            if self.left > 0 {
-                let n = self.left.min(data.len());
-                self.left -= n;
-                data = &data[n..];
-                continue;
-            }
-            let n = (5 - self.have).min(data.len());
-            self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
-            self.have += n;
-            data = &data[n..];
-            if self.have == 5 {
-                self.have = 0;
-                let len = u32::from_be_bytes(self.prefix[1..].try_into().expect("4 bytes"));
-                let len = len as usize;
-                if len > self.most {
-                    return Err(format!(
-                        "a worker's answer holds a message of {len} bytes, over the {} one may hold",
-                        self.most
-                    )
-                    .into());
-                }
-                self.left = len;
-            }
-        }
-        Ok(())
+    fn check(&mut self, data: &[u8]) -> Result<(), BoxError> {
+        let most = self.most;
+        self.messages.follow(data, |_, len| match len {
+            Some(len) if len > most => Err(format!(
+                "a worker's answer holds a message of {len} bytes, over the {most} one may hold"
+            )
+            .into()),
+            _ => Ok(()),
+        })
     }
 }
 
