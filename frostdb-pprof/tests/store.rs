@@ -338,6 +338,46 @@ fn span_and_trace_ids_are_kept_per_sample_not_as_series() {
                 .value;
             assert!(values.is_empty(), "{label}: {values:?}");
         }
+        // A span matcher that accepts samples without a span is refused: the spans table,
+        // which span matchers read, holds only the samples with one.
+        for matcher in [r#"span_id!="s3""#, r#"span_id="""#, r#"trace_id=~".*""#] {
+            let wide = Selector::parse(&format!(
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds{{{matcher}}}"
+            ))
+            .unwrap();
+            let e = store.merge(&wide, TimeRange::ALL).unwrap_err().to_string();
+            assert!(e.contains("also selects samples without"), "{matcher}: {e}");
+        }
+        // Series, times and labels are read where no span is kept: a span matcher there
+        // is refused, not answered with nothing.
+        let spanned = Selector::parse(
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"api\",span_id=\"s3\"}",
+        )
+        .unwrap();
+        let refused = |r: Result<(), Error>| {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("span labels are kept on samples"), "{e}");
+        };
+        refused(
+            store
+                .range(&spanned, TimeRange::ALL, 1000, None, ReadOptions::STRICT)
+                .map(drop),
+        );
+        refused(
+            store
+                .timestamps(&spanned, TimeRange::ALL, ReadOptions::STRICT)
+                .map(drop),
+        );
+        refused(
+            store
+                .series(&spanned, TimeRange::ALL, None, ReadOptions::STRICT)
+                .map(drop),
+        );
+        refused(
+            store
+                .label_names(Some(&spanned), TimeRange::ALL, ReadOptions::STRICT)
+                .map(drop),
+        );
     };
     {
         let store = open();

@@ -127,13 +127,31 @@ impl PartialEq for Matcher {
 
 impl Matcher {
     /// A matcher accepting exactly `values` for `label`: written `label=~"v1|v2|..."` (each
-    /// value escaped), and matched as a set of them, so any number of values works.
+    /// value escaped), and matched as a set of them, not compiled. Bounded as a parsed list
+    /// is: at most [`Selector::MAX_LIST_VALUES`] values, written
+    /// in at most [`Selector::MAX_BYTES`] (a worker parses the text again), counted before
+    /// anything is copied.
     pub fn any_of(label: &str, values: &[&str]) -> Result<Self, String> {
-        let value = values
-            .iter()
-            .map(|v| regex::escape(v))
-            .collect::<Vec<_>>()
-            .join("|");
+        if values.len() > Selector::MAX_LIST_VALUES {
+            return Err(format!(
+                "{} values, more than {} in one list",
+                values.len(),
+                Selector::MAX_LIST_VALUES
+            ));
+        }
+        let mut value = String::new();
+        for (i, v) in values.iter().enumerate() {
+            if i > 0 {
+                value.push('|');
+            }
+            value.push_str(&regex::escape(v));
+            if value.len() > Selector::MAX_BYTES {
+                return Err(format!(
+                    "values of more than {} bytes written as a list",
+                    Selector::MAX_BYTES
+                ));
+            }
+        }
         Ok(Self {
             label: label.to_owned(),
             op: MatchOp::Regex,
@@ -698,7 +716,32 @@ impl Selector {
             "" => "{}",
             l => l,
         };
-        let mut selector = Selector::parse(&format!("{}{labels}", profile_type.trim()))?;
+        let profile_type = profile_type.trim();
+        // The type is a bare id: matchers, and regexes above all, come in the label
+        // selector only (where callers look for them before parsing).
+        if !profile_type.is_empty()
+            && (profile_type.len() > Self::MAX_PROFILE_TYPE_BYTES
+                || Self::bare_profile_type(profile_type).is_none())
+        {
+            let mut end = profile_type.len().min(256);
+            while !profile_type.is_char_boundary(end) {
+                end -= 1;
+            }
+            return Err(SelectorError {
+                column: 1,
+                message: format!(
+                    "a profile type is name:sample_type:sample_unit:period_type:period_unit \
+                     alone, in at most {} bytes",
+                    Self::MAX_PROFILE_TYPE_BYTES
+                ),
+                input: profile_type[..end].to_owned(),
+            });
+        }
+        if labels.len() > Self::MAX_BYTES {
+            // Refused by its length, before the two are copied into one text.
+            return Selector::parse(labels);
+        }
+        let mut selector = Selector::parse(&format!("{profile_type}{labels}"))?;
         selector.lift_profile_type()?;
         Ok(selector)
     }
@@ -755,6 +798,11 @@ impl Selector {
         let parsed = p.profile_type().ok()??;
         (p.pos == p.chars.len()).then_some(parsed)
     }
+
+    /// Most bytes of a profile type id given apart from its selector: five parts, each
+    /// bounded at ingest as a label value is (2 KiB by default), and far more than any
+    /// profiler names.
+    pub const MAX_PROFILE_TYPE_BYTES: usize = 16 << 10;
 
     /// Most label matchers one selector may hold: every series is tested against every
     /// matcher. Far more than a person or a dashboard writes (a list of values is one
@@ -908,6 +956,47 @@ mod tests {
             Selector::parse(r#"{a="x\"y"}"#).unwrap().to_string(),
             r#"{a="x\"y"}"#
         );
+    }
+
+    /// A profile type id given apart is a bare id: one carrying matchers (a regex above
+    /// all, which callers look for only in the label selector) is refused, as is one too
+    /// long to be a type, and a label selector too long is refused before it is copied.
+    #[test]
+    fn a_profile_type_given_apart_may_not_carry_matchers() {
+        let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+        for (profile_type, labels) in [
+            (format!(r#"{cpu}{{a=~"\w{{60}}""#), "}".to_owned()),
+            (format!("{cpu}{{}}"), String::new()),
+            (format!("{cpu} x"), String::new()),
+            ("a:".repeat(Selector::MAX_PROFILE_TYPE_BYTES), String::new()),
+        ] {
+            let e = Selector::from_parts(&profile_type, &labels).unwrap_err();
+            assert!(e.message.contains("a profile type is"), "{e}");
+        }
+        let labels = format!("{{a=\"{}\"}}", "x".repeat(Selector::MAX_BYTES));
+        let e = Selector::from_parts(cpu, &labels).unwrap_err();
+        assert!(e.message.contains("more than"), "{e}");
+        assert!(Selector::from_parts(&format!("{cpu}:delta"), "{a=\"b\"}").is_ok());
+    }
+
+    /// A list built from a request's values (span ids) is bounded as a parsed one: by its
+    /// count and by its written bytes.
+    #[test]
+    fn a_list_of_values_is_bounded_as_a_parsed_one() {
+        let long = "s".repeat(13_000);
+        let ids: Vec<String> = (0..100).map(|i| format!("{long}{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let e = Matcher::any_of("span_id", &refs).unwrap_err();
+        assert!(e.contains("bytes"), "{e}");
+        // Escapes count: 600 KB of dots write 1.2 MB.
+        let dots = ".".repeat(600_000);
+        let e = Matcher::any_of("span_id", &[dots.as_str()]).unwrap_err();
+        assert!(e.contains("bytes"), "{e}");
+        let many: Vec<&str> = vec!["a"; Selector::MAX_LIST_VALUES + 1];
+        let e = Matcher::any_of("span_id", &many).unwrap_err();
+        assert!(e.contains("values"), "{e}");
+        let m = Matcher::any_of("span_id", &many[1..]).unwrap();
+        assert!(m.matches("a") && !m.matches("b"));
     }
 
     #[test]

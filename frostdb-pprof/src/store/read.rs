@@ -324,10 +324,7 @@ impl ProfileStore {
     /// selector matches on a span label ([`schema::SPAN_LABELS`]: the samples table does not
     /// keep them), whether it is the spans, and the selector's profile type (required).
     fn merge_source(&self, selector: &Selector) -> Result<(&Table, bool, ProfileType)> {
-        let by_span = selector
-            .matchers
-            .iter()
-            .any(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
+        let by_span = reads_spans(selector)?;
         let table = if by_span { &self.spans } else { &self.samples };
         let profile_type = selector.profile_type.clone().ok_or_else(|| {
             Error::Query(
@@ -362,7 +359,14 @@ impl ProfileStore {
         let narrow = if by_span || selector.matchers.is_empty() {
             None
         } else {
-            match self.narrowing(&snapshot, selector, range)? {
+            // A series is kept when some piece has every column of its labels: the samples
+            // table reopened after its old blocks expired no longer has the columns of
+            // labels only older series had, which the rollups (kept longer) still hold.
+            let schemas: Vec<_> = std::iter::once(&snapshot)
+                .chain(pieces.iter().filter_map(|p| p.rollup.as_ref()))
+                .map(|s| s.schema())
+                .collect();
+            match self.narrowing(&schemas, selector, range)? {
                 Narrowing::Unknown => None,
                 // The index holds every series of the snapshot: none matches, nothing to read.
                 Narrowing::NoSeries => return Ok(Merged::empty(profile_type)),
@@ -564,6 +568,7 @@ impl ProfileStore {
         group_by: Option<&[String]>,
         read: ReadOptions,
     ) -> Result<Read<Vec<frostdb_profile::native::Series>>> {
+        no_span_labels(Some(selector), "a time series")?;
         Ok(Read::of(frostdb_profile::native::range_counted(
             &self.totals.snapshot(),
             selector,
@@ -583,6 +588,7 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<i64>>> {
+        no_span_labels(Some(selector), "the times of profiles")?;
         Ok(Read::of(frostdb_profile::native::timestamps_counted(
             &self.totals.snapshot(),
             selector,
@@ -603,6 +609,7 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<String>>> {
+        no_span_labels(selector, "label values")?;
         let (snapshot, range) = self.label_source(range, read);
         Ok(Read::of(frostdb_profile::native::label_values_counted(
             &snapshot,
@@ -621,6 +628,7 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Read<Vec<String>>> {
+        no_span_labels(selector, "label names")?;
         let (snapshot, range) = self.label_source(range, read);
         Ok(Read::of(frostdb_profile::native::label_names_counted(
             &snapshot,
@@ -639,6 +647,7 @@ impl ProfileStore {
         only: Option<&[String]>,
         read: ReadOptions,
     ) -> Result<Read<Vec<frostdb_profile::native::SeriesLabels>>> {
+        no_span_labels(Some(selector), "series")?;
         let (snapshot, range) = self.label_source(range, read);
         Ok(Read::of(frostdb_profile::native::series_labels_counted(
             &snapshot,
@@ -685,7 +694,7 @@ impl ProfileStore {
     /// narrow; the whole label set starts at the first). `None` when it selects many.
     fn narrowing(
         &self,
-        samples: &frostdb_core::Snapshot,
+        schemas: &[&frostdb_core::TableSchema],
         selector: &Selector,
         range: TimeRange,
     ) -> Result<Narrowing> {
@@ -707,10 +716,11 @@ impl ProfileStore {
         if sets.iter().any(Vec::is_empty) {
             return Ok(Narrowing::Unknown); // a series without labels: nothing to narrow by
         }
-        // A set with a column the samples lack has no samples.
+        // A set with a column no table read has has no rows there.
         let known = |set: &frostdb_profile::native::LabelSet| {
-            set.iter()
-                .all(|(c, _)| samples.schema().index_of(c).is_some())
+            schemas
+                .iter()
+                .any(|schema| set.iter().all(|(c, _)| schema.index_of(c).is_some()))
         };
         let sets: Vec<frostdb_profile::native::LabelSet> = sets.into_iter().filter(known).collect();
         if sets.is_empty() {
@@ -784,5 +794,44 @@ impl ProfileStore {
                 end_ms: range.end_ms,
             },
         )
+    }
+}
+
+/// Whether a merge of `selector` reads the spans table: when it matches on a span label
+/// ([`schema::SPAN_LABELS`]). Only the samples labelled with a span are there, so a span
+/// matcher that also accepts the empty value (`span_id!="x"`, `span_id=""`) would leave
+/// out every sample without one and answer as if it had read them: refused.
+fn reads_spans(selector: &Selector) -> Result<bool> {
+    let mut by_span = false;
+    for m in &selector.matchers {
+        if !schema::SPAN_LABELS.contains(&m.label.as_str()) {
+            continue;
+        }
+        if m.matches("") {
+            return Err(Error::Query(format!(
+                "the matcher {}{}{:?} also selects samples without a {}: a span matcher must \
+                 name the spans it selects (= or =~ a list of ids)",
+                m.label, m.op, m.value, m.label
+            )));
+        }
+        by_span = true;
+    }
+    Ok(by_span)
+}
+
+/// Refuses a span matcher in a read of `what` from the profile totals or the series index,
+/// which keep no span labels: it would select nothing (or everything) and answer so.
+fn no_span_labels(selector: Option<&Selector>, what: &str) -> Result<()> {
+    let span = selector
+        .into_iter()
+        .flat_map(|s| &s.matchers)
+        .find(|m| schema::SPAN_LABELS.contains(&m.label.as_str()));
+    match span {
+        Some(m) => Err(Error::Query(format!(
+            "{what} cannot be selected by {}: span labels are kept on samples, not on series \
+             (use it in a merge)",
+            m.label
+        ))),
+        None => Ok(()),
     }
 }

@@ -8,9 +8,28 @@ use super::*;
 pub(super) fn call_site(s: Option<&types::StackTraceSelector>) -> ApiResult<Vec<&str>> {
     match s {
         Some(s) if s.go_pgo.is_some() => Err(unimplemented("stack_trace_selector.go_pgo")),
-        Some(s) => Ok(s.call_site.iter().map(|l| l.name.as_str()).collect()),
+        Some(s) => {
+            let names: Vec<&str> = s.call_site.iter().map(|l| l.name.as_str()).collect();
+            list_bytes("stack_trace_selector.call_site", &names)?;
+            Ok(names)
+        }
         None => Ok(Vec::new()),
     }
+}
+
+/// Refuses a request's list of names (a call site, label names to keep or group by) of
+/// more than [`Selector::MAX_BYTES`] in all: the decoder bounds how many there are, not how
+/// long, and each is copied into the read that uses it.
+pub(super) fn list_bytes<S: AsRef<str>>(what: &str, names: &[S]) -> ApiResult<()> {
+    let bytes: usize = names.iter().map(|n| n.as_ref().len()).sum();
+    if bytes > Selector::MAX_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "{what}: {} names of {bytes} bytes in all, more than {} in one request",
+            names.len(),
+            Selector::MAX_BYTES
+        )));
+    }
+    Ok(())
 }
 
 pub(super) fn unimplemented(what: &str) -> ApiError {
@@ -285,6 +304,7 @@ impl Querier {
     ) -> ApiResult<querier::SeriesResponse> {
         let range = range(r.start, r.end)?;
         let selectors = matchers(&r.matchers)?;
+        list_bytes("label_names", &r.label_names)?;
         let wanted = r.label_names;
         let utf8 = self.utf8_names;
         let labels_set = self
@@ -461,6 +481,7 @@ impl Querier {
             Some(0) | None => None,
             Some(n) => Some(n as usize),
         };
+        list_bytes("group_by", &r.group_by)?;
         let group_by = r.group_by;
         // The read, the choice of series and the answer, all in the lane: the answer is
         // refused past the points `query_range` may answer (a step of 1 ms over months was
