@@ -97,6 +97,17 @@ pub const VDSO: &str = "[vdso]";
 pub fn read_vdso(pid: u32, m: &ExecutableMapping) -> Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let path = format!("/proc/{pid}/mem");
+    // The kernel's image is a few pages; a range that says otherwise is not it.
+    const MAX_VDSO_BYTES: u64 = 1 << 20;
+    if m.end.saturating_sub(m.start) > MAX_VDSO_BYTES {
+        return Err(Error::Io(
+            path,
+            std::io::Error::other(format!(
+                "a {VDSO} of {} bytes, more than {MAX_VDSO_BYTES}",
+                m.end.saturating_sub(m.start)
+            )),
+        ));
+    }
     let mem = std::fs::File::open(&path).map_err(|e| Error::Io(path.clone(), e))?;
     let mut bytes = vec![0; (m.end - m.start) as usize];
     mem.read_exact_at(&mut bytes, m.start)
@@ -104,12 +115,55 @@ pub fn read_vdso(pid: u32, m: &ExecutableMapping) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Most bytes of one process's `/proc/<pid>/maps` read: a process may map tens of thousands
+/// of ranges, and the kernel prints each path whole, however deep (a path of 64 KiB mapped
+/// 65,530 times was 4 GiB of text, read every interval).
+const MAX_MAPS_BYTES: u64 = 32 << 20;
+
+/// Most bytes of one line of `/proc/<pid>/maps`: its fields and a path of `PATH_MAX`.
+const MAX_MAPS_LINE: u64 = 4096 + 256;
+
+/// Most executable mappings kept of one process, in address order (the unwinder keeps 256).
+pub const MAX_EXECUTABLE_MAPPINGS: usize = 1024;
+
 /// The files `pid` maps executable, and its vDSO (path [`VDSO`]), from `/proc/<pid>/maps`,
-/// in address order.
+/// in address order: at most [`MAX_EXECUTABLE_MAPPINGS`]. A process whose maps are longer
+/// than [`MAX_MAPS_BYTES`], or hold a line longer than a path may be, is an error, read
+/// no further (what a hostile process could make of them is bounded by the limits, not by
+/// its memory).
 pub fn executable_mappings(pid: u32) -> Result<Vec<ExecutableMapping>> {
+    use std::io::{BufRead, Read};
     let path = format!("/proc/{pid}/maps");
-    let maps = std::fs::read_to_string(&path).map_err(|e| Error::Io(path, e))?;
-    Ok(maps.lines().filter_map(executable_mapping).collect())
+    let file = std::fs::File::open(&path).map_err(|e| Error::Io(path.clone(), e))?;
+    let mut maps = std::io::BufReader::with_capacity(64 << 10, file);
+    let mut line = Vec::new();
+    let (mut read, mut out) = (0u64, Vec::new());
+    while out.len() < MAX_EXECUTABLE_MAPPINGS {
+        line.clear();
+        let n = (&mut maps)
+            .take(MAX_MAPS_LINE + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| Error::Io(path.clone(), e))?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        let over = if n as u64 > MAX_MAPS_LINE {
+            Some(format!("a line of more than {MAX_MAPS_LINE} bytes"))
+        } else if read > MAX_MAPS_BYTES {
+            Some(format!("more than {MAX_MAPS_BYTES} bytes"))
+        } else {
+            None
+        };
+        if let Some(over) = over {
+            return Err(Error::Io(path, std::io::Error::other(over)));
+        }
+        // A path need not be UTF-8: read as it would print (the file is opened through
+        // its mapping, not its path, first).
+        let text = String::from_utf8_lossy(&line);
+        out.extend(executable_mapping(text.trim_end_matches('\n')));
+    }
+    Ok(out)
 }
 
 /// A line of `/proc/<pid>/maps` (`address perms offset dev inode path`) if it maps a file
@@ -280,6 +334,51 @@ mod tests {
         // This process's own maps read as before.
         let mine = executable_mappings(std::process::id()).unwrap();
         assert!(mine.iter().any(|m| m.path.starts_with('/')));
+    }
+
+    /// A maps line longer than a path may be (a file mapped at a path of more than
+    /// `PATH_MAX`, made by relative names) refuses the process's maps, read no further:
+    /// the kernel prints such paths whole, and they were read whole, however many.
+    #[test]
+    fn a_maps_line_longer_than_a_path_is_refused() {
+        use rustix::fs::{Mode, OFlags};
+        use rustix::mm::{MapFlags, ProtFlags};
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let open_dir = |at: &dyn rustix::fd::AsFd, name: &str| {
+            rustix::fs::openat(at, name, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
+                .unwrap()
+        };
+        let mut at = open_dir(&rustix::fs::CWD, dir.path().to_str().unwrap());
+        let name = "d".repeat(200);
+        for _ in 0..25 {
+            rustix::fs::mkdirat(&at, name.as_str(), Mode::RWXU).unwrap();
+            at = open_dir(&at, &name);
+        }
+        let fd = rustix::fs::openat(&at, "f", OFlags::CREATE | OFlags::RDWR, Mode::RWXU).unwrap();
+        let mut file = std::fs::File::from(fd);
+        file.write_all(&[0u8; 4096]).unwrap();
+        #[allow(unsafe_code)]
+        // SAFETY: a new mapping of a file of ours, at an address the kernel picks; nothing
+        // reads it, and it is unmapped below.
+        let map = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                4096,
+                ProtFlags::READ | ProtFlags::EXEC,
+                MapFlags::PRIVATE,
+                &file,
+                0,
+            )
+        }
+        .unwrap();
+        let refused = executable_mappings(std::process::id());
+        #[allow(unsafe_code)]
+        // SAFETY: the mapping made above, of its length, used by nothing.
+        unsafe { rustix::mm::munmap(map, 4096) }.unwrap();
+        let e = refused.unwrap_err().to_string();
+        assert!(e.contains("a line of more than"), "{e}");
+        assert!(!executable_mappings(std::process::id()).unwrap().is_empty());
     }
 
     #[test]

@@ -59,6 +59,13 @@ const LINE_TABLES_SLACK: u64 = 256 << 20;
 /// Most section headers a debug file may have (real ones have a few dozen).
 const MAX_SECTIONS: usize = 1 << 16;
 
+/// Most note sections (or, in a file without sections, note segments) a file may have, and
+/// the most bytes of each: reading a build id reads every one whole, and `object`'s read
+/// cache keeps each range it reads, so thousands of notes overlapping one range of a small
+/// file were hundreds of gigabytes. Real files have a handful of notes of a few dozen bytes.
+const MAX_NOTES: usize = 64;
+const MAX_NOTE_BYTES: u64 = 1 << 20;
+
 /// Refuses a file whose section headers would make `object`'s parse copy many times its
 /// bytes, before it is parsed: the parse reads (and keeps, through its read cache) every
 /// symbol-index section linked to the symbol table, so thousands of them overlapping one
@@ -86,6 +93,30 @@ pub(crate) fn sections_fit<'d>(data: impl object::ReadRef<'d>) -> Result<(), Str
         let sections = header
             .sections(endian, data)
             .map_err(|e| format!("not an object file: {e}"))?;
+        let notes: Vec<u64> = if sections.is_empty() {
+            use object::read::elf::ProgramHeader;
+            header
+                .program_headers(endian, data)
+                .map_err(|e| format!("not an object file: {e}"))?
+                .iter()
+                .filter(|p| p.p_type(endian) == object::elf::PT_NOTE)
+                .map(|p| p.p_filesz(endian).into())
+                .collect()
+        } else {
+            sections
+                .iter()
+                .filter(|s| s.sh_type(endian) == object::elf::SHT_NOTE)
+                .map(|s| s.sh_size(endian).into())
+                .collect()
+        };
+        if notes.len() > MAX_NOTES {
+            return Err(format!("{} notes (at most {MAX_NOTES} are read)", notes.len()));
+        }
+        if let Some(size) = notes.iter().find(|&&size| size > MAX_NOTE_BYTES) {
+            return Err(format!(
+                "a note of {size} bytes (at most {MAX_NOTE_BYTES} are read)"
+            ));
+        }
         if sections.len() > MAX_SECTIONS {
             return Err(format!(
                 "{} sections (at most {MAX_SECTIONS} are read)",
@@ -666,6 +697,29 @@ mod tests {
             );
         }
         elf
+    }
+
+    /// Notes are read whole, each kept by the read cache, when a build id is read: more
+    /// than a few, or one of megabytes, is refused before any is read; a file's usual
+    /// notes are read.
+    #[test]
+    fn a_file_of_many_or_large_notes_is_refused_before_they_are_read() {
+        let build_id = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0aaaaaaaaaaaaaaaaaaaa";
+        let usual = [
+            (".note.gnu.build-id", object::elf::SHT_NOTE, 0, &build_id[..], 0),
+            (".note.ABI-tag", object::elf::SHT_NOTE, 0, &[0u8; 32][..], 0),
+        ];
+        sections_fit(elf(&usual).as_slice()).unwrap();
+        let zeros = vec![0u8; 4096];
+        let many: Vec<_> = (0..=MAX_NOTES)
+            .map(|_| (".a", object::elf::SHT_NOTE, 0, &zeros[..], 0))
+            .collect();
+        let e = sections_fit(elf(&many).as_slice()).unwrap_err();
+        assert!(e.contains("65 notes"), "{e}");
+        let large = vec![0u8; MAX_NOTE_BYTES as usize + 12];
+        let e = sections_fit(elf(&[(".a", object::elf::SHT_NOTE, 0, &large[..], 0)]).as_slice())
+            .unwrap_err();
+        assert!(e.contains("a note of"), "{e}");
     }
 
     /// An ELF64 relocatable file with a `.debug_info` compressed (zlib) that states it
