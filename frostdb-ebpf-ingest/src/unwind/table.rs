@@ -199,6 +199,22 @@ fn is_plt_expression(expression: &[u8]) -> bool {
     )
 }
 
+/// Largest `.eh_frame` read: it is read whole, and each byte may make a row (24 bytes
+/// while the table is built). The largest real binaries have tens of megabytes.
+const MAX_EH_FRAME_BYTES: u64 = 64 << 20;
+
+/// Most rows read from one `.eh_frame`, far more than an unwind table holds.
+const MAX_ROWS_READ: usize = 8 << 20;
+
+/// Largest CIE (its initial instructions run again for each of its functions; real ones
+/// are a few dozen bytes).
+const MAX_CIE_BYTES: u64 = 1 << 10;
+
+/// Bytes of instructions evaluated for each byte of `.eh_frame`: a function's CIE is read
+/// again for each, so one CIE of megabytes of no-ops shared by many small functions was
+/// hours of work. Real files evaluate about two.
+const CFI_READS_PER_BYTE: u64 = 8;
+
 /// Interprets the `.eh_frame` of the ELF file `elf` into its unwind table. A file without
 /// `.eh_frame` has an empty table (the unwinder then relies on frame pointers); one whose
 /// CFI cannot be read is an error naming what is wrong.
@@ -223,8 +239,17 @@ pub(crate) fn compile_file<'d, R: object::ReadRef<'d>>(
     let Some(section) = file.section_by_name(".eh_frame") else {
         return Ok(UnwindTable::default());
     };
+    if section.size() > MAX_EH_FRAME_BYTES {
+        return Err(bad(format!(
+            ".eh_frame of {} bytes (at most {MAX_EH_FRAME_BYTES} are read)",
+            section.size()
+        )));
+    }
     let data = section.data().map_err(|e| bad(format!(".eh_frame: {e}")))?;
     let eh_frame = EhFrame::new(data, LittleEndian);
+    // What evaluating it may read: each function's instructions after its CIE's, which
+    // gimli evaluates again for each function.
+    let mut budget = (data.len() as u64).saturating_mul(CFI_READS_PER_BYTE) + (1 << 20);
     let mut bases = BaseAddresses::default().set_eh_frame(section.address());
     if let Some(text) = file.section_by_name(".text") {
         bases = bases.set_text(text.address());
@@ -244,6 +269,19 @@ pub(crate) fn compile_file<'d, R: object::ReadRef<'d>>(
             .parse(|section, bases, offset| section.cie_from_offset(bases, offset))
             .map_err(|e| bad(format!(".eh_frame FDE: {e}")))?;
         stats.functions += 1;
+        let cie = fde.cie().entry_len() as u64;
+        if cie > MAX_CIE_BYTES {
+            return Err(bad(format!(
+                ".eh_frame CIE of {cie} bytes (at most {MAX_CIE_BYTES})"
+            )));
+        }
+        budget = budget
+            .checked_sub(cie + fde.entry_len() as u64)
+            .ok_or_else(|| {
+                bad(format!(
+                    ".eh_frame whose evaluation reads more than {CFI_READS_PER_BYTE} times its bytes"
+                ))
+            })?;
         let signal = fde.is_signal_trampoline();
         let (start, end) = (fde.initial_address(), fde.end_address());
         if start >= end {
@@ -258,6 +296,11 @@ pub(crate) fn compile_file<'d, R: object::ReadRef<'d>>(
             .map_err(|e| bad(format!(".eh_frame FDE at {start:#x}: {e}")))?
         {
             stats.rows_read += 1;
+            if stats.rows_read > MAX_ROWS_READ {
+                return Err(bad(format!(
+                    ".eh_frame of more than {MAX_ROWS_READ} rows"
+                )));
+            }
             let ra = row.register(X86_64::RA);
             let cfa = match row.cfa() {
                 _ if signal => Cfa::Signal,
@@ -403,6 +446,100 @@ mod tests {
         other[1] = 0x10;
         assert!(!is_plt_expression(&other));
         assert!(!is_plt_expression(&plt[..10]));
+    }
+
+    /// An x86-64 ELF file of one `.eh_frame` section holding `eh_frame`, stating its size
+    /// as `stated` (its length when `None`).
+    fn elf_of(eh_frame: &[u8], stated: Option<u64>) -> Vec<u8> {
+        let names = b"\0.shstrtab\0.eh_frame\0";
+        let data_at = 64u64;
+        let names_at = data_at + eh_frame.len() as u64;
+        let headers_at = names_at + names.len() as u64;
+        let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1];
+        elf.resize(16, 0);
+        elf.extend(3u16.to_le_bytes()); // shared object
+        elf.extend(62u16.to_le_bytes()); // x86-64
+        elf.extend(1u32.to_le_bytes());
+        elf.extend([0u8; 16]); // entry, program headers
+        elf.extend(headers_at.to_le_bytes());
+        elf.extend(0u32.to_le_bytes());
+        for half in [64u16, 0, 0, 64, 3, 1] {
+            elf.extend(half.to_le_bytes());
+        }
+        elf.extend(eh_frame);
+        elf.extend(names);
+        let mut header = |name: u32, kind: u32, addr: u64, at: u64, size: u64| {
+            elf.extend(name.to_le_bytes());
+            elf.extend(kind.to_le_bytes());
+            elf.extend(2u64.to_le_bytes()); // SHF_ALLOC
+            elf.extend(addr.to_le_bytes());
+            elf.extend(at.to_le_bytes());
+            elf.extend(size.to_le_bytes());
+            elf.extend([0u8; 8]); // link, info
+            elf.extend(1u64.to_le_bytes());
+            elf.extend(0u64.to_le_bytes());
+        };
+        header(0, 0, 0, 0, 0);
+        header(1, 3, 0, names_at, names.len() as u64);
+        let size = stated.unwrap_or(eh_frame.len() as u64);
+        header(11, 1, 0x1000, data_at, size);
+        elf
+    }
+
+    /// `.eh_frame` of one CIE whose initial instructions are `initial`, and `fdes`
+    /// functions of 16 bytes each using it, whose own instructions are `instructions`.
+    fn cfi(initial: &[u8], fdes: usize, instructions: &[u8]) -> Vec<u8> {
+        let mut cie = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x03];
+        cie.extend(initial);
+        while (cie.len() + 4) % 4 != 0 {
+            cie.push(0);
+        }
+        let mut out = (cie.len() as u32).to_le_bytes().to_vec();
+        out.extend(&cie);
+        for i in 0..fdes {
+            let mut fde = Vec::new();
+            fde.extend((out.len() as u32 + 4).to_le_bytes()); // back to the CIE
+            fde.extend((0x2000 + 16 * i as u32).to_le_bytes());
+            fde.extend(16u32.to_le_bytes());
+            fde.push(0); // no augmentation data
+            fde.extend(instructions);
+            while (fde.len() + 4) % 4 != 0 {
+                fde.push(0);
+            }
+            out.extend((fde.len() as u32).to_le_bytes());
+            out.extend(fde);
+        }
+        out
+    }
+
+    /// CFI that would take much more work or memory to evaluate than its bytes is refused
+    /// before it is, naming why: a CIE of kilobytes (run again for each of its functions),
+    /// many functions sharing a long CIE, a row per byte past the rows an unwind table
+    /// could hold, and an `.eh_frame` stated larger than any binary's. Before, one CIE of
+    /// megabytes of no-ops shared by a quarter of a million functions was an hour of the
+    /// sampler's thread, and 400 MB of one-byte rows 10 GB.
+    #[test]
+    fn cfi_costlier_than_its_bytes_is_refused_before_it_is_evaluated() {
+        // def_cfa rsp+8; offset rip at cfa-8: what compilers write.
+        let usual = [0x0c, 0x07, 0x08, 0x90, 0x01];
+        let table = compile(&elf_of(&cfi(&usual, 3, &[]), None)).unwrap();
+        assert_eq!(table.stats.functions, 3);
+        assert_eq!(table.lookup(0x2004).unwrap().cfa, Cfa::Rsp(8));
+        let refused = |eh_frame: &[u8], stated: Option<u64>| match compile(&elf_of(eh_frame, stated)) {
+            Err(Error::Unwind(e)) => e,
+            other => panic!("{:?}", other.map(|t| t.stats)),
+        };
+        let mut long = usual.to_vec();
+        long.resize(2000, 0); // DW_CFA_nop
+        let e = refused(&cfi(&long, 1, &[]), None);
+        assert!(e.contains("CIE of"), "{e}");
+        long.truncate(1000);
+        let e = refused(&cfi(&long, 2000, &[]), None);
+        assert!(e.contains("times its bytes"), "{e}");
+        let e = refused(&cfi(&usual, 1, &vec![0x40; MAX_ROWS_READ + 1]), None);
+        assert!(e.contains("rows"), "{e}");
+        let e = refused(&cfi(&usual, 1, &[]), Some(MAX_EH_FRAME_BYTES + 1));
+        assert!(e.contains("at most"), "{e}");
     }
 
     #[test]
