@@ -124,7 +124,7 @@ const MAX_MAPS_BYTES: u64 = 32 << 20;
 const MAX_MAPS_LINE: u64 = 4096 + 256;
 
 /// Most executable mappings kept of one process, in address order (the unwinder keeps 256).
-pub const MAX_EXECUTABLE_MAPPINGS: usize = 1024;
+pub(crate) const MAX_EXECUTABLE_MAPPINGS: usize = 1024;
 
 /// The files `pid` maps executable, and its vDSO (path [`VDSO`]), from `/proc/<pid>/maps`,
 /// in address order: at most [`MAX_EXECUTABLE_MAPPINGS`]. A process whose maps are longer
@@ -346,8 +346,7 @@ mod tests {
         use std::io::Write;
         let dir = tempfile::tempdir().unwrap();
         let open_dir = |at: &dyn rustix::fd::AsFd, name: &str| {
-            rustix::fs::openat(at, name, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
-                .unwrap()
+            rustix::fs::openat(at, name, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap()
         };
         let mut at = open_dir(&rustix::fs::CWD, dir.path().to_str().unwrap());
         let name = "d".repeat(200);

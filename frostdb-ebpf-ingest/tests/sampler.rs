@@ -602,6 +602,34 @@ fn when_tables_do_not_fit_the_process_sampled_longest_ago_makes_room() {
     assert!(stats.kernel.user_walks.unwound_total() > 0);
 }
 
+/// A file whose table is larger than the whole table space is walked by frame pointer,
+/// once and for all while it is mapped: not compiled again every interval, and no other
+/// process's tables are dropped for it. Before, each interval read and compiled it again
+/// and dropped every process not sampled in it.
+#[test]
+fn a_table_larger_than_the_whole_space_is_not_built_again_every_interval() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rust_program = chain::build_rust_chain(dir.path());
+    let spinning = Running::start(&rust_program, &["spin"]);
+    // One chunk of 256 rows: the binary's table and libc's are larger.
+    let (sampler, rx) = sample(spinning.pid(), 4096);
+    let first = rx
+        .iter()
+        .take(20)
+        .find(|i| i.tables.files_too_large >= 1)
+        .expect("a file too large for the space within 20 intervals")
+        .tables;
+    let later: Vec<_> = rx.iter().take(8).map(|i| i.tables).collect();
+    sampler.stop().unwrap();
+    let last = later.last().unwrap();
+    assert_eq!(last.files_too_large, first.files_too_large, "{later:?}");
+    assert_eq!(last.files_not_loaded_full, 0, "{last:?}");
+    assert_eq!(last.processes_evicted, 0, "{last:?}");
+}
+
 #[test]
 fn a_program_without_eh_frame_is_walked_by_its_frame_pointers_through_libc() {
     if !permitted() {

@@ -95,8 +95,14 @@ pub struct TableStats {
     /// Files not loaded because the rows array was full even after dropping every process
     /// not sampled this interval: walked by frame pointer.
     pub files_not_loaded_full: u64,
+    /// Files whose table is larger than the whole rows array: walked by frame pointer
+    /// (not compiled again while a process maps them).
+    pub files_too_large: u64,
     /// Processes dropped to make room for new files.
     pub processes_evicted: u64,
+    /// Processes not given tables because the program's map of processes was full even
+    /// after dropping one not sampled this interval: walked by frame pointer.
+    pub processes_not_loaded: u64,
     /// Times every table was loaded again because the free space was in pieces.
     pub compactions: u64,
     /// Time spent reading files, compiling and loading tables, since the start.
@@ -143,6 +149,8 @@ struct LoadedProcess {
 struct Chunks {
     free: Vec<(u32, u32)>,
     pending: Vec<(u32, u32)>,
+    /// All there are.
+    total: u32,
 }
 
 impl Chunks {
@@ -150,6 +158,7 @@ impl Chunks {
         Self {
             free: if total > 0 { vec![(0, total)] } else { vec![] },
             pending: vec![],
+            total,
         }
     }
 
@@ -194,9 +203,10 @@ pub(crate) struct TableLoader {
     processes: BpfHashMap<MapData, u32, ProcessValue>,
     chunks: Chunks,
     files: HashMap<FileId, LoadedFile>,
-    /// (device, inode) → identity, for files loaded now: a library is read once, not once
-    /// per process.
-    inodes: HashMap<(String, u64), FileId>,
+    /// (device, inode) → identity, for files loaded now, with the file's stamp when it was
+    /// read: a library is read once, not once per process, and a later file given the same
+    /// inode number (once the first was deleted) is not taken for it.
+    inodes: HashMap<(String, u64), (FileId, Stamp)>,
     pids: HashMap<u32, LoadedProcess>,
     interval: u64,
     /// Set when a file did not fit.
@@ -397,8 +407,29 @@ impl TableLoader {
         }
         let in_map = value.count > 0;
         if in_map {
-            if let Err(e) = self.processes.insert(pid, value, 0) {
+            let mut inserted = self.processes.insert(pid, value, 0);
+            if inserted.is_err() {
+                // The map of processes may be full: room is made by dropping the process
+                // sampled longest ago (not this interval), as rows are made room for.
+                let idle = self
+                    .pids
+                    .iter()
+                    .filter(|(other, p)| **other != pid && p.in_map && p.last_seen < self.interval)
+                    .min_by_key(|(_, p)| p.last_seen)
+                    .map(|(&other, _)| other);
+                if let Some(idle) = idle {
+                    self.forget(idle);
+                    self.stats.processes_evicted += 1;
+                    inserted = self.processes.insert(pid, value, 0);
+                }
+            }
+            if let Err(e) = inserted {
                 self.release(files);
+                self.stats.processes_not_loaded += 1;
+                tracing::warn!(
+                    pid,
+                    "the unwinder's map of processes took no more: this process's frames are walked by frame pointer: {e}"
+                );
                 return Err(Error::bpf(format!("loading the mappings of pid {pid}"), e));
             }
         } else {
@@ -424,27 +455,45 @@ impl TableLoader {
     /// The loaded file `m` maps, loading it if new; `None` when it cannot be read.
     fn file(&mut self, pid: u32, m: &ExecutableMapping) -> Option<FileId> {
         let inode = (m.device.clone(), m.inode);
-        if let Some(id) = self.inodes.get(&inode)
-            && self.files.contains_key(id)
-        {
-            return Some(id.clone());
-        }
         if m.path == crate::procfs::VDSO {
-            // In memory only: a page or two, read from the process (the same image in every
-            // process of this kernel, so its build id loads it once).
-            let bytes = crate::procfs::read_vdso(pid, m).ok()?;
+            // The kernel's image, the same in every process of this kernel: read from this
+            // process (a process may put other bytes where its maps said its vDSO was
+            // between the two reads, and they would serve every process).
+            if let Some((id, _)) = self.inodes.get(&inode)
+                && self.files.contains_key(id)
+            {
+                return Some(id.clone());
+            }
+            let own = crate::procfs::executable_mappings(std::process::id())
+                .ok()?
+                .into_iter()
+                .find(|own| own.path == crate::procfs::VDSO)?;
+            let bytes = crate::procfs::read_vdso(std::process::id(), &own).ok()?;
             let elf = object::File::parse(&*bytes).ok()?;
-            return self.add(&elf, m, inode);
+            return self.add(&elf, m, inode, Stamp::default());
         }
         // The mapping's own map_files link first: the very file mapped, even when its path
         // now names another (a library upgraded under a running process) or none. Through
         // the process's root where that link cannot be opened (it needs CAP_SYS_ADMIN),
-        // if the path still names the mapped file.
+        // if the path still names the mapped file. Either is taken only if it is the
+        // inode the maps line names: the mapping may have been replaced since that line
+        // was read.
         // Read on demand: only the headers, notes and .eh_frame, not the whole file (a
         // server binary with debug info is a gigabyte).
         let file = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
             .ok()
-            .or_else(|| mapped_at_path(pid, m))?;
+            .and_then(|f| Stamp::of(&f, m).map(|stamp| (f, stamp)))
+            .or_else(|| {
+                let f = mapped_at_path(pid, m)?;
+                Stamp::of(&f, m).map(|stamp| (f, stamp))
+            });
+        let (file, stamp) = file?;
+        if let Some((id, known)) = self.inodes.get(&inode)
+            && *known == stamp
+            && self.files.contains_key(id)
+        {
+            return Some(id.clone());
+        }
         let cache = object::ReadCache::new(file);
         // Any local user's process may map a file made to make the parse copy gigabytes.
         if let Err(reason) = frostdb_pprof::symbolize::check_elf_headers(&cache) {
@@ -457,7 +506,7 @@ impl TableLoader {
             tracing::debug!(path = m.path, "not an ELF file: no unwind table");
             return None;
         };
-        self.add(&elf, m, inode)
+        self.add(&elf, m, inode, stamp)
     }
 
     /// Compiles and loads the table of `elf`, which `m` maps, unless a file of the same
@@ -467,12 +516,13 @@ impl TableLoader {
         elf: &object::File<'d, R>,
         m: &ExecutableMapping,
         inode: (String, u64),
+        stamp: Stamp,
     ) -> Option<FileId> {
         let id = match elf.build_id() {
             Ok(Some(b)) if !b.is_empty() => FileId::BuildId(b.to_vec()),
             _ => FileId::Inode(m.device.clone(), m.inode),
         };
-        self.inodes.insert(inode, id.clone());
+        self.inodes.insert(inode, (id.clone(), stamp));
         if self.files.contains_key(&id) {
             return Some(id); // the same build at another path (another container)
         }
@@ -488,6 +538,23 @@ impl TableLoader {
         };
         let rows = table.rows();
         let chunks = rows.len().div_ceil(ROWS_PER_CHUNK) as u32;
+        if chunks == 0 {
+            // Nothing to load: no room to make.
+            self.files.insert(id.clone(), empty(segments));
+            return Some(id);
+        }
+        if chunks > self.chunks.total {
+            // It never fits: dropping other processes' tables cannot help, and compiling it
+            // again each time it is sampled would cost as much every interval.
+            self.stats.files_too_large += 1;
+            tracing::warn!(
+                path = m.path,
+                rows = rows.len(),
+                "an unwind table larger than the whole table space: this file's frames are walked by frame pointer (raise unwind_table_bytes)"
+            );
+            self.files.insert(id.clone(), empty(segments));
+            return Some(id);
+        }
         let Some(first_chunk) = self.alloc(chunks) else {
             self.stats.files_not_loaded_full += 1;
             self.full = true;
@@ -566,7 +633,7 @@ impl TableLoader {
             }
         }
         let files = &self.files;
-        self.inodes.retain(|_, id| files.contains_key(id));
+        self.inodes.retain(|_, (id, _)| files.contains_key(id));
     }
 }
 
@@ -589,12 +656,11 @@ fn signature(mappings: &[ExecutableMapping]) -> u64 {
     h.finish()
 }
 
-/// The file `m` maps, opened at its path through `pid`'s root: only if it is still the file
-/// mapped (the same inode; a file upgraded since is another), and a regular file (opened
-/// without waiting: a FIFO put at the path would wait for a writer for ever).
+/// The file at `m`'s path through `pid`'s root, opened without waiting (a FIFO put at the
+/// path would wait for a writer for ever); whether it is still the file mapped (the same
+/// inode; a file upgraded since is another) is for [`Stamp::of`] to say.
 fn mapped_at_path(pid: u32, m: &ExecutableMapping) -> Option<std::fs::File> {
     use rustix::fs::{Mode, OFlags};
-    use std::os::unix::fs::MetadataExt;
     let path = format!("/proc/{pid}/root{}", m.path);
     let fd = rustix::fs::open(
         path.as_str(),
@@ -602,9 +668,30 @@ fn mapped_at_path(pid: u32, m: &ExecutableMapping) -> Option<std::fs::File> {
         Mode::empty(),
     )
     .ok()?;
-    let file = std::fs::File::from(fd);
-    let meta = file.metadata().ok()?;
-    (meta.is_file() && meta.ino() == m.inode).then_some(file)
+    Some(std::fs::File::from(fd))
+}
+
+/// What tells one file from a later one given the same inode number: its size and its
+/// modification and change times, as a stat of it says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Stamp {
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of `file`, if it is a regular file of the inode `m` names.
+    fn of(file: &std::fs::File, m: &ExecutableMapping) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata().ok()?;
+        let ns = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
+        (meta.is_file() && meta.ino() == m.inode).then(|| Self {
+            size: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -297,9 +297,7 @@ pub(crate) fn compile_file<'d, R: object::ReadRef<'d>>(
         {
             stats.rows_read += 1;
             if stats.rows_read > MAX_ROWS_READ {
-                return Err(bad(format!(
-                    ".eh_frame of more than {MAX_ROWS_READ} rows"
-                )));
+                return Err(bad(format!(".eh_frame of more than {MAX_ROWS_READ} rows")));
             }
             let ra = row.register(X86_64::RA);
             let cfa = match row.cfa() {
@@ -525,10 +523,11 @@ mod tests {
         let table = compile(&elf_of(&cfi(&usual, 3, &[]), None)).unwrap();
         assert_eq!(table.stats.functions, 3);
         assert_eq!(table.lookup(0x2004).unwrap().cfa, Cfa::Rsp(8));
-        let refused = |eh_frame: &[u8], stated: Option<u64>| match compile(&elf_of(eh_frame, stated)) {
-            Err(Error::Unwind(e)) => e,
-            other => panic!("{:?}", other.map(|t| t.stats)),
-        };
+        let refused =
+            |eh_frame: &[u8], stated: Option<u64>| match compile(&elf_of(eh_frame, stated)) {
+                Err(Error::Unwind(e)) => e,
+                other => panic!("{:?}", other.map(|t| t.stats)),
+            };
         let mut long = usual.to_vec();
         long.resize(2000, 0); // DW_CFA_nop
         let e = refused(&cfi(&long, 1, &[]), None);

@@ -110,7 +110,10 @@ pub(crate) fn sections_fit<'d>(data: impl object::ReadRef<'d>) -> Result<(), Str
                 .collect()
         };
         if notes.len() > MAX_NOTES {
-            return Err(format!("{} notes (at most {MAX_NOTES} are read)", notes.len()));
+            return Err(format!(
+                "{} notes (at most {MAX_NOTES} are read)",
+                notes.len()
+            ));
         }
         if let Some(size) = notes.iter().find(|&&size| size > MAX_NOTE_BYTES) {
             return Err(format!(
@@ -706,7 +709,13 @@ mod tests {
     fn a_file_of_many_or_large_notes_is_refused_before_they_are_read() {
         let build_id = b"\x04\0\0\0\x14\0\0\0\x03\0\0\0GNU\0aaaaaaaaaaaaaaaaaaaa";
         let usual = [
-            (".note.gnu.build-id", object::elf::SHT_NOTE, 0, &build_id[..], 0),
+            (
+                ".note.gnu.build-id",
+                object::elf::SHT_NOTE,
+                0,
+                &build_id[..],
+                0,
+            ),
             (".note.ABI-tag", object::elf::SHT_NOTE, 0, &[0u8; 32][..], 0),
         ];
         sections_fit(elf(&usual).as_slice()).unwrap();
