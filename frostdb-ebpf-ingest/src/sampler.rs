@@ -249,6 +249,7 @@ fn run(
         let before = symbolizer.stats;
         let build_started = Instant::now();
         let profiles = build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms);
+        symbolizer.end_interval();
         let built = build_started.elapsed();
         let after = symbolizer.stats;
         let interval = Interval {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesym::normalize::{Normalizer, UserMeta};
-use blazesym::symbolize::source::{Elf, Kernel, Process, Source};
+use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer as Blazesym};
 use blazesym::{MaybeDefault, Pid};
 
@@ -24,6 +24,14 @@ use crate::procfs::ProcessInfo;
 
 /// Past this many cached addresses the caches start again (bounded memory).
 const CACHE_LIMIT: usize = 1 << 20;
+
+/// blazesym's readers keep every file they open (a descriptor, and a file's parsed debug
+/// info) for as long as they live: they are made again once they are this old, or once
+/// this process holds this many more descriptors than when they were made (a local user
+/// touching the files its process maps made one more each interval, until the server
+/// could accept no connection).
+const READERS_MAX_AGE: Duration = Duration::from_secs(3600);
+const READERS_MAX_NEW_FDS: usize = 1024;
 
 /// A file a location's address belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -88,11 +96,19 @@ pub struct SymbolizeStats {
     pub unsymbolized: u64,
     /// Time spent, including reading /proc/<pid>/maps and ELF files.
     pub elapsed: Duration,
+    /// Times blazesym's readers were made again, closing the files they kept.
+    pub readers_renewed: u64,
 }
 
 pub(crate) struct Symbolizer {
     normalizer: Normalizer,
     blazesym: Blazesym,
+    /// When the two were made, and this process's descriptors then.
+    readers_made: (Instant, usize),
+    /// This kernel's vDSO image (from this process's memory, the same in every process),
+    /// in a memory file blazesym reads at its `/proc/self/fd` path, and the image's first
+    /// virtual address; `None` until needed, `Some(None)` if it could not be had.
+    vdso: Option<Option<(std::os::fd::OwnedFd, PathBuf, u64)>>,
     user: HashMap<(Arc<Module>, u64), Arc<[Line]>>,
     kernel: HashMap<u64, Arc<[Line]>>,
     modules: HashMap<Module, Arc<Module>>,
@@ -118,16 +134,12 @@ impl std::fmt::Debug for Symbolizer {
 
 impl Symbolizer {
     pub(crate) fn new() -> Self {
+        let (normalizer, blazesym) = readers();
         Self {
-            normalizer: Normalizer::builder()
-                .enable_build_ids(true)
-                .enable_build_id_caching(true)
-                .build(),
-            blazesym: Blazesym::builder()
-                .enable_code_info(true)
-                .enable_inlined_fns(true)
-                .enable_demangling(true)
-                .build(),
+            normalizer,
+            blazesym,
+            readers_made: (Instant::now(), open_fds()),
+            vdso: None,
             user: HashMap::new(),
             kernel: HashMap::new(),
             modules: HashMap::new(),
@@ -286,32 +298,46 @@ impl Symbolizer {
             }
         }
         if !outside.is_empty() {
-            // From the process itself: the vDSO's image in its memory, a JIT's perf map.
-            let absolute: Vec<u64> = outside.iter().map(|&i| addresses[i]).collect();
-            let results = self
-                .blazesym
-                .symbolize(
-                    &Source::Process(Process::new(Pid::from(pid))),
-                    Input::AbsAddr(&absolute),
-                )
-                .unwrap_or_else(|e| {
-                    tracing::debug!(pid, "cannot symbolize addresses outside files: {e}");
-                    Vec::new()
-                });
-            for (k, &i) in outside.iter().enumerate() {
-                if let Some(Symbolized::Sym(sym)) = results.get(k) {
-                    let module = Module {
-                        path: sym
-                            .module
-                            .as_deref()
-                            .map_or_else(|| "[unknown]".into(), |m| m.to_string_lossy().into()),
-                        build_id: String::new(),
-                    };
-                    out[i] = Some(Resolved {
-                        module: intern(&mut self.modules, module),
-                        address: addresses[i],
-                        lines: lines_of(sym),
+            // The vDSO's, from this kernel's image. Nothing else outside files is read: a
+            // JIT's perf map is a file its process may make a FIFO (an open of it waits
+            // for ever), and blazesym's reader of a process's memory reads its maps again
+            // and parses whatever file is mapped by then, checked by nothing.
+            let vdso = crate::procfs::executable_mappings(pid)
+                .ok()
+                .and_then(|maps| maps.into_iter().find(|m| m.path == crate::procfs::VDSO));
+            if let (Some(m), Some((_, image, base))) = (vdso, self.vdso_image()) {
+                let (image, base) = (image.clone(), *base);
+                let inside: Vec<usize> = outside
+                    .iter()
+                    .copied()
+                    .filter(|&i| (m.start..m.end).contains(&addresses[i]))
+                    .collect();
+                let offsets: Vec<u64> = inside
+                    .iter()
+                    .map(|&i| addresses[i] - m.start + base)
+                    .collect();
+                let results = self
+                    .blazesym
+                    .symbolize(&Source::Elf(Elf::new(image)), Input::VirtOffset(&offsets))
+                    .unwrap_or_else(|e| {
+                        tracing::debug!(pid, "cannot symbolize the vDSO: {e}");
+                        Vec::new()
                     });
+                let module = intern(
+                    &mut self.modules,
+                    Module {
+                        path: crate::procfs::VDSO.into(),
+                        build_id: String::new(),
+                    },
+                );
+                for (k, &i) in inside.iter().enumerate() {
+                    if let Some(Symbolized::Sym(sym)) = results.get(k) {
+                        out[i] = Some(Resolved {
+                            module: module.clone(),
+                            address: addresses[i],
+                            lines: lines_of(sym),
+                        });
+                    }
                 }
             }
         }
@@ -378,8 +404,83 @@ impl Symbolizer {
             self.modules.clear();
             self.readable.clear();
             self.build_ids.clear();
+            self.renew_readers();
         }
     }
+
+    /// Makes blazesym's readers again when they are old or have opened many files: what
+    /// they keep is only ever dropped with them. Called once an interval.
+    pub(crate) fn end_interval(&mut self) {
+        let (made, fds) = self.readers_made;
+        if made.elapsed() >= READERS_MAX_AGE || open_fds() > fds + READERS_MAX_NEW_FDS {
+            self.renew_readers();
+        }
+    }
+
+    fn renew_readers(&mut self) {
+        (self.normalizer, self.blazesym) = readers();
+        self.readers_made = (Instant::now(), open_fds());
+        self.stats.readers_renewed += 1;
+    }
+
+    /// [`Symbolizer::vdso`], made the first time it is asked for.
+    fn vdso_image(&mut self) -> Option<&(std::os::fd::OwnedFd, PathBuf, u64)> {
+        self.vdso
+            .get_or_insert_with(|| {
+                own_vdso()
+                    .inspect_err(|e| tracing::warn!("the vDSO is not symbolized: {e}"))
+                    .ok()
+            })
+            .as_ref()
+    }
+}
+
+/// A normalizer and a symbolizer as this module uses them.
+fn readers() -> (Normalizer, Blazesym) {
+    (
+        Normalizer::builder()
+            .enable_build_ids(true)
+            .enable_build_id_caching(true)
+            .build(),
+        Blazesym::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build(),
+    )
+}
+
+/// The descriptors this process has open (0 if they cannot be listed).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// This process's vDSO image in a memory file, its path and its first virtual address.
+fn own_vdso() -> Result<(std::os::fd::OwnedFd, PathBuf, u64), String> {
+    use object::{Object, ObjectSegment};
+    let me = std::process::id();
+    let mapping = crate::procfs::executable_mappings(me)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|m| m.path == crate::procfs::VDSO)
+        .ok_or("this process maps no vDSO")?;
+    let image = crate::procfs::read_vdso(me, &mapping).map_err(|e| e.to_string())?;
+    let base = object::File::parse(&*image)
+        .map_err(|e| format!("the vDSO image: {e}"))?
+        .segments()
+        .map(|s| s.address())
+        .min()
+        .unwrap_or(0);
+    let fd = rustix::fs::memfd_create("frostdb-vdso", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| format!("memfd_create: {e}"))?;
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, &image).map_err(|e| format!("the vDSO image: {e}"))?;
+    let fd = std::os::fd::OwnedFd::from(file);
+    let path = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    Ok((fd, path, base))
 }
 
 fn intern(modules: &mut HashMap<Module, Arc<Module>>, module: Module) -> Arc<Module> {
@@ -586,6 +687,56 @@ mod tests {
             .expect("Debian's sleep has a build id");
         assert_eq!(out[0].module.path, prog.display().to_string());
         assert_eq!(out[0].module.build_id, sleep);
+    }
+
+    /// An address outside any file (here on the heap) is not looked up in its process's
+    /// perf map: a FIFO put there made the open wait for a writer for ever, and the
+    /// sampler's thread with it.
+    #[test]
+    fn an_address_outside_files_does_not_open_the_perf_map() {
+        let me = std::process::id();
+        let fifo = format!("/tmp/perf-{me}.map");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let heap = Box::new([0u8; 64]);
+        let address = heap.as_ptr() as u64;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let info = ProcessInfo::read(me, "");
+            let out = Symbolizer::new().user(me, &info, &[address]);
+            tx.send(out[0].lines.len()).unwrap();
+        });
+        // A bound on a wait that never ends otherwise, not a sleep: it answers at once.
+        let got = rx.recv_timeout(Duration::from_secs(60));
+        std::fs::remove_file(&fifo).unwrap();
+        assert_eq!(got, Ok(0), "the symbolizer waited on the perf map's FIFO");
+    }
+
+    /// Renewing blazesym's readers closes the files they kept open: the only way they are
+    /// ever closed. They are renewed once they are old.
+    #[test]
+    fn renewing_the_readers_closes_the_files_they_kept() {
+        let mut s = Symbolizer::new();
+        let me = ProcessInfo::read(std::process::id(), "");
+        let address = a_function_with_a_known_name as *const () as u64;
+        s.user(std::process::id(), &me, &[address]);
+        let kept = open_fds();
+        s.readers_made.0 = Instant::now()
+            .checked_sub(READERS_MAX_AGE)
+            .expect("an hour after boot");
+        s.end_interval();
+        assert_eq!(s.stats.readers_renewed, 1);
+        assert!(
+            open_fds() < kept,
+            "{} descriptors, {kept} before",
+            open_fds()
+        );
+        s.end_interval();
+        assert_eq!(s.stats.readers_renewed, 1, "renewed only when due");
     }
 
     #[test]
