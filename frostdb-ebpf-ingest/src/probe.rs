@@ -58,10 +58,11 @@ struct Settings {
     filter: u32,
     cgroup_level: u32,
     cgroup_id: u64,
+    hash_seed: u64,
 }
 
 // SAFETY: both are `repr(C)` structs of plain integers with no implicit padding
-// (4+4+8+8+16 and 4+4+8 bytes), so every bit pattern is a valid value, as `Pod` requires.
+// (4+4+8+8+16 and 4+4+8+8 bytes), so every bit pattern is a valid value, as `Pod` requires.
 #[allow(unsafe_code)]
 unsafe impl aya::Pod for Key {}
 #[allow(unsafe_code)]
@@ -486,25 +487,26 @@ fn buffer(ebpf: &mut Ebpf, index: usize) -> Result<Buffer> {
 }
 
 fn settings(config: &Config) -> Result<Settings> {
-    Ok(match &config.target {
-        Target::All => Settings {
-            filter: FILTER_ALL,
-            cgroup_level: 0,
-            cgroup_id: 0,
-        },
-        Target::Pids(_) => Settings {
-            filter: FILTER_PIDS,
-            cgroup_level: 0,
-            cgroup_id: 0,
-        },
+    // Seeded from the operating system's randomness, as std's hash maps are.
+    let hash_seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(u64::from(std::process::id()));
+        h.finish()
+    };
+    let (filter, cgroup_level, cgroup_id) = match &config.target {
+        Target::All => (FILTER_ALL, 0, 0),
+        Target::Pids(_) => (FILTER_PIDS, 0, 0),
         Target::Cgroup(path) => {
             let (id, level) = crate::procfs::cgroup_id(path)?;
-            Settings {
-                filter: FILTER_CGROUP,
-                cgroup_level: level,
-                cgroup_id: id,
-            }
+            (FILTER_CGROUP, level, id)
         }
+    };
+    Ok(Settings {
+        filter,
+        cgroup_level,
+        cgroup_id,
+        hash_seed,
     })
 }
 
@@ -523,4 +525,20 @@ pub(crate) fn wait_for_programs() {
 fn comm(raw: &[u8; 16]) -> String {
     let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each load starts stack hashes somewhere else, unknown outside this process: a
+    /// process that could compute the hash of another's stack could store frames of its
+    /// choosing under it first.
+    #[test]
+    fn each_load_seeds_stack_hashes_anew() {
+        let seeds: std::collections::HashSet<u64> = (0..8)
+            .map(|_| settings(&Config::default()).unwrap().hash_seed)
+            .collect();
+        assert_eq!(seeds.len(), 8, "{seeds:?}");
+    }
 }

@@ -67,6 +67,10 @@ struct settings_t {
 	__u32 filter;
 	__u32 cgroup_level;
 	__u64 cgroup_id;
+	// Random, set at load: where stack hashes start, so that no process can work out a
+	// stack of its own that hashes as another process's does (the first stack stored
+	// under a hash is what every later one of that hash reads as).
+	__u64 hash_seed;
 };
 
 struct {
@@ -196,8 +200,10 @@ static __always_inline void bump(__u32 index)
 // content and returns the hash (0: not stored). The slots past n must be zero.
 static __always_inline __u64 store(struct stack_t *st, __u32 n, void *stacks)
 {
-	// FNV-1a over the frames.
-	__u64 h = 0xcbf29ce484222325ULL;
+	// FNV-1a over the frames, from a secret start.
+	__u32 zero = 0;
+	struct settings_t *s = bpf_map_lookup_elem(&settings, &zero);
+	__u64 h = 0xcbf29ce484222325ULL ^ (s ? s->hash_seed : 0);
 	for (__u32 i = 0; i < STACK_DEPTH; i++) {
 		if (i >= n)
 			break;

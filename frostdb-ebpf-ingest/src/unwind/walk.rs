@@ -219,7 +219,7 @@ pub(crate) fn load_bias(segments: &[Segment], mapping: &ExecutableMapping) -> Op
     segments
         .iter()
         .filter(|s| s.executable)
-        .find(|s| s.offset & !0xfff <= m.offset && m.offset < s.offset + s.size)
+        .find(|s| s.offset & !0xfff <= m.offset && m.offset < s.offset.saturating_add(s.size))
         .map(|s| m.offset.wrapping_add(s.address.wrapping_sub(s.offset)))
         .map(|vaddr| m.start.wrapping_sub(vaddr))
 }
