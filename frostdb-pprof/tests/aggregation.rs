@@ -49,8 +49,9 @@ fn ingest(store: &ProfileStore, shots: &[Shot]) {
 
 /// The model's total of `aggregation` over `range`: per series, its profiles in the range
 /// (different ones at one time add up; the same one twice is stored once) summed, averaged
-/// per stack (rounded down, as integers are), or its latest.
-fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, usize) {
+/// per stack, or its latest. An average is rounded once per stack over every series merged
+/// (the merge), and per stack of each series when series are kept apart (the second total).
+fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, i64, usize) {
     let values = stack_values();
     let mut series: BTreeMap<u8, BTreeMap<i64, i64>> = BTreeMap::new();
     let distinct: std::collections::BTreeSet<Shot> = shots.iter().copied().collect();
@@ -60,23 +61,28 @@ fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, us
             *series.entry(pod).or_default().entry(t).or_default() += scale;
         }
     }
-    let total = series
+    // Per series, per stack, its value (exact: averages as fractions).
+    let per_series: Vec<Vec<f64>> = series
         .values()
         .map(|times| {
             let sum: i64 = times.values().sum();
-            let n = times.len() as i64;
+            let n = times.len() as f64;
             let latest = *times.values().next_back().unwrap();
             values
                 .iter()
-                .map(|v| match aggregation {
-                    Aggregation::Sum => v * sum,
-                    Aggregation::Average => v * sum / n,
-                    Aggregation::Latest => v * latest,
+                .map(|&v| match aggregation {
+                    Aggregation::Sum => (v * sum) as f64,
+                    Aggregation::Average => (v * sum) as f64 / n,
+                    Aggregation::Latest => (v * latest) as f64,
                 })
-                .sum::<i64>()
+                .collect()
         })
+        .collect();
+    let merged = (0..values.len())
+        .map(|k| per_series.iter().map(|s| s[k]).sum::<f64>().round() as i64)
         .sum();
-    (total, series.len())
+    let apart = per_series.iter().flatten().map(|v| v.round() as i64).sum();
+    (merged, apart, series.len())
 }
 
 proptest! {
@@ -105,7 +111,7 @@ proptest! {
             .chain([TimeRange::ALL]);
         for range in ranges {
             for aggregation in [Aggregation::Sum, Aggregation::Average, Aggregation::Latest] {
-                let (want, series) = model(&shots, range, aggregation);
+                let (want, apart, series) = model(&shots, range, aggregation);
                 for by_series in [false, true] {
                     let options = MergeOptions { aggregation, by_series, lenient: false };
                     let merged = store.merge_with(&selector, range, &options).unwrap();
@@ -118,7 +124,7 @@ proptest! {
                     prop_assert_eq!(merged.series.len(), series);
                     let per_series: i64 =
                         merged.series.iter().flat_map(|(_, s)| s).map(|(_, v)| v).sum();
-                    prop_assert_eq!(per_series, want);
+                    prop_assert_eq!(per_series, apart);
                     let p = pprof::to_profile(&merged).unwrap();
                     let label = |s: &frostdb_pprof::proto::Sample, k: &str| {
                         s.label
@@ -133,7 +139,7 @@ proptest! {
                         pods.insert(label(s, "pod").unwrap());
                     }
                     prop_assert_eq!(pods.len(), series);
-                    prop_assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), want);
+                    prop_assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), apart);
                 }
             }
         }
@@ -143,6 +149,141 @@ proptest! {
             .unwrap();
         prop_assert_eq!(sum.total(), store.merge(&selector, TimeRange::ALL).unwrap().total());
     }
+}
+
+/// A goroutine profile every minute for ten minutes: stack 1 has one goroutine in nine
+/// of them, stack 2 three in every one, and stack 3, whose goroutines carry the pprof label
+/// `endpoint=/slow`, fifty in the two profiles of minutes 3 and 4. Averaged, each label
+/// set is divided by its target's ten profiles (stack 3 is 10, not 50) and rounded once
+/// (stack 1 is 0.9: 1, not 0); the latest is the last profile's, which has no `/slow`.
+#[test]
+fn an_average_divides_sample_labels_by_their_targets_profiles_and_rounds_once() {
+    use frostdb_pprof::proto::{Function, Label, Line, Location, Profile, Sample, ValueType};
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let strings: Vec<String> = [
+        "",
+        "goroutine",
+        "count",
+        "f1",
+        "f2",
+        "f3",
+        "endpoint",
+        "/slow",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for minute in 0..10i64 {
+        let mut sample = vec![Sample {
+            location_id: vec![2],
+            value: vec![3],
+            ..Default::default()
+        }];
+        if minute != 9 {
+            sample.push(Sample {
+                location_id: vec![1],
+                value: vec![1],
+                ..Default::default()
+            });
+        }
+        if minute == 3 || minute == 4 {
+            sample.push(Sample {
+                location_id: vec![3],
+                value: vec![50],
+                label: vec![Label {
+                    key: 6,
+                    str: 7,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        }
+        let p = Profile {
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            sample,
+            location: (1..=3)
+                .map(|i| Location {
+                    id: i,
+                    line: vec![Line {
+                        function_id: i,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            function: (1..=3)
+                .map(|i| Function {
+                    id: i,
+                    name: 2 + i as i64,
+                    ..Default::default()
+                })
+                .collect(),
+            string_table: strings.clone(),
+            period_type: Some(ValueType { r#type: 1, unit: 2 }),
+            period: 1,
+            ..Default::default()
+        };
+        let options = IngestOptions::default()
+            .name("goroutines")
+            .labels(vec![("pod".into(), "p0".into())])
+            .timestamp_ms(BASE + minute * MINUTE);
+        store.ingest(&p.encode_to_vec(), &options).unwrap();
+    }
+    let selector = Selector::parse("goroutines:goroutine:count:goroutine:count{}").unwrap();
+    let by_function = |aggregation, by_series| {
+        let options = MergeOptions {
+            aggregation,
+            by_series,
+            lenient: false,
+        };
+        let merged = store
+            .merge_with(&selector, TimeRange::ALL, &options)
+            .unwrap();
+        let mut values = BTreeMap::new();
+        for (stack, v) in &merged.samples {
+            let frames = merged.symbols.frames(*stack);
+            values.insert(frames[0].printable_name().into_owned(), *v);
+        }
+        values
+    };
+    let want = |pairs: &[(&str, i64)]| -> BTreeMap<String, i64> {
+        pairs.iter().map(|(f, v)| ((*f).to_owned(), *v)).collect()
+    };
+    for by_series in [false, true] {
+        assert_eq!(
+            by_function(Aggregation::Average, by_series),
+            want(&[("f1", 1), ("f2", 3), ("f3", 10)])
+        );
+        assert_eq!(
+            by_function(Aggregation::Latest, by_series),
+            want(&[("f2", 3)])
+        );
+        assert_eq!(
+            by_function(Aggregation::Sum, by_series),
+            want(&[("f1", 9), ("f2", 30), ("f3", 100)])
+        );
+    }
+    // The time series of the pod, one point: its ten profiles' totals (139) over ten
+    // profiles, not over its twelve totals rows (the two `/slow` ones are of profiles
+    // counted already).
+    let pod = ["pod".to_owned()];
+    let series = store
+        .range(
+            &selector,
+            TimeRange::ALL,
+            1_000_000_000_000,
+            Some(&pod),
+            frostdb_pprof::ReadOptions::STRICT,
+        )
+        .unwrap()
+        .value;
+    assert_eq!(series.len(), 1);
+    let points: Vec<(i64, f64)> = series[0].values(true).collect();
+    assert_eq!(points, [(1_000_000_000_000, 13.9)]);
 }
 
 #[test]

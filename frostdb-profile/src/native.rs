@@ -339,7 +339,8 @@ pub struct Series {
     pub labels: Vec<(String, String)>,
     /// `(bucket start ms, summed value)`, in time order.
     pub points: Vec<(i64, i64)>,
-    /// Per point, the rows summed into it (of the totals table: the profiles), for averages.
+    /// Per point, the profiles summed into it (the distinct times of its rows in each group:
+    /// a profile's label sets made by pprof sample labels count once), for averages.
     pub rows: Vec<u64>,
 }
 
@@ -439,8 +440,8 @@ pub fn merge_stacks_by_series(
     pool: &Arc<dyn MemoryPool>,
 ) -> Result<SeriesStacks> {
     use crate::Aggregation;
-    /// One series: its sums per stack, the times of its profiles and of its last row read
-    /// (average), or of its latest profile (latest).
+    /// One label set: its sums per stack, the times of its profiles and of its last row read
+    /// (average and latest), and of its latest profile (latest).
     #[derive(Default)]
     struct Of {
         sums: std::collections::HashMap<u64, i64>,
@@ -458,22 +459,20 @@ pub fn merge_stacks_by_series(
                 self.sets.push(Of::default());
             }
             let of = &mut self.sets[set];
-            match self.aggregation {
-                Aggregation::Sum => {}
-                // A profile's rows are adjacent: its time is counted once.
-                Aggregation::Average if of.last_time != Some(t) => {
-                    of.times.insert(t);
-                    of.last_time = Some(t);
-                }
-                Aggregation::Average => {}
-                Aggregation::Latest => match of.latest {
+            // A profile's rows are adjacent: its time is counted once.
+            if self.aggregation != Aggregation::Sum && of.last_time != Some(t) {
+                of.times.insert(t);
+                of.last_time = Some(t);
+            }
+            if self.aggregation == Aggregation::Latest {
+                match of.latest {
                     Some(l) if t < l => return,
                     Some(l) if t == l => {}
                     _ => {
                         of.sums.clear();
                         of.latest = Some(t);
                     }
-                },
+                }
             }
             let sum = of.sums.entry(id).or_insert(0);
             *sum = sum.saturating_add(value);
@@ -502,19 +501,39 @@ pub fn merge_stacks_by_series(
         "merge by series",
         &mut sink,
     )?;
+    // A label set's profiles are its target's: a pprof sample label (`endpoint=/slow`)
+    // makes a label set of its own, present only in the profiles where such samples were,
+    // and it is averaged over all of its target's profiles, and is in the latest only if
+    // its target's latest profile has it.
+    let targets = match aggregation {
+        Aggregation::Sum => Vec::new(),
+        _ => {
+            let times: Vec<&std::collections::HashSet<i64>> =
+                sink.sets.iter().map(|o| &o.times).collect();
+            targets_of(&read.sets, &times)
+        }
+    };
+    let mut merged: std::collections::HashMap<u64, f64> = Default::default();
     let mut order: Vec<(LabelSet, usize)> = read.sets.into_iter().zip(0..).collect();
     order.sort();
     let series = order
         .into_iter()
         .filter_map(|(labels, set)| {
             let of = std::mem::take(&mut sink.sets[set]);
-            let profiles = of.times.len().max(1) as i64;
+            let scale = match aggregation {
+                Aggregation::Sum => 1.0,
+                Aggregation::Average => 1.0 / targets[set].profiles.max(1) as f64,
+                // Not in its target's latest profile: not in use then.
+                Aggregation::Latest if of.latest < Some(targets[set].latest) => return None,
+                Aggregation::Latest => 1.0,
+            };
             let mut stacks: Vec<(u64, i64)> = of
                 .sums
                 .into_iter()
-                .map(|(id, v)| match aggregation {
-                    Aggregation::Average => (id, v / profiles),
-                    _ => (id, v),
+                .map(|(id, v)| {
+                    let v = v as f64 * scale;
+                    *merged.entry(id).or_insert(0.0) += v;
+                    (id, v.round() as i64)
                 })
                 .filter(|(_, v)| *v != 0)
                 .collect();
@@ -522,12 +541,72 @@ pub fn merge_stacks_by_series(
             (!stacks.is_empty()).then_some((labels, stacks))
         })
         .collect();
+    // Rounded once, summed over label sets: a stack's average of less than one in each
+    // series is not lost.
+    let mut merged: Vec<(u64, i64)> = merged
+        .into_iter()
+        .map(|(id, v)| (id, v.round() as i64))
+        .filter(|(_, v)| *v != 0)
+        .collect();
+    merged.sort_unstable_by_key(|(id, _)| *id);
     Ok(SeriesStacks {
         series,
+        merged,
         period: read.period,
         rows: read.rows,
         blocks_failed: read.blocks_failed,
     })
+}
+
+/// The profiles of a label set's target: how many (in the range read) and the latest's time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Target {
+    profiles: usize,
+    latest: i64,
+}
+
+/// Per label set (`sets`, each with the times of its profiles in `times`), its target's
+/// profiles: those of the smallest label set found in a profile with it that it holds every
+/// label of (the series' own labels, where its own add pprof sample labels), or its own.
+/// Only the [`SUBSETS_TRIED`] smallest sets of each profile time are tried as its target's:
+/// a target's own set is the smallest of its profiles.
+fn targets_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> Vec<Target> {
+    const SUBSETS_TRIED: usize = 8;
+    let own = |i: usize| Target {
+        profiles: times[i].len(),
+        latest: times[i].iter().copied().max().unwrap_or(i64::MIN),
+    };
+    let mut targets: Vec<Target> = (0..sets.len()).map(own).collect();
+    let mut at: std::collections::HashMap<i64, Vec<usize>> = Default::default();
+    for (i, t) in times.iter().enumerate() {
+        for &t in t.iter() {
+            at.entry(t).or_default().push(i);
+        }
+    }
+    let mut tried: std::collections::HashSet<(usize, usize)> = Default::default();
+    for together in at.values_mut() {
+        together.sort_by_key(|&i| sets[i].len());
+        let smallest = &together[..together.len().min(SUBSETS_TRIED)];
+        for &set in together.iter() {
+            for &sub in smallest {
+                if sets[sub].len() >= sets[set].len() || !tried.insert((sub, set)) {
+                    continue;
+                }
+                if is_subset(&sets[sub], &sets[set]) {
+                    let (of, by) = (own(sub), &mut targets[set]);
+                    by.profiles = by.profiles.max(of.profiles);
+                    by.latest = by.latest.max(of.latest);
+                }
+            }
+        }
+    }
+    targets
+}
+
+/// Whether every label of `small` is in `large` (both in name order).
+fn is_subset(small: &LabelSet, large: &LabelSet) -> bool {
+    let mut large = large.iter();
+    small.iter().all(|pair| large.any(|other| other == pair))
 }
 
 /// The raw rows `selector` selects in `range`, kept apart by profile: per series (label
@@ -751,6 +830,9 @@ pub struct SeriesStacks {
     /// Per label set, in label order, `(stack id, summed value)`, ids ascending, zero sums
     /// left out.
     pub series: Vec<(LabelSet, Vec<(u64, i64)>)>,
+    /// The stacks of every label set together, `(stack id, value)`, ids ascending, zeros
+    /// left out: averages summed before they are rounded (each series' own are rounded).
+    pub merged: Vec<(u64, i64)>,
     /// The largest sampling period among the rows.
     pub period: i64,
     /// Rows read.
@@ -777,6 +859,9 @@ pub fn range(
 /// About what a range holds a point in while it is read (a hash map entry of a series and
 /// bucket, and its sum), and then in its answer.
 const RANGE_POINT_BYTES: usize = 64;
+
+/// Bytes a range holds for each profile of a group it has counted (a set entry).
+const PROFILE_SEEN_BYTES: usize = 32;
 
 /// [`range()`], `lenient` or not: a lenient scan skips blocks it cannot read, and the count
 /// of those comes with the series (always 0 when strict, which fails instead). The points
@@ -818,6 +903,8 @@ pub fn range_counted(
     // thousands of groups of kilobytes each).
     let mut group_bytes = 0usize;
     let mut sums: std::collections::HashMap<(u32, i64), (i64, u64)> = Default::default();
+    // The profiles (times) of each group seen so far.
+    let mut profiles: std::collections::HashSet<(u32, i64)> = Default::default();
     let n = labels.len();
     let mut scan = snapshot.scan(&request)?;
     for batch in scan.by_ref() {
@@ -872,10 +959,17 @@ pub fn range_counted(
             let t = ts.value(i);
             let bucket = t - t.rem_euclid(step);
             let key = (group, bucket);
+            // A profile is counted once in its group: a pprof sample label makes another
+            // label set, and another totals row, of the same profile. (Ungrouped, a label
+            // set is a series, and has a row a profile.)
+            let profile = match group_by {
+                None => 1,
+                Some(_) => u64::from(profiles.insert((group, t))),
+            };
             match &mut run {
                 Some((k, v, n)) if *k == key => {
                     *v = v.saturating_add(values.value(i));
-                    *n += 1;
+                    *n += profile;
                 }
                 _ => {
                     if let Some((k, v, n)) = run.take() {
@@ -883,7 +977,7 @@ pub fn range_counted(
                         sum.0 = sum.0.saturating_add(v);
                         sum.1 += n;
                     }
-                    run = Some((key, values.value(i), 1));
+                    run = Some((key, values.value(i), profile));
                 }
             }
         }
@@ -895,6 +989,7 @@ pub fn range_counted(
         let held = sums
             .len()
             .saturating_mul(RANGE_POINT_BYTES)
+            .saturating_add(profiles.len().saturating_mul(PROFILE_SEEN_BYTES))
             .saturating_add(group_bytes);
         if held > reservation.size() {
             reservation.try_grow(held - reservation.size())?;

@@ -491,14 +491,7 @@ impl ProfileStore {
             options.lenient,
             &self.memory,
         )?;
-        let mut sums: BTreeMap<u64, i64> = BTreeMap::new();
-        for (_, stacks) in &read.series {
-            for (id, v) in stacks {
-                let sum = sums.entry(*id).or_default();
-                *sum = sum.saturating_add(*v);
-            }
-        }
-        let stacks: Vec<(u64, i64)> = sums.into_iter().filter(|(_, v)| *v != 0).collect();
+        let stacks = read.merged;
         let symbols = self.symbols_of(&stacks)?;
         Ok(Merged {
             profile_type,
