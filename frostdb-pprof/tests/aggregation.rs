@@ -199,7 +199,6 @@ fn an_average_divides_sample_labels_by_their_targets_profiles_and_rounds_once() 
                     str: 7,
                     ..Default::default()
                 }],
-                ..Default::default()
             });
         }
         let p = Profile {
