@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use frostdb_core::{Db, DbOptions};
 use frostdb_pprof::report::top::TopTable;
-use frostdb_pprof::{IngestOptions, ProfileStore, StoreOptions, SymbolOptions, testing, validate};
+use frostdb_pprof::{
+    Aggregation, IngestOptions, MergeOptions, ProfileStore, ReadOptions, StoreOptions,
+    SymbolOptions, testing, validate,
+};
 use frostdb_profile::Selector;
 use frostdb_profile::TimeRange;
 
@@ -281,6 +284,7 @@ fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
     for table in [
         frostdb_profile::schema::SAMPLES,
         frostdb_profile::schema::SERIES,
+        frostdb_profile::schema::TOTALS,
     ] {
         store
             .db()
@@ -295,6 +299,29 @@ fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
     );
     store.expire_symbols().unwrap();
     assert_eq!(totals(&store), before);
+    // What reads raw samples only is refused for a range before those kept, rather than
+    // answering for the samples kept; the time series is read from totals kept as long as
+    // the rollups.
+    for aggregation in [Aggregation::Average, Aggregation::Latest] {
+        let options = MergeOptions {
+            aggregation,
+            by_series: false,
+            lenient: false,
+        };
+        let e = store
+            .merge_with(&all(), range, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("reads the raw samples, kept 7 days"), "{e}");
+    }
+    let points: i64 = store
+        .range(&all(), range, HOUR, None, ReadOptions::STRICT)
+        .unwrap()
+        .value
+        .iter()
+        .flat_map(|s| s.points.iter().map(|(_, v)| v))
+        .sum();
+    assert_eq!(points, before.0);
     drop(store);
     let store = open();
     assert!(

@@ -482,6 +482,11 @@ impl ProfileStore {
         if options.aggregation == Aggregation::Sum && !options.by_series {
             return self.merge_reading(selector, range, options.lenient, true);
         }
+        let what = match options.by_series {
+            true => "a merge keeping series apart (a pprof export)".to_owned(),
+            false => format!("a merge by {}", options.aggregation.name()),
+        };
+        self.within_raw_samples(range, &what)?;
         let (table, _, profile_type) = self.merge_source(selector)?;
         let read = frostdb_profile::native::merge_stacks_by_series(
             &table.snapshot(),
@@ -516,6 +521,34 @@ impl ProfileStore {
         })
     }
 
+    /// Refuses a merge that reads raw samples only (see [`ProfileStore::merge_with`]) of a
+    /// range that starts before the samples kept, an hour and more, while rollups kept
+    /// longer hold what it would leave out: it would answer for what was kept as if it
+    /// were the range (a 90-day memory flame graph averaged over the last 30 days).
+    fn within_raw_samples(&self, range: TimeRange, what: &str) -> Result<()> {
+        let Some(kept) = self.options.retention else {
+            return Ok(());
+        };
+        let rolled = match self.rollups.enabled() {
+            true => self.options.rollups.longest_kept(Some(kept)),
+            false => Some(kept),
+        };
+        if rolled.is_some_and(|rolled| rolled <= kept) {
+            return Ok(()); // nothing older is kept anywhere
+        }
+        let oldest = now_ms().saturating_sub(kept.as_millis() as i64);
+        if range.start_ms >= oldest.saturating_sub(schema::SERIES_BUCKET_MS) {
+            return Ok(());
+        }
+        Err(Error::Query(format!(
+            "{what} reads the raw samples, kept {} days, and the range starts {} days ago: \
+             only a sum merge reads the rollups kept longer (aggregation=sum, or a range \
+             within the samples kept)",
+            kept.as_secs() / 86_400,
+            (now_ms().saturating_sub(range.start_ms.max(0))) / 86_400_000,
+        )))
+    }
+
     /// What `selector` selects in `range`, profile by profile: each profile (a series at a
     /// time) with its stacks' values, read from raw samples, and the symbols they resolve
     /// with. What a comparison of two selections tests over ([`crate::regress`]). Bounded
@@ -527,6 +560,7 @@ impl ProfileStore {
         range: TimeRange,
         read: ReadOptions,
     ) -> Result<Profiles> {
+        self.within_raw_samples(range, "a comparison profile by profile")?;
         let (table, _, profile_type) = self.merge_source(selector)?;
         let stacks = frostdb_profile::native::stacks_by_profile(
             &table.snapshot(),
