@@ -110,6 +110,7 @@ pub use decode::charge::charging;
 pub use decode::{Limits, ValidProfile, decode, inflate, validate};
 pub use error::{Error, Result};
 pub use frostdb_core::{Db, DbOptions};
+pub use normalize::MAX_FUTURE_MS;
 // The profile model, so that an embedder needs this crate alone.
 pub use frostdb_profile::native::{LabelSet, Series, SeriesLabels};
 pub use frostdb_profile::{

@@ -178,13 +178,68 @@ fn a_late_retry_of_a_cumulative_profile_is_not_the_next_ones_baseline() {
     push(1, 0); // the baseline, stored as nothing
     push(2, 10_000);
     push(4, 20_000);
-    assert!(push(2, 10_000).duplicate, "the second again: a retry");
+    // The second again, a retry: older than the last stored, it stores nothing.
+    let retried = push(2, 10_000);
+    assert_eq!(retried.rows, 0, "{retried:?}");
     push(8, 30_000);
     let alloc =
         Selector::parse("memory:alloc_space:bytes:cpu:nanoseconds{instance=\"a\"}").unwrap();
     let merged = store.merge(&alloc, TimeRange::ALL).unwrap();
     // (2 - 1) + (4 - 2) + (8 - 4); before, the last was 8 - 2.
     assert_eq!(merged.total(), 7 * total);
+    // Not after the last stored: the first again (which stored nothing, so is no
+    // duplicate), and one never stored before, both late. What they counted is in the
+    // differences stored since: they store nothing, and are no baseline. Before, each was
+    // stored whole as a reset, and the next profile counted its interval again.
+    push(1, 0);
+    push(3, 15_000);
+    push(16, 40_000);
+    let merged = store.merge(&alloc, TimeRange::ALL).unwrap();
+    assert_eq!(merged.total(), 15 * total, "(16 - 8) more");
+}
+
+/// A cumulative profile with any stack below its series' previous value is a restarted
+/// process's: every stack counts from 0, the grown ones too. Before, a stack that had
+/// grown past its old total in the new process was stored as the difference.
+#[test]
+fn a_reset_counts_the_whole_profile_from_zero() {
+    use prost::Message;
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let base = frostdb_pprof::testing::profile(0, 20, 3);
+    let values: Vec<i64> = base.sample.iter().map(|s| s.value[0]).collect();
+    let cumulative = |scale: &dyn Fn(usize) -> i64| {
+        let mut p = base.clone();
+        p.string_table
+            .extend(["alloc_space".to_owned(), "bytes".to_owned()]);
+        let n = p.string_table.len() as i64;
+        p.sample_type[0].r#type = n - 2;
+        p.sample_type[0].unit = n - 1;
+        for (i, s) in p.sample.iter_mut().enumerate() {
+            s.value[0] *= scale(i);
+        }
+        p.encode_to_vec()
+    };
+    let push = |scale: &dyn Fn(usize) -> i64, at: i64| {
+        let mut opts = options("memory", &[("instance", "a")]).timestamp_ms(1_700_000_000_000 + at);
+        opts.delta = true;
+        store.ingest(&cumulative(scale), &opts).unwrap()
+    };
+    push(&|_| 1, 0);
+    push(&|_| 16, 10_000);
+    // Restarted: stack 0 has grown past 16 since, the others are at 1.
+    push(&|i| if i == 0 { 100 } else { 1 }, 20_000);
+    let alloc =
+        Selector::parse("memory:alloc_space:bytes:cpu:nanoseconds{instance=\"a\"}").unwrap();
+    let merged = store.merge(&alloc, TimeRange::ALL).unwrap();
+    let total: i64 = values.iter().sum();
+    assert_eq!(
+        merged.total(),
+        15 * total + 100 * values[0] + (total - values[0])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -237,16 +237,23 @@ fn seconds_to_ms(seconds: &Int64Array, at: &str) -> Result<Int64Array> {
     Ok(Int64Array::from(out))
 }
 
-/// Every time within `0..=MAX_MS`.
+/// Every time within `0..=MAX_MS`, and at most [`MAX_FUTURE_MS`] past now, as a profile's.
+///
+/// [`MAX_FUTURE_MS`]: crate::normalize::MAX_FUTURE_MS
 fn check_times(ms: &Int64Array, at: &str) -> Result<()> {
+    let latest = frostdb_core::now_ms().saturating_add(crate::normalize::MAX_FUTURE_MS);
     if let Some(row) = ms
         .values()
         .iter()
-        .position(|&t| frostdb_profile::checked_ms(t, "").is_err())
+        .position(|&t| frostdb_profile::checked_ms(t, "").is_err() || t > latest)
     {
-        let reason = frostdb_profile::checked_ms(ms.value(row), &format!("row {row}"))
-            .err()
-            .unwrap_or_default();
+        let reason = match frostdb_profile::checked_ms(ms.value(row), &format!("row {row}")) {
+            Err(reason) => reason,
+            Ok(t) => format!(
+                "row {row}: {t} ms is past now by more than the {} s a time may be ahead",
+                crate::normalize::MAX_FUTURE_MS / 1000
+            ),
+        };
         return Err(invalid(at, reason));
     }
     Ok(())

@@ -44,6 +44,7 @@ mod rows;
 pub(crate) use intern::InternState;
 use keys::{Key, mapping_flags};
 pub(crate) use keys::{content_key, function_key, location_line, location_start, put_str};
+pub use prepare::MAX_FUTURE_MS;
 pub(crate) use prepare::{Deltas, prepare};
 pub(crate) use rows::SERIES_KEYS;
 pub(crate) use rows::{Finished, SampleRows, move_rows, order_runs};
@@ -162,7 +163,7 @@ pub(crate) struct Prepared<'p> {
     /// `(type, span group, value)`, values non-zero, of types that are not cumulative.
     span_rows: Vec<(u16, u32, i64)>,
     /// Deltas' states to keep once the profile is stored.
-    pub(crate) delta_states: Vec<(String, HashMap<Fingerprint, i64>)>,
+    pub(crate) delta_states: Vec<(String, prepare::Baseline)>,
     timestamp: i64,
     /// Each group's stack content key.
     keys: Vec<StackKey>,

@@ -2,15 +2,18 @@
 
 use super::*;
 
+/// A cumulative series' previous profile: its time, and its values by stack.
+pub(crate) type Baseline = (i64, HashMap<Fingerprint, i64>);
+
 /// The previous values of the cumulative series seen, for deltas.
 #[derive(Debug, Default)]
 pub(crate) struct Deltas {
-    previous: HashMap<String, HashMap<Fingerprint, i64>>,
+    previous: HashMap<String, Baseline>,
 }
 
 impl Deltas {
     /// Keeps the states a stored profile left.
-    pub(crate) fn apply(&mut self, states: Vec<(String, HashMap<Fingerprint, i64>)>) {
+    pub(crate) fn apply(&mut self, states: Vec<(String, Baseline)>) {
         self.previous.extend(states);
     }
 
@@ -29,7 +32,7 @@ impl Deltas {
     pub(crate) fn memory_bytes(&self) -> usize {
         self.previous
             .iter()
-            .map(|(key, values)| 64 + key.len() + values.capacity() * 32)
+            .map(|(key, (_, values))| 64 + key.len() + values.capacity() * 32)
             .sum()
     }
 
@@ -39,17 +42,55 @@ impl Deltas {
     }
 }
 
+/// How far past now a profile may be dated: clocks skew, but a profile dated later is
+/// refused (one dated in 9999 kept its block, and every symbol partition after it, past
+/// any retention, and the series index's map of hours written from ever shrinking).
+pub const MAX_FUTURE_MS: i64 = 3_600_000;
+
 /// A profile's timestamp in ms: `time_nanos`, repaired when a writer put microseconds in
-/// it (old pyroscope-rs), or now when absent.
-pub(super) fn timestamp_ms(time_nanos: i64) -> i64 {
+/// it (old pyroscope-rs), or now when absent. A time before 2000 (seconds or
+/// milliseconds given as nanoseconds, a clock never set), or one that is microseconds
+/// only if it is dated past now, is refused rather than stored where no query looks.
+pub(super) fn timestamp_ms(time_nanos: i64) -> Result<i64> {
     const YEAR_2000_NS: i64 = 946_684_800_000_000_000;
     const YEAR_2000_US: i64 = YEAR_2000_NS / 1000;
+    let now = frostdb_core::now_ms();
     match time_nanos {
-        t if t <= 0 => frostdb_core::now_ms(),
-        t if t >= YEAR_2000_NS => t / 1_000_000,
-        t if t >= YEAR_2000_US => t / 1000,
-        t => t / 1_000_000,
+        t if t <= 0 => Ok(now),
+        t if t >= YEAR_2000_NS => Ok(t / 1_000_000),
+        t if t >= YEAR_2000_US && t / 1000 <= now + MAX_FUTURE_MS => Ok(t / 1000),
+        t => Err(Error::Invalid {
+            field: "time_nanos",
+            reason: format!(
+                "{t} is a time before 2000 read as nanoseconds (or past now read as \
+                 microseconds): a time in another unit?"
+            ),
+        }),
     }
+}
+
+/// Refuses a profile dated more than [`MAX_FUTURE_MS`] past now, or outside the times a
+/// query may name.
+pub(crate) fn check_time(timestamp_ms: i64) -> Result<()> {
+    let now = frostdb_core::now_ms();
+    let reason = if !(0..=frostdb_profile::MAX_MS).contains(&timestamp_ms) {
+        format!(
+            "{timestamp_ms} ms is outside 0..={} (1970 to 9999)",
+            frostdb_profile::MAX_MS
+        )
+    } else if timestamp_ms > now.saturating_add(MAX_FUTURE_MS) {
+        format!(
+            "{timestamp_ms} ms is {} s past now: a profile may be dated at most {} s ahead",
+            (timestamp_ms - now) / 1000,
+            MAX_FUTURE_MS / 1000
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Error::Invalid {
+        field: "time",
+        reason,
+    })
 }
 
 /// Bytes storing builds per sample value: the value (8), its row (16) and its sample row's
@@ -204,9 +245,11 @@ pub(crate) fn prepare<'p>(
         }
     }
 
-    let timestamp = options
-        .timestamp_ms
-        .unwrap_or_else(|| timestamp_ms(p.time_nanos));
+    let timestamp = match options.timestamp_ms {
+        Some(t) => t,
+        None => timestamp_ms(p.time_nanos)?,
+    };
+    check_time(timestamp)?;
     let mut prepared = Prepared {
         profile,
         name: options.name.clone(),
@@ -257,17 +300,34 @@ pub(crate) fn prepare<'p>(
                 let current: HashMap<Fingerprint, i64> =
                     column.clone().map(|(g, v)| (fps[g as usize], v)).collect();
                 let previous = deltas.iter().find_map(|d| d.previous.get(&key));
-                if let Some(previous) = previous {
-                    for (g, v) in column {
-                        let before = previous.get(&fps[g as usize]).copied().unwrap_or(0);
-                        // A counter that went down was reset (the process restarted).
-                        let delta = if v >= before { v - before } else { v };
-                        if delta != 0 {
-                            prepared.rows.push((t as u16, g, delta));
+                match previous {
+                    // Not after the series' previous profile (a retry arriving late, or a
+                    // request's profiles out of order): what it counted is in the
+                    // difference stored since. Taken as the baseline, the next profile
+                    // counted that interval again, and its own stacks were stored whole.
+                    Some((at, _)) if timestamp <= *at => continue,
+                    Some((_, previous)) => {
+                        // A counter that went down was reset (the process restarted): the
+                        // whole profile counts from the restart, each stack from 0 (judged
+                        // stack by stack, those that had grown past their old totals were
+                        // stored as the difference, about nothing).
+                        let reset = previous
+                            .iter()
+                            .any(|(fp, &before)| current.get(fp).copied().unwrap_or(0) < before);
+                        for (g, v) in column {
+                            let before = match reset {
+                                true => 0,
+                                false => previous.get(&fps[g as usize]).copied().unwrap_or(0),
+                            };
+                            let delta = v - before;
+                            if delta != 0 {
+                                prepared.rows.push((t as u16, g, delta));
+                            }
                         }
                     }
+                    None => {}
                 }
-                prepared.delta_states.push((key, current));
+                prepared.delta_states.push((key, (timestamp, current)));
             }
             _ => prepared.rows.extend(
                 column
@@ -390,9 +450,35 @@ mod tests {
     #[test]
     fn timestamps_in_microseconds_are_repaired() {
         let ns = 1_644_509_272_337_470_000;
-        assert_eq!(timestamp_ms(ns), 1_644_509_272_337);
-        assert_eq!(timestamp_ms(ns / 1000), 1_644_509_272_337, "microseconds");
-        assert!(timestamp_ms(0) > 1_700_000_000_000, "now");
+        assert_eq!(timestamp_ms(ns).unwrap(), 1_644_509_272_337);
+        assert_eq!(
+            timestamp_ms(ns / 1000).unwrap(),
+            1_644_509_272_337,
+            "microseconds"
+        );
+        assert!(timestamp_ms(0).unwrap() > 1_700_000_000_000, "now");
+    }
+
+    /// Times in another unit are refused rather than stored where no query looks: before
+    /// 2000 read as nanoseconds (1980 in nanoseconds was read as microseconds: year
+    /// 11,968; seconds in the field: 1970), or past now read as microseconds. A time more
+    /// than an hour ahead is refused, whatever gave it.
+    #[test]
+    fn times_in_another_unit_or_the_future_are_refused() {
+        let refused = |t: Result<i64>| {
+            let e = t.unwrap_err().to_string();
+            assert!(e.contains("time"), "{e}");
+        };
+        refused(timestamp_ms(315_532_800_000_000_000)); // 1980 in ns
+        refused(timestamp_ms(900_000_000_000_000_000));
+        refused(timestamp_ms(1_700_000_000)); // seconds
+        refused(timestamp_ms(1_700_000_000_000)); // milliseconds
+        let now = frostdb_core::now_ms();
+        check_time(now + MAX_FUTURE_MS / 2).unwrap();
+        check_time(1_000).unwrap();
+        for t in [now + 2 * MAX_FUTURE_MS, 253_402_300_799_000, -1, i64::MAX] {
+            assert!(check_time(t).is_err(), "{t}");
+        }
     }
 
     /// `testing::profile`'s first `samples` samples, each labelled with `labels` labels of

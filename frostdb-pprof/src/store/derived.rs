@@ -59,17 +59,37 @@ impl SeriesSeen {
         Ok(Some((series_rows(samples, &rows)?, new)))
     }
 
-    /// Records keys whose rows were committed.
+    /// Records keys whose rows were committed: those of the newest hours only (a profile
+    /// dated later than now does not move them), and at most [`MAX_SERIES_SEEN`] (older
+    /// hours' keys were all kept while no newer hour came: back-dated hours pushed newest
+    /// first grew the map without bound).
     pub(super) fn committed(&mut self, keys: Vec<(u64, i64)>) {
-        let newest = keys.iter().map(|(_, h)| *h).max().unwrap_or(i64::MIN);
+        let now_hour = frostdb_core::now_ms()
+            .saturating_add(crate::normalize::MAX_FUTURE_MS)
+            .div_euclid(schema::SERIES_BUCKET_MS);
+        let newest = keys
+            .iter()
+            .map(|(_, h)| *h)
+            .filter(|h| *h <= now_hour)
+            .max()
+            .unwrap_or(i64::MIN);
+        let oldest = |newest: i64| newest.saturating_sub(SERIES_SEEN_HOURS);
         if newest > self.newest_hour {
             self.newest_hour = newest;
-            let oldest = newest - SERIES_SEEN_HOURS;
-            self.keys.retain(|_, hour| *hour >= oldest);
+            self.keys.retain(|_, hour| *hour >= oldest(newest));
         }
-        self.keys.extend(keys);
+        let window = oldest(self.newest_hour)..=now_hour;
+        self.keys
+            .extend(keys.into_iter().filter(|(_, h)| window.contains(h)));
+        if self.keys.len() > MAX_SERIES_SEEN {
+            // Written again when next seen, which queries read as one.
+            self.keys.clear();
+        }
     }
 }
+
+/// Most keys [`SeriesSeen`] keeps (about 32 MB).
+pub(super) const MAX_SERIES_SEEN: usize = 1 << 20;
 
 /// Builds the totals of a store written before it had them, from its sample rows.
 pub(super) fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<()> {
@@ -360,6 +380,36 @@ pub(crate) fn series_runs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys of hours older than the window are not kept, nor keys of hours past now, and
+    /// the map has a bound: back-dated hours pushed newest first, or one profile dated in
+    /// 9999, kept every key since.
+    #[test]
+    fn the_keys_kept_are_those_of_the_newest_hours_up_to_now() {
+        let now_hour = frostdb_core::now_ms().div_euclid(schema::SERIES_BUCKET_MS);
+        let mut seen = SeriesSeen::default();
+        seen.committed(vec![(1, now_hour - 100)]);
+        assert_eq!(seen.keys.len(), 1);
+        // Newest first, each an hour older: only the window's stay.
+        for k in 0..100 {
+            seen.committed(vec![(1000 + k, now_hour - 101 - k as i64)]);
+        }
+        assert!(
+            seen.keys.len() <= SERIES_SEEN_HOURS as usize + 1,
+            "{}",
+            seen.keys.len()
+        );
+        // A far-future hour does not become the newest.
+        seen.committed(vec![(7, 2_000_000_000)]);
+        assert!(!seen.keys.contains_key(&7));
+        assert_eq!(seen.newest_hour, now_hour - 100);
+        seen.committed(
+            (0..MAX_SERIES_SEEN as u64 + 1)
+                .map(|k| (k, now_hour))
+                .collect(),
+        );
+        assert!(seen.keys.len() <= MAX_SERIES_SEEN);
+    }
     use arrow::array::UInt64Array;
     use arrow::datatypes::Field;
 

@@ -152,7 +152,14 @@ impl ProfileStore {
             ..options.clone()
         };
         let mut baseline = Deltas::default();
-        baseline.apply(prepare(previous, &options, &[], &self.options.label_limits)?.delta_states);
+        // Given as the one before, whatever its time says (the two often share theirs).
+        let states = prepare(previous, &options, &[], &self.options.label_limits)?.delta_states;
+        baseline.apply(
+            states
+                .into_iter()
+                .map(|(key, (_, values))| (key, (i64::MIN, values)))
+                .collect(),
+        );
         self.store(
             &prepare(profile, &options, &[&baseline], &self.options.label_limits)?,
             &mut Coming::new(self),
