@@ -836,6 +836,65 @@ async fn legacy_ingest_speaks_folded_lines_pprof_and_multipart() {
         .await,
         total("pprof/goapp__go119-heap.pb.gz", "inuse_space")
     );
+    // pyroscope-go sends its block and mutex profiles under one name, told apart only by
+    // the display names of their sample types: each is stored as its own type (both were
+    // `mutex`, summed). Folded lock bodies are named by their suffix.
+    for (file, kind) in [
+        ("pprof/goapp__go119-block.pb.gz", "block"),
+        ("pprof/goapp__go119-mutex.pb.gz", "mutex"),
+    ] {
+        let config = format!(
+            r#"{{"contentions":{{"display-name":"{kind}_count","units":"lock_samples"}},"delay":{{"display-name":"{kind}_duration","units":"lock_nanoseconds"}}}}"#
+        );
+        let form = reqwest::multipart::Form::new()
+            .part(
+                "profile",
+                reqwest::multipart::Part::bytes(testdata(file)).file_name("profile.pprof"),
+            )
+            .part(
+                "sample_type_config",
+                reqwest::multipart::Part::bytes(config.into_bytes()),
+            );
+        let r = reqwest::Client::new()
+            .post(ingest("name=golock{}&from=1763805600"))
+            .multipart(form)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    }
+    for (file, kind) in [
+        ("pprof/goapp__go119-block.pb.gz", "block"),
+        ("pprof/goapp__go119-mutex.pb.gz", "mutex"),
+    ] {
+        assert_eq!(
+            top_total(
+                &s,
+                None,
+                &format!("{kind}:contentions:count:contentions:count{{service_name=\"golock\"}}")
+            )
+            .await,
+            total(file, "contentions"),
+            "{kind}"
+        );
+    }
+    let (status, body) = post(
+        &ingest("name=folded.block_count&units=lock_samples"),
+        None,
+        &[],
+        b"a;b 3\n".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        top_total(
+            &s,
+            None,
+            "block:contentions:count:contentions:count{service_name=\"folded\"}"
+        )
+        .await,
+        3
+    );
     // What is not supported says so.
     let (status, body) = post(&ingest("name=x&format=flamegraph"), None, &[], vec![1]).await;
     assert_eq!(status, 400);

@@ -150,6 +150,11 @@ impl Params {
                 ));
             }
         };
+        // Lock units are Go's mutex and block profiles alike: the suffix tells which.
+        let name = match (name, self.kind.as_deref()) {
+            ("mutex", Some(kind)) if kind.starts_with("block") => "block",
+            (name, _) => name,
+        };
         // A CPU sample stands for 1 s / sampleRate; other values count as they are.
         let each = match self.units.as_str() {
             "samples" => 1_000_000_000 / self.sample_rate,

@@ -129,10 +129,18 @@ fn decode_body(
             let bytes = body_bytes(decoding, headers, bytes, memory)?;
             params.pprof(pprof(&bytes, "pprof body")?, None)
         }
-        Body::Form { profile, previous } => {
+        Body::Form {
+            profile,
+            previous,
+            kind,
+        } => {
             let previous = previous
                 .map(|p| pprof(&p, "multipart part \"prev_profile\""))
                 .transpose()?;
+            let params = Params {
+                kind: params.kind.clone().or(kind),
+                ..params.clone()
+            };
             params.pprof(pprof(&profile, "multipart part \"profile\"")?, previous)
         }
         Body::Folded { bytes, lines } => {
@@ -180,10 +188,12 @@ fn decode_body(
 enum Body {
     /// pprof, raw or gzip (`Content-Encoding` or the bytes themselves).
     Pprof(Bytes),
-    /// The multipart form's `profile` and `prev_profile` parts.
+    /// The multipart form's `profile` and `prev_profile` parts, and the profile name its
+    /// `sample_type_config` gives (see [`form_kind`]).
     Form {
         profile: Bytes,
         previous: Option<Bytes>,
+        kind: Option<String>,
     },
     /// Folded stacks, or with `lines` one stack per line.
     Folded { bytes: Bytes, lines: bool },
@@ -237,36 +247,111 @@ async fn form_parts(mut form: Multipart) -> ApiResult<Vec<(String, Bytes)>> {
 /// clients send a few hundred bytes).
 const MAX_SAMPLE_TYPE_CONFIG_BYTES: usize = 64 << 10;
 
-/// A JSON object, its members read past without being made.
-struct JsonObject;
+/// The profile name a form's `sample_type_config` gives by its display names, as Pyroscope
+/// names it (`block_count` and `block_duration`, `mutex_count` and `mutex_duration`): Go's
+/// block and mutex profiles have the same sample types, and pyroscope-go sends both under
+/// one application name; only these tell them apart (both were stored as `mutex`). Read
+/// without building the document: only display names are kept.
+fn form_kind(config: &[u8]) -> ApiResult<Option<String>> {
+    let SampleTypes(names) = serde_json::from_slice(config).map_err(|e| {
+        ApiError::bad_request(format!("sample_type_config is not a JSON object: {e}"))
+    })?;
+    Ok(names.iter().find_map(|name| {
+        ["block", "mutex"]
+            .into_iter()
+            .find(|kind| {
+                name.strip_prefix(kind)
+                    .is_some_and(|rest| rest.starts_with('_'))
+            })
+            .map(str::to_owned)
+    }))
+}
 
-impl<'de> serde::Deserialize<'de> for JsonObject {
+/// The display names of a `sample_type_config` object's members.
+struct SampleTypes(Vec<String>);
+
+/// A member's display name (`display-name`), if it is an object that has one.
+struct DisplayName(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for SampleTypes {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Members;
         impl<'de> serde::de::Visitor<'de> for Members {
-            type Value = JsonObject;
+            type Value = SampleTypes;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<JsonObject, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(JsonObject)
+            ) -> Result<SampleTypes, A::Error> {
+                let mut names = Vec::new();
+                while let Some((serde::de::IgnoredAny, DisplayName(name))) = map.next_entry()? {
+                    names.extend(name);
+                }
+                Ok(SampleTypes(names))
             }
         }
         d.deserialize_map(Members)
     }
 }
 
-/// The multipart form's parts (`sample_type_config` checked and not needed: sample types
-/// keep their pprof names and units).
+impl<'de> serde::Deserialize<'de> for DisplayName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Any;
+        impl<'de> serde::de::Visitor<'de> for Any {
+            type Value = DisplayName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<DisplayName, A::Error> {
+                let mut name = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "display-name" {
+                        name = map.next_value::<Option<String>>()?;
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(DisplayName(name))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<DisplayName, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(DisplayName(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+            fn visit_unit<E>(self) -> Result<DisplayName, E> {
+                Ok(DisplayName(None))
+            }
+        }
+        d.deserialize_any(Any)
+    }
+}
+
+/// The multipart form's parts (of `sample_type_config`, only the profile name its display
+/// names give: sample types keep their pprof names and units).
 async fn read_form(form: Multipart) -> ApiResult<Body> {
-    let (mut profile, mut previous) = (None, None);
+    let (mut profile, mut previous, mut kind) = (None, None, None);
     for (name, bytes) in form_parts(form).await? {
         match name.as_str() {
             "profile" => profile = Some(bytes),
@@ -279,10 +364,7 @@ async fn read_form(form: Multipart) -> ApiResult<Body> {
                         bytes.len()
                     )));
                 }
-                // Checked for its shape only, nothing of it kept or built.
-                serde_json::from_slice::<JsonObject>(&bytes).map_err(|e| {
-                    ApiError::bad_request(format!("sample_type_config is not a JSON object: {e}"))
-                })?;
+                kind = form_kind(&bytes)?;
             }
             other => {
                 tracing::debug!(part = other, "ignoring an unknown multipart part");
@@ -291,7 +373,11 @@ async fn read_form(form: Multipart) -> ApiResult<Body> {
     }
     let profile = profile
         .ok_or_else(|| ApiError::bad_request("the multipart form has no \"profile\" part"))?;
-    Ok(Body::Form { profile, previous })
+    Ok(Body::Form {
+        profile,
+        previous,
+        kind,
+    })
 }
 
 /// `pyroscope-java`'s form: the recording in part `jfr`, its context labels in `labels`.
