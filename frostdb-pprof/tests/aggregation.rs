@@ -283,6 +283,23 @@ fn an_average_divides_sample_labels_by_their_targets_profiles_and_rounds_once() 
     assert_eq!(series.len(), 1);
     let points: Vec<(i64, f64)> = series[0].values(true).collect();
     assert_eq!(points, [(1_000_000_000_000, 13.9)]);
+    // Profile by profile (what a comparison tests over): ten, each with its labelled
+    // stacks, not twelve fragments.
+    let profiles = store
+        .profiles(
+            &selector,
+            TimeRange::ALL,
+            frostdb_pprof::ReadOptions::STRICT,
+        )
+        .unwrap();
+    assert_eq!(profiles.stacks.profiles.len(), 10);
+    let stacks: Vec<usize> = profiles
+        .stacks
+        .profiles
+        .iter()
+        .map(|p| p.stacks.len())
+        .collect();
+    assert_eq!(stacks, [2, 2, 2, 3, 3, 2, 2, 2, 2, 1]);
 }
 
 #[test]

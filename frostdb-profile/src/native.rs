@@ -566,17 +566,34 @@ struct Target {
 }
 
 /// Per label set (`sets`, each with the times of its profiles in `times`), its target's
-/// profiles: those of the smallest label set found in a profile with it that it holds every
-/// label of (the series' own labels, where its own add pprof sample labels), or its own.
-/// Only the [`SUBSETS_TRIED`] smallest sets of each profile time are tried as its target's:
-/// a target's own set is the smallest of its profiles.
+/// profiles: those of its target's own set ([`bases_of`]), or its own where they are more
+/// or later.
 fn targets_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> Vec<Target> {
-    const SUBSETS_TRIED: usize = 8;
     let own = |i: usize| Target {
         profiles: times[i].len(),
         latest: times[i].iter().copied().max().unwrap_or(i64::MIN),
     };
-    let mut targets: Vec<Target> = (0..sets.len()).map(own).collect();
+    bases_of(sets, times)
+        .into_iter()
+        .enumerate()
+        .map(|(i, base)| {
+            let (mine, of) = (own(i), own(base));
+            Target {
+                profiles: mine.profiles.max(of.profiles),
+                latest: mine.latest.max(of.latest),
+            }
+        })
+        .collect()
+}
+
+/// Per label set (`sets`, each with the times of its profiles in `times`), the index of its
+/// target's own set: of the sets found in a profile with it that it holds every label of
+/// (the series' own labels, where its own add pprof sample labels), the one in the most
+/// profiles; itself when there is none. Only the [`SUBSETS_TRIED`] smallest sets of each
+/// profile time are tried: a target's own set is the smallest of its profiles.
+fn bases_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> Vec<usize> {
+    const SUBSETS_TRIED: usize = 8;
+    let mut bases: Vec<usize> = (0..sets.len()).collect();
     let mut at: std::collections::HashMap<i64, Vec<usize>> = Default::default();
     for (i, t) in times.iter().enumerate() {
         for &t in t.iter() {
@@ -592,15 +609,17 @@ fn targets_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> V
                 if sets[sub].len() >= sets[set].len() || !tried.insert((sub, set)) {
                     continue;
                 }
-                if is_subset(&sets[sub], &sets[set]) {
-                    let (of, by) = (own(sub), &mut targets[set]);
-                    by.profiles = by.profiles.max(of.profiles);
-                    by.latest = by.latest.max(of.latest);
+                let base = bases[set];
+                let better = times[sub].len() > times[base].len()
+                    || (times[sub].len() == times[base].len()
+                        && sets[sub].len() < sets[base].len());
+                if better && is_subset(&sets[sub], &sets[set]) {
+                    bases[set] = sub;
                 }
             }
         }
     }
-    targets
+    bases
 }
 
 /// Whether every label of `small` is in `large` (both in name order).
@@ -666,10 +685,29 @@ pub fn stacks_by_profile(
         "stacks by profile",
         &mut sink,
     )?;
-    let mut profiles = sink.profiles;
+    // A profile's label sets made by pprof sample labels are one profile, its target's:
+    // counted apart, one profile of 25 labelled sets was 25 observations of a comparison.
+    let mut times: Vec<std::collections::HashSet<i64>> = vec![Default::default(); read.sets.len()];
+    for p in &sink.profiles {
+        times[p.series].insert(p.timestamp);
+    }
+    let bases = bases_of(&read.sets, &times.iter().collect::<Vec<_>>());
+    drop(times);
+    let mut of_target: std::collections::HashMap<(usize, i64), usize> = Default::default();
+    let mut profiles: Vec<ProfileRows> = Vec::new();
+    for p in sink.profiles {
+        let key = (bases[p.series], p.timestamp);
+        match of_target.get(&key) {
+            Some(&at) => profiles[at].stacks.extend(p.stacks),
+            None => {
+                of_target.insert(key, profiles.len());
+                profiles.push(ProfileRows { series: key.0, ..p });
+            }
+        }
+    }
     for p in &mut profiles {
-        // One stack's rows of a profile (split over blocks, or over symbol partitions'
-        // ids) summed, zero sums left out.
+        // One stack's rows of a profile (split over blocks, over symbol partitions' ids,
+        // or over its label sets) summed, zero sums left out.
         p.stacks.sort_unstable_by_key(|(id, _)| *id);
         p.stacks.dedup_by(|next, kept| {
             let same = next.0 == kept.0;
