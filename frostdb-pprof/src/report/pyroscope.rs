@@ -280,13 +280,16 @@ pub struct Timeline {
 
 impl Timeline {
     /// The timeline of `points` (`(Unix ms, value)`, in time order) over `[start_ms, end_ms)`
-    /// at `step_s` seconds per sample, both ends aligned down to the step.
+    /// at `step_s` seconds per sample, its start aligned down to the step and its end up:
+    /// the last step, partly past `end_ms`, holds what was stored since the one before (the
+    /// newest data, which the flame graph of the range holds too).
     pub fn new(points: &[(i64, f64)], start_ms: i64, end_ms: i64, step_s: i64) -> Self {
         let step_ms = step_s.max(1) * 1000;
-        let (start, end) = (
-            start_ms.div_euclid(step_ms) * step_ms,
-            end_ms.div_euclid(step_ms) * step_ms,
-        );
+        let start = start_ms.div_euclid(step_ms) * step_ms;
+        let end = end_ms
+            .div_euclid(step_ms)
+            .saturating_add(i64::from(end_ms.rem_euclid(step_ms) != 0))
+            .saturating_mul(step_ms);
         let len = ((end - start) / step_ms).clamp(0, MAX_TIMELINE) as usize;
         let mut samples = vec![0u64; len];
         for &(t, v) in points {
@@ -426,6 +429,16 @@ mod tests {
 
     /// Series' points summed into one bucket saturate: two of 2^63 (each a sum that
     /// saturated at `i64::MAX`) wrapped to 0 before.
+    /// A range ending within a step keeps that step: the newest data, stamped at its
+    /// step's start, was dropped (up to 30 minutes of a 30-day range).
+    #[test]
+    fn a_timeline_keeps_its_last_partial_step() {
+        let t = Timeline::new(&[(0, 1.0), (20_000, 2.0)], 0, 29_000, 10);
+        assert_eq!(t.samples, [1, 0, 2]);
+        let aligned = Timeline::new(&[(0, 1.0), (10_000, 2.0)], 0, 20_000, 10);
+        assert_eq!(aligned.samples, [1, 2]);
+    }
+
     #[test]
     fn a_timelines_bucket_saturates() {
         let big = i64::MAX as f64;
@@ -526,8 +539,8 @@ mod tests {
         );
         assert_eq!(t.start_time, 10);
         assert_eq!(t.duration_delta, 10);
-        // Buckets 10..70 s: 20 s holds 5, 30 s holds 3.
-        assert_eq!(t.samples, [0, 5, 3, 0, 0, 0]);
+        // Buckets 10..80 s (the last for 70..75 s): 20 s holds 5, 30 s holds 3.
+        assert_eq!(t.samples, [0, 5, 3, 0, 0, 0, 0]);
         assert_eq!(timeline_step_s(0, 3_600_000), 15);
         assert_eq!(timeline_step_s(0, 7 * 86_400_000), 600);
     }
