@@ -199,6 +199,10 @@ use arrow::datatypes::{DataType, Int32Type, UInt32Type};
 use crate::proto::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use crate::string_table::StringTable;
 
+/// Most time the rows of one profile of an Arrow record may span (from the earliest's
+/// time to the latest's end): an agent's record holds a few seconds of samples.
+const MAX_RECORD_SPAN_NS: i64 = 3_600 * 1_000_000_000;
+
 /// The columns that key a record's rows to profiles, as errors name them.
 const KEY_NAMES: [&str; 6] = [
     "producer",
@@ -699,6 +703,17 @@ fn add_batch(
         profile.last_ns = profile
             .last_ns
             .max(ts.saturating_add(int_at(duration, row)?.max(0)));
+        // A group is stored as one profile at its earliest row's time: one row dated far
+        // from the others moved them all (a bad clock, seconds read as nanoseconds).
+        let span = profile.last_ns.saturating_sub(profile.first_ns);
+        if span > MAX_RECORD_SPAN_NS {
+            return Err(at(format!(
+                "its time makes its profile's rows span {} s, more than the {} s one \
+                 profile of a record may",
+                span / 1_000_000_000,
+                MAX_RECORD_SPAN_NS / 1_000_000_000
+            )));
+        }
         let (list, list_row) = match &stacks {
             Stacks::Inline(list) => (*list, row),
             Stacks::ById { ids, found } => {
@@ -1110,6 +1125,20 @@ mod tests {
         });
         assert_eq!(got.unwrap().len(), 64);
         assert!(asked >= 64 << 20, "{asked}");
+    }
+
+    /// The rows of one profile of a record are stored at the earliest's time: a row dated
+    /// far from the others (1970 here) is refused, naming it, rather than moving them all.
+    #[test]
+    fn a_record_whose_profile_spans_more_than_an_hour_is_refused() {
+        let t = 1_763_805_600_000_000_000;
+        let (ok, ..) = crate::testing::parca_agent_record_at("00", 1, [t, t + 1_000_000_000, t]);
+        write_arrow(&ok, &Limits::default()).unwrap();
+        let (bad, ..) = crate::testing::parca_agent_record_at("00", 1, [t, 1, t]);
+        let e = write_arrow(&bad, &Limits::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("row 1") && e.contains("span"), "{e}");
     }
 
     /// An IPC stream of one LZ4-compressed Int64 column of `n` values, schema `v2`.

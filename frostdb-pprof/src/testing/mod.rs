@@ -210,6 +210,23 @@ pub fn parca_agent_record(build_id: &str) -> (Vec<u8>, i64, i64) {
 /// [`parca_agent_record`] with the Python frame's location holding `python_lines` lines
 /// (its handler inlined into itself), one line value shown that many times by its view.
 pub fn parca_agent_record_of(build_id: &str, python_lines: usize) -> (Vec<u8>, i64, i64) {
+    parca_agent_record_at(
+        build_id,
+        python_lines,
+        [
+            1_763_805_600_000_000_000,
+            1_763_805_601_000_000_000,
+            1_763_805_602_000_000_000,
+        ],
+    )
+}
+
+/// [`parca_agent_record_of`] with its three rows at `times` (ns).
+pub fn parca_agent_record_at(
+    build_id: &str,
+    python_lines: usize,
+    times: [i64; 3],
+) -> (Vec<u8>, i64, i64) {
     use crate::convert::parca::wire;
     use std::sync::Arc;
 
@@ -437,14 +454,7 @@ pub fn parca_agent_record_of(build_id: &str, python_lines: usize) -> (Vec<u8>, i
                 DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
                 false,
             ),
-            Arc::new(
-                TimestampNanosecondArray::from(vec![
-                    1_763_805_600_000_000_000,
-                    1_763_805_601_000_000_000,
-                    1_763_805_602_000_000_000,
-                ])
-                .with_timezone("UTC"),
-            ),
+            Arc::new(TimestampNanosecondArray::from(times.to_vec()).with_timezone("UTC")),
         ),
     ];
     let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
