@@ -5,7 +5,10 @@
 //! profile a store stores (once: a profile stored again adds nothing) adds to every rule it
 //! matches the sum of its samples' values whose stack has the function (all of them without
 //! one), to the series of the kept labels' values: a counter, as Prometheus reads one
-//! (`rate()` of a CPU rule is the function's CPU nanoseconds per second).
+//! (`rate()` of a CPU rule is the function's CPU nanoseconds per second). A profile counts
+//! when it is stored, whatever its own time: a backfill, or a client catching up, shows in
+//! `rate()` when it arrives (profiles are refused more than an hour ahead of now, so none
+//! counts early by more).
 //!
 //! The work per profile is bounded by what it holds, not by the rules: each rule is checked
 //! against each of the profile's label sets once, and each stack walked once for all the
