@@ -856,11 +856,20 @@ impl Maintenance for Cutter {
         if log.wal().and_then(Wal::poisoned).is_some() {
             return;
         }
+        // A manifest this writer can no longer update (another writer's, or one whose last
+        // update may have landed unseen): it stops, and acknowledges nothing more it could
+        // not persist; opened again, it reads the manifest as it is.
+        let fenced = |error: &Error| {
+            if matches!(error, Error::Fenced { .. }) {
+                log.poison(error.to_string());
+            }
+        };
         if let Err(error) = crate::table::cut(&log) {
             tracing::warn!(%error, "persisting a cut failed; the next one retries it");
             for table in log.tables() {
                 table.listener().on_persist_error(table.name(), &error);
             }
+            fenced(&error);
             return;
         }
         if self.merge_blocks < 2 {
@@ -873,6 +882,7 @@ impl Maintenance for Cutter {
                     Ok(None) => break,
                     Err(error) => {
                         tracing::warn!(table = table.name(), %error, "merging blocks failed; retried after the next cut");
+                        fenced(&error);
                         break;
                     }
                 }

@@ -141,6 +141,9 @@ pub(crate) struct ManifestFile {
     current: Mutex<Manifest>,
     /// How mirroring the manifest to the object store has gone (a local manifest only).
     mirror: Mutex<MirrorHealth>,
+    /// Why the bucket's copy may differ from `current` (a put that failed may have landed:
+    /// a timeout, or a retry that found its own write): no update is made from here on.
+    unsure: Mutex<Option<String>>,
 }
 
 /// How mirroring a database's manifest to its object store has gone ([`crate::Db::mirror_health`]).
@@ -262,6 +265,7 @@ impl ManifestFile {
             },
             current: Mutex::new(manifest),
             mirror: Mutex::default(),
+            unsure: Mutex::default(),
         })
     }
 
@@ -306,6 +310,7 @@ impl ManifestFile {
             },
             current: Mutex::new(manifest),
             mirror: Mutex::default(),
+            unsure: Mutex::default(),
         })
     }
 
@@ -412,15 +417,34 @@ impl ManifestFile {
                         what: "changing the manifest".into(),
                     });
                 }
+                if let Some(why) = self.unsure.lock().clone() {
+                    return Err(Error::Fenced {
+                        prefix: path.to_string(),
+                        reason: format!(
+                            "an earlier update may have landed ({why}): the database must be \
+                             opened again to read the manifest"
+                        ),
+                    });
+                }
                 let mode = match seen.lock().clone() {
                     Some(version) => PutMode::Update(version),
                     None => PutMode::Create,
                 };
                 let (s, p) = (store.clone(), path.clone());
-                let put =
-                    io.run(
-                        async move { s.put_opts(&p, bytes.into(), PutOptions::from(mode)).await },
-                    )?;
+                let put = io
+                    .run(async move { s.put_opts(&p, bytes.into(), PutOptions::from(mode)).await });
+                // Whatever failed, the put may have landed (a response lost, or a retry
+                // that found the object changed by its own first attempt): taken as not
+                // made, the next block written reused the id of one the bucket's manifest
+                // names. Only opening the database again tells.
+                let put = match put {
+                    Ok(Ok(result)) => Ok(result),
+                    Ok(Err(error)) => Err(error.to_string()),
+                    Err(error) => Err(error.to_string()),
+                };
+                if let Err(error) = &put {
+                    *self.unsure.lock() = Some(error.clone());
+                }
                 match put {
                     Ok(result) => {
                         *seen.lock() = Some(UpdateVersion {
@@ -428,19 +452,13 @@ impl ManifestFile {
                             version: result.version,
                         });
                     }
-                    Err(
-                        object_store::Error::Precondition { .. }
-                        | object_store::Error::AlreadyExists { .. },
-                    ) => {
+                    Err(error) => {
                         return Err(Error::Fenced {
                             prefix: path.to_string(),
-                            reason: "the manifest was replaced by another writer".into(),
-                        });
-                    }
-                    Err(source) => {
-                        return Err(Error::ObjectStore {
-                            context: format!("writing manifest {path}"),
-                            source,
+                            reason: format!(
+                                "writing the manifest failed, and may have landed, or been \
+                                 replaced by another writer: {error}"
+                            ),
                         });
                     }
                 }

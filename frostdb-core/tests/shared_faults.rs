@@ -114,3 +114,57 @@ fn a_failed_manifest_mirror_is_counted_and_shown_until_one_succeeds() {
     tables.sort();
     assert_eq!(tables, ["a", "b", "c"]);
 }
+
+/// A manifest update that lands but reports a failure (a timeout: its response lost) leaves
+/// the writer unsure of the manifest: it writes no block over one the bucket's manifest
+/// names, stops (its log poisoned, so nothing more is acknowledged that it could not
+/// persist), and opened again reads the manifest as it is, every row there. Before, the
+/// next cut reused the merged block's id and overwrote it, and the blocks it merged were
+/// deleted as orphans at the next open: their rows lost.
+#[test]
+fn a_manifest_update_that_lands_unseen_loses_no_block() {
+    let store = Arc::new(FaultStore::default());
+    let open = || {
+        let options = DbOptions::default().background_compaction(false);
+        let shared = SharedOptions::new("a")
+            .flush_interval(std::time::Duration::from_secs(3600))
+            .retire_grace(std::time::Duration::ZERO)
+            .merge_blocks(2);
+        Db::open_shared(Arc::new(Faulty(store.clone())), "db", options, shared).unwrap()
+    };
+    let db = open();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    let rows = |ts: i64| {
+        batch(vec![
+            ("name", str_n("cpu", 10)),
+            ("labels.pod", str_n("p", 10)),
+            ("timestamp", ints(&[ts; 10])),
+            ("value", ints(&[2; 10])),
+        ])
+    };
+    for ts in [1, 2] {
+        table.insert(&rows(ts)).unwrap();
+        db.flush().unwrap();
+    }
+    // The merge's manifest update lands, and reports a timeout.
+    store.time_out_next_put_to("manifest.json");
+    assert!(db.merge_blocks().is_err());
+    // A later cut writes no block over the merged one, and fails: the writer is fenced.
+    table.insert(&rows(3)).unwrap();
+    let e = db.flush().unwrap_err();
+    assert!(matches!(e, Error::Fenced { .. }), "{e}");
+    drop(table);
+    drop(db);
+    let db = open();
+    let table = db.get_table("samples").unwrap();
+    assert_eq!(count(&table.scan(&ScanRequest::new()).unwrap()), 30);
+    let reader = Db::open_reader(Arc::new(Faulty(store)), "db", DbOptions::default()).unwrap();
+    let seen = reader.get_table("samples").unwrap();
+    assert_eq!(
+        count(&seen.scan(&ScanRequest::new()).unwrap()),
+        20,
+        "the persisted rows"
+    );
+}

@@ -357,7 +357,10 @@ impl Storage {
     pub(crate) fn block_path(&self, table: &str, id: u64) -> ObjectPath {
         let name = match self.epoch {
             0 => format!("{id:020}.parquet"),
-            epoch => format!("{id:020}-{epoch}.parquet"),
+            // A name of its own for each write: a writer whose manifest update landed unseen
+            // may give a later block the same id, and must not overwrite the block the
+            // bucket's manifest names.
+            epoch => format!("{id:020}-{epoch}-{:016x}.parquet", write_nonce()),
         };
         self.prefix.clone().join(table).join(name)
     }
@@ -409,4 +412,13 @@ mod tests {
         lru.remove("c");
         assert_eq!(lru.bytes(), 0);
     }
+}
+
+/// A number unlikely to repeat: a fresh random hash of a counter.
+fn write_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish()
 }

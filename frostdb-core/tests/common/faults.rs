@@ -364,6 +364,8 @@ pub(crate) struct FaultStore {
     failing: AtomicUsize,
     /// The next this many writes (puts, deletes) take effect, then report a timeout.
     timing_out: AtomicUsize,
+    /// The next put to a path ending so takes effect, then reports a timeout.
+    timing_out_at: parking_lot::Mutex<Option<String>>,
 }
 
 impl fmt::Display for FaultStore {
@@ -394,6 +396,12 @@ impl FaultStore {
     /// Makes the next `n` writes take effect but report a timeout.
     pub(crate) fn time_out_next(&self, n: usize) {
         self.timing_out.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next put to a path ending in `suffix` take effect but report a timeout.
+    #[allow(dead_code)] // not every test binary uses it
+    pub(crate) fn time_out_next_put_to(&self, suffix: &str) {
+        *self.timing_out_at.lock() = Some(suffix.to_owned());
     }
 
     /// Whether operations are set to fail.
@@ -466,6 +474,16 @@ impl ObjectStore for Faulty {
     ) -> object_store::Result<PutResult> {
         self.0.check("put")?;
         let result = self.0.inner.put_opts(location, payload, opts).await;
+        let mut at = self.0.timing_out_at.lock();
+        if result.is_ok()
+            && at
+                .as_deref()
+                .is_some_and(|suffix| location.as_ref().ends_with(suffix))
+        {
+            *at = None;
+            return Err(injected("put timed out (it happened)"));
+        }
+        drop(at);
         self.0.after_write("put", result)
     }
 
