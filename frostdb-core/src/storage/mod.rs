@@ -383,6 +383,15 @@ impl Storage {
     }
 }
 
+/// A number unlikely to repeat: a fresh random hash of a counter.
+fn write_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::Lru;
@@ -412,13 +421,4 @@ mod tests {
         lru.remove("c");
         assert_eq!(lru.bytes(), 0);
     }
-}
-
-/// A number unlikely to repeat: a fresh random hash of a counter.
-fn write_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    h.finish()
 }
