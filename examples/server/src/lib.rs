@@ -285,8 +285,34 @@ pub fn router(state: Shared) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             handler_panicked,
         ))
+        .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// Every answer is taken as the type it says (`nosniff`) and shown in no other site's
+/// frame; an SVG answer (whose text is stored names) runs no script and loads nothing,
+/// whatever an escaping slip let into it.
+async fn security_headers(request: Request, next: Next) -> Response {
+    use axum::http::HeaderValue;
+    let mut response = next.run(request).await;
+    let svg = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"image/svg+xml"));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    if svg {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'"),
+        );
+    }
+    response
 }
 
 /// A handler that panicked answers 500 and is logged, instead of its connection being
@@ -483,6 +509,9 @@ async fn authorize(State(state): State<Shared>, mut request: Request, next: Next
         )
         .into_response();
     };
+    if let Err(e) = same_origin(&state, &request) {
+        return e.into_response();
+    }
     let named: Vec<_> = request.headers().get_all("x-scope-orgid").iter().collect();
     if named.len() > 1 {
         return ApiError::bad_request(format!(
@@ -534,6 +563,72 @@ async fn authorize(State(state): State<Shared>, mut request: Request, next: Next
         response.extensions_mut().insert(ActedFor(tenant));
     }
     response
+}
+
+/// On loopback with no token, where the address is the only boundary: refuses a request
+/// naming another host (a web page whose name was made to point here, DNS rebinding, would
+/// otherwise read and change every tenant), and a change asked for by another site's page
+/// (a form posted across sites needs no rebinding).
+fn same_origin(state: &AppState, request: &Request) -> Result<(), ApiError> {
+    let config = &state.config;
+    let tokens = config.token.is_some() || config.tenants.values().any(|t| t.token.is_some());
+    if tokens || !config.listen.ip().is_loopback() {
+        return Ok(());
+    }
+    let headers = request.headers();
+    let named = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.to_string()));
+    let host_of = |authority: &str| -> String {
+        let authority = authority.trim();
+        match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or("").to_owned(),
+            None => authority.split(':').next().unwrap_or("").to_owned(),
+        }
+        .to_ascii_lowercase()
+    };
+    if let Some(named) = &named {
+        let host = host_of(named);
+        let loopback = host == "localhost"
+            || host.ends_with(".localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the request names host {host:?}: with no token set, a server on loopback \
+                     answers only requests naming it by a loopback name (set a token to serve \
+                     other names)"
+                ),
+            ));
+        }
+    }
+    let reads = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    let cross_site = headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"cross-site")
+        || headers
+            .get(header::ORIGIN)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|origin| {
+                let origin = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+                named.as_deref().map(str::to_ascii_lowercase) != Some(origin.to_ascii_lowercase())
+            });
+    if !reads && cross_site {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "a change asked for by another site's page: with no token set, changes are taken \
+             only from this server's own origin (set a token to take them from elsewhere)",
+        ));
+    }
+    Ok(())
 }
 
 /// The tenant a request acted for, as [`authorize`] let it (for the request log).

@@ -246,7 +246,7 @@ async fn one_address_cannot_take_every_connection() {
     // The server accepts connections in the order they came: the ninth is refused.
     let answer = raw(
         &s.url,
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     let error = json_body(&answer)["error"].as_str().unwrap().to_owned();
@@ -260,7 +260,7 @@ async fn one_address_cannot_take_every_connection() {
     let mut other = socket.connect(addr.parse().unwrap()).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     other
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut out = Vec::new();
@@ -285,13 +285,13 @@ async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
     let mut slow = TcpStream::connect(&addr).unwrap();
-    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .unwrap();
     // Over the limit a new connection is answered at once: 503 naming the limit, or (with
     // 64 refusals being answered already) closed unanswered.
     let answer = raw(
         &s.url,
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
     );
     if answer.starts_with("HTTP/1.1 503") {
         assert!(
@@ -352,7 +352,7 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
     // 414: a URI over the limit.
     // (Past 64 KiB hyper refuses the URI itself, with no body.)
     let long = format!(
-        "GET /api/v1/labels?selector={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /api/v1/labels?selector={} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
         "a".repeat(30_000)
     );
     let answer = raw(&s.url, long.as_bytes());
@@ -368,7 +368,8 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
             .contains("max_uri_bytes")
     );
     // 431: too many headers.
-    let mut many = String::from("GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    let mut many =
+        String::from("GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for i in 0..150 {
         many.push_str(&format!("X-H{i}: v\r\n"));
     }
@@ -385,7 +386,7 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
     let addr = s.url.trim_start_matches("http://");
     let mut slow = TcpStream::connect(addr).unwrap();
     slow.write_all(
-        b"POST /ingest?name=a&format=pprof HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\npartial",
+        b"POST /ingest?name=a&format=pprof HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\npartial",
     )
     .unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(60)))
@@ -1286,7 +1287,7 @@ async fn requests_in_flight_are_charged_and_a_flood_is_refused() {
         .map(|_| {
             let mut c = TcpStream::connect(&addr).unwrap();
             c.write_all(
-                b"POST /ingest?name=x.cpu&format=pprof HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n",
+                b"POST /ingest?name=x.cpu&format=pprof HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n",
             )
             .unwrap();
             c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1367,7 +1368,7 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
     let addr = s.url.trim_start_matches("http://").to_owned();
     let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addr).unwrap()).collect();
     // Once the server has taken the four (the last is answered), count its descriptors.
-    let answer = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 503"),
         "{answer}"
@@ -1379,7 +1380,7 @@ async fn refusals_past_the_connection_limit_hold_few_descriptors() {
         .collect();
     // The connection after the flood is refused once every one before it was: its answer
     // (or its close) says the server has taken them all.
-    let last = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    let last = raw(&s.url, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     assert!(
         last.is_empty() || last.starts_with("HTTP/1.1 503"),
         "{last}"
@@ -1429,7 +1430,7 @@ async fn a_trailer_cannot_name_another_tenant() {
     // A grpc-web call of settings' Get (an empty message), team-a's token, no tenant header.
     let call = async |trailer: &str| {
         let request = format!(
-            "POST /settings.v1.SettingsService/Get HTTP/1.1\r\nHost: x\r\n\
+            "POST /settings.v1.SettingsService/Get HTTP/1.1\r\nHost: localhost\r\n\
              Authorization: Bearer ta\r\nContent-Type: application/grpc-web+proto\r\n\
              Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
              5\r\n\0\0\0\0\0\r\n0\r\n{trailer}\r\n"
@@ -1473,4 +1474,69 @@ async fn a_form_of_too_many_parts_is_refused_naming_the_limit() {
     let body = r.text().await.unwrap();
     assert!(body.contains("more than 16 parts"), "{body}");
     assert!(s.running(), "the server died");
+}
+
+/// With no token, on loopback, the address is the only boundary a browser must not cross:
+/// a request naming another host (a page whose name was made to point here: DNS
+/// rebinding) is refused, as is a change posted by another site's page; the server's own
+/// names and origin are served. Every answer says `nosniff` and may not be framed, and an
+/// SVG answer may run no script. Before, any page the operator opened could read every
+/// tenant by rebinding, and write profiles with a plain cross-site form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_page_of_another_site_can_neither_read_nor_change_a_server_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let port = s.url.rsplit(':').next().unwrap().to_owned();
+    let answer = raw(
+        &s.url,
+        format!(
+            "GET /api/v1/profile_types HTTP/1.1\r\nHost: rebind.attacker.example:{port}\r\n\
+             X-Scope-OrgID: team-a\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("names host"), "{answer}");
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+        let answer = raw(
+            &s.url,
+            format!(
+                "GET /api/v1/profile_types HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    let post = |origin: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}/ingest?name=api&format=folded", s.url))
+            .header("origin", origin.replace("SELF", &s.url))
+            .header("content-type", "text/plain")
+            .body("main;injected 100000000\n")
+            .send()
+    };
+    let r = post("http://evil.example").await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(r.text().await.unwrap().contains("another site's page"));
+    let r = post("null").await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let r = post("SELF").await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let r = reqwest::get(format!(
+        "{}/api/v1/query?format=svg&selector={}",
+        s.url,
+        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}")
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let headers = r.headers();
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(headers["x-frame-options"], "DENY");
+    assert!(
+        headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("default-src 'none'")
+    );
 }

@@ -1288,7 +1288,7 @@ async fn a_stalled_client_does_not_stall_others() {
     let mut stalled = std::net::TcpStream::connect(&addr).unwrap();
     stalled
         .write_all(
-            b"POST /ingest?name=x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nmain 1",
+            b"POST /ingest?name=x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nmain 1",
         )
         .unwrap();
     // Others are served meanwhile.
