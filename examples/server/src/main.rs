@@ -736,7 +736,7 @@ fn compare(data: &Path, args: CompareArgs) -> Result<ExitCode, BoxError> {
                     pct(r.total_after),
                     r.p_self.min(r.p_total),
                     r.kind,
-                    r.function
+                    frostdb_pprof::report::printable(&r.function, '\u{FFFD}')
                 );
             }
         }

@@ -24,7 +24,9 @@ struct Node {
 
 /// Escapes a string for a double-quoted DOT string.
 fn quote(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    super::printable(s, '\u{FFFD}')
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
 }
 
 /// A function name on several lines, as pprof breaks `pkg.(*T).method` at dots.

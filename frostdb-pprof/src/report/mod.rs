@@ -13,6 +13,22 @@ pub mod top;
 pub mod tree;
 
 use crate::store::Merged;
+
+/// `name` as text output writes it: each control character (a newline would forge a row,
+/// an escape sequence would drive the reader's terminal) and line or paragraph separator
+/// as `replacement`.
+pub fn printable(name: &str, replacement: char) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() || c == '\u{2028}' || c == '\u{2029}';
+    match name.contains(bad) {
+        false => std::borrow::Cow::Borrowed(name),
+        true => name
+            .chars()
+            .map(|c| if bad(c) { replacement } else { c })
+            .collect::<String>()
+            .into(),
+    }
+}
+
 use crate::symbols::{Frame, Partition, StackId, Symbols, location_frame_count, location_frames};
 
 /// The formats a merged profile is written in: one dispatch for the server's query API and

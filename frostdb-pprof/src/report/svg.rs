@@ -9,10 +9,18 @@ const WIDTH: f64 = 1200.0;
 const ROW: f64 = 18.0;
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
+    // Control characters XML does not allow (one made the whole image unreadable).
+    super::printable(s, '\u{FFFD}')
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
+}
+
+/// [`escape`], for the report's tests.
+#[cfg(test)]
+pub(super) fn tests_escape(s: &str) -> String {
+    escape(s)
 }
 
 /// A warm color chosen by the name, so a function keeps its color across graphs.

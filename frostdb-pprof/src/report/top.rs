@@ -350,7 +350,7 @@ impl TopTable {
                 percentage(sum, self.total),
                 self.format(r.cum),
                 percentage(r.cum, self.total),
-                r.name,
+                super::printable(&r.name, '\u{FFFD}'),
                 inline
             );
         }
@@ -622,5 +622,44 @@ mod tests {
         assert_eq!(percentage(12, 10000), " 0.12%");
         assert_eq!(percentage(1, 1_000_000), "0.0001%");
         assert_eq!(percentage(1, 100_000_000), "1e-06%");
+    }
+
+    /// A stored name's control characters are not written raw: a newline forged a row of
+    /// the table, an escape sequence drove the terminal it was printed on.
+    #[test]
+    fn a_name_writes_no_control_character() {
+        let row = |name: &str| TopRow {
+            name: name.to_owned(),
+            flat: 5,
+            cum: 5,
+            inline: None,
+        };
+        let table = TopTable {
+            sample_type: "cpu".into(),
+            unit: "nanoseconds".into(),
+            output_unit: "ns".into(),
+            total: 10,
+            dropped: (0, 0),
+            rows: vec![
+                row("x\n    90.00s 99.00% 99.00%     90.00s 99.00%  crypto/sha256.block"),
+                row("a\u{1b}[1A\u{1b}[2Kb\r\u{2028}"),
+            ],
+        };
+        let text = table.render();
+        let before = TopTable {
+            rows: Vec::new(),
+            ..table.clone()
+        }
+        .render();
+        assert_eq!(text.lines().count(), before.lines().count() + 2, "{text}");
+        assert!(!text.contains('\u{1b}') && !text.contains('\r'), "{text:?}");
+        assert!(
+            text.contains("a\u{FFFD}[1A\u{FFFD}[2Kb\u{FFFD}\u{FFFD}"),
+            "{text:?}"
+        );
+        assert_eq!(
+            super::super::svg::tests_escape("a\u{1}<b>"),
+            "a\u{FFFD}&lt;b&gt;"
+        );
     }
 }

@@ -788,7 +788,7 @@ pub fn folded(merged: &Merged) -> String {
     let clean: Vec<String> = names
         .names
         .iter()
-        .map(|(n, _)| n.replace([';', '\n'], "_"))
+        .map(|(n, _)| super::printable(n, '_').replace(';', "_"))
         .collect();
     let mut lines: Vec<(String, i64)> = paths
         .into_iter()
