@@ -239,6 +239,7 @@ impl Db {
         let pool = Self::pool(&options)?;
         let io = pool.io()?;
         let prefix = ObjectPath::from(prefix);
+        check_conditional_puts(&store, &prefix, &io)?;
         let lease = Lease::acquire(
             store.clone(),
             &prefix,
@@ -888,5 +889,54 @@ impl Maintenance for Cutter {
                 }
             }
         }
+    }
+}
+
+/// Checks that `store` honours conditional puts, on an object of its own under `prefix`:
+/// a create of an object there is refused, and an update naming a version it is not.
+/// Leases, manifests and WAL objects are fenced by them alone: a store that ignored them
+/// (some S3-compatible servers do) let two writers overwrite each other's acknowledged
+/// writes without an error.
+fn check_conditional_puts(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &ObjectPath,
+    io: &crate::io::Io,
+) -> Result<()> {
+    use object_store::{ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
+    let path = prefix.clone().join(format!(
+        "conditional-put-check-{}",
+        crate::storage::write_nonce()
+    ));
+    let (s, p) = (store.clone(), path.clone());
+    let answers = io.run(async move {
+        let put = |mode: PutMode| s.put_opts(&p, "1".into(), PutOptions::from(mode));
+        let first = put(PutMode::Create).await;
+        let again = put(PutMode::Create).await;
+        let stale = put(PutMode::Update(UpdateVersion {
+            e_tag: Some("\"not-its-version\"".into()),
+            version: Some("not-its-version".into()),
+        }))
+        .await;
+        let _ = s.delete(&p).await;
+        (first, again, stale)
+    })?;
+    let unsupported = |what: &str| Error::InvalidOption {
+        option: "store",
+        reason: format!(
+            "{} does not honour conditional puts ({what}), which a shared database's \
+             writers are fenced by",
+            store
+        ),
+    };
+    match answers {
+        (Err(error), ..) => Err(Error::ObjectStore {
+            context: format!("checking conditional puts at {path}"),
+            source: error,
+        }),
+        (Ok(_), Ok(_), _) => Err(unsupported("a create of an object that exists succeeded")),
+        (Ok(_), _, Ok(_)) => Err(unsupported(
+            "an update naming a version the object is not succeeded",
+        )),
+        _ => Ok(()),
     }
 }

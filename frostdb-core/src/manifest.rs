@@ -214,7 +214,28 @@ fn read_object(
             .map(|b| (b, version))
     })?;
     match got {
-        Ok((bytes, version)) => Ok(Some((parse(&bytes, path.as_ref())?, version))),
+        Ok((bytes, version)) => {
+            let manifest = parse(&bytes, path.as_ref())?;
+            // Every block it names is the database's own: a manifest copied from another
+            // prefix (or written by anyone who can write this one) named that prefix's
+            // blocks, which this database then read, merged and deleted.
+            let prefix = path.as_ref().strip_suffix(FILE_NAME).unwrap_or("");
+            let foreign = manifest
+                .tables
+                .values()
+                .flat_map(|t| &t.blocks)
+                .find(|b| !b.path.starts_with(prefix) || b.path.split('/').any(|p| p == ".."));
+            if let Some(block) = foreign {
+                return Err(Error::Manifest {
+                    path: path.to_string(),
+                    reason: format!(
+                        "block {} is not under the database's prefix {prefix}",
+                        block.path
+                    ),
+                });
+            }
+            Ok(Some((manifest, version)))
+        }
         Err(object_store::Error::NotFound { .. } | object_store::Error::NotModified { .. }) => {
             Ok(None)
         }

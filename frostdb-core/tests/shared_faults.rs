@@ -168,3 +168,69 @@ fn a_manifest_update_that_lands_unseen_loses_no_block() {
         "the persisted rows"
     );
 }
+
+/// A bucket that ignores conditional puts cannot fence a shared database's writers: it is
+/// refused when the database opens, naming why, rather than letting two writers overwrite
+/// each other's acknowledged writes without an error.
+#[test]
+fn a_bucket_that_ignores_conditional_puts_is_refused() {
+    let store = Arc::new(FaultStore::default());
+    store.ignore_conditions();
+    let shared = SharedOptions::new("a");
+    let e = Db::open_shared(Arc::new(Faulty(store)), "db", DbOptions::default(), shared)
+        .err()
+        .expect("opened on a bucket without conditional puts");
+    assert!(
+        e.to_string().contains("does not honour conditional puts"),
+        "{e}"
+    );
+}
+
+/// A manifest naming blocks outside its own prefix (a tenant's prefix copied to another, or
+/// a manifest written by anyone who can write that prefix) is refused when read: its writer
+/// read, merged and deleted the other prefix's blocks.
+#[test]
+fn a_manifest_naming_blocks_of_another_prefix_is_refused() {
+    use object_store::{ObjectStore, ObjectStoreExt, path::Path};
+    let store = Arc::new(FaultStore::default());
+    let options = || DbOptions::default().background_compaction(false);
+    let shared = SharedOptions::new("a").flush_interval(std::time::Duration::from_secs(3600));
+    let db = Db::open_shared(Arc::new(Faulty(store.clone())), "a", options(), shared).unwrap();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    table
+        .insert(&batch(vec![
+            ("name", str_n("cpu", 10)),
+            ("labels.pod", str_n("p", 10)),
+            ("timestamp", ints(&[1; 10])),
+            ("value", ints(&[2; 10])),
+        ]))
+        .unwrap();
+    db.flush().unwrap();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(Faulty(store.clone()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let manifest = bucket
+            .get(&Path::from("a/manifest.json"))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        bucket
+            .put(&Path::from("b/manifest.json"), manifest.into())
+            .await
+            .unwrap();
+    });
+    let e = Db::open_reader(Arc::new(Faulty(store)), "b", options())
+        .err()
+        .expect("a manifest naming another prefix's blocks was read");
+    assert!(
+        e.to_string().contains("is not under the database's prefix"),
+        "{e}"
+    );
+}

@@ -384,7 +384,7 @@ impl Storage {
 }
 
 /// A number unlikely to repeat: a fresh random hash of a counter.
-fn write_nonce() -> u64 {
+pub(crate) fn write_nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

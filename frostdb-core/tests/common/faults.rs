@@ -366,6 +366,8 @@ pub(crate) struct FaultStore {
     timing_out: AtomicUsize,
     /// The next put to a path ending so takes effect, then reports a timeout.
     timing_out_at: parking_lot::Mutex<Option<String>>,
+    /// Puts ignore their conditions (as some S3-compatible servers do).
+    unconditional: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Display for FaultStore {
@@ -402,6 +404,12 @@ impl FaultStore {
     #[allow(dead_code)] // not every test binary uses it
     pub(crate) fn time_out_next_put_to(&self, suffix: &str) {
         *self.timing_out_at.lock() = Some(suffix.to_owned());
+    }
+
+    /// Makes every put ignore its condition (`If-None-Match`, `If-Match`).
+    #[allow(dead_code)] // not every test binary uses it
+    pub(crate) fn ignore_conditions(&self) {
+        self.unconditional.store(true, Ordering::SeqCst);
     }
 
     /// Whether operations are set to fail.
@@ -473,6 +481,10 @@ impl ObjectStore for Faulty {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.0.check("put")?;
+        let mut opts = opts;
+        if self.0.unconditional.load(Ordering::SeqCst) {
+            opts.mode = object_store::PutMode::Overwrite;
+        }
         let result = self.0.inner.put_opts(location, payload, opts).await;
         let mut at = self.0.timing_out_at.lock();
         if result.is_ok()
