@@ -178,8 +178,7 @@ fn a_bucket_that_ignores_conditional_puts_is_refused() {
     store.ignore_conditions();
     let shared = SharedOptions::new("a");
     let e = Db::open_shared(Arc::new(Faulty(store)), "db", DbOptions::default(), shared)
-        .err()
-        .expect("opened on a bucket without conditional puts");
+        .expect_err("opened on a bucket without conditional puts");
     assert!(
         e.to_string().contains("does not honour conditional puts"),
         "{e}"
@@ -227,8 +226,7 @@ fn a_manifest_naming_blocks_of_another_prefix_is_refused() {
             .unwrap();
     });
     let e = Db::open_reader(Arc::new(Faulty(store)), "b", options())
-        .err()
-        .expect("a manifest naming another prefix's blocks was read");
+        .expect_err("a manifest naming another prefix's blocks was read");
     assert!(
         e.to_string().contains("is not under the database's prefix"),
         "{e}"
