@@ -143,13 +143,35 @@ async fn cumulative_profiles_become_deltas() {
     assert_eq!(n, 5);
 }
 
+/// Stores `base` as a cumulative alloc_space profile of series `instance="a"`, at
+/// `at` ms past a fixed time, each sample's value times `scale` of its index.
+fn push_cumulative(
+    store: &ProfileStore,
+    base: &frostdb_pprof::proto::Profile,
+    scale: &dyn Fn(usize) -> i64,
+    at: i64,
+) -> frostdb_pprof::IngestSummary {
+    use prost::Message;
+    let mut p = base.clone();
+    p.string_table
+        .extend(["alloc_space".to_owned(), "bytes".to_owned()]);
+    let n = p.string_table.len() as i64;
+    p.sample_type[0].r#type = n - 2;
+    p.sample_type[0].unit = n - 1;
+    for (i, s) in p.sample.iter_mut().enumerate() {
+        s.value[0] *= scale(i);
+    }
+    let mut opts = options("memory", &[("instance", "a")]).timestamp_ms(1_700_000_000_000 + at);
+    opts.delta = true;
+    store.ingest(&p.encode_to_vec(), &opts).unwrap()
+}
+
 /// A cumulative profile pushed again (a retry arriving late) is not stored, and is not
 /// taken as the series' baseline either: the next profile is the difference from the last
 /// one stored. Before, the retry became the baseline and the growth between it and the
 /// last stored profile was counted twice, silently.
 #[test]
 fn a_late_retry_of_a_cumulative_profile_is_not_the_next_ones_baseline() {
-    use prost::Message;
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
@@ -158,23 +180,7 @@ fn a_late_retry_of_a_cumulative_profile_is_not_the_next_ones_baseline() {
     // A cumulative profile (alloc_space) of `scale` times the synthetic one's values.
     let base = frostdb_pprof::testing::profile(0, 20, 3);
     let total: i64 = base.sample.iter().map(|s| s.value[0]).sum();
-    let cumulative = |scale: i64| {
-        let mut p = base.clone();
-        p.string_table
-            .extend(["alloc_space".to_owned(), "bytes".to_owned()]);
-        let n = p.string_table.len() as i64;
-        p.sample_type[0].r#type = n - 2;
-        p.sample_type[0].unit = n - 1;
-        for s in &mut p.sample {
-            s.value[0] *= scale;
-        }
-        p.encode_to_vec()
-    };
-    let push = |scale: i64, at: i64| {
-        let mut opts = options("memory", &[("instance", "a")]).timestamp_ms(1_700_000_000_000 + at);
-        opts.delta = true;
-        store.ingest(&cumulative(scale), &opts).unwrap()
-    };
+    let push = |scale: i64, at: i64| push_cumulative(&store, &base, &|_| scale, at);
     push(1, 0); // the baseline, stored as nothing
     push(2, 10_000);
     push(4, 20_000);
@@ -203,7 +209,6 @@ fn a_late_retry_of_a_cumulative_profile_is_not_the_next_ones_baseline() {
 /// grown past its old total in the new process was stored as the difference.
 #[test]
 fn a_reset_counts_the_whole_profile_from_zero() {
-    use prost::Message;
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
@@ -211,23 +216,7 @@ fn a_reset_counts_the_whole_profile_from_zero() {
     .unwrap();
     let base = frostdb_pprof::testing::profile(0, 20, 3);
     let values: Vec<i64> = base.sample.iter().map(|s| s.value[0]).collect();
-    let cumulative = |scale: &dyn Fn(usize) -> i64| {
-        let mut p = base.clone();
-        p.string_table
-            .extend(["alloc_space".to_owned(), "bytes".to_owned()]);
-        let n = p.string_table.len() as i64;
-        p.sample_type[0].r#type = n - 2;
-        p.sample_type[0].unit = n - 1;
-        for (i, s) in p.sample.iter_mut().enumerate() {
-            s.value[0] *= scale(i);
-        }
-        p.encode_to_vec()
-    };
-    let push = |scale: &dyn Fn(usize) -> i64, at: i64| {
-        let mut opts = options("memory", &[("instance", "a")]).timestamp_ms(1_700_000_000_000 + at);
-        opts.delta = true;
-        store.ingest(&cumulative(scale), &opts).unwrap()
-    };
+    let push = |scale: &dyn Fn(usize) -> i64, at: i64| push_cumulative(&store, &base, scale, at);
     push(&|_| 1, 0);
     push(&|_| 16, 10_000);
     // Restarted: stack 0 has grown past 16 since, the others are at 1.
