@@ -510,6 +510,7 @@ pub fn merge_stacks_by_series(
         _ => {
             let times: Vec<&std::collections::HashSet<i64>> =
                 sink.sets.iter().map(|o| &o.times).collect();
+            let _held = targets_held(&times, pool)?;
             targets_of(&read.sets, &times)
         }
     };
@@ -622,6 +623,19 @@ fn bases_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> Vec
     bases
 }
 
+/// Reserves from `pool` what finding label sets' targets ([`bases_of`]) holds for the
+/// profile times `times` lists: an entry by time, and the pairs of sets tried.
+fn targets_held(
+    times: &[&std::collections::HashSet<i64>],
+    pool: &Arc<dyn MemoryPool>,
+) -> Result<MemoryReservation> {
+    const BYTES_PER_TIME: usize = 64;
+    let entries: usize = times.iter().map(|t| t.len()).sum();
+    let held = MemoryConsumer::new("profiles of label sets by time").register(pool);
+    held.try_grow(entries.saturating_mul(BYTES_PER_TIME))?;
+    Ok(held)
+}
+
 /// Whether every label of `small` is in `large` (both in name order).
 fn is_subset(small: &LabelSet, large: &LabelSet) -> bool {
     let mut large = large.iter();
@@ -691,8 +705,10 @@ pub fn stacks_by_profile(
     for p in &sink.profiles {
         times[p.series].insert(p.timestamp);
     }
-    let bases = bases_of(&read.sets, &times.iter().collect::<Vec<_>>());
-    drop(times);
+    let times: Vec<&std::collections::HashSet<i64>> = times.iter().collect();
+    let held = targets_held(&times, pool)?;
+    let bases = bases_of(&read.sets, &times);
+    drop((held, times));
     let mut of_target: std::collections::HashMap<(usize, i64), usize> = Default::default();
     let mut profiles: Vec<ProfileRows> = Vec::new();
     for p in sink.profiles {
