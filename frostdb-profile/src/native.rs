@@ -601,14 +601,20 @@ fn bases_of(sets: &[LabelSet], times: &[&std::collections::HashSet<i64>]) -> Vec
             at.entry(t).or_default().push(i);
         }
     }
+    // The pairs tried, at most one per profile time (what [`targets_held`] reserves): the
+    // sets of one target meet at each of its profiles, and are compared once.
+    let most_tried: usize = times.iter().map(|t| t.len()).sum();
     let mut tried: std::collections::HashSet<(usize, usize)> = Default::default();
     for together in at.values_mut() {
         together.sort_by_key(|&i| sets[i].len());
         let smallest = &together[..together.len().min(SUBSETS_TRIED)];
         for &set in together.iter() {
             for &sub in smallest {
-                if sets[sub].len() >= sets[set].len() || !tried.insert((sub, set)) {
+                if sets[sub].len() >= sets[set].len() || tried.contains(&(sub, set)) {
                     continue;
+                }
+                if tried.len() < most_tried {
+                    tried.insert((sub, set));
                 }
                 let base = bases[set];
                 let better = times[sub].len() > times[base].len()

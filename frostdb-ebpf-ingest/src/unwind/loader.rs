@@ -213,6 +213,8 @@ pub(crate) struct TableLoader {
     full: bool,
     /// Set when a file did not fit although the free chunks add up to what it needs.
     fragmented: bool,
+    /// Set once this refresh has warned of a process the map of processes did not take.
+    warned_map_full: bool,
     stats: TableStats,
 }
 
@@ -233,6 +235,7 @@ impl TableLoader {
             interval: 0,
             full: false,
             fragmented: false,
+            warned_map_full: false,
             stats: TableStats {
                 capacity_bytes: u64::from(chunks) * CHUNK_BYTES as u64,
                 ..TableStats::default()
@@ -277,6 +280,7 @@ impl TableLoader {
                 .and_modify(|p| p.last_seen = self.interval);
         }
         self.fragmented = false;
+        self.warned_map_full = false;
         for &pid in pids {
             if let Err(e) = self.load(pid) {
                 // Gone between its sample and now, most likely.
@@ -426,10 +430,12 @@ impl TableLoader {
             if let Err(e) = inserted {
                 self.release(files);
                 self.stats.processes_not_loaded += 1;
-                tracing::warn!(
-                    pid,
-                    "the unwinder's map of processes took no more: this process's frames are walked by frame pointer: {e}"
-                );
+                if !std::mem::replace(&mut self.warned_map_full, true) {
+                    tracing::warn!(
+                        pid,
+                        "the unwinder's map of processes took no more: this interval's processes left out are walked by frame pointer (counted in processes_not_loaded): {e}"
+                    );
+                }
                 return Err(Error::bpf(format!("loading the mappings of pid {pid}"), e));
             }
         } else {

@@ -540,12 +540,18 @@ impl ProfileStore {
         if range.start_ms >= oldest.saturating_sub(schema::SERIES_BUCKET_MS) {
             return Ok(());
         }
+        let starts = match range.start_ms {
+            i64::MIN => "has no start".to_owned(),
+            start => format!(
+                "starts {} days ago",
+                now_ms().saturating_sub(start.max(0)) / 86_400_000
+            ),
+        };
         Err(Error::Query(format!(
-            "{what} reads the raw samples, kept {} days, and the range starts {} days ago: \
-             only a sum merge reads the rollups kept longer (aggregation=sum, or a range \
-             within the samples kept)",
+            "{what} reads the raw samples, kept {} days, and the range {starts}: only a sum \
+             merge reads the rollups kept longer (aggregation=sum, or a range within the \
+             samples kept)",
             kept.as_secs() / 86_400,
-            (now_ms().saturating_sub(range.start_ms.max(0))) / 86_400_000,
         )))
     }
 
@@ -835,10 +841,17 @@ fn reads_spans(selector: &Selector) -> Result<bool> {
             continue;
         }
         if m.matches("") {
+            let mut end = m.value.len().min(256);
+            while !m.value.is_char_boundary(end) {
+                end -= 1;
+            }
             return Err(Error::Query(format!(
                 "the matcher {}{}{:?} also selects samples without a {}: a span matcher must \
                  name the spans it selects (= or =~ a list of ids)",
-                m.label, m.op, m.value, m.label
+                m.label,
+                m.op,
+                &m.value[..end],
+                m.label
             )));
         }
         by_span = true;
