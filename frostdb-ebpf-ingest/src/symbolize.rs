@@ -556,8 +556,8 @@ fn build_id_of(path: &std::path::Path) -> Option<String> {
 /// Which file a path names now: its device, inode, size, and modification and change
 /// times (a file's owner may set its modification time back after rewriting it in place;
 /// not its change time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FileStamp {
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct FileStamp {
     device: u64,
     inode: u64,
     size: u64,
@@ -570,12 +570,23 @@ impl FileStamp {
     /// or device (opening a FIFO waits for a writer, for ever), or with a `.dwp` beside it
     /// that is not a regular file (blazesym opens it unasked).
     fn of(path: &std::path::Path) -> Option<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(path).ok()?;
         let mut dwp = path.as_os_str().to_owned();
         dwp.push(".dwp");
         let dwp_odd = std::fs::metadata(&dwp).is_ok_and(|d| !d.is_file());
-        if !m.is_file() || dwp_odd {
+        if dwp_odd {
+            return None;
+        }
+        Self::of_metadata(&std::fs::metadata(path).ok()?)
+    }
+
+    /// The stamp of an open file, if it is a regular file.
+    pub(crate) fn of_file(file: &std::fs::File) -> Option<Self> {
+        Self::of_metadata(&file.metadata().ok()?)
+    }
+
+    fn of_metadata(m: &std::fs::Metadata) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        if !m.is_file() {
             return None;
         }
         let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
@@ -586,6 +597,11 @@ impl FileStamp {
             modified_ns: ns(m.mtime(), m.mtime_nsec()),
             changed_ns: ns(m.ctime(), m.ctime_nsec()),
         })
+    }
+
+    /// The file's inode.
+    pub(crate) fn inode(&self) -> u64 {
+        self.inode
     }
 }
 

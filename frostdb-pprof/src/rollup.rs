@@ -64,6 +64,14 @@ pub struct RollupOptions {
 }
 
 impl RollupOptions {
+    /// How long anything is kept, rollups (when on) or `samples`: `None` for ever.
+    pub(crate) fn kept_longest(&self, samples: Option<Duration>) -> Option<Duration> {
+        match self.enabled {
+            true => self.longest_kept(samples),
+            false => samples,
+        }
+    }
+
     /// How long the longest-kept rollups are kept, beside samples kept `samples` (`None`:
     /// some are kept forever).
     pub(crate) fn longest_kept(&self, samples: Option<Duration>) -> Option<Duration> {

@@ -723,10 +723,6 @@ impl Selector {
             && (profile_type.len() > Self::MAX_PROFILE_TYPE_BYTES
                 || Self::bare_profile_type(profile_type).is_none())
         {
-            let mut end = profile_type.len().min(256);
-            while !profile_type.is_char_boundary(end) {
-                end -= 1;
-            }
             return Err(SelectorError {
                 column: 1,
                 message: format!(
@@ -734,7 +730,7 @@ impl Selector {
                      alone, in at most {} bytes",
                     Self::MAX_PROFILE_TYPE_BYTES
                 ),
-                input: profile_type[..end].to_owned(),
+                input: head(profile_type, 256).to_owned(),
             });
         }
         if labels.len() > Self::MAX_BYTES {
@@ -829,10 +825,6 @@ impl Selector {
     pub fn parse(input: &str) -> Result<Self, SelectorError> {
         if input.len() > Self::MAX_BYTES {
             // Checked before anything is copied; the error keeps only the selector's start.
-            let mut end = 256;
-            while !input.is_char_boundary(end) {
-                end -= 1;
-            }
             return Err(SelectorError {
                 column: 1,
                 message: format!(
@@ -841,7 +833,7 @@ impl Selector {
                     Self::MAX_BYTES,
                     Self::MAX_LIST_VALUES
                 ),
-                input: format!("{}…", &input[..end]),
+                input: format!("{}…", head(input, 256)),
             });
         }
         let mut p = Parser {
@@ -920,6 +912,16 @@ impl Selector {
         }
         expr
     }
+}
+
+/// The first `most` bytes of `text`, cut back to a character boundary: what an error keeps
+/// of a long input.
+fn head(text: &str, most: usize) -> &str {
+    let mut end = text.len().min(most);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 impl FromStr for Selector {

@@ -27,6 +27,7 @@ use super::table::{UnwindRow, compile_file};
 use super::walk::{Segment, load_bias, segments_of};
 use crate::error::{Error, Result};
 use crate::procfs::{ExecutableMapping, executable_mappings};
+use crate::symbolize::FileStamp;
 
 /// Rows per element of the rows array (`ROWS_PER_CHUNK` in sampler.bpf.c).
 pub(crate) const ROWS_PER_CHUNK: usize = 256;
@@ -206,7 +207,7 @@ pub(crate) struct TableLoader {
     /// (device, inode) → identity, for files loaded now, with the file's stamp when it was
     /// read: a library is read once, not once per process, and a later file given the same
     /// inode number (once the first was deleted) is not taken for it.
-    inodes: HashMap<(String, u64), (FileId, Stamp)>,
+    inodes: HashMap<(String, u64), (FileId, FileStamp)>,
     pids: HashMap<u32, LoadedProcess>,
     interval: u64,
     /// Set when a file did not fit.
@@ -476,7 +477,7 @@ impl TableLoader {
                 .find(|own| own.path == crate::procfs::VDSO)?;
             let bytes = crate::procfs::read_vdso(std::process::id(), &own).ok()?;
             let elf = object::File::parse(&*bytes).ok()?;
-            return self.add(&elf, m, inode, Stamp::default());
+            return self.add(&elf, m, inode, FileStamp::default());
         }
         // The mapping's own map_files link first: the very file mapped, even when its path
         // now names another (a library upgraded under a running process) or none. Through
@@ -488,10 +489,10 @@ impl TableLoader {
         // server binary with debug info is a gigabyte).
         let file = std::fs::File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
             .ok()
-            .and_then(|f| Stamp::of(&f, m).map(|stamp| (f, stamp)))
+            .and_then(|f| stamp_of(&f, m).map(|stamp| (f, stamp)))
             .or_else(|| {
                 let f = mapped_at_path(pid, m)?;
-                Stamp::of(&f, m).map(|stamp| (f, stamp))
+                stamp_of(&f, m).map(|stamp| (f, stamp))
             });
         let (file, stamp) = file?;
         if let Some((id, known)) = self.inodes.get(&inode)
@@ -522,7 +523,7 @@ impl TableLoader {
         elf: &object::File<'d, R>,
         m: &ExecutableMapping,
         inode: (String, u64),
-        stamp: Stamp,
+        stamp: FileStamp,
     ) -> Option<FileId> {
         let id = match elf.build_id() {
             Ok(Some(b)) if !b.is_empty() => FileId::BuildId(b.to_vec()),
@@ -664,7 +665,7 @@ fn signature(mappings: &[ExecutableMapping]) -> u64 {
 
 /// The file at `m`'s path through `pid`'s root, opened without waiting (a FIFO put at the
 /// path would wait for a writer for ever); whether it is still the file mapped (the same
-/// inode; a file upgraded since is another) is for [`Stamp::of`] to say.
+/// inode; a file upgraded since is another) is for [`stamp_of`] to say.
 fn mapped_at_path(pid: u32, m: &ExecutableMapping) -> Option<std::fs::File> {
     use rustix::fs::{Mode, OFlags};
     let path = format!("/proc/{pid}/root{}", m.path);
@@ -677,27 +678,9 @@ fn mapped_at_path(pid: u32, m: &ExecutableMapping) -> Option<std::fs::File> {
     Some(std::fs::File::from(fd))
 }
 
-/// What tells one file from a later one given the same inode number: its size and its
-/// modification and change times, as a stat of it says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Stamp {
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl Stamp {
-    /// The stamp of `file`, if it is a regular file of the inode `m` names.
-    fn of(file: &std::fs::File, m: &ExecutableMapping) -> Option<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = file.metadata().ok()?;
-        let ns = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
-        (meta.is_file() && meta.ino() == m.inode).then(|| Self {
-            size: meta.len(),
-            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        })
-    }
+/// The stamp of `file` ([`FileStamp`]), if it is a regular file of the inode `m` names.
+fn stamp_of(file: &std::fs::File, m: &ExecutableMapping) -> Option<FileStamp> {
+    FileStamp::of_file(file).filter(|stamp| stamp.inode() == m.inode)
 }
 
 #[cfg(test)]

@@ -221,13 +221,7 @@ impl ProfileStore {
         let totals = schema::open_series_table(&db, schema::TOTALS, options.samples.clone())?;
         // A row a profile: kept as long as the rollups, so that the time series of a range
         // they answer merges for are answered too (they were empty past the samples').
-        set_ttl(
-            &totals,
-            match options.rollups.enabled {
-                true => options.rollups.longest_kept(options.retention),
-                false => options.retention,
-            },
-        )?;
+        set_ttl(&totals, options.rollups.kept_longest(options.retention))?;
         // The fingerprints of a store written before them are not rebuilt: its profiles
         // are not recognised when pushed again.
         let fingerprints = if read_only || options.dedup_window.is_zero() {

@@ -529,10 +529,7 @@ impl ProfileStore {
         let Some(kept) = self.options.retention else {
             return Ok(());
         };
-        let rolled = match self.rollups.enabled() {
-            true => self.options.rollups.longest_kept(Some(kept)),
-            false => Some(kept),
-        };
+        let rolled = self.options.rollups.kept_longest(Some(kept));
         if rolled.is_some_and(|rolled| rolled <= kept) {
             return Ok(()); // nothing older is kept anywhere
         }
@@ -841,16 +838,12 @@ fn reads_spans(selector: &Selector) -> Result<bool> {
             continue;
         }
         if m.matches("") {
-            let mut end = m.value.len().min(256);
-            while !m.value.is_char_boundary(end) {
-                end -= 1;
-            }
             return Err(Error::Query(format!(
                 "the matcher {}{}{:?} also selects samples without a {}: a span matcher must \
                  name the spans it selects (= or =~ a list of ids)",
                 m.label,
                 m.op,
-                &m.value[..end],
+                crate::limits::shortened(&m.value),
                 m.label
             )));
         }
