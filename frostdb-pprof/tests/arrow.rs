@@ -714,3 +714,117 @@ fn bad_batches_are_refused_naming_the_fault_and_store_nothing() {
         "{names:?}"
     );
 }
+
+/// `n` string views, each naming the same `len` bytes of one buffer: 16 bytes a view,
+/// whatever it names.
+fn aliased_views(n: usize, len: usize) -> arrow::array::StringViewArray {
+    let data = arrow::buffer::Buffer::from(vec![b'x'; len]);
+    let prefix = u32::from_le_bytes(*b"xxxx") as u128;
+    let view = len as u128 | (prefix << 32); // buffer 0, offset 0
+    arrow::array::StringViewArray::try_new(
+        arrow::buffer::ScalarBuffer::from(vec![view; n]),
+        vec![data],
+        None,
+    )
+    .unwrap()
+}
+
+/// A string view is 16 bytes whatever it names, and arrow's casts copy out what views
+/// name: the lengths are checked before the cast. A dictionary of a few MB of views into
+/// one buffer had arrow allocate the sum of their lengths (terabytes: an abort), or panic
+/// past 2 GiB; a list of frames likewise.
+#[test]
+fn string_views_are_measured_before_they_are_copied_out() {
+    use arrow::array::{DictionaryArray, ListArray};
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default().limits(Limits {
+            max_decompressed_bytes: 1 << 20,
+            ..Limits::default()
+        }),
+    )
+    .unwrap();
+    let n = mangled(|_| {}).num_rows();
+    let pods = |values: arrow::array::StringViewArray| {
+        let keys = Int32Array::from(vec![0; n]);
+        let pods = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(values)).unwrap();
+        mangled(|c| set(c, "labels.pod", Arc::new(pods)))
+    };
+    // Within the limits: stored.
+    store
+        .ingest_arrow(&pods(aliased_views(4, 64)), None)
+        .unwrap();
+    // One value over max_label_value_length, named by views that alias it.
+    let long = LabelLimits::default().max_label_value_length + 1;
+    let e = store
+        .ingest_arrow(&pods(aliased_views(1 << 10, long)), None)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert!(e.to_string().contains("labels.pod"), "{e}");
+    // Values each within the limit, 2 MiB in all: over max_decompressed_bytes.
+    let e = store
+        .ingest_arrow(&pods(aliased_views(1 << 10, 2 << 10)), None)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert!(e.to_string().contains("string views"), "{e}");
+    // Frames: each row's stack 512 views of the same 1 KiB name.
+    let frames = |len: usize| {
+        let names = aliased_views(512 * n, len);
+        let offsets = arrow::buffer::OffsetBuffer::from_lengths(vec![512; n]);
+        let item = Arc::new(arrow::datatypes::Field::new(
+            "item",
+            arrow::datatypes::DataType::Utf8View,
+            true,
+        ));
+        let lists = ListArray::new(item, offsets, Arc::new(names), None);
+        mangled(|c| set(c, "frames", Arc::new(lists)))
+    };
+    store.ingest_arrow(&frames(16), None).unwrap();
+    let e = store.ingest_arrow(&frames(1 << 10), None).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    assert!(e.to_string().contains("frame names"), "{e}");
+}
+
+/// Stacks checked by one store are not taken unchecked by a store of stricter limits.
+#[test]
+fn stacks_checked_under_looser_limits_are_refused() {
+    let open = |limits: Limits| {
+        ProfileStore::open(
+            Db::open_in_memory(DbOptions::default()).unwrap(),
+            StoreOptions::default().limits(limits),
+        )
+        .unwrap()
+    };
+    let loose = open(Limits::default());
+    let strict = open(Limits {
+        max_stack_depth: 4,
+        ..Limits::default()
+    });
+    let deep: Vec<String> = (0..8).map(|i| format!("f{i}")).collect();
+    let stacks = RecordBatch::try_from_iter([
+        (
+            "stacktrace_id",
+            Arc::new(UInt64Array::from(vec![1u64])) as ArrayRef,
+        ),
+        ("frames", Arc::new(frames([deep].iter()))),
+    ])
+    .unwrap();
+    let samples = mangled(|c| {
+        let n = c[0].1.len();
+        remove(c, "frames");
+        set(
+            c,
+            "stacktrace_id",
+            Arc::new(UInt64Array::from(vec![1u64; n])),
+        );
+    });
+    let checked = loose.arrow_stacks(&stacks).unwrap();
+    assert!(strict.arrow_stacks(&stacks).is_err(), "too deep for it");
+    let e = strict.ingest_arrow_with(&samples, &checked).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("looser limits"), "{e}");
+    assert_eq!(
+        loose.ingest_arrow_with(&samples, &checked).unwrap().rows,
+        samples.num_rows()
+    );
+}

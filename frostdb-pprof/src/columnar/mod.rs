@@ -137,6 +137,52 @@ fn is_string_type(data_type: &DataType) -> bool {
     }
 }
 
+/// The longest string of `array`'s views and the bytes they name in all (saturating),
+/// through dictionaries' values and lists' items, with `per_key` a dictionary's values
+/// counted once per key (as a cast of a list of them copies them out). A view is 16 bytes
+/// whatever it names, and a dictionary names one value from every key: so a few MB of
+/// Arrow made arrow's casts allocate terabytes, before any length was checked.
+fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
+    use arrow::array::AsArray;
+    match array.data_type() {
+        DataType::Utf8View => {
+            array
+                .as_string_view()
+                .views()
+                .iter()
+                .fold((0, 0usize), |(longest, total), &view| {
+                    let length = view as u32 as usize;
+                    (longest.max(length), total.saturating_add(length))
+                })
+        }
+        DataType::Dictionary(..) => {
+            let d = array.as_any_dictionary();
+            let (longest, total) = expanded_bytes(d.values().as_ref(), false);
+            if !per_key {
+                return (longest, total);
+            }
+            let values = d.values();
+            let length = |i: usize| -> usize {
+                match values.data_type() {
+                    DataType::Utf8View => values.as_string_view().views()[i] as u32 as usize,
+                    DataType::Utf8 => values.as_string::<i32>().value_length(i) as usize,
+                    DataType::LargeUtf8 => values.as_string::<i64>().value_length(i) as usize,
+                    _ => 0,
+                }
+            };
+            let total = d
+                .normalized_keys()
+                .into_iter()
+                .filter(|&k| k < values.len())
+                .fold(0usize, |total, k| total.saturating_add(length(k)));
+            (longest, total)
+        }
+        DataType::List(_) => expanded_bytes(array.as_list::<i32>().values().as_ref(), true),
+        DataType::LargeList(_) => expanded_bytes(array.as_list::<i64>().values().as_ref(), true),
+        _ => (0, 0),
+    }
+}
+
 /// Column `column` (named `at` in errors) as [`Strings`].
 fn strings(column: &ArrayRef, at: &str) -> Result<Strings> {
     if !is_string_type(column.data_type()) {
@@ -283,6 +329,34 @@ fn check_label_name(name: &str, column: &str, limits: &LabelLimits) -> Result<()
     Err(invalid(format!("samples.{column}"), reason))
 }
 
+/// [`check_value_lengths`] of column `column` before it is cast: the strings its views
+/// (or its dictionary's values' views) name are each at most `limit`, and a dictionary's
+/// values, which the cast copies out whole, at most `max_decompressed_bytes` in all. (A
+/// column of views is hashed row by row into a dictionary: what it makes is its distinct
+/// values.)
+fn check_views(column: &ArrayRef, name: &str, limit: usize, limits: &Limits) -> Result<()> {
+    let (longest, total) = expanded_bytes(column.as_ref(), false);
+    let total = match column.data_type() {
+        DataType::Dictionary(..) => total,
+        _ => 0,
+    };
+    if longest > limit {
+        return Err(Error::LabelLimit {
+            what: format!("a value of column {name:?}, in bytes"),
+            got: longest,
+            limit: "max_label_value_length",
+            value: limit,
+        });
+    }
+    if total > limits.max_decompressed_bytes {
+        return Err(Error::TooLarge {
+            what: "bytes the string views of a column name (max_decompressed_bytes)",
+            limit: limits.max_decompressed_bytes,
+        });
+    }
+    Ok(())
+}
+
 /// The longest value of `strings`' dictionary, in bytes, over `limit`: an error naming it.
 fn check_value_lengths(strings: &Strings, column: &str, limit: usize) -> Result<()> {
     let values = strings.values().as_string::<i32>();
@@ -332,6 +406,7 @@ impl Input {
                 if profile_type[t].is_some() {
                     return Err(given_twice());
                 }
+                check_views(column, name, label_limits.max_label_value_length, limits)?;
                 let column = strings(column, &at)?;
                 if let Some(row) = first_null(&column) {
                     return Err(invalid(at, format!("is null at row {row}")));
@@ -357,6 +432,7 @@ impl Input {
                 if labels.iter().chain(&span_labels).any(|(l, _)| l == label) {
                     return Err(given_twice());
                 }
+                check_views(column, name, label_limits.max_label_value_length, limits)?;
                 let column = empty_as_null(strings(column, &at)?)?;
                 check_value_lengths(&column, name, label_limits.max_label_value_length)?;
                 if SPAN_LABELS.contains(&label) {
@@ -543,6 +619,21 @@ pub(crate) fn frame_lists(column: &ArrayRef, at: &str, limits: &Limits) -> Resul
             ),
         ));
     }
+    const MAX_NAME: usize = crate::convert::trie::MAX_FRAME_BYTES;
+    // Checked before the cast copies the names out of views or dictionaries.
+    let (longest, total) = expanded_bytes(column.as_ref(), false);
+    if longest > MAX_NAME {
+        return Err(invalid(
+            at,
+            format!("has a frame name of {longest} bytes, over the limit of {MAX_NAME}"),
+        ));
+    }
+    if total > limits.max_decompressed_bytes {
+        return Err(Error::TooLarge {
+            what: "bytes the frame names of a column name (max_decompressed_bytes)",
+            limit: limits.max_decompressed_bytes,
+        });
+    }
     let list = arrow::compute::cast(
         column,
         &DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
@@ -575,7 +666,6 @@ pub(crate) fn frame_lists(column: &ArrayRef, at: &str, limits: &Limits) -> Resul
     if let Some(i) = (first..last).find(|&i| names.is_null(i)) {
         return Err(invalid(at, format!("row {} has a null frame", row_of(i))));
     }
-    const MAX_NAME: usize = crate::convert::trie::MAX_FRAME_BYTES;
     if let Some(i) = (first..last).find(|&i| names.value(i).len() > MAX_NAME) {
         return Err(invalid(
             at,

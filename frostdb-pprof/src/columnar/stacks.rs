@@ -53,6 +53,8 @@ pub(crate) struct StackTable {
     row_of: HashMap<u64, u32>,
     /// Per row, its stack's content key, once a call has needed it.
     keys: Vec<OnceLock<StackKey>>,
+    /// The limits it was checked under.
+    pub(crate) limits: Limits,
 }
 
 impl StackTable {
@@ -111,6 +113,7 @@ impl StackTable {
             frames,
             row_of,
             keys,
+            limits: *limits,
         })
     }
 }

@@ -113,14 +113,39 @@ fn arrow_error(at: impl Into<String>, reason: impl Into<String>) -> Error {
     }
 }
 
+/// Whether the LZ4 frame `frame` inflates to exactly `stated` bytes, read through into
+/// nothing and stopped one byte past: the reason if not.
+fn lz4_fits(frame: &[u8], stated: u64) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let mut inflated = lz4_flex::frame::FrameDecoder::new(frame).take(stated.saturating_add(1));
+    match std::io::copy(&mut inflated, &mut std::io::sink()) {
+        Ok(n) if n == stated => Ok(()),
+        Ok(n) if n > stated => Err(format!(
+            "an LZ4 buffer inflates past the {stated} bytes it states"
+        )),
+        Ok(n) => Err(format!(
+            "an LZ4 buffer inflates to {n} bytes, not the {stated} it states"
+        )),
+        Err(e) => Err(format!("an LZ4 buffer is not a valid frame: {e}")),
+    }
+}
+
 /// The bytes an Arrow IPC stream's buffers decompress to, summed from the lengths each
-/// compressed buffer states, before any is decompressed: what decoding it would allocate.
-/// The stream's framing (continuation marker, metadata length, flatbuffer message, body)
-/// is checked as it is walked.
-pub fn ipc_decompressed_bytes(ipc: &[u8]) -> Result<usize> {
+/// compressed buffer states, before any is decompressed: what decoding it would allocate,
+/// refused as soon as it passes `limit`. An LZ4 buffer is inflated into nothing to check
+/// the length it states (arrow trusts the frame, not the length); a dictionary delta
+/// counts the whole dictionary it makes. The stream's framing (continuation marker,
+/// metadata length, flatbuffer message, body) is checked as it is walked.
+pub fn ipc_decompressed_bytes(ipc: &[u8], limit: usize) -> Result<usize> {
+    let too_large = || Error::TooLarge {
+        what: "Arrow record (decompressed)",
+        limit,
+    };
     use arrow::ipc::{MessageHeader, root_as_message};
     let mut at = 0usize;
     let mut total = 0usize;
+    // Each dictionary's size so far, by id.
+    let mut dictionaries: std::collections::HashMap<i64, usize> = Default::default();
     let bad = |at: usize, reason: String| arrow_error(format!("byte {at}"), reason);
     while at < ipc.len() {
         let word = |i: usize| -> Result<i32> {
@@ -149,15 +174,18 @@ pub fn ipc_decompressed_bytes(ipc: &[u8]) -> Result<usize> {
         let body = ipc
             .get(at..at.saturating_add(body_len))
             .ok_or_else(|| bad(at, format!("a body of {body_len} bytes runs past the end")))?;
-        let batch = match message.header_type() {
-            MessageHeader::RecordBatch => message.header_as_record_batch(),
-            MessageHeader::DictionaryBatch => {
-                message.header_as_dictionary_batch().and_then(|d| d.data())
-            }
-            _ => None,
+        let (batch, dictionary) = match message.header_type() {
+            MessageHeader::RecordBatch => (message.header_as_record_batch(), None),
+            MessageHeader::DictionaryBatch => match message.header_as_dictionary_batch() {
+                Some(d) => (d.data(), Some((d.id(), d.isDelta()))),
+                None => (None, None),
+            },
+            _ => (None, None),
         };
         if let Some(batch) = batch {
-            let compressed = batch.compression().is_some();
+            let codec = batch.compression().map(|c| c.codec());
+            let compressed = codec.is_some();
+            let mut bytes = 0usize;
             for buffer in batch.buffers().into_iter().flatten() {
                 let (offset, length) = (buffer.offset(), buffer.length());
                 // Every buffer within its body (arrow's reader slices without checking).
@@ -178,11 +206,40 @@ pub fn ipc_decompressed_bytes(ipc: &[u8]) -> Result<usize> {
                         bad(at, format!("a buffer at {offset} is outside its body"))
                     })?;
                     let n = i64::from_le_bytes(prefix.try_into().unwrap());
-                    if n < 0 { length } else { n }
+                    if n < 0 {
+                        length
+                    } else {
+                        let n_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+                        if total.saturating_add(bytes).saturating_add(n_bytes) > limit {
+                            return Err(too_large());
+                        }
+                        if codec == Some(arrow::ipc::CompressionType::LZ4_FRAME) {
+                            // arrow inflates an LZ4 frame to its end, whatever size its prefix
+                            // states: the frame is measured (into nothing) first.
+                            let frame = &body[start + 8..start + length as usize];
+                            lz4_fits(frame, n as u64).map_err(|reason| bad(at, reason))?;
+                        }
+                        n
+                    }
                 } else {
                     length
                 };
-                total = total.saturating_add(usize::try_from(stated).unwrap_or(usize::MAX));
+                bytes = bytes.saturating_add(usize::try_from(stated).unwrap_or(usize::MAX));
+            }
+            // A delta extends a dictionary by copying it whole, and the batches decoded
+            // before keep the copy they were given: each counts the dictionary so far.
+            if let Some((id, delta)) = dictionary {
+                let size = dictionaries.entry(id).or_insert(0);
+                *size = if delta {
+                    size.saturating_add(bytes)
+                } else {
+                    bytes
+                };
+                bytes = *size;
+            }
+            total = total.saturating_add(bytes);
+            if total > limit {
+                return Err(too_large());
             }
         }
         at += body_len;
@@ -459,6 +516,11 @@ fn struct_at(array: &dyn Array, i: usize) -> Result<(&arrow::array::StructArray,
     let (a, i) = match array.data_type() {
         DataType::Dictionary(k, _) if **k == DataType::UInt32 => {
             let d = array.as_dictionary::<UInt32Type>();
+            // A null's key slot holds anything (zero, as writers fill it): read, it was
+            // another stack's location.
+            if d.keys().is_null(i) {
+                return Err(arrow_error(format!("index {i}"), "a null location"));
+            }
             (d.values().as_ref(), d.keys().value(i) as usize)
         }
         _ => (array, i),
@@ -510,13 +572,7 @@ struct ArrowProfile {
 /// The record batches of an Arrow IPC stream whose schema is marked `version`: its
 /// decompressed size checked first (on the sizes its buffers state), then decoded.
 pub fn read_ipc(ipc: &[u8], version: &str, limits: &Limits) -> Result<Vec<RecordBatch>> {
-    let decompressed = ipc_decompressed_bytes(ipc)?;
-    if decompressed > limits.max_decompressed_bytes {
-        return Err(Error::TooLarge {
-            what: "Arrow record (decompressed)",
-            limit: limits.max_decompressed_bytes,
-        });
-    }
+    let decompressed = ipc_decompressed_bytes(ipc, limits.max_decompressed_bytes)?;
     // Charged before the buffers are inflated (`frostdb_pprof::charging`).
     crate::decode::charge::charge(decompressed, "decompressing an Arrow record")?;
     // arrow's IPC reader trusts more of a stream than the checks above cover (it panics on
@@ -638,12 +694,15 @@ fn add_batch(
         pace,
         ..
     } = grouping;
-    // Labels: a struct column (v2) or `labels.<name>` columns (v1).
+    // Labels: a struct column (v2) or `labels.<name>` columns (v1). A null struct row has
+    // no labels, whatever its children hold there.
+    let mut labels_nulls = None;
     let labels: Vec<(&str, &dyn Array)> = match batch.column_by_name(wire::LABELS) {
         Some(l) => {
             let l = l
                 .as_struct_opt()
                 .ok_or_else(|| arrow_error("schema", "\"labels\" is not a struct"))?;
+            labels_nulls = l.logical_nulls();
             l.fields()
                 .iter()
                 .map(|f| f.name().as_str())
@@ -739,7 +798,8 @@ fn add_batch(
             stack.push(profile.location(locations, j, limits, pace)?);
         }
         let mut sample_labels = Vec::new();
-        for (name, c) in &labels {
+        let labelled = labels_nulls.as_ref().is_none_or(|n| n.is_valid(row));
+        for (name, c) in labels.iter().filter(|_| labelled) {
             if let Some(v) = string_at(*c, row)?
                 && !v.is_empty()
             {
@@ -824,13 +884,31 @@ pub fn write_v1_request(ids: &[Vec<u8>]) -> Result<Vec<u8>> {
 pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
     let stack_batches = read_ipc(locations, "v1", limits)?;
     let mut found: HashMap<Vec<u8>, (&dyn Array, usize)> = HashMap::new();
+    // Stacks answer the samples' ids, one each: no more of them than samples, each kept
+    // (and charged) once. A run-end encoded column states billions of rows in a few bytes.
+    let mut rows = 0usize;
+    let mut pace = crate::decode::charge::Pace::new();
     for batch in &stack_batches {
+        rows = rows.saturating_add(batch.num_rows());
+        if rows > limits.max_samples {
+            return Err(Error::TooLarge {
+                what: "stacks of the locations record",
+                limit: limits.max_samples,
+            });
+        }
         let ids = column(batch, wire::STACKTRACE_ID)?;
         let lists = column(batch, wire::LOCATIONS)?;
         for row in 0..batch.num_rows() {
+            pace.tick()?;
             let id = bytes_at(ids, row)?
                 .ok_or_else(|| arrow_error(format!("locations row {row}"), "no stack trace id"))?;
-            found.insert(id.to_vec(), (lists, row));
+            crate::decode::charge::take(id.len() + 64, "converting an Arrow record")?;
+            if found.insert(id.to_vec(), (lists, row)).is_some() {
+                return Err(arrow_error(
+                    format!("locations row {row}"),
+                    "a stack trace id given twice",
+                ));
+            }
         }
     }
     let mut grouping = Grouping::new();
@@ -1168,13 +1246,14 @@ mod tests {
     #[test]
     fn a_record_that_states_more_than_the_limit_is_refused_before_it_is_decompressed() {
         let ipc = stream(10_000);
-        assert!(ipc_decompressed_bytes(&ipc).unwrap() >= 80_000);
+        assert!(ipc_decompressed_bytes(&ipc, usize::MAX).unwrap() >= 80_000);
         // The column's buffer states its length (80,000 bytes) in front: make it 1 TiB.
         let stated = 80_000i64.to_le_bytes();
         let at = ipc.windows(8).position(|w| w == stated).unwrap();
         let mut bomb = ipc.clone();
         bomb[at..at + 8].copy_from_slice(&(1i64 << 40).to_le_bytes());
-        assert!(ipc_decompressed_bytes(&bomb).unwrap() >= 1 << 40);
+        let e = ipc_decompressed_bytes(&bomb, 1 << 30).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
         let e = write_arrow(&bomb, &Limits::default()).unwrap_err();
         assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
         // Cut short, or not IPC at all: an error naming the byte.
@@ -1182,9 +1261,71 @@ mod tests {
             &ipc[..ipc.len() / 2],
             b"\xff\xff\xff\xff\x10\x00\x00\x00abc",
         ] {
-            let e = ipc_decompressed_bytes(bad).unwrap_err();
+            let e = ipc_decompressed_bytes(bad, usize::MAX).unwrap_err();
             assert!(e.to_string().contains("byte "), "{e}");
         }
+    }
+
+    #[test]
+    fn an_lz4_buffer_that_inflates_past_what_it_states_is_refused_before_arrow_inflates_it() {
+        // arrow inflates an LZ4 frame to its end, taking the stated length as a hint: a
+        // buffer stating 8 bytes held all 80,000 of the frame, counted as 8.
+        let ipc = stream(10_000);
+        let stated = 80_000i64.to_le_bytes();
+        let at = ipc.windows(8).position(|w| w == stated).unwrap();
+        let mut bomb = ipc.clone();
+        bomb[at..at + 8].copy_from_slice(&8i64.to_le_bytes());
+        let e = ipc_decompressed_bytes(&bomb, usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("inflates past the 8 bytes"), "{e}");
+        let e = write_arrow(&bomb, &Limits::default()).unwrap_err();
+        assert!(e.to_string().contains("LZ4"), "{e}");
+        // Stating more than the frame holds is refused as well (a truncated frame).
+        bomb[at..at + 8].copy_from_slice(&80_008i64.to_le_bytes());
+        let e = ipc_decompressed_bytes(&bomb, usize::MAX).unwrap_err();
+        assert!(e.to_string().contains("not the 80008"), "{e}");
+    }
+
+    #[test]
+    fn each_dictionary_delta_counts_the_whole_dictionary_it_makes() {
+        use arrow::array::DictionaryArray;
+        // A delta is a few bytes, but arrow copies the dictionary whole to extend it, and
+        // each batch keeps the copy it was decoded with.
+        let field = Field::new(
+            "s",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            false,
+        );
+        let schema = Arc::new(Schema::new(vec![field]));
+        let options = arrow::ipc::writer::IpcWriteOptions::default()
+            .with_dictionary_handling(arrow::ipc::writer::DictionaryHandling::Delta);
+        let big = "x".repeat(1 << 16);
+        let mut ipc = Vec::new();
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new_with_options(&mut ipc, &schema, options)
+                .unwrap();
+        let mut values = vec![big.clone()];
+        for i in 0..32 {
+            if i > 0 {
+                values.push(format!("a{i}"));
+            }
+            let keys = arrow::array::Int32Array::from(vec![0]);
+            let dictionary = arrow::array::StringArray::from(values.clone());
+            let array = DictionaryArray::<Int32Type>::try_new(keys, Arc::new(dictionary)).unwrap();
+            w.write(&RecordBatch::try_new(schema.clone(), vec![Arc::new(array)]).unwrap())
+                .unwrap();
+        }
+        w.finish().unwrap();
+        drop(w);
+        let counted = ipc_decompressed_bytes(&ipc, usize::MAX).unwrap();
+        assert!(counted >= 32 << 16, "the copies are counted: {counted}");
+        // Without deltas the same stream's first dictionary alone is one copy.
+        assert!(
+            ipc.len() < 4 << 16,
+            "the stream itself is small: {}",
+            ipc.len()
+        );
+        let e = ipc_decompressed_bytes(&ipc, 16 << 16).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
     }
 
     /// The agent's record (`testing::parca_agent_record`) as batches, and back as an
@@ -1218,7 +1359,7 @@ mod tests {
             .iter()
             .map(|f| f.as_ref().clone())
             .collect();
-        fields[at] = Field::new(name, column.data_type().clone(), false);
+        fields[at] = Field::new(name, column.data_type().clone(), column.null_count() > 0);
         let mut columns = b.columns().to_vec();
         columns[at] = column;
         let schema = Arc::new(Schema::new(fields).with_metadata(b.schema().metadata().clone()));
@@ -1261,6 +1402,99 @@ mod tests {
         };
         assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
         assert!(e.to_string().contains("the request ended"), "{e}");
+    }
+
+    /// The `Write` stream's stacks record answers the samples' ids: no more rows than
+    /// samples may be, each id once. A run-end encoded id column stated billions of rows,
+    /// each kept and hashed, with no pace and no charge; an id given twice kept the last.
+    #[test]
+    fn a_locations_record_of_more_stacks_than_samples_or_an_id_twice_is_refused() {
+        let (samples, locations, ..) =
+            crate::testing::parca_agent_v1_records("00112233445566778899");
+        let limits = Limits::default();
+        assert_eq!(write_v1(&samples, &locations, &limits).unwrap().len(), 2);
+        let stacks: Vec<RecordBatch> =
+            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(&locations), None)
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+        let rows: usize = stacks.iter().map(RecordBatch::num_rows).sum();
+        let few = Limits {
+            max_samples: rows - 1,
+            ..limits
+        };
+        let e = write_v1(&samples, &locations, &few).unwrap_err();
+        assert_eq!(e.kind(), frostdb_core::ErrorKind::LimitExceeded, "{e}");
+        assert!(
+            e.to_string().contains("stacks of the locations record"),
+            "{e}"
+        );
+        let twice: Vec<RecordBatch> = stacks.iter().chain(&stacks).cloned().collect();
+        let e = write_v1(&samples, &ipc_of(&twice), &limits).unwrap_err();
+        assert!(
+            e.to_string().contains("a stack trace id given twice"),
+            "{e}"
+        );
+        // Each id kept is charged.
+        let (_, asked) = crate::decode::charge::under_budget(usize::MAX, || {
+            write_v1(&samples, &locations, &limits).unwrap()
+        });
+        assert!(asked >= rows * 64, "{asked}");
+    }
+
+    /// A null in an Arrow column is no value, whatever its slot holds: a null location in a
+    /// stack is refused (its key slot, zero, named another stack's location), and a null
+    /// labels row has no labels (its children's values there are undefined).
+    #[test]
+    fn a_null_location_is_refused_and_a_null_labels_row_has_no_labels() {
+        use arrow::array::{DictionaryArray, ListViewArray, StructArray, UInt32Array};
+        use arrow::buffer::NullBuffer;
+        let batches = agent_batches();
+        let b = &batches[0];
+        let limits = Limits::default();
+        let labelled = |incoming: &[Incoming]| -> usize {
+            incoming
+                .iter()
+                .map(|i| {
+                    i.profile
+                        .flat()
+                        .samples()
+                        .filter(|s| !s.label.is_empty())
+                        .count()
+                })
+                .sum()
+        };
+        let all = labelled(&write_arrow(&ipc_of(&batches), &limits).unwrap());
+        assert_eq!(all, b.num_rows(), "every sample of the record is labelled");
+        let labels = b.column_by_name(wire::LABELS).unwrap().as_struct().clone();
+        let (fields, columns, _) = labels.into_parts();
+        let mut valid = vec![true; b.num_rows()];
+        valid[0] = false;
+        let nulled = StructArray::try_new(fields, columns, Some(NullBuffer::from(valid))).unwrap();
+        let one_null = with_column(b, wire::LABELS, Arc::new(nulled));
+        let incoming = write_arrow(&ipc_of(&[one_null]), &limits).unwrap();
+        assert_eq!(
+            labelled(&incoming),
+            all - 1,
+            "the null row took its children's labels"
+        );
+
+        // The stacks' second location entry made null.
+        let stacks = b.column_by_name(wire::STACKTRACE).unwrap();
+        let stacks = stacks.as_any().downcast_ref::<ListViewArray>().unwrap();
+        let entries = stacks.values().as_dictionary::<UInt32Type>();
+        let mut keys: Vec<Option<u32>> = entries.keys().iter().collect();
+        keys[1] = None;
+        let entries = DictionaryArray::<UInt32Type>::try_new(
+            UInt32Array::from(keys),
+            entries.values().clone(),
+        )
+        .unwrap();
+        let (field, offsets, sizes, _, nulls) = stacks.clone().into_parts();
+        let nulled = ListViewArray::new(field, offsets, sizes, Arc::new(entries), nulls);
+        let b = with_column(b, wire::STACKTRACE, Arc::new(nulled));
+        let e = write_arrow(&ipc_of(&[b]), &limits).unwrap_err();
+        assert!(e.to_string().contains("a null location"), "{e}");
     }
 
     /// A location's lines are frames of its stacks: more than a stack may hold is refused

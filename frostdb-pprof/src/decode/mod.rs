@@ -52,6 +52,17 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Whether these limits are each at most `other`'s: what passed them passes `other`.
+    pub fn within(&self, other: &Limits) -> bool {
+        self.max_decompressed_bytes <= other.max_decompressed_bytes
+            && self.max_samples <= other.max_samples
+            && self.max_locations <= other.max_locations
+            && self.max_functions <= other.max_functions
+            && self.max_stack_depth <= other.max_stack_depth
+    }
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
     Error::Invalid {
         field,

@@ -548,6 +548,18 @@ impl ProfileStore {
         stacks: Option<&crate::ArrowStacks>,
     ) -> Result<crate::ArrowSummary> {
         use crate::columnar::{Input, InternedStacks, not_added};
+        // Stacks checked by another store, under looser limits, are not this store's to
+        // take unchecked.
+        if let Some(stacks) = stacks
+            && !stacks.0.limits.within(&self.options.limits)
+        {
+            return Err(Error::Invalid {
+                field: "stacks",
+                reason: "checked under looser limits than this store's: make them with its \
+                         arrow_stacks"
+                    .into(),
+            });
+        }
         let input = Input::check(
             samples,
             stacks,
