@@ -67,6 +67,10 @@ struct PendingTx<T> {
 struct LogState<T> {
     next_tx: u64,
     pending: VecDeque<PendingTx<T>>,
+    /// The oldest transaction taken from `pending` to be published, until it is applied to
+    /// every table it writes: meanwhile it is in neither `pending` nor (for the tables not
+    /// yet applied) a table, and its WAL segment must stay.
+    publishing: Option<u64>,
 }
 
 /// The database's commit log: every table commits through it.
@@ -122,6 +126,7 @@ impl<T: Logged> CommitLog<T> {
             state: Mutex::new(LogState {
                 next_tx: 1,
                 pending: VecDeque::new(),
+                publishing: None,
             }),
             publish: Mutex::new(()),
             published: std::sync::atomic::AtomicU64::new(0),
@@ -302,20 +307,23 @@ impl<T: Logged> CommitLog<T> {
                     .iter()
                     .take_while(|p| p.position <= durable)
                     .count();
+                state.publishing = state.pending.front().filter(|_| n > 0).map(|p| p.tx);
                 state.pending.drain(..n).collect()
             };
             let Some(last) = ready.last().map(|p| p.tx) else {
                 return;
             };
             publish_in_order(ready);
+            self.state.lock().publishing = None;
             self.published
                 .fetch_max(last, std::sync::atomic::Ordering::AcqRel);
         }
     }
 
-    /// The oldest transaction appended but not yet published.
+    /// The oldest transaction appended but not yet published (to every table it writes).
     pub(crate) fn oldest_pending(&self) -> Option<u64> {
-        self.state.lock().pending.front().map(|p| p.tx)
+        let state = self.state.lock();
+        state.publishing.or(state.pending.front().map(|p| p.tx))
     }
 
     /// Deletes the WAL segments every table has persisted. Returns how many.
@@ -428,5 +436,109 @@ fn publish_in_order<T: Logged>(ready: Vec<PendingTx<T>>) {
 impl<T: Logged> crate::workers::RelieveWal for CommitLog<T> {
     fn relieve(&self) {
         self.relieve_wal();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use arrow::array::{Int64Array, RecordBatch};
+
+    use super::*;
+    use crate::fs::OsFs;
+    use crate::index::chunk::Chunk;
+    use crate::options::Durability;
+    use crate::wal::FileWal;
+
+    /// A table that holds nothing in memory once applied (as if persisted at once), and
+    /// whose `apply` can be made to wait.
+    struct Fake {
+        name: &'static str,
+        entered: Mutex<Option<mpsc::Sender<()>>>,
+        proceed: Mutex<Option<mpsc::Receiver<()>>>,
+    }
+
+    impl Logged for Fake {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn apply(&self, _writes: Vec<(u64, Write)>) {
+            if let Some(entered) = self.entered.lock().take() {
+                entered.send(()).unwrap();
+                self.proceed.lock().take().unwrap().recv().unwrap();
+            }
+        }
+        fn oldest_unpersisted_tx(&self) -> Option<u64> {
+            None
+        }
+        fn rotate_and_persist(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn fake(name: &'static str) -> Arc<Fake> {
+        Arc::new(Fake {
+            name,
+            entered: Mutex::new(None),
+            proceed: Mutex::new(None),
+        })
+    }
+
+    fn entry(table: &Arc<Fake>) -> Entry<Fake> {
+        let batch = RecordBatch::try_from_iter([(
+            "v",
+            Arc::new(Int64Array::from(vec![1])) as arrow::array::ArrayRef,
+        )])
+        .unwrap();
+        Entry {
+            table: table.clone(),
+            write: Write {
+                chunk: Arc::new(Chunk::new(batch).unwrap()),
+                columns: Vec::new(),
+            },
+        }
+    }
+
+    /// A transaction taken from the pending ones is being applied to its tables: one has
+    /// it (and has, say, persisted it), another not yet. Its WAL segment stays until every
+    /// table has it; deleted meanwhile, a crash lost the other table's share of an
+    /// acknowledged transaction.
+    #[test]
+    fn a_transaction_being_published_keeps_its_wal_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<CommitLog<Fake>> = CommitLog::new(true, u64::MAX, None, None, None);
+        let wal = FileWal::open(
+            Arc::new(OsFs),
+            dir.path(),
+            Durability::Sync,
+            1 << 20,
+            Vec::new(),
+            1,
+        )
+        .unwrap();
+        log.attach(Wal::Files(wal), 1);
+        let (a, b) = (fake("a"), fake("b"));
+        log.register(&a);
+        log.register(&b);
+        let (entered_tx, entered) = mpsc::channel();
+        let (proceed, proceed_rx) = mpsc::channel();
+        *b.entered.lock() = Some(entered_tx);
+        *b.proceed.lock() = Some(proceed_rx);
+        std::thread::scope(|s| {
+            let committing = s.spawn(|| log.commit(vec![entry(&a), entry(&b)]));
+            // `a` has the transaction, `b` is applying it.
+            entered.recv().unwrap();
+            log.wal().unwrap().rotate().unwrap();
+            let deleted = log.truncate().unwrap();
+            proceed.send(()).unwrap();
+            assert_eq!(committing.join().unwrap().unwrap(), 1);
+            assert_eq!(
+                deleted, 0,
+                "the segment of a transaction not yet in every table was deleted"
+            );
+        });
+        // Applied everywhere (and, here, held by no table): now it may go.
+        assert_eq!(log.truncate().unwrap(), 1);
     }
 }

@@ -192,6 +192,16 @@ impl Db {
         let fs = options.file_system.clone();
         fs.create_dir_all(&dir)
             .map_err(io_err(format!("creating {}", dir.display())))?;
+        // The directory's own entry is durable before anything written in it is
+        // acknowledged (the manifest's and blocks' syncs cover only the entries inside it).
+        if let Some(parent) = dir.parent() {
+            let parent = match parent.as_os_str().is_empty() {
+                true => Path::new("."),
+                false => parent,
+            };
+            fs.sync_dir(parent)
+                .map_err(io_err(format!("syncing {}", parent.display())))?;
+        }
         // Before reading anything: another owner may be writing it.
         let lock = fs.lock(&dir)?;
         let pool = Self::pool(&options)?;

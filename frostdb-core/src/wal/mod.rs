@@ -592,17 +592,26 @@ impl FileWal {
             w.closed = kept;
             doomed
         };
-        for s in &doomed {
+        let count = doomed.len();
+        let mut doomed = doomed.into_iter();
+        while let Some(s) = doomed.next() {
             match self.fs.remove(&s.path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(format!("deleting {}", s.path.display()))(e)),
+                Err(e) => {
+                    let error = io_err(format!("deleting {}", s.path.display()))(e);
+                    // Kept, and counted: the next truncation deletes them.
+                    let mut w = self.writer.lock();
+                    let kept = std::mem::take(&mut w.closed);
+                    w.closed = std::iter::once(s).chain(doomed).chain(kept).collect();
+                    return Err(error);
+                }
             }
         }
-        if !doomed.is_empty() {
+        if count > 0 {
             sync_dir(&*self.fs, &self.dir)?;
         }
-        Ok(doomed.len())
+        Ok(count)
     }
 
     /// Bytes of the WAL's segments, as written (no file system calls).
@@ -641,6 +650,84 @@ mod tests {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// The operating system's files, whose next deletions fail.
+    #[derive(Debug, Default)]
+    struct FailingRemoves(std::sync::atomic::AtomicUsize);
+
+    impl FileSystem for FailingRemoves {
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            OsFs.create_dir_all(dir)
+        }
+        fn list(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+            OsFs.list(dir)
+        }
+        fn read(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+            OsFs.read(path)
+        }
+        fn open_read(&self, path: &Path) -> std::io::Result<(Box<dyn std::io::Read + Send>, u64)> {
+            OsFs.open_read(path)
+        }
+        fn create(&self, path: &Path) -> std::io::Result<Box<dyn crate::fs::WritableFile>> {
+            OsFs.create(path)
+        }
+        fn sync_file(&self, path: &Path) -> std::io::Result<()> {
+            OsFs.sync_file(path)
+        }
+        fn truncate(&self, path: &Path, len: u64) -> std::io::Result<()> {
+            OsFs.truncate(path, len)
+        }
+        fn len(&self, path: &Path) -> std::io::Result<u64> {
+            OsFs.len(path)
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            OsFs.rename(from, to)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            let failing = self.0.load(Ordering::Acquire);
+            if failing > 0 {
+                self.0.store(failing - 1, Ordering::Release);
+                return Err(std::io::Error::other("injected"));
+            }
+            OsFs.remove(path)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            OsFs.sync_dir(dir)
+        }
+        fn lock(&self, dir: &Path) -> Result<Box<dyn Send + Sync>> {
+            OsFs.lock(dir)
+        }
+    }
+
+    /// A segment whose deletion failed stays listed and counted, and the next truncation
+    /// deletes it (it was forgotten: on disk, uncounted, until the next open).
+    #[test]
+    fn a_segment_not_deleted_is_deleted_by_the_next_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FailingRemoves::default());
+        let wal =
+            FileWal::open(fs.clone(), dir.path(), Durability::Sync, 64, Vec::new(), 1).unwrap();
+        for tx in 1..=6u64 {
+            let at = wal.append(tx, &[tx as u8; 40]).unwrap();
+            wal.sync(at).unwrap();
+        }
+        let on_disk = |wal: &FileWal| {
+            let files = list_segments(&OsFs, dir.path()).unwrap();
+            let bytes: u64 = files.iter().map(|(_, p)| OsFs.len(p).unwrap()).sum();
+            (files.len(), bytes, wal.total_bytes())
+        };
+        let (before, ..) = on_disk(&wal);
+        fs.0.store(1, Ordering::Release);
+        assert!(wal.truncate_through(4).is_err());
+        let (files, bytes, counted) = on_disk(&wal);
+        assert_eq!(files, before, "nothing was deleted");
+        assert_eq!(counted, bytes, "every file is counted");
+        let removed = wal.truncate_through(4).unwrap();
+        assert!(removed >= 3, "{removed}");
+        let (files, bytes, counted) = on_disk(&wal);
+        assert_eq!(files, before - removed);
+        assert_eq!(counted, bytes);
     }
 
     #[test]

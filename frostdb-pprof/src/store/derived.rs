@@ -91,6 +91,63 @@ impl SeriesSeen {
 /// Most keys [`SeriesSeen`] keeps (about 32 MB).
 pub(super) const MAX_SERIES_SEEN: usize = 1 << 20;
 
+/// Rows of one table inserted by one transaction, batches of a schema put together until
+/// they are [`Coalesced::ROWS`] rows: a transaction takes at most 65,535 inserts, and a
+/// rebuild scans a batch per granule (a store of 537 M sample rows could not be opened).
+struct Coalesced<'a> {
+    tx: frostdb_core::Transaction,
+    table: &'a Table,
+    /// Per schema (its columns' names), batches not yet inserted and their rows.
+    pending: std::collections::HashMap<Vec<String>, (Vec<RecordBatch>, usize)>,
+}
+
+impl<'a> Coalesced<'a> {
+    const ROWS: usize = 1 << 16;
+
+    fn new(db: &Db, table: &'a Table) -> Self {
+        Self {
+            tx: db.transaction(),
+            table,
+            pending: Default::default(),
+        }
+    }
+
+    fn insert(&mut self, batch: RecordBatch) -> Result<()> {
+        let key = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let (batches, rows) = self.pending.entry(key).or_default();
+        *rows += batch.num_rows();
+        batches.push(batch);
+        if *rows >= Self::ROWS {
+            let batches = std::mem::take(batches);
+            *rows = 0;
+            self.put(&batches)?;
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, batches: &[RecordBatch]) -> Result<()> {
+        if let Some(first) = batches.first() {
+            let batch = arrow::compute::concat_batches(&first.schema(), batches)?;
+            self.tx.insert(self.table, &batch)?;
+        }
+        Ok(())
+    }
+
+    /// Inserts what is left and commits, durably.
+    fn commit(mut self) -> Result<()> {
+        for (batches, _) in std::mem::take(&mut self.pending).into_values() {
+            self.put(&batches)?;
+        }
+        self.tx.commit()?;
+        Ok(())
+    }
+}
+
 /// Builds the totals of a store written before it had them, from its sample rows.
 pub(super) fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<()> {
     let started = std::time::Instant::now();
@@ -105,13 +162,13 @@ pub(super) fn build_totals(db: &Db, samples: &Table, totals: &Table) -> Result<(
         .filter(|n| n != STACKTRACE_ID)
         .collect();
     // One transaction: a crash midway leaves no totals, and the next open builds them whole.
-    let mut tx = db.transaction();
+    let mut tx = Coalesced::new(db, totals);
     for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
         let batch = batch?;
         read += batch.num_rows();
         let rows = totals_rows(&batch)?;
         written += rows.num_rows();
-        tx.insert(totals, &rows)?;
+        tx.insert(rows)?;
     }
     tx.commit()?;
     tracing::info!(
@@ -140,6 +197,10 @@ pub(super) fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Res
     let mut seen: std::collections::HashMap<Vec<String>, std::collections::HashSet<OwnedRow>> =
         Default::default();
     let (mut read, mut written) = (0usize, 0usize);
+    // One transaction, as the totals': an index built partly before a crash was taken for
+    // whole at the next open (it is built only when empty), and merges and label queries
+    // left out the series it lacked.
+    let mut tx = Coalesced::new(db, index);
     for batch in snapshot.scan(&frostdb_core::ScanRequest::new().project(columns.iter()))? {
         let batch = batch?;
         read += batch.num_rows();
@@ -166,12 +227,11 @@ pub(super) fn build_series_index(db: &Db, samples: &Table, index: &Table) -> Res
                 &rows,
                 &arrow::array::UInt32Array::from(first.clone()),
             )?;
-            let mut tx = db.transaction();
-            tx.insert(index, &new)?;
-            tx.submit()?.wait()?;
+            tx.insert(new)?;
             written += first.len();
         }
     }
+    tx.commit()?;
     tracing::info!(
         sample_rows = read,
         index_rows = written,
