@@ -327,10 +327,12 @@ struct Entry {
 }
 
 impl Entry {
-    /// Whether nothing but the map holds the tenant: no request, no opening in progress.
+    /// Whether nothing but the map holds the tenant: no request, no opening in progress. An
+    /// entry left unopened by a request that went away (its open dropped midway) is idle:
+    /// kept, it held an open tenant's place for good.
     fn idle(&self) -> bool {
         Arc::strong_count(&self.cell) == 1
-            && self.cell.get().is_some_and(|t| Arc::strong_count(t) == 1)
+            && self.cell.get().is_none_or(|t| Arc::strong_count(t) == 1)
     }
 }
 
@@ -707,6 +709,8 @@ impl Tenants {
         {
             tracing::warn!(tenant = %id, reason = %stopped, "tenant stopped writing; reopening it");
             self.tenants.lock().remove(id);
+            // Not held here while it is opened again (its lock would refuse the new one).
+            drop(known);
         }
         let open = self.tenants.lock().contains_key(id);
         if !open {
@@ -842,9 +846,18 @@ impl Tenants {
         }
     }
 
-    /// One round of [`Tenants::govern_memory`].
+    /// One round of [`Tenants::govern_memory`]. What it can relieve is what tenants hold
+    /// (`standing`), not what requests reserve: it brings standing down to what leaves
+    /// the reservations room, but never below a quarter of the budget, and persists only a
+    /// tenant holding rows worth a block. (Reservations alone over the mark had it persist
+    /// every tenant and close every idle one every second, freeing nearly nothing, and
+    /// leave a block per table per second that a local database never merges.)
     fn relieve(&self, budget: &frostdb_core::MemoryBudget) {
         let high = budget.limit() / 10 * 8;
+        let floor = budget.limit() / 4;
+        let target = || high.saturating_sub(budget.reserved()).max(floor);
+        // Rows in memory worth persisting as a block.
+        let worth_a_block = (budget.limit() / 64).max(1 << 20);
         let mut sized: Vec<(std::sync::Weak<Tenant>, usize)> = self
             .open_now()
             .into_iter()
@@ -855,12 +868,12 @@ impl Tenants {
             .collect();
         let mut standing: usize = sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes();
         budget.set_standing(standing);
-        if standing + budget.reserved() <= high {
+        if standing + budget.reserved() <= high || standing <= target() {
             return;
         }
         sized.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
         for (tenant, bytes) in sized {
-            if standing + budget.reserved() <= high {
+            if standing <= target() {
                 break;
             }
             let Some(tenant) = tenant.upgrade() else {
@@ -868,6 +881,16 @@ impl Tenants {
                 standing = standing.saturating_sub(bytes);
                 continue;
             };
+            let rows: usize = tenant
+                .store
+                .db()
+                .tables()
+                .iter()
+                .map(|t| t.stats().memory_bytes)
+                .sum();
+            if rows < worth_a_block {
+                continue;
+            }
             tracing::info!(
                 tenant = %tenant.id,
                 bytes,
@@ -884,7 +907,7 @@ impl Tenants {
             budget.set_standing(standing);
         }
         // Still pressed: what is left is symbols and caches of idle tenants.
-        while standing + budget.reserved() > high {
+        while standing > target() {
             let Some(closed) = self.close_least_recent() else {
                 break;
             };
@@ -903,9 +926,13 @@ impl Tenants {
                 .filter(|(_, e)| e.idle())
                 .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
                 .map(|(id, _)| id.clone())?;
-            tenants.remove(&victim)?
+            (tenants.remove(&victim)?, victim)
         };
-        let tenant = entry.cell.get()?.clone();
+        let (entry, victim) = entry;
+        let Some(tenant) = entry.cell.get().cloned() else {
+            // Left unopened by a request that went away.
+            return Some((victim, 0));
+        };
         let bytes = tenant.memory_bytes();
         let id = tenant.id.clone();
         drop(tenant);
@@ -1074,6 +1101,97 @@ mod tests {
         assert_eq!(t.store.options().label_limits.max_label_names_per_series, 7);
         assert_eq!(tenants.existing().await.unwrap(), vec!["t".to_owned()]);
         assert!(tenants.for_read("t").await.unwrap().is_some());
+    }
+
+    /// Reservations alone over the budget's mark are nothing persisting or closing tenants
+    /// relieves: the governor leaves tenants be (it persisted every one, a block per table
+    /// a second, and closed every idle one). Tenants holding much are relieved.
+    #[tokio::test]
+    async fn the_memory_governor_relieves_what_tenants_hold_not_what_requests_reserve() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let budget = frostdb_core::MemoryBudget::new(16 << 20);
+        let tenants = Tenants::new(
+            dir.path().to_owned(),
+            Limits::default(),
+            Retention::default(),
+            pool,
+        )
+        .budget(budget.clone());
+        let push = |t: &Tenant, i: i64, stacks: usize| {
+            let p = frostdb_pprof::testing::profile(0, stacks, 3);
+            let options = frostdb_pprof::IngestOptions::default()
+                .name("process_cpu")
+                .timestamp_ms(Some(1_700_000_000_000 + i));
+            t.store
+                .ingest(&prost::Message::encode_to_vec(&p), &options)
+                .unwrap();
+        };
+        let blocks =
+            |t: &Tenant| -> usize { t.store.db().tables().iter().map(|t| t.stats().blocks).sum() };
+        let t = tenants.for_write("t").await.unwrap();
+        push(&t, 0, 10);
+        let reserved = budget.try_reserve(15 << 20, "queries").unwrap();
+        for i in 1..=3 {
+            push(&t, i, 10);
+            tenants.relieve(&budget);
+        }
+        assert_eq!(blocks(&t), 0, "a tenant holding little was persisted");
+        drop(t);
+        tenants.relieve(&budget);
+        assert_eq!(
+            tenants.open_count(),
+            1,
+            "an idle tenant holding little was closed"
+        );
+        drop(reserved);
+        // A tenant holding most of the budget is persisted.
+        let t = tenants.for_write("t").await.unwrap();
+        let mut i = 10;
+        while t.memory_bytes() < 14 << 20 {
+            push(&t, i, 2_000);
+            i += 1;
+        }
+        tenants.relieve(&budget);
+        assert!(
+            blocks(&t) > 0,
+            "a tenant holding most of the budget was not persisted"
+        );
+    }
+
+    /// A request that goes away while its tenant opens leaves no entry holding an open
+    /// tenant's place (it held one for good: with one place, every other tenant got 503).
+    #[tokio::test]
+    async fn an_open_left_by_its_request_holds_no_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let tenants = Tenants::new(
+            dir.path().to_owned(),
+            Limits::default(),
+            Retention::default(),
+            pool,
+        )
+        .max_open(1);
+        {
+            let mut opening = std::pin::pin!(tenants.for_write("a"));
+            loop {
+                assert!(
+                    futures::poll!(&mut opening).is_pending(),
+                    "opened before it could be left"
+                );
+                let midway = tenants
+                    .tenants
+                    .lock()
+                    .get("a")
+                    .is_some_and(|e| e.cell.get().is_none() && Arc::strong_count(&e.cell) > 1);
+                if midway {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        let b = tenants.for_write("b").await;
+        assert!(b.is_ok(), "{:?}", b.err().map(|e| e.to_string()));
     }
 
     #[tokio::test]
