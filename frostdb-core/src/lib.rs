@@ -83,6 +83,7 @@ pub mod fs;
 pub mod fuzzing;
 mod index;
 mod io;
+pub mod ipc;
 mod lease;
 mod lock;
 mod manifest;

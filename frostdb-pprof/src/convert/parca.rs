@@ -113,39 +113,16 @@ fn arrow_error(at: impl Into<String>, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Whether the LZ4 frame `frame` inflates to exactly `stated` bytes, read through into
-/// nothing and stopped one byte past: the reason if not.
-fn lz4_fits(frame: &[u8], stated: u64) -> std::result::Result<(), String> {
-    use std::io::Read;
-    let mut inflated = lz4_flex::frame::FrameDecoder::new(frame).take(stated.saturating_add(1));
-    match std::io::copy(&mut inflated, &mut std::io::sink()) {
-        Ok(n) if n == stated => Ok(()),
-        Ok(n) if n > stated => Err(format!(
-            "an LZ4 buffer inflates past the {stated} bytes it states"
-        )),
-        Ok(n) => Err(format!(
-            "an LZ4 buffer inflates to {n} bytes, not the {stated} it states"
-        )),
-        Err(e) => Err(format!("an LZ4 buffer is not a valid frame: {e}")),
-    }
-}
-
-/// The bytes an Arrow IPC stream's buffers decompress to, summed from the lengths each
-/// compressed buffer states, before any is decompressed: what decoding it would allocate,
-/// refused as soon as it passes `limit`. An LZ4 buffer is inflated into nothing to check
-/// the length it states (arrow trusts the frame, not the length); a dictionary delta
-/// counts the whole dictionary it makes. The stream's framing (continuation marker,
-/// metadata length, flatbuffer message, body) is checked as it is walked.
+/// The bytes an Arrow IPC stream's buffers decompress to, before any is decompressed: what
+/// decoding it would allocate, refused as soon as it passes `limit`
+/// ([`frostdb_core::ipc::IpcBytes`] counts each message). The stream's framing
+/// (continuation marker, metadata length, flatbuffer message, body) is checked as it is
+/// walked.
 pub fn ipc_decompressed_bytes(ipc: &[u8], limit: usize) -> Result<usize> {
-    let too_large = || Error::TooLarge {
-        what: "Arrow record (decompressed)",
-        limit,
-    };
-    use arrow::ipc::{MessageHeader, root_as_message};
+    use frostdb_core::ipc::{IpcBytes, IpcFault};
     let mut at = 0usize;
     let mut total = 0usize;
-    // Each dictionary's size so far, by id.
-    let mut dictionaries: std::collections::HashMap<i64, usize> = Default::default();
+    let mut counted = IpcBytes::default();
     let bad = |at: usize, reason: String| arrow_error(format!("byte {at}"), reason);
     while at < ipc.len() {
         let word = |i: usize| -> Result<i32> {
@@ -166,82 +143,24 @@ pub fn ipc_decompressed_bytes(ipc: &[u8], limit: usize) -> Result<usize> {
         let meta = ipc
             .get(at..at.saturating_add(len))
             .ok_or_else(|| bad(at, format!("a message of {len} bytes runs past the end")))?;
-        let message =
-            root_as_message(meta).map_err(|e| bad(at, format!("not an Arrow IPC message: {e}")))?;
+        let message = arrow::ipc::root_as_message(meta)
+            .map_err(|e| bad(at, format!("not an Arrow IPC message: {e}")))?;
         at += len;
         let body_len = usize::try_from(message.bodyLength())
             .map_err(|_| bad(at, "a negative body length".into()))?;
         let body = ipc
             .get(at..at.saturating_add(body_len))
             .ok_or_else(|| bad(at, format!("a body of {body_len} bytes runs past the end")))?;
-        let (batch, dictionary) = match message.header_type() {
-            MessageHeader::RecordBatch => (message.header_as_record_batch(), None),
-            MessageHeader::DictionaryBatch => match message.header_as_dictionary_batch() {
-                Some(d) => (d.data(), Some((d.id(), d.isDelta()))),
-                None => (None, None),
-            },
-            _ => (None, None),
+        total += match counted.message(&message, body, limit - total) {
+            Ok(bytes) => bytes,
+            Err(IpcFault::TooLarge) => {
+                return Err(Error::TooLarge {
+                    what: "Arrow record (decompressed)",
+                    limit,
+                });
+            }
+            Err(IpcFault::Invalid(reason)) => return Err(bad(at, reason)),
         };
-        if let Some(batch) = batch {
-            let codec = batch.compression().map(|c| c.codec());
-            let compressed = codec.is_some();
-            let mut bytes = 0usize;
-            for buffer in batch.buffers().into_iter().flatten() {
-                let (offset, length) = (buffer.offset(), buffer.length());
-                // Every buffer within its body (arrow's reader slices without checking).
-                let end = offset
-                    .checked_add(length)
-                    .filter(|_| offset >= 0 && length >= 0);
-                if end.is_none_or(|e| usize::try_from(e).map_or(true, |e| e > body_len)) {
-                    return Err(bad(
-                        at,
-                        format!(
-                            "a buffer at {offset} of {length} bytes is outside its body of {body_len}"
-                        ),
-                    ));
-                }
-                let stated = if compressed && length >= 8 {
-                    let start = usize::try_from(offset).unwrap_or(usize::MAX);
-                    let prefix = body.get(start..start.saturating_add(8)).ok_or_else(|| {
-                        bad(at, format!("a buffer at {offset} is outside its body"))
-                    })?;
-                    let n = i64::from_le_bytes(prefix.try_into().unwrap());
-                    if n < 0 {
-                        length
-                    } else {
-                        let n_bytes = usize::try_from(n).unwrap_or(usize::MAX);
-                        if total.saturating_add(bytes).saturating_add(n_bytes) > limit {
-                            return Err(too_large());
-                        }
-                        if codec == Some(arrow::ipc::CompressionType::LZ4_FRAME) {
-                            // arrow inflates an LZ4 frame to its end, whatever size its prefix
-                            // states: the frame is measured (into nothing) first.
-                            let frame = &body[start + 8..start + length as usize];
-                            lz4_fits(frame, n as u64).map_err(|reason| bad(at, reason))?;
-                        }
-                        n
-                    }
-                } else {
-                    length
-                };
-                bytes = bytes.saturating_add(usize::try_from(stated).unwrap_or(usize::MAX));
-            }
-            // A delta extends a dictionary by copying it whole, and the batches decoded
-            // before keep the copy they were given: each counts the dictionary so far.
-            if let Some((id, delta)) = dictionary {
-                let size = dictionaries.entry(id).or_insert(0);
-                *size = if delta {
-                    size.saturating_add(bytes)
-                } else {
-                    bytes
-                };
-                bytes = *size;
-            }
-            total = total.saturating_add(bytes);
-            if total > limit {
-                return Err(too_large());
-            }
-        }
         at += body_len;
     }
     Ok(total)
