@@ -747,6 +747,32 @@ impl Config {
             }
             crate::tenants::validate_tenant(&job.tenant)
                 .map_err(|e| format!("scrape job {:?}: {e}", job.job))?;
+            // Each scrape adds `job` and `instance` itself: given here too, every scrape of
+            // the job was refused at store time (two labels of one name), for ever.
+            if let Some(name) = job
+                .labels
+                .keys()
+                .find(|n| ["job", "instance"].contains(&n.as_str()) || n.starts_with("__"))
+            {
+                return Err(format!(
+                    "scrape job {:?}: label {name:?} is the scrape's own (job and instance are \
+                     set by each scrape; names starting with __ are reserved)",
+                    job.job
+                ));
+            }
+        }
+        if let Some(remote) = &self.remote_write {
+            let url = reqwest::Url::parse(&remote.url)
+                .map_err(|e| format!("[remote_write]: url {:?}: {e}", remote.url))?;
+            if !["http", "https"].contains(&url.scheme()) {
+                return Err(format!(
+                    "[remote_write]: url {:?} is not http or https",
+                    remote.url
+                ));
+            }
+            if remote.interval.is_zero() || remote.timeout.is_zero() {
+                return Err("[remote_write]: interval and timeout must be positive".into());
+            }
         }
         // A target's status is known by its job (as Prometheus, which refuses two jobs of
         // one name): two jobs alike, of two tenants, shared one status, each tenant shown
@@ -1068,6 +1094,9 @@ mod tests {
             bad("[[scrape]]\njob='a'\ntargets=[]\n[[scrape]]\njob='a'\ntargets=[]\ntenant='b'")
                 .contains("two scrape jobs are named \"a\"")
         );
+        assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nlabels={instance='x'}").contains("instance"));
+        assert!(bad("[remote_write]\nurl='prometheus:9090/x'").contains("url"));
+        assert!(bad("[remote_write]\nurl='http://p/x'\ninterval='0s'").contains("positive"));
         assert!(bad("colour = 1").contains("colour"));
         assert!(bad("[ebpf]\nfrequency_hz = 0").contains("frequency_hz"));
         assert!(bad("[ebpf]\npids = [1]\ncgroup = '/sys/fs/cgroup'").contains("not both"));

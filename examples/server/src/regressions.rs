@@ -196,7 +196,11 @@ pub fn start(state: Shared) -> Option<tokio::task::JoinHandle<()>> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            for tenant in state.tenants.open_tenants() {
+            // One tenant held at a time: the others stay closable while its pass runs.
+            for tenant in state.tenants.open_weakly() {
+                let Some(tenant) = tenant.upgrade() else {
+                    continue; // closed meanwhile
+                };
                 let (state, config) = (state.clone(), config.clone());
                 let id = tenant.id.clone();
                 let done = tokio::task::spawn_blocking(move || {

@@ -940,6 +940,19 @@ impl Tenants {
         Some((id, bytes))
     }
 
+    /// The open tenants, by id, held weakly: background work going through them upgrades
+    /// one at a time, so that the others stay idle (closable) while it works on one.
+    pub fn open_weakly(&self) -> Vec<std::sync::Weak<Tenant>> {
+        let mut open: Vec<(String, std::sync::Weak<Tenant>)> = self
+            .tenants
+            .lock()
+            .iter()
+            .filter_map(|(id, e)| Some((id.clone(), Arc::downgrade(e.cell.get()?))))
+            .collect();
+        open.sort_by(|a, b| a.0.cmp(&b.0));
+        open.into_iter().map(|(_, t)| t).collect()
+    }
+
     /// The open tenants, by id.
     pub fn open_tenants(&self) -> Vec<Arc<Tenant>> {
         let mut open: Vec<Arc<Tenant>> = self
