@@ -314,6 +314,8 @@ impl<T: Logged> CommitLog<T> {
                 return;
             };
             publish_in_order(ready);
+            // Left set if a table's apply panicked: the tables not applied have those rows
+            // only in the WAL, whose segments then stay.
             self.state.lock().publishing = None;
             self.published
                 .fetch_max(last, std::sync::atomic::Ordering::AcqRel);

@@ -190,11 +190,12 @@ impl Db {
     ) -> Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         let fs = options.file_system.clone();
+        let made = matches!(fs.list(&dir), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         fs.create_dir_all(&dir)
             .map_err(io_err(format!("creating {}", dir.display())))?;
-        // The directory's own entry is durable before anything written in it is
-        // acknowledged (the manifest's and blocks' syncs cover only the entries inside it).
-        if let Some(parent) = dir.parent() {
+        // The directory's own entry, made here, is durable before anything written in it
+        // is acknowledged (the manifest's and blocks' syncs cover only the entries inside it).
+        if let Some(parent) = dir.parent().filter(|_| made) {
             let parent = match parent.as_os_str().is_empty() {
                 true => Path::new("."),
                 false => parent,

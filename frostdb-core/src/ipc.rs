@@ -74,7 +74,8 @@ impl IpcBytes {
                             if bytes.saturating_add(n) > room {
                                 return Err(IpcFault::TooLarge);
                             }
-                            if codec == CompressionType::LZ4_FRAME {
+                            // Stating 0, the buffer is empty, whatever follows.
+                            if codec == CompressionType::LZ4_FRAME && n > 0 {
                                 lz4_fits(&data[8..], n as u64).map_err(IpcFault::Invalid)?;
                             }
                             n

@@ -754,7 +754,8 @@ fn string_views_are_measured_before_they_are_copied_out() {
     store
         .ingest_arrow(&pods(aliased_views(4, 64)), None)
         .unwrap();
-    // One value over max_label_value_length, named by views that alias it.
+    // One value over max_label_value_length, named by views that alias it: refused (before
+    // the cast copies it out, as the next case shows it is).
     let long = LabelLimits::default().max_label_value_length + 1;
     let e = store
         .ingest_arrow(&pods(aliased_views(1 << 10, long)), None)
@@ -827,4 +828,66 @@ fn stacks_checked_under_looser_limits_are_refused() {
         loose.ingest_arrow_with(&samples, &checked).unwrap().rows,
         samples.num_rows()
     );
+}
+
+/// A column of views is copied out as its distinct values: views of overlapping windows
+/// are distinct, and are measured before the cast; views of one value are one value. A
+/// dictionary of no values (stacks all empty) is measured without a panic.
+#[test]
+fn distinct_views_are_measured_and_an_empty_dictionary_is_no_fault() {
+    use arrow::array::{DictionaryArray, ListArray, StringViewArray};
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default().limits(Limits {
+            max_decompressed_bytes: 6 << 10,
+            ..Limits::default()
+        }),
+    )
+    .unwrap();
+    let n = mangled(|_| {}).num_rows();
+    assert!(n >= 4, "{n}");
+    let len = 2 << 10;
+    let text: Vec<u8> = (0..len + n).map(|i| b'a' + (i % 26) as u8).collect();
+    let data = arrow::buffer::Buffer::from(text);
+    let view = |offset: usize| {
+        let prefix = u32::from_le_bytes(data[offset..offset + 4].try_into().unwrap()) as u128;
+        len as u128 | (prefix << 32) | ((offset as u128) << 96)
+    };
+    let pods = |offsets: Vec<usize>| {
+        let views = offsets.into_iter().map(view).collect::<Vec<_>>();
+        let pods = StringViewArray::try_new(
+            arrow::buffer::ScalarBuffer::from(views),
+            vec![data.clone()],
+            None,
+        )
+        .unwrap();
+        mangled(|c| set(c, "labels.pod", Arc::new(pods)))
+    };
+    // One value, by every row: within the limit.
+    store.ingest_arrow(&pods(vec![0; n]), None).unwrap();
+    // A window a row, each its own value: 2 KiB each, over the 6 KiB limit.
+    let e = store
+        .ingest_arrow(&pods((0..n).collect()), None)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
+    // Stacks all empty, their names a dictionary of no values.
+    let names = DictionaryArray::<Int32Type>::try_new(
+        Int32Array::from(Vec::<i32>::new()),
+        Arc::new(StringArray::from(Vec::<&str>::new())),
+    )
+    .unwrap();
+    let item = Arc::new(arrow::datatypes::Field::new(
+        "item",
+        arrow::array::Array::data_type(&names).clone(),
+        true,
+    ));
+    let empty = ListArray::new(
+        item,
+        arrow::buffer::OffsetBuffer::new_zeroed(n),
+        Arc::new(names),
+        None,
+    );
+    // (A panic fails the test.)
+    let empty = mangled(|c| set(c, "frames", Arc::new(empty)));
+    store.ingest_arrow(&empty, None).unwrap();
 }

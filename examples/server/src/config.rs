@@ -770,8 +770,10 @@ impl Config {
                     remote.url
                 ));
             }
-            if remote.interval.is_zero() || remote.timeout.is_zero() {
-                return Err("[remote_write]: interval and timeout must be positive".into());
+            for (name, value) in [("interval", remote.interval), ("timeout", remote.timeout)] {
+                if value.is_zero() {
+                    return Err(format!("[remote_write]: {name} must be positive"));
+                }
             }
         }
         // A target's status is known by its job (as Prometheus, which refuses two jobs of
@@ -1095,8 +1097,8 @@ mod tests {
                 .contains("two scrape jobs are named \"a\"")
         );
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nlabels={instance='x'}").contains("instance"));
-        assert!(bad("[remote_write]\nurl='prometheus:9090/x'").contains("url"));
-        assert!(bad("[remote_write]\nurl='http://p/x'\ninterval='0s'").contains("positive"));
+        assert!(bad("[remote_write]\nurl='prometheus:9090/x'").contains("not http or https"));
+        assert!(bad("[remote_write]\nurl='http://p/x'\ninterval='0s'").contains("interval must"));
         assert!(bad("colour = 1").contains("colour"));
         assert!(bad("[ebpf]\nfrequency_hz = 0").contains("frequency_hz"));
         assert!(bad("[ebpf]\npids = [1]\ncgroup = '/sys/fs/cgroup'").contains("not both"));

@@ -46,14 +46,17 @@ impl Tenant {
     /// What the tenant holds in memory: its tables' active and rotated blocks, its symbol
     /// partitions, and the previous values of its cumulative series.
     pub fn memory_bytes(&self) -> usize {
-        let tables: usize = self
-            .store
+        self.table_bytes() + self.store.symbol_memory_bytes() + self.store.baseline_memory_bytes()
+    }
+
+    /// What its tables hold in memory: the rows persisting writes out.
+    fn table_bytes(&self) -> usize {
+        self.store
             .db()
             .tables()
             .iter()
             .map(|t| t.stats().memory_bytes)
-            .sum();
-        tables + self.store.symbol_memory_bytes() + self.store.baseline_memory_bytes()
+            .sum()
     }
 }
 
@@ -830,8 +833,10 @@ impl Tenants {
     /// Keeps what the open tenants hold in memory (their tables' blocks and symbol
     /// partitions) within the memory budget, every `every`: reports it to the budget as
     /// standing memory (so requests and queries see what is left), and while it and the
-    /// reservations pass 80% of the budget, persists the tenants holding the most (their
-    /// blocks leave memory) and closes idle tenants, least recently used first.
+    /// reservations pass 80% of the budget, brings it down to what leaves the reservations
+    /// room (never below a quarter of the budget): persists the tenants holding the most
+    /// rows (their blocks leave memory), closes idle tenants, least recently used first,
+    /// and then persists busy tenants holding less (see [`Tenants::relieve`]).
     pub async fn govern_memory(state: super::Shared, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -868,45 +873,46 @@ impl Tenants {
             .collect();
         let mut standing: usize = sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes();
         budget.set_standing(standing);
-        if standing + budget.reserved() <= high || standing <= target() {
+        if standing <= target() {
             return;
         }
         sized.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
-        for (tenant, bytes) in sized {
-            if standing <= target() {
-                break;
+        // Persists the tenants holding the most, of those holding at least `rows` bytes of
+        // rows, until standing is down to the target.
+        let persist = |sized: &mut Vec<(std::sync::Weak<Tenant>, usize)>,
+                       standing: &mut usize,
+                       rows: usize| {
+            for (tenant, bytes) in sized.iter_mut() {
+                if *standing <= target() {
+                    break;
+                }
+                let Some(tenant) = tenant.upgrade() else {
+                    // Closed meanwhile: what it held is gone.
+                    *standing = standing.saturating_sub(std::mem::take(bytes));
+                    continue;
+                };
+                if tenant.table_bytes() < rows.max(1) {
+                    continue;
+                }
+                tracing::info!(
+                    tenant = %tenant.id,
+                    bytes = *bytes,
+                    standing = *standing,
+                    limit = budget.limit(),
+                    "memory budget pressed: persisting the tenant's blocks"
+                );
+                if let Err(e) = tenant.store.db().flush() {
+                    tracing::warn!(tenant = %tenant.id, "persisting under memory pressure failed: {e}");
+                }
+                let after = tenant.memory_bytes();
+                *standing = standing.saturating_sub(*bytes) + after;
+                *bytes = after;
+                budget.set_standing(*standing);
             }
-            let Some(tenant) = tenant.upgrade() else {
-                // Closed meanwhile: what it held is gone.
-                standing = standing.saturating_sub(bytes);
-                continue;
-            };
-            let rows: usize = tenant
-                .store
-                .db()
-                .tables()
-                .iter()
-                .map(|t| t.stats().memory_bytes)
-                .sum();
-            if rows < worth_a_block {
-                continue;
-            }
-            tracing::info!(
-                tenant = %tenant.id,
-                bytes,
-                standing,
-                limit = budget.limit(),
-                "memory budget pressed: persisting the tenant's blocks"
-            );
-            if let Err(e) = tenant.store.db().flush() {
-                tracing::warn!(tenant = %tenant.id, "persisting under memory pressure failed: {e}");
-            }
-            let after = tenant.memory_bytes();
-            drop(tenant);
-            standing = standing.saturating_sub(bytes) + after;
-            budget.set_standing(standing);
-        }
-        // Still pressed: what is left is symbols and caches of idle tenants.
+        };
+        persist(&mut sized, &mut standing, worth_a_block);
+        // Still pressed: idle tenants are closed (what they hold besides rows worth a
+        // block, symbols and caches, goes with them).
         while standing > target() {
             let Some(closed) = self.close_least_recent() else {
                 break;
@@ -915,6 +921,9 @@ impl Tenants {
             budget.set_standing(standing);
             tracing::info!(tenant = %closed.0, bytes = closed.1, "memory budget pressed: closed an idle tenant");
         }
+        // Still pressed, by many busy tenants each holding less than a block: the largest
+        // are persisted all the same.
+        persist(&mut sized, &mut standing, 0);
     }
 
     /// Closes the least recently used idle tenant: its id and the memory it held.

@@ -132,7 +132,15 @@ pub(crate) struct Input {
 fn is_string_type(data_type: &DataType) -> bool {
     match data_type {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
-        DataType::Dictionary(key, value) => key.is_integer() && is_string_type(value),
+        // A dictionary of plain strings (one of dictionaries is not measured, and none
+        // sends one).
+        DataType::Dictionary(key, value) => {
+            key.is_integer()
+                && matches!(
+                    **value,
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                )
+        }
         _ => false,
     }
 }
@@ -158,7 +166,7 @@ fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
         DataType::Dictionary(..) => {
             let d = array.as_any_dictionary();
             let (longest, total) = expanded_bytes(d.values().as_ref(), false);
-            if !per_key {
+            if !per_key || d.values().is_empty() {
                 return (longest, total);
             }
             let values = d.values();
@@ -173,7 +181,6 @@ fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
             let total = d
                 .normalized_keys()
                 .into_iter()
-                .filter(|&k| k < values.len())
                 .fold(0usize, |total, k| total.saturating_add(length(k)));
             (longest, total)
         }
@@ -330,15 +337,25 @@ fn check_label_name(name: &str, column: &str, limits: &LabelLimits) -> Result<()
 }
 
 /// [`check_value_lengths`] of column `column` before it is cast: the strings its views
-/// (or its dictionary's values' views) name are each at most `limit`, and a dictionary's
-/// values, which the cast copies out whole, at most `max_decompressed_bytes` in all. (A
-/// column of views is hashed row by row into a dictionary: what it makes is its distinct
-/// values.)
+/// (or its dictionary's values' views) name are each at most `limit`, and what the cast
+/// copies out at most `max_decompressed_bytes` in all: a dictionary's values whole, a
+/// column of views its distinct values.
 fn check_views(column: &ArrayRef, name: &str, limit: usize, limits: &Limits) -> Result<()> {
     let (longest, total) = expanded_bytes(column.as_ref(), false);
     let total = match column.data_type() {
-        DataType::Dictionary(..) => total,
-        _ => 0,
+        // Its distinct views, each copied once, when all of them name more than the limit
+        // (views of overlapping windows are distinct values).
+        DataType::Utf8View if total > limits.max_decompressed_bytes => {
+            let mut seen = std::collections::HashSet::new();
+            column
+                .as_string_view()
+                .views()
+                .iter()
+                .filter(|&&v| seen.insert(v))
+                .fold(0usize, |total, &v| total.saturating_add(v as u32 as usize))
+        }
+        DataType::Utf8View => 0,
+        _ => total,
     };
     if longest > limit {
         return Err(Error::LabelLimit {

@@ -803,8 +803,8 @@ pub fn write_v1_request(ids: &[Vec<u8>]) -> Result<Vec<u8>> {
 pub fn write_v1(samples: &[u8], locations: &[u8], limits: &Limits) -> Result<Vec<Incoming>> {
     let stack_batches = read_ipc(locations, "v1", limits)?;
     let mut found: HashMap<Vec<u8>, (&dyn Array, usize)> = HashMap::new();
-    // Stacks answer the samples' ids, one each: no more of them than samples, each kept
-    // (and charged) once. A run-end encoded column states billions of rows in a few bytes.
+    // Stacks answer the samples' ids, one each: no more of them than a record may have
+    // samples (`max_samples`), each kept (and charged) once. A run-end encoded column states billions of rows in a few bytes.
     let mut rows = 0usize;
     let mut pace = crate::decode::charge::Pace::new();
     for batch in &stack_batches {
@@ -1237,7 +1237,7 @@ mod tests {
         drop(w);
         let counted = ipc_decompressed_bytes(&ipc, usize::MAX).unwrap();
         assert!(counted >= 32 << 16, "the copies are counted: {counted}");
-        // Without deltas the same stream's first dictionary alone is one copy.
+        // The stream that names them is a fraction of that.
         assert!(
             ipc.len() < 4 << 16,
             "the stream itself is small: {}",

@@ -97,8 +97,8 @@ pub(super) const MAX_SERIES_SEEN: usize = 1 << 20;
 struct Coalesced<'a> {
     tx: frostdb_core::Transaction,
     table: &'a Table,
-    /// Per schema (its columns' names), batches not yet inserted and their rows.
-    pending: std::collections::HashMap<Vec<String>, (Vec<RecordBatch>, usize)>,
+    /// Per schema, batches not yet inserted and their rows.
+    pending: std::collections::HashMap<arrow::datatypes::SchemaRef, (Vec<RecordBatch>, usize)>,
 }
 
 impl<'a> Coalesced<'a> {
@@ -113,13 +113,7 @@ impl<'a> Coalesced<'a> {
     }
 
     fn insert(&mut self, batch: RecordBatch) -> Result<()> {
-        let key = batch
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect();
-        let (batches, rows) = self.pending.entry(key).or_default();
+        let (batches, rows) = self.pending.entry(batch.schema()).or_default();
         *rows += batch.num_rows();
         batches.push(batch);
         if *rows >= Self::ROWS {
