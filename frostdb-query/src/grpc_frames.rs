@@ -15,6 +15,24 @@ pub struct MessagePrefixes {
     before: usize,
 }
 
+/// What [`MessagePrefixes::follow_messages`] sees pass.
+#[derive(Debug)]
+pub enum Passing<'a> {
+    /// A message's first byte (the number of messages before it).
+    Begun(usize),
+    /// A message's prefix is whole.
+    Stated {
+        /// The length it states.
+        len: usize,
+        /// Whether its flag says it is compressed.
+        compressed: bool,
+    },
+    /// Bytes of the message, after its prefix.
+    Bytes(&'a [u8]),
+    /// The message's last byte.
+    Ended,
+}
+
 impl MessagePrefixes {
     /// Follows `data`, calling `seen(message, len)` when a message's first byte passes
     /// (`len` `None`; `message` counts those before it) and again when its prefix is whole
@@ -22,18 +40,41 @@ impl MessagePrefixes {
     /// is returned.
     pub fn follow<E>(
         &mut self,
-        mut data: &[u8],
+        data: &[u8],
         mut seen: impl FnMut(usize, Option<usize>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut message = self.before;
+        self.follow_messages(data, |passing| match passing {
+            Passing::Begun(n) => {
+                message = n;
+                seen(n, None)
+            }
+            Passing::Stated { len, .. } => seen(message, Some(len)),
+            Passing::Bytes(_) | Passing::Ended => Ok(()),
+        })
+    }
+
+    /// Follows `data`, calling `passing` with each step of the messages as it passes: a
+    /// message begun, its stated length, its bytes, its end. The first error stops the
+    /// following and is returned.
+    pub fn follow_messages<E>(
+        &mut self,
+        mut data: &[u8],
+        mut passing: impl FnMut(Passing<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
         while !data.is_empty() {
             if self.left > 0 {
                 let n = self.left.min(data.len());
+                passing(Passing::Bytes(&data[..n]))?;
                 self.left -= n;
                 data = &data[n..];
+                if self.left == 0 {
+                    passing(Passing::Ended)?;
+                }
                 continue;
             }
             if self.have == 0 {
-                seen(self.before, None)?;
+                passing(Passing::Begun(self.before))?;
             }
             let n = (5 - self.have).min(data.len());
             self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
@@ -41,10 +82,16 @@ impl MessagePrefixes {
             data = &data[n..];
             if self.have == 5 {
                 let len = u32::from_be_bytes(self.prefix[1..].try_into().expect("4 bytes"));
-                seen(self.before, Some(len as usize))?;
+                passing(Passing::Stated {
+                    len: len as usize,
+                    compressed: self.prefix[0] != 0,
+                })?;
                 self.have = 0;
                 self.left = len as usize;
                 self.before += 1;
+                if len == 0 {
+                    passing(Passing::Ended)?;
+                }
             }
         }
         Ok(())

@@ -964,13 +964,10 @@ impl Tenants {
 
     /// The open tenants, by id.
     pub fn open_tenants(&self) -> Vec<Arc<Tenant>> {
-        let mut open: Vec<Arc<Tenant>> = self
-            .open_now()
+        self.open_weakly()
             .iter()
             .filter_map(std::sync::Weak::upgrade)
-            .collect();
-        open.sort_by(|a, b| a.id.cmp(&b.id));
-        open
+            .collect()
     }
 
     /// Takes what writers persisted since into every open tenant (a reader node).

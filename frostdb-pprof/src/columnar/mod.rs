@@ -159,7 +159,7 @@ fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
                 .views()
                 .iter()
                 .fold((0, 0usize), |(longest, total), &view| {
-                    let length = view as u32 as usize;
+                    let length = view_length(view);
                     (longest.max(length), total.saturating_add(length))
                 })
         }
@@ -172,7 +172,7 @@ fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
             let values = d.values();
             let length = |i: usize| -> usize {
                 match values.data_type() {
-                    DataType::Utf8View => values.as_string_view().views()[i] as u32 as usize,
+                    DataType::Utf8View => view_length(values.as_string_view().views()[i]),
                     DataType::Utf8 => values.as_string::<i32>().value_length(i) as usize,
                     DataType::LargeUtf8 => values.as_string::<i64>().value_length(i) as usize,
                     _ => 0,
@@ -188,6 +188,11 @@ fn expanded_bytes(array: &dyn Array, per_key: bool) -> (usize, usize) {
         DataType::LargeList(_) => expanded_bytes(array.as_list::<i64>().values().as_ref(), true),
         _ => (0, 0),
     }
+}
+
+/// The length of the string a view names (its low 32 bits).
+fn view_length(view: u128) -> usize {
+    view as u32 as usize
 }
 
 /// Column `column` (named `at` in errors) as [`Strings`].
@@ -352,18 +357,13 @@ fn check_views(column: &ArrayRef, name: &str, limit: usize, limits: &Limits) -> 
                 .views()
                 .iter()
                 .filter(|&&v| seen.insert(v))
-                .fold(0usize, |total, &v| total.saturating_add(v as u32 as usize))
+                .fold(0usize, |total, &v| total.saturating_add(view_length(v)))
         }
         DataType::Utf8View => 0,
         _ => total,
     };
     if longest > limit {
-        return Err(Error::LabelLimit {
-            what: format!("a value of column {name:?}, in bytes"),
-            got: longest,
-            limit: "max_label_value_length",
-            value: limit,
-        });
+        return Err(value_too_long(name, longest, limit));
     }
     if total > limits.max_decompressed_bytes {
         return Err(Error::TooLarge {
@@ -383,14 +383,19 @@ fn check_value_lengths(strings: &Strings, column: &str, limit: usize) -> Result<
         .max()
         .unwrap_or(0);
     if longest > limit {
-        return Err(Error::LabelLimit {
-            what: format!("a value of column {column:?}, in bytes"),
-            got: longest,
-            limit: "max_label_value_length",
-            value: limit,
-        });
+        return Err(value_too_long(column, longest, limit));
     }
     Ok(())
+}
+
+/// A value of column `column` of `got` bytes, over `max_label_value_length` (`limit`).
+fn value_too_long(column: &str, got: usize, limit: usize) -> Error {
+    Error::LabelLimit {
+        what: format!("a value of column {column:?}, in bytes"),
+        got,
+        limit: "max_label_value_length",
+        value: limit,
+    }
 }
 
 impl Input {

@@ -24,12 +24,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) struct MessagesAtMost<B> {
     inner: B,
     most: usize,
-    /// The prefix of the message being read, as far as it has come.
-    prefix: [u8; 5],
-    have: usize,
-    /// The bytes of the message being read, and how many more it states.
+    messages: crate::grpc_frames::MessagePrefixes,
+    /// The bytes of the message being read (a copy: tonic holds them too, until decoded).
     message: Vec<u8>,
-    left: usize,
     inflated: frostdb_core::ipc::IpcBytes,
 }
 
@@ -42,77 +39,71 @@ impl<B> MessagesAtMost<B> {
         Self {
             inner,
             most,
-            prefix: [0; 5],
-            have: 0,
+            messages: Default::default(),
             message: Vec::new(),
-            left: 0,
             inflated: Default::default(),
         }
     }
 
     /// Follows `data` through the messages; an error at a prefix declaring too much, or at
     /// the end of a message that would inflate past its bound or is not Arrow Flight data.
-    fn check(&mut self, mut data: &[u8]) -> Result<(), BoxError> {
-        while !data.is_empty() {
-            if self.have < 5 {
-                let n = (5 - self.have).min(data.len());
-                self.prefix[self.have..self.have + n].copy_from_slice(&data[..n]);
-                self.have += n;
-                data = &data[n..];
-                if self.have < 5 {
-                    continue;
-                }
-                let len =
-                    u32::from_be_bytes(self.prefix[1..].try_into().expect("4 bytes")) as usize;
-                if len > self.most {
+    fn check(&mut self, data: &[u8]) -> Result<(), BoxError> {
+        use crate::grpc_frames::Passing;
+        let Self {
+            most,
+            messages,
+            message,
+            inflated,
+            ..
+        } = self;
+        messages.follow_messages(data, |passing| -> Result<(), BoxError> {
+            match passing {
+                Passing::Begun(_) => message.clear(),
+                Passing::Stated { len, .. } if len > *most => {
                     return Err(format!(
-                        "a worker's answer holds a message of {len} bytes, over the {} one may hold",
-                        self.most
+                        "a worker's answer holds a message of {len} bytes, over the {most} one \
+                         may hold"
                     )
                     .into());
                 }
-                if self.prefix[0] != 0 {
+                Passing::Stated {
+                    compressed: true, ..
+                } => {
                     return Err(
                         "a worker's answer holds a compressed message, not asked for".into(),
                     );
                 }
-                self.left = len;
-                self.message.clear();
-            } else {
-                let n = self.left.min(data.len());
-                self.message.extend_from_slice(&data[..n]);
-                self.left -= n;
-                data = &data[n..];
+                Passing::Stated { .. } => {}
+                Passing::Bytes(bytes) => message.extend_from_slice(bytes),
+                Passing::Ended => {
+                    measure(inflated, message)?;
+                    *message = Vec::new();
+                }
             }
-            if self.have == 5 && self.left == 0 {
-                self.measure()?;
-                self.have = 0;
-                self.message = Vec::new();
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
+}
 
-    /// Measures the whole message just read, as Arrow Flight data.
-    fn measure(&mut self) -> Result<(), BoxError> {
-        use frostdb_core::ipc::IpcFault;
-        let (header, body) = flight_data(&self.message)
-            .map_err(|e| format!("a worker's answer is not Arrow Flight data: {e}"))?;
-        if header.is_empty() {
-            return Ok(());
-        }
-        let header = arrow::ipc::root_as_message(header)
-            .map_err(|e| format!("a worker's answer holds an invalid Arrow message: {e}"))?;
-        match self.inflated.message(&header, body, MAX_INFLATED) {
-            Ok(_) => Ok(()),
-            Err(IpcFault::TooLarge) => Err(format!(
-                "a worker's answer holds a message inflating past the {MAX_INFLATED} bytes one \
-                 may inflate to"
-            )
-            .into()),
-            Err(IpcFault::Invalid(reason)) => {
-                Err(format!("a worker's answer holds an invalid Arrow message: {reason}").into())
-            }
+/// Measures `message`, a whole message of a worker's answer, as Arrow Flight data.
+fn measure(inflated: &mut frostdb_core::ipc::IpcBytes, message: &[u8]) -> Result<(), BoxError> {
+    use frostdb_core::ipc::IpcFault;
+    let (header, body) = flight_data(message)
+        .map_err(|e| format!("a worker's answer is not Arrow Flight data: {e}"))?;
+    if header.is_empty() {
+        return Ok(());
+    }
+    let header = arrow::ipc::root_as_message(header)
+        .map_err(|e| format!("a worker's answer holds an invalid Arrow message: {e}"))?;
+    match inflated.message(&header, body, MAX_INFLATED) {
+        Ok(_) => Ok(()),
+        Err(IpcFault::TooLarge) => Err(format!(
+            "a worker's answer holds a message inflating past the {MAX_INFLATED} bytes one \
+             may inflate to"
+        )
+        .into()),
+        Err(IpcFault::Invalid(reason)) => {
+            Err(format!("a worker's answer holds an invalid Arrow message: {reason}").into())
         }
     }
 }
