@@ -412,7 +412,7 @@ pub const BASE_DESCRIPTORS: u64 = 256;
 /// tenant at rest, with 20 tenants of persisted blocks queried after a restart and with 50
 /// written to; no threads per tenant, the worker pool is shared), and room for a WAL
 /// segment being rotated and a block being written. The spray test in
-/// `examples/server/tests/hostile.rs` checks the peak under a limit of 1,024.
+/// `examples/server/tests/integration/hostile.rs` checks the peak under a limit of 1,024.
 pub const DESCRIPTORS_PER_TENANT: u64 = 4;
 
 /// What the descriptor limit leaves for connections and open tenants.

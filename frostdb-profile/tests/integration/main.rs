@@ -1,0 +1,11 @@
+//! The crate's integration tests, one module per area, linked into one test binary: each
+//! binary links the whole dependency tree (hundreds of MB unoptimised), so one binary rather
+//! than one per file keeps a clean build's disk and link time down. nextest still runs every
+//! test in its own process; `cargo nextest run -p CRATE -E 'test(/^crash::/)'` runs one area.
+
+#[path = "../../../frostdb-query/tests/common/mod.rs"]
+mod common;
+mod columns;
+#[cfg(feature = "distributed")]
+mod distributed;
+mod plans;
