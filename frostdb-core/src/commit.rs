@@ -100,6 +100,48 @@ pub(crate) struct CommitLog<T> {
     /// The database directory's lock (on-disk databases), held while anything can write (or,
     /// shared, while a read-only database reads it).
     _lock: Option<Box<dyn Send + Sync>>,
+    /// Dropped after the lock (fields drop in order): tells [`Closed`] waiters the instance
+    /// is gone.
+    closing: Closing,
+}
+
+/// When a database instance is wholly closed: every handle to it dropped, its background
+/// work done, its directory lock released ([`crate::Db::closed`]). A process that closes a
+/// database and opens it again waits on this rather than meeting its own lock.
+#[derive(Clone, Debug)]
+pub struct Closed(Arc<(Mutex<bool>, parking_lot::Condvar)>);
+
+impl Closed {
+    /// Whether the instance is wholly closed.
+    pub fn is_closed(&self) -> bool {
+        *self.0.0.lock()
+    }
+
+    /// Waits at most `timeout` for the instance to close: whether it did.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let (closed, cv) = &*self.0;
+        let mut closed = closed.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        while !*closed {
+            if cv.wait_until(&mut closed, deadline).timed_out() {
+                break;
+            }
+        }
+        *closed
+    }
+}
+
+/// Marks its [`Closed`] closed when dropped.
+#[derive(Debug, Default)]
+struct Closing(Option<Closed>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        if let Some(Closed(state)) = self.0.take() {
+            *state.0.lock() = true;
+            state.1.notify_all();
+        }
+    }
 }
 
 impl<T> std::fmt::Debug for CommitLog<T> {
@@ -138,7 +180,13 @@ impl<T: Logged> CommitLog<T> {
             cutting: Mutex::new(()),
             read_only,
             _lock: lock,
+            closing: Closing(Some(Closed(Arc::default()))),
         })
+    }
+
+    /// When this instance is wholly closed (see [`Closed`]).
+    pub(crate) fn closed(&self) -> Closed {
+        self.closing.0.clone().expect("taken only on drop")
     }
 
     /// The refusal of a write to a read-only database, if this is one.

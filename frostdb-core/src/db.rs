@@ -799,6 +799,14 @@ impl Db {
         Ok(merges)
     }
 
+    /// When this instance of the database is wholly closed: every handle to it (its tables,
+    /// sessions and scans over them, its background work) dropped and its directory lock
+    /// released. Opening the directory again before then fails with [`Error::Locked`], even
+    /// in this process: wait on this first.
+    pub fn closed(&self) -> crate::Closed {
+        self.inner.log.closed()
+    }
+
     /// Why the database stopped accepting writes, if it has: a failed fsync or WAL upload,
     /// or (a shared database) its lease taken by another writer. Reopen it to write again.
     pub fn stopped(&self) -> Option<String> {

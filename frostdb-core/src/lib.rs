@@ -104,6 +104,7 @@ mod write;
 
 pub use bucket::Bucket;
 pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
+pub use commit::Closed;
 pub use db::Db;
 pub use error::{Error, ErrorKind, Result, panic_message};
 pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};

@@ -205,6 +205,9 @@ impl Params {
 struct Reading {
     ctx: SessionContext,
     failed: Option<BlocksFailed>,
+    /// Held until the query ends: a tenant a session reads is in use, not idle (closed
+    /// meanwhile, its database would outlive its entry and refuse the next open).
+    tenant: Arc<Tenant>,
 }
 
 /// Runs `f` over a fresh session of the tenant's tables on the query runtime (see
@@ -225,7 +228,18 @@ where
         return Ok((empty, lenient.then_some(0)));
     };
     let failed = r.failed.clone();
-    let value = state.work.query(move |cancel| f(r.ctx, cancel)).await?;
+    let Reading { ctx, tenant, .. } = r;
+    let value = state
+        .work
+        .query(move |cancel| {
+            let answer = f(ctx, cancel);
+            async move {
+                let answer = answer.await;
+                drop(tenant);
+                answer
+            }
+        })
+        .await?;
     Ok((value, failed.as_ref().map(BlocksFailed::get)))
 }
 
@@ -238,11 +252,13 @@ async fn open(state: &Shared, tenant: &str, lenient: bool) -> ApiResult<Option<R
             Ok(Some(Reading {
                 ctx,
                 failed: Some(failed),
+                tenant: t,
             }))
         }
         Some(t) => Ok(Some(Reading {
             ctx: t.store.session()?,
             failed: None,
+            tenant: t,
         })),
     }
 }

@@ -5,6 +5,11 @@
 //! Prometheus ignores it, and every series carries a `tenant` label too). A receiver that
 //! refuses one tenant's batch (its series limit, say) refuses nothing of another's.
 //!
+//! Sampling runs apart from sending: a receiver that takes its whole `timeout` to answer
+//! one tenant delays neither the next interval nor another tenant (up to eight tenants'
+//! batches are in flight at once); an interval the sampler itself could not keep up with
+//! is counted (`frostdb_remote_write_intervals_missed_total`), never skipped silently.
+//!
 //! Each interval's batches wait in a bounded queue and are sent in order: a batch the
 //! receiver acknowledges (2xx) is never sent again; one it refuses (4xx, which retrying
 //! cannot mend) is dropped, logged; one that fails (5xx, no answer) is sent again after a
@@ -59,6 +64,8 @@ pub struct RemoteWriteStats {
     pub dropped: AtomicU64,
     /// Batches waiting.
     pub queued: AtomicU64,
+    /// Intervals not sampled: sampling the series took longer than an interval.
+    pub missed: AtomicU64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -164,7 +171,6 @@ async fn send(client: &reqwest::Client, url: &str, tenant: &str, body: &[u8]) ->
 
 /// Sends the series as `config` says, until the server stops.
 pub async fn run(state: Shared, config: RemoteWriteConfig) {
-    let stats = &state.rules.remote_write;
     // Redirects are not followed: each would carry every tenant's batch and its tenant
     // header to wherever the receiver pointed (a 3xx is a failure, retried).
     let client = match reqwest::Client::builder()
@@ -181,64 +187,185 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
     tracing::info!(url = %config.url, interval = ?config.interval, "remote write of the recording rules");
     // A queue for each tenant, its intervals' batches oldest first, with a backoff of its
     // own: a receiver refusing one tenant for now (429, 5xx) holds back that tenant's
-    // batches, not everyone's.
-    let mut queues: BTreeMap<String, TenantQueue> = BTreeMap::new();
+    // batches, not everyone's. Sampling and sending run side by side: a send that takes
+    // its whole timeout (a silent receiver) delays neither the next interval's sample nor
+    // another tenant's sends.
+    let queues = Queues::default();
+    tokio::join!(
+        sample(&state, &config, &queues),
+        deliver(&state, &client, &config, &queues)
+    );
+}
+
+/// The tenants' queues, shared by the sampler and the senders, and the senders' wake-up.
+#[derive(Default)]
+struct Queues {
+    tenants: parking_lot::Mutex<BTreeMap<String, TenantQueue>>,
+    wake: tokio::sync::Notify,
+}
+
+/// Every `interval`, each tenant's series into its queue (an interval the sampler could
+/// not keep up with is counted as missed, never silently skipped).
+async fn sample(state: &Shared, config: &RemoteWriteConfig, queues: &Queues) {
+    let stats = &state.rules.remote_write;
     let mut tick = tokio::time::interval(config.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last: Option<tokio::time::Instant> = None;
     loop {
-        let next_send = queues
-            .values()
-            .filter(|q| !q.batches.is_empty())
-            .map(|q| q.next_send)
-            .min();
-        tokio::select! {
-            _ = tick.tick() => {
-                // Copied, encoded and compressed off the async threads.
-                let batches = {
-                    let (state, now) = (state.clone(), crate::time::now_ms());
-                    tokio::task::spawn_blocking(move || batch(&state, now)).await.unwrap_or_default()
-                };
-                for (tenant, body) in batches {
-                    queues.entry(tenant).or_default().batches.push_back(body);
-                }
-                let dropped = trim(&mut queues, config.max_queued, MAX_QUEUED_BYTES, MAX_ALL_QUEUED_BYTES);
-                if dropped > 0 {
-                    stats.dropped.fetch_add(dropped as u64, Ordering::Relaxed);
-                    tracing::warn!(dropped, max_queued = config.max_queued, max_bytes = MAX_QUEUED_BYTES, max_all_bytes = MAX_ALL_QUEUED_BYTES, "remote write queues full: their oldest batches dropped");
-                }
-            }
-            _ = tokio::time::sleep_until(next_send.unwrap_or_else(tokio::time::Instant::now)), if next_send.is_some() => {
-                let now = tokio::time::Instant::now();
-                for (tenant, queue) in queues.iter_mut().filter(|(_, q)| q.next_send <= now) {
-                    while let Some(body) = queue.batches.front() {
-                        match send(&client, &config.url, tenant, body).await {
-                            Sent::Acknowledged => {
-                                stats.sent.fetch_add(1, Ordering::Relaxed);
-                                queue.backoff = FIRST_BACKOFF;
-                            }
-                            Sent::Refused(why) => {
-                                stats.dropped.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
-                            }
-                            Sent::Failed(why) => {
-                                stats.failed.fetch_add(1, Ordering::Relaxed);
-                                tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?queue.backoff, "remote write failed");
-                                queue.next_send = tokio::time::Instant::now() + queue.backoff;
-                                queue.backoff = (queue.backoff * 2).min(Duration::from_secs(30));
-                                break;
-                            }
-                        }
-                        queue.batches.pop_front();
-                    }
-                }
-                queues.retain(|_, q| !q.batches.is_empty() || q.backoff != FIRST_BACKOFF);
+        let at = tick.tick().await;
+        if let Some(last) = last {
+            let intervals = (at - last).as_nanos() / config.interval.as_nanos().max(1);
+            let missed = intervals.saturating_sub(1) as u64;
+            if missed > 0 {
+                stats.missed.fetch_add(missed, Ordering::Relaxed);
+                tracing::warn!(missed, interval = ?config.interval, "remote write missed intervals: sampling the series took longer than an interval");
             }
         }
-        stats.queued.store(
-            queues.values().map(|q| q.batches.len()).sum::<usize>() as u64,
-            Ordering::Relaxed,
-        );
+        last = Some(at);
+        // Copied, encoded and compressed off the async threads.
+        let batches = {
+            let (state, now) = (state.clone(), crate::time::now_ms());
+            tokio::task::spawn_blocking(move || batch(&state, now))
+                .await
+                .unwrap_or_default()
+        };
+        {
+            let mut tenants = queues.tenants.lock();
+            for (tenant, body) in batches {
+                tenants.entry(tenant).or_default().batches.push_back(body);
+            }
+            let dropped = trim(
+                &mut tenants,
+                config.max_queued,
+                MAX_QUEUED_BYTES,
+                MAX_ALL_QUEUED_BYTES,
+            );
+            if dropped > 0 {
+                stats.dropped.fetch_add(dropped as u64, Ordering::Relaxed);
+                tracing::warn!(
+                    dropped,
+                    max_queued = config.max_queued,
+                    max_bytes = MAX_QUEUED_BYTES,
+                    max_all_bytes = MAX_ALL_QUEUED_BYTES,
+                    "remote write queues full: their oldest batches dropped"
+                );
+            }
+            stats.queued.store(queued(&tenants), Ordering::Relaxed);
+        }
+        queues.wake.notify_one();
     }
+}
+
+/// Tenants whose batches are being sent at once, at most: each waits on the receiver (up
+/// to `timeout` a batch), so one slow tenant holds one of these, not the others.
+const MAX_SENDING: usize = 8;
+
+/// Sends each tenant's queued batches when its backoff allows, up to [`MAX_SENDING`]
+/// tenants at once, those waiting longest first.
+async fn deliver(
+    state: &Shared,
+    client: &reqwest::Client,
+    config: &RemoteWriteConfig,
+    queues: &Queues,
+) {
+    use futures::StreamExt;
+    let mut sending = futures::stream::FuturesUnordered::new();
+    loop {
+        let now = tokio::time::Instant::now();
+        let next = {
+            let mut tenants = queues.tenants.lock();
+            tenants.retain(|_, q| !q.batches.is_empty() || q.backoff != FIRST_BACKOFF || q.sending);
+            let mut due: Vec<(tokio::time::Instant, &String)> = Vec::new();
+            let mut next = None;
+            for (tenant, queue) in tenants.iter() {
+                if queue.sending || queue.batches.is_empty() {
+                    continue;
+                }
+                if queue.next_send <= now {
+                    due.push((queue.next_send, tenant));
+                } else {
+                    next = Some(next.map_or(queue.next_send, |n: tokio::time::Instant| {
+                        n.min(queue.next_send)
+                    }));
+                }
+            }
+            due.sort();
+            let free = MAX_SENDING.saturating_sub(sending.len());
+            if due.len() > free {
+                // Due already: tried again as soon as a sender is free.
+                next = Some(now);
+            }
+            let starting: Vec<String> =
+                due.into_iter().take(free).map(|(_, t)| t.clone()).collect();
+            for tenant in starting {
+                if let Some(queue) = tenants.get_mut(&tenant) {
+                    queue.sending = true;
+                }
+                sending.push(drain(state, client, config, queues, tenant));
+            }
+            next
+        };
+        tokio::select! {
+            () = queues.wake.notified() => {}
+            Some(()) = sending.next(), if !sending.is_empty() => {}
+            () = tokio::time::sleep_until(next.unwrap_or(now)), if next.is_some() && sending.len() < MAX_SENDING => {}
+        }
+    }
+}
+
+/// Sends `tenant`'s queued batches in order until its queue is empty or a send fails
+/// (then its backoff starts).
+async fn drain(
+    state: &Shared,
+    client: &reqwest::Client,
+    config: &RemoteWriteConfig,
+    queues: &Queues,
+    tenant: String,
+) {
+    let stats = &state.rules.remote_write;
+    loop {
+        // Taken out while it is sent: the sampler's trimming never drops a batch in flight.
+        let body = {
+            let mut tenants = queues.tenants.lock();
+            let Some(queue) = tenants.get_mut(&tenant) else {
+                return;
+            };
+            let Some(body) = queue.batches.pop_front() else {
+                queue.sending = false;
+                return;
+            };
+            body
+        };
+        let sent = send(client, &config.url, &tenant, &body).await;
+        let mut tenants = queues.tenants.lock();
+        let queue = tenants.entry(tenant.clone()).or_default();
+        match sent {
+            Sent::Acknowledged => {
+                stats.sent.fetch_add(1, Ordering::Relaxed);
+                queue.backoff = FIRST_BACKOFF;
+            }
+            Sent::Refused(why) => {
+                stats.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
+            }
+            Sent::Failed(why) => {
+                stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?queue.backoff, "remote write failed");
+                queue.batches.push_front(body);
+                queue.next_send = tokio::time::Instant::now() + queue.backoff;
+                queue.backoff = (queue.backoff * 2).min(Duration::from_secs(30));
+                queue.sending = false;
+                stats.queued.store(queued(&tenants), Ordering::Relaxed);
+                return;
+            }
+        }
+        stats.queued.store(queued(&tenants), Ordering::Relaxed);
+    }
+}
+
+/// Batches waiting in all the queues (those being sent not counted).
+fn queued(tenants: &BTreeMap<String, TenantQueue>) -> u64 {
+    tenants.values().map(|q| q.batches.len()).sum::<usize>() as u64
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -295,6 +422,8 @@ struct TenantQueue {
     batches: VecDeque<Vec<u8>>,
     backoff: Duration,
     next_send: tokio::time::Instant,
+    /// A sender is draining it.
+    sending: bool,
 }
 
 impl Default for TenantQueue {
@@ -303,6 +432,7 @@ impl Default for TenantQueue {
             batches: VecDeque::new(),
             backoff: FIRST_BACKOFF,
             next_send: tokio::time::Instant::now(),
+            sending: false,
         }
     }
 }

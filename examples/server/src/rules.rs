@@ -370,7 +370,7 @@ pub fn exposition(
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let rw = &rules.remote_write;
-    let server_wide = if only.is_none() { 4 } else { 0 };
+    let server_wide = if only.is_none() { 5 } else { 0 };
     for (name, kind, help, value) in [
         (
             "frostdb_remote_write_batches_sent_total",
@@ -395,6 +395,12 @@ pub fn exposition(
             "gauge",
             "Batches waiting to be sent.",
             rw.queued.load(Relaxed),
+        ),
+        (
+            "frostdb_remote_write_intervals_missed_total",
+            "counter",
+            "Intervals not sampled: sampling the series took longer than an interval.",
+            rw.missed.load(Relaxed),
         ),
     ]
     .into_iter()

@@ -313,14 +313,51 @@ pub struct Tenants {
     rules: Option<Arc<crate::rules::Rules>>,
     /// The baselines of tenants closed, for when they open again.
     parked: Arc<Parked>,
+    /// Tenants closed whose instance may still be finishing (a query over its session, its
+    /// background work): opened again only once that instance is gone, whose lock would
+    /// refuse the new one.
+    closing: Mutex<HashMap<String, frostdb_core::Closed>>,
+    /// How long opening a tenant waits for that ([`CLOSING_WAIT`]).
+    closing_wait: std::time::Duration,
     /// Tenants a writer reads for the merge tasks it serves as a worker without holding
     /// them: followers of the bucket, never its writer ([`Tenants::for_task`]), the most
     /// recently used last.
     followers: Mutex<Vec<(String, frostdb_core::Db)>>,
 }
 
+/// A tenant [`Tenants::admit`] made room for. A new tenant's room is given back when this
+/// is dropped before [`Admitted::exists`] says its state was made.
+#[derive(Debug)]
+#[must_use = "a new tenant is forgotten unless its state is said to exist"]
+pub struct Admitted<'a> {
+    tenants: &'a Tenants,
+    /// The id, when it was new.
+    new: Option<String>,
+}
+
+impl Admitted<'_> {
+    /// The tenant's state (its database, its settings) exists: it stays counted.
+    pub fn exists(mut self) {
+        self.new = None;
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.new.take()
+            && let Some(known) = self.tenants.known.get()
+        {
+            known.lock().remove(&id);
+        }
+    }
+}
+
 /// Followers a writer keeps open for the tasks it serves ([`Tenants::for_task`]).
 const MAX_FOLLOWERS: usize = 16;
+
+/// How long opening a tenant waits for its previous instance, closed by this server, to
+/// finish what holds it (a query, a compaction, a rollup pass) before answering 503.
+const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// An open (or opening) tenant and when it was last used.
 #[derive(Debug)]
@@ -372,6 +409,8 @@ impl Tenants {
             cluster: OnceLock::new(),
             tenants: Mutex::new(HashMap::new()),
             known: tokio::sync::OnceCell::new(),
+            closing: Mutex::new(HashMap::new()),
+            closing_wait: CLOSING_WAIT,
             clock: AtomicU64::new(0),
             budget: None,
             spill: frostdb_query::Spill::none(),
@@ -416,6 +455,13 @@ impl Tenants {
         self
     }
 
+    /// How long opening a tenant waits for its previous instance to close (tests).
+    #[cfg(test)]
+    fn closing_wait(mut self, wait: std::time::Duration) -> Self {
+        self.closing_wait = wait;
+        self
+    }
+
     /// Tenants open at once, at most.
     pub fn open_limit(&self) -> usize {
         self.max_open
@@ -424,7 +470,11 @@ impl Tenants {
     /// Makes room for tenant `id` to exist: a known tenant always has it, a new one while
     /// fewer than `max_tenants` exist (429 beyond). Every route that creates a tenant's
     /// state (a database, settings) asks first.
-    pub async fn admit(&self, id: &str) -> ApiResult<()> {
+    ///
+    /// A new tenant stays counted once its state exists ([`Admitted::exists`]): a request
+    /// refused after it was admitted (a bad setting, an open that failed) leaves no tenant
+    /// behind, and counts against nothing.
+    pub async fn admit(&self, id: &str) -> ApiResult<Admitted<'_>> {
         validate_tenant(id).map_err(ApiError::bad_request)?;
         let known = self
             .known
@@ -433,8 +483,12 @@ impl Tenants {
             })
             .await?;
         let mut known = known.lock();
+        let admitted = |new: Option<&str>| Admitted {
+            tenants: self,
+            new: new.map(str::to_owned),
+        };
         if known.contains(id) {
-            return Ok(());
+            return Ok(admitted(None));
         }
         if known.len() >= self.limits.max_tenants {
             return Err(ApiError::limited(format!(
@@ -443,7 +497,7 @@ impl Tenants {
             )));
         }
         known.insert(id.to_owned());
-        Ok(())
+        Ok(admitted(Some(id)))
     }
 
     /// Spreads the merges of tenants opened from now on over `cluster`'s workers.
@@ -670,7 +724,10 @@ impl Tenants {
                         1,
                     ));
                 };
-                closed = tenants.remove(&victim).map(|e| (victim, e));
+                closed = tenants.remove(&victim).map(|e| {
+                    self.closing(&victim, &e);
+                    (victim, e)
+                });
             }
             let cell = Arc::new(OnceCell::new());
             tenants.insert(
@@ -711,17 +768,20 @@ impl Tenants {
             .and_then(|t| t.store.db().stopped())
         {
             tracing::warn!(tenant = %id, reason = %stopped, "tenant stopped writing; reopening it");
-            self.tenants.lock().remove(id);
+            if let Some(entry) = self.tenants.lock().remove(id) {
+                self.closing(id, &entry);
+            }
             // Not held here while it is opened again (its lock would refuse the new one).
             drop(known);
         }
         let open = self.tenants.lock().contains_key(id);
+        let mut admitted = None;
         if !open {
             if !create && !self.exists(id).await? {
                 return Ok(None);
             }
             if create {
-                self.admit(id).await?;
+                admitted = Some(self.admit(id).await?);
             }
         }
         let cell = self.entry(id).await?;
@@ -736,11 +796,59 @@ impl Tenants {
                 tenants.remove(id);
             }
         }
-        Ok(Some(opened?.clone()))
+        let opened = opened?.clone();
+        if let Some(admitted) = admitted {
+            admitted.exists();
+        }
+        Ok(Some(opened))
+    }
+
+    /// Notes that tenant `id`'s entry is being closed: its instance (if it opened) may live
+    /// on while a query or background work holds it, and the tenant opens again only once
+    /// that instance is gone ([`Tenants::wait_closed`]).
+    fn closing(&self, id: &str, entry: &Entry) {
+        let Some(tenant) = entry.cell.get() else {
+            return;
+        };
+        let mut closing = self.closing.lock();
+        closing.retain(|_, closed| !closed.is_closed());
+        closing.insert(id.to_owned(), tenant.store.db().closed());
+    }
+
+    /// Waits (off the async threads, at most `closing_wait`) for the instance of tenant
+    /// `id` this server closed last to be gone: 503 when it is still finishing. Its
+    /// database's lock would refuse the new instance, and with a message naming this very
+    /// process and the server's directory.
+    async fn wait_closed(&self, id: &str) -> ApiResult<()> {
+        let Some(closed) = self.closing.lock().get(id).cloned() else {
+            return Ok(());
+        };
+        if !closed.is_closed() {
+            tracing::info!(tenant = %id, "waiting for the tenant's previous instance to close");
+            let (waited, wait) = (closed.clone(), self.closing_wait);
+            let gone = tokio::task::spawn_blocking(move || waited.wait(wait))
+                .await
+                .unwrap_or(false);
+            if !gone {
+                tracing::warn!(tenant = %id, waited = ?self.closing_wait, "the tenant's previous instance is still in use (a query or background work holds it)");
+                return Err(ApiError::busy(
+                    format!(
+                        "tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly"
+                    ),
+                    1,
+                ));
+            }
+        }
+        let mut closing = self.closing.lock();
+        if closing.get(id).is_some_and(frostdb_core::Closed::is_closed) {
+            closing.remove(id);
+        }
+        Ok(())
     }
 
     /// Opens tenant `id`'s store (blocking work, on the blocking pool).
     async fn open_store(&self, id: &str) -> ApiResult<Arc<Tenant>> {
+        self.wait_closed(id).await?;
         let id = id.to_owned();
         let retention = self.retention.of(&id);
         let options = StoreOptions::default()
@@ -776,6 +884,18 @@ impl Tenants {
                     // Held by another process (unavailable, 503: the client may retry),
                     // damaged (500), ...: the kind of the engine's error says which.
                     let db = Db::open(&dir, db_options).map_err(|e| {
+                        if let frostdb_core::Error::Locked { holder, .. } = &e {
+                            // The server's directory goes to its log, not to clients; so
+                            // does this process as the holder (an instance of the tenant
+                            // it closed still finishing).
+                            tracing::warn!(tenant = %id, error = %e, "a tenant's database is locked");
+                            let message = if *holder == format!("process {}", std::process::id()) {
+                                format!("tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly")
+                            } else {
+                                format!("tenant {id:?} is in use by {holder} (a database has one writer at a time); retry once it is released")
+                            };
+                            return ApiError::busy(message, 1);
+                        }
                         ApiError::from(e).context(format_args!(
                             "cannot open the database of tenant {id:?} in {}",
                             dir.display()
@@ -935,7 +1055,9 @@ impl Tenants {
                 .filter(|(_, e)| e.idle())
                 .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
                 .map(|(id, _)| id.clone())?;
-            (tenants.remove(&victim)?, victim)
+            let entry = tenants.remove(&victim)?;
+            self.closing(&victim, &entry);
+            (entry, victim)
         };
         let (entry, victim) = entry;
         let Some(tenant) = entry.cell.get().cloned() else {
@@ -1211,6 +1333,75 @@ mod tests {
         }
         let b = tenants.for_write("b").await;
         assert!(b.is_ok(), "{:?}", b.err().map(|e| e.to_string()));
+    }
+
+    /// A tenant closed while a query's session still holds its database is opened again
+    /// once that session goes: until then the open waits, then answers 503 "still
+    /// closing". It met its own database's lock: a 503 "in use by process <our pid>"
+    /// naming the server's directory, for as long as the query ran.
+    #[tokio::test]
+    async fn a_tenant_closed_while_a_query_holds_it_opens_again_once_it_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let tenants = Tenants::new(
+            dir.path().to_owned(),
+            Limits::default(),
+            Retention::default(),
+            pool,
+        )
+        .max_open(1)
+        .closing_wait(std::time::Duration::from_millis(50));
+        let a = tenants.for_write("a").await.unwrap();
+        let session = a.store.session().unwrap();
+        drop(a);
+        tenants.for_write("b").await.unwrap(); // closes "a", idle but for the session
+        let refused = tenants.for_write("a").await.unwrap_err();
+        let message = refused.to_string();
+        assert_eq!(refused.status.as_u16(), 503, "{message}");
+        assert!(message.contains("still closing"), "{message}");
+        assert!(
+            !message.contains("process") && !message.contains(&*dir.path().to_string_lossy()),
+            "names neither the server's pid nor its directory: {message}"
+        );
+        // An open already waiting when the session goes is told at once.
+        let mut waiting = std::pin::pin!(tenants.wait_closed("a"));
+        assert!(
+            futures::poll!(&mut waiting).is_pending(),
+            "waits while held"
+        );
+        drop(session);
+        waiting.await.unwrap();
+        let a = tenants.for_write("a").await;
+        assert!(a.is_ok(), "{:?}", a.err().map(|e| e.to_string()));
+    }
+
+    /// A new tenant refused after it was admitted (its open failed, a setting was bad)
+    /// leaves its room under `max_tenants`: counted, refused requests for new ids used up
+    /// the limit until a restart, though no tenant existed.
+    #[tokio::test]
+    async fn a_tenant_refused_after_its_admission_uses_none_of_max_tenants() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let limits = Limits {
+            max_tenants: 2,
+            ..Limits::default()
+        };
+        let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default(), pool);
+        // Tenants whose database cannot be made: a file where each directory goes.
+        let root = dir.path().join("tenants");
+        std::fs::create_dir_all(&root).unwrap();
+        for id in ["x0", "x1", "x2"] {
+            std::fs::write(root.join(id), b"").unwrap();
+            let failed = tenants.for_write(id).await.unwrap_err();
+            assert_eq!(failed.status.as_u16(), 500, "{failed}");
+        }
+        // A setting refused after its admission (the admission dropped unconfirmed).
+        drop(tenants.admit("s0").await.unwrap());
+        tenants.for_write("a").await.unwrap();
+        tenants.admit("s1").await.unwrap().exists();
+        let over = tenants.for_write("b").await.unwrap_err();
+        assert_eq!(over.status.as_u16(), 429, "a and s1 exist: {over}");
+        assert!(over.to_string().contains("limits.max_tenants"), "{over}");
     }
 
     #[tokio::test]

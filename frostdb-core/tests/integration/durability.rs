@@ -1242,3 +1242,35 @@ fn a_block_lacking_a_column_its_manifest_lists_is_refused_by_name() {
     });
     refused_by_name_on_both_read_paths(&dir, &changed, "\"labels.pod\"");
 }
+
+/// A database closed while one of its tables is still held stays open (its directory
+/// locked) until that handle goes; `Db::closed` says when, so whoever opens it again waits
+/// instead of meeting its own lock.
+#[test]
+fn a_database_is_closed_when_its_last_handle_goes() {
+    let dir = TempDir::new().unwrap();
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    fill(&table, 0, 2);
+    let closed = db.closed();
+    drop(db);
+    assert!(!closed.is_closed(), "its table still holds it");
+    assert!(!closed.wait(std::time::Duration::ZERO));
+    let err = Db::open(dir.path(), options()).unwrap_err();
+    assert!(matches!(err, Error::Locked { .. }), "{err}");
+    let waiting = {
+        let closed = closed.clone();
+        std::thread::spawn(move || closed.wait(std::time::Duration::from_secs(600)))
+    };
+    drop(table);
+    assert!(waiting.join().unwrap(), "told once the table went");
+    assert!(closed.is_closed());
+    let db = Db::open(dir.path(), options()).unwrap();
+    let table = db
+        .table("samples", samples_schema(), small_blocks())
+        .unwrap();
+    let rows = table.scan(&ScanRequest::new()).unwrap();
+    assert_eq!(count(&rows), 20, "both batches replayed");
+}

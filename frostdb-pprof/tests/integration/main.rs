@@ -3,9 +3,9 @@
 //! than one per file keeps a clean build's disk and link time down. nextest still runs every
 //! test in its own process; `cargo nextest run -p CRATE -E 'test(/^crash::/)'` runs one area.
 
-mod common;
 mod aggregation;
 mod arrow;
+mod common;
 mod crash;
 mod decode;
 mod decode_memory;

@@ -3,9 +3,9 @@
 //! than one per file keeps a clean build's disk and link time down. nextest still runs every
 //! test in its own process; `cargo nextest run -p CRATE -E 'test(/^crash::/)'` runs one area.
 
+mod columns;
 #[path = "../../../frostdb-query/tests/common/mod.rs"]
 mod common;
-mod columns;
 #[cfg(feature = "distributed")]
 mod distributed;
 mod plans;

@@ -391,8 +391,9 @@ pub(super) async fn settings_call(
                 .setting
                 .ok_or_else(|| ApiError::bad_request("no setting values provided"))?;
             // Settings are a tenant's state: a new tenant counts against max_tenants.
-            state.tenants.admit(&tenant).await?;
+            let admitted = state.tenants.admit(&tenant).await?;
             let setting = Some(store.set(&tenant, setting).await?);
+            admitted.exists();
             Ok(codec.encode(&settings::SetSettingsResponse { setting }))
         }
         "Delete" => {
@@ -532,8 +533,11 @@ impl grpc::settings::settings_service_server::SettingsService for GrpcSettings {
             .into_inner()
             .setting
             .ok_or_else(|| tonic::Status::invalid_argument("no setting values provided"))?;
-        self.state.tenants.admit(&tenant).await.map_err(status)?;
+        let admitted = self.state.tenants.admit(&tenant).await.map_err(status)?;
         let setting = self.state.settings.set(&tenant, setting).await;
+        if setting.is_ok() {
+            admitted.exists();
+        }
         Ok(tonic::Response::new(settings::SetSettingsResponse {
             setting: Some(setting.map_err(status)?),
         }))

@@ -3,10 +3,10 @@
 //! than one per file keeps a clean build's disk and link time down. nextest still runs every
 //! test in its own process; `cargo nextest run -p CRATE -E 'test(/^crash::/)'` runs one area.
 
-mod common;
 mod attack_mix;
 mod cli;
 mod cluster;
+mod common;
 mod hostile;
 mod parca;
 mod pyroscope_api;

@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Reap, Server, enc, eventually, get_json, metric, testdata};
+use common::{Reap, Server, enc, eventually, get, get_json, metric, testdata};
 
 /// The function with the largest self value in a pprof file.
 fn hottest(file: &[u8]) -> String {
@@ -248,8 +248,12 @@ async fn prometheus_receives_the_series_by_remote_write() {
 type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// A remote-write receiver on a port of its own (its URL), logging what it is sent; it
-/// answers `refusing`'s batches 429 (logged too), the rest 200.
-async fn remote_write_receiver(refusing: Option<&'static str>) -> (String, Received) {
+/// answers `refusing`'s batches 429 (logged too), never answers `silent`'s (logged, the
+/// connection held), and the rest 200.
+async fn remote_write_receiver(
+    refusing: Option<&'static str>,
+    silent: Option<&'static str>,
+) -> (String, Received) {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -291,7 +295,11 @@ async fn remote_write_receiver(refusing: Option<&'static str>) -> (String, Recei
                         true => b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n",
                         false => b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
                     };
+                    let hold = silent == Some(tenant.as_str());
                     log.lock().unwrap().push((tenant, body));
+                    if hold {
+                        return std::future::pending().await;
+                    }
                     if socket.get_mut().write_all(answer).await.is_err() {
                         return;
                     }
@@ -304,11 +312,11 @@ async fn remote_write_receiver(refusing: Option<&'static str>) -> (String, Recei
 
 /// A server remote-writing to `url` every second, with a recording rule in team-a and
 /// team-b, each of which has pushed a profile of its service (`svc-<tenant>`).
-async fn remote_writing(url: &str, dir: &std::path::Path) -> Server {
+async fn remote_writing(url: &str, dir: &std::path::Path, more: &str) -> Server {
     let s = Server::start(
         &dir.join("data"),
         Some(&format!(
-            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n"
+            "[remote_write]\nurl = \"{url}/api/v1/write\"\ninterval = \"1s\"\n{more}"
         )),
     );
     let client = reqwest::Client::new();
@@ -348,9 +356,9 @@ async fn remote_writing(url: &str, dir: &std::path::Path) -> Server {
 /// per tenant and interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_write_sends_each_tenants_series_under_its_own_header() {
-    let (url, received) = remote_write_receiver(None).await;
+    let (url, received) = remote_write_receiver(None, None).await;
     let dir = tempfile::tempdir().unwrap();
-    let _s = remote_writing(&url, dir.path()).await;
+    let _s = remote_writing(&url, dir.path(), "").await;
     let both = eventually(Duration::from_secs(30), async || {
         let got = received.lock().unwrap();
         ["team-a", "team-b"]
@@ -382,9 +390,9 @@ async fn remote_write_sends_each_tenants_series_under_its_own_header() {
 /// stood first in every interval and nothing behind it was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_the_receiver_refuses_does_not_hold_back_the_others() {
-    let (url, received) = remote_write_receiver(Some("team-a")).await;
+    let (url, received) = remote_write_receiver(Some("team-a"), None).await;
     let dir = tempfile::tempdir().unwrap();
-    let _s = remote_writing(&url, dir.path()).await;
+    let _s = remote_writing(&url, dir.path(), "").await;
     // team-a refused twice (its backoff under way), and team-b's batches of three
     // intervals taken meanwhile.
     let through = eventually(Duration::from_secs(60), async || {
@@ -402,5 +410,49 @@ async fn a_tenant_the_receiver_refuses_does_not_hold_back_the_others() {
             .iter()
             .map(|(t, _)| t)
             .collect::<Vec<_>>()
+    );
+}
+
+/// A receiver that never answers one tenant holds back neither the next intervals'
+/// sampling nor the other tenants' batches. Sends were awaited inside the sampling loop:
+/// team-a's silent receiver (its whole `timeout` a try) stopped every interval's sample,
+/// and team-b's batches with it, counted nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_silent_for_one_tenant_holds_back_neither_sampling_nor_the_others() {
+    let (url, received) = remote_write_receiver(None, Some("team-a")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = remote_writing(&url, dir.path(), "timeout = \"600s\"\n").await;
+    // team-a's first batch held unanswered, team-b's of three intervals taken meanwhile.
+    let team_b = |got: &[(String, Vec<u8>)]| -> Vec<Vec<u8>> {
+        got.iter()
+            .filter(|(tenant, _)| tenant == "team-b")
+            .map(|(_, body)| body.clone())
+            .collect()
+    };
+    let through = eventually(Duration::from_secs(60), async || {
+        let got = received.lock().unwrap();
+        got.iter().any(|(tenant, _)| tenant == "team-a") && team_b(&got).len() >= 3
+    })
+    .await;
+    let got = received.lock().unwrap().clone();
+    assert!(
+        through,
+        "{:?}",
+        got.iter().map(|(t, _)| t).collect::<Vec<_>>()
+    );
+    let batches = team_b(&got);
+    assert!(
+        batches.windows(2).all(|w| w[0] != w[1]),
+        "each of team-b's batches is an interval of its own (its own timestamp)"
+    );
+    assert_eq!(
+        got.iter().filter(|(tenant, _)| tenant == "team-a").count(),
+        1,
+        "team-a's batch is still being sent"
+    );
+    let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    assert!(
+        metrics.contains("\nfrostdb_remote_write_intervals_missed_total "),
+        "intervals the sampler missed are counted"
     );
 }
