@@ -120,4 +120,5 @@ cargo test --workspace --doc --locked
 log "the README's embedding examples, from a crate outside the workspace"
 (cd embedding && CARGO_TARGET_DIR="$PWD/../target" cargo test --doc --locked)
 
+echo "target/ holds $(du -sh target 2>/dev/null | cut -f1) after the checks"
 log "all checks passed"
