@@ -334,3 +334,60 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("a panic without a message")
 }
+
+/// `url` as it may be logged, shown or stored: a password in its userinfo
+/// (`scheme://user:password@host/...`, or `user:password@host:port` without a scheme)
+/// replaced by `xxxxx`; anything else unchanged.
+pub fn redacted_url(url: &str) -> std::borrow::Cow<'_, str> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let authority_end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else {
+        return url.into();
+    };
+    match url[start..at].find(':').map(|i| start + i) {
+        Some(colon) => format!("{}:xxxxx{}", &url[..colon], &url[at..]).into(),
+        None => url.into(),
+    }
+}
+
+/// `target` (`host:port`, or `user:password@host:port`) without its userinfo: what may be
+/// a label or an address shown to others.
+pub fn without_userinfo(target: &str) -> &str {
+    let start = target.find("://").map_or(0, |i| i + 3);
+    let authority_end = target[start..]
+        .find(['/', '?', '#'])
+        .map_or(target.len(), |i| start + i);
+    match target[start..authority_end].rfind('@') {
+        Some(at) if start == 0 => &target[at + 1..],
+        _ => target,
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_redacted_and_userinfo_left_out_of_targets() {
+        for (url, shown) in [
+            (
+                "https://user:s3cret@mimir:9009/api/prom/push",
+                "https://user:xxxxx@mimir:9009/api/prom/push",
+            ),
+            ("http://u:p@w@h/x?a=b@c", "http://u:xxxxx@h/x?a=b@c"),
+            ("u:s3cret@127.0.0.1:6060", "u:xxxxx@127.0.0.1:6060"),
+            ("http://user@h/x", "http://user@h/x"),
+            ("http://h:80/x@y", "http://h:80/x@y"),
+            ("", ""),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+        }
+        assert_eq!(
+            without_userinfo("u:s3cret@127.0.0.1:6060"),
+            "127.0.0.1:6060"
+        );
+        assert_eq!(without_userinfo("127.0.0.1:6060"), "127.0.0.1:6060");
+    }
+}

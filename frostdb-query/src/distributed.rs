@@ -64,12 +64,31 @@ fn bearer(secret: &str) -> Result<http::HeaderValue> {
         .map_err(|_| Error::Config("the cluster's secret must be printable ASCII".into()))
 }
 
-/// Channels to workers that carry the cluster's secret in every request.
+/// Channels to workers that carry the cluster's secret in every request. A worker that
+/// cannot be reached fails a call within [`CONNECT_TIMEOUT`]; one whose connection went
+/// silent (its host gone without a reset, a peer that accepts and never answers) within
+/// [`KEEPALIVE_INTERVAL`] plus [`KEEPALIVE_TIMEOUT`] (HTTP/2 pings unanswered), rather
+/// than holding its merge and query slot until the request's deadline.
 #[derive(Clone)]
 pub struct Channels {
-    channels: datafusion_distributed::grpc::DefaultChannelResolver,
+    /// One lazily connecting channel per worker (reconnecting after a failure).
+    channels:
+        Arc<parking_lot::Mutex<std::collections::HashMap<url::Url, tonic::transport::Channel>>>,
     header: Option<http::HeaderValue>,
 }
+
+/// Longest a connection to a worker may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How often an HTTP/2 ping goes to a worker (idle or not).
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Longest a worker may take to answer a ping before its connection is closed, failing the
+/// calls on it.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Workers' channels kept at most (they come from the configuration: a few).
+const MAX_CHANNELS: usize = 1024;
 
 impl std::fmt::Debug for Channels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,6 +106,30 @@ impl Channels {
             header: secret.map(bearer).transpose()?,
         })
     }
+
+    /// The channel to the worker at `url`, made on first use (connecting when a call needs
+    /// it, within the bounds above).
+    fn channel(&self, url: &url::Url) -> DfResult<tonic::transport::Channel> {
+        let mut channels = self.channels.lock();
+        if let Some(channel) = channels.get(url) {
+            return Ok(channel.clone());
+        }
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|e| {
+                DataFusionError::Configuration(format!("worker address {url} is not usable: {e}"))
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_keepalive(Some(KEEPALIVE_INTERVAL * 3))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        if channels.len() >= MAX_CHANNELS {
+            channels.clear();
+        }
+        channels.insert(url.clone(), channel.clone());
+        Ok(channel)
+    }
 }
 
 #[async_trait]
@@ -95,7 +138,7 @@ impl datafusion_distributed::ChannelResolver for Channels {
         &self,
         url: &url::Url,
     ) -> DfResult<Box<dyn datafusion_distributed::WorkerChannel>> {
-        let channel = self.channels.get_channel(url).await?;
+        let channel = self.channel(url)?;
         let header = self.header.clone();
         let channel = datafusion_distributed::grpc::BoxCloneSyncChannel::new(
             tower::ServiceBuilder::new()
@@ -282,6 +325,36 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
     use datafusion::arrow::datatypes::Schema;
+    use datafusion_distributed::ChannelResolver;
+
+    /// A worker that accepts connections and never answers fails the call (its pings go
+    /// unanswered) instead of holding it: the coordinator's channels had no keepalive, so a
+    /// merge waited for such a worker until the request's deadline, holding a query slot.
+    #[tokio::test]
+    async fn a_worker_that_accepts_and_never_answers_fails_the_call() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = url::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let _silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let channels = Channels::new(Some("secret")).unwrap();
+        let mut worker = channels.get_worker_client_for_url(&url).await.unwrap();
+        // A bound far past the keepalive's, for a test that would otherwise hang.
+        let bound = (CONNECT_TIMEOUT + KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT) * 10;
+        let answer = tokio::time::timeout(
+            bound,
+            worker.get_worker_info(datafusion_distributed::GetWorkerInfoRequest {}),
+        )
+        .await;
+        assert!(
+            matches!(answer, Ok(Err(_))),
+            "the call failed rather than waited: {:?}",
+            answer.map(|a| a.map(|_| ()))
+        );
+    }
     use datafusion::physical_plan::empty::EmptyExec;
     use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
     use datafusion::physical_plan::union::UnionExec;

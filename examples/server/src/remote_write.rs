@@ -184,7 +184,7 @@ pub async fn run(state: Shared, config: RemoteWriteConfig) {
             return;
         }
     };
-    tracing::info!(url = %config.url, interval = ?config.interval, "remote write of the recording rules");
+    tracing::info!(url = %frostdb_core::redacted_url(&config.url), interval = ?config.interval, "remote write of the recording rules");
     // A queue for each tenant, its intervals' batches oldest first, with a backoff of its
     // own: a receiver refusing one tenant for now (429, 5xx) holds back that tenant's
     // batches, not everyone's. Sampling and sending run side by side: a send that takes
@@ -346,11 +346,11 @@ async fn drain(
             }
             Sent::Refused(why) => {
                 stats.dropped.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(url = %config.url, %tenant, %why, "remote write refused a tenant's batch: dropped");
+                tracing::warn!(url = %frostdb_core::redacted_url(&config.url), %tenant, %why, "remote write refused a tenant's batch: dropped");
             }
             Sent::Failed(why) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(url = %config.url, %tenant, %why, retry_in = ?queue.backoff, "remote write failed");
+                tracing::warn!(url = %frostdb_core::redacted_url(&config.url), %tenant, %why, retry_in = ?queue.backoff, "remote write failed");
                 queue.batches.push_front(body);
                 queue.next_send = tokio::time::Instant::now() + queue.backoff;
                 queue.backoff = (queue.backoff * 2).min(Duration::from_secs(30));

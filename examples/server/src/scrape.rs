@@ -107,55 +107,40 @@ fn path(profile: &str, interval: Duration) -> String {
     }
 }
 
+/// One scrape loop: a target's profile.
+struct Loop {
+    /// The target's address (its `instance` label).
+    instance: String,
+    profile: String,
+    url: String,
+    /// `url` with any password redacted: what is logged.
+    shown: String,
+    /// Its key in the targets' statuses.
+    key: String,
+    /// Where in each interval it scrapes.
+    offset: Duration,
+}
+
+/// Loops spread their scrapes over at most this much of their interval: a long interval's
+/// first scrape still comes soon after start.
+const MAX_SPREAD: Duration = Duration::from_secs(15);
+
+/// Where in `interval` (within its first [`MAX_SPREAD`]) the loop `key` scrapes: a hash of
+/// its key, so a loop keeps its place across restarts and loops spread evenly.
+fn spread(key: &str, interval: Duration) -> Duration {
+    use std::hash::Hasher;
+    // Fixed keys: the same place in every run.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    hasher.write(key.as_bytes());
+    let nanos = interval.min(MAX_SPREAD).as_nanos().max(1);
+    Duration::from_nanos((u128::from(hasher.finish()) % nanos) as u64)
+}
+
 /// Starts every configured scrape loop.
 pub fn start(state: Shared) -> Vec<JoinHandle<()>> {
     let mut handles = Vec::new();
-    for config in &state.config.scrape {
-        for target in &config.targets {
-            for profile in &config.profiles {
-                let url = format!(
-                    "{}://{}{}",
-                    config.scheme,
-                    target,
-                    path(profile, config.interval)
-                );
-                let key = format!("{}/{}/{}", config.job, target, profile);
-                state.targets.0.lock().insert(
-                    key.clone(),
-                    TargetStatus {
-                        tenant: config.tenant.clone(),
-                        job: config.job.clone(),
-                        instance: target.clone(),
-                        profile: profile.clone(),
-                        url: url.clone(),
-                        health: "unknown",
-                        ..TargetStatus::default()
-                    },
-                );
-                tracing::info!(job = %config.job, %url, interval = ?config.interval, "scraping");
-                handles.push(tokio::spawn(run(
-                    state.clone(),
-                    config.clone(),
-                    target.clone(),
-                    profile.clone(),
-                    url,
-                    key,
-                )));
-            }
-        }
-    }
-    handles
-}
-
-async fn run(
-    state: Shared,
-    config: ScrapeConfig,
-    target: String,
-    profile: String,
-    url: String,
-    key: String,
-) {
-    let timeout = config.interval + Duration::from_secs(if profile == "cpu" { 70 } else { 10 });
+    // One client for every loop: one pool of connections per target, and the client's
+    // set-up (its root certificates) made once, not once per loop on the async threads.
     // Redirects are followed only within the target (its scheme, host and port), a few
     // at most: a target that names another host would have the server fetch it (cloud
     // metadata, the server's own routes) and report its answer in the target's status.
@@ -170,37 +155,97 @@ async fn run(
             attempt.follow()
         }
     });
-    let client = match reqwest::Client::builder()
-        .timeout(timeout)
-        .redirect(within_target)
-        .build()
-    {
+    let client = match reqwest::Client::builder().redirect(within_target).build() {
         Ok(c) => c,
         Err(e) => {
-            state
-                .targets
-                .update(&key, |s| s.last_error = Some(format!("HTTP client: {e}")));
-            return;
+            if !state.config.scrape.is_empty() {
+                tracing::error!(error = %e, "scraping off: no HTTP client");
+            }
+            return handles;
         }
     };
+    for config in &state.config.scrape {
+        for target in &config.targets {
+            for profile in &config.profiles {
+                let url = format!(
+                    "{}://{}{}",
+                    config.scheme,
+                    target,
+                    path(profile, config.interval)
+                );
+                // A password in the target (`user:password@host:port`) is shown, logged and
+                // stored nowhere: the instance label is the address alone.
+                let instance = frostdb_core::without_userinfo(target).to_owned();
+                let shown = frostdb_core::redacted_url(&url).into_owned();
+                let key = format!("{}/{}/{}", config.job, instance, profile);
+                state.targets.0.lock().insert(
+                    key.clone(),
+                    TargetStatus {
+                        tenant: config.tenant.clone(),
+                        job: config.job.clone(),
+                        instance: instance.clone(),
+                        profile: profile.clone(),
+                        url: shown.clone(),
+                        health: "unknown",
+                        ..TargetStatus::default()
+                    },
+                );
+                tracing::info!(job = %config.job, url = %shown, interval = ?config.interval, "scraping");
+                // Each loop's scrapes at an offset of its own within the interval (as
+                // Prometheus spreads them): thousands of loops do not all fire at once.
+                let offset = spread(&key, config.interval);
+                handles.push(tokio::spawn(run(
+                    state.clone(),
+                    config.clone(),
+                    client.clone(),
+                    Loop {
+                        instance,
+                        profile: profile.clone(),
+                        url,
+                        shown,
+                        key,
+                        offset,
+                    },
+                )));
+            }
+        }
+    }
+    handles
+}
+
+async fn run(state: Shared, config: ScrapeConfig, client: reqwest::Client, l: Loop) {
+    let Loop {
+        instance,
+        profile,
+        url,
+        shown,
+        key,
+        offset,
+    } = l;
+    let timeout = config.interval + Duration::from_secs(if profile == "cpu" { 70 } else { 10 });
     let mut labels: Vec<(String, String)> = config
         .labels
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     labels.push(("job".into(), config.job.clone()));
-    labels.push(("instance".into(), target.clone()));
+    labels.push(("instance".into(), instance));
     if !config.labels.contains_key("service_name") {
         labels.push(("service_name".into(), config.job.clone()));
     }
-    let mut ticks = tokio::time::interval(config.interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, config.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         ticks.tick().await;
         let started = Instant::now();
         let started_ms = crate::time::now_ms();
         let result = scrape_once(
-            &state, &config, &client, &url, &profile, &labels, started_ms,
+            &state,
+            &config,
+            client.get(&url).timeout(timeout),
+            &profile,
+            &labels,
+            started_ms,
         )
         .await;
         let elapsed = started.elapsed().as_millis() as u64;
@@ -222,8 +267,8 @@ async fn run(
             }
         });
         match result {
-            Ok(samples) => tracing::debug!(%url, samples, elapsed_ms = elapsed, "scraped"),
-            Err(e) => tracing::warn!(%url, "scrape failed: {e}"),
+            Ok(samples) => tracing::debug!(url = %shown, samples, elapsed_ms = elapsed, "scraped"),
+            Err(e) => tracing::warn!(url = %shown, "scrape failed: {e}"),
         }
     }
 }
@@ -231,13 +276,12 @@ async fn run(
 async fn scrape_once(
     state: &Shared,
     config: &ScrapeConfig,
-    client: &reqwest::Client,
-    url: &str,
+    request: reqwest::RequestBuilder,
     profile: &str,
     labels: &[(String, String)],
     started_ms: i64,
 ) -> Result<usize, String> {
-    let mut response = client.get(url).send().await.map_err(|e| {
+    let mut response = request.send().await.map_err(|e| {
         // With its causes: reqwest's own message leaves out why (a refused redirect's).
         let mut text = e.to_string();
         let mut cause = std::error::Error::source(&e);
@@ -288,4 +332,29 @@ async fn scrape_once(
     .await
     .map_err(|e| e.to_string())?;
     Ok(summary.rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Loops scrape at places of their own, spread over their interval (at most its first
+    /// 15 s), the same place each run: every loop ticked at the same instant, so thousands
+    /// of targets' bodies reached the ingest lane together.
+    #[test]
+    fn loops_scrape_at_places_spread_over_their_interval() {
+        let interval = Duration::from_secs(10);
+        let places: Vec<Duration> = (0..300)
+            .map(|i| spread(&format!("job/127.0.0.{i}:6060/heap"), interval))
+            .collect();
+        assert!(places.iter().all(|p| *p < interval));
+        let (first, last) = (places.iter().min().unwrap(), places.iter().max().unwrap());
+        assert!(*last - *first > interval / 2, "{first:?}..{last:?}");
+        let tenths: std::collections::BTreeSet<u128> =
+            places.iter().map(|p| p.as_millis() / 1000).collect();
+        assert_eq!(tenths.len(), 10, "every tenth of the interval has loops");
+        assert_eq!(places[7], spread("job/127.0.0.7:6060/heap", interval));
+        let hour = Duration::from_secs(3600);
+        assert!((0..100).all(|i| spread(&format!("k{i}"), hour) < MAX_SPREAD));
+    }
 }

@@ -674,6 +674,27 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
         symbol("function.system_name", f.system_name)?;
         symbol("function.filename", f.filename)?;
     }
+    // A string is interned once, but stored once per row that names it: 32,769 functions
+    // sharing one 64 KiB name (each of its own start line) were a 2 GiB column, past what
+    // an Arrow string column holds (a panic storing the group).
+    let stored = p
+        .function
+        .iter()
+        .map(|f| {
+            p.string(f.name).len() + p.string(f.system_name).len() + p.string(f.filename).len()
+        })
+        .chain(
+            p.mapping
+                .iter()
+                .map(|m| p.string(m.filename).len() + p.string(m.build_id).len()),
+        )
+        .fold(0usize, usize::saturating_add);
+    if stored > limits.max_decompressed_bytes {
+        return Err(Error::TooLarge {
+            what: "symbol strings as stored (each function's and mapping's, once per row)",
+            limit: limits.max_decompressed_bytes,
+        });
+    }
     let locations = Positions::new(p.locations().map(|l| l.id)).map_err(repeated("location.id"))?;
     // Held with the profile until it is stored, a request's profiles all at once: one
     // location of id 16,400 was a table of 131 KiB, and a push of 40,000 such 20-byte

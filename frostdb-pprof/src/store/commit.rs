@@ -374,7 +374,10 @@ impl ProfileStore {
                 "symbol partition {id} could not be written"
             ))));
         }
-        let submitted = (|| {
+        // A panic storing the group (a bug, or an input no check foresaw) fails the group as
+        // an error would: unwinding past the leader left the group's members, and every
+        // later profile of the store, waiting for a leader that was gone.
+        let submitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             if let Some(reason) = group.broken.take() {
                 return Err(Error::Unavailable(format!(
                     "a profile stored in the same group failed: {reason}"
@@ -435,7 +438,14 @@ impl ProfileStore {
                 self.series.lock().committed(keys);
             }
             Ok::<_, Error>(submitted)
-        })();
+        }))
+        .unwrap_or_else(|panic| {
+            let message = frostdb_core::panic_message(&*panic);
+            tracing::error!(partition = id, %message, "storing a group of profiles panicked");
+            Err(Error::Engine(frostdb_core::Error::Internal(format!(
+                "storing a group of profiles panicked: {message}"
+            ))))
+        });
         match submitted {
             Ok(submitted) => {
                 // Locations stored as addresses: named in the background, never here.
@@ -533,6 +543,54 @@ mod tests {
             .unwrap()
             .value;
         assert_eq!(pods.len(), N as usize);
+    }
+
+    /// A group whose storing panics fails its profiles as an error would, and the store
+    /// takes profiles after it: the unwinding leader left its group's members, and every
+    /// later profile of the store, waiting for ever.
+    #[test]
+    fn a_group_that_panics_fails_its_profiles_and_the_store_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        store.pipeline().leading = true;
+        let options = |i: i64| IngestOptions {
+            name: "process_cpu".into(),
+            timestamp_ms: Some(1_700_000_000_000 + i),
+            ..IngestOptions::default()
+        };
+        std::thread::scope(|s| {
+            let store = &store;
+            let push = s.spawn(move || {
+                let p = validate(profile(0, 10, 3), &Limits::default()).unwrap();
+                store.ingest_profile(&p, &options(0))
+            });
+            let slot = loop {
+                let mut pipeline = store.pipeline();
+                if let Some(group) = pipeline.open.as_mut()
+                    && group.rows.profiles() == 1
+                {
+                    // A total naming a row the group does not have: its storing panics
+                    // (an index out of bounds), as any bug in it would.
+                    group.rows.totals.push((9_999, 1));
+                    break group.slot.clone();
+                }
+                drop(pipeline);
+                std::thread::yield_now();
+            };
+            store.lead(&slot);
+            let failed = push.join().unwrap().unwrap_err();
+            assert!(failed.to_string().contains("panicked"), "{failed}");
+        });
+        assert!(!store.pipeline().leading, "the lead was given up");
+        // The next profile is stored: its group has a leader, the failed partition is done.
+        let p = validate(profile(100, 10, 3), &Limits::default()).unwrap();
+        assert_eq!(store.ingest_profile(&p, &options(1)).unwrap().rows, 10);
+        let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+        let merged = store
+            .merge(&selector, frostdb_profile::TimeRange::ALL)
+            .unwrap();
+        assert_eq!(merged.total(), total(100, 10), "only the second profile");
     }
 
     #[test]

@@ -27,10 +27,12 @@ pub(super) async fn fetch(
     max_bytes: u64,
     timeout: Duration,
 ) -> Result<bool> {
-    let url = format!("{}/buildid/{build_id}/{kind}", server.trim_end_matches('/'));
+    let address = format!("{}/buildid/{build_id}/{kind}", server.trim_end_matches('/'));
+    // Errors name the address without a password it may carry.
+    let url = frostdb_core::redacted_url(&address);
     let transfer = async {
         let mut response = http
-            .get(&url)
+            .get(&address)
             .send()
             .await
             .map_err(|e| Error::Fetch(format!("{url}: {e}")))?;

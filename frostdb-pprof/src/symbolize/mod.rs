@@ -409,7 +409,7 @@ impl Symbolizer {
                     self.from_debuginfod.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(
                         build_id,
-                        server,
+                        server = %frostdb_core::redacted_url(server),
                         kind = kind.path(),
                         "fetched from debuginfod"
                     );
@@ -418,7 +418,7 @@ impl Symbolizer {
                 Ok(None) => {}
                 Err(e) => {
                     self.failed_fetches.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(build_id, server, error = %e, "debuginfod fetch failed");
+                    tracing::warn!(build_id, server = %frostdb_core::redacted_url(server), error = %e, "debuginfod fetch failed");
                 }
             }
         }

@@ -26,6 +26,26 @@ pub(crate) struct SymbolTables {
     pub(crate) names: Option<Table>,
 }
 
+/// Most bytes a symbol column of one group holds: far under what an Arrow string column
+/// can (2 GiB, past which arrow panics), and above what any profile the decoders take
+/// makes.
+const MAX_COLUMN_BYTES: usize = 1 << 30;
+
+/// `values` as a string column, or an error past [`MAX_COLUMN_BYTES`] (an interned string
+/// is copied once per row naming it).
+fn strings<'a>(values: impl Iterator<Item = &'a str> + Clone) -> Result<ArrayRef> {
+    let bytes = values
+        .clone()
+        .fold(0usize, |n, v| n.saturating_add(v.len()));
+    if bytes > MAX_COLUMN_BYTES {
+        return Err(crate::Error::TooLarge {
+            what: "symbol strings of one group, as stored",
+            limit: MAX_COLUMN_BYTES,
+        });
+    }
+    Ok(Arc::new(StringArray::from_iter_values(values)))
+}
+
 fn batch(columns: Vec<(&str, ArrayRef, bool)>) -> Result<RecordBatch> {
     let fields: Vec<Field> = columns
         .iter()
@@ -169,10 +189,8 @@ impl SymbolTables {
             let num = |g: fn(&MappingRow) -> u64| -> ArrayRef {
                 Arc::new(UInt64Array::from_iter_values(rows.iter().map(|m| g(m))))
             };
-            let text = |g: fn(&MappingRow) -> u32| -> ArrayRef {
-                Arc::new(StringArray::from_iter_values(
-                    rows.iter().map(|m| p.string(g(m))),
-                ))
+            let text = |g: fn(&MappingRow) -> u32| -> Result<ArrayRef> {
+                strings(rows.iter().map(|m| p.string(g(m))))
             };
             out.push((
                 &self.mappings,
@@ -181,8 +199,8 @@ impl SymbolTables {
                     ("memory_start", num(|m| m.memory_start), false),
                     ("memory_limit", num(|m| m.memory_limit), false),
                     ("file_offset", num(|m| m.file_offset), false),
-                    ("filename", text(|m| m.filename), false),
-                    ("build_id", text(|m| m.build_id), false),
+                    ("filename", text(|m| m.filename)?, false),
+                    ("build_id", text(|m| m.build_id)?, false),
                     (
                         "flags",
                         Arc::new(UInt8Array::from_iter_values(rows.iter().map(|m| m.flags))),
@@ -195,18 +213,16 @@ impl SymbolTables {
             let rows: Vec<&FunctionRow> = (from.functions..to.functions)
                 .filter_map(|i| p.function(i as u32))
                 .collect();
-            let text = |g: fn(&FunctionRow) -> u32| -> ArrayRef {
-                Arc::new(StringArray::from_iter_values(
-                    rows.iter().map(|f| p.string(g(f))),
-                ))
+            let text = |g: fn(&FunctionRow) -> u32| -> Result<ArrayRef> {
+                strings(rows.iter().map(|f| p.string(g(f))))
             };
             out.push((
                 &self.functions,
                 batch(vec![
                     ("function_id", ids(id, from.functions..to.functions), false),
-                    ("name", text(|f| f.name), false),
-                    ("system_name", text(|f| f.system_name), false),
-                    ("filename", text(|f| f.filename), false),
+                    ("name", text(|f| f.name)?, false),
+                    ("system_name", text(|f| f.system_name)?, false),
+                    ("filename", text(|f| f.filename)?, false),
                     (
                         "start_line",
                         Arc::new(Int64Array::from_iter_values(

@@ -1064,6 +1064,75 @@ async fn target_answering(
     (at, asked)
 }
 
+/// A target's password (`user:password@host:port`, the only way to give a scrape target a
+/// credential) reaches the target as basic authentication, and nothing else: the targets
+/// API, the `instance` label and the server's log name the address alone. They showed,
+/// stored and logged the password.
+#[tokio::test]
+async fn a_scrape_targets_password_is_sent_and_shown_nowhere() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let at = listener.local_addr().unwrap();
+    let heads: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let seen = heads.clone();
+    let heap = testdata("pprof/pyroscope__go-cpu.pb.gz");
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let (seen, heap) = (seen.clone(), heap.clone());
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&request).into_owned());
+                let mut answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    heap.len()
+                )
+                .into_bytes();
+                answer.extend_from_slice(&heap);
+                let _ = c.write_all(&answer).await;
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[scrape]]\njob = \"auth\"\ntargets = [\"u:s3cret@{at}\"]\ninterval = \"1h\"\nprofiles = [\"heap\"]\n"
+    );
+    let s = Server::start(&dir.path().join("d"), Some(&config));
+    let mut targets = serde_json::Value::Null;
+    let scraped = eventually(Duration::from_secs(60), async || {
+        targets = get_json(&format!("{}/api/v1/targets", s.url), None).await;
+        targets[0]["scrapes"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    assert!(scraped, "{targets}\n{}", s.log());
+    let head = heads.lock().unwrap()[0].to_ascii_lowercase();
+    assert!(
+        head.contains("authorization: basic dtpzm2nyzxq="),
+        "the target was sent its credential: {head}"
+    );
+    assert_eq!(targets[0]["instance"], at.to_string(), "{targets}");
+    let (_, instances) = get(&format!("{}/api/v1/label/instance/values", s.url), None).await;
+    assert!(instances.contains(&at.to_string()), "{instances}");
+    for (what, text) in [
+        ("the targets API", targets.to_string()),
+        ("the instance label", instances),
+        ("the server's log", s.log()),
+    ] {
+        assert!(
+            !text.contains("s3cret"),
+            "{what} shows the password: {text}"
+        );
+    }
+}
+
 /// A scrape target redirecting elsewhere (another host, here another port) is not
 /// followed: the target shows why, and the other address is never asked. Before, the
 /// server followed up to 10 redirects to any host, and showed what it found there.
