@@ -424,6 +424,50 @@ fn label_names_of(snapshot: &Snapshot) -> Vec<String> {
     names
 }
 
+/// Each series' integer share of each stack's `merged` (rounded) value: its exact value
+/// rounded down, and the units left of the stack's value to the series with the largest
+/// fractions (largest remainder). A stack's shares add up to what the merge shows, and
+/// each is within one of its exact value: rounded per series, a stack worth 0.3 in each
+/// of a hundred series was 0 in a labelled export where the merge showed 30.
+fn apportion(
+    exact: Vec<(LabelSet, Vec<(u64, f64)>)>,
+    merged: &std::collections::HashMap<u64, i64>,
+) -> Vec<(LabelSet, Vec<(u64, i64)>)> {
+    // Per stack, its entries (series, position) and their fractions, and its units left.
+    let mut shares: Vec<(LabelSet, Vec<(u64, i64)>)> = Vec::with_capacity(exact.len());
+    let mut entries: std::collections::HashMap<u64, Vec<(f64, usize, usize)>> = Default::default();
+    let mut floors: std::collections::HashMap<u64, i64> = Default::default();
+    for (s, (labels, stacks)) in exact.into_iter().enumerate() {
+        let mut out = Vec::with_capacity(stacks.len());
+        for (i, (id, v)) in stacks.into_iter().enumerate() {
+            let floor = v.floor();
+            *floors.entry(id).or_default() += floor as i64;
+            entries.entry(id).or_default().push((v - floor, s, i));
+            out.push((id, floor as i64));
+        }
+        shares.push((labels, out));
+    }
+    for (id, mut fractions) in entries {
+        let left = merged.get(&id).copied().unwrap_or(0) - floors.get(&id).copied().unwrap_or(0);
+        if left <= 0 {
+            continue;
+        }
+        // Largest fractions first; equal ones in series order (the same answer each time).
+        fractions.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+        for &(_, s, i) in fractions.iter().take(left as usize) {
+            shares[s].1[i].1 += 1;
+        }
+    }
+    shares
+        .into_iter()
+        .filter_map(|(labels, mut stacks)| {
+            stacks.retain(|(_, v)| *v != 0);
+            stacks.sort_unstable_by_key(|(id, _)| *id);
+            (!stacks.is_empty()).then_some((labels, stacks))
+        })
+        .collect()
+}
+
 /// A merge that keeps series apart: per label set (`(name, value)` pairs, `labels.` left
 /// off, in name order), the value per stack, ids ascending, for the raw rows `selector`
 /// selects in `range`, each series' profiles combined by `aggregation` (summed, averaged
@@ -517,7 +561,8 @@ pub fn merge_stacks_by_series(
     let mut merged: std::collections::HashMap<u64, f64> = Default::default();
     let mut order: Vec<(LabelSet, usize)> = read.sets.into_iter().zip(0..).collect();
     order.sort();
-    let series = order
+    // Each series' exact values first (averages are fractions), then rounded together.
+    let exact: Vec<(LabelSet, Vec<(u64, f64)>)> = order
         .into_iter()
         .filter_map(|(labels, set)| {
             let of = std::mem::take(&mut sink.sets[set]);
@@ -528,27 +573,26 @@ pub fn merge_stacks_by_series(
                 Aggregation::Latest if of.latest < Some(targets[set].latest) => return None,
                 Aggregation::Latest => 1.0,
             };
-            let mut stacks: Vec<(u64, i64)> = of
+            let stacks: Vec<(u64, f64)> = of
                 .sums
                 .into_iter()
                 .map(|(id, v)| {
                     let v = v as f64 * scale;
                     *merged.entry(id).or_insert(0.0) += v;
-                    (id, v.round() as i64)
+                    (id, v)
                 })
-                .filter(|(_, v)| *v != 0)
                 .collect();
-            stacks.sort_unstable_by_key(|(id, _)| *id);
-            (!stacks.is_empty()).then_some((labels, stacks))
+            Some((labels, stacks))
         })
         .collect();
     // Rounded once, summed over label sets: a stack's average of less than one in each
     // series is not lost.
-    let mut merged: Vec<(u64, i64)> = merged
+    let merged: std::collections::HashMap<u64, i64> = merged
         .into_iter()
         .map(|(id, v)| (id, v.round() as i64))
-        .filter(|(_, v)| *v != 0)
         .collect();
+    let series = apportion(exact, &merged);
+    let mut merged: Vec<(u64, i64)> = merged.into_iter().filter(|(_, v)| *v != 0).collect();
     merged.sort_unstable_by_key(|(id, _)| *id);
     Ok(SeriesStacks {
         series,

@@ -50,8 +50,13 @@ fn ingest(store: &ProfileStore, shots: &[Shot]) {
 /// The model's total of `aggregation` over `range`: per series, its profiles in the range
 /// (different ones at one time add up; the same one twice is stored once) summed, averaged
 /// per stack, or its latest. An average is rounded once per stack over every series merged
-/// (the merge), and per stack of each series when series are kept apart (the second total).
-fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, i64, usize) {
+/// (the merge); kept apart, the series share each stack's rounded value (they add up to
+/// it), each within one of its exact value (the second: per series, per stack).
+fn model(
+    shots: &[Shot],
+    range: TimeRange,
+    aggregation: Aggregation,
+) -> (i64, Vec<Vec<f64>>, usize) {
     let values = stack_values();
     let mut series: BTreeMap<u8, BTreeMap<i64, i64>> = BTreeMap::new();
     let distinct: std::collections::BTreeSet<Shot> = shots.iter().copied().collect();
@@ -81,8 +86,7 @@ fn model(shots: &[Shot], range: TimeRange, aggregation: Aggregation) -> (i64, i6
     let merged = (0..values.len())
         .map(|k| per_series.iter().map(|s| s[k]).sum::<f64>().round() as i64)
         .sum();
-    let apart = per_series.iter().flatten().map(|v| v.round() as i64).sum();
-    (merged, apart, series.len())
+    (merged, per_series, series.len())
 }
 
 proptest! {
@@ -111,7 +115,7 @@ proptest! {
             .chain([TimeRange::ALL]);
         for range in ranges {
             for aggregation in [Aggregation::Sum, Aggregation::Average, Aggregation::Latest] {
-                let (want, apart, series) = model(&shots, range, aggregation);
+                let (want, exact, series) = model(&shots, range, aggregation);
                 for by_series in [false, true] {
                     let options = MergeOptions { aggregation, by_series, lenient: false };
                     let merged = store.merge_with(&selector, range, &options).unwrap();
@@ -124,7 +128,20 @@ proptest! {
                     prop_assert_eq!(merged.series.len(), series);
                     let per_series: i64 =
                         merged.series.iter().flat_map(|(_, s)| s).map(|(_, v)| v).sum();
-                    prop_assert_eq!(per_series, apart);
+                    prop_assert_eq!(per_series, want);
+                    // Each series' share of a stack within one of its exact value (series
+                    // and stacks in the same order: pods by name, stacks by value).
+                    for ((_, stacks), exact) in merged.series.iter().zip(&exact) {
+                        let mut got: Vec<i64> = stacks.iter().map(|(_, v)| *v).collect();
+                        let mut exact = exact.clone();
+                        got.sort_unstable();
+                        exact.sort_by(f64::total_cmp);
+                        prop_assert!(got.len() <= exact.len());
+                        let off = exact.len() - got.len();
+                        for (g, e) in got.iter().zip(&exact[off..]) {
+                            prop_assert!((*g as f64 - e).abs() < 1.0, "{} against {}", g, e);
+                        }
+                    }
                     let p = pprof::to_profile(&merged).unwrap();
                     let label = |s: &frostdb_pprof::proto::Sample, k: &str| {
                         s.label
@@ -139,7 +156,7 @@ proptest! {
                         pods.insert(label(s, "pod").unwrap());
                     }
                     prop_assert_eq!(pods.len(), series);
-                    prop_assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), apart);
+                    prop_assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), want);
                 }
             }
         }
@@ -149,6 +166,37 @@ proptest! {
             .unwrap();
         prop_assert_eq!(sum.total(), store.merge(&selector, TimeRange::ALL).unwrap().total());
     }
+}
+
+/// Four pods' averages of a third (their profiles' values 1, 1 and 2 times the base): a
+/// labelled export holds what the merge shows, each stack's value shared out among the
+/// series. Rounded per series, each pod's 4/3 was 1, so the export held 4 of a stack the
+/// merge showed as 5.
+#[test]
+fn an_averaged_export_of_series_apart_adds_up_to_the_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ProfileStore::open(
+        Db::open(dir.path(), DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let shots: Vec<Shot> = (0..4u8)
+        .flat_map(|pod| [(pod, 0, 1), (pod, 1, 1), (pod, 2, 2)])
+        .collect();
+    ingest(&store, &shots);
+    let selector = Selector::parse(SELECTOR).unwrap();
+    let (want, _, _) = model(&shots, TimeRange::ALL, Aggregation::Average);
+    let options = MergeOptions {
+        aggregation: Aggregation::Average,
+        by_series: true,
+        lenient: false,
+    };
+    let merged = store
+        .merge_with(&selector, TimeRange::ALL, &options)
+        .unwrap();
+    assert_eq!(merged.total(), want);
+    let p = pprof::to_profile(&merged).unwrap();
+    assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), want);
 }
 
 /// A goroutine profile every minute for ten minutes: stack 1 has one goroutine in nine
