@@ -411,6 +411,15 @@ impl<T: Logged> CommitLog<T> {
     /// Persists tables, the one holding the oldest unpersisted write first, until the WAL
     /// is back under its limit (or nothing more can be done).
     pub(crate) fn relieve_wal(&self) {
+        // Cleared however this ends: a panic persisting (caught by the worker) left it set,
+        // and the WAL was never relieved again, growing until the disk was full.
+        struct Relieved<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for Relieved<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        let _relieved = Relieved(&self.relieving);
         let Some(wal) = self.wal.get() else {
             return;
         };
@@ -438,8 +447,6 @@ impl<T: Logged> CommitLog<T> {
             }
         }
         tracing::debug!(before, after = wal.total_bytes(), "WAL relieved");
-        self.relieving
-            .store(false, std::sync::atomic::Ordering::Release);
     }
 }
 

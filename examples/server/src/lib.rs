@@ -846,10 +846,17 @@ pub async fn serve(config: Config) -> Result<(), String> {
     node.stop().await;
     if let Some(sampler) = sampler {
         // Stores the last partial interval, then detaches from every CPU.
-        tokio::task::spawn_blocking(move || sampler.stop())
-            .await
-            .map_err(|e| format!("eBPF sampler: {e}"))?
-            .map_err(|e| format!("eBPF sampler: {e}"))?;
+        let stop = tokio::task::spawn_blocking(move || sampler.stop());
+        match tokio::time::timeout(Duration::from_secs(FLUSH_GRACE_SECS), stop).await {
+            Ok(stopped) => {
+                stopped
+                    .map_err(|e| format!("eBPF sampler: {e}"))?
+                    .map_err(|e| format!("eBPF sampler: {e}"))?;
+            }
+            Err(_) => tracing::warn!(
+                "the eBPF sampler took over {FLUSH_GRACE_SECS} s to stop: stopping anyway (its last interval is lost)"
+            ),
+        }
     }
     tracing::info!("shutting down: flushing tenants");
     let flushing = state.clone();

@@ -923,7 +923,13 @@ fn serve(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(frostdb_server::serve(config))?;
+    let grace = std::time::Duration::from_secs(config.limits.shutdown_grace_secs);
+    let served = runtime.block_on(frostdb_server::serve(config));
+    // Blocking work still running past the grace (a long merge, a regressions pass, a flush
+    // over its bound) is left behind, not waited for without end: everything acknowledged
+    // is in the WAL, and the next start replays it. Dropped, the runtime waited for each.
+    runtime.shutdown_timeout(grace);
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
