@@ -762,12 +762,14 @@ impl Config {
             }
         }
         if let Some(remote) = &self.remote_write {
-            let url = reqwest::Url::parse(&remote.url)
-                .map_err(|e| format!("[remote_write]: url {:?}: {e}", remote.url))?;
+            let url = reqwest::Url::parse(&remote.url).map_err(|e| {
+                let url = frostdb_core::redacted_url(&remote.url);
+                format!("[remote_write]: url {url:?}: {e}")
+            })?;
             if !["http", "https"].contains(&url.scheme()) {
                 return Err(format!(
                     "[remote_write]: url {:?} is not http or https",
-                    remote.url
+                    frostdb_core::redacted_url(&remote.url)
                 ));
             }
             for (name, value) in [("interval", remote.interval), ("timeout", remote.timeout)] {

@@ -213,8 +213,13 @@ fn symbolizer(
     options.memory_budget = Some(budget.clone());
     match frostdb_pprof::symbolize::Symbolizer::new(options) {
         Ok(s) => {
+            let debuginfod: Option<Vec<String>> = c.debuginfod_urls.as_ref().map(|urls| {
+                urls.iter()
+                    .map(|u| frostdb_core::redacted_url(u).into_owned())
+                    .collect()
+            });
             tracing::info!(
-                debuginfod = ?c.debuginfod_urls,
+                ?debuginfod,
                 cache_bytes = c.cache_bytes,
                 workers = c.workers,
                 "symbolizer: frames stored as addresses are named in the background and by \

@@ -225,9 +225,15 @@ async fn sample(state: &Shared, config: &RemoteWriteConfig, queues: &Queues) {
         // Copied, encoded and compressed off the async threads.
         let batches = {
             let (state, now) = (state.clone(), crate::time::now_ms());
-            tokio::task::spawn_blocking(move || batch(&state, now))
-                .await
-                .unwrap_or_default()
+            match tokio::task::spawn_blocking(move || batch(&state, now)).await {
+                Ok(batches) => batches,
+                Err(e) => {
+                    // Counted and said: a receiver sees a gap, and this is why.
+                    stats.missed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, "remote write: sampling the series failed; the interval is missed");
+                    Vec::new()
+                }
+            }
         };
         {
             let mut tenants = queues.tenants.lock();

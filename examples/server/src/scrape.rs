@@ -177,7 +177,8 @@ pub fn start(state: Shared) -> Vec<JoinHandle<()>> {
                 // stored nowhere: the instance label is the address alone.
                 let instance = frostdb_core::without_userinfo(target).to_owned();
                 let shown = frostdb_core::redacted_url(&url).into_owned();
-                let key = format!("{}/{}/{}", config.job, instance, profile);
+                // Keyed by the whole target: two that differ only in credentials are two.
+                let key = format!("{}/{}/{}", config.job, target, profile);
                 state.targets.0.lock().insert(
                     key.clone(),
                     TargetStatus {
@@ -239,15 +240,23 @@ async fn run(state: Shared, config: ScrapeConfig, client: reqwest::Client, l: Lo
         ticks.tick().await;
         let started = Instant::now();
         let started_ms = crate::time::now_ms();
-        let result = scrape_once(
+        // A panic scraping (a bug, or an answer no check foresaw) marks the target down
+        // and the loop goes on: it ended the loop, the target shown up for ever.
+        let result = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(scrape_once(
             &state,
             &config,
             client.get(&url).timeout(timeout),
             &profile,
             &labels,
             started_ms,
-        )
-        .await;
+        )))
+        .await
+        .unwrap_or_else(|panic| {
+            Err(format!(
+                "the scrape panicked: {}",
+                frostdb_core::panic_message(&*panic)
+            ))
+        });
         let elapsed = started.elapsed().as_millis() as u64;
         state.targets.update(&key, |s| {
             s.last_scrape_ms = Some(started_ms);

@@ -317,8 +317,8 @@ pub struct Tenants {
     /// background work): opened again only once that instance is gone, whose lock would
     /// refuse the new one.
     closing: Mutex<HashMap<String, frostdb_core::Closed>>,
-    /// How long opening a tenant waits for that ([`CLOSING_WAIT`]).
-    closing_wait: std::time::Duration,
+    /// How long opening a tenant waits for that, in ms ([`CLOSING_WAIT`]).
+    closing_wait: AtomicU64,
     /// Tenants a writer reads for the merge tasks it serves as a worker without holding
     /// them: followers of the bucket, never its writer ([`Tenants::for_task`]), the most
     /// recently used last.
@@ -343,10 +343,23 @@ impl Admitted<'_> {
 }
 
 impl Drop for Admitted<'_> {
+    /// Forgets a new id whose state was not made, unless the tenant came to exist anyway:
+    /// an entry open (another request's, or this one's left by a cancelled open) or its
+    /// database directory made (what `existing` counts at the next start).
     fn drop(&mut self) {
-        if let Some(id) = self.new.take()
-            && let Some(known) = self.tenants.known.get()
+        let Some(id) = self.new.take() else {
+            return;
+        };
+        let tenants = self.tenants;
+        if tenants.tenants.lock().contains_key(&id) {
+            return;
+        }
+        if let Storage::Local(root) = &tenants.storage
+            && root.join(&id).is_dir()
         {
+            return;
+        }
+        if let Some(known) = tenants.known.get() {
             known.lock().remove(&id);
         }
     }
@@ -410,7 +423,7 @@ impl Tenants {
             tenants: Mutex::new(HashMap::new()),
             known: tokio::sync::OnceCell::new(),
             closing: Mutex::new(HashMap::new()),
-            closing_wait: CLOSING_WAIT,
+            closing_wait: AtomicU64::new(CLOSING_WAIT.as_millis() as u64),
             clock: AtomicU64::new(0),
             budget: None,
             spill: frostdb_query::Spill::none(),
@@ -457,9 +470,9 @@ impl Tenants {
 
     /// How long opening a tenant waits for its previous instance to close (tests).
     #[cfg(test)]
-    fn closing_wait(mut self, wait: std::time::Duration) -> Self {
-        self.closing_wait = wait;
-        self
+    fn set_closing_wait(&self, wait: std::time::Duration) {
+        self.closing_wait
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
     }
 
     /// Tenants open at once, at most.
@@ -810,6 +823,10 @@ impl Tenants {
         let Some(tenant) = entry.cell.get() else {
             return;
         };
+        // A reader of a bucket takes no lock: its next instance need not wait.
+        if matches!(&self.storage, Storage::Bucket(b) if b.role == Role::Reader) {
+            return;
+        }
         let mut closing = self.closing.lock();
         closing.retain(|_, closed| !closed.is_closed());
         closing.insert(id.to_owned(), tenant.store.db().closed());
@@ -825,12 +842,13 @@ impl Tenants {
         };
         if !closed.is_closed() {
             tracing::info!(tenant = %id, "waiting for the tenant's previous instance to close");
-            let (waited, wait) = (closed.clone(), self.closing_wait);
+            let wait = Duration::from_millis(self.closing_wait.load(Ordering::Relaxed));
+            let waited = closed.clone();
             let gone = tokio::task::spawn_blocking(move || waited.wait(wait))
                 .await
                 .unwrap_or(false);
             if !gone {
-                tracing::warn!(tenant = %id, waited = ?self.closing_wait, "the tenant's previous instance is still in use (a query or background work holds it)");
+                tracing::warn!(tenant = %id, waited = ?wait, "the tenant's previous instance is still in use (a query or background work holds it)");
                 return Err(ApiError::busy(
                     format!(
                         "tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly"
@@ -1349,8 +1367,8 @@ mod tests {
             Retention::default(),
             pool,
         )
-        .max_open(1)
-        .closing_wait(std::time::Duration::from_millis(50));
+        .max_open(1);
+        tenants.set_closing_wait(std::time::Duration::from_millis(50));
         let a = tenants.for_write("a").await.unwrap();
         let session = a.store.session().unwrap();
         drop(a);
@@ -1363,7 +1381,9 @@ mod tests {
             !message.contains("process") && !message.contains(&*dir.path().to_string_lossy()),
             "names neither the server's pid nor its directory: {message}"
         );
-        // An open already waiting when the session goes is told at once.
+        // An open already waiting when the session goes is told at once (a wait far past
+        // any stall of a loaded machine).
+        tenants.set_closing_wait(std::time::Duration::from_secs(600));
         let mut waiting = std::pin::pin!(tenants.wait_closed("a"));
         assert!(
             futures::poll!(&mut waiting).is_pending(),

@@ -192,11 +192,12 @@ impl Querier {
     }
 
     /// The diff of two typed selections as Pyroscope's levels, with the left and right
-    /// totals, each side merged by `aggregation`: an error when their profile types differ.
+    /// totals, each side merged by `aggregation` and narrowed to its call site (none: the
+    /// whole profiles): an error when their profile types differ.
     pub(super) async fn diff_levels(
         &self,
-        (left, left_range): (TypedSelector, TimeRange),
-        (right, right_range): (TypedSelector, TimeRange),
+        (left, left_range, left_site): (TypedSelector, TimeRange, Vec<String>),
+        (right, right_range, right_site): (TypedSelector, TimeRange, Vec<String>),
         max_nodes: usize,
         aggregation: Aggregation,
     ) -> ApiResult<(Levels, i64, i64)> {
@@ -205,8 +206,18 @@ impl Querier {
                 "left and right must have the same profile type",
             ));
         }
-        let l = self.merge_as(left, left_range, aggregation, Ok).await?;
-        let r = self.merge_as(right, right_range, aggregation, Ok).await?;
+        let narrowed = |site: Vec<String>| {
+            move |merged| {
+                let site: Vec<&str> = site.iter().map(String::as_str).collect();
+                Ok(tree::select_call_site(merged, &site))
+            }
+        };
+        let l = self
+            .merge_as(left, left_range, aggregation, narrowed(left_site))
+            .await?;
+        let r = self
+            .merge_as(right, right_range, aggregation, narrowed(right_site))
+            .await?;
         crate::query::diff_then(&self.state, l, r, move |diff| {
             let root = diff.root();
             (
@@ -528,20 +539,33 @@ impl Querier {
     pub(super) async fn diff(&self, r: querier::DiffRequest) -> ApiResult<querier::DiffResponse> {
         let side = |s: Option<querier::SelectMergeStacktracesRequest>, what: &str| {
             let s = s.ok_or_else(|| ApiError::bad_request(format!("{what} is required")))?;
+            // Each side as its SelectMergeStacktraces reads it: narrowed to its call site,
+            // refusing what that refuses (answered for the whole profiles, it was a diff of
+            // what was not asked).
+            let site: Vec<String> = call_site(s.stack_trace_selector.as_ref())
+                .map_err(|e| e.context(what))?
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            if !s.profile_id_selector.is_empty() || !s.trace_id_selector.is_empty() {
+                return Err(
+                    unimplemented("profile_id_selector and trace_id_selector").context(what)
+                );
+            }
             let selector =
                 Self::merge_selector(&s.profile_type_id, &s.label_selector, &s.span_selector)
                     .map_err(|e| e.context(what))?;
             let range = range(s.start, s.end).map_err(|e| e.context(what))?;
-            Ok::<_, ApiError>((selector, range, s.max_nodes))
+            Ok::<_, ApiError>((selector, range, site, s.max_nodes))
         };
-        let (left, left_range, left_nodes) = side(r.left, "left")?;
-        let (right, right_range, _) = side(r.right, "right")?;
+        let (left, left_range, left_site, left_nodes) = side(r.left, "left")?;
+        let (right, right_range, right_site, _) = side(r.right, "right")?;
         // Each side merged as its SelectMergeStacktraces would be (a gauge averaged).
         let aggregation = Aggregation::default_for(left.profile_type());
         let (levels, left_ticks, right_ticks) = self
             .diff_levels(
-                (left, left_range),
-                (right, right_range),
+                (left, left_range, left_site),
+                (right, right_range, right_site),
                 max_nodes(left_nodes)?,
                 aggregation,
             )

@@ -305,8 +305,10 @@ pub(super) async fn render_diff(
         tenant,
         utf8_names: false,
     };
-    let (levels, left_ticks, right_ticks) =
-        q.diff_levels(left, right, max_nodes, aggregation).await?;
+    let whole = |(selector, range)| (selector, range, Vec::new());
+    let (levels, left_ticks, right_ticks) = q
+        .diff_levels(whole(left), whole(right), max_nodes, aggregation)
+        .await?;
     let fb = Flamebearer::new(
         levels,
         &profile_type.sample_type,

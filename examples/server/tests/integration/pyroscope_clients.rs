@@ -765,3 +765,68 @@ async fn labels_beginning_with_two_underscores_are_dropped_as_pyroscope_drops_th
     assert!(!names.contains("__private__"), "{names}");
     assert!(names.contains("\"service_name\""), "{names}");
 }
+
+/// A Diff's sides are read as their SelectMergeStacktraces would be: narrowed to the call
+/// site each names, and refusing the profile and trace id selectors (501). Diff read only
+/// the selector and range of each side, and answered the diff of the whole profiles.
+#[tokio::test]
+async fn a_diffs_sides_are_narrowed_to_their_call_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("data"), None);
+    let now_ms = frostdb_server::time::now_ms();
+    let mut profile = go_cpu();
+    profile.time_nanos = (now_ms - 60_000) * 1_000_000;
+    let total = common::cpu_total(&profile);
+    push_profile(&s, &[("service_name", SERVICE)], &profile).await;
+    let (site, site_total) = call_site(&s).await;
+    assert!(
+        0 < site_total && site_total < total,
+        "{site:?} {site_total}"
+    );
+    let side = |site: &[String]| {
+        json!({
+            "profileTypeID": CPU,
+            "labelSelector": format!("{{service_name=\"{SERVICE}\"}}"),
+            "start": (now_ms - 3_600_000).to_string(),
+            "end": (now_ms + 60_000).to_string(),
+            "stackTraceSelector": {
+                "callSite": site.iter().map(|n| json!({"name": n})).collect::<Vec<_>>(),
+            },
+        })
+    };
+    let diff = |body: Value| {
+        let url = format!("{}/querier.v1.QuerierService/Diff", s.url);
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, text) = diff(json!({"left": side(&site), "right": side(&[])})).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let ticks = |key: &str| -> i64 {
+        let v = &answer["flamegraph"][key];
+        v.as_str()
+            .map_or_else(|| v.as_i64().unwrap(), |t| t.parse().unwrap())
+    };
+    assert_eq!(
+        ticks("leftTicks"),
+        site_total,
+        "the left side is its call site's"
+    );
+    assert_eq!(
+        ticks("rightTicks"),
+        total,
+        "the right side is the whole profile"
+    );
+    let mut by_id = side(&[]);
+    by_id["profileIdSelector"] = json!(["7d4ee8d2-0b28-4b4a-b33a-6c7c0b7f4e21"]);
+    let (status, text) = diff(json!({"left": side(&[]), "right": by_id})).await;
+    assert_eq!(status, 501, "{text}");
+}
