@@ -132,15 +132,14 @@ impl Closed {
 }
 
 /// Marks its [`Closed`] closed when dropped.
-#[derive(Debug, Default)]
-struct Closing(Option<Closed>);
+#[derive(Debug)]
+struct Closing(Closed);
 
 impl Drop for Closing {
     fn drop(&mut self) {
-        if let Some(Closed(state)) = self.0.take() {
-            *state.0.lock() = true;
-            state.1.notify_all();
-        }
+        let (closed, cv) = &*(self.0).0;
+        *closed.lock() = true;
+        cv.notify_all();
     }
 }
 
@@ -180,13 +179,13 @@ impl<T: Logged> CommitLog<T> {
             cutting: Mutex::new(()),
             read_only,
             _lock: lock,
-            closing: Closing(Some(Closed(Arc::default()))),
+            closing: Closing(Closed(Arc::default())),
         })
     }
 
     /// When this instance is wholly closed (see [`Closed`]).
     pub(crate) fn closed(&self) -> Closed {
-        self.closing.0.clone().expect("taken only on drop")
+        self.closing.0.clone()
     }
 
     /// The refusal of a write to a read-only database, if this is one.

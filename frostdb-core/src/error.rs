@@ -339,11 +339,7 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 /// (`scheme://user:password@host/...`, or `user:password@host:port` without a scheme)
 /// replaced by `xxxxx`; anything else unchanged.
 pub fn redacted_url(url: &str) -> std::borrow::Cow<'_, str> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| start + i);
-    let Some(at) = url[start..authority_end].rfind('@').map(|i| start + i) else {
+    let Some((start, at)) = userinfo(url) else {
         return url.into();
     };
     match url[start..at].find(':').map(|i| start + i) {
@@ -352,17 +348,24 @@ pub fn redacted_url(url: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// `target` (`host:port`, or `user:password@host:port`) without its userinfo: what may be
-/// a label or an address shown to others.
-pub fn without_userinfo(target: &str) -> &str {
-    let start = target.find("://").map_or(0, |i| i + 3);
-    let authority_end = target[start..]
-        .find(['/', '?', '#'])
-        .map_or(target.len(), |i| start + i);
-    match target[start..authority_end].rfind('@') {
-        Some(at) if start == 0 => &target[at + 1..],
-        _ => target,
+/// `target` (`host:port`, `user:password@host:port`, or a URL) without its userinfo: what
+/// may be a label or an address shown to others.
+pub fn without_userinfo(target: &str) -> std::borrow::Cow<'_, str> {
+    match userinfo(target) {
+        Some((0, at)) => target[at + 1..].into(),
+        Some((start, at)) => format!("{}{}", &target[..start], &target[at + 1..]).into(),
+        None => target.into(),
     }
+}
+
+/// Where `url`'s userinfo is: where it starts (after `scheme://`, if any) and the `@` that
+/// ends it, in the authority (before any path, query or fragment).
+fn userinfo(url: &str) -> Option<(usize, usize)> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    url[start..end].rfind('@').map(|at| (start, start + at))
 }
 
 #[cfg(test)]

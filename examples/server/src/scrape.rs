@@ -175,7 +175,7 @@ pub fn start(state: Shared) -> Vec<JoinHandle<()>> {
                 );
                 // A password in the target (`user:password@host:port`) is shown, logged and
                 // stored nowhere: the instance label is the address alone.
-                let instance = frostdb_core::without_userinfo(target).to_owned();
+                let instance = frostdb_core::without_userinfo(target).into_owned();
                 let shown = frostdb_core::redacted_url(&url).into_owned();
                 // Keyed by the whole target: two that differ only in credentials are two.
                 let key = format!("{}/{}/{}", config.job, target, profile);

@@ -368,6 +368,16 @@ impl Drop for Admitted<'_> {
 /// Followers a writer keeps open for the tasks it serves ([`Tenants::for_task`]).
 const MAX_FOLLOWERS: usize = 16;
 
+/// The 503 of a tenant whose previous instance, closed by this server, is still held.
+fn still_closing(id: &str) -> ApiError {
+    ApiError::busy(
+        format!(
+            "tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly"
+        ),
+        1,
+    )
+}
+
 /// How long opening a tenant waits for its previous instance, closed by this server, to
 /// finish what holds it (a query, a compaction, a rollup pass) before answering 503.
 const CLOSING_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -737,10 +747,7 @@ impl Tenants {
                         1,
                     ));
                 };
-                closed = tenants.remove(&victim).map(|e| {
-                    self.closing(&victim, &e);
-                    (victim, e)
-                });
+                closed = self.remove(&mut tenants, &victim).map(|e| (victim, e));
             }
             let cell = Arc::new(OnceCell::new());
             tenants.insert(
@@ -781,9 +788,7 @@ impl Tenants {
             .and_then(|t| t.store.db().stopped())
         {
             tracing::warn!(tenant = %id, reason = %stopped, "tenant stopped writing; reopening it");
-            if let Some(entry) = self.tenants.lock().remove(id) {
-                self.closing(id, &entry);
-            }
+            self.remove(&mut self.tenants.lock(), id);
             // Not held here while it is opened again (its lock would refuse the new one).
             drop(known);
         }
@@ -816,20 +821,21 @@ impl Tenants {
         Ok(Some(opened))
     }
 
-    /// Notes that tenant `id`'s entry is being closed: its instance (if it opened) may live
-    /// on while a query or background work holds it, and the tenant opens again only once
-    /// that instance is gone ([`Tenants::wait_closed`]).
-    fn closing(&self, id: &str, entry: &Entry) {
-        let Some(tenant) = entry.cell.get() else {
-            return;
-        };
+    /// Takes tenant `id`'s entry out of `tenants` to close it. Its instance (if it opened)
+    /// may live on while a query or background work holds it: noted, so that the tenant
+    /// opens again only once that instance is gone ([`Tenants::wait_closed`]).
+    fn remove(&self, tenants: &mut HashMap<String, Entry>, id: &str) -> Option<Entry> {
+        let entry = tenants.remove(id)?;
         // A reader of a bucket takes no lock: its next instance need not wait.
-        if matches!(&self.storage, Storage::Bucket(b) if b.role == Role::Reader) {
-            return;
+        let reader = matches!(&self.storage, Storage::Bucket(b) if b.role == Role::Reader);
+        if let Some(tenant) = entry.cell.get()
+            && !reader
+        {
+            let mut closing = self.closing.lock();
+            closing.retain(|_, closed| !closed.is_closed());
+            closing.insert(id.to_owned(), tenant.store.db().closed());
         }
-        let mut closing = self.closing.lock();
-        closing.retain(|_, closed| !closed.is_closed());
-        closing.insert(id.to_owned(), tenant.store.db().closed());
+        Some(entry)
     }
 
     /// Waits (off the async threads, at most `closing_wait`) for the instance of tenant
@@ -849,12 +855,7 @@ impl Tenants {
                 .unwrap_or(false);
             if !gone {
                 tracing::warn!(tenant = %id, waited = ?wait, "the tenant's previous instance is still in use (a query or background work holds it)");
-                return Err(ApiError::busy(
-                    format!(
-                        "tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly"
-                    ),
-                    1,
-                ));
+                return Err(still_closing(id));
             }
         }
         let mut closing = self.closing.lock();
@@ -907,12 +908,13 @@ impl Tenants {
                             // does this process as the holder (an instance of the tenant
                             // it closed still finishing).
                             tracing::warn!(tenant = %id, error = %e, "a tenant's database is locked");
-                            let message = if *holder == format!("process {}", std::process::id()) {
-                                format!("tenant {id:?} is still closing (a query or background work holds its previous instance); retry shortly")
-                            } else {
-                                format!("tenant {id:?} is in use by {holder} (a database has one writer at a time); retry once it is released")
-                            };
-                            return ApiError::busy(message, 1);
+                            if *holder == format!("process {}", std::process::id()) {
+                                return still_closing(&id);
+                            }
+                            return ApiError::busy(
+                                format!("tenant {id:?} is in use by {holder} (a database has one writer at a time); retry once it is released"),
+                                1,
+                            );
                         }
                         ApiError::from(e).context(format_args!(
                             "cannot open the database of tenant {id:?} in {}",
@@ -1073,9 +1075,7 @@ impl Tenants {
                 .filter(|(_, e)| e.idle())
                 .min_by_key(|(_, e)| e.used.load(Ordering::Relaxed))
                 .map(|(id, _)| id.clone())?;
-            let entry = tenants.remove(&victim)?;
-            self.closing(&victim, &entry);
-            (entry, victim)
+            (self.remove(&mut tenants, &victim)?, victim)
         };
         let (entry, victim) = entry;
         let Some(tenant) = entry.cell.get().cloned() else {

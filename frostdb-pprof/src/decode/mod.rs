@@ -649,7 +649,7 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
     // A symbol's strings are a frame's name, bounded as every other format bounds it: each
     // is hashed, stored and kept whole in the statistics of the blocks it is in (a 120 MiB
     // function name was 720 MiB of the database's manifest, escaped as JSON).
-    let symbol = |field: &'static str, i: i64| -> Result<()> {
+    let symbol = |field: &'static str, i: i64| -> Result<usize> {
         string(field, i)?;
         let len = p.string(i).len();
         if len > crate::convert::trie::MAX_FRAME_BYTES {
@@ -661,34 +661,24 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
                 ),
             ));
         }
-        Ok(())
+        Ok(len)
     };
+    // A string is interned once, but stored once per row that names it: 32,769 functions
+    // sharing one 64 KiB name (each of its own start line) were a 2 GiB column, past what
+    // an Arrow string column holds (a panic storing the group).
+    let mut stored = 0usize;
     for m in &p.mapping {
-        symbol("mapping.filename", m.filename)?;
-        symbol("mapping.build_id", m.build_id)?;
+        let row = symbol("mapping.filename", m.filename)? + symbol("mapping.build_id", m.build_id)?;
+        stored = stored.saturating_add(row);
     }
     let functions =
         Positions::new(p.function.iter().map(|f| f.id)).map_err(repeated("function.id"))?;
     for f in &p.function {
-        symbol("function.name", f.name)?;
-        symbol("function.system_name", f.system_name)?;
-        symbol("function.filename", f.filename)?;
+        let row = symbol("function.name", f.name)?
+            + symbol("function.system_name", f.system_name)?
+            + symbol("function.filename", f.filename)?;
+        stored = stored.saturating_add(row);
     }
-    // A string is interned once, but stored once per row that names it: 32,769 functions
-    // sharing one 64 KiB name (each of its own start line) were a 2 GiB column, past what
-    // an Arrow string column holds (a panic storing the group).
-    let stored = p
-        .function
-        .iter()
-        .map(|f| {
-            p.string(f.name).len() + p.string(f.system_name).len() + p.string(f.filename).len()
-        })
-        .chain(
-            p.mapping
-                .iter()
-                .map(|m| p.string(m.filename).len() + p.string(m.build_id).len()),
-        )
-        .fold(0usize, usize::saturating_add);
     if stored > limits.max_decompressed_bytes {
         return Err(Error::TooLarge {
             what: "symbol strings as stored (each function's and mapping's, once per row)",

@@ -618,13 +618,16 @@ pub fn each_named_stack(merged: &Merged, mut f: impl FnMut(&[&str], i64)) {
 /// `merged` keeping only the stacks under a call site: those whose frames, root first,
 /// begin with `call_site`'s function names (Pyroscope's `stack_trace_selector.call_site`).
 /// An empty call site keeps everything.
-pub fn select_call_site(mut merged: Merged, call_site: &[&str]) -> Merged {
+pub fn select_call_site(mut merged: Merged, call_site: &[impl AsRef<str>]) -> Merged {
     if call_site.is_empty() {
         return merged;
     }
     let mut keep = Vec::with_capacity(merged.samples.len());
     each_named_stack(&merged, |path, _| {
-        keep.push(path.len() >= call_site.len() && path.iter().zip(call_site).all(|(a, b)| a == b))
+        keep.push(
+            path.len() >= call_site.len()
+                && path.iter().zip(call_site).all(|(a, b)| *a == b.as_ref()),
+        )
     });
     let kept: std::collections::HashSet<StackId> = merged
         .samples

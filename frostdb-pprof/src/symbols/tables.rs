@@ -38,7 +38,7 @@ fn strings<'a>(values: impl Iterator<Item = &'a str> + Clone) -> Result<ArrayRef
         .clone()
         .fold(0usize, |n, v| n.saturating_add(v.len()));
     if bytes > MAX_COLUMN_BYTES {
-        return Err(crate::Error::TooLarge {
+        return Err(Error::TooLarge {
             what: "symbol strings of one group, as stored",
             limit: MAX_COLUMN_BYTES,
         });

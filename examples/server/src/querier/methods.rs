@@ -206,12 +206,7 @@ impl Querier {
                 "left and right must have the same profile type",
             ));
         }
-        let narrowed = |site: Vec<String>| {
-            move |merged| {
-                let site: Vec<&str> = site.iter().map(String::as_str).collect();
-                Ok(tree::select_call_site(merged, &site))
-            }
-        };
+        let narrowed = |site: Vec<String>| move |merged| Ok(tree::select_call_site(merged, &site));
         let l = self
             .merge_as(left, left_range, aggregation, narrowed(left_site))
             .await?;
@@ -394,7 +389,6 @@ impl Querier {
         let range = range(r.start, r.end)?;
         let budget = self.state.budget.clone();
         self.merge_then(selector, range, move |merged| {
-            let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
             let merged = tree::select_call_site(merged, &call_site);
             let mut response = querier::SelectMergeStacktracesResponse::default();
             match format {
@@ -453,7 +447,6 @@ impl Querier {
         let selector = typed(&r.profile_type_id, &r.label_selector)?;
         let budget = self.state.budget.clone();
         self.merge_then(selector, range(r.start, r.end)?, move |merged| {
-            let call_site: Vec<&str> = call_site.iter().map(String::as_str).collect();
             pprof_of(&tree::select_call_site(merged, &call_site), &budget)
         })
         .await
