@@ -13,7 +13,7 @@ use frostdb_core::{Error, ScanMetrics, ScanRequest, Snapshot, col};
 
 use crate::ids::{split_id, symbol_id};
 use crate::schema::column::{
-    LABEL_PREFIX, PERIOD, PROFILE_TYPE, STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
+    LABEL_PREFIX, PERIOD, PROFILE_KEY, PROFILE_TYPE, STACKTRACE_ID, TIMESTAMP, VALUE, label_column,
 };
 use crate::{ProfileType, Result, Selector, TimeRange};
 
@@ -996,6 +996,13 @@ pub fn range_counted(
     };
     let mut columns: Vec<String> = labels.iter().map(|l| label_column(l)).collect();
     columns.extend([TIMESTAMP.to_owned(), VALUE.to_owned()]);
+    // Grouped, which profile each row is of: rows of one time in a group are one profile's
+    // (its sample label sets) or several's (pods profiled at once). Totals stored before
+    // the key have none: their profiles of one time in a group count as one.
+    let keyed = group_by.is_some() && snapshot.schema().index_of(PROFILE_KEY).is_some();
+    if keyed {
+        columns.push(PROFILE_KEY.to_owned());
+    }
     let request = ScanRequest::new()
         .project(columns)
         .filter(predicate(snapshot, selector, range))
@@ -1007,8 +1014,8 @@ pub fn range_counted(
     // thousands of groups of kilobytes each).
     let mut group_bytes = 0usize;
     let mut sums: std::collections::HashMap<(u32, i64), (i64, u64)> = Default::default();
-    // The profiles (times) of each group seen so far.
-    let mut profiles: std::collections::HashSet<(u32, i64)> = Default::default();
+    // The profiles (time and key) of each group seen so far.
+    let mut profiles: std::collections::HashSet<(u32, i64, u64)> = Default::default();
     let n = labels.len();
     let mut scan = snapshot.scan(&request)?;
     for batch in scan.by_ref() {
@@ -1024,6 +1031,15 @@ pub fn range_counted(
             .column(n + 1)
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| Error::Internal("value is not Int64".into()))?;
+        let profile_keys = match keyed {
+            true => Some(
+                batch
+                    .column_by_name(PROFILE_KEY)
+                    .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+                    .ok_or_else(|| Error::Internal("profile_key is not UInt64".into()))?,
+            ),
+            false => None,
+        };
         let mut last_keys: Vec<Option<usize>> = vec![None; n];
         let mut group = u32::MAX;
         // Rows come sorted by series and time: runs share a (group, bucket).
@@ -1068,7 +1084,12 @@ pub fn range_counted(
             // set is a series, and has a row a profile.)
             let profile = match group_by {
                 None => 1,
-                Some(_) => u64::from(profiles.insert((group, t))),
+                Some(_) => {
+                    let key = profile_keys
+                        .filter(|k| k.is_valid(i))
+                        .map_or(0, |k| k.value(i));
+                    u64::from(profiles.insert((group, t, key)))
+                }
             };
             match &mut run {
                 Some((k, v, n)) if *k == key => {

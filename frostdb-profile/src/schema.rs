@@ -57,6 +57,10 @@ pub mod column {
     pub const PERIOD: &str = "period";
     /// A sample's value, in the sample unit.
     pub const VALUE: &str = "value";
+    /// Of a profile totals row, which profile it is of, apart from the others of its time
+    /// (a hash of its name and request labels, without pprof sample labels: the profile's
+    /// totals rows of each sample label set share it). Null in rows stored before it.
+    pub const PROFILE_KEY: &str = "profile_key";
 
     /// The five columns of a profile type, in its order
     /// (`name:sample_type:sample_unit:period_type:period_unit`).
@@ -253,23 +257,41 @@ fn sample_schema(name: &str, labels: LabelOrder) -> Schema {
     )
 }
 
-/// The totals table ([`TOTALS`]): the series columns, `timestamp`, `duration`, `period` and
-/// `value`, the sum of the values of a profile's samples of one type and label set.
+/// The totals table ([`TOTALS`]): the series columns, `timestamp`, `duration`, `period`,
+/// `value`, the sum of the values of a profile's samples of one type and label set, and
+/// [`PROFILE_KEY`], which profile of its time the row is of.
 pub fn totals() -> Schema {
-    totals_schema(LabelOrder::Hierarchy)
+    totals_schema(LabelOrder::Hierarchy, true)
 }
 
-fn totals_schema(labels: LabelOrder) -> Schema {
+/// The totals table as made before [`PROFILE_KEY`] (its rows cannot tell apart the
+/// profiles of one time in a group of series; see `native::range`).
+pub fn totals_without_profile_keys() -> Schema {
+    totals_schema(LabelOrder::Hierarchy, false)
+}
+
+fn totals_schema(labels: LabelOrder, keyed: bool) -> Schema {
     series_schema(
         TOTALS,
         labels,
         |b| {
+            let b = b
+                .column(
+                    ColumnDef::new(TIMESTAMP, DataType::Int64)
+                        .encoding(Encoding::DeltaBinaryPacked),
+                )
+                .column(ColumnDef::new(DURATION, DataType::Int64).encoding(Encoding::RleDictionary))
+                .column(ColumnDef::new(PERIOD, DataType::Int64).encoding(Encoding::RleDictionary))
+                .column(ColumnDef::new(VALUE, DataType::Int64));
+            if !keyed {
+                return b;
+            }
+            // A series' rows share it (its request labels do not change): runs of one value.
             b.column(
-                ColumnDef::new(TIMESTAMP, DataType::Int64).encoding(Encoding::DeltaBinaryPacked),
+                ColumnDef::new(PROFILE_KEY, DataType::UInt64)
+                    .nullable(true)
+                    .encoding(Encoding::RleDictionary),
             )
-            .column(ColumnDef::new(DURATION, DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new(PERIOD, DataType::Int64).encoding(Encoding::RleDictionary))
-            .column(ColumnDef::new(VALUE, DataType::Int64))
         },
         &[TIMESTAMP],
     )
@@ -341,7 +363,7 @@ pub fn fingerprints() -> Schema {
 pub fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
     match name {
         SAMPLES | SPANS | ROLLUPS_HOURLY | ROLLUPS_DAILY => Some(sample_schema(name, labels)),
-        TOTALS => Some(totals_schema(labels)),
+        TOTALS => Some(totals_schema(labels, true)),
         SERIES => Some(series_index_schema(labels)),
         _ => None,
     }
@@ -349,19 +371,40 @@ pub fn series_table(name: &str, labels: LabelOrder) -> Option<Schema> {
 
 /// Opens series table `name` (see [`series_table`]), creating it with its labels in
 /// hierarchy order; a table made before that order keeps sorting its labels by name, as its
-/// rows are.
+/// rows are, and a totals table made before [`PROFILE_KEY`] stays without it (see
+/// [`has_profile_keys`]).
 pub fn open_series_table(
     db: &frostdb_core::Db,
     name: &str,
     options: frostdb_core::TableOptions,
 ) -> frostdb_core::Result<frostdb_core::Table> {
     let in_order = |labels| series_table(name, labels).expect("a series table");
-    let by_names = in_order(LabelOrder::Names);
+    // What it is made as now first, then as it may have been made before.
+    let mut made = vec![in_order(LabelOrder::Hierarchy), in_order(LabelOrder::Names)];
+    if name == TOTALS {
+        made.extend([
+            totals_schema(LabelOrder::Hierarchy, false),
+            totals_schema(LabelOrder::Names, false),
+        ]);
+    }
     let schema = match db.get_table(name) {
-        Some(existing) if existing.schema().same_rows_as(&by_names) => by_names,
-        _ => in_order(LabelOrder::Hierarchy),
+        Some(existing) => made
+            .iter()
+            .find(|s| existing.schema().same_rows_as(s))
+            .cloned()
+            .unwrap_or_else(|| made.swap_remove(0)),
+        None => made.swap_remove(0),
     };
     db.table(name, schema, options)
+}
+
+/// Whether a totals table's rows may hold [`PROFILE_KEY`] (one made before it cannot).
+pub fn has_profile_keys(table: &frostdb_core::Table) -> bool {
+    table
+        .schema()
+        .columns()
+        .iter()
+        .any(|c| c.name() == PROFILE_KEY)
 }
 
 /// The stacks table.

@@ -38,8 +38,9 @@ impl Series {
 pub(crate) struct Derived {
     /// Rows standing for a series index row: `(key, row)`.
     pub(crate) index: Vec<(u64, u32)>,
-    /// Per profile (series and timestamp): its first row and its values' sum.
-    pub(crate) totals: Vec<(u32, i64)>,
+    /// Per profile (series and timestamp): its totals row to be (the profile keyed by its
+    /// series key: rows given as Arrow have no pprof sample labels).
+    pub(crate) totals: Vec<crate::normalize::Total>,
     /// The series keys ([`crate::limits`]) with their days.
     pub(crate) keys: Vec<(u64, i64)>,
     /// What is stored.
@@ -268,7 +269,7 @@ impl Input {
         let times = self.timestamp.values();
         let values = self.value.values();
         let mut profiles: HashMap<(u32, i64), u32> = HashMap::default();
-        let mut totals: Vec<(u32, i64)> = Vec::new();
+        let mut totals: Vec<crate::normalize::Total> = Vec::new();
         let mut hours: HashSet<(u32, i64)> = HashSet::default();
         let mut index: Vec<(u64, u32)> = Vec::new();
         let mut days: HashSet<(u32, i64)> = HashSet::default();
@@ -280,7 +281,11 @@ impl Input {
                 Some((ps, pt, p)) if ps == s && pt == t => p,
                 _ => {
                     let p = *profiles.entry((s, t)).or_insert_with(|| {
-                        totals.push((i as u32, 0));
+                        totals.push(crate::normalize::Total {
+                            row: i as u32,
+                            sum: 0,
+                            profile: series_keys[s as usize],
+                        });
                         (totals.len() - 1) as u32
                     });
                     let hour = t.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS;
@@ -298,7 +303,7 @@ impl Input {
                 }
             };
             previous = Some((s, t, p));
-            let sum = &mut totals[p as usize].1;
+            let sum = &mut totals[p as usize].sum;
             *sum = sum.saturating_add(values[i]);
         }
         let mut profile_types: Vec<String> = series

@@ -47,7 +47,7 @@ pub(crate) use keys::{content_key, function_key, location_line, location_start, 
 pub use prepare::MAX_FUTURE_MS;
 pub(crate) use prepare::{Deltas, prepare};
 pub(crate) use rows::SERIES_KEYS;
-pub(crate) use rows::{Finished, SampleRows, move_rows, order_runs};
+pub(crate) use rows::{Finished, SampleRows, Total, move_rows, order_runs};
 
 /// How to store one profile: `IngestOptions::default().name("process_cpu").labels(..)`.
 #[derive(Debug, Clone, Default)]

@@ -68,6 +68,14 @@ impl Prepared<'_> {
         let mut used: Vec<u16> = Vec::new();
         let mut at = start;
         let hour = self.timestamp.div_euclid(SERIES_BUCKET_MS) * SERIES_BUCKET_MS;
+        // Which profile the totals rows are of, whatever their sample labels.
+        let profile = match index {
+            true => crate::limits::series_key(
+                &self.name,
+                self.series.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            ),
+            false => 0,
+        };
         let mut sets: Vec<usize> = Vec::new();
         // Each label set's place among the run's `sets`, by its index (usize::MAX: not in
         // the run): found by a scan of `sets`, a profile of thousands of label sets and as
@@ -108,11 +116,15 @@ impl Prepared<'_> {
                                 (&self.label_sets[set], hour),
                             ));
                             out.series.push((key, (at + i) as u32));
-                            out.totals.push(((at + i) as u32, 0));
+                            out.totals.push(Total {
+                                row: (at + i) as u32,
+                                sum: 0,
+                                profile,
+                            });
                             sets.len() - 1
                         }
                     };
-                    let sum = &mut out.totals[totals + k].1;
+                    let sum = &mut out.totals[totals + k].sum;
                     *sum = sum.saturating_add(r.2);
                 }
             }
@@ -165,6 +177,16 @@ impl Prepared<'_> {
 pub(crate) static SERIES_KEYS: foldhash::fast::FixedState =
     foldhash::fast::FixedState::with_seed(0x5e71e5);
 
+/// A profile totals row to be: of a profile, sample type and label set, its first sample
+/// row, its rows' values summed, and which profile it is of
+/// ([`frostdb_profile::schema::column::PROFILE_KEY`]: its name and request labels hashed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Total {
+    pub(crate) row: u32,
+    pub(crate) sum: i64,
+    pub(crate) profile: u64,
+}
+
 /// Sample rows of one or more profiles, built into one batch of the samples table: string
 /// columns dictionary-encoded as they are appended, a column a profile lacks null in its
 /// rows.
@@ -174,9 +196,9 @@ pub(crate) struct SampleRows {
     /// Rows that stand for a series index row: `(key, row)`, the key a hash of the index
     /// row's contents.
     pub(crate) series: Vec<(u64, u32)>,
-    /// Per profile, type and label set, in row order: its first row and the sum of its
-    /// rows' values (see [`totals_from`]).
-    pub(crate) totals: Vec<(u32, i64)>,
+    /// Per profile, type and label set, in row order: its totals row to be (see
+    /// [`totals_from`]).
+    pub(crate) totals: Vec<Total>,
     strings: BTreeMap<String, StringDictionaryBuilder<Int32Type>>,
     stacktrace_id: Vec<u64>,
     timestamp: Vec<i64>,
@@ -204,7 +226,7 @@ impl SampleRows {
     pub(crate) fn built(
         batch: RecordBatch,
         series: Vec<(u64, u32)>,
-        totals: Vec<(u32, i64)>,
+        totals: Vec<Total>,
         profiles: usize,
     ) -> Self {
         Self {
@@ -378,7 +400,7 @@ impl SampleRows {
 pub(crate) struct Finished {
     pub(crate) batch: RecordBatch,
     pub(crate) series: Vec<(u64, u32)>,
-    pub(crate) totals: Vec<(u32, i64)>,
+    pub(crate) totals: Vec<Total>,
 }
 
 /// The order of rows given as runs `(series rank, time, first row, end)` (the runs in row
@@ -412,7 +434,7 @@ pub(crate) fn order_runs(
 
 /// Moves references to rows (the series index's `(key, row)` and the totals' `(row, sum)`)
 /// to where `order` (`order[i]`: the row that comes `i`th) puts their rows.
-pub(crate) fn move_rows(order: &[u32], index: &mut [(u64, u32)], totals: &mut [(u32, i64)]) {
+pub(crate) fn move_rows(order: &[u32], index: &mut [(u64, u32)], totals: &mut [Total]) {
     let mut place = vec![0u32; order.len()];
     for (i, &row) in order.iter().enumerate() {
         place[row as usize] = i as u32;
@@ -420,7 +442,7 @@ pub(crate) fn move_rows(order: &[u32], index: &mut [(u64, u32)], totals: &mut [(
     for (_, row) in index {
         *row = place[*row as usize];
     }
-    for (row, _) in totals {
-        *row = place[*row as usize];
+    for total in totals {
+        total.row = place[total.row as usize];
     }
 }

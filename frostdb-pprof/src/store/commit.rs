@@ -420,7 +420,10 @@ impl ProfileStore {
                 tx.insert(table, rows)?;
             }
             tx.insert(&self.samples, &samples)?;
-            tx.insert(&self.totals, &derived::totals_from(&samples, &totals)?)?;
+            tx.insert(
+                &self.totals,
+                &derived::totals_from(&samples, &totals, self.totals_keyed)?,
+            )?;
             if group.spans.len() > 0 {
                 tx.insert(&self.spans, &group.spans.finish()?)?;
             }
@@ -572,7 +575,11 @@ mod tests {
                 {
                     // A total naming a row the group does not have: its storing panics
                     // (an index out of bounds), as any bug in it would.
-                    group.rows.totals.push((9_999, 1));
+                    group.rows.totals.push(crate::normalize::Total {
+                        row: 9_999,
+                        sum: 1,
+                        profile: 0,
+                    });
                     break group.slot.clone();
                 }
                 drop(pipeline);

@@ -4,10 +4,10 @@
 use super::*;
 
 use arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Int32Type, Schema as ArrowSchema};
+use arrow::datatypes::{DataType, Field, Int32Type, Schema as ArrowSchema};
 
 use crate::schema::SERIES_BUCKET_MS;
-use crate::schema::column::VALUE;
+use crate::schema::column::{PROFILE_KEY, VALUE};
 
 /// Maps keyed by rows' values: foldhash (the rows are the store's own).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -276,20 +276,32 @@ pub(super) fn totals_rows(samples: &RecordBatch) -> Result<RecordBatch> {
     let rows: Vec<(u32, Option<i64>)> = (0..samples.num_rows())
         .map(|i| (i as u32, values.is_valid(i).then(|| values.value(i))))
         .collect();
-    totals_of(samples, &rows)
+    totals_of(samples, &rows, None)
 }
 
 /// The rows [`totals_rows`] makes of `samples`, from `sums`: what [`SampleRows`] noted while
 /// appending them (per profile, type and label set, its first row and its values' sum, in
-/// row order). Only those rows' series columns are compared, not every row's.
-pub(super) fn totals_from(samples: &RecordBatch, sums: &[(u32, i64)]) -> Result<RecordBatch> {
-    let rows: Vec<(u32, Option<i64>)> = sums.iter().map(|&(row, sum)| (row, Some(sum))).collect();
-    totals_of(samples, &rows)
+/// row order), each with its profile's key when `keyed` (the table has
+/// [`crate::schema::column::PROFILE_KEY`]). Only those rows' series columns are compared,
+/// not every row's.
+pub(super) fn totals_from(
+    samples: &RecordBatch,
+    sums: &[crate::normalize::Total],
+    keyed: bool,
+) -> Result<RecordBatch> {
+    let rows: Vec<(u32, Option<i64>)> = sums.iter().map(|t| (t.row, Some(t.sum))).collect();
+    let keys: Vec<u64> = sums.iter().map(|t| t.profile).collect();
+    totals_of(samples, &rows, keyed.then_some(keys.as_slice()))
 }
 
 /// Totals of `rows` (`(row, value)`, in row order) of `samples`, grouped by their series
-/// columns (only those rows' are read).
-fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<RecordBatch> {
+/// columns (only those rows' are read); with `profiles` (a profile key per row), each with
+/// the key of its first row.
+fn totals_of(
+    samples: &RecordBatch,
+    rows: &[(u32, Option<i64>)],
+    profiles: Option<&[u64]>,
+) -> Result<RecordBatch> {
     let schema = samples.schema();
     let indices = arrow::array::UInt32Array::from_iter_values(rows.iter().map(|r| r.0));
     let keys: Vec<ArrayRef> = schema
@@ -305,12 +317,15 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
     // the previous row is checked before the map.
     let mut groups: HashMap<&[u64], u32> = HashMap::default();
     let (mut firsts, mut sums) = (Vec::<u32>::new(), Vec::<Option<i64>>::new());
+    // Each group's first entry of `rows`.
+    let mut first_of = Vec::<usize>::new();
     let mut previous: Option<(usize, u32)> = None;
     for (i, &(first, value)) in rows.iter().enumerate() {
         let g = match previous {
             Some((p, g)) if row(p) == row(i) => g,
             _ => *groups.entry(row(i)).or_insert_with(|| {
                 firsts.push(first);
+                first_of.push(i);
                 sums.push(None);
                 (firsts.len() - 1) as u32
             }),
@@ -321,6 +336,8 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
             *sum = Some(sum.unwrap_or(0).saturating_add(value));
         }
     }
+    let profile_keys = profiles
+        .map(|keys| arrow::array::UInt64Array::from_iter_values(first_of.iter().map(|&i| keys[i])));
     let firsts = arrow::array::UInt32Array::from(firsts);
     let sums = Int64Array::from(sums);
     let mut fields = Vec::new();
@@ -336,6 +353,10 @@ fn totals_of(samples: &RecordBatch, rows: &[(u32, Option<i64>)]) -> Result<Recor
         } else {
             arrow::compute::take(column, &firsts, None)?
         });
+    }
+    if let Some(profile_keys) = profile_keys {
+        fields.push(Field::new(PROFILE_KEY, DataType::UInt64, true));
+        columns.push(Arc::new(profile_keys));
     }
     Ok(RecordBatch::try_new(
         Arc::new(ArrowSchema::new(fields)),
@@ -495,7 +516,25 @@ mod tests {
         let sums = std::mem::take(&mut out.totals);
         let batch = out.finish().unwrap();
         let expected = totals_rows(&batch).unwrap();
-        assert_eq!(totals_from(&batch, &sums).unwrap(), expected);
+        assert_eq!(totals_from(&batch, &sums, false).unwrap(), expected);
+        // Keyed, each row names its profile by its name and request labels, whatever its
+        // sample labels.
+        let keyed = totals_from(&batch, &sums, true).unwrap();
+        let keys = keyed
+            .column_by_name(PROFILE_KEY)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .unwrap();
+        let key = crate::limits::series_key("p", [("job", "j")].into_iter());
+        assert!(keys.len() > 4 && keys.null_count() == 0);
+        assert!(keys.values().iter().all(|&k| k == key));
+        assert_eq!(
+            keyed
+                .project(&(0..expected.num_columns()).collect::<Vec<_>>())
+                .unwrap(),
+            expected
+        );
         let labelled = batch
             .schema()
             .fields()

@@ -71,6 +71,9 @@ pub struct ProfileStore {
     /// Per profile, type and label set, the sum of its samples ([`schema::totals`]),
     /// committed with them: what range queries read.
     totals: Table,
+    /// Whether the totals hold [`schema::column::PROFILE_KEY`] (those made before it do
+    /// not, and stay so).
+    totals_keyed: bool,
     /// Series index rows committed since open (key -> hour), so each is written once; hours
     /// long past are forgotten.
     indexed: Mutex<SeriesSeen>,
@@ -296,6 +299,7 @@ impl ProfileStore {
             samples,
             spans,
             series_index,
+            totals_keyed: schema::has_profile_keys(&totals),
             totals,
             indexed: Mutex::new(SeriesSeen::default()),
             memory: frostdb_query::budgeted_memory_pool(

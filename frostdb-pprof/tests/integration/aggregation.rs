@@ -160,6 +160,44 @@ proptest! {
                 }
             }
         }
+        // The time series, grouped, averaged per step: a step's profiles (a pod's at a time)
+        // summed over how many there are. Grouped by service, pods profiled at the same time
+        // are as many profiles (they were counted as one: the average was their sum).
+        let total: i64 = stack_values().iter().sum();
+        let mut profiles: BTreeMap<(u8, i64), i64> = BTreeMap::new();
+        let distinct: std::collections::BTreeSet<Shot> = shots.iter().copied().collect();
+        for (pod, minute, scale) in distinct {
+            *profiles.entry((pod, BASE + minute * MINUTE)).or_default() += total * scale;
+        }
+        for (group, step) in [("service_name", 5 * MINUTE), ("pod", 2 * MINUTE)] {
+            let mut want: BTreeMap<(String, i64), (i64, u64)> = BTreeMap::new();
+            for (&(pod, t), &value) in &profiles {
+                let name = match group {
+                    "pod" => format!("p{pod}"),
+                    _ => "api".to_owned(),
+                };
+                let point = want.entry((name, t - t.rem_euclid(step))).or_default();
+                point.0 += value;
+                point.1 += 1;
+            }
+            let by = [group.to_owned()];
+            let series = store
+                .range(&selector, TimeRange::ALL, step, Some(&by), frostdb_pprof::ReadOptions::STRICT)
+                .unwrap()
+                .value;
+            let mut got: BTreeMap<(String, i64), f64> = BTreeMap::new();
+            for s in &series {
+                prop_assert_eq!(s.labels.len(), 1);
+                for (t, v) in s.values(true) {
+                    got.insert((s.labels[0].1.clone(), t), v);
+                }
+            }
+            let want: BTreeMap<(String, i64), f64> = want
+                .into_iter()
+                .map(|(k, (sum, n))| (k, sum as f64 / n as f64))
+                .collect();
+            prop_assert_eq!(got, want, "grouped by {}", group);
+        }
         // A plain sum is the store's merge.
         let sum = store
             .merge_with(&selector, TimeRange::ALL, &MergeOptions::default())

@@ -1003,6 +1003,88 @@ fn a_store_whose_labels_sort_by_name_opens_as_it_was_made() {
     assert_eq!(merged.total(), 2 * sample_total);
 }
 
+/// Each pod's time series point, averaged, of the two containers' profiles
+/// [`ingest_pods_and_containers`] stores per pod at one time (and their sum).
+fn pod_points(store: &ProfileStore, average: bool) -> Vec<(String, f64)> {
+    let selector = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let pod = ["pod".to_owned()];
+    let series = store
+        .range(
+            &selector,
+            TimeRange::ALL,
+            i64::MAX / 4,
+            Some(&pod),
+            ReadOptions::STRICT,
+        )
+        .unwrap()
+        .value;
+    series
+        .iter()
+        .map(|s| {
+            let points: Vec<(i64, f64)> = s.values(average).collect();
+            assert_eq!(points.len(), 1);
+            (s.labels[0].1.clone(), points[0].1)
+        })
+        .collect()
+}
+
+/// Two profiles of one time in a group of series (a pod's two containers) average to one
+/// profile's total: the totals rows say which profile each is of. Counted by time, they
+/// were one profile, and the average their sum.
+#[test]
+fn profiles_of_one_time_in_a_group_average_as_that_many() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let cpu = ingest_pods_and_containers(&store);
+    let one = decode(&cpu, &Limits::default()).unwrap();
+    let total: i64 = one.into_inner().sample.iter().map(|s| s.value[1]).sum();
+    let pods = |v: f64| vec![("p1".to_owned(), v), ("p2".to_owned(), v)];
+    assert_eq!(pod_points(&store, false), pods(2.0 * total as f64));
+    assert_eq!(pod_points(&store, true), pods(total as f64));
+}
+
+/// A store whose totals were made before profile keys opens with them as they were made
+/// (rather than failing on the changed definition), stores into them and answers their
+/// time series. (Its rows cannot tell apart the profiles of one time in a group: those
+/// average as one, as before.)
+#[test]
+fn a_store_whose_totals_lack_profile_keys_opens_as_they_were_made() {
+    use frostdb_pprof::schema;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        db.table(
+            schema::TOTALS,
+            schema::totals_without_profile_keys(),
+            frostdb_core::TableOptions::default(),
+        )
+        .unwrap();
+    }
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+    let cpu = ingest_pods_and_containers(&store);
+    let totals = store.db().get_table(schema::TOTALS).unwrap();
+    assert_eq!(**totals.schema(), schema::totals_without_profile_keys());
+    let one = decode(&cpu, &Limits::default()).unwrap();
+    let total: i64 = one.into_inner().sample.iter().map(|s| s.value[1]).sum();
+    let sums = pod_points(&store, false);
+    assert_eq!(
+        sums,
+        [
+            ("p1".to_owned(), 2.0 * total as f64),
+            ("p2".to_owned(), 2.0 * total as f64)
+        ]
+    );
+    // Made now, the totals have the key.
+    let fresh = Db::open_in_memory(DbOptions::default()).unwrap();
+    let store = ProfileStore::open(fresh, StoreOptions::default()).unwrap();
+    let totals = store.db().get_table(schema::TOTALS).unwrap();
+    assert_eq!(**totals.schema(), schema::totals());
+}
+
 /// `p` with every id and string index renumbered (ids scaled by `scale` times a small prime
 /// and shifted, the string table reversed after its empty first entry): the same profile, as
 /// another writer numbers it.

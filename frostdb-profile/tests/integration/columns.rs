@@ -45,6 +45,7 @@ impl Detector {
             column::DURATION,
             column::PERIOD,
             column::VALUE,
+            column::PROFILE_KEY,
         ]
         .join("|");
         let lit = format!(r#""({names})""#);
