@@ -42,7 +42,9 @@ pub use probe::{DrainCounts, KernelTotals, UserEnd, UserWalks};
 pub use procfs::{
     ExecutableMapping, ProcessInfo, VDSO, check_permitted, executable_mappings, read_vdso,
 };
-pub use sampler::{Interval, ProcessProfile, Sampler, Sink, SinkError, Stats};
+pub use sampler::{
+    Health, Interval, ProcessProfile, Sampler, SamplerHealth, Sink, SinkError, Stats,
+};
 pub use sink::{PROFILE_NAME, StoreSink};
 pub use symbolize::SymbolizeStats;
 pub use unwind::TableStats;

@@ -2,7 +2,7 @@
 //! profile per process to a [`Sink`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -135,12 +135,66 @@ pub struct Stats {
     pub cpus: usize,
 }
 
+/// How a sampler is while it runs ([`SamplerHealth::get`]): for a server's health check,
+/// which otherwise learns only at [`Sampler::stop`] that sampling ended long ago.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Whether its thread still samples.
+    pub running: bool,
+    /// Intervals lost whole: the kernel's buffers could not be drained, or building or
+    /// storing their profiles panicked (caught: sampling goes on).
+    pub failed_intervals: u64,
+    /// The last failure, or why sampling ended.
+    pub last_error: Option<String>,
+}
+
+/// A handle on a sampler's [`Health`], to keep apart from the [`Sampler`] (which its owner
+/// stops).
+#[derive(Debug, Clone, Default)]
+pub struct SamplerHealth(Arc<Mutex<Health>>);
+
+impl SamplerHealth {
+    /// The sampler's health now.
+    pub fn get(&self) -> Health {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes an interval lost to `why`.
+    fn failed(&self, why: String) {
+        tracing::error!("eBPF sampler: an interval is lost: {why}");
+        let mut h = self.lock();
+        h.failed_intervals += 1;
+        h.last_error = Some(why);
+    }
+}
+
+/// Marks the sampler stopped however its thread ends (returning, an error, a panic).
+struct Running(SamplerHealth);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut h = self.0.lock();
+        h.running = false;
+        if std::thread::panicking() {
+            h.last_error = Some("the sampler's thread panicked".into());
+        }
+    }
+}
+
+/// Drains in a row that may fail before the sampler gives up (each loses its interval).
+const MAX_FAILED_DRAINS: u32 = 10;
+
 /// A running sampler. [`Sampler::stop`] (or dropping it) emits the last partial interval
 /// and detaches the BPF program from every CPU.
 #[derive(Debug)]
 pub struct Sampler {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<Result<Stats>>>,
+    health: SamplerHealth,
 }
 
 impl Sampler {
@@ -150,6 +204,9 @@ impl Sampler {
         config.validate()?;
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let health = SamplerHealth::default();
+        health.lock().running = true;
+        let running = Running(health.clone());
         let thread = std::thread::Builder::new()
             .name("frostdb-ebpf".into())
             .spawn(move || {
@@ -163,13 +220,21 @@ impl Sampler {
                         return Ok(Stats::default());
                     }
                 };
-                run(config, probe, sink, stop_rx)
+                let health = running.0.clone();
+                let ended = run(config, probe, sink, stop_rx, &health);
+                if let Err(e) = &ended {
+                    tracing::error!("eBPF sampler: sampling ended: {e}");
+                    health.lock().last_error = Some(format!("sampling ended: {e}"));
+                }
+                drop(running);
+                ended
             })
             .map_err(|e| Error::Io("spawning the sampler thread".into(), e))?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Self {
                 stop: Some(stop_tx),
                 thread: Some(thread),
+                health,
             }),
             Ok(Err(e)) => {
                 let _ = thread.join();
@@ -177,6 +242,11 @@ impl Sampler {
             }
             Err(_) => Err(Error::Thread(join_error(thread))),
         }
+    }
+
+    /// A handle on how the sampler is while it runs.
+    pub fn health(&self) -> SamplerHealth {
+        self.health.clone()
     }
 
     /// Emits the last partial interval, detaches, and returns the totals.
@@ -221,6 +291,7 @@ fn run(
     mut probe: Probe,
     mut sink: impl Sink,
     stop: mpsc::Receiver<()>,
+    health: &SamplerHealth,
 ) -> Result<Stats> {
     let mut symbolizer = Symbolizer::new();
     let mut stats = Stats {
@@ -229,14 +300,34 @@ fn run(
     };
     let mut start_ms = now_ms();
     let mut next = Instant::now() + config.interval;
+    let mut failed_drains = 0;
     loop {
         let last = match stop.recv_timeout(next.saturating_duration_since(Instant::now())) {
             Err(mpsc::RecvTimeoutError::Timeout) => false,
             Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => true,
         };
+        next += config.interval;
         let end_ms = now_ms();
         let drain_started = Instant::now();
-        let (raw, counts) = probe.drain()?;
+        // A drain that fails loses its interval (the next covers its time); only failing
+        // drain after drain ends sampling.
+        let (raw, counts) = match probe.drain() {
+            Ok(drained) => {
+                failed_drains = 0;
+                drained
+            }
+            Err(e) => {
+                failed_drains += 1;
+                health.failed(format!("draining the kernel's buffers: {e}"));
+                if failed_drains >= MAX_FAILED_DRAINS {
+                    return Err(e);
+                }
+                if last {
+                    break;
+                }
+                continue;
+            }
+        };
         let drained = drain_started.elapsed();
         let refresh_started = Instant::now();
         if config.unwind_table_bytes > 0 {
@@ -248,7 +339,25 @@ fn run(
         let tables_refresh = refresh_started.elapsed();
         let before = symbolizer.stats;
         let build_started = Instant::now();
-        let profiles = build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms);
+        // Symbolizing reads whatever executables the host runs: a panic there loses the
+        // interval and the symbolizer's state, not the sampler.
+        let profiles = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            build(&config, &mut symbolizer, raw, start_ms, end_ms - start_ms)
+        })) {
+            Ok(profiles) => profiles,
+            Err(panic) => {
+                health.failed(format!(
+                    "building its profiles panicked: {}",
+                    panic_text(&panic)
+                ));
+                symbolizer = Symbolizer::new();
+                start_ms = end_ms;
+                if last {
+                    break;
+                }
+                continue;
+            }
+        };
         symbolizer.end_interval();
         let built = build_started.elapsed();
         let after = symbolizer.stats;
@@ -292,12 +401,18 @@ fn run(
                 "eBPF count map full: samples lost"
             );
         }
-        if let Err(e) = sink.write(interval) {
-            stats.sink_errors += 1;
-            tracing::warn!("eBPF sampler: the sink refused an interval: {e}");
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sink.write(interval))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                stats.sink_errors += 1;
+                tracing::warn!("eBPF sampler: the sink refused an interval: {e}");
+            }
+            Err(panic) => {
+                stats.sink_errors += 1;
+                health.failed(format!("its sink panicked: {}", panic_text(&panic)));
+            }
         }
         start_ms = end_ms;
-        next += config.interval;
         if last {
             break;
         }

@@ -248,6 +248,41 @@ fn every_sample_is_counted_once_across_buffer_swaps() {
     }
 }
 
+/// A sink that panics loses its interval, not the sampler: the next interval comes, and
+/// the sampler's health says what was lost (it said nothing until stopped, long after).
+#[test]
+fn a_panicking_sink_loses_its_interval_and_sampling_goes_on() {
+    if !permitted() {
+        return;
+    }
+    let (tx, rx) = mpsc::channel::<Interval>();
+    let mut first = true;
+    let sink = move |interval: Interval| -> Result<(), frostdb_ebpf_ingest::SinkError> {
+        if std::mem::take(&mut first) {
+            panic!("a sink bug");
+        }
+        tx.send(interval).map_err(|e| e.to_string().into())
+    };
+    let config = Config::default()
+        .frequency_hz(99)
+        .interval(Duration::from_millis(100))
+        .target(Target::Pids(vec![std::process::id()]));
+    let sampler = Sampler::start(config, sink).expect("the sampler starts as root");
+    let health = sampler.health();
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("an interval after the one whose sink panicked");
+    let now = health.get();
+    assert!(now.running, "{now:?}");
+    assert_eq!(now.failed_intervals, 1, "{now:?}");
+    assert!(
+        now.last_error.as_deref().unwrap().contains("a sink bug"),
+        "{now:?}"
+    );
+    let stats = sampler.stop().unwrap();
+    assert_eq!(stats.sink_errors, 1);
+    assert!(!health.get().running);
+}
+
 #[test]
 fn a_bad_configuration_is_an_error_not_a_panic() {
     let sink = |_: Interval| Ok(());

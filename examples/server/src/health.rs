@@ -6,7 +6,8 @@
 //! Degraded, per open tenant: its database stopped accepting writes (a failed fsync or WAL
 //! upload; reopening it, by restarting, writes again), or its manifest's mirror in the
 //! object store is behind (a database reopened from the bucket alone would miss what was
-//! persisted since the last good mirror).
+//! persisted since the last good mirror). And the server's: its eBPF sampler (`--ebpf`)
+//! no longer samples.
 
 use std::fmt::Write;
 
@@ -59,6 +60,16 @@ async fn healthz(State(state): State<Shared>, headers: HeaderMap) -> impl IntoRe
                 tenant.id, health.failures
             );
         }
+    }
+    // The server's own sampler: every tenant's concern (its tenant's is named above).
+    if let Some(health) = state.ebpf.get().map(|h| h.get())
+        && !health.running
+    {
+        let why = health.last_error.as_deref().unwrap_or("it stopped");
+        let _ = writeln!(
+            problems,
+            "the eBPF sampler (--ebpf) no longer samples: {why}"
+        );
     }
     if problems.is_empty() && elsewhere == 0 {
         "ok\n".to_owned()
@@ -173,6 +184,25 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
         && only.is_none()
     {
         symbolizer_metrics(&mut out, &symbolizer.stats());
+    }
+    if let Some(health) = state.ebpf.get().map(|h| h.get())
+        && only.is_none()
+    {
+        single(
+            &mut out,
+            "frostdb_ebpf_sampler_running",
+            "gauge",
+            "1 while the eBPF sampler (--ebpf) samples.",
+            u64::from(health.running),
+        );
+        single(
+            &mut out,
+            "frostdb_ebpf_intervals_failed_total",
+            "counter",
+            "eBPF sampling intervals lost whole: a failed drain of the kernel's buffers, or a \
+             panic building or storing their profiles.",
+            health.failed_intervals,
+        );
     }
     let mut charge = state.budget.empty();
     crate::rules::exposition(&state.rules, only, &mut out, &mut charge)?;

@@ -186,6 +186,9 @@ pub struct AppState {
     /// Whether the data directory's file system folds case: tenant ids with upper case
     /// letters are then refused ([`tenants::check_case`]).
     pub folds_case: bool,
+    /// How the eBPF sampler is (`--ebpf`), once started: `/healthz` and `/metrics` say
+    /// when sampling has ended or lost intervals.
+    pub ebpf: std::sync::OnceLock<frostdb_ebpf_ingest::SamplerHealth>,
 }
 
 /// The shared state handlers get.
@@ -747,6 +750,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         rules,
         regressions: regressions::Regressions::default(),
         folds_case,
+        ebpf: std::sync::OnceLock::new(),
         tenants,
         targets: scrape::Targets::default(),
         settings: settings::Settings::new(
@@ -817,7 +821,11 @@ pub async fn serve(config: Config) -> Result<(), String> {
         .clone()
         .map(|c| tokio::spawn(remote_write::run(state.clone(), c)));
     let sampler = match &state.config.ebpf {
-        Some(ebpf) => Some(ebpf::start(state.clone(), ebpf)?),
+        Some(ebpf) => {
+            let sampler = ebpf::start(state.clone(), ebpf)?;
+            let _ = state.ebpf.set(sampler.health());
+            Some(sampler)
+        }
         None => None,
     };
     let limits = &state.config.limits;

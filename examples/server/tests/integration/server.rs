@@ -1721,6 +1721,19 @@ async fn ebpf_stores_every_process_on_the_host_as_a_profile() {
     .await;
     assert_eq!(status, 200, "{top}");
     assert!(top.contains("frostdb_spin_user"), "{top}");
+    // The sampler's health is the server's: sampling, no interval lost.
+    let (status, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("frostdb_ebpf_sampler_running 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("frostdb_ebpf_intervals_failed_total 0"),
+        "{metrics}"
+    );
+    let (_, health) = get(&format!("{}/healthz", s.url), None).await;
+    assert_eq!(health, "ok\n");
 
     // The chain's flame graph holds every caller, from the library's leaf to main. Its
     // first interval may be walked by frame pointer (its tables load after its first
