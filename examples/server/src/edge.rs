@@ -291,10 +291,13 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     // A streamed upload holds at most its parts in flight, and no more than it has sent:
     // reserved as its bytes arrive, up to that. (Reserved whole before the first byte, 256
     // streams sending nothing took the budget from everyone for the deadline's minute.)
-    // A unary call's one message is followed (not grpc-web-text's, which is base64).
-    let unary = grpc.as_ref().is_some_and(|t| {
-        !streamed && !client_streams(parts.uri.path()) && !t.to_str().unwrap_or("").contains("text")
-    });
+    // A unary call's one message is followed (grpc-web-text's through its base64).
+    let unary = match &grpc {
+        Some(t) if !streamed && !client_streams(parts.uri.path()) => {
+            Some(OneMessage::new(t.to_str().unwrap_or("").contains("text")))
+        }
+        _ => None,
+    };
     let body = Body::new(Budgeted {
         inner: body,
         memory: memory.clone(),
@@ -304,7 +307,7 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         } else {
             usize::MAX
         },
-        unary: unary.then(OneMessage::default),
+        unary,
     });
     let run = next.run(Request::from_parts(parts, body));
     // A streamed upload's messages are not charged one by one as decoded (they would add
@@ -447,14 +450,65 @@ struct Budgeted {
 /// body to its end, decoding (and inflating, on the async thread) every message after the
 /// first and dropping it: each was charged and none given back, so a few hundred kilobytes
 /// of compressed messages held gigabytes of the budget, and a client sending two got OK
-/// with the second dropped.
-#[derive(Default)]
-struct OneMessage(frostdb_query::grpc_frames::MessagePrefixes);
+/// with the second dropped. A grpc-web-text body is base64 of the same frames (tonic-web
+/// decodes it, and tonic reads on): followed through its base64.
+struct OneMessage {
+    frames: frostdb_query::grpc_frames::MessagePrefixes,
+    /// Of a grpc-web-text body, its base64 characters not decoded yet (a chunk may end
+    /// mid-quad); `None` for a binary body.
+    text: Option<Vec<u8>>,
+    /// A grpc-web-text body that is not base64: tonic-web refuses it, no need to follow.
+    not_base64: bool,
+}
 
 impl OneMessage {
+    fn new(text: bool) -> Self {
+        Self {
+            frames: Default::default(),
+            text: text.then(Vec::new),
+            not_base64: false,
+        }
+    }
+
     /// Follows `data`; an error when it goes past the message.
     fn follow(&mut self, data: &[u8]) -> Result<(), ()> {
-        self.0.follow(
+        if self.not_base64 {
+            return Ok(());
+        }
+        let Some(pending) = &mut self.text else {
+            return Self::follow_bytes(&mut self.frames, data);
+        };
+        use base64::Engine;
+        pending.extend_from_slice(data);
+        let whole = pending.len() / 4 * 4;
+        let mut decoded = vec![0u8; whole / 4 * 3];
+        let mut at = 0;
+        while at < whole {
+            // Up to and with the first padded quad: each message's base64 may end padded.
+            let end = pending[at..whole]
+                .iter()
+                .position(|&c| c == b'=')
+                .map_or(whole, |p| (at + p) / 4 * 4 + 4);
+            match base64::engine::general_purpose::STANDARD
+                .decode_slice(&pending[at..end], &mut decoded)
+            {
+                Ok(n) => Self::follow_bytes(&mut self.frames, &decoded[..n])?,
+                Err(_) => {
+                    self.not_base64 = true;
+                    return Ok(());
+                }
+            }
+            at = end;
+        }
+        pending.drain(..whole);
+        Ok(())
+    }
+
+    fn follow_bytes(
+        frames: &mut frostdb_query::grpc_frames::MessagePrefixes,
+        data: &[u8],
+    ) -> Result<(), ()> {
+        frames.follow(
             data,
             |message, _| if message > 0 { Err(()) } else { Ok(()) },
         )
@@ -582,7 +636,7 @@ mod tests {
     #[tokio::test]
     async fn a_unary_calls_body_is_one_message() {
         let budget = frostdb_core::MemoryBudget::new(1 << 30);
-        let read = async |chunks: Vec<Vec<u8>>| {
+        let read = async |chunks: Vec<Vec<u8>>, text: bool| {
             let memory = RequestMemory::new(&budget);
             let frames = chunks
                 .into_iter()
@@ -592,7 +646,7 @@ mod tests {
                 memory: memory.clone(),
                 inflates: 0,
                 holds: usize::MAX,
-                unary: Some(OneMessage::default()),
+                unary: Some(OneMessage::new(text)),
             };
             let read = axum::body::to_bytes(Body::new(body), usize::MAX).await;
             (read.is_ok(), memory.0.refused.lock().take())
@@ -605,16 +659,36 @@ mod tests {
         };
         let one = message(10);
         let cut: Vec<Vec<u8>> = one.chunks(3).map(<[u8]>::to_vec).collect();
-        assert!(matches!(read(cut).await, (true, None)));
-        assert!(matches!(read(vec![message(0)]).await, (true, None)));
+        assert!(matches!(read(cut, false).await, (true, None)));
+        assert!(matches!(read(vec![message(0)], false).await, (true, None)));
         let mut two = message(10);
         two.extend(message(10));
-        let (ok, refused) = read(vec![two]).await;
+        let (ok, refused) = read(vec![two.clone()], false).await;
         assert!(!ok);
         assert!(
             refused.is_some_and(|e| e.message.contains("carries one message")),
             "refused naming why"
         );
+        // grpc-web-text: the same frames as base64, whole or each message padded apart,
+        // cut anywhere (it was not followed: a second message was decoded and dropped).
+        use base64::Engine;
+        let b64 = |b: &[u8]| {
+            base64::engine::general_purpose::STANDARD
+                .encode(b)
+                .into_bytes()
+        };
+        let cut = |b: Vec<u8>| b.chunks(5).map(<[u8]>::to_vec).collect::<Vec<_>>();
+        assert!(matches!(read(cut(b64(&one)), true).await, (true, None)));
+        for two in [b64(&two), [b64(&message(10)), b64(&message(10))].concat()] {
+            let (ok, refused) = read(cut(two), true).await;
+            assert!(!ok);
+            assert!(refused.is_some_and(|e| e.message.contains("carries one message")));
+        }
+        // Not base64: left to tonic-web to refuse.
+        assert!(matches!(
+            read(vec![b"*&^%$#@!".to_vec()], true).await,
+            (true, None)
+        ));
     }
 
     /// A handler that has begun storing gets its own answer past the deadline; one whose
