@@ -190,6 +190,12 @@ const KEY_NAMES: [&str; 6] = [
 ];
 /// Longest value of a key column: each becomes a profile's name or a label.
 const MAX_KEY_BYTES: usize = 1024;
+/// Most profiles (distinct producers and sample types) one request's records make: an
+/// agent sends a few.
+pub const MAX_GROUPS: usize = 1_024;
+/// About what a profile of a request holds before its first sample, beside its key's
+/// copies: its struct, its string table and its entry in the request's map.
+const GROUP_BYTES: usize = 1_024;
 /// What a distinct sample takes besides its stack and labels, in words: its map slot,
 /// value and the pprof sample made of it.
 const SAMPLE_SLOTS: usize = 24;
@@ -651,10 +657,13 @@ fn add_batch(
     let period = column(batch, wire::PERIOD)?;
     let duration = column(batch, wire::DURATION)?;
     let timestamp = column(batch, wire::TIMESTAMP)?;
+    // The previous row's key and group: rows of one group come in runs, and a row like the
+    // one before is not copied into a key to look up.
+    let mut previous: Option<([&str; 6], usize)> = None;
     for row in 0..batch.num_rows() {
         pace.tick()?;
         let at = |reason: String| arrow_error(format!("row {row}"), reason);
-        let mut key: [String; 6] = Default::default();
+        let mut key: [&str; 6] = Default::default();
         for ((k, c), name) in key.iter_mut().zip(text).zip(KEY_NAMES) {
             let v = string_at(c, row)?.unwrap_or("");
             // A dictionary or run-end column names one long value for every row for a
@@ -665,16 +674,41 @@ fn add_batch(
                     v.len()
                 )));
             }
-            *k = v.to_owned();
+            *k = v;
         }
         if key[0].is_empty() || key[1].is_empty() {
             return Err(at("no producer or sample type".into()));
         }
-        let next = groups.len();
-        let g = *group_ids.entry(key.clone()).or_insert(next);
-        if g == next {
-            groups.push(ArrowProfile::new(&key, int_at(period, row)?));
-        }
+        let g = match previous {
+            Some((p, g)) if p == key => g,
+            _ => {
+                let owned: [String; 6] = key.map(str::to_owned);
+                let g = match group_ids.get(&owned) {
+                    Some(&g) => g,
+                    None => {
+                        // Each row may name a producer and types of its own: a record of
+                        // a million rows made as many profiles, each holding copies of its
+                        // key (gigabytes no charge saw, before the series limit).
+                        if groups.len() == MAX_GROUPS {
+                            return Err(Error::TooLarge {
+                                what: "profiles (producers and sample types) in one request",
+                                limit: MAX_GROUPS,
+                            });
+                        }
+                        let key_bytes: usize = owned.iter().map(String::len).sum();
+                        crate::decode::charge::take(
+                            3 * key_bytes + GROUP_BYTES,
+                            "converting an Arrow record",
+                        )?;
+                        groups.push(ArrowProfile::new(&owned, int_at(period, row)?));
+                        group_ids.insert(owned, groups.len() - 1);
+                        groups.len() - 1
+                    }
+                };
+                previous = Some((key, g));
+                g
+            }
+        };
         let profile = &mut groups[g];
         let ts = int_at(timestamp, row)?;
         profile.first_ns = profile.first_ns.min(ts);
@@ -751,7 +785,7 @@ fn add_batch(
 /// The stack trace ids of a `Write` stream's samples record (schema `v1`, agents v0.32 to
 /// v0.47), each once, in order: what the server asks the agent to send the stacks of.
 pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
     let mut ids = Vec::new();
     let mut rows = 0usize;
     for batch in read_ipc(samples, "v1", limits)? {
@@ -767,7 +801,13 @@ pub fn write_v1_wanted(samples: &[u8], limits: &Limits) -> Result<Vec<Vec<u8>>> 
         for row in 0..batch.num_rows() {
             let id = bytes_at(column, row)?
                 .ok_or_else(|| arrow_error(format!("row {row}"), "no stack trace id"))?;
-            if seen.insert(id.to_vec()) {
+            // Each distinct id is kept twice (the set, the answer), charged as it is.
+            if !seen.contains(id) {
+                crate::decode::charge::take(
+                    2 * (id.len() + std::mem::size_of::<Vec<u8>>()) + 16,
+                    "the stack trace ids of a Write stream's samples",
+                )?;
+                seen.insert(id.to_vec());
                 ids.push(id.to_vec());
             }
         }
@@ -1321,6 +1361,37 @@ mod tests {
         };
         assert_eq!(e.kind(), frostdb_core::ErrorKind::Unavailable, "{e}");
         assert!(e.to_string().contains("the request ended"), "{e}");
+    }
+
+    /// A request's rows make at most MAX_GROUPS profiles: a row each naming a sample type
+    /// of its own made a profile each (a million of them from a record of a few MB, each
+    /// holding copies of its key), before any series limit was asked.
+    #[test]
+    fn a_record_of_more_producers_and_types_than_profiles_may_be_is_refused() {
+        let batches = agent_batches();
+        let rows = |n: usize| {
+            let many: Vec<RecordBatch> =
+                std::iter::repeat_n(batches.clone(), n.div_ceil(batches[0].num_rows()))
+                    .flatten()
+                    .collect();
+            let b = arrow::compute::concat_batches(&many[0].schema(), &many).unwrap();
+            let b = b.slice(0, n);
+            let types: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+            with_column(
+                &b,
+                wire::SAMPLE_TYPE,
+                Arc::new(arrow::array::StringArray::from(types)),
+            )
+        };
+        let limits = Limits::default();
+        let most = write_arrow(&ipc_of(&[rows(MAX_GROUPS)]), &limits).unwrap();
+        assert_eq!(most.len(), MAX_GROUPS);
+        let e = write_arrow(&ipc_of(&[rows(MAX_GROUPS + 1)]), &limits).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("profiles (producers and sample types)"),
+            "{e}"
+        );
     }
 
     /// The `Write` stream's stacks record answers the samples' ids: no more rows than

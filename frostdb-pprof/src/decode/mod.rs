@@ -416,9 +416,18 @@ impl Positions {
     /// still the cheaper.
     const DENSE_SLACK: u64 = 16;
     const DENSE_BASE: u64 = 16 * 1024;
+    /// About what a map holds an id in.
+    const MAP_BYTES: usize = 34;
 
-    /// The positions of `ids`, or the first id that is zero or repeated.
-    fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> std::result::Result<Self, u64> {
+    /// The positions of `ids`, or `repeated` of the first id that is zero or repeated. Its
+    /// lookup is charged before it is made: held with the profile until it is stored, a
+    /// request's profiles all at once (one location of id 16,400 was a table of 131 KiB,
+    /// and a push of 40,000 such 20-byte profiles held 15 GB, charged 176 bytes each), and
+    /// three tables of 512 MiB were made and zero-filled before their charge was refused.
+    fn new(
+        ids: impl ExactSizeIterator<Item = u64> + Clone,
+        repeated: impl Fn(u64) -> Error,
+    ) -> Result<Self> {
         let len = ids.len();
         let (mut in_order, mut max) = (true, 0);
         for (i, id) in ids.clone().enumerate() {
@@ -434,19 +443,21 @@ impl Positions {
         let lookup = if max <= Self::DENSE_SLACK * len as u64 + Self::DENSE_BASE
             && len < u32::MAX as usize
         {
+            charge::take((max as usize + 1) * 8, "a profile's id tables")?;
             let mut table = Stamped::take(max as usize);
             for (i, id) in ids.enumerate() {
                 if id == 0 || !table.set(id as usize, i as u32) {
-                    return Err(id);
+                    return Err(repeated(id));
                 }
             }
             Lookup::Table(table)
         } else {
+            charge::take(len.saturating_mul(Self::MAP_BYTES), "a profile's id tables")?;
             let mut map =
                 std::collections::HashMap::with_capacity_and_hasher(len, Default::default());
             for (i, id) in ids.enumerate() {
                 if id == 0 || map.insert(id, i).is_some() {
-                    return Err(id);
+                    return Err(repeated(id));
                 }
             }
             Lookup::Map(map)
@@ -469,15 +480,6 @@ impl Positions {
 
     fn contains(&self, id: u64) -> bool {
         self.get(id).is_some()
-    }
-
-    /// The bytes its lookup holds: 8 a slot of a table, about 34 an id of a map.
-    fn bytes(&self) -> usize {
-        match &self.lookup {
-            Lookup::InOrder => 0,
-            Lookup::Table(table) => table.slots.capacity() * 8,
-            Lookup::Map(map) => map.capacity() * 34,
-        }
     }
 }
 
@@ -644,8 +646,7 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
 
     let repeated =
         |field: &'static str| move |id: u64| invalid(field, format!("id {id} is zero or repeated"));
-    let mappings =
-        Positions::new(p.mapping.iter().map(|m| m.id)).map_err(repeated("mapping.id"))?;
+    let mappings = Positions::new(p.mapping.iter().map(|m| m.id), repeated("mapping.id"))?;
     // A symbol's strings are a frame's name, bounded as every other format bounds it: each
     // is hashed, stored and kept whole in the statistics of the blocks it is in (a 120 MiB
     // function name was 720 MiB of the database's manifest, escaped as JSON).
@@ -671,8 +672,7 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
         let row = symbol("mapping.filename", m.filename)? + symbol("mapping.build_id", m.build_id)?;
         stored = stored.saturating_add(row);
     }
-    let functions =
-        Positions::new(p.function.iter().map(|f| f.id)).map_err(repeated("function.id"))?;
+    let functions = Positions::new(p.function.iter().map(|f| f.id), repeated("function.id"))?;
     for f in &p.function {
         let row = symbol("function.name", f.name)?
             + symbol("function.system_name", f.system_name)?
@@ -685,14 +685,7 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
             limit: limits.max_decompressed_bytes,
         });
     }
-    let locations = Positions::new(p.locations().map(|l| l.id)).map_err(repeated("location.id"))?;
-    // Held with the profile until it is stored, a request's profiles all at once: one
-    // location of id 16,400 was a table of 131 KiB, and a push of 40,000 such 20-byte
-    // profiles held 15 GB, charged 176 bytes each.
-    charge::take(
-        mappings.bytes() + functions.bytes() + locations.bytes(),
-        "a profile's id tables",
-    )?;
+    let locations = Positions::new(p.locations().map(|l| l.id), repeated("location.id"))?;
     // A stack's depth is its frames: a location's lines (inlined calls), at least one. The
     // most lines a location has bounds the frames of a stack of n locations, so only a
     // stack that may be over the limit counts them.
@@ -780,8 +773,8 @@ fn check(p: &Flat, limits: &Limits) -> Result<Ids> {
 mod tests {
     use super::*;
 
-    /// A profile's id tables are charged as they are made: 20 bytes naming one mapping,
-    /// function and location of id 16,400 make three tables of 16,401 slots.
+    /// A profile's id tables are charged before they are made: 20 bytes naming one
+    /// mapping, function and location of id 16,400 make three tables of 16,401 slots.
     #[test]
     fn a_profiles_id_tables_are_charged() {
         let raw = [
