@@ -113,9 +113,15 @@ impl<T: prost::Message> Encoder for AnswerEncoder<T> {
 
     fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
         // Measured once here; tonic's buffer grows as it is written (what `encode` would
-        // measure again is its room).
+        // measure again is its room). At most what a Connect answer may be.
+        let len = item.encoded_len();
+        if len > crate::query::MAX_JSON_ANSWER_BYTES {
+            return Err(Status::resource_exhausted(
+                crate::querier::transport::too_large_answer().message,
+            ));
+        }
         let mut encode = || item.encode_raw(buf);
-        if item.encoded_len() >= OFF_THE_ASYNC_THREAD_BYTES {
+        if len >= OFF_THE_ASYNC_THREAD_BYTES {
             crate::work::off_the_async_thread(encode)
         } else {
             encode()

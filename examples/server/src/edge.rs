@@ -411,6 +411,12 @@ pub fn request_memory() -> Option<RequestMemory> {
     REQUEST_MEMORY.try_with(Clone::clone).ok()
 }
 
+/// Runs `f` as a request whose memory is `memory` ([`request_memory`] answers it).
+#[cfg(test)]
+pub(crate) fn as_request<T>(memory: RequestMemory, f: impl FnOnce() -> T) -> T {
+    REQUEST_MEMORY.sync_scope(memory, f)
+}
+
 /// The most a deflate stream inflates to, per byte of it: a 258-byte match in two bits at
 /// best (RFC 1951), about 1032 to 1.
 const DEFLATE_MOST_RATIO: usize = 1032;

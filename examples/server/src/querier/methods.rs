@@ -313,15 +313,28 @@ impl Querier {
         list_bytes("label_names", &r.label_names)?;
         let wanted = r.label_names;
         let utf8 = self.utf8_names;
-        let labels_set = self
-            .read(Vec::new(), move |store| {
+        let budget = self.state.budget.clone();
+        let (labels_set, bytes) = self
+            .read((Vec::new(), 0), move |store| {
                 let only: Option<Vec<String>> = (!wanted.is_empty()).then(|| wanted.clone());
                 let mut sets = std::collections::BTreeSet::new();
+                // The reads' reservations end with them: their labels, and their copies in
+                // the answer, are held again (as `/api/v1/series` holds them).
+                let mut held = budget.empty();
+                let mut bytes = 0usize;
                 for s in &selectors {
-                    for series in store
+                    let series = store
                         .series(s, range, only.as_deref(), ReadOptions::STRICT)?
-                        .value
-                    {
+                        .value;
+                    let read: usize = series
+                        .iter()
+                        .flat_map(|s| &s.labels)
+                        .map(|(k, v)| k.len() + v.len() + 48)
+                        .fold(0, usize::saturating_add);
+                    held.try_grow(read.saturating_mul(2), "the listed series")
+                        .map_err(ApiError::over_budget)?;
+                    bytes = bytes.saturating_add(read);
+                    for series in series {
                         let mut labels: Vec<(String, String)> = series
                             .labels
                             .into_iter()
@@ -337,9 +350,13 @@ impl Querier {
                         sets.insert(labels);
                     }
                 }
-                Ok(sets.into_iter().collect::<Vec<_>>())
+                Ok((sets.into_iter().collect::<Vec<_>>(), bytes))
             })
             .await?;
+        // Held with the request until its answer is encoded (which reserves the body).
+        if let Some(memory) = crate::edge::request_memory() {
+            memory.try_grow(bytes, "the listed series")?;
+        }
         Ok(querier::SeriesResponse {
             labels_set: labels_set
                 .into_iter()

@@ -74,7 +74,7 @@ async fn not_served(uri: axum::http::Uri) -> ApiError {
 
 mod methods;
 mod render;
-mod transport;
+pub(crate) mod transport;
 
 use methods::*;
 use render::*;

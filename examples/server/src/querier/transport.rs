@@ -176,11 +176,22 @@ impl Codec {
         Ok(decoded?)
     }
 
-    /// Encodes an answer.
+    /// Encodes an answer, at most [`crate::query::MAX_JSON_ANSWER_BYTES`] of it (413 past
+    /// that), its body reserved from its request's memory before it is made: the answers
+    /// of labels and series were encoded whole, unreserved, gigabytes of JSON (a control
+    /// character of a label value is six bytes of it) found only once made.
     pub fn encode<M: prost::Message + serde::Serialize>(self, message: &M) -> Response {
         // A large answer (a flame graph of a million nodes) is encoded off the async
         // thread; its protobuf size stands for its JSON's, which is larger.
         let len = message.encoded_len();
+        if len > crate::query::MAX_JSON_ANSWER_BYTES {
+            return too_large_answer().into_response();
+        }
+        if let Some(memory) = crate::edge::request_memory()
+            && let Err(e) = memory.try_grow(len, "the answer")
+        {
+            return e.into_response();
+        }
         if len >= crate::codec::OFF_THE_ASYNC_THREAD_BYTES {
             crate::work::off_the_async_thread(|| self.encode_here(message, len))
         } else {
@@ -200,12 +211,21 @@ impl Codec {
                 message.encode_raw(&mut body);
                 ([(header::CONTENT_TYPE, "application/proto")], body).into_response()
             }
-            Codec::Json => match serde_json::to_vec(message) {
+            Codec::Json => match crate::query::json_bytes(message) {
                 Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-                Err(e) => ApiError::internal(format!("answer to JSON: {e}")).into_response(),
+                Err(e) => e.into_response(),
             },
         }
     }
+}
+
+/// An answer over [`crate::query::MAX_JSON_ANSWER_BYTES`], refused.
+pub(crate) fn too_large_answer() -> ApiError {
+    ApiError::too_large(format!(
+        "the answer is over the limit of {} bytes (a narrower selector or a shorter range \
+         answers with less)",
+        crate::query::MAX_JSON_ANSWER_BYTES
+    ))
 }
 
 /// The generated gRPC glue of the two services (messages: `frostdb_pprof::api`).
@@ -622,6 +642,38 @@ mod tests {
             let _ = Codec::Proto.encode(&answer);
             answer.other_ran.load(std::sync::atomic::Ordering::Relaxed)
         })
+    }
+
+    /// An answer is refused before it is made when over the answer limit (413) or over
+    /// what its request may still hold (503), in JSON and protobuf alike: a series answer
+    /// of gigabytes of JSON was encoded whole, unreserved.
+    #[test]
+    fn an_answer_over_its_limit_or_its_requests_memory_is_refused_before_it_is_made() {
+        let answer = |len: usize| SlowAnswer {
+            len,
+            wait: std::sync::Mutex::new(Some(Box::new(|| panic!("encoded")))),
+            other_ran: std::sync::atomic::AtomicBool::new(false),
+        };
+        for codec in [Codec::Proto, Codec::Json] {
+            let over = codec.encode(&answer(crate::query::MAX_JSON_ANSWER_BYTES + 1));
+            assert_eq!(over.status(), StatusCode::PAYLOAD_TOO_LARGE);
+            // Others hold most of the budget.
+            let budget = frostdb_core::MemoryBudget::new(4 << 20);
+            let _others = budget.try_reserve(7 << 19, "others").unwrap();
+            let memory = crate::edge::RequestMemory::new(&budget);
+            let refused =
+                crate::edge::as_request(memory.clone(), || codec.encode(&answer(1 << 20)));
+            assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let small = crate::edge::as_request(memory.clone(), || {
+                codec.encode(&SlowAnswer {
+                    len: 1000,
+                    wait: std::sync::Mutex::new(None),
+                    other_ran: std::sync::atomic::AtomicBool::new(false),
+                })
+            });
+            assert_eq!(small.status(), StatusCode::OK);
+            assert_eq!(memory.bytes(), 1000, "its body reserved");
+        }
     }
 
     /// A large answer (a flame graph of a million nodes is tens of megabytes) is encoded
