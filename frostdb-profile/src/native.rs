@@ -549,6 +549,11 @@ pub fn merge_stacks_by_series(
     // makes a label set of its own, present only in the profiles where such samples were,
     // and it is averaged over all of its target's profiles, and is in the latest only if
     // its target's latest profile has it.
+    // What is made of the sums while they are held: each series' exact values, the
+    // merged ones, and `apportion`'s entries, floors and shares (about 72 bytes a pair).
+    const MADE_PER_PAIR: usize = 72;
+    let pairs: usize = sink.sets.iter().map(|o| o.sums.len()).sum();
+    read.held.try_grow(pairs.saturating_mul(MADE_PER_PAIR))?;
     let targets = match aggregation {
         Aggregation::Sum => Vec::new(),
         _ => {
@@ -836,7 +841,15 @@ struct SeriesRows {
     period: i64,
     rows: usize,
     blocks_failed: usize,
+    /// What the sink and the label sets hold, reserved: kept by the caller while it holds
+    /// them (and grown for what it makes of them).
+    held: MemoryReservation,
 }
+
+/// About what a label set holds beside its strings' bytes (its vector, each pair's two
+/// strings, a map entry).
+const LABEL_SET_BYTES: usize = 96;
+const LABEL_BYTES: usize = 48;
 
 /// Reads the raw rows `selector` selects in `range` with their series' labels, giving each
 /// to `sink`; what the sink holds is reserved from `pool` after each batch (`what` names
@@ -855,6 +868,7 @@ fn walk_series_rows(
         period: 0,
         rows: 0,
         blocks_failed: 0,
+        held: MemoryConsumer::new(what).register(pool),
     };
     if snapshot.schema().index_of(STACKTRACE_ID).is_none() {
         return Ok(out);
@@ -868,7 +882,9 @@ fn walk_series_rows(
         .project(columns.iter())
         .filter(predicate(snapshot, selector, range))
         .lenient(lenient);
-    let reservation = MemoryConsumer::new(what).register(pool);
+    // The label sets, twice each (the map's key, the list), charged as each is made: ten
+    // thousand series of long labels were gigabytes no reservation saw.
+    let mut set_bytes = 0usize;
     let mut set_ids: std::collections::HashMap<LabelSet, usize> = Default::default();
     let mut scan = snapshot.scan(&request)?;
     for batch in scan.by_ref() {
@@ -911,19 +927,32 @@ fn walk_series_rows(
                             Some((name.clone(), s.value((*k)?).to_owned()))
                         })
                         .collect();
-                    let next = out.sets.len();
-                    let set = *set_ids.entry(of.clone()).or_insert(next);
-                    if set == next {
-                        out.sets.push(of);
-                    }
+                    let set = match set_ids.get(&of) {
+                        Some(&set) => set,
+                        None => {
+                            let bytes = 2 * of
+                                .iter()
+                                .map(|(k, v)| k.len() + v.len() + LABEL_BYTES)
+                                .fold(LABEL_SET_BYTES, usize::saturating_add);
+                            out.held.try_grow(bytes)?;
+                            set_bytes = set_bytes.saturating_add(bytes);
+                            set_ids.insert(of.clone(), out.sets.len());
+                            out.sets.push(of);
+                            out.sets.len() - 1
+                        }
+                    };
                     last = Some((keys.clone(), set));
                     set
                 }
             };
             sink.row(set, times.value(i), ids.value(i), values.value(i));
         }
-        reservation.try_resize(sink.bytes())?;
+        out.held
+            .try_resize(sink.bytes().saturating_add(set_bytes))?;
     }
+    // The map's copies go with it.
+    drop(set_ids);
+    out.held.resize(sink.bytes().saturating_add(set_bytes / 2));
     out.blocks_failed = scan.metrics().blocks_failed;
     Ok(out)
 }

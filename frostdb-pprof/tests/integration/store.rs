@@ -788,6 +788,44 @@ fn a_listing_of_series_is_charged_to_the_query_memory() {
     assert_eq!(pods.len(), 200);
 }
 
+/// A merge that keeps series apart (a labelled export, a gauge's average) charges each
+/// series' labels to the query memory as it reads them: 200 series of a 2,000-byte label
+/// and one stack each are refused under 256 KiB, naming the limit, and merged under 4 MiB.
+/// Before, only the sums were charged (a few KiB here): ten thousand series of long labels
+/// held gigabytes of label copies no reservation saw.
+#[test]
+fn a_merge_of_series_apart_charges_their_labels_to_the_query_memory() {
+    use frostdb_pprof::{Aggregation, MergeOptions};
+    let open = |limit: usize| {
+        let db = Db::open_in_memory(DbOptions::default()).unwrap();
+        let store =
+            ProfileStore::open(db, StoreOptions::default().query_memory(Some(limit))).unwrap();
+        let one = prost::Message::encode_to_vec(&frostdb_pprof::testing::profile(0, 1, 1));
+        for i in 0..200 {
+            let pod = format!("{i:0>2000}");
+            store
+                .ingest(&one, &options("memory", &[("pod", pod.as_str())]))
+                .unwrap();
+        }
+        store
+    };
+    let all = Selector::parse("memory:cpu:nanoseconds:cpu:nanoseconds{}").unwrap();
+    let apart = MergeOptions {
+        aggregation: Aggregation::Sum,
+        by_series: true,
+        lenient: false,
+    };
+    let err = open(256 << 10)
+        .merge_with(&all, TimeRange::ALL, &apart)
+        .unwrap_err();
+    assert_eq!(err.kind(), frostdb_core::ErrorKind::LimitExceeded, "{err}");
+    assert!(err.to_string().contains("query memory limit"), "{err}");
+    let merged = open(4 << 20)
+        .merge_with(&all, TimeRange::ALL, &apart)
+        .unwrap();
+    assert_eq!(merged.series.len(), 200);
+}
+
 /// Range queries read the profile totals (a row per profile, type and label set) and answer
 /// as the sample rows do, pprof sample labels included; a store whose totals are gone
 /// rebuilds them from its samples when opened.
