@@ -220,11 +220,10 @@ impl Sampler {
                         return Ok(Stats::default());
                     }
                 };
-                let health = running.0.clone();
-                let ended = run(config, probe, sink, stop_rx, &health);
+                let ended = run(config, probe, sink, stop_rx, &running.0);
                 if let Err(e) = &ended {
                     tracing::error!("eBPF sampler: sampling ended: {e}");
-                    health.lock().last_error = Some(format!("sampling ended: {e}"));
+                    running.0.lock().last_error = Some(format!("sampling ended: {e}"));
                 }
                 drop(running);
                 ended

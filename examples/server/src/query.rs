@@ -479,11 +479,7 @@ async fn series(
         let (series, failed) = (read.value, read.blocks_failed);
         // The read's reservation ended with it: its labels, and their copies in the
         // answer, are held again until the answer is written.
-        let labels: usize = series
-            .iter()
-            .flat_map(|s| &s.labels)
-            .map(|(k, v)| k.len() + v.len() + 48)
-            .fold(0, usize::saturating_add);
+        let labels = listed_label_bytes(&series);
         let _held = budget
             .try_reserve(labels.saturating_mul(2), "the listed series")
             .map_err(ApiError::over_budget)?;
@@ -842,6 +838,15 @@ pub(crate) fn json_bytes(answer: &impl serde::Serialize) -> ApiResult<Vec<u8>> {
         }
         Err(e) => Err(ApiError::internal(format!("the answer to JSON: {e}"))),
     }
+}
+
+/// What listed series' labels hold (their strings and about 48 bytes a label beside).
+pub(crate) fn listed_label_bytes(series: &[frostdb_profile::native::SeriesLabels]) -> usize {
+    series
+        .iter()
+        .flat_map(|s| &s.labels)
+        .map(|(k, v)| k.len() + v.len() + 48)
+        .fold(0, usize::saturating_add)
 }
 
 /// A response of JSON bytes [`json_bytes`] wrote.

@@ -326,11 +326,7 @@ impl Querier {
                     let series = store
                         .series(s, range, only.as_deref(), ReadOptions::STRICT)?
                         .value;
-                    let read: usize = series
-                        .iter()
-                        .flat_map(|s| &s.labels)
-                        .map(|(k, v)| k.len() + v.len() + 48)
-                        .fold(0, usize::saturating_add);
+                    let read = crate::query::listed_label_bytes(&series);
                     held.try_grow(read.saturating_mul(2), "the listed series")
                         .map_err(ApiError::over_budget)?;
                     bytes = bytes.saturating_add(read);
