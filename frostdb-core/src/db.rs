@@ -170,6 +170,11 @@ impl Db {
     /// blocks in `store` under `prefix` (any `object_store`: local files, memory, S3, ...).
     /// The manifest is mirrored to the store, so an empty `dir` reopens what the store has
     /// persisted.
+    ///
+    /// The WAL is cut once a block is in `store`: the store's puts must be durable when they
+    /// return, as S3's, GCS's and Azure's are. object_store's `LocalFileSystem` does not sync
+    /// what it writes (a power cut could lose a block whose rows the WAL no longer holds):
+    /// for a local directory use [`Db::open`], which syncs each block before naming it.
     pub fn open_with_store(
         dir: impl AsRef<Path>,
         store: Arc<dyn ObjectStore>,

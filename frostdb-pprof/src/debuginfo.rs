@@ -103,6 +103,24 @@ pub struct DebugInfoStore {
     max_total: u64,
 }
 
+/// An upload being received: dropped unfinished, it is forgotten (on the runtime it was
+/// received on, as forgetting is async).
+struct Unfinished(Option<(DebugInfoStore, String, String)>);
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some((store, build_id, upload_id)) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                store.forget(&build_id, &upload_id).await;
+                tracing::info!(build_id, "an upload dropped unfinished is forgotten");
+            });
+        }
+    }
+}
+
 /// The lock an upload's quota check holds until the upload is recorded, one per store
 /// ([`DebugInfoStore::scope`]) while anything holds it.
 fn quota_lock(scope: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -369,6 +387,10 @@ impl DebugInfoStore {
         S: Stream<Item = Result<Bytes>> + Unpin,
     {
         let m = self.uploading(build_id, upload_id).await?;
+        // An upload dropped before it ends (its request cut by a deadline, its client
+        // gone) is forgotten too: left, it answered "in progress" to every retry and held
+        // its size of the quota until stale.
+        let mut unfinished = Unfinished(Some((self.clone(), build_id.into(), upload_id.into())));
         let path = self.path(build_id, "debuginfo");
         let multipart = self.store.put_multipart(&path).await?;
         let mut writer = WriteMultipart::new_with_chunk_size(multipart, 8 << 20);
@@ -407,9 +429,11 @@ impl DebugInfoStore {
         if let Some(e) = failed {
             let _ = writer.abort().await;
             self.forget(build_id, upload_id).await;
+            unfinished.0 = None;
             return Err(e);
         }
         writer.finish().await?;
+        unfinished.0 = None;
         Ok(size)
     }
 

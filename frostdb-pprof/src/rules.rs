@@ -131,6 +131,14 @@ const MAX_CACHED_STACKS: usize = 1 << 20;
 struct Recorded {
     values: hashbrown::HashMap<Vec<String>, i64, foldhash::fast::RandomState>,
     dropped: u64,
+    /// About what `values` hold ([`series_bytes`]).
+    bytes: usize,
+}
+
+/// About what a recorded series of kept label values `key` holds: its strings, their
+/// headers, and its table slot.
+fn series_bytes(key: &[&str]) -> usize {
+    key.iter().map(|v| v.len() + 24).sum::<usize>() + 64
 }
 
 /// Kept labels' values, borrowed: looks a series up without allocating its key (hashes as
@@ -292,6 +300,28 @@ impl Recorder {
     pub fn with_stack_cache(mut self, stacks: usize) -> Self {
         self.max_cached_stacks = stacks.max(1);
         self
+    }
+
+    /// About what it holds in memory: its stack cache's table (a slot of 33 bytes each),
+    /// and its recorded series (kept for the server's life: counters).
+    pub fn memory_bytes(&self) -> usize {
+        self.stack_cache_bytes() + self.series_bytes()
+    }
+
+    /// What its recorded series hold.
+    pub fn series_bytes(&self) -> usize {
+        self.recorded.lock().values().map(|r| r.bytes).sum()
+    }
+
+    /// What its stack cache's table holds.
+    pub fn stack_cache_bytes(&self) -> usize {
+        self.stacks.lock().capacity() * 33
+    }
+
+    /// Forgets the stacks whose function bits are cached, giving their memory back (a
+    /// tenant closing: they are found again as its profiles come). Its series stay.
+    pub fn forget_stacks(&self) {
+        *self.stacks.lock() = Default::default();
     }
 
     /// The stacks whose function bits are cached, and the room the cache holds.
@@ -867,6 +897,7 @@ impl Adding<'_> {
             None if self.total < self.max_series => {
                 r.values
                     .insert(key.iter().map(|s| (*s).to_owned()).collect(), sum);
+                r.bytes += series_bytes(key);
                 self.total += 1;
             }
             None => {

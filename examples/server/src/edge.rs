@@ -59,10 +59,39 @@ pub async fn check_head(State(state): State<Shared>, request: Request, next: Nex
 /// 408 when the handler takes longer than `limits.request_timeout_secs`: the handler is
 /// dropped (and with it the work it waits on; see `super::work`), unless it has begun
 /// storing ([`Commit`]).
+///
+/// A debug file upload (up to a gigabyte) has the time to send its body at
+/// [`MIN_UPLOAD_RATE`] besides: cut at the request's deadline, an upload of a few hundred
+/// megabytes over a fair link could never finish.
 pub async fn deadline(State(state): State<Shared>, request: Request, next: Next) -> Response {
     let secs = state.config.limits.request_timeout_secs;
     let grpc = grpc_type(request.headers());
-    within(Duration::from_secs(secs), grpc, next.run(request)).await
+    let limit = Duration::from_secs(secs) + upload_time(&request);
+    within(limit, grpc, next.run(request)).await
+}
+
+/// The slowest rate a debug file upload is given the time to be sent at.
+pub const MIN_UPLOAD_RATE: u64 = 1 << 20;
+
+/// The time to send a debug file upload's body at [`MIN_UPLOAD_RATE`]: its Content-Length's
+/// (HTTP), or the largest's (Parca's gRPC stream, which says its size only in its first
+/// message); none for other requests.
+fn upload_time(request: &Request) -> Duration {
+    let path = request.uri().path();
+    let bytes =
+        if request.method() == axum::http::Method::PUT && path.starts_with("/api/v1/debuginfo/") {
+            request
+                .headers()
+                .get(axum::http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .unwrap_or(0)
+                .min(crate::ingest::parca::MAX_DEBUGINFO_BYTES)
+        } else if path == "/parca.debuginfo.v1alpha1.DebuginfoService/Upload" {
+            crate::ingest::parca::MAX_DEBUGINFO_BYTES
+        } else {
+            0
+        };
+    Duration::from_secs(bytes / MIN_UPLOAD_RATE)
 }
 
 /// `run`'s answer, or 408 once `limit` has passed; but once `run` has begun storing
@@ -593,6 +622,51 @@ impl http_body::Body for Budgeted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A debug file upload has the time to send its body at the slowest rate taken, its
+    /// size's (HTTP) or the largest's (gRPC); other requests none besides their deadline.
+    #[test]
+    fn uploads_have_the_time_to_send_their_body() {
+        let request = |method: &str, path: &str, length: Option<u64>| {
+            let mut r = axum::http::Request::builder().method(method).uri(path);
+            if let Some(n) = length {
+                r = r.header("content-length", n);
+            }
+            r.body(axum::body::Body::empty()).unwrap()
+        };
+        let big = 500 << 20;
+        assert_eq!(
+            upload_time(&request("PUT", "/api/v1/debuginfo/aaaa", Some(big))),
+            Duration::from_secs(big / MIN_UPLOAD_RATE)
+        );
+        assert_eq!(
+            upload_time(&request("PUT", "/api/v1/debuginfo/aaaa", Some(u64::MAX))),
+            Duration::from_secs(crate::ingest::parca::MAX_DEBUGINFO_BYTES / MIN_UPLOAD_RATE),
+            "at most the largest upload's"
+        );
+        assert_eq!(
+            upload_time(&request(
+                "POST",
+                "/parca.debuginfo.v1alpha1.DebuginfoService/Upload",
+                None
+            )),
+            Duration::from_secs(crate::ingest::parca::MAX_DEBUGINFO_BYTES / MIN_UPLOAD_RATE)
+        );
+        for (method, path) in [
+            ("POST", "/ingest"),
+            ("GET", "/api/v1/debuginfo/aaaa"),
+            (
+                "POST",
+                "/parca.debuginfo.v1alpha1.DebuginfoService/Initiate",
+            ),
+        ] {
+            assert_eq!(
+                upload_time(&request(method, path, Some(big))),
+                Duration::ZERO,
+                "{method} {path}"
+            );
+        }
+    }
 
     /// A streamed upload's body is reserved as its bytes arrive, and at most up to its
     /// parts in flight; one that has sent nothing holds nothing. A body read whole is

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 
@@ -31,10 +31,16 @@ pub fn metrics_routes() -> Router<Shared> {
 
 /// `GET /healthz`: 200 while the server answers; `ok`, or `degraded` and a line per
 /// problem.
-async fn healthz(State(state): State<Shared>, headers: HeaderMap) -> impl IntoResponse {
+async fn healthz(
+    State(state): State<Shared>,
+    request: axum::extract::Request,
+) -> impl IntoResponse {
     // Named to the server's token (every tenant's) or a tenant's (its own); counted
-    // otherwise.
-    let caller = crate::caller(&state, &headers);
+    // otherwise, and to a page of another origin where no token is asked (a rebound DNS
+    // name reaching a server on loopback).
+    let caller = crate::same_origin(&state, &request)
+        .ok()
+        .and_then(|()| crate::caller(&state, request.headers()));
     let mut problems = String::new();
     let mut elsewhere = 0;
     for tenant in state.tenants.open_tenants() {
@@ -206,7 +212,7 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
     }
     let mut charge = state.budget.empty();
     crate::rules::exposition(&state.rules, only, &mut out, &mut charge)?;
-    crate::regressions::exposition(&state.regressions, only, &mut out);
+    crate::regressions::exposition(&state.regressions, only, &mut out, &mut charge)?;
     Ok(out)
 }
 

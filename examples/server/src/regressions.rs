@@ -22,7 +22,6 @@ use frostdb_pprof::regress::{CompareError, Regression, compare};
 use frostdb_pprof::{ProfileStore, ReadOptions, Selector, TimeRange};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::Shared;
 use crate::config::RegressionsConfig;
@@ -73,21 +72,96 @@ pub struct Finding {
     pub regressions: Vec<Regression>,
 }
 
+/// Bytes of findings a tenant keeps: past them, its oldest go (a tenant of a thousand
+/// services, each with five findings of long function names, held about 185 MB).
+const MAX_TENANT_BYTES: usize = 4 << 20;
+/// Bytes of findings all tenants keep together: past them, the oldest of the tenant
+/// keeping most go.
+const MAX_ALL_BYTES: usize = 64 << 20;
+
+impl Finding {
+    /// About what it holds: its strings (with the copies of its service and type its key
+    /// holds) and its structs.
+    fn bytes(&self) -> usize {
+        let names: usize = self.regressions.iter().map(|r| r.function.len()).sum();
+        std::mem::size_of::<Self>()
+            + 2 * (self.service.len() + self.profile_type.len())
+            + self.version_label.len()
+            + self.before.version.len()
+            + self.after.version.len()
+            + self.regressions.len() * std::mem::size_of::<Regression>()
+            + names
+    }
+}
+
 /// What one tenant found.
 #[derive(Debug, Default)]
 struct Found {
     /// By (service, profile type), oldest first.
     findings: BTreeMap<(String, String), Vec<Finding>>,
+    /// What they hold ([`Finding::bytes`]).
+    bytes: usize,
+}
+
+impl Found {
+    /// Forgets the oldest finding (the earliest compared) but the last of `keep`'s key,
+    /// returning its bytes; `None` when there is none.
+    fn forget_oldest(&mut self, keep: Option<&(String, String)>) -> Option<usize> {
+        let key = self
+            .findings
+            .iter()
+            .filter(|(k, list)| list.len() > usize::from(keep == Some(*k)))
+            .min_by_key(|(_, list)| list[0].compared_at_ms)?
+            .0
+            .clone();
+        let list = self.findings.get_mut(&key)?;
+        let bytes = list.remove(0).bytes();
+        if list.is_empty() {
+            self.findings.remove(&key);
+        }
+        self.bytes -= bytes;
+        Some(bytes)
+    }
 }
 
 /// Every tenant's findings.
 #[derive(Debug, Default)]
+struct Kept {
+    tenants: HashMap<String, Found>,
+    /// What they hold together.
+    bytes: usize,
+}
+
+/// Every tenant's findings, at most [`MAX_TENANT_BYTES`] a tenant and [`MAX_ALL_BYTES`] in
+/// all.
+#[derive(Debug, Default)]
 pub struct Regressions {
-    tenants: Mutex<HashMap<String, Found>>,
+    kept: Mutex<Kept>,
     /// Comparisons made since the server started.
     pub comparisons: AtomicU64,
     /// Comparisons that failed (a read error), logged.
     pub failures: AtomicU64,
+}
+
+/// The labels of a key's latest finding, as `/metrics` counts it.
+struct Latest {
+    tenant: String,
+    service: String,
+    profile_type: String,
+    before: String,
+    after: String,
+    regressions: usize,
+}
+
+impl Latest {
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.tenant.len()
+            + self.service.len()
+            + self.profile_type.len()
+            + self.before.len()
+            + self.after.len()
+    }
 }
 
 /// A version as the profile totals list it.
@@ -105,8 +179,8 @@ const STEP_MS: i64 = 60_000;
 impl Regressions {
     /// Findings of `tenant`, newest first, of `service` (all when `None`).
     pub fn of(&self, tenant: &str, service: Option<&str>) -> Vec<Finding> {
-        let tenants = self.tenants.lock();
-        let Some(found) = tenants.get(tenant) else {
+        let kept = self.kept.lock();
+        let Some(found) = kept.tenants.get(tenant) else {
             return Vec::new();
         };
         let mut out: Vec<Finding> = found
@@ -124,35 +198,79 @@ impl Regressions {
         out
     }
 
+    /// What `tenant`'s findings hold ([`Finding::bytes`]).
+    fn bytes_of(&self, tenant: &str) -> usize {
+        self.kept.lock().tenants.get(tenant).map_or(0, |f| f.bytes)
+    }
+
     /// Keeps `finding`: it replaces the last of its service and type when that compared the
-    /// same two versions.
+    /// same two versions. Past [`MAX_TENANT_BYTES`] the tenant's oldest findings go, past
+    /// [`MAX_ALL_BYTES`] those of the tenant keeping most; a finding is not kept only when
+    /// it is over a tenant's bytes alone.
     fn keep(&self, tenant: &str, finding: Finding) {
-        let mut tenants = self.tenants.lock();
-        let found = tenants.entry(tenant.to_owned()).or_default();
+        let size = finding.bytes();
         let key = (finding.service.clone(), finding.profile_type.clone());
+        if size > MAX_TENANT_BYTES {
+            tracing::warn!(%tenant, service = %key.0, bytes = size, "regressions: a finding over {MAX_TENANT_BYTES} bytes; not kept");
+            return;
+        }
+        let mut kept = self.kept.lock();
+        let Kept {
+            tenants,
+            bytes: all,
+        } = &mut *kept;
+        let found = tenants.entry(tenant.to_owned()).or_default();
         if !found.findings.contains_key(&key) && found.findings.len() >= MAX_KEYS {
             tracing::warn!(%tenant, service = %key.0, "regressions: {MAX_KEYS} services and types kept; not keeping more");
             return;
         }
-        let list = found.findings.entry(key).or_default();
+        let list = found.findings.entry(key.clone()).or_default();
+        let mut gone = 0;
         match list.last_mut() {
             Some(last)
                 if last.before.version == finding.before.version
                     && last.after.version == finding.after.version =>
             {
-                *last = finding
+                gone += std::mem::replace(last, finding).bytes();
             }
             _ => list.push(finding),
         }
         if list.len() > KEPT {
-            list.remove(0);
+            gone += list.remove(0).bytes();
+        }
+        found.bytes = found.bytes + size - gone;
+        *all = *all + size - gone;
+        let mut forgotten = 0;
+        while found.bytes > MAX_TENANT_BYTES
+            && let Some(bytes) = found.forget_oldest(Some(&key))
+        {
+            *all -= bytes;
+            forgotten += 1;
+        }
+        while *all > MAX_ALL_BYTES {
+            let Some((id, most)) = tenants.iter_mut().max_by_key(|(_, f)| f.bytes) else {
+                break;
+            };
+            let Some(bytes) = most.forget_oldest((id == tenant).then_some(&key)) else {
+                break;
+            };
+            *all -= bytes;
+            forgotten += 1;
+            if most.findings.is_empty() {
+                let id = id.clone();
+                tenants.remove(&id);
+            }
+        }
+        if forgotten > 0 {
+            tracing::info!(%tenant, forgotten, "regressions: the oldest findings forgotten, over the bytes kept");
         }
     }
 
     /// The last comparison of `tenant`'s `service` and `profile_type`.
     fn last(&self, tenant: &str, service: &str, profile_type: &str) -> Option<Finding> {
-        self.tenants
+        self.kept
             .lock()
+            .tenants
             .get(tenant)?
             .findings
             .get(&(service.to_owned(), profile_type.to_owned()))?
@@ -160,22 +278,39 @@ impl Regressions {
             .cloned()
     }
 
-    /// The latest comparison per tenant, service and profile type.
-    fn latest(&self) -> Vec<(String, Finding)> {
-        let tenants = self.tenants.lock();
-        let mut out: Vec<(String, Finding)> = tenants
-            .iter()
-            .flat_map(|(t, found)| {
-                found
-                    .findings
-                    .values()
-                    .filter_map(|f| f.last().map(|f| (t.clone(), f.clone())))
-            })
-            .collect();
+    /// The labels of the latest comparison per tenant (`only`: of that tenant), service and
+    /// profile type, sorted; `charge` called with the bytes copied as they grow.
+    fn latest<E>(
+        &self,
+        only: Option<&str>,
+        mut charge: impl FnMut(usize) -> Result<(), E>,
+    ) -> Result<Vec<Latest>, E> {
+        let kept = self.kept.lock();
+        let mut out = Vec::new();
+        let mut copied = 0;
+        for (tenant, found) in &kept.tenants {
+            if only.is_some_and(|id| id != tenant) {
+                continue;
+            }
+            for f in found.findings.values().filter_map(|list| list.last()) {
+                let latest = Latest {
+                    tenant: tenant.clone(),
+                    service: f.service.clone(),
+                    profile_type: f.profile_type.clone(),
+                    before: f.before.version.clone(),
+                    after: f.after.version.clone(),
+                    regressions: f.regressions.len(),
+                };
+                copied += latest.bytes();
+                charge(copied)?;
+                out.push(latest);
+            }
+        }
+        drop(kept);
         out.sort_by(|a, b| {
-            (&a.0, &a.1.service, &a.1.profile_type).cmp(&(&b.0, &b.1.service, &b.1.profile_type))
+            (&a.tenant, &a.service, &a.profile_type).cmp(&(&b.tenant, &b.service, &b.profile_type))
         });
-        out
+        Ok(out)
     }
 }
 
@@ -502,25 +637,40 @@ async fn list(
             "service and profile_type may have at most 4096 bytes",
         ));
     }
-    // Up to a thousand keys' findings: gathered and written in the query lane, not on an
-    // async thread.
+    // Up to a tenant's bytes of findings: copied, and written (a control character of a
+    // name six bytes of JSON), in the query lane, not on an async thread, and reserved
+    // first.
     let lane = state.clone();
     let body = lane
         .work
         .queries
         .blocking(move |_| {
+            let held = state.regressions.bytes_of(&tenant);
+            let _held = state
+                .budget
+                .try_reserve(held.saturating_mul(8), "the regressions listed")
+                .map_err(ApiError::over_budget)?;
             let mut comparisons = state.regressions.of(&tenant, params.service.as_deref());
             if let Some(pt) = &params.profile_type {
                 comparisons.retain(|f| &f.profile_type == pt);
             }
-            crate::query::json_bytes(&json!({
-                "enabled": config.enabled,
-                "service_label": config.service_label,
-                "min_increase": config.min_increase,
-                "significance": config.significance,
-                "min_profiles": config.min_profiles,
-                "comparisons": comparisons,
-            }))
+            #[derive(Serialize)]
+            struct Listed<'a> {
+                enabled: bool,
+                service_label: &'a str,
+                min_increase: f64,
+                significance: f64,
+                min_profiles: usize,
+                comparisons: Vec<Finding>,
+            }
+            crate::query::json_bytes(&Listed {
+                enabled: config.enabled,
+                service_label: &config.service_label,
+                min_increase: config.min_increase,
+                significance: config.significance,
+                min_profiles: config.min_profiles,
+                comparisons,
+            })
         })
         .await?;
     Ok(crate::query::json_response(body))
@@ -529,34 +679,44 @@ async fn list(
 /// `/metrics`: per tenant (`only`: that tenant), service and profile type, the regressions
 /// its latest comparison found (alert on `frostdb_regressions > 0`), and (to the server's
 /// token) the comparisons made.
-pub fn exposition(found: &Regressions, only: Option<&str>, out: &mut String) {
-    let mut latest = found.latest();
-    latest.retain(|(tenant, _)| only.is_none_or(|id| id == tenant));
-    if only.is_some() {
-        return exposition_of(latest, out);
+///
+/// `charge` holds the labels copied and the text written past
+/// [`crate::rules::UNCHARGED_EXPOSITION`], as the rules' part does: past the budget, the
+/// exposition stops with the budget's refusal.
+pub fn exposition(
+    found: &Regressions,
+    only: Option<&str>,
+    out: &mut String,
+    charge: &mut frostdb_core::Reservation,
+) -> Result<(), frostdb_core::OverBudget> {
+    const WHAT: &str = "the regressions of /metrics";
+    let held = |copied: usize, out: &String| {
+        (copied + out.capacity()).saturating_sub(crate::rules::UNCHARGED_EXPOSITION)
+    };
+    if only.is_none() {
+        crate::health::single(
+            out,
+            "frostdb_regression_comparisons_total",
+            "counter",
+            "Comparisons of a service's version with the one before.",
+            found.comparisons.load(Relaxed),
+        );
+        crate::health::single(
+            out,
+            "frostdb_regression_comparison_failures_total",
+            "counter",
+            "Comparisons that could not read their versions.",
+            found.failures.load(Relaxed),
+        );
     }
-    crate::health::single(
-        out,
-        "frostdb_regression_comparisons_total",
-        "counter",
-        "Comparisons of a service's version with the one before.",
-        found.comparisons.load(Relaxed),
-    );
-    crate::health::single(
-        out,
-        "frostdb_regression_comparison_failures_total",
-        "counter",
-        "Comparisons that could not read their versions.",
-        found.failures.load(Relaxed),
-    );
-    exposition_of(latest, out);
-}
-
-/// The `frostdb_regressions` family of `latest`.
-fn exposition_of(latest: Vec<(String, Finding)>, out: &mut String) {
+    let mut copied = 0;
+    let latest = found.latest(only, |bytes| {
+        copied = bytes;
+        charge.try_resize(held(bytes, out), WHAT)
+    })?;
     use std::fmt::Write;
     if latest.is_empty() {
-        return;
+        return Ok(());
     }
     let _ = writeln!(
         out,
@@ -564,16 +724,177 @@ fn exposition_of(latest: Vec<(String, Finding)>, out: &mut String) {
          comparison of a service's version with the one before.\n# TYPE frostdb_regressions gauge"
     );
     let e = crate::health::escape;
-    for (tenant, f) in latest {
+    for f in latest {
+        copied -= f.bytes();
         let _ = writeln!(
             out,
             "frostdb_regressions{{tenant=\"{}\",service=\"{}\",profile_type=\"{}\",before=\"{}\",after=\"{}\"}} {}",
-            e(&tenant),
+            e(&f.tenant),
             e(&f.service),
             e(&f.profile_type),
-            e(&f.before.version),
-            e(&f.after.version),
-            f.regressions.len()
+            e(&f.before),
+            e(&f.after),
+            f.regressions
+        );
+        charge.try_resize(held(copied, out), WHAT)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finding of `service` with `listed` regressions of names of `name` bytes.
+    fn finding(service: &str, after: &str, at_ms: i64, listed: usize, name: usize) -> Finding {
+        let version = |v: &str| Version {
+            version: v.into(),
+            from_ms: at_ms,
+            to_ms: at_ms,
+            profiles: 20,
+            total: 1,
+        };
+        Finding {
+            service: service.into(),
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            version_label: "version".into(),
+            before: version("v0"),
+            after: version(after),
+            compared_at_ms: at_ms,
+            functions: listed,
+            tested: listed,
+            regressions: (0..listed)
+                .map(|i| Regression {
+                    function: format!("{i:0>name$}"),
+                    self_before: 0.0,
+                    self_after: 0.1,
+                    total_before: 0.0,
+                    total_after: 0.1,
+                    p_self: 0.0,
+                    p_total: 0.0,
+                    kind: "both",
+                })
+                .collect(),
+        }
+    }
+
+    fn kept_bytes(found: &Regressions) -> (usize, usize) {
+        let kept = found.kept.lock();
+        let sum = kept
+            .tenants
+            .values()
+            .flat_map(|f| f.findings.values().flatten())
+            .map(Finding::bytes)
+            .sum();
+        (kept.bytes, sum)
+    }
+
+    #[test]
+    fn a_tenants_findings_are_bounded_by_bytes_and_the_newest_are_kept() {
+        let found = Regressions::default();
+        // A thousand services, five versions each, of fifty long names: about 185 MB kept
+        // before the bound.
+        let mut at = 0;
+        for version in 1..=5 {
+            for service in 0..1000 {
+                at += 1;
+                found.keep(
+                    "b",
+                    finding(&format!("s{service}"), &format!("v{version}"), at, 50, 512),
+                );
+            }
+        }
+        let held = found.bytes_of("b");
+        assert!(held <= MAX_TENANT_BYTES, "{held} bytes kept");
+        assert!(held > MAX_TENANT_BYTES / 2, "{held} bytes kept");
+        let (counted, summed) = kept_bytes(&found);
+        assert_eq!(counted, summed, "the count is what the findings hold");
+        assert_eq!(counted, held);
+        // The newest comparison is what is kept, the oldest what went.
+        let last = found.last("b", "s999", "process_cpu:cpu:nanoseconds:cpu:nanoseconds");
+        assert_eq!(last.map(|f| f.after.version), Some("v5".into()));
+        assert!(
+            found
+                .last("b", "s0", "process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+                .is_none_or(|f| f.after.version == "v5")
+        );
+        // Another tenant's `/metrics` copies nothing of them.
+        let mut copied = 0;
+        let latest = found
+            .latest(Some("a"), |bytes| {
+                copied = bytes;
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        assert!(latest.is_empty());
+        assert_eq!(copied, 0);
+    }
+
+    #[test]
+    fn all_tenants_findings_are_bounded_and_each_keeps_its_newest() {
+        let found = Regressions::default();
+        let tenants = MAX_ALL_BYTES / MAX_TENANT_BYTES + 4;
+        let mut at = 0;
+        for round in 0..200 {
+            for t in 0..tenants {
+                at += 1;
+                found.keep(
+                    &format!("t{t}"),
+                    finding(&format!("s{round}"), "v1", at, 50, 512),
+                );
+            }
+        }
+        let (counted, summed) = kept_bytes(&found);
+        assert_eq!(counted, summed);
+        assert!(counted <= MAX_ALL_BYTES, "{counted} bytes kept");
+        for t in 0..tenants {
+            let newest = found.last(
+                &format!("t{t}"),
+                "s199",
+                "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            );
+            assert!(newest.is_some(), "t{t} lost its newest finding");
+        }
+        // Replacing a finding of the same versions counts once.
+        let before = kept_bytes(&found).0;
+        found.keep("t0", finding("s199", "v1", at + 1, 50, 512));
+        assert_eq!(kept_bytes(&found).0, before);
+    }
+
+    #[test]
+    fn metrics_charge_the_labels_they_copy() {
+        let found = Regressions::default();
+        let long = "x".repeat(2048);
+        // Four tenants' findings of long labels: about 11 MB of labels to the server's token.
+        for tenant in 0..4 {
+            for service in 0..1000 {
+                found.keep(
+                    &format!("t{tenant}"),
+                    finding(&format!("{long}{service}"), &long, service, 0, 0),
+                );
+            }
+        }
+        let budget = frostdb_core::MemoryBudget::new(1 << 20);
+        let mut charge = budget.empty();
+        let mut out = String::new();
+        let refused = exposition(&found, None, &mut out, &mut charge);
+        assert!(
+            refused.is_err(),
+            "{} bytes written past a 1 MiB budget",
+            out.len()
+        );
+        // A tenant of a few, to its own token, within the uncharged part: answered.
+        for service in 0..10 {
+            found.keep("few", finding(&format!("s{service}"), "v1", service, 0, 0));
+        }
+        let mut charge = budget.empty();
+        let mut out = String::new();
+        exposition(&found, Some("few"), &mut out, &mut charge).unwrap();
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("frostdb_regressions{"))
+                .count(),
+            10
         );
     }
 }

@@ -166,6 +166,16 @@ impl Rules {
             .clone())
     }
 
+    /// What every recorder's series hold (kept for the server's life, tenants closed or
+    /// not).
+    pub fn series_bytes(&self) -> usize {
+        self.recorders
+            .lock()
+            .values()
+            .map(|r| r.series_bytes())
+            .sum()
+    }
+
     /// Every recorder made, by tenant.
     pub fn recorders(&self) -> Vec<(String, Arc<Recorder>)> {
         let mut out: Vec<_> = self

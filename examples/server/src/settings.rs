@@ -26,6 +26,8 @@ pub struct Settings {
     max_bytes: usize,
     /// Settings files read at once, all tenants together ([`MAX_READS`]).
     reads: tokio::sync::Semaphore,
+    /// Per tenant, its reads waiting or running ([`MAX_TENANT_READS`]).
+    queued: parking_lot::Mutex<std::collections::HashMap<String, usize>>,
     /// Files being read, and the most read at once so far.
     reading: std::sync::atomic::AtomicUsize,
     most_reads: std::sync::atomic::AtomicUsize,
@@ -36,6 +38,11 @@ pub struct Settings {
 /// `Get` read and parsed the whole file, uncharged, and hundreds in flight held gigabytes
 /// and every blocking thread. A read takes milliseconds; the rest wait their turn.
 const MAX_READS: usize = 4;
+
+/// Reads of one tenant's settings waiting or running at once: past them a read is refused
+/// (429), so that one tenant asking thousands at once does not queue every other tenant's
+/// behind its own (the reads are taken in turn, all tenants together).
+const MAX_TENANT_READS: usize = 8;
 
 /// How far ahead of this server's clock a setting's `modifiedAt` may be (clock skew): a
 /// time further ahead would win over every later update.
@@ -51,6 +58,7 @@ impl Settings {
             max_settings,
             max_bytes,
             reads: tokio::sync::Semaphore::new(MAX_READS),
+            queued: Default::default(),
             reading: std::sync::atomic::AtomicUsize::new(0),
             most_reads: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -84,7 +92,8 @@ impl Settings {
         if setting.modified_at > now + MAX_CLOCK_SKEW_MS {
             return Err(ApiError::bad_request(format!(
                 "setting {:?}: modifiedAt {} ms is more than an hour after this server's clock ({now} ms)",
-                setting.name, setting.modified_at
+                crate::cut_for_log(&setting.name),
+                setting.modified_at
             )));
         }
         let lock = self.locks.of(tenant);
@@ -100,13 +109,15 @@ impl Settings {
         if after > self.max_bytes {
             return Err(ApiError::too_large(format!(
                 "setting {:?} would make the tenant's settings {after} bytes, over the limit of {} (limits.max_settings_bytes)",
-                setting.name, self.max_bytes
+                crate::cut_for_log(&setting.name),
+                self.max_bytes
             )));
         }
         if !all.contains_key(&setting.name) && all.len() >= self.max_settings {
             return Err(ApiError::limited(format!(
                 "the tenant holds its limit of {} settings (limits.max_settings); setting {:?} is new",
-                self.max_settings, setting.name
+                self.max_settings,
+                crate::cut_for_log(&setting.name)
             )));
         }
         if let Some(stored) = all.get(&setting.name)
@@ -116,13 +127,15 @@ impl Settings {
                 StatusCode::CONFLICT,
                 format!(
                     "setting {:?} was modified at {} ms, after this update's {} ms",
-                    setting.name, stored.modified_at, setting.modified_at
+                    crate::cut_for_log(&setting.name),
+                    stored.modified_at,
+                    setting.modified_at
                 ),
             ));
         }
         all.insert(setting.name.clone(), setting.clone());
         self.write(tenant, &all).await?;
-        tracing::info!(tenant, name = %setting.name, "setting stored");
+        tracing::info!(tenant, name = ?crate::cut_for_log(&setting.name), "setting stored");
         Ok(setting)
     }
 
@@ -133,7 +146,7 @@ impl Settings {
         let mut all = self.read(tenant).await?;
         if all.remove(name).is_some() {
             self.write(tenant, &all).await?;
-            tracing::info!(tenant, name, "setting deleted");
+            tracing::info!(tenant, name = ?crate::cut_for_log(name), "setting deleted");
         }
         Ok(())
     }
@@ -142,6 +155,7 @@ impl Settings {
     /// to `max_settings_bytes`, not on the threads that accept requests).
     async fn read(&self, tenant: &str) -> ApiResult<BTreeMap<String, Setting>> {
         let path = self.file(tenant);
+        let _queued = self.queue(tenant)?;
         let _turn = self
             .reads
             .acquire()
@@ -153,6 +167,39 @@ impl Settings {
         let read = tokio::task::spawn_blocking(move || read_file(&path)).await;
         self.reading.fetch_sub(1, Relaxed);
         read.map_err(|e| ApiError::job_failed("reading settings", e))?
+    }
+
+    /// A read of `tenant`'s settings counted, until the guard is dropped: refused past
+    /// [`MAX_TENANT_READS`].
+    fn queue(&self, tenant: &str) -> ApiResult<impl Drop + '_> {
+        struct Queued<'a>(&'a Settings, String);
+        impl Drop for Queued<'_> {
+            fn drop(&mut self) {
+                let mut queued = self.0.queued.lock();
+                if let Some(n) = queued.get_mut(&self.1) {
+                    *n -= 1;
+                    if *n == 0 {
+                        queued.remove(&self.1);
+                    }
+                }
+            }
+        }
+        let mut queued = self.queued.lock();
+        let n = queued.entry(tenant.to_owned()).or_default();
+        if *n >= MAX_TENANT_READS {
+            return Err(ApiError::limited(format!(
+                "{MAX_TENANT_READS} reads of the tenant's settings are waiting already; \
+                 retry when they are answered"
+            )));
+        }
+        *n += 1;
+        Ok(Queued(self, tenant.to_owned()))
+    }
+
+    /// The reads of `tenant`'s settings waiting or running (for tests).
+    #[cfg(test)]
+    fn queued(&self, tenant: &str) -> usize {
+        self.queued.lock().get(tenant).copied().unwrap_or(0)
     }
 
     /// `all` written as the tenant's settings file and synced, on a blocking thread.
@@ -210,20 +257,27 @@ mod tests {
         }
     }
 
-    /// Gets of a tenant's largest settings (1 MiB of control characters, over 6 MiB of
-    /// JSON) read the file a few at a time, however many are asked at once; each answers.
+    /// Gets of tenants' largest settings (1 MiB of control characters, over 6 MiB of JSON)
+    /// read the files a few at a time, however many are asked at once (each tenant its
+    /// share); each answers.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn settings_files_are_read_a_few_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
         let settings = std::sync::Arc::new(Settings::new(dir.path(), 10, 1 << 20));
-        settings
-            .set("a", setting("big", &"\u{1}".repeat((1 << 20) - 8)))
-            .await
-            .unwrap();
+        let tenants: Vec<String> = (0..64 / MAX_TENANT_READS)
+            .map(|t| format!("t{t}"))
+            .collect();
+        for tenant in &tenants {
+            settings
+                .set(tenant, setting("big", &"\u{1}".repeat((1 << 20) - 8)))
+                .await
+                .unwrap();
+        }
         let gets: Vec<_> = (0..64)
-            .map(|_| {
+            .map(|i| {
                 let settings = settings.clone();
-                tokio::spawn(async move { settings.get("a").await })
+                let tenant = tenants[i % tenants.len()].clone();
+                tokio::spawn(async move { settings.get(&tenant).await })
             })
             .collect();
         for get in gets {
@@ -231,6 +285,40 @@ mod tests {
         }
         let most = settings.most_reads_at_once();
         assert!((1..=MAX_READS).contains(&most), "{most} files read at once");
+    }
+
+    /// One tenant asking many reads at once is refused past its share, and another
+    /// tenant's read, asked after them, is not queued behind them all.
+    #[tokio::test]
+    async fn one_tenants_many_reads_do_not_queue_anothers() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = std::sync::Arc::new(Settings::new(dir.path(), 10, 1 << 20));
+        // Every read waits for its turn.
+        let turns = settings.reads.acquire_many(MAX_READS as u32).await.unwrap();
+        let gets: Vec<_> = (0..MAX_TENANT_READS)
+            .map(|_| {
+                let settings = settings.clone();
+                tokio::spawn(async move { settings.get("a").await })
+            })
+            .collect();
+        while settings.queued("a") < MAX_TENANT_READS {
+            tokio::task::yield_now().await;
+        }
+        let refused = settings.get("a").await.unwrap_err();
+        assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
+        let b = {
+            let settings = settings.clone();
+            tokio::spawn(async move { settings.get("b").await })
+        };
+        while settings.queued("b") < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(turns);
+        assert!(b.await.unwrap().unwrap().is_empty());
+        for get in gets {
+            assert!(get.await.unwrap().unwrap().is_empty());
+        }
+        assert_eq!(settings.queued("a"), 0, "the count goes with the reads");
     }
 
     /// One tenant's writes hold only its own lock: while tenant a's is held (a slow write,

@@ -46,7 +46,10 @@ impl Tenant {
     /// What the tenant holds in memory: its tables' active and rotated blocks, its symbol
     /// partitions, and the previous values of its cumulative series.
     pub fn memory_bytes(&self) -> usize {
-        self.table_bytes() + self.store.symbol_memory_bytes() + self.store.baseline_memory_bytes()
+        self.table_bytes()
+            + self.store.symbol_memory_bytes()
+            + self.store.baseline_memory_bytes()
+            + self.store.recorder().map_or(0, |r| r.stack_cache_bytes())
     }
 
     /// What its tables hold in memory: the rows persisting writes out.
@@ -87,9 +90,15 @@ impl Drop for Tenant {
     /// in memory) for the store that opens the tenant next: without them, each series'
     /// next profile would be a baseline again, storing nothing while its push is answered
     /// 200.
+    ///
+    /// Its recording rules' stack cache (up to about 70 MB, kept with the rules for the
+    /// server's life) is forgotten: closed tenants hold none.
     fn drop(&mut self) {
         if let Some(parked) = &self.parked {
             parked.park(&self.id, self.store.take_baselines());
+        }
+        if let Some(recorder) = self.store.recorder() {
+            recorder.forget_stacks();
         }
     }
 }
@@ -299,6 +308,10 @@ pub struct Tenants {
     tenants: Mutex<HashMap<String, Entry>>,
     /// Every tenant known to exist (listed once, then kept): what `max_tenants` counts.
     known: tokio::sync::OnceCell<Mutex<HashSet<String>>>,
+    /// Of the known, those admitted as new whose state is not yet said to exist, with the
+    /// admissions of them outstanding: the last to end without it forgets the id. Taken
+    /// only with `known` held.
+    admitting: Mutex<HashMap<String, usize>>,
     max_open: usize,
     /// Ticks of use, for choosing the least recently used tenant.
     clock: AtomicU64,
@@ -336,21 +349,47 @@ pub struct Admitted<'a> {
 }
 
 impl Admitted<'_> {
-    /// The tenant's state (its database, its settings) exists: it stays counted.
+    /// The tenant's state (its database, its settings) exists: it stays counted, whatever
+    /// the other admissions of it outstanding do.
     pub fn exists(mut self) {
-        self.new = None;
+        if let Some(id) = self.new.take()
+            && let Some(known) = self.tenants.known.get()
+        {
+            let _known = known.lock();
+            self.tenants.admitting.lock().remove(&id);
+        }
     }
 }
 
 impl Drop for Admitted<'_> {
-    /// Forgets a new id whose state was not made, unless the tenant came to exist anyway:
-    /// an entry open (another request's, or this one's left by a cancelled open) or its
-    /// database directory made (what `existing` counts at the next start).
+    /// Forgets a new id whose state was not made, when no other admission of it is
+    /// outstanding (a request admitted while this one was, whose state may yet be made),
+    /// unless the tenant came to exist anyway: an entry open (another request's, or this
+    /// one's left by a cancelled open) or its database directory made (what `existing`
+    /// counts at the next start).
     fn drop(&mut self) {
         let Some(id) = self.new.take() else {
             return;
         };
         let tenants = self.tenants;
+        let Some(known) = tenants.known.get() else {
+            return;
+        };
+        let mut known = known.lock();
+        {
+            let mut admitting = tenants.admitting.lock();
+            match admitting.get_mut(&id) {
+                // Said to exist by another admission.
+                None => return,
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    return;
+                }
+                Some(_) => {
+                    admitting.remove(&id);
+                }
+            }
+        }
         if tenants.tenants.lock().contains_key(&id) {
             return;
         }
@@ -359,9 +398,7 @@ impl Drop for Admitted<'_> {
         {
             return;
         }
-        if let Some(known) = tenants.known.get() {
-            known.lock().remove(&id);
-        }
+        known.remove(&id);
     }
 }
 
@@ -432,6 +469,7 @@ impl Tenants {
             cluster: OnceLock::new(),
             tenants: Mutex::new(HashMap::new()),
             known: tokio::sync::OnceCell::new(),
+            admitting: Mutex::new(HashMap::new()),
             closing: Mutex::new(HashMap::new()),
             closing_wait: AtomicU64::new(CLOSING_WAIT.as_millis() as u64),
             clock: AtomicU64::new(0),
@@ -511,6 +549,12 @@ impl Tenants {
             new: new.map(str::to_owned),
         };
         if known.contains(id) {
+            // Admitted as new by a request still outstanding: this one counts too, so
+            // that the other failing does not forget an id this one's state is made for.
+            if let Some(n) = self.admitting.lock().get_mut(id) {
+                *n += 1;
+                return Ok(admitted(Some(id)));
+            }
             return Ok(admitted(None));
         }
         if known.len() >= self.limits.max_tenants {
@@ -520,6 +564,7 @@ impl Tenants {
             )));
         }
         known.insert(id.to_owned());
+        self.admitting.lock().insert(id.to_owned(), 1);
         Ok(admitted(Some(id)))
     }
 
@@ -1011,7 +1056,11 @@ impl Tenants {
                 Some((weak, bytes))
             })
             .collect();
-        let mut standing: usize = sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes();
+        // What the recording rules' series hold stays, open or closed: counted, so that
+        // the rest is brought down further.
+        let recorded = self.rules.as_ref().map_or(0, |r| r.series_bytes());
+        let mut standing: usize =
+            sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes() + recorded;
         budget.set_standing(standing);
         if standing <= target() {
             return;
@@ -1422,6 +1471,46 @@ mod tests {
         let over = tenants.for_write("b").await.unwrap_err();
         assert_eq!(over.status.as_u16(), 429, "a and s1 exist: {over}");
         assert!(over.to_string().contains("limits.max_tenants"), "{over}");
+    }
+
+    /// Two requests of a new tenant admitted at once (two settings written): the one that
+    /// fails does not forget the id the other's state is made for, and the limit holds.
+    #[tokio::test]
+    async fn a_failed_admission_does_not_forget_a_tenant_another_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = frostdb_core::WorkerPool::new(1).unwrap();
+        let limits = Limits {
+            max_tenants: 1,
+            ..Limits::default()
+        };
+        let tenants = Tenants::new(dir.path().to_owned(), limits, Retention::default(), pool);
+        let failing = tenants.admit("x").await.unwrap();
+        let making = tenants.admit("x").await.unwrap();
+        making.exists();
+        drop(failing);
+        let over = tenants.admit("y").await.unwrap_err();
+        assert_eq!(over.status.as_u16(), 429, "x exists: {over}");
+        // Both failing: the id is forgotten once the last of them ends.
+        let tenants = Tenants::new(
+            dir.path().join("other"),
+            Limits {
+                max_tenants: 1,
+                ..Limits::default()
+            },
+            Retention::default(),
+            frostdb_core::WorkerPool::new(1).unwrap(),
+        );
+        let (a, b) = (
+            tenants.admit("x").await.unwrap(),
+            tenants.admit("x").await.unwrap(),
+        );
+        drop(a);
+        assert!(
+            tenants.admit("y").await.is_err(),
+            "x is still being admitted"
+        );
+        drop(b);
+        drop(tenants.admit("y").await.unwrap());
     }
 
     #[tokio::test]

@@ -24,6 +24,21 @@ struct Chunk {
     end: u64,
     uncompressed: u64,
     pages: Vec<u64>,
+    /// The fewest bits a value of its column takes in a dictionary page.
+    value_bits: u64,
+}
+
+/// The fewest bits a value of `column` takes in a dictionary page (a byte array's length
+/// prefix, a fixed width's bytes).
+fn value_bits(column: &parquet::file::metadata::ColumnChunkMetaData) -> u64 {
+    use parquet::basic::Type;
+    match column.column_type() {
+        Type::BOOLEAN => 1,
+        Type::INT32 | Type::FLOAT | Type::BYTE_ARRAY => 32,
+        Type::INT64 | Type::DOUBLE => 64,
+        Type::INT96 => 96,
+        Type::FIXED_LEN_BYTE_ARRAY => 8 * column.column_descr().type_length().max(1) as u64,
+    }
 }
 
 /// The column chunks of a block's footer, by where they start.
@@ -54,6 +69,7 @@ impl Chunks {
                     end: start.saturating_add(length),
                     uncompressed: column.uncompressed_size().max(0) as u64,
                     pages,
+                    value_bits: value_bits(column),
                 });
             }
         }
@@ -104,11 +120,12 @@ impl Chunks {
             .chunk(at)
             .ok_or_else(|| format!("a page read at byte {at}, in no column chunk"))?;
         let bytes = &bytes[..bytes.len().min(MAX_HEADER_BYTES)];
-        let (mut uncompressed, mut compressed) = (None, None);
-        let header = thrift::check_struct(bytes, &thrift::PAGE_HEADER, |id, v| match id {
-            2 => uncompressed = Some(v),
-            3 => compressed = Some(v),
-            _ => {}
+        let (mut uncompressed, mut compressed, mut values) = (None, None, None);
+        let header = thrift::check_struct(bytes, &thrift::PAGE_HEADER, |field, v| match field {
+            thrift::Field::Top(2) => uncompressed = Some(v),
+            thrift::Field::Top(3) => compressed = Some(v),
+            thrift::Field::Values => values = Some(v),
+            thrift::Field::Top(_) => {}
         })
         .map_err(|e| {
             if bytes.len() == MAX_HEADER_BYTES {
@@ -125,6 +142,18 @@ impl Chunks {
             return Err(format!(
                 "the page at byte {at} declares {uncompressed} bytes uncompressed, its column chunk {}",
                 chunk.uncompressed
+            ));
+        }
+        // A dictionary page's values are reserved before they are read: no more than its
+        // bytes hold (2³¹−1 declared in a 16-byte page zero-filled 16 GiB).
+        if let Some(values) = values
+            && u64::try_from(values).map_or(true, |n| {
+                n.saturating_mul(chunk.value_bits) > uncompressed as u64 * 8
+            })
+        {
+            return Err(format!(
+                "the dictionary page at byte {at} declares {values} values, more than its \
+                 {uncompressed} bytes hold"
             ));
         }
         if compressed < 0 || after + compressed as u64 > chunk.end {

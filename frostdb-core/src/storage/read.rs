@@ -850,6 +850,9 @@ enum BlockStream {
         fill: Constants,
         table: String,
         block: Arc<super::Block>,
+        /// Rows read, of those planned.
+        read: usize,
+        planned: usize,
     },
     Done,
 }
@@ -903,13 +906,23 @@ impl Iterator for BlockStream {
                 fill,
                 table,
                 block,
+                read,
+                planned,
             } => {
-                let batch = reader
-                    .next()?
+                let Some(batch) = reader.next() else {
+                    let short =
+                        (*read != *planned).then(|| read_short(table, block, *read, *planned));
+                    *self = BlockStream::Done;
+                    return short.map(Err);
+                };
+                let batch = batch
                     .map_err(|e| e.to_string())
                     .and_then(|b| fill.add(b).map_err(|e| e.to_string()));
                 match batch {
-                    Ok(batch) => Some(Ok(batch)),
+                    Ok(batch) => {
+                        *read += batch.num_rows();
+                        Some(Ok(batch))
+                    }
                     Err(e) => {
                         let e = unreadable(table, block, e);
                         *self = BlockStream::Done;
@@ -931,6 +944,18 @@ struct Prepared {
     chunks: Arc<Chunks>,
     fill: Constants,
     read: Selected,
+    /// The rows the read yields: fewer (pages that hold fewer rows than the footer says)
+    /// is an error, never a short answer.
+    rows: usize,
+}
+
+/// The error of a block whose read ended after `read` of the `planned` rows.
+fn read_short(table: &str, block: &super::Block, read: usize, planned: usize) -> Error {
+    unreadable(
+        table,
+        block,
+        format!("its read ended after {read} of the {planned} rows its footer plans"),
+    )
 }
 
 /// The row groups, the rows of their pages and the columns a plan reads.
@@ -956,6 +981,7 @@ impl Selected {
 }
 
 fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, Error> {
+    let rows = plan.rows();
     let BlockPlan {
         table,
         block,
@@ -995,6 +1021,7 @@ fn prepare(plan: BlockPlan, batch_rows: usize) -> std::result::Result<Prepared, 
             mask,
             batch_rows,
         },
+        rows,
     })
 }
 
@@ -1007,6 +1034,7 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
         chunks,
         fill,
         read,
+        rows,
     } = prepare(plan, batch_rows)?;
     let fail = |e: &dyn std::fmt::Display| unreadable(&table, &block, e.to_string());
     let file = std::fs::File::open(path)
@@ -1027,6 +1055,8 @@ fn open_local(plan: BlockPlan, batch_rows: usize, path: &std::path::Path) -> Res
         fill,
         table,
         block,
+        read: 0,
+        planned: rows,
     })
 }
 
@@ -1124,6 +1154,7 @@ async fn read_block(
         chunks,
         mut fill,
         read,
+        rows,
     } = match prepare(plan, batch_rows) {
         Ok(prepared) => prepared,
         Err(e) => {
@@ -1148,14 +1179,22 @@ async fn read_block(
             return;
         }
     };
+    let mut yielded = 0;
     while let Some(batch) = stream.next().await {
         let batch = batch
             .map_err(|e| fail(&e))
             .and_then(|b| fill.add(b).map_err(|e| fail(&e)));
+        yielded += batch.as_ref().map_or(0, |b| b.num_rows());
         let stop = batch.is_err();
         if tx.send(batch.map(Some)).await.is_err() || stop {
             return;
         }
+    }
+    if yielded != rows {
+        let _ = tx
+            .send(Err(read_short(&table, &block, yielded, rows)))
+            .await;
+        return;
     }
     // The block's end, said: a read that stops without saying it failed.
     let _ = tx.send(Ok(None)).await;

@@ -34,6 +34,18 @@ pub(crate) enum Ty {
     /// An i32 that Parquet sizes a vector by (a schema element's children): at least 0 and
     /// at most the bytes left, as each of its elements takes one at least.
     Count,
+    /// An i32 count of values Parquet decodes into a vector it reserves first (a dictionary
+    /// page's): reported to the caller, who knows how many bytes a value takes at least.
+    Values,
+}
+
+/// An integer field reported by [`check_struct`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Field {
+    /// A field of the outermost struct, by id.
+    Top(i16),
+    /// A count of values ([`Ty::Values`]), wherever it is.
+    Values,
 }
 
 /// The fields of a struct Parquet reads: id and type. Fields not named are skipped by
@@ -53,7 +65,7 @@ fn sent_as(ty: Ty, wire: u8) -> bool {
     match ty {
         Ty::Bool => wire == 1 || wire == 2,
         Ty::I16 => wire == 4,
-        Ty::I32 | Ty::Count => wire == 5,
+        Ty::I32 | Ty::Count | Ty::Values => wire == 5,
         Ty::I64 => wire == 6,
         Ty::Binary => wire == 8,
         Ty::Struct(_) => wire == 12,
@@ -80,7 +92,7 @@ const DATA_PAGE_HEADER: Spec = Spec(&[
     (5, Ty::Struct(Some(&STATISTICS))),
 ]);
 
-const DICTIONARY_PAGE_HEADER: Spec = Spec(&[(1, Ty::I32), (2, Ty::I32), (3, Ty::Bool)]);
+const DICTIONARY_PAGE_HEADER: Spec = Spec(&[(1, Ty::Values), (2, Ty::I32), (3, Ty::Bool)]);
 
 const DATA_PAGE_HEADER_V2: Spec = Spec(&[
     (1, Ty::I32),
@@ -205,6 +217,41 @@ pub(crate) const COLUMN_INDEX: Spec = Spec(&[
     (7, Ty::List(6, None)),
 ]);
 
+/// Most levels of a footer's schema tree: Parquet builds its types by recursing once a
+/// level (a schema of 65,000 levels, in a footer of half a megabyte, overflowed the
+/// reading thread's stack, aborting the process). A table's schema has a few.
+pub(crate) const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// The schema tree as its elements pass (a preorder list, each element saying how many
+/// children follow it): how many children each open level still has to come.
+#[derive(Default)]
+struct SchemaDepth {
+    open: Vec<u64>,
+    /// The children of the element being read (none for a leaf, which says none).
+    children: u64,
+}
+
+impl SchemaDepth {
+    /// A schema element ended: it is a child of the open level, and opens one of its own
+    /// when it has children.
+    fn element_ends(&mut self) -> Result<(), String> {
+        if let Some(left) = self.open.last_mut() {
+            *left = left.saturating_sub(1);
+        }
+        let children = std::mem::take(&mut self.children);
+        if children > 0 {
+            self.open.push(children);
+            if self.open.len() > MAX_SCHEMA_DEPTH {
+                return Err(format!("a schema deeper than {MAX_SCHEMA_DEPTH} levels"));
+            }
+        }
+        while self.open.last() == Some(&0) {
+            self.open.pop();
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Copy)]
 enum Frame {
     /// Reading a struct's fields (checked against `spec`, when known); `top` when it is
@@ -281,14 +328,16 @@ impl Cursor<'_> {
 /// `spec` (and the specs of the structs it holds) names is sent as its type, every
 /// container's declared count and every string's length fit in the bytes left (each element
 /// takes at least one byte), containers nest at most [`MAX_DEPTH`] deep, and every type is
-/// known. Calls `top_field(id, value)` for each integer field of the outermost struct.
+/// known. Calls `report(Field::Top(id), value)` for each integer field of the outermost
+/// struct, and `report(Field::Values, value)` for each count of values.
 /// Returns how many bytes the struct took.
 pub(crate) fn check_struct(
     bytes: &[u8],
     spec: &'static Spec,
-    mut top_field: impl FnMut(i16, i64),
+    mut report: impl FnMut(Field, i64),
 ) -> Result<usize, Malformed> {
     let mut c = Cursor { bytes, at: 0 };
+    let mut schema = SchemaDepth::default();
     let mut stack = vec![Frame::Struct {
         top: true,
         spec: Some(spec),
@@ -303,6 +352,11 @@ pub(crate) fn check_struct(
                 let (top, spec) = (*top, *spec);
                 let header = c.byte()?;
                 if header == 0 {
+                    if spec.is_some_and(|s| s.field(5).is_some_and(|t| matches!(t, Ty::Count))) {
+                        schema
+                            .element_ends()
+                            .map_err(|e| format!("{e} at byte {}", c.at))?;
+                    }
                     stack.pop();
                     last_ids.pop();
                     continue;
@@ -367,22 +421,28 @@ pub(crate) fn check_struct(
             3 => {
                 let v = c.byte()? as i8;
                 if let Some(id) = top_id {
-                    top_field(id, i64::from(v));
+                    report(Field::Top(id), i64::from(v));
                 }
             }
             4..=6 => {
                 let v = c.zigzag()?;
-                if matches!(expected, Some(Ty::Count))
-                    && u64::try_from(v).map_or(true, |n| n > c.remaining())
-                {
-                    return Err(format!(
-                        "a count of {v} at byte {}, with {} bytes left",
-                        c.at,
-                        c.remaining()
-                    ));
+                if matches!(expected, Some(Ty::Count)) {
+                    match u64::try_from(v) {
+                        Ok(n) if n <= c.remaining() => schema.children = n,
+                        _ => {
+                            return Err(format!(
+                                "a count of {v} at byte {}, with {} bytes left",
+                                c.at,
+                                c.remaining()
+                            ));
+                        }
+                    }
+                }
+                if matches!(expected, Some(Ty::Values)) {
+                    report(Field::Values, v);
                 }
                 if let Some(id) = top_id {
-                    top_field(id, v);
+                    report(Field::Top(id), v);
                 }
             }
             7 => c.skip(8)?,
@@ -541,7 +601,7 @@ mod tests {
         let mut seen = Vec::new();
         let used = check_struct(&bytes, &ANY, |id, v| seen.push((id, v))).unwrap();
         assert_eq!(used, bytes.len() - 1);
-        assert_eq!(seen, vec![(1, -3)]);
+        assert_eq!(seen, vec![(Field::Top(1), -3)]);
     }
 
     #[test]
@@ -631,6 +691,54 @@ mod tests {
         assert!(err.contains("a list of type 8"), "{err}");
     }
 
+    /// A footer of `version 1` and the schema elements `children` (each named "a", saying
+    /// its children when it has any).
+    fn footer_of_schema(children: &[u32]) -> Vec<u8> {
+        let mut out = vec![0x15, 0x02, 0x19, 0xfc];
+        let mut n = children.len() as u64;
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+        for &c in children {
+            out.extend_from_slice(&[0x48, 0x01, b'a']);
+            if c > 0 {
+                assert!(c < 64);
+                out.extend_from_slice(&[0x15, (c * 2) as u8]);
+            }
+            out.push(0x00);
+        }
+        out.push(0x00);
+        out
+    }
+
+    #[test]
+    fn schemas_deeper_than_the_limit_are_refused() {
+        // A chain of 100 groups of one child each: Parquet recurses a level each.
+        let mut chain = vec![1; 100];
+        chain.push(0);
+        let err = check_struct(&footer_of_schema(&chain), &FILE_META_DATA, |_, _| {}).unwrap_err();
+        assert!(err.contains("a schema deeper than 64 levels"), "{err}");
+        // At the limit, and wide: both pass.
+        let mut chain = vec![1; MAX_SCHEMA_DEPTH];
+        chain.push(0);
+        check_struct(&footer_of_schema(&chain), &FILE_META_DATA, |_, _| {}).unwrap();
+        let mut wide = vec![40];
+        wide.extend(std::iter::repeat_n(0, 40));
+        check_struct(&footer_of_schema(&wide), &FILE_META_DATA, |_, _| {}).unwrap();
+        // Groups side by side, each a level below the root: two levels.
+        let mut groups = vec![3];
+        for _ in 0..3 {
+            groups.extend([2, 0, 0]);
+        }
+        check_struct(&footer_of_schema(&groups), &FILE_META_DATA, |_, _| {}).unwrap();
+    }
+
     #[test]
     fn deep_nesting_truncation_and_unknown_types_are_refused() {
         // 100,000 nested structs: refused at the depth limit, without recursion.
@@ -678,7 +786,7 @@ mod tests {
         // The first page header, right after the magic: its sizes are fields 2 and 3.
         let mut sizes = Vec::new();
         check_struct(&file[4..], &PAGE_HEADER, |id, v| sizes.push((id, v))).unwrap();
-        let uncompressed = sizes.iter().find(|(id, _)| *id == 2).unwrap().1;
+        let uncompressed = sizes.iter().find(|(id, _)| *id == Field::Top(2)).unwrap().1;
         assert!(uncompressed > 0, "{sizes:?}");
     }
 }

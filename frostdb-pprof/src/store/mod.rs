@@ -365,6 +365,11 @@ impl ProfileStore {
         self.recorder.set(recorder).is_ok()
     }
 
+    /// The recorder attached ([`ProfileStore::attach_recorder`]), if one is.
+    pub fn recorder(&self) -> Option<&Arc<crate::rules::Recorder>> {
+        self.recorder.get()
+    }
+
     /// Bytes of symbols in memory (the current partition and the cache).
     pub fn symbol_memory_bytes(&self) -> usize {
         self.symbols.memory_bytes()

@@ -628,3 +628,41 @@ fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
     recorder.set_rules(&[]).unwrap();
     assert_eq!(recorder.stack_cache(), (0, 0));
 }
+
+/// What a recorder holds is counted (its stack cache and its series), and its stack cache
+/// is given back when forgotten (a tenant closing), its series kept.
+#[test]
+fn a_recorders_memory_is_counted_and_its_stack_cache_forgotten() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
+    recorder
+        .set_rules(&[RecordingRule {
+            name: "main".into(),
+            profile_type: CPU.into(),
+            selector: "{}".into(),
+            function: Some("main".into()),
+            leaf_only: false,
+            keep_labels: vec![],
+        }])
+        .unwrap();
+    assert_eq!(recorder.memory_bytes(), 0);
+    store.attach_recorder(recorder.clone());
+    store_cpu(&store, frostdb_pprof::testing::profile(0, 1_000, 3), 0);
+    let cache = recorder.stack_cache_bytes();
+    let (len, capacity) = recorder.stack_cache();
+    assert!(
+        len > 0 && cache >= capacity * 33,
+        "{len} stacks, {cache} bytes"
+    );
+    assert!(recorder.series_bytes() > 0);
+    assert_eq!(recorder.memory_bytes(), cache + recorder.series_bytes());
+    let series = recorder.series();
+    recorder.forget_stacks();
+    assert_eq!(recorder.stack_cache(), (0, 0));
+    assert_eq!(recorder.memory_bytes(), recorder.series_bytes());
+    assert_eq!(recorder.series(), series, "the series stay");
+}

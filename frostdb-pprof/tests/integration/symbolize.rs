@@ -784,3 +784,39 @@ async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
         );
     }
 }
+
+/// An upload dropped before its body ends (its request cut by a deadline, its client
+/// gone) is forgotten: the same build id begins again at once, rather than being "in
+/// progress" until stale with its size held of the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_dropped_unfinished_is_forgotten() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = uploads_in(dir.path(), "t").with_quota(3 << 20);
+    let build_id = "aaaa0001";
+    let id = store.initiate(build_id, 2 << 20, "h", false).await.unwrap();
+    // The ELF magic, then a body that never comes.
+    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"\x7fELF\x02\x01\x01"))])
+        .chain(futures::stream::pending());
+    let upload = store.upload(build_id, &id, Box::pin(body));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), upload)
+            .await
+            .is_err(),
+        "the upload waits for its body"
+    );
+    // Forgotten on the runtime: a retry begins once it is (without: a conflict until the
+    // upload is stale, minutes later).
+    let mut tries = 0;
+    let retried = loop {
+        match store.initiate(build_id, 2 << 20, "h", false).await {
+            Ok(id) => break id,
+            Err(e) => {
+                tries += 1;
+                assert!(tries < 1_000_000, "never forgotten: {e}");
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    assert_ne!(retried, id);
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Server, enc, eventually, get, get_json, testdata};
 
 /// A request on a raw socket: what the server answered (status line, headers, body).
-fn raw(url: &str, request: &[u8]) -> String {
+pub(crate) fn raw(url: &str, request: &[u8]) -> String {
     let addr = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

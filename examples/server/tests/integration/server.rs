@@ -2022,6 +2022,19 @@ async fn a_failing_manifest_mirror_shows_on_the_health_route_and_in_the_metrics(
         "{body}"
     );
     assert!(!body.contains("\"fine\""), "{body}");
+    // A page of another origin (a DNS name rebound to this loopback server, which asks no
+    // token) learns that something is wrong, not which tenants there are.
+    let url = s.url.clone();
+    let elsewhere = tokio::task::spawn_blocking(move || {
+        crate::hostile::raw(
+            &url,
+            b"GET /healthz HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+        )
+    })
+    .await
+    .unwrap();
+    assert!(elsewhere.contains("degraded\n"), "{elsewhere}");
+    assert!(!elsewhere.contains("broken"), "{elsewhere}");
     let (status, metrics) = get(&format!("{}/metrics", s.url), None).await;
     assert_eq!(status, 200, "{metrics}");
     let value = |series: &str| -> u64 {
