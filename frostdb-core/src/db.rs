@@ -443,17 +443,31 @@ impl Db {
         };
         let mut entries: Vec<(String, TableEntry)> = manifest.tables.into_iter().collect();
         entries.sort_by_key(|(name, entry)| (entry.seq, name.clone()));
+        // Every table is followed, one that cannot be (a block naming a column this build
+        // cannot resolve) failing alone: stopping there left the tables after it on their
+        // old blocks, with no error at the next refresh (the manifest was read). The
+        // manifest is then read again at the next refresh, and the error is the first.
+        let mut failed = None;
         for (name, entry) in entries {
             let existing = self.inner.tables.read().get(&name).cloned();
-            match existing {
-                Some(table) => table.inner.follow(entry)?,
-                None => {
-                    let table = self.table_from_entry(&name, entry)?;
-                    self.inner.tables.write().insert(name, table);
-                }
+            let followed = match existing {
+                Some(table) => table.inner.follow(entry),
+                None => self.table_from_entry(&name, entry).map(|table| {
+                    self.inner.tables.write().insert(name.clone(), table);
+                }),
+            };
+            if let Err(e) = followed {
+                tracing::warn!(table = %name, error = %e, "a table of the bucket's manifest could not be followed");
+                failed.get_or_insert(e);
             }
         }
-        Ok(true)
+        match failed {
+            Some(e) => {
+                disk.manifest.unsee();
+                Err(e)
+            }
+            None => Ok(true),
+        }
     }
 
     /// The manifest's tables in the order they were created.

@@ -380,6 +380,15 @@ impl ManifestFile {
         Ok(Some(manifest))
     }
 
+    /// Forgets which version of the bucket's manifest was read last: the next
+    /// [`ManifestFile::refresh`] reads it again, whether or not it changed (what it named
+    /// could not all be applied).
+    pub(crate) fn unsee(&self) {
+        if let Home::Bucket { seen, .. } = &self.home {
+            *seen.lock() = None;
+        }
+    }
+
     /// Applies `change` to a copy of the manifest and makes the copy durable; the in-memory
     /// manifest changes only once it is.
     pub(crate) fn update<R>(&self, change: impl FnOnce(&mut Manifest) -> Result<R>) -> Result<R> {

@@ -182,6 +182,74 @@ async fn checked_tail(file: &mut BlockFile) -> parquet::errors::Result<(bytes::B
     Ok((tail, size - 8 - footer_len))
 }
 
+/// The values of a decoded footer that Parquet trusts and the read relies on, checked
+/// before anything uses them (Parquet asserts on some, and a panic on the planning thread
+/// could not be skipped by a lenient scan): each row group's rows not negative; each
+/// column chunk's offsets and sizes not negative and within the object of `size` bytes,
+/// compressed with a codec this store writes (legacy LZ4's decoder ignores the size a page
+/// declares); each offset index's pages from row 0, in order, within its row group (an
+/// index of no page, which Parquet's reader reads as fewer rows, is found short by the
+/// read, [`read_short`]).
+fn check_footer_values(
+    parquet: &parquet::file::metadata::ParquetMetaData,
+    size: u64,
+) -> std::result::Result<(), String> {
+    use parquet::basic::Compression as C;
+    let offsets = parquet.offset_index();
+    for (r, rg) in parquet.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 {
+            return Err(format!("row group {r} declares {} rows", rg.num_rows()));
+        }
+        for (c, column) in rg.columns().iter().enumerate() {
+            let at = || format!("row group {r}, column {c}");
+            match column.compression() {
+                C::UNCOMPRESSED | C::SNAPPY | C::ZSTD(_) | C::LZ4_RAW => {}
+                other => {
+                    return Err(format!(
+                        "{}: codec {other} is not one this store writes",
+                        at()
+                    ));
+                }
+            }
+            let start = column
+                .dictionary_page_offset()
+                .unwrap_or(column.data_page_offset());
+            let (data, compressed) = (column.data_page_offset(), column.compressed_size());
+            let end = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(compressed).ok())
+                .and_then(|(start, len)| start.checked_add(len));
+            if data < 0 || column.uncompressed_size() < 0 || end.is_none_or(|end| end > size) {
+                return Err(format!(
+                    "{}: bytes {start} to {start}+{compressed} (data at {data}) are not within \
+                     the object's {size}",
+                    at()
+                ));
+            }
+            let Some(index) = offsets.and_then(|o| o.get(r)?.get(c)) else {
+                continue;
+            };
+            let pages = index.page_locations();
+            let mut next = 0;
+            for (i, page) in pages.iter().enumerate() {
+                let ok = if i == 0 {
+                    page.first_row_index == 0
+                } else {
+                    page.first_row_index >= next && page.first_row_index < rg.num_rows()
+                };
+                if !ok || page.offset < 0 || page.compressed_page_size < 0 {
+                    return Err(format!(
+                        "{}: its offset index's page {i} is out of order",
+                        at()
+                    ));
+                }
+                next = page.first_row_index + 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Most bytes of a block's page indexes (column and offset indexes) together: the writer's
 /// are tens of bytes a page.
 const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -530,6 +598,7 @@ impl Storage {
             ));
         }
         let parquet = metadata.metadata();
+        check_footer_values(parquet, block.size).map_err(|e| unreadable(table, block, e))?;
         let keys = RowGroupKeys::from_footer(
             parquet.file_metadata().key_value_metadata(),
             parquet.num_row_groups(),
@@ -1328,12 +1397,21 @@ impl ColumnStatistics {
         self.pages
             .get(rg)?
             .get_or_init(|| {
-                page_stats(rg, &self.column, metadata.schema(), metadata.metadata()).unwrap_or_else(
-                    |e| {
-                        self.unreadable.log(&self.column, &e);
-                        None
-                    },
-                )
+                // Parquet asserts on page indexes that disagree (a column index of more
+                // pages than the offset index): they only prune, so such stats are none.
+                std::panic::catch_unwind(|| {
+                    page_stats(rg, &self.column, metadata.schema(), metadata.metadata())
+                })
+                .unwrap_or_else(|panic| {
+                    Err(parquet::errors::ParquetError::General(format!(
+                        "its page indexes disagree: {}",
+                        crate::panic_message(&*panic)
+                    )))
+                })
+                .unwrap_or_else(|e| {
+                    self.unreadable.log(&self.column, &e);
+                    None
+                })
             })
             .as_ref()
     }
@@ -1434,6 +1512,63 @@ fn page_selection<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A footer of one row group of one INT64 column chunk, as `chunk` builds it.
+    fn footer_of(
+        chunk: impl FnOnce(
+            parquet::file::metadata::ColumnChunkMetaDataBuilder,
+        ) -> parquet::file::metadata::ColumnChunkMetaDataBuilder,
+    ) -> parquet::file::metadata::ParquetMetaData {
+        use parquet::file::metadata::{
+            ColumnChunkMetaData, FileMetaData, ParquetMetaData, RowGroupMetaData,
+        };
+        let schema = Arc::new(parquet::schema::types::SchemaDescriptor::new(Arc::new(
+            parquet::schema::parser::parse_message_type("message m { required int64 a; }").unwrap(),
+        )));
+        let column = chunk(
+            ColumnChunkMetaData::builder(schema.column(0))
+                .set_compression(parquet::basic::Compression::SNAPPY)
+                .set_data_page_offset(4)
+                .set_total_compressed_size(100)
+                .set_total_uncompressed_size(100),
+        )
+        .build()
+        .unwrap();
+        let group = RowGroupMetaData::builder(schema.clone())
+            .set_num_rows(10)
+            .set_column_metadata(vec![column])
+            .build()
+            .unwrap();
+        ParquetMetaData::new(
+            FileMetaData::new(1, 10, None, None, schema, None),
+            vec![group],
+        )
+    }
+
+    /// Footer values Parquet trusts (and asserts on) are checked before they are used: a
+    /// codec this store never writes (legacy LZ4 inflates past the size a page declares),
+    /// negative offsets and sizes, a chunk past the object's end.
+    #[test]
+    fn footer_values_parquet_trusts_are_checked() {
+        use parquet::basic::Compression;
+        check_footer_values(&footer_of(|c| c), 200).unwrap();
+        let err = check_footer_values(&footer_of(|c| c.set_compression(Compression::LZ4)), 200)
+            .unwrap_err();
+        assert!(
+            err.contains("codec LZ4 is not one this store writes"),
+            "{err}"
+        );
+        for (chunk, size) in [
+            (footer_of(|c| c.set_data_page_offset(-1)), 200),
+            (footer_of(|c| c.set_dictionary_page_offset(Some(-8))), 200),
+            (footer_of(|c| c.set_total_compressed_size(-1)), 200),
+            (footer_of(|c| c.set_total_uncompressed_size(-1)), 200),
+            (footer_of(|c| c), 100),
+        ] {
+            let err = check_footer_values(&chunk, size).unwrap_err();
+            assert!(err.contains("row group 0, column 0"), "{err}");
+        }
+    }
 
     /// A block read on the I/O runtime ends only when its read says so: a read whose task
     /// ends without saying it (a Parquet decoder that panicked drops its sender) is an

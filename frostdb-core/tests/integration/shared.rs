@@ -366,6 +366,74 @@ fn readers_follow_cuts_and_see_transactions_whole() {
     assert!(reader.flush().is_ok(), "nothing to persist");
 }
 
+/// A table of the bucket's manifest that a reader cannot follow (a block naming a column it
+/// cannot resolve: a writer of another build, or a buggy one) fails the refresh by name, and
+/// fails it again at the next: the tables after it are followed all the same. Stopping at
+/// it left them on their old blocks, with no error once the manifest was read.
+#[test]
+fn a_table_a_reader_cannot_follow_fails_alone_and_again() {
+    use object_store::ObjectStoreExt as _;
+    let bucket = Bucket::new();
+    let (w_store, _) = bucket.view();
+    let (r_store, _) = bucket.view();
+    let w = Db::open_shared(w_store, "t1", options(), writer("w")).unwrap();
+    let first = samples(&w);
+    let second = w
+        .table("second", samples_schema(), TableOptions::default())
+        .unwrap();
+    let reader = Db::open_reader(r_store, "t1", options()).unwrap();
+    let write = |from: i64| {
+        let mut tx = w.transaction();
+        tx.insert(&first, &rows("p", from, 10)).unwrap();
+        tx.insert(&second, &rows("p", from, 10)).unwrap();
+        tx.commit().unwrap();
+        w.flush().unwrap();
+    };
+    write(0);
+    reader.refresh().unwrap();
+    write(10);
+    // The first table's newest block names a column no build resolves.
+    let path = bucket
+        .objects("t1")
+        .into_iter()
+        .find(|o| o.ends_with("manifest.json"))
+        .expect("the bucket's manifest");
+    let object = ObjectPath::from(path.as_str());
+    let store = bucket.0.clone();
+    let mut manifest: serde_json::Value = futures::executor::block_on(async {
+        let bytes = store.get(&object).await.unwrap().bytes().await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    });
+    let columns = manifest["tables"]["samples"]["blocks"]
+        .as_array_mut()
+        .and_then(|b| b.last_mut())
+        .and_then(|b| b["columns"].as_object_mut())
+        .expect("a block's columns");
+    let any = columns.values().next().unwrap().clone();
+    columns.insert("not..a column".into(), any);
+    futures::executor::block_on(async {
+        store
+            .put(&object, serde_json::to_vec(&manifest).unwrap().into())
+            .await
+            .unwrap();
+    });
+    let seen = |name: &str| reader.get_table(name).map_or((0, 0), |t| sum_of(&t, "p"));
+    assert!(
+        reader.refresh().is_err(),
+        "the table that cannot be followed"
+    );
+    assert_eq!(seen("second").0, 20, "the table after it is followed");
+    assert_eq!(
+        seen("samples").0,
+        10,
+        "the one that cannot be keeps its blocks"
+    );
+    assert!(
+        reader.refresh().is_err(),
+        "and fails again, not read and forgotten"
+    );
+}
+
 #[test]
 fn cuts_truncate_the_wal_and_merges_keep_blocks_few_and_rows_exact() {
     let bucket = Bucket::new();
