@@ -690,9 +690,7 @@ pub fn exposition(
     charge: &mut frostdb_core::Reservation,
 ) -> Result<(), frostdb_core::OverBudget> {
     const WHAT: &str = "the regressions of /metrics";
-    let held = |copied: usize, out: &String| {
-        (copied + out.capacity()).saturating_sub(crate::rules::UNCHARGED_EXPOSITION)
-    };
+    let held = crate::rules::exposition_held;
     if only.is_none() {
         crate::health::single(
             out,

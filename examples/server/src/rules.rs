@@ -374,9 +374,7 @@ pub fn exposition(
     charge: &mut frostdb_core::Reservation,
 ) -> Result<(), frostdb_core::OverBudget> {
     const WHAT: &str = "the recording rules' series of /metrics";
-    let held = |copied: usize, out: &String| {
-        (copied + out.capacity()).saturating_sub(UNCHARGED_EXPOSITION)
-    };
+    let held = exposition_held;
     use std::fmt::Write;
     use std::sync::atomic::Ordering::Relaxed;
     let rw = &rules.remote_write;
@@ -456,6 +454,12 @@ pub fn exposition(
 /// Bytes of `/metrics`' recording-rule series (copies and text) not charged: thousands of
 /// usual series.
 pub const UNCHARGED_EXPOSITION: usize = 4 << 20;
+
+/// What an exposition holds past [`UNCHARGED_EXPOSITION`]: the series (or labels) `copied`
+/// for it, and its text `out`.
+pub fn exposition_held(copied: usize, out: &String) -> usize {
+    (copied + out.capacity()).saturating_sub(UNCHARGED_EXPOSITION)
+}
 
 /// What a copied series holds: its rule's name and labels, and their headers.
 fn series_bytes(s: &frostdb_pprof::rules::RuleSeries) -> usize {

@@ -324,9 +324,8 @@ fn a_restarted_writer_takes_its_own_lease_back_at_once() {
     assert!(samples(&a).insert(&rows("p", 3, 1)).is_err());
 }
 
-#[test]
-fn readers_follow_cuts_and_see_transactions_whole() {
-    let bucket = Bucket::new();
+/// A writer of two tables in `bucket` (`samples`, then `second`), and a reader of it.
+fn two_tables_and_a_reader(bucket: &Bucket) -> (Db, Table, Table, Db) {
     let (w_store, _) = bucket.view();
     let (r_store, _) = bucket.view();
     let w = Db::open_shared(w_store, "t1", options(), writer("w")).unwrap();
@@ -335,6 +334,13 @@ fn readers_follow_cuts_and_see_transactions_whole() {
         .table("second", samples_schema(), TableOptions::default())
         .unwrap();
     let reader = Db::open_reader(r_store, "t1", options()).unwrap();
+    (w, first, second, reader)
+}
+
+#[test]
+fn readers_follow_cuts_and_see_transactions_whole() {
+    let bucket = Bucket::new();
+    let (w, first, second, reader) = two_tables_and_a_reader(&bucket);
     assert!(reader.is_read_only());
     for round in 0..5i64 {
         // One transaction writes both tables.
@@ -374,14 +380,7 @@ fn readers_follow_cuts_and_see_transactions_whole() {
 fn a_table_a_reader_cannot_follow_fails_alone_and_again() {
     use object_store::ObjectStoreExt as _;
     let bucket = Bucket::new();
-    let (w_store, _) = bucket.view();
-    let (r_store, _) = bucket.view();
-    let w = Db::open_shared(w_store, "t1", options(), writer("w")).unwrap();
-    let first = samples(&w);
-    let second = w
-        .table("second", samples_schema(), TableOptions::default())
-        .unwrap();
-    let reader = Db::open_reader(r_store, "t1", options()).unwrap();
+    let (w, first, second, reader) = two_tables_and_a_reader(&bucket);
     let write = |from: i64| {
         let mut tx = w.transaction();
         tx.insert(&first, &rows("p", from, 10)).unwrap();

@@ -591,17 +591,15 @@ fn label_sets_that_store_nothing_are_not_tested_by_rules() {
     assert_eq!(recorder.status()[0].dropped, 0);
 }
 
-/// The stack cache of a rule naming a function stays within its bound inside one profile
-/// of more distinct stacks than it may hold, and gives its memory back when the rules
-/// change (a cleared table kept its room for the server's life).
-#[test]
-fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
+/// A store in memory whose CPU profiles `recorder` counts by one rule: the samples whose
+/// stack holds `main`.
+fn counting_main(recorder: Recorder) -> (ProfileStore, Arc<Recorder>) {
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
     )
     .unwrap();
-    let recorder = Arc::new(Recorder::new(RuleLimits::default()).with_stack_cache(64));
+    let recorder = Arc::new(recorder);
     recorder
         .set_rules(&[RecordingRule {
             name: "main".into(),
@@ -612,7 +610,18 @@ fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
             keep_labels: vec![],
         }])
         .unwrap();
+    assert_eq!(recorder.memory_bytes(), 0, "nothing counted yet");
     store.attach_recorder(recorder.clone());
+    (store, recorder)
+}
+
+/// The stack cache of a rule naming a function stays within its bound inside one profile
+/// of more distinct stacks than it may hold, and gives its memory back when the rules
+/// change (a cleared table kept its room for the server's life).
+#[test]
+fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
+    let (store, recorder) =
+        counting_main(Recorder::new(RuleLimits::default()).with_stack_cache(64));
     let p: Profile = frostdb_pprof::testing::profile(0, 1_000, 3);
     let total: i64 = p.sample.iter().map(|s| s.value[0]).sum();
     store_cpu(&store, p, 0);
@@ -633,24 +642,7 @@ fn the_rules_stack_cache_keeps_its_bound_within_a_profile() {
 /// is given back when forgotten (a tenant closing), its series kept.
 #[test]
 fn a_recorders_memory_is_counted_and_its_stack_cache_forgotten() {
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
-    let recorder = Arc::new(Recorder::new(RuleLimits::default()));
-    recorder
-        .set_rules(&[RecordingRule {
-            name: "main".into(),
-            profile_type: CPU.into(),
-            selector: "{}".into(),
-            function: Some("main".into()),
-            leaf_only: false,
-            keep_labels: vec![],
-        }])
-        .unwrap();
-    assert_eq!(recorder.memory_bytes(), 0);
-    store.attach_recorder(recorder.clone());
+    let (store, recorder) = counting_main(Recorder::new(RuleLimits::default()));
     store_cpu(&store, frostdb_pprof::testing::profile(0, 1_000, 3), 0);
     let cache = recorder.stack_cache_bytes();
     let (len, capacity) = recorder.stack_cache();
