@@ -1444,6 +1444,56 @@ mod tests {
         assert!(a.is_ok(), "{:?}", a.err().map(|e| e.to_string()));
     }
 
+    /// A tenant's recording rules' stack cache counts in what it holds, and is given back
+    /// when it closes (kept with the rules for the server's life, it held up to 70 MB a
+    /// tenant that nothing counted or freed).
+    #[tokio::test]
+    async fn a_closed_tenant_holds_no_stack_cache_of_its_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let rule = frostdb_pprof::rules::RecordingRule {
+            name: "main_total".into(),
+            profile_type: "process_cpu:cpu:nanoseconds:cpu:nanoseconds".into(),
+            selector: String::new(),
+            function: Some("main".into()),
+            leaf_only: false,
+            keep_labels: vec![],
+        };
+        let rules = Arc::new(
+            crate::rules::Rules::new(
+                dir.path(),
+                std::collections::BTreeMap::from([("a".to_owned(), vec![rule])]),
+                frostdb_pprof::rules::RuleLimits::default(),
+            )
+            .unwrap(),
+        );
+        let tenants = Tenants::new(
+            dir.path().to_owned(),
+            Limits::default(),
+            Retention::default(),
+            frostdb_core::WorkerPool::new(1).unwrap(),
+        )
+        .max_open(1)
+        .rules(rules.clone());
+        let a = tenants.for_write("a").await.unwrap();
+        let before = a.memory_bytes();
+        let profile = frostdb_pprof::testing::profile(0, 1_000, 3);
+        let options = frostdb_pprof::IngestOptions::default()
+            .name("process_cpu")
+            .timestamp_ms(crate::time::now_ms());
+        a.store
+            .ingest(&prost::Message::encode_to_vec(&profile), &options)
+            .unwrap();
+        let recorder = rules.recorder("a").unwrap();
+        let cache = recorder.stack_cache_bytes();
+        assert!(cache > 0, "the rule's stack cache is filled");
+        assert!(a.memory_bytes() >= before + cache, "and counted");
+        drop(a);
+        tenants.for_write("b").await.unwrap(); // closes "a"
+        assert_eq!(recorder.stack_cache(), (0, 0), "given back");
+        assert!(recorder.series_bytes() > 0, "its series stay");
+        assert!(rules.series_bytes() >= recorder.series_bytes());
+    }
+
     /// A new tenant refused after it was admitted (its open failed, a setting was bad)
     /// leaves its room under `max_tenants`: counted, refused requests for new ids used up
     /// the limit until a restart, though no tenant existed.
