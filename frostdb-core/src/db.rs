@@ -443,11 +443,10 @@ impl Db {
         };
         let mut entries: Vec<(String, TableEntry)> = manifest.tables.into_iter().collect();
         entries.sort_by_key(|(name, entry)| (entry.seq, name.clone()));
-        // Every table is followed, one that cannot be (a block naming a column this build
-        // cannot resolve) failing alone: stopping there left the tables after it on their
-        // old blocks, with no error at the next refresh (the manifest was read). The
-        // manifest is then read again at the next refresh, and the error is the first.
-        let mut failed = None;
+        // In creation order, stopping at a table that cannot be followed (a block naming a
+        // column this build cannot resolve): the tables after it may hold rows that use its
+        // (symbols before samples). The manifest is then read again at the next refresh,
+        // which fails again rather than finding it read and answering on old blocks.
         for (name, entry) in entries {
             let existing = self.inner.tables.read().get(&name).cloned();
             let followed = match existing {
@@ -458,16 +457,11 @@ impl Db {
             };
             if let Err(e) = followed {
                 tracing::warn!(table = %name, error = %e, "a table of the bucket's manifest could not be followed");
-                failed.get_or_insert(e);
-            }
-        }
-        match failed {
-            Some(e) => {
                 disk.manifest.unsee();
-                Err(e)
+                return Err(e);
             }
-            None => Ok(true),
         }
+        Ok(true)
     }
 
     /// The manifest's tables in the order they were created.

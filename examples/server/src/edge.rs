@@ -73,9 +73,14 @@ pub async fn deadline(State(state): State<Shared>, request: Request, next: Next)
 /// The slowest rate a debug file upload is given the time to be sent at.
 pub const MIN_UPLOAD_RATE: u64 = 1 << 20;
 
+/// Most time an upload is given besides the request's deadline: well within the time after
+/// which the debug info store takes an upload begun for stale (15 minutes and 2 from its
+/// beginning), so that no upload still streaming is taken over by another.
+pub const MAX_UPLOAD_TIME: Duration = Duration::from_secs(600);
+
 /// The time to send a debug file upload's body at [`MIN_UPLOAD_RATE`]: its Content-Length's
 /// (HTTP), or the largest's (Parca's gRPC stream, which says its size only in its first
-/// message); none for other requests.
+/// message), at most [`MAX_UPLOAD_TIME`]; none for other requests.
 fn upload_time(request: &Request) -> Duration {
     let path = request.uri().path();
     let bytes =
@@ -91,7 +96,7 @@ fn upload_time(request: &Request) -> Duration {
         } else {
             0
         };
-    Duration::from_secs(bytes / MIN_UPLOAD_RATE)
+    Duration::from_secs(bytes / MIN_UPLOAD_RATE).min(MAX_UPLOAD_TIME)
 }
 
 /// `run`'s answer, or 408 once `limit` has passed; but once `run` has begun storing
@@ -634,15 +639,15 @@ mod tests {
             }
             r.body(axum::body::Body::empty()).unwrap()
         };
-        let big = 500 << 20;
+        let big = 300 << 20;
         assert_eq!(
             upload_time(&request("PUT", "/api/v1/debuginfo/aaaa", Some(big))),
             Duration::from_secs(big / MIN_UPLOAD_RATE)
         );
         assert_eq!(
             upload_time(&request("PUT", "/api/v1/debuginfo/aaaa", Some(u64::MAX))),
-            Duration::from_secs(crate::ingest::parca::MAX_DEBUGINFO_BYTES / MIN_UPLOAD_RATE),
-            "at most the largest upload's"
+            MAX_UPLOAD_TIME,
+            "at most the most an upload is given"
         );
         assert_eq!(
             upload_time(&request(
@@ -650,7 +655,7 @@ mod tests {
                 "/parca.debuginfo.v1alpha1.DebuginfoService/Upload",
                 None
             )),
-            Duration::from_secs(crate::ingest::parca::MAX_DEBUGINFO_BYTES / MIN_UPLOAD_RATE)
+            MAX_UPLOAD_TIME
         );
         for (method, path) in [
             ("POST", "/ingest"),

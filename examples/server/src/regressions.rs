@@ -7,8 +7,10 @@
 //! ran. A pair is compared again while the new version's window fills (when its profiles
 //! grew by a quarter), so early results sharpen.
 //!
-//! Results are kept in memory, the last five per service and profile type (a restart finds
-//! them again on its first pass, from the stored profiles), served by
+//! Results are kept in memory, the last five per service and profile type, at most
+//! [`MAX_TENANT_BYTES`] a tenant and [`MAX_ALL_BYTES`] in all (past them, older comparisons
+//! go before any service's latest; a restart finds them again on its first pass, from the
+//! stored profiles), served by
 //! `GET /api/v1/regressions?service=`, listed on the web page, and counted on `/metrics`
 //! (`frostdb_regressions`, one series per service and profile type, for alerting).
 
@@ -101,19 +103,53 @@ struct Found {
     findings: BTreeMap<(String, String), Vec<Finding>>,
     /// What they hold ([`Finding::bytes`]).
     bytes: usize,
+    /// By (service, profile type) hashed, what was compared last, kept when its finding is
+    /// forgotten (a few bytes a key): a pair compared is not compared again every pass
+    /// for want of its finding.
+    compared: HashMap<u64, Compared>,
+}
+
+/// What a service's last comparison compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Compared {
+    /// Its two versions, hashed.
+    versions: u64,
+    /// Where the new version's range ended, and its profiles.
+    to_ms: i64,
+    profiles: usize,
+}
+
+/// A hash of `parts` (a key or a pair of versions).
+fn hash_of(parts: &[&str]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parts.hash(&mut h);
+    h.finish()
 }
 
 impl Found {
-    /// Forgets the oldest finding (the earliest compared) but the last of `keep`'s key,
-    /// returning its bytes; `None` when there is none.
-    fn forget_oldest(&mut self, keep: Option<&(String, String)>) -> Option<usize> {
-        let key = self
-            .findings
+    /// Whether a finding other than the last of `keep`'s key may be forgotten.
+    fn forgettable(&self, keep: Option<&(String, String)>) -> bool {
+        self.findings
             .iter()
-            .filter(|(k, list)| list.len() > usize::from(keep == Some(*k)))
-            .min_by_key(|(_, list)| list[0].compared_at_ms)?
-            .0
-            .clone();
+            .any(|(k, list)| list.len() > usize::from(keep == Some(k)))
+    }
+
+    /// Forgets the oldest finding (the earliest compared) but the last of `keep`'s key,
+    /// returning its bytes; `None` when there is none. An earlier comparison of a key goes
+    /// before any key's latest (which `/metrics` counts).
+    fn forget_oldest(&mut self, keep: Option<&(String, String)>) -> Option<usize> {
+        let oldest = |history: bool| {
+            self.findings
+                .iter()
+                .filter(|(k, list)| match history {
+                    true => list.len() > 1,
+                    false => list.len() == 1 && keep != Some(*k),
+                })
+                .min_by_key(|(_, list)| list[0].compared_at_ms)
+                .map(|(k, _)| k.clone())
+        };
+        let key = oldest(true).or_else(|| oldest(false))?;
         let list = self.findings.get_mut(&key)?;
         let bytes = list.remove(0).bytes();
         if list.is_empty() {
@@ -124,7 +160,7 @@ impl Found {
     }
 }
 
-/// Every tenant's findings.
+/// The findings of every tenant, and their bytes.
 #[derive(Debug, Default)]
 struct Kept {
     tenants: HashMap<String, Found>,
@@ -205,23 +241,33 @@ impl Regressions {
 
     /// Keeps `finding`: it replaces the last of its service and type when that compared the
     /// same two versions. Past [`MAX_TENANT_BYTES`] the tenant's oldest findings go, past
-    /// [`MAX_ALL_BYTES`] those of the tenant keeping most; a finding is not kept only when
-    /// it is over a tenant's bytes alone.
+    /// [`MAX_ALL_BYTES`] those of the tenant keeping most (earlier comparisons before any
+    /// key's latest); a finding is not kept only when it is over a tenant's bytes alone, or
+    /// its key is new past [`MAX_KEYS`].
     fn keep(&self, tenant: &str, finding: Finding) {
         let size = finding.bytes();
         let key = (finding.service.clone(), finding.profile_type.clone());
-        if size > MAX_TENANT_BYTES {
-            tracing::warn!(%tenant, service = %key.0, bytes = size, "regressions: a finding over {MAX_TENANT_BYTES} bytes; not kept");
-            return;
-        }
+        let hashed = hash_of(&[&key.0, &key.1]);
         let mut kept = self.kept.lock();
         let Kept {
             tenants,
             bytes: all,
         } = &mut *kept;
         let found = tenants.entry(tenant.to_owned()).or_default();
-        if !found.findings.contains_key(&key) && found.findings.len() >= MAX_KEYS {
+        if !found.compared.contains_key(&hashed) && found.compared.len() >= MAX_KEYS {
             tracing::warn!(%tenant, service = %key.0, "regressions: {MAX_KEYS} services and types kept; not keeping more");
+            return;
+        }
+        found.compared.insert(
+            hashed,
+            Compared {
+                versions: hash_of(&[&finding.before.version, &finding.after.version]),
+                to_ms: finding.after.to_ms,
+                profiles: finding.after.profiles,
+            },
+        );
+        if size > MAX_TENANT_BYTES {
+            tracing::warn!(%tenant, service = %key.0, bytes = size, "regressions: a finding over {MAX_TENANT_BYTES} bytes; not kept");
             return;
         }
         let list = found.findings.entry(key.clone()).or_default();
@@ -248,25 +294,42 @@ impl Regressions {
             forgotten += 1;
         }
         while *all > MAX_ALL_BYTES {
-            let Some((id, most)) = tenants.iter_mut().max_by_key(|(_, f)| f.bytes) else {
+            let keep = |id: &String| (id == tenant).then_some(&key);
+            let Some(id) = tenants
+                .iter()
+                .filter(|(id, f)| f.forgettable(keep(id)))
+                .max_by_key(|(_, f)| f.bytes)
+                .map(|(id, _)| id.clone())
+            else {
                 break;
             };
-            let Some(bytes) = most.forget_oldest((id == tenant).then_some(&key)) else {
+            let Some(bytes) = tenants
+                .get_mut(&id)
+                .and_then(|most| most.forget_oldest(keep(&id)))
+            else {
                 break;
             };
             *all -= bytes;
             forgotten += 1;
-            if most.findings.is_empty() {
-                let id = id.clone();
-                tenants.remove(&id);
-            }
         }
         if forgotten > 0 {
             tracing::info!(%tenant, forgotten, "regressions: the oldest findings forgotten, over the bytes kept");
         }
     }
 
-    /// The last comparison of `tenant`'s `service` and `profile_type`.
+    /// What `tenant`'s `service` and `profile_type` compared last, its finding kept or not.
+    fn compared(&self, tenant: &str, service: &str, profile_type: &str) -> Option<Compared> {
+        self.kept
+            .lock()
+            .tenants
+            .get(tenant)?
+            .compared
+            .get(&hash_of(&[service, profile_type]))
+            .copied()
+    }
+
+    /// The last comparison of `tenant`'s `service` and `profile_type` kept.
+    #[cfg(test)]
     fn last(&self, tenant: &str, service: &str, profile_type: &str) -> Option<Finding> {
         self.kept
             .lock()
@@ -439,11 +502,10 @@ pub fn pass(
             };
             let window = i64::try_from(config.window.as_millis()).unwrap_or(i64::MAX);
             let after_to = after.last_ms.min(after.first_ms.saturating_add(window));
-            if let Some(last) = found.last(tenant, &service, &pt)
-                && last.before.version == before.version
-                && last.after.version == after.version
-                && (last.after.to_ms >= after_to
-                    || (after.profiles as usize) < last.after.profiles + last.after.profiles / 4)
+            if let Some(last) = found.compared(tenant, &service, &pt)
+                && last.versions == hash_of(&[&before.version, &after.version])
+                && (last.to_ms >= after_to
+                    || (after.profiles as usize) < last.profiles + last.profiles / 4)
             {
                 // Compared, and the new version's window has not grown by a quarter since.
                 continue;
@@ -863,7 +925,8 @@ mod tests {
     fn metrics_charge_the_labels_they_copy() {
         let found = Regressions::default();
         let long = "x".repeat(2048);
-        // Four tenants' findings of long labels: about 11 MB of labels to the server's token.
+        // Four tenants' findings of long labels (each trimmed to its 4 MiB): about 11 MB of
+        // labels to the server's token.
         for tenant in 0..4 {
             for service in 0..1000 {
                 found.keep(

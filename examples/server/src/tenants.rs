@@ -1056,12 +1056,13 @@ impl Tenants {
                 Some((weak, bytes))
             })
             .collect();
-        // What the recording rules' series hold stays, open or closed: counted, so that
-        // the rest is brought down further.
+        // What the recording rules' series hold stays, tenants open or closed: counted in
+        // what the budget sees held, but not in what relieving may bring down (counted
+        // there, relieving would close and persist every tenant each round, freeing none of it).
         let recorded = self.rules.as_ref().map_or(0, |r| r.series_bytes());
-        let mut standing: usize =
-            sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes() + recorded;
-        budget.set_standing(standing);
+        let set_standing = |standing: usize| budget.set_standing(standing + recorded);
+        let mut standing: usize = sized.iter().map(|(_, b)| b).sum::<usize>() + self.parked.bytes();
+        set_standing(standing);
         if standing <= target() {
             return;
         }
@@ -1096,7 +1097,7 @@ impl Tenants {
                 let after = tenant.memory_bytes();
                 *standing = standing.saturating_sub(*bytes) + after;
                 *bytes = after;
-                budget.set_standing(*standing);
+                set_standing(*standing);
             }
         };
         persist(&mut sized, &mut standing, worth_a_block);
@@ -1107,7 +1108,7 @@ impl Tenants {
                 break;
             };
             standing = standing.saturating_sub(closed.1);
-            budget.set_standing(standing);
+            set_standing(standing);
             tracing::info!(tenant = %closed.0, bytes = closed.1, "memory budget pressed: closed an idle tenant");
         }
         // Still pressed, by many busy tenants each holding less than a block: the largest

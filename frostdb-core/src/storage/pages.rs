@@ -148,7 +148,7 @@ impl Chunks {
         // bytes hold (2³¹−1 declared in a 16-byte page zero-filled 16 GiB).
         if let Some(values) = values
             && u64::try_from(values).map_or(true, |n| {
-                n.saturating_mul(chunk.value_bits) > uncompressed as u64 * 8
+                n.saturating_mul(chunk.value_bits) > (uncompressed as u64).saturating_mul(8)
             })
         {
             return Err(format!(

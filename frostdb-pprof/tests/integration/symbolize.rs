@@ -795,16 +795,26 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
     let store = uploads_in(dir.path(), "t").with_quota(3 << 20);
     let build_id = "aaaa0001";
     let id = store.initiate(build_id, 2 << 20, "h", false).await.unwrap();
-    // The ELF magic, then a body that never comes.
+    // The ELF magic, then a body that never comes: polled until the upload asks for
+    // more than the magic (it is then receiving), and dropped there, as a request's
+    // deadline drops it.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiting = asked.clone();
     let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"\x7fELF\x02\x01\x01"))])
-        .chain(futures::stream::pending());
-    let upload = store.upload(build_id, &id, Box::pin(body));
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), upload)
-            .await
-            .is_err(),
-        "the upload waits for its body"
-    );
+        .chain(futures::stream::poll_fn(move |_| {
+            waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+            std::task::Poll::Pending
+        }));
+    {
+        let mut upload = std::pin::pin!(store.upload(build_id, &id, Box::pin(body)));
+        while !asked.load(std::sync::atomic::Ordering::Relaxed) {
+            assert!(
+                futures::poll!(&mut upload).is_pending(),
+                "the upload waits for its body"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
     // Forgotten on the runtime: a retry begins once it is (without: a conflict until the
     // upload is stale, minutes later).
     let mut tries = 0;
