@@ -218,12 +218,15 @@ impl ExecutionPlan for StackScanExec {
         context: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
         let task = datafusion_distributed::DistributedTaskContext::from_ctx(&context).task_index;
-        let blocks = self.scan.tasks.get(task).cloned().ok_or_else(|| {
-            DataFusionError::Internal(format!(
-                "task {task} of a merge of {} tasks",
-                self.scan.tasks.len()
-            ))
-        })?;
+        // A task past the runs (a stage of more tasks than the merge has row groups) reads
+        // nothing: every row group is in a run (`split`), so its answer is no stacks.
+        let Some(blocks) = self.scan.tasks.get(task).cloned() else {
+            let batch = self.scan.batch(&StackTotals::default())?;
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                batch.schema(),
+                futures::stream::once(async move { Ok(batch) }),
+            )));
+        };
         let source = self.source.clone().ok_or_else(|| {
             DataFusionError::Execution(
                 "this process has no profile stores to read blocks from (it only coordinates)"
@@ -400,38 +403,69 @@ fn scale_up(ev: ScaleUpLeafNodeEvent<'_>) -> Option<DfResult<ScaleUpLeafNodeEven
     )
 }
 
-/// `slices` cut into `tasks` runs of row groups of about equal rows (fewer when there are
-/// fewer row groups).
+/// `slices` cut into `tasks` runs of row groups of about equal rows: exactly as many runs
+/// as tasks (the stage runs that many, each reading its run), fewer only when there are
+/// fewer row groups. A run is cut once it holds its share of the rows, or when the row
+/// groups left are as many as the runs still to make (a small block before a big one made
+/// one run for two tasks, and the second task failed the merge).
 fn split(slices: &[BlockSlice], tasks: usize) -> Vec<Vec<BlockSlice>> {
-    let total: u64 = slices.iter().map(slice_rows).sum();
-    let target = total.div_ceil(tasks as u64).max(1);
-    let mut out: Vec<Vec<BlockSlice>> = vec![Vec::new()];
+    // Every row group, with its slice and its rows.
+    let units: Vec<(usize, u32, u64)> = slices
+        .iter()
+        .enumerate()
+        .flat_map(|(i, slice)| {
+            let per_group = slice.block.rows / u64::from(slice.block.row_groups.max(1));
+            slice
+                .row_groups
+                .clone()
+                .unwrap_or(0..slice.block.row_groups.max(1))
+                .map(move |g| (i, g, per_group.max(1)))
+        })
+        .collect();
+    let runs = tasks.min(units.len()).max(1);
+    let total: u64 = units.iter().map(|u| u.2).sum();
+    let target = total.div_ceil(runs as u64).max(1);
+    let mut out: Vec<Vec<BlockSlice>> = Vec::with_capacity(runs);
+    let mut run: Vec<BlockSlice> = Vec::new();
     let mut filled = 0u64;
-    for slice in slices {
-        let groups = slice
-            .row_groups
-            .clone()
-            .unwrap_or(0..slice.block.row_groups.max(1));
-        let per_group = slice.block.rows / u64::from(slice.block.row_groups.max(1));
-        let mut start = groups.start;
-        for g in groups.clone() {
-            filled += per_group.max(1);
-            let last = g + 1 == groups.end;
-            if filled >= target || last {
-                let whole = start == 0 && g + 1 == slice.block.row_groups.max(1);
-                out.last_mut().expect("one at least").push(BlockSlice {
-                    block: slice.block.clone(),
-                    row_groups: (!whole).then_some(start..g + 1),
-                });
-                start = g + 1;
+    for (k, &(i, g, rows)) in units.iter().enumerate() {
+        let slice = &slices[i];
+        // Consecutive row groups of one slice make one range.
+        match run.last_mut() {
+            Some(last)
+                if last.block.id == slice.block.id
+                    && last.block.path == slice.block.path
+                    && last.row_groups.as_ref().is_some_and(|r| r.end == g) =>
+            {
+                if let Some(r) = &mut last.row_groups {
+                    r.end = g + 1;
+                }
             }
-            if filled >= target && out.len() < tasks {
-                out.push(Vec::new());
-                filled = 0;
-            }
+            _ => run.push(BlockSlice {
+                block: slice.block.clone(),
+                row_groups: Some(g..g + 1),
+            }),
+        }
+        filled += rows;
+        let (left, to_make) = (units.len() - k - 1, runs - out.len() - 1);
+        if to_make > 0 && (filled >= target || left == to_make) {
+            out.push(std::mem::take(&mut run));
+            filled = 0;
         }
     }
-    out.retain(|t| !t.is_empty());
+    if !run.is_empty() {
+        out.push(run);
+    }
+    // A slice of a block's every row group reads the block whole.
+    for slice in out.iter_mut().flatten() {
+        if slice
+            .row_groups
+            .as_ref()
+            .is_some_and(|r| r.start == 0 && r.end == slice.block.row_groups.max(1))
+        {
+            slice.row_groups = None;
+        }
+    }
     out
 }
 
@@ -571,7 +605,14 @@ impl Cluster {
                 let df = ctx.read_table(provider)?.aggregate(
                     vec![col(STACKTRACE_ID)],
                     vec![
-                        sum(col(VALUE)).alias(VALUE),
+                        // Summed wide and clamped (`totals_of`): a stack's values saturate
+                        // at i64's range, as one process's merge does, where the sum of
+                        // two tasks' 2^62 wrapped to a negative total.
+                        sum(datafusion::prelude::cast(
+                            col(VALUE),
+                            DataType::Decimal128(38, 0),
+                        ))
+                        .alias(VALUE),
                         max(col(PERIOD)).alias(PERIOD),
                         sum(col("rows")).alias("rows"),
                         sum(col("blocks_failed")).alias("blocks_failed"),
@@ -847,18 +888,26 @@ fn totals_of(batches: &[RecordBatch]) -> Result<StackTotals> {
             })
         };
         let ids = column(STACKTRACE_ID)?.as_primitive::<UInt64Type>();
-        let values = column(VALUE)?.as_primitive::<Int64Type>();
+        let values = column(VALUE)?
+            .as_primitive_opt::<arrow::datatypes::Decimal128Type>()
+            .ok_or_else(|| {
+                Error::Cluster("a distributed merge's values are not decimals".into())
+            })?;
+        let clamped = |i: usize| {
+            let v = values.value(i);
+            i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+        };
         let periods = column(PERIOD)?.as_primitive::<Int64Type>();
         let rows = column("rows")?.as_primitive::<Int64Type>();
         let failed = column("blocks_failed")?.as_primitive::<Int64Type>();
         for i in 0..batch.num_rows() {
             if ids.is_null(i) {
-                totals.total = totals.total.saturating_add(values.value(i));
+                totals.total = totals.total.saturating_add(clamped(i));
                 totals.period = totals.period.max(periods.value(i));
                 totals.rows += rows.value(i) as usize;
                 totals.metrics.blocks_failed += failed.value(i) as usize;
-            } else if values.value(i) != 0 {
-                totals.stacks.push((ids.value(i), values.value(i)));
+            } else if clamped(i) != 0 {
+                totals.stacks.push((ids.value(i), clamped(i)));
             }
         }
     }
@@ -935,11 +984,26 @@ mod tests {
         let tasks = split(&blocks, 8);
         assert_eq!(tasks.len(), 3);
         assert!(tasks.iter().flatten().all(|s| s.row_groups.is_none()));
-        // Mixed: every row group once, in block order, at most the tasks asked for.
+        // A small block before a big one: still a run per task (one run for two tasks
+        // failed the merge's second task).
+        let tasks = split(&[block(1, 1, 1), block(2, 1000, 1)], 2);
+        assert_eq!(tasks.len(), 2);
+        let tasks = split(
+            &[
+                block(1, 1_000_000, 1),
+                block(2, 50_000, 1),
+                block(3, 50_000, 1),
+                block(4, 50_000, 1),
+                block(5, 50_000, 1),
+            ],
+            4,
+        );
+        assert_eq!(tasks.len(), 4);
+        // Mixed: every row group once, in block order, exactly the tasks asked for.
         let blocks = [block(1, 1000, 10), block(2, 50, 1), block(3, 400, 4)];
-        for n in 1..8 {
+        for n in 1..20 {
             let tasks = split(&blocks, n);
-            assert!(tasks.len() <= n, "{n}: {}", tasks.len());
+            assert_eq!(tasks.len(), n.min(15), "{n} tasks");
             let mut want = Vec::new();
             for b in &blocks {
                 want.extend((0..b.block.row_groups).map(|g| (b.block.id, g)));

@@ -50,6 +50,12 @@ const BOUNDED: &[(&str, Bound)] = &[
         let s = len(a, 0, r);
         s + (s + 1.0) * (len(a, 2, r) + refs(a, 2) * s)
     }),
+    // Its list holds the match of every capture group, each up to the whole string, and
+    // groups nest (60 nested groups copy a match 60 times): a pattern of n bytes has at
+    // most n groups. Offsets and the list's own, 16 bytes a row.
+    ("regexp_match", |a, r| {
+        len(a, 0, r) * (len(a, 1, r) + 1.0) + 16.0
+    }),
     ("translate", |a, r| 4.0 * len(a, 0, r)),
     // A format's specifier of two bytes writes up to 32 (`%+`, `%c`: 24), and its
     // literal text as it is.
@@ -589,6 +595,18 @@ mod tests {
             "SELECT repeat('x', 262000) FROM generate_series(1, 8192)",
             // `||` doubling a string in every CTE of a chain: 2^30 times its 64 bytes.
             doubling_ctes(30).as_str(),
+            // A match copied by each of 60 nested capture groups: of constants (a literal
+            // every row would repeat), and by row.
+            &format!(
+                "SELECT count(m) FROM (SELECT regexp_match(repeat('a', 4000), '{}') AS m \
+                 FROM generate_series(1, 2000))",
+                nested_groups(60)
+            ),
+            &format!(
+                "SELECT count(m) FROM (SELECT regexp_match(repeat('a', 4000 + v % 2), '{}') \
+                 AS m FROM generate_series(1, 2000) t(v))",
+                nested_groups(60)
+            ),
         ] {
             let e = run(&ctx, sql).await.unwrap_err();
             let text = e.to_string();
@@ -597,6 +615,38 @@ mod tests {
                 "{sql}: {text}"
             );
         }
+    }
+
+    /// A pattern of `n` capture groups, each inside the one before.
+    fn nested_groups(n: usize) -> String {
+        format!("{}.*{}", "(".repeat(n), ")".repeat(n))
+    }
+
+    /// `regexp_match` keeps its answers within the bound: a capture group of each row.
+    #[tokio::test]
+    async fn regexp_match_answers_within_its_bound() {
+        let ctx = session(64 << 20);
+        let batches = run(
+            &ctx,
+            "SELECT regexp_match(CAST(v AS VARCHAR) || '.x', '(\\d+)\\.(x)') AS m \
+             FROM generate_series(1, 3) t(v)",
+        )
+        .await
+        .unwrap();
+        let rows: Vec<Vec<String>> = batches
+            .iter()
+            .flat_map(|b| {
+                let lists = b.column(0).as_list::<i32>();
+                (0..b.num_rows())
+                    .map(|i| {
+                        let groups = lists.value(i);
+                        let groups = groups.as_string::<i32>();
+                        groups.iter().map(|g| g.unwrap_or("").to_owned()).collect()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(rows, [["1", "x"], ["2", "x"], ["3", "x"]]);
     }
 
     /// SQL whose CTEs each join the previous one's string to itself, `n` times.

@@ -185,6 +185,61 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
     assert_eq!(failed.kind(), frostdb_core::ErrorKind::Unavailable);
 }
 
+/// A small block before a big one is still spread over every task (one run for two tasks
+/// failed the merge's second task), and a stack whose values pass i64's range saturates on
+/// the cluster as in one process (the cluster's sum of two tasks' 2^62 wrapped negative).
+#[test]
+fn a_small_block_first_and_sums_past_i64_merge_as_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+    let table = db
+        .table(
+            "samples",
+            samples_schema_with_period(),
+            frostdb_core::TableOptions::default().row_group_rows(1 << 20),
+        )
+        .unwrap();
+    let mut data = rows(6, 24, 10_000, 5);
+    for row in &mut data {
+        if row.name == "cpu" && row.stack == 0 {
+            row.value = 1 << 61;
+        }
+    }
+    let (big, small) = data.split_at(data.len() - 10);
+    for chunk in [small, big] {
+        common::insert(&table, chunk);
+        table.persist().unwrap();
+    }
+    let snapshot = table.snapshot();
+    assert_eq!(snapshot.blocks().len(), 2);
+    assert!(snapshot.blocks()[0].rows < snapshot.blocks()[1].rows / 100);
+    let runtime = runtime();
+    let source: Arc<dyn StackSource> = Arc::new(Local(table.clone()));
+    let (_workers, urls) = two_workers(&runtime, &source, ClusterOptions::default());
+    let cluster = Cluster::new(&urls, None).unwrap();
+    let pool = frostdb_query::memory_pool(None);
+    let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
+    assert!(
+        here.stacks.iter().any(|&(_, v)| v == i64::MAX),
+        "a stack saturates"
+    );
+    let spread = cluster
+        .merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            &selector,
+            TimeRange::ALL,
+            false,
+            None,
+            &pool,
+        )
+        .unwrap();
+    assert_eq!(spread.stacks, here.stacks);
+    assert_eq!((spread.total, spread.rows), (here.total, here.rows));
+}
+
 #[test]
 fn a_worker_with_a_secret_refuses_plans_without_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -431,6 +431,18 @@ impl Querier {
         &self,
         r: querier::SelectMergeSpanProfileRequest,
     ) -> ApiResult<querier::SelectMergeSpanProfileResponse> {
+        // Its answer holds a flame graph or a tree: a pprof or a dot asked for was built
+        // and dropped, and the answer empty, as if there were no data.
+        use querier::ProfileFormat as F;
+        if !matches!(
+            F::try_from(r.format),
+            Ok(F::Unspecified | F::Flamegraph | F::Tree)
+        ) {
+            return Err(ApiError::bad_request(format!(
+                "format {}: a span profile is answered as FLAMEGRAPH or TREE",
+                r.format
+            )));
+        }
         let answer = self
             .select_merge_stacktraces(querier::SelectMergeStacktracesRequest {
                 profile_type_id: r.profile_type_id,

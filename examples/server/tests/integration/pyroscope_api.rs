@@ -197,6 +197,25 @@ async fn every_querier_method_answers_in_proto_and_json() {
     assert!(types.profile_types.iter().any(|t| t.id == CPU), "{types:?}");
     let (status, json_types) = call_json(&s, None, "ProfileTypes", json!({})).await;
     assert_eq!(status, 200);
+    // A span profile is a flame graph or a tree: a pprof or a dot asked for is refused,
+    // not built and answered empty as if there were no data.
+    for (format, status) in [(1, 200), (2, 200), (3, 400), (4, 400)] {
+        let (got, answer) = call_json(
+            &s,
+            None,
+            "SelectMergeSpanProfile",
+            json!({"profileTypeID": CPU, "labelSelector": "{}", "spanSelector": ["ab"],
+                   "start": start.to_string(), "end": end.to_string(), "format": format}),
+        )
+        .await;
+        assert_eq!(got, status, "format {format}: {answer}");
+        if status == 400 {
+            assert!(
+                answer.to_string().contains("FLAMEGRAPH or TREE"),
+                "{answer}"
+            );
+        }
+    }
     assert!(
         json_types["profileTypes"]
             .as_array()
