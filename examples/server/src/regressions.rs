@@ -753,21 +753,23 @@ pub fn exposition(
 ) -> Result<(), frostdb_core::OverBudget> {
     const WHAT: &str = "the regressions of /metrics";
     let held = crate::rules::exposition_held;
-    if only.is_none() {
-        crate::health::single(
-            out,
+    // The server's own counters, to the server's token only.
+    for (name, help, value) in [
+        (
             "frostdb_regression_comparisons_total",
-            "counter",
             "Comparisons of a service's version with the one before.",
-            found.comparisons.load(Relaxed),
-        );
-        crate::health::single(
-            out,
+            &found.comparisons,
+        ),
+        (
             "frostdb_regression_comparison_failures_total",
-            "counter",
             "Comparisons that could not read their versions.",
-            found.failures.load(Relaxed),
-        );
+            &found.failures,
+        ),
+    ]
+    .into_iter()
+    .filter(|_| only.is_none())
+    {
+        crate::health::single(out, name, "counter", help, value.load(Relaxed));
     }
     let mut copied = 0;
     let latest = found.latest(only, |bytes| {

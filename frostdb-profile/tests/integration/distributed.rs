@@ -68,6 +68,33 @@ fn two_workers(
     (workers, urls)
 }
 
+/// `snapshot` merged in this process and over `cluster`'s workers, in that order.
+fn merged_both_ways(
+    cluster: &Cluster,
+    snapshot: &frostdb_core::Snapshot,
+    selector: &Selector,
+    range: TimeRange,
+    pool: &Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+) -> (
+    frostdb_profile::native::StackTotals,
+    frostdb_profile::native::StackTotals,
+) {
+    let here = merge_stacks(snapshot, selector, range, 2, false, pool, None).unwrap();
+    let spread = cluster
+        .merge_stacks(
+            "t",
+            "samples",
+            snapshot.blocks(),
+            selector,
+            range,
+            false,
+            None,
+            pool,
+        )
+        .unwrap();
+    (here, spread)
+}
+
 #[test]
 fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes() {
     let dir = tempfile::tempdir().unwrap();
@@ -108,19 +135,7 @@ fn merges_over_workers_answer_as_one_process_and_fail_whole_when_a_worker_goes()
         ("memory:cpu:nanoseconds:cpu:nanoseconds{env=\"\"}", all),
     ] {
         let selector = Selector::parse(selector).unwrap();
-        let here = merge_stacks(&snapshot, &selector, range, 2, false, &pool, None).unwrap();
-        let spread = cluster
-            .merge_stacks(
-                "t",
-                "samples",
-                snapshot.blocks(),
-                &selector,
-                range,
-                false,
-                None,
-                &pool,
-            )
-            .unwrap();
+        let (here, spread) = merged_both_ways(&cluster, &snapshot, &selector, range, &pool);
         assert_eq!(spread.stacks, here.stacks, "{selector}");
         assert_eq!(
             (spread.total, spread.period, spread.rows),
@@ -219,23 +234,11 @@ fn a_small_block_first_and_sums_past_i64_merge_as_in_one_process() {
     let cluster = Cluster::new(&urls, None).unwrap();
     let pool = frostdb_query::memory_pool(None);
     let selector = Selector::parse("cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
-    let here = merge_stacks(&snapshot, &selector, TimeRange::ALL, 2, false, &pool, None).unwrap();
+    let (here, spread) = merged_both_ways(&cluster, &snapshot, &selector, TimeRange::ALL, &pool);
     assert!(
         here.stacks.iter().any(|&(_, v)| v == i64::MAX),
         "a stack saturates"
     );
-    let spread = cluster
-        .merge_stacks(
-            "t",
-            "samples",
-            snapshot.blocks(),
-            &selector,
-            TimeRange::ALL,
-            false,
-            None,
-            &pool,
-        )
-        .unwrap();
     assert_eq!(spread.stacks, here.stacks);
     assert_eq!((spread.total, spread.rows), (here.total, here.rows));
 }
