@@ -754,7 +754,7 @@ pub fn exposition(
     const WHAT: &str = "the regressions of /metrics";
     let held = crate::rules::exposition_held;
     // The server's own counters, to the server's token only.
-    for (name, help, value) in [
+    let own = [
         (
             "frostdb_regression_comparisons_total",
             "Comparisons of a service's version with the one before.",
@@ -765,11 +765,11 @@ pub fn exposition(
             "Comparisons that could not read their versions.",
             &found.failures,
         ),
-    ]
-    .into_iter()
-    .filter(|_| only.is_none())
-    {
-        crate::health::single(out, name, "counter", help, value.load(Relaxed));
+    ];
+    if only.is_none() {
+        for (name, help, value) in own {
+            crate::health::single(out, name, "counter", help, value.load(Relaxed));
+        }
     }
     let mut copied = 0;
     let latest = found.latest(only, |bytes| {
