@@ -37,6 +37,19 @@ pub(crate) fn to_predicate(expr: &Expr, schema: &ArrowSchema) -> Option<Predicat
             Some(if between.negated { !inside } else { inside })
         }
         Expr::Like(like) => like_to_regex(like, schema),
+        // `~` and its kin, planned as `regexp_like` (`functions.rs`).
+        Expr::ScalarFunction(f) if f.func.name() == "regexp_like" => {
+            let flags = match f.args.get(2).map(literal) {
+                None => "",
+                Some(Some(Scalar::Utf8(flags))) if flags.is_empty() => "",
+                Some(Some(Scalar::Utf8(flags))) if flags == "i" => "(?i)",
+                Some(_) => return None,
+            };
+            let Scalar::Utf8(pattern) = literal(f.args.get(1)?)? else {
+                return None;
+            };
+            regex(f.args.first()?, format!("{flags}{pattern}"), false, schema)
+        }
         Expr::Literal(ScalarValue::Boolean(Some(b)), _) => Some(Predicate::Const(*b)),
         _ => None,
     }
@@ -50,7 +63,6 @@ fn binary(left: &Expr, op: Operator, right: &Expr, schema: &ArrowSchema) -> Opti
         | Operator::RegexIMatch
         | Operator::RegexNotMatch
         | Operator::RegexNotIMatch => {
-            let col = column(left, schema)?;
             let Scalar::Utf8(pattern) = literal(right)? else {
                 return None;
             };
@@ -58,10 +70,8 @@ fn binary(left: &Expr, op: Operator, right: &Expr, schema: &ArrowSchema) -> Opti
                 Operator::RegexIMatch | Operator::RegexNotIMatch => format!("(?i){pattern}"),
                 _ => pattern,
             };
-            Some(match op {
-                Operator::RegexMatch | Operator::RegexIMatch => col.regex_match(pattern),
-                _ => col.regex_not_match(pattern),
-            })
+            let negated = matches!(op, Operator::RegexNotMatch | Operator::RegexNotIMatch);
+            regex(left, pattern, negated, schema)
         }
         _ => {
             let cmp = match op {
@@ -96,6 +106,25 @@ fn binary(left: &Expr, op: Operator, right: &Expr, schema: &ArrowSchema) -> Opti
             })
         }
     }
+}
+
+/// Largest DFA of a pattern the engine is given: half the lazy DFA cache it matches with
+/// (frostdb-core's 256 KiB), so its search stays a step a byte. Others stay with
+/// DataFusion, whose `regexp_like` counts its steps.
+const PUSHED_DFA_BYTES: usize = 128 << 10;
+
+/// `expr` (a column) matching `pattern`, if the engine searches it in linear time.
+fn regex(expr: &Expr, pattern: String, negated: bool, schema: &ArrowSchema) -> Option<Predicate> {
+    let col = column(expr, schema)?;
+    let cost = crate::regex_cost::cost(&pattern).ok()??;
+    if !cost.linear || cost.dfa_bytes > PUSHED_DFA_BYTES {
+        return None;
+    }
+    Some(if negated {
+        col.regex_not_match(pattern)
+    } else {
+        col.regex_match(pattern)
+    })
 }
 
 fn column(expr: &Expr, schema: &ArrowSchema) -> Option<frostdb_core::Col> {
@@ -169,52 +198,13 @@ pub(crate) fn scalar(value: &ScalarValue) -> Option<Scalar> {
 /// pushed filter matched `a\%b` as a backslash then anything, and answered other rows
 /// than the same statement evaluated by DataFusion).
 fn like_to_regex(like: &Like, schema: &ArrowSchema) -> Option<Predicate> {
-    let col = column(&like.expr, schema)?;
     let Scalar::Utf8(pattern) = literal(&like.pattern)? else {
         return None;
     };
-    let mut regex = String::from(if like.case_insensitive {
-        "(?is)^"
-    } else {
-        "(?s)^"
-    });
     let escape = like.escape_char.unwrap_or('\\');
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            // A pattern ending in its escape is left to DataFusion.
-            c if c == escape => {
-                let next = chars.next()?;
-                regex.push_str(&regex_escape(next));
-            }
-            '%' => regex.push_str(".*"),
-            '_' => regex.push('.'),
-            c => regex.push_str(&regex_escape(c)),
-        }
-    }
-    regex.push('$');
-    Some(if like.negated {
-        col.regex_not_match(regex)
-    } else {
-        col.regex_match(regex)
-    })
-}
-
-fn regex_escape(c: char) -> String {
-    let mut buf = [0u8; 4];
-    regex_syntax_escape(c.encode_utf8(&mut buf))
-}
-
-fn regex_syntax_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$#&-~".contains(c);
-            special
-                .then_some('\\')
-                .into_iter()
-                .chain(std::iter::once(c))
-        })
-        .collect()
+    // A pattern ending in its escape is left to DataFusion.
+    let regex = crate::regex_cost::like_regex(&pattern, like.case_insensitive, escape)?;
+    self::regex(&like.expr, regex, like.negated, schema)
 }
 
 #[cfg(test)]
@@ -273,6 +263,35 @@ mod tests {
             convert(cast.eq(lit("x"))).is_some(),
             "dictionary to values is transparent"
         );
+    }
+
+    /// A regular expression goes to the engine only when its search is a step a byte
+    /// there (its DFA fits half the engine's lazy cache); `regexp_like`, as `~` is
+    /// planned, converts with its flags.
+    #[test]
+    fn regexes_go_to_the_engine_only_when_it_searches_them_linearly() {
+        let pod = || ident("labels.pod");
+        let like = |args: Vec<Expr>| datafusion::functions::regex::regexp_like().call(args);
+        assert_eq!(
+            convert(like(vec![pod(), lit("^a"), lit("i")])),
+            Some(frostdb_core::col("labels.pod").regex_match("(?i)^a"))
+        );
+        assert_eq!(
+            convert(!like(vec![pod(), lit("^a")])),
+            Some(!frostdb_core::col("labels.pod").regex_match("^a"))
+        );
+        assert!(convert(like(vec![pod(), lit("^a"), lit("x")])).is_none());
+        let matches = |pattern: &str| {
+            Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(pod()),
+                Operator::RegexMatch,
+                Box::new(lit(pattern)),
+            ))
+        };
+        assert!(convert(matches("-[0-9a-z]+$")).is_some());
+        assert!(convert(matches("[ -~]{5000}")).is_none());
+        assert!(convert(like(vec![pod(), lit("[ -~]{5000}")])).is_none());
+        assert!(convert(pod().like(lit(format!("%{}", "_".repeat(1500))))).is_none());
     }
 
     #[test]

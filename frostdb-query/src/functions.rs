@@ -8,7 +8,7 @@
 //!
 //! `concat` and `concat_ws` are bounded too: the size of their output is their arguments',
 //! but a literal given once in the SQL is repeated on every row of a batch. So is the `||`
-//! operator of two strings ([`ConcatPlanner`] plans it as the bounded `string_concat`,
+//! operator of two strings ([`OperatorPlanner`] plans it as the bounded `string_concat`,
 //! which keeps the operator's NULL): a chain of CTEs each doubling a string would otherwise
 //! grow it exponentially in the size of the SQL.
 
@@ -29,6 +29,8 @@ use datafusion::logical_expr::{
 };
 use datafusion::prelude::SessionContext;
 
+use crate::regex_cost::{self, RegexFn};
+
 /// How many bytes a call may produce at most, per row, from its arguments' values
 /// ([`Arg`]): the functions bounded, by name.
 type Bound = fn(&[Arg], usize) -> f64;
@@ -43,18 +45,6 @@ const BOUNDED: &[(&str, Bound)] = &[
         // An empty pattern matches between every two characters.
         let matches = if from == 0.0 { s + 1.0 } else { s / from };
         s + matches * to
-    }),
-    ("regexp_replace", |a, r| {
-        // Any pattern may match everywhere, even an empty string; a replacement's group
-        // references (`$1`, `\1`) each stand for up to the whole string.
-        let s = len(a, 0, r);
-        s + (s + 1.0) * (len(a, 2, r) + refs(a, 2) * s)
-    }),
-    // Its list holds the match of every capture group, each up to the whole string, and
-    // groups nest (60 nested groups copy a match 60 times): a pattern of n bytes has at
-    // most n groups. Offsets and the list's own, 16 bytes a row.
-    ("regexp_match", |a, r| {
-        len(a, 0, r) * (len(a, 1, r) + 1.0) + 16.0
     }),
     ("translate", |a, r| 4.0 * len(a, 0, r)),
     // A format's specifier of two bytes writes up to 32 (`%+`, `%c`: 24), and its
@@ -92,7 +82,35 @@ const STEPPED: &[(&str, Bound, Bound)] = &[
     ("btrim", |a, r| len(a, 0, r), trim_steps),
     ("ltrim", |a, r| len(a, 0, r), trim_steps),
     ("rtrim", |a, r| len(a, 0, r), trim_steps),
+    // A pattern searches its string: a step a byte, times what the pattern costs a byte
+    // (`regex_cost`), multiplied in from its automaton by [`Bounded`].
+    ("regexp_like", |_, _| 1.0, searched),
+    ("regexp_count", |_, _| 8.0, searched),
+    ("regexp_instr", |_, _| 8.0, searched),
+    // Any pattern may match everywhere, even an empty string; a replacement's group
+    // references (`$1`, `\1`) each stand for up to the whole string.
+    (
+        "regexp_replace",
+        |a, r| {
+            let s = len(a, 0, r);
+            s + (s + 1.0) * (len(a, 2, r) + refs(a, 2) * s)
+        },
+        searched,
+    ),
+    // Its list holds the match of every capture group, each up to the whole string, and
+    // groups nest (60 nested groups copy a match 60 times): a pattern of n bytes has at
+    // most n groups. Offsets and the list's own, 16 bytes a row.
+    (
+        "regexp_match",
+        |a, r| len(a, 0, r) * (len(a, 1, r) + 1.0) + 16.0,
+        searched,
+    ),
 ];
+
+/// Bytes a pattern searches in a row (an empty string is a step too).
+fn searched(a: &[Arg], r: usize) -> f64 {
+    len(a, 0, r) + 1.0
+}
 
 fn trim_steps(a: &[Arg], r: usize) -> f64 {
     len(a, 0, r) * len(a, 1, r).max(1.0)
@@ -272,6 +290,9 @@ struct Bounded {
     inner: ScalarUDF,
     bound: Bound,
     steps: Option<Bound>,
+    /// For a function of regular expressions, where its pattern is: its steps are then
+    /// multiplied by what the pattern costs a byte.
+    regex: Option<&'static RegexFn>,
     pool: Arc<dyn MemoryPool>,
 }
 
@@ -328,10 +349,14 @@ impl ScalarUDFImpl for Bounded {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.inner.name();
         if let Some(steps) = self.steps {
-            let steps = call_bound(steps, &args.args, args.number_rows)?;
+            let (per_byte, why) = match self.regex {
+                Some(regex) => pattern_cost(regex, &args.args)?,
+                None => (1.0, String::new()),
+            };
+            let steps = call_bound(steps, &args.args, args.number_rows)? * per_byte;
             if steps.is_nan() || steps > MAX_CALL_STEPS {
                 return Err(DataFusionError::ResourcesExhausted(format!(
-                    "{name}() of these arguments takes some {steps:.0} steps for {} rows, \
+                    "{name}() of these arguments takes some {steps:.0} steps for {} rows{why}, \
                      over the {MAX_CALL_STEPS:.0} a call may take",
                     args.number_rows
                 )));
@@ -375,6 +400,87 @@ impl ScalarUDFImpl for Bounded {
             scalar => scalar,
         })
     }
+}
+
+/// What the pattern of a call of `regex` costs a byte searched ([`regex_cost::Cost`]),
+/// the most of its patterns and flags, and the words saying why for an error. A pattern
+/// differing by row is refused at planning; here its distinct values are costed, at most
+/// [`MAX_CALL_PATTERNS`] of them.
+fn pattern_cost(regex: &RegexFn, args: &[ColumnarValue]) -> Result<(f64, String)> {
+    let patterns = distinct_texts(args.get(regex.pattern))?;
+    let flags = distinct_texts(args.get(regex.flags))?;
+    if patterns.len().saturating_mul(flags.len().max(1)) > MAX_CALL_PATTERNS {
+        return Err(DataFusionError::ResourcesExhausted(format!(
+            "{}() was given {} distinct patterns in one call, over the {MAX_CALL_PATTERNS} \
+             it compiles; give the pattern as a constant",
+            regex.name,
+            patterns.len()
+        )));
+    }
+    let mut worst = (1.0, String::new());
+    for pattern in &patterns {
+        for flag in flags
+            .iter()
+            .map(Some)
+            .chain(flags.is_empty().then_some(None))
+        {
+            let text = regex_cost::with_flags(pattern, flag.map(String::as_str));
+            let Some(cost) =
+                regex_cost::cost(&text).map_err(DataFusionError::ResourcesExhausted)?
+            else {
+                continue;
+            };
+            let per_byte = cost.per_byte(regex.captures);
+            if per_byte > worst.0 {
+                let why = if regex.captures {
+                    "finding its groups' spans"
+                } else {
+                    "no DFA of it fitting its bound"
+                };
+                worst = (
+                    per_byte,
+                    format!(
+                        " (its pattern's automaton has {} states, each stepped at every byte, \
+                         {why})",
+                        cost.states
+                    ),
+                );
+            }
+        }
+    }
+    Ok(worst)
+}
+
+/// Most distinct patterns one call may be given (a pattern is costed, and compiled, once
+/// each).
+const MAX_CALL_PATTERNS: usize = 16;
+
+/// The distinct non-null strings of `value` (none for a missing argument or a non-string).
+fn distinct_texts(value: Option<&ColumnarValue>) -> Result<Vec<String>> {
+    let array = match value {
+        None => return Ok(Vec::new()),
+        Some(ColumnarValue::Scalar(s)) => {
+            return Ok(scalar_text(s).map(str::to_owned).into_iter().collect());
+        }
+        Some(ColumnarValue::Array(a)) => a,
+    };
+    if !matches!(
+        array.data_type(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Dictionary(_, _)
+    ) {
+        return Ok(Vec::new());
+    }
+    let strings = arrow::compute::cast(array, &DataType::Utf8)?;
+    let mut out: Vec<String> = Vec::new();
+    for text in strings.as_string::<i32>().iter().flatten() {
+        if !out.iter().any(|o| o == text) {
+            out.push(text.to_owned());
+            if out.len() > MAX_CALL_PATTERNS {
+                break;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `array`, holding `reservation` (resized to what the array takes) for as long as its
@@ -464,39 +570,69 @@ impl ScalarUDFImpl for StringConcat {
     }
 }
 
-/// Plans `a || b` of two strings as the bounded `string_concat` (other `||`, of arrays or of
-/// a string and a number, as DataFusion does: the first grows only by what it is given,
-/// the second by a number's digits).
+/// Plans operators whose work a batch's size does not bound as bounded functions: `a || b`
+/// of two strings as `string_concat` (other `||`, of arrays or of a string and a number, as
+/// DataFusion does: the first grows only by what it is given, the second by a number's
+/// digits), and the regular expression operators `~`, `~*`, `!~`, `!~*` as `regexp_like`,
+/// whose steps are counted (the operator's kernel runs any pattern over any batch).
 #[derive(Debug)]
-struct ConcatPlanner {
+struct OperatorPlanner {
     string_concat: Arc<ScalarUDF>,
+    regexp_like: Option<Arc<ScalarUDF>>,
 }
 
-impl ExprPlanner for ConcatPlanner {
+impl ExprPlanner for OperatorPlanner {
     fn plan_binary_op(
         &self,
         expr: RawBinaryExpr,
         schema: &DFSchema,
     ) -> Result<PlannerResult<RawBinaryExpr>> {
-        if expr.op != BinaryOperator::StringConcat {
-            return Ok(PlannerResult::Original(expr));
+        fn text(t: &DataType) -> bool {
+            matches!(
+                t,
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+            )
         }
-        let text = |e: &Expr| {
-            e.get_type(schema).is_ok_and(|t| {
-                matches!(
-                    t,
-                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
-                )
-            })
+        let types = (expr.left.get_type(schema), expr.right.get_type(schema));
+        let (Ok(left), Ok(right)) = &types else {
+            return Ok(PlannerResult::Original(expr));
         };
-        if !(text(&expr.left) && text(&expr.right)) {
+        let (negated, insensitive) = match expr.op {
+            BinaryOperator::StringConcat if text(left) && text(right) => {
+                let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
+                return Ok(PlannerResult::Planned(
+                    self.string_concat
+                        .call(vec![cast(expr.left)?, cast(expr.right)?]),
+                ));
+            }
+            BinaryOperator::PGRegexMatch => (false, false),
+            BinaryOperator::PGRegexIMatch => (false, true),
+            BinaryOperator::PGRegexNotMatch => (true, false),
+            BinaryOperator::PGRegexNotIMatch => (true, true),
+            _ => return Ok(PlannerResult::Original(expr)),
+        };
+        // Dictionary-encoded labels are strings to `regexp_like` too.
+        let string = |t: &DataType| match t {
+            DataType::Dictionary(_, v) => text(v),
+            t => text(t),
+        };
+        let Some(regexp_like) = self
+            .regexp_like
+            .as_ref()
+            .filter(|_| string(left) && string(right))
+        else {
             return Ok(PlannerResult::Original(expr));
+        };
+        let mut args = vec![expr.left, expr.right];
+        if insensitive {
+            args.push(Expr::Literal(ScalarValue::Utf8(Some("i".to_owned())), None));
         }
-        let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
-        Ok(PlannerResult::Planned(
-            self.string_concat
-                .call(vec![cast(expr.left)?, cast(expr.right)?]),
-        ))
+        let like = regexp_like.call(args);
+        Ok(PlannerResult::Planned(if negated {
+            Expr::Not(Box::new(like))
+        } else {
+            like
+        }))
     }
 }
 
@@ -507,27 +643,37 @@ pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) 
         inner: ScalarUDF::new_from_impl(StringConcat::new()),
         bound: |a, r| len(a, 0, r) + len(a, 1, r),
         steps: None,
+        regex: None,
         pool: pool.clone(),
     }));
     ctx.register_udf(string_concat.as_ref().clone());
-    ctx.state_ref()
-        .write()
-        .register_expr_planner(Arc::new(ConcatPlanner { string_concat }))?;
     let functions = ctx.state().scalar_functions().clone();
     let bounded = BOUNDED.iter().map(|&(name, bound)| (name, bound, None));
     let stepped = STEPPED
         .iter()
         .map(|&(name, bound, steps)| (name, bound, Some(steps)));
+    let mut regexp_like = None;
     for (name, bound, steps) in bounded.chain(stepped) {
         if let Some(udf) = functions.get(name) {
-            ctx.register_udf(ScalarUDF::new_from_impl(Bounded {
+            let udf = Arc::new(ScalarUDF::new_from_impl(Bounded {
                 inner: udf.as_ref().clone(),
                 bound,
                 steps,
+                regex: regex_cost::regex_fn(name),
                 pool: pool.clone(),
             }));
+            ctx.register_udf(udf.as_ref().clone());
+            if name == "regexp_like" {
+                regexp_like = Some(udf);
+            }
         }
     }
+    ctx.state_ref()
+        .write()
+        .register_expr_planner(Arc::new(OperatorPlanner {
+            string_concat,
+            regexp_like,
+        }))?;
     Ok(())
 }
 
@@ -615,6 +761,95 @@ mod tests {
                 "{sql}: {text}"
             );
         }
+    }
+
+    /// A pattern whose automaton is stepped at every byte (no DFA of it fits) is refused
+    /// before it searches, whichever function or operator runs it: one call of
+    /// `[ -~]{5000}` over 8,192 strings of 5 KB is 2 × 10¹¹ steps, an hour inside one call
+    /// no deadline reaches. The same pattern over a few short strings runs.
+    #[tokio::test]
+    async fn patterns_are_refused_for_the_steps_their_automaton_takes() {
+        let ctx = session(256 << 20);
+        let rows =
+            "FROM (SELECT repeat('a', 5000 + v % 2) AS s FROM generate_series(1, 8192) t(v))";
+        let wide = "[ -~]{5000}";
+        for call in [
+            format!("regexp_like(s, '{wide}')"),
+            format!("regexp_like(s, '{wide}', 'i')"),
+            format!("regexp_count(s, '{wide}')"),
+            format!("regexp_instr(s, '{wide}')"),
+            format!("regexp_replace(s, '{wide}', 'x')"),
+            format!("regexp_match(s, '{wide}')"),
+            format!("s ~ '{wide}'"),
+            format!("s ~* '{wide}'"),
+            format!("s !~ '{wide}'"),
+            format!("s !~* concat('{wide}', '')"),
+        ] {
+            let sql = format!("SELECT count({call}) {rows}");
+            let e = run(&ctx, &sql).await.unwrap_err().to_string();
+            assert!(
+                e.contains("steps for 8192 rows") && e.contains("automaton has"),
+                "{sql}: {e}"
+            );
+        }
+        // The same pattern over 3 strings of 10 bytes.
+        let few = run(
+            &ctx,
+            &format!(
+                "SELECT count(*) FILTER (WHERE s ~ '{wide}') AS n \
+                 FROM (SELECT repeat('a', 10) AS s FROM generate_series(1, 3))"
+            ),
+        )
+        .await
+        .unwrap();
+        let n = few[0]
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(n.value(0), 0);
+    }
+
+    /// `~`, `~*`, `!~` and `!~*`, planned as `regexp_like`, answer as the operators do: the
+    /// case folded only where asked, NULL for a NULL string. Counted against a check in
+    /// Rust over the same strings.
+    #[tokio::test]
+    async fn regex_operators_answer_as_before() {
+        let ctx = session(256 << 20);
+        let batches = run(
+            &ctx,
+            "SELECT count(*) FILTER (WHERE s ~ '^1') AS a, \
+                    count(*) FILTER (WHERE s ~ 'X$') AS b, \
+                    count(*) FILTER (WHERE s ~* 'X$') AS c, \
+                    count(*) FILTER (WHERE s !~ '^1') AS d, \
+                    count(*) FILTER (WHERE s !~* '7x') AS e, \
+                    count(s ~ 'x') AS f \
+             FROM (SELECT CASE WHEN v % 10 = 0 THEN NULL \
+                               ELSE CAST(v AS VARCHAR) || 'x' END AS s \
+                   FROM generate_series(1, 20000) t(v))",
+        )
+        .await
+        .unwrap();
+        let strings: Vec<String> = (1..=20000)
+            .filter(|v| v % 10 != 0)
+            .map(|v| format!("{v}x"))
+            .collect();
+        let count = |f: &dyn Fn(&str) -> bool| strings.iter().filter(|s| f(s)).count() as i64;
+        let want = [
+            count(&|s| s.starts_with('1')),
+            0,
+            count(&|_| true),
+            count(&|s| !s.starts_with('1')),
+            count(&|s| !s.contains("7x")),
+            strings.len() as i64,
+        ];
+        let got: Vec<i64> = (0..6)
+            .map(|i| {
+                batches[0]
+                    .column(i)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .value(0)
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// A pattern of `n` capture groups, each inside the one before.

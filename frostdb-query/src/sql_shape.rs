@@ -102,9 +102,10 @@ pub fn check_sql_physical_plan(
     Ok(())
 }
 
-/// Refuses a plan holding a literal over [`MAX_LITERAL_BYTES`], or a value of a
-/// fixed-size type (in any node's output, nested too) wider than [`MAX_FIXED_WIDTH`]; the
-/// error names which, and the limit.
+/// Refuses a plan holding a literal over [`MAX_LITERAL_BYTES`], a value of a fixed-size
+/// type (in any node's output, nested too) wider than [`MAX_FIXED_WIDTH`], or a pattern
+/// that differs by row or costs more than it may ([`check_patterns`]); the error names
+/// which, and the limit.
 pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<(), DataFusionError> {
     use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
     use datafusion::logical_expr::Expr;
@@ -114,13 +115,7 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
         }
         for expr in node.expressions() {
             expr.apply(|e| {
-                if let Some(pattern) = per_row_pattern(e) {
-                    return Err(DataFusionError::Plan(format!(
-                        "the pattern `{pattern}` is not a constant: a regular expression or \
-                         LIKE pattern that differs by row is compiled for each row, work no \
-                         deadline reaches; give it as a constant"
-                    )));
-                }
+                check_patterns(e)?;
                 if let Expr::Literal(value, _) = e {
                     check_width(&value.data_type())?;
                     let bytes = literal_bytes(value);
@@ -139,46 +134,148 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
     Ok(())
 }
 
-/// Functions of regular expressions, and the arguments each compiles into one: its
-/// pattern, and its flags.
-const REGEX_ARGUMENTS: [(&str, [usize; 2]); 5] = [
-    ("regexp_like", [1, 2]),
-    ("regexp_match", [1, 2]),
-    ("regexp_count", [1, 3]),
-    ("regexp_replace", [1, 3]),
-    ("regexp_instr", [1, 4]),
-];
+/// A pattern `e` compiles ([`patterns`]): the expression giving it, the one giving its
+/// flags, and how it is run.
+struct Pattern<'a> {
+    pattern: &'a datafusion::logical_expr::Expr,
+    flags: Option<&'a datafusion::logical_expr::Expr>,
+    run: Run,
+}
 
-/// The pattern of `e` that is compiled as a regular expression (a `regexp_` function's, a
-/// `~` operator's, a `LIKE` or `SIMILAR TO`'s) when it is not a constant: a pattern read
-/// from a row, or made by a volatile function, is compiled anew for each distinct value.
-fn per_row_pattern(e: &datafusion::logical_expr::Expr) -> Option<&datafusion::logical_expr::Expr> {
+/// How a pattern is compiled and run.
+#[derive(Clone, Copy)]
+enum Run {
+    /// By a function whose steps are counted as it runs (`functions.rs`).
+    Function,
+    /// As a regular expression by an operator's kernel (`~`, `SIMILAR TO`), over a whole
+    /// batch: it must be linear.
+    Operator { case_insensitive: bool },
+    /// As a `LIKE` pattern by Arrow's kernel, over a whole batch: it must be linear.
+    Like {
+        case_insensitive: bool,
+        escape: char,
+    },
+}
+
+/// The patterns `e` compiles as regular expressions (a `regexp_` function's, a `~`
+/// operator's, a `LIKE` or `SIMILAR TO`'s).
+fn patterns(e: &datafusion::logical_expr::Expr) -> Vec<Pattern<'_>> {
     use datafusion::logical_expr::{Expr, Operator as O};
-    let patterns: Vec<&Expr> = match e {
-        Expr::BinaryExpr(b)
-            if matches!(
-                b.op,
-                O::RegexMatch
-                    | O::RegexIMatch
-                    | O::RegexNotMatch
-                    | O::RegexNotIMatch
-                    | O::LikeMatch
-                    | O::ILikeMatch
-                    | O::NotLikeMatch
-                    | O::NotILikeMatch
-            ) =>
-        {
-            vec![&b.right]
-        }
-        Expr::Like(like) | Expr::SimilarTo(like) => vec![&like.pattern],
-        Expr::ScalarFunction(f) => REGEX_ARGUMENTS
-            .iter()
-            .find(|(name, _)| *name == f.func.name())
-            .map(|(_, at)| at.iter().filter_map(|&i| f.args.get(i)).collect())
-            .unwrap_or_default(),
-        _ => return None,
+    let operator = |pattern, case_insensitive| Pattern {
+        pattern,
+        flags: None,
+        run: Run::Operator { case_insensitive },
     };
-    patterns.into_iter().find(|p| !constant(p))
+    let like = |pattern, case_insensitive, escape: Option<char>| Pattern {
+        pattern,
+        flags: None,
+        run: Run::Like {
+            case_insensitive,
+            escape: escape.unwrap_or('\\'),
+        },
+    };
+    match e {
+        Expr::BinaryExpr(b) => match b.op {
+            O::RegexMatch | O::RegexNotMatch => vec![operator(&b.right, false)],
+            O::RegexIMatch | O::RegexNotIMatch => vec![operator(&b.right, true)],
+            O::LikeMatch | O::NotLikeMatch => vec![like(&b.right, false, None)],
+            O::ILikeMatch | O::NotILikeMatch => vec![like(&b.right, true, None)],
+            _ => Vec::new(),
+        },
+        Expr::Like(l) => vec![like(&l.pattern, l.case_insensitive, l.escape_char)],
+        Expr::SimilarTo(l) => vec![operator(&l.pattern, l.case_insensitive)],
+        Expr::ScalarFunction(f) => crate::regex_cost::regex_fn(f.func.name())
+            .and_then(|regex| f.args.get(regex.pattern).map(|p| (regex, p)))
+            .map(|(regex, pattern)| Pattern {
+                pattern,
+                flags: f.args.get(regex.flags),
+                run: Run::Function,
+            })
+            .into_iter()
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Refuses a pattern of `e` that is not a constant: one read from a row, or made by a
+/// volatile function, is compiled anew for each distinct value. A constant one is costed
+/// ([`crate::regex_cost`]): refused when its automaton is over the bound, and, run by an
+/// operator's kernel (which no step count reaches), when its search is not linear.
+fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionError> {
+    use crate::regex_cost::{MAX_LINEAR_DFA_BYTES, cost, like_regex, with_flags};
+    for Pattern {
+        pattern,
+        flags,
+        run,
+    } in patterns(e)
+    {
+        if let Some(varying) = [Some(pattern), flags]
+            .into_iter()
+            .flatten()
+            .find(|p| !constant(p))
+        {
+            return Err(DataFusionError::Plan(format!(
+                "the pattern `{varying}` is not a constant: a regular expression or LIKE \
+                 pattern that differs by row is compiled for each row, work no deadline \
+                 reaches; give it as a constant"
+            )));
+        }
+        let Some(text) = fold_text(pattern) else {
+            continue;
+        };
+        let regex = match run {
+            Run::Function => {
+                let flags = flags.and_then(fold_text);
+                with_flags(&text, flags.as_deref())
+            }
+            Run::Operator { case_insensitive } => {
+                with_flags(&text, case_insensitive.then_some("i"))
+            }
+            Run::Like {
+                case_insensitive,
+                escape,
+            } => match like_regex(&text, case_insensitive, escape) {
+                Some(regex) => regex,
+                None => continue,
+            },
+        };
+        let cost = cost(&regex).map_err(DataFusionError::Plan)?;
+        if let (Some(cost), Run::Operator { .. } | Run::Like { .. }) = (cost, run)
+            && !cost.linear
+        {
+            return Err(DataFusionError::Plan(format!(
+                "the pattern `{}` cannot be searched in time linear in its strings (its \
+                 automaton has {} states and no DFA of it fits in {MAX_LINEAR_DFA_BYTES} \
+                 bytes), and an operator runs it over a whole batch, out of reach of the \
+                 deadline; call regexp_like(), whose steps are counted, or simplify it",
+                text.chars().take(80).collect::<String>(),
+                cost.states
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The string constant `e` folds to, if it is one.
+fn fold_text(e: &datafusion::logical_expr::Expr) -> Option<String> {
+    use datafusion::common::ScalarValue as V;
+    use datafusion::logical_expr::Expr;
+    use datafusion::logical_expr::simplify::SimplifyContext;
+    use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+    let folded = ExprSimplifier::new(SimplifyContext::default())
+        .simplify(e.clone())
+        .ok()?;
+    let Expr::Literal(value, _) = folded else {
+        return None;
+    };
+    let mut value = value;
+    while let V::Dictionary(_, inner) = value {
+        value = *inner;
+    }
+    match value {
+        V::Utf8(t) | V::LargeUtf8(t) | V::Utf8View(t) => t,
+        _ => None,
+    }
 }
 
 /// Whether `e` is the same on every row: no column, subquery or parameter in it, and no
@@ -422,6 +519,59 @@ mod plan_tests {
         .await
         .unwrap();
         assert_eq!(fine.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    }
+
+    /// A pattern an operator's kernel runs over a whole batch (`~`, `SIMILAR TO`, `LIKE`),
+    /// where no step count reaches, must search in linear time: one whose DFA does not fit
+    /// its bound is refused at planning, naming why; one whose automaton is over its bound
+    /// is refused wherever it is. Patterns of every day, and the same pattern given to
+    /// `regexp_like` (whose steps are counted), are planned.
+    #[tokio::test]
+    async fn patterns_operators_cannot_search_in_linear_time_are_refused() {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let rows = "FROM (SELECT CAST(v AS VARCHAR) AS s FROM generate_series(1, 5) t(v)) r";
+        let underscores = "_".repeat(1500);
+        for slow in [
+            "s ~ '[ -~]{5000}'".to_owned(),
+            "s !~* concat('[ -~]', '{5000}')".to_owned(),
+            "s SIMILAR TO '[ -~]{5000}'".to_owned(),
+            format!("s LIKE '%{underscores}%'"),
+            format!("s NOT ILIKE '%{underscores}'"),
+        ] {
+            let sql = format!("SELECT {slow} AS m {rows}");
+            match read_sql(&ctx, &sql).await {
+                Ok(_) => panic!("planned: {}", &sql[..80]),
+                Err(e) => assert!(
+                    e.to_string().contains("cannot be searched in time linear"),
+                    "{}: {e}",
+                    &sql[..80]
+                ),
+            }
+        }
+        for huge in [
+            "regexp_like(s, '[ -~]{50000}{20}')".to_owned(),
+            format!("s LIKE '{}'", "_".repeat(4000)),
+        ] {
+            let sql = format!("SELECT {huge} AS m {rows}");
+            let e = read_sql(&ctx, &sql).await.unwrap_err();
+            assert!(e.to_string().contains("over the 1048576 bytes"), "{e}");
+        }
+        for fine in [
+            "s ~ '^[0-9]+$'",
+            "s SIMILAR TO '(1|2)+'",
+            "s LIKE '%1%2%'",
+            "s ILIKE '1_'",
+            "regexp_like(s, '[ -~]{5000}')",
+            "s ~ '\\w+'",
+        ] {
+            let sql = format!("SELECT {fine} AS m {rows}");
+            let batches = read_sql(&ctx, &sql).await.unwrap().collect().await.unwrap();
+            assert_eq!(
+                batches.iter().map(|b| b.num_rows()).sum::<usize>(),
+                5,
+                "{sql}"
+            );
+        }
     }
 
     /// A pattern read from a row (or made by `random()`) would be compiled once per

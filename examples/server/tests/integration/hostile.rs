@@ -230,6 +230,65 @@ async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
     assert_eq!(ok["rows"][0]["r"], "ababab");
 }
 
+/// A regular expression whose automaton is stepped at every byte (`[ -~]{5000}`: a
+/// PikeVM of 5,005 states) is refused before it searches, however SQL runs it: a function
+/// or `~` (planned as `regexp_like`) for the steps of its call, an operator's kernel
+/// (`SIMILAR TO`, `LIKE`) at planning. Before, one call over 8,192 strings of 5 KB took
+/// an hour on a query thread no deadline reaches. Everyday patterns answer.
+#[tokio::test]
+async fn patterns_searched_slower_than_linear_are_refused_and_the_server_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(&dir.path().join("d"), None);
+    push_go_cpu(&s).await;
+    let rows = "FROM (SELECT repeat('a', 5000 + v % 2) AS s FROM generate_series(1, 8192) t(v))";
+    let wide = "[ -~]{5000}";
+    let underscores = "_".repeat(1500);
+    let attacks = [
+        (
+            format!("SELECT count(*) {rows} WHERE regexp_like(s, '{wide}')"),
+            "steps",
+        ),
+        (
+            format!("SELECT sum(regexp_count(s, '{wide}')) {rows}"),
+            "steps",
+        ),
+        (
+            format!("SELECT count(*) {rows} WHERE s ~* '{wide}'"),
+            "steps",
+        ),
+        (
+            format!("SELECT count(*) {rows} WHERE s SIMILAR TO '{wide}'"),
+            "linear",
+        ),
+        (
+            format!("SELECT count(*) {rows} WHERE s LIKE '%{underscores}%'"),
+            "linear",
+        ),
+    ];
+    let answers = futures::future::join_all(attacks.iter().map(|(q, _)| {
+        let url = format!("{}/api/v1/sql?q={}", s.url, enc(q));
+        async move { get(&url, None).await }
+    }))
+    .await;
+    for ((q, why), (status, body)) in attacks.iter().zip(answers) {
+        let shown = &body[..body.len().min(300)];
+        assert!((400..500).contains(&status), "{q}: {status} {shown}");
+        assert!(body.contains(why), "{q}: {shown}");
+    }
+    assert!(s.running(), "the server died");
+    let ok = get_json(
+        &format!(
+            "{}/api/v1/sql?q={}",
+            s.url,
+            enc("SELECT count(*) AS n FROM (SELECT CAST(v AS VARCHAR) AS s \
+                 FROM generate_series(1, 100) t(v)) WHERE s ~ '^1[0-9]$' AND s LIKE '%5'")
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(ok["rows"][0]["n"], 1);
+}
+
 /// One client address cannot take every connection (and the health checks' room with
 /// them): past its share it is answered 503 naming `limits.max_connections_per_address`,
 /// and a client at another address still gets in. Before, one client holding idle sockets
