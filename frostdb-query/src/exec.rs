@@ -1,5 +1,5 @@
-//! The execution plan of a frostdb table scan: partitions of an engine scan, each streamed
-//! from a blocking thread through a small channel.
+//! The execution plan of a frostdb table scan: partitions of an engine scan, each batch
+//! made on a blocking thread only while it is made.
 
 use std::fmt;
 use std::sync::Arc;
@@ -226,32 +226,22 @@ impl ExecutionPlan for FrostScanExec {
             (failed, metric)
         });
         // The engine's scan is synchronous (its block reads wait on the engine's own I/O
-        // runtime): run it on a blocking thread and hand batches over two at a time.
+        // runtime): each batch is made on a blocking thread.
         let what = format!("the scan of partition {partition} of {}", self.table);
-        Ok(on_blocking_thread(
+        Ok(on_blocking_threads(
             self.schema.clone(),
             what,
-            move |send, gone| {
+            move |gone| {
                 let mut scan = scan;
                 // A reader that leaves (the query ended: its answer was complete, a LIMIT was
                 // met, the request was cancelled) stops the scan at its next source batch, not
                 // at its next batch with rows (a filter matching nothing read the whole table
                 // after its request had ended, on the threads other queries wait for).
                 scan.stop_when(move || gone().then(|| "the query reading it has ended".to_owned()));
-                for batch in scan.by_ref() {
-                    let batch = batch.map_err(crate::to_datafusion);
-                    if let Ok(b) = &batch {
-                        output_rows.add(b.num_rows());
-                    }
-                    if !send(batch) {
-                        return; // the consumer is gone: the query finished or was cancelled
-                    }
-                }
-                // A partition's scan counts only the blocks whose read failed midway.
-                if let Some((failed, metric)) = failures {
-                    let midway = scan.metrics().blocks_failed;
-                    failed.add(midway);
-                    metric.add(midway);
+                PartitionScan {
+                    scan,
+                    output_rows,
+                    failures,
                 }
             },
         ))
@@ -262,34 +252,95 @@ impl ExecutionPlan for FrostScanExec {
     }
 }
 
+/// A partition's scan, counting the rows it yields and, at its end, the blocks whose
+/// read failed midway (a lenient scan's).
+struct PartitionScan {
+    scan: Scan,
+    output_rows: datafusion::physical_plan::metrics::Count,
+    failures: Option<(BlocksFailed, datafusion::physical_plan::metrics::Count)>,
+}
+
+impl Iterator for PartitionScan {
+    type Item = Result<arrow::array::RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.scan.next() {
+            Some(batch) => {
+                let batch = batch.map_err(crate::to_datafusion);
+                if let Ok(b) = &batch {
+                    self.output_rows.add(b.num_rows());
+                }
+                Some(batch)
+            }
+            None => {
+                if let Some((failed, metric)) = self.failures.take() {
+                    let midway = self.scan.metrics().blocks_failed;
+                    failed.add(midway);
+                    metric.add(midway);
+                }
+                None
+            }
+        }
+    }
+}
+
 /// Whether the reader of a stream has left.
 type Gone = Box<dyn Fn() -> bool + Send + Sync>;
 
-/// The batches `produce` sends (`send` answers false once the stream is dropped, and
-/// `gone` tells whether it is), made on a blocking thread. If `produce` panics, the
-/// stream ends with an error naming `what`: before, the partition just ended, as if it had
-/// read everything, and the query answered without the rest of its rows.
-fn on_blocking_thread(
+/// The batches of the source `make` builds (given whether the stream's reader has left),
+/// each made by a task on the blocking pool that holds its thread only while it makes that
+/// batch; the next is made while the reader uses the last. A partition waiting for its
+/// reader holds no thread: before, each held one for its whole life, and a query whose
+/// plan executes more scans than the pool has threads (a join's probe sides, filled and
+/// waiting for their build sides) took every thread, its own build sides and every other
+/// query's scans queued behind them until its deadline. If the source panics, the stream
+/// ends with an error naming `what` (not as if it had read everything); after an error it
+/// ends.
+fn on_blocking_threads<S>(
     schema: SchemaRef,
     what: String,
-    produce: impl FnOnce(&dyn Fn(Result<arrow::array::RecordBatch>) -> bool, Gone) + Send + 'static,
-) -> SendableRecordBatchStream {
-    let (tx, rx) = tokio::sync::mpsc::channel(2);
-    tokio::task::spawn_blocking(move || {
-        let send = |batch| tx.blocking_send(batch).is_ok();
-        let watched = tx.clone();
-        let gone: Gone = Box::new(move || watched.is_closed());
-        let produced =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| produce(&send, gone)));
-        if let Err(panic) = produced {
-            let message = frostdb_core::panic_message(panic.as_ref()).to_owned();
-            let _ = tx.blocking_send(Err(DataFusionError::Execution(format!(
-                "{what} failed (it panicked: {message}); the answer would lack its rows"
-            ))));
+    make: impl FnOnce(Gone) -> S,
+) -> SendableRecordBatchStream
+where
+    S: Iterator<Item = Result<arrow::array::RecordBatch>> + Send + 'static,
+{
+    type Made<S> = (Option<S>, Option<Result<arrow::array::RecordBatch>>);
+    fn step<S>(mut source: S, what: Arc<str>) -> tokio::task::JoinHandle<Made<S>>
+    where
+        S: Iterator<Item = Result<arrow::array::RecordBatch>> + Send + 'static,
+    {
+        tokio::task::spawn_blocking(move || {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.next())) {
+                Ok(Some(Ok(batch))) => (Some(source), Some(Ok(batch))),
+                Ok(Some(Err(e))) => (None, Some(Err(e))),
+                Ok(None) => (None, None),
+                Err(panic) => {
+                    let message = frostdb_core::panic_message(panic.as_ref()).to_owned();
+                    let e = DataFusionError::Execution(format!(
+                        "{what} failed (it panicked: {message}); the answer would lack its rows"
+                    ));
+                    (None, Some(Err(e)))
+                }
+            }
+        })
+    }
+    // Held by the stream: dropped with it, which the source sees as its reader gone.
+    let reader = Arc::new(());
+    let watched = Arc::downgrade(&reader);
+    let source = make(Box::new(move || watched.strong_count() == 0));
+    let what: Arc<str> = what.into();
+    let first = step(source, what.clone());
+    let stream = futures::stream::unfold((Some(first), reader), move |(pending, reader)| {
+        let what = what.clone();
+        async move {
+            let (source, made) = pending?.await.unwrap_or_else(|e| {
+                let e = DataFusionError::Execution(format!("{what} failed: {e}"));
+                (None, Some(Err(e)))
+            });
+            let made = made?;
+            let next = source.map(|source| step(source, what));
+            Some((made, (next, reader)))
         }
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|batch| (batch, rx))
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, stream))
 }
@@ -299,10 +350,7 @@ mod tests {
     use super::*;
     use futures::TryStreamExt;
 
-    /// A scan thread that panics ends its partition with an error naming it, not as if it
-    /// had read everything; one that ends, ends the stream cleanly.
-    #[tokio::test]
-    async fn a_scan_thread_that_panics_fails_its_stream() {
+    fn batch() -> (SchemaRef, arrow::array::RecordBatch) {
         let schema: SchemaRef = Arc::new(arrow::datatypes::Schema::new(vec![
             arrow::datatypes::Field::new("v", arrow::datatypes::DataType::Int64, false),
         ]));
@@ -311,10 +359,22 @@ mod tests {
             vec![Arc::new(arrow::array::Int64Array::from(vec![1, 2]))],
         )
         .unwrap();
-        let (one, two) = (batch.clone(), batch.clone());
-        let panics = on_blocking_thread(schema.clone(), "the scan of t".into(), move |send, _| {
-            send(Ok(one));
-            panic!("a page it could not decode");
+        (schema, batch)
+    }
+
+    /// A source that panics ends its partition with an error naming it, not as if it had
+    /// read everything; one that ends, ends the stream cleanly.
+    #[tokio::test]
+    async fn a_scan_that_panics_fails_its_stream() {
+        let (schema, batch) = batch();
+        let one = batch.clone();
+        let mut left = 2;
+        let panics = on_blocking_threads(schema.clone(), "the scan of t".into(), move |_| {
+            std::iter::from_fn(move || {
+                left -= 1;
+                assert!(left > 0, "a page it could not decode");
+                Some(Ok(one.clone()))
+            })
         });
         let e = panics
             .try_collect::<Vec<_>>()
@@ -325,9 +385,76 @@ mod tests {
             e.contains("the scan of t") && e.contains("could not decode"),
             "{e}"
         );
-        let ends = on_blocking_thread(schema, "the scan of t".into(), move |send, _| {
-            send(Ok(two));
+        let ends = on_blocking_threads(schema, "the scan of t".into(), move |_| {
+            std::iter::once(Ok(batch))
         });
         assert_eq!(ends.try_collect::<Vec<_>>().await.unwrap().len(), 1);
+    }
+
+    /// Partitions whose reader has not come back for their next batch hold no thread of
+    /// the blocking pool: with a pool of one thread, eight streams each read once and left
+    /// waiting do not stop a ninth from being read to its end (before, the first of them
+    /// held the one thread, blocked on its full channel, and the ninth never ran). A
+    /// stream dropped is seen by its source as its reader gone.
+    #[test]
+    fn partitions_waiting_for_their_reader_hold_no_thread() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let (schema, batch) = batch();
+        let stream = |n: usize| {
+            let batch = batch.clone();
+            on_blocking_threads(schema.clone(), "the scan of t".into(), move |_| {
+                let mut left = n;
+                std::iter::from_fn(move || {
+                    left = left.checked_sub(1)?;
+                    Some(Ok(batch.clone()))
+                })
+            })
+        };
+        let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen_by_source = seen.clone();
+        let last = batch.clone();
+        runtime.block_on(async {
+            let mut waiting = Vec::new();
+            for _ in 0..8 {
+                let mut s = stream(100);
+                s.try_next().await.unwrap().unwrap();
+                waiting.push(s);
+            }
+            let read = tokio::time::timeout(
+                std::time::Duration::from_secs(60),
+                stream(50).try_collect::<Vec<_>>(),
+            )
+            .await
+            .expect("a stream waited for threads its neighbours held")
+            .unwrap();
+            assert_eq!(read.len(), 50);
+            drop(waiting);
+            // A source making its second batch until its reader leaves (a filter matching
+            // nothing): the stream dropped, it sees the reader gone and ends.
+            let mut s = on_blocking_threads(schema.clone(), "the scan of t".into(), move |gone| {
+                let mut first = Some(last);
+                std::iter::from_fn(move || {
+                    if let Some(b) = first.take() {
+                        return Some(Ok(b));
+                    }
+                    while !gone() {
+                        std::thread::yield_now();
+                    }
+                    seen_by_source.store(true, std::sync::atomic::Ordering::SeqCst);
+                    None
+                })
+            });
+            s.try_next().await.unwrap().unwrap();
+            drop(s);
+        });
+        // Shutting the runtime down waits for its blocking tasks: the one reading ahead
+        // ends only once it sees its reader gone.
+        drop(runtime);
+        assert!(seen.load(std::sync::atomic::Ordering::SeqCst));
     }
 }
