@@ -1,10 +1,12 @@
 //! DataFusion filter expressions turned into engine predicates.
 //!
 //! A filter converts when it is built from columns, literals, comparisons, `IN`, `IS [NOT]
-//! NULL`, `NOT`, `AND`, `OR`, regex matches and `LIKE`: the engine then evaluates it exactly
-//! (SQL three-valued logic, the same Arrow kernels and regex engine DataFusion uses), so the
-//! provider answers `Exact` and DataFusion drops its own filter. Anything else (functions,
-//! arithmetic, casts that change values) stays with DataFusion.
+//! NULL`, `NOT`, `AND`, `OR`, regex matches (`~` and its kin, `regexp_like` as SQL plans
+//! them) and `LIKE`: the engine then evaluates it exactly (SQL three-valued logic, the same
+//! Arrow kernels and regex engine DataFusion uses), so the provider answers `Exact` and
+//! DataFusion drops its own filter. Anything else (other functions, arithmetic, casts that
+//! change values, patterns the engine would not search in linear time) stays with
+//! DataFusion.
 
 use arrow::datatypes::{DataType, Schema as ArrowSchema};
 use datafusion::common::ScalarValue;

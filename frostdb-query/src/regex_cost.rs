@@ -155,9 +155,8 @@ pub(crate) fn cost(pattern: &str) -> Costed {
 }
 
 fn measure(pattern: &str) -> Costed {
-    let nfa_config = thompson::Config::new().nfa_size_limit(Some(MAX_PATTERN_NFA_BYTES));
     let nfa = match thompson::NFA::compiler()
-        .configure(nfa_config.clone())
+        .configure(thompson::Config::new().nfa_size_limit(Some(MAX_PATTERN_NFA_BYTES)))
         .build(pattern)
     {
         Ok(nfa) => nfa,
@@ -177,8 +176,7 @@ fn measure(pattern: &str) -> Costed {
                 .dfa_size_limit(Some(MAX_LINEAR_DFA_BYTES))
                 .determinize_size_limit(Some(MAX_LINEAR_DFA_BYTES)),
         )
-        .thompson(nfa_config)
-        .build(pattern)
+        .build_from_nfa(&nfa)
         .ok();
     Ok(Some(Cost {
         states: nfa.states().len(),
@@ -188,7 +186,7 @@ fn measure(pattern: &str) -> Costed {
 }
 
 /// The start of `pattern`, for an error: at most 80 bytes, cut at a character.
-fn cut(pattern: &str) -> &str {
+pub(crate) fn cut(pattern: &str) -> &str {
     let mut end = pattern.len().min(80);
     while !pattern.is_char_boundary(end) {
         end -= 1;

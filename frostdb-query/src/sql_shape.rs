@@ -134,7 +134,7 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
     Ok(())
 }
 
-/// A pattern `e` compiles ([`patterns`]): the expression giving it, the one giving its
+/// A pattern `e` compiles ([`pattern`]): the expression giving it, the one giving its
 /// flags, and how it is run.
 struct Pattern<'a> {
     pattern: &'a datafusion::logical_expr::Expr,
@@ -157,9 +157,9 @@ enum Run {
     },
 }
 
-/// The patterns `e` compiles as regular expressions (a `regexp_` function's, a `~`
-/// operator's, a `LIKE` or `SIMILAR TO`'s).
-fn patterns(e: &datafusion::logical_expr::Expr) -> Vec<Pattern<'_>> {
+/// The pattern `e` compiles as a regular expression, if it is a `regexp_` function, a `~`
+/// operator, a `LIKE` or a `SIMILAR TO`.
+fn pattern(e: &datafusion::logical_expr::Expr) -> Option<Pattern<'_>> {
     use datafusion::logical_expr::{Expr, Operator as O};
     let operator = |pattern, case_insensitive| Pattern {
         pattern,
@@ -176,38 +176,37 @@ fn patterns(e: &datafusion::logical_expr::Expr) -> Vec<Pattern<'_>> {
     };
     match e {
         Expr::BinaryExpr(b) => match b.op {
-            O::RegexMatch | O::RegexNotMatch => vec![operator(&b.right, false)],
-            O::RegexIMatch | O::RegexNotIMatch => vec![operator(&b.right, true)],
-            O::LikeMatch | O::NotLikeMatch => vec![like(&b.right, false, None)],
-            O::ILikeMatch | O::NotILikeMatch => vec![like(&b.right, true, None)],
-            _ => Vec::new(),
+            O::RegexMatch | O::RegexNotMatch => Some(operator(&b.right, false)),
+            O::RegexIMatch | O::RegexNotIMatch => Some(operator(&b.right, true)),
+            O::LikeMatch | O::NotLikeMatch => Some(like(&b.right, false, None)),
+            O::ILikeMatch | O::NotILikeMatch => Some(like(&b.right, true, None)),
+            _ => None,
         },
-        Expr::Like(l) => vec![like(&l.pattern, l.case_insensitive, l.escape_char)],
-        Expr::SimilarTo(l) => vec![operator(&l.pattern, l.case_insensitive)],
-        Expr::ScalarFunction(f) => crate::regex_cost::regex_fn(f.func.name())
-            .and_then(|regex| f.args.get(regex.pattern).map(|p| (regex, p)))
-            .map(|(regex, pattern)| Pattern {
-                pattern,
+        Expr::Like(l) => Some(like(&l.pattern, l.case_insensitive, l.escape_char)),
+        Expr::SimilarTo(l) => Some(operator(&l.pattern, l.case_insensitive)),
+        Expr::ScalarFunction(f) => {
+            let regex = crate::regex_cost::regex_fn(f.func.name())?;
+            Some(Pattern {
+                pattern: f.args.get(regex.pattern)?,
                 flags: f.args.get(regex.flags),
                 run: Run::Function,
             })
-            .into_iter()
-            .collect(),
-        _ => Vec::new(),
+        }
+        _ => None,
     }
 }
 
-/// Refuses a pattern of `e` that is not a constant: one read from a row, or made by a
+/// Refuses the pattern of `e` when it is not a constant: one read from a row, or made by a
 /// volatile function, is compiled anew for each distinct value. A constant one is costed
 /// ([`crate::regex_cost`]): refused when its automaton is over the bound, and, run by an
 /// operator's kernel (which no step count reaches), when its search is not linear.
 fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionError> {
-    use crate::regex_cost::{MAX_LINEAR_DFA_BYTES, cost, like_regex, with_flags};
-    for Pattern {
+    use crate::regex_cost::{MAX_LINEAR_DFA_BYTES, cost, cut, like_regex, with_flags};
+    if let Some(Pattern {
         pattern,
         flags,
         run,
-    } in patterns(e)
+    }) = pattern(e)
     {
         if let Some(varying) = [Some(pattern), flags]
             .into_iter()
@@ -221,7 +220,7 @@ fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionEr
             )));
         }
         let Some(text) = fold_text(pattern) else {
-            continue;
+            return Ok(());
         };
         let regex = match run {
             Run::Function => {
@@ -236,7 +235,7 @@ fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionEr
                 escape,
             } => match like_regex(&text, case_insensitive, escape) {
                 Some(regex) => regex,
-                None => continue,
+                None => return Ok(()),
             },
         };
         let cost = cost(&regex).map_err(DataFusionError::Plan)?;
@@ -248,7 +247,7 @@ fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionEr
                  automaton has {} states and no DFA of it fits in {MAX_LINEAR_DFA_BYTES} \
                  bytes), and an operator runs it over a whole batch, out of reach of the \
                  deadline; call regexp_like(), whose steps are counted, or simplify it",
-                text.chars().take(80).collect::<String>(),
+                cut(&text),
                 cost.states
             )));
         }
