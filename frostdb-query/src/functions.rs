@@ -349,12 +349,26 @@ impl ScalarUDFImpl for Bounded {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let name = self.inner.name();
         if let Some(steps) = self.steps {
-            let (per_byte, why) = match self.regex {
-                Some(regex) => pattern_cost(regex, &args.args)?,
-                None => (1.0, String::new()),
+            // A pattern's worst cost a byte, and the pattern's states to name if refused.
+            let (per_byte, states) = match self.regex {
+                Some(regex) => pattern_cost(regex, &args.args)?
+                    .map_or((1.0, 0), |c| (c.per_byte(regex.captures), c.states)),
+                None => (1.0, 0),
             };
             let steps = call_bound(steps, &args.args, args.number_rows)? * per_byte;
             if steps.is_nan() || steps > MAX_CALL_STEPS {
+                let why = match self.regex {
+                    Some(regex) if per_byte > 1.0 => format!(
+                        " (its pattern's automaton has {states} states, each stepped at every \
+                         byte, {})",
+                        if regex.captures {
+                            "finding its groups' spans"
+                        } else {
+                            "no DFA of it fitting its bound"
+                        }
+                    ),
+                    _ => String::new(),
+                };
                 return Err(DataFusionError::ResourcesExhausted(format!(
                     "{name}() of these arguments takes some {steps:.0} steps for {} rows{why}, \
                      over the {MAX_CALL_STEPS:.0} a call may take",
@@ -402,11 +416,10 @@ impl ScalarUDFImpl for Bounded {
     }
 }
 
-/// What the pattern of a call of `regex` costs a byte searched ([`regex_cost::Cost`]),
-/// the most of its patterns and flags, and the words saying why for an error. A pattern
-/// differing by row is refused at planning; here its distinct values are costed, at most
-/// [`MAX_CALL_PATTERNS`] of them.
-fn pattern_cost(regex: &RegexFn, args: &[ColumnarValue]) -> Result<(f64, String)> {
+/// What the costliest pattern (with its flags) of a call of `regex` costs
+/// ([`regex_cost::Cost`]); `None` when none parses. A pattern differing by row is refused
+/// at planning; here its distinct values are costed, at most [`MAX_CALL_PATTERNS`] of them.
+fn pattern_cost(regex: &RegexFn, args: &[ColumnarValue]) -> Result<Option<regex_cost::Cost>> {
     let patterns = distinct_texts(args.get(regex.pattern))?;
     let flags = distinct_texts(args.get(regex.flags))?;
     if patterns.len().saturating_mul(flags.len().max(1)) > MAX_CALL_PATTERNS {
@@ -417,7 +430,7 @@ fn pattern_cost(regex: &RegexFn, args: &[ColumnarValue]) -> Result<(f64, String)
             patterns.len()
         )));
     }
-    let mut worst = (1.0, String::new());
+    let mut worst: Option<regex_cost::Cost> = None;
     for pattern in &patterns {
         for flag in flags
             .iter()
@@ -425,26 +438,11 @@ fn pattern_cost(regex: &RegexFn, args: &[ColumnarValue]) -> Result<(f64, String)
             .chain(flags.is_empty().then_some(None))
         {
             let text = regex_cost::with_flags(pattern, flag.map(String::as_str));
-            let Some(cost) =
-                regex_cost::cost(&text).map_err(DataFusionError::ResourcesExhausted)?
-            else {
-                continue;
-            };
-            let per_byte = cost.per_byte(regex.captures);
-            if per_byte > worst.0 {
-                let why = if regex.captures {
-                    "finding its groups' spans"
-                } else {
-                    "no DFA of it fitting its bound"
-                };
-                worst = (
-                    per_byte,
-                    format!(
-                        " (its pattern's automaton has {} states, each stepped at every byte, \
-                         {why})",
-                        cost.states
-                    ),
-                );
+            let cost = regex_cost::cost(&text).map_err(DataFusionError::ResourcesExhausted)?;
+            let per_byte =
+                |c: &Option<regex_cost::Cost>| c.map_or(0.0, |c| c.per_byte(regex.captures));
+            if per_byte(&cost) > per_byte(&worst) {
+                worst = cost;
             }
         }
     }
@@ -593,23 +591,30 @@ impl ExprPlanner for OperatorPlanner {
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
             )
         }
+        // The operator first (typing an operand walks its whole tree: done for every
+        // operator of a long chain, `1 + 1 + ...`, planning is quadratic). For `~` and its
+        // kin: whether it is negated, and whether case-insensitive.
+        let regex = match expr.op {
+            BinaryOperator::StringConcat => None,
+            BinaryOperator::PGRegexMatch => Some((false, false)),
+            BinaryOperator::PGRegexIMatch => Some((false, true)),
+            BinaryOperator::PGRegexNotMatch => Some((true, false)),
+            BinaryOperator::PGRegexNotIMatch => Some((true, true)),
+            _ => return Ok(PlannerResult::Original(expr)),
+        };
         let types = (expr.left.get_type(schema), expr.right.get_type(schema));
         let (Ok(left), Ok(right)) = &types else {
             return Ok(PlannerResult::Original(expr));
         };
-        let (negated, insensitive) = match expr.op {
-            BinaryOperator::StringConcat if text(left) && text(right) => {
-                let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
-                return Ok(PlannerResult::Planned(
-                    self.string_concat
-                        .call(vec![cast(expr.left)?, cast(expr.right)?]),
-                ));
+        let Some((negated, insensitive)) = regex else {
+            if !(text(left) && text(right)) {
+                return Ok(PlannerResult::Original(expr));
             }
-            BinaryOperator::PGRegexMatch => (false, false),
-            BinaryOperator::PGRegexIMatch => (false, true),
-            BinaryOperator::PGRegexNotMatch => (true, false),
-            BinaryOperator::PGRegexNotIMatch => (true, true),
-            _ => return Ok(PlannerResult::Original(expr)),
+            let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
+            return Ok(PlannerResult::Planned(
+                self.string_concat
+                    .call(vec![cast(expr.left)?, cast(expr.right)?]),
+            ));
         };
         // Dictionary-encoded labels are strings to `regexp_like` too.
         let string = |t: &DataType| match t {

@@ -202,62 +202,60 @@ fn pattern(e: &datafusion::logical_expr::Expr) -> Option<Pattern<'_>> {
 /// operator's kernel (which no step count reaches), when its search is not linear.
 fn check_patterns(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionError> {
     use crate::regex_cost::{MAX_LINEAR_DFA_BYTES, cost, cut, like_regex, with_flags};
-    if let Some(Pattern {
+    let Some(Pattern {
         pattern,
         flags,
         run,
     }) = pattern(e)
+    else {
+        return Ok(());
+    };
+    if let Some(varying) = [Some(pattern), flags]
+        .into_iter()
+        .flatten()
+        .find(|p| !constant(p))
     {
-        if let Some(varying) = [Some(pattern), flags]
-            .into_iter()
-            .flatten()
-            .find(|p| !constant(p))
-        {
-            return Err(DataFusionError::Plan(format!(
-                "the pattern `{varying}` is not a constant: a regular expression or LIKE \
-                 pattern that differs by row is compiled for each row, work no deadline \
-                 reaches; give it as a constant"
-            )));
+        return Err(DataFusionError::Plan(format!(
+            "the pattern `{varying}` is not a constant: a regular expression or LIKE \
+             pattern that differs by row is compiled for each row, work no deadline \
+             reaches; give it as a constant"
+        )));
+    }
+    let Some(text) = fold_text(pattern) else {
+        return Ok(());
+    };
+    let regex = match run {
+        Run::Function => {
+            let flags = flags.and_then(fold_text);
+            with_flags(&text, flags.as_deref())
         }
-        let Some(text) = fold_text(pattern) else {
-            return Ok(());
-        };
-        let regex = match run {
-            Run::Function => {
-                let flags = flags.and_then(fold_text);
-                with_flags(&text, flags.as_deref())
-            }
-            Run::Operator { case_insensitive } => {
-                with_flags(&text, case_insensitive.then_some("i"))
-            }
-            Run::Like {
-                case_insensitive,
-                escape,
-            } => match like_regex(&text, case_insensitive, escape) {
-                Some(regex) => regex,
-                None => return Ok(()),
-            },
-        };
-        let cost = cost(&regex).map_err(DataFusionError::Plan)?;
-        if let (Some(cost), Run::Operator { .. } | Run::Like { .. }) = (cost, run)
-            && !cost.linear
-        {
-            return Err(DataFusionError::Plan(format!(
-                "the pattern `{}` cannot be searched in time linear in its strings (its \
-                 automaton has {} states and no DFA of it fits in {MAX_LINEAR_DFA_BYTES} \
-                 bytes), and an operator runs it over a whole batch, out of reach of the \
-                 deadline; call regexp_like(), whose steps are counted, or simplify it",
-                cut(&text),
-                cost.states
-            )));
-        }
+        Run::Operator { case_insensitive } => with_flags(&text, case_insensitive.then_some("i")),
+        Run::Like {
+            case_insensitive,
+            escape,
+        } => match like_regex(&text, case_insensitive, escape) {
+            Some(regex) => regex,
+            None => return Ok(()),
+        },
+    };
+    let cost = cost(&regex).map_err(DataFusionError::Plan)?;
+    if let (Some(cost), Run::Operator { .. } | Run::Like { .. }) = (cost, run)
+        && !cost.linear
+    {
+        return Err(DataFusionError::Plan(format!(
+            "the pattern `{}` cannot be searched in time linear in its strings (its \
+             automaton has {} states and no DFA of it fits in {MAX_LINEAR_DFA_BYTES} \
+             bytes), and an operator runs it over a whole batch, out of reach of the \
+             deadline; call regexp_like(), whose steps are counted, or simplify it",
+            cut(&text),
+            cost.states
+        )));
     }
     Ok(())
 }
 
 /// The string constant `e` folds to, if it is one.
 fn fold_text(e: &datafusion::logical_expr::Expr) -> Option<String> {
-    use datafusion::common::ScalarValue as V;
     use datafusion::logical_expr::Expr;
     use datafusion::logical_expr::simplify::SimplifyContext;
     use datafusion::optimizer::simplify_expressions::ExprSimplifier;
@@ -267,12 +265,8 @@ fn fold_text(e: &datafusion::logical_expr::Expr) -> Option<String> {
     let Expr::Literal(value, _) = folded else {
         return None;
     };
-    let mut value = value;
-    while let V::Dictionary(_, inner) = value {
-        value = *inner;
-    }
-    match value {
-        V::Utf8(t) | V::LargeUtf8(t) | V::Utf8View(t) => t,
+    match crate::filter::scalar(&value)? {
+        frostdb_core::Scalar::Utf8(text) => Some(text),
         _ => None,
     }
 }
