@@ -633,6 +633,9 @@ impl<'a> Parser<'a> {
                 );
             }
             self.regexes += 1;
+            if let Err(why) = value_steps(&matcher.anchored()) {
+                return self.error(value_at, why);
+            }
             // Each compiled program (forward, reverse, one-pass) is bounded by the size
             // limit, and the lazy DFA's cache by its own while matching.
             let compiled = regex::RegexBuilder::new(&matcher.anchored())
@@ -646,6 +649,42 @@ impl<'a> Parser<'a> {
         }
         Ok(matcher)
     }
+}
+
+/// Refuses `anchored` when matching it against one label value may take more than
+/// [`Selector::MAX_VALUE_STEPS`] steps. A search steps once a byte when the pattern's DFA fits
+/// its lazy DFA's cache, else once a byte for every state of its automaton (the `regex`
+/// crate falls back to that when the cache thrashes: `.*[ -~]{2000}x` took 29 ms a value of
+/// 2 KB). The bytes searched are a value's, [`Selector::SEARCHED_VALUE_BYTES`], or fewer
+/// when no match can be that long (the search, anchored at both ends, gives up there).
+fn value_steps(anchored: &str) -> Result<(), String> {
+    use frostdb_query::regex_cost;
+    let cost = match regex_cost::probe(anchored, REGEX_DFA_LIMIT / 2) {
+        Err(why) => return Err(why),
+        // Not a regex: compiling it names why.
+        Ok(None) => return Ok(()),
+        Ok(Some(cost)) => cost,
+    };
+    let per_byte = if cost.linear_in(REGEX_DFA_LIMIT) {
+        1
+    } else {
+        cost.states as u64
+    };
+    let bytes = cost.max_len.map_or(Selector::SEARCHED_VALUE_BYTES, |m| {
+        m.min(Selector::SEARCHED_VALUE_BYTES)
+    });
+    let steps = per_byte.saturating_mul(bytes as u64);
+    if steps > Selector::MAX_VALUE_STEPS {
+        return Err(format!(
+            "the regex `{}` may take {steps} steps to match one label value ({per_byte} \
+             states of its automaton stepped at each of up to {bytes} bytes), over the {} a \
+             matcher may take; a counted repetition `{{n}}` after an unbounded one (`.*`) \
+             costs this, a list of values (a|b|c) or a shorter pattern does not",
+            regex_cost::cut(anchored),
+            Selector::MAX_VALUE_STEPS
+        ));
+    }
+    Ok(())
 }
 
 /// Most bytes of each program a regex matcher compiles to: room for `api-\w{20}` or
@@ -810,6 +849,17 @@ impl Selector {
     /// [`REGEX_SIZE_LIMIT`] of programs, built when it is parsed. A list of values
     /// (`a|b|c`) is a set, not a regex, and does not count.
     pub const MAX_REGEXES: usize = 16;
+
+    /// Most steps matching one label value against one regex matcher may take (see
+    /// [`Selector::SEARCHED_VALUE_BYTES`]): 5 ms at the slowest rate measured (5 ns a
+    /// step), against 0.5 s for the largest automaton the size limit allows. Room for
+    /// `\w+` (322 states), `api-\w{20}` (6,332 states over at most 84 bytes) and every
+    /// pattern whose DFA fits its matcher's cache, whatever its length.
+    pub const MAX_VALUE_STEPS: u64 = 1 << 20;
+
+    /// The bytes of a label value a regex matcher is costed as searching: the longest a
+    /// store takes by default (frostdb-pprof's `max_label_value_length`).
+    pub const SEARCHED_VALUE_BYTES: usize = 2048;
 
     /// Most bytes of a selector's text: far more than a person or a dashboard writes, and
     /// room for a query's own list of span or profile ids (10,000 by default) when a
@@ -1080,6 +1130,30 @@ mod tests {
     }
 
     #[test]
+    fn regexes_are_refused_for_the_steps_matching_a_value_takes() {
+        // Stepped at each byte of a value by its 2,015 states: 4 million steps.
+        let e = Selector::parse(r#"{pod=~".*[ -~]{2000}x"}"#).unwrap_err();
+        assert!(
+            e.message.contains("steps to match one label value"),
+            "{e:?}"
+        );
+        assert!(e.message.contains("2015 states") && e.message.contains("2048 bytes"));
+        assert!(e.message.contains("over the 1048576"), "{e:?}");
+        // Unicode classes have many states, but `api-\w{20}` matches at most 84 bytes
+        // (6,332 states over them); patterns whose DFA fits the cache step once a byte.
+        for ok in [
+            r#"{pod=~"api-\\w{20}"}"#,
+            r#"{pod=~"\\w+"}"#,
+            r#"{pod=~".*[ -~]{200}x"}"#,
+            r#"{pod=~"(?i).*(error|warn).*"}"#,
+            r#"{pod=~".*a.{12}"}"#,
+        ] {
+            let s = Selector::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e:?}"));
+            assert!(s.matchers[0].compiles_regex(), "{ok}");
+        }
+    }
+
+    #[test]
     fn a_selector_of_too_many_matchers_is_refused_before_their_regexes_compile() {
         let selector = |n: usize, op: &str| {
             let matchers: Vec<String> = (0..n).map(|i| format!("l{i}{op}\"a.+b\"")).collect();
@@ -1121,8 +1195,11 @@ mod tests {
         // size limit is refused naming it.
         assert!(Selector::parse(r#"{pod=~"api-\\w{20}"}"#).is_ok());
         let e = Selector::parse(r#"{a=~"\\w{1000}\\w{1000}"}"#).unwrap_err();
-        assert!(e.message.contains("bad regex"), "{e:?}");
-        assert!(e.message.contains("size limit"), "{e:?}");
+        assert!(
+            e.message
+                .contains("compiles to an automaton over the 1048576 bytes"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -110,16 +110,16 @@ fn binary(left: &Expr, op: Operator, right: &Expr, schema: &ArrowSchema) -> Opti
     }
 }
 
-/// Largest DFA of a pattern the engine is given: half the lazy DFA cache it matches with
-/// (frostdb-core's 256 KiB), so its search stays a step a byte. Others stay with
-/// DataFusion, whose `regexp_like` counts its steps.
-const PUSHED_DFA_BYTES: usize = 128 << 10;
+/// The lazy DFA cache the engine matches a pattern with (frostdb-core's 256 KiB): it is
+/// given only patterns whose DFA fits in half of it, so its search stays a step a byte.
+/// Others stay with DataFusion, whose `regexp_like` counts its steps.
+const ENGINE_DFA_CACHE: usize = 256 << 10;
 
 /// `expr` (a column) matching `pattern`, if the engine searches it in linear time.
 fn regex(expr: &Expr, pattern: String, negated: bool, schema: &ArrowSchema) -> Option<Predicate> {
     let col = column(expr, schema)?;
     let cost = crate::regex_cost::cost(&pattern).ok()??;
-    if !cost.linear || cost.dfa_bytes > PUSHED_DFA_BYTES {
+    if !cost.linear_in(ENGINE_DFA_CACHE) {
         return None;
     }
     Some(if negated {

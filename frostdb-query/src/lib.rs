@@ -41,7 +41,7 @@ mod functions;
 pub mod grpc_frames;
 mod memory;
 mod provider;
-mod regex_cost;
+pub mod regex_cost;
 mod sql_shape;
 
 pub use cancel::{Cancel, cancellable};
