@@ -103,19 +103,31 @@ pub struct DebugInfoStore {
     max_total: u64,
 }
 
-/// An upload being received: dropped unfinished, it is forgotten (on the runtime it was
-/// received on, as forgetting is async).
-struct Unfinished(Option<(DebugInfoStore, String, String)>);
+/// An upload being received: dropped unfinished, its parts written so far are aborted and
+/// the upload is forgotten (on the runtime it was received on, as both are async). An
+/// object store keeps the parts of a multipart upload never completed nor aborted (S3
+/// bills them until a lifecycle rule deletes them): a client that began uploads of a
+/// gigabyte and left each midway grew the bucket by what it sent, counted by no quota.
+struct Unfinished {
+    upload: Option<(DebugInfoStore, String, String)>,
+    writer: Option<WriteMultipart>,
+}
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        let Some((store, build_id, upload_id)) = self.0.take() else {
+        let (upload, writer) = (self.upload.take(), self.writer.take());
+        if upload.is_none() && writer.is_none() {
             return;
-        };
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                store.forget(&build_id, &upload_id).await;
-                tracing::info!(build_id, "an upload dropped unfinished is forgotten");
+                if let Some(writer) = writer {
+                    let _ = writer.abort().await;
+                }
+                if let Some((store, build_id, upload_id)) = upload {
+                    store.forget(&build_id, &upload_id).await;
+                    tracing::info!(build_id, "an upload dropped unfinished is forgotten");
+                }
             });
         }
     }
@@ -390,10 +402,15 @@ impl DebugInfoStore {
         // An upload dropped before it ends (its request cut by a deadline, its client
         // gone) is forgotten too: left, it answered "in progress" to every retry and held
         // its size of the quota until stale.
-        let mut unfinished = Unfinished(Some((self.clone(), build_id.into(), upload_id.into())));
+        let mut unfinished = Unfinished {
+            upload: Some((self.clone(), build_id.into(), upload_id.into())),
+            writer: None,
+        };
         let path = self.path(build_id, "debuginfo");
         let multipart = self.store.put_multipart(&path).await?;
-        let mut writer = WriteMultipart::new_with_chunk_size(multipart, 8 << 20);
+        let writer = unfinished
+            .writer
+            .insert(WriteMultipart::new_with_chunk_size(multipart, 8 << 20));
         let mut size = 0u64;
         // The first bytes, until they show whether this is an ELF file: nothing else is
         // symbolized, so nothing else is kept (a tenant's store is not a place for any
@@ -426,14 +443,15 @@ impl DebugInfoStore {
                 }
             }
         };
+        let writer = unfinished.writer.take().expect("put there above");
         if let Some(e) = failed {
             let _ = writer.abort().await;
             self.forget(build_id, upload_id).await;
-            unfinished.0 = None;
+            unfinished.upload = None;
             return Err(e);
         }
         writer.finish().await?;
-        unfinished.0 = None;
+        unfinished.upload = None;
         Ok(size)
     }
 

@@ -785,14 +785,128 @@ async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
     }
 }
 
+/// An object store that counts the multipart uploads aborted in it: S3 keeps (and bills)
+/// the parts of an upload neither completed nor aborted.
+#[derive(Debug)]
+struct CountsAborts {
+    inner: Arc<dyn object_store::ObjectStore>,
+    aborted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::fmt::Display for CountsAborts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CountsAborts({})", self.inner)
+    }
+}
+
+#[derive(Debug)]
+struct AbortCounted {
+    inner: Box<dyn object_store::MultipartUpload>,
+    aborted: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl object_store::MultipartUpload for AbortCounted {
+    fn put_part(&mut self, data: object_store::PutPayload) -> object_store::UploadPart {
+        self.inner.put_part(data)
+    }
+
+    async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.aborted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.abort().await
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for CountsAborts {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        Ok(Box::new(AbortCounted {
+            inner: self.inner.put_multipart_opts(location, opts).await?,
+            aborted: self.aborted.clone(),
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
 /// An upload dropped before its body ends (its request cut by a deadline, its client
 /// gone) is forgotten: the same build id begins again at once, rather than being "in
-/// progress" until stale with its size held of the quota.
+/// progress" until stale with its size held of the quota. The parts it wrote are aborted:
+/// S3 keeps those of an upload left neither completed nor aborted, counted by no quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_dropped_unfinished_is_forgotten() {
     use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    let store = uploads_in(dir.path(), "t").with_quota(3 << 20);
+    std::fs::create_dir_all(dir.path().join("t")).unwrap();
+    let aborted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let bucket = CountsAborts {
+        inner: Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+        aborted: aborted.clone(),
+    };
+    let store = DebugInfoStore::new(
+        Arc::new(bucket),
+        object_store::path::Path::from("t"),
+        1 << 30,
+        Duration::from_secs(60),
+    )
+    .with_quota(3 << 20);
     let build_id = "aaaa0001";
     let id = store.initiate(build_id, 2 << 20, "h", false).await.unwrap();
     // The ELF magic, then a body that never comes: polled until the upload asks for
@@ -829,4 +943,6 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
         }
     };
     assert_ne!(retried, id);
+    // Forgetting follows the abort, in the same task.
+    assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
