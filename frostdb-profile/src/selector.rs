@@ -659,11 +659,9 @@ impl<'a> Parser<'a> {
 /// when no match can be that long (the search, anchored at both ends, gives up there).
 fn value_steps(anchored: &str) -> Result<(), String> {
     use frostdb_query::regex_cost;
-    let cost = match regex_cost::probe(anchored, REGEX_DFA_LIMIT / 2) {
-        Err(why) => return Err(why),
-        // Not a regex: compiling it names why.
-        Ok(None) => return Ok(()),
-        Ok(Some(cost)) => cost,
+    // Not a regex (`None`): compiling it names why.
+    let Some(cost) = regex_cost::probe(anchored, REGEX_DFA_LIMIT / 2)? else {
+        return Ok(());
     };
     let per_byte = if cost.linear_in(REGEX_DFA_LIMIT) {
         1

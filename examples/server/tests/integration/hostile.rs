@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, enc, eventually, get, get_json, testdata};
+use common::{Server, enc, eventually, get, get_json, post_json, testdata};
 
 /// A request on a raw socket: what the server answered (status line, headers, body).
 pub(crate) fn raw(url: &str, request: &[u8]) -> String {
@@ -292,7 +292,8 @@ async fn patterns_searched_slower_than_linear_are_refused_and_the_server_lives()
 /// A selector's regex is costed by the steps matching one label value takes, before any
 /// scan: `.*[ -~]{2000}x` steps 2,015 states at each byte of a value (29 ms a 2 KB value,
 /// thousands of values a granule, between two deadline checks) and is refused with a 400
-/// naming the bound, on every route that takes a selector. Everyday regexes answer.
+/// naming the bound: on Pyroscope's render, the query API and Connect's merge alike, as
+/// all parse selectors alike. Everyday regexes answer.
 #[tokio::test]
 async fn selector_regexes_slower_than_linear_on_a_value_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -310,31 +311,18 @@ async fn selector_regexes_slower_than_linear_on_a_value_are_refused() {
         assert!(body.contains("steps to match one label value"), "{body}");
         assert!(body.contains("1048576"), "{body}");
     }
-    let r = reqwest::Client::new()
-        .post(format!(
-            "{}/querier.v1.QuerierService/SelectMergeStacktraces",
-            s.url
-        ))
-        .header("Content-Type", "application/json")
-        .body(
-            serde_json::json!({
-                "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-                "labelSelector": "{service_name=~\".*[ -~]{2000}x\"}",
-                "start": 0,
-                "end": i64::MAX / 1_000_000,
-            })
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 400);
-    assert!(
-        r.text()
-            .await
-            .unwrap()
-            .contains("steps to match one label value")
-    );
+    let (status, body) = post_json(
+        &format!("{}/querier.v1.QuerierService/SelectMergeStacktraces", s.url),
+        &serde_json::json!({
+            "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "labelSelector": "{service_name=~\".*[ -~]{2000}x\"}",
+            "start": 0,
+            "end": i64::MAX / 1_000_000,
+        }),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("steps to match one label value"), "{body}");
     // Regexes of every day, a Unicode class included, answer with the profile.
     for ok in ["ap.*", "\\\\w+", "(?i)APP|web", "a.*|.*[ -~]{200}x"] {
         let fb = get_json(&render(&selector(ok)), None).await;
@@ -612,29 +600,22 @@ async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
     // answer another question than the one asked. (A format the protos lack is answered
     // with the flame graph, as Pyroscope does: Grafana's Drilldown sends newer formats and
     // reads a plain flame graph as "compute it yourself".)
-    let r = reqwest::Client::new()
-        .post(format!("{}/querier.v1.QuerierService/SelectSeries", s.url))
-        .header("Content-Type", "application/json")
-        .body(
-            serde_json::json!({
-                "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
-                "labelSelector": "{}",
-                "start": 0,
-                "end": 1000,
-                "step": 1.0,
-                "aggregation": "TIME_SERIES_AGGREGATION_TYPE_MEDIAN"
-            })
-            .to_string(),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 400);
+    let (status, body) = post_json(
+        &format!("{}/querier.v1.QuerierService/SelectSeries", s.url),
+        &serde_json::json!({
+            "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "labelSelector": "{}",
+            "start": 0,
+            "end": 1000,
+            "step": 1.0,
+            "aggregation": "TIME_SERIES_AGGREGATION_TYPE_MEDIAN"
+        }),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
     assert!(
-        r.text()
-            .await
-            .unwrap()
-            .contains("TIME_SERIES_AGGREGATION_TYPE_MEDIAN")
+        body.contains("TIME_SERIES_AGGREGATION_TYPE_MEDIAN"),
+        "{body}"
     );
     // A setting dated far ahead would win over every later update.
     let r = reqwest::Client::new()

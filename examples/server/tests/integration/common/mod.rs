@@ -228,6 +228,18 @@ pub(crate) async fn get(url: &str, tenant: Option<&str>) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// A POST of `body` as JSON, returning (status, body).
+pub(crate) async fn post_json(url: &str, body: &serde_json::Value) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
 /// A GET that must succeed, as JSON.
 pub(crate) async fn get_json(url: &str, tenant: Option<&str>) -> serde_json::Value {
     let (status, body) = get(url, tenant).await;
