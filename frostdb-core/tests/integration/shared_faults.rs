@@ -232,3 +232,55 @@ fn a_manifest_naming_blocks_of_another_prefix_is_refused() {
         "{e}"
     );
 }
+
+/// A block whose upload fails midway (a part refused: a merge's input that fails to read
+/// ends it the same way) gives up the parts it uploaded. Dropped, a multipart upload is
+/// neither completed nor aborted, and S3 keeps and bills its parts: a merge retried at
+/// every cut left a block's worth each time, which no quota or orphan sweep saw.
+#[test]
+fn a_block_upload_that_fails_midway_aborts_its_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultStore::default());
+    let options = DbOptions::default().background_compaction(false);
+    let db =
+        Db::open_with_store(dir.path(), Arc::new(Faulty(store.clone())), "db", options).unwrap();
+    let table = db
+        .table("samples", samples_schema(), TableOptions::default())
+        .unwrap();
+    // Values that do not compress, past one 8 MiB part of the upload.
+    const ROWS: usize = 1_500_000;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let values: Vec<i64> = (0..ROWS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as i64
+        })
+        .collect();
+    let timestamps: Vec<i64> = (0..ROWS as i64).collect();
+    table
+        .insert(&batch(vec![
+            ("name", str_n("cpu", ROWS)),
+            ("labels.pod", str_n("p", ROWS)),
+            ("timestamp", ints(&timestamps)),
+            ("value", ints(&values)),
+        ]))
+        .unwrap();
+
+    store.fail_next_parts(1);
+    assert!(
+        table.persist().is_err(),
+        "a block whose part failed was kept"
+    );
+    store.heal();
+    assert_eq!(
+        store.open_uploads(),
+        0,
+        "the failed upload's parts were left"
+    );
+    // The rows are still there, and the next cut writes them whole.
+    table.persist().unwrap();
+    assert_eq!(store.open_uploads(), 0);
+    assert_eq!(count(&table.scan(&ScanRequest::new()).unwrap()), ROWS);
+}

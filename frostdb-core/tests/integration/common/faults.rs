@@ -368,6 +368,10 @@ pub(crate) struct FaultStore {
     timing_out_at: parking_lot::Mutex<Option<String>>,
     /// Puts ignore their conditions (as some S3-compatible servers do).
     unconditional: std::sync::atomic::AtomicBool,
+    /// The next this many parts of multipart uploads fail.
+    failing_parts: AtomicUsize,
+    /// Multipart uploads begun and neither completed nor aborted: S3 keeps their parts.
+    open_uploads: AtomicUsize,
 }
 
 impl fmt::Display for FaultStore {
@@ -393,6 +397,18 @@ impl FaultStore {
     /// Makes the next `n` operations fail.
     pub(crate) fn fail_next(&self, n: usize) {
         self.failing.store(n, Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` parts of multipart uploads fail.
+    #[allow(dead_code)] // not every test binary uses it
+    pub(crate) fn fail_next_parts(&self, n: usize) {
+        self.failing_parts.store(n, Ordering::SeqCst);
+    }
+
+    /// Multipart uploads begun and neither completed nor aborted.
+    #[allow(dead_code)] // not every test binary uses it
+    pub(crate) fn open_uploads(&self) -> usize {
+        self.open_uploads.load(Ordering::SeqCst)
     }
 
     /// Makes the next `n` writes take effect but report a timeout.
@@ -421,6 +437,7 @@ impl FaultStore {
     pub(crate) fn heal(&self) {
         self.fail_next(0);
         self.time_out_next(0);
+        self.failing_parts.store(0, Ordering::SeqCst);
     }
 
     fn check(&self, op: &str) -> object_store::Result<()> {
@@ -448,16 +465,23 @@ struct FaultUpload {
 #[async_trait]
 impl MultipartUpload for FaultUpload {
     fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        if take(&self.store.failing_parts) {
+            return Box::pin(async { Err(injected("a part's upload failed")) });
+        }
         self.inner.put_part(data)
     }
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
         self.store.check("complete")?;
         let result = self.inner.complete().await;
+        if result.is_ok() {
+            self.store.open_uploads.fetch_sub(1, Ordering::SeqCst);
+        }
         self.store.after_write("complete", result)
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {
+        self.store.open_uploads.fetch_sub(1, Ordering::SeqCst);
         self.inner.abort().await
     }
 }
@@ -506,6 +530,7 @@ impl ObjectStore for Faulty {
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.0.check("multipart upload")?;
         let inner = self.0.inner.put_multipart_opts(location, opts).await?;
+        self.0.open_uploads.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(FaultUpload {
             inner,
             store: self.0.clone(),
