@@ -633,7 +633,7 @@ impl<'a> Parser<'a> {
                 );
             }
             self.regexes += 1;
-            if let Err(why) = value_steps(&matcher.anchored()) {
+            if let Err(why) = check_steps_per_value(&matcher.anchored()) {
                 return self.error(value_at, why);
             }
             // Each compiled program (forward, reverse, one-pass) is bounded by the size
@@ -657,17 +657,14 @@ impl<'a> Parser<'a> {
 /// crate falls back to that when the cache thrashes: `.*[ -~]{2000}x` took 29 ms a value of
 /// 2 KB). The bytes searched are a value's, [`Selector::SEARCHED_VALUE_BYTES`], or fewer
 /// when no match can be that long (the search, anchored at both ends, gives up there).
-fn value_steps(anchored: &str) -> Result<(), String> {
+fn check_steps_per_value(anchored: &str) -> Result<(), String> {
     use frostdb_query::regex_cost;
-    // Not a regex (`None`): compiling it names why.
+    // Not a regex (`None`): compiling it names why. Linear when its DFA fits in half the
+    // lazy DFA's cache (see `Cost::linear_in`), which the probe's bound says alone.
     let Some(cost) = regex_cost::probe(anchored, REGEX_DFA_LIMIT / 2)? else {
         return Ok(());
     };
-    let per_byte = if cost.linear_in(REGEX_DFA_LIMIT) {
-        1
-    } else {
-        cost.states as u64
-    };
+    let per_byte = if cost.linear { 1 } else { cost.states as u64 };
     let bytes = cost.max_len.map_or(Selector::SEARCHED_VALUE_BYTES, |m| {
         m.min(Selector::SEARCHED_VALUE_BYTES)
     });
