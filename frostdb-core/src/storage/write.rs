@@ -60,18 +60,16 @@ impl Upload {
         while self.parts.len() >= in_flight.max(1) {
             self.joined().await?;
         }
-        let multipart = match &mut self.multipart {
-            Some(multipart) => multipart,
-            None => {
-                use object_store::ObjectStoreExt;
-                self.multipart
-                    .insert(self.store.put_multipart(&self.path).await?)
-            }
-        };
+        if self.multipart.is_none() {
+            use object_store::ObjectStoreExt;
+            self.multipart = Some(self.store.put_multipart(&self.path).await?);
+        }
         let payload: object_store::PutPayload =
             std::mem::take(&mut self.pending).into_iter().collect();
         self.pending_bytes = 0;
-        self.parts.spawn(multipart.put_part(payload));
+        if let Some(multipart) = &mut self.multipart {
+            self.parts.spawn(multipart.put_part(payload));
+        }
         Ok(())
     }
 
@@ -102,10 +100,10 @@ impl Upload {
             while !self.parts.is_empty() {
                 self.joined().await?;
             }
-            let Some(multipart) = &mut self.multipart else {
-                return Ok(()); // begun above: unreachable
-            };
-            multipart.complete().await.map(|_| ())
+            match &mut self.multipart {
+                Some(multipart) => multipart.complete().await.map(|_| ()),
+                None => Ok(()),
+            }
         }
         .await;
         if result.is_err() {
