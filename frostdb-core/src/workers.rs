@@ -110,13 +110,20 @@ impl WorkerPool {
         let mut handles = Vec::new();
         let mut spawn = |name: String| -> Result<mpsc::Sender<WorkerMessage>> {
             let (tx, rx) = mpsc::channel();
+            let (started, has_started) = mpsc::sync_channel(1);
             let handle = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || worker(rx))
+                .spawn(move || {
+                    let _ = started.send(());
+                    worker(rx)
+                })
                 .map_err(|e| Error::Io {
                     context: format!("starting the {name} thread"),
                     source: e,
                 })?;
+            // A thread names itself as it starts: once it runs, it shows under its name
+            // (in `top -H`, `/proc/<pid>/task/*/comm`) for whoever counts it.
+            let _ = has_started.recv();
             handles.push(handle);
             Ok(tx)
         };

@@ -268,19 +268,27 @@ fn a_block_upload_that_fails_midway_aborts_its_parts() {
         ]))
         .unwrap();
 
-    store.fail_next_parts(1);
+    // Every part fails until healed: the rotation also wakes the background persistence
+    // worker, which may try the block first (it took a single armed failure, and this
+    // thread's retry then succeeded). Both attempts must fail and leave nothing.
+    store.fail_next_parts(usize::MAX);
     assert!(
         table.persist().is_err(),
         "a block whose part failed was kept"
     );
+    assert!(
+        table.blocks().is_empty(),
+        "a block whose part failed was kept"
+    );
     store.heal();
+    // The rows are still there, and the next cut writes them whole. It waits for any
+    // background attempt (persistence is one at a time), so every failed upload has
+    // ended by now and must have been aborted.
+    assert_eq!(table.persist().unwrap().len(), 1);
     assert_eq!(
         store.open_uploads(),
         0,
         "the failed upload's parts were left"
     );
-    // The rows are still there, and the next cut writes them whole.
-    table.persist().unwrap();
-    assert_eq!(store.open_uploads(), 0);
     assert_eq!(count(&table.scan(&ScanRequest::new()).unwrap()), ROWS);
 }
