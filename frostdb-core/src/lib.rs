@@ -119,6 +119,7 @@ pub use schema::{
     ColumnDef, Compression, Encoding, MAX_NAME_LEN, Schema, SchemaBuilder, SortingColumn,
     TableSchema,
 };
+pub use storage::Upload;
 pub use table::{LevelStats, Table, TableStats};
 pub use transaction::{Submitted, Transaction};
 pub use wal::WalStats;

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use frostdb_core::Upload;
 use futures::{Stream, StreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 /// The messages of `parca.debuginfo.v1alpha1` (`proto/parca/debuginfo.proto`).
@@ -108,21 +109,23 @@ pub struct DebugInfoStore {
 /// object store keeps the parts of a multipart upload never completed nor aborted (S3
 /// bills them until a lifecycle rule deletes them): a client that began uploads of a
 /// gigabyte and left each midway grew the bucket by what it sent, counted by no quota.
+/// (The file's [`Upload`] aborts itself when dropped, also midway through its `finish`;
+/// held here, it is aborted before the upload is forgotten.)
 struct Unfinished {
     upload: Option<(DebugInfoStore, String, String)>,
-    writer: Option<WriteMultipart>,
+    file: Option<Upload>,
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        let (upload, writer) = (self.upload.take(), self.writer.take());
-        if upload.is_none() && writer.is_none() {
+        let (upload, file) = (self.upload.take(), self.file.take());
+        if upload.is_none() && file.is_none() {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                if let Some(writer) = writer {
-                    let _ = writer.abort().await;
+                if let Some(file) = file {
+                    file.abort().await;
                 }
                 if let Some((store, build_id, upload_id)) = upload {
                     store.forget(&build_id, &upload_id).await;
@@ -404,13 +407,12 @@ impl DebugInfoStore {
         // its size of the quota until stale.
         let mut unfinished = Unfinished {
             upload: Some((self.clone(), build_id.into(), upload_id.into())),
-            writer: None,
+            file: None,
         };
-        let path = self.path(build_id, "debuginfo");
-        let multipart = self.store.put_multipart(&path).await?;
-        let writer = unfinished
-            .writer
-            .insert(WriteMultipart::new_with_chunk_size(multipart, 8 << 20));
+        let file = unfinished.file.insert(Upload::new(
+            self.store.clone(),
+            self.path(build_id, "debuginfo"),
+        ));
         let mut size = 0u64;
         // The first bytes, until they show whether this is an ELF file: nothing else is
         // symbolized, so nothing else is kept (a tenant's store is not a place for any
@@ -436,21 +438,21 @@ impl DebugInfoStore {
                             m.size
                         )));
                     }
-                    if let Err(e) = writer.wait_for_capacity(4).await {
+                    if let Err(e) = file.write(chunk).await {
                         break Some(e.into());
                     }
-                    writer.put(chunk);
                 }
             }
         };
-        let writer = unfinished.writer.take().expect("put there above");
+        let file = unfinished.file.take().expect("put there above");
         if let Some(e) = failed {
-            let _ = writer.abort().await;
+            file.abort().await;
             self.forget(build_id, upload_id).await;
             unfinished.upload = None;
             return Err(e);
         }
-        writer.finish().await?;
+        // A failure aborts the file's parts; the upload is forgotten (by `unfinished`).
+        file.finish().await?;
         unfinished.upload = None;
         Ok(size)
     }

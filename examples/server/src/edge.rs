@@ -270,9 +270,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
 /// its timers), about: charged to the budget while it lasts.
 pub const REQUEST_OVERHEAD: usize = 16 << 10;
 
-/// What a streamed upload holds at most (`frostdb_pprof::debuginfo`'s multipart writer:
-/// 8 MiB parts, four in flight and one filling).
-pub const STREAMED_UPLOAD_BYTES: usize = 5 * (8 << 20);
+/// What a streamed upload holds at most: `frostdb_pprof::debuginfo`'s [`frostdb_core::Upload`]
+/// (its parts in flight and one filling) and the chunk received last (Parca Agent sends
+/// 8 MiB; room for 16).
+pub const STREAMED_UPLOAD_BYTES: usize =
+    (frostdb_core::Upload::IN_FLIGHT + 1) * frostdb_core::Upload::PART + (16 << 20);
 
 /// Whether a request's body is streamed to the object store in parts, never held whole:
 /// debug file uploads, over HTTP and over Parca's gRPC.

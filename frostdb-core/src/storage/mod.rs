@@ -11,6 +11,7 @@ mod keys;
 mod pages;
 mod read;
 mod thrift;
+mod upload;
 mod write;
 
 use std::collections::HashMap;
@@ -24,6 +25,7 @@ use crate::io::Io;
 use crate::manifest::BlockMeta;
 
 pub(crate) use read::BlockPlan;
+pub use upload::Upload;
 pub(crate) use write::properties;
 
 /// The object store holding a database's blocks.

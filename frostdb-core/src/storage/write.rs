@@ -16,134 +16,10 @@ use parquet::schema::types::ColumnPath;
 
 use super::Storage;
 use super::keys::{FOOTER_KEY, KeyColumn, Recorder};
+use super::upload::Upload;
 use crate::error::{Error, Result};
 use crate::options::TableOptions;
 use crate::schema::{ColumnName, Compression, Encoding, Schema};
-
-/// Upload buffer: parts of this size go to the store as a multipart upload.
-const UPLOAD_PART: usize = 8 << 20;
-/// Parts in flight at once.
-const UPLOADS_IN_FLIGHT: usize = 2;
-
-/// The upload of a block: parts of [`UPLOAD_PART`] bytes of a multipart upload, at most
-/// [`UPLOADS_IN_FLIGHT`] at once, or one put for a block smaller than a part. Any failure
-/// aborts the parts sent so far (object_store's `BufWriter` dropped them unaborted when a
-/// part failed, or when the block's batches did: S3 keeps, and bills, the parts of an
-/// upload neither completed nor aborted, and a merge retried at every cut left a block's
-/// worth each time, outside every orphan sweep).
-struct Upload {
-    store: std::sync::Arc<dyn object_store::ObjectStore>,
-    path: ObjectPath,
-    /// Bytes not yet sent, and how many.
-    pending: Vec<bytes::Bytes>,
-    pending_bytes: usize,
-    /// The multipart upload, once the block is past one part, and its parts in flight.
-    multipart: Option<Box<dyn object_store::MultipartUpload>>,
-    parts: tokio::task::JoinSet<object_store::Result<()>>,
-}
-
-impl Upload {
-    fn new(store: std::sync::Arc<dyn object_store::ObjectStore>, path: ObjectPath) -> Self {
-        Self {
-            store,
-            path,
-            pending: Vec::new(),
-            pending_bytes: 0,
-            multipart: None,
-            parts: tokio::task::JoinSet::new(),
-        }
-    }
-
-    /// Sends the pending bytes as a part, the multipart upload begun if it was not, once
-    /// fewer than `in_flight` parts are in flight.
-    async fn send(&mut self, in_flight: usize) -> object_store::Result<()> {
-        while self.parts.len() >= in_flight.max(1) {
-            self.joined().await?;
-        }
-        if self.multipart.is_none() {
-            use object_store::ObjectStoreExt;
-            self.multipart = Some(self.store.put_multipart(&self.path).await?);
-        }
-        let payload: object_store::PutPayload =
-            std::mem::take(&mut self.pending).into_iter().collect();
-        self.pending_bytes = 0;
-        if let Some(multipart) = &mut self.multipart {
-            self.parts.spawn(multipart.put_part(payload));
-        }
-        Ok(())
-    }
-
-    /// Waits for a part in flight.
-    async fn joined(&mut self) -> object_store::Result<()> {
-        match self.parts.join_next().await {
-            Some(Ok(part)) => part,
-            Some(Err(e)) => Err(object_store::Error::Generic {
-                store: "upload",
-                source: Box::new(e),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// The block's last bytes, then the upload made whole (or the single put).
-    async fn finish(&mut self) -> object_store::Result<()> {
-        if self.multipart.is_none() {
-            use object_store::ObjectStoreExt;
-            let payload: object_store::PutPayload =
-                std::mem::take(&mut self.pending).into_iter().collect();
-            return self.store.put(&self.path, payload).await.map(|_| ());
-        }
-        let result = async {
-            if self.pending_bytes > 0 {
-                self.send(UPLOADS_IN_FLIGHT).await?;
-            }
-            while !self.parts.is_empty() {
-                self.joined().await?;
-            }
-            match &mut self.multipart {
-                Some(multipart) => multipart.complete().await.map(|_| ()),
-                None => Ok(()),
-            }
-        }
-        .await;
-        if result.is_err() {
-            self.abort().await;
-        }
-        result
-    }
-
-    /// Gives up the parts sent so far (an error aborting them is the store's to clean up:
-    /// nothing names them).
-    async fn abort(&mut self) {
-        self.parts.shutdown().await;
-        if let Some(mut multipart) = self.multipart.take() {
-            let _ = multipart.abort().await;
-        }
-    }
-}
-
-impl parquet::arrow::async_writer::AsyncFileWriter for Upload {
-    fn write(
-        &mut self,
-        bs: bytes::Bytes,
-    ) -> futures::future::BoxFuture<'_, parquet::errors::Result<()>> {
-        Box::pin(async move {
-            self.pending_bytes += bs.len();
-            self.pending.push(bs);
-            if self.pending_bytes >= UPLOAD_PART {
-                self.send(UPLOADS_IN_FLIGHT)
-                    .await
-                    .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
-            }
-            Ok(())
-        })
-    }
-
-    fn complete(&mut self) -> futures::future::BoxFuture<'_, parquet::errors::Result<()>> {
-        // `write_block` finishes the upload itself, so that a failure aborts it.
-        Box::pin(async { Ok(()) })
-    }
-}
 
 /// What writing a block produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,7 +163,7 @@ impl Storage {
                 writer.finish().await.map_err(|e| parquet(e))
             }
             .await;
-            let mut upload = writer.into_inner();
+            let upload = writer.into_inner();
             let metadata = match wrote {
                 Ok(metadata) => metadata,
                 Err(e) => {

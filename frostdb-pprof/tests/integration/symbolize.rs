@@ -785,17 +785,37 @@ async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
     }
 }
 
-/// An object store that counts the multipart uploads aborted in it: S3 keeps (and bills)
-/// the parts of an upload neither completed nor aborted.
-#[derive(Debug)]
+/// An object store that counts the multipart uploads aborted in it (S3 keeps, and bills,
+/// the parts of an upload neither completed nor aborted), and fails or stalls them on
+/// command: the `fail_part`th part sent fails (counted from 1; 0: none), and with
+/// `stall_completion` a completion never returns, once `completing` is set.
+#[derive(Debug, Default)]
 struct CountsAborts {
-    inner: Arc<dyn object_store::ObjectStore>,
+    inner: Option<Arc<dyn object_store::ObjectStore>>,
     aborted: Arc<std::sync::atomic::AtomicUsize>,
+    fail_part: Arc<std::sync::atomic::AtomicUsize>,
+    stall_completion: bool,
+    completing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CountsAborts {
+    fn over(dir: &std::path::Path) -> Self {
+        Self {
+            inner: Some(Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap(),
+            )),
+            ..Self::default()
+        }
+    }
+
+    fn inner(&self) -> &Arc<dyn object_store::ObjectStore> {
+        self.inner.as_ref().expect("an inner store")
+    }
 }
 
 impl std::fmt::Display for CountsAborts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CountsAborts({})", self.inner)
+        write!(f, "CountsAborts({})", self.inner())
     }
 }
 
@@ -803,15 +823,33 @@ impl std::fmt::Display for CountsAborts {
 struct AbortCounted {
     inner: Box<dyn object_store::MultipartUpload>,
     aborted: Arc<std::sync::atomic::AtomicUsize>,
+    fail_part: Arc<std::sync::atomic::AtomicUsize>,
+    parts: usize,
+    stall_completion: bool,
+    completing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[async_trait::async_trait]
 impl object_store::MultipartUpload for AbortCounted {
     fn put_part(&mut self, data: object_store::PutPayload) -> object_store::UploadPart {
+        self.parts += 1;
+        if self.parts == self.fail_part.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async {
+                Err(object_store::Error::Generic {
+                    store: "CountsAborts",
+                    source: "injected: a part failed".into(),
+                })
+            });
+        }
         self.inner.put_part(data)
     }
 
     async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
+        self.completing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if self.stall_completion {
+            futures::future::pending::<()>().await;
+        }
         self.inner.complete().await
     }
 
@@ -830,7 +868,7 @@ impl object_store::ObjectStore for CountsAborts {
         payload: object_store::PutPayload,
         opts: object_store::PutOptions,
     ) -> object_store::Result<object_store::PutResult> {
-        self.inner.put_opts(location, payload, opts).await
+        self.inner().put_opts(location, payload, opts).await
     }
 
     async fn put_multipart_opts(
@@ -839,8 +877,12 @@ impl object_store::ObjectStore for CountsAborts {
         opts: object_store::PutMultipartOptions,
     ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
         Ok(Box::new(AbortCounted {
-            inner: self.inner.put_multipart_opts(location, opts).await?,
+            inner: self.inner().put_multipart_opts(location, opts).await?,
             aborted: self.aborted.clone(),
+            fail_part: self.fail_part.clone(),
+            parts: 0,
+            stall_completion: self.stall_completion,
+            completing: self.completing.clone(),
         }))
     }
 
@@ -849,7 +891,7 @@ impl object_store::ObjectStore for CountsAborts {
         location: &object_store::path::Path,
         options: object_store::GetOptions,
     ) -> object_store::Result<object_store::GetResult> {
-        self.inner.get_opts(location, options).await
+        self.inner().get_opts(location, options).await
     }
 
     fn delete_stream(
@@ -859,21 +901,21 @@ impl object_store::ObjectStore for CountsAborts {
             object_store::Result<object_store::path::Path>,
         >,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
-        self.inner.delete_stream(locations)
+        self.inner().delete_stream(locations)
     }
 
     fn list(
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner.list(prefix)
+        self.inner().list(prefix)
     }
 
     async fn list_with_delimiter(
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> object_store::Result<object_store::ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        self.inner().list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(
@@ -882,7 +924,56 @@ impl object_store::ObjectStore for CountsAborts {
         to: &object_store::path::Path,
         options: object_store::CopyOptions,
     ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
+        self.inner().copy_opts(from, to, options).await
+    }
+}
+
+/// A debug info store over `bucket`, and an upload of [`PARTS_BUILD_ID`] begun in it,
+/// announced at 10 MiB: past one part of an upload.
+async fn begun_past_a_part(
+    dir: &std::path::Path,
+    bucket: CountsAborts,
+) -> (DebugInfoStore, String) {
+    std::fs::create_dir_all(dir.join("t")).unwrap();
+    let store = DebugInfoStore::new(
+        Arc::new(bucket),
+        object_store::path::Path::from("t"),
+        1 << 30,
+        Duration::from_secs(60),
+    )
+    .with_quota(32 << 20);
+    let id = store
+        .initiate(PARTS_BUILD_ID, 10 << 20, "h", false)
+        .await
+        .unwrap();
+    (store, id)
+}
+
+const PARTS_BUILD_ID: &str = "aaaa0001";
+
+/// The ELF magic, then 9 MiB: one part sent while the body streams, the rest at the end.
+fn past_a_part()
+-> impl futures::Stream<Item = Result<bytes::Bytes, frostdb_pprof::debuginfo::Error>> {
+    futures::stream::iter([
+        Ok(bytes::Bytes::from_static(b"\x7fELF\x02\x01\x01")),
+        Ok(bytes::Bytes::from(vec![0u8; 9 << 20])),
+    ])
+}
+
+/// Begins the upload of [`PARTS_BUILD_ID`] again, once the one before is forgotten (on
+/// the runtime, after its request is dropped): without, a conflict until it is stale,
+/// minutes later.
+async fn begun_again(store: &DebugInfoStore) -> String {
+    let mut tries = 0;
+    loop {
+        match store.initiate(PARTS_BUILD_ID, 10 << 20, "h", false).await {
+            Ok(id) => return id,
+            Err(e) => {
+                tries += 1;
+                assert!(tries < 1_000_000, "never forgotten: {e}");
+                tokio::task::yield_now().await;
+            }
+        }
     }
 }
 
@@ -894,33 +985,19 @@ impl object_store::ObjectStore for CountsAborts {
 async fn an_upload_dropped_unfinished_is_forgotten() {
     use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("t")).unwrap();
-    let aborted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let bucket = CountsAborts {
-        inner: Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
-        aborted: aborted.clone(),
-    };
-    let store = DebugInfoStore::new(
-        Arc::new(bucket),
-        object_store::path::Path::from("t"),
-        1 << 30,
-        Duration::from_secs(60),
-    )
-    .with_quota(3 << 20);
-    let build_id = "aaaa0001";
-    let id = store.initiate(build_id, 2 << 20, "h", false).await.unwrap();
-    // The ELF magic, then a body that never comes: polled until the upload asks for
-    // more than the magic (it is then receiving), and dropped there, as a request's
-    // deadline drops it.
+    let bucket = CountsAborts::over(dir.path());
+    let aborted = bucket.aborted.clone();
+    let (store, id) = begun_past_a_part(dir.path(), bucket).await;
+    // A part's worth, then a body that never comes: polled until the upload asks for
+    // more (it is then receiving), and dropped there, as a request's deadline drops it.
     let asked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let waiting = asked.clone();
-    let body = futures::stream::iter([Ok(bytes::Bytes::from_static(b"\x7fELF\x02\x01\x01"))])
-        .chain(futures::stream::poll_fn(move |_| {
-            waiting.store(true, std::sync::atomic::Ordering::Relaxed);
-            std::task::Poll::Pending
-        }));
+    let body = past_a_part().chain(futures::stream::poll_fn(move |_| {
+        waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+        std::task::Poll::Pending
+    }));
     {
-        let mut upload = std::pin::pin!(store.upload(build_id, &id, Box::pin(body)));
+        let mut upload = std::pin::pin!(store.upload(PARTS_BUILD_ID, &id, Box::pin(body)));
         while !asked.load(std::sync::atomic::Ordering::Relaxed) {
             assert!(
                 futures::poll!(&mut upload).is_pending(),
@@ -929,20 +1006,66 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
             tokio::task::yield_now().await;
         }
     }
-    // Forgotten on the runtime: a retry begins once it is (without: a conflict until the
-    // upload is stale, minutes later).
-    let mut tries = 0;
-    let retried = loop {
-        match store.initiate(build_id, 2 << 20, "h", false).await {
-            Ok(id) => break id,
-            Err(e) => {
-                tries += 1;
-                assert!(tries < 1_000_000, "never forgotten: {e}");
-                tokio::task::yield_now().await;
-            }
-        }
-    };
-    assert_ne!(retried, id);
+    assert_ne!(begun_again(&store).await, id);
     // Forgetting follows the abort, in the same task.
+    assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// An upload whose last part fails (sent as the body ends) fails, and its parts are
+/// aborted: object_store's `WriteMultipart` returned the part's error from its `finish`
+/// and left the upload open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_last_part_fails_is_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = CountsAborts::over(dir.path());
+    bucket
+        .fail_part
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let aborted = bucket.aborted.clone();
+    let (store, id) = begun_past_a_part(dir.path(), bucket).await;
+    let failed = store
+        .upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part()))
+        .await
+        .expect_err("its last part failed");
+    assert!(failed.to_string().contains("a part failed"), "{failed}");
+    assert_eq!(
+        aborted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the failed upload's parts were left"
+    );
+    assert_ne!(begun_again(&store).await, id, "and it is forgotten");
+}
+
+/// An upload dropped while it completes (its request's deadline passing then) aborts its
+/// parts: object_store's `WriteMultipart` was consumed by its `finish`, and dropped with
+/// it, unaborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_dropped_while_completing_is_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bucket = CountsAborts::over(dir.path());
+    bucket.stall_completion = true;
+    let (aborted, completing) = (bucket.aborted.clone(), bucket.completing.clone());
+    let (store, id) = begun_past_a_part(dir.path(), bucket).await;
+    {
+        let mut upload = std::pin::pin!(store.upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part())));
+        while !completing.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(
+                futures::poll!(&mut upload).is_pending(),
+                "the upload never completes"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_ne!(begun_again(&store).await, id);
+    // Aborted on the runtime, beside the forgetting.
+    let mut tries = 0;
+    while aborted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tries += 1;
+        assert!(
+            tries < 1_000_000,
+            "the upload dropped while completing was never aborted"
+        );
+        tokio::task::yield_now().await;
+    }
     assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
