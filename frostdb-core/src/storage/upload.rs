@@ -30,6 +30,8 @@ pub struct Upload {
     /// aborted; and its parts in flight.
     multipart: Option<Box<dyn MultipartUpload>>,
     parts: tokio::task::JoinSet<object_store::Result<()>>,
+    /// Given up (a failure): finishing it would put whatever is pending as the object.
+    aborted: bool,
 }
 
 impl std::fmt::Debug for Upload {
@@ -58,6 +60,7 @@ impl Upload {
             pending_bytes: 0,
             multipart: None,
             parts: tokio::task::JoinSet::new(),
+            aborted: false,
         }
     }
 
@@ -83,6 +86,12 @@ impl Upload {
     /// Sends the last bytes and completes the upload (or puts the object, smaller than a
     /// part). A failure aborts the upload.
     pub async fn finish(mut self) -> object_store::Result<()> {
+        if self.aborted {
+            return Err(object_store::Error::Generic {
+                store: "upload",
+                source: format!("the upload of {} failed before it was finished", self.path).into(),
+            });
+        }
         if self.multipart.is_none() {
             let payload: PutPayload = std::mem::take(&mut self.pending).into_iter().collect();
             self.pending_bytes = 0;
@@ -106,17 +115,21 @@ impl Upload {
     }
 
     /// Gives up the upload: its parts in flight are stopped and those sent aborted (an
-    /// error aborting them is the store's to clean up: nothing names them).
+    /// error aborting them is logged: the store keeps them, and only its own expiry of
+    /// unfinished uploads removes them).
     pub async fn abort(mut self) {
         self.aborted().await;
     }
 
     async fn aborted(&mut self) {
+        self.aborted = true;
         self.pending.clear();
         self.pending_bytes = 0;
         self.parts.shutdown().await;
-        if let Some(mut multipart) = self.multipart.take() {
-            let _ = multipart.abort().await;
+        if let Some(mut multipart) = self.multipart.take()
+            && let Err(error) = multipart.abort().await
+        {
+            tracing::warn!(path = %self.path, %error, "aborting a failed upload failed; the store keeps its parts");
         }
     }
 
@@ -168,6 +181,8 @@ impl Drop for Upload {
         let Some(mut multipart) = self.multipart.take() else {
             return;
         };
+        // Before the abort: a part landing after it would be kept.
+        self.parts.abort_all();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let path = self.path.clone();
