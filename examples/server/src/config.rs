@@ -426,10 +426,12 @@ pub struct Limits {
     /// See `max_headers`.
     pub max_header_bytes: usize,
     /// Queries (merges, reports, SQL) running at once; more wait, and past 16 times as many
-    /// waiting are answered 503. Absent: twice the cores.
+    /// waiting are answered 503. Absent: twice the cores. One tenant holds at most three
+    /// quarters of the slots and the queue (429 beyond), and runs in all slots but one
+    /// (from three on): its slow queries never hold up another tenant's.
     pub max_concurrent_queries: Option<usize>,
     /// Profiles being decoded and stored at once; more wait, and past 16 times as many
-    /// waiting are answered 503.
+    /// waiting are answered 503. Shared among tenants as `max_concurrent_queries` is.
     pub max_concurrent_ingest: usize,
     /// The memory budget of the whole server: request bodies and their decoding, queries
     /// (merges, reports, SQL, their functions) and the tenants' in-memory blocks share it;

@@ -152,6 +152,40 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
              not yet sent.",
             state.budget.reserved() as u64,
         );
+        for (lane, name) in [
+            (&state.work.queries, "frostdb_query_jobs_running"),
+            (&state.work.ingest, "frostdb_ingest_jobs_running"),
+        ] {
+            single(
+                &mut out,
+                name,
+                "gauge",
+                &format!(
+                    "Jobs running in the {} lane now, of its {} slots ({}); one tenant runs in \
+                     at most {} of them.",
+                    lane.name(),
+                    lane.slots(),
+                    lane.key(),
+                    crate::work::Lane::tenant_slots(lane.slots()),
+                ),
+                lane.running() as u64,
+            );
+        }
+        for (lane, name) in [
+            (&state.work.queries, "frostdb_query_jobs_waiting"),
+            (&state.work.ingest, "frostdb_ingest_jobs_waiting"),
+        ] {
+            single(
+                &mut out,
+                name,
+                "gauge",
+                &format!(
+                    "Jobs waiting for a slot of the {} lane now, or for one of their tenant's.",
+                    lane.name()
+                ),
+                lane.waiting() as u64,
+            );
+        }
         single(
             &mut out,
             "frostdb_memory_standing_bytes",

@@ -27,12 +27,21 @@ tokio::task_local! {
     pub static TENANT: Arc<str>;
 }
 
-/// Each tenant's jobs in a lane, running and waiting.
-type Held = Arc<parking_lot::Mutex<std::collections::HashMap<Arc<str>, usize>>>;
+/// Each tenant's jobs in a lane.
+type Held = Arc<parking_lot::Mutex<std::collections::HashMap<Arc<str>, TenantJobs>>>;
 
-/// A slot of a lane, and its place in its tenant's share, both given back when dropped.
+/// A tenant's jobs in a lane: how many run or wait, and the slots it may run in at once.
+#[derive(Debug)]
+struct TenantJobs {
+    held: usize,
+    running: Arc<Semaphore>,
+}
+
+/// A slot of a lane, its tenant's running place and its place in its tenant's share, all
+/// given back when dropped.
 struct Slot {
     _permit: OwnedSemaphorePermit,
+    _running: Option<OwnedSemaphorePermit>,
     _share: Option<Share>,
 }
 
@@ -45,9 +54,9 @@ struct Share {
 impl Drop for Share {
     fn drop(&mut self) {
         let mut held = self.held.lock();
-        if let Some(n) = held.get_mut(&self.tenant) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(jobs) = held.get_mut(&self.tenant) {
+            jobs.held -= 1;
+            if jobs.held == 0 {
                 held.remove(&self.tenant);
             }
         }
@@ -104,9 +113,14 @@ pub struct Lane {
     waiting: AtomicUsize,
     max_waiting: usize,
     /// Each tenant's jobs here, running and waiting: at most `max_tenant` each, so that
-    /// one tenant's slow queries never take every slot and every place in the queue.
+    /// one tenant's slow queries never take every place in the queue; and at most
+    /// `max_tenant_running` of them running, so that they never take every slot either
+    /// (another tenant's query waited for the first of them to end, up to the deadline).
     held: Held,
     max_tenant: usize,
+    max_tenant_running: usize,
+    /// Jobs waiting for one of their tenant's running slots.
+    waiting_for_tenant: AtomicUsize,
     /// Whether the engine's scans a job starts stop once its request ended (reads); a
     /// write's job runs to its end or fails whole on its own.
     stops_reads: bool,
@@ -125,6 +139,8 @@ impl Lane {
             max_waiting,
             held: Held::default(),
             max_tenant: ((slots + max_waiting) * 3 / 4).max(1),
+            max_tenant_running: Self::tenant_slots(slots),
+            waiting_for_tenant: AtomicUsize::new(0),
             stops_reads: false,
         }
     }
@@ -138,35 +154,84 @@ impl Lane {
         }
     }
 
+    /// The slots of a lane of `slots` one tenant may run in at once: all but one, kept for
+    /// the other tenants, from three on (with fewer, a lone tenant would lose half its
+    /// lane to a reserve).
+    pub fn tenant_slots(slots: usize) -> usize {
+        match slots {
+            0..3 => slots.max(1),
+            _ => slots - 1,
+        }
+    }
+
+    /// The lane's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The config key that sets its slots.
+    pub fn key(&self) -> &'static str {
+        self.key
+    }
+
+    /// Jobs it runs at once.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
     /// Jobs running now.
     pub fn running(&self) -> usize {
         self.slots - self.permits.available_permits()
     }
 
-    /// A slot, once free; 503 when the queue is full, 429 when the request's tenant holds
-    /// its share of the lane already (three quarters of its slots and queue).
+    /// Jobs waiting now: for a slot, or for one of their tenant's.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire) + self.waiting_for_tenant.load(Ordering::Acquire)
+    }
+
+    /// A slot, once free and once the request's tenant runs fewer jobs here than it may
+    /// ([`Lane::tenant_slots`]); 503 when the queue is full, 429 when the tenant holds its
+    /// share of the lane already (three quarters of its slots and queue).
     async fn slot(&self) -> ApiResult<Slot> {
-        let share = match TENANT.try_with(Arc::clone) {
+        let (share, running) = match TENANT.try_with(Arc::clone) {
             Ok(tenant) => {
-                let mut held = self.held.lock();
-                let n = held.entry(tenant.clone()).or_insert(0);
-                if *n >= self.max_tenant {
-                    return Err(ApiError::limited(format!(
-                        "tenant {tenant:?} has {n} {} jobs running or waiting, its share of the {} slots ({}) and {} places in the queue; retry shortly",
-                        self.name, self.slots, self.key, self.max_waiting
-                    )));
-                }
-                *n += 1;
-                Some(Share {
+                let running = {
+                    let mut held = self.held.lock();
+                    let jobs = held.entry(tenant.clone()).or_insert_with(|| TenantJobs {
+                        held: 0,
+                        running: Arc::new(Semaphore::new(self.max_tenant_running)),
+                    });
+                    if jobs.held >= self.max_tenant {
+                        return Err(ApiError::limited(format!(
+                            "tenant {tenant:?} has {} {} jobs running or waiting, its share of the {} slots ({}) and {} places in the queue; retry shortly",
+                            jobs.held, self.name, self.slots, self.key, self.max_waiting
+                        )));
+                    }
+                    jobs.held += 1;
+                    jobs.running.clone()
+                };
+                let share = Share {
                     held: self.held.clone(),
                     tenant,
-                })
+                };
+                // Its jobs past its running slots wait for one of its own, not in the
+                // lane's queue for a slot another tenant's would take.
+                let running = {
+                    self.waiting_for_tenant.fetch_add(1, Ordering::AcqRel);
+                    let _left = Waiting(&self.waiting_for_tenant);
+                    running
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| ApiError::busy("the server is shutting down", 5))?
+                };
+                (Some(share), Some(running))
             }
-            Err(_) => None,
+            Err(_) => (None, None),
         };
         let permit = self.permit().await?;
         Ok(Slot {
             _permit: permit,
+            _running: running,
             _share: share,
         })
     }
@@ -372,7 +437,7 @@ mod tests {
                 )
             })
             .collect();
-        while lane.held.lock().get("a").copied() != Some(3) {
+        while lane.held.lock().get("a").map(|jobs| jobs.held) != Some(3) {
             tokio::task::yield_now().await;
         }
         let refused = TENANT
@@ -392,6 +457,41 @@ mod tests {
             w.await.unwrap().unwrap();
         }
         other.await.unwrap().unwrap();
+        assert!(lane.held.lock().is_empty(), "every share given back");
+    }
+
+    /// One tenant never runs in every slot of a lane of three or more: its jobs past all
+    /// but one wait for one of its own, and another tenant's job takes the slot kept. (One
+    /// tenant's six endless SQL queries held the four query slots, and another tenant's
+    /// `SELECT 1` waited 58 s for the first of them to reach its deadline.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenant_leaves_a_slot_for_the_others() {
+        assert_eq!(
+            (1..=5).map(Lane::tenant_slots).collect::<Vec<_>>(),
+            [1, 2, 2, 3, 4]
+        );
+        let lane = Arc::new(Lane::new("query", "limits.max_concurrent_queries", 3, 9));
+        let first = TENANT.scope(tenant("a"), lane.slot()).await.unwrap();
+        let second = TENANT.scope(tenant("a"), lane.slot()).await.unwrap();
+        let third = {
+            let lane = lane.clone();
+            tokio::spawn(TENANT.scope(tenant("a"), async move { lane.slot().await }))
+        };
+        while lane.held.lock().get("a").map(|jobs| jobs.held) != Some(3) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(lane.running(), 2, "a's third job waits with a slot free");
+        assert_eq!(lane.waiting(), 1);
+        assert!(!third.is_finished());
+        // Tenant b takes the slot kept, at once, though a's job waited first.
+        let other = TENANT.scope(tenant("b"), lane.slot()).await.unwrap();
+        assert_eq!(lane.running(), 3);
+        // a's job runs once one of a's own ends.
+        drop(first);
+        let third = third.await.unwrap().unwrap();
+        assert_eq!(lane.running(), 3);
+        drop((second, third, other));
+        assert_eq!(lane.running(), 0);
         assert!(lane.held.lock().is_empty(), "every share given back");
     }
 

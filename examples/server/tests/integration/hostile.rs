@@ -103,6 +103,67 @@ async fn a_cross_join_neither_starves_the_server_nor_outlives_its_timeout() {
     );
 }
 
+/// One tenant's endless queries leave a query slot for the others: another tenant's query
+/// is answered while they still run. (Four endless SQL queries of one tenant held the four
+/// query slots, and another tenant's query waited for the first of them to reach its
+/// deadline: 58 s at the default.)
+#[tokio::test]
+async fn one_tenants_endless_queries_leave_a_slot_for_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmax_concurrent_queries = 3\nrequest_timeout_secs = 20\nshutdown_grace_secs = 2\n",
+        ),
+    );
+    push_go_cpu(&s).await;
+    let (status, body) = push_pprof(
+        &s,
+        "other",
+        "app.cpu",
+        testdata("pprof/pyroscope__go-cpu.pb.gz"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let endless = "SELECT sum(value) FROM generate_series(1, 100000000000) AS t(value)";
+    let queries: Vec<_> = (0..3)
+        .map(|_| {
+            let url = format!("{}/api/v1/sql?q={}", s.url, enc(endless));
+            tokio::spawn(async move { get(&url, None).await })
+        })
+        .collect();
+    // All three in: two run, the third waits for one of them (with every slot theirs,
+    // three ran).
+    assert!(
+        eventually(Duration::from_secs(20), async || {
+            gauge(&s, "frostdb_query_jobs_running").await
+                + gauge(&s, "frostdb_query_jobs_waiting").await
+                == 3
+        })
+        .await,
+        "the endless queries never all arrived"
+    );
+    assert_eq!(gauge(&s, "frostdb_query_jobs_running").await, 2);
+    let (status, body) = get(
+        &format!(
+            "{}/api/v1/sql?q={}",
+            s.url,
+            enc("SELECT count(*) AS n FROM samples")
+        ),
+        Some("other"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""n":"#), "{body}");
+    assert!(
+        queries.iter().all(|q| !q.is_finished()),
+        "the other tenant was answered only once an endless query ended"
+    );
+    for q in queries {
+        q.abort();
+    }
+}
+
 /// Statements whose operators copy values where no memory limit sees them are refused
 /// by name before they run: an unnest copying a row's 5 MB value onto each of 100,000
 /// elements (500 GB in one allocation: the process aborted), a cross join of a 64-bit
