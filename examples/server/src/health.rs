@@ -152,13 +152,13 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
              not yet sent.",
             state.budget.reserved() as u64,
         );
-        for (lane, name) in [
-            (&state.work.queries, "frostdb_query_jobs_running"),
-            (&state.work.ingest, "frostdb_ingest_jobs_running"),
+        for (lane, family) in [
+            (&state.work.queries, "frostdb_query_jobs"),
+            (&state.work.ingest, "frostdb_ingest_jobs"),
         ] {
             single(
                 &mut out,
-                name,
+                &format!("{family}_running"),
                 "gauge",
                 &format!(
                     "Jobs running in the {} lane now, of its {} slots ({}); one tenant runs in \
@@ -170,14 +170,9 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
                 ),
                 lane.running() as u64,
             );
-        }
-        for (lane, name) in [
-            (&state.work.queries, "frostdb_query_jobs_waiting"),
-            (&state.work.ingest, "frostdb_ingest_jobs_waiting"),
-        ] {
             single(
                 &mut out,
-                name,
+                &format!("{family}_waiting"),
                 "gauge",
                 &format!(
                     "Jobs waiting for a slot of the {} lane now, or for one of their tenant's.",
