@@ -960,6 +960,19 @@ fn past_a_part()
     ])
 }
 
+/// Polls `upload`, which must not end, until `reached` says it got where it is to be
+/// dropped, and drops it there (as a request's deadline drops it).
+async fn dropped_once<T>(upload: impl std::future::Future<Output = T>, reached: impl Fn() -> bool) {
+    let mut upload = std::pin::pin!(upload);
+    while !reached() {
+        assert!(
+            futures::poll!(&mut upload).is_pending(),
+            "the upload ended before it was to be dropped"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Begins the upload of [`PARTS_BUILD_ID`] again, once the one before is forgotten (on
 /// the runtime, after its request is dropped): without, a conflict until it is stale,
 /// minutes later.
@@ -996,16 +1009,10 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
         waiting.store(true, std::sync::atomic::Ordering::Relaxed);
         std::task::Poll::Pending
     }));
-    {
-        let mut upload = std::pin::pin!(store.upload(PARTS_BUILD_ID, &id, Box::pin(body)));
-        while !asked.load(std::sync::atomic::Ordering::Relaxed) {
-            assert!(
-                futures::poll!(&mut upload).is_pending(),
-                "the upload waits for its body"
-            );
-            tokio::task::yield_now().await;
-        }
-    }
+    dropped_once(store.upload(PARTS_BUILD_ID, &id, Box::pin(body)), || {
+        asked.load(std::sync::atomic::Ordering::Relaxed)
+    })
+    .await;
     assert_ne!(begun_again(&store).await, id);
     // Forgetting follows the abort, in the same task.
     assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -1046,16 +1053,11 @@ async fn an_upload_dropped_while_completing_is_aborted() {
     bucket.stall_completion = true;
     let (aborted, completing) = (bucket.aborted.clone(), bucket.completing.clone());
     let (store, id) = begun_past_a_part(dir.path(), bucket).await;
-    {
-        let mut upload = std::pin::pin!(store.upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part())));
-        while !completing.load(std::sync::atomic::Ordering::SeqCst) {
-            assert!(
-                futures::poll!(&mut upload).is_pending(),
-                "the upload never completes"
-            );
-            tokio::task::yield_now().await;
-        }
-    }
+    dropped_once(
+        store.upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part())),
+        || completing.load(std::sync::atomic::Ordering::SeqCst),
+    )
+    .await;
     assert_ne!(begun_again(&store).await, id);
     // Aborted on the runtime, beside the forgetting.
     let mut tries = 0;
