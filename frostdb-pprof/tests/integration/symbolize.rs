@@ -789,9 +789,9 @@ async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
 /// the parts of an upload neither completed nor aborted), and fails or stalls them on
 /// command: the `fail_part`th part sent fails (counted from 1; 0: none), and with
 /// `stall_completion` a completion never returns, once `completing` is set.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct CountsAborts {
-    inner: Option<Arc<dyn object_store::ObjectStore>>,
+    inner: Arc<dyn object_store::ObjectStore>,
     aborted: Arc<std::sync::atomic::AtomicUsize>,
     fail_part: Arc<std::sync::atomic::AtomicUsize>,
     stall_completion: bool,
@@ -801,21 +801,18 @@ struct CountsAborts {
 impl CountsAborts {
     fn over(dir: &std::path::Path) -> Self {
         Self {
-            inner: Some(Arc::new(
-                object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap(),
-            )),
-            ..Self::default()
+            inner: Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap()),
+            aborted: Default::default(),
+            fail_part: Default::default(),
+            stall_completion: false,
+            completing: Default::default(),
         }
-    }
-
-    fn inner(&self) -> &Arc<dyn object_store::ObjectStore> {
-        self.inner.as_ref().expect("an inner store")
     }
 }
 
 impl std::fmt::Display for CountsAborts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CountsAborts({})", self.inner())
+        write!(f, "CountsAborts({})", self.inner)
     }
 }
 
@@ -868,7 +865,7 @@ impl object_store::ObjectStore for CountsAborts {
         payload: object_store::PutPayload,
         opts: object_store::PutOptions,
     ) -> object_store::Result<object_store::PutResult> {
-        self.inner().put_opts(location, payload, opts).await
+        self.inner.put_opts(location, payload, opts).await
     }
 
     async fn put_multipart_opts(
@@ -877,7 +874,7 @@ impl object_store::ObjectStore for CountsAborts {
         opts: object_store::PutMultipartOptions,
     ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
         Ok(Box::new(AbortCounted {
-            inner: self.inner().put_multipart_opts(location, opts).await?,
+            inner: self.inner.put_multipart_opts(location, opts).await?,
             aborted: self.aborted.clone(),
             fail_part: self.fail_part.clone(),
             parts: 0,
@@ -891,7 +888,7 @@ impl object_store::ObjectStore for CountsAborts {
         location: &object_store::path::Path,
         options: object_store::GetOptions,
     ) -> object_store::Result<object_store::GetResult> {
-        self.inner().get_opts(location, options).await
+        self.inner.get_opts(location, options).await
     }
 
     fn delete_stream(
@@ -901,21 +898,21 @@ impl object_store::ObjectStore for CountsAborts {
             object_store::Result<object_store::path::Path>,
         >,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
-        self.inner().delete_stream(locations)
+        self.inner.delete_stream(locations)
     }
 
     fn list(
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner().list(prefix)
+        self.inner.list(prefix)
     }
 
     async fn list_with_delimiter(
         &self,
         prefix: Option<&object_store::path::Path>,
     ) -> object_store::Result<object_store::ListResult> {
-        self.inner().list_with_delimiter(prefix).await
+        self.inner.list_with_delimiter(prefix).await
     }
 
     async fn copy_opts(
@@ -924,7 +921,7 @@ impl object_store::ObjectStore for CountsAborts {
         to: &object_store::path::Path,
         options: object_store::CopyOptions,
     ) -> object_store::Result<()> {
-        self.inner().copy_opts(from, to, options).await
+        self.inner.copy_opts(from, to, options).await
     }
 }
 
