@@ -20,6 +20,7 @@ use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
 ///
 /// Memory: at most `IN_FLIGHT` parts in flight and one filling, besides what the caller's
 /// last write holds (a part may be a slice of it).
+#[derive(Debug)]
 pub struct Upload {
     store: Arc<dyn ObjectStore>,
     path: ObjectPath,
@@ -32,17 +33,6 @@ pub struct Upload {
     parts: tokio::task::JoinSet<object_store::Result<()>>,
     /// Given up (a failure): finishing it would put whatever is pending as the object.
     aborted: bool,
-}
-
-impl std::fmt::Debug for Upload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Upload")
-            .field("path", &self.path)
-            .field("pending_bytes", &self.pending_bytes)
-            .field("multipart", &self.multipart.is_some())
-            .field("parts_in_flight", &self.parts.len())
-            .finish()
-    }
 }
 
 impl Upload {
@@ -118,10 +108,10 @@ impl Upload {
     /// error aborting them is logged: the store keeps them, and only its own expiry of
     /// unfinished uploads removes them).
     pub async fn abort(mut self) {
-        self.aborted().await;
+        self.give_up().await;
     }
 
-    async fn aborted(&mut self) {
+    async fn give_up(&mut self) {
         self.aborted = true;
         self.pending.clear();
         self.pending_bytes = 0;
@@ -138,7 +128,7 @@ impl Upload {
         result: object_store::Result<()>,
     ) -> object_store::Result<()> {
         if result.is_err() {
-            self.aborted().await;
+            self.give_up().await;
         }
         result
     }

@@ -10,6 +10,18 @@ use std::time::{Duration, Instant};
 
 use crate::Bucket;
 
+/// Pseudo-random numbers (xorshift64, from a fixed seed): values, or bytes, that do not
+/// compress.
+pub fn incompressible() -> impl Iterator<Item = u64> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
 /// A port free now on 127.0.0.1 (bound, then released for a child process to take).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -588,14 +588,9 @@ mod tests {
         use arrow::array::BinaryArray;
         const { assert!(MAX_BODY < MAX_PAYLOAD) };
         // 64 KiB of xorshift bytes: incompressible.
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let random: Vec<u8> = (0..1 << 16)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
+        let random: Vec<u8> = crate::testing::incompressible()
+            .take(1 << 16)
+            .map(|x| x as u8)
             .collect();
         let batch = RecordBatch::try_from_iter([(
             "blob",

@@ -249,14 +249,9 @@ fn a_block_upload_that_fails_midway_aborts_its_parts() {
         .unwrap();
     // Values that do not compress, past one 8 MiB part of the upload.
     const ROWS: usize = 1_500_000;
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let values: Vec<i64> = (0..ROWS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as i64
-        })
+    let values: Vec<i64> = frostdb_core::testing::incompressible()
+        .take(ROWS)
+        .map(|x| x as i64)
         .collect();
     let timestamps: Vec<i64> = (0..ROWS as i64).collect();
     table

@@ -9,7 +9,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{Server, testdata};
+use common::{Server, post_json, testdata};
 use frostdb_pprof::api::google::v1 as google;
 use frostdb_pprof::api::querier::v1 as querier;
 use frostdb_pprof::api::settings::v1 as settings;
@@ -796,16 +796,7 @@ async fn a_diffs_sides_are_narrowed_to_their_call_sites() {
     };
     let diff = |body: Value| {
         let url = format!("{}/querier.v1.QuerierService/Diff", s.url);
-        async move {
-            let r = reqwest::Client::new()
-                .post(url)
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.text().await.unwrap())
-        }
+        async move { post_json(&url, &body).await }
     };
     let (status, text) = diff(json!({"left": side(&site), "right": side(&[])})).await;
     assert_eq!(status, 200, "{text}");
