@@ -787,25 +787,29 @@ async fn uploads_begun_at_once_are_checked_against_the_quota_one_at_a_time() {
 
 /// An object store that counts the multipart uploads aborted in it (S3 keeps, and bills,
 /// the parts of an upload neither completed nor aborted), and fails or stalls them on
-/// command: the `fail_part`th part sent fails (counted from 1; 0: none), and with
-/// `stall_completion` a completion never returns, once `completing` is set.
+/// command ([`UploadFaults`]).
 #[derive(Debug)]
 struct CountsAborts {
     inner: Arc<dyn object_store::ObjectStore>,
-    aborted: Arc<std::sync::atomic::AtomicUsize>,
-    fail_part: Arc<std::sync::atomic::AtomicUsize>,
-    stall_completion: bool,
-    completing: Arc<std::sync::atomic::AtomicBool>,
+    faults: Arc<UploadFaults>,
+}
+
+/// What the multipart uploads of a [`CountsAborts`] did, and are to do: the `fail_part`th
+/// part sent fails (counted from 1; 0: none), and with `stall_completion` a completion
+/// never returns, once `completing` is set.
+#[derive(Debug, Default)]
+struct UploadFaults {
+    aborted: std::sync::atomic::AtomicUsize,
+    fail_part: std::sync::atomic::AtomicUsize,
+    stall_completion: std::sync::atomic::AtomicBool,
+    completing: std::sync::atomic::AtomicBool,
 }
 
 impl CountsAborts {
     fn over(dir: &std::path::Path) -> Self {
         Self {
             inner: Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap()),
-            aborted: Default::default(),
-            fail_part: Default::default(),
-            stall_completion: false,
-            completing: Default::default(),
+            faults: Arc::default(),
         }
     }
 }
@@ -819,18 +823,20 @@ impl std::fmt::Display for CountsAborts {
 #[derive(Debug)]
 struct AbortCounted {
     inner: Box<dyn object_store::MultipartUpload>,
-    aborted: Arc<std::sync::atomic::AtomicUsize>,
-    fail_part: Arc<std::sync::atomic::AtomicUsize>,
+    faults: Arc<UploadFaults>,
     parts: usize,
-    stall_completion: bool,
-    completing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[async_trait::async_trait]
 impl object_store::MultipartUpload for AbortCounted {
     fn put_part(&mut self, data: object_store::PutPayload) -> object_store::UploadPart {
         self.parts += 1;
-        if self.parts == self.fail_part.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.parts
+            == self
+                .faults
+                .fail_part
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Box::pin(async {
                 Err(object_store::Error::Generic {
                     store: "CountsAborts",
@@ -842,16 +848,17 @@ impl object_store::MultipartUpload for AbortCounted {
     }
 
     async fn complete(&mut self) -> object_store::Result<object_store::PutResult> {
-        self.completing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        if self.stall_completion {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.faults.completing.store(true, SeqCst);
+        if self.faults.stall_completion.load(SeqCst) {
             futures::future::pending::<()>().await;
         }
         self.inner.complete().await
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {
-        self.aborted
+        self.faults
+            .aborted
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.abort().await
     }
@@ -875,11 +882,8 @@ impl object_store::ObjectStore for CountsAborts {
     ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
         Ok(Box::new(AbortCounted {
             inner: self.inner.put_multipart_opts(location, opts).await?,
-            aborted: self.aborted.clone(),
-            fail_part: self.fail_part.clone(),
+            faults: self.faults.clone(),
             parts: 0,
-            stall_completion: self.stall_completion,
-            completing: self.completing.clone(),
         }))
     }
 
@@ -996,7 +1000,7 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
     use futures::StreamExt;
     let dir = tempfile::tempdir().unwrap();
     let bucket = CountsAborts::over(dir.path());
-    let aborted = bucket.aborted.clone();
+    let faults = bucket.faults.clone();
     let (store, id) = begun_past_a_part(dir.path(), bucket).await;
     // A part's worth, then a body that never comes: polled until the upload asks for
     // more (it is then receiving), and dropped there, as a request's deadline drops it.
@@ -1012,7 +1016,7 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
     .await;
     assert_ne!(begun_again(&store).await, id);
     // Forgetting follows the abort, in the same task.
-    assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(faults.aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 /// An upload whose last part fails (sent as the body ends) fails, and its parts are
@@ -1022,10 +1026,10 @@ async fn an_upload_dropped_unfinished_is_forgotten() {
 async fn an_upload_whose_last_part_fails_is_aborted() {
     let dir = tempfile::tempdir().unwrap();
     let bucket = CountsAborts::over(dir.path());
-    bucket
+    let faults = bucket.faults.clone();
+    faults
         .fail_part
         .store(2, std::sync::atomic::Ordering::SeqCst);
-    let aborted = bucket.aborted.clone();
     let (store, id) = begun_past_a_part(dir.path(), bucket).await;
     let failed = store
         .upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part()))
@@ -1033,7 +1037,7 @@ async fn an_upload_whose_last_part_fails_is_aborted() {
         .expect_err("its last part failed");
     assert!(failed.to_string().contains("a part failed"), "{failed}");
     assert_eq!(
-        aborted.load(std::sync::atomic::Ordering::SeqCst),
+        faults.aborted.load(std::sync::atomic::Ordering::SeqCst),
         1,
         "the failed upload's parts were left"
     );
@@ -1046,19 +1050,21 @@ async fn an_upload_whose_last_part_fails_is_aborted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_dropped_while_completing_is_aborted() {
     let dir = tempfile::tempdir().unwrap();
-    let mut bucket = CountsAborts::over(dir.path());
-    bucket.stall_completion = true;
-    let (aborted, completing) = (bucket.aborted.clone(), bucket.completing.clone());
+    let bucket = CountsAborts::over(dir.path());
+    let faults = bucket.faults.clone();
+    faults
+        .stall_completion
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let (store, id) = begun_past_a_part(dir.path(), bucket).await;
     dropped_once(
         store.upload(PARTS_BUILD_ID, &id, Box::pin(past_a_part())),
-        || completing.load(std::sync::atomic::Ordering::SeqCst),
+        || faults.completing.load(std::sync::atomic::Ordering::SeqCst),
     )
     .await;
     assert_ne!(begun_again(&store).await, id);
     // Aborted on the runtime, beside the forgetting.
     let mut tries = 0;
-    while aborted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+    while faults.aborted.load(std::sync::atomic::Ordering::SeqCst) == 0 {
         tries += 1;
         assert!(
             tries < 1_000_000,
@@ -1066,5 +1072,5 @@ async fn an_upload_dropped_while_completing_is_aborted() {
         );
         tokio::task::yield_now().await;
     }
-    assert_eq!(aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(faults.aborted.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
