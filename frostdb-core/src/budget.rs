@@ -5,6 +5,10 @@
 //!
 //! Work that does not fit is refused ([`MemoryBudget::try_reserve`]), or waits for room
 //! ([`MemoryBudget::reserve_within`]): never allocated first and found out later.
+//!
+//! A budget can be shared out ([`MemoryBudget::share`]): a share (one tenant's, say) is a
+//! budget of its own limit whose reservations are the whole budget's too, so that one
+//! party holding all it may still leaves room in the whole for the others.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,8 +26,13 @@ struct Inner {
     reserved: AtomicUsize,
     /// Bytes held standing, as last reported ([`MemoryBudget::set_standing`]).
     standing: AtomicUsize,
-    /// Waiters for room, woken when reservations end.
-    room: (Mutex<()>, Condvar),
+    /// Waiters for room, woken when reservations end: one for a budget and its shares, as
+    /// room in either may be what a waiter waits for.
+    room: Arc<(Mutex<()>, Condvar)>,
+    /// A share: whose it is, and the budget it is a share of.
+    share: Option<(String, MemoryBudget)>,
+    /// The shares in use, by name (a share lives while anything holds it).
+    shares: Mutex<std::collections::HashMap<String, std::sync::Weak<Inner>>>,
 }
 
 impl std::fmt::Debug for MemoryBudget {
@@ -39,7 +48,11 @@ impl std::fmt::Debug for MemoryBudget {
 /// A reservation that does not fit the budget: what was asked and what was left.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{what} needs {asked} bytes of memory and the server's budget (limits.memory, {limit} bytes) has {free} free now"
+    "{what} needs {asked} bytes of memory and {} has {free} free now",
+    match share {
+        Some(whose) => format!("{whose} share of the server's memory budget ({limit} bytes)"),
+        None => format!("the server's budget (limits.memory, {limit} bytes)"),
+    }
 )]
 pub struct OverBudget {
     /// What asked.
@@ -52,12 +65,14 @@ pub struct OverBudget {
     pub limit: usize,
     /// Bytes the asking reservation held already.
     pub held: usize,
+    /// Whose share refused it ([`MemoryBudget::share`]); `None`: the whole budget did.
+    pub share: Option<String>,
 }
 
 impl OverBudget {
-    /// Whether what asked needs more than the whole budget (with what its reservation held
-    /// already): it never fits, however long it waits, as against fitting once other work
-    /// has let go.
+    /// Whether what asked needs more than the whole budget, or the whole share, that refused
+    /// it (with what its reservation held already): it never fits, however long it waits,
+    /// as against fitting once other work has let go.
     pub fn never_fits(&self) -> bool {
         self.held.saturating_add(self.asked) > self.limit
     }
@@ -70,8 +85,36 @@ impl MemoryBudget {
             limit,
             reserved: AtomicUsize::new(0),
             standing: AtomicUsize::new(0),
-            room: (Mutex::new(()), Condvar::new()),
+            room: Arc::new((Mutex::new(()), Condvar::new())),
+            share: None,
+            shares: Mutex::default(),
         }))
+    }
+
+    /// `whose` share of this budget: a budget of at most `limit` bytes (and never more than
+    /// this one's), every reservation from it a reservation from this budget too. Asked
+    /// again while the share is in use (anything holds it), the same share; a share that
+    /// refuses names `whose` ("tenant \"a\"'s").
+    pub fn share(&self, whose: &str, limit: usize) -> MemoryBudget {
+        let mut shares = self.0.shares.lock();
+        if let Some(share) = shares.get(whose).and_then(std::sync::Weak::upgrade) {
+            return Self(share);
+        }
+        // Shares let go of are forgotten, lest names never used again pile up: checked
+        // when the map has doubled since, so each name costs a constant amortised.
+        if shares.len() >= 64 && shares.len().is_power_of_two() {
+            shares.retain(|_, share| share.strong_count() > 0);
+        }
+        let share = Self(Arc::new(Inner {
+            limit: limit.min(self.0.limit),
+            reserved: AtomicUsize::new(0),
+            standing: AtomicUsize::new(0),
+            room: self.0.room.clone(),
+            share: Some((whose.to_owned(), self.clone())),
+            shares: Mutex::default(),
+        }));
+        shares.insert(whose.to_owned(), Arc::downgrade(&share.0));
+        share
     }
 
     /// A budget that never refuses (it still counts).
@@ -125,7 +168,7 @@ impl MemoryBudget {
         wait: Duration,
     ) -> Result<Reservation, OverBudget> {
         let deadline = Instant::now() + wait;
-        let (lock, room) = &self.0.room;
+        let (lock, room) = &*self.0.room;
         let mut guard = lock.lock();
         loop {
             match self.try_reserve(bytes, what) {
@@ -147,9 +190,65 @@ impl MemoryBudget {
     }
 
     fn wake(&self) {
-        let (lock, room) = &self.0.room;
+        let (lock, room) = &*self.0.room;
         let _held = lock.lock();
         room.notify_all();
+    }
+
+    /// Takes `more` bytes from this budget and those it is a share of, or none of them:
+    /// the refusal, of the first that has no room (`held`: what the asking reservation
+    /// holds already).
+    fn take(&self, more: usize, what: &str, held: usize) -> Result<(), OverBudget> {
+        let inner = &self.0;
+        let standing = inner.standing.load(Ordering::Acquire);
+        let mut reserved = inner.reserved.load(Ordering::Acquire);
+        loop {
+            let after = reserved.saturating_add(more).saturating_add(standing);
+            if after > inner.limit {
+                return Err(OverBudget {
+                    what: what.to_owned(),
+                    asked: more,
+                    free: inner
+                        .limit
+                        .saturating_sub(reserved.saturating_add(standing)),
+                    limit: inner.limit,
+                    held,
+                    share: inner.share.as_ref().map(|(whose, _)| whose.clone()),
+                });
+            }
+            match inner.reserved.compare_exchange_weak(
+                reserved,
+                reserved + more,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => reserved = now,
+            }
+        }
+        if let Some((_, whole)) = &inner.share
+            && let Err(e) = whole.take(more, what, held)
+        {
+            inner.reserved.fetch_sub(more, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Counts `more` bytes held here and in the budgets this is a share of.
+    fn add(&self, more: usize) {
+        self.0.reserved.fetch_add(more, Ordering::AcqRel);
+        if let Some((_, whole)) = &self.0.share {
+            whole.add(more);
+        }
+    }
+
+    /// Gives back `less` bytes here and in the budgets this is a share of.
+    fn sub(&self, less: usize) {
+        self.0.reserved.fetch_sub(less, Ordering::AcqRel);
+        if let Some((_, whole)) = &self.0.share {
+            whole.sub(less);
+        }
     }
 }
 
@@ -168,41 +267,15 @@ impl Reservation {
 
     /// Holds `more` bytes besides, for `what`, if they fit now.
     pub fn try_grow(&mut self, more: usize, what: &str) -> Result<(), OverBudget> {
-        let inner = &self.budget.0;
-        let standing = inner.standing.load(Ordering::Acquire);
-        let mut reserved = inner.reserved.load(Ordering::Acquire);
-        loop {
-            let after = reserved.saturating_add(more).saturating_add(standing);
-            if after > inner.limit {
-                return Err(OverBudget {
-                    what: what.to_owned(),
-                    asked: more,
-                    free: inner
-                        .limit
-                        .saturating_sub(reserved.saturating_add(standing)),
-                    limit: inner.limit,
-                    held: self.bytes,
-                });
-            }
-            match inner.reserved.compare_exchange_weak(
-                reserved,
-                reserved + more,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    self.bytes += more;
-                    return Ok(());
-                }
-                Err(now) => reserved = now,
-            }
-        }
+        self.budget.take(more, what, self.bytes)?;
+        self.bytes += more;
+        Ok(())
     }
 
     /// Holds `more` bytes besides whether or not they fit (memory already held, counted so
     /// that other work sees it).
     pub fn grow(&mut self, more: usize) {
-        self.budget.0.reserved.fetch_add(more, Ordering::AcqRel);
+        self.budget.add(more);
         self.bytes += more;
     }
 
@@ -212,7 +285,7 @@ impl Reservation {
         if less == 0 {
             return;
         }
-        self.budget.0.reserved.fetch_sub(less, Ordering::AcqRel);
+        self.budget.sub(less);
         self.bytes -= less;
         self.budget.wake();
     }
@@ -305,6 +378,85 @@ mod tests {
         budget.set_standing(0);
         assert_eq!(budget.free(), 70);
         drop(r);
+    }
+
+    #[test]
+    fn a_share_refuses_past_its_limit_and_counts_in_the_whole() {
+        let budget = MemoryBudget::new(100);
+        let a = budget.share("tenant \"a\"'s", 75);
+        let mut held = a.try_reserve(70, "a body").unwrap();
+        assert_eq!((a.reserved(), budget.reserved()), (70, 70));
+        // The share is full; the whole still has room for the others.
+        let e = held.try_grow(10, "a body").unwrap_err();
+        assert_eq!(e.share.as_deref(), Some("tenant \"a\"'s"));
+        assert_eq!((e.free, e.limit), (5, 75));
+        assert!(
+            e.never_fits(),
+            "70 held and 10 more never fit a share of 75"
+        );
+        assert!(e.to_string().contains("tenant \"a\"'s share"), "{e}");
+        assert!(a.try_reserve(10, "another").is_err_and(|e| !e.never_fits()));
+        let b = budget.share("tenant \"b\"'s", 75);
+        let other = b.try_reserve(30, "b body").unwrap();
+        // The whole refuses what the share has room for: nothing of it is held.
+        let e = a.try_reserve(1, "a more").unwrap_err();
+        assert_eq!(e.share, None, "refused by the whole budget: {e}");
+        assert_eq!((a.reserved(), budget.reserved()), (70, 100));
+        // Asked again while held, the same share.
+        assert_eq!(budget.share("tenant \"a\"'s", 75).reserved(), 70);
+        held.shrink(20);
+        drop(other);
+        assert_eq!((a.reserved(), b.reserved(), budget.reserved()), (50, 0, 50));
+        let mut grown = a.empty();
+        grown.grow(40);
+        assert_eq!((a.reserved(), budget.reserved()), (90, 90));
+        drop((held, grown));
+        assert_eq!((a.reserved(), budget.reserved()), (0, 0));
+        // A share is never larger than the whole.
+        assert_eq!(budget.share("big", 1 << 40).limit(), 100);
+    }
+
+    #[test]
+    fn shares_let_go_are_forgotten() {
+        let budget = MemoryBudget::new(100);
+        for i in 0..10_000 {
+            let share = budget.share(&format!("caller {i}"), 10);
+            drop(share.try_reserve(5, "x").unwrap());
+        }
+        assert!(
+            budget.0.shares.lock().len() <= 128,
+            "names never used again piled up"
+        );
+        let kept = budget.share("kept", 10);
+        let _held = kept.try_reserve(5, "x").unwrap();
+        for i in 0..1_000 {
+            drop(budget.share(&format!("other {i}"), 10));
+        }
+        assert_eq!(
+            budget.share("kept", 10).reserved(),
+            5,
+            "a share in use is kept"
+        );
+    }
+
+    #[test]
+    fn a_waiter_on_a_share_gets_room_when_another_share_lets_go() {
+        let budget = MemoryBudget::new(100);
+        let held = budget.share("b", 90).try_reserve(80, "held").unwrap();
+        // Long enough that a waiter left to its deadline is told apart from one woken.
+        let wait = Duration::from_secs(120);
+        let waiter = {
+            let a = budget.share("a", 90);
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let got = a.reserve_within(50, "waiter", wait).map(|r| r.bytes());
+                (got, started.elapsed())
+            })
+        };
+        drop(held);
+        let (got, waited) = waiter.join().unwrap();
+        assert_eq!(got, Ok(50));
+        assert!(waited < wait / 2, "the waiter was not woken: {waited:?}");
     }
 
     #[test]

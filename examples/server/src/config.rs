@@ -435,9 +435,12 @@ pub struct Limits {
     pub max_concurrent_ingest: usize,
     /// The memory budget of the whole server: request bodies and their decoding, queries
     /// (merges, reports, SQL, their functions) and the tenants' in-memory blocks share it;
-    /// work that does not fit waits briefly or is answered 503 with `Retry-After`. Bytes,
-    /// or a size such as `"4GiB"`. Absent: 60% of the memory of the machine or of the
-    /// cgroup the server runs in.
+    /// work that does not fit waits briefly or is answered 503 with `Retry-After`. One
+    /// tenant's requests and queries hold at most three quarters of it (429 with
+    /// `Retry-After` beyond, naming the tenant's share), so a tenant holding all it may
+    /// (bodies stalled midway, say) leaves the others room. Bytes, or a size such as
+    /// `"4GiB"`. Absent: 60% of the memory of the machine or of the cgroup the server runs
+    /// in.
     #[serde(with = "optional_bytes")]
     pub memory: Option<u64>,
     /// Settings (`settings.v1`) a tenant may keep.

@@ -266,6 +266,31 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
     }
 }
 
+/// The share of the memory budget one tenant may hold at once, its requests and queries
+/// together: three quarters, as of a lane's slots ([`crate::work`]). However much one tenant
+/// holds, a quarter of the budget stays for the others.
+pub fn tenant_share(budget: &MemoryBudget, tenant: &str) -> MemoryBudget {
+    budget.share(&format!("tenant {tenant:?}'s"), budget.limit() / 4 * 3)
+}
+
+/// The tenant a request acts for, as `authorize` will decide it: its token's
+/// tenant, else `X-Scope-OrgID` (or the default tenant). `None` when authorisation will
+/// refuse it (no valid token, several or malformed `X-Scope-OrgID`).
+fn request_tenant(state: &crate::AppState, headers: &axum::http::HeaderMap) -> Option<String> {
+    match crate::caller(state, headers)? {
+        crate::Caller::Tenant(id) => Some(id),
+        crate::Caller::Operator => {
+            let mut named = headers.get_all("x-scope-orgid").iter();
+            let value = match (named.next(), named.next()) {
+                (None, _) => None,
+                (Some(v), None) => Some(v.to_str().ok()?),
+                (Some(_), Some(_)) => return None,
+            };
+            crate::tenants::tenant_from_header(value).ok()
+        }
+    }
+}
+
 /// What a request holds in flight besides its head and body (its task, its stream's state,
 /// its timers), about: charged to the budget while it lasts.
 pub const REQUEST_OVERHEAD: usize = 16 << 10;
@@ -296,8 +321,14 @@ fn client_streams(path: &str) -> bool {
 /// it lasts, not every byte it sends: a gigabyte upload never holds a gigabyte of the budget
 /// the other requests and tenants share.
 pub async fn budget_memory(State(state): State<Shared>, request: Request, next: Next) -> Response {
-    let memory = RequestMemory::new(&state.budget);
     let (mut parts, body) = request.into_parts();
+    // Charged to its tenant's share too: one tenant's requests (bodies stalled midway,
+    // say) never hold the whole budget from the others. A request whose tenant cannot be
+    // told is refused below this layer before it reads its body.
+    let memory = match request_tenant(&state, &parts.headers) {
+        Some(tenant) => RequestMemory::new(&tenant_share(&state.budget, &tenant)),
+        None => RequestMemory::new(&state.budget),
+    };
     let grpc = grpc_type(&parts.headers);
     // A request in flight holds its task, head, stream state and timers whatever its body:
     // charged, so that a flood of requests whose bodies never come (256 streams on each of

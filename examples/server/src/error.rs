@@ -69,16 +69,34 @@ impl ApiError {
     }
 
     /// A reservation the memory budget refused: 503 with `Retry-After` when it has no room
-    /// now, 413 when what asked needs more than the whole budget (with what its
-    /// reservation held already), which no retry can change.
+    /// now, 429 with `Retry-After` when the tenant's share of it has none (its own other
+    /// requests and queries hold it), 413 when what asked needs more than the whole budget
+    /// or share (with what its reservation held already), which no retry can change.
     pub fn over_budget(e: frostdb_core::OverBudget) -> Self {
         if e.never_fits() {
+            let whole = match &e.share {
+                Some(whose) => format!(
+                    "{whose} whole share of the server's memory budget (three quarters of \
+                     limits.memory, {} bytes)",
+                    e.limit
+                ),
+                None => format!(
+                    "the server's whole budget (limits.memory, {} bytes)",
+                    e.limit
+                ),
+            };
             Self::too_large(format!(
                 "{} needs {} bytes of memory which, with the {} bytes this request holds already, \
-                 is more than the server's whole budget (limits.memory, {} bytes): it can never \
-                 be served; ask for less",
-                e.what, e.asked, e.held, e.limit
+                 is more than {whole}: it can never be served; ask for less",
+                e.what, e.asked, e.held
             ))
+        } else if e.share.is_some() {
+            Self {
+                retry_after: Some(1),
+                ..Self::limited(format!(
+                    "{e}: the tenant's other requests and queries hold it; retry shortly"
+                ))
+            }
         } else {
             Self::busy(format!("{e}; retry shortly"), 1)
         }

@@ -308,7 +308,8 @@ async fn scrape_once(
     // A target's answer is held of the memory budget as a request's body is, and what
     // decoding it makes is charged before it is made: a target answering a bomb is
     // refused for the budget, as a push of one is.
-    let memory = crate::edge::RequestMemory::new(&state.budget);
+    let memory =
+        crate::edge::RequestMemory::new(&crate::edge::tenant_share(&state.budget, &config.tenant));
     let mut body = Vec::new();
     while let Some(chunk) = response
         .chunk()

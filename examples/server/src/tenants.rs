@@ -926,7 +926,11 @@ impl Tenants {
             .max_series(self.limits.max_series_per_tenant)
             .max_label_names(self.limits.max_label_names_per_tenant)
             .query_memory(self.limits.max_query_memory_bytes)
-            .memory_budget(self.budget.clone())
+            .memory_budget(
+                self.budget
+                    .as_ref()
+                    .map(|budget| crate::edge::tenant_share(budget, &id)),
+            )
             .query_spill(self.spill.clone())
             .rollups(frostdb_pprof::RollupOptions {
                 hourly_retention: self.retention.rollups,

@@ -1491,8 +1491,9 @@ async fn debug_files_are_bounded_per_tenant() {
 }
 
 /// Requests whose bodies never come are each charged what a request in flight holds, so a
-/// flood of them is refused by the memory budget at once (503 naming it) rather than held
-/// until the deadline: under a 4 MiB budget, 400 such requests cannot all be in flight.
+/// flood of them is refused by the memory budget at once (429 naming the tenant's share of
+/// it, with `Retry-After`) rather than held until the deadline: under a 4 MiB budget, 400
+/// such requests cannot all be in flight.
 /// Before, an empty request cost the budget nothing, and 256 streams on each of thousands
 /// of HTTP/2 connections were gigabytes the budget never saw.
 #[tokio::test]
@@ -1521,13 +1522,72 @@ async fn requests_in_flight_are_charged_and_a_flood_is_refused() {
         let mut head = [0u8; 512];
         let n = c.read(&mut head).unwrap_or(0);
         let answer = String::from_utf8_lossy(&head[..n]).into_owned();
-        answer.starts_with("HTTP/1.1 503").then_some(answer)
+        answer.starts_with("HTTP/1.1 429").then_some(answer)
     });
     let refused = refused.expect("none of the last 10 of 400 requests was refused");
+    assert!(
+        refused.contains("share of the server's memory budget"),
+        "{refused}"
+    );
     assert!(
         refused.contains("Retry-After") || refused.contains("retry-after"),
         "{refused}"
     );
+}
+
+/// One tenant's requests hold at most three quarters of the memory budget: another
+/// tenant's push is stored while the first holds all it may, with bodies stalled midway
+/// (each holds what it sent until the deadline), and the first is refused 429 naming its
+/// share. Before, a sweep against the release server (256 MiB budget) had one tenant's
+/// stalled uploads take the whole budget, and every other tenant's push was answered 503
+/// for as long as they lasted.
+#[tokio::test]
+async fn one_tenants_stalled_bodies_leave_the_others_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmemory = \"64MiB\"\nmax_connections = 1000\nmax_connections_per_address = 1000\n",
+        ),
+    );
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // Bodies of which 4 MiB each arrive, then requests whose bodies never come (each
+    // charged what a request in flight holds), to fill what the first leave: more than the
+    // whole budget.
+    let stall = |sent: usize| {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.write_all(
+            b"POST /ingest?name=x.cpu&format=pprof HTTP/1.1\r\nHost: localhost\r\n\
+              X-Scope-OrgID: hog\r\nContent-Length: 16000000\r\n\r\n",
+        )
+        .unwrap();
+        // A body refused midway may have its connection closed under the write.
+        let _ = c.write_all(&vec![0u8; sent]);
+        c
+    };
+    let mut hog: Vec<TcpStream> = (0..15).map(|_| stall(4 << 20)).collect();
+    hog.extend((0..400).map(|_| stall(0)));
+    // The last of them no longer fit the tenant's share.
+    let mut last = hog.last().unwrap();
+    let mut answer = Vec::new();
+    let _ = last.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(
+        answer.contains("tenant \\\"hog\\\"'s share of the server's memory budget"),
+        "{answer}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after"),
+        "{answer}"
+    );
+    // Another tenant's push is stored meanwhile.
+    let cpu = testdata("pprof/goapp__go119-cpu-2s.pb.gz");
+    let (status, body) = push_pprof(&s, "victim", "app.cpu", cpu).await;
+    assert_eq!(status, 200, "{body}");
+    drop(hog);
 }
 
 /// A client inventing a label name per push (a request id as a label) is refused with a 429
