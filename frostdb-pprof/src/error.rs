@@ -116,6 +116,10 @@ pub enum Error {
     /// served as it is, and a retry does not help (see [`crate::charging`]).
     #[error("{0}")]
     OverMemory(String),
+    /// The caller's share of the memory budget has no room now: its own other work holds
+    /// it (a tenant's other requests), and a retry once that is done can succeed.
+    #[error("{0}")]
+    OverShare(String),
     /// Committing the group of profiles this one was stored with failed.
     #[error("storing a group of profiles failed: {0}")]
     Group(std::sync::Arc<Error>),
@@ -131,6 +135,17 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is (or was caused by) [`Error::OverShare`]: over a quota that frees
+    /// itself, so worth retrying shortly, unlike the series and label name limits.
+    pub fn is_over_share(&self) -> bool {
+        match self {
+            Self::OverShare(_) => true,
+            Self::At { error, .. } => error.is_over_share(),
+            Self::Group(e) => e.is_over_share(),
+            _ => false,
+        }
+    }
+
     /// Whose fault this is: a bad or oversized profile is the sender's, a damaged symbol
     /// table or an engine failure is the server's (see [`frostdb_core::ErrorKind`]).
     pub fn kind(&self) -> frostdb_core::ErrorKind {
@@ -145,7 +160,9 @@ impl Error {
             Self::TooLarge { .. } | Self::LabelLimit { .. } | Self::OverMemory(_) => {
                 K::LimitExceeded
             }
-            Self::SeriesLimit { .. } | Self::LabelNamesLimit { .. } => K::QuotaExceeded,
+            Self::SeriesLimit { .. } | Self::LabelNamesLimit { .. } | Self::OverShare(_) => {
+                K::QuotaExceeded
+            }
             Self::Corrupt(_) => K::Corrupt,
             Self::Unavailable(_) => K::Unavailable,
             Self::At { error, .. } => error.kind(),

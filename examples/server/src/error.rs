@@ -258,7 +258,11 @@ impl IntoResponse for ApiError {
 impl From<frostdb_pprof::Error> for ApiError {
     fn from(e: frostdb_pprof::Error) -> Self {
         // The kind is the innermost error's, whatever context `Error::At` adds.
-        Self::of_kind(e.kind(), e.to_string())
+        let mut error = Self::of_kind(e.kind(), e.to_string());
+        if e.is_over_share() {
+            error.retry_after = Some(1);
+        }
+        error
     }
 }
 

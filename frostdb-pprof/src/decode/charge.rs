@@ -7,9 +7,11 @@
 //! the gzip trailer states them, and what is over once they are made) and the arrays (as
 //! the first pass over the fields counts them). A refusal fails the decode with the
 //! charge's error, before the memory is taken: [`Error::Unavailable`] for memory that is
-//! not free now, [`Error::OverMemory`] for more than the whole budget.
+//! not free now, [`Error::OverShare`] for a share of it (a tenant's) held by the caller's
+//! own other work, [`Error::OverMemory`] for more than the whole budget.
 //!
 //! [`Error::Unavailable`]: crate::Error::Unavailable
+//! [`Error::OverShare`]: crate::Error::OverShare
 //! [`Error::OverMemory`]: crate::Error::OverMemory
 //!
 //! Ambient (per thread, for the closure) like [`frostdb_core::stop_scans_when`], so that

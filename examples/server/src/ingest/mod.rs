@@ -127,17 +127,23 @@ pub fn body_bytes(
 pub fn charged<T>(memory: Option<RequestMemory>, f: impl FnOnce() -> T) -> T {
     match memory {
         Some(memory) => frostdb_pprof::charging(
-            move |bytes, what| {
-                memory
-                    .try_grow(bytes, what)
-                    .map_err(|e| match e.retry_after {
-                        Some(_) => frostdb_pprof::Error::Unavailable(e.message),
-                        None => frostdb_pprof::Error::OverMemory(e.message),
-                    })
-            },
+            move |bytes, what| memory.try_grow(bytes, what).map_err(refused_charge),
             f,
         ),
         None => f(),
+    }
+}
+
+/// A charge the budget refused, as the decoder's error: memory that is not free now, or
+/// not in the tenant's share now (a retry can succeed, and the answer says so again), or
+/// more than all of it.
+fn refused_charge(e: ApiError) -> frostdb_pprof::Error {
+    match (e.retry_after, e.status) {
+        (None, _) => frostdb_pprof::Error::OverMemory(e.message),
+        (Some(_), axum::http::StatusCode::TOO_MANY_REQUESTS) => {
+            frostdb_pprof::Error::OverShare(e.message)
+        }
+        (Some(_), _) => frostdb_pprof::Error::Unavailable(e.message),
     }
 }
 
@@ -152,4 +158,51 @@ pub fn content_type(headers: &HeaderMap) -> String {
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    /// A decode refused by the budget answers as the budget's own refusal would: 503 with
+    /// `Retry-After` when the whole has no room now, 429 with it when the tenant's share has
+    /// none (its other requests hold it), 413 when it never fits.
+    #[test]
+    fn a_refused_decode_answers_as_the_budget_refused_it() {
+        let budget = frostdb_core::MemoryBudget::new(1 << 20);
+        let share = crate::edge::tenant_share(&budget, "a");
+        let others = budget.try_reserve(share.limit() / 2 * 3 / 2, "b").unwrap();
+        let held = share.try_reserve(share.limit() / 2, "a").unwrap();
+        let answer = |asked: usize| {
+            let memory = RequestMemory::new(&share);
+            ApiError::from(refused_charge(
+                memory.try_grow(asked, "decoding").unwrap_err(),
+            ))
+        };
+        // The whole is full before the share is.
+        let busy = answer(share.limit() / 2);
+        assert_eq!(
+            (busy.status, busy.retry_after),
+            (StatusCode::SERVICE_UNAVAILABLE, Some(1))
+        );
+        let never = answer(share.limit() + 1);
+        assert_eq!(
+            (never.status, never.retry_after),
+            (StatusCode::PAYLOAD_TOO_LARGE, None)
+        );
+        drop(others);
+        let limited = answer(share.limit() / 2 + 1);
+        assert_eq!(
+            (limited.status, limited.retry_after),
+            (StatusCode::TOO_MANY_REQUESTS, Some(1))
+        );
+        assert!(
+            limited.message.contains("tenant \"a\"'s share"),
+            "{}",
+            limited.message
+        );
+        drop(held);
+    }
 }

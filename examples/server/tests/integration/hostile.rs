@@ -1583,10 +1583,17 @@ async fn one_tenants_stalled_bodies_leave_the_others_room() {
         answer.to_ascii_lowercase().contains("retry-after"),
         "{answer}"
     );
-    // Another tenant's push is stored meanwhile.
+    // Another tenant's push is stored meanwhile; the first tenant's is refused as its
+    // stalled ones were, whether its body or its decoding finds the share full.
     let cpu = testdata("pprof/goapp__go119-cpu-2s.pb.gz");
-    let (status, body) = push_pprof(&s, "victim", "app.cpu", cpu).await;
+    let (status, body) = push_pprof(&s, "victim", "app.cpu", cpu.clone()).await;
     assert_eq!(status, 200, "{body}");
+    let (status, body) = push_pprof(&s, "hog", "app.cpu", cpu).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("share of the server's memory budget"),
+        "{body}"
+    );
     drop(hog);
 }
 
