@@ -39,7 +39,8 @@ impl Error {
 
 /// Whose fault a DataFusion error is: an engine error inside it keeps its kind; errors of
 /// parsing and planning (bad SQL, unknown columns, wrong types) are the caller's; a memory
-/// or resource limit is a limit; the rest is the server's.
+/// or resource limit is a limit (the caller's share of the memory budget a quota); the rest
+/// is the server's.
 pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
     use DataFusionError as D;
     match e.find_root() {
@@ -47,6 +48,8 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
             Some(engine) => engine.kind(),
             None => match inner.downcast_ref::<frostdb_core::OverBudget>() {
                 Some(over) if over.never_fits() => ErrorKind::LimitExceeded,
+                // The caller's share (a tenant's) is held by its own other work.
+                Some(over) if over.share.is_some() => ErrorKind::QuotaExceeded,
                 Some(_) => ErrorKind::Unavailable,
                 None => ErrorKind::Internal,
             },
@@ -57,5 +60,35 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
         D::ResourcesExhausted(_) => ErrorKind::LimitExceeded,
         D::IoError(_) | D::ObjectStore(_) => ErrorKind::Io,
         _ => ErrorKind::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A query the memory budget refused is the caller's to retry when the whole budget has
+    /// no room now (503), over its quota when its own share is held by its other work
+    /// (429), and over a limit when it can never fit (413).
+    #[test]
+    fn a_refused_reservation_is_unavailable_a_quota_or_a_limit() {
+        let budget = frostdb_core::MemoryBudget::new(100);
+        let share = budget.share("tenant \"a\"'s", 75);
+        let _others = budget.try_reserve(30, "b").unwrap();
+        let _held = share.try_reserve(60, "a").unwrap();
+        let kind =
+            |e: frostdb_core::OverBudget| datafusion_kind(&DataFusionError::External(e.into()));
+        assert_eq!(
+            kind(budget.try_reserve(20, "x").unwrap_err()),
+            ErrorKind::Unavailable
+        );
+        assert_eq!(
+            kind(share.try_reserve(20, "x").unwrap_err()),
+            ErrorKind::QuotaExceeded
+        );
+        assert_eq!(
+            kind(share.try_reserve(80, "x").unwrap_err()),
+            ErrorKind::LimitExceeded
+        );
     }
 }
