@@ -91,13 +91,13 @@ impl MemoryBudget {
         }))
     }
 
-    /// `whose` share of this budget: a budget of at most `limit` bytes (and never more than
-    /// this one's), every reservation from it a reservation from this budget too. Asked
-    /// again while the share is in use (anything holds it), the same share; a share that
-    /// refuses names `whose` ("tenant \"a\"'s").
-    pub fn share(&self, whose: &str, limit: usize) -> MemoryBudget {
+    /// The share of this budget named `name` (a tenant's id): a budget of at most `limit`
+    /// bytes (and never more than this one's), every reservation from it a reservation
+    /// from this budget too. Asked again while the share is in use (anything holds it),
+    /// the same share. A refusal of the share names it as `whose` says (`tenant "a"'s`).
+    pub fn share(&self, name: &str, whose: impl FnOnce() -> String, limit: usize) -> MemoryBudget {
         let mut shares = self.0.shares.lock();
-        if let Some(share) = shares.get(whose).and_then(std::sync::Weak::upgrade) {
+        if let Some(share) = shares.get(name).and_then(std::sync::Weak::upgrade) {
             return Self(share);
         }
         // Shares let go of are forgotten, lest names never used again pile up: checked
@@ -110,11 +110,27 @@ impl MemoryBudget {
             reserved: AtomicUsize::new(0),
             standing: AtomicUsize::new(0),
             room: self.0.room.clone(),
-            share: Some((whose.to_owned(), self.clone())),
+            share: Some((whose(), self.clone())),
             shares: Mutex::default(),
         }));
-        shares.insert(whose.to_owned(), Arc::downgrade(&share.0));
+        shares.insert(name.to_owned(), Arc::downgrade(&share.0));
         share
+    }
+
+    /// The shares in use, by name, with the bytes each holds now.
+    pub fn shares(&self) -> Vec<(String, usize)> {
+        let mut shares: Vec<(String, usize)> = self
+            .0
+            .shares
+            .lock()
+            .iter()
+            .filter_map(|(name, share)| {
+                let share = share.upgrade()?;
+                Some((name.clone(), share.reserved.load(Ordering::Acquire)))
+            })
+            .collect();
+        shares.sort_unstable();
+        shares
     }
 
     /// A budget that never refuses (it still counts).
@@ -383,7 +399,7 @@ mod tests {
     #[test]
     fn a_share_refuses_past_its_limit_and_counts_in_the_whole() {
         let budget = MemoryBudget::new(100);
-        let a = budget.share("tenant \"a\"'s", 75);
+        let a = budget.share("a", || "tenant \"a\"'s".into(), 75);
         let mut held = a.try_reserve(70, "a body").unwrap();
         assert_eq!((a.reserved(), budget.reserved()), (70, 70));
         // The share is full; the whole still has room for the others.
@@ -396,14 +412,15 @@ mod tests {
         );
         assert!(e.to_string().contains("tenant \"a\"'s share"), "{e}");
         assert!(a.try_reserve(10, "another").is_err_and(|e| !e.never_fits()));
-        let b = budget.share("tenant \"b\"'s", 75);
+        let b = budget.share("b", || "tenant \"b\"'s".into(), 75);
         let other = b.try_reserve(30, "b body").unwrap();
         // The whole refuses what the share has room for: nothing of it is held.
         let e = a.try_reserve(1, "a more").unwrap_err();
         assert_eq!(e.share, None, "refused by the whole budget: {e}");
         assert_eq!((a.reserved(), budget.reserved()), (70, 100));
         // Asked again while held, the same share.
-        assert_eq!(budget.share("tenant \"a\"'s", 75).reserved(), 70);
+        assert_eq!(budget.share("a", String::new, 75).reserved(), 70);
+        assert_eq!(budget.shares(), [("a".into(), 70), ("b".into(), 30)]);
         held.shrink(20);
         drop(other);
         assert_eq!((a.reserved(), b.reserved(), budget.reserved()), (50, 0, 50));
@@ -413,40 +430,44 @@ mod tests {
         drop((held, grown));
         assert_eq!((a.reserved(), budget.reserved()), (0, 0));
         // A share is never larger than the whole.
-        assert_eq!(budget.share("big", 1 << 40).limit(), 100);
+        assert_eq!(budget.share("big", String::new, 1 << 40).limit(), 100);
     }
 
     #[test]
     fn shares_let_go_are_forgotten() {
         let budget = MemoryBudget::new(100);
         for i in 0..10_000 {
-            let share = budget.share(&format!("caller {i}"), 10);
+            let share = budget.share(&format!("caller {i}"), String::new, 10);
             drop(share.try_reserve(5, "x").unwrap());
         }
         assert!(
             budget.0.shares.lock().len() <= 128,
             "names never used again piled up"
         );
-        let kept = budget.share("kept", 10);
+        let kept = budget.share("kept", String::new, 10);
         let _held = kept.try_reserve(5, "x").unwrap();
         for i in 0..1_000 {
-            drop(budget.share(&format!("other {i}"), 10));
+            drop(budget.share(&format!("other {i}"), String::new, 10));
         }
         assert_eq!(
-            budget.share("kept", 10).reserved(),
+            budget.share("kept", String::new, 10).reserved(),
             5,
             "a share in use is kept"
         );
+        assert_eq!(budget.shares(), [("kept".into(), 5)]);
     }
 
     #[test]
     fn a_waiter_on_a_share_gets_room_when_another_share_lets_go() {
         let budget = MemoryBudget::new(100);
-        let held = budget.share("b", 90).try_reserve(80, "held").unwrap();
+        let held = budget
+            .share("b", String::new, 90)
+            .try_reserve(80, "held")
+            .unwrap();
         // Long enough that a waiter left to its deadline is told apart from one woken.
         let wait = Duration::from_secs(120);
         let waiter = {
-            let a = budget.share("a", 90);
+            let a = budget.share("a", String::new, 90);
             std::thread::spawn(move || {
                 let started = Instant::now();
                 let got = a.reserve_within(50, "waiter", wait).map(|r| r.bytes());

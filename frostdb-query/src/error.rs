@@ -73,7 +73,7 @@ mod tests {
     #[test]
     fn a_refused_reservation_is_unavailable_a_quota_or_a_limit() {
         let budget = frostdb_core::MemoryBudget::new(100);
-        let share = budget.share("tenant \"a\"'s", 75);
+        let share = budget.share("a", || "tenant \"a\"'s".into(), 75);
         let _others = budget.try_reserve(30, "b").unwrap();
         let _held = share.try_reserve(60, "a").unwrap();
         let kind =

@@ -270,7 +270,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestMemory {
 /// together: three quarters, as of a lane's slots ([`crate::work`]). However much one tenant
 /// holds, a quarter of the budget stays for the others.
 pub fn tenant_share(budget: &MemoryBudget, tenant: &str) -> MemoryBudget {
-    budget.share(&format!("tenant {tenant:?}'s"), budget.limit() / 4 * 3)
+    budget.share(
+        tenant,
+        || format!("tenant {tenant:?}'s"),
+        budget.limit() / 4 * 3,
+    )
 }
 
 /// The tenant a request acts for, as `authorize` will decide it: its token's

@@ -1588,6 +1588,9 @@ async fn one_tenants_stalled_bodies_leave_the_others_room() {
     let cpu = testdata("pprof/goapp__go119-cpu-2s.pb.gz");
     let (status, body) = push_pprof(&s, "victim", "app.cpu", cpu.clone()).await;
     assert_eq!(status, 200, "{body}");
+    // It holds its share and no more, as /metrics shows.
+    let held = gauge(&s, "frostdb_tenant_memory_reserved_bytes{tenant=\"hog\"}").await;
+    assert!((40 << 20..=48 << 20).contains(&held), "{held}");
     let (status, body) = push_pprof(&s, "hog", "app.cpu", cpu).await;
     assert_eq!(status, 429, "{body}");
     assert!(
