@@ -32,7 +32,21 @@ struct Inner {
     /// A share: whose it is, and the budget it is a share of.
     share: Option<(String, MemoryBudget)>,
     /// The shares in use, by name (a share lives while anything holds it).
-    shares: Mutex<std::collections::HashMap<String, std::sync::Weak<Inner>>>,
+    shares: Mutex<Shares>,
+}
+
+/// A budget's shares, by name, and when to forget those let go of.
+#[derive(Default)]
+struct Shares {
+    by_name: std::collections::HashMap<String, std::sync::Weak<Inner>>,
+    /// Names held when those let go of are next forgotten: twice as many as were held after
+    /// the last time, so that each new name costs a constant amortised however many are
+    /// in use (checked at every power of two, 127 held shares made every new name scan
+    /// them all).
+    prune_at: usize,
+    /// Times they were forgotten (for tests).
+    #[cfg(test)]
+    prunes: usize,
 }
 
 impl std::fmt::Debug for MemoryBudget {
@@ -97,13 +111,17 @@ impl MemoryBudget {
     /// the same share. A refusal of the share names it as `whose` says (`tenant "a"'s`).
     pub fn share(&self, name: &str, whose: impl FnOnce() -> String, limit: usize) -> MemoryBudget {
         let mut shares = self.0.shares.lock();
-        if let Some(share) = shares.get(name).and_then(std::sync::Weak::upgrade) {
+        if let Some(share) = shares.by_name.get(name).and_then(std::sync::Weak::upgrade) {
             return Self(share);
         }
-        // Shares let go of are forgotten, lest names never used again pile up: checked
-        // when the map has doubled since, so each name costs a constant amortised.
-        if shares.len() >= 64 && shares.len().is_power_of_two() {
-            shares.retain(|_, share| share.strong_count() > 0);
+        // Shares let go of are forgotten, lest names never used again pile up.
+        if shares.by_name.len() >= shares.prune_at {
+            shares.by_name.retain(|_, share| share.strong_count() > 0);
+            shares.prune_at = (shares.by_name.len() * 2).max(64);
+            #[cfg(test)]
+            {
+                shares.prunes += 1;
+            }
         }
         let share = Self(Arc::new(Inner {
             limit: limit.min(self.0.limit),
@@ -113,7 +131,9 @@ impl MemoryBudget {
             share: Some((whose(), self.clone())),
             shares: Mutex::default(),
         }));
-        shares.insert(name.to_owned(), Arc::downgrade(&share.0));
+        shares
+            .by_name
+            .insert(name.to_owned(), Arc::downgrade(&share.0));
         share
     }
 
@@ -123,6 +143,7 @@ impl MemoryBudget {
             .0
             .shares
             .lock()
+            .by_name
             .iter()
             .filter_map(|(name, share)| {
                 let share = share.upgrade()?;
@@ -441,9 +462,24 @@ mod tests {
             drop(share.try_reserve(5, "x").unwrap());
         }
         assert!(
-            budget.0.shares.lock().len() <= 128,
+            budget.0.shares.lock().by_name.len() <= 64,
             "names never used again piled up"
         );
+        // Many held: forgetting is tried again only once as many more have come, not for
+        // every new name (127 held made each new one scan them all).
+        let held: Vec<MemoryBudget> = (0..127)
+            .map(|i| budget.share(&format!("held {i}"), String::new, 10))
+            .collect();
+        let before = budget.0.shares.lock().prunes;
+        for i in 0..1_000 {
+            drop(budget.share(&format!("passing {i}"), String::new, 10));
+        }
+        let prunes = budget.0.shares.lock().prunes - before;
+        assert!(
+            prunes <= 1_000 / held.len() + 1,
+            "{prunes} scans for 1,000 names"
+        );
+        drop(held);
         let kept = budget.share("kept", String::new, 10);
         let _held = kept.try_reserve(5, "x").unwrap();
         for i in 0..1_000 {
