@@ -277,12 +277,15 @@ pub fn tenant_share(budget: &MemoryBudget, tenant: &str) -> MemoryBudget {
     )
 }
 
-/// The tenant a request acts for, as `authorize` will decide it: its token's
+/// The tenant a request of `caller` acts for, as `authorize` will decide it: its token's
 /// tenant, else `X-Scope-OrgID` (or the default tenant). `None` when authorisation will
 /// refuse it (no valid token, several or malformed `X-Scope-OrgID`).
-fn request_tenant(state: &crate::AppState, headers: &axum::http::HeaderMap) -> Option<String> {
-    match crate::caller(state, headers)? {
-        crate::Caller::Tenant(id) => Some(id),
+fn request_tenant(
+    caller: Option<&crate::Caller>,
+    headers: &axum::http::HeaderMap,
+) -> Option<String> {
+    match caller? {
+        crate::Caller::Tenant(id) => Some(id.clone()),
         crate::Caller::Operator => {
             let mut named = headers.get_all("x-scope-orgid").iter();
             let value = match (named.next(), named.next()) {
@@ -329,10 +332,12 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     // Charged to its tenant's share too: one tenant's requests (bodies stalled midway,
     // say) never hold the whole budget from the others. A request whose tenant cannot be
     // told is refused below this layer before it reads its body.
-    let memory = match request_tenant(&state, &parts.headers) {
+    let caller = crate::caller(&state, &parts.headers);
+    let memory = match request_tenant(caller.as_ref(), &parts.headers) {
         Some(tenant) => RequestMemory::new(&tenant_share(&state.budget, &tenant)),
         None => RequestMemory::new(&state.budget),
     };
+    parts.extensions.insert(crate::Resolved(caller));
     let grpc = grpc_type(&parts.headers);
     // A request in flight holds its task, head, stream state and timers whatever its body:
     // charged, so that a flood of requests whose bodies never come (256 streams on each of

@@ -189,19 +189,14 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
             state.budget.standing() as u64,
         );
     }
-    let shares: Vec<(String, u64)> = state
-        .budget
-        .shares()
-        .into_iter()
-        .filter(|(id, _)| only.is_none_or(|only| id == only))
-        .map(|(id, bytes)| (id, bytes as u64))
-        .collect();
+    let mut shares = state.budget.shares();
+    shares.retain(|(id, _)| only.is_none_or(|only| id == only));
     per_tenant(
         &mut out,
         ("frostdb_tenant_memory_reserved_bytes", "gauge"),
         "Of the memory budget, what the tenant's requests and queries hold now (one tenant \
          holds at most three quarters of it; past that, 429).",
-        shares.iter().map(|(id, bytes)| (id, *bytes)),
+        shares.iter().map(|(id, bytes)| (id, *bytes as u64)),
     );
     per_tenant(
         &mut out,

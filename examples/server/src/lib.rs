@@ -462,6 +462,11 @@ fn cut_for_log(text: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// The caller of a request as [`edge::budget_memory`] found it ([`caller`]), for
+/// [`authorize`] below it: every token is compared once a request, not twice.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved(pub(crate) Option<Caller>);
+
 /// Who a request's bearer token says it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
@@ -510,7 +515,12 @@ pub fn caller(state: &AppState, headers: &axum::http::HeaderMap) -> Option<Calle
 /// `X-Scope-OrgID` is refused (400): which one a proxy meant is not for us to guess.
 async fn authorize(State(state): State<Shared>, mut request: Request, next: Next) -> Response {
     use axum::response::IntoResponse;
-    let Some(caller) = caller(&state, request.headers()) else {
+    // Found once a request: the memory budget's layer above found it for the tenant's share.
+    let caller = match request.extensions_mut().remove::<Resolved>() {
+        Some(Resolved(caller)) => caller,
+        None => caller(&state, request.headers()),
+    };
+    let Some(caller) = caller else {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "a bearer token is required (Authorization: Bearer <token>)",
