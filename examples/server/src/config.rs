@@ -436,7 +436,8 @@ pub struct Limits {
     /// The memory budget of the whole server: request bodies and their decoding, queries
     /// (merges, reports, SQL, their functions) and the tenants' in-memory blocks share it;
     /// work that does not fit waits briefly or is answered 503 with `Retry-After`. One
-    /// tenant's requests and queries hold at most three quarters of it (429 with
+    /// tenant's requests, queries and the debug files read to name its frames hold at
+    /// most three quarters of it (429 with
     /// `Retry-After` beyond, naming the tenant's share), so a tenant holding all it may
     /// (bodies stalled midway, say) leaves the others room. Bytes, or a size such as
     /// `"4GiB"`. Absent: 60% of the memory of the machine or of the cgroup the server runs

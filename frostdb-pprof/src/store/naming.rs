@@ -188,6 +188,7 @@ impl ProfileStore {
                     by: std::sync::Arc::as_ptr(&self.naming.wake) as u64,
                     every: crate::symbolize::BACKGROUND_REREAD,
                 }),
+                self.options.memory_budget.as_ref(),
                 &mut summary.symbolized,
             )
             .await;
@@ -240,7 +241,12 @@ impl ProfileStore {
         };
         let summary = attached
             .symbolizer
-            .symbolize_merged(merged, attached.uploads.as_ref(), budget)
+            .symbolize_merged(
+                merged,
+                attached.uploads.as_ref(),
+                budget,
+                self.options.memory_budget.as_ref(),
+            )
             .await;
         let held: Vec<Arc<Partition>> = merged.symbols.partition_arcs().collect();
         self.store_names(&held, &summary.named).await?;

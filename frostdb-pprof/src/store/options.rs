@@ -45,8 +45,9 @@ pub struct StoreOptions {
     pub query_memory: Option<usize>,
     /// Where SQL operators past `query_memory` may spill (none by default: they fail).
     pub query_spill: frostdb_query::Spill,
-    /// A process-wide memory budget the store's queries also reserve from (`None`: only
-    /// `query_memory` bounds them).
+    /// A process-wide memory budget (or a share of one) the store's queries also reserve
+    /// from (`None`: only `query_memory` bounds them), and the debug files its attached
+    /// symbolizer reads for it (`None`: the symbolizer's own budget).
     pub memory_budget: Option<frostdb_core::MemoryBudget>,
     /// Series the store may hold (profile name and every label, pprof sample labels
     /// included; [`crate::limits`]): those stored before it was opened count, read from

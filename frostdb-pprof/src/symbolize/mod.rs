@@ -103,7 +103,9 @@ pub struct SymbolizerOptions {
     pub workers: usize,
     /// A process-wide budget each file read reserves its size from first (what blazesym
     /// parses of a file stays below it: measured about a third); a file the budget cannot
-    /// take now is left for later, its frames addresses meanwhile.
+    /// take now is left for later, its frames addresses meanwhile. A store with a budget of
+    /// its own (a server's tenant, whose store holds its share of this budget) is charged
+    /// the files read for it there instead ([`crate::StoreOptions::memory_budget`]).
     pub memory_budget: Option<frostdb_core::MemoryBudget>,
 }
 
@@ -179,7 +181,8 @@ pub struct ProfileSymbolized {
     /// Build ids whose debug files were not found.
     pub missing: Vec<String>,
     /// Build ids whose debug files need more memory to read than the whole memory budget
-    /// holds: never read (not even later), their frames stay addresses.
+    /// charged holds (the symbolizer's, or the asking store's): never read (not even
+    /// later), their frames stay addresses.
     pub too_large: Vec<String>,
     /// Whether the budget ran out before every build id was asked.
     pub out_of_budget: bool,
@@ -630,7 +633,14 @@ impl Symbolizer {
         let mut functions: HashMap<(i64, i64), u64> = HashMap::new();
         let mut next_function = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
         for (at, frames) in self
-            .frames_of(wanted.into_list(), uploads, deadline, None, &mut summary)
+            .frames_of(
+                wanted.into_list(),
+                uploads,
+                deadline,
+                None,
+                None,
+                &mut summary,
+            )
             .await
         {
             if frames.is_empty() {
@@ -677,15 +687,18 @@ impl Symbolizer {
     /// file was not found, or could not be read, are left out. With `reread`, a file read
     /// less than that long ago is not read again: its keys are left out, and the work is
     /// said to be cut short. What was missing or cut short by the deadline is noted in
-    /// `summary`.
+    /// `summary`. Each file read reserves its size from `memory` when given (the asking
+    /// store's budget), else from [`SymbolizerOptions::memory_budget`].
     async fn frames_of<K: Copy>(
         self: &Arc<Self>,
         wanted: Vec<Wanted<K>>,
         uploads: Option<&DebugInfoStore>,
         deadline: tokio::time::Instant,
         reread: Option<Reread>,
+        memory: Option<&frostdb_core::MemoryBudget>,
         summary: &mut ProfileSymbolized,
     ) -> Vec<(K, Vec<Frame>)> {
+        let memory = memory.or(self.options.memory_budget.as_ref());
         let mut out = Vec::new();
         for (build_id, locations) in wanted {
             // Finding the files (the debug file, else the executable's symbol table; and
@@ -746,7 +759,7 @@ impl Symbolizer {
                 summary.out_of_budget = true;
                 break;
             };
-            let reserved = match &self.options.memory_budget {
+            let reserved = match memory {
                 Some(budget) => {
                     // Its headers are read from disk: off the async threads too.
                     let at = path.clone();
@@ -765,7 +778,8 @@ impl Symbolizer {
                                 bytes,
                                 limit = budget.limit(),
                                 "a debug file needs more memory to read than the whole budget \
-                                 (limits.memory): it is not read, its frames stay addresses"
+                                 it is charged to (limits.memory, or the asking tenant's share \
+                                 of it): it is not read, its frames stay addresses"
                             );
                             summary.too_large.push(build_id);
                             continue;
@@ -816,12 +830,15 @@ impl Symbolizer {
     /// (while the partition stays loaded), which do not resolve them again. Build ids are
     /// asked one after another until `budget` is spent; what is not reached stays an
     /// address. [`ProfileSymbolized::named`] lists the locations named, for the caller to
-    /// store ([`crate::ProfileStore::name_merged`] does).
+    /// store ([`crate::ProfileStore::name_merged`] does). The files read are charged to
+    /// `memory` when given (the asking store's budget), else to
+    /// [`SymbolizerOptions::memory_budget`].
     pub async fn symbolize_merged(
         self: &Arc<Self>,
         merged: &crate::Merged,
         uploads: Option<&DebugInfoStore>,
         budget: Duration,
+        memory: Option<&frostdb_core::MemoryBudget>,
     ) -> ProfileSymbolized {
         let deadline = tokio::time::Instant::now() + budget;
         let mut summary = ProfileSymbolized::default();
@@ -851,6 +868,7 @@ impl Symbolizer {
             uploads,
             deadline,
             None,
+            memory,
             &mut summary,
         )
         .await;
@@ -859,7 +877,9 @@ impl Symbolizer {
 
     /// Names `wanted` (per build id, `(partition, location)` and file offset) in the
     /// partitions `partition` finds, until `deadline` (each file read at most once every
-    /// `reread`, when given); what changed goes to `summary.named`.
+    /// `reread`, when given, and charged to `memory`, as [`Symbolizer::symbolize_merged`]
+    /// says); what changed goes to `summary.named`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn name_wanted<'p>(
         self: &Arc<Self>,
         wanted: Vec<Wanted<(u32, u32)>>,
@@ -867,10 +887,11 @@ impl Symbolizer {
         uploads: Option<&DebugInfoStore>,
         deadline: tokio::time::Instant,
         reread: Option<Reread>,
+        memory: Option<&frostdb_core::MemoryBudget>,
         summary: &mut ProfileSymbolized,
     ) {
         for ((id, l), frames) in self
-            .frames_of(wanted, uploads, deadline, reread, summary)
+            .frames_of(wanted, uploads, deadline, reread, memory, summary)
             .await
         {
             let Some(p) = partition(id) else {

@@ -355,7 +355,7 @@ async fn a_debug_file_is_checked_once_and_read_by_the_background_at_a_bounded_ra
         .merge(&selector, frostdb_profile::TimeRange::ALL)
         .unwrap();
     let named = s
-        .symbolize_merged(&merged, None, std::time::Duration::from_secs(30))
+        .symbolize_merged(&merged, None, std::time::Duration::from_secs(30), None)
         .await;
     assert_eq!(named.resolved, offsets.len() - half, "{named:?}");
     let after = s.stats();
@@ -661,6 +661,66 @@ async fn a_debug_file_is_read_only_within_the_memory_budget() {
     let named = store.name_pending().await.unwrap();
     assert_eq!(named.symbolized.resolved, 4, "{named:?}");
     assert!(all_hot(&merged_frames(&store), true));
+}
+
+/// A store with a budget of its own (a server's tenant, whose store holds its share of the
+/// server's budget) is charged the debug files read for it there, not in the symbolizer's
+/// whole budget: a tenant whose share is spent cannot have files read that take the room
+/// every other tenant shares, while another tenant's files are still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stores_debug_files_are_read_within_its_own_share_of_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (built, offsets, _server, mut options) = served(dir.path()).await;
+    let budget = frostdb_core::MemoryBudget::new(64 << 20);
+    options.memory_budget = Some(budget.clone());
+    let symbolizer = Arc::new(Symbolizer::new(options).unwrap());
+    let share = |tenant: &str| budget.share(tenant, || format!("tenant {tenant:?}"), 48 << 20);
+    let open = |name: &str, share: &frostdb_core::MemoryBudget| {
+        let store = ProfileStore::open(
+            Db::open(dir.path().join(name), DbOptions::default()).unwrap(),
+            StoreOptions::default().memory_budget(share.clone()),
+        )
+        .unwrap();
+        store.attach_symbolizer(symbolizer.clone(), None);
+        ingest(&store, sampled(&built, &offsets[..4], 0x5555_0000_0000));
+        store
+    };
+    let (a_share, b_share) = (share("a"), share("b"));
+    let (a, b) = (open("data-a", &a_share), open("data-b", &b_share));
+    let selector = frostdb_profile::Selector::parse(CPU).unwrap();
+    let a_merged = a.merge(&selector, frostdb_profile::TimeRange::ALL).unwrap();
+    // Tenant a's other work holds all but a few bytes of its share; the whole budget has
+    // 16 MiB free, more than the file needs.
+    let hog = a_share
+        .try_reserve((48 << 20) - 100, "a's other work")
+        .unwrap();
+    assert!(budget.free() >= 16 << 20);
+    let refused = a.name_pending().await.unwrap();
+    assert!(refused.symbolized.out_of_budget, "{refused:?}");
+    assert_eq!(refused.symbolized.resolved, 0);
+    let by_query = a
+        .name_merged(&a_merged, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(by_query.out_of_budget, "{by_query:?}");
+    assert_eq!(
+        by_query.resolved, 0,
+        "a query of a's is charged to a's share too"
+    );
+    // Tenant b's are read, in the room a's share left.
+    let named = b.name_pending().await.unwrap();
+    assert_eq!(named.symbolized.resolved, 4, "{named:?}");
+    assert!(all_hot(&merged_frames(&b), true));
+    drop(hog);
+    assert!(
+        merged_frames(&a)
+            .iter()
+            .all(|(f, _)| f[0].0.starts_with("0x")),
+        "nothing of a's was named while its share was spent"
+    );
+    let named = a.name_pending().await.unwrap();
+    assert_eq!(named.symbolized.resolved, 4, "{named:?}");
+    assert!(all_hot(&merged_frames(&a), true));
 }
 
 /// A debug file that needs more memory to read than the whole budget holds is not waited
