@@ -27,6 +27,7 @@
 //! max_label_value_length = 2048    # bytes
 //! request_timeout_secs = 60
 //! max_query_memory_bytes = 1073741824   # per tenant, merges and SQL together
+//! ingest_rate_per_tenant = "8MiB"  # optional: bytes a second a tenant may push (429 past)
 //!
 //! [[scrape]]
 //! job = "goapp"
@@ -437,11 +438,10 @@ pub struct Limits {
     /// (merges, reports, SQL, their functions) and the tenants' in-memory blocks share it;
     /// work that does not fit waits briefly or is answered 503 with `Retry-After`. One
     /// tenant's requests, queries and the debug files read to name its frames hold at
-    /// most three quarters of it (429 with
-    /// `Retry-After` beyond, naming the tenant's share), so a tenant holding all it may
-    /// (bodies stalled midway, say) leaves the others room. Bytes, or a size such as
-    /// `"4GiB"`. Absent: 60% of the memory of the machine or of the cgroup the server runs
-    /// in.
+    /// most three quarters of it (429 with `Retry-After` beyond, naming the tenant's
+    /// share), so a tenant holding all it may (bodies stalled midway, say) leaves the
+    /// others room. Bytes, or a size such as `"4GiB"`. Absent: 60% of the memory of the
+    /// machine or of the cgroup the server runs in.
     #[serde(with = "optional_bytes")]
     pub memory: Option<u64>,
     /// Settings (`settings.v1`) a tenant may keep.
@@ -454,6 +454,17 @@ pub struct Limits {
     pub max_recording_rule_series: usize,
     /// Bytes of debug files a tenant may keep, and upload at once, together (413 beyond).
     pub max_debuginfo_bytes: u64,
+    /// Bytes a second a tenant's clients may push (request bodies as sent, every ingest
+    /// route together): past it a push is refused before it is decoded, 429 with
+    /// `Retry-After` saying when it fits. Scrapes and the eBPF sampler are not held to it.
+    /// Bytes, or a size such as `"8MiB"`. Absent: no limit.
+    #[serde(with = "optional_bytes")]
+    pub ingest_rate_per_tenant: Option<u64>,
+    /// Bytes a tenant may push at once at `ingest_rate_per_tenant` after pushing nothing
+    /// for a while; a push larger than this is refused, 413. Absent: the larger of a
+    /// second of the rate and `max_body_bytes`, so that any body taken can pass.
+    #[serde(with = "optional_bytes")]
+    pub ingest_burst_per_tenant: Option<u64>,
 }
 
 impl Default for Limits {
@@ -490,6 +501,8 @@ impl Default for Limits {
             max_recording_rule_series: 10_000,
             max_debuginfo_bytes: 16 << 30,
             memory: None,
+            ingest_rate_per_tenant: None,
+            ingest_burst_per_tenant: None,
         }
     }
 }
@@ -587,6 +600,14 @@ impl Limits {
                 self.max_connections_per_address.unwrap_or(1),
             ),
             ("max_open_tenants", self.max_open_tenants.unwrap_or(1)),
+            (
+                "ingest_rate_per_tenant",
+                self.ingest_rate_per_tenant.map_or(1, |v| v as usize),
+            ),
+            (
+                "ingest_burst_per_tenant",
+                self.ingest_burst_per_tenant.map_or(1, |v| v as usize),
+            ),
             (
                 "max_concurrent_queries",
                 self.max_concurrent_queries.unwrap_or(1),

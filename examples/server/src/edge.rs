@@ -211,6 +211,8 @@ struct Held {
     /// Reserved for what the request's compressed gRPC messages may inflate to, until
     /// they are inflated ([`RequestMemory::inflated`]).
     inflating: Mutex<usize>,
+    /// Bytes of the body received so far, as sent ([`RequestMemory::sent`]).
+    sent: std::sync::atomic::AtomicUsize,
 }
 
 impl RequestMemory {
@@ -221,6 +223,7 @@ impl RequestMemory {
             reservation: Mutex::new(budget.empty()),
             refused: Mutex::new(None),
             inflating: Mutex::new(0),
+            sent: Default::default(),
         }))
     }
 
@@ -248,6 +251,13 @@ impl RequestMemory {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.0.reservation.lock().bytes()
+    }
+
+    /// Bytes of the request's body received so far, as sent (compressed, gRPC frames and
+    /// all): what a tenant's ingest rate counts ([`crate::ingest::rate`]). None for work the
+    /// server does of its own.
+    pub fn sent(&self) -> usize {
+        self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -628,6 +638,10 @@ impl http_body::Body for Budgeted {
             ));
         }
         if let Some(data) = frame.data_ref() {
+            self.memory
+                .0
+                .sent
+                .fetch_add(data.len(), std::sync::atomic::Ordering::Relaxed);
             if let Some(unary) = &mut self.unary
                 && unary.follow(data).is_err()
             {

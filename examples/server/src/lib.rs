@@ -177,6 +177,8 @@ pub struct AppState {
     pub work: work::Work,
     /// The memory budget every request, query and tenant draws on (`[limits] memory`).
     pub budget: frostdb_core::MemoryBudget,
+    /// Each tenant's ingest rate (`[limits] ingest_rate_per_tenant`); `None` when unset.
+    pub ingest_rates: Option<ingest::rate::IngestRates>,
     /// Names for frames stored as addresses (`[symbolizer]`); `None` when off.
     pub symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,
     /// Every tenant's recording rules and what they recorded.
@@ -770,6 +772,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         ),
         work,
         budget,
+        ingest_rates: ingest::rate::IngestRates::of(&config.limits),
         config,
     });
     // Merges of this node read persisted blocks on the cluster's workers; tasks too small

@@ -6,6 +6,7 @@ pub mod legacy;
 pub mod otlp;
 pub mod parca;
 pub mod push;
+pub mod rate;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -37,8 +38,9 @@ pub fn routes() -> Router<Shared> {
 /// as `limits.max_concurrent_ingest`, and it stops early once the request has ended (its
 /// deadline passed or its client left), giving its slot back. What its decoders make (a
 /// profile gunzipped inside the body, the arrays it is parsed into) is charged to the request's `memory` before it is
-/// made ([`frostdb_pprof::charging`]): past the budget, 503. Returns once the samples are
-/// durable, a summary per profile.
+/// made ([`frostdb_pprof::charging`]): past the budget, 503. A client's push is held to its
+/// tenant's ingest rate first ([`rate`]; 429 past it). Returns once the samples are durable,
+/// a summary per profile.
 pub async fn store<F>(
     state: &Shared,
     tenant: &str,
@@ -48,7 +50,17 @@ pub async fn store<F>(
 where
     F: FnOnce() -> ApiResult<Vec<Incoming>> + Send + 'static,
 {
-    let tenant = state.tenants.for_write(tenant).await?;
+    let id = tenant;
+    let tenant = state.tenants.for_write(id).await?;
+    // Once the tenant is known to be taken (so that the buckets are at most the tenants),
+    // before anything is decoded. Scrapes and the eBPF sampler send no body: not held.
+    if let (Some(rates), Some(sent)) = (
+        &state.ingest_rates,
+        memory.as_ref().map(RequestMemory::sent),
+    ) && sent > 0
+    {
+        rates.admit(id, sent)?;
+    }
     let commit = crate::edge::commit();
     state
         .work

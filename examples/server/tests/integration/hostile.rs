@@ -1641,6 +1641,75 @@ async fn a_client_inventing_label_names_is_refused_naming_the_limit() {
     assert_eq!(status, 200, "another tenant: {body}");
 }
 
+/// A tenant pushing faster than `limits.ingest_rate_per_tenant` is refused with 429 and a
+/// `Retry-After` before its pushes are decoded, while another tenant's pushes go on; a push
+/// larger than the whole burst is 413. Without the limit, one tenant within its series
+/// limit pushed as fast as the ingest lane let it, and filled the disk every tenant shares.
+#[tokio::test]
+async fn a_tenant_pushing_past_its_ingest_rate_is_refused_and_the_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rate, burst) = (1024, 8 << 10);
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(&format!(
+            "[limits]\ningest_rate_per_tenant = {rate}\ningest_burst_per_tenant = {burst}\n"
+        )),
+    );
+    let cpu = testdata("pprof/pyroscope__go-cpu.pb.gz");
+    let push = |tenant: &'static str, body: Vec<u8>| {
+        let url = s.url.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(format!("{url}/ingest?name=app.cpu&format=pprof"))
+                .header("X-Scope-OrgID", tenant)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (r.status().as_u16(), retry, r.text().await.unwrap())
+        }
+    };
+    let started = Instant::now();
+    let mut accepted = 0;
+    loop {
+        match push("hog", cpu.clone()).await {
+            (200, _, _) => accepted += 1,
+            (429, retry, body) => {
+                assert!(body.contains("limits.ingest_rate_per_tenant"), "{body}");
+                let secs: u64 = retry.expect("a Retry-After").parse().unwrap();
+                assert!((1..=2).contains(&secs), "{secs}: {body}");
+                break;
+            }
+            (status, _, body) => panic!("push {accepted}: {status} {body}"),
+        }
+        assert!(accepted < 1_000, "the hog was never refused");
+    }
+    // Refused only once the bucket could not take a push, and never past what it held
+    // and refilled meanwhile.
+    let elapsed = started.elapsed().as_secs_f64();
+    let taken = (accepted * cpu.len()) as f64;
+    assert!(
+        taken > (burst - cpu.len()) as f64,
+        "refused after {accepted} pushes of {} bytes",
+        cpu.len()
+    );
+    assert!(
+        taken <= burst as f64 + rate as f64 * elapsed,
+        "took {taken} bytes in {elapsed} s"
+    );
+    // Another tenant's bucket is its own.
+    let (status, _, body) = push("victim", cpu.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    // More than the whole burst can never be taken, whatever the body holds.
+    let (status, retry, body) = push("victim", vec![0; burst + 1]).await;
+    assert_eq!((status, retry), (413, None), "{body}");
+    assert!(body.contains("limits.ingest_burst_per_tenant"), "{body}");
+}
+
 /// Descriptors the server process has open.
 fn descriptors(s: &Server) -> usize {
     std::fs::read_dir(format!("/proc/{}/fd", s.pid())).map_or(0, |d| d.count())

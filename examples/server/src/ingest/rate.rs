@@ -1,0 +1,225 @@
+//! Each tenant's ingest rate (`limits.ingest_rate_per_tenant`): the bytes its clients push
+//! (request bodies as sent) drain a bucket of `limits.ingest_burst_per_tenant` bytes that
+//! refills at the rate. A push the bucket cannot take now is refused before it is decoded,
+//! 429 with `Retry-After` saying when it fits; one larger than the whole bucket, 413. The
+//! server's own ingest (scrapes, the eBPF sampler) is not held to it.
+//!
+//! Without it, one tenant within its series limit could push as fast as the ingest lane
+//! lets it (all its slots but one), and fill the disk every tenant shares.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{ApiError, ApiResult};
+
+/// The buckets of every tenant that pushed lately.
+#[derive(Debug)]
+pub struct IngestRates {
+    /// Bytes a second.
+    rate: f64,
+    /// Bytes a bucket holds full.
+    burst: f64,
+    buckets: Mutex<Buckets>,
+}
+
+#[derive(Debug)]
+struct Buckets {
+    by_tenant: HashMap<String, Bucket>,
+    /// Past this many buckets, those refilled whole (a tenant's that stopped pushing) are
+    /// forgotten: a full bucket is what a tenant without one gets.
+    prune_at: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    bytes: f64,
+    at: Instant,
+}
+
+/// Why a push was refused.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Refused {
+    /// It fits once the bucket has refilled this long.
+    Wait(Duration),
+    /// It is larger than a full bucket: it never fits.
+    Never,
+}
+
+impl IngestRates {
+    /// `rate` bytes a second, bursts of `burst` bytes.
+    pub fn new(rate: u64, burst: u64) -> Self {
+        Self {
+            rate: rate.max(1) as f64,
+            burst: burst.max(1) as f64,
+            buckets: Mutex::new(Buckets {
+                by_tenant: HashMap::new(),
+                prune_at: 64,
+            }),
+        }
+    }
+
+    /// The rate of `limits`, if it sets one; the burst is `ingest_burst_per_tenant`, else
+    /// the larger of a second of the rate and `max_body_bytes` (so that any body the server
+    /// takes can pass).
+    pub fn of(limits: &crate::config::Limits) -> Option<Self> {
+        let rate = limits.ingest_rate_per_tenant?;
+        let burst = limits
+            .ingest_burst_per_tenant
+            .unwrap_or_else(|| rate.max(limits.max_body_bytes as u64));
+        Some(Self::new(rate, burst))
+    }
+
+    /// Takes `bytes` from `tenant`'s bucket at `now`, or says when they fit.
+    pub fn take(&self, tenant: &str, bytes: usize, now: Instant) -> Result<(), Refused> {
+        let bytes = bytes as f64;
+        if bytes > self.burst {
+            return Err(Refused::Never);
+        }
+        let mut buckets = self.buckets.lock();
+        if buckets.by_tenant.len() >= buckets.prune_at {
+            let (rate, burst) = (self.rate, self.burst);
+            buckets
+                .by_tenant
+                .retain(|_, b| refilled(*b, rate, burst, now) < burst);
+            buckets.prune_at = (buckets.by_tenant.len() * 2).max(64);
+        }
+        let bucket = buckets
+            .by_tenant
+            .entry(tenant.to_owned())
+            .or_insert(Bucket {
+                bytes: self.burst,
+                at: now,
+            });
+        let held = refilled(*bucket, self.rate, self.burst, now);
+        if held < bytes {
+            return Err(Refused::Wait(Duration::from_secs_f64(
+                (bytes - held) / self.rate,
+            )));
+        }
+        *bucket = Bucket {
+            bytes: held - bytes,
+            at: now.max(bucket.at),
+        };
+        Ok(())
+    }
+
+    /// [`IngestRates::take`] as the server answers it: 429 with `Retry-After` (whole
+    /// seconds, at least one), or 413, each naming the limit.
+    pub fn admit(&self, tenant: &str, bytes: usize) -> ApiResult<()> {
+        match self.take(tenant, bytes, Instant::now()) {
+            Ok(()) => Ok(()),
+            Err(Refused::Never) => Err(ApiError::too_large(format!(
+                "a push of {bytes} bytes is more than tenant {tenant:?} may send at once \
+                 (limits.ingest_burst_per_tenant, {} bytes): it can never be taken; send less \
+                 in each request",
+                self.burst as u64
+            ))),
+            Err(Refused::Wait(wait)) => {
+                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+                Err(ApiError {
+                    retry_after: Some(secs),
+                    ..ApiError::limited(format!(
+                        "tenant {tenant:?} pushes faster than its ingest rate \
+                         (limits.ingest_rate_per_tenant, {} bytes a second, in bursts of up \
+                         to limits.ingest_burst_per_tenant, {} bytes): this push of {bytes} \
+                         bytes fits in {secs} s",
+                        self.rate as u64, self.burst as u64
+                    ))
+                })
+            }
+        }
+    }
+
+    /// Buckets held (for tests of forgetting).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.buckets.lock().by_tenant.len()
+    }
+}
+
+/// What `bucket` holds at `now`, refilled at `rate` up to `burst`.
+fn refilled(bucket: Bucket, rate: f64, burst: f64, now: Instant) -> f64 {
+    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+    (bucket.bytes + elapsed * rate).min(burst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_drains_by_the_bytes_pushed_and_refills_at_the_rate() {
+        let rates = IngestRates::new(1_000, 4_000);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A full bucket takes a burst at once.
+        assert_eq!(rates.take("a", 3_000, at(0)), Ok(()));
+        assert_eq!(rates.take("a", 1_000, at(0)), Ok(()));
+        // Empty: the next 500 bytes fit in half a second, and nothing is taken meanwhile.
+        assert_eq!(
+            rates.take("a", 500, at(0)),
+            Err(Refused::Wait(Duration::from_millis(500)))
+        );
+        assert_eq!(
+            rates.take("a", 500, at(250)),
+            Err(Refused::Wait(Duration::from_millis(250)))
+        );
+        assert_eq!(rates.take("a", 500, at(500)), Ok(()));
+        // Another tenant's bucket is its own.
+        assert_eq!(rates.take("b", 4_000, at(500)), Ok(()));
+        // Refilled, never past the burst.
+        assert_eq!(rates.take("a", 4_000, at(60_000)), Ok(()));
+        assert_eq!(
+            rates.take("a", 1_000, at(60_000)),
+            Err(Refused::Wait(Duration::from_secs(1)))
+        );
+        // More than a full bucket never fits.
+        assert_eq!(rates.take("c", 4_001, at(60_000)), Err(Refused::Never));
+    }
+
+    #[test]
+    fn refusals_name_the_limit_and_when_to_retry() {
+        let rates = IngestRates::new(1_000, 4_000);
+        rates.admit("a", 4_000).unwrap();
+        let later = rates.admit("a", 2_500).unwrap_err();
+        assert_eq!(later.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(later.retry_after, Some(3), "2.5 s, rounded up");
+        assert!(
+            later
+                .message
+                .contains("limits.ingest_rate_per_tenant, 1000 bytes a second"),
+            "{}",
+            later.message
+        );
+        let never = rates.admit("a", 4_001).unwrap_err();
+        assert_eq!(never.status, axum::http::StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(never.retry_after, None);
+        assert!(
+            never
+                .message
+                .contains("limits.ingest_burst_per_tenant, 4000 bytes"),
+            "{}",
+            never.message
+        );
+    }
+
+    #[test]
+    fn tenants_that_stopped_pushing_are_forgotten() {
+        let rates = IngestRates::new(1_000, 4_000);
+        let t0 = Instant::now();
+        for i in 0..1_000 {
+            rates.take(&format!("t{i}"), 10, t0).unwrap();
+        }
+        // Each of those is still draining, and so remembered (a tenant forgotten with its
+        // bucket drained would get a full one again).
+        assert!(rates.held() >= 1_000 / 2, "{}", rates.held());
+        // A second later, all have refilled: the next names find them gone.
+        let later = t0 + Duration::from_secs(1);
+        for i in 0..64 {
+            rates.take(&format!("u{i}"), 10, later).unwrap();
+        }
+        assert!(rates.held() <= 128, "{}", rates.held());
+    }
+}
