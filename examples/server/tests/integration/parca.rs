@@ -259,6 +259,51 @@ async fn write_raw_stores_the_agents_profiles_unsymbolized_frames_and_all() {
     );
 }
 
+/// An agent's writes count against its tenant's ingest rate as HTTP pushes do: past it,
+/// RESOURCE_EXHAUSTED naming the limit, and nothing of the refused write is stored.
+#[tokio::test]
+async fn write_raw_past_the_tenants_ingest_rate_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("data"),
+        Some("[limits]\ningest_rate_per_tenant = 1024\ningest_burst_per_tenant = 8192\n"),
+    );
+    let mut client = ProfileStoreServiceClient::new(channel(&s).await);
+    let (profile, _) = agent_profile();
+    let request = |node: usize| store::WriteRawRequest {
+        series: vec![store::RawProfileSeries {
+            labels: labels(&[
+                ("__name__", "parca_agent_cpu"),
+                ("node", &format!("n{node}")),
+            ]),
+            samples: vec![store::RawSample {
+                raw_profile: profile.encode_to_vec(),
+                executable_info: vec![],
+            }],
+        }],
+        ..Default::default()
+    };
+    let mut written = 0;
+    let refused = loop {
+        match client.write_raw(request(written)).await {
+            Ok(_) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 1_000, "never refused");
+    };
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    assert!(
+        refused.message().contains("limits.ingest_rate_per_tenant"),
+        "{refused}"
+    );
+    let nodes = get_json(&format!("{}/api/v1/label/node/values", s.url), None).await;
+    assert_eq!(
+        nodes.as_array().map(Vec::len),
+        Some(written),
+        "the refused write stored nothing: {nodes}"
+    );
+}
+
 #[tokio::test]
 async fn the_write_stream_asks_for_the_stacks_then_stores_the_agents_v1_records() {
     let dir = tempfile::tempdir().unwrap();
