@@ -293,6 +293,14 @@ pub struct TenantConfig {
     /// set through `/api/v1/rules`.
     #[serde(default)]
     pub recording_rules: Vec<frostdb_pprof::rules::RecordingRule>,
+    /// Bytes a second this tenant's clients may push, instead of the server's
+    /// `limits.ingest_rate_per_tenant` (a size, such as `"64MiB"`).
+    #[serde(default, with = "optional_bytes")]
+    pub ingest_rate: Option<u64>,
+    /// Bytes this tenant may push at once at its `ingest_rate` (absent: the larger of a
+    /// second of it and `max_body_bytes`).
+    #[serde(default, with = "optional_bytes")]
+    pub ingest_burst: Option<u64>,
 }
 
 impl Config {
@@ -753,6 +761,22 @@ impl Config {
 
     /// Checks what serde cannot.
     pub fn validate(&self) -> Result<(), String> {
+        for (id, t) in &self.tenants {
+            match (t.ingest_rate, t.ingest_burst) {
+                (Some(0), _) | (_, Some(0)) => {
+                    return Err(format!(
+                        "tenants.{id}: `ingest_rate` and `ingest_burst` must be positive"
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(format!(
+                        "tenants.{id}: `ingest_burst` is the burst of the tenant's own \
+                         `ingest_rate`: set that too"
+                    ));
+                }
+                _ => {}
+            }
+        }
         for job in &self.scrape {
             if job.job.is_empty() {
                 return Err("a scrape job has an empty `job` name".into());
@@ -1118,6 +1142,9 @@ mod tests {
                 .unwrap_err()
         };
         assert!(bad("listen = 'nowhere'").contains("listen"));
+        assert!(bad("[tenants.a]\ningest_burst = '1MiB'").contains("set that too"));
+        assert!(bad("[tenants.a]\ningest_rate = '0KiB'").contains("out of range"));
+        assert!(bad("[limits]\ningest_rate_per_tenant = 0").contains("positive"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nprofiles=['cpux']").contains("cpux"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\ninterval='0s'").contains("positive"));
         assert!(bad("[[scrape]]\njob='a'\ntargets=[]\nscheme='https'").contains("https"));

@@ -772,7 +772,7 @@ pub async fn serve(config: Config) -> Result<(), String> {
         ),
         work,
         budget,
-        ingest_rates: ingest::rate::IngestRates::of(&config.limits),
+        ingest_rates: ingest::rate::IngestRates::of(&config),
         config,
     });
     // Merges of this node read persisted blocks on the cluster's workers; tasks too small

@@ -14,14 +14,35 @@ use parking_lot::Mutex;
 
 use crate::error::{ApiError, ApiResult};
 
-/// The buckets of every tenant that pushed lately.
+/// The buckets of every tenant that pushed lately, and each tenant's limit.
 #[derive(Debug)]
 pub struct IngestRates {
+    /// Every tenant's (`limits.ingest_rate_per_tenant`), unless it has its own.
+    default: Option<Limit>,
+    /// Tenants' own (`[tenants.<id>] ingest_rate`).
+    tenants: HashMap<String, Limit>,
+    buckets: Mutex<Buckets>,
+}
+
+/// A rate and the bucket it refills.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Limit {
     /// Bytes a second.
     rate: f64,
     /// Bytes a bucket holds full.
     burst: f64,
-    buckets: Mutex<Buckets>,
+    /// Whether it is the tenant's own, for the refusal to name the setting to change.
+    own: bool,
+}
+
+impl Limit {
+    fn new(rate: u64, burst: u64, own: bool) -> Self {
+        Self {
+            rate: rate.max(1) as f64,
+            burst: burst.max(1) as f64,
+            own,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -48,11 +69,11 @@ pub enum Refused {
 }
 
 impl IngestRates {
-    /// `rate` bytes a second, bursts of `burst` bytes.
+    /// Every tenant at `rate` bytes a second, in bursts of `burst` bytes.
     pub fn new(rate: u64, burst: u64) -> Self {
         Self {
-            rate: rate.max(1) as f64,
-            burst: burst.max(1) as f64,
+            default: Some(Limit::new(rate, burst, false)),
+            tenants: HashMap::new(),
             buckets: Mutex::new(Buckets {
                 by_tenant: HashMap::new(),
                 prune_at: 64,
@@ -60,42 +81,71 @@ impl IngestRates {
         }
     }
 
-    /// The rate of `limits`, if it sets one; the burst is `ingest_burst_per_tenant`, else
-    /// the larger of a second of the rate and `max_body_bytes` (so that any body the server
-    /// takes can pass).
-    pub fn of(limits: &crate::config::Limits) -> Option<Self> {
-        let rate = limits.ingest_rate_per_tenant?;
-        let burst = limits
-            .ingest_burst_per_tenant
-            .unwrap_or_else(|| rate.max(limits.max_body_bytes as u64));
-        Some(Self::new(rate, burst))
+    /// The rates `config` sets, if it sets any: `limits.ingest_rate_per_tenant`, and the
+    /// tenants' own `ingest_rate`. A burst not given is the larger of a second of its rate
+    /// and `max_body_bytes` (so that any body the server takes can pass).
+    pub fn of(config: &crate::config::Config) -> Option<Self> {
+        let limits = &config.limits;
+        let burst = |rate: u64, burst: Option<u64>| {
+            burst.unwrap_or_else(|| rate.max(limits.max_body_bytes as u64))
+        };
+        let default = limits
+            .ingest_rate_per_tenant
+            .map(|rate| Limit::new(rate, burst(rate, limits.ingest_burst_per_tenant), false));
+        let tenants: HashMap<String, Limit> = config
+            .tenants
+            .iter()
+            .filter_map(|(id, t)| {
+                let rate = t.ingest_rate?;
+                Some((
+                    id.clone(),
+                    Limit::new(rate, burst(rate, t.ingest_burst), true),
+                ))
+            })
+            .collect();
+        (default.is_some() || !tenants.is_empty()).then(|| Self {
+            default,
+            tenants,
+            buckets: Mutex::new(Buckets {
+                by_tenant: HashMap::new(),
+                prune_at: 64,
+            }),
+        })
     }
 
-    /// Takes `bytes` from `tenant`'s bucket at `now`, or says when they fit.
+    fn limit(&self, tenant: &str) -> Option<Limit> {
+        self.tenants.get(tenant).copied().or(self.default)
+    }
+
+    /// Takes `bytes` from `tenant`'s bucket at `now`, or says when they fit; a tenant
+    /// without a rate takes any.
     pub fn take(&self, tenant: &str, bytes: usize, now: Instant) -> Result<(), Refused> {
+        let Some(limit) = self.limit(tenant) else {
+            return Ok(());
+        };
         let bytes = bytes as f64;
-        if bytes > self.burst {
+        if bytes > limit.burst {
             return Err(Refused::Never);
         }
         let mut buckets = self.buckets.lock();
         if buckets.by_tenant.len() >= buckets.prune_at {
-            let (rate, burst) = (self.rate, self.burst);
-            buckets
-                .by_tenant
-                .retain(|_, b| refilled(*b, rate, burst, now) < burst);
+            buckets.by_tenant.retain(|tenant, b| {
+                self.limit(tenant)
+                    .is_some_and(|l| refilled(*b, l, now) < l.burst)
+            });
             buckets.prune_at = (buckets.by_tenant.len() * 2).max(64);
         }
         let bucket = buckets
             .by_tenant
             .entry(tenant.to_owned())
             .or_insert(Bucket {
-                bytes: self.burst,
+                bytes: limit.burst,
                 at: now,
             });
-        let held = refilled(*bucket, self.rate, self.burst, now);
+        let held = refilled(*bucket, limit, now);
         if held < bytes {
             return Err(Refused::Wait(Duration::from_secs_f64(
-                (bytes - held) / self.rate,
+                (bytes - held) / limit.rate,
             )));
         }
         *bucket = Bucket {
@@ -108,24 +158,35 @@ impl IngestRates {
     /// [`IngestRates::take`] as the server answers it: 429 with `Retry-After` (whole
     /// seconds, at least one), or 413, each naming the limit.
     pub fn admit(&self, tenant: &str, bytes: usize) -> ApiResult<()> {
+        let Some(limit) = self.limit(tenant) else {
+            return Ok(());
+        };
+        let (rate, burst) = match limit.own {
+            true => (
+                format!("tenants.{tenant}.ingest_rate"),
+                format!("tenants.{tenant}.ingest_burst"),
+            ),
+            false => (
+                "limits.ingest_rate_per_tenant".to_owned(),
+                "limits.ingest_burst_per_tenant".to_owned(),
+            ),
+        };
         match self.take(tenant, bytes, Instant::now()) {
             Ok(()) => Ok(()),
             Err(Refused::Never) => Err(ApiError::too_large(format!(
                 "a push of {bytes} bytes is more than tenant {tenant:?} may send at once \
-                 (limits.ingest_burst_per_tenant, {} bytes): it can never be taken; send less \
-                 in each request",
-                self.burst as u64
+                 ({burst}, {} bytes): it can never be taken; send less in each request",
+                limit.burst as u64
             ))),
             Err(Refused::Wait(wait)) => {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
                 Err(ApiError {
                     retry_after: Some(secs),
                     ..ApiError::limited(format!(
-                        "tenant {tenant:?} pushes faster than its ingest rate \
-                         (limits.ingest_rate_per_tenant, {} bytes a second, in bursts of up \
-                         to limits.ingest_burst_per_tenant, {} bytes): this push of {bytes} \
-                         bytes fits in {secs} s",
-                        self.rate as u64, self.burst as u64
+                        "tenant {tenant:?} pushes faster than its ingest rate ({rate}, {} \
+                         bytes a second, in bursts of up to {burst}, {} bytes): this push of \
+                         {bytes} bytes fits in {secs} s",
+                        limit.rate as u64, limit.burst as u64
                     ))
                 })
             }
@@ -139,10 +200,10 @@ impl IngestRates {
     }
 }
 
-/// What `bucket` holds at `now`, refilled at `rate` up to `burst`.
-fn refilled(bucket: Bucket, rate: f64, burst: f64, now: Instant) -> f64 {
+/// What `bucket` holds at `now`, refilled at `limit`'s rate up to its burst.
+fn refilled(bucket: Bucket, limit: Limit, now: Instant) -> f64 {
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    (bucket.bytes + elapsed * rate).min(burst)
+    (bucket.bytes + elapsed * limit.rate).min(limit.burst)
 }
 
 #[cfg(test)]
@@ -203,6 +264,46 @@ mod tests {
             "{}",
             never.message
         );
+    }
+
+    #[test]
+    fn a_tenants_own_rate_is_its_own_and_refusals_name_it() {
+        let config: crate::config::Config = toml::from_str(
+            "[limits]\ningest_rate_per_tenant = 1000\ningest_burst_per_tenant = 4000\n\
+             [tenants.big]\ningest_rate = 100000\ningest_burst = 400000\n\
+             [tenants.small]\ningest_rate = 10\n",
+        )
+        .unwrap();
+        let rates = IngestRates::of(&config).unwrap();
+        let now = Instant::now();
+        assert_eq!(rates.take("big", 400_000, now), Ok(()));
+        assert_eq!(rates.take("anyone", 4_001, now), Err(Refused::Never));
+        // A burst not given: the larger of a second of the rate and max_body_bytes.
+        assert_eq!(rates.take("small", 16 << 20, now), Ok(()));
+        let refused = rates.admit("small", 100).unwrap_err();
+        assert_eq!(refused.retry_after, Some(10));
+        assert!(
+            refused
+                .message
+                .contains("(tenants.small.ingest_rate, 10 bytes a second"),
+            "{}",
+            refused.message
+        );
+        let refused = rates.admit("anyone", 4_001).unwrap_err();
+        assert!(
+            refused
+                .message
+                .contains("(limits.ingest_burst_per_tenant, 4000 bytes)"),
+            "{}",
+            refused.message
+        );
+        // Without a server-wide rate, only the tenants given one are held.
+        let config: crate::config::Config =
+            toml::from_str("[tenants.small]\ningest_rate = 10\n").unwrap();
+        let rates = IngestRates::of(&config).unwrap();
+        assert_eq!(rates.take("anyone", 1 << 30, now), Ok(()));
+        assert_eq!(rates.take("small", 1 << 30, now), Err(Refused::Never));
+        assert!(IngestRates::of(&crate::config::Config::default()).is_none());
     }
 
     #[test]
