@@ -254,8 +254,8 @@ impl RequestMemory {
     }
 
     /// Bytes of the request's body received so far, as sent (compressed, gRPC frames and
-    /// all): what a tenant's ingest rate counts ([`crate::ingest::rate`]). None for work the
-    /// server does of its own.
+    /// all): what a tenant's ingest rate counts ([`crate::ingest::rate`]). 0 for work the
+    /// server does of its own (a scrape).
     pub fn sent(&self) -> usize {
         self.0.sent.load(std::sync::atomic::Ordering::Relaxed)
     }

@@ -177,7 +177,8 @@ pub struct AppState {
     pub work: work::Work,
     /// The memory budget every request, query and tenant draws on (`[limits] memory`).
     pub budget: frostdb_core::MemoryBudget,
-    /// Each tenant's ingest rate (`[limits] ingest_rate_per_tenant`); `None` when unset.
+    /// Each tenant's ingest rate (`[limits] ingest_rate_per_tenant`, or the tenant's own
+    /// `ingest_rate`); `None` when neither is set.
     pub ingest_rates: Option<ingest::rate::IngestRates>,
     /// Names for frames stored as addresses (`[symbolizer]`); `None` when off.
     pub symbolizer: Option<Arc<frostdb_pprof::symbolize::Symbolizer>>,

@@ -1,6 +1,7 @@
-//! Each tenant's ingest rate (`limits.ingest_rate_per_tenant`): the bytes its clients push
-//! (request bodies as sent) drain a bucket of `limits.ingest_burst_per_tenant` bytes that
-//! refills at the rate. A push the bucket cannot take now is refused before it is decoded,
+//! Each tenant's ingest rate (`limits.ingest_rate_per_tenant`, or the tenant's own
+//! `[tenants.<id>] ingest_rate`): the bytes its clients push (request bodies as sent) drain
+//! a bucket of `limits.ingest_burst_per_tenant` (or `ingest_burst`) bytes that refills at
+//! the rate. A push the bucket cannot take now is refused before it is decoded,
 //! 429 with `Retry-After` saying when it fits; one larger than the whole bucket, 413. The
 //! server's own ingest (scrapes, the eBPF sampler) is not held to it.
 //!
@@ -53,6 +54,15 @@ struct Buckets {
     prune_at: usize,
 }
 
+impl Buckets {
+    fn new() -> Mutex<Self> {
+        Mutex::new(Self {
+            by_tenant: HashMap::new(),
+            prune_at: 64,
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
     bytes: f64,
@@ -74,10 +84,7 @@ impl IngestRates {
         Self {
             default: Some(Limit::new(rate, burst, false)),
             tenants: HashMap::new(),
-            buckets: Mutex::new(Buckets {
-                by_tenant: HashMap::new(),
-                prune_at: 64,
-            }),
+            buckets: Buckets::new(),
         }
     }
 
@@ -106,10 +113,7 @@ impl IngestRates {
         (default.is_some() || !tenants.is_empty()).then(|| Self {
             default,
             tenants,
-            buckets: Mutex::new(Buckets {
-                by_tenant: HashMap::new(),
-                prune_at: 64,
-            }),
+            buckets: Buckets::new(),
         })
     }
 
