@@ -198,6 +198,23 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
          holds at most three quarters of it; past that, 429).",
         shares.iter().map(|(id, bytes)| (id, *bytes as u64)),
     );
+    if let Some(rates) = &state.ingest_rates {
+        let mut refused = rates.refused();
+        refused.retain(|(id, _)| only.is_none_or(|only| id == only));
+        per_tenant(
+            &mut out,
+            ("frostdb_tenant_ingest_refused_total", "counter"),
+            "Pushes refused by the tenant's ingest rate (limits.ingest_rate_per_tenant, or \
+             its own), 429 or 413, since the server started.",
+            refused.iter().map(|(id, r)| (id, r.pushes)),
+        );
+        per_tenant(
+            &mut out,
+            ("frostdb_tenant_ingest_refused_bytes_total", "counter"),
+            "Bytes of those pushes, as sent.",
+            refused.iter().map(|(id, r)| (id, r.bytes)),
+        );
+    }
     per_tenant(
         &mut out,
         ("frostdb_writes_stopped", "gauge"),

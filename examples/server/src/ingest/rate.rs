@@ -23,6 +23,18 @@ pub struct IngestRates {
     /// Tenants' own (`[tenants.<id>] ingest_rate`).
     tenants: HashMap<String, Limit>,
     buckets: Mutex<Buckets>,
+    /// Per tenant refused, the pushes and their bytes, for `/metrics` (at most the tenants
+    /// that exist: a push is held to the rate once its tenant is taken).
+    refused: Mutex<std::collections::BTreeMap<String, Refusals>>,
+}
+
+/// What a tenant's ingest rate refused since the server started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Refusals {
+    /// Pushes refused.
+    pub pushes: u64,
+    /// Their bytes, as sent.
+    pub bytes: u64,
 }
 
 /// A rate and the bucket it refills.
@@ -85,6 +97,7 @@ impl IngestRates {
             default: Some(Limit::new(rate, burst, false)),
             tenants: HashMap::new(),
             buckets: Buckets::new(),
+            refused: Default::default(),
         }
     }
 
@@ -114,6 +127,7 @@ impl IngestRates {
             default,
             tenants,
             buckets: Buckets::new(),
+            refused: Default::default(),
         })
     }
 
@@ -175,7 +189,14 @@ impl IngestRates {
                 "limits.ingest_burst_per_tenant".to_owned(),
             ),
         };
-        match self.take(tenant, bytes, Instant::now()) {
+        let taken = self.take(tenant, bytes, Instant::now());
+        if taken.is_err() {
+            let mut refused = self.refused.lock();
+            let counts = refused.entry(tenant.to_owned()).or_default();
+            counts.pushes += 1;
+            counts.bytes += bytes as u64;
+        }
+        match taken {
             Ok(()) => Ok(()),
             Err(Refused::Never) => Err(ApiError::too_large(format!(
                 "a push of {bytes} bytes is more than tenant {tenant:?} may send at once \
@@ -195,6 +216,16 @@ impl IngestRates {
                 })
             }
         }
+    }
+
+    /// Per tenant, what its rate refused since the server started (tenants it refused
+    /// nothing are left out), by tenant id.
+    pub fn refused(&self) -> Vec<(String, Refusals)> {
+        self.refused
+            .lock()
+            .iter()
+            .map(|(id, r)| (id.clone(), *r))
+            .collect()
     }
 
     /// Buckets held (for tests of forgetting).
@@ -257,6 +288,16 @@ mod tests {
                 .contains("limits.ingest_rate_per_tenant, 1000 bytes a second"),
             "{}",
             later.message
+        );
+        assert_eq!(
+            rates.refused(),
+            vec![(
+                "a".to_owned(),
+                Refusals {
+                    pushes: 1,
+                    bytes: 2_500
+                }
+            )]
         );
         let never = rates.admit("a", 4_001).unwrap_err();
         assert_eq!(never.status, axum::http::StatusCode::PAYLOAD_TOO_LARGE);

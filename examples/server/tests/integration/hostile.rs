@@ -1708,6 +1708,23 @@ async fn a_tenant_pushing_past_its_ingest_rate_is_refused_and_the_others_are_not
     let (status, retry, body) = push("victim", vec![0; burst + 1]).await;
     assert_eq!((status, retry), (413, None), "{body}");
     assert!(body.contains("limits.ingest_burst_per_tenant"), "{body}");
+    // The operator sees what each tenant's rate refused.
+    let (status, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    assert_eq!(status, 200, "{metrics}");
+    for line in [
+        "frostdb_tenant_ingest_refused_total{tenant=\"hog\"} 1".to_owned(),
+        format!(
+            "frostdb_tenant_ingest_refused_bytes_total{{tenant=\"hog\"}} {}",
+            cpu.len()
+        ),
+        "frostdb_tenant_ingest_refused_total{tenant=\"victim\"} 1".to_owned(),
+        format!(
+            "frostdb_tenant_ingest_refused_bytes_total{{tenant=\"victim\"}} {}",
+            burst + 1
+        ),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 }
 
 /// Descriptors the server process has open.
