@@ -138,9 +138,20 @@ impl IngestRates {
     /// Takes `bytes` from `tenant`'s bucket at `now`, or says when they fit; a tenant
     /// without a rate takes any.
     pub fn take(&self, tenant: &str, bytes: usize, now: Instant) -> Result<(), Refused> {
-        let Some(limit) = self.limit(tenant) else {
-            return Ok(());
-        };
+        match self.limit(tenant) {
+            Some(limit) => self.take_under(tenant, limit, bytes, now),
+            None => Ok(()),
+        }
+    }
+
+    /// [`IngestRates::take`] from a bucket refilled under `limit`, the tenant's.
+    fn take_under(
+        &self,
+        tenant: &str,
+        limit: Limit,
+        bytes: usize,
+        now: Instant,
+    ) -> Result<(), Refused> {
         let bytes = bytes as f64;
         if bytes > limit.burst {
             return Err(Refused::Never);
@@ -153,13 +164,15 @@ impl IngestRates {
             });
             buckets.prune_at = (buckets.by_tenant.len() * 2).max(64);
         }
-        let bucket = buckets
-            .by_tenant
-            .entry(tenant.to_owned())
-            .or_insert(Bucket {
+        // The tenant's name is copied only for its first push, not for every one.
+        if !buckets.by_tenant.contains_key(tenant) {
+            let full = Bucket {
                 bytes: limit.burst,
                 at: now,
-            });
+            };
+            buckets.by_tenant.insert(tenant.to_owned(), full);
+        }
+        let bucket = buckets.by_tenant.get_mut(tenant).expect("inserted above");
         let held = refilled(*bucket, limit, now);
         if held < bytes {
             return Err(Refused::Wait(Duration::from_secs_f64(
@@ -179,6 +192,16 @@ impl IngestRates {
         let Some(limit) = self.limit(tenant) else {
             return Ok(());
         };
+        let refusal = match self.take_under(tenant, limit, bytes, Instant::now()) {
+            Ok(()) => return Ok(()),
+            Err(refusal) => refusal,
+        };
+        let mut refused = self.refused.lock();
+        let counts = refused.entry(tenant.to_owned()).or_default();
+        counts.pushes += 1;
+        counts.bytes += bytes as u64;
+        drop(refused);
+        // The settings that hold it, named only for a refusal.
         let (rate, burst) = match limit.own {
             true => (
                 format!("tenants.{tenant}.ingest_rate"),
@@ -189,21 +212,13 @@ impl IngestRates {
                 "limits.ingest_burst_per_tenant".to_owned(),
             ),
         };
-        let taken = self.take(tenant, bytes, Instant::now());
-        if taken.is_err() {
-            let mut refused = self.refused.lock();
-            let counts = refused.entry(tenant.to_owned()).or_default();
-            counts.pushes += 1;
-            counts.bytes += bytes as u64;
-        }
-        match taken {
-            Ok(()) => Ok(()),
-            Err(Refused::Never) => Err(ApiError::too_large(format!(
+        match refusal {
+            Refused::Never => Err(ApiError::too_large(format!(
                 "a push of {bytes} bytes is more than tenant {tenant:?} may send at once \
                  ({burst}, {} bytes): it can never be taken; send less in each request",
                 limit.burst as u64
             ))),
-            Err(Refused::Wait(wait)) => {
+            Refused::Wait(wait) => {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
                 Err(ApiError {
                     retry_after: Some(secs),
