@@ -544,11 +544,12 @@ pub fn ingest_pprof(args: &[String]) -> Result<(), BoxError> {
         // the load spent in them is time the clients of those groups could not work.
         let synced = wal.sync_time.as_secs_f64();
         eprintln!(
-            "{} profiles committed in {} WAL records ({:.1} profiles each), {} fsyncs taking \
-             {synced:.1} s ({:.0}% of the load's time, {:.2} ms each)",
+            "{} profiles committed in {} WAL records ({:.1} profiles, {:.1} KB each), {} fsyncs \
+             taking {synced:.1} s ({:.0}% of the load's time, {:.2} ms each)",
             jobs.len(),
             wal.records,
             n / wal.records.max(1) as f64,
+            wal.bytes as f64 / 1e3 / wal.records.max(1) as f64,
             wal.syncs,
             100.0 * synced / ingest_s,
             1e3 * synced / wal.syncs.max(1) as f64,

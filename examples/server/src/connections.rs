@@ -2,7 +2,10 @@
 //! answered 503 and closed, so the server stays reachable and says why), a header-read
 //! timeout (slowloris), an idle timeout for connections between requests (HTTP/1 and
 //! HTTP/2 alike, and for a socket that never sends a request), and a graceful shutdown
-//! that waits at most a grace period for requests in flight.
+//! that waits at most a grace period for requests in flight. What a connection's bytes hold
+//! in the server before a request is made of them (a head being read, HTTP/2 frames not
+//! yet taken) is charged to the memory budget as they arrive ([`Metered`]), within its
+//! client address's share of the connections' quarter of it.
 //!
 //! axum's own `serve` has none of these bounds; this is the same hyper machinery (one
 //! [`hyper_util::server::conn::auto`] connection per socket, HTTP/1 or HTTP/2 by what the
@@ -10,16 +13,19 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use frostdb_core::{MemoryBudget, Reservation};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -40,7 +46,64 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// On shutdown, how long requests in flight may take to finish.
     pub shutdown_grace: Duration,
+    /// The longest request head hyper reads ([`head_buffer_bytes`]).
+    pub head_bytes: usize,
+    /// What connections' bytes may hold before requests are made of them: a share of the
+    /// memory budget ([`connections_share`]), split between client addresses as
+    /// connections are (`max_per_address` of `max_connections`).
+    pub memory: MemoryBudget,
 }
+
+impl ConnectionLimits {
+    /// What hyper may hold of one connection's bytes that no request has taken: a head
+    /// being read (HTTP/1 reads into a buffer of at most that), and an HTTP/2
+    /// connection's window of body bytes sent ahead of their handlers besides.
+    fn unread_bytes(&self, multiplexed: bool) -> usize {
+        match multiplexed {
+            true => self.head_bytes + H2_CONNECTION_WINDOW as usize,
+            false => self.head_bytes,
+        }
+    }
+
+    /// The share of [`ConnectionLimits::memory`] one client address may hold: its part of
+    /// the connections, at least one connection's [`ConnectionLimits::unread_bytes`].
+    fn per_address_bytes(&self) -> usize {
+        let part = self.memory.limit() as u128 * self.max_per_address as u128
+            / self.max_connections.max(1) as u128;
+        usize::try_from(part)
+            .unwrap_or(usize::MAX)
+            .max(self.unread_bytes(true))
+    }
+}
+
+/// The share of `budget` connections may hold before requests are made of their bytes (see
+/// [`Metered`]): a quarter, so that heads being read never take the room the requests
+/// need. Named so that no tenant's share can be it (a tenant id has no space).
+pub fn connections_share(budget: &MemoryBudget) -> MemoryBudget {
+    budget.share(
+        "connections' unread bytes",
+        || "the connections'".to_owned(),
+        budget.limit() / 4,
+    )
+}
+
+/// The longest request head hyper reads: the server's own limits (the URI and the header
+/// bytes) and room for what they do not count (the request line's other words, and per
+/// header its separators, or HTTP/2's 32 bytes of list size), so that a head over the
+/// server's limits is still answered by the server, with a JSON body. A head over this is
+/// answered 431 by hyper. At most [`HYPER_MAX_HEAD_BYTES`], which the configuration
+/// checks.
+pub fn head_buffer_bytes(limits: &super::config::Limits) -> usize {
+    (limits.max_uri_bytes + limits.max_header_bytes + 32 * HYPER_MAX_HEADERS + (4 << 10))
+        .clamp(8 << 10, HYPER_MAX_HEAD_BYTES)
+}
+
+/// An HTTP/2 connection's receive window: body bytes a client may send ahead of the
+/// handlers reading them (hyper's default of 1 MiB, per connection, was held by the
+/// connection outside the budget).
+const H2_CONNECTION_WINDOW: u32 = 512 << 10;
+/// An HTTP/2 stream's receive window.
+const H2_STREAM_WINDOW: u32 = 256 << 10;
 
 /// What one connection has going on, for its idle timer.
 #[derive(Debug)]
@@ -52,15 +115,22 @@ struct Activity {
     requests: AtomicU64,
     /// When the last request ended (ms after `started`).
     last_ms: AtomicU64,
+    /// The bytes read that no request has taken yet, charged ([`Metered`]).
+    unread: parking_lot::Mutex<Reservation>,
+    /// Whether the connection speaks HTTP/2: its bytes are many streams' frames, and a
+    /// request starting does not tell that hyper let go of the others'.
+    multiplexed: std::sync::atomic::AtomicBool,
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(memory: &MemoryBudget) -> Self {
         Self {
             started: Instant::now(),
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
+            unread: parking_lot::Mutex::new(memory.empty()),
+            multiplexed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -88,6 +158,12 @@ impl InFlight {
     fn start(activity: &Arc<Activity>) -> Self {
         activity.requests.fetch_add(1, Ordering::AcqRel);
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        // An HTTP/1 request made of the bytes read: its head is charged by the request
+        // from here ([`super::edge::budget_memory`]), its body as it is read. What hyper
+        // still holds is at most the body read ahead with the head.
+        if !activity.multiplexed.load(Ordering::Acquire) {
+            activity.unread.lock().resize(0);
+        }
         Self(activity.clone())
     }
 }
@@ -115,6 +191,7 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     let limits = Arc::new(limits);
     let addresses = Addresses::default();
+    let per_address = limits.per_address_bytes();
     let mut refused: u64 = 0;
     // A line of each at most every 10 s.
     let accept_errors = crate::LogRate::new(0.1, 1);
@@ -182,9 +259,15 @@ pub async fn serve(
             continue;
         };
         let _ = socket.set_nodelay(true);
+        let address = Addresses::of(peer.ip());
+        let memory = limits.memory.share(
+            &address.to_string(),
+            || format!("client address {address}'s"),
+            per_address,
+        );
         let (app, limits, close_rx) = (app.clone(), limits.clone(), close_rx.clone());
         connections.spawn(async move {
-            connection(socket, app, &limits, close_rx).await;
+            connection(socket, peer.ip(), &memory, app, &limits, close_rx).await;
             drop((permit, held));
             tracing::trace!(%peer, "connection closed");
         });
@@ -213,11 +296,13 @@ pub async fn serve(
 /// One connection: HTTP/1 or HTTP/2, closed when idle or on shutdown.
 async fn connection(
     socket: TcpStream,
+    client: IpAddr,
+    memory: &MemoryBudget,
     app: Router,
     limits: &ConnectionLimits,
     mut close: watch::Receiver<bool>,
 ) {
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(memory));
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -236,18 +321,28 @@ async fn connection(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         // Above the server's own limits ([`super::edge`]), which answer with a JSON
-        // body: hyper's own refusal of a larger head has none.
-        .max_buf_size(HYPER_MAX_HEAD_BYTES)
+        // body: hyper's own refusal of a larger head has none. Not much above: it is what
+        // one connection may hold before any request is charged (1 MiB each, 3,000
+        // connections sending unfinished heads held 3 GB under a 256 MiB budget).
+        .max_buf_size(limits.head_bytes)
         .max_headers(HYPER_MAX_HEADERS);
     builder
         .http2()
         .timer(TokioTimer::new())
         // Each stream is a request in flight, charged to the budget until it ends.
         .max_concurrent_streams(64)
-        .max_header_list_size(HYPER_MAX_HEAD_BYTES as u32)
+        .max_header_list_size(limits.head_bytes as u32)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(socket), service);
+    let io = Metered {
+        io: socket,
+        activity: activity.clone(),
+        most: [limits.unread_bytes(false), limits.unread_bytes(true)],
+        first: true,
+    };
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     // Once closing, the connection has the grace period to finish what it is doing.
     let mut closing: Option<Instant> = None;
@@ -261,7 +356,19 @@ async fn connection(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
-                    tracing::debug!("connection ended: {e}");
+                    match over_budget(&*e) {
+                        Some(why) => {
+                            if let Some(dropped) = OVER_BUDGET.allow(std::time::Instant::now()) {
+                                tracing::warn!(
+                                    %client,
+                                    dropped,
+                                    "closed a connection: what it sent before a request was \
+                                     made of it does not fit the memory budget: {why}"
+                                );
+                            }
+                        }
+                        None => tracing::debug!("connection ended: {e}"),
+                    }
                 }
                 return;
             }
@@ -286,9 +393,108 @@ async fn connection(
     }
 }
 
-/// The largest request head (request line and headers) hyper reads, and the most headers:
-/// above what the server accepts (see [`super::edge`]), so that a head over the server's
-/// limits is answered by the server, with a JSON body.
+/// Connections closed because their unread bytes did not fit: a line every 10 s at most.
+static OVER_BUDGET: crate::LogRate = crate::LogRate::new(0.1, 1);
+
+/// The refusal that closed a connection, if the budget closed it ([`Metered`]).
+fn over_budget(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(refusal) = io
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<frostdb_core::OverBudget>())
+        {
+            return Some(refusal.to_string());
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// A connection's socket, charging the bytes read from it to the memory budget until a
+/// request is made of them. hyper holds what it reads until a head is complete (and an
+/// HTTP/2 connection, frames of streams not yet taken): without a charge, connections
+/// sending heads they never finish held a megabyte each, thousands of them past any budget.
+/// Bytes are charged as they arrive, up to what hyper may hold of a connection
+/// ([`ConnectionLimits::unread_bytes`]); an HTTP/1 request made of them takes them (its
+/// head charged by the request, its body as it is read), an HTTP/2 connection keeps what it
+/// was charged until it closes. Bytes that do not fit close the connection.
+///
+/// An HTTP/1 connection is charged the bytes read since its last request began, at most
+/// hyper's buffer: a request's body read ahead, or the next request's head pipelined
+/// behind it, is counted until the next request takes it, so an idle connection holds at
+/// most a buffer's worth it may no longer need, never less than hyper does.
+struct Metered {
+    io: TcpStream,
+    activity: Arc<Activity>,
+    /// The most an HTTP/1 and an HTTP/2 connection is charged.
+    most: [usize; 2],
+    /// Whether nothing was read yet (the HTTP/2 preface comes first).
+    first: bool,
+}
+
+impl AsyncRead for Metered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        std::task::ready!(Pin::new(&mut self.io).poll_read(cx, buf))?;
+        let read = buf.filled().len() - before;
+        if read == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if std::mem::take(&mut self.first) && buf.filled()[before..].starts_with(b"PRI * HTTP/2") {
+            self.activity.multiplexed.store(true, Ordering::Release);
+        }
+        let most = self.most[usize::from(self.activity.multiplexed.load(Ordering::Acquire))];
+        let mut unread = self.activity.unread.lock();
+        let more = (unread.bytes() + read).min(most) - unread.bytes().min(most);
+        if more > 0
+            && let Err(refusal) = unread.try_grow(more, "a connection's bytes before a request")
+        {
+            return Poll::Ready(Err(std::io::Error::other(refusal)));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Metered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// The largest request head (request line and headers) the configuration may let hyper
+/// read ([`head_buffer_bytes`] is what it reads), and the most headers: above what the
+/// server accepts (see [`super::edge`]), so that a head over the server's limits is
+/// answered by the server, with a JSON body.
 pub const HYPER_MAX_HEAD_BYTES: usize = 1 << 20;
 /// See [`HYPER_MAX_HEAD_BYTES`].
 pub const HYPER_MAX_HEADERS: usize = 512;

@@ -851,6 +851,8 @@ pub async fn serve(config: Config) -> Result<(), String> {
         header_read_timeout: Duration::from_secs(limits.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(limits.idle_timeout_secs),
         shutdown_grace: Duration::from_secs(limits.shutdown_grace_secs),
+        head_bytes: connections::head_buffer_bytes(limits),
+        memory: connections::connections_share(&state.budget),
     };
     connections::serve(
         listener,

@@ -1918,3 +1918,107 @@ async fn a_browser_page_of_another_site_can_neither_read_nor_change_a_server_wit
             .contains("default-src 'none'")
     );
 }
+
+/// A GET from the local address `from` (another client than 127.0.0.1, the tests' own).
+async fn get_from(from: std::net::IpAddr, url: &str) -> (u16, String) {
+    let r = reqwest::Client::builder()
+        .local_address(from)
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The memory held by requests, queries and tenants, as another client reads it.
+async fn reserved_from(s: &Server, from: std::net::IpAddr) -> u64 {
+    let (status, text) = get_from(from, &format!("{}/metrics", s.url)).await;
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("frostdb_memory_reserved_bytes ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no frostdb_memory_reserved_bytes in {text}"))
+}
+
+/// Connections sending heads they never finish are charged what they sent, within their
+/// client address's share. hyper holds a head until it is complete, and nothing charged
+/// it: 3,000 connections of a megabyte each held 3 GB under a 256 MiB budget. Past its
+/// share an address's connections are closed, another address is still answered, and
+/// the memory is given back when they close.
+#[tokio::test]
+async fn unfinished_heads_are_charged_and_held_within_their_addresss_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmemory = \"64MiB\"\nmax_connections = 1000\n\
+             max_connections_per_address = 500\nheader_read_timeout_secs = 300\n",
+        ),
+    );
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let before = reserved_from(&s, other).await;
+    // The connections' quarter of the budget, of which this address's half (500 of the
+    // 1,000 connections).
+    let share: usize = (64 << 20) / 4 / 2;
+    const SENT: usize = 60_000;
+    let mut head = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n".to_vec();
+    while head.len() < SENT {
+        head.extend_from_slice(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+    }
+    head.truncate(SENT);
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let attack: Vec<TcpStream> = (0..400)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).unwrap();
+            // Refused as it writes, once the share is spent: the close is counted below.
+            let _ = c.write_all(&head);
+            c.set_nonblocking(true).unwrap();
+            c
+        })
+        .collect();
+    let open = || {
+        attack
+            .iter()
+            .filter(|c| {
+                let (mut c, mut byte): (&TcpStream, _) = (c, [0u8; 1]);
+                matches!(c.read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    let held = eventually(Duration::from_secs(60), async || open() * SENT <= share).await;
+    let still = open();
+    assert!(
+        held,
+        "{still} connections of {SENT} unfinished bytes each are open, past the address's \
+         share of {share} bytes"
+    );
+    assert!(still > 0, "every connection was closed, none charged");
+    let during = reserved_from(&s, other).await;
+    assert!(
+        during >= before + (still * SENT / 2) as u64,
+        "{still} open connections of {SENT} bytes each, {} bytes charged",
+        during.saturating_sub(before)
+    );
+    // Another client is answered meanwhile.
+    let (status, body) = get_from(other, &format!("{}/healthz", s.url)).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        s.log()
+            .contains("does not fit the memory budget: a connection's bytes before a request"),
+        "{}",
+        s.log()
+    );
+    drop(attack);
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            reserved_from(&s, other).await < before + (1 << 20)
+        })
+        .await,
+        "the closed connections' memory was not given back"
+    );
+}
