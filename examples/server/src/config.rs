@@ -449,8 +449,9 @@ pub struct Limits {
     /// most three quarters of it (429 with `Retry-After` beyond, naming the tenant's
     /// share), so a tenant holding all it may (bodies stalled midway, say) leaves the
     /// others room. What connections send before a request is made of it (a head being
-    /// read, HTTP/2 frames not yet taken) is charged as it arrives, within a quarter of the
-    /// budget split between client addresses as connections are
+    /// read, HTTP/2 frames not yet taken) is charged as it arrives, and the answers they
+    /// were handed until written to their sockets, within a quarter of the budget split
+    /// between client addresses as connections are
     /// (`max_connections_per_address` of `max_connections`); a connection whose bytes do
     /// not fit is closed. Bytes, or a size such as `"4GiB"`. Absent: 60% of the memory of
     /// the machine or of the cgroup the server runs in.

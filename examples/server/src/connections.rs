@@ -3,9 +3,10 @@
 //! timeout (slowloris), an idle timeout for connections between requests (HTTP/1 and
 //! HTTP/2 alike, and for a socket that never sends a request), and a graceful shutdown
 //! that waits at most a grace period for requests in flight. What a connection's bytes hold
-//! in the server before a request is made of them (a head being read, HTTP/2 frames not
-//! yet taken) is charged to the memory budget as they arrive ([`Metered`]), within its
-//! client address's share of the connections' quarter of it.
+//! in the server outside any request is charged to the memory budget, within its client
+//! address's share of the connections' quarter of it ([`Metered`]): the bytes read before
+//! a request is made of them (a head being read, HTTP/2 frames not yet taken), and the
+//! answers handed to the connection and not yet written to its socket ([`Unsent`]).
 //!
 //! axum's own `serve` has none of these bounds; this is the same hyper machinery (one
 //! [`hyper_util::server::conn::auto`] connection per socket, HTTP/1 or HTTP/2 by what the
@@ -120,6 +121,33 @@ struct Activity {
     /// Whether the connection speaks HTTP/2: its bytes are many streams' frames, and a
     /// request starting does not tell that hyper let go of the others'.
     multiplexed: std::sync::atomic::AtomicBool,
+    /// The answers' bytes handed to the connection and not yet written to its socket.
+    unsent: Unsent,
+}
+
+/// The bytes of answers a connection was handed and has not written to its socket yet,
+/// charged to its client address's share of the budget. An answer's body holds its
+/// request's memory until it has handed the connection its last bytes
+/// ([`super::edge`]'s `Sending`); what the connection then holds until the client reads
+/// it was charged to nothing: an HTTP/2 client granting a large window and reading
+/// nothing had hyper buffer up to 400 KiB of each of 64 streams' answers, 25 MiB a
+/// connection, while the budget counted none of it. Counted from the bytes handed,
+/// less those written (which include frame and head bytes: at worst a little less than
+/// what is held).
+#[derive(Debug, Clone)]
+pub struct Unsent(Arc<parking_lot::Mutex<Reservation>>);
+
+impl Unsent {
+    /// `bytes` of an answer handed to the connection: held until written, whether or not
+    /// they fit (they exist already; what asks next is refused).
+    pub fn handed(&self, bytes: usize) {
+        self.0.lock().grow(bytes);
+    }
+
+    /// `bytes` written to the socket.
+    fn written(&self, bytes: usize) {
+        self.0.lock().shrink(bytes);
+    }
 }
 
 impl Activity {
@@ -131,6 +159,7 @@ impl Activity {
             last_ms: AtomicU64::new(0),
             unread: parking_lot::Mutex::new(memory.empty()),
             multiplexed: std::sync::atomic::AtomicBool::new(false),
+            unsent: Unsent(Arc::new(parking_lot::Mutex::new(memory.empty()))),
         }
     }
 
@@ -305,8 +334,9 @@ async fn connection(
     let activity = Arc::new(Activity::new(memory));
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             let in_flight = InFlight::start(&activity);
+            request.extensions_mut().insert(activity.unsent.clone());
             let app = app.clone();
             async move {
                 let response = app.oneshot(request.map(Body::new)).await;
@@ -467,7 +497,9 @@ impl AsyncWrite for Metered {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf))?;
+        self.activity.unsent.written(written);
+        Poll::Ready(Ok(written))
     }
 
     fn poll_write_vectored(
@@ -475,7 +507,9 @@ impl AsyncWrite for Metered {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = std::task::ready!(Pin::new(&mut self.io).poll_write_vectored(cx, bufs))?;
+        self.activity.unsent.written(written);
+        Poll::Ready(Ok(written))
     }
 
     fn is_write_vectored(&self) -> bool {

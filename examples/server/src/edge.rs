@@ -348,6 +348,10 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         None => RequestMemory::new(&state.budget),
     };
     parts.extensions.insert(crate::Resolved(caller));
+    let unsent = parts
+        .extensions
+        .get::<crate::connections::Unsent>()
+        .cloned();
     let grpc = grpc_type(&parts.headers);
     // A request in flight holds its task, head, stream state and timers whatever its body:
     // charged, so that a flood of requests whose bodies never come (256 streams on each of
@@ -405,15 +409,20 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
     let refused = memory.0.refused.lock().take();
     match refused {
         Some(why) => why.answer(grpc.as_ref()),
-        None => held_until_sent(response, memory),
+        None => held_until_sent(response, memory, unsent),
     }
 }
 
 /// The answer, holding the request's memory until it is sent (or its connection closed):
 /// a client that does not read keeps its answer in the server for as long as the
 /// connection lasts, counted in the budget meanwhile, rather than only while it was made.
-/// An answer of known size holds exactly that; one streamed, what its request held.
-fn held_until_sent(response: Response, memory: RequestMemory) -> Response {
+/// An answer of known size holds exactly that; one streamed, what its request held. What
+/// it hands the connection is counted by the connection until written (`unsent`).
+fn held_until_sent(
+    response: Response,
+    memory: RequestMemory,
+    unsent: Option<crate::connections::Unsent>,
+) -> Response {
     use http_body::Body as _;
     let (parts, body) = response.into_parts();
     if let Some(bytes) = body.size_hint().exact() {
@@ -427,6 +436,7 @@ fn held_until_sent(response: Response, memory: RequestMemory) -> Response {
             inner: body,
             data: Bytes::new(),
             _memory: memory,
+            unsent,
         }),
     )
 }
@@ -441,6 +451,8 @@ struct Sending {
     /// Of the inner body's current data frame, what is not handed over yet.
     data: Bytes,
     _memory: RequestMemory,
+    /// The connection's count of what it holds unwritten (none outside a connection).
+    unsent: Option<crate::connections::Unsent>,
 }
 
 impl Sending {
@@ -465,6 +477,9 @@ impl http_body::Body for Sending {
             }
         }
         let n = self.data.len().min(Self::FRAME);
+        if let Some(unsent) = &self.unsent {
+            unsent.handed(n);
+        }
         Poll::Ready(Some(Ok(http_body::Frame::data(self.data.split_to(n)))))
     }
 

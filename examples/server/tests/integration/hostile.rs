@@ -2022,3 +2022,112 @@ async fn unfinished_heads_are_charged_and_held_within_their_addresss_share() {
         "the closed connections' memory was not given back"
     );
 }
+
+/// HPACK's integer of `prefix` bits, after the `first` byte's flags.
+fn hpack_int(out: &mut Vec<u8>, first: u8, prefix: u32, mut value: usize) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        out.push(first | value as u8);
+        return;
+    }
+    out.push(first | max as u8);
+    value -= max;
+    while value >= 128 {
+        out.push((value % 128) as u8 | 0x80);
+        value /= 128;
+    }
+    out.push(value as u8);
+}
+
+/// An HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend(stream.to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// Answers an HTTP/2 client asked for and never read, granting the server all the window
+/// it could want, stay charged to the budget until its connections close. The budget
+/// counted an answer only until its body had handed the connection its last bytes; hyper
+/// then held up to 400 KiB of each of a connection's 64 streams: 200 such connections held
+/// 300 MB under a 256 MiB budget that counted none of it.
+#[tokio::test]
+async fn answers_an_http2_client_never_reads_stay_charged_until_it_closes() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Room for every query at once in the lane (192 of the tenant's 204 places).
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_concurrent_queries = 16\n"),
+    );
+    push_go_cpu(&s).await;
+    let before = gauge(&s, "frostdb_memory_reserved_bytes").await;
+    let addr: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+    // 300 KB answers, each less than what hyper buffers of a stream: handed over whole.
+    let path = format!(
+        "/api/v1/sql?q={}",
+        enc("SELECT repeat('x', 1000) AS s FROM generate_series(1, 300)")
+    );
+    let (connections, streams) = (4, 48);
+    let mut held = Vec::new();
+    for _ in 0..connections {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        // Read nothing, and take little into the socket's own buffer.
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut c = socket.connect(addr).await.unwrap();
+        let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE, and the connection's window, at their largest.
+        let mut settings = 4u16.to_be_bytes().to_vec();
+        settings.extend(0x7fff_ffffu32.to_be_bytes());
+        out.extend(h2_frame(4, 0, 0, &settings));
+        out.extend(h2_frame(8, 0, 0, &(0x7fff_ffffu32 - 65_535).to_be_bytes()));
+        for i in 0..streams {
+            let mut block = vec![0x82, 0x86]; // :method GET, :scheme http
+            for (name, value) in [(4, path.as_str()), (1, &addr.to_string())] {
+                hpack_int(&mut block, 0x00, 4, name); // literal, not indexed, name by index
+                hpack_int(&mut block, 0x00, 7, value.len());
+                block.extend(value.as_bytes());
+            }
+            // END_STREAM | END_HEADERS
+            out.extend(h2_frame(1, 0x5, 1 + 2 * i, &block));
+        }
+        c.write_all(&out).await.unwrap();
+        held.push(c);
+    }
+    // Once every query has run and been answered (no query running or waiting), the
+    // answers wait in the connections: of 192 answers of 300 KB (58 MB), the sockets'
+    // buffers take at most 4 MiB a connection, the rest is in the server and charged.
+    let mut last = String::new();
+    let charged = eventually(Duration::from_secs(120), async || {
+        let (status, text) = get(&format!("{}/metrics", s.url), None).await;
+        assert_eq!(status, 200, "{text}");
+        let value = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+        };
+        let (running, waiting) = (
+            value("frostdb_query_jobs_running"),
+            value("frostdb_query_jobs_waiting"),
+        );
+        let reserved = value("frostdb_memory_reserved_bytes");
+        last = format!(
+            "{running} queries running, {waiting} waiting, {} bytes charged ({reserved} \
+             reserved, {before} before)",
+            reserved.saturating_sub(before)
+        );
+        running == 0 && waiting == 0 && reserved >= before + (16 << 20)
+    })
+    .await;
+    assert!(charged, "answers of 58 MB wait for their client: {last}");
+    drop(held);
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            gauge(&s, "frostdb_memory_reserved_bytes").await < before + (1 << 20)
+        })
+        .await,
+        "the unsent answers' memory was not given back when their connections closed"
+    );
+}
