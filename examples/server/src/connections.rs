@@ -49,9 +49,10 @@ pub struct ConnectionLimits {
     pub shutdown_grace: Duration,
     /// The longest request head hyper reads ([`head_buffer_bytes`]).
     pub head_bytes: usize,
-    /// What connections' bytes may hold before requests are made of them: a share of the
-    /// memory budget ([`connections_share`]), split between client addresses as
-    /// connections are (`max_per_address` of `max_connections`).
+    /// What connections may hold outside any request (bytes read before a request is
+    /// made of them, answers not yet written): a share of the memory budget
+    /// ([`connections_share`]), split between client addresses as connections are
+    /// (`max_per_address` of `max_connections`).
     pub memory: MemoryBudget,
 }
 
@@ -77,12 +78,13 @@ impl ConnectionLimits {
     }
 }
 
-/// The share of `budget` connections may hold before requests are made of their bytes (see
-/// [`Metered`]): a quarter, so that heads being read never take the room the requests
-/// need. Named so that no tenant's share can be it (a tenant id has no space).
+/// The share of `budget` connections may hold outside any request ([`Metered`],
+/// [`Unsent`]): a quarter, so that heads being read and answers waiting for their clients
+/// never take the room the requests need. Named so that no tenant's share can be it (a
+/// tenant id has no space).
 pub fn connections_share(budget: &MemoryBudget) -> MemoryBudget {
     budget.share(
-        "connections' unread bytes",
+        "connections' bytes outside requests",
         || "the connections'".to_owned(),
         budget.limit() / 4,
     )
@@ -392,8 +394,9 @@ async fn connection(
                                 tracing::warn!(
                                     %client,
                                     dropped,
-                                    "closed a connection: what it sent before a request was \
-                                     made of it does not fit the memory budget: {why}"
+                                    "closed a connection: the bytes it sent before a request \
+                                     was made of them do not fit the memory budget beside \
+                                     what its address's connections hold: {why}"
                                 );
                             }
                         }
@@ -452,9 +455,10 @@ fn over_budget(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 /// was charged until it closes. Bytes that do not fit close the connection.
 ///
 /// An HTTP/1 connection is charged the bytes read since its last request began, at most
-/// hyper's buffer: a request's body read ahead, or the next request's head pipelined
-/// behind it, is counted until the next request takes it, so an idle connection holds at
-/// most a buffer's worth it may no longer need, never less than hyper does.
+/// hyper's buffer: a request's body, or the next request's head pipelined behind it, is
+/// counted until the next request takes it, so an idle connection holds at most a
+/// buffer's worth it may no longer need. Uncharged here is only a body read with its head,
+/// until its handler reads it (charged then, [`super::edge`]'s `Budgeted`).
 struct Metered {
     io: TcpStream,
     activity: Arc<Activity>,
@@ -738,6 +742,32 @@ pub fn split_descriptors(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// hyper reads a head just past the server's own limits, and a client address may hold
+    /// its part of the connections' share, never less than one connection's unread bytes.
+    #[test]
+    fn a_connections_unread_bytes_are_bounded_by_the_servers_limits() {
+        let config = crate::config::Limits::default();
+        let head = head_buffer_bytes(&config);
+        assert!(head > config.max_uri_bytes + config.max_header_bytes);
+        assert!(head <= 128 << 10, "{head} bytes of head, was 1 MiB");
+        let budget = MemoryBudget::new(256 << 20);
+        let limits = |max_connections, max_per_address| ConnectionLimits {
+            max_connections,
+            max_per_address,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(1),
+            head_bytes: head,
+            memory: connections_share(&budget),
+        };
+        assert_eq!(limits(1000, 500).memory.limit(), 64 << 20);
+        assert_eq!(limits(1000, 500).per_address_bytes(), 32 << 20);
+        assert_eq!(limits(1000, 1000).per_address_bytes(), 64 << 20);
+        let one = limits(1_000_000, 1);
+        assert_eq!(one.per_address_bytes(), one.unread_bytes(true));
+        assert!(one.unread_bytes(false) < one.unread_bytes(true));
+    }
 
     /// An address holds at most its share, an IPv6 client's /64 counts as one address
     /// (an IPv4 client reached over IPv6 as its IPv4 address), and a connection closed

@@ -2009,7 +2009,7 @@ async fn unfinished_heads_are_charged_and_held_within_their_addresss_share() {
     assert_eq!(status, 200, "{body}");
     assert!(
         s.log()
-            .contains("does not fit the memory budget: a connection's bytes before a request"),
+            .contains("what its address's connections hold: a connection's bytes before a request"),
         "{}",
         s.log()
     );
