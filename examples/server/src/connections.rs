@@ -78,13 +78,16 @@ impl ConnectionLimits {
     }
 }
 
+/// The name of [`connections_share`] among the budget's shares (the others are tenants').
+pub const CONNECTIONS_SHARE: &str = "connections' bytes outside requests";
+
 /// The share of `budget` connections may hold outside any request ([`Metered`],
 /// [`Unsent`]): a quarter, so that heads being read and answers waiting for their clients
 /// never take the room the requests need. Named so that no tenant's share can be it (a
 /// tenant id has no space).
 pub fn connections_share(budget: &MemoryBudget) -> MemoryBudget {
     budget.share(
-        "connections' bytes outside requests",
+        CONNECTIONS_SHARE,
         || "the connections'".to_owned(),
         budget.limit() / 4,
     )

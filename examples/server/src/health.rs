@@ -190,6 +190,23 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
         );
     }
     let mut shares = state.budget.shares();
+    // The connections' share is no tenant's: shown on its own, to the operator.
+    let connections = shares
+        .iter()
+        .position(|(id, _)| id == crate::connections::CONNECTIONS_SHARE)
+        .map(|at| shares.remove(at).1);
+    if only.is_none() {
+        single(
+            &mut out,
+            "frostdb_connections_memory_reserved_bytes",
+            "gauge",
+            "Of the memory budget, what connections hold outside requests: bytes read before \
+             a request is made of them, and answers not yet written to their sockets (at most \
+             a quarter of it, split between client addresses; past its address's part, a \
+             connection is closed).",
+            connections.unwrap_or(0) as u64,
+        );
+    }
     shares.retain(|(id, _)| only.is_none_or(|only| id == only));
     per_tenant(
         &mut out,

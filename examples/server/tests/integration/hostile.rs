@@ -1932,17 +1932,18 @@ async fn get_from(from: std::net::IpAddr, url: &str) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-/// The memory held by requests, queries and tenants, as another client reads it.
-async fn reserved_from(s: &Server, from: std::net::IpAddr) -> u64 {
+/// A gauge of `/metrics`, as another client reads it.
+async fn gauge_from(s: &Server, from: std::net::IpAddr, name: &str) -> u64 {
     let (status, text) = get_from(from, &format!("{}/metrics", s.url)).await;
     assert_eq!(status, 200, "{text}");
     text.lines()
-        .find_map(|l| {
-            l.strip_prefix("frostdb_memory_reserved_bytes ")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no frostdb_memory_reserved_bytes in {text}"))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// The memory held by requests, queries, tenants and connections, as another client reads it.
+async fn reserved_from(s: &Server, from: std::net::IpAddr) -> u64 {
+    gauge_from(s, from, "frostdb_memory_reserved_bytes").await
 }
 
 /// Connections sending heads they never finish are charged what they sent, within their
@@ -2004,6 +2005,15 @@ async fn unfinished_heads_are_charged_and_held_within_their_addresss_share() {
         "{still} open connections of {SENT} bytes each, {} bytes charged",
         during.saturating_sub(before)
     );
+    // Shown as the connections', not as a tenant's.
+    let connections = gauge_from(&s, other, "frostdb_connections_memory_reserved_bytes").await;
+    assert!(connections >= (still * SENT / 2) as u64, "{connections}");
+    assert!(
+        connections <= (share + (64 << 10)) as u64,
+        "{connections} bytes held, past the address's share of {share}"
+    );
+    let (_, metrics) = get_from(other, &format!("{}/metrics", s.url)).await;
+    assert!(!metrics.contains("tenant=\"connections"), "{metrics}");
     // Another client is answered meanwhile.
     let (status, body) = get_from(other, &format!("{}/healthz", s.url)).await;
     assert_eq!(status, 200, "{body}");
