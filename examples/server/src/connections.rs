@@ -393,6 +393,7 @@ async fn connection(
                 if let Err(e) = result {
                     match over_budget(&*e) {
                         Some(why) => {
+                            CLOSED_OVER_BUDGET.fetch_add(1, Ordering::Relaxed);
                             if let Some(dropped) = OVER_BUDGET.allow(std::time::Instant::now()) {
                                 tracing::warn!(
                                     %client,
@@ -431,6 +432,15 @@ async fn connection(
 
 /// Connections closed because their unread bytes did not fit: a line every 10 s at most.
 static OVER_BUDGET: crate::LogRate = crate::LogRate::new(0.1, 1);
+
+/// Connections closed because their bytes did not fit (`/metrics`).
+static CLOSED_OVER_BUDGET: AtomicU64 = AtomicU64::new(0);
+
+/// Connections closed so far because the bytes they sent did not fit their address's part
+/// of the budget ([`Metered`]).
+pub fn closed_over_budget() -> u64 {
+    CLOSED_OVER_BUDGET.load(Ordering::Relaxed)
+}
 
 /// The refusal that closed a connection, if the budget closed it ([`Metered`]).
 fn over_budget(e: &(dyn std::error::Error + 'static)) -> Option<String> {

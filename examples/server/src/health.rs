@@ -206,6 +206,14 @@ fn exposition(state: &Shared, caller: &crate::Caller) -> Result<String, frostdb_
              connection is closed).",
             connections.unwrap_or(0) as u64,
         );
+        single(
+            &mut out,
+            "frostdb_connections_closed_over_budget_total",
+            "counter",
+            "Connections closed because the bytes they sent did not fit their client \
+             address's part of the memory budget (see frostdb_connections_memory_reserved_bytes).",
+            crate::connections::closed_over_budget(),
+        );
     }
     shares.retain(|(id, _)| only.is_none_or(|only| id == only));
     per_tenant(

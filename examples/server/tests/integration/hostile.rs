@@ -2014,6 +2014,14 @@ async fn unfinished_heads_are_charged_and_held_within_their_addresss_share() {
     );
     let (_, metrics) = get_from(other, &format!("{}/metrics", s.url)).await;
     assert!(!metrics.contains("tenant=\"connections"), "{metrics}");
+    // Every connection the server closed is counted (400 opened, `still` open).
+    let mut closed = 0;
+    let counted = eventually(Duration::from_secs(10), async || {
+        closed = gauge_from(&s, other, "frostdb_connections_closed_over_budget_total").await;
+        closed == (400 - open()) as u64
+    })
+    .await;
+    assert!(counted, "{closed} counted closed, {} closed", 400 - open());
     // Another client is answered meanwhile.
     let (status, body) = get_from(other, &format!("{}/healthz", s.url)).await;
     assert_eq!(status, 200, "{body}");
