@@ -128,6 +128,8 @@ struct Activity {
     multiplexed: std::sync::atomic::AtomicBool,
     /// The answers' bytes handed to the connection and not yet written to its socket.
     unsent: Unsent,
+    /// Why the budget closed the connection ([`Metered`]), if it did.
+    refused: parking_lot::Mutex<Option<frostdb_core::OverBudget>>,
 }
 
 /// The bytes of answers a connection was handed and has not written to its socket yet,
@@ -165,6 +167,7 @@ impl Activity {
             unread: parking_lot::Mutex::new(memory.empty()),
             multiplexed: std::sync::atomic::AtomicBool::new(false),
             unsent: Unsent(Arc::new(parking_lot::Mutex::new(memory.empty()))),
+            refused: parking_lot::Mutex::new(None),
         }
     }
 
@@ -390,22 +393,19 @@ async fn connection(
         };
         tokio::select! {
             result = conn.as_mut() => {
-                if let Err(e) = result {
-                    match over_budget(&*e) {
-                        Some(why) => {
-                            CLOSED_OVER_BUDGET.fetch_add(1, Ordering::Relaxed);
-                            if let Some(dropped) = OVER_BUDGET.allow(std::time::Instant::now()) {
-                                tracing::warn!(
-                                    %client,
-                                    dropped,
-                                    "closed a connection: the bytes it sent before a request \
-                                     was made of them do not fit the memory budget beside \
-                                     what its address's connections hold: {why}"
-                                );
-                            }
-                        }
-                        None => tracing::debug!("connection ended: {e}"),
+                if let Some(why) = activity.refused.lock().take() {
+                    CLOSED_OVER_BUDGET.fetch_add(1, Ordering::Relaxed);
+                    if let Some(dropped) = OVER_BUDGET.allow(std::time::Instant::now()) {
+                        tracing::warn!(
+                            %client,
+                            dropped,
+                            "closed a connection: the bytes it sent before a request was made \
+                             of them do not fit the memory budget beside what its address's \
+                             connections hold: {why}"
+                        );
                     }
+                } else if let Err(e) = result {
+                    tracing::debug!("connection ended: {e}");
                 }
                 return;
             }
@@ -440,22 +440,6 @@ static CLOSED_OVER_BUDGET: AtomicU64 = AtomicU64::new(0);
 /// of the budget ([`Metered`]).
 pub fn closed_over_budget() -> u64 {
     CLOSED_OVER_BUDGET.load(Ordering::Relaxed)
-}
-
-/// The refusal that closed a connection, if the budget closed it ([`Metered`]).
-fn over_budget(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source = Some(e);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && let Some(refusal) = io
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<frostdb_core::OverBudget>())
-        {
-            return Some(refusal.to_string());
-        }
-        source = e.source();
-    }
-    None
 }
 
 /// A connection's socket, charging the bytes read from it to the memory budget until a
@@ -502,7 +486,9 @@ impl AsyncRead for Metered {
         if more > 0
             && let Err(refusal) = unread.try_grow(more, "a connection's bytes before a request")
         {
-            return Poll::Ready(Err(std::io::Error::other(refusal)));
+            let error = std::io::Error::other(refusal.to_string());
+            *self.activity.refused.lock() = Some(refusal);
+            return Poll::Ready(Err(error));
         }
         Poll::Ready(Ok(()))
     }

@@ -196,8 +196,12 @@ impl IngestRates {
             Ok(()) => return Ok(()),
             Err(refusal) => refusal,
         };
+        // A flood is refused push after push: the name is copied only for its first.
         let mut refused = self.refused.lock();
-        let counts = refused.entry(tenant.to_owned()).or_default();
+        if !refused.contains_key(tenant) {
+            refused.insert(tenant.to_owned(), Refusals::default());
+        }
+        let counts = refused.get_mut(tenant).expect("inserted above");
         counts.pushes += 1;
         counts.bytes += bytes as u64;
         drop(refused);

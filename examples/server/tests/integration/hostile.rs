@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Server, enc, eventually, get, get_json, post_json, testdata};
+use common::{Server, enc, eventually, get, get_json, metric_in, post_json, testdata};
 
 /// A request on a raw socket: what the server answered (status line, headers, body).
 pub(crate) fn raw(url: &str, request: &[u8]) -> String {
@@ -1392,9 +1392,7 @@ async fn small_json_documents_are_refused_on_their_size_before_they_are_parsed()
 async fn gauge(s: &Server, name: &str) -> u64 {
     let (status, text) = get(&format!("{}/metrics", s.url), None).await;
     assert_eq!(status, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    metric_in(&text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 /// An answer its client does not read stays in the server for as long as the connection
@@ -1936,9 +1934,7 @@ async fn get_from(from: std::net::IpAddr, url: &str) -> (u16, String) {
 async fn gauge_from(s: &Server, from: std::net::IpAddr, name: &str) -> u64 {
     let (status, text) = get_from(from, &format!("{}/metrics", s.url)).await;
     assert_eq!(status, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    metric_in(&text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 /// The memory held by requests, queries, tenants and connections, as another client reads it.
@@ -2121,11 +2117,8 @@ async fn answers_an_http2_client_never_reads_stay_charged_until_it_closes() {
     let charged = eventually(Duration::from_secs(120), async || {
         let (status, text) = get(&format!("{}/metrics", s.url), None).await;
         assert_eq!(status, 200, "{text}");
-        let value = |name: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or_else(|| panic!("no {name} in {text}"))
-        };
+        let value =
+            |name: &str| metric_in(&text, name).unwrap_or_else(|| panic!("no {name} in {text}"));
         let (running, waiting) = (
             value("frostdb_query_jobs_running"),
             value("frostdb_query_jobs_waiting"),

@@ -447,9 +447,13 @@ pub(crate) fn bpf_permitted() -> bool {
 /// The value of the unlabelled series `name` on the server's `/metrics` (0 when absent).
 pub(crate) async fn metric(s: &Server, name: &str) -> u64 {
     let (_, metrics) = get(&format!("{}/metrics", s.url), None).await;
+    metric_in(&metrics, name).unwrap_or(0)
+}
+
+/// The value of the unlabelled series `name` in the text of `/metrics`.
+pub(crate) fn metric_in(metrics: &str, name: &str) -> Option<u64> {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
