@@ -30,7 +30,9 @@ impl Prepared<'_> {
         let ids = &self.profile.ids;
         const NONE: u32 = u32::MAX;
         let partition = writer.partition_id();
-        if state.partition != Some(partition) {
+        // A state whose stacks were handed over (the profile was whole) is made again: its
+        // symbols are then found, not added.
+        if state.partition != Some(partition) || state.stacks.len() != self.groups.len() {
             *state = InternState {
                 partition: Some(partition),
                 strings: vec![NONE; p.strings_len()],

@@ -246,8 +246,15 @@ impl ProfileStore {
                     continue;
                 };
                 writer = exclusive;
-                stacks.clear();
-                for ((p, state), new) in storing.iter().zip(&mut interned).zip(&mut new_stacks) {
+                // The profiles the lookup found whole keep their stacks (their states gave
+                // them up); the rest are interned from where they stopped.
+                let found = stacks.len();
+                for ((p, state), new) in storing
+                    .iter()
+                    .zip(&mut interned)
+                    .zip(&mut new_stacks)
+                    .skip(found)
+                {
                     let before = partition.counts().stacks;
                     // Symbols added by a profile that fails here are written with the next
                     // group of their partition (nothing refers to them), or never.

@@ -1309,6 +1309,50 @@ async fn a_known_stack_is_found_by_its_content_whatever_its_ids_and_a_changed_fr
     assert_eq!(stored, expected);
 }
 
+/// A request whose first profiles use only symbols the partition has, and whose later one
+/// brings new ones: the first are found by the shared lookup, the later one needs the
+/// exclusive writer, and the profiles found already keep what the lookup found. Before,
+/// every profile was interned again under the exclusive writer, and those whose stacks had
+/// been handed over panicked (an OTLP export of a known service and a new one: 500).
+#[test]
+fn a_request_mixing_known_and_new_symbols_is_stored_whole() {
+    let cpu = decode(&file("goapp__go119-cpu-2s.pb.gz"), &Limits::default()).unwrap();
+    let heap = decode(&file("goapp__go119-heap.pb.gz"), &Limits::default()).unwrap();
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let job = |j: &str| options("process_cpu", &[("job", j)]);
+    let first = store.ingest_profile(&cpu, &job("a")).unwrap();
+    let (b, c) = (job("b"), options("memory", &[("job", "c")]).delta(false));
+    let summaries = store
+        .ingest_all(&[(&cpu, &b), (&cpu, &job("d")), (&heap, &c)])
+        .unwrap();
+    assert_eq!(summaries[0].rows, first.rows, "{summaries:?}");
+    assert_eq!(summaries[1].rows, first.rows, "{summaries:?}");
+    assert_eq!(
+        summaries[0].new_stacks, 0,
+        "its stacks were known: {summaries:?}"
+    );
+    assert!(
+        summaries[2].rows > 0 && summaries[2].new_stacks > 0,
+        "{summaries:?}"
+    );
+    let all = Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds").unwrap();
+    let one = store
+        .merge(
+            &Selector::parse("process_cpu:cpu:nanoseconds:cpu:nanoseconds{job=\"a\"}").unwrap(),
+            TimeRange::ALL,
+        )
+        .unwrap()
+        .total();
+    assert!(one > 0);
+    assert_eq!(store.merge(&all, TimeRange::ALL).unwrap().total(), 3 * one);
+    let heap_rows = store.samples().snapshot().rows() - 3 * first.rows;
+    assert_eq!(heap_rows, summaries[2].rows);
+}
+
 /// `ingest_all` stores a request's profiles whole or not at all: a profile that fails its
 /// label checks, or series over the limit, leave nothing of the others stored (nor their
 /// series admitted); a profile given twice is stored once; deltas run through the batch.
