@@ -6,11 +6,14 @@
 //! reserved from the session's pool for the call, so an answer over the query memory limit
 //! is an error naming the function, never an allocation that takes the process down.
 //!
+//! `encode`, `upper`, `lower` and `initcap` are bounded by what they can multiply a value by
+//! (hex doubles it; nested, each call doubles again).
+//!
 //! `concat` and `concat_ws` are bounded too: the size of their output is their arguments',
 //! but a literal given once in the SQL is repeated on every row of a batch. So is the `||`
-//! operator of two strings ([`OperatorPlanner`] plans it as the bounded `string_concat`,
-//! which keeps the operator's NULL): a chain of CTEs each doubling a string would otherwise
-//! grow it exponentially in the size of the SQL.
+//! operator of two strings or of two binary values ([`OperatorPlanner`] plans it as the
+//! bounded `string_concat` or `binary_concat`, which keep the operator's NULL): a chain of
+//! CTEs each doubling a value would otherwise grow it exponentially in the size of the SQL.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -47,6 +50,13 @@ const BOUNDED: &[(&str, Bound)] = &[
         s + matches * to
     }),
     ("translate", |a, r| 4.0 * len(a, 0, r)),
+    // Hex doubles a value, base64 takes 4 bytes for 3: nested, each call multiplies
+    // (29 nested hex encodings of one byte made 512 MiB).
+    ("encode", |a, r| 2.0 * len(a, 0, r) + 4.0),
+    // A character's case mapping takes up to three times its bytes (`ΐ` upper-cased).
+    ("upper", |a, r| 3.0 * len(a, 0, r)),
+    ("lower", |a, r| 3.0 * len(a, 0, r)),
+    ("initcap", |a, r| 3.0 * len(a, 0, r)),
     // A format's specifier of two bytes writes up to 32 (`%+`, `%c`: 24), and its
     // literal text as it is.
     ("to_char", |a, r| 16.0 * len(a, 1, r) + 64.0),
@@ -512,26 +522,29 @@ fn holding(array: ArrayRef, reservation: MemoryReservation) -> ArrayRef {
     }
 }
 
-/// `a || b` of two strings as a function: NULL when either is, else the two joined.
+/// `a || b` of two strings (`string_concat`) or of two binary values (`binary_concat`) as
+/// a function: NULL when either is, else the two joined.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct StringConcat {
+struct Concat {
+    name: &'static str,
+    /// Utf8 or Binary: what both arguments are cast to, and what it returns.
+    of: DataType,
     signature: Signature,
 }
 
-impl StringConcat {
-    fn new() -> Self {
+impl Concat {
+    fn new(name: &'static str, of: DataType) -> Self {
         Self {
-            signature: Signature::exact(
-                vec![DataType::Utf8, DataType::Utf8],
-                Volatility::Immutable,
-            ),
+            name,
+            signature: Signature::exact(vec![of.clone(), of.clone()], Volatility::Immutable),
+            of,
         }
     }
 }
 
-impl ScalarUDFImpl for StringConcat {
+impl ScalarUDFImpl for Concat {
     fn name(&self) -> &str {
-        "string_concat"
+        self.name
     }
 
     fn signature(&self) -> &Signature {
@@ -539,7 +552,7 @@ impl ScalarUDFImpl for StringConcat {
     }
 
     fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Utf8)
+        Ok(self.of.clone())
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -549,16 +562,22 @@ impl ScalarUDFImpl for StringConcat {
             .all(|a| matches!(a, ColumnarValue::Scalar(_)));
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let [left, right] = arrays.as_slice() else {
-            return Err(DataFusionError::Internal(
-                "string_concat takes two arguments".to_owned(),
-            ));
+            return Err(DataFusionError::Internal(format!(
+                "{} takes two arguments",
+                self.name
+            )));
         };
-        let joined: ArrayRef = Arc::new(
-            arrow::compute::kernels::concat_elements::concat_elements_utf8(
+        use arrow::compute::kernels::concat_elements as kernels;
+        let joined: ArrayRef = match self.of {
+            DataType::Binary => Arc::new(kernels::concat_element_binary(
+                left.as_binary::<i32>(),
+                right.as_binary::<i32>(),
+            )?),
+            _ => Arc::new(kernels::concat_elements_utf8(
                 left.as_string::<i32>(),
                 right.as_string::<i32>(),
-            )?,
-        );
+            )?),
+        };
         if scalar {
             return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
                 &joined, 0,
@@ -569,13 +588,15 @@ impl ScalarUDFImpl for StringConcat {
 }
 
 /// Plans operators whose work a batch's size does not bound as bounded functions: `a || b`
-/// of two strings as `string_concat` (other `||`, of arrays or of a string and a number, as
-/// DataFusion does: the first grows only by what it is given, the second by a number's
-/// digits), and the regular expression operators `~`, `~*`, `!~`, `!~*` as `regexp_like`,
-/// whose steps are counted (the operator's kernel runs any pattern over any batch).
+/// of two strings as `string_concat`, of two binary values (or one and a string) as
+/// `binary_concat` (other `||`, of arrays or of a string and a number, as DataFusion does:
+/// the first grows only by what it is given, the second by a number's digits), and the
+/// regular expression operators `~`, `~*`, `!~`, `!~*` as `regexp_like`, whose steps are
+/// counted (the operator's kernel runs any pattern over any batch).
 #[derive(Debug)]
 struct OperatorPlanner {
     string_concat: Arc<ScalarUDF>,
+    binary_concat: Arc<ScalarUDF>,
     regexp_like: Option<Arc<ScalarUDF>>,
 }
 
@@ -589,6 +610,15 @@ impl ExprPlanner for OperatorPlanner {
             matches!(
                 t,
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null
+            )
+        }
+        fn binary(t: &DataType) -> bool {
+            matches!(
+                t,
+                DataType::Binary
+                    | DataType::LargeBinary
+                    | DataType::BinaryView
+                    | DataType::FixedSizeBinary(_)
             )
         }
         // The operator first (typing an operand walks its whole tree: done for every
@@ -607,13 +637,18 @@ impl ExprPlanner for OperatorPlanner {
             return Ok(PlannerResult::Original(expr));
         };
         let Some((negated, insensitive)) = regex else {
-            if !(text(left) && text(right)) {
+            // Binary `||` doubles as a string's does (a chain of CTEs of `X'00'`: 512 MiB
+            // in 28 of them, and a panic past i32 offsets in 30).
+            let (concat, of) = if text(left) && text(right) {
+                (&self.string_concat, DataType::Utf8)
+            } else if (binary(left) || text(left)) && (binary(right) || text(right)) {
+                (&self.binary_concat, DataType::Binary)
+            } else {
                 return Ok(PlannerResult::Original(expr));
-            }
-            let cast = |e: Expr| e.cast_to(&DataType::Utf8, schema);
+            };
+            let cast = |e: Expr| e.cast_to(&of, schema);
             return Ok(PlannerResult::Planned(
-                self.string_concat
-                    .call(vec![cast(expr.left)?, cast(expr.right)?]),
+                concat.call(vec![cast(expr.left)?, cast(expr.right)?]),
             ));
         };
         // Dictionary-encoded labels are strings to `regexp_like` too.
@@ -642,16 +677,22 @@ impl ExprPlanner for OperatorPlanner {
 }
 
 /// Replaces the functions of [`BOUNDED`] that `ctx` has by bounded ones reserving from
-/// `pool`, and plans `||` of strings as the bounded `string_concat`.
+/// `pool`, and plans `||` of strings and of binary values as the bounded `string_concat`
+/// and `binary_concat`.
 pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) -> Result<()> {
-    let string_concat = Arc::new(ScalarUDF::new_from_impl(Bounded {
-        inner: ScalarUDF::new_from_impl(StringConcat::new()),
-        bound: |a, r| len(a, 0, r) + len(a, 1, r),
-        steps: None,
-        regex: None,
-        pool: pool.clone(),
-    }));
-    ctx.register_udf(string_concat.as_ref().clone());
+    let concat = |name, of| {
+        let udf = Arc::new(ScalarUDF::new_from_impl(Bounded {
+            inner: ScalarUDF::new_from_impl(Concat::new(name, of)),
+            bound: |a, r| len(a, 0, r) + len(a, 1, r),
+            steps: None,
+            regex: None,
+            pool: pool.clone(),
+        }));
+        ctx.register_udf(udf.as_ref().clone());
+        udf
+    };
+    let string_concat = concat("string_concat", DataType::Utf8);
+    let binary_concat = concat("binary_concat", DataType::Binary);
     let functions = ctx.state().scalar_functions().clone();
     let bounded = BOUNDED.iter().map(|&(name, bound)| (name, bound, None));
     let stepped = STEPPED
@@ -677,6 +718,7 @@ pub(crate) fn bound_functions(ctx: &SessionContext, pool: &Arc<dyn MemoryPool>) 
         .write()
         .register_expr_planner(Arc::new(OperatorPlanner {
             string_concat,
+            binary_concat,
             regexp_like,
         }))?;
     Ok(())
@@ -746,6 +788,22 @@ mod tests {
             "SELECT repeat('x', 262000) FROM generate_series(1, 8192)",
             // `||` doubling a string in every CTE of a chain: 2^30 times its 64 bytes.
             doubling_ctes(30).as_str(),
+            // Of binary values, and of large ones (i64 offsets: no overflow stops them).
+            doubling(30, "X'0000'").as_str(),
+            doubling(34, "arrow_cast(X'00', 'LargeBinary')").as_str(),
+            doubling(34, "arrow_cast('x', 'LargeUtf8')").as_str(),
+            doubling(34, "X'00' || ''").as_str(),
+            // Nested encodings: hex doubles at every level (2^34 bytes).
+            &format!(
+                "SELECT length({}arrow_cast('x', 'LargeUtf8'){})",
+                "encode(".repeat(34),
+                ", 'hex')".repeat(34)
+            ),
+            &format!(
+                "SELECT length({}repeat('ab', 100000 + v % 2){}) FROM generate_series(1, 8) t(v)",
+                "encode(".repeat(24),
+                ", 'base64')".repeat(24)
+            ),
             // A match copied by each of 60 nested capture groups: of constants (a literal
             // every row would repeat), and by row.
             &format!(
@@ -891,7 +949,12 @@ mod tests {
 
     /// SQL whose CTEs each join the previous one's string to itself, `n` times.
     fn doubling_ctes(n: usize) -> String {
-        let mut sql = "WITH c0 AS (SELECT repeat('x', 64) AS s)".to_owned();
+        doubling(n, "repeat('x', 64)")
+    }
+
+    /// `n` CTEs, each the one before concatenated with itself, from `start`.
+    fn doubling(n: usize, start: &str) -> String {
+        let mut sql = format!("WITH c0 AS (SELECT {start} AS s)");
         for i in 1..=n {
             sql += &format!(", c{i} AS (SELECT s || s AS s FROM c{})", i - 1);
         }
@@ -923,6 +986,23 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(text.contains(&(4 << 10).to_string()), "{text}");
+        drop((batches, doubled));
+        // Binary values join as binary, NULL on either side NULL.
+        let batches = run(
+            &ctx,
+            "SELECT v || X'ff' AS j, arrow_typeof(v || X'ff') AS t, v || NULL AS n \
+             FROM (VALUES (X'0102'), (NULL)) t(v)",
+        )
+        .await
+        .unwrap();
+        let text = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("| 0102ff | Binary |   |"), "{text}");
+        assert!(text.contains("|        | Binary |   |"), "{text}");
+        // What the answers held is given back with them.
+        drop(batches);
+        assert_eq!(ctx.runtime_env().memory_pool.reserved(), 0);
     }
 
     #[tokio::test]
