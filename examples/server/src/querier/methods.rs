@@ -2,6 +2,7 @@
 //! tenant's store and mapped to Pyroscope's messages.
 
 use super::*;
+use crate::query::Held;
 
 /// The call site of a stack trace selector, function names root first (none: every stack).
 /// Go PGO's location truncation is not supported.
@@ -177,17 +178,32 @@ impl Querier {
         aggregation: Aggregation,
         then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
+        Ok(self
+            .merge_held(selector, range, aggregation, then)
+            .await?
+            .value)
+    }
+
+    /// [`Self::merge_as`], the report's reservation kept with what `then` made: for a
+    /// value a later job of the request uses.
+    pub(super) async fn merge_held<T: Send + 'static>(
+        &self,
+        selector: TypedSelector,
+        range: TimeRange,
+        aggregation: Aggregation,
+        then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<Held<T>> {
         match self.state.tenants.for_read(&self.tenant).await? {
             Some(t) => {
                 let options = frostdb_pprof::MergeOptions {
                     aggregation,
                     ..frostdb_pprof::MergeOptions::default()
                 };
-                crate::query::merge_then(&self.state, t, selector, range, options, then).await
+                crate::query::merge_held(&self.state, t, selector, range, options, then).await
             }
-            None => then(frostdb_pprof::Merged::empty(
+            None => Ok(Held::unreserved(then(frostdb_pprof::Merged::empty(
                 selector.profile_type().clone(),
-            )),
+            ))?)),
         }
     }
 
@@ -200,18 +216,19 @@ impl Querier {
         (right, right_range, right_site): (TypedSelector, TimeRange, Vec<String>),
         max_nodes: usize,
         aggregation: Aggregation,
-    ) -> ApiResult<(Levels, i64, i64)> {
+    ) -> ApiResult<Held<(Levels, i64, i64)>> {
         if left.profile_type != right.profile_type {
             return Err(ApiError::bad_request(
                 "left and right must have the same profile type",
             ));
         }
         let narrowed = |site: Vec<String>| move |merged| Ok(tree::select_call_site(merged, &site));
+        // The left side stays reserved while the right one merges.
         let l = self
-            .merge_as(left, left_range, aggregation, narrowed(left_site))
+            .merge_held(left, left_range, aggregation, narrowed(left_site))
             .await?;
         let r = self
-            .merge_as(right, right_range, aggregation, narrowed(right_site))
+            .merge_held(right, right_range, aggregation, narrowed(right_site))
             .await?;
         crate::query::diff_then(&self.state, l, r, move |diff| {
             let root = diff.root();
@@ -587,7 +604,8 @@ impl Querier {
                 max_nodes(left_nodes)?,
                 aggregation,
             )
-            .await?;
+            .await?
+            .value;
         Ok(querier::DiffResponse {
             flamegraph: Some(levels.to_proto_diff(left_ticks, right_ticks)),
         })

@@ -2,6 +2,7 @@
 //! JSON with timelines.
 
 use super::*;
+use crate::query::Held;
 
 /// A render parameter.
 pub(super) fn param<'a>(params: &'a [(String, String)], names: &[&str]) -> Option<&'a str> {
@@ -135,11 +136,18 @@ pub(super) async fn render(
     let profile_type = selector.profile_type().clone();
     // As Pyroscope's render: `aggregation` shapes the timeline; the flame graph merges as
     // every merge here does (gauges averaged, the rest summed).
-    // Built in the query lane, with the merge and its reservation.
-    let levels = q
-        .merge_then(selector.clone(), range, move |merged| {
-            Ok(Levels::of(&FlameGraph::build_truncated(&merged, max_nodes)))
-        })
+    // Built in the query lane, with the merge and its reservation, which the flame graph
+    // keeps until its JSON is written (the request waits for the lane meanwhile).
+    let Held {
+        value: levels,
+        reserved,
+    } = q
+        .merge_held(
+            selector.clone(),
+            range,
+            Aggregation::default_for(selector.profile_type()),
+            move |merged| Ok(Levels::of(&FlameGraph::build_truncated(&merged, max_nodes))),
+        )
         .await?;
     let mut fb = Flamebearer::new(
         levels,
@@ -169,6 +177,7 @@ pub(super) async fn render(
     )?;
     let body = q
         .read(None, move |store| {
+            let _flame_graph = reserved;
             let group: Vec<String> = by.iter().cloned().collect();
             let series = store
                 .range(
@@ -209,12 +218,19 @@ pub(super) async fn render(
 
 /// `fb` as a JSON response, written in the query lane: a flame graph of up to 2^20 nodes is
 /// tens of megabytes of JSON, and no work for the async threads that take connections.
-async fn json_in_the_lane(q: &Querier, fb: Flamebearer) -> ApiResult<Response> {
+async fn json_in_the_lane(
+    q: &Querier,
+    fb: Flamebearer,
+    reserved: Vec<frostdb_core::Reservation>,
+) -> ApiResult<Response> {
     let body = q
         .state
         .work
         .queries
-        .blocking(move |_| crate::query::json_bytes(&fb))
+        .blocking(move |_| {
+            let _flame_graph = reserved;
+            crate::query::json_bytes(&fb)
+        })
         .await?;
     Ok(crate::query::json_response(body))
 }
@@ -306,7 +322,10 @@ pub(super) async fn render_diff(
         utf8_names: false,
     };
     let whole = |(selector, range)| (selector, range, Vec::new());
-    let (levels, left_ticks, right_ticks) = q
+    let Held {
+        value: (levels, left_ticks, right_ticks),
+        reserved,
+    } = q
         .diff_levels(whole(left), whole(right), max_nodes, aggregation)
         .await?;
     let fb = Flamebearer::new(
@@ -319,7 +338,7 @@ pub(super) async fn render_diff(
         crate::query::AGGREGATION_HEADER,
         header::HeaderValue::from_static(aggregation.name()),
     )];
-    Ok((said, json_in_the_lane(&q, fb).await?).into_response())
+    Ok((said, json_in_the_lane(&q, fb, reserved).await?).into_response())
 }
 
 #[cfg(test)]

@@ -1050,6 +1050,76 @@ async fn a_report_is_charged_the_names_it_writes_at_every_node() {
     );
 }
 
+/// Pyroscope's render builds its flame graph in one job of the query lane and reads its
+/// timelines and writes its JSON in a second: between the two, the request waits for the
+/// lane with its flame graph. The flame graph kept its merge's reservation only for the
+/// first job, so renders queued behind one another held flame graphs the budget did not
+/// see (40 of them, 3.9 GB under a 1 GiB budget). Kept reserved until the JSON is written,
+/// renders past the budget are refused naming it, and the others answer whole.
+#[tokio::test]
+async fn renders_waiting_for_their_second_job_keep_their_flame_graphs_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmemory = \"128MiB\"\nmax_concurrent_queries = 1\n"),
+    );
+    // A report of 48 MB of names: one fits the budget, three do not.
+    let (status, body) = push_pprof(
+        &s,
+        "anonymous",
+        "long.cpu",
+        a_long_name_down_a_deep_stack(16_000, 3_000),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let url = format!(
+        "{}/pyroscope/render?query={}&from=0&until=now",
+        s.url,
+        enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds{service_name=\"long\"}")
+    );
+    let before = gauge(&s, "frostdb_memory_reserved_bytes").await;
+    // One query slot: the renders' first jobs queue behind one another, and each one's
+    // second job behind the first jobs that came after it.
+    let renders: Vec<_> = (0..12)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { get(&url, None).await })
+        })
+        .collect();
+    let (mut answered, mut refused) = (0, 0);
+    for render in renders {
+        let (status, body) = render.await.unwrap();
+        match status {
+            200 => {
+                assert!(body.contains(&"f".repeat(16_000)), "not the flame graph");
+                answered += 1;
+            }
+            _ => {
+                assert!(
+                    body.contains("building the report") && body.contains("memory"),
+                    "{status}: {}",
+                    &body[..body.len().min(400)]
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        refused > 0,
+        "{answered} renders of 48 MB answered under a 128 MiB budget, none refused"
+    );
+    assert!(answered > 0, "every render was refused");
+    assert!(
+        eventually(Duration::from_secs(30), async || {
+            gauge(&s, "frostdb_memory_reserved_bytes").await < before + (1 << 20)
+        })
+        .await,
+        "the renders' memory was not given back"
+    );
+    let (status, _) = get(&url, None).await;
+    assert_eq!(status, 200, "a render alone answers");
+}
+
 /// A gzipped "pprof" of 120 KB that inflates to 120 MiB (empty samples, `12 00`).
 fn gzip_bomb() -> Vec<u8> {
     use flate2::write::GzEncoder;
