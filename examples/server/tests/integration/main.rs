@@ -8,6 +8,7 @@ mod cli;
 mod cluster;
 mod common;
 mod hostile;
+mod mutations;
 mod parca;
 mod pyroscope_api;
 mod pyroscope_clients;
