@@ -274,6 +274,21 @@ pub(crate) async fn serve_grpc(
     request: axum::extract::Request,
 ) -> Response {
     use tower::{Layer, ServiceExt};
+    // tonic answers any other content type with a bare 400.
+    if !is_grpc(request.headers()) {
+        let got = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map_or("none".into(), |v| {
+                String::from_utf8_lossy(v.as_bytes()).into_owned()
+            });
+        return ApiError::unsupported(format!(
+            "{} is served over gRPC and gRPC-Web (Content-Type application/grpc or \
+             application/grpc-web); the request's Content-Type is {got:?}",
+            request.uri().path()
+        ))
+        .into_response();
+    }
     match tonic_web::GrpcWebLayer::new()
         .layer(routes)
         .oneshot(request)

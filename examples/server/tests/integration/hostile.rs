@@ -579,6 +579,24 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
     assert_eq!(r.status().as_u16(), 400);
     let body = r.text().await.unwrap();
     assert!(body.len() < 10_000, "an error of {} bytes", body.len());
+    // Parca's gRPC API asked in another protocol is told which it speaks (tonic's own answer
+    // was a 400 with no body).
+    let r = reqwest::Client::new()
+        .post(format!(
+            "{}/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw",
+            s.url
+        ))
+        .header("Content-Type", "application/proto")
+        .body(vec![0x12, 0x00])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let body: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("gRPC-Web"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
