@@ -275,6 +275,7 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
     sections_fit(&cache)?;
     let elf = object::File::parse(&cache).map_err(|e| format!("not an object file: {e}"))?;
     let linked = debuglink(&elf)?;
+    symbols_apart(&elf)?;
     compressed_as_stated(&elf)?;
     // Read (and inflated) once, for the walk and the line tables both.
     let sections = dwarf_sections(&elf, true)?;
@@ -299,6 +300,37 @@ fn check_file(path: &Path) -> Result<Option<String>, String> {
         ));
     }
     Ok(linked)
+}
+
+/// Most symbols of a file's symbol tables at one address. blazesym's lookup of an address
+/// walks every symbol at the address it lands on, before and after: a million symbols at
+/// one address (a 24 MB upload) took 4 ms an address, minutes for a profile, holding one of
+/// the symbolizer's few workers that every tenant shares, and no deadline stops it. Real
+/// programs give an address a few names (a function, its aliases and versioned names).
+pub(crate) const MAX_SYMBOLS_AT_ONE_ADDRESS: usize = 256;
+
+/// Refuses a file with more than [`MAX_SYMBOLS_AT_ONE_ADDRESS`] symbols at one address (in
+/// `.symtab` or `.dynsym`).
+fn symbols_apart<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> Result<(), String> {
+    use object::ObjectSymbol;
+    let mut addresses: Vec<u64> = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .filter(|s| s.address() != 0)
+        .map(|s| s.address())
+        .collect();
+    addresses.sort_unstable();
+    let most = addresses
+        .chunk_by(|a, b| a == b)
+        .map(|run| (run.len(), run[0]))
+        .max();
+    match most {
+        Some((n, at)) if n > MAX_SYMBOLS_AT_ONE_ADDRESS => Err(format!(
+            "{n} symbols at address {at:#x}, over {MAX_SYMBOLS_AT_ONE_ADDRESS}: looking an \
+             address up would walk them all"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `elf` is little- or big-endian, as gimli reads it.

@@ -517,14 +517,23 @@ impl Symbolizer {
     /// them out) in its symbols and DWARF, innermost first; empty for an address it has
     /// no symbol for.
     pub fn resolve(&self, path: &Path, offsets: &[u64]) -> Vec<Vec<Frame>> {
-        self.resolve_read(path, offsets)
+        self.resolve_read(path, offsets, &mut |_| true)
             .unwrap_or_else(|| vec![Vec::new(); offsets.len()])
     }
 
     /// [`Symbolizer::resolve`], or `None` when the file could not be read at all (gone
     /// from the cache since it was found, say): that says nothing of its addresses, which
-    /// are asked again later rather than taken for having no symbol.
-    fn resolve_read(&self, path: &Path, offsets: &[u64]) -> Option<Vec<Vec<Frame>>> {
+    /// are asked again later rather than taken for having no symbol. Each address's frames
+    /// are `charge`d ([`frames_bytes`]) as they are made: once one is refused, the frames
+    /// stop there, and the addresses from it on are left out (the answer is shorter than
+    /// `offsets`): one symbol's name is copied for every address in it, so an upload of one
+    /// long name made gigabytes from a small profile.
+    fn resolve_read(
+        &self,
+        path: &Path,
+        offsets: &[u64],
+        charge: &mut dyn FnMut(usize) -> bool,
+    ) -> Option<Vec<Vec<Frame>>> {
         use blazesym::symbolize::source::{Elf, Source};
         use blazesym::symbolize::{Input, Symbolized};
         let identity = identity_of(path)?;
@@ -570,14 +579,18 @@ impl Symbolizer {
                 Vec::new()
             }
         };
-        Some(
-            (0..offsets.len())
-                .map(|i| match found.get(i) {
-                    Some(Symbolized::Sym(sym)) => frames_of(sym),
-                    _ => Vec::new(),
-                })
-                .collect(),
-        )
+        let mut out = Vec::with_capacity(offsets.len());
+        for i in 0..offsets.len() {
+            let frames = match found.get(i) {
+                Some(Symbolized::Sym(sym)) => frames_of(sym),
+                _ => Vec::new(),
+            };
+            if !charge(frames_bytes(&frames)) {
+                break;
+            }
+            out.push(frames);
+        }
+        Some(out)
     }
 
     /// Gives the locations of `profile` that have no lines, and whose mapping has a build
@@ -700,6 +713,8 @@ impl Symbolizer {
     ) -> Vec<(K, Vec<Frame>)> {
         let memory = memory.or(self.options.memory_budget.as_ref());
         let mut out = Vec::new();
+        // The frames' reservations, held until they are handed over.
+        let mut held: Vec<frostdb_core::Reservation> = Vec::new();
         for (build_id, locations) in wanted {
             // Finding the files (the debug file, else the executable's symbol table; and
             // the executable to place offsets by) is what may wait on the network: all of
@@ -802,25 +817,55 @@ impl Symbolizer {
             let this = self.clone();
             let frames = tokio::task::spawn_blocking(move || {
                 let _permit = permit;
-                let _reserved = reserved;
-                this.resolve_read(&path, &addresses)
+                // The frames made are charged beside the file, and held with them until
+                // this returns.
+                let mut reserved = reserved;
+                let frames = this.resolve_read(&path, &addresses, &mut |bytes| {
+                    reserved
+                        .as_mut()
+                        .is_none_or(|r| r.try_grow(bytes, "the frames a debug file names").is_ok())
+                });
+                (frames, reserved)
             })
             .await
             .ok()
-            .flatten();
+            .and_then(|(frames, reserved)| {
+                held.extend(reserved);
+                frames
+            });
             let Some(frames) = frames else {
                 // Gone since it was found (another tenant's file pushed it out of the
                 // cache, say): nothing is known of these addresses; asked again later.
                 summary.missing.push(build_id);
                 continue;
             };
-            // Those placed nowhere or named by nothing: empty, for the caller to remember.
-            let mut by_position = vec![Vec::new(); locations.len()];
-            for ((i, _), frames) in placed.into_iter().zip(frames) {
-                by_position[i] = frames;
+            if frames.len() < placed.len() {
+                // The budget took no more of its frames: the rest are asked again later.
+                tracing::warn!(
+                    build_id,
+                    named = frames.len(),
+                    left = placed.len() - frames.len(),
+                    "the frames a debug file names for these addresses do not fit the memory \
+                     budget; the rest stay addresses for now"
+                );
+                summary.out_of_budget = true;
             }
-            out.extend(locations.iter().map(|&(key, _)| key).zip(by_position));
+            // Those placed nowhere or named by nothing: empty, for the caller to remember;
+            // those not reached, left out.
+            let mut by_position: Vec<Option<Vec<Frame>>> = vec![Some(Vec::new()); locations.len()];
+            let mut frames = frames.into_iter();
+            for (i, _) in placed {
+                by_position[i] = frames.next();
+            }
+            out.extend(
+                locations
+                    .iter()
+                    .map(|&(key, _)| key)
+                    .zip(by_position)
+                    .filter_map(|(key, frames)| Some((key, frames?))),
+            );
         }
+        drop(held);
         out
     }
 
@@ -1017,11 +1062,20 @@ fn want<K>(wanted: &mut Wants<K>, build_id: &str, key: K, address: u64, mapped: 
     }
 }
 
-/// The frames blazesym found, innermost first (it lists inlined calls outermost first).
+/// The frames blazesym found, innermost first (it lists inlined calls outermost first),
+/// their names and files cut to [`crate::convert::trie::MAX_FRAME_BYTES`], the most a
+/// profile's frame may name.
 fn frames_of(sym: &blazesym::symbolize::Sym<'_>) -> Vec<Frame> {
+    let cut = |s: &str| {
+        let mut end = s.len().min(crate::convert::trie::MAX_FRAME_BYTES);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].to_owned()
+    };
     let frame = |name: &str, code: Option<&blazesym::symbolize::CodeInfo<'_>>| Frame {
-        function: name.to_owned(),
-        file: code.map_or_else(String::new, |c| c.to_path().to_string_lossy().into_owned()),
+        function: cut(name),
+        file: code.map_or_else(String::new, |c| cut(&c.to_path().to_string_lossy())),
         line: code.and_then(|c| c.line).map_or(0, i64::from),
     };
     let mut frames: Vec<Frame> = sym
@@ -1032,6 +1086,16 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>) -> Vec<Frame> {
         .collect();
     frames.push(frame(&sym.name, sym.code_info.as_deref()));
     frames
+}
+
+/// What `frames` hold, about: their names and files, and a word or so each besides. A
+/// symbol partition keeps each name as a line's (twice: the name and its hash key), and
+/// the batch naming them a third time: counted three times.
+fn frames_bytes(frames: &[Frame]) -> usize {
+    frames
+        .iter()
+        .map(|f| 3 * (f.function.len() + f.file.len()) + 64)
+        .sum()
 }
 
 /// The GNU build id of the ELF file at `path` (hex), if it has one.

@@ -816,6 +816,101 @@ fn a_debug_file_nesting_inlined_calls_too_deep_is_not_read() {
     }
 }
 
+/// A C program whose `name`d function holds `code_bytes` of code (an address each), and
+/// `aliases` more names for it.
+fn one_long_function(name: &str, code_bytes: usize, aliases: usize) -> String {
+    let mut c = format!(
+        "__attribute__((noinline)) int {name}(int x) \
+         {{ __asm__ volatile(\".fill {code_bytes}, 1, 0x90\"); return x + 1; }}\n"
+    );
+    for i in 0..aliases {
+        c.push_str(&format!(
+            "int alias{i}(int) __attribute__((alias(\"{name}\")));\n"
+        ));
+    }
+    c.push_str(&format!(
+        "int main(int argc, char **argv) {{ (void)argv; return {name}(argc) & 1; }}\n"
+    ));
+    c
+}
+
+/// A symbol's name is copied for every address named by it: one function of a 200 KB name
+/// and 2,000 addresses in it made 400 MB of frames, and three times that in the store,
+/// counted nowhere (an uploaded file of one 2 MiB name took a server to 5 GB from an
+/// 18 KB profile). A name is cut to what a profile's frame may hold, and the frames are
+/// charged to the budget as they are made: past it, the rest stay addresses for a later
+/// pass, and the budget is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_symbol_name_is_cut_and_its_copies_are_charged() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = format!("f{}", "x".repeat(200_000));
+    let built = build_c(dir.path(), &one_long_function(&name, 3_000, 0));
+    let offsets = function_offsets(&built, &name);
+    assert!(offsets.len() >= 2_000, "{} addresses", offsets.len());
+    let most = frostdb_pprof::convert::trie::MAX_FRAME_BYTES;
+    let s = Symbolizer::new(SymbolizerOptions::new(dir.path().join("direct"))).unwrap();
+    let frames = s.resolve(&built.unstripped, &offsets[..3]);
+    for f in frames.iter().flatten() {
+        assert!(
+            f.function.len() <= most && f.function.starts_with("fxxx"),
+            "{}",
+            f.function.len()
+        );
+    }
+    assert_eq!(frames.iter().flatten().count(), 3);
+
+    let (_server, url) = debuginfod(&built.served, &dir.path().join("db"), &built.build_id).await;
+    let mut options = SymbolizerOptions::new(dir.path().join("cache"));
+    options.debuginfod_urls = vec![url];
+    let budget = frostdb_core::MemoryBudget::new(64 << 20);
+    options.memory_budget = Some(budget.clone());
+    let store = open_store(&dir.path().join("data"));
+    store.attach_symbolizer(Arc::new(Symbolizer::new(options).unwrap()), None);
+    ingest(&store, sampled(&built, &offsets[..2_000], 0x5555_0000_0000));
+    let named = store.name_pending().await.unwrap().symbolized;
+    assert!(named.out_of_budget, "{named:?}");
+    assert!(
+        named.resolved > 0 && named.resolved < 2_000,
+        "{} of 2,000 addresses named under a 64 MiB budget",
+        named.resolved
+    );
+    assert_eq!(
+        budget.reserved(),
+        0,
+        "the frames' memory was not given back"
+    );
+    let frames = merged_frames(&store);
+    let cut = frames
+        .iter()
+        .flat_map(|(f, _)| f)
+        .filter(|(n, _)| n.starts_with("fxxx"));
+    assert!(cut.clone().count() >= named.resolved);
+    assert!(cut.clone().all(|(n, _)| n.len() <= most));
+    // The others are still addresses, asked again later.
+    assert!(frames.iter().any(|(f, _)| f[0].0.starts_with("0x")));
+}
+
+/// blazesym looks an address up by walking every symbol at the address it lands on: a
+/// file of a million symbols at one address took 4 ms an address, minutes a profile, on
+/// one of the few workers every tenant shares. A file with more than
+/// `MAX_SYMBOLS_AT_ONE_ADDRESS` symbols at one address is not read; one with a few aliases
+/// is.
+#[test]
+fn a_file_of_many_symbols_at_one_address_is_not_read() {
+    for (aliases, read) in [(20, true), (400, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let built = build_c(dir.path(), &one_long_function("entry", 64, aliases));
+        let s = Symbolizer::new(SymbolizerOptions::new(dir.path().join("cache"))).unwrap();
+        let frames = s.resolve(&built.unstripped, &function_offsets(&built, "entry"));
+        let named = frames.iter().filter(|f| !f.is_empty()).count();
+        assert_eq!(
+            named > 0,
+            read,
+            "{aliases} aliases: {named} addresses named"
+        );
+    }
+}
+
 /// Uploads begun at once are checked against the quota one at a time: of eight begun
 /// together, 1 MiB each under a 3 MiB quota, three begin and five are refused. Checked
 /// together, each saw the others' uploads unrecorded, and all eight began.
