@@ -445,7 +445,9 @@ fn readers() -> (Normalizer, Blazesym) {
         Blazesym::builder()
             .enable_code_info(true)
             .enable_inlined_fns(true)
-            .enable_demangling(true)
+            // Demangled by `frostdb_pprof::symbolize::demangle`, which bounds what it
+            // writes (a C++ name of nested templates demangles to gigabytes).
+            .enable_demangling(false)
             .build(),
     )
 }
@@ -505,14 +507,14 @@ fn lines_of(sym: &Sym<'_>) -> Arc<[Line]> {
     for inlined in sym.inlined.iter().rev() {
         let (f, l) = file(inlined.code_info.as_ref());
         lines.push(Line {
-            function: Arc::from(inlined.name.as_ref()),
+            function: Arc::from(frostdb_pprof::symbolize::demangle(&inlined.name)),
             file: f,
             line: l,
         });
     }
     let (f, l) = file(sym.code_info.as_deref());
     lines.push(Line {
-        function: Arc::from(sym.name.as_ref()),
+        function: Arc::from(frostdb_pprof::symbolize::demangle(&sym.name)),
         file: f,
         line: l,
     });

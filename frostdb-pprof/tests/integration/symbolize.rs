@@ -890,6 +890,89 @@ async fn a_long_symbol_name_is_cut_and_its_copies_are_charged() {
     assert!(frames.iter().any(|(f, _)| f[0].0.starts_with("0x")));
 }
 
+/// A C++ function taking nested templates, as g++ mangles it: 190 bytes whose back
+/// references demangle to 6.5 GB at 14 levels of four arguments (`f(P<P<P<…>, …>, …>)`;
+/// 408 MB in 48 s at 12), which blazesym's demangling wrote whole before the name was cut.
+/// The demangling stops at the most a frame's name may hold. (Built without DWARF, which
+/// would name the types whole: the symbol table names the function.) Ordinary C++ and Rust
+/// names demangle as before.
+#[test]
+fn a_name_demangling_to_gigabytes_is_cut_as_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut program = String::from(
+        "template<class A, class B, class C, class D> struct P {};\n\
+         typedef P<int, int, int, int> T0;\n",
+    );
+    for i in 1..=14 {
+        let t = format!("T{}", i - 1);
+        program.push_str(&format!("typedef P<{t}, {t}, {t}, {t}> T{i};\n"));
+    }
+    program.push_str(
+        "__attribute__((noinline)) int f(T14) { __asm__ volatile(\".fill 64, 1, 0x90\"); return 1; }\n\
+         int main() { return f(T14()); }\n",
+    );
+    let source = dir.path().join("prog.cc");
+    std::fs::write(&source, program).unwrap();
+    let exe = dir.path().join("prog");
+    let built = std::process::Command::new("g++")
+        .args(["-O1", "-g0", "-o"])
+        .arg(&exe)
+        .arg(&source)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let symbols = std::process::Command::new("nm").arg(&exe).output().unwrap();
+    let mangled = String::from_utf8_lossy(&symbols.stdout)
+        .lines()
+        .find_map(|l| {
+            l.split_whitespace()
+                .last()
+                .filter(|n| n.starts_with("_Z1f"))
+                .map(str::to_owned)
+        })
+        .expect("f's symbol");
+    assert!(mangled.len() < 400, "{mangled}");
+    let most = frostdb_pprof::symbolize::MAX_NAME_BYTES;
+    let name = frostdb_pprof::symbolize::demangle(&mangled);
+    assert!(
+        name.starts_with("f(P<P<P<") && name.len() <= most,
+        "{}",
+        name.len()
+    );
+    let built = Built {
+        binary: exe.clone(),
+        debug: exe.clone(),
+        unstripped: exe.clone(),
+        build_id: String::new(),
+        served: dir.path().to_path_buf(),
+    };
+    let s = Symbolizer::new(SymbolizerOptions::new(dir.path().join("cache"))).unwrap();
+    let frames = s.resolve(&exe, &function_offsets(&built, &mangled)[..4]);
+    let names: Vec<&str> = frames
+        .iter()
+        .flatten()
+        .map(|f| f.function.as_str())
+        .collect();
+    assert_eq!(names.len(), 4, "{} frames", names.len());
+    for name in names {
+        assert!(
+            name.starts_with("f(P<P<P<") && name.len() <= most,
+            "{}",
+            name.len()
+        );
+    }
+    let demangle = frostdb_pprof::symbolize::demangle;
+    assert_eq!(
+        demangle("_ZN6shapes6Circle4areaEi"),
+        "shapes::Circle::area(int)"
+    );
+    assert_eq!(
+        demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
+        "core::fmt::write"
+    );
+    assert_eq!(demangle("main"), "main");
+}
+
 /// blazesym looks an address up by walking every symbol at the address it lands on: a
 /// file of a million symbols at one address took 4 ms an address, minutes a profile, on
 /// one of the few workers every tenant shares. A file with more than
