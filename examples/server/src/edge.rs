@@ -213,6 +213,8 @@ struct Held {
     inflating: Mutex<usize>,
     /// Bytes of the body received so far, as sent ([`RequestMemory::sent`]).
     sent: std::sync::atomic::AtomicUsize,
+    /// Whether the body was read to its end.
+    ended: std::sync::atomic::AtomicBool,
 }
 
 impl RequestMemory {
@@ -224,6 +226,7 @@ impl RequestMemory {
             refused: Mutex::new(None),
             inflating: Mutex::new(0),
             sent: Default::default(),
+            ended: Default::default(),
         }))
     }
 
@@ -388,6 +391,11 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         }
         _ => None,
     };
+    // An HTTP/1 request answered before its body was read to its end (refused on its first
+    // bytes, say) is answered `Connection: close`: hyper closes such a connection once it
+    // has answered, and a client that kept it to send its next request lost that request.
+    let unread_closes =
+        parts.version < axum::http::Version::HTTP_2 && !http_body::Body::is_end_stream(&body);
     let body = Body::new(Budgeted {
         inner: body,
         memory: memory.clone(),
@@ -407,10 +415,18 @@ pub async fn budget_memory(State(state): State<Shared>, request: Request, next: 
         false => REQUEST_MEMORY.scope(memory.clone(), run).await,
     };
     let refused = memory.0.refused.lock().take();
-    match refused {
+    let ended = memory.0.ended.load(std::sync::atomic::Ordering::Acquire);
+    let mut response = match refused {
         Some(why) => why.answer(grpc.as_ref()),
         None => held_until_sent(response, memory, unsent),
+    };
+    if unread_closes && !ended {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
     }
+    response
 }
 
 /// The answer, holding the request's memory until it is sent (or its connection closed):
@@ -642,8 +658,21 @@ impl http_body::Body for Budgeted {
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
         let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(None) => {
+                self.memory
+                    .0
+                    .ended
+                    .store(true, std::sync::atomic::Ordering::Release);
+                return Poll::Ready(None);
+            }
             other => return other,
         };
+        if self.inner.is_end_stream() {
+            self.memory
+                .0
+                .ended
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
         if frame.is_trailers() {
             // tonic merges a unary call's trailers into its metadata, over its headers: an
             // `x-scope-orgid` trailer replaced the tenant `authorize` checked the token for.

@@ -599,6 +599,59 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
     );
 }
 
+/// A request refused before its body is read to its end is answered `Connection: close`:
+/// hyper closes such a connection after answering, and a client that kept it for its next
+/// request (reqwest's pool does) had that request fail to send (found by the mutation test:
+/// a malformed form refused on its first part, then the next push lost).
+#[tokio::test]
+async fn a_request_refused_before_its_body_is_read_closes_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&dir.path().join("d"), None);
+    let client = reqwest::Client::new();
+    let mut body = b"--XYZ\r\nnot a header line\r\n\r\n".to_vec();
+    body.resize(4 << 20, b'x');
+    let r = client
+        .post(format!("{}/ingest?name=app.cpu&from=1700000000", s.url))
+        .header("Content-Type", "multipart/form-data; boundary=XYZ")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.to_str().unwrap()),
+        Some("close"),
+        "{:?}",
+        r.headers()
+    );
+    drop(r.text().await);
+    // The same client's next request is answered (on a new connection).
+    for _ in 0..3 {
+        let (status, body) = push_pprof(
+            &s,
+            "anonymous",
+            "app.cpu",
+            testdata("pprof/pyroscope__go-cpu.pb.gz"),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let r = client
+        .post(format!(
+            "{}/ingest?name=app.cpu&format=folded&from=1700000000",
+            s.url
+        ))
+        .body("a;b 1\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers().get("connection").is_none(),
+        "a body read whole keeps its connection"
+    );
+}
+
 #[tokio::test]
 async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
     let dir = tempfile::tempdir().unwrap();
