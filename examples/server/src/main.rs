@@ -897,6 +897,11 @@ fn serve(
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // A log line that cannot be written (stderr a closed pipe, or a file on a full
+        // disk) is lost, not reported with `eprintln!`, which panics: on the group commit's
+        // leader that left every later push of the tenant waiting for good, and SIGTERM
+        // waiting for them.
+        .log_internal_errors(false)
         .init();
     let mut config = match config {
         Some(path) => frostdb_server::Config::load(&path)?,

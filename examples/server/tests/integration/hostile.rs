@@ -652,6 +652,61 @@ async fn a_request_refused_before_its_body_is_read_closes_its_connection() {
     );
 }
 
+/// A server whose log cannot be written (stderr a pipe nobody reads any more, or a file on
+/// a full disk) keeps storing and stops on SIGTERM. Each log line that failed was reported
+/// with `eprintln!`, which panicked: the group commit's leader unwound holding the lead,
+/// every later push of the tenant waited for good, and SIGTERM waited for them.
+#[tokio::test]
+async fn a_server_whose_log_cannot_be_written_keeps_storing() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = common::HeldAddr::new().release();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_frostdb"))
+        .args(["serve", "--listen", &addr, "--data"])
+        .arg(dir.path().join("d"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_listening(&mut child, &addr).await;
+    // Nobody reads the log from here on.
+    drop(child.stderr.take());
+    let mut child = common::Reap(child);
+    let url = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        // A new tenant each time: opening one logs a line per table it makes.
+        let r = client
+            .post(format!(
+                "{url}/ingest?name=app.cpu&format=folded&from=1700000000"
+            ))
+            .header("X-Scope-OrgID", format!("t{i}"))
+            .body(format!("main;work{i} 10\n"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("push {i}: {e}"));
+        assert_eq!(r.status().as_u16(), 200, "push {i}");
+    }
+    let (status, body) = get(
+        &format!(
+            "{url}/api/v1/query?selector={}&format=top",
+            enc("process_cpu:cpu:nanoseconds:cpu:nanoseconds")
+        ),
+        Some("t19"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("work19"), "{body}");
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    let stopped = eventually(Duration::from_secs(30), async || {
+        child.0.try_wait().unwrap().is_some()
+    })
+    .await;
+    assert!(stopped, "the server did not stop on SIGTERM");
+}
+
 #[tokio::test]
 async fn values_that_would_wrap_or_vanish_are_refused_where_they_enter() {
     let dir = tempfile::tempdir().unwrap();
