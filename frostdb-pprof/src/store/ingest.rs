@@ -214,6 +214,8 @@ impl ProfileStore {
         for (p, &i) in storing.iter().zip(&at_index) {
             p.check_labels(&self.options.label_limits)
                 .map_err(|e| at(i, e))?;
+            self.check_retained(p.timestamp(), "time")
+                .map_err(|e| at(i, e))?;
         }
         self.admit_label_names(storing.iter().flat_map(|p| p.label_names()))?;
         let series: Vec<Vec<(u64, usize)>> = storing.iter().map(|p| p.series()).collect();
@@ -539,6 +541,29 @@ impl ProfileStore {
         crate::ArrowStacks::new(stacks, &self.options.limits)
     }
 
+    /// Refuses a time older than the store's retention: stored, it would be acknowledged
+    /// and then deleted by the next retention pass (a backfill, or an agent catching up
+    /// after an outage, lost its profiles behind a 200).
+    pub(crate) fn check_retained(&self, timestamp_ms: i64, field: &'static str) -> Result<()> {
+        let Some(retention) = self.options.retention else {
+            return Ok(());
+        };
+        let kept = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let oldest = frostdb_core::now_ms().saturating_sub(kept);
+        if timestamp_ms >= oldest {
+            return Ok(());
+        }
+        Err(Error::Invalid {
+            field,
+            reason: format!(
+                "{timestamp_ms} ms is {} s before now, older than the store's retention of \
+                 {} s: it would be deleted as soon as stored",
+                (frostdb_core::now_ms().saturating_sub(timestamp_ms)) / 1000,
+                retention.as_secs()
+            ),
+        })
+    }
+
     /// [`ProfileStore::ingest_arrow`], the stacks batch given as [`crate::ArrowStacks`]:
     /// what a loader sending many samples batches against one stacks batch calls.
     pub fn ingest_arrow_with(
@@ -575,6 +600,9 @@ impl ProfileStore {
         )?;
         if input.len() == 0 {
             return Ok(crate::ArrowSummary::default());
+        }
+        if let Some(oldest) = input.timestamp.values().iter().min() {
+            self.check_retained(*oldest, "samples.timestamp")?;
         }
         let series = input.series()?;
         let series_keys = input.series_keys(&series, &self.options.label_limits)?;

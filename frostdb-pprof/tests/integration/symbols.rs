@@ -112,19 +112,25 @@ fn closed_partitions_are_read_back_lazily_into_a_bounded_cache() {
 #[test]
 fn symbols_expire_with_the_samples_that_use_them() {
     let dir = tempfile::tempdir().unwrap();
-    let store = ProfileStore::open(
-        Db::open(dir.path(), DbOptions::default()).unwrap(),
-        StoreOptions::default().retention(Duration::from_secs(7 * 24 * 3600)),
-    )
-    .unwrap();
+    let open = |retention: Option<Duration>| {
+        ProfileStore::open(
+            Db::open(dir.path(), DbOptions::default()).unwrap(),
+            StoreOptions::default().retention(retention),
+        )
+        .unwrap()
+    };
     let now = frostdb_core::now_ms();
     let old = now - 10 * 24 * 3600 * 1000;
-    // Old profiles, in their own symbol partition and blocks.
+    // Old profiles, in their own symbol partition and blocks, stored before the retention
+    // was set (past it, they are refused: `profiles_older_than_the_retention_are_refused`).
+    let store = open(None);
     for i in 0..4u64 {
         ingest(&store, i * 1_000, 1_000, old + i as i64);
     }
     store.rotate_symbols();
     store.db().flush().unwrap();
+    drop(store);
+    let store = open(Some(Duration::from_secs(7 * 24 * 3600)));
     // Recent profiles sharing half of those stacks (stored again in the new partition).
     for i in 0..2u64 {
         ingest(&store, 2_000 + i * 1_000, 1_000, now - 1_000 + i as i64);
@@ -160,6 +166,46 @@ fn symbols_expire_with_the_samples_that_use_them() {
     .unwrap();
     check(&store);
     assert_eq!(rows(&store, "stacktraces"), 2_000);
+}
+
+/// A profile older than the store's retention is refused, naming the retention: stored,
+/// it was acknowledged and then deleted by the next retention pass (a backfill, or an
+/// agent catching up after an outage, lost its profiles behind a 200). Arrow rows too.
+/// One within the retention is stored.
+#[test]
+fn profiles_older_than_the_retention_are_refused() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default().retention(Duration::from_secs(24 * 3600)),
+    )
+    .unwrap();
+    let now = frostdb_core::now_ms();
+    let profile = validate(testing::profile(0, 10, 5), store.limits()).unwrap();
+    let at = |t: i64| {
+        IngestOptions::default()
+            .name("cpu")
+            .delta(false)
+            .timestamp_ms(t)
+    };
+    let e = store
+        .ingest_profile(&profile, &at(now - 3 * 24 * 3600 * 1000))
+        .unwrap_err();
+    assert!(e.to_string().contains("retention of 86400 s"), "{e}");
+    assert_eq!(e.kind(), frostdb_core::ErrorKind::InvalidInput, "{e}");
+    assert_eq!(rows(&store, "samples"), 0);
+    let raw = testing::profile(0, 4, 2);
+    let old_rows =
+        testing::arrow_samples(&raw, "cpu", &[("pod", "p1")], now - 2 * 24 * 3600 * 1000);
+    let e = store.ingest_arrow(&old_rows, None).unwrap_err();
+    assert!(
+        e.to_string().contains("samples.timestamp") && e.to_string().contains("retention"),
+        "{e}"
+    );
+    assert_eq!(rows(&store, "samples"), 0);
+    let stored = store.ingest_profile(&profile, &at(now - 1_000)).unwrap();
+    assert!(stored.rows > 0);
+    let recent = testing::arrow_samples(&raw, "cpu", &[("pod", "p1")], now - 1_000);
+    assert!(store.ingest_arrow(&recent, None).unwrap().rows > 0);
 }
 
 /// Profiles stored from many threads while partitions close under them (a rotation every
@@ -228,17 +274,18 @@ fn profiles_stored_while_partitions_close_keep_every_stack_whole() {
 #[test]
 fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
     let dir = tempfile::tempdir().unwrap();
+    let retention = std::cell::Cell::new(None);
     let open = || {
         ProfileStore::open(
             Db::open(dir.path(), DbOptions::default()).unwrap(),
-            StoreOptions::default()
-                .retention(Duration::from_secs(7 * 24 * 3600))
-                .rollups(frostdb_pprof::RollupOptions {
+            StoreOptions::default().retention(retention.get()).rollups(
+                frostdb_pprof::RollupOptions {
                     delay: Duration::ZERO,
                     hourly_retention: Some(Duration::from_secs(30 * 24 * 3600)),
                     daily_retention: Some(Duration::from_secs(30 * 24 * 3600)),
                     ..Default::default()
-                }),
+                },
+            ),
         )
         .unwrap()
     };
@@ -258,6 +305,11 @@ fn rollups_kept_longer_than_samples_answer_after_the_samples_expire() {
     }
     store.rotate_symbols();
     store.db().flush().unwrap();
+    // The old profiles were stored before the retention was set (past it, they are
+    // refused).
+    drop(store);
+    retention.set(Some(Duration::from_secs(7 * 24 * 3600)));
+    let store = open();
     ingest(&store, 0, 10, now - 1_000);
     store.db().flush().unwrap();
     let range = TimeRange {
