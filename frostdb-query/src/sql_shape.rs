@@ -116,6 +116,7 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
         for expr in node.expressions() {
             expr.apply(|e| {
                 check_patterns(e)?;
+                check_window(e)?;
                 if let Expr::Literal(value, _) = e {
                     check_width(&value.data_type())?;
                     let bytes = literal_bytes(value);
@@ -131,6 +132,67 @@ pub fn check_sql_plan(plan: &datafusion::logical_expr::LogicalPlan) -> Result<()
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
+    Ok(())
+}
+
+/// Most rows a window frame may reach past the current row: the window operator keeps
+/// them buffered, outside the query memory limit, until it can answer the row
+/// (`ROWS BETWEEN CURRENT ROW AND 1000000000 FOLLOWING` kept its whole input: 2.6 GB under
+/// a 512 MiB budget, stopped by nothing but the deadline).
+pub(crate) const MAX_WINDOW_FOLLOWING_ROWS: u64 = 1 << 16;
+
+/// Aggregates whose value is as large as what they aggregate: as window functions, each row
+/// gets a value of its whole frame so far, made outside the query memory limit (over
+/// 32,768 rows, `array_agg(v) OVER (ORDER BY v)` took 5 GB and 42 s of CPU, in batches no
+/// cancel reaches).
+const GROWING_AGGREGATES: [&str; 2] = ["array_agg", "string_agg"];
+
+/// Refuses a window function that is one of [`GROWING_AGGREGATES`], or whose `ROWS` frame
+/// ends more than [`MAX_WINDOW_FOLLOWING_ROWS`] past the current row.
+fn check_window(e: &datafusion::logical_expr::Expr) -> Result<(), DataFusionError> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::{
+        Expr, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition,
+    };
+    let Expr::WindowFunction(w) = e else {
+        return Ok(());
+    };
+    if let WindowFunctionDefinition::AggregateUDF(f) = &w.fun
+        && GROWING_AGGREGATES.contains(&f.name())
+    {
+        return Err(DataFusionError::Plan(format!(
+            "{}() as a window function is not supported: every row gets a value holding its \
+             whole frame, memory and time quadratic in the rows, outside the query memory \
+             limit; aggregate with GROUP BY instead",
+            f.name()
+        )));
+    }
+    let frame = &w.params.window_frame;
+    if frame.units == WindowFrameUnits::Rows
+        && let WindowFrameBound::Following(rows) = &frame.end_bound
+    {
+        let rows = match rows {
+            ScalarValue::UInt64(Some(n)) => *n,
+            // UNBOUNDED FOLLOWING: a window over the whole partition, refused as its
+            // operator (`WindowAggExec`).
+            v if v.is_null() => 0,
+            v => v
+                .cast_to(&datafusion::arrow::datatypes::DataType::UInt64)
+                .ok()
+                .and_then(|v| match v {
+                    ScalarValue::UInt64(Some(n)) => Some(n),
+                    _ => None,
+                })
+                .unwrap_or(u64::MAX),
+        };
+        if rows > MAX_WINDOW_FOLLOWING_ROWS {
+            return Err(DataFusionError::Plan(format!(
+                "a window frame reaching {rows} rows past the current row, over the \
+                 {MAX_WINDOW_FOLLOWING_ROWS} a frame may (the rows it reaches ahead are kept \
+                 outside the query memory limit)"
+            )));
+        }
+    }
     Ok(())
 }
 
