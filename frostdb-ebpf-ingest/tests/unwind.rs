@@ -364,7 +364,8 @@ fn unwind_blocked(
         .unwrap()
         .into_iter()
         .map(|s| match s {
-            Symbolized::Sym(sym) => sym.name.to_string(),
+            // Demangled as the sampler does (blazesym is built without demangling).
+            Symbolized::Sym(sym) => frostdb_pprof::symbolize::demangle(&sym.name),
             Symbolized::Unknown(_) => "?".to_owned(),
         })
         .collect();

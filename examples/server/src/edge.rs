@@ -648,6 +648,50 @@ impl Budgeted {
     }
 }
 
+/// How long, and how many bytes, the rest of a body its handler left unread is read and
+/// dropped for ([`Budgeted`]'s drop).
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+const DRAIN_MOST: usize = 64 << 20;
+
+impl Drop for Budgeted {
+    /// A body its handler left unread (a request refused on its first bytes) is read to its
+    /// end and dropped, for a while and up to a size, before its connection closes: closed
+    /// with the client's bytes unread, the connection is reset, and the client lost the
+    /// answer already sent (a 400 for a malformed form of 4 MB never reached its client).
+    /// Nothing is charged for it: each frame is let go as it comes.
+    fn drop(&mut self) {
+        if self
+            .memory
+            .0
+            .ended
+            .load(std::sync::atomic::Ordering::Acquire)
+            || http_body::Body::is_end_stream(&self.inner)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut body = std::mem::replace(&mut self.inner, Body::empty());
+        runtime.spawn(async move {
+            let drain = async {
+                let mut left = DRAIN_MOST;
+                while let Some(Ok(frame)) =
+                    std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx))
+                        .await
+                {
+                    let got = frame.data_ref().map_or(0, Bytes::len);
+                    left = left.saturating_sub(got);
+                    if left == 0 {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
+        });
+    }
+}
+
 impl http_body::Body for Budgeted {
     type Data = Bytes;
     type Error = axum::Error;
