@@ -303,21 +303,8 @@ pub(super) async fn merge(
 }
 
 /// [`merge`] as `options` say (aggregation, series kept apart), then `then` of the merge
-/// (a report built from it), in the same job of the query lane.
-pub(super) async fn merge_then<T: Send + 'static>(
-    state: &Shared,
-    t: Arc<Tenant>,
-    selector: TypedSelector,
-    range: TimeRange,
-    options: MergeOptions,
-    then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
-) -> ApiResult<T> {
-    Ok(merge_held(state, t, selector, range, options, then)
-        .await?
-        .value)
-}
-
-/// [`merge_then`], its report's reservation kept with what `then` made of the merge.
+/// (a report built from it), in the same job of the query lane; the report's reservation
+/// kept with what `then` made of the merge, for as long as it is held.
 pub(super) async fn merge_held<T: Send + 'static>(
     state: &Shared,
     t: Arc<Tenant>,
@@ -635,7 +622,9 @@ async fn query(
                 }
                 draw(merged)
             };
-            merge_then(&state, t, selector, range, options, check_then_draw).await?
+            merge_held(&state, t, selector, range, options, check_then_draw)
+                .await?
+                .value
         }
         None => {
             return Err(ApiError::bad_request(format!(

@@ -549,8 +549,8 @@ impl ProfileStore {
             return Ok(());
         };
         let kept = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-        let oldest = frostdb_core::now_ms().saturating_sub(kept);
-        if timestamp_ms >= oldest {
+        let now = frostdb_core::now_ms();
+        if timestamp_ms >= now.saturating_sub(kept) {
             return Ok(());
         }
         Err(Error::Invalid {
@@ -558,7 +558,7 @@ impl ProfileStore {
             reason: format!(
                 "{timestamp_ms} ms is {} s before now, older than the store's retention of \
                  {} s: it would be deleted as soon as stored",
-                (frostdb_core::now_ms().saturating_sub(timestamp_ms)) / 1000,
+                now.saturating_sub(timestamp_ms) / 1000,
                 retention.as_secs()
             ),
         })

@@ -1088,11 +1088,7 @@ pub const MAX_NAME_BYTES: usize = crate::convert::trie::MAX_FRAME_BYTES;
 
 /// `s` cut to at most `most` bytes, at a character's boundary.
 fn cut(s: &str, most: usize) -> &str {
-    let mut end = s.len().min(most);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+    &s[..s.floor_char_boundary(most)]
 }
 
 /// A symbol's name demangled (as Rust's, else as C++'s; as it is when neither), in at most

@@ -32,22 +32,7 @@ const STACKS: [&[usize]; 6] = [
 ];
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
-/// A small deterministic generator (SplitMix64) for the samples of a drawn case.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+use frostdb_core::testing::SplitMix as Rng;
 
 /// Counts per stack of `samples` draws from `p`.
 fn draw(p: &[f64], samples: usize, rng: &mut Rng) -> Vec<i64> {

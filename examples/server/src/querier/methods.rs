@@ -167,25 +167,15 @@ impl Querier {
         then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
         let aggregation = Aggregation::default_for(selector.profile_type());
-        self.merge_as(selector, range, aggregation, then).await
-    }
-
-    /// [`Self::merge_then`] with each series' profiles combined by `aggregation`.
-    pub(super) async fn merge_as<T: Send + 'static>(
-        &self,
-        selector: TypedSelector,
-        range: TimeRange,
-        aggregation: Aggregation,
-        then: impl FnOnce(frostdb_pprof::Merged) -> ApiResult<T> + Send + 'static,
-    ) -> ApiResult<T> {
         Ok(self
             .merge_held(selector, range, aggregation, then)
             .await?
             .value)
     }
 
-    /// [`Self::merge_as`], the report's reservation kept with what `then` made: for a
-    /// value a later job of the request uses.
+    /// [`Self::merge_then`] with each series' profiles combined by `aggregation`, the
+    /// report's reservation kept with what `then` made: for a value a later job of the
+    /// request uses.
     pub(super) async fn merge_held<T: Send + 'static>(
         &self,
         selector: TypedSelector,

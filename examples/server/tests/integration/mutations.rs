@@ -16,34 +16,15 @@ use std::io::Write;
 
 use common::{Server, enc, get, get_json, testdata};
 
-/// A small, seeded generator (splitmix64): the same seed makes the same requests.
-struct Rng(u64);
+/// The seeded generator, and the draws the cases make of it.
+use frostdb_core::testing::SplitMix as Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+fn chance(rng: &mut Rng, percent: u64) -> bool {
+    rng.next_u64() % 100 < percent
+}
 
-    /// A number below `n` (0 when `n` is 0).
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
+fn pick<'a, T>(rng: &mut Rng, items: &'a [T]) -> &'a T {
+    &items[rng.below(items.len())]
 }
 
 fn varint(mut n: u64) -> Vec<u8> {
@@ -129,12 +110,15 @@ impl Corpus {
                 for _ in 0..1 + rng.below(20) {
                     if !b.is_empty() {
                         let i = rng.below(b.len());
-                        b[i] = rng.next() as u8;
+                        b[i] = rng.next_u64() as u8;
                     }
                 }
             }
             2 => {
-                let huge = *rng.pick(&[1 << 31, (1 << 32) - 1, 1 << 63, 1 << 40, 1_000_000_000]);
+                let huge = *pick(
+                    rng,
+                    &[1 << 31, (1 << 32) - 1, 1 << 63, 1 << 40, 1_000_000_000],
+                );
                 let i = at(rng, &b);
                 b.splice(i..i, varint(huge));
             }
@@ -150,7 +134,7 @@ impl Corpus {
                 b.drain(i..j);
             }
             5 => {
-                let other = rng.pick(&self.pprofs);
+                let other = pick(rng, &self.pprofs);
                 let from = rng.below(other.len() + 1);
                 let to = (from + 1 + rng.below(3_000)).min(other.len());
                 let i = at(rng, &b);
@@ -160,7 +144,7 @@ impl Corpus {
                 for _ in 0..1 + rng.below(4) {
                     if !b.is_empty() {
                         let i = rng.below(b.len());
-                        b[i] = *rng.pick(&[0x07, 0x0e, 0x0f, 0x7a, 0xff, 0x80]);
+                        b[i] = *pick(rng, &[0x07, 0x0e, 0x0f, 0x7a, 0xff, 0x80]);
                     }
                 }
             }
@@ -178,12 +162,12 @@ struct Case {
 }
 
 fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
-    let pprof = rng.pick(&corpus.pprofs).clone();
+    let pprof = pick(rng, &corpus.pprofs).clone();
     let ingest = |format: &str| format!("/ingest?name=mutated.cpu&format={format}&from=1700000000");
     match rng.below(8) {
         0 => {
             let raw = corpus.mutate(rng, &pprof);
-            let body = if rng.chance(50) { gzip(&raw) } else { raw };
+            let body = if chance(rng, 50) { gzip(&raw) } else { raw };
             Case {
                 path: ingest("pprof"),
                 body,
@@ -197,9 +181,12 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
             content_type: "application/octet-stream",
         },
         2 => {
-            let format = *rng.pick(&["folded", "lines", "trie", "tree", "speedscope", "jfr"]);
+            let format = *pick(
+                rng,
+                &["folded", "lines", "trie", "tree", "speedscope", "jfr"],
+            );
             let source = match format {
-                "folded" | "lines" => rng.pick(&corpus.folded).clone(),
+                "folded" | "lines" => pick(rng, &corpus.folded).clone(),
                 "speedscope" => br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[{"name":"a"},{"name":"b"}]},"profiles":[{"type":"sampled","name":"p","unit":"none","startValue":0,"endValue":3,"samples":[[0,1],[1]],"weights":[1,2]}]}"#.to_vec(),
                 _ => pprof,
             };
@@ -211,7 +198,7 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
         }
         3 => {
             let raw = corpus.mutate(rng, &pprof);
-            let raw = if rng.chance(50) { gzip(&raw) } else { raw };
+            let raw = if chance(rng, 50) { gzip(&raw) } else { raw };
             let labels = [field(1, b"__name__"), field(2, b"process_cpu")].concat();
             let service = [field(1, b"service_name"), field(2, b"mutated")].concat();
             let series = [
@@ -221,7 +208,7 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
             ]
             .concat();
             let mut body = field(1, &series);
-            if rng.chance(30) {
+            if chance(rng, 30) {
                 body = corpus.mutate(rng, &body);
             }
             Case {
@@ -231,7 +218,7 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
             }
         }
         4 => {
-            let export = rng.pick(&corpus.otlp);
+            let export = pick(rng, &corpus.otlp);
             Case {
                 path: "/v1development/profiles".into(),
                 body: corpus.mutate(rng, export),
@@ -251,7 +238,7 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
             let mut body = vec![0];
             body.extend((message.len() as u32).to_be_bytes());
             body.extend(message);
-            if rng.chance(20) {
+            if chance(rng, 20) {
                 body = corpus.mutate(rng, &body);
             }
             Case {
@@ -265,7 +252,7 @@ fn case(corpus: &Corpus, rng: &mut Rng) -> Case {
             let mut body = b"--XYZ\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"p\"\r\n\r\n".to_vec();
             body.extend(raw);
             body.extend(b"\r\n--XYZ--\r\n");
-            if rng.chance(50) {
+            if chance(rng, 50) {
                 body = corpus.mutate(rng, &body);
             }
             Case {
