@@ -30,6 +30,10 @@ pub enum ErrorKind {
     Corrupt,
     /// The file system or object store failed.
     Io,
+    /// The storage holding the database is full (no space left, or over its quota):
+    /// nothing of the write was kept; it succeeds again once space is freed, without a
+    /// restart (retention, or an operator).
+    StorageFull,
     /// A bug: an invariant of the engine does not hold.
     Internal,
 }
@@ -314,6 +318,7 @@ impl Error {
             | Self::Fenced { .. }
             | Self::Stopped { .. } => K::Unavailable,
             Self::ReadOnly { .. } => K::Conflict,
+            Self::Io { source, .. } if is_storage_full(source) => K::StorageFull,
             Self::Io { .. } | Self::ObjectStore { .. } => K::Io,
             Self::Parquet { .. }
             | Self::WalCorrupt { .. }
@@ -323,6 +328,15 @@ impl Error {
             Self::Internal(_) | Self::Arrow(_) => K::Internal,
         }
     }
+}
+
+/// Whether `e` says the storage is full: no space left on the device, or the user's quota
+/// used up (`ENOSPC`, `EDQUOT`).
+pub fn is_storage_full(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
 }
 
 /// What a caught panic said: its message, or "a panic without a message" (a payload that
@@ -392,5 +406,26 @@ mod url_tests {
             "127.0.0.1:6060"
         );
         assert_eq!(without_userinfo("127.0.0.1:6060"), "127.0.0.1:6060");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_refused_for_lack_of_space_is_told_apart_from_other_io_errors() {
+        let io = |source: std::io::Error| Error::Io {
+            context: "appending to WAL segment 1".into(),
+            source,
+        };
+        // ENOSPC and EDQUOT, as the kernel reports them.
+        for errno in [28, 122] {
+            let e = io(std::io::Error::from_raw_os_error(errno));
+            assert_eq!(e.kind(), ErrorKind::StorageFull, "{e}");
+            assert!(!e.kind().is_client_error());
+        }
+        let e = io(std::io::Error::from_raw_os_error(5)); // EIO
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
     }
 }

@@ -106,7 +106,9 @@ pub use bucket::Bucket;
 pub use budget::{MemoryBudget, OverBudget, Reservation, available_memory};
 pub use commit::Closed;
 pub use db::Db;
-pub use error::{Error, ErrorKind, Result, panic_message, redacted_url, without_userinfo};
+pub use error::{
+    Error, ErrorKind, Result, is_storage_full, panic_message, redacted_url, without_userinfo,
+};
 pub use events::{CompactionJob, CompactionOutcome, EventListener, NoopListener};
 pub use lock::{DirLock, LOCK_FILE};
 pub use manifest::{BlockMeta, BlockSlice, MirrorHealth};

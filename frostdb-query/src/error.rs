@@ -58,6 +58,8 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
             ErrorKind::InvalidInput
         }
         D::ResourcesExhausted(_) => ErrorKind::LimitExceeded,
+        // Spilling to a full disk.
+        D::IoError(e) if frostdb_core::is_storage_full(e) => ErrorKind::StorageFull,
         D::IoError(_) | D::ObjectStore(_) => ErrorKind::Io,
         _ => ErrorKind::Internal,
     }

@@ -20,6 +20,25 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
 }
 
+/// When a write last failed for lack of storage (Unix seconds; 0: never).
+static STORAGE_FULL_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How long after a write failed for lack of storage `/healthz` says so.
+pub const STORAGE_FULL_SHOWN_SECS: u64 = 300;
+
+/// The `Retry-After` of a write refused for lack of storage.
+const STORAGE_FULL_RETRY_SECS: u64 = 30;
+
+/// How many seconds ago a write last failed for lack of storage, if within
+/// [`STORAGE_FULL_SHOWN_SECS`].
+pub fn storage_full_lately() -> Option<u64> {
+    let at = STORAGE_FULL_AT.load(std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    (at > 0 && now.saturating_sub(at) <= STORAGE_FULL_SHOWN_SECS).then(|| now.saturating_sub(at))
+}
+
 /// The longest message an error answer carries; longer ones are cut, saying how much.
 pub const MAX_MESSAGE_BYTES: usize = 2048;
 
@@ -141,6 +160,24 @@ impl ApiError {
         Self::internal(format!("{what} (a bug, logged)"))
     }
 
+    /// A write the server's storage had no room for: 503 with `Retry-After`, which every
+    /// agent retries (OTLP's exporters retry 503 and 429 only, so a 507 would be dropped),
+    /// and space comes back without a restart (retention, an operator). `detail` (which
+    /// names the server's paths) is logged, not answered; `/healthz` says so for
+    /// [`STORAGE_FULL_SHOWN_SECS`] ([`storage_full_lately`]).
+    pub fn storage_full(detail: String) -> Self {
+        tracing::error!(%detail, "a write failed: the server's storage is full");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        STORAGE_FULL_AT.store(now, std::sync::atomic::Ordering::Relaxed);
+        Self::busy(
+            "the server's storage is full: nothing of this request was stored; retry once \
+             space is freed",
+            STORAGE_FULL_RETRY_SECS,
+        )
+    }
+
     /// Prefixes the message with where the error happened.
     pub fn context(mut self, what: impl std::fmt::Display) -> Self {
         self.message = bounded(format!("{what}: {}", self.message));
@@ -149,8 +186,12 @@ impl ApiError {
 
     /// An error of `kind` (the engine's, the query layer's or the profile layer's):
     /// invalid input 400, over a limit 413, over a quota 429, not found 404, conflict 409,
-    /// unavailable 503 (retry); corrupt data, I/O and bugs 500.
+    /// unavailable 503 (retry), storage full 503 ([`Self::storage_full`]); corrupt data,
+    /// I/O and bugs 500.
     pub fn of_kind(kind: ErrorKind, message: impl Into<String>) -> Self {
+        if kind == ErrorKind::StorageFull {
+            return Self::storage_full(message.into());
+        }
         let status = match kind {
             ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
             ErrorKind::LimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,

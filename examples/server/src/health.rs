@@ -6,8 +6,8 @@
 //! Degraded, per open tenant: its database stopped accepting writes (a failed fsync or WAL
 //! upload; reopening it, by restarting, writes again), or its manifest's mirror in the
 //! object store is behind (a database reopened from the bucket alone would miss what was
-//! persisted since the last good mirror). And the server's: its eBPF sampler (`--ebpf`)
-//! no longer samples.
+//! persisted since the last good mirror). And the server's: a write failed for lack of
+//! storage in the last few minutes, or its eBPF sampler (`--ebpf`) no longer samples.
 
 use std::fmt::Write;
 
@@ -66,6 +66,14 @@ async fn healthz(
                 tenant.id, health.failures
             );
         }
+    }
+    // The server's storage: every tenant's concern, and it names no tenant's data.
+    if let Some(ago) = crate::error::storage_full_lately() {
+        let _ = writeln!(
+            problems,
+            "a write failed {ago} s ago: the server's storage is full (writes are refused with \
+             503 until space is freed)"
+        );
     }
     // The server's own sampler: every tenant's concern (its tenant's is named above).
     if let Some(health) = state.ebpf.get().map(|h| h.get())

@@ -2304,3 +2304,127 @@ async fn baselines_of_cumulative_series_outlive_a_tenants_closing() {
     .await;
     assert_eq!(stored, 2 * testing::total(0, 50));
 }
+
+/// A tmpfs of `bytes` mounted on a new directory, unmounted when dropped; `None` (with
+/// the reason printed) where this process may not mount (not root, or no CAP_SYS_ADMIN).
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Some(Self(dir)),
+            Ok(out) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a small tmpfs here (CI runs as root and can): {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: no mount(8) to make a small disk: {e}");
+                None
+            }
+        }
+    }
+
+    fn resize(&self, bytes: u64) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={bytes}")])
+            .arg(self.0.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// A full disk refuses writes with a 503 and `Retry-After` (which agents retry, where a
+/// 500 of a path was dropped), says so on `/healthz`, stores again once space is freed,
+/// and keeps every write it acknowledged across a kill -9. Before, the push was answered
+/// 500 with the WAL segment's full path and `/healthz` said `ok`.
+#[tokio::test]
+async fn a_full_disk_refuses_writes_for_a_retry_and_keeps_every_acknowledged_one() {
+    let Some(disk) = SmallDisk::mount(4 << 20) else {
+        return;
+    };
+    let data = disk.0.path().join("d");
+    let s = Server::start(&data, None);
+    let client = reqwest::Client::new();
+    // Each push a new service, with names long enough to fill the disk in a few hundred.
+    let push = |i: usize| {
+        let body: String = (0..40)
+            .map(|f| format!("main;service{i}_function{f}_{} 10\n", "x".repeat(200)))
+            .collect();
+        client
+            .post(format!(
+                "{}/ingest?name=app{i}.cpu&format=folded&from={}",
+                s.url,
+                1_700_000_000 + i
+            ))
+            .body(body)
+            .send()
+    };
+    let mut acknowledged = 0;
+    let refused = loop {
+        assert!(acknowledged < 5_000, "4 MiB never filled");
+        let r = push(acknowledged).await.unwrap();
+        if r.status() != 200 {
+            break r;
+        }
+        acknowledged += 1;
+    };
+    assert!(acknowledged > 0, "nothing was stored on an empty disk");
+    assert_eq!(refused.status().as_u16(), 503);
+    assert!(
+        refused.headers().contains_key("retry-after"),
+        "{:?}",
+        refused.headers()
+    );
+    let body = refused.text().await.unwrap();
+    assert!(body.contains("storage is full"), "{body}");
+    assert!(
+        !body.contains(disk.0.path().to_str().unwrap()),
+        "the answer shows the server's paths: {body}"
+    );
+    let (status, health) = get(&format!("{}/healthz", s.url), None).await;
+    assert_eq!(status, 200);
+    assert!(
+        health.starts_with("degraded") && health.contains("storage is full"),
+        "{health}"
+    );
+
+    // Space freed: the same push is stored, with no restart.
+    disk.resize(64 << 20);
+    let r = push(acknowledged).await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    acknowledged += 1;
+
+    // Every acknowledged push is there after a kill -9.
+    std::process::Command::new("kill")
+        .args(["-KILL", &s.pid().to_string()])
+        .status()
+        .unwrap();
+    drop(s);
+    let s = Server::start(&data, None);
+    let names = get_json(&format!("{}/api/v1/label/service_name/values", s.url), None).await;
+    let names = names.as_array().unwrap_or_else(|| panic!("{names}"));
+    for i in 0..acknowledged {
+        assert!(
+            names.iter().any(|n| n == &format!("app{i}")),
+            "app{i} was acknowledged and is gone: {names:?}"
+        );
+    }
+}
