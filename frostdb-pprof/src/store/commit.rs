@@ -129,8 +129,11 @@ pub(super) struct Pipeline {
     pub(super) recent: Recent,
 }
 
+/// A group's profiles' timestamps and content fingerprints ([`crate::dedup`]).
+pub(super) type Fingerprints = Vec<(i64, ContentFingerprint)>;
+
 /// A group committed, until it is durable.
-pub(super) type InFlight = (Arc<Slot>, Arc<Submitted>, Vec<(i64, ContentFingerprint)>);
+pub(super) type InFlight = (Arc<Slot>, Arc<Submitted>, Fingerprints);
 
 /// Whether a profile joining a group was stored already.
 pub(super) enum Stored {
@@ -241,6 +244,36 @@ impl Drop for Coming<'_> {
     }
 }
 
+/// The group a leader holds (committing it, or waiting for its sync), with its
+/// fingerprints. A leader that unwinds (a bug outside [`ProfileStore::commit_group`]'s own
+/// catch) fails it and passes the lead on as it goes: unwound past, the group's members,
+/// and every later profile of the store, waited for a leader that was gone.
+struct InHand<'a> {
+    store: &'a ProfileStore,
+    held: Option<(Arc<Slot>, Fingerprints)>,
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        tracing::error!("a leader of group commits panicked: its group failed");
+        if let Some((slot, fingerprints)) = self.held.take() {
+            // Not known stored: a retry stores them (or finds them, if they were).
+            self.store.pipeline().settle(fingerprints, false);
+            slot.finish(Err(Arc::new(Error::Engine(frostdb_core::Error::Internal(
+                "the leader of its group commit panicked (a bug, logged); the profiles may \
+                 not be stored: retry"
+                    .into(),
+            )))));
+        }
+        // A group committed and not yet synced: its members learn of it from the next
+        // leader, which waits for its sync.
+        self.store.hand_lead();
+    }
+}
+
 impl ProfileStore {
     /// The group commit pipeline. A std mutex: it spins briefly and then sleeps, where
     /// parking_lot's yields the CPU again and again, which with many clients on few cores
@@ -283,12 +316,21 @@ impl ProfileStore {
     /// flight and nothing waits for company). Members are woken once, when their group is
     /// durable (or failed), rather than once when it is in the WAL and again when synced.
     pub(super) fn lead(&self, mine: &Arc<Slot>) {
+        // What the leader holds whose members wait on it: failed if the leader unwinds.
+        let mut hand = InHand {
+            store: self,
+            held: None,
+        };
         loop {
             let in_flight = self.pipeline().in_flight.take();
             if let Some((slot, submitted, fingerprints)) = in_flight {
+                hand.held = Some((slot, fingerprints));
                 // The sync's error, if any, is the members' to see from `wait` themselves;
                 // their profiles are not known stored, and a retry stores them.
                 let durable = submitted.wait().is_ok();
+                #[cfg(test)]
+                tests::panic_if_asked();
+                let (slot, fingerprints) = hand.held.take().expect("held above");
                 if !fingerprints.is_empty() {
                     self.pipeline().settle(fingerprints, durable);
                 }
@@ -333,9 +375,12 @@ impl ProfileStore {
                     }
                 }
             };
-            let slot = group.slot.clone();
             let fingerprints = std::mem::take(&mut group.fingerprints);
-            match self.commit_group(group, &fingerprints) {
+            let (slot, fingerprints) = hand.held.insert((group.slot.clone(), fingerprints));
+            let slot = slot.clone();
+            let committed = self.commit_group(group, fingerprints);
+            let (_, fingerprints) = hand.held.take().expect("held above");
+            match committed {
                 Ok(submitted) => {
                     self.pipeline().in_flight = Some((slot, submitted, fingerprints));
                 }
@@ -598,6 +643,68 @@ mod tests {
             .merge(&selector, frostdb_profile::TimeRange::ALL)
             .unwrap();
         assert_eq!(merged.total(), total(100, 10), "only the second profile");
+    }
+
+    thread_local! {
+        static PANIC_AFTER_SYNC: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Panics once, when a test asked this thread to, where a leader has synced a group:
+    /// a bug outside `commit_group`'s catch.
+    pub(super) fn panic_if_asked() {
+        if PANIC_AFTER_SYNC.with(|p| p.replace(false)) {
+            panic!("a bug after a sync (injected by a test)");
+        }
+    }
+
+    /// A leader that unwinds fails the group it holds and passes the lead on: its members
+    /// are answered (an error to retry), the profile's fingerprint is not left pending (its
+    /// retry is stored, not waiting on the failed group for ever), and later profiles are
+    /// stored. Before, they all waited for a leader that was gone.
+    #[test]
+    fn a_leader_that_panics_outside_its_commit_fails_its_group_and_the_store_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        store.pipeline().leading = true;
+        let options = |i: i64| IngestOptions {
+            name: "process_cpu".into(),
+            timestamp_ms: Some(1_700_000_000_000 + i),
+            ..IngestOptions::default()
+        };
+        let p = validate(profile(0, 10, 3), &Limits::default()).unwrap();
+        std::thread::scope(|s| {
+            let store = &store;
+            let push = s.spawn(|| store.ingest_profile(&p, &options(0)));
+            let slot = loop {
+                if let Some(group) = &store.pipeline().open
+                    && group.rows.profiles() == 1
+                {
+                    break group.slot.clone();
+                }
+                std::thread::yield_now();
+            };
+            PANIC_AFTER_SYNC.with(|p| p.set(true));
+            let unwound =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.lead(&slot)));
+            assert!(unwound.is_err(), "the injected panic did not happen");
+            let failed = push.join().unwrap().unwrap_err();
+            assert!(failed.to_string().contains("panicked"), "{failed}");
+        });
+        {
+            let pipeline = store.pipeline();
+            assert!(!pipeline.leading, "the lead was not given up");
+            assert!(
+                pipeline.pending.is_empty(),
+                "a failed group's profile is pending"
+            );
+        }
+        // Retried, the profile is stored (not found pending on the failed group), and so is
+        // the next one.
+        let retried = store.ingest_profile(&p, &options(0)).unwrap();
+        assert_eq!((retried.rows, retried.duplicate), (10, false));
+        let next = validate(profile(100, 10, 3), &Limits::default()).unwrap();
+        assert_eq!(store.ingest_profile(&next, &options(1)).unwrap().rows, 10);
     }
 
     #[test]
