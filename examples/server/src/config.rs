@@ -301,9 +301,22 @@ pub struct TenantConfig {
     /// second of it and `max_body_bytes`).
     #[serde(default, with = "optional_bytes")]
     pub ingest_burst: Option<u64>,
+    /// Bytes this tenant may store, instead of the server's
+    /// `limits.max_stored_bytes_per_tenant`.
+    #[serde(default, with = "optional_bytes")]
+    pub max_stored_bytes: Option<u64>,
 }
 
 impl Config {
+    /// The bytes tenant `id` may store, and whether the quota is its own (not the
+    /// server's `limits.max_stored_bytes_per_tenant`); `None`: no quota.
+    pub fn stored_quota(&self, id: &str) -> Option<(u64, bool)> {
+        match self.tenants.get(id).and_then(|t| t.max_stored_bytes) {
+            Some(own) => Some((own, true)),
+            None => self.limits.max_stored_bytes_per_tenant.map(|q| (q, false)),
+        }
+    }
+
     /// The retention of every tenant: the server's, and the tenants' own.
     pub fn retention(&self) -> crate::tenants::Retention {
         crate::tenants::Retention {
@@ -478,6 +491,13 @@ pub struct Limits {
     /// second of the rate and `max_body_bytes`, so that any body taken can pass.
     #[serde(with = "optional_bytes")]
     pub ingest_burst_per_tenant: Option<u64>,
+    /// Bytes a tenant may store (its persisted blocks and its WAL): at it, its pushes are
+    /// refused, 429 naming this, until its retention frees space, so that one tenant
+    /// cannot fill the disk every tenant writes to (a full disk refuses everyone's writes).
+    /// Checked against what it stored up to a second before. Bytes, or a size such as
+    /// `"50GiB"`. Absent: no quota.
+    #[serde(with = "optional_bytes")]
+    pub max_stored_bytes_per_tenant: Option<u64>,
 }
 
 impl Default for Limits {
@@ -516,6 +536,7 @@ impl Default for Limits {
             memory: None,
             ingest_rate_per_tenant: None,
             ingest_burst_per_tenant: None,
+            max_stored_bytes_per_tenant: None,
         }
     }
 }
@@ -620,6 +641,10 @@ impl Limits {
             (
                 "ingest_burst_per_tenant",
                 self.ingest_burst_per_tenant.map_or(1, |v| v as usize),
+            ),
+            (
+                "max_stored_bytes_per_tenant",
+                self.max_stored_bytes_per_tenant.map_or(1, |v| v as usize),
             ),
             (
                 "max_concurrent_queries",

@@ -52,6 +52,45 @@ impl Tenant {
             + self.store.recorder().map_or(0, |r| r.stack_cache_bytes())
     }
 
+    /// Bytes the tenant stores: its persisted blocks (in the data directory or the
+    /// bucket) and its WAL, as of at most [`STORED_BYTES_AGE`] ago (summing them walks
+    /// every block of every table, too much for every push).
+    pub fn stored_bytes(&self) -> u64 {
+        let mut cached = self.stored.lock();
+        if let Some((at, bytes)) = *cached
+            && at.elapsed() < STORED_BYTES_AGE
+        {
+            return bytes;
+        }
+        let tables = self.store.db().tables();
+        let stats: Vec<_> = tables.iter().map(|t| t.stats()).collect();
+        // The WAL is the database's, shared by its tables: once.
+        let wal = stats.iter().map(|s| s.wal_bytes).max().unwrap_or(0);
+        let bytes = wal + stats.iter().map(|s| s.block_bytes).sum::<u64>();
+        *cached = Some((std::time::Instant::now(), bytes));
+        bytes
+    }
+
+    /// Refuses a write while the tenant stores `quota` bytes or more
+    /// (`limits.max_stored_bytes_per_tenant`, or its own `max_stored_bytes`): 429 naming
+    /// the quota, what is stored, and what frees it.
+    pub fn check_stored(&self, quota: u64, own: bool) -> Result<(), ApiError> {
+        let stored = self.stored_bytes();
+        if stored < quota {
+            return Ok(());
+        }
+        let setting = if own {
+            format!("tenants.{}.max_stored_bytes", self.id)
+        } else {
+            "limits.max_stored_bytes_per_tenant".to_owned()
+        };
+        Err(ApiError::limited(format!(
+            "tenant {:?} stores {stored} bytes, at its quota of {quota} ({setting}): nothing \
+             more is stored until its retention frees space or the quota is raised",
+            self.id
+        )))
+    }
+
     /// What its tables hold in memory: the rows persisting writes out.
     fn table_bytes(&self) -> usize {
         self.store
@@ -83,7 +122,13 @@ pub struct Tenant {
     /// bucket, which another node may write meanwhile (values this one kept would then be
     /// stale, and deltas from them count again what that node stored).
     parked: Option<Arc<Parked>>,
+    /// [`Tenant::stored_bytes`], and when it was summed.
+    stored: parking_lot::Mutex<Option<(std::time::Instant, u64)>>,
 }
+
+/// How old [`Tenant::stored_bytes`] may be: a tenant at its quota may store about this
+/// long's pushes past it.
+const STORED_BYTES_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for Tenant {
     /// Parks the store's baselines (the previous values of its cumulative series, kept only
@@ -1009,7 +1054,12 @@ impl Tenants {
                 store.restore_baselines(baselines);
             }
             tracing::info!(tenant = %id, at = %at, retention = %kept, "opened tenant");
-            Ok(Arc::new(Tenant { id, store, parked }))
+            Ok(Arc::new(Tenant {
+                id,
+                store,
+                parked,
+                stored: parking_lot::Mutex::new(None),
+            }))
         })
         .await
         .map_err(|e| ApiError::job_failed("opening a tenant", e))??;

@@ -39,7 +39,8 @@ pub fn routes() -> Router<Shared> {
 /// deadline passed or its client left), giving its slot back. What its decoders make (a
 /// profile gunzipped inside the body, the arrays it is parsed into) is charged to the request's `memory` before it is
 /// made ([`frostdb_pprof::charging`]): past the budget, 503. A client's push is held to its
-/// tenant's ingest rate first ([`rate`]; 429 past it). Returns once the samples are durable,
+/// tenant's ingest rate first ([`rate`]; 429 past it), and to the bytes it may store
+/// ([`crate::tenants::Tenant::check_stored`]; 429 at them). Returns once the samples are durable,
 /// a summary per profile.
 pub async fn store<F>(
     state: &Shared,
@@ -52,6 +53,9 @@ where
 {
     let id = tenant;
     let tenant = state.tenants.for_write(id).await?;
+    if let Some((quota, own)) = state.config.stored_quota(id) {
+        tenant.check_stored(quota, own)?;
+    }
     // Once the tenant is known to be taken (so that the buckets are at most the tenants),
     // before anything is decoded. Scrapes and the eBPF sampler send no body: not held.
     if let (Some(rates), Some(sent)) = (

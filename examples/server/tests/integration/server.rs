@@ -2428,3 +2428,62 @@ async fn a_full_disk_refuses_writes_for_a_retry_and_keeps_every_acknowledged_one
         );
     }
 }
+
+/// A tenant at the bytes it may store is refused (429 naming the quota) while every other
+/// tenant stores on, and a tenant's own quota is its own: one tenant cannot fill the disk
+/// that every tenant writes to.
+#[tokio::test]
+async fn a_tenant_at_its_stored_bytes_quota_is_refused_and_the_others_store_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmax_stored_bytes_per_tenant = \"256KiB\"\n\n\
+             [tenants.big]\nmax_stored_bytes = \"64MiB\"\n",
+        ),
+    );
+    let client = reqwest::Client::new();
+    let push = |tenant: &'static str, i: usize| {
+        let body: String = (0..20)
+            .map(|f| format!("main;{tenant}{i}_function{f}_{} 10\n", "x".repeat(100)))
+            .collect();
+        client
+            .post(format!(
+                "{}/ingest?name=app.cpu&format=folded&from={}",
+                s.url,
+                1_700_000_000 + i
+            ))
+            .header("X-Scope-OrgID", tenant)
+            .body(body)
+            .send()
+    };
+    let mut stored = 0;
+    let refused = loop {
+        assert!(stored < 5_000, "256 KiB never reached");
+        let r = push("small", stored).await.unwrap();
+        if r.status() != 200 {
+            break r;
+        }
+        stored += 1;
+    };
+    assert_eq!(refused.status().as_u16(), 429);
+    let body = refused.text().await.unwrap();
+    assert!(
+        body.contains("limits.max_stored_bytes_per_tenant") && body.contains("262144"),
+        "{body}"
+    );
+    // Refused, not stored: the next push is refused too.
+    assert_eq!(push("small", stored + 1).await.unwrap().status(), 429);
+    // Another tenant under the server's quota stores, and so does one as large as `small`
+    // under its own larger quota.
+    assert_eq!(push("other", 0).await.unwrap().status(), 200);
+    for i in 0..=stored {
+        let r = push("big", i).await.unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "big's push {i}: {}",
+            r.text().await.unwrap()
+        );
+    }
+}
