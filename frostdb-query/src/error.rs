@@ -37,6 +37,9 @@ impl Error {
     }
 }
 
+/// What DataFusion's disk manager says of a spill past its bound.
+const SPILL_LIMIT_PHRASE: &str = "spilling process has exceeded the allowable limit";
+
 /// Whose fault a DataFusion error is: an engine error inside it keeps its kind; errors of
 /// parsing and planning (bad SQL, unknown columns, wrong types) are the caller's; a memory
 /// or resource limit is a limit (the caller's share of the memory budget a quota); the rest
@@ -60,6 +63,9 @@ pub fn datafusion_kind(e: &DataFusionError) -> ErrorKind {
         D::ResourcesExhausted(_) => ErrorKind::LimitExceeded,
         // Spilling to a full disk.
         D::IoError(e) if frostdb_core::is_storage_full(e) => ErrorKind::StorageFull,
+        // A session's spill past its share of the bound: DataFusion's disk manager says so
+        // in an I/O error (which its spill writer may wrap in Arrow's), not as a limit.
+        root if root.to_string().contains(SPILL_LIMIT_PHRASE) => ErrorKind::LimitExceeded,
         D::IoError(_) | D::ObjectStore(_) => ErrorKind::Io,
         _ => ErrorKind::Internal,
     }

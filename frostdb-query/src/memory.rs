@@ -116,28 +116,38 @@ impl MemoryPool for Limited {
 }
 
 /// Where a session's operators may write what does not fit in memory (a sort or join past
-/// its pool's limit): nowhere, or files in one directory, all of them together at most a
-/// bound. Sessions given clones of one `Spill` share its bound.
+/// its pool's limit): nowhere, or files in one directory, at most a bound. Each session
+/// has a disk manager of its own, with its share of the bound ([`Spill::shared_by`]): one
+/// manager for all let one tenant's spilling queries take the whole bound, failing every
+/// other tenant's spill meanwhile.
 ///
 /// Without it, DataFusion spills to the OS temporary directory, up to 100 GB a session:
 /// outside every limit the store keeps, and on a tmpfs `/tmp` that is memory.
-#[derive(Debug, Clone)]
-pub struct Spill(Arc<DiskManager>);
+#[derive(Debug, Clone, Default)]
+pub struct Spill(Option<Arc<SpillDir>>);
+
+#[derive(Debug)]
+struct SpillDir {
+    dir: std::path::PathBuf,
+    /// All sessions' spills together.
+    max_bytes: u64,
+    /// What one session may spill.
+    session_bytes: u64,
+    /// The sessions' managers, while they live (for [`Spill::used_bytes`]).
+    managers: parking_lot::Mutex<Vec<std::sync::Weak<DiskManager>>>,
+}
 
 impl Spill {
     /// No spilling: an operator past its pool's limit fails, naming the limit.
     pub fn none() -> Self {
-        let manager = DiskManagerBuilder::default()
-            .with_mode(DiskManagerMode::Disabled)
-            .build()
-            .expect("a disabled disk manager has nothing to fail on");
-        Self(Arc::new(manager))
+        Self(None)
     }
 
     /// Spill files in `dir` (created if missing), at most `max_bytes` of them at once; an
     /// operator whose spill would pass it fails, naming the bound. `dir` must be this
     /// process's own: what earlier processes left there (`datafusion-*` directories, a
-    /// process killed mid-spill) is deleted now. A bound of 0 is [`Spill::none`].
+    /// process killed mid-spill) is deleted now. A bound of 0 is [`Spill::none`]. One
+    /// session may spill all of it; see [`Spill::shared_by`].
     pub fn to(dir: &Path, max_bytes: u64) -> std::io::Result<Self> {
         if max_bytes == 0 {
             return Ok(Self::none());
@@ -153,27 +163,65 @@ impl Spill {
                 std::fs::remove_dir_all(entry.path())?;
             }
         }
-        let manager = DiskManagerBuilder::default()
-            .with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()]))
-            .with_max_temp_directory_size(max_bytes)
-            .build()
-            .map_err(std::io::Error::other)?;
-        Ok(Self(Arc::new(manager)))
+        Ok(Self(Some(Arc::new(SpillDir {
+            dir: dir.to_path_buf(),
+            max_bytes,
+            session_bytes: max_bytes,
+            managers: parking_lot::Mutex::default(),
+        }))))
     }
 
-    /// Bytes spilled now, by every session sharing this `Spill`.
+    /// The same directory and bound, each session spilling at most its `sessions`-th
+    /// part: with at most `sessions` queries running at once (the server's query slots),
+    /// all together stay within the bound, and no query's spill takes another's room.
+    pub fn shared_by(self, sessions: usize) -> Self {
+        match self.0 {
+            None => self,
+            Some(dir) => Self(Some(Arc::new(SpillDir {
+                dir: dir.dir.clone(),
+                max_bytes: dir.max_bytes,
+                session_bytes: (dir.max_bytes / sessions.max(1) as u64).max(1),
+                managers: parking_lot::Mutex::default(),
+            }))),
+        }
+    }
+
+    /// What one session may spill (0: no spilling).
+    pub fn session_bytes(&self) -> u64 {
+        self.0.as_ref().map_or(0, |d| d.session_bytes)
+    }
+
+    /// Bytes spilled now, by every session of this `Spill`.
     pub fn used_bytes(&self) -> u64 {
-        self.0.used_disk_space()
+        let Some(dir) = &self.0 else { return 0 };
+        let mut managers = dir.managers.lock();
+        managers.retain(|m| m.strong_count() > 0);
+        managers
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|m| m.used_disk_space())
+            .sum()
     }
 
-    pub(crate) fn manager(&self) -> Arc<DiskManager> {
-        self.0.clone()
-    }
-}
-
-impl Default for Spill {
-    fn default() -> Self {
-        Self::none()
+    /// A disk manager for one session: its share of the bound, in the directory.
+    pub(crate) fn manager(&self) -> Result<Arc<DiskManager>> {
+        let Some(dir) = &self.0 else {
+            return Ok(Arc::new(
+                DiskManagerBuilder::default()
+                    .with_mode(DiskManagerMode::Disabled)
+                    .build()?,
+            ));
+        };
+        let manager = Arc::new(
+            DiskManagerBuilder::default()
+                .with_mode(DiskManagerMode::Directories(vec![dir.dir.clone()]))
+                .with_max_temp_directory_size(dir.session_bytes)
+                .build()?,
+        );
+        let mut managers = dir.managers.lock();
+        managers.retain(|m| m.strong_count() > 0);
+        managers.push(Arc::downgrade(&manager));
+        Ok(manager)
     }
 }
 

@@ -323,7 +323,7 @@ pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result
 
 fn context(pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result<SessionContext> {
     let mut runtime = RuntimeEnvBuilder::new().with_memory_pool(pool.clone());
-    runtime.disk_manager = Some(spill.manager());
+    runtime.disk_manager = Some(spill.manager()?);
     let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
     // Functions whose output an argument sizes reserve it from the same pool.
     crate::functions::bound_functions(&ctx, &pool)?;

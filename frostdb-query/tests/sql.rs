@@ -372,7 +372,14 @@ async fn a_sort_spills_only_where_and_as_much_as_allowed() {
 
     let small = frostdb_query::Spill::to(dir.path(), 1 << 20).unwrap();
     assert!(!stale.exists(), "a killed process's spill is deleted");
-    let e = run(small.clone()).await.unwrap_err().to_string();
+    let e = run(small.clone()).await.unwrap_err();
+    // A limit (413, naming `limits.max_spill_bytes`), not the server's fault (500).
+    assert_eq!(
+        frostdb_query::datafusion_kind(&e),
+        frostdb_core::ErrorKind::LimitExceeded,
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(
         e.contains("exceeded the allowable limit of 1024.0 KB"),
         "{e}"
@@ -397,4 +404,39 @@ async fn a_sort_spills_only_where_and_as_much_as_allowed() {
     let ample = frostdb_query::Spill::to(dir.path(), 1 << 30).unwrap();
     assert_eq!(run(ample.clone()).await.unwrap(), 2_500_000);
     assert_eq!(ample.used_bytes(), 0);
+
+    // Shared by two sessions, each spills at most half: one holding all it may leaves the
+    // other its own half, in which the sort answers. With one bound for all, the first
+    // took the whole of it and the sort failed (one tenant's spill failing another's).
+    let shared = frostdb_query::Spill::to(dir.path(), 200 << 20)
+        .unwrap()
+        .shared_by(2);
+    assert_eq!(shared.session_bytes(), 100 << 20);
+    let hog = frostdb_query::session_with(&db, frostdb_query::memory_pool(None), &shared).unwrap();
+    let held = hog
+        .runtime_env()
+        .disk_manager
+        .create_tmp_file("a spill held by another query")
+        .unwrap();
+    let mut writer = held.open_writer().unwrap();
+    let chunk = vec![7u8; 1 << 20];
+    let mut written = 0usize;
+    let refused = loop {
+        assert!(
+            written <= 200 << 20,
+            "the session spilled past the whole bound"
+        );
+        match std::io::Write::write_all(&mut writer, &chunk) {
+            Ok(()) => written += chunk.len(),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        refused.to_string().contains("allowable limit of 100.0 MB"),
+        "{refused}"
+    );
+    assert!(written >= 99 << 20, "{written}");
+    assert_eq!(run(shared.clone()).await.unwrap(), 2_500_000);
+    drop(writer);
+    drop(held);
 }

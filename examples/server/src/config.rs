@@ -417,8 +417,10 @@ pub struct Limits {
     /// it fails with "resources exhausted" naming the limit.
     pub max_query_memory_bytes: usize,
     /// Bytes SQL operators past `max_query_memory_bytes` may spill to `<data>/spill`, all
-    /// tenants' queries together; a query that would spill more fails naming it. 0: no
-    /// spilling (such a query fails at the memory limit).
+    /// tenants' queries together, each query at most its `max_concurrent_queries`-th part
+    /// (so that one tenant's spilling queries leave every other query its room); a query
+    /// that would spill more fails, 413 naming it. 0: no spilling (such a query fails at
+    /// the memory limit).
     pub max_spill_bytes: u64,
     /// Connections open at once; more are answered 503 and closed. Absent: as many as the
     /// process's descriptor limit (`ulimit -n`) leaves room for beside open tenants.

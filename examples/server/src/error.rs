@@ -220,7 +220,10 @@ impl ApiError {
             | StatusCode::URI_TOO_LONG
             | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "resource_exhausted",
             StatusCode::REQUEST_TIMEOUT => "deadline_exceeded",
-            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::MISDIRECTED_REQUEST => "unavailable",
+            StatusCode::FORBIDDEN => "permission_denied",
+            StatusCode::PRECONDITION_FAILED => "failed_precondition",
+            status if status.is_client_error() => "invalid_argument",
             _ => "internal",
         }
     }
@@ -337,6 +340,21 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Connect clients read `code`: a refusal is never the server's `internal` (a 403 of
+    /// another tenant's name was).
+    #[test]
+    fn refusals_carry_the_connect_code_of_their_status() {
+        for (status, code) in [
+            (StatusCode::FORBIDDEN, "permission_denied"),
+            (StatusCode::MISDIRECTED_REQUEST, "unavailable"),
+            (StatusCode::LENGTH_REQUIRED, "invalid_argument"),
+            (StatusCode::TOO_MANY_REQUESTS, "resource_exhausted"),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        ] {
+            assert_eq!(ApiError::new(status, "x").connect_code(), code, "{status}");
+        }
+    }
 
     #[test]
     fn a_refusal_over_a_limit_names_the_setting_that_raises_it() {

@@ -731,11 +731,15 @@ pub async fn serve(config: Config) -> Result<(), String> {
     );
     let symbolizer = symbolizer(&config, &budget);
     let spill_dir = config.data.join("spill");
+    // Each query its share: at most `queries` run at once, so all of them stay within the
+    // bound, and one tenant's spilling queries leave the others' room.
     let spill = frostdb_query::Spill::to(&spill_dir, config.limits.max_spill_bytes)
-        .map_err(|e| format!("cannot use {} for spilling: {e}", spill_dir.display()))?;
+        .map_err(|e| format!("cannot use {} for spilling: {e}", spill_dir.display()))?
+        .shared_by(queries);
     tracing::info!(
         dir = %spill_dir.display(),
         bytes = config.limits.max_spill_bytes,
+        a_query = spill.session_bytes(),
         "SQL spills past the query memory limit (limits.max_spill_bytes)"
     );
     let rules = Arc::new(rules::Rules::new(

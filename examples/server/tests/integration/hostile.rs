@@ -230,6 +230,32 @@ async fn operators_that_copy_outside_the_pool_are_refused() {
     }
 }
 
+/// A query spilling past its part of `max_spill_bytes` (the bound over its query slots) is
+/// a 413 naming the setting; before, every query shared one bound, so that one tenant's
+/// spilling queries failed another's, and the refusal was a 500 quoting DataFusion's
+/// `max_temp_directory_size`.
+#[tokio::test]
+async fn a_query_spilling_past_its_share_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nmax_query_memory_bytes = 33554432\nmax_spill_bytes = 2097152\n\
+             max_concurrent_queries = 2\n",
+        ),
+    );
+    push_go_cpu(&s).await;
+    // Four million rows (64 MB) sorted under 32 MiB: it spills, past its 1 MiB.
+    let q = "SELECT max(r) AS r FROM (SELECT row_number() OVER (ORDER BY v * 7919 % 1000003) AS r \
+             FROM generate_series(1, 4000000) t(v)) q";
+    let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body.contains("limits.max_spill_bytes") && body.contains("1024.0 KB"),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn functions_that_amplify_memory_are_refused_and_the_server_lives() {
     let dir = tempfile::tempdir().unwrap();
