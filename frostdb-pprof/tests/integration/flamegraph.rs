@@ -383,3 +383,175 @@ fn named_stacks_stop_once_the_request_has_ended() {
         frostdb_core::stop_scans_when(|| Some("the request ended".into()), || merged.frame_bytes());
     assert!(counted < all / 2, "{counted} of {all} bytes counted");
 }
+
+/// Flat, cum and the calls between functions, as a model computes them from the named
+/// stacks: a function (and a call) counted once per stack, however often it recurs.
+type Calls = std::collections::BTreeMap<(String, String), i64>;
+
+fn dot_model(merged: &Merged) -> (std::collections::BTreeMap<String, (i64, i64)>, Calls) {
+    let mut nodes = std::collections::BTreeMap::<String, (i64, i64)>::new();
+    let mut calls = Calls::new();
+    tree::each_named_stack(merged, |path, value| {
+        let mut seen = std::collections::HashSet::new();
+        let mut seen_calls = std::collections::HashSet::new();
+        if let Some(leaf) = path.last() {
+            nodes.entry(leaf.to_string()).or_default().0 += value;
+        }
+        for (i, name) in path.iter().enumerate() {
+            if seen.insert(*name) {
+                nodes.entry(name.to_string()).or_default().1 += value;
+            }
+            if i > 0 && seen_calls.insert((path[i - 1], *name)) {
+                *calls
+                    .entry((path[i - 1].to_string(), name.to_string()))
+                    .or_default() += value;
+            }
+        }
+    });
+    (nodes, calls)
+}
+
+/// The DOT graph of every real profile of shared/testdata against the model: the
+/// `max_nodes` functions of the largest cum, each with its flat and cum, and every call
+/// between two of them with its value (the heaviest, where they are more than a graph
+/// draws); never more than `MAX_DOT_NODES` nodes, whatever is asked.
+#[test]
+fn dot_graphs_draw_the_heaviest_functions_and_calls_as_a_model_counts_them() {
+    use frostdb_pprof::report::dot::{self, EDGES_PER_NODE, MAX_DOT_NODES};
+    use frostdb_pprof::report::top::{percentage, scaled_label};
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
+        let summary = store
+            .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for profile_type in &summary.profile_types {
+            let merged = store
+                .merge(&Selector::parse(profile_type).unwrap(), TimeRange::ALL)
+                .unwrap();
+            let (nodes, calls) = dot_model(&merged);
+            let unit = &merged.profile_type.sample_unit;
+            let total = merged.total();
+            let mut ranked: Vec<(&String, &(i64, i64))> = nodes.iter().collect();
+            ranked.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
+            for max_nodes in [1, 20, usize::MAX] {
+                let what = format!("{name} {profile_type} max_nodes={max_nodes}");
+                let graph = dot::render(&merged, max_nodes);
+                let kept = &ranked[..ranked.len().min(max_nodes).min(MAX_DOT_NODES)];
+                let node_lines: Vec<&str> = graph
+                    .lines()
+                    .filter(|l| l.starts_with('N') && !l.contains(" -> "))
+                    .collect();
+                assert_eq!(node_lines.len(), kept.len(), "{what}");
+                for (n, (line, (fname, (flat, cum)))) in node_lines.iter().zip(kept).enumerate() {
+                    if fname.len() > 200
+                        || fname.contains(['"', '\\'])
+                        || fname.chars().any(char::is_control)
+                    {
+                        continue; // shown escaped or cut; its values are checked by the rest
+                    }
+                    assert!(line.starts_with(&format!("N{} ", n + 1)), "{what}: {line}");
+                    assert!(
+                        line.contains(&format!(
+                            "tooltip=\"{fname} ({})\"",
+                            scaled_label(*cum, unit)
+                        )),
+                        "{what}: {fname}: {line}"
+                    );
+                    let flat = format!(
+                        "{} ({})",
+                        scaled_label(*flat, unit),
+                        percentage(*flat, total).trim()
+                    );
+                    assert!(line.contains(&flat), "{what}: {fname} flat {flat}: {line}");
+                }
+                let number: std::collections::HashMap<&str, usize> = kept
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, _))| (name.as_str(), i + 1))
+                    .collect();
+                let mut between: Vec<((usize, usize), i64)> = calls
+                    .iter()
+                    .filter_map(|((a, b), v)| {
+                        Some(((*number.get(a.as_str())?, *number.get(b.as_str())?), *v))
+                    })
+                    .collect();
+                between.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                between.truncate(kept.len() * EDGES_PER_NODE);
+                let edge_lines: Vec<&str> = graph.lines().filter(|l| l.contains(" -> ")).collect();
+                assert_eq!(edge_lines.len(), between.len(), "{what}");
+                for ((a, b), value) in between {
+                    let head = format!("N{a} -> N{b} [label=\" {}\"", scaled_label(value, unit));
+                    assert!(
+                        edge_lines.iter().any(|l| l.starts_with(&head)),
+                        "{what}: no {head}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "{checked}");
+}
+
+/// A merge of more functions than a graph draws: at most `MAX_DOT_NODES` nodes and their
+/// heaviest edges, names cut, the rest counted in the legend; an answer of megabytes, not
+/// the gigabyte a graph of every function was.
+#[test]
+fn a_dot_graph_of_more_functions_than_it_draws_is_bounded() {
+    use frostdb_pprof::report::dot::{self, EDGES_PER_NODE, MAX_DOT_NAME_BYTES, MAX_DOT_NODES};
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let long = "x".repeat(4 * MAX_DOT_NAME_BYTES);
+    let text: String = (0..3 * MAX_DOT_NODES)
+        .map(|i| format!("main;{long}{i};callee{i} {}\n", 1 + i % 5))
+        .collect();
+    let profile = frostdb_pprof::convert::folded::to_profile(
+        &text,
+        false,
+        &frostdb_pprof::convert::folded::Units {
+            sample: ("samples".into(), "count".into()),
+            period: ("cpu".into(), "nanoseconds".into()),
+            period_value: 10_000_000,
+            scale: 1,
+        },
+        &frostdb_pprof::Limits::default(),
+    )
+    .unwrap();
+    let profile = frostdb_pprof::validate(profile, &frostdb_pprof::Limits::default()).unwrap();
+    store
+        .ingest_profile(&profile, &IngestOptions::default().name("wide"))
+        .unwrap();
+    let merged = store
+        .merge(
+            &Selector::parse("wide:samples:count:cpu:nanoseconds").unwrap(),
+            TimeRange::ALL,
+        )
+        .unwrap();
+    let graph = dot::render(&merged, usize::MAX);
+    let nodes = graph
+        .lines()
+        .filter(|l| l.starts_with('N') && !l.contains(" -> "))
+        .count();
+    let edges = graph.lines().filter(|l| l.contains(" -> ")).count();
+    assert_eq!(nodes, MAX_DOT_NODES);
+    assert!(edges <= MAX_DOT_NODES * EDGES_PER_NODE, "{edges}");
+    // main, and a caller and a callee per stack.
+    let functions = 1 + 2 * 3 * MAX_DOT_NODES;
+    assert!(
+        graph.contains(&format!("Dropped {} nodes", functions - MAX_DOT_NODES)),
+        "legend"
+    );
+    assert!(
+        !graph.contains(&"x".repeat(MAX_DOT_NAME_BYTES + 1)),
+        "a name is not cut"
+    );
+    assert!(graph.len() < 64 << 20, "{} bytes", graph.len());
+}
