@@ -868,12 +868,50 @@ impl From<DiffSums> for DiffValues {
 }
 
 impl Arena<DiffSums> {
-    fn finish_diff(&self, names: &Names<'_>) -> DiffTree {
+    /// Which nodes a diff of at most `max_nodes` keeps (the root always): those of the
+    /// largest total on either side.
+    fn kept_diff(&self, max_nodes: usize) -> Vec<bool> {
+        let mut kept = vec![true; self.nodes.len()];
+        if self.nodes.len() - 1 <= max_nodes {
+            return kept;
+        }
+        kept[1..].fill(false);
+        if max_nodes == 0 {
+            return kept;
+        }
+        let key = |i: u32| {
+            let (base, compare, ..) = self.nodes[i as usize].1;
+            (
+                std::cmp::Reverse(base.unsigned_abs().max(compare.unsigned_abs())),
+                i,
+            )
+        };
+        let mut order: Vec<u32> = (1..self.nodes.len() as u32).collect();
+        order.select_nth_unstable_by_key(max_nodes - 1, |&i| key(i));
+        for &i in &order[..max_nodes] {
+            kept[i as usize] = true;
+        }
+        kept
+    }
+
+    /// The diff's tree; callees left out by `kept` are summed into one [`OTHER`] per
+    /// caller, both sides, so every total stays exact.
+    fn finish_diff(&self, names: &Names<'_>, kept: &[bool]) -> DiffTree {
         self.finish(names, self.nodes[0].1.into(), |node, below| {
-            below.extend(self.children[node as usize].iter().map(|&c| {
+            let mut other: Option<(i64, i64)> = None;
+            for &c in &self.children[node as usize] {
                 let (name, values) = self.nodes[c as usize];
-                (Some(c), names.name(name), DiffValues::from(values))
-            }));
+                if kept[c as usize] {
+                    below.push((Some(c), names.name(name), DiffValues::from(values)));
+                } else {
+                    let (base, compare) = other.get_or_insert((0, 0));
+                    *base = base.saturating_add(values.0);
+                    *compare = compare.saturating_add(values.1);
+                }
+            }
+            if let Some((base, compare)) = other {
+                below.push((None, (OTHER, ""), (base, compare, base, compare).into()));
+            }
             below.sort_by(|a, b| {
                 (b.2.compare.saturating_sub(b.2.base))
                     .unsigned_abs()
@@ -886,6 +924,13 @@ impl Arena<DiffSums> {
 
 /// The diff of two merged profiles (of the same type): one tree with both values per node.
 pub fn diff(base: &Merged, compare: &Merged) -> DiffTree {
+    diff_truncated(base, compare, usize::MAX)
+}
+
+/// [`diff`] of at most `max_nodes` nodes besides the root: those of the largest total on
+/// either side; the callees left out summed into one [`OTHER`] per caller, so every
+/// total stays exact (as [`FlameGraph::build_truncated`] keeps a flame graph's).
+pub fn diff_truncated(base: &Merged, compare: &Merged, max_nodes: usize) -> DiffTree {
     let mut names = Names::default();
     let mut arena = Arena::<DiffSums>::new(names.named(Cow::Borrowed(OTHER), ""));
     names.each_stack(base, |path, v| {
@@ -902,7 +947,8 @@ pub fn diff(base: &Merged, compare: &Merged) -> DiffTree {
             |n| n.3 = n.3.saturating_add(v),
         );
     });
-    arena.finish_diff(&names)
+    let kept = arena.kept_diff(max_nodes);
+    arena.finish_diff(&names, &kept)
 }
 
 #[cfg(test)]

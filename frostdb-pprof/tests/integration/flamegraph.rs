@@ -555,3 +555,73 @@ fn a_dot_graph_of_more_functions_than_it_draws_is_bounded() {
     );
     assert!(graph.len() < 64 << 20, "{} bytes", graph.len());
 }
+
+/// Diffs truncated to `max_nodes` on every real profile of shared/testdata (each against
+/// itself and against another of its type): at most `max_nodes` named nodes, the rest
+/// summed into `other` callees, every node's totals on both sides its self plus its
+/// callees', and the root's totals the whole diff's.
+#[test]
+fn truncated_diffs_keep_every_total_on_both_sides() {
+    let store = ProfileStore::open(
+        Db::open_in_memory(DbOptions::default()).unwrap(),
+        StoreOptions::default(),
+    )
+    .unwrap();
+    let mut merges: Vec<(String, Merged)> = Vec::new();
+    for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
+        let summary = store
+            .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let profile_type = &summary.profile_types[0];
+        let merged = store
+            .merge(&Selector::parse(profile_type).unwrap(), TimeRange::ALL)
+            .unwrap();
+        merges.push((format!("{name} {profile_type}"), merged));
+    }
+    let mut truncated_somewhere = 0;
+    for (k, (what, base)) in merges.iter().enumerate() {
+        let compare = &merges[(k + 1) % merges.len()].1;
+        let compare = if compare.profile_type == base.profile_type {
+            compare
+        } else {
+            base
+        };
+        let whole = tree::diff(base, compare);
+        let all = whole.root().children().count(); // at least this many below the root
+        for max_nodes in [0, 1, 7, 100] {
+            let what = format!("{what} max_nodes={max_nodes}");
+            let cut = tree::diff_truncated(base, compare, max_nodes);
+            let root = cut.root();
+            assert_eq!(
+                (root.base(), root.compare()),
+                (whole.root().base(), whole.root().compare()),
+                "{what}"
+            );
+            let mut named = 0;
+            let mut stack = vec![root];
+            while let Some(node) = stack.pop() {
+                let (mut base, mut compare) = (node.base_self(), node.compare_self());
+                for child in node.children() {
+                    base += child.base();
+                    compare += child.compare();
+                    if child.name() != OTHER {
+                        named += 1;
+                    }
+                    stack.push(child);
+                }
+                assert_eq!(
+                    (base, compare),
+                    (node.base(), node.compare()),
+                    "{what}: {}",
+                    node.name()
+                );
+            }
+            assert!(named <= max_nodes, "{what}: {named} named");
+            if named < all {
+                truncated_somewhere += 1;
+            }
+        }
+        assert_eq!(tree::diff_truncated(base, compare, usize::MAX), whole);
+    }
+    assert!(truncated_somewhere > 50, "{truncated_somewhere}");
+}

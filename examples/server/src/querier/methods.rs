@@ -220,7 +220,8 @@ impl Querier {
         let r = self
             .merge_held(right, right_range, aggregation, narrowed(right_site))
             .await?;
-        crate::query::diff_then(&self.state, l, r, move |diff| {
+        // The whole tree: Pyroscope's levels truncate it their way.
+        crate::query::diff_then(&self.state, l, r, usize::MAX, move |diff| {
             let root = diff.root();
             (
                 Levels::of_diff(&diff, max_nodes),

@@ -295,6 +295,30 @@ async fn push_in_every_encoding_then_query_every_way() {
     .await;
     assert_eq!(diff["base"].as_i64().unwrap(), want);
     assert_eq!(diff["compare"].as_i64().unwrap(), 2 * want);
+    // Truncated as a flame graph is: one named callee of the root, the rest one `other`,
+    // the totals whole; past the cap, refused.
+    let url = |max_nodes: u64| {
+        format!(
+            "{}/api/v1/diff?base={}&compare={}&max_nodes={max_nodes}",
+            s.url,
+            enc(&format!("{CPU}{{service_name=\"a\"}}")),
+            enc(&format!("{CPU}{{service_name=~\"b|c\"}}"))
+        )
+    };
+    let cut = get_json(&url(1), None).await;
+    assert_eq!(cut["base"].as_i64().unwrap(), want);
+    assert_eq!(cut["compare"].as_i64().unwrap(), 2 * want);
+    let mut named = 0;
+    let mut nodes = vec![&cut];
+    while let Some(node) = nodes.pop() {
+        for child in node["children"].as_array().into_iter().flatten() {
+            named += usize::from(child["name"] != "other");
+            nodes.push(child);
+        }
+    }
+    assert_eq!(named, 1, "{cut}");
+    let (status, body) = get(&url(1 << 40), None).await;
+    assert_eq!(status, 400, "{body}");
     // SQL.
     let rows = get_json(
         &format!("{}/api/v1/sql?q={}", s.url, enc("SELECT \"labels.service_name\" AS s, sum(value) AS v FROM samples WHERE sample_type = 'cpu' GROUP BY 1 ORDER BY 1")),
