@@ -240,6 +240,23 @@ fn symbolizer(
     }
 }
 
+/// axum's `Query`, refused as every other error is: a 400 with a JSON body naming what was
+/// wrong (axum's own refusal, `Failed to deserialize query string: duplicate field
+/// 'from'`, was plain text).
+#[derive(Debug, Clone)]
+pub struct Query<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Self(value)),
+            Err(rejection) => Err(ApiError::new(rejection.status(), rejection.body_text())),
+        }
+    }
+}
+
 /// The tenant a request acts for: `X-Scope-OrgID`, or [`config::DEFAULT_TENANT`] when it is
 /// absent or empty.
 #[derive(Debug, Clone)]

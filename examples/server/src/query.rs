@@ -23,10 +23,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::Query;
 use arrow::array::RecordBatch;
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;

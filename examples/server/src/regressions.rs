@@ -17,8 +17,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::Query;
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::routing::get;
 use frostdb_pprof::regress::{CompareError, Regression, compare};
 use frostdb_pprof::{ProfileStore, ReadOptions, Selector, TimeRange};

@@ -5,8 +5,9 @@
 //! (`Content-Length`), at most 1 GB; an ELF file whose GNU build id is not the one named
 //! is refused and deleted. `frostdb debuginfo upload FILE` sends one.
 
+use crate::Query;
 use axum::Json;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use frostdb_pprof::debuginfo::{self, Error as E};
 use futures::StreamExt;

@@ -11,9 +11,10 @@
 
 use std::collections::HashMap;
 
+use crate::Query;
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Multipart, Query, Request, State};
+use axum::extract::{FromRequest, Multipart, Request, State};
 use frostdb_pprof::convert::legacy::Params;
 
 use super::{Incoming, body_bytes, content_type, store};

@@ -20,8 +20,9 @@
 //! `profilecli --protocol grpc|grpc-web` sends) through tonic, with the same answers; the
 //! tenant is the `x-scope-orgid` metadata there.
 
+use crate::Query;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};

@@ -566,6 +566,23 @@ async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
             .unwrap()
             .contains("max_uri_bytes")
     );
+    // 400: a query string the route cannot read (axum's refusal was plain text).
+    for query in [
+        "/api/v1/query?selector=a&from=1&from=2",
+        "/api/v1/query?selector=a&max_nodes=-1",
+        "/api/v1/labels?from=1&from=2",
+    ] {
+        let (status, body) = get(&format!("{}{query}", s.url), None).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        let error: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{query}: {e}: {body}"));
+        assert_eq!(error["code"], "invalid_argument", "{query}: {body}");
+        assert!(
+            error["error"].as_str().unwrap().contains("query string")
+                || error["error"].as_str().unwrap().contains("max"),
+            "{query}: {body}"
+        );
+    }
     // 431: too many headers.
     let mut many =
         String::from("GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
