@@ -33,10 +33,15 @@ const STORAGE_FULL_RETRY_SECS: u64 = 30;
 /// [`STORAGE_FULL_SHOWN_SECS`].
 pub fn storage_full_lately() -> Option<u64> {
     let at = STORAGE_FULL_AT.load(std::sync::atomic::Ordering::Relaxed);
-    let now = std::time::SystemTime::now()
+    let ago = unix_secs().saturating_sub(at);
+    (at > 0 && ago <= STORAGE_FULL_SHOWN_SECS).then_some(ago)
+}
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    (at > 0 && now.saturating_sub(at) <= STORAGE_FULL_SHOWN_SECS).then(|| now.saturating_sub(at))
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The longest message an error answer carries; longer ones are cut, saying how much.
@@ -167,10 +172,7 @@ impl ApiError {
     /// [`STORAGE_FULL_SHOWN_SECS`] ([`storage_full_lately`]).
     pub fn storage_full(detail: String) -> Self {
         tracing::error!(%detail, "a write failed: the server's storage is full");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        STORAGE_FULL_AT.store(now, std::sync::atomic::Ordering::Relaxed);
+        STORAGE_FULL_AT.store(unix_secs(), std::sync::atomic::Ordering::Relaxed);
         Self::busy(
             "the server's storage is full: nothing of this request was stored; retry once \
              space is freed",

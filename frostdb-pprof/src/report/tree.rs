@@ -547,11 +547,12 @@ impl From<SelfTotal> for FlameValues {
     }
 }
 
-impl Arena<SelfTotal> {
-    /// Which nodes keep their own name when at most `max_nodes` may: the `max_nodes` of
-    /// the largest totals, ties to the node made first. A callee's total is never above its
-    /// caller's and a callee is made after its caller, so a kept node's callers are kept.
-    fn kept(&self, max_nodes: usize) -> Vec<bool> {
+impl<T: Copy> Arena<T> {
+    /// Which nodes keep their own name when at most `max_nodes` may (the root always): the
+    /// `max_nodes` of the largest `weight`, ties to the node made first. A callee's weight
+    /// (a total) is never above its caller's and a callee is made after its caller, so a
+    /// kept node's callers are kept.
+    fn kept_by(&self, max_nodes: usize, weight: impl Fn(T) -> i128) -> Vec<bool> {
         let mut kept = vec![true; self.nodes.len()];
         if self.nodes.len() - 1 <= max_nodes {
             return kept;
@@ -560,13 +561,20 @@ impl Arena<SelfTotal> {
         if max_nodes == 0 {
             return kept;
         }
-        let key = |i: u32| (std::cmp::Reverse(self.nodes[i as usize].1.1), i);
+        let key = |i: u32| (std::cmp::Reverse(weight(self.nodes[i as usize].1)), i);
         let mut order: Vec<u32> = (1..self.nodes.len() as u32).collect();
         order.select_nth_unstable_by_key(max_nodes - 1, |&i| key(i));
         for &i in &order[..max_nodes] {
             kept[i as usize] = true;
         }
         kept
+    }
+}
+
+impl Arena<SelfTotal> {
+    /// [`Arena::kept_by`] their totals.
+    fn kept(&self, max_nodes: usize) -> Vec<bool> {
+        self.kept_by(max_nodes, |(_, total)| i128::from(total))
     }
 
     /// The flame graph's tree; callees left out by `kept` are summed into one [`OTHER`]
@@ -868,30 +876,11 @@ impl From<DiffSums> for DiffValues {
 }
 
 impl Arena<DiffSums> {
-    /// Which nodes a diff of at most `max_nodes` keeps (the root always): those of the
-    /// largest total on either side.
+    /// [`Arena::kept_by`] the larger of their two totals.
     fn kept_diff(&self, max_nodes: usize) -> Vec<bool> {
-        let mut kept = vec![true; self.nodes.len()];
-        if self.nodes.len() - 1 <= max_nodes {
-            return kept;
-        }
-        kept[1..].fill(false);
-        if max_nodes == 0 {
-            return kept;
-        }
-        let key = |i: u32| {
-            let (base, compare, ..) = self.nodes[i as usize].1;
-            (
-                std::cmp::Reverse(base.unsigned_abs().max(compare.unsigned_abs())),
-                i,
-            )
-        };
-        let mut order: Vec<u32> = (1..self.nodes.len() as u32).collect();
-        order.select_nth_unstable_by_key(max_nodes - 1, |&i| key(i));
-        for &i in &order[..max_nodes] {
-            kept[i as usize] = true;
-        }
-        kept
+        self.kept_by(max_nodes, |(base, compare, ..)| {
+            i128::from(base.unsigned_abs().max(compare.unsigned_abs()))
+        })
     }
 
     /// The diff's tree; callees left out by `kept` are summed into one [`OTHER`] per

@@ -593,20 +593,31 @@ mod tests {
         assert_eq!(pods.len(), N as usize);
     }
 
+    /// A store whose lead is taken, as by a leader busy committing: profiles join the open
+    /// group and wait there for the test to lead.
+    fn store_led_elsewhere(dir: &std::path::Path) -> ProfileStore {
+        let db = Db::open(dir, DbOptions::default()).unwrap();
+        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
+        store.pipeline().leading = true;
+        store
+    }
+
+    /// The options of the `i`th profile of a panic test.
+    fn options(i: i64) -> IngestOptions {
+        IngestOptions {
+            name: "process_cpu".into(),
+            timestamp_ms: Some(1_700_000_000_000 + i),
+            ..IngestOptions::default()
+        }
+    }
+
     /// A group whose storing panics fails its profiles as an error would, and the store
     /// takes profiles after it: the unwinding leader left its group's members, and every
     /// later profile of the store, waiting for ever.
     #[test]
     fn a_group_that_panics_fails_its_profiles_and_the_store_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
-        store.pipeline().leading = true;
-        let options = |i: i64| IngestOptions {
-            name: "process_cpu".into(),
-            timestamp_ms: Some(1_700_000_000_000 + i),
-            ..IngestOptions::default()
-        };
+        let store = store_led_elsewhere(dir.path());
         std::thread::scope(|s| {
             let store = &store;
             let push = s.spawn(move || {
@@ -664,14 +675,7 @@ mod tests {
     #[test]
     fn a_leader_that_panics_outside_its_commit_fails_its_group_and_the_store_goes_on() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Db::open(dir.path(), DbOptions::default()).unwrap();
-        let store = ProfileStore::open(db, StoreOptions::default()).unwrap();
-        store.pipeline().leading = true;
-        let options = |i: i64| IngestOptions {
-            name: "process_cpu".into(),
-            timestamp_ms: Some(1_700_000_000_000 + i),
-            ..IngestOptions::default()
-        };
+        let store = store_led_elsewhere(dir.path());
         let p = validate(profile(0, 10, 3), &Limits::default()).unwrap();
         std::thread::scope(|s| {
             let store = &store;

@@ -116,14 +116,15 @@ fn check(all: &Numbered<'_>, truncated: &FlameGraph, max_nodes: usize, what: &st
     named
 }
 
-#[test]
-fn truncated_flame_graphs_keep_the_largest_nodes_and_every_total() {
+/// Every real profile of shared/testdata stored (as `f{i}`) and merged, per profile type:
+/// `("file profile_type", merge)`.
+fn testdata_merges() -> Vec<(String, Merged)> {
     let store = ProfileStore::open(
         Db::open_in_memory(DbOptions::default()).unwrap(),
         StoreOptions::default(),
     )
     .unwrap();
-    let mut truncated_somewhere = 0;
+    let mut merges = Vec::new();
     for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
         let summary = store
             .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
@@ -132,19 +133,28 @@ fn truncated_flame_graphs_keep_the_largest_nodes_and_every_total() {
             let merged = store
                 .merge(&Selector::parse(profile_type).unwrap(), TimeRange::ALL)
                 .unwrap();
-            let full = FlameGraph::build(&merged);
-            assert_eq!(full.truncated, 0);
-            assert_eq!(full.root().total(), merged.total(), "{name}");
-            let all = Numbered::new(full.root());
-            for max_nodes in [0, 1, 7, 100, all.len() / 2, all.len()] {
-                let what = format!("{name} {profile_type} max_nodes={max_nodes}");
-                let truncated = FlameGraph::build_truncated(&merged, max_nodes);
-                if check(&all, &truncated, max_nodes, &what) < all.len() {
-                    truncated_somewhere += 1;
-                }
-            }
-            assert_eq!(FlameGraph::build_truncated(&merged, all.len()), full);
+            merges.push((format!("{name} {profile_type}"), merged));
         }
+    }
+    merges
+}
+
+#[test]
+fn truncated_flame_graphs_keep_the_largest_nodes_and_every_total() {
+    let mut truncated_somewhere = 0;
+    for (name, merged) in testdata_merges() {
+        let full = FlameGraph::build(&merged);
+        assert_eq!(full.truncated, 0);
+        assert_eq!(full.root().total(), merged.total(), "{name}");
+        let all = Numbered::new(full.root());
+        for max_nodes in [0, 1, 7, 100, all.len() / 2, all.len()] {
+            let what = format!("{name} max_nodes={max_nodes}");
+            let truncated = FlameGraph::build_truncated(&merged, max_nodes);
+            if check(&all, &truncated, max_nodes, &what) < all.len() {
+                truncated_somewhere += 1;
+            }
+        }
+        assert_eq!(FlameGraph::build_truncated(&merged, all.len()), full);
     }
     assert!(
         truncated_somewhere > 100,
@@ -233,36 +243,25 @@ mod nested {
 
 #[test]
 fn flame_graph_and_diff_json_is_what_serde_wrote_for_the_nested_trees() {
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
     let (mut graphs, mut diffs) = (0, 0);
-    for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
-        let options = IngestOptions::default().name(format!("f{i}"));
-        let summary = store.ingest(&bytes, &options).unwrap();
-        for profile_type in &summary.profile_types {
-            let selector = Selector::parse(profile_type).unwrap();
-            let merged = store.merge(&selector, TimeRange::ALL).unwrap();
-            for max_nodes in [0, 7, 100, usize::MAX] {
-                let graph = FlameGraph::build_truncated(&merged, max_nodes);
-                let want = serde_json::to_vec(&nested::graph(&graph)).unwrap();
-                assert!(graph.to_json() == want, "{name} {profile_type} {max_nodes}");
-                graphs += 1;
-            }
-            // The stacks under the first stack's root frame, against all of them.
-            let mut first = None;
-            tree::each_named_stack(&merged, |path, _| {
-                first = first.take().or_else(|| path.first().map(|f| f.to_string()))
-            });
-            let part = tree::select_call_site(merged.clone(), &[first.as_deref().unwrap_or("")]);
-            for (base, compare) in [(&part, &merged), (&merged, &part)] {
-                let diff = tree::diff(base, compare);
-                let want = serde_json::to_vec(&nested::diff(&diff)).unwrap();
-                assert!(diff.to_json() == want, "{name} {profile_type} diff");
-                diffs += 1;
-            }
+    for (name, merged) in testdata_merges() {
+        for max_nodes in [0, 7, 100, usize::MAX] {
+            let graph = FlameGraph::build_truncated(&merged, max_nodes);
+            let want = serde_json::to_vec(&nested::graph(&graph)).unwrap();
+            assert!(graph.to_json() == want, "{name} {max_nodes}");
+            graphs += 1;
+        }
+        // The stacks under the first stack's root frame, against all of them.
+        let mut first = None;
+        tree::each_named_stack(&merged, |path, _| {
+            first = first.take().or_else(|| path.first().map(|f| f.to_string()))
+        });
+        let part = tree::select_call_site(merged.clone(), &[first.as_deref().unwrap_or("")]);
+        for (base, compare) in [(&part, &merged), (&merged, &part)] {
+            let diff = tree::diff(base, compare);
+            let want = serde_json::to_vec(&nested::diff(&diff)).unwrap();
+            assert!(diff.to_json() == want, "{name} diff");
+            diffs += 1;
         }
     }
     assert!(
@@ -419,80 +418,67 @@ fn dot_model(merged: &Merged) -> (std::collections::BTreeMap<String, (i64, i64)>
 fn dot_graphs_draw_the_heaviest_functions_and_calls_as_a_model_counts_them() {
     use frostdb_pprof::report::dot::{self, EDGES_PER_NODE, MAX_DOT_NODES};
     use frostdb_pprof::report::top::{percentage, scaled_label};
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
     let mut checked = 0;
-    for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
-        let summary = store
-            .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        for profile_type in &summary.profile_types {
-            let merged = store
-                .merge(&Selector::parse(profile_type).unwrap(), TimeRange::ALL)
-                .unwrap();
-            let (nodes, calls) = dot_model(&merged);
-            let unit = &merged.profile_type.sample_unit;
-            let total = merged.total();
-            let mut ranked: Vec<(&String, &(i64, i64))> = nodes.iter().collect();
-            ranked.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
-            for max_nodes in [1, 20, usize::MAX] {
-                let what = format!("{name} {profile_type} max_nodes={max_nodes}");
-                let graph = dot::render(&merged, max_nodes);
-                let kept = &ranked[..ranked.len().min(max_nodes).min(MAX_DOT_NODES)];
-                let node_lines: Vec<&str> = graph
-                    .lines()
-                    .filter(|l| l.starts_with('N') && !l.contains(" -> "))
-                    .collect();
-                assert_eq!(node_lines.len(), kept.len(), "{what}");
-                for (n, (line, (fname, (flat, cum)))) in node_lines.iter().zip(kept).enumerate() {
-                    if fname.len() > 200
-                        || fname.contains(['"', '\\'])
-                        || fname.chars().any(char::is_control)
-                    {
-                        continue; // shown escaped or cut; its values are checked by the rest
-                    }
-                    assert!(line.starts_with(&format!("N{} ", n + 1)), "{what}: {line}");
-                    assert!(
-                        line.contains(&format!(
-                            "tooltip=\"{fname} ({})\"",
-                            scaled_label(*cum, unit)
-                        )),
-                        "{what}: {fname}: {line}"
-                    );
-                    let flat = format!(
-                        "{} ({})",
-                        scaled_label(*flat, unit),
-                        percentage(*flat, total).trim()
-                    );
-                    assert!(line.contains(&flat), "{what}: {fname} flat {flat}: {line}");
+    for (name, merged) in testdata_merges() {
+        let (nodes, calls) = dot_model(&merged);
+        let unit = &merged.profile_type.sample_unit;
+        let total = merged.total();
+        let mut ranked: Vec<(&String, &(i64, i64))> = nodes.iter().collect();
+        ranked.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
+        for max_nodes in [1, 20, usize::MAX] {
+            let what = format!("{name} max_nodes={max_nodes}");
+            let graph = dot::render(&merged, max_nodes);
+            let kept = &ranked[..ranked.len().min(max_nodes).min(MAX_DOT_NODES)];
+            let node_lines: Vec<&str> = graph
+                .lines()
+                .filter(|l| l.starts_with('N') && !l.contains(" -> "))
+                .collect();
+            assert_eq!(node_lines.len(), kept.len(), "{what}");
+            for (n, (line, (fname, (flat, cum)))) in node_lines.iter().zip(kept).enumerate() {
+                if fname.len() > 200
+                    || fname.contains(['"', '\\'])
+                    || fname.chars().any(char::is_control)
+                {
+                    continue; // shown escaped or cut; its values are checked by the rest
                 }
-                let number: std::collections::HashMap<&str, usize> = kept
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (name, _))| (name.as_str(), i + 1))
-                    .collect();
-                let mut between: Vec<((usize, usize), i64)> = calls
-                    .iter()
-                    .filter_map(|((a, b), v)| {
-                        Some(((*number.get(a.as_str())?, *number.get(b.as_str())?), *v))
-                    })
-                    .collect();
-                between.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-                between.truncate(kept.len() * EDGES_PER_NODE);
-                let edge_lines: Vec<&str> = graph.lines().filter(|l| l.contains(" -> ")).collect();
-                assert_eq!(edge_lines.len(), between.len(), "{what}");
-                for ((a, b), value) in between {
-                    let head = format!("N{a} -> N{b} [label=\" {}\"", scaled_label(value, unit));
-                    assert!(
-                        edge_lines.iter().any(|l| l.starts_with(&head)),
-                        "{what}: no {head}"
-                    );
-                }
-                checked += 1;
+                assert!(line.starts_with(&format!("N{} ", n + 1)), "{what}: {line}");
+                assert!(
+                    line.contains(&format!(
+                        "tooltip=\"{fname} ({})\"",
+                        scaled_label(*cum, unit)
+                    )),
+                    "{what}: {fname}: {line}"
+                );
+                let flat = format!(
+                    "{} ({})",
+                    scaled_label(*flat, unit),
+                    percentage(*flat, total).trim()
+                );
+                assert!(line.contains(&flat), "{what}: {fname} flat {flat}: {line}");
             }
+            let number: std::collections::HashMap<&str, usize> = kept
+                .iter()
+                .enumerate()
+                .map(|(i, (name, _))| (name.as_str(), i + 1))
+                .collect();
+            let mut between: Vec<((usize, usize), i64)> = calls
+                .iter()
+                .filter_map(|((a, b), v)| {
+                    Some(((*number.get(a.as_str())?, *number.get(b.as_str())?), *v))
+                })
+                .collect();
+            between.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            between.truncate(kept.len() * EDGES_PER_NODE);
+            let edge_lines: Vec<&str> = graph.lines().filter(|l| l.contains(" -> ")).collect();
+            assert_eq!(edge_lines.len(), between.len(), "{what}");
+            for ((a, b), value) in between {
+                let head = format!("N{a} -> N{b} [label=\" {}\"", scaled_label(value, unit));
+                assert!(
+                    edge_lines.iter().any(|l| l.starts_with(&head)),
+                    "{what}: no {head}"
+                );
+            }
+            checked += 1;
         }
     }
     assert!(checked > 100, "{checked}");
@@ -562,22 +548,7 @@ fn a_dot_graph_of_more_functions_than_it_draws_is_bounded() {
 /// callees', and the root's totals the whole diff's.
 #[test]
 fn truncated_diffs_keep_every_total_on_both_sides() {
-    let store = ProfileStore::open(
-        Db::open_in_memory(DbOptions::default()).unwrap(),
-        StoreOptions::default(),
-    )
-    .unwrap();
-    let mut merges: Vec<(String, Merged)> = Vec::new();
-    for (i, (name, bytes)) in common::testdata().into_iter().enumerate() {
-        let summary = store
-            .ingest(&bytes, &IngestOptions::default().name(format!("f{i}")))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let profile_type = &summary.profile_types[0];
-        let merged = store
-            .merge(&Selector::parse(profile_type).unwrap(), TimeRange::ALL)
-            .unwrap();
-        merges.push((format!("{name} {profile_type}"), merged));
-    }
+    let merges = testdata_merges();
     let mut truncated_somewhere = 0;
     for (k, (what, base)) in merges.iter().enumerate() {
         let compare = &merges[(k + 1) % merges.len()].1;
