@@ -27,35 +27,13 @@ pub fn samples_schema() -> Schema {
     frostdb_pprof::schema::samples()
 }
 
-/// SplitMix64: small, fast and deterministic; enough for synthetic data.
-#[derive(Debug, Clone)]
-pub struct SplitMix(u64);
+/// The fleet's generator: SplitMix64, small, fast and deterministic (the tests' own).
+pub use frostdb_core::testing::SplitMix;
 
-impl SplitMix {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform float in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// An index in `0..n` skewed towards 0, as stack popularity is.
-    pub fn skewed(&mut self, n: usize) -> usize {
-        let u = self.next_f64();
-        ((u * u * u) * n as f64) as usize
-    }
+/// An index in `0..n` skewed towards 0, as stack popularity is.
+fn skewed(rng: &mut SplitMix, n: usize) -> usize {
+    let u = rng.unit();
+    ((u * u * u) * n as f64) as usize
 }
 
 /// One series: the labels of a process.
@@ -111,7 +89,7 @@ impl Fleet {
         Self {
             series,
             stacks: stacks.max(1),
-            rng: SplitMix::new(seed),
+            rng: SplitMix(seed),
         }
     }
 
@@ -133,7 +111,7 @@ impl Fleet {
         // Each series draws from its own rotation of the stack space.
         let offset = series * 7_919;
         let mut stacks: Vec<usize> = (0..samples)
-            .map(|_| (self.rng.skewed(self.stacks) + offset) % self.stacks)
+            .map(|_| (skewed(&mut self.rng, self.stacks) + offset) % self.stacks)
             .collect();
         stacks.sort_unstable();
         stacks.dedup();
@@ -150,7 +128,7 @@ impl Fleet {
             Kind::Alloc => ("memory", "alloc_space", "bytes", "space", "bytes", 524_288),
         };
         let values: Vec<i64> = (0..n)
-            .map(|_| (1 + self.rng.skewed(50) as i64) * period)
+            .map(|_| (1 + skewed(&mut self.rng, 50) as i64) * period)
             .collect();
         let ids = UInt64Array::from_iter_values(stacks.iter().map(|&i| Self::stack_id(i)));
         let text = |v: &str| -> ArrayRef { Arc::new(StringArray::from(vec![v; n])) };

@@ -609,11 +609,15 @@ impl Arena<SelfTotal> {
 /// kept for the second pass, 4 bytes a frame of every stack: gigabytes for a merge of deep
 /// stacks, past what a report is charged.
 pub fn each_named_stack(merged: &Merged, mut f: impl FnMut(&[&str], i64)) {
-    let mut names = Names::default();
-    names.each_stack(merged, |_, _| {});
-    let named: Vec<Cow<'_, str>> = names.names.iter().map(|(name, _)| name.clone()).collect();
+    let mut names = StackNames::of(merged);
+    let named: Vec<Cow<'_, str>> = names
+        .names
+        .names
+        .iter()
+        .map(|(name, _)| name.clone())
+        .collect();
     let mut path: Vec<&str> = Vec::new();
-    names.each_stack(merged, |ids, value| {
+    names.each(|ids, value| {
         path.clear();
         path.extend(
             ids.iter()
