@@ -665,6 +665,61 @@ fn a_table_larger_than_the_whole_space_is_not_built_again_every_interval() {
     assert_eq!(last.processes_evicted, 0, "{last:?}");
 }
 
+/// A build too large for the table space is remembered after its last process exits: the
+/// next process of it is walked by frame pointer without its table being compiled again
+/// (for a debug build of the server, 16 s of CPU at each start, during which no interval
+/// was stored).
+#[test]
+fn a_build_too_large_for_the_space_is_not_built_again_for_its_next_process() {
+    if !permitted() {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let rust_program = chain::build_rust_chain(dir.path());
+    let first = Running::start(&rust_program, &["spin"]);
+    // The next process of the build: a shell that becomes it when told, once the first is
+    // gone (a listed process gets its tables at the start, so it must exist then).
+    let mut next = Command::new("sh")
+        .arg("-c")
+        .arg("read go; exec \"$0\" spin")
+        .arg(&rust_program)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let next_pid = next.id();
+    let (sampler, rx) = sample_all(vec![first.pid(), next_pid], 4096);
+    rx.iter()
+        .take(20)
+        .find(|i| i.tables.files_too_large >= 1)
+        .expect("a file too large for the space within 20 intervals");
+    let too_large = rx.recv().unwrap().tables.files_too_large;
+    drop(first);
+    // Each interval forgets the processes that exited: its build is dropped after this.
+    let _ = rx.iter().take(2).count();
+    writeln!(next.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut line = String::new();
+    BufReader::new(next.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    // The shell read its line asleep, unsampled: a sample of it now is of the program.
+    rx.iter()
+        .take(20)
+        .find(|i| i.profiles.iter().any(|p| p.pid == next_pid))
+        .expect("the next process was sampled within 20 intervals");
+    let later: Vec<_> = rx.iter().take(3).map(|i| i.tables).collect();
+    sampler.stop().unwrap();
+    let _ = next.kill();
+    let _ = next.wait();
+    assert_eq!(
+        later.last().unwrap().files_too_large,
+        too_large,
+        "compiled again: {later:?}"
+    );
+}
+
 #[test]
 fn a_program_without_eh_frame_is_walked_by_its_frame_pointers_through_libc() {
     if !permitted() {

@@ -2,7 +2,9 @@
 //! answered 503 and closed, so the server stays reachable and says why), a header-read
 //! timeout (slowloris), an idle timeout for connections between requests (HTTP/1 and
 //! HTTP/2 alike, and for a socket that never sends a request), and a graceful shutdown
-//! that waits at most a grace period for requests in flight. What a connection's bytes hold
+//! that waits at most a grace period for requests in flight. A client still taking its
+//! answers is not idle, however slowly it reads, as long as it takes
+//! [`PROGRESS_BYTES`] of them an idle period ([`Delivery`]). What a connection's bytes hold
 //! in the server outside any request is charged to the memory budget, within its client
 //! address's share of the connections' quarter of it ([`Metered`]): the bytes read before
 //! a request is made of them (a head being read, HTTP/2 frames not yet taken), and the
@@ -14,6 +16,7 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use frostdb_core::{MemoryBudget, Reservation};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -119,8 +122,20 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Requests started so far.
     requests: AtomicU64,
-    /// When the last request ended (ms after `started`).
+    /// When the last request ended, or the client last took [`PROGRESS_BYTES`] of its
+    /// answers (ms after `started`).
     last_ms: AtomicU64,
+    /// When the first bytes of a request head came while no request ran and no answer was
+    /// being sent (ms after `started`; `u64::MAX`: none since the last request began). The
+    /// header-read timeout counts from it. hyper's own timer starts as soon as hyper can
+    /// read a next head, once an answer is all in the kernel's buffers: it closed the
+    /// socket with megabytes of the answer still on their way to a slow reader (an
+    /// orphan socket, which the kernel resets when the client's window stays shut).
+    head_ms: AtomicU64,
+    /// Answers whose body the connection has not finished sending ([`Answering`]).
+    answering: AtomicUsize,
+    /// Bytes written to the socket so far.
+    written: AtomicU64,
     /// The bytes read that no request has taken yet, charged ([`Metered`]).
     unread: parking_lot::Mutex<Reservation>,
     /// Whether the connection speaks HTTP/2: its bytes are many streams' frames, and a
@@ -164,6 +179,9 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
+            head_ms: AtomicU64::new(u64::MAX),
+            answering: AtomicUsize::new(0),
+            written: AtomicU64::new(0),
             unread: parking_lot::Mutex::new(memory.empty()),
             multiplexed: std::sync::atomic::AtomicBool::new(false),
             unsent: Unsent(Arc::new(parking_lot::Mutex::new(memory.empty()))),
@@ -172,19 +190,130 @@ impl Activity {
     }
 
     /// When the connection counts as idle unless something happens: `None` while a request
-    /// runs.
+    /// runs. A socket that never sent a request gets the header timeout, not the idle one;
+    /// a head begun gets what is left of the header timeout.
     fn idle_at(&self, limits: &ConnectionLimits) -> Option<Instant> {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let since = Duration::from_millis(self.last_ms.load(Ordering::Acquire));
-        // A socket that never sent a request gets the header timeout, not the idle one.
-        let wait = if self.requests.load(Ordering::Acquire) == 0 {
-            limits.header_read_timeout
-        } else {
-            limits.idle_timeout
-        };
-        Some(self.started + since + wait)
+        let at = |ms: u64| self.started + Duration::from_millis(ms);
+        if self.requests.load(Ordering::Acquire) == 0 {
+            return Some(self.started + limits.header_read_timeout);
+        }
+        let idle = at(self.last_ms.load(Ordering::Acquire)) + limits.idle_timeout;
+        Some(match self.head_ms.load(Ordering::Acquire) {
+            u64::MAX => idle,
+            head => idle.min(at(head) + limits.header_read_timeout),
+        })
+    }
+
+    /// `bytes` of answers written to the socket.
+    fn wrote(&self, bytes: usize) {
+        self.unsent.written(bytes);
+        self.written.fetch_add(bytes as u64, Ordering::AcqRel);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// Bytes of a request head read (HTTP/1): the header timer starts, unless it runs, a
+    /// request runs, or an answer is being sent (a client may send its next request while
+    /// it reads the last answer; hyper reads it once that answer is sent).
+    fn head_read(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0
+            && self.answering.load(Ordering::Acquire) == 0
+            && self.head_ms.load(Ordering::Acquire) == u64::MAX
+        {
+            self.head_ms.store(self.now_ms(), Ordering::Release);
+        }
+    }
+}
+
+/// What a client must take of its answers in each idle period (`limits.idle_timeout_secs`)
+/// for its connection to stay open while no request of it runs: a reader that slow or
+/// slower holds a connection, and the memory of its answer, for nothing.
+pub const PROGRESS_BYTES: u64 = 64 << 10;
+
+/// How much of its answers a client has taken: the bytes written to its socket less what
+/// the kernel still holds of them (not sent, or sent and not acknowledged). Bytes handed to
+/// the kernel are not taken: a socket's send buffer holds megabytes, which a slow client
+/// reads for a minute after the server wrote its last byte.
+struct Delivery {
+    fd: RawFd,
+    /// What the client had taken when it last took [`PROGRESS_BYTES`] (or the rest).
+    taken: u64,
+}
+
+impl Delivery {
+    /// Whether the client took [`PROGRESS_BYTES`] since this was last true, or all that
+    /// was left for it.
+    fn advanced(&mut self, activity: &Activity) -> bool {
+        let written = activity.written.load(Ordering::Acquire);
+        let held = kernel_holds(self.fd);
+        let taken = written.saturating_sub(held);
+        let advanced = taken >= self.taken + PROGRESS_BYTES || (held == 0 && taken > self.taken);
+        if advanced {
+            self.taken = taken;
+        }
+        advanced
+    }
+}
+
+/// The bytes written to socket `fd` that its peer has not acknowledged (`SIOCOUTQ`): 0
+/// when that cannot be read, so that a connection is never kept for what is not known.
+#[allow(unsafe_code)]
+fn kernel_holds(fd: RawFd) -> u64 {
+    let mut held: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one c_int through the pointer, which points at one; `fd` is
+    // a socket its caller holds open (an invalid one is an error, EBADF, not undefined).
+    let done = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut held as *mut libc::c_int) };
+    match done {
+        0 => u64::try_from(held).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// An answer's body, counted in [`Activity::answering`] until the connection has sent
+/// it (hyper drops a body when it has written its last bytes, or given up on it).
+struct Answering {
+    body: Body,
+    activity: Arc<Activity>,
+}
+
+impl Answering {
+    fn new(body: Body, activity: &Arc<Activity>) -> Self {
+        activity.answering.fetch_add(1, Ordering::AcqRel);
+        Self {
+            body,
+            activity: activity.clone(),
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.activity.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl http_body::Body for Answering {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -195,6 +324,7 @@ impl InFlight {
     fn start(activity: &Arc<Activity>) -> Self {
         activity.requests.fetch_add(1, Ordering::AcqRel);
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.head_ms.store(u64::MAX, Ordering::Release);
         // An HTTP/1 request made of the bytes read: its head is charged by the request
         // from here ([`super::edge::budget_memory`]), its body as it is read. What hyper
         // still holds is at most the body read ahead with the head.
@@ -208,8 +338,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let a = &self.0;
-        a.last_ms
-            .store(a.started.elapsed().as_millis() as u64, Ordering::Release);
+        a.last_ms.store(a.now_ms(), Ordering::Release);
         a.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -345,11 +474,11 @@ async fn connection(
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             let in_flight = InFlight::start(&activity);
             request.extensions_mut().insert(activity.unsent.clone());
-            let app = app.clone();
+            let (app, activity) = (app.clone(), activity.clone());
             async move {
                 let response = app.oneshot(request.map(Body::new)).await;
                 drop(in_flight);
-                response
+                response.map(|r| r.map(|body| Body::new(Answering::new(body, &activity))))
             }
         })
     };
@@ -357,7 +486,8 @@ async fn connection(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // The header-read timeout is the connection's own ([`Activity::idle_at`]).
+        .header_read_timeout(None)
         // Above the server's own limits ([`super::edge`]), which answer with a JSON
         // body: hyper's own refusal of a larger head has none. Not much above: it is what
         // one connection may hold before any request is charged (1 MiB each, 3,000
@@ -374,6 +504,10 @@ async fn connection(
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(Duration::from_secs(20));
+    let mut delivery = Delivery {
+        fd: socket.as_raw_fd(),
+        taken: 0,
+    };
     let io = Metered {
         io: socket,
         activity: activity.clone(),
@@ -421,10 +555,16 @@ async fn connection(
                     // reading, or a request that never finished): dropped.
                     return;
                 }
-                if activity.idle_at(limits).is_some_and(|at| at <= Instant::now()) {
-                    conn.as_mut().graceful_shutdown();
-                    closing = Some(Instant::now());
+                if activity.idle_at(limits).is_none_or(|at| at > Instant::now()) {
+                    continue;
                 }
+                if delivery.advanced(&activity) {
+                    // Still taking its answers: not idle.
+                    activity.last_ms.store(activity.now_ms(), Ordering::Release);
+                    continue;
+                }
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now());
             }
         }
     }
@@ -480,7 +620,11 @@ impl AsyncRead for Metered {
         if std::mem::take(&mut self.first) && buf.filled()[before..].starts_with(b"PRI * HTTP/2") {
             self.activity.multiplexed.store(true, Ordering::Release);
         }
-        let most = self.most[usize::from(self.activity.multiplexed.load(Ordering::Acquire))];
+        let multiplexed = self.activity.multiplexed.load(Ordering::Acquire);
+        if !multiplexed {
+            self.activity.head_read();
+        }
+        let most = self.most[usize::from(multiplexed)];
         let mut unread = self.activity.unread.lock();
         let more = (unread.bytes() + read).min(most) - unread.bytes().min(most);
         if more > 0
@@ -501,7 +645,7 @@ impl AsyncWrite for Metered {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let written = std::task::ready!(Pin::new(&mut self.io).poll_write(cx, buf))?;
-        self.activity.unsent.written(written);
+        self.activity.wrote(written);
         Poll::Ready(Ok(written))
     }
 
@@ -511,7 +655,7 @@ impl AsyncWrite for Metered {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let written = std::task::ready!(Pin::new(&mut self.io).poll_write_vectored(cx, bufs))?;
-        self.activity.unsent.written(written);
+        self.activity.wrote(written);
         Poll::Ready(Ok(written))
     }
 

@@ -97,7 +97,8 @@ pub struct TableStats {
     /// not sampled this interval: walked by frame pointer.
     pub files_not_loaded_full: u64,
     /// Files whose table is larger than the whole rows array: walked by frame pointer
-    /// (not compiled again while a process maps them).
+    /// (not compiled again while a process maps them, nor after, if they have a build
+    /// id).
     pub files_too_large: u64,
     /// Processes dropped to make room for new files.
     pub processes_evicted: u64,
@@ -198,6 +199,9 @@ impl Chunks {
     }
 }
 
+/// Builds remembered as too large for the table space ([`TableLoader::never_fit`]).
+const NEVER_FIT_KEPT: usize = 256;
+
 /// Keeps the BPF maps' unwind tables in step with the sampled processes.
 pub(crate) struct TableLoader {
     rows: Array<MapData, Chunk>,
@@ -209,6 +213,12 @@ pub(crate) struct TableLoader {
     /// inode number (once the first was deleted) is not taken for it.
     inodes: HashMap<(String, u64), (FileId, FileStamp)>,
     pids: HashMap<u32, LoadedProcess>,
+    /// Builds (by build id) whose table is larger than the whole space, remembered after no
+    /// process maps them, newest last, at most [`NEVER_FIT_KEPT`]: a program started again
+    /// and again (a test suite's servers, a cron job) had its table compiled again at
+    /// each start, to be thrown away (16 s of CPU for a debug build of the server, during
+    /// which no interval was stored).
+    never_fit: std::collections::VecDeque<FileId>,
     interval: u64,
     /// Set when a file did not fit.
     full: bool,
@@ -233,6 +243,7 @@ impl TableLoader {
             files: HashMap::new(),
             inodes: HashMap::new(),
             pids: HashMap::new(),
+            never_fit: std::collections::VecDeque::new(),
             interval: 0,
             full: false,
             fragmented: false,
@@ -534,6 +545,10 @@ impl TableLoader {
             return Some(id); // the same build at another path (another container)
         }
         let segments = segments_of(elf);
+        if self.never_fit.contains(&id) {
+            self.files.insert(id.clone(), empty(segments));
+            return Some(id);
+        }
         let table = match compile_file(elf) {
             Ok(t) => t,
             Err(e) => {
@@ -554,6 +569,12 @@ impl TableLoader {
             // It never fits: dropping other processes' tables cannot help, and compiling it
             // again each time it is sampled would cost as much every interval.
             self.stats.files_too_large += 1;
+            if matches!(id, FileId::BuildId(_)) {
+                if self.never_fit.len() == NEVER_FIT_KEPT {
+                    self.never_fit.pop_front();
+                }
+                self.never_fit.push_back(id.clone());
+            }
             tracing::warn!(
                 path = m.path,
                 rows = rows.len(),

@@ -541,6 +541,188 @@ async fn idle_and_slow_connections_are_closed_and_the_server_stays_reachable() {
     );
 }
 
+/// A SQL answer of about `kib` KiB (a JSON row per KiB).
+fn large_sql_request(kib: usize, close: bool) -> Vec<u8> {
+    let q = format!("SELECT repeat('x', 1000) AS s FROM generate_series(1, {kib})");
+    let connection = if close { "Connection: close\r\n" } else { "" };
+    format!(
+        "GET /api/v1/sql?q={} HTTP/1.1\r\nHost: localhost\r\n{connection}\r\n",
+        enc(&q)
+    )
+    .into_bytes()
+}
+
+/// An answer read by [`read_slowly`].
+struct SlowAnswer {
+    /// The status line, lowercased.
+    status: String,
+    /// The body's bytes read, and its Content-Length.
+    body: usize,
+    length: usize,
+    /// The connection, still open on the client's side.
+    stream: tokio::net::TcpStream,
+}
+
+/// Sends `request` on a socket whose receive buffer is small, and reads its answer at about
+/// `bytes_per_sec`, until its body is whole or the server ends the connection.
+async fn read_slowly(addr: &str, request: &[u8], bytes_per_sec: usize) -> SlowAnswer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    // The window the client grants stays small, so the answer waits in the server.
+    socket.set_recv_buffer_size(16 << 10).unwrap();
+    let mut stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let chunk = 8 << 10;
+    let pause = Duration::from_secs_f64(chunk as f64 / bytes_per_sec as f64);
+    let mut buf = vec![0u8; chunk];
+    let mut answer = Vec::new();
+    let parse = |answer: &[u8]| {
+        let head_end = answer.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&answer[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .map(|v| v.trim().parse().unwrap())
+            .expect("a Content-Length");
+        let status = head.lines().next().unwrap_or("").to_owned();
+        Some((status, answer.len() - head_end - 4, length))
+    };
+    loop {
+        let read = stream.read(&mut buf).await.unwrap_or(0);
+        let ended = read == 0;
+        answer.extend_from_slice(&buf[..read]);
+        if let Some((status, body, length)) = parse(&answer)
+            && (ended || body >= length)
+        {
+            return SlowAnswer {
+                status,
+                body,
+                length,
+                stream,
+            };
+        }
+        assert!(!ended, "the connection ended before an answer's head");
+        // The client's pace: reading is what it does slowly, not what the test waits for.
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// A client reading a large answer slowly gets all of it, however short the idle and
+/// header timeouts, as long as it takes some every idle period, whether the connection is
+/// kept alive after it or the server closes it first (`Connection: close`). The answers
+/// were cut mid-body (under a 200) once the handler had returned for longer than the idle
+/// timeout and the grace period. And a connection kept alive is not closed while its
+/// answer is still on its way: hyper's header timer started once the answer was all in
+/// the kernel's buffers, and closed the socket with megabytes in them, which the kernel
+/// then loses when the client's window stays shut for long (a reader with a large buffer).
+#[tokio::test]
+async fn a_slow_reader_gets_all_of_a_large_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nheader_read_timeout_secs = 1\nidle_timeout_secs = 2\nshutdown_grace_secs = 1\n",
+        ),
+    );
+    // SQL answers a tenant that has stored something (requests without a tenant are
+    // `anonymous`'s).
+    push_go_cpu_for(&s, "anonymous").await;
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    let server_port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    for close in [false, true] {
+        let started = Instant::now();
+        // Twice what the kernel buffers of a socket's answer (tcp_wmem's 4 MiB by
+        // default), read in some 8 s: the last 4 MiB take 4 s after the server wrote them.
+        let answer = read_slowly(&addr, &large_sql_request(8_000, close), 1 << 20).await;
+        assert!(
+            answer.status.starts_with("http/1.1 200"),
+            "{}",
+            answer.status
+        );
+        assert!(answer.length > 8_000_000, "{}", answer.length);
+        assert_eq!(
+            answer.body,
+            answer.length,
+            "Connection: close {close}: the answer was cut after {:?}",
+            started.elapsed()
+        );
+        if !close {
+            let port = answer.stream.local_addr().unwrap().port();
+            let inode = socket_inode(server_port, port).unwrap_or(0);
+            assert!(
+                inode != 0 && holds_socket(s.pid(), inode),
+                "the server closed the connection while its answer was on its way"
+            );
+        }
+    }
+}
+
+/// The inode of the socket of the connection between local port `local` and remote port
+/// `remote` on the loopback (IPv4), from `/proc/net/tcp`.
+fn socket_inode(local: u16, remote: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let port = |f: &str| u16::from_str_radix(f.rsplit(':').next()?, 16).ok();
+        (port(fields[1])? == local && port(fields[2])? == remote)
+            .then(|| fields[9].parse().ok())
+            .flatten()
+    })
+}
+
+/// Whether process `pid` holds the socket of `inode` open.
+fn holds_socket(pid: u32, inode: u64) -> bool {
+    let link = format!("socket:[{inode}]");
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|target| target.to_string_lossy() == link)
+}
+
+/// A client that asks for a large answer and reads none of it does not hold its
+/// connection: the server closes it once an idle period passes without the client taking
+/// anything.
+#[tokio::test]
+async fn a_reader_that_takes_nothing_loses_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(
+        &dir.path().join("d"),
+        Some(
+            "[limits]\nheader_read_timeout_secs = 1\nidle_timeout_secs = 1\nshutdown_grace_secs = 1\n",
+        ),
+    );
+    push_go_cpu_for(&s, "anonymous").await;
+    let addr: std::net::SocketAddr = s.url.trim_start_matches("http://").parse().unwrap();
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 << 10).unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    stalled
+        .write_all(&large_sql_request(8_000, false))
+        .await
+        .unwrap();
+    let client_port = stalled.local_addr().unwrap().port();
+    // Its inode is 0 until the server accepts it.
+    let mut inode = 0;
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            inode = socket_inode(addr.port(), client_port).unwrap_or(0);
+            inode != 0 && holds_socket(s.pid(), inode)
+        })
+        .await,
+        "the server never held the connection"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), async || !holds_socket(
+            s.pid(),
+            inode
+        ))
+        .await,
+        "a client reading nothing kept its connection"
+    );
+    drop(stalled);
+}
+
 #[tokio::test]
 async fn every_refusal_has_a_json_body_and_a_bounded_echo() {
     let dir = tempfile::tempdir().unwrap();
