@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use frostdb_core::{MemoryBudget, Reservation};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -132,8 +132,6 @@ struct Activity {
     /// socket with megabytes of the answer still on their way to a slow reader (an
     /// orphan socket, which the kernel resets when the client's window stays shut).
     head_ms: AtomicU64,
-    /// Answers whose body the connection has not finished sending ([`Answering`]).
-    answering: AtomicUsize,
     /// Bytes written to the socket so far.
     written: AtomicU64,
     /// The bytes read that no request has taken yet, charged ([`Metered`]).
@@ -157,18 +155,51 @@ struct Activity {
 /// less those written (which include frame and head bytes: at worst a little less than
 /// what is held).
 #[derive(Debug, Clone)]
-pub struct Unsent(Arc<parking_lot::Mutex<Reservation>>);
+pub struct Unsent(Arc<UnsentState>);
+
+#[derive(Debug)]
+struct UnsentState {
+    held: parking_lot::Mutex<Reservation>,
+    /// Answers being sent ([`Answer`]).
+    answers: AtomicUsize,
+}
 
 impl Unsent {
-    /// `bytes` of an answer handed to the connection: held until written, whether or not
-    /// they fit (they exist already; what asks next is refused).
-    pub fn handed(&self, bytes: usize) {
-        self.0.lock().grow(bytes);
+    fn new(memory: &MemoryBudget) -> Self {
+        Self(Arc::new(UnsentState {
+            held: parking_lot::Mutex::new(memory.empty()),
+            answers: AtomicUsize::new(0),
+        }))
+    }
+
+    /// An answer's body starts: counted as being sent until the [`Answer`] is dropped
+    /// (with the body, once the connection has its last bytes, or gave up on it).
+    pub fn answer(self) -> Answer {
+        self.0.answers.fetch_add(1, Ordering::AcqRel);
+        Answer(self)
     }
 
     /// `bytes` written to the socket.
     fn written(&self, bytes: usize) {
-        self.0.lock().shrink(bytes);
+        self.0.held.lock().shrink(bytes);
+    }
+}
+
+/// An answer being sent on a connection ([`Unsent::answer`]).
+#[derive(Debug)]
+pub struct Answer(Unsent);
+
+impl Answer {
+    /// `bytes` of the answer handed to the connection: held until written, whether or not
+    /// they fit (they exist already; what asks next is refused).
+    pub fn handed(&self, bytes: usize) {
+        self.0.0.held.lock().grow(bytes);
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        self.0.0.answers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -180,11 +211,10 @@ impl Activity {
             requests: AtomicU64::new(0),
             last_ms: AtomicU64::new(0),
             head_ms: AtomicU64::new(u64::MAX),
-            answering: AtomicUsize::new(0),
             written: AtomicU64::new(0),
             unread: parking_lot::Mutex::new(memory.empty()),
             multiplexed: std::sync::atomic::AtomicBool::new(false),
-            unsent: Unsent(Arc::new(parking_lot::Mutex::new(memory.empty()))),
+            unsent: Unsent::new(memory),
             refused: parking_lot::Mutex::new(None),
         }
     }
@@ -222,7 +252,7 @@ impl Activity {
     /// it reads the last answer; hyper reads it once that answer is sent).
     fn head_read(&self) {
         if self.in_flight.load(Ordering::Acquire) == 0
-            && self.answering.load(Ordering::Acquire) == 0
+            && self.unsent.0.answers.load(Ordering::Acquire) == 0
             && self.head_ms.load(Ordering::Acquire) == u64::MAX
         {
             self.head_ms.store(self.now_ms(), Ordering::Release);
@@ -271,49 +301,6 @@ fn kernel_holds(fd: RawFd) -> u64 {
     match done {
         0 => u64::try_from(held).unwrap_or(0),
         _ => 0,
-    }
-}
-
-/// An answer's body, counted in [`Activity::answering`] until the connection has sent
-/// it (hyper drops a body when it has written its last bytes, or given up on it).
-struct Answering {
-    body: Body,
-    activity: Arc<Activity>,
-}
-
-impl Answering {
-    fn new(body: Body, activity: &Arc<Activity>) -> Self {
-        activity.answering.fetch_add(1, Ordering::AcqRel);
-        Self {
-            body,
-            activity: activity.clone(),
-        }
-    }
-}
-
-impl Drop for Answering {
-    fn drop(&mut self) {
-        self.activity.answering.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl http_body::Body for Answering {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 
@@ -474,11 +461,11 @@ async fn connection(
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
             let in_flight = InFlight::start(&activity);
             request.extensions_mut().insert(activity.unsent.clone());
-            let (app, activity) = (app.clone(), activity.clone());
+            let app = app.clone();
             async move {
                 let response = app.oneshot(request.map(Body::new)).await;
                 drop(in_flight);
-                response.map(|r| r.map(|body| Body::new(Answering::new(body, &activity))))
+                response
             }
         })
     };

@@ -452,7 +452,7 @@ fn held_until_sent(
             inner: body,
             data: Bytes::new(),
             _memory: memory,
-            unsent,
+            sent: unsent.map(|u| u.answer()),
         }),
     )
 }
@@ -467,8 +467,9 @@ struct Sending {
     /// Of the inner body's current data frame, what is not handed over yet.
     data: Bytes,
     _memory: RequestMemory,
-    /// The connection's count of what it holds unwritten (none outside a connection).
-    unsent: Option<crate::connections::Unsent>,
+    /// The connection's count of what it holds unwritten, and of the answers it is
+    /// sending (none outside a connection).
+    sent: Option<crate::connections::Answer>,
 }
 
 impl Sending {
@@ -493,8 +494,8 @@ impl http_body::Body for Sending {
             }
         }
         let n = self.data.len().min(Self::FRAME);
-        if let Some(unsent) = &self.unsent {
-            unsent.handed(n);
+        if let Some(sent) = &self.sent {
+            sent.handed(n);
         }
         Poll::Ready(Some(Ok(http_body::Frame::data(self.data.split_to(n)))))
     }
