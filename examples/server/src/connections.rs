@@ -43,8 +43,9 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Connections one client address (an IPv6 client: its /64) holds at once.
     pub max_per_address: usize,
-    /// Time a client has to send a request's headers, from when the connection is ready to
-    /// read them (a new connection, or an HTTP/1 connection after its previous answer).
+    /// Time a client has to send a request's headers: from when it connected, for its
+    /// first; from a head's first byte for the next ones (HTTP/1), whatever else the
+    /// connection does meanwhile.
     pub header_read_timeout: Duration,
     /// Time a connection may stay open with no request in flight.
     pub idle_timeout: Duration,
@@ -545,7 +546,10 @@ async fn connection(
                 if activity.idle_at(limits).is_none_or(|at| at > Instant::now()) {
                     continue;
                 }
-                if delivery.advanced(&activity) {
+                // Taking its answers extends the idle time, not a head's time.
+                let heading = activity.requests.load(Ordering::Acquire) == 0
+                    || activity.head_ms.load(Ordering::Acquire) != u64::MAX;
+                if !heading && delivery.advanced(&activity) {
                     // Still taking its answers: not idle.
                     activity.last_ms.store(activity.now_ms(), Ordering::Release);
                     continue;
