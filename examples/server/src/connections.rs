@@ -238,6 +238,13 @@ impl Activity {
         })
     }
 
+    /// Whether the header timeout, not the idle one, bounds the connection now: no request
+    /// came yet, or a head has begun ([`Activity::idle_at`]).
+    fn awaiting_head(&self) -> bool {
+        self.requests.load(Ordering::Acquire) == 0
+            || self.head_ms.load(Ordering::Acquire) != u64::MAX
+    }
+
     /// `bytes` of answers written to the socket.
     fn wrote(&self, bytes: usize) {
         self.unsent.written(bytes);
@@ -547,9 +554,7 @@ async fn connection(
                     continue;
                 }
                 // Taking its answers extends the idle time, not a head's time.
-                let heading = activity.requests.load(Ordering::Acquire) == 0
-                    || activity.head_ms.load(Ordering::Acquire) != u64::MAX;
-                if !heading && delivery.advanced(&activity) {
+                if !activity.awaiting_head() && delivery.advanced(&activity) {
                     // Still taking its answers: not idle.
                     activity.last_ms.store(activity.now_ms(), Ordering::Release);
                     continue;
