@@ -321,10 +321,18 @@ pub fn session_with(db: &Db, pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result
     Ok(ctx)
 }
 
-fn context(pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result<SessionContext> {
+/// A session reserving from `pool` and spilling to `spill`, its windows' inputs charged
+/// ([`crate::window_input`]).
+pub(crate) fn context(pool: Arc<dyn MemoryPool>, spill: &Spill) -> Result<SessionContext> {
     let mut runtime = RuntimeEnvBuilder::new().with_memory_pool(pool.clone());
     runtime.disk_manager = Some(spill.manager()?);
-    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime.build_arc()?);
+    let state = datafusion::execution::SessionStateBuilder::new()
+        .with_config(SessionConfig::new())
+        .with_runtime_env(runtime.build_arc()?)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(crate::window_input::ChargeWindowInputs))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     // Functions whose output an argument sizes reserve it from the same pool.
     crate::functions::bound_functions(&ctx, &pool)?;
     Ok(ctx)

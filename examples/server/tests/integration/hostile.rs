@@ -230,6 +230,35 @@ async fn operators_that_copy_outside_the_pool_are_refused() {
     }
 }
 
+/// A window keeps the rows its frame may still reach in a buffer of its own, which no
+/// memory pool saw: a frame reaching a billion rows back kept all of its input (three
+/// million rows, 24 MB, answered under a 16 MiB limit; forty million under 256 MiB). Its
+/// input is charged as it is read: a 413 naming the limit and the window, and the server
+/// answers the next query.
+#[tokio::test]
+async fn a_window_keeping_more_rows_than_the_limit_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(
+        &dir.path().join("d"),
+        Some("[limits]\nmax_query_memory_bytes = 16777216\n"),
+    );
+    push_go_cpu(&s).await;
+    let q = "SELECT max(n) AS n FROM (SELECT sum(v) OVER (ORDER BY v ROWS BETWEEN 1000000000 \
+             PRECEDING AND CURRENT ROW) AS n FROM generate_series(1, 3000000) t(v)) q";
+    let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body.contains("query memory limit") && body.contains("BoundedWindowAggExec"),
+        "{body}"
+    );
+    assert!(s.running(), "the server died");
+    let q = "SELECT max(n) AS n FROM (SELECT sum(v) OVER (ORDER BY v ROWS BETWEEN 2 PRECEDING \
+             AND CURRENT ROW) AS n FROM generate_series(1, 1000) t(v)) q";
+    let (status, body) = get(&format!("{}/api/v1/sql?q={}", s.url, enc(q)), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("2997"), "{body}");
+}
+
 /// A query spilling past its part of `max_spill_bytes` (the bound over its query slots) is
 /// a 413 naming the setting; before, every query shared one bound, so that one tenant's
 /// spilling queries failed another's, and the refusal was a 500 quoting DataFusion's
