@@ -6,8 +6,9 @@
 //! peer of a `RANGE` frame). How many that is cannot be told from the plan: a frame of
 //! `ROWS BETWEEN 100000000 PRECEDING AND CURRENT ROW`, a `RANGE` offset in the order key's
 //! units, or a running total ordered by a column with one value each keep the whole input.
-//! Under a query memory limit of 256 MiB such a window kept 40 million rows (over 600 MB)
-//! and answered, the limit never seeing them.
+//! Over 3 million generated rows, a frame reaching 100 million rows back kept all of them
+//! (24 MB of values) under a 16 MiB query memory limit and answered, the limit never
+//! seeing them.
 //!
 //! [`ChargeWindowInputs`], a physical optimizer rule of every session, puts
 //! [`ChargedInput`] under each window operator: the window's input is reserved from the

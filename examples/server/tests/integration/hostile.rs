@@ -232,9 +232,9 @@ async fn operators_that_copy_outside_the_pool_are_refused() {
 
 /// A window keeps the rows its frame may still reach in a buffer of its own, which no
 /// memory pool saw: a frame reaching a billion rows back kept all of its input (three
-/// million rows, 24 MB, answered under a 16 MiB limit; forty million under 256 MiB). Its
-/// input is charged as it is read: a 413 naming the limit and the window, and the server
-/// answers the next query.
+/// million rows, 24 MB of values, answered under a 16 MiB limit). Its input is charged as
+/// it is read: a 413 naming the limit and the window, and the server answers the next
+/// query.
 #[tokio::test]
 async fn a_window_keeping_more_rows_than_the_limit_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
