@@ -8,24 +8,16 @@
 //! operator's output makes each of those batches a point where the query stops.
 
 use std::fmt;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use arrow::datatypes::SchemaRef;
-use arrow::record_batch::RecordBatch;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::metrics::MetricsSet;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
-    SendableRecordBatchStream,
-};
-use futures::Stream;
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::tap::{Tap, TapStream, tapped};
 
 /// A query's cancellation, shared by everything that runs it. Cheap to clone.
 #[derive(Debug, Clone, Default)]
@@ -105,120 +97,38 @@ pub fn cancellable(
     plan: Arc<dyn ExecutionPlan>,
     cancel: &Cancel,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
-        Ok(Transformed::yes(Arc::new(CancellableExec {
-            input: node,
-            cancel: cancel.clone(),
-        }) as Arc<dyn ExecutionPlan>))
-    })
-    .map(|t| t.data)
+    let tap = Arc::new(CancellableExec(cancel.clone()));
+    plan.transform_up(|node| Ok(Transformed::yes(tapped(node, tap.clone()))))
+        .map(|t| t.data)
 }
 
 /// An operator's output, stopped at the next batch once [`Cancel`] is set.
-struct CancellableExec {
-    input: Arc<dyn ExecutionPlan>,
-    cancel: Cancel,
-}
+struct CancellableExec(Cancel);
 
-impl fmt::Debug for CancellableExec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CancellableExec")
-            .field("input", &self.input.name())
-            .finish_non_exhaustive()
-    }
-}
+impl Tap for CancellableExec {
+    const NAME: &'static str = "CancellableExec";
+    type Stream = Cancel;
 
-impl DisplayAs for CancellableExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "CancellableExec")
     }
-}
 
-impl ExecutionPlan for CancellableExec {
-    fn name(&self) -> &str {
-        "CancellableExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.input.schema()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match (children.pop(), children.is_empty()) {
-            (Some(input), true) => Ok(Arc::new(Self {
-                input,
-                cancel: self.cancel.clone(),
-            })),
-            _ => Err(DataFusionError::Internal(
-                "CancellableExec has one child".into(),
-            )),
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        self.cancel.check()?;
-        Ok(Box::pin(CancellableStream {
-            input: self.input.execute(partition, context)?,
-            cancel: self.cancel.clone(),
-        }))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
+    fn open(&self, _partition: usize, _context: &TaskContext) -> Result<Cancel> {
+        self.0.check()?;
+        Ok(self.0.clone())
     }
 }
 
-struct CancellableStream {
-    input: SendableRecordBatchStream,
-    cancel: Cancel,
-}
-
-impl Stream for CancellableStream {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Err(e) = self.cancel.check() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        self.input.as_mut().poll_next(cx)
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.input.size_hint()
-    }
-}
-
-impl RecordBatchStream for CancellableStream {
-    fn schema(&self) -> SchemaRef {
-        self.input.schema()
+impl TapStream for Cancel {
+    fn before_poll(&mut self) -> Result<()> {
+        self.check()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::record_batch::RecordBatch;
     use futures::TryStreamExt;
 
     /// A cross join of two generated series, counted: billions of rows, which the count

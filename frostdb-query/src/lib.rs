@@ -43,6 +43,7 @@ mod memory;
 mod provider;
 pub mod regex_cost;
 mod sql_shape;
+mod tap;
 mod window_input;
 
 pub use cancel::{Cancel, cancellable};

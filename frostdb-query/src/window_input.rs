@@ -19,25 +19,18 @@
 //! passes the limit.
 
 use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::metrics::MetricsSet;
-use datafusion::physical_plan::{
-    ChildrenPropertiesMode, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-    RecordBatchStream, ReplaceChildrenOptions, SendableRecordBatchStream,
-};
-use futures::Stream;
+use datafusion::physical_plan::{ChildrenPropertiesMode, ExecutionPlan, ReplaceChildrenOptions};
+
+use crate::tap::{Tap, TapStream, tapped};
 
 /// The operators whose input [`ChargeWindowInputs`] charges.
 const WINDOWS: [&str; 2] = ["BoundedWindowAggExec", "WindowAggExec"];
@@ -57,16 +50,13 @@ impl PhysicalOptimizerRule for ChargeWindowInputs {
             if !WINDOWS.contains(&node.name()) {
                 return Ok(Transformed::no(node));
             }
-            let window = node.name().to_owned();
+            let tap = Arc::new(ChargedInput {
+                window: node.name().to_owned(),
+            });
             let inputs = node
                 .children()
                 .into_iter()
-                .map(|input| {
-                    Arc::new(ChargedInput {
-                        input: input.clone(),
-                        window: window.clone(),
-                    }) as Arc<dyn ExecutionPlan>
-                })
+                .map(|input| tapped(input.clone(), tap.clone()))
                 .collect();
             // The inputs' properties are the same: the window's stay.
             let keep = ReplaceChildrenOptions::new(ChildrenPropertiesMode::Keep);
@@ -86,113 +76,30 @@ impl PhysicalOptimizerRule for ChargeWindowInputs {
 
 /// A window operator's input, reserved from the query's pool as it is read.
 struct ChargedInput {
-    input: Arc<dyn ExecutionPlan>,
     /// The window operator above it, for the reservation's name.
     window: String,
 }
 
-impl fmt::Debug for ChargedInput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ChargedInput")
-            .field("input", &self.input.name())
-            .field("window", &self.window)
-            .finish()
-    }
-}
+impl Tap for ChargedInput {
+    const NAME: &'static str = "ChargedInput";
+    /// Every batch read so far, released when the window drops its input (the query ends).
+    type Stream = MemoryReservation;
 
-impl DisplayAs for ChargedInput {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn describe(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ChargedInput: kept by {}", self.window)
     }
-}
 
-impl ExecutionPlan for ChargedInput {
-    fn name(&self) -> &str {
-        "ChargedInput"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn schema(&self) -> SchemaRef {
-        self.input.schema()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match (children.pop(), children.is_empty()) {
-            (Some(input), true) => Ok(Arc::new(Self {
-                input,
-                window: self.window.clone(),
-            })),
-            _ => Err(DataFusionError::Internal(
-                "ChargedInput has one child".into(),
-            )),
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let reservation =
+    fn open(&self, partition: usize, context: &TaskContext) -> Result<MemoryReservation> {
+        Ok(
             MemoryConsumer::new(format!("{}[{partition}] (the rows it keeps)", self.window))
-                .register(context.memory_pool());
-        Ok(Box::pin(ChargedStream {
-            input: self.input.execute(partition, context)?,
-            reservation,
-        }))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        None
+                .register(context.memory_pool()),
+        )
     }
 }
 
-struct ChargedStream {
-    input: SendableRecordBatchStream,
-    /// Every batch read so far, released when the window drops its input (the query ends).
-    reservation: MemoryReservation,
-}
-
-impl Stream for ChargedStream {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.input.as_mut().poll_next(cx);
-        if let Poll::Ready(Some(Ok(batch))) = &polled
-            && let Err(e) = rows_bytes(batch).and_then(|b| self.reservation.try_grow(b))
-        {
-            return Poll::Ready(Some(Err(e)));
-        }
-        polled
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        self.input.size_hint()
+impl TapStream for MemoryReservation {
+    fn on_batch(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.try_grow(rows_bytes(batch)?)
     }
 }
 
@@ -204,12 +111,6 @@ fn rows_bytes(batch: &RecordBatch) -> Result<usize> {
         bytes += column.to_data().get_slice_memory_size()?;
     }
     Ok(bytes)
-}
-
-impl RecordBatchStream for ChargedStream {
-    fn schema(&self) -> SchemaRef {
-        self.input.schema()
-    }
 }
 
 #[cfg(test)]
