@@ -54,28 +54,49 @@ impl Tenant {
 
     /// Bytes the tenant stores: its persisted blocks (in the data directory or the
     /// bucket) and its WAL, as of at most [`STORED_BYTES_AGE`] ago (summing them walks
-    /// every block of every table, too much for every push).
+    /// every block of every table and asks the file system for each WAL segment's size, too
+    /// much for every push). Blocking when the figure is older: call it off the async
+    /// threads ([`Tenant::check_stored`] does).
     pub fn stored_bytes(&self) -> u64 {
-        let mut cached = self.stored.lock();
-        if let Some((at, bytes)) = *cached
-            && at.elapsed() < STORED_BYTES_AGE
-        {
+        if let Some(bytes) = self.recent_stored_bytes() {
             return bytes;
         }
+        // Summed without the cache's lock held: a push of the tenant meanwhile reads the
+        // previous figure or sums again, never waits for this one.
         let tables = self.store.db().tables();
         let stats: Vec<_> = tables.iter().map(|t| t.stats()).collect();
         // The WAL is the database's, shared by its tables: once.
         let wal = stats.iter().map(|s| s.wal_bytes).max().unwrap_or(0);
         let bytes = wal + stats.iter().map(|s| s.block_bytes).sum::<u64>();
-        *cached = Some((std::time::Instant::now(), bytes));
+        *self.stored.lock() = Some((std::time::Instant::now(), bytes));
         bytes
+    }
+
+    /// [`Tenant::stored_bytes`] when summed less than [`STORED_BYTES_AGE`] ago.
+    fn recent_stored_bytes(&self) -> Option<u64> {
+        match *self.stored.lock() {
+            Some((at, bytes)) if at.elapsed() < STORED_BYTES_AGE => Some(bytes),
+            _ => None,
+        }
     }
 
     /// Refuses a write while the tenant stores `quota` bytes or more
     /// (`limits.max_stored_bytes_per_tenant`, or its own `max_stored_bytes`): 429 naming
-    /// the quota, what is stored, and what frees it.
-    pub fn check_stored(&self, quota: u64, own: bool) -> Result<(), ApiError> {
-        let stored = self.stored_bytes();
+    /// the quota, what is stored, and what frees it. Summing what is stored, when its
+    /// figure is older than [`STORED_BYTES_AGE`], runs on a blocking thread: a request's
+    /// async thread never waits on the file system for it.
+    pub async fn check_stored(self: &Arc<Self>, quota: u64, own: bool) -> Result<(), ApiError> {
+        let stored = match self.recent_stored_bytes() {
+            Some(bytes) => bytes,
+            None => {
+                let tenant = self.clone();
+                tokio::task::spawn_blocking(move || tenant.stored_bytes())
+                    .await
+                    .map_err(|e| {
+                        ApiError::internal(format!("summing the bytes stored failed: {e}"))
+                    })?
+            }
+        };
         if stored < quota {
             return Ok(());
         }

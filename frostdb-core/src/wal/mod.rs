@@ -624,15 +624,19 @@ impl FileWal {
         w.closed.iter().map(|s| s.bytes).sum::<u64>() + w.current_len
     }
 
-    /// Bytes held by the WAL's files.
+    /// Bytes held by the WAL's files. The closed segments' files are asked for their
+    /// sizes outside the writer's lock: commits append meanwhile rather than wait on a
+    /// `stat` per segment (a quota check runs this once a second per tenant).
     pub(crate) fn disk_bytes(&self) -> u64 {
-        let w = self.writer.lock();
-        let closed: u64 = w
-            .closed
-            .iter()
-            .filter_map(|s| self.fs.len(&s.path).ok())
-            .sum();
-        closed + w.current_len
+        let (paths, current): (Vec<PathBuf>, u64) = {
+            let w = self.writer.lock();
+            (
+                w.closed.iter().map(|s| s.path.clone()).collect(),
+                w.current_len,
+            )
+        };
+        let closed: u64 = paths.iter().filter_map(|p| self.fs.len(p).ok()).sum();
+        closed + current
     }
 }
 

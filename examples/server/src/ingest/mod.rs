@@ -54,7 +54,7 @@ where
     let id = tenant;
     let tenant = state.tenants.for_write(id).await?;
     if let Some((quota, own)) = state.config.stored_quota(id) {
-        tenant.check_stored(quota, own)?;
+        tenant.check_stored(quota, own).await?;
     }
     // Once the tenant is known to be taken (so that the buckets are at most the tenants),
     // before anything is decoded. Scrapes and the eBPF sampler send no body: not held.
