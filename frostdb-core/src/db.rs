@@ -633,6 +633,10 @@ impl Db {
             .max(newest_persisted + 1);
         if let Some(wal) = wal {
             log.attach(wal, next_tx);
+            // What replay froze and kept to persist together ([`TableInner::apply_replayed`]).
+            for table in tables.values() {
+                table.inner.persist_frozen()?;
+            }
             log.truncate()?;
         }
         for table in tables.values() {

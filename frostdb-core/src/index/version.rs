@@ -57,6 +57,10 @@ impl Frozen {
     pub(crate) fn rows(&self) -> usize {
         self.chunks().map(|c| c.rows()).sum()
     }
+
+    pub(crate) fn memory_size(&self) -> usize {
+        self.chunks().map(|c| c.memory_size()).sum()
+    }
 }
 
 /// Everything a reader sees: all transactions up to `watermark` and none after.

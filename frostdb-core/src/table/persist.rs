@@ -43,45 +43,56 @@ impl TableInner {
                 .collect());
         }
         let _one_at_a_time = self.persistence.lock();
-        let mut written = Vec::new();
-        loop {
-            let version = self.current.read().clone();
-            let Some(frozen) = version.frozen.first().cloned() else {
-                break;
-            };
-            match self.persist_one(durable, &version, &frozen) {
-                Ok(meta) => written.push(meta),
+        let (version, frozen) = self.frozen();
+        if frozen.is_empty() {
+            return Ok(Vec::new());
+        }
+        let started = std::time::Instant::now();
+        let entry = durable.manifest.table_entry(&self.name)?;
+        let (mut id, mut persisted) = (entry.next_block_id, entry.persisted_tx);
+        // Every frozen block written, then all recorded in one manifest update (a block
+        // that failed, and those after it, stay frozen for the next attempt): the manifest,
+        // rewritten whole, is written once however many blocks wait (after a crash, replay
+        // freezes many).
+        let mut written: Vec<(Arc<Frozen>, BlockMeta)> = Vec::new();
+        let mut failed = None;
+        for f in frozen {
+            match self.write_frozen(durable, &version, &f, id, persisted) {
+                Ok(meta) => {
+                    (id, persisted) = (id + 1, f.max_tx);
+                    written.push((f, meta));
+                }
                 Err(e) => {
-                    tracing::error!(table = %self.name, error = %e, "persisting a block failed; it stays in memory and in the WAL");
-                    self.listener.on_persist_error(&self.name, &e);
-                    return Err(e);
+                    failed = Some(e);
+                    break;
                 }
             }
         }
-        Ok(written)
-    }
-
-    fn persist_one(
-        &self,
-        durable: &Durable,
-        version: &Version,
-        frozen: &Arc<Frozen>,
-    ) -> Result<BlockMeta> {
-        let entry = durable.manifest.table_entry(&self.name)?;
-        let block_id = entry.next_block_id;
-        let started = std::time::Instant::now();
-        let meta = self.write_frozen(durable, version, frozen, block_id, entry.persisted_tx)?;
-        durable.manifest.update(|m| {
-            let t = m
-                .tables
-                .get_mut(&self.name)
-                .ok_or_else(|| Error::Internal("table vanished from the manifest".into()))?;
-            t.blocks.push(meta.clone());
-            t.persisted_tx = frozen.max_tx;
-            t.next_block_id = block_id + 1;
-            Ok(())
-        })?;
-        self.swap_in(frozen, &meta);
+        let report = |e: Error| {
+            tracing::error!(table = %self.name, error = %e, "persisting a block failed; it stays in memory and in the WAL");
+            self.listener.on_persist_error(&self.name, &e);
+            e
+        };
+        if !written.is_empty() {
+            // Unrecorded, the blocks written are orphans, deleted at the next open.
+            durable
+                .manifest
+                .update(|m| {
+                    let t = m.tables.get_mut(&self.name).ok_or_else(|| {
+                        Error::Internal("table vanished from the manifest".into())
+                    })?;
+                    for (f, meta) in &written {
+                        t.blocks.push(meta.clone());
+                        t.persisted_tx = f.max_tx;
+                        t.next_block_id = meta.id + 1;
+                    }
+                    Ok(())
+                })
+                .map_err(report)?;
+        }
+        for (f, meta) in &written {
+            self.swap_in(f, meta);
+        }
         // The WAL segments that only held persisted writes can go.
         let segments = match self.log.truncate() {
             Ok(n) => n,
@@ -91,18 +102,23 @@ impl TableInner {
             }
         };
         let secs = started.elapsed().as_secs_f64();
-        tracing::info!(
-            table = %self.name,
-            block = block_id,
-            rows = meta.rows,
-            bytes = meta.size,
-            row_groups = meta.row_groups,
-            wal_segments_deleted = segments,
-            seconds = secs,
-            "block persisted"
-        );
-        self.listener.on_persist_end(&self.name, &meta);
-        Ok(meta)
+        for (_, meta) in &written {
+            tracing::info!(
+                table = %self.name,
+                block = meta.id,
+                rows = meta.rows,
+                bytes = meta.size,
+                row_groups = meta.row_groups,
+                wal_segments_deleted = segments,
+                seconds = secs,
+                "block persisted"
+            );
+            self.listener.on_persist_end(&self.name, meta);
+        }
+        match failed {
+            Some(e) => Err(report(e)),
+            None => Ok(written.into_iter().map(|(_, meta)| meta).collect()),
+        }
     }
 
     /// Streams a frozen block into a new object, block `block_id`, sorted; returns what the
